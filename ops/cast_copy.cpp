@@ -1,0 +1,97 @@
+// Cast, contiguous copy, clone and the strided copy_ behind every in-place op.
+#include <cstring>
+
+#include "device/driver.h"
+#include "ops/cpu/loops.h"
+#include "ops/fallback.h"
+#include "ops/meta_util.h"
+#include "ops/registry.h"
+#include "tpucore/ops.h"
+
+namespace tpu {
+namespace {
+using namespace ops;
+
+// Strided, converting copy of src (broadcast to dst's shape) into dst; both on the cpu.
+void strided_copy_cpu(const Tensor& dst, const Tensor& src) {
+  dispatch_dtype(dst.dtype(), [&](auto d) {
+    using TD = decltype(d);
+    dispatch_dtype(src.dtype(), [&](auto s) {
+      using TS = decltype(s);
+      std::array<char*, 2> base{cpu::byte_ptr(dst), cpu::byte_ptr(src)};
+      std::array<Shape, 2> st{cpu::broadcast_byte_strides(dst, dst.shape()), cpu::broadcast_byte_strides(src, dst.shape())};
+      cpu::for_each_run<2>(dst.shape(), base, st, [&](std::array<char*, 2> p, std::array<int64_t, 2> s2, int64_t n) {
+        if constexpr (std::is_same_v<TD, TS>) {
+          if (s2[0] == sizeof(TD) && s2[1] == sizeof(TS)) {
+            std::memcpy(p[0], p[1], static_cast<size_t>(n) * sizeof(TD));
+            return;
+          }
+        }
+        for (int64_t i = 0; i < n; ++i)
+          *reinterpret_cast<TD*>(p[0] + i * s2[0]) = cpu::convert<TD>(*reinterpret_cast<const TS*>(p[1] + i * s2[1]));
+      });
+    });
+  });
+}
+
+void cast_meta(const MetaArgs& a, MetaResult& m) {
+  m.out() = {a.inputs[0].shape(), a.attrs.get_dtype("dtype"), a.inputs[0].device()};
+}
+void cast_cpu(const KernelArgs& a) { strided_copy_cpu(a.outputs[0], a.inputs[0]); }
+TPU_DEFINE_OP(cast_op, {.name = "to_dtype", .num_inputs = 1, .flags = kElementwise, .meta = &cast_meta,
+                        .cpu = &cast_cpu, .doc = "converts elements to another dtype (round to nearest even)"});
+
+void same_meta(const MetaArgs& a, MetaResult& m) {
+  m.out() = {a.inputs[0].shape(), a.inputs[0].dtype(), a.inputs[0].device()};
+}
+void copy_cpu(const KernelArgs& a) { strided_copy_cpu(a.outputs[0], a.inputs[0]); }
+TPU_DEFINE_OP(contiguous_op, {.name = "contiguous", .num_inputs = 1, .flags = kElementwise, .meta = &same_meta,
+                              .cpu = &copy_cpu, .doc = "copies a view into a new row-major tensor"});
+
+}  // namespace
+
+Tensor to(const Tensor& x, DType dtype) {
+  if (x.dtype() == dtype) return x;
+  return ops::call(cast_op(), {x}, {{"dtype", dtype}});
+}
+
+Tensor contiguous(const Tensor& x) {
+  if (x.is_contiguous() && !x.is_proxy()) return x;
+  return ops::call(contiguous_op(), {x});
+}
+
+Tensor clone(const Tensor& x) { return ops::call(contiguous_op(), {x}); }
+
+Tensor to(const Tensor& x, Device device) {
+  if (x.device() == device) return x;
+  TPU_CHECK(!x.is_proxy(), "to: moving a traced tensor between devices ({} -> {}) is not supported inside compile",
+            x.device().str(), device.str());
+  device::driver_for(device);  // clear error for a missing driver or bad index
+  return ops::copy_to_device(x, device);
+}
+
+Tensor& copy_(Tensor& self, const Tensor& src_in) {
+  TPU_CHECK(self.defined() && src_in.defined(), "copy_: undefined tensor");
+  broadcast_shapes(self.shape(), src_in.shape(), "copy_");
+  Shape b = broadcast_shapes(self.shape(), src_in.shape(), "copy_");
+  TPU_CHECK(b == self.shape(), "copy_: source of shape {} cannot be broadcast to the destination's shape {}",
+            src_in.shape().str(), self.shape().str());
+  Tensor src = src_in;
+  if (src.device() != self.device()) src = to(src, self.device());
+  if (self.device().is_cpu()) {
+    strided_copy_cpu(self, src);
+  } else {
+    // Other devices: convert/broadcast on the device, then copy bytes into place.
+    TPU_CHECK(self.is_contiguous(), "copy_: non-contiguous destination on device {} is not supported yet",
+              self.device().str());
+    Tensor s2 = contiguous(to(expand(src, self.shape()), self.dtype()));
+    const size_t es = self.element_size();
+    device::driver_for(self.device())
+        .copy_on_device(*s2.storage(), static_cast<size_t>(s2.offset()) * es, *self.storage(),
+                        static_cast<size_t>(self.offset()) * es, self.nbytes());
+  }
+  ++self.impl().version;
+  return self;
+}
+
+}  // namespace tpu

@@ -1,0 +1,178 @@
+#include "ops/registry.h"
+
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <deque>
+#include <mutex>
+#include <unordered_map>
+
+#include "device/driver.h"
+#include "ops/fallback.h"
+
+namespace tpu::ops {
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  std::deque<OpDef> defs;  // stable addresses
+  std::unordered_map<std::string, OpDef*> by_name;
+};
+Registry& registry() {
+  static Registry* r = new Registry();
+  return *r;
+}
+
+thread_local DispatchInterceptor* t_interceptor = nullptr;
+std::atomic<PostCallHook> g_post_hook{nullptr};
+
+std::string devices_str(std::span<const Tensor> inputs) {
+  std::string s;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (i) s += ", ";
+    s += inputs[i].defined() ? inputs[i].device().str() : "undefined";
+  }
+  return s;
+}
+
+}  // namespace
+
+const OpDef& define(OpDef def) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  auto it = r.by_name.find(def.name);
+  if (it != r.by_name.end()) fail("internal: op '{}' is defined twice", def.name);
+  r.defs.push_back(std::move(def));
+  OpDef* d = &r.defs.back();
+  r.by_name.emplace(d->name, d);
+  return *d;
+}
+
+const OpDef* find_op(std::string_view name) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  auto it = r.by_name.find(std::string(name));
+  return it == r.by_name.end() ? nullptr : it->second;
+}
+
+std::vector<const OpDef*> all_ops() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  std::vector<const OpDef*> v;
+  for (auto& d : r.defs) v.push_back(&d);
+  return v;
+}
+
+void register_kernel(std::string_view op, DeviceType device, KernelFn fn) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  auto it = r.by_name.find(std::string(op));
+  if (it == r.by_name.end()) fail("register_kernel: unknown op '{}'", op);
+  it->second->kernels[static_cast<int>(device)] = fn;
+}
+
+void set_interceptor(DispatchInterceptor* i) { t_interceptor = i; }
+DispatchInterceptor* interceptor() { return t_interceptor; }
+void set_post_call_hook(PostCallHook h) { g_post_hook.store(h); }
+
+Tensor empty_tensor(const Shape& shape, DType dtype, Device device) {
+  for (int i = 0; i < shape.ndim(); ++i)
+    TPU_CHECK(shape[i] >= 0, "empty: negative dimension {} in shape {}", shape[i], shape.str());
+  auto impl = std::make_shared<TensorImpl>();
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  impl->device = device;
+  const int64_t n = shape.numel();
+  TPU_CHECK(n < (int64_t{1} << 46), "empty: shape {} has too many elements ({})", shape.str(), n);
+  impl->storage = device::driver_for(device).allocate(device.index, static_cast<size_t>(n) * dtype_size(dtype));
+  impl->contiguous = true;
+  return Tensor(std::move(impl));
+}
+
+static const OpDef& cast_op() {
+  static const OpDef* d = find_op("to_dtype");
+  if (!d) fail("internal: the cast op 'to_dtype' is not registered");
+  return *d;
+}
+
+void call(const OpDef& op, std::span<const Tensor> inputs, const Attrs& attrs, std::span<Tensor> outputs) {
+  if (!op.has(kVariadic)) {
+    TPU_CHECK(static_cast<int>(inputs.size()) == op.num_inputs, "{}: expected {} tensor input(s), got {}", op.name,
+              op.num_inputs, inputs.size());
+  } else {
+    TPU_CHECK(!inputs.empty(), "{}: expected at least one tensor, got an empty list", op.name);
+  }
+  bool any_proxy = false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    TPU_CHECK(inputs[i].defined(), "{}: input {} is an undefined tensor", op.name, i);
+    any_proxy |= inputs[i].is_proxy();
+  }
+  for (size_t i = 1; i < inputs.size(); ++i) {
+    if (inputs[i].device() != inputs[0].device()) {
+      // A wrapped scalar lives on the cpu and may meet a tensor of any device.
+      if (!inputs[i].impl().wrapped_number && !inputs[0].impl().wrapped_number)
+        fail("{}: expected all tensors on the same device, got {}", op.name, devices_str(inputs));
+    }
+  }
+  MetaResult m;
+  op.meta(MetaArgs{op, inputs, attrs}, m);
+  TPU_CHECK(outputs.size() >= static_cast<size_t>(m.num_outputs), "internal: {}: {} output slot(s) for {} output(s)",
+            op.name, outputs.size(), m.num_outputs);
+
+  if (DispatchInterceptor* ic = t_interceptor; ic || any_proxy) {
+    if (ic && ic->intercept(op, inputs, attrs, m, outputs)) return;
+    TPU_CHECK(!any_proxy, "{}: a traced (proxy) tensor was used outside of tracing", op.name);
+  }
+
+  if (op.has(kView)) {
+    outputs[0] = op.view(inputs[0], attrs, m.out(0));
+  } else {
+    // Type promotion: cast the marked inputs once, here.
+    std::array<Tensor, 4> small_cast;
+    std::vector<Tensor> big_cast;
+    std::span<const Tensor> ins = inputs;
+    if (m.cast_mask) {
+      std::span<Tensor> dst;
+      if (inputs.size() <= small_cast.size()) {
+        dst = std::span<Tensor>(small_cast.data(), inputs.size());
+      } else {
+        big_cast.resize(inputs.size());
+        dst = std::span<Tensor>(big_cast);
+      }
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        const Tensor& t = inputs[i];
+        if (i < 32 && (m.cast_mask >> i) & 1u && t.dtype() != m.cast_to) {
+          Tensor out[1];
+          Attrs ca{{"dtype", m.cast_to}};
+          Tensor in1[1] = {t};
+          call(cast_op(), in1, ca, out);
+          dst[i] = std::move(out[0]);
+        } else {
+          dst[i] = t;
+        }
+      }
+      ins = dst;
+    }
+    Device dev = m.out(0).device;
+    for (int i = 0; i < m.num_outputs; ++i) outputs[i] = empty_tensor(m.out(i).shape, m.out(i).dtype, m.out(i).device);
+    KernelFn k = op.kernels[static_cast<int>(dev.type)];
+    if (!k && dev.type == DeviceType::cpu) k = op.cpu;
+    if (k) {
+      k(KernelArgs{op, ins, outputs.subspan(0, static_cast<size_t>(m.num_outputs)), attrs});
+    } else {
+      TPU_CHECK(op.cpu != nullptr, "{}: no kernel for device '{}' and no cpu kernel to fall back on", op.name, dev.str());
+      run_on_host(op, ins, attrs, outputs.subspan(0, static_cast<size_t>(m.num_outputs)));
+    }
+  }
+  if (PostCallHook h = g_post_hook.load(std::memory_order_relaxed))
+    h(op, inputs, attrs, outputs.subspan(0, static_cast<size_t>(m.num_outputs)));
+}
+
+Tensor call(const OpDef& op, std::initializer_list<Tensor> inputs, const Attrs& attrs) {
+  Tensor out[kMaxOutputs];
+  call(op, std::span<const Tensor>(inputs.begin(), inputs.size()), attrs, out);
+  return std::move(out[0]);
+}
+
+}  // namespace tpu::ops

@@ -1,0 +1,129 @@
+// The op registry. Each op is declared once, as one OpDef: its name and arity, the meta
+// function (argument checks + output shape/dtype, which also runs on traced proxy tensors),
+// the reference CPU kernel, and slots that later layers fill: per-device kernels registered by
+// backends, the backward formula, and the lowering rule used by codegen.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ops/attrs.h"
+#include "tpucore/tensor.h"
+
+namespace tpu::ops {
+
+inline constexpr int kMaxOutputs = 4;
+
+struct TensorMeta {
+  Shape shape;
+  DType dtype = DType::f32;
+  Device device;
+};
+
+// Filled by an op's meta function.
+struct MetaResult {
+  std::array<TensorMeta, kMaxOutputs> outputs;
+  int num_outputs = 1;
+  // Inputs whose bit is set in cast_mask are converted to cast_to before the kernel runs
+  // (type promotion happens once, here, not in each kernel).
+  uint32_t cast_mask = 0;
+  DType cast_to = DType::f32;
+  // For view ops: output i aliases input alias_of[i] (or -1).
+  TensorMeta& out(int i = 0) { return outputs[static_cast<size_t>(i)]; }
+};
+
+struct MetaArgs {
+  const struct OpDef& op;
+  std::span<const Tensor> inputs;
+  const Attrs& attrs;
+};
+
+struct KernelArgs {
+  const struct OpDef& op;
+  std::span<const Tensor> inputs;  // after the casts requested by the meta function
+  std::span<Tensor> outputs;       // allocated by the front half: contiguous, on the op's device
+  const Attrs& attrs;
+};
+
+using MetaFn = void (*)(const MetaArgs&, MetaResult&);
+using KernelFn = void (*)(const KernelArgs&);
+// View ops make their output as a view of input 0 instead of running a kernel.
+using ViewFn = Tensor (*)(const Tensor& self, const Attrs& attrs, const TensorMeta& out);
+
+enum OpFlags : uint32_t {
+  kNone = 0,
+  kElementwise = 1u << 0,  // output element i depends only on input elements i (after broadcast)
+  kReduction = 1u << 1,
+  kView = 1u << 2,         // output aliases input 0 (no data movement)
+  kCreation = 1u << 3,     // no tensor inputs
+  kRandom = 1u << 4,       // reads the random generator
+  kNonDifferentiable = 1u << 5,
+  kVariadic = 1u << 6,     // any number of tensor inputs (cat, stack)
+};
+
+struct OpDef {
+  std::string name;
+  int num_inputs = 1;          // -1 with kVariadic
+  uint32_t flags = kNone;
+  MetaFn meta = nullptr;
+  KernelFn cpu = nullptr;      // the reference kernel
+  ViewFn view = nullptr;       // for kView ops
+  std::string doc;             // one line: what the op computes
+  // Filled by backends / later layers (inversion of dependency: ops/ includes none of them).
+  std::array<KernelFn, kNumDeviceTypes> kernels{};
+  void* backward = nullptr;    // autograd formula, set by the autograd layer
+  void* lowering = nullptr;    // codegen rule, set by codegen
+
+  bool has(OpFlags f) const { return (flags & f) != 0; }
+};
+
+// Registers an op (at most once per name); returns the stored definition.
+const OpDef& define(OpDef def);
+// Looks an op up by name; nullptr when unknown.
+const OpDef* find_op(std::string_view name);
+// Every registered op, in registration order.
+std::vector<const OpDef*> all_ops();
+// Lets a backend install its kernel for an op.
+void register_kernel(std::string_view op, DeviceType device, KernelFn fn);
+
+// Interceptor used by the tracer: when active (or when any input is a proxy), op calls are
+// recorded instead of executed. Set by the graph layer.
+class DispatchInterceptor {
+ public:
+  virtual ~DispatchInterceptor() = default;
+  // Returns true when it handled the call (outputs filled with proxies).
+  virtual bool intercept(const OpDef& op, std::span<const Tensor> inputs, const Attrs& attrs, const MetaResult& meta,
+                         std::span<Tensor> outputs) = 0;
+};
+void set_interceptor(DispatchInterceptor* i);  // thread-local
+DispatchInterceptor* interceptor();
+
+// Called after an eager op ran, with its inputs and outputs (autograd records its tape here).
+using PostCallHook = void (*)(const OpDef& op, std::span<const Tensor> inputs, const Attrs& attrs,
+                              std::span<Tensor> outputs);
+void set_post_call_hook(PostCallHook h);
+
+// ---- the shared front half ----
+// Checks arguments (via meta), casts inputs, allocates outputs, and runs the kernel of the
+// inputs' device. Mixed devices are a tpu::Error naming the op.
+void call(const OpDef& op, std::span<const Tensor> inputs, const Attrs& attrs, std::span<Tensor> outputs);
+Tensor call(const OpDef& op, std::initializer_list<Tensor> inputs, const Attrs& attrs = {});
+
+// Allocates an uninitialized contiguous tensor.
+Tensor empty_tensor(const Shape& shape, DType dtype, Device device);
+
+}  // namespace tpu::ops
+
+// Declares an op once: `TPU_DEFINE_OP(add_op, {.name = "add", ...});` makes a function
+// add_op() returning the OpDef, registered when the library loads.
+#define TPU_DEFINE_OP(fn, ...)                                             \
+  static const ::tpu::ops::OpDef& fn() {                                   \
+    static const ::tpu::ops::OpDef& d = ::tpu::ops::define(::tpu::ops::OpDef __VA_ARGS__); \
+    return d;                                                              \
+  }                                                                        \
+  [[maybe_unused]] static const bool fn##_registered = (fn(), true)

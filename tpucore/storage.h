@@ -1,0 +1,31 @@
+// Storage: a refcounted block of memory on one device. Tensors are views over it.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "tpucore/device.h"
+
+namespace tpu {
+
+struct Storage {
+  using Deleter = void (*)(void* ctx, void* data, size_t nbytes);
+
+  void* data = nullptr;  // host pointer on cpu; a driver-defined handle elsewhere
+  size_t nbytes = 0;
+  Device device;
+  Deleter deleter = nullptr;
+  void* ctx = nullptr;  // driver context for the deleter
+
+  Storage() = default;
+  Storage(void* d, size_t n, Device dev, Deleter del, void* c) : data(d), nbytes(n), device(dev), deleter(del), ctx(c) {}
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  ~Storage() {
+    if (deleter) deleter(ctx, data, nbytes);
+  }
+};
+
+using StoragePtr = std::shared_ptr<Storage>;
+
+}  // namespace tpu
