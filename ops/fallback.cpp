@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "tpucore/log.h"
+
 #include <map>
 #include <mutex>
 
@@ -50,7 +52,7 @@ void run_on_host(const OpDef& op, std::span<const Tensor> inputs, const Attrs& a
     if (e.calls == 0) {
       e.op = op.name;
       e.device = dev;
-      spdlog::warn("tpucore: op '{}' has no kernel for device '{}'; running it on the host (counted in fallback stats)",
+      tpu::log().warn("tpucore: op '{}' has no kernel for device '{}'; running it on the host (counted in fallback stats)",
                    op.name, dev.str());
     }
     ++e.calls;

@@ -1,7 +1,5 @@
 #include "ops/registry.h"
 
-#include <spdlog/spdlog.h>
-
 #include <atomic>
 #include <deque>
 #include <mutex>

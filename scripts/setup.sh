@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs every build and test dependency from Debian packages. Safe to run twice.
+set -euo pipefail
+PKGS=(cmake ninja-build g++ make libfmt-dev libspdlog-dev libeigen3-dev nlohmann-json3-dev catch2 libbenchmark-dev)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "setup: all build dependencies are installed"
+fi
