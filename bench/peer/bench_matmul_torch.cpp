@@ -1,0 +1,103 @@
+// Peer benchmark: our host GEMM against libtorch's matmul (OpenBLAS for f32, oneDNN for bf16)
+// in the same run, both on two threads. Counter GFLOP/s = 2*n^3 per product.
+//
+// OpenBLAS honours OPENBLAS_CORETYPE (which can force an older kernel); run this binary both
+// with the environment as set and with `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE`.
+#include <benchmark/benchmark.h>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "ops/cpu/kernels/gemm.h"
+#include "tpucore/parallel.h"
+
+namespace {
+
+constexpr int kThreads = 2;
+
+void set_gflops(benchmark::State& state, int64_t n) {
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * double(n) * double(n) * double(n) * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_ours_f32(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  tpu::set_num_threads(kThreads);
+  torch::InferenceMode guard;
+  torch::manual_seed(0);
+  auto a = torch::randn({n, n}), b = torch::randn({n, n}), c = torch::empty({n, n});
+  for (auto _ : state) {
+    tpu::kernels::gemm_f32(n, n, n, a.data_ptr<float>(), n, 1, b.data_ptr<float>(), n, 1,
+                           c.data_ptr<float>(), n, false);
+    benchmark::DoNotOptimize(c.data_ptr<float>());
+    benchmark::ClobberMemory();
+  }
+  set_gflops(state, n);
+  state.SetLabel(tpu::kernels::gemm_f32_kernel_name());
+}
+
+void BM_torch_f32(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  torch::set_num_threads(kThreads);
+  torch::InferenceMode guard;
+  torch::manual_seed(0);
+  auto a = torch::randn({n, n}), b = torch::randn({n, n}), c = torch::empty({n, n});
+  for (auto _ : state) {
+    torch::mm_out(c, a, b);
+    benchmark::DoNotOptimize(c.data_ptr<float>());
+    benchmark::ClobberMemory();
+  }
+  set_gflops(state, n);
+  const char* ct = std::getenv("OPENBLAS_CORETYPE");
+  state.SetLabel(std::string("OPENBLAS_CORETYPE=") + (ct ? ct : "(unset)"));
+}
+
+// bf16 bits of a bf16 tensor (same storage layout as uint16_t).
+const uint16_t* bits(const torch::Tensor& t) {
+  return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>());
+}
+
+void BM_ours_bf16(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  tpu::set_num_threads(kThreads);
+  torch::InferenceMode guard;
+  torch::manual_seed(0);
+  auto a = torch::randn({n, n}).to(torch::kBFloat16), b = torch::randn({n, n}).to(torch::kBFloat16);
+  auto c = torch::empty({n, n});
+  for (auto _ : state) {
+    tpu::kernels::gemm_bf16(n, n, n, bits(a), n, 1, bits(b), n, 1, c.data_ptr<float>(), n, false);
+    benchmark::DoNotOptimize(c.data_ptr<float>());
+    benchmark::ClobberMemory();
+  }
+  set_gflops(state, n);
+  state.SetLabel(tpu::kernels::gemm_bf16_kernel_name());
+}
+
+// libtorch's bf16 matmul: bf16 in, f32 accumulate (oneDNN), bf16 out.
+void BM_torch_bf16(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  torch::set_num_threads(kThreads);
+  torch::InferenceMode guard;
+  torch::manual_seed(0);
+  auto a = torch::randn({n, n}).to(torch::kBFloat16), b = torch::randn({n, n}).to(torch::kBFloat16);
+  auto c = torch::empty({n, n}, torch::kBFloat16);
+  for (auto _ : state) {
+    torch::mm_out(c, a, b);
+    benchmark::DoNotOptimize(c.data_ptr<at::BFloat16>());
+    benchmark::ClobberMemory();
+  }
+  set_gflops(state, n);
+}
+
+#define TPU_SIZES ->Arg(256)->Arg(512)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime()
+BENCHMARK(BM_ours_f32) TPU_SIZES;
+BENCHMARK(BM_torch_f32) TPU_SIZES;
+BENCHMARK(BM_ours_bf16) TPU_SIZES;
+BENCHMARK(BM_torch_bf16) TPU_SIZES;
+
+}  // namespace
+
+BENCHMARK_MAIN();

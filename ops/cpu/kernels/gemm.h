@@ -1,0 +1,73 @@
+// Host matrix-multiply kernels on raw pointers (the CPU matmul op is built on these).
+//
+// C[m, n] (+)= sum_k A[m, k] * B[k, n]
+//
+// Strides are in elements and may be anything (transposed, sliced, or broadcast views):
+// A element (i, k) is A[i*a_rs + k*a_cs], B element (k, j) is B[k*b_rs + j*b_cs]. C is
+// row-major with leading dimension ldc and unit column stride. accumulate == false
+// overwrites C; true adds the product to what C holds. M, N or K may be 0 (K == 0 writes
+// zeros unless accumulating).
+//
+// The entry points pick a kernel at run time from tpu::cpu_features(): a register-blocked
+// AVX-512 micro-kernel (FMA for f32, vdpbf16ps for bf16) when the CPU has it, otherwise a
+// portable blocked kernel. The *_generic entry points always take the portable path (tests
+// use them to cover it on AVX-512 machines). Large products run on all pool threads; small
+// ones stay on the calling thread.
+#pragma once
+
+#include <cstdint>
+
+namespace tpu::kernels {
+
+void gemm_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs,
+              const float* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc,
+              bool accumulate);
+
+// bf16 inputs as raw bit patterns (a bf16 is the top 16 bits of an f32); products are
+// accumulated in f32 and C is f32.
+void gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs,
+               int64_t a_cs, const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C,
+               int64_t ldc, bool accumulate);
+
+// The portable paths, whatever the CPU.
+void gemm_f32_generic(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs,
+                      int64_t a_cs, const float* B, int64_t b_rs, int64_t b_cs, float* C,
+                      int64_t ldc, bool accumulate);
+void gemm_bf16_generic(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs,
+                       int64_t a_cs, const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C,
+                       int64_t ldc, bool accumulate);
+
+// Name of the kernel gemm_f32 / gemm_bf16 use on this CPU ("avx512", "generic"), for logs
+// and benchmark labels.
+const char* gemm_f32_kernel_name();
+const char* gemm_bf16_kernel_name();
+
+namespace detail {
+
+// A micro-kernel computes one rows x cols tile of C (rows <= mr, cols <= nr) from packed
+// panels: Ap holds, for each of the kc packed k-steps, mr consecutive A values (rows past
+// `rows` are zero); Bp holds, for each k-step, nr consecutive B values (columns past `cols`
+// are zero). load_c == false overwrites the tile, true adds to it. For bf16 one packed
+// "value" is a 32-bit pair of bf16 along K (low half = even k), so a k-step covers two k.
+using MicroKernelF32 = void (*)(int64_t kc, const float* Ap, const float* Bp, float* C,
+                                int64_t ldc, int rows, int cols, bool load_c);
+using MicroKernelBf16 = void (*)(int64_t kc, const uint32_t* Ap, const uint32_t* Bp,
+                                 float* C, int64_t ldc, int rows, int cols, bool load_c);
+
+// Register tile and cache blocking of one kernel family.
+struct GemmBlocking {
+  int mr, nr;      // register tile
+  int64_t mc, kc;  // A block (mc x kc packed k-steps) kept in L2
+  int64_t nc;      // B block width
+};
+
+// AVX-512 micro-kernels (defined in gemm_avx512.cpp; only call when the CPU has them).
+extern const GemmBlocking kAvx512BlockingF32;
+extern const GemmBlocking kAvx512BlockingBf16;
+void micro_kernel_f32_avx512(int64_t kc, const float* Ap, const float* Bp, float* C,
+                             int64_t ldc, int rows, int cols, bool load_c);
+void micro_kernel_bf16_avx512(int64_t kc, const uint32_t* Ap, const uint32_t* Bp, float* C,
+                              int64_t ldc, int rows, int cols, bool load_c);
+
+}  // namespace detail
+}  // namespace tpu::kernels

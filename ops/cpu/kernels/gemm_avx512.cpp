@@ -1,0 +1,156 @@
+// AVX-512 micro-kernels for the host GEMM (f32 with FMA, bf16 with vdpbf16ps).
+//
+// This translation unit is compiled for the baseline CPU like the rest of the library;
+// only the functions below carry a target attribute, and the driver calls them only after
+// tpu::cpu_features() reported AVX-512 (and avx512_bf16 for the bf16 kernel).
+//
+// Register tile: MR = 14 rows x NR = 32 columns (two zmm per row) = 28 accumulators; per
+// packed k-step the kernel loads two B vectors and broadcasts 14 A values (folded into the
+// FMA as memory broadcasts), so 28 FMAs go with 16 loads. bf16 uses the same tile: a packed
+// k-step is one pair of bf16 along K, and vdpbf16ps adds both products of the pair.
+#include <immintrin.h>
+
+#include "ops/cpu/kernels/gemm.h"
+
+// The f32 kernel needs no avx512_bf16, so it also runs on AVX-512 CPUs without it.
+#define TPU_GEMM_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
+#define TPU_GEMM_AVX512_BF16 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
+
+namespace tpu::kernels::detail {
+namespace {
+
+constexpr int kMR = 14;
+constexpr int kNR = 32;
+
+// Adds (or stores) the accumulators of R rows into C with the column masks m0, m1.
+template <int R>
+TPU_GEMM_AVX512 inline void store_tile(const __m512 (&acc0)[kMR], const __m512 (&acc1)[kMR],
+                                       float* C, int64_t ldc, __mmask16 m0, __mmask16 m1,
+                                       bool load_c) {
+  if (load_c) {
+#pragma GCC unroll 14
+    for (int r = 0; r < R; ++r) {
+      float* c = C + r * ldc;
+      const __m512 c0 = _mm512_maskz_loadu_ps(m0, c);
+      const __m512 c1 = _mm512_maskz_loadu_ps(m1, c + 16);
+      _mm512_mask_storeu_ps(c, m0, _mm512_add_ps(acc0[r], c0));
+      _mm512_mask_storeu_ps(c + 16, m1, _mm512_add_ps(acc1[r], c1));
+    }
+  } else {
+#pragma GCC unroll 14
+    for (int r = 0; r < R; ++r) {
+      float* c = C + r * ldc;
+      _mm512_mask_storeu_ps(c, m0, acc0[r]);
+      _mm512_mask_storeu_ps(c + 16, m1, acc1[r]);
+    }
+  }
+}
+
+template <int R>
+TPU_GEMM_AVX512 void tile_f32(int64_t kc, const float* Ap, const float* Bp, float* C,
+                              int64_t ldc, __mmask16 m0, __mmask16 m1, bool load_c) {
+  __m512 acc0[kMR], acc1[kMR];
+#pragma GCC unroll 14
+  for (int r = 0; r < R; ++r) {
+    acc0[r] = _mm512_setzero_ps();
+    acc1[r] = _mm512_setzero_ps();
+    _mm_prefetch(reinterpret_cast<const char*>(C + r * ldc), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(C + r * ldc + 16), _MM_HINT_T0);
+  }
+#pragma GCC unroll 2
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m512 b0 = _mm512_load_ps(Bp);
+    const __m512 b1 = _mm512_load_ps(Bp + 16);
+    _mm_prefetch(reinterpret_cast<const char*>(Bp + 8 * kNR), _MM_HINT_T0);
+#pragma GCC unroll 14
+    for (int r = 0; r < R; ++r) {
+      const __m512 a = _mm512_set1_ps(Ap[r]);
+      acc0[r] = _mm512_fmadd_ps(a, b0, acc0[r]);
+      acc1[r] = _mm512_fmadd_ps(a, b1, acc1[r]);
+    }
+    Ap += kMR;
+    Bp += kNR;
+  }
+  store_tile<R>(acc0, acc1, C, ldc, m0, m1, load_c);
+}
+
+template <int R>
+TPU_GEMM_AVX512_BF16 void tile_bf16(int64_t kc, const uint32_t* Ap, const uint32_t* Bp, float* C,
+                               int64_t ldc, __mmask16 m0, __mmask16 m1, bool load_c) {
+  __m512 acc0[kMR], acc1[kMR];
+#pragma GCC unroll 14
+  for (int r = 0; r < R; ++r) {
+    acc0[r] = _mm512_setzero_ps();
+    acc1[r] = _mm512_setzero_ps();
+    _mm_prefetch(reinterpret_cast<const char*>(C + r * ldc), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(C + r * ldc + 16), _MM_HINT_T0);
+  }
+#pragma GCC unroll 2
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m512bh b0 = (__m512bh)_mm512_load_si512(Bp);
+    const __m512bh b1 = (__m512bh)_mm512_load_si512(Bp + 16);
+    _mm_prefetch(reinterpret_cast<const char*>(Bp + 8 * kNR), _MM_HINT_T0);
+#pragma GCC unroll 14
+    for (int r = 0; r < R; ++r) {
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int>(Ap[r]));
+      acc0[r] = _mm512_dpbf16_ps(acc0[r], a, b0);
+      acc1[r] = _mm512_dpbf16_ps(acc1[r], a, b1);
+    }
+    Ap += kMR;
+    Bp += kNR;
+  }
+  store_tile<R>(acc0, acc1, C, ldc, m0, m1, load_c);
+}
+
+TPU_GEMM_AVX512 inline void column_masks(int cols, __mmask16* m0, __mmask16* m1) {
+  *m0 = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1u);
+  *m1 = cols >= 32 ? __mmask16(0xFFFF)
+                   : (cols > 16 ? __mmask16((1u << (cols - 16)) - 1u) : __mmask16(0));
+}
+
+}  // namespace
+
+// kc counts packed k-steps; mc/kc are chosen so that an A block (mc x kc) sits in L2 and a
+// B micro-panel (kc x 32) in L1.
+const GemmBlocking kAvx512BlockingF32 = {kMR, kNR, 14 * 24, 192, 2048};
+const GemmBlocking kAvx512BlockingBf16 = {kMR, kNR, 14 * 24, 192, 2048};
+
+#define TPU_GEMM_ROW_CASES(FN)                             \
+  switch (rows) {                                          \
+    case 14: FN<14>(kc, Ap, Bp, C, ldc, m0, m1, load_c); break; \
+    case 13: FN<13>(kc, Ap, Bp, C, ldc, m0, m1, load_c); break; \
+    case 12: FN<12>(kc, Ap, Bp, C, ldc, m0, m1, load_c); break; \
+    case 11: FN<11>(kc, Ap, Bp, C, ldc, m0, m1, load_c); break; \
+    case 10: FN<10>(kc, Ap, Bp, C, ldc, m0, m1, load_c); break; \
+    case 9: FN<9>(kc, Ap, Bp, C, ldc, m0, m1, load_c); break;   \
+    case 8: FN<8>(kc, Ap, Bp, C, ldc, m0, m1, load_c); break;   \
+    case 7: FN<7>(kc, Ap, Bp, C, ldc, m0, m1, load_c); break;   \
+    case 6: FN<6>(kc, Ap, Bp, C, ldc, m0, m1, load_c); break;   \
+    case 5: FN<5>(kc, Ap, Bp, C, ldc, m0, m1, load_c); break;   \
+    case 4: FN<4>(kc, Ap, Bp, C, ldc, m0, m1, load_c); break;   \
+    case 3: FN<3>(kc, Ap, Bp, C, ldc, m0, m1, load_c); break;   \
+    case 2: FN<2>(kc, Ap, Bp, C, ldc, m0, m1, load_c); break;   \
+    case 1: FN<1>(kc, Ap, Bp, C, ldc, m0, m1, load_c); break;   \
+    default: break;                                        \
+  }
+
+TPU_GEMM_AVX512 void micro_kernel_f32_avx512(int64_t kc, const float* Ap, const float* Bp,
+                                             float* C, int64_t ldc, int rows, int cols,
+                                             bool load_c) {
+  __mmask16 m0, m1;
+  column_masks(cols, &m0, &m1);
+  TPU_GEMM_ROW_CASES(tile_f32)
+}
+
+TPU_GEMM_AVX512_BF16 void micro_kernel_bf16_avx512(int64_t kc, const uint32_t* Ap,
+                                              const uint32_t* Bp, float* C, int64_t ldc,
+                                              int rows, int cols, bool load_c) {
+  __mmask16 m0, m1;
+  column_masks(cols, &m0, &m1);
+  TPU_GEMM_ROW_CASES(tile_bf16)
+}
+
+#undef TPU_GEMM_ROW_CASES
+
+}  // namespace tpu::kernels::detail

@@ -1,0 +1,376 @@
+// The host GEMM driver: cache blocking, packing of A and B panels, threading, and the
+// choice of micro-kernel (AVX-512 or portable) at run time.
+//
+// Loop nest per thread (Goto's order): column blocks of B (nc) -> K blocks (kc) -> pack the
+// kc x nc block of B into nr-wide panels -> row blocks of A (mc) -> pack the mc x kc block of
+// A into mr-tall panels -> micro-kernel over every mr x nr tile. Packing reads A and B
+// through their strides, so transposed and strided views cost nothing extra, and it pads
+// the ragged edges with zeros so the micro-kernel always sees full panels.
+//
+// Threads split C into disjoint column (or row) ranges; each packs its own panels, so there
+// is no synchronization inside a product.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "ops/cpu/kernels/gemm.h"
+#include "tpucore/cpu_features.h"
+#include "tpucore/parallel.h"
+
+namespace tpu::kernels {
+namespace {
+
+using detail::GemmBlocking;
+
+// ---- Per-thread packing buffers (64-byte aligned, grown on demand, kept for reuse). ----
+
+class PackBuffer {
+ public:
+  PackBuffer() = default;
+  PackBuffer(const PackBuffer&) = delete;
+  PackBuffer& operator=(const PackBuffer&) = delete;
+  ~PackBuffer() { std::free(data_); }
+  void* get(size_t bytes) {
+    if (bytes > cap_) {
+      std::free(data_);
+      cap_ = (bytes + 63) / 64 * 64;
+      data_ = std::aligned_alloc(64, cap_);
+      if (!data_) {
+        cap_ = 0;
+        throw std::bad_alloc();
+      }
+    }
+    return data_;
+  }
+
+ private:
+  void* data_ = nullptr;
+  size_t cap_ = 0;
+};
+
+thread_local PackBuffer t_pack_a;
+thread_local PackBuffer t_pack_b;
+
+inline float bf16_to_f32(uint16_t v) {
+  const uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// ---- Packing. `kce` counts k elements of the block; the packed layout has
+// ceil(kce / kPerStep) k-steps per panel. ----
+
+// f32 in, f32 panels.
+struct PackF32 {
+  using In = float;
+  using Packed = float;
+  static constexpr int kPerStep = 1;
+
+  static void pack_a(const float* A, int64_t rs, int64_t cs, int64_t mc, int64_t kce, int mr,
+                     float* dst) {
+    for (int64_t i0 = 0; i0 < mc; i0 += mr) {
+      const int rows = static_cast<int>(std::min<int64_t>(mr, mc - i0));
+      float* d = dst + i0 * kce;
+      if (cs == 1) {  // rows of A are contiguous: read along k
+        for (int r = 0; r < rows; ++r) {
+          const float* s = A + (i0 + r) * rs;
+          for (int64_t k = 0; k < kce; ++k) d[k * mr + r] = s[k];
+        }
+      } else {
+        for (int64_t k = 0; k < kce; ++k) {
+          const float* s = A + i0 * rs + k * cs;
+          for (int r = 0; r < rows; ++r) d[k * mr + r] = s[r * rs];
+        }
+      }
+      for (int r = rows; r < mr; ++r)
+        for (int64_t k = 0; k < kce; ++k) d[k * mr + r] = 0.0f;
+    }
+  }
+
+  static void pack_b(const float* B, int64_t rs, int64_t cs, int64_t kce, int64_t nc, int nr,
+                     float* dst) {
+    for (int64_t j0 = 0; j0 < nc; j0 += nr) {
+      const int cols = static_cast<int>(std::min<int64_t>(nr, nc - j0));
+      float* d = dst + j0 * kce;
+      if (cs == 1) {
+        for (int64_t k = 0; k < kce; ++k) {
+          std::memcpy(d + k * nr, B + k * rs + j0, sizeof(float) * cols);
+          for (int c = cols; c < nr; ++c) d[k * nr + c] = 0.0f;
+        }
+      } else {
+        for (int c = 0; c < cols; ++c) {
+          const float* s = B + (j0 + c) * cs;
+          for (int64_t k = 0; k < kce; ++k) d[k * nr + c] = s[k * rs];
+        }
+        for (int64_t k = 0; k < kce; ++k)
+          for (int c = cols; c < nr; ++c) d[k * nr + c] = 0.0f;
+      }
+    }
+  }
+};
+
+// bf16 in, f32 panels (for CPUs without avx512_bf16: the f32 micro-kernels then run on the
+// widened values, which is exact since every bf16 is an f32).
+struct PackBf16AsF32 {
+  using In = uint16_t;
+  using Packed = float;
+  static constexpr int kPerStep = 1;
+
+  static void pack_a(const uint16_t* A, int64_t rs, int64_t cs, int64_t mc, int64_t kce,
+                     int mr, float* dst) {
+    for (int64_t i0 = 0; i0 < mc; i0 += mr) {
+      const int rows = static_cast<int>(std::min<int64_t>(mr, mc - i0));
+      float* d = dst + i0 * kce;
+      for (int r = 0; r < rows; ++r) {
+        const uint16_t* s = A + (i0 + r) * rs;
+        for (int64_t k = 0; k < kce; ++k) d[k * mr + r] = bf16_to_f32(s[k * cs]);
+      }
+      for (int r = rows; r < mr; ++r)
+        for (int64_t k = 0; k < kce; ++k) d[k * mr + r] = 0.0f;
+    }
+  }
+
+  static void pack_b(const uint16_t* B, int64_t rs, int64_t cs, int64_t kce, int64_t nc,
+                     int nr, float* dst) {
+    for (int64_t j0 = 0; j0 < nc; j0 += nr) {
+      const int cols = static_cast<int>(std::min<int64_t>(nr, nc - j0));
+      float* d = dst + j0 * kce;
+      for (int64_t k = 0; k < kce; ++k) {
+        const uint16_t* s = B + k * rs + j0 * cs;
+        for (int c = 0; c < cols; ++c) d[k * nr + c] = bf16_to_f32(s[c * cs]);
+        for (int c = cols; c < nr; ++c) d[k * nr + c] = 0.0f;
+      }
+    }
+  }
+};
+
+// bf16 in, panels of bf16 pairs along K (what vdpbf16ps multiplies): the low half of each
+// 32-bit value is the even k, the high half the odd k (zero past the end of K).
+struct PackBf16Pairs {
+  using In = uint16_t;
+  using Packed = uint32_t;
+  static constexpr int kPerStep = 2;
+
+  static uint32_t pair(uint16_t lo, uint16_t hi) {
+    return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+  }
+
+  static void pack_a(const uint16_t* A, int64_t rs, int64_t cs, int64_t mc, int64_t kce,
+                     int mr, uint32_t* dst) {
+    const int64_t kp = (kce + 1) / 2, kfull = kce / 2;
+    for (int64_t i0 = 0; i0 < mc; i0 += mr) {
+      const int rows = static_cast<int>(std::min<int64_t>(mr, mc - i0));
+      uint32_t* d = dst + i0 * kp;
+      for (int r = 0; r < rows; ++r) {
+        const uint16_t* s = A + (i0 + r) * rs;
+        if (cs == 1) {
+          for (int64_t p = 0; p < kfull; ++p) d[p * mr + r] = pair(s[2 * p], s[2 * p + 1]);
+        } else {
+          for (int64_t p = 0; p < kfull; ++p)
+            d[p * mr + r] = pair(s[2 * p * cs], s[(2 * p + 1) * cs]);
+        }
+        if (kp > kfull) d[kfull * mr + r] = pair(s[2 * kfull * cs], 0);
+      }
+      for (int r = rows; r < mr; ++r)
+        for (int64_t p = 0; p < kp; ++p) d[p * mr + r] = 0;
+    }
+  }
+
+  static void pack_b(const uint16_t* B, int64_t rs, int64_t cs, int64_t kce, int64_t nc,
+                     int nr, uint32_t* dst) {
+    const int64_t kp = (kce + 1) / 2;
+    for (int64_t j0 = 0; j0 < nc; j0 += nr) {
+      const int cols = static_cast<int>(std::min<int64_t>(nr, nc - j0));
+      uint32_t* d = dst + j0 * kp;
+      for (int64_t p = 0; p < kp; ++p) {
+        const uint16_t* s0 = B + 2 * p * rs + j0 * cs;
+        uint32_t* dp = d + p * nr;
+        if (2 * p + 1 < kce) {
+          const uint16_t* s1 = s0 + rs;
+          if (cs == 1) {
+            for (int c = 0; c < cols; ++c) dp[c] = pair(s0[c], s1[c]);
+          } else {
+            for (int c = 0; c < cols; ++c) dp[c] = pair(s0[c * cs], s1[c * cs]);
+          }
+        } else {
+          for (int c = 0; c < cols; ++c) dp[c] = pair(s0[c * cs], 0);
+        }
+        for (int c = cols; c < nr; ++c) dp[c] = 0;
+      }
+    }
+  }
+};
+
+// ---- Portable micro-kernel (auto-vectorized for the baseline ISA). ----
+
+constexpr int kGenericMR = 4;
+constexpr int kGenericNR = 16;
+const GemmBlocking kGenericBlocking = {kGenericMR, kGenericNR, 128, 256, 2048};
+
+void micro_kernel_f32_generic(int64_t kc, const float* Ap, const float* Bp, float* C,
+                              int64_t ldc, int rows, int cols, bool load_c) {
+  float acc[kGenericMR][kGenericNR] = {};
+  for (int64_t k = 0; k < kc; ++k) {
+    const float* a = Ap + k * kGenericMR;
+    const float* b = Bp + k * kGenericNR;
+    for (int r = 0; r < kGenericMR; ++r)
+      for (int c = 0; c < kGenericNR; ++c) acc[r][c] += a[r] * b[c];
+  }
+  for (int r = 0; r < rows; ++r) {
+    float* crow = C + r * ldc;
+    if (load_c) {
+      for (int c = 0; c < cols; ++c) crow[c] += acc[r][c];
+    } else {
+      for (int c = 0; c < cols; ++c) crow[c] = acc[r][c];
+    }
+  }
+}
+
+// ---- Driver. ----
+
+struct Problem {
+  int64_t M, N, K;
+  const void* A;
+  int64_t a_rs, a_cs;
+  const void* B;
+  int64_t b_rs, b_cs;
+  float* C;
+  int64_t ldc;
+  bool accumulate;
+};
+
+// Computes C[m0:m1, n0:n1] on the calling thread.
+template <class Pack, class Kernel>
+void gemm_range(const Problem& p, const GemmBlocking& bl, Kernel kernel, int64_t m0,
+                int64_t m1, int64_t n0, int64_t n1) {
+  using In = typename Pack::In;
+  using Packed = typename Pack::Packed;
+  const In* A = static_cast<const In*>(p.A);
+  const In* B = static_cast<const In*>(p.B);
+  const int mr = bl.mr, nr = bl.nr;
+  const int64_t kc_elems = bl.kc * Pack::kPerStep;
+  const int64_t mc_max = std::min<int64_t>(bl.mc, (m1 - m0 + mr - 1) / mr * mr);
+  const int64_t nc_max = std::min<int64_t>(bl.nc, (n1 - n0 + nr - 1) / nr * nr);
+  const int64_t ksteps_max = std::min<int64_t>(bl.kc, (p.K + Pack::kPerStep - 1) / Pack::kPerStep);
+  Packed* pa = static_cast<Packed*>(
+      t_pack_a.get(sizeof(Packed) * static_cast<size_t>((mc_max + mr) * ksteps_max)));
+  Packed* pb = static_cast<Packed*>(
+      t_pack_b.get(sizeof(Packed) * static_cast<size_t>((nc_max + nr) * ksteps_max)));
+
+  for (int64_t jc = n0; jc < n1; jc += bl.nc) {
+    const int64_t nc = std::min(bl.nc, n1 - jc);
+    for (int64_t pc = 0; pc < p.K; pc += kc_elems) {
+      const int64_t kce = std::min(kc_elems, p.K - pc);
+      const int64_t ksteps = (kce + Pack::kPerStep - 1) / Pack::kPerStep;
+      Pack::pack_b(B + pc * p.b_rs + jc * p.b_cs, p.b_rs, p.b_cs, kce, nc, nr, pb);
+      const bool load_c = p.accumulate || pc > 0;
+      for (int64_t ic = m0; ic < m1; ic += bl.mc) {
+        const int64_t mc = std::min(bl.mc, m1 - ic);
+        Pack::pack_a(A + ic * p.a_rs + pc * p.a_cs, p.a_rs, p.a_cs, mc, kce, mr, pa);
+        for (int64_t jr = 0; jr < nc; jr += nr) {
+          const int cols = static_cast<int>(std::min<int64_t>(nr, nc - jr));
+          const Packed* bp = pb + jr * ksteps;
+          float* cblock = p.C + ic * p.ldc + jc + jr;
+          for (int64_t ir = 0; ir < mc; ir += mr) {
+            const int rows = static_cast<int>(std::min<int64_t>(mr, mc - ir));
+            kernel(ksteps, pa + ir * ksteps, bp, cblock + ir * p.ldc, p.ldc, rows, cols,
+                   load_c);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Below this many multiply-adds a product stays on the calling thread.
+constexpr int64_t kParallelMacs = int64_t{96} * 96 * 96;
+
+template <class Pack, class Kernel>
+void gemm_run(const Problem& p, const GemmBlocking& bl, Kernel kernel) {
+  if (p.M <= 0 || p.N <= 0) return;
+  if (p.K <= 0) {
+    if (!p.accumulate)
+      for (int64_t i = 0; i < p.M; ++i) std::fill(p.C + i * p.ldc, p.C + i * p.ldc + p.N, 0.0f);
+    return;
+  }
+  const int nt = tpu::num_threads();
+  const int64_t macs = p.M * p.N * p.K;
+  if (nt <= 1 || macs < kParallelMacs) {
+    gemm_range<Pack>(p, bl, kernel, 0, p.M, 0, p.N);
+    return;
+  }
+  // Split the longer side of C into equal runs of whole register tiles.
+  const bool split_n = p.N >= p.M;
+  const int64_t unit = split_n ? bl.nr : bl.mr;
+  const int64_t extent = split_n ? p.N : p.M;
+  const int64_t units = (extent + unit - 1) / unit;
+  const int64_t tasks = std::min<int64_t>(nt, units);
+  if (tasks <= 1) {
+    gemm_range<Pack>(p, bl, kernel, 0, p.M, 0, p.N);
+    return;
+  }
+  tpu::parallel_for(0, tasks, 1, [&](int64_t tb, int64_t te) {
+    for (int64_t t = tb; t < te; ++t) {
+      const int64_t lo = std::min(extent, units * t / tasks * unit);
+      const int64_t hi = std::min(extent, units * (t + 1) / tasks * unit);
+      if (lo >= hi) continue;
+      if (split_n)
+        gemm_range<Pack>(p, bl, kernel, 0, p.M, lo, hi);
+      else
+        gemm_range<Pack>(p, bl, kernel, lo, hi, 0, p.N);
+    }
+  });
+}
+
+bool have_avx512() {
+  const CpuFeatures& f = cpu_features();
+  return f.avx512f && f.avx512bw && f.avx512vl && f.fma;
+}
+bool have_avx512_bf16() { return have_avx512() && cpu_features().avx512_bf16; }
+
+}  // namespace
+
+void gemm_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs,
+              const float* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc,
+              bool accumulate) {
+  const Problem p{M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate};
+  if (have_avx512())
+    gemm_run<PackF32>(p, detail::kAvx512BlockingF32, detail::micro_kernel_f32_avx512);
+  else
+    gemm_run<PackF32>(p, kGenericBlocking, micro_kernel_f32_generic);
+}
+
+void gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs,
+               int64_t a_cs, const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C,
+               int64_t ldc, bool accumulate) {
+  const Problem p{M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate};
+  if (have_avx512_bf16())
+    gemm_run<PackBf16Pairs>(p, detail::kAvx512BlockingBf16, detail::micro_kernel_bf16_avx512);
+  else if (have_avx512())
+    gemm_run<PackBf16AsF32>(p, detail::kAvx512BlockingF32, detail::micro_kernel_f32_avx512);
+  else
+    gemm_run<PackBf16AsF32>(p, kGenericBlocking, micro_kernel_f32_generic);
+}
+
+void gemm_f32_generic(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs,
+                      int64_t a_cs, const float* B, int64_t b_rs, int64_t b_cs, float* C,
+                      int64_t ldc, bool accumulate) {
+  const Problem p{M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate};
+  gemm_run<PackF32>(p, kGenericBlocking, micro_kernel_f32_generic);
+}
+
+void gemm_bf16_generic(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs,
+                       int64_t a_cs, const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C,
+                       int64_t ldc, bool accumulate) {
+  const Problem p{M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate};
+  gemm_run<PackBf16AsF32>(p, kGenericBlocking, micro_kernel_f32_generic);
+}
+
+const char* gemm_f32_kernel_name() { return have_avx512() ? "avx512" : "generic"; }
+const char* gemm_bf16_kernel_name() {
+  return have_avx512_bf16() ? "avx512_bf16" : (have_avx512() ? "avx512_f32" : "generic");
+}
+
+}  // namespace tpu::kernels

@@ -1,0 +1,252 @@
+// Host GEMM kernels (ops/cpu/kernels/gemm.h) against a naive triple loop accumulated in
+// double, over ragged sizes, strided and transposed operands, accumulate on/off, zero sizes,
+// for both the dispatched kernels (AVX-512 where present) and the portable ones.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ops/cpu/kernels/gemm.h"
+
+namespace {
+
+using tpu::kernels::gemm_bf16;
+using tpu::kernels::gemm_bf16_generic;
+using tpu::kernels::gemm_f32;
+using tpu::kernels::gemm_f32_generic;
+
+float bf16_bits_to_float(uint16_t v) {
+  const uint32_t b = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &b, sizeof f);
+  return f;
+}
+// Truncation is enough here: the test only needs some bf16 values, not a rounding rule.
+uint16_t float_to_bf16_bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  return static_cast<uint16_t>(b >> 16);
+}
+
+// An operand of logical shape rows x cols stored in a larger buffer with the given layout.
+enum class Layout { RowMajor, ColMajor, Strided };
+
+template <class T>
+struct Operand {
+  std::vector<T> buf;
+  int64_t rs = 0, cs = 0;
+  const T* ptr() const { return buf.data(); }
+};
+
+template <class T, class Gen>
+Operand<T> make_operand(int64_t rows, int64_t cols, Layout layout, Gen&& gen) {
+  Operand<T> op;
+  switch (layout) {
+    case Layout::RowMajor: op.rs = cols; op.cs = 1; break;
+    case Layout::ColMajor: op.rs = 1; op.cs = rows; break;
+    case Layout::Strided:  op.rs = 3 * cols + 5; op.cs = 3; break;  // every third element
+  }
+  const int64_t extent = (rows > 0 && cols > 0) ? (rows - 1) * op.rs + (cols - 1) * op.cs + 1 : 1;
+  op.buf.assign(static_cast<size_t>(extent), T{});
+  // Fill everything (including the gaps) so a kernel reading a gap gets a wrong answer.
+  for (auto& v : op.buf) v = gen();
+  return op;
+}
+
+const char* layout_name(Layout l) {
+  return l == Layout::RowMajor ? "row" : (l == Layout::ColMajor ? "col" : "strided");
+}
+
+// C (M x N, leading dimension ldc) = [C +] A*B, summed in double.
+template <class T, class ToF>
+std::vector<double> reference(int64_t M, int64_t N, int64_t K, const Operand<T>& A,
+                              const Operand<T>& B, const std::vector<float>& C0, int64_t ldc,
+                              bool accumulate, ToF to_f) {
+  std::vector<double> R(static_cast<size_t>(M * ldc), 0.0);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double s = accumulate ? C0[i * ldc + j] : 0.0;
+      for (int64_t k = 0; k < K; ++k)
+        s += double(to_f(A.buf[i * A.rs + k * A.cs])) * double(to_f(B.buf[k * B.rs + j * B.cs]));
+      R[i * ldc + j] = s;
+    }
+  return R;
+}
+
+// Checks C against R; elements past column N of each row (the ldc padding) must be untouched.
+void check_close(int64_t M, int64_t N, int64_t K, int64_t ldc, const std::vector<float>& C,
+                 const std::vector<double>& R, const std::vector<float>& C0, double rel_tol) {
+  int64_t bad = 0;
+  for (int64_t i = 0; i < M; ++i) {
+    for (int64_t j = 0; j < ldc; ++j) {
+      const size_t at = static_cast<size_t>(i * ldc + j);
+      if (j >= N) {
+        if (std::memcmp(&C[at], &C0[at], sizeof(float)) != 0) ++bad;
+        continue;
+      }
+      const double tol = rel_tol * (std::sqrt(double(K)) + 1.0) * (1.0 + std::fabs(R[at]));
+      if (!(std::fabs(double(C[at]) - R[at]) <= tol)) {
+        if (bad < 3) UNSCOPED_INFO("C[" << i << "," << j << "] = " << C[at] << ", want " << R[at]);
+        ++bad;
+      }
+    }
+  }
+  CHECK(bad == 0);
+}
+
+using GemmF32Fn = void (*)(int64_t, int64_t, int64_t, const float*, int64_t, int64_t,
+                           const float*, int64_t, int64_t, float*, int64_t, bool);
+using GemmBf16Fn = void (*)(int64_t, int64_t, int64_t, const uint16_t*, int64_t, int64_t,
+                            const uint16_t*, int64_t, int64_t, float*, int64_t, bool);
+
+struct Case {
+  int64_t M, N, K;
+};
+
+const std::vector<Case>& ragged_cases() {
+  static const std::vector<Case> cases = {
+      {1, 1, 1},    {1, 7, 3},     {7, 1, 5},    {7, 17, 33},  {17, 33, 7},  {14, 32, 64},
+      {15, 33, 65}, {33, 65, 17},  {65, 31, 100}, {100, 100, 1}, {3, 200, 129}, {200, 5, 77},
+      {29, 97, 200}, {128, 96, 160}, {1, 130, 190}, {130, 1, 190}, {45, 64, 2}};
+  return cases;
+}
+
+template <class T, class Gen, class ToF, class Fn>
+void run_cases(Fn fn, Gen&& gen, ToF to_f, double rel_tol) {
+  std::mt19937 rng(1234);
+  std::uniform_real_distribution<float> cdist(-2.0f, 2.0f);
+  const Layout layouts[] = {Layout::RowMajor, Layout::ColMajor, Layout::Strided};
+  int which = 0;
+  for (const Case& cs : ragged_cases()) {
+    for (Layout la : layouts) {
+      for (Layout lb : layouts) {
+        // Every case runs row-major x row-major; other layout pairs rotate over the cases
+        // to keep the test fast.
+        const bool both_row = la == Layout::RowMajor && lb == Layout::RowMajor;
+        if (!both_row && (which++ % 3) != 0) continue;
+        for (bool accumulate : {false, true}) {
+          INFO("M=" << cs.M << " N=" << cs.N << " K=" << cs.K << " A " << layout_name(la)
+                    << " B " << layout_name(lb) << " accumulate=" << accumulate);
+          const Operand<T> A = make_operand<T>(cs.M, cs.K, la, gen);
+          const Operand<T> B = make_operand<T>(cs.K, cs.N, lb, gen);
+          const int64_t ldc = cs.N + 3;
+          std::vector<float> C0(static_cast<size_t>(cs.M * ldc));
+          for (auto& v : C0) v = cdist(rng);
+          std::vector<float> C = C0;
+          fn(cs.M, cs.N, cs.K, A.ptr(), A.rs, A.cs, B.ptr(), B.rs, B.cs, C.data(), ldc,
+             accumulate);
+          const auto R = reference(cs.M, cs.N, cs.K, A, B, C0, ldc, accumulate, to_f);
+          check_close(cs.M, cs.N, cs.K, ldc, C, R, C0, rel_tol);
+        }
+      }
+    }
+  }
+}
+
+template <class T, class Fn>
+void run_zero_sizes(Fn fn) {
+  const T a[4] = {}, b[4] = {};
+  // K == 0: zeros, or C unchanged when accumulating.
+  std::vector<float> C(6, 5.0f);
+  fn(2, 3, 0, a, 1, 1, b, 1, 1, C.data(), 3, false);
+  for (float v : C) CHECK(v == 0.0f);
+  std::fill(C.begin(), C.end(), 5.0f);
+  fn(2, 3, 0, a, 1, 1, b, 1, 1, C.data(), 3, true);
+  for (float v : C) CHECK(v == 5.0f);
+  // M == 0 or N == 0: nothing is touched (C may even be null).
+  fn(0, 3, 4, a, 4, 1, b, 3, 1, nullptr, 3, false);
+  fn(2, 0, 4, a, 4, 1, b, 1, 1, nullptr, 1, false);
+  fn(0, 0, 0, nullptr, 0, 0, nullptr, 0, 0, nullptr, 0, true);
+}
+
+auto f32_gen() {
+  auto rng = std::make_shared<std::mt19937>(42);
+  return [rng] { return std::uniform_real_distribution<float>(-1.0f, 1.0f)(*rng); };
+}
+auto bf16_gen() {
+  auto rng = std::make_shared<std::mt19937>(43);
+  return [rng] {
+    return float_to_bf16_bits(std::uniform_real_distribution<float>(-1.0f, 1.0f)(*rng));
+  };
+}
+float f32_id(float v) { return v; }
+
+}  // namespace
+
+TEST_CASE("gemm_f32 matches a naive loop (dispatched kernel)", "[gemm]") {
+  INFO("kernel: " << tpu::kernels::gemm_f32_kernel_name());
+  run_cases<float>(GemmF32Fn(gemm_f32), f32_gen(), f32_id, 1e-6);
+}
+
+TEST_CASE("gemm_f32 matches a naive loop (portable kernel)", "[gemm]") {
+  run_cases<float>(GemmF32Fn(gemm_f32_generic), f32_gen(), f32_id, 1e-6);
+}
+
+TEST_CASE("gemm_bf16 matches a naive loop over the bf16 values (dispatched kernel)", "[gemm]") {
+  INFO("kernel: " << tpu::kernels::gemm_bf16_kernel_name());
+  run_cases<uint16_t>(GemmBf16Fn(gemm_bf16), bf16_gen(), bf16_bits_to_float, 1e-6);
+}
+
+TEST_CASE("gemm_bf16 matches a naive loop over the bf16 values (portable kernel)", "[gemm]") {
+  run_cases<uint16_t>(GemmBf16Fn(gemm_bf16_generic), bf16_gen(), bf16_bits_to_float, 1e-6);
+}
+
+TEST_CASE("gemm kernels handle zero sizes", "[gemm]") {
+  run_zero_sizes<float>(GemmF32Fn(gemm_f32));
+  run_zero_sizes<float>(GemmF32Fn(gemm_f32_generic));
+  run_zero_sizes<uint16_t>(GemmBf16Fn(gemm_bf16));
+  run_zero_sizes<uint16_t>(GemmBf16Fn(gemm_bf16_generic));
+}
+
+TEST_CASE("gemm kernels: multi-threaded sizes and broadcast (zero-stride) operands", "[gemm]") {
+  // Big enough to take the threaded path, with one dimension ragged against the tiles.
+  const int64_t M = 150, N = 190, K = 120;
+  auto gen = f32_gen();
+  for (bool tall : {false, true}) {
+    const int64_t m = tall ? N : M, n = tall ? M : N;  // split along rows, then columns
+    const Operand<float> A = make_operand<float>(m, K, Layout::RowMajor, gen);
+    const Operand<float> B = make_operand<float>(K, n, Layout::ColMajor, gen);
+    std::vector<float> C0(static_cast<size_t>(m * n), 1.0f), C = C0;
+    gemm_f32(m, n, K, A.ptr(), A.rs, A.cs, B.ptr(), B.rs, B.cs, C.data(), n, true);
+    check_close(m, n, K, n, C, reference(m, n, K, A, B, C0, n, true, f32_id), C0, 1e-6);
+  }
+  // A whose rows are all the same row (row stride 0), B with a zero column stride.
+  Operand<float> A = make_operand<float>(1, K, Layout::RowMajor, gen);
+  A.rs = 0;
+  Operand<float> B = make_operand<float>(K, 1, Layout::RowMajor, gen);
+  B.cs = 0;
+  std::vector<float> C0(static_cast<size_t>(M * N), 0.0f), C = C0;
+  gemm_f32(M, N, K, A.ptr(), A.rs, A.cs, B.ptr(), B.rs, B.cs, C.data(), N, false);
+  check_close(M, N, K, N, C, reference(M, N, K, A, B, C0, N, false, f32_id), C0, 1e-6);
+}
+
+TEST_CASE("gemm_bf16: odd K and exact small-integer products", "[gemm]") {
+  // Small integers are exact in bf16 and their products and sums are exact in f32, so the
+  // result must equal the reference exactly, whatever the pairing along K.
+  for (int64_t K : {1, 2, 3, 31, 64, 129}) {
+    const int64_t M = 9, N = 35;
+    std::vector<uint16_t> A(static_cast<size_t>(M * K)), B(static_cast<size_t>(K * N));
+    for (int64_t i = 0; i < M * K; ++i) A[i] = float_to_bf16_bits(float((i * 7) % 9) - 4.0f);
+    for (int64_t i = 0; i < K * N; ++i) B[i] = float_to_bf16_bits(float((i * 5) % 7) - 3.0f);
+    for (GemmBf16Fn fn : {GemmBf16Fn(gemm_bf16), GemmBf16Fn(gemm_bf16_generic)}) {
+      std::vector<float> C(static_cast<size_t>(M * N), -1.0f);
+      fn(M, N, K, A.data(), K, 1, B.data(), N, 1, C.data(), N, false);
+      int64_t bad = 0;
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) {
+          float want = 0.0f;
+          for (int64_t k = 0; k < K; ++k)
+            want += bf16_bits_to_float(A[i * K + k]) * bf16_bits_to_float(B[k * N + j]);
+          if (C[i * N + j] != want) ++bad;
+        }
+      INFO("K=" << K);
+      CHECK(bad == 0);
+    }
+  }
+}
