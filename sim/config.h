@@ -1,0 +1,92 @@
+// ChipConfig: the figures that define a simulated TensorCore (one device). Parsed from JSON
+// (see presets.h for the named presets); every field is validated and a bad value is a
+// SimError naming the field.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace tpu::sim {
+
+struct MxuConfig {
+  int count = 1;                  // MXUs per core
+  int rows = 8;                   // R: contraction (K) depth of the array
+  int cols = 8;                   // C: output columns (N) of the array
+  double fill_cycles = 8;         // pipeline fill before the first result row
+  double drain_cycles = 8;        // pipeline drain after the last LHS row enters
+  double weight_load_cycles_per_row = 1;  // cycles per weight row loaded (K rows per tile)
+  double bf16_cycles_per_row = 1;  // cycles per streamed LHS row, bf16 inputs
+  double f32_cycles_per_row = 4;   // f32 inputs (multi-pass), slower
+  double int8_cycles_per_row = 0.5;  // int8 inputs, i32 accumulation
+};
+
+struct VpuConfig {
+  int sublanes = 8;
+  int lanes = 128;
+  double cycles_per_vreg = 1;      // elementwise op cost per (sublanes x lanes) tile
+  double latency = 2;
+};
+
+struct EupConfig {                 // transcendental path (exp, log, tanh, rsqrt, recip, erf, sqrt)
+  double cycles_per_vreg = 4;
+  double latency = 8;
+};
+
+struct XluConfig {                 // cross-lane unit: row/column reductions, transposes
+  double reduce_cycles_per_vreg = 2;
+  double transpose_cycles_per_vreg = 4;
+  double latency = 8;
+};
+
+struct ScalarConfig {
+  double issue_cycles = 1;         // cycles per issued instruction (incl. loop control)
+  int queue_depth = 16;            // instructions a unit may hold before issue stalls
+  int registers = 32;
+  int semaphores = 32;
+};
+
+struct MemoryConfig {
+  uint64_t vmem_bytes = 0;
+  uint64_t hbm_bytes = 0;
+  double hbm_bandwidth_gbps = 0;   // GB/s (1e9 bytes/s), shared by all DMAs touching HBM
+};
+
+struct DmaConfig {
+  int engines = 2;                 // DMA queues; each processes its DMAs in order
+  double latency_cycles = 100;     // fixed latency before the first byte moves
+  double engine_bytes_per_cycle = 64;  // max rate of one engine
+};
+
+struct ChipConfig {
+  std::string name;
+  std::string description;
+  std::vector<std::string> sources;
+  std::vector<std::string> notes;
+  double clock_ghz = 1.0;
+  int cores_per_chip = 1;          // a preset models one TensorCore; a chip has this many
+  double published_peak_tflops = 0;  // published bf16 peak per chip (0 = none)
+  MxuConfig mxu;
+  VpuConfig vpu;
+  EupConfig eup;
+  XluConfig xlu;
+  ScalarConfig scalar;
+  MemoryConfig memory;
+  DmaConfig dma;
+
+  double hbm_bytes_per_cycle() const { return memory.hbm_bandwidth_gbps / clock_ghz; }
+  // Peak bf16 FLOP/s of this core: MXUs x R x C x 2 x clock.
+  double peak_flops() const { return double(mxu.count) * mxu.rows * mxu.cols * 2.0 * clock_ghz * 1e9; }
+  double chip_peak_flops() const { return peak_flops() * cores_per_chip; }
+
+  // Throws SimError naming the first invalid field.
+  void validate() const;
+};
+
+// JSON <-> config. Missing optional fields keep their defaults; unknown fields are errors.
+ChipConfig config_from_json(const nlohmann::json& j);
+ChipConfig config_from_json_text(const std::string& text);
+nlohmann::json config_to_json(const ChipConfig& c);
+
+}  // namespace tpu::sim

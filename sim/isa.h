@@ -1,0 +1,103 @@
+// The instruction set of the simulated TensorCore. One flat `Instr` struct carries every
+// field an opcode may use; `op_info()` says which unit executes an opcode and how it is
+// written in assembly. The ISA is documented as a table in sim/README.md.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "sim/types.h"
+
+namespace tpu::sim {
+
+enum class Op : uint8_t {
+  // scalar unit / control
+  nop, halt, sset, sadd, smul, smod, loop, endloop, wait, signal, fence,
+  // DMA engines
+  dma,
+  // MXU
+  mxu_lw, mxu_mm,
+  // vector unit: binary, ternary, unary, fill, cast
+  vadd, vsub, vmul, vdiv, vmax, vmin, vcmplt, vcmple, vcmpeq,
+  vfma, vsel,
+  vmov, vneg, vabs, vfill, vcast,
+  // transcendental path
+  vexp, vlog, vtanh, vrsqrt, vrecip, verf, vsqrt,
+  // cross-lane unit
+  xsum, xmax, xtrans,
+  count_
+};
+
+enum class UnitKind : uint8_t { scalar, dma, mxu_weights, mxu, vpu, eup, xlu };
+
+// Assembly field layout of an opcode.
+enum class Format : uint8_t {
+  none, sset, sadd, loop, sem, dma, mxu_lw, mxu_mm, vbinary, vternary, vunary, vfill, xreduce, xtrans
+};
+
+struct OpInfo {
+  std::string_view name;
+  UnitKind unit;
+  Format format;
+};
+const OpInfo& op_info(Op op);
+std::optional<Op> op_from_name(std::string_view name);
+
+enum class MxuMode : uint8_t { bf16, f32, i8 };
+std::string_view mxu_mode_name(MxuMode m);
+std::optional<MxuMode> parse_mxu_mode(std::string_view s);
+
+// An affine byte address: offset + sum(reg[i] * scale[i]). Loop counters and scalar
+// registers make one instruction in a loop body touch a different tile each iteration.
+struct AddrTerm {
+  int16_t reg = -1;  // -1: unused
+  int64_t scale = 0;
+  bool operator==(const AddrTerm&) const = default;
+};
+struct Addr {
+  int64_t offset = 0;
+  std::array<AddrTerm, 3> terms{};
+  bool operator==(const Addr&) const = default;
+};
+
+// A memory operand: a rows x cols matrix of `dtype` at `addr` in `space`, with row and column
+// strides in elements (0 = broadcast). Or an f32 immediate (vector-op sources only).
+struct Operand {
+  enum class Kind : uint8_t { none, mem, imm };
+  Kind kind = Kind::none;
+  Space space = Space::vmem;
+  DType dtype = DType::f32;
+  Addr addr{};
+  int64_t row_stride = -1;  // -1: default (dense rows), filled in by Program::finalize
+  int64_t col_stride = 1;
+  float imm = 0;
+  bool operator==(const Operand& o) const;
+};
+
+struct Instr {
+  Op op = Op::nop;
+  int32_t unit = 0;     // mxu index (mxu.*) or DMA queue (dma)
+  int32_t sem = -1;     // semaphore: wait/signal, and the one a DMA signals on completion
+  int32_t reg = -1;     // destination / loop counter register
+  int32_t reg_a = -1;   // sadd source register
+  int64_t imm = 0;      // sset/sadd immediate, loop trip count, wait/signal amount
+  float fimm = 0;       // vfill value
+  Operand dst, a, b, c;  // dma: dst <- a; mxu.lw: weights a; mxu.mm: dst (out) <- a (lhs)
+  int64_t rows = 0, cols = 0;  // vector ops: shape; mxu.mm: m, n; mxu.lw: k (rows), n (cols)
+  int64_t k = 0;               // mxu.mm contraction depth
+  int32_t axis = 1;            // xsum/xmax: 1 = reduce each row, 0 = reduce each column
+  MxuMode mode = MxuMode::bf16;
+  bool acc = false;            // mxu.mm: accumulate into out (else overwrite)
+  std::array<int64_t, 3> dma_shape{1, 1, 0};  // [planes, rows, contiguous bytes per row]
+  std::array<int64_t, 2> dst_stride{-1, -1};  // bytes between planes, rows (-1: dense)
+  std::array<int64_t, 2> src_stride{-1, -1};
+  int32_t match = -1;          // loop <-> endloop partner (filled by Program::finalize)
+  bool operator==(const Instr& o) const;
+};
+
+// Logical matrix shape (rows, cols) of an instruction's operand; {0,0} if the slot is unused.
+enum class Role : uint8_t { dst, a, b, c };
+std::array<int64_t, 2> operand_shape(const Instr& in, Role r);
+
+}  // namespace tpu::sim

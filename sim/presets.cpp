@@ -1,0 +1,184 @@
+#include "sim/presets.h"
+
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "sim/error.h"
+
+namespace tpu::sim {
+namespace {
+
+// Sources for the published figures. DMA latency, engine count, pipeline fill/drain and the
+// vector/transcendental/cross-lane costs are not published: they are modeling choices.
+const char* kTiny = R"JSON({
+  "name": "tiny",
+  "description": "A tiny chip for tests: 2 MXUs of 8x8, a 2x8 vector unit, small memories.",
+  "sources": ["synthetic (no hardware): sized for fast tests"],
+  "notes": ["published_peak_tflops is the model's own peak"],
+  "clock_ghz": 1.0,
+  "cores_per_chip": 1,
+  "published_peak_tflops": 0.256,
+  "mxu": {"count": 2, "rows": 8, "cols": 8, "fill_cycles": 8, "drain_cycles": 8,
+          "weight_load_cycles_per_row": 1, "bf16_cycles_per_row": 1,
+          "f32_cycles_per_row": 4, "int8_cycles_per_row": 0.5},
+  "vpu": {"sublanes": 2, "lanes": 8, "cycles_per_vreg": 1, "latency": 2},
+  "eup": {"cycles_per_vreg": 4, "latency": 6},
+  "xlu": {"reduce_cycles_per_vreg": 2, "transpose_cycles_per_vreg": 4, "latency": 4},
+  "scalar": {"issue_cycles": 1, "queue_depth": 8, "registers": 32, "semaphores": 16},
+  "memory": {"vmem_bytes": 262144, "hbm_bytes": 4194304, "hbm_bandwidth_gbps": 16},
+  "dma": {"engines": 2, "latency_cycles": 20, "engine_bytes_per_cycle": 16}
+})JSON";
+
+const char* kV4 = R"JSON({
+  "name": "v4",
+  "description": "TPU v4-like TensorCore: 4 MXUs 128x128 at 1.05 GHz; a v4 chip has 2 cores (275 bf16 TFLOP/s, 32 GiB HBM at 1200 GB/s), so one core gets half the HBM.",
+  "sources": ["https://cloud.google.com/tpu/docs/v4",
+              "Jouppi et al., TPU v4: An Optically Reconfigurable Supercomputer for Machine Learning, ISCA 2023 (arXiv:2304.01433)",
+              "https://jax-ml.github.io/scaling-book/tpus/",
+              "https://docs.jax.dev/en/latest/pallas/tpu/details.html"],
+  "notes": ["per core: HBM 16 GiB and 600 GB/s (half of the chip's)", "DMA latency and engine count are modeling choices"],
+  "clock_ghz": 1.05,
+  "cores_per_chip": 2,
+  "published_peak_tflops": 275,
+  "mxu": {"count": 4, "rows": 128, "cols": 128, "fill_cycles": 128, "drain_cycles": 128,
+          "weight_load_cycles_per_row": 1, "bf16_cycles_per_row": 1,
+          "f32_cycles_per_row": 4, "int8_cycles_per_row": 1},
+  "vpu": {"sublanes": 8, "lanes": 128, "cycles_per_vreg": 1, "latency": 2},
+  "eup": {"cycles_per_vreg": 4, "latency": 16},
+  "xlu": {"reduce_cycles_per_vreg": 2, "transpose_cycles_per_vreg": 4, "latency": 16},
+  "scalar": {"issue_cycles": 1, "queue_depth": 16, "registers": 32, "semaphores": 32},
+  "memory": {"vmem_bytes": 16777216, "hbm_bytes": 17179869184, "hbm_bandwidth_gbps": 600},
+  "dma": {"engines": 4, "latency_cycles": 500, "engine_bytes_per_cycle": 1024}
+})JSON";
+
+const char* kV5e = R"JSON({
+  "name": "v5e",
+  "description": "TPU v5e-like chip: 1 TensorCore, 4 MXUs 128x128 at 1.5 GHz (197 bf16 TFLOP/s), 16 GiB HBM at 819 GB/s, 128 MiB VMEM.",
+  "sources": ["https://cloud.google.com/tpu/docs/v5e",
+              "https://jax-ml.github.io/scaling-book/tpus/",
+              "https://docs.jax.dev/en/latest/pallas/tpu/details.html"],
+  "notes": ["int8 peak 394 TOP/s: int8 streams two rows per cycle", "DMA latency and engine count are modeling choices"],
+  "clock_ghz": 1.5,
+  "cores_per_chip": 1,
+  "published_peak_tflops": 197,
+  "mxu": {"count": 4, "rows": 128, "cols": 128, "fill_cycles": 128, "drain_cycles": 128,
+          "weight_load_cycles_per_row": 1, "bf16_cycles_per_row": 1,
+          "f32_cycles_per_row": 4, "int8_cycles_per_row": 0.5},
+  "vpu": {"sublanes": 8, "lanes": 128, "cycles_per_vreg": 1, "latency": 2},
+  "eup": {"cycles_per_vreg": 4, "latency": 16},
+  "xlu": {"reduce_cycles_per_vreg": 2, "transpose_cycles_per_vreg": 4, "latency": 16},
+  "scalar": {"issue_cycles": 1, "queue_depth": 16, "registers": 32, "semaphores": 32},
+  "memory": {"vmem_bytes": 134217728, "hbm_bytes": 17179869184, "hbm_bandwidth_gbps": 819},
+  "dma": {"engines": 4, "latency_cycles": 500, "engine_bytes_per_cycle": 1024}
+})JSON";
+
+const char* kV5p = R"JSON({
+  "name": "v5p",
+  "description": "TPU v5p-like TensorCore: 4 MXUs 128x128 at 1.75 GHz; a v5p chip has 2 cores (459 bf16 TFLOP/s, 95 GiB HBM at 2765 GB/s), so one core gets half the HBM.",
+  "sources": ["https://cloud.google.com/tpu/docs/v5p",
+              "https://jax-ml.github.io/scaling-book/tpus/"],
+  "notes": ["per core: HBM 47.5 GiB and 1382.5 GB/s (half of the chip's)",
+            "VMEM size is not published for v5p: 128 MiB assumed (as v5e)",
+            "clock derived from the peak: 459e12 / (2 cores x 4 MXU x 128 x 128 x 2)"],
+  "clock_ghz": 1.75,
+  "cores_per_chip": 2,
+  "published_peak_tflops": 459,
+  "mxu": {"count": 4, "rows": 128, "cols": 128, "fill_cycles": 128, "drain_cycles": 128,
+          "weight_load_cycles_per_row": 1, "bf16_cycles_per_row": 1,
+          "f32_cycles_per_row": 4, "int8_cycles_per_row": 0.5},
+  "vpu": {"sublanes": 8, "lanes": 128, "cycles_per_vreg": 1, "latency": 2},
+  "eup": {"cycles_per_vreg": 4, "latency": 16},
+  "xlu": {"reduce_cycles_per_vreg": 2, "transpose_cycles_per_vreg": 4, "latency": 16},
+  "scalar": {"issue_cycles": 1, "queue_depth": 16, "registers": 32, "semaphores": 32},
+  "memory": {"vmem_bytes": 134217728, "hbm_bytes": 51002736640, "hbm_bandwidth_gbps": 1382.5},
+  "dma": {"engines": 4, "latency_cycles": 500, "engine_bytes_per_cycle": 1024}
+})JSON";
+
+const char* kV6e = R"JSON({
+  "name": "v6e",
+  "description": "TPU v6e (Trillium)-like chip: 1 TensorCore, 4 MXUs 256x256 at 1.75 GHz (918 bf16 TFLOP/s), 32 GiB HBM at 1640 GB/s, 128 MiB VMEM.",
+  "sources": ["https://cloud.google.com/tpu/docs/v6e",
+              "https://jax-ml.github.io/scaling-book/tpus/"],
+  "notes": ["clock derived from the peak: 918e12 / (4 MXU x 256 x 256 x 2)"],
+  "clock_ghz": 1.75,
+  "cores_per_chip": 1,
+  "published_peak_tflops": 918,
+  "mxu": {"count": 4, "rows": 256, "cols": 256, "fill_cycles": 256, "drain_cycles": 256,
+          "weight_load_cycles_per_row": 1, "bf16_cycles_per_row": 1,
+          "f32_cycles_per_row": 4, "int8_cycles_per_row": 0.5},
+  "vpu": {"sublanes": 8, "lanes": 128, "cycles_per_vreg": 1, "latency": 2},
+  "eup": {"cycles_per_vreg": 4, "latency": 16},
+  "xlu": {"reduce_cycles_per_vreg": 2, "transpose_cycles_per_vreg": 4, "latency": 16},
+  "scalar": {"issue_cycles": 1, "queue_depth": 16, "registers": 32, "semaphores": 32},
+  "memory": {"vmem_bytes": 134217728, "hbm_bytes": 34359738368, "hbm_bandwidth_gbps": 1640},
+  "dma": {"engines": 4, "latency_cycles": 500, "engine_bytes_per_cycle": 2048}
+})JSON";
+
+const char* kV7 = R"JSON({
+  "name": "v7",
+  "description": "TPU7x (Ironwood)-like TensorCore die: 4 MXUs 256x256 at 2.2 GHz; a chip has 2 TensorCore dies (2307 bf16 TFLOP/s, 192 GiB HBM at 7370 GB/s), modeled as two devices, so one die gets half the HBM.",
+  "sources": ["https://cloud.google.com/tpu/docs/tpu7x",
+              "https://blog.google/products/google-cloud/ironwood-tpu-age-of-inference/",
+              "https://jax-ml.github.io/scaling-book/tpus/"],
+  "notes": ["per die: HBM 96 GiB and 3685 GB/s (half of the chip's)",
+            "clock derived from the peak: 2307e12 / (2 dies x 4 MXU x 256 x 256 x 2)",
+            "VMEM 64 MiB per die"],
+  "clock_ghz": 2.2,
+  "cores_per_chip": 2,
+  "published_peak_tflops": 2307,
+  "mxu": {"count": 4, "rows": 256, "cols": 256, "fill_cycles": 256, "drain_cycles": 256,
+          "weight_load_cycles_per_row": 1, "bf16_cycles_per_row": 1,
+          "f32_cycles_per_row": 4, "int8_cycles_per_row": 0.5},
+  "vpu": {"sublanes": 8, "lanes": 128, "cycles_per_vreg": 1, "latency": 2},
+  "eup": {"cycles_per_vreg": 4, "latency": 16},
+  "xlu": {"reduce_cycles_per_vreg": 2, "transpose_cycles_per_vreg": 4, "latency": 16},
+  "scalar": {"issue_cycles": 1, "queue_depth": 16, "registers": 32, "semaphores": 32},
+  "memory": {"vmem_bytes": 67108864, "hbm_bytes": 103079215104, "hbm_bandwidth_gbps": 3685},
+  "dma": {"engines": 4, "latency_cycles": 500, "engine_bytes_per_cycle": 4096}
+})JSON";
+
+const std::map<std::string, std::string>& table() {
+  static const std::map<std::string, std::string> t = {
+      {"tiny", kTiny}, {"v4", kV4}, {"v5e", kV5e}, {"v5p", kV5p}, {"v6e", kV6e}, {"v7", kV7}};
+  return t;
+}
+
+}  // namespace
+
+std::vector<std::string> preset_names() { return {"tiny", "v4", "v5e", "v5p", "v6e", "v7"}; }
+
+const std::string& preset_json(const std::string& name) {
+  auto it = table().find(name);
+  if (it == table().end()) {
+    std::string known;
+    for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
+    throw SimError(fmt::format("unknown chip preset '{}' (known: {})", name, known));
+  }
+  return it->second;
+}
+
+ChipConfig preset_config(const std::string& name) { return config_from_json_text(preset_json(name)); }
+
+ChipConfig load_config(const std::string& s) {
+  if (table().count(s)) return preset_config(s);
+  size_t first = s.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && s[first] == '{') return config_from_json_text(s);
+  std::ifstream in(s);
+  if (!in) {
+    std::string known;
+    for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
+    throw SimError(fmt::format("chip '{}' is neither a preset ({}) nor a readable JSON file", s, known));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    return config_from_json_text(ss.str());
+  } catch (const SimError& e) {
+    throw SimError(fmt::format("{}: {}", s, e.what()));
+  }
+}
+
+}  // namespace tpu::sim

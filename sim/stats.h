@@ -1,0 +1,46 @@
+// Stats of one run: cycles and time, busy cycles per unit, MXU utilization, FLOPs, HBM
+// traffic, achieved FLOP/s, MFU and arithmetic intensity. Printable and JSON-able.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace tpu::sim {
+
+struct UnitStats {
+  std::string name;
+  double busy_cycles = 0;
+  uint64_t instructions = 0;
+};
+
+struct Stats {
+  std::string chip;
+  bool timing_only = false;
+  double clock_ghz = 1;
+  double cycles = 0;                // total: last unit done
+  double seconds = 0;               // cycles / clock
+  uint64_t instructions = 0;        // dynamic instructions executed (incl. loop control)
+  uint64_t static_instructions = 0; // program length
+  std::vector<UnitStats> units;     // scalar, mxu0.., mxu0.weights.., vpu, eup, xlu, dma0..
+  double mxu_flops = 0;             // 2*m*k*n per matmul
+  double vector_elements = 0;       // elements produced by vector/eup/xlu ops
+  uint64_t hbm_bytes_read = 0;
+  uint64_t hbm_bytes_written = 0;
+  uint64_t dma_bytes = 0;           // all DMA traffic (incl. vmem->vmem)
+  double peak_flops = 0;            // of the simulated core (bf16)
+  double hbm_bytes_per_cycle = 0;   // configured
+  double mxu_busy_fraction = 0;     // sum of MXU streaming cycles / (cycles * MXUs)
+  double mfu = 0;                   // mxu_flops / (cycles * peak FLOPs per cycle)
+  double flops_per_second = 0;      // achieved
+  double arithmetic_intensity = 0;  // mxu_flops / HBM bytes
+  double hbm_bandwidth_fraction = 0;  // HBM bytes / (cycles * configured bytes per cycle)
+  uint64_t races = 0;               // race-checker reports (0 if the checker is off)
+  bool race_check = false;
+};
+
+std::string format_report(const Stats& s);
+nlohmann::json stats_to_json(const Stats& s);
+
+}  // namespace tpu::sim
