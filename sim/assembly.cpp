@@ -392,7 +392,12 @@ Program parse_program(std::string_view text, std::string name) {
     std::string_view line = text.substr(start, nl == std::string_view::npos ? std::string_view::npos : nl - start);
     ++line_no;
     size_t semi = line.find(';');
-    if (semi != std::string_view::npos) line = line.substr(0, semi);
+    if (semi != std::string_view::npos) {
+      // "; program NAME" on the first line names the program (to_text writes it).
+      std::string_view comment = line.substr(semi);
+      if (line_no == 1 && p.name.empty() && comment.substr(0, 10) == "; program ") p.name = std::string(comment.substr(10));
+      line = line.substr(0, semi);
+    }
     LineParser lp(line, line_no);
     if (!lp.at_end()) {
       size_t op_pos = lp.pos();
