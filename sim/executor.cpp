@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -26,11 +27,51 @@ struct Unit {
   size_t pos = 0;
 };
 
-struct BoardEntry {  // a compute instruction's access, for VMEM/HBM dependencies
-  Region r;
-  double t;  // writes: result ready; reads: last read done
-  int unit;
-  bool write;
+// In-flight accesses of compute instructions, for VMEM/HBM dependencies; one list for reads
+// and one for writes, stored as arrays so the scan over them stays cheap.
+struct BoardList {
+  std::vector<uint64_t> lo, hi;  // bounding interval (fast reject)
+  std::vector<double> t;         // reads: last read done; writes: result ready
+  std::vector<int32_t> unit;
+  std::vector<uint8_t> space;
+  std::vector<Region> r;
+  size_t size() const { return t.size(); }
+  void push(const Region& rg, double tt, int u) {
+    // The same bytes accessed again by the same unit supersede the older entry (a chain of
+    // accumulating matmuls into one tile), which keeps the lists short.
+    const size_t n = t.size();
+    for (size_t i = n; i-- > (n > 8 ? n - 8 : 0);)
+      if (unit[i] == u && lo[i] == rg.lo() && r[i] == rg) {
+        t[i] = std::max(t[i], tt);
+        return;
+      }
+    lo.push_back(rg.lo());
+    hi.push_back(rg.hi());
+    t.push_back(tt);
+    unit.push_back(u);
+    space.push_back(uint8_t(rg.space));
+    r.push_back(rg);
+  }
+  void prune(double before) {
+    size_t k = 0;
+    for (size_t i = 0; i < t.size(); ++i) {
+      if (t[i] <= before) continue;
+      lo[k] = lo[i], hi[k] = hi[i], t[k] = t[i], unit[k] = unit[i], space[k] = space[i], r[k] = r[i];
+      ++k;
+    }
+    lo.resize(k), hi.resize(k), t.resize(k), unit.resize(k), space.resize(k), r.resize(k);
+  }
+  void clear() { prune(std::numeric_limits<double>::infinity()); }
+  // Latest t among entries of other units whose bytes overlap `rg`, at least d.
+  double scan(const Region& rg, int u, double d) const {
+    const uint64_t l = rg.lo(), h = rg.hi();
+    const uint8_t sp = uint8_t(rg.space);
+    for (size_t i = 0; i < t.size(); ++i) {
+      if (t[i] <= d || unit[i] == u || space[i] != sp || hi[i] <= l || h <= lo[i]) continue;
+      if (regions_overlap(r[i], rg)) d = t[i];
+    }
+    return d;
+  }
 };
 
 struct PendingSignal {
@@ -186,29 +227,28 @@ class Executor {
     }
   }
 
-  // Earliest start allowed by accesses of in-flight compute instructions on other units.
+  // Earliest start allowed by accesses of in-flight compute instructions on other units:
+  // reads wait for earlier writes (RAW); writes wait for earlier writes and reads (WAW, WAR).
   double deps(const Access& acc, int unit) {
-    if (board_.size() > board_limit_) {
-      double t = issue_t_;
-      board_.erase(std::remove_if(board_.begin(), board_.end(), [t](const BoardEntry& e) { return e.t <= t; }),
-                   board_.end());
-      board_limit_ = std::max<size_t>(64, board_.size() * 2);
+    if (reads_.size() + writes_.size() > board_limit_) {
+      reads_.prune(issue_t_);
+      writes_.prune(issue_t_);
+      board_limit_ = reads_.size() + writes_.size() + 32;
     }
     double d = 0;
-    for (const auto& e : board_) {
-      if (e.unit == unit || e.t <= d) continue;
-      bool hit = false;
-      for (int i = 0; i < acc.nw && !hit; ++i) hit = regions_overlap(e.r, acc.wr[i]);
-      if (e.write)
-        for (int i = 0; i < acc.nr && !hit; ++i) hit = regions_overlap(e.r, acc.rd[i]);
-      if (hit) d = e.t;
-    }
+    for (int i = 0; i < acc.nr; ++i) d = writes_.scan(acc.rd[i], unit, d);
+    for (int i = 0; i < acc.nw; ++i) d = reads_.scan(acc.wr[i], unit, writes_.scan(acc.wr[i], unit, d));
     return d;
   }
 
   void board_add(const Access& acc, int unit, double read_done, double ready) {
-    for (int i = 0; i < acc.nr; ++i) board_.push_back({acc.rd[i], read_done, unit, false});
-    for (int i = 0; i < acc.nw; ++i) board_.push_back({acc.wr[i], ready, unit, true});
+    for (int i = 0; i < acc.nr; ++i) {
+      bool also_written = false;  // a write entry of the same bytes (later t) covers the read
+      for (int j = 0; j < acc.nw; ++j)
+        also_written |= acc.wr[j] == acc.rd[i] && ready >= read_done;
+      if (!also_written) reads_.push(acc.rd[i], read_done, unit);
+    }
+    for (int i = 0; i < acc.nw; ++i) writes_.push(acc.wr[i], ready, unit);
   }
 
   void race_check(size_t idx, const Access& acc) {
@@ -250,7 +290,7 @@ class Executor {
   std::vector<Unit> units_;
   std::vector<int64_t> regs_;
   double scalar_t_ = 0, issue_t_ = 0, max_t_ = 0;
-  std::vector<BoardEntry> board_;
+  BoardList reads_, writes_;
   size_t board_limit_ = 64;
   BandwidthProfile hbm_bw_;
   std::vector<std::vector<PendingSignal>> sems_;
@@ -488,7 +528,8 @@ RunResult Executor::run() {
           trace_.events.push_back({0, uint32_t(pc), t, done});
         scalar_t_ = done;
         outstanding_.clear();
-        board_.clear();
+        reads_.clear();
+        writes_.clear();
         break;
       }
       case Op::dma: exec_dma(pc, in); break;

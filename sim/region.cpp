@@ -53,6 +53,17 @@ bool regions_overlap(const Region& a, const Region& b) {
   bool b_dense = b.n0 == 1 && b.n1 == 1;
   if (a_dense) return region_hits(b, a.base, a.run);
   if (b_dense) return region_hits(a, b.base, b.run);
+  if (a.n0 == 1 && b.n0 == 1 && a.s1 == b.s1) {
+    // Same single stride s: rows i of a and j of b meet iff, with k = i - j and D = b.base - a.base,
+    // D - a.run < k*s < D + b.run for some k in [-(b.n1-1), a.n1-1].
+    // Both regions lie below the memory size (< 2^62), so int64 arithmetic cannot overflow.
+    const int64_t s = int64_t(a.s1), D = int64_t(b.base) - int64_t(a.base);
+    const int64_t lo_k = -int64_t(b.n1 - 1), hi_k = int64_t(a.n1 - 1);
+    const int64_t num = D - int64_t(a.run);  // smallest k with k*s > num
+    int64_t k = num >= 0 ? num / s + 1 : -((-num) / s) + ((-num) % s == 0 ? 1 : 0);
+    if (k < lo_k) k = lo_k;
+    return k <= hi_k && k * s < D + int64_t(b.run);
+  }
   // Enumerate the runs of the region with fewer runs, test each against the other.
   const Region& x = (a.n0 * a.n1 <= b.n0 * b.n1) ? a : b;
   const Region& y = (&x == &a) ? b : a;

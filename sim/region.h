@@ -19,6 +19,7 @@ struct Region {
   uint64_t lo() const { return base; }
   uint64_t hi() const { return base + (n0 - 1) * s0 + (n1 - 1) * s1 + run; }  // one past the last byte
   uint64_t bytes() const { return run * n0 * n1; }  // bytes moved (with repeats)
+  bool operator==(const Region&) const = default;
   // Merges contiguous dimensions and drops broadcast (stride 0) repeats.
   void normalize();
 };
