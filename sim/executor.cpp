@@ -229,13 +229,13 @@ class Executor {
 
   // Earliest start allowed by accesses of in-flight compute instructions on other units:
   // reads wait for earlier writes (RAW); writes wait for earlier writes and reads (WAW, WAR).
-  double deps(const Access& acc, int unit) {
+  double deps(const Access& acc, int unit, double lower_bound) {
     if (reads_.size() + writes_.size() > board_limit_) {
       reads_.prune(issue_t_);
       writes_.prune(issue_t_);
       board_limit_ = reads_.size() + writes_.size() + 32;
     }
-    double d = 0;
+    double d = lower_bound;  // entries done by then cannot delay the instruction
     for (int i = 0; i < acc.nr; ++i) d = writes_.scan(acc.rd[i], unit, d);
     for (int i = 0; i < acc.nw; ++i) d = reads_.scan(acc.wr[i], unit, writes_.scan(acc.wr[i], unit, d));
     return d;
@@ -319,7 +319,7 @@ void Executor::exec_dma(size_t idx, const Instr& in) {
   acc.read(dma_side(idx, in.a, in.dma_shape, in.src_stride, "src", &g.src));
   acc.write(dma_side(idx, in.dst, in.dma_shape, in.dst_stride, "dst", &g.dst));
   race_check(idx, acc);
-  const double start = std::max(t, deps(acc, u));
+  const double start = deps(acc, u, t);
   Unit& q = units_[size_t(u)];
   const double xfer = std::max(start + cfg_.dma.latency_cycles, q.free);
   const uint64_t bytes = uint64_t(in.dma_shape[0] * in.dma_shape[1] * in.dma_shape[2]);
@@ -355,7 +355,7 @@ void Executor::exec_lw(size_t idx, const Instr& in) {
   race_check(idx, acc);
   MxuWeights& st = mxu_[size_t(j)];
   const int b = int(st.loads % 2);
-  const double start = std::max({t, units_[size_t(u)].free, buf_free_[size_t(j)][size_t(b)], deps(acc, u)});
+  const double start = deps(acc, u, std::max({t, units_[size_t(u)].free, buf_free_[size_t(j)][size_t(b)]}));
   const double busy = double(in.rows) * cfg_.mxu.weight_load_cycles_per_row;
   const double end = start + busy;
   units_[size_t(u)].free = end;
@@ -387,7 +387,7 @@ void Executor::exec_mm(size_t idx, const Instr& in) {
   if (in.acc) acc.read(out_r);
   acc.write(out_r);
   race_check(idx, acc);
-  const double start = std::max({t, units_[size_t(u)].free, buf_ready_[size_t(j)][b], deps(acc, u)});
+  const double start = deps(acc, u, std::max({t, units_[size_t(u)].free, buf_ready_[size_t(j)][b]}));
   const double per_row = in.mode == MxuMode::bf16  ? cfg_.mxu.bf16_cycles_per_row
                          : in.mode == MxuMode::f32 ? cfg_.mxu.f32_cycles_per_row
                                                    : cfg_.mxu.int8_cycles_per_row;
@@ -424,7 +424,7 @@ void Executor::exec_vector(size_t idx, const Instr& in) {
   auto dshape = operand_shape(in, Role::dst);
   acc.write(mat(idx, in.dst, dshape[0], dshape[1], "dst", &d));
   race_check(idx, acc);
-  const double start = std::max({t, units_[size_t(u)].free, deps(acc, u)});
+  const double start = deps(acc, u, std::max(t, units_[size_t(u)].free));
   const double vregs = std::ceil(double(in.rows) / cfg_.vpu.sublanes) * std::ceil(double(in.cols) / cfg_.vpu.lanes);
   double per = cfg_.vpu.cycles_per_vreg, lat = cfg_.vpu.latency;
   if (info.unit == UnitKind::eup) per = cfg_.eup.cycles_per_vreg, lat = cfg_.eup.latency;
