@@ -69,5 +69,11 @@ void micro_kernel_f32_avx512(int64_t kc, const float* Ap, const float* Bp, float
 void micro_kernel_bf16_avx512(int64_t kc, const uint32_t* Ap, const uint32_t* Bp, float* C,
                               int64_t ldc, int rows, int cols, bool load_c);
 
+// One A panel (mr = kAvx512BlockingF32.mr rows) from rows of 32-bit words that are
+// contiguous along K: dst[k * mr + r] = word k of row r (row r at src + r * row_bytes),
+// zero for r >= rows.
+void pack_a_panel_words_avx512(const void* src, int64_t row_bytes, int rows, int64_t kw,
+                               uint32_t* dst);
+
 }  // namespace detail
 }  // namespace tpu::kernels

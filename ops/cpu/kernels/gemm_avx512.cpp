@@ -153,4 +153,56 @@ TPU_GEMM_AVX512_BF16 void micro_kernel_bf16_avx512(int64_t kc, const uint32_t* A
 
 #undef TPU_GEMM_ROW_CASES
 
+// GCC 12 reports the self-initialized "undefined" pass-through vector inside its own
+// shuffle/unpack intrinsics as maybe-uninitialized; that is a false positive.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// One packed A panel from `rows` (<= 14) rows of 32-bit words (f32 values, or bf16 pairs):
+// dst[k * 14 + r] = word k of row r, zero for r >= rows. Rows are read 16 words at a time
+// and transposed in registers (16 x 16 through unpack and 128-bit lane shuffles).
+TPU_GEMM_AVX512 void pack_a_panel_words_avx512(const void* src, int64_t row_bytes, int rows,
+                                               int64_t kw, uint32_t* dst) {
+  const char* base = static_cast<const char*>(src);
+  for (int64_t k0 = 0; k0 < kw; k0 += 16) {
+    const int n = static_cast<int>(kw - k0 < 16 ? kw - k0 : 16);
+    const __mmask16 in_mask = n == 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u);
+    __m512i r[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_setzero_si512();
+    for (int i = 0; i < rows; ++i)
+      r[i] = _mm512_maskz_loadu_epi32(in_mask, base + i * row_bytes + k0 * 4);
+    __m512i t[16], u[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) {
+      t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    // u[4i + j], 128-bit lane L: column 4L + j of rows 4i .. 4i+3.
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+      u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+      u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+      u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    uint32_t* d = dst + k0 * kMR;
+    const __mmask16 out_mask = (1u << kMR) - 1u;
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      const __m512i a0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88);
+      const __m512i a1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xDD);
+      const __m512i b0 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88);
+      const __m512i b1 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xDD);
+      const __m512i col[4] = {_mm512_shuffle_i32x4(a0, b0, 0x88), _mm512_shuffle_i32x4(a1, b1, 0x88),
+                              _mm512_shuffle_i32x4(a0, b0, 0xDD), _mm512_shuffle_i32x4(a1, b1, 0xDD)};
+#pragma GCC unroll 4
+      for (int L = 0; L < 4; ++L) {
+        const int c = 4 * L + j;
+        if (c < n) _mm512_mask_storeu_epi32(d + c * kMR, out_mask, col[L]);
+      }
+    }
+  }
+}
+#pragma GCC diagnostic pop
+
 }  // namespace tpu::kernels::detail

@@ -203,6 +203,38 @@ struct PackBf16Pairs {
   }
 };
 
+// The same layouts, with the A panels of K-contiguous rows transposed by AVX-512 code.
+struct PackF32Avx512 : PackF32 {
+  static void pack_a(const float* A, int64_t rs, int64_t cs, int64_t mc, int64_t kce, int mr,
+                     float* dst) {
+    if (cs != 1 || mr != detail::kAvx512BlockingF32.mr) return PackF32::pack_a(A, rs, cs, mc, kce, mr, dst);
+    for (int64_t i0 = 0; i0 < mc; i0 += mr) {
+      const int rows = static_cast<int>(std::min<int64_t>(mr, mc - i0));
+      detail::pack_a_panel_words_avx512(A + i0 * rs, rs * int64_t(sizeof(float)), rows, kce,
+                                        reinterpret_cast<uint32_t*>(dst + i0 * kce));
+    }
+  }
+};
+
+struct PackBf16PairsAvx512 : PackBf16Pairs {
+  static void pack_a(const uint16_t* A, int64_t rs, int64_t cs, int64_t mc, int64_t kce,
+                     int mr, uint32_t* dst) {
+    if (cs != 1 || mr != detail::kAvx512BlockingBf16.mr)
+      return PackBf16Pairs::pack_a(A, rs, cs, mc, kce, mr, dst);
+    const int64_t kp = (kce + 1) / 2, kfull = kce / 2;
+    for (int64_t i0 = 0; i0 < mc; i0 += mr) {
+      const int rows = static_cast<int>(std::min<int64_t>(mr, mc - i0));
+      uint32_t* d = dst + i0 * kp;
+      // Whole pairs are the 32-bit words of each row; an odd last k is paired with zero.
+      detail::pack_a_panel_words_avx512(A + i0 * rs, rs * int64_t(sizeof(uint16_t)), rows,
+                                        kfull, d);
+      if (kp > kfull)
+        for (int r = 0; r < mr; ++r)
+          d[kfull * mr + r] = r < rows ? pair(A[(i0 + r) * rs + 2 * kfull], 0) : 0;
+    }
+  }
+};
+
 // ---- Portable micro-kernel (auto-vectorized for the baseline ISA). ----
 
 constexpr int kGenericMR = 4;
@@ -301,9 +333,12 @@ void gemm_run(const Problem& p, const GemmBlocking& bl, Kernel kernel) {
     gemm_range<Pack>(p, bl, kernel, 0, p.M, 0, p.N);
     return;
   }
-  // Split the longer side of C into equal runs of whole register tiles.
-  const bool split_n = p.N >= p.M;
-  const int64_t unit = split_n ? bl.nr : bl.mr;
+  // Split the longer side of C. Each thread packs its own panels, so the other operand is
+  // packed once per thread: splitting rows repeats the packing of B, splitting columns that
+  // of A; repeat the smaller one. Rows split evenly (a ragged row panel costs little),
+  // columns in whole register tiles (a ragged column tile wastes vector lanes).
+  const bool split_n = p.N > p.M;
+  const int64_t unit = split_n ? bl.nr : 1;
   const int64_t extent = split_n ? p.N : p.M;
   const int64_t units = (extent + unit - 1) / unit;
   const int64_t tasks = std::min<int64_t>(nt, units);
@@ -337,7 +372,7 @@ void gemm_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int
               bool accumulate) {
   const Problem p{M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate};
   if (have_avx512())
-    gemm_run<PackF32>(p, detail::kAvx512BlockingF32, detail::micro_kernel_f32_avx512);
+    gemm_run<PackF32Avx512>(p, detail::kAvx512BlockingF32, detail::micro_kernel_f32_avx512);
   else
     gemm_run<PackF32>(p, kGenericBlocking, micro_kernel_f32_generic);
 }
@@ -347,7 +382,7 @@ void gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs,
                int64_t ldc, bool accumulate) {
   const Problem p{M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate};
   if (have_avx512_bf16())
-    gemm_run<PackBf16Pairs>(p, detail::kAvx512BlockingBf16, detail::micro_kernel_bf16_avx512);
+    gemm_run<PackBf16PairsAvx512>(p, detail::kAvx512BlockingBf16, detail::micro_kernel_bf16_avx512);
   else if (have_avx512())
     gemm_run<PackBf16AsF32>(p, detail::kAvx512BlockingF32, detail::micro_kernel_f32_avx512);
   else
