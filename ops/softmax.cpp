@@ -1,0 +1,135 @@
+// softmax and log_softmax over one dim. Each row (all indices but the softmax dim) is read
+// once into an f32 buffer (any input strides or float dtype), reduced there (max, then the
+// sum of exp(x - max)), and written once; rows are split over the thread pool. Integer and
+// bool inputs promote to f32 (PyTorch's behaviour for these dtypes with an explicit float
+// result). A row of all -inf gives NaN, a NaN in a row gives a row of NaN, as in PyTorch.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "ops/cpu/loops.h"
+#include "ops/fast_exp.h"
+#include "ops/meta_util.h"
+#include "ops/reduce_engine.h"
+#include "ops/registry.h"
+#include "tpucore/ops.h"
+
+namespace tpu {
+namespace {
+using namespace ops;
+
+template <class T>
+inline float to_f(T v) {
+  if constexpr (std::is_same_v<T, float>) return v;
+  else return v.to_f32();
+}
+
+void softmax_meta(const MetaArgs& a, MetaResult& m) {
+  const Tensor& x = a.inputs[0];
+  wrap_dim(a.attrs.get_int("dim"), x.dim(), a.op.name.c_str());
+  const DType out = is_floating(x.dtype()) ? x.dtype() : DType::f32;
+  m.cast_mask = 1;
+  m.cast_to = out;
+  m.out() = {x.shape(), out, x.device()};
+}
+
+// Softmax (or log-softmax) of buf[0..k) in place.
+template <bool kLog>
+void softmax_row(float* buf, int64_t k) {
+  constexpr int L = 16;
+  float lane[L];
+  for (int j = 0; j < L; ++j) lane[j] = -std::numeric_limits<float>::infinity();
+  int64_t i = 0;
+  for (; i + L <= k; i += L)
+    for (int j = 0; j < L; ++j) lane[j] = buf[i + j] > lane[j] ? buf[i + j] : lane[j];
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int j = 0; j < L; ++j) mx = lane[j] > mx ? lane[j] : mx;
+  for (; i < k; ++i) mx = buf[i] > mx ? buf[i] : mx;
+  // (NaN never wins a comparison; it reaches the output through exp(NaN - max).)
+  for (int j = 0; j < L; ++j) lane[j] = 0;
+  i = 0;
+  if constexpr (kLog) {
+    for (; i + L <= k; i += L)
+      for (int j = 0; j < L; ++j) lane[j] += fast_exp(buf[i + j] - mx);
+  } else {
+    for (; i + L <= k; i += L)
+      for (int j = 0; j < L; ++j) {
+        const float e = fast_exp(buf[i + j] - mx);
+        buf[i + j] = e;
+        lane[j] += e;
+      }
+  }
+  double sum = 0;
+  for (int j = 0; j < L; ++j) sum += lane[j];
+  for (; i < k; ++i) {
+    const float e = fast_exp(buf[i] - mx);
+    if constexpr (!kLog) buf[i] = e;
+    sum += e;
+  }
+  if constexpr (kLog) {
+    const float shift = mx + static_cast<float>(std::log(sum));
+    for (i = 0; i < k; ++i) buf[i] -= shift;
+  } else {
+    const float inv = static_cast<float>(1.0 / sum);
+    for (i = 0; i < k; ++i) buf[i] *= inv;
+  }
+}
+
+template <bool kLog>
+void softmax_cpu(const KernelArgs& a) {
+  const Tensor& x = a.inputs[0];
+  const Tensor& out = a.outputs[0];
+  if (x.numel() == 0) return;
+  const int d = wrap_dim(a.attrs.get_int("dim"), x.dim(), a.op.name.c_str());
+  const int64_t k = x.dim() ? x.shape()[d] : 1;
+  const int64_t in_st = x.dim() ? x.strides()[d] : 0;
+  const Shape out_strides = contiguous_strides(out.shape());
+  const int64_t out_st = x.dim() ? out_strides[d] : 0;
+  // The other dims index the rows, in the same row-major order for input and output.
+  reduce::DimGroup rows_in, rows_out;
+  for (int i = 0; i < x.dim(); ++i) {
+    if (i == d) continue;
+    rows_in.add(x.shape()[i], x.strides()[i]);
+    rows_out.add(x.shape()[i], out_strides[i]);
+  }
+  const int64_t nrows = x.numel() / k;
+  dispatch_dtype(x.dtype(), [&](auto zx) {
+    using T = decltype(zx);
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, f16>) {
+      const T* src = static_cast<const T*>(x.raw_data());
+      T* dst = static_cast<T*>(out.raw_data());
+      const int64_t grain = std::max<int64_t>(1, cpu::kParallelGrain / k);
+      parallel_for(0, nrows, grain, [&](int64_t rb, int64_t re) {
+        std::vector<float> buf(static_cast<size_t>(k));
+        for (int64_t r = rb; r < re; ++r) {
+          const T* p = src + rows_in.offset_of(r);
+          T* q = dst + rows_out.offset_of(r);
+          if (in_st == 1) {
+            for (int64_t i = 0; i < k; ++i) buf[i] = to_f(p[i]);
+          } else {
+            for (int64_t i = 0; i < k; ++i) buf[i] = to_f(p[i * in_st]);
+          }
+          softmax_row<kLog>(buf.data(), k);
+          if (out_st == 1) {
+            for (int64_t i = 0; i < k; ++i) q[i] = cpu::convert<T>(buf[i]);
+          } else {
+            for (int64_t i = 0; i < k; ++i) q[i * out_st] = cpu::convert<T>(buf[i]);
+          }
+        }
+      });
+    }
+  });
+}
+
+TPU_DEFINE_OP(softmax_op, {.name = "softmax", .num_inputs = 1, .meta = &softmax_meta, .cpu = &softmax_cpu<false>,
+                           .doc = "exp(x - max) / sum(exp(x - max)) over one dim (ints promote to f32)"});
+TPU_DEFINE_OP(log_softmax_op, {.name = "log_softmax", .num_inputs = 1, .meta = &softmax_meta,
+                               .cpu = &softmax_cpu<true>,
+                               .doc = "x - max - log(sum(exp(x - max))) over one dim (ints promote to f32)"});
+
+}  // namespace
+
+Tensor softmax(const Tensor& x, int64_t dim) { return ops::call(softmax_op(), {x}, {{"dim", dim}}); }
+Tensor log_softmax(const Tensor& x, int64_t dim) { return ops::call(log_softmax_op(), {x}, {{"dim", dim}}); }
+
+}  // namespace tpu
