@@ -1,0 +1,63 @@
+// Helpers shared by the indexing, joining and view tests: every dtype, a small "params"
+// tensor that carries an op's integer arguments (dim, diagonal, ...) through an OpInfo
+// sample (the runner passes only tensors), and an error check that names the message parts.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "opinfo.h"
+
+namespace tpu::testing {
+
+inline const std::vector<DType>& all_dtypes() {
+  static const std::vector<DType> v{DType::f32, DType::bf16, DType::f16, DType::i32,
+                                    DType::i8,  DType::u8,   DType::boolean};
+  return v;
+}
+
+// A 1-D i32 tensor of op arguments; always the last input of a sample.
+inline Tensor params(const std::vector<int64_t>& p) { return from_vector(p, Shape{static_cast<int64_t>(p.size())}); }
+inline std::vector<int64_t> params_of(const Tensor& t) {
+  std::vector<int64_t> r;
+  for (int32_t v : t.to_vector<int32_t>()) r.push_back(v);
+  return r;
+}
+inline std::vector<int64_t> params_of(const Ref& r) {
+  std::vector<int64_t> v;
+  for (double d : r.v) v.push_back(static_cast<int64_t>(d));
+  return v;
+}
+inline int wrap(int64_t d, int n) { return static_cast<int>(d < 0 ? d + n : d); }
+
+// Data movement is exact.
+inline Tol exact_tol(DType) { return {0, 0}; }
+
+// Runs fn, which must throw a tpu::Error whose message contains every part.
+template <class F>
+void expect_error(F&& fn, const std::vector<std::string>& parts) {
+  std::string msg;
+  bool threw = false;
+  try {
+    fn();
+  } catch (const tpu::Error& e) {
+    threw = true;
+    msg = e.what();
+  }
+  INFO("message: " << msg);
+  REQUIRE(threw);
+  for (const auto& p : parts) {
+    INFO("expected part: " << p);
+    CHECK(msg.find(p) != std::string::npos);
+  }
+}
+
+// A tensor handle that claims to live on another device (metadata only): the front half
+// must reject it before any kernel reads its memory.
+inline Tensor on_fake_device(const Tensor& t) {
+  auto impl = std::make_shared<TensorImpl>(t.impl());
+  impl->device = Device(DeviceType::sim, 0);
+  return Tensor(std::move(impl));
+}
+
+}  // namespace tpu::testing
