@@ -1,5 +1,5 @@
 // Folding reductions with an identity: sum, mean, prod, all, any (over one, several or all
-// dims, with keepdim). Float sums accumulate blocks of f32 lanes into a double; integer and
+// dims, with keepdim). Float sums accumulate short runs in f32 lanes and those in doubles; integer and
 // bool sums and products accumulate in 64 bits (wrapping) and return i32, like PyTorch's
 // int64 result narrowed to our widest integer type.
 #include <cmath>
@@ -26,22 +26,23 @@ inline float to_f(T v) {
   else return v.to_f32();
 }
 
-// Sum of a contiguous float run: 16 f32 lanes per block of 4096, blocks added in double.
+// Sum of a contiguous float run: 16 f32 lanes each add 8 consecutive-block terms, then the
+// lanes are added into 16 double lanes (so rounding error stays at a few f32 ulps of the
+// result whatever the length, at nearly the speed of a plain f32 loop).
 template <class T>
 double sum_contiguous(const T* p, int64_t n) {
-  constexpr int L = 16;
-  double total = 0;
-  for (int64_t b = 0; b < n; b += 4096) {
-    const int64_t e = std::min<int64_t>(n, b + 4096);
+  constexpr int L = 16, kSteps = 8;
+  double wide[L] = {};
+  int64_t i = 0;
+  for (; i + L * kSteps <= n; i += L * kSteps) {
     float lane[L] = {};
-    int64_t i = b;
-    for (; i + L <= e; i += L)
-      for (int j = 0; j < L; ++j) lane[j] += to_f(p[i + j]);
-    float s = 0;
-    for (int j = 0; j < L; ++j) s += lane[j];
-    for (; i < e; ++i) s += to_f(p[i]);
-    total += s;
+    for (int k = 0; k < kSteps; ++k)
+      for (int j = 0; j < L; ++j) lane[j] += to_f(p[i + k * L + j]);
+    for (int j = 0; j < L; ++j) wide[j] += lane[j];
   }
+  double total = 0;
+  for (int j = 0; j < L; ++j) total += wide[j];
+  for (; i < n; ++i) total += to_f(p[i]);
   return total;
 }
 
