@@ -250,3 +250,42 @@ TEST_CASE("gemm_bf16: odd K and exact small-integer products", "[gemm]") {
     }
   }
 }
+
+TEST_CASE("gemm kernels: several K blocks, several column blocks, threaded K blocks", "[gemm]") {
+  // K beyond one cache block (so later blocks accumulate into C), N beyond one column
+  // block, a product big enough to be threaded with several K blocks (rows split), and a
+  // short wide one that is threaded by columns.
+  const std::vector<Case> cases = {{20, 40, 1100}, {3, 2100, 5}, {150, 120, 800}, {40, 300, 100}};
+  auto fgen = f32_gen();
+  auto bgen = bf16_gen();
+  for (const Case& cs : cases) {
+    for (bool accumulate : {false, true}) {
+      INFO("M=" << cs.M << " N=" << cs.N << " K=" << cs.K << " accumulate=" << accumulate);
+      const int64_t ldc = cs.N + 1;
+      std::vector<float> C0(static_cast<size_t>(cs.M * ldc));
+      for (size_t i = 0; i < C0.size(); ++i) C0[i] = float(int(i % 7) - 3);
+      {
+        const Operand<float> A = make_operand<float>(cs.M, cs.K, Layout::RowMajor, fgen);
+        const Operand<float> B = make_operand<float>(cs.K, cs.N, Layout::RowMajor, fgen);
+        const auto R = reference(cs.M, cs.N, cs.K, A, B, C0, ldc, accumulate, f32_id);
+        for (GemmF32Fn fn : {GemmF32Fn(gemm_f32), GemmF32Fn(gemm_f32_generic)}) {
+          std::vector<float> C = C0;
+          fn(cs.M, cs.N, cs.K, A.ptr(), A.rs, A.cs, B.ptr(), B.rs, B.cs, C.data(), ldc,
+             accumulate);
+          check_close(cs.M, cs.N, cs.K, ldc, C, R, C0, 1e-6);
+        }
+      }
+      {
+        const Operand<uint16_t> A = make_operand<uint16_t>(cs.M, cs.K, Layout::RowMajor, bgen);
+        const Operand<uint16_t> B = make_operand<uint16_t>(cs.K, cs.N, Layout::ColMajor, bgen);
+        const auto R = reference(cs.M, cs.N, cs.K, A, B, C0, ldc, accumulate, bf16_bits_to_float);
+        for (GemmBf16Fn fn : {GemmBf16Fn(gemm_bf16), GemmBf16Fn(gemm_bf16_generic)}) {
+          std::vector<float> C = C0;
+          fn(cs.M, cs.N, cs.K, A.ptr(), A.rs, A.cs, B.ptr(), B.rs, B.cs, C.data(), ldc,
+             accumulate);
+          check_close(cs.M, cs.N, cs.K, ldc, C, R, C0, 1e-6);
+        }
+      }
+    }
+  }
+}

@@ -7,8 +7,8 @@
 // through their strides, so transposed and strided views cost nothing extra, and it pads
 // the ragged edges with zeros so the micro-kernel always sees full panels.
 //
-// Threads split C into disjoint column (or row) ranges; each packs its own panels, so there
-// is no synchronization inside a product.
+// Threads split the rows of C and share each packed B block (packed cooperatively, one
+// parallel_for per phase); short wide products split columns and pack privately.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -273,45 +273,109 @@ struct Problem {
   bool accumulate;
 };
 
-// Computes C[m0:m1, n0:n1] on the calling thread.
+template <class Pack>
+int64_t ksteps_of(int64_t kce) {
+  return (kce + Pack::kPerStep - 1) / Pack::kPerStep;
+}
+
+// Packed A scratch of the calling thread, large enough for any row block of this problem.
+template <class Pack>
+typename Pack::Packed* a_buffer(const Problem& p, const GemmBlocking& bl, int64_t rows) {
+  const int64_t mc = std::min<int64_t>(bl.mc, (rows + bl.mr - 1) / bl.mr * bl.mr);
+  const int64_t ks = std::min<int64_t>(bl.kc, ksteps_of<Pack>(p.K));
+  return static_cast<typename Pack::Packed*>(
+      t_pack_a.get(sizeof(typename Pack::Packed) * static_cast<size_t>((mc + bl.mr) * ks)));
+}
+
+// Packed B scratch of the calling thread for column blocks of up to `cols` columns.
+template <class Pack>
+typename Pack::Packed* b_buffer(const Problem& p, const GemmBlocking& bl, int64_t cols) {
+  const int64_t nc = std::min<int64_t>(bl.nc, (cols + bl.nr - 1) / bl.nr * bl.nr);
+  const int64_t ks = std::min<int64_t>(bl.kc, ksteps_of<Pack>(p.K));
+  return static_cast<typename Pack::Packed*>(
+      t_pack_b.get(sizeof(typename Pack::Packed) * static_cast<size_t>((nc + bl.nr) * ks)));
+}
+
+// Packs columns [j0, j0 + cols) of the K block [pc, pc + kce) into the nr-wide panels of
+// the B block that starts at column jc (panel q at pb + q * nr * ksteps; j0 - jc is a
+// multiple of nr).
+template <class Pack>
+void pack_b_block(const Problem& p, const GemmBlocking& bl, int64_t pc, int64_t kce,
+                  int64_t jc, int64_t j0, int64_t cols, typename Pack::Packed* pb) {
+  const auto* B = static_cast<const typename Pack::In*>(p.B);
+  Pack::pack_b(B + pc * p.b_rs + j0 * p.b_cs, p.b_rs, p.b_cs, kce, cols, bl.nr,
+               pb + (j0 - jc) * ksteps_of<Pack>(kce));
+}
+
+// C[m0:m1, jc:jc+nc] (+)= A[m0:m1, pc:pc+kce] * (the packed B block pb).
+template <class Pack, class Kernel>
+void multiply_rows(const Problem& p, const GemmBlocking& bl, Kernel kernel, int64_t m0,
+                   int64_t m1, int64_t jc, int64_t nc, int64_t pc, int64_t kce,
+                   const typename Pack::Packed* pb) {
+  using Packed = typename Pack::Packed;
+  const auto* A = static_cast<const typename Pack::In*>(p.A);
+  const int mr = bl.mr, nr = bl.nr;
+  const int64_t ksteps = ksteps_of<Pack>(kce);
+  const bool load_c = p.accumulate || pc > 0;
+  Packed* pa = a_buffer<Pack>(p, bl, m1 - m0);
+  for (int64_t ic = m0; ic < m1; ic += bl.mc) {
+    const int64_t mc = std::min(bl.mc, m1 - ic);
+    Pack::pack_a(A + ic * p.a_rs + pc * p.a_cs, p.a_rs, p.a_cs, mc, kce, mr, pa);
+    for (int64_t jr = 0; jr < nc; jr += nr) {
+      const int cols = static_cast<int>(std::min<int64_t>(nr, nc - jr));
+      const Packed* bp = pb + jr * ksteps;
+      float* cblock = p.C + ic * p.ldc + jc + jr;
+      for (int64_t ir = 0; ir < mc; ir += mr) {
+        const int rows = static_cast<int>(std::min<int64_t>(mr, mc - ir));
+        kernel(ksteps, pa + ir * ksteps, bp, cblock + ir * p.ldc, p.ldc, rows, cols, load_c);
+      }
+    }
+  }
+}
+
+// Computes C[m0:m1, n0:n1] on the calling thread with its own packed panels.
 template <class Pack, class Kernel>
 void gemm_range(const Problem& p, const GemmBlocking& bl, Kernel kernel, int64_t m0,
                 int64_t m1, int64_t n0, int64_t n1) {
-  using In = typename Pack::In;
-  using Packed = typename Pack::Packed;
-  const In* A = static_cast<const In*>(p.A);
-  const In* B = static_cast<const In*>(p.B);
-  const int mr = bl.mr, nr = bl.nr;
   const int64_t kc_elems = bl.kc * Pack::kPerStep;
-  const int64_t mc_max = std::min<int64_t>(bl.mc, (m1 - m0 + mr - 1) / mr * mr);
-  const int64_t nc_max = std::min<int64_t>(bl.nc, (n1 - n0 + nr - 1) / nr * nr);
-  const int64_t ksteps_max = std::min<int64_t>(bl.kc, (p.K + Pack::kPerStep - 1) / Pack::kPerStep);
-  Packed* pa = static_cast<Packed*>(
-      t_pack_a.get(sizeof(Packed) * static_cast<size_t>((mc_max + mr) * ksteps_max)));
-  Packed* pb = static_cast<Packed*>(
-      t_pack_b.get(sizeof(Packed) * static_cast<size_t>((nc_max + nr) * ksteps_max)));
-
+  auto* pb = b_buffer<Pack>(p, bl, n1 - n0);
   for (int64_t jc = n0; jc < n1; jc += bl.nc) {
     const int64_t nc = std::min(bl.nc, n1 - jc);
     for (int64_t pc = 0; pc < p.K; pc += kc_elems) {
       const int64_t kce = std::min(kc_elems, p.K - pc);
-      const int64_t ksteps = (kce + Pack::kPerStep - 1) / Pack::kPerStep;
-      Pack::pack_b(B + pc * p.b_rs + jc * p.b_cs, p.b_rs, p.b_cs, kce, nc, nr, pb);
-      const bool load_c = p.accumulate || pc > 0;
-      for (int64_t ic = m0; ic < m1; ic += bl.mc) {
-        const int64_t mc = std::min(bl.mc, m1 - ic);
-        Pack::pack_a(A + ic * p.a_rs + pc * p.a_cs, p.a_rs, p.a_cs, mc, kce, mr, pa);
-        for (int64_t jr = 0; jr < nc; jr += nr) {
-          const int cols = static_cast<int>(std::min<int64_t>(nr, nc - jr));
-          const Packed* bp = pb + jr * ksteps;
-          float* cblock = p.C + ic * p.ldc + jc + jr;
-          for (int64_t ir = 0; ir < mc; ir += mr) {
-            const int rows = static_cast<int>(std::min<int64_t>(mr, mc - ir));
-            kernel(ksteps, pa + ir * ksteps, bp, cblock + ir * p.ldc, p.ldc, rows, cols,
-                   load_c);
-          }
+      pack_b_block<Pack>(p, bl, pc, kce, jc, jc, nc, pb);
+      multiply_rows<Pack>(p, bl, kernel, m0, m1, jc, nc, pc, kce, pb);
+    }
+  }
+}
+
+// Rows of C split over `tasks` threads that share each packed B block: per block, the
+// threads first pack disjoint panel ranges of it, then (after parallel_for returns, which
+// is the barrier) multiply their own rows by the whole block.
+template <class Pack, class Kernel>
+void gemm_rows_shared_b(const Problem& p, const GemmBlocking& bl, Kernel kernel,
+                        int64_t tasks) {
+  const int64_t kc_elems = bl.kc * Pack::kPerStep;
+  auto* pb = b_buffer<Pack>(p, bl, p.N);
+  for (int64_t jc = 0; jc < p.N; jc += bl.nc) {
+    const int64_t nc = std::min(bl.nc, p.N - jc);
+    const int64_t panels = (nc + bl.nr - 1) / bl.nr;
+    const int64_t pack_tasks = std::min(tasks, panels);
+    for (int64_t pc = 0; pc < p.K; pc += kc_elems) {
+      const int64_t kce = std::min(kc_elems, p.K - pc);
+      tpu::parallel_for(0, pack_tasks, 1, [&](int64_t tb, int64_t te) {
+        for (int64_t t = tb; t < te; ++t) {
+          const int64_t q0 = panels * t / pack_tasks, q1 = panels * (t + 1) / pack_tasks;
+          const int64_t j0 = jc + q0 * bl.nr, j1 = std::min(jc + nc, jc + q1 * bl.nr);
+          if (j0 < j1) pack_b_block<Pack>(p, bl, pc, kce, jc, j0, j1 - j0, pb);
         }
-      }
+      });
+      tpu::parallel_for(0, tasks, 1, [&](int64_t tb, int64_t te) {
+        for (int64_t t = tb; t < te; ++t) {
+          const int64_t m0 = p.M * t / tasks, m1 = p.M * (t + 1) / tasks;
+          if (m0 < m1) multiply_rows<Pack>(p, bl, kernel, m0, m1, jc, nc, pc, kce, pb);
+        }
+      });
     }
   }
 }
@@ -333,14 +397,14 @@ void gemm_run(const Problem& p, const GemmBlocking& bl, Kernel kernel) {
     gemm_range<Pack>(p, bl, kernel, 0, p.M, 0, p.N);
     return;
   }
-  // Split the longer side of C. Each thread packs its own panels, so the other operand is
-  // packed once per thread: splitting rows repeats the packing of B, splitting columns that
-  // of A; repeat the smaller one. Rows split evenly (a ragged row panel costs little),
-  // columns in whole register tiles (a ragged column tile wastes vector lanes).
-  const bool split_n = p.N > p.M;
-  const int64_t unit = split_n ? bl.nr : 1;
-  const int64_t extent = split_n ? p.N : p.M;
-  const int64_t units = (extent + unit - 1) / unit;
+  // Rows of C are split evenly over the threads, which share the packed B blocks. When C
+  // is wide and short, columns are split instead (in whole register tiles), each thread
+  // packing its own panels (repeating the packing of the small A).
+  if (p.M >= p.N || p.M >= int64_t{nt} * 4 * bl.mr) {
+    gemm_rows_shared_b<Pack>(p, bl, kernel, std::min<int64_t>(nt, p.M));
+    return;
+  }
+  const int64_t units = (p.N + bl.nr - 1) / bl.nr;
   const int64_t tasks = std::min<int64_t>(nt, units);
   if (tasks <= 1) {
     gemm_range<Pack>(p, bl, kernel, 0, p.M, 0, p.N);
@@ -348,13 +412,9 @@ void gemm_run(const Problem& p, const GemmBlocking& bl, Kernel kernel) {
   }
   tpu::parallel_for(0, tasks, 1, [&](int64_t tb, int64_t te) {
     for (int64_t t = tb; t < te; ++t) {
-      const int64_t lo = std::min(extent, units * t / tasks * unit);
-      const int64_t hi = std::min(extent, units * (t + 1) / tasks * unit);
-      if (lo >= hi) continue;
-      if (split_n)
-        gemm_range<Pack>(p, bl, kernel, 0, p.M, lo, hi);
-      else
-        gemm_range<Pack>(p, bl, kernel, lo, hi, 0, p.N);
+      const int64_t lo = std::min(p.N, units * t / tasks * bl.nr);
+      const int64_t hi = std::min(p.N, units * (t + 1) / tasks * bl.nr);
+      if (lo < hi) gemm_range<Pack>(p, bl, kernel, 0, p.M, lo, hi);
     }
   });
 }
