@@ -18,7 +18,7 @@ using namespace detail;
 std::string fmt_float(float v) { return fmt::format("{}", v); }
 
 std::string fmt_operand(const Instr& in, const Operand& o, Role role) {
-  if (o.kind == Operand::Kind::imm) return "#" + fmt_float(o.imm);
+  if (o.kind == Operand::Kind::imm) return fmt::format("#{}", o.imm);
   if (o.kind == Operand::Kind::none) return "none";
   std::string s = fmt::format("{}[{}]:{}", space_name(o.space), format_addr(o.addr), dtype_name(o.dtype));
   auto shape = operand_shape(in, role);
@@ -67,7 +67,7 @@ void print_field(std::string& out, const Instr& in, const FieldDef& f) {
     case FK::k: v = fmt::format("{}", in.k); break;
     case FK::cols: v = fmt::format("{}", in.cols); break;
     case FK::mode: v = std::string(mxu_mode_name(in.mode)); break;
-    case FK::acc: v = in.acc ? "1" : "0"; break;
+    case FK::acc: v = std::string(1, in.acc ? '1' : '0'); break;
     case FK::shape2: v = fmt::format("[{},{}]", in.rows, in.cols); break;
     case FK::axis: v = fmt::format("{}", in.axis); break;
     case FK::value: v = fmt_float(in.fimm); break;
@@ -356,8 +356,7 @@ std::string format_addr(const Addr& a) {
     s += fmt::format("r{}*{}", t.reg, t.scale);
     any = true;
   }
-  if (!any) s = "0";
-  return s;
+  return any ? s : std::string(1, '0');
 }
 
 std::string format_instr(const Instr& in) {

@@ -33,7 +33,10 @@ std::string trace_to_chrome_json(const Trace& t, const Program* prog) {
     out += fmt::format(",\n{{\"name\":\"{}\",\"ph\":\"X\",\"pid\":0,\"tid\":{},\"ts\":{:.6f},\"dur\":{:.6f},\"args\":{{\"instr\":{}",
                        name, e.unit, e.start * us_per_cycle, (e.end - e.start) * us_per_cycle, e.instr);
     out += fmt::format(",\"start_cycle\":{:.1f},\"end_cycle\":{:.1f}", e.start, e.end);
-    if (!text.empty()) out += ",\"asm\":" + text;
+    if (!text.empty()) {
+      out += ",\"asm\":";
+      out += text;
+    }
     out += "}}";
   }
   out += fmt::format("\n],\"otherData\":{{\"truncated\":{}}}}}\n", t.truncated ? "true" : "false");
