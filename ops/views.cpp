@@ -52,7 +52,7 @@ Shape infer_shape(const char* op, const Shape& in, const std::vector<int64_t>& r
 // (the rule PyTorch's view uses: each group of merged/split dims must be contiguous).
 bool view_strides(const Shape& shape, const Shape& strides, const Shape& new_shape, Shape& out) {
   out = Shape::filled(new_shape.ndim(), 1);
-  if (shape.numel() == 0) {
+  if (shape.numel() == 0 || shape.ndim() == 0) {  // nothing to keep in place / one element
     out = contiguous_strides(new_shape);
     return true;
   }

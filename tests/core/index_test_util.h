@@ -3,6 +3,7 @@
 // sample (the runner passes only tensors), and an error check that names the message parts.
 #pragma once
 
+#include <source_location>
 #include <string>
 #include <vector>
 
@@ -35,7 +36,9 @@ inline Tol exact_tol(DType) { return {0, 0}; }
 
 // Runs fn, which must throw a tpu::Error whose message contains every part.
 template <class F>
-void expect_error(F&& fn, const std::vector<std::string>& parts) {
+void expect_error(F&& fn, const std::vector<std::string>& parts,
+                  std::source_location loc = std::source_location::current()) {
+  INFO("expect_error at " << loc.file_name() << ":" << loc.line());
   std::string msg;
   bool threw = false;
   try {
