@@ -1,0 +1,163 @@
+// Fusion into regions. Nodes are visited in topological order; a fusable node joins the region
+// of one of its producers when the shapes fit the region's domain (same shape, or the domain
+// reduced over trailing dims past the tile limit) and joining keeps the region convex (no
+// other input of the node depends on the region through a node outside it). Otherwise it
+// starts a region. Regions of a single node are dissolved (the node's own kernel is already
+// one pass). The result: elementwise chains, matmul + epilogue, and rowwise regions
+// (softmax, layer_norm, rms_norm, written by hand or as ops, with their neighbours).
+#include <algorithm>
+
+#include "graph/op_class.h"
+#include "graph/passes/passes.h"
+
+namespace tpu::graph {
+namespace {
+
+struct Builder {
+  Graph& g;
+  std::vector<FusionInfo> info;
+  std::vector<int32_t> first_node;  // per region
+
+  // True when node p (transitively) reads a value produced inside region r.
+  bool depends_on(int32_t p, int32_t r, std::vector<char>& seen) {
+    if (p < first_node[static_cast<size_t>(r)]) return false;
+    if (seen[static_cast<size_t>(p)]) return false;
+    seen[static_cast<size_t>(p)] = 1;
+    const Node& n = g.nodes[static_cast<size_t>(p)];
+    if (n.region == r) return true;
+    for (ValueId in : n.inputs) {
+      const Value& v = g.value(in);
+      if (v.kind == ValueKind::node && depends_on(v.producer, r, seen)) return true;
+    }
+    return false;
+  }
+
+  // The shape s fits domain d with tile limit lim: equal dims up to lim, and past lim equal
+  // or reduced to 1.
+  static bool fits(const Shape& s, const Shape& d, int lim) {
+    if (s.ndim() != d.ndim()) return false;
+    for (int j = 0; j < d.ndim(); ++j) {
+      if (s[j] == d[j]) continue;
+      if (j > lim && s[j] == 1) continue;
+      return false;
+    }
+    return true;
+  }
+
+  bool can_join(int32_t ni, int32_t r) {
+    const Node& n = g.nodes[static_cast<size_t>(ni)];
+    const Region& R = g.regions[static_cast<size_t>(r)];
+    const FusionInfo& fi = info[static_cast<size_t>(ni)];
+    const int lim = std::min(R.tile_dim_limit, fi.tile_limit);
+    if (lim < 0) return false;
+    const Shape& s = g.meta(n.outputs[0]).shape;
+    if (fi.cls == OpClass::matmul) return false;
+    if (R.kind == RegionKind::matmul_epilogue) {
+      if (fi.cls != OpClass::elementwise || s != R.domain) return false;
+    } else if (fi.cls == OpClass::rowwise) {
+      if (g.meta(n.inputs[0]).shape != R.domain || !fits(s, R.domain, lim)) return false;
+      // Values already in the region must still fit the tighter limit.
+      for (int32_t m : R.nodes)
+        if (!fits(g.meta(g.nodes[static_cast<size_t>(m)].outputs[0]).shape, R.domain, lim)) return false;
+    } else if (!fits(s, R.domain, lim)) {
+      return false;
+    }
+    // Convexity: inputs from outside the region must not depend on it.
+    std::vector<char> seen(g.nodes.size(), 0);
+    for (ValueId in : n.inputs) {
+      const Value& v = g.value(in);
+      if (v.kind != ValueKind::node) continue;
+      const Node& p = g.nodes[static_cast<size_t>(v.producer)];
+      if (p.region == r) continue;
+      if (depends_on(v.producer, r, seen)) return false;
+    }
+    return true;
+  }
+
+  void join(int32_t ni, int32_t r) {
+    Region& R = g.regions[static_cast<size_t>(r)];
+    const FusionInfo& fi = info[static_cast<size_t>(ni)];
+    R.nodes.push_back(ni);
+    R.tile_dim_limit = std::min(R.tile_dim_limit, fi.tile_limit);
+    if (fi.cls == OpClass::rowwise && R.kind == RegionKind::elementwise) R.kind = RegionKind::rowwise;
+    g.nodes[static_cast<size_t>(ni)].region = r;
+  }
+
+  void start(int32_t ni) {
+    const Node& n = g.nodes[static_cast<size_t>(ni)];
+    const FusionInfo& fi = info[static_cast<size_t>(ni)];
+    Region R;
+    R.kind = fi.cls == OpClass::matmul    ? RegionKind::matmul_epilogue
+             : fi.cls == OpClass::rowwise ? RegionKind::rowwise
+                                          : RegionKind::elementwise;
+    R.domain = fi.cls == OpClass::rowwise ? g.meta(n.inputs[0]).shape : g.meta(n.outputs[0]).shape;
+    R.tile_dim_limit = fi.tile_limit;
+    R.nodes.push_back(ni);
+    g.nodes[static_cast<size_t>(ni)].region = static_cast<int32_t>(g.regions.size());
+    first_node.push_back(ni);
+    g.regions.push_back(std::move(R));
+  }
+};
+
+}  // namespace
+
+int fuse(Graph& g) {
+  g.regions.clear();
+  for (Node& n : g.nodes) n.region = -1;
+  Builder b{g, {}, {}};
+  b.info.resize(g.nodes.size());
+  for (size_t i = 0; i < g.nodes.size(); ++i) b.info[i] = classify(g, g.nodes[i]);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    const FusionInfo& fi = b.info[i];
+    if (n.dead || fi.cls == OpClass::other) continue;
+    int32_t target = -1;
+    for (ValueId in : n.inputs) {
+      const Node* p = g.producer(in);
+      if (!p || p->region < 0) continue;
+      if (b.can_join(static_cast<int32_t>(i), p->region)) {
+        target = p->region;
+        break;
+      }
+    }
+    if (target >= 0) b.join(static_cast<int32_t>(i), target);
+    else b.start(static_cast<int32_t>(i));
+  }
+  // Dissolve single-node regions, renumber, and compute region inputs/outputs.
+  std::vector<Region> kept;
+  std::vector<int32_t> remap(g.regions.size(), -1);
+  for (size_t r = 0; r < g.regions.size(); ++r) {
+    if (g.regions[r].nodes.size() < 2) continue;
+    remap[r] = static_cast<int32_t>(kept.size());
+    kept.push_back(std::move(g.regions[r]));
+  }
+  for (Node& n : g.nodes)
+    if (n.region >= 0) n.region = remap[static_cast<size_t>(n.region)];
+  g.regions = std::move(kept);
+  std::vector<char> is_graph_out(g.values.size(), 0);
+  for (ValueId o : g.outputs) is_graph_out[static_cast<size_t>(o)] = 1;
+  for (size_t r = 0; r < g.regions.size(); ++r) {
+    Region& R = g.regions[r];
+    std::vector<char> inside(g.values.size(), 0);
+    for (int32_t ni : R.nodes)
+      for (ValueId o : g.nodes[static_cast<size_t>(ni)].outputs) inside[static_cast<size_t>(o)] = 1;
+    std::vector<char> used_outside(g.values.size(), 0);
+    for (const Node& n : g.nodes) {
+      if (n.dead || n.region == static_cast<int32_t>(r)) continue;
+      for (ValueId in : n.inputs) used_outside[static_cast<size_t>(in)] = 1;
+    }
+    for (int32_t ni : R.nodes) {
+      const Node& n = g.nodes[static_cast<size_t>(ni)];
+      for (ValueId in : n.inputs)
+        if (!inside[static_cast<size_t>(in)] && std::find(R.inputs.begin(), R.inputs.end(), in) == R.inputs.end())
+          R.inputs.push_back(in);
+      for (ValueId o : n.outputs)
+        if (used_outside[static_cast<size_t>(o)] || is_graph_out[static_cast<size_t>(o)]) R.outputs.push_back(o);
+    }
+  }
+  int fused = 0;
+  for (const Region& R : g.regions) fused += static_cast<int>(R.nodes.size());
+  return fused;
+}
+
+}  // namespace tpu::graph

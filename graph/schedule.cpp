@@ -1,0 +1,67 @@
+#include "graph/schedule.h"
+
+#include <queue>
+
+namespace tpu::graph {
+
+std::vector<Step> schedule(const Graph& g) {
+  // Step per region and per standalone live node.
+  std::vector<Step> steps;
+  std::vector<int32_t> step_of_node(g.nodes.size(), -1);
+  std::vector<int32_t> step_of_region(g.regions.size(), -1);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    if (n.dead) continue;
+    if (n.region >= 0) {
+      int32_t& s = step_of_region[static_cast<size_t>(n.region)];
+      if (s < 0) {
+        s = static_cast<int32_t>(steps.size());
+        steps.push_back({n.region, -1});
+      }
+      step_of_node[i] = s;
+    } else {
+      step_of_node[i] = static_cast<int32_t>(steps.size());
+      steps.push_back({-1, static_cast<int32_t>(i)});
+    }
+  }
+  // Edges between steps; Kahn's algorithm keeps the original order where it can.
+  std::vector<std::vector<int32_t>> succ(steps.size());
+  std::vector<int32_t> indeg(steps.size(), 0);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    if (n.dead) continue;
+    const int32_t s = step_of_node[i];
+    for (ValueId in : n.inputs) {
+      const Value& v = g.value(in);
+      if (v.kind != ValueKind::node) continue;
+      const int32_t p = step_of_node[static_cast<size_t>(v.producer)];
+      if (p == s || p < 0) continue;
+      succ[static_cast<size_t>(p)].push_back(s);
+      ++indeg[static_cast<size_t>(s)];
+    }
+  }
+  std::priority_queue<int32_t, std::vector<int32_t>, std::greater<>> ready;
+  for (size_t s = 0; s < steps.size(); ++s)
+    if (indeg[s] == 0) ready.push(static_cast<int32_t>(s));
+  std::vector<Step> order;
+  order.reserve(steps.size());
+  while (!ready.empty()) {
+    int32_t s = ready.top();
+    ready.pop();
+    order.push_back(steps[static_cast<size_t>(s)]);
+    for (int32_t t : succ[static_cast<size_t>(s)])
+      if (--indeg[static_cast<size_t>(t)] == 0) ready.push(t);
+  }
+  TPU_CHECK(order.size() == steps.size(), "internal: graph schedule: the fused regions form a cycle");
+  return order;
+}
+
+ValueId alias_root(const Graph& g, ValueId v) {
+  while (true) {
+    const Node* p = g.producer(v);
+    if (!p || !p->op->has(ops::kView) || p->inputs.empty()) return v;
+    v = p->inputs[0];
+  }
+}
+
+}  // namespace tpu::graph

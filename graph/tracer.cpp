@@ -1,0 +1,197 @@
+#include "graph/tracer.h"
+
+#include <cxxabi.h>
+#include <dlfcn.h>
+#include <execinfo.h>
+
+#include <atomic>
+#include <cstdlib>
+
+#include "tpucore/jit_hooks.h"
+
+namespace tpu::graph {
+namespace {
+
+std::atomic<uint64_t> g_epoch{1};
+
+Tensor materialize_hook(const Tensor& proxy, const char* what) {
+  TraceValue* tv = proxy.impl().trace.get();
+  TPU_CHECK(tv && tv->tracer, "{}: the tensor is a traced proxy from a finished trace", what);
+  return tv->tracer->on_break(proxy, what);
+}
+
+const bool g_hook_installed = (detail::set_materialize_hook(&materialize_hook), true);
+
+const ops::OpDef& cast_def() {
+  static const ops::OpDef* d = ops::find_op("to_dtype");
+  TPU_CHECK(d != nullptr, "internal: op 'to_dtype' is not registered");
+  return *d;
+}
+
+}  // namespace
+
+Tracer::Tracer() : epoch_(g_epoch.fetch_add(1)) { (void)g_hook_installed; }
+Tracer::~Tracer() = default;
+
+Tensor Tracer::make_proxy(ValueId id) {
+  const ValueMeta& m = graph_.meta(id);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->shape = m.shape;
+  impl->strides = contiguous_strides(m.shape);
+  impl->dtype = m.dtype;
+  impl->device = m.device;
+  impl->wrapped_number = m.wrapped;
+  impl->contiguous = true;
+  auto tv = std::make_shared<TraceValue>();
+  tv->tracer = this;
+  tv->epoch = epoch_;
+  tv->id = id;
+  impl->trace = std::move(tv);
+  if (proxies_.size() <= static_cast<size_t>(id)) proxies_.resize(static_cast<size_t>(id) + 1);
+  proxies_[static_cast<size_t>(id)] = impl;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tracer::add_arg(const Tensor& real, int arg, int elem) {
+  TPU_CHECK(real.defined(), "compile: argument {} is an undefined tensor", arg);
+  TPU_CHECK(!real.is_proxy(), "compile: argument {} is a traced tensor of another trace (nested compile is not supported)",
+            arg);
+  ValueId id = graph_.add_input({real.shape(), real.dtype(), real.device(), false});
+  sources_.push_back({InputSource::Kind::arg, arg, elem});
+  real_inputs_.push_back(real);
+  return make_proxy(id);
+}
+
+ValueId Tracer::value_of(const Tensor& t) {
+  const TensorImpl& im = t.impl();
+  if (im.trace) {
+    TPU_CHECK(im.trace->tracer == this && im.trace->epoch == epoch_,
+              "compile: a traced tensor from another trace (or from before a graph break) was used; "
+              "tensors made inside a compiled function must not be kept across calls");
+    return im.trace->id;
+  }
+  auto it = captured_.find(&im);
+  if (it != captured_.end()) return it->second;
+  ValueId id;
+  if (im.wrapped_number) {
+    id = graph_.add_constant(t, true);
+  } else {
+    id = graph_.add_input({t.shape(), t.dtype(), t.device(), false});
+    sources_.push_back({InputSource::Kind::captured, -1, -1});
+    real_inputs_.push_back(t);
+  }
+  captured_.emplace(&im, id);
+  return id;
+}
+
+bool Tracer::intercept(const ops::OpDef& op, std::span<const Tensor> inputs, const ops::Attrs& attrs,
+                       const ops::MetaResult& meta, std::span<Tensor> outputs) {
+  std::vector<ValueId> ins;
+  ins.reserve(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    ValueId v = value_of(inputs[i]);
+    if (!op.has(ops::kView) && meta.cast_mask && i < 32 && ((meta.cast_mask >> i) & 1u) &&
+        inputs[i].dtype() != meta.cast_to) {
+      // Type promotion is explicit in the graph: a cast node feeds the op.
+      const ValueMeta& m = graph_.meta(v);
+      int n = graph_.add_node(cast_def(), {v}, ops::Attrs{{"dtype", meta.cast_to}},
+                              {ValueMeta{m.shape, meta.cast_to, m.device, false}});
+      v = graph_.nodes[static_cast<size_t>(n)].outputs[0];
+    }
+    ins.push_back(v);
+  }
+  std::vector<ValueMeta> metas;
+  for (int i = 0; i < meta.num_outputs; ++i) {
+    const ops::TensorMeta& o = meta.outputs[static_cast<size_t>(i)];
+    metas.push_back({o.shape, o.dtype, o.device, false});
+  }
+  int n = graph_.add_node(op, std::move(ins), attrs, metas);
+  for (int i = 0; i < meta.num_outputs; ++i)
+    outputs[static_cast<size_t>(i)] = make_proxy(graph_.nodes[static_cast<size_t>(n)].outputs[static_cast<size_t>(i)]);
+  return true;
+}
+
+void Tracer::set_outputs(std::span<const Tensor> outs) {
+  graph_.outputs.clear();
+  for (size_t i = 0; i < outs.size(); ++i) {
+    TPU_CHECK(outs[i].defined(), "compile: output {} of the traced function is an undefined tensor", i);
+    graph_.outputs.push_back(value_of(outs[i]));
+  }
+}
+
+std::vector<std::pair<ValueId, std::shared_ptr<TensorImpl>>> Tracer::live_proxies() const {
+  std::vector<std::pair<ValueId, std::shared_ptr<TensorImpl>>> v;
+  for (size_t i = 0; i < proxies_.size(); ++i)
+    if (auto p = proxies_[i].lock(); p && p->trace) v.emplace_back(static_cast<ValueId>(i), std::move(p));
+  return v;
+}
+
+void Tracer::fill_proxy(TensorImpl& p, const Tensor& real) {
+  const TensorImpl& r = real.impl();
+  p.storage = r.storage;
+  p.shape = r.shape;
+  p.strides = r.strides;
+  p.offset = r.offset;
+  p.dtype = r.dtype;
+  p.device = r.device;
+  p.contiguous = r.contiguous;
+  p.trace.reset();
+}
+
+void Tracer::reset_segment() {
+  graph_ = Graph{};
+  sources_.clear();
+  real_inputs_.clear();
+  captured_.clear();
+  proxies_.clear();
+  epoch_ = g_epoch.fetch_add(1);
+}
+
+Tensor Tracer::on_break(const Tensor& proxy, const std::string& why) {
+  TPU_CHECK(!in_break_, "internal: nested graph break");
+  const ValueId id = proxy.impl().trace->id;
+  const Node* p = graph_.producer(id);
+  std::string cause = fmt::format("{} on %{} (produced by '{}') called from {}", why, id,
+                                  p ? p->op->name : std::string("input"), caller_site(3));
+  TPU_CHECK(static_cast<bool>(on_break_), "compile: graph break: {}", cause);
+  in_break_ = true;
+  struct Reset {
+    bool& b;
+    ~Reset() { b = false; }
+  } reset{in_break_};
+  Tensor keep = proxy;  // stays alive, so it is materialized with the others
+  return on_break_(*this, keep, cause);
+}
+
+TraceScope::TraceScope(ops::DispatchInterceptor* t) : prev_(ops::interceptor()) { ops::set_interceptor(t); }
+TraceScope::~TraceScope() { ops::set_interceptor(prev_); }
+
+std::string caller_site(int skip) {
+  void* frames[24];
+  int n = backtrace(frames, 24);
+  // Skip frames inside libtpucore: the first frame outside it is the user's call site.
+  Dl_info self{};
+  dladdr(reinterpret_cast<void*>(&caller_site), &self);
+  for (int i = skip; i < n; ++i) {
+    Dl_info info{};
+    if (!dladdr(frames[i], &info)) continue;
+    if (info.dli_fbase == self.dli_fbase) continue;
+    std::string name = "?";
+    if (info.dli_sname) {
+      int st = 0;
+      char* dm = abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &st);
+      name = st == 0 && dm ? dm : info.dli_sname;
+      std::free(dm);
+    }
+    if (name.size() > 120) name = name.substr(0, 117) + "...";
+    const char* file = info.dli_fname ? info.dli_fname : "?";
+    const char* base = file;
+    for (const char* c = file; *c; ++c)
+      if (*c == '/') base = c + 1;
+    return fmt::format("{} ({}+0x{:x})", name, base,
+                       static_cast<uintptr_t>(static_cast<char*>(frames[i]) - static_cast<char*>(info.dli_fbase)));
+  }
+  return "an unknown site";
+}
+
+}  // namespace tpu::graph

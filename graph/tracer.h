@@ -1,0 +1,99 @@
+// The tracer: an ops::DispatchInterceptor that records every op call (after the op's own meta
+// function checked the arguments and inferred the outputs) into a Graph, and hands back proxy
+// tensors (no storage, TensorImpl::trace set). Real tensors met as op inputs become graph
+// inputs (captured by reference); wrapped numbers become constants. Reading a proxy's value
+// (item(), to_vector()) calls the break handler: a graph break.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "graph/ir.h"
+
+namespace tpu {
+namespace graph {
+class Tracer;
+}
+// Set on proxy tensors (declared in tpucore/tensor.h).
+struct TraceValue {
+  graph::Tracer* tracer = nullptr;
+  uint64_t epoch = 0;
+  graph::ValueId id = graph::kNoValue;
+};
+}  // namespace tpu
+
+namespace tpu::graph {
+
+// Where a graph input comes from.
+struct InputSource {
+  enum class Kind : uint8_t { arg, captured } kind = Kind::captured;
+  int arg = -1;   // argument index (kind arg)
+  int elem = -1;  // element of a tensor-list argument, or -1
+};
+
+class Tracer : public ops::DispatchInterceptor {
+ public:
+  // Called on a graph break with the proxy whose value is needed and a description of the
+  // cause; returns the real value. Without a handler a break is a tpu::Error.
+  using BreakHandler = std::function<Tensor(Tracer&, const Tensor& proxy, const std::string& why)>;
+
+  Tracer();
+  ~Tracer() override;
+  Tracer(const Tracer&) = delete;
+  Tracer& operator=(const Tracer&) = delete;
+
+  // A graph input for argument `arg` (element `elem` of a list); returns its proxy.
+  Tensor add_arg(const Tensor& real, int arg, int elem = -1);
+  // Records the outputs of the traced function.
+  void set_outputs(std::span<const Tensor> outs);
+
+  bool intercept(const ops::OpDef& op, std::span<const Tensor> inputs, const ops::Attrs& attrs,
+                 const ops::MetaResult& meta, std::span<Tensor> outputs) override;
+
+  Graph& graph() { return graph_; }
+  // Per graph input: where it comes from and the real tensor seen while tracing.
+  const std::vector<InputSource>& sources() const { return sources_; }
+  const std::vector<Tensor>& real_inputs() const { return real_inputs_; }
+
+  void set_break_handler(BreakHandler h) { on_break_ = std::move(h); }
+  // Graph-break support: the values whose proxies are still alive (in value-id order).
+  std::vector<std::pair<ValueId, std::shared_ptr<TensorImpl>>> live_proxies() const;
+  // Starts a new segment: an empty graph; old proxies must have been materialized.
+  void reset_segment();
+  // Makes a proxy real in place (storage, strides) so user code can keep using it.
+  static void fill_proxy(TensorImpl& proxy, const Tensor& real);
+  Tensor on_break(const Tensor& proxy, const std::string& why);
+
+ private:
+  ValueId value_of(const Tensor& t);
+  Tensor make_proxy(ValueId id);
+
+  Graph graph_;
+  uint64_t epoch_;
+  std::vector<InputSource> sources_;
+  std::vector<Tensor> real_inputs_;
+  std::unordered_map<const TensorImpl*, ValueId> captured_;
+  std::vector<std::weak_ptr<TensorImpl>> proxies_;  // per value id
+  BreakHandler on_break_;
+  bool in_break_ = false;
+};
+
+// Installs a tracer as this thread's interceptor for a scope (restores the previous one).
+class TraceScope {
+ public:
+  explicit TraceScope(ops::DispatchInterceptor* t);
+  ~TraceScope();
+  TraceScope(const TraceScope&) = delete;
+  TraceScope& operator=(const TraceScope&) = delete;
+
+ private:
+  ops::DispatchInterceptor* prev_;
+};
+
+// Human-readable name of the function that called into the library at a break (best effort).
+std::string caller_site(int skip);
+
+}  // namespace tpu::graph

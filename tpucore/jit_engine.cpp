@@ -1,0 +1,401 @@
+// The engine behind tpu::compile: signature cache (hit path), tracing and optimization (miss
+// path), graph breaks (segments), and the recompile log.
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+
+#include "graph/passes/passes.h"
+#include "graph/printer.h"
+#include "tpucore/jit_internal.h"
+#include "tpucore/log.h"
+#include "tpucore/ops.h"
+
+namespace tpu::jit::detail {
+
+class Engine {
+ public:
+  explicit Engine(CompileOptions o);
+  void call(std::span<const ArgSlot> args, TraceCall trace, std::vector<Tensor>& outs);
+  std::vector<std::string> graphs() const;
+
+ private:
+  struct Traced {
+    std::unique_ptr<graph::Tracer> tracer;
+    bool broke = false;
+  };
+  Traced trace(std::span<const ArgSlot> args, TraceCall tc, const std::vector<double>* numbers,
+               const std::vector<DynamicDim>& pad, std::vector<Tensor>* outs);
+  Entry* compile(std::span<const ArgSlot> args, TraceCall tc, const std::vector<int64_t>& sig, uint64_t hash,
+                 std::vector<Tensor>& outs, bool& ran);
+  void run_entry(const Entry& e, std::span<const ArgSlot> args, std::vector<Tensor>& outs) const;
+  Tensor on_break(graph::Tracer& t, const Tensor& proxy, const std::string& why);
+  void finish_segments(Traced& t, std::vector<Tensor>& outs);
+  std::shared_ptr<graph::Executable> segment(const graph::Graph& g);
+  graph::PassOptions pass_options() const;
+  void note_compile(const std::string& reason, double ms, bool from_disk);
+
+  CompileOptions opts_;
+  std::shared_ptr<StatsRecord> stats_;
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<Entry>> entries_;
+  size_t last_hit_ = 0;
+  std::vector<char> static_args_;
+  bool breaks_mode_ = false;
+  bool dynamic_off_ = false;
+  std::unordered_map<uint64_t, std::shared_ptr<graph::Executable>> segments_;
+};
+
+namespace {
+std::atomic<int> g_counter{0};
+thread_local std::vector<int64_t> t_sig;
+
+Tensor scalar_input(double v, DType dt) { return tpu::scalar_tensor(Scalar(v), TensorOptions(dt)); }
+
+// Zero-pads t along dim to n.
+Tensor pad_to(const Tensor& t, int dim, int64_t n) {
+  Shape s = t.shape();
+  if (s[dim] == n) return t;
+  s[dim] = n;
+  Tensor p = tpu::zeros(s, TensorOptions(t.dtype(), t.device()));
+  Tensor dst = p.narrow(dim, 0, t.shape()[dim]);
+  dst.copy_(t);
+  return p;
+}
+}  // namespace
+
+Engine::Engine(CompileOptions o) : opts_(std::move(o)) {
+  if (opts_.name.empty()) opts_.name = fmt::format("fn{}", g_counter.fetch_add(1));
+  stats_ = register_stats(opts_.name);
+  for (int a : opts_.static_args) {
+    TPU_CHECK(a >= 0 && a < 64, "compile: static_args entry {} is out of range", a);
+    if (static_args_.size() <= static_cast<size_t>(a)) static_args_.resize(static_cast<size_t>(a) + 1, 0);
+    static_args_[static_cast<size_t>(a)] = 1;
+  }
+}
+
+graph::PassOptions Engine::pass_options() const {
+  graph::PassOptions p;
+  p.fold = p.simplify = p.cse = opts_.optimize;
+  p.fuse = p.plan = opts_.fuse;
+#ifdef NDEBUG
+  p.verify = opts_.verify == 1;
+#else
+  p.verify = opts_.verify != 0;
+#endif
+  return p;
+}
+
+void Engine::note_compile(const std::string& reason, double ms, bool from_disk) {
+  int64_t n;
+  {
+    std::lock_guard<std::mutex> lk(stats_->mu);
+    n = ++stats_->s.compiles;
+    stats_->s.reasons.push_back(reason);
+    stats_->s.compile_ms += ms;
+    if (from_disk) ++stats_->s.disk_hits;
+  }
+  log().debug("compile '{}': compile #{} ({:.2f} ms{}): {}", opts_.name, n, ms, from_disk ? ", graph from disk cache" : "",
+              reason);
+  if (opts_.warn_after_recompiles > 0 && n == opts_.warn_after_recompiles + 1)
+    log().warn("compile '{}': recompiled {} times; the changing input: {} (mark the dim dynamic or the number static?)",
+               opts_.name, n - 1, reason);
+}
+
+Engine::Traced Engine::trace(std::span<const ArgSlot> args, TraceCall tc, const std::vector<double>* numbers,
+                             const std::vector<DynamicDim>& pad, std::vector<Tensor>* outs) {
+  Traced r;
+  r.tracer = std::make_unique<graph::Tracer>();
+  graph::Tracer& tr = *r.tracer;
+  size_t count = 0;
+  for (const ArgSlot& a : args) count += a.kind == ArgSlot::Kind::tensor ? 1 : 0;
+  std::vector<Tensor> proxies;
+  proxies.reserve(count);
+  std::vector<std::vector<Tensor>> lists;
+  lists.reserve(args.size());
+  std::vector<ArgSlot> slots(args.begin(), args.end());
+  for (size_t i = 0; i < args.size(); ++i) {
+    const ArgSlot& a = args[i];
+    if (a.kind == ArgSlot::Kind::tensor) {
+      Tensor real = *a.tensor;
+      for (const DynamicDim& d : pad)
+        if (d.arg == static_cast<int>(i)) {
+          int dim = d.dim < 0 ? d.dim + real.dim() : d.dim;
+          real = pad_to(real, dim, bucket_size(real.shape()[dim]));
+        }
+      proxies.push_back(tr.add_arg(real, static_cast<int>(i)));
+      slots[i].tensor = &proxies.back();
+    } else if (a.kind == ArgSlot::Kind::tensor_list) {
+      std::vector<Tensor> l;
+      for (size_t k = 0; k < a.list->size(); ++k) l.push_back(tr.add_arg((*a.list)[k], static_cast<int>(i), static_cast<int>(k)));
+      lists.push_back(std::move(l));
+      slots[i].list = &lists.back();
+    } else if (a.kind == ArgSlot::Kind::number && numbers) {
+      slots[i].number = (*numbers)[i];
+    }
+  }
+  tr.set_break_handler([this, &r](graph::Tracer& t, const Tensor& p, const std::string& why) {
+    r.broke = true;
+    return on_break(t, p, why);
+  });
+  std::vector<Tensor> result;
+  {
+    graph::TraceScope scope(&tr);
+    tc.fn(tc.ctx, slots, result);
+    tr.set_outputs(result);
+  }
+  if (outs) *outs = std::move(result);
+  return r;
+}
+
+Tensor Engine::on_break(graph::Tracer& t, const Tensor& proxy, const std::string& why) {
+  TPU_CHECK(!opts_.fullgraph, "compile('{}'): graph break with fullgraph=true: {}", opts_.name, why);
+  {
+    std::lock_guard<std::mutex> lk(stats_->mu);
+    ++stats_->s.breaks;
+    auto& br = stats_->s.break_reasons;
+    if (std::find(br.begin(), br.end(), why) == br.end()) br.push_back(why);
+  }
+  log().debug("compile '{}': graph break: {}", opts_.name, why);
+  breaks_mode_ = true;
+  auto live = t.live_proxies();
+  graph::Graph g = t.graph();
+  g.outputs.clear();
+  for (auto& [id, impl] : live) g.outputs.push_back(id);
+  std::vector<Tensor> results;
+  {
+    graph::TraceScope off(nullptr);
+    segment(g)->run(t.real_inputs(), results);
+  }
+  for (size_t i = 0; i < live.size(); ++i) graph::Tracer::fill_proxy(*live[i].second, results[i]);
+  t.reset_segment();
+  return Tensor(proxy.impl_ptr());
+}
+
+void Engine::finish_segments(Traced& t, std::vector<Tensor>& outs) {
+  graph::TraceScope off(nullptr);
+  segment(t.tracer->graph())->run(t.tracer->real_inputs(), outs);
+}
+
+std::shared_ptr<graph::Executable> Engine::segment(const graph::Graph& g) {
+  const uint64_t h = graph::structural_hash(g);
+  auto it = segments_.find(h);
+  if (it != segments_.end()) {
+    stats_->hits.fetch_add(1, std::memory_order_relaxed);
+    return it->second;
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  graph::Graph opt = g;
+  graph::optimize(opt, pass_options());
+  auto exe = std::make_shared<graph::Executable>(std::move(opt));
+  segments_.emplace(h, exe);
+  note_compile(fmt::format("graph segment {:016x} ({} nodes)", h, g.nodes.size()),
+               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(), false);
+  return exe;
+}
+
+void Engine::run_entry(const Entry& e, std::span<const ArgSlot> args, std::vector<Tensor>& outs) const {
+  std::vector<Tensor> ins;
+  ins.reserve(e.bindings.size());
+  for (const InputBinding& b : e.bindings) {
+    switch (b.kind) {
+      case InputBinding::Kind::arg: {
+        const ArgSlot& a = args[static_cast<size_t>(b.arg)];
+        ins.push_back(b.elem >= 0 ? (*a.list)[static_cast<size_t>(b.elem)] : *a.tensor);
+        break;
+      }
+      case InputBinding::Kind::captured: ins.push_back(b.captured); break;
+      case InputBinding::Kind::scalar: ins.push_back(scalar_input(args[static_cast<size_t>(b.arg)].number, b.dtype)); break;
+    }
+  }
+  for (const DynamicDim& d : e.dynamic_in) {
+    for (size_t i = 0; i < e.bindings.size(); ++i) {
+      const InputBinding& b = e.bindings[i];
+      if (b.kind == InputBinding::Kind::arg && b.arg == d.arg && b.elem < 0)
+        ins[i] = pad_to(ins[i], d.dim, bucket_size(ins[i].shape()[d.dim]));
+    }
+  }
+  e.exe->run(ins, outs);
+  for (const DynamicOut& d : e.dynamic_outs) {
+    const int64_t real = args[static_cast<size_t>(d.arg)].tensor->shape()[d.arg_dim];
+    outs[static_cast<size_t>(d.output)] = outs[static_cast<size_t>(d.output)].narrow(d.dim, 0, real);
+  }
+}
+
+void Engine::call(std::span<const ArgSlot> args, TraceCall tc, std::vector<Tensor>& outs) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (breaks_mode_) {  // functions with graph breaks are re-traced; segments are cached
+    Traced t = trace(args, tc, nullptr, {}, nullptr);
+    finish_segments(t, outs);
+    return;
+  }
+  const std::vector<DynamicDim>* dyn = opts_.dynamic.empty() || dynamic_off_ ? nullptr : &opts_.dynamic;
+  std::vector<int64_t>& sig = t_sig;
+  build_signature(args, SigOptions{&static_args_, dyn}, sig);
+  const uint64_t h = hash_signature(sig);
+  const Entry* hit = nullptr;
+  if (last_hit_ < entries_.size() && entries_[last_hit_]->hash == h && entries_[last_hit_]->sig == sig) {
+    hit = entries_[last_hit_].get();
+  } else {
+    for (size_t i = 0; i < entries_.size(); ++i)
+      if (entries_[i]->hash == h && entries_[i]->sig == sig) {
+        hit = entries_[i].get();
+        last_hit_ = i;
+        break;
+      }
+  }
+  if (hit) {
+    lk.unlock();
+    stats_->hits.fetch_add(1, std::memory_order_relaxed);
+    run_entry(*hit, args, outs);
+    return;
+  }
+  bool ran = false;
+  std::vector<int64_t> sig_copy = sig;
+  compile(args, tc, sig_copy, h, outs, ran);
+}
+
+Entry* Engine::compile(std::span<const ArgSlot> args, TraceCall tc, const std::vector<int64_t>& sig_in, uint64_t hash,
+                       std::vector<Tensor>& outs, bool& ran) {
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<int64_t> sig = sig_in;
+  std::string reason = "first call";
+  if (!entries_.empty()) {
+    reason = describe_change(entries_[std::min(last_hit_, entries_.size() - 1)]->sig, sig);
+    if (reason.empty()) reason = "signature changed";
+  }
+  std::vector<DynamicDim> pad;
+  if (!opts_.dynamic.empty() && !dynamic_off_) {
+    for (const DynamicDim& d : opts_.dynamic) {
+      TPU_CHECK(d.arg >= 0 && static_cast<size_t>(d.arg) < args.size() && args[static_cast<size_t>(d.arg)].kind == ArgSlot::Kind::tensor,
+                "compile('{}'): dynamic dim names arg {}, which is not a tensor argument", opts_.name, d.arg);
+      const int nd = args[static_cast<size_t>(d.arg)].tensor->dim();
+      TPU_CHECK(d.dim >= -nd && d.dim < nd, "compile('{}'): dynamic dim {} is out of range for arg {} of {} dims", opts_.name,
+                d.dim, d.arg, nd);
+      pad.push_back({d.arg, d.dim < 0 ? d.dim + nd : d.dim});
+    }
+  }
+  Traced a = trace(args, tc, nullptr, pad, nullptr);
+  if (a.broke) {
+    finish_segments(a, outs);
+    ran = true;
+    return nullptr;
+  }
+  graph::Graph g = a.tracer->graph();
+  auto e = std::make_unique<Entry>();
+  const auto& src = a.tracer->sources();
+  for (size_t i = 0; i < src.size(); ++i) {
+    InputBinding b;
+    if (src[i].kind == graph::InputSource::Kind::arg) {
+      b.kind = InputBinding::Kind::arg;
+      b.arg = src[i].arg;
+      b.elem = src[i].elem;
+    } else {
+      b.kind = InputBinding::Kind::captured;
+      b.captured = a.tracer->real_inputs()[i];
+    }
+    e->bindings.push_back(std::move(b));
+  }
+  // Number arguments: runtime inputs when a second trace shows they only feed 0-d constants.
+  std::vector<double> alt;
+  bool any_number = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const ArgSlot& s = args[i];
+    double v = s.number;
+    if (s.kind == ArgSlot::Kind::number && !s.boolean && !(i < static_args_.size() && static_args_[i])) {
+      any_number = true;
+      v = s.integral ? v + 7919 : v * 1.6180339887 + 0.7853981;
+    }
+    alt.push_back(v);
+  }
+  if (any_number) {
+    Traced b = trace(args, tc, &alt, pad, nullptr);
+    std::vector<std::pair<int, DType>> bound;
+    std::vector<int> must_static = b.broke ? std::vector<int>{} : bind_scalar_args(g, b.tracer->graph(), args, alt, bound);
+    if (b.broke)
+      for (size_t i = 0; i < args.size(); ++i)
+        if (args[i].kind == ArgSlot::Kind::number && !args[i].boolean) must_static.push_back(static_cast<int>(i));
+    if (!must_static.empty()) {
+      for (int i : must_static) {
+        if (static_args_.size() <= static_cast<size_t>(i)) static_args_.resize(static_cast<size_t>(i) + 1, 0);
+        static_args_[static_cast<size_t>(i)] = 1;
+        log().debug("compile '{}': number arg {} changes the graph beyond a constant; it is now static (part of the key)",
+                    opts_.name, i);
+      }
+      const std::vector<DynamicDim>* dyn = pad.empty() ? nullptr : &opts_.dynamic;
+      build_signature(args, SigOptions{&static_args_, dyn}, sig);
+      hash = hash_signature(sig);
+    } else {
+      for (auto& [arg, dt] : bound) {
+        InputBinding ib;
+        ib.kind = InputBinding::Kind::scalar;
+        ib.arg = arg;
+        ib.dtype = dt;
+        e->bindings.push_back(ib);
+      }
+    }
+  }
+  // Dynamic dims: outputs that follow a padded dim are cut back after each run.
+  if (!pad.empty()) {
+    std::vector<std::pair<int, int>> in_dims;
+    for (const DynamicDim& d : pad)
+      for (size_t i = 0; i < src.size(); ++i)
+        if (src[i].kind == graph::InputSource::Kind::arg && src[i].arg == d.arg && src[i].elem < 0)
+          in_dims.emplace_back(static_cast<int>(i), d.dim);
+    std::string why;
+    auto follow = follow_dynamic_dims(g, in_dims, why);
+    if (!follow) {
+      log().info("compile '{}': dynamic dims disabled (compiling exact sizes): {}", opts_.name, why);
+      dynamic_off_ = true;
+      build_signature(args, SigOptions{&static_args_, nullptr}, sig);
+      return compile(args, tc, sig, hash_signature(sig), outs, ran);
+    }
+    for (auto& [out, dim] : *follow) {
+      // Which padded input dim does it follow? All pads share one bucket rule; pick by size.
+      for (const DynamicDim& d : pad) {
+        const Tensor& t = *args[static_cast<size_t>(d.arg)].tensor;
+        if (bucket_size(t.shape()[d.dim]) == g.meta(g.outputs[static_cast<size_t>(out)]).shape[dim]) {
+          e->dynamic_outs.push_back({out, dim, d.arg, d.dim});
+          break;
+        }
+      }
+    }
+    e->dynamic_in = pad;
+  }
+  // Optimize (or load the optimized graph from the disk cache).
+  bool from_disk = false;
+  const uint64_t key = graph::hash_combine(graph::structural_hash(g), std::hash<std::string>{}(kCompilerVersion));
+  std::optional<graph::Graph> opt;
+  if (opts_.disk_cache && disk_cache_enabled()) opt = disk_cache_load(key, g);
+  if (opt) {
+    from_disk = true;
+  } else {
+    opt = g;
+    graph::optimize(*opt, pass_options());
+    if (opts_.disk_cache && disk_cache_enabled()) disk_cache_store(key, *opt);
+  }
+  e->exe = std::make_shared<graph::Executable>(std::move(*opt));
+  e->sig = sig;
+  e->hash = hash;
+  entries_.push_back(std::move(e));
+  last_hit_ = entries_.size() - 1;
+  note_compile(reason, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(), from_disk);
+  Entry* ent = entries_.back().get();
+  run_entry(*ent, args, outs);
+  ran = true;
+  return ent;
+}
+
+std::vector<std::string> Engine::graphs() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<std::string> v;
+  for (const auto& e : entries_) v.push_back(graph::to_text(e->exe->graph()));
+  return v;
+}
+
+std::shared_ptr<Engine> make_engine(CompileOptions o) { return std::make_shared<Engine>(std::move(o)); }
+void engine_call(Engine& e, std::span<const ArgSlot> args, TraceCall trace, std::vector<Tensor>& outs) {
+  e.call(args, trace, outs);
+}
+std::vector<std::string> engine_graphs(const Engine& e) { return e.graphs(); }
+
+}  // namespace tpu::jit::detail

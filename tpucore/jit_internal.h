@@ -1,0 +1,82 @@
+// Internals of tpu::compile shared by the jit_*.cpp files (not a public header).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "graph/executor.h"
+#include "graph/tracer.h"
+#include "tpucore/compile.h"
+
+namespace tpu::jit::detail {
+
+inline constexpr const char* kCompilerVersion = "tpucore-jit-1";
+
+// Per-function counters, registered globally so stats() sees them.
+struct StatsRecord {
+  std::mutex mu;
+  FunctionStats s;  // hits is kept in `hits`
+  std::atomic<int64_t> hits{0};
+};
+std::shared_ptr<StatsRecord> register_stats(const std::string& name);
+
+// How an entry feeds each graph input.
+struct InputBinding {
+  enum class Kind : uint8_t { arg, captured, scalar } kind = Kind::arg;
+  int arg = -1;
+  int elem = -1;
+  Tensor captured;             // bound by reference (the same TensorImpl every call)
+  DType dtype = DType::f32;    // scalar inputs
+};
+
+// A dynamic output dim to cut back to the real size after a padded run.
+struct DynamicOut {
+  int output = 0, dim = 0;
+  int arg = 0, arg_dim = 0;  // the input dim it follows
+};
+
+struct Entry {
+  std::vector<int64_t> sig;
+  uint64_t hash = 0;
+  std::vector<InputBinding> bindings;
+  std::shared_ptr<graph::Executable> exe;
+  std::vector<DynamicOut> dynamic_outs;
+  std::vector<DynamicDim> dynamic_in;  // (arg, dim) padded to the bucket in sig
+};
+
+// Signature: a flat list of integers per argument (see jit_signature.cpp).
+struct SigOptions {
+  const std::vector<char>* static_args;
+  const std::vector<DynamicDim>* dynamic;  // nullptr: exact sizes
+};
+void build_signature(std::span<const ArgSlot> args, const SigOptions& o, std::vector<int64_t>& sig);
+uint64_t hash_signature(const std::vector<int64_t>& sig);
+// "arg 0 shape [8, 128] -> [9, 128]" (the first difference), or "" when equal.
+std::string describe_change(const std::vector<int64_t>& before, const std::vector<int64_t>& now);
+int64_t bucket_size(int64_t n);  // next power of two (>= 1)
+
+// Scalar arguments as runtime inputs: compares two traces made with different values of the
+// number arguments. Returns the arguments that must be static (changing them changes the
+// graph in other ways than 0-d constants equal to the argument) and, for the others, turns
+// those constants into graph inputs (appended; `bound` gets (arg, dtype) per new input).
+std::vector<int> bind_scalar_args(graph::Graph& a, const graph::Graph& b, std::span<const ArgSlot> args,
+                                  const std::vector<double>& values_b, std::vector<std::pair<int, DType>>& bound);
+
+// Dynamic dims: which graph outputs follow a padded input dim; nullopt + reason when padding
+// could change a result (the dim is reduced, contracted, sliced or reshaped away).
+std::optional<std::vector<std::pair<int, int>>> follow_dynamic_dims(const graph::Graph& g,
+                                                                    const std::vector<std::pair<int, int>>& input_dims,
+                                                                    std::string& why);
+
+// On-disk cache of optimized graphs (TPU_CACHE_DIR). load returns nullopt when absent,
+// corrupt or stale (logged).
+std::optional<graph::Graph> disk_cache_load(uint64_t key, const graph::Graph& traced);
+void disk_cache_store(uint64_t key, const graph::Graph& optimized);
+bool disk_cache_enabled();
+
+}  // namespace tpu::jit::detail
