@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "tpucore/jit_hooks.h"
 #include "tpucore/ops.h"
 
 namespace tpu {
@@ -21,7 +22,7 @@ void* Tensor::raw_data() const {
 Scalar Tensor::item() const {
   TPU_CHECK(numel() == 1, "item: expected a tensor with one element, got shape {} ({} elements)", shape().str(),
             numel());
-  Tensor h = tpu::to(*this, Device());
+  Tensor h = tpu::to(is_proxy() ? detail::materialize_proxy(*this, "item()") : *this, Device());
   return dispatch_dtype(dtype(), [&](auto z) -> Scalar {
     using T = decltype(z);
     T v = *static_cast<const T*>(h.raw_data());
@@ -33,7 +34,8 @@ Scalar Tensor::item() const {
 
 template <class T>
 std::vector<T> Tensor::to_vector() const {
-  Tensor h = tpu::contiguous(tpu::to(tpu::to(*this, Device()), dtype_of<T>::value));
+  const Tensor& self = is_proxy() ? detail::materialize_proxy(*this, "to_vector()") : *this;
+  Tensor h = tpu::contiguous(tpu::to(tpu::to(self, Device()), dtype_of<T>::value));
   std::vector<T> v(static_cast<size_t>(h.numel()));
   if (!v.empty()) std::memcpy(v.data(), h.raw_data(), v.size() * sizeof(T));
   return v;
