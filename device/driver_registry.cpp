@@ -1,5 +1,7 @@
 #include <array>
+#include <atomic>
 #include <mutex>
+#include <vector>
 
 #include "device/driver.h"
 #include "tpucore/error.h"
@@ -7,9 +9,12 @@
 namespace tpu::device {
 namespace {
 
+// Drivers are installed rarely and looked up on every allocation, so lookups read an atomic
+// pointer; replaced drivers are kept alive (storages may still point at them).
 struct Registry {
   std::mutex mu;
-  std::array<std::unique_ptr<Driver>, kNumDeviceTypes> drivers;
+  std::array<std::atomic<Driver*>, kNumDeviceTypes> drivers{};
+  std::vector<std::unique_ptr<Driver>> owned;
 };
 Registry& registry() {
   static Registry* r = new Registry();  // leaked: storages may be freed during static destruction
@@ -23,33 +28,39 @@ std::unique_ptr<Driver> make_cpu_driver();
 void register_driver(std::unique_ptr<Driver> d) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lk(r.mu);
-  r.drivers[static_cast<int>(d->type())] = std::move(d);
+  Driver* p = d.get();
+  r.owned.push_back(std::move(d));
+  r.drivers[static_cast<int>(p->type())].store(p, std::memory_order_release);
 }
 
 bool has_driver(DeviceType t) {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lk(r.mu);
   if (t == DeviceType::cpu) return true;
-  return r.drivers[static_cast<int>(t)] != nullptr;
+  return registry().drivers[static_cast<int>(t)].load(std::memory_order_acquire) != nullptr;
 }
 
 Driver& driver_for(DeviceType t) {
   Registry& r = registry();
-  std::lock_guard<std::mutex> lk(r.mu);
-  auto& slot = r.drivers[static_cast<int>(t)];
-  if (!slot && t == DeviceType::cpu) slot = make_cpu_driver();
-  if (!slot) {
-    if (t == DeviceType::tpu)
-      fail("device 'tpu': no driver is loaded. A real chip needs an out-of-tree driver plugin: build one "
-           "against device/plugin_abi.h and point TPU_DRIVER_PATH at the shared library (or call "
-           "tpu::load_driver_plugin(path)); use 'sim' for the simulated chip");
-    fail("device '{}': no driver is available in this build", device_type_name(t));
+  Driver* p = r.drivers[static_cast<int>(t)].load(std::memory_order_acquire);
+  if (p) [[likely]] return *p;
+  if (t == DeviceType::cpu) {
+    std::lock_guard<std::mutex> lk(r.mu);
+    p = r.drivers[0].load(std::memory_order_acquire);
+    if (!p) {
+      r.owned.push_back(make_cpu_driver());
+      p = r.owned.back().get();
+      r.drivers[0].store(p, std::memory_order_release);
+    }
+    return *p;
   }
-  return *slot;
+  if (t == DeviceType::tpu)
+    fail("device 'tpu': no driver is loaded. A real chip needs an out-of-tree driver plugin, found through "
+         "TPU_DRIVER_PATH; this build ships none, so use 'cpu' (the simulated chip 'sim' comes through its own driver)");
+  fail("device '{}': no driver is available in this build", device_type_name(t));
 }
 
 Driver& driver_for(const Device& d) {
   Driver& drv = driver_for(d.type);
+  if (d.type == DeviceType::cpu) [[likely]] return drv;
   int n = drv.device_count();
   TPU_CHECK(d.index >= 0 && d.index < n, "device '{}': index out of range ({} {} device(s) available)", d.str(), n,
             device_type_name(d.type));
