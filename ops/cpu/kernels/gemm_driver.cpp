@@ -402,7 +402,20 @@ void gemm_run(const Problem& p, const GemmBlocking& bl, Kernel kernel) {
   // is wide and short, columns are split instead (in whole register tiles), each thread
   // packing its own panels (repeating the packing of the small A).
   if (p.M >= p.N || p.M >= int64_t{nt} * 4 * bl.mr) {
-    gemm_rows_shared_b<Pack>(p, bl, kernel, std::min<int64_t>(nt, p.M));
+    const int64_t tasks = std::min<int64_t>(nt, p.M);
+    const bool one_b_block = p.N <= bl.nc && p.K <= bl.kc * Pack::kPerStep;
+    if (!one_b_block) {
+      gemm_rows_shared_b<Pack>(p, bl, kernel, tasks);
+      return;
+    }
+    // A single B block: each thread packs it privately, which costs less than the second
+    // hand-off between threads that sharing it would take.
+    tpu::parallel_for(0, tasks, 1, [&](int64_t tb, int64_t te) {
+      for (int64_t t = tb; t < te; ++t) {
+        const int64_t m0 = p.M * t / tasks, m1 = p.M * (t + 1) / tasks;
+        if (m0 < m1) gemm_range<Pack>(p, bl, kernel, m0, m1, 0, p.N);
+      }
+    });
     return;
   }
   const int64_t units = (p.N + bl.nr - 1) / bl.nr;
