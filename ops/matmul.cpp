@@ -258,6 +258,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) { return ops::call(matmul_op(), 
 Tensor mm(const Tensor& a, const Tensor& b) {
   TPU_CHECK(a.dim() == 2 && b.dim() == 2, "mm: expected two 2-D tensors, got shapes {} and {}", a.shape().str(),
             b.shape().str());
+  TPU_CHECK(a.shape()[1] == b.shape()[0], "mm: shapes {} and {} cannot be multiplied (inner dims {} and {} differ)",
+            a.shape().str(), b.shape().str(), a.shape()[1], b.shape()[0]);
   return ops::call(matmul_op(), {a, b});
 }
 

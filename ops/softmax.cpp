@@ -67,8 +67,9 @@ void softmax_row(float* buf, int64_t k) {
     sum += e;
   }
   if constexpr (kLog) {
-    const float shift = mx + static_cast<float>(std::log(sum));
-    for (i = 0; i < k; ++i) buf[i] -= shift;
+    // (x - max) first: it is exact-ish, while max + log(sum) would round at max's scale.
+    const float ls = static_cast<float>(std::log(sum));
+    for (i = 0; i < k; ++i) buf[i] = (buf[i] - mx) - ls;
   } else {
     const float inv = static_cast<float>(1.0 / sum);
     for (i = 0; i < k; ++i) buf[i] *= inv;
