@@ -14,7 +14,8 @@
 //   tanh(x) = sign(x) * m / (m + 2), m = expm1(2|x|), |x| capped at 9 (tanh = 1 in f32 beyond).
 //   sigmoid = t = exp(-|x|); 1/(1+t) for x >= 0, t/(1+t) otherwise (no overflow either way).
 //   erf(x)  = x P(x^2) for |x| < 1 (degree 6 in x^2); 1 - exp(-x^2) Q(1/|x|) for |x| >= 1,
-//             Q ~ erfc(x) exp(x^2) of degree 12 fitted on 1/|x| in [1/12, 1] (erfc(12) = 0 in f32).
+//             Q ~ erfc(x) exp(x^2) of degree 12 fitted on 1/|x| in [1/12, 1] (erfc(12) = 0 in f32);
+//             erfc itself (for gelu) from exp(-x^2) Qmid(x) (degree 7) on [0.5, 1).
 //   gelu    = 0.5 x (1 + erf(x/sqrt 2)), using erfc directly on the negative side;
 //   gelu_tanh = x * sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)) (= 0.5 x (1 + tanh(...))).
 // GCC 12's AVX-512 headers implement many intrinsics with a deliberately undefined source
@@ -127,21 +128,28 @@ TPU_AVX512_FN void erf_parts(__m512 a, __m512& erf_a, __m512& erfc_a) {
   p = _mm512_fmadd_ps(p, u, splat(-0.3761262667f));
   p = _mm512_fmadd_ps(p, u, splat(1.128379166f));
   const __m512 erf_small = _mm512_mul_ps(a, p);
-  // |x| >= 1: erfc(a) = exp(-a^2) Q(1/a); a^2 split into hi + lo so exp sees it exactly.
-  const __m512 b = _mm512_min_ps(splat(12.0f), _mm512_max_ps(one, a));
-  const __m512 t = _mm512_div_ps(one, b);
+  // |x| >= 0.5: erfc(a) = exp(-a^2) Q(a), with Q ~ erfc(a) exp(a^2) fitted on 1/a for a in
+  // [1, 12] and on a itself for a in [0.5, 1) (there 1 - erf(a) would lose digits).
+  const __m512 b = _mm512_min_ps(splat(12.0f), _mm512_max_ps(splat(0.5f), a));
+  const __m512 t = _mm512_div_ps(one, _mm512_max_ps(one, b));
   static constexpr float kQ[] = {0.0516736093f,  -0.3338052317f, 0.9068110242f, -1.266714705f,    0.737462849f,
                                  0.4407592784f,  -1.1697602f,    0.8698077682f, -0.1051848597f,   -0.2662518563f,
                                  -0.001479429913f, 0.5642670562f, -1.725435043e-6f};
   __m512 q = splat(kQ[0]);
   for (size_t i = 1; i < sizeof(kQ) / sizeof(kQ[0]); ++i) q = _mm512_fmadd_ps(q, t, splat(kQ[i]));
+  static constexpr float kQmid[] = {-0.006170182657f, 0.04699112101f, -0.170467373f, 0.4006501161f,
+                                    -0.7010651264f,   0.9830441183f,  -1.125123988f, 0.9997248905f};
+  __m512 qm = splat(kQmid[0]);
+  for (size_t i = 1; i < sizeof(kQmid) / sizeof(kQmid[0]); ++i) qm = _mm512_fmadd_ps(qm, b, splat(kQmid[i]));
+  q = _mm512_mask_mov_ps(q, _mm512_cmp_ps_mask(b, one, _CMP_LT_OQ), qm);
+  // exp(-(h + l)) = exp(-h) (1 - l) with h + l = b^2 exactly.
   const __m512 h = _mm512_mul_ps(b, b);
   const __m512 l = _mm512_fmsub_ps(b, b, h);
-  const __m512 ex = _mm512_fnmadd_ps(exp_v(_mm512_sub_ps(_mm512_setzero_ps(), h)), l, exp_v(_mm512_sub_ps(_mm512_setzero_ps(), h)));
-  const __m512 erfc_large = _mm512_mul_ps(ex, q);
+  const __m512 eh = exp_v(_mm512_sub_ps(_mm512_setzero_ps(), h));
+  const __m512 erfc_large = _mm512_mul_ps(_mm512_fnmadd_ps(eh, l, eh), q);
   const __mmask16 small = _mm512_cmp_ps_mask(a, one, _CMP_LT_OQ);
   erf_a = _mm512_mask_mov_ps(_mm512_sub_ps(one, erfc_large), small, erf_small);
-  erfc_a = _mm512_mask_mov_ps(erfc_large, small, _mm512_sub_ps(one, erf_small));
+  erfc_a = _mm512_mask_mov_ps(erfc_large, _mm512_cmp_ps_mask(a, splat(0.5f), _CMP_LT_OQ), _mm512_sub_ps(one, erf_small));
   // NaN input: the clamps above turned it into a number; put it back.
   const __mmask16 nan = _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
   erf_a = _mm512_mask_mov_ps(erf_a, nan, a);

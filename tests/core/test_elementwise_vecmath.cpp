@@ -1,0 +1,249 @@
+// Accuracy of both vec_math implementations (the portable one and AVX-512, each called
+// explicitly) against double-precision references, measured in f32 ulps over dense grids,
+// plus special values, tails of every length, in-place use and the binary kernels.
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "ops/cpu/vec_math.h"
+
+using tpu::ops::cpu::VecBinary;
+using tpu::ops::cpu::VecMathTable;
+using tpu::ops::cpu::VecUnary;
+
+namespace {
+
+std::vector<const VecMathTable*> tables() {
+  std::vector<const VecMathTable*> t = {&tpu::ops::cpu::vec_math_scalar()};
+  if (const VecMathTable* a = tpu::ops::cpu::vec_math_avx512()) t.push_back(a);
+  return t;
+}
+
+double sigmoid_ref(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+struct Case {
+  VecUnary op;
+  const char* name;
+  double (*ref)(double);
+  double lo, hi;
+  double max_ulp;  // allowed error, ulps of the f32 result
+  // Condition number |x f'(x) / f(x)| where it is large: rounding the argument to f32 alone
+  // costs that many ulps (gelu's negative tail), so it is added to the bound.
+  double (*cond)(double) = nullptr;
+};
+
+double gelu_cond(double x) { return x < 0 ? 1.5 * x * x : 0.0; }  // x^2 plus the rounded 1/sqrt 2
+double gelu_tanh_cond(double x) {
+  return x < 0 ? 1.6 * std::fabs(x + 3 * 0.044715 * x * x * x) : 0.0;
+}
+
+const Case kCases[] = {
+    {VecUnary::exp, "exp", [](double x) { return std::exp(x); }, -103.0, 88.7, 2.0},
+    {VecUnary::log, "log", [](double x) { return std::log(x); }, 1e-3, 1e3, 2.0},
+    {VecUnary::tanh, "tanh", [](double x) { return std::tanh(x); }, -10.0, 10.0, 3.0},
+    {VecUnary::sigmoid, "sigmoid", sigmoid_ref, -100.0, 100.0, 3.0},
+    {VecUnary::silu, "silu", [](double x) { return x * sigmoid_ref(x); }, -80.0, 80.0, 4.0},
+    {VecUnary::erf, "erf", [](double x) { return std::erf(x); }, -5.0, 5.0, 3.0},
+    {VecUnary::gelu_erf, "gelu", [](double x) { return 0.5 * x * std::erfc(-x / std::sqrt(2.0)); }, -12.0, 12.0, 4.0, gelu_cond},
+    {VecUnary::gelu_tanh, "gelu_tanh",
+     [](double x) { return x * sigmoid_ref(2.0 * std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)); }, -12.0, 12.0, 4.0, gelu_tanh_cond},
+    {VecUnary::relu, "relu", [](double x) { return x < 0 ? 0.0 : x; }, -5.0, 5.0, 0.0},
+};
+
+// Distance in f32 ulps of `got` from the exact value `ref` (ulp taken at the result's magnitude;
+// results below the smallest normal are measured in units of the smallest denormal step... of
+// normals, so denormal outputs do not inflate the figure).
+double ulp_error(float got, double ref) {
+  if (std::isnan(ref)) return std::isnan(got) ? 0 : 1e9;
+  if (std::isinf(ref) || std::fabs(ref) > 3.4028234663852886e38) {
+    return (std::isinf(got) && (got > 0) == (ref > 0)) ? 0 : 1e9;
+  }
+  if (std::isnan(got) || std::isinf(got)) return 1e9;
+  const float rf = static_cast<float>(std::fabs(ref));
+  float ulp = std::nextafter(rf, INFINITY) - rf;
+  if (ulp < 1.1754943508222875e-38f * 1.1920929e-07f) ulp = 1.1754943508222875e-38f * 1.1920929e-07f;
+  return std::fabs(static_cast<double>(got) - ref) / ulp;
+}
+
+std::vector<float> grid(double lo, double hi, int n) {
+  std::vector<float> v;
+  for (int i = 0; i < n; ++i) v.push_back(static_cast<float>(lo + (hi - lo) * i / (n - 1)));
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("vec_math: unary functions within their ulp bounds on every implementation", "[elementwise][vecmath]") {
+  for (const VecMathTable* t : tables()) {
+    for (const Case& c : kCases) {
+      std::vector<float> x = grid(c.lo, c.hi, 20011);
+      // Extra points near 0 and in the log-spaced middle of the range.
+      for (double e = -30; e <= 1; e += 0.25) {
+        const float v = static_cast<float>(std::pow(10.0, e));
+        if (v >= c.lo && v <= c.hi) x.push_back(v);
+        if (-v >= c.lo && -v <= c.hi) x.push_back(-v);
+      }
+      std::vector<float> y(x.size());
+      t->get(c.op)(y.data(), x.data(), static_cast<int64_t>(x.size()));
+      double worst = 0, worst_excess = -1;
+      float worst_x = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        const double e = ulp_error(y[i], c.ref(x[i]));
+        const double excess = e - c.max_ulp - (c.cond ? c.cond(x[i]) : 0.0);
+        worst = std::max(worst, e);
+        if (excess > worst_excess) {
+          worst_excess = excess;
+          worst_x = x[i];
+        }
+      }
+      INFO(t->name << " " << c.name << ": max error " << worst << " ulp; closest to the bound at x = " << worst_x);
+      CHECK(worst_excess <= 0);
+    }
+  }
+}
+
+TEST_CASE("vec_math: log over the whole positive range including denormals", "[elementwise][vecmath]") {
+  for (const VecMathTable* t : tables()) {
+    std::vector<float> x;
+    for (uint32_t bits = 1; bits < 0x7f800000u; bits += 0x1235u) {
+      float f;
+      std::memcpy(&f, &bits, 4);
+      x.push_back(f);
+    }
+    std::vector<float> y(x.size());
+    t->get(VecUnary::log)(y.data(), x.data(), static_cast<int64_t>(x.size()));
+    double worst = 0;
+    for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, ulp_error(y[i], std::log(static_cast<double>(x[i]))));
+    INFO(t->name << ": max log error " << worst << " ulp");
+    CHECK(worst <= 2.0);
+  }
+}
+
+TEST_CASE("vec_math: special values", "[elementwise][vecmath]") {
+  const float inf = INFINITY, nan = NAN;
+  for (const VecMathTable* t : tables()) {
+    INFO(t->name);
+    auto run = [&](VecUnary op, float v) {
+      float o;
+      t->get(op)(&o, &v, 1);
+      return o;
+    };
+    CHECK(run(VecUnary::exp, -inf) == 0.0f);
+    CHECK(run(VecUnary::exp, inf) == inf);
+    CHECK(run(VecUnary::exp, 89.0f) == inf);
+    CHECK(run(VecUnary::exp, 0.0f) == 1.0f);
+    CHECK(std::isnan(run(VecUnary::exp, nan)));
+    CHECK(run(VecUnary::log, 0.0f) == -inf);
+    CHECK(run(VecUnary::log, -0.0f) == -inf);
+    CHECK(run(VecUnary::log, inf) == inf);
+    CHECK(run(VecUnary::log, 1.0f) == 0.0f);
+    CHECK(std::isnan(run(VecUnary::log, -1.0f)));
+    CHECK(std::isnan(run(VecUnary::log, nan)));
+    CHECK(run(VecUnary::tanh, inf) == 1.0f);
+    CHECK(run(VecUnary::tanh, -inf) == -1.0f);
+    CHECK(std::signbit(run(VecUnary::tanh, -0.0f)));
+    CHECK(std::isnan(run(VecUnary::tanh, nan)));
+    CHECK(run(VecUnary::sigmoid, -inf) == 0.0f);
+    CHECK(run(VecUnary::sigmoid, inf) == 1.0f);
+    CHECK(run(VecUnary::sigmoid, 0.0f) == 0.5f);
+    CHECK(std::isnan(run(VecUnary::sigmoid, nan)));
+    CHECK(run(VecUnary::erf, inf) == 1.0f);
+    CHECK(run(VecUnary::erf, -inf) == -1.0f);
+    CHECK(std::isnan(run(VecUnary::erf, nan)));
+    CHECK(run(VecUnary::gelu_erf, inf) == inf);
+    CHECK(run(VecUnary::gelu_erf, 0.0f) == 0.0f);
+    CHECK(std::isnan(run(VecUnary::gelu_erf, nan)));
+    CHECK(run(VecUnary::gelu_tanh, inf) == inf);
+    CHECK(std::isnan(run(VecUnary::relu, nan)));
+    CHECK(run(VecUnary::relu, -inf) == 0.0f);
+    CHECK(std::isnan(run(VecUnary::silu, nan)));
+  }
+}
+
+TEST_CASE("vec_math: every tail length and in-place use agree with the element-by-element result",
+          "[elementwise][vecmath]") {
+  for (const VecMathTable* t : tables()) {
+    for (const Case& c : kCases) {
+      for (int n = 0; n <= 70; ++n) {
+        std::vector<float> x = grid(-3.0, 3.0, n < 2 ? 2 : n);
+        x.resize(static_cast<size_t>(n));
+        if (c.op == VecUnary::log)
+          for (float& v : x) v = std::fabs(v) + 0.1f;
+        // Guard cells catch writes past the end.
+        std::vector<float> y(static_cast<size_t>(n) + 4, 12345.0f);
+        t->get(c.op)(y.data(), x.data(), n);
+        std::vector<float> z = x;
+        t->get(c.op)(z.data(), z.data(), n);
+        for (int i = 0; i < n; ++i) {
+          float one;
+          t->get(c.op)(&one, &x[static_cast<size_t>(i)], 1);
+          REQUIRE(y[static_cast<size_t>(i)] == one);
+          REQUIRE(z[static_cast<size_t>(i)] == one);
+        }
+        for (int g = 0; g < 4; ++g) REQUIRE(y[static_cast<size_t>(n + g)] == 12345.0f);
+      }
+    }
+  }
+}
+
+TEST_CASE("vec_math: binary kernels, broadcast right operand, alpha and the streaming path", "[elementwise][vecmath]") {
+  for (const VecMathTable* t : tables()) {
+    INFO(t->name);
+    // 1<<20 + 37 elements at an odd offset reach the non-temporal store path with a head and tail.
+    const int64_t n = (int64_t{1} << 20) + 37;
+    std::vector<float> xb(static_cast<size_t>(n) + 8), yb(static_cast<size_t>(n) + 8), ob(static_cast<size_t>(n) + 8);
+    for (int64_t i = 0; i < n + 8; ++i) {
+      xb[static_cast<size_t>(i)] = static_cast<float>((i % 97) - 48) * 0.25f;
+      yb[static_cast<size_t>(i)] = static_cast<float>((i % 13) + 1) * 0.5f;
+    }
+    const float* x = xb.data() + 3;
+    const float* y = yb.data() + 3;
+    float* o = ob.data() + 3;
+    struct B {
+      VecBinary op;
+      double (*f)(double, double, double);
+    };
+    const B ops[] = {
+        {VecBinary::add, [](double a, double b, double al) { return a + al * b; }},
+        {VecBinary::sub, [](double a, double b, double al) { return a - al * b; }},
+        {VecBinary::mul, [](double a, double b, double) { return a * b; }},
+        {VecBinary::div, [](double a, double b, double) { return a / b; }},
+        {VecBinary::maximum, [](double a, double b, double) { return std::max(a, b); }},
+        {VecBinary::minimum, [](double a, double b, double) { return std::min(a, b); }},
+    };
+    for (const B& b : ops) {
+      for (float alpha : {1.0f, -2.5f}) {
+        for (int64_t len : {int64_t{0}, int64_t{1}, int64_t{17}, int64_t{33}, n}) {
+          for (bool ys : {false, true}) {
+            ob[static_cast<size_t>(len) + 3] = 777.0f;
+            t->get(b.op)(o, x, y, ys, alpha, len);
+            int64_t bad = 0;
+            for (int64_t i = 0; i < len; ++i) {
+              const double want = static_cast<float>(b.f(x[i], ys ? y[0] : y[i], alpha));
+              if (std::fabs(o[i] - want) > 1e-6 * std::fabs(want)) ++bad;
+            }
+            INFO("op " << static_cast<int>(b.op) << " len " << len << " scalar rhs " << ys);
+            CHECK(bad == 0);
+            CHECK(ob[static_cast<size_t>(len) + 3] == 777.0f);
+          }
+        }
+      }
+    }
+    // NaN on either side of maximum/minimum propagates.
+    const float nan = NAN;
+    float one = 1.0f, r;
+    t->get(VecBinary::maximum)(&r, &nan, &one, false, 1.0f, 1);
+    CHECK(std::isnan(r));
+    t->get(VecBinary::minimum)(&r, &one, &nan, false, 1.0f, 1);
+    CHECK(std::isnan(r));
+  }
+}
+
+TEST_CASE("vec_math: the run-time choice", "[elementwise][vecmath]") {
+  const VecMathTable& best = tpu::ops::cpu::vec_math();
+  if (tpu::ops::cpu::vec_math_avx512()) CHECK(std::string(best.name) == "avx512");
+  else CHECK(std::string(best.name) == "scalar");
+}
