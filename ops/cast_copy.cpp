@@ -12,6 +12,17 @@ namespace tpu {
 namespace {
 using namespace ops;
 
+// One element conversion. 16-bit floats go through f32 first so that their conversion to an
+// integer gets the same saturation (NaN -> 0) as f32's instead of an undefined float->int cast.
+template <class TD, class TS>
+inline TD cast_element(TS v) {
+  if constexpr ((std::is_same_v<TS, bf16> || std::is_same_v<TS, f16>) && std::is_integral_v<TD> &&
+                !std::is_same_v<TD, bool>)
+    return cpu::convert<TD>(static_cast<float>(v));
+  else
+    return cpu::convert<TD>(v);
+}
+
 // Strided, converting copy of src (broadcast to dst's shape) into dst; both on the cpu.
 void strided_copy_cpu(const Tensor& dst, const Tensor& src) {
   dispatch_dtype(dst.dtype(), [&](auto d) {
@@ -28,7 +39,7 @@ void strided_copy_cpu(const Tensor& dst, const Tensor& src) {
           }
         }
         for (int64_t i = 0; i < n; ++i)
-          *reinterpret_cast<TD*>(p[0] + i * s2[0]) = cpu::convert<TD>(*reinterpret_cast<const TS*>(p[1] + i * s2[1]));
+          *reinterpret_cast<TD*>(p[0] + i * s2[0]) = cast_element<TD>(*reinterpret_cast<const TS*>(p[1] + i * s2[1]));
       });
     });
   });

@@ -60,9 +60,9 @@ void linspace_cpu(const KernelArgs& a) {
   const double start = a.attrs.get_float("start"), end = a.attrs.get_float("end");
   const int64_t n = a.outputs[0].numel();
   const double step = n > 1 ? (end - start) / static_cast<double>(n - 1) : 0.0;
-  // Fill from both ends, as PyTorch does, so the last value is exactly `end`.
+  // Fill from both ends, as PyTorch does, so the last value is exactly `end` (one step: start).
   fill_with(a.outputs[0], [&](int64_t i) {
-    return i < n / 2 ? start + step * static_cast<double>(i) : end - step * static_cast<double>(n - 1 - i);
+    return n == 1 ? start : i < n / 2 ? start + step * static_cast<double>(i) : end - step * static_cast<double>(n - 1 - i);
   });
 }
 TPU_DEFINE_OP(linspace_op, {.name = "linspace", .num_inputs = 0, .flags = kCreation | kNonDifferentiable,
