@@ -67,6 +67,7 @@ struct PackF32 {
   using In = float;
   using Packed = float;
   static constexpr int kPerStep = 1;
+  static float value(float v) { return v; }
 
   static void pack_a(const float* A, int64_t rs, int64_t cs, int64_t mc, int64_t kce, int mr,
                      float* dst) {
@@ -117,6 +118,7 @@ struct PackBf16AsF32 {
   using In = uint16_t;
   using Packed = float;
   static constexpr int kPerStep = 1;
+  static float value(uint16_t v) { return bf16_to_f32(v); }
 
   static void pack_a(const uint16_t* A, int64_t rs, int64_t cs, int64_t mc, int64_t kce,
                      int mr, float* dst) {
@@ -152,6 +154,7 @@ struct PackBf16Pairs {
   using In = uint16_t;
   using Packed = uint32_t;
   static constexpr int kPerStep = 2;
+  static float value(uint16_t v) { return bf16_to_f32(v); }
 
   static uint32_t pair(uint16_t lo, uint16_t hi) {
     return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
@@ -381,8 +384,28 @@ void gemm_rows_shared_b(const Problem& p, const GemmBlocking& bl, Kernel kernel,
   }
 }
 
-// Below this many multiply-adds a product stays on the calling thread.
-constexpr int64_t kParallelMacs = int64_t{96} * 96 * 96;
+// Below this many multiply-adds a product stays on the calling thread (about 10 us of work
+// on one AVX-512 core, where a thread hand-off starts to pay for itself).
+constexpr int64_t kParallelMacs = int64_t{1} << 20;
+// Up to this many multiply-adds, plain loops beat packing.
+constexpr int64_t kDirectMacs = 512;
+
+// Tiny products: direct loops through the strides, no packing.
+template <class Pack>
+void gemm_direct(const Problem& p) {
+  using In = typename Pack::In;
+  const In* A = static_cast<const In*>(p.A);
+  const In* B = static_cast<const In*>(p.B);
+  for (int64_t i = 0; i < p.M; ++i) {
+    float* c = p.C + i * p.ldc;
+    for (int64_t j = 0; j < p.N; ++j) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < p.K; ++k)
+        acc += Pack::value(A[i * p.a_rs + k * p.a_cs]) * Pack::value(B[k * p.b_rs + j * p.b_cs]);
+      c[j] = p.accumulate ? c[j] + acc : acc;
+    }
+  }
+}
 
 template <class Pack, class Kernel>
 void gemm_run(const Problem& p, const GemmBlocking& bl, Kernel kernel) {
@@ -392,8 +415,12 @@ void gemm_run(const Problem& p, const GemmBlocking& bl, Kernel kernel) {
       for (int64_t i = 0; i < p.M; ++i) std::fill(p.C + i * p.ldc, p.C + i * p.ldc + p.N, 0.0f);
     return;
   }
-  const int nt = tpu::num_threads();
   const int64_t macs = p.M * p.N * p.K;
+  if (macs <= kDirectMacs) {
+    gemm_direct<Pack>(p);
+    return;
+  }
+  const int nt = tpu::num_threads();
   if (nt <= 1 || macs < kParallelMacs) {
     gemm_range<Pack>(p, bl, kernel, 0, p.M, 0, p.N);
     return;
