@@ -1,5 +1,6 @@
 #include "graph/executor.h"
 
+#include "graph/region_vec.h"
 #include "tpucore/ops.h"
 
 namespace tpu::graph {
@@ -66,7 +67,10 @@ Executable::Executable(Graph g) : g_(std::move(g)) {
     release_[static_cast<size_t>(last[v])].push_back(static_cast<ValueId>(v));
   }
   if (on_cpu_)
-    for (const Region& r : g_.regions) programs_.push_back(prepare_region(g_, r));
+    for (const Region& r : g_.regions) {
+      programs_.push_back(prepare_region(g_, r));
+      vec_ok_.push_back(vec_region_supported(g_, r) ? 1 : 0);
+    }
 }
 
 void Executable::run(std::span<const Tensor> inputs, std::vector<Tensor>& outputs) const {
@@ -100,7 +104,8 @@ void Executable::run(std::span<const Tensor> inputs, std::vector<Tensor>& output
     if (st.region >= 0 && on_cpu_) {
       const Region& r = g_.regions[static_cast<size_t>(st.region)];
       for (ValueId o : r.outputs) vals[static_cast<size_t>(o)] = alloc(o);
-      run_region(g_, programs_[static_cast<size_t>(st.region)], vals);
+      if (vec_ok_[static_cast<size_t>(st.region)]) run_region_vec(g_, r, vals);
+      else run_region(g_, programs_[static_cast<size_t>(st.region)], vals);
     } else {
       auto run_one = [&](const Node& n) {
         ins.clear();

@@ -25,6 +25,7 @@ class Executable {
   std::vector<Step> steps_;
   std::vector<std::vector<ValueId>> release_;  // values dead after each step
   std::vector<RegionProgram> programs_;        // per region
+  std::vector<char> vec_ok_;                   // per region: the f32 vector interpreter applies
   std::vector<char> is_output_;                // per value
   bool on_cpu_ = true;
 };

@@ -1,0 +1,213 @@
+#include "graph/region_vec.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "ops/cpu/loops.h"
+#include "ops/cpu/vec_math.h"
+#include "tpucore/parallel.h"
+
+namespace tpu::graph {
+namespace {
+
+using ops::cpu::VecBinary;
+using ops::cpu::VecUnary;
+
+enum class VOp : uint8_t { bin, un, neg, abs, sqrt, rsqrt, recip, copy };
+struct VStep {
+  VOp kind = VOp::copy;
+  VecBinary bin = VecBinary::add;
+  VecUnary un = VecUnary::exp;
+  float alpha = 1.0f;
+};
+
+bool decode(const Node& n, VStep& s) {
+  const std::string& name = n.op->name;
+  auto bin = [&](VecBinary b) {
+    s.kind = VOp::bin;
+    s.bin = b;
+    if (const ops::AttrValue* a = n.attrs.find("alpha")) {
+      if (const auto* sc = std::get_if<Scalar>(a)) s.alpha = static_cast<float>(sc->to_double());
+      else return false;
+    }
+    return n.inputs.size() == 2;
+  };
+  auto un = [&](VecUnary u) {
+    s.kind = VOp::un;
+    s.un = u;
+    return n.inputs.size() == 1;
+  };
+  if (name == "add") return bin(VecBinary::add);
+  if (name == "sub") return bin(VecBinary::sub);
+  if (name == "mul") return bin(VecBinary::mul);
+  if (name == "div") return bin(VecBinary::div);
+  if (name == "maximum") return bin(VecBinary::maximum);
+  if (name == "minimum") return bin(VecBinary::minimum);
+  if (name == "exp") return un(VecUnary::exp);
+  if (name == "log") return un(VecUnary::log);
+  if (name == "tanh") return un(VecUnary::tanh);
+  if (name == "sigmoid") return un(VecUnary::sigmoid);
+  if (name == "silu") return un(VecUnary::silu);
+  if (name == "erf") return un(VecUnary::erf);
+  if (name == "relu") return un(VecUnary::relu);
+  if (name == "gelu") return un(n.attrs.get_bool("tanh_approx", false) ? VecUnary::gelu_tanh : VecUnary::gelu_erf);
+  if (n.inputs.size() != 1) return false;
+  if (name == "neg") s.kind = VOp::neg;
+  else if (name == "abs") s.kind = VOp::abs;
+  else if (name == "sqrt") s.kind = VOp::sqrt;
+  else if (name == "rsqrt") s.kind = VOp::rsqrt;
+  else if (name == "reciprocal") s.kind = VOp::recip;
+  else if (name == "contiguous") s.kind = VOp::copy;
+  else return false;
+  return true;
+}
+
+// Where a value's chunk comes from.
+struct Src {
+  int scratch = -1;          // per-thread chunk buffer index, or -1 (memory)
+  const Tensor* t = nullptr;  // memory: the tensor
+  int64_t size[kMaxDims], stride[kMaxDims];  // aligned to the domain rank
+  int64_t base = 0;
+};
+
+}  // namespace
+
+bool vec_region_supported(const Graph& g, const Region& r) {
+  if (r.kind != RegionKind::elementwise) return false;
+  for (int32_t ni : r.nodes) {
+    const Node& n = g.nodes[static_cast<size_t>(ni)];
+    VStep s;
+    if (!decode(n, s) || g.meta(n.outputs[0]).dtype != DType::f32 || g.meta(n.outputs[0]).shape != r.domain) return false;
+    for (ValueId in : n.inputs)
+      if (g.meta(in).dtype != DType::f32 || !g.meta(in).device.is_cpu()) return false;
+  }
+  return true;
+}
+
+void run_region_vec(const Graph& g, const Region& r, std::vector<Tensor>& vals) {
+  const auto& vm = ops::cpu::vec_math();
+  const Shape& D = r.domain;
+  const int dn = D.ndim();
+  const int64_t C = dn ? D[dn - 1] : 1;
+  const int64_t rows = C ? D.numel() / C : 0;
+  const int64_t pieces = (C + kVecChunk - 1) / kVecChunk;
+  if (rows == 0 || C == 0) return;
+
+  // Sources: region outputs and external inputs in memory, other values in scratch.
+  std::vector<VStep> steps;
+  std::vector<int32_t> slot(g.values.size(), -1);  // index into srcs
+  std::vector<Src> srcs;
+  std::vector<char> is_out(g.values.size(), 0);
+  for (ValueId o : r.outputs) is_out[static_cast<size_t>(o)] = 1;
+  int nscratch = 0;
+  auto mem_src = [&](ValueId v) {
+    Src s;
+    s.t = &vals[static_cast<size_t>(v)];
+    const Shape& sh = s.t->shape();
+    const Shape& st = s.t->strides();
+    const int lead = dn - sh.ndim();
+    for (int j = 0; j < dn; ++j) {
+      s.size[j] = j < lead ? 1 : sh[j - lead];
+      s.stride[j] = (j < lead || s.size[j] == 1) ? 0 : st[j - lead];
+    }
+    s.base = s.t->offset();
+    return s;
+  };
+  for (int32_t ni : r.nodes) {
+    const Node& n = g.nodes[static_cast<size_t>(ni)];
+    VStep s;
+    decode(n, s);
+    steps.push_back(s);
+    for (ValueId in : n.inputs)
+      if (slot[static_cast<size_t>(in)] < 0) {
+        slot[static_cast<size_t>(in)] = static_cast<int32_t>(srcs.size());
+        srcs.push_back(mem_src(in));
+      }
+    const ValueId o = n.outputs[0];
+    slot[static_cast<size_t>(o)] = static_cast<int32_t>(srcs.size());
+    if (is_out[static_cast<size_t>(o)]) {
+      srcs.push_back(mem_src(o));
+    } else {
+      Src sc;
+      sc.scratch = nscratch++;
+      srcs.push_back(sc);
+    }
+  }
+
+  const int64_t items = rows * pieces;
+  const int64_t grain = std::max<int64_t>(1, ops::cpu::kParallelGrain / std::min<int64_t>(C, kVecChunk));
+  parallel_for(0, items, grain, [&](int64_t ib, int64_t ie) {
+    std::vector<float> scratch(static_cast<size_t>((nscratch + 3) * kVecChunk));
+    float* tmp = scratch.data() + static_cast<size_t>(nscratch) * kVecChunk;  // 3 temporaries
+    std::vector<float*> ptr(srcs.size());
+    std::vector<char> scalar(srcs.size());
+    int64_t idx[kMaxDims];
+    for (int64_t it = ib; it < ie; ++it) {
+      const int64_t row = it / pieces, c0 = (it % pieces) * kVecChunk, len = std::min<int64_t>(kVecChunk, C - c0);
+      int64_t rest = row;
+      for (int j = dn - 2; j >= 0; --j) {
+        idx[j] = rest % D[j];
+        rest /= D[j];
+      }
+      int ntmp = 0;
+      // Pointers for memory sources (gathering strided rows into temporaries).
+      auto resolve = [&](size_t k) {
+        Src& s = srcs[k];
+        if (s.scratch >= 0) {
+          ptr[k] = scratch.data() + static_cast<size_t>(s.scratch) * kVecChunk;
+          scalar[k] = 0;
+          return;
+        }
+        int64_t off = s.base;
+        for (int j = 0; j < dn - 1; ++j) off += idx[j] * s.stride[j];
+        float* base = static_cast<float*>(s.t->storage()->data) + off;
+        const int64_t ls = dn ? s.stride[dn - 1] : 0;
+        if (dn == 0 || s.size[dn - 1] == 1) {
+          ptr[k] = base;
+          scalar[k] = 1;
+        } else if (ls == 1) {
+          ptr[k] = base + c0;
+          scalar[k] = 0;
+        } else {
+          float* t = tmp + static_cast<size_t>(ntmp++ % 3) * kVecChunk;
+          for (int64_t i = 0; i < len; ++i) t[i] = base[(c0 + i) * ls];
+          ptr[k] = t;
+          scalar[k] = 0;
+        }
+      };
+      for (size_t k = 0; k < srcs.size(); ++k) resolve(k);
+      for (size_t si = 0; si < steps.size(); ++si) {
+        const Node& n = g.nodes[static_cast<size_t>(r.nodes[si])];
+        const VStep& s = steps[si];
+        const size_t ok = static_cast<size_t>(slot[static_cast<size_t>(n.outputs[0])]);
+        float* out = ptr[ok];
+        auto vec_in = [&](ValueId v) -> const float* {  // a scalar operand expanded to a chunk
+          const size_t k = static_cast<size_t>(slot[static_cast<size_t>(v)]);
+          if (!scalar[k]) return ptr[k];
+          float* t = tmp + static_cast<size_t>(ntmp++ % 3) * kVecChunk;
+          std::fill(t, t + len, *ptr[k]);
+          return t;
+        };
+        if (s.kind == VOp::bin) {
+          const size_t ky = static_cast<size_t>(slot[static_cast<size_t>(n.inputs[1])]);
+          const float* x = vec_in(n.inputs[0]);
+          const bool ys = scalar[ky] != 0;
+          vm.get(s.bin)(out, x, ptr[ky], ys, s.alpha, len);
+        } else {
+          const float* x = vec_in(n.inputs[0]);
+          switch (s.kind) {
+            case VOp::un: vm.get(s.un)(out, x, len); break;
+            case VOp::neg: for (int64_t i = 0; i < len; ++i) out[i] = -x[i]; break;
+            case VOp::abs: for (int64_t i = 0; i < len; ++i) out[i] = std::fabs(x[i]); break;
+            case VOp::sqrt: for (int64_t i = 0; i < len; ++i) out[i] = std::sqrt(x[i]); break;
+            case VOp::rsqrt: for (int64_t i = 0; i < len; ++i) out[i] = 1.0f / std::sqrt(x[i]); break;
+            case VOp::recip: for (int64_t i = 0; i < len; ++i) out[i] = 1.0f / x[i]; break;
+            default: std::copy(x, x + len, out); break;
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace tpu::graph
