@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "ops/cpu/loops.h"
+#include "ops/cpu/vec_math.h"
 #include "ops/reduce_common.h"
 #include "ops/reduce_engine.h"
 #include "ops/registry.h"
@@ -93,21 +94,36 @@ struct LseR {
   };
   static Acc init() { return {}; }
   static void run(Acc& a, const T* p, int64_t n, int64_t st, int64_t) {
+    constexpr int L = 16;
+    float buf[kBlock];
+    const cpu::VecUnaryFn exp_fn = cpu::vec_math().get(cpu::VecUnary::exp);
     for (int64_t b = 0; b < n; b += kBlock) {
-      const int64_t e = std::min(n, b + kBlock);
-      float bm = -std::numeric_limits<float>::infinity();
+      const int64_t len = std::min(n - b, kBlock);
+      gather_block(buf, p + b * st, len, st);
+      float lane[L];
+      for (int j = 0; j < L; ++j) lane[j] = -std::numeric_limits<float>::infinity();
       bool nan = false;
-      for (int64_t i = b; i < e; ++i) {
-        const float v = to_f(p[i * st]);
-        nan |= v != v;
-        bm = v > bm ? v : bm;
-      }
+      for (int64_t i = 0; i < len; i += L)
+        for (int j = 0; j < L; ++j) {
+          const float v = i + j < len ? buf[i + j] : -std::numeric_limits<float>::infinity();
+          nan |= v != v;
+          lane[j] = v > lane[j] ? v : lane[j];
+        }
+      float bm = lane[0];
+      for (int j = 1; j < L; ++j) bm = lane[j] > bm ? lane[j] : bm;
       Acc blk;
       blk.nan = nan;
       blk.m = bm;
       if (std::isfinite(bm)) {
+        for (int64_t i = 0; i < len; ++i) buf[i] -= bm;
+        exp_fn(buf, buf, len);
         double s = 0;
-        for (int64_t i = b; i < e; ++i) s += std::exp(to_f(p[i * st]) - bm);
+        for (int j = 0; j < L; ++j) lane[j] = 0;
+        int64_t i = 0;
+        for (; i + L <= len; i += L)
+          for (int j = 0; j < L; ++j) lane[j] += buf[i + j];
+        for (int j = 0; j < L; ++j) s += lane[j];
+        for (; i < len; ++i) s += buf[i];
         blk.s = s;
       } else if (bm > 0) {
         blk.s = 1;  // +inf dominates

@@ -1,6 +1,6 @@
 // softmax and log_softmax over one dim. Each row (all indices but the softmax dim) is read
 // once into an f32 buffer (any input strides or float dtype), reduced there (max, then the
-// sum of exp(x - max)), and written once; rows are split over the thread pool. Integer and
+// sum of exp(x - max) with the vectorized exp of ops/cpu/vec_math.h), and written once; rows are split over the thread pool. Integer and
 // bool inputs promote to f32 (PyTorch's behaviour for these dtypes with an explicit float
 // result). A row of all -inf gives NaN, a NaN in a row gives a row of NaN, as in PyTorch.
 #include <cmath>
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "ops/cpu/loops.h"
-#include "ops/fast_exp.h"
+#include "ops/cpu/vec_math.h"
 #include "ops/meta_util.h"
 #include "ops/reduce_engine.h"
 #include "ops/registry.h"
@@ -33,9 +33,9 @@ void softmax_meta(const MetaArgs& a, MetaResult& m) {
   m.out() = {x.shape(), out, x.device()};
 }
 
-// Softmax (or log-softmax) of buf[0..k) in place.
+// Softmax (or log-softmax) of buf[0..k) in place; tmp holds k floats of scratch.
 template <bool kLog>
-void softmax_row(float* buf, int64_t k) {
+void softmax_row(float* buf, float* tmp, int64_t k, cpu::VecUnaryFn exp_fn) {
   constexpr int L = 16;
   float lane[L];
   for (int j = 0; j < L; ++j) lane[j] = -std::numeric_limits<float>::infinity();
@@ -46,30 +46,18 @@ void softmax_row(float* buf, int64_t k) {
   for (int j = 0; j < L; ++j) mx = lane[j] > mx ? lane[j] : mx;
   for (; i < k; ++i) mx = buf[i] > mx ? buf[i] : mx;
   // (NaN never wins a comparison; it reaches the output through exp(NaN - max).)
+  for (i = 0; i < k; ++i) buf[i] -= mx;
+  float* e = kLog ? tmp : buf;
+  exp_fn(e, buf, k);
   for (int j = 0; j < L; ++j) lane[j] = 0;
-  i = 0;
-  if constexpr (kLog) {
-    for (; i + L <= k; i += L)
-      for (int j = 0; j < L; ++j) lane[j] += fast_exp(buf[i + j] - mx);
-  } else {
-    for (; i + L <= k; i += L)
-      for (int j = 0; j < L; ++j) {
-        const float e = fast_exp(buf[i + j] - mx);
-        buf[i + j] = e;
-        lane[j] += e;
-      }
-  }
+  for (i = 0; i + L <= k; i += L)
+    for (int j = 0; j < L; ++j) lane[j] += e[i + j];
   double sum = 0;
   for (int j = 0; j < L; ++j) sum += lane[j];
-  for (; i < k; ++i) {
-    const float e = fast_exp(buf[i] - mx);
-    if constexpr (!kLog) buf[i] = e;
-    sum += e;
-  }
+  for (; i < k; ++i) sum += e[i];
   if constexpr (kLog) {
-    // (x - max) first: it is exact-ish, while max + log(sum) would round at max's scale.
     const float ls = static_cast<float>(std::log(sum));
-    for (i = 0; i < k; ++i) buf[i] = (buf[i] - mx) - ls;
+    for (i = 0; i < k; ++i) buf[i] -= ls;
   } else {
     const float inv = static_cast<float>(1.0 / sum);
     for (i = 0; i < k; ++i) buf[i] *= inv;
@@ -94,6 +82,7 @@ void softmax_cpu(const KernelArgs& a) {
     rows_out.add(x.shape()[i], out_strides[i]);
   }
   const int64_t nrows = x.numel() / k;
+  const cpu::VecUnaryFn exp_fn = cpu::vec_math().get(cpu::VecUnary::exp);
   dispatch_dtype(x.dtype(), [&](auto zx) {
     using T = decltype(zx);
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, f16>) {
@@ -101,7 +90,7 @@ void softmax_cpu(const KernelArgs& a) {
       T* dst = static_cast<T*>(out.raw_data());
       const int64_t grain = std::max<int64_t>(1, cpu::kParallelGrain / k);
       parallel_for(0, nrows, grain, [&](int64_t rb, int64_t re) {
-        std::vector<float> buf(static_cast<size_t>(k));
+        std::vector<float> buf(static_cast<size_t>(k)), tmp(kLog ? static_cast<size_t>(k) : 0);
         for (int64_t r = rb; r < re; ++r) {
           const T* p = src + rows_in.offset_of(r);
           T* q = dst + rows_out.offset_of(r);
@@ -110,7 +99,7 @@ void softmax_cpu(const KernelArgs& a) {
           } else {
             for (int64_t i = 0; i < k; ++i) buf[i] = to_f(p[i * in_st]);
           }
-          softmax_row<kLog>(buf.data(), k);
+          softmax_row<kLog>(buf.data(), tmp.data(), k, exp_fn);
           if (out_st == 1) {
             for (int64_t i = 0; i < k; ++i) q[i] = cpu::convert<T>(buf[i]);
           } else {
