@@ -1,6 +1,8 @@
 // Row selection by an index tensor: index_select(x, dim, index) and embedding(weight, indices).
 // Indices are checked against the indexed dim before any is used; rows are copied in
 // parallel (memcpy when a row is contiguous in the source).
+#include <cstring>
+
 #include "ops/index_common.h"
 #include "ops/meta_util.h"
 #include "ops/registry.h"
@@ -78,6 +80,25 @@ void index_select_cpu(const KernelArgs& a) {
   }
   const auto J = static_cast<int64_t>(idx.size());
   const int64_t sd = xst[d];
+  if (row == 1) {  // selecting along the last dim: one element per (outer, j)
+    std::vector<int64_t> joff(idx.size());
+    for (size_t j = 0; j < idx.size(); ++j) joff[j] = idx[j] * sd;
+    auto run = [&](auto zero) {
+      using E = decltype(zero);
+      E* o = reinterpret_cast<E*>(obase);
+      parallel_for(0, static_cast<int64_t>(xoff.size()), row_grain(J), [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) {
+          const char* src = xbase + xoff[static_cast<size_t>(r)];
+          E* dst = o + r * J;
+          for (int64_t j = 0; j < J; ++j) std::memcpy(dst + j, src + joff[static_cast<size_t>(j)], sizeof(E));
+        }
+      });
+    };
+    if (es == 1) run(uint8_t{});
+    else if (es == 2) run(uint16_t{});
+    else run(uint32_t{});
+    return;
+  }
   const int64_t row_bytes = row * static_cast<int64_t>(es);
   parallel_for(0, static_cast<int64_t>(xoff.size()) * J, row_grain(row), [&](int64_t b, int64_t e) {
     for (int64_t p = b; p < e; ++p) {
