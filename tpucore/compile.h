@@ -34,10 +34,10 @@ struct DynamicDim {
 };
 
 struct CompileOptions {
-  std::string name;                 // shown in stats and logs; default "fn<N>"
+  std::string name{};               // shown in stats and logs; default "fn<N>"
   bool fullgraph = false;           // a graph break is a tpu::Error
-  std::vector<int> static_args;     // number arguments that are part of the cache key
-  std::vector<DynamicDim> dynamic;  // dims compiled once per power-of-two bucket
+  std::vector<int> static_args{};   // number arguments that are part of the cache key
+  std::vector<DynamicDim> dynamic{};  // dims compiled once per power-of-two bucket
   int warn_after_recompiles = 8;    // warn (naming the changing input) past this many compiles
   bool optimize = true;             // simplify / fold / cse / dce
   bool fuse = true;                 // fusion into regions and buffer planning

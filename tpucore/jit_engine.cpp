@@ -24,7 +24,7 @@ class Engine {
     bool broke = false;
   };
   Traced trace(std::span<const ArgSlot> args, TraceCall tc, const std::vector<double>* numbers,
-               const std::vector<DynamicDim>& pad, std::vector<Tensor>* outs);
+               const std::vector<DynamicDim>& pad, std::vector<Tensor>* outs, bool probe = false);
   Entry* compile(std::span<const ArgSlot> args, TraceCall tc, const std::vector<int64_t>& sig, uint64_t hash,
                  std::vector<Tensor>& outs, bool& ran);
   void run_entry(const Entry& e, std::span<const ArgSlot> args, std::vector<Tensor>& outs) const;
@@ -102,7 +102,7 @@ void Engine::note_compile(const std::string& reason, double ms, bool from_disk) 
 }
 
 Engine::Traced Engine::trace(std::span<const ArgSlot> args, TraceCall tc, const std::vector<double>* numbers,
-                             const std::vector<DynamicDim>& pad, std::vector<Tensor>* outs) {
+                             const std::vector<DynamicDim>& pad, std::vector<Tensor>* outs, bool probe) {
   Traced r;
   r.tracer = std::make_unique<graph::Tracer>();
   graph::Tracer& tr = *r.tracer;
@@ -133,8 +133,9 @@ Engine::Traced Engine::trace(std::span<const ArgSlot> args, TraceCall tc, const 
       slots[i].number = (*numbers)[i];
     }
   }
-  tr.set_break_handler([this, &r](graph::Tracer& t, const Tensor& p, const std::string& why) {
+  tr.set_break_handler([this, &r, probe](graph::Tracer& t, const Tensor& p, const std::string& why) {
     r.broke = true;
+    if (probe) fail("compile: probe trace stopped at a graph break");
     return on_break(t, p, why);
   });
   std::vector<Tensor> result;
@@ -308,7 +309,13 @@ Entry* Engine::compile(std::span<const ArgSlot> args, TraceCall tc, const std::v
     alt.push_back(v);
   }
   if (any_number) {
-    Traced b = trace(args, tc, &alt, pad, nullptr);
+    // The probe trace may fail (the other value is invalid for fn) or break: then static.
+    Traced b;
+    try {
+      b = trace(args, tc, &alt, pad, nullptr, true);
+    } catch (const Error&) {
+      b.broke = true;
+    }
     std::vector<std::pair<int, DType>> bound;
     std::vector<int> must_static = b.broke ? std::vector<int>{} : bind_scalar_args(g, b.tracer->graph(), args, alt, bound);
     if (b.broke)
