@@ -1,7 +1,11 @@
 #include "graph/region_vec.h"
 
+#include <emmintrin.h>
+#include <xmmintrin.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "ops/cpu/loops.h"
 #include "ops/cpu/vec_math.h"
@@ -62,9 +66,25 @@ bool decode(const Node& n, VStep& s) {
   return true;
 }
 
+// Copies a finished chunk to its output with non-temporal stores (no read-for-ownership of
+// output lines that are written whole), falling back to memcpy when misaligned.
+void stream_out(float* dst, const float* src, int64_t n) {
+  int64_t i = 0;
+  while (i < n && (reinterpret_cast<uintptr_t>(dst + i) & 15u)) {
+    dst[i] = src[i];
+    ++i;
+  }
+  for (; i + 4 <= n; i += 4) _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
+  for (; i < n; ++i) dst[i] = src[i];
+}
+
+// Outputs at least this big are streamed out.
+constexpr int64_t kStreamBytes = 4 << 20;
+
 // Where a value's chunk comes from.
 struct Src {
   int scratch = -1;          // per-thread chunk buffer index, or -1 (memory)
+  int stream = -1;           // a region output computed in a chunk buffer, then streamed out
   const Tensor* t = nullptr;  // memory: the tensor
   int64_t size[kMaxDims], stride[kMaxDims];  // aligned to the domain rank
   int64_t base = 0;
@@ -126,7 +146,10 @@ void run_region_vec(const Graph& g, const Region& r, std::vector<Tensor>& vals) 
     const ValueId o = n.outputs[0];
     slot[static_cast<size_t>(o)] = static_cast<int32_t>(srcs.size());
     if (is_out[static_cast<size_t>(o)]) {
-      srcs.push_back(mem_src(o));
+      Src m = mem_src(o);
+      const bool contiguous_rows = dn == 0 || m.stride[dn - 1] == 1;
+      if (contiguous_rows && m.t->nbytes() >= static_cast<size_t>(kStreamBytes)) m.stream = nscratch++;
+      srcs.push_back(m);
     } else {
       Src sc;
       sc.scratch = nscratch++;
@@ -153,6 +176,11 @@ void run_region_vec(const Graph& g, const Region& r, std::vector<Tensor>& vals) 
       // Pointers for memory sources (gathering strided rows into temporaries).
       auto resolve = [&](size_t k) {
         Src& s = srcs[k];
+        if (s.stream >= 0) {
+          ptr[k] = scratch.data() + static_cast<size_t>(s.stream) * kVecChunk;
+          scalar[k] = 0;
+          return;
+        }
         if (s.scratch >= 0) {
           ptr[k] = scratch.data() + static_cast<size_t>(s.scratch) * kVecChunk;
           scalar[k] = 0;
@@ -206,7 +234,15 @@ void run_region_vec(const Graph& g, const Region& r, std::vector<Tensor>& vals) 
           }
         }
       }
+      for (size_t k = 0; k < srcs.size(); ++k) {
+        const Src& s = srcs[k];
+        if (s.stream < 0) continue;
+        int64_t off = s.base + c0;
+        for (int j = 0; j < dn - 1; ++j) off += idx[j] * s.stride[j];
+        stream_out(static_cast<float*>(s.t->storage()->data) + off, ptr[k], len);
+      }
     }
+    _mm_sfence();
   });
 }
 

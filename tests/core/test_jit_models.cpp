@@ -160,5 +160,16 @@ TEST_CASE("jit: random and creation ops inside the function", "[jit]") {
   CHECK_FALSE(allclose(a, b));
 }
 
+TEST_CASE("jit: graphs on the sim device run node by node through the front half", "[jit]") {
+  const Device sim("sim:0");
+  Tensor w = rnd({8}, 80).to(sim);
+  auto fn = [&](const Tensor& a) { return softmax(gelu(a * w + 1.0), -1); };
+  auto f = compile(fn, verified("on_sim"));
+  Tensor x = rnd({4, 8}, 81).to(sim);
+  Tensor y = f(x);
+  CHECK(y.device() == sim);
+  expect_close(y.to(Device()), fn(x).to(Device()));
+}
+
 }  // namespace
 }  // namespace tpu
