@@ -160,6 +160,32 @@ TEST_CASE("jit: random and creation ops inside the function", "[jit]") {
   CHECK_FALSE(allclose(a, b));
 }
 
+TEST_CASE("jit: fused regions over many tiles, tails, broadcasts and strided inputs", "[jit]") {
+  auto ln = [](const Tensor& x, const Tensor& w) {
+    Tensor xc = x - mean(x, {-1}, true);
+    return xc * rsqrt(mean(xc * xc, {-1}, true) + 1e-5) * w;
+  };
+  Tensor x = rnd({300, 64}, 90), w = rnd({64}, 91);
+  auto f1 = compile(ln, verified("tiles_rowwise"));
+  expect_close(f1(x, w), ln(x, w), 1e-4, 1e-5);
+  Tensor a = rnd({700, 48}, 92), b = rnd({48, 100}, 93), bias = rnd({100}, 94);
+  auto mm = [](const Tensor& a, const Tensor& b, const Tensor& c) { return silu(matmul(a, b) + c) * 2.0; };
+  auto f2 = compile(mm, verified("tiles_matmul"));
+  expect_close(f2(a, b, bias), mm(a, b, bias), 1e-4, 1e-4);
+  // bf16 chain: the tile-kernel path for elementwise regions.
+  auto ew = [](const Tensor& x, const Tensor& y) { return (x * y + x).to(DType::f32) * 0.5; };
+  Tensor xb = rnd({200, 300}, 95).to(DType::bf16), yb = rnd({200, 1}, 96).to(DType::bf16);
+  auto f3 = compile(ew, verified("tiles_bf16"));
+  expect_close(f3(xb, yb), ew(xb, yb), 1e-2, 1e-2);
+  // f32 vector path: per-row scalars, a transposed (gathered) input, a 0-d region.
+  auto vec = [](const Tensor& x, const Tensor& r, const Tensor& t) { return exp(x * r - t) + 1.0; };
+  Tensor xr = rnd({37, 5000}, 97), rr = rnd({37, 1}, 98), tt = rnd({5000, 37}, 99).t();
+  auto f4 = compile(vec, verified("vec_paths"));
+  expect_close(f4(xr, rr, tt), vec(xr, rr, tt), 1e-5, 1e-5);
+  Tensor s0 = rnd({}, 100), s1 = rnd({}, 101);
+  expect_close(f4(s0, s1, s1), vec(s0, s1, s1), 1e-5, 1e-5);
+}
+
 TEST_CASE("jit: graphs on the sim device run node by node through the front half", "[jit]") {
   const Device sim("sim:0");
   Tensor w = rnd({8}, 80).to(sim);
