@@ -101,7 +101,9 @@ A accumulate(A acc, A v) {
 }
 
 // Adds src into acc (a contiguous tensor of x's shape and dtype A) at the index positions.
-// Serial: several index entries may hit the same element.
+// Several index entries may hit the same element, so the adds along `d` stay on one thread;
+// when d != 0, positions with different leading coordinates write different rows and run in
+// parallel over that leading dim.
 template <class A>
 void scatter_add_into(const Tensor& acc, const Tensor& index, const Tensor& src, int d) {
   Shape ast = contiguous_strides(acc.shape());
@@ -110,16 +112,30 @@ void scatter_add_into(const Tensor& acc, const Tensor& index, const Tensor& src,
   if (acc.dim()) ast[d] = 0;
   std::array<char*, 3> base{cpu::byte_ptr(acc), cpu::byte_ptr(index), cpu::byte_ptr(src)};
   std::array<Shape, 3> st{ast, indexing::byte_strides(index), indexing::byte_strides(src)};
-  cpu::for_each_run<3>(
-      index.shape(), base, st,
-      [sd](std::array<char*, 3> p, std::array<int64_t, 3> s, int64_t n) {
-        for (int64_t i = 0; i < n; ++i) {
-          const int32_t v = load<int32_t>(p[1] + i * s[1]);
-          A* o = reinterpret_cast<A*>(p[0] + i * s[0] + v * sd);
-          *o = accumulate<A>(*o, *reinterpret_cast<const A*>(p[2] + i * s[2]));
-        }
-      },
-      std::numeric_limits<int64_t>::max());
+  auto add = [sd](std::array<char*, 3> p, std::array<int64_t, 3> s, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t v = load<int32_t>(p[1] + i * s[1]);
+      A* o = reinterpret_cast<A*>(p[0] + i * s[0] + v * sd);
+      *o = accumulate<A>(*o, *reinterpret_cast<const A*>(p[2] + i * s[2]));
+    }
+  };
+  constexpr int64_t kSerial = std::numeric_limits<int64_t>::max();
+  const int64_t n0 = index.dim() ? index.shape()[0] : 1;
+  if (d == 0 || index.dim() < 2 || index.numel() < 2 * cpu::kParallelGrain || n0 < 2) {
+    cpu::for_each_run<3>(index.shape(), base, st, add, kSerial);
+    return;
+  }
+  Shape sub = index.shape();
+  sub.erase(0);
+  std::array<Shape, 3> sub_st = st;
+  for (auto& x : sub_st) x.erase(0);
+  parallel_for(0, n0, std::max<int64_t>(1, cpu::kParallelGrain / sub.numel()), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      std::array<char*, 3> bi;
+      for (int k = 0; k < 3; ++k) bi[static_cast<size_t>(k)] = base[static_cast<size_t>(k)] + i * st[static_cast<size_t>(k)][0];
+      cpu::for_each_run<3>(sub, bi, sub_st, add, kSerial);
+    }
+  });
 }
 
 void scatter_add_cpu(const KernelArgs& a) {
