@@ -1,13 +1,17 @@
 // The Driver interface: one per backend (cpu, sim, out-of-tree chips). Enumerates devices,
-// allocates device memory, copies, and synchronizes. Program loading and streams are added
-// by the backends that run programs (see device/README or DESIGN.md).
+// allocates device memory, copies, streams and events, loads and runs programs, synchronizes.
+// Copies without an explicit stream go to the calling thread's current stream of the device
+// (device/stream.h); a driver that runs everything synchronously (cpu) keeps the default
+// stream/event methods, which are trivially correct for it.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
 
+#include "device/stream.h"
 #include "tpucore/device.h"
 #include "tpucore/storage.h"
 
@@ -18,6 +22,25 @@ struct DeviceProperties {
   size_t memory_bytes = 0;    // total device memory
   int compute_units = 0;      // host threads, or MXUs
   std::string description;
+  double clock_ghz = 0;       // 0 when not meaningful
+  double peak_flops = 0;      // bf16 peak of one device, 0 when unknown
+};
+
+using EventHandle = uint64_t;    // driver-defined, never 0
+using ProgramHandle = uint64_t;  // driver-defined, never 0
+
+struct ProgramOptions {
+  bool timing_only = false;  // skip the arithmetic; same cycle counts
+  bool trace = false;
+};
+
+// Filled by the driver when an enqueued program has finished (read it after synchronizing).
+struct ProgramStats {
+  bool done = false;
+  double cycles = 0, seconds = 0;  // simulated
+  uint64_t instructions = 0;
+  double mxu_flops = 0, mfu = 0;
+  uint64_t hbm_bytes_read = 0, hbm_bytes_written = 0;
 };
 
 class Driver {
@@ -39,6 +62,32 @@ class Driver {
 
   // Waits until all queued work on the device has finished.
   virtual void synchronize(int index) = 0;
+
+  // Streams (kDefaultStream exists on every device). Defaults: distinct ids, all synchronous.
+  virtual StreamId create_stream(int index);
+  virtual void synchronize_stream(int index, StreamId s) { synchronize(index); }
+  virtual bool query_stream(int index, StreamId s) { return true; }
+
+  // Events. record: reached when the work queued on `s` so far is done. wait: stream `s` of
+  // device `index` waits for an event of this driver recorded on device `event_index`.
+  // event_time: seconds (simulated time on simulators, host steady clock otherwise) at which the
+  // event was reached; NaN when not recorded or not reached yet. Defaults: host-time events.
+  virtual EventHandle create_event(int index);
+  virtual void destroy_event(int index, EventHandle e);
+  virtual void record_event(int index, StreamId s, EventHandle e);
+  virtual void wait_event(int index, StreamId s, int event_index, EventHandle e) {}
+  virtual void synchronize_event(int index, EventHandle e) {}
+  virtual bool query_event(int index, EventHandle e) { return true; }
+  virtual double event_time(int index, EventHandle e);
+
+  // Programs for the chip, in the simulator's text (assembly) or JSON form. Default: a
+  // tpu::Error saying the device does not run programs.
+  virtual bool runs_programs() const { return false; }
+  virtual ProgramHandle load_program(int index, std::string_view program);
+  virtual void unload_program(int index, ProgramHandle p) {}
+  // Asynchronous on stream `s`; `stats` (optional) is filled when the program finished.
+  virtual void enqueue_program(int index, StreamId s, ProgramHandle p, const ProgramOptions& opt,
+                               std::shared_ptr<ProgramStats> stats = nullptr);
 };
 
 // The driver for a device type; a tpu::Error saying how to provide one when none is present.

@@ -22,7 +22,36 @@ Counts& counts() {
 }
 }  // namespace
 
+// A strided view of a device tensor, brought to the host: the bytes the view spans are copied
+// as they are and the view is rebuilt over them on the host. (Making it contiguous on the device
+// would need a device kernel; through the fallback that would come back here.)
+static Tensor strided_device_view_to_host(const Tensor& t) {
+  const TensorImpl& im = t.impl();
+  int64_t lo = im.offset, hi = im.offset;
+  for (int d = 0; d < im.shape.ndim(); ++d) {
+    const int64_t ext = im.strides[d] * (im.shape[d] - 1);
+    (ext < 0 ? lo : hi) += ext;
+  }
+  const size_t es = t.element_size();
+  const size_t span = static_cast<size_t>(hi - lo + 1) * es;
+  Tensor flat = empty_tensor(Shape{hi - lo + 1}, im.dtype, Device());
+  device::driver_for(im.device).copy_to_host(*im.storage, static_cast<size_t>(lo) * es, flat.storage()->data, span);
+  auto v = std::make_shared<TensorImpl>(im);
+  v->storage = flat.storage();
+  v->device = Device();
+  v->offset = im.offset - lo;
+  v->autograd = nullptr;
+  v->trace = nullptr;
+  v->requires_grad = false;
+  return Tensor(std::move(v)).contiguous();
+}
+
 Tensor copy_to_device(const Tensor& t, Device to) {
+  if (t.numel() == 0) return empty_tensor(t.shape(), t.dtype(), to);
+  if (!t.is_contiguous() && !t.device().is_cpu()) {
+    Tensor host = strided_device_view_to_host(t);
+    return to.is_cpu() ? host : copy_to_device(host, to);
+  }
   Tensor src = t.contiguous();
   Tensor dst = empty_tensor(src.shape(), src.dtype(), to);
   const size_t n = src.nbytes();

@@ -1,8 +1,10 @@
 // Runs the OpInfo table on every device and checks that the table covers the registry.
 #include <set>
 
+#include "device/driver.h"
 #include "ops/registry.h"
 #include "opinfo.h"
+#include "tpucore/devices.h"
 
 namespace tpu::testing {
 
@@ -15,8 +17,17 @@ std::vector<std::pair<std::string, std::string>>& opinfo_covered_elsewhere() {
   return t;
 }
 
-// The devices every op is tested on; later issues add sim eager, sim compiled, plugin.
-static std::vector<Device> devices_under_test() { return {Device("cpu")}; }
+// The devices every op is tested on: the host, the in-tree simulator, and the simulator built
+// as a driver plugin and loaded as `tpu` (the ABI path). Ops without a device kernel of their
+// own run through the host fallback. Later issues add sim compiled.
+static std::vector<Device> devices_under_test() {
+  static const bool plugin = [] {
+    if (!device::has_driver(DeviceType::tpu)) load_driver_plugin("libtpusim_plugin.so", DeviceType::tpu);
+    return true;
+  }();
+  (void)plugin;
+  return {Device("cpu"), Device("sim:0"), Device("tpu:0")};
+}
 
 static void run_entry(const OpInfo& info, Device dev) {
   for (DType dt : info.dtypes) {

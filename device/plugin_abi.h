@@ -1,0 +1,206 @@
+/* tpucore driver plugin ABI: the one public header an out-of-tree driver (a real chip, or the
+ * simulator built as a plugin) implements. Plain C, so a plugin can be built with any compiler.
+ *
+ * A plugin is a shared library exporting one symbol, TPU_PLUGIN_ENTRY_POINT, returning a table
+ * of functions (TpuPluginApi). tpucore loads it with dlopen, from TPU_DRIVER_PATH or from
+ * tpu::load_driver_plugin(path, device_type), checks abi_version, and wraps it as a Driver.
+ *
+ * Growing the ABI (as PJRT does): every argument struct and the table start with struct_size,
+ * set by the caller to sizeof the struct it was compiled with (the TPU_STRUCT_SIZE of its last
+ * field). New fields and functions are only ever appended; a callee reads a field only when
+ * struct_size covers it and uses the documented default otherwise. An incompatible change bumps
+ * TPU_PLUGIN_ABI_VERSION, and tpucore refuses plugins built for another version.
+ *
+ * Conventions:
+ *  - Every function returns TPU_STATUS_OK or an error status; on error, last_error() returns a
+ *    message (valid on the calling thread until its next call into the plugin).
+ *  - Devices are numbered 0 .. count-1. Device memory is named by 64-bit addresses the plugin
+ *    hands out (never 0); the host never dereferences them.
+ *  - Streams: stream 0 is each device's default stream; stream_create adds more. Work on one
+ *    stream runs in order; work on different streams may overlap. Events are plugin-wide
+ *    handles (never 0): recorded on a stream of one device, waited on by a stream of any device
+ *    of the same plugin, or by the host.
+ *  - Copies: host->device returns once host_src may be reused; device->host returns once
+ *    host_dst holds the data (after the earlier work of its stream); device->device is
+ *    asynchronous.
+ *  - Programs are given in the simulator's assembly text or its JSON form
+ *    ({"format":"tpusim-program",...}); a real chip's plugin compiles them for its hardware.
+ *  - Functions may be called from several host threads at once.
+ */
+#ifndef TPUCORE_DEVICE_PLUGIN_ABI_H_
+#define TPUCORE_DEVICE_PLUGIN_ABI_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TPU_PLUGIN_ABI_VERSION 1
+#define TPU_PLUGIN_ENTRY_POINT "tpu_plugin_get_api"
+#define TPU_STRUCT_SIZE(type, last_field) (offsetof(type, last_field) + sizeof(((type*)0)->last_field))
+
+#if defined(_WIN32)
+#define TPU_PLUGIN_EXPORT __declspec(dllexport)
+#else
+#define TPU_PLUGIN_EXPORT __attribute__((visibility("default")))
+#endif
+
+typedef enum TpuStatus {
+  TPU_STATUS_OK = 0,
+  TPU_STATUS_ERROR = 1,             /* any other failure */
+  TPU_STATUS_INVALID_ARGUMENT = 2,  /* bad device index, handle, range, program text */
+  TPU_STATUS_OUT_OF_MEMORY = 3,     /* the message names the bytes asked for and free */
+  TPU_STATUS_UNIMPLEMENTED = 4
+} TpuStatus;
+
+typedef struct TpuDeviceCountArgs {
+  size_t struct_size;
+  int32_t count; /* out */
+} TpuDeviceCountArgs;
+
+typedef struct TpuDevicePropertiesArgs {
+  size_t struct_size;
+  int32_t device;
+  char name[64];          /* out, NUL-terminated: the chip's name ("v5e") */
+  char description[256];  /* out, NUL-terminated */
+  uint64_t memory_bytes;  /* out */
+  int32_t compute_units;  /* out: MXUs or cores */
+  double clock_ghz;       /* out, 0 if unknown */
+  double peak_flops;      /* out: bf16 FLOP/s of one device, 0 if unknown */
+} TpuDevicePropertiesArgs;
+
+/* memory_alloc: in bytes, out address. memory_free: in address (stream-ordered: the memory is
+ * reused only after the work queued before the free). memory_info: out free/total bytes. */
+typedef struct TpuMemoryArgs {
+  size_t struct_size;
+  int32_t device;
+  uint64_t bytes;
+  uint64_t address;
+  uint64_t free_bytes;
+  uint64_t total_bytes;
+} TpuMemoryArgs;
+
+typedef enum TpuCopyKind {
+  TPU_COPY_HOST_TO_DEVICE = 0,
+  TPU_COPY_DEVICE_TO_HOST = 1,
+  TPU_COPY_DEVICE_TO_DEVICE = 2
+} TpuCopyKind;
+
+typedef struct TpuCopyArgs {
+  size_t struct_size;
+  int32_t device;
+  int32_t kind; /* TpuCopyKind */
+  uint64_t stream;
+  uint64_t dst_address; /* device destination (H2D, D2D) */
+  uint64_t src_address; /* device source (D2H, D2D) */
+  void* host_dst;       /* D2H */
+  const void* host_src; /* H2D */
+  uint64_t bytes;
+} TpuCopyArgs;
+
+/* stream_create: out stream. stream_synchronize: host waits for the stream's work and gets the
+ * errors of its earlier asynchronous work. stream_query: out done (1 when all work finished). */
+typedef struct TpuStreamArgs {
+  size_t struct_size;
+  int32_t device;
+  uint64_t stream;
+  int32_t done;
+} TpuStreamArgs;
+
+/* event_create: out event. event_record: on (device, stream). event_wait: (device, stream)
+ * waits for event (recorded on any device of this plugin; never recorded = no wait).
+ * event_synchronize: host waits. event_query: out done. event_time: out time_seconds at which
+ * the event was reached (the plugin's clock; simulated time on a simulator), NaN if not yet. */
+typedef struct TpuEventArgs {
+  size_t struct_size;
+  int32_t device;
+  uint64_t stream;
+  uint64_t event;
+  int32_t done;
+  double time_seconds;
+} TpuEventArgs;
+
+typedef enum TpuProgramFormat { TPU_PROGRAM_AUTO = 0, TPU_PROGRAM_TEXT = 1, TPU_PROGRAM_JSON = 2 } TpuProgramFormat;
+
+/* program_load: in program text, out program handle. program_unload: in program handle. */
+typedef struct TpuProgramLoadArgs {
+  size_t struct_size;
+  int32_t device;
+  int32_t format; /* TpuProgramFormat */
+  const char* program;
+  size_t program_size;
+  uint64_t program_handle;
+} TpuProgramLoadArgs;
+
+/* Filled by the plugin when a run completes; keep it alive until then. `done` is written last,
+ * with release semantics (read it with an acquire load, or after synchronizing the stream). */
+typedef struct TpuProgramStats {
+  size_t struct_size;
+  int32_t done;
+  double cycles;
+  double seconds;
+  uint64_t instructions;
+  double mxu_flops;
+  double mfu;
+  uint64_t hbm_bytes_read;
+  uint64_t hbm_bytes_written;
+} TpuProgramStats;
+
+typedef struct TpuProgramRunArgs {
+  size_t struct_size;
+  int32_t device;
+  uint64_t stream;
+  uint64_t program_handle;
+  int32_t timing_only;    /* 1: skip the arithmetic (same timing) */
+  TpuProgramStats* stats; /* optional */
+} TpuProgramRunArgs;
+
+typedef struct TpuSynchronizeArgs {
+  size_t struct_size;
+  int32_t device;
+} TpuSynchronizeArgs;
+
+typedef struct TpuPluginApi {
+  size_t struct_size;
+  uint32_t abi_version;    /* TPU_PLUGIN_ABI_VERSION the plugin was built with */
+  const char* plugin_name; /* e.g. "tpusim" */
+  const char* (*last_error)(void);
+
+  TpuStatus (*device_count)(TpuDeviceCountArgs* args);
+  TpuStatus (*device_properties)(TpuDevicePropertiesArgs* args);
+
+  TpuStatus (*memory_alloc)(TpuMemoryArgs* args);
+  TpuStatus (*memory_free)(TpuMemoryArgs* args);
+  TpuStatus (*memory_info)(TpuMemoryArgs* args);
+
+  TpuStatus (*copy)(TpuCopyArgs* args);
+
+  TpuStatus (*stream_create)(TpuStreamArgs* args);
+  TpuStatus (*stream_synchronize)(TpuStreamArgs* args);
+  TpuStatus (*stream_query)(TpuStreamArgs* args);
+
+  TpuStatus (*event_create)(TpuEventArgs* args);
+  TpuStatus (*event_destroy)(TpuEventArgs* args);
+  TpuStatus (*event_record)(TpuEventArgs* args);
+  TpuStatus (*event_wait)(TpuEventArgs* args);
+  TpuStatus (*event_synchronize)(TpuEventArgs* args);
+  TpuStatus (*event_query)(TpuEventArgs* args);
+  TpuStatus (*event_time)(TpuEventArgs* args);
+
+  TpuStatus (*program_load)(TpuProgramLoadArgs* args);
+  TpuStatus (*program_unload)(TpuProgramLoadArgs* args);
+  TpuStatus (*program_run)(TpuProgramRunArgs* args);
+
+  TpuStatus (*synchronize)(TpuSynchronizeArgs* args); /* the whole device */
+} TpuPluginApi;
+
+/* The entry point every plugin exports under the name TPU_PLUGIN_ENTRY_POINT. */
+typedef const TpuPluginApi* (*TpuPluginGetApiFn)(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TPUCORE_DEVICE_PLUGIN_ABI_H_ */
