@@ -146,7 +146,7 @@ void run_reduce(const Tensor& x, const std::vector<int>& dims, Emit&& emit) {
     const DimGroup& K = P.kept;
     if (K.n >= 1 && K.stride[K.n - 1] == 1 && K.size[K.n - 1] >= 16 && P.red.n >= 1 &&
         P.red.stride[P.red.n - 1] != 1) {
-      constexpr int64_t J = 64;
+      constexpr int64_t J = 256;  // kept outputs per task: 1 KiB of f32 per row visited
       const int64_t kin = K.size[K.n - 1];
       const int64_t blocks = (kin + J - 1) / J;
       const int64_t tasks = (P.n_out / kin) * blocks;

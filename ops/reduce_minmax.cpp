@@ -8,6 +8,7 @@
 #include "ops/cpu/loops.h"
 #include "ops/reduce_common.h"
 #include "ops/reduce_engine.h"
+#include "ops/reduce_vec.h"
 #include "ops/registry.h"
 #include "tpucore/ops.h"
 
@@ -25,15 +26,13 @@ inline C<T> load(T v) {
   else return static_cast<C<T>>(v);
 }
 
-// True when v should replace the current best (NaN wins and then stays).
+// True when v should replace the current best (NaN wins and then stays). Branch-free so
+// that lane loops vectorize.
 template <bool kMax, class V>
 inline bool better(V v, V best) {
-  if constexpr (std::is_floating_point_v<V>) {
-    if (best != best) return false;
-    if (v != v) return true;
-  }
-  if constexpr (kMax) return v > best;
-  else return v < best;
+  const bool cmp = kMax ? v > best : v < best;
+  if constexpr (std::is_floating_point_v<V>) return cmp | ((v != v) & (best == best));
+  else return cmp;
 }
 
 template <class T, bool kMax>
@@ -49,10 +48,15 @@ struct ExtremumR {
   }
   static void step(Acc& a, T x) {
     const V v = load(x);
-    if constexpr (std::is_floating_point_v<V>) a = (better<kMax>(v, a) || v != v) ? v : a;
-    else a = better<kMax>(v, a) ? v : a;
+    a = better<kMax>(v, a) ? v : a;
   }
   static void run(Acc& a, const T* p, int64_t n, int64_t s, int64_t) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (s == 1) {
+        a = reduce::extremum_f32<kMax>(p, n, a);
+        return;
+      }
+    }
     if (s == 1) {
       constexpr int L = 16;
       Acc lane[L];
@@ -81,6 +85,34 @@ struct ArgR {
   };
   static Acc init() { return {}; }
   static void run(Acc& a, const T* p, int64_t n, int64_t s, int64_t i0) {
+    constexpr int L = 16;
+    if (s == 1 && n >= 4 * L && n < (int64_t{1} << 31)) {
+      // Lane j tracks the best of positions j, j + L, ...; lanes merge preferring the
+      // lower index among equal (or NaN) values, so the first occurrence wins.
+      V lb[L];
+      int32_t li[L];
+      for (int j = 0; j < L; ++j) lb[j] = load(p[j]), li[j] = j;
+      int64_t i = L;
+      for (; i + L <= n; i += L)
+        for (int j = 0; j < L; ++j) {
+          const V v = load(p[i + j]);
+          const bool t = better<kMax>(v, lb[j]);
+          lb[j] = t ? v : lb[j];
+          li[j] = t ? static_cast<int32_t>(i + j) : li[j];
+        }
+      Acc r{lb[0], li[0]};
+      for (int j = 1; j < L; ++j) {
+        const bool same = lb[j] == r.best || (lb[j] != lb[j] && r.best != r.best);
+        if (better<kMax>(lb[j], r.best) || (same && li[j] < r.idx)) r = {lb[j], li[j]};
+      }
+      for (; i < n; ++i) {
+        const V v = load(p[i]);
+        if (better<kMax>(v, r.best)) r = {v, i};
+      }
+      r.idx += i0;
+      merge(a, r);
+      return;
+    }
     int64_t i = 0;
     if (a.idx < 0 && n > 0) {
       a.best = load(p[0]);

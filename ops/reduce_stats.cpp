@@ -10,6 +10,7 @@
 #include "ops/cpu/vec_math.h"
 #include "ops/reduce_common.h"
 #include "ops/reduce_engine.h"
+#include "ops/reduce_vec.h"
 #include "ops/registry.h"
 #include "tpucore/ops.h"
 
@@ -60,13 +61,15 @@ struct VarR {
       blk.mean = static_cast<double>(sum) / blk.n;
       const float mu = static_cast<float>(blk.mean);
       for (int j = 0; j < L; ++j) lane[j] = 0;
-      for (int64_t i = 0; i < len; i += L)
+      int64_t i = 0;
+      for (; i + L <= len; i += L)
         for (int j = 0; j < L; ++j) {
-          const float d = i + j < len ? buf[i + j] - mu : 0.0f;
+          const float d = buf[i + j] - mu;
           lane[j] += d * d;
         }
       double m2 = 0;
       for (int j = 0; j < L; ++j) m2 += lane[j];
+      for (; i < len; ++i) m2 += static_cast<double>(buf[i] - mu) * (buf[i] - mu);
       blk.m2 = m2;
       merge(a, blk);
     }
@@ -101,16 +104,8 @@ struct LseR {
       const int64_t len = std::min(n - b, kBlock);
       gather_block(buf, p + b * st, len, st);
       float lane[L];
-      for (int j = 0; j < L; ++j) lane[j] = -std::numeric_limits<float>::infinity();
-      bool nan = false;
-      for (int64_t i = 0; i < len; i += L)
-        for (int j = 0; j < L; ++j) {
-          const float v = i + j < len ? buf[i + j] : -std::numeric_limits<float>::infinity();
-          nan |= v != v;
-          lane[j] = v > lane[j] ? v : lane[j];
-        }
-      float bm = lane[0];
-      for (int j = 1; j < L; ++j) bm = lane[j] > bm ? lane[j] : bm;
+      const float bm = reduce::extremum_f32<true>(buf, len, -std::numeric_limits<float>::infinity());
+      const bool nan = bm != bm;
       Acc blk;
       blk.nan = nan;
       blk.m = bm;

@@ -11,6 +11,7 @@
 #include "ops/cpu/vec_math.h"
 #include "ops/meta_util.h"
 #include "ops/reduce_engine.h"
+#include "ops/reduce_vec.h"
 #include "ops/registry.h"
 #include "tpucore/ops.h"
 
@@ -38,14 +39,9 @@ template <bool kLog>
 void softmax_row(float* buf, float* tmp, int64_t k, cpu::VecUnaryFn exp_fn) {
   constexpr int L = 16;
   float lane[L];
-  for (int j = 0; j < L; ++j) lane[j] = -std::numeric_limits<float>::infinity();
   int64_t i = 0;
-  for (; i + L <= k; i += L)
-    for (int j = 0; j < L; ++j) lane[j] = buf[i + j] > lane[j] ? buf[i + j] : lane[j];
-  float mx = -std::numeric_limits<float>::infinity();
-  for (int j = 0; j < L; ++j) mx = lane[j] > mx ? lane[j] : mx;
-  for (; i < k; ++i) mx = buf[i] > mx ? buf[i] : mx;
-  // (NaN never wins a comparison; it reaches the output through exp(NaN - max).)
+  // A NaN max makes every x - max NaN: the row becomes NaN, as in PyTorch.
+  const float mx = reduce::extremum_f32<true>(buf, k, -std::numeric_limits<float>::infinity());
   for (i = 0; i < k; ++i) buf[i] -= mx;
   float* e = kLog ? tmp : buf;
   exp_fn(e, buf, k);

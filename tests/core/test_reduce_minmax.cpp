@@ -168,6 +168,18 @@ TEST_CASE("max/min/argmax: NaN propagates and ties pick the first index", "[redu
   CHECK(min(t).item<int>() == 1);
   CHECK(max(ones({}, DType::boolean)).item<bool>());
   CHECK(argmax(ones({2, 2}), std::nullopt, true).shape() == Shape{1, 1});
+  // Long rows take the lane path: ties across lanes and NaN in several lanes.
+  std::vector<float> row(200, 0.0f);
+  row[100] = row[17] = row[190] = 3.0f;
+  CHECK(argmax(from_vector(row)).item<int>() == 17);
+  row[150] = row[37] = row[21] = nan;
+  row[21] = 1.0f;
+  CHECK(argmax(from_vector(row)).item<int>() == 37);
+  CHECK(argmin(from_vector(row)).item<int>() == 37);
+  row[150] = row[37] = 0.0f;
+  row[64] = row[5] = -2.0f;
+  CHECK(argmin(from_vector(row)).item<int>() == 5);
+  CHECK(std::get<1>(min(from_vector(row).reshape({2, 100}), 1)).to_vector<int32_t>() == std::vector<int32_t>{5, 1});
   // A long f32 reduction split across threads keeps the first index of equal maxima.
   std::vector<float> b(100000, 0.0f);
   b[70001] = b[90001] = 1.0f;
