@@ -60,6 +60,40 @@ void softmax_row(float* buf, float* tmp, int64_t k, cpu::VecUnaryFn exp_fn) {
   }
 }
 
+// Softmax over the middle dim of a contiguous [outer, k, inner] tensor: blocks of kJ
+// adjacent columns are processed together so every load is a contiguous run of kJ values
+// (a row-at-a-time gather would stride by `inner` for every element).
+template <bool kLog, class T>
+void softmax_columns(const T* src, T* dst, int64_t outer, int64_t k, int64_t inner, cpu::VecUnaryFn exp_fn) {
+  constexpr int64_t kJ = 16;
+  const int64_t blocks = (inner + kJ - 1) / kJ;
+  const int64_t grain = std::max<int64_t>(1, cpu::kParallelGrain / (k * kJ));
+  parallel_for(0, outer * blocks, grain, [&](int64_t tb, int64_t te) {
+    std::vector<float> buf(static_cast<size_t>(k * kJ)), e(kLog ? static_cast<size_t>(k * kJ) : 0);
+    for (int64_t t = tb; t < te; ++t) {
+      const int64_t o = t / blocks, j0 = (t % blocks) * kJ, jn = std::min(kJ, inner - j0);
+      const T* p = src + o * k * inner + j0;
+      T* q = dst + o * k * inner + j0;
+      for (int64_t r = 0; r < k; ++r)
+        for (int64_t j = 0; j < kJ; ++j) buf[r * kJ + j] = j < jn ? to_f(p[r * inner + j]) : 0.0f;
+      float mx[kJ], sum[kJ];
+      for (int64_t j = 0; j < kJ; ++j) mx[j] = -std::numeric_limits<float>::infinity(), sum[j] = 0;
+      for (int64_t r = 0; r < k; ++r)
+        for (int64_t j = 0; j < kJ; ++j) mx[j] = buf[r * kJ + j] > mx[j] ? buf[r * kJ + j] : mx[j];
+      for (int64_t r = 0; r < k; ++r)
+        for (int64_t j = 0; j < kJ; ++j) buf[r * kJ + j] -= mx[j];  // NaN or all -inf: NaN column
+      float* ex = kLog ? e.data() : buf.data();
+      exp_fn(ex, buf.data(), k * kJ);
+      for (int64_t r = 0; r < k; ++r)
+        for (int64_t j = 0; j < kJ; ++j) sum[j] += ex[r * kJ + j];
+      for (int64_t j = 0; j < kJ; ++j) sum[j] = kLog ? std::log(sum[j]) : 1.0f / sum[j];
+      for (int64_t r = 0; r < k; ++r)
+        for (int64_t j = 0; j < jn; ++j)
+          q[r * inner + j] = cpu::convert<T>(kLog ? buf[r * kJ + j] - sum[j] : buf[r * kJ + j] * sum[j]);
+    }
+  });
+}
+
 template <bool kLog>
 void softmax_cpu(const KernelArgs& a) {
   const Tensor& x = a.inputs[0];
@@ -84,6 +118,12 @@ void softmax_cpu(const KernelArgs& a) {
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, f16>) {
       const T* src = static_cast<const T*>(x.raw_data());
       T* dst = static_cast<T*>(out.raw_data());
+      if (x.is_contiguous() && x.dim() >= 1 && d < x.dim() - 1) {
+        int64_t inner = 1;
+        for (int i = d + 1; i < x.dim(); ++i) inner *= x.shape()[i];
+        softmax_columns<kLog, T>(src, dst, x.numel() / (k * inner), k, inner, exp_fn);
+        return;
+      }
       const int64_t grain = std::max<int64_t>(1, cpu::kParallelGrain / k);
       parallel_for(0, nrows, grain, [&](int64_t rb, int64_t re) {
         std::vector<float> buf(static_cast<size_t>(k)), tmp(kLog ? static_cast<size_t>(k) : 0);

@@ -65,7 +65,10 @@ OpInfo softmax_entry(const char* name, bool log) {
             std::vector<C> cs = {{{4, 7}, L::contiguous, -1}, {{4, 7}, L::transposed, 1}, {{4, 7}, L::transposed, 0},
                                  {{3, 4, 5}, L::sliced, 1},   {{3, 4, 5}, L::expanded, 0}, {{3, 4, 5}, L::contiguous, -1},
                                  {{}, L::contiguous, 0},      {{}, L::contiguous, -1},    {{0, 5}, L::contiguous, 1},
-                                 {{3, 0}, L::contiguous, 1},  {{1}, L::contiguous, 0},    {{2, 33}, L::sliced, -1}};
+                                 {{3, 0}, L::contiguous, 1},  {{1}, L::contiguous, 0},    {{2, 33}, L::sliced, -1},
+                                 // contiguous, not the last dim (column blocks, ragged last block)
+                                 {{3, 4, 5}, L::contiguous, 1}, {{6, 5}, L::contiguous, 0}, {{4, 1, 37}, L::contiguous, 1},
+                                 {{2, 40, 70}, L::contiguous, -2}, {{5, 3, 1}, L::contiguous, 0}};
             if (dt == DType::f32 || dt == DType::bf16) {
               cs.push_back({{4, 5000}, L::contiguous, -1});
               cs.push_back({{300, 130}, L::contiguous, 1});
