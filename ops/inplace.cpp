@@ -38,6 +38,11 @@ bool safe_alias(const Tensor& self, const Tensor& other) {
 Tensor& run_inplace(Tensor& self, std::span<const Tensor> inputs, const OpDef& op, const Attrs& attrs) {
   const std::string name = inplace_name(op);
   for (size_t i = 0; i < inputs.size(); ++i) TPU_CHECK(inputs[i].defined(), "{}: input {} is an undefined tensor", name, i);
+  for (int d = 0; d < self.dim(); ++d)
+    TPU_CHECK(self.shape()[d] <= 1 || self.strides()[d] != 0,
+              "{}: self ({}, strides {}) is an expanded view in which several elements share one memory location; "
+              "call contiguous() first",
+              name, describe(self), self.strides().str());
   MetaResult m;
   op.meta(MetaArgs{op, inputs, attrs}, m);
   const TensorMeta& out = m.out();

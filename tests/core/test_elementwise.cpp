@@ -251,6 +251,12 @@ TEST_CASE("elementwise: in-place forms", "[elementwise][inplace]") {
     CHECK(contains(e, "[4]"));
     CHECK(contains(e, "[3, 4]"));
   }
+  SECTION("an expanded self is refused") {
+    Tensor e = f32v({1}).expand({3});
+    const std::string msg = error_of([&] { add_(e, f32v({1, 2, 3})); });
+    CHECK(contains(msg, "add_"));
+    CHECK(contains(msg, "expanded"));
+  }
   SECTION("relu_") {
     Tensor x = f32v({-1, 2, NAN});
     relu_(x);
