@@ -160,8 +160,11 @@ void run_region_vec(const Graph& g, const Region& r, std::vector<Tensor>& vals) 
   const int64_t items = rows * pieces;
   const int64_t grain = std::max<int64_t>(1, ops::cpu::kParallelGrain / std::min<int64_t>(C, kVecChunk));
   parallel_for(0, items, grain, [&](int64_t ib, int64_t ie) {
-    std::vector<float> scratch(static_cast<size_t>((nscratch + 3) * kVecChunk));
-    float* tmp = scratch.data() + static_cast<size_t>(nscratch) * kVecChunk;  // 3 temporaries
+    // Chunk buffers: one per scratch value, 3 temporaries for scalar operands, and one per
+    // source for gathering strided rows.
+    std::vector<float> scratch(static_cast<size_t>((nscratch + 3) * kVecChunk) + srcs.size() * kVecChunk);
+    float* tmp = scratch.data() + static_cast<size_t>(nscratch) * kVecChunk;
+    float* gather = tmp + 3 * kVecChunk;
     std::vector<float*> ptr(srcs.size());
     std::vector<char> scalar(srcs.size());
     int64_t idx[kMaxDims];
@@ -197,7 +200,7 @@ void run_region_vec(const Graph& g, const Region& r, std::vector<Tensor>& vals) 
           ptr[k] = base + c0;
           scalar[k] = 0;
         } else {
-          float* t = tmp + static_cast<size_t>(ntmp++ % 3) * kVecChunk;
+          float* t = gather + k * kVecChunk;
           for (int64_t i = 0; i < len; ++i) t[i] = base[(c0 + i) * ls];
           ptr[k] = t;
           scalar[k] = 0;

@@ -182,6 +182,10 @@ TEST_CASE("jit: fused regions over many tiles, tails, broadcasts and strided inp
   Tensor xr = rnd({37, 5000}, 97), rr = rnd({37, 1}, 98), tt = rnd({5000, 37}, 99).t();
   auto f4 = compile(vec, verified("vec_paths"));
   expect_close(f4(xr, rr, tt), vec(xr, rr, tt), 1e-5, 1e-5);
+  auto four = [](const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d) { return (a + b) * (c - d) + a; };
+  auto f5 = compile(four, verified("vec_gathers"));
+  Tensor ta = rnd({300, 40}, 102).t(), tb = rnd({300, 40}, 103).t(), tc = rnd({300, 40}, 104).t(), td = rnd({300, 40}, 105).t();
+  expect_close(f5(ta, tb, tc, td), four(ta, tb, tc, td), 1e-5, 1e-5);
   Tensor s0 = rnd({}, 100), s1 = rnd({}, 101);
   expect_close(f4(s0, s1, s1), vec(s0, s1, s1), 1e-5, 1e-5);
 }
