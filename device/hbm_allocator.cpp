@@ -77,6 +77,14 @@ uint64_t HbmAllocator::block_size(uint64_t addr) const {
   return u == used_.end() ? 0 : u->second;
 }
 
+bool HbmAllocator::in_live_block(uint64_t addr, uint64_t n) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = used_.upper_bound(addr);
+  if (it == used_.begin()) return false;
+  --it;
+  return addr - it->first <= it->second && n <= it->second - (addr - it->first);
+}
+
 HbmAllocatorStats HbmAllocator::stats() const {
   std::lock_guard<std::mutex> lk(mu_);
   HbmAllocatorStats s;

@@ -38,6 +38,8 @@ class HbmAllocator {
   bool free(uint64_t addr);
   // Size of the live block starting at addr (0 if none).
   uint64_t block_size(uint64_t addr) const;
+  // True when [addr, addr + n) lies inside one live block.
+  bool in_live_block(uint64_t addr, uint64_t n) const;
 
   HbmAllocatorStats stats() const;
   uint64_t bytes_free() const { return stats().bytes_free; }

@@ -93,10 +93,11 @@ Library open_plugin(const std::string& path, DeviceType type) {
   return lib;
 }
 
-// Per-device context for the storage deleter (which only gets a context pointer).
-class PluginDriver;
+// Per-device context for the storage deleter (which only gets a context pointer). Never
+// freed: storages may outlive the Driver object (a driver can be replaced or unloaded while
+// tensors of it live; the library itself stays loaded).
 struct DeviceCtx {
-  PluginDriver* drv = nullptr;
+  const TpuPluginApi* api = nullptr;
   int index = 0;
 };
 
@@ -107,6 +108,11 @@ class PluginDriver final : public Driver {
   // Loads now (eager) or on first use (lazy, for TPU_DRIVER_PATH at start-up).
   PluginDriver(std::string path, DeviceType type, bool lazy) : path_(std::move(path)), type_(type) {
     if (!lazy) ensure();
+  }
+  ~PluginDriver() override {
+    // Runs still queued in the plugin write into these; keep them alive.
+    std::lock_guard<std::mutex> lk(pend_mu_);
+    for (auto& h : pending_) new std::shared_ptr<Holder>(std::move(h));
   }
 
   std::string_view name() const override { return name_.empty() ? device_type_name(type_) : std::string_view(name_); }
@@ -137,14 +143,7 @@ class PluginDriver final : public Driver {
     a.bytes = nbytes;
     call(api()->memory_alloc(&a), index, "memory_alloc");
     return std::make_shared<Storage>(reinterpret_cast<void*>(static_cast<uintptr_t>(a.address)), nbytes,
-                                     Device(type_, index), &plugin_storage_free, ctx_[static_cast<size_t>(index)].get());
-  }
-  void release(int index, uint64_t addr) {
-    TpuMemoryArgs a{};
-    a.struct_size = sizeof a;
-    a.device = index;
-    a.address = addr;
-    api()->memory_free(&a);  // a deleter cannot throw; a failed free leaks the block
+                                     Device(type_, index), &plugin_storage_free, ctx_[static_cast<size_t>(index)]);
   }
   size_t memory_free(int index) const override {
     TpuMemoryArgs a{};
@@ -254,7 +253,7 @@ class PluginDriver final : public Driver {
       TpuDeviceCountArgs a{};
       a.struct_size = sizeof a;
       call(api_->device_count(&a), -1, "device_count");
-      for (int i = 0; i < a.count; ++i) ctx_.push_back(std::make_unique<DeviceCtx>(DeviceCtx{const_cast<PluginDriver*>(this), i}));
+      for (int i = 0; i < a.count; ++i) ctx_.push_back(new DeviceCtx{api_, i});
     });
   }
   const TpuPluginApi* api() const {
@@ -326,7 +325,7 @@ class PluginDriver final : public Driver {
   mutable std::once_flag once_;
   mutable const TpuPluginApi* api_ = nullptr;
   mutable std::string name_;
-  mutable std::vector<std::unique_ptr<DeviceCtx>> ctx_;
+  mutable std::vector<DeviceCtx*> ctx_;  // leaked on purpose (see DeviceCtx)
 };
 
 void PluginDriver::enqueue_program(int index, StreamId s, ProgramHandle p, const ProgramOptions& opt,
@@ -379,12 +378,48 @@ void PluginDriver::sweep() {
 
 void plugin_storage_free(void* ctx, void* data, size_t) {
   auto* c = static_cast<DeviceCtx*>(ctx);
-  c->drv->release(c->index, reinterpret_cast<uintptr_t>(data));
+  TpuMemoryArgs a{};
+  a.struct_size = sizeof a;
+  a.device = c->index;
+  a.address = reinterpret_cast<uintptr_t>(data);
+  c->api->memory_free(&a);  // a deleter cannot throw; a failed free leaks the block
 }
 
-const bool g_env_plugin = [] {
+// Stands in for a driver after unload_driver_plugin: every use is the missing-driver error.
+class MissingDriver final : public Driver {
+ public:
+  explicit MissingDriver(DeviceType t) : type_(t) {}
+  std::string_view name() const override { return device_type_name(type_); }
+  DeviceType type() const override { return type_; }
+  int device_count() const override { missing(); }
+  DeviceProperties properties(int) const override { missing(); }
+  StoragePtr allocate(int, size_t) override { missing(); }
+  size_t memory_free(int) const override { missing(); }
+  void copy_to_host(const Storage&, size_t, void*, size_t) override { missing(); }
+  void copy_from_host(Storage&, size_t, const void*, size_t) override { missing(); }
+  void copy_on_device(const Storage&, size_t, Storage&, size_t, size_t) override { missing(); }
+  void synchronize(int) override { missing(); }
+
+ private:
+  [[noreturn]] void missing() const {
+    fail("device '{}': no driver is loaded (the driver plugin was unloaded). Provide one: point TPU_DRIVER_PATH at "
+         "a driver plugin (a shared library implementing device/plugin_abi.h) or call tpu::load_driver_plugin(path)",
+         device_type_name(type_));
+  }
+  DeviceType type_;
+};
+
+std::string env_driver_path() {
   const char* p = std::getenv("TPU_DRIVER_PATH");
-  if (p && *p) register_driver(std::make_unique<PluginDriver>(p, DeviceType::tpu, /*lazy=*/true));
+  return p && *p ? std::string(p) : std::string();
+}
+
+std::mutex g_explicit_mu;
+bool g_explicit[kNumDeviceTypes] = {};
+
+const bool g_env_plugin = [] {
+  const std::string p = env_driver_path();
+  if (!p.empty()) register_driver(std::make_unique<PluginDriver>(p, DeviceType::tpu, /*lazy=*/true));
   return true;
 }();
 
@@ -399,8 +434,24 @@ std::unique_ptr<Driver> load_plugin_driver(const std::string& path, DeviceType t
 std::string load_driver_plugin(const std::string& path, DeviceType type) {
   std::unique_ptr<Driver> d = load_plugin_driver(path, type);
   std::string name(d->name());
+  std::lock_guard<std::mutex> lk(g_explicit_mu);
   register_driver(std::move(d));
+  g_explicit[static_cast<int>(type)] = true;
   return name;
+}
+
+bool driver_present(DeviceType type) {
+  return has_driver(type) && dynamic_cast<MissingDriver*>(&driver_for(type)) == nullptr;
+}
+
+bool unload_driver_plugin(DeviceType type) {
+  std::lock_guard<std::mutex> lk(g_explicit_mu);
+  if (!g_explicit[static_cast<int>(type)]) return false;
+  g_explicit[static_cast<int>(type)] = false;
+  const std::string env = env_driver_path();
+  if (type == DeviceType::tpu && !env.empty()) register_driver(std::make_unique<PluginDriver>(env, type, /*lazy=*/true));
+  else register_driver(std::make_unique<MissingDriver>(type));
+  return true;
 }
 
 }  // namespace tpu::device

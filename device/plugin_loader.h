@@ -19,4 +19,12 @@ std::unique_ptr<Driver> load_plugin_driver(const std::string& path, DeviceType t
 // the plugin's name.
 std::string load_driver_plugin(const std::string& path, DeviceType type);
 
+// Undoes load_driver_plugin for `type`: the type goes back to its TPU_DRIVER_PATH driver, or
+// to "no driver" (every use is the missing-driver error). Tensors of the unloaded driver stay
+// valid to free (the library is never closed). False when no explicit load was active. For
+// tests that need each case to start from the same drivers.
+bool unload_driver_plugin(DeviceType type);
+// has_driver(type), except after unload_driver_plugin left "no driver".
+bool driver_present(DeviceType type);
+
 }  // namespace tpu::device

@@ -77,6 +77,12 @@ HbmAllocatorStats SimDevice::memory_stats() {
 void SimDevice::check_range(const char* what, uint64_t addr, uint64_t n) const {
   TPU_CHECK(addr <= hbm_size() && n <= hbm_size() - addr, "{}: {}: HBM range [{}, {}) is outside the {} bytes of HBM",
             name_, what, addr, addr + n, hbm_size());
+  // Synchronous (debug) mode also checks that the range belongs to one live allocation, which
+  // catches copies into freed or foreign memory at the op that issues them.
+  if (sync_mode() && n > 0)
+    TPU_CHECK(alloc_.in_live_block(addr, n),
+              "{}: {}: HBM range [{}, {}) is not inside one live allocation (freed, or spans two blocks)", name_, what,
+              addr, addr + n);
 }
 
 void SimDevice::copy_h2d(StreamId s, uint64_t dst, const void* src, uint64_t n) {

@@ -6,7 +6,7 @@
 namespace tpu {
 
 int device_count(DeviceType type) {
-  if (!device::has_driver(type)) return 0;
+  if (!device::driver_present(type)) return 0;
   return device::driver_for(type).device_count();
 }
 

@@ -43,6 +43,10 @@ TEST_CASE("device: HBM allocator is best fit, aligned and coalesces", "[device]"
   for (uint64_t p : {*x, *y, *z, *w}) CHECK(p % 512 == 0);
   CHECK(*x >= 512);  // address 0 is never handed out
   CHECK(a.block_size(*y) == 1024);
+  CHECK(a.in_live_block(*y, 1024));
+  CHECK(a.in_live_block(*y + 100, 924));
+  CHECK_FALSE(a.in_live_block(*y + 100, 925));
+  CHECK_FALSE(a.in_live_block(*w + 4096, 1));
   CHECK(a.stats().bytes_in_use == 512 + 1024 + 4096 + 512);
   // Best fit: after freeing y (1024) and a 4096 hole, a 600-byte request takes y's hole.
   REQUIRE(a.free(*y));

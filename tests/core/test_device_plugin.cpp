@@ -2,6 +2,7 @@
 // `tpu` device type and used through the C ABI; a wrong ABI version, a library that is not a
 // plugin, a missing driver, and TPU_DRIVER_PATH (checked in child processes of this binary,
 // since a loaded driver cannot be unloaded).
+#define CATCH_CONFIG_EXTERNAL_INTERFACES  // for the listener below
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
@@ -17,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "device/driver.h"
+#include "device/plugin_loader.h"
 #include "ops/fallback.h"
 #include "tpucore/devices.h"
 #include "tpucore/ops.h"
@@ -31,9 +33,14 @@ namespace {
 
 constexpr const char* kSimPlugin = "libtpusim_plugin.so";
 
-void ensure_plugin() {
-  if (!device::has_driver(DeviceType::tpu)) load_driver_plugin(kSimPlugin, DeviceType::tpu);
-}
+void ensure_plugin() { load_driver_plugin(kSimPlugin, DeviceType::tpu); }
+
+// Every test case starts with the drivers the environment gives: a plugin a test case loaded
+// explicitly is unloaded when it ends (other tests check `tpu` without a driver).
+struct UnloadTestPlugins : Catch::TestEventListenerBase {
+  using TestEventListenerBase::TestEventListenerBase;
+  void testCaseEnded(const Catch::TestCaseStats&) override { device::unload_driver_plugin(DeviceType::tpu); }
+};
 
 // Runs this test binary on one hidden test case with TPU_CHILD_CASE=`what` and
 // TPU_DRIVER_PATH=`driver_path` (unset when empty); returns its exit status.
@@ -63,6 +70,8 @@ int run_child(const std::string& what, const std::string& driver_path) {
 }
 
 }  // namespace
+
+CATCH_REGISTER_LISTENER(UnloadTestPlugins)
 
 TEST_CASE("plugin: tensors on tpu:0 run on the simulator through the driver ABI", "[device]") {
   ensure_plugin();
@@ -102,6 +111,8 @@ TEST_CASE("plugin: tensors on tpu:0 run on the simulator through the driver ABI"
 }
 
 TEST_CASE("plugin: programs, streams and events through the ABI", "[device]") {
+  const bool sync = synchronous_mode();
+  set_synchronous_mode(false);  // checks an asynchronous error below
   ensure_plugin();
   const Device t("tpu:0");
   device::Driver& drv = device::driver_for(t);
@@ -137,11 +148,17 @@ TEST_CASE("plugin: programs, streams and events through the ABI", "[device]") {
   CHECK(c.to_vector<float>() == v);
   // Errors of asynchronous work come back through last_error.
   const auto bad = drv.load_program(0, "dma dst=hbm[1125899906842624] src=hbm[0] shape=[1,1,512] q=0 sem=0\nwait sem=0\n");
-  drv.enqueue_program(0, A.id(), bad, {});
-  CHECK_THROWS_WITH(A.synchronize(), Contains("tpu:0") && Contains("tpusim") && Contains("asynchronous"));
+  const char* env_sync = std::getenv("TPU_SYNC");
+  if (!env_sync || std::string(env_sync) == "0") {
+    drv.enqueue_program(0, A.id(), bad, {});
+    CHECK_THROWS_WITH(A.synchronize(), Contains("tpu:0") && Contains("tpusim") && Contains("asynchronous"));
+  } else {  // the plugin runs synchronously too: the error comes at the op
+    CHECK_THROWS_WITH(drv.enqueue_program(0, A.id(), bad, {}), Contains("tpu:0") && Contains("program_run"));
+  }
   CHECK_THROWS_WITH(drv.load_program(0, "not an instruction"), Contains("tpu:0") && Contains("program_load"));
   for (auto pr : {cp, lp, bad}) drv.unload_program(0, pr);
   CHECK(ones({4}, t).sum().item().to_double() == 4.0);
+  set_synchronous_mode(sync);
 }
 
 TEST_CASE("plugin: a plugin built for another ABI version is refused", "[device]") {
@@ -162,6 +179,17 @@ TEST_CASE("plugin: a path that is not a plugin is a clear error", "[device]") {
 }
 
 TEST_CASE("plugin: tpu:0 without a driver, and TPU_DRIVER_PATH", "[device]") {
+  // In this process: after an explicit load is undone, tpu:0 is the missing-driver error again.
+  ensure_plugin();
+  CHECK(ones({2}, Device("tpu:0")).sum().item().to_double() == 2.0);
+  Tensor survivor = ones({3}, Device("tpu:0"));
+  REQUIRE(device::unload_driver_plugin(DeviceType::tpu));
+  if (std::getenv("TPU_DRIVER_PATH") == nullptr) {
+    CHECK(device_count(DeviceType::tpu) == 0);
+    CHECK_THROWS_WITH(zeros({2}, Device("tpu:0")), Contains("TPU_DRIVER_PATH"));
+  }
+  survivor = Tensor();  // freeing a tensor of the unloaded driver is fine
+  // In fresh processes: no driver at all, a bad TPU_DRIVER_PATH, a good one.
   CHECK(run_child("missing", "") == 0);
   CHECK(run_child("bad-path", "/nonexistent/libtpu_driver.so") == 0);
   CHECK(run_child("env-plugin", kSimPlugin) == 0);
@@ -171,7 +199,7 @@ TEST_CASE("plugin child process (run by the test above)", "[.device-child]") {
   const char* c = std::getenv("TPU_CHILD_CASE");
   const std::string what = c ? c : "";
   if (what == "missing") {
-    CHECK_FALSE(device::has_driver(DeviceType::tpu));
+    CHECK_FALSE(device::driver_present(DeviceType::tpu));
     CHECK(device_count(DeviceType::tpu) == 0);
     CHECK_THROWS_WITH(zeros({2}, Device("tpu:0")), Contains("tpu") && Contains("TPU_DRIVER_PATH"));
     CHECK_THROWS_WITH(ones({2}).to("tpu:0"), Contains("TPU_DRIVER_PATH"));

@@ -29,7 +29,15 @@ std::string long_program() {
   return fmt::format("dma dst=hbm[{}] src=hbm[{}] shape=[64,1024,16384] q=0 sem=0\nwait sem=0 n=1\n", base + (uint64_t(2) << 30), base);
 }
 
+// These tests observe asynchrony, so they run in asynchronous mode even under TPU_SYNC=1.
+struct AsyncMode {
+  bool prev = synchronous_mode();
+  AsyncMode() { set_synchronous_mode(false); }
+  ~AsyncMode() { set_synchronous_mode(prev); }
+};
+
 struct Held {
+  AsyncMode async;
   device::DeviceQueue& q;
   explicit Held(int index) : q(device::sim_device(index).queue()) { q.hold(); }
   ~Held() { q.release(); }
@@ -181,6 +189,7 @@ TEST_CASE("streams: a stream of one device waits on an event of another", "[devi
 }
 
 TEST_CASE("streams: reading a value waits for the work it depends on", "[device]") {
+  AsyncMode async;
   const Device d("sim:0");
   device::Driver& drv = device::driver_for(d);
   std::vector<int32_t> v(128);
@@ -198,6 +207,7 @@ TEST_CASE("streams: reading a value waits for the work it depends on", "[device]
 }
 
 TEST_CASE("streams: asynchronous errors surface at synchronization; TPU_SYNC reports them at the op", "[device]") {
+  AsyncMode async;
   const Device d("sim:0");
   device::Driver& drv = device::driver_for(d);
   const uint64_t beyond = uint64_t(1) << 50;  // outside every preset's HBM
@@ -224,6 +234,15 @@ TEST_CASE("streams: asynchronous errors surface at synchronization; TPU_SYNC rep
   CHECK(A.query());
   Tensor y = add(ones({5}, d), 1.0);
   CHECK(y.to_vector<float>() == std::vector<float>(5, 2.0f));
+  // ... and checks that copies stay inside live allocations.
+  uint64_t stale = 0;
+  {
+    Tensor gone = zeros({64}, d);
+    stale = hbm_addr(gone);
+  }
+  synchronize(d);
+  const float buf[4] = {1, 2, 3, 4};
+  CHECK_THROWS_WITH(device::sim_device(0).copy_h2d(0, stale, buf, sizeof buf), Contains("not inside one live allocation"));
   set_synchronous_mode(false);
 
   // The device keeps working after errors.
