@@ -5,11 +5,13 @@
 #define CATCH_CONFIG_EXTERNAL_INTERFACES  // for the listener below
 #include <catch2/catch.hpp>
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "device/driver.h"
+#include "device/plugin_abi.h"
 #include "device/plugin_loader.h"
 #include "ops/fallback.h"
 #include "tpucore/devices.h"
@@ -159,6 +162,64 @@ TEST_CASE("plugin: programs, streams and events through the ABI", "[device]") {
   for (auto pr : {cp, lp, bad}) drv.unload_program(0, pr);
   CHECK(ones({4}, t).sum().item().to_double() == 4.0);
   set_synchronous_mode(sync);
+}
+
+TEST_CASE("plugin: the C ABI directly (struct sizes, statuses, last_error)", "[device]") {
+  void* h = dlopen(kSimPlugin, RTLD_NOW | RTLD_LOCAL);
+  REQUIRE(h != nullptr);
+  auto get = reinterpret_cast<TpuPluginGetApiFn>(dlsym(h, TPU_PLUGIN_ENTRY_POINT));
+  REQUIRE(get != nullptr);
+  const TpuPluginApi* api = get();
+  REQUIRE(api->abi_version == TPU_PLUGIN_ABI_VERSION);
+  CHECK(api->struct_size >= TPU_STRUCT_SIZE(TpuPluginApi, synchronize));
+  CHECK(std::string(api->plugin_name) == "tpusim");
+  TpuDeviceCountArgs dc{};
+  dc.struct_size = sizeof dc;
+  REQUIRE(api->device_count(&dc) == TPU_STATUS_OK);
+  CHECK(dc.count >= 1);
+  // A caller whose struct is too small for the fields a function needs is refused, not misread.
+  TpuMemoryArgs m{};
+  m.struct_size = offsetof(TpuMemoryArgs, bytes);
+  CHECK(api->memory_alloc(&m) == TPU_STATUS_INVALID_ARGUMENT);
+  CHECK_THAT(std::string(api->last_error()), Contains("struct_size"));
+  m.struct_size = sizeof m;
+  m.device = dc.count;  // out of range
+  m.bytes = 64;
+  CHECK(api->memory_alloc(&m) == TPU_STATUS_INVALID_ARGUMENT);
+  CHECK_THAT(std::string(api->last_error()), Contains("device " + std::to_string(dc.count)));
+  m.device = 0;
+  m.bytes = uint64_t(1) << 50;
+  CHECK(api->memory_alloc(&m) == TPU_STATUS_OUT_OF_MEMORY);
+  CHECK_THAT(std::string(api->last_error()), Contains("out of device memory"));
+  // Alloc, copy in, copy out, free.
+  m.bytes = 16;
+  REQUIRE(api->memory_alloc(&m) == TPU_STATUS_OK);
+  CHECK(m.address != 0);
+  const char in[16] = "through the ABI";
+  char out[16] = {};
+  TpuCopyArgs c{};
+  c.struct_size = sizeof c;
+  c.kind = TPU_COPY_HOST_TO_DEVICE;
+  c.dst_address = m.address;
+  c.host_src = in;
+  c.bytes = 16;
+  REQUIRE(api->copy(&c) == TPU_STATUS_OK);
+  c.kind = TPU_COPY_DEVICE_TO_HOST;
+  c.src_address = m.address;
+  c.host_dst = out;
+  REQUIRE(api->copy(&c) == TPU_STATUS_OK);
+  CHECK(std::string(out) == in);
+  REQUIRE(api->memory_free(&m) == TPU_STATUS_OK);
+  // An event never recorded: waiting is a no-op, query says done, time is NaN.
+  TpuEventArgs e{};
+  e.struct_size = sizeof e;
+  REQUIRE(api->event_create(&e) == TPU_STATUS_OK);
+  REQUIRE(api->event_query(&e) == TPU_STATUS_OK);
+  CHECK(e.done == 1);
+  REQUIRE(api->event_time(&e) == TPU_STATUS_OK);
+  CHECK(std::isnan(e.time_seconds));
+  REQUIRE(api->event_destroy(&e) == TPU_STATUS_OK);
+  CHECK(api->event_query(&e) == TPU_STATUS_INVALID_ARGUMENT);
 }
 
 TEST_CASE("plugin: a plugin built for another ABI version is refused", "[device]") {
