@@ -84,7 +84,9 @@ class SimDevices {
   void init_locked() {
     if (initialized_) return;
     const int n = env_device_count();
-    specs_.assign(static_cast<size_t>(n), env_chip());
+    const std::string chip = env_chip();
+    if (std::getenv("TPU_SIM_CHIP")) load_chip_config(chip, "TPU_SIM_CHIP");  // a bad value fails here, named
+    specs_.assign(static_cast<size_t>(n), chip);
     devs_.resize(static_cast<size_t>(n));
     initialized_ = true;
   }
