@@ -53,8 +53,9 @@ Driver& driver_for(DeviceType t) {
     return *p;
   }
   if (t == DeviceType::tpu)
-    fail("device 'tpu': no driver is loaded. A real chip needs an out-of-tree driver plugin, found through "
-         "TPU_DRIVER_PATH; this build ships none, so use 'cpu' (the simulated chip 'sim' comes through its own driver)");
+    fail("device 'tpu': no driver is loaded. A chip is driven by an out-of-tree driver plugin: point "
+         "TPU_DRIVER_PATH at one (e.g. libtpusim_plugin.so, the simulator built as a plugin) or call "
+         "tpu::load_driver_plugin(path); or use 'sim' for the simulated chip");
   fail("device '{}': no driver is available in this build", device_type_name(t));
 }
 
