@@ -176,7 +176,7 @@ inline To convert(From v) {
   } else if constexpr (std::is_same_v<To, bool>) {
     return static_cast<float>(v) != 0.0f;
   } else if constexpr (std::is_same_v<From, bf16> || std::is_same_v<From, f16>) {
-    return static_cast<To>(v.to_f32());
+    return convert<To>(v.to_f32());  // saturating float -> int below
   } else if constexpr (std::is_integral_v<To> && std::is_floating_point_v<From>) {
     // Out-of-range float -> int is undefined in C++; saturate (and NaN -> 0) instead.
     if (!(v == v)) return To(0);
