@@ -11,24 +11,6 @@
 
 namespace tpu::testing {
 
-inline const std::vector<DType>& all_dtypes() {
-  static const std::vector<DType> v{DType::f32, DType::bf16, DType::f16, DType::i32,
-                                    DType::i8,  DType::u8,   DType::boolean};
-  return v;
-}
-
-// A 1-D i32 tensor of op arguments; always the last input of a sample.
-inline Tensor params(const std::vector<int64_t>& p) { return from_vector(p, Shape{static_cast<int64_t>(p.size())}); }
-inline std::vector<int64_t> params_of(const Tensor& t) {
-  std::vector<int64_t> r;
-  for (int32_t v : t.to_vector<int32_t>()) r.push_back(v);
-  return r;
-}
-inline std::vector<int64_t> params_of(const Ref& r) {
-  std::vector<int64_t> v;
-  for (double d : r.v) v.push_back(static_cast<int64_t>(d));
-  return v;
-}
 inline int wrap(int64_t d, int n) { return static_cast<int>(d < 0 ? d + n : d); }
 
 // Data movement is exact.

@@ -14,28 +14,16 @@
 
 namespace tpu::testing::red {
 
-inline const std::vector<DType>& every_dtype() {
-  static const std::vector<DType> v{DType::f32, DType::bf16, DType::f16, DType::i32,
-                                    DType::i8,  DType::u8,   DType::boolean};
-  return v;
-}
+inline const std::vector<DType>& every_dtype() { return all_dtypes(); }
 inline const std::vector<DType>& float_dtypes() {
   static const std::vector<DType> v{DType::f32, DType::bf16, DType::f16};
   return v;
 }
 
 // A 1-D i32 tensor of integer arguments; by convention the last input of a sample.
-inline Tensor spec(const std::vector<int64_t>& p) { return from_vector(p, Shape{static_cast<int64_t>(p.size())}); }
-inline std::vector<int64_t> spec_of(const Tensor& t) {
-  std::vector<int64_t> r;
-  for (int32_t v : t.to_vector<int32_t>()) r.push_back(v);
-  return r;
-}
-inline std::vector<int64_t> spec_of(const Ref& r) {
-  std::vector<int64_t> v;
-  for (double d : r.v) v.push_back(static_cast<int64_t>(d));
-  return v;
-}
+inline Tensor spec(const std::vector<int64_t>& p) { return params(p); }
+inline std::vector<int64_t> spec_of(const Tensor& t) { return params_of(t); }
+inline std::vector<int64_t> spec_of(const Ref& r) { return params_of(r); }
 
 // Reduction spec layout: [keepdim, extra, dims...] (extra: correction, dtype code, ...).
 struct ReduceSpec {
