@@ -16,27 +16,6 @@ inline int wrap(int64_t d, int n) { return static_cast<int>(d < 0 ? d + n : d); 
 // Data movement is exact.
 inline Tol exact_tol(DType) { return {0, 0}; }
 
-// Runs fn, which must throw a tpu::Error whose message contains every part.
-template <class F>
-void expect_error(F&& fn, const std::vector<std::string>& parts,
-                  std::source_location loc = std::source_location::current()) {
-  INFO("expect_error at " << loc.file_name() << ":" << loc.line());
-  std::string msg;
-  bool threw = false;
-  try {
-    fn();
-  } catch (const tpu::Error& e) {
-    threw = true;
-    msg = e.what();
-  }
-  INFO("message: " << msg);
-  REQUIRE(threw);
-  for (const auto& p : parts) {
-    INFO("expected part: " << p);
-    CHECK(msg.find(p) != std::string::npos);
-  }
-}
-
 // A tensor handle that claims to live on another device (metadata only): the front half
 // must reject it before any kernel reads its memory.
 inline Tensor on_fake_device(const Tensor& t) {

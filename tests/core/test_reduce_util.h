@@ -82,25 +82,6 @@ inline Ref reduce_ref(const Ref& x, const std::vector<int64_t>& dims, bool keepd
 // Rounds a double the way a result stored in dtype dt is read back (integers wrap to 32 bits).
 inline double as_i32(double v) { return static_cast<double>(static_cast<int32_t>(static_cast<int64_t>(v))); }
 
-// Runs fn, which must throw a tpu::Error whose message contains every part.
-template <class F>
-void expect_error(F&& fn, const std::vector<std::string>& parts) {
-  std::string msg;
-  bool threw = false;
-  try {
-    fn();
-  } catch (const tpu::Error& e) {
-    threw = true;
-    msg = e.what();
-  }
-  INFO("message: " << msg);
-  REQUIRE(threw);
-  for (const auto& p : parts) {
-    INFO("expected part: " << p);
-    CHECK(msg.find(p) != std::string::npos);
-  }
-}
-
 }  // namespace tpu::testing::red
 
 namespace tpu::testing::red {

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <source_location>
 #include <string>
 #include <vector>
 
@@ -206,4 +207,25 @@ inline std::vector<int64_t> params_of(const Ref& r) {
   for (double d : r.v) v.push_back(static_cast<int64_t>(d));
   return v;
 }
+// Runs fn, which must throw a tpu::Error whose message contains every part.
+template <class F>
+void expect_error(F&& fn, const std::vector<std::string>& parts,
+                  std::source_location loc = std::source_location::current()) {
+  INFO("expect_error at " << loc.file_name() << ":" << loc.line());
+  std::string msg;
+  bool threw = false;
+  try {
+    fn();
+  } catch (const tpu::Error& e) {
+    threw = true;
+    msg = e.what();
+  }
+  INFO("message: " << msg);
+  REQUIRE(threw);
+  for (const auto& p : parts) {
+    INFO("expected part: " << p);
+    CHECK(msg.find(p) != std::string::npos);
+  }
+}
+
 }  // namespace tpu::testing
