@@ -1,6 +1,7 @@
 #include "device/sim_device.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -29,7 +30,10 @@ SimDevice::SimDevice(std::string name, const std::string& chip, SimDeviceOptions
       opt_(opt),
       chip_(load_chip_config(chip, name_)),
       alloc_(opt.alignment, chip_.hbm_size() > opt.alignment ? chip_.hbm_size() - opt.alignment : 0, opt.alignment),
-      queue_(name_) {}
+      queue_(name_) {
+  static std::atomic<uint64_t> next_serial{1};
+  serial_ = next_serial.fetch_add(1);
+}
 
 SimDevice::~SimDevice() = default;
 
@@ -181,6 +185,7 @@ void SimDevice::run_program(StreamId s, uint64_t id, const SimProgramOptions& o,
   sim::RunOptions ro;
   ro.timing_only = o.timing_only;
   ro.trace = o.trace;
+  ro.registers = o.registers;
   if (sync_mode()) {
     ro.race_check = true;
     ro.fail_on_race = true;

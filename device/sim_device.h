@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "device/hbm_allocator.h"
 #include "device/stream_queue.h"
@@ -29,6 +30,7 @@ struct SimDeviceOptions {
 struct SimProgramOptions {
   bool timing_only = false;
   bool trace = false;
+  std::vector<int64_t> registers;  // initial scalar registers: the program's arguments
 };
 
 class SimDevice {
@@ -40,6 +42,8 @@ class SimDevice {
 
   const std::string& name() const { return name_; }
   const std::string& chip_spec() const { return spec_; }
+  // Unique per SimDevice ever created in the process (caches of loaded programs key on it).
+  uint64_t serial() const { return serial_; }
   const sim::ChipConfig& config() const { return chip_.config(); }
   uint64_t hbm_size() const { return chip_.hbm_size(); }
   std::string describe() const;  // "v5e: 4 MXUs 128x128 at 1.5 GHz, 16 GiB HBM at 819 GB/s"
@@ -74,6 +78,7 @@ class SimDevice {
   double d2d_seconds(uint64_t n) const;
 
   std::string name_, spec_;
+  uint64_t serial_ = 0;
   SimDeviceOptions opt_;
   sim::Chip chip_;
   HbmAllocator alloc_;

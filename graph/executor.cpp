@@ -33,7 +33,7 @@ void run_node_eager(const Node& n, std::span<const Tensor> ins, std::span<Tensor
   ops::call(*n.op, ins, n.attrs, outs);
 }
 
-Executable::Executable(Graph g) : g_(std::move(g)) {
+Executable::Executable(Graph g, RegionRunner device_regions) : g_(std::move(g)), device_regions_(device_regions) {
   steps_ = schedule(g_);
   on_cpu_ = graph_on_cpu(g_);
   is_output_.assign(g_.values.size(), 0);
@@ -106,6 +106,9 @@ void Executable::run(std::span<const Tensor> inputs, std::vector<Tensor>& output
       for (ValueId o : r.outputs) vals[static_cast<size_t>(o)] = alloc(o);
       if (vec_ok_[static_cast<size_t>(st.region)]) run_region_vec(g_, r, vals);
       else run_region(g_, programs_[static_cast<size_t>(st.region)], vals);
+    } else if (st.region >= 0 && device_regions_ &&
+               device_regions_(g_, g_.regions[static_cast<size_t>(st.region)], vals)) {
+      // run by the device's region runner
     } else {
       auto run_one = [&](const Node& n) {
         ins.clear();

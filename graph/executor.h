@@ -13,9 +13,14 @@
 
 namespace tpu::graph {
 
+// Runs a fused region on a device that is not the cpu (codegen on sim, installed by the
+// tpu::compile driver): reads the region's inputs from `vals`, sets its outputs; returns false to
+// decline, and the region's nodes then run one by one through the eager front half.
+using RegionRunner = bool (*)(const Graph& g, const Region& r, std::vector<Tensor>& vals);
+
 class Executable {
  public:
-  explicit Executable(Graph g);
+  explicit Executable(Graph g, RegionRunner device_regions = nullptr);
   const Graph& graph() const { return g_; }
   // inputs: one tensor per graph input (shapes and dtypes as in the graph).
   void run(std::span<const Tensor> inputs, std::vector<Tensor>& outputs) const;
@@ -28,6 +33,7 @@ class Executable {
   std::vector<char> vec_ok_;                   // per region: the f32 vector interpreter applies
   std::vector<char> is_output_;                // per value
   bool on_cpu_ = true;
+  RegionRunner device_regions_ = nullptr;
 };
 
 // Runs one node eagerly through the front half (used by constant folding and off the cpu).

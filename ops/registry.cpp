@@ -69,6 +69,14 @@ void register_kernel(std::string_view op, DeviceType device, KernelFn fn) {
   it->second->kernels[static_cast<int>(device)] = fn;
 }
 
+void set_lowering(std::string_view op, void* rule) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  auto it = r.by_name.find(std::string(op));
+  if (it == r.by_name.end()) fail("set_lowering: unknown op '{}'", op);
+  it->second->lowering = rule;
+}
+
 void set_interceptor(DispatchInterceptor* i) { t_interceptor = i; }
 DispatchInterceptor* interceptor() { return t_interceptor; }
 void set_post_call_hook(PostCallHook h) { g_post_hook.store(h); }

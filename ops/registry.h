@@ -90,6 +90,8 @@ const OpDef* find_op(std::string_view name);
 std::vector<const OpDef*> all_ops();
 // Lets a backend install its kernel for an op.
 void register_kernel(std::string_view op, DeviceType device, KernelFn fn);
+// Lets codegen install an op's lowering rule (OpDef::lowering; the type is codegen's).
+void set_lowering(std::string_view op, void* rule);
 
 // Interceptor used by the tracer: when active (or when any input is a proxy), op calls are
 // recorded instead of executed. Set by the graph layer.

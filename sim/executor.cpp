@@ -68,6 +68,9 @@ class Executor {
     add("xlu");
     for (int q = 0; q < cfg_.dma.engines; ++q) add(fmt::format("dma{}", q));
     regs_.assign(size_t(cfg_.scalar.registers), 0);
+    if (opt.registers.size() > regs_.size())
+      throw SimError(fmt::format("run: {} initial registers given, the chip has {}", opt.registers.size(), regs_.size()));
+    std::copy(opt.registers.begin(), opt.registers.end(), regs_.begin());
     sems_.resize(size_t(cfg_.scalar.semaphores));
     mxu_.resize(size_t(m));
     buf_free_.assign(size_t(m), {0.0, 0.0});
