@@ -4,6 +4,7 @@
 
 #include <chrono>
 
+#include "codegen/region_runner.h"
 #include "graph/passes/passes.h"
 #include "graph/printer.h"
 #include "tpucore/jit_internal.h"
@@ -187,7 +188,7 @@ std::shared_ptr<graph::Executable> Engine::segment(const graph::Graph& g) {
   auto t0 = std::chrono::steady_clock::now();
   graph::Graph opt = g;
   graph::optimize(opt, pass_options());
-  auto exe = std::make_shared<graph::Executable>(std::move(opt));
+  auto exe = std::make_shared<graph::Executable>(std::move(opt), &codegen::run_region_on_chip);
   segments_.emplace(h, exe);
   note_compile(fmt::format("graph segment {:016x} ({} nodes)", h, g.nodes.size()),
                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(), false);
@@ -380,7 +381,7 @@ Entry* Engine::compile(std::span<const ArgSlot> args, TraceCall tc, const std::v
     graph::optimize(*opt, pass_options());
     if (opts_.disk_cache && disk_cache_enabled()) disk_cache_store(key, *opt);
   }
-  e->exe = std::make_shared<graph::Executable>(std::move(*opt));
+  e->exe = std::make_shared<graph::Executable>(std::move(*opt), &codegen::run_region_on_chip);
   e->sig = sig;
   e->hash = hash;
   entries_.push_back(std::move(e));

@@ -1,0 +1,47 @@
+// ElementwiseKernel: the chip program of one elementwise computation (a VecExpr) over a
+// row-major rows x cols output. Each input is a full rows x cols matrix, a row vector broadcast
+// down the rows, a column vector broadcast along the rows, or one scalar. The domain is tiled to
+// fit VMEM; each tile's inputs are DMAed in on alternating queues, computed on the vector unit,
+// and stored while the next tile loads.
+//
+// Arguments (scalar registers): r0..r(n-1) the inputs' HBM addresses, rn the output's.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "codegen/vector_expr.h"
+#include "sim/config.h"
+#include "sim/program.h"
+#include "tpucore/shape.h"
+
+namespace tpu::codegen {
+
+enum class EwLayout : uint8_t { full, row, col, scalar };
+
+struct EwInput {
+  EwLayout layout = EwLayout::full;
+  sim::DType dtype = sim::DType::f32;
+};
+
+struct ElementwiseSpec {
+  std::string name;
+  int64_t rows = 1, cols = 1;
+  std::vector<EwInput> inputs;
+  VecExpr expr;
+  sim::DType out_dtype = sim::DType::f32;
+};
+
+// Sets spec.rows x spec.cols for an output of shape `out`: its last dim as the columns, or,
+// when every input is full or scalar, rows of one vreg width (dense tiles whatever the shape).
+void fold_domain(ElementwiseSpec& spec, const Shape& out, const sim::ChipConfig& cfg);
+
+sim::Program make_elementwise_program(const sim::ChipConfig& cfg, const ElementwiseSpec& spec);
+std::string elementwise_key(const ElementwiseSpec& spec);
+
+// Largest tile (in elements) whose buffers of `bytes_per_element` bytes in total fit the chip's
+// VMEM with room to spare; at least one vreg's worth.
+int64_t vmem_tile_elements(const sim::ChipConfig& cfg, int64_t bytes_per_element);
+
+}  // namespace tpu::codegen

@@ -1,0 +1,107 @@
+#include "codegen/launch.h"
+
+#include <atomic>
+
+#include <spdlog/spdlog.h>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "device/sim_device.h"
+#include "device/sim_driver.h"
+#include "device/stream.h"
+#include "tpucore/error.h"
+#include "tpucore/log.h"
+
+namespace tpu::codegen {
+namespace {
+
+struct State {
+  std::mutex mu;
+  CodegenStats stats;
+  // Per SimDevice (by serial: a device rebuilt with another chip starts empty): key -> program.
+  std::map<uint64_t, std::unordered_map<std::string, std::unique_ptr<LoadedProgram>>> cache;
+};
+State& state() {
+  static State* s = new State();
+  return *s;
+}
+std::atomic<bool> g_timing_only{false};
+
+}  // namespace
+
+CodegenStats stats() {
+  State& s = state();
+  std::lock_guard<std::mutex> lk(s.mu);
+  return s.stats;
+}
+
+void reset_stats() {
+  State& s = state();
+  std::lock_guard<std::mutex> lk(s.mu);
+  s.stats = {};
+}
+
+void set_timing_only(bool on) { g_timing_only.store(on); }
+bool timing_only() { return g_timing_only.load(); }
+
+int64_t hbm_address(const Tensor& t) {
+  const TensorImpl& im = t.impl();
+  return static_cast<int64_t>(reinterpret_cast<uintptr_t>(im.storage->data)) +
+         im.offset * static_cast<int64_t>(dtype_size(im.dtype));
+}
+
+device::SimDevice& sim_device_of(const Tensor& t) { return device::sim_device(t.device().index); }
+
+void count_host_fallback() {
+  State& s = state();
+  std::lock_guard<std::mutex> lk(s.mu);
+  ++s.stats.host_fallbacks;
+}
+
+const LoadedProgram& cached_program(int device_index, const std::string& key, const std::function<sim::Program()>& build) {
+  device::SimDevice& dev = device::sim_device(device_index);
+  State& s = state();
+  {
+    std::lock_guard<std::mutex> lk(s.mu);
+    auto& m = s.cache[dev.serial()];
+    auto it = m.find(key);
+    if (it != m.end()) {
+      ++s.stats.cache_hits;
+      return *it->second;
+    }
+  }
+  sim::Program p = build();
+  auto lp = std::make_unique<LoadedProgram>();
+  lp->name = p.name;
+  lp->id = dev.load_program(std::move(p));
+  tpu::log().debug("codegen: built program '{}' for {} (key {})", lp->name, dev.name(), key);
+  std::lock_guard<std::mutex> lk(s.mu);
+  ++s.stats.programs_built;
+  auto& m = s.cache[dev.serial()];
+  auto [it, inserted] = m.emplace(key, std::move(lp));
+  return *it->second;
+}
+
+void launch(int device_index, const LoadedProgram& p, const std::string& kernel, std::vector<int64_t> args) {
+  device::SimDevice& dev = device::sim_device(device_index);
+  device::SimProgramOptions o;
+  o.timing_only = timing_only();
+  o.registers = std::move(args);
+  {
+    State& s = state();
+    std::lock_guard<std::mutex> lk(s.mu);
+    ++s.stats.runs;
+    ++s.stats.runs_by_kernel[kernel];
+  }
+  const device::StreamId stream = device::current_stream(Device(DeviceType::sim, device_index));
+  dev.run_program(stream, p.id, o, [](const sim::RunResult& r) {
+    State& s = state();
+    std::lock_guard<std::mutex> lk(s.mu);
+    s.stats.cycles += r.stats.cycles;
+    s.stats.hbm_bytes += r.stats.hbm_bytes_read + r.stats.hbm_bytes_written;
+    s.stats.mxu_flops += r.stats.mxu_flops;
+  });
+}
+
+}  // namespace tpu::codegen

@@ -1,0 +1,58 @@
+// Running generated programs on sim devices: a cache of programs per key (op, shapes, dtypes,
+// attrs), loaded once per device, run on the calling thread's current stream of the device with
+// the operands' HBM addresses passed in scalar registers r0.. (so one program serves any
+// buffers); and the codegen counters (programs built, cache hits, runs, simulated cycles).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "sim/program.h"
+#include "tpucore/tensor.h"
+
+namespace tpu::device {
+class SimDevice;
+}
+
+namespace tpu::codegen {
+
+struct CodegenStats {
+  uint64_t programs_built = 0;  // cache misses: programs generated and loaded
+  uint64_t cache_hits = 0;
+  uint64_t runs = 0;            // programs run (eager kernels and compiled regions)
+  uint64_t host_fallbacks = 0;  // calls a lowering declined (shape, dtype, layout) and sent to the host
+  double cycles = 0;            // simulated cycles of the finished runs
+  uint64_t hbm_bytes = 0;       // HBM bytes read + written by the finished runs
+  double mxu_flops = 0;
+  std::map<std::string, uint64_t> runs_by_kernel;  // kernel name ("add", "matmul", "region:...")
+};
+CodegenStats stats();  // call after synchronizing for complete cycle counts
+void reset_stats();
+
+// Timing-only: generated programs skip the arithmetic (same cycles), so model-sized work costs
+// seconds; results are then garbage. Off by default.
+void set_timing_only(bool on);
+bool timing_only();
+
+// The HBM byte address of a tensor's first element (sim tensors only).
+int64_t hbm_address(const Tensor& t);
+device::SimDevice& sim_device_of(const Tensor& t);
+
+struct LoadedProgram {
+  uint64_t id = 0;
+  std::string name;
+  int num_args = 0;
+};
+
+// The program for `key` on sim:index, built by `build` (and loaded) on the first request.
+const LoadedProgram& cached_program(int device_index, const std::string& key, const std::function<sim::Program()>& build);
+
+// Runs a loaded program on the current stream of sim:index with `args` in r0.. .
+void launch(int device_index, const LoadedProgram& p, const std::string& kernel, std::vector<int64_t> args);
+
+void count_host_fallback();
+
+}  // namespace tpu::codegen

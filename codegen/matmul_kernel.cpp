@@ -1,0 +1,255 @@
+#include "codegen/matmul_kernel.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "sim/builder.h"
+#include "tpucore/error.h"
+
+namespace tpu::codegen {
+
+using B = sim::ProgramBuilder;
+using sim::DType;
+
+namespace {
+
+int64_t align64(int64_t v) { return (v + 63) / 64 * 64; }
+int64_t es_of(DType t) { return sim::dtype_size(t); }
+
+bool has_epilogue(const MatmulSpec& s) {
+  return !s.epilogue.steps.empty() || s.epilogue.result.kind != VecRef::Kind::input || s.epilogue.result.index != 0 ||
+         s.out_dtype != DType::f32;
+}
+
+int epilogue_slots(const MatmulSpec& s) {
+  if (!has_epilogue(s)) return 0;
+  std::vector<DType> dts{DType::f32};
+  for (const EwInput& e : s.epilogue_inputs) dts.push_back(e.dtype);
+  return vec_temp_slots(s.epilogue, dts);
+}
+
+// VMEM layout of one tiling.
+struct VmemPlan {
+  int64_t a[2]{}, b[2]{}, acc[2]{}, out[2]{};
+  std::vector<std::array<int64_t, 2>> epi;
+  TempArena arena;
+  int64_t total = 0;
+};
+
+VmemPlan plan_vmem(const MatmulSpec& s, int64_t tm, int64_t tn, int64_t tk) {
+  VmemPlan p;
+  int64_t at = 0;
+  auto take = [&](int64_t bytes) {
+    const int64_t o = at;
+    at = align64(at + bytes);
+    return o;
+  };
+  for (int i = 0; i < 2; ++i) p.a[i] = take(tm * tk * es_of(s.a_dtype));
+  for (int i = 0; i < 2; ++i) p.b[i] = take(tk * tn * es_of(s.b_dtype));
+  for (int i = 0; i < 2; ++i) p.acc[i] = take(tm * tn * 4);
+  const bool epi = has_epilogue(s);
+  for (int i = 0; i < 2; ++i) p.out[i] = epi ? take(tm * tn * es_of(s.out_dtype)) : p.acc[i];
+  for (const EwInput& e : s.epilogue_inputs) {
+    const int64_t es = es_of(e.dtype);
+    const int64_t bytes = e.layout == EwLayout::full ? tm * tn * es
+                          : e.layout == EwLayout::row ? tn * es
+                          : e.layout == EwLayout::col ? tm * es
+                                                      : es;
+    p.epi.push_back({take(bytes), take(bytes)});
+  }
+  const int slots = epilogue_slots(s);
+  p.arena.slots = slots;
+  p.arena.slot_bytes = align64(tm * tn * 4);
+  p.arena.base = at;
+  at += p.arena.slot_bytes * slots;
+  p.total = at;
+  return p;
+}
+
+}  // namespace
+
+std::string matmul_key(const MatmulSpec& s) {
+  std::string k = fmt::format("mm:{}x{}x{}x{}:t{}:{}/{}:{}/{}>{}:{}:{}/{}/{}:", s.batch, s.m, s.n, s.k, s.b_transposed,
+                              s.a_batch_stride, s.b_batch_stride, sim::dtype_name(s.a_dtype),
+                              sim::dtype_name(s.b_dtype), sim::dtype_name(s.out_dtype), sim::mxu_mode_name(s.mode),
+                              s.tm, s.tn, s.tk);
+  for (const EwInput& in : s.epilogue_inputs) k += fmt::format("{}{},", int(in.layout), sim::dtype_name(in.dtype));
+  return k + s.epilogue.key();
+}
+
+MatmulTiling choose_matmul_tiling(const sim::ChipConfig& cfg, const MatmulSpec& s) {
+  const int64_t R = cfg.mxu.rows, Cm = cfg.mxu.cols, nm = cfg.mxu.count;
+  const int64_t budget = int64_t(cfg.memory.vmem_bytes) * 9 / 10;
+  MatmulTiling t;
+  t.tn = s.tn > 0 ? s.tn : std::min(s.n, nm * Cm);
+  t.tm = s.tm > 0 ? s.tm : std::min<int64_t>(s.m, 512);
+  t.tk = s.tk > 0 ? s.tk : s.k;
+  for (;;) {
+    t.vmem_bytes = plan_vmem(s, t.tm, t.tn, t.tk).total;
+    if (t.vmem_bytes <= budget) return t;
+    if (t.tk > 4 * R) t.tk = std::max(R, (t.tk / 2) / R * R);
+    else if (t.tm > 8) t.tm = std::max<int64_t>(8, t.tm / 2);
+    else if (t.tk > R) t.tk = R;
+    else if (t.tn > Cm) t.tn = std::max(Cm, t.tn - Cm);
+    else if (t.tm > 1) t.tm = std::max<int64_t>(1, t.tm / 2);
+    else fail("matmul: no tiling of {}x{}x{} fits the chip's {} bytes of VMEM", s.m, s.n, s.k, cfg.memory.vmem_bytes);
+  }
+}
+
+sim::Program make_matmul_program(const sim::ChipConfig& cfg, const MatmulSpec& s) {
+  const int64_t R = cfg.mxu.rows, Cm = cfg.mxu.cols, nm = cfg.mxu.count;
+  const MatmulTiling tl = choose_matmul_tiling(cfg, s);
+  const VmemPlan vp = plan_vmem(s, tl.tm, tl.tn, tl.tk);
+  const int ne = int(s.epilogue_inputs.size());
+  const int a_reg = 0, b_reg = 1, out_reg = 2 + ne, k_reg = 3 + ne;
+  TPU_CHECK(k_reg < cfg.scalar.registers, "internal: codegen: matmul epilogue has too many inputs ({})", ne);
+  const bool epi = has_epilogue(s);
+  const int64_t esa = es_of(s.a_dtype), esb = es_of(s.b_dtype), eso = es_of(s.out_dtype);
+  const int nq = cfg.dma.engines;
+  const int qa = 0, qb = 1 % nq, qe = 2 % nq, qc = 3 % nq;
+  const int semA = 0, semB = 1, semE = 2, semC = 3;
+
+  struct Step {
+    int64_t b, m0, ml, n0, nl, k0, kl;
+    bool first_k, last_k;
+    int tile;
+  };
+  std::vector<Step> steps;
+  int tile = 0;
+  for (int64_t bi = 0; bi < s.batch; ++bi)
+    for (int64_t m0 = 0; m0 < s.m; m0 += tl.tm)
+      for (int64_t n0 = 0; n0 < s.n; n0 += tl.tn, ++tile)
+        for (int64_t k0 = 0; k0 < s.k; k0 += tl.tk)
+          steps.push_back({bi, m0, std::min(tl.tm, s.m - m0), n0, std::min(tl.tn, s.n - n0), k0,
+                           std::min(tl.tk, s.k - k0), k0 == 0, k0 + tl.tk >= s.k, tile});
+  // Which A / B buffer each step reads, and whether it must load it (consecutive steps that read
+  // the same block share the load).
+  const size_t ns = steps.size();
+  std::vector<int> abuf(ns), bbuf(ns);
+  std::vector<bool> aload(ns), bload(ns);
+  for (size_t i = 0; i < ns; ++i) {
+    const Step& st = steps[i];
+    const bool same_a = i > 0 && steps[i - 1].m0 == st.m0 && steps[i - 1].k0 == st.k0 &&
+                        (steps[i - 1].b == st.b || s.a_batch_stride == 0);
+    const bool same_b = i > 0 && steps[i - 1].n0 == st.n0 && steps[i - 1].k0 == st.k0 &&
+                        (steps[i - 1].b == st.b || s.b_batch_stride == 0);
+    aload[i] = !same_a;
+    bload[i] = !same_b;
+    abuf[i] = i == 0 ? 0 : (same_a ? abuf[i - 1] : 1 - abuf[i - 1]);
+    bbuf[i] = i == 0 ? 0 : (same_b ? bbuf[i - 1] : 1 - bbuf[i - 1]);
+  }
+
+  B b(s.name);
+  auto issue_loads = [&](size_t i) {
+    const Step& st = steps[i];
+    if (aload[i])
+      b.dma(B::vmem_at(B::at(vp.a[abuf[i]])),
+            B::hbm_at(B::at((st.b * s.a_batch_stride + st.m0 * s.k + st.k0) * esa, {{int16_t(a_reg), 1}})),
+            {.rows = st.ml, .row_bytes = st.kl * esa, .src_row_stride = s.k * esa}, qa, semA);
+    if (bload[i]) {
+      if (s.b_transposed)
+        b.dma(B::vmem_at(B::at(vp.b[bbuf[i]])),
+              B::hbm_at(B::at((st.b * s.b_batch_stride + st.n0 * s.k + st.k0) * esb, {{int16_t(b_reg), 1}})),
+              {.rows = st.nl, .row_bytes = st.kl * esb, .src_row_stride = s.k * esb}, qb, semB);
+      else
+        b.dma(B::vmem_at(B::at(vp.b[bbuf[i]])),
+              B::hbm_at(B::at((st.b * s.b_batch_stride + st.k0 * s.n + st.n0) * esb, {{int16_t(b_reg), 1}})),
+              {.rows = st.kl, .row_bytes = st.nl * esb, .src_row_stride = s.n * esb}, qb, semB);
+    }
+  };
+
+  b.signal(semC, 2);  // both store buffers start free
+  if (ns) issue_loads(0);
+  for (size_t i = 0; i < ns; ++i) {
+    const Step& st = steps[i];
+    const int par = st.tile % 2;
+    if (aload[i]) b.wait(semA);
+    if (bload[i]) b.wait(semB);
+    if (i + 1 < ns) issue_loads(i + 1);
+    // Epilogue operands of this tile load while it computes.
+    std::vector<sim::Operand> epi_ops;
+    int epi_loads = 0;
+    if (st.last_k) {
+      epi_ops.push_back(B::vmem(B::at(vp.acc[par]), DType::f32, st.nl));
+      for (int e = 0; e < ne; ++e) {
+        const EwInput& in = s.epilogue_inputs[size_t(e)];
+        const int64_t es = es_of(in.dtype), buf = vp.epi[size_t(e)][size_t(par)];
+        const int16_t reg = int16_t(2 + e);
+        switch (in.layout) {
+          case EwLayout::full:
+            b.dma(B::vmem_at(B::at(buf)), B::hbm_at(B::at((st.b * s.m * s.n + st.m0 * s.n + st.n0) * es, {{reg, 1}})),
+                  {.rows = st.ml, .row_bytes = st.nl * es, .src_row_stride = s.n * es}, qe, semE);
+            epi_ops.push_back(B::vmem(B::at(buf), in.dtype, st.nl));
+            ++epi_loads;
+            break;
+          case EwLayout::row:
+            b.dma(B::vmem_at(B::at(buf)), B::hbm_at(B::at(st.n0 * es, {{reg, 1}})), {.row_bytes = st.nl * es}, qe, semE);
+            epi_ops.push_back(B::vmem(B::at(buf), in.dtype, 0));
+            ++epi_loads;
+            break;
+          case EwLayout::col:
+            b.dma(B::vmem_at(B::at(buf)), B::hbm_at(B::at((st.b * s.m + st.m0) * es, {{reg, 1}})),
+                  {.row_bytes = st.ml * es}, qe, semE);
+            epi_ops.push_back(B::vmem(B::at(buf), in.dtype, 1, 0));
+            ++epi_loads;
+            break;
+          case EwLayout::scalar:
+            b.dma(B::vmem_at(B::at(buf)), B::hbm_at(B::at(0, {{reg, 1}})), {.row_bytes = es}, qe, semE);
+            epi_ops.push_back(B::vmem(B::at(buf), in.dtype, 0, 0));
+            ++epi_loads;
+            break;
+        }
+      }
+    }
+    if (st.first_k && !epi) b.wait(semC);  // the accumulator is the store buffer
+    // The MXUs: column tile j of the panel on MXU j % nm, K tiles of R rows.
+    const int64_t ktiles_full = st.kl / R, k_tail = st.kl % R;
+    const int64_t jt = (st.nl + Cm - 1) / Cm;
+    auto ktile = [&](int64_t kt_off, int64_t kk, bool acc, bool in_loop) {
+      for (int64_t j = 0; j < jt; ++j) {
+        const int64_t nn = std::min(Cm, st.nl - j * Cm);
+        const int mxu = int(j % nm);
+        sim::Addr w, lhs = B::at(vp.a[abuf[i]] + kt_off * R * esa);
+        if (in_loop) lhs.terms[0] = {int16_t(k_reg), R * esa};
+        sim::Operand wop;
+        if (s.b_transposed) {
+          w = B::at(vp.b[bbuf[i]] + (j * Cm * st.kl + kt_off * R) * esb);
+          if (in_loop) w.terms[0] = {int16_t(k_reg), R * esb};
+          wop = B::vmem(w, s.b_dtype, 1, st.kl);
+        } else {
+          w = B::at(vp.b[bbuf[i]] + (kt_off * R * st.nl + j * Cm) * esb);
+          if (in_loop) w.terms[0] = {int16_t(k_reg), R * st.nl * esb};
+          wop = B::vmem(w, s.b_dtype, st.nl);
+        }
+        b.mxu_load_weights(mxu, wop, kk, nn, s.mode);
+        b.mxu_matmul(mxu, B::vmem(B::at(vp.acc[par] + j * Cm * 4), DType::f32, st.nl), B::vmem(lhs, s.a_dtype, st.kl),
+                     st.ml, kk, nn, acc, s.mode);
+      }
+    };
+    if (ktiles_full > 0) {
+      ktile(0, R, !st.first_k, false);
+      if (ktiles_full > 1) {
+        b.loop(k_reg, ktiles_full - 1);
+        ktile(1, R, true, true);
+        b.end_loop();
+      }
+    }
+    if (k_tail > 0) ktile(ktiles_full, k_tail, !(st.first_k && ktiles_full == 0), false);
+    if (!st.last_k) continue;
+    if (epi_loads) b.wait(semE, epi_loads);
+    if (epi) {
+      b.wait(semC);
+      emit_vec_expr(b, s.epilogue, epi_ops, B::vmem(B::at(vp.out[par]), s.out_dtype, st.nl),
+                    TempArena{vp.arena.base, vp.arena.slot_bytes, st.nl, vp.arena.slots}, st.ml, st.nl);
+    }
+    b.dma(B::hbm_at(B::at((st.b * s.m * s.n + st.m0 * s.n + st.n0) * eso, {{int16_t(out_reg), 1}})),
+          B::vmem_at(B::at(vp.out[par])), {.rows = st.ml, .row_bytes = st.nl * eso, .dst_row_stride = s.n * eso}, qc,
+          semC);
+  }
+  b.wait(semC, 2);
+  b.fence();
+  return b.finish();
+}
+
+}  // namespace tpu::codegen

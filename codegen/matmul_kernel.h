@@ -1,0 +1,49 @@
+// MatmulKernel: C[b] = epilogue(A[b] B[b]) on the MXUs. MatmulTiling cuts M into blocks of tm
+// rows, N into panels of tn columns (one column tile of the array width per MXU) and K into
+// chunks of tk (whole K when it fits); every (tile, chunk) step is emitted statically with its
+// true extents, so ragged edges need neither padding nor masks. A blocks and B panels are
+// double-buffered in VMEM and the next step's DMAs are issued before the current step's matmuls;
+// each MXU walks the K tiles accumulating in f32 into a double-buffered accumulator. The epilogue
+// (a VecExpr whose input 0 is the accumulator: bias, activation, residual, cast...) runs on the
+// vector unit before the tile is stored, while the next tile computes.
+//
+// Arguments: r0 A, r1 B, r2.. the epilogue's extra inputs, then C (HBM addresses).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "codegen/elementwise_kernel.h"
+#include "codegen/vector_expr.h"
+#include "sim/config.h"
+#include "sim/isa.h"
+#include "sim/program.h"
+
+namespace tpu::codegen {
+
+struct MatmulSpec {
+  std::string name = "matmul";
+  int64_t batch = 1, m = 1, n = 1, k = 1;
+  bool b_transposed = false;              // B is stored as [N, K] (linear weights)
+  int64_t a_batch_stride = 0, b_batch_stride = 0;  // elements; 0 = shared by every batch
+  sim::DType a_dtype = sim::DType::f32, b_dtype = sim::DType::f32, out_dtype = sim::DType::f32;
+  sim::MxuMode mode = sim::MxuMode::f32;
+  // Epilogue: input 0 is the f32 accumulator tile; inputs 1.. are `epilogue_inputs` laid out
+  // against the [m, n] output of each batch. Empty expression (no steps, result input 0): store.
+  std::vector<EwInput> epilogue_inputs;
+  VecExpr epilogue;
+  int64_t tm = 0, tn = 0, tk = 0;  // 0: chosen by MatmulTiling
+};
+
+struct MatmulTiling {
+  int64_t tm = 0, tn = 0, tk = 0;
+  int64_t vmem_bytes = 0;
+};
+// Tile sizes that fit VMEM (tn = MXUs x array width when N allows, tm <= 512, tk = K if it fits).
+MatmulTiling choose_matmul_tiling(const sim::ChipConfig& cfg, const MatmulSpec& s);
+
+sim::Program make_matmul_program(const sim::ChipConfig& cfg, const MatmulSpec& s);
+std::string matmul_key(const MatmulSpec& s);
+
+}  // namespace tpu::codegen

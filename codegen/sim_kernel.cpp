@@ -1,0 +1,30 @@
+#include <spdlog/spdlog.h>
+
+#include "codegen/launch.h"
+#include "codegen/lowering.h"
+#include "ops/fallback.h"
+#include "tpucore/log.h"
+
+namespace tpu::codegen {
+
+void install_lowering(const char* op, const Lowering* rule) {
+  if (!ops::find_op(op)) {
+    // Static initialization order: every op is defined before codegen registers (ops/ links
+    // first); a missing op means it was renamed.
+    tpu::log().error("codegen: no op '{}' to install a lowering for", op);
+    return;
+  }
+  ops::set_lowering(op, const_cast<Lowering*>(rule));
+  ops::register_kernel(op, DeviceType::sim, &sim_kernel);
+}
+
+void sim_kernel(const ops::KernelArgs& k) {
+  const Lowering* rule = lowering_of(k.op);
+  bool done = false;
+  if (rule) done = rule->eager ? rule->eager(k) : rule->elementwise ? eager_elementwise(k, *rule) : false;
+  if (done) return;
+  count_host_fallback();
+  ops::run_on_host(k.op, k.inputs, k.attrs, k.outputs);
+}
+
+}  // namespace tpu::codegen

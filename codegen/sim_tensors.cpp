@@ -1,0 +1,54 @@
+#include "codegen/sim_tensors.h"
+
+#include "codegen/launch.h"
+#include "codegen/strided_copy.h"
+#include "device/sim_driver.h"
+#include "ops/fallback.h"
+#include "ops/registry.h"
+
+namespace tpu::codegen {
+
+std::optional<sim::DType> chip_dtype(DType t) {
+  switch (t) {
+    case DType::f32: return sim::DType::f32;
+    case DType::bf16: return sim::DType::bf16;
+    case DType::i32: return sim::DType::i32;
+    case DType::i8: return sim::DType::i8;
+    case DType::boolean: return sim::DType::i8;
+    default: return std::nullopt;
+  }
+}
+
+bool copy_into(const Tensor& src, const Tensor& dst) {
+  if (src.numel() == 0) return true;
+  StridedView v;
+  v.elem_size = int64_t(src.element_size());
+  for (int d = 0; d < src.dim(); ++d) {
+    v.shape.push_back(src.shape()[d]);
+    v.strides.push_back(src.strides()[d]);
+  }
+  const StridedView c = collapse_view(v);
+  const int idx = src.device().index;
+  const sim::ChipConfig& cfg = sim_device_of(src).config();
+  const LoadedProgram& lp = cached_program(idx, strided_copy_key(c), [&] {
+    std::optional<sim::Program> prog = make_strided_copy(cfg, c);
+    return prog ? *prog : sim::Program{"unsupported", {}, false};
+  });
+  if (lp.name == "unsupported") return false;
+  launch(idx, lp, "strided_copy", {hbm_address(src), hbm_address(dst)});
+  return true;
+}
+
+std::optional<Tensor> materialize_on_device(const Tensor& t) {
+  if (t.is_contiguous()) return t;
+  Tensor out = ops::empty_tensor(t.shape(), t.dtype(), t.device());
+  if (!copy_into(t, out)) return std::nullopt;
+  return out;
+}
+
+std::optional<Tensor> device_operand(const Tensor& t, Device dev) {
+  if (t.device() != dev) return ops::copy_to_device(t, dev);
+  return materialize_on_device(t);
+}
+
+}  // namespace tpu::codegen

@@ -1,0 +1,61 @@
+#include "codegen/tile_loops.h"
+
+namespace tpu::codegen {
+
+sim::Addr TilePos::addr(int base_reg, int64_t offset, int64_t ld, int64_t es, bool use_rows, bool use_cols) const {
+  sim::Addr a;
+  a.offset = offset + ((use_rows ? row0 * ld : 0) + (use_cols ? col0 : 0)) * es;
+  int t = 0;
+  if (base_reg >= 0) a.terms[size_t(t++)] = {int16_t(base_reg), 1};
+  if (use_rows && row_reg >= 0) a.terms[size_t(t++)] = {int16_t(row_reg), tile_rows * ld * es};
+  if (use_cols && col_reg >= 0) a.terms[size_t(t++)] = {int16_t(col_reg), tile_cols * es};
+  return a;
+}
+
+void emit_tile_loops(sim::ProgramBuilder& b, int64_t rows, int64_t cols, int64_t tr, int64_t tc, int row_reg,
+                     int col_reg, const std::function<void(const TilePos&)>& body) {
+  const int64_t nr = rows / tr, rr = rows % tr, nc = cols / tc, rc = cols % tc;
+  auto col_part = [&](TilePos p) {
+    p.tile_cols = tc;
+    if (nc > 0) {
+      TilePos q = p;
+      q.cols = tc;
+      if (nc > 1) {
+        b.loop(col_reg, nc);
+        q.col_reg = col_reg;
+        body(q);
+        b.end_loop();
+      } else {
+        body(q);
+      }
+    }
+    if (rc > 0) {
+      TilePos q = p;
+      q.cols = rc;
+      q.col0 = nc * tc;
+      body(q);
+    }
+  };
+  TilePos p;
+  p.tile_rows = tr;
+  if (nr > 0) {
+    TilePos q = p;
+    q.rows = tr;
+    if (nr > 1) {
+      b.loop(row_reg, nr);
+      q.row_reg = row_reg;
+      col_part(q);
+      b.end_loop();
+    } else {
+      col_part(q);
+    }
+  }
+  if (rr > 0) {
+    TilePos q = p;
+    q.rows = rr;
+    q.row0 = nr * tr;
+    col_part(q);
+  }
+}
+
+}  // namespace tpu::codegen

@@ -1,0 +1,28 @@
+// TileLoops2D: walks a rows x cols domain in tiles of up to tr x tc, emitting loops over the
+// full tiles and separate code for the ragged last row/column tiles. The body is emitted once
+// per tile variant with the tile's extent and the byte-address terms of its position.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "sim/builder.h"
+
+namespace tpu::codegen {
+
+struct TilePos {
+  int64_t rows = 0, cols = 0;        // extent of this tile variant
+  int64_t row0 = 0, col0 = 0;        // constant element offsets (ragged variants), else 0
+  int row_reg = -1, col_reg = -1;    // registers counting full tiles (or -1)
+  int64_t tile_rows = 0, tile_cols = 0;  // full tile extent (scale of the registers)
+
+  // Address of element (row, col) of the tile in a row-major matrix with `ld` elements per row
+  // of `es` bytes each, whose base is in register base_reg (or -1) plus `offset`.
+  sim::Addr addr(int base_reg, int64_t offset, int64_t ld, int64_t es, bool use_rows = true, bool use_cols = true) const;
+};
+
+// Emits the tiling; registers row_reg and col_reg are used as loop counters.
+void emit_tile_loops(sim::ProgramBuilder& b, int64_t rows, int64_t cols, int64_t tr, int64_t tc, int row_reg,
+                     int col_reg, const std::function<void(const TilePos&)>& body);
+
+}  // namespace tpu::codegen

@@ -1,0 +1,71 @@
+// Matmul and linear on the MXUs of the tiny chip: ragged M/N/K (not multiples of the 8x8 array
+// or of the tiles), K accumulation in f32, shapes that need K chunks to fit VMEM, transposed
+// operands, batched matmul, bf16 and f32 inputs.
+#include "codegen_testing.h"
+
+namespace tpu::testing {
+namespace {
+
+Tensor rnd(Generator& g, const Shape& s, DType dt = DType::f32) { return make_input(g, s, dt, Layout::contiguous); }
+
+// bf16 MXU inputs are rounded to bf16: error grows like sqrt(K) * 2^-8 * |a||b|.
+Tol mm_tol(DType dt, int64_t k) {
+  if (dt == DType::bf16) return {0.05 * std::sqrt(double(k)), 2e-2};
+  return {1e-5 * std::sqrt(double(k)) * 4, 1e-5};
+}
+
+}  // namespace
+
+TEST_CASE("codegen: ragged matmul shapes on the tiny chip's MXUs", "[codegen]") {
+  TinySim tiny;
+  const Device d = tiny.dev();
+  Generator g(21);
+  struct Case {
+    int64_t m, n, k;
+  };
+  for (Case c : {Case{1, 1, 1}, Case{3, 5, 7}, Case{8, 8, 8}, Case{9, 17, 13}, Case{33, 20, 40}, Case{64, 48, 72}}) {
+    for (DType dt : {DType::f32, DType::bf16}) {
+      Tensor a = rnd(g, {c.m, c.k}, dt), b = rnd(g, {c.k, c.n}, dt);
+      ChipRunProbe probe;
+      Tensor got = tpu::matmul(a.to(d), b.to(d));
+      CHECK(probe.new_runs() >= 1);
+      CHECK(probe.new_fallbacks() == 0);
+      check_close(got, ref_of(tpu::matmul(a.to(DType::f32), b.to(DType::f32))), mm_tol(dt, c.k),
+                  fmt::format("matmul {}x{}x{} {}", c.m, c.n, c.k, dtype_name(dt)));
+    }
+  }
+}
+
+TEST_CASE("codegen: linear with bias, transposed weights, batched matmul", "[codegen]") {
+  TinySim tiny;
+  const Device d = tiny.dev();
+  Generator g(22);
+  Tensor x = rnd(g, {2, 5, 24}), w = rnd(g, {19, 24}), bias = rnd(g, {19});
+  ChipRunProbe probe;
+  check_close(tpu::linear(x.to(d), w.to(d), bias.to(d)), ref_of(tpu::linear(x, w, bias)), mm_tol(DType::f32, 24),
+              "linear");
+  Tensor wt = rnd(g, {24, 19});
+  check_close(tpu::matmul(x.to(d), wt.to(d)), ref_of(tpu::matmul(x, wt)), mm_tol(DType::f32, 24), "folded batch");
+  Tensor q = rnd(g, {3, 10, 16}), k = rnd(g, {3, 12, 16});
+  check_close(tpu::matmul(q.to(d), k.to(d).transpose(1, 2)), ref_of(tpu::matmul(q, k.transpose(1, 2))),
+              mm_tol(DType::f32, 16), "batched q k^T (transposed view read directly)");
+  CHECK(probe.new_fallbacks() == 0);
+}
+
+TEST_CASE("codegen: a matmul larger than the tiny chip's VMEM tiles M, N and K", "[codegen]") {
+  TinySim tiny;
+  const Device d = tiny.dev();
+  Generator g(23);
+  // A 100x600 and B 600x70 in f32 (240 KiB + 168 KiB) cannot sit in 256 KiB of VMEM at once.
+  Tensor a = rnd(g, {100, 600}), b = rnd(g, {600, 70});
+  ChipRunProbe probe;
+  Tensor got = tpu::matmul(a.to(d), b.to(d));
+  CHECK(probe.new_fallbacks() == 0);
+  CHECK(probe.new_cycles() > 0);
+  check_close(got, ref_of(tpu::matmul(a, b)), mm_tol(DType::f32, 600), "tiled matmul");
+  const codegen::MatmulTiling t = codegen::choose_matmul_tiling(
+      device::sim_device(1).config(), codegen::MatmulSpec{.m = 100, .n = 70, .k = 600});
+  CHECK(t.tk < 600);
+}
+
+}  // namespace tpu::testing
