@@ -37,6 +37,7 @@ struct VmemPlan {
   int64_t total = 0;
 };
 
+// A single A block (all of M and K in one tile) needs no second buffer: nothing is prefetched.
 VmemPlan plan_vmem(const MatmulSpec& s, int64_t tm, int64_t tn, int64_t tk) {
   VmemPlan p;
   int64_t at = 0;
@@ -45,7 +46,9 @@ VmemPlan plan_vmem(const MatmulSpec& s, int64_t tm, int64_t tn, int64_t tk) {
     at = align64(at + bytes);
     return o;
   };
-  for (int i = 0; i < 2; ++i) p.a[i] = take(tm * tk * es_of(s.a_dtype));
+  const bool one_a = tm >= s.m && tk >= s.k && (s.batch == 1 || s.a_batch_stride == 0);
+  p.a[0] = take(tm * tk * es_of(s.a_dtype));
+  p.a[1] = one_a ? p.a[0] : take(tm * tk * es_of(s.a_dtype));
   for (int i = 0; i < 2; ++i) p.b[i] = take(tk * tn * es_of(s.b_dtype));
   for (int i = 0; i < 2; ++i) p.acc[i] = take(tm * tn * 4);
   const bool epi = has_epilogue(s);
@@ -83,8 +86,15 @@ MatmulTiling choose_matmul_tiling(const sim::ChipConfig& cfg, const MatmulSpec& 
   const int64_t budget = int64_t(cfg.memory.vmem_bytes) * 9 / 10;
   MatmulTiling t;
   t.tn = s.tn > 0 ? s.tn : std::min(s.n, nm * Cm);
-  t.tm = s.tm > 0 ? s.tm : std::min<int64_t>(s.m, 512);
   t.tk = s.tk > 0 ? s.tk : s.k;
+  // B is re-read once per block of M rows: take all of M in one block when it fits (weights
+  // then stream through VMEM exactly once), else blocks of up to 512 rows.
+  if (s.tm == 0 && s.m > 512) {
+    t.tm = s.m;
+    t.vmem_bytes = plan_vmem(s, t.tm, t.tn, t.tk).total;
+    if (t.vmem_bytes <= budget) return t;
+  }
+  t.tm = s.tm > 0 ? s.tm : std::min<int64_t>(s.m, 512);
   for (;;) {
     t.vmem_bytes = plan_vmem(s, t.tm, t.tn, t.tk).total;
     if (t.vmem_bytes <= budget) return t;

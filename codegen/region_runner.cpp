@@ -7,7 +7,9 @@
 #include "codegen/launch.h"
 #include "codegen/lowering.h"
 #include "codegen/matmul_plan.h"
+#include "codegen/mlp_fusion.h"
 #include "codegen/operand_layout.h"
+#include "codegen/region_expr.h"
 #include "codegen/sim_tensors.h"
 #include "device/sim_driver.h"
 #include "ops/fallback.h"
@@ -19,67 +21,6 @@ using graph::Graph;
 using graph::Node;
 using graph::Region;
 using graph::ValueId;
-
-bool float_or_bool(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::boolean; }
-
-// Builds a VecExpr over the region's elementwise nodes; external values become inputs laid out
-// against `domain` (0-d cpu constants become immediates). `known` maps values already in the
-// expression (the matmul accumulator).
-struct ExprBuilder {
-  const Graph& g;
-  std::vector<Tensor>& vals;
-  Shape domain;
-  Device dev;
-  VecExpr& e;
-  std::vector<EwInput>& inputs;
-  std::vector<Tensor>& args;
-  int first_input = 0;  // expression input index of inputs[0]
-  std::unordered_map<ValueId, VecRef> known{};
-  std::string key{};
-
-  ExprBuilder(const Graph& g_, std::vector<Tensor>& vals_, Shape domain_, Device dev_, VecExpr& e_,
-              std::vector<EwInput>& inputs_, std::vector<Tensor>& args_)
-      : g(g_), vals(vals_), domain(std::move(domain_)), dev(dev_), e(e_), inputs(inputs_), args(args_) {}
-
-  std::optional<VecRef> ref(ValueId v) {
-    if (auto it = known.find(v); it != known.end()) return it->second;
-    const Tensor& t = vals[size_t(v)];
-    if (!t.defined()) return std::nullopt;
-    if (t.dim() == 0 && t.device().is_cpu()) {
-      const double x = t.to(DType::f32).to_vector<float>()[0];
-      key += fmt::format("c{:a},", x);
-      return known[v] = VecExpr::imm(float(x));
-    }
-    if (!float_or_bool(t.dtype())) return std::nullopt;
-    auto lo = lay_out(t, domain, dev);
-    if (!lo) return std::nullopt;
-    const VecRef r = e.input(first_input + int(inputs.size()));
-    inputs.push_back(lo->in);
-    args.push_back(lo->t);
-    return known[v] = r;
-  }
-
-  bool add(const Node& n) {
-    const Lowering* rule = lowering_of(*n.op);
-    if (!rule || !rule->elementwise || n.outputs.size() != 1) return false;
-    const DType out = g.meta(n.outputs[0]).dtype;
-    if (out == DType::i32 || out == DType::i8 || !chip_dtype(out)) return false;
-    std::vector<VecRef> in;
-    for (ValueId v : n.inputs) {
-      if (!rule->int_inputs_ok && !float_or_bool(g.meta(v).dtype)) return false;
-      auto r = ref(v);
-      if (!r) return false;
-      in.push_back(*r);
-    }
-    DType in_dtype = n.inputs.empty() ? out : g.meta(n.inputs[0]).dtype;
-    if (n.inputs.size() > 1 && in_dtype == DType::boolean) in_dtype = g.meta(n.inputs[1]).dtype;
-    VecRef r;
-    if (!rule->elementwise(e, in, n.attrs, in_dtype, r)) return false;
-    key += fmt::format("{}[{}];", n.op->name, n.attrs.str());
-    known[n.outputs[0]] = r;
-    return true;
-  }
-};
 
 bool region_on_sim(const Graph& g, const Region& r) {
   for (ValueId v : r.outputs)
@@ -95,7 +36,7 @@ bool run_elementwise_region(const Graph& g, const Region& r, std::vector<Tensor>
   if (!odt || om.dtype == DType::i32 || om.dtype == DType::i8) return false;
   ElementwiseSpec spec;
   std::vector<Tensor> args;
-  ExprBuilder eb{g, vals, om.shape, om.device, spec.expr, spec.inputs, args};
+  RegionExprBuilder eb{g, vals, om.shape, om.device, spec.expr, spec.inputs, args};
   for (int32_t ni : r.nodes)
     if (!eb.add(g.nodes[size_t(ni)])) return false;
   auto it = eb.known.find(outv);
@@ -133,7 +74,7 @@ bool run_matmul_region(const Graph& g, const Region& r, std::vector<Tensor>& val
   if (!plan) return false;
   MatmulSpec& s = plan->spec;
   // Epilogue operands are laid out against the [M, N] view of each batch's output.
-  ExprBuilder eb{g, vals, mmo.shape, om.device, s.epilogue, s.epilogue_inputs, plan->epilogue_args};
+  RegionExprBuilder eb{g, vals, mmo.shape, om.device, s.epilogue, s.epilogue_inputs, plan->epilogue_args};
   eb.first_input = 1;  // input 0 is the accumulator; the bias (if any) is already inputs[0]
   eb.known[mm.outputs[0]] = plan->value;
   for (size_t i = 1; i < r.nodes.size(); ++i)
@@ -155,9 +96,10 @@ bool run_matmul_region(const Graph& g, const Region& r, std::vector<Tensor>& val
 
 bool run_region_on_chip(const Graph& g, const Region& r, std::vector<Tensor>& vals) {
   if (!region_on_sim(g, r)) return false;
+  if (vals[size_t(r.outputs[0])].defined()) return true;  // computed with its producer (MlpKernel)
   switch (r.kind) {
     case graph::RegionKind::elementwise: return run_elementwise_region(g, r, vals);
-    case graph::RegionKind::matmul_epilogue: return run_matmul_region(g, r, vals);
+    case graph::RegionKind::matmul_epilogue: return run_mlp_pair(g, r, vals) || run_matmul_region(g, r, vals);
     case graph::RegionKind::rowwise: return false;
   }
   return false;

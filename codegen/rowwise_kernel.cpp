@@ -17,6 +17,10 @@ using sim::DType;
 namespace {
 int64_t align64(int64_t v) { return (v + 63) / 64 * 64; }
 constexpr int kTemps = 2;  // f32 tile temporaries
+// Rows are summed in chunks of this many columns, then the partial sums (the XLU adds
+// sequentially in f32; chunking keeps long rows accurate, as a lane-parallel tree would).
+constexpr int64_t kSumChunk = 512;
+int64_t sum_chunks(int64_t cols) { return (cols + kSumChunk - 1) / kSumChunk; }
 }  // namespace
 
 bool is_reduction(RowOp op) { return op == RowOp::sum || op == RowOp::mean || op == RowOp::max || op == RowOp::min; }
@@ -32,7 +36,7 @@ int64_t rowwise_tile_rows(const sim::ChipConfig& cfg, const RowwiseSpec& s) {
   const int64_t params = 2 * align64(s.cols * 4);
   const int64_t out_cols = is_reduction(s.op) ? 1 : s.cols;
   const int64_t per_row = s.cols * sim::dtype_size(s.in_dtype) + out_cols * sim::dtype_size(s.out_dtype) +
-                          kTemps * s.cols * 4 + 4 * 4 + 64 * 3;
+                          kTemps * s.cols * 4 + 4 * 4 + sum_chunks(s.cols) * 4 + 64 * 3;
   if (budget - params < per_row) return 0;
   return std::max<int64_t>(1, std::min<int64_t>({s.rows, (budget - params) / per_row, int64_t(1) << 16}));
 }
@@ -69,6 +73,9 @@ sim::Program make_rowwise_program(const sim::ChipConfig& cfg, const RowwiseSpec&
   at = align64(at + tr * 4);
   const int64_t c1 = at;
   at = align64(at + tr * 4);
+  const int64_t nchunk = sum_chunks(C);
+  const int64_t part = at;
+  at = align64(at + tr * nchunk * 4);
   TPU_CHECK(uint64_t(at) <= cfg.memory.vmem_bytes, "internal: codegen: rowwise plan needs {} bytes of VMEM", at);
 
   const int sem_in = 0, sem_out = 1;
@@ -87,6 +94,19 @@ sim::Program make_rowwise_program(const sim::ChipConfig& cfg, const RowwiseSpec&
   const sim::Operand C0 = tile(1, c0, DType::f32), C1 = tile(1, c1, DType::f32);
   const sim::Operand O = tile(out_cols, o_buf, s.out_dtype);
   const float inv_c = 1.0f / float(C);
+  // dst (r x 1) = sum of each row of src (r x C).
+  auto row_sum = [&](const sim::Operand& dst, const sim::Operand& src, int64_t r) {
+    if (nchunk == 1) {
+      b.reduce(Op::xsum, dst, src, r, C);
+      return;
+    }
+    for (int64_t j = 0; j < nchunk; ++j) {
+      sim::Operand piece = src;
+      piece.addr.offset += j * kSumChunk * sim::dtype_size(src.dtype);
+      b.reduce(Op::xsum, B::vmem(B::at(part + j * 4), DType::f32, nchunk), piece, r, std::min(kSumChunk, C - j * kSumChunk));
+    }
+    b.reduce(Op::xsum, dst, B::vmem(B::at(part), DType::f32, nchunk), r, nchunk);
+  };
 
   emit_tile_loops(b, s.rows, C, tr, C, row_reg, col_reg, [&](const TilePos& p) {
     const int64_t r = p.rows;
@@ -96,7 +116,7 @@ sim::Program make_rowwise_program(const sim::ChipConfig& cfg, const RowwiseSpec&
     switch (s.op) {
       case RowOp::sum:
       case RowOp::mean:
-        b.reduce(Op::xsum, C0, X, r, C);
+        row_sum(C0, X, r);
         b.binary(Op::vmul, O, C0, B::imm(s.op == RowOp::mean ? s.scale : 1.0f), r, 1);
         break;
       case RowOp::max:
@@ -113,7 +133,7 @@ sim::Program make_rowwise_program(const sim::ChipConfig& cfg, const RowwiseSpec&
         b.reduce(Op::xmax, C0, X, r, C);
         b.binary(Op::vsub, T0, X, col(c0), r, C);
         b.unary(Op::vexp, T1, T0, r, C);
-        b.reduce(Op::xsum, C1, T1, r, C);
+        row_sum(C1, T1, r);
         if (s.op == RowOp::softmax) {
           b.unary(Op::vrecip, C1, C1, r, 1);
           b.binary(Op::vmul, O, T1, col(c1), r, C);
@@ -126,13 +146,13 @@ sim::Program make_rowwise_program(const sim::ChipConfig& cfg, const RowwiseSpec&
       case RowOp::rms_norm: {
         sim::Operand src = X;
         if (s.op == RowOp::layer_norm) {
-          b.reduce(Op::xsum, C0, X, r, C);
+          row_sum(C0, X, r);
           b.binary(Op::vmul, C0, C0, B::imm(inv_c), r, 1);
           b.binary(Op::vsub, T0, X, col(c0), r, C);
           src = T0;
         }
         b.binary(Op::vmul, T1, src, src, r, C);
-        b.reduce(Op::xsum, C1, T1, r, C);
+        row_sum(C1, T1, r);
         b.ternary(Op::vfma, C1, C1, B::imm(inv_c), B::imm(s.eps), r, 1);
         b.unary(Op::vrsqrt, C1, C1, r, 1);
         const bool last_mul = !s.has_weight && !s.has_bias;

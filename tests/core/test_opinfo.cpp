@@ -2,6 +2,7 @@
 #include <set>
 
 #include "ops/registry.h"
+#include "codegen_testing.h"
 #include "opinfo.h"
 #include "tpucore/devices.h"
 
@@ -16,12 +17,13 @@ std::vector<std::pair<std::string, std::string>>& opinfo_covered_elsewhere() {
   return t;
 }
 
-// The devices every op is tested on: the host, the in-tree simulator, and the simulator built
-// as a driver plugin and loaded as `tpu` (the ABI path). Ops without a device kernel of their
-// own run through the host fallback. Later issues add sim compiled.
+// The devices every op is tested on: the host, the in-tree simulator (sim:0 on the default
+// v5e-like chip, sim:1 on the tiny chip, whose small VMEM makes the generated kernels tile), and
+// the simulator built as a driver plugin and loaded as `tpu` (the ABI path). On sim, ops with a
+// lowering run as generated chip programs; the others run through the host fallback.
 static std::vector<Device> devices_under_test() {
   load_driver_plugin("libtpusim_plugin.so", DeviceType::tpu);  // unloaded again after the test case
-  return {Device("cpu"), Device("sim:0"), Device("tpu:0")};
+  return {Device("cpu"), Device("sim:0"), Device("sim:1"), Device("tpu:0")};
 }
 
 static void run_entry(const OpInfo& info, Device dev) {
@@ -49,6 +51,7 @@ static void run_entry(const OpInfo& info, Device dev) {
 
 TEST_CASE("opinfo: every op matches its naive reference on every device", "[opinfo]") {
   REQUIRE(!opinfo_table().empty());
+  TinySim tiny;  // sim:1 on the tiny chip
   for (Device dev : devices_under_test())
     for (const OpInfo& info : opinfo_table()) {
       DYNAMIC_SECTION(info.op << " on " << dev.str()) { run_entry(info, dev); }

@@ -1,0 +1,53 @@
+#include "codegen/region_expr.h"
+
+#include <fmt/format.h>
+
+#include "codegen/lowering.h"
+#include "codegen/operand_layout.h"
+#include "codegen/sim_tensors.h"
+
+namespace tpu::codegen {
+namespace {
+bool float_or_bool(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::boolean; }
+}  // namespace
+
+std::optional<VecRef> RegionExprBuilder::ref(graph::ValueId v) {
+  if (auto it = known.find(v); it != known.end()) return it->second;
+  const Tensor& t = vals[size_t(v)];
+  if (!t.defined()) return std::nullopt;
+  if (t.dim() == 0 && t.device().is_cpu()) {
+    const double x = t.to(DType::f32).to_vector<float>()[0];
+    key += fmt::format("c{:a},", x);
+    return known[v] = VecExpr::imm(float(x));
+  }
+  if (!float_or_bool(t.dtype())) return std::nullopt;
+  auto lo = lay_out(t, domain, dev);
+  if (!lo) return std::nullopt;
+  const VecRef r = e.input(first_input + int(inputs.size()));
+  inputs.push_back(lo->in);
+  args.push_back(lo->t);
+  return known[v] = r;
+}
+
+bool RegionExprBuilder::add(const graph::Node& n) {
+  const Lowering* rule = lowering_of(*n.op);
+  if (!rule || !rule->elementwise || n.outputs.size() != 1) return false;
+  const DType out = g.meta(n.outputs[0]).dtype;
+  if (out == DType::i32 || out == DType::i8 || !chip_dtype(out)) return false;
+  std::vector<VecRef> in;
+  for (graph::ValueId v : n.inputs) {
+    if (!rule->int_inputs_ok && !float_or_bool(g.meta(v).dtype)) return false;
+    auto r = ref(v);
+    if (!r) return false;
+    in.push_back(*r);
+  }
+  DType in_dtype = n.inputs.empty() ? out : g.meta(n.inputs[0]).dtype;
+  if (n.inputs.size() > 1 && in_dtype == DType::boolean) in_dtype = g.meta(n.inputs[1]).dtype;
+  VecRef r;
+  if (!rule->elementwise(e, in, n.attrs, in_dtype, r)) return false;
+  key += fmt::format("{}[{}];", n.op->name, n.attrs.str());
+  known[n.outputs[0]] = r;
+  return true;
+}
+
+}  // namespace tpu::codegen
