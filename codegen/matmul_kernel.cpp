@@ -87,12 +87,18 @@ MatmulTiling choose_matmul_tiling(const sim::ChipConfig& cfg, const MatmulSpec& 
   MatmulTiling t;
   t.tn = s.tn > 0 ? s.tn : std::min(s.n, nm * Cm);
   t.tk = s.tk > 0 ? s.tk : s.k;
-  // B is re-read once per block of M rows: take all of M in one block when it fits (weights
-  // then stream through VMEM exactly once), else blocks of up to 512 rows.
+  // B is re-read once per block of M rows. Blocks of up to 512 rows keep the first A load
+  // short; all of M in one block (weights streamed through VMEM once) when re-reading B would
+  // make the steps HBM-bound.
   if (s.tm == 0 && s.m > 512) {
-    t.tm = s.m;
-    t.vmem_bytes = plan_vmem(s, t.tm, t.tn, t.tk).total;
-    if (t.vmem_bytes <= budget) return t;
+    const double mxu_cycles = 512.0 * double((t.tk + R - 1) / R) * double((t.tn + Cm * nm - 1) / (Cm * nm)) *
+                              (s.mode == sim::MxuMode::f32 ? cfg.mxu.f32_cycles_per_row : cfg.mxu.bf16_cycles_per_row);
+    const double b_cycles = double(t.tk * t.tn * es_of(s.b_dtype)) / cfg.hbm_bytes_per_cycle();
+    if (b_cycles > 0.7 * mxu_cycles) {
+      t.tm = s.m;
+      t.vmem_bytes = plan_vmem(s, t.tm, t.tn, t.tk).total;
+      if (t.vmem_bytes <= budget) return t;
+    }
   }
   t.tm = s.tm > 0 ? s.tm : std::min<int64_t>(s.m, 512);
   for (;;) {

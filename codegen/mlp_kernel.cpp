@@ -128,10 +128,12 @@ sim::Program make_mlp_program(const sim::ChipConfig& cfg, const MlpSpec& s, cons
   auto mxu_pass = [&](int64_t lhs, int64_t lda, int64_t w, int64_t ldw, int64_t kdim, int64_t ndim, int64_t outb,
                       int64_t ldo, bool first_acc) {
     const int64_t kt_full = kdim / R, k_tail = kdim % R, jt = (ndim + Cm - 1) / Cm;
-    for (int64_t j = 0; j < jt; ++j) {
-      const int64_t nn = std::min(Cm, ndim - j * Cm);
-      const int mxu = int(j % nm);
-      auto one = [&](int64_t kt, int64_t kk, bool acc, bool in_loop) {
+    // K tiles outer, column tiles inner: the MXUs work side by side (the issue queue of one
+    // MXU never holds back the others).
+    auto ktile = [&](int64_t kt, int64_t kk, bool acc, bool in_loop) {
+      for (int64_t j = 0; j < jt; ++j) {
+        const int64_t nn = std::min(Cm, ndim - j * Cm);
+        const int mxu = int(j % nm);
         sim::Addr wa = B::at(w + (j * Cm * ldw + kt * R) * es), la = B::at(lhs + kt * R * es);
         if (in_loop) {
           wa.terms[0] = {int16_t(k_reg), R * es};
@@ -140,17 +142,17 @@ sim::Program make_mlp_program(const sim::ChipConfig& cfg, const MlpSpec& s, cons
         b.mxu_load_weights(mxu, B::vmem(wa, s.dtype, 1, ldw), kk, nn, s.mode);
         b.mxu_matmul(mxu, B::vmem(B::at(outb + j * Cm * 4), DType::f32, ldo), B::vmem(la, s.dtype, lda), s.m, kk, nn,
                      acc, s.mode);
-      };
-      if (kt_full > 0) {
-        one(0, R, !first_acc, false);
-        if (kt_full > 1) {
-          b.loop(k_reg, kt_full - 1);
-          one(1, R, true, true);
-          b.end_loop();
-        }
       }
-      if (k_tail > 0) one(kt_full, k_tail, !(first_acc && kt_full == 0), false);
+    };
+    if (kt_full > 0) {
+      ktile(0, R, !first_acc, false);
+      if (kt_full > 1) {
+        b.loop(k_reg, kt_full - 1);
+        ktile(1, R, true, true);
+        b.end_loop();
+      }
     }
+    if (k_tail > 0) ktile(kt_full, k_tail, !(first_acc && kt_full == 0), false);
   };
   auto phase1 = [&](int64_t c) {
     mxu_pass(v.x, s.k1, v.w1[c % 2], s.k1, s.k1, hl(c), v.hacc[c % 2], hl(c), true);
