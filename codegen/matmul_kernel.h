@@ -31,8 +31,8 @@ struct MatmulSpec {
   sim::MxuMode mode = sim::MxuMode::f32;
   // Epilogue: input 0 is the f32 accumulator tile; inputs 1.. are `epilogue_inputs` laid out
   // against the [m, n] output of each batch. Empty expression (no steps, result input 0): store.
-  std::vector<EwInput> epilogue_inputs;
-  VecExpr epilogue;
+  std::vector<EwInput> epilogue_inputs{};
+  VecExpr epilogue{};
   int64_t tm = 0, tn = 0, tk = 0;  // 0: chosen by MatmulTiling
 };
 

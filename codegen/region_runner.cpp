@@ -10,6 +10,7 @@
 #include "codegen/mlp_fusion.h"
 #include "codegen/operand_layout.h"
 #include "codegen/region_expr.h"
+#include "codegen/rowwise_region.h"
 #include "codegen/sim_tensors.h"
 #include "device/sim_driver.h"
 #include "ops/fallback.h"
@@ -100,7 +101,7 @@ bool run_region_on_chip(const Graph& g, const Region& r, std::vector<Tensor>& va
   switch (r.kind) {
     case graph::RegionKind::elementwise: return run_elementwise_region(g, r, vals);
     case graph::RegionKind::matmul_epilogue: return run_mlp_pair(g, r, vals) || run_matmul_region(g, r, vals);
-    case graph::RegionKind::rowwise: return false;
+    case graph::RegionKind::rowwise: return run_rowwise_region(g, r, vals);
   }
   return false;
 }

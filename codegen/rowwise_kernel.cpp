@@ -25,18 +25,51 @@ int64_t sum_chunks(int64_t cols) { return (cols + kSumChunk - 1) / kSumChunk; }
 
 bool is_reduction(RowOp op) { return op == RowOp::sum || op == RowOp::mean || op == RowOp::max || op == RowOp::min; }
 
+int fused_slots(const VecExpr& e, const std::vector<EwInput>& ins, bool y_first) {
+  std::vector<DType> d;
+  if (y_first) d.push_back(DType::f32);
+  for (const EwInput& i : ins) d.push_back(i.dtype);
+  return vec_temp_slots(e, d);
+}
+
+int64_t operand_bytes(const EwInput& in, int64_t rows, int64_t cols) {
+  const int64_t es = sim::dtype_size(in.dtype);
+  switch (in.layout) {
+    case EwLayout::full: return rows * cols * es;
+    case EwLayout::row: return cols * es;
+    case EwLayout::col: return rows * es;
+    case EwLayout::scalar: return es;
+  }
+  return es;
+}
+
 std::string rowwise_key(const RowwiseSpec& s) {
-  return fmt::format("row:{}:{}x{}:{}>{}:w{}b{}:{}:{:a}:{:a}", int(s.op), s.rows, s.cols, sim::dtype_name(s.in_dtype),
-                     sim::dtype_name(s.out_dtype), s.has_weight, s.has_bias, sim::dtype_name(s.param_dtype), s.eps,
-                     s.scale);
+  std::string k = fmt::format("row:{}:{}x{}:{}>{}:w{}b{}:{}:{:a}:{:a}:p{}e{}:", int(s.op), s.rows, s.cols,
+                              sim::dtype_name(s.in_dtype), sim::dtype_name(s.out_dtype), s.has_weight, s.has_bias,
+                              sim::dtype_name(s.param_dtype), s.eps, s.scale, s.has_prologue, s.has_epilogue);
+  for (const EwInput& in : s.pro_inputs) k += fmt::format("{}{},", int(in.layout), sim::dtype_name(in.dtype));
+  if (s.has_prologue) k += s.prologue.key() + "|";
+  for (const EwInput& in : s.epi_inputs) k += fmt::format("{}{},", int(in.layout), sim::dtype_name(in.dtype));
+  if (s.has_epilogue) k += s.epilogue.key();
+  return k;
 }
 
 int64_t rowwise_tile_rows(const sim::ChipConfig& cfg, const RowwiseSpec& s) {
   const int64_t budget = int64_t(cfg.memory.vmem_bytes) * 3 / 4;
   const int64_t params = 2 * align64(s.cols * 4);
   const int64_t out_cols = is_reduction(s.op) ? 1 : s.cols;
-  const int64_t per_row = s.cols * sim::dtype_size(s.in_dtype) + out_cols * sim::dtype_size(s.out_dtype) +
+  int64_t per_row = s.cols * sim::dtype_size(s.in_dtype) + out_cols * sim::dtype_size(s.out_dtype) +
                           kTemps * s.cols * 4 + 4 * 4 + sum_chunks(s.cols) * 4 + 64 * 3;
+  int64_t fused = 0;
+  if (s.has_prologue) {
+    fused += 4 * s.cols * (1 + fused_slots(s.prologue, s.pro_inputs, false));
+    for (const EwInput& in : s.pro_inputs) fused += operand_bytes(in, 1, s.cols) + 64;
+  }
+  if (s.has_epilogue) {
+    fused += 4 * out_cols * (1 + fused_slots(s.epilogue, s.epi_inputs, true));
+    for (const EwInput& in : s.epi_inputs) fused += operand_bytes(in, 1, out_cols) + 64;
+  }
+  per_row += fused;
   if (budget - params < per_row) return 0;
   return std::max<int64_t>(1, std::min<int64_t>({s.rows, (budget - params) / per_row, int64_t(1) << 16}));
 }
@@ -48,9 +81,11 @@ sim::Program make_rowwise_program(const sim::ChipConfig& cfg, const RowwiseSpec&
   const bool red = is_reduction(s.op);
   const int64_t out_cols = red ? 1 : C;
   const int x_reg = 0;
-  int nargs = 1;
+  int nargs = s.has_prologue ? int(s.pro_inputs.size()) : 1;
   const int w_reg = s.has_weight ? nargs++ : -1;
   const int b_reg = s.has_bias ? nargs++ : -1;
+  const int epi_reg = nargs;
+  if (s.has_epilogue) nargs += int(s.epi_inputs.size());
   const int out_reg = nargs++;
   const int row_reg = nargs, col_reg = nargs + 1;
   const int64_t esi = sim::dtype_size(s.in_dtype), eso = sim::dtype_size(s.out_dtype), esp = sim::dtype_size(s.param_dtype);
@@ -76,6 +111,26 @@ sim::Program make_rowwise_program(const sim::ChipConfig& cfg, const RowwiseSpec&
   const int64_t nchunk = sum_chunks(C);
   const int64_t part = at;
   at = align64(at + tr * nchunk * 4);
+  // Fused prologue / epilogue: input tiles, temporaries, x and y tiles.
+  std::vector<int64_t> pro_buf, epi_buf;
+  for (const EwInput& in : s.pro_inputs) {
+    pro_buf.push_back(at);
+    at = align64(at + operand_bytes(in, tr, C));
+  }
+  for (const EwInput& in : s.epi_inputs) {
+    epi_buf.push_back(at);
+    at = align64(at + operand_bytes(in, tr, out_cols));
+  }
+  const int pro_slots = s.has_prologue ? fused_slots(s.prologue, s.pro_inputs, false) : 0;
+  const int epi_slots = s.has_epilogue ? fused_slots(s.epilogue, s.epi_inputs, true) : 0;
+  const TempArena pro_arena{at, align64(tr * C * 4), C, pro_slots};
+  at += pro_arena.slot_bytes * pro_slots;
+  const TempArena epi_arena{at, align64(tr * out_cols * 4), out_cols, epi_slots};
+  at += epi_arena.slot_bytes * epi_slots;
+  const int64_t xt = at;
+  at = align64(at + (s.has_prologue ? tr * C * 4 : 0));
+  const int64_t yt = at;
+  at = align64(at + (s.has_epilogue ? tr * out_cols * 4 : 0));
   TPU_CHECK(uint64_t(at) <= cfg.memory.vmem_bytes, "internal: codegen: rowwise plan needs {} bytes of VMEM", at);
 
   const int sem_in = 0, sem_out = 1;
@@ -89,10 +144,43 @@ sim::Program make_rowwise_program(const sim::ChipConfig& cfg, const RowwiseSpec&
 
   auto tile = [&](int64_t ld, int64_t base, DType t) { return B::vmem(B::at(base), t, ld); };
   auto col = [&](int64_t base) { return B::vmem(B::at(base), DType::f32, 1, 0); };  // per-row value, broadcast along the row
-  const sim::Operand X = tile(C, x_buf, s.in_dtype), T0 = tile(C, t0, DType::f32), T1 = tile(C, t1, DType::f32);
+  const sim::Operand X = s.has_prologue ? tile(C, xt, DType::f32) : tile(C, x_buf, s.in_dtype);
+  const sim::Operand T0 = tile(C, t0, DType::f32), T1 = tile(C, t1, DType::f32);
   const sim::Operand W = B::vmem(B::at(w_buf), s.param_dtype, 0), Bb = B::vmem(B::at(b_buf), s.param_dtype, 0);
   const sim::Operand C0 = tile(1, c0, DType::f32), C1 = tile(1, c1, DType::f32);
-  const sim::Operand O = tile(out_cols, o_buf, s.out_dtype);
+  const sim::Operand O = s.has_epilogue ? tile(out_cols, yt, DType::f32) : tile(out_cols, o_buf, s.out_dtype);
+  const sim::Operand Ofinal = tile(out_cols, o_buf, s.out_dtype);
+  // DMAs the tile of each fused input into its buffer; returns their operands.
+  auto load_fused = [&](const std::vector<EwInput>& ins, const std::vector<int64_t>& bufs, int reg0, int64_t cols,
+                        const TilePos& p, int& loads) {
+    std::vector<sim::Operand> ops;
+    for (size_t i = 0; i < ins.size(); ++i) {
+      const EwInput& in = ins[i];
+      const int64_t es = sim::dtype_size(in.dtype);
+      const int16_t reg = int16_t(reg0 + int(i));
+      const int q = (loads + 1) % nq;
+      switch (in.layout) {
+        case EwLayout::full:
+          b.dma(B::vmem_at(B::at(bufs[i])), B::hbm_at(p.addr(reg, 0, cols, es)), {.rows = 1, .row_bytes = p.rows * cols * es}, q, sem_in);
+          ops.push_back(B::vmem(B::at(bufs[i]), in.dtype, cols));
+          break;
+        case EwLayout::row:
+          b.dma(B::vmem_at(B::at(bufs[i])), B::hbm_at(B::at(0, {{reg, 1}})), {.row_bytes = cols * es}, q, sem_in);
+          ops.push_back(B::vmem(B::at(bufs[i]), in.dtype, 0));
+          break;
+        case EwLayout::col:
+          b.dma(B::vmem_at(B::at(bufs[i])), B::hbm_at(p.addr(reg, 0, 1, es, true, false)), {.row_bytes = p.rows * es}, q, sem_in);
+          ops.push_back(B::vmem(B::at(bufs[i]), in.dtype, 1, 0));
+          break;
+        case EwLayout::scalar:
+          b.dma(B::vmem_at(B::at(bufs[i])), B::hbm_at(B::at(0, {{reg, 1}})), {.row_bytes = es}, q, sem_in);
+          ops.push_back(B::vmem(B::at(bufs[i]), in.dtype, 0, 0));
+          break;
+      }
+      ++loads;
+    }
+    return ops;
+  };
   const float inv_c = 1.0f / float(C);
   // dst (r x 1) = sum of each row of src (r x C).
   auto row_sum = [&](const sim::Operand& dst, const sim::Operand& src, int64_t r) {
@@ -110,8 +198,21 @@ sim::Program make_rowwise_program(const sim::ChipConfig& cfg, const RowwiseSpec&
 
   emit_tile_loops(b, s.rows, C, tr, C, row_reg, col_reg, [&](const TilePos& p) {
     const int64_t r = p.rows;
-    b.dma(B::vmem_at(B::at(x_buf)), B::hbm_at(p.addr(x_reg, 0, C, esi)), {.rows = r, .row_bytes = C * esi}, 0, sem_in);
-    b.wait(sem_in);
+    int loads = 0;
+    std::vector<sim::Operand> pro_ops, epi_ops;
+    if (s.has_prologue) {
+      pro_ops = load_fused(s.pro_inputs, pro_buf, 0, C, p, loads);
+    } else {
+      b.dma(B::vmem_at(B::at(x_buf)), B::hbm_at(p.addr(x_reg, 0, C, esi)), {.rows = r, .row_bytes = C * esi}, 0, sem_in);
+      ++loads;
+    }
+    if (s.has_epilogue) {
+      epi_ops.push_back(O);
+      std::vector<sim::Operand> more = load_fused(s.epi_inputs, epi_buf, epi_reg, out_cols, p, loads);
+      epi_ops.insert(epi_ops.end(), more.begin(), more.end());
+    }
+    if (loads) b.wait(sem_in, loads);
+    if (s.has_prologue) emit_vec_expr(b, s.prologue, pro_ops, X, pro_arena, r, C);
     b.wait(sem_out);
     switch (s.op) {
       case RowOp::sum:
@@ -162,6 +263,7 @@ sim::Program make_rowwise_program(const sim::ChipConfig& cfg, const RowwiseSpec&
         break;
       }
     }
+    if (s.has_epilogue) emit_vec_expr(b, s.epilogue, epi_ops, Ofinal, epi_arena, r, out_cols);
     b.dma(B::hbm_at(p.addr(out_reg, 0, out_cols, eso)), B::vmem_at(B::at(o_buf)), {.rows = 1, .row_bytes = r * out_cols * eso},
           1 % nq, sem_out);
   });

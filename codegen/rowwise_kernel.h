@@ -4,12 +4,15 @@
 // VMEM; each tile is loaded, reduced on the XLU with its epilogue on the vector unit and EUP,
 // and stored while the next tile loads.
 //
-// Arguments: r0 the input's HBM address, then weight and bias (when present), then the output.
+// Arguments: r0 the input's HBM address (or the prologue's inputs), then weight and bias (when
+// present), then the epilogue's inputs, then the output.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
+#include "codegen/elementwise_kernel.h"
+#include "codegen/vector_expr.h"
 #include "sim/config.h"
 #include "sim/program.h"
 
@@ -25,6 +28,12 @@ struct RowwiseSpec {
   sim::DType param_dtype = sim::DType::f32;
   float eps = 1e-5f;
   float scale = 1.0f;  // mean: 1 / count (may differ from 1 / cols in a two-stage reduction)
+  // Fused regions (softmax / norms only): x = prologue(pro_inputs) computed per tile instead of
+  // loaded, and out = epilogue(y, epi_inputs) with y (input 0) the row op's result; inputs are
+  // laid out against [rows, cols].
+  bool has_prologue = false, has_epilogue = false;
+  std::vector<EwInput> pro_inputs{}, epi_inputs{};
+  VecExpr prologue{}, epilogue{};
 };
 
 bool is_reduction(RowOp op);

@@ -27,8 +27,8 @@ struct VecStep {
 
 struct VecExpr {
   int num_inputs = 0;
-  std::vector<VecStep> steps;  // step i produces temp i
-  VecRef result;
+  std::vector<VecStep> steps{};  // step i produces temp i
+  VecRef result{};
 
   VecRef input(int i);
   static VecRef imm(float v) { return {VecRef::Kind::imm, 0, v}; }

@@ -78,3 +78,37 @@ TEST_CASE("codegen: compiled softmax and layer_norm on sim equal eager", "[codeg
 }
 
 }  // namespace tpu::testing
+
+namespace tpu::testing {
+
+TEST_CASE("codegen: a compiled softmax / layer_norm region with producers and consumers is one kernel", "[codegen]") {
+  TinySim tiny;
+  const Device d = tiny.dev();
+  Tensor x = jit_testing::rnd({6, 5, 40}, 15).to(d), r = jit_testing::rnd({6, 5, 40}, 16).to(d);
+  Tensor w = jit_testing::rnd({40}, 17).to(d), b = jit_testing::rnd({40}, 18).to(d);
+  struct Case {
+    const char* name;
+    std::function<Tensor(const Tensor&)> fn;
+  };
+  const Case cases[] = {
+      {"softmax", [&](const Tensor& in) { return tpu::softmax(in * 0.5 + r, -1) * 2.0; }},
+      {"log_softmax", [&](const Tensor& in) { return tpu::log_softmax(in - w, -1); }},
+      {"layer_norm", [&](const Tensor& in) { return tpu::layer_norm(in + r, {40}, w, b) * 3.0 + r; }},
+      {"rms_norm", [&](const Tensor& in) { return tpu::silu(tpu::rms_norm(in * in, {40}, w)); }},
+  };
+  for (const Case& c : cases) {
+    Tensor eager = c.fn(x);
+    auto f = tpu::compile(c.fn, {.name = std::string("codegen_") + c.name});
+    (void)f(x);
+    ChipRunProbe probe;
+    const uint64_t fused0 = codegen::stats().runs_by_kernel["region:rowwise"];
+    Tensor got = f(x);
+    INFO(c.name);
+    CHECK(probe.new_runs() == 1);
+    CHECK(probe.new_fallbacks() == 0);
+    CHECK(codegen::stats().runs_by_kernel["region:rowwise"] == fused0 + 1);
+    jit_testing::expect_close(got.to("cpu"), eager.to("cpu"), 1e-5, 1e-5, std::string("compiled vs eager: ") + c.name);
+  }
+}
+
+}  // namespace tpu::testing

@@ -1,0 +1,120 @@
+#include "codegen/rowwise_region.h"
+
+#include <fmt/format.h>
+
+#include "codegen/launch.h"
+#include "codegen/region_expr.h"
+#include "codegen/rowwise_kernel.h"
+#include "codegen/sim_tensors.h"
+#include "device/sim_driver.h"
+
+namespace tpu::codegen {
+namespace {
+
+bool float_chip(DType t) { return t == DType::f32 || t == DType::bf16; }
+sim::DType cd(DType t) { return t == DType::bf16 ? sim::DType::bf16 : sim::DType::f32; }
+
+}  // namespace
+
+bool run_rowwise_region(const graph::Graph& g, const graph::Region& r, std::vector<Tensor>& vals) {
+  int k = -1;
+  RowOp op = RowOp::softmax;
+  for (size_t i = 0; i < r.nodes.size(); ++i) {
+    const std::string& name = g.nodes[size_t(r.nodes[i])].op->name;
+    std::optional<RowOp> o;
+    if (name == "softmax") o = RowOp::softmax;
+    else if (name == "log_softmax") o = RowOp::log_softmax;
+    else if (name == "layer_norm") o = RowOp::layer_norm;
+    else if (name == "rms_norm") o = RowOp::rms_norm;
+    if (!o) continue;
+    if (k >= 0) return false;  // one row op per kernel
+    k = int(i);
+    op = *o;
+  }
+  if (k < 0) return false;
+  const graph::Node& rn = g.nodes[size_t(r.nodes[size_t(k)])];
+  const graph::ValueId xv = rn.inputs[0], yv = rn.outputs[0], outv = r.outputs[0];
+  const graph::ValueMeta &xm = g.meta(xv), &om = g.meta(outv);
+  if (!(xm.shape == om.shape) || !(g.meta(yv).shape == om.shape) || om.shape.numel() == 0 || xm.shape.ndim() == 0)
+    return false;
+  if (!float_chip(om.dtype) || !float_chip(g.meta(yv).dtype)) return false;
+  int64_t C = xm.shape[xm.shape.ndim() - 1];
+  if (op == RowOp::layer_norm || op == RowOp::rms_norm) {
+    C = 1;
+    for (int64_t d : rn.attrs.get_ints("normalized_shape")) C *= d;
+  }
+  if (C == 0) return false;
+  RowwiseSpec s{.op = op, .rows = om.shape.numel() / C, .cols = C};
+  const Device dev = om.device;
+  std::vector<Tensor> args, keep;
+  std::string key;
+  // Prologue: the nodes before the row op compute x.
+  if (k > 0) {
+    s.has_prologue = true;
+    s.in_dtype = sim::DType::f32;
+    RegionExprBuilder pb{g, vals, xm.shape, dev, s.prologue, s.pro_inputs, args};
+    for (int i = 0; i < k; ++i)
+      if (!pb.add(g.nodes[size_t(r.nodes[size_t(i)])])) return false;
+    auto it = pb.known.find(xv);
+    if (it == pb.known.end()) return false;
+    s.prologue.result = it->second;
+    key += pb.key;
+  } else {
+    const Tensor& x = vals[size_t(xv)];
+    if (!x.defined() || !float_chip(x.dtype()) || x.device() != dev) return false;
+    auto c = materialize_on_device(x);
+    if (!c) return false;
+    args.push_back(*c);
+    s.in_dtype = cd(x.dtype());
+  }
+  // Parameters of the norms.
+  if (op == RowOp::layer_norm || op == RowOp::rms_norm) {
+    s.eps = float(rn.attrs.get_float("eps"));
+    s.has_weight = rn.attrs.get_bool("has_weight");
+    s.has_bias = op == RowOp::layer_norm && rn.attrs.get_bool("has_bias");
+    DType pt = DType::f32;
+    for (int i = 1; i <= 2; ++i) {
+      if ((i == 1 && !s.has_weight) || (i == 2 && !s.has_bias)) continue;
+      const Tensor& p = vals[size_t(rn.inputs[size_t(i)])];
+      if (!p.defined() || !float_chip(p.dtype()) || p.device() != dev) return false;
+      if (i == 2 && s.has_weight && p.dtype() != pt) return false;
+      pt = p.dtype();
+      auto c = materialize_on_device(p);
+      if (!c) return false;
+      args.push_back(*c);
+    }
+    s.param_dtype = cd(pt);
+  }
+  // Epilogue: the nodes after it, with y as input 0.
+  if (size_t(k) + 1 < r.nodes.size()) {
+    s.has_epilogue = true;
+    std::vector<Tensor> epi_args;
+    RegionExprBuilder eb{g, vals, om.shape, dev, s.epilogue, s.epi_inputs, epi_args};
+    eb.first_input = 1;
+    eb.known[yv] = s.epilogue.input(0);
+    for (size_t i = size_t(k) + 1; i < r.nodes.size(); ++i)
+      if (!eb.add(g.nodes[size_t(r.nodes[i])])) return false;
+    auto it = eb.known.find(outv);
+    if (it == eb.known.end()) return false;
+    s.epilogue.result = it->second;
+    args.insert(args.end(), epi_args.begin(), epi_args.end());
+    key += "|" + eb.key;
+  } else if (outv != yv) {
+    return false;
+  }
+  s.out_dtype = cd(om.dtype);
+  const int idx = dev.index;
+  const sim::ChipConfig& cfg = device::sim_device(idx).config();
+  if (rowwise_tile_rows(cfg, s) == 0) return false;
+  Tensor out = ops::empty_tensor(om.shape, om.dtype, dev);
+  std::vector<int64_t> a;
+  for (const Tensor& t : args) a.push_back(hbm_address(t));
+  a.push_back(hbm_address(out));
+  const LoadedProgram& lp =
+      cached_program(idx, "region:" + key + rowwise_key(s), [&] { return make_rowwise_program(cfg, s); });
+  launch(idx, lp, "region:rowwise", std::move(a));
+  vals[size_t(outv)] = out;
+  return true;
+}
+
+}  // namespace tpu::codegen
