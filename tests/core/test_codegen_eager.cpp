@@ -97,3 +97,36 @@ TEST_CASE("codegen: layer_norm and rms_norm on the chip", "[codegen]") {
 }
 
 }  // namespace tpu::testing
+
+namespace tpu::testing {
+
+TEST_CASE("codegen: out of HBM in a lowered op is a tpu::Error and the device keeps working", "[codegen]") {
+  TinySim tiny;  // 4 MiB of HBM
+  const Device d = tiny.dev();
+  Generator g(12);
+  Tensor x = rnd(g, {700, 700}).to(d);  // 1.96 MB
+  Tensor y = x + x;                      // 3.92 MB in use
+  CHECK_THROWS_WITH(tpu::matmul(y, x), Catch::Matchers::Contains("out of device memory") &&
+                                           Catch::Matchers::Contains("sim:1"));
+  y = Tensor();
+  Tensor small = rnd(g, {3, 4});
+  ChipRunProbe probe;
+  check_on_chip(tpu::exp(small.to(d)), tpu::exp(small), {1e-6, 1e-6}, "after the error");
+  CHECK(probe.new_runs() == 1);
+}
+
+TEST_CASE("codegen: ops a lowering does not cover run through the counted host fallback", "[codegen]") {
+  TinySim tiny;
+  const Device d = tiny.dev();
+  Generator g(13);
+  Tensor x = rnd(g, {4, 5});
+  ChipRunProbe probe;
+  check_on_chip(tpu::sin(x.to(d)), tpu::sin(x), {1e-6, 1e-6}, "sin (no EUP op)");
+  CHECK(probe.new_fallbacks() == 1);
+  CHECK(probe.new_runs() == 0);
+  Tensor i = tpu::randint(0, 10, {6}, {DType::i32}, &g);
+  check_on_chip(i.to(d) + i.to(d), i + i, {0, 0}, "integer add (f32 vector math is not integer math)");
+  CHECK(probe.new_fallbacks() == 2);
+}
+
+}  // namespace tpu::testing
