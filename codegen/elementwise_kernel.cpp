@@ -13,6 +13,95 @@ using B = sim::ProgramBuilder;
 
 namespace {
 int64_t align64(int64_t v) { return (v + 63) / 64 * 64; }
+// Rows of tr x cols tiles, double-buffered: tile t+1 loads while tile t computes and tile t-1
+// stores (parity registers pick the buffers); the ragged last tile runs after the loop.
+void emit_row_pipeline(B& b, const sim::ChipConfig& cfg, const ElementwiseSpec& s, int64_t tr,
+                       const std::vector<int64_t>& in_buf, const std::vector<int64_t>& in_size, int64_t out_buf,
+                       int64_t out_size, const TempArena& arena) {
+  const int n = int(s.inputs.size());
+  const int out_reg = n, t_reg = n + 1, par_reg = n + 2, npar_reg = n + 3;
+  TPU_CHECK(npar_reg < cfg.scalar.registers, "internal: codegen: {} inputs exceed the chip's registers", n);
+  const int64_t C = s.cols, nr = s.rows / tr, rr = s.rows % tr;
+  const int sem_in = 0, sem_out = 1, nq = cfg.dma.engines;
+  int per_tile = 0;
+  for (const EwInput& in : s.inputs) per_tile += in.layout == EwLayout::full || in.layout == EwLayout::col;
+  // Row vectors are the same for every tile: loaded once.
+  int once = 0;
+  for (int i = 0; i < n; ++i)
+    if (s.inputs[size_t(i)].layout == EwLayout::row) {
+      b.dma(B::vmem_at(B::at(in_buf[size_t(i)])), B::hbm_at(B::at(0, {{int16_t(i), 1}})),
+            {.row_bytes = C * sim::dtype_size(s.inputs[size_t(i)].dtype)}, (once++) % nq, sem_in);
+    }
+  if (once) b.wait(sem_in, once);
+  // Address helpers: a tile is `first` tiles past register t (or absolute when use_t is false);
+  // its buffers are those of parity register `preg` (or constant parity `pc` when preg < 0).
+  auto vaddr = [&](int64_t base, int64_t size, int preg, int64_t pc) {
+    return preg >= 0 ? B::at(base, {{int16_t(preg), size}}) : B::at(base + pc * size);
+  };
+  auto haddr = [&](int reg, int64_t tile_bytes, int64_t first, bool use_t) {
+    sim::Addr a = B::at(first * tile_bytes, {{int16_t(reg), 1}});
+    if (use_t) a.terms[1] = {int16_t(t_reg), tile_bytes};
+    return a;
+  };
+  auto loads = [&](int64_t rows, int64_t first, bool use_t, int preg, int64_t pc) {
+    int q = 0;
+    for (int i = 0; i < n; ++i) {
+      const EwInput& in = s.inputs[size_t(i)];
+      const int64_t es = sim::dtype_size(in.dtype);
+      if (in.layout == EwLayout::full)
+        b.dma(B::vmem_at(vaddr(in_buf[size_t(i)], in_size[size_t(i)], preg, pc)),
+              B::hbm_at(haddr(i, tr * C * es, first, use_t)), {.row_bytes = rows * C * es}, (q++) % nq, sem_in);
+      else if (in.layout == EwLayout::col)
+        b.dma(B::vmem_at(vaddr(in_buf[size_t(i)], in_size[size_t(i)], preg, pc)),
+              B::hbm_at(haddr(i, tr * es, first, use_t)), {.row_bytes = rows * es}, (q++) % nq, sem_in);
+    }
+  };
+  auto compute_store = [&](int64_t rows, int64_t first, bool use_t, int preg, int64_t pc) {
+    std::vector<sim::Operand> ops;
+    for (int i = 0; i < n; ++i) {
+      const EwInput& in = s.inputs[size_t(i)];
+      switch (in.layout) {
+        case EwLayout::full: ops.push_back(B::vmem(vaddr(in_buf[size_t(i)], in_size[size_t(i)], preg, pc), in.dtype, C)); break;
+        case EwLayout::col: ops.push_back(B::vmem(vaddr(in_buf[size_t(i)], in_size[size_t(i)], preg, pc), in.dtype, 1, 0)); break;
+        case EwLayout::row: ops.push_back(B::vmem(B::at(in_buf[size_t(i)]), in.dtype, 0)); break;
+        case EwLayout::scalar: ops.push_back(B::vmem(B::at(in_buf[size_t(i)]), in.dtype, 0, 0)); break;
+      }
+    }
+    b.wait(sem_out);  // a store buffer is free
+    const sim::Operand dst = B::vmem(vaddr(out_buf, out_size, preg, pc), s.out_dtype, C);
+    emit_vec_expr(b, s.expr, ops, dst, arena, rows, C);
+    const int64_t eo = sim::dtype_size(s.out_dtype);
+    b.dma(B::hbm_at(haddr(out_reg, tr * C * eo, first, use_t)), B::vmem_at(vaddr(out_buf, out_size, preg, pc)),
+          {.row_bytes = rows * C * eo}, n % nq, sem_out);
+  };
+  b.signal(sem_out, 1);  // with the caller's one: both store buffers start free
+  loads(tr, 0, false, -1, 0);
+  auto body = [&](bool prefetch) {
+    b.smod(par_reg, t_reg, 2);
+    if (per_tile) b.wait(sem_in, per_tile);
+    if (prefetch) {
+      b.sadd(npar_reg, t_reg, 1);
+      b.smod(npar_reg, npar_reg, 2);
+      loads(tr, 1, true, npar_reg, 0);
+    }
+    compute_store(tr, 0, true, par_reg, 0);
+  };
+  b.loop(t_reg, nr - 1);
+  body(true);
+  b.end_loop();
+  b.sset(t_reg, nr - 1);
+  body(false);
+  if (rr > 0) {
+    // The ragged tile uses the buffers of parity nr % 2 (those of tile nr - 2, whose store is
+    // the earliest to complete).
+    loads(rr, nr, false, -1, nr % 2);
+    if (per_tile) b.wait(sem_in, per_tile);
+    compute_store(rr, nr, false, -1, nr % 2);
+  }
+  b.wait(sem_out, 2);
+  b.fence();
+}
+
 }  // namespace
 
 int64_t vmem_tile_elements(const sim::ChipConfig& cfg, int64_t bytes_per_element) {
@@ -44,15 +133,17 @@ sim::Program make_elementwise_program(const sim::ChipConfig& cfg, const Elementw
   std::vector<sim::DType> dts;
   for (const EwInput& in : s.inputs) dts.push_back(in.dtype);
   const int slots = vec_temp_slots(s.expr, dts);
-  int64_t per_elem = sim::dtype_size(s.out_dtype) + 4 * slots;
+  // Full inputs and the output are double-buffered (the next row tile loads while this one
+  // computes and the previous one stores).
+  int64_t per_elem = 2 * sim::dtype_size(s.out_dtype) + 4 * slots;
   for (const EwInput& in : s.inputs)
-    if (in.layout == EwLayout::full) per_elem += sim::dtype_size(in.dtype);
+    if (in.layout == EwLayout::full) per_elem += 2 * sim::dtype_size(in.dtype);
   const int64_t E = vmem_tile_elements(cfg, per_elem);
   const int64_t tc = std::min(s.cols, E);
   const int64_t tr = std::max<int64_t>(1, std::min(s.rows, E / tc));
 
   // VMEM plan: input buffers, output buffer, temporaries.
-  std::vector<int64_t> in_buf(static_cast<size_t>(n));
+  std::vector<int64_t> in_buf(static_cast<size_t>(n)), in_size(static_cast<size_t>(n));
   int64_t at = 0;
   for (int i = 0; i < n; ++i) {
     const int64_t es = sim::dtype_size(s.inputs[size_t(i)].dtype);
@@ -64,10 +155,13 @@ sim::Program make_elementwise_program(const sim::ChipConfig& cfg, const Elementw
       case EwLayout::scalar: bytes = es; break;
     }
     in_buf[size_t(i)] = at;
+    in_size[size_t(i)] = align64(bytes);
     at = align64(at + bytes);
+    if (s.inputs[size_t(i)].layout == EwLayout::full || s.inputs[size_t(i)].layout == EwLayout::col)
+      at = align64(at + bytes);  // second buffer
   }
-  const int64_t out_buf = at;
-  at = align64(at + tr * tc * sim::dtype_size(s.out_dtype));
+  const int64_t out_buf = at, out_size = align64(tr * tc * sim::dtype_size(s.out_dtype));
+  at = align64(at + 2 * out_size);
   TempArena arena{at, align64(tr * tc * 4), tc, slots};
   at += arena.slot_bytes * slots;
   TPU_CHECK(uint64_t(at) <= cfg.memory.vmem_bytes, "internal: codegen: elementwise tile plan needs {} bytes of VMEM", at);
@@ -85,6 +179,10 @@ sim::Program make_elementwise_program(const sim::ChipConfig& cfg, const Elementw
       ++scalars;
     }
   if (scalars) b.wait(sem_in, scalars);
+  if (tc == s.cols && s.rows / tr >= 2) {
+    emit_row_pipeline(b, cfg, s, tr, in_buf, in_size, out_buf, out_size, arena);
+    return b.finish();
+  }
 
   emit_tile_loops(b, s.rows, s.cols, tr, tc, row_reg, col_reg, [&](const TilePos& p) {
     std::vector<sim::Operand> ops;
