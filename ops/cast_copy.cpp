@@ -83,6 +83,10 @@ Tensor to(const Tensor& x, Device device) {
 
 Tensor& copy_(Tensor& self, const Tensor& src_in) {
   TPU_CHECK(self.defined() && src_in.defined(), "copy_: undefined tensor");
+  if (InplaceHook h = inplace_hook()) {
+    const Tensor ins[1] = {src_in};
+    if (h("copy_", nullptr, self, std::span<const Tensor>(ins, 1), ops::Attrs{})) return self;
+  }
   broadcast_shapes(self.shape(), src_in.shape(), "copy_");
   Shape b = broadcast_shapes(self.shape(), src_in.shape(), "copy_");
   TPU_CHECK(b == self.shape(), "copy_: source of shape {} cannot be broadcast to the destination's shape {}",
@@ -101,7 +105,7 @@ Tensor& copy_(Tensor& self, const Tensor& src_in) {
         .copy_on_device(*s2.storage(), static_cast<size_t>(s2.offset()) * es, *self.storage(),
                         static_cast<size_t>(self.offset()) * es, self.nbytes());
   }
-  ++self.impl().version;
+  self.impl().bump_version();
   return self;
 }
 

@@ -233,6 +233,8 @@ Tensor from_buffer_checked(const void* data, size_t count, DType src_dtype, cons
 }
 
 Tensor& fill_(Tensor& self, Scalar v) {
+  TPU_CHECK(self.defined(), "fill_: self is an undefined tensor");
+  if (ops::InplaceHook h = ops::inplace_hook(); h && h("fill_", nullptr, self, {}, {{"value", v}})) return self;
   return copy_(self, full(Shape{}, v, TensorOptions(self.dtype(), Device())));
 }
 

@@ -7,7 +7,8 @@
 // Fast path: a contiguous cpu self whose dtype is the compute dtype, with the other operand
 // not partially overlapping it, runs the op's kernel straight into self (one pass, no
 // temporary). Otherwise the op runs out of place and copy_ writes the result back.
-// (Autograd of in-place ops is not recorded here yet; the post-call hook is not invoked.)
+// Autograd sees every in-place op first through the in-place hook (ops/registry.h): it refuses
+// writes to leaves that require grad and records differentiable in-place ops itself.
 #include "ops/binary_common.h"
 
 namespace tpu {
@@ -38,6 +39,7 @@ bool safe_alias(const Tensor& self, const Tensor& other) {
 Tensor& run_inplace(Tensor& self, std::span<const Tensor> inputs, const OpDef& op, const Attrs& attrs) {
   const std::string name = inplace_name(op);
   for (size_t i = 0; i < inputs.size(); ++i) TPU_CHECK(inputs[i].defined(), "{}: input {} is an undefined tensor", name, i);
+  if (InplaceHook h = inplace_hook(); h && h(name.c_str(), &op, self, inputs, attrs)) return self;
   for (int d = 0; d < self.dim(); ++d)
     TPU_CHECK(self.shape()[d] <= 1 || self.strides()[d] != 0,
               "{}: self ({}, strides {}) is an expanded view in which several elements share one memory location; "
@@ -78,7 +80,7 @@ Tensor& run_inplace(Tensor& self, std::span<const Tensor> inputs, const OpDef& o
   ins[0] = self;
   Tensor outs[1] = {self};
   op.cpu(KernelArgs{op, std::span<const Tensor>(ins.data(), inputs.size()), outs, attrs});
-  ++self.impl().version;
+  self.impl().bump_version();
   return self;
 }
 

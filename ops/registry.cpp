@@ -15,6 +15,7 @@ struct Registry {
   std::mutex mu;
   std::deque<OpDef> defs;  // stable addresses
   std::unordered_map<std::string, OpDef*> by_name;
+  std::unordered_map<std::string, BackwardDef> pending_backward;  // formulas of ops not defined yet
 };
 Registry& registry() {
   static Registry* r = new Registry();
@@ -23,6 +24,7 @@ Registry& registry() {
 
 thread_local DispatchInterceptor* t_interceptor = nullptr;
 std::atomic<PostCallHook> g_post_hook{nullptr};
+std::atomic<InplaceHook> g_inplace_hook{nullptr};
 
 std::string devices_str(std::span<const Tensor> inputs) {
   std::string s;
@@ -42,6 +44,10 @@ const OpDef& define(OpDef def) {
   if (it != r.by_name.end()) fail("internal: op '{}' is defined twice", def.name);
   r.defs.push_back(std::move(def));
   OpDef* d = &r.defs.back();
+  if (auto p = r.pending_backward.find(d->name); p != r.pending_backward.end()) {
+    d->backward = p->second;
+    r.pending_backward.erase(p);
+  }
   r.by_name.emplace(d->name, d);
   return *d;
 }
@@ -77,9 +83,19 @@ void set_lowering(std::string_view op, void* rule) {
   it->second->lowering = rule;
 }
 
+void set_backward(std::string_view op, BackwardDef def) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  auto it = r.by_name.find(std::string(op));
+  if (it == r.by_name.end()) r.pending_backward[std::string(op)] = def;
+  else it->second->backward = def;
+}
+
 void set_interceptor(DispatchInterceptor* i) { t_interceptor = i; }
 DispatchInterceptor* interceptor() { return t_interceptor; }
 void set_post_call_hook(PostCallHook h) { g_post_hook.store(h); }
+void set_inplace_hook(InplaceHook h) { g_inplace_hook.store(h); }
+InplaceHook inplace_hook() { return g_inplace_hook.load(std::memory_order_relaxed); }
 
 Tensor empty_tensor(const Shape& shape, DType dtype, Device device) {
   for (int i = 0; i < shape.ndim(); ++i)

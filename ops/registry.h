@@ -51,6 +51,20 @@ struct KernelArgs {
 };
 
 using MetaFn = void (*)(const MetaArgs&, MetaResult&);
+struct BackwardArgs;
+// Derivative formula: given the gradients of the outputs, fills grad_inputs[i] for every input i
+// whose bit is set in args.needs (left undefined: no gradient flows there). Written in terms of
+// other tpu ops, so it runs on any device and traces.
+using BackwardFn = void (*)(const BackwardArgs&, std::span<Tensor> grad_inputs);
+// Which inputs/outputs the formula reads, given the mask of inputs that need a gradient (so an
+// op saves only what its backward will use; inputs beyond bit 31 follow bit 31).
+using SavesFn = void (*)(uint32_t needs, uint32_t& save_inputs, uint32_t& save_outputs);
+struct BackwardDef {
+  BackwardFn fn = nullptr;
+  uint32_t save_inputs = 0;   // used when saves is null
+  uint32_t save_outputs = 0;
+  SavesFn saves = nullptr;
+};
 using KernelFn = void (*)(const KernelArgs&);
 // View ops make their output as a view of input 0 instead of running a kernel.
 using ViewFn = Tensor (*)(const Tensor& self, const Attrs& attrs, const TensorMeta& out);
@@ -76,7 +90,7 @@ struct OpDef {
   std::string doc;             // one line: what the op computes
   // Filled by backends / later layers (inversion of dependency: ops/ includes none of them).
   std::array<KernelFn, kNumDeviceTypes> kernels{};
-  void* backward = nullptr;    // autograd formula, set by the autograd layer
+  BackwardDef backward{};      // autograd formula, set by the autograd layer (set_backward)
   void* lowering = nullptr;    // codegen rule, set by codegen
 
   bool has(OpFlags f) const { return (flags & f) != 0; }
@@ -92,6 +106,24 @@ std::vector<const OpDef*> all_ops();
 void register_kernel(std::string_view op, DeviceType device, KernelFn fn);
 // Lets codegen install an op's lowering rule (OpDef::lowering; the type is codegen's).
 void set_lowering(std::string_view op, void* rule);
+
+// Installs the derivative formula of an op (the autograd layer calls it for every op family).
+// An op that is not defined yet receives it when it is defined (static initialization order).
+void set_backward(std::string_view op, BackwardDef def);
+
+// What a derivative formula sees: the call's attrs, the metadata of every input, the inputs and
+// outputs the formula asked to save (others undefined), and one gradient per output
+// (undefined when that output received none).
+struct BackwardArgs {
+  const OpDef& op;
+  const Attrs& attrs;
+  std::span<const TensorMeta> input_meta;
+  std::span<const Tensor> inputs;
+  std::span<const Tensor> outputs;
+  std::span<const Tensor> grad_outputs;
+  uint32_t needs = 0;  // bit i: input i needs a gradient (inputs beyond 31 follow bit 31)
+  bool needs_grad(size_t i) const { return (needs >> (i < 31 ? i : 31)) & 1u; }
+};
 
 // Interceptor used by the tracer: when active (or when any input is a proxy), op calls are
 // recorded instead of executed. Set by the graph layer.
@@ -109,6 +141,15 @@ DispatchInterceptor* interceptor();
 using PostCallHook = void (*)(const OpDef& op, std::span<const Tensor> inputs, const Attrs& attrs,
                               std::span<Tensor> outputs);
 void set_post_call_hook(PostCallHook h);
+// Called by every in-place op (add_, copy_, fill_, ...) before it writes self, with the op's
+// public name; `op` is the out-of-place op computing the new value from `inputs` (inputs[0] is
+// self), or null for copy_ (inputs = {src}) and fill_ (no inputs).
+// Autograd refuses in-place writes that would corrupt a gradient and records differentiable ones;
+// it returns true when it performed the write itself.
+using InplaceHook = bool (*)(const char* name, const OpDef* op, Tensor& self, std::span<const Tensor> inputs,
+                             const Attrs& attrs);
+void set_inplace_hook(InplaceHook h);
+InplaceHook inplace_hook();
 
 // ---- the shared front half ----
 // Checks arguments (via meta), casts inputs, allocates outputs, and runs the kernel of the

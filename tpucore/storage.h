@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "tpucore/device.h"
@@ -16,6 +17,9 @@ struct Storage {
   Device device;
   Deleter deleter = nullptr;
   void* ctx = nullptr;  // driver context for the deleter
+  // Bumped by every in-place write to any view of this storage; autograd compares it with the
+  // value it saw when it saved a tensor for backward.
+  uint64_t version = 0;
 
   Storage() = default;
   Storage(void* d, size_t n, Device dev, Deleter del, void* c) : data(d), nbytes(n), device(dev), deleter(del), ctx(c) {}

@@ -37,6 +37,11 @@ struct TensorImpl {
   uint64_t version = 0;  // bumped by in-place ops
 
   void recompute_contiguous();
+  // Marks an in-place write: this tensor's version and its storage's (shared by every view).
+  void bump_version() {
+    ++version;
+    if (storage) ++storage->version;
+  }
 };
 
 class Tensor {
@@ -117,6 +122,19 @@ class Tensor {
   Tensor& fill_(Scalar s);
   Tensor& copy_(const Tensor& src);
   Tensor& zero_();
+
+  // ---- autograd (tpucore/autograd.h; semantics as PyTorch) ----
+  bool requires_grad() const { return impl().requires_grad; }
+  Tensor& requires_grad_(bool on = true);  // only for floating point leaves
+  bool is_leaf() const;                    // no recorded history (made by the user or under no-grad)
+  Tensor grad() const;                     // accumulated gradient; undefined when none yet
+  void set_grad(const Tensor& g);          // replaces it (an undefined tensor clears it)
+  void zero_grad();                        // zeroes the accumulated gradient in place, if any
+  void retain_grad() const;                // keep .grad() of a non-leaf after backward
+  // Reverse-mode gradient of this tensor with respect to the leaves that require grad;
+  // gradient defaults to 1 for a one-element tensor.
+  void backward(const Tensor& gradient = {}, bool retain_graph = false, bool create_graph = false) const;
+  Tensor detach() const;  // same storage, no history
 
   std::string str() const;  // PyTorch-like printout
 
