@@ -1,0 +1,66 @@
+// Internal autograd data: the node recorded for one op call, the per-tensor autograd metadata,
+// and saved tensors with the storage version they were saved at.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ops/registry.h"
+#include "tpucore/autograd.h"
+
+namespace tpu {
+
+struct Node;
+
+// Where the gradient of one op input goes: a node's output slot, or a leaf's accumulator.
+struct Edge {
+  std::shared_ptr<Node> node;          // set for tensors with history
+  int output_nr = 0;
+  std::shared_ptr<AutogradMeta> leaf;  // set for leaves that require grad
+  bool valid() const { return node || leaf; }
+};
+
+struct AutogradMeta {
+  Tensor grad;
+  std::shared_ptr<Node> grad_fn;  // null for leaves
+  int output_nr = 0;
+  bool retains_grad = false;
+  bool is_view = false;       // output of a recorded view op (in-place writes to it are refused)
+  std::string nondiff_op;     // set when a non-differentiable op made this tensor from ones requiring grad
+};
+
+// A tensor kept for backward: a detached alias (no history, so no reference cycle through the
+// node) plus the version of its storage at save time.
+struct SavedTensor {
+  Tensor data;
+  uint64_t version = 0;
+  bool is_output = false;
+  int output_nr = 0;
+  std::shared_ptr<AutogradMeta> input_meta;  // history of a saved input (for create_graph)
+};
+
+struct Node {
+  const ops::OpDef* op = nullptr;
+  ops::Attrs attrs;
+  std::vector<ops::TensorMeta> input_meta;
+  std::vector<Edge> next;                 // one per input
+  std::vector<SavedTensor> saved_inputs;  // one per input (data undefined when not saved)
+  std::vector<SavedTensor> saved_outputs;
+  std::vector<ops::TensorMeta> output_meta;
+  std::vector<std::weak_ptr<AutogradMeta>> retained;  // per output: non-leaf metas that keep .grad()
+  uint32_t needs = 0;
+  bool saved_any = false;
+  bool freed = false;
+  uint64_t seq = 0;  // creation order (later nodes run first among the ready ones)
+  std::string name() const { return op ? op->name : "?"; }
+};
+
+namespace autograd::detail {
+// A view of t's storage without history.
+Tensor alias(const Tensor& t);
+// Sums a gradient over broadcast dims down to `shape`.
+Tensor sum_to(const Tensor& g, const Shape& shape);
+}  // namespace autograd::detail
+
+}  // namespace tpu
