@@ -1,5 +1,7 @@
 #include "device/sim_device.h"
 
+#include "device/profiling.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -190,7 +192,15 @@ void SimDevice::run_program(StreamId s, uint64_t id, const SimProgramOptions& o,
     ro.race_check = true;
     ro.fail_on_race = true;
   }
-  queue_.submit(s, Resource::compute, [this, p, ro, done = std::move(done)] {
+  // A profiler, when one is recording, gets every run (traced if it asks) with the host op
+  // that enqueued it.
+  std::string tag;
+  if (ProgramRunSink* sink = program_run_sink()) {
+    tag = work_tag();
+    if (sink->wants_trace()) ro.trace = true;
+    sink->on_program_enqueued(*this);
+  }
+  queue_.submit(s, Resource::compute, [this, p, ro, tag = std::move(tag), done = std::move(done)] {
     sim::RunResult r;
     try {
       r = chip_.run(*p, ro);
@@ -198,6 +208,16 @@ void SimDevice::run_program(StreamId s, uint64_t id, const SimProgramOptions& o,
       fail("{}: program '{}' failed: {}", name_, p->name, e.what());
     }
     if (done) done(r);
+    if (ProgramRunSink* sink = program_run_sink()) {
+      ProgramRun run;
+      run.device = name_;
+      run.program = p->name;
+      run.tag = tag;
+      run.stats = r.stats;
+      if (ro.trace) run.trace = std::make_shared<const sim::Trace>(std::move(r.trace));
+      run.code = p;
+      sink->on_program_run(std::move(run));
+    }
     return r.stats.seconds;
   });
 }

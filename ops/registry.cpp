@@ -25,6 +25,17 @@ Registry& registry() {
 thread_local DispatchInterceptor* t_interceptor = nullptr;
 std::atomic<PostCallHook> g_post_hook{nullptr};
 std::atomic<InplaceHook> g_inplace_hook{nullptr};
+std::atomic<OpObserver*> g_observer{nullptr};
+
+// Calls the observer's end() on every way out of the front half.
+struct ObservedCall {
+  OpObserver* obs;
+  const OpDef& op;
+  std::span<const Tensor> outs;
+  ~ObservedCall() {
+    if (obs) obs->end(op, outs);
+  }
+};
 
 std::string devices_str(std::span<const Tensor> inputs) {
   std::string s;
@@ -96,6 +107,7 @@ DispatchInterceptor* interceptor() { return t_interceptor; }
 void set_post_call_hook(PostCallHook h) { g_post_hook.store(h); }
 void set_inplace_hook(InplaceHook h) { g_inplace_hook.store(h); }
 InplaceHook inplace_hook() { return g_inplace_hook.load(std::memory_order_relaxed); }
+void set_op_observer(OpObserver* o) { g_observer.store(o); }
 
 Tensor empty_tensor(const Shape& shape, DType dtype, Device device) {
   for (int i = 0; i < shape.ndim(); ++i)
@@ -147,6 +159,8 @@ void call(const OpDef& op, std::span<const Tensor> inputs, const Attrs& attrs, s
     TPU_CHECK(!any_proxy, "{}: a traced (proxy) tensor was used outside of tracing", op.name);
   }
 
+  ObservedCall observed{g_observer.load(std::memory_order_relaxed), op, {}};
+  if (observed.obs) observed.obs->begin(op, inputs);
   if (op.has(kView)) {
     outputs[0] = op.view(inputs[0], attrs, m.out(0));
   } else {
@@ -187,6 +201,7 @@ void call(const OpDef& op, std::span<const Tensor> inputs, const Attrs& attrs, s
       run_on_host(op, ins, attrs, outputs.subspan(0, static_cast<size_t>(m.num_outputs)));
     }
   }
+  observed.outs = outputs.subspan(0, static_cast<size_t>(m.num_outputs));
   if (PostCallHook h = g_post_hook.load(std::memory_order_relaxed))
     h(op, inputs, attrs, outputs.subspan(0, static_cast<size_t>(m.num_outputs)));
 }

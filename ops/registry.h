@@ -151,6 +151,17 @@ using InplaceHook = bool (*)(const char* name, const OpDef* op, Tensor& self, st
 void set_inplace_hook(InplaceHook h);
 InplaceHook inplace_hook();
 
+// Observer of eager op calls (the profiler): begin() before the op's casts and kernel run,
+// end() after them (also when the op throws; then `outputs` is empty). Not called for traced
+// calls. One observer at a time; unset it is one relaxed atomic load per call.
+class OpObserver {
+ public:
+  virtual ~OpObserver() = default;
+  virtual void begin(const OpDef& op, std::span<const Tensor> inputs) = 0;
+  virtual void end(const OpDef& op, std::span<const Tensor> outputs) = 0;
+};
+void set_op_observer(OpObserver* o);
+
 // ---- the shared front half ----
 // Checks arguments (via meta), casts inputs, allocates outputs, and runs the kernel of the
 // inputs' device. Mixed devices are a tpu::Error naming the op.

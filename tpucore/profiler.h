@@ -1,0 +1,69 @@
+// The profiler: a scope that records host-side op calls (wall time per call, nested calls
+// such as type-promotion casts included) and chip-unit activity of the simulated devices (every
+// program run with its stats and, optionally, its per-unit timeline) into one Chrome
+// trace-event file (open in Perfetto or chrome://tracing), and summarizes them per op like
+// torch.profiler's key_averages().table().
+//
+//   tpu::profiler::Profile prof;           // starts recording
+//   run_model();
+//   prof.stop();
+//   std::cout << prof.table();             // calls, host time, chip cycles, FLOPs, bytes, shares
+//   prof.export_chrome_trace("trace.json");
+//
+// One profile records at a time (a second one is a tpu::Error). Compiled functions appear as
+// the ops their kernels ran; chip programs are attributed to the host op that enqueued them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tpu::profiler {
+
+struct ProfileOptions {
+  bool chip_timeline = true;          // keep the per-unit timeline of every chip program
+  bool record_shapes = true;          // input shapes/dtypes in the trace's event args
+  size_t max_chip_events = 1u << 21;  // trace events kept over all programs (the rest counted)
+};
+
+// Per-op summary (one row of the table).
+struct OpSummary {
+  std::string name;
+  uint64_t calls = 0;
+  double host_total_us = 0;  // wall time inside the op, nested ops included
+  double host_self_us = 0;   // without nested ops
+  uint64_t programs = 0;     // chip programs the op ran
+  double chip_cycles = 0;    // simulated cycles of those programs
+  double chip_us = 0;        // simulated time of those programs
+  double flops = 0;          // MXU FLOPs on the chip, or the op's nominal FLOPs on the host
+  uint64_t bytes = 0;        // HBM traffic on the chip, or the op's inputs + outputs on the host
+};
+
+class Profile {
+ public:
+  explicit Profile(ProfileOptions opt = {});
+  ~Profile();  // stops if still recording
+  Profile(const Profile&) = delete;
+  Profile& operator=(const Profile&) = delete;
+
+  // Stops recording: waits for the simulated devices' queued work so its programs are counted.
+  void stop();
+  bool recording() const;
+
+  // Rows sorted by host time (by chip time when any chip program ran), largest first.
+  std::vector<OpSummary> key_averages() const;
+  // A fixed-width text table of key_averages(); `row_limit` 0 prints every row.
+  std::string table(size_t row_limit = 0) const;
+  // Chrome trace-event JSON: a "host" process with one track per thread, and one process per
+  // simulated device with one track per chip unit plus a "programs" track.
+  std::string chrome_trace_json() const;
+  void export_chrome_trace(const std::string& path) const;  // tpu::Error if it cannot write
+
+  struct State;
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace tpu::profiler
