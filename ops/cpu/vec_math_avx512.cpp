@@ -16,7 +16,8 @@
 //   erf(x)  = x P(x^2) for |x| < 1 (degree 6 in x^2); 1 - exp(-x^2) Q(1/|x|) for |x| >= 1,
 //             Q ~ erfc(x) exp(x^2) of degree 12 fitted on 1/|x| in [1/12, 1] (erfc(12) = 0 in f32);
 //             erfc itself (for gelu) from exp(-x^2) Qmid(x) (degree 7) on [0.5, 1).
-//   gelu    = 0.5 x (1 + erf(x/sqrt 2)), using erfc directly on the negative side;
+//   gelu    = 0.5 x erfc(-x/sqrt 2) with the one-piece erfc of erfc_pos_v (within 8 ulp: the
+//             fit's own 1.2e-7 plus f32 evaluation; 1.4x faster than going through erf_parts);
 //   gelu_tanh = x * sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)) (= 0.5 x (1 + tanh(...))).
 // GCC 12's AVX-512 headers implement many intrinsics with a deliberately undefined source
 // register, which -Wmaybe-uninitialized flags at -O3 (GCC bug 105593); not a real issue.
@@ -37,13 +38,8 @@ namespace {
 
 TPU_AVX512_FN __m512 splat(float v) { return _mm512_set1_ps(v); }
 
-TPU_AVX512_FN __m512 exp_v(__m512 x) {
-  // max(lo, x) and min(hi, .) return x when x is NaN, so NaN propagates.
-  x = _mm512_min_ps(splat(88.8f), _mm512_max_ps(splat(-104.0f), x));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, splat(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fmadd_ps(n, splat(-0.693359375f), x);
-  r = _mm512_fmadd_ps(n, splat(2.12194440e-4f), r);
+// e^r 2^n for |r| <= ~ln2/2: Taylor polynomial of degree 7, 2^n applied with vscalefps.
+TPU_AVX512_FN __m512 exp_finish(__m512 n, __m512 r) {
   __m512 p = splat(1.0f / 5040.0f);
   p = _mm512_fmadd_ps(p, r, splat(1.0f / 720.0f));
   p = _mm512_fmadd_ps(p, r, splat(1.0f / 120.0f));
@@ -54,7 +50,24 @@ TPU_AVX512_FN __m512 exp_v(__m512 x) {
   p = _mm512_fmadd_ps(p, r, splat(1.0f));
   return _mm512_scalef_ps(p, n);
 }
-
+TPU_AVX512_FN __m512 round_v(__m512 x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+TPU_AVX512_FN __m512 exp_v(__m512 x) {
+  // max(lo, x) and min(hi, .) return x when x is NaN, so NaN propagates.
+  x = _mm512_min_ps(splat(88.8f), _mm512_max_ps(splat(-104.0f), x));
+  const __m512 n = round_v(_mm512_mul_ps(x, splat(1.44269504088896341f)));
+  __m512 r = _mm512_fmadd_ps(n, splat(-0.693359375f), x);
+  r = _mm512_fmadd_ps(n, splat(2.12194440e-4f), r);
+  return exp_finish(n, r);
+}
+// exp(hi + lo) for a large exact `hi` (in [-104, 0]) and a small `lo` (|lo| < 2): n ln2 is
+// taken off hi first (exact for the short high part of ln2), so the rounding of hi + lo, which
+// grows with |hi|, never reaches the result.
+TPU_AVX512_FN __m512 exp_hl_v(__m512 hi, __m512 lo) {
+  const __m512 n = round_v(_mm512_mul_ps(_mm512_add_ps(hi, lo), splat(1.44269504088896341f)));
+  __m512 r = _mm512_add_ps(_mm512_fmadd_ps(n, splat(-0.693359375f), hi), lo);
+  r = _mm512_fmadd_ps(n, splat(2.12194440e-4f), r);
+  return exp_finish(n, r);
+}
 // expm1 for x in [0, 20] (the range tanh needs).
 TPU_AVX512_FN __m512 expm1_pos_v(__m512 x) {
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, splat(1.44269504088896341f)),
@@ -162,16 +175,35 @@ TPU_AVX512_FN __m512 erf_v(__m512 x) {
   return _mm512_or_ps(e, sign_bits(x));
 }
 
+// erfc(a) for a >= 0 in one piece: t exp(-a^2 + P(t)), t = 1/(1 + a/2), P the degree-9
+// Chebyshev-derived polynomial published in Numerical Recipes (relative error below 1.2e-7 for
+// every a >= 0, so the negative tail of gelu keeps its digits). One reciprocal estimate (plus a
+// Newton step) and one exp, where erf_parts needs three polynomials, a division and an exp.
+TPU_AVX512_FN __m512 erfc_pos_v(__m512 a) {
+  const __m512 one = splat(1.0f);
+  const __m512 b = _mm512_min_ps(a, splat(10.0f));  // erfc(10) is below the f32 range; NaN -> 10
+  const __m512 d = _mm512_fmadd_ps(b, splat(0.5f), one);
+  __m512 t = _mm512_rcp14_ps(d);
+  t = _mm512_mul_ps(t, _mm512_fnmadd_ps(d, t, splat(2.0f)));  // Newton: error ~2^-28
+  static constexpr float kP[] = {0.17087277f, -0.82215223f, 1.48851587f, -1.13520398f, 0.27886807f,
+                                 -0.18628806f, 0.09678418f,  0.37409196f, 1.00002368f,  -1.26551223f};
+  __m512 p = splat(kP[0]);
+  for (size_t i = 1; i < sizeof(kP) / sizeof(kP[0]); ++i) p = _mm512_fmadd_ps(p, t, splat(kP[i]));
+  // -b^2 = -(h + l) exactly: the exact large part goes to exp_hl_v apart from the small rest.
+  const __m512 h = _mm512_mul_ps(b, b);
+  const __m512 l = _mm512_fmsub_ps(b, b, h);
+  return _mm512_mul_ps(t, exp_hl_v(_mm512_sub_ps(_mm512_setzero_ps(), h), _mm512_sub_ps(p, l)));
+}
 TPU_AVX512_FN __m512 gelu_erf_v(__m512 x) {
   const __m512 z = _mm512_mul_ps(x, splat(0.70710678118654752f));
-  __m512 e, c;
-  erf_parts(abs_v(z), e, c);
-  // 1 + erf(z): 1 + erf(|z|) for z >= 0, erfc(|z|) for z < 0.
-  const __m512 one_plus = _mm512_mask_mov_ps(_mm512_add_ps(splat(1.0f), e),
-                                             _mm512_cmp_ps_mask(z, _mm512_setzero_ps(), _CMP_LT_OQ), c);
+  const __m512 a = abs_v(z);
+  const __m512 c = erfc_pos_v(a);
+  // 1 + erf(z) = erfc(-z): erfc(|z|) for z < 0, 2 - erfc(|z|) otherwise (no cancellation on
+  // either side). NaN x stays NaN through the final product.
+  const __m512 one_plus = _mm512_mask_mov_ps(_mm512_sub_ps(splat(2.0f), c),
+                                       _mm512_cmp_ps_mask(z, _mm512_setzero_ps(), _CMP_LT_OQ), c);
   return _mm512_mul_ps(_mm512_mul_ps(splat(0.5f), x), one_plus);
 }
-
 TPU_AVX512_FN __m512 gelu_tanh_v(__m512 x) {
   const __m512 x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
   const __m512 u = _mm512_mul_ps(splat(2.0f * 0.7978845608028654f), _mm512_fmadd_ps(splat(0.044715f), x3, x));
