@@ -181,7 +181,9 @@ TPU_AVX512_FN __m512 erf_v(__m512 x) {
 // Newton step) and one exp, where erf_parts needs three polynomials, a division and an exp.
 TPU_AVX512_FN __m512 erfc_pos_v(__m512 a) {
   const __m512 one = splat(1.0f);
-  const __m512 b = _mm512_min_ps(a, splat(10.0f));  // erfc(10) is below the f32 range; NaN -> 10
+  // Beyond 10.5, t exp(-b^2 + P) underflows to exactly 0 (so gelu(-inf) = -inf * 0 = NaN, as
+  // in PyTorch); NaN becomes 10.5 here and is restored by the final product with x.
+  const __m512 b = _mm512_min_ps(a, splat(10.5f));
   const __m512 d = _mm512_fmadd_ps(b, splat(0.5f), one);
   __m512 t = _mm512_rcp14_ps(d);
   t = _mm512_mul_ps(t, _mm512_fnmadd_ps(d, t, splat(2.0f)));  // Newton: error ~2^-28
