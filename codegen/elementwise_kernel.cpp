@@ -9,10 +9,20 @@
 
 namespace tpu::codegen {
 
+int64_t ew_tile_bytes(const EwInput& in, int64_t rows, int64_t cols) {
+  const int64_t es = sim::dtype_size(in.dtype);
+  switch (in.layout) {
+    case EwLayout::full: return rows * cols * es;
+    case EwLayout::row: return cols * es;
+    case EwLayout::col: return rows * es;
+    case EwLayout::scalar: return es;
+  }
+  return es;
+}
+
 using B = sim::ProgramBuilder;
 
 namespace {
-int64_t align64(int64_t v) { return (v + 63) / 64 * 64; }
 // Rows of tr x cols tiles, double-buffered: tile t+1 loads while tile t computes and tile t-1
 // stores (parity registers pick the buffers); the ragged last tile runs after the loop.
 void emit_row_pipeline(B& b, const sim::ChipConfig& cfg, const ElementwiseSpec& s, int64_t tr,

@@ -25,6 +25,13 @@ struct EwInput {
   sim::DType dtype = sim::DType::f32;
 };
 
+// Bytes of `in` for a rows x cols output tile as it sits in VMEM: the whole tile, one row,
+// one column or one element, by its layout.
+int64_t ew_tile_bytes(const EwInput& in, int64_t rows, int64_t cols);
+
+// VMEM buffers start 64-byte aligned.
+inline int64_t align64(int64_t v) { return (v + 63) / 64 * 64; }
+
 struct ElementwiseSpec {
   std::string name;
   int64_t rows = 1, cols = 1;

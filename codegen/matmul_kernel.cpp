@@ -14,7 +14,6 @@ using sim::DType;
 
 namespace {
 
-int64_t align64(int64_t v) { return (v + 63) / 64 * 64; }
 int64_t es_of(DType t) { return sim::dtype_size(t); }
 
 bool has_epilogue(const MatmulSpec& s) {

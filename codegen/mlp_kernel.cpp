@@ -14,24 +14,12 @@ using sim::DType;
 
 namespace {
 
-int64_t align64(int64_t v) { return (v + 63) / 64 * 64; }
 int64_t es_of(DType t) { return sim::dtype_size(t); }
 
 int slots_of(const VecExpr& e, const std::vector<EwInput>& ins) {
   std::vector<DType> d{DType::f32};
   for (const EwInput& i : ins) d.push_back(i.dtype);
   return vec_temp_slots(e, d);
-}
-
-int64_t layout_bytes(const EwInput& in, int64_t rows, int64_t cols) {
-  const int64_t es = es_of(in.dtype);
-  switch (in.layout) {
-    case EwLayout::full: return rows * cols * es;
-    case EwLayout::row: return cols * es;
-    case EwLayout::col: return rows * es;
-    case EwLayout::scalar: return es;
-  }
-  return es;
 }
 
 struct MlpVmem {
@@ -57,8 +45,8 @@ MlpVmem plan(const MlpSpec& s, int64_t th, int64_t rc) {
   for (int i = 0; i < 2; ++i) v.w2[i] = take(s.n2 * th * es);
   v.acc = take(s.m * s.n2 * 4);
   for (int i = 0; i < 2; ++i) v.out[i] = take(rc * s.n2 * es_of(s.out_dtype));
-  for (const EwInput& in : s.epi1_inputs) v.e1.push_back({take(layout_bytes(in, s.m, th)), take(layout_bytes(in, s.m, th))});
-  for (const EwInput& in : s.epi2_inputs) v.e2.push_back({take(layout_bytes(in, rc, s.n2)), take(layout_bytes(in, rc, s.n2))});
+  for (const EwInput& in : s.epi1_inputs) v.e1.push_back({take(ew_tile_bytes(in, s.m, th)), take(ew_tile_bytes(in, s.m, th))});
+  for (const EwInput& in : s.epi2_inputs) v.e2.push_back({take(ew_tile_bytes(in, rc, s.n2)), take(ew_tile_bytes(in, rc, s.n2))});
   v.a1 = {at, align64(s.m * th * 4), th, slots_of(s.epi1, s.epi1_inputs)};
   at += v.a1.slot_bytes * v.a1.slots;
   v.a2 = {at, align64(rc * s.n2 * 4), s.n2, slots_of(s.epi2, s.epi2_inputs)};

@@ -15,7 +15,6 @@ using sim::Op;
 using sim::DType;
 
 namespace {
-int64_t align64(int64_t v) { return (v + 63) / 64 * 64; }
 constexpr int kTemps = 2;  // f32 tile temporaries
 // Rows are summed in chunks of this many columns, then the partial sums (the XLU adds
 // sequentially in f32; chunking keeps long rows accurate, as a lane-parallel tree would).
@@ -30,17 +29,6 @@ int fused_slots(const VecExpr& e, const std::vector<EwInput>& ins, bool y_first)
   if (y_first) d.push_back(DType::f32);
   for (const EwInput& i : ins) d.push_back(i.dtype);
   return vec_temp_slots(e, d);
-}
-
-int64_t operand_bytes(const EwInput& in, int64_t rows, int64_t cols) {
-  const int64_t es = sim::dtype_size(in.dtype);
-  switch (in.layout) {
-    case EwLayout::full: return rows * cols * es;
-    case EwLayout::row: return cols * es;
-    case EwLayout::col: return rows * es;
-    case EwLayout::scalar: return es;
-  }
-  return es;
 }
 
 std::string rowwise_key(const RowwiseSpec& s) {
@@ -63,11 +51,11 @@ int64_t rowwise_tile_rows(const sim::ChipConfig& cfg, const RowwiseSpec& s) {
   int64_t fused = 0;
   if (s.has_prologue) {
     fused += 4 * s.cols * (1 + fused_slots(s.prologue, s.pro_inputs, false));
-    for (const EwInput& in : s.pro_inputs) fused += operand_bytes(in, 1, s.cols) + 64;
+    for (const EwInput& in : s.pro_inputs) fused += ew_tile_bytes(in, 1, s.cols) + 64;
   }
   if (s.has_epilogue) {
     fused += 4 * out_cols * (1 + fused_slots(s.epilogue, s.epi_inputs, true));
-    for (const EwInput& in : s.epi_inputs) fused += operand_bytes(in, 1, out_cols) + 64;
+    for (const EwInput& in : s.epi_inputs) fused += ew_tile_bytes(in, 1, out_cols) + 64;
   }
   per_row += fused;
   if (budget - params < per_row) return 0;
@@ -115,11 +103,11 @@ sim::Program make_rowwise_program(const sim::ChipConfig& cfg, const RowwiseSpec&
   std::vector<int64_t> pro_buf, epi_buf;
   for (const EwInput& in : s.pro_inputs) {
     pro_buf.push_back(at);
-    at = align64(at + operand_bytes(in, tr, C));
+    at = align64(at + ew_tile_bytes(in, tr, C));
   }
   for (const EwInput& in : s.epi_inputs) {
     epi_buf.push_back(at);
-    at = align64(at + operand_bytes(in, tr, out_cols));
+    at = align64(at + ew_tile_bytes(in, tr, out_cols));
   }
   const int pro_slots = s.has_prologue ? fused_slots(s.prologue, s.pro_inputs, false) : 0;
   const int epi_slots = s.has_epilogue ? fused_slots(s.epilogue, s.epi_inputs, true) : 0;
