@@ -6,19 +6,6 @@
 namespace tpu::testing {
 namespace {
 
-std::vector<double> dvals(const Tensor& t) {
-  auto f = t.to_vector<float>();
-  return std::vector<double>(f.begin(), f.end());
-}
-void check_near(const Tensor& t, const std::vector<double>& want, double tol = 1e-5) {
-  auto got = dvals(t);
-  REQUIRE(got.size() == want.size());
-  for (size_t i = 0; i < want.size(); ++i) {
-    INFO("element " << i << ": got " << got[i] << " want " << want[i]);
-    CHECK(std::fabs(got[i] - want[i]) <= tol * (1 + std::fabs(want[i])));
-  }
-}
-
 struct Block : nn::Module {
   std::shared_ptr<nn::Linear> fc;
   std::shared_ptr<nn::LayerNorm> norm;

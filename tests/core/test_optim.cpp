@@ -7,18 +7,6 @@
 namespace tpu::testing {
 namespace {
 
-std::vector<double> dvals(const Tensor& t) {
-  auto f = t.to_vector<float>();
-  return std::vector<double>(f.begin(), f.end());
-}
-void check_near(const Tensor& t, const std::vector<double>& want, double tol = 1e-5) {
-  auto got = dvals(t);
-  REQUIRE(got.size() == want.size());
-  for (size_t i = 0; i < want.size(); ++i) {
-    INFO("element " << i << ": got " << got[i] << " want " << want[i]);
-    CHECK(std::fabs(got[i] - want[i]) <= tol * (1 + std::fabs(want[i])));
-  }
-}
 // Gradient of sum(c * p^2) is 2 c p: a gradient that changes with p, so momentum matters.
 const std::vector<double> kC = {0.5, -1.0, 2.0, 0.25};
 void set_loss_grad(Tensor& p) {

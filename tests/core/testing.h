@@ -143,6 +143,21 @@ inline void check_close(const Tensor& got, const Ref& expected, Tol tol, const s
   CHECK(bad == 0);
 }
 
+// A float tensor's values as doubles, and an element-wise check against values computed in
+// the test (relative tolerance, absolute near zero).
+inline std::vector<double> dvals(const Tensor& t) {
+  auto f = t.to_vector<float>();
+  return std::vector<double>(f.begin(), f.end());
+}
+inline void check_near(const Tensor& t, const std::vector<double>& want, double tol = 1e-5) {
+  auto got = dvals(t);
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO("element " << i << ": got " << got[i] << " want " << want[i]);
+    CHECK(std::fabs(got[i] - want[i]) <= tol * (1 + std::fabs(want[i])));
+  }
+}
+
 // Layouts in which inputs are made, so kernels see non-contiguous views.
 enum class Layout { contiguous, transposed, sliced, expanded };
 inline const char* layout_name(Layout l) {
