@@ -95,10 +95,11 @@ void launch(int device_index, const LoadedProgram& p, const std::string& kernel,
     ++s.stats.runs_by_kernel[kernel];
   }
   const device::StreamId stream = device::current_stream(Device(DeviceType::sim, device_index));
-  dev.run_program(stream, p.id, o, [](const sim::RunResult& r) {
+  dev.run_program(stream, p.id, o, [kernel](const sim::RunResult& r) {
     State& s = state();
     std::lock_guard<std::mutex> lk(s.mu);
     s.stats.cycles += r.stats.cycles;
+    s.stats.cycles_by_kernel[kernel] += r.stats.cycles;
     s.stats.hbm_bytes += r.stats.hbm_bytes_read + r.stats.hbm_bytes_written;
     s.stats.mxu_flops += r.stats.mxu_flops;
   });

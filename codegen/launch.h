@@ -28,6 +28,7 @@ struct CodegenStats {
   uint64_t hbm_bytes = 0;       // HBM bytes read + written by the finished runs
   double mxu_flops = 0;
   std::map<std::string, uint64_t> runs_by_kernel;  // kernel name ("add", "matmul", "region:...")
+  std::map<std::string, double> cycles_by_kernel;  // simulated cycles of the finished runs, per kernel name
 };
 CodegenStats stats();  // call after synchronizing for complete cycle counts
 void reset_stats();

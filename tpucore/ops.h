@@ -173,6 +173,15 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = {},
                 std::optional<double> eps = std::nullopt);
 
+// ---------------- attention ----------------
+// softmax(q k^T * scale + mask) v, as PyTorch's F.scaled_dot_product_attention (no dropout) with
+// enable_gqa: q [..., Hq, Lq, D], k [..., Hk, Lk, D], v [..., Hk, Lk, Dv] -> [..., Hq, Lq, Dv];
+// Hq a multiple of Hk (query head h reads KV head h / (Hq / Hk)). attn_mask: optional bool,
+// true = takes part, broadcast to [..., Hq, Lq, Lk]. is_causal masks key j > query i. scale
+// defaults to 1 / sqrt(D). On sim it runs as one fused kernel (scores never leave VMEM).
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask = {},
+                                    bool is_causal = false, std::optional<double> scale = std::nullopt);
+
 // ---------------- linear algebra ----------------
 Tensor matmul(const Tensor& a, const Tensor& b);  // 1-D/2-D/batched with broadcasting, as PyTorch
 Tensor mm(const Tensor& a, const Tensor& b);      // 2-D only

@@ -60,29 +60,44 @@ Tensor MultiheadAttention::forward(const Tensor& x, bool causal, const Tensor& m
     q = apply_rotary(q, opts.rope_base);
     k = apply_rotary(k, opts.rope_base);
   }
-  if (hk != h) {  // each K/V head serves h / hk query heads
-    auto repeat = [&](const Tensor& y) {
-      return reshape(expand(unsqueeze(y, 2), Shape{b, hk, h / hk, t, d}), Shape{b, h, t, d});
-    };
-    k = repeat(k);
-    v = repeat(v);
-  }
-  Tensor scores = mul(matmul(q, transpose(k, -1, -2)), 1.0 / std::sqrt(static_cast<double>(d)));
-  if (causal) {
-    Tensor future;
-    {
-      NoGradGuard ng;
-      future = triu(ones(Shape{t, t}, TensorOptions(DType::boolean, x.device())), 1);
-    }
-    scores = masked_fill(scores, future, -INFINITY);
-  }
-  if (mask.defined()) {
+  if (mask.defined())
     TPU_CHECK(mask.dtype() == DType::boolean, "MultiheadAttention: the mask must be bool (true = masked), got {}",
               dtype_name(mask.dtype()));
-    scores = masked_fill(scores, mask, -INFINITY);
+  Tensor attn;
+  if (!(attn_dropout->is_training() && attn_dropout->p > 0)) {
+    // One fused op (grouped KV heads natively; on sim one kernel whose scores stay on chip).
+    Tensor keep;
+    if (mask.defined()) {
+      keep = logical_not(mask);
+      if (causal) {
+        NoGradGuard ng;
+        const Tensor past = tril(ones(Shape{t, t}, TensorOptions(DType::boolean, x.device())));
+        keep = logical_and(keep, past);
+      }
+    }
+    attn = scaled_dot_product_attention(q, k, v, keep, causal && !mask.defined(), 1.0 / std::sqrt(double(d)));
+  } else {
+    // Dropout on the probabilities needs them materialized: the unfused formula.
+    if (hk != h) {  // each K/V head serves h / hk query heads
+      auto repeat = [&](const Tensor& y) {
+        return reshape(expand(unsqueeze(y, 2), Shape{b, hk, h / hk, t, d}), Shape{b, h, t, d});
+      };
+      k = repeat(k);
+      v = repeat(v);
+    }
+    Tensor scores = mul(matmul(q, transpose(k, -1, -2)), 1.0 / std::sqrt(static_cast<double>(d)));
+    if (causal) {
+      Tensor future;
+      {
+        NoGradGuard ng;
+        future = triu(ones(Shape{t, t}, TensorOptions(DType::boolean, x.device())), 1);
+      }
+      scores = masked_fill(scores, future, -INFINITY);
+    }
+    if (mask.defined()) scores = masked_fill(scores, mask, -INFINITY);
+    attn = matmul(attn_dropout->forward(softmax(scores, -1)), v);
   }
-  Tensor p = attn_dropout->forward(softmax(scores, -1));
-  Tensor out = reshape(transpose(matmul(p, v), 1, 2), Shape{b, t, embed_dim});
+  Tensor out = reshape(transpose(attn, 1, 2), Shape{b, t, embed_dim});
   return out_proj->forward(out);
 }
 

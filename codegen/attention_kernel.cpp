@@ -1,0 +1,330 @@
+#include "codegen/attention_kernel.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "codegen/elementwise_kernel.h"
+#include "sim/builder.h"
+#include "tpucore/error.h"
+
+namespace tpu::codegen {
+
+using B = sim::ProgramBuilder;
+using sim::DType;
+using sim::Op;
+
+namespace {
+
+constexpr float kMaskedScore = -1e30f;  // finite: exp underflows to 0, no inf - inf
+constexpr int kSemK = 0, kSemV = 1, kSemQ = 2, kSemO = 3;
+constexpr int kQueueK = 0, kQueueV = 1, kQueueQ = 2, kQueueO = 3;
+
+struct Layout {
+  int64_t q[3]{}, k[3]{}, v[3]{}, s[2]{}, t[2]{}, o[2]{}, out[2]{};
+  int64_t m[2]{}, l[2]{}, alpha[2]{}, inv[2]{}, mnew = 0, negm = 0, fold_max = 0, fold_sum = 0;
+  int64_t mask = 0, diff = 0, col_iota = 0, row_iota = 0;
+  int64_t total = 0;
+};
+
+Layout plan_layout(const sim::ChipConfig& cfg, const AttentionSpec& s, int64_t tq, int64_t tk) {
+  Layout p;
+  int64_t at = 0;
+  auto take = [&](int64_t bytes) {
+    const int64_t o = at;
+    at = align64(at + bytes);
+    return o;
+  };
+  const int64_t es = sim::dtype_size(s.dtype), lanes = cfg.vpu.lanes;
+  for (int i = 0; i < 3; ++i) p.q[i] = take(tq * s.d * es);
+  for (int i = 0; i < 3; ++i) p.k[i] = take(tk * s.d * es);
+  for (int i = 0; i < 3; ++i) p.v[i] = take(tk * s.dv * es);
+  for (int i = 0; i < 2; ++i) {
+    p.s[i] = take(tq * tk * 4);
+    p.t[i] = take(tq * s.dv * 4);
+    p.o[i] = take(tq * s.dv * 4);
+    p.out[i] = take(tq * s.dv * es);
+    p.m[i] = take(tq * 4);
+    p.l[i] = take(tq * 4);
+    p.alpha[i] = take(tq * 4);
+    p.inv[i] = take(tq * 4);
+  }
+  p.mnew = take(tq * 4);
+  p.negm = take(tq * 4);
+  p.fold_max = take(tq * lanes * 4);
+  p.fold_sum = take(tq * lanes * 4);
+  if (s.causal) {
+    p.mask = take(tq * tk * 4);
+    p.diff = take(tq * tk * 4);
+    p.col_iota = take(tk * 4);
+    p.row_iota = take(tq * 4);
+  }
+  p.total = at;
+  return p;
+}
+
+struct Step {
+  int64_t head, qblock, q0, ql, k0, kl;
+  bool first, last, diag;
+};
+
+std::vector<Step> plan_steps(const AttentionSpec& s, int64_t tq, int64_t tk) {
+  std::vector<Step> steps;
+  int64_t qblock = 0;
+  for (int64_t h = 0; h < s.heads; ++h)
+    for (int64_t q0 = 0; q0 < s.lq; q0 += tq, ++qblock) {
+      const int64_t ql = std::min(tq, s.lq - q0);
+      // Keys past the block's last query row are masked for every row: never computed.
+      const int64_t kend = s.causal ? std::min(s.lk, q0 + ql) : s.lk;
+      for (int64_t k0 = 0; k0 < kend; k0 += tk) {
+        const int64_t kl = std::min(tk, kend - k0);
+        steps.push_back({h, qblock, q0, ql, k0, kl, k0 == 0, k0 + kl >= kend, s.causal && k0 + kl - 1 > q0});
+      }
+    }
+  return steps;
+}
+
+// Emits the program step by step (see the header for the pipeline).
+class Emitter {
+ public:
+  Emitter(const sim::ChipConfig& cfg, const AttentionSpec& s, int64_t tq, int64_t tk)
+      : cfg_(cfg), s_(s), tq_(tq), tk_(tk), L_(plan_layout(cfg, s, tq, tk)), steps_(plan_steps(s, tq, tk)),
+        b_(s.name), es_(sim::dtype_size(s.dtype)) {}
+
+  sim::Program run() {
+    b_.signal(kSemO, 2);  // both output tiles start free
+    if (s_.causal) emit_diff_tile();
+    const size_t n = steps_.size();
+    if (n > 0) loads(0);
+    if (n > 1) loads(1);
+    if (n > 0) {
+      wait_qk(0);
+      emit_scores(0);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (i + 2 < n) loads(i + 2);
+      if (i + 1 < n) {
+        wait_qk(i + 1);
+        emit_scores(i + 1);
+      }
+      emit_softmax(i);
+      b_.wait(kSemV);
+      emit_pv(i);
+      if (i > 0) emit_update(i - 1);
+    }
+    if (n > 0) emit_update(n - 1);
+    b_.wait(kSemO, 2);
+    b_.fence();
+    return b_.finish();
+  }
+
+ private:
+  static sim::Operand vm(int64_t addr, DType t = DType::f32, int64_t rs = -1, int64_t cs = 1) {
+    return B::vmem(B::at(addr), t, rs, cs);
+  }
+  static sim::Operand colv(int64_t addr) { return vm(addr, DType::f32, 1, 0); }  // [rows, 1] broadcast along rows
+
+  // Dense vector op over n contiguous f32 values, shaped as full vregs plus a tail.
+  void vec(Op op, int64_t dst, std::vector<sim::Operand> src, int64_t n) {
+    const int64_t w = cfg_.vpu.lanes, rows = n / w, rem = n % w;
+    auto emit = [&](int64_t off, int64_t r, int64_t c) {
+      std::vector<sim::Operand> ops;
+      for (sim::Operand o : src) {
+        if (o.kind == sim::Operand::Kind::mem) {
+          o.addr.offset += off * 4;
+          o.row_stride = c;
+        }
+        ops.push_back(o);
+      }
+      const sim::Operand d = vm(dst + off * 4, DType::f32, c);
+      if (ops.size() == 1) b_.unary(op, d, ops[0], r, c);
+      else if (ops.size() == 2) b_.binary(op, d, ops[0], ops[1], r, c);
+      else b_.ternary(op, d, ops[0], ops[1], ops[2], r, c);
+    };
+    if (rows > 0) emit(0, rows, w);
+    if (rem > 0) emit(rows * w, 1, rem);
+  }
+
+  // Row reduction (xmax / xsum) of an [rows, cols] f32 region at `src` (row stride ld) into the
+  // [rows, 1] vector `dst`: lane-wide chunks folded on the vector unit, then one cross-lane op.
+  void row_reduce(Op xop, Op vop, int64_t dst, int64_t src, int64_t ld, int64_t fold, int64_t rows, int64_t cols) {
+    const int64_t w = cfg_.vpu.lanes;
+    if (cols <= w) {
+      b_.reduce(xop, vm(dst), vm(src, DType::f32, ld), rows, cols, 1);
+      return;
+    }
+    const int64_t full = cols / w, rem = cols % w;
+    auto chunk = [&](int64_t c) { return vm(src + c * w * 4, DType::f32, ld); };
+    const sim::Operand f = vm(fold, DType::f32, w);
+    if (full >= 2) {
+      b_.binary(vop, f, chunk(0), chunk(1), rows, w);
+      for (int64_t c = 2; c < full; ++c) b_.binary(vop, f, f, chunk(c), rows, w);
+    } else {
+      b_.unary(Op::vmov, f, chunk(0), rows, w);
+    }
+    if (rem > 0) b_.binary(vop, f, f, chunk(full), rows, rem);
+    b_.reduce(xop, vm(dst), f, rows, w, 1);
+  }
+
+  // diff[r, c] = c - r over a tq x tk tile (built once): key j is masked for query i when
+  // (j - k0) - (i - q0) > q0 - k0.
+  void emit_diff_tile() {
+    for (int64_t c = 0; c < tk_; ++c) b_.fill(vm(L_.col_iota + c * 4), float(c), 1, 1);
+    for (int64_t r = 0; r < tq_; ++r) b_.fill(vm(L_.row_iota + r * 4), float(r), 1, 1);
+    b_.binary(Op::vsub, vm(L_.diff, DType::f32, tk_), vm(L_.col_iota, DType::f32, 0), colv(L_.row_iota), tq_, tk_);
+  }
+
+  int64_t kv_head(const Step& st) const { return st.head / s_.group; }
+
+  void loads(size_t i) {
+    const Step& st = steps_[i];
+    const int64_t kvh = kv_head(st);
+    const int buf = int(i % 3);
+    b_.dma(B::vmem_at(B::at(L_.k[buf])),
+           B::hbm_at(B::at((s_.k_off[size_t(kvh)] + st.k0 * s_.k_rs) * es_, {{1, 1}})),
+           {.rows = st.kl, .row_bytes = s_.d * es_, .src_row_stride = s_.k_rs * es_}, kQueueK, kSemK);
+    b_.dma(B::vmem_at(B::at(L_.v[buf])),
+           B::hbm_at(B::at((s_.v_off[size_t(kvh)] + st.k0 * s_.v_rs) * es_, {{2, 1}})),
+           {.rows = st.kl, .row_bytes = s_.dv * es_, .src_row_stride = s_.v_rs * es_}, kQueueV, kSemV);
+    if (st.first)
+      b_.dma(B::vmem_at(B::at(L_.q[st.qblock % 3])),
+             B::hbm_at(B::at((s_.q_off[size_t(st.head)] + st.q0 * s_.q_rs) * es_, {{0, 1}})),
+             {.rows = st.ql, .row_bytes = s_.d * es_, .src_row_stride = s_.q_rs * es_}, kQueueQ, kSemQ);
+  }
+
+  void wait_qk(size_t i) {
+    b_.wait(kSemK);
+    if (steps_[i].first) b_.wait(kSemQ);
+  }
+
+  // S = Q K^T: key tile j (array width C) on MXU j % count, head dim in chunks of R rows.
+  void emit_scores(size_t i) {
+    const Step& st = steps_[i];
+    const int64_t R = cfg_.mxu.rows, C = cfg_.mxu.cols, nm = cfg_.mxu.count;
+    const int64_t kbuf = L_.k[i % 3], qbuf = L_.q[st.qblock % 3], sbuf = L_.s[i % 2];
+    const int64_t jt = (st.kl + C - 1) / C, dc = (s_.d + R - 1) / R;
+    for (int64_t j = 0; j < jt; ++j) {
+      const int64_t nn = std::min(C, st.kl - j * C);
+      const int mxu = int(j % nm);
+      for (int64_t c = 0; c < dc; ++c) {
+        const int64_t kk = std::min(R, s_.d - c * R);
+        b_.mxu_load_weights(mxu, vm(kbuf + (j * C * s_.d + c * R) * es_, s_.dtype, 1, s_.d), kk, nn, s_.mode);
+        b_.mxu_matmul(mxu, vm(sbuf + j * C * 4, DType::f32, tk_), vm(qbuf + c * R * es_, s_.dtype, s_.d), st.ql, kk,
+                      nn, c > 0, s_.mode);
+      }
+    }
+  }
+
+  // Mask, running max, P = exp(scale (S - m')) in place, running sum.
+  void emit_softmax(size_t i) {
+    const Step& st = steps_[i];
+    const int p = int(i % 2), pp = 1 - p;
+    const int64_t sbuf = L_.s[p], ql = st.ql, kl = st.kl;
+    const sim::Operand S = vm(sbuf, DType::f32, tk_);
+    if (st.diag) {
+      const sim::Operand M = vm(L_.mask, DType::f32, tk_);
+      b_.binary(Op::vcmplt, M, B::imm(float(st.q0 - st.k0)), vm(L_.diff, DType::f32, tk_), ql, kl);
+      b_.ternary(Op::vsel, S, M, B::imm(kMaskedScore), S, ql, kl);
+    }
+    const int64_t m_new = st.first ? L_.m[p] : L_.mnew;
+    row_reduce(Op::xmax, Op::vmax, m_new, sbuf, tk_, L_.fold_max, ql, kl);
+    if (!st.first) {
+      vec(Op::vmax, L_.m[p], {vm(L_.m[pp]), vm(L_.mnew)}, ql);
+      vec(Op::vsub, L_.alpha[p], {vm(L_.m[pp]), vm(L_.m[p])}, ql);
+      vec(Op::vmul, L_.alpha[p], {vm(L_.alpha[p]), B::imm(s_.scale)}, ql);
+      vec(Op::vexp, L_.alpha[p], {vm(L_.alpha[p])}, ql);
+    }
+    vec(Op::vmul, L_.negm, {vm(L_.m[p]), B::imm(-s_.scale)}, ql);
+    b_.ternary(Op::vfma, S, S, B::imm(s_.scale), colv(L_.negm), ql, kl);
+    b_.unary(Op::vexp, S, S, ql, kl);
+    if (st.first) {
+      row_reduce(Op::xsum, Op::vadd, L_.l[p], sbuf, tk_, L_.fold_sum, ql, kl);
+    } else {
+      row_reduce(Op::xsum, Op::vadd, L_.mnew, sbuf, tk_, L_.fold_sum, ql, kl);
+      vec(Op::vfma, L_.l[p], {vm(L_.l[pp]), vm(L_.alpha[p]), vm(L_.mnew)}, ql);
+    }
+  }
+
+  // T = P V (into O directly on a row block's first step): rows split over the MXUs.
+  void emit_pv(size_t i) {
+    const Step& st = steps_[i];
+    const int64_t R = cfg_.mxu.rows, C = cfg_.mxu.cols, nm = cfg_.mxu.count;
+    const int64_t pbuf = L_.s[i % 2], vbuf = L_.v[i % 3];
+    const int64_t obuf = st.first ? L_.o[st.qblock % 2] : L_.t[i % 2];
+    const int64_t rb = std::max<int64_t>(8, (st.ql + nm - 1) / nm + 7) / 8 * 8;
+    const int64_t kc = (st.kl + R - 1) / R, nt = (s_.dv + C - 1) / C;
+    int blk = 0;
+    for (int64_t r0 = 0; r0 < st.ql; r0 += rb, ++blk) {
+      const int64_t rows = std::min(rb, st.ql - r0);
+      const int mxu = int(blk % nm);
+      for (int64_t n = 0; n < nt; ++n) {
+        const int64_t nn = std::min(C, s_.dv - n * C);
+        for (int64_t c = 0; c < kc; ++c) {
+          const int64_t kk = std::min(R, st.kl - c * R);
+          b_.mxu_load_weights(mxu, vm(vbuf + (c * R * s_.dv + n * C) * es_, s_.dtype, s_.dv), kk, nn, s_.mode);
+          b_.mxu_matmul(mxu, vm(obuf + (r0 * s_.dv + n * C) * 4, DType::f32, s_.dv),
+                        vm(pbuf + (r0 * tk_ + c * R) * 4, DType::f32, tk_), rows, kk, nn, c > 0, s_.mode);
+        }
+      }
+    }
+  }
+
+  // O = O alpha + T (later steps), and at the row block's end O / l stored.
+  void emit_update(size_t i) {
+    const Step& st = steps_[i];
+    const int p = int(i % 2), ob = int(st.qblock % 2);
+    const sim::Operand O = vm(L_.o[ob], DType::f32, s_.dv);
+    if (!st.first) b_.ternary(Op::vfma, O, O, colv(L_.alpha[p]), vm(L_.t[p], DType::f32, s_.dv), st.ql, s_.dv);
+    if (!st.last) return;
+    vec(Op::vrecip, L_.inv[ob], {vm(L_.l[p])}, st.ql);
+    b_.wait(kSemO);
+    b_.binary(Op::vmul, vm(L_.out[ob], s_.dtype, s_.dv), O, colv(L_.inv[ob]), st.ql, s_.dv);
+    b_.dma(B::hbm_at(B::at((st.head * s_.lq + st.q0) * s_.dv * es_, {{3, 1}})), B::vmem_at(B::at(L_.out[ob])),
+           {.rows = 1, .row_bytes = st.ql * s_.dv * es_}, kQueueO, kSemO);
+  }
+
+  const sim::ChipConfig& cfg_;
+  const AttentionSpec& s_;
+  int64_t tq_, tk_;
+  Layout L_;
+  std::vector<Step> steps_;
+  B b_;
+  int64_t es_;
+};
+
+}  // namespace
+
+AttentionTiling choose_attention_tiling(const sim::ChipConfig& cfg, const AttentionSpec& s) {
+  const int64_t width = int64_t(cfg.mxu.count) * cfg.mxu.cols;
+  const int64_t budget = int64_t(cfg.memory.vmem_bytes) * 9 / 10;
+  auto round8 = [](int64_t v) { return std::max<int64_t>(8, (v + 7) / 8 * 8); };
+  AttentionTiling t;
+  t.tk = s.tk > 0 ? s.tk : std::min(width, round8(s.lk));
+  t.tq = s.tq > 0 ? s.tq : std::min(width, round8(s.lq));
+  for (;;) {
+    t.vmem_bytes = plan_layout(cfg, s, t.tq, t.tk).total;
+    if (t.vmem_bytes <= budget) return t;
+    if (t.tq > 8 && t.tq >= t.tk) t.tq = round8(t.tq / 2);
+    else if (t.tk > 8) t.tk = round8(t.tk / 2);
+    else fail("scaled_dot_product_attention: no tiling of head dims {}/{} fits the chip's {} bytes of VMEM", s.d, s.dv,
+              cfg.memory.vmem_bytes);
+  }
+}
+
+sim::Program make_attention_program(const sim::ChipConfig& cfg, const AttentionSpec& s) {
+  TPU_CHECK(s.scale > 0 && int64_t(s.q_off.size()) == s.heads && s.group > 0 &&
+                int64_t(s.k_off.size()) * s.group == s.heads && s.k_off.size() == s.v_off.size(),
+            "internal: codegen: inconsistent attention spec ({} heads, group {})", s.heads, s.group);
+  const AttentionTiling t = choose_attention_tiling(cfg, s);
+  return Emitter(cfg, s, t.tq, t.tk).run();
+}
+
+std::string attention_key(const AttentionSpec& s) {
+  std::string k = fmt::format("sdpa:{}x{}:{}x{}x{}x{}:c{}:s{}:{}:{}:rs{}/{}/{}:t{}/{}:", s.heads, s.group, s.lq, s.lk,
+                              s.d, s.dv, s.causal, s.scale, sim::dtype_name(s.dtype), sim::mxu_mode_name(s.mode),
+                              s.q_rs, s.k_rs, s.v_rs, s.tq, s.tk);
+  for (const auto* v : {&s.q_off, &s.k_off, &s.v_off}) k += fmt::format("{};", fmt::join(*v, ","));
+  return k;
+}
+
+}  // namespace tpu::codegen

@@ -1,0 +1,200 @@
+// scaled_dot_product_attention (PyTorch F.scaled_dot_product_attention without dropout, with
+// enable_gqa=True): out = softmax(q k^T * scale + mask) v over the last two dims, with
+// q [..., Hq, Lq, D], k [..., Hk, Lk, D], v [..., Hk, Lk, Dv] -> out [..., Hq, Lq, Dv]. Query
+// head h reads key/value head h / (Hq / Hk) (grouped KV heads; Hq == Hk is plain multi-head).
+// `causal` masks key j > query i (top-left aligned, as PyTorch's is_causal); an optional bool
+// mask (true = takes part) broadcasts to [..., Hq, Lq, Lk]. Rows with every key masked give NaN
+// (softmax of all -inf), Lk == 0 gives zeros, as PyTorch's math path.
+//
+// Inputs (q, k, v, mask); an absent mask is passed as q with has_mask false (as linear's bias).
+// The cpu kernel works per key/value head (in parallel) on f32 copies of its heads: blocks of 64
+// query rows, S = Q K^T with the cpu GEMM, scale + mask + softmax per row, O = P V, rounded
+// once to the output dtype. The backward formula lives in ops/attention_grad.cpp.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "ops/cpu/kernels/gemm.h"
+#include "ops/cpu/loops.h"
+#include "ops/cpu/vec_math.h"
+#include "ops/meta_util.h"
+#include "ops/reduce_engine.h"
+#include "ops/registry.h"
+#include "tpucore/ops.h"
+
+namespace tpu {
+namespace {
+using namespace ops;
+using reduce::DimGroup;
+
+constexpr const char* kOp = "scaled_dot_product_attention";
+
+void sdpa_meta(const MetaArgs& a, MetaResult& m) {
+  const Tensor &q = a.inputs[0], &k = a.inputs[1], &v = a.inputs[2];
+  for (const Tensor* t : {&q, &k, &v})
+    TPU_CHECK(is_floating(t->dtype()), "{}: q, k and v must be floating point, got q {}, k {}, v {}", kOp,
+              describe(q), describe(k), describe(v));
+  TPU_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype(),
+            "{}: q, k and v must have the same dtype, got q {}, k {}, v {}", kOp, describe(q), describe(k),
+            describe(v));
+  TPU_CHECK(q.dim() >= 2 && k.dim() == q.dim() && v.dim() == q.dim(),
+            "{}: q, k and v must have the same rank (at least 2: [..., L, D]), got shapes {}, {}, {}", kOp,
+            q.shape().str(), k.shape().str(), v.shape().str());
+  const int n = q.dim();
+  TPU_CHECK(q.size(-1) == k.size(-1), "{}: q and k must have the same head dim, got shapes {} and {}", kOp,
+            q.shape().str(), k.shape().str());
+  TPU_CHECK(k.size(-2) == v.size(-2), "{}: k and v must have the same length (dim -2), got shapes {} and {}", kOp,
+            k.shape().str(), v.shape().str());
+  for (int i = 0; i + 2 < n; ++i) {
+    TPU_CHECK(k.shape()[i] == v.shape()[i], "{}: k and v batch/head dims differ: shapes {} and {}", kOp,
+              k.shape().str(), v.shape().str());
+    if (i + 3 == n) {
+      TPU_CHECK(k.shape()[i] > 0 && q.shape()[i] % k.shape()[i] == 0,
+                "{}: the number of query heads ({}, dim -3 of q {}) must be a multiple of the number of key/value "
+                "heads ({}, dim -3 of k {})",
+                kOp, q.shape()[i], q.shape().str(), k.shape()[i], k.shape().str());
+    } else {
+      TPU_CHECK(q.shape()[i] == k.shape()[i], "{}: batch dims of q {} and k {} differ at dim {}", kOp,
+                q.shape().str(), k.shape().str(), i);
+    }
+  }
+  Shape out = q.shape();
+  out[n - 1] = v.size(-1);
+  if (a.attrs.get_bool("has_mask")) {
+    const Tensor& mk = a.inputs[3];
+    TPU_CHECK(!a.attrs.get_bool("causal"), "{}: an explicit mask and causal=true cannot be combined", kOp);
+    TPU_CHECK(mk.dtype() == DType::boolean, "{}: the mask must be bool (true = takes part), got {}", kOp,
+              describe(mk));
+    Shape scores = q.shape();
+    scores[n - 1] = k.size(-2);
+    TPU_CHECK(mk.dim() <= n, "{}: mask of shape {} does not broadcast to the scores' shape {}", kOp,
+              mk.shape().str(), scores.str());
+    for (int i = 0; i < mk.dim(); ++i) {
+      const int64_t d = mk.shape()[i], s = scores[n - mk.dim() + i];
+      TPU_CHECK(d == s || d == 1, "{}: mask of shape {} does not broadcast to the scores' shape {}", kOp,
+                mk.shape().str(), scores.str());
+    }
+  }
+  TPU_CHECK(std::isfinite(a.attrs.get_float("scale")), "{}: scale must be finite, got {}", kOp,
+            a.attrs.get_float("scale"));
+  m.out() = {out, q.dtype(), q.device()};
+}
+
+// One [L, C] matrix of batch index b as contiguous f32 (any strides, any float dtype).
+void load_f32(const Tensor& t, const DimGroup& batch, int64_t b, std::vector<float>& dst) {
+  const int64_t L = t.size(-2), C = t.size(-1), rs = t.strides()[t.dim() - 2], cs = t.strides()[t.dim() - 1];
+  dst.resize(static_cast<size_t>(L * C));
+  dispatch_dtype(t.dtype(), [&](auto z) {
+    using T = decltype(z);
+    if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, bf16> || std::is_same_v<T, f16>) {
+      const T* p = static_cast<const T*>(t.raw_data()) + batch.offset_of(b);
+      for (int64_t i = 0; i < L; ++i)
+        for (int64_t c = 0; c < C; ++c) dst[static_cast<size_t>(i * C + c)] = cpu::convert<float>(p[i * rs + c * cs]);
+    }
+  });
+}
+
+DimGroup batch_of(const Tensor& t) {
+  DimGroup g;
+  for (int i = 0; i + 2 < t.dim(); ++i) g.add(t.shape()[i], t.strides()[i]);
+  return g;
+}
+
+void sdpa_cpu(const KernelArgs& a) {
+  const Tensor &q = a.inputs[0], &k = a.inputs[1], &v = a.inputs[2];
+  const Tensor& out = a.outputs[0];
+  if (out.numel() == 0) return;
+  const int n = q.dim();
+  const int64_t Lq = q.size(-2), Lk = k.size(-2), D = q.size(-1), Dv = v.size(-1);
+  const int64_t hq = n >= 3 ? q.size(-3) : 1, hk = n >= 3 ? k.size(-3) : 1, group = hq / hk;
+  const bool causal = a.attrs.get_bool("causal"), has_mask = a.attrs.get_bool("has_mask");
+  const float scale = static_cast<float>(a.attrs.get_float("scale"));
+  // The mask's strides against the scores [..., Hq, Lq, Lk] (0 where it broadcasts).
+  DimGroup mbatch;
+  int64_t m_rs = 0, m_cs = 0;
+  if (has_mask) {
+    const Tensor& mk = a.inputs[3];
+    auto st = [&](int d) {  // stride of scores dim d (of n) in the mask
+      const int j = d - (n - mk.dim());
+      return j >= 0 && mk.shape()[j] != 1 ? mk.strides()[j] : 0;
+    };
+    for (int i = 0; i + 2 < n; ++i) mbatch.add(q.shape()[i], st(i));
+    m_rs = st(n - 2);
+    m_cs = st(n - 1);
+  }
+  const DimGroup qb = batch_of(q), kb = batch_of(k), vb = batch_of(v);
+  const cpu::VecUnaryFn exp_fn = cpu::vec_math().get(cpu::VecUnary::exp);
+  const int64_t total_kv = kb.numel();
+  parallel_for(0, total_kv, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<float> Q, K, V, S, O;
+    constexpr int64_t kBlock = 64;
+    for (int64_t bk = b0; bk < b1; ++bk) {
+      const int64_t outer = bk / hk, hkv = bk % hk;
+      if (Lk > 0) {
+        load_f32(k, kb, bk, K);
+        load_f32(v, vb, bk, V);
+      }
+      for (int64_t gi = 0; gi < group; ++gi) {
+        const int64_t bq = outer * hq + hkv * group + gi;
+        load_f32(q, qb, bq, Q);
+        O.assign(static_cast<size_t>(Lq * Dv), 0.0f);
+        if (Lk > 0) {
+          S.resize(static_cast<size_t>(kBlock * Lk));
+          for (int64_t i0 = 0; i0 < Lq; i0 += kBlock) {
+            const int64_t rows = std::min(kBlock, Lq - i0);
+            kernels::gemm_f32(rows, Lk, D, Q.data() + i0 * D, D, 1, K.data(), 1, D, S.data(), Lk, false);
+            for (int64_t r = 0; r < rows; ++r) {
+              float* s = S.data() + r * Lk;
+              const int64_t i = i0 + r;
+              float mx = -std::numeric_limits<float>::infinity();
+              for (int64_t j = 0; j < Lk; ++j) {
+                float x = s[j] * scale;
+                if (causal && j > i) x = -std::numeric_limits<float>::infinity();
+                if (has_mask) {
+                  const bool* mp = static_cast<const bool*>(a.inputs[3].raw_data()) + mbatch.offset_of(bq);
+                  if (!mp[i * m_rs + j * m_cs]) x = -std::numeric_limits<float>::infinity();
+                }
+                s[j] = x;
+                mx = x > mx ? x : mx;
+              }
+              // All keys masked: -inf - -inf is NaN, so the row becomes NaN (as softmax).
+              for (int64_t j = 0; j < Lk; ++j) s[j] -= mx;
+              exp_fn(s, s, Lk);
+              double sum = 0;
+              for (int64_t j = 0; j < Lk; ++j) sum += s[j];
+              const float inv = static_cast<float>(1.0 / sum);
+              for (int64_t j = 0; j < Lk; ++j) s[j] *= inv;
+            }
+            kernels::gemm_f32(rows, Dv, Lk, S.data(), Lk, 1, V.data(), Dv, 1, O.data() + i0 * Dv, Dv, false);
+          }
+        }
+        dispatch_dtype(out.dtype(), [&](auto z) {
+          using T = decltype(z);
+          if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, bf16> || std::is_same_v<T, f16>) {
+            T* o = static_cast<T*>(out.raw_data()) + bq * Lq * Dv;
+            for (int64_t i = 0; i < Lq * Dv; ++i) o[i] = cpu::convert<T>(O[static_cast<size_t>(i)]);
+          }
+        });
+      }
+    }
+  });
+}
+
+TPU_DEFINE_OP(sdpa_op, {.name = "scaled_dot_product_attention", .num_inputs = 4, .meta = &sdpa_meta,
+                        .cpu = &sdpa_cpu,
+                        .doc = "softmax(q k^T * scale + mask) v with grouped KV heads; inputs (q, k, v, mask), an "
+                               "absent mask passed as q with has_mask false"});
+
+}  // namespace
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
+                                    bool is_causal, std::optional<double> scale) {
+  TPU_CHECK(q.defined() && k.defined() && v.defined(), "{}: q, k and v must be defined tensors", kOp);
+  TPU_CHECK(q.dim() >= 1, "{}: q must have at least 2 dims [..., L, D], got shape {}", kOp, q.shape().str());
+  const double s = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(1, q.size(-1))));
+  const bool hm = attn_mask.defined();
+  return ops::call(sdpa_op(), {q, k, v, hm ? attn_mask : q},
+                   {{"causal", is_causal}, {"scale", s}, {"has_mask", hm}});
+}
+
+}  // namespace tpu
