@@ -59,7 +59,11 @@ Tensor Tracer::add_arg(const Tensor& real, int arg, int elem) {
   ValueId id = graph_.add_input({real.shape(), real.dtype(), real.device(), false});
   sources_.push_back({InputSource::Kind::arg, arg, elem});
   real_inputs_.push_back(real);
-  return make_proxy(id);
+  Tensor p = make_proxy(id);
+  p.impl().trace->input = static_cast<int>(graph_.inputs.size()) - 1;
+  p.impl().trace->input_value = id;
+  input_roots_.push_back(p.impl().trace);
+  return p;
 }
 
 ValueId Tracer::value_of(const Tensor& t) {
@@ -71,17 +75,22 @@ ValueId Tracer::value_of(const Tensor& t) {
     return im.trace->id;
   }
   auto it = captured_.find(&im);
-  if (it != captured_.end()) return it->second;
-  ValueId id;
+  if (it != captured_.end()) return it->second->id;
+  auto root = std::make_shared<TraceValue>();
+  root->tracer = this;
+  root->epoch = epoch_;
   if (im.wrapped_number) {
-    id = graph_.add_constant(t, true);
+    root->id = graph_.add_constant(t, true);
   } else {
-    id = graph_.add_input({t.shape(), t.dtype(), t.device(), false});
+    root->id = graph_.add_input({t.shape(), t.dtype(), t.device(), false});
     sources_.push_back({InputSource::Kind::captured, -1, -1});
     real_inputs_.push_back(t);
+    root->input = static_cast<int>(graph_.inputs.size()) - 1;
+    root->input_value = root->id;
+    input_roots_.push_back(root);
   }
-  captured_.emplace(&im, id);
-  return id;
+  captured_.emplace(&im, root);
+  return root->id;
 }
 
 bool Tracer::intercept(const ops::OpDef& op, std::span<const Tensor> inputs, const ops::Attrs& attrs,
@@ -108,6 +117,18 @@ bool Tracer::intercept(const ops::OpDef& op, std::span<const Tensor> inputs, con
   int n = graph_.add_node(op, std::move(ins), attrs, metas);
   for (int i = 0; i < meta.num_outputs; ++i)
     outputs[static_cast<size_t>(i)] = make_proxy(graph_.nodes[static_cast<size_t>(n)].outputs[static_cast<size_t>(i)]);
+  if (op.has(ops::kView) && meta.num_outputs == 1 && !inputs[0].impl().wrapped_number) {
+    // The output aliases input 0: remember the family and the view ops from its root.
+    TraceValue& out = *outputs[0].impl().trace;
+    const TraceValue* in = inputs[0].is_proxy() ? inputs[0].impl().trace.get() : nullptr;
+    std::shared_ptr<TraceValue> root = in ? (in->base ? in->base : inputs[0].impl().trace) : captured_.at(&inputs[0].impl());
+    if (in && in->base) out.chain = in->chain;
+    out.chain.push_back({&op, attrs, metas[0]});
+    out.base = root;
+    root->views.push_back(outputs[0].impl().trace);
+  } else if (op.name == "contiguous") {
+    outputs[0].impl().trace->from_contiguous = true;
+  }
   return true;
 }
 
@@ -121,8 +142,8 @@ void Tracer::set_outputs(std::span<const Tensor> outs) {
 
 std::vector<std::pair<ValueId, std::shared_ptr<TensorImpl>>> Tracer::live_proxies() const {
   std::vector<std::pair<ValueId, std::shared_ptr<TensorImpl>>> v;
-  for (size_t i = 0; i < proxies_.size(); ++i)
-    if (auto p = proxies_[i].lock(); p && p->trace) v.emplace_back(static_cast<ValueId>(i), std::move(p));
+  for (size_t i = 0; i < proxies_.size(); ++i)  // current ids: in-place writes rebind proxies
+    if (auto p = proxies_[i].lock(); p && p->trace) v.emplace_back(p->trace->id, std::move(p));
   return v;
 }
 
@@ -143,6 +164,7 @@ void Tracer::reset_segment() {
   sources_.clear();
   real_inputs_.clear();
   captured_.clear();
+  input_roots_.clear();
   proxies_.clear();
   epoch_ = g_epoch.fetch_add(1);
 }

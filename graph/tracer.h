@@ -16,12 +16,30 @@
 namespace tpu {
 namespace graph {
 class Tracer;
-}
-// Set on proxy tensors (declared in tpucore/tensor.h).
+// One view op applied to a value (replayed when the tensor it views is written in place).
+struct ViewStep {
+  const ops::OpDef* op = nullptr;
+  ops::Attrs attrs;
+  ValueMeta out;
+};
+}  // namespace graph
+// Set on proxy tensors (declared in tpucore/tensor.h); shared by aliases of one TensorImpl
+// (detach(), autograd's saved tensors). In-place writes are functionalized: `id` moves to the
+// value computed out of place and `version` is bumped (so a saved proxy detects the write).
+// A proxy made by a view op records the tensor family it views (`base`, a root) and the view ops
+// from the root's value; a write into the view rewrites the root, and every live view of a root
+// is re-derived when the root changes. The tracer also keeps a root per captured real tensor.
 struct TraceValue {
   graph::Tracer* tracer = nullptr;
   uint64_t epoch = 0;
   graph::ValueId id = graph::kNoValue;
+  uint64_t version = 0;
+  std::shared_ptr<TraceValue> base;             // views: the root they alias
+  std::vector<graph::ViewStep> chain;           // views: view ops from the root's value
+  std::vector<std::weak_ptr<TraceValue>> views;  // roots: views made of them
+  int input = -1;                               // roots: graph input it stands for (args, captured)
+  graph::ValueId input_value = graph::kNoValue;  // roots with an input: the input's value id
+  bool from_contiguous = false;                 // made by contiguous()/clone(): see functional_copy
 };
 }  // namespace tpu
 
@@ -53,6 +71,20 @@ class Tracer : public ops::DispatchInterceptor {
   bool intercept(const ops::OpDef& op, std::span<const Tensor> inputs, const ops::Attrs& attrs,
                  const ops::MetaResult& meta, std::span<Tensor> outputs) override;
 
+  // copy_ while tracing (every in-place op ends in one): records the new value of `self` (src
+  // broadcast and cast to self's dtype) out of place and rebinds self, its base and its views.
+  void functional_copy(const Tensor& self, const Tensor& src);
+  // Graph inputs written in place (input position, value to write back), in input order. Fails
+  // when a written input shares storage with another input (aliasing the graph cannot see).
+  std::vector<std::pair<int, ValueId>> mutations() const;
+  // For each traced output: the graph input it is (or views, with the view ops) when it aliases
+  // a written input, so the caller can return the real tensor instead of a copy.
+  struct OutputAlias {
+    int output = 0, input = -1;
+    std::vector<ViewStep> chain;
+  };
+  std::vector<OutputAlias> output_aliases(std::span<const Tensor> outs) const;
+
   Graph& graph() { return graph_; }
   // Per graph input: where it comes from and the real tensor seen while tracing.
   const std::vector<InputSource>& sources() const { return sources_; }
@@ -70,12 +102,18 @@ class Tracer : public ops::DispatchInterceptor {
  private:
   ValueId value_of(const Tensor& t);
   Tensor make_proxy(ValueId id);
+  std::shared_ptr<TraceValue> root_of(const Tensor& t);  // family root (captures real tensors)
+  void rebind_root(TraceValue& root, ValueId v, const TraceValue* skip);
+  ValueId replay(ValueId v, const std::vector<ViewStep>& chain);
+  ValueId scatter_into_root(const TraceValue& root, const std::vector<ViewStep>& chain, ValueId v, const Tensor& self);
+  ValueId coerce_source(const Tensor& self, const Tensor& src);
 
   Graph graph_;
   uint64_t epoch_;
   std::vector<InputSource> sources_;
   std::vector<Tensor> real_inputs_;
-  std::unordered_map<const TensorImpl*, ValueId> captured_;
+  std::unordered_map<const TensorImpl*, std::shared_ptr<TraceValue>> captured_;  // real tensor -> root
+  std::vector<std::shared_ptr<TraceValue>> input_roots_;  // per graph input (args and captured)
   std::vector<std::weak_ptr<TensorImpl>> proxies_;  // per value id
   BreakHandler on_break_;
   bool in_break_ = false;

@@ -6,6 +6,7 @@
 #include "ops/fallback.h"
 #include "ops/meta_util.h"
 #include "ops/registry.h"
+#include "tpucore/jit_hooks.h"
 #include "tpucore/ops.h"
 
 namespace tpu {
@@ -86,6 +87,10 @@ Tensor& copy_(Tensor& self, const Tensor& src_in) {
   if (InplaceHook h = inplace_hook()) {
     const Tensor ins[1] = {src_in};
     if (h("copy_", nullptr, self, std::span<const Tensor>(ins, 1), ops::Attrs{})) return self;
+  }
+  if (self.is_proxy() || src_in.is_proxy() || ops::interceptor()) {  // tracing: functionalized
+    detail::traced_copy(self, src_in);
+    return self;
   }
   broadcast_shapes(self.shape(), src_in.shape(), "copy_");
   Shape b = broadcast_shapes(self.shape(), src_in.shape(), "copy_");

@@ -23,6 +23,9 @@ class Engine {
   struct Traced {
     std::unique_ptr<graph::Tracer> tracer;
     bool broke = false;
+    std::vector<WriteBack> writes;  // inputs written in place (their outputs follow the user's)
+    size_t user_outputs = 0;
+    std::vector<graph::Tracer::OutputAlias> aliases;
   };
   Traced trace(std::span<const ArgSlot> args, TraceCall tc, const std::vector<double>* numbers,
                const std::vector<DynamicDim>& pad, std::vector<Tensor>* outs, bool probe = false);
@@ -31,6 +34,7 @@ class Engine {
   void run_entry(const Entry& e, std::span<const ArgSlot> args, std::vector<Tensor>& outs) const;
   Tensor on_break(graph::Tracer& t, const Tensor& proxy, const std::string& why);
   void finish_segments(Traced& t, std::vector<Tensor>& outs);
+  static void add_write_backs(graph::Tracer& tr, std::vector<WriteBack>& writes);
   std::shared_ptr<graph::Executable> segment(const graph::Graph& g);
   graph::PassOptions pass_options() const;
   void note_compile(const std::string& reason, double ms, bool from_disk);
@@ -144,9 +148,21 @@ Engine::Traced Engine::trace(std::span<const ArgSlot> args, TraceCall tc, const 
     graph::TraceScope scope(&tr);
     tc.fn(tc.ctx, slots, result);
     tr.set_outputs(result);
+    r.user_outputs = result.size();
+    r.aliases = tr.output_aliases(result);
+    add_write_backs(tr, r.writes);
   }
   if (outs) *outs = std::move(result);
   return r;
+}
+
+void Engine::add_write_backs(graph::Tracer& tr, std::vector<WriteBack>& writes) {
+  writes.clear();
+  graph::Graph& g = tr.graph();
+  for (auto [input, v] : tr.mutations()) {
+    writes.push_back({input, static_cast<int>(g.outputs.size())});
+    g.outputs.push_back(v);
+  }
 }
 
 Tensor Engine::on_break(graph::Tracer& t, const Tensor& proxy, const std::string& why) {
@@ -160,15 +176,23 @@ Tensor Engine::on_break(graph::Tracer& t, const Tensor& proxy, const std::string
   log().debug("compile '{}': graph break: {}", opts_.name, why);
   breaks_mode_ = true;
   auto live = t.live_proxies();
-  graph::Graph g = t.graph();
-  g.outputs.clear();
-  for (auto& [id, impl] : live) g.outputs.push_back(id);
+  graph::Graph& tg = t.graph();
+  tg.outputs.clear();
+  for (auto& [id, impl] : live) tg.outputs.push_back(id);
+  std::vector<WriteBack> writes;
+  add_write_backs(t, writes);
+  graph::Graph g = tg;
   std::vector<Tensor> results;
   {
     graph::TraceScope off(nullptr);
     segment(g)->run(t.real_inputs(), results);
+    apply_writes(t.real_inputs(), results, writes, live.size(), {});
   }
-  for (size_t i = 0; i < live.size(); ++i) graph::Tracer::fill_proxy(*live[i].second, results[i]);
+  for (size_t i = 0; i < live.size(); ++i) {
+    // Inputs (written back or not) stay the caller's tensors.
+    const int in = live[i].second->trace->base ? -1 : live[i].second->trace->input;
+    graph::Tracer::fill_proxy(*live[i].second, in >= 0 ? t.real_inputs()[static_cast<size_t>(in)] : results[i]);
+  }
   t.reset_segment();
   return Tensor(proxy.impl_ptr());
 }
@@ -176,6 +200,7 @@ Tensor Engine::on_break(graph::Tracer& t, const Tensor& proxy, const std::string
 void Engine::finish_segments(Traced& t, std::vector<Tensor>& outs) {
   graph::TraceScope off(nullptr);
   segment(t.tracer->graph())->run(t.tracer->real_inputs(), outs);
+  apply_writes(t.tracer->real_inputs(), outs, t.writes, t.user_outputs, t.aliases);
 }
 
 std::shared_ptr<graph::Executable> Engine::segment(const graph::Graph& g) {
@@ -217,6 +242,7 @@ void Engine::run_entry(const Entry& e, std::span<const ArgSlot> args, std::vecto
     }
   }
   e.exe->run(ins, outs);
+  apply_writes(ins, outs, e.writes, e.user_outputs, e.aliases);
   for (const DynamicOut& d : e.dynamic_outs) {
     const int64_t real = args[static_cast<size_t>(d.arg)].tensor->shape()[d.arg_dim];
     outs[static_cast<size_t>(d.output)] = outs[static_cast<size_t>(d.output)].narrow(d.dim, 0, real);
@@ -284,6 +310,16 @@ Entry* Engine::compile(std::span<const ArgSlot> args, TraceCall tc, const std::v
   }
   graph::Graph g = a.tracer->graph();
   auto e = std::make_unique<Entry>();
+  e->writes = a.writes;
+  e->user_outputs = a.user_outputs;
+  e->aliases = a.aliases;
+  for (const WriteBack& w : a.writes)
+    for (const DynamicDim& d : pad)
+      TPU_CHECK(!(a.tracer->sources()[static_cast<size_t>(w.input)].kind == graph::InputSource::Kind::arg &&
+                  a.tracer->sources()[static_cast<size_t>(w.input)].arg == d.arg),
+                "compile('{}'): argument {} has a dynamic dim and is written in place; in-place writes into dynamic "
+                "arguments are not supported",
+                opts_.name, d.arg);
   const auto& src = a.tracer->sources();
   for (size_t i = 0; i < src.size(); ++i) {
     InputBinding b;

@@ -5,7 +5,8 @@
 namespace tpu::detail {
 namespace {
 std::atomic<MaterializeHook> g_hook{nullptr};
-}
+std::atomic<TracedCopyHook> g_copy_hook{nullptr};
+}  // namespace
 
 void set_materialize_hook(MaterializeHook h) { g_hook.store(h); }
 
@@ -13,6 +14,14 @@ Tensor materialize_proxy(const Tensor& proxy, const char* what) {
   MaterializeHook h = g_hook.load();
   TPU_CHECK(h != nullptr, "{}: the tensor is a traced proxy and no tracer is active", what);
   return h(proxy, what);
+}
+
+void set_traced_copy_hook(TracedCopyHook h) { g_copy_hook.store(h); }
+
+void traced_copy(const Tensor& self, const Tensor& src) {
+  TracedCopyHook h = g_copy_hook.load();
+  TPU_CHECK(h != nullptr, "copy_: a traced (proxy) tensor was written or read outside of tracing");
+  h(self, src);
 }
 
 }  // namespace tpu::detail

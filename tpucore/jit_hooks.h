@@ -1,5 +1,6 @@
-// The hook through which the core Tensor asks the tracer (graph/) for the value of a traced
-// proxy tensor (item(), to_vector()): a graph break. The core never includes graph/.
+// Hooks through which the core (Tensor, ops/) reaches the tracer (graph/) without including it:
+// the value of a traced proxy tensor (item(), to_vector()) is a graph break, and copy_ while
+// tracing (the end of every in-place op) is functionalized by the tracer.
 #pragma once
 
 #include "tpucore/tensor.h"
@@ -10,5 +11,11 @@ using MaterializeHook = Tensor (*)(const Tensor& proxy, const char* what);
 void set_materialize_hook(MaterializeHook h);
 // Returns the real value of a proxy (via the tracer) or fails with a clear tpu::Error.
 Tensor materialize_proxy(const Tensor& proxy, const char* what);
+
+// copy_(self, src) while a tracer is installed or when either tensor is a proxy: the tracer
+// records the write out of place (fails with a clear tpu::Error when no tracer is active).
+using TracedCopyHook = void (*)(const Tensor& self, const Tensor& src);
+void set_traced_copy_hook(TracedCopyHook h);
+void traced_copy(const Tensor& self, const Tensor& src);
 
 }  // namespace tpu::detail

@@ -40,6 +40,12 @@ struct DynamicOut {
   int arg = 0, arg_dim = 0;  // the input dim it follows
 };
 
+// A graph input written in place inside the function: after the run, output `output` is
+// copied into the real tensor bound to input `input` (functionalization write-back).
+struct WriteBack {
+  int input = 0, output = 0;
+};
+
 struct Entry {
   std::vector<int64_t> sig;
   uint64_t hash = 0;
@@ -47,7 +53,15 @@ struct Entry {
   std::shared_ptr<graph::Executable> exe;
   std::vector<DynamicOut> dynamic_outs;
   std::vector<DynamicDim> dynamic_in;  // (arg, dim) padded to the bucket in sig
+  std::vector<WriteBack> writes;          // graph outputs past `user_outputs` are write-backs
+  size_t user_outputs = 0;
+  std::vector<graph::Tracer::OutputAlias> aliases;  // outputs returned as (views of) written inputs
 };
+
+// Copies the write-back outputs into their inputs (sources that share memory with a written
+// input are copied first), drops them from `outs`, and rebuilds the outputs that alias inputs.
+void apply_writes(std::span<const Tensor> ins, std::vector<Tensor>& outs, const std::vector<WriteBack>& writes,
+                  size_t user_outputs, const std::vector<graph::Tracer::OutputAlias>& aliases);
 
 // Signature: a flat list of integers per argument (see jit_signature.cpp).
 struct SigOptions {

@@ -1,4 +1,5 @@
-// Call signatures of compiled functions. Per argument, a few integers:
+// Call signatures of compiled functions. First the grad mode (1 on, 0 off: tracing records
+// autograd nodes only when it is on), then per argument a few integers:
 //   tensor:      [1, ndim, dims..., dtype, device, requires_grad]
 //   tensor list: [2, length, then each tensor as above without the leading 1]
 //   number:      [3, kind]            (a runtime input: its value is not in the key)
@@ -8,6 +9,7 @@
 #include <bit>
 #include <cstring>
 
+#include "tpucore/autograd.h"
 #include "tpucore/jit_internal.h"
 
 namespace tpu::jit::detail {
@@ -39,6 +41,7 @@ int64_t bucket_size(int64_t n) { return n <= 1 ? 1 : static_cast<int64_t>(std::b
 
 void build_signature(std::span<const ArgSlot> args, const SigOptions& o, std::vector<int64_t>& sig) {
   sig.clear();
+  sig.push_back(is_grad_enabled() ? 1 : 0);
   for (size_t i = 0; i < args.size(); ++i) {
     const ArgSlot& a = args[i];
     switch (a.kind) {
@@ -120,6 +123,8 @@ double bits_to_double(int64_t b) {
 
 std::string describe_change(const std::vector<int64_t>& before, const std::vector<int64_t>& now) {
   Reader a{before}, b{now};
+  const int64_t ga = a.next(), gb = b.next();
+  if (ga != gb) return fmt::format("grad mode {} -> {}", ga ? "on" : "off", gb ? "on" : "off");
   for (int arg = 0; !a.done() || !b.done(); ++arg) {
     const int64_t ka = a.next(), kb = b.next();
     if (ka != kb) return fmt::format("arg {} kind changed", arg);
