@@ -18,7 +18,6 @@ namespace {
 
 constexpr float kMaskedScore = -1e30f;  // finite: exp underflows to 0, no inf - inf
 constexpr int kSemK = 0, kSemV = 1, kSemQ = 2, kSemO = 3;
-constexpr int kQueueK = 0, kQueueV = 1, kQueueQ = 2, kQueueO = 3;
 
 struct Layout {
   int64_t q[3]{}, k[3]{}, v[3]{}, s[2]{}, t[2]{}, o[2]{}, out[2]{};
@@ -89,7 +88,8 @@ class Emitter {
  public:
   Emitter(const sim::ChipConfig& cfg, const AttentionSpec& s, int64_t tq, int64_t tk)
       : cfg_(cfg), s_(s), tq_(tq), tk_(tk), L_(plan_layout(cfg, s, tq, tk)), steps_(plan_steps(s, tq, tk)),
-        b_(s.name), es_(sim::dtype_size(s.dtype)) {}
+        b_(s.name), es_(sim::dtype_size(s.dtype)), kQueueK(0), kQueueV(1 % cfg.dma.engines),
+        kQueueQ(2 % cfg.dma.engines), kQueueO(3 % cfg.dma.engines) {}
 
   sim::Program run() {
     b_.signal(kSemO, 2);  // both output tiles start free
@@ -290,6 +290,7 @@ class Emitter {
   std::vector<Step> steps_;
   B b_;
   int64_t es_;
+  int kQueueK, kQueueV, kQueueQ, kQueueO;  // DMA queues (shared when the chip has fewer engines)
 };
 
 }  // namespace
