@@ -28,21 +28,24 @@ Ref ref_matmul(const Ref& a, const Ref& b) {
   Ref A = a, B = b;
   A.shape = sa;
   B.shape = sb;
+  const int nb = batch.ndim();
+  Shape fa = batch, fb = batch;
+  fa.push_back(M), fa.push_back(K);
+  fb.push_back(K), fb.push_back(N);
   for (int64_t f = 0; f < out.numel(); ++f) {
     auto idx = unflatten(full, f);
-    const int nb = batch.ndim();
     const int64_t i = idx[static_cast<size_t>(nb)], j = idx[static_cast<size_t>(nb + 1)];
+    // Index vectors built once per output element; only the k entries change in the loop.
+    auto ia = std::vector<int64_t>(idx.begin(), idx.begin() + nb);
+    ia.push_back(i);
+    ia.push_back(0);
+    auto ib = std::vector<int64_t>(idx.begin(), idx.begin() + nb);
+    ib.push_back(0);
+    ib.push_back(j);
     double acc = 0;
     for (int64_t k = 0; k < K; ++k) {
-      auto ia = std::vector<int64_t>(idx.begin(), idx.begin() + nb);
-      ia.push_back(i);
-      ia.push_back(k);
-      auto ib = std::vector<int64_t>(idx.begin(), idx.begin() + nb);
-      ib.push_back(k);
-      ib.push_back(j);
-      Shape fa = batch, fb = batch;
-      fa.push_back(M), fa.push_back(K);
-      fb.push_back(K), fb.push_back(N);
+      ia[static_cast<size_t>(nb + 1)] = k;
+      ib[static_cast<size_t>(nb)] = k;
       acc += A.bcast(fa, ia) * B.bcast(fb, ib);
     }
     out.v[static_cast<size_t>(f)] = acc;

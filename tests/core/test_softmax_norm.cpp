@@ -138,13 +138,15 @@ Shape trailing(const Shape& s, int n) {
   return r;
 }
 
-// Applies f(row, w, b) to each row of the trailing n elements (row-major flattening).
-Ref per_row(const Ref& x, int n_dims, const std::function<double(const std::vector<double>&, size_t)>& f) {
+// Applies f to each row of the trailing n elements (row-major flattening); f returns the whole
+// output row, so per-row statistics are computed once per row.
+Ref per_row(const Ref& x, int n_dims, const std::function<std::vector<double>(const std::vector<double>&)>& f) {
   Ref out(x.shape);
   const int64_t n = trailing(x.shape, n_dims).numel();
   for (int64_t r = 0; n > 0 && r < x.numel() / n; ++r) {
     std::vector<double> row(x.v.begin() + r * n, x.v.begin() + (r + 1) * n);
-    for (int64_t i = 0; i < n; ++i) out.v[static_cast<size_t>(r * n + i)] = f(row, static_cast<size_t>(i));
+    const std::vector<double> y = f(row);
+    std::copy(y.begin(), y.end(), out.v.begin() + r * n);
   }
   return out;
 }
@@ -164,16 +166,19 @@ OpInfoRegistrar reg_layer_norm({
     .reference =
         [](const std::vector<Ref>& r, DType) {
           auto s = spec_of(r[3]);
-          return per_row(r[0], static_cast<int>(s[2]), [&](const std::vector<double>& row, size_t i) {
+          return per_row(r[0], static_cast<int>(s[2]), [&](const std::vector<double>& row) {
             const double n = static_cast<double>(row.size());
             double mu = 0, var = 0;
             for (double x : row) mu += x;
             mu /= n;
             for (double x : row) var += (x - mu) * (x - mu);
             var /= n;
-            double y = (row[i] - mu) / std::sqrt(var + 1e-5);
-            if (s[0]) y *= r[1].v[i];
-            if (s[1]) y += r[2].v[i];
+            std::vector<double> y(row.size());
+            for (size_t i = 0; i < row.size(); ++i) {
+              y[i] = (row[i] - mu) / std::sqrt(var + 1e-5);
+              if (s[0]) y[i] *= r[1].v[i];
+              if (s[1]) y[i] += r[2].v[i];
+            }
             return y;
           });
         },
@@ -199,12 +204,15 @@ OpInfoRegistrar reg_rms_norm({
         [](const std::vector<Ref>& r, DType) {
           auto s = spec_of(r[3]);
           const double eps = s[1] ? 1e-3 : static_cast<double>(FLT_EPSILON);
-          return per_row(r[0], static_cast<int>(s[2]), [&](const std::vector<double>& row, size_t i) {
+          return per_row(r[0], static_cast<int>(s[2]), [&](const std::vector<double>& row) {
             double ms = 0;
             for (double x : row) ms += x * x;
             ms /= static_cast<double>(row.size());
-            double y = row[i] / std::sqrt(ms + eps);
-            if (s[0]) y *= r[1].v[i];
+            std::vector<double> y(row.size());
+            for (size_t i = 0; i < row.size(); ++i) {
+              y[i] = row[i] / std::sqrt(ms + eps);
+              if (s[0]) y[i] *= r[1].v[i];
+            }
             return y;
           });
         },
