@@ -17,12 +17,18 @@ using sim::Op;
 namespace {
 
 constexpr float kMaskedScore = -1e30f;  // finite: exp underflows to 0, no inf - inf
+// Pipeline depths: the scores and exp of step i + kAhead are emitted before the row sums and
+// P V of step i; loads run one step further ahead; the O update of step i follows the P V of
+// step i + kLag. Buffer rings are sized so that no buffer is rewritten before its last reader
+// was emitted.
+constexpr size_t kAhead = 2, kLag = 2;
+constexpr int kRingKV = 4, kRingS = 4, kRingAlpha = 5, kRingT = 3, kRingQ = 4;
 constexpr int kSemK = 0, kSemV = 1, kSemQ = 2, kSemO = 3;
 
 struct Layout {
-  int64_t q[3]{}, k[3]{}, v[3]{}, s[2]{}, t[2]{}, o[2]{}, out[2]{};
-  int64_t m[2]{}, l[2]{}, alpha[2]{}, inv[2]{}, mnew = 0, negm = 0, fold_max = 0, fold_sum = 0;
-  int64_t mask = 0, diff = 0, col_iota = 0, row_iota = 0;
+  int64_t q[kRingQ]{}, k[kRingKV]{}, v[kRingKV]{}, s[kRingS]{}, t[kRingT]{}, o[kRingT]{}, out[2]{};
+  int64_t m[2]{}, l[kRingT]{}, alpha[kRingAlpha]{}, mnew = 0, negm = 0, rsum = 0, fold_max = 0, fold_sum = 0;
+  int64_t mask = 0, mask0 = 0, diff = 0, col_iota = 0, row_iota = 0;
   int64_t total = 0;
 };
 
@@ -35,25 +41,28 @@ Layout plan_layout(const sim::ChipConfig& cfg, const AttentionSpec& s, int64_t t
     return o;
   };
   const int64_t es = sim::dtype_size(s.dtype), lanes = cfg.vpu.lanes;
-  for (int i = 0; i < 3; ++i) p.q[i] = take(tq * s.d * es);
-  for (int i = 0; i < 3; ++i) p.k[i] = take(tk * s.d * es);
-  for (int i = 0; i < 3; ++i) p.v[i] = take(tk * s.dv * es);
+  for (int i = 0; i < kRingQ; ++i) p.q[i] = take(tq * s.d * es);
+  for (int i = 0; i < kRingKV; ++i) p.k[i] = take(tk * s.d * es);
+  for (int i = 0; i < kRingKV; ++i) p.v[i] = take(tk * s.dv * es);
+  for (int i = 0; i < kRingS; ++i) p.s[i] = take(tq * tk * 4);
   for (int i = 0; i < 2; ++i) {
-    p.s[i] = take(tq * tk * 4);
-    p.t[i] = take(tq * s.dv * 4);
-    p.o[i] = take(tq * s.dv * 4);
     p.out[i] = take(tq * s.dv * es);
     p.m[i] = take(tq * 4);
-    p.l[i] = take(tq * 4);
-    p.alpha[i] = take(tq * 4);
-    p.inv[i] = take(tq * 4);
   }
+  for (int i = 0; i < kRingT; ++i) {
+    p.t[i] = take(tq * s.dv * 4);
+    p.o[i] = take(tq * s.dv * 4);
+    p.l[i] = take(tq * 4);
+  }
+  for (int i = 0; i < kRingAlpha; ++i) p.alpha[i] = take(tq * 4);
   p.mnew = take(tq * 4);
   p.negm = take(tq * 4);
+  p.rsum = take(tq * 4);
   p.fold_max = take(tq * lanes * 4);
   p.fold_sum = take(tq * lanes * 4);
   if (s.causal) {
     p.mask = take(tq * tk * 4);
+    p.mask0 = take(tq * tk * 4);
     p.diff = take(tq * tk * 4);
     p.col_iota = take(tk * 4);
     p.row_iota = take(tq * 4);
@@ -95,24 +104,25 @@ class Emitter {
     b_.signal(kSemO, 2);  // both output tiles start free
     if (s_.causal) emit_diff_tile();
     const size_t n = steps_.size();
-    if (n > 0) loads(0);
-    if (n > 1) loads(1);
-    if (n > 0) {
-      wait_qk(0);
-      emit_scores(0);
+    for (size_t i = 0; i <= kAhead && i < n; ++i) loads(i);
+    for (size_t i = 0; i < kAhead && i < n; ++i) {
+      wait_qk(i);
+      emit_scores(i);
+      emit_exp(i);
     }
     for (size_t i = 0; i < n; ++i) {
-      if (i + 2 < n) loads(i + 2);
-      if (i + 1 < n) {
-        wait_qk(i + 1);
-        emit_scores(i + 1);
+      if (i + kAhead + 1 < n) loads(i + kAhead + 1);
+      if (i + kAhead < n) {
+        wait_qk(i + kAhead);
+        emit_scores(i + kAhead);
+        emit_exp(i + kAhead);  // on the vector unit ahead of this step's row sums: the EUP never waits
       }
-      emit_softmax(i);
+      emit_row_sums(i);
       b_.wait(kSemV);
       emit_pv(i);
-      if (i > 0) emit_update(i - 1);
+      if (i >= kLag) emit_update(i - kLag);
     }
-    if (n > 0) emit_update(n - 1);
+    for (size_t i = n > kLag ? n - kLag : 0; i < n; ++i) emit_update(i);
     b_.wait(kSemO, 2);
     b_.fence();
     return b_.finish();
@@ -172,6 +182,7 @@ class Emitter {
     for (int64_t c = 0; c < tk_; ++c) b_.fill(vm(L_.col_iota + c * 4), float(c), 1, 1);
     for (int64_t r = 0; r < tq_; ++r) b_.fill(vm(L_.row_iota + r * 4), float(r), 1, 1);
     b_.binary(Op::vsub, vm(L_.diff, DType::f32, tk_), vm(L_.col_iota, DType::f32, 0), colv(L_.row_iota), tq_, tk_);
+    b_.binary(Op::vcmplt, vm(L_.mask0, DType::f32, tk_), B::imm(0), vm(L_.diff, DType::f32, tk_), tq_, tk_);
   }
 
   int64_t kv_head(const Step& st) const { return st.head / s_.group; }
@@ -179,7 +190,7 @@ class Emitter {
   void loads(size_t i) {
     const Step& st = steps_[i];
     const int64_t kvh = kv_head(st);
-    const int buf = int(i % 3);
+    const int buf = int(i % kRingKV);
     b_.dma(B::vmem_at(B::at(L_.k[buf])),
            B::hbm_at(B::at((s_.k_off[size_t(kvh)] + st.k0 * s_.k_rs) * es_, {{1, 1}})),
            {.rows = st.kl, .row_bytes = s_.d * es_, .src_row_stride = s_.k_rs * es_}, kQueueK, kSemK);
@@ -187,7 +198,7 @@ class Emitter {
            B::hbm_at(B::at((s_.v_off[size_t(kvh)] + st.k0 * s_.v_rs) * es_, {{2, 1}})),
            {.rows = st.kl, .row_bytes = s_.dv * es_, .src_row_stride = s_.v_rs * es_}, kQueueV, kSemV);
     if (st.first)
-      b_.dma(B::vmem_at(B::at(L_.q[st.qblock % 3])),
+      b_.dma(B::vmem_at(B::at(L_.q[st.qblock % kRingQ])),
              B::hbm_at(B::at((s_.q_off[size_t(st.head)] + st.q0 * s_.q_rs) * es_, {{0, 1}})),
              {.rows = st.ql, .row_bytes = s_.d * es_, .src_row_stride = s_.q_rs * es_}, kQueueQ, kSemQ);
   }
@@ -201,7 +212,7 @@ class Emitter {
   void emit_scores(size_t i) {
     const Step& st = steps_[i];
     const int64_t R = cfg_.mxu.rows, C = cfg_.mxu.cols, nm = cfg_.mxu.count;
-    const int64_t kbuf = L_.k[i % 3], qbuf = L_.q[st.qblock % 3], sbuf = L_.s[i % 2];
+    const int64_t kbuf = L_.k[i % kRingKV], qbuf = L_.q[st.qblock % kRingQ], sbuf = L_.s[i % kRingS];
     const int64_t jt = (st.kl + C - 1) / C, dc = (s_.d + R - 1) / R;
     for (int64_t j = 0; j < jt; ++j) {
       const int64_t nn = std::min(C, st.kl - j * C);
@@ -215,33 +226,43 @@ class Emitter {
     }
   }
 
-  // Mask, running max, P = exp(scale (S - m')) in place, running sum.
-  void emit_softmax(size_t i) {
+  // Mask, running max m' and the rescale factor alpha, P = exp(scale (S - m')) in place.
+  void emit_exp(size_t i) {
     const Step& st = steps_[i];
-    const int p = int(i % 2), pp = 1 - p;
-    const int64_t sbuf = L_.s[p], ql = st.ql, kl = st.kl;
+    const int p = int(i % 2), pp = 1 - p, r = int(i % kRingAlpha);
+    const int64_t sbuf = L_.s[i % kRingS], ql = st.ql, kl = st.kl;
     const sim::Operand S = vm(sbuf, DType::f32, tk_);
     if (st.diag) {
-      const sim::Operand M = vm(L_.mask, DType::f32, tk_);
-      b_.binary(Op::vcmplt, M, B::imm(float(st.q0 - st.k0)), vm(L_.diff, DType::f32, tk_), ql, kl);
+      sim::Operand M = vm(L_.mask0, DType::f32, tk_);  // the common diagonal block (k0 == q0)
+      if (st.q0 != st.k0) {
+        M = vm(L_.mask, DType::f32, tk_);
+        b_.binary(Op::vcmplt, M, B::imm(float(st.q0 - st.k0)), vm(L_.diff, DType::f32, tk_), ql, kl);
+      }
       b_.ternary(Op::vsel, S, M, B::imm(kMaskedScore), S, ql, kl);
     }
     const int64_t m_new = st.first ? L_.m[p] : L_.mnew;
     row_reduce(Op::xmax, Op::vmax, m_new, sbuf, tk_, L_.fold_max, ql, kl);
     if (!st.first) {
       vec(Op::vmax, L_.m[p], {vm(L_.m[pp]), vm(L_.mnew)}, ql);
-      vec(Op::vsub, L_.alpha[p], {vm(L_.m[pp]), vm(L_.m[p])}, ql);
-      vec(Op::vmul, L_.alpha[p], {vm(L_.alpha[p]), B::imm(s_.scale)}, ql);
-      vec(Op::vexp, L_.alpha[p], {vm(L_.alpha[p])}, ql);
+      vec(Op::vsub, L_.alpha[r], {vm(L_.m[pp]), vm(L_.m[p])}, ql);
+      vec(Op::vmul, L_.alpha[r], {vm(L_.alpha[r]), B::imm(s_.scale)}, ql);
+      vec(Op::vexp, L_.alpha[r], {vm(L_.alpha[r])}, ql);
     }
     vec(Op::vmul, L_.negm, {vm(L_.m[p]), B::imm(-s_.scale)}, ql);
     b_.ternary(Op::vfma, S, S, B::imm(s_.scale), colv(L_.negm), ql, kl);
     b_.unary(Op::vexp, S, S, ql, kl);
+  }
+
+  // The running sum l' = l alpha + rowsum(P).
+  void emit_row_sums(size_t i) {
+    const Step& st = steps_[i];
+    const int r = int(i % kRingT), rp = int((i + kRingT - 1) % kRingT), a = int(i % kRingAlpha);
+    const int64_t sbuf = L_.s[i % kRingS];
     if (st.first) {
-      row_reduce(Op::xsum, Op::vadd, L_.l[p], sbuf, tk_, L_.fold_sum, ql, kl);
+      row_reduce(Op::xsum, Op::vadd, L_.l[r], sbuf, tk_, L_.fold_sum, st.ql, st.kl);
     } else {
-      row_reduce(Op::xsum, Op::vadd, L_.mnew, sbuf, tk_, L_.fold_sum, ql, kl);
-      vec(Op::vfma, L_.l[p], {vm(L_.l[pp]), vm(L_.alpha[p]), vm(L_.mnew)}, ql);
+      row_reduce(Op::xsum, Op::vadd, L_.rsum, sbuf, tk_, L_.fold_sum, st.ql, st.kl);
+      vec(Op::vfma, L_.l[r], {vm(L_.l[rp]), vm(L_.alpha[a]), vm(L_.rsum)}, st.ql);
     }
   }
 
@@ -249,8 +270,8 @@ class Emitter {
   void emit_pv(size_t i) {
     const Step& st = steps_[i];
     const int64_t R = cfg_.mxu.rows, C = cfg_.mxu.cols, nm = cfg_.mxu.count;
-    const int64_t pbuf = L_.s[i % 2], vbuf = L_.v[i % 3];
-    const int64_t obuf = st.first ? L_.o[st.qblock % 2] : L_.t[i % 2];
+    const int64_t pbuf = L_.s[i % kRingS], vbuf = L_.v[i % kRingKV];
+    const int64_t obuf = st.first ? L_.o[st.qblock % kRingT] : L_.t[i % kRingT];
     const int64_t rb = std::max<int64_t>(8, (st.ql + nm - 1) / nm + 7) / 8 * 8;
     const int64_t kc = (st.kl + R - 1) / R, nt = (s_.dv + C - 1) / C;
     int blk = 0;
@@ -272,14 +293,14 @@ class Emitter {
   // O = O alpha + T (later steps), and at the row block's end O / l stored.
   void emit_update(size_t i) {
     const Step& st = steps_[i];
-    const int p = int(i % 2), ob = int(st.qblock % 2);
+    const int r = int(i % kRingT), ob = int(st.qblock % kRingT), sb = int(st.qblock % 2);
     const sim::Operand O = vm(L_.o[ob], DType::f32, s_.dv);
-    if (!st.first) b_.ternary(Op::vfma, O, O, colv(L_.alpha[p]), vm(L_.t[p], DType::f32, s_.dv), st.ql, s_.dv);
+    if (!st.first)
+      b_.ternary(Op::vfma, O, O, colv(L_.alpha[i % kRingAlpha]), vm(L_.t[r], DType::f32, s_.dv), st.ql, s_.dv);
     if (!st.last) return;
-    vec(Op::vrecip, L_.inv[ob], {vm(L_.l[p])}, st.ql);
-    b_.wait(kSemO);
-    b_.binary(Op::vmul, vm(L_.out[ob], s_.dtype, s_.dv), O, colv(L_.inv[ob]), st.ql, s_.dv);
-    b_.dma(B::hbm_at(B::at((st.head * s_.lq + st.q0) * s_.dv * es_, {{3, 1}})), B::vmem_at(B::at(L_.out[ob])),
+    b_.wait(kSemO);  // on the vector unit: a reciprocal on the EUP would queue behind the next exp
+    b_.binary(Op::vdiv, vm(L_.out[sb], s_.dtype, s_.dv), O, colv(L_.l[r]), st.ql, s_.dv);
+    b_.dma(B::hbm_at(B::at((st.head * s_.lq + st.q0) * s_.dv * es_, {{3, 1}})), B::vmem_at(B::at(L_.out[sb])),
            {.rows = 1, .row_bytes = st.ql * s_.dv * es_}, kQueueO, kSemO);
   }
 
