@@ -3,10 +3,19 @@
 //  - BM_CompiledGemm:   4096^3 bf16 matmul through tpu::compile: MXU utilization
 //  - BM_MlpEager / BM_MlpCompiled: x[2048, 4096] -> linear 16384 + gelu -> linear 4096 + residual:
 //    simulated cycles, HBM bytes and their ratio to the minimum (inputs, weights, output once)
+//  - BM_Qwen3DecoderLayer: one Qwen3-8B-shaped decoder layer forward (hidden 4096, 32 query and
+//    8 KV heads of dim 128, q/k RMSNorm, RoPE, causal attention, SwiGLU MLP 12288), batch 1 x
+//    seq 2048, bf16, compiled: simulated MFU (model FLOPs / (cycles x peak FLOP/cycle); causal
+//    attention counted as half of the full QK^T + PV FLOPs), host wall time to cost it.
 // Counters: sim_cycles, MXU_util_pct, HBM_bytes, HBM_vs_min, programs (runs per iteration).
 #include <benchmark/benchmark.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
 #include "codegen/launch.h"
+#include "ops/fallback.h"
 #include "device/sim_driver.h"
 #include "tpucore/compile.h"
 #include "tpucore/devices.h"
@@ -92,6 +101,96 @@ void BM_MlpCompiled(benchmark::State& state) {
   report(state, s, m.min_bytes());
 }
 BENCHMARK(BM_MlpCompiled)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// One Qwen3-8B-shaped decoder layer, x [2048, 4096] (batch 1 folded into the rows). RoPE is
+// x cos + rotate_half(x) sin with rotate_half as a product with a fixed signed permutation
+// [128, 128] on the MXUs and the cos/sin tables laid out like the activations ([T, H * 128]), so
+// every op lowers (no slice/cat on the host).
+struct Qwen3Layer {
+  static constexpr int64_t T = 2048, E = 4096, H = 32, HK = 8, D = 128, F = 12288;
+  tpu::Tensor x, attn_norm, wq, wk, wv, q_norm, k_norm, wo, mlp_norm, wg, wu, wd, rot, cos_q, sin_q, cos_k, sin_k;
+  Qwen3Layer() {
+    const tpu::TensorOptions o(tpu::DType::bf16, kDev);
+    x = tpu::empty({T, E}, o);
+    attn_norm = tpu::empty({E}, o);
+    mlp_norm = tpu::empty({E}, o);
+    q_norm = tpu::empty({D}, o);
+    k_norm = tpu::empty({D}, o);
+    wq = tpu::empty({H * D, E}, o);
+    wk = tpu::empty({HK * D, E}, o);
+    wv = tpu::empty({HK * D, E}, o);
+    wo = tpu::empty({E, H * D}, o);
+    wg = tpu::empty({F, E}, o);
+    wu = tpu::empty({F, E}, o);
+    wd = tpu::empty({E, F}, o);
+    // rotate_half(v) = v R: R[i + 64, i] = -1, R[i, i + 64] = 1.
+    std::vector<float> r(static_cast<size_t>(D * D), 0.0f);
+    for (int64_t i = 0; i < D / 2; ++i) {
+      r[static_cast<size_t>((i + D / 2) * D + i)] = -1.0f;
+      r[static_cast<size_t>(i * D + i + D / 2)] = 1.0f;
+    }
+    rot = tpu::from_vector(r, tpu::Shape{D, D}).to(tpu::DType::bf16).to(kDev);
+    cos_q = tpu::empty({T * H, D}, o);
+    sin_q = tpu::empty({T * H, D}, o);
+    cos_k = tpu::empty({T * HK, D}, o);
+    sin_k = tpu::empty({T * HK, D}, o);
+  }
+  // x [T, n * D] -> per-head RMSNorm, RoPE -> [1, n, T, D] (a strided view, read in place).
+  tpu::Tensor heads(const tpu::Tensor& y, int64_t n, const tpu::Tensor& w, const tpu::Tensor& c,
+                    const tpu::Tensor& s) const {
+    tpu::Tensor flat = tpu::reshape(tpu::rms_norm(tpu::reshape(y, {T * n, D}), {D}, w, 1e-6), {T * n, D});
+    tpu::Tensor roped = flat * c + tpu::matmul(flat, rot) * s;
+    return tpu::transpose(tpu::reshape(roped, {1, T, n, D}), 1, 2);
+  }
+  tpu::Tensor operator()(const tpu::Tensor& in) const {
+    tpu::Tensor h = tpu::rms_norm(in, {E}, attn_norm, 1e-6);
+    tpu::Tensor q = heads(tpu::linear(h, wq), H, q_norm, cos_q, sin_q);
+    tpu::Tensor k = heads(tpu::linear(h, wk), HK, k_norm, cos_k, sin_k);
+    tpu::Tensor v = tpu::transpose(tpu::reshape(tpu::linear(h, wv), {1, T, HK, D}), 1, 2);
+    tpu::Tensor a = tpu::scaled_dot_product_attention(q, k, v, {}, true);
+    tpu::Tensor x1 = in + tpu::linear(tpu::reshape(tpu::transpose(a, 1, 2), {T, H * D}), wo);
+    tpu::Tensor h2 = tpu::rms_norm(x1, {E}, mlp_norm, 1e-6);
+    tpu::Tensor m = tpu::silu(tpu::linear(h2, wg)) * tpu::linear(h2, wu);
+    return x1 + tpu::linear(m, wd);
+  }
+  // Model FLOPs: the seven projections, and causal attention as half of QK^T + PV.
+  static double model_flops() {
+    const double t = double(T), e = double(E);
+    const double proj = 2 * t * e * (H * D + 2.0 * HK * D) + 2 * t * (H * D) * e + 3 * 2 * t * e * F;
+    const double attn_full = 2 * (2 * t * t * D * H);
+    return proj + attn_full / 2;
+  }
+  double min_bytes() const {
+    double w = 0;
+    for (const tpu::Tensor* p : {&wq, &wk, &wv, &wo, &wg, &wu, &wd}) w += double(p->nbytes());
+    return w + 2 * double(x.nbytes());
+  }
+};
+
+void BM_Qwen3DecoderLayer(benchmark::State& state) {
+  TimingOnly timing;
+  Qwen3Layer layer;
+  auto f = tpu::compile([&](const tpu::Tensor& in) { return layer(in); }, {.name = "qwen3_layer"});
+  (void)f(layer.x);
+  const uint64_t fallbacks_before = tpu::ops::total_fallbacks();
+  tpu::codegen::CodegenStats s;
+  for (auto _ : state) s = measure([&] { (void)f(layer.x); });
+  report(state, s, layer.min_bytes());
+  const auto& cfg = tpu::device::sim_device(0).config();
+  const double peak_per_cycle = double(cfg.mxu.count) * cfg.mxu.rows * cfg.mxu.cols * 2;
+  state.counters["MFU_pct"] = 100.0 * Qwen3Layer::model_flops() / (s.cycles * peak_per_cycle);
+  state.counters["model_GFLOP"] = Qwen3Layer::model_flops() / 1e9;
+  state.counters["host_fallbacks"] = double(tpu::ops::total_fallbacks() - fallbacks_before);
+  if (std::getenv("TPU_BENCH_KERNELS")) {  // per-kernel cycles, for profiling
+    for (const auto& [k, c] : s.cycles_by_kernel)
+      std::fprintf(stderr, "  %-40s runs %4llu  cycles %12.0f (%5.1f%%)\n", k.c_str(),
+                   static_cast<unsigned long long>(s.runs_by_kernel[k]), c, 100.0 * c / s.cycles);
+    for (const auto& fc : tpu::ops::fallback_counts())
+      std::fprintf(stderr, "  host fallback: %s on %s: %llu\n", fc.op.c_str(), fc.device.str().c_str(),
+                   static_cast<unsigned long long>(fc.calls));
+  }
+}
+BENCHMARK(BM_Qwen3DecoderLayer)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(3);
 
 }  // namespace
 
