@@ -37,6 +37,13 @@ double host_flops(const ops::OpDef& op, std::span<const Tensor> inputs, std::spa
     const int64_t k = a.ndim() ? a[a.ndim() - 1] : 1;
     return 2.0 * static_cast<double>(outputs[0].numel()) * static_cast<double>(k);
   }
+  if (op.name == "scaled_dot_product_attention" && inputs.size() >= 2 && inputs[0].dim() >= 2) {
+    // Q K^T and P V over every (query, key) pair (causal masking not discounted).
+    const Shape &q = inputs[0].shape(), &o = outputs[0].shape();
+    const double lk = static_cast<double>(inputs[1].shape()[inputs[1].dim() - 2]);
+    const double pairs = static_cast<double>(outputs[0].numel() / std::max<int64_t>(1, o[o.ndim() - 1])) * lk;
+    return 2.0 * pairs * static_cast<double>(q[q.ndim() - 1] + o[o.ndim() - 1]);
+  }
   return 0;
 }
 
