@@ -1,10 +1,10 @@
 // Vectorized f32 math over contiguous arrays: the transcendental unary functions behind
 // exp/log/tanh/sigmoid/silu/gelu/erf, and the f32 binary arithmetic hot loops.
 //
-// Two implementations: a portable scalar one (std:: functions, used on any CPU) and an
-// AVX-512 one (polynomial approximations within a few ulp of the correctly rounded f32
-// result), chosen once at run time from tpu::cpu_features(). Both are reachable explicitly so
-// that tests can check each path.
+// Three implementations: a portable scalar one (std:: functions, used on any CPU), an AVX-512
+// one and an AVX2+FMA one (the same polynomial approximations, within a few ulp of the
+// correctly rounded f32 result), chosen once at run time from tpu::cpu_features() in the
+// order avx512, avx2, scalar. Each is reachable explicitly so that tests can check each path.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +32,8 @@ struct VecMathTable {
 const VecMathTable& vec_math_scalar();
 // The AVX-512 implementation, or nullptr when this CPU lacks AVX-512 (F, BW, VL) and FMA.
 const VecMathTable* vec_math_avx512();
+// The AVX2 implementation, or nullptr when this CPU lacks AVX2 and FMA.
+const VecMathTable* vec_math_avx2();
 // The best implementation for this CPU (TPU_CPU_FEATURES=generic selects the scalar one).
 const VecMathTable& vec_math();
 

@@ -100,8 +100,9 @@ const VecMathTable& vec_math_scalar() { return kScalarTable; }
 
 const VecMathTable& vec_math() {
   static const VecMathTable* t = [] {
-    const VecMathTable* v = vec_math_avx512();
-    return v ? v : &kScalarTable;
+    if (const VecMathTable* v = vec_math_avx512()) return v;
+    if (const VecMathTable* v = vec_math_avx2()) return v;
+    return &kScalarTable;
   }();
   return *t;
 }

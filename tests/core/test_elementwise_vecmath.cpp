@@ -1,5 +1,5 @@
-// Accuracy of both vec_math implementations (the portable one and AVX-512, each called
-// explicitly) against double-precision references, measured in f32 ulps over dense grids,
+// Accuracy of every vec_math implementation (the portable one, AVX2 and AVX-512, each called
+// explicitly; one the CPU lacks is skipped with a warning) against double-precision references, measured in f32 ulps over dense grids,
 // plus special values, tails of every length, in-place use and the binary kernels.
 #include <cmath>
 #include <cstring>
@@ -16,9 +16,13 @@ using tpu::ops::cpu::VecUnary;
 
 namespace {
 
+// The implementations this CPU can run; each missing one is reported as skipped.
 std::vector<const VecMathTable*> tables() {
   std::vector<const VecMathTable*> t = {&tpu::ops::cpu::vec_math_scalar()};
+  if (const VecMathTable* a = tpu::ops::cpu::vec_math_avx2()) t.push_back(a);
+  else WARN("vec_math avx2 skipped: this CPU lacks AVX2+FMA (or TPU_CPU_FEATURES=generic)");
   if (const VecMathTable* a = tpu::ops::cpu::vec_math_avx512()) t.push_back(a);
+  else WARN("vec_math avx512 skipped: this CPU lacks AVX-512 (or TPU_CPU_FEATURES=generic)");
   return t;
 }
 
@@ -122,6 +126,28 @@ TEST_CASE("vec_math: log over the whole positive range including denormals", "[e
   }
 }
 
+TEST_CASE("vec_math: denormal, huge and extreme inputs within the ulp bounds", "[elementwise][vecmath]") {
+  const float kMax = 3.40282347e38f;
+  const float mags[] = {1.4e-45f, 1e-42f, 1e-40f, 1.1754942e-38f, 1.1754944e-38f, 1e-20f,
+                        30.0f,    87.0f,  89.0f,  1e4f,           1e30f,          kMax};
+  for (const VecMathTable* t : tables()) {
+    for (const Case& c : kCases) {
+      std::vector<float> x;
+      for (float m : mags) {
+        x.push_back(m);
+        if (c.op != VecUnary::log) x.push_back(-m);
+      }
+      std::vector<float> y(x.size());
+      t->get(c.op)(y.data(), x.data(), static_cast<int64_t>(x.size()));
+      for (size_t i = 0; i < x.size(); ++i) {
+        const double bound = c.max_ulp + (c.cond ? c.cond(x[i]) : 0.0);
+        INFO(t->name << " " << c.name << "(" << x[i] << ") = " << y[i] << ", want " << c.ref(x[i]));
+        CHECK(ulp_error(y[i], c.ref(x[i])) <= bound);
+      }
+    }
+  }
+}
+
 TEST_CASE("vec_math: special values", "[elementwise][vecmath]") {
   const float inf = INFINITY, nan = NAN;
   for (const VecMathTable* t : tables()) {
@@ -154,6 +180,7 @@ TEST_CASE("vec_math: special values", "[elementwise][vecmath]") {
     CHECK(run(VecUnary::erf, -inf) == -1.0f);
     CHECK(std::isnan(run(VecUnary::erf, nan)));
     CHECK(run(VecUnary::gelu_erf, inf) == inf);
+    CHECK(std::isnan(run(VecUnary::gelu_erf, -inf)));  // -inf * 0, as in PyTorch
     CHECK(run(VecUnary::gelu_erf, 0.0f) == 0.0f);
     CHECK(std::isnan(run(VecUnary::gelu_erf, nan)));
     CHECK(run(VecUnary::gelu_tanh, inf) == inf);
@@ -245,5 +272,10 @@ TEST_CASE("vec_math: binary kernels, broadcast right operand, alpha and the stre
 TEST_CASE("vec_math: the run-time choice", "[elementwise][vecmath]") {
   const VecMathTable& best = tpu::ops::cpu::vec_math();
   if (tpu::ops::cpu::vec_math_avx512()) CHECK(std::string(best.name) == "avx512");
+  else if (tpu::ops::cpu::vec_math_avx2()) CHECK(std::string(best.name) == "avx2");
   else CHECK(std::string(best.name) == "scalar");
+  // The explicit tables are what they say they are.
+  CHECK(std::string(tpu::ops::cpu::vec_math_scalar().name) == "scalar");
+  if (const VecMathTable* t = tpu::ops::cpu::vec_math_avx2()) CHECK(std::string(t->name) == "avx2");
+  if (const VecMathTable* t = tpu::ops::cpu::vec_math_avx512()) CHECK(std::string(t->name) == "avx512");
 }

@@ -1,0 +1,339 @@
+// AVX2 + FMA implementation of vec_math.h, for x86-64 CPUs without AVX-512 (AMD Zen 1-3,
+// Intel Haswell to Comet Lake). Compiled for the baseline ISA like the rest of the library:
+// every function that uses AVX2 carries a target attribute and is only reached through
+// vec_math_avx2(), which checks the CPU first.
+//
+// The approximations are those of vec_math_avx512.cpp (same reductions, same polynomials and
+// coefficients, same accuracy contract); what AVX2 lacks is rebuilt from plain operations:
+//   2^n scaling (vscalefps): the exponent field is built from integer n. exp may need n down
+//     to about -160 (gradual underflow) and up to 128, outside one normal power of two, so
+//     2^n is applied as two factors 2^(n - n/2) 2^(n/2), each a normal number: the first
+//     product is exact and the second rounds once, to inf, to a denormal or to zero.
+//   getexp/getmant (log): x = 2^e m with m in [sqrt(1/2), sqrt 2) from the bit pattern
+//     (subtracting the pattern of sqrt(1/2) moves the exponent change to that point);
+//     denormal inputs are first scaled by 2^24 to become normal.
+//   masked tails: vmaskmovps loads and stores (masked-off lanes do not fault).
+//   rcp14 + Newton (erfc): a plain division, as rcpps (12 bits) plus one Newton step would
+//     leave an error near one ulp in t.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "ops/cpu/vec_math.h"
+#include "tpucore/cpu_features.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define TPU_AVX2_FN __attribute__((target("avx2,fma"))) static inline
+#define TPU_AVX2_ENTRY __attribute__((target("avx2,fma"))) static
+
+namespace tpu::ops::cpu {
+namespace {
+
+TPU_AVX2_FN __m256 splat(float v) { return _mm256_set1_ps(v); }
+TPU_AVX2_FN __m256 zero() { return _mm256_setzero_ps(); }
+// Lanes of `a`, replaced by `b` where `mask` (a compare result) is set.
+TPU_AVX2_FN __m256 select(__m256 a, __m256 mask, __m256 b) { return _mm256_blendv_ps(a, b, mask); }
+
+// 2^k for integer k in [-126, 127] (a normal float).
+TPU_AVX2_FN __m256 pow2i(__m256i k) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23));
+}
+// p 2^n for integral n in [-252, 254], rounded once (to inf, a denormal or zero when out of
+// range): two normal factors, the first product exact.
+TPU_AVX2_FN __m256 scale2(__m256 p, __m256 n) {
+  const __m256i k = _mm256_cvtps_epi32(n);
+  const __m256i k1 = _mm256_srai_epi32(k, 1);
+  const __m256i k2 = _mm256_sub_epi32(k, k1);
+  return _mm256_mul_ps(_mm256_mul_ps(p, pow2i(k2)), pow2i(k1));
+}
+
+// e^r 2^n for |r| <= ~ln2/2: Taylor polynomial of degree 7.
+TPU_AVX2_FN __m256 exp_finish(__m256 n, __m256 r) {
+  __m256 p = splat(1.0f / 5040.0f);
+  p = _mm256_fmadd_ps(p, r, splat(1.0f / 720.0f));
+  p = _mm256_fmadd_ps(p, r, splat(1.0f / 120.0f));
+  p = _mm256_fmadd_ps(p, r, splat(1.0f / 24.0f));
+  p = _mm256_fmadd_ps(p, r, splat(1.0f / 6.0f));
+  p = _mm256_fmadd_ps(p, r, splat(0.5f));
+  p = _mm256_fmadd_ps(p, r, splat(1.0f));
+  p = _mm256_fmadd_ps(p, r, splat(1.0f));
+  return scale2(p, n);
+}
+TPU_AVX2_FN __m256 round_v(__m256 x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+TPU_AVX2_FN __m256 exp_v(__m256 x) {
+  // max(lo, x) and min(hi, .) return x when x is NaN (the second operand), so NaN propagates.
+  x = _mm256_min_ps(splat(88.8f), _mm256_max_ps(splat(-104.0f), x));
+  const __m256 n = round_v(_mm256_mul_ps(x, splat(1.44269504088896341f)));
+  __m256 r = _mm256_fmadd_ps(n, splat(-0.693359375f), x);
+  r = _mm256_fmadd_ps(n, splat(2.12194440e-4f), r);
+  return exp_finish(n, r);
+}
+// exp(hi + lo) for a large exact `hi` (in [-111, 0]) and a small `lo` (|lo| < 2): n ln2 is
+// taken off hi first, so the rounding of hi + lo never reaches the result.
+TPU_AVX2_FN __m256 exp_hl_v(__m256 hi, __m256 lo) {
+  const __m256 n = round_v(_mm256_mul_ps(_mm256_add_ps(hi, lo), splat(1.44269504088896341f)));
+  __m256 r = _mm256_add_ps(_mm256_fmadd_ps(n, splat(-0.693359375f), hi), lo);
+  r = _mm256_fmadd_ps(n, splat(2.12194440e-4f), r);
+  return exp_finish(n, r);
+}
+// expm1 for x in [0, 20] (the range tanh needs): 2^n (expm1(r) + 1) - 1.
+TPU_AVX2_FN __m256 expm1_pos_v(__m256 x) {
+  const __m256 n = round_v(_mm256_mul_ps(x, splat(1.44269504088896341f)));
+  __m256 r = _mm256_fmadd_ps(n, splat(-0.693359375f), x);
+  r = _mm256_fmadd_ps(n, splat(2.12194440e-4f), r);
+  __m256 p = splat(1.0f / 40320.0f);
+  p = _mm256_fmadd_ps(p, r, splat(1.0f / 5040.0f));
+  p = _mm256_fmadd_ps(p, r, splat(1.0f / 720.0f));
+  p = _mm256_fmadd_ps(p, r, splat(1.0f / 120.0f));
+  p = _mm256_fmadd_ps(p, r, splat(1.0f / 24.0f));
+  p = _mm256_fmadd_ps(p, r, splat(1.0f / 6.0f));
+  p = _mm256_fmadd_ps(p, r, splat(0.5f));
+  const __m256 q = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r);  // expm1(r)
+  const __m256 t = pow2i(_mm256_cvtps_epi32(n));                // 2^n, exact (n <= 29)
+  return _mm256_fmadd_ps(t, q, _mm256_sub_ps(t, splat(1.0f)));
+}
+
+TPU_AVX2_FN __m256 log_v(__m256 x) {
+  const __m256 one = splat(1.0f);
+  // Denormals: scale by 2^24 into the normal range and take 24 off the exponent.
+  const __m256 tiny = _mm256_cmp_ps(x, splat(1.17549435e-38f), _CMP_LT_OQ);
+  const __m256 xs = select(x, tiny, _mm256_mul_ps(x, splat(16777216.0f)));
+  // x = 2^e m, m in [sqrt(1/2), sqrt 2): e from the pattern less that of sqrt(1/2).
+  const __m256i ix = _mm256_castps_si256(xs);
+  const __m256i k = _mm256_srai_epi32(_mm256_sub_epi32(ix, _mm256_set1_epi32(0x3f3504f3)), 23);
+  const __m256 m = _mm256_castsi256_ps(_mm256_sub_epi32(ix, _mm256_slli_epi32(k, 23)));
+  const __m256 e = _mm256_sub_ps(_mm256_cvtepi32_ps(k), _mm256_and_ps(tiny, splat(24.0f)));
+  const __m256 f = _mm256_sub_ps(m, one);
+  const __m256 s = _mm256_div_ps(f, _mm256_add_ps(f, splat(2.0f)));
+  const __m256 z = _mm256_mul_ps(s, s);
+  __m256 R = splat(2.0f / 11.0f);
+  R = _mm256_fmadd_ps(R, z, splat(2.0f / 9.0f));
+  R = _mm256_fmadd_ps(R, z, splat(2.0f / 7.0f));
+  R = _mm256_fmadd_ps(R, z, splat(2.0f / 5.0f));
+  R = _mm256_fmadd_ps(R, z, splat(2.0f / 3.0f));
+  R = _mm256_mul_ps(R, z);
+  const __m256 hfsq = _mm256_mul_ps(splat(0.5f), _mm256_mul_ps(f, f));
+  const __m256 hi = _mm256_fmadd_ps(e, splat(0.693359375f), f);
+  const __m256 lo = _mm256_fmadd_ps(s, _mm256_add_ps(hfsq, R), _mm256_fmsub_ps(e, splat(-2.12194440e-4f), hfsq));
+  __m256 r = _mm256_add_ps(hi, lo);
+  // Special values: log(+-0) = -inf, log(x < 0) = NaN, log(inf) = inf, log(NaN) = NaN.
+  const __m256 inf = splat(__builtin_inff());
+  r = select(r, _mm256_cmp_ps(x, zero(), _CMP_EQ_OQ), _mm256_sub_ps(zero(), inf));
+  r = select(r, _mm256_cmp_ps(x, inf, _CMP_EQ_OQ), inf);
+  r = select(r, _mm256_cmp_ps(x, zero(), _CMP_NGE_UQ), splat(__builtin_nanf("")));
+  return r;
+}
+
+TPU_AVX2_FN __m256 sign_mask() { return _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN)); }
+TPU_AVX2_FN __m256 abs_v(__m256 x) { return _mm256_andnot_ps(sign_mask(), x); }
+TPU_AVX2_FN __m256 sign_bits(__m256 x) { return _mm256_and_ps(x, sign_mask()); }
+
+TPU_AVX2_FN __m256 tanh_v(__m256 x) {
+  const __m256 a = _mm256_min_ps(splat(9.0f), abs_v(x));  // NaN stays NaN
+  const __m256 m = expm1_pos_v(_mm256_add_ps(a, a));
+  const __m256 t = _mm256_div_ps(m, _mm256_add_ps(m, splat(2.0f)));
+  return _mm256_or_ps(t, sign_bits(x));
+}
+
+TPU_AVX2_FN __m256 sigmoid_v(__m256 x) {
+  const __m256 t = exp_v(_mm256_sub_ps(zero(), abs_v(x)));
+  const __m256 s = _mm256_div_ps(splat(1.0f), _mm256_add_ps(splat(1.0f), t));
+  return select(s, _mm256_cmp_ps(x, zero(), _CMP_NGE_UQ), _mm256_mul_ps(t, s));
+}
+
+// For a = |x|: erf(a) and erfc(a), each computed the accurate way for its range (see the
+// AVX-512 file for the fits).
+TPU_AVX2_FN void erf_parts(__m256 a, __m256& erf_a, __m256& erfc_a) {
+  const __m256 one = splat(1.0f);
+  const __m256 u = _mm256_mul_ps(a, a);
+  __m256 p = splat(7.875875063e-5f);
+  p = _mm256_fmadd_ps(p, u, splat(-0.0008016864287f));
+  p = _mm256_fmadd_ps(p, u, splat(0.005189087423f));
+  p = _mm256_fmadd_ps(p, u, splat(-0.02685421201f));
+  p = _mm256_fmadd_ps(p, u, splat(0.1128359472f));
+  p = _mm256_fmadd_ps(p, u, splat(-0.3761262667f));
+  p = _mm256_fmadd_ps(p, u, splat(1.128379166f));
+  const __m256 erf_small = _mm256_mul_ps(a, p);
+  const __m256 b = _mm256_min_ps(splat(12.0f), _mm256_max_ps(splat(0.5f), a));
+  const __m256 t = _mm256_div_ps(one, _mm256_max_ps(one, b));
+  static constexpr float kQ[] = {0.0516736093f,  -0.3338052317f, 0.9068110242f, -1.266714705f,    0.737462849f,
+                                 0.4407592784f,  -1.1697602f,    0.8698077682f, -0.1051848597f,   -0.2662518563f,
+                                 -0.001479429913f, 0.5642670562f, -1.725435043e-6f};
+  __m256 q = splat(kQ[0]);
+  for (size_t i = 1; i < sizeof(kQ) / sizeof(kQ[0]); ++i) q = _mm256_fmadd_ps(q, t, splat(kQ[i]));
+  static constexpr float kQmid[] = {-0.006170182657f, 0.04699112101f, -0.170467373f, 0.4006501161f,
+                                    -0.7010651264f,   0.9830441183f,  -1.125123988f, 0.9997248905f};
+  __m256 qm = splat(kQmid[0]);
+  for (size_t i = 1; i < sizeof(kQmid) / sizeof(kQmid[0]); ++i) qm = _mm256_fmadd_ps(qm, b, splat(kQmid[i]));
+  q = select(q, _mm256_cmp_ps(b, one, _CMP_LT_OQ), qm);
+  // exp(-(h + l)) = exp(-h) (1 - l) with h + l = b^2 exactly.
+  const __m256 h = _mm256_mul_ps(b, b);
+  const __m256 l = _mm256_fmsub_ps(b, b, h);
+  const __m256 eh = exp_v(_mm256_sub_ps(zero(), h));
+  const __m256 erfc_large = _mm256_mul_ps(_mm256_fnmadd_ps(eh, l, eh), q);
+  erf_a = select(_mm256_sub_ps(one, erfc_large), _mm256_cmp_ps(a, one, _CMP_LT_OQ), erf_small);
+  erfc_a = select(erfc_large, _mm256_cmp_ps(a, splat(0.5f), _CMP_LT_OQ), _mm256_sub_ps(one, erf_small));
+  // NaN input: the clamps above turned it into a number; put it back.
+  const __m256 nan = _mm256_cmp_ps(a, a, _CMP_UNORD_Q);
+  erf_a = select(erf_a, nan, a);
+  erfc_a = select(erfc_a, nan, a);
+}
+
+TPU_AVX2_FN __m256 erf_v(__m256 x) {
+  __m256 e, c;
+  erf_parts(abs_v(x), e, c);
+  return _mm256_or_ps(e, sign_bits(x));
+}
+
+// erfc(a) for a >= 0 in one piece: t exp(-a^2 + P(t)), t = 1/(1 + a/2), P of degree 9 (the
+// Chebyshev-derived fit published in Numerical Recipes, relative error below 1.2e-7).
+TPU_AVX2_FN __m256 erfc_pos_v(__m256 a) {
+  // Beyond 10.5 the result underflows to exactly 0 (gelu(-inf) = -inf * 0 = NaN, as in
+  // PyTorch); NaN becomes 10.5 here and is restored by the final product with x.
+  const __m256 b = _mm256_min_ps(a, splat(10.5f));
+  const __m256 t = _mm256_div_ps(splat(1.0f), _mm256_fmadd_ps(b, splat(0.5f), splat(1.0f)));
+  static constexpr float kP[] = {0.17087277f, -0.82215223f, 1.48851587f, -1.13520398f, 0.27886807f,
+                                 -0.18628806f, 0.09678418f,  0.37409196f, 1.00002368f,  -1.26551223f};
+  __m256 p = splat(kP[0]);
+  for (size_t i = 1; i < sizeof(kP) / sizeof(kP[0]); ++i) p = _mm256_fmadd_ps(p, t, splat(kP[i]));
+  const __m256 h = _mm256_mul_ps(b, b);
+  const __m256 l = _mm256_fmsub_ps(b, b, h);
+  return _mm256_mul_ps(t, exp_hl_v(_mm256_sub_ps(zero(), h), _mm256_sub_ps(p, l)));
+}
+TPU_AVX2_FN __m256 gelu_erf_v(__m256 x) {
+  const __m256 z = _mm256_mul_ps(x, splat(0.70710678118654752f));
+  const __m256 c = erfc_pos_v(abs_v(z));
+  // 1 + erf(z) = erfc(-z): erfc(|z|) for z < 0, 2 - erfc(|z|) otherwise.
+  const __m256 one_plus = select(_mm256_sub_ps(splat(2.0f), c), _mm256_cmp_ps(z, zero(), _CMP_LT_OQ), c);
+  return _mm256_mul_ps(_mm256_mul_ps(splat(0.5f), x), one_plus);
+}
+TPU_AVX2_FN __m256 gelu_tanh_v(__m256 x) {
+  const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+  const __m256 u = _mm256_mul_ps(splat(2.0f * 0.7978845608028654f), _mm256_fmadd_ps(splat(0.044715f), x3, x));
+  return _mm256_mul_ps(x, sigmoid_v(u));
+}
+
+TPU_AVX2_FN __m256 silu_v(__m256 x) { return _mm256_mul_ps(x, sigmoid_v(x)); }
+TPU_AVX2_FN __m256 relu_v(__m256 x) { return _mm256_max_ps(zero(), x); }  // NaN kept
+
+// Lane mask with the first `left` (< 8) lanes set.
+TPU_AVX2_FN __m256i tail_mask(int64_t left) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+template <__m256 (*F)(__m256)>
+TPU_AVX2_ENTRY void unary_loop(float* o, const float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+    _mm256_storeu_ps(o + i, F(a));
+    _mm256_storeu_ps(o + i + 8, F(b));
+  }
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(o + i, F(_mm256_loadu_ps(x + i)));
+  if (i < n) {
+    const __m256i m = tail_mask(n - i);
+    _mm256_maskstore_ps(o + i, m, F(_mm256_maskload_ps(x + i, m)));
+  }
+}
+
+// ---- binary arithmetic: memory-bound loops; large outputs bypass the cache ----
+
+// Above this many elements the output is written with non-temporal stores (no
+// read-for-ownership of lines that cannot stay in the caches anyway).
+constexpr int64_t kStreamThreshold = int64_t{1} << 20;
+
+struct AddOp { TPU_AVX2_FN __m256 f(__m256 a, __m256 b, __m256 al) { return _mm256_fmadd_ps(al, b, a); } };
+struct AddOneOp { TPU_AVX2_FN __m256 f(__m256 a, __m256 b, __m256) { return _mm256_add_ps(a, b); } };
+struct SubOp { TPU_AVX2_FN __m256 f(__m256 a, __m256 b, __m256 al) { return _mm256_fnmadd_ps(al, b, a); } };
+struct SubOneOp { TPU_AVX2_FN __m256 f(__m256 a, __m256 b, __m256) { return _mm256_sub_ps(a, b); } };
+struct MulOp { TPU_AVX2_FN __m256 f(__m256 a, __m256 b, __m256) { return _mm256_mul_ps(a, b); } };
+struct DivOp { TPU_AVX2_FN __m256 f(__m256 a, __m256 b, __m256) { return _mm256_div_ps(a, b); } };
+// max/min return the second operand when either is NaN; a NaN first operand is put back.
+struct MaxOp {
+  TPU_AVX2_FN __m256 f(__m256 a, __m256 b, __m256) { return select(_mm256_max_ps(a, b), _mm256_cmp_ps(a, a, _CMP_UNORD_Q), a); }
+};
+struct MinOp {
+  TPU_AVX2_FN __m256 f(__m256 a, __m256 b, __m256) { return select(_mm256_min_ps(a, b), _mm256_cmp_ps(a, a, _CMP_UNORD_Q), a); }
+};
+
+template <class Op, bool kStream>
+TPU_AVX2_FN void binary_body(float* o, const float* x, const float* y, bool ys, __m256 al, int64_t i, int64_t end) {
+  const __m256 bs = _mm256_set1_ps(y[0]);
+  for (; i + 16 <= end; i += 16) {
+    const __m256 y0 = ys ? bs : _mm256_loadu_ps(y + i), y1 = ys ? bs : _mm256_loadu_ps(y + i + 8);
+    const __m256 r0 = Op::f(_mm256_loadu_ps(x + i), y0, al), r1 = Op::f(_mm256_loadu_ps(x + i + 8), y1, al);
+    if constexpr (kStream) {
+      _mm256_stream_ps(o + i, r0);
+      _mm256_stream_ps(o + i + 8, r1);
+    } else {
+      _mm256_storeu_ps(o + i, r0);
+      _mm256_storeu_ps(o + i + 8, r1);
+    }
+  }
+}
+
+// Elements [i, end) (fewer than a few vectors) with whole and masked vectors.
+template <class Op>
+TPU_AVX2_FN void binary_rest(float* o, const float* x, const float* y, bool ys, __m256 al, int64_t i, int64_t end) {
+  const __m256 bs = _mm256_set1_ps(y[0]);
+  for (; i + 8 <= end; i += 8)
+    _mm256_storeu_ps(o + i, Op::f(_mm256_loadu_ps(x + i), ys ? bs : _mm256_loadu_ps(y + i), al));
+  if (i < end) {
+    const __m256i m = tail_mask(end - i);
+    const __m256 b = ys ? bs : _mm256_maskload_ps(y + i, m);
+    _mm256_maskstore_ps(o + i, m, Op::f(_mm256_maskload_ps(x + i, m), b, al));
+  }
+}
+
+template <class Op>
+TPU_AVX2_ENTRY void binary_loop(float* o, const float* x, const float* y, bool ys, float alpha, int64_t n) {
+  if (n <= 0) return;
+  const __m256 al = _mm256_set1_ps(alpha);
+  if (n >= kStreamThreshold && (reinterpret_cast<uintptr_t>(o) & 3u) == 0) {
+    // Peel to a 32-byte aligned output, stream the body, finish with the rest.
+    const int64_t mis = static_cast<int64_t>((reinterpret_cast<uintptr_t>(o) & 31u) / sizeof(float));
+    const int64_t head = mis ? 8 - mis : 0;
+    binary_rest<Op>(o, x, y, ys, al, 0, head);
+    const int64_t body_end = head + ((n - head) / 16) * 16;
+    binary_body<Op, true>(o, x, y, ys, al, head, body_end);
+    _mm_sfence();
+    binary_rest<Op>(o, x, y, ys, al, body_end, n);
+    return;
+  }
+  const int64_t body_end = (n / 16) * 16;
+  binary_body<Op, false>(o, x, y, ys, al, 0, body_end);
+  binary_rest<Op>(o, x, y, ys, al, body_end, n);
+}
+
+TPU_AVX2_ENTRY void add_v(float* o, const float* x, const float* y, bool ys, float alpha, int64_t n) {
+  if (alpha == 1.0f) binary_loop<AddOneOp>(o, x, y, ys, alpha, n);
+  else binary_loop<AddOp>(o, x, y, ys, alpha, n);
+}
+TPU_AVX2_ENTRY void sub_v(float* o, const float* x, const float* y, bool ys, float alpha, int64_t n) {
+  if (alpha == 1.0f) binary_loop<SubOneOp>(o, x, y, ys, alpha, n);
+  else binary_loop<SubOp>(o, x, y, ys, alpha, n);
+}
+
+const VecMathTable kAvx2Table = {
+    "avx2",
+    {unary_loop<exp_v>, unary_loop<log_v>, unary_loop<tanh_v>, unary_loop<sigmoid_v>, unary_loop<silu_v>,
+     unary_loop<gelu_erf_v>, unary_loop<gelu_tanh_v>, unary_loop<erf_v>, unary_loop<relu_v>},
+    {add_v, sub_v, binary_loop<MulOp>, binary_loop<DivOp>, binary_loop<MaxOp>, binary_loop<MinOp>},
+};
+
+}  // namespace
+
+const VecMathTable* vec_math_avx2() {
+  static const bool ok = cpu_features().avx2 && cpu_features().fma;
+  return ok ? &kAvx2Table : nullptr;
+}
+
+}  // namespace tpu::ops::cpu
+
+#else  // not x86-64 GCC/Clang: no AVX2 path
+
+namespace tpu::ops::cpu {
+const VecMathTable* vec_math_avx2() { return nullptr; }
+}  // namespace tpu::ops::cpu
+
+#endif
