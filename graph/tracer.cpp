@@ -76,6 +76,11 @@ ValueId Tracer::value_of(const Tensor& t) {
   }
   auto it = captured_.find(&im);
   if (it != captured_.end()) return it->second->id;
+  if (auto same = same_view_root(t)) {  // another handle on a captured tensor (detach(), a saved tensor)
+    captured_.emplace(&im, same);
+    aliases_.push_back(t);  // keeps the key alive (a freed TensorImpl's address can be reused)
+    return same->id;
+  }
   auto root = std::make_shared<TraceValue>();
   root->tracer = this;
   root->epoch = epoch_;
@@ -91,6 +96,25 @@ ValueId Tracer::value_of(const Tensor& t) {
   }
   captured_.emplace(&im, root);
   return root->id;
+}
+
+std::shared_ptr<TraceValue> Tracer::same_view_root(const Tensor& t) const {
+  const TensorImpl& im = t.impl();
+  if (!im.storage || im.wrapped_number) return nullptr;
+  for (size_t i = 0; i < real_inputs_.size(); ++i) {
+    const TensorImpl& o = real_inputs_[i].impl();
+    if (sources_[i].kind == InputSource::Kind::captured && o.storage == im.storage && o.offset == im.offset &&
+        o.dtype == im.dtype && o.shape == im.shape && o.strides == im.strides)
+      return input_roots_[i];
+  }
+  return nullptr;
+}
+
+uint64_t Tracer::real_version(const Tensor& t) const {
+  auto it = captured_.find(&t.impl());
+  if (it != captured_.end()) return it->second->version;
+  auto same = same_view_root(t);
+  return same ? same->version : 0;
 }
 
 bool Tracer::intercept(const ops::OpDef& op, std::span<const Tensor> inputs, const ops::Attrs& attrs,
@@ -164,6 +188,7 @@ void Tracer::reset_segment() {
   sources_.clear();
   real_inputs_.clear();
   captured_.clear();
+  aliases_.clear();
   input_roots_.clear();
   proxies_.clear();
   epoch_ = g_epoch.fetch_add(1);

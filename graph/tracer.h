@@ -85,6 +85,12 @@ class Tracer : public ops::DispatchInterceptor {
   };
   std::vector<OutputAlias> output_aliases(std::span<const Tensor> outs) const;
 
+  // Writes traced so far into the captured tensor t (or another handle on the same view of its
+  // memory); autograd adds it to the storage version of saved tensors.
+  uint64_t real_version(const Tensor& t) const;
+  // The value of a tensor in this trace (a real tensor becomes a captured input).
+  ValueId value_id(const Tensor& t) { return value_of(t); }
+
   Graph& graph() { return graph_; }
   // Per graph input: where it comes from and the real tensor seen while tracing.
   const std::vector<InputSource>& sources() const { return sources_; }
@@ -102,7 +108,8 @@ class Tracer : public ops::DispatchInterceptor {
  private:
   ValueId value_of(const Tensor& t);
   Tensor make_proxy(ValueId id);
-  std::shared_ptr<TraceValue> root_of(const Tensor& t);  // family root (captures real tensors)
+  std::shared_ptr<TraceValue> root_of(const Tensor& t);
+  std::shared_ptr<TraceValue> same_view_root(const Tensor& t) const;  // family root (captures real tensors)
   void rebind_root(TraceValue& root, ValueId v, const TraceValue* skip);
   ValueId replay(ValueId v, const std::vector<ViewStep>& chain);
   ValueId scatter_into_root(const TraceValue& root, const std::vector<ViewStep>& chain, ValueId v, const Tensor& self);
@@ -114,6 +121,7 @@ class Tracer : public ops::DispatchInterceptor {
   std::vector<Tensor> real_inputs_;
   std::unordered_map<const TensorImpl*, std::shared_ptr<TraceValue>> captured_;  // real tensor -> root
   std::vector<std::shared_ptr<TraceValue>> input_roots_;  // per graph input (args and captured)
+  std::vector<Tensor> aliases_;  // other handles on captured tensors met while tracing
   std::vector<std::weak_ptr<TensorImpl>> proxies_;  // per value id
   BreakHandler on_break_;
   bool in_break_ = false;

@@ -155,7 +155,12 @@ void call(const OpDef& op, std::span<const Tensor> inputs, const Attrs& attrs, s
             op.name, outputs.size(), m.num_outputs);
 
   if (DispatchInterceptor* ic = t_interceptor; ic || any_proxy) {
-    if (ic && ic->intercept(op, inputs, attrs, m, outputs)) return;
+    if (ic && ic->intercept(op, inputs, attrs, m, outputs)) {
+      // Traced calls are recorded by autograd too, so a backward inside a trace is traced.
+      if (PostCallHook h = g_post_hook.load(std::memory_order_relaxed))
+        h(op, inputs, attrs, outputs.subspan(0, static_cast<size_t>(m.num_outputs)));
+      return;
+    }
     TPU_CHECK(!any_proxy, "{}: a traced (proxy) tensor was used outside of tracing", op.name);
   }
 

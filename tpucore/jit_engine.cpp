@@ -7,6 +7,7 @@
 #include "codegen/region_runner.h"
 #include "graph/passes/passes.h"
 #include "graph/printer.h"
+#include "tpucore/autograd/capture.h"
 #include "tpucore/jit_internal.h"
 #include "tpucore/log.h"
 #include "tpucore/ops.h"
@@ -26,6 +27,8 @@ class Engine {
     std::vector<WriteBack> writes;  // inputs written in place (their outputs follow the user's)
     size_t user_outputs = 0;
     std::vector<graph::Tracer::OutputAlias> aliases;
+    std::vector<GradAction> grads;  // .grad of real tensors after the function
+    std::vector<GradGuard> guards;
   };
   Traced trace(std::span<const ArgSlot> args, TraceCall tc, const std::vector<double>* numbers,
                const std::vector<DynamicDim>& pad, std::vector<Tensor>* outs, bool probe = false);
@@ -35,6 +38,7 @@ class Engine {
   Tensor on_break(graph::Tracer& t, const Tensor& proxy, const std::string& why);
   void finish_segments(Traced& t, std::vector<Tensor>& outs);
   static void add_write_backs(graph::Tracer& tr, std::vector<WriteBack>& writes);
+  static void add_grad_outputs(graph::Tracer& tr, autograd::detail::GradCapture& cap, Traced& r);
   std::shared_ptr<graph::Executable> segment(const graph::Graph& g);
   graph::PassOptions pass_options() const;
   void note_compile(const std::string& reason, double ms, bool from_disk);
@@ -47,6 +51,7 @@ class Engine {
   std::vector<char> static_args_;
   bool breaks_mode_ = false;
   bool dynamic_off_ = false;
+  std::string guard_reason_;  // why a cache entry with the same signature did not apply
   std::unordered_map<uint64_t, std::shared_ptr<graph::Executable>> segments_;
 };
 
@@ -54,7 +59,13 @@ namespace {
 std::atomic<int> g_counter{0};
 thread_local std::vector<int64_t> t_sig;
 
-Tensor scalar_input(double v, DType dt) { return tpu::scalar_tensor(Scalar(v), TensorOptions(dt)); }
+// A number argument fed to the graph: it replaced wrapped 0-d constants, so it is wrapped too
+// (it may meet tensors of any device, with the type promotion of a number).
+Tensor scalar_input(double v, DType dt) {
+  Tensor t = tpu::scalar_tensor(Scalar(v), TensorOptions(dt));
+  t.impl().wrapped_number = true;
+  return t;
+}
 
 // Zero-pads t along dim to n.
 Tensor pad_to(const Tensor& t, int dim, int64_t n) {
@@ -146,14 +157,48 @@ Engine::Traced Engine::trace(std::span<const ArgSlot> args, TraceCall tc, const 
   std::vector<Tensor> result;
   {
     graph::TraceScope scope(&tr);
+    autograd::detail::GradCapture cap;
+    autograd::detail::GradCaptureScope capture(&cap);
+    struct Restore {  // tracing leaves no traced tensor in a .grad, also when fn throws
+      autograd::detail::GradCapture& c;
+      ~Restore() { c.restore(); }
+    } restore{cap};
     tc.fn(tc.ctx, slots, result);
     tr.set_outputs(result);
     r.user_outputs = result.size();
     r.aliases = tr.output_aliases(result);
     add_write_backs(tr, r.writes);
+    add_grad_outputs(tr, cap, r);
   }
   if (outs) *outs = std::move(result);
   return r;
+}
+
+void Engine::add_grad_outputs(graph::Tracer& tr, autograd::detail::GradCapture& cap, Traced& r) {
+  graph::Graph& g = tr.graph();
+  for (const autograd::detail::LeafGradSlot& s : cap.slots()) {
+    std::shared_ptr<TensorImpl> owner = s.owner.lock();
+    if (!owner) continue;
+    if (s.guarded)
+      r.guards.push_back({s.owner, s.meta.get(), s.initial,
+                          fmt::format("{}{}", dtype_name(owner->dtype), owner->shape.str())});
+    const Tensor& now = s.meta->grad;
+    GradAction a;
+    a.meta = s.meta;
+    if (!now.defined()) {
+      if (!s.initial.defined()) continue;
+      a.kind = GradAction::Kind::clear;
+    } else if (now.is_proxy()) {
+      a.kind = GradAction::Kind::output;
+      a.output = static_cast<int>(g.outputs.size());
+      g.outputs.push_back(tr.value_id(now));
+    } else {
+      if (now.is_same(s.initial)) continue;
+      a.kind = GradAction::Kind::tensor;
+      a.tensor = now;
+    }
+    r.grads.push_back(std::move(a));
+  }
 }
 
 void Engine::add_write_backs(graph::Tracer& tr, std::vector<WriteBack>& writes) {
@@ -200,6 +245,7 @@ Tensor Engine::on_break(graph::Tracer& t, const Tensor& proxy, const std::string
 void Engine::finish_segments(Traced& t, std::vector<Tensor>& outs) {
   graph::TraceScope off(nullptr);
   segment(t.tracer->graph())->run(t.tracer->real_inputs(), outs);
+  apply_grads(t.tracer->real_inputs(), outs, t.grads);
   apply_writes(t.tracer->real_inputs(), outs, t.writes, t.user_outputs, t.aliases);
 }
 
@@ -242,6 +288,7 @@ void Engine::run_entry(const Entry& e, std::span<const ArgSlot> args, std::vecto
     }
   }
   e.exe->run(ins, outs);
+  apply_grads(ins, outs, e.grads);
   apply_writes(ins, outs, e.writes, e.user_outputs, e.aliases);
   for (const DynamicOut& d : e.dynamic_outs) {
     const int64_t real = args[static_cast<size_t>(d.arg)].tensor->shape()[d.arg_dim];
@@ -261,11 +308,20 @@ void Engine::call(std::span<const ArgSlot> args, TraceCall tc, std::vector<Tenso
   build_signature(args, SigOptions{&static_args_, dyn}, sig);
   const uint64_t h = hash_signature(sig);
   const Entry* hit = nullptr;
-  if (last_hit_ < entries_.size() && entries_[last_hit_]->hash == h && entries_[last_hit_]->sig == sig) {
+  std::string guard_failed;
+  auto guards_hold = [&](const Entry& e) {
+    if (e.guards.empty()) return true;
+    std::string why = check_guards(e.guards);
+    if (why.empty()) return true;
+    if (guard_failed.empty()) guard_failed = why;
+    return false;
+  };
+  if (last_hit_ < entries_.size() && entries_[last_hit_]->hash == h && entries_[last_hit_]->sig == sig &&
+      guards_hold(*entries_[last_hit_])) {
     hit = entries_[last_hit_].get();
   } else {
     for (size_t i = 0; i < entries_.size(); ++i)
-      if (entries_[i]->hash == h && entries_[i]->sig == sig) {
+      if (entries_[i]->hash == h && entries_[i]->sig == sig && guards_hold(*entries_[i])) {
         hit = entries_[i].get();
         last_hit_ = i;
         break;
@@ -279,6 +335,7 @@ void Engine::call(std::span<const ArgSlot> args, TraceCall tc, std::vector<Tenso
   }
   bool ran = false;
   std::vector<int64_t> sig_copy = sig;
+  guard_reason_ = guard_failed;
   compile(args, tc, sig_copy, h, outs, ran);
 }
 
@@ -287,7 +344,10 @@ Entry* Engine::compile(std::span<const ArgSlot> args, TraceCall tc, const std::v
   auto t0 = std::chrono::steady_clock::now();
   std::vector<int64_t> sig = sig_in;
   std::string reason = "first call";
-  if (!entries_.empty()) {
+  if (!guard_reason_.empty()) {
+    reason = guard_reason_;
+    guard_reason_.clear();
+  } else if (!entries_.empty()) {
     reason = describe_change(entries_[std::min(last_hit_, entries_.size() - 1)]->sig, sig);
     if (reason.empty()) reason = "signature changed";
   }
@@ -313,6 +373,8 @@ Entry* Engine::compile(std::span<const ArgSlot> args, TraceCall tc, const std::v
   e->writes = a.writes;
   e->user_outputs = a.user_outputs;
   e->aliases = a.aliases;
+  e->grads = a.grads;
+  e->guards = a.guards;
   for (const WriteBack& w : a.writes)
     for (const DynamicDim& d : pad)
       TPU_CHECK(!(a.tracer->sources()[static_cast<size_t>(w.input)].kind == graph::InputSource::Kind::arg &&

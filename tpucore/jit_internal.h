@@ -46,6 +46,27 @@ struct WriteBack {
   int input = 0, output = 0;
 };
 
+// The .grad of a real tensor after the traced function (see tpucore/autograd/capture.h):
+// cleared, a graph output, or another real tensor.
+struct GradAction {
+  enum class Kind : uint8_t { clear, output, tensor } kind = Kind::clear;
+  std::shared_ptr<AutogradMeta> meta;
+  int output = -1;
+  Tensor tensor;
+};
+// The trace read a real tensor's .grad: the entry is valid only while it is the same one.
+struct GradGuard {
+  std::weak_ptr<TensorImpl> owner;
+  const AutogradMeta* meta = nullptr;
+  Tensor initial;  // undefined: the trace saw no gradient
+  std::string what;  // "f32[256, 784]"
+};
+// "" when every guard holds, else what changed.
+std::string check_guards(const std::vector<GradGuard>& guards);
+// Assigns the .grad of the leaves after a run (outputs that share memory with an input or
+// another output are copied first, so a .grad never aliases another tensor).
+void apply_grads(std::span<const Tensor> ins, const std::vector<Tensor>& outs, const std::vector<GradAction>& grads);
+
 struct Entry {
   std::vector<int64_t> sig;
   uint64_t hash = 0;
@@ -56,6 +77,8 @@ struct Entry {
   std::vector<WriteBack> writes;          // graph outputs past `user_outputs` are write-backs
   size_t user_outputs = 0;
   std::vector<graph::Tracer::OutputAlias> aliases;  // outputs returned as (views of) written inputs
+  std::vector<GradAction> grads;
+  std::vector<GradGuard> guards;
 };
 
 // Copies the write-back outputs into their inputs (sources that share memory with a written

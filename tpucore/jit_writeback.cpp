@@ -3,6 +3,7 @@
 // output; after the run it is copied into the real tensor, so callers see eager semantics.
 #include "ops/meta_util.h"
 #include "tpucore/autograd.h"
+#include "tpucore/autograd/node.h"
 #include "tpucore/jit_internal.h"
 #include "tpucore/ops.h"
 
@@ -48,6 +49,46 @@ void apply_writes(std::span<const Tensor> ins, std::vector<Tensor>& outs, const 
     Tensor t = ins[static_cast<size_t>(a.input)];
     for (const graph::ViewStep& s : a.chain) t = apply_view(t, s);
     outs[static_cast<size_t>(a.output)] = t;
+  }
+}
+
+}  // namespace tpu::jit::detail
+
+namespace tpu::jit::detail {
+
+std::string check_guards(const std::vector<GradGuard>& guards) {
+  for (const GradGuard& g : guards) {
+    std::shared_ptr<TensorImpl> o = g.owner.lock();
+    if (!o || o->autograd.get() != g.meta) return fmt::format("captured tensor {} was destroyed or lost its autograd state", g.what);
+    const Tensor& now = o->autograd->grad;
+    if (now.impl_ptr() == g.initial.impl_ptr()) continue;
+    if (!g.initial.defined()) return fmt::format("captured tensor {}: .grad undefined -> defined", g.what);
+    if (!now.defined()) return fmt::format("captured tensor {}: .grad defined -> undefined", g.what);
+    return fmt::format("captured tensor {}: .grad replaced by another tensor", g.what);
+  }
+  return "";
+}
+
+void apply_grads(std::span<const Tensor> ins, const std::vector<Tensor>& outs, const std::vector<GradAction>& grads) {
+  for (size_t k = 0; k < grads.size(); ++k) {
+    const GradAction& a = grads[k];
+    switch (a.kind) {
+      case GradAction::Kind::clear: a.meta->grad = Tensor(); break;
+      case GradAction::Kind::tensor: a.meta->grad = a.tensor; break;
+      case GradAction::Kind::output: {
+        Tensor g = outs[static_cast<size_t>(a.output)];
+        bool shared = !g.storage();
+        for (const Tensor& t : ins) shared = shared || t.storage() == g.storage();
+        for (size_t j = 0; j < outs.size() && !shared; ++j)
+          shared = static_cast<int>(j) != a.output && outs[j].storage() == g.storage();
+        if (shared) {
+          NoGradGuard ng;
+          g = tpu::clone(g);
+        }
+        a.meta->grad = std::move(g);
+        break;
+      }
+    }
   }
 }
 

@@ -1,6 +1,13 @@
 // Optimizers (SGD with momentum/nesterov/weight decay, AdamW), learning-rate schedules (linear
 // warmup, cosine annealing, warmup + cosine) and gradient clipping by global norm. Updates run
 // in place under no-grad, as torch.optim; parameters without a gradient are skipped.
+//
+// Inside tpu::compile the update is traced into the step's graph (in-place writes on the
+// parameters and buffers are written back after each run): buffers missing at trace time are
+// made eagerly (zeros; SGD with dampening needs one eager step first), AdamW keeps its step
+// count in a 0-d tensor that the graph increments, and the learning rate enters only as a
+// plain factor, so `opt.set_lr(lr)` with lr a number argument of the compiled step is a runtime
+// input (no recompile when a schedule changes it).
 #pragma once
 
 #include <map>
@@ -70,14 +77,16 @@ class AdamW : public Optimizer {
  public:
   AdamW(std::vector<Tensor> params, AdamWOptions o);
   void step() override;
-  int64_t steps() const { return t_; }
+  int64_t steps() const;
   std::map<std::string, Tensor> state_dict() const override;
   void load_state_dict(const std::map<std::string, Tensor>& state) override;
 
  private:
+  void traced_step();
   AdamWOptions o_;
   std::vector<Tensor> m_, v_;
   int64_t t_ = 0;
+  Tensor step_t_;  // f32 scalar step count once a step was traced (then it is authoritative)
 };
 
 // Schedules set the optimizer's lr from the step count: construct (sets the lr of step 0),

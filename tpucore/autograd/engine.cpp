@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "ops/meta_util.h"
+#include "tpucore/autograd/capture.h"
 #include "tpucore/autograd/node.h"
 #include "tpucore/ops.h"
 
@@ -33,9 +34,16 @@ namespace {
 
 bool floating_out(DType t) { return is_floating(t); }
 
+std::shared_ptr<AutogradMeta> new_meta(const Tensor& t) {
+  auto m = std::make_shared<AutogradMeta>();
+  m->owner = t.impl_ptr();
+  t.impl().autograd = m;
+  return m;
+}
+
 Tensor unpack(const SavedTensor& s, const Node& node, const std::shared_ptr<Node>& self, bool create_graph, size_t idx) {
   if (!s.data.defined()) return {};
-  const uint64_t now = s.data.storage() ? s.data.storage()->version : 0;
+  const uint64_t now = detail::data_version(s.data);
   if (now != s.version)
     fail("backward: {} {} ({}) saved by '{}' for its backward was modified by an in-place operation after it was "
          "saved (version {}, now {}); clone() it before modifying it in place, or compute out of place",
@@ -66,9 +74,13 @@ void add_into(Tensor& acc, Tensor g) {
   acc = acc.defined() ? add(acc, g) : std::move(g);
 }
 
-void accumulate_leaf(AutogradMeta& m, Tensor g, bool create_graph) {
+void accumulate_leaf(const std::shared_ptr<AutogradMeta>& leaf, Tensor g, bool create_graph) {
+  detail::touch_grad(leaf, true);
+  AutogradMeta& m = *leaf;
   if (!m.grad.defined()) {
-    if (!create_graph) {
+    if (g.is_proxy() && !create_graph) {
+      g = clone(g.detach());  // a traced gradient gets its own tensor (free once the graph is optimized)
+    } else if (!create_graph) {
       // Own the gradient: a contiguous tensor nobody else holds (so in-place updates of .grad()
       // never write into another leaf's gradient or into the caller's tensor).
       if (!g.is_contiguous() || (g.storage() && g.storage().use_count() > 1) || g.requires_grad()) g = clone(g.detach());
@@ -118,7 +130,7 @@ void run(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads_in, 
     }
     const auto& m = t.impl().autograd;
     root_edges.push_back(m && m->grad_fn ? Edge{m->grad_fn, m->output_nr, nullptr}
-                                         : Edge{nullptr, 0, m ? m : (t.impl().autograd = std::make_shared<AutogradMeta>())});
+                                         : Edge{nullptr, 0, m ? m : new_meta(t)});
     root_grads.push_back(g);
   }
 
@@ -156,7 +168,7 @@ void run(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads_in, 
         auto it = target->leaves.find(e.leaf.get());
         if (it != target->leaves.end()) add_into((*target->out)[it->second], std::move(g));
       } else {
-        accumulate_leaf(*e.leaf, std::move(g), create_graph);
+        accumulate_leaf(e.leaf, std::move(g), create_graph);
       }
     }
   };
@@ -246,7 +258,7 @@ std::vector<Tensor> grad(const std::vector<Tensor>& roots, const std::vector<Ten
     TPU_CHECK(t.defined() && t.requires_grad(), "autograd::grad: input {} ({}) does not require grad", i,
               t.defined() ? ops::describe(t) : std::string("undefined"));
     auto& m = t.impl().autograd;
-    if (!m) m = std::make_shared<AutogradMeta>();
+    if (!m) new_meta(t);
     if (m->grad_fn) target.nodes[m->grad_fn.get()].emplace_back(m->output_nr, i);
     else target.leaves[m.get()] = i;
   }

@@ -28,6 +28,7 @@ struct AutogradMeta {
   bool retains_grad = false;
   bool is_view = false;       // output of a recorded view op (in-place writes to it are refused)
   std::string nondiff_op;     // set when a non-differentiable op made this tensor from ones requiring grad
+  std::weak_ptr<TensorImpl> owner;  // the tensor this metadata was made for (traced .grad write-back)
 };
 
 // A tensor kept for backward: a detached alias (no history, so no reference cycle through the
@@ -61,6 +62,9 @@ namespace autograd::detail {
 Tensor alias(const Tensor& t);
 // Sums a gradient over broadcast dims down to `shape`.
 Tensor sum_to(const Tensor& g, const Shape& shape);
+// Version of t's data: its storage's, or for a traced proxy its trace value's (both bumped by
+// in-place writes).
+uint64_t data_version(const Tensor& t);
 }  // namespace autograd::detail
 
 }  // namespace tpu

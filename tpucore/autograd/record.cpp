@@ -3,7 +3,9 @@
 // of autograd.
 #include <atomic>
 
+#include "graph/tracer.h"
 #include "ops/meta_util.h"
+#include "tpucore/autograd/capture.h"
 #include "tpucore/autograd/node.h"
 #include "tpucore/ops.h"
 
@@ -17,7 +19,10 @@ bool floating_out(DType t) { return is_floating(t); }
 
 std::shared_ptr<AutogradMeta>& meta_of(const Tensor& t) {
   auto& m = t.impl().autograd;
-  if (!m) m = std::make_shared<AutogradMeta>();
+  if (!m) {
+    m = std::make_shared<AutogradMeta>();
+    m->owner = t.impl_ptr();
+  }
   return m;
 }
 
@@ -30,7 +35,7 @@ Edge edge_of(const Tensor& t) {
 SavedTensor save(const Tensor& t, bool is_output, int nr) {
   SavedTensor s;
   s.data = autograd::detail::alias(t);
-  s.version = t.storage() ? t.storage()->version : 0;
+  s.version = autograd::detail::data_version(t);
   s.is_output = is_output;
   s.output_nr = nr;
   if (!is_output && t.impl().requires_grad) s.input_meta = t.impl().autograd;
@@ -157,6 +162,15 @@ bool is_grad_enabled() { return t_grad_enabled; }
 void set_grad_enabled(bool on) { t_grad_enabled = on; }
 
 namespace autograd::detail {
+uint64_t data_version(const Tensor& t) {
+  if (t.storage()) {
+    uint64_t v = t.storage()->version;
+    if (auto* tr = dynamic_cast<graph::Tracer*>(ops::interceptor())) v += tr->real_version(t);  // traced writes
+    return v;
+  }
+  return t.impl().trace ? t.impl().trace->version : 0;
+}
+
 Tensor alias(const Tensor& t) {
   auto impl = std::make_shared<TensorImpl>(t.impl());
   impl->autograd = nullptr;
@@ -191,6 +205,7 @@ bool Tensor::is_leaf() const {
 
 Tensor Tensor::grad() const {
   const auto& m = impl().autograd;
+  if (m) autograd::detail::touch_grad(m, true);
   return m ? m->grad : Tensor();
 }
 
@@ -199,11 +214,14 @@ void Tensor::set_grad(const Tensor& g) {
     TPU_CHECK(g.shape() == shape() && g.device() == device(),
               "set_grad: the gradient ({}) must have the shape and device of the tensor ({})", ops::describe(g),
               ops::describe(*this));
-  meta_of(*this)->grad = g;
+  const auto& m = meta_of(*this);
+  autograd::detail::touch_grad(m, false);
+  m->grad = g;
 }
 
 void Tensor::zero_grad() {
   const auto& m = impl().autograd;
+  if (m) autograd::detail::touch_grad(m, true);
   if (!m || !m->grad.defined()) return;
   NoGradGuard ng;
   m->grad.zero_();

@@ -39,7 +39,7 @@ Tensor nll_core(const char* op, const Tensor& logp2, const Tensor& t, int64_t ig
   const int64_t c = logp2.size(1);
   Tensor valid = ne(t, ignore_index);
   Tensor safe = where(valid, t, 0);
-  if (t.numel() > 0) {
+  if (t.numel() > 0 && !t.is_proxy()) {  // inside a compiled function the check would be a graph break
     const int64_t lo = amin(safe).item<int64_t>(), hi = amax(safe).item<int64_t>();
     TPU_CHECK(lo >= 0 && hi < c, "{}: target class indices must be in [0, {}) (or ignore_index {}), got values in [{}, {}]",
               op, c, ignore_index, lo, hi);

@@ -1,10 +1,30 @@
 #include <cmath>
 
+#include "ops/registry.h"
 #include "tpucore/autograd.h"
 #include "tpucore/ops.h"
 #include "tpucore/optim.h"
 
 namespace tpu::optim {
+namespace {
+
+// True while tpu::compile traces: the update is recorded into the step's graph.
+bool tracing() { return ops::interceptor() != nullptr; }
+
+// Runs its scope eagerly even while tracing (optimizer buffers made at the first traced step
+// are real tensors, captured by the graph and written back).
+class EagerScope {
+ public:
+  EagerScope() : prev_(ops::interceptor()) { ops::set_interceptor(nullptr); }
+  ~EagerScope() { ops::set_interceptor(prev_); }
+  EagerScope(const EagerScope&) = delete;
+  EagerScope& operator=(const EagerScope&) = delete;
+
+ private:
+  ops::DispatchInterceptor* prev_;
+};
+
+}  // namespace
 
 Optimizer::Optimizer(std::vector<Tensor> params, double lr, const char* name)
     : params_(std::move(params)), lr_(lr), name_(name) {
@@ -70,6 +90,7 @@ SGD::SGD(std::vector<Tensor> params, SGDOptions o) : Optimizer(std::move(params)
 
 void SGD::step() {
   NoGradGuard ng;
+  const bool traced = tracing();
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i];
     Tensor g = p.grad();
@@ -77,6 +98,15 @@ void SGD::step() {
     if (o_.weight_decay != 0) g = add(g, p, o_.weight_decay);
     if (o_.momentum != 0) {
       Tensor& b = momentum_[i];
+      if (!b.defined() && traced) {
+        // b = momentum * 0 + (1 - dampening) g equals the first step's b = g when dampening is 0.
+        TPU_CHECK(o_.dampening == 0,
+                  "SGD: a compiled step with dampening {} needs the momentum buffers of a first eager step; run one "
+                  "step() outside tpu::compile first",
+                  o_.dampening);
+        EagerScope eager;
+        b = zeros_like(p);
+      }
       if (!b.defined()) {
         b = clone(g);
       } else {
@@ -85,7 +115,8 @@ void SGD::step() {
       }
       g = o_.nesterov ? add(g, b, o_.momentum) : b;
     }
-    add_(p, g, -lr_);
+    if (traced) p.sub_(mul(g, lr_));  // lr as a plain factor: a runtime input of the graph
+    else add_(p, g, -lr_);
   }
 }
 
@@ -108,9 +139,20 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o) : Optimizer(std::move(p
   v_.resize(params_.size());
 }
 
+int64_t AdamW::steps() const { return step_t_.defined() ? static_cast<int64_t>(step_t_.item<double>()) : t_; }
+
 void AdamW::step() {
   NoGradGuard ng;
-  ++t_;
+  if (tracing()) {
+    traced_step();
+    return;
+  }
+  if (step_t_.defined()) {
+    step_t_.add_(1.0);
+    t_ = static_cast<int64_t>(step_t_.item<double>());
+  } else {
+    ++t_;
+  }
   const double bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(t_));
   const double bc2 = 1.0 - std::pow(o_.beta2, static_cast<double>(t_));
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -131,9 +173,38 @@ void AdamW::step() {
   }
 }
 
+// The same update with the step count and bias corrections as tensors and lr as a plain factor.
+void AdamW::traced_step() {
+  if (!step_t_.defined()) {
+    EagerScope eager;
+    step_t_ = scalar_tensor(static_cast<double>(t_), TensorOptions(DType::f32, params_[0].device()));
+  }
+  step_t_.add_(1.0);
+  // 1 - beta^t = -expm1(t ln beta)
+  Tensor bc1 = neg(expm1(mul(step_t_, std::log(o_.beta1))));
+  Tensor bc2 = neg(expm1(mul(step_t_, std::log(o_.beta2))));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor& p = params_[i];
+    const Tensor g = p.grad();
+    if (!g.defined()) continue;
+    if (!m_[i].defined()) {
+      EagerScope eager;
+      m_[i] = zeros_like(p);
+      v_[i] = zeros_like(p);
+    }
+    if (o_.weight_decay != 0) p.sub_(mul(mul(p, lr_), o_.weight_decay));
+    m_[i].mul_(o_.beta1);
+    add_(m_[i], g, 1.0 - o_.beta1);
+    v_[i].mul_(o_.beta2);
+    add_(v_[i], mul(g, g), 1.0 - o_.beta2);
+    Tensor denom = add(sqrt(div(v_[i], bc2)), o_.eps);
+    p.sub_(mul(div(div(m_[i], bc1), denom), lr_));
+  }
+}
+
 std::map<std::string, Tensor> AdamW::state_dict() const {
   auto sd = Optimizer::state_dict();
-  sd["step"] = scalar_tensor(static_cast<long long>(t_), DType::i32);
+  sd["step"] = scalar_tensor(static_cast<long long>(steps()), DType::i32);
   save_buffers(sd, "exp_avg", m_);
   save_buffers(sd, "exp_avg_sq", v_);
   return sd;
@@ -143,6 +214,7 @@ void AdamW::load_state_dict(const std::map<std::string, Tensor>& sd) {
   auto it = sd.find("step");
   TPU_CHECK(it != sd.end() && it->second.numel() == 1, "AdamW: load_state_dict: missing 'step'");
   t_ = it->second.item<int64_t>();
+  step_t_ = Tensor();
   load_buffers(sd, "exp_avg", m_);
   load_buffers(sd, "exp_avg_sq", v_);
   for (size_t i = 0; i < m_.size(); ++i)
