@@ -2,7 +2,7 @@
 // MXUs in bf16 mode, f32 inputs in the exact f32 mode). q/k/v views are read in place when their
 // last dim is contiguous (e.g. heads split out of a projection by reshape + transpose); other
 // views are made contiguous on the device first. Declines (host fallback): an explicit mask,
-// dtypes other than f32/bf16, a scale <= 0, no keys.
+// dtypes other than f32/bf16, a scale <= 0, no keys, an empty head dim.
 #include <cmath>
 
 #include "codegen/attention_kernel.h"
@@ -39,7 +39,7 @@ bool sdpa_eager(const ops::KernelArgs& k) {
   const double scale = k.attrs.get_float("scale");
   const Tensor& q0 = k.inputs[0];
   const int n = q0.dim();
-  if (!(scale > 0) || k.inputs[1].size(-2) == 0) return false;
+  if (!(scale > 0) || k.inputs[1].size(-2) == 0 || q0.size(-1) == 0) return false;
   auto q = rows_operand(k.inputs[0]), kk = rows_operand(k.inputs[1]), v = rows_operand(k.inputs[2]);
   if (!q || !kk || !v) return false;
   AttentionSpec s;

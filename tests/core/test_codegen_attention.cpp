@@ -169,6 +169,15 @@ TEST_CASE("codegen attention: bad input on sim is a tpu::Error and the device ke
   expect_error([&] { (void)scaled_dot_product_attention(randn({1, 2, 8, 4}).to(d), k, v); }, {"head dim"});
   expect_error([&] { (void)scaled_dot_product_attention(randn({1, 2, 8, 8}).to(DType::bf16).to(d), k, v); },
                {"same dtype"});
+  // Degenerate shapes take the host fallback and agree with the cpu: no keys gives zeros, an
+  // empty head dim gives the plain average of v.
+  const Tensor v3 = randn({1, 2, 3, 4});
+  check_vs(scaled_dot_product_attention(randn({1, 2, 5, 0}).to(d), randn({1, 2, 3, 0}).to(d), v3.to(d)),
+           dvals(scaled_dot_product_attention(randn({1, 2, 5, 0}), randn({1, 2, 3, 0}), v3)), 1e-6, 1e-6);
+  const Tensor none = scaled_dot_product_attention(randn({1, 2, 5, 4}).to(d), randn({1, 2, 0, 4}).to(d),
+                                                   randn({1, 2, 0, 6}).to(d));
+  CHECK(none.shape() == Shape{1, 2, 5, 6});
+  check_vs(none, std::vector<double>(60, 0.0), 0, 0);
   const Tensor q2 = randn({1, 2, 8, 8});
   const Tensor got = scaled_dot_product_attention(q2.to(d), k, v, {}, true);
   check_vs(got, naive_sdpa(q2, k.to(Device("cpu")), v.to(Device("cpu")), true, 1.0 / std::sqrt(8.0)), 2e-5, 2e-5);
