@@ -23,12 +23,12 @@ constexpr float kMaskedScore = -1e30f;  // finite: exp underflows to 0, no inf -
 // was emitted.
 constexpr size_t kAhead = 2, kLag = 2;
 constexpr int kRingKV = 4, kRingS = 4, kRingAlpha = 5, kRingT = 3, kRingQ = 4;
-constexpr int kSemK = 0, kSemV = 1, kSemQ = 2, kSemO = 3;
+constexpr int kSemK = 0, kSemV = 1, kSemQ = 2, kSemO = 3, kSemM = 4;
 
 struct Layout {
   int64_t q[kRingQ]{}, k[kRingKV]{}, v[kRingKV]{}, s[kRingS]{}, t[kRingT]{}, o[kRingT]{}, out[2]{};
   int64_t m[2]{}, l[kRingT]{}, alpha[kRingAlpha]{}, mnew = 0, negm = 0, rsum = 0, fold_max = 0, fold_sum = 0;
-  int64_t mask = 0, mask0 = 0, diff = 0, col_iota = 0, row_iota = 0;
+  int64_t mask_in[kRingKV]{}, mask = 0, mask0 = 0, diff = 0, col_iota = 0, row_iota = 0;
   int64_t total = 0;
 };
 
@@ -60,8 +60,10 @@ Layout plan_layout(const sim::ChipConfig& cfg, const AttentionSpec& s, int64_t t
   p.rsum = take(tq * 4);
   p.fold_max = take(tq * lanes * 4);
   p.fold_sum = take(tq * lanes * 4);
+  if (s.causal || s.has_mask) p.mask = take(tq * tk * 4);
+  if (s.has_mask)
+    for (int i = 0; i < kRingKV; ++i) p.mask_in[i] = take(tq * tk);
   if (s.causal) {
-    p.mask = take(tq * tk * 4);
     p.mask0 = take(tq * tk * 4);
     p.diff = take(tq * tk * 4);
     p.col_iota = take(tk * 4);
@@ -201,11 +203,16 @@ class Emitter {
       b_.dma(B::vmem_at(B::at(L_.q[st.qblock % kRingQ])),
              B::hbm_at(B::at((s_.q_off[size_t(st.head)] + st.q0 * s_.q_rs) * es_, {{0, 1}})),
              {.rows = st.ql, .row_bytes = s_.d * es_, .src_row_stride = s_.q_rs * es_}, kQueueQ, kSemQ);
+    if (s_.has_mask)
+      b_.dma(B::vmem_at(B::at(L_.mask_in[buf])),
+             B::hbm_at(B::at(s_.m_off[size_t(st.head)] + st.q0 * s_.m_rs + st.k0, {{4, 1}})),
+             {.rows = st.ql, .row_bytes = st.kl, .dst_row_stride = tk_, .src_row_stride = s_.m_rs}, kQueueK, kSemM);
   }
 
   void wait_qk(size_t i) {
     b_.wait(kSemK);
     if (steps_[i].first) b_.wait(kSemQ);
+    if (s_.has_mask) b_.wait(kSemM);
   }
 
   // S = Q K^T: key tile j (array width C) on MXU j % count, head dim in chunks of R rows.
@@ -239,6 +246,11 @@ class Emitter {
         b_.binary(Op::vcmplt, M, B::imm(float(st.q0 - st.k0)), vm(L_.diff, DType::f32, tk_), ql, kl);
       }
       b_.ternary(Op::vsel, S, M, B::imm(kMaskedScore), S, ql, kl);
+    }
+    if (s_.has_mask) {
+      const sim::Operand M = vm(L_.mask, DType::f32, tk_);
+      b_.unary(Op::vcast, M, vm(L_.mask_in[i % kRingKV], DType::i8, tk_), ql, kl);
+      b_.ternary(Op::vsel, S, M, S, B::imm(kMaskedScore), ql, kl);
     }
     const int64_t m_new = st.first ? L_.m[p] : L_.mnew;
     row_reduce(Op::xmax, Op::vmax, m_new, sbuf, tk_, L_.fold_max, ql, kl);
@@ -335,6 +347,7 @@ AttentionTiling choose_attention_tiling(const sim::ChipConfig& cfg, const Attent
 
 sim::Program make_attention_program(const sim::ChipConfig& cfg, const AttentionSpec& s) {
   TPU_CHECK(s.scale > 0 && int64_t(s.q_off.size()) == s.heads && s.group > 0 &&
+                (!s.has_mask || int64_t(s.m_off.size()) == s.heads) &&
                 int64_t(s.k_off.size()) * s.group == s.heads && s.k_off.size() == s.v_off.size(),
             "internal: codegen: inconsistent attention spec ({} heads, group {})", s.heads, s.group);
   const AttentionTiling t = choose_attention_tiling(cfg, s);
@@ -346,6 +359,7 @@ std::string attention_key(const AttentionSpec& s) {
                               s.d, s.dv, s.causal, s.scale, sim::dtype_name(s.dtype), sim::mxu_mode_name(s.mode),
                               s.q_rs, s.k_rs, s.v_rs, s.tq, s.tk);
   for (const auto* v : {&s.q_off, &s.k_off, &s.v_off}) k += fmt::format("{};", fmt::join(*v, ","));
+  if (s.has_mask) k += fmt::format("mask{}:{};", s.m_rs, fmt::join(s.m_off, ","));
   return k;
 }
 

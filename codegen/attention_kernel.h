@@ -12,7 +12,7 @@
 // this step's softmax, and the O update of a step is emitted after the next step's matmuls.
 // Row maxima and sums fold lane-wide chunks on the vector unit before one cross-lane reduction.
 //
-// Arguments: r0 Q, r1 K, r2 V, r3 O (HBM addresses). Q/K/V rows may have any row stride (last
+// Arguments: r0 Q, r1 K, r2 V, r3 O, r4 the mask when there is one (HBM addresses). Q/K/V rows may have any row stride (last
 // dim contiguous); each head's matrix starts at its own element offset. O is contiguous
 // [heads, Lq, Dv].
 #pragma once
@@ -39,6 +39,11 @@ struct AttentionSpec {
   // Element offsets of each head's matrix and the row strides (elements).
   std::vector<int64_t> q_off, k_off, v_off;  // heads / heads / heads / group entries
   int64_t q_rs = 0, k_rs = 0, v_rs = 0;
+  // Optional mask (r4): bytes of 0/1 (true = takes part), each head's [lq, lk] matrix at m_off
+  // with row stride m_rs (0 broadcasts one row to every query) and contiguous keys.
+  bool has_mask = false;
+  std::vector<int64_t> m_off;
+  int64_t m_rs = 0;
   int64_t tq = 0, tk = 0;  // 0: chosen by choose_attention_tiling
 };
 

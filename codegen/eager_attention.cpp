@@ -1,8 +1,10 @@
 // scaled_dot_product_attention on sim tensors: one AttentionKernel program (bf16 inputs on the
 // MXUs in bf16 mode, f32 inputs in the exact f32 mode). q/k/v views are read in place when their
 // last dim is contiguous (e.g. heads split out of a projection by reshape + transpose); other
-// views are made contiguous on the device first. Declines (host fallback): an explicit mask,
-// dtypes other than f32/bf16, a scale <= 0, no keys, an empty head dim.
+// views are made contiguous on the device first. A bool mask is read as bytes, broadcast over
+// batch/head dims and queries in place (other broadcasts are expanded on the device first); a
+// query row with every key masked gives the average of v here (NaN on the cpu). Declines (host
+// fallback): dtypes other than f32/bf16, a scale <= 0, no keys, an empty head dim.
 #include <cmath>
 
 #include "codegen/attention_kernel.h"
@@ -32,7 +34,6 @@ std::vector<int64_t> matrix_offsets(const Tensor& t) {
 
 bool sdpa_eager(const ops::KernelArgs& k) {
   const Tensor& out = k.outputs[0];
-  if (k.attrs.get_bool("has_mask")) return false;
   const DType dt = out.dtype();
   if (dt != DType::f32 && dt != DType::bf16) return false;
   if (out.numel() == 0) return true;
@@ -61,11 +62,23 @@ bool sdpa_eager(const ops::KernelArgs& k) {
   s.q_rs = q->strides()[n - 2];
   s.k_rs = kk->strides()[n - 2];
   s.v_rs = v->strides()[n - 2];
+  std::optional<Tensor> mask;
+  if (k.attrs.get_bool("has_mask")) {
+    Shape scores = q->shape();
+    scores[n - 1] = s.lk;
+    const Tensor m = k.inputs[3].expand(scores);
+    mask = m.strides()[n - 1] == 1 ? std::optional<Tensor>(m) : materialize_on_device(m);
+    if (!mask) return false;
+    s.has_mask = true;
+    s.m_off = matrix_offsets(*mask);
+    s.m_rs = s.lq > 1 ? mask->strides()[n - 2] : 0;
+  }
   const int dev = out.device().index;
   const sim::ChipConfig& cfg = device::sim_device(dev).config();
   const LoadedProgram& p = cached_program(dev, attention_key(s), [&] { return make_attention_program(cfg, s); });
-  launch(dev, p, "scaled_dot_product_attention",
-         {hbm_address(*q), hbm_address(*kk), hbm_address(*v), hbm_address(out)});
+  std::vector<int64_t> args{hbm_address(*q), hbm_address(*kk), hbm_address(*v), hbm_address(out)};
+  if (mask) args.push_back(hbm_address(*mask));
+  launch(dev, p, "scaled_dot_product_attention", std::move(args));
   return true;
 }
 

@@ -91,6 +91,31 @@ TEST_CASE("codegen attention: fused kernel on the tiny chip matches naive loops"
   }
 }
 
+TEST_CASE("codegen attention: a bool mask runs in the fused kernel", "[attention][codegen]") {
+  TinySim tiny;
+  Generator g(17);
+  const Tensor q = randn({2, 4, 19, 8}, {}, &g), k = randn({2, 2, 37, 8}, {}, &g), v = randn({2, 2, 37, 8}, {}, &g);
+  // Per batch and query, shared by the heads: [2, 1, 19, 37]; key 0 always kept. Then a padding
+  // mask over keys only, [2, 1, 1, 37] (broadcast over queries: row stride 0).
+  for (const Shape& ms : {Shape{2, 1, 19, 37}, Shape{2, 1, 1, 37}}) {
+    std::vector<float> m(size_t(ms.numel()));
+    for (size_t i = 0; i < m.size(); ++i) m[i] = (int64_t(i) % 37 == 0 || g.next_double() < 0.5) ? 1.0f : 0.0f;
+    const Tensor mask = from_vector(m, ms).to(DType::boolean);
+    for (DType dt : {DType::f32, DType::bf16}) {
+      INFO("mask " << ms.str() << " " << dtype_name(dt));
+      const Tensor qd = q.to(dt), kd = k.to(dt), vd = v.to(dt);
+      ChipRunProbe probe;
+      const Tensor got = scaled_dot_product_attention(qd.to(tiny.dev()), kd.to(tiny.dev()), vd.to(tiny.dev()),
+                                                      mask.to(tiny.dev()));
+      CHECK(probe.new_fallbacks() == 0);
+      CHECK(probe.new_runs() >= 1);
+      const Tensor want = scaled_dot_product_attention(qd.to(DType::f32), kd.to(DType::f32), vd.to(DType::f32), mask);
+      if (dt == DType::f32) check_vs(got, dvals(want), 2e-5, 2e-5);
+      else check_vs(got, dvals(want), 2e-2, 2e-2);
+    }
+  }
+}
+
 TEST_CASE("codegen attention: heads split out of a projection are read in place", "[attention][codegen]") {
   TinySim tiny;
   Generator g(3);
