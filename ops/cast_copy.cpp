@@ -79,7 +79,9 @@ Tensor to(const Tensor& x, Device device) {
   TPU_CHECK(!x.is_proxy(), "to: moving a traced tensor between devices ({} -> {}) is not supported inside compile",
             x.device().str(), device.str());
   device::driver_for(device);  // clear error for a missing driver or bad index
-  return ops::copy_to_device(x, device);
+  Tensor r = ops::copy_to_device(x, device);
+  if (x.impl().requires_grad) detail::on_device_copy(x, r);  // autograd: the gradient moves back
+  return r;
 }
 
 Tensor& copy_(Tensor& self, const Tensor& src_in) {

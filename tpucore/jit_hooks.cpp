@@ -6,6 +6,7 @@ namespace tpu::detail {
 namespace {
 std::atomic<MaterializeHook> g_hook{nullptr};
 std::atomic<TracedCopyHook> g_copy_hook{nullptr};
+std::atomic<DeviceCopyHook> g_device_copy_hook{nullptr};
 }  // namespace
 
 void set_materialize_hook(MaterializeHook h) { g_hook.store(h); }
@@ -22,6 +23,12 @@ void traced_copy(const Tensor& self, const Tensor& src) {
   TracedCopyHook h = g_copy_hook.load();
   TPU_CHECK(h != nullptr, "copy_: a traced (proxy) tensor was written or read outside of tracing");
   h(self, src);
+}
+
+void set_device_copy_hook(DeviceCopyHook h) { g_device_copy_hook.store(h); }
+
+void on_device_copy(const Tensor& src, Tensor& dst) {
+  if (DeviceCopyHook h = g_device_copy_hook.load(std::memory_order_relaxed)) h(src, dst);
 }
 
 }  // namespace tpu::detail

@@ -1,6 +1,7 @@
-// Hooks through which the core (Tensor, ops/) reaches the tracer (graph/) without including it:
-// the value of a traced proxy tensor (item(), to_vector()) is a graph break, and copy_ while
-// tracing (the end of every in-place op) is functionalized by the tracer.
+// Hooks through which the core (Tensor, ops/) reaches upper layers without including them: the
+// value of a traced proxy tensor (item(), to_vector()) is a graph break, copy_ while tracing
+// (the end of every in-place op) is functionalized by the tracer, and autograd records device
+// moves of tensors that require grad.
 #pragma once
 
 #include "tpucore/tensor.h"
@@ -17,5 +18,10 @@ Tensor materialize_proxy(const Tensor& proxy, const char* what);
 using TracedCopyHook = void (*)(const Tensor& self, const Tensor& src);
 void set_traced_copy_hook(TracedCopyHook h);
 void traced_copy(const Tensor& self, const Tensor& src);
+
+// to(device) of a tensor that requires grad: autograd records it (the gradient moves back).
+using DeviceCopyHook = void (*)(const Tensor& src, Tensor& dst);
+void set_device_copy_hook(DeviceCopyHook h);
+void on_device_copy(const Tensor& src, Tensor& dst);
 
 }  // namespace tpu::detail

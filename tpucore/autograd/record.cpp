@@ -7,6 +7,7 @@
 #include "ops/meta_util.h"
 #include "tpucore/autograd/capture.h"
 #include "tpucore/autograd/node.h"
+#include "tpucore/jit_hooks.h"
 #include "tpucore/ops.h"
 
 namespace tpu {
@@ -150,9 +151,41 @@ bool on_inplace(const char* name, const ops::OpDef* op, Tensor& self, std::span<
   return true;
 }
 
+// to(device): not an op of the registry (a driver copy); its node's formula passes the gradient
+// through, and the engine moves it back to the input's device.
+void device_copy_bw(const ops::BackwardArgs& a, std::span<Tensor> g) { g[0] = a.grad_outputs[0]; }
+const ops::OpDef& device_copy_def() {
+  static const ops::OpDef d = [] {
+    ops::OpDef o;
+    o.name = "to_device";
+    o.backward.fn = &device_copy_bw;
+    return o;
+  }();
+  return d;
+}
+
+void record_device_copy(const Tensor& src, Tensor& dst) {
+  if (!t_grad_enabled || !src.impl().requires_grad) return;
+  auto node = std::make_shared<Node>();
+  node->op = &device_copy_def();
+  node->needs = 1;
+  node->seq = ++g_node_seq;
+  node->input_meta.push_back({src.shape(), src.dtype(), src.device()});
+  node->next.push_back(edge_of(src));
+  node->saved_inputs.resize(1);
+  node->saved_outputs.resize(1);
+  node->retained.resize(1);
+  node->output_meta.push_back({dst.shape(), dst.dtype(), dst.device()});
+  auto m = std::make_shared<AutogradMeta>();
+  m->grad_fn = node;
+  dst.impl().autograd = std::move(m);
+  dst.impl().requires_grad = true;
+}
+
 [[maybe_unused]] const bool g_hooks_installed = [] {
   ops::set_post_call_hook(&record);
   ops::set_inplace_hook(&on_inplace);
+  detail::set_device_copy_hook(&record_device_copy);
   return true;
 }();
 
