@@ -1,6 +1,7 @@
 // Host GEMM kernels (ops/cpu/kernels/gemm.h) against a naive triple loop accumulated in
 // double, over ragged sizes, strided and transposed operands, accumulate on/off, zero sizes,
-// for both the dispatched kernels (AVX-512 where present) and the portable ones.
+// for the dispatched kernels (AVX-512 or AVX2 where present), the AVX2 ones called explicitly
+// (skipped with a warning on CPUs without AVX2+FMA) and the portable ones.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -17,7 +18,9 @@
 namespace {
 
 using tpu::kernels::gemm_bf16;
+using tpu::kernels::gemm_bf16_avx2;
 using tpu::kernels::gemm_bf16_generic;
+using tpu::kernels::gemm_f32_avx2;
 using tpu::kernels::gemm_f32;
 using tpu::kernels::gemm_f32_generic;
 
@@ -177,6 +180,12 @@ auto bf16_gen() {
 }
 float f32_id(float v) { return v; }
 
+bool avx2_or_skip() {
+  if (tpu::kernels::gemm_avx2_available()) return true;
+  WARN("AVX2 GEMM kernels skipped: this CPU lacks AVX2+FMA (or TPU_CPU_FEATURES=generic)");
+  return false;
+}
+
 }  // namespace
 
 TEST_CASE("gemm_f32 matches a naive loop (dispatched kernel)", "[gemm]") {
@@ -186,6 +195,44 @@ TEST_CASE("gemm_f32 matches a naive loop (dispatched kernel)", "[gemm]") {
 
 TEST_CASE("gemm_f32 matches a naive loop (portable kernel)", "[gemm]") {
   run_cases<float>(GemmF32Fn(gemm_f32_generic), f32_gen(), f32_id, 1e-6);
+}
+
+TEST_CASE("gemm_f32 matches a naive loop (AVX2 kernel)", "[gemm][avx2]") {
+  if (!avx2_or_skip()) return;
+  run_cases<float>(GemmF32Fn(gemm_f32_avx2), f32_gen(), f32_id, 1e-6);
+}
+
+TEST_CASE("gemm_bf16 matches a naive loop over the bf16 values (AVX2 kernel)", "[gemm][avx2]") {
+  if (!avx2_or_skip()) return;
+  run_cases<uint16_t>(GemmBf16Fn(gemm_bf16_avx2), bf16_gen(), bf16_bits_to_float, 1e-6);
+}
+
+TEST_CASE("gemm_f32 AVX2: every ragged tile edge, layouts and accumulate", "[gemm][avx2]") {
+  if (!avx2_or_skip()) return;
+  // Rows 1..13 against the 6-row tile and columns 1..33 against the 16-column tile, K below,
+  // at and above the 8-wide packing step, with row-major, transposed and strided operands.
+  auto gen = f32_gen();
+  const Layout layouts[] = {Layout::RowMajor, Layout::ColMajor, Layout::Strided};
+  int which = 0;
+  for (int64_t M : {1, 2, 5, 6, 7, 11, 12, 13}) {
+    for (int64_t N : {1, 3, 8, 9, 15, 16, 17, 31, 33}) {
+      for (int64_t K : {1, 7, 8, 9, 24}) {
+        const Layout la = layouts[which % 3], lb = layouts[(which / 3) % 3];
+        const bool accumulate = (which & 1) != 0;
+        ++which;
+        INFO("M=" << M << " N=" << N << " K=" << K << " A " << layout_name(la) << " B "
+                  << layout_name(lb) << " accumulate=" << accumulate);
+        const Operand<float> A = make_operand<float>(M, K, la, gen);
+        const Operand<float> B = make_operand<float>(K, N, lb, gen);
+        const int64_t ldc = N + 5;
+        std::vector<float> C0(static_cast<size_t>(M * ldc));
+        for (size_t i = 0; i < C0.size(); ++i) C0[i] = float(int(i % 5) - 2);
+        std::vector<float> C = C0;
+        gemm_f32_avx2(M, N, K, A.ptr(), A.rs, A.cs, B.ptr(), B.rs, B.cs, C.data(), ldc, accumulate);
+        check_close(M, N, K, ldc, C, reference(M, N, K, A, B, C0, ldc, accumulate, f32_id), C0, 1e-6);
+      }
+    }
+  }
 }
 
 TEST_CASE("gemm_bf16 matches a naive loop over the bf16 values (dispatched kernel)", "[gemm]") {
@@ -202,6 +249,10 @@ TEST_CASE("gemm kernels handle zero sizes", "[gemm]") {
   run_zero_sizes<float>(GemmF32Fn(gemm_f32_generic));
   run_zero_sizes<uint16_t>(GemmBf16Fn(gemm_bf16));
   run_zero_sizes<uint16_t>(GemmBf16Fn(gemm_bf16_generic));
+  if (avx2_or_skip()) {
+    run_zero_sizes<float>(GemmF32Fn(gemm_f32_avx2));
+    run_zero_sizes<uint16_t>(GemmBf16Fn(gemm_bf16_avx2));
+  }
 }
 
 TEST_CASE("gemm kernels: multi-threaded sizes and broadcast (zero-stride) operands", "[gemm]") {
@@ -234,7 +285,9 @@ TEST_CASE("gemm_bf16: odd K and exact small-integer products", "[gemm]") {
     std::vector<uint16_t> A(static_cast<size_t>(M * K)), B(static_cast<size_t>(K * N));
     for (int64_t i = 0; i < M * K; ++i) A[i] = float_to_bf16_bits(float((i * 7) % 9) - 4.0f);
     for (int64_t i = 0; i < K * N; ++i) B[i] = float_to_bf16_bits(float((i * 5) % 7) - 3.0f);
-    for (GemmBf16Fn fn : {GemmBf16Fn(gemm_bf16), GemmBf16Fn(gemm_bf16_generic)}) {
+    std::vector<GemmBf16Fn> fns = {GemmBf16Fn(gemm_bf16), GemmBf16Fn(gemm_bf16_generic)};
+    if (tpu::kernels::gemm_avx2_available()) fns.push_back(GemmBf16Fn(gemm_bf16_avx2));
+    for (GemmBf16Fn fn : fns) {
       std::vector<float> C(static_cast<size_t>(M * N), -1.0f);
       fn(M, N, K, A.data(), K, 1, B.data(), N, 1, C.data(), N, false);
       int64_t bad = 0;
@@ -255,9 +308,16 @@ TEST_CASE("gemm kernels: several K blocks, several column blocks, threaded K blo
   // K beyond one cache block (so later blocks accumulate into C), N beyond one column
   // block, a product big enough to be threaded with several K blocks (rows split), and a
   // short wide one that is threaded by columns.
-  const std::vector<Case> cases = {{20, 40, 1100}, {3, 2100, 5}, {150, 120, 800}, {40, 300, 100}};
+  const std::vector<Case> cases = {{20, 40, 1100}, {3, 2100, 5}, {5, 4200, 3},
+                                   {150, 120, 800}, {40, 300, 100}};
   auto fgen = f32_gen();
   auto bgen = bf16_gen();
+  std::vector<GemmF32Fn> f32_fns = {GemmF32Fn(gemm_f32), GemmF32Fn(gemm_f32_generic)};
+  std::vector<GemmBf16Fn> bf16_fns = {GemmBf16Fn(gemm_bf16), GemmBf16Fn(gemm_bf16_generic)};
+  if (avx2_or_skip()) {
+    f32_fns.push_back(GemmF32Fn(gemm_f32_avx2));
+    bf16_fns.push_back(GemmBf16Fn(gemm_bf16_avx2));
+  }
   for (const Case& cs : cases) {
     for (bool accumulate : {false, true}) {
       INFO("M=" << cs.M << " N=" << cs.N << " K=" << cs.K << " accumulate=" << accumulate);
@@ -268,7 +328,7 @@ TEST_CASE("gemm kernels: several K blocks, several column blocks, threaded K blo
         const Operand<float> A = make_operand<float>(cs.M, cs.K, Layout::RowMajor, fgen);
         const Operand<float> B = make_operand<float>(cs.K, cs.N, Layout::RowMajor, fgen);
         const auto R = reference(cs.M, cs.N, cs.K, A, B, C0, ldc, accumulate, f32_id);
-        for (GemmF32Fn fn : {GemmF32Fn(gemm_f32), GemmF32Fn(gemm_f32_generic)}) {
+        for (GemmF32Fn fn : f32_fns) {
           std::vector<float> C = C0;
           fn(cs.M, cs.N, cs.K, A.ptr(), A.rs, A.cs, B.ptr(), B.rs, B.cs, C.data(), ldc,
              accumulate);
@@ -279,7 +339,7 @@ TEST_CASE("gemm kernels: several K blocks, several column blocks, threaded K blo
         const Operand<uint16_t> A = make_operand<uint16_t>(cs.M, cs.K, Layout::RowMajor, bgen);
         const Operand<uint16_t> B = make_operand<uint16_t>(cs.K, cs.N, Layout::ColMajor, bgen);
         const auto R = reference(cs.M, cs.N, cs.K, A, B, C0, ldc, accumulate, bf16_bits_to_float);
-        for (GemmBf16Fn fn : {GemmBf16Fn(gemm_bf16), GemmBf16Fn(gemm_bf16_generic)}) {
+        for (GemmBf16Fn fn : bf16_fns) {
           std::vector<float> C = C0;
           fn(cs.M, cs.N, cs.K, A.ptr(), A.rs, A.cs, B.ptr(), B.rs, B.cs, C.data(), ldc,
              accumulate);

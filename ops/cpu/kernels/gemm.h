@@ -9,9 +9,10 @@
 // zeros unless accumulating).
 //
 // The entry points pick a kernel at run time from tpu::cpu_features(): a register-blocked
-// AVX-512 micro-kernel (FMA for f32, vdpbf16ps for bf16) when the CPU has it, otherwise a
-// portable blocked kernel. The *_generic entry points always take the portable path (tests
-// use them to cover it on AVX-512 machines). Large products run on all pool threads; small
+// AVX-512 micro-kernel (FMA for f32, vdpbf16ps for bf16) when the CPU has it, else an AVX2+FMA
+// one (bf16 widened to f32 panels), otherwise a portable blocked kernel. The *_generic entry
+// points always take the portable path and the *_avx2 ones the AVX2 path (tests use them to
+// cover each path on any machine that can run it). Large products run on all pool threads; small
 // ones stay on the calling thread.
 #pragma once
 
@@ -37,8 +38,18 @@ void gemm_bf16_generic(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64
                        int64_t a_cs, const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C,
                        int64_t ldc, bool accumulate);
 
-// Name of the kernel gemm_f32 / gemm_bf16 use on this CPU ("avx512", "generic"), for logs
-// and benchmark labels.
+// The AVX2+FMA paths, whatever the best kernel of the CPU is. Only call them when
+// gemm_avx2_available() (they use AVX2 and FMA instructions unconditionally).
+bool gemm_avx2_available();
+void gemm_f32_avx2(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs,
+                   const float* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc,
+                   bool accumulate);
+void gemm_bf16_avx2(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs,
+                    int64_t a_cs, const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C,
+                    int64_t ldc, bool accumulate);
+
+// Name of the kernel gemm_f32 / gemm_bf16 use on this CPU ("avx512", "avx2", "generic"), for
+// logs and benchmark labels.
 const char* gemm_f32_kernel_name();
 const char* gemm_bf16_kernel_name();
 
@@ -74,6 +85,13 @@ void micro_kernel_bf16_avx512(int64_t kc, const uint32_t* Ap, const uint32_t* Bp
 // zero for r >= rows.
 void pack_a_panel_words_avx512(const void* src, int64_t row_bytes, int rows, int64_t kw,
                                uint32_t* dst);
+
+// AVX2+FMA micro-kernel (defined in gemm_avx2.cpp; only call when the CPU has AVX2 and FMA)
+// and its A-panel packer for rows contiguous along K (mr = kAvx2BlockingF32.mr).
+extern const GemmBlocking kAvx2BlockingF32;
+void micro_kernel_f32_avx2(int64_t kc, const float* Ap, const float* Bp, float* C, int64_t ldc,
+                           int rows, int cols, bool load_c);
+void pack_a_panel_f32_avx2(const float* src, int64_t rs, int rows, int64_t kce, float* dst);
 
 }  // namespace detail
 }  // namespace tpu::kernels

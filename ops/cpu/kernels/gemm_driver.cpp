@@ -1,5 +1,5 @@
 // The host GEMM driver: cache blocking, packing of A and B panels, threading, and the
-// choice of micro-kernel (AVX-512 or portable) at run time.
+// choice of micro-kernel (AVX-512, AVX2 or portable) at run time.
 //
 // Loop nest per thread (Goto's order): column blocks of B (nc) -> K blocks (kc) -> pack the
 // kc x nc block of B into nr-wide panels -> row blocks of A (mc) -> pack the mc x kc block of
@@ -215,6 +215,17 @@ struct PackF32Avx512 : PackF32 {
       const int rows = static_cast<int>(std::min<int64_t>(mr, mc - i0));
       detail::pack_a_panel_words_avx512(A + i0 * rs, rs * int64_t(sizeof(float)), rows, kce,
                                         reinterpret_cast<uint32_t*>(dst + i0 * kce));
+    }
+  }
+};
+
+struct PackF32Avx2 : PackF32 {
+  static void pack_a(const float* A, int64_t rs, int64_t cs, int64_t mc, int64_t kce, int mr,
+                     float* dst) {
+    if (cs != 1 || mr != detail::kAvx2BlockingF32.mr) return PackF32::pack_a(A, rs, cs, mc, kce, mr, dst);
+    for (int64_t i0 = 0; i0 < mc; i0 += mr) {
+      const int rows = static_cast<int>(std::min<int64_t>(mr, mc - i0));
+      detail::pack_a_panel_f32_avx2(A + i0 * rs, rs, rows, kce, dst + i0 * kce);
     }
   }
 };
@@ -465,6 +476,7 @@ bool have_avx512() {
   return f.avx512f && f.avx512bw && f.avx512vl && f.fma;
 }
 bool have_avx512_bf16() { return have_avx512() && cpu_features().avx512_bf16; }
+bool have_avx2() { return cpu_features().avx2 && cpu_features().fma; }
 
 }  // namespace
 
@@ -474,6 +486,8 @@ void gemm_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int
   const Problem p{M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate};
   if (have_avx512())
     gemm_run<PackF32Avx512>(p, detail::kAvx512BlockingF32, detail::micro_kernel_f32_avx512);
+  else if (have_avx2())
+    gemm_run<PackF32Avx2>(p, detail::kAvx2BlockingF32, detail::micro_kernel_f32_avx2);
   else
     gemm_run<PackF32>(p, kGenericBlocking, micro_kernel_f32_generic);
 }
@@ -486,6 +500,8 @@ void gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs,
     gemm_run<PackBf16PairsAvx512>(p, detail::kAvx512BlockingBf16, detail::micro_kernel_bf16_avx512);
   else if (have_avx512())
     gemm_run<PackBf16AsF32>(p, detail::kAvx512BlockingF32, detail::micro_kernel_f32_avx512);
+  else if (have_avx2())
+    gemm_run<PackBf16AsF32>(p, detail::kAvx2BlockingF32, detail::micro_kernel_f32_avx2);
   else
     gemm_run<PackBf16AsF32>(p, kGenericBlocking, micro_kernel_f32_generic);
 }
@@ -504,9 +520,29 @@ void gemm_bf16_generic(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64
   gemm_run<PackBf16AsF32>(p, kGenericBlocking, micro_kernel_f32_generic);
 }
 
-const char* gemm_f32_kernel_name() { return have_avx512() ? "avx512" : "generic"; }
+bool gemm_avx2_available() { return have_avx2(); }
+
+void gemm_f32_avx2(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs,
+                   const float* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc,
+                   bool accumulate) {
+  const Problem p{M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate};
+  gemm_run<PackF32Avx2>(p, detail::kAvx2BlockingF32, detail::micro_kernel_f32_avx2);
+}
+
+void gemm_bf16_avx2(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs,
+                    int64_t a_cs, const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C,
+                    int64_t ldc, bool accumulate) {
+  const Problem p{M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate};
+  gemm_run<PackBf16AsF32>(p, detail::kAvx2BlockingF32, detail::micro_kernel_f32_avx2);
+}
+
+const char* gemm_f32_kernel_name() {
+  return have_avx512() ? "avx512" : (have_avx2() ? "avx2" : "generic");
+}
 const char* gemm_bf16_kernel_name() {
-  return have_avx512_bf16() ? "avx512_bf16" : (have_avx512() ? "avx512_f32" : "generic");
+  if (have_avx512_bf16()) return "avx512_bf16";
+  if (have_avx512()) return "avx512_f32";
+  return have_avx2() ? "avx2_f32" : "generic";
 }
 
 }  // namespace tpu::kernels

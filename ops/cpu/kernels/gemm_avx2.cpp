@@ -1,0 +1,141 @@
+// AVX2 + FMA micro-kernel for the host f32 GEMM (also used for bf16 inputs, widened to f32
+// panels by the driver), for x86-64 CPUs without AVX-512 (AMD Zen 1-3, Intel Haswell and
+// later client parts).
+//
+// This translation unit is compiled for the baseline CPU like the rest of the library; only
+// the functions below carry a target attribute, and the driver calls them only after
+// tpu::cpu_features() reported AVX2 and FMA.
+//
+// Register tile: MR = 6 rows x NR = 16 columns (two ymm per row) = 12 accumulators, plus two
+// B vectors and one broadcast A value: 15 of the 16 ymm registers. Per packed k-step the
+// kernel loads two B vectors and broadcasts six A values, for 12 FMAs (two FMA pipes on
+// Zen and Haswell-class cores: the 12 independent accumulators cover the 4-5 cycle FMA
+// latency).
+#include <immintrin.h>
+
+#include "ops/cpu/kernels/gemm.h"
+
+#define TPU_GEMM_AVX2 __attribute__((target("avx2,fma")))
+
+namespace tpu::kernels::detail {
+namespace {
+
+constexpr int kMR = 6;
+constexpr int kNR = 16;
+
+// Lane mask with the first `n` (0..8) lanes set.
+TPU_GEMM_AVX2 inline __m256i lane_mask(int n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+template <int R>
+TPU_GEMM_AVX2 void tile_f32(int64_t kc, const float* Ap, const float* Bp, float* C, int64_t ldc,
+                            int cols, bool load_c) {
+  __m256 acc0[kMR], acc1[kMR];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) {
+    acc0[r] = _mm256_setzero_ps();
+    acc1[r] = _mm256_setzero_ps();
+    _mm_prefetch(reinterpret_cast<const char*>(C + r * ldc), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(C + r * ldc + kNR - 1), _MM_HINT_T0);
+  }
+#pragma GCC unroll 4
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m256 b0 = _mm256_loadu_ps(Bp);
+    const __m256 b1 = _mm256_loadu_ps(Bp + 8);
+    _mm_prefetch(reinterpret_cast<const char*>(Ap + 8 * kMR), _MM_HINT_T0);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const __m256 a = _mm256_broadcast_ss(Ap + r);
+      acc0[r] = _mm256_fmadd_ps(a, b0, acc0[r]);
+      acc1[r] = _mm256_fmadd_ps(a, b1, acc1[r]);
+    }
+    Ap += kMR;
+    Bp += kNR;
+  }
+  if (cols == kNR) {
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      float* c = C + r * ldc;
+      if (load_c) {
+        acc0[r] = _mm256_add_ps(acc0[r], _mm256_loadu_ps(c));
+        acc1[r] = _mm256_add_ps(acc1[r], _mm256_loadu_ps(c + 8));
+      }
+      _mm256_storeu_ps(c, acc0[r]);
+      _mm256_storeu_ps(c + 8, acc1[r]);
+    }
+    return;
+  }
+  // Ragged right edge: masked loads and stores (masked-off lanes are never touched).
+  const __m256i m0 = lane_mask(cols < 8 ? cols : 8);
+  const __m256i m1 = lane_mask(cols > 8 ? cols - 8 : 0);
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) {
+    float* c = C + r * ldc;
+    if (load_c) {
+      acc0[r] = _mm256_add_ps(acc0[r], _mm256_maskload_ps(c, m0));
+      acc1[r] = _mm256_add_ps(acc1[r], _mm256_maskload_ps(c + 8, m1));
+    }
+    _mm256_maskstore_ps(c, m0, acc0[r]);
+    _mm256_maskstore_ps(c + 8, m1, acc1[r]);
+  }
+}
+
+}  // namespace
+
+// kc counts packed k-steps. A B micro-panel (kc x 16 f32 = 16 KiB at kc = 256) stays in the
+// 32 KiB L1d while every A micro-panel of the block streams past it; the A block
+// (mc x kc = 144 KiB) stays in the 512 KiB L2 of a Zen 2/3 core, and the B block
+// (kc x nc = 4 MiB) in the shared L3.
+const GemmBlocking kAvx2BlockingF32 = {kMR, kNR, 6 * 24, 256, 4096};
+
+TPU_GEMM_AVX2 void micro_kernel_f32_avx2(int64_t kc, const float* Ap, const float* Bp, float* C,
+                                         int64_t ldc, int rows, int cols, bool load_c) {
+  switch (rows) {
+    case 6: tile_f32<6>(kc, Ap, Bp, C, ldc, cols, load_c); break;
+    case 5: tile_f32<5>(kc, Ap, Bp, C, ldc, cols, load_c); break;
+    case 4: tile_f32<4>(kc, Ap, Bp, C, ldc, cols, load_c); break;
+    case 3: tile_f32<3>(kc, Ap, Bp, C, ldc, cols, load_c); break;
+    case 2: tile_f32<2>(kc, Ap, Bp, C, ldc, cols, load_c); break;
+    case 1: tile_f32<1>(kc, Ap, Bp, C, ldc, cols, load_c); break;
+    default: break;
+  }
+}
+
+// One packed A panel from `rows` (<= 6) rows of f32 contiguous along K: dst[k * 6 + r] =
+// row r, element k (zero for r >= rows). Eight k at a time: the 6 (+2 zero) x 8 block is
+// transposed in registers and its columns are written back to back, each 8-lane store
+// overlapping the next column's start (the last one is written as 4 + 2 lanes).
+TPU_GEMM_AVX2 void pack_a_panel_f32_avx2(const float* src, int64_t rs, int rows, int64_t kce,
+                                         float* dst) {
+  int64_t k0 = 0;
+  for (; k0 + 8 <= kce; k0 += 8) {
+    __m256 r[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_setzero_ps();
+    for (int i = 0; i < rows; ++i) r[i] = _mm256_loadu_ps(src + i * rs + k0);
+    // 8 x 8 transpose: pairs, then quads within 128-bit lanes, then across lanes.
+    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    // col[k] = (row 0 .. row 7) at k0 + k.
+    const __m256 col[8] = {_mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
+                           _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
+                           _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
+                           _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
+    float* d = dst + k0 * kMR;
+#pragma GCC unroll 7
+    for (int k = 0; k < 7; ++k) _mm256_storeu_ps(d + k * kMR, col[k]);
+    _mm_storeu_ps(d + 7 * kMR, _mm256_castps256_ps128(col[7]));
+    _mm_storel_pi(reinterpret_cast<__m64*>(d + 7 * kMR + 4), _mm256_extractf128_ps(col[7], 1));
+  }
+  for (; k0 < kce; ++k0)
+    for (int i = 0; i < kMR; ++i) dst[k0 * kMR + i] = i < rows ? src[i * rs + k0] : 0.0f;
+}
+
+}  // namespace tpu::kernels::detail
