@@ -30,16 +30,17 @@ void traced_copy_hook(const Tensor& self, const Tensor& src) {
 
 [[maybe_unused]] const bool g_copy_hook_installed = (detail::set_traced_copy_hook(&traced_copy_hook), true);
 
-// Runs a recorded view step on a real tensor (the index maps of view writes).
-Tensor apply_view(const Tensor& x, const ViewStep& s) {
+Tensor apply_view(const Tensor& x, const ViewStep& s) { return apply_view_step(x, s); }
+
+}  // namespace
+
+Tensor apply_view_step(const Tensor& x, const ViewStep& s) {
   if (s.op->name == "view") return tpu::reshape(x, s.out.shape);
   Tensor out[ops::kMaxOutputs];
   Tensor in[1] = {x};
   ops::call(*s.op, in, s.attrs, out);
   return out[0];
 }
-
-}  // namespace
 
 std::shared_ptr<TraceValue> Tracer::root_of(const Tensor& t) {
   if (t.is_proxy()) {
@@ -193,6 +194,16 @@ std::vector<Tracer::OutputAlias> Tracer::output_aliases(std::span<const Tensor> 
     r.push_back({static_cast<int>(i), root->input, tv.base ? tv.chain : std::vector<ViewStep>{}});
   }
   return r;
+}
+
+std::vector<char> Tracer::fresh_outputs(std::span<const Tensor> outs) const {
+  std::vector<char> f(outs.size(), 0);
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (!outs[i].is_proxy()) continue;
+    const TraceValue& tv = *outs[i].impl().trace;
+    f[i] = (tv.base ? tv.base->input : tv.input) < 0 ? 1 : 0;
+  }
+  return f;
 }
 
 }  // namespace tpu::graph

@@ -150,8 +150,6 @@ bool Tracer::intercept(const ops::OpDef& op, std::span<const Tensor> inputs, con
     out.chain.push_back({&op, attrs, metas[0]});
     out.base = root;
     root->views.push_back(outputs[0].impl().trace);
-  } else if (op.name == "contiguous") {
-    outputs[0].impl().trace->from_contiguous = true;
   }
   return true;
 }

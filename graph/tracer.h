@@ -39,7 +39,6 @@ struct TraceValue {
   std::vector<std::weak_ptr<TraceValue>> views;  // roots: views made of them
   int input = -1;                               // roots: graph input it stands for (args, captured)
   graph::ValueId input_value = graph::kNoValue;  // roots with an input: the input's value id
-  bool from_contiguous = false;                 // made by contiguous()/clone(): see functional_copy
 };
 }  // namespace tpu
 
@@ -84,6 +83,9 @@ class Tracer : public ops::DispatchInterceptor {
     std::vector<ViewStep> chain;
   };
   std::vector<OutputAlias> output_aliases(std::span<const Tensor> outs) const;
+  // Per traced output: 1 when it is (a view of) a tensor made inside the function, which must not
+  // come back as a caller's tensor even when the optimizer reduced it to an input (x * 1 -> x).
+  std::vector<char> fresh_outputs(std::span<const Tensor> outs) const;
 
   // Writes traced so far into the captured tensor t (or another handle on the same view of its
   // memory); autograd adds it to the storage version of saved tensors.
@@ -126,6 +128,9 @@ class Tracer : public ops::DispatchInterceptor {
   BreakHandler on_break_;
   bool in_break_ = false;
 };
+
+// Runs a recorded view step on a real tensor.
+Tensor apply_view_step(const Tensor& x, const ViewStep& s);
 
 // Installs a tracer as this thread's interceptor for a scope (restores the previous one).
 class TraceScope {

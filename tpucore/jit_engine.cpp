@@ -29,6 +29,7 @@ class Engine {
     std::vector<graph::Tracer::OutputAlias> aliases;
     std::vector<GradAction> grads;  // .grad of real tensors after the function
     std::vector<GradGuard> guards;
+    std::vector<char> fresh;
   };
   Traced trace(std::span<const ArgSlot> args, TraceCall tc, const std::vector<double>* numbers,
                const std::vector<DynamicDim>& pad, std::vector<Tensor>* outs, bool probe = false);
@@ -167,6 +168,7 @@ Engine::Traced Engine::trace(std::span<const ArgSlot> args, TraceCall tc, const 
     tr.set_outputs(result);
     r.user_outputs = result.size();
     r.aliases = tr.output_aliases(result);
+    r.fresh = tr.fresh_outputs(result);
     add_write_backs(tr, r.writes);
     add_grad_outputs(tr, cap, r);
   }
@@ -233,10 +235,47 @@ Tensor Engine::on_break(graph::Tracer& t, const Tensor& proxy, const std::string
     segment(g)->run(t.real_inputs(), results);
     apply_writes(t.real_inputs(), results, writes, live.size(), {});
   }
+  // Roots first: inputs (written back or not) stay the caller's tensors; then views of a root
+  // that is an input or still alive become real views of it, so they keep aliasing.
+  std::unordered_map<const TraceValue*, Tensor> root_real;
+  std::vector<std::pair<size_t, std::shared_ptr<TraceValue>>> views;
+  std::unordered_map<const Storage*, const TraceValue*> owner;  // storage -> the family using it
+  for (const Tensor& in : t.real_inputs())
+    if (in.storage()) owner[in.storage().get()] = nullptr;
+  // A value the optimizer turned into an input (x * 1 -> x) or shared by two tensors (CSE) is
+  // copied, so that a later in-place write cannot reach another tensor.
+  auto own = [&](Tensor r, const TraceValue* fam) {
+    if (!r.storage()) return r;
+    auto [it, fresh] = owner.emplace(r.storage().get(), fam);
+    if (fresh || it->second == fam) return r;
+    graph::TraceScope off(nullptr);
+    NoGradGuard ng;
+    r = tpu::clone(r);
+    owner.emplace(r.storage().get(), fam);
+    return r;
+  };
   for (size_t i = 0; i < live.size(); ++i) {
-    // Inputs (written back or not) stay the caller's tensors.
-    const int in = live[i].second->trace->base ? -1 : live[i].second->trace->input;
-    graph::Tracer::fill_proxy(*live[i].second, in >= 0 ? t.real_inputs()[static_cast<size_t>(in)] : results[i]);
+    std::shared_ptr<TraceValue> tv = live[i].second->trace;
+    if (tv->base) {
+      views.emplace_back(i, std::move(tv));
+      continue;
+    }
+    const int in = tv->input;
+    graph::Tracer::fill_proxy(*live[i].second, in >= 0 ? t.real_inputs()[static_cast<size_t>(in)] : own(results[i], tv.get()));
+    root_real[tv.get()] = Tensor(live[i].second);
+  }
+  for (auto& [i, tv] : views) {
+    const TraceValue* root = tv->base.get();
+    Tensor base = root->input >= 0 ? t.real_inputs()[static_cast<size_t>(root->input)] : Tensor();
+    if (auto it = root_real.find(root); !base.defined() && it != root_real.end()) base = it->second;
+    Tensor real;
+    if (!base.defined()) real = own(results[i], tv.get());
+    if (base.defined()) {
+      graph::TraceScope off(nullptr);
+      real = base;
+      for (const graph::ViewStep& s : tv->chain) real = graph::apply_view_step(real, s);
+    }
+    graph::Tracer::fill_proxy(*live[i].second, real);
   }
   t.reset_segment();
   return Tensor(proxy.impl_ptr());
@@ -247,6 +286,7 @@ void Engine::finish_segments(Traced& t, std::vector<Tensor>& outs) {
   segment(t.tracer->graph())->run(t.tracer->real_inputs(), outs);
   apply_grads(t.tracer->real_inputs(), outs, t.grads);
   apply_writes(t.tracer->real_inputs(), outs, t.writes, t.user_outputs, t.aliases);
+  unalias_outputs(t.tracer->real_inputs(), outs, t.fresh);
 }
 
 std::shared_ptr<graph::Executable> Engine::segment(const graph::Graph& g) {
@@ -290,6 +330,7 @@ void Engine::run_entry(const Entry& e, std::span<const ArgSlot> args, std::vecto
   e.exe->run(ins, outs);
   apply_grads(ins, outs, e.grads);
   apply_writes(ins, outs, e.writes, e.user_outputs, e.aliases);
+  unalias_outputs(ins, outs, e.fresh);
   for (const DynamicOut& d : e.dynamic_outs) {
     const int64_t real = args[static_cast<size_t>(d.arg)].tensor->shape()[d.arg_dim];
     outs[static_cast<size_t>(d.output)] = outs[static_cast<size_t>(d.output)].narrow(d.dim, 0, real);
@@ -375,6 +416,7 @@ Entry* Engine::compile(std::span<const ArgSlot> args, TraceCall tc, const std::v
   e->aliases = a.aliases;
   e->grads = a.grads;
   e->guards = a.guards;
+  e->fresh = a.fresh;
   for (const WriteBack& w : a.writes)
     for (const DynamicDim& d : pad)
       TPU_CHECK(!(a.tracer->sources()[static_cast<size_t>(w.input)].kind == graph::InputSource::Kind::arg &&

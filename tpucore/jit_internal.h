@@ -79,7 +79,10 @@ struct Entry {
   std::vector<graph::Tracer::OutputAlias> aliases;  // outputs returned as (views of) written inputs
   std::vector<GradAction> grads;
   std::vector<GradGuard> guards;
+  std::vector<char> fresh;  // per user output (Tracer::fresh_outputs)
 };
+// Copies the fresh outputs that share memory with an input.
+void unalias_outputs(std::span<const Tensor> ins, std::vector<Tensor>& outs, const std::vector<char>& fresh);
 
 // Copies the write-back outputs into their inputs (sources that share memory with a written
 // input are copied first), drops them from `outs`, and rebuilds the outputs that alias inputs.

@@ -8,18 +8,6 @@
 #include "tpucore/ops.h"
 
 namespace tpu::jit::detail {
-namespace {
-
-Tensor apply_view(const Tensor& x, const graph::ViewStep& s) {
-  if (s.op->name == "view") return tpu::reshape(x, s.out.shape);
-  Tensor out[ops::kMaxOutputs];
-  Tensor in[1] = {x};
-  ops::call(*s.op, in, s.attrs, out);
-  return out[0];
-}
-
-}  // namespace
-
 void apply_writes(std::span<const Tensor> ins, std::vector<Tensor>& outs, const std::vector<WriteBack>& writes,
                   size_t user_outputs, const std::vector<graph::Tracer::OutputAlias>& aliases) {
   if (writes.empty()) return;
@@ -47,7 +35,7 @@ void apply_writes(std::span<const Tensor> ins, std::vector<Tensor>& outs, const 
   outs.resize(user_outputs);
   for (const graph::Tracer::OutputAlias& a : aliases) {
     Tensor t = ins[static_cast<size_t>(a.input)];
-    for (const graph::ViewStep& s : a.chain) t = apply_view(t, s);
+    for (const graph::ViewStep& s : a.chain) t = graph::apply_view_step(t, s);
     outs[static_cast<size_t>(a.output)] = t;
   }
 }
@@ -55,6 +43,18 @@ void apply_writes(std::span<const Tensor> ins, std::vector<Tensor>& outs, const 
 }  // namespace tpu::jit::detail
 
 namespace tpu::jit::detail {
+
+void unalias_outputs(std::span<const Tensor> ins, std::vector<Tensor>& outs, const std::vector<char>& fresh) {
+  for (size_t i = 0; i < fresh.size() && i < outs.size(); ++i) {
+    if (!fresh[i] || !outs[i].storage()) continue;
+    for (const Tensor& in : ins)
+      if (in.storage() == outs[i].storage()) {
+        NoGradGuard ng;
+        outs[i] = tpu::clone(outs[i]);
+        break;
+      }
+  }
+}
 
 std::string check_guards(const std::vector<GradGuard>& guards) {
   for (const GradGuard& g : guards) {
