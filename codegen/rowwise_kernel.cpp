@@ -16,6 +16,9 @@ using sim::DType;
 
 namespace {
 constexpr int kTemps = 2;  // f32 tile temporaries
+// Up to this many row tiles are emitted statically with double-buffered inputs and outputs (the
+// next tile loads while this one computes and the previous one stores); more run in a loop.
+constexpr int64_t kMaxPipelinedTiles = 512;
 // Rows are summed in chunks of this many columns, then the partial sums (the XLU adds
 // sequentially in f32; chunking keeps long rows accurate, as a lane-parallel tree would).
 constexpr int64_t kSumChunk = 512;
@@ -46,20 +49,24 @@ int64_t rowwise_tile_rows(const sim::ChipConfig& cfg, const RowwiseSpec& s) {
   const int64_t budget = int64_t(cfg.memory.vmem_bytes) * 3 / 4;
   const int64_t params = 2 * align64(s.cols * 4);
   const int64_t out_cols = is_reduction(s.op) ? 1 : s.cols;
-  int64_t per_row = s.cols * sim::dtype_size(s.in_dtype) + out_cols * sim::dtype_size(s.out_dtype) +
-                          kTemps * s.cols * 4 + 4 * 4 + sum_chunks(s.cols) * 4 + 64 * 3;
+  // x and the output are double-buffered (see kMaxPipelinedTiles).
+  int64_t per_row = 2 * s.cols * sim::dtype_size(s.in_dtype) + 2 * out_cols * sim::dtype_size(s.out_dtype) +
+                          kTemps * s.cols * 4 + 4 * 4 + sum_chunks(s.cols) * 4 + 64 * 5;
   int64_t fused = 0;
   if (s.has_prologue) {
     fused += 4 * s.cols * (1 + fused_slots(s.prologue, s.pro_inputs, false));
-    for (const EwInput& in : s.pro_inputs) fused += ew_tile_bytes(in, 1, s.cols) + 64;
+    for (const EwInput& in : s.pro_inputs) fused += 2 * (ew_tile_bytes(in, 1, s.cols) + 64);
   }
   if (s.has_epilogue) {
     fused += 4 * out_cols * (1 + fused_slots(s.epilogue, s.epi_inputs, true));
-    for (const EwInput& in : s.epi_inputs) fused += ew_tile_bytes(in, 1, out_cols) + 64;
+    for (const EwInput& in : s.epi_inputs) fused += 2 * (ew_tile_bytes(in, 1, out_cols) + 64);
   }
   per_row += fused;
   if (budget - params < per_row) return 0;
-  return std::max<int64_t>(1, std::min<int64_t>({s.rows, (budget - params) / per_row, int64_t(1) << 16}));
+  // At most ~1M elements per tile, so large inputs take several tiles and load / compute / store
+  // overlap.
+  const int64_t cap = std::max<int64_t>(8, (int64_t(1) << 20) / std::max<int64_t>(1, s.cols));
+  return std::max<int64_t>(1, std::min<int64_t>({s.rows, (budget - params) / per_row, int64_t(1) << 16, cap}));
 }
 
 sim::Program make_rowwise_program(const sim::ChipConfig& cfg, const RowwiseSpec& s) {
@@ -84,10 +91,15 @@ sim::Program make_rowwise_program(const sim::ChipConfig& cfg, const RowwiseSpec&
   at = align64(at + C * esp);
   const int64_t b_buf = at;
   at = align64(at + C * esp);
-  const int64_t x_buf = at;
-  at = align64(at + tr * C * esi);
-  const int64_t o_buf = at;
-  at = align64(at + tr * out_cols * eso);
+  int64_t x_bufs[2], o_bufs[2];  // double-buffered (a single-tile or looped program uses [0])
+  for (int64_t& x : x_bufs) {
+    x = at;
+    at = align64(at + tr * C * esi);
+  }
+  for (int64_t& o : o_bufs) {
+    o = at;
+    at = align64(at + tr * out_cols * eso);
+  }
   const int64_t t0 = at;
   at = align64(at + tr * C * 4);
   const int64_t t1 = at;
@@ -100,14 +112,16 @@ sim::Program make_rowwise_program(const sim::ChipConfig& cfg, const RowwiseSpec&
   const int64_t part = at;
   at = align64(at + tr * nchunk * 4);
   // Fused prologue / epilogue: input tiles, temporaries, x and y tiles.
-  std::vector<int64_t> pro_buf, epi_buf;
-  for (const EwInput& in : s.pro_inputs) {
-    pro_buf.push_back(at);
-    at = align64(at + ew_tile_bytes(in, tr, C));
-  }
-  for (const EwInput& in : s.epi_inputs) {
-    epi_buf.push_back(at);
-    at = align64(at + ew_tile_bytes(in, tr, out_cols));
+  std::vector<int64_t> pro_bufs[2], epi_bufs[2];
+  for (int par = 0; par < 2; ++par) {
+    for (const EwInput& in : s.pro_inputs) {
+      pro_bufs[par].push_back(at);
+      at = align64(at + ew_tile_bytes(in, tr, C));
+    }
+    for (const EwInput& in : s.epi_inputs) {
+      epi_bufs[par].push_back(at);
+      at = align64(at + ew_tile_bytes(in, tr, out_cols));
+    }
   }
   const int pro_slots = s.has_prologue ? fused_slots(s.prologue, s.pro_inputs, false) : 0;
   const int epi_slots = s.has_epilogue ? fused_slots(s.epilogue, s.epi_inputs, true) : 0;
@@ -121,7 +135,9 @@ sim::Program make_rowwise_program(const sim::ChipConfig& cfg, const RowwiseSpec&
   at = align64(at + (s.has_epilogue ? tr * out_cols * 4 : 0));
   TPU_CHECK(uint64_t(at) <= cfg.memory.vmem_bytes, "internal: codegen: rowwise plan needs {} bytes of VMEM", at);
 
-  const int sem_in = 0, sem_out = 1;
+  const int sem_in = 0, sem_out = 1, sem_in_par[2] = {2, 3};
+  const int64_t ntiles = (s.rows + tr - 1) / tr;
+  const bool pipelined = ntiles >= 2 && ntiles <= kMaxPipelinedTiles;
   const int nq = cfg.dma.engines;
   B b(fmt::format("rowwise_{}", int(s.op)));
   b.signal(sem_out, 1);
@@ -132,15 +148,16 @@ sim::Program make_rowwise_program(const sim::ChipConfig& cfg, const RowwiseSpec&
 
   auto tile = [&](int64_t ld, int64_t base, DType t) { return B::vmem(B::at(base), t, ld); };
   auto col = [&](int64_t base) { return B::vmem(B::at(base), DType::f32, 1, 0); };  // per-row value, broadcast along the row
-  const sim::Operand X = s.has_prologue ? tile(C, xt, DType::f32) : tile(C, x_buf, s.in_dtype);
+  auto Xof = [&](int par) { return s.has_prologue ? tile(C, xt, DType::f32) : tile(C, x_bufs[par], s.in_dtype); };
   const sim::Operand T0 = tile(C, t0, DType::f32), T1 = tile(C, t1, DType::f32);
   const sim::Operand W = B::vmem(B::at(w_buf), s.param_dtype, 0), Bb = B::vmem(B::at(b_buf), s.param_dtype, 0);
   const sim::Operand C0 = tile(1, c0, DType::f32), C1 = tile(1, c1, DType::f32);
-  const sim::Operand O = s.has_epilogue ? tile(out_cols, yt, DType::f32) : tile(out_cols, o_buf, s.out_dtype);
-  const sim::Operand Ofinal = tile(out_cols, o_buf, s.out_dtype);
+  auto Oof = [&](int par) {
+    return s.has_epilogue ? tile(out_cols, yt, DType::f32) : tile(out_cols, o_bufs[par], s.out_dtype);
+  };
   // DMAs the tile of each fused input into its buffer; returns their operands.
   auto load_fused = [&](const std::vector<EwInput>& ins, const std::vector<int64_t>& bufs, int reg0, int64_t cols,
-                        const TilePos& p, int& loads) {
+                        const TilePos& p, int& loads, int sem_in) {
     std::vector<sim::Operand> ops;
     for (size_t i = 0; i < ins.size(); ++i) {
       const EwInput& in = ins[i];
@@ -184,23 +201,44 @@ sim::Program make_rowwise_program(const sim::ChipConfig& cfg, const RowwiseSpec&
     b.reduce(Op::xsum, dst, B::vmem(B::at(part), DType::f32, nchunk), r, nchunk);
   };
 
-  emit_tile_loops(b, s.rows, C, tr, C, row_reg, col_reg, [&](const TilePos& p) {
-    const int64_t r = p.rows;
+  // In-place op on the r per-row values at `buf` (with immediates), as dense vregs: a column of
+  // r values would cost r / sublanes vregs, the same values as rows of lanes cost r / 1024.
+  auto col_op = [&](Op op, int64_t buf, int64_t r, const std::vector<sim::Operand>& imms) {
+    const int64_t L = cfg.vpu.lanes, full = r / L, rem = r % L;
+    auto one = [&](int64_t off, int64_t rows, int64_t cols) {
+      const sim::Operand d = B::vmem(B::at(buf + off * 4), DType::f32, cols);
+      if (imms.empty()) b.unary(op, d, d, rows, cols);
+      else if (imms.size() == 1) b.binary(op, d, d, imms[0], rows, cols);
+      else b.ternary(op, d, d, imms[0], imms[1], rows, cols);
+    };
+    if (full > 0) one(0, full, L);
+    if (rem > 0) one(full * L, 1, rem);
+  };
+  // DMAs tile p's inputs into the buffers of parity par; returns how many signals `sem` gets.
+  struct TileOps {
+    std::vector<sim::Operand> pro, epi;
+  };
+  auto issue_loads = [&](const TilePos& p, int par, int sem, TileOps& t) {
     int loads = 0;
-    std::vector<sim::Operand> pro_ops, epi_ops;
     if (s.has_prologue) {
-      pro_ops = load_fused(s.pro_inputs, pro_buf, 0, C, p, loads);
+      t.pro = load_fused(s.pro_inputs, pro_bufs[par], 0, C, p, loads, sem);
     } else {
-      b.dma(B::vmem_at(B::at(x_buf)), B::hbm_at(p.addr(x_reg, 0, C, esi)), {.rows = r, .row_bytes = C * esi}, 0, sem_in);
+      b.dma(B::vmem_at(B::at(x_bufs[par])), B::hbm_at(p.addr(x_reg, 0, C, esi)), {.rows = p.rows, .row_bytes = C * esi},
+            0, sem);
       ++loads;
     }
     if (s.has_epilogue) {
-      epi_ops.push_back(O);
-      std::vector<sim::Operand> more = load_fused(s.epi_inputs, epi_buf, epi_reg, out_cols, p, loads);
-      epi_ops.insert(epi_ops.end(), more.begin(), more.end());
+      t.epi.push_back(Oof(par));
+      std::vector<sim::Operand> more = load_fused(s.epi_inputs, epi_bufs[par], epi_reg, out_cols, p, loads, sem);
+      t.epi.insert(t.epi.end(), more.begin(), more.end());
     }
-    if (loads) b.wait(sem_in, loads);
-    if (s.has_prologue) emit_vec_expr(b, s.prologue, pro_ops, X, pro_arena, r, C);
+    return loads;
+  };
+  // Computes tile p from the buffers of parity par and stores it.
+  auto compute_store = [&](const TilePos& p, int par, const TileOps& t) {
+    const int64_t r = p.rows;
+    const sim::Operand X = Xof(par), O = Oof(par), Ofinal = tile(out_cols, o_bufs[par], s.out_dtype);
+    if (s.has_prologue) emit_vec_expr(b, s.prologue, t.pro, X, pro_arena, r, C);
     b.wait(sem_out);
     switch (s.op) {
       case RowOp::sum:
@@ -224,10 +262,10 @@ sim::Program make_rowwise_program(const sim::ChipConfig& cfg, const RowwiseSpec&
         b.unary(Op::vexp, T1, T0, r, C);
         row_sum(C1, T1, r);
         if (s.op == RowOp::softmax) {
-          b.unary(Op::vrecip, C1, C1, r, 1);
+          col_op(Op::vrecip, c1, r, {});
           b.binary(Op::vmul, O, T1, col(c1), r, C);
         } else {
-          b.unary(Op::vlog, C1, C1, r, 1);
+          col_op(Op::vlog, c1, r, {});
           b.binary(Op::vsub, O, T0, col(c1), r, C);
         }
         break;
@@ -236,14 +274,14 @@ sim::Program make_rowwise_program(const sim::ChipConfig& cfg, const RowwiseSpec&
         sim::Operand src = X;
         if (s.op == RowOp::layer_norm) {
           row_sum(C0, X, r);
-          b.binary(Op::vmul, C0, C0, B::imm(inv_c), r, 1);
+          col_op(Op::vmul, c0, r, {B::imm(inv_c)});
           b.binary(Op::vsub, T0, X, col(c0), r, C);
           src = T0;
         }
         b.binary(Op::vmul, T1, src, src, r, C);
         row_sum(C1, T1, r);
-        b.ternary(Op::vfma, C1, C1, B::imm(inv_c), B::imm(s.eps), r, 1);
-        b.unary(Op::vrsqrt, C1, C1, r, 1);
+        col_op(Op::vfma, c1, r, {B::imm(inv_c), B::imm(s.eps)});
+        col_op(Op::vrsqrt, c1, r, {});
         const bool last_mul = !s.has_weight && !s.has_bias;
         b.binary(Op::vmul, last_mul ? O : T1, src, col(c1), r, C);
         if (s.has_weight) b.binary(Op::vmul, s.has_bias ? T1 : O, T1, W, r, C);
@@ -251,11 +289,44 @@ sim::Program make_rowwise_program(const sim::ChipConfig& cfg, const RowwiseSpec&
         break;
       }
     }
-    if (s.has_epilogue) emit_vec_expr(b, s.epilogue, epi_ops, Ofinal, epi_arena, r, out_cols);
-    b.dma(B::hbm_at(p.addr(out_reg, 0, out_cols, eso)), B::vmem_at(B::at(o_buf)), {.rows = 1, .row_bytes = r * out_cols * eso},
-          1 % nq, sem_out);
-  });
-  b.wait(sem_out);
+    if (s.has_epilogue) emit_vec_expr(b, s.epilogue, t.epi, Ofinal, epi_arena, r, out_cols);
+    b.dma(B::hbm_at(p.addr(out_reg, 0, out_cols, eso)), B::vmem_at(B::at(o_bufs[par])),
+          {.rows = 1, .row_bytes = r * out_cols * eso}, 1 % nq, sem_out);
+  };
+  if (pipelined) {
+    // Static tiles: tile t + 1 loads while tile t computes and tile t - 1 stores.
+    b.signal(sem_out, 1);  // with the first one: both output buffers start free
+    auto pos = [&](int64_t t) {
+      TilePos p;
+      p.rows = std::min(tr, s.rows - t * tr);
+      p.cols = C;
+      p.row0 = t * tr;
+      p.tile_rows = tr;
+      p.tile_cols = C;
+      return p;
+    };
+    TileOps ops[2];
+    int pending[2] = {0, 0};
+    pending[0] = issue_loads(pos(0), 0, sem_in_par[0], ops[0]);
+    for (int64_t t = 0; t < ntiles; ++t) {
+      const int par = int(t % 2), nxt = 1 - par;
+      if (t + 1 < ntiles) {
+        ops[nxt] = {};
+        pending[nxt] = issue_loads(pos(t + 1), nxt, sem_in_par[nxt], ops[nxt]);
+      }
+      if (pending[par]) b.wait(sem_in_par[par], pending[par]);
+      compute_store(pos(t), par, ops[par]);
+    }
+    b.wait(sem_out, 2);
+  } else {
+    emit_tile_loops(b, s.rows, C, tr, C, row_reg, col_reg, [&](const TilePos& p) {
+      TileOps ops;
+      const int loads = issue_loads(p, 0, sem_in, ops);
+      if (loads) b.wait(sem_in, loads);
+      compute_store(p, 0, ops);
+    });
+    b.wait(sem_out);
+  }
   b.fence();
   return b.finish();
 }
