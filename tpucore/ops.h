@@ -181,6 +181,10 @@ Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& we
 // defaults to 1 / sqrt(D). On sim it runs as one fused kernel (scores never leave VMEM).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask = {},
                                     bool is_causal = false, std::optional<double> scale = std::nullopt);
+// Rotary position embedding (RoPE, Hugging Face's rotate_half form): x cos + rotate_half(x) sin
+// with rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2]); x [..., D] with D even, cos/sin
+// broadcast to x (e.g. [T, D] against [B, H, T, D]). One pass on sim.
+Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin);
 
 // ---------------- linear algebra ----------------
 Tensor matmul(const Tensor& a, const Tensor& b);  // 1-D/2-D/batched with broadcasting, as PyTorch

@@ -1,0 +1,74 @@
+// rotary_embedding: the OpInfo entry (naive reference; run on every device by test_opinfo.cpp
+// and gradchecked), argument errors, and agreement with the rotate_half formula written in ops.
+#include "opinfo.h"
+#include "tpucore/ops.h"
+
+namespace tpu::testing {
+namespace {
+
+using L = Layout;
+
+struct RotCase {
+  Shape x, cos, sin;
+  L layout = L::contiguous;
+};
+
+std::vector<OpSample> rotary_samples(DType dt, Generator& g) {
+  const std::vector<RotCase> cases = {
+      {{4, 8}, {4, 8}, {4, 8}},
+      {{2, 3, 5, 8}, {5, 8}, {5, 8}, L::transposed},   // heads x positions, tables per position
+      {{2, 5, 6}, {1, 5, 6}, {5, 6}, L::sliced},
+      {{3, 4}, {1, 4}, {3, 1}},                        // sin broadcast along the last dim
+      {{1, 4, 37, 16}, {37, 16}, {37, 16}},            // ragged rows
+      {{0, 4}, {4}, {4}},
+  };
+  std::vector<OpSample> out;
+  for (const RotCase& c : cases)
+    out.push_back({fmt::format("{} x {} cos {} sin {}", layout_name(c.layout), c.x.str(), c.cos.str(), c.sin.str()),
+                   {make_input(g, c.x, dt, c.layout), make_input(g, c.cos, dt, L::contiguous, -1.0, 1.0),
+                    make_input(g, c.sin, dt, L::contiguous, -1.0, 1.0)}});
+  return out;
+}
+
+Ref rotary_reference(const std::vector<Ref>& r, DType) {
+  const Ref &x = r[0], &c = r[1], &s = r[2];
+  Ref out(x.shape);
+  const int64_t D = x.shape[x.shape.ndim() - 1], h = D / 2;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const std::vector<int64_t> idx = unflatten(x.shape, i);
+    const int64_t j = idx.back();
+    std::vector<int64_t> other = idx;
+    other.back() = j < h ? j + h : j - h;
+    const double rot = j < h ? -x.at(other) : x.at(other);
+    out.v[size_t(i)] = x.v[size_t(i)] * c.bcast(x.shape, idx) + rot * s.bcast(x.shape, idx);
+  }
+  return out;
+}
+
+OpInfoRegistrar reg_rotary({
+    .op = "rotary_embedding",
+    .dtypes = {DType::f32, DType::bf16, DType::f16},
+    .samples = rotary_samples,
+    .run = [](const std::vector<Tensor>& in) { return rotary_embedding(in[0], in[1], in[2]); },
+    .reference = rotary_reference,
+});
+
+TEST_CASE("rotary_embedding: bad arguments are tpu::Errors naming the op and shapes", "[rotary]") {
+  const Tensor x = randn({2, 5, 8}), c = randn({5, 8});
+  expect_error([&] { (void)rotary_embedding(randn({2, 5, 7}), randn({5, 7}), randn({5, 7})); },
+               {"rotary_embedding", "even", "[2, 5, 7]"});
+  expect_error([&] { (void)rotary_embedding(x, randn({6, 8}), c); }, {"rotary_embedding", "[6, 8]", "[2, 5, 8]"});
+  expect_error([&] { (void)rotary_embedding(x, randn({3, 2, 5, 8}), c); }, {"broadcast"});
+  expect_error([&] { (void)rotary_embedding(x, c.to(DType::bf16), c); }, {"one floating dtype"});
+  CHECK(rotary_embedding(x, c, c).shape() == x.shape());
+}
+
+TEST_CASE("rotary_embedding: equals x cos + cat(-x2, x1) sin", "[rotary]") {
+  Generator g(4);
+  const Tensor x = randn({2, 3, 7, 10}, {}, &g), c = randn({7, 10}, {}, &g), s = randn({7, 10}, {}, &g);
+  const Tensor want = add(mul(x, c), mul(cat({neg(narrow(x, -1, 5, 5)), narrow(x, -1, 0, 5)}, -1), s));
+  check_near(rotary_embedding(x, c, s), dvals(want), 1e-6);
+}
+
+}  // namespace
+}  // namespace tpu::testing
