@@ -98,6 +98,34 @@ ValueId Tracer::value_of(const Tensor& t) {
   return root->id;
 }
 
+bool Tracer::eager_viewable(const ops::OpDef& view_op, const Tensor& in, const ops::Attrs& attrs) const {
+  // reshape() of a traced tensor always records 'view'; eager copies when the strides do not
+  // allow a view, and then the result must not alias. Follow the strides the eager tensor would
+  // have (its root contiguous, or the real input's) through the view ops, and ask view's meta.
+  if (!in.is_proxy()) return true;  // a real tensor was already checked by the meta function
+  const TraceValue& tv = *in.impl().trace;
+  if (!tv.base && tv.input < 0) return true;  // a fresh value is contiguous
+  const TraceValue& root = tv.base ? *tv.base : tv;
+  auto fake = std::make_shared<TensorImpl>();
+  const ValueMeta& rm = graph_.meta(root.input >= 0 ? root.input_value : root.id);
+  fake->shape = rm.shape;
+  fake->strides = root.input >= 0 ? real_inputs_[static_cast<size_t>(root.input)].strides() : contiguous_strides(rm.shape);
+  fake->dtype = rm.dtype;
+  fake->device = rm.device;
+  fake->recompute_contiguous();
+  Tensor t(std::move(fake));
+  if (tv.base)
+    for (const ViewStep& s : tv.chain) t = s.op->view(t, s.attrs, ops::TensorMeta{s.out.shape, s.out.dtype, s.out.device});
+  try {
+    ops::MetaResult m;
+    const Tensor ins[1] = {t};
+    view_op.meta(ops::MetaArgs{view_op, ins, attrs}, m);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 std::shared_ptr<TraceValue> Tracer::same_view_root(const Tensor& t) const {
   const TensorImpl& im = t.impl();
   if (!im.storage || im.wrapped_number) return nullptr;
@@ -141,7 +169,8 @@ bool Tracer::intercept(const ops::OpDef& op, std::span<const Tensor> inputs, con
   int n = graph_.add_node(op, std::move(ins), attrs, metas);
   for (int i = 0; i < meta.num_outputs; ++i)
     outputs[static_cast<size_t>(i)] = make_proxy(graph_.nodes[static_cast<size_t>(n)].outputs[static_cast<size_t>(i)]);
-  if (op.has(ops::kView) && meta.num_outputs == 1 && !inputs[0].impl().wrapped_number) {
+  if (op.has(ops::kView) && meta.num_outputs == 1 && !inputs[0].impl().wrapped_number &&
+      (op.name != "view" || eager_viewable(op, inputs[0], attrs))) {
     // The output aliases input 0: remember the family and the view ops from its root.
     TraceValue& out = *outputs[0].impl().trace;
     const TraceValue* in = inputs[0].is_proxy() ? inputs[0].impl().trace.get() : nullptr;

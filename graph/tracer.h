@@ -111,7 +111,8 @@ class Tracer : public ops::DispatchInterceptor {
   ValueId value_of(const Tensor& t);
   Tensor make_proxy(ValueId id);
   std::shared_ptr<TraceValue> root_of(const Tensor& t);
-  std::shared_ptr<TraceValue> same_view_root(const Tensor& t) const;  // family root (captures real tensors)
+  std::shared_ptr<TraceValue> same_view_root(const Tensor& t) const;
+  bool eager_viewable(const ops::OpDef& view_op, const Tensor& in, const ops::Attrs& attrs) const;  // family root (captures real tensors)
   void rebind_root(TraceValue& root, ValueId v, const TraceValue* skip);
   ValueId replay(ValueId v, const std::vector<ViewStep>& chain);
   ValueId scatter_into_root(const TraceValue& root, const std::vector<ViewStep>& chain, ValueId v, const Tensor& self);

@@ -55,7 +55,11 @@ TEST_CASE("jit inplace: writes through views reach their base, and views see wri
     Tensor r = y.reshape({4, 3});
     r.add_(-0.25);                         // through a reshape (covers y in order)
     a[0].narrow(1, 0, 2).zero_();          // an argument written through a view
-    return std::vector<Tensor>{y, v, r + 0.0};
+    Tensor c = v.reshape({12});            // a transposed view cannot be viewed flat: eager copies
+    c.add_(100.0);                         // so this write must not reach y
+    Tensor u = y.narrow(0, 0, 2).reshape({8});  // rows of y: a view, written through
+    u.mul_(-1.0);
+    return std::vector<Tensor>{y, v, r + 0.0, c + 0.0};
   };
   check_vs_eager(fn, {rnd({3, 4}, 3), rnd({4, 3}, 4)}, 2, "inplace_views");
 }
