@@ -68,14 +68,6 @@ TPU_AVX2_FN __m256 exp_v(__m256 x) {
   r = _mm256_fmadd_ps(n, splat(2.12194440e-4f), r);
   return exp_finish(n, r);
 }
-// exp(hi + lo) for a large exact `hi` (in [-111, 0]) and a small `lo` (|lo| < 2): n ln2 is
-// taken off hi first, so the rounding of hi + lo never reaches the result.
-TPU_AVX2_FN __m256 exp_hl_v(__m256 hi, __m256 lo) {
-  const __m256 n = round_v(_mm256_mul_ps(_mm256_add_ps(hi, lo), splat(1.44269504088896341f)));
-  __m256 r = _mm256_add_ps(_mm256_fmadd_ps(n, splat(-0.693359375f), hi), lo);
-  r = _mm256_fmadd_ps(n, splat(2.12194440e-4f), r);
-  return exp_finish(n, r);
-}
 // expm1 for x in [0, 20] (the range tanh needs): 2^n (expm1(r) + 1) - 1.
 TPU_AVX2_FN __m256 expm1_pos_v(__m256 x) {
   const __m256 n = round_v(_mm256_mul_ps(x, splat(1.44269504088896341f)));
@@ -185,28 +177,48 @@ TPU_AVX2_FN __m256 erf_v(__m256 x) {
   return _mm256_or_ps(e, sign_bits(x));
 }
 
-// erfc(a) for a >= 0 in one piece: t exp(-a^2 + P(t)), t = 1/(1 + a/2), P of degree 9 (the
-// Chebyshev-derived fit published in Numerical Recipes, relative error below 1.2e-7).
-TPU_AVX2_FN __m256 erfc_pos_v(__m256 a) {
-  // Beyond 10.5 the result underflows to exactly 0 (gelu(-inf) = -inf * 0 = NaN, as in
+// gelu = 0.5 x erfc(-x / sqrt 2), with erfc(a) for a >= 0 in one piece: t exp(-a^2 + P(t)),
+// t = 1/(1 + a/2), P of degree 9 (the Chebyshev-derived fit published in Numerical Recipes,
+// relative error below 1.2e-7). Its dependency chain is long (division, two polynomials, the
+// exponent scaling: ~110 cycles), so N independent vectors are computed step by step side by
+// side for the out-of-order core to overlap; every lane gets the same operations whatever N.
+#define TPU_EACH _Pragma("GCC unroll 4") for (int u = 0; u < N; ++u)
+template <int N>
+TPU_AVX2_FN void gelu_erf_n(__m256 (&x)[N]) {
+  __m256 b[N], t[N], p[N], h[N], l[N], n[N], r[N];
+  // Beyond |z| = 10.5 erfc underflows to exactly 0 (gelu(-inf) = -inf * 0 = NaN, as in
   // PyTorch); NaN becomes 10.5 here and is restored by the final product with x.
-  const __m256 b = _mm256_min_ps(a, splat(10.5f));
-  const __m256 t = _mm256_div_ps(splat(1.0f), _mm256_fmadd_ps(b, splat(0.5f), splat(1.0f)));
+  TPU_EACH b[u] = _mm256_min_ps(abs_v(_mm256_mul_ps(x[u], splat(0.70710678118654752f))), splat(10.5f));
+  TPU_EACH t[u] = _mm256_div_ps(splat(1.0f), _mm256_fmadd_ps(b[u], splat(0.5f), splat(1.0f)));
   static constexpr float kP[] = {0.17087277f, -0.82215223f, 1.48851587f, -1.13520398f, 0.27886807f,
                                  -0.18628806f, 0.09678418f,  0.37409196f, 1.00002368f,  -1.26551223f};
-  __m256 p = splat(kP[0]);
-  for (size_t i = 1; i < sizeof(kP) / sizeof(kP[0]); ++i) p = _mm256_fmadd_ps(p, t, splat(kP[i]));
-  const __m256 h = _mm256_mul_ps(b, b);
-  const __m256 l = _mm256_fmsub_ps(b, b, h);
-  return _mm256_mul_ps(t, exp_hl_v(_mm256_sub_ps(zero(), h), _mm256_sub_ps(p, l)));
+  TPU_EACH p[u] = splat(kP[0]);
+  for (size_t i = 1; i < sizeof(kP) / sizeof(kP[0]); ++i) {
+    TPU_EACH p[u] = _mm256_fmadd_ps(p[u], t[u], splat(kP[i]));
+  }
+  // exp(-(h + l) + p) with h + l = b^2 exactly: n ln2 is taken off the exact large part -h
+  // first, so the rounding of -h + (p - l) never reaches the result.
+  TPU_EACH h[u] = _mm256_mul_ps(b[u], b[u]);
+  TPU_EACH l[u] = _mm256_sub_ps(p[u], _mm256_fmsub_ps(b[u], b[u], h[u]));
+  TPU_EACH h[u] = _mm256_sub_ps(zero(), h[u]);
+  TPU_EACH n[u] = round_v(_mm256_mul_ps(_mm256_add_ps(h[u], l[u]), splat(1.44269504088896341f)));
+  TPU_EACH r[u] = _mm256_add_ps(_mm256_fmadd_ps(n[u], splat(-0.693359375f), h[u]), l[u]);
+  TPU_EACH r[u] = _mm256_fmadd_ps(n[u], splat(2.12194440e-4f), r[u]);
+  static constexpr float kE[] = {1.0f / 5040.0f, 1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f,
+                                 1.0f / 6.0f,    0.5f,          1.0f,          1.0f};
+  TPU_EACH p[u] = splat(kE[0]);
+  for (size_t i = 1; i < sizeof(kE) / sizeof(kE[0]); ++i) {
+    TPU_EACH p[u] = _mm256_fmadd_ps(p[u], r[u], splat(kE[i]));
+  }
+  TPU_EACH {
+    // c = erfc(|z|); 1 + erf(z) = erfc(-z): c for z < 0, 2 - c otherwise (no cancellation).
+    const __m256 c = _mm256_mul_ps(t[u], scale2(p[u], n[u]));
+    const __m256 one_plus = select(_mm256_sub_ps(splat(2.0f), c), _mm256_cmp_ps(x[u], zero(), _CMP_LT_OQ), c);
+    x[u] = _mm256_mul_ps(_mm256_mul_ps(splat(0.5f), x[u]), one_plus);
+  }
 }
-TPU_AVX2_FN __m256 gelu_erf_v(__m256 x) {
-  const __m256 z = _mm256_mul_ps(x, splat(0.70710678118654752f));
-  const __m256 c = erfc_pos_v(abs_v(z));
-  // 1 + erf(z) = erfc(-z): erfc(|z|) for z < 0, 2 - erfc(|z|) otherwise.
-  const __m256 one_plus = select(_mm256_sub_ps(splat(2.0f), c), _mm256_cmp_ps(z, zero(), _CMP_LT_OQ), c);
-  return _mm256_mul_ps(_mm256_mul_ps(splat(0.5f), x), one_plus);
-}
+#undef TPU_EACH
+
 TPU_AVX2_FN __m256 gelu_tanh_v(__m256 x) {
   const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
   const __m256 u = _mm256_mul_ps(splat(2.0f * 0.7978845608028654f), _mm256_fmadd_ps(splat(0.044715f), x3, x));
@@ -233,6 +245,30 @@ TPU_AVX2_ENTRY void unary_loop(float* o, const float* x, int64_t n) {
   if (i < n) {
     const __m256i m = tail_mask(n - i);
     _mm256_maskstore_ps(o + i, m, F(_mm256_maskload_ps(x + i, m)));
+  }
+}
+
+// gelu: four vectors side by side (see gelu_erf_n), then one at a time, then the masked tail.
+TPU_AVX2_ENTRY void gelu_erf_loop(float* o, const float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m256 v[4] = {_mm256_loadu_ps(x + i), _mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(x + i + 16), _mm256_loadu_ps(x + i + 24)};
+    gelu_erf_n<4>(v);
+    _mm256_storeu_ps(o + i, v[0]);
+    _mm256_storeu_ps(o + i + 8, v[1]);
+    _mm256_storeu_ps(o + i + 16, v[2]);
+    _mm256_storeu_ps(o + i + 24, v[3]);
+  }
+  for (; i + 8 <= n; i += 8) {
+    __m256 v[1] = {_mm256_loadu_ps(x + i)};
+    gelu_erf_n<1>(v);
+    _mm256_storeu_ps(o + i, v[0]);
+  }
+  if (i < n) {
+    const __m256i m = tail_mask(n - i);
+    __m256 v[1] = {_mm256_maskload_ps(x + i, m)};
+    gelu_erf_n<1>(v);
+    _mm256_maskstore_ps(o + i, m, v[0]);
   }
 }
 
@@ -317,7 +353,7 @@ TPU_AVX2_ENTRY void sub_v(float* o, const float* x, const float* y, bool ys, flo
 const VecMathTable kAvx2Table = {
     "avx2",
     {unary_loop<exp_v>, unary_loop<log_v>, unary_loop<tanh_v>, unary_loop<sigmoid_v>, unary_loop<silu_v>,
-     unary_loop<gelu_erf_v>, unary_loop<gelu_tanh_v>, unary_loop<erf_v>, unary_loop<relu_v>},
+     gelu_erf_loop, unary_loop<gelu_tanh_v>, unary_loop<erf_v>, unary_loop<relu_v>},
     {add_v, sub_v, binary_loop<MulOp>, binary_loop<DivOp>, binary_loop<MaxOp>, binary_loop<MinOp>},
 };
 
