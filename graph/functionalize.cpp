@@ -28,7 +28,13 @@ void traced_copy_hook(const Tensor& self, const Tensor& src) {
   t->functional_copy(self, src);
 }
 
-[[maybe_unused]] const bool g_copy_hook_installed = (detail::set_traced_copy_hook(&traced_copy_hook), true);
+bool proxy_contiguous_hook(const Tensor& proxy) {
+  auto* t = dynamic_cast<Tracer*>(ops::interceptor());
+  return t && t->eager_contiguous(proxy);
+}
+
+[[maybe_unused]] const bool g_copy_hook_installed = (detail::set_traced_copy_hook(&traced_copy_hook),
+                                                     detail::set_proxy_contiguous_hook(&proxy_contiguous_hook), true);
 
 Tensor apply_view(const Tensor& x, const ViewStep& s) { return apply_view_step(x, s); }
 

@@ -98,13 +98,10 @@ ValueId Tracer::value_of(const Tensor& t) {
   return root->id;
 }
 
-bool Tracer::eager_viewable(const ops::OpDef& view_op, const Tensor& in, const ops::Attrs& attrs) const {
-  // reshape() of a traced tensor always records 'view'; eager copies when the strides do not
-  // allow a view, and then the result must not alias. Follow the strides the eager tensor would
-  // have (its root contiguous, or the real input's) through the view ops, and ask view's meta.
-  if (!in.is_proxy()) return true;  // a real tensor was already checked by the meta function
+Tensor Tracer::eager_layout(const Tensor& in) const {
+  // The strides the eager tensor would have: its root's (contiguous for a value made by an op,
+  // the real tensor's for an input) followed through the view ops; no storage.
   const TraceValue& tv = *in.impl().trace;
-  if (!tv.base && tv.input < 0) return true;  // a fresh value is contiguous
   const TraceValue& root = tv.base ? *tv.base : tv;
   auto fake = std::make_shared<TensorImpl>();
   const ValueMeta& rm = graph_.meta(root.input >= 0 ? root.input_value : root.id);
@@ -116,6 +113,23 @@ bool Tracer::eager_viewable(const ops::OpDef& view_op, const Tensor& in, const o
   Tensor t(std::move(fake));
   if (tv.base)
     for (const ViewStep& s : tv.chain) t = s.op->view(t, s.attrs, ops::TensorMeta{s.out.shape, s.out.dtype, s.out.device});
+  return t;
+}
+
+bool Tracer::eager_contiguous(const Tensor& proxy) const {
+  const TraceValue& tv = *proxy.impl().trace;
+  if (tv.tracer != this || tv.epoch != epoch_) return false;
+  if (!tv.base && tv.input < 0) return true;  // a fresh value
+  return eager_layout(proxy).is_contiguous();
+}
+
+bool Tracer::eager_viewable(const ops::OpDef& view_op, const Tensor& in, const ops::Attrs& attrs) const {
+  // reshape() of a traced tensor always records 'view'; eager copies when the strides do not
+  // allow a view, and then the result must not alias: ask view's meta about the eager layout.
+  if (!in.is_proxy()) return true;  // a real tensor was already checked by the meta function
+  const TraceValue& tv = *in.impl().trace;
+  if (!tv.base && tv.input < 0) return true;  // a fresh value is contiguous
+  Tensor t = eager_layout(in);
   try {
     ops::MetaResult m;
     const Tensor ins[1] = {t};

@@ -90,6 +90,9 @@ class Tracer : public ops::DispatchInterceptor {
   // Writes traced so far into the captured tensor t (or another handle on the same view of its
   // memory); autograd adds it to the storage version of saved tensors.
   uint64_t real_version(const Tensor& t) const;
+  // Whether the eager tensor behind a proxy of this trace would be contiguous (contiguous() then
+  // returns it instead of recording a copy, as eager does).
+  bool eager_contiguous(const Tensor& proxy) const;
   // The value of a tensor in this trace (a real tensor becomes a captured input).
   ValueId value_id(const Tensor& t) { return value_of(t); }
 
@@ -112,7 +115,8 @@ class Tracer : public ops::DispatchInterceptor {
   Tensor make_proxy(ValueId id);
   std::shared_ptr<TraceValue> root_of(const Tensor& t);
   std::shared_ptr<TraceValue> same_view_root(const Tensor& t) const;
-  bool eager_viewable(const ops::OpDef& view_op, const Tensor& in, const ops::Attrs& attrs) const;  // family root (captures real tensors)
+  bool eager_viewable(const ops::OpDef& view_op, const Tensor& in, const ops::Attrs& attrs) const;
+  Tensor eager_layout(const Tensor& proxy) const;  // family root (captures real tensors)
   void rebind_root(TraceValue& root, ValueId v, const TraceValue* skip);
   ValueId replay(ValueId v, const std::vector<ViewStep>& chain);
   ValueId scatter_into_root(const TraceValue& root, const std::vector<ViewStep>& chain, ValueId v, const Tensor& self);

@@ -68,7 +68,7 @@ Tensor to(const Tensor& x, DType dtype) {
 }
 
 Tensor contiguous(const Tensor& x) {
-  if (x.is_contiguous() && !x.is_proxy()) return x;
+  if (x.is_contiguous() && (!x.is_proxy() || detail::proxy_eager_contiguous(x))) return x;
   return ops::call(contiguous_op(), {x});
 }
 

@@ -7,6 +7,7 @@ namespace {
 std::atomic<MaterializeHook> g_hook{nullptr};
 std::atomic<TracedCopyHook> g_copy_hook{nullptr};
 std::atomic<DeviceCopyHook> g_device_copy_hook{nullptr};
+std::atomic<ProxyContiguousHook> g_contiguous_hook{nullptr};
 }  // namespace
 
 void set_materialize_hook(MaterializeHook h) { g_hook.store(h); }
@@ -23,6 +24,13 @@ void traced_copy(const Tensor& self, const Tensor& src) {
   TracedCopyHook h = g_copy_hook.load();
   TPU_CHECK(h != nullptr, "copy_: a traced (proxy) tensor was written or read outside of tracing");
   h(self, src);
+}
+
+void set_proxy_contiguous_hook(ProxyContiguousHook h) { g_contiguous_hook.store(h); }
+
+bool proxy_eager_contiguous(const Tensor& proxy) {
+  ProxyContiguousHook h = g_contiguous_hook.load(std::memory_order_relaxed);
+  return h && h(proxy);
 }
 
 void set_device_copy_hook(DeviceCopyHook h) { g_device_copy_hook.store(h); }

@@ -19,6 +19,12 @@ using TracedCopyHook = void (*)(const Tensor& self, const Tensor& src);
 void set_traced_copy_hook(TracedCopyHook h);
 void traced_copy(const Tensor& self, const Tensor& src);
 
+// contiguous() of a traced proxy: true when the eager tensor would already be contiguous (then
+// contiguous() returns it, an alias, as in eager); false when no tracer is active.
+using ProxyContiguousHook = bool (*)(const Tensor& proxy);
+void set_proxy_contiguous_hook(ProxyContiguousHook h);
+bool proxy_eager_contiguous(const Tensor& proxy);
+
 // to(device) of a tensor that requires grad: autograd records it (the gradient moves back).
 using DeviceCopyHook = void (*)(const Tensor& src, Tensor& dst);
 void set_device_copy_hook(DeviceCopyHook h);

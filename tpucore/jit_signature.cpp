@@ -1,6 +1,6 @@
 // Call signatures of compiled functions. First the grad mode (1 on, 0 off: tracing records
 // autograd nodes only when it is on), then per argument a few integers:
-//   tensor:      [1, ndim, dims..., dtype, device, requires_grad]
+//   tensor:      [1, ndim, dims..., dtype, device, requires_grad, contiguous]
 //   tensor list: [2, length, then each tensor as above without the leading 1]
 //   number:      [3, kind]            (a runtime input: its value is not in the key)
 //   static num.: [4, bits of the value]
@@ -33,6 +33,7 @@ void put_tensor(const Tensor& t, int arg, const SigOptions& o, std::vector<int64
   sig.push_back(static_cast<int64_t>(t.dtype()));
   sig.push_back(device_code(t.device()));
   sig.push_back(t.impl().requires_grad ? 1 : 0);
+  sig.push_back(t.is_contiguous() ? 1 : 0);  // the trace follows eager's aliasing, which depends on it
 }
 
 }  // namespace
@@ -94,7 +95,7 @@ struct Reader {
 
 struct TensorDesc {
   Shape shape;
-  int64_t dtype = 0, device = 0, grad = 0;
+  int64_t dtype = 0, device = 0, grad = 0, contiguous = 0;
 };
 TensorDesc read_tensor(Reader& r) {
   TensorDesc t;
@@ -103,6 +104,7 @@ TensorDesc read_tensor(Reader& r) {
   t.dtype = r.next();
   t.device = r.next();
   t.grad = r.next();
+  t.contiguous = r.next();
   return t;
 }
 std::string diff_tensor(const std::string& what, const TensorDesc& a, const TensorDesc& b) {
@@ -111,6 +113,8 @@ std::string diff_tensor(const std::string& what, const TensorDesc& a, const Tens
     return fmt::format("{} dtype {} -> {}", what, dtype_name(static_cast<DType>(a.dtype)), dtype_name(static_cast<DType>(b.dtype)));
   if (a.device != b.device) return fmt::format("{} device {} -> {}", what, device_name(a.device), device_name(b.device));
   if (a.grad != b.grad) return fmt::format("{} requires_grad {} -> {}", what, a.grad != 0, b.grad != 0);
+  if (a.contiguous != b.contiguous)
+    return fmt::format("{} layout {} -> {}", what, a.contiguous ? "contiguous" : "strided", b.contiguous ? "contiguous" : "strided");
   return "";
 }
 double bits_to_double(int64_t b) {

@@ -59,7 +59,11 @@ TEST_CASE("jit inplace: writes through views reach their base, and views see wri
     c.add_(100.0);                         // so this write must not reach y
     Tensor u = y.narrow(0, 0, 2).reshape({8});  // rows of y: a view, written through
     u.mul_(-1.0);
-    return std::vector<Tensor>{y, v, r + 0.0, c + 0.0};
+    y.contiguous().add_(0.5);              // contiguous() of a contiguous tensor aliases it
+    Tensor d = v.contiguous();             // of a transposed view it copies
+    d.add_(7.0);
+    a[1].contiguous().mul_(3.0);           // an argument (contiguous): aliases
+    return std::vector<Tensor>{y, v, r + 0.0, c + 0.0, d};
   };
   check_vs_eager(fn, {rnd({3, 4}, 3), rnd({4, 3}, 4)}, 2, "inplace_views");
 }
