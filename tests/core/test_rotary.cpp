@@ -1,5 +1,6 @@
 // rotary_embedding: the OpInfo entry (naive reference; run on every device by test_opinfo.cpp
 // and gradchecked), argument errors, and agreement with the rotate_half formula written in ops.
+#include "codegen_testing.h"
 #include "opinfo.h"
 #include "tpucore/ops.h"
 
@@ -68,6 +69,24 @@ TEST_CASE("rotary_embedding: equals x cos + cat(-x2, x1) sin", "[rotary]") {
   const Tensor x = randn({2, 3, 7, 10}, {}, &g), c = randn({7, 10}, {}, &g), s = randn({7, 10}, {}, &g);
   const Tensor want = add(mul(x, c), mul(cat({neg(narrow(x, -1, 5, 5)), narrow(x, -1, 0, 5)}, -1), s));
   check_near(rotary_embedding(x, c, s), dvals(want), 1e-6);
+}
+
+TEST_CASE("rotary_embedding: one chip program on sim, heads read in place", "[rotary][codegen]") {
+  TinySim tiny;
+  Generator g(8);
+  for (DType dt : {DType::f32, DType::bf16}) {
+    INFO(dtype_name(dt));
+    // [T, H * D] projection output -> [1, H, T, D] heads (rows strided by H * D); tables [T, D].
+    const Tensor y = randn({37, 3 * 16}, {}, &g).to(dt), c = randn({37, 16}, {}, &g).to(dt),
+                 s = randn({37, 16}, {}, &g).to(dt);
+    auto heads = [](const Tensor& t) { return transpose(reshape(t, Shape{1, 37, 3, 16}), 1, 2); };
+    ChipRunProbe probe;
+    const Tensor got = rotary_embedding(heads(y.to(tiny.dev())), c.to(tiny.dev()), s.to(tiny.dev()));
+    CHECK(probe.new_fallbacks() == 0);
+    CHECK(probe.new_runs() == 1);
+    const Tensor want = rotary_embedding(heads(y).to(DType::f32), c.to(DType::f32), s.to(DType::f32));
+    check_near(got.to(Device("cpu")).to(DType::f32), dvals(want), dt == DType::f32 ? 1e-6 : 1e-2);
+  }
 }
 
 }  // namespace
