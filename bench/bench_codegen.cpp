@@ -102,13 +102,11 @@ void BM_MlpCompiled(benchmark::State& state) {
 }
 BENCHMARK(BM_MlpCompiled)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// One Qwen3-8B-shaped decoder layer, x [2048, 4096] (batch 1 folded into the rows). RoPE is
-// x cos + rotate_half(x) sin with rotate_half as a product with a fixed signed permutation
-// [128, 128] on the MXUs and the cos/sin tables laid out like the activations ([T, H * 128]), so
-// every op lowers (no slice/cat on the host).
+// One Qwen3-8B-shaped decoder layer, x [2048, 4096] (batch 1 folded into the rows). RoPE is the
+// rotary_embedding op on the [1, heads, T, 128] views with [T, 128] cos/sin tables.
 struct Qwen3Layer {
   static constexpr int64_t T = 2048, E = 4096, H = 32, HK = 8, D = 128, F = 12288;
-  tpu::Tensor x, attn_norm, wq, wk, wv, q_norm, k_norm, wo, mlp_norm, wg, wu, wd, rot, cos_q, sin_q, cos_k, sin_k;
+  tpu::Tensor x, attn_norm, wq, wk, wv, q_norm, k_norm, wo, mlp_norm, wg, wu, wd, cos, sin;
   Qwen3Layer() {
     const tpu::TensorOptions o(tpu::DType::bf16, kDev);
     x = tpu::empty({T, E}, o);
@@ -123,29 +121,18 @@ struct Qwen3Layer {
     wg = tpu::empty({F, E}, o);
     wu = tpu::empty({F, E}, o);
     wd = tpu::empty({E, F}, o);
-    // rotate_half(v) = v R: R[i + 64, i] = -1, R[i, i + 64] = 1.
-    std::vector<float> r(static_cast<size_t>(D * D), 0.0f);
-    for (int64_t i = 0; i < D / 2; ++i) {
-      r[static_cast<size_t>((i + D / 2) * D + i)] = -1.0f;
-      r[static_cast<size_t>(i * D + i + D / 2)] = 1.0f;
-    }
-    rot = tpu::from_vector(r, tpu::Shape{D, D}).to(tpu::DType::bf16).to(kDev);
-    cos_q = tpu::empty({T * H, D}, o);
-    sin_q = tpu::empty({T * H, D}, o);
-    cos_k = tpu::empty({T * HK, D}, o);
-    sin_k = tpu::empty({T * HK, D}, o);
+    cos = tpu::empty({T, D}, o);
+    sin = tpu::empty({T, D}, o);
   }
-  // x [T, n * D] -> per-head RMSNorm, RoPE -> [1, n, T, D] (a strided view, read in place).
-  tpu::Tensor heads(const tpu::Tensor& y, int64_t n, const tpu::Tensor& w, const tpu::Tensor& c,
-                    const tpu::Tensor& s) const {
-    tpu::Tensor flat = tpu::reshape(tpu::rms_norm(tpu::reshape(y, {T * n, D}), {D}, w, 1e-6), {T * n, D});
-    tpu::Tensor roped = flat * c + tpu::matmul(flat, rot) * s;
-    return tpu::transpose(tpu::reshape(roped, {1, T, n, D}), 1, 2);
+  // y [T, n * D] -> per-head RMSNorm -> [1, n, T, D] heads (a strided view) -> RoPE.
+  tpu::Tensor heads(const tpu::Tensor& y, int64_t n, const tpu::Tensor& w) const {
+    tpu::Tensor normed = tpu::rms_norm(tpu::reshape(y, {T * n, D}), {D}, w, 1e-6);
+    return tpu::rotary_embedding(tpu::transpose(tpu::reshape(normed, {1, T, n, D}), 1, 2), cos, sin);
   }
   tpu::Tensor operator()(const tpu::Tensor& in) const {
     tpu::Tensor h = tpu::rms_norm(in, {E}, attn_norm, 1e-6);
-    tpu::Tensor q = heads(tpu::linear(h, wq), H, q_norm, cos_q, sin_q);
-    tpu::Tensor k = heads(tpu::linear(h, wk), HK, k_norm, cos_k, sin_k);
+    tpu::Tensor q = heads(tpu::linear(h, wq), H, q_norm);
+    tpu::Tensor k = heads(tpu::linear(h, wk), HK, k_norm);
     tpu::Tensor v = tpu::transpose(tpu::reshape(tpu::linear(h, wv), {1, T, HK, D}), 1, 2);
     tpu::Tensor a = tpu::scaled_dot_product_attention(q, k, v, {}, true);
     tpu::Tensor x1 = in + tpu::linear(tpu::reshape(tpu::transpose(a, 1, 2), {T, H * D}), wo);
