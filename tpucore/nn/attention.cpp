@@ -25,9 +25,7 @@ Tensor apply_rotary(const Tensor& x, double base, int64_t offset) {
     cos_t = from_vector(c, Shape{t, d}, TensorOptions(x.dtype(), x.device()));
     sin_t = from_vector(s, Shape{t, d}, TensorOptions(x.dtype(), x.device()));
   }
-  Tensor x1 = narrow(x, -1, 0, half), x2 = narrow(x, -1, half, half);
-  Tensor rotated = cat({neg(x2), x1}, -1);
-  return add(mul(x, cos_t), mul(rotated, sin_t));
+  return rotary_embedding(x, cos_t, sin_t);  // x cos + cat(-x2, x1) sin, one op (one program on sim)
 }
 
 MultiheadAttention::MultiheadAttention(int64_t e, AttentionOptions o, Generator* gen) : embed_dim(e), opts(o) {
