@@ -1,6 +1,7 @@
 // Write-back of functionalized in-place writes: a compiled function that wrote a graph input in
 // place (an argument, a captured weight, an optimizer buffer) computes the new value as a graph
-// output; after the run it is copied into the real tensor, so callers see eager semantics.
+// output; after the run it is copied into the real tensor, so callers see eager semantics. When
+// nothing else refers to either buffer, the input takes over the output's buffer (no copy).
 #include "ops/meta_util.h"
 #include "tpucore/autograd.h"
 #include "tpucore/autograd/node.h"
@@ -30,7 +31,18 @@ void apply_writes(std::span<const Tensor> ins, std::vector<Tensor>& outs, const 
   }
   for (const WriteBack& w : writes) {
     Tensor dst = ins[static_cast<size_t>(w.input)];
-    tpu::copy_(dst, outs[static_cast<size_t>(w.output)]);
+    const Tensor& src = outs[static_cast<size_t>(w.output)];
+    const TensorImpl &d = dst.impl(), &s = src.impl();
+    if (d.storage && s.storage && d.storage.use_count() == 1 && s.storage.use_count() == 1 && d.contiguous &&
+        s.contiguous && d.offset == 0 && s.offset == 0 && d.dtype == s.dtype && d.shape == s.shape &&
+        d.device == s.device && d.storage->nbytes == s.storage->nbytes) {
+      // Nothing else sees either buffer (no view, no saved tensor): the input takes the
+      // output's buffer instead of a copy (buffer donation).
+      dst.impl().storage = s.storage;
+      dst.impl().bump_version();
+      continue;
+    }
+    tpu::copy_(dst, src);
   }
   outs.resize(user_outputs);
   for (const graph::Tracer::OutputAlias& a : aliases) {

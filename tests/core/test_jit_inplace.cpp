@@ -194,6 +194,15 @@ TEST_CASE("jit cache: grad mode is part of the key", "[jit]") {
   CHECK(s.hits == 2);
   REQUIRE(s.reasons.size() == 2);
   CHECK(s.reasons[1] == "grad mode on -> off");
+  // The layout of a tensor argument is part of the key too (the trace follows eager aliasing).
+  auto g = compile([](const Tensor& x) { return x.contiguous() * 2.0; }, {.name = "layout_key"});
+  Tensor a = rnd({3, 4}, 14);
+  expect_close(g(a), a * 2.0);
+  expect_close(g(a.t().contiguous().t()), a * 2.0);
+  const auto& l = stats_of("layout_key");
+  CHECK(l.compiles == 2);
+  REQUIRE(l.reasons.size() == 2);
+  CHECK(l.reasons[1] == "arg 0 layout contiguous -> strided");
 }
 
 }  // namespace
