@@ -349,3 +349,17 @@ TEST_CASE("gemm kernels: several K blocks, several column blocks, threaded K blo
     }
   }
 }
+
+TEST_CASE("gemm kernels: the run-time choice follows the CPU", "[gemm][avx2]") {
+  const std::string f32 = tpu::kernels::gemm_f32_kernel_name();
+  const std::string bf16 = tpu::kernels::gemm_bf16_kernel_name();
+  if (f32 == "avx512") {
+    CHECK((bf16 == "avx512_bf16" || bf16 == "avx512_f32"));
+  } else if (tpu::kernels::gemm_avx2_available()) {
+    CHECK(f32 == "avx2");
+    CHECK(bf16 == "avx2_f32");
+  } else {
+    CHECK(f32 == "generic");
+    CHECK(bf16 == "generic");
+  }
+}
