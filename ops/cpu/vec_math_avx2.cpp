@@ -47,26 +47,38 @@ TPU_AVX2_FN __m256 scale2(__m256 p, __m256 n) {
   return _mm256_mul_ps(_mm256_mul_ps(p, pow2i(k2)), pow2i(k1));
 }
 
-// e^r 2^n for |r| <= ~ln2/2: Taylor polynomial of degree 7.
-TPU_AVX2_FN __m256 exp_finish(__m256 n, __m256 r) {
-  __m256 p = splat(1.0f / 5040.0f);
-  p = _mm256_fmadd_ps(p, r, splat(1.0f / 720.0f));
-  p = _mm256_fmadd_ps(p, r, splat(1.0f / 120.0f));
-  p = _mm256_fmadd_ps(p, r, splat(1.0f / 24.0f));
-  p = _mm256_fmadd_ps(p, r, splat(1.0f / 6.0f));
-  p = _mm256_fmadd_ps(p, r, splat(0.5f));
-  p = _mm256_fmadd_ps(p, r, splat(1.0f));
-  p = _mm256_fmadd_ps(p, r, splat(1.0f));
-  return scale2(p, n);
-}
+// The long dependency chains of these functions (exp alone: ~50 cycles; gelu: ~110) leave
+// the FMA pipes idle when one vector is computed at a time, so the *_n functions compute N
+// independent vectors step by step side by side for the out-of-order core to overlap. Every
+// lane gets the same operations whatever N, so results do not depend on the position in the
+// array.
+#define TPU_EACH _Pragma("GCC unroll 4") for (int u = 0; u < N; ++u)
+
 TPU_AVX2_FN __m256 round_v(__m256 x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-TPU_AVX2_FN __m256 exp_v(__m256 x) {
+
+// e^r for |r| <= ~ln2/2: Taylor polynomial of degree 7 (coefficients from the highest).
+constexpr float kExpTaylor[] = {1.0f / 5040.0f, 1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f,
+                                1.0f / 6.0f,    0.5f,          1.0f,          1.0f};
+
+// exp(x) = 2^n e^r, n = round(x / ln 2), r = x - n ln 2 (two-part ln 2).
+template <int N>
+TPU_AVX2_FN void exp_n(__m256 (&x)[N]) {
+  __m256 n[N], r[N], p[N];
   // max(lo, x) and min(hi, .) return x when x is NaN (the second operand), so NaN propagates.
-  x = _mm256_min_ps(splat(88.8f), _mm256_max_ps(splat(-104.0f), x));
-  const __m256 n = round_v(_mm256_mul_ps(x, splat(1.44269504088896341f)));
-  __m256 r = _mm256_fmadd_ps(n, splat(-0.693359375f), x);
-  r = _mm256_fmadd_ps(n, splat(2.12194440e-4f), r);
-  return exp_finish(n, r);
+  TPU_EACH x[u] = _mm256_min_ps(splat(88.8f), _mm256_max_ps(splat(-104.0f), x[u]));
+  TPU_EACH n[u] = round_v(_mm256_mul_ps(x[u], splat(1.44269504088896341f)));
+  TPU_EACH r[u] = _mm256_fmadd_ps(n[u], splat(-0.693359375f), x[u]);
+  TPU_EACH r[u] = _mm256_fmadd_ps(n[u], splat(2.12194440e-4f), r[u]);
+  TPU_EACH p[u] = splat(kExpTaylor[0]);
+  for (size_t i = 1; i < sizeof(kExpTaylor) / sizeof(kExpTaylor[0]); ++i) {
+    TPU_EACH p[u] = _mm256_fmadd_ps(p[u], r[u], splat(kExpTaylor[i]));
+  }
+  TPU_EACH x[u] = scale2(p[u], n[u]);
+}
+TPU_AVX2_FN __m256 exp_v(__m256 x) {
+  __m256 v[1] = {x};
+  exp_n<1>(v);
+  return v[0];
 }
 // expm1 for x in [0, 20] (the range tanh needs): 2^n (expm1(r) + 1) - 1.
 TPU_AVX2_FN __m256 expm1_pos_v(__m256 x) {
@@ -127,10 +139,16 @@ TPU_AVX2_FN __m256 tanh_v(__m256 x) {
   return _mm256_or_ps(t, sign_bits(x));
 }
 
-TPU_AVX2_FN __m256 sigmoid_v(__m256 x) {
-  const __m256 t = exp_v(_mm256_sub_ps(zero(), abs_v(x)));
-  const __m256 s = _mm256_div_ps(splat(1.0f), _mm256_add_ps(splat(1.0f), t));
-  return select(s, _mm256_cmp_ps(x, zero(), _CMP_NGE_UQ), _mm256_mul_ps(t, s));
+// sigmoid = t = exp(-|x|); 1/(1+t) for x >= 0, t/(1+t) otherwise (no overflow either way).
+template <int N>
+TPU_AVX2_FN void sigmoid_n(__m256 (&x)[N]) {
+  __m256 t[N];
+  TPU_EACH t[u] = _mm256_sub_ps(zero(), abs_v(x[u]));
+  exp_n<N>(t);
+  TPU_EACH {
+    const __m256 s = _mm256_div_ps(splat(1.0f), _mm256_add_ps(splat(1.0f), t[u]));
+    x[u] = select(s, _mm256_cmp_ps(x[u], zero(), _CMP_NGE_UQ), _mm256_mul_ps(t[u], s));
+  }
 }
 
 // For a = |x|: erf(a) and erfc(a), each computed the accurate way for its range (see the
@@ -179,10 +197,7 @@ TPU_AVX2_FN __m256 erf_v(__m256 x) {
 
 // gelu = 0.5 x erfc(-x / sqrt 2), with erfc(a) for a >= 0 in one piece: t exp(-a^2 + P(t)),
 // t = 1/(1 + a/2), P of degree 9 (the Chebyshev-derived fit published in Numerical Recipes,
-// relative error below 1.2e-7). Its dependency chain is long (division, two polynomials, the
-// exponent scaling: ~110 cycles), so N independent vectors are computed step by step side by
-// side for the out-of-order core to overlap; every lane gets the same operations whatever N.
-#define TPU_EACH _Pragma("GCC unroll 4") for (int u = 0; u < N; ++u)
+// relative error below 1.2e-7).
 template <int N>
 TPU_AVX2_FN void gelu_erf_n(__m256 (&x)[N]) {
   __m256 b[N], t[N], p[N], h[N], l[N], n[N], r[N];
@@ -204,11 +219,9 @@ TPU_AVX2_FN void gelu_erf_n(__m256 (&x)[N]) {
   TPU_EACH n[u] = round_v(_mm256_mul_ps(_mm256_add_ps(h[u], l[u]), splat(1.44269504088896341f)));
   TPU_EACH r[u] = _mm256_add_ps(_mm256_fmadd_ps(n[u], splat(-0.693359375f), h[u]), l[u]);
   TPU_EACH r[u] = _mm256_fmadd_ps(n[u], splat(2.12194440e-4f), r[u]);
-  static constexpr float kE[] = {1.0f / 5040.0f, 1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f,
-                                 1.0f / 6.0f,    0.5f,          1.0f,          1.0f};
-  TPU_EACH p[u] = splat(kE[0]);
-  for (size_t i = 1; i < sizeof(kE) / sizeof(kE[0]); ++i) {
-    TPU_EACH p[u] = _mm256_fmadd_ps(p[u], r[u], splat(kE[i]));
+  TPU_EACH p[u] = splat(kExpTaylor[0]);
+  for (size_t i = 1; i < sizeof(kExpTaylor) / sizeof(kExpTaylor[0]); ++i) {
+    TPU_EACH p[u] = _mm256_fmadd_ps(p[u], r[u], splat(kExpTaylor[i]));
   }
   TPU_EACH {
     // c = erfc(|z|); 1 + erf(z) = erfc(-z): c for z < 0, 2 - c otherwise (no cancellation).
@@ -217,15 +230,27 @@ TPU_AVX2_FN void gelu_erf_n(__m256 (&x)[N]) {
     x[u] = _mm256_mul_ps(_mm256_mul_ps(splat(0.5f), x[u]), one_plus);
   }
 }
-#undef TPU_EACH
 
-TPU_AVX2_FN __m256 gelu_tanh_v(__m256 x) {
-  const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
-  const __m256 u = _mm256_mul_ps(splat(2.0f * 0.7978845608028654f), _mm256_fmadd_ps(splat(0.044715f), x3, x));
-  return _mm256_mul_ps(x, sigmoid_v(u));
+// gelu_tanh = x * sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)) (= 0.5 x (1 + tanh(...))).
+template <int N>
+TPU_AVX2_FN void gelu_tanh_n(__m256 (&x)[N]) {
+  __m256 s[N];
+  TPU_EACH {
+    const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x[u], x[u]), x[u]);
+    s[u] = _mm256_mul_ps(splat(2.0f * 0.7978845608028654f), _mm256_fmadd_ps(splat(0.044715f), x3, x[u]));
+  }
+  sigmoid_n<N>(s);
+  TPU_EACH x[u] = _mm256_mul_ps(x[u], s[u]);
 }
 
-TPU_AVX2_FN __m256 silu_v(__m256 x) { return _mm256_mul_ps(x, sigmoid_v(x)); }
+template <int N>
+TPU_AVX2_FN void silu_n(__m256 (&x)[N]) {
+  __m256 s[N];
+  TPU_EACH s[u] = x[u];
+  sigmoid_n<N>(s);
+  TPU_EACH x[u] = _mm256_mul_ps(x[u], s[u]);
+}
+
 TPU_AVX2_FN __m256 relu_v(__m256 x) { return _mm256_max_ps(zero(), x); }  // NaN kept
 
 // Lane mask with the first `left` (< 8) lanes set.
@@ -248,29 +273,30 @@ TPU_AVX2_ENTRY void unary_loop(float* o, const float* x, int64_t n) {
   }
 }
 
-// gelu: four vectors side by side (see gelu_erf_n), then one at a time, then the masked tail.
-TPU_AVX2_ENTRY void gelu_erf_loop(float* o, const float* x, int64_t n) {
+// Four vectors side by side (see exp_n), then one at a time, then the masked tail.
+template <void (*F4)(__m256 (&)[4]), void (*F1)(__m256 (&)[1])>
+TPU_AVX2_ENTRY void unary_loop_x4(float* o, const float* x, int64_t n) {
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    __m256 v[4] = {_mm256_loadu_ps(x + i), _mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(x + i + 16), _mm256_loadu_ps(x + i + 24)};
-    gelu_erf_n<4>(v);
-    _mm256_storeu_ps(o + i, v[0]);
-    _mm256_storeu_ps(o + i + 8, v[1]);
-    _mm256_storeu_ps(o + i + 16, v[2]);
-    _mm256_storeu_ps(o + i + 24, v[3]);
+    __m256 v[4] = {_mm256_loadu_ps(x + i), _mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(x + i + 16),
+                   _mm256_loadu_ps(x + i + 24)};
+    F4(v);
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u) _mm256_storeu_ps(o + i + 8 * u, v[u]);
   }
   for (; i + 8 <= n; i += 8) {
     __m256 v[1] = {_mm256_loadu_ps(x + i)};
-    gelu_erf_n<1>(v);
+    F1(v);
     _mm256_storeu_ps(o + i, v[0]);
   }
   if (i < n) {
     const __m256i m = tail_mask(n - i);
     __m256 v[1] = {_mm256_maskload_ps(x + i, m)};
-    gelu_erf_n<1>(v);
+    F1(v);
     _mm256_maskstore_ps(o + i, m, v[0]);
   }
 }
+#define TPU_X4(F) unary_loop_x4<F<4>, F<1>>
 
 // ---- binary arithmetic: memory-bound loops; large outputs bypass the cache ----
 
@@ -352,10 +378,13 @@ TPU_AVX2_ENTRY void sub_v(float* o, const float* x, const float* y, bool ys, flo
 
 const VecMathTable kAvx2Table = {
     "avx2",
-    {unary_loop<exp_v>, unary_loop<log_v>, unary_loop<tanh_v>, unary_loop<sigmoid_v>, unary_loop<silu_v>,
-     gelu_erf_loop, unary_loop<gelu_tanh_v>, unary_loop<erf_v>, unary_loop<relu_v>},
+    {TPU_X4(exp_n), unary_loop<log_v>, unary_loop<tanh_v>, TPU_X4(sigmoid_n), TPU_X4(silu_n),
+     TPU_X4(gelu_erf_n), TPU_X4(gelu_tanh_n), unary_loop<erf_v>, unary_loop<relu_v>},
     {add_v, sub_v, binary_loop<MulOp>, binary_loop<DivOp>, binary_loop<MaxOp>, binary_loop<MinOp>},
 };
+
+#undef TPU_X4
+#undef TPU_EACH
 
 }  // namespace
 
