@@ -9,7 +9,13 @@
 // Tensor, std::vector<Tensor>, or a std::tuple/std::pair of Tensors.
 // Tensors captured by fn (weights in a closure) are graph inputs bound by reference: in-place
 // updates are seen without a recompile. Reading a value while tracing (item(), to_vector())
-// is a graph break; options.fullgraph turns it into a tpu::Error.
+// is a graph break; options.fullgraph turns it into a tpu::Error. The grad mode and the layout
+// (contiguous or not) of tensor arguments are part of the key.
+// In-place ops inside fn (add_, copy_, zero_, ... on intermediates, views, arguments, captured
+// weights) are functionalized: written arguments and captured tensors are updated after each
+// run, as eager would. backward()/autograd::grad inside fn are traced into the same graph, the
+// leaves' .grad are set after each run, and optimizer steps trace too: a whole training step
+// (zero_grad, forward, loss, backward, step) compiles into one graph (see graph/README.md).
 #pragma once
 
 #include <array>
