@@ -75,28 +75,6 @@ TPU_AVX2_FN void exp_n(__m256 (&x)[N]) {
   }
   TPU_EACH x[u] = scale2(p[u], n[u]);
 }
-TPU_AVX2_FN __m256 exp_v(__m256 x) {
-  __m256 v[1] = {x};
-  exp_n<1>(v);
-  return v[0];
-}
-// expm1 for x in [0, 20] (the range tanh needs): 2^n (expm1(r) + 1) - 1.
-TPU_AVX2_FN __m256 expm1_pos_v(__m256 x) {
-  const __m256 n = round_v(_mm256_mul_ps(x, splat(1.44269504088896341f)));
-  __m256 r = _mm256_fmadd_ps(n, splat(-0.693359375f), x);
-  r = _mm256_fmadd_ps(n, splat(2.12194440e-4f), r);
-  __m256 p = splat(1.0f / 40320.0f);
-  p = _mm256_fmadd_ps(p, r, splat(1.0f / 5040.0f));
-  p = _mm256_fmadd_ps(p, r, splat(1.0f / 720.0f));
-  p = _mm256_fmadd_ps(p, r, splat(1.0f / 120.0f));
-  p = _mm256_fmadd_ps(p, r, splat(1.0f / 24.0f));
-  p = _mm256_fmadd_ps(p, r, splat(1.0f / 6.0f));
-  p = _mm256_fmadd_ps(p, r, splat(0.5f));
-  const __m256 q = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r);  // expm1(r)
-  const __m256 t = pow2i(_mm256_cvtps_epi32(n));                // 2^n, exact (n <= 29)
-  return _mm256_fmadd_ps(t, q, _mm256_sub_ps(t, splat(1.0f)));
-}
-
 TPU_AVX2_FN __m256 log_v(__m256 x) {
   const __m256 one = splat(1.0f);
   // Denormals: scale by 2^24 into the normal range and take 24 off the exponent.
@@ -132,11 +110,30 @@ TPU_AVX2_FN __m256 sign_mask() { return _mm256_castsi256_ps(_mm256_set1_epi32(IN
 TPU_AVX2_FN __m256 abs_v(__m256 x) { return _mm256_andnot_ps(sign_mask(), x); }
 TPU_AVX2_FN __m256 sign_bits(__m256 x) { return _mm256_and_ps(x, sign_mask()); }
 
-TPU_AVX2_FN __m256 tanh_v(__m256 x) {
-  const __m256 a = _mm256_min_ps(splat(9.0f), abs_v(x));  // NaN stays NaN
-  const __m256 m = expm1_pos_v(_mm256_add_ps(a, a));
-  const __m256 t = _mm256_div_ps(m, _mm256_add_ps(m, splat(2.0f)));
-  return _mm256_or_ps(t, sign_bits(x));
+// tanh(x) = sign(x) m / (m + 2), m = expm1(2|x|) = 2^n (expm1(r) + 1) - 1 with expm1(r) of
+// degree 8; |x| capped at 9 (tanh = 1 in f32 beyond, and 2^n stays exact).
+template <int N>
+TPU_AVX2_FN void tanh_n(__m256 (&x)[N]) {
+  __m256 a[N], n[N], r[N], p[N];
+  TPU_EACH {
+    a[u] = _mm256_min_ps(splat(9.0f), abs_v(x[u]));  // NaN stays NaN
+    a[u] = _mm256_add_ps(a[u], a[u]);
+  }
+  TPU_EACH n[u] = round_v(_mm256_mul_ps(a[u], splat(1.44269504088896341f)));
+  TPU_EACH r[u] = _mm256_fmadd_ps(n[u], splat(-0.693359375f), a[u]);
+  TPU_EACH r[u] = _mm256_fmadd_ps(n[u], splat(2.12194440e-4f), r[u]);
+  static constexpr float kC[] = {1.0f / 40320.0f, 1.0f / 5040.0f, 1.0f / 720.0f, 1.0f / 120.0f,
+                                 1.0f / 24.0f,    1.0f / 6.0f,    0.5f};
+  TPU_EACH p[u] = splat(kC[0]);
+  for (size_t i = 1; i < sizeof(kC) / sizeof(kC[0]); ++i) {
+    TPU_EACH p[u] = _mm256_fmadd_ps(p[u], r[u], splat(kC[i]));
+  }
+  TPU_EACH {
+    const __m256 q = _mm256_fmadd_ps(_mm256_mul_ps(p[u], r[u]), r[u], r[u]);  // expm1(r)
+    const __m256 t = pow2i(_mm256_cvtps_epi32(n[u]));                        // 2^n, exact
+    const __m256 m = _mm256_fmadd_ps(t, q, _mm256_sub_ps(t, splat(1.0f)));
+    x[u] = _mm256_or_ps(_mm256_div_ps(m, _mm256_add_ps(m, splat(2.0f))), sign_bits(x[u]));
+  }
 }
 
 // sigmoid = t = exp(-|x|); 1/(1+t) for x >= 0, t/(1+t) otherwise (no overflow either way).
@@ -151,48 +148,45 @@ TPU_AVX2_FN void sigmoid_n(__m256 (&x)[N]) {
   }
 }
 
-// For a = |x|: erf(a) and erfc(a), each computed the accurate way for its range (see the
-// AVX-512 file for the fits).
-TPU_AVX2_FN void erf_parts(__m256 a, __m256& erf_a, __m256& erfc_a) {
+// erf(x) = sign(x) erf(|x|) with, for a = |x| (see the AVX-512 file for the fits):
+//   a < 1:  a P(a^2), P of degree 6;
+//   a >= 1: 1 - exp(-a^2) Q(1/a), Q ~ erfc(a) exp(a^2) of degree 12 fitted on 1/a in [1/12, 1]
+//           (erfc(12) = 0 in f32), with exp(-a^2) = exp(-h) (1 - l) for h + l = a^2 exactly.
+template <int N>
+TPU_AVX2_FN void erf_n(__m256 (&x)[N]) {
   const __m256 one = splat(1.0f);
-  const __m256 u = _mm256_mul_ps(a, a);
-  __m256 p = splat(7.875875063e-5f);
-  p = _mm256_fmadd_ps(p, u, splat(-0.0008016864287f));
-  p = _mm256_fmadd_ps(p, u, splat(0.005189087423f));
-  p = _mm256_fmadd_ps(p, u, splat(-0.02685421201f));
-  p = _mm256_fmadd_ps(p, u, splat(0.1128359472f));
-  p = _mm256_fmadd_ps(p, u, splat(-0.3761262667f));
-  p = _mm256_fmadd_ps(p, u, splat(1.128379166f));
-  const __m256 erf_small = _mm256_mul_ps(a, p);
-  const __m256 b = _mm256_min_ps(splat(12.0f), _mm256_max_ps(splat(0.5f), a));
-  const __m256 t = _mm256_div_ps(one, _mm256_max_ps(one, b));
+  __m256 a[N], b[N], t[N], q[N], h[N], e[N], p[N];
+  TPU_EACH {
+    a[u] = abs_v(x[u]);
+    b[u] = _mm256_min_ps(splat(12.0f), _mm256_max_ps(one, a[u]));  // NaN becomes a number here
+    t[u] = _mm256_div_ps(one, b[u]);
+    h[u] = _mm256_mul_ps(b[u], b[u]);
+    e[u] = _mm256_sub_ps(zero(), h[u]);
+  }
+  exp_n<N>(e);
   static constexpr float kQ[] = {0.0516736093f,  -0.3338052317f, 0.9068110242f, -1.266714705f,    0.737462849f,
                                  0.4407592784f,  -1.1697602f,    0.8698077682f, -0.1051848597f,   -0.2662518563f,
                                  -0.001479429913f, 0.5642670562f, -1.725435043e-6f};
-  __m256 q = splat(kQ[0]);
-  for (size_t i = 1; i < sizeof(kQ) / sizeof(kQ[0]); ++i) q = _mm256_fmadd_ps(q, t, splat(kQ[i]));
-  static constexpr float kQmid[] = {-0.006170182657f, 0.04699112101f, -0.170467373f, 0.4006501161f,
-                                    -0.7010651264f,   0.9830441183f,  -1.125123988f, 0.9997248905f};
-  __m256 qm = splat(kQmid[0]);
-  for (size_t i = 1; i < sizeof(kQmid) / sizeof(kQmid[0]); ++i) qm = _mm256_fmadd_ps(qm, b, splat(kQmid[i]));
-  q = select(q, _mm256_cmp_ps(b, one, _CMP_LT_OQ), qm);
-  // exp(-(h + l)) = exp(-h) (1 - l) with h + l = b^2 exactly.
-  const __m256 h = _mm256_mul_ps(b, b);
-  const __m256 l = _mm256_fmsub_ps(b, b, h);
-  const __m256 eh = exp_v(_mm256_sub_ps(zero(), h));
-  const __m256 erfc_large = _mm256_mul_ps(_mm256_fnmadd_ps(eh, l, eh), q);
-  erf_a = select(_mm256_sub_ps(one, erfc_large), _mm256_cmp_ps(a, one, _CMP_LT_OQ), erf_small);
-  erfc_a = select(erfc_large, _mm256_cmp_ps(a, splat(0.5f), _CMP_LT_OQ), _mm256_sub_ps(one, erf_small));
-  // NaN input: the clamps above turned it into a number; put it back.
-  const __m256 nan = _mm256_cmp_ps(a, a, _CMP_UNORD_Q);
-  erf_a = select(erf_a, nan, a);
-  erfc_a = select(erfc_a, nan, a);
-}
-
-TPU_AVX2_FN __m256 erf_v(__m256 x) {
-  __m256 e, c;
-  erf_parts(abs_v(x), e, c);
-  return _mm256_or_ps(e, sign_bits(x));
+  TPU_EACH q[u] = splat(kQ[0]);
+  for (size_t i = 1; i < sizeof(kQ) / sizeof(kQ[0]); ++i) {
+    TPU_EACH q[u] = _mm256_fmadd_ps(q[u], t[u], splat(kQ[i]));
+  }
+  static constexpr float kP[] = {7.875875063e-5f, -0.0008016864287f, 0.005189087423f, -0.02685421201f,
+                                 0.1128359472f,   -0.3761262667f,    1.128379166f};
+  // a < 1: a P(a^2) (t is free again).
+  TPU_EACH t[u] = _mm256_mul_ps(a[u], a[u]);
+  TPU_EACH p[u] = splat(kP[0]);
+  for (size_t i = 1; i < sizeof(kP) / sizeof(kP[0]); ++i) {
+    TPU_EACH p[u] = _mm256_fmadd_ps(p[u], t[u], splat(kP[i]));
+  }
+  TPU_EACH {
+    const __m256 erf_small = _mm256_mul_ps(a[u], p[u]);
+    const __m256 l = _mm256_fmsub_ps(b[u], b[u], h[u]);
+    const __m256 erfc_large = _mm256_mul_ps(_mm256_fnmadd_ps(e[u], l, e[u]), q[u]);
+    __m256 r = select(_mm256_sub_ps(one, erfc_large), _mm256_cmp_ps(a[u], one, _CMP_LT_OQ), erf_small);
+    r = select(r, _mm256_cmp_ps(a[u], a[u], _CMP_UNORD_Q), a[u]);  // NaN in, NaN out
+    x[u] = _mm256_or_ps(r, sign_bits(x[u]));
+  }
 }
 
 // gelu = 0.5 x erfc(-x / sqrt 2), with erfc(a) for a >= 0 in one piece: t exp(-a^2 + P(t)),
@@ -378,8 +372,8 @@ TPU_AVX2_ENTRY void sub_v(float* o, const float* x, const float* y, bool ys, flo
 
 const VecMathTable kAvx2Table = {
     "avx2",
-    {TPU_X4(exp_n), unary_loop<log_v>, unary_loop<tanh_v>, TPU_X4(sigmoid_n), TPU_X4(silu_n),
-     TPU_X4(gelu_erf_n), TPU_X4(gelu_tanh_n), unary_loop<erf_v>, unary_loop<relu_v>},
+    {TPU_X4(exp_n), unary_loop<log_v>, TPU_X4(tanh_n), TPU_X4(sigmoid_n), TPU_X4(silu_n),
+     TPU_X4(gelu_erf_n), TPU_X4(gelu_tanh_n), TPU_X4(erf_n), unary_loop<relu_v>},
     {add_v, sub_v, binary_loop<MulOp>, binary_loop<DivOp>, binary_loop<MaxOp>, binary_loop<MinOp>},
 };
 
