@@ -28,6 +28,7 @@ constexpr int kSemK = 0, kSemV = 1, kSemQ = 2, kSemO = 3, kSemM = 4;
 struct Layout {
   int64_t q[kRingQ]{}, k[kRingKV]{}, v[kRingKV]{}, s[kRingS]{}, t[kRingT]{}, o[kRingT]{}, out[2]{};
   int64_t m[2]{}, l[kRingT]{}, alpha[kRingAlpha]{}, mnew = 0, negm = 0, rsum = 0, fold_max = 0, fold_sum = 0;
+  int64_t valid[kRingAlpha]{};  // with a mask: 1 where the row kept a key, NaN where it kept none
   int64_t mask_in[kRingKV]{}, mask = 0, mask0 = 0, diff = 0, col_iota = 0, row_iota = 0;
   int64_t total = 0;
 };
@@ -61,8 +62,10 @@ Layout plan_layout(const sim::ChipConfig& cfg, const AttentionSpec& s, int64_t t
   p.fold_max = take(tq * lanes * 4);
   p.fold_sum = take(tq * lanes * 4);
   if (s.causal || s.has_mask) p.mask = take(tq * tk * 4);
-  if (s.has_mask)
+  if (s.has_mask) {
     for (int i = 0; i < kRingKV; ++i) p.mask_in[i] = take(tq * tk);
+    for (int i = 0; i < kRingAlpha; ++i) p.valid[i] = take(tq * 4);
+  }
   if (s.causal) {
     p.mask0 = take(tq * tk * 4);
     p.diff = take(tq * tk * 4);
@@ -260,6 +263,13 @@ class Emitter {
       vec(Op::vmul, L_.alpha[r], {vm(L_.alpha[r]), B::imm(s_.scale)}, ql);
       vec(Op::vexp, L_.alpha[r], {vm(L_.alpha[r])}, ql);
     }
+    if (s_.has_mask && st.last) {
+      // A row whose every key was masked keeps m at the masked score: its P is all ones and
+      // O / l would be the mean of V. valid = 1 where m rose above it, 0 / 0 = NaN elsewhere
+      // (the cpu's softmax over all -inf), applied to l at the row block's end.
+      vec(Op::vcmplt, L_.valid[r], {B::imm(kMaskedScore), vm(L_.m[p])}, ql);
+      vec(Op::vdiv, L_.valid[r], {vm(L_.valid[r]), vm(L_.valid[r])}, ql);
+    }
     vec(Op::vmul, L_.negm, {vm(L_.m[p]), B::imm(-s_.scale)}, ql);
     b_.ternary(Op::vfma, S, S, B::imm(s_.scale), colv(L_.negm), ql, kl);
     b_.unary(Op::vexp, S, S, ql, kl);
@@ -310,6 +320,7 @@ class Emitter {
     if (!st.first)
       b_.ternary(Op::vfma, O, O, colv(L_.alpha[i % kRingAlpha]), vm(L_.t[r], DType::f32, s_.dv), st.ql, s_.dv);
     if (!st.last) return;
+    if (s_.has_mask) vec(Op::vmul, L_.l[r], {vm(L_.l[r]), vm(L_.valid[i % kRingAlpha])}, st.ql);
     b_.wait(kSemO);  // on the vector unit: a reciprocal on the EUP would queue behind the next exp
     b_.binary(Op::vdiv, vm(L_.out[sb], s_.dtype, s_.dv), O, colv(L_.l[r]), st.ql, s_.dv);
     b_.dma(B::hbm_at(B::at((st.head * s_.lq + st.q0) * s_.dv * es_, {{3, 1}})), B::vmem_at(B::at(L_.out[sb])),

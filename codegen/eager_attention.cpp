@@ -3,7 +3,7 @@
 // last dim is contiguous (e.g. heads split out of a projection by reshape + transpose); other
 // views are made contiguous on the device first. A bool mask is read as bytes, broadcast over
 // batch/head dims and queries in place (other broadcasts are expanded on the device first); a
-// query row with every key masked gives the average of v here (NaN on the cpu). Declines (host
+// query row with every key masked gives NaN, as on the cpu and in PyTorch. Declines (host
 // fallback): dtypes other than f32/bf16, a scale <= 0, no keys, an empty head dim.
 #include <cmath>
 

@@ -116,6 +116,60 @@ TEST_CASE("codegen attention: a bool mask runs in the fused kernel", "[attention
   }
 }
 
+// A query row with every key masked is NaN on the cpu (as in PyTorch's softmax over all -inf);
+// the chip gives NaN there too, eager and compiled, and the other rows keep their values (rows
+// whose kept keys all sit in a later key block, or only in the first, included).
+TEST_CASE("codegen attention: a fully masked query row gives NaN as on the cpu", "[attention][codegen]") {
+  TinySim tiny;
+  Generator g(23);
+  const int64_t Lq = 19, Lk = 37;
+  const Tensor q = randn({2, 2, Lq, 8}, {}, &g), k = randn({2, 2, Lk, 8}, {}, &g), v = randn({2, 2, Lk, 8}, {}, &g);
+  std::vector<float> m(size_t(2 * Lq * Lk));
+  std::vector<bool> dead(size_t(2 * Lq));
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t i = 0; i < Lq; ++i) {
+      const bool none = i % 5 == 1 + b || i == Lq - 1;
+      dead[size_t(b * Lq + i)] = none;
+      for (int64_t j = 0; j < Lk; ++j) {
+        bool keep = g.next_double() < 0.4;
+        if (i % 4 == 0) keep = j >= 32;  // only the last key block
+        if (i % 4 == 2) keep = j < 3;    // only the first
+        m[size_t((b * Lq + i) * Lk + j)] = !none && keep ? 1.0f : 0.0f;
+      }
+    }
+  const Tensor mask = from_vector(m, Shape{2, 1, Lq, Lk}).to(DType::boolean);
+  auto compare = [&](const Tensor& got, const Tensor& want, double tol) {
+    const auto gv = dvals(got.to(Device("cpu")).to(DType::f32)), wv = dvals(want);
+    REQUIRE(gv.size() == wv.size());
+    int64_t bad = 0, nans = 0;
+    for (size_t e = 0; e < gv.size(); ++e) {
+      const bool row_dead = dead[size_t(int64_t(e) / (2 * Lq * 8) * Lq + int64_t(e) / 8 % Lq)];
+      CHECK(std::isnan(wv[e]) == row_dead);  // the reference itself behaves like PyTorch
+      nans += std::isnan(gv[e]);
+      const bool ok = std::isnan(wv[e]) ? std::isnan(gv[e]) : std::fabs(gv[e] - wv[e]) <= tol + tol * std::fabs(wv[e]);
+      if (!ok && bad++ == 0) INFO("first mismatch at " << e << ": got " << gv[e] << " want " << wv[e]);
+    }
+    CHECK(bad == 0);
+    CHECK(nans > 0);
+  };
+  auto f = compile([](const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& mk) {
+    return scaled_dot_product_attention(mul(a, 1.0), b, c, mk);
+  }, {.name = "sdpa_dead_rows"});
+  for (DType dt : {DType::f32, DType::bf16}) {
+    INFO(dtype_name(dt));
+    const Tensor qd = q.to(dt), kd = k.to(dt), vd = v.to(dt);
+    const Tensor want = scaled_dot_product_attention(qd.to(DType::f32), kd.to(DType::f32), vd.to(DType::f32), mask);
+    const double tol = dt == DType::f32 ? 2e-5 : 2e-2;
+    const Tensor sq = qd.to(tiny.dev()), sk = kd.to(tiny.dev()), sv = vd.to(tiny.dev()), sm = mask.to(tiny.dev());
+    ChipRunProbe probe;
+    compare(scaled_dot_product_attention(sq, sk, sv, sm), want, tol);
+    (void)f(sq, sk, sv, sm);
+    compare(f(sq, sk, sv, sm), want, tol);
+    CHECK(probe.new_fallbacks() == 0);
+    CHECK(probe.new_runs() >= 3);
+  }
+}
+
 TEST_CASE("codegen attention: heads split out of a projection are read in place", "[attention][codegen]") {
   TinySim tiny;
   Generator g(3);
