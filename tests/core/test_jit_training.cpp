@@ -89,6 +89,20 @@ TEST_CASE("jit training: a compiled training step on sim (tiny chip) equals the 
       sim.dev(), [](std::vector<Tensor> p) { return optim::AdamW(std::move(p), {.lr = 0.01}); }, "train_adamw_sim", 2e-2);
 }
 
+TEST_CASE("jit training: an SGD step with dampening and no momentum buffers yet is a clear error", "[jit][training]") {
+  Tensor w = rnd({3, 2}, 3).requires_grad_();
+  optim::SGD opt({w}, {.lr = 0.1, .momentum = 0.9, .dampening = 0.1});
+  auto step = compile([&](const Tensor& x) {
+    opt.zero_grad();
+    Tensor l = tpu::matmul(x, w).sum();
+    l.backward();
+    opt.step();
+    return l;
+  }, {.name = "train_dampening"});
+  CHECK_THROWS_WITH(step(rnd({2, 3}, 4)), Catch::Contains("dampening") && Catch::Contains("eager"));
+  CHECK_FALSE(w.grad().is_proxy());  // tracing left no traced tensor behind
+}
+
 TEST_CASE("jit training: gradients accumulate across compiled calls; a changed .grad recompiles", "[jit][training]") {
   Tensor w = jit_testing::rnd({4, 3}, 1).requires_grad_();
   Tensor w_ref = w.detach().clone().requires_grad_();
