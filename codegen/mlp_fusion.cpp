@@ -72,6 +72,9 @@ bool run_mlp_pair(const Graph& g, const Region& r1, std::vector<Tensor>& vals) {
   if (hm.dtype != ins1[0].dtype()) return false;  // the kernel keeps H in the inputs' dtype
   s.epi1 = p1->spec.epilogue;
   s.epi1_inputs = p1->spec.epilogue_inputs;
+  // One row (a single token): a bias laid out as the full [1, n1] matrix is the row vector.
+  for (EwInput& in : s.epi1_inputs)
+    if (s.m == 1 && in.layout == EwLayout::full) in.layout = EwLayout::row;
   std::vector<Tensor> args1 = p1->epilogue_args;
   RegionExprBuilder e1{g, vals, hm.shape, hm.device, s.epi1, s.epi1_inputs, args1};
   e1.first_input = 1;
