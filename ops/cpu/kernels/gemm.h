@@ -86,12 +86,16 @@ void micro_kernel_bf16_avx512(int64_t kc, const uint32_t* Ap, const uint32_t* Bp
 void pack_a_panel_words_avx512(const void* src, int64_t row_bytes, int rows, int64_t kw,
                                uint32_t* dst);
 
-// AVX2+FMA micro-kernel (defined in gemm_avx2.cpp; only call when the CPU has AVX2 and FMA)
-// and its A-panel packer for rows contiguous along K (mr = kAvx2BlockingF32.mr).
+// AVX2+FMA micro-kernel (defined in gemm_avx2.cpp; only call when the CPU has AVX2 and FMA),
+// its A-panel packer for rows contiguous along K (mr = kAvx2BlockingF32.mr) and its B-panel
+// packers (nr = kAvx2BlockingF32.nr) for rows contiguous along N and for columns contiguous
+// along K (B = W^T of a linear layer).
 extern const GemmBlocking kAvx2BlockingF32;
 void micro_kernel_f32_avx2(int64_t kc, const float* Ap, const float* Bp, float* C, int64_t ldc,
                            int rows, int cols, bool load_c);
 void pack_a_panel_f32_avx2(const float* src, int64_t rs, int rows, int64_t kce, float* dst);
+void pack_b_panel_rows_f32_avx2(const float* src, int64_t rs, int cols, int64_t kce, float* dst);
+void pack_b_panel_f32_avx2(const float* src, int64_t cs, int cols, int64_t kce, float* dst);
 
 }  // namespace detail
 }  // namespace tpu::kernels

@@ -102,6 +102,31 @@ TPU_GEMM_AVX2 void micro_kernel_f32_avx2(int64_t kc, const float* Ap, const floa
   }
 }
 
+namespace {
+
+// In-register transpose of an 8 x 8 block: r[i] lane j becomes r[j] lane i.
+TPU_GEMM_AVX2 inline void transpose8(__m256 (&r)[8]) {
+  // Pairs, then quads within 128-bit lanes, then across lanes.
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+  r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+  r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+  r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+  r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+}  // namespace
+
 // One packed A panel from `rows` (<= 6) rows of f32 contiguous along K: dst[k * 6 + r] =
 // row r, element k (zero for r >= rows). Eight k at a time: the 6 (+2 zero) x 8 block is
 // transposed in registers and its columns are written back to back, each 8-lane store
@@ -114,28 +139,58 @@ TPU_GEMM_AVX2 void pack_a_panel_f32_avx2(const float* src, int64_t rs, int rows,
 #pragma GCC unroll 8
     for (int i = 0; i < 8; ++i) r[i] = _mm256_setzero_ps();
     for (int i = 0; i < rows; ++i) r[i] = _mm256_loadu_ps(src + i * rs + k0);
-    // 8 x 8 transpose: pairs, then quads within 128-bit lanes, then across lanes.
-    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-    // col[k] = (row 0 .. row 7) at k0 + k.
-    const __m256 col[8] = {_mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
-                           _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
-                           _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
-                           _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
+    transpose8(r);  // r[k] = (row 0 .. row 7) at k0 + k
     float* d = dst + k0 * kMR;
 #pragma GCC unroll 7
-    for (int k = 0; k < 7; ++k) _mm256_storeu_ps(d + k * kMR, col[k]);
-    _mm_storeu_ps(d + 7 * kMR, _mm256_castps256_ps128(col[7]));
-    _mm_storel_pi(reinterpret_cast<__m64*>(d + 7 * kMR + 4), _mm256_extractf128_ps(col[7], 1));
+    for (int k = 0; k < 7; ++k) _mm256_storeu_ps(d + k * kMR, r[k]);
+    _mm_storeu_ps(d + 7 * kMR, _mm256_castps256_ps128(r[7]));
+    _mm_storel_pi(reinterpret_cast<__m64*>(d + 7 * kMR + 4), _mm256_extractf128_ps(r[7], 1));
   }
   for (; k0 < kce; ++k0)
     for (int i = 0; i < kMR; ++i) dst[k0 * kMR + i] = i < rows ? src[i * rs + k0] : 0.0f;
+}
+
+// One packed B panel from rows of B contiguous along N (row k at src + k * rs):
+// dst[k * 16 + c] = B(k, c), zero for c >= cols. Two vector copies per k (masked when ragged).
+TPU_GEMM_AVX2 void pack_b_panel_rows_f32_avx2(const float* src, int64_t rs, int cols, int64_t kce,
+                                              float* dst) {
+  if (cols == kNR) {
+    for (int64_t k = 0; k < kce; ++k) {
+      _mm256_storeu_ps(dst + k * kNR, _mm256_loadu_ps(src + k * rs));
+      _mm256_storeu_ps(dst + k * kNR + 8, _mm256_loadu_ps(src + k * rs + 8));
+    }
+    return;
+  }
+  const __m256i m0 = lane_mask(cols < 8 ? cols : 8);
+  const __m256i m1 = lane_mask(cols > 8 ? cols - 8 : 0);
+  for (int64_t k = 0; k < kce; ++k) {
+    _mm256_storeu_ps(dst + k * kNR, _mm256_maskload_ps(src + k * rs, m0));
+    _mm256_storeu_ps(dst + k * kNR + 8, _mm256_maskload_ps(src + k * rs + 8, m1));
+  }
+}
+
+// One packed B panel from `cols` (<= 16) columns of f32 contiguous along K (B = W^T of a
+// linear layer): dst[k * 16 + c] = column c, element k (zero for c >= cols). Eight k at a
+// time, as two 8 x 8 transposes (columns 0-7 and 8-15).
+TPU_GEMM_AVX2 void pack_b_panel_f32_avx2(const float* src, int64_t cs, int cols, int64_t kce,
+                                         float* dst) {
+  int64_t k0 = 0;
+  for (; k0 + 8 <= kce; k0 += 8) {
+    float* d = dst + k0 * kNR;
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      __m256 r[8];
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) r[i] = _mm256_setzero_ps();
+      const int n = cols - 8 * h < 8 ? cols - 8 * h : 8;
+      for (int i = 0; i < n; ++i) r[i] = _mm256_loadu_ps(src + (8 * h + i) * cs + k0);
+      transpose8(r);  // r[k] = (column 8h .. 8h + 7) at k0 + k
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) _mm256_storeu_ps(d + k * kNR + 8 * h, r[k]);
+    }
+  }
+  for (; k0 < kce; ++k0)
+    for (int c = 0; c < kNR; ++c) dst[k0 * kNR + c] = c < cols ? src[c * cs + k0] : 0.0f;
 }
 
 }  // namespace tpu::kernels::detail

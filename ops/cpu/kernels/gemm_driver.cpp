@@ -228,6 +228,15 @@ struct PackF32Avx2 : PackF32 {
       detail::pack_a_panel_f32_avx2(A + i0 * rs, rs, rows, kce, dst + i0 * kce);
     }
   }
+  static void pack_b(const float* B, int64_t rs, int64_t cs, int64_t kce, int64_t nc, int nr,
+                     float* dst) {
+    if ((cs != 1 && rs != 1) || nr != detail::kAvx2BlockingF32.nr) return PackF32::pack_b(B, rs, cs, kce, nc, nr, dst);
+    for (int64_t j0 = 0; j0 < nc; j0 += nr) {
+      const int cols = static_cast<int>(std::min<int64_t>(nr, nc - j0));
+      if (cs == 1) detail::pack_b_panel_rows_f32_avx2(B + j0, rs, cols, kce, dst + j0 * kce);
+      else detail::pack_b_panel_f32_avx2(B + j0 * cs, cs, cols, kce, dst + j0 * kce);
+    }
+  }
 };
 
 struct PackBf16PairsAvx512 : PackBf16Pairs {
