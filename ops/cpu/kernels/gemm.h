@@ -96,6 +96,11 @@ void micro_kernel_f32_avx2(int64_t kc, const float* Ap, const float* Bp, float* 
 void pack_a_panel_f32_avx2(const float* src, int64_t rs, int rows, int64_t kce, float* dst);
 void pack_b_panel_rows_f32_avx2(const float* src, int64_t rs, int cols, int64_t kce, float* dst);
 void pack_b_panel_f32_avx2(const float* src, int64_t cs, int cols, int64_t kce, float* dst);
+// The same panels from bf16 bits, widened to f32 (A: rs as above, K contiguous; B: cs == 1,
+// or rs == 1).
+void pack_a_panel_bf16_avx2(const uint16_t* src, int64_t rs, int rows, int64_t kce, float* dst);
+void pack_b_panel_bf16_avx2(const uint16_t* src, int64_t rs, int64_t cs, int cols, int64_t kce,
+                            float* dst);
 
 }  // namespace detail
 }  // namespace tpu::kernels

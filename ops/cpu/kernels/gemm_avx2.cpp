@@ -193,4 +193,72 @@ TPU_GEMM_AVX2 void pack_b_panel_f32_avx2(const float* src, int64_t cs, int cols,
     for (int c = 0; c < kNR; ++c) dst[k0 * kNR + c] = c < cols ? src[c * cs + k0] : 0.0f;
 }
 
+// bf16 (raw bits) to f32 panels for gemm_bf16 on AVX2: the same layouts as the f32 packers,
+// each bf16 widened exactly (its bits become the high half of the f32).
+namespace {
+TPU_GEMM_AVX2 inline __m256 widen8(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline float widen1(uint16_t v) {
+  const uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  __builtin_memcpy(&f, &bits, sizeof f);
+  return f;
+}
+}  // namespace
+
+TPU_GEMM_AVX2 void pack_a_panel_bf16_avx2(const uint16_t* src, int64_t rs, int rows, int64_t kce,
+                                          float* dst) {
+  int64_t k0 = 0;
+  for (; k0 + 8 <= kce; k0 += 8) {
+    __m256 r[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_setzero_ps();
+    for (int i = 0; i < rows; ++i) r[i] = widen8(src + i * rs + k0);
+    transpose8(r);
+    float* d = dst + k0 * kMR;
+#pragma GCC unroll 7
+    for (int k = 0; k < 7; ++k) _mm256_storeu_ps(d + k * kMR, r[k]);
+    _mm_storeu_ps(d + 7 * kMR, _mm256_castps256_ps128(r[7]));
+    _mm_storel_pi(reinterpret_cast<__m64*>(d + 7 * kMR + 4), _mm256_extractf128_ps(r[7], 1));
+  }
+  for (; k0 < kce; ++k0)
+    for (int i = 0; i < kMR; ++i) dst[k0 * kMR + i] = i < rows ? widen1(src[i * rs + k0]) : 0.0f;
+}
+
+TPU_GEMM_AVX2 void pack_b_panel_bf16_avx2(const uint16_t* src, int64_t rs, int64_t cs, int cols,
+                                          int64_t kce, float* dst) {
+  if (cs == 1) {  // rows of B contiguous along N
+    for (int64_t k = 0; k < kce; ++k) {
+      const uint16_t* s = src + k * rs;
+      if (cols == kNR) {
+        _mm256_storeu_ps(dst + k * kNR, widen8(s));
+        _mm256_storeu_ps(dst + k * kNR + 8, widen8(s + 8));
+      } else {
+        for (int c = 0; c < kNR; ++c) dst[k * kNR + c] = c < cols ? widen1(s[c]) : 0.0f;
+      }
+    }
+    return;
+  }
+  // Columns contiguous along K (rs == 1): two 8 x 8 transposes per eight k.
+  int64_t k0 = 0;
+  for (; k0 + 8 <= kce; k0 += 8) {
+    float* d = dst + k0 * kNR;
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      __m256 r[8];
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) r[i] = _mm256_setzero_ps();
+      const int n = cols - 8 * h < 8 ? cols - 8 * h : 8;
+      for (int i = 0; i < n; ++i) r[i] = widen8(src + (8 * h + i) * cs + k0);
+      transpose8(r);
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) _mm256_storeu_ps(d + k * kNR + 8 * h, r[k]);
+    }
+  }
+  for (; k0 < kce; ++k0)
+    for (int c = 0; c < kNR; ++c) dst[k0 * kNR + c] = c < cols ? widen1(src[c * cs + k0]) : 0.0f;
+}
+
 }  // namespace tpu::kernels::detail

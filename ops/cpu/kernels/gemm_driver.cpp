@@ -239,6 +239,23 @@ struct PackF32Avx2 : PackF32 {
   }
 };
 
+struct PackBf16AsF32Avx2 : PackBf16AsF32 {
+  static void pack_a(const uint16_t* A, int64_t rs, int64_t cs, int64_t mc, int64_t kce, int mr,
+                     float* dst) {
+    if (cs != 1 || mr != detail::kAvx2BlockingF32.mr) return PackBf16AsF32::pack_a(A, rs, cs, mc, kce, mr, dst);
+    for (int64_t i0 = 0; i0 < mc; i0 += mr)
+      detail::pack_a_panel_bf16_avx2(A + i0 * rs, rs, static_cast<int>(std::min<int64_t>(mr, mc - i0)),
+                                     kce, dst + i0 * kce);
+  }
+  static void pack_b(const uint16_t* B, int64_t rs, int64_t cs, int64_t kce, int64_t nc, int nr,
+                     float* dst) {
+    if ((cs != 1 && rs != 1) || nr != detail::kAvx2BlockingF32.nr) return PackBf16AsF32::pack_b(B, rs, cs, kce, nc, nr, dst);
+    for (int64_t j0 = 0; j0 < nc; j0 += nr)
+      detail::pack_b_panel_bf16_avx2(B + j0 * cs, rs, cs, static_cast<int>(std::min<int64_t>(nr, nc - j0)),
+                                     kce, dst + j0 * kce);
+  }
+};
+
 struct PackBf16PairsAvx512 : PackBf16Pairs {
   static void pack_a(const uint16_t* A, int64_t rs, int64_t cs, int64_t mc, int64_t kce,
                      int mr, uint32_t* dst) {
@@ -510,7 +527,7 @@ void gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs,
   else if (have_avx512())
     gemm_run<PackBf16AsF32>(p, detail::kAvx512BlockingF32, detail::micro_kernel_f32_avx512);
   else if (have_avx2())
-    gemm_run<PackBf16AsF32>(p, detail::kAvx2BlockingF32, detail::micro_kernel_f32_avx2);
+    gemm_run<PackBf16AsF32Avx2>(p, detail::kAvx2BlockingF32, detail::micro_kernel_f32_avx2);
   else
     gemm_run<PackBf16AsF32>(p, kGenericBlocking, micro_kernel_f32_generic);
 }
@@ -542,7 +559,7 @@ void gemm_bf16_avx2(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t 
                     int64_t a_cs, const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C,
                     int64_t ldc, bool accumulate) {
   const Problem p{M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate};
-  gemm_run<PackBf16AsF32>(p, detail::kAvx2BlockingF32, detail::micro_kernel_f32_avx2);
+  gemm_run<PackBf16AsF32Avx2>(p, detail::kAvx2BlockingF32, detail::micro_kernel_f32_avx2);
 }
 
 const char* gemm_f32_kernel_name() {
