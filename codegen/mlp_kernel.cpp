@@ -116,21 +116,27 @@ sim::Program make_mlp_program(const sim::ChipConfig& cfg, const MlpSpec& s, cons
   auto mxu_pass = [&](int64_t lhs, int64_t lda, int64_t w, int64_t ldw, int64_t kdim, int64_t ndim, int64_t outb,
                       int64_t ldo, bool first_acc) {
     const int64_t kt_full = kdim / R, k_tail = kdim % R, jt = (ndim + Cm - 1) / Cm;
+    // Fewer column tiles than MXUs: the rows are split over the idle MXUs too (each loads the
+    // same weight tile), so a narrow hidden chunk or output does not leave MXUs idle.
+    const int64_t splits = std::max<int64_t>(1, std::min(nm / jt, s.m / 8));
+    const int64_t rb = (s.m + splits - 1) / splits;
     // K tiles outer, column tiles inner: the MXUs work side by side (the issue queue of one
     // MXU never holds back the others).
     auto ktile = [&](int64_t kt, int64_t kk, bool acc, bool in_loop) {
-      for (int64_t j = 0; j < jt; ++j) {
-        const int64_t nn = std::min(Cm, ndim - j * Cm);
-        const int mxu = int(j % nm);
-        sim::Addr wa = B::at(w + (j * Cm * ldw + kt * R) * es), la = B::at(lhs + kt * R * es);
-        if (in_loop) {
-          wa.terms[0] = {int16_t(k_reg), R * es};
-          la.terms[0] = {int16_t(k_reg), R * es};
+      for (int64_t j = 0; j < jt; ++j)
+        for (int64_t p = 0; p < splits; ++p) {
+          const int64_t nn = std::min(Cm, ndim - j * Cm), r0 = p * rb, rows = std::min(rb, s.m - r0);
+          if (rows <= 0) continue;
+          const int mxu = int((j * splits + p) % nm);
+          sim::Addr wa = B::at(w + (j * Cm * ldw + kt * R) * es), la = B::at(lhs + (r0 * lda + kt * R) * es);
+          if (in_loop) {
+            wa.terms[0] = {int16_t(k_reg), R * es};
+            la.terms[0] = {int16_t(k_reg), R * es};
+          }
+          b.mxu_load_weights(mxu, B::vmem(wa, s.dtype, 1, ldw), kk, nn, s.mode);
+          b.mxu_matmul(mxu, B::vmem(B::at(outb + (r0 * ldo + j * Cm) * 4), DType::f32, ldo), B::vmem(la, s.dtype, lda),
+                       rows, kk, nn, acc, s.mode);
         }
-        b.mxu_load_weights(mxu, B::vmem(wa, s.dtype, 1, ldw), kk, nn, s.mode);
-        b.mxu_matmul(mxu, B::vmem(B::at(outb + j * Cm * 4), DType::f32, ldo), B::vmem(la, s.dtype, lda), s.m, kk, nn,
-                     acc, s.mode);
-      }
     };
     if (kt_full > 0) {
       ktile(0, R, !first_acc, false);
@@ -168,18 +174,23 @@ sim::Program make_mlp_program(const sim::ChipConfig& cfg, const MlpSpec& s, cons
   if (n1in) b.wait(sE1, n1in);
   epi1(0);
   if (NC > 1) load_e1(1);
+  // Chunk c's second matmul is issued before epilogue 1 of chunk c + 1: the vector unit's
+  // instructions wait for H_{c+1} in its in-order queue (holding up the issue of what follows),
+  // and the MXUs have H_c W2c^T queued meanwhile instead of idling.
   for (int64_t c = 0; c < NC; ++c) {
     if (c + 1 < NC) {
       b.wait(sW1);
       if (c + 2 < NC) load_w1(c + 2);
       phase1(c + 1);
-      if (n1in) b.wait(sE1, n1in);
-      epi1(c + 1);
-      if (c + 2 < NC) load_e1(c + 2);
     }
     b.wait(sW2);
     if (c + 1 < NC) load_w2(c + 1);
     phase2(c);
+    if (c + 1 < NC) {
+      if (n1in) b.wait(sE1, n1in);
+      epi1(c + 1);
+      if (c + 2 < NC) load_e1(c + 2);
+    }
   }
   // Epilogue 2 over row chunks of the accumulator, stores double-buffered.
   const int64_t eso = es_of(s.out_dtype);
