@@ -7,6 +7,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "device/profiling.h"
 #include "device/sim_device.h"
 #include "device/sim_driver.h"
 #include "device/stream.h"
@@ -95,6 +96,17 @@ void launch(int device_index, const LoadedProgram& p, const std::string& kernel,
     ++s.stats.runs_by_kernel[kernel];
   }
   const device::StreamId stream = device::current_stream(Device(DeviceType::sim, device_index));
+  // A profiler names a run after the host op that enqueued it; a compiled function's regions run
+  // outside any op, so they are named after their kernel ("region:mlp") instead.
+  const char* op_tag = device::work_tag();
+  const bool own_tag = *op_tag == '\0';
+  if (own_tag) device::set_work_tag(kernel.c_str());
+  struct RestoreTag {
+    bool on;
+    ~RestoreTag() {
+      if (on) device::set_work_tag(nullptr);
+    }
+  } restore{own_tag};
   dev.run_program(stream, p.id, o, [kernel](const sim::RunResult& r) {
     State& s = state();
     std::lock_guard<std::mutex> lk(s.mu);

@@ -51,7 +51,8 @@ struct LoadedProgram {
 // The program for `key` on sim:index, built by `build` (and loaded) on the first request.
 const LoadedProgram& cached_program(int device_index, const std::string& key, const std::function<sim::Program()>& build);
 
-// Runs a loaded program on the current stream of sim:index with `args` in r0.. .
+// Runs a loaded program on the current stream of sim:index with `args` in r0.. . A profiler sees
+// the run under the enqueuing op's name, or under `kernel` when no op is active (compiled regions).
 void launch(int device_index, const LoadedProgram& p, const std::string& kernel, std::vector<int64_t> args);
 
 void count_host_fallback();

@@ -1,6 +1,6 @@
 // Hooks by which a profiler (tpucore/profiler.h) sees device work: a per-thread tag naming the
 // host op on whose behalf work is enqueued, and a sink that receives every finished simulator
-// program run with its stats and timeline. Both cost one relaxed atomic load when unused.
+// program run that was enqueued while it was installed, with its stats and timeline. Both cost one relaxed atomic load when unused.
 #pragma once
 
 #include <cstdint>

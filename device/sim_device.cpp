@@ -192,15 +192,16 @@ void SimDevice::run_program(StreamId s, uint64_t id, const SimProgramOptions& o,
     ro.race_check = true;
     ro.fail_on_race = true;
   }
-  // A profiler, when one is recording, gets every run (traced if it asks) with the host op
-  // that enqueued it.
+  // A profiler, when one is recording, gets every run it saw enqueued (traced if it asks) with
+  // the host op that enqueued it; runs queued before it started are not its.
   std::string tag;
-  if (ProgramRunSink* sink = program_run_sink()) {
+  ProgramRunSink* const enqueue_sink = program_run_sink();
+  if (ProgramRunSink* sink = enqueue_sink) {
     tag = work_tag();
     if (sink->wants_trace()) ro.trace = true;
     sink->on_program_enqueued(*this);
   }
-  queue_.submit(s, Resource::compute, [this, p, ro, tag = std::move(tag), done = std::move(done)] {
+  queue_.submit(s, Resource::compute, [this, p, ro, enqueue_sink, tag = std::move(tag), done = std::move(done)] {
     sim::RunResult r;
     try {
       r = chip_.run(*p, ro);
@@ -208,7 +209,7 @@ void SimDevice::run_program(StreamId s, uint64_t id, const SimProgramOptions& o,
       fail("{}: program '{}' failed: {}", name_, p->name, e.what());
     }
     if (done) done(r);
-    if (ProgramRunSink* sink = program_run_sink()) {
+    if (ProgramRunSink* sink = program_run_sink(); sink && sink == enqueue_sink) {
       ProgramRun run;
       run.device = name_;
       run.program = p->name;

@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
 
     auto block = compile([&](const Tensor& in) { return sim(in); }, {.name = "mlp_block"});
     (void)block(xs);  // first call: trace, optimize, generate the kernels
-    synchronize(dev);  // its chip program finished before the profile starts (else counted in it)
+    synchronize(dev);  // its chip program done before the profile starts
     profiler::Profile comp_prof;
     Tensor y_comp = block(xs);
     synchronize(dev);

@@ -238,6 +238,7 @@ std::vector<OpSummary> Profile::key_averages() const {
   bool any_chip = false;
   for (auto& [k, v] : rows) {
     any_chip |= v.programs > 0;
+    if (v.calls == 0) v.calls = v.programs;  // a kernel run outside any host op: each run is a call
     out.push_back(v);
   }
   std::stable_sort(out.begin(), out.end(), [any_chip](const OpSummary& a, const OpSummary& b) {

@@ -10,8 +10,10 @@
 //   std::cout << prof.table();             // calls, host time, chip cycles, FLOPs, bytes, shares
 //   prof.export_chrome_trace("trace.json");
 //
-// One profile records at a time (a second one is a tpu::Error). Compiled functions appear as
-// the ops their kernels ran; chip programs are attributed to the host op that enqueued them.
+// One profile records at a time (a second one is a tpu::Error). Chip programs are attributed to
+// the host op that enqueued them; a compiled function's fused regions run outside any op and
+// appear under their kernel's name ("region:mlp", "region:matmul", ...), each run one call.
+// Programs enqueued before the profile started are not counted, even if they finish during it.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +32,7 @@ struct ProfileOptions {
 // Per-op summary (one row of the table).
 struct OpSummary {
   std::string name;
-  uint64_t calls = 0;
+  uint64_t calls = 0;        // host calls; for a row of chip kernels outside any op, their runs
   double host_total_us = 0;  // wall time inside the op, nested ops included
   double host_self_us = 0;   // without nested ops
   uint64_t programs = 0;     // chip programs the op ran
