@@ -11,6 +11,7 @@
 #include "tpucore/jit_internal.h"
 #include "tpucore/log.h"
 #include "tpucore/ops.h"
+#include "tpucore/profiler.h"
 
 namespace tpu::jit::detail {
 
@@ -19,6 +20,7 @@ class Engine {
   explicit Engine(CompileOptions o);
   void call(std::span<const ArgSlot> args, TraceCall trace, std::vector<Tensor>& outs);
   std::vector<std::string> graphs() const;
+  const std::string& scope_name() const { return scope_name_; }
 
  private:
   struct Traced {
@@ -45,6 +47,7 @@ class Engine {
   void note_compile(const std::string& reason, double ms, bool from_disk);
 
   CompileOptions opts_;
+  std::string scope_name_;  // "compiled:<name>": the profiler row of this function's calls
   std::shared_ptr<StatsRecord> stats_;
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<Entry>> entries_;
@@ -82,6 +85,7 @@ Tensor pad_to(const Tensor& t, int dim, int64_t n) {
 
 Engine::Engine(CompileOptions o) : opts_(std::move(o)) {
   if (opts_.name.empty()) opts_.name = fmt::format("fn{}", g_counter.fetch_add(1));
+  scope_name_ = fmt::format("compiled:{}", opts_.name);
   stats_ = register_stats(opts_.name);
   for (int a : opts_.static_args) {
     TPU_CHECK(a >= 0 && a < 64, "compile: static_args entry {} is out of range", a);
@@ -542,6 +546,7 @@ std::vector<std::string> Engine::graphs() const {
 
 std::shared_ptr<Engine> make_engine(CompileOptions o) { return std::make_shared<Engine>(std::move(o)); }
 void engine_call(Engine& e, std::span<const ArgSlot> args, TraceCall trace, std::vector<Tensor>& outs) {
+  profiler::RecordScope scope(e.scope_name());  // one atomic load unless a profile records
   e.call(args, trace, outs);
 }
 std::vector<std::string> engine_graphs(const Engine& e) { return e.graphs(); }

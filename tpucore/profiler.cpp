@@ -144,6 +144,11 @@ void Profile::State::note_sim_device(device::SimDevice* dev) {
   sim_devices.insert(dev);
 }
 
+const char* Profile::State::intern(const std::string& name) {
+  std::lock_guard<std::mutex> lk(mu);
+  return scope_names.insert(name).first->c_str();
+}
+
 void Profile::State::add_host(HostEvent&& e) {
   std::lock_guard<std::mutex> lk(mu);
   host.push_back(std::move(e));
@@ -209,6 +214,33 @@ void Profile::stop() {
 }
 
 bool Profile::recording() const { return state_->active; }
+
+RecordScope::RecordScope(std::string_view name) {
+  Profile::State* st = g_active.load(std::memory_order_acquire);
+  if (!st) return;
+  state_ = st;
+  const char* n = st->intern(std::string(name));
+  t_stack.push_back(OpenCall{n, now_ns(), 0, {}, {}});
+  device::set_work_tag(n);
+}
+
+RecordScope::~RecordScope() {
+  if (!state_ || g_active.load(std::memory_order_acquire) != state_ || t_stack.empty()) return;
+  // The profile that saw this scope open is still recording (stop() clears the stack).
+  OpenCall c = std::move(t_stack.back());
+  t_stack.pop_back();
+  const int64_t dur = now_ns() - c.start_ns;
+  if (!t_stack.empty()) t_stack.back().child_ns += dur;
+  device::set_work_tag(t_stack.empty() ? nullptr : t_stack.back().name);
+  HostEvent e;
+  e.name = c.name;
+  e.tid = state_->thread_index();
+  e.start_ns = c.start_ns;
+  e.dur_ns = dur;
+  e.self_ns = dur - c.child_ns;
+  e.depth = static_cast<int>(t_stack.size());
+  state_->add_host(std::move(e));
+}
 
 std::vector<OpSummary> Profile::key_averages() const {
   std::lock_guard<std::mutex> lk(state_->mu);

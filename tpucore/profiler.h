@@ -11,14 +11,16 @@
 //   prof.export_chrome_trace("trace.json");
 //
 // One profile records at a time (a second one is a tpu::Error). Chip programs are attributed to
-// the host op that enqueued them; a compiled function's fused regions run outside any op and
-// appear under their kernel's name ("region:mlp", "region:matmul", ...), each run one call.
+// the innermost host op or RecordScope that enqueued them: a call of a compiled function is a
+// scope named "compiled:<name>" (its fused regions' programs appear there); fused regions run
+// outside any op or scope appear under their kernel's name ("region:mlp", ...), each run one call.
 // Programs enqueued before the profile started are not counted, even if they finish during it.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace tpu::profiler {
@@ -66,6 +68,22 @@ class Profile {
 
  private:
   std::unique_ptr<State> state_;
+};
+
+// A named span of user code in the active profile (like torch.profiler.record_function): its
+// host time is one row of the table (nested ops count as children), and chip programs enqueued
+// inside it are attributed to it. Without an active profile it costs one atomic load.
+//
+//   { tpu::profiler::RecordScope s("attention block"); y = block(x); }
+class RecordScope {
+ public:
+  explicit RecordScope(std::string_view name);
+  ~RecordScope();
+  RecordScope(const RecordScope&) = delete;
+  RecordScope& operator=(const RecordScope&) = delete;
+
+ private:
+  Profile::State* state_ = nullptr;  // the profile that was recording at construction
 };
 
 }  // namespace tpu::profiler

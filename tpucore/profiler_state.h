@@ -15,7 +15,7 @@
 namespace tpu::profiler {
 
 struct HostEvent {
-  const char* name = "";  // the op's name (owned by the registry)
+  const char* name = "";  // the op's name (owned by the registry) or a RecordScope's (interned)
   int tid = 0;
   int depth = 0;  // nesting level on its thread
   int64_t start_ns = 0, dur_ns = 0, self_ns = 0;
@@ -44,6 +44,8 @@ struct Profile::State {
   void note_sim_device(device::SimDevice* dev);
   void add_host(HostEvent&& e);
   void add_run(device::ProgramRun&& run);
+  // A stable copy of a RecordScope's name (host events and work tags keep raw pointers).
+  const char* intern(const std::string& name);
 
   ProfileOptions opt;
   int64_t t0_ns = 0, t1_ns = 0;
@@ -58,6 +60,7 @@ struct Profile::State {
   std::vector<ChipRun> runs;
   std::map<std::string, double> device_time_s;
   size_t chip_events = 0, dropped_chip_events = 0;
+  std::set<std::string> scope_names;  // RecordScope names (node-based: pointers stay valid)
 };
 
 }  // namespace tpu::profiler

@@ -1,7 +1,7 @@
-// How codegen kernels show in the profiler: a compiled function's fused regions run outside any
-// host op, so their rows are named after the kernel ("region:mlp") with one call per run; eager
-// ops keep the op's name; a program still running from before the profile started is not
-// counted in it.
+// How codegen kernels show in the profiler: a call of a compiled function is a scope named
+// "compiled:<name>" that owns its fused regions' programs; kernels run outside any op or scope
+// are named after the kernel; eager ops keep the op's name; a program still running from before
+// the profile started is not counted in it. RecordScope gives user code its own rows.
 #include <string>
 
 #include "codegen_testing.h"
@@ -18,7 +18,7 @@ const profiler::OpSummary* find_row(const std::vector<profiler::OpSummary>& rows
   return nullptr;
 }
 
-TEST_CASE("codegen profiler: compiled regions show under their kernel's name, one call per run", "[codegen][profiler]") {
+TEST_CASE("codegen profiler: a compiled function's programs show under its name, one call per call", "[codegen][profiler]") {
   TinySim tiny;
   const Device d = tiny.dev();
   // Big enough for the tiny chip's simulation to take a while on the host: the warm-up call's
@@ -34,7 +34,8 @@ TEST_CASE("codegen profiler: compiled regions show under their kernel's name, on
   const Tensor z = gelu(y);
   prof.stop();
   const auto rows = prof.key_averages();
-  const profiler::OpSummary* mlp = find_row(rows, "region:mlp");
+  CHECK(find_row(rows, "region:mlp") == nullptr);
+  const profiler::OpSummary* mlp = find_row(rows, "compiled:profiled_mlp");
   REQUIRE(mlp != nullptr);
   CHECK(mlp->calls == 1);
   CHECK(mlp->programs == 1);
@@ -48,7 +49,46 @@ TEST_CASE("codegen profiler: compiled regions show under their kernel's name, on
     INFO(r.name);
     CHECK(r.name.rfind("(program", 0) == std::string::npos);
   }
-  CHECK(prof.table().find("region:mlp") != std::string::npos);
+  CHECK(prof.table().find("compiled:profiled_mlp") != std::string::npos);
+}
+
+TEST_CASE("profiler: RecordScope rows own their nested ops and chip programs", "[codegen][profiler]") {
+  TinySim tiny;
+  const Device d = tiny.dev();
+  const Tensor a = jit_testing::rnd({64, 32}, 7).to(d), b = jit_testing::rnd({64, 32}, 8).to(d);
+  { profiler::RecordScope outside("not recorded"); }  // no profile: nothing happens
+  ChipRunProbe::sync_all();
+  profiler::Profile prof;
+  for (int i = 0; i < 2; ++i) {
+    profiler::RecordScope outer("my block");
+    Tensor c = add(a, b);
+    {
+      profiler::RecordScope inner("inner part");
+      c = mul(c, b);
+    }
+    ChipRunProbe::sync_all();
+  }
+  Tensor e = exp(a);  // outside the scopes
+  prof.stop();
+  const auto rows = prof.key_averages();
+  CHECK(find_row(rows, "not recorded") == nullptr);
+  const profiler::OpSummary* outer = find_row(rows, "my block");
+  const profiler::OpSummary* inner = find_row(rows, "inner part");
+  const profiler::OpSummary* add_row = find_row(rows, "add");
+  const profiler::OpSummary* mul_row = find_row(rows, "mul");
+  REQUIRE(outer != nullptr);
+  REQUIRE(inner != nullptr);
+  REQUIRE(add_row != nullptr);
+  REQUIRE(mul_row != nullptr);
+  CHECK(outer->calls == 2);
+  CHECK(inner->calls == 2);
+  // Nested spans are children: the outer scope's total covers its ops and the inner scope.
+  CHECK(outer->host_total_us >= inner->host_total_us + add_row->host_total_us);
+  CHECK(outer->host_self_us <= outer->host_total_us - inner->host_total_us - add_row->host_total_us + 1e-3);
+  // Chip programs go to the innermost op that enqueued them, not to the scopes.
+  CHECK(add_row->programs == 2);
+  CHECK(mul_row->programs == 2);
+  CHECK(find_row(rows, "exp") != nullptr);
 }
 
 }  // namespace
