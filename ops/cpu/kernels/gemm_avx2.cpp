@@ -127,29 +127,6 @@ TPU_GEMM_AVX2 inline void transpose8(__m256 (&r)[8]) {
 
 }  // namespace
 
-// One packed A panel from `rows` (<= 6) rows of f32 contiguous along K: dst[k * 6 + r] =
-// row r, element k (zero for r >= rows). Eight k at a time: the 6 (+2 zero) x 8 block is
-// transposed in registers and its columns are written back to back, each 8-lane store
-// overlapping the next column's start (the last one is written as 4 + 2 lanes).
-TPU_GEMM_AVX2 void pack_a_panel_f32_avx2(const float* src, int64_t rs, int rows, int64_t kce,
-                                         float* dst) {
-  int64_t k0 = 0;
-  for (; k0 + 8 <= kce; k0 += 8) {
-    __m256 r[8];
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; ++i) r[i] = _mm256_setzero_ps();
-    for (int i = 0; i < rows; ++i) r[i] = _mm256_loadu_ps(src + i * rs + k0);
-    transpose8(r);  // r[k] = (row 0 .. row 7) at k0 + k
-    float* d = dst + k0 * kMR;
-#pragma GCC unroll 7
-    for (int k = 0; k < 7; ++k) _mm256_storeu_ps(d + k * kMR, r[k]);
-    _mm_storeu_ps(d + 7 * kMR, _mm256_castps256_ps128(r[7]));
-    _mm_storel_pi(reinterpret_cast<__m64*>(d + 7 * kMR + 4), _mm256_extractf128_ps(r[7], 1));
-  }
-  for (; k0 < kce; ++k0)
-    for (int i = 0; i < kMR; ++i) dst[k0 * kMR + i] = i < rows ? src[i * rs + k0] : 0.0f;
-}
-
 // One packed B panel from rows of B contiguous along N (row k at src + k * rs):
 // dst[k * 16 + c] = B(k, c), zero for c >= cols. Two vector copies per k (masked when ragged).
 TPU_GEMM_AVX2 void pack_b_panel_rows_f32_avx2(const float* src, int64_t rs, int cols, int64_t kce,
@@ -208,15 +185,25 @@ inline float widen1(uint16_t v) {
 }
 }  // namespace
 
-TPU_GEMM_AVX2 void pack_a_panel_bf16_avx2(const uint16_t* src, int64_t rs, int rows, int64_t kce,
-                                          float* dst) {
+// One packed A panel from `rows` (<= 6) rows contiguous along K (f32, or bf16 widened
+// exactly): dst[k * 6 + r] = row r, element k (zero for r >= rows). Eight k at a time: the
+// 6 (+2 zero) x 8 block is transposed in registers and its columns are written back to back,
+// each 8-lane store overlapping the next column's start (the last one is written as 4 + 2 lanes).
+namespace {
+TPU_GEMM_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+TPU_GEMM_AVX2 inline __m256 load8(const uint16_t* p) { return widen8(p); }
+inline float load1(float v) { return v; }
+inline float load1(uint16_t v) { return widen1(v); }
+
+template <class T>
+TPU_GEMM_AVX2 void pack_a_panel(const T* src, int64_t rs, int rows, int64_t kce, float* dst) {
   int64_t k0 = 0;
   for (; k0 + 8 <= kce; k0 += 8) {
     __m256 r[8];
 #pragma GCC unroll 8
     for (int i = 0; i < 8; ++i) r[i] = _mm256_setzero_ps();
-    for (int i = 0; i < rows; ++i) r[i] = widen8(src + i * rs + k0);
-    transpose8(r);
+    for (int i = 0; i < rows; ++i) r[i] = load8(src + i * rs + k0);
+    transpose8(r);  // r[k] = (row 0 .. row 7) at k0 + k
     float* d = dst + k0 * kMR;
 #pragma GCC unroll 7
     for (int k = 0; k < 7; ++k) _mm256_storeu_ps(d + k * kMR, r[k]);
@@ -224,7 +211,15 @@ TPU_GEMM_AVX2 void pack_a_panel_bf16_avx2(const uint16_t* src, int64_t rs, int r
     _mm_storel_pi(reinterpret_cast<__m64*>(d + 7 * kMR + 4), _mm256_extractf128_ps(r[7], 1));
   }
   for (; k0 < kce; ++k0)
-    for (int i = 0; i < kMR; ++i) dst[k0 * kMR + i] = i < rows ? widen1(src[i * rs + k0]) : 0.0f;
+    for (int i = 0; i < kMR; ++i) dst[k0 * kMR + i] = i < rows ? load1(src[i * rs + k0]) : 0.0f;
+}
+}  // namespace
+
+TPU_GEMM_AVX2 void pack_a_panel_f32_avx2(const float* src, int64_t rs, int rows, int64_t kce, float* dst) {
+  pack_a_panel(src, rs, rows, kce, dst);
+}
+TPU_GEMM_AVX2 void pack_a_panel_bf16_avx2(const uint16_t* src, int64_t rs, int rows, int64_t kce, float* dst) {
+  pack_a_panel(src, rs, rows, kce, dst);
 }
 
 TPU_GEMM_AVX2 void pack_b_panel_bf16_avx2(const uint16_t* src, int64_t rs, int64_t cs, int cols,
