@@ -30,7 +30,7 @@ struct SimDeviceOptions {
 struct SimProgramOptions {
   bool timing_only = false;
   bool trace = false;
-  std::vector<int64_t> registers;  // initial scalar registers: the program's arguments
+  std::vector<int64_t> registers{};  // initial scalar registers: the program's arguments
 };
 
 class SimDevice {

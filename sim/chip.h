@@ -35,7 +35,7 @@ struct RunOptions {
   uint64_t max_instructions = uint64_t(1) << 40;  // guard against runaway loops
   // Initial values of scalar registers r0, r1, ... (the rest start at 0): a program's
   // arguments, e.g. the HBM addresses of its operands, so one loaded program serves any buffers.
-  std::vector<int64_t> registers;
+  std::vector<int64_t> registers{};
 };
 
 // A race: `second` touched bytes that the DMA `first` (not yet waited on) writes or reads.
