@@ -26,11 +26,12 @@ namespace {
 // Rows of tr x cols tiles, double-buffered: tile t+1 loads while tile t computes and tile t-1
 // stores (parity registers pick the buffers); the ragged last tile runs after the loop.
 void emit_row_pipeline(B& b, const sim::ChipConfig& cfg, const ElementwiseSpec& s, int64_t tr,
-                       const std::vector<int64_t>& in_buf, const std::vector<int64_t>& in_size, int64_t out_buf,
-                       int64_t out_size, const TempArena& arena) {
-  const int n = int(s.inputs.size());
-  const int out_reg = n, t_reg = n + 1, par_reg = n + 2, npar_reg = n + 3;
-  TPU_CHECK(npar_reg < cfg.scalar.registers, "internal: codegen: {} inputs exceed the chip's registers", n);
+                       const std::vector<int64_t>& in_buf, const std::vector<int64_t>& in_size,
+                       const std::vector<int64_t>& out_buf, const std::vector<int64_t>& out_size, const TempArena& arena) {
+  const int n = int(s.inputs.size()), m = s.num_outputs();
+  const int out_reg = n, t_reg = n + m, par_reg = n + m + 1, npar_reg = n + m + 2;
+  TPU_CHECK(npar_reg < cfg.scalar.registers, "internal: codegen: {} inputs and {} outputs exceed the chip's registers", n,
+            m);
   const int64_t C = s.cols, nr = s.rows / tr, rr = s.rows % tr;
   const int sem_in = 0, sem_out = 1, nq = cfg.dma.engines;
   int per_tile = 0;
@@ -77,14 +78,22 @@ void emit_row_pipeline(B& b, const sim::ChipConfig& cfg, const ElementwiseSpec& 
         case EwLayout::scalar: ops.push_back(B::vmem(B::at(in_buf[size_t(i)]), in.dtype, 0, 0)); break;
       }
     }
-    b.wait(sem_out);  // a store buffer is free
-    const sim::Operand dst = B::vmem(vaddr(out_buf, out_size, preg, pc), s.out_dtype, C);
-    emit_vec_expr(b, s.expr, ops, dst, arena, rows, C);
-    const int64_t eo = sim::dtype_size(s.out_dtype);
-    b.dma(B::hbm_at(haddr(out_reg, tr * C * eo, first, use_t)), B::vmem_at(vaddr(out_buf, out_size, preg, pc)),
-          {.row_bytes = rows * C * eo}, n % nq, sem_out);
+    // Output k's stores go to queue (n + k) in order and signal semaphore sem_out + k, so one
+    // wait per output frees that output's buffer of two tiles back.
+    std::vector<sim::Operand> dsts;
+    for (int k = 0; k < m; ++k) {
+      b.wait(sem_out + k);  // a store buffer is free
+      dsts.push_back(B::vmem(vaddr(out_buf[size_t(k)], out_size[size_t(k)], preg, pc), s.output_dtype(k), C));
+    }
+    emit_vec_expr(b, s.expr, ops, dsts, arena, rows, C);
+    for (int k = 0; k < m; ++k) {
+      const int64_t eo = sim::dtype_size(s.output_dtype(k));
+      b.dma(B::hbm_at(haddr(out_reg + k, tr * C * eo, first, use_t)),
+            B::vmem_at(vaddr(out_buf[size_t(k)], out_size[size_t(k)], preg, pc)), {.row_bytes = rows * C * eo},
+            (n + k) % nq, sem_out + k);
+    }
   };
-  b.signal(sem_out, 1);  // with the caller's one: both store buffers start free
+  for (int k = 0; k < m; ++k) b.signal(sem_out + k, 1);  // with the caller's one: both store buffers start free
   loads(tr, 0, false, -1, 0);
   auto body = [&](bool prefetch) {
     b.smod(par_reg, t_reg, 2);
@@ -108,7 +117,7 @@ void emit_row_pipeline(B& b, const sim::ChipConfig& cfg, const ElementwiseSpec& 
     if (per_tile) b.wait(sem_in, per_tile);
     compute_store(rr, nr, false, -1, nr % 2);
   }
-  b.wait(sem_out, 2);
+  for (int k = 0; k < m; ++k) b.wait(sem_out + k, 2);
   b.fence();
 }
 
@@ -131,21 +140,28 @@ void fold_domain(ElementwiseSpec& spec, const Shape& os, const sim::ChipConfig& 
 }
 
 std::string elementwise_key(const ElementwiseSpec& s) {
-  std::string k = fmt::format("ew:{}x{}:o{}:", s.rows, s.cols, sim::dtype_name(s.out_dtype));
+  std::string k = fmt::format("ew:{}x{}:o{}", s.rows, s.cols, sim::dtype_name(s.out_dtype));
+  for (sim::DType t : s.extra_out_dtypes) k += fmt::format("+{}", sim::dtype_name(t));
+  k += ":";
   for (const EwInput& in : s.inputs) k += fmt::format("{}{},", int(in.layout), sim::dtype_name(in.dtype));
   return k + s.expr.key();
 }
 
 sim::Program make_elementwise_program(const sim::ChipConfig& cfg, const ElementwiseSpec& s) {
-  const int n = int(s.inputs.size());
-  const int out_reg = n, row_reg = n + 1, col_reg = n + 2;
-  TPU_CHECK(col_reg < cfg.scalar.registers, "internal: codegen: {} inputs exceed the chip's registers", n);
+  const int n = int(s.inputs.size()), m = s.num_outputs();
+  TPU_CHECK(int(s.expr.extra_results.size()) == m - 1, "internal: codegen: {} output dtypes for {} results", m,
+            s.expr.extra_results.size() + 1);
+  const int out_reg = n, row_reg = n + m, col_reg = n + m + 1;
+  TPU_CHECK(col_reg < cfg.scalar.registers, "internal: codegen: {} inputs and {} outputs exceed the chip's registers", n,
+            m);
+  TPU_CHECK(m < cfg.scalar.semaphores, "internal: codegen: {} outputs exceed the chip's semaphores", m);
   std::vector<sim::DType> dts;
   for (const EwInput& in : s.inputs) dts.push_back(in.dtype);
   const int slots = vec_temp_slots(s.expr, dts);
-  // Full inputs and the output are double-buffered (the next row tile loads while this one
+  // Full inputs and the outputs are double-buffered (the next row tile loads while this one
   // computes and the previous one stores).
-  int64_t per_elem = 2 * sim::dtype_size(s.out_dtype) + 4 * slots;
+  int64_t per_elem = 4 * slots;
+  for (int k = 0; k < m; ++k) per_elem += 2 * sim::dtype_size(s.output_dtype(k));
   for (const EwInput& in : s.inputs)
     if (in.layout == EwLayout::full) per_elem += 2 * sim::dtype_size(in.dtype);
   const int64_t E = vmem_tile_elements(cfg, per_elem);
@@ -170,8 +186,12 @@ sim::Program make_elementwise_program(const sim::ChipConfig& cfg, const Elementw
     if (s.inputs[size_t(i)].layout == EwLayout::full || s.inputs[size_t(i)].layout == EwLayout::col)
       at = align64(at + bytes);  // second buffer
   }
-  const int64_t out_buf = at, out_size = align64(tr * tc * sim::dtype_size(s.out_dtype));
-  at = align64(at + 2 * out_size);
+  std::vector<int64_t> out_buf(static_cast<size_t>(m)), out_size(static_cast<size_t>(m));
+  for (int k = 0; k < m; ++k) {
+    out_buf[size_t(k)] = at;
+    out_size[size_t(k)] = align64(tr * tc * sim::dtype_size(s.output_dtype(k)));
+    at = align64(at + 2 * out_size[size_t(k)]);
+  }
   TempArena arena{at, align64(tr * tc * 4), tc, slots};
   at += arena.slot_bytes * slots;
   TPU_CHECK(uint64_t(at) <= cfg.memory.vmem_bytes, "internal: codegen: elementwise tile plan needs {} bytes of VMEM", at);
@@ -179,7 +199,7 @@ sim::Program make_elementwise_program(const sim::ChipConfig& cfg, const Elementw
   const int sem_in = 0, sem_out = 1;
   const int nq = cfg.dma.engines;
   B b(s.name.empty() ? "elementwise" : s.name);
-  b.signal(sem_out, 1);
+  for (int k = 0; k < m; ++k) b.signal(sem_out + k, 1);
   // Scalars are loaded once.
   int scalars = 0;
   for (int i = 0; i < n; ++i)
@@ -225,15 +245,20 @@ sim::Program make_elementwise_program(const sim::ChipConfig& cfg, const Elementw
       }
     }
     if (loads) b.wait(sem_in, loads);
-    b.wait(sem_out);  // the previous tile's store has read the output buffer
-    const sim::Operand dst = B::vmem(B::at(out_buf), s.out_dtype, tc);
-    emit_vec_expr(b, s.expr, ops, dst, arena, p.rows, p.cols);
-    const int64_t eo = sim::dtype_size(s.out_dtype);
-    b.dma(B::hbm_at(p.addr(out_reg, 0, s.cols, eo)), B::vmem_at(B::at(out_buf)),
-          {.rows = p.rows, .row_bytes = p.cols * eo, .dst_row_stride = s.cols * eo, .src_row_stride = tc * eo}, n % nq,
-          sem_out);
+    std::vector<sim::Operand> dsts;
+    for (int k = 0; k < m; ++k) {
+      b.wait(sem_out + k);  // the previous tile's store has read the output buffer
+      dsts.push_back(B::vmem(B::at(out_buf[size_t(k)]), s.output_dtype(k), tc));
+    }
+    emit_vec_expr(b, s.expr, ops, dsts, arena, p.rows, p.cols);
+    for (int k = 0; k < m; ++k) {
+      const int64_t eo = sim::dtype_size(s.output_dtype(k));
+      b.dma(B::hbm_at(p.addr(out_reg + k, 0, s.cols, eo)), B::vmem_at(B::at(out_buf[size_t(k)])),
+            {.rows = p.rows, .row_bytes = p.cols * eo, .dst_row_stride = s.cols * eo, .src_row_stride = tc * eo},
+            (n + k) % nq, sem_out + k);
+    }
   });
-  b.wait(sem_out);
+  for (int k = 0; k < m; ++k) b.wait(sem_out + k);
   b.fence();
   return b.finish();
 }

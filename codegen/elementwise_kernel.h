@@ -4,7 +4,12 @@
 // fit VMEM; each tile's inputs are DMAed in on alternating queues, computed on the vector unit,
 // and stored while the next tile loads.
 //
-// Arguments (scalar registers): r0..r(n-1) the inputs' HBM addresses, rn the output's.
+// Several outputs (a fused region materializing more than one value, e.g. an optimizer update:
+// new parameter and new moments) are results of the same VecExpr over the same domain, each
+// with its own dtype and double-buffered tile, stored by its own DMA after each tile.
+//
+// Arguments (scalar registers): r0..r(n-1) the inputs' HBM addresses, rn.. r(n+m-1) the m
+// outputs'.
 #pragma once
 
 #include <cstdint>
@@ -37,7 +42,11 @@ struct ElementwiseSpec {
   int64_t rows = 1, cols = 1;
   std::vector<EwInput> inputs;
   VecExpr expr;
-  sim::DType out_dtype = sim::DType::f32;
+  sim::DType out_dtype = sim::DType::f32;           // of expr.result
+  std::vector<sim::DType> extra_out_dtypes{};       // of expr.extra_results (same order)
+
+  int num_outputs() const { return 1 + int(extra_out_dtypes.size()); }
+  sim::DType output_dtype(int k) const { return k == 0 ? out_dtype : extra_out_dtypes[size_t(k - 1)]; }
 };
 
 // Sets spec.rows x spec.cols for an output of shape `out`: its last dim as the columns, or,

@@ -14,24 +14,30 @@ namespace {
 bool float_chip(DType t) { return t == DType::f32 || t == DType::bf16; }
 sim::DType cd(DType t) { return t == DType::bf16 ? sim::DType::bf16 : sim::DType::f32; }
 
+std::optional<RowOp> row_op_of(const std::string& name) {
+  if (name == "softmax") return RowOp::softmax;
+  if (name == "log_softmax") return RowOp::log_softmax;
+  if (name == "layer_norm") return RowOp::layer_norm;
+  if (name == "rms_norm") return RowOp::rms_norm;
+  return std::nullopt;
+}
+
 }  // namespace
 
-bool run_rowwise_region(const graph::Graph& g, const graph::Region& r, std::vector<Tensor>& vals) {
+int rowwise_op_position(const graph::Graph& g, const graph::Region& r) {
   int k = -1;
-  RowOp op = RowOp::softmax;
   for (size_t i = 0; i < r.nodes.size(); ++i) {
-    const std::string& name = g.nodes[size_t(r.nodes[i])].op->name;
-    std::optional<RowOp> o;
-    if (name == "softmax") o = RowOp::softmax;
-    else if (name == "log_softmax") o = RowOp::log_softmax;
-    else if (name == "layer_norm") o = RowOp::layer_norm;
-    else if (name == "rms_norm") o = RowOp::rms_norm;
-    if (!o) continue;
-    if (k >= 0) return false;  // one row op per kernel
+    if (!row_op_of(g.nodes[size_t(r.nodes[i])].op->name)) continue;
+    if (k >= 0) return -1;  // one row op per kernel
     k = int(i);
-    op = *o;
   }
+  return k;
+}
+
+bool run_rowwise_region(const graph::Graph& g, const graph::Region& r, std::vector<Tensor>& vals, Tensor out) {
+  const int k = rowwise_op_position(g, r);
   if (k < 0) return false;
+  const RowOp op = *row_op_of(g.nodes[size_t(r.nodes[size_t(k)])].op->name);
   const graph::Node& rn = g.nodes[size_t(r.nodes[size_t(k)])];
   const graph::ValueId xv = rn.inputs[0], yv = rn.outputs[0], outv = r.outputs[0];
   const graph::ValueMeta &xm = g.meta(xv), &om = g.meta(outv);
@@ -106,7 +112,7 @@ bool run_rowwise_region(const graph::Graph& g, const graph::Region& r, std::vect
   const int idx = dev.index;
   const sim::ChipConfig& cfg = device::sim_device(idx).config();
   if (rowwise_tile_rows(cfg, s) == 0) return false;
-  Tensor out = ops::empty_tensor(om.shape, om.dtype, dev);
+  if (!out.defined()) out = ops::empty_tensor(om.shape, om.dtype, dev);
   std::vector<int64_t> a;
   for (const Tensor& t : args) a.push_back(hbm_address(t));
   a.push_back(hbm_address(out));

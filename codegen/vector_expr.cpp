@@ -45,7 +45,9 @@ std::string VecExpr::key() const {
     for (int i = 0; i < st.nsrc; ++i) s += "," + ref_key(st.src[size_t(i)]);
     s += ";";
   }
-  return s + "=" + ref_key(result);
+  s += "=" + ref_key(result);
+  for (const VecRef& r : extra_results) s += "," + ref_key(r);
+  return s;
 }
 
 VecRef vec_sigmoid(VecExpr& e, VecRef x) {
@@ -97,6 +99,8 @@ SlotPlan plan_slots(const VecExpr& e, const std::vector<sim::DType>& input_dtype
       if (r.kind == VecRef::Kind::temp) last[size_t(r.index)] = i;
     }
   if (e.result.kind == VecRef::Kind::temp) last[size_t(e.result.index)] = n;
+  for (const VecRef& r : e.extra_results)
+    if (r.kind == VecRef::Kind::temp) last[size_t(r.index)] = n;
   std::vector<int> free_slots;
   p.step_slot.assign(size_t(n), -1);
   for (int i = 0; i < n; ++i) {
@@ -133,6 +137,15 @@ int vec_temp_slots(const VecExpr& e, const std::vector<sim::DType>& input_dtypes
 
 void emit_vec_expr(sim::ProgramBuilder& b, const VecExpr& e, const std::vector<sim::Operand>& inputs,
                    const sim::Operand& dst, const TempArena& arena, int64_t rows, int64_t cols) {
+  emit_vec_expr(b, e, inputs, std::vector<sim::Operand>{dst}, arena, rows, cols);
+}
+
+void emit_vec_expr(sim::ProgramBuilder& b, const VecExpr& e, const std::vector<sim::Operand>& inputs,
+                   const std::vector<sim::Operand>& dsts, const TempArena& arena, int64_t rows, int64_t cols) {
+  std::vector<VecRef> results{e.result};
+  results.insert(results.end(), e.extra_results.begin(), e.extra_results.end());
+  TPU_CHECK(dsts.size() == results.size(), "internal: codegen: expression has {} results, {} destinations",
+            results.size(), dsts.size());
   std::vector<sim::DType> dts;
   for (const sim::Operand& o : inputs) dts.push_back(o.dtype);
   const SlotPlan p = plan_slots(e, dts);
@@ -147,37 +160,58 @@ void emit_vec_expr(sim::ProgramBuilder& b, const VecExpr& e, const std::vector<s
       b.unary(Op::vcast, slot(p.input_slot[size_t(i)]), inputs[size_t(i)], rows, cols);
       ins[size_t(i)] = slot(p.input_slot[size_t(i)]);
     }
+  const int n = int(e.steps.size());
+  // Which result destination each step writes directly (-1: its temporary).
+  std::vector<int> read_after(size_t(n), -1);  // last live step reading temp i
+  for (int i = 0; i < n; ++i)
+    if (p.step_slot[size_t(i)] != -1)
+      for (int j = 0; j < e.steps[size_t(i)].nsrc; ++j) {
+        const VecRef& r = e.steps[size_t(i)].src[size_t(j)];
+        if (r.kind == VecRef::Kind::temp) read_after[size_t(r.index)] = i;
+      }
+  std::vector<int> direct_to(size_t(n), -1);
+  for (size_t k = 0; k < results.size(); ++k) {
+    const VecRef& r = results[k];
+    if (r.kind != VecRef::Kind::temp || direct_to[size_t(r.index)] >= 0 || !vpu_readable(dsts[k].dtype)) continue;
+    if (dsts[k].dtype == sim::DType::f32 || read_after[size_t(r.index)] < 0) direct_to[size_t(r.index)] = int(k);
+  }
   auto operand = [&](const VecRef& r) -> sim::Operand {
     switch (r.kind) {
       case VecRef::Kind::input: return ins[size_t(r.index)];
-      case VecRef::Kind::temp: return slot(slot_of(p, r.index));
+      case VecRef::Kind::temp:
+        if (direct_to[size_t(r.index)] >= 0) return dsts[size_t(direct_to[size_t(r.index)])];  // f32 (or not read)
+        return slot(slot_of(p, r.index));
       case VecRef::Kind::imm: return B::imm(r.value);
     }
     return B::imm(0);
   };
-  const bool direct = vpu_readable(dst.dtype);
-  const int n = int(e.steps.size());
   for (int i = 0; i < n; ++i) {
     if (p.step_slot[size_t(i)] == -1) continue;
     const VecStep& st = e.steps[size_t(i)];
-    const bool is_result = e.result.kind == VecRef::Kind::temp && e.result.index == i && direct;
-    const sim::Operand d = is_result ? dst : slot(slot_of(p, i));
+    const sim::Operand d = operand({VecRef::Kind::temp, i, 0});
     if (st.nsrc == 1) b.unary(st.op, d, operand(st.src[0]), rows, cols);
     else if (st.nsrc == 2) b.binary(st.op, d, operand(st.src[0]), operand(st.src[1]), rows, cols);
     else b.ternary(st.op, d, operand(st.src[0]), operand(st.src[1]), operand(st.src[2]), rows, cols);
   }
-  if (e.result.kind == VecRef::Kind::temp && direct) return;
-  if (e.result.kind == VecRef::Kind::imm) {
-    if (direct) {
-      b.fill(dst, e.result.value, rows, cols);
-      return;
-    }
-    b.fill(slot(0), e.result.value, rows, cols);
-    b.unary(Op::vcast, dst, slot(0), rows, cols);
-    return;
+  // Results not written by their step: copies (converted) first, then immediates (which may
+  // go through slot 0).
+  for (size_t k = 0; k < results.size(); ++k) {
+    const VecRef& r = results[k];
+    if (r.kind == VecRef::Kind::imm || (r.kind == VecRef::Kind::temp && direct_to[size_t(r.index)] == int(k))) continue;
+    const sim::Operand src = operand(r);
+    const bool direct = vpu_readable(dsts[k].dtype);
+    b.unary(src.dtype == dsts[k].dtype && direct ? Op::vmov : Op::vcast, dsts[k], src, rows, cols);
   }
-  const sim::Operand src = operand(e.result);
-  b.unary(src.dtype == dst.dtype && direct ? Op::vmov : Op::vcast, dst, src, rows, cols);
+  for (size_t k = 0; k < results.size(); ++k) {
+    const VecRef& r = results[k];
+    if (r.kind != VecRef::Kind::imm) continue;
+    if (vpu_readable(dsts[k].dtype)) {
+      b.fill(dsts[k], r.value, rows, cols);
+      continue;
+    }
+    b.fill(slot(0), r.value, rows, cols);
+    b.unary(Op::vcast, dsts[k], slot(0), rows, cols);
+  }
 }
 
 }  // namespace tpu::codegen

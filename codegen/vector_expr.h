@@ -29,6 +29,9 @@ struct VecExpr {
   int num_inputs = 0;
   std::vector<VecStep> steps{};  // step i produces temp i
   VecRef result{};
+  // Results 1.. of an expression with several outputs (a fused region that materializes more
+  // than one value); empty for the usual single result.
+  std::vector<VecRef> extra_results{};
 
   VecRef input(int i);
   static VecRef imm(float v) { return {VecRef::Kind::imm, 0, v}; }
@@ -59,6 +62,12 @@ int vec_temp_slots(const VecExpr& e, const std::vector<sim::DType>& input_dtypes
 // strides) and stores the result into `dst` (f32/bf16 directly, other dtypes through vcast).
 void emit_vec_expr(sim::ProgramBuilder& b, const VecExpr& e, const std::vector<sim::Operand>& inputs,
                    const sim::Operand& dst, const TempArena& arena, int64_t rows, int64_t cols);
+// The same for an expression with several results: result k (0: `e.result`, then
+// `e.extra_results`) is stored into dsts[k]. A step whose value is a result is written straight
+// into its destination when that is f32 (later steps read it there) or, for bf16, when no later
+// step reads it; otherwise it stays in its f32 temporary and is converted at the end.
+void emit_vec_expr(sim::ProgramBuilder& b, const VecExpr& e, const std::vector<sim::Operand>& inputs,
+                   const std::vector<sim::Operand>& dsts, const TempArena& arena, int64_t rows, int64_t cols);
 
 inline bool vpu_readable(sim::DType t) { return t == sim::DType::f32 || t == sim::DType::bf16; }
 
