@@ -124,6 +124,54 @@ TEST_CASE("codegen: a multi-output region stores each output in its own dtype", 
   }
 }
 
+TEST_CASE("codegen: matmul and rowwise regions with several outputs run as two programs", "[codegen][multi_output]") {
+  TinySim tiny;
+  const Device d = tiny.dev();
+  auto count = [](const char* k) { return codegen::stats().runs_by_kernel[k]; };
+  SECTION("linear + relu + its mask: the linear, then one elementwise program") {
+    auto fn = [](const Tensor& x, const Tensor& w, const Tensor& b) {
+      Tensor h = linear(x, w, b);
+      return std::make_tuple(relu(h), gt(h, 0.0));
+    };
+    const Tensor x = rnd({37, 24}, 11), w = rnd({40, 24}, 12), b = rnd({40}, 13);
+    auto f = compile(fn, {.name = "multi_output_linear"});
+    const Tensor xd = x.to(d), wd = w.to(d), bd = b.to(d);
+    (void)f(xd, wd, bd);
+    ChipRunProbe probe;
+    const uint64_t mm0 = count("region:matmul"), ew0 = count("region:elementwise");
+    auto [r, m] = f(xd, wd, bd);
+    CHECK(probe.new_runs() == 2);
+    CHECK(probe.new_fallbacks() == 0);
+    CHECK(count("region:matmul") == mm0 + 1);
+    CHECK(count("region:elementwise") == ew0 + 1);
+    auto [wr, wm] = fn(x, w, b);
+    expect_close(r.to(Device()), wr, 1e-4, 1e-4, "relu(linear)");
+    CHECK(m.dtype() == DType::boolean);
+    expect_close(to_cpu_f32(m), gt(linear(x, w, b), 0.0).to(DType::f32), 0, 0, "mask");
+  }
+  SECTION("log_softmax and its backward: the row op, then one elementwise program") {
+    // As cross_entropy's backward: gy - exp(log_softmax(x)) * rowsum(gy), rowsum a column vector.
+    auto fn = [](const Tensor& x, const Tensor& gy, const Tensor& s) {
+      Tensor ls = log_softmax(x, 1);
+      return std::make_tuple(ls, gy - exp(ls) * s);
+    };
+    const Tensor x = rnd({45, 10}, 14), gy = rnd({45, 10}, 15), s = rnd({45, 1}, 16);
+    auto f = compile(fn, {.name = "multi_output_log_softmax"});
+    const Tensor xd = x.to(d), gyd = gy.to(d), sd = s.to(d);
+    (void)f(xd, gyd, sd);
+    ChipRunProbe probe;
+    const uint64_t rw0 = count("region:rowwise"), ew0 = count("region:elementwise");
+    auto [ls, gx] = f(xd, gyd, sd);
+    CHECK(probe.new_runs() == 2);
+    CHECK(probe.new_fallbacks() == 0);
+    CHECK(count("region:rowwise") == rw0 + 1);
+    CHECK(count("region:elementwise") == ew0 + 1);
+    auto [wls, wgx] = fn(x, gy, s);
+    expect_close(ls.to(Device()), wls, 1e-4, 1e-4, "log_softmax");
+    expect_close(gx.to(Device()), wgx, 1e-4, 1e-4, "backward");
+  }
+}
+
 // Simulated cycles, programs run, host fallbacks and per-kernel cycles of one call of `step`.
 struct StepCost {
   double cycles = 0;
