@@ -15,7 +15,11 @@ std::optional<VecRef> RegionExprBuilder::ref(graph::ValueId v) {
   if (auto it = known.find(v); it != known.end()) return it->second;
   const Tensor& t = vals[size_t(v)];
   if (!t.defined()) return std::nullopt;
-  if (t.dim() == 0 && t.device().is_cpu()) {
+  // A 0-d host number becomes an immediate of the program (part of its cache key), except a
+  // runtime input of the graph (a number argument such as the learning rate): that one is
+  // copied to the device and read as a scalar operand, so a new value reuses the program.
+  const bool runtime_number = g.values[size_t(v)].kind == graph::ValueKind::input && float_or_bool(t.dtype());
+  if (t.dim() == 0 && t.device().is_cpu() && !runtime_number) {
     const double x = t.to(DType::f32).to_vector<float>()[0];
     key += fmt::format("c{:a},", x);
     return known[v] = VecExpr::imm(float(x));
