@@ -9,6 +9,7 @@
 #include "codegen/operand_layout.h"
 #include "codegen/sim_tensors.h"
 #include "device/sim_driver.h"
+#include "tpucore/ops.h"
 
 namespace tpu::codegen {
 
@@ -37,17 +38,32 @@ bool eager_elementwise(const ops::KernelArgs& k, const Lowering& rule) {
     spec.inputs.push_back({layout, *idt});
     args.push_back(hbm_address(t));
   }
-  // The op's expression.
+  // The op's expression. add/sub's alpha (an optimizer's step size, often new on every call)
+  // is read at run time as a scalar operand, so one program serves every value.
   std::vector<VecRef> in;
   for (size_t i = 0; i < k.inputs.size(); ++i) in.push_back(spec.expr.input(int(i)));
   VecRef r;
-  if (!rule.elementwise(spec.expr, in, k.attrs, in_dtype, r)) return false;
+  std::string attrs_key = k.attrs.str();
+  const bool is_sub = k.op.name == "sub";
+  const ops::AttrValue* alpha = (is_sub || k.op.name == "add") && k.inputs.size() == 2 ? k.attrs.find("alpha") : nullptr;
+  const Scalar* alpha_value = alpha ? std::get_if<Scalar>(alpha) : nullptr;
+  if (alpha_value && alpha_value->to_double() != 1.0) {
+    const double a = alpha_value->to_double();
+    Tensor at = scalar_tensor(is_sub ? -a : a, DType::f32).to(dev);
+    keep.push_back(at);
+    spec.inputs.push_back({EwLayout::scalar, sim::DType::f32});
+    args.push_back(hbm_address(at));
+    r = spec.expr.op(sim::Op::vfma, in[1], spec.expr.input(2), in[0]);  // a + alpha * b
+    attrs_key = "alpha at run time";
+  } else if (!rule.elementwise(spec.expr, in, k.attrs, in_dtype, r)) {
+    return false;
+  }
   spec.expr.result = r;
   const sim::ChipConfig& cfg = sim_device_of(out).config();
   fold_domain(spec, os, cfg);
   spec.name = k.op.name;
   args.push_back(hbm_address(out));
-  const std::string key = fmt::format("{}[{}]:{}", k.op.name, k.attrs.str(), elementwise_key(spec));
+  const std::string key = fmt::format("{}[{}]:{}", k.op.name, attrs_key, elementwise_key(spec));
   const LoadedProgram& p = cached_program(dev.index, key, [&] { return make_elementwise_program(cfg, spec); });
   launch(dev.index, p, k.op.name, std::move(args));
   return true;
