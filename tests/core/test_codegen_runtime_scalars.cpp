@@ -36,7 +36,8 @@ TEST_CASE("codegen: a compiled region reads number arguments at run time (no pro
   }
   // Every later value ran the program built for the first one.
   CHECK(codegen::stats().programs_built == built_after_first);
-  const auto* st = jit::stats().find("runtime_lr");
+  const jit::Stats stats = jit::stats();
+  const auto* st = stats.find("runtime_lr");
   REQUIRE(st != nullptr);
   CHECK(st->compiles == 1);
 }
