@@ -65,13 +65,31 @@ std::string shapes_of(std::span<const Tensor> ts) {
 // ---- the observer: one stack of open calls per thread ----
 
 struct OpenCall {
-  const char* name;
-  int64_t start_ns;
+  const char* name = "";
+  int64_t start_ns = 0;
   int64_t child_ns = 0;
   std::string args;
   std::vector<Tensor> inputs;  // only for the FLOP/byte estimate at end()
 };
 thread_local std::vector<OpenCall> t_stack;
+
+// Closes the innermost open call of this thread (moved into `c`): its host event with times and
+// nesting depth; the enclosing call gets its time as a child's and its name back as work tag.
+HostEvent close_innermost_call(Profile::State& s, OpenCall& c) {
+  c = std::move(t_stack.back());
+  t_stack.pop_back();
+  const int64_t dur = now_ns() - c.start_ns;
+  if (!t_stack.empty()) t_stack.back().child_ns += dur;
+  device::set_work_tag(t_stack.empty() ? nullptr : t_stack.back().name);
+  HostEvent e;
+  e.name = c.name;
+  e.tid = s.thread_index();
+  e.start_ns = c.start_ns;
+  e.dur_ns = dur;
+  e.self_ns = dur - c.child_ns;
+  e.depth = static_cast<int>(t_stack.size());
+  return e;
+}
 
 class Profile::State::Observer final : public ops::OpObserver {
  public:
@@ -85,18 +103,8 @@ class Profile::State::Observer final : public ops::OpObserver {
   }
   void end(const ops::OpDef& op, std::span<const Tensor> outputs) override {
     if (t_stack.empty()) return;  // began before the profile started
-    OpenCall c = std::move(t_stack.back());
-    t_stack.pop_back();
-    const int64_t dur = now_ns() - c.start_ns;
-    if (!t_stack.empty()) t_stack.back().child_ns += dur;
-    device::set_work_tag(t_stack.empty() ? nullptr : t_stack.back().name);
-    HostEvent e;
-    e.name = c.name;
-    e.tid = s_.thread_index();
-    e.start_ns = c.start_ns;
-    e.dur_ns = dur;
-    e.self_ns = dur - c.child_ns;
-    e.depth = static_cast<int>(t_stack.size());
+    OpenCall c;
+    HostEvent e = close_innermost_call(s_, c);
     e.args = std::move(c.args);
     e.flops = host_flops(op, c.inputs, outputs);
     bool on_host = true;
@@ -227,19 +235,8 @@ RecordScope::RecordScope(std::string_view name) {
 RecordScope::~RecordScope() {
   if (!state_ || g_active.load(std::memory_order_acquire) != state_ || t_stack.empty()) return;
   // The profile that saw this scope open is still recording (stop() clears the stack).
-  OpenCall c = std::move(t_stack.back());
-  t_stack.pop_back();
-  const int64_t dur = now_ns() - c.start_ns;
-  if (!t_stack.empty()) t_stack.back().child_ns += dur;
-  device::set_work_tag(t_stack.empty() ? nullptr : t_stack.back().name);
-  HostEvent e;
-  e.name = c.name;
-  e.tid = state_->thread_index();
-  e.start_ns = c.start_ns;
-  e.dur_ns = dur;
-  e.self_ns = dur - c.child_ns;
-  e.depth = static_cast<int>(t_stack.size());
-  state_->add_host(std::move(e));
+  OpenCall c;
+  state_->add_host(close_innermost_call(*state_, c));
 }
 
 std::vector<OpSummary> Profile::key_averages() const {
