@@ -146,30 +146,6 @@ TPU_GEMM_AVX2 void pack_b_panel_rows_f32_avx2(const float* src, int64_t rs, int 
   }
 }
 
-// One packed B panel from `cols` (<= 16) columns of f32 contiguous along K (B = W^T of a
-// linear layer): dst[k * 16 + c] = column c, element k (zero for c >= cols). Eight k at a
-// time, as two 8 x 8 transposes (columns 0-7 and 8-15).
-TPU_GEMM_AVX2 void pack_b_panel_f32_avx2(const float* src, int64_t cs, int cols, int64_t kce,
-                                         float* dst) {
-  int64_t k0 = 0;
-  for (; k0 + 8 <= kce; k0 += 8) {
-    float* d = dst + k0 * kNR;
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; ++h) {
-      __m256 r[8];
-#pragma GCC unroll 8
-      for (int i = 0; i < 8; ++i) r[i] = _mm256_setzero_ps();
-      const int n = cols - 8 * h < 8 ? cols - 8 * h : 8;
-      for (int i = 0; i < n; ++i) r[i] = _mm256_loadu_ps(src + (8 * h + i) * cs + k0);
-      transpose8(r);  // r[k] = (column 8h .. 8h + 7) at k0 + k
-#pragma GCC unroll 8
-      for (int k = 0; k < 8; ++k) _mm256_storeu_ps(d + k * kNR + 8 * h, r[k]);
-    }
-  }
-  for (; k0 < kce; ++k0)
-    for (int c = 0; c < kNR; ++c) dst[k0 * kNR + c] = c < cols ? src[c * cs + k0] : 0.0f;
-}
-
 // bf16 (raw bits) to f32 panels for gemm_bf16 on AVX2: the same layouts as the f32 packers,
 // each bf16 widened exactly (its bits become the high half of the f32).
 namespace {
@@ -183,17 +159,16 @@ inline float widen1(uint16_t v) {
   __builtin_memcpy(&f, &bits, sizeof f);
   return f;
 }
-}  // namespace
+// Eight (or one) f32 values from f32 or bf16 memory: the packers serve both element types.
+TPU_GEMM_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+TPU_GEMM_AVX2 inline __m256 load8(const uint16_t* p) { return widen8(p); }
+inline float load1(float v) { return v; }
+inline float load1(uint16_t v) { return widen1(v); }
 
 // One packed A panel from `rows` (<= 6) rows contiguous along K (f32, or bf16 widened
 // exactly): dst[k * 6 + r] = row r, element k (zero for r >= rows). Eight k at a time: the
 // 6 (+2 zero) x 8 block is transposed in registers and its columns are written back to back,
 // each 8-lane store overlapping the next column's start (the last one is written as 4 + 2 lanes).
-namespace {
-TPU_GEMM_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-TPU_GEMM_AVX2 inline __m256 load8(const uint16_t* p) { return widen8(p); }
-inline float load1(float v) { return v; }
-inline float load1(uint16_t v) { return widen1(v); }
 
 template <class T>
 TPU_GEMM_AVX2 void pack_a_panel(const T* src, int64_t rs, int rows, int64_t kce, float* dst) {
@@ -213,6 +188,30 @@ TPU_GEMM_AVX2 void pack_a_panel(const T* src, int64_t rs, int rows, int64_t kce,
   for (; k0 < kce; ++k0)
     for (int i = 0; i < kMR; ++i) dst[k0 * kMR + i] = i < rows ? load1(src[i * rs + k0]) : 0.0f;
 }
+
+// One packed B panel from `cols` (<= 16) columns contiguous along K (B = W^T of a linear
+// layer; f32, or bf16 widened exactly): dst[k * 16 + c] = column c, element k (zero for
+// c >= cols). Eight k at a time, as two 8 x 8 transposes (columns 0-7 and 8-15).
+template <class T>
+TPU_GEMM_AVX2 void pack_b_panel_columns(const T* src, int64_t cs, int cols, int64_t kce, float* dst) {
+  int64_t k0 = 0;
+  for (; k0 + 8 <= kce; k0 += 8) {
+    float* d = dst + k0 * kNR;
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      __m256 r[8];
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) r[i] = _mm256_setzero_ps();
+      const int n = cols - 8 * h < 8 ? cols - 8 * h : 8;
+      for (int i = 0; i < n; ++i) r[i] = load8(src + (8 * h + i) * cs + k0);
+      transpose8(r);  // r[k] = (column 8h .. 8h + 7) at k0 + k
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) _mm256_storeu_ps(d + k * kNR + 8 * h, r[k]);
+    }
+  }
+  for (; k0 < kce; ++k0)
+    for (int c = 0; c < kNR; ++c) dst[k0 * kNR + c] = c < cols ? load1(src[c * cs + k0]) : 0.0f;
+}
 }  // namespace
 
 TPU_GEMM_AVX2 void pack_a_panel_f32_avx2(const float* src, int64_t rs, int rows, int64_t kce, float* dst) {
@@ -220,6 +219,9 @@ TPU_GEMM_AVX2 void pack_a_panel_f32_avx2(const float* src, int64_t rs, int rows,
 }
 TPU_GEMM_AVX2 void pack_a_panel_bf16_avx2(const uint16_t* src, int64_t rs, int rows, int64_t kce, float* dst) {
   pack_a_panel(src, rs, rows, kce, dst);
+}
+TPU_GEMM_AVX2 void pack_b_panel_f32_avx2(const float* src, int64_t cs, int cols, int64_t kce, float* dst) {
+  pack_b_panel_columns(src, cs, cols, kce, dst);
 }
 
 TPU_GEMM_AVX2 void pack_b_panel_bf16_avx2(const uint16_t* src, int64_t rs, int64_t cs, int cols,
@@ -236,24 +238,7 @@ TPU_GEMM_AVX2 void pack_b_panel_bf16_avx2(const uint16_t* src, int64_t rs, int64
     }
     return;
   }
-  // Columns contiguous along K (rs == 1): two 8 x 8 transposes per eight k.
-  int64_t k0 = 0;
-  for (; k0 + 8 <= kce; k0 += 8) {
-    float* d = dst + k0 * kNR;
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; ++h) {
-      __m256 r[8];
-#pragma GCC unroll 8
-      for (int i = 0; i < 8; ++i) r[i] = _mm256_setzero_ps();
-      const int n = cols - 8 * h < 8 ? cols - 8 * h : 8;
-      for (int i = 0; i < n; ++i) r[i] = widen8(src + (8 * h + i) * cs + k0);
-      transpose8(r);
-#pragma GCC unroll 8
-      for (int k = 0; k < 8; ++k) _mm256_storeu_ps(d + k * kNR + 8 * h, r[k]);
-    }
-  }
-  for (; k0 < kce; ++k0)
-    for (int c = 0; c < kNR; ++c) dst[k0 * kNR + c] = c < cols ? widen1(src[c * cs + k0]) : 0.0f;
+  pack_b_panel_columns(src, cs, cols, kce, dst);  // columns contiguous along K (rs == 1)
 }
 
 }  // namespace tpu::kernels::detail
