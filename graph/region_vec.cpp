@@ -15,20 +15,15 @@ namespace tpu::graph {
 namespace {
 
 using ops::cpu::VecBinary;
+using ops::cpu::VecOperand;
+using ops::cpu::VecStep;
+using ops::cpu::VecStepKind;
 using ops::cpu::VecUnary;
 
-enum class VOp : uint8_t { bin, un, neg, abs, sqrt, rsqrt, recip, copy };
-struct VStep {
-  VOp kind = VOp::copy;
-  VecBinary bin = VecBinary::add;
-  VecUnary un = VecUnary::exp;
-  float alpha = 1.0f;
-};
-
-bool decode(const Node& n, VStep& s) {
+bool decode(const Node& n, VecStep& s) {
   const std::string& name = n.op->name;
   auto bin = [&](VecBinary b) {
-    s.kind = VOp::bin;
+    s.kind = VecStepKind::binary;
     s.bin = b;
     if (const ops::AttrValue* a = n.attrs.find("alpha")) {
       if (const auto* sc = std::get_if<Scalar>(a)) s.alpha = static_cast<float>(sc->to_double());
@@ -37,7 +32,7 @@ bool decode(const Node& n, VStep& s) {
     return n.inputs.size() == 2;
   };
   auto un = [&](VecUnary u) {
-    s.kind = VOp::un;
+    s.kind = VecStepKind::unary;
     s.un = u;
     return n.inputs.size() == 1;
   };
@@ -56,12 +51,12 @@ bool decode(const Node& n, VStep& s) {
   if (name == "relu") return un(VecUnary::relu);
   if (name == "gelu") return un(n.attrs.get_bool("tanh_approx", false) ? VecUnary::gelu_tanh : VecUnary::gelu_erf);
   if (n.inputs.size() != 1) return false;
-  if (name == "neg") s.kind = VOp::neg;
-  else if (name == "abs") s.kind = VOp::abs;
-  else if (name == "sqrt") s.kind = VOp::sqrt;
-  else if (name == "rsqrt") s.kind = VOp::rsqrt;
-  else if (name == "reciprocal") s.kind = VOp::recip;
-  else if (name == "contiguous") s.kind = VOp::copy;
+  if (name == "neg") s.kind = VecStepKind::neg;
+  else if (name == "abs") s.kind = VecStepKind::abs;
+  else if (name == "sqrt") s.kind = VecStepKind::sqrt;
+  else if (name == "rsqrt") s.kind = VecStepKind::rsqrt;
+  else if (name == "reciprocal") s.kind = VecStepKind::recip;
+  else if (name == "contiguous") s.kind = VecStepKind::copy;
   else return false;
   return true;
 }
@@ -85,6 +80,7 @@ constexpr int64_t kStreamBytes = 4 << 20;
 struct Src {
   int scratch = -1;          // per-thread chunk buffer index, or -1 (memory)
   int stream = -1;           // a region output computed in a chunk buffer, then streamed out
+  bool output = false;       // a region output (memory)
   const Tensor* t = nullptr;  // memory: the tensor
   int64_t size[kMaxDims], stride[kMaxDims];  // aligned to the domain rank
   int64_t base = 0;
@@ -96,7 +92,7 @@ bool vec_region_supported(const Graph& g, const Region& r) {
   if (r.kind != RegionKind::elementwise) return false;
   for (int32_t ni : r.nodes) {
     const Node& n = g.nodes[static_cast<size_t>(ni)];
-    VStep s;
+    VecStep s;
     if (!decode(n, s) || g.meta(n.outputs[0]).dtype != DType::f32 || g.meta(n.outputs[0]).shape != r.domain) return false;
     for (ValueId in : n.inputs)
       if (g.meta(in).dtype != DType::f32 || !g.meta(in).device.is_cpu()) return false;
@@ -114,7 +110,7 @@ void run_region_vec(const Graph& g, const Region& r, std::vector<Tensor>& vals) 
   if (rows == 0 || C == 0) return;
 
   // Sources: region outputs and external inputs in memory, other values in scratch.
-  std::vector<VStep> steps;
+  std::vector<VecStep> steps;
   std::vector<int32_t> slot(g.values.size(), -1);  // index into srcs
   std::vector<Src> srcs;
   std::vector<char> is_out(g.values.size(), 0);
@@ -135,7 +131,7 @@ void run_region_vec(const Graph& g, const Region& r, std::vector<Tensor>& vals) 
   };
   for (int32_t ni : r.nodes) {
     const Node& n = g.nodes[static_cast<size_t>(ni)];
-    VStep s;
+    VecStep s;
     decode(n, s);
     steps.push_back(s);
     for (ValueId in : n.inputs)
@@ -147,6 +143,7 @@ void run_region_vec(const Graph& g, const Region& r, std::vector<Tensor>& vals) 
     slot[static_cast<size_t>(o)] = static_cast<int32_t>(srcs.size());
     if (is_out[static_cast<size_t>(o)]) {
       Src m = mem_src(o);
+      m.output = true;
       const bool contiguous_rows = dn == 0 || m.stride[dn - 1] == 1;
       if (contiguous_rows && m.t->nbytes() >= static_cast<size_t>(kStreamBytes)) m.stream = nscratch++;
       srcs.push_back(m);
@@ -154,6 +151,23 @@ void run_region_vec(const Graph& g, const Region& r, std::vector<Tensor>& vals) 
       Src sc;
       sc.scratch = nscratch++;
       srcs.push_back(sc);
+    }
+  }
+
+  // The fused path (when the math table has one): every step per block of a few vectors, the
+  // outputs written straight from the block. Needs outputs with contiguous rows.
+  std::vector<VecStep> prog;
+  bool use_program = vm.program != nullptr && srcs.size() <= static_cast<size_t>(ops::cpu::kVecProgramMaxOperands);
+  for (const Src& s : srcs)
+    if (s.output && dn > 0 && s.size[dn - 1] != 1 && s.stride[dn - 1] != 1) use_program = false;
+  if (use_program) {
+    for (size_t si = 0; si < steps.size(); ++si) {
+      const Node& n = g.nodes[static_cast<size_t>(r.nodes[si])];
+      VecStep ps = steps[si];
+      ps.in0 = static_cast<int16_t>(slot[static_cast<size_t>(n.inputs[0])]);
+      if (n.inputs.size() > 1) ps.in1 = static_cast<int16_t>(slot[static_cast<size_t>(n.inputs[1])]);
+      ps.out = static_cast<int16_t>(slot[static_cast<size_t>(n.outputs[0])]);
+      prog.push_back(ps);
     }
   }
 
@@ -167,6 +181,7 @@ void run_region_vec(const Graph& g, const Region& r, std::vector<Tensor>& vals) 
     float* gather = tmp + 3 * kVecChunk;
     std::vector<float*> ptr(srcs.size());
     std::vector<char> scalar(srcs.size());
+    std::vector<VecOperand> operands(use_program ? srcs.size() : 0);
     int64_t idx[kMaxDims];
     for (int64_t it = ib; it < ie; ++it) {
       const int64_t row = it / pieces, c0 = (it % pieces) * kVecChunk, len = std::min<int64_t>(kVecChunk, C - c0);
@@ -206,10 +221,29 @@ void run_region_vec(const Graph& g, const Region& r, std::vector<Tensor>& vals) 
           scalar[k] = 0;
         }
       };
+      if (use_program) {
+        for (size_t k = 0; k < srcs.size(); ++k) {
+          const Src& s = srcs[k];
+          VecOperand& o = operands[k];
+          o = VecOperand{};
+          if (s.output) {
+            int64_t off = s.base + (dn && s.size[dn - 1] != 1 ? c0 : 0);
+            for (int j = 0; j < dn - 1; ++j) off += idx[j] * s.stride[j];
+            o.out = static_cast<float*>(s.t->storage()->data) + off;
+            o.stream = s.stream >= 0;
+          } else if (s.scratch < 0) {
+            resolve(k);
+            o.in = ptr[k];
+            o.scalar = scalar[k] != 0;
+          }
+        }
+        vm.program(prog.data(), static_cast<int>(prog.size()), operands.data(), static_cast<int>(operands.size()), len);
+        continue;
+      }
       for (size_t k = 0; k < srcs.size(); ++k) resolve(k);
       for (size_t si = 0; si < steps.size(); ++si) {
         const Node& n = g.nodes[static_cast<size_t>(r.nodes[si])];
-        const VStep& s = steps[si];
+        const VecStep& s = steps[si];
         const size_t ok = static_cast<size_t>(slot[static_cast<size_t>(n.outputs[0])]);
         float* out = ptr[ok];
         auto vec_in = [&](ValueId v) -> const float* {  // a scalar operand expanded to a chunk
@@ -219,7 +253,7 @@ void run_region_vec(const Graph& g, const Region& r, std::vector<Tensor>& vals) 
           std::fill(t, t + len, *ptr[k]);
           return t;
         };
-        if (s.kind == VOp::bin) {
+        if (s.kind == VecStepKind::binary) {
           const size_t ky = static_cast<size_t>(slot[static_cast<size_t>(n.inputs[1])]);
           const float* x = vec_in(n.inputs[0]);
           const bool ys = scalar[ky] != 0;
@@ -227,12 +261,12 @@ void run_region_vec(const Graph& g, const Region& r, std::vector<Tensor>& vals) 
         } else {
           const float* x = vec_in(n.inputs[0]);
           switch (s.kind) {
-            case VOp::un: vm.get(s.un)(out, x, len); break;
-            case VOp::neg: for (int64_t i = 0; i < len; ++i) out[i] = -x[i]; break;
-            case VOp::abs: for (int64_t i = 0; i < len; ++i) out[i] = std::fabs(x[i]); break;
-            case VOp::sqrt: for (int64_t i = 0; i < len; ++i) out[i] = std::sqrt(x[i]); break;
-            case VOp::rsqrt: for (int64_t i = 0; i < len; ++i) out[i] = 1.0f / std::sqrt(x[i]); break;
-            case VOp::recip: for (int64_t i = 0; i < len; ++i) out[i] = 1.0f / x[i]; break;
+            case VecStepKind::unary: vm.get(s.un)(out, x, len); break;
+            case VecStepKind::neg: for (int64_t i = 0; i < len; ++i) out[i] = -x[i]; break;
+            case VecStepKind::abs: for (int64_t i = 0; i < len; ++i) out[i] = std::fabs(x[i]); break;
+            case VecStepKind::sqrt: for (int64_t i = 0; i < len; ++i) out[i] = std::sqrt(x[i]); break;
+            case VecStepKind::rsqrt: for (int64_t i = 0; i < len; ++i) out[i] = 1.0f / std::sqrt(x[i]); break;
+            case VecStepKind::recip: for (int64_t i = 0; i < len; ++i) out[i] = 1.0f / x[i]; break;
             default: std::copy(x, x + len, out); break;
           }
         }

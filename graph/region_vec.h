@@ -1,8 +1,11 @@
 // The fast path of the cpu region executor for f32 elementwise regions: a small vectorized
 // interpreter. The domain is walked in chunks of one row (the innermost dim, at most
-// kVecChunk elements); each node of the region runs on the chunk with the vectorized f32 math
-// table (AVX-512 when available), intermediates stay in per-thread chunk buffers (L1/L2), and
-// only the region outputs are written to memory: one pass over memory per region.
+// kVecChunk elements), split over the threads. When the vectorized f32 math table has a fused
+// program executor (AVX2), the whole region runs on the chunk block by block (every step on a
+// block of 256 values in L1, the next block's inputs prefetched meanwhile, outputs written as
+// they are computed); otherwise each node runs on the whole chunk with the table's one-op
+// kernels, intermediates in per-thread chunk buffers. Either way only the region outputs are
+// written to memory: one pass over memory per region.
 #pragma once
 
 #include <vector>

@@ -20,10 +20,38 @@ using VecUnaryFn = void (*)(float* out, const float* in, int64_t n);
 // For add/sub, alpha scales y (out = x + alpha * y). out may equal x or y.
 using VecBinaryFn = void (*)(float* out, const float* x, const float* y, bool y_scalar, float alpha, int64_t n);
 
+// A fused elementwise program: the steps of a graph region, run over one contiguous range a
+// few vectors at a time, so the values between steps stay in registers and L1 and the loads
+// of the next block overlap the arithmetic of this one (one pass over memory, as a generated
+// loop would do it).
+enum class VecStepKind : uint8_t { unary, binary, neg, abs, sqrt, rsqrt, recip, copy };
+struct VecStep {
+  VecStepKind kind = VecStepKind::copy;
+  VecUnary un = VecUnary::exp;
+  VecBinary bin = VecBinary::add;
+  float alpha = 1.0f;                   // add/sub: out = in0 + alpha * in1
+  int16_t in0 = -1, in1 = -1, out = -1;  // operand indices
+};
+// Operand k of a program: an input read from memory when `in` is set (scalar: in[0] for every
+// element), otherwise a value computed by exactly one earlier step. When `out` is set the
+// value is also written to memory as it is computed (so outputs must not overlap inputs; the
+// graph's buffer plan never gives a region output the buffer of one of its inputs); `stream`
+// writes it with non-temporal stores when `out` is 32-byte aligned.
+struct VecOperand {
+  const float* in = nullptr;
+  float* out = nullptr;
+  bool scalar = false;
+  bool stream = false;
+};
+inline constexpr int kVecProgramMaxOperands = 64;
+// Runs the steps over elements [0, n) of every operand (nops <= kVecProgramMaxOperands).
+using VecProgramFn = void (*)(const VecStep* steps, int nsteps, const VecOperand* ops, int nops, int64_t n);
+
 struct VecMathTable {
   const char* name;
   VecUnaryFn unary[static_cast<int>(VecUnary::count)];
   VecBinaryFn binary[static_cast<int>(VecBinary::count)];
+  VecProgramFn program = nullptr;  // null: run programs step by step over chunks
   VecUnaryFn get(VecUnary op) const { return unary[static_cast<int>(op)]; }
   VecBinaryFn get(VecBinary op) const { return binary[static_cast<int>(op)]; }
 };

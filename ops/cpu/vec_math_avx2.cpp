@@ -17,6 +17,7 @@
 //     leave an error near one ulp in t.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "ops/cpu/vec_math.h"
@@ -370,11 +371,168 @@ TPU_AVX2_ENTRY void sub_v(float* o, const float* x, const float* y, bool ys, flo
   else binary_loop<SubOp>(o, x, y, ys, alpha, n);
 }
 
+// ---- fused programs: a region's steps over blocks that stay in L1 ----
+//
+// Each step runs over a whole block of kProgBlock elements (one dispatch per step and block),
+// four vectors at a time, reading its operands through plain pointers: memory inputs in
+// place, scalars from a slot filled once, computed values from their block slots. Then the
+// block's outputs are stored. A block is small enough for the loads of memory operands to
+// overlap the arithmetic of the steps before, and large enough that dispatch costs little.
+// The last, partial block first copies its memory inputs into slots, so no step needs masks.
+
+constexpr int kProgVecs = 4;
+constexpr int kProgSub = 8 * kProgVecs;  // floats per sub-block
+constexpr int kProgBlock = kProgSub * 8;  // floats per block
+using Block = __m256[kProgVecs];
+
+// Stores a computed sub-block to its slot and, for a region output, to memory.
+TPU_AVX2_FN void prog_put(const Block& a, float* o, float* m, bool stream, int64_t e) {
+  for (int u = 0; u < kProgVecs; ++u) _mm256_store_ps(o + e + 8 * u, a[u]);
+  if (!m) return;
+  if (stream) {
+    for (int u = 0; u < kProgVecs; ++u) _mm256_stream_ps(m + e + 8 * u, a[u]);
+  } else {
+    for (int u = 0; u < kProgVecs; ++u) _mm256_storeu_ps(m + e + 8 * u, a[u]);
+  }
+}
+
+// Where a step writes: its slot `o`, and `m` (memory, may be null) for region outputs.
+struct ProgDst {
+  float* o;
+  float* m;
+  bool stream;
+};
+
+template <void (*F)(Block&)>
+__attribute__((noinline)) TPU_AVX2_ENTRY void prog_map1(const float* x, ProgDst d, int64_t len) {
+  for (int64_t e = 0; e < len; e += kProgSub) {
+    Block a;
+    for (int u = 0; u < kProgVecs; ++u) a[u] = _mm256_loadu_ps(x + e + 8 * u);
+    F(a);
+    prog_put(a, d.o, d.m, d.stream, e);
+  }
+}
+template <class Op>
+__attribute__((noinline)) TPU_AVX2_ENTRY void prog_map2(const float* x, const float* y, ProgDst d, float alpha,
+                                                        int64_t len) {
+  const __m256 al = _mm256_set1_ps(alpha);
+  for (int64_t e = 0; e < len; e += kProgSub) {
+    Block a;
+    for (int u = 0; u < kProgVecs; ++u) a[u] = Op::f(_mm256_loadu_ps(x + e + 8 * u), _mm256_loadu_ps(y + e + 8 * u), al);
+    prog_put(a, d.o, d.m, d.stream, e);
+  }
+}
+
+template <__m256 (*F)(__m256)>
+TPU_AVX2_FN void each_v(Block& v) {
+  for (int u = 0; u < kProgVecs; ++u) v[u] = F(v[u]);
+}
+TPU_AVX2_FN __m256 neg_v(__m256 x) { return _mm256_xor_ps(x, sign_mask()); }
+TPU_AVX2_FN __m256 sqrt_v(__m256 x) { return _mm256_sqrt_ps(x); }
+TPU_AVX2_FN __m256 rsqrt_v(__m256 x) { return _mm256_div_ps(splat(1.0f), _mm256_sqrt_ps(x)); }
+TPU_AVX2_FN __m256 recip_v(__m256 x) { return _mm256_div_ps(splat(1.0f), x); }
+TPU_AVX2_FN void nop_v(Block&) {}
+
+// One step over `len` elements (a multiple of kProgSub) from operand pointers `p`; `m`:
+// memory destinations (null: none).
+TPU_AVX2_FN void prog_step(const VecStep& s, float* const* p, float* const* m, const bool* stream, int64_t len) {
+  const float* x = p[s.in0];
+  const ProgDst o{p[s.out], m[s.out], stream[s.out]};
+  if (s.kind == VecStepKind::binary) {
+    const float* y = p[s.in1];
+    switch (s.bin) {
+      case VecBinary::add: (s.alpha == 1.0f ? prog_map2<AddOneOp> : prog_map2<AddOp>)(x, y, o, s.alpha, len); break;
+      case VecBinary::sub: (s.alpha == 1.0f ? prog_map2<SubOneOp> : prog_map2<SubOp>)(x, y, o, s.alpha, len); break;
+      case VecBinary::mul: prog_map2<MulOp>(x, y, o, s.alpha, len); break;
+      case VecBinary::div: prog_map2<DivOp>(x, y, o, s.alpha, len); break;
+      case VecBinary::maximum: prog_map2<MaxOp>(x, y, o, s.alpha, len); break;
+      case VecBinary::minimum: prog_map2<MinOp>(x, y, o, s.alpha, len); break;
+      case VecBinary::count: break;
+    }
+    return;
+  }
+  void (*f)(const float*, ProgDst, int64_t) = prog_map1<nop_v>;
+  switch (s.kind) {
+    case VecStepKind::unary:
+      switch (s.un) {
+        case VecUnary::exp: f = prog_map1<exp_n<kProgVecs>>; break;
+        case VecUnary::log: f = prog_map1<each_v<log_v>>; break;
+        case VecUnary::tanh: f = prog_map1<tanh_n<kProgVecs>>; break;
+        case VecUnary::sigmoid: f = prog_map1<sigmoid_n<kProgVecs>>; break;
+        case VecUnary::silu: f = prog_map1<silu_n<kProgVecs>>; break;
+        case VecUnary::gelu_erf: f = prog_map1<gelu_erf_n<kProgVecs>>; break;
+        case VecUnary::gelu_tanh: f = prog_map1<gelu_tanh_n<kProgVecs>>; break;
+        case VecUnary::erf: f = prog_map1<erf_n<kProgVecs>>; break;
+        case VecUnary::relu: f = prog_map1<each_v<relu_v>>; break;
+        case VecUnary::count: break;
+      }
+      break;
+    case VecStepKind::neg: f = prog_map1<each_v<neg_v>>; break;
+    case VecStepKind::abs: f = prog_map1<each_v<abs_v>>; break;
+    case VecStepKind::sqrt: f = prog_map1<each_v<sqrt_v>>; break;
+    case VecStepKind::rsqrt: f = prog_map1<each_v<rsqrt_v>>; break;
+    case VecStepKind::recip: f = prog_map1<each_v<recip_v>>; break;
+    case VecStepKind::binary:
+    case VecStepKind::copy: break;
+  }
+  f(x, o, len);
+}
+
+TPU_AVX2_ENTRY void program_v(const VecStep* steps, int nsteps, const VecOperand* ops, int nops, int64_t n) {
+  if (n <= 0 || nops > kVecProgramMaxOperands) return;
+  // One block slot per operand; scalars are broadcast into theirs once.
+  alignas(32) float slots[kVecProgramMaxOperands][kProgBlock];
+  float* p[kVecProgramMaxOperands];
+  float* m[kVecProgramMaxOperands];
+  bool streamed[kVecProgramMaxOperands];
+  int mems[kVecProgramMaxOperands], outs[kVecProgramMaxOperands];
+  int nmems = 0, nouts = 0;
+  bool any_stream = false;
+  for (int k = 0; k < nops; ++k) {
+    const VecOperand& o = ops[k];
+    p[k] = slots[k];
+    m[k] = nullptr;
+    streamed[k] = o.out && o.stream && (reinterpret_cast<uintptr_t>(o.out) & 31u) == 0;
+    any_stream = any_stream || streamed[k];
+    if (o.in && o.scalar) std::fill(slots[k], slots[k] + kProgBlock, o.in[0]);
+    else if (o.in) mems[nmems++] = k;
+    if (o.out) outs[nouts++] = k;
+  }
+  int64_t i = 0;
+  for (; i + kProgBlock <= n; i += kProgBlock) {
+    for (int j = 0; j < nmems; ++j) {
+      p[mems[j]] = const_cast<float*>(ops[mems[j]].in) + i;
+      // The lines two blocks ahead, fetched while this block computes (also past the end: the
+      // caller's next range usually follows, and a prefetch never faults).
+      for (int e = 0; e < kProgBlock; e += 16) _mm_prefetch(reinterpret_cast<const char*>(p[mems[j]] + 2 * kProgBlock + e), _MM_HINT_T0);
+    }
+    for (int j = 0; j < nouts; ++j) m[outs[j]] = ops[outs[j]].out + i;
+    for (int si = 0; si < nsteps; ++si) prog_step(steps[si], p, m, streamed, kProgBlock);
+  }
+  if (i < n) {
+    // The partial last block runs on slots only (inputs copied in, outputs copied out).
+    const int64_t left = n - i, len = (left + kProgSub - 1) / kProgSub * kProgSub;
+    for (int j = 0; j < nmems; ++j) {
+      const int k = mems[j];
+      for (int64_t e = 0; e < len; e += 8)
+        _mm256_store_ps(slots[k] + e, _mm256_maskload_ps(ops[k].in + i + e, tail_mask(left - e)));
+      p[k] = slots[k];
+    }
+    for (int j = 0; j < nouts; ++j) m[outs[j]] = nullptr;
+    for (int si = 0; si < nsteps; ++si) prog_step(steps[si], p, m, streamed, len);
+    for (int j = 0; j < nouts; ++j)
+      for (int64_t e = 0; e < left; e += 8)
+        _mm256_maskstore_ps(ops[outs[j]].out + i + e, tail_mask(left - e), _mm256_load_ps(slots[outs[j]] + e));
+  }
+  if (any_stream) _mm_sfence();
+}
+
 const VecMathTable kAvx2Table = {
     "avx2",
     {TPU_X4(exp_n), unary_loop<log_v>, TPU_X4(tanh_n), TPU_X4(sigmoid_n), TPU_X4(silu_n),
      TPU_X4(gelu_erf_n), TPU_X4(gelu_tanh_n), TPU_X4(erf_n), unary_loop<relu_v>},
     {add_v, sub_v, binary_loop<MulOp>, binary_loop<DivOp>, binary_loop<MaxOp>, binary_loop<MinOp>},
+    program_v,
 };
 
 #undef TPU_X4

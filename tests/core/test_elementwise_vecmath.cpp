@@ -269,6 +269,127 @@ TEST_CASE("vec_math: binary kernels, broadcast right operand, alpha and the stre
   }
 }
 
+namespace {
+
+using tpu::ops::cpu::VecOperand;
+using tpu::ops::cpu::VecStep;
+using tpu::ops::cpu::VecStepKind;
+
+// Step s over whole arrays with the table's one-op kernels and std:: functions (the
+// reference for a fused program): vals[k] holds operand k's n values (a scalar repeated).
+void reference_step(const VecMathTable& t, const VecStep& s, std::vector<std::vector<float>>& vals, int64_t n) {
+  const std::vector<float>& x = vals[static_cast<size_t>(s.in0)];
+  std::vector<float>& o = vals[static_cast<size_t>(s.out)];
+  o.assign(static_cast<size_t>(n), 0.0f);
+  switch (s.kind) {
+    case VecStepKind::binary: t.get(s.bin)(o.data(), x.data(), vals[static_cast<size_t>(s.in1)].data(), false, s.alpha, n); break;
+    case VecStepKind::unary: t.get(s.un)(o.data(), x.data(), n); break;
+    case VecStepKind::neg: for (int64_t i = 0; i < n; ++i) o[i] = -x[i]; break;
+    case VecStepKind::abs: for (int64_t i = 0; i < n; ++i) o[i] = std::fabs(x[i]); break;
+    case VecStepKind::sqrt: for (int64_t i = 0; i < n; ++i) o[i] = std::sqrt(x[i]); break;
+    case VecStepKind::rsqrt: for (int64_t i = 0; i < n; ++i) o[i] = 1.0f / std::sqrt(x[i]); break;
+    case VecStepKind::recip: for (int64_t i = 0; i < n; ++i) o[i] = 1.0f / x[i]; break;
+    case VecStepKind::copy: o = x; break;
+  }
+}
+
+bool same_float(float a, float b) { return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, sizeof a) == 0; }
+
+}  // namespace
+
+TEST_CASE("vec_math: fused programs give the results of their steps run one by one", "[elementwise][vecmath]") {
+  std::vector<const VecMathTable*> with_program;
+  for (const VecMathTable* t : tables())
+    if (t->program) with_program.push_back(t);
+  if (with_program.empty()) WARN("no vec_math implementation on this CPU has a fused program executor");
+  for (const VecMathTable* t : with_program) {
+    INFO(t->name);
+    // Operands 0, 1: memory inputs; 2: a scalar; then one per step. Every unary and binary op,
+    // the scalar as left and right operand, alpha != 1, a value read again much later, and
+    // outputs in the middle (read by later steps) and at the end.
+    std::vector<VecStep> steps;
+    auto add = [&](VecStepKind k, int in0, int in1 = -1) -> VecStep& {
+      VecStep s;
+      s.kind = k;
+      s.in0 = static_cast<int16_t>(in0);
+      s.in1 = static_cast<int16_t>(in1);
+      s.out = static_cast<int16_t>(3 + steps.size());
+      steps.push_back(s);
+      return steps.back();
+    };
+    auto last = [&] { return 2 + static_cast<int>(steps.size()); };
+    add(VecStepKind::binary, 0, 2).bin = VecBinary::mul;  // x * s
+    add(VecStepKind::binary, last(), 1).bin = VecBinary::add;
+    for (int u = 0; u < static_cast<int>(VecUnary::count); ++u) {
+      add(VecStepKind::unary, u % 2 ? last() : 3).un = static_cast<VecUnary>(u);
+      VecStep& b = add(VecStepKind::binary, last(), u % 3 == 0 ? 2 : 0);
+      b.bin = static_cast<VecBinary>(u % static_cast<int>(VecBinary::count));
+      b.alpha = u % 2 ? -0.75f : 1.0f;
+    }
+    add(VecStepKind::binary, 2, last()).bin = VecBinary::sub;  // scalar on the left
+    for (VecStepKind k : {VecStepKind::neg, VecStepKind::abs, VecStepKind::sqrt, VecStepKind::rsqrt, VecStepKind::recip,
+                          VecStepKind::copy})
+      add(k, last());
+    add(VecStepKind::binary, last(), 4).bin = VecBinary::maximum;
+    const int nops = 3 + static_cast<int>(steps.size());
+    REQUIRE(nops <= tpu::ops::cpu::kVecProgramMaxOperands);
+    const std::vector<int> outs = {4, 9, nops - 1};
+
+    for (int64_t n : {1, 7, 8, 31, 32, 33, 255, 256, 257, 600, 1000, 2048, 2049}) {
+      for (bool stream : {false, true}) {
+        INFO("n " << n << " stream " << stream);
+        std::vector<std::vector<float>> ref(static_cast<size_t>(nops));
+        ref[0].resize(static_cast<size_t>(n));
+        ref[1].resize(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) {
+          ref[0][static_cast<size_t>(i)] = static_cast<float>((i * 37) % 101 - 50) * 0.07f;
+          ref[1][static_cast<size_t>(i)] = static_cast<float>((i * 11) % 23 + 1) * 0.3f;
+        }
+        ref[0][0] = NAN;
+        if (n > 5) ref[0][5] = INFINITY;
+        if (n > 6) ref[1][6] = -INFINITY;
+        ref[2].assign(static_cast<size_t>(n), 1.75f);
+        for (const VecStep& s : steps) reference_step(*t, s, ref, n);
+
+        // Memory operands at an offset of 3 floats (unaligned) or 0, with guard cells after.
+        const size_t off = stream ? 0 : 3;
+        std::vector<std::vector<float>> mem(outs.size(), std::vector<float>(static_cast<size_t>(n) + 16 + off, 999.0f));
+        std::vector<float> in0(off), in1(off);
+        in0.insert(in0.end(), ref[0].begin(), ref[0].end());
+        in1.insert(in1.end(), ref[1].begin(), ref[1].end());
+        const float scalar = 1.75f;
+        std::vector<VecOperand> ops(static_cast<size_t>(nops));
+        ops[0].in = in0.data() + off;
+        ops[1].in = in1.data() + off;
+        ops[2].in = &scalar;
+        ops[2].scalar = true;
+        // Streamed outputs must be 32-byte aligned to stream; vectors give 16, so align by hand.
+        std::vector<float*> dst;
+        for (size_t j = 0; j < outs.size(); ++j) {
+          float* base = mem[j].data() + off;
+          if (stream) base = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(mem[j].data()) + 31) & ~uintptr_t{31});
+          dst.push_back(base);
+          ops[static_cast<size_t>(outs[j])].out = base;
+          ops[static_cast<size_t>(outs[j])].stream = stream;
+        }
+        t->program(steps.data(), static_cast<int>(steps.size()), ops.data(), nops, n);
+        for (size_t j = 0; j < outs.size(); ++j) {
+          const std::vector<float>& want = ref[static_cast<size_t>(outs[j])];
+          int64_t bad = 0, first = -1;
+          for (int64_t i = 0; i < n; ++i)
+            if (!same_float(dst[j][i], want[static_cast<size_t>(i)])) {
+              ++bad;
+              if (first < 0) first = i;
+            }
+          INFO("output operand " << outs[j] << ": first mismatch at " << first);
+          CHECK(bad == 0);
+          for (int g = 0; g < 8; ++g) CHECK(dst[j][n + g] == 999.0f);  // nothing written past n
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("vec_math: the run-time choice", "[elementwise][vecmath]") {
   const VecMathTable& best = tpu::ops::cpu::vec_math();
   if (tpu::ops::cpu::vec_math_avx512()) CHECK(std::string(best.name) == "avx512");
