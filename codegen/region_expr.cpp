@@ -34,6 +34,16 @@ std::optional<VecRef> RegionExprBuilder::ref(graph::ValueId v) {
 }
 
 bool RegionExprBuilder::add(const graph::Node& n) {
+  // Inside a region `contiguous` is the identity: the region reads its input through its
+  // layout and writes a fresh output.
+  if (n.op->name == "contiguous" && n.inputs.size() == 1 && n.outputs.size() == 1 &&
+      g.meta(n.inputs[0]).dtype == g.meta(n.outputs[0]).dtype) {
+    auto r = ref(n.inputs[0]);
+    if (!r) return false;
+    key += "contiguous;";
+    known[n.outputs[0]] = *r;
+    return true;
+  }
   const Lowering* rule = lowering_of(*n.op);
   if (!rule || !rule->elementwise || n.outputs.size() != 1) return false;
   const DType out = g.meta(n.outputs[0]).dtype;

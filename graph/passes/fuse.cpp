@@ -2,8 +2,9 @@
 // of one of its producers when the shapes fit the region's domain (same shape, or the domain
 // reduced over trailing dims past the tile limit) and joining keeps the region convex (no
 // other input of the node depends on the region through a node outside it). Otherwise it
-// starts a region. Regions of a single node are dissolved (the node's own kernel is already
-// one pass). The result: elementwise chains, matmul + epilogue, and rowwise regions
+// starts a region. When the node joins a region, elementwise regions of its other producers
+// merge into it where that keeps the region convex. Regions of a single node are dissolved
+// (the node's own kernel is already one pass). The result: elementwise chains, matmul + epilogue, and rowwise regions
 // (softmax, layer_norm, rms_norm, written by hand or as ops, with their neighbours).
 #include <algorithm>
 
@@ -83,6 +84,41 @@ struct Builder {
     g.nodes[static_cast<size_t>(ni)].region = r;
   }
 
+  // True when an elementwise region `a` may merge into elementwise region `t` (same domain)
+  // without a node outside both lying on a path between them (which would make a cycle).
+  bool can_merge(int32_t a, int32_t t) {
+    const Region& A = g.regions[static_cast<size_t>(a)];
+    const Region& T = g.regions[static_cast<size_t>(t)];
+    if (A.kind != RegionKind::elementwise || T.kind != RegionKind::elementwise || A.domain != T.domain) return false;
+    auto outside_inputs_clear = [&](const Region& R, int32_t other) {
+      std::vector<char> seen(g.nodes.size(), 0);
+      for (int32_t ni : R.nodes)
+        for (ValueId in : g.nodes[static_cast<size_t>(ni)].inputs) {
+          const Value& v = g.value(in);
+          if (v.kind != ValueKind::node) continue;
+          const int32_t pr = g.nodes[static_cast<size_t>(v.producer)].region;
+          if (pr == a || pr == t) continue;
+          if (depends_on(v.producer, other, seen)) return false;
+        }
+      return true;
+    };
+    return outside_inputs_clear(A, t) && outside_inputs_clear(T, a);
+  }
+
+  // Moves region a's nodes into t (a is left empty and dissolved later).
+  void merge(int32_t a, int32_t t) {
+    Region& A = g.regions[static_cast<size_t>(a)];
+    Region& T = g.regions[static_cast<size_t>(t)];
+    for (int32_t ni : A.nodes) {
+      g.nodes[static_cast<size_t>(ni)].region = t;
+      T.nodes.push_back(ni);
+    }
+    std::sort(T.nodes.begin(), T.nodes.end());  // node order is a topological order
+    T.tile_dim_limit = std::min(T.tile_dim_limit, A.tile_dim_limit);
+    first_node[static_cast<size_t>(t)] = std::min(first_node[static_cast<size_t>(t)], first_node[static_cast<size_t>(a)]);
+    A.nodes.clear();
+  }
+
   void start(int32_t ni) {
     const Node& n = g.nodes[static_cast<size_t>(ni)];
     const FusionInfo& fi = info[static_cast<size_t>(ni)];
@@ -120,8 +156,18 @@ int fuse(Graph& g) {
         break;
       }
     }
-    if (target >= 0) b.join(static_cast<int32_t>(i), target);
-    else b.start(static_cast<int32_t>(i));
+    if (target < 0) {
+      b.start(static_cast<int32_t>(i));
+      continue;
+    }
+    b.join(static_cast<int32_t>(i), target);
+    // A node that combines two chains (an optimizer's update of a parameter from its moment
+    // estimates, say) also pulls its other producers' regions in, so they run as one pass.
+    for (ValueId in : n.inputs) {
+      const Node* p = g.producer(in);
+      if (!p || p->region < 0 || p->region == target) continue;
+      if (b.can_merge(p->region, target)) b.merge(p->region, target);
+    }
   }
   // Dissolve single-node regions, renumber, and compute region inputs/outputs.
   std::vector<Region> kept;

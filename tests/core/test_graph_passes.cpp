@@ -1,4 +1,6 @@
 // Each pass on hand-built graphs: what it must change and what it must leave alone.
+#include <algorithm>
+
 #include "graph_builder.h"
 
 namespace tpu {
@@ -171,6 +173,38 @@ TEST_CASE("graph pass fuse: elementwise chains, matmul epilogues, rowwise region
     REQUIRE(g.regions.size() == 1);
     CHECK(g.producer(c)->region == 0);
     CHECK(g.producer(d)->region == 0);
+  }
+}
+
+TEST_CASE("graph pass fuse: chains that meet merge into one region unless that makes a cycle", "[jit]") {
+  SECTION("an SGD-with-momentum update: two chains and their combination are one region") {
+    Graph g;
+    ValueId p = input(g, {64}), grad = input(g, {64}), buf = input(g, {64});
+    ValueId lr = scalar_const(g, 0.1), mom = scalar_const(g, 0.9), wd = scalar_const(g, 1e-4);
+    ValueId d = node(g, "add", {grad, node(g, "mul", {p, wd})});      // chain 1: weight decay
+    ValueId nb = node(g, "add", {node(g, "mul", {buf, mom}), d});     // chain 2 starts at buf * mom
+    ValueId np = node(g, "sub", {p, node(g, "mul", {nb, lr})});
+    g.outputs = {np, nb};
+    CHECK(graph::fuse(g) == 6);
+    graph::verify(g, "after fuse");
+    REQUIRE(g.regions.size() == 1);
+    CHECK(g.regions[0].nodes.size() == 6);
+    CHECK(std::is_sorted(g.regions[0].nodes.begin(), g.regions[0].nodes.end()));
+    CHECK(g.regions[0].outputs.size() == 2);
+  }
+  SECTION("chains joined through a node outside both stay apart") {
+    Graph g;
+    ValueId x = input(g, {8, 16}), y = input(g, {8, 16});
+    ValueId a = node(g, "neg", {node(g, "exp", {x})});
+    ValueId s = node(g, "sum", {a}, {{"dims", std::vector<int64_t>{0}}, {"keepdim", true}});  // not fused
+    ValueId b = node(g, "abs", {node(g, "mul", {y, s})});  // reads region 1 through the sum
+    ValueId c = node(g, "add", {b, a});  // its producers' regions: merging them would cycle through sum
+    g.outputs = {c};
+    graph::fuse(g);
+    graph::verify(g, "after fuse");
+    CHECK(g.regions.size() == 2);
+    CHECK(g.producer(a)->region != g.producer(b)->region);
+    CHECK(g.producer(s)->region == -1);
   }
 }
 
