@@ -1,6 +1,8 @@
 #include "codegen/launch.h"
 
 #include <atomic>
+#include <cstdlib>
+#include <list>
 
 #include <spdlog/spdlog.h>
 #include <memory>
@@ -17,11 +19,27 @@
 namespace tpu::codegen {
 namespace {
 
+// One device's programs, least recently used last.
+struct DeviceCache {
+  std::list<std::pair<std::string, LoadedProgram>> lru;
+  std::unordered_map<std::string, std::list<std::pair<std::string, LoadedProgram>>::iterator> index;
+};
+
+size_t capacity_from_env() {
+  if (const char* s = std::getenv("TPU_SIM_PROGRAM_CACHE")) {
+    const long long v = std::atoll(s);
+    if (v >= 1) return static_cast<size_t>(v);
+    tpu::log().warn("TPU_SIM_PROGRAM_CACHE='{}' is not a positive number; keeping 4096 programs per device", s);
+  }
+  return 4096;
+}
+
 struct State {
   std::mutex mu;
   CodegenStats stats;
-  // Per SimDevice (by serial: a device rebuilt with another chip starts empty): key -> program.
-  std::map<uint64_t, std::unordered_map<std::string, std::unique_ptr<LoadedProgram>>> cache;
+  size_t capacity = capacity_from_env();
+  // Per SimDevice (by serial: a device rebuilt with another chip starts empty).
+  std::map<uint64_t, DeviceCache> cache;
 };
 State& state() {
   static State* s = new State();
@@ -60,28 +78,70 @@ void count_host_fallback() {
   ++s.stats.host_fallbacks;
 }
 
-const LoadedProgram& cached_program(int device_index, const std::string& key, const std::function<sim::Program()>& build) {
+LoadedProgram cached_program(int device_index, const std::string& key, const std::function<sim::Program()>& build) {
   device::SimDevice& dev = device::sim_device(device_index);
   State& s = state();
   {
     std::lock_guard<std::mutex> lk(s.mu);
-    auto& m = s.cache[dev.serial()];
-    auto it = m.find(key);
-    if (it != m.end()) {
+    DeviceCache& c = s.cache[dev.serial()];
+    auto it = c.index.find(key);
+    if (it != c.index.end()) {
       ++s.stats.cache_hits;
-      return *it->second;
+      c.lru.splice(c.lru.begin(), c.lru, it->second);  // most recently used first
+      return it->second->second;
     }
   }
   sim::Program p = build();
-  auto lp = std::make_unique<LoadedProgram>();
-  lp->name = p.name;
-  lp->id = dev.load_program(std::move(p));
-  tpu::log().debug("codegen: built program '{}' for {} (key {})", lp->name, dev.name(), key);
+  LoadedProgram lp;
+  lp.name = p.name;
+  lp.id = dev.load_program(std::move(p));
+  tpu::log().debug("codegen: built program '{}' for {} (key {})", lp.name, dev.name(), key);
+  std::vector<uint64_t> evicted;
+  LoadedProgram result;
+  {
+    std::lock_guard<std::mutex> lk(s.mu);
+    ++s.stats.programs_built;
+    DeviceCache& c = s.cache[dev.serial()];
+    auto it = c.index.find(key);
+    if (it != c.index.end()) {  // another thread built it meanwhile: keep theirs
+      evicted.push_back(lp.id);
+      c.lru.splice(c.lru.begin(), c.lru, it->second);
+      result = it->second->second;
+    } else {
+      c.lru.emplace_front(key, lp);
+      c.index[key] = c.lru.begin();
+      result = lp;
+    }
+    while (c.lru.size() > s.capacity) {
+      evicted.push_back(c.lru.back().second.id);
+      c.index.erase(c.lru.back().first);
+      c.lru.pop_back();
+      ++s.stats.programs_evicted;
+    }
+  }
+  for (uint64_t id : evicted) dev.unload_program(id);
+  return result;
+}
+
+size_t program_cache_capacity() {
+  State& s = state();
   std::lock_guard<std::mutex> lk(s.mu);
-  ++s.stats.programs_built;
-  auto& m = s.cache[dev.serial()];
-  auto [it, inserted] = m.emplace(key, std::move(lp));
-  return *it->second;
+  return s.capacity;
+}
+
+void set_program_cache_capacity(size_t programs) {
+  TPU_CHECK(programs >= 1, "codegen: the program cache must keep at least 1 program per device, got {}", programs);
+  State& s = state();
+  std::lock_guard<std::mutex> lk(s.mu);
+  s.capacity = programs;
+}
+
+size_t cached_programs(int device_index) {
+  device::SimDevice& dev = device::sim_device(device_index);
+  State& s = state();
+  std::lock_guard<std::mutex> lk(s.mu);
+  auto it = s.cache.find(dev.serial());
+  return it == s.cache.end() ? 0 : it->second.lru.size();
 }
 
 void launch(int device_index, const LoadedProgram& p, const std::string& kernel, std::vector<int64_t> args) {

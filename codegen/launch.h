@@ -22,6 +22,7 @@ namespace tpu::codegen {
 struct CodegenStats {
   uint64_t programs_built = 0;  // cache misses: programs generated and loaded
   uint64_t cache_hits = 0;
+  uint64_t programs_evicted = 0;  // least recently used programs dropped to stay within the capacity
   uint64_t runs = 0;            // programs run (eager kernels and compiled regions)
   uint64_t host_fallbacks = 0;  // calls a lowering declined (shape, dtype, layout) and sent to the host
   double cycles = 0;            // simulated cycles of the finished runs
@@ -48,8 +49,17 @@ struct LoadedProgram {
   int num_args = 0;
 };
 
-// The program for `key` on sim:index, built by `build` (and loaded) on the first request.
-const LoadedProgram& cached_program(int device_index, const std::string& key, const std::function<sim::Program()>& build);
+// The program for `key` on sim:index, built by `build` (and loaded) on the first request. Each
+// device keeps at most program_cache_capacity() programs: past it, the least recently used one
+// is unloaded (runs already queued keep it alive until they finish).
+LoadedProgram cached_program(int device_index, const std::string& key, const std::function<sim::Program()>& build);
+
+// Programs kept per device (default 4096, or TPU_SIM_PROGRAM_CACHE; at least 1). Lowering the
+// capacity evicts at the next build.
+size_t program_cache_capacity();
+void set_program_cache_capacity(size_t programs);
+// Programs currently cached for sim:index.
+size_t cached_programs(int device_index);
 
 // Runs a loaded program on the current stream of sim:index with `args` in r0.. . A profiler sees
 // the run under the enqueuing op's name, or under `kernel` when no op is active (compiled regions).

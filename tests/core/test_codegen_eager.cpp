@@ -44,6 +44,42 @@ TEST_CASE("codegen: programs are cached per op, shapes and dtypes", "[codegen]")
   CHECK(codegen::stats().programs_built == s1.programs_built + 1);
 }
 
+TEST_CASE("codegen: the program cache keeps its capacity, least recently used out first", "[codegen]") {
+  TinySim tiny;
+  Generator g(9);
+  const size_t prev = codegen::program_cache_capacity();
+  struct Restore {
+    size_t cap;
+    ~Restore() { codegen::set_program_cache_capacity(cap); }
+  } restore{prev};
+  CHECK_THROWS_AS(codegen::set_program_cache_capacity(0), Error);
+  CHECK(codegen::program_cache_capacity() == prev);
+
+  codegen::set_program_cache_capacity(3);
+  // Five shapes: five programs, two of them evicted (the first two, least recently used).
+  std::vector<Tensor> host, dev;
+  for (int64_t n = 3; n < 8; ++n) {
+    host.push_back(rnd(g, {n, 5}));
+    dev.push_back(host.back().to(tiny.dev()));
+  }
+  const codegen::CodegenStats s0 = codegen::stats();
+  for (const Tensor& d : dev) (void)tpu::exp(d);
+  ChipRunProbe::sync_all();
+  const codegen::CodegenStats s1 = codegen::stats();
+  CHECK(s1.programs_built == s0.programs_built + 5);
+  CHECK(s1.programs_evicted >= s0.programs_evicted + 2);
+  CHECK(codegen::cached_programs(1) == 3);
+  // The newest three hit; the first, evicted, is built again (and evicts the oldest left).
+  for (size_t i = 2; i < 5; ++i) check_on_chip(tpu::exp(dev[i]), tpu::exp(host[i]), default_tol(DType::f32), "exp");
+  const codegen::CodegenStats s2 = codegen::stats();
+  CHECK(s2.programs_built == s1.programs_built);
+  check_on_chip(tpu::exp(dev[0]), tpu::exp(host[0]), default_tol(DType::f32), "exp after eviction");
+  const codegen::CodegenStats s3 = codegen::stats();
+  CHECK(s3.programs_built == s2.programs_built + 1);
+  CHECK(s3.programs_evicted == s2.programs_evicted + 1);
+  CHECK(codegen::cached_programs(1) == 3);
+}
+
 TEST_CASE("codegen: elementwise ops with broadcasting, views, casts on the tiny chip", "[codegen]") {
   TinySim tiny;
   Generator g(9);
