@@ -87,6 +87,19 @@ void BM_ReluChainCompiled(benchmark::State& st) {
 }
 BENCHMARK(BM_ReluChainCompiled)->Unit(benchmark::kMillisecond)->UseRealTime();
 
+// The relu chain on narrow rows, x [N, C] with N * C = 4M and w, b [C]: per-row overhead of the
+// fused region (each row is walked on its own because w and b repeat per row).
+void BM_NarrowReluChain(benchmark::State& st) {
+  const int64_t c = st.range(0), n = (int64_t{4} << 20) / c;
+  const bool compiled = st.range(1) != 0;
+  Tensor x = randn({n, c}), w = randn({c}), b = randn({c});
+  auto f = compile([](const Tensor& a, const Tensor& ww, const Tensor& bb) { return relu(a * ww + bb); });
+  f(x, w, b);
+  for (auto _ : st) benchmark::DoNotOptimize(compiled ? f(x, w, b) : relu(x * w + b));
+  st.SetLabel(compiled ? "compiled" : "eager");
+}
+BENCHMARK(BM_NarrowReluChain)->ArgsProduct({{16, 64, 512}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
+
 // Overhead of a cache hit: signature, lookup, binding and executor setup, no kernel at all.
 void BM_CacheHitNoKernel(benchmark::State& st) {
   Tensor x = randn({8, 128}), y = randn({8, 128});

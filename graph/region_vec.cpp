@@ -86,6 +86,82 @@ struct Src {
   int64_t base = 0;
 };
 
+// Narrow rows: the program runs on several whole rows per call when every memory operand is
+// contiguous across rows (offset row * C), the same row for every row (a broadcast bias,
+// copied once per thread into a buffer of as many rows) or a single value. Returns false (and
+// does nothing) when some operand is laid out otherwise.
+bool run_rows_program(const ops::cpu::VecMathTable& vm, const Shape& D, const std::vector<Src>& srcs,
+                      const std::vector<VecStep>& prog) {
+  enum class Kind : uint8_t { computed, contiguous, repeated, scalar };
+  const int dn = D.ndim();
+  const int64_t C = D[dn - 1], rows = D.numel() / C;
+  std::vector<Kind> kinds(srcs.size(), Kind::computed);
+  int nrep = 0;
+  for (size_t k = 0; k < srcs.size(); ++k) {
+    const Src& s = srcs[k];
+    if (s.scratch >= 0 || (!s.output && !s.t)) continue;
+    bool contiguous = s.size[dn - 1] == C && s.stride[dn - 1] == 1, one_row = true;
+    int64_t expect = C;
+    for (int j = dn - 2; j >= 0; --j) {
+      if (s.size[j] != 1) one_row = false;
+      if (D[j] != 1 && (s.size[j] != D[j] || s.stride[j] != expect)) contiguous = false;
+      expect *= D[j];
+    }
+    if (contiguous) kinds[k] = Kind::contiguous;
+    else if (s.output || !one_row) return false;
+    else if (s.size[dn - 1] == 1) kinds[k] = Kind::scalar;
+    else {
+      kinds[k] = Kind::repeated;
+      ++nrep;
+    }
+  }
+  const int64_t R = kVecChunk / C, calls = (rows + R - 1) / R;
+  const int64_t grain = std::max<int64_t>(1, ops::cpu::kParallelGrain / (R * C));
+  parallel_for(0, calls, grain, [&](int64_t cb, int64_t ce) {
+    std::vector<float> rep(static_cast<size_t>(nrep * R * C));
+    std::vector<VecOperand> operands(srcs.size());
+    std::vector<const float*> rep_of(srcs.size(), nullptr);
+    int ri = 0;
+    for (size_t k = 0; k < srcs.size(); ++k) {
+      if (kinds[k] != Kind::repeated) continue;
+      const Src& s = srcs[k];
+      const float* row = static_cast<const float*>(s.t->storage()->data) + s.base;
+      float* dst = rep.data() + static_cast<size_t>(ri++) * static_cast<size_t>(R * C);
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t c = 0; c < C; ++c) dst[r * C + c] = row[c * s.stride[dn - 1]];
+      rep_of[k] = dst;
+    }
+    for (int64_t ci = cb; ci < ce; ++ci) {
+      const int64_t r0 = ci * R, len = std::min(R, rows - r0) * C;
+      for (size_t k = 0; k < srcs.size(); ++k) {
+        const Src& s = srcs[k];
+        VecOperand& o = operands[k];
+        o = VecOperand{};
+        switch (kinds[k]) {
+          case Kind::computed: break;
+          case Kind::contiguous: {
+            float* p = static_cast<float*>(s.t->storage()->data) + s.base + r0 * C;
+            if (s.output) {
+              o.out = p;
+              o.stream = s.stream >= 0;
+            } else {
+              o.in = p;
+            }
+            break;
+          }
+          case Kind::repeated: o.in = rep_of[k]; break;
+          case Kind::scalar:
+            o.in = static_cast<const float*>(s.t->storage()->data) + s.base;
+            o.scalar = true;
+            break;
+        }
+      }
+      vm.program(prog.data(), static_cast<int>(prog.size()), operands.data(), static_cast<int>(operands.size()), len);
+    }
+  });
+  return true;
+}
+
 }  // namespace
 
 bool vec_region_supported(const Graph& g, const Region& r) {
@@ -170,6 +246,8 @@ void run_region_vec(const Graph& g, const Region& r, std::vector<Tensor>& vals) 
       prog.push_back(ps);
     }
   }
+
+  if (use_program && dn >= 2 && rows > 1 && 2 * C <= kVecChunk && run_rows_program(vm, D, srcs, prog)) return;
 
   const int64_t items = rows * pieces;
   const int64_t grain = std::max<int64_t>(1, ops::cpu::kParallelGrain / std::min<int64_t>(C, kVecChunk));

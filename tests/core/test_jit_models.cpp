@@ -190,6 +190,28 @@ TEST_CASE("jit: fused regions over many tiles, tails, broadcasts and strided inp
   expect_close(f4(s0, s1, s1), vec(s0, s1, s1), 1e-5, 1e-5);
 }
 
+TEST_CASE("jit: narrow rows: several rows per fused call, broadcast rows repeated", "[jit]") {
+  auto fn = [](const Tensor& x, const Tensor& w, const Tensor& b) { return relu(x * w + b) - x * 0.5; };
+  auto f = compile(fn, verified("narrow_rows"));
+  // Row counts that are not multiples of the rows per call; 3-d; a scalar and a 0-d bias.
+  for (Shape s : {Shape{37, 16}, Shape{129, 7}, Shape{1000, 3}, Shape{5, 3, 24}, Shape{2, 1024}}) {
+    Tensor x = rnd(s, 110), w = rnd(Shape{s.back()}, 111), b = rnd(Shape{}, 112);
+    expect_close(f(x, w, b), fn(x, w, b), 1e-6, 1e-6, s.str());
+  }
+  // A strided broadcast row (every other element of a wider vector).
+  Tensor x = rnd({300, 12}, 113), wide = rnd({24}, 114), b = rnd({12}, 115);
+  Tensor w = slice(wide, 0, 0, 24, 2);
+  expect_close(f(x, w, b), fn(x, w, b), 1e-6, 1e-6, "strided w");
+  // Layouts the several-rows path declines (row by row instead): a per-row operand, a
+  // broadcast over a middle dim, a transposed input.
+  Tensor xr = rnd({50, 16}, 116), wr = rnd({50, 1}, 117);
+  expect_close(f(xr, wr, b.slice(0, 0, 1)), fn(xr, wr, b.slice(0, 0, 1)), 1e-6, 1e-6, "per-row operand");
+  Tensor x3 = rnd({4, 5, 8}, 118), w3 = rnd({4, 1, 8}, 119), b3 = rnd({8}, 120);
+  expect_close(f(x3, w3, b3), fn(x3, w3, b3), 1e-6, 1e-6, "middle broadcast");
+  Tensor xt = rnd({16, 40}, 121).t(), wt = rnd({16}, 122);
+  expect_close(f(xt, wt, rnd({16}, 123)), fn(xt, wt, rnd({16}, 123)), 1e-6, 1e-6, "transposed x");
+}
+
 TEST_CASE("jit: graphs on the sim device run node by node through the front half", "[jit]") {
   const Device sim("sim:0");
   Tensor w = rnd({8}, 80).to(sim);
