@@ -1,8 +1,5 @@
 #include "graph/region_vec.h"
 
-#include <emmintrin.h>
-#include <xmmintrin.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -61,28 +58,17 @@ bool decode(const Node& n, VecStep& s) {
   return true;
 }
 
-// Copies a finished chunk to its output with non-temporal stores (no read-for-ownership of
-// output lines that are written whole), falling back to memcpy when misaligned.
-void stream_out(float* dst, const float* src, int64_t n) {
-  int64_t i = 0;
-  while (i < n && (reinterpret_cast<uintptr_t>(dst + i) & 15u)) {
-    dst[i] = src[i];
-    ++i;
-  }
-  for (; i + 4 <= n; i += 4) _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
-  for (; i < n; ++i) dst[i] = src[i];
-}
-
-// Outputs at least this big are streamed out.
+// Outputs at least this big are written with non-temporal stores.
 constexpr int64_t kStreamBytes = 4 << 20;
 
-// Where a value's chunk comes from.
+// A program operand: an external input or a region output in memory (sizes and strides
+// aligned to the domain rank, broadcast dims with stride 0), or a value computed per block.
 struct Src {
-  int scratch = -1;          // per-thread chunk buffer index, or -1 (memory)
-  int stream = -1;           // a region output computed in a chunk buffer, then streamed out
-  bool output = false;       // a region output (memory)
-  const Tensor* t = nullptr;  // memory: the tensor
-  int64_t size[kMaxDims], stride[kMaxDims];  // aligned to the domain rank
+  bool computed = false;
+  bool output = false;
+  bool stream = false;
+  const Tensor* t = nullptr;
+  int64_t size[kMaxDims], stride[kMaxDims];
   int64_t base = 0;
 };
 
@@ -99,7 +85,7 @@ bool run_rows_program(const ops::cpu::VecMathTable& vm, const Shape& D, const st
   int nrep = 0;
   for (size_t k = 0; k < srcs.size(); ++k) {
     const Src& s = srcs[k];
-    if (s.scratch >= 0 || (!s.output && !s.t)) continue;
+    if (s.computed && !s.output) continue;
     bool contiguous = s.size[dn - 1] == C && s.stride[dn - 1] == 1, one_row = true;
     int64_t expect = C;
     for (int j = dn - 2; j >= 0; --j) {
@@ -143,7 +129,7 @@ bool run_rows_program(const ops::cpu::VecMathTable& vm, const Shape& D, const st
             float* p = static_cast<float*>(s.t->storage()->data) + s.base + r0 * C;
             if (s.output) {
               o.out = p;
-              o.stream = s.stream >= 0;
+              o.stream = s.stream;
             } else {
               o.in = p;
             }
@@ -156,7 +142,8 @@ bool run_rows_program(const ops::cpu::VecMathTable& vm, const Shape& D, const st
             break;
         }
       }
-      vm.program(prog.data(), static_cast<int>(prog.size()), operands.data(), static_cast<int>(operands.size()), len);
+      ops::cpu::run_vec_program(vm, prog.data(), static_cast<int>(prog.size()), operands.data(),
+                                static_cast<int>(operands.size()), len);
     }
   });
   return true;
@@ -166,14 +153,20 @@ bool run_rows_program(const ops::cpu::VecMathTable& vm, const Shape& D, const st
 
 bool vec_region_supported(const Graph& g, const Region& r) {
   if (r.kind != RegionKind::elementwise) return false;
+  std::vector<ValueId> operands;
   for (int32_t ni : r.nodes) {
     const Node& n = g.nodes[static_cast<size_t>(ni)];
     VecStep s;
     if (!decode(n, s) || g.meta(n.outputs[0]).dtype != DType::f32 || g.meta(n.outputs[0]).shape != r.domain) return false;
-    for (ValueId in : n.inputs)
+    for (ValueId in : n.inputs) {
       if (g.meta(in).dtype != DType::f32 || !g.meta(in).device.is_cpu()) return false;
+      operands.push_back(in);
+    }
+    operands.push_back(n.outputs[0]);
   }
-  return true;
+  std::sort(operands.begin(), operands.end());
+  const auto distinct = std::unique(operands.begin(), operands.end()) - operands.begin();
+  return distinct <= ops::cpu::kVecProgramMaxOperands;
 }
 
 void run_region_vec(const Graph& g, const Region& r, std::vector<Tensor>& vals) {
@@ -185,13 +178,12 @@ void run_region_vec(const Graph& g, const Region& r, std::vector<Tensor>& vals) 
   const int64_t pieces = (C + kVecChunk - 1) / kVecChunk;
   if (rows == 0 || C == 0) return;
 
-  // Sources: region outputs and external inputs in memory, other values in scratch.
-  std::vector<VecStep> steps;
-  std::vector<int32_t> slot(g.values.size(), -1);  // index into srcs
+  // The program: one operand per external input, region output and computed value.
+  std::vector<VecStep> prog;
+  std::vector<int32_t> slot(g.values.size(), -1);  // value -> operand
   std::vector<Src> srcs;
   std::vector<char> is_out(g.values.size(), 0);
   for (ValueId o : r.outputs) is_out[static_cast<size_t>(o)] = 1;
-  int nscratch = 0;
   auto mem_src = [&](ValueId v) {
     Src s;
     s.t = &vals[static_cast<size_t>(v)];
@@ -205,11 +197,11 @@ void run_region_vec(const Graph& g, const Region& r, std::vector<Tensor>& vals) 
     s.base = s.t->offset();
     return s;
   };
+  auto operand = [&](ValueId v) { return static_cast<int16_t>(slot[static_cast<size_t>(v)]); };
   for (int32_t ni : r.nodes) {
     const Node& n = g.nodes[static_cast<size_t>(ni)];
     VecStep s;
     decode(n, s);
-    steps.push_back(s);
     for (ValueId in : n.inputs)
       if (slot[static_cast<size_t>(in)] < 0) {
         slot[static_cast<size_t>(in)] = static_cast<int32_t>(srcs.size());
@@ -217,49 +209,30 @@ void run_region_vec(const Graph& g, const Region& r, std::vector<Tensor>& vals) 
       }
     const ValueId o = n.outputs[0];
     slot[static_cast<size_t>(o)] = static_cast<int32_t>(srcs.size());
+    Src d;
     if (is_out[static_cast<size_t>(o)]) {
-      Src m = mem_src(o);
-      m.output = true;
-      const bool contiguous_rows = dn == 0 || m.stride[dn - 1] == 1;
-      if (contiguous_rows && m.t->nbytes() >= static_cast<size_t>(kStreamBytes)) m.stream = nscratch++;
-      srcs.push_back(m);
-    } else {
-      Src sc;
-      sc.scratch = nscratch++;
-      srcs.push_back(sc);
+      d = mem_src(o);
+      d.output = true;
+      d.stream = d.t->nbytes() >= static_cast<size_t>(kStreamBytes);
     }
+    d.computed = true;
+    srcs.push_back(d);
+    s.in0 = operand(n.inputs[0]);
+    if (n.inputs.size() > 1) s.in1 = operand(n.inputs[1]);
+    s.out = operand(o);
+    prog.push_back(s);
   }
 
-  // The fused path (when the math table has one): every step per block of a few vectors, the
-  // outputs written straight from the block. Needs outputs with contiguous rows.
-  std::vector<VecStep> prog;
-  bool use_program = vm.program != nullptr && srcs.size() <= static_cast<size_t>(ops::cpu::kVecProgramMaxOperands);
-  for (const Src& s : srcs)
-    if (s.output && dn > 0 && s.size[dn - 1] != 1 && s.stride[dn - 1] != 1) use_program = false;
-  if (use_program) {
-    for (size_t si = 0; si < steps.size(); ++si) {
-      const Node& n = g.nodes[static_cast<size_t>(r.nodes[si])];
-      VecStep ps = steps[si];
-      ps.in0 = static_cast<int16_t>(slot[static_cast<size_t>(n.inputs[0])]);
-      if (n.inputs.size() > 1) ps.in1 = static_cast<int16_t>(slot[static_cast<size_t>(n.inputs[1])]);
-      ps.out = static_cast<int16_t>(slot[static_cast<size_t>(n.outputs[0])]);
-      prog.push_back(ps);
-    }
-  }
+  if (dn >= 2 && rows > 1 && 2 * C <= kVecChunk && run_rows_program(vm, D, srcs, prog)) return;
 
-  if (use_program && dn >= 2 && rows > 1 && 2 * C <= kVecChunk && run_rows_program(vm, D, srcs, prog)) return;
-
+  // Otherwise one call per row piece of at most kVecChunk values: strided inputs are gathered
+  // and strided outputs scattered through per-thread buffers.
   const int64_t items = rows * pieces;
   const int64_t grain = std::max<int64_t>(1, ops::cpu::kParallelGrain / std::min<int64_t>(C, kVecChunk));
   parallel_for(0, items, grain, [&](int64_t ib, int64_t ie) {
-    // Chunk buffers: one per scratch value, 3 temporaries for scalar operands, and one per
-    // source for gathering strided rows.
-    std::vector<float> scratch(static_cast<size_t>((nscratch + 3) * kVecChunk) + srcs.size() * kVecChunk);
-    float* tmp = scratch.data() + static_cast<size_t>(nscratch) * kVecChunk;
-    float* gather = tmp + 3 * kVecChunk;
-    std::vector<float*> ptr(srcs.size());
-    std::vector<char> scalar(srcs.size());
-    std::vector<VecOperand> operands(use_program ? srcs.size() : 0);
+    std::vector<float> buf(srcs.size() * static_cast<size_t>(kVecChunk));
+    std::vector<VecOperand> operands(srcs.size());
+    std::vector<float*> scatter(srcs.size(), nullptr);
     int64_t idx[kMaxDims];
     for (int64_t it = ib; it < ie; ++it) {
       const int64_t row = it / pieces, c0 = (it % pieces) * kVecChunk, len = std::min<int64_t>(kVecChunk, C - c0);
@@ -268,96 +241,46 @@ void run_region_vec(const Graph& g, const Region& r, std::vector<Tensor>& vals) 
         idx[j] = rest % D[j];
         rest /= D[j];
       }
-      int ntmp = 0;
-      // Pointers for memory sources (gathering strided rows into temporaries).
-      auto resolve = [&](size_t k) {
-        Src& s = srcs[k];
-        if (s.stream >= 0) {
-          ptr[k] = scratch.data() + static_cast<size_t>(s.stream) * kVecChunk;
-          scalar[k] = 0;
-          return;
-        }
-        if (s.scratch >= 0) {
-          ptr[k] = scratch.data() + static_cast<size_t>(s.scratch) * kVecChunk;
-          scalar[k] = 0;
-          return;
-        }
+      for (size_t k = 0; k < srcs.size(); ++k) {
+        const Src& s = srcs[k];
+        VecOperand& o = operands[k];
+        o = VecOperand{};
+        scatter[k] = nullptr;
+        if (s.computed && !s.output) continue;
         int64_t off = s.base;
         for (int j = 0; j < dn - 1; ++j) off += idx[j] * s.stride[j];
         float* base = static_cast<float*>(s.t->storage()->data) + off;
         const int64_t ls = dn ? s.stride[dn - 1] : 0;
-        if (dn == 0 || s.size[dn - 1] == 1) {
-          ptr[k] = base;
-          scalar[k] = 1;
+        float* tmp = buf.data() + k * static_cast<size_t>(kVecChunk);
+        if (s.output) {
+          if (dn == 0 || s.size[dn - 1] == 1) {
+            o.out = base;
+          } else if (ls == 1) {
+            o.out = base + c0;
+            o.stream = s.stream;
+          } else {
+            o.out = tmp;
+            scatter[k] = base;
+          }
+        } else if (dn == 0 || s.size[dn - 1] == 1) {
+          o.in = base;
+          o.scalar = true;
         } else if (ls == 1) {
-          ptr[k] = base + c0;
-          scalar[k] = 0;
+          o.in = base + c0;
         } else {
-          float* t = gather + k * kVecChunk;
-          for (int64_t i = 0; i < len; ++i) t[i] = base[(c0 + i) * ls];
-          ptr[k] = t;
-          scalar[k] = 0;
-        }
-      };
-      if (use_program) {
-        for (size_t k = 0; k < srcs.size(); ++k) {
-          const Src& s = srcs[k];
-          VecOperand& o = operands[k];
-          o = VecOperand{};
-          if (s.output) {
-            int64_t off = s.base + (dn && s.size[dn - 1] != 1 ? c0 : 0);
-            for (int j = 0; j < dn - 1; ++j) off += idx[j] * s.stride[j];
-            o.out = static_cast<float*>(s.t->storage()->data) + off;
-            o.stream = s.stream >= 0;
-          } else if (s.scratch < 0) {
-            resolve(k);
-            o.in = ptr[k];
-            o.scalar = scalar[k] != 0;
-          }
-        }
-        vm.program(prog.data(), static_cast<int>(prog.size()), operands.data(), static_cast<int>(operands.size()), len);
-        continue;
-      }
-      for (size_t k = 0; k < srcs.size(); ++k) resolve(k);
-      for (size_t si = 0; si < steps.size(); ++si) {
-        const Node& n = g.nodes[static_cast<size_t>(r.nodes[si])];
-        const VecStep& s = steps[si];
-        const size_t ok = static_cast<size_t>(slot[static_cast<size_t>(n.outputs[0])]);
-        float* out = ptr[ok];
-        auto vec_in = [&](ValueId v) -> const float* {  // a scalar operand expanded to a chunk
-          const size_t k = static_cast<size_t>(slot[static_cast<size_t>(v)]);
-          if (!scalar[k]) return ptr[k];
-          float* t = tmp + static_cast<size_t>(ntmp++ % 3) * kVecChunk;
-          std::fill(t, t + len, *ptr[k]);
-          return t;
-        };
-        if (s.kind == VecStepKind::binary) {
-          const size_t ky = static_cast<size_t>(slot[static_cast<size_t>(n.inputs[1])]);
-          const float* x = vec_in(n.inputs[0]);
-          const bool ys = scalar[ky] != 0;
-          vm.get(s.bin)(out, x, ptr[ky], ys, s.alpha, len);
-        } else {
-          const float* x = vec_in(n.inputs[0]);
-          switch (s.kind) {
-            case VecStepKind::unary: vm.get(s.un)(out, x, len); break;
-            case VecStepKind::neg: for (int64_t i = 0; i < len; ++i) out[i] = -x[i]; break;
-            case VecStepKind::abs: for (int64_t i = 0; i < len; ++i) out[i] = std::fabs(x[i]); break;
-            case VecStepKind::sqrt: for (int64_t i = 0; i < len; ++i) out[i] = std::sqrt(x[i]); break;
-            case VecStepKind::rsqrt: for (int64_t i = 0; i < len; ++i) out[i] = 1.0f / std::sqrt(x[i]); break;
-            case VecStepKind::recip: for (int64_t i = 0; i < len; ++i) out[i] = 1.0f / x[i]; break;
-            default: std::copy(x, x + len, out); break;
-          }
+          for (int64_t i = 0; i < len; ++i) tmp[i] = base[(c0 + i) * ls];
+          o.in = tmp;
         }
       }
+      ops::cpu::run_vec_program(vm, prog.data(), static_cast<int>(prog.size()), operands.data(),
+                                static_cast<int>(operands.size()), len);
       for (size_t k = 0; k < srcs.size(); ++k) {
-        const Src& s = srcs[k];
-        if (s.stream < 0) continue;
-        int64_t off = s.base + c0;
-        for (int j = 0; j < dn - 1; ++j) off += idx[j] * s.stride[j];
-        stream_out(static_cast<float*>(s.t->storage()->data) + off, ptr[k], len);
+        if (!scatter[k]) continue;
+        const int64_t ls = srcs[k].stride[dn - 1];
+        const float* tmp = buf.data() + k * static_cast<size_t>(kVecChunk);
+        for (int64_t i = 0; i < len; ++i) scatter[k][(c0 + i) * ls] = tmp[i];
       }
     }
-    _mm_sfence();
   });
 }
 

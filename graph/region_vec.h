@@ -1,11 +1,11 @@
-// The fast path of the cpu region executor for f32 elementwise regions: a small vectorized
-// interpreter. The domain is walked in chunks of one row (the innermost dim, at most
-// kVecChunk elements), split over the threads. When the vectorized f32 math table has a fused
-// program executor (AVX2), the whole region runs on the chunk block by block (every step on a
-// block of 256 values in L1, the next block's inputs prefetched meanwhile, outputs written as
-// they are computed); otherwise each node runs on the whole chunk with the table's one-op
-// kernels, intermediates in per-thread chunk buffers. Either way only the region outputs are
-// written to memory: one pass over memory per region.
+// The fast path of the cpu region executor for f32 elementwise regions: the region's nodes
+// become a fused program (ops/cpu/vec_math.h) run over the domain, split over the threads.
+// Narrow rows (at most kVecChunk / 2 values) run several rows per call when every operand is
+// contiguous across rows, a broadcast row or a single value; otherwise each call covers one
+// row piece of at most kVecChunk values, strided inputs gathered and strided outputs scattered
+// through per-thread buffers. The program runs block by block with values between steps in
+// registers or L1 (the AVX2 executor, or the table's one-op kernels over blocks of 256 values),
+// so only the region outputs are written to memory: one pass over memory per region.
 #pragma once
 
 #include <vector>

@@ -56,6 +56,14 @@ struct VecMathTable {
   VecBinaryFn get(VecBinary op) const { return binary[static_cast<int>(op)]; }
 };
 
+// Runs a fused program with the table's executor, or with the portable one (the table's one-op
+// kernels over blocks of 256 values) when it has none.
+void run_vec_program(const VecMathTable& vm, const VecStep* steps, int nsteps, const VecOperand* ops, int nops,
+                     int64_t n);
+// The portable executor itself (for tests of every table).
+void run_vec_program_blocks(const VecMathTable& vm, const VecStep* steps, int nsteps, const VecOperand* ops, int nops,
+                            int64_t n);
+
 // The portable implementation (always available).
 const VecMathTable& vec_math_scalar();
 // The AVX-512 implementation, or nullptr when this CPU lacks AVX-512 (F, BW, VL) and FMA.

@@ -298,12 +298,19 @@ bool same_float(float a, float b) { return (std::isnan(a) && std::isnan(b)) || s
 }  // namespace
 
 TEST_CASE("vec_math: fused programs give the results of their steps run one by one", "[elementwise][vecmath]") {
-  std::vector<const VecMathTable*> with_program;
-  for (const VecMathTable* t : tables())
-    if (t->program) with_program.push_back(t);
-  if (with_program.empty()) WARN("no vec_math implementation on this CPU has a fused program executor");
-  for (const VecMathTable* t : with_program) {
-    INFO(t->name);
+  // Every table through the portable block executor, and the tables that have their own
+  // executor (AVX2) through it too.
+  struct Executor {
+    const VecMathTable* t;
+    bool own;
+  };
+  std::vector<Executor> executors;
+  for (const VecMathTable* t : tables()) {
+    executors.push_back({t, false});
+    if (t->program) executors.push_back({t, true});
+  }
+  for (const auto [t, own] : executors) {
+    INFO(t->name << (own ? " (its own executor)" : " (block executor)"));
     // Operands 0, 1: memory inputs; 2: a scalar; then one per step. Every unary and binary op,
     // the scalar as left and right operand, alpha != 1, a value read again much later, and
     // outputs in the middle (read by later steps) and at the end.
@@ -372,7 +379,8 @@ TEST_CASE("vec_math: fused programs give the results of their steps run one by o
           ops[static_cast<size_t>(outs[j])].out = base;
           ops[static_cast<size_t>(outs[j])].stream = stream;
         }
-        t->program(steps.data(), static_cast<int>(steps.size()), ops.data(), nops, n);
+        if (own) t->program(steps.data(), static_cast<int>(steps.size()), ops.data(), nops, n);
+        else tpu::ops::cpu::run_vec_program_blocks(*t, steps.data(), static_cast<int>(steps.size()), ops.data(), nops, n);
         for (size_t j = 0; j < outs.size(); ++j) {
           const std::vector<float>& want = ref[static_cast<size_t>(outs[j])];
           int64_t bad = 0, first = -1;
