@@ -6,6 +6,7 @@
 
 #include "ops/cpu/loops.h"
 #include "ops/cpu/vec_math.h"
+#include "tpucore/error.h"
 #include "tpucore/parallel.h"
 
 namespace tpu::graph {
@@ -212,6 +213,7 @@ void run_region_vec(const Graph& g, const Region& r, std::vector<Tensor>& vals) 
     Src d;
     if (is_out[static_cast<size_t>(o)]) {
       d = mem_src(o);
+      TPU_CHECK(d.t->is_contiguous(), "internal: region output {} is not contiguous", o);
       d.output = true;
       d.stream = d.t->nbytes() >= static_cast<size_t>(kStreamBytes);
     }
@@ -225,14 +227,13 @@ void run_region_vec(const Graph& g, const Region& r, std::vector<Tensor>& vals) 
 
   if (dn >= 2 && rows > 1 && 2 * C <= kVecChunk && run_rows_program(vm, D, srcs, prog)) return;
 
-  // Otherwise one call per row piece of at most kVecChunk values: strided inputs are gathered
-  // and strided outputs scattered through per-thread buffers.
+  // Otherwise one call per row piece of at most kVecChunk values, strided inputs gathered into
+  // per-thread buffers (outputs are the executor's fresh contiguous buffers).
   const int64_t items = rows * pieces;
   const int64_t grain = std::max<int64_t>(1, ops::cpu::kParallelGrain / std::min<int64_t>(C, kVecChunk));
   parallel_for(0, items, grain, [&](int64_t ib, int64_t ie) {
     std::vector<float> buf(srcs.size() * static_cast<size_t>(kVecChunk));
     std::vector<VecOperand> operands(srcs.size());
-    std::vector<float*> scatter(srcs.size(), nullptr);
     int64_t idx[kMaxDims];
     for (int64_t it = ib; it < ie; ++it) {
       const int64_t row = it / pieces, c0 = (it % pieces) * kVecChunk, len = std::min<int64_t>(kVecChunk, C - c0);
@@ -245,7 +246,6 @@ void run_region_vec(const Graph& g, const Region& r, std::vector<Tensor>& vals) 
         const Src& s = srcs[k];
         VecOperand& o = operands[k];
         o = VecOperand{};
-        scatter[k] = nullptr;
         if (s.computed && !s.output) continue;
         int64_t off = s.base;
         for (int j = 0; j < dn - 1; ++j) off += idx[j] * s.stride[j];
@@ -253,15 +253,8 @@ void run_region_vec(const Graph& g, const Region& r, std::vector<Tensor>& vals) 
         const int64_t ls = dn ? s.stride[dn - 1] : 0;
         float* tmp = buf.data() + k * static_cast<size_t>(kVecChunk);
         if (s.output) {
-          if (dn == 0 || s.size[dn - 1] == 1) {
-            o.out = base;
-          } else if (ls == 1) {
-            o.out = base + c0;
-            o.stream = s.stream;
-          } else {
-            o.out = tmp;
-            scatter[k] = base;
-          }
+          o.out = dn == 0 || s.size[dn - 1] == 1 ? base : base + c0;
+          o.stream = s.stream;
         } else if (dn == 0 || s.size[dn - 1] == 1) {
           o.in = base;
           o.scalar = true;
@@ -274,12 +267,6 @@ void run_region_vec(const Graph& g, const Region& r, std::vector<Tensor>& vals) 
       }
       ops::cpu::run_vec_program(vm, prog.data(), static_cast<int>(prog.size()), operands.data(),
                                 static_cast<int>(operands.size()), len);
-      for (size_t k = 0; k < srcs.size(); ++k) {
-        if (!scatter[k]) continue;
-        const int64_t ls = srcs[k].stride[dn - 1];
-        const float* tmp = buf.data() + k * static_cast<size_t>(kVecChunk);
-        for (int64_t i = 0; i < len; ++i) scatter[k][(c0 + i) * ls] = tmp[i];
-      }
     }
   });
 }

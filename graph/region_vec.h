@@ -2,10 +2,10 @@
 // become a fused program (ops/cpu/vec_math.h) run over the domain, split over the threads.
 // Narrow rows (at most kVecChunk / 2 values) run several rows per call when every operand is
 // contiguous across rows, a broadcast row or a single value; otherwise each call covers one
-// row piece of at most kVecChunk values, strided inputs gathered and strided outputs scattered
-// through per-thread buffers. The program runs block by block with values between steps in
-// registers or L1 (the AVX2 executor, or the table's one-op kernels over blocks of 256 values),
-// so only the region outputs are written to memory: one pass over memory per region.
+// row piece of at most kVecChunk values, strided inputs gathered through per-thread buffers.
+// The program runs block by block with values between steps in registers or L1 (the AVX2
+// executor, or the table's one-op kernels over blocks of 256 values), so only the region
+// outputs are written to memory: one pass over memory per region.
 #pragma once
 
 #include <vector>
