@@ -385,9 +385,10 @@ constexpr int kProgSub = 8 * kProgVecs;  // floats per sub-block
 constexpr int kProgBlock = kProgSub * 8;  // floats per block
 using Block = __m256[kProgVecs];
 
-// Stores a computed sub-block to its slot and, for a region output, to memory.
+// Stores a computed sub-block to its slot (unless null) and, for a region output, to memory.
 TPU_AVX2_FN void prog_put(const Block& a, float* o, float* m, bool stream, int64_t e) {
-  for (int u = 0; u < kProgVecs; ++u) _mm256_store_ps(o + e + 8 * u, a[u]);
+  if (o)
+    for (int u = 0; u < kProgVecs; ++u) _mm256_store_ps(o + e + 8 * u, a[u]);
   if (!m) return;
   if (stream) {
     for (int u = 0; u < kProgVecs; ++u) _mm256_stream_ps(m + e + 8 * u, a[u]);
@@ -435,9 +436,11 @@ TPU_AVX2_FN void nop_v(Block&) {}
 
 // One step over `len` elements (a multiple of kProgSub) from operand pointers `p`; `m`:
 // memory destinations (null: none).
-TPU_AVX2_FN void prog_step(const VecStep& s, float* const* p, float* const* m, const bool* stream, int64_t len) {
+TPU_AVX2_FN void prog_step(const VecStep& s, float* const* p, float* const* m, const bool* stream, const bool* keep,
+                           int64_t len) {
   const float* x = p[s.in0];
-  const ProgDst o{p[s.out], m[s.out], stream[s.out]};
+  // A region output no later step reads goes to memory only.
+  const ProgDst o{keep[s.out] || !m[s.out] ? p[s.out] : nullptr, m[s.out], stream[s.out]};
   if (s.kind == VecStepKind::binary) {
     const float* y = p[s.in1];
     switch (s.bin) {
@@ -488,6 +491,11 @@ TPU_AVX2_ENTRY void program_v(const VecStep* steps, int nsteps, const VecOperand
   int mems[kVecProgramMaxOperands], outs[kVecProgramMaxOperands];
   int nmems = 0, nouts = 0;
   bool any_stream = false;
+  bool keep[kVecProgramMaxOperands] = {};  // read by some step: kept in its slot
+  for (int si = 0; si < nsteps; ++si) {
+    keep[steps[si].in0] = true;
+    if (steps[si].kind == VecStepKind::binary) keep[steps[si].in1] = true;
+  }
   for (int k = 0; k < nops; ++k) {
     const VecOperand& o = ops[k];
     p[k] = slots[k];
@@ -507,7 +515,7 @@ TPU_AVX2_ENTRY void program_v(const VecStep* steps, int nsteps, const VecOperand
       for (int e = 0; e < kProgBlock; e += 16) _mm_prefetch(reinterpret_cast<const char*>(p[mems[j]] + 2 * kProgBlock + e), _MM_HINT_T0);
     }
     for (int j = 0; j < nouts; ++j) m[outs[j]] = ops[outs[j]].out + i;
-    for (int si = 0; si < nsteps; ++si) prog_step(steps[si], p, m, streamed, kProgBlock);
+    for (int si = 0; si < nsteps; ++si) prog_step(steps[si], p, m, streamed, keep, kProgBlock);
   }
   if (i < n) {
     // The partial last block runs on slots only (inputs copied in, outputs copied out).
@@ -519,7 +527,7 @@ TPU_AVX2_ENTRY void program_v(const VecStep* steps, int nsteps, const VecOperand
       p[k] = slots[k];
     }
     for (int j = 0; j < nouts; ++j) m[outs[j]] = nullptr;
-    for (int si = 0; si < nsteps; ++si) prog_step(steps[si], p, m, streamed, len);
+    for (int si = 0; si < nsteps; ++si) prog_step(steps[si], p, m, streamed, keep, len);
     for (int j = 0; j < nouts; ++j)
       for (int64_t e = 0; e < left; e += 8)
         _mm256_maskstore_ps(ops[outs[j]].out + i + e, tail_mask(left - e), _mm256_load_ps(slots[outs[j]] + e));
