@@ -404,13 +404,23 @@ struct ProgDst {
   bool stream;
 };
 
+// F(x * a + b) with the multiply and add folded in (a, b null: left out). Multiply then add
+// round separately, as the steps they replace do (bit for bit the eager result).
 template <void (*F)(Block&)>
-__attribute__((noinline)) TPU_AVX2_ENTRY void prog_map1(const float* x, ProgDst d, int64_t len) {
+__attribute__((noinline)) TPU_AVX2_ENTRY void prog_map1(const float* x, const float* a, const float* b, ProgDst d,
+                                                        int64_t len) {
   for (int64_t e = 0; e < len; e += kProgSub) {
-    Block a;
-    for (int u = 0; u < kProgVecs; ++u) a[u] = _mm256_loadu_ps(x + e + 8 * u);
-    F(a);
-    prog_put(a, d.o, d.m, d.stream, e);
+    Block v;
+    for (int u = 0; u < kProgVecs; ++u) v[u] = _mm256_loadu_ps(x + e + 8 * u);
+    if (a)
+      for (int u = 0; u < kProgVecs; ++u) {
+        v[u] = _mm256_mul_ps(v[u], _mm256_loadu_ps(a + e + 8 * u));
+        asm("" : "+x"(v[u]));  // the product is rounded: no contraction with the add into an FMA
+      }
+    if (b)
+      for (int u = 0; u < kProgVecs; ++u) v[u] = _mm256_add_ps(v[u], _mm256_loadu_ps(b + e + 8 * u));
+    F(v);
+    prog_put(v, d.o, d.m, d.stream, e);
   }
 }
 template <class Op>
@@ -436,9 +446,14 @@ TPU_AVX2_FN void nop_v(Block&) {}
 
 // One step over `len` elements (a multiple of kProgSub) from operand pointers `p`; `m`:
 // memory destinations (null: none).
-TPU_AVX2_FN void prog_step(const VecStep& s, float* const* p, float* const* m, const bool* stream, const bool* keep,
-                           int64_t len) {
-  const float* x = p[s.in0];
+// A unary step with the multiply and add that feed it folded in (see fold_prologues).
+struct Prologue {
+  int16_t x = -1, a = -1, b = -1;  // operands: x * a + b (a, b: -1 when left out)
+};
+
+TPU_AVX2_FN void prog_step(const VecStep& s, const Prologue& pro, float* const* p, float* const* m, const bool* stream,
+                           const bool* keep, int64_t len) {
+  const float* x = p[pro.x >= 0 ? pro.x : s.in0];
   // A region output no later step reads goes to memory only.
   const ProgDst o{keep[s.out] || !m[s.out] ? p[s.out] : nullptr, m[s.out], stream[s.out]};
   if (s.kind == VecStepKind::binary) {
@@ -454,7 +469,7 @@ TPU_AVX2_FN void prog_step(const VecStep& s, float* const* p, float* const* m, c
     }
     return;
   }
-  void (*f)(const float*, ProgDst, int64_t) = prog_map1<nop_v>;
+  void (*f)(const float*, const float*, const float*, ProgDst, int64_t) = prog_map1<nop_v>;
   switch (s.kind) {
     case VecStepKind::unary:
       switch (s.un) {
@@ -478,7 +493,56 @@ TPU_AVX2_FN void prog_step(const VecStep& s, float* const* p, float* const* m, c
     case VecStepKind::binary:
     case VecStepKind::copy: break;
   }
-  f(x, o, len);
+  f(x, pro.a >= 0 ? p[pro.a] : nullptr, pro.b >= 0 ? p[pro.b] : nullptr, o, len);
+}
+
+// Folds `mul` and `add` steps into the unary step that reads them, when their results have no
+// other reader and are not region outputs: F(x * a + b), F(x + b) and F(x * a) run as one
+// pass over the block (bias and activation, the most common fused region). Folded steps are
+// marked in `skip`.
+TPU_AVX2_FN void fold_prologues(const VecStep* steps, int nsteps, const VecOperand* ops, const int* uses,
+                                Prologue* pro, bool* skip) {
+  int producer[kVecProgramMaxOperands];
+  for (int k = 0; k < kVecProgramMaxOperands; ++k) producer[k] = -1;
+  for (int si = 0; si < nsteps; ++si) producer[steps[si].out] = si;
+  // The step computing operand k when it may be folded away: a binary `op` (add: alpha 1).
+  auto foldable = [&](int k, VecBinary op) {
+    const int si = k >= 0 ? producer[k] : -1;
+    if (si < 0 || uses[k] != 1 || ops[k].out || skip[si]) return -1;
+    const VecStep& t = steps[si];
+    if (t.kind != VecStepKind::binary || t.bin != op || (op == VecBinary::add && t.alpha != 1.0f)) return -1;
+    return si;
+  };
+  for (int si = 0; si < nsteps; ++si) {
+    const VecStep& s = steps[si];
+    if (s.kind == VecStepKind::binary || s.kind == VecStepKind::copy) continue;
+    Prologue& p = pro[si];
+    int x = s.in0;
+    if (const int ai = foldable(x, VecBinary::add); ai >= 0) {
+      const VecStep& add = steps[ai];
+      skip[ai] = true;
+      // x * a + b when one side of the add is a foldable multiply.
+      int mi = foldable(add.in0, VecBinary::mul), b = add.in1;
+      if (mi < 0) {
+        mi = foldable(add.in1, VecBinary::mul);
+        b = add.in0;
+      }
+      if (mi < 0) {
+        x = add.in0;
+        b = add.in1;
+      } else {
+        skip[mi] = true;
+        x = steps[mi].in0;
+        p.a = steps[mi].in1;
+      }
+      p.b = static_cast<int16_t>(b);
+    } else if (const int mi = foldable(x, VecBinary::mul); mi >= 0) {
+      skip[mi] = true;
+      x = steps[mi].in0;
+      p.a = steps[mi].in1;
+    }
+    p.x = static_cast<int16_t>(x);
+  }
 }
 
 TPU_AVX2_ENTRY void program_v(const VecStep* steps, int nsteps, const VecOperand* ops, int nops, int64_t n) {
@@ -491,11 +555,16 @@ TPU_AVX2_ENTRY void program_v(const VecStep* steps, int nsteps, const VecOperand
   int mems[kVecProgramMaxOperands], outs[kVecProgramMaxOperands];
   int nmems = 0, nouts = 0;
   bool any_stream = false;
-  bool keep[kVecProgramMaxOperands] = {};  // read by some step: kept in its slot
+  int uses[kVecProgramMaxOperands] = {};
   for (int si = 0; si < nsteps; ++si) {
-    keep[steps[si].in0] = true;
-    if (steps[si].kind == VecStepKind::binary) keep[steps[si].in1] = true;
+    ++uses[steps[si].in0];
+    if (steps[si].kind == VecStepKind::binary) ++uses[steps[si].in1];
   }
+  Prologue pro[kVecProgramMaxOperands];
+  bool skip[kVecProgramMaxOperands] = {};
+  fold_prologues(steps, nsteps, ops, uses, pro, skip);
+  bool keep[kVecProgramMaxOperands];  // read by some step: kept in its slot
+  for (int k = 0; k < nops; ++k) keep[k] = uses[k] > 0;
   for (int k = 0; k < nops; ++k) {
     const VecOperand& o = ops[k];
     p[k] = slots[k];
@@ -515,7 +584,8 @@ TPU_AVX2_ENTRY void program_v(const VecStep* steps, int nsteps, const VecOperand
       for (int e = 0; e < kProgBlock; e += 16) _mm_prefetch(reinterpret_cast<const char*>(p[mems[j]] + 2 * kProgBlock + e), _MM_HINT_T0);
     }
     for (int j = 0; j < nouts; ++j) m[outs[j]] = ops[outs[j]].out + i;
-    for (int si = 0; si < nsteps; ++si) prog_step(steps[si], p, m, streamed, keep, kProgBlock);
+    for (int si = 0; si < nsteps; ++si)
+      if (!skip[si]) prog_step(steps[si], pro[si], p, m, streamed, keep, kProgBlock);
   }
   if (i < n) {
     // The partial last block runs on slots only (inputs copied in, outputs copied out).
@@ -527,7 +597,8 @@ TPU_AVX2_ENTRY void program_v(const VecStep* steps, int nsteps, const VecOperand
       p[k] = slots[k];
     }
     for (int j = 0; j < nouts; ++j) m[outs[j]] = nullptr;
-    for (int si = 0; si < nsteps; ++si) prog_step(steps[si], p, m, streamed, keep, len);
+    for (int si = 0; si < nsteps; ++si)
+      if (!skip[si]) prog_step(steps[si], pro[si], p, m, streamed, keep, len);
     for (int j = 0; j < nouts; ++j)
       for (int64_t e = 0; e < left; e += 8)
         _mm256_maskstore_ps(ops[outs[j]].out + i + e, tail_mask(left - e), _mm256_load_ps(slots[outs[j]] + e));

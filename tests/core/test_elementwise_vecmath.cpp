@@ -325,6 +325,7 @@ TEST_CASE("vec_math: fused programs give the results of their steps run one by o
       return steps.back();
     };
     auto last = [&] { return 2 + static_cast<int>(steps.size()); };
+    std::vector<int> shared_mul;
     add(VecStepKind::binary, 0, 2).bin = VecBinary::mul;  // x * s
     add(VecStepKind::binary, last(), 1).bin = VecBinary::add;
     for (int u = 0; u < static_cast<int>(VecUnary::count); ++u) {
@@ -338,6 +339,23 @@ TEST_CASE("vec_math: fused programs give the results of their steps run one by o
                           VecStepKind::copy})
       add(k, last());
     add(VecStepKind::binary, last(), 4).bin = VecBinary::maximum;
+    // Bias and activation shapes an executor may fold into one pass: gelu(x * a + b),
+    // tanh(b + a * x), exp(x + b), sigmoid(x * a); and a multiply with a second reader.
+    const int base = last();
+    add(VecStepKind::binary, base, 0).bin = VecBinary::mul;
+    add(VecStepKind::binary, last(), 1).bin = VecBinary::add;
+    add(VecStepKind::unary, last()).un = VecUnary::gelu_erf;
+    add(VecStepKind::binary, 1, base).bin = VecBinary::mul;
+    add(VecStepKind::binary, 2, last()).bin = VecBinary::add;
+    add(VecStepKind::unary, last()).un = VecUnary::tanh;
+    add(VecStepKind::binary, last(), 2).bin = VecBinary::add;
+    add(VecStepKind::unary, last()).un = VecUnary::exp;
+    add(VecStepKind::binary, last(), 1).bin = VecBinary::mul;
+    add(VecStepKind::unary, last()).un = VecUnary::sigmoid;
+    const int shared = add(VecStepKind::binary, last(), 0).out;  // read twice: stays a step
+    shared_mul.push_back(shared);
+    add(VecStepKind::unary, shared).un = VecUnary::silu;
+    add(VecStepKind::binary, last(), shared).bin = VecBinary::add;
     const int nops = 3 + static_cast<int>(steps.size());
     REQUIRE(nops <= tpu::ops::cpu::kVecProgramMaxOperands);
     const std::vector<int> outs = {4, 9, nops - 1};
@@ -389,7 +407,7 @@ TEST_CASE("vec_math: fused programs give the results of their steps run one by o
               ++bad;
               if (first < 0) first = i;
             }
-          INFO("output operand " << outs[j] << ": first mismatch at " << first);
+          INFO("output operand " << outs[j] << ": first mismatch at " << first << (first >= 0 ? " got " + std::to_string(dst[j][first]) + " want " + std::to_string(want[static_cast<size_t>(first)]) : std::string()));
           CHECK(bad == 0);
           for (int g = 0; g < 8; ++g) CHECK(dst[j][n + g] == 999.0f);  // nothing written past n
         }
