@@ -60,6 +60,42 @@ TEST_CASE("codegen: compiled elementwise chain is one chip kernel", "[codegen]")
   jit_testing::expect_close(got.to("cpu"), eager.to("cpu"), 1e-5, 1e-5, "compiled chain vs eager on sim");
 }
 
+TEST_CASE("codegen: a fused region with more operands than the chip has registers runs node by node", "[codegen]") {
+  TinySim tiny;
+  const Device d = tiny.dev();
+  // One elementwise chain reading 40 tensors: more inputs than a program has scalar registers
+  // for addresses, so the region must not lower as one kernel (and must not fail).
+  std::vector<Tensor> xs;
+  for (int i = 0; i < 40; ++i) xs.push_back(jit_testing::rnd({8, 16}, 200 + i).to(d));
+  auto fn = [](const std::vector<Tensor>& in) {
+    Tensor acc = in[0];
+    for (size_t i = 1; i < in.size(); ++i) acc = acc * 0.5 + in[i];
+    return acc;
+  };
+  Tensor eager = fn(xs);
+  auto f = tpu::compile(fn, {.name = "codegen_many_inputs"});
+  Tensor got = f(xs);
+  got = f(xs);
+  CHECK(got.device() == d);
+  jit_testing::expect_close(got.to("cpu"), eager.to("cpu"), 1e-5, 1e-5, "40-input chain on sim vs eager");
+  // The same chain as a matmul epilogue: too many operands for the matmul kernel too.
+  Tensor a = jit_testing::rnd({8, 12}, 300).to(d), bm = jit_testing::rnd({12, 16}, 301).to(d);
+  auto mm = [&](const std::vector<Tensor>& in) {
+    Tensor acc = tpu::matmul(a, bm);
+    for (const Tensor& t : in) acc = acc * 0.5 + t;  // every node joins the matmul's region
+    return acc;
+  };
+  auto fm = tpu::compile(mm, {.name = "codegen_many_epilogue"});
+  jit_testing::expect_close(fm(xs).to("cpu"), mm(xs).to("cpu"), 1e-4, 1e-4, "40-input epilogue on sim vs eager");
+  // A chain within the limit stays one kernel.
+  std::vector<Tensor> few(xs.begin(), xs.begin() + 8);
+  (void)f(few);
+  ChipRunProbe probe;
+  Tensor got8 = f(few);
+  CHECK(probe.new_runs() == 1);
+  jit_testing::expect_close(got8.to("cpu"), fn(few).to("cpu"), 1e-5, 1e-5, "8-input chain on sim vs eager");
+}
+
 TEST_CASE("codegen: compiled softmax and layer_norm on sim equal eager", "[codegen]") {
   TinySim tiny;
   const Device d = tiny.dev();
