@@ -87,6 +87,14 @@ TEST_CASE("codegen: a fused region with more operands than the chip has register
   };
   auto fm = tpu::compile(mm, {.name = "codegen_many_epilogue"});
   jit_testing::expect_close(fm(xs).to("cpu"), mm(xs).to("cpu"), 1e-4, 1e-4, "40-input epilogue on sim vs eager");
+  // And as the epilogue of a row-wise region (softmax, then the chain).
+  auto sm = [&](const std::vector<Tensor>& in) {
+    Tensor acc = tpu::softmax(in[0], -1);
+    for (size_t i = 1; i < in.size(); ++i) acc = acc * 0.5 + in[i];
+    return acc;
+  };
+  auto fs = tpu::compile(sm, {.name = "codegen_many_rowwise"});
+  jit_testing::expect_close(fs(xs).to("cpu"), sm(xs).to("cpu"), 1e-4, 1e-4, "40-input rowwise epilogue on sim vs eager");
   // A chain within the limit stays one kernel.
   std::vector<Tensor> few(xs.begin(), xs.begin() + 8);
   (void)f(few);
