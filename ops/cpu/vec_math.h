@@ -44,7 +44,8 @@ struct VecOperand {
   bool stream = false;
 };
 inline constexpr int kVecProgramMaxOperands = 64;
-// Runs the steps over elements [0, n) of every operand (nops <= kVecProgramMaxOperands).
+// Runs the steps over elements [0, n) of every operand (nops <= kVecProgramMaxOperands, and
+// one step per computed operand; run_vec_program checks both).
 using VecProgramFn = void (*)(const VecStep* steps, int nsteps, const VecOperand* ops, int nops, int64_t n);
 
 struct VecMathTable {

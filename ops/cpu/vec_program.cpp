@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "ops/cpu/vec_math.h"
+#include "tpucore/error.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
@@ -51,6 +52,8 @@ void run_step(const VecMathTable& vm, const VecStep& s, const float* const* p, f
 
 void run_vec_program(const VecMathTable& vm, const VecStep* steps, int nsteps, const VecOperand* ops, int nops,
                      int64_t n) {
+  TPU_CHECK(nops <= kVecProgramMaxOperands && nsteps <= nops, "internal: a fused program of {} steps over {} operands",
+            nsteps, nops);
   if (vm.program) vm.program(steps, nsteps, ops, nops, n);
   else run_vec_program_blocks(vm, steps, nsteps, ops, nops, n);
 }
