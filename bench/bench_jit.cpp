@@ -2,7 +2,7 @@
 //   gelu(x * w + b) on 16M floats, eager vs compiled (fused: one pass over memory), and gelu
 //   alone (the bound for the compiled figure);
 //   cache-hit call overhead (a compiled function whose graph runs no kernel, and one tiny op);
-//   trace + optimize time of a 12-layer transformer-like forward graph.
+//   trace + optimize time of a 12-layer (and a 96-layer) transformer-like forward graph.
 #include <benchmark/benchmark.h>
 
 #include <sys/resource.h>
@@ -151,8 +151,8 @@ Tensor transformer(const std::vector<Layer>& layers, const Tensor& x0) {
   return x;
 }
 
-void BM_TraceOptimize12Layers(benchmark::State& st) {
-  auto layers = make_layers(12, 64);
+void trace_optimize_layers(benchmark::State& st, int n) {
+  auto layers = make_layers(n, 64);
   Tensor x = randn({32, 64});
   size_t nodes = 0;
   for (auto _ : st) {
@@ -171,7 +171,11 @@ void BM_TraceOptimize12Layers(benchmark::State& st) {
   }
   st.counters["nodes"] = static_cast<double>(nodes);
 }
+void BM_TraceOptimize12Layers(benchmark::State& st) { trace_optimize_layers(st, 12); }
 BENCHMARK(BM_TraceOptimize12Layers)->Unit(benchmark::kMillisecond);
+// The same with 96 layers: how the passes scale with the graph's size.
+void BM_TraceOptimize96Layers(benchmark::State& st) { trace_optimize_layers(st, 96); }
+BENCHMARK(BM_TraceOptimize96Layers)->Unit(benchmark::kMillisecond);
 
 void BM_Transformer12Compiled(benchmark::State& st) {
   auto layers = make_layers(12, 64);

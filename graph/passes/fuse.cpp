@@ -17,19 +17,27 @@ namespace {
 struct Builder {
   Graph& g;
   std::vector<FusionInfo> info;
-  std::vector<int32_t> first_node;  // per region
 
-  // True when node p (transitively) reads a value produced inside region r.
+  // True when node p (transitively) reads a value produced inside region r. A region runs as
+  // one step, so a node in another region depends on r when any node of its region does.
   bool depends_on(int32_t p, int32_t r, std::vector<char>& seen) {
-    if (p < first_node[static_cast<size_t>(r)]) return false;
-    if (seen[static_cast<size_t>(p)]) return false;
-    seen[static_cast<size_t>(p)] = 1;
     const Node& n = g.nodes[static_cast<size_t>(p)];
     if (n.region == r) return true;
-    for (ValueId in : n.inputs) {
-      const Value& v = g.value(in);
-      if (v.kind == ValueKind::node && depends_on(v.producer, r, seen)) return true;
-    }
+    if (seen[static_cast<size_t>(p)]) return false;
+    auto reads_r = [&](int32_t m) {
+      seen[static_cast<size_t>(m)] = 1;
+      for (ValueId in : g.nodes[static_cast<size_t>(m)].inputs) {
+        const Value& v = g.value(in);
+        if (v.kind != ValueKind::node) continue;
+        if (n.region >= 0 && g.nodes[static_cast<size_t>(v.producer)].region == n.region) continue;  // inside
+        if (depends_on(v.producer, r, seen)) return true;
+      }
+      return false;
+    };
+    if (n.region < 0) return reads_r(p);
+    for (int32_t m : g.regions[static_cast<size_t>(n.region)].nodes) seen[static_cast<size_t>(m)] = 1;
+    for (int32_t m : g.regions[static_cast<size_t>(n.region)].nodes)
+      if (reads_r(m)) return true;
     return false;
   }
 
@@ -115,7 +123,6 @@ struct Builder {
     }
     std::sort(T.nodes.begin(), T.nodes.end());  // node order is a topological order
     T.tile_dim_limit = std::min(T.tile_dim_limit, A.tile_dim_limit);
-    first_node[static_cast<size_t>(t)] = std::min(first_node[static_cast<size_t>(t)], first_node[static_cast<size_t>(a)]);
     A.nodes.clear();
   }
 
@@ -130,7 +137,6 @@ struct Builder {
     R.tile_dim_limit = fi.tile_limit;
     R.nodes.push_back(ni);
     g.nodes[static_cast<size_t>(ni)].region = static_cast<int32_t>(g.regions.size());
-    first_node.push_back(ni);
     g.regions.push_back(std::move(R));
   }
 };
@@ -140,7 +146,7 @@ struct Builder {
 int fuse(Graph& g) {
   g.regions.clear();
   for (Node& n : g.nodes) n.region = -1;
-  Builder b{g, {}, {}};
+  Builder b{g, {}};
   b.info.resize(g.nodes.size());
   for (size_t i = 0; i < g.nodes.size(); ++i) b.info[i] = classify(g, g.nodes[i]);
   for (size_t i = 0; i < g.nodes.size(); ++i) {

@@ -75,12 +75,13 @@ std::vector<Tensor> run_recipe(const std::vector<RandomNode>& nodes, const std::
 
 TEST_CASE("jit: random graphs compile without cycles and match eager on the cpu", "[jit]") {
   int regions = 0;
-  for (uint32_t seed = 1; seed <= 150; ++seed) {
-    const auto nodes = recipe(seed, 6 + static_cast<int>(seed % 20));
+  for (uint32_t seed = 1; seed <= 400; ++seed) {
+    const auto nodes = recipe(seed, 6 + static_cast<int>(seed % 40));
     std::vector<Tensor> in = {jit_testing::rnd({6, 10}, seed), jit_testing::rnd({6, 10}, seed + 1000),
                               jit_testing::rnd({1, 10}, seed + 2000)};
     auto fn = [&](const std::vector<Tensor>& x) { return run_recipe(nodes, x); };
     auto f = compile(fn, {.name = "random_graph", .verify = 1});
+    INFO("seed " << seed);
     const std::vector<Tensor> got = f(in), want = fn(in);
     for (const std::string& t : f.graphs())
       for (size_t at = t.find("\n# region "); at != std::string::npos; at = t.find("\n# region ", at + 1)) ++regions;
@@ -88,7 +89,7 @@ TEST_CASE("jit: random graphs compile without cycles and match eager on the cpu"
     for (size_t i = 0; i < got.size(); ++i)
       jit_testing::expect_close(got[i], want[i], 1e-4, 1e-5, "seed " + std::to_string(seed) + " output " + std::to_string(i));
   }
-  CHECK(regions >= 150);  // the graphs do fuse (about two regions each)
+  CHECK(regions >= 400);  // the graphs do fuse (a few regions each)
 }
 
 TEST_CASE("jit: random graphs compile and match eager on sim", "[jit][codegen]") {
