@@ -95,6 +95,16 @@ TEST_CASE("codegen: a fused region with more operands than the chip has register
   };
   auto fs = tpu::compile(sm, {.name = "codegen_many_rowwise"});
   jit_testing::expect_close(fs(xs).to("cpu"), sm(xs).to("cpu"), 1e-4, 1e-4, "40-input rowwise epilogue on sim vs eager");
+  // And between two chained linears.
+  Tensor xin = jit_testing::rnd({8, 16}, 302).to(d);
+  Tensor w1 = jit_testing::rnd({16, 16}, 303).to(d), w2 = jit_testing::rnd({16, 16}, 304).to(d);
+  auto mlp = [&](const std::vector<Tensor>& in) {
+    Tensor h = tpu::linear(xin, w1);
+    for (const Tensor& t : in) h = h * 0.5 + t;
+    return tpu::linear(h, w2);
+  };
+  auto fl = tpu::compile(mlp, {.name = "codegen_many_mlp"});
+  jit_testing::expect_close(fl(xs).to("cpu"), mlp(xs).to("cpu"), 1e-4, 1e-4, "40-input MLP epilogue on sim vs eager");
   // A chain within the limit stays one kernel.
   std::vector<Tensor> few(xs.begin(), xs.begin() + 8);
   (void)f(few);
