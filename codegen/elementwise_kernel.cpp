@@ -29,9 +29,7 @@ void emit_row_pipeline(B& b, const sim::ChipConfig& cfg, const ElementwiseSpec& 
                        const std::vector<int64_t>& in_buf, const std::vector<int64_t>& in_size,
                        const std::vector<int64_t>& out_buf, const std::vector<int64_t>& out_size, const TempArena& arena) {
   const int n = int(s.inputs.size()), m = s.num_outputs();
-  const int out_reg = n, t_reg = n + m, par_reg = n + m + 1, npar_reg = n + m + 2;
-  TPU_CHECK(npar_reg < cfg.scalar.registers, "internal: codegen: {} inputs and {} outputs exceed the chip's registers", n,
-            m);
+  const int out_reg = n, t_reg = n + m, par_reg = n + m + 1, npar_reg = n + m + 2;  // elementwise_registers
   const int64_t C = s.cols, nr = s.rows / tr, rr = s.rows % tr;
   const int sem_in = 0, sem_out = 1, nq = cfg.dma.engines;
   int per_tile = 0;
@@ -147,14 +145,19 @@ std::string elementwise_key(const ElementwiseSpec& s) {
   return k + s.expr.key();
 }
 
+int elementwise_registers(int inputs, int outputs) { return inputs + outputs + 3; }  // see emit_row_pipeline
+
+bool elementwise_fits(const sim::ChipConfig& cfg, int inputs, int outputs) {
+  return elementwise_registers(inputs, outputs) <= cfg.scalar.registers && outputs < cfg.scalar.semaphores;
+}
+
 sim::Program make_elementwise_program(const sim::ChipConfig& cfg, const ElementwiseSpec& s) {
   const int n = int(s.inputs.size()), m = s.num_outputs();
   TPU_CHECK(int(s.expr.extra_results.size()) == m - 1, "internal: codegen: {} output dtypes for {} results", m,
             s.expr.extra_results.size() + 1);
   const int out_reg = n, row_reg = n + m, col_reg = n + m + 1;
-  TPU_CHECK(col_reg < cfg.scalar.registers, "internal: codegen: {} inputs and {} outputs exceed the chip's registers", n,
-            m);
-  TPU_CHECK(m < cfg.scalar.semaphores, "internal: codegen: {} outputs exceed the chip's semaphores", m);
+  TPU_CHECK(elementwise_fits(cfg, n, m), "internal: codegen: {} inputs and {} outputs exceed the chip's registers or semaphores",
+            n, m);
   std::vector<sim::DType> dts;
   for (const EwInput& in : s.inputs) dts.push_back(in.dtype);
   const int slots = vec_temp_slots(s.expr, dts);

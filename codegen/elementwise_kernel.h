@@ -53,6 +53,10 @@ struct ElementwiseSpec {
 // when every input is full or scalar, rows of one vreg width (dense tiles whatever the shape).
 void fold_domain(ElementwiseSpec& spec, const Shape& out, const sim::ChipConfig& cfg);
 
+// Scalar registers the program needs (one address per input and output, three counters), and
+// whether a program with these operands fits the chip (registers, one semaphore per output).
+int elementwise_registers(int inputs, int outputs);
+bool elementwise_fits(const sim::ChipConfig& cfg, int inputs, int outputs);
 sim::Program make_elementwise_program(const sim::ChipConfig& cfg, const ElementwiseSpec& spec);
 std::string elementwise_key(const ElementwiseSpec& spec);
 

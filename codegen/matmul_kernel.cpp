@@ -112,13 +112,16 @@ MatmulTiling choose_matmul_tiling(const sim::ChipConfig& cfg, const MatmulSpec& 
   }
 }
 
+int matmul_registers(int epilogue_inputs) { return epilogue_inputs + 4; }
+
 sim::Program make_matmul_program(const sim::ChipConfig& cfg, const MatmulSpec& s) {
   const int64_t R = cfg.mxu.rows, Cm = cfg.mxu.cols, nm = cfg.mxu.count;
   const MatmulTiling tl = choose_matmul_tiling(cfg, s);
   const VmemPlan vp = plan_vmem(s, tl.tm, tl.tn, tl.tk);
   const int ne = int(s.epilogue_inputs.size());
   const int a_reg = 0, b_reg = 1, out_reg = 2 + ne, k_reg = 3 + ne;
-  TPU_CHECK(k_reg < cfg.scalar.registers, "internal: codegen: matmul epilogue has too many inputs ({})", ne);
+  TPU_CHECK(matmul_registers(ne) <= cfg.scalar.registers, "internal: codegen: matmul epilogue has too many inputs ({})",
+            ne);
   const bool epi = has_epilogue(s);
   const int64_t esa = es_of(s.a_dtype), esb = es_of(s.b_dtype), eso = es_of(s.out_dtype);
   const int nq = cfg.dma.engines;

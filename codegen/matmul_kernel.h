@@ -43,6 +43,8 @@ struct MatmulTiling {
 // Tile sizes that fit VMEM (tn = MXUs x array width when N allows, tm <= 512, tk = K if it fits).
 MatmulTiling choose_matmul_tiling(const sim::ChipConfig& cfg, const MatmulSpec& s);
 
+// Scalar registers the program needs: A, B, the epilogue operands, the output and a counter.
+int matmul_registers(int epilogue_inputs);
 sim::Program make_matmul_program(const sim::ChipConfig& cfg, const MatmulSpec& s);
 std::string matmul_key(const MatmulSpec& s);
 

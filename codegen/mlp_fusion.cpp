@@ -114,8 +114,7 @@ bool run_mlp_pair(const Graph& g, const Region& r1, std::vector<Tensor>& vals) {
   s.out_dtype = om.dtype == DType::bf16 ? sim::DType::bf16 : sim::DType::f32;
   const int dev = om.device.index;
   const sim::ChipConfig& cfg = device::sim_device(dev).config();
-  // Registers: x, w1, w2, both epilogues' operands, the output and a loop counter.
-  if (int(s.epi1_inputs.size() + s.epi2_inputs.size()) + 5 > cfg.scalar.registers) return false;
+  if (mlp_registers(s) > cfg.scalar.registers) return false;
   auto tiling = choose_mlp_tiling(cfg, s);
   if (!tiling) return false;
   Tensor out = ops::empty_tensor(om.shape, om.dtype, om.device);

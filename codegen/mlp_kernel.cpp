@@ -80,13 +80,15 @@ std::optional<MlpTiling> choose_mlp_tiling(const sim::ChipConfig& cfg, const Mlp
   return std::nullopt;
 }
 
+int mlp_registers(const MlpSpec& s) { return int(s.epi1_inputs.size() + s.epi2_inputs.size()) + 5; }
+
 sim::Program make_mlp_program(const sim::ChipConfig& cfg, const MlpSpec& s, const MlpTiling& t) {
   const MlpVmem v = plan(s, t.th, t.rc);
   TPU_CHECK(uint64_t(v.total) <= cfg.memory.vmem_bytes, "internal: codegen: MLP plan needs {} bytes of VMEM", v.total);
   const int64_t R = cfg.mxu.rows, Cm = cfg.mxu.cols, nm = cfg.mxu.count, es = es_of(s.dtype);
   const int n1in = int(s.epi1_inputs.size()), n2in = int(s.epi2_inputs.size());
   const int e1_reg = 3, e2_reg = 3 + n1in, out_reg = 3 + n1in + n2in, k_reg = out_reg + 1;
-  TPU_CHECK(k_reg < cfg.scalar.registers, "internal: codegen: MLP epilogues have too many inputs");
+  TPU_CHECK(mlp_registers(s) <= cfg.scalar.registers, "internal: codegen: MLP epilogues have too many inputs");
   const int nq = cfg.dma.engines;
   const int qx = 0, qw1 = 1 % nq, qw2 = 2 % nq, qe = 3 % nq;
   const int sX = 0, sW1 = 1, sW2 = 2, sE1 = 3, sE2 = 4, sOut = 5;

@@ -42,6 +42,8 @@ struct MlpTiling {
 // nullopt when A and the accumulator do not fit in VMEM.
 std::optional<MlpTiling> choose_mlp_tiling(const sim::ChipConfig& cfg, const MlpSpec& s);
 
+// Scalar registers the program needs: x, w1, w2, both epilogues' operands, the output, a counter.
+int mlp_registers(const MlpSpec& s);
 sim::Program make_mlp_program(const sim::ChipConfig& cfg, const MlpSpec& s, const MlpTiling& t);
 std::string mlp_key(const MlpSpec& s);
 

@@ -65,12 +65,9 @@ std::optional<ElementwisePlan> plan_elementwise_region(const Graph& g, const Reg
     if (k == 0) spec.expr.result = it->second;
     else spec.expr.extra_results.push_back(it->second);
   }
-  // The program holds one address per operand plus loop counters in scalar registers, and one
-  // semaphore per output: a region needing more runs node by node.
+  // A region needing more registers or semaphores than the chip has runs node by node.
   const sim::ChipConfig& cfg = device::sim_device(om.device.index).config();
-  if (int(spec.inputs.size() + r.outputs.size()) + 3 > cfg.scalar.registers ||
-      int(r.outputs.size()) >= cfg.scalar.semaphores)
-    return std::nullopt;
+  if (!elementwise_fits(cfg, int(spec.inputs.size()), int(r.outputs.size()))) return std::nullopt;
   spec.out_dtype = odts[0];
   spec.extra_out_dtypes.assign(odts.begin() + 1, odts.end());
   spec.name = "region";
@@ -124,8 +121,8 @@ bool run_matmul_region(const Graph& g, const Region& r, std::vector<Tensor>& val
     if (!eb.add(g.nodes[size_t(r.nodes[i])])) return false;
   auto it = eb.known.find(outv);
   if (it == eb.known.end()) return false;
-  // Registers: A, B, the epilogue operands, the output and a loop counter.
-  if (int(s.epilogue_inputs.size()) + 4 > device::sim_device(om.device.index).config().scalar.registers) return false;
+  if (matmul_registers(int(s.epilogue_inputs.size())) > device::sim_device(om.device.index).config().scalar.registers)
+    return false;  // runs node by node
   const auto odt = chip_dtype(om.dtype);
   if (!odt || (om.dtype != DType::f32 && om.dtype != DType::bf16)) return false;
   s.epilogue.result = it->second;

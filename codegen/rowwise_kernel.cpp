@@ -69,6 +69,12 @@ int64_t rowwise_tile_rows(const sim::ChipConfig& cfg, const RowwiseSpec& s) {
   return std::max<int64_t>(1, std::min<int64_t>({s.rows, (budget - params) / per_row, int64_t(1) << 16, cap}));
 }
 
+int rowwise_registers(const RowwiseSpec& s) {
+  const int operands = (s.has_prologue ? int(s.pro_inputs.size()) : 1) + s.has_weight + s.has_bias +
+                       (s.has_epilogue ? int(s.epi_inputs.size()) : 0);
+  return operands + 3;  // + the output, row and column counters (see make_rowwise_program)
+}
+
 sim::Program make_rowwise_program(const sim::ChipConfig& cfg, const RowwiseSpec& s) {
   const int64_t tr = rowwise_tile_rows(cfg, s);
   TPU_CHECK(tr > 0, "internal: codegen: a row of {} elements does not fit in VMEM", s.cols);
@@ -83,6 +89,8 @@ sim::Program make_rowwise_program(const sim::ChipConfig& cfg, const RowwiseSpec&
   if (s.has_epilogue) nargs += int(s.epi_inputs.size());
   const int out_reg = nargs++;
   const int row_reg = nargs, col_reg = nargs + 1;
+  TPU_CHECK(rowwise_registers(s) == col_reg + 1 && col_reg < cfg.scalar.registers,
+            "internal: codegen: a row-wise program with {} operands exceeds the chip's registers", nargs);
   const int64_t esi = sim::dtype_size(s.in_dtype), eso = sim::dtype_size(s.out_dtype), esp = sim::dtype_size(s.param_dtype);
 
   // VMEM: weight, bias (once), x tile, output tile, temporaries, per-row columns.

@@ -39,6 +39,9 @@ struct RowwiseSpec {
 bool is_reduction(RowOp op);
 // Rows per VMEM tile; 0 when a single row does not fit.
 int64_t rowwise_tile_rows(const sim::ChipConfig& cfg, const RowwiseSpec& s);
+// Scalar registers the program needs: one address per operand and the output, row and column
+// counters.
+int rowwise_registers(const RowwiseSpec& s);
 sim::Program make_rowwise_program(const sim::ChipConfig& cfg, const RowwiseSpec& s);
 std::string rowwise_key(const RowwiseSpec& s);
 

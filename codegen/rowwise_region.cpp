@@ -112,8 +112,7 @@ bool run_rowwise_region(const graph::Graph& g, const graph::Region& r, std::vect
   const int idx = dev.index;
   const sim::ChipConfig& cfg = device::sim_device(idx).config();
   if (rowwise_tile_rows(cfg, s) == 0) return false;
-  // Registers: one address per operand, the output, and the row and column counters.
-  if (int(args.size()) + 3 > cfg.scalar.registers) return false;
+  if (rowwise_registers(s) > cfg.scalar.registers) return false;  // runs node by node
   if (!out.defined()) out = ops::empty_tensor(om.shape, om.dtype, dev);
   std::vector<int64_t> a;
   for (const Tensor& t : args) a.push_back(hbm_address(t));
