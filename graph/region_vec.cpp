@@ -1,8 +1,6 @@
 #include "graph/region_vec.h"
 
 #include <algorithm>
-#include <cmath>
-#include <cstring>
 
 #include "ops/cpu/loops.h"
 #include "ops/cpu/vec_math.h"

@@ -4,8 +4,9 @@
 // other input of the node depends on the region through a node outside it). Otherwise it
 // starts a region. When the node joins a region, elementwise regions of its other producers
 // merge into it where that keeps the region convex. Regions of a single node are dissolved
-// (the node's own kernel is already one pass). The result: elementwise chains, matmul + epilogue, and rowwise regions
-// (softmax, layer_norm, rms_norm, written by hand or as ops, with their neighbours).
+// (the node's own kernel is already one pass). The result: elementwise chains, matmul +
+// epilogue, and rowwise regions (softmax, layer_norm, rms_norm, written by hand or as ops,
+// with their neighbours).
 #include <algorithm>
 
 #include "graph/op_class.h"

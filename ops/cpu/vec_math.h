@@ -52,7 +52,7 @@ struct VecMathTable {
   const char* name;
   VecUnaryFn unary[static_cast<int>(VecUnary::count)];
   VecBinaryFn binary[static_cast<int>(VecBinary::count)];
-  VecProgramFn program = nullptr;  // null: run programs step by step over chunks
+  VecProgramFn program = nullptr;  // null: run_vec_program uses the portable block executor
   VecUnaryFn get(VecUnary op) const { return unary[static_cast<int>(op)]; }
   VecBinaryFn get(VecBinary op) const { return binary[static_cast<int>(op)]; }
 };

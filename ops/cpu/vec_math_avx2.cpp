@@ -375,10 +375,12 @@ TPU_AVX2_ENTRY void sub_v(float* o, const float* x, const float* y, bool ys, flo
 //
 // Each step runs over a whole block of kProgBlock elements (one dispatch per step and block),
 // four vectors at a time, reading its operands through plain pointers: memory inputs in
-// place, scalars from a slot filled once, computed values from their block slots. Then the
-// block's outputs are stored. A block is small enough for the loads of memory operands to
-// overlap the arithmetic of the steps before, and large enough that dispatch costs little.
-// The last, partial block first copies its memory inputs into slots, so no step needs masks.
+// place, scalars from a slot filled once, computed values from their block slots. A step
+// stores its value to its slot when a later step reads it, and to memory as it is computed
+// when it is a region output; a multiply and add feeding a unary step fold into that step's
+// pass. A block is small enough for the loads of memory operands to overlap the arithmetic of
+// the steps before, and large enough that dispatch costs little. The last, partial block
+// first copies its memory inputs into slots, so no step needs masks.
 
 constexpr int kProgVecs = 4;
 constexpr int kProgSub = 8 * kProgVecs;  // floats per sub-block
@@ -444,18 +446,18 @@ TPU_AVX2_FN __m256 rsqrt_v(__m256 x) { return _mm256_div_ps(splat(1.0f), _mm256_
 TPU_AVX2_FN __m256 recip_v(__m256 x) { return _mm256_div_ps(splat(1.0f), x); }
 TPU_AVX2_FN void nop_v(Block&) {}
 
-// One step over `len` elements (a multiple of kProgSub) from operand pointers `p`; `m`:
-// memory destinations (null: none).
 // A unary step with the multiply and add that feed it folded in (see fold_prologues).
 struct Prologue {
   int16_t x = -1, a = -1, b = -1;  // operands: x * a + b (a, b: -1 when left out)
 };
 
+// One step over `len` elements (a multiple of kProgSub) from operand pointers `p`; `m`:
+// memory destinations (null: none); `uses`: readers of each operand.
 TPU_AVX2_FN void prog_step(const VecStep& s, const Prologue& pro, float* const* p, float* const* m, const bool* stream,
-                           const bool* keep, int64_t len) {
+                           const int* uses, int64_t len) {
   const float* x = p[pro.x >= 0 ? pro.x : s.in0];
   // A region output no later step reads goes to memory only.
-  const ProgDst o{keep[s.out] || !m[s.out] ? p[s.out] : nullptr, m[s.out], stream[s.out]};
+  const ProgDst o{uses[s.out] > 0 || !m[s.out] ? p[s.out] : nullptr, m[s.out], stream[s.out]};
   if (s.kind == VecStepKind::binary) {
     const float* y = p[s.in1];
     switch (s.bin) {
@@ -563,8 +565,6 @@ TPU_AVX2_ENTRY void program_v(const VecStep* steps, int nsteps, const VecOperand
   Prologue pro[kVecProgramMaxOperands];
   bool skip[kVecProgramMaxOperands] = {};
   fold_prologues(steps, nsteps, ops, uses, pro, skip);
-  bool keep[kVecProgramMaxOperands];  // read by some step: kept in its slot
-  for (int k = 0; k < nops; ++k) keep[k] = uses[k] > 0;
   for (int k = 0; k < nops; ++k) {
     const VecOperand& o = ops[k];
     p[k] = slots[k];
@@ -585,7 +585,7 @@ TPU_AVX2_ENTRY void program_v(const VecStep* steps, int nsteps, const VecOperand
     }
     for (int j = 0; j < nouts; ++j) m[outs[j]] = ops[outs[j]].out + i;
     for (int si = 0; si < nsteps; ++si)
-      if (!skip[si]) prog_step(steps[si], pro[si], p, m, streamed, keep, kProgBlock);
+      if (!skip[si]) prog_step(steps[si], pro[si], p, m, streamed, uses, kProgBlock);
   }
   if (i < n) {
     // The partial last block runs on slots only (inputs copied in, outputs copied out).
@@ -598,7 +598,7 @@ TPU_AVX2_ENTRY void program_v(const VecStep* steps, int nsteps, const VecOperand
     }
     for (int j = 0; j < nouts; ++j) m[outs[j]] = nullptr;
     for (int si = 0; si < nsteps; ++si)
-      if (!skip[si]) prog_step(steps[si], pro[si], p, m, streamed, keep, len);
+      if (!skip[si]) prog_step(steps[si], pro[si], p, m, streamed, uses, len);
     for (int j = 0; j < nouts; ++j)
       for (int64_t e = 0; e < left; e += 8)
         _mm256_maskstore_ps(ops[outs[j]].out + i + e, tail_mask(left - e), _mm256_load_ps(slots[outs[j]] + e));
