@@ -5,7 +5,6 @@
 #include <list>
 
 #include <spdlog/spdlog.h>
-#include <memory>
 #include <mutex>
 #include <unordered_map>
 
