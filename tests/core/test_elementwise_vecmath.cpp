@@ -295,21 +295,85 @@ void reference_step(const VecMathTable& t, const VecStep& s, std::vector<std::ve
 
 bool same_float(float a, float b) { return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, sizeof a) == 0; }
 
+// Runs `steps` (operands 0, 1: memory inputs; 2: the scalar 1.75; then one per step) on every
+// length that exercises blocks, sub-blocks and tails, with unaligned and streamed outputs, and
+// checks the operands `outs` bit for bit against the steps run one by one.
+void check_program(const VecMathTable* t, bool own, const std::vector<VecStep>& steps, const std::vector<int>& outs) {
+  const int nops = 3 + static_cast<int>(steps.size());
+  for (int64_t n : {1, 7, 8, 31, 32, 33, 255, 256, 257, 600, 1000, 2048, 2049}) {
+    for (bool stream : {false, true}) {
+      INFO("n " << n << " stream " << stream);
+      std::vector<std::vector<float>> ref(static_cast<size_t>(nops));
+      ref[0].resize(static_cast<size_t>(n));
+      ref[1].resize(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        ref[0][static_cast<size_t>(i)] = static_cast<float>((i * 37) % 101 - 50) * 0.07f;
+        ref[1][static_cast<size_t>(i)] = static_cast<float>((i * 11) % 23 + 1) * 0.3f;
+      }
+      ref[0][0] = NAN;
+      if (n > 5) ref[0][5] = INFINITY;
+      if (n > 6) ref[1][6] = -INFINITY;
+      ref[2].assign(static_cast<size_t>(n), 1.75f);
+      for (const VecStep& s : steps) reference_step(*t, s, ref, n);
+
+      // Memory operands at an offset of 3 floats (unaligned) or 0, with guard cells after.
+      const size_t off = stream ? 0 : 3;
+      std::vector<std::vector<float>> mem(outs.size(), std::vector<float>(static_cast<size_t>(n) + 16 + off, 999.0f));
+      std::vector<float> in0(off), in1(off);
+      in0.insert(in0.end(), ref[0].begin(), ref[0].end());
+      in1.insert(in1.end(), ref[1].begin(), ref[1].end());
+      const float scalar = 1.75f;
+      std::vector<VecOperand> ops(static_cast<size_t>(nops));
+      ops[0].in = in0.data() + off;
+      ops[1].in = in1.data() + off;
+      ops[2].in = &scalar;
+      ops[2].scalar = true;
+      // Streamed outputs must be 32-byte aligned to stream; vectors give 16, so align by hand.
+      std::vector<float*> dst;
+      for (size_t j = 0; j < outs.size(); ++j) {
+        float* base = mem[j].data() + off;
+        if (stream) base = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(mem[j].data()) + 31) & ~uintptr_t{31});
+        dst.push_back(base);
+        ops[static_cast<size_t>(outs[j])].out = base;
+        ops[static_cast<size_t>(outs[j])].stream = stream;
+      }
+      if (own) t->program(steps.data(), static_cast<int>(steps.size()), ops.data(), nops, n);
+      else tpu::ops::cpu::run_vec_program_blocks(*t, steps.data(), static_cast<int>(steps.size()), ops.data(), nops, n);
+      for (size_t j = 0; j < outs.size(); ++j) {
+        const std::vector<float>& want = ref[static_cast<size_t>(outs[j])];
+        int64_t bad = 0, first = -1;
+        for (int64_t i = 0; i < n; ++i)
+          if (!same_float(dst[j][i], want[static_cast<size_t>(i)])) {
+            ++bad;
+            if (first < 0) first = i;
+          }
+        INFO("output operand " << outs[j] << ": first mismatch at " << first << (first >= 0 ? " got " + std::to_string(dst[j][first]) + " want " + std::to_string(want[static_cast<size_t>(first)]) : std::string()));
+        CHECK(bad == 0);
+        for (int g = 0; g < 8; ++g) CHECK(dst[j][n + g] == 999.0f);  // nothing written past n
+      }
+    }
+  }
+}
+
+// Every table through the portable block executor, and the tables that have their own
+// executor (AVX2) through it too.
+struct Executor {
+  const VecMathTable* t;
+  bool own;
+};
+std::vector<Executor> executors() {
+  std::vector<Executor> e;
+  for (const VecMathTable* t : tables()) {
+    e.push_back({t, false});
+    if (t->program) e.push_back({t, true});
+  }
+  return e;
+}
+
 }  // namespace
 
 TEST_CASE("vec_math: fused programs give the results of their steps run one by one", "[elementwise][vecmath]") {
-  // Every table through the portable block executor, and the tables that have their own
-  // executor (AVX2) through it too.
-  struct Executor {
-    const VecMathTable* t;
-    bool own;
-  };
-  std::vector<Executor> executors;
-  for (const VecMathTable* t : tables()) {
-    executors.push_back({t, false});
-    if (t->program) executors.push_back({t, true});
-  }
-  for (const auto [t, own] : executors) {
+  for (const auto [t, own] : executors()) {
     INFO(t->name << (own ? " (its own executor)" : " (block executor)"));
     // Operands 0, 1: memory inputs; 2: a scalar; then one per step. Every unary and binary op,
     // the scalar as left and right operand, alpha != 1, a value read again much later, and
@@ -360,58 +424,58 @@ TEST_CASE("vec_math: fused programs give the results of their steps run one by o
     REQUIRE(nops <= tpu::ops::cpu::kVecProgramMaxOperands);
     const std::vector<int> outs = {4, 9, nops - 1};
 
-    for (int64_t n : {1, 7, 8, 31, 32, 33, 255, 256, 257, 600, 1000, 2048, 2049}) {
-      for (bool stream : {false, true}) {
-        INFO("n " << n << " stream " << stream);
-        std::vector<std::vector<float>> ref(static_cast<size_t>(nops));
-        ref[0].resize(static_cast<size_t>(n));
-        ref[1].resize(static_cast<size_t>(n));
-        for (int64_t i = 0; i < n; ++i) {
-          ref[0][static_cast<size_t>(i)] = static_cast<float>((i * 37) % 101 - 50) * 0.07f;
-          ref[1][static_cast<size_t>(i)] = static_cast<float>((i * 11) % 23 + 1) * 0.3f;
-        }
-        ref[0][0] = NAN;
-        if (n > 5) ref[0][5] = INFINITY;
-        if (n > 6) ref[1][6] = -INFINITY;
-        ref[2].assign(static_cast<size_t>(n), 1.75f);
-        for (const VecStep& s : steps) reference_step(*t, s, ref, n);
+    check_program(t, own, steps, outs);
+  }
+}
 
-        // Memory operands at an offset of 3 floats (unaligned) or 0, with guard cells after.
-        const size_t off = stream ? 0 : 3;
-        std::vector<std::vector<float>> mem(outs.size(), std::vector<float>(static_cast<size_t>(n) + 16 + off, 999.0f));
-        std::vector<float> in0(off), in1(off);
-        in0.insert(in0.end(), ref[0].begin(), ref[0].end());
-        in1.insert(in1.end(), ref[1].begin(), ref[1].end());
-        const float scalar = 1.75f;
-        std::vector<VecOperand> ops(static_cast<size_t>(nops));
-        ops[0].in = in0.data() + off;
-        ops[1].in = in1.data() + off;
-        ops[2].in = &scalar;
-        ops[2].scalar = true;
-        // Streamed outputs must be 32-byte aligned to stream; vectors give 16, so align by hand.
-        std::vector<float*> dst;
-        for (size_t j = 0; j < outs.size(); ++j) {
-          float* base = mem[j].data() + off;
-          if (stream) base = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(mem[j].data()) + 31) & ~uintptr_t{31});
-          dst.push_back(base);
-          ops[static_cast<size_t>(outs[j])].out = base;
-          ops[static_cast<size_t>(outs[j])].stream = stream;
-        }
-        if (own) t->program(steps.data(), static_cast<int>(steps.size()), ops.data(), nops, n);
-        else tpu::ops::cpu::run_vec_program_blocks(*t, steps.data(), static_cast<int>(steps.size()), ops.data(), nops, n);
-        for (size_t j = 0; j < outs.size(); ++j) {
-          const std::vector<float>& want = ref[static_cast<size_t>(outs[j])];
-          int64_t bad = 0, first = -1;
-          for (int64_t i = 0; i < n; ++i)
-            if (!same_float(dst[j][i], want[static_cast<size_t>(i)])) {
-              ++bad;
-              if (first < 0) first = i;
-            }
-          INFO("output operand " << outs[j] << ": first mismatch at " << first << (first >= 0 ? " got " + std::to_string(dst[j][first]) + " want " + std::to_string(want[static_cast<size_t>(first)]) : std::string()));
-          CHECK(bad == 0);
-          for (int g = 0; g < 8; ++g) CHECK(dst[j][n + g] == 999.0f);  // nothing written past n
-        }
-      }
+TEST_CASE("vec_math: programs that fold into one pass over memory", "[elementwise][vecmath]") {
+  // A program left with one step after folding, reading memory only, runs without block slots
+  // on the AVX2 executor; with a scalar operand, or a second step, it takes the block loop.
+  auto step = [](VecStepKind k, int in0, int in1, int out) {
+    VecStep s;
+    s.kind = k;
+    s.in0 = static_cast<int16_t>(in0);
+    s.in1 = static_cast<int16_t>(in1);
+    s.out = static_cast<int16_t>(out);
+    return s;
+  };
+  auto bin = [&](VecBinary b, int in0, int in1, int out) {
+    VecStep s = step(VecStepKind::binary, in0, in1, out);
+    s.bin = b;
+    return s;
+  };
+  auto un = [&](VecUnary u, int in0, int out) {
+    VecStep s = step(VecStepKind::unary, in0, -1, out);
+    s.un = u;
+    return s;
+  };
+  struct Prog {
+    const char* name;
+    std::vector<VecStep> steps;
+  };
+  const std::vector<Prog> progs = {
+      {"gelu(x * y + x)", {bin(VecBinary::mul, 0, 1, 3), bin(VecBinary::add, 3, 0, 4), un(VecUnary::gelu_erf, 4, 5)}},
+      {"tanh(y + y * x)", {bin(VecBinary::mul, 1, 0, 3), bin(VecBinary::add, 1, 3, 4), un(VecUnary::tanh, 4, 5)}},
+      {"exp(x + y)", {bin(VecBinary::add, 0, 1, 3), un(VecUnary::exp, 3, 4)}},
+      {"sigmoid(x * y)", {bin(VecBinary::mul, 0, 1, 3), un(VecUnary::sigmoid, 3, 4)}},
+      {"relu(x)", {un(VecUnary::relu, 0, 3)}},
+      {"x - 0.5 y", [&] {
+         VecStep s = bin(VecBinary::sub, 0, 1, 3);
+         s.alpha = 0.5f;
+         return std::vector<VecStep>{s};
+       }()},
+      {"sqrt(x)", {step(VecStepKind::sqrt, 0, -1, 3)}},
+      {"copy(y)", {step(VecStepKind::copy, 1, -1, 3)}},
+      // Not one pass: a scalar multiplier, a scalar alone, and two steps left after folding.
+      {"gelu(x * s + y)", {bin(VecBinary::mul, 0, 2, 3), bin(VecBinary::add, 3, 1, 4), un(VecUnary::gelu_erf, 4, 5)}},
+      {"x * s", {bin(VecBinary::mul, 0, 2, 3)}},
+      {"exp(x) * y", {un(VecUnary::exp, 0, 3), bin(VecBinary::mul, 3, 1, 4)}},
+  };
+  for (const auto [t, own] : executors()) {
+    INFO(t->name << (own ? " (its own executor)" : " (block executor)"));
+    for (const Prog& p : progs) {
+      INFO(p.name);
+      check_program(t, own, p.steps, {p.steps.back().out});
     }
   }
 }
