@@ -174,7 +174,6 @@ void run_region_vec(const Graph& g, const Region& r, std::vector<Tensor>& vals) 
   const int dn = D.ndim();
   const int64_t C = dn ? D[dn - 1] : 1;
   const int64_t rows = C ? D.numel() / C : 0;
-  const int64_t pieces = (C + kVecChunk - 1) / kVecChunk;
   if (rows == 0 || C == 0) return;
 
   // The program: one operand per external input, region output and computed value.
@@ -225,16 +224,22 @@ void run_region_vec(const Graph& g, const Region& r, std::vector<Tensor>& vals) 
 
   if (dn >= 2 && rows > 1 && 2 * C <= kVecChunk && run_rows_program(vm, D, srcs, prog)) return;
 
-  // Otherwise one call per row piece of at most kVecChunk values, strided inputs gathered into
-  // per-thread buffers (outputs are the executor's fresh contiguous buffers).
+  // Otherwise one call per row piece, strided inputs gathered into per-thread buffers (outputs
+  // are the executor's fresh contiguous buffers). Pieces are at most kVecChunk values when an
+  // input needs gathering, else up to kVecChunkLong: fewer calls, so less per-call setup.
+  bool gathers = false;
+  for (const Src& s : srcs)
+    if (!s.computed && dn && s.size[dn - 1] != 1 && s.stride[dn - 1] != 1) gathers = true;
+  const int64_t chunk = gathers ? kVecChunk : kVecChunkLong;
+  const int64_t pieces = (C + chunk - 1) / chunk;
   const int64_t items = rows * pieces;
-  const int64_t grain = std::max<int64_t>(1, ops::cpu::kParallelGrain / std::min<int64_t>(C, kVecChunk));
+  const int64_t grain = std::max<int64_t>(1, ops::cpu::kParallelGrain / std::min<int64_t>(C, chunk));
   parallel_for(0, items, grain, [&](int64_t ib, int64_t ie) {
-    std::vector<float> buf(srcs.size() * static_cast<size_t>(kVecChunk));
+    std::vector<float> buf(gathers ? srcs.size() * static_cast<size_t>(kVecChunk) : 0);
     std::vector<VecOperand> operands(srcs.size());
     int64_t idx[kMaxDims];
     for (int64_t it = ib; it < ie; ++it) {
-      const int64_t row = it / pieces, c0 = (it % pieces) * kVecChunk, len = std::min<int64_t>(kVecChunk, C - c0);
+      const int64_t row = it / pieces, c0 = (it % pieces) * chunk, len = std::min<int64_t>(chunk, C - c0);
       int64_t rest = row;
       for (int j = dn - 2; j >= 0; --j) {
         idx[j] = rest % D[j];
@@ -249,7 +254,6 @@ void run_region_vec(const Graph& g, const Region& r, std::vector<Tensor>& vals) 
         for (int j = 0; j < dn - 1; ++j) off += idx[j] * s.stride[j];
         float* base = static_cast<float*>(s.t->storage()->data) + off;
         const int64_t ls = dn ? s.stride[dn - 1] : 0;
-        float* tmp = buf.data() + k * static_cast<size_t>(kVecChunk);
         if (s.output) {
           o.out = dn == 0 || s.size[dn - 1] == 1 ? base : base + c0;
           o.stream = s.stream;
@@ -259,6 +263,7 @@ void run_region_vec(const Graph& g, const Region& r, std::vector<Tensor>& vals) 
         } else if (ls == 1) {
           o.in = base + c0;
         } else {
+          float* tmp = buf.data() + k * static_cast<size_t>(kVecChunk);  // gathers: chunk == kVecChunk
           for (int64_t i = 0; i < len; ++i) tmp[i] = base[(c0 + i) * ls];
           o.in = tmp;
         }

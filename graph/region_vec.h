@@ -2,7 +2,8 @@
 // become a fused program (ops/cpu/vec_math.h) run over the domain, split over the threads.
 // Narrow rows (at most kVecChunk / 2 values) run several rows per call when every operand is
 // contiguous across rows, a broadcast row or a single value; otherwise each call covers one
-// row piece of at most kVecChunk values, strided inputs gathered through per-thread buffers.
+// row piece of at most kVecChunk values, strided inputs gathered through per-thread buffers
+// (kVecChunkLong values when no input needs gathering).
 // The program runs block by block with values between steps in registers or L1 (the AVX2
 // executor, or the table's one-op kernels over blocks of 256 values), so only the region
 // outputs are written to memory: one pass over memory per region.
@@ -14,7 +15,8 @@
 
 namespace tpu::graph {
 
-inline constexpr int64_t kVecChunk = 2048;
+inline constexpr int64_t kVecChunk = 2048;       // row piece when inputs are gathered
+inline constexpr int64_t kVecChunkLong = 16384;  // row piece when every input is read in place
 
 // True when every node of the region is an f32 elementwise op the interpreter knows.
 bool vec_region_supported(const Graph& g, const Region& r);

@@ -49,7 +49,7 @@ TPU_AVX2_FN __m256 scale2(__m256 p, __m256 n) {
   return _mm256_mul_ps(_mm256_mul_ps(p, pow2i(k2)), pow2i(k1));
 }
 
-// The long dependency chains of these functions (exp alone: ~50 cycles; gelu: ~110) leave
+// The long dependency chains of these functions (exp alone: ~50 cycles) leave
 // the FMA pipes idle when one vector is computed at a time, so the *_n functions compute N
 // independent vectors step by step side by side for the out-of-order core to overlap. Every
 // lane gets the same operations whatever N, so results do not depend on the position in the
@@ -468,8 +468,9 @@ TPU_AVX2_FN __m256 recip_v(__m256 x) { return _mm256_div_ps(splat(1.0f), x); }
 TPU_AVX2_FN void nop_v(Block&) {}
 
 // A unary step with the multiply and add that feed it folded in (see fold_prologues).
+// No default member values: program_v's array of them is set for its steps only.
 struct Prologue {
-  int16_t x = -1, a = -1, b = -1;  // operands: x * a + b (a, b: -1 when left out)
+  int16_t x, a, b;  // operands: x * a + b (a, b: -1 when left out)
 };
 
 // One step over `len` elements (a multiple of kProgSub) from operand pointers `p`; `m`:
@@ -523,10 +524,10 @@ TPU_AVX2_FN void prog_step(const VecStep& s, const Prologue& pro, float* const* 
 // other reader and are not region outputs: F(x * a + b), F(x + b) and F(x * a) run as one
 // pass over the block (bias and activation, the most common fused region). Folded steps are
 // marked in `skip`.
-TPU_AVX2_FN void fold_prologues(const VecStep* steps, int nsteps, const VecOperand* ops, const int* uses,
+TPU_AVX2_FN void fold_prologues(const VecStep* steps, int nsteps, const VecOperand* ops, const int* uses, int nops,
                                 Prologue* pro, bool* skip) {
   int producer[kVecProgramMaxOperands];
-  for (int k = 0; k < kVecProgramMaxOperands; ++k) producer[k] = -1;
+  std::fill_n(producer, nops, -1);
   for (int si = 0; si < nsteps; ++si) producer[steps[si].out] = si;
   // The step computing operand k when it may be folded away: a binary `op` (add: alpha 1).
   auto foldable = [&](int k, VecBinary op) {
@@ -598,14 +599,18 @@ TPU_AVX2_ENTRY void program_v(const VecStep* steps, int nsteps, const VecOperand
   int mems[kVecProgramMaxOperands], outs[kVecProgramMaxOperands];
   int nmems = 0, nouts = 0;
   bool any_stream = false;
-  int uses[kVecProgramMaxOperands] = {};
+  // Per-call state sized by the program, not by the limit (this runs once per row piece).
+  int uses[kVecProgramMaxOperands];
+  std::fill_n(uses, nops, 0);
   for (int si = 0; si < nsteps; ++si) {
     ++uses[steps[si].in0];
     if (steps[si].kind == VecStepKind::binary) ++uses[steps[si].in1];
   }
   Prologue pro[kVecProgramMaxOperands];
-  bool skip[kVecProgramMaxOperands] = {};
-  fold_prologues(steps, nsteps, ops, uses, pro, skip);
+  std::fill_n(pro, nsteps, Prologue{-1, -1, -1});
+  bool skip[kVecProgramMaxOperands];
+  std::fill_n(skip, nsteps, false);
+  fold_prologues(steps, nsteps, ops, uses, nops, pro, skip);
   for (int k = 0; k < nops; ++k) {
     const VecOperand& o = ops[k];
     p[k] = slots[k];
