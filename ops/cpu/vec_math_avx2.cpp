@@ -198,18 +198,23 @@ TPU_AVX2_FN void erf_n(__m256 (&x)[N]) {
 //     a in [0, 14.85] (erfc underflows to 0 beyond) with float coefficients chosen one at a time;
 //   exp(-a^2 / 2) = 2^n E(r2) from h + l = a^2 split exactly (l by an FMA), r2 = -(h + l) - 2n ln2
 //     (twice the usual reduced argument, so a^2 is never halved or rounded through 1/sqrt 2), E
-//     of degree 6, minimax for exp(r2 / 2) on |r2| <= ln2.
+//     of degree 6, minimax for exp(r2 / 2) on |r2| <= ln2;
+//   n is in [-159, 0], so 2^(n + 64) is a normal number: E 2^(n + 64) is exact, and the 2^-64
+//     that is left is folded into G's coefficients (exactly): c = G' (E 2^(n + 64)) rounds once,
+//     to a denormal or to zero when it must, without scale2's two factors.
 // G and the exponential are independent chains, so the out-of-order core overlaps them; with
-// fewer operations in all, this runs 1.4x as fast as the exp(-b^2 + P(t)) form of the AVX-512
+// fewer operations in all, this runs 1.5x as fast as the exp(-b^2 + P(t)) form of the AVX-512
 // file on Zen 3. Measured over all floats: within 6.3 ulp of the exact gelu, beyond the
-// condition number of the negative tail (the old form: 6.8). Results below the
-// smallest normal (x < -13.2) round twice (c, then x c) and may be off by up to 8 of the
-// smallest denormals. gelu(-inf) = -inf * 0 = NaN, as in PyTorch.
+// condition number of the negative tail (the old form: 6.8). Results below the smallest normal
+// (x < -13.2) round twice (c, then x c) and may be off by up to 8 of the smallest denormals.
+// gelu(-inf) = -inf * 0 = NaN, as in PyTorch.
 template <int N>
 TPU_AVX2_FN void gelu_erf_n(__m256 (&x)[N]) {
-  static constexpr float kG[] = {-2.791759744e-02f, 1.339904666e-01f, -2.253055722e-01f, 1.163590178e-01f,
-                                 4.035753664e-03f,  9.287657589e-02f, 1.241784170e-01f,  1.406898201e-01f,
-                                 1.410953999e-01f,  -2.302230087e-06f};
+  constexpr float s = 0x1p-64f;
+  static constexpr float kG[] = {-2.791759744e-02f * s, 1.339904666e-01f * s, -2.253055722e-01f * s,
+                                 1.163590178e-01f * s,  4.035753664e-03f * s, 9.287657589e-02f * s,
+                                 1.241784170e-01f * s,  1.406898201e-01f * s, 1.410953999e-01f * s,
+                                 -2.302230087e-06f * s};
   static constexpr float kE[] = {2.161973316e-05f, 2.617181453e-04f, 2.604264999e-03f, 2.083302289e-02f,
                                  1.249999776e-01f, 5.000000000e-01f, 1.000000000e+00f};
   __m256 a[N], t[N], g[N], h[N], n[N], r[N], p[N];
@@ -230,7 +235,8 @@ TPU_AVX2_FN void gelu_erf_n(__m256 (&x)[N]) {
     TPU_EACH p[u] = _mm256_fmadd_ps(p[u], r[u], splat(kE[i]));
   }
   TPU_EACH {
-    const __m256 c = _mm256_mul_ps(g[u], scale2(p[u], n[u]));
+    const __m256i k = _mm256_add_epi32(_mm256_cvtps_epi32(n[u]), _mm256_set1_epi32(127 + 64));
+    const __m256 c = _mm256_mul_ps(g[u], _mm256_mul_ps(p[u], _mm256_castsi256_ps(_mm256_slli_epi32(k, 23))));
     // blendv picks by the sign bit: c for x < 0 (and -0), 1 - c otherwise.
     x[u] = _mm256_mul_ps(x[u], _mm256_blendv_ps(_mm256_sub_ps(splat(1.0f), c), c, x[u]));
   }
