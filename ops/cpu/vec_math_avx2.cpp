@@ -396,7 +396,8 @@ TPU_AVX2_ENTRY void sub_v(float* o, const float* x, const float* y, bool ys, flo
 // when it is a region output; a multiply and add feeding a unary step fold into that step's
 // pass. A block is small enough for the loads of memory operands to overlap the arithmetic of
 // the steps before, and large enough that dispatch costs little. The last, partial block
-// first copies its memory inputs into slots, so no step needs masks.
+// first copies its memory inputs into slots, so no step needs masks. A program that folds into
+// a single step reading memory only (bias and activation) skips the blocks: see single_pass.
 
 constexpr int kProgVecs = 4;
 constexpr int kProgSub = 8 * kProgVecs;  // floats per sub-block
