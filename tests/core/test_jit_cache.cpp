@@ -1,6 +1,7 @@
 // The compile cache: hits, recompiles with their exact reasons, number arguments as runtime
 // inputs, static arguments, captured tensors bound by reference, graph breaks, fullgraph.
 #include "jit_testing.h"
+#include "tpucore/autograd.h"
 
 namespace tpu {
 namespace {
@@ -60,6 +61,61 @@ TEST_CASE("jit cache: a number that shapes the graph becomes static by itself", 
   expect_close(f(x, 4), fn(x, 4));
   expect_close(f(x, 2), fn(x, 2));
   CHECK(stats_of("shape_scalar").compiles == 2);
+}
+
+TEST_CASE("jit cache: clamp bounds from number arguments are runtime inputs", "[jit]") {
+  // The reference is eager clamp (its own kernel); the compiled graph runs maximum/minimum.
+  Tensor x = rnd({5, 7}, 31);
+  auto both = compile([](const Tensor& t, double lo, double hi) { return clamp(t, lo, hi) * 2.0; },
+                      {.name = "clamp_both", .verify = 1});
+  const std::vector<std::pair<double, double>> bounds = {{-0.5, 0.5}, {-1.0, 2.0}, {0.3, 0.2}, {0.0, 0.0}};
+  for (auto [lo, hi] : bounds) expect_close(both(x, lo, hi), clamp(x, lo, hi) * 2.0, 0, 0);
+  CHECK(stats_of("clamp_both").compiles == 1);
+
+  auto lower = compile([](const Tensor& t, double lo) { return clamp(t, lo, std::nullopt); }, {.name = "clamp_min"});
+  auto upper = compile([](const Tensor& t, double hi) { return clamp(t, std::nullopt, hi); }, {.name = "clamp_max"});
+  auto mixed = compile([](const Tensor& t, double hi) { return clamp(t, 0.0, hi); }, {.name = "clamp_mixed"});
+  for (double v : {-0.25, 0.1, 1.5}) {
+    expect_close(lower(x, v), clamp(x, v, std::nullopt), 0, 0);
+    expect_close(upper(x, v), clamp(x, std::nullopt, v), 0, 0);
+    expect_close(mixed(x, v), clamp(x, 0.0, v), 0, 0);
+  }
+  CHECK(stats_of("clamp_min").compiles == 1);
+  CHECK(stats_of("clamp_max").compiles == 1);
+  CHECK(stats_of("clamp_mixed").compiles == 1);
+
+  // In a gradient: clamp's backward compares x with the same bounds (wrapped numbers, bound too).
+  Tensor w = rnd({5, 7}, 32).requires_grad_();
+  auto grad_fn = [&](const Tensor& t, double lo, double hi) {
+    return autograd::grad({(clamp(t * w, lo, hi) * t).sum()}, {w})[0];
+  };
+  auto grad_c = compile(grad_fn, {.name = "clamp_grad"});
+  for (auto [lo, hi] : bounds) expect_close(grad_c(x, lo, hi), grad_fn(x, lo, hi), 0, 0);
+  CHECK(stats_of("clamp_grad").compiles == 1);
+
+  // A NaN bound makes every element NaN, as eager clamp does.
+  const Tensor nan_out = lower(x, std::nan(""));
+  for (float v : nan_out.to_vector<float>()) CHECK(std::isnan(v));
+  CHECK(stats_of("clamp_min").compiles == 1);
+
+  // An int tensor clamped to float bounds gives f32 either way.
+  Tensor xi = tpu::arange(-6, 6, 1, TensorOptions(DType::i32)).reshape({3, 4});
+  auto ints = compile([](const Tensor& t, double lo, double hi) { return clamp(t, lo, hi); }, {.name = "clamp_int"});
+  for (auto [lo, hi] : bounds) expect_close(ints(xi, lo, hi), clamp(xi, lo, hi), 0, 0);
+  CHECK(stats_of("clamp_int").compiles == 1);
+
+  // bf16 clamps compare in f32 with the bound unrounded: that stays a static bound (recompiles).
+  Tensor xb = x.to(DType::bf16);
+  auto half = compile([](const Tensor& t, double lo) { return clamp(t, lo, std::nullopt); }, {.name = "clamp_bf16"});
+  for (double v : {-0.25, 0.1}) expect_close(half(xb, v), clamp(xb, v, std::nullopt), 0, 0);
+  CHECK(stats_of("clamp_bf16").compiles == 2);
+
+  // On the simulator: the bounds reach the chip program as runtime scalars.
+  const Device sim("sim:0");
+  Tensor xs = x.to(sim);
+  auto on_sim = compile([](const Tensor& t, double lo, double hi) { return clamp(t, lo, hi); }, {.name = "clamp_sim"});
+  for (auto [lo, hi] : bounds) expect_close(on_sim(xs, lo, hi).to(Device("cpu")), clamp(x, lo, hi), 0, 0);
+  CHECK(stats_of("clamp_sim").compiles == 1);
 }
 
 TEST_CASE("jit cache: captured tensors are bound by reference", "[jit]") {
