@@ -2,8 +2,8 @@
 // different ones; when the two graphs differ only in 0-d constants that equal the argument
 // in each trace, those constants become graph inputs fed from the argument on every call.
 // An f32 clamp whose bound is the argument becomes maximum/minimum with the bound as such an
-// input (the same function: the kernel computes min(max(x, lo), hi), and a NaN bound gives
-// NaN either way). Any other difference (a shape, another attribute, the ops themselves)
+// input (the same values: the kernel computes min(max(x, lo), hi), and a NaN bound gives NaN
+// either way; only a zero's sign may differ, -0 clamped at a +0 bound giving +0). Any other difference (a shape, another attribute, the ops themselves)
 // makes the arguments static.
 #include <algorithm>
 #include <cmath>
