@@ -3,8 +3,8 @@
 // in each trace, those constants become graph inputs fed from the argument on every call.
 // An f32 clamp whose bound is the argument becomes maximum/minimum with the bound as such an
 // input (the same values: the kernel computes min(max(x, lo), hi), and a NaN bound gives NaN
-// either way; only a zero's sign may differ, -0 clamped at a +0 bound giving +0). Any other difference (a shape, another attribute, the ops themselves)
-// makes the arguments static.
+// either way; only a zero's sign may differ, -0 clamped at a +0 bound giving +0). Any other
+// difference (a shape, another attribute, the ops themselves) makes the arguments static.
 #include <algorithm>
 #include <cmath>
 #include <string_view>
@@ -16,6 +16,19 @@ namespace tpu::jit::detail {
 namespace {
 
 double as_dtype(double v, DType dt) { return tpu::scalar_tensor(Scalar(v), TensorOptions(dt)).item<double>(); }
+
+// The one candidate argument for which `matches(arg index)` holds; -1 for none, -2 when two or
+// more do (equal values: which argument a constant comes from is unknown).
+template <class Match>
+int matching_arg(const std::vector<int>& candidates, Match&& matches) {
+  int which = -1;
+  for (int c : candidates) {
+    if (!matches(static_cast<size_t>(c))) continue;
+    if (which != -1) return -2;
+    which = c;
+  }
+  return which;
+}
 
 // A clamp bound that follows a number argument: the bound `attr` of node `node` is arg `arg`.
 struct ClampBound {
@@ -36,13 +49,10 @@ bool clamp_bounds_follow_args(const graph::Graph& a, size_t ni, const graph::Nod
     if (!x.attrs.has(attr)) continue;
     const double ca = x.attrs.get_scalar(attr).to_double(), cb = y.attrs.get_scalar(attr).to_double();
     if (ca == cb || (std::isnan(ca) && std::isnan(cb))) continue;
-    int which = -1;
-    for (int c : candidates) {
-      const auto ci = static_cast<size_t>(c);
-      // The attribute keeps the number as given (the kernel rounds it to f32, as the runtime
-      // input will be).
-      if (ca == args[ci].number && cb == values_b[ci]) which = which < 0 ? c : -2;  // same value twice: ambiguous
-    }
+    // The attribute keeps the number as given (the kernel rounds it to f32, as the runtime
+    // input will be).
+    const int which =
+        matching_arg(candidates, [&](size_t ci) { return ca == args[ci].number && cb == values_b[ci]; });
     if (which < 0) return false;
     out.push_back({ni, attr, which});
   }
@@ -143,13 +153,9 @@ std::vector<int> bind_scalar_args(graph::Graph& a, const graph::Graph& b, std::s
       break;
     }
     const double ca = x.constant.item<double>(), cb = y.constant.item<double>();
-    int which = -1;
-    for (int c : candidates) {
-      const auto ci = static_cast<size_t>(c);
-      if (ca == as_dtype(args[ci].number, x.meta.dtype) && cb == as_dtype(values_b[ci], x.meta.dtype)) {
-        which = which < 0 ? c : -2;  // two arguments with the same value: ambiguous
-      }
-    }
+    const int which = matching_arg(candidates, [&](size_t ci) {
+      return ca == as_dtype(args[ci].number, x.meta.dtype) && cb == as_dtype(values_b[ci], x.meta.dtype);
+    });
     if (which < 0) {
       same = false;
       break;

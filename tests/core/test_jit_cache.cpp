@@ -63,6 +63,17 @@ TEST_CASE("jit cache: a number that shapes the graph becomes static by itself", 
   CHECK(stats_of("shape_scalar").compiles == 2);
 }
 
+TEST_CASE("jit cache: a constant equal to several number arguments is not bound to any", "[jit]") {
+  // Three arguments with the value the graph's constant has (in both traces): which one the
+  // constant comes from is unknown, so the arguments are static and each call is right.
+  auto fn = [](const Tensor& x, double a, double, double) { return x * a; };
+  auto f = compile(fn, {.name = "ambiguous_scalars"});
+  Tensor x = rnd({3}, 16);
+  expect_close(f(x, 1.5, 1.5, 1.5), fn(x, 1.5, 1.5, 1.5), 0, 0);
+  expect_close(f(x, 2.5, 1.5, 1.5), fn(x, 2.5, 1.5, 1.5), 0, 0);
+  expect_close(f(x, 1.5, 1.5, 4.0), fn(x, 1.5, 1.5, 4.0), 0, 0);
+}
+
 TEST_CASE("jit cache: clamp bounds from number arguments are runtime inputs", "[jit]") {
   // The reference is eager clamp (its own kernel); the compiled graph runs maximum/minimum.
   Tensor x = rnd({5, 7}, 31);
