@@ -71,9 +71,9 @@ void rewrite_clamps(graph::Graph& g, std::vector<ClampBound> binds, std::vector<
   for (size_t k = 0; k < binds.size();) {
     const size_t ni = binds[k].node;
     int lo_arg = -1, hi_arg = -1;
-    for (; k < binds.size() && binds[k].node == ni; ++k) (std::string_view(binds[k].attr) == "min" ? lo_arg : hi_arg) = binds[k].arg;
+    for (; k < binds.size() && binds[k].node == ni; ++k)
+      (std::string_view(binds[k].attr) == "min" ? lo_arg : hi_arg) = binds[k].arg;
     const graph::Node clamp = g.nodes[ni];
-    const graph::ValueMeta out = g.meta(clamp.outputs[0]);
     auto operand = [&](const char* attr, int arg) -> graph::ValueId {
       if (arg < 0) {  // a bound that stays: a wrapped constant
         Tensor c = tpu::scalar_tensor(Scalar(clamp.attrs.get_scalar(attr).to_double()), TensorOptions(DType::f32));
@@ -100,19 +100,18 @@ void rewrite_clamps(graph::Graph& g, std::vector<ClampBound> binds, std::vector<
       for (graph::Value& v : g.values)
         if (v.kind == graph::ValueKind::node && v.producer >= static_cast<int32_t>(ni)) ++v.producer;
       graph::Value t;
-      t.meta = out;
+      t.meta = g.meta(clamp.outputs[0]);
       t.kind = graph::ValueKind::node;
       t.producer = static_cast<int32_t>(ni);
       g.values.push_back(t);
       const auto tv = static_cast<graph::ValueId>(g.values.size() - 1);
+      n.op = min_op;
+      n.inputs = {tv, hi};
       graph::Node m;
       m.op = max_op;
       m.inputs = {clamp.inputs[0], lo};
       m.outputs = {tv};
-      graph::Node& mn = g.nodes[ni];
-      mn.op = min_op;
-      mn.inputs = {tv, hi};
-      g.nodes.insert(g.nodes.begin() + static_cast<std::ptrdiff_t>(ni), std::move(m));
+      g.nodes.insert(g.nodes.begin() + static_cast<std::ptrdiff_t>(ni), std::move(m));  // n is stale after this
     }
   }
 }
