@@ -38,12 +38,19 @@ double process_cpu_ms() {
   return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e3 + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-3;
 }
 
+// The loop of the 16M benchmarks: call() per iteration, the CPU time of all threads per call
+// as a counter, and (with `bytes`) one read of x and one write of the result as bytes moved.
+template <class F>
+void run_16m(benchmark::State& st, F&& call, bool bytes) {
+  const double c0 = process_cpu_ms();
+  for (auto _ : st) benchmark::DoNotOptimize(call());
+  st.counters["cpu_ms_all_threads"] = (process_cpu_ms() - c0) / static_cast<double>(st.iterations());
+  if (bytes) st.SetBytesProcessed(st.iterations() * kBig * 8);
+}
+
 void BM_GeluChainEager(benchmark::State& st) {
   auto& in = gelu_inputs();
-  const double c0 = process_cpu_ms();
-  for (auto _ : st) benchmark::DoNotOptimize(gelu(in.x * in.w + in.b));
-  st.counters["cpu_ms_all_threads"] = (process_cpu_ms() - c0) / static_cast<double>(st.iterations());
-  st.SetBytesProcessed(st.iterations() * kBig * 8);
+  run_16m(st, [&] { return gelu(in.x * in.w + in.b); }, true);
 }
 BENCHMARK(BM_GeluChainEager)->Unit(benchmark::kMillisecond)->UseRealTime();
 
@@ -51,10 +58,7 @@ void BM_GeluChainCompiled(benchmark::State& st) {
   auto& in = gelu_inputs();
   auto f = compile([](const Tensor& x, const Tensor& w, const Tensor& b) { return gelu(x * w + b); });
   f(in.x, in.w, in.b);
-  const double c0 = process_cpu_ms();
-  for (auto _ : st) benchmark::DoNotOptimize(f(in.x, in.w, in.b));
-  st.counters["cpu_ms_all_threads"] = (process_cpu_ms() - c0) / static_cast<double>(st.iterations());
-  st.SetBytesProcessed(st.iterations() * kBig * 8);
+  run_16m(st, [&] { return f(in.x, in.w, in.b); }, true);
 }
 BENCHMARK(BM_GeluChainCompiled)->Unit(benchmark::kMillisecond)->UseRealTime();
 
@@ -63,10 +67,7 @@ BENCHMARK(BM_GeluChainCompiled)->Unit(benchmark::kMillisecond)->UseRealTime();
 // eager / this is the best compiled-vs-eager ratio reachable with this gelu on this CPU.
 void BM_GeluAloneBound(benchmark::State& st) {
   auto& in = gelu_inputs();
-  const double c0 = process_cpu_ms();
-  for (auto _ : st) benchmark::DoNotOptimize(gelu(in.x));
-  st.counters["cpu_ms_all_threads"] = (process_cpu_ms() - c0) / static_cast<double>(st.iterations());
-  st.SetBytesProcessed(st.iterations() * kBig * 8);
+  run_16m(st, [&] { return gelu(in.x); }, true);
 }
 BENCHMARK(BM_GeluAloneBound)->Unit(benchmark::kMillisecond)->UseRealTime();
 
@@ -97,9 +98,7 @@ BENCHMARK(BM_GeluChainInterleaved)->Unit(benchmark::kMillisecond)->UseRealTime()
 // The same chain with a cheap activation: memory-bound, where fusion pays the most.
 void BM_ReluChainEager(benchmark::State& st) {
   auto& in = gelu_inputs();
-  const double c0 = process_cpu_ms();
-  for (auto _ : st) benchmark::DoNotOptimize(relu(in.x * in.w + in.b));
-  st.counters["cpu_ms_all_threads"] = (process_cpu_ms() - c0) / static_cast<double>(st.iterations());
+  run_16m(st, [&] { return relu(in.x * in.w + in.b); }, false);
 }
 BENCHMARK(BM_ReluChainEager)->Unit(benchmark::kMillisecond)->UseRealTime();
 
@@ -107,14 +106,12 @@ void BM_ReluChainCompiled(benchmark::State& st) {
   auto& in = gelu_inputs();
   auto f = compile([](const Tensor& x, const Tensor& w, const Tensor& b) { return relu(x * w + b); });
   f(in.x, in.w, in.b);
-  const double c0 = process_cpu_ms();
-  for (auto _ : st) benchmark::DoNotOptimize(f(in.x, in.w, in.b));
-  st.counters["cpu_ms_all_threads"] = (process_cpu_ms() - c0) / static_cast<double>(st.iterations());
+  run_16m(st, [&] { return f(in.x, in.w, in.b); }, false);
 }
 BENCHMARK(BM_ReluChainCompiled)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// The relu chain on narrow rows, x [N, C] with N * C = 4M and w, b [C]: per-row overhead of the
-// fused region (each row is walked on its own because w and b repeat per row).
+// The relu chain on narrow rows, x [N, C] with N * C = 4M and w, b [C]: the fused region's
+// per-row overhead (w and b repeat per row; several rows run per program call).
 void BM_NarrowReluChain(benchmark::State& st) {
   const int64_t c = st.range(0), n = (int64_t{4} << 20) / c;
   const bool compiled = st.range(1) != 0;
