@@ -5,9 +5,8 @@
 #   2. every test (ctest)
 #   3. the examples on the simulator, small sizes (smoke runs of the README's example programs)
 #   4. install to a temporary prefix and build/run an out-of-tree consumer with find_package(tpucore)
-# The sanitizer pass (ASan + UBSan build and every test under it) is scripts/test_sanitizers.sh:
-# its instrumented build alone takes about 15 minutes on two cores, so it runs before an issue is
-# resolved rather than on every CI run (which must stay under 15 minutes).
+# The sanitizer pass (ASan + UBSan build and every test under it) is scripts/test_sanitizers.sh;
+# .ci/run runs it after this script.
 # `BUILD_DIR` and `JOBS` can be overridden.
 set -euo pipefail
 cd "$(dirname "$0")/.."
