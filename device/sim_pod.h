@@ -74,4 +74,8 @@ class SimCollectiveWork {
 std::shared_ptr<SimCollectiveWork> sim_collective_async(const SimCollectiveArgs& args);
 SimCollectiveResult sim_collective(const SimCollectiveArgs& args);
 
+// Internal: the chip count TPU_SIM_POD asks for (0 when unset or malformed), the default of
+// TPU_SIM_DEVICES.
+int sim_pod_env_chips();
+
 }  // namespace tpu::device
