@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "device/profiling.h"
 #include "device/sim_driver.h"
 #include "sim/error.h"
 #include "tpucore/error.h"
@@ -116,6 +117,27 @@ uint64_t out_elems(const SimCollectiveArgs& a, size_t G) {
     case sim::CollectiveKind::reduce_scatter: return a.count / G;
     default: return a.count;
   }
+}
+
+// The profiler's view of one participant: a run from its job's start (waiting for the others
+// included) to the collective's end, with the transfer on an "ICI" unit track.
+void report_run(ProgramRunSink& sink, SimDevice& dev, const std::string& what, const std::string& tag,
+                const SimCollectiveResult& res, double job_start) {
+  const double hz = dev.config().clock_ghz * 1e9;
+  ProgramRun run;
+  run.device = dev.name();
+  run.program = fmt::format("{} {} B {:.1f} GB/s ({})", what, res.bytes, res.achieved_gbps, res.algorithm);
+  run.tag = tag;
+  run.stats.chip = dev.config().name;
+  run.stats.clock_ghz = dev.config().clock_ghz;
+  run.stats.seconds = res.end - job_start;
+  run.stats.cycles = run.stats.seconds * hz;
+  auto tr = std::make_shared<sim::Trace>();
+  tr->unit_names = {"ICI"};
+  tr->clock_ghz = dev.config().clock_ghz;
+  tr->events.push_back({0, 0, (res.start - job_start) * hz, (res.end - job_start) * hz});
+  run.trace = std::move(tr);
+  sink.on_program_run(std::move(run));
 }
 
 }  // namespace
@@ -240,11 +262,16 @@ std::shared_ptr<SimCollectiveWork> sim_collective_async(const SimCollectiveArgs&
       rv->error = e.what();
     }
   };
+  // A recording profiler sees each participant's part as a run with one "ICI" unit.
+  ProgramRunSink* const sink = program_run_sink();
+  const std::string tag = sink ? std::string(work_tag() ? work_tag() : "") : std::string();
+  if (sink)
+    for (SimDevice* d : devs) sink->on_program_enqueued(*d);
   std::lock_guard<std::mutex> order(submit_mutex());
   for (size_t r = 0; r < G; ++r) {
     devs[r]->queue().submit(
         streams[r], Resource::ici,
-        [rv, r, run]() -> double {
+        [rv, r, run, sink, tag, dev = devs[r], what]() -> double {
           std::unique_lock<std::mutex> lk(rv->mu);
           const double mine = DeviceQueue::current_job_start();
           rv->starts[r] = mine;
@@ -258,7 +285,10 @@ std::shared_ptr<SimCollectiveWork> sim_collective_async(const SimCollectiveArgs&
           ++rv->finished;
           rv->cv.notify_all();
           if (!rv->error.empty()) throw Error(fmt::format("sim collective failed: {}", rv->error));
-          return rv->result.end - mine;
+          const SimCollectiveResult res = rv->result;
+          lk.unlock();
+          if (sink && sink == program_run_sink()) report_run(*sink, *dev, what, tag, res, mine);
+          return res.end - mine;
         },
         /*may_wait=*/false);
   }

@@ -9,6 +9,7 @@
 
 #include "device/sim_driver.h"
 #include "device/sim_pod.h"
+#include "tpucore/profiler.h"
 
 using namespace tpu::device;
 namespace sim = tpu::sim;
@@ -225,4 +226,18 @@ TEST_CASE("sim pod: bad input is a tpu::Error naming the rank; the devices stay 
   sim_device(1).copy_d2h(kDefaultStream, got.data(), b.dst[1], 64);
   CHECK(got == std::vector<float>(16, 2.0f));
   set_sim_pod("2x2");
+}
+
+TEST_CASE("sim pod: a recording profiler shows each participant's collective on an ICI track") {
+  Bufs b({0, 1}, 4096);
+  std::string json;
+  {
+    tpu::profiler::Profile prof;
+    sim_collective(b.args(CollectiveKind::all_gather, DType::f32, 1024));
+    prof.stop();
+    json = prof.chrome_trace_json();
+  }
+  CHECK_THAT(json, Contains("all_gather 8192 B"));
+  CHECK_THAT(json, Contains("\"ICI\""));
+  CHECK_THAT(json, Contains("sim:1"));
 }
