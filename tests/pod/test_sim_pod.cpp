@@ -1,8 +1,9 @@
 // Collectives between sim devices of a pod (device/sim_pod.h). Run with TPU_SIM_POD=2x2 and
-// TPU_SIM_CHIP=tiny (tests/CMakeLists.txt), so sim:0..3 are the chips of a 2x2 slice. Values are
+// TPU_SIM_CHIP=tiny (set below unless given), so sim:0..3 are the chips of a 2x2 slice. Values are
 // checked against naive loops over the host copies; times against the devices' stream times.
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -19,6 +20,14 @@ using tpu::sim::DType;
 using tpu::sim::ReduceOp;
 
 namespace {
+
+// Before any sim device exists: tiny chips (ctest also sets TPU_SIM_POD; running the binary
+// by hand gets the same pod). Environment values already set win.
+const bool g_env = [] {
+  setenv("TPU_SIM_CHIP", "tiny", 0);
+  setenv("TPU_SIM_POD", "2x2", 0);
+  return true;
+}();
 
 struct Bufs {
   std::vector<int> devs;
