@@ -86,7 +86,7 @@ struct Rendezvous {
   size_t ranks = 0, arrived = 0, finished = 0;
   bool ran = false;
   std::vector<double> starts;
-  std::string error;
+  std::string error, name;
   SimCollectiveResult result;
 };
 
@@ -100,10 +100,10 @@ class Work final : public SimCollectiveWork {
   SimCollectiveResult wait(std::chrono::milliseconds timeout) override {
     std::unique_lock<std::mutex> lk(r_->mu);
     TPU_CHECK(r_->cv.wait_for(lk, timeout, [&] { return r_->finished == r_->ranks; }),
-              "sim collective '{}': not finished after {} ms ({} of {} participants arrived; is a stream of one of "
+              "sim collective {}: not finished after {} ms ({} of {} participants arrived; is a stream of one of "
               "them blocked?)",
-              r_->result.algorithm, timeout.count(), r_->arrived, r_->ranks);
-    TPU_CHECK(r_->error.empty(), "sim collective failed: {}", r_->error);
+              r_->name, timeout.count(), r_->arrived, r_->ranks);
+    TPU_CHECK(r_->error.empty(), "sim collective {} failed: {}", r_->name, r_->error);
     return r_->result;
   }
 
@@ -241,6 +241,7 @@ std::shared_ptr<SimCollectiveWork> sim_collective_async(const SimCollectiveArgs&
   rv->ranks = G;
   rv->starts.assign(G, 0.0);
   rv->result.algorithm = cost.algorithm;
+  rv->name = what;
   // Runs the collective on the chips (the last job to arrive).
   auto run = [rv, spec, topo, timing_only = a.timing_only, cost, members, lone] {
     SimCollectiveResult& res = rv->result;

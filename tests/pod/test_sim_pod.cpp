@@ -250,3 +250,19 @@ TEST_CASE("sim pod: a recording profiler shows each participant's collective on 
   CHECK_THAT(json, Contains("\"ICI\""));
   CHECK_THAT(json, Contains("sim:1"));
 }
+
+TEST_CASE("sim pod: wait() with a timeout fails cleanly while a participant is held, then completes") {
+  Bufs b({0, 1}, 64);
+  const std::vector<float> v(16, 3.0f);
+  for (int r = 0; r < 2; ++r) sim_device(r).copy_h2d(kDefaultStream, b.src[r], v.data(), 64);
+  sim_device(1).queue().hold();  // sim:1 starts no job: the collective cannot finish
+  auto work = sim_collective_async(b.args(CollectiveKind::all_reduce, DType::f32, 16));
+  CHECK_THROWS_WITH(work->wait(std::chrono::milliseconds(50)), Contains("all_reduce: not finished after 50 ms") && Contains("1 of 2 participants arrived"));
+  CHECK_FALSE(work->done());
+  sim_device(1).queue().release();
+  work->wait(std::chrono::seconds(30));
+  CHECK(work->done());
+  std::vector<float> got(16);
+  sim_device(0).copy_d2h(kDefaultStream, got.data(), b.dst[0], 64);
+  CHECK(got == std::vector<float>(16, 6.0f));
+}
