@@ -207,6 +207,7 @@ std::shared_ptr<SimCollectiveWork> sim_collective_async(const SimCollectiveArgs&
   spec.pairs = a.pairs;
   spec.root = a.root;
   spec.name = what;
+  spec.elem = a.elem;
   for (size_t r = 0; r < G; ++r) {
     spec.src.push_back(a.src[r].addr);
     spec.dst.push_back(a.dst[r].addr);
@@ -218,7 +219,7 @@ std::shared_ptr<SimCollectiveWork> sim_collective_async(const SimCollectiveArgs&
   } catch (const sim::SimError& e) {
     fail("sim collective {}: {}", what, e.what());
   }
-  const uint64_t es = uint64_t(sim::dtype_size(a.dtype));
+  const uint64_t es = uint64_t(sim::elem_size(a.dtype, a.elem));
   std::vector<SimDevice*> devs;
   std::vector<StreamId> streams;
   for (size_t r = 0; r < G; ++r) {

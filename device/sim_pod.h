@@ -49,6 +49,7 @@ struct SimCollectiveArgs {
   int root = 0;                                // broadcast: root rank
   bool timing_only = false;                    // cost only, move no data
   std::string name;                            // trace label
+  sim::ElemType elem = sim::ElemType::native;  // f16 / u8 / boolean tensors (dtype then ignored)
 };
 
 struct SimCollectiveResult {

@@ -152,7 +152,7 @@ struct Pod::Impl {
   }
 
   uint64_t book_bytes(const CollectiveSpec& s, size_t G) const {
-    const uint64_t b = s.count * uint64_t(dtype_size(s.dtype));
+    const uint64_t b = s.count * uint64_t(elem_size(s.dtype, s.elem));
     switch (s.kind) {
       case CollectiveKind::all_gather:
       case CollectiveKind::all_to_all: return b * G;  // the gathered output / the whole array
@@ -168,7 +168,7 @@ struct Pod::Impl {
       std::vector<std::pair<int, int>> pairs;
       for (auto& g : groups)
         for (auto [a, b] : s.pairs) pairs.push_back({g[size_t(a)], g[size_t(b)]});
-      return ici_permute_cost(topo, pairs, s.count * uint64_t(dtype_size(s.dtype)));
+      return ici_permute_cost(topo, pairs, s.count * uint64_t(elem_size(s.dtype, s.elem)));
     }
     if (generic) return ici_group_cost(topo, s.kind, V, groups[0]);
     return ici_cost(topo, s.kind, V, axes);
@@ -272,7 +272,7 @@ uint64_t Pod::start(const CollectiveSpec& s) {
   m.validate(s, groups);
   const IciCost cost = m.cost(s, groups, axes, generic);
   const size_t G = groups[0].size();
-  const uint64_t es = uint64_t(dtype_size(s.dtype));
+  const uint64_t es = uint64_t(elem_size(s.dtype, s.elem));
   const uint64_t in_bytes = s.count * es;
   const uint64_t out_bytes = s.kind == CollectiveKind::all_gather       ? in_bytes * G
                              : s.kind == CollectiveKind::reduce_scatter ? in_bytes / G
@@ -308,7 +308,7 @@ uint64_t Pod::start(const CollectiveSpec& s) {
     switch (s.kind) {
       case CollectiveKind::all_reduce: {
         std::vector<uint8_t> red(in_bytes);
-        reduce_buffers(s.dtype, s.op, ptrs, red.data(), s.count);
+        reduce_buffers(s.dtype, s.op, ptrs, red.data(), s.count, s.elem);
         for (size_t r = 0; r < G; ++r) out(r, red);
         break;
       }
@@ -317,7 +317,7 @@ uint64_t Pod::start(const CollectiveSpec& s) {
           std::vector<const void*> part;
           for (auto& v : in) part.push_back(v.data() + r * out_bytes);
           std::vector<uint8_t> red(out_bytes);
-          reduce_buffers(s.dtype, s.op, part, red.data(), s.count / G);
+          reduce_buffers(s.dtype, s.op, part, red.data(), s.count / G, s.elem);
           out(r, std::move(red));
         }
         break;
@@ -361,7 +361,7 @@ uint64_t Pod::start(const CollectiveSpec& s) {
       for (int c : groups[g])
         m.trace.push_back({c, 1, p.name, t0, t1,
                            {{"bytes", V}, {"achieved_GBps", cost.seconds > 0 ? double(V) / cost.seconds / 1e9 : 0.0},
-                            {"algorithm", cost.algorithm}, {"dtype", std::string(dtype_name(s.dtype))},
+                            {"algorithm", cost.algorithm}, {"dtype", elem_name(s.dtype, s.elem)},
                             {"group_size", G}}});
   }
   CollectiveResult& res = p.result;

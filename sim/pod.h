@@ -30,6 +30,14 @@ namespace tpu::sim {
 enum class ReduceOp : uint8_t { sum, max, min, prod, avg };
 std::string reduce_op_name(ReduceOp op);
 
+// Element types beyond the chip's own (DType) that collectives also carry, for host runtimes
+// whose tensors have them: when `elem` is not native it gives the element size and the
+// arithmetic of reductions, and `dtype` is ignored. f16 reduces in f32 and rounds once; u8
+// wraps; boolean: sum/max/avg are "or", prod/min "and".
+enum class ElemType : uint8_t { native, f16, u8, boolean };
+int elem_size(DType dtype, ElemType elem);
+std::string elem_name(DType dtype, ElemType elem);
+
 // One collective. Addresses are HBM byte addresses, one per chip of the pod in chip order (or
 // one per member when `members` is set). Element counts per kind:
 //   all_reduce     count in, count out (src may equal dst)
@@ -50,6 +58,7 @@ struct CollectiveSpec {
   std::vector<std::pair<int, int>> pairs;    // permute: (source, target) ranks
   int root = 0;                              // broadcast
   std::string name;                          // trace label (default: the kind)
+  ElemType elem = ElemType::native;          // f16 / u8 / boolean instead of dtype
 };
 
 struct CollectiveResult {
@@ -109,6 +118,7 @@ class Pod {
 // Reference semantics shared by the pod and the device layer: the reduced values of `n`
 // elements of `dtype` from `inputs` (one pointer per rank) into `out` (bf16 reduces in f32 and
 // rounds once; integers wrap; avg divides the sum by the rank count, truncating integers).
-void reduce_buffers(DType dtype, ReduceOp op, const std::vector<const void*>& inputs, void* out, uint64_t n);
+void reduce_buffers(DType dtype, ReduceOp op, const std::vector<const void*>& inputs, void* out, uint64_t n,
+                    ElemType elem = ElemType::native);
 
 }  // namespace tpu::sim

@@ -1,5 +1,6 @@
 // reduce_buffers (sim/pod.h): the element-wise reduction of a collective, rank by rank in rank
 // order. bf16 accumulates in f32 and rounds once; integers wrap (two's complement).
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -56,7 +57,66 @@ void reduce_int(ReduceOp op, const std::vector<const void*>& in, void* out, uint
   }
 }
 
+// IEEE half <-> f32 (round to nearest even; NaN stays NaN).
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+  if (exp == 0x1f) bits = sign | 0x7f800000u | (man << 13);
+  else if (exp != 0) bits = sign | ((exp + 112) << 23) | (man << 13);
+  else if (man == 0) bits = sign;
+  else {  // subnormal: normalize
+    int e = -1;
+    do { ++e; man <<= 1; } while (!(man & 0x400u));
+    bits = sign | (uint32_t(112 - e) << 23) | ((man & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t f32_to_f16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint16_t sign = uint16_t((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return uint16_t(sign | 0x7e00u);              // NaN
+  if (a >= 0x477ff000u) return uint16_t(sign | 0x7c00u);             // overflow (incl. inf)
+  if (a < 0x38800000u) {                                             // subnormal or zero
+    if (a < 0x33000000u) return sign;                                // rounds to zero
+    const uint32_t man = (a & 0x7fffffu) | 0x800000u;
+    const int shift = 126 - int(a >> 23);                            // 14..24
+    uint32_t r = man >> shift;
+    const uint32_t rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (r & 1u))) ++r;
+    return uint16_t(sign | r);
+  }
+  uint32_t r = ((a - 0x38000000u) >> 13);
+  const uint32_t rem = a & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) ++r;
+  return uint16_t(sign | r);
+}
+
 }  // namespace
+
+int elem_size(DType dtype, ElemType elem) {
+  switch (elem) {
+    case ElemType::native: return dtype_size(dtype);
+    case ElemType::f16: return 2;
+    case ElemType::u8:
+    case ElemType::boolean: return 1;
+  }
+  return 1;
+}
+
+std::string elem_name(DType dtype, ElemType elem) {
+  switch (elem) {
+    case ElemType::native: return std::string(dtype_name(dtype));
+    case ElemType::f16: return "f16";
+    case ElemType::u8: return "u8";
+    case ElemType::boolean: return "bool";
+  }
+  return "?";
+}
 
 std::string reduce_op_name(ReduceOp op) {
   switch (op) {
@@ -69,9 +129,56 @@ std::string reduce_op_name(ReduceOp op) {
   return "?";
 }
 
-void reduce_buffers(DType dtype, ReduceOp op, const std::vector<const void*>& in, void* out, uint64_t n) {
+void reduce_buffers(DType dtype, ReduceOp op, const std::vector<const void*>& in, void* out, uint64_t n,
+                    ElemType elem) {
   if (in.empty()) throw SimError("reduce_buffers: no inputs");
   const float ranks = static_cast<float>(in.size());
+  switch (elem) {
+    case ElemType::native: break;
+    case ElemType::f16:
+      reduce_loop<float>(
+          op, in.size(), n,
+          [&](size_t r, uint64_t i) {
+            uint16_t h;
+            std::memcpy(&h, static_cast<const uint8_t*>(in[r]) + i * 2, 2);
+            return f16_to_f32(h);
+          },
+          [&](uint64_t i, float v) {
+            if (op == ReduceOp::avg) v /= ranks;
+            const uint16_t h = f32_to_f16(v);
+            std::memcpy(static_cast<uint8_t*>(out) + i * 2, &h, 2);
+          });
+      return;
+    case ElemType::u8: {
+      for (uint64_t i = 0; i < n; ++i) {
+        uint64_t acc = static_cast<const uint8_t*>(in[0])[i], wrap = acc;
+        for (size_t r = 1; r < in.size(); ++r) {
+          const uint64_t v = static_cast<const uint8_t*>(in[r])[i];
+          if (op == ReduceOp::sum) wrap += v;
+          if (op == ReduceOp::prod) wrap *= v;
+          if (op == ReduceOp::avg) acc += v;
+          if (op == ReduceOp::max) acc = std::max(acc, v);
+          if (op == ReduceOp::min) acc = std::min(acc, v);
+        }
+        if (op == ReduceOp::sum || op == ReduceOp::prod) acc = wrap;
+        if (op == ReduceOp::avg) acc /= in.size();
+        static_cast<uint8_t*>(out)[i] = uint8_t(acc);
+      }
+      return;
+    }
+    case ElemType::boolean: {
+      const bool any = op == ReduceOp::sum || op == ReduceOp::max || op == ReduceOp::avg;
+      for (uint64_t i = 0; i < n; ++i) {
+        bool acc = static_cast<const uint8_t*>(in[0])[i] != 0;
+        for (size_t r = 1; r < in.size(); ++r) {
+          const bool v = static_cast<const uint8_t*>(in[r])[i] != 0;
+          acc = any ? (acc || v) : (acc && v);
+        }
+        static_cast<uint8_t*>(out)[i] = acc ? 1 : 0;
+      }
+      return;
+    }
+  }
   switch (dtype) {
     case DType::f32:
       reduce_loop<float>(

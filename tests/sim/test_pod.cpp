@@ -263,3 +263,46 @@ TEST_CASE("pod: bad input is a SimError naming what is wrong; the pod stays usab
   pod.chip(3).read_hbm(0, &got, 4);
   CHECK(got == 4.0f);
 }
+
+TEST_CASE("pod: f16, u8 and bool elements (ElemType) reduce and move") {
+  auto red = [](ElemType e, ReduceOp op, std::vector<std::vector<uint16_t>> in) {
+    std::vector<const void*> p;
+    for (auto& v : in) p.push_back(v.data());
+    std::vector<uint16_t> out(in[0].size());
+    reduce_buffers(DType::f32, op, p, out.data(), in[0].size(), e);
+    return out;
+  };
+  // f16 bit patterns: 1.0 0x3C00, 0.5 0x3800, 1.5 0x3E00, 65504 0x7BFF, inf 0x7C00, 2^-24 0x0001,
+  // -1.5 0xBE00, 3.0 0x4200, 0.75 0x3A00.
+  CHECK(red(ElemType::f16, ReduceOp::sum, {{0x3C00, 0x7BFF, 0x0001, 0xBE00}, {0x3800, 0x7BFF, 0x0001, 0xBE00}}) ==
+        std::vector<uint16_t>{0x3E00, 0x7C00, 0x0002, 0xC200});
+  CHECK(red(ElemType::f16, ReduceOp::max, {{0x3C00, 0xBE00}, {0x3800, 0x3C00}}) == std::vector<uint16_t>{0x3C00, 0x3C00});
+  CHECK(red(ElemType::f16, ReduceOp::avg, {{0x3C00}, {0x3800}}) == std::vector<uint16_t>{0x3A00});
+  // One rank: every non-NaN half survives the f16 -> f32 -> f16 round trip bit for bit.
+  std::vector<uint16_t> all;
+  for (uint32_t h = 0; h < 65536; ++h)
+    if ((h & 0x7c00u) != 0x7c00u || (h & 0x3ffu) == 0) all.push_back(uint16_t(h));
+  CHECK(red(ElemType::f16, ReduceOp::sum, {all}) == all);
+  // u8 wraps, bool is or / and (one byte per element: pack two per uint16 lane).
+  std::vector<uint8_t> a = {200, 1, 0, 7}, b = {100, 1, 1, 0}, o(4);
+  reduce_buffers(DType::f32, ReduceOp::sum, {a.data(), b.data()}, o.data(), 4, ElemType::u8);
+  CHECK(o == std::vector<uint8_t>{44, 2, 1, 7});
+  reduce_buffers(DType::f32, ReduceOp::sum, {a.data(), b.data()}, o.data(), 4, ElemType::boolean);
+  CHECK(o == std::vector<uint8_t>{1, 1, 1, 1});
+  reduce_buffers(DType::f32, ReduceOp::min, {a.data(), b.data()}, o.data(), 4, ElemType::boolean);
+  CHECK(o == std::vector<uint8_t>{1, 1, 0, 0});
+  // Through a pod: an f16 all-gather moves 2-byte elements, an f16 all-reduce adds them.
+  Pod pod("tiny", "2");
+  for (int c = 0; c < 2; ++c) {
+    const uint16_t v[3] = {0x3C00, 0x3800, uint16_t(c ? 0x4200 : 0x3C00)};
+    pod.chip(c).write_hbm(0, v, 6);
+  }
+  CollectiveSpec s = mk(CollectiveKind::all_reduce, DType::f32, 3, {0, 0}, {64, 64});
+  s.elem = ElemType::f16;
+  CHECK(pod.collective(s).bytes == 6);
+  uint16_t got[3];
+  pod.chip(1).read_hbm(64, got, 6);
+  CHECK(got[0] == 0x4000);  // 2.0
+  CHECK(got[1] == 0x3C00);  // 1.0
+  CHECK(got[2] == 0x4400);  // 4.0
+}
