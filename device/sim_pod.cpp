@@ -253,9 +253,12 @@ std::shared_ptr<SimCollectiveWork> sim_collective_async(const SimCollectiveArgs&
     res.algorithm = cost.algorithm;
     try {
       std::vector<sim::Chip*> chips;
+      // Only the participants' chips: devices outside the collective are not created.
       if (lone) chips.push_back(&sim_device(members[0]).chip());
-      else
-        for (int i = 0; i < topo.chips(); ++i) chips.push_back(&sim_device(i).chip());
+      else {
+        chips.assign(size_t(topo.chips()), nullptr);
+        for (int m : members) chips[size_t(m)] = &sim_device(m).chip();
+      }
       sim::Pod pod(std::move(chips), topo.ici, topo.shape, sim::PodOptions{timing_only, false});
       const sim::CollectiveResult r = pod.collective(spec);
       res.bytes = r.bytes;

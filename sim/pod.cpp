@@ -78,6 +78,7 @@ struct Pod::Impl {
   std::map<uint64_t, Pending> pending;
   uint64_t next = 1;
   std::vector<TraceRec> trace;
+  bool external = false;  // chips owned elsewhere; a null one is not available
 
   void init(const std::vector<int>& shape, const IciConfig& ici) {
     IciConfig i = ici;
@@ -96,6 +97,7 @@ struct Pod::Impl {
   Chip& chip(int c) {
     check_chip(c, "pod.chip");
     if (!chips[size_t(c)]) {
+      if (external) throw SimError(fmt::format("pod: chip {} was not given to this pod", c));
       owned[size_t(c)] = std::make_unique<Chip>(cfg);
       chips[size_t(c)] = owned[size_t(c)].get();
     }
@@ -216,11 +218,15 @@ Pod::Pod(const ChipConfig& chip, const IciConfig& ici, const std::vector<int>& s
 
 Pod::Pod(std::vector<Chip*> chips, const IciConfig& ici, const std::vector<int>& shape, PodOptions opt)
     : impl_(std::make_unique<Impl>()) {
-  if (chips.empty() || !chips[0]) throw SimError("pod: no chips given");
+  const Chip* first = nullptr;
   for (Chip* c : chips)
-    if (!c || c->config().name != chips[0]->config().name)
-      throw SimError("pod: every chip of a pod must exist and share one chip config");
-  impl_->cfg = chips[0]->config();
+    if (c && !first) first = c;
+  if (!first) throw SimError("pod: no chips given");
+  for (Chip* c : chips)
+    if (c && c->config().name != first->config().name)
+      throw SimError("pod: the chips of a pod must share one chip config");
+  impl_->cfg = first->config();
+  impl_->external = true;
   impl_->opt = opt;
   impl_->chips = std::move(chips);
   impl_->init(shape, ici);

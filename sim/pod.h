@@ -80,7 +80,9 @@ class Pod {
   // chip: a preset name / JSON path / JSON text; ici: a preset name (default: the chip's name).
   Pod(const std::string& chip, const std::string& shape, PodOptions opt = {}, const std::string& ici = "");
   Pod(const ChipConfig& chip, const IciConfig& ici, const std::vector<int>& shape, PodOptions opt = {});
-  // A pod over chips owned elsewhere (the device layer's). They must share one chip config.
+  // A pod over chips owned elsewhere (the device layer's), one pointer per chip of the slice;
+  // null for chips a caller will not touch (collectives among the others still work). They
+  // must share one chip config.
   Pod(std::vector<Chip*> chips, const IciConfig& ici, const std::vector<int>& shape, PodOptions opt = {});
   ~Pod();
   Pod(Pod&&) noexcept;

@@ -11,6 +11,7 @@
 
 #include "sim/error.h"
 #include "sim/pod.h"
+#include "sim/presets.h"
 
 using namespace tpu::sim;
 
@@ -305,4 +306,22 @@ TEST_CASE("pod: f16, u8 and bool elements (ElemType) reduce and move") {
   CHECK(got[0] == 0x4000);  // 2.0
   CHECK(got[1] == 0x3C00);  // 1.0
   CHECK(got[2] == 0x4400);  // 4.0
+}
+
+TEST_CASE("pod: over chips owned elsewhere, some absent") {
+  Chip a(preset_config("tiny")), b(preset_config("tiny"));
+  Pod pod(std::vector<Chip*>{&a, nullptr, &b, nullptr}, ici_preset("tiny"), {4});
+  const float x = 2.0f, y = 5.0f;
+  a.write_hbm(0, &x, 4);
+  b.write_hbm(0, &y, 4);
+  CollectiveSpec s = mk(CollectiveKind::all_reduce, DType::f32, 1, {0, 0}, {8, 8});
+  s.members = {0, 2};
+  pod.collective(s);
+  float got = 0;
+  b.read_hbm(8, &got, 4);
+  CHECK(got == 7.0f);
+  s.members = {0, 1};
+  CHECK_THROWS_WITH(pod.collective(s), Catch::Contains("chip 1 was not given to this pod"));
+  CHECK_THROWS_WITH(Pod(std::vector<Chip*>{nullptr, nullptr}, ici_preset("tiny"), {2}), Catch::Contains("no chips"));
+  CHECK_THROWS_WITH(Pod(std::vector<Chip*>{&a, &b}, ici_preset("tiny"), {4}), Catch::Contains("2 chips given"));
 }
