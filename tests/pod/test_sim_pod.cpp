@@ -197,7 +197,7 @@ TEST_CASE("sim pod: a collective starts at the latest participant and overlaps c
   CHECK(sim_collective(a).seconds == Approx(r.seconds));
 }
 
-TEST_CASE("sim pod: bad input is a tpu::Error naming the rank; the devices stay usable") {
+TEST_CASE("sim pod: bad input is a tpu::Error naming the rank, the devices stay usable") {
   Bufs b({0, 1}, 64);
   SimCollectiveArgs a = b.args(CollectiveKind::all_reduce, DType::f32, 16);
   SimCollectiveArgs x = a;
@@ -265,4 +265,21 @@ TEST_CASE("sim pod: wait() with a timeout fails cleanly while a participant is h
   std::vector<float> got(16);
   sim_device(0).copy_d2h(kDefaultStream, got.data(), b.dst[0], 64);
   CHECK(got == std::vector<float>(16, 6.0f));
+}
+
+TEST_CASE("sim pod: f16 elements and synchronous mode") {
+  Bufs b({1, 2, 3}, 8);
+  const uint16_t h[3][2] = {{0x3C00, 0x3800}, {0x3C00, 0x3800}, {0x4000, 0xBC00}};  // 1, .5 | 1, .5 | 2, -1
+  for (int r = 0; r < 3; ++r) sim_device(b.devs[size_t(r)]).copy_h2d(kDefaultStream, b.src[size_t(r)], h[r], 4);
+  SimCollectiveArgs a = b.args(CollectiveKind::all_reduce, DType::f32, 2);
+  a.elem = sim::ElemType::f16;
+  set_sync_mode(true);  // waits inside the call; errors surface there
+  const SimCollectiveResult r = sim_collective_async(a)->wait(std::chrono::seconds(0));
+  set_sync_mode(false);
+  CHECK(r.bytes == 4);
+  auto o = b.out(2, 4);
+  uint16_t got[2];
+  std::memcpy(got, o.data(), 4);
+  CHECK(got[0] == 0x4400);  // 1 + 1 + 2 = 4
+  CHECK(got[1] == 0x0000);  // .5 + .5 - 1 = 0
 }

@@ -185,7 +185,7 @@ TEST_CASE("pod: integer sums wrap, groups along one axis, explicit members") {
   CHECK(g[1] == 1);  // chip 0's: 0 + 1
 }
 
-TEST_CASE("pod: asynchronous collectives overlap compute; clocks and trace") {
+TEST_CASE("pod: asynchronous collectives overlap compute, clocks and trace") {
   Pod pod("v5e", "4");
   const std::vector<uint64_t> a(4, 0);
   const CollectiveSpec spec = mk(CollectiveKind::all_reduce, DType::f32, 1 << 20, a, a);
@@ -228,7 +228,7 @@ TEST_CASE("pod: timing-only pods of 256 and 4480 chips cost quickly") {
   CHECK(s < 5.0);
 }
 
-TEST_CASE("pod: bad input is a SimError naming what is wrong; the pod stays usable") {
+TEST_CASE("pod: bad input is a SimError naming what is wrong, the pod stays usable") {
   CHECK_THROWS_WITH(Pod("tiny", "3x3x3x3"), Catch::Contains("3-D torus"));
   CHECK_THROWS_WITH(Pod("tiny", "4x9"), Catch::Contains("axis 1 has length 9"));
   CHECK_THROWS_WITH(Pod("nochip", "4"), Catch::Contains("nochip"));
