@@ -71,6 +71,9 @@ class SimDevice {
                    std::function<void(const sim::RunResult&)> done = {});
 
   DeviceQueue& queue() { return queue_; }
+  // The chip itself, for pod collectives (device/sim_pod.h), which touch it only from a job of
+  // this device's queue.
+  sim::Chip& chip() { return chip_; }
   double seconds_per_byte_link() const { return 1.0 / (opt_.host_link_gbps * 1e9); }
 
  private:

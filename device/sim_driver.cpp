@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "device/sim_pod.h"
 #include "tpucore/error.h"
 
 namespace tpu::device {
@@ -15,6 +16,7 @@ namespace {
 
 int env_device_count() {
   const char* v = std::getenv("TPU_SIM_DEVICES");
+  if ((!v || !*v) && sim_pod_env_chips() > 0) return sim_pod_env_chips();  // TPU_SIM_POD's slice
   if (!v || !*v) return kDefaultSimDevices;
   std::string_view s(v);
   int n = -1;

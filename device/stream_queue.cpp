@@ -77,6 +77,12 @@ uint64_t DeviceQueue::push_locked(Job j) {
   return seq;
 }
 
+namespace {
+thread_local double t_job_start = 0;  // the running job's start, for current_job_start()
+}  // namespace
+
+double DeviceQueue::current_job_start() { return t_job_start; }
+
 std::string DeviceQueue::execute(std::unique_lock<std::mutex>& lk, Job& j) {
   StreamState& st = streams_[j.stream];  // node-based map: the reference survives inserts
   std::string err;
@@ -85,6 +91,7 @@ std::string DeviceQueue::execute(std::unique_lock<std::mutex>& lk, Job& j) {
       const int r = static_cast<int>(j.res);
       const double start = j.res == Resource::none ? st.time : std::max(st.time, resource_free_[r]);
       lk.unlock();
+      t_job_start = start;
       double dur = 0;
       try {
         dur = j.fn();

@@ -42,8 +42,9 @@ class Marker {
 };
 using MarkerPtr = std::shared_ptr<Marker>;
 
-enum class Resource : uint8_t { none, compute, host_to_device, device_to_host };
-inline constexpr int kNumResources = 4;
+// ici: the chip's inter-chip links (collectives of a sim pod, device/sim_pod.h).
+enum class Resource : uint8_t { none, compute, host_to_device, device_to_host, ici };
+inline constexpr int kNumResources = 5;
 
 // The work of a job: runs on the worker (or inline) and returns its simulated duration in
 // seconds. Exceptions become the job's error.
@@ -85,6 +86,9 @@ class DeviceQueue {
 
   double stream_time(StreamId s) const;  // simulated seconds at the end of the stream's work
   uint64_t jobs_completed() const;
+
+  // Inside a job's function: the simulated time (seconds) at which that job started.
+  static double current_job_start();
 
   // Testing aid: while held, no job starts (neither on the worker nor inline).
   void hold();
