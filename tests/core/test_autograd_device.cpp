@@ -6,7 +6,7 @@
 namespace tpu::testing {
 namespace {
 
-TEST_CASE("autograd: to(device) is differentiable; the gradient moves back", "[autograd]") {
+TEST_CASE("autograd: to(device) is differentiable, the gradient moves back", "[autograd]") {
   TinySim sim;
   Tensor w = from_vector<float>({1, -2, 3, 4, 0.5f, -1}, {2, 3}).requires_grad_();
   Tensor ws = w.to(sim.dev());

@@ -307,7 +307,7 @@ TEST_CASE("cast: the reference rounding model agrees with hand-checked values", 
   CHECK(convert_ref(NAN, DType::f32, DType::boolean) == 1);
 }
 
-TEST_CASE("cast: every f16 value converts exactly to f32 and back; NaN and Inf kept", "[cast]") {
+TEST_CASE("cast: every f16 value converts exactly to f32 and back, NaN and Inf kept", "[cast]") {
   std::vector<uint16_t> bits(65536);
   for (size_t i = 0; i < bits.size(); ++i) bits[i] = static_cast<uint16_t>(i);
   for (DType dt : {DType::f16, DType::bf16}) {

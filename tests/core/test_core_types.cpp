@@ -113,7 +113,7 @@ TEST_CASE("half: bf16 and f16 round to nearest even, keep NaN and Inf", "[core]"
   }
 }
 
-TEST_CASE("device: strings parse; bad ones are errors", "[core]") {
+TEST_CASE("device: strings parse, bad ones are errors", "[core]") {
   CHECK(Device("cpu").type == DeviceType::cpu);
   CHECK(Device("sim").index == 0);
   CHECK(Device("sim:3").index == 3);

@@ -78,7 +78,7 @@ TEST_CASE("streams: default and current streams, guards", "[device]") {
   synchronize(Device("cpu"));
 }
 
-TEST_CASE("streams: an event orders work across streams; host queries before and after", "[device]") {
+TEST_CASE("streams: an event orders work across streams, host queries before and after", "[device]") {
   const Device d("sim:0");
   device::Driver& drv = device::driver_for(d);
   Stream A = Stream::create(d), B = Stream::create(d);
@@ -122,7 +122,7 @@ TEST_CASE("streams: an event orders work across streams; host queries before and
   drv.unload_program(0, cp);
 }
 
-TEST_CASE("streams: independent streams overlap in simulated time; a wait serializes them", "[device]") {
+TEST_CASE("streams: independent streams overlap in simulated time, a wait serializes them", "[device]") {
   const Device d("sim:0");
   device::Driver& drv = device::driver_for(d);
   const auto lp = drv.load_program(0, long_program());
@@ -206,7 +206,7 @@ TEST_CASE("streams: reading a value waits for the work it depends on", "[device]
   drv.unload_program(0, cp);
 }
 
-TEST_CASE("streams: asynchronous errors surface at synchronization; TPU_SYNC reports them at the op", "[device]") {
+TEST_CASE("streams: asynchronous errors surface at synchronization, TPU_SYNC reports them at the op", "[device]") {
   AsyncMode async;
   const Device d("sim:0");
   device::Driver& drv = device::driver_for(d);

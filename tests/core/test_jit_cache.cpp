@@ -140,7 +140,7 @@ TEST_CASE("jit cache: captured tensors are bound by reference", "[jit]") {
   CHECK(stats_of("captured").compiles == 1);
 }
 
-TEST_CASE("jit cache: item() is a graph break; fullgraph makes it an error", "[jit]") {
+TEST_CASE("jit cache: item() is a graph break, fullgraph makes it an error", "[jit]") {
   auto fn = [](const Tensor& x) {
     Tensor s = sum(x);
     Tensor y = s.item<double>() > 0 ? x * 2.0 : x - 1.0;  // data-dependent branch

@@ -103,7 +103,7 @@ TEST_CASE("jit training: an SGD step with dampening and no momentum buffers yet 
   CHECK_FALSE(w.grad().is_proxy());  // tracing left no traced tensor behind
 }
 
-TEST_CASE("jit training: gradients accumulate across compiled calls; a changed .grad recompiles", "[jit][training]") {
+TEST_CASE("jit training: gradients accumulate across compiled calls, a changed .grad recompiles", "[jit][training]") {
   Tensor w = jit_testing::rnd({4, 3}, 1).requires_grad_();
   Tensor w_ref = w.detach().clone().requires_grad_();
   auto loss_of = [](const Tensor& x, const Tensor& wt) { return tpu::relu(tpu::matmul(x, wt)).sum(); };

@@ -113,7 +113,7 @@ TEST_CASE("attention: multi-head attention matches a loop reference (causal, GQA
   }
 }
 
-TEST_CASE("attention: causal outputs do not depend on later positions; rotary keeps norms", "[nn][attention]") {
+TEST_CASE("attention: causal outputs do not depend on later positions, rotary keeps norms", "[nn][attention]") {
   Generator g(9);
   nn::MultiheadAttention mha(8, {.num_heads = 2, .rotary = true}, &g);
   Tensor x = randn({1, 6, 8}, {}, &g);

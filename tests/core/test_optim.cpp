@@ -75,7 +75,7 @@ TEST_CASE("optim: AdamW matches the hand update (bias correction, decoupled weig
   CHECK(opt.steps() == 4);
 }
 
-TEST_CASE("optim: parameters without a gradient are skipped; zero_grad; bad options", "[optim]") {
+TEST_CASE("optim: parameters without a gradient are skipped, zero_grad, bad options", "[optim]") {
   Tensor a = from_vector(kP0).requires_grad_(), b = ones({2}).requires_grad_();
   optim::SGD opt({a, b}, {.lr = 0.5});
   set_loss_grad(a);

@@ -72,7 +72,7 @@ TEST_CASE("profiler: host ops counted with their FLOPs, nesting and a Chrome tra
   CHECK(mm_events == 3);
 }
 
-TEST_CASE("profiler: one profile at a time; a clear error otherwise, usable afterwards", "[profiler]") {
+TEST_CASE("profiler: one profile at a time, a clear error otherwise, usable afterwards", "[profiler]") {
   {
     profiler::Profile p1;
     CHECK_THROWS_WITH(profiler::Profile(), Contains("profiler") && Contains("already recording"));

@@ -221,7 +221,7 @@ OpInfoRegistrar reg_rms_norm({
 
 }  // namespace
 
-TEST_CASE("softmax: stable for large inputs; -inf and NaN rows as PyTorch", "[softmax]") {
+TEST_CASE("softmax: stable for large inputs, -inf and NaN rows as PyTorch", "[softmax]") {
   const float inf = std::numeric_limits<float>::infinity();
   Tensor x = from_vector(std::vector<float>{1000, 1001, 1002, -1000, -1001, -inf}, Shape{2, 3});
   auto p = softmax(x, 1).to_vector<float>();
