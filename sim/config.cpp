@@ -101,9 +101,15 @@ void ChipConfig::validate() const {
   need(nonneg(mxu.fill_cycles), "mxu.fill_cycles", "must be >= 0");
   need(nonneg(mxu.drain_cycles), "mxu.drain_cycles", "must be >= 0");
   need(pos(mxu.weight_load_cycles_per_row), "mxu.weight_load_cycles_per_row", "must be > 0");
-  need(pos(mxu.bf16_cycles_per_row), "mxu.bf16_cycles_per_row", "must be > 0");
-  need(pos(mxu.f32_cycles_per_row), "mxu.f32_cycles_per_row", "must be > 0");
-  need(pos(mxu.int8_cycles_per_row), "mxu.int8_cycles_per_row", "must be > 0");
+  // A systolic array takes at most one LHS row per cycle (one multiply-add per cell per
+  // cycle); int8 may pack two rows per cycle (v5e: 394 int8 TOP/s = 2 x 197 bf16 TFLOP/s).
+  // Faster rates would claim more than the array's peak (MFU above 100%).
+  need(std::isfinite(mxu.bf16_cycles_per_row) && mxu.bf16_cycles_per_row >= 1, "mxu.bf16_cycles_per_row",
+       "must be >= 1 (an array takes at most one bf16 row per cycle)");
+  need(std::isfinite(mxu.f32_cycles_per_row) && mxu.f32_cycles_per_row >= 1, "mxu.f32_cycles_per_row",
+       "must be >= 1 (f32 is at least one bf16 pass)");
+  need(std::isfinite(mxu.int8_cycles_per_row) && mxu.int8_cycles_per_row >= 0.5, "mxu.int8_cycles_per_row",
+       "must be >= 0.5 (at most two int8 rows per cycle)");
   need(vpu.sublanes >= 1 && vpu.sublanes <= 1024, "vpu.sublanes", "must be in [1, 1024]");
   need(vpu.lanes >= 1 && vpu.lanes <= 4096, "vpu.lanes", "must be in [1, 4096]");
   need(pos(vpu.cycles_per_vreg), "vpu.cycles_per_vreg", "must be > 0");

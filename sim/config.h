@@ -76,9 +76,15 @@ struct ChipConfig {
   DmaConfig dma;
 
   double hbm_bytes_per_cycle() const { return memory.hbm_bandwidth_gbps / clock_ghz; }
-  // Peak bf16 FLOP/s of this core: MXUs x R x C x 2 x clock.
-  double peak_flops() const { return double(mxu.count) * mxu.rows * mxu.cols * 2.0 * clock_ghz * 1e9; }
+  // Peak bf16 FLOP/s of this core: MXUs x R x C x 2 x clock / bf16_cycles_per_row.
+  double peak_flops() const { return peak_flops_at(mxu.bf16_cycles_per_row); }
   double chip_peak_flops() const { return peak_flops() * cores_per_chip; }
+  // Peak FLOP/s (OP/s for int8) of this core for MXU inputs streamed at `cycles_per_row`
+  // (mxu.bf16_cycles_per_row, mxu.f32_cycles_per_row or mxu.int8_cycles_per_row): every MXU
+  // does R x C multiply-adds per streamed row.
+  double peak_flops_at(double cycles_per_row) const {
+    return double(mxu.count) * mxu.rows * mxu.cols * 2.0 * clock_ghz * 1e9 / cycles_per_row;
+  }
 
   // Throws SimError naming the first invalid field.
   void validate() const;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "sim/error.h"
+
 namespace tpu::sim::detail {
 
 BandwidthProfile::BandwidthProfile(double cap) : cap_(cap), times_{0.0}, used_{0.0} {}
@@ -27,12 +29,18 @@ double BandwidthProfile::allocate(double t0, double bytes, double max_rate) {
   size_t i = split(t0);
   double remaining = bytes;
   for (;;) {
+    if (i >= times_.size())  // cannot happen: the open last segment always has room
+      throw SimError("internal: HBM bandwidth profile has no free segment");
     double seg_start = times_[i];
     bool last = i + 1 == times_.size();
     double seg_end = last ? std::numeric_limits<double>::infinity() : times_[i + 1];
     double rate = std::min(max_rate, cap_ - used_[i]);
     if (rate > cap_ * 1e-9) {
       double t_end = seg_start + remaining / rate;
+      // With a very high rate the transfer time can vanish below the resolution of
+      // seg_start (t_end == seg_start): it then takes no time and must not claim bandwidth
+      // over the segment, or the open last segment would end up full forever.
+      if (!(t_end > seg_start)) return seg_start;
       if (t_end <= seg_end) {
         if (t_end < seg_end) {
           size_t j = split(t_end);  // j == i + 1

@@ -4,6 +4,7 @@
 #include "sim/executor.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 
@@ -262,6 +263,7 @@ class Executor {
   std::vector<float> scratch_a_, scratch_c_;
   // stats
   double flops_ = 0, vec_elems_ = 0;
+  std::array<double, 3> mode_flops_{};  // MXU FLOPs per MxuMode (bf16, f32, i8)
   uint64_t hbm_read_ = 0, hbm_written_ = 0, dma_bytes_ = 0, dyn_ = 0;
 };
 
@@ -356,7 +358,9 @@ void Executor::exec_mm(size_t idx, const Instr& in) {
   started(u, start, busy, end, idx);
   max_t_ = std::max(max_t_, ready);
   board_add(acc, u, end, ready);
-  flops_ += 2.0 * double(in.rows) * double(in.k) * double(in.cols);
+  const double f = 2.0 * double(in.rows) * double(in.k) * double(in.cols);
+  flops_ += f;
+  mode_flops_[size_t(in.mode)] += f;
   if (func_) mxu_matmul(st, out, lhs, in.rows, in.acc, in.mode, scratch_a_, scratch_c_);
 }
 
@@ -512,14 +516,21 @@ RunResult Executor::run() {
   s.hbm_bytes_read = hbm_read_;
   s.hbm_bytes_written = hbm_written_;
   s.dma_bytes = dma_bytes_;
-  s.peak_flops = cfg_.peak_flops();
+  // Peak and MFU per MXU mode: each mode's FLOPs count at that mode's peak rate.
+  const double per_row[3] = {cfg_.mxu.bf16_cycles_per_row, cfg_.mxu.f32_cycles_per_row, cfg_.mxu.int8_cycles_per_row};
+  for (int m = 0; m < 3; ++m) {
+    if (mode_flops_[size_t(m)] <= 0) continue;
+    s.mxu_peak_cycles += mode_flops_[size_t(m)] / (cfg_.peak_flops_at(per_row[m]) / (cfg_.clock_ghz * 1e9));
+    if (!s.mxu_modes.empty()) s.mxu_modes += "+";
+    s.mxu_modes += mxu_mode_name(MxuMode(m));
+  }
+  s.peak_flops = flops_ > 0 ? flops_ / s.mxu_peak_cycles * cfg_.clock_ghz * 1e9 : cfg_.peak_flops();
   s.hbm_bytes_per_cycle = cfg_.hbm_bytes_per_cycle();
   double mxu_busy = 0;
   for (int j = 0; j < cfg_.mxu.count; ++j) mxu_busy += units_[size_t(mxu_unit(j))].busy;
-  const double peak_per_cycle = double(cfg_.mxu.count) * cfg_.mxu.rows * cfg_.mxu.cols * 2.0;
   if (s.cycles > 0) {
     s.mxu_busy_fraction = mxu_busy / (s.cycles * cfg_.mxu.count);
-    s.mfu = flops_ / (s.cycles * peak_per_cycle);
+    s.mfu = s.mxu_peak_cycles / s.cycles;
     s.flops_per_second = flops_ / s.seconds;
     s.hbm_bandwidth_fraction = double(hbm_read_ + hbm_written_) / (s.cycles * s.hbm_bytes_per_cycle);
   }

@@ -1,6 +1,7 @@
 #include "sim/programs.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include <fmt/format.h>
 
@@ -25,117 +26,136 @@ GemmProgram make_gemm(const ChipConfig& cfg, const GemmSpec& s, uint64_t a_addr)
   if (s.k % R != 0 || s.n % C != 0)
     throw SimError(fmt::format("make_gemm: k={} must be a multiple of mxu.rows={} and n={} of mxu.cols={}", s.k, R,
                                s.n, C));
+  if (s.block_m < 0 || s.block_m > s.m) throw SimError("make_gemm: block_m must be in [0, m]");
   const int64_t es = elem_size(s.mode);
   const DType dt = in_dtype(s.mode);
   const DType out_dt = s.mode == MxuMode::i8 ? DType::i32 : DType::f32;
-  int nm = cfg.mxu.count;
-  while (nm > 1 && s.n % (nm * C) != 0) --nm;
-  const int64_t PW = nm * C;
-  const int64_t NP = s.n / PW, KT = s.k / R;
-  const uint64_t b_bytes = uint64_t(s.k * PW * es);
-  auto vmem_need = [&](int64_t bm) { return 2 * align_up(uint64_t(bm * s.k * es), 64) + 2 * align_up(b_bytes, 64) + 2 * uint64_t(bm * PW * 4); };
-  int64_t bm = s.block_m > 0 ? s.block_m : std::min<int64_t>(s.m, 512);
-  if (s.m % bm != 0 && s.block_m > 0) throw SimError("make_gemm: block_m must divide m");
-  while (bm > 1 && (s.m % bm != 0 || vmem_need(bm) > cfg.memory.vmem_bytes)) --bm;
-  if (vmem_need(bm) > cfg.memory.vmem_bytes)
+  const double per_row = s.mode == MxuMode::bf16  ? cfg.mxu.bf16_cycles_per_row
+                         : s.mode == MxuMode::f32 ? cfg.mxu.f32_cycles_per_row
+                                                  : cfg.mxu.int8_cycles_per_row;
+  // MXU layout: nmc column tiles side by side; when N has fewer column tiles than MXUs, the
+  // remaining factor g splits each block's rows, so every MXU works on narrow outputs too.
+  int nmc = cfg.mxu.count;
+  while (nmc > 1 && ((s.n / C) % nmc != 0 || cfg.mxu.count % nmc != 0)) --nmc;
+  const int64_t g = cfg.mxu.count / nmc;
+  const int64_t PW = nmc * C, NP = s.n / PW, KT = s.k / R;
+  // Rows per block: each MXU streams enough rows per weight tile to hide the next tile's load.
+  const int64_t rows_per_mxu = int64_t(std::ceil(2.0 * double(R) * cfg.mxu.weight_load_cycles_per_row / per_row));
+  int64_t bm = s.block_m > 0 ? s.block_m : std::min<int64_t>(s.m, g * rows_per_mxu);
+  const uint64_t b_buf = align_up(uint64_t(s.k * PW * es), 64);
+  const int nbb = int(std::min<int64_t>(NP, 2));  // B panel buffers (the next panel loads during this one)
+  auto c_buf_of = [&](int64_t rows) { return align_up(uint64_t(rows * PW * 4), 64); };
+  const uint64_t a_all = align_up(uint64_t(s.m * s.k * es), 64);
+  // A stays resident (read from HBM once) when it fits with the B and C buffers; otherwise it
+  // streams through 3 block buffers, once per panel.
+  auto need = [&](int64_t rows, bool resident) {
+    const uint64_t a = resident ? a_all : 3 * align_up(uint64_t(rows * s.k * es), 64);
+    return a + uint64_t(nbb) * b_buf + 3 * c_buf_of(rows);
+  };
+  bool resident = NP == 1 || need(bm, true) <= cfg.memory.vmem_bytes;
+  if (!resident)
+    while (bm > 1 && need(bm, false) > cfg.memory.vmem_bytes) bm = (bm + 1) / 2;
+  if (need(bm, resident) > cfg.memory.vmem_bytes)
     throw SimError(fmt::format("make_gemm: a {}x{} B panel does not fit in VMEM ({} bytes)", s.k, PW, cfg.memory.vmem_bytes));
-  const int64_t MB = s.m / bm;
+  if (NP == 1) resident = false;  // one pass over A: nothing to keep
+  const int64_t MB = (s.m + bm - 1) / bm;
+  auto block_rows = [&](int64_t b) { return std::min(bm, s.m - b * bm); };
 
-  GemmProgram g;
-  g.block_m = bm;
-  g.panel_n = PW;
-  g.a_addr = a_addr;
-  g.b_addr = align_up(a_addr + uint64_t(s.m * s.k * es), 4096);
-  g.c_addr = align_up(g.b_addr + uint64_t(s.k * s.n * es), 4096);
-  g.hbm_bytes = g.c_addr + uint64_t(s.m * s.n * 4);
-  if (g.hbm_bytes > cfg.memory.hbm_bytes)
-    throw SimError(fmt::format("make_gemm: operands need {} bytes of HBM, the chip has {}", g.hbm_bytes, cfg.memory.hbm_bytes));
-  const uint64_t a_buf = align_up(uint64_t(bm * s.k * es), 64);
-  const uint64_t b_base = 2 * a_buf, b_buf = align_up(b_bytes, 64);
-  const uint64_t c_base = b_base + 2 * b_buf, c_buf = uint64_t(bm * PW * 4);
-  g.vmem_bytes = c_base + 2 * c_buf;
+  GemmProgram gp;
+  gp.block_m = bm;
+  gp.panel_n = PW;
+  gp.a_addr = a_addr;
+  gp.b_addr = align_up(a_addr + uint64_t(s.m * s.k * es), 4096);
+  gp.c_addr = align_up(gp.b_addr + uint64_t(s.k * s.n * es), 4096);
+  gp.hbm_bytes = gp.c_addr + uint64_t(s.m * s.n * 4);
+  if (gp.hbm_bytes > cfg.memory.hbm_bytes)
+    throw SimError(fmt::format("make_gemm: operands need {} bytes of HBM, the chip has {}", gp.hbm_bytes, cfg.memory.hbm_bytes));
+  const uint64_t a_slot = align_up(uint64_t(bm * s.k * es), 64);
+  const uint64_t a_size = resident ? a_all : 3 * a_slot;
+  const uint64_t b_base = a_size, c_base = b_base + uint64_t(nbb) * b_buf, c_slot = c_buf_of(bm);
+  gp.vmem_bytes = c_base + 3 * c_slot;
 
   const int qa = 0, qb = 1 % cfg.dma.engines, qc = 2 % cfg.dma.engines;
   const int semA = 0, semB = 1, semC = 2;
-  // registers: r0 block, r1 panel, r2 k tile, r3 panel counter, r4 its parity, r5 next panel,
-  // r6 next parity, r7 A buffer, r8 next A buffer
   B b(fmt::format("gemm_{}x{}x{}_{}", s.m, s.n, s.k, mxu_mode_name(s.mode)));
-  b.sset(3, 0);
-  b.sset(4, 0);
-  b.signal(semC, 2);  // both C buffers start free
-  b.dma(B::vmem_at(B::at(0)), B::hbm_at(B::at(int64_t(g.a_addr))), {.rows = bm, .row_bytes = s.k * es}, qa, semA);
-  b.dma(B::vmem_at(B::at(int64_t(b_base))), B::hbm_at(B::at(int64_t(g.b_addr))),
-        {.rows = s.k, .row_bytes = PW * es, .src_row_stride = s.n * es}, qb, semB);
-
-  auto panel = [&](bool prefetch_b) {
-    b.wait(semB);
-    if (prefetch_b) {
-      b.sadd(5, 1, 1);
-      b.smod(5, 5, NP);
-      b.sadd(6, 3, 1);
-      b.smod(6, 6, 2);
-      b.dma(B::vmem_at(B::at(int64_t(b_base), {{6, int64_t(b_buf)}})),
-            B::hbm_at(B::at(int64_t(g.b_addr), {{5, PW * es}})),
-            {.rows = s.k, .row_bytes = PW * es, .src_row_stride = s.n * es}, qb, semB);
-    }
-    b.wait(semC);
-    auto step = [&](int64_t k_off, bool acc, bool in_loop) {
-      for (int j = 0; j < nm; ++j) {
-        Addr w = B::at(int64_t(b_base) + k_off * R * PW * es + j * C * es, {{4, int64_t(b_buf)}});
-        Addr lhs = B::at(k_off * R * es, {{7, int64_t(a_buf)}});
-        if (in_loop) {
-          w.terms[1] = {2, R * PW * es};
-          lhs.terms[1] = {2, R * es};
-        }
-        b.mxu_load_weights(j, B::vmem(w, dt, PW), R, C, s.mode);
-        b.mxu_matmul(j, B::vmem(B::at(int64_t(c_base) + j * C * 4, {{4, int64_t(c_buf)}}), out_dt, PW),
-                     B::vmem(lhs, dt, s.k), bm, R, C, acc, s.mode);
-      }
-    };
-    step(0, false, false);
-    if (KT > 1) {
-      b.loop(2, KT - 1);
-      step(1, true, true);
-      b.end_loop();
-    }
-    b.dma(B::hbm_at(B::at(int64_t(g.c_addr), {{0, bm * s.n * 4}, {1, PW * 4}})),
-          B::vmem_at(B::at(int64_t(c_base), {{4, int64_t(c_buf)}})),
-          {.rows = bm, .row_bytes = PW * 4, .dst_row_stride = s.n * 4}, qc, semC);
-    b.sadd(3, 3, 1);
-    b.smod(4, 3, 2);
+  // Steps run panel by panel, block by block. A in VMEM: resident at block offset, or slot
+  // (step % 3). DMAs of one kind go on one queue in order, so counting semaphores match them.
+  const int64_t steps = NP * MB;
+  auto a_vmem = [&](int64_t step) {
+    const int64_t blk = step % MB;
+    return resident ? uint64_t(blk * bm * s.k * es) : uint64_t(step % 3) * a_slot;
   };
-  auto block = [&](bool last) {
-    b.smod(7, 0, 2);
-    b.wait(semA);
-    if (!last) {
-      b.sadd(8, 0, 1);
-      b.smod(8, 8, 2);
-      b.dma(B::vmem_at(B::at(0, {{8, int64_t(a_buf)}})),
-            B::hbm_at(B::at(int64_t(g.a_addr) + bm * s.k * es, {{0, bm * s.k * es}})),
-            {.rows = bm, .row_bytes = s.k * es}, qa, semA);
-      b.loop(1, NP);
-      panel(true);
-      b.end_loop();
-    } else {
-      if (NP > 1) {
-        b.loop(1, NP - 1);
-        panel(true);
+  // Loads go in K tiles (one DMA per tile, in K order), so the first multiply of a block or
+  // panel waits for its first tile only, not for the whole block or panel.
+  auto load_a_tile = [&](int64_t step, int64_t kt) {
+    const int64_t blk = step % MB;
+    b.dma(B::vmem_at(B::at(int64_t(a_vmem(step)) + kt * R * es)),
+          B::hbm_at(B::at(int64_t(gp.a_addr) + blk * bm * s.k * es + kt * R * es)),
+          {.rows = block_rows(blk), .row_bytes = R * es, .dst_row_stride = s.k * es, .src_row_stride = s.k * es}, qa,
+          semA);
+  };
+  auto load_a = [&](int64_t step) {
+    for (int64_t kt = 0; kt < KT; ++kt) load_a_tile(step, kt);
+  };
+  auto load_b_tile = [&](int64_t p, int64_t kt) {
+    b.dma(B::vmem_at(B::at(int64_t(b_base + uint64_t(p % nbb) * b_buf) + kt * R * PW * es)),
+          B::hbm_at(B::at(int64_t(gp.b_addr) + kt * R * s.n * es + p * PW * es)),
+          {.rows = R, .row_bytes = PW * es, .src_row_stride = s.n * es}, qb, semB);
+  };
+  const int64_t a_loads = resident ? MB : steps;  // A DMAs in the whole program
+  const int64_t a_ahead = std::min<int64_t>(a_loads, resident ? 2 : 3);
+  b.signal(semC, 3);  // the three C buffers start free
+  // HBM serves DMAs in program order. The first panel's B and first block's A interleave by K tile, so both arrive progressively.
+  for (int64_t kt = 0; kt < KT; ++kt) {
+    load_b_tile(0, kt);
+    load_a_tile(0, kt);
+  }
+  for (int64_t i = 1; i < a_ahead; ++i) load_a(i);
+  int64_t a_issued = a_ahead;
+  for (int64_t p = 0; p < NP; ++p) {
+    for (int64_t blk = 0; blk < MB; ++blk) {
+      const int64_t step = p * MB + blk, rows = block_rows(blk);
+      const bool wait_a = !resident || p == 0, wait_b = blk == 0;  // first use of the loads
+      // The next panel's B tiles, spread over this panel's blocks and issued before this
+      // step's multiplies (its buffer's reads of panel p-1 are ordered by the scoreboard).
+      if (p + 1 < NP)
+        for (int64_t kt = blk * KT / MB; kt < (blk + 1) * KT / MB; ++kt) load_b_tile(p + 1, kt);
+      b.wait(semC);
+      const uint64_t a_off = a_vmem(step), b_off = b_base + uint64_t(p % nbb) * b_buf;
+      const uint64_t c_off = c_base + uint64_t(step % 3) * c_slot;
+      const int64_t per = (rows + g - 1) / g;
+      auto tile = [&](int64_t kt, bool acc, bool in_loop) {
+        if (wait_a) b.wait(semA);
+        if (wait_b) b.wait(semB);
+        for (int j = 0; j < cfg.mxu.count; ++j) {
+          const int64_t cj = j % nmc, r0 = (j / nmc) * per, rn = std::min(per, rows - r0);
+          if (rn <= 0) continue;
+          Addr w = B::at(int64_t(b_off) + kt * R * PW * es + cj * C * es);
+          Addr lhs = B::at(int64_t(a_off) + r0 * s.k * es + kt * R * es);
+          if (in_loop) {
+            w.terms[0] = {2, R * PW * es};
+            lhs.terms[0] = {2, R * es};
+          }
+          b.mxu_load_weights(j, B::vmem(w, dt, PW), R, C, s.mode);
+          b.mxu_matmul(j, B::vmem(B::at(int64_t(c_off) + r0 * PW * 4 + cj * C * 4), out_dt, PW), B::vmem(lhs, dt, s.k), rn,
+                       R, C, acc, s.mode);
+        }
+      };
+      tile(0, false, false);
+      if (KT > 1) {
+        b.loop(2, KT - 1);
+        tile(1, true, true);
         b.end_loop();
       }
-      b.sset(1, NP - 1);
-      panel(false);
+      b.dma(B::hbm_at(B::at(int64_t(gp.c_addr) + blk * bm * s.n * 4 + p * PW * 4)), B::vmem_at(B::at(int64_t(c_off))),
+            {.rows = rows, .row_bytes = PW * 4, .dst_row_stride = s.n * 4}, qc, semC);
+      // Refill the A slot this step used (its reads are ordered by the scoreboard).
+      if (a_issued < a_loads) load_a(a_issued++);
     }
-  };
-  if (MB > 1) {
-    b.loop(0, MB - 1);
-    block(false);
-    b.end_loop();
   }
-  b.sset(0, MB - 1);
-  block(true);
   b.fence();
-  g.program = b.finish();
-  return g;
+  gp.program = b.finish();
+  return gp;
 }
 
 CopyProgram make_stream_copy(const ChipConfig& cfg, uint64_t bytes, uint64_t chunk, int buffers, uint64_t src,

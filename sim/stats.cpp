@@ -27,8 +27,9 @@ std::string format_report(const Stats& s) {
   o += fmt::format("chip {}{}\n", s.chip, s.timing_only ? " (timing-only)" : "");
   o += fmt::format("  cycles            {:.0f}  ({} at {} GHz)\n", s.cycles, si(s.seconds, "s"), s.clock_ghz);
   o += fmt::format("  instructions      {} executed, {} in the program\n", s.instructions, s.static_instructions);
-  o += fmt::format("  MXU FLOPs         {}  -> {}  (peak {})\n", si(s.mxu_flops, "FLOP"), si(s.flops_per_second, "FLOP/s"),
-                   si(s.peak_flops, "FLOP/s"));
+  o += fmt::format("  MXU FLOPs         {}  -> {}  (peak {}{}{})\n", si(s.mxu_flops, "FLOP"),
+                   si(s.flops_per_second, "FLOP/s"), si(s.peak_flops, "FLOP/s"), s.mxu_modes.empty() ? "" : " ",
+                   s.mxu_modes);
   o += fmt::format("  MFU               {:.2f}%   MXU busy {:.2f}%\n", 100 * s.mfu, 100 * s.mxu_busy_fraction);
   o += fmt::format("  HBM               read {}, written {}  ({:.2f}% of {} B/cycle)\n", bytes(double(s.hbm_bytes_read)),
                    bytes(double(s.hbm_bytes_written)), 100 * s.hbm_bandwidth_fraction, s.hbm_bytes_per_cycle);
@@ -62,6 +63,8 @@ nlohmann::json stats_to_json(const Stats& s) {
           {"hbm_bytes_written", s.hbm_bytes_written},
           {"dma_bytes", s.dma_bytes},
           {"peak_flops", s.peak_flops},
+          {"mxu_modes", s.mxu_modes},
+          {"mxu_peak_cycles", s.mxu_peak_cycles},
           {"hbm_bytes_per_cycle", s.hbm_bytes_per_cycle},
           {"mxu_busy_fraction", s.mxu_busy_fraction},
           {"mfu", s.mfu},

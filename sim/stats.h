@@ -29,10 +29,12 @@ struct Stats {
   uint64_t hbm_bytes_read = 0;
   uint64_t hbm_bytes_written = 0;
   uint64_t dma_bytes = 0;           // all DMA traffic (incl. vmem->vmem)
-  double peak_flops = 0;            // of the simulated core (bf16)
+  double peak_flops = 0;            // of the simulated core for the run's MXU modes (bf16 if none)
+  std::string mxu_modes;            // modes of the run's matmuls: "bf16", "f32", "i8", "bf16+i8", ...
+  double mxu_peak_cycles = 0;       // cycles the run's matmuls take at their modes' peak rates
   double hbm_bytes_per_cycle = 0;   // configured
   double mxu_busy_fraction = 0;     // sum of MXU streaming cycles / (cycles * MXUs)
-  double mfu = 0;                   // mxu_flops / (cycles * peak FLOPs per cycle)
+  double mfu = 0;                   // mxu_peak_cycles / cycles (per-mode peaks)
   double flops_per_second = 0;      // achieved
   double arithmetic_intensity = 0;  // mxu_flops / HBM bytes
   double hbm_bandwidth_fraction = 0;  // HBM bytes / (cycles * configured bytes per cycle)
