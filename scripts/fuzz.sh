@@ -11,17 +11,19 @@
 #     TARGET       some of: assembly program_json chip_config safetensors idx graph_json
 # A finding stops the script with the input saved as build-fuzz/findings/<target>/crash-*; copy it
 # to tests/fuzz/regressions/<target>/ once fixed, so every later run replays it.
-# `BUILD_DIR` and `JOBS` can be overridden.
+# `BUILD_DIR`, `LIB_BUILD_DIR` (the release build whose libtpucore the library's fuzzers use) and
+# `JOBS` can be overridden.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ALL=(assembly program_json chip_config safetensors idx graph_json)
 BUILD="${BUILD_DIR:-build-fuzz}"
+LIB_BUILD="${LIB_BUILD_DIR:-build}"
 JOBS="${JOBS:-2}"
 SECONDS_EACH=60
 RUNS=""
 MODE=fuzz
 TARGETS=()
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --ci) SECONDS_EACH=25 ;;
@@ -46,11 +48,17 @@ if ! command -v clang++-14 >/dev/null; then
 fi
 bash scripts/setup.sh
 
-echo "== fuzz build (clang-14, ASan + UBSan, $BUILD)"
 start=$(date +%s)
+# The library's parsers are compiled instrumented into their fuzzers; the rest of libtpucore comes
+# from the release build of scripts/test.sh (brought up to date here, a no-op after test.sh).
+echo "== libtpucore (release build, $LIB_BUILD)"
+cmake -S . -B "$LIB_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTPU_BUILD_BENCH=ON -DTPU_BENCH_PEERS=OFF \
+  -DTPU_BUILD_EXAMPLES=ON >/dev/null
+cmake --build "$LIB_BUILD" -j"$JOBS" --target tpucore
+echo "== fuzz build (clang-14, ASan + UBSan, $BUILD)"
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=Debug \
   -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" -DTPU_SANITIZE=ON -DTPU_BUILD_FUZZ=ON -DTPU_BUILD_TESTS=OFF \
-  -DTPU_BUILD_BENCH=OFF -DTPU_BUILD_EXAMPLES=OFF >/dev/null
+  -DTPU_BUILD_BENCH=OFF -DTPU_BUILD_EXAMPLES=OFF -DTPU_FUZZ_LIB="$PWD/$LIB_BUILD/libtpucore.so" >/dev/null
 if [[ $MODE == seeds ]]; then
   cmake --build "$BUILD" -j"$JOBS" --target fuzz_make_seeds
   rm -rf tests/fuzz/corpus

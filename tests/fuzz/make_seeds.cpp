@@ -50,15 +50,13 @@ void sim_seeds() {
       "sset r=r1 imm=3\nsadd r=r2 src=r1 imm=-1\nloop r=r0 n=2\n"
       "dma dst=vmem[r0*64] src=hbm[128+r0*64] shape=[1,2,16] q=0 sem=0\nwait sem=0 n=1\n"
       "vadd dst=vmem[0]:f32 a=vmem[256]:f32{16,1} b=#1.5 shape=[2,16]\nendloop\n"
-      "vfill dst=vmem[512]:bf16 value=#-inf shape=[1,8]\nvexp dst=vmem[0]:f32 a=vmem[0]:f32 shape=[2,16]\n"
+      "vfill dst=vmem[512]:bf16 value=-inf shape=[1,8]\nvexp dst=vmem[0]:f32 a=vmem[0]:f32 shape=[2,16]\n"
       "xsum dst=vmem[64]:f32 a=vmem[0]:f32 shape=[2,16] axis=1\n"
       "vfma dst=vmem[0]:f32 a=vmem[0]:f32 b=vmem[0]:f32 c=#2 shape=[2,16]\n",
       "mix");
-  int i = 0;
-  for (const Program* p : {&gemm, &copy, &mix}) {
-    put("assembly", "seed" + std::to_string(i), to_text(*p));
-    put("program_json", "seed" + std::to_string(i), program_to_json_text(*p));
-    ++i;
+  for (const auto& [name, p] : {std::pair{"gemm", &gemm}, std::pair{"copy", &copy}, std::pair{"mix", &mix}}) {
+    put("assembly", name, to_text(*p));
+    put("program_json", name, program_to_json_text(*p));
   }
   for (const std::string& n : {std::string("tiny"), std::string("v5e")})
     put("chip_config", n, config_to_json(preset_config(n)).dump());
