@@ -41,12 +41,18 @@ while [[ $# -gt 0 ]]; do
 done
 [[ ${#TARGETS[@]} -gt 0 ]] || TARGETS=("${ALL[@]}")
 
-if ! command -v clang++-14 >/dev/null; then
-  echo "== installing clang-14 (libFuzzer)"
-  SUDO=""; [[ $(id -u) -eq 0 ]] || SUDO=sudo
-  $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang-14 >/dev/null
-fi
 bash scripts/setup.sh
+# clang-14 and its runtimes (libFuzzer, ASan, UBSan) from Debian, if missing.
+missing=()
+for p in clang-14 libclang-rt-14-dev; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [[ ${#missing[@]} -gt 0 ]]; then
+  echo "== installing ${missing[*]}"
+  SUDO=""; [[ $(id -u) -eq 0 ]] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
 
 start=$(date +%s)
 # The library's parsers are compiled instrumented into their fuzzers; the rest of libtpucore comes

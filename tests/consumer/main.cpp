@@ -47,8 +47,8 @@ int main() {
   // and in timing-only mode the same program costs the same cycles without computing.
   tpu::set_sim_chip("tiny");
   const tpu::Device sim("sim:0");
-  tpu::Tensor x = tpu::full({8, 128}, 2.0, {tpu::DType::f32, sim});
-  tpu::Tensor y = tpu::full({8, 128}, 3.0, {tpu::DType::f32, sim});
+  tpu::Tensor x = tpu::full({8, 128}, 2.0).to(sim);
+  tpu::Tensor y = tpu::full({8, 128}, 3.0).to(sim);
   (void)(x + y);  // builds and caches the program
   tpu::synchronize(sim);
   tpu::reset_sim_stats();
