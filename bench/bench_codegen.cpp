@@ -14,9 +14,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "codegen/launch.h"
-#include "ops/fallback.h"
-#include "device/sim_driver.h"
+#include "ops/fallback.h"  // per-op host fallback counts (TPU_BENCH_KERNELS)
 #include "tpucore/compile.h"
 #include "tpucore/devices.h"
 #include "tpucore/ops.h"
@@ -26,26 +24,26 @@ namespace {
 
 const tpu::Device kDev("sim:0");
 
-struct TimingOnly {
-  TimingOnly() { tpu::codegen::set_timing_only(true); }
-  ~TimingOnly() { tpu::codegen::set_timing_only(false); }
-};
-
 // Codegen counters over one call of fn (synchronized).
 template <class F>
-tpu::codegen::CodegenStats measure(F&& fn) {
+tpu::SimStats measure(F&& fn) {
   tpu::synchronize(kDev);
-  tpu::codegen::reset_stats();
+  tpu::reset_sim_stats();
   fn();
   tpu::synchronize(kDev);
-  return tpu::codegen::stats();
+  return tpu::sim_stats();
 }
 
-void report(benchmark::State& state, const tpu::codegen::CodegenStats& s, double min_hbm_bytes) {
-  const auto& cfg = tpu::device::sim_device(0).config();
-  const double peak_per_cycle = double(cfg.mxu.count) * cfg.mxu.rows * cfg.mxu.cols * 2;
+// MXU FLOPs per cycle of the chip behind kDev (its bf16 peak over its clock).
+double peak_flops_per_cycle() {
+  const tpu::DeviceProperties p = tpu::device_properties(kDev);
+  return p.peak_flops / (p.clock_ghz * 1e9);
+}
+
+void report(benchmark::State& state, const tpu::SimStats& s, double min_hbm_bytes) {
+  const double peak_per_cycle = peak_flops_per_cycle();
   state.counters["sim_cycles"] = s.cycles;
-  state.counters["sim_ms"] = s.cycles / (cfg.clock_ghz * 1e6);
+  state.counters["sim_ms"] = s.cycles / (tpu::device_properties(kDev).clock_ghz * 1e6);
   state.counters["MXU_util_pct"] = 100.0 * s.mxu_flops / (s.cycles * peak_per_cycle);
   state.counters["HBM_bytes"] = double(s.hbm_bytes);
   if (min_hbm_bytes > 0) state.counters["HBM_vs_min"] = double(s.hbm_bytes) / min_hbm_bytes;
@@ -53,12 +51,12 @@ void report(benchmark::State& state, const tpu::codegen::CodegenStats& s, double
 }
 
 void BM_CompiledGemm(benchmark::State& state) {
-  TimingOnly timing;
+  tpu::SimTimingOnly timing;
   const int64_t n = state.range(0);
   tpu::Tensor a = tpu::empty({n, n}, {tpu::DType::bf16, kDev}), b = tpu::empty({n, n}, {tpu::DType::bf16, kDev});
   auto f = tpu::compile([](const tpu::Tensor& x, const tpu::Tensor& y) { return tpu::matmul(x, y); }, {.name = "gemm"});
   (void)f(a, b);
-  tpu::codegen::CodegenStats s;
+  tpu::SimStats s;
   for (auto _ : state) s = measure([&] { (void)f(a, b); });
   report(state, s, 3.0 * double(n) * double(n) * 2);
 }
@@ -83,20 +81,20 @@ struct Mlp {
 };
 
 void BM_MlpEager(benchmark::State& state) {
-  TimingOnly timing;
+  tpu::SimTimingOnly timing;
   Mlp m;
-  tpu::codegen::CodegenStats s;
+  tpu::SimStats s;
   for (auto _ : state) s = measure([&] { (void)m(m.x); });
   report(state, s, m.min_bytes());
 }
 BENCHMARK(BM_MlpEager)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_MlpCompiled(benchmark::State& state) {
-  TimingOnly timing;
+  tpu::SimTimingOnly timing;
   Mlp m;
   auto f = tpu::compile([&](const tpu::Tensor& in) { return m(in); }, {.name = "mlp"});
   (void)f(m.x);
-  tpu::codegen::CodegenStats s;
+  tpu::SimStats s;
   for (auto _ : state) s = measure([&] { (void)f(m.x); });
   report(state, s, m.min_bytes());
 }
@@ -155,16 +153,15 @@ struct Qwen3Layer {
 };
 
 void BM_Qwen3DecoderLayer(benchmark::State& state) {
-  TimingOnly timing;
+  tpu::SimTimingOnly timing;
   Qwen3Layer layer;
   auto f = tpu::compile([&](const tpu::Tensor& in) { return layer(in); }, {.name = "qwen3_layer"});
   (void)f(layer.x);
   const uint64_t fallbacks_before = tpu::ops::total_fallbacks();
-  tpu::codegen::CodegenStats s;
+  tpu::SimStats s;
   for (auto _ : state) s = measure([&] { (void)f(layer.x); });
   report(state, s, layer.min_bytes());
-  const auto& cfg = tpu::device::sim_device(0).config();
-  const double peak_per_cycle = double(cfg.mxu.count) * cfg.mxu.rows * cfg.mxu.cols * 2;
+  const double peak_per_cycle = peak_flops_per_cycle();
   state.counters["MFU_pct"] = 100.0 * Qwen3Layer::model_flops() / (s.cycles * peak_per_cycle);
   state.counters["model_GFLOP"] = Qwen3Layer::model_flops() / 1e9;
   state.counters["host_fallbacks"] = double(tpu::ops::total_fallbacks() - fallbacks_before);

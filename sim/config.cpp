@@ -211,7 +211,7 @@ ChipConfig config_from_json_text(const std::string& text) {
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse errors and numbers out of range (1e400)
     throw SimError(fmt::format("chip config: invalid JSON: {}", e.what()));
   }
   return config_from_json(j);

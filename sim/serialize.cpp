@@ -1,6 +1,7 @@
 #include "sim/serialize.h"
 
 #include <cmath>
+#include <limits>
 #include <set>
 
 #include <fmt/format.h>
@@ -49,7 +50,11 @@ struct Ctx {
     return v.get<int64_t>();
   }
   float real(const json& v) const {
-    if (v.is_number()) return v.get<float>();
+    if (v.is_number()) {
+      const double d = v.get<double>();
+      if (std::fabs(d) > double(std::numeric_limits<float>::max())) fail("number out of the f32 range");
+      return float(d);
+    }
     if (v.is_string()) {
       auto s = v.get<std::string>();
       if (s == "nan") return NAN;
@@ -147,9 +152,10 @@ json program_to_json(const Program& p) {
 }
 
 Program program_from_json(const json& j) {
-  if (!j.is_object() || j.value("format", "") != "tpusim-program")
+  if (!j.is_object() || !j.contains("format") || j["format"] != "tpusim-program")
     throw SimError("program JSON: expected an object with \"format\": \"tpusim-program\"");
-  if (j.value("version", 0) != 1) throw SimError("program JSON: unsupported version (expected 1)");
+  if (!j.contains("version") || j["version"] != 1)
+    throw SimError("program JSON: field 'version': unsupported version (expected 1)");
   if (!j.contains("code") || !j["code"].is_array()) throw SimError("program JSON: missing array 'code'");
   Program p;
   if (j.contains("name") && j["name"].is_string()) p.name = j["name"].get<std::string>();
@@ -232,7 +238,7 @@ Program program_from_json_text(const std::string& text) {
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse errors and numbers out of range (1e400)
     throw SimError(fmt::format("program JSON: {}", e.what()));
   }
   return program_from_json(j);

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <map>
 #include <string>
 
 #include "device/driver.h"
@@ -31,5 +33,41 @@ void set_sim_chip(const std::string& chip, int index = -1);
 // `type`; a bare file name is also looked up next to libtpucore. Returns the plugin's name.
 // Errors (not loadable, not a plugin, wrong ABI version) are tpu::Errors saying which.
 std::string load_driver_plugin(const std::string& path, DeviceType type = DeviceType::tpu);
+
+// ---- the simulated chip: counters and timing-only mode ----
+// Counters of the programs the library generated and ran on the `sim` devices (all of them
+// together) since the start or the last reset_sim_stats(). Cycles and bytes count finished runs:
+// call synchronize() on the devices first for complete figures.
+struct SimStats {
+  uint64_t programs_built = 0;    // programs generated and loaded (program cache misses)
+  uint64_t cache_hits = 0;        // program cache hits
+  uint64_t programs_evicted = 0;  // least recently used programs dropped from the cache
+  uint64_t runs = 0;              // programs run (eager kernels and compiled regions)
+  uint64_t host_fallbacks = 0;    // calls no chip kernel took (shape, dtype, layout): ran on the host
+  double cycles = 0;              // simulated cycles of the finished runs
+  uint64_t hbm_bytes = 0;         // HBM bytes read + written by the finished runs
+  double mxu_flops = 0;           // MXU FLOPs of the finished runs
+  std::map<std::string, uint64_t> runs_by_kernel;  // by kernel name ("add", "matmul", "region:...")
+  std::map<std::string, double> cycles_by_kernel;  // simulated cycles per kernel name
+};
+SimStats sim_stats();
+void reset_sim_stats();
+
+// Timing-only mode of the `sim` devices: the programs the library generates skip their
+// arithmetic but take the same simulated cycles, so model-sized work is costed in seconds of
+// host time. Tensor values computed meanwhile are garbage. Off by default; applies to every sim
+// device and every thread. SimTimingOnly turns it on for a scope (and restores the old mode).
+void set_sim_timing_only(bool on);
+bool sim_timing_only();
+class SimTimingOnly {
+ public:
+  SimTimingOnly() : was_(sim_timing_only()) { set_sim_timing_only(true); }
+  ~SimTimingOnly() { set_sim_timing_only(was_); }
+  SimTimingOnly(const SimTimingOnly&) = delete;
+  SimTimingOnly& operator=(const SimTimingOnly&) = delete;
+
+ private:
+  bool was_;
+};
 
 }  // namespace tpu
