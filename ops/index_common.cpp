@@ -8,8 +8,8 @@ namespace tpu::ops::indexing {
 
 void check_index_dtype(const char* op, const char* arg, const Tensor& index) {
   const DType t = index.dtype();
-  TPU_CHECK(t == DType::i32 || t == DType::i8 || t == DType::u8,
-            "{}: {} must be an integer tensor (i32, i8 or u8), got {} of shape {}", op, arg, dtype_name(t),
+  TPU_CHECK(t == DType::i32 || t == DType::i64 || t == DType::i8 || t == DType::u8,
+            "{}: {} must be an integer tensor (i64, i32, i8 or u8), got {} of shape {}", op, arg, dtype_name(t),
             index.shape().str());
 }
 
