@@ -67,10 +67,10 @@ void train(const fs::path& dir, double seconds) {
   models::ModelConfig c;
   c.model_type = "llama";
   c.vocab_size = 257;
-  c.hidden_size = 192;
-  c.intermediate_size = 512;
-  c.num_hidden_layers = 4;
-  c.num_attention_heads = 6;
+  c.hidden_size = 128;
+  c.intermediate_size = 384;
+  c.num_hidden_layers = 3;
+  c.num_attention_heads = 4;
   c.num_key_value_heads = 2;
   c.max_position_embeddings = 256;
   c.rms_norm_eps = 1e-5;
@@ -84,8 +84,8 @@ void train(const fs::path& dir, double seconds) {
     mul_(model.model->embed_tokens->weight, full({}, 0.02));
   }
   fmt::print("model: {} parameters\n", model.num_parameters());
-  optim::AdamW opt(model.parameters(), {.lr = 2e-3, .weight_decay = 0.01});
-  const int64_t B = 16, T = 128;
+  optim::AdamW opt(model.parameters(), {.lr = 3e-3, .weight_decay = 0.01});
+  const int64_t B = 16, T = 64;
   std::mt19937_64 rng(7);
   std::uniform_int_distribution<size_t> pick(0, ids.size() - static_cast<size_t>(T) - 2);
   const auto t0 = std::chrono::steady_clock::now();
@@ -107,7 +107,10 @@ void train(const fs::path& dir, double seconds) {
     const double l = loss.item<double>();
     ema = step == 0 ? l : 0.95 * ema + 0.05 * l;
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (step % 20 == 0) fmt::print("step {:5d}  loss {:.3f}  ({:.0f} s)\n", step, ema, elapsed);
+    if (step % 20 == 0) {
+      fmt::print("step {:5d}  loss {:.3f}  ({:.0f} s)\n", step, ema, elapsed);
+      std::fflush(stdout);
+    }
     if (elapsed > seconds) {
       fmt::print("trained {} steps of {} x {} bytes in {:.0f} s, loss {:.3f}\n", step + 1, B, T, elapsed, ema);
       break;
