@@ -159,6 +159,14 @@ TEST_CASE("generate: compiled decode compiles once over 200 steps and matches ea
   CHECK(s->compiles == 1);
   CHECK(s->hits == 199);
   CHECK(s->breaks == 0);
+  // A second call of the same batch size reuses the compiled step (and its cache).
+  const std::vector<V> others{{9, 8, 7, 6}, {5}};
+  auto again = models::generate(*l.m, others, g);
+  s = jit::stats().find("test_llm_decode_200");
+  REQUIRE(s != nullptr);
+  CHECK(s->compiles == 1);
+  CHECK(s->hits == 399);
   g.compile = false;
   CHECK(models::generate(*l.m, prompts, g) == compiled);
+  CHECK(models::generate(*l.m, others, g) == again);
 }

@@ -9,6 +9,8 @@
 // model.norm.weight, lm_head.weight (absent when tied).
 #pragma once
 
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -81,6 +83,8 @@ class CausalLM : public nn::Module {
   std::vector<double> inv_freq;
   std::shared_ptr<DecoderModel> model;
   std::shared_ptr<nn::Linear> lm_head;  // null when tied to model.embed_tokens
+  // generate()'s compiled decode steps with their caches, by (batch, capacity); opaque here.
+  std::map<std::pair<int64_t, int64_t>, std::shared_ptr<void>> generation_slots;
 };
 
 // Loads config.json and the weights (model.safetensors, or the shards named by

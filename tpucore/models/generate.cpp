@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <set>
 
 #include "tpucore/autograd.h"
@@ -80,8 +81,39 @@ std::vector<std::vector<int64_t>> generate(CausalLM& m, const std::vector<std::v
   if (steps == 0) return out;
 
   NoGradGuard ng;
-  const int64_t cap = plen + steps;
-  nn::KVCache cache = m.make_cache(b, cap);
+  // Compiled decoding keeps its step function and cache in the model, one per batch size and
+  // power-of-two capacity, so later calls reuse the compiled step.
+  using Step = std::function<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&)>;
+  struct Slot {
+    nn::KVCache cache;
+    Step step;
+  };
+  std::shared_ptr<Slot> slot;
+  std::optional<nn::KVCache> own;
+  if (cfg.compile) {
+    int64_t bucket = 64;
+    while (bucket < plen + steps) bucket *= 2;
+    std::shared_ptr<void>& s = m.generation_slots[{b, bucket}];
+    if (!s) {
+      auto fresh = std::make_shared<Slot>(Slot{m.make_cache(b, bucket), {}});
+      nn::KVCache* c = &fresh->cache;
+      auto step_fn = [&m, c](const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& keep,
+                             const Tensor& write) {
+        c->set_write_mask(write);
+        Tensor out = m.forward_tables(x, cos, sin, keep, c);
+        c->set_write_mask({});
+        return out;
+      };
+      fresh->step = tpu::compile(step_fn, CompileOptions{.name = cfg.compile_name});
+      s = fresh;
+    }
+    slot = std::static_pointer_cast<Slot>(s);
+    slot->cache.reset();  // stale entries past the new prompts stay masked out
+  } else {
+    own.emplace(m.make_cache(b, plen + steps));
+  }
+  nn::KVCache& cache = slot ? slot->cache : *own;
+  const int64_t cap = cache.capacity();
   // Left padding: row r's tokens end at column plen - 1; valid[r][j] marks real tokens.
   std::vector<uint8_t> valid(static_cast<size_t>(b * cap), 0);
   std::vector<int64_t> ids(static_cast<size_t>(b * plen), cfg.pad_token_id), pos(ids.size(), 0), next_pos(prompts.size());
@@ -109,14 +141,6 @@ std::vector<std::vector<int64_t>> generate(CausalLM& m, const std::vector<std::v
   const std::set<int64_t> stops(cfg.stop_tokens.begin(), cfg.stop_tokens.end());
 
   // Compiled decoding: position-dependent inputs as tensors over the whole cache.
-  auto step_fn = [&m, &cache](const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& keep,
-                              const Tensor& write) {
-    cache.set_write_mask(write);
-    Tensor out = m.forward_tables(x, cos, sin, keep, &cache);
-    cache.set_write_mask({});
-    return out;
-  };
-  auto compiled = tpu::compile(step_fn, CompileOptions{.name = cfg.compile_name});
   auto static_step = [&](const std::vector<int64_t>& next, const std::vector<int64_t>& p) {
     const int64_t past = cache.length();
     std::vector<bool> keep(static_cast<size_t>(b * cap), false), write(static_cast<size_t>(cap), false);
@@ -125,7 +149,7 @@ std::vector<std::vector<int64_t>> generate(CausalLM& m, const std::vector<std::v
         keep[static_cast<size_t>(r * cap + j)] = valid[static_cast<size_t>(r * cap + j)] != 0 || j == past;
     write[static_cast<size_t>(past)] = true;
     auto [cos, sin] = nn::rope_tables(p, b, m.inv_freq, m.dtype(), m.device());
-    Tensor out = compiled(from_vector(next, Shape{b, 1}, TensorOptions(DType::i64, m.device())), cos, sin,
+    Tensor out = slot->step(from_vector(next, Shape{b, 1}, TensorOptions(DType::i64, m.device())), cos, sin,
                           from_vector(keep, Shape{b, 1, 1, cap}, TensorOptions(DType::boolean, m.device())),
                           from_vector(write, Shape{1, 1, cap, 1}, TensorOptions(DType::boolean, m.device())));
     cache.advance(1);
