@@ -73,6 +73,17 @@ TEST_CASE("llm: Qwen2 with q/k/v biases, untied head, one f32 file", "[llm][mode
   c.qkv_bias = true;
   c.theta = 1000000.0;
   check_family(c, DType::f32, 1, 2);
+  // The same checkpoint computed in bf16 (parameters converted at load) stays near the reference.
+  auto dir = temp_dir("bf16");
+  Weights w = write_tiny_model(dir, c, DType::f32, 1, 2);
+  auto m = models::load_causal_lm(dir.string(), Device(), DType::bf16);
+  CHECK(m->dtype() == DType::bf16);
+  Tensor logits = m->forward(ids_tensor({{1, 5, 9, 36}}));
+  CHECK(logits.dtype() == DType::bf16);
+  // bf16 keeps 8 significant bits (0.4% per rounding) through two layers; logits here reach
+  // a few units, the worst error seen is 0.08.
+  check_logits(logits, {ref_forward(c, w, {1, 5, 9, 36}, {0, 1, 2, 3})}, 0.25);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("llm: Qwen3 with q/k RMSNorm, f16 weights, three shards", "[llm][model]") {
