@@ -80,6 +80,12 @@ TEST_CASE("i64: token ids index embedding, index_select and gather", "[dtype][i6
   Tensor g = gather(w, 1, from_vector(std::vector<int64_t>{1, 0, 0, 1}, Shape{4, 1}, DType::i64));
   CHECK(g.to_vector<float>() == std::vector<float>{1, 10, 20, 31});
   expect_error([&] { embedding(w, from_vector(std::vector<int64_t>{4}, Shape{1}, DType::i64)); }, {"embedding", "4"});
+  // A value that would wrap to a valid i32 index (2^32 + 1 -> 1) is an error, not row 1.
+  const int64_t wraps = (int64_t{1} << 32) + 1;
+  expect_error([&] { embedding(w, from_vector(std::vector<int64_t>{0, wraps}, Shape{2}, DType::i64)); },
+               {"embedding", std::to_string(wraps)});
+  expect_error([&] { gather(w, 0, from_vector(std::vector<int64_t>{-wraps}, Shape{1, 1}, DType::i64)); },
+               {"gather", std::to_string(-wraps)});
 }
 
 TEST_CASE("i64: safetensors I64 tensors read from a hand-built file and round trip", "[dtype][i64][safetensors]") {
