@@ -124,13 +124,14 @@ C int_pow(C base, C e) {
     if (base == -1) return (e & 1) ? C(-1) : C(1);
     return 0;
   }
-  // Square-and-multiply in uint32: wraps on overflow instead of being undefined.
-  uint32_t result = 1, b = static_cast<uint32_t>(base);
-  for (uint32_t ex = static_cast<uint32_t>(e); ex; ex >>= 1) {
+  // Square-and-multiply unsigned: wraps on overflow instead of being undefined.
+  using U = std::make_unsigned_t<C>;
+  U result = 1, b = static_cast<U>(base);
+  for (U ex = static_cast<U>(e); ex; ex >>= 1) {
     if (ex & 1u) result *= b;
     b *= b;
   }
-  return static_cast<C>(static_cast<int32_t>(result));
+  return static_cast<C>(result);
 }
 
 void pow_cpu(const KernelArgs& k) {
@@ -139,7 +140,7 @@ void pow_cpu(const KernelArgs& k) {
     using C = cpu::compute_t<T>;
     if constexpr (std::is_same_v<C, float>)
       map_binary<T, T>(k, [](float x, float y) { return std::pow(x, y); });
-    else if constexpr (std::is_same_v<C, int32_t>)
+    else if constexpr (std::is_same_v<C, int32_t> || std::is_same_v<C, int64_t>)
       map_binary<T, T>(k, [](C x, C y) { return int_pow(x, y); });
     else
       fail("internal: pow: bool output");
@@ -152,7 +153,7 @@ void fmod_cpu(const KernelArgs& k) {
     using C = cpu::compute_t<T>;
     if constexpr (std::is_same_v<C, float>)
       map_binary<T, T>(k, [](float x, float y) { return std::fmod(x, y); });
-    else if constexpr (std::is_same_v<C, int32_t>)
+    else if constexpr (std::is_same_v<C, int32_t> || std::is_same_v<C, int64_t>)
       map_binary<T, T>(k, [](C x, C y) -> C { return (y == 0 || y == -1) ? C(0) : C(x % y); });
     else
       fail("internal: fmod: bool output");

@@ -54,20 +54,29 @@ Tensor wrapped_scalar_as(Scalar s, DType dtype);
 
 // ---- cpu helpers ----
 
-// Wrapping integer arithmetic (int32 overflow is undefined in C++; do it in uint32).
+// Wrapping integer arithmetic (int32/int64 overflow is undefined in C++; do it unsigned).
 template <class C>
 inline C wrap_add(C a, C b) {
-  if constexpr (std::is_same_v<C, int32_t>) return static_cast<int32_t>(static_cast<uint32_t>(a) + static_cast<uint32_t>(b));
+  if constexpr (std::is_same_v<C, int32_t> || std::is_same_v<C, int64_t>) {
+    using U = std::make_unsigned_t<C>;
+    return static_cast<C>(static_cast<U>(a) + static_cast<U>(b));
+  }
   else return a + b;
 }
 template <class C>
 inline C wrap_sub(C a, C b) {
-  if constexpr (std::is_same_v<C, int32_t>) return static_cast<int32_t>(static_cast<uint32_t>(a) - static_cast<uint32_t>(b));
+  if constexpr (std::is_same_v<C, int32_t> || std::is_same_v<C, int64_t>) {
+    using U = std::make_unsigned_t<C>;
+    return static_cast<C>(static_cast<U>(a) - static_cast<U>(b));
+  }
   else return a - b;
 }
 template <class C>
 inline C wrap_mul(C a, C b) {
-  if constexpr (std::is_same_v<C, int32_t>) return static_cast<int32_t>(static_cast<uint32_t>(a) * static_cast<uint32_t>(b));
+  if constexpr (std::is_same_v<C, int32_t> || std::is_same_v<C, int64_t>) {
+    using U = std::make_unsigned_t<C>;
+    return static_cast<C>(static_cast<U>(a) * static_cast<U>(b));
+  }
   else return a * b;
 }
 

@@ -2,15 +2,37 @@
 
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <mutex>
 
 namespace tpu::ops::indexing {
 
 void check_index_dtype(const char* op, const char* arg, const Tensor& index) {
   const DType t = index.dtype();
-  TPU_CHECK(t == DType::i32 || t == DType::i8 || t == DType::u8,
-            "{}: {} must be an integer tensor (i32, i8 or u8), got {} of shape {}", op, arg, dtype_name(t),
+  TPU_CHECK(t == DType::i32 || t == DType::i64 || t == DType::i8 || t == DType::u8,
+            "{}: {} must be an integer tensor (i64, i32, i8 or u8), got {} of shape {}", op, arg, dtype_name(t),
             index.shape().str());
+  // i64 indices run as i32: a value outside i32 would wrap into a wrong but valid index, so
+  // host indices are checked here (no tensor dim reaches 2^31 elements).
+  if (t != DType::i64 || index.is_proxy() || !index.device().is_cpu() || !index.storage() || index.numel() == 0) return;
+  std::atomic<bool> bad{false};
+  std::atomic<int64_t> bad_value{0};
+  std::array<char*, 1> base{cpu::byte_ptr(index)};
+  std::array<Shape, 1> st{byte_strides(index)};
+  cpu::for_each_run<1>(index.shape(), base, st, [&](std::array<char*, 1> p, std::array<int64_t, 1> s, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t v;
+      std::memcpy(&v, p[0] + i * s[0], sizeof v);
+      if (v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max()) [[unlikely]] {
+        bad_value.store(v);
+        bad.store(true);
+        return;
+      }
+    }
+  });
+  if (bad.load())
+    fail("{}: {} holds the value {}, out of range for any dim (shape {})", op, arg, bad_value.load(),
+         index.shape().str());
 }
 
 Shape byte_strides(const Tensor& t) {

@@ -70,7 +70,8 @@ void gather_cpu(const KernelArgs& a) {
   switch (x.element_size()) {
     case 1: gather_run<uint8_t>(out, x, index, d); break;
     case 2: gather_run<uint16_t>(out, x, index, d); break;
-    default: gather_run<uint32_t>(out, x, index, d); break;
+    case 4: gather_run<uint32_t>(out, x, index, d); break;
+    default: gather_run<uint64_t>(out, x, index, d); break;
   }
 }
 TPU_DEFINE_OP(gather_op, {.name = "gather", .num_inputs = 2, .flags = kNone, .meta = &gather_meta, .cpu = &gather_cpu,

@@ -23,6 +23,7 @@ void masked_fill_meta(const MetaArgs& a, MetaResult& m) {
     double lo = 0, hi = 1;
     switch (x.dtype()) {
       case DType::i32: lo = std::numeric_limits<int32_t>::min(); hi = std::numeric_limits<int32_t>::max(); break;
+      case DType::i64: lo = -9223372036854775808.0; hi = 9223372036854774784.0; break;  // largest double below 2^63
       case DType::i8: lo = -128; hi = 127; break;
       default: lo = 0; hi = 255; break;
     }

@@ -96,7 +96,8 @@ void index_select_cpu(const KernelArgs& a) {
     };
     if (es == 1) run(uint8_t{});
     else if (es == 2) run(uint16_t{});
-    else run(uint32_t{});
+    else if (es == 4) run(uint32_t{});
+    else run(uint64_t{});
     return;
   }
   const int64_t row_bytes = row * static_cast<int64_t>(es);

@@ -130,7 +130,7 @@ void reduce_into(const Tensor& x, const std::vector<int>& dims, const Tensor& ou
 void sum_meta(const MetaArgs& a, MetaResult& m) {
   const Tensor& x = a.inputs[0];
   Shape s = attr_reduced_shape(x, a.attrs, "sum");
-  DType out = is_integral(x.dtype(), true) ? DType::i32 : x.dtype();
+  DType out = x.dtype() == DType::i64 ? DType::i64 : is_integral(x.dtype(), true) ? DType::i32 : x.dtype();
   if (a.attrs.has("dtype")) {
     out = a.attrs.get_dtype("dtype");
     m.cast_mask = 1;
@@ -180,7 +180,7 @@ TPU_DEFINE_OP(mean_op, {.name = "mean", .num_inputs = 1, .flags = kReduction, .m
 // ---- prod ----
 void prod_meta(const MetaArgs& a, MetaResult& m) {
   const Tensor& x = a.inputs[0];
-  DType out = is_integral(x.dtype(), true) ? DType::i32 : x.dtype();
+  DType out = x.dtype() == DType::i64 ? DType::i64 : is_integral(x.dtype(), true) ? DType::i32 : x.dtype();
   m.out() = {attr_reduced_shape(x, a.attrs, "prod"), out, x.device()};
 }
 void prod_cpu(const KernelArgs& a) {

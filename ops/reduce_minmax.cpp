@@ -1,4 +1,4 @@
-// Extremum reductions: amax, amin (values over dims), max/min over one dim (values and i32
+// Extremum reductions: amax, amin (values over dims), max/min over one dim (values and i64
 // indices), argmax/argmin (over one dim or all elements), and max()/min() of all elements.
 // NaN propagates as in PyTorch: a NaN is the extremum and its first index is reported.
 // Ties report the first occurrence. Reducing over a zero-size dim is an error (no identity).
@@ -166,9 +166,9 @@ void arg_meta(const MetaArgs& a, MetaResult& m) {
   if (with_values) {
     m.num_outputs = 2;
     m.out(0) = {s, x.dtype(), x.device()};
-    m.out(1) = {s, DType::i32, x.device()};
+    m.out(1) = {s, DType::i64, x.device()};
   } else {
-    m.out(0) = {s, DType::i32, x.device()};
+    m.out(0) = {s, DType::i64, x.device()};
   }
 }
 template <bool kMax>
@@ -179,24 +179,24 @@ void arg_cpu(const KernelArgs& a) {
   dispatch_dtype(x.dtype(), [&](auto zx) {
     using T = decltype(zx);
     T* vals = with_values ? static_cast<T*>(a.outputs[0].raw_data()) : nullptr;
-    int32_t* idx = static_cast<int32_t*>(a.outputs[with_values ? 1 : 0].raw_data());
+    int64_t* idx = static_cast<int64_t*>(a.outputs[with_values ? 1 : 0].raw_data());
     using Acc = typename ArgR<T, kMax>::Acc;
     reduce::run_reduce<ArgR<T, kMax>, T>(x, dims, [&](int64_t i, const Acc& acc) {
-      idx[i] = static_cast<int32_t>(acc.idx);
+      idx[i] = static_cast<int64_t>(acc.idx);
       if (vals) vals[i] = cpu::convert<T>(acc.best);
     });
   });
 }
 TPU_DEFINE_OP(max_dim_op, {.name = "max_dim", .num_inputs = 1, .flags = kReduction, .meta = &arg_meta,
-                           .cpu = &arg_cpu<true>, .doc = "maximum over one dim and its first index (i32)"});
+                           .cpu = &arg_cpu<true>, .doc = "maximum over one dim and its first index (i64)"});
 TPU_DEFINE_OP(min_dim_op, {.name = "min_dim", .num_inputs = 1, .flags = kReduction, .meta = &arg_meta,
-                           .cpu = &arg_cpu<false>, .doc = "minimum over one dim and its first index (i32)"});
+                           .cpu = &arg_cpu<false>, .doc = "minimum over one dim and its first index (i64)"});
 TPU_DEFINE_OP(argmax_op, {.name = "argmax", .num_inputs = 1, .flags = kReduction | kNonDifferentiable,
                           .meta = &arg_meta, .cpu = &arg_cpu<true>,
-                          .doc = "index (i32) of the first maximum over one dim or of all elements"});
+                          .doc = "index (i64) of the first maximum over one dim or of all elements"});
 TPU_DEFINE_OP(argmin_op, {.name = "argmin", .num_inputs = 1, .flags = kReduction | kNonDifferentiable,
                           .meta = &arg_meta, .cpu = &arg_cpu<false>,
-                          .doc = "index (i32) of the first minimum over one dim or of all elements"});
+                          .doc = "index (i64) of the first minimum over one dim or of all elements"});
 
 Attrs reduce_attrs(const Dims& dims, bool keepdim) { return Attrs{{"dims", dims}, {"keepdim", keepdim}}; }
 

@@ -2,9 +2,11 @@
 # Installs every build and test dependency from Debian packages. Safe to run twice.
 # zlib reads the gzipped IDX files of dataset-fashion-mnist (Fashion-MNIST, ~30 MB), which the
 # training example and the data tests use.
+# libicu-dev: Unicode letter/number classes for the tokenizer's pre-tokenizer patterns (and the
+# regex engine its test compares with); fortunes: the corpus of examples/train_fortunes (2.8 MB).
 set -euo pipefail
 PKGS=(cmake ninja-build g++ make libfmt-dev libspdlog-dev libeigen3-dev nlohmann-json3-dev catch2 libbenchmark-dev
-      zlib1g-dev dataset-fashion-mnist)
+      zlib1g-dev dataset-fashion-mnist libicu-dev fortunes)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -10,8 +10,10 @@
 
 namespace tpu {
 
-enum class DType : uint8_t { f32, bf16, f16, i32, i8, u8, boolean };
-inline constexpr int kNumDTypes = 7;
+// i64 comes last so the numbering of the older types stays stable; it serves token ids,
+// positions and index results (argmax) as in PyTorch. Integer scalars still default to i32.
+enum class DType : uint8_t { f32, bf16, f16, i32, i8, u8, boolean, i64 };
+inline constexpr int kNumDTypes = 8;
 
 size_t dtype_size(DType t);
 std::string_view dtype_name(DType t);  // "f32", "bf16", ..., "bool"
@@ -43,6 +45,7 @@ template <class T> struct dtype_of;
 template <> struct dtype_of<float> { static constexpr DType value = DType::f32; };
 template <> struct dtype_of<bf16> { static constexpr DType value = DType::bf16; };
 template <> struct dtype_of<f16> { static constexpr DType value = DType::f16; };
+template <> struct dtype_of<int64_t> { static constexpr DType value = DType::i64; };
 template <> struct dtype_of<int32_t> { static constexpr DType value = DType::i32; };
 template <> struct dtype_of<int8_t> { static constexpr DType value = DType::i8; };
 template <> struct dtype_of<uint8_t> { static constexpr DType value = DType::u8; };
@@ -56,6 +59,7 @@ decltype(auto) dispatch_dtype(DType t, F&& fn) {
     case DType::bf16: return fn(bf16{});
     case DType::f16: return fn(f16{});
     case DType::i32: return fn(int32_t{});
+    case DType::i64: return fn(int64_t{});
     case DType::i8: return fn(int8_t{});
     case DType::u8: return fn(uint8_t{});
     case DType::boolean: return fn(bool{});

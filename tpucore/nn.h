@@ -6,5 +6,6 @@
 #include "tpucore/nn/layers.h"
 #include "tpucore/nn/loss.h"
 #include "tpucore/nn/module.h"
+#include "tpucore/nn/transformer.h"
 #include "tpucore/ops.h"
 #include "tpucore/optim.h"

@@ -151,12 +151,12 @@ Tensor mean(const Tensor& x, const Dims& dims = {}, bool keepdim = false);
 Tensor prod(const Tensor& x, const Dims& dims = {}, bool keepdim = false);
 Tensor amax(const Tensor& x, const Dims& dims = {}, bool keepdim = false);
 Tensor amin(const Tensor& x, const Dims& dims = {}, bool keepdim = false);
-// max/min over one dim return (values, indices) like PyTorch.
+// max/min over one dim return (values, indices) like PyTorch (indices i64, as argmax/argmin).
 std::tuple<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim = false);
 std::tuple<Tensor, Tensor> min(const Tensor& x, int64_t dim, bool keepdim = false);
 Tensor max(const Tensor& x);  // of all elements
 Tensor min(const Tensor& x);
-Tensor argmax(const Tensor& x, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);  // i32
+Tensor argmax(const Tensor& x, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);  // i64
 Tensor argmin(const Tensor& x, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
 Tensor var(const Tensor& x, const Dims& dims = {}, int64_t correction = 1, bool keepdim = false);
 Tensor std(const Tensor& x, const Dims& dims = {}, int64_t correction = 1, bool keepdim = false);
@@ -260,6 +260,8 @@ Tensor from_vector_impl(const std::vector<T>& data, const Shape& shape, TensorOp
     std::vector<float> f(data.begin(), data.end());
     return from_buffer_checked(f.data(), f.size(), DType::f32, shape, o);
   } else if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, long long>) {
+    // 64-bit ints default to i32 (our default integer type); asking for i64 keeps all 64 bits.
+    if (o.dtype == DType::i64) return from_buffer_checked(data.data(), data.size(), DType::i64, shape, o);
     std::vector<int32_t> f(data.size());
     for (size_t i = 0; i < data.size(); ++i) f[i] = static_cast<int32_t>(data[i]);
     return from_buffer_checked(f.data(), f.size(), DType::i32, shape, o);

@@ -2,7 +2,7 @@
 //
 //   u64 little-endian N | N bytes of JSON header | data buffer
 //
-// The header maps each tensor name to {"dtype": "F32"|"BF16"|"F16"|"I32"|"I8"|"U8"|"BOOL",
+// The header maps each tensor name to {"dtype": "F32"|"BF16"|"F16"|"I64"|"I32"|"I8"|"U8"|"BOOL",
 // "shape": [...], "data_offsets": [begin, end]} (offsets relative to the data buffer), plus an
 // optional "__metadata__" object of string -> string. The writer pads the header with spaces so
 // the data buffer starts 8-byte aligned, and lays the tensors out back to back.

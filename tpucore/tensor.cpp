@@ -42,6 +42,7 @@ std::vector<T> Tensor::to_vector() const {
 }
 template std::vector<float> Tensor::to_vector<float>() const;
 template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
+template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
 template std::vector<int8_t> Tensor::to_vector<int8_t>() const;
 template std::vector<uint8_t> Tensor::to_vector<uint8_t>() const;
 template std::vector<bf16> Tensor::to_vector<bf16>() const;

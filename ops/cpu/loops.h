@@ -188,9 +188,11 @@ inline To convert(From v) {
   }
 }
 
-// Compute type of an element type: float for the float types, int32 for ints, bool for bool.
+// Compute type of an element type: float for the float types, int64 for i64, int32 for the
+// other ints, bool for bool.
 template <class T>
-using compute_t = std::conditional_t<std::is_same_v<T, bf16> || std::is_same_v<T, f16> || std::is_same_v<T, float>, float,
-                                     std::conditional_t<std::is_same_v<T, bool>, bool, int32_t>>;
+using compute_t = std::conditional_t<
+    std::is_same_v<T, bf16> || std::is_same_v<T, f16> || std::is_same_v<T, float>, float,
+    std::conditional_t<std::is_same_v<T, bool>, bool, std::conditional_t<std::is_same_v<T, int64_t>, int64_t, int32_t>>>;
 
 }  // namespace tpu::ops::cpu

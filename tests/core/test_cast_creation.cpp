@@ -38,6 +38,12 @@ double convert_ref(double v, DType from, DType to) {
     case DType::bf16: return to_bf16_ref(is_floating(from) ? v : to_f32_ref(v));
     case DType::f16: return to_f16_ref(is_floating(from) ? v : to_f32_ref(v));
     case DType::boolean: return v != 0 || std::isnan(v) ? 1 : 0;
+    case DType::i64: {
+      if (!is_floating(from)) return v;  // every other integer fits
+      if (std::isnan(v)) return 0;
+      const double t = std::trunc(v), lim = 9223372036854775808.0;  // 2^63; 2^63 - 1 reads back as it
+      return t < -lim ? -lim : (t >= lim ? lim : t);
+    }
     default: break;
   }
   const double lo = to == DType::i32 ? -2147483648.0 : to == DType::i8 ? -128.0 : 0.0;

@@ -13,8 +13,8 @@ Tensor make_index(Generator& g, const Shape& s, int64_t n, DType dt, L l) {
 }
 // Cycles the index dtypes over samples so that each appears.
 DType index_dtype(int k) {
-  static const DType v[] = {DType::i32, DType::u8, DType::i8};
-  return v[k % 3];
+  static const DType v[] = {DType::i32, DType::u8, DType::i8, DType::i64};
+  return v[k % 4];
 }
 int64_t iv(const Ref& idx, const std::vector<int64_t>& pos) { return static_cast<int64_t>(idx.at(pos)); }
 
@@ -43,6 +43,7 @@ OpInfoRegistrar reg_index_select({
           auto mk = [&](const Shape& s, L l) { return make_input(g, s, dt, l); };
           return std::vector<OpSample>{
               {"dim 0", {mk({5, 4}, L::contiguous), make_index(g, {3}, 5, DType::i32, L::contiguous), params({0})}},
+              {"i64 index, dim 1", {mk({3, 6}, L::contiguous), make_index(g, {5}, 6, DType::i64, L::sliced), params({1})}},
               {"transposed x, sliced u8 index, dim -1",
                {mk({4, 6}, L::transposed), make_index(g, {4}, 6, DType::u8, L::sliced), params({-1})}},
               {"3-D sliced x, repeated i8 index, dim 1",
@@ -89,6 +90,7 @@ OpInfoRegistrar reg_gather({
               {"expanded x, transposed index, dim -1",
                {mk({3, 4}, L::expanded), make_index(g, {3, 2}, 4, DType::i32, L::transposed), params({-1})}},
               {"sliced index", {mk({3, 4}, L::contiguous), make_index(g, {3, 3}, 3, DType::i32, L::sliced), params({0})}},
+              {"i64 index, dim 0", {mk({4, 3}, L::contiguous), make_index(g, {2, 3}, 4, index_dtype(3), L::contiguous), params({0})}},
               {"0-d", {mk({}, L::contiguous), make_index(g, {}, 1, DType::i32, L::contiguous), params({0})}},
               {"zero-size index", {mk({2, 3}, L::contiguous), make_index(g, {0, 3}, 2, DType::i32, L::contiguous),
                                    params({0})}},
@@ -167,6 +169,8 @@ OpInfoRegistrar reg_embedding({
           auto mk = [&](const Shape& s, L l) { return make_input(g, s, dt, l); };
           return std::vector<OpSample>{
               {"1-D indices", {mk({10, 4}, L::contiguous), make_index(g, {3}, 10, DType::i32, L::contiguous)}},
+              {"2-D i64 token ids", {mk({9, 4}, L::contiguous), make_index(g, {2, 5}, 9, DType::i64, L::contiguous)}},
+              {"transposed i64 indices", {mk({7, 3}, L::sliced), make_index(g, {4, 2}, 7, DType::i64, L::transposed)}},
               {"transposed weight, 2-D u8 indices", {mk({6, 5}, L::transposed), make_index(g, {2, 3}, 6, DType::u8, L::sliced)}},
               {"sliced weight, 0-d index", {mk({5, 3}, L::sliced), make_index(g, {}, 5, DType::i32, L::contiguous)}},
               {"expanded weight, expanded i8 indices",

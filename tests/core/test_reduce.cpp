@@ -22,14 +22,14 @@ OpInfoRegistrar reg_sum({
         [](const std::vector<Tensor>& in) {
           auto s = reduce_spec(spec_of(in[1]));
           Tensor r = sum(in[0], s.dims, s.keepdim);
-          CHECK(r.dtype() == (is_int_like(in[0].dtype()) ? DType::i32 : in[0].dtype()));
+          CHECK(r.dtype() == (in[0].dtype() == DType::i64 ? DType::i64 : is_int_like(in[0].dtype()) ? DType::i32 : in[0].dtype()));
           return r;
         },
     .reference =
         [](const std::vector<Ref>& r, DType dt) {
           auto s = reduce_spec(spec_of(r[1]));
           return reduce_ref(r[0], s.dims, s.keepdim, [&](const std::vector<double>& v) {
-            return is_int_like(dt) ? as_i32(ref_sum(v)) : ref_sum(v);
+            return is_int_like(dt) && dt != DType::i64 ? as_i32(ref_sum(v)) : ref_sum(v);
           });
         },
     .tol = sum_tol,
@@ -103,7 +103,7 @@ OpInfoRegistrar reg_prod({
         [](const std::vector<Tensor>& in) {
           auto s = reduce_spec(spec_of(in[1]));
           Tensor r = prod(in[0], s.dims, s.keepdim);
-          CHECK(r.dtype() == (is_int_like(in[0].dtype()) ? DType::i32 : in[0].dtype()));
+          CHECK(r.dtype() == (in[0].dtype() == DType::i64 ? DType::i64 : is_int_like(in[0].dtype()) ? DType::i32 : in[0].dtype()));
           return r;
         },
     .reference =
@@ -112,7 +112,7 @@ OpInfoRegistrar reg_prod({
           return reduce_ref(r[0], s.dims, s.keepdim, [&](const std::vector<double>& v) {
             double p = 1;
             for (double x : v) p *= x;
-            return is_int_like(dt) ? as_i32(p) : p;
+            return is_int_like(dt) && dt != DType::i64 ? as_i32(p) : p;
           });
         },
     .tol = [](DType t) { return t == DType::f32 ? Tol{1e-6, 1e-5} : default_tol(t); },

@@ -81,7 +81,7 @@ OpInfo value_index_entry(const char* name, bool is_max, bool want_values) {
             auto s = reduce_spec(spec_of(in[1]));
             auto [v, i] = is_max ? max(in[0], s.dims[0], s.keepdim) : min(in[0], s.dims[0], s.keepdim);
             CHECK(v.dtype() == in[0].dtype());
-            CHECK(i.dtype() == DType::i32);
+            CHECK(i.dtype() == DType::i64);  // as PyTorch
             CHECK(v.shape() == i.shape());
             return want_values ? v : i;
           },
@@ -127,7 +127,7 @@ OpInfo arg_entry(const char* name, bool is_max) {
             std::optional<int64_t> dim;
             if (s.extra) dim = s.dims[0];
             Tensor r = is_max ? argmax(in[0], dim, s.keepdim) : argmin(in[0], dim, s.keepdim);
-            CHECK(r.dtype() == DType::i32);
+            CHECK(r.dtype() == DType::i64);  // as PyTorch
             return r;
           },
       .reference =

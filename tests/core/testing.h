@@ -86,6 +86,7 @@ inline Ref ref_of(const Tensor& t_any) {
       case DType::bf16: { uint16_t b; std::memcpy(&b, p, 2); v = decode_bf16(b); break; }
       case DType::f16: { uint16_t b; std::memcpy(&b, p, 2); v = decode_f16(b); break; }
       case DType::i32: { int32_t x; std::memcpy(&x, p, 4); v = x; break; }
+      case DType::i64: { int64_t x; std::memcpy(&x, p, 8); v = static_cast<double>(x); break; }
       case DType::i8: v = *reinterpret_cast<const int8_t*>(p); break;
       case DType::u8: v = *reinterpret_cast<const uint8_t*>(p); break;
       case DType::boolean: v = *reinterpret_cast<const uint8_t*>(p) ? 1 : 0; break;
@@ -205,8 +206,8 @@ inline Tensor make_input(Generator& g, const Shape& shape, DType dt, Layout layo
 // Every dtype, and small 1-D i32 "parameter" tensors that carry op arguments as the last
 // input of an OpInfo sample (so the runner moves them to the device under test too).
 inline const std::vector<DType>& all_dtypes() {
-  static const std::vector<DType> v{DType::f32, DType::bf16, DType::f16, DType::i32,
-                                    DType::i8,  DType::u8,   DType::boolean};
+  static const std::vector<DType> v{DType::f32, DType::bf16, DType::f16,     DType::i32,
+                                    DType::i8,  DType::u8,   DType::boolean, DType::i64};
   return v;
 }
 

@@ -1,0 +1,226 @@
+// config.json parsing and writing, and loading / saving Hugging Face checkpoint folders.
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "tpucore/autograd.h"
+#include "tpucore/models/causal_lm.h"
+#include "tpucore/safetensors.h"
+
+namespace tpu::models {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+std::string read_text(const fs::path& p, const char* what) {
+  std::ifstream f(p, std::ios::binary);
+  TPU_CHECK(f.good(), "{}: cannot open {}", what, p.string());
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Field readers with errors naming the file and field.
+int64_t get_int(const json& j, const char* key, const std::string& src, std::optional<int64_t> dflt = std::nullopt) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) {
+    TPU_CHECK(dflt.has_value(), "{}: missing required field '{}'", src, key);
+    return *dflt;
+  }
+  TPU_CHECK(it->is_number_integer(), "{}: field '{}' must be an integer, got {}", src, key, it->dump());
+  return it->get<int64_t>();
+}
+double get_double(const json& j, const char* key, const std::string& src, double dflt) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return dflt;
+  TPU_CHECK(it->is_number(), "{}: field '{}' must be a number, got {}", src, key, it->dump());
+  return it->get<double>();
+}
+bool get_bool(const json& j, const char* key, const std::string& src, bool dflt) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return dflt;
+  TPU_CHECK(it->is_boolean(), "{}: field '{}' must be true or false, got {}", src, key, it->dump());
+  return it->get<bool>();
+}
+std::string get_string(const json& j, const char* key, const std::string& src, const std::string& dflt) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return dflt;
+  TPU_CHECK(it->is_string(), "{}: field '{}' must be a string, got {}", src, key, it->dump());
+  return it->get<std::string>();
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::from_json(const std::string& text, const std::string& src) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    fail("{}: invalid JSON ({})", src, e.what());
+  }
+  TPU_CHECK(j.is_object(), "{}: expected a JSON object", src);
+  ModelConfig c;
+  c.model_type = get_string(j, "model_type", src, "llama");
+  static const std::set<std::string> known{"llama", "mistral", "qwen2", "qwen3"};
+  TPU_CHECK(known.count(c.model_type), "{}: unsupported model_type '{}' (supported: llama, mistral, qwen2, qwen3)", src,
+            c.model_type);
+  c.vocab_size = get_int(j, "vocab_size", src);
+  c.hidden_size = get_int(j, "hidden_size", src);
+  c.intermediate_size = get_int(j, "intermediate_size", src);
+  c.num_hidden_layers = get_int(j, "num_hidden_layers", src);
+  c.num_attention_heads = get_int(j, "num_attention_heads", src);
+  c.num_key_value_heads = get_int(j, "num_key_value_heads", src, c.num_attention_heads);
+  c.head_dim = get_int(j, "head_dim", src, 0);
+  c.max_position_embeddings = get_int(j, "max_position_embeddings", src, 2048);
+  TPU_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.intermediate_size > 0 && c.num_hidden_layers > 0 &&
+                c.num_attention_heads > 0 && c.num_key_value_heads > 0 && c.head_dim >= 0,
+            "{}: sizes must be positive (vocab_size {}, hidden_size {}, intermediate_size {}, num_hidden_layers {}, "
+            "num_attention_heads {}, num_key_value_heads {}, head_dim {})",
+            src, c.vocab_size, c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
+            c.num_key_value_heads, c.head_dim);
+  c.rope_theta = get_double(j, "rope_theta", src, 10000.0);
+  c.rms_norm_eps = get_double(j, "rms_norm_eps", src, 1e-6);
+  c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", src, false);
+  c.hidden_act = get_string(j, "hidden_act", src, "silu");
+  c.torch_dtype = get_string(j, "torch_dtype", src, "float32");
+  c.mlp_bias = get_bool(j, "mlp_bias", src, false);
+  const bool attn_bias = get_bool(j, "attention_bias", src, false);
+  if (c.model_type == "qwen2") {
+    c.attention_bias = true;  // Qwen2 always has q/k/v biases and none on o_proj
+  } else if (c.model_type == "llama" || c.model_type == "qwen3") {
+    c.attention_bias = c.o_bias = attn_bias;
+  }
+  c.qk_norm = c.model_type == "qwen3";
+  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
+    TPU_CHECK(it->is_object(), "{}: rope_scaling must be an object or null", src);
+    const std::string where = src + " rope_scaling";
+    c.rope_scaling.type = get_string(*it, "rope_type", where, get_string(*it, "type", where, "default"));
+    c.rope_scaling.factor = get_double(*it, "factor", where, 1.0);
+    c.rope_scaling.low_freq_factor = get_double(*it, "low_freq_factor", where, 1.0);
+    c.rope_scaling.high_freq_factor = get_double(*it, "high_freq_factor", where, 4.0);
+    c.rope_scaling.original_max_position_embeddings =
+        get_double(*it, "original_max_position_embeddings", where, 8192.0);
+  }
+  if (auto it = j.find("bos_token_id"); it != j.end() && it->is_number_integer()) c.bos_token_id = it->get<int64_t>();
+  if (auto it = j.find("eos_token_id"); it != j.end() && !it->is_null()) {
+    if (it->is_number_integer()) c.eos_token_ids.push_back(it->get<int64_t>());
+    else if (it->is_array())
+      for (const auto& e : *it) {
+        TPU_CHECK(e.is_number_integer(), "{}: eos_token_id entries must be integers, got {}", src, e.dump());
+        c.eos_token_ids.push_back(e.get<int64_t>());
+      }
+    else
+      fail("{}: eos_token_id must be an integer or a list of integers, got {}", src, it->dump());
+  }
+  return c;
+}
+
+std::string ModelConfig::to_json() const {
+  json j{{"model_type", model_type},
+         {"architectures", {model_type == "qwen2" ? "Qwen2ForCausalLM"
+                            : model_type == "qwen3" ? "Qwen3ForCausalLM"
+                            : model_type == "mistral" ? "MistralForCausalLM"
+                                                      : "LlamaForCausalLM"}},
+         {"vocab_size", vocab_size},
+         {"hidden_size", hidden_size},
+         {"intermediate_size", intermediate_size},
+         {"num_hidden_layers", num_hidden_layers},
+         {"num_attention_heads", num_attention_heads},
+         {"num_key_value_heads", num_key_value_heads},
+         {"head_dim", head_dim},
+         {"max_position_embeddings", max_position_embeddings},
+         {"rope_theta", rope_theta},
+         {"rms_norm_eps", rms_norm_eps},
+         {"tie_word_embeddings", tie_word_embeddings},
+         {"hidden_act", hidden_act},
+         {"torch_dtype", torch_dtype},
+         {"attention_bias", model_type == "qwen2" ? false : attention_bias},
+         {"mlp_bias", mlp_bias}};
+  if (rope_scaling.type != "default")
+    j["rope_scaling"] = {{"rope_type", rope_scaling.type},
+                         {"factor", rope_scaling.factor},
+                         {"low_freq_factor", rope_scaling.low_freq_factor},
+                         {"high_freq_factor", rope_scaling.high_freq_factor},
+                         {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
+  if (bos_token_id) j["bos_token_id"] = *bos_token_id;
+  if (eos_token_ids.size() == 1) j["eos_token_id"] = eos_token_ids[0];
+  else if (!eos_token_ids.empty()) j["eos_token_id"] = eos_token_ids;
+  return j.dump(2);
+}
+
+std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, Device device, std::optional<DType> dtype) {
+  const fs::path root(dir);
+  const fs::path cfg_path = root / "config.json";
+  ModelConfig cfg = ModelConfig::from_json(read_text(cfg_path, "load_causal_lm"), cfg_path.string());
+  // The weights: one file or the shards of the index.
+  std::map<std::string, Tensor> weights;
+  const fs::path single = root / "model.safetensors", index = root / "model.safetensors.index.json";
+  if (fs::exists(index)) {
+    json j;
+    try {
+      j = json::parse(read_text(index, "load_causal_lm"));
+    } catch (const json::exception& e) {
+      fail("load_causal_lm: {}: invalid JSON ({})", index.string(), e.what());
+    }
+    TPU_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
+              "load_causal_lm: {}: expected an object with a 'weight_map' object", index.string());
+    std::map<std::string, std::set<std::string>> by_file;
+    for (const auto& [name, file] : j["weight_map"].items()) {
+      TPU_CHECK(file.is_string(), "load_causal_lm: {}: weight_map['{}'] must be a file name", index.string(), name);
+      const std::string f = file.get<std::string>();
+      TPU_CHECK(!f.empty() && f.find('/') == std::string::npos && f.find("..") == std::string::npos,
+                "load_causal_lm: {}: weight_map['{}'] names '{}', not a file in the folder", index.string(), name, f);
+      by_file[f].insert(name);
+    }
+    for (const auto& [file, names] : by_file) {
+      std::map<std::string, Tensor> shard = load_safetensors((root / file).string());
+      for (const auto& n : names) {
+        auto it = shard.find(n);
+        TPU_CHECK(it != shard.end(), "load_causal_lm: {} lists '{}' in {}, which does not hold it", index.string(), n,
+                  file);
+        weights[n] = it->second;
+      }
+    }
+  } else {
+    TPU_CHECK(fs::exists(single), "load_causal_lm: {} has neither model.safetensors nor model.safetensors.index.json",
+              dir);
+    weights = load_safetensors(single.string());
+  }
+  // Buffers some checkpoints carry that this model recomputes.
+  for (auto it = weights.begin(); it != weights.end();)
+    it = it->first.ends_with("rotary_emb.inv_freq") ? weights.erase(it) : std::next(it);
+  if (cfg.tie_word_embeddings) weights.erase("lm_head.weight");
+  auto m = std::make_shared<CausalLM>(cfg);
+  {
+    NoGradGuard ng;
+    m->to(dtype.value_or(DType::f32));
+    m->load_state_dict(weights, true);
+    m->to(device);
+  }
+  m->eval();
+  return m;
+}
+
+void save_causal_lm(CausalLM& m, const std::string& dir) {
+  const fs::path root(dir);
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  TPU_CHECK(!ec, "save_causal_lm: cannot create {}: {}", dir, ec.message());
+  ModelConfig c = m.config;
+  const DType t = m.dtype();
+  c.torch_dtype = t == DType::bf16 ? "bfloat16" : t == DType::f16 ? "float16" : "float32";
+  {
+    std::ofstream f(root / "config.json", std::ios::binary);
+    f << c.to_json() << "\n";
+    TPU_CHECK(f.good(), "save_causal_lm: cannot write {}", (root / "config.json").string());
+  }
+  TensorList list;
+  for (auto& [name, tensor] : m.named_parameters()) list.emplace_back(name, tensor.detach());
+  save_safetensors((root / "model.safetensors").string(), list, {{"format", "pt"}});
+}
+
+}  // namespace tpu::models

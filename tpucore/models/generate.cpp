@@ -1,0 +1,190 @@
+#include "tpucore/models/generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <optional>
+#include <set>
+
+#include "tpucore/autograd.h"
+#include "tpucore/compile.h"
+
+namespace tpu::models {
+
+int64_t choose_token(std::vector<float> logits, const std::vector<int64_t>& history, const GenerationConfig& cfg,
+                     std::mt19937_64& rng) {
+  const auto n = static_cast<int64_t>(logits.size());
+  TPU_CHECK(n > 0, "generate: empty logits row");
+  if (cfg.repetition_penalty != 1.0) {
+    std::set<int64_t> seen(history.begin(), history.end());
+    for (int64_t t : seen)
+      if (t >= 0 && t < n) {
+        float& l = logits[static_cast<size_t>(t)];
+        l = l < 0 ? l * static_cast<float>(cfg.repetition_penalty) : l / static_cast<float>(cfg.repetition_penalty);
+      }
+  }
+  if (!cfg.do_sample) return std::max_element(logits.begin(), logits.end()) - logits.begin();
+  // Candidates sorted by logit (ties: lower id first), then cut by top-k and top-p.
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)]; });
+  size_t keep = order.size();
+  if (cfg.top_k > 0) keep = std::min(keep, static_cast<size_t>(cfg.top_k));
+  const double inv_t = 1.0 / cfg.temperature;
+  const double top = static_cast<double>(logits[static_cast<size_t>(order[0])]);
+  std::vector<double> p(keep);
+  double z = 0;
+  for (size_t i = 0; i < keep; ++i)
+    z += p[i] = std::exp((static_cast<double>(logits[static_cast<size_t>(order[i])]) - top) * inv_t);
+  for (double& v : p) v /= z;
+  if (cfg.top_p < 1.0) {
+    // The smallest prefix whose probability reaches top_p (at least one token).
+    double c = 0;
+    size_t k = 0;
+    while (k < keep && (k == 0 || c < cfg.top_p)) c += p[k++];
+    keep = k;
+    p.resize(keep);
+    for (double& v : p) v /= c;
+  }
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  double r = u(rng), c = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    c += p[i];
+    if (r < c) return order[i];
+  }
+  return order[keep - 1];
+}
+
+std::vector<std::vector<int64_t>> generate(CausalLM& m, const std::vector<std::vector<int64_t>>& prompts,
+                                           const GenerationConfig& cfg, const TokenCallback& on_token) {
+  TPU_CHECK(!prompts.empty(), "generate: no prompts");
+  TPU_CHECK(cfg.max_new_tokens >= 0 && cfg.max_length >= 0, "generate: max_new_tokens ({}) and max_length ({}) must be >= 0",
+            cfg.max_new_tokens, cfg.max_length);
+  TPU_CHECK(!cfg.do_sample || (cfg.temperature > 0 && std::isfinite(cfg.temperature)),
+            "generate: temperature must be positive and finite, got {}", cfg.temperature);
+  TPU_CHECK(cfg.top_p > 0 && cfg.top_p <= 1 && cfg.top_k >= 0 && cfg.repetition_penalty > 0,
+            "generate: need 0 < top_p <= 1 (got {}), top_k >= 0 (got {}), repetition_penalty > 0 (got {})", cfg.top_p,
+            cfg.top_k, cfg.repetition_penalty);
+  const int64_t vocab = m.config.vocab_size;
+  size_t longest = 0;
+  for (size_t r = 0; r < prompts.size(); ++r) {
+    TPU_CHECK(!prompts[r].empty(), "generate: prompt {} is empty", r);
+    for (int64_t t : prompts[r])
+      TPU_CHECK(t >= 0 && t < vocab, "generate: prompt {} holds token {}, outside the vocabulary of {}", r, t, vocab);
+    longest = std::max(longest, prompts[r].size());
+  }
+  const auto b = static_cast<int64_t>(prompts.size()), plen = static_cast<int64_t>(longest);
+  int64_t steps = cfg.max_new_tokens;
+  if (cfg.max_length > 0) steps = std::min(steps, std::max<int64_t>(0, cfg.max_length - plen));
+  std::vector<std::vector<int64_t>> out(prompts.size());
+  if (steps == 0) return out;
+
+  NoGradGuard ng;
+  // Compiled decoding keeps its step function and cache in the model, one per batch size and
+  // power-of-two capacity, so later calls reuse the compiled step.
+  using Step = std::function<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&)>;
+  struct Slot {
+    nn::KVCache cache;
+    Step step;
+  };
+  std::shared_ptr<Slot> slot;
+  std::optional<nn::KVCache> own;
+  if (cfg.compile) {
+    int64_t bucket = 64;
+    while (bucket < plen + steps) bucket *= 2;
+    std::shared_ptr<void>& s = m.generation_slots[{b, bucket}];
+    if (!s) {
+      auto fresh = std::make_shared<Slot>(Slot{m.make_cache(b, bucket), {}});
+      nn::KVCache* c = &fresh->cache;
+      auto step_fn = [&m, c](const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& keep,
+                             const Tensor& write) {
+        c->set_write_mask(write);
+        Tensor out = m.forward_tables(x, cos, sin, keep, c);
+        c->set_write_mask({});
+        return out;
+      };
+      fresh->step = tpu::compile(step_fn, CompileOptions{.name = cfg.compile_name});
+      s = fresh;
+    }
+    slot = std::static_pointer_cast<Slot>(s);
+    slot->cache.reset();  // stale entries past the new prompts stay masked out
+  } else {
+    own.emplace(m.make_cache(b, plen + steps));
+  }
+  nn::KVCache& cache = slot ? slot->cache : *own;
+  const int64_t cap = cache.capacity();
+  // Left padding: row r's tokens end at column plen - 1; valid[r][j] marks real tokens.
+  std::vector<uint8_t> valid(static_cast<size_t>(b * cap), 0);
+  std::vector<int64_t> ids(static_cast<size_t>(b * plen), cfg.pad_token_id), pos(ids.size(), 0), next_pos(prompts.size());
+  for (int64_t r = 0; r < b; ++r) {
+    const auto& p = prompts[static_cast<size_t>(r)];
+    const int64_t pad = plen - static_cast<int64_t>(p.size());
+    for (size_t i = 0; i < p.size(); ++i) {
+      const auto j = static_cast<size_t>(r * plen + pad) + i;
+      ids[j] = p[i];
+      pos[j] = static_cast<int64_t>(i);
+      valid[static_cast<size_t>(r * cap + pad) + i] = 1;
+    }
+    next_pos[static_cast<size_t>(r)] = static_cast<int64_t>(p.size());
+  }
+  auto keep_mask = [&](int64_t t) {
+    const int64_t past = cache.length(), s = past + t;
+    std::vector<uint8_t> v(static_cast<size_t>(b * s));
+    for (int64_t r = 0; r < b; ++r)
+      for (int64_t j = 0; j < s; ++j) v[static_cast<size_t>(r * s + j)] = valid[static_cast<size_t>(r * cap + j)];
+    return nn::causal_keep_mask(b, t, past, v, m.device());
+  };
+  std::vector<std::vector<int64_t>> history(prompts.begin(), prompts.end());
+  std::vector<bool> done(prompts.size(), false);
+  std::mt19937_64 rng(cfg.seed);
+  const std::set<int64_t> stops(cfg.stop_tokens.begin(), cfg.stop_tokens.end());
+
+  // Compiled decoding: position-dependent inputs as tensors over the whole cache.
+  auto static_step = [&](const std::vector<int64_t>& next, const std::vector<int64_t>& p) {
+    const int64_t past = cache.length();
+    std::vector<bool> keep(static_cast<size_t>(b * cap), false), write(static_cast<size_t>(cap), false);
+    for (int64_t r = 0; r < b; ++r)
+      for (int64_t j = 0; j <= past; ++j)
+        keep[static_cast<size_t>(r * cap + j)] = valid[static_cast<size_t>(r * cap + j)] != 0 || j == past;
+    write[static_cast<size_t>(past)] = true;
+    auto [cos, sin] = nn::rope_tables(p, b, m.inv_freq, m.dtype(), m.device());
+    Tensor out = slot->step(from_vector(next, Shape{b, 1}, TensorOptions(DType::i64, m.device())), cos, sin,
+                          from_vector(keep, Shape{b, 1, 1, cap}, TensorOptions(DType::boolean, m.device())),
+                          from_vector(write, Shape{1, 1, cap, 1}, TensorOptions(DType::boolean, m.device())));
+    cache.advance(1);
+    return out;
+  };
+
+  Tensor logits = m.forward(from_vector(ids, Shape{b, plen}, TensorOptions(DType::i64, m.device())), &cache, pos,
+                            keep_mask(plen));
+  for (int64_t step = 0; step < steps; ++step) {
+    // The last position's logits of every row, on the host in f32.
+    std::vector<float> last = to(select(logits, 1, logits.size(1) - 1), DType::f32).to_vector<float>();
+    std::vector<int64_t> next(prompts.size(), cfg.pad_token_id);
+    for (size_t r = 0; r < prompts.size(); ++r) {
+      if (done[r]) continue;
+      std::vector<float> row(last.begin() + static_cast<std::ptrdiff_t>(r * static_cast<size_t>(vocab)),
+                             last.begin() + static_cast<std::ptrdiff_t>((r + 1) * static_cast<size_t>(vocab)));
+      const int64_t t = choose_token(std::move(row), history[r], cfg, rng);
+      next[r] = t;
+      out[r].push_back(t);
+      history[r].push_back(t);
+      if (stops.count(t) || (on_token && !on_token(r, t))) done[r] = true;
+    }
+    if (std::all_of(done.begin(), done.end(), [](bool d) { return d; }) || step + 1 == steps) break;
+    // Decode one token per row (finished rows feed padding that no one reads).
+    std::vector<int64_t> p(prompts.size());
+    for (size_t r = 0; r < prompts.size(); ++r) {
+      p[r] = next_pos[r]++;
+      valid[r * static_cast<size_t>(cap) + static_cast<size_t>(cache.length())] = 1;
+    }
+    if (cfg.compile)
+      logits = static_step(next, p);
+    else
+      logits = m.forward(from_vector(next, Shape{b, 1}, TensorOptions(DType::i64, m.device())), &cache, p, keep_mask(1));
+  }
+  return out;
+}
+
+}  // namespace tpu::models

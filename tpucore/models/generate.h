@@ -1,0 +1,49 @@
+// Text generation with a CausalLM: one prefill of the (left-padded) prompts, then one decode
+// step per token through the KV cache. Greedy or sampled (temperature, top-k, top-p) with a
+// repetition penalty, a seed, stop tokens, max_new_tokens / max_length and a streaming
+// callback; several prompts run as one batch.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tpucore/models/causal_lm.h"
+
+namespace tpu::models {
+
+struct GenerationConfig {
+  int64_t max_new_tokens = 32;
+  int64_t max_length = 0;  // if > 0: prompt + generated tokens stop there too
+  bool do_sample = false;  // false: greedy (argmax)
+  double temperature = 1.0;
+  int64_t top_k = 0;     // 0: off
+  double top_p = 1.0;    // 1: off
+  double repetition_penalty = 1.0;  // 1: off; as Hugging Face (divide positive logits, multiply negative)
+  uint64_t seed = 0;
+  std::vector<int64_t> stop_tokens;  // generating one ends that sequence (it is kept in the output)
+  int64_t pad_token_id = 0;          // fills the left padding of shorter prompts
+  // Decode steps through tpu::compile: every step has the same shapes (the whole cache is read
+  // under a mask; the write position, the rotary tables and the mask are runtime tensors), so
+  // one compile serves every step. The compiled step and its cache stay in the model, one per
+  // batch size and power-of-two capacity (at least 64), and later calls reuse them. The
+  // function is named compile_name (as first created) in tpu::jit::stats().
+  bool compile = false;
+  std::string compile_name = "generate_decode";
+};
+
+// Called for every generated token: (prompt index, token). Return false to stop that sequence.
+using TokenCallback = std::function<bool(size_t, int64_t)>;
+
+// The generated tokens (without the prompt) of each prompt. Prompts must be non-empty.
+std::vector<std::vector<int64_t>> generate(CausalLM& model, const std::vector<std::vector<int64_t>>& prompts,
+                                           const GenerationConfig& cfg = {}, const TokenCallback& on_token = {});
+
+// The next token from one row of logits: the repetition penalty over `history`, then greedy,
+// or temperature, top-k, top-p and a draw from rng. Exposed for tests.
+int64_t choose_token(std::vector<float> logits, const std::vector<int64_t>& history, const GenerationConfig& cfg,
+                     std::mt19937_64& rng);
+
+}  // namespace tpu::models
