@@ -93,3 +93,34 @@ TEST_CASE("concurrency: eager and compiled work on cpu, sim:0 and sim:1 from sev
 }
 
 }  // namespace tpu::testing
+
+namespace tpu::testing {
+
+TEST_CASE("concurrency: large host kernels (thread-pool jobs) from several threads at once", "[concurrency]") {
+  // Shapes past the parallel grain, so every op is a job of the shared host thread pool.
+  constexpr int kThreads = 4, kIters = 20;
+  constexpr int64_t kN = 1 << 16;
+  Failures fails;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      try {
+        Generator g(77 + uint64_t(t));
+        for (int it = 0; it < kIters; ++it) {
+          const Tensor x = tpu::rand({kN}, {}, &g);
+          const std::vector<float> xv = x.to_vector<float>();
+          double want = 0;
+          for (float v : xv) want += 2.0 * v + 1.0;
+          compare(fails, fmt::format("thread {} iteration {}", t, it), tpu::sum(x * 2.0 + 1.0).reshape({1}), {want},
+                  1e-4);
+        }
+      } catch (const std::exception& e) {
+        fails.add(fmt::format("thread {}: exception: {}", t, e.what()));
+      }
+    });
+  for (auto& th : threads) th.join();
+  for (const std::string& s : fails.what) FAIL_CHECK(s);
+  CHECK(fails.what.empty());
+}
+
+}  // namespace tpu::testing
