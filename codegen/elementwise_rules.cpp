@@ -105,10 +105,15 @@ bool clamp_rule(VecExpr& e, Ins in, const ops::Attrs& a, DType t, VecRef& out) {
   out = r;
   return true;
 }
-bool cast_rule(VecExpr& e, Ins in, const ops::Attrs& a, DType, VecRef& out) {
+// A cast the user wrote rounds as in eager, even inside a fused kernel: to bf16, and from a
+// bf16 value (which, computed in the kernel, may still carry f32 bits: a matmul accumulator).
+// A bf16 input read from memory is exact already.
+bool cast_rule(VecExpr& e, Ins in, const ops::Attrs& a, DType from, VecRef& out) {
   const DType to = a.get_dtype("dtype");
   if (to == DType::boolean) out = nonzero(e, in[0]);
-  else if (to == DType::f32 || to == DType::bf16) out = in[0];  // the store converts
+  else if (to == DType::bf16 || (to == DType::f32 && from == DType::bf16 && in[0].kind == K::temp))
+    out = e.round_bf16(in[0]);
+  else if (to == DType::f32) out = in[0];
   else return false;
   return true;
 }

@@ -13,6 +13,7 @@
 #include "device/sim_driver.h"
 #include "device/stream.h"
 #include "tpucore/error.h"
+#include "tpucore/env.h"
 #include "tpucore/log.h"
 
 namespace tpu::codegen {
@@ -25,12 +26,8 @@ struct DeviceCache {
 };
 
 size_t capacity_from_env() {
-  if (const char* s = std::getenv("TPU_SIM_PROGRAM_CACHE")) {
-    const long long v = std::atoll(s);
-    if (v >= 1) return static_cast<size_t>(v);
-    tpu::log().warn("TPU_SIM_PROGRAM_CACHE='{}' is not a positive number; keeping 4096 programs per device", s);
-  }
-  return 4096;
+  const auto v = env_int("TPU_SIM_PROGRAM_CACHE", 1, int64_t{1} << 30, "keeping 4096 programs per device");
+  return v ? static_cast<size_t>(*v) : 4096;
 }
 
 struct State {

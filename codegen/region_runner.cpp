@@ -117,6 +117,16 @@ bool run_matmul_region(const Graph& g, const Region& r, std::vector<Tensor>& val
   RegionExprBuilder eb{g, vals, mmo.shape, om.device, s.epilogue, s.epilogue_inputs, plan->epilogue_args};
   eb.first_input = 1;  // input 0 is the accumulator; the bias (if any) is already inputs[0]
   eb.known[mm.outputs[0]] = plan->value;
+  // A cast written on a bf16 matmul's result sees the bf16 value eager computes, not the f32
+  // accumulator (other epilogue ops may keep f32).
+  if (mmo.dtype == DType::bf16)
+    for (size_t i = 1; i < r.nodes.size(); ++i) {
+      const Node& n = g.nodes[size_t(r.nodes[i])];
+      if (n.op->name == "to_dtype" && !n.inputs.empty() && n.inputs[0] == mm.outputs[0]) {
+        eb.known[mm.outputs[0]] = s.epilogue.round_bf16(plan->value);
+        break;
+      }
+    }
   for (size_t i = 1; i < r.nodes.size(); ++i)
     if (!eb.add(g.nodes[size_t(r.nodes[i])])) return false;
   auto it = eb.known.find(outv);

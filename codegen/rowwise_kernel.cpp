@@ -281,9 +281,15 @@ sim::Program make_rowwise_program(const sim::ChipConfig& cfg, const RowwiseSpec&
       case RowOp::rms_norm: {
         sim::Operand src = X;
         if (s.op == RowOp::layer_norm) {
+          // Corrected two-pass variance (Chan, Golub and LeVeque): the f32 mean of large values
+          // is off by rounding that grows with |mean|; the mean of the centred row measures that
+          // error and a second subtraction removes it, so the variance sees centred values.
           row_sum(C0, X, r);
           col_op(Op::vmul, c0, r, {B::imm(inv_c)});
           b.binary(Op::vsub, T0, X, col(c0), r, C);
+          row_sum(C0, T0, r);
+          col_op(Op::vmul, c0, r, {B::imm(inv_c)});
+          b.binary(Op::vsub, T0, T0, col(c0), r, C);
           src = T0;
         }
         b.binary(Op::vmul, T1, src, src, r, C);

@@ -29,6 +29,16 @@ VecRef VecExpr::op(Op o, VecRef a, VecRef b, VecRef c) {
   return {VecRef::Kind::temp, int(steps.size()) - 1, 0};
 }
 
+VecRef VecExpr::round_bf16(VecRef a) {
+  if (a.kind == VecRef::Kind::temp && steps[size_t(a.index)].round_bf16) return a;
+  if (a.kind == VecRef::Kind::imm) {
+    a.value = sim::round_to_bf16(a.value);
+    return a;
+  }
+  steps.push_back({Op::vmov, {a, {}, {}}, 1, true});
+  return {VecRef::Kind::temp, int(steps.size()) - 1, 0};
+}
+
 static std::string ref_key(const VecRef& r) {
   switch (r.kind) {
     case VecRef::Kind::input: return fmt::format("i{}", r.index);
@@ -41,7 +51,7 @@ static std::string ref_key(const VecRef& r) {
 std::string VecExpr::key() const {
   std::string s = fmt::format("n{}:", num_inputs);
   for (const VecStep& st : steps) {
-    s += sim::op_info(st.op).name;
+    s += st.round_bf16 ? "round_bf16" : sim::op_info(st.op).name;
     for (int i = 0; i < st.nsrc; ++i) s += "," + ref_key(st.src[size_t(i)]);
     s += ";";
   }
@@ -189,6 +199,22 @@ void emit_vec_expr(sim::ProgramBuilder& b, const VecExpr& e, const std::vector<s
     if (p.step_slot[size_t(i)] == -1) continue;
     const VecStep& st = e.steps[size_t(i)];
     const sim::Operand d = operand({VecRef::Kind::temp, i, 0});
+    if (st.round_bf16) {
+      // Stored into a bf16 destination, the store rounds. Else through a bf16 view of the
+      // destination itself (each element's two bytes inside its own four, so the narrowing
+      // and the widening both run in place), then back to f32.
+      if (d.dtype == sim::DType::bf16) {
+        b.unary(Op::vmov, d, operand(st.src[0]), rows, cols);
+        continue;
+      }
+      sim::Operand half = d;
+      half.dtype = sim::DType::bf16;
+      half.row_stride = (d.row_stride < 0 ? cols : d.row_stride) * 2;
+      half.col_stride *= 2;
+      b.unary(Op::vmov, half, operand(st.src[0]), rows, cols);
+      b.unary(Op::vmov, d, half, rows, cols);
+      continue;
+    }
     if (st.nsrc == 1) b.unary(st.op, d, operand(st.src[0]), rows, cols);
     else if (st.nsrc == 2) b.binary(st.op, d, operand(st.src[0]), operand(st.src[1]), rows, cols);
     else b.ternary(st.op, d, operand(st.src[0]), operand(st.src[1]), operand(st.src[2]), rows, cols);

@@ -23,6 +23,9 @@ struct VecStep {
   sim::Op op = sim::Op::vmov;
   std::array<VecRef, 3> src{};
   int nsrc = 0;
+  // The step's f32 result is rounded to bf16 (nearest even), as a cast the user wrote does in
+  // eager; the op is vmov.
+  bool round_bf16 = false;
 };
 
 struct VecExpr {
@@ -38,6 +41,9 @@ struct VecExpr {
   VecRef op(sim::Op o, VecRef a);
   VecRef op(sim::Op o, VecRef a, VecRef b);
   VecRef op(sim::Op o, VecRef a, VecRef b, VecRef c);
+  // `a` rounded to bf16 (kept in f32). A value already rounded (or an immediate that is a
+  // bf16 value) comes back unchanged.
+  VecRef round_bf16(VecRef a);
   std::string key() const;  // structural text for program cache keys
 };
 

@@ -17,21 +17,19 @@
 #include "sim/programs.h"
 #include "sim/stats.h"
 #include "sim/trace.h"
+#include "tools/cli_args.h"
 #include "tpucore/ops.h"
 
 int main(int argc, char** argv) {
   std::string chip_name = "v5e", trace_path = "gemm_trace.json";
   int64_t n = 512;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string k = argv[i];
-    if (k == "--chip") chip_name = argv[i + 1];
-    else if (k == "--size") n = std::stoll(argv[i + 1]);
-    else if (k == "--trace") trace_path = argv[i + 1];
-    else {
-      fmt::print(stderr, "usage: main_example [--chip NAME] [--size N] [--trace FILE]\n");
-      return 2;
-    }
-  }
+  tpu::cli::Parser args("main_example",
+                        "A bf16 GEMM program on the simulated chip, checked against the host matmul, with its stats\n"
+                        "report and a Chrome/Perfetto trace; then a 4096^3 GEMM costed in timing-only mode.");
+  args.value("--chip", "NAME", "chip preset or config JSON (default v5e)", [&](const std::string& v) { chip_name = v; });
+  args.value("--size", "N", "the GEMM is N x N x N (default 512)", [&](const std::string& v) { n = args.to_int(v); });
+  args.value("--trace", "FILE", "trace output (default gemm_trace.json)", [&](const std::string& v) { trace_path = v; });
+  if (auto rc = args.parse(argc, argv)) return *rc;
   try {
     tpu::sim::Chip chip = tpu::sim::Chip::create(chip_name);
     const auto& cfg = chip.config();

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "ops/fallback.h"
+#include "tools/cli_args.h"
 #include "tpucore/compile.h"
 #include "tpucore/devices.h"
 #include "tpucore/ops.h"
@@ -47,17 +48,15 @@ double chip_cycles(const profiler::Profile& p) {
 int main(int argc, char** argv) {
   std::string chip = "v5e", trace = "mlp_trace.json";
   int64_t tokens = 256, hidden = 512;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    if (k == "--chip") chip = argv[i + 1];
-    else if (k == "--tokens") tokens = std::stoll(argv[i + 1]);
-    else if (k == "--hidden") hidden = std::stoll(argv[i + 1]);
-    else if (k == "--trace") trace = argv[i + 1];
-    else {
-      fmt::print(stderr, "usage: sim_mlp [--chip NAME] [--tokens N] [--hidden N] [--trace FILE]\n");
-      return 2;
-    }
-  }
+  cli::Parser args("sim_mlp",
+                   "An MLP block on sim:0 through ordinary tensors, eager and compiled, checked against the cpu,\n"
+                   "with the profiler's per-op table and a Chrome/Perfetto trace.");
+  args.value("--chip", "NAME", "chip preset of sim:0 (default v5e)", [&](const std::string& v) { chip = v; });
+  args.value("--tokens", "N", "rows of the input (default 256)", [&](const std::string& v) { tokens = args.to_int(v); });
+  args.value("--hidden", "N", "model width; the FFN is 4x (default 512)",
+             [&](const std::string& v) { hidden = args.to_int(v); });
+  args.value("--trace", "FILE", "trace output (default mlp_trace.json)", [&](const std::string& v) { trace = v; });
+  if (auto rc = args.parse(argc, argv)) return *rc;
   try {
     set_sim_chip(chip);
     const Device dev("sim:0");

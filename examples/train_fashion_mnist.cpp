@@ -18,8 +18,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
+#include "tools/cli_args.h"
 #include "tpucore/compile.h"
 #include "tpucore/data.h"
 #include "tpucore/nn.h"
@@ -37,27 +39,24 @@ struct Args {
   bool resume = false, compiled = false;
 };
 
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    auto val = [&]() -> std::string {
-      if (i + 1 >= argc) fail("train_fashion_mnist: {} needs a value", k);
-      return argv[++i];
-    };
-    if (k == "--epochs") a.epochs = std::stoll(val());
-    else if (k == "--batch-size") a.batch = std::stoll(val());
-    else if (k == "--lr") a.lr = std::stod(val());
-    else if (k == "--device") a.device = val();
-    else if (k == "--checkpoint") a.checkpoint = val();
-    else if (k == "--resume") a.resume = true;
-    else if (k == "--compiled") a.compiled = true;
-    else if (k == "--limit") a.limit = std::stoll(val());
-    else if (k == "--data-dir") a.data_dir = val();
-    else if (k == "--seed") a.seed = std::stoull(val());
-    else fail("train_fashion_mnist: unknown argument '{}' (see the comment at the top of the source)", k);
-  }
-  return a;
+// nullopt: run with `a`; else the exit code (0 after --help, 2 after a bad argument).
+std::optional<int> parse(int argc, char** argv, Args& a) {
+  cli::Parser p("train_fashion_mnist",
+                "Trains a 784-256-10 MLP on Fashion-MNIST with AdamW and a cosine schedule, checkpointing\n"
+                "after each epoch.");
+  p.value("--epochs", "N", "epochs to train (default 3)", [&](const std::string& v) { a.epochs = p.to_int(v); });
+  p.value("--batch-size", "N", "batch size (default 64)", [&](const std::string& v) { a.batch = p.to_int(v); });
+  p.value("--lr", "X", "peak learning rate (default 3e-3)", [&](const std::string& v) { a.lr = p.to_double(v); });
+  p.value("--device", "DEV", "cpu or sim:0 (default cpu)", [&](const std::string& v) { a.device = v; });
+  p.flag("--compiled", "the training step as one tpu::compile graph", [&] { a.compiled = true; });
+  p.value("--checkpoint", "FILE", "checkpoint path (default fashion_mnist_mlp.safetensors)",
+          [&](const std::string& v) { a.checkpoint = v; });
+  p.flag("--resume", "continue from the checkpoint", [&] { a.resume = true; });
+  p.value("--limit", "N", "train on the first N samples only", [&](const std::string& v) { a.limit = p.to_int(v); });
+  p.value("--data-dir", "DIR", "dataset folder (default: Debian's dataset-fashion-mnist)",
+          [&](const std::string& v) { a.data_dir = v; });
+  p.value("--seed", "S", "shuffle seed (default 1)", [&](const std::string& v) { a.seed = uint64_t(p.to_int(v)); });
+  return p.parse(argc, argv);
 }
 
 data::TensorDataset head(data::TensorDataset d, int64_t n) {
@@ -95,7 +94,8 @@ void progress(int64_t epoch, int64_t epochs, int64_t done, int64_t total, double
 
 int main(int argc, char** argv) {
   try {
-    const Args args = parse(argc, argv);
+    Args args;
+    if (auto rc = parse(argc, argv, args)) return *rc;
     const Device dev(args.device);
     if (!data::fashion_mnist_available(args.data_dir)) {
       std::fprintf(stderr, "Fashion-MNIST not found in %s; install it with: sudo apt-get install dataset-fashion-mnist\n",

@@ -18,6 +18,9 @@ ValueId Graph::add_input(const ValueMeta& m) {
 }
 
 ValueId Graph::add_constant(Tensor t, bool wrapped) {
+  // The tensor says so too: a folded cast of a wrapped number may still meet tensors of any
+  // device when the graph runs.
+  if (wrapped && t.defined()) t.impl().wrapped_number = true;
   Value v;
   v.meta = {t.shape(), t.dtype(), t.device(), wrapped};
   v.kind = ValueKind::constant;

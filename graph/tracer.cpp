@@ -60,6 +60,9 @@ Tensor Tracer::add_arg(const Tensor& real, int arg, int elem) {
   sources_.push_back({InputSource::Kind::arg, arg, elem});
   real_inputs_.push_back(real);
   Tensor p = make_proxy(id);
+  // An argument that requires grad is a differentiable leaf of the trace, as a captured tensor
+  // is: autograd::grad and backward inside the function reach it.
+  p.impl().requires_grad = real.impl().requires_grad;
   p.impl().trace->input = static_cast<int>(graph_.inputs.size()) - 1;
   p.impl().trace->input_value = id;
   input_roots_.push_back(p.impl().trace);
@@ -168,9 +171,13 @@ bool Tracer::intercept(const ops::OpDef& op, std::span<const Tensor> inputs, con
     if (!op.has(ops::kView) && meta.cast_mask && i < 32 && ((meta.cast_mask >> i) & 1u) &&
         inputs[i].dtype() != meta.cast_to) {
       // Type promotion is explicit in the graph: a cast node feeds the op.
+      // A wrapped number stays one after its cast (a cpu 0-d value that may meet tensors of any
+      // device, as in eager, where the kernel's front half converts it).
       const ValueMeta& m = graph_.meta(v);
-      int n = graph_.add_node(cast_def(), {v}, ops::Attrs{{"dtype", meta.cast_to}},
-                              {ValueMeta{m.shape, meta.cast_to, m.device, false}});
+      const ValueMeta cast_meta{m.shape, meta.cast_to, m.device, m.wrapped};
+      ops::Attrs cast_attrs;
+      cast_attrs.set("dtype", meta.cast_to);
+      int n = graph_.add_node(cast_def(), {v}, cast_attrs, {cast_meta});
       v = graph_.nodes[static_cast<size_t>(n)].outputs[0];
     }
     ins.push_back(v);

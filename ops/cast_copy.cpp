@@ -46,6 +46,27 @@ void strided_copy_cpu(const Tensor& dst, const Tensor& src) {
   });
 }
 
+// copy_ into a non-contiguous view on a device that has no strided-store kernel: the span of
+// storage the view covers comes to the host, the view's elements are written there through its
+// strides, and the span goes back (the elements in between are written back unchanged).
+void copy_into_device_view(const Tensor& self, const Tensor& src) {
+  int64_t extent = 1;  // elements from the view's first to its last, inclusive
+  for (int i = 0; i < self.dim(); ++i) {
+    if (self.shape()[i] == 0) return;
+    TPU_CHECK(self.strides()[i] >= 0, "copy_: destination with a negative stride on device {}", self.device().str());
+    extent += (self.shape()[i] - 1) * self.strides()[i];
+  }
+  const size_t es = self.element_size(), at = static_cast<size_t>(self.offset()) * es;
+  auto span = std::make_shared<TensorImpl>(empty_tensor(Shape{extent}, self.dtype(), Device()).impl());
+  device::Driver& drv = device::driver_for(self.device());
+  drv.copy_to_host(*self.storage(), at, span->storage->data, static_cast<size_t>(extent) * es);
+  span->shape = self.shape();
+  span->strides = self.strides();
+  span->recompute_contiguous();
+  strided_copy_cpu(Tensor(span), src.device().is_cpu() ? src : to(src, Device()));
+  drv.copy_from_host(*self.storage(), at, span->storage->data, static_cast<size_t>(extent) * es);
+}
+
 void cast_meta(const MetaArgs& a, MetaResult& m) {
   m.out() = {a.inputs[0].shape(), a.attrs.get_dtype("dtype"), a.inputs[0].device()};
 }
@@ -104,8 +125,11 @@ Tensor& copy_(Tensor& self, const Tensor& src_in) {
     strided_copy_cpu(self, src);
   } else {
     // Other devices: convert/broadcast on the device, then copy bytes into place.
-    TPU_CHECK(self.is_contiguous(), "copy_: non-contiguous destination on device {} is not supported yet",
-              self.device().str());
+    if (!self.is_contiguous()) {
+      copy_into_device_view(self, src);
+      self.impl().bump_version();
+      return self;
+    }
     Tensor s2 = contiguous(to(expand(src, self.shape()), self.dtype()));
     const size_t es = self.element_size();
     device::driver_for(self.device())

@@ -1,10 +1,12 @@
 // Creation ops: full, arange, linspace, eye, rand, randn, randint, from_buffer.
 #include <cmath>
 #include <cstring>
+#include <mutex>
 
 #include "device/driver.h"
 #include "ops/cpu/loops.h"
 #include "ops/fallback.h"
+#include "ops/limits.h"
 #include "ops/registry.h"
 #include "tpucore/ops.h"
 
@@ -75,13 +77,18 @@ void eye_cpu(const KernelArgs& a) {
 TPU_DEFINE_OP(eye_op, {.name = "eye", .num_inputs = 0, .flags = kCreation | kNonDifferentiable, .meta = &creation_meta,
                        .cpu = &eye_cpu, .doc = "identity matrix"});
 
-Generator& gen_from(const Attrs& a) {
-  auto p = static_cast<uintptr_t>(a.get_int("generator"));
-  return p ? *reinterpret_cast<Generator*>(p) : default_generator();
+// The default generator is shared by every thread: each draw holds this lock for the whole
+// call, so one call's numbers are one contiguous block of the stream.
+std::mutex& default_generator_mutex() {
+  static std::mutex m;
+  return m;
 }
 
 void rand_cpu(const KernelArgs& a) {
-  Generator& g = gen_from(a.attrs);
+  auto p = static_cast<uintptr_t>(a.attrs.get_int("generator"));
+  std::unique_lock<std::mutex> lock;
+  if (!p) lock = std::unique_lock<std::mutex>(default_generator_mutex());
+  Generator& g = p ? *reinterpret_cast<Generator*>(p) : default_generator();
   const double lo = a.attrs.get_float("low"), hi = a.attrs.get_float("high");
   const std::string& kind = a.attrs.get_string("kind");
   const Tensor& out = a.outputs[0];
@@ -127,11 +134,19 @@ uint64_t Generator::next_u64() {
   return z ^ (z >> 31);
 }
 double Generator::next_double() { return static_cast<double>(next_u64() >> 11) * (1.0 / 9007199254740992.0); }
+// The default generator is shared by all threads and thread-safe through the lock above: each
+// rand/randn/randint call draws one contiguous block of its stream, so one thread's results are
+// determined by the seed; with several threads the set of blocks is fixed but which thread gets
+// which follows the scheduling. Give each thread its own Generator for reproducible parallel
+// code. Calling next_u64() on default_generator() directly from several threads is not safe.
 Generator& default_generator() {
   static Generator g;
   return g;
 }
-void manual_seed(uint64_t seed) { default_generator().manual_seed(seed); }
+void manual_seed(uint64_t seed) {
+  std::lock_guard<std::mutex> lock(default_generator_mutex());
+  default_generator().manual_seed(seed);
+}
 
 Tensor empty(const Shape& shape, TensorOptions o) {
   check_device(o.device);
@@ -157,7 +172,11 @@ Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions o) {
   TPU_CHECK(std::isfinite(s) && std::isfinite(e) && std::isfinite(st), "arange: start, end and step must be finite (got {}, {}, {})", s, e, st);
   TPU_CHECK((st > 0 && e >= s) || (st < 0 && e <= s),
             "arange: the range from {} to {} is not reachable with step {}", s, e, st);
-  const int64_t n = static_cast<int64_t>(std::ceil((e - s) / st));
+  const double count = std::ceil((e - s) / st);
+  TPU_CHECK(count <= static_cast<double>(ops::kMaxNumel),
+            "arange: the range from {} to {} with step {} has {:g} elements, more than the limit of {} (2^46) per "
+            "tensor", s, e, st, count, ops::kMaxNumel);
+  const int64_t n = static_cast<int64_t>(count);
   check_device(o.device);
   const bool ints = start.is_integer() && end.is_integer() && step.is_integer();
   Attrs a = creation_attrs(Shape{n}, o, ints ? DType::i32 : DType::f32);

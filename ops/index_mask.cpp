@@ -6,6 +6,7 @@
 #include "ops/index_common.h"
 #include "ops/meta_util.h"
 #include "ops/registry.h"
+#include "tpucore/jit_hooks.h"
 #include "tpucore/ops.h"
 
 namespace tpu {
@@ -146,13 +147,15 @@ Tensor one_hot(const Tensor& indices, int64_t num_classes) {
   TPU_CHECK(num_classes >= -1, "one_hot: num_classes must be -1 (infer) or non-negative, got {}", num_classes);
   if (num_classes == -1) {
     indexing::check_index_dtype("one_hot", "indices", indices);
-    TPU_CHECK(!indices.is_proxy(),
-              "one_hot: num_classes = -1 infers the count from the data, which a traced tensor does not have; pass "
-              "num_classes");
     TPU_CHECK(indices.numel() > 0, "one_hot: cannot infer num_classes from an empty tensor of shape {}; pass num_classes",
               indices.shape().str());
     int64_t mx = std::numeric_limits<int64_t>::min();
-    for (int32_t v : indices.to_vector<int32_t>()) mx = std::max<int64_t>(mx, v);
+    // Inside tpu::compile the count needs the traced indices' values: a graph break, named.
+    const Tensor real = indices.is_proxy()
+                            ? detail::materialize_proxy(
+                                  indices, "one_hot with num_classes = -1 (the output shape depends on the indices' values)")
+                            : indices;
+    for (int32_t v : real.to_vector<int32_t>()) mx = std::max<int64_t>(mx, v);
     num_classes = std::max<int64_t>(0, mx + 1);  // negative indices are reported by the kernel
   }
   return ops::call(one_hot_op(), {indices}, {{"num_classes", num_classes}});

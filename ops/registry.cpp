@@ -7,6 +7,7 @@
 
 #include "device/driver.h"
 #include "ops/fallback.h"
+#include "ops/limits.h"
 
 namespace tpu::ops {
 namespace {
@@ -109,16 +110,27 @@ void set_inplace_hook(InplaceHook h) { g_inplace_hook.store(h); }
 InplaceHook inplace_hook() { return g_inplace_hook.load(std::memory_order_relaxed); }
 void set_op_observer(OpObserver* o) { g_observer.store(o); }
 
-Tensor empty_tensor(const Shape& shape, DType dtype, Device device) {
+int64_t checked_numel(const Shape& shape, const char* op) {
   for (int i = 0; i < shape.ndim(); ++i)
-    TPU_CHECK(shape[i] >= 0, "empty: negative dimension {} in shape {}", shape[i], shape.str());
+    TPU_CHECK(shape[i] >= 0, "{}: negative dimension {} in shape {}", op, shape[i], shape.str());
+  int64_t n = 1;
+  bool overflow = false;
+  for (int i = 0; i < shape.ndim(); ++i) {
+    if (shape[i] == 0) return 0;
+    overflow |= __builtin_mul_overflow(n, shape[i], &n);
+  }
+  TPU_CHECK(!overflow && n <= kMaxNumel, "{}: shape {} has {} elements, more than the limit of {} (2^46) per tensor",
+            op, shape.str(), overflow ? std::string("more than 2^63") : std::to_string(n), kMaxNumel);
+  return n;
+}
+
+Tensor empty_tensor(const Shape& shape, DType dtype, Device device) {
+  const int64_t n = checked_numel(shape, "empty");
   auto impl = std::make_shared<TensorImpl>();
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
   impl->device = device;
-  const int64_t n = shape.numel();
-  TPU_CHECK(n < (int64_t{1} << 46), "empty: shape {} has too many elements ({})", shape.str(), n);
   impl->storage = device::driver_for(device).allocate(device.index, static_cast<size_t>(n) * dtype_size(dtype));
   impl->contiguous = true;
   return Tensor(std::move(impl));
@@ -151,6 +163,8 @@ void call(const OpDef& op, std::span<const Tensor> inputs, const Attrs& attrs, s
   }
   MetaResult m;
   op.meta(MetaArgs{op, inputs, attrs}, m);
+  // Every op's result shape (views included) within the element limit, named after the op.
+  for (int i = 0; i < m.num_outputs; ++i) (void)checked_numel(m.out(i).shape, op.name.c_str());
   TPU_CHECK(outputs.size() >= static_cast<size_t>(m.num_outputs), "internal: {}: {} output slot(s) for {} output(s)",
             op.name, outputs.size(), m.num_outputs);
 

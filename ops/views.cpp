@@ -29,16 +29,21 @@ Shape infer_shape(const char* op, const Shape& in, const std::vector<int64_t>& r
   Shape out(req);
   int infer = -1;
   int64_t known = 1;
+  bool overflow = false, zero = false;
   for (int i = 0; i < out.ndim(); ++i) {
     if (out[i] == -1) {
       TPU_CHECK(infer < 0, "{}: only one dimension can be -1, got shape {}", op, out.str());
       infer = i;
     } else {
       TPU_CHECK(out[i] >= 0, "{}: invalid dimension {} in shape {}", op, out[i], out.str());
-      known *= out[i];
+      zero |= out[i] == 0;
+      if (out[i] != 0) overflow |= __builtin_mul_overflow(known, out[i], &known);
     }
   }
+  if (zero) known = 0;
   const int64_t n = in.numel();
+  TPU_CHECK(zero || !overflow, "{}: shape {} is invalid for input of shape {} ({} elements)", op, out.str(), in.str(),
+            n);
   if (infer >= 0) {
     TPU_CHECK(known != 0 && n % known == 0, "{}: shape {} is invalid for input of shape {} ({} elements)", op,
               out.str(), in.str(), n);

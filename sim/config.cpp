@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sim/error.h"
+#include "sim/json_text.h"
 
 namespace tpu::sim {
 namespace {
@@ -51,7 +52,11 @@ class Reader {
                                    field(k), v.dump()));
       out = static_cast<T>(u);
     } else {
-      out = v.get<T>();
+      const double d = v.get<double>();
+      if (!std::isfinite(d) || std::abs(d) > double(std::numeric_limits<T>::max()))
+        throw SimError(fmt::format("chip config: field '{}' must be a finite number in range, got {}", field(k),
+                                   v.dump()));
+      out = static_cast<T>(d);
     }
   }
   void str(const std::string& k, std::string& out) {
@@ -133,7 +138,17 @@ void ChipConfig::validate() const {
   need(pos(dma.engine_bytes_per_cycle), "dma.engine_bytes_per_cycle", "must be > 0");
 }
 
+static ChipConfig config_from_json_checked(const json& j);
+
 ChipConfig config_from_json(const json& j) {
+  try {
+    return config_from_json_checked(j);
+  } catch (const json::exception& e) {  // a backstop: the Reader's checks should leave none
+    throw SimError(fmt::format("chip config: malformed value: {}", e.what()));
+  }
+}
+
+static ChipConfig config_from_json_checked(const json& j) {
   ChipConfig c;
   Reader r(j, "");
   r.str("name", c.name);
@@ -208,13 +223,7 @@ ChipConfig config_from_json(const json& j) {
 }
 
 ChipConfig config_from_json_text(const std::string& text) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {  // parse errors and numbers out of range (1e400)
-    throw SimError(fmt::format("chip config: invalid JSON: {}", e.what()));
-  }
-  return config_from_json(j);
+  return config_from_json(detail::parse_json_text(text, "chip config"));
 }
 
 json config_to_json(const ChipConfig& c) {

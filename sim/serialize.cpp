@@ -9,6 +9,7 @@
 
 #include "sim/error.h"
 #include "sim/fields.h"
+#include "sim/json_text.h"
 
 namespace tpu::sim {
 namespace {
@@ -47,6 +48,7 @@ struct Ctx {
   }
   int64_t integer(const json& v) const {
     if (!v.is_number_integer()) fail("expected an integer");
+    if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)) fail("integer out of range");
     return v.get<int64_t>();
   }
   float real(const json& v) const {
@@ -151,11 +153,23 @@ json program_to_json(const Program& p) {
   return {{"format", "tpusim-program"}, {"version", 1}, {"name", p.name}, {"code", code}};
 }
 
+static Program program_from_json_checked(const json& j);
+
 Program program_from_json(const json& j) {
-  if (!j.is_object() || !j.contains("format") || j["format"] != "tpusim-program")
+  try {
+    return program_from_json_checked(j);
+  } catch (const json::exception& e) {  // a backstop: the checks above should leave none
+    throw SimError(fmt::format("program JSON: malformed value: {}", e.what()));
+  }
+}
+
+static Program program_from_json_checked(const json& j) {
+  if (!j.is_object() || !j.contains("format") || !j["format"].is_string() ||
+      j["format"].get<std::string>() != "tpusim-program")
     throw SimError("program JSON: expected an object with \"format\": \"tpusim-program\"");
-  if (!j.contains("version") || j["version"] != 1)
-    throw SimError("program JSON: field 'version': unsupported version (expected 1)");
+  if (!j.contains("version") || !j["version"].is_number_integer() || j["version"].get<int64_t>() != 1)
+    throw SimError(fmt::format("program JSON: field 'version' must be the integer 1, got {}",
+                               j.contains("version") ? j["version"].dump() : "nothing"));
   if (!j.contains("code") || !j["code"].is_array()) throw SimError("program JSON: missing array 'code'");
   Program p;
   if (j.contains("name") && j["name"].is_string()) p.name = j["name"].get<std::string>();
@@ -235,13 +249,7 @@ Program program_from_json(const json& j) {
 std::string program_to_json_text(const Program& p, int indent) { return program_to_json(p).dump(indent); }
 
 Program program_from_json_text(const std::string& text) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {  // parse errors and numbers out of range (1e400)
-    throw SimError(fmt::format("program JSON: {}", e.what()));
-  }
-  return program_from_json(j);
+  return program_from_json(parse_json_text(text, "program JSON"));
 }
 
 }  // namespace tpu::sim

@@ -1,5 +1,7 @@
 #include "tpucore/allocator.h"
 
+#include "tpucore/env.h"
+
 #include <cstdlib>
 #include <mutex>
 #include <new>
@@ -40,7 +42,8 @@ struct Cache {
   size_t limit = 0;
   Cache() {
     size_t mb = 2048;
-    if (const char* s = std::getenv("TPU_HOST_CACHE_MB")) mb = static_cast<size_t>(std::atoll(s));
+    if (auto v = env_int("TPU_HOST_CACHE_MB", 0, int64_t{1} << 30, "keeping the default of 2048 MiB"))
+      mb = static_cast<size_t>(*v);
     limit = mb << 20;
   }
   ~Cache() { release_all(); }

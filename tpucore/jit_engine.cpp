@@ -175,6 +175,23 @@ Engine::Traced Engine::trace(std::span<const ArgSlot> args, TraceCall tc, const 
     r.fresh = tr.fresh_outputs(result);
     add_write_backs(tr, r.writes);
     add_grad_outputs(tr, cap, r);
+    // Gradients that a backward inside fn left on tensor arguments (not padded ones: their
+    // gradient has the padded shape).
+    auto arg_grad = [&](const Tensor& p) {
+      const auto& m = p.impl().autograd;
+      if (!p.impl().requires_grad || !m || !m->grad.defined() || !m->grad.is_proxy()) return;
+      GradAction a;
+      a.kind = GradAction::Kind::arg_output;
+      a.input = p.impl().trace->input;
+      a.output = static_cast<int>(tr.graph().outputs.size());
+      tr.graph().outputs.push_back(tr.value_id(m->grad));
+      r.grads.push_back(std::move(a));
+    };
+    if (pad.empty()) {
+      for (const Tensor& p : proxies) arg_grad(p);
+      for (const auto& l : lists)
+        for (const Tensor& p : l) arg_grad(p);
+    }
   }
   if (outs) *outs = std::move(result);
   return r;

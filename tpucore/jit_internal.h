@@ -49,10 +49,13 @@ struct WriteBack {
 // The .grad of a real tensor after the traced function (see tpucore/autograd/capture.h):
 // cleared, a graph output, or another real tensor.
 struct GradAction {
-  enum class Kind : uint8_t { clear, output, tensor } kind = Kind::clear;
+  // arg_output: a backward inside the function reached tensor argument `input` (a graph input
+  // index); the gradient (graph output `output`) is added to that call's argument's .grad.
+  enum class Kind : uint8_t { clear, output, tensor, arg_output } kind = Kind::clear;
   std::shared_ptr<AutogradMeta> meta;
   int output = -1;
   Tensor tensor;
+  int input = -1;
 };
 // The trace read a real tensor's .grad: the entry is valid only while it is the same one.
 struct GradGuard {

@@ -85,6 +85,15 @@ void apply_grads(std::span<const Tensor> ins, const std::vector<Tensor>& outs, c
   for (size_t k = 0; k < grads.size(); ++k) {
     const GradAction& a = grads[k];
     switch (a.kind) {
+      case GradAction::Kind::arg_output: {
+        // As eager backward does: accumulated into the argument's .grad (a fresh tensor).
+        NoGradGuard ng;
+        Tensor arg = ins[static_cast<size_t>(a.input)];
+        const Tensor& g = outs[static_cast<size_t>(a.output)];
+        const Tensor old = arg.grad();
+        arg.set_grad(old.defined() ? tpu::add(old, g) : tpu::clone(g));
+        break;
+      }
       case GradAction::Kind::clear: a.meta->grad = Tensor(); break;
       case GradAction::Kind::tensor: a.meta->grad = a.tensor; break;
       case GradAction::Kind::output: {

@@ -30,9 +30,21 @@ spdlog::logger& log() {
     lg->set_pattern("[tpucore %^%l%$] %v");
     const char* env = std::getenv("TPU_LOG");
     lg->set_level(env ? parse_level(env, false) : spdlog::level::warn);
+    if (env) {
+      const std::string problem = log_level_problem(env);
+      if (!problem.empty()) lg->warn("{}", problem);
+    }
     return lg;
   }();
   return *l;
+}
+
+std::string log_level_problem(std::string_view value) {
+  static const char* const names[] = {"trace", "debug", "info", "warn", "warning", "error", "off"};
+  for (const char* n : names)
+    if (value == n) return {};
+  return fmt::format("TPU_LOG='{}' is not a log level: expected trace, debug, info, warn, error or off; using warn",
+                     value);
 }
 
 void set_log_level(std::string_view level) { log().set_level(parse_level(level, true)); }

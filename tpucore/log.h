@@ -3,6 +3,7 @@
 // default warn) and can be changed at run time.
 #pragma once
 
+#include <string>
 #include <string_view>
 
 namespace spdlog {
@@ -14,5 +15,8 @@ namespace tpu {
 spdlog::logger& log();
 // Sets the level by name; an unknown name is a tpu::Error listing the accepted ones.
 void set_log_level(std::string_view level);
+// What is wrong with `value` as TPU_LOG (variable, value, accepted names); empty when valid.
+// An invalid TPU_LOG is reported with this text as the logger's first warning.
+std::string log_level_problem(std::string_view value);
 
 }  // namespace tpu

@@ -1,5 +1,7 @@
 #include "tpucore/parallel.h"
 
+#include "tpucore/env.h"
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
@@ -99,10 +101,7 @@ class ThreadPool {
 };
 
 int default_threads() {
-  if (const char* s = std::getenv("TPU_NUM_THREADS")) {
-    int v = std::atoi(s);
-    if (v >= 1) return v;
-  }
+  if (auto v = env_int("TPU_NUM_THREADS", 1, 4096, "using one thread per hardware thread")) return static_cast<int>(*v);
   unsigned hc = std::thread::hardware_concurrency();
   return hc == 0 ? 1 : static_cast<int>(hc);
 }

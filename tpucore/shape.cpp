@@ -46,7 +46,11 @@ void Shape::resize(int n, int64_t fill) {
 
 int64_t Shape::numel() const {
   int64_t p = 1;
-  for (int i = 0; i < n_; ++i) p *= d_[i];
+  for (int i = 0; i < n_; ++i)
+    if (d_[i] == 0) return 0;  // a zero dim wins over any overflow of the others
+  for (int i = 0; i < n_; ++i)
+    TPU_CHECK(!__builtin_mul_overflow(p, d_[i], &p), "shape {}: the element count overflows a 64-bit integer",
+              str());
   return p;
 }
 

@@ -18,6 +18,7 @@
 
 #include "codegen/lowering.h"
 #include "ops/registry.h"
+#include "tools/cli_args.h"
 
 using namespace tpu;
 
@@ -69,10 +70,14 @@ int list() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const char* cmd = argc > 1 ? argv[1] : "matrix";
-  if (!std::strcmp(cmd, "matrix")) return matrix();
-  if (!std::strcmp(cmd, "list")) return list();
-  std::fprintf(stderr, "usage: tpu-ops [matrix|list]\n  matrix  the operator compatibility matrix (markdown)\n"
-                       "  list    every registered op with its arity and description\n");
+  tpu::cli::Parser p("tpu-ops", "Prints what the registered ops support.");
+  p.positional("[matrix|list]",
+               "matrix: the operator compatibility matrix (markdown, the default); list: every registered op with "
+               "its arity and description");
+  if (auto rc = p.parse(argc, argv)) return *rc;
+  const std::string cmd = p.positionals().empty() ? "matrix" : p.positionals()[0];
+  if (p.positionals().size() <= 1 && cmd == "matrix") return matrix();
+  if (p.positionals().size() <= 1 && cmd == "list") return list();
+  std::fprintf(stderr, "%s", p.usage().c_str());
   return 2;
 }

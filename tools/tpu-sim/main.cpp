@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -23,22 +24,24 @@
 #include "sim/presets.h"
 #include "sim/programs.h"
 #include "sim/serialize.h"
+#include "tools/cli_args.h"
 
 using namespace tpu::sim;
 
 namespace {
 
+const char* const kCommands =
+    "commands:\n"
+    "  tpu-sim run PROGRAM [--chip NAME|FILE] [--timing-only] [--race-check] [--trace OUT.json] [--json]\n"
+    "  tpu-sim presets [--json]\n"
+    "  tpu-sim preset NAME\n"
+    "  tpu-sim gen gemm M N K [--chip NAME] [--mode bf16|f32|i8] [--block-m N] [--json]\n"
+    "  tpu-sim gen copy BYTES [--chip NAME] [--chunk BYTES] [--buffers N] [--json]\n"
+    "  tpu-sim convert PROGRAM [--json]\n"
+    "PROGRAM is an assembly file (.tasm), a JSON program (.json) or - for stdin.";
+
 int usage() {
-  std::fputs(
-      "usage:\n"
-      "  tpu-sim run PROGRAM [--chip NAME|FILE] [--timing-only] [--race-check] [--trace OUT.json] [--json]\n"
-      "  tpu-sim presets [--json]\n"
-      "  tpu-sim preset NAME\n"
-      "  tpu-sim gen gemm M N K [--chip NAME] [--mode bf16|f32|i8] [--block-m N] [--json]\n"
-      "  tpu-sim gen copy BYTES [--chip NAME] [--chunk BYTES] [--buffers N] [--json]\n"
-      "  tpu-sim convert PROGRAM [--json]\n"
-      "PROGRAM is an assembly file (.tasm), a JSON program (.json) or - for stdin.\n",
-      stderr);
+  std::fprintf(stderr, "usage: tpu-sim COMMAND [ARGS] [OPTIONS] (tpu-sim --help for the options)\n%s\n", kCommands);
   return 2;
 }
 
@@ -49,27 +52,23 @@ struct Args {
   int64_t chunk = 1 << 20, buffers = 4, block_m = 0;
 };
 
-Args parse_args(int argc, char** argv, int from) {
-  Args a;
-  for (int i = from; i < argc; ++i) {
-    std::string s = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw SimError(fmt::format("option {} needs a value", s));
-      return argv[++i];
-    };
-    if (s == "--chip") a.chip = next();
-    else if (s == "--trace") a.trace = next();
-    else if (s == "--mode") a.mode = next();
-    else if (s == "--chunk") a.chunk = std::stoll(next());
-    else if (s == "--buffers") a.buffers = std::stoll(next());
-    else if (s == "--block-m") a.block_m = std::stoll(next());
-    else if (s == "--json") a.json = true;
-    else if (s == "--timing-only") a.timing_only = true;
-    else if (s == "--race-check") a.race = true;
-    else if (s.size() > 1 && s[0] == '-' && s != "-") throw SimError(fmt::format("unknown option '{}'", s));
-    else a.pos.push_back(s);
-  }
-  return a;
+// nullopt: run the command; else the exit code (0 after --help, 2 after a bad option).
+std::optional<int> parse_args(int argc, char** argv, int from, Args& a) {
+  tpu::cli::Parser p("tpu-sim", "Runs, generates and converts programs of the simulated chip.");
+  p.value("--chip", "NAME|FILE", "chip preset or config JSON (default v5e)", [&](const std::string& v) { a.chip = v; });
+  p.value("--trace", "OUT.json", "run: write a Chrome/Perfetto trace", [&](const std::string& v) { a.trace = v; });
+  p.value("--mode", "bf16|f32|i8", "gen gemm: MXU mode (default bf16)", [&](const std::string& v) { a.mode = v; });
+  p.value("--chunk", "BYTES", "gen copy: bytes per DMA (default 1 MiB)", [&](const std::string& v) { a.chunk = p.to_int(v); });
+  p.value("--buffers", "N", "gen copy: buffers in flight (default 4)", [&](const std::string& v) { a.buffers = p.to_int(v); });
+  p.value("--block-m", "N", "gen gemm: rows per block (default: chosen)", [&](const std::string& v) { a.block_m = p.to_int(v); });
+  p.flag("--json", "print JSON", [&] { a.json = true; });
+  p.flag("--timing-only", "run: cost the program without computing values", [&] { a.timing_only = true; });
+  p.flag("--race-check", "run: report unordered accesses to the same memory", [&] { a.race = true; });
+  p.positional("COMMAND ARGS...", "see the commands below");
+  p.epilog(kCommands);
+  if (auto rc = p.parse(argc, argv, from)) return rc;
+  a.pos = p.positionals();
+  return std::nullopt;
 }
 
 std::string read_all(const std::string& path) {
@@ -170,10 +169,12 @@ int cmd_gen(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) return usage();
-  std::string cmd = argv[1];
   try {
-    Args a = parse_args(argc, argv, 2);
+    Args a;
+    if (auto rc = parse_args(argc, argv, 1, a)) return *rc;
+    if (a.pos.empty()) return usage();
+    const std::string cmd = a.pos[0];
+    a.pos.erase(a.pos.begin());
     if (cmd == "run") return cmd_run(a);
     if (cmd == "presets") return cmd_presets(a);
     if (cmd == "preset" && a.pos.size() == 1) {

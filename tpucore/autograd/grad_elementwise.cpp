@@ -49,7 +49,13 @@ void div_bw(const BackwardArgs& a, Grads g) {
 void pow_bw(const BackwardArgs& a, Grads g) {
   const Tensor& go = a.grad_outputs[0];
   const Tensor &x = a.inputs[0], &y = a.inputs[1];
-  if (a.needs_grad(0)) {
+  if (a.needs_grad(0) && y.impl().wrapped_number) {
+    // A number exponent (pow(x, 3)): the formula in scalars, so nothing is made on the cpu
+    // for a device x.
+    const Scalar e = y.item();
+    const Scalar e1 = e.is_floating() ? Scalar(e.to_double() - 1) : Scalar(e.to_int() - 1);
+    g[0] = e.to_double() == 0 ? zeros_like(go) : mul(go, mul(pow(x, e1), e));
+  } else if (a.needs_grad(0)) {
     // d/dx x^y = y x^(y-1); 0 where y == 0 (also for x == 0).
     Tensor d = mul(y, pow(x, sub(y, 1)));
     g[0] = where(eq(y, 0), 0.0, mul(go, d));
