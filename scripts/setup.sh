@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs every build and test dependency from Debian packages. Safe to run twice.
 # zlib reads the gzipped IDX files of dataset-fashion-mnist (Fashion-MNIST, ~30 MB), which the
-# training example and the data tests use.
+# training example and the data tests use. libgloo-dev is the engine of tpu::dist's gloo backend
+# (collectives between processes over TCP).
 set -euo pipefail
 PKGS=(cmake ninja-build g++ make libfmt-dev libspdlog-dev libeigen3-dev nlohmann-json3-dev catch2 libbenchmark-dev
-      zlib1g-dev dataset-fashion-mnist)
+      zlib1g-dev dataset-fashion-mnist libgloo-dev)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
