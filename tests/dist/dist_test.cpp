@@ -255,8 +255,8 @@ TEST_CASE("tpu-run: starts the ranks, prefixes their output, and stops the job w
   finish(ok, logs, std::chrono::seconds(60));
   INFO(ok[0].out);
   CHECK(exit_code(ok[0]) == 0);
-  CHECK(ok[0].out.find("[0] rank done: async, 0 failures") != std::string::npos);
-  CHECK(ok[0].out.find("[1] rank done: async, 0 failures") != std::string::npos);
+  CHECK(ok[0].out.find("[0] rank done: async, 0 failures in ") != std::string::npos);
+  CHECK(ok[0].out.find("[1] rank done: async, 0 failures in ") != std::string::npos);
 
   auto t0 = std::chrono::steady_clock::now();
   logs = {dir / "fail.log"};

@@ -177,7 +177,7 @@ int main(int argc, char** argv) {
       rc = 0;
     }
     if (s != "die") tpu::dist::destroy_process_group();
-    std::printf("rank done: %s, %d failures\n", s.c_str(), g_failures);
+    std::printf("rank done: %s, %d failures in %d checks\n", s.c_str(), g_failures, g_checks);
     return rc != 0 ? rc : (g_failures ? 1 : 0);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "uncaught: %s\n", e.what());

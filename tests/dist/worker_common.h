@@ -19,8 +19,10 @@ using tpu::Shape;
 using tpu::Tensor;
 
 inline int g_failures = 0;
+inline int g_checks = 0;
 
 inline void check(bool ok, const std::string& what) {
+  ++g_checks;
   if (!ok) {
     ++g_failures;
     if (g_failures < 20) std::fprintf(stderr, "FAIL: %s\n", what.c_str());
