@@ -96,18 +96,18 @@ class ProcessGroup {
   Work recv_async(const Tensor& t, int src, int tag = 0);
   Work barrier_async();
 
-  void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::sum) { all_reduce_async(t, op).wait(); }
-  void broadcast(const Tensor& t, int src) { broadcast_async(t, src).wait(); }
-  void all_gather(const std::vector<Tensor>& out, const Tensor& in) { all_gather_async(out, in).wait(); }
-  void all_gather_into_tensor(const Tensor& out, const Tensor& in) { all_gather_into_tensor_async(out, in).wait(); }
-  void reduce_scatter_tensor(const Tensor& out, const Tensor& in, ReduceOp op = ReduceOp::sum) {
-    reduce_scatter_tensor_async(out, in, op).wait();
-  }
-  void all_to_all(const std::vector<Tensor>& out, const std::vector<Tensor>& in) { all_to_all_async(out, in).wait(); }
-  void all_to_all_single(const Tensor& out, const Tensor& in) { all_to_all_single_async(out, in).wait(); }
+  // Blocking forms: when nothing else of the group is queued, the call runs on the caller's
+  // thread (no hand-off to the group's thread); otherwise it queues behind and waits.
+  void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::sum);
+  void broadcast(const Tensor& t, int src);
+  void all_gather(const std::vector<Tensor>& out, const Tensor& in);
+  void all_gather_into_tensor(const Tensor& out, const Tensor& in);
+  void reduce_scatter_tensor(const Tensor& out, const Tensor& in, ReduceOp op = ReduceOp::sum);
+  void all_to_all(const std::vector<Tensor>& out, const std::vector<Tensor>& in);
+  void all_to_all_single(const Tensor& out, const Tensor& in);
   void send(const Tensor& t, int dst, int tag = 0) { send_async(t, dst, tag).wait(); }
   void recv(const Tensor& t, int src, int tag = 0) { recv_async(t, src, tag).wait(); }
-  void barrier() { barrier_async().wait(); }
+  void barrier();
 
   Backend& backend_impl() const;  // for backends layered on this one (tests, benchmarks)
 

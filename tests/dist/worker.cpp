@@ -141,6 +141,7 @@ int scenario_bad_args() {  // local argument errors (every rank makes the same m
 }
 
 int scenario_die() {  // rank 1 dies before the collective; the others must fail, not hang
+  tpu::dist::barrier();  // every rank is past the rendezvous
   if (tpu::dist::get_rank() == 1) _exit(7);
   Tensor t = tpu::ones(Shape{1 << 16}, tpu::TensorOptions(DType::f32));
   int rc = expect_error([&] {

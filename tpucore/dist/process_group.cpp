@@ -147,6 +147,13 @@ struct Plan {
 // Prepares a call on the caller's thread (checks, staging) and queues it. Invalid arguments
 // throw here; with the header check on, this rank still joins the header exchange marked
 // "bad", so the other ranks fail at once instead of waiting for it.
+thread_local bool t_blocking_call = false;  // set by the blocking forms: run inline if idle
+
+struct BlockingCall {
+  BlockingCall() { t_blocking_call = true; }
+  ~BlockingCall() { t_blocking_call = false; }
+};
+
 template <class Q, class F>
 Work launch(Q& q, Backend* b, bool check, std::chrono::milliseconds timeout, const Call& c, F&& prepare) {
   Plan plan;
@@ -169,7 +176,7 @@ Work launch(Q& q, Backend* b, bool check, std::chrono::milliseconds timeout, con
   st->what = c.what;
   st->timeout = timeout;
   st->finish = std::move(plan.finish);
-  st->done = q.tasks.push([b, check, what = c.what, h = plan.header, body = std::move(plan.body)] {
+  std::function<void()> task = [b, check, what = c.what, h = plan.header, body = std::move(plan.body)] {
     try {
       if (check) check_headers(*b, h, what);
       if (body) body();
@@ -178,7 +185,8 @@ Work launch(Q& q, Backend* b, bool check, std::chrono::milliseconds timeout, con
     } catch (const std::exception& e) {
       throw detail::TransportError(fmt::format("{} failed: {}", what, e.what()));
     }
-  });
+  };
+  st->done = t_blocking_call ? q.tasks.run_or_push(std::move(task)) : q.tasks.push(std::move(task));
   return Work(st);
 }
 
@@ -346,6 +354,33 @@ Work ProcessGroup::barrier_async() {
 }
 
 #undef TPU_DIST_CALL
+
+#define TPU_DIST_BLOCKING(call) \
+  Work w;                       \
+  {                             \
+    BlockingCall b;             \
+    w = call;                   \
+  }                             \
+  w.wait()
+void ProcessGroup::all_reduce(const Tensor& t, ReduceOp op) { TPU_DIST_BLOCKING(all_reduce_async(t, op)); }
+void ProcessGroup::broadcast(const Tensor& t, int src) { TPU_DIST_BLOCKING(broadcast_async(t, src)); }
+void ProcessGroup::all_gather(const std::vector<Tensor>& out, const Tensor& in) {
+  TPU_DIST_BLOCKING(all_gather_async(out, in));
+}
+void ProcessGroup::all_gather_into_tensor(const Tensor& out, const Tensor& in) {
+  TPU_DIST_BLOCKING(all_gather_into_tensor_async(out, in));
+}
+void ProcessGroup::reduce_scatter_tensor(const Tensor& out, const Tensor& in, ReduceOp op) {
+  TPU_DIST_BLOCKING(reduce_scatter_tensor_async(out, in, op));
+}
+void ProcessGroup::all_to_all(const std::vector<Tensor>& out, const std::vector<Tensor>& in) {
+  TPU_DIST_BLOCKING(all_to_all_async(out, in));
+}
+void ProcessGroup::all_to_all_single(const Tensor& out, const Tensor& in) {
+  TPU_DIST_BLOCKING(all_to_all_single_async(out, in));
+}
+void ProcessGroup::barrier() { TPU_DIST_BLOCKING(barrier_async()); }
+#undef TPU_DIST_BLOCKING
 
 // Point to point. Both sides post at call time (send: header and data; recv: header, or data
 // when the check is off) so that isend/irecv pairs in any order cannot deadlock; message k from

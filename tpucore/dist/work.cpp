@@ -31,32 +31,68 @@ void TaskQueue::mark_broken(const std::string& why) {
   if (broken_.empty()) broken_ = why;
 }
 
+void TaskQueue::execute(std::function<void()>& task, std::promise<void>& done) {
+  std::string broken;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    broken = broken_;
+  }
+  if (!broken.empty()) {
+    done.set_exception(std::make_exception_ptr(
+        Error(fmt::format("tpu::dist: the group is broken by an earlier failure, so this call did not run: {}", broken))));
+    return;
+  }
+  try {
+    task();
+    done.set_value();
+  } catch (const TransportError& e) {
+    mark_broken(e.what());
+    done.set_exception(std::current_exception());
+  } catch (...) {
+    done.set_exception(std::current_exception());
+  }
+}
+
+std::shared_future<void> TaskQueue::run_or_push(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!tasks_.empty() || busy_) {
+      std::promise<void> p;
+      std::shared_future<void> f = p.get_future().share();
+      tasks_.emplace_back(std::move(task), std::move(p));
+      cv_.notify_one();
+      return f;
+    }
+    busy_ = true;
+  }
+  std::promise<void> p;
+  std::shared_future<void> f = p.get_future().share();
+  execute(task, p);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    busy_ = false;
+  }
+  cv_.notify_one();  // tasks queued meanwhile
+  return f;
+}
+
 void TaskQueue::run() {
   for (;;) {
     std::pair<std::function<void()>, std::promise<void>> item;
-    std::string broken;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+      cv_.wait(lock, [&] { return (stop_ && !busy_) || (!tasks_.empty() && !busy_); });
       if (tasks_.empty()) return;  // stop_ and nothing left
       item = std::move(tasks_.front());
       tasks_.pop_front();
-      broken = broken_;
+      busy_ = true;
     }
-    if (!broken.empty()) {
-      item.second.set_exception(std::make_exception_ptr(
-          Error(fmt::format("tpu::dist: the group is broken by an earlier failure, so this call did not run: {}", broken))));
-      continue;
+    execute(item.first, item.second);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      busy_ = false;
     }
-    try {
-      item.first();
-      item.second.set_value();
-    } catch (const TransportError& e) {
-      mark_broken(e.what());
-      item.second.set_exception(std::current_exception());
-    } catch (...) {
-      item.second.set_exception(std::current_exception());
-    }
+    cv_.notify_all();
   }
 }
 

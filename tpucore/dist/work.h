@@ -33,14 +33,19 @@ class TaskQueue {
   TaskQueue();
   ~TaskQueue();
   std::shared_future<void> push(std::function<void()> task);
+  // Runs the task on the calling thread when the queue is idle (else pushes it): same order,
+  // no thread hand-off.
+  std::shared_future<void> run_or_push(std::function<void()> task);
   void mark_broken(const std::string& why);
 
  private:
   void run();
+  void execute(std::function<void()>& task, std::promise<void>& done);
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::pair<std::function<void()>, std::promise<void>>> tasks_;
   bool stop_ = false;
+  bool busy_ = false;  // a task is running (on the queue's thread or inline)
   std::string broken_;
   std::thread thread_;
 };
