@@ -32,7 +32,7 @@ int64_t max_bytes() {
 }
 
 int64_t iterations(int64_t bytes) {  // same on every rank; ~0.3-2 s per size on loopback
-  return std::clamp<int64_t>((int64_t{64} << 20) / bytes, 5, 2000);
+  return std::clamp<int64_t>((int64_t{64} << 20) / bytes, 6, 2000);
 }
 
 void sum_f32(void* out, const void* a, const void* b, size_t n) {
@@ -76,24 +76,35 @@ void BM_Interleaved(benchmark::State& state) {
   auto g = tpu::dist::world();
   double direct = 0, dist = 0, nocheck = 0;
   using clock = std::chrono::steady_clock;
-  for (auto _ : state) {
-    auto t0 = clock::now();
+  auto run_direct = [&] {
     gloo::AllreduceOptions o(g_direct);
     o.setOutput(buf.data(), static_cast<size_t>(n));
     o.setReduceFunction(sum_f32);
     o.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
     gloo::allreduce(o);
-    auto t1 = clock::now();
-    g->all_reduce(t);
-    auto t2 = clock::now();
-    g->set_check_consistency(false);
+  };
+  auto run_dist = [&](bool check) {
+    g->set_check_consistency(check);
     g->all_reduce(t);
     g->set_check_consistency(true);
-    auto t3 = clock::now();
-    direct += std::chrono::duration<double>(t1 - t0).count();
-    dist += std::chrono::duration<double>(t2 - t1).count();
-    nocheck += std::chrono::duration<double>(t3 - t2).count();
-    state.SetIterationTime(std::chrono::duration<double>(t3 - t0).count());
+  };
+  auto timed = [](auto&& f) {
+    auto t0 = clock::now();
+    f();
+    return std::chrono::duration<double>(clock::now() - t0).count();
+  };
+  int64_t i = 0;
+  for (auto _ : state) {  // the order rotates each iteration, so no path always goes first
+    double a = 0, b = 0, c = 0;
+    switch (i++ % 3) {
+      case 0: a = timed(run_direct); b = timed([&] { run_dist(true); }); c = timed([&] { run_dist(false); }); break;
+      case 1: b = timed([&] { run_dist(true); }); c = timed([&] { run_dist(false); }); a = timed(run_direct); break;
+      default: c = timed([&] { run_dist(false); }); a = timed(run_direct); b = timed([&] { run_dist(true); }); break;
+    }
+    direct += a;
+    dist += b;
+    nocheck += c;
+    state.SetIterationTime(a + b + c);
   }
   const double it = static_cast<double>(state.iterations());
   state.counters["direct_us"] = direct / it * 1e6;
