@@ -267,4 +267,16 @@ TEST_CASE("tpu-run: starts the ranks, prefixes their output, and stops the job w
   CHECK(exit_code(bad[0]) == 1);
   CHECK(bad[0].out.find("tpu-run: rank 1 exited with status 5; stopped the other ranks") != std::string::npos);
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));  // the others sleep 30 s
+
+  // SIGINT to tpu-run reaches every rank (which sleep 30 s otherwise).
+  t0 = std::chrono::steady_clock::now();
+  logs = {dir / "sigint.log"};
+  std::vector<Proc> intr{{start({TPU_RUN_EXE, "-n", "2", TPU_DIST_WORKER, "fail_rank", "99"}, {}, logs[0]), -1, false, ""}};
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  ::kill(intr[0].pid, SIGINT);
+  finish(intr, logs, std::chrono::seconds(30));
+  INFO(intr[0].out);
+  CHECK(exit_code(intr[0]) == 128 + SIGINT);
+  CHECK(intr[0].out.find("tpu-run: stopped by signal") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));
 }
