@@ -4,9 +4,10 @@
 # training example and the data tests use.
 # libicu-dev: Unicode letter/number classes for the tokenizer's pre-tokenizer patterns (and the
 # regex engine its test compares with); fortunes: the corpus of examples/train_fortunes (2.8 MB).
+# libgloo-dev is the engine of tpu::dist's gloo backend (collectives between processes over TCP).
 set -euo pipefail
 PKGS=(cmake ninja-build g++ make libfmt-dev libspdlog-dev libeigen3-dev nlohmann-json3-dev catch2 libbenchmark-dev
-      zlib1g-dev dataset-fashion-mnist libicu-dev fortunes)
+      zlib1g-dev dataset-fashion-mnist libicu-dev fortunes libgloo-dev)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

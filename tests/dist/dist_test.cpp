@@ -1,0 +1,282 @@
+// Multi-process tests of tpu::dist over gloo: each test starts 2-4 tpudist_worker processes on
+// 127.0.0.1 (or through tpu-run), waits for them with a deadline (killing them past it) and
+// checks their exit status and messages. The checks against the naive reference run inside
+// the workers (worker_collectives.cpp).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+fs::path scratch_dir() {
+  static int counter = 0;
+  fs::path p = fs::temp_directory_path() / ("tpudist_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+struct Proc {
+  pid_t pid = -1;
+  int status = -1;  // raw wait status; -1 while running or when killed at the deadline
+  bool timed_out = false;
+  std::string out;
+};
+
+// Runs argv with env added; output (stdout+stderr) to a file read back at the end.
+pid_t start(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env, const fs::path& log) {
+  std::vector<std::string> envs;
+  for (char** e = environ; *e; ++e) {
+    std::string kv = *e;
+    std::string k = kv.substr(0, kv.find('='));
+    if (!env.count(k) && k != "RANK" && k != "WORLD_SIZE" && k != "MASTER_ADDR" && k != "MASTER_PORT" &&
+        k.rfind("TPU_DIST_", 0) != 0)
+      envs.push_back(kv);
+  }
+  for (auto& [k, v] : env) envs.push_back(k + "=" + v);
+  std::vector<char*> a, e;
+  for (auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+  a.push_back(nullptr);
+  for (auto& s : envs) e.push_back(const_cast<char*>(s.c_str()));
+  e.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = -1;
+  int rc = posix_spawn(&pid, a[0], &fa, nullptr, a.data(), e.data());
+  posix_spawn_file_actions_destroy(&fa);
+  REQUIRE(rc == 0);
+  return pid;
+}
+
+// Waits for every process until the deadline, then kills the rest (a hang fails the test).
+void finish(std::vector<Proc>& ps, const std::vector<fs::path>& logs, std::chrono::seconds deadline) {
+  auto end = std::chrono::steady_clock::now() + deadline;
+  for (;;) {  // bounded by the deadline
+    bool running = false;
+    for (auto& p : ps) {
+      if (p.status != -1 || p.timed_out) continue;
+      int st = 0;
+      if (::waitpid(p.pid, &st, WNOHANG) == p.pid) p.status = st;
+      else running = true;
+    }
+    if (!running) break;
+    if (std::chrono::steady_clock::now() >= end) {
+      for (auto& p : ps)
+        if (p.status == -1) {
+          ::kill(p.pid, SIGKILL);
+          ::waitpid(p.pid, nullptr, 0);
+          p.timed_out = true;
+        }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (size_t i = 0; i < ps.size(); ++i) {
+    std::ifstream f(logs[i]);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    ps[i].out = ss.str();
+  }
+}
+
+int exit_code(const Proc& p) { return (!p.timed_out && WIFEXITED(p.status)) ? WEXITSTATUS(p.status) : -1; }
+
+struct Job {
+  Job(int ranks, std::string what, std::string arg = "", int timeout = 10000)
+      : n(ranks), scenario(std::move(what)), extra_arg(std::move(arg)), timeout_ms(timeout) {}
+  int n = 2;
+  std::string scenario;
+  std::string extra_arg;
+  bool file_store = false;
+  int timeout_ms = 10000;
+  std::map<int, std::map<std::string, std::string>> env_per_rank;  // overrides
+  std::vector<int> only_ranks;                                     // start only these ranks
+};
+
+std::vector<Proc> run(const Job& j, std::chrono::seconds deadline = std::chrono::seconds(120)) {
+  fs::path dir = scratch_dir();
+  int port = free_port();
+  std::vector<Proc> ps;
+  std::vector<fs::path> logs;
+  for (int r = 0; r < j.n; ++r) {
+    if (!j.only_ranks.empty() && std::find(j.only_ranks.begin(), j.only_ranks.end(), r) == j.only_ranks.end()) continue;
+    std::map<std::string, std::string> env = {{"RANK", std::to_string(r)}, {"WORLD_SIZE", std::to_string(j.n)},
+                                              {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)},
+                                              {"TPU_DIST_TIMEOUT_MS", std::to_string(j.timeout_ms)}};
+    if (j.file_store) env["TPU_DIST_INIT_METHOD"] = "file://" + (dir / "store").string();
+    if (j.env_per_rank.count(r))
+      for (auto& [k, v] : j.env_per_rank.at(r)) env[k] = v;
+    std::vector<std::string> argv = {TPU_DIST_WORKER, j.scenario};
+    if (!j.extra_arg.empty()) argv.push_back(j.extra_arg);
+    logs.push_back(dir / ("rank" + std::to_string(r) + ".log"));
+    Proc p;
+    p.pid = start(argv, env, logs.back());
+    ps.push_back(p);
+  }
+  finish(ps, logs, deadline);
+  return ps;
+}
+
+void require_all_ok(const std::vector<Proc>& ps) {
+  for (size_t i = 0; i < ps.size(); ++i) {
+    INFO("process " << i << " output:\n" << ps[i].out);
+    CHECK(!ps[i].timed_out);
+    CHECK(exit_code(ps[i]) == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("dist gloo: every collective, dtype and size on 2 ranks (TCP store)", "[dist]") {
+  require_all_ok(run(Job(2, "collectives")));
+}
+
+TEST_CASE("dist gloo: every collective, dtype and size on 4 ranks (file store)", "[dist]") {
+  require_all_ok(run([] { Job j(4, "collectives"); j.file_store = true; return j; }()));
+}
+
+TEST_CASE("dist gloo: async work handles, wait timeouts and isend/irecv", "[dist]") {
+  require_all_ok(run(Job(2, "async")));
+}
+
+TEST_CASE("dist gloo: new_group and a 2x2 DeviceMesh on 4 ranks", "[dist]") {
+  require_all_ok(run(Job(4, "groups")));
+}
+
+TEST_CASE("dist gloo: mismatched shapes and dtypes name the ranks; the group stays usable", "[dist]") {
+  auto ps = run(Job(2, "mismatch"));
+  require_all_ok(ps);
+  CHECK(ps[0].out.find("rank 0: all_reduce f32[4] sum; rank 1: all_reduce f32[5] sum") != std::string::npos);
+}
+
+TEST_CASE("dist gloo: bad arguments and sim tensors staged through the host", "[dist]") {
+  require_all_ok(run(Job(2, "bad_args")));
+}
+
+TEST_CASE("dist gloo: a rank that dies makes the others fail within the timeout", "[dist]") {
+  auto t0 = std::chrono::steady_clock::now();
+  auto ps = run(Job(3, "die", "", 3000), std::chrono::seconds(60));
+  CHECK(exit_code(ps[1]) == 7);
+  for (int r : {0, 2}) {
+    INFO("rank " << r << " output:\n" << ps[static_cast<size_t>(r)].out);
+    CHECK(exit_code(ps[static_cast<size_t>(r)]) == 0);  // it caught the expected tpu::Error
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30));
+}
+
+TEST_CASE("dist gloo: init errors are clear and bounded", "[dist]") {
+  SECTION("a rank that never arrives") {
+    Job j(2, "init_error", "ranks 1 of 2 never arrived", 1000);
+    j.only_ranks = {0};
+    auto ps = run(j, std::chrono::seconds(30));
+    INFO(ps[0].out);
+    CHECK(exit_code(ps[0]) == 0);
+  }
+  SECTION("ranks disagree on the world size") {
+    Job j(2, "init_error", "wrong world size", 5000);
+    j.env_per_rank[1] = {{"WORLD_SIZE", "3"}};
+    require_all_ok(run(j, std::chrono::seconds(30)));
+  }
+  SECTION("the master port is in use") {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+    ::listen(fd, 1);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    Job j(2, "init_error", "is in use", 1000);
+    j.only_ranks = {0};
+    j.env_per_rank[0] = {{"MASTER_PORT", std::to_string(ntohs(a.sin_port))}};
+    auto ps = run(j, std::chrono::seconds(30));
+    ::close(fd);
+    INFO(ps[0].out);
+    CHECK(exit_code(ps[0]) == 0);
+  }
+  SECTION("an unreachable master") {
+    Job j(2, "init_error", "could not reach the rendezvous store", 1000);
+    j.only_ranks = {1};
+    auto ps = run(j, std::chrono::seconds(30));
+    INFO(ps[0].out);
+    CHECK(exit_code(ps[0]) == 0);
+  }
+  SECTION("a rank outside the world, and no RANK at all") {
+    Job j(2, "init_error", "outside 0..1");
+    j.only_ranks = {0};
+    j.env_per_rank[0] = {{"RANK", "2"}};
+    require_all_ok(run(j, std::chrono::seconds(30)));
+    Job k(1, "init_error", "$RANK is not set");
+    k.env_per_rank[0] = {{"RANK", ""}};
+    require_all_ok(run(k, std::chrono::seconds(30)));
+  }
+}
+
+TEST_CASE("tpu-run: starts the ranks, prefixes their output, and stops the job when a rank fails", "[dist]") {
+  fs::path dir = scratch_dir();
+  std::vector<fs::path> logs{dir / "ok.log"};
+  std::vector<Proc> ok{{start({TPU_RUN_EXE, "-n", "2", "--hosts", "127.0.0.1,localhost", TPU_DIST_WORKER, "async"},
+                              {}, logs[0]), -1, false, ""}};
+  finish(ok, logs, std::chrono::seconds(60));
+  INFO(ok[0].out);
+  CHECK(exit_code(ok[0]) == 0);
+  CHECK(ok[0].out.find("[0] rank done: async, 0 failures in ") != std::string::npos);
+  CHECK(ok[0].out.find("[1] rank done: async, 0 failures in ") != std::string::npos);
+
+  auto t0 = std::chrono::steady_clock::now();
+  logs = {dir / "fail.log"};
+  std::vector<Proc> bad{{start({TPU_RUN_EXE, "-n", "3", "--grace", "1", TPU_DIST_WORKER, "fail_rank", "1"}, {}, logs[0]),
+                         -1, false, ""}};
+  finish(bad, logs, std::chrono::seconds(60));
+  INFO(bad[0].out);
+  CHECK(exit_code(bad[0]) == 1);
+  CHECK(bad[0].out.find("tpu-run: rank 1 exited with status 5; stopped the other ranks") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));  // the others sleep 30 s
+
+  // SIGINT to tpu-run reaches every rank (which sleep 30 s otherwise).
+  t0 = std::chrono::steady_clock::now();
+  logs = {dir / "sigint.log"};
+  std::vector<Proc> intr{{start({TPU_RUN_EXE, "-n", "2", TPU_DIST_WORKER, "fail_rank", "99"}, {}, logs[0]), -1, false, ""}};
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  ::kill(intr[0].pid, SIGINT);
+  finish(intr, logs, std::chrono::seconds(30));
+  INFO(intr[0].out);
+  CHECK(exit_code(intr[0]) == 128 + SIGINT);
+  CHECK(intr[0].out.find("tpu-run: stopped by signal") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));
+}

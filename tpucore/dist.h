@@ -1,0 +1,171 @@
+// tpu::dist: process groups and collectives, modeled on torch.distributed.
+//
+//   tpu::dist::init_process_group();                 // backend gloo; RANK, WORLD_SIZE,
+//                                                    // MASTER_ADDR, MASTER_PORT from the env
+//   tpu::dist::all_reduce(grad, tpu::dist::ReduceOp::avg);
+//   auto work = tpu::dist::all_gather_into_tensor_async(out, shard);
+//   work.wait(std::chrono::seconds(10));
+//   tpu::dist::destroy_process_group();
+//
+// Every rank calls the same collectives in the same order (as in torch.distributed). A
+// collective's tensors may be cpu or sim tensors (the gloo backend stages sim tensors through
+// the host), of any dtype and any strides; results are written back into the caller's tensors.
+// Before each collective the ranks exchange a small header (op, dtype, shape, root, reduce op)
+// so that ranks that disagree get a tpu::Error naming the ranks and their shapes instead of a
+// hang or garbage; InitOptions::check_consistency = false (or TPU_DIST_CHECK=0) skips it.
+// A rank that dies or never arrives makes the others fail with a tpu::Error within the timeout.
+// After a failure the group is broken (every later call on it fails at once naming the first
+// error); the rest of the runtime stays usable.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tpucore/tensor.h"
+
+namespace tpu::dist {
+
+enum class ReduceOp : uint8_t { sum, avg, max, min, product };
+std::string_view reduce_op_name(ReduceOp op);
+
+struct InitOptions {
+  std::string backend = "gloo";
+  int rank = -1;        // -1: from $RANK
+  int world_size = -1;  // -1: from $WORLD_SIZE
+  // "env://" (MASTER_ADDR / MASTER_PORT; rank 0 serves a small TCP store there),
+  // "tcp://host:port" (the same, address given here), or "file:///path" (Gloo's file store in a
+  // directory every rank can reach). Empty: $TPU_DIST_INIT_METHOD or "env://".
+  std::string init_method;
+  // Bound on rendezvous and on every collective (0: $TPU_DIST_TIMEOUT_MS or 30 s).
+  std::chrono::milliseconds timeout{0};
+  // Address this rank's Gloo device listens on (empty: $TPU_DIST_HOSTNAME, else MASTER_ADDR's
+  // host when it is a loopback address, else this machine's host name).
+  std::string hostname;
+  bool check_consistency = true;  // header exchange before each collective; $TPU_DIST_CHECK=0 off
+};
+
+class Backend;  // tpucore/dist/backend.h: gloo today; the sim pod is meant to be one more
+namespace detail { struct WorkState; }
+
+// Handle of an asynchronous collective. wait() blocks until it finished (rethrowing its error)
+// and writes results back into the caller's tensors; a timeout is a tpu::Error (the operation
+// itself stays bounded by the group's timeout).
+class Work {
+ public:
+  Work() = default;
+  explicit Work(std::shared_ptr<detail::WorkState> s) : state_(std::move(s)) {}
+  bool is_completed() const;  // finished (successfully or not); wait() still needed to finish
+  void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) const;  // 0: group timeout
+ private:
+  std::shared_ptr<detail::WorkState> state_;
+};
+
+class ProcessGroup {
+ public:
+  ProcessGroup(std::shared_ptr<Backend> backend, std::vector<int> global_ranks, int my_global_rank,
+               std::chrono::milliseconds timeout, bool check);
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  bool is_member() const { return rank_ >= 0; }
+  int rank() const;  // rank inside this group; a tpu::Error for a non-member
+  int size() const { return static_cast<int>(ranks_.size()); }
+  const std::vector<int>& global_ranks() const { return ranks_; }
+  std::string backend_name() const;
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  void set_check_consistency(bool on) { check_ = on; }
+
+  // In place on t.
+  Work all_reduce_async(const Tensor& t, ReduceOp op = ReduceOp::sum);
+  Work broadcast_async(const Tensor& t, int src);  // src: rank in this group
+  // out[i] receives rank i's input; every out[i] has input's shape and dtype.
+  Work all_gather_async(const std::vector<Tensor>& out, const Tensor& input);
+  // out has input's shape with dim 0 multiplied by size() (a 0-d input: out is [size()]).
+  Work all_gather_into_tensor_async(const Tensor& out, const Tensor& input);
+  // input's dim 0 is size() times out's; rank r receives the reduced r-th block.
+  Work reduce_scatter_tensor_async(const Tensor& out, const Tensor& input, ReduceOp op = ReduceOp::sum);
+  // out[j] of rank i receives input[i] of rank j; all tensors of one shape and dtype.
+  Work all_to_all_async(const std::vector<Tensor>& out, const std::vector<Tensor>& input);
+  // dim 0 split into size() equal blocks: block j goes to rank j.
+  Work all_to_all_single_async(const Tensor& out, const Tensor& input);
+  Work send_async(const Tensor& t, int dst, int tag = 0);
+  Work recv_async(const Tensor& t, int src, int tag = 0);
+  Work barrier_async();
+
+  // Blocking forms: when nothing else of the group is queued, the call runs on the caller's
+  // thread (no hand-off to the group's thread); otherwise it queues behind and waits.
+  void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::sum);
+  void broadcast(const Tensor& t, int src);
+  void all_gather(const std::vector<Tensor>& out, const Tensor& in);
+  void all_gather_into_tensor(const Tensor& out, const Tensor& in);
+  void reduce_scatter_tensor(const Tensor& out, const Tensor& in, ReduceOp op = ReduceOp::sum);
+  void all_to_all(const std::vector<Tensor>& out, const std::vector<Tensor>& in);
+  void all_to_all_single(const Tensor& out, const Tensor& in);
+  void send(const Tensor& t, int dst, int tag = 0) { send_async(t, dst, tag).wait(); }
+  void recv(const Tensor& t, int src, int tag = 0) { recv_async(t, src, tag).wait(); }
+  void barrier();
+
+  Backend& backend_impl() const;  // for backends layered on this one (tests, benchmarks)
+
+ private:
+  struct Queue;
+  std::string where() const;
+  void require_member(const char* op) const;
+  std::shared_ptr<Backend> backend_;
+  std::vector<int> ranks_;
+  int rank_ = -1;
+  std::chrono::milliseconds timeout_;
+  bool check_;
+  std::unique_ptr<Queue> queue_;
+};
+
+using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
+
+// ---- the default group (the world) ----
+void init_process_group(const InitOptions& options = {});
+bool is_initialized();
+void destroy_process_group();  // idempotent
+ProcessGroupPtr world();       // a tpu::Error before init_process_group
+int get_rank();
+int get_world_size();
+// Every rank of the world calls it with the same ranks, in the same order as other new_group
+// calls; a rank outside `ranks` gets a non-member group (is_member() false).
+ProcessGroupPtr new_group(const std::vector<int>& ranks);
+
+// Free functions on the default group (or `group`).
+void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::sum, const ProcessGroupPtr& group = nullptr);
+Work all_reduce_async(const Tensor& t, ReduceOp op = ReduceOp::sum, const ProcessGroupPtr& group = nullptr);
+void broadcast(const Tensor& t, int src, const ProcessGroupPtr& group = nullptr);
+void all_gather(const std::vector<Tensor>& out, const Tensor& in, const ProcessGroupPtr& group = nullptr);
+void all_gather_into_tensor(const Tensor& out, const Tensor& in, const ProcessGroupPtr& group = nullptr);
+void reduce_scatter_tensor(const Tensor& out, const Tensor& in, ReduceOp op = ReduceOp::sum,
+                           const ProcessGroupPtr& group = nullptr);
+void all_to_all(const std::vector<Tensor>& out, const std::vector<Tensor>& in, const ProcessGroupPtr& group = nullptr);
+void send(const Tensor& t, int dst, int tag = 0, const ProcessGroupPtr& group = nullptr);
+void recv(const Tensor& t, int src, int tag = 0, const ProcessGroupPtr& group = nullptr);
+void barrier(const ProcessGroupPtr& group = nullptr);
+
+// A logical n-D arrangement of the world's ranks with named axes, as torch's DeviceMesh:
+// DeviceMesh({2, 2}, {"dp", "tp"}) puts rank r at row-major coordinate (r / 2, r % 2);
+// group("tp") is this rank's group along "tp" (the ranks that differ only in that coordinate).
+// Every rank constructs the same mesh (it calls new_group for every line of every axis).
+class DeviceMesh {
+ public:
+  DeviceMesh(std::vector<int> shape, std::vector<std::string> axis_names);
+  const std::vector<int>& shape() const { return shape_; }
+  const std::vector<std::string>& axis_names() const { return names_; }
+  int axis(const std::string& name) const;           // a tpu::Error naming the known axes
+  ProcessGroupPtr group(const std::string& axis_name) const;
+  std::vector<int> coordinate() const;               // this rank's coordinate
+  int size(const std::string& axis_name) const { return shape_[static_cast<size_t>(axis(axis_name))]; }
+ private:
+  std::vector<int> shape_;
+  std::vector<std::string> names_;
+  std::vector<ProcessGroupPtr> groups_;
+};
+
+}  // namespace tpu::dist

@@ -1,0 +1,56 @@
+// The backend interface of tpu::dist (internal). A backend runs collectives on contiguous tensors
+// of the devices it calls native (gloo: cpu); ProcessGroup stages every other tensor (another
+// device, non-contiguous) through a contiguous host copy and writes results back. Backends are
+// what differs between gloo across processes and a simulated pod driven from one process.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tpucore/dist.h"
+
+namespace tpu::dist {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual bool native(Device d) const = 0;
+
+  // All tensors contiguous, on a native device, shapes already agreed by the caller.
+  virtual void all_reduce(const Tensor& t, ReduceOp op) = 0;
+  virtual void broadcast(const Tensor& t, int root) = 0;
+  virtual void all_gather(const Tensor& out, const Tensor& in) = 0;        // out: size() blocks
+  virtual void reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op) = 0;
+  virtual void all_to_all(const Tensor& out, const Tensor& in) = 0;        // size() blocks each
+  virtual void barrier() = 0;
+  // Every rank passes `bytes` of the same length; returns every rank's bytes, in rank order.
+  virtual std::vector<std::vector<char>> exchange(const std::vector<char>& bytes) = 0;
+
+  // Point to point: post now, wait later (so that posting never blocks the group's queue).
+  struct Pending {
+    virtual ~Pending() = default;
+    virtual void wait(std::chrono::milliseconds timeout) = 0;
+  };
+  virtual std::unique_ptr<Pending> post_send(const void* data, size_t n, int dst, uint64_t slot) = 0;
+  virtual std::unique_ptr<Pending> post_recv(void* data, size_t n, int src, uint64_t slot) = 0;
+
+  // A group of `ranks` (ranks of this backend's world, sorted, unique); every world rank calls
+  // it with the same arguments and `id`; nullptr for a rank outside `ranks`.
+  virtual std::shared_ptr<Backend> new_group(const std::vector<int>& ranks, int id) = 0;
+};
+
+// The element-wise reduction of op on dtype over n elements: out[i] = a[i] (op) b[i].
+using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t n);
+ReduceFn reduce_fn(DType dtype, ReduceOp op);  // avg reduces as sum (the caller divides)
+
+// The gloo backend of the world: rendezvous through `store_spec` ("tcp://host:port" or
+// "file:///dir"), listening on `hostname`.
+std::shared_ptr<Backend> make_gloo_world(int rank, int world_size, const std::string& store_spec,
+                                         const std::string& hostname, std::chrono::milliseconds timeout);
+
+}  // namespace tpu::dist
