@@ -51,7 +51,9 @@ const char* kV4 = R"JSON({
   "xlu": {"reduce_cycles_per_vreg": 2, "transpose_cycles_per_vreg": 4, "latency": 16},
   "scalar": {"issue_cycles": 1, "queue_depth": 16, "registers": 32, "semaphores": 32},
   "memory": {"vmem_bytes": 16777216, "hbm_bytes": 17179869184, "hbm_bandwidth_gbps": 600},
-  "dma": {"engines": 4, "latency_cycles": 500, "engine_bytes_per_cycle": 1024}
+  "dma": {"engines": 4, "latency_cycles": 500, "engine_bytes_per_cycle": 1024},
+  "timing": {"model": "calibrated", "launch_cycles": 942, "megacore": 2, "mxu_efficiency": 0.776,
+             "hbm_efficiency": 0.32, "memory_overlap": 0}
 })JSON";
 
 const char* kV5e = R"JSON({
