@@ -7,13 +7,13 @@
 #include <array>
 #include <cmath>
 #include <limits>
-#include <map>
 
 #include <fmt/format.h>
 
 #include "sim/assembly.h"
 #include "sim/dma.h"
 #include "sim/error.h"
+#include "sim/timing_model.h"
 #include "sim/kernels.h"
 #include "sim/region.h"
 #include "sim/scoreboard.h"
@@ -39,24 +39,6 @@ struct Outstanding {  // a DMA not yet waited on (race checker)
   Region w, r;
   size_t idx;
   uint64_t seq;
-};
-
-// Union of byte intervals [lo, hi): the bytes of HBM a program touched at least once.
-struct IntervalUnion {
-  std::map<uint64_t, uint64_t> iv;  // lo -> hi, disjoint and not adjacent
-  uint64_t bytes = 0;
-  void add(uint64_t lo, uint64_t len) {
-    uint64_t hi = lo + len;
-    auto it = iv.upper_bound(lo);
-    if (it != iv.begin() && std::prev(it)->second >= lo) --it;
-    while (it != iv.end() && it->first <= hi) {
-      lo = std::min(lo, it->first), hi = std::max(hi, it->second);
-      bytes -= it->second - it->first;
-      it = iv.erase(it);
-    }
-    iv.emplace(lo, hi);
-    bytes += hi - lo;
-  }
 };
 
 uint64_t span(const std::array<int64_t, 3>& shape, const std::array<int64_t, 2>& stride) {
@@ -107,22 +89,14 @@ class Executor {
 
  private:
   int mxu_unit(int j) const { return 1 + j; }
-  // The calibrated timing model (config.h, TimingConfig): the counted work of this program
-  // priced with the launch cost, megacore, sustained MXU and HBM rates and partial overlap.
+  // The calibrated timing model (timing_model.h) on this program's counted work.
   double calibrated_cycles() const {
-    const TimingConfig& t = cfg_.timing;
-    const double cores = t.megacore;
-    double mxu_stream = 0;  // streaming cycles summed over MXUs: the work spread over all of them
-    for (int j = 0; j < cfg_.mxu.count; ++j) mxu_stream += units_[size_t(mxu_unit(j))].busy;
-    double vector = 0;      // vpu, eup and xlu run side by side
-    for (int u = vpu_unit(); u <= vpu_unit() + 2; ++u) vector = std::max(vector, units_[size_t(u)].busy);
-    const double c = std::max(mxu_stream / (cfg_.mxu.count * cores * t.mxu_efficiency), vector / cores);
-    const double bw = cfg_.hbm_bytes_per_cycle() * cores;
-    const double m = double(touched_read_.bytes + touched_written_.bytes) / (bw * t.hbm_efficiency);
-    const double fill = mxu_stream > 0 ? cfg_.mxu.fill_cycles : 0;
-    const double priced = fill + std::max(c, m) + (1 - t.memory_overlap) * std::min(c, m);
-    // Re-reads of a tiled kernel hide under compute, but never beyond the peak bandwidth.
-    return t.launch_cycles + std::max(priced, double(hbm_read_ + hbm_written_) / bw);
+    CountedWork w;
+    for (int j = 0; j < cfg_.mxu.count; ++j) w.mxu_stream_cycles += units_[size_t(mxu_unit(j))].busy;
+    for (int u : {vpu_unit(), eup_unit(), xlu_unit()}) w.vector_cycles = std::max(w.vector_cycles, units_[size_t(u)].busy);
+    w.compulsory_bytes = touched_read_.bytes() + touched_written_.bytes();
+    w.traffic_bytes = hbm_read_ + hbm_written_;
+    return detail::calibrated_cycles(cfg_, w);
   }
   int wl_unit(int j) const { return 1 + cfg_.mxu.count + j; }
   int vpu_unit() const { return 1 + 2 * cfg_.mxu.count; }

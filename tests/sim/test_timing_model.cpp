@@ -8,6 +8,7 @@
 #include "sim/builder.h"
 #include "sim/error.h"
 #include "sim/programs.h"
+#include "sim/timing_model.h"
 #include "sim_test_util.h"
 
 using namespace tpu::sim;
@@ -142,4 +143,19 @@ TEST_CASE("presets: calibrated by default, '<name>-ideal' selects the ideal mode
   }
   CHECK_THROWS_AS(preset_config("nope-ideal"), SimError);
   CHECK_THROWS_AS(load_config("-ideal"), SimError);
+}
+
+TEST_CASE("calibrated model: the touched-bytes union against a byte map", "[sim][timing_model]") {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<uint64_t> pos(0, 1999), len(0, 64);
+  for (int trial = 0; trial < 20; ++trial) {
+    detail::IntervalUnion u;
+    std::vector<bool> touched(2100, false);
+    for (int i = 0; i < 200; ++i) {
+      const uint64_t lo = pos(rng), n = len(rng);
+      u.add(lo, n);
+      for (uint64_t b = lo; b < lo + n; ++b) touched[b] = true;
+      REQUIRE(u.bytes() == uint64_t(std::count(touched.begin(), touched.end(), true)));
+    }
+  }
 }
