@@ -13,10 +13,10 @@
 #include "sim/assembly.h"
 #include "sim/dma.h"
 #include "sim/error.h"
-#include "sim/timing_model.h"
 #include "sim/kernels.h"
 #include "sim/region.h"
 #include "sim/scoreboard.h"
+#include "sim/timing_model.h"
 
 namespace tpu::sim::detail {
 namespace {
@@ -309,7 +309,7 @@ void Executor::exec_dma(size_t idx, const Instr& in) {
   started(u, start, end - xfer, end, idx);
   if (in.a.space == Space::hbm) hbm_read_ += bytes;
   if (in.dst.space == Space::hbm) hbm_written_ += bytes;
-  if (cfg_.timing.calibrated()) {  // compulsory traffic: the union of the HBM spans touched
+  if (cfg_.timing.calibrated() && bytes > 0) {  // compulsory traffic: the union of the HBM spans touched
     if (in.a.space == Space::hbm) touched_read_.add(g.src, span(in.dma_shape, in.src_stride));
     if (in.dst.space == Space::hbm) touched_written_.add(g.dst, span(in.dma_shape, in.dst_stride));
   }
