@@ -221,14 +221,21 @@ sim::Program make_matmul_program(const sim::ChipConfig& cfg, const MatmulSpec& s
       }
     }
     if (st.first_k && !epi) b.wait(semC);  // the accumulator is the store buffer
-    // The MXUs: column tile j of the panel on MXU j % nm, K tiles of R rows.
+    // The MXUs: column tile j of the panel on its own MXU, K tiles of R rows. A panel narrower
+    // than the MXUs (N of 128-384 on four 128-wide arrays) splits its rows into groups so every
+    // MXU streams: each group loads the same weights and streams its rows.
     const int64_t ktiles_full = st.kl / R, k_tail = st.kl % R;
     const int64_t jt = (st.nl + Cm - 1) / Cm;
+    const int64_t groups = jt < nm ? std::max<int64_t>(1, std::min(nm / jt, st.ml / 8)) : 1;
+    const int64_t group_rows = ((st.ml + groups - 1) / groups + 7) / 8 * 8;
     auto ktile = [&](int64_t kt_off, int64_t kk, bool acc, bool in_loop) {
-      for (int64_t j = 0; j < jt; ++j) {
+      for (int64_t jg = 0; jg < jt * groups; ++jg) {
+        const int64_t j = jg / groups, r0 = (jg % groups) * group_rows;
+        const int64_t rl = std::min(group_rows, st.ml - r0);
+        if (rl <= 0) continue;
         const int64_t nn = std::min(Cm, st.nl - j * Cm);
-        const int mxu = int(j % nm);
-        sim::Addr w, lhs = B::at(vp.a[abuf[i]] + kt_off * R * esa);
+        const int mxu = int(jg % nm);
+        sim::Addr w, lhs = B::at(vp.a[abuf[i]] + (r0 * st.kl + kt_off * R) * esa);
         if (in_loop) lhs.terms[0] = {int16_t(k_reg), R * esa};
         sim::Operand wop;
         if (s.b_transposed) {
@@ -241,8 +248,8 @@ sim::Program make_matmul_program(const sim::ChipConfig& cfg, const MatmulSpec& s
           wop = B::vmem(w, s.b_dtype, st.nl);
         }
         b.mxu_load_weights(mxu, wop, kk, nn, s.mode);
-        b.mxu_matmul(mxu, B::vmem(B::at(vp.acc[par] + j * Cm * 4), DType::f32, st.nl), B::vmem(lhs, s.a_dtype, st.kl),
-                     st.ml, kk, nn, acc, s.mode);
+        b.mxu_matmul(mxu, B::vmem(B::at(vp.acc[par] + (r0 * st.nl + j * Cm) * 4), DType::f32, st.nl),
+                     B::vmem(lhs, s.a_dtype, st.kl), rl, kk, nn, acc, s.mode);
       }
     };
     if (ktiles_full > 0) {

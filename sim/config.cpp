@@ -136,6 +136,13 @@ void ChipConfig::validate() const {
   need(dma.engines >= 1 && dma.engines <= 64, "dma.engines", "must be in [1, 64]");
   need(nonneg(dma.latency_cycles), "dma.latency_cycles", "must be >= 0");
   need(pos(dma.engine_bytes_per_cycle), "dma.engine_bytes_per_cycle", "must be > 0");
+  need(timing.model == "ideal" || timing.model == "calibrated", "timing.model", "must be \"ideal\" or \"calibrated\"");
+  need(nonneg(timing.launch_cycles), "timing.launch_cycles", "must be >= 0");
+  need(timing.megacore >= 1 && timing.megacore <= cores_per_chip, "timing.megacore",
+       "must be in [1, cores_per_chip] (cores driven as one device)");
+  need(pos(timing.mxu_efficiency) && timing.mxu_efficiency <= 1, "timing.mxu_efficiency", "must be in (0, 1]");
+  need(pos(timing.hbm_efficiency) && timing.hbm_efficiency <= 1, "timing.hbm_efficiency", "must be in (0, 1]");
+  need(nonneg(timing.memory_overlap) && timing.memory_overlap <= 1, "timing.memory_overlap", "must be in [0, 1]");
 }
 
 static ChipConfig config_from_json_checked(const json& j);
@@ -217,6 +224,16 @@ static ChipConfig config_from_json_checked(const json& j) {
     v.num("engine_bytes_per_cycle", c.dma.engine_bytes_per_cycle);
     v.finish();
   }
+  if (r.has("timing")) {
+    Reader t(r.sub("timing"), "timing");
+    t.str("model", c.timing.model);
+    t.num("launch_cycles", c.timing.launch_cycles);
+    t.num("megacore", c.timing.megacore);
+    t.num("mxu_efficiency", c.timing.mxu_efficiency);
+    t.num("hbm_efficiency", c.timing.hbm_efficiency);
+    t.num("memory_overlap", c.timing.memory_overlap);
+    t.finish();
+  }
   r.finish();
   c.validate();
   return c;
@@ -259,6 +276,12 @@ json config_to_json(const ChipConfig& c) {
   j["memory"] = {{"vmem_bytes", c.memory.vmem_bytes},
                  {"hbm_bytes", c.memory.hbm_bytes},
                  {"hbm_bandwidth_gbps", c.memory.hbm_bandwidth_gbps}};
+  j["timing"] = {{"model", c.timing.model},
+                 {"launch_cycles", c.timing.launch_cycles},
+                 {"megacore", c.timing.megacore},
+                 {"mxu_efficiency", c.timing.mxu_efficiency},
+                 {"hbm_efficiency", c.timing.hbm_efficiency},
+                 {"memory_overlap", c.timing.memory_overlap}};
   j["dma"] = {{"engines", c.dma.engines},
               {"latency_cycles", c.dma.latency_cycles},
               {"engine_bytes_per_cycle", c.dma.engine_bytes_per_cycle}};

@@ -59,6 +59,27 @@ struct DmaConfig {
   double engine_bytes_per_cycle = 64;  // max rate of one engine
 };
 
+// Which timing a run reports. "ideal": the event timeline of the program on the configured
+// units (every DMA, MXU pass and vector op placed by its dependencies; what-if studies).
+// "calibrated": a per-program cost model fed by the work the timeline counted, with the
+// mechanisms real TPUs show (sim/README.md, "Timing models"; constants fitted on
+// sim/calibration/tpu_v4):
+//   cycles = launch + fill + max(C, M) + (1 - memory_overlap) * min(C, M)
+//   C = max(MXU streaming cycles / (mxu.count x megacore x mxu_efficiency),
+//           vector-unit busy cycles / megacore)
+//   M = HBM bytes / (hbm_bytes_per_cycle x megacore x hbm_efficiency)
+//   fill = mxu.fill_cycles when the program uses an MXU (pipeline fill of the array)
+// The timeline still runs (values, ordering, races) and its figure stays in Stats::ideal_cycles.
+struct TimingConfig {
+  std::string model = "ideal";     // "ideal" or "calibrated"
+  double launch_cycles = 0;        // fixed cost per launched program (launch + pipeline start)
+  int megacore = 1;                // TensorCores driven as one device (work split evenly)
+  double mxu_efficiency = 1;       // fraction of the MXU peak a kernel sustains, (0, 1]
+  double hbm_efficiency = 1;       // fraction of the HBM bandwidth a kernel sustains, (0, 1]
+  double memory_overlap = 1;       // fraction of min(compute, memory) hidden, [0, 1]
+  bool calibrated() const { return model == "calibrated"; }
+};
+
 struct ChipConfig {
   std::string name;
   std::string description;
@@ -74,6 +95,7 @@ struct ChipConfig {
   ScalarConfig scalar;
   MemoryConfig memory;
   DmaConfig dma;
+  TimingConfig timing;
 
   double hbm_bytes_per_cycle() const { return memory.hbm_bandwidth_gbps / clock_ghz; }
   // Peak bf16 FLOP/s of this core: MXUs x R x C x 2 x clock / bf16_cycles_per_row.

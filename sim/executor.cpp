@@ -16,6 +16,7 @@
 #include "sim/kernels.h"
 #include "sim/region.h"
 #include "sim/scoreboard.h"
+#include "sim/timing_model.h"
 
 namespace tpu::sim::detail {
 namespace {
@@ -39,6 +40,10 @@ struct Outstanding {  // a DMA not yet waited on (race checker)
   size_t idx;
   uint64_t seq;
 };
+
+uint64_t span(const std::array<int64_t, 3>& shape, const std::array<int64_t, 2>& stride) {
+  return uint64_t((shape[0] - 1) * stride[0] + (shape[1] - 1) * stride[1] + shape[2]);
+}
 
 struct Access {
   Region rd[4];
@@ -84,6 +89,15 @@ class Executor {
 
  private:
   int mxu_unit(int j) const { return 1 + j; }
+  // The calibrated timing model (timing_model.h) on this program's counted work.
+  double calibrated_cycles() const {
+    CountedWork w;
+    for (int j = 0; j < cfg_.mxu.count; ++j) w.mxu_stream_cycles += units_[size_t(mxu_unit(j))].busy;
+    for (int u : {vpu_unit(), eup_unit(), xlu_unit()}) w.vector_cycles = std::max(w.vector_cycles, units_[size_t(u)].busy);
+    w.compulsory_bytes = touched_read_.bytes() + touched_written_.bytes();
+    w.traffic_bytes = hbm_read_ + hbm_written_;
+    return detail::calibrated_cycles(cfg_, w);
+  }
   int wl_unit(int j) const { return 1 + cfg_.mxu.count + j; }
   int vpu_unit() const { return 1 + 2 * cfg_.mxu.count; }
   int eup_unit() const { return 2 + 2 * cfg_.mxu.count; }
@@ -265,6 +279,7 @@ class Executor {
   double flops_ = 0, vec_elems_ = 0;
   std::array<double, 3> mode_flops_{};  // MXU FLOPs per MxuMode (bf16, f32, i8)
   uint64_t hbm_read_ = 0, hbm_written_ = 0, dma_bytes_ = 0, dyn_ = 0;
+  IntervalUnion touched_read_, touched_written_;  // calibrated model only
 };
 
 void Executor::exec_dma(size_t idx, const Instr& in) {
@@ -294,6 +309,10 @@ void Executor::exec_dma(size_t idx, const Instr& in) {
   started(u, start, end - xfer, end, idx);
   if (in.a.space == Space::hbm) hbm_read_ += bytes;
   if (in.dst.space == Space::hbm) hbm_written_ += bytes;
+  if (cfg_.timing.calibrated() && bytes > 0) {  // compulsory traffic: the union of the HBM spans touched
+    if (in.a.space == Space::hbm) touched_read_.add(g.src, span(in.dma_shape, in.src_stride));
+    if (in.dst.space == Space::hbm) touched_written_.add(g.dst, span(in.dma_shape, in.dst_stride));
+  }
   dma_bytes_ += bytes;
   const uint64_t seq = ++dma_seq_;
   if (in.sem >= 0) sems_[size_t(in.sem)].push_back({end, seq});
@@ -507,6 +526,9 @@ RunResult Executor::run() {
   s.timing_only = opt_.timing_only;
   s.clock_ghz = cfg_.clock_ghz;
   s.cycles = std::max(scalar_t_, max_t_);
+  s.ideal_cycles = s.cycles;
+  s.timing_model = cfg_.timing.model;
+  if (cfg_.timing.calibrated()) s.cycles = calibrated_cycles();
   s.seconds = s.cycles / (cfg_.clock_ghz * 1e9);
   s.instructions = dyn_;
   s.static_instructions = code.size();
@@ -524,12 +546,15 @@ RunResult Executor::run() {
     if (!s.mxu_modes.empty()) s.mxu_modes += "+";
     s.mxu_modes += mxu_mode_name(MxuMode(m));
   }
-  s.peak_flops = flops_ > 0 ? flops_ / s.mxu_peak_cycles * cfg_.clock_ghz * 1e9 : cfg_.peak_flops();
-  s.hbm_bytes_per_cycle = cfg_.hbm_bytes_per_cycle();
+  // Megacore (calibrated model): the device is `megacore` cores, so its peak and bandwidth scale.
+  const double cores = cfg_.timing.calibrated() ? cfg_.timing.megacore : 1;
+  s.mxu_peak_cycles /= cores;
+  s.peak_flops = flops_ > 0 ? flops_ / s.mxu_peak_cycles * cfg_.clock_ghz * 1e9 : cores * cfg_.peak_flops();
+  s.hbm_bytes_per_cycle = cfg_.hbm_bytes_per_cycle() * cores;
   double mxu_busy = 0;
   for (int j = 0; j < cfg_.mxu.count; ++j) mxu_busy += units_[size_t(mxu_unit(j))].busy;
   if (s.cycles > 0) {
-    s.mxu_busy_fraction = mxu_busy / (s.cycles * cfg_.mxu.count);
+    s.mxu_busy_fraction = mxu_busy / (s.cycles * cfg_.mxu.count * cores);
     s.mfu = s.mxu_peak_cycles / s.cycles;
     s.flops_per_second = flops_ / s.seconds;
     s.hbm_bandwidth_fraction = double(hbm_read_ + hbm_written_) / (s.cycles * s.hbm_bytes_per_cycle);

@@ -11,6 +11,7 @@ namespace tpu::sim {
 
 std::vector<std::string> preset_names();
 // The preset's JSON text; throws SimError listing the known names if `name` is unknown.
+// "<name>-ideal" (e.g. "v4-ideal") is the preset with timing.model "ideal" (config.h).
 const std::string& preset_json(const std::string& name);
 ChipConfig preset_config(const std::string& name);
 // A preset name, a path to a JSON file, or literal JSON text (starting with '{').

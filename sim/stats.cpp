@@ -25,7 +25,9 @@ std::string bytes(double v) {
 std::string format_report(const Stats& s) {
   std::string o;
   o += fmt::format("chip {}{}\n", s.chip, s.timing_only ? " (timing-only)" : "");
-  o += fmt::format("  cycles            {:.0f}  ({} at {} GHz)\n", s.cycles, si(s.seconds, "s"), s.clock_ghz);
+  o += fmt::format("  cycles            {:.0f}  ({} at {} GHz, {} timing model)\n", s.cycles, si(s.seconds, "s"),
+                   s.clock_ghz, s.timing_model);
+  if (s.timing_model != "ideal") o += fmt::format("  ideal cycles      {:.0f}  (event timeline)\n", s.ideal_cycles);
   o += fmt::format("  instructions      {} executed, {} in the program\n", s.instructions, s.static_instructions);
   o += fmt::format("  MXU FLOPs         {}  -> {}  (peak {}{}{})\n", si(s.mxu_flops, "FLOP"),
                    si(s.flops_per_second, "FLOP/s"), si(s.peak_flops, "FLOP/s"), s.mxu_modes.empty() ? "" : " ",
@@ -53,6 +55,8 @@ nlohmann::json stats_to_json(const Stats& s) {
           {"timing_only", s.timing_only},
           {"clock_ghz", s.clock_ghz},
           {"cycles", s.cycles},
+          {"ideal_cycles", s.ideal_cycles},
+          {"timing_model", s.timing_model},
           {"seconds", s.seconds},
           {"instructions", s.instructions},
           {"static_instructions", s.static_instructions},

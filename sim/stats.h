@@ -19,7 +19,9 @@ struct Stats {
   std::string chip;
   bool timing_only = false;
   double clock_ghz = 1;
-  double cycles = 0;                // total: last unit done
+  double cycles = 0;                // total, in the chip's timing model (see timing_model)
+  double ideal_cycles = 0;          // the event timeline's total (last unit done)
+  std::string timing_model = "ideal";  // "ideal" or "calibrated" (config.h, TimingConfig)
   double seconds = 0;               // cycles / clock
   uint64_t instructions = 0;        // dynamic instructions executed (incl. loop control)
   uint64_t static_instructions = 0; // program length

@@ -276,21 +276,23 @@ TEST_CASE("codegen: compiled SGD-momentum and AdamW training steps take no more 
 }
 
 // The figures of codegen/README.md: the Fashion-MNIST example's step (MLP 784-256-10, batch 64)
-// on the v5e preset. Hidden; run with "[measure]".
+// on the v5e preset, ideal and calibrated timing models. Hidden; run with "[measure]".
 TEST_CASE("codegen: measure the compiled vs eager Fashion-MNIST training step on v5e", "[.][measure]") {
-  struct V5e {  // sim:1 on the v5e preset for this test
+  struct V5e {  // sim:1 on a v5e preset for this test
     std::string prev = device::sim_chip(1);
-    V5e() { set_sim_chip("v5e", 1); }
+    explicit V5e(const char* chip) { set_sim_chip(chip, 1); }
     ~V5e() {
       try {
         set_sim_chip(prev, 1);
       } catch (...) {
       }
     }
-  } v5e;
+  };
   const Device d("sim:1");
   const std::vector<int64_t> dims{784, 256, 10};
-  {
+  for (const char* chip : {"v5e-ideal", "v5e"}) {  // ideal and calibrated timing models
+    V5e v5e(chip);
+    std::printf("%s:\n", chip);
     const bool print_graph = std::getenv("TPU_TEST_PRINT_GRAPH") != nullptr;
     const auto [ae, ac] = step_costs<optim::AdamW>(d, dims, 64, make_adamw, "measure_train_adamw", print_graph);
     std::printf("AdamW eager:    %s\nAdamW compiled: %s\n", breakdown(ae).c_str(), breakdown(ac).c_str());

@@ -211,8 +211,8 @@ int main(int argc, char** argv) {
     std::fprintf(csv, "set,kernel,path,measured_us,simulated_us\n");
   }
   tpu::codegen::set_timing_only(true);
-  std::printf("calibration report: chip preset %s, measured TPU v4 times from %s (every %ld. row)\n", chip.c_str(),
-              dir.c_str(), long(stride));
+  std::printf("calibration report: chip preset %s (%s timing model), measured TPU v4 times from %s (every %ld. row)\n",
+              chip.c_str(), tpu::device::sim_device(0).config().timing.model.c_str(), dir.c_str(), long(stride));
   bool ok = true;
   for (const std::string path : {"eager", "compiled"}) {
     if (paths.find(path) == std::string::npos) continue;

@@ -132,14 +132,14 @@ int cmd_presets(const Args& a) {
     std::puts(j.dump(1).c_str());
     return 0;
   }
-  std::printf("%-6s %9s %5s %9s %7s %10s %10s %9s  %s\n", "name", "clock", "MXUs", "MXU", "cores", "peak/core", "HBM/core",
-              "HBM BW", "VMEM");
+  std::printf("%-6s %9s %5s %9s %7s %10s %10s %9s  %-8s %s\n", "name", "clock", "MXUs", "MXU", "cores", "peak/core", "HBM/core",
+              "HBM BW", "VMEM", "timing (<name>-ideal: ideal)");
   for (const auto& n : preset_names()) {
     ChipConfig c = preset_config(n);
-    std::printf("%-6s %6.2f GHz %5d %4dx%-4d %7d %6.1f TF/s %6.1f GiB %5.0f GB/s  %.0f MiB\n", n.c_str(), c.clock_ghz,
+    std::printf("%-6s %6.2f GHz %5d %4dx%-4d %7d %6.1f TF/s %6.1f GiB %5.0f GB/s  %-8s %s\n", n.c_str(), c.clock_ghz,
                 c.mxu.count, c.mxu.rows, c.mxu.cols, c.cores_per_chip, c.peak_flops() / 1e12,
                 double(c.memory.hbm_bytes) / double(1ull << 30), c.memory.hbm_bandwidth_gbps,
-                double(c.memory.vmem_bytes) / double(1 << 20));
+                (std::to_string(c.memory.vmem_bytes >> 20) + " MiB").c_str(), c.timing.model.c_str());
   }
   return 0;
 }

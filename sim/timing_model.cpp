@@ -1,0 +1,35 @@
+#include "sim/timing_model.h"
+
+#include <algorithm>
+#include <iterator>
+
+namespace tpu::sim::detail {
+
+void IntervalUnion::add(uint64_t lo, uint64_t len) {
+  uint64_t hi = lo + len;
+  auto it = iv_.upper_bound(lo);
+  if (it != iv_.begin() && std::prev(it)->second >= lo) --it;
+  while (it != iv_.end() && it->first <= hi) {  // merge every interval overlapping or adjacent
+    lo = std::min(lo, it->first), hi = std::max(hi, it->second);
+    bytes_ -= it->second - it->first;
+    it = iv_.erase(it);
+  }
+  iv_.emplace(lo, hi);
+  bytes_ += hi - lo;
+}
+
+double calibrated_cycles(const ChipConfig& cfg, const CountedWork& w) {
+  const TimingConfig& t = cfg.timing;
+  const double cores = t.megacore;  // work split evenly over the cores of one device
+  // Compute: the MXU work spread over every MXU of every core (narrow N included), at the
+  // sustained fraction of the peak; vector-unit work split over the cores.
+  const double c = std::max(w.mxu_stream_cycles / (cfg.mxu.count * cores * t.mxu_efficiency), w.vector_cycles / cores);
+  const double bw = cfg.hbm_bytes_per_cycle() * cores;
+  const double m = double(w.compulsory_bytes) / (bw * t.hbm_efficiency);
+  const double fill = w.mxu_stream_cycles > 0 ? cfg.mxu.fill_cycles : 0;
+  const double priced = fill + std::max(c, m) + (1 - t.memory_overlap) * std::min(c, m);
+  // Re-reads of a tiled kernel hide under compute, but never beyond the peak bandwidth.
+  return t.launch_cycles + std::max(priced, double(w.traffic_bytes) / bw);
+}
+
+}  // namespace tpu::sim::detail

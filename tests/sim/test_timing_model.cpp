@@ -1,0 +1,161 @@
+// The calibrated timing model (config.h, TimingConfig) against its closed form, its config
+// validation, and the "<preset>-ideal" variants.
+#include <algorithm>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "sim/builder.h"
+#include "sim/error.h"
+#include "sim/programs.h"
+#include "sim/timing_model.h"
+#include "sim_test_util.h"
+
+using namespace tpu::sim;
+using B = ProgramBuilder;
+
+namespace {
+
+ChipConfig calibrated_tiny(double launch, int megacore, double mxu_eff, double hbm_eff, double overlap) {
+  ChipConfig c = preset_config("tiny");
+  c.cores_per_chip = 2;
+  c.timing.model = "calibrated";
+  c.timing.launch_cycles = launch;
+  c.timing.megacore = megacore;
+  c.timing.mxu_efficiency = mxu_eff;
+  c.timing.hbm_efficiency = hbm_eff;
+  c.timing.memory_overlap = overlap;
+  c.validate();
+  return c;
+}
+
+// Reads `bytes` of HBM at 0 into VMEM `times` times (the same bytes each time).
+Program reread(int64_t bytes, int times) {
+  B b;
+  for (int i = 0; i < times; ++i) b.dma(B::vmem_at(B::at(0)), B::hbm_at(B::at(0)), {.row_bytes = bytes}, 0, 0);
+  b.wait(0, times);
+  return b.finish();
+}
+
+}  // namespace
+
+TEST_CASE("calibrated model: a GEMM costs launch + fill + compute and memory, partly overlapped", "[sim][timing_model]") {
+  const int64_t m = 32, n = 32, k = 32;
+  for (double overlap : {0.0, 0.5, 1.0}) {
+    INFO("overlap " << overlap);
+    ChipConfig c = calibrated_tiny(300, 2, 0.5, 0.25, overlap);
+    auto g = make_gemm(c, {.m = m, .n = n, .k = k, .block_m = 16});
+    Chip chip(c);
+    auto r = chip.run(g.program, {.timing_only = true});
+    // Closed form: every (K tile, N tile) pair streams m rows through one MXU at one row per
+    // cycle; the work is spread over all MXUs of both cores at the sustained fraction.
+    const double stream = double(m) * (k / c.mxu.rows) * (n / c.mxu.cols) * c.mxu.bf16_cycles_per_row;
+    const double compute = stream / (c.mxu.count * 2 * 0.5);
+    // Compulsory traffic: A and B (bf16) read once, C (f32) written once.
+    const double bytes = double(m * k * 2 + k * n * 2 + m * n * 4);
+    const double memory = bytes / (c.hbm_bytes_per_cycle() * 2 * 0.25);
+    const double priced = c.mxu.fill_cycles + std::max(compute, memory) + (1 - overlap) * std::min(compute, memory);
+    const double floor = double(r.stats.hbm_bytes_read + r.stats.hbm_bytes_written) / (c.hbm_bytes_per_cycle() * 2);
+    REQUIRE(priced > floor);  // the peak-bandwidth floor does not bind here
+    CHECK(r.stats.cycles == Approx(300 + priced));
+    CHECK(r.stats.timing_model == "calibrated");
+    // The event timeline still runs: its figure equals an ideal-model run of the same program.
+    ChipConfig ideal = c;
+    ideal.timing.model = "ideal";
+    Chip chip2(ideal);
+    auto r2 = chip2.run(g.program, {.timing_only = true});
+    CHECK(r.stats.ideal_cycles == Approx(r2.stats.cycles));
+    CHECK(r2.stats.ideal_cycles == r2.stats.cycles);
+    CHECK(r2.stats.timing_model == "ideal");
+    // Megacore: the device's peak is both cores'; MFU against it.
+    CHECK(r.stats.peak_flops == Approx(2 * c.peak_flops()));
+    CHECK(r.stats.mfu == Approx(2.0 * m * n * k / (2 * c.peak_flops() / (c.clock_ghz * 1e9)) / r.stats.cycles));
+  }
+}
+
+TEST_CASE("calibrated model: compulsory traffic at the sustained rate, re-reads at no more than the peak", "[sim][timing_model]") {
+  const int64_t bytes = 4096;
+  // Low sustained rate: reading the same bytes three times costs what reading them once does.
+  ChipConfig slow = calibrated_tiny(100, 1, 1, 0.25, 0);
+  Chip a(slow);
+  const double once = bytes / (slow.hbm_bytes_per_cycle() * 0.25);
+  CHECK(a.run(reread(bytes, 1), {.timing_only = true}).stats.cycles == Approx(100 + once));
+  CHECK(a.run(reread(bytes, 3), {.timing_only = true}).stats.cycles == Approx(100 + once));
+  // Full sustained rate: three reads cannot beat three reads at the peak bandwidth.
+  ChipConfig fast = calibrated_tiny(100, 1, 1, 1, 0);
+  Chip b(fast);
+  CHECK(b.run(reread(bytes, 3), {.timing_only = true}).stats.cycles == Approx(100 + 3.0 * bytes / fast.hbm_bytes_per_cycle()));
+  // A stream copy: read once and written once (VMEM traffic is not HBM traffic).
+  auto cp = make_stream_copy(slow, 64 * 1024, 4096, 3);
+  CHECK(a.run(cp.program, {.timing_only = true}).stats.cycles == Approx(100 + 2.0 * 64 * 1024 / (slow.hbm_bytes_per_cycle() * 0.25)));
+}
+
+TEST_CASE("calibrated model: vector-unit kernels cost launch + max(vector work, memory)", "[sim][timing_model]") {
+  ChipConfig c = calibrated_tiny(50, 2, 1, 1, 1);
+  B b;
+  b.fill(B::vmem(B::at(0), DType::f32), 1.f, 64, 64);  // ceil(64/2) * ceil(64/8) = 256 vregs, no HBM
+  Chip chip(c);
+  auto r = chip.run(b.finish());
+  CHECK(r.stats.cycles == Approx(50 + 256 * c.vpu.cycles_per_vreg / 2));
+}
+
+TEST_CASE("timing config: bad values are errors naming the field", "[sim][timing_model]") {
+  auto j = config_to_json(preset_config("v4"));
+  auto expect_err = [](nlohmann::json bad, const std::string& needle) {
+    try {
+      config_from_json(bad);
+      FAIL("no error for " << needle);
+    } catch (const SimError& e) {
+      INFO(e.what());
+      CHECK(std::string(e.what()).find(needle) != std::string::npos);
+    }
+  };
+  auto with = [&](const char* k, nlohmann::json v) {
+    auto b = j;
+    b["timing"][k] = v;
+    return b;
+  };
+  expect_err(with("model", "fast"), "timing.model");
+  expect_err(with("megacore", 3), "timing.megacore");  // v4 has 2 cores per chip
+  expect_err(with("megacore", 0), "timing.megacore");
+  expect_err(with("mxu_efficiency", 0), "timing.mxu_efficiency");
+  expect_err(with("mxu_efficiency", 1.5), "timing.mxu_efficiency");
+  expect_err(with("hbm_efficiency", -1), "timing.hbm_efficiency");
+  expect_err(with("memory_overlap", 2), "timing.memory_overlap");
+  expect_err(with("launch_cycles", -5), "timing.launch_cycles");
+  expect_err(with("warp", 1), "timing.warp");
+}
+
+TEST_CASE("presets: calibrated by default, '<name>-ideal' selects the ideal model", "[sim][timing_model]") {
+  CHECK(preset_config("v4").timing.model == "calibrated");
+  CHECK(preset_config("v4").timing.megacore == 2);
+  CHECK(preset_config("tiny").timing.model == "ideal");
+  for (const auto& n : preset_names()) {
+    INFO(n);
+    ChipConfig ideal = load_config(n + "-ideal");
+    CHECK(ideal.name == n + "-ideal");
+    CHECK(ideal.timing.model == "ideal");
+    ChipConfig base = preset_config(n);
+    base.name = ideal.name;
+    base.timing.model = "ideal";
+    CHECK(config_to_json(base) == config_to_json(ideal));
+    CHECK(config_from_json_text(preset_json(n + "-ideal")).name == n + "-ideal");
+  }
+  CHECK_THROWS_AS(preset_config("nope-ideal"), SimError);
+  CHECK_THROWS_AS(load_config("-ideal"), SimError);
+}
+
+TEST_CASE("calibrated model: the touched-bytes union against a byte map", "[sim][timing_model]") {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<uint64_t> pos(0, 1999), len(0, 64);
+  for (int trial = 0; trial < 20; ++trial) {
+    detail::IntervalUnion u;
+    std::vector<bool> touched(2100, false);
+    for (int i = 0; i < 200; ++i) {
+      const uint64_t lo = pos(rng), n = len(rng);
+      u.add(lo, n);
+      for (uint64_t b = lo; b < lo + n; ++b) touched[b] = true;
+      REQUIRE(u.bytes() == uint64_t(std::count(touched.begin(), touched.end(), true)));
+    }
+  }
+}
