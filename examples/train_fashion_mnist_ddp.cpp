@@ -9,12 +9,14 @@
 // parameter's gradient before the optimizer step, so the ranks stay identical and a step equals
 // a single-process step on the global batch. Rank 0 evaluates on the test set and prints.
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "tpucore/data.h"
 #include "tpucore/dist.h"
 #include "tpucore/nn.h"
 #include "tpucore/parallel.h"
+#include "tools/cli_args.h"
 
 using namespace tpu;
 
@@ -27,23 +29,18 @@ struct Args {
   std::string data_dir;
 };
 
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    auto val = [&]() -> std::string {
-      if (i + 1 >= argc) fail("train_fashion_mnist_ddp: {} needs a value", k);
-      return argv[++i];
-    };
-    if (k == "--epochs") a.epochs = std::stoll(val());
-    else if (k == "--batch-size") a.batch = std::stoll(val());
-    else if (k == "--lr") a.lr = std::stod(val());
-    else if (k == "--limit") a.limit = std::stoll(val());
-    else if (k == "--data-dir") a.data_dir = val();
-    else if (k == "--seed") a.seed = std::stoull(val());
-    else fail("train_fashion_mnist_ddp: unknown argument '{}' (see the comment at the top of the source)", k);
-  }
-  return a;
+std::optional<int> parse(int argc, char** argv, Args& a) {
+  cli::Parser p("train_fashion_mnist_ddp",
+                "Data-parallel Fashion-MNIST training over tpu::dist (run it with tpu-run -n N).");
+  p.value("--epochs", "N", "epochs to train (default 3)", [&](const std::string& v) { a.epochs = p.to_int(v); });
+  p.value("--batch-size", "N", "global batch size, split over the ranks (default 64)",
+          [&](const std::string& v) { a.batch = p.to_int(v); });
+  p.value("--lr", "X", "peak learning rate (default 3e-3)", [&](const std::string& v) { a.lr = p.to_double(v); });
+  p.value("--limit", "N", "train on the first N samples only", [&](const std::string& v) { a.limit = p.to_int(v); });
+  p.value("--data-dir", "DIR", "dataset folder (default: Debian's dataset-fashion-mnist)",
+          [&](const std::string& v) { a.data_dir = v; });
+  p.value("--seed", "S", "shuffle seed (default 1)", [&](const std::string& v) { a.seed = uint64_t(p.to_int(v)); });
+  return p.parse(argc, argv);
 }
 
 // Rank r's contiguous 1/world of the first `limit` samples (all when limit is 0).
@@ -66,7 +63,8 @@ double accuracy(nn::Module& model, data::DataLoader& loader) {
 
 int main(int argc, char** argv) {
   try {
-    const Args args = parse(argc, argv);
+    Args args;
+    if (auto rc = parse(argc, argv, args)) return *rc;
     dist::init_process_group();  // RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from tpu-run
     const int rank = dist::get_rank(), world = dist::get_world_size();
     if (args.batch % world != 0) fail("train_fashion_mnist_ddp: --batch-size {} is not a multiple of {} ranks", args.batch, world);

@@ -8,7 +8,9 @@
 #include "tpucore/compile.h"
 #include "tpucore/data.h"
 #include "tpucore/devices.h"
+#include "tpucore/dist.h"
 #include "tpucore/log.h"
+#include "tpucore/models.h"
 #include "tpucore/nn.h"
 #include "tpucore/ops.h"
 #include "tpucore/optim.h"
@@ -16,6 +18,7 @@
 #include "tpucore/profiler.h"
 #include "tpucore/safetensors.h"
 #include "tpucore/streams.h"
+#include "tpucore/tokenizer.h"
 
 namespace {
 

@@ -5,7 +5,7 @@
 
 namespace tpu::testing {
 
-TEST_CASE("sim_stats: counts each eager op's program and its cycles; reset zeroes them", "[codegen]") {
+TEST_CASE("sim_stats: counts each eager op's program and its cycles, reset zeroes them", "[codegen]") {
   TinySim tiny;
   Tensor a = ones({4, 16}).to(tiny.dev()), b = full({4, 16}, 2.0).to(tiny.dev());
   (void)(a + b);  // program built and cached

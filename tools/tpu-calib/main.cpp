@@ -20,6 +20,7 @@
 
 #include "codegen/launch.h"
 #include "device/sim_driver.h"
+#include "tools/cli_args.h"
 #include "tpucore/compile.h"
 #include "tpucore/devices.h"
 #include "tpucore/ops.h"
@@ -164,31 +165,21 @@ int main(int argc, char** argv) {
   std::string dir = TPU_CALIB_DATA_DIR, chip = "v4", paths = "eager,compiled", csv_path;
   int64_t stride = 1, worst = 5;
   double max_mape = -1, min_r2 = -1, max_ele_mape = -1;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::runtime_error(a + " needs a value");
-      return argv[++i];
-    };
-    try {
-      if (a == "--data") dir = next();
-      else if (a == "--chip") chip = next();
-      else if (a == "--stride") stride = std::max<int64_t>(1, std::stoll(next()));
-      else if (a == "--paths") paths = next();
-      else if (a == "--worst") worst = std::stoll(next());
-      else if (a == "--max-mape") max_mape = std::stod(next());
-      else if (a == "--min-r2") min_r2 = std::stod(next());
-      else if (a == "--max-ele-mape") max_ele_mape = std::stod(next());
-      else if (a == "--csv") csv_path = next();
-      else {
-        std::fprintf(stderr, "unknown argument %s (see the comment at the top of tools/tpu-calib/main.cpp)\n", a.c_str());
-        return 2;
-      }
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "bad argument %s: %s\n", a.c_str(), e.what());
-      return 2;
-    }
-  }
+  tpu::cli::Parser p("tpu-calib", "Simulated against measured TPU v4 kernel times: MAPE, R^2 and the worst shapes per set.");
+  p.value("--data", "DIR", "folder of the measured CSVs (default: the in-tree sim/calibration/tpu_v4)",
+          [&](const std::string& v) { dir = v; });
+  p.value("--chip", "PRESET", "chip preset (default v4; v4-ideal for the ideal timing model)",
+          [&](const std::string& v) { chip = v; });
+  p.value("--stride", "K", "use every K-th row only (default 1)",
+          [&](const std::string& v) { stride = std::max<int64_t>(1, p.to_int(v)); });
+  p.value("--paths", "LIST", "eager,compiled or one of them (default both)", [&](const std::string& v) { paths = v; });
+  p.value("--worst", "N", "worst shapes listed per set (default 5)", [&](const std::string& v) { worst = p.to_int(v); });
+  p.value("--max-mape", "PCT", "fail when the matmul MAPE is above", [&](const std::string& v) { max_mape = p.to_double(v); });
+  p.value("--min-r2", "R2", "fail when the matmul R^2 is below", [&](const std::string& v) { min_r2 = p.to_double(v); });
+  p.value("--max-ele-mape", "PCT", "fail when the elementwise/relu MAPE is above",
+          [&](const std::string& v) { max_ele_mape = p.to_double(v); });
+  p.value("--csv", "FILE", "write every row's measured and simulated time", [&](const std::string& v) { csv_path = v; });
+  if (auto rc = p.parse(argc, argv)) return *rc;
   setenv("TPU_SIM_CHIP", chip.c_str(), 1);  // before the first use of a sim device
   std::vector<Row> rows;
   try {
