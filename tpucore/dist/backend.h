@@ -20,6 +20,8 @@ class Backend {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual bool native(Device d) const = 0;
+  // Why a tensor on `d` cannot take part ("is on sim:2 but rank 0 is chip sim:0"); empty: it can.
+  virtual std::string reject(Device) const { return {}; }
 
   // All tensors contiguous, on a native device, shapes already agreed by the caller.
   virtual void all_reduce(const Tensor& t, ReduceOp op) = 0;
@@ -47,6 +49,8 @@ class Backend {
 // The element-wise reduction of op on dtype over n elements: out[i] = a[i] (op) b[i].
 using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t n);
 ReduceFn reduce_fn(DType dtype, ReduceOp op);  // avg reduces as sum (the caller divides)
+
+// (The sim backend's world is made by sim_pod_groups() in tpucore/dist.h.)
 
 // The gloo backend of the world: rendezvous through `store_spec` ("tcp://host:port" or
 // "file:///dir"), listening on `hostname`.

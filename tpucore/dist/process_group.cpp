@@ -28,6 +28,12 @@ struct Staged {
 
 // The reduced values divided by n (avg), on a contiguous host tensor of a floating dtype.
 void divide(const Tensor& t, int n) {
+  if (!t.device().is_cpu()) {  // a chip's buffer (sim backend): divide a host copy
+    Tensor h = t.to(Device()).contiguous();
+    divide(h, n);
+    Tensor(t).copy_(h);
+    return;
+  }
   dispatch_dtype(t.dtype(), [&](auto zero) {
     using T = decltype(zero);
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, f16>) {
@@ -110,7 +116,8 @@ struct Call {
   void tensor(const Tensor& t, const char* arg) {
     if (!t.defined()) fail("{}: {} is an undefined tensor", what, arg);
     Device d = t.device();
-    if (!b.native(d) && d.type != DeviceType::sim)
+    if (std::string why = b.reject(d); !why.empty()) fail("{}: {} {}", what, arg, why);
+    if (!b.native(d) && d.type != DeviceType::sim && !d.is_cpu())
       fail("{}: {} is on {}; the {} backend takes cpu tensors and sim tensors (staged through the host)", what, arg,
            d.str(), b.name());
     if (have_device && d != device)
