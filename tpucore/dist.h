@@ -133,7 +133,8 @@ using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 // rank of the group has called in (then one pod collective moves the data over the ICI), so
 // post every rank's *_async call first and wait() afterwards. A blocking call on one rank from a
 // thread that drives all the ranks fails after the timeout. A rank that never calls in makes the
-// others fail within the timeout and breaks the group. No send/recv yet.
+// others fail within the timeout and breaks the group. send is eager (a copy on the sender's
+// chip moves over the ICI when the matching recv is posted).
 struct SimPodOptions {
   int chips = 0;                          // 0: every chip of the pod; else sim:0 .. sim:chips-1
   std::chrono::milliseconds timeout{0};   // 0: $TPU_DIST_TIMEOUT_MS or 30 s

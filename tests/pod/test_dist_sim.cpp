@@ -198,7 +198,7 @@ TEST_CASE("dist sim: non-contiguous tensors and host tensors are staged, results
   }
 }
 
-TEST_CASE("dist sim: one thread drives 4 chips with async calls; they complete once every rank called in") {
+TEST_CASE("dist sim: one thread drives 4 chips with async calls, which complete once every rank called in") {
   auto g = dist::sim_pod_groups({4});
   std::vector<Tensor> xs;
   for (int r = 0; r < 4; ++r) xs.push_back(make(values(DType::f32, r, 9), Shape{9}, DType::f32, chip(r)));
@@ -264,7 +264,7 @@ TEST_CASE("dist sim: a collective advances the chips' streams by the pod's ICI c
   }
 }
 
-TEST_CASE("dist sim: bad input is a tpu::Error naming ranks, chips and shapes; a missing rank times out") {
+TEST_CASE("dist sim: bad input is a tpu::Error naming ranks, chips and shapes, and a missing rank times out") {
   auto g = dist::sim_pod_groups({2});
   // A tensor on another rank's chip.
   Tensor wrong = zeros(Shape{3}, TensorOptions(DType::f32, chip(1)));
@@ -331,7 +331,44 @@ TEST_CASE("dist sim: bad input is a tpu::Error naming ranks, chips and shapes; a
     CHECK(host(x)[0] == 4.f);
   });
   CHECK_THROWS_WITH(dist::sim_pod_groups({5}), Contains("5 chips asked for but the pod 2x2 has 4"));
-  CHECK_THROWS_WITH(g[0]->send(zeros(Shape{1}, TensorOptions(DType::f32, chip(0))), 1), Contains("no send/recv"));
+}
+
+TEST_CASE("dist sim: send and recv between chips over the ICI, from one thread, any order") {
+  auto g = dist::sim_pod_groups({4, std::chrono::milliseconds(2000)});
+  for (DType t : {DType::f32, DType::bf16, DType::u8}) {
+    INFO("dtype " << dtype_name(t));
+    // 0 -> 3 (recv posted first), 2 -> 1 with a non-contiguous source and a host destination.
+    Tensor a = make(values(t, 0, 7), Shape{7}, t, chip(0));
+    Tensor a_in = empty(Shape{7}, TensorOptions(t, chip(3)));
+    auto r1 = g[3]->recv_async(a_in, 0, 5);
+    auto s1 = g[0]->send_async(a, 3, 5);
+    Tensor b = make(values(t, 2, 12), Shape{3, 4}, t, chip(2)).t();
+    Tensor b_in = empty(Shape{4, 3}, TensorOptions(t, Device()));
+    auto s2 = g[2]->send_async(b, 1);
+    auto r2 = g[1]->recv_async(b_in, 2);
+    for (auto* w : {&r1, &s1, &s2, &r2}) w->wait(std::chrono::seconds(10));
+    CHECK(host(a_in) == values(t, 0, 7));
+    CHECK(host(b_in) == host(b));
+  }
+  // The transfer is charged on the ICI: the receiver's stream moves.
+  Tensor big = full(Shape{64 * 1024}, 1.0, TensorOptions(DType::f32, chip(0)));
+  Tensor into = empty(Shape{64 * 1024}, TensorOptions(DType::f32, chip(1)));
+  device::sim_device(1).queue().synchronize();
+  const double t0 = device::sim_device(1).queue().stream_time(device::kDefaultStream);
+  auto s = g[0]->send_async(big, 1);
+  g[1]->recv_async(into, 0).wait(std::chrono::seconds(10));
+  s.wait(std::chrono::seconds(10));
+  device::sim_device(1).queue().synchronize();
+  CHECK(device::sim_device(1).queue().stream_time(device::kDefaultStream) > t0);
+  CHECK(host(into)[100] == 1.f);
+  // A receiver expecting another shape fails naming both; a recv nobody sends to times out.
+  Tensor x = zeros(Shape{3}, TensorOptions(DType::f32, chip(0)));
+  Tensor y = zeros(Shape{4}, TensorOptions(DType::f32, chip(1)));
+  auto sx = g[0]->send_async(x, 1, 9);
+  CHECK_THROWS_WITH(g[1]->recv_async(y, 0, 9).wait(std::chrono::seconds(10)), Contains("rank 0 sent") && Contains("[3]") && Contains("[4]"));
+  sx.wait(std::chrono::seconds(10));
+  Tensor z = zeros(Shape{3}, TensorOptions(DType::f32, chip(3)));
+  CHECK_THROWS_WITH(g[3]->recv_async(z, 2, 1).wait(std::chrono::milliseconds(200)), Contains("not matched within 200 ms"));
 }
 
 TEST_CASE("dist sim: sim_new_group makes groups of some chips") {

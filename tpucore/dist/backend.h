@@ -40,6 +40,14 @@ class Backend {
   };
   virtual std::unique_ptr<Pending> post_send(const void* data, size_t n, int dst, uint64_t slot) = 0;
   virtual std::unique_ptr<Pending> post_recv(void* data, size_t n, int src, uint64_t slot) = 0;
+  // A tensor's data (contiguous; native, or a host buffer ProcessGroup staged). By default its
+  // host bytes; the sim backend moves chip tensors over the ICI instead.
+  virtual std::unique_ptr<Pending> post_send_tensor(const Tensor& t, int dst, uint64_t slot) {
+    return post_send(t.raw_data(), t.nbytes(), dst, slot);
+  }
+  virtual std::unique_ptr<Pending> post_recv_tensor(const Tensor& t, int src, uint64_t slot) {
+    return post_recv(t.raw_data(), t.nbytes(), src, slot);
+  }
 
   // A group of `ranks` (ranks of this backend's world, sorted, unique); every world rank calls
   // it with the same arguments and `id`; nullptr for a rank outside `ranks`.

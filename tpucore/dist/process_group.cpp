@@ -411,7 +411,7 @@ Work ProcessGroup::send_async(const Tensor& t, int dst, int tag) {
   std::shared_ptr<Backend::Pending> ph, pd;
   try {
     if (check_) ph = backend_->post_send(header->data(), header->size(), dst, p2p_slot(kHeaderSlot, tag, seq));
-    if (t.numel() > 0) pd = backend_->post_send(s.buf.raw_data(), s.buf.nbytes(), dst, p2p_slot(kDataSlot, tag, seq));
+    if (t.numel() > 0) pd = backend_->post_send_tensor(s.buf, dst, p2p_slot(kDataSlot, tag, seq));
   } catch (const std::exception& e) {
     fail("{} failed: {}", c.what, e.what());
   }
@@ -454,7 +454,7 @@ Work ProcessGroup::recv_async(const Tensor& t, int src, int tag) {
   auto backend = backend_;  // keeps the backend alive for the finish below
   try {
     if (check_) ph = b->post_recv(theirs->data(), theirs->size(), src, p2p_slot(kHeaderSlot, tag, seq));
-    else if (t.numel() > 0) pd = b->post_recv(s.buf.raw_data(), s.buf.nbytes(), src, p2p_slot(kDataSlot, tag, seq));
+    else if (t.numel() > 0) pd = b->post_recv_tensor(s.buf, src, p2p_slot(kDataSlot, tag, seq));
   } catch (const std::exception& e) {
     fail("{} failed: {}", c.what, e.what());
   }
@@ -480,7 +480,7 @@ Work ProcessGroup::recv_async(const Tensor& t, int src, int tag) {
           fail("{}: rank {} sent {} but rank {} expects {}", what, src, detail::describe(h), me, detail::describe(mine));
         }
         if (s.buf.numel() > 0)
-          data = backend->post_recv(s.buf.raw_data(), s.buf.nbytes(), src, p2p_slot(kDataSlot, tag, seq));
+          data = backend->post_recv_tensor(s.buf, src, p2p_slot(kDataSlot, tag, seq));
       }
       if (data) data->wait(timeout);
     } catch (const Error&) {

@@ -11,6 +11,8 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
+#include <tuple>
 #include <map>
 #include <mutex>
 
@@ -18,6 +20,7 @@
 #include "device/sim_pod.h"
 #include "tpucore/dist/backend.h"
 #include "tpucore/dist/work.h"
+#include "tpucore/ops.h"
 
 namespace tpu::dist {
 
@@ -78,6 +81,32 @@ sim::ReduceOp pod_op(ReduceOp op) {
   }
 }
 
+uint64_t hbm_addr(const Tensor& t) {
+  return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(t.storage()->data)) +
+         static_cast<uint64_t>(t.offset()) * t.element_size();
+}
+
+// One point-to-point message: the send side and the recv side, matched by (src, dst, slot).
+// Host bytes (headers) are copied on the host; a chip tensor sent to a chip tensor moves over
+// the ICI as a two-chip collective permute (a drained message is copied to the host).
+struct Message {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool matched = false;
+  std::string error;
+  std::shared_ptr<device::SimCollectiveWork> work;
+};
+
+struct Side {
+  bool posted = false;
+  const void* send_bytes = nullptr;  // raw send (the bytes are copied into `copy`)
+  std::vector<char> copy;
+  void* recv_bytes = nullptr;        // raw recv
+  size_t n = 0;
+  Tensor tensor;                     // tensor side (on its chip)
+  int chip = 0;
+};
+
 // The ranks of one group: rank i is chip chips[i].
 class Coordinator {
  public:
@@ -86,6 +115,30 @@ class Coordinator {
   }
   int size() const { return static_cast<int>(chips_.size()); }
   int chip(int rank) const { return chips_[static_cast<size_t>(rank)]; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  // Posts one side of message (src -> dst, slot); the second side to arrive moves the data.
+  std::shared_ptr<Message> post(bool is_send, int src, int dst, uint64_t slot, Side side) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!broken_.empty()) throw detail::TransportError(broken_);
+    auto& [msg, snd, rcv] = mail_[{src, dst, slot}];
+    if (!msg) msg = std::make_shared<Message>();
+    (is_send ? snd : rcv) = std::move(side);
+    if (snd.posted && rcv.posted) {
+      std::shared_ptr<Message> m = msg;
+      try {
+        deliver(src, dst, snd, rcv, *m);
+      } catch (const std::exception& e) {
+        m->error = e.what();
+      }
+      mail_.erase({src, dst, slot});
+      std::lock_guard<std::mutex> ml(m->mu);
+      m->matched = true;
+      m->cv.notify_all();
+      return m;
+    }
+    return msg;
+  }
 
   // Rank `rank` calls in; returns every rank's entry once all have (after the collective ran,
   // for a collective). Throws the call's error on every rank.
@@ -175,6 +228,33 @@ class Coordinator {
     }
   }
 
+  void deliver(int src, int dst, Side& snd, Side& rcv, Message& m) {
+    const size_t sn = snd.tensor.defined() ? snd.tensor.nbytes() : snd.n;
+    const size_t rn = rcv.tensor.defined() ? rcv.tensor.nbytes() : rcv.n;
+    if (rcv.tensor.defined() && sn != rn)
+      fail("rank {} sent {} bytes but rank {} receives {} bytes", src, sn, dst, rn);
+    if (!rcv.tensor.defined()) {  // into host bytes: a header, or a drained message
+      if (snd.tensor.defined()) {
+        Tensor h = snd.tensor.to(Device()).contiguous();
+        std::memcpy(rcv.recv_bytes, h.raw_data(), std::min(sn, rn));
+      } else {
+        std::memcpy(rcv.recv_bytes, snd.copy.data(), std::min(sn, rn));
+      }
+      return;
+    }
+    if (!snd.tensor.defined()) fail("rank {} sent host bytes to rank {}'s chip tensor", src, dst);
+    device::SimCollectiveArgs a;
+    a.kind = sim::CollectiveKind::permute;
+    a.elem = sim::ElemType::u8;
+    a.count = sn;
+    a.name = "tpu::dist send/recv";
+    a.pairs = {{0, 1}};
+    a.src = {{snd.chip, hbm_addr(snd.tensor), 0}, {rcv.chip, hbm_addr(rcv.tensor), 0}};
+    a.dst = {{snd.chip, hbm_addr(snd.tensor), 0}, {rcv.chip, hbm_addr(rcv.tensor), 0}};
+    m.work = device::sim_collective_async(a);
+  }
+
+  std::map<std::tuple<int, int, uint64_t>, std::tuple<std::shared_ptr<Message>, Side, Side>> mail_;
   std::vector<int> chips_;
   std::chrono::milliseconds timeout_;
   std::mutex mu_;
@@ -192,10 +272,6 @@ struct SimWorld {
   std::map<int, std::shared_ptr<Coordinator>> groups;  // new_group id -> its coordinator
 };
 
-uint64_t hbm_addr(const Tensor& t) {
-  return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(t.storage()->data)) +
-         static_cast<uint64_t>(t.offset()) * t.element_size();
-}
 
 class SimBackend final : public Backend {
  public:
@@ -243,11 +319,38 @@ class SimBackend final : public Backend {
     return out;
   }
 
-  std::unique_ptr<Pending> post_send(const void*, size_t, int, uint64_t) override {
-    fail("tpu::dist send: the sim backend has no send/recv yet (use broadcast or all_to_all between chips)");
+  std::unique_ptr<Pending> post_send(const void* data, size_t n, int dst, uint64_t slot) override {
+    Side side;
+    side.posted = true;
+    side.copy.assign(static_cast<const char*>(data), static_cast<const char*>(data) + n);
+    side.n = n;
+    c_->post(true, rank_, dst, slot, std::move(side));  // the bytes are copied: complete at once
+    return std::make_unique<Done>();
   }
-  std::unique_ptr<Pending> post_recv(void*, size_t, int, uint64_t) override {
-    fail("tpu::dist recv: the sim backend has no send/recv yet (use broadcast or all_to_all between chips)");
+  std::unique_ptr<Pending> post_recv(void* data, size_t n, int src, uint64_t slot) override {
+    Side side;
+    side.posted = true;
+    side.recv_bytes = data;
+    side.n = n;
+    return pending(c_->post(false, src, rank_, slot, std::move(side)), fmt::format("recv from rank {}", src), {}, {});
+  }
+  std::unique_ptr<Pending> post_send_tensor(const Tensor& t, int dst, uint64_t slot) override {
+    Side side;
+    side.posted = true;
+    // Eager, like Gloo's buffered sends: a copy on this chip travels when the recv is posted,
+    // so the send completes at once (a receiver that disagrees reports it).
+    side.tensor = native(t.device()) && t.is_contiguous() ? t.clone() : on_chip(t);
+    side.chip = c_->chip(rank_);
+    c_->post(true, rank_, dst, slot, side);
+    return std::make_unique<Done>();
+  }
+  std::unique_ptr<Pending> post_recv_tensor(const Tensor& t, int src, uint64_t slot) override {
+    Side side;
+    side.posted = true;
+    side.tensor = native(t.device()) ? t : empty(t.shape(), TensorOptions(t.dtype(), chip()));
+    side.chip = c_->chip(rank_);
+    Tensor back = side.tensor.is_same(t) ? Tensor() : t;  // a host buffer: copied back after the transfer
+    return pending(c_->post(false, src, rank_, slot, side), fmt::format("recv from rank {}", src), side.tensor, back);
   }
 
   std::shared_ptr<Backend> new_group(const std::vector<int>& ranks, int id) override {
@@ -293,6 +396,37 @@ class SimBackend final : public Backend {
     e.dst = {c_->chip(rank_), hbm_addr(cout), 0};
     c_->call(rank_, std::move(e));
     if (!cout.is_same(out)) Tensor(out).copy_(cout);
+  }
+
+  struct Done final : Pending {
+    void wait(std::chrono::milliseconds) override {}
+  };
+  struct SimPending final : Pending {
+    std::shared_ptr<Message> m;
+    std::string what;
+    Tensor keep, chip_buf, back;
+    std::chrono::milliseconds group_timeout;
+    void wait(std::chrono::milliseconds timeout) override {
+      if (timeout.count() <= 0) timeout = group_timeout;
+      {
+        std::unique_lock<std::mutex> lk(m->mu);
+        if (!m->cv.wait_for(lk, timeout, [&] { return m->matched; }))
+          fail("sim backend: {} was not matched within {} ms", what, timeout.count());
+        if (!m->error.empty()) fail("sim backend: {}: {}", what, m->error);
+      }
+      if (m->work) m->work->wait(timeout);
+      if (back.defined()) back.copy_(chip_buf);
+    }
+  };
+  std::unique_ptr<Pending> pending(std::shared_ptr<Message> m, std::string what, Tensor chip_buf, Tensor back) const {
+    auto p = std::make_unique<SimPending>();
+    p->m = std::move(m);
+    p->what = std::move(what);
+    p->keep = chip_buf;
+    p->chip_buf = chip_buf;
+    p->back = back;
+    p->group_timeout = c_->timeout();
+    return p;
   }
 
   std::shared_ptr<SimWorld> world_;
