@@ -99,8 +99,7 @@ struct Message {
 
 struct Side {
   bool posted = false;
-  const void* send_bytes = nullptr;  // raw send (the bytes are copied into `copy`)
-  std::vector<char> copy;
+  std::vector<char> copy;            // raw send: a copy of its bytes
   void* recv_bytes = nullptr;        // raw recv
   size_t n = 0;
   Tensor tensor;                     // tensor side (on its chip)
@@ -171,7 +170,7 @@ class Coordinator {
       }
       if (!s.done) {
         std::string why = broken_;
-        if (++s.left == s.arrived) slots_.erase(k);  // nobody else will read it... unless a late rank arrives
+        if (++s.left == s.arrived) slots_.erase(k);  // a late rank fails at the broken check above
         throw detail::TransportError(why);
       }
     }
