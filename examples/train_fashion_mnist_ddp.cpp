@@ -9,6 +9,7 @@
 // parameter's gradient before the optimizer step, so the ranks stay identical and a step equals
 // a single-process step on the global batch. Rank 0 evaluates on the test set and prints.
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "tpucore/data.h"
@@ -31,6 +32,11 @@ Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
+    if (k == "--help" || k == "-h") {
+      std::printf("usage: train_fashion_mnist_ddp [--epochs N] [--batch-size N] [--lr X] [--limit N] [--data-dir DIR] [--seed N]\n"
+                  "Data-parallel Fashion-MNIST over gloo; start it with tpu-run -n 2.\n");
+      std::exit(0);
+    }
     auto val = [&]() -> std::string {
       if (i + 1 >= argc) fail("train_fashion_mnist_ddp: {} needs a value", k);
       return argv[++i];
