@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <functional>
+#include <stdexcept>
 #include <thread>
 
 #include "device/sim_driver.h"
@@ -26,6 +27,12 @@ const bool g_env = [] {
 }();
 
 Device chip(int r) { return Device(DeviceType::sim, r); }
+
+// Catch2's assertions are not thread-safe: inside on_ranks, failed expectations throw instead
+// (on_ranks rethrows them on the test's thread).
+void expect(bool ok, const char* what) {
+  if (!ok) throw std::runtime_error(std::string("expectation failed: ") + what);
+}
 
 // Runs fn(rank) on one thread per rank; rethrows the first rank's error (by rank order).
 void on_ranks(int n, const std::function<void(int)>& fn) {
@@ -97,7 +104,7 @@ TEST_CASE("dist sim: all_reduce on 2 and 4 chips, every op and pod dtype, odd an
           on_ranks(n, [&](int r) {
             Tensor x = make(values(t, r, len), Shape{len}, t, chip(r));
             g[size_t(r)]->all_reduce(x, op);
-            CHECK(x.device() == chip(r));
+            expect(x.device() == chip(r), "the result stays on the rank's chip");
             out[size_t(r)] = host(x);
           });
           for (int64_t i = 0; i < len; ++i) {
@@ -179,7 +186,7 @@ TEST_CASE("dist sim: non-contiguous tensors and host tensors are staged, results
   on_ranks(4, [&](int r) {
     Tensor base = make(values(DType::f32, r, 12), Shape{3, 4}, DType::f32, chip(r));
     Tensor view = base.t();  // [4, 3], strides (1, 4)
-    REQUIRE(!view.is_contiguous());
+    expect(!view.is_contiguous(), "the view is not contiguous");
     g[size_t(r)]->all_reduce(view, ReduceOp::sum);
     out[size_t(r)] = host(base);
     Tensor h = from_vector(values(DType::f32, r, 6));  // cpu: staged onto the chip
@@ -294,14 +301,20 @@ TEST_CASE("dist sim: bad input is a tpu::Error naming ranks, chips and shapes, a
     on_ranks(2, [&](int r) {
       Tensor x = full(Shape{2}, double(r + 1), TensorOptions(DType::f32, chip(r)));
       h[size_t(r)]->all_reduce(x);
-      CHECK(host(x)[1] == 3.f);
+      expect(host(x)[1] == 3.f, "1 + 2 after a disagreement");
     });
   }
   // A dtype the pod does not carry.
+  std::vector<std::string> i64(2);
   on_ranks(2, [&](int r) {
     Tensor x = zeros(Shape{2}, TensorOptions(DType::i64, chip(r)));
-    CHECK_THROWS_WITH(g[size_t(r)]->all_reduce(x), Contains("not i64"));
+    try {
+      g[size_t(r)]->all_reduce(x);
+    } catch (const Error& e) {
+      i64[size_t(r)] = e.what();
+    }
   });
+  for (const auto& m : i64) CHECK_THAT(m, Contains("not i64"));
   // A rank that never calls in: the other fails within the timeout, and the group is broken.
   auto s = dist::sim_pod_groups({4, std::chrono::milliseconds(300)});
   std::vector<dist::Work> ws;
@@ -328,7 +341,7 @@ TEST_CASE("dist sim: bad input is a tpu::Error naming ranks, chips and shapes, a
   on_ranks(2, [&](int r) {
     Tensor x = full(Shape{3}, 2.0, TensorOptions(DType::f32, chip(r)));
     fresh[size_t(r)]->all_reduce(x, ReduceOp::product);
-    CHECK(host(x)[0] == 4.f);
+    expect(host(x)[0] == 4.f, "2 * 2 on a fresh world");
   });
   CHECK_THROWS_WITH(dist::sim_pod_groups({5}), Contains("5 chips asked for but the pod 2x2 has 4"));
 }
