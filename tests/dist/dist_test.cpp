@@ -178,7 +178,7 @@ TEST_CASE("dist gloo: new_group and a 2x2 DeviceMesh on 4 ranks", "[dist]") {
   require_all_ok(run(Job(4, "groups")));
 }
 
-TEST_CASE("dist gloo: mismatched shapes and dtypes name the ranks; the group stays usable", "[dist]") {
+TEST_CASE("dist gloo: mismatched shapes and dtypes name the ranks, and the group stays usable", "[dist]") {
   auto ps = run(Job(2, "mismatch"));
   require_all_ok(ps);
   CHECK(ps[0].out.find("rank 0: all_reduce f32[4] sum; rank 1: all_reduce f32[5] sum") != std::string::npos);
