@@ -47,7 +47,7 @@ struct InitOptions {
   bool check_consistency = true;  // header exchange before each collective; $TPU_DIST_CHECK=0 off
 };
 
-class Backend;  // tpucore/dist/backend.h: gloo today; the sim pod is meant to be one more
+class Backend;  // tpucore/dist/backend.h: gloo, sim
 namespace detail { struct WorkState; }
 
 // Handle of an asynchronous collective. wait() blocks until it finished (rethrowing its error)
@@ -124,6 +124,26 @@ class ProcessGroup {
 };
 
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
+
+// ---- the sim backend: one simulated pod driven from one process (single controller) ----
+// Rank r is chip sim:r of the pod (TPU_SIM_POD / tpu::device::set_sim_pod); its tensors live on
+// sim:r (cpu tensors are staged onto the chip; a tensor on another chip is a tpu::Error).
+// sim_pod_groups() returns one ProcessGroup per chip; drive them from one thread per rank
+// (blocking calls), or from one thread with the async forms: a rank's call completes when every
+// rank of the group has called in (then one pod collective moves the data over the ICI), so
+// post every rank's *_async call first and wait() afterwards. A blocking call on one rank from a
+// thread that drives all the ranks fails after the timeout. A rank that never calls in makes the
+// others fail within the timeout and breaks the group. send is eager (a copy on the sender's
+// chip moves over the ICI when the matching recv is posted).
+struct SimPodOptions {
+  int chips = 0;                          // 0: every chip of the pod; else sim:0 .. sim:chips-1
+  std::chrono::milliseconds timeout{0};   // 0: $TPU_DIST_TIMEOUT_MS or 30 s
+  bool check_consistency = true;          // $TPU_DIST_CHECK=0 off (the backend still checks counts)
+};
+std::vector<ProcessGroupPtr> sim_pod_groups(const SimPodOptions& options = {});
+// The groups of `ranks` (ranks of the world `world` that sim_pod_groups returned), in rank order;
+// element i is the group of world rank sorted(ranks)[i].
+std::vector<ProcessGroupPtr> sim_new_group(const std::vector<ProcessGroupPtr>& world, const std::vector<int>& ranks);
 
 // ---- the default group (the world) ----
 void init_process_group(const InitOptions& options = {});

@@ -20,6 +20,8 @@ class Backend {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual bool native(Device d) const = 0;
+  // Why a tensor on `d` cannot take part ("is on sim:2 but rank 0 is chip sim:0"); empty: it can.
+  virtual std::string reject(Device) const { return {}; }
 
   // All tensors contiguous, on a native device, shapes already agreed by the caller.
   virtual void all_reduce(const Tensor& t, ReduceOp op) = 0;
@@ -38,6 +40,14 @@ class Backend {
   };
   virtual std::unique_ptr<Pending> post_send(const void* data, size_t n, int dst, uint64_t slot) = 0;
   virtual std::unique_ptr<Pending> post_recv(void* data, size_t n, int src, uint64_t slot) = 0;
+  // A tensor's data (contiguous; native, or a host buffer ProcessGroup staged). By default its
+  // host bytes; the sim backend moves chip tensors over the ICI instead.
+  virtual std::unique_ptr<Pending> post_send_tensor(const Tensor& t, int dst, uint64_t slot) {
+    return post_send(t.raw_data(), t.nbytes(), dst, slot);
+  }
+  virtual std::unique_ptr<Pending> post_recv_tensor(const Tensor& t, int src, uint64_t slot) {
+    return post_recv(t.raw_data(), t.nbytes(), src, slot);
+  }
 
   // A group of `ranks` (ranks of this backend's world, sorted, unique); every world rank calls
   // it with the same arguments and `id`; nullptr for a rank outside `ranks`.
@@ -47,6 +57,8 @@ class Backend {
 // The element-wise reduction of op on dtype over n elements: out[i] = a[i] (op) b[i].
 using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t n);
 ReduceFn reduce_fn(DType dtype, ReduceOp op);  // avg reduces as sum (the caller divides)
+
+// (The sim backend's world is made by sim_pod_groups() in tpucore/dist.h.)
 
 // The gloo backend of the world: rendezvous through `store_spec` ("tcp://host:port" or
 // "file:///dir"), listening on `hostname`.

@@ -84,8 +84,9 @@ void init_process_group(const InitOptions& o) {
   std::shared_ptr<Backend> backend;
   if (o.backend == "gloo") backend = make_gloo_world(rank, size, spec, host, timeout);
   else if (o.backend == "sim")
-    fail("tpu::dist::init_process_group: the sim backend (one simulated pod in one process) is not in this build");
-  else fail("tpu::dist::init_process_group: unknown backend '{}' (available: gloo)", o.backend);
+    fail("tpu::dist::init_process_group: the sim backend drives every chip from one process; get one group per chip "
+         "from tpu::dist::sim_pod_groups() instead of a default group");
+  else fail("tpu::dist::init_process_group: unknown backend '{}' (available: gloo; sim through sim_pod_groups())", o.backend);
   std::vector<int> ranks(static_cast<size_t>(size));
   for (int i = 0; i < size; ++i) ranks[static_cast<size_t>(i)] = i;
   w.group = std::make_shared<ProcessGroup>(backend, ranks, rank, timeout, check);

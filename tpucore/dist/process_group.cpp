@@ -28,6 +28,12 @@ struct Staged {
 
 // The reduced values divided by n (avg), on a contiguous host tensor of a floating dtype.
 void divide(const Tensor& t, int n) {
+  if (!t.device().is_cpu()) {  // a chip's buffer (sim backend): divide a host copy
+    Tensor h = t.to(Device()).contiguous();
+    divide(h, n);
+    Tensor(t).copy_(h);
+    return;
+  }
   dispatch_dtype(t.dtype(), [&](auto zero) {
     using T = decltype(zero);
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, f16>) {
@@ -110,7 +116,8 @@ struct Call {
   void tensor(const Tensor& t, const char* arg) {
     if (!t.defined()) fail("{}: {} is an undefined tensor", what, arg);
     Device d = t.device();
-    if (!b.native(d) && d.type != DeviceType::sim)
+    if (std::string why = b.reject(d); !why.empty()) fail("{}: {} {}", what, arg, why);
+    if (!b.native(d) && d.type != DeviceType::sim && !d.is_cpu())
       fail("{}: {} is on {}; the {} backend takes cpu tensors and sim tensors (staged through the host)", what, arg,
            d.str(), b.name());
     if (have_device && d != device)
@@ -404,7 +411,7 @@ Work ProcessGroup::send_async(const Tensor& t, int dst, int tag) {
   std::shared_ptr<Backend::Pending> ph, pd;
   try {
     if (check_) ph = backend_->post_send(header->data(), header->size(), dst, p2p_slot(kHeaderSlot, tag, seq));
-    if (t.numel() > 0) pd = backend_->post_send(s.buf.raw_data(), s.buf.nbytes(), dst, p2p_slot(kDataSlot, tag, seq));
+    if (t.numel() > 0) pd = backend_->post_send_tensor(s.buf, dst, p2p_slot(kDataSlot, tag, seq));
   } catch (const std::exception& e) {
     fail("{} failed: {}", c.what, e.what());
   }
@@ -447,7 +454,7 @@ Work ProcessGroup::recv_async(const Tensor& t, int src, int tag) {
   auto backend = backend_;  // keeps the backend alive for the finish below
   try {
     if (check_) ph = b->post_recv(theirs->data(), theirs->size(), src, p2p_slot(kHeaderSlot, tag, seq));
-    else if (t.numel() > 0) pd = b->post_recv(s.buf.raw_data(), s.buf.nbytes(), src, p2p_slot(kDataSlot, tag, seq));
+    else if (t.numel() > 0) pd = b->post_recv_tensor(s.buf, src, p2p_slot(kDataSlot, tag, seq));
   } catch (const std::exception& e) {
     fail("{} failed: {}", c.what, e.what());
   }
@@ -473,7 +480,7 @@ Work ProcessGroup::recv_async(const Tensor& t, int src, int tag) {
           fail("{}: rank {} sent {} but rank {} expects {}", what, src, detail::describe(h), me, detail::describe(mine));
         }
         if (s.buf.numel() > 0)
-          data = backend->post_recv(s.buf.raw_data(), s.buf.nbytes(), src, p2p_slot(kDataSlot, tag, seq));
+          data = backend->post_recv_tensor(s.buf, src, p2p_slot(kDataSlot, tag, seq));
       }
       if (data) data->wait(timeout);
     } catch (const Error&) {
