@@ -128,13 +128,6 @@ void Executable::run(std::span<const Tensor> inputs, std::vector<Tensor>& output
           k(ops::KernelArgs{*n.op, ins, std::span<Tensor>(outs.data(), n.outputs.size()), n.attrs});
         } else {
           run_node_eager(n, ins, outs);
-          // The traced node's inputs are already promoted (an f16 matmul's are the f32 casts
-          // the trace recorded), so re-dispatching it may infer a wider result than the graph
-          // says (f32 for f16): the result takes the graph's dtype, as eager returns.
-          for (size_t k = 0; k < n.outputs.size(); ++k) {
-            const DType want = g_.meta(n.outputs[k]).dtype;
-            if (outs[k].defined() && outs[k].dtype() != want) outs[k] = tpu::to(outs[k], want);
-          }
         }
         for (size_t k = 0; k < n.outputs.size(); ++k) {
           if (g_.meta(n.outputs[k]).wrapped && outs[k].defined()) outs[k].impl().wrapped_number = true;

@@ -182,14 +182,30 @@ bool Tracer::intercept(const ops::OpDef& op, std::span<const Tensor> inputs, con
     }
     ins.push_back(v);
   }
+  // An op that computes in a wider float type than it returns (an f16 matmul runs in f32 and
+  // rounds its result to f16) is recorded as the op in its compute type followed by a cast node,
+  // mirroring the casts in above, so each node's dtype is what its inputs give.
+  const bool casts_out = !op.has(ops::kView) && meta.cast_mask && is_floating(meta.cast_to);
   std::vector<ValueMeta> metas;
   for (int i = 0; i < meta.num_outputs; ++i) {
     const ops::TensorMeta& o = meta.outputs[static_cast<size_t>(i)];
-    metas.push_back({o.shape, o.dtype, o.device, false});
+    const bool widened = casts_out && is_floating(o.dtype) && dtype_size(o.dtype) < dtype_size(meta.cast_to);
+    metas.push_back({o.shape, widened ? meta.cast_to : o.dtype, o.device, false});
   }
   int n = graph_.add_node(op, std::move(ins), attrs, metas);
-  for (int i = 0; i < meta.num_outputs; ++i)
-    outputs[static_cast<size_t>(i)] = make_proxy(graph_.nodes[static_cast<size_t>(n)].outputs[static_cast<size_t>(i)]);
+  for (int i = 0; i < meta.num_outputs; ++i) {
+    ValueId v = graph_.nodes[static_cast<size_t>(n)].outputs[static_cast<size_t>(i)];
+    const DType want = meta.outputs[static_cast<size_t>(i)].dtype;
+    if (metas[static_cast<size_t>(i)].dtype != want) {
+      ValueMeta rm = metas[static_cast<size_t>(i)];
+      rm.dtype = want;
+      ops::Attrs cast_attrs;
+      cast_attrs.set("dtype", want);
+      int c = graph_.add_node(cast_def(), {v}, cast_attrs, {rm});
+      v = graph_.nodes[static_cast<size_t>(c)].outputs[0];
+    }
+    outputs[static_cast<size_t>(i)] = make_proxy(v);
+  }
   if (op.has(ops::kView) && meta.num_outputs == 1 && !inputs[0].impl().wrapped_number &&
       (op.name != "view" || eager_viewable(op, inputs[0], attrs))) {
     // The output aliases input 0: remember the family and the view ops from its root.

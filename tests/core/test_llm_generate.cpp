@@ -154,7 +154,8 @@ TEST_CASE("generate: compiled decode compiles once over 200 steps and matches ea
   g.compile_name = "test_llm_decode_200";
   const std::vector<V> prompts{{1, 2, 3}, {4, 5}};
   auto compiled = models::generate(*l.m, prompts, g);
-  const jit::FunctionStats* s = jit::stats().find("test_llm_decode_200");
+  const jit::Stats stats = jit::stats();  // a snapshot: keep it while reading it
+  const jit::FunctionStats* s = stats.find("test_llm_decode_200");
   REQUIRE(s != nullptr);
   CHECK(s->compiles == 1);
   CHECK(s->hits == 199);
@@ -162,7 +163,8 @@ TEST_CASE("generate: compiled decode compiles once over 200 steps and matches ea
   // A second call of the same batch size reuses the compiled step (and its cache).
   const std::vector<V> others{{9, 8, 7, 6}, {5}};
   auto again = models::generate(*l.m, others, g);
-  s = jit::stats().find("test_llm_decode_200");
+  const jit::Stats stats_again = jit::stats();
+  s = stats_again.find("test_llm_decode_200");
   REQUIRE(s != nullptr);
   CHECK(s->compiles == 1);
   CHECK(s->hits == 399);
