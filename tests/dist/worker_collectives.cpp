@@ -10,7 +10,7 @@ using tpu::dist::ReduceOp;
 
 namespace {
 
-const DType kDTypes[] = {DType::f32, DType::bf16, DType::f16, DType::i32, DType::i8, DType::u8, DType::boolean};
+const DType kDTypes[] = {DType::f32, DType::bf16, DType::f16, DType::i32, DType::i64, DType::i8, DType::u8, DType::boolean};
 
 struct Case {
   Shape shape;

@@ -36,6 +36,7 @@ inline double as_dtype(double v, DType d) {
     case DType::bf16: return static_cast<float>(tpu::bf16(static_cast<float>(v)));
     case DType::f16: return static_cast<float>(tpu::f16(static_cast<float>(v)));
     case DType::i32: return static_cast<int32_t>(static_cast<int64_t>(v));
+    case DType::i64: return static_cast<double>(static_cast<int64_t>(v));
     case DType::i8: return static_cast<int8_t>(static_cast<int64_t>(v));
     case DType::u8: return static_cast<uint8_t>(static_cast<int64_t>(v));
     case DType::boolean: return v != 0 ? 1 : 0;

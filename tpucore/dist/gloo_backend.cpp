@@ -133,7 +133,9 @@ class GlooBackend final : public Backend {
     switch (dtype_size(dtype)) {  // Gloo needs only the element size; fn knows the type
       case 1: o.setOutput(static_cast<uint8_t*>(p), n); break;
       case 2: o.setOutput(static_cast<uint16_t*>(p), n); break;
-      default: o.setOutput(static_cast<uint32_t*>(p), n); break;
+      case 4: o.setOutput(static_cast<uint32_t*>(p), n); break;
+      case 8: o.setOutput(static_cast<uint64_t*>(p), n); break;
+      default: fail("dist: no reduction for {}-byte elements ({})", dtype_size(dtype), dtype);
     }
     o.setReduceFunction(fn);
     o.setAlgorithm(::gloo::AllreduceOptions::Algorithm::RING);

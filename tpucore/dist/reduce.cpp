@@ -60,6 +60,8 @@ ReduceFn reduce_fn(DType dtype, ReduceOp op) {
     case DType::f16: return pick<f16, float>(op);
     // Integers wrap like the element type (computed in 64 bits, then truncated).
     case DType::i32: return pick<int32_t, int64_t>(op);
+    case DType::i64:  // sums and products wrap modulo 2^64 (computed unsigned: no signed overflow)
+      return op == ReduceOp::max || op == ReduceOp::min ? pick<int64_t, int64_t>(op) : pick<int64_t, uint64_t>(op);
     case DType::i8: return pick<int8_t, int64_t>(op);
     case DType::u8: return pick<uint8_t, int64_t>(op);
     case DType::boolean: return pick_bool(op);
