@@ -394,18 +394,23 @@ void ProcessGroup::barrier() { TPU_DIST_BLOCKING(barrier_async()); }
 // a to b with tag t matches the k-th recv of b from a with tag t. A receiver whose header does
 // not match what it expects drains the message and fails naming both sides (the sender's send
 // completes: the data is discarded).
+namespace {
+// Checks the peer and tag of a send or recv and takes the next message number for (peer, tag).
+uint32_t next_p2p_seq(const std::string& what, const char* side, int peer, int tag, int size, int rank,
+                      std::mutex& mu, std::map<std::pair<int, int>, uint32_t>& seqs) {
+  if (peer < 0 || peer >= size || peer == rank)
+    fail("{}: {} {} is not another rank of this group (0..{}, this rank is {})", what, side, peer, size - 1, rank);
+  if (tag < 0 || tag >= (1 << 24)) fail("{}: tag {} is outside 0..2^24-1", what, tag);
+  std::lock_guard<std::mutex> lock(mu);
+  return seqs[{peer, tag}]++;
+}
+}  // namespace
+
 Work ProcessGroup::send_async(const Tensor& t, int dst, int tag) {
   require_member("send");
   Call c{*backend_, OpCode::send_recv, fmt::format("tpu::dist send to rank {} ({})", dst, where())};
   c.tensor(t, "the tensor");
-  if (dst < 0 || dst >= size() || dst == rank_)
-    fail("{}: dst {} is not another rank of this group (0..{}, this rank is {})", c.what, dst, size() - 1, rank_);
-  if (tag < 0 || tag >= (1 << 24)) fail("{}: tag {} is outside 0..2^24-1", c.what, tag);
-  uint32_t seq;
-  {
-    std::lock_guard<std::mutex> lock(queue_->mu);
-    seq = queue_->send_seq[{dst, tag}]++;
-  }
+  const uint32_t seq = next_p2p_seq(c.what, "dst", dst, tag, size(), rank_, queue_->mu, queue_->send_seq);
   Staged s = c.stage(t, true, false);
   auto header = std::make_shared<std::vector<char>>(detail::to_bytes(detail::make_header(c.op, &t)));
   std::shared_ptr<Backend::Pending> ph, pd;
@@ -438,14 +443,7 @@ Work ProcessGroup::recv_async(const Tensor& t, int src, int tag) {
   require_member("recv");
   Call c{*backend_, OpCode::send_recv, fmt::format("tpu::dist recv from rank {} ({})", src, where())};
   c.tensor(t, "the tensor");
-  if (src < 0 || src >= size() || src == rank_)
-    fail("{}: src {} is not another rank of this group (0..{}, this rank is {})", c.what, src, size() - 1, rank_);
-  if (tag < 0 || tag >= (1 << 24)) fail("{}: tag {} is outside 0..2^24-1", c.what, tag);
-  uint32_t seq;
-  {
-    std::lock_guard<std::mutex> lock(queue_->mu);
-    seq = queue_->recv_seq[{src, tag}]++;
-  }
+  const uint32_t seq = next_p2p_seq(c.what, "src", src, tag, size(), rank_, queue_->mu, queue_->recv_seq);
   Staged s = c.stage(t, false, true);
   Header mine = detail::make_header(c.op, &t);
   auto theirs = std::make_shared<std::vector<char>>(sizeof(Header));
