@@ -11,7 +11,7 @@
 #include <cstring>
 #include <vector>
 
-#include "tpucore/allocator.h"
+#include "tpucore/core/allocator.h"
 #include "tpucore/ops.h"
 
 namespace {

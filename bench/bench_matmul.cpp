@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "ops/cpu/kernels/gemm.h"
-#include "tpucore/parallel.h"
+#include "tpucore/core/parallel.h"
 
 namespace {
 

@@ -6,7 +6,7 @@
 
 #include "codegen/elementwise_kernel.h"
 #include "sim/builder.h"
-#include "tpucore/error.h"
+#include "tpucore/core/error.h"
 
 namespace tpu::codegen {
 

@@ -19,7 +19,7 @@
 #include "codegen/vector_expr.h"
 #include "sim/config.h"
 #include "sim/program.h"
-#include "tpucore/shape.h"
+#include "tpucore/core/shape.h"
 
 namespace tpu::codegen {
 

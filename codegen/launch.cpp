@@ -12,9 +12,9 @@
 #include "device/sim_device.h"
 #include "device/sim_driver.h"
 #include "device/stream.h"
-#include "tpucore/error.h"
-#include "tpucore/env.h"
-#include "tpucore/log.h"
+#include "tpucore/core/error.h"
+#include "tpucore/core/env.h"
+#include "tpucore/core/log.h"
 
 namespace tpu::codegen {
 namespace {

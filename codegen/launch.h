@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "sim/program.h"
-#include "tpucore/tensor.h"
+#include "tpucore/core/tensor.h"
 
 namespace tpu::device {
 class SimDevice;

@@ -9,7 +9,7 @@
 
 #include "codegen/matmul_kernel.h"
 #include "ops/attrs.h"
-#include "tpucore/tensor.h"
+#include "tpucore/core/tensor.h"
 
 namespace tpu::codegen {
 

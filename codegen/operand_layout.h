@@ -6,7 +6,7 @@
 #include <optional>
 
 #include "codegen/elementwise_kernel.h"
-#include "tpucore/tensor.h"
+#include "tpucore/core/tensor.h"
 
 namespace tpu::codegen {
 

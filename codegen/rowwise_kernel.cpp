@@ -6,7 +6,7 @@
 
 #include "codegen/tile_loops.h"
 #include "sim/builder.h"
-#include "tpucore/error.h"
+#include "tpucore/core/error.h"
 
 namespace tpu::codegen {
 

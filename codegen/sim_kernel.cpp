@@ -3,7 +3,7 @@
 #include "codegen/launch.h"
 #include "codegen/lowering.h"
 #include "ops/fallback.h"
-#include "tpucore/log.h"
+#include "tpucore/core/log.h"
 
 namespace tpu::codegen {
 

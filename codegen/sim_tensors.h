@@ -5,7 +5,7 @@
 #include <optional>
 
 #include "sim/types.h"
-#include "tpucore/tensor.h"
+#include "tpucore/core/tensor.h"
 
 namespace tpu::codegen {
 

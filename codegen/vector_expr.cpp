@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 
 #include "sim/isa.h"
-#include "tpucore/error.h"
+#include "tpucore/core/error.h"
 
 namespace tpu::codegen {
 

@@ -3,9 +3,9 @@
 #include <thread>
 
 #include "device/driver.h"
-#include "tpucore/allocator.h"
-#include "tpucore/error.h"
-#include "tpucore/parallel.h"
+#include "tpucore/core/allocator.h"
+#include "tpucore/core/error.h"
+#include "tpucore/core/parallel.h"
 
 namespace tpu::device {
 namespace {

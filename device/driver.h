@@ -12,8 +12,8 @@
 #include <string_view>
 
 #include "device/stream.h"
-#include "tpucore/device.h"
-#include "tpucore/storage.h"
+#include "tpucore/core/device.h"
+#include "tpucore/core/storage.h"
 
 namespace tpu::device {
 

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "device/driver.h"
-#include "tpucore/error.h"
+#include "tpucore/core/error.h"
 
 namespace tpu::device {
 namespace {
@@ -69,3 +69,11 @@ Driver& driver_for(const Device& d) {
 }
 
 }  // namespace tpu::device
+
+namespace tpu {
+
+StoragePtr allocate_storage(Device device, size_t nbytes) {
+  return device::driver_for(device).allocate(device.index, nbytes);
+}
+
+}  // namespace tpu

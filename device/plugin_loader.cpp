@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "device/plugin_abi.h"
-#include "tpucore/error.h"
+#include "tpucore/core/error.h"
 
 namespace tpu::device {
 namespace {

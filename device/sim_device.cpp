@@ -13,7 +13,7 @@
 #include "sim/error.h"
 #include "sim/presets.h"
 #include "sim/serialize.h"
-#include "tpucore/error.h"
+#include "tpucore/core/error.h"
 
 namespace tpu::device {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "device/sim_pod.h"
-#include "tpucore/error.h"
+#include "tpucore/core/error.h"
 
 namespace tpu::device {
 namespace {

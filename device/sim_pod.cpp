@@ -20,7 +20,7 @@
 #include "device/profiling.h"
 #include "device/sim_driver.h"
 #include "sim/error.h"
-#include "tpucore/error.h"
+#include "tpucore/core/error.h"
 
 namespace tpu::device {
 namespace {

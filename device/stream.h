@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "tpucore/device.h"
+#include "tpucore/core/device.h"
 
 namespace tpu::device {
 

@@ -7,7 +7,7 @@
 #include <unordered_map>
 
 #include "device/driver.h"
-#include "tpucore/error.h"
+#include "tpucore/core/error.h"
 
 namespace tpu::device {
 namespace {

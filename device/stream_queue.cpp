@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <exception>
 
-#include "tpucore/error.h"
+#include "tpucore/core/error.h"
 
 namespace tpu::device {
 

@@ -15,7 +15,7 @@
 #include "tpucore/data.h"
 #include "tpucore/dist.h"
 #include "tpucore/nn.h"
-#include "tpucore/parallel.h"
+#include "tpucore/core/parallel.h"
 #include "tools/cli_args.h"
 
 using namespace tpu;

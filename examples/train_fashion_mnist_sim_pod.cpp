@@ -24,7 +24,7 @@
 #include "tpucore/data.h"
 #include "tpucore/dist.h"
 #include "tpucore/nn.h"
-#include "tpucore/parallel.h"
+#include "tpucore/core/parallel.h"
 
 using namespace tpu;
 

@@ -9,7 +9,7 @@
 // back into the real tensor after the graph ran (mutations()).
 #include "graph/tracer.h"
 #include "ops/meta_util.h"
-#include "tpucore/jit_hooks.h"
+#include "tpucore/core/hooks.h"
 #include "tpucore/ops.h"
 
 namespace tpu::graph {

@@ -9,7 +9,7 @@
 
 #include "ops/attrs.h"
 #include "ops/registry.h"
-#include "tpucore/tensor.h"
+#include "tpucore/core/tensor.h"
 
 namespace tpu::graph {
 

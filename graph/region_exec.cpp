@@ -4,7 +4,7 @@
 #include <unordered_map>
 
 #include "ops/cpu/loops.h"
-#include "tpucore/parallel.h"
+#include "tpucore/core/parallel.h"
 
 namespace tpu::graph {
 namespace {

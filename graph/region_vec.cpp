@@ -4,8 +4,8 @@
 
 #include "ops/cpu/loops.h"
 #include "ops/cpu/vec_math.h"
-#include "tpucore/error.h"
-#include "tpucore/parallel.h"
+#include "tpucore/core/error.h"
+#include "tpucore/core/parallel.h"
 
 namespace tpu::graph {
 namespace {

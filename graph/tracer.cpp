@@ -7,7 +7,7 @@
 #include <atomic>
 #include <cstdlib>
 
-#include "tpucore/jit_hooks.h"
+#include "tpucore/core/hooks.h"
 
 namespace tpu::graph {
 namespace {

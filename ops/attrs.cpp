@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "tpucore/error.h"
+#include "tpucore/core/error.h"
 
 namespace tpu::ops {
 

@@ -9,9 +9,9 @@
 #include <variant>
 #include <vector>
 
-#include "tpucore/dtype.h"
-#include "tpucore/scalar.h"
-#include "tpucore/device.h"
+#include "tpucore/core/dtype.h"
+#include "tpucore/core/scalar.h"
+#include "tpucore/core/device.h"
 
 namespace tpu::ops {
 

@@ -6,7 +6,6 @@
 #include "device/driver.h"
 #include "ops/cpu/loops.h"
 #include "ops/fallback.h"
-#include "ops/limits.h"
 #include "ops/registry.h"
 #include "tpucore/ops.h"
 
@@ -173,9 +172,9 @@ Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions o) {
   TPU_CHECK((st > 0 && e >= s) || (st < 0 && e <= s),
             "arange: the range from {} to {} is not reachable with step {}", s, e, st);
   const double count = std::ceil((e - s) / st);
-  TPU_CHECK(count <= static_cast<double>(ops::kMaxNumel),
+  TPU_CHECK(count <= static_cast<double>(kMaxNumel),
             "arange: the range from {} to {} with step {} has {:g} elements, more than the limit of {} (2^46) per "
-            "tensor", s, e, st, count, ops::kMaxNumel);
+            "tensor", s, e, st, count, kMaxNumel);
   const int64_t n = static_cast<int64_t>(count);
   check_device(o.device);
   const bool ints = start.is_integer() && end.is_integer() && step.is_integer();

@@ -2,7 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "tpucore/log.h"
+#include "tpucore/core/log.h"
 
 #include <map>
 #include <mutex>

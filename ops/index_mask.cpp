@@ -6,7 +6,7 @@
 #include "ops/index_common.h"
 #include "ops/meta_util.h"
 #include "ops/registry.h"
-#include "tpucore/jit_hooks.h"
+#include "tpucore/core/hooks.h"
 #include "tpucore/ops.h"
 
 namespace tpu {

@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "ops/cpu/loops.h"
-#include "tpucore/parallel.h"
-#include "tpucore/tensor.h"
+#include "tpucore/core/parallel.h"
+#include "tpucore/core/tensor.h"
 
 namespace tpu::ops::reduce {
 

@@ -7,7 +7,6 @@
 
 #include "device/driver.h"
 #include "ops/fallback.h"
-#include "ops/limits.h"
 
 namespace tpu::ops {
 namespace {
@@ -109,32 +108,6 @@ void set_post_call_hook(PostCallHook h) { g_post_hook.store(h); }
 void set_inplace_hook(InplaceHook h) { g_inplace_hook.store(h); }
 InplaceHook inplace_hook() { return g_inplace_hook.load(std::memory_order_relaxed); }
 void set_op_observer(OpObserver* o) { g_observer.store(o); }
-
-int64_t checked_numel(const Shape& shape, const char* op) {
-  for (int i = 0; i < shape.ndim(); ++i)
-    TPU_CHECK(shape[i] >= 0, "{}: negative dimension {} in shape {}", op, shape[i], shape.str());
-  int64_t n = 1;
-  bool overflow = false;
-  for (int i = 0; i < shape.ndim(); ++i) {
-    if (shape[i] == 0) return 0;
-    overflow |= __builtin_mul_overflow(n, shape[i], &n);
-  }
-  TPU_CHECK(!overflow && n <= kMaxNumel, "{}: shape {} has {} elements, more than the limit of {} (2^46) per tensor",
-            op, shape.str(), overflow ? std::string("more than 2^63") : std::to_string(n), kMaxNumel);
-  return n;
-}
-
-Tensor empty_tensor(const Shape& shape, DType dtype, Device device) {
-  const int64_t n = checked_numel(shape, "empty");
-  auto impl = std::make_shared<TensorImpl>();
-  impl->shape = shape;
-  impl->strides = contiguous_strides(shape);
-  impl->dtype = dtype;
-  impl->device = device;
-  impl->storage = device::driver_for(device).allocate(device.index, static_cast<size_t>(n) * dtype_size(dtype));
-  impl->contiguous = true;
-  return Tensor(std::move(impl));
-}
 
 static const OpDef& cast_op() {
   static const OpDef* d = find_op("to_dtype");

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "ops/attrs.h"
-#include "tpucore/tensor.h"
+#include "tpucore/core/tensor.h"
 
 namespace tpu::ops {
 
@@ -169,7 +169,7 @@ void call(const OpDef& op, std::span<const Tensor> inputs, const Attrs& attrs, s
 Tensor call(const OpDef& op, std::initializer_list<Tensor> inputs, const Attrs& attrs = {});
 
 // Allocates an uninitialized contiguous tensor.
-Tensor empty_tensor(const Shape& shape, DType dtype, Device device);
+using tpu::empty_tensor;  // (tpucore/core/tensor.h)
 
 }  // namespace tpu::ops
 

@@ -16,7 +16,7 @@
 
 #include <vector>
 
-#include "tpucore/tensor.h"
+#include "tpucore/core/tensor.h"
 
 namespace tpu {
 

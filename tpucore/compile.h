@@ -30,7 +30,7 @@
 #include <utility>
 #include <vector>
 
-#include "tpucore/tensor.h"
+#include "tpucore/core/tensor.h"
 
 namespace tpu {
 

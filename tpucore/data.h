@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "tpucore/tensor.h"
+#include "tpucore/core/tensor.h"
 
 namespace tpu::data {
 

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "device/driver.h"
-#include "tpucore/device.h"
+#include "tpucore/core/device.h"
 
 namespace tpu {
 

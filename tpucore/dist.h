@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "tpucore/tensor.h"
+#include "tpucore/core/tensor.h"
 
 namespace tpu::dist {
 

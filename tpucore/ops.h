@@ -8,7 +8,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "tpucore/tensor.h"
+#include "tpucore/core/tensor.h"
 
 namespace tpu {
 

@@ -23,7 +23,7 @@
 #include <memory>
 #include <string>
 
-#include "tpucore/device.h"
+#include "tpucore/core/device.h"
 
 namespace tpu {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "tpucore/ops.h"
-#include "tpucore/parallel.h"
+#include "tpucore/core/parallel.h"
 
 namespace {
 

@@ -10,8 +10,8 @@
 #include <limits>
 #include <type_traits>
 
-#include "tpucore/parallel.h"
-#include "tpucore/tensor.h"
+#include "tpucore/core/parallel.h"
+#include "tpucore/core/tensor.h"
 
 namespace tpu::ops::cpu {
 

@@ -22,7 +22,7 @@
 #include <cstring>
 
 #include "ops/cpu/vec_math.h"
-#include "tpucore/cpu_features.h"
+#include "tpucore/core/cpu_features.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define TPU_AVX2_FN __attribute__((target("avx2,fma"))) static inline

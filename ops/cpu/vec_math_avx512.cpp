@@ -27,7 +27,7 @@
 #include <cstring>
 
 #include "ops/cpu/vec_math.h"
-#include "tpucore/cpu_features.h"
+#include "tpucore/core/cpu_features.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define TPU_AVX512_FN __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma"))) static inline

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "ops/cpu/vec_math.h"
-#include "tpucore/cpu_features.h"
+#include "tpucore/core/cpu_features.h"
 
 namespace tpu::ops::cpu {
 namespace {

@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "ops/cpu/vec_math.h"
-#include "tpucore/error.h"
+#include "tpucore/core/error.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>

@@ -3,18 +3,18 @@
 // public umbrella header is included, so a header missing from the installed tree fails here.
 #include <cstdio>
 
-#include "tpucore/allocator.h"
+#include "tpucore/core/allocator.h"
 #include "tpucore/autograd.h"
 #include "tpucore/compile.h"
 #include "tpucore/data.h"
 #include "tpucore/devices.h"
 #include "tpucore/dist.h"
-#include "tpucore/log.h"
+#include "tpucore/core/log.h"
 #include "tpucore/models.h"
 #include "tpucore/nn.h"
 #include "tpucore/ops.h"
 #include "tpucore/optim.h"
-#include "tpucore/parallel.h"
+#include "tpucore/core/parallel.h"
 #include "tpucore/profiler.h"
 #include "tpucore/safetensors.h"
 #include "tpucore/streams.h"

@@ -6,9 +6,9 @@
 #include <random>
 
 #include "testing.h"
-#include "tpucore/allocator.h"
-#include "tpucore/log.h"
-#include "tpucore/parallel.h"
+#include "tpucore/core/allocator.h"
+#include "tpucore/core/log.h"
+#include "tpucore/core/parallel.h"
 
 using namespace tpu;
 using namespace tpu::testing;

@@ -1,8 +1,8 @@
 // Environment settings with invalid values (issue 16, item 12): the parser behind every
 // integer setting and the TPU_LOG check report the variable, the value and what is accepted.
 #include "testing.h"
-#include "tpucore/env.h"
-#include "tpucore/log.h"
+#include "tpucore/core/env.h"
+#include "tpucore/core/log.h"
 
 namespace tpu::testing {
 

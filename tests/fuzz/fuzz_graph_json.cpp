@@ -1,7 +1,7 @@
 // Fuzzes the graph JSON reader (tpu::graph::from_json). An accepted graph must write and read
 // back to the same JSON.
 #include "graph/printer.h"
-#include "tpucore/error.h"
+#include "tpucore/core/error.h"
 #include "fuzz_common.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -4,7 +4,7 @@
 #include <span>
 
 #include "tpucore/data.h"
-#include "tpucore/error.h"
+#include "tpucore/core/error.h"
 #include "fuzz_common.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

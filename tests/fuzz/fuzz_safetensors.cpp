@@ -2,7 +2,7 @@
 // read back to the same bytes (the writer's layout is canonical: sorted names, padded header).
 #include <span>
 
-#include "tpucore/error.h"
+#include "tpucore/core/error.h"
 #include "tpucore/safetensors.h"
 #include "fuzz_common.h"
 

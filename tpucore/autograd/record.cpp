@@ -7,7 +7,7 @@
 #include "ops/meta_util.h"
 #include "tpucore/autograd/capture.h"
 #include "tpucore/autograd/node.h"
-#include "tpucore/jit_hooks.h"
+#include "tpucore/core/hooks.h"
 #include "tpucore/ops.h"
 
 namespace tpu {

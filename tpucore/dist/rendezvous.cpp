@@ -9,7 +9,7 @@
 #include <fmt/ranges.h>
 
 #include "tpucore/dist/tcp_store.h"
-#include "tpucore/error.h"
+#include "tpucore/core/error.h"
 
 namespace tpu::dist {
 

@@ -15,7 +15,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "tpucore/error.h"
+#include "tpucore/core/error.h"
 
 namespace tpu::dist {
 

@@ -3,7 +3,7 @@
 // class indices.
 #pragma once
 
-#include "tpucore/tensor.h"
+#include "tpucore/core/tensor.h"
 
 namespace tpu::nn {
 

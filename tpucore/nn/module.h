@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "tpucore/tensor.h"
+#include "tpucore/core/tensor.h"
 
 namespace tpu::nn {
 

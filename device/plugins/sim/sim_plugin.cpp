@@ -16,7 +16,7 @@
 
 #include "device/plugin_abi.h"
 #include "device/sim_device.h"
-#include "tpucore/error.h"
+#include "tpucore/core/error.h"
 
 namespace tpu::device {
 namespace {

@@ -15,8 +15,8 @@
 #include <new>
 
 #include "ops/cpu/kernels/gemm.h"
-#include "tpucore/cpu_features.h"
-#include "tpucore/parallel.h"
+#include "tpucore/core/cpu_features.h"
+#include "tpucore/core/parallel.h"
 
 namespace tpu::kernels {
 namespace {
