@@ -191,6 +191,11 @@ TEST_CASE("dist gloo: on 4 ranks a disagreement fails at once on every rank, gro
                        "f32[6000] sum; rank 3: all_reduce f32[4000] sum") != std::string::npos);
 }
 
+TEST_CASE("ddp gloo: DistributedDataParallel on 2 and 4 ranks equals single-process training", "[dist]") {
+  require_all_ok(run(Job(2, "ddp")));
+  require_all_ok(run(Job(4, "ddp")));
+}
+
 TEST_CASE("dist gloo: bad arguments and sim tensors staged through the host", "[dist]") {
   require_all_ok(run(Job(2, "bad_args")));
 }

@@ -13,6 +13,7 @@
 
 namespace dist_test {
 int scenario_collectives();
+int scenario_ddp();
 }
 
 using namespace dist_test;
@@ -209,6 +210,7 @@ int main(int argc, char** argv) {
     else if (s == "mismatch") rc = scenario_mismatch();
     else if (s == "bad_args") rc = scenario_bad_args();
     else if (s == "mismatch4") rc = scenario_mismatch4();
+    else if (s == "ddp") rc = scenario_ddp();
     else if (s == "die") rc = scenario_die();
     else if (s == "fail_rank") {  // for tpu-run: the named rank exits with status 5
       if (tpu::dist::get_rank() == (argc > 2 ? std::atoi(argv[2]) : 1)) return 5;
