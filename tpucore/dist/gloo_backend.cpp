@@ -9,8 +9,10 @@
 // each rank posts its header to every peer (Gloo unbound buffers) and starts the collective at
 // once, its Gloo traffic tagged with a hash of the header and the call's number, so that ranks
 // whose calls disagree never exchange a byte of data (Gloo would abort the process on a message
-// longer than the posted receive). A watcher thread waits for the peers' headers: when they
-// agree the collective simply completes; when they disagree the watcher flags the store and
+// longer than the posted receive). When the collective returns, the caller checks the headers
+// (they were sent before the data, so they are there); if it is still running 2 ms after the
+// start, a watcher thread takes over the check: when the headers agree the collective simply
+// completes; when they disagree the watcher flags the store and
 // aborts this rank's Gloo connections, which unblocks the collective on every rank (a peer's
 // closed connection aborts its waits too); every rank then reconnects a fresh Gloo context
 // through the store and re-exchanges the headers to name the disagreement. A rank whose header
@@ -233,6 +235,7 @@ class GlooBackend final : public Backend {
     std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> sends, recvs;
     Judge judge;
     std::string flag;  // the store key that says "a rank aborted this call on purpose"
+    bool claimed = false;  // the watcher or the caller is checking the headers
     bool done = false, failed = false;
     Agreement verdict = Agreement::agree;
     std::string error;
@@ -326,9 +329,15 @@ std::vector<std::vector<char>> GlooBackend::run_checked(const std::vector<char>&
       watcher_ = std::thread([this] {
         std::unique_lock<std::mutex> lock(watch_mu_);
         for (;;) {
-          watch_cv_.wait(lock, [&] { return stop_ || (job_ && !job_->done); });
+          watch_cv_.wait(lock, [&] { return stop_ || (job_ && !job_->claimed); });
           if (stop_) return;
           auto job = job_;
+          // The caller checks the headers itself once its collective returns; the watcher takes
+          // over only when the collective is still running a moment later (it may be blocked).
+          watch_cv_.wait_for(lock, std::chrono::milliseconds(2), [&] { return stop_ || job->claimed; });
+          if (stop_) return;
+          if (job->claimed) continue;
+          job->claimed = true;
           lock.unlock();
           watch(*job);
           lock.lock();
@@ -350,6 +359,13 @@ std::vector<std::vector<char>> GlooBackend::run_checked(const std::vector<char>&
   }
   {
     std::unique_lock<std::mutex> lock(watch_mu_);
+    if (!w->claimed) {  // the usual case: the headers arrived before the data; no hand-off
+      w->claimed = true;
+      lock.unlock();
+      watch(*w);
+      lock.lock();
+      w->done = true;
+    }
     watch_cv_.wait(lock, [&] { return w->done; });  // the watcher's waits are bounded by the timeout
     job_.reset();
   }
