@@ -3,11 +3,11 @@
 //
 //   tpu-run -n 2 ./train_fashion_mnist_ddp [--epochs 3] [--batch-size 64] [--lr 3e-3] [--limit N]
 //
-// Every rank builds the same model (same seed; rank 0's parameters are also broadcast, as DDP
-// does), trains on its own 1/world of the training set with batches of batch-size/world, and
-// averages the gradients of each step with one all_reduce(avg) over a flat bucket of every
-// parameter's gradient before the optimizer step, so the ranks stay identical and a step equals
-// a single-process step on the global batch. Rank 0 evaluates on the test set and prints.
+// Every rank builds the same model, wraps it in nn::DistributedDataParallel (which broadcasts
+// rank 0's parameters and averages the gradients in buckets with all_reduce(avg) while backward
+// runs), and trains on its own 1/world of the training set with batches of batch-size/world, so
+// the ranks stay identical and a step equals a single-process step on the global batch. Rank 0
+// evaluates on the test set and prints.
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -15,6 +15,7 @@
 #include "tpucore/data.h"
 #include "tpucore/dist.h"
 #include "tpucore/nn.h"
+#include "tpucore/nn/ddp.h"
 #include "tpucore/core/parallel.h"
 #include "tools/cli_args.h"
 
@@ -80,13 +81,8 @@ int main(int argc, char** argv) {
 
     Generator init(args.seed);
     auto model = std::make_shared<nn::MLP>(std::vector<int64_t>{784, 256, 10}, "relu", 0.0, &init);
+    nn::DistributedDataParallel ddp(model);  // broadcasts rank 0's parameters
     std::vector<Tensor> params = model->parameters();
-    int64_t total = 0;
-    for (auto& p : params) {
-      dist::broadcast(p.detach(), 0);  // identical start even if the seeds differed
-      total += p.numel();
-    }
-    Tensor bucket = zeros(Shape{total});  // every gradient, flat, for one all_reduce per step
     optim::AdamW opt(params, {.lr = args.lr, .weight_decay = 1e-4});
     const int64_t steps = loader.size();
     optim::CosineAnnealingLR schedule(opt, args.epochs * steps, args.lr * 0.05);
@@ -101,19 +97,8 @@ int main(int argc, char** argv) {
       int64_t n = 0;
       for (const auto& [x, y] : loader) {
         opt.zero_grad();
-        Tensor loss = nn::cross_entropy(model->forward(x), y);
-        loss.backward();
-        int64_t off = 0;
-        for (auto& p : params) {
-          bucket.narrow(0, off, p.numel()).copy_(p.grad().reshape(Shape{p.numel()}));
-          off += p.numel();
-        }
-        dist::all_reduce(bucket, dist::ReduceOp::avg);
-        off = 0;
-        for (auto& p : params) {
-          p.grad().copy_(bucket.narrow(0, off, p.numel()).reshape(p.shape()));
-          off += p.numel();
-        }
+        Tensor loss = nn::cross_entropy(ddp.forward(x), y);
+        loss.backward();  // returns with .grad() averaged over the ranks
         opt.step();
         schedule.step();
         loss_sum += loss.item<double>();

@@ -14,6 +14,8 @@
 // in place after it was saved makes backward fail instead of returning wrong gradients.
 #pragma once
 
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "tpucore/core/tensor.h"
@@ -62,6 +64,16 @@ std::vector<Tensor> grad(const std::vector<Tensor>& roots, const std::vector<Ten
 
 // Name of the op that recorded t (empty for leaves and tensors without history).
 std::string grad_fn_name(const Tensor& t);
+
+// Calls fn(grad) once per backward pass (backward(), not autograd::grad) after the last gradient
+// of that pass has been accumulated into leaf's .grad(), as torch's
+// register_post_accumulate_grad_hook; grad is the leaf's .grad() tensor itself. Hooks run on the
+// thread running backward, in the order the leaves finish. Returns an id for remove.
+int register_post_accumulate_grad_hook(const Tensor& leaf, std::function<void(const Tensor& grad)> fn);
+void remove_post_accumulate_grad_hook(const Tensor& leaf, int id);
+// For each of `leaves`, whether a gradient of `root` can reach it (root's recorded graph
+// reaches the leaf); e.g. to find parameters a forward pass did not use.
+std::vector<bool> reachable_leaves(const Tensor& root, const std::vector<Tensor>& leaves);
 
 }  // namespace autograd
 }  // namespace tpu

@@ -20,6 +20,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -146,10 +147,19 @@ std::vector<ProcessGroupPtr> sim_pod_groups(const SimPodOptions& options = {});
 std::vector<ProcessGroupPtr> sim_new_group(const std::vector<ProcessGroupPtr>& world, const std::vector<int>& ranks);
 
 // ---- the default group (the world) ----
+// backend "gloo": one process per rank (rank and world size from the options or the env).
+// backend "sim": one process drives the first world_size chips of the simulated pod (-1: every
+// chip; TPU_SIM_POD must name the pod); rank stays -1. The ranks run as threads: run_ranks(fn)
+// calls fn(rank) on one thread per rank, and on that thread the default group is that rank's, so
+// SPMD code written for gloo (get_rank(), all_reduce(t), new_group, DeviceMesh) runs unchanged.
 void init_process_group(const InitOptions& options = {});
+// Runs fn(rank) on one thread per rank of the sim world (init_process_group with backend "sim")
+// and joins them; then rethrows a tpu::Error naming every rank that threw and its message. A
+// rank that throws before a collective makes the others fail within the timeout (not hang).
+void run_ranks(const std::function<void(int rank)>& fn);
 bool is_initialized();
 void destroy_process_group();  // idempotent
-ProcessGroupPtr world();       // a tpu::Error before init_process_group
+ProcessGroupPtr world();       // a tpu::Error before init_process_group (sim: outside run_ranks)
 int get_rank();
 int get_world_size();
 // Every rank of the world calls it with the same ranks, in the same order as other new_group

@@ -184,6 +184,18 @@ TEST_CASE("dist gloo: mismatched shapes and dtypes name the ranks, the group sta
   CHECK(ps[0].out.find("rank 0: all_reduce f32[4] sum; rank 1: all_reduce f32[5] sum") != std::string::npos);
 }
 
+TEST_CASE("dist gloo: on 4 ranks a disagreement fails at once on every rank, groups stay usable", "[dist]") {
+  auto ps = run(Job(4, "mismatch4", "", 20000), std::chrono::seconds(90));
+  require_all_ok(ps);
+  CHECK(ps[0].out.find("rank 0: all_reduce f32[4000] sum; rank 1: all_reduce f32[4000] sum; rank 2: all_reduce "
+                       "f32[6000] sum; rank 3: all_reduce f32[4000] sum") != std::string::npos);
+}
+
+TEST_CASE("ddp gloo: DistributedDataParallel on 2 and 4 ranks equals single-process training", "[dist]") {
+  require_all_ok(run(Job(2, "ddp")));
+  require_all_ok(run(Job(4, "ddp")));
+}
+
 TEST_CASE("dist gloo: bad arguments and sim tensors staged through the host", "[dist]") {
   require_all_ok(run(Job(2, "bad_args")));
 }

@@ -13,6 +13,7 @@
 
 namespace dist_test {
 int scenario_collectives();
+int scenario_ddp();
 }
 
 using namespace dist_test;
@@ -117,6 +118,43 @@ int scenario_mismatch() {  // ranks pass different shapes, then dtypes; the grou
   return rc;
 }
 
+// 4 ranks, the header check riding along with the collective: one rank in the middle of the
+// ring disagrees (its neighbours' data never matches its own), then a broadcast with two roots,
+// then a subgroup; each error must come at once (well inside the 20 s timeout) and the groups
+// must stay usable.
+int scenario_mismatch4() {
+  int rank = tpu::dist::get_rank(), n = tpu::dist::get_world_size();
+  using clock = std::chrono::steady_clock;
+  auto fast = [&](const std::function<void()>& f, const char* must_contain) {
+    auto t0 = clock::now();
+    int rc = expect_error(f, must_contain);
+    check(clock::now() - t0 < std::chrono::seconds(5), std::string("error came quickly: ") + must_contain);
+    return rc;
+  };
+  Tensor t = tpu::zeros(Shape{rank == 2 ? 6000 : 4000}, tpu::TensorOptions(DType::f32));
+  int rc = fast([&] { tpu::dist::all_reduce(t); }, "rank 2: all_reduce f32[6000] sum");
+  Tensor b = tpu::full(Shape{3}, static_cast<double>(rank), tpu::TensorOptions(DType::f32));
+  rc |= fast([&] { tpu::dist::broadcast(b, rank == 3 ? 1 : 0); }, "rank 3: broadcast f32[3] from rank 1");
+  auto odd = tpu::dist::new_group({1, 3});
+  if (odd->is_member()) {
+    Tensor x = tpu::ones(Shape{5}, tpu::TensorOptions(rank == 1 ? DType::f32 : DType::i32));
+    rc |= fast([&] { odd->all_reduce(x); }, "rank 1: all_reduce i32[5] sum");
+    Tensor y = tpu::full(Shape{7}, static_cast<double>(rank), tpu::TensorOptions(DType::f32));
+    odd->all_reduce(y);
+    expect(y, [](int64_t) { return 4; }, "subgroup all_reduce after its error");
+  }
+  for (int64_t size : {int64_t{5}, int64_t{1} << 18}) {  // small, and large enough for Gloo's segments
+    Tensor w = make(DType::f32, Shape{size}, [&](int64_t i) { return value(rank, i, 3, DType::f32); }, false);
+    tpu::dist::all_reduce(w);
+    expect(w, [&](int64_t i) {
+      double s = 0;
+      for (int r = 0; r < n; ++r) s += value(r, i, 3, DType::f32);
+      return s;
+    }, "all_reduce after the errors");
+  }
+  return rc;
+}
+
 int scenario_bad_args() {  // local argument errors (every rank makes the same mistake)
   int n = tpu::dist::get_world_size();
   Tensor a = tpu::zeros(Shape{4}, tpu::TensorOptions(DType::f32));
@@ -171,6 +209,8 @@ int main(int argc, char** argv) {
     else if (s == "groups") rc = scenario_groups();
     else if (s == "mismatch") rc = scenario_mismatch();
     else if (s == "bad_args") rc = scenario_bad_args();
+    else if (s == "mismatch4") rc = scenario_mismatch4();
+    else if (s == "ddp") rc = scenario_ddp();
     else if (s == "die") rc = scenario_die();
     else if (s == "fail_rank") {  // for tpu-run: the named rank exits with status 5
       if (tpu::dist::get_rank() == (argc > 2 ? std::atoi(argv[2]) : 1)) return 5;

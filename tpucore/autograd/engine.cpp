@@ -136,17 +136,24 @@ void run(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads_in, 
 
   // Collect the graph and count, for each node, the edges that feed it a gradient.
   std::unordered_map<Node*, int> deps;
+  std::unordered_map<const AutogradMeta*, int> leaf_edges;  // leaves with post-accumulate hooks
+  auto count_leaf = [&](const Edge& e) {
+    if (!e.node && e.leaf && !e.leaf->post_accumulate_hooks.empty()) ++leaf_edges[e.leaf.get()];
+  };
   std::vector<std::shared_ptr<Node>> keep;
   std::vector<Node*> stack;
-  for (const Edge& e : root_edges)
+  for (const Edge& e : root_edges) {
+    count_leaf(e);
     if (e.node && deps.emplace(e.node.get(), 0).second) {
       keep.push_back(e.node);
       stack.push_back(e.node.get());
     }
+  }
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
     for (const Edge& e : n->next) {
+      count_leaf(e);
       if (!e.node) continue;
       auto [it, fresh] = deps.emplace(e.node.get(), 0);
       ++it->second;
@@ -169,6 +176,11 @@ void run(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads_in, 
         if (it != target->leaves.end()) add_into((*target->out)[it->second], std::move(g));
       } else {
         accumulate_leaf(e.leaf, std::move(g), create_graph);
+        auto it = leaf_edges.find(e.leaf.get());
+        if (it != leaf_edges.end() && --it->second == 0) {
+          auto hooks = e.leaf->post_accumulate_hooks;  // a hook may remove hooks
+          for (auto& [id, fn] : hooks) fn(e.leaf->grad);
+        }
       }
     }
   };

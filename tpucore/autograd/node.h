@@ -2,6 +2,7 @@
 // and saved tensors with the storage version they were saved at.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +30,8 @@ struct AutogradMeta {
   bool is_view = false;       // output of a recorded view op (in-place writes to it are refused)
   std::string nondiff_op;     // set when a non-differentiable op made this tensor from ones requiring grad
   std::weak_ptr<TensorImpl> owner;  // the tensor this metadata was made for (traced .grad write-back)
+  // Leaves: called with .grad() once per backward pass, after its last contribution (hooks.cpp).
+  std::vector<std::pair<int, std::function<void(const Tensor&)>>> post_accumulate_hooks;
 };
 
 // A tensor kept for backward: a detached alias (no history, so no reference cycle through the

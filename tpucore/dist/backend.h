@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,6 +33,22 @@ class Backend {
   virtual void barrier() = 0;
   // Every rank passes `bytes` of the same length; returns every rank's bytes, in rank order.
   virtual std::vector<std::vector<char>> exchange(const std::vector<char>& bytes) = 0;
+
+  // A collective with the header check: every rank passes its header (`header`, same length on
+  // every rank) and `body` (the collective; null when this rank's arguments were invalid).
+  // `judge` classifies every rank's headers. Returns every rank's header, in rank order; the
+  // caller turns a disagreement into its error. A backend may run `body` while the headers
+  // travel (gloo: no extra round trip, the body's traffic is tagged by the header so that calls
+  // that disagree never exchange data) as long as a disagreement leaves the group usable. The
+  // default exchanges the headers first and runs `body` only when they agree.
+  enum class Agreement { agree, none_ran, disagree };  // none_ran: every rank's arguments were invalid
+  using Judge = std::function<Agreement(const std::vector<std::vector<char>>&)>;
+  virtual std::vector<std::vector<char>> run_checked(const std::vector<char>& header, const Judge& judge,
+                                                     const std::function<void()>& body) {
+    auto all = exchange(header);
+    if (judge(all) == Agreement::agree && body) body();
+    return all;
+  }
 
   // Point to point: post now, wait later (so that posting never blocks the group's queue).
   struct Pending {

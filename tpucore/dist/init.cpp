@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <set>
+#include <thread>
 
 #include "tpucore/dist/backend.h"
 
@@ -22,7 +23,15 @@ struct World {
   int rank = -1, size = 0, next_group_id = 0;
   std::chrono::milliseconds timeout{0};
   bool check = true;
+  std::vector<ProcessGroupPtr> sim_groups;  // backend "sim": rank r's default group (rank threads)
+  int sim_runs = 0;                         // run_ranks calls so far (new_group ids of each run differ)
 };
+
+// On a rank thread of run_ranks: its rank, and its run's new_group ids (negative, so they never
+// meet sim_new_group's).
+thread_local int t_sim_rank = -1;
+thread_local int t_group_base = 0;
+thread_local int t_next_group = 0;
 
 World& world_state() {
   static World w;
@@ -54,7 +63,26 @@ const char* kLaunchHint = "start the ranks with tools/tpu-run, or set RANK, WORL
 void init_process_group(const InitOptions& o) {
   World& w = world_state();
   std::lock_guard<std::mutex> lock(w.mu);
-  if (w.group) fail("tpu::dist::init_process_group: already initialized (rank {} of {}); call destroy_process_group first", w.rank, w.size);
+  if (w.group || !w.sim_groups.empty())
+    fail("tpu::dist::init_process_group: already initialized ({} backend, world size {}); call destroy_process_group first",
+         w.group ? w.group->backend_name() : "sim", w.size);
+  if (o.backend == "sim") {
+    if (o.rank >= 0)
+      fail("tpu::dist::init_process_group: the sim backend runs every rank in this process; leave rank at -1 and "
+           "start the ranks with tpu::dist::run_ranks");
+    if (o.world_size == 0 || o.world_size < -1)
+      fail("tpu::dist::init_process_group: world size {} must be at least 1 (-1: every chip of the pod)", o.world_size);
+    SimPodOptions so;
+    so.chips = o.world_size > 0 ? o.world_size : 0;
+    so.timeout = o.timeout;
+    so.check_consistency = o.check_consistency;
+    w.sim_groups = sim_pod_groups(so);  // checks the pod and the chip count
+    w.size = static_cast<int>(w.sim_groups.size());
+    w.rank = -1;
+    w.timeout = w.sim_groups[0]->timeout();
+    w.check = o.check_consistency && env("TPU_DIST_CHECK") != "0";
+    return;
+  }
   int rank = o.rank >= 0 ? o.rank : env_int("RANK", kLaunchHint);
   int size = o.world_size >= 0 ? o.world_size : env_int("WORLD_SIZE", kLaunchHint);
   if (size < 1) fail("tpu::dist::init_process_group: world size {} must be at least 1", size);
@@ -83,10 +111,7 @@ void init_process_group(const InitOptions& o) {
   }
   std::shared_ptr<Backend> backend;
   if (o.backend == "gloo") backend = make_gloo_world(rank, size, spec, host, timeout);
-  else if (o.backend == "sim")
-    fail("tpu::dist::init_process_group: the sim backend drives every chip from one process; get one group per chip "
-         "from tpu::dist::sim_pod_groups() instead of a default group");
-  else fail("tpu::dist::init_process_group: unknown backend '{}' (available: gloo; sim through sim_pod_groups())", o.backend);
+  else fail("tpu::dist::init_process_group: unknown backend '{}' (available: gloo, sim)", o.backend);
   std::vector<int> ranks(static_cast<size_t>(size));
   for (int i = 0; i < size; ++i) ranks[static_cast<size_t>(i)] = i;
   w.group = std::make_shared<ProcessGroup>(backend, ranks, rank, timeout, check);
@@ -100,17 +125,21 @@ void init_process_group(const InitOptions& o) {
 
 bool is_initialized() {
   std::lock_guard<std::mutex> lock(world_state().mu);
-  return world_state().group != nullptr;
+  return world_state().group != nullptr || !world_state().sim_groups.empty();
 }
 
 void destroy_process_group() {
   World& w = world_state();
   ProcessGroupPtr g;
   std::shared_ptr<Backend> b;
+  std::vector<ProcessGroupPtr> sims;
   {
     std::lock_guard<std::mutex> lock(w.mu);
+    if (t_sim_rank >= 0) fail("tpu::dist::destroy_process_group: called on rank {}'s thread inside run_ranks; call it after run_ranks returns", t_sim_rank);
     g = std::move(w.group);
     b = std::move(w.backend);
+    sims = std::move(w.sim_groups);
+    w.sim_groups.clear();
     w.rank = -1;
     w.size = 0;
   }
@@ -118,9 +147,55 @@ void destroy_process_group() {
 }
 
 ProcessGroupPtr world() {
-  std::lock_guard<std::mutex> lock(world_state().mu);
-  if (!world_state().group) fail("tpu::dist: no process group; call tpu::dist::init_process_group() first");
-  return world_state().group;
+  World& w = world_state();
+  std::lock_guard<std::mutex> lock(w.mu);
+  if (!w.sim_groups.empty()) {
+    if (t_sim_rank < 0)
+      fail("tpu::dist: the sim backend's default group belongs to a rank's thread; call this inside "
+           "tpu::dist::run_ranks (or use the groups of tpu::dist::sim_pod_groups)");
+    return w.sim_groups[static_cast<size_t>(t_sim_rank)];
+  }
+  if (!w.group) fail("tpu::dist: no process group; call tpu::dist::init_process_group() first");
+  return w.group;
+}
+
+void run_ranks(const std::function<void(int)>& fn) {
+  World& w = world_state();
+  int n = 0, base = 0;
+  {
+    std::lock_guard<std::mutex> lock(w.mu);
+    if (w.sim_groups.empty())
+      fail("tpu::dist::run_ranks: no sim world; call init_process_group with backend \"sim\" first (gloo runs one "
+           "process per rank: start them with tpu-run)");
+    if (t_sim_rank >= 0) fail("tpu::dist::run_ranks: called on rank {}'s thread (run_ranks does not nest)", t_sim_rank);
+    n = static_cast<int>(w.sim_groups.size());
+    base = ++w.sim_runs << 16;
+  }
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      t_sim_rank = r;
+      t_group_base = base;
+      t_next_group = 0;
+      try {
+        fn(r);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = "an exception that is not a std::exception";
+      }
+      t_sim_rank = -1;
+    });
+  for (auto& t : threads) t.join();
+  std::string list;
+  int failed = 0;
+  for (int r = 0; r < n; ++r)
+    if (!errors[static_cast<size_t>(r)].empty()) {
+      list += fmt::format("{}rank {}: {}", failed ? "; " : "", r, errors[static_cast<size_t>(r)]);
+      ++failed;
+    }
+  if (failed) fail("tpu::dist::run_ranks: {} of {} ranks failed: {}", failed, n, list);
 }
 
 int get_rank() { return world()->rank(); }
@@ -129,7 +204,9 @@ int get_world_size() { return world()->size(); }
 ProcessGroupPtr new_group(const std::vector<int>& ranks_in) {
   World& w = world_state();
   std::lock_guard<std::mutex> lock(w.mu);
-  if (!w.group) fail("tpu::dist::new_group: no process group; call tpu::dist::init_process_group() first");
+  const bool sim = !w.sim_groups.empty();
+  if (!w.group && !sim) fail("tpu::dist::new_group: no process group; call tpu::dist::init_process_group() first");
+  if (sim && t_sim_rank < 0) fail("tpu::dist::new_group: the sim backend's groups are made on the rank threads of run_ranks");
   std::vector<int> ranks = ranks_in;
   std::sort(ranks.begin(), ranks.end());
   if (ranks.empty()) fail("tpu::dist::new_group: the rank list is empty");
@@ -137,6 +214,11 @@ ProcessGroupPtr new_group(const std::vector<int>& ranks_in) {
     fail("tpu::dist::new_group: the rank list [{}] repeats a rank", fmt::join(ranks_in, ", "));
   if (ranks.front() < 0 || ranks.back() >= w.size)
     fail("tpu::dist::new_group: the rank list [{}] has ranks outside the world 0..{}", fmt::join(ranks_in, ", "), w.size - 1);
+  if (sim) {  // every rank thread makes its groups in the same order, so the k-th has one id on all
+    const int id = -(t_group_base + t_next_group++) - 1;
+    auto b = w.sim_groups[static_cast<size_t>(t_sim_rank)]->backend_impl().new_group(ranks, id);
+    return std::make_shared<ProcessGroup>(b, ranks, t_sim_rank, w.timeout, w.check);
+  }
   int id = w.next_group_id++;
   std::shared_ptr<Backend> b = w.backend->new_group(ranks, id);
   return std::make_shared<ProcessGroup>(b, ranks, w.rank, w.timeout, w.check);

@@ -43,22 +43,37 @@ void divide(const Tensor& t, int n) {
   });
 }
 
-void check_headers(Backend& b, const Header& mine, const std::string& what) {
-  auto all = b.exchange(detail::to_bytes(mine));
+std::vector<Header> headers(const std::vector<std::vector<char>>& all) {
   std::vector<Header> hs;
-  std::vector<int> bad;
-  for (size_t i = 0; i < all.size(); ++i) {
-    hs.push_back(detail::from_bytes(all[i]));
-    if (hs.back().bad) bad.push_back(static_cast<int>(i));
+  for (const auto& b : all) hs.push_back(detail::from_bytes(b));
+  return hs;
+}
+
+Backend::Agreement judge_headers(const std::vector<std::vector<char>>& all) {
+  auto hs = headers(all);
+  bool all_bad = true, agree = true;
+  for (const auto& h : hs) {
+    all_bad = all_bad && h.bad;
+    agree = agree && !h.bad && detail::same(h, hs[0]);
   }
+  if (all_bad) return Backend::Agreement::none_ran;
+  return agree ? Backend::Agreement::agree : Backend::Agreement::disagree;
+}
+
+// Every rank's header for the call, exchanged by the backend alongside (or before) `body`.
+void run_checked(Backend& b, const Header& mine, const std::string& what, const std::function<void()>& body) {
+  auto hs = headers(b.run_checked(detail::to_bytes(mine), judge_headers, body));
+  std::vector<int> bad;
+  for (size_t i = 0; i < hs.size(); ++i)
+    if (hs[i].bad) bad.push_back(static_cast<int>(i));
   if (!bad.empty())
-    fail("{}: rank(s) {} passed invalid arguments (see their errors), so no rank ran it", what, fmt::join(bad, ", "));
+    fail("{}: rank(s) {} passed invalid arguments (see their errors), so every rank abandoned the call", what, fmt::join(bad, ", "));
   bool agree = true;
   for (const auto& h : hs) agree = agree && detail::same(h, hs[0]);
   if (agree) return;
   std::string list;
   for (size_t i = 0; i < hs.size(); ++i) list += fmt::format("{}rank {}: {}", i ? "; " : "", i, detail::describe(hs[i]));
-  fail("{}: the ranks disagree on the call ({}); no rank ran it", what, list);
+  fail("{}: the ranks disagree on the call ({}), so every rank abandoned it (outputs unspecified)", what, list);
 }
 
 uint64_t p2p_slot(uint8_t kind, int tag, uint32_t seq) {
@@ -172,7 +187,7 @@ Work launch(Q& q, Backend* b, bool check, std::chrono::milliseconds timeout, con
       bad.bad = 1;
       q.tasks.push([b, bad] {
         try {
-          b->exchange(detail::to_bytes(bad));
+          b->run_checked(detail::to_bytes(bad), judge_headers, nullptr);
         } catch (const std::exception&) {  // this rank already reports its own error
         }
       });
@@ -185,8 +200,8 @@ Work launch(Q& q, Backend* b, bool check, std::chrono::milliseconds timeout, con
   st->finish = std::move(plan.finish);
   std::function<void()> task = [b, check, what = c.what, h = plan.header, body = std::move(plan.body)] {
     try {
-      if (check) check_headers(*b, h, what);
-      if (body) body();
+      if (check) run_checked(*b, h, what, body);
+      else if (body) body();
     } catch (const Error&) {
       throw;  // the ranks disagreed: every rank saw the same headers, so the group stays in step
     } catch (const std::exception& e) {

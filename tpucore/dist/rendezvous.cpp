@@ -116,6 +116,8 @@ void Rendezvous::arrive() {
   }
 }
 
+void Rendezvous::set_flag(const std::string& key) { store_->set(key, bytes("1")); }
+
 std::shared_ptr<::gloo::Context> Rendezvous::connect(int rank, int size, const std::string& prefix,
                                                      std::shared_ptr<::gloo::transport::Device>& device) {
   auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank, size);

@@ -24,6 +24,9 @@ class Rendezvous {
   void arrive();
   std::shared_ptr<::gloo::Context> connect(int rank, int size, const std::string& prefix,
                                            std::shared_ptr<::gloo::transport::Device>& device);
+  // A flag in the store (a group's ranks use it to tell an abort they caused from a dead peer).
+  void set_flag(const std::string& key);
+  bool has_flag(const std::string& key) { return has(key); }
 
  private:
   bool has(const std::string& key);
