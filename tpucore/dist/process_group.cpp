@@ -4,7 +4,9 @@
 
 #include <map>
 
+#include "device/stream.h"
 #include "tpucore/dist/backend.h"
+#include "tpucore/dist/compiled.h"
 #include "tpucore/dist/header.h"
 #include "tpucore/dist/work.h"
 #include "tpucore/ops.h"
@@ -76,7 +78,7 @@ ProcessGroup::ProcessGroup(std::shared_ptr<Backend> backend, std::vector<int> gl
   if (rank_ >= 0) queue_ = std::make_unique<Queue>();
 }
 
-ProcessGroup::~ProcessGroup() = default;
+ProcessGroup::~ProcessGroup() { detail::forget_group(this); }
 
 int ProcessGroup::rank() const {
   require_member("rank");
@@ -183,7 +185,25 @@ Work launch(Q& q, Backend* b, bool check, std::chrono::milliseconds timeout, con
   st->what = c.what;
   st->timeout = timeout;
   st->finish = std::move(plan.finish);
-  std::function<void()> task = [b, check, what = c.what, h = plan.header, body = std::move(plan.body)] {
+  // The collective runs on the caller's current stream of a sim tensor's chip (the queue's
+  // thread takes it over for the call), as a CUDA collective runs on the current stream.
+  device::StreamId stream = c.have_device && c.device.type == DeviceType::sim ? device::current_stream(c.device) : 0;
+  std::function<void()> task = [b, check, what = c.what, h = plan.header, body = std::move(plan.body), dev = c.device,
+                                stream] {
+    struct OnStream {
+      Device d;
+      device::StreamId prev;
+      bool set;
+      OnStream(Device dv, device::StreamId s) : d(dv), prev(0), set(s != 0) {
+        if (set) {
+          prev = device::current_stream(d);
+          device::set_current_stream(d, s);
+        }
+      }
+      ~OnStream() {
+        if (set) device::set_current_stream(d, prev);
+      }
+    } on_stream(dev, stream);
     try {
       if (check) check_headers(*b, h, what);
       if (body) body();
@@ -212,6 +232,7 @@ std::function<void(std::chrono::milliseconds)> finisher(std::vector<Staged> s) {
   int n = size()
 
 Work ProcessGroup::all_reduce_async(const Tensor& t, ReduceOp op) {
+  if (detail::traced(t)) return detail::traced_all_reduce(*this, t, op);
   TPU_DIST_CALL(OpCode::all_reduce);
   return launch(*queue_, b, check_, timeout_, c, [&] {
     c.tensor(t, "the tensor");
@@ -226,6 +247,7 @@ Work ProcessGroup::all_reduce_async(const Tensor& t, ReduceOp op) {
 }
 
 Work ProcessGroup::broadcast_async(const Tensor& t, int src) {
+  if (detail::traced(t)) return detail::traced_broadcast(*this, t, src);
   TPU_DIST_CALL(OpCode::broadcast);
   return launch(*queue_, b, check_, timeout_, c, [&] {
     c.tensor(t, "the tensor");
@@ -238,6 +260,7 @@ Work ProcessGroup::broadcast_async(const Tensor& t, int src) {
 }
 
 Work ProcessGroup::all_gather_into_tensor_async(const Tensor& out, const Tensor& in) {
+  if (detail::traced(in)) return detail::traced_all_gather_into_tensor(*this, out, in);
   TPU_DIST_CALL(OpCode::all_gather_into_tensor);
   return launch(*queue_, b, check_, timeout_, c, [&] {
     c.tensor(in, "the input");
@@ -284,6 +307,7 @@ Work ProcessGroup::all_gather_async(const std::vector<Tensor>& out, const Tensor
 }
 
 Work ProcessGroup::reduce_scatter_tensor_async(const Tensor& out, const Tensor& in, ReduceOp op) {
+  if (detail::traced(in)) return detail::traced_reduce_scatter_tensor(*this, out, in, op);
   TPU_DIST_CALL(OpCode::reduce_scatter_tensor);
   return launch(*queue_, b, check_, timeout_, c, [&] {
     c.tensor(in, "the input");
