@@ -164,7 +164,8 @@ void Executable::run(std::span<const Tensor> inputs, std::vector<Tensor>& output
       } else {
         const Node& n = g_.nodes[static_cast<size_t>(st.node)];
         // A view of a result in flight needs no data, unless it copies (a reshape of strides).
-        const bool pure_view = n.op->has(ops::kView) && n.op->name != "view";
+        const bool pure_view = n.op->has(ops::kView) &&
+                               (n.op->name != "view" || vals[static_cast<size_t>(n.inputs[0])].is_contiguous());
         if (!pure_view) wait_inputs(n);
       }
     }
