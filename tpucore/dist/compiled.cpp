@@ -110,13 +110,24 @@ class Handle final : public graph::AsyncHandle {
   }
 };
 
+// A stream per collective in flight (a ring of them per chip): its end is that collective's
+// end, so the wait for one does not also wait for the collectives queued after it. They share
+// the chip's ICI, so the collectives still run one after the other, in call order.
 Stream comm_stream(Device d) {
+  constexpr size_t kRing = 256;
+  struct Ring {
+    std::vector<Stream> streams;
+    size_t next = 0;
+  };
   static std::mutex mu;
-  static std::map<int, Stream>* streams = new std::map<int, Stream>();
+  static std::map<int, Ring>* rings = new std::map<int, Ring>();
   std::lock_guard<std::mutex> lk(mu);
-  auto it = streams->find(d.index);
-  if (it == streams->end()) it = streams->emplace(d.index, Stream::create(d)).first;
-  return it->second;
+  Ring& r = (*rings)[d.index];
+  if (r.streams.size() < kRing) {
+    r.streams.push_back(Stream::create(d));
+    return r.streams.back();
+  }
+  return r.streams[r.next++ % kRing];
 }
 
 std::shared_ptr<Handle> start(const std::string& name, const ops::Attrs& a, std::span<const Tensor> ins,
