@@ -217,6 +217,12 @@ void record(ProcessGroup& pg, const ops::OpDef& op, const Tensor& dst, const Ten
 
 bool traced(const Tensor& t) { return t.is_proxy() || ops::interceptor() != nullptr; }
 
+void not_traceable(const char* op) {
+  fail("tpu::dist {} inside tpu::compile: only all_reduce, broadcast, all_gather_into_tensor and reduce_scatter_tensor "
+       "become graph nodes; call {} outside the compiled function",
+       op, op);
+}
+
 int64_t graph_group_id(ProcessGroup& pg) {
   std::string desc = describe_group(pg);  // a tpu::Error for a non-member
   Groups& g = groups();

@@ -21,6 +21,9 @@ Work traced_broadcast(ProcessGroup& pg, const Tensor& t, int src);
 Work traced_all_gather_into_tensor(ProcessGroup& pg, const Tensor& out, const Tensor& in);
 Work traced_reduce_scatter_tensor(ProcessGroup& pg, const Tensor& out, const Tensor& in, ReduceOp op);
 
+// A tpu::Error: `op` cannot be recorded in a compiled graph.
+[[noreturn]] void not_traceable(const char* op);
+
 // The id under which a graph node names the group (assigned on first use), and back; the
 // group's destructor forgets it, so graphs that name it recompile ("mesh changed").
 int64_t graph_group_id(ProcessGroup& pg);

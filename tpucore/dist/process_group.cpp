@@ -281,6 +281,7 @@ Work ProcessGroup::all_gather_into_tensor_async(const Tensor& out, const Tensor&
 }
 
 Work ProcessGroup::all_gather_async(const std::vector<Tensor>& out, const Tensor& in) {
+  if (detail::traced(in)) detail::not_traceable("all_gather (list form)");
   TPU_DIST_CALL(OpCode::all_gather);
   return launch(*queue_, b, check_, timeout_, c, [&] {
     c.tensor(in, "the input");
@@ -330,6 +331,7 @@ Work ProcessGroup::reduce_scatter_tensor_async(const Tensor& out, const Tensor& 
 }
 
 Work ProcessGroup::all_to_all_single_async(const Tensor& out, const Tensor& in) {
+  if (detail::traced(in)) detail::not_traceable("all_to_all_single");
   TPU_DIST_CALL(OpCode::all_to_all_single);
   return launch(*queue_, b, check_, timeout_, c, [&] {
     c.tensor(in, "the input");
@@ -346,6 +348,7 @@ Work ProcessGroup::all_to_all_single_async(const Tensor& out, const Tensor& in) 
 }
 
 Work ProcessGroup::all_to_all_async(const std::vector<Tensor>& out, const std::vector<Tensor>& in) {
+  if (detail::traced(in.empty() ? Tensor() : in[0])) detail::not_traceable("all_to_all");
   TPU_DIST_CALL(OpCode::all_to_all);
   return launch(*queue_, b, check_, timeout_, c, [&] {
     if (static_cast<int>(in.size()) != n || static_cast<int>(out.size()) != n)
@@ -431,6 +434,7 @@ uint32_t next_p2p_seq(const std::string& what, const char* side, int peer, int t
 }  // namespace
 
 Work ProcessGroup::send_async(const Tensor& t, int dst, int tag) {
+  if (detail::traced(t)) detail::not_traceable("send");
   require_member("send");
   Call c{*backend_, OpCode::send_recv, fmt::format("tpu::dist send to rank {} ({})", dst, where())};
   c.tensor(t, "the tensor");
@@ -464,6 +468,7 @@ Work ProcessGroup::send_async(const Tensor& t, int dst, int tag) {
 }
 
 Work ProcessGroup::recv_async(const Tensor& t, int src, int tag) {
+  if (detail::traced(t)) detail::not_traceable("recv");
   require_member("recv");
   Call c{*backend_, OpCode::send_recv, fmt::format("tpu::dist recv from rank {} ({})", src, where())};
   c.tensor(t, "the tensor");
