@@ -84,11 +84,11 @@ double layer_params() {
 Timed layer_step(const tpu::dist::ProcessGroupPtr& pg, bool comm = true) {
   const int64_t N = pg->size();
   std::vector<Tensor> full, next_shard, prev_grad;
-  for (const Shape& s : layer_shapes()) {
-    Tensor w = tpu::empty(s, bf16());
-    full.push_back(w);
-    next_shard.push_back(tpu::empty(Shape{s.numel() / N}, bf16()));
-    prev_grad.push_back(tpu::empty(Shape{s.numel()}, f32()));
+  for (const Shape& s : layer_shapes()) {  // flat shards, padded to a multiple of N (as FSDP2)
+    const int64_t shard = (s.numel() + N - 1) / N;
+    full.push_back(tpu::empty(s, bf16()));
+    next_shard.push_back(tpu::empty(Shape{shard}, bf16()));
+    prev_grad.push_back(tpu::empty(Shape{shard * N}, f32()));
   }
   Tensor cs = tpu::empty({T, D}, bf16()), sn = tpu::empty({T, D}, bf16());
   auto step = [&](const Tensor& x, const Tensor& dy) {
@@ -201,10 +201,10 @@ void BM_Qwen3FsdpStep(benchmark::State& state) {
     layer_alone = layer_step(pg, false);
     head = head_step(pg);
     opt = optimizer_step(N);
-    const double lp = layer_params();
-    fill = collective_ms(pg, true, int64_t(lp), DType::bf16) + collective_ms(pg, false, int64_t(lp), DType::f32);
+    const int64_t lp = (int64_t(layer_params()) + N - 1) / N * N;
+    fill = collective_ms(pg, true, lp, DType::bf16) + collective_ms(pg, false, lp, DType::f32);
     head_gather = collective_ms(pg, true, V * E, DType::bf16);
-    layer_comm = 2 * collective_ms(pg, true, int64_t(lp), DType::bf16) + collective_ms(pg, false, int64_t(lp), DType::f32);
+    layer_comm = 2 * collective_ms(pg, true, lp, DType::bf16) + collective_ms(pg, false, lp, DType::f32);
   }
   // The device's peak: the calibrated model drives a chip's TensorCores as one device
   // (megacore), the ideal model one TensorCore; HBM bandwidth likewise.

@@ -53,7 +53,7 @@ int scenario_compiled() {
       }
       rg.insert(rg.end(), xr.begin(), xr.end());
     }
-    std::vector<float> rs(size_t(len)), rsc;
+    std::vector<float> rs(static_cast<size_t>(len)), rsc;
     for (int64_t i = 0; i < len; ++i) rs[size_t(i)] = hs[size_t(i)] * 3 + xs[size_t(i)] / float(n);
     const int64_t blk = len / n;
     for (int64_t i = me * blk; i < (me + 1) * blk; ++i) rsc.push_back(hs[size_t(i)] - 1);
