@@ -66,6 +66,13 @@ Executable::Executable(Graph g, RegionRunner device_regions) : g_(std::move(g)),
     if (g_.values[v].kind != ValueKind::node) continue;
     release_[static_cast<size_t>(last[v])].push_back(static_cast<ValueId>(v));
   }
+  async_.assign(g_.nodes.size(), nullptr);
+  for (size_t i = 0; i < g_.nodes.size(); ++i)
+    if (!g_.nodes[i].dead && (async_[i] = async_start_fn(*g_.nodes[i].op))) has_async_ = true;
+  if (has_async_) {
+    root_.resize(g_.values.size());
+    for (size_t v = 0; v < g_.values.size(); ++v) root_[v] = alias_root(g_, static_cast<ValueId>(v));
+  }
   if (on_cpu_)
     for (const Region& r : g_.regions) {
       programs_.push_back(prepare_region(g_, r));
@@ -98,9 +105,70 @@ void Executable::run(std::span<const Tensor> inputs, std::vector<Tensor>& output
     return ops::empty_tensor(m.shape, m.dtype, m.device);
   };
 
+  // Asynchronous nodes in flight, by the buffer root of their outputs; a step that reads such a
+  // buffer (other than to make a view of it) waits first.
+  std::vector<std::shared_ptr<AsyncHandle>> pending(has_async_ ? g_.values.size() : 0);
+  size_t in_flight = 0;
+  auto wait_for = [&](ValueId v) {
+    std::shared_ptr<AsyncHandle>& h = pending[static_cast<size_t>(root_[static_cast<size_t>(v)])];
+    if (!h) return;
+    std::shared_ptr<AsyncHandle> w = std::move(h);
+    for (auto& p : pending)
+      if (p == w) p.reset();
+    --in_flight;
+    w->wait();
+  };
+  auto wait_inputs = [&](const Node& n) {
+    if (in_flight == 0) return;
+    for (ValueId i : n.inputs) wait_for(i);
+  };
+  struct Drain {  // on an error, the work in flight still finishes before its buffers go away
+    std::vector<std::shared_ptr<AsyncHandle>>& p;
+    ~Drain() {
+      for (auto& h : p)
+        if (h) {
+          std::shared_ptr<AsyncHandle> w = std::move(h);
+          for (auto& q : p)
+            if (q == w) q.reset();
+          try {
+            w->wait();
+          } catch (const std::exception&) {  // the first error is the one reported
+          }
+        }
+    }
+  } drain{pending};
+
   std::vector<Tensor> ins, outs;
   for (size_t si = 0; si < steps_.size(); ++si) {
     const Step& st = steps_[si];
+    if (st.node >= 0 && has_async_ && async_[static_cast<size_t>(st.node)]) {
+      const Node& n = g_.nodes[static_cast<size_t>(st.node)];
+      wait_inputs(n);  // a collective of a collective's result
+      ins.clear();
+      for (ValueId i : n.inputs) ins.push_back(vals[static_cast<size_t>(i)]);
+      outs.assign(n.outputs.size(), Tensor());
+      for (size_t k = 0; k < n.outputs.size(); ++k)
+        if (on_cpu_) outs[k] = alloc(n.outputs[k]);
+      std::shared_ptr<AsyncHandle> h = async_[static_cast<size_t>(st.node)](n, ins, outs);
+      for (size_t k = 0; k < n.outputs.size(); ++k) {
+        vals[static_cast<size_t>(n.outputs[k])] = std::move(outs[k]);
+        pending[static_cast<size_t>(n.outputs[k])] = h;
+      }
+      ++in_flight;
+      for (ValueId v : release_[si]) vals[static_cast<size_t>(v)] = Tensor();
+      continue;
+    }
+    if (in_flight > 0) {
+      if (st.region >= 0) {
+        for (int32_t ni : g_.regions[static_cast<size_t>(st.region)].nodes) wait_inputs(g_.nodes[static_cast<size_t>(ni)]);
+      } else {
+        const Node& n = g_.nodes[static_cast<size_t>(st.node)];
+        // A view of a result in flight needs no data, unless it copies (a reshape of strides).
+        const bool pure_view = n.op->has(ops::kView) &&
+                               (n.op->name != "view" || vals[static_cast<size_t>(n.inputs[0])].is_contiguous());
+        if (!pure_view) wait_inputs(n);
+      }
+    }
     if (st.region >= 0 && on_cpu_) {
       const Region& r = g_.regions[static_cast<size_t>(st.region)];
       for (ValueId o : r.outputs) vals[static_cast<size_t>(o)] = alloc(o);
@@ -142,6 +210,11 @@ void Executable::run(std::span<const Tensor> inputs, std::vector<Tensor>& output
     }
     for (ValueId v : release_[si]) vals[static_cast<size_t>(v)] = Tensor();
   }
+  for (ValueId o : g_.outputs)
+    if (in_flight > 0) wait_for(o);
+  if (in_flight > 0)  // results read by nobody: still finished before the call returns
+    for (size_t v = 0; v < pending.size(); ++v)
+      if (pending[v]) wait_for(static_cast<ValueId>(v));
   outputs.resize(g_.outputs.size());
   for (size_t i = 0; i < g_.outputs.size(); ++i) outputs[i] = vals[static_cast<size_t>(g_.outputs[i])];
 }

@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "graph/async_ops.h"
 #include "graph/ir.h"
 #include "graph/region_exec.h"
 #include "graph/schedule.h"
@@ -34,6 +35,10 @@ class Executable {
   std::vector<char> is_output_;                // per value
   bool on_cpu_ = true;
   RegionRunner device_regions_ = nullptr;
+  // Asynchronous nodes (graph/async_ops.h): start function per node, buffer root per value.
+  std::vector<AsyncStartFn> async_;
+  std::vector<ValueId> root_;
+  bool has_async_ = false;
 };
 
 // Runs one node eagerly through the front half (used by constant folding and off the cpu).

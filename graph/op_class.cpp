@@ -1,5 +1,7 @@
 #include "graph/op_class.h"
 
+#include "graph/async_ops.h"
+
 #include <algorithm>
 
 namespace tpu::graph {
@@ -24,7 +26,7 @@ FusionInfo classify(const Graph& g, const Node& n) {
   FusionInfo f;
   if (n.dead || n.outputs.size() != 1 || !n.op->cpu) return f;
   const ops::OpDef& op = *n.op;
-  if (op.has(ops::kView) || op.has(ops::kRandom) || op.has(ops::kCreation)) return f;
+  if (op.has(ops::kView) || op.has(ops::kRandom) || op.has(ops::kCreation) || is_async(n)) return f;
   const ValueMeta& out = g.meta(n.outputs[0]);
   const int nd = out.shape.ndim();
   if (out.shape.numel() == 0) return f;

@@ -146,6 +146,24 @@ std::vector<ProcessGroupPtr> sim_pod_groups(const SimPodOptions& options = {});
 // element i is the group of world rank sorted(ranks)[i].
 std::vector<ProcessGroupPtr> sim_new_group(const std::vector<ProcessGroupPtr>& world, const std::vector<int>& ranks);
 
+// ---- a large slice simulated by symmetry (tpucore/dist/sim_symmetric.cpp) ----
+// One sim device plays rank `rank` of a group spanning `axes` of `slice` (all axes when empty);
+// the other ranks are taken to run the same program on same-shaped data (SPMD), so their
+// timelines are this chip's. Each collective costs what the pod's algorithm costs on the whole
+// slice (a job on the chip's ICI, overlapping programs on other streams) and returns the values
+// of a world where every rank holds this rank's data (all_reduce sum: G x; all_gather: G
+// copies); in timing-only mode no data moves. For costing pod-scale steps on one chip.
+// send/recv and new_group are not supported.
+struct SimSymmetricOptions {
+  std::string slice;            // "2x2x2", "4x4x4", "4x8x8" (in the ICI preset's limits)
+  std::vector<int> axes{};      // the slice's axes the group spans (empty: all)
+  int device = 0;               // the chip simulated in full: sim:device
+  int rank = 0;                 // its rank in the group
+  std::string ici{};            // ICI preset (default: the chip preset's)
+  bool check_consistency = false;
+};
+ProcessGroupPtr sim_symmetric_group(const SimSymmetricOptions& options);
+
 // ---- the default group (the world) ----
 // backend "gloo": one process per rank (rank and world size from the options or the env).
 // backend "sim": one process drives the first world_size chips of the simulated pod (-1: every

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "graph/async_ops.h"
 #include "graph/passes/passes.h"
 
 namespace tpu::graph {
@@ -44,7 +45,7 @@ int cse(Graph& g) {
   std::unordered_map<uint64_t, std::vector<int32_t>> seen;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     Node& n = g.nodes[i];
-    if (n.dead || n.op->has(ops::kRandom)) continue;
+    if (n.dead || n.op->has(ops::kRandom) || is_async(n)) continue;
     uint64_t h = reinterpret_cast<uintptr_t>(n.op);
     for (ValueId in : n.inputs) h = hash_combine(h, static_cast<uint64_t>(in));
     h = hash_attrs(n.attrs, h);

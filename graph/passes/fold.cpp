@@ -2,6 +2,7 @@
 // that is not random) is evaluated once, with the eager kernels, and replaced by a constant.
 // Large results stay nodes so that compiled graphs do not carry big baked-in tensors.
 #include "graph/executor.h"
+#include "graph/async_ops.h"
 #include "graph/passes/passes.h"
 #include "graph/tracer.h"
 
@@ -11,7 +12,7 @@ int fold_constants(Graph& g, int64_t max_elems) {
   int folded = 0;
   TraceScope no_trace(nullptr);  // evaluate for real even while a trace is active
   for (Node& n : g.nodes) {
-    if (n.dead || n.op->has(ops::kRandom)) continue;
+    if (n.dead || n.op->has(ops::kRandom) || is_async(n)) continue;
     bool all_const = true;
     for (ValueId in : n.inputs) all_const &= g.value(in).kind == ValueKind::constant;
     if (!all_const) continue;

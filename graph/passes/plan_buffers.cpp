@@ -5,6 +5,7 @@
 // planned peak bytes next to what one buffer per value would take.
 #include <algorithm>
 
+#include "graph/async_ops.h"
 #include "graph/passes/passes.h"
 #include "graph/schedule.h"
 
@@ -25,6 +26,12 @@ int plan_buffers(Graph& g) {
   std::vector<int32_t> def(nv, -1), last(nv, -1);
   std::vector<char> candidate(nv, 0), pinned(nv, 0);
   for (ValueId o : g.outputs) pinned[static_cast<size_t>(alias_root(g, o))] = 1;
+  // Buffers an asynchronous node (a collective) reads or writes in the background are its own.
+  for (const Node& n : g.nodes)
+    if (is_async(n)) {
+      for (ValueId v : n.inputs) pinned[static_cast<size_t>(alias_root(g, v))] = 1;
+      for (ValueId v : n.outputs) pinned[static_cast<size_t>(v)] = 1;
+    }
   auto touch = [&](ValueId v, int32_t s) {
     ValueId r = alias_root(g, v);
     last[static_cast<size_t>(r)] = std::max(last[static_cast<size_t>(r)], s);

@@ -170,6 +170,11 @@ TEST_CASE("dist gloo: every collective, dtype and size on 4 ranks (file store)",
   require_all_ok(run([] { Job j(4, "collectives"); j.file_store = true; return j; }()));
 }
 
+TEST_CASE("dist gloo: collectives inside tpu::compile equal eager and a naive reference, 2 and 4 ranks", "[dist]") {
+  require_all_ok(run(Job(2, "compiled")));
+  require_all_ok(run(Job(4, "compiled")));
+}
+
 TEST_CASE("dist gloo: async work handles, wait timeouts and isend/irecv", "[dist]") {
   require_all_ok(run(Job(2, "async")));
 }

@@ -14,6 +14,7 @@
 namespace dist_test {
 int scenario_collectives();
 int scenario_ddp();
+int scenario_compiled();  // worker_compile.cpp
 }
 
 using namespace dist_test;
@@ -212,6 +213,7 @@ int main(int argc, char** argv) {
     else if (s == "mismatch4") rc = scenario_mismatch4();
     else if (s == "ddp") rc = scenario_ddp();
     else if (s == "die") rc = scenario_die();
+    else if (s == "compiled") rc = scenario_compiled();
     else if (s == "fail_rank") {  // for tpu-run: the named rank exits with status 5
       if (tpu::dist::get_rank() == (argc > 2 ? std::atoi(argv[2]) : 1)) return 5;
       std::this_thread::sleep_for(std::chrono::seconds(30));

@@ -4,7 +4,9 @@
 
 #include <map>
 
+#include "device/stream.h"
 #include "tpucore/dist/backend.h"
+#include "tpucore/dist/compiled.h"
 #include "tpucore/dist/header.h"
 #include "tpucore/dist/work.h"
 #include "tpucore/ops.h"
@@ -91,7 +93,7 @@ ProcessGroup::ProcessGroup(std::shared_ptr<Backend> backend, std::vector<int> gl
   if (rank_ >= 0) queue_ = std::make_unique<Queue>();
 }
 
-ProcessGroup::~ProcessGroup() = default;
+ProcessGroup::~ProcessGroup() { detail::forget_group(this); }
 
 int ProcessGroup::rank() const {
   require_member("rank");
@@ -198,7 +200,25 @@ Work launch(Q& q, Backend* b, bool check, std::chrono::milliseconds timeout, con
   st->what = c.what;
   st->timeout = timeout;
   st->finish = std::move(plan.finish);
-  std::function<void()> task = [b, check, what = c.what, h = plan.header, body = std::move(plan.body)] {
+  // The collective runs on the caller's current stream of a sim tensor's chip (the queue's
+  // thread takes it over for the call), as a CUDA collective runs on the current stream.
+  device::StreamId stream = c.have_device && c.device.type == DeviceType::sim ? device::current_stream(c.device) : 0;
+  std::function<void()> task = [b, check, what = c.what, h = plan.header, body = std::move(plan.body), dev = c.device,
+                                stream] {
+    struct OnStream {
+      Device d;
+      device::StreamId prev;
+      bool set;
+      OnStream(Device dv, device::StreamId s) : d(dv), prev(0), set(s != 0) {
+        if (set) {
+          prev = device::current_stream(d);
+          device::set_current_stream(d, s);
+        }
+      }
+      ~OnStream() {
+        if (set) device::set_current_stream(d, prev);
+      }
+    } on_stream(dev, stream);
     try {
       if (check) run_checked(*b, h, what, body);
       else if (body) body();
@@ -227,6 +247,7 @@ std::function<void(std::chrono::milliseconds)> finisher(std::vector<Staged> s) {
   int n = size()
 
 Work ProcessGroup::all_reduce_async(const Tensor& t, ReduceOp op) {
+  if (detail::traced(t)) return detail::traced_all_reduce(*this, t, op);
   TPU_DIST_CALL(OpCode::all_reduce);
   return launch(*queue_, b, check_, timeout_, c, [&] {
     c.tensor(t, "the tensor");
@@ -241,6 +262,7 @@ Work ProcessGroup::all_reduce_async(const Tensor& t, ReduceOp op) {
 }
 
 Work ProcessGroup::broadcast_async(const Tensor& t, int src) {
+  if (detail::traced(t)) return detail::traced_broadcast(*this, t, src);
   TPU_DIST_CALL(OpCode::broadcast);
   return launch(*queue_, b, check_, timeout_, c, [&] {
     c.tensor(t, "the tensor");
@@ -253,6 +275,7 @@ Work ProcessGroup::broadcast_async(const Tensor& t, int src) {
 }
 
 Work ProcessGroup::all_gather_into_tensor_async(const Tensor& out, const Tensor& in) {
+  if (detail::traced(in)) return detail::traced_all_gather_into_tensor(*this, out, in);
   TPU_DIST_CALL(OpCode::all_gather_into_tensor);
   return launch(*queue_, b, check_, timeout_, c, [&] {
     c.tensor(in, "the input");
@@ -273,6 +296,7 @@ Work ProcessGroup::all_gather_into_tensor_async(const Tensor& out, const Tensor&
 }
 
 Work ProcessGroup::all_gather_async(const std::vector<Tensor>& out, const Tensor& in) {
+  if (detail::traced(in)) detail::not_traceable("all_gather (list form)");
   TPU_DIST_CALL(OpCode::all_gather);
   return launch(*queue_, b, check_, timeout_, c, [&] {
     c.tensor(in, "the input");
@@ -299,6 +323,7 @@ Work ProcessGroup::all_gather_async(const std::vector<Tensor>& out, const Tensor
 }
 
 Work ProcessGroup::reduce_scatter_tensor_async(const Tensor& out, const Tensor& in, ReduceOp op) {
+  if (detail::traced(in)) return detail::traced_reduce_scatter_tensor(*this, out, in, op);
   TPU_DIST_CALL(OpCode::reduce_scatter_tensor);
   return launch(*queue_, b, check_, timeout_, c, [&] {
     c.tensor(in, "the input");
@@ -321,6 +346,7 @@ Work ProcessGroup::reduce_scatter_tensor_async(const Tensor& out, const Tensor& 
 }
 
 Work ProcessGroup::all_to_all_single_async(const Tensor& out, const Tensor& in) {
+  if (detail::traced(in)) detail::not_traceable("all_to_all_single");
   TPU_DIST_CALL(OpCode::all_to_all_single);
   return launch(*queue_, b, check_, timeout_, c, [&] {
     c.tensor(in, "the input");
@@ -337,6 +363,7 @@ Work ProcessGroup::all_to_all_single_async(const Tensor& out, const Tensor& in) 
 }
 
 Work ProcessGroup::all_to_all_async(const std::vector<Tensor>& out, const std::vector<Tensor>& in) {
+  if (detail::traced(in.empty() ? Tensor() : in[0])) detail::not_traceable("all_to_all");
   TPU_DIST_CALL(OpCode::all_to_all);
   return launch(*queue_, b, check_, timeout_, c, [&] {
     if (static_cast<int>(in.size()) != n || static_cast<int>(out.size()) != n)
@@ -422,6 +449,7 @@ uint32_t next_p2p_seq(const std::string& what, const char* side, int peer, int t
 }  // namespace
 
 Work ProcessGroup::send_async(const Tensor& t, int dst, int tag) {
+  if (detail::traced(t)) detail::not_traceable("send");
   require_member("send");
   Call c{*backend_, OpCode::send_recv, fmt::format("tpu::dist send to rank {} ({})", dst, where())};
   c.tensor(t, "the tensor");
@@ -455,6 +483,7 @@ Work ProcessGroup::send_async(const Tensor& t, int dst, int tag) {
 }
 
 Work ProcessGroup::recv_async(const Tensor& t, int src, int tag) {
+  if (detail::traced(t)) detail::not_traceable("recv");
   require_member("recv");
   Call c{*backend_, OpCode::send_recv, fmt::format("tpu::dist recv from rank {} ({})", src, where())};
   c.tensor(t, "the tensor");

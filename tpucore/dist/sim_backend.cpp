@@ -391,8 +391,10 @@ class SimBackend final : public Backend {
     pod_type(in.dtype(), d, el, fmt::format("tpu::dist {} (sim, rank {})", op, rank_));
     Tensor cin = on_chip(in);
     Tensor cout = out.is_same(in) ? cin : on_chip(out);
-    e.src = {c_->chip(rank_), hbm_addr(cin), 0};
-    e.dst = {c_->chip(rank_), hbm_addr(cout), 0};
+    // On this rank's current stream of its chip (the caller's, see process_group.cpp).
+    const device::StreamId s = device::current_stream(chip());
+    e.src = {c_->chip(rank_), hbm_addr(cin), s};
+    e.dst = {c_->chip(rank_), hbm_addr(cout), s};
     c_->call(rank_, std::move(e));
     if (!cout.is_same(out)) Tensor(out).copy_(cout);
   }

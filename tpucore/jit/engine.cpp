@@ -32,6 +32,7 @@ class Engine {
     std::vector<GradAction> grads;  // .grad of real tensors after the function
     std::vector<GradGuard> guards;
     std::vector<char> fresh;
+    std::vector<TraceGuard> trace_guards;
   };
   Traced trace(std::span<const ArgSlot> args, TraceCall tc, const std::vector<double>* numbers,
                const std::vector<DynamicDim>& pad, std::vector<Tensor>* outs, bool probe = false);
@@ -162,6 +163,7 @@ Engine::Traced Engine::trace(std::span<const ArgSlot> args, TraceCall tc, const 
   std::vector<Tensor> result;
   {
     graph::TraceScope scope(&tr);
+    TraceGuardScope guard_scope(&r.trace_guards);
     autograd::detail::GradCapture cap;
     autograd::detail::GradCaptureScope capture(&cap);
     struct Restore {  // tracing leaves no traced tensor in a .grad, also when fn throws
@@ -372,8 +374,9 @@ void Engine::call(std::span<const ArgSlot> args, TraceCall tc, std::vector<Tenso
   const Entry* hit = nullptr;
   std::string guard_failed;
   auto guards_hold = [&](const Entry& e) {
-    if (e.guards.empty()) return true;
+    if (e.guards.empty() && e.trace_guards.empty()) return true;
     std::string why = check_guards(e.guards);
+    if (why.empty()) why = check_trace_guards(e.trace_guards);
     if (why.empty()) return true;
     if (guard_failed.empty()) guard_failed = why;
     return false;
@@ -438,6 +441,7 @@ Entry* Engine::compile(std::span<const ArgSlot> args, TraceCall tc, const std::v
   e->grads = a.grads;
   e->guards = a.guards;
   e->fresh = a.fresh;
+  e->trace_guards = a.trace_guards;
   for (const WriteBack& w : a.writes)
     for (const DynamicDim& d : pad)
       TPU_CHECK(!(a.tracer->sources()[static_cast<size_t>(w.input)].kind == graph::InputSource::Kind::arg &&

@@ -12,6 +12,7 @@
 #include "graph/executor.h"
 #include "graph/tracer.h"
 #include "tpucore/compile.h"
+#include "tpucore/jit/guards.h"
 
 namespace tpu::jit::detail {
 
@@ -83,6 +84,7 @@ struct Entry {
   std::vector<GradAction> grads;
   std::vector<GradGuard> guards;
   std::vector<char> fresh;  // per user output (Tracer::fresh_outputs)
+  std::vector<TraceGuard> trace_guards;  // tpucore/jit/guards.h (the mesh of traced collectives)
 };
 // Copies the fresh outputs that share memory with an input.
 void unalias_outputs(std::span<const Tensor> ins, std::vector<Tensor>& outs, const std::vector<char>& fresh);

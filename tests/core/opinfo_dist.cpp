@@ -1,0 +1,14 @@
+// The graph nodes of tpu::dist collectives (tpucore/dist/compiled.cpp) need a process group, so
+// they have no numeric OpInfo entry: they are tested against naive references across ranks.
+#include "opinfo.h"
+
+namespace tpu::testing {
+namespace {
+const OpInfoRegistrar kDistOps[] = {
+    {"dist_all_reduce", "tests/pod/test_compile_dist.cpp, tests/dist/worker_compile.cpp (ranks vs a naive loop)"},
+    {"dist_broadcast", "tests/pod/test_compile_dist.cpp (ranks vs a naive loop)"},
+    {"dist_all_gather", "tests/pod/test_compile_dist.cpp, tests/dist/worker_compile.cpp (ranks vs a naive loop)"},
+    {"dist_reduce_scatter", "tests/pod/test_compile_dist.cpp, tests/dist/worker_compile.cpp (ranks vs a naive loop)"},
+};
+}  // namespace
+}  // namespace tpu::testing
