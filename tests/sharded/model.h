@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -79,6 +81,25 @@ inline Tensor lm_loss(const Tensor& logits, const Tensor& targets) {
   const int64_t v = logits.size(-1);
   Tensor l = logits.dtype() == DType::f32 ? logits : logits.to(DType::f32);
   return nn::cross_entropy(l.reshape(Shape{-1, v}), targets.reshape(Shape{-1}));
+}
+
+// One-process training on the whole global batch (worker_fsdp.cpp).
+struct Reference {
+  std::vector<double> losses;
+  std::map<std::string, Tensor> grads0;  // gradients of the first step
+  nn::StateDict final_params;
+};
+Reference train_reference(const Config& c, const std::string& opt_kind, bool mixed, int steps);
+std::unique_ptr<optim::Optimizer> make_opt(const std::string& kind, std::vector<Tensor> params);
+inline constexpr int64_t kBatch = 4, kSeq = 6;
+
+// Rows of `full` a rank holds when split into `world` chunks along dim 0 (as fully_shard does).
+inline Tensor my_rows(const Tensor& full, int rank, int world) {
+  const int64_t rows = full.dim() ? full.size(0) : 1;
+  const int64_t chunk = (rows + world - 1) / world;
+  const int64_t first = std::min(rows, rank * chunk), n = std::max<int64_t>(0, std::min(chunk, rows - rank * chunk));
+  Tensor f = full.dim() ? full : full.reshape(Shape{1});
+  return narrow(f, 0, first, n);
 }
 
 inline double max_abs_diff(const Tensor& a, const Tensor& b) {

@@ -150,3 +150,15 @@ TEST_CASE("fsdp: checkpoint saved on 4 ranks loads on 2 and on 1, consolidated f
   require_ok(run(2, {"fsdp_bad", dir.string()}));
   fs::remove_all(dir);
 }
+
+TEST_CASE("tp: tensor-parallel transformer on 2 ranks equals one-process training", "[sharded]") {
+  require_ok(run(2, {"tp_train", "2"}));
+}
+
+TEST_CASE("tp: 2-D mesh, FSDP over dp x tensor parallel over tp on 4 ranks", "[sharded]") {
+  require_ok(run(4, {"tp_train", "2"}));
+}
+
+TEST_CASE("tp: bad shapes and targets are errors, the layers stay usable", "[sharded]") {
+  require_ok(run(2, {"tp_bad"}));
+}

@@ -15,22 +15,12 @@ namespace fs = std::filesystem;
 using nn::parallel::FSDPOptions;
 using nn::parallel::fully_shard;
 
-namespace {
-
-constexpr int64_t kBatch = 4, kSeq = 6;
-
 std::unique_ptr<optim::Optimizer> make_opt(const std::string& kind, std::vector<Tensor> params) {
   if (kind == "sgd") return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions{0.2, 0.9});
   optim::AdamWOptions o;
   o.lr = 1e-2;
   return std::make_unique<optim::AdamW>(std::move(params), o);
 }
-
-struct Reference {
-  std::vector<double> losses;
-  std::map<std::string, Tensor> grads0;  // gradients of the first step
-  nn::StateDict final_params;
-};
 
 // One process, the whole global batch, no sharding code. With mixed precision: a bf16 copy of
 // the f32 master model computes; its gradients, in f32, update the master.
@@ -72,6 +62,8 @@ Reference train_reference(const Config& c, const std::string& opt_kind, bool mix
   return ref;
 }
 
+namespace {
+
 struct Sharded {
   std::shared_ptr<TinyLM> model;
   std::shared_ptr<nn::parallel::FSDPModule> root;
@@ -83,15 +75,6 @@ Sharded make_sharded(const Config& c, const dist::DeviceMesh& mesh, const FSDPOp
   for (auto& b : s.model->blocks) b = fully_shard(b, mesh, o);
   s.root = fully_shard(s.model, mesh, o);
   return s;
-}
-
-// Rows of `full` this rank holds when split into `world` chunks along dim 0.
-Tensor my_rows(const Tensor& full, int rank, int world) {
-  const int64_t rows = full.dim() ? full.size(0) : 1;
-  const int64_t chunk = (rows + world - 1) / world;
-  const int64_t first = std::min(rows, rank * chunk), n = std::max<int64_t>(0, std::min(chunk, rows - rank * chunk));
-  Tensor f = full.dim() ? full : full.reshape(Shape{1});
-  return narrow(f, 0, first, n);
 }
 
 }  // namespace
