@@ -151,6 +151,18 @@ TEST_CASE("fsdp: checkpoint saved on 4 ranks loads on 2 and on 1, consolidated f
   fs::remove_all(dir);
 }
 
+TEST_CASE("fsdp: a rank dying mid-step makes the other fail with a tpu::Error, not hang", "[sharded]") {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto ranks = run(2, {"fsdp_die"}, std::chrono::seconds(90));
+  INFO("rank 0 output:\n" << ranks[0].out);
+  CHECK(WIFEXITED(ranks[1].status));
+  CHECK(WEXITSTATUS(ranks[1].status) == 7);
+  CHECK(WIFEXITED(ranks[0].status));
+  CHECK(WEXITSTATUS(ranks[0].status) == 0);
+  CHECK(ranks[0].out.find("rank 0 caught the error") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60));
+}
+
 TEST_CASE("tp: tensor-parallel transformer on 2 ranks equals one-process training", "[sharded]") {
   require_ok(run(2, {"tp_train", "2"}));
 }

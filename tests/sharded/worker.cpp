@@ -13,6 +13,7 @@ int scenario_fsdp_train(const std::string& opt_kind, bool mixed, bool prefetch);
 int scenario_fsdp_ckpt_save(const std::string& dir);
 int scenario_fsdp_ckpt_load(const std::string& dir);
 int scenario_fsdp_bad(const std::string& dir);
+int scenario_fsdp_die();
 int scenario_tp_train(int tp);
 int scenario_tp_bad();
 }  // namespace sharded_test
@@ -33,6 +34,7 @@ int main(int argc, char** argv) {
     else if (s == "fsdp_ckpt_save") rc = scenario_fsdp_ckpt_save(arg(2, "."));
     else if (s == "fsdp_ckpt_load") rc = scenario_fsdp_ckpt_load(arg(2, "."));
     else if (s == "fsdp_bad") rc = scenario_fsdp_bad(arg(2, "."));
+    else if (s == "fsdp_die") rc = scenario_fsdp_die();
     else if (s == "tp_train") rc = scenario_tp_train(std::atoi(arg(2, "2").c_str()));
     else if (s == "tp_bad") rc = scenario_tp_bad();
     tpu::dist::destroy_process_group();

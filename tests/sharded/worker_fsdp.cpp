@@ -102,8 +102,14 @@ int scenario_fsdp_train(const std::string& opt_kind, bool mixed, bool prefetch) 
     Tensor logits = s.root->forward(ids);
     check(logits.dtype() == (mixed ? DType::bf16 : DType::f32), "forward computes in the param dtype");
     check(blk->attn->q_proj->weight.size(0) == 16 / world, "after forward the member is the shard again");
+    // Only the root's own parameters (embedding, final norm, head) stay gathered until backward.
+    const int64_t elem = mixed ? 2 : 4;
+    const int64_t root_bytes = (c.vocab * c.hidden + c.hidden + c.hidden * c.vocab + c.vocab) * elem;
+    check(s.root->memory_stats().gathered_bytes == root_bytes,
+          fmt::format("after forward {} bytes gathered, want {}", s.root->memory_stats().gathered_bytes, root_bytes));
     Tensor loss = lm_loss(logits, tgt);
     loss.backward();
+    check(s.root->memory_stats().gathered_bytes == 0, "after backward nothing is gathered");
     Tensor g = loss.detach().clone();
     dist::all_reduce(g, dist::ReduceOp::avg);
     const double got = g.item<double>(), want = ref.losses[static_cast<size_t>(step)];
@@ -281,6 +287,24 @@ int scenario_fsdp_bad(const std::string& dir) {
   lm_loss(s.root->forward(narrow(mine, 1, 0, kSeq).contiguous()), narrow(mine, 1, 1, kSeq).contiguous()).backward();
   for (auto& [n, p] : s.root->named_parameters()) check(p.grad().defined(), "gradient after the errors: " + n);
   return 0;
+}
+
+// Rank 1 dies after its first forward; rank 0's backward (its collectives) must fail with a
+// tpu::Error instead of hanging, and the process must stay usable.
+int scenario_fsdp_die() {
+  const int rank = dist::get_rank(), world = dist::get_world_size();
+  Config c;
+  dist::DeviceMesh mesh({world}, {"dp"});
+  Sharded s = make_sharded(c, mesh, {});
+  Tensor tok = batch_tokens(0, kBatch, kSeq, c.vocab);
+  Tensor mine = narrow(tok, 0, rank * (kBatch / world), kBatch / world);
+  Tensor loss = lm_loss(s.root->forward(narrow(mine, 1, 0, kSeq).contiguous()), narrow(mine, 1, 1, kSeq).contiguous());
+  if (rank == 1) std::_Exit(7);
+  const int rc = expect_error([&] { loss.backward(); }, "tpu::dist", "backward after a peer died");
+  Tensor t = ones(Shape{3});
+  check(sum(t).item<double>() == 3, "the runtime still computes");
+  std::printf("rank 0 caught the error\n");
+  return rc;
 }
 
 }  // namespace sharded_test

@@ -264,6 +264,18 @@ std::string FSDPModule::type_name() const { return "FSDP(" + unit_->module->type
 Module& FSDPModule::module() const { return *unit_->module; }
 const dist::ProcessGroupPtr& FSDPModule::group() const { return unit_->pg; }
 
+FSDPModule::MemoryStats FSDPModule::memory_stats() const {
+  MemoryStats m;
+  for (auto& w : unit_->root->now)
+    if (auto i = w.lock(); i && !i->released)
+      for (const Tensor& t : i->full) m.gathered_bytes += static_cast<int64_t>(t.nbytes());
+  for (auto& u : unit_->root->live_units()) {
+    for (const ShardedParam& p : u->params) m.shard_bytes += static_cast<int64_t>(p.shard.nbytes());
+    if (u->gathering) m.gathered_bytes += static_cast<int64_t>(u->gather_out.nbytes());
+  }
+  return m;
+}
+
 void FSDPModule::wait_gradients() { unit_->root->finalize(); }
 
 double FSDPModule::clip_grad_norm_(double max_norm) {

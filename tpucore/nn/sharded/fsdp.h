@@ -69,6 +69,14 @@ class FSDPModule : public Module {
   // so that it is at most max_norm; returns the norm before clipping. Collective.
   double clip_grad_norm_(double max_norm);
 
+  // Bytes of gathered (full) parameters alive right now under this root, and of its shards on
+  // this rank: after a forward only the root's own parameters stay gathered (for backward);
+  // after backward none.
+  struct MemoryStats {
+    int64_t gathered_bytes = 0, shard_bytes = 0;
+  };
+  MemoryStats memory_stats() const;
+
   // ---- checkpoints (on the root handle; collective over the group) ----
   // Full tensors by dotted name (parameters of every unit below), on every rank.
   StateDict full_state_dict();
