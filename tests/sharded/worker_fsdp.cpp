@@ -125,6 +125,15 @@ int scenario_fsdp_train(const std::string& opt_kind, bool mixed, bool prefetch) 
         const double d = max_abs_diff(pg, want_g);
         check(d <= tol, fmt::format("step 0 gradient of {}: max diff {} (tol {})", n, d, tol));
       }
+      // The global gradient norm over the group (a bound too large to clip) is the reference's.
+      double sq = 0;
+      for (auto& [n, rg] : ref.grads0) {
+        Tensor g32 = rg.to(DType::f32);
+        sq += sum(mul(g32, g32)).item<double>();
+      }
+      const double norm = s.root->clip_grad_norm_(1e9), want_norm = std::sqrt(sq);
+      check(std::fabs(norm - want_norm) <= (mixed ? 3e-2 : 1e-4) * want_norm,
+            fmt::format("clip_grad_norm_ global norm {} vs reference {}", norm, want_norm));
     }
     opt->step();
     opt->zero_grad();
