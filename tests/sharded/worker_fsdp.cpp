@@ -79,6 +79,18 @@ Sharded make_sharded(const Config& c, const dist::DeviceMesh& mesh, const FSDPOp
 
 }  // namespace
 
+int expect_error(const std::function<void()>& f, const char* must_contain, const std::string& what) {
+  try {
+    f();
+  } catch (const tpu::Error& e) {
+    const bool ok = std::strstr(e.what(), must_contain) != nullptr;
+    check(ok, what + ": error '" + e.what() + "' should mention '" + must_contain + "'");
+    return ok ? 0 : 1;
+  }
+  check(false, what + ": no tpu::Error");
+  return 1;
+}
+
 // argv: optimizer (adamw | sgd), mixed precision (0 | 1), prefetch (0 | 1).
 int scenario_fsdp_train(const std::string& opt_kind, bool mixed, bool prefetch) {
   const int rank = dist::get_rank(), world = dist::get_world_size();
@@ -178,7 +190,7 @@ int scenario_fsdp_ckpt_save(const std::string& dir) {
     opt->step();
     opt->zero_grad();
   }
-  s.root->save_sharded(dir + "/sharded");
+  s.root->save_sharded(dir + "/sharded", opt.get());
   s.root->save_full(dir + "/full.safetensors");
   check(fs::exists(fs::path(dir) / "sharded" / fmt::format("shard-{:05}-of-{:05}.safetensors", rank, world)),
         "this rank's shard file exists");
@@ -230,19 +242,23 @@ int scenario_fsdp_ckpt_load(const std::string& dir) {
   Tensor g = loss.detach().clone();
   dist::all_reduce(g, dist::ReduceOp::avg);
   check(std::fabs(g.item<double>() - want.item<double>()) < 1e-5, "loss after load equals the unsharded model's");
+  // Resuming: parameters and AdamW state saved on 4 ranks after 2 steps, one more step here
+  // equals 3 steps of the one-process reference.
+  for (Tensor& p : s.root->parameters()) p.set_grad(Tensor());
+  auto opt = make_opt("adamw", s.root->parameters());
+  s.root->load(dir + "/sharded", opt.get());
+  check(dynamic_cast<optim::AdamW&>(*opt).steps() == 2, "AdamW step count restored");
+  tok = batch_tokens(2, kBatch, kSeq, c.vocab);
+  mine = narrow(tok, 0, rank * (kBatch / world), kBatch / world);
+  lm_loss(s.root->forward(narrow(mine, 1, 0, kSeq).contiguous()), narrow(mine, 1, 1, kSeq).contiguous()).backward();
+  opt->step();
+  Reference ref = train_reference(c, "adamw", false, 3);
+  nn::StateDict after = s.root->full_state_dict();
+  for (auto& [n, w] : ref.final_params)
+    check(after.count(n) && max_abs_diff(after.at(n), w) <= 1e-4, "resumed training matches the reference: " + n);
+  expect_error([&] { s.root->load(dir + "/full.safetensors", opt.get()); }, "holds no optimizer state",
+               "optimizer state from a file without any");
   return 0;
-}
-
-int expect_error(const std::function<void()>& f, const char* must_contain, const std::string& what) {
-  try {
-    f();
-  } catch (const tpu::Error& e) {
-    const bool ok = std::strstr(e.what(), must_contain) != nullptr;
-    check(ok, what + ": error '" + e.what() + "' should mention '" + must_contain + "'");
-    return ok ? 0 : 1;
-  }
-  check(false, what + ": no tpu::Error");
-  return 1;
 }
 
 // Bad input on 2 ranks; dir holds a 4-rank checkpoint (dir/sharded, dir/full.safetensors).

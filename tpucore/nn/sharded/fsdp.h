@@ -31,6 +31,10 @@
 #include "tpucore/dist.h"
 #include "tpucore/nn/module.h"
 
+namespace tpu::optim {
+class Optimizer;
+}
+
 namespace tpu::nn::parallel {
 
 // bf16 compute on f32 master shards: parameters are cast before the all-gather (half the bytes),
@@ -83,12 +87,14 @@ class FSDPModule : public Module {
   // Each rank takes its rows of every parameter from full tensors (shapes must match).
   void load_full_state_dict(const StateDict& sd);
   // Each rank writes dir/shard-RRRRR-of-WWWWW.safetensors (its rows of every parameter, with
-  // their global shapes and row ranges in the metadata).
-  void save_sharded(const std::string& dir);
+  // their global shapes and row ranges in the metadata), and with `opt` (an optimizer over the
+  // shards) its per-parameter state (AdamW's moments, SGD's momentum) sharded the same way.
+  void save_sharded(const std::string& dir, const optim::Optimizer* opt = nullptr);
   // Reads a checkpoint saved on any number of ranks (resharding to this group's size), or a
   // consolidated file: `path` is a directory of shard files or one .safetensors file. Missing,
-  // foreign or inconsistent files are a tpu::Error naming the file and tensor.
-  void load(const std::string& path);
+  // foreign or inconsistent files are a tpu::Error naming the file and tensor. With `opt`, the
+  // optimizer state saved with the shards is resharded into it too.
+  void load(const std::string& path, optim::Optimizer* opt = nullptr);
   // One safetensors file with the full tensors under their module names (rank 0 writes it; a
   // non-sharded model loads it with load_state_dict).
   void save_full(const std::string& path);

@@ -8,6 +8,7 @@
 #include "tpucore/autograd.h"
 #include "tpucore/nn/sharded/fsdp_internal.h"
 #include "tpucore/ops.h"
+#include "tpucore/optim.h"
 #include "tpucore/safetensors.h"
 
 namespace tpu::nn::parallel {
@@ -133,20 +134,102 @@ void FSDPModule::load_full_state_dict(const StateDict& sd) {
     }
 }
 
-void FSDPModule::save_sharded(const std::string& dir) {
+namespace {
+
+// The optimizer's per-parameter buffers ("exp_avg.3") by parameter name, and its other entries.
+struct OptimParts {
+  std::vector<std::pair<std::string, Tensor>> per_param;  // "optim.exp_avg.<param name>"
+  std::vector<std::pair<std::string, Tensor>> scalars;    // "optim.step"
+};
+
+// Index of each shard in the optimizer's parameter list.
+std::map<std::string, size_t> optim_index(const optim::Optimizer& opt, const std::vector<std::shared_ptr<Unit>>& units) {
+  std::map<std::string, size_t> idx;
+  const auto& ps = opt.params();
+  for (auto& u : units)
+    for (ShardedParam& p : u->params)
+      for (size_t i = 0; i < ps.size(); ++i)
+        if (ps[i].is_same(p.shard)) idx[p.name] = i;
+  return idx;
+}
+
+OptimParts split_optim(const optim::Optimizer& opt, const std::vector<std::shared_ptr<Unit>>& units) {
+  std::map<size_t, std::string> name_of;
+  for (auto& [n, i] : optim_index(opt, units)) name_of[i] = n;
+  OptimParts parts;
+  for (auto& [key, t] : opt.state_dict()) {
+    const size_t dot = key.rfind('.');
+    if (dot != std::string::npos && key.find_first_not_of("0123456789", dot + 1) == std::string::npos) {
+      const size_t i = std::stoul(key.substr(dot + 1));
+      TPU_CHECK(name_of.count(i), "FSDP save_sharded: optimizer entry '{}' belongs to a parameter that is not a shard of "
+                "this model", key);
+      parts.per_param.emplace_back("optim." + key.substr(0, dot) + "." + name_of[i], t);
+    } else {
+      parts.scalars.emplace_back("optim." + key, t);
+    }
+  }
+  return parts;
+}
+
+// Copies rows [first_row, first_row + local_rows) of tensor `name` (global shape `full`) from
+// the checkpoint's files into dst (the rank's rows, contiguous).
+void gather_rows(std::vector<Source>& sources, const std::string& path, const std::string& name, const Shape& full,
+                 const ShardedParam& p, const Tensor& dst) {
+  int64_t covered = 0;
+  for (Source& s : sources) {
+    auto it = s.contents.tensors.find(name);
+    TPU_CHECK(it != s.contents.tensors.end(), "FSDP load: {} has no tensor '{}'", s.file, name);
+    TPU_CHECK(s.shapes[name] == shape_str(full), "FSDP load: {}: '{}' has global shape [{}] but the parameter is {}",
+              s.file, name, s.shapes[name], full.str());
+    auto [first, count] = s.rows[name];
+    const Tensor& t = it->second;
+    TPU_CHECK(first + count <= p.rows && t.numel() == count * p.row_numel,
+              "FSDP load: {}: '{}' holds {} elements for rows [{}, {}) of {}", s.file, name, t.numel(), first,
+              first + count, full.str());
+    const int64_t lo = std::max(first, p.first_row), hi = std::min(first + count, p.first_row + p.local_rows);
+    if (hi <= lo) continue;
+    Tensor src = narrow(reshape(t, Shape{t.numel()}), 0, (lo - first) * p.row_numel, (hi - lo) * p.row_numel);
+    Tensor d = narrow(reshape(dst, Shape{dst.numel()}), 0, (lo - p.first_row) * p.row_numel, (hi - lo) * p.row_numel);
+    d.copy_(src);
+    covered += hi - lo;
+  }
+  TPU_CHECK(covered == p.local_rows, "FSDP load: {}: the files cover {} of this rank's {} rows of '{}'", path, covered,
+            p.local_rows, name);
+}
+
+}  // namespace
+
+void FSDPModule::save_sharded(const std::string& dir, const optim::Optimizer* opt) {
   wait_gradients();
   const int rank = unit_->rank, world = unit_->world;
+  auto units = unit_->root->live_units();
   std::error_code ec;
   fs::create_directories(dir, ec);
   TPU_CHECK(!ec, "FSDP save_sharded: cannot create '{}': {}", dir, ec.message());
   TensorList tensors;
   StringMap meta = {{"format", kFormat}, {"rank", std::to_string(rank)}, {"world_size", std::to_string(world)}};
-  for (auto& u : unit_->root->live_units())
+  std::map<std::string, const ShardedParam*> by_name;
+  for (auto& u : units)
     for (ShardedParam& p : u->params) {
+      by_name[p.name] = &p;
       tensors.emplace_back(p.name, p.shard.detach());
       meta["shape:" + p.name] = shape_str(p.full_shape);
       meta["rows:" + p.name] = std::to_string(p.first_row) + "," + std::to_string(p.local_rows);
     }
+  if (opt) {
+    OptimParts parts = split_optim(*opt, units);
+    for (auto& [key, t] : parts.per_param) {  // rows as the parameter's
+      const ShardedParam& p = *by_name.at(key.substr(key.find('.', 6) + 1));
+      tensors.emplace_back(key, t.detach());
+      meta["shape:" + key] = shape_str(p.full_shape);
+      meta["rows:" + key] = std::to_string(p.first_row) + "," + std::to_string(p.local_rows);
+    }
+    for (auto& [key, t] : parts.scalars) {  // the same on every rank; stored whole
+      tensors.emplace_back(key, t.detach());
+      meta["shape:" + key] = "scalar";
+      meta["rows:" + key] = "0,1";
+    }
+  }
   save_safetensors((fs::path(dir) / shard_file(rank, world)).string(), tensors, meta);
   unit_->pg->barrier();
 }
@@ -157,40 +240,44 @@ void FSDPModule::save_full(const std::string& path) {
   unit_->pg->barrier();
 }
 
-void FSDPModule::load(const std::string& path) {
+void FSDPModule::load(const std::string& path, optim::Optimizer* opt) {
   wait_gradients();
   std::vector<Source> sources = read_checkpoint(path);
+  auto units = unit_->root->live_units();
   std::set<std::string> known;
+  std::map<std::string, const ShardedParam*> by_name;
   NoGradGuard ng;
-  for (auto& u : unit_->root->live_units())
+  for (auto& u : units)
     for (ShardedParam& p : u->params) {
       known.insert(p.name);
-      int64_t covered = 0;
-      for (Source& s : sources) {
-        auto it = s.contents.tensors.find(p.name);
-        TPU_CHECK(it != s.contents.tensors.end(), "FSDP load: {} has no tensor '{}'", s.file, p.name);
-        TPU_CHECK(s.shapes[p.name] == shape_str(p.full_shape),
-                  "FSDP load: {}: '{}' has global shape [{}] but the parameter is {}", s.file, p.name,
-                  s.shapes[p.name], p.full_shape.str());
-        auto [first, count] = s.rows[p.name];
-        const Tensor& t = it->second;
-        TPU_CHECK(first + count <= p.rows && t.numel() == count * p.row_numel,
-                  "FSDP load: {}: '{}' holds {} elements for rows [{}, {}) of {}", s.file, p.name, t.numel(), first,
-                  first + count, p.full_shape.str());
-        const int64_t lo = std::max(first, p.first_row), hi = std::min(first + count, p.first_row + p.local_rows);
-        if (hi <= lo) continue;
-        Tensor src = narrow(reshape(t, Shape{t.numel()}), 0, (lo - first) * p.row_numel, (hi - lo) * p.row_numel);
-        Tensor dst = narrow(reshape(p.shard.detach(), Shape{p.shard.numel()}), 0, (lo - p.first_row) * p.row_numel,
-                            (hi - lo) * p.row_numel);
-        dst.copy_(src);
-        covered += hi - lo;
-      }
-      TPU_CHECK(covered == p.local_rows, "FSDP load: {}: the files cover {} of this rank's {} rows of '{}'", path,
-                covered, p.local_rows, p.name);
+      by_name[p.name] = &p;
+      gather_rows(sources, path, p.name, p.full_shape, p, p.shard.detach());
     }
   for (Source& s : sources)
     for (auto& [n, t] : s.contents.tensors)
-      TPU_CHECK(known.count(n), "FSDP load: {} has tensor '{}', which is not a parameter of the model", s.file, n);
+      TPU_CHECK(known.count(n) || n.rfind("optim.", 0) == 0,
+                "FSDP load: {} has tensor '{}', which is not a parameter of the model", s.file, n);
+  if (!opt) return;
+  std::map<std::string, size_t> index = optim_index(*opt, units);
+  std::map<std::string, Tensor> state;
+  for (auto& [n, t] : sources[0].contents.tensors) {
+    if (n.rfind("optim.", 0) != 0) continue;
+    if (sources[0].shapes[n] == "scalar") {
+      state[n.substr(6)] = t;
+      continue;
+    }
+    const size_t dot = n.find('.', 6);
+    const std::string buf = n.substr(6, dot - 6), pname = dot == std::string::npos ? "" : n.substr(dot + 1);
+    TPU_CHECK(by_name.count(pname), "FSDP load: {}: optimizer entry '{}' names no parameter of the model",
+              sources[0].file, n);
+    TPU_CHECK(index.count(pname), "FSDP load: the optimizer does not hold the shard of '{}'", pname);
+    const ShardedParam& p = *by_name.at(pname);
+    Tensor dst = zeros(p.shard.shape(), TensorOptions(t.dtype(), p.shard.device()));
+    gather_rows(sources, path, n, p.full_shape, p, dst);
+    state[buf + "." + std::to_string(index.at(pname))] = dst;
+  }
+  TPU_CHECK(!state.empty(), "FSDP load: {} holds no optimizer state (saved without an optimizer)", path);
+  opt->load_state_dict(state);
 }
 
 }  // namespace tpu::nn::parallel
