@@ -49,7 +49,7 @@ struct LM : nn::Module {
   LM() {
     Generator g(3);
     embed = register_module("embed", std::make_shared<nn::Embedding>(kVocab, kHidden, &g));
-    for (int i = 0; i < kLayers; ++i) blocks.push_back(register_module("b" + std::to_string(i), std::make_shared<Block>(&g)));
+    for (int i = 0; i < kLayers; ++i) blocks.push_back(register_module(fmt::format("b{}", i), std::make_shared<Block>(&g)));
     norm = register_module("norm", std::make_shared<nn::RMSNorm>(Shape{kHidden}, 1e-6));
     head = register_module("head", std::make_shared<nn::Linear>(kHidden, kVocab, false, &g));
   }
