@@ -142,11 +142,12 @@ TEST_CASE("fsdp: mixed precision (bf16 compute, f32 master and reduction) on 2 r
   require_ok(run(2, {"fsdp_train", "sgd", "1", "1"}));
 }
 
-TEST_CASE("fsdp: checkpoint saved on 4 ranks loads on 2 and on 1, consolidated file, bad files", "[sharded]") {
+TEST_CASE("fsdp: checkpoint saved on 4 ranks loads on 2 and on 1 (and 2 -> 4), consolidated file, bad files", "[sharded]") {
   fs::path dir = scratch_dir();
   require_ok(run(4, {"fsdp_ckpt_save", dir.string()}));
-  require_ok(run(2, {"fsdp_ckpt_load", dir.string()}));
+  require_ok(run(2, {"fsdp_ckpt_load", dir.string(), "sharded", "sharded2"}));
   require_ok(run(1, {"fsdp_ckpt_load", dir.string()}));
+  require_ok(run(4, {"fsdp_ckpt_load", dir.string(), "sharded2"}));
   require_ok(run(2, {"fsdp_bad", dir.string()}));
   fs::remove_all(dir);
 }

@@ -11,7 +11,7 @@
 namespace sharded_test {
 int scenario_fsdp_train(const std::string& opt_kind, bool mixed, bool prefetch);
 int scenario_fsdp_ckpt_save(const std::string& dir);
-int scenario_fsdp_ckpt_load(const std::string& dir);
+int scenario_fsdp_ckpt_load(const std::string& dir, const std::string& from, const std::string& resave);
 int scenario_fsdp_bad(const std::string& dir);
 int scenario_fsdp_die();
 int scenario_tp_train(int tp);
@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
     int rc = 64;
     if (s == "fsdp_train") rc = scenario_fsdp_train(arg(2, "adamw"), arg(3, "0") == "1", arg(4, "1") == "1");
     else if (s == "fsdp_ckpt_save") rc = scenario_fsdp_ckpt_save(arg(2, "."));
-    else if (s == "fsdp_ckpt_load") rc = scenario_fsdp_ckpt_load(arg(2, "."));
+    else if (s == "fsdp_ckpt_load") rc = scenario_fsdp_ckpt_load(arg(2, "."), arg(3, "sharded"), arg(4, ""));
     else if (s == "fsdp_bad") rc = scenario_fsdp_bad(arg(2, "."));
     else if (s == "fsdp_die") rc = scenario_fsdp_die();
     else if (s == "tp_train") rc = scenario_tp_train(std::atoi(arg(2, "2").c_str()));

@@ -204,8 +204,9 @@ int scenario_fsdp_ckpt_save(const std::string& dir) {
   return 0;
 }
 
-// Loads dir/sharded (saved on 4 ranks) and dir/full.safetensors on this world size.
-int scenario_fsdp_ckpt_load(const std::string& dir) {
+// Loads dir/<from> (saved on 4 ranks, or another count) and dir/full.safetensors on this world
+// size; with `resave`, saves what it loaded (parameters and optimizer state) to dir/<resave>.
+int scenario_fsdp_ckpt_load(const std::string& dir, const std::string& from, const std::string& resave) {
   const int rank = dist::get_rank(), world = dist::get_world_size();
   Config c;
   dist::DeviceMesh mesh({world}, {"dp"});
@@ -220,7 +221,7 @@ int scenario_fsdp_ckpt_load(const std::string& dir) {
       check(p.shape() == want.shape() && max_abs_diff(p, want) == 0, what + ": rows of " + n);
     }
   };
-  s.root->load(dir + "/sharded");
+  s.root->load(dir + "/" + from);
   expect_file("resharded load");
   nn::StateDict full = s.root->full_state_dict();
   for (auto& [n, t] : file) check(full.count(n) && max_abs_diff(full.at(n), t) == 0, "full_state_dict after load: " + n);
@@ -246,8 +247,9 @@ int scenario_fsdp_ckpt_load(const std::string& dir) {
   // equals 3 steps of the one-process reference.
   for (Tensor& p : s.root->parameters()) p.set_grad(Tensor());
   auto opt = make_opt("adamw", s.root->parameters());
-  s.root->load(dir + "/sharded", opt.get());
+  s.root->load(dir + "/" + from, opt.get());
   check(dynamic_cast<optim::AdamW&>(*opt).steps() == 2, "AdamW step count restored");
+  if (!resave.empty()) s.root->save_sharded(dir + "/" + resave, opt.get());
   tok = batch_tokens(2, kBatch, kSeq, c.vocab);
   mine = narrow(tok, 0, rank * (kBatch / world), kBatch / world);
   lm_loss(s.root->forward(narrow(mine, 1, 0, kSeq).contiguous()), narrow(mine, 1, 1, kSeq).contiguous()).backward();
