@@ -214,7 +214,7 @@ void run(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads_in, 
         m->grad = m->grad.defined() ? add(m->grad, gout[i]) : (create_graph ? gout[i] : gout[i].detach());
       }
     if (any) {
-      TPU_CHECK(n->op && n->op->backward.fn, "backward: op '{}' has no derivative formula", n->name());
+      TPU_CHECK(n->op && (n->op->backward.fn || n->custom), "backward: op '{}' has no derivative formula", n->name());
       if (n->freed && n->saved_any)
         fail("backward: trying to backward through '{}' a second time, but its saved tensors were freed by the "
              "first backward; pass retain_graph=true to the first backward (or compute the forward again)",
@@ -230,7 +230,8 @@ void run(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads_in, 
       {
         GradModeGuard gm(create_graph);
         ops::BackwardArgs args{*n->op, n->attrs, n->input_meta, ins, outs, gout, n->needs};
-        n->op->backward.fn(args, gin);
+        if (n->custom) n->custom(args, gin);
+        else n->op->backward.fn(args, gin);
         for (size_t i = 0; i < gin.size(); ++i) {
           if (!gin[i].defined() || !n->next[i].valid()) continue;
           const ops::TensorMeta& im = n->input_meta[i];
@@ -244,6 +245,7 @@ void run(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads_in, 
       if (!retain_graph) {
         n->saved_inputs.assign(n->saved_inputs.size(), SavedTensor{});
         n->saved_outputs.assign(n->saved_outputs.size(), SavedTensor{});
+        n->custom = nullptr;
         n->freed = true;
       }
     }

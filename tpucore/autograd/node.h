@@ -57,10 +57,15 @@ struct Node {
   bool saved_any = false;
   bool freed = false;
   uint64_t seq = 0;  // creation order (later nodes run first among the ready ones)
+  // Set on nodes of custom functions (tpucore/nn/sharded: collectives with their own backward):
+  // called instead of op->backward.fn, dropped with the saved tensors after the node ran.
+  std::function<void(const ops::BackwardArgs&, std::span<Tensor>)> custom;
   std::string name() const { return op ? op->name : "?"; }
 };
 
 namespace autograd::detail {
+// The next node creation number (for nodes made outside the op registry's recording).
+uint64_t next_node_seq();
 // A view of t's storage without history.
 Tensor alias(const Tensor& t);
 // Sums a gradient over broadcast dims down to `shape`.

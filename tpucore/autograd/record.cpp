@@ -204,6 +204,8 @@ uint64_t data_version(const Tensor& t) {
   return t.impl().trace ? t.impl().trace->version : 0;
 }
 
+uint64_t next_node_seq() { return ++g_node_seq; }
+
 Tensor alias(const Tensor& t) {
   auto impl = std::make_shared<TensorImpl>(t.impl());
   impl->autograd = nullptr;

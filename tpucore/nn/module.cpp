@@ -62,6 +62,12 @@ std::vector<std::pair<std::string, Tensor>> Module::named_buffers(bool recurse) 
   return v;
 }
 
+std::vector<std::pair<std::string, Tensor*>> Module::parameter_slots(bool recurse) {
+  std::vector<std::pair<std::string, Tensor*>> v;
+  visit("", recurse, false, [&](const std::string& n, Tensor& t) { v.emplace_back(n, &t); });
+  return v;
+}
+
 std::vector<Tensor> Module::parameters(bool recurse) const {
   std::vector<Tensor> v;
   visit("", recurse, false, [&](const std::string&, Tensor& t) { v.push_back(t); });

@@ -57,6 +57,10 @@ class Module {
   void to(DType t);
   void zero_grad();
 
+  // The registered member tensors themselves (not copies), by dotted name: for wrappers that
+  // replace parameters while a forward runs (nn::parallel::fully_shard, tensor parallelism).
+  std::vector<std::pair<std::string, Tensor*>> parameter_slots(bool recurse = true);
+
  protected:
   // Registers a member tensor by reference (it must outlive the module's use of it: a member).
   void register_parameter(const std::string& name, Tensor& param, bool requires_grad = true);
