@@ -29,74 +29,101 @@ namespace {
 
 constexpr int kCols = 4;  // weight rows per block
 
+// Per element type: V, the register of one step; load(p, n) of the next min(n, kStep) values
+// (zeros past them); mac(acc, a, w) adds the step's products to 16 f32 lanes.
 struct F32Rows {
   using T = float;
+  using V = __m512;
   static constexpr int kStep = 16;
-  TPU_GEMV_AVX512 static __m512 load(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-  TPU_GEMV_AVX512 static __m512 fma(__m512 acc, const float* a, const float* b, int64_t n) {
+  TPU_GEMV_AVX512 static V load(const float* p, int64_t n) {
     const __mmask16 m = n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
-    return _mm512_fmadd_ps(load(a, m), load(b, m), acc);
+    return _mm512_maskz_loadu_ps(m, p);
   }
+  TPU_GEMV_AVX512 static __m512 mac(__m512 acc, V a, V w) { return _mm512_fmadd_ps(a, w, acc); }
 };
 
 // bf16 widened to f32 (AVX-512 without avx512_bf16).
 struct Bf16Widen {
   using T = uint16_t;
+  using V = __m512;
   static constexpr int kStep = 16;
-  TPU_GEMV_AVX512 static __m512 load(const uint16_t* p, __mmask16 m) {
+  TPU_GEMV_AVX512 static V load(const uint16_t* p, int64_t n) {
+    const __mmask16 m = n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
     const __m256i h = _mm256_maskz_loadu_epi16(m, p);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
-  TPU_GEMV_AVX512 static __m512 fma(__m512 acc, const uint16_t* a, const uint16_t* b, int64_t n) {
-    const __mmask16 m = n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
-    return _mm512_fmadd_ps(load(a, m), load(b, m), acc);
-  }
+  TPU_GEMV_AVX512 static __m512 mac(__m512 acc, V a, V w) { return _mm512_fmadd_ps(a, w, acc); }
 };
 
 // bf16 pairs with vdpbf16ps: 32 values per step, each lane adds two products.
 struct Bf16Dot {
   using T = uint16_t;
+  using V = __m512i;
   static constexpr int kStep = 32;
-  TPU_GEMV_AVX512_BF16 static __m512 fma(__m512 acc, const uint16_t* a, const uint16_t* b, int64_t n) {
+  TPU_GEMV_AVX512_BF16 static V load(const uint16_t* p, int64_t n) {
     const __mmask32 m = n >= 32 ? __mmask32(0xffffffffu) : __mmask32((1u << n) - 1);
-    const __m512i va = _mm512_maskz_loadu_epi16(m, a), vb = _mm512_maskz_loadu_epi16(m, b);
-    return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(va), reinterpret_cast<__m512bh>(vb));
+    return _mm512_maskz_loadu_epi16(m, p);
+  }
+  TPU_GEMV_AVX512_BF16 static __m512 mac(__m512 acc, V a, V w) {
+    return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(a), reinterpret_cast<__m512bh>(w));
   }
 };
 
-// C[i, j0 .. j1) for every row i. Carries the bf16 target so that Bf16Dot inlines; the f32 and
-// widening instantiations emit no avx512_bf16 instruction and run without it.
+template <class R>
+TPU_GEMV_AVX512_BF16 inline void store4(float* out, int cols, bool accumulate, __m512 s0, __m512 s1, __m512 s2,
+                                        __m512 s3) {
+  const float v[kCols] = {_mm512_reduce_add_ps(s0), _mm512_reduce_add_ps(s1), _mm512_reduce_add_ps(s2),
+                          _mm512_reduce_add_ps(s3)};
+  for (int c = 0; c < cols; ++c) out[c] = accumulate ? out[c] + v[c] : v[c];
+}
+
+// C[i, j0 .. j1) for every row i: blocks of 4 weight rows; two rows of A at a time share each
+// loaded weight vector (8 accumulators, 6 loads per 8 multiply-adds), a last odd row alone.
+// Named accumulators: an array of them was kept on the stack by the compiler. Carries the bf16
+// target so that Bf16Dot inlines; the f32 and widening instantiations emit no avx512_bf16
+// instruction and run without it.
 template <class R>
 TPU_GEMV_AVX512_BF16 void gemv_cols(int64_t M, int64_t K, const typename R::T* A, int64_t a_rs,
                                     const typename R::T* B, int64_t b_cs, float* C, int64_t ldc, bool accumulate,
                                     int64_t j0, int64_t j1) {
+  using V = typename R::V;
   for (int64_t j = j0; j < j1; j += kCols) {
     const int cols = static_cast<int>(std::min<int64_t>(kCols, j1 - j));
     const typename R::T* w[kCols];
     for (int c = 0; c < kCols; ++c) w[c] = B + (j + std::min(c, cols - 1)) * b_cs;
-    for (int64_t i = 0; i < M; ++i) {
-      const typename R::T* a = A + i * a_rs;
-      // Named accumulators (an array of them was kept on the stack by the compiler).
-      __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(), s3 = _mm512_setzero_ps();
-      int64_t k = 0;
-      for (; k + R::kStep <= K; k += R::kStep) {
-        s0 = R::fma(s0, a + k, w[0] + k, R::kStep);
-        s1 = R::fma(s1, a + k, w[1] + k, R::kStep);
-        s2 = R::fma(s2, a + k, w[2] + k, R::kStep);
-        s3 = R::fma(s3, a + k, w[3] + k, R::kStep);
+    int64_t i = 0;
+    for (; i + 2 <= M; i += 2) {
+      const typename R::T *a0 = A + i * a_rs, *a1 = a0 + a_rs;
+      __m512 s00 = _mm512_setzero_ps(), s01 = s00, s02 = s00, s03 = s00, s10 = s00, s11 = s00, s12 = s00, s13 = s00;
+      for (int64_t k = 0; k < K; k += R::kStep) {
+        const int64_t n = K - k;
+        const V w0 = R::load(w[0] + k, n), w1 = R::load(w[1] + k, n), w2 = R::load(w[2] + k, n),
+                w3 = R::load(w[3] + k, n);
+        const V x0 = R::load(a0 + k, n), x1 = R::load(a1 + k, n);
+        s00 = R::mac(s00, x0, w0);
+        s01 = R::mac(s01, x0, w1);
+        s02 = R::mac(s02, x0, w2);
+        s03 = R::mac(s03, x0, w3);
+        s10 = R::mac(s10, x1, w0);
+        s11 = R::mac(s11, x1, w1);
+        s12 = R::mac(s12, x1, w2);
+        s13 = R::mac(s13, x1, w3);
       }
-      if (k < K) {
-        s0 = R::fma(s0, a + k, w[0] + k, K - k);
-        s1 = R::fma(s1, a + k, w[1] + k, K - k);
-        s2 = R::fma(s2, a + k, w[2] + k, K - k);
-        s3 = R::fma(s3, a + k, w[3] + k, K - k);
+      store4<R>(C + i * ldc + j, cols, accumulate, s00, s01, s02, s03);
+      store4<R>(C + (i + 1) * ldc + j, cols, accumulate, s10, s11, s12, s13);
+    }
+    if (i < M) {
+      const typename R::T* a0 = A + i * a_rs;
+      __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+      for (int64_t k = 0; k < K; k += R::kStep) {
+        const int64_t n = K - k;
+        const V x0 = R::load(a0 + k, n);
+        s0 = R::mac(s0, x0, R::load(w[0] + k, n));
+        s1 = R::mac(s1, x0, R::load(w[1] + k, n));
+        s2 = R::mac(s2, x0, R::load(w[2] + k, n));
+        s3 = R::mac(s3, x0, R::load(w[3] + k, n));
       }
-      const __m512 acc[kCols] = {s0, s1, s2, s3};
-      float* out = C + i * ldc + j;
-      for (int c = 0; c < cols; ++c) {
-        const float s = _mm512_reduce_add_ps(acc[c]);
-        out[c] = accumulate ? out[c] + s : s;
-      }
+      store4<R>(C + i * ldc + j, cols, accumulate, s0, s1, s2, s3);
     }
   }
 }
