@@ -11,6 +11,7 @@
 #include <benchmark/benchmark.h>
 #include <time.h>
 
+#include "tpucore/autograd.h"
 #include "tpucore/models.h"
 
 using namespace tpu;
@@ -64,7 +65,26 @@ void BM_decode(benchmark::State& st) {
   st.SetLabel(fmt::format("{} params, batch {}, {}", m.num_parameters(), batch, compiled ? "compiled" : "eager"));
 }
 
+// The decode steps' products: linear of x [rows, 512] with a weight [N, 512] (f32). Up to 16
+// rows take the in-place AVX-512 dot-product path (ops/cpu/kernels/gemv_avx512.cpp), 17 the
+// packed GEMM. Counter us_per_call_cpu: process CPU time per call (all threads).
+void BM_linear_rows(benchmark::State& st) {
+  const int64_t rows = st.range(0), n = st.range(1);
+  NoGradGuard ng;
+  const Tensor x = randn({1, rows, 512}), w = randn({n, 512});
+  Tensor y = linear(x, w);
+  int64_t calls = 0;
+  const double cpu0 = process_cpu_seconds();
+  for (auto _ : st) {
+    y = linear(x, w);
+    ++calls;
+  }
+  st.counters["us_per_call_cpu"] = 1e6 * (process_cpu_seconds() - cpu0) / static_cast<double>(calls);
+}
+
 }  // namespace
+
+BENCHMARK(BM_linear_rows)->ArgsProduct({{1, 16, 17}, {512, 32000}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 BENCHMARK(BM_decode)
     ->ArgsProduct({{0, 1, 2}, {1, 16}, {0, 1}})
