@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
              [&](const std::string& v) { trace_path = v; });
   if (auto rc = args.parse(argc, argv)) return *rc;
   try {
-    TPU_CHECK(tokens > 0, "main_example: --tokens must be positive, got {}", tokens);
+    TPU_CHECK(tokens > 0, "--tokens must be positive, got {}", tokens);
     if (!std::filesystem::exists(std::filesystem::path(dir) / "model.safetensors")) {
       fmt::print("no checkpoint in {}: training the fortunes model on the cpu for {:.0f} s (once)\n", dir,
                  train_seconds);
