@@ -1,26 +1,42 @@
 // Decode speed of the CausalLM family on the cpu: generate() of 32 greedy tokens after an
 // 8-token prompt (one prefill, 31 decode steps through the KV cache), at batch 1 and 16, eager
 // (cache narrowed to its filled part) and compiled (tpu::compile over the whole 64-position
-// cache under a mask; the warm-up call compiles, the timed calls reuse it). Model: random weights shaped like the
-// fortunes example (Llama layout, 3 layers, hidden 128, 4 query / 2 KV heads, vocab 257) and a
-// wider one (4 layers, hidden 512, 8 / 2 heads, vocab 32000, ~21M parameters with the head).
-// Counter tokens/s: generated tokens (all rows) per second of wall time.
+// cache under a mask; the warm-up call compiles, the timed calls reuse it). Models (f32, random
+// weights, tied head): 0 shaped like the fortunes example (Llama layout, 3 layers, hidden 128,
+// 4 query / 2 KV heads, vocab 257, 0.62M parameters), 1 a wider one (4 layers, hidden 512, 8 / 2
+// heads, vocab 32000, 28.4M parameters), 2 a ~100M one (12 layers, hidden 768, MLP 2048, 12 / 4
+// heads, vocab 32000, 100.2M parameters). bench/peer/bench_llm_torch runs the same models and
+// loop in libtorch. Counters: tokens/s, generated tokens (all rows) per second of wall time;
+// tokens/cpu_s, per second of process CPU time (all threads).
 #include <benchmark/benchmark.h>
+#include <time.h>
 
+#include "tpucore/autograd.h"
 #include "tpucore/models.h"
 
 using namespace tpu;
 
 namespace {
 
+// CPU time of the whole process (every thread): on a host shared with other work, wall time
+// also counts the waits for a core; tokens per CPU-second does not.
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 models::ModelConfig shape(int which) {
   models::ModelConfig c;
   if (which == 0) {
     c.vocab_size = 257, c.hidden_size = 128, c.intermediate_size = 384, c.num_hidden_layers = 3;
     c.num_attention_heads = 4, c.num_key_value_heads = 2;
-  } else {
+  } else if (which == 1) {
     c.vocab_size = 32000, c.hidden_size = 512, c.intermediate_size = 1536, c.num_hidden_layers = 4;
     c.num_attention_heads = 8, c.num_key_value_heads = 2;
+  } else {
+    c.vocab_size = 32000, c.hidden_size = 768, c.intermediate_size = 2048, c.num_hidden_layers = 12;
+    c.num_attention_heads = 12, c.num_key_value_heads = 4;
   }
   c.tie_word_embeddings = true;
   return c;
@@ -39,18 +55,39 @@ void BM_decode(benchmark::State& st) {
   g.compile = compiled;
   models::generate(m, prompts, g);  // warm up (and compile)
   int64_t tokens = 0;
+  const double cpu0 = process_cpu_seconds();
   for (auto _ : st) {
     auto out = models::generate(m, prompts, g);
     for (const auto& r : out) tokens += static_cast<int64_t>(r.size());
   }
   st.counters["tokens/s"] = benchmark::Counter(static_cast<double>(tokens), benchmark::Counter::kIsRate);
+  st.counters["tokens/cpu_s"] = static_cast<double>(tokens) / (process_cpu_seconds() - cpu0);
   st.SetLabel(fmt::format("{} params, batch {}, {}", m.num_parameters(), batch, compiled ? "compiled" : "eager"));
+}
+
+// The decode steps' products: linear of x [rows, 512] with a weight [N, 512] (f32). Up to 16
+// rows take the in-place AVX-512 dot-product path (ops/cpu/kernels/gemv_avx512.cpp), 17 the
+// packed GEMM. Counter us_per_call_cpu: process CPU time per call (all threads).
+void BM_linear_rows(benchmark::State& st) {
+  const int64_t rows = st.range(0), n = st.range(1);
+  NoGradGuard ng;
+  const Tensor x = randn({1, rows, 512}), w = randn({n, 512});
+  Tensor y = linear(x, w);
+  int64_t calls = 0;
+  const double cpu0 = process_cpu_seconds();
+  for (auto _ : st) {
+    y = linear(x, w);
+    ++calls;
+  }
+  st.counters["us_per_call_cpu"] = 1e6 * (process_cpu_seconds() - cpu0) / static_cast<double>(calls);
 }
 
 }  // namespace
 
+BENCHMARK(BM_linear_rows)->ArgsProduct({{1, 16, 17}, {512, 32000}})->Unit(benchmark::kMicrosecond)->UseRealTime();
+
 BENCHMARK(BM_decode)
-    ->ArgsProduct({{0, 1}, {1, 16}, {0, 1}})
+    ->ArgsProduct({{0, 1, 2}, {1, 16}, {0, 1}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->MinTime(1.0);

@@ -4,10 +4,13 @@
 // views are made contiguous on the device first. A bool mask is read as bytes, broadcast over
 // batch/head dims and queries in place (other broadcasts are expanded on the device first); a
 // query row with every key masked gives NaN, as on the cpu and in PyTorch. Declines (host
-// fallback): dtypes other than f32/bf16, a scale <= 0, no keys, an empty head dim.
+// fallback): dtypes other than f32/bf16, a scale <= 0, no keys, an empty head dim. A single
+// query over grouped KV heads (a decode step) runs with the group's heads folded into query rows
+// (decode_attention.h) and is named "decode_attention" in the stats and the profiler.
 #include <cmath>
 
 #include "codegen/attention_kernel.h"
+#include "codegen/decode_attention.h"
 #include "codegen/launch.h"
 #include "codegen/lowering.h"
 #include "codegen/sim_tensors.h"
@@ -73,12 +76,15 @@ bool sdpa_eager(const ops::KernelArgs& k) {
     s.m_off = matrix_offsets(*mask);
     s.m_rs = s.lq > 1 ? mask->strides()[n - 2] : 0;
   }
+  // A single query over a grouped KV cache (decode): the group's query heads become rows of
+  // one head, so each cached key/value is read from HBM once per step.
+  const bool decode = fold_decode_heads(s);
   const int dev = out.device().index;
   const sim::ChipConfig& cfg = device::sim_device(dev).config();
   const LoadedProgram& p = cached_program(dev, attention_key(s), [&] { return make_attention_program(cfg, s); });
   std::vector<int64_t> args{hbm_address(*q), hbm_address(*kk), hbm_address(*v), hbm_address(out)};
   if (mask) args.push_back(hbm_address(*mask));
-  launch(dev, p, "scaled_dot_product_attention", std::move(args));
+  launch(dev, p, decode ? "decode_attention" : "scaled_dot_product_attention", std::move(args));
   return true;
 }
 

@@ -1,75 +1,139 @@
-// The main example: a bf16 GEMM program runs on the simulated TPU chip (v5e-like preset by
-// default), its result is checked against tpucore's host matmul of the same bf16 values, and
-// the simulator's stats report and a Chrome/Perfetto trace are written. Then the same chip
-// costs a 4096^3 GEMM in timing-only mode.
+// The main example: a small language model generates text on the simulated TPU chip.
 //
-//   main_example [--chip v5e] [--size 512] [--trace gemm_trace.json]
-#include <fmt/core.h>
-
+// The model is the byte-level Llama-style fortunes model (examples/fortunes_model.h): trained on
+// the cpu on the Debian `fortunes` corpus the first time (about two minutes) and saved as a
+// Hugging Face checkpoint, then reused. It is loaded like any checkpoint onto `sim:0` in bf16
+// and generates a fortune twice, eager (every op a chip kernel as it is called) and compiled
+// (tpu::compile over the decode step: one compile, then every step reuses it), printing host
+// tokens/s, chip cycles per token, MFU and HBM bandwidth use on the named chip and timing model,
+// then the profiler's table of the compiled run and its Chrome/Perfetto trace.
+//
+//   main_example [--chip v5e] [--model DIR] [--tokens N] [--train-seconds S] [--trace FILE]
 #include <chrono>
-#include <cmath>
-#include <cstring>
 #include <string>
 #include <vector>
 
-#include "sim/chip.h"
-#include "sim/presets.h"
-#include "sim/programs.h"
-#include "sim/stats.h"
-#include "sim/trace.h"
+#include "device/sim_driver.h"
+#include "fortunes_model.h"
 #include "tools/cli_args.h"
-#include "tpucore/ops.h"
+#include "tpucore/devices.h"
+#include "tpucore/profiler.h"
+#include "tpucore/streams.h"
+
+namespace {
+
+using namespace tpu;
+
+struct RunFigures {
+  std::vector<int64_t> tokens;
+  double host_s = 0;
+  SimStats chip;
+};
+
+RunFigures run(models::CausalLM& m, const std::vector<int64_t>& prompt, const models::GenerationConfig& g) {
+  const Device dev = m.device();
+  synchronize(dev);
+  reset_sim_stats();
+  RunFigures r;
+  const auto t0 = std::chrono::steady_clock::now();
+  r.tokens = models::generate(m, {prompt}, g)[0];
+  synchronize(dev);
+  r.host_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.chip = sim_stats();
+  return r;
+}
+
+void report(const char* label, const RunFigures& r, const sim::ChipConfig& cfg, const Tokenizer& tok) {
+  const double n = static_cast<double>(r.tokens.size());
+  const double chip_s = r.chip.cycles / (cfg.clock_ghz * 1e9);
+  const double mfu = chip_s > 0 ? r.chip.mxu_flops / chip_s / cfg.peak_flops() : 0;
+  const double bw = chip_s > 0 ? static_cast<double>(r.chip.hbm_bytes) / chip_s / (cfg.memory.hbm_bandwidth_gbps * 1e9) : 0;
+  std::string text;
+  for (int64_t t : r.tokens)
+    if (t != fortunes::kEot) text += tok.decode({t});
+  fmt::print("\n== {}: {} tokens\n{}\n", label, r.tokens.size(), text);
+  fmt::print("host: {:.2f} s, {:.1f} tokens/s (simulating the chip on the host)\n", r.host_s, n / r.host_s);
+  const auto decode_runs = r.chip.runs_by_kernel.find("decode_attention");
+  fmt::print("chip: {:.0f} cycles/token ({:.1f} us/token, {:.0f} tokens/s of chip time), {} programs "
+             "({} of the decode attention kernel), {} host fallbacks\n",
+             r.chip.cycles / n, chip_s / n * 1e6, n / chip_s, r.chip.runs,
+             decode_runs == r.chip.runs_by_kernel.end() ? 0 : decode_runs->second, r.chip.host_fallbacks);
+  fmt::print("      MFU {:.2f}% of {:.1f} TFLOP/s, HBM bandwidth use {:.2f}% of {:.0f} GB/s "
+             "({:.2f} MB moved per token)\n",
+             100 * mfu, cfg.peak_flops() / 1e12, 100 * bw, cfg.memory.hbm_bandwidth_gbps,
+             static_cast<double>(r.chip.hbm_bytes) / n / 1e6);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
-  std::string chip_name = "v5e", trace_path = "gemm_trace.json";
-  int64_t n = 512;
-  tpu::cli::Parser args("main_example",
-                        "A bf16 GEMM program on the simulated chip, checked against the host matmul, with its stats\n"
-                        "report and a Chrome/Perfetto trace; then a 4096^3 GEMM costed in timing-only mode.");
-  args.value("--chip", "NAME", "chip preset or config JSON (default v5e)", [&](const std::string& v) { chip_name = v; });
-  args.value("--size", "N", "the GEMM is N x N x N (default 512)", [&](const std::string& v) { n = args.to_int(v); });
-  args.value("--trace", "FILE", "trace output (default gemm_trace.json)", [&](const std::string& v) { trace_path = v; });
+  std::string chip = "v5e", dir = "fortunes_model", trace_path = "llm_trace.json";
+  int64_t tokens = 48;
+  double train_seconds = 120;
+  cli::Parser args("main_example",
+                   "A small language model (the fortunes model, trained on the cpu once and cached) generating\n"
+                   "text on the simulated chip sim:0, eager and compiled: tokens/s, cycles/token, MFU, the\n"
+                   "profiler table and a Chrome/Perfetto trace.");
+  args.value("--chip", "NAME", "chip preset or config JSON for sim:0 (default v5e)", [&](const std::string& v) { chip = v; });
+  args.value("--model", "DIR", "checkpoint folder, trained there when missing (default fortunes_model)",
+             [&](const std::string& v) { dir = v; });
+  args.value("--tokens", "N", "tokens to generate (default 48)", [&](const std::string& v) { tokens = args.to_int(v); });
+  args.value("--train-seconds", "S", "training time when the checkpoint is missing (default 120)",
+             [&](const std::string& v) { train_seconds = static_cast<double>(args.to_int(v)); });
+  args.value("--trace", "FILE", "trace of the compiled run (default llm_trace.json)",
+             [&](const std::string& v) { trace_path = v; });
   if (auto rc = args.parse(argc, argv)) return *rc;
   try {
-    tpu::sim::Chip chip = tpu::sim::Chip::create(chip_name);
-    const auto& cfg = chip.config();
-    fmt::print("chip: {} ({} MXU(s) of {}x{}, {:.0f} MHz)\n", cfg.name, cfg.mxu.count, cfg.mxu.rows, cfg.mxu.cols,
-               cfg.clock_ghz * 1e3);
+    TPU_CHECK(tokens > 0, "--tokens must be positive, got {}", tokens);
+    if (!std::filesystem::exists(std::filesystem::path(dir) / "model.safetensors")) {
+      fmt::print("no checkpoint in {}: training the fortunes model on the cpu for {:.0f} s (once)\n", dir,
+                 train_seconds);
+      fortunes::train(dir, train_seconds);
+    } else {
+      fmt::print("using the cached checkpoint in {}\n", dir);
+    }
+    set_sim_chip(chip, 0);
+    const sim::ChipConfig& cfg = device::sim_device(0).config();
+    fmt::print("chip: sim:0 = {} ({} timing model), {} MXU(s) of {}x{} at {:.0f} MHz, {:.1f} TFLOP/s bf16, "
+               "{:.0f} GB/s HBM\n",
+               cfg.name, cfg.timing.model, cfg.mxu.count, cfg.mxu.rows, cfg.mxu.cols, cfg.clock_ghz * 1e3,
+               cfg.peak_flops() / 1e12, cfg.memory.hbm_bandwidth_gbps);
 
-    // Inputs: random values, rounded to bf16 by tpucore (round to nearest even).
-    tpu::manual_seed(42);
-    tpu::Tensor a = tpu::randn({n, n}).to(tpu::DType::bf16);
-    tpu::Tensor b = tpu::randn({n, n}).to(tpu::DType::bf16);
+    auto model = models::load_causal_lm(dir, Device("sim:0"), DType::bf16);
+    model->eval();
+    const Tokenizer tok = Tokenizer::from_file(dir + "/tokenizer.json");
+    fmt::print("model: {} parameters in bf16 on sim:0 ({} layers, hidden {}, {}/{} heads)\n",
+               model->num_parameters(), model->config.num_hidden_layers, model->config.hidden_size,
+               model->config.num_attention_heads, model->config.num_key_value_heads);
+    std::vector<int64_t> prompt{fortunes::kEot};
+    for (int64_t t : tok.encode("The ")) prompt.push_back(t);
 
-    tpu::sim::GemmProgram g = tpu::sim::make_gemm(cfg, {.m = n, .n = n, .k = n});
-    chip.write_hbm(g.a_addr, a.raw_data(), a.nbytes());
-    chip.write_hbm(g.b_addr, b.raw_data(), b.nbytes());
-    auto t0 = std::chrono::steady_clock::now();
-    auto res = chip.run(g.program, {.trace = true});
-    double host_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    models::GenerationConfig g;
+    g.max_new_tokens = tokens;
+    g.do_sample = true;
+    g.temperature = 0.8;
+    g.top_k = 40;
+    g.seed = 7;
+    const RunFigures eager = run(*model, prompt, g);
+    report("eager", eager, cfg, tok);
 
-    std::vector<float> c(static_cast<size_t>(n * n));
-    chip.read_hbm(g.c_addr, c.data(), c.size() * sizeof(float));
-    tpu::Tensor ref = tpu::matmul(a.to(tpu::DType::f32), b.to(tpu::DType::f32));
-    const float* r = ref.data<float>();
-    double max_err = 0;
-    for (size_t i = 0; i < c.size(); ++i) max_err = std::max(max_err, static_cast<double>(std::fabs(c[i] - r[i])));
+    g.compile = true;
+    g.compile_name = "decode_step";
+    const RunFigures first = run(*model, prompt, g);
+    fmt::print("\n(compiled, first call: {:.2f} s of host time including the compile)\n", first.host_s);
+    const RunFigures compiled = run(*model, prompt, g);
+    report("compiled (tpu::compile of the decode step, reused)", compiled, cfg, tok);
+    fmt::print("compiled tokens {} the eager ones\n", compiled.tokens == eager.tokens ? "equal" : "differ from");
 
-    fmt::print("\n{}x{}x{} bf16 GEMM on the simulator (functional, {:.2f} s of host time)\n", n, n, n, host_s);
-    fmt::print("{}", tpu::sim::format_report(res.stats));
-    fmt::print("max |sim - host matmul| = {:.3g}  ({})\n", max_err, max_err < 1e-2 ? "OK" : "MISMATCH");
-    tpu::sim::write_chrome_trace(trace_path, res.trace, &g.program);
-    fmt::print("trace written to {} (open it in https://ui.perfetto.dev)\n", trace_path);
-
-    // Timing-only: cost a model-sized GEMM in a fraction of a second.
-    tpu::sim::GemmProgram big = tpu::sim::make_gemm(cfg, {.m = 4096, .n = 4096, .k = 4096});
-    tpu::sim::Chip big_chip = tpu::sim::Chip::create(chip_name);
-    t0 = std::chrono::steady_clock::now();
-    auto big_res = big_chip.run(big.program, {.timing_only = true});
-    host_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    fmt::print("\n4096^3 bf16 GEMM, timing-only ({:.3f} s of host time)\n", host_s);
-    fmt::print("{}", tpu::sim::format_report(big_res.stats));
-    return max_err < 1e-2 ? 0 : 1;
+    {
+      profiler::Profile prof;
+      models::generate(*model, {prompt}, g);
+      prof.stop();
+      fmt::print("\n== profile of the compiled run\n{}", prof.table(14));
+      prof.export_chrome_trace(trace_path);
+      fmt::print("trace written to {} (open it in https://ui.perfetto.dev)\n", trace_path);
+    }
+    return 0;
   } catch (const std::exception& e) {
     fmt::print(stderr, "main_example: {}\n", e.what());
     return 1;

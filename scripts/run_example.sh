@@ -5,4 +5,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"${JOBS:-2}" --target main_example
-./build/examples/main_example "$@"
+# The trained checkpoint is cached in build/fortunes_model (trained on the first run only).
+./build/examples/main_example --model build/fortunes_model "$@"

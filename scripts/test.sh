@@ -24,7 +24,8 @@ echo "== tests"
 PREFIX="$(mktemp -d)"
 trap 'rm -rf "$PREFIX"' EXIT
 echo "== examples on the simulator (smoke runs, small sizes)"
-"$BUILD/examples/main_example" --size 128 --trace "$PREFIX/gemm_trace.json" >/dev/null
+"$BUILD/examples/main_example" --model "$PREFIX/fortunes_model" --train-seconds 5 --tokens 8 \
+  --trace "$PREFIX/llm_trace.json" >/dev/null
 "$BUILD/examples/sim_mlp" --chip tiny --tokens 32 --hidden 64 --trace "$PREFIX/mlp_trace.json" >/dev/null
 echo "examples: OK"
 

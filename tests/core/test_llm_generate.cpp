@@ -172,3 +172,38 @@ TEST_CASE("generate: compiled decode compiles once over 200 steps and matches ea
   CHECK(models::generate(*l.m, prompts, g) == compiled);
   CHECK(models::generate(*l.m, others, g) == again);
 }
+
+TEST_CASE("generate: compiled decode buckets batch sizes (3 and 4 prompts share one compile)", "[llm][generate][jit]") {
+  Loaded l = tiny(16);
+  models::GenerationConfig g;
+  g.max_new_tokens = 6;
+  g.compile = true;
+  g.compile_name = "test_llm_decode_buckets";
+  auto compiles = [] {  // over every compiled step of that name (one per batch bucket)
+    const jit::Stats st = jit::stats();
+    int64_t n = 0;
+    for (const jit::FunctionStats& f : st.functions)
+      if (f.name == "test_llm_decode_buckets") n += f.compiles;
+    return n;
+  };
+  const std::vector<V> three{{1, 2, 3}, {4, 5}, {6}}, four{{7}, {8, 9}, {10, 11, 12}, {2, 2}}, two{{3, 1}, {5}};
+  auto c3 = models::generate(*l.m, three, g);
+  CHECK(compiles() == 1);
+  auto c4 = models::generate(*l.m, four, g);  // bucket 4 again: no new compile
+  CHECK(compiles() == 1);
+  auto c2 = models::generate(*l.m, two, g);  // bucket 2: its own step
+  CHECK(compiles() == 2);
+  auto c3b = models::generate(*l.m, three, g);
+  CHECK(compiles() == 2);
+  // Padding rows are never reported and do not change the real rows: one prompt at a time,
+  // eager, gives the same tokens.
+  REQUIRE(c3.size() == 3);
+  CHECK(c3b == c3);
+  g.compile = false;
+  for (size_t r = 0; r < three.size(); ++r) CHECK(models::generate(*l.m, {three[r]}, g)[0] == c3[r]);
+  for (size_t r = 0; r < four.size(); ++r) CHECK(models::generate(*l.m, {four[r]}, g)[0] == c4[r]);
+  for (size_t r = 0; r < two.size(); ++r) CHECK(models::generate(*l.m, {two[r]}, g)[0] == c2[r]);
+  models::GenerationConfig bad;
+  bad.pad_token_id = 1000;
+  expect_error([&] { models::generate(*l.m, {{1}}, bad); }, {"pad_token_id 1000"});
+}

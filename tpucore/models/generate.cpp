@@ -56,9 +56,9 @@ int64_t choose_token(std::vector<float> logits, const std::vector<int64_t>& hist
   return order[keep - 1];
 }
 
-std::vector<std::vector<int64_t>> generate(CausalLM& m, const std::vector<std::vector<int64_t>>& prompts,
+std::vector<std::vector<int64_t>> generate(CausalLM& m, const std::vector<std::vector<int64_t>>& user_prompts,
                                            const GenerationConfig& cfg, const TokenCallback& on_token) {
-  TPU_CHECK(!prompts.empty(), "generate: no prompts");
+  TPU_CHECK(!user_prompts.empty(), "generate: no prompts");
   TPU_CHECK(cfg.max_new_tokens >= 0 && cfg.max_length >= 0, "generate: max_new_tokens ({}) and max_length ({}) must be >= 0",
             cfg.max_new_tokens, cfg.max_length);
   TPU_CHECK(!cfg.do_sample || (cfg.temperature > 0 && std::isfinite(cfg.temperature)),
@@ -67,17 +67,29 @@ std::vector<std::vector<int64_t>> generate(CausalLM& m, const std::vector<std::v
             "generate: need 0 < top_p <= 1 (got {}), top_k >= 0 (got {}), repetition_penalty > 0 (got {})", cfg.top_p,
             cfg.top_k, cfg.repetition_penalty);
   const int64_t vocab = m.config.vocab_size;
+  TPU_CHECK(cfg.pad_token_id >= 0 && cfg.pad_token_id < vocab,
+            "generate: pad_token_id {} is outside the vocabulary of {}", cfg.pad_token_id, vocab);
   size_t longest = 0;
-  for (size_t r = 0; r < prompts.size(); ++r) {
-    TPU_CHECK(!prompts[r].empty(), "generate: prompt {} is empty", r);
-    for (int64_t t : prompts[r])
+  for (size_t r = 0; r < user_prompts.size(); ++r) {
+    TPU_CHECK(!user_prompts[r].empty(), "generate: prompt {} is empty", r);
+    for (int64_t t : user_prompts[r])
       TPU_CHECK(t >= 0 && t < vocab, "generate: prompt {} holds token {}, outside the vocabulary of {}", r, t, vocab);
-    longest = std::max(longest, prompts[r].size());
+    longest = std::max(longest, user_prompts[r].size());
+  }
+  const size_t nreal = user_prompts.size();
+  // Compiled decoding buckets the batch to a power of two: the extra rows hold one padding
+  // token, are finished from the start and never reported, so 3 and 4 prompts share one
+  // compiled step.
+  std::vector<std::vector<int64_t>> prompts = user_prompts;
+  if (cfg.compile) {
+    size_t bucket = 1;
+    while (bucket < nreal) bucket *= 2;
+    prompts.resize(bucket, std::vector<int64_t>{cfg.pad_token_id});
   }
   const auto b = static_cast<int64_t>(prompts.size()), plen = static_cast<int64_t>(longest);
   int64_t steps = cfg.max_new_tokens;
   if (cfg.max_length > 0) steps = std::min(steps, std::max<int64_t>(0, cfg.max_length - plen));
-  std::vector<std::vector<int64_t>> out(prompts.size());
+  std::vector<std::vector<int64_t>> out(nreal);
   if (steps == 0) return out;
 
   NoGradGuard ng;
@@ -137,6 +149,7 @@ std::vector<std::vector<int64_t>> generate(CausalLM& m, const std::vector<std::v
   };
   std::vector<std::vector<int64_t>> history(prompts.begin(), prompts.end());
   std::vector<bool> done(prompts.size(), false);
+  for (size_t r = nreal; r < prompts.size(); ++r) done[r] = true;
   std::mt19937_64 rng(cfg.seed);
   const std::set<int64_t> stops(cfg.stop_tokens.begin(), cfg.stop_tokens.end());
 

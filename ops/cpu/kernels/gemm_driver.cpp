@@ -15,6 +15,7 @@
 #include <new>
 
 #include "ops/cpu/kernels/gemm.h"
+#include "ops/cpu/kernels/gemv.h"
 #include "tpucore/core/cpu_features.h"
 #include "tpucore/core/parallel.h"
 
@@ -509,6 +510,7 @@ bool have_avx2() { return cpu_features().avx2 && cpu_features().fma; }
 void gemm_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs,
               const float* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc,
               bool accumulate) {
+  if (gemv_f32(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate)) return;  // few rows, W^T
   const Problem p{M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate};
   if (have_avx512())
     gemm_run<PackF32Avx512>(p, detail::kAvx512BlockingF32, detail::micro_kernel_f32_avx512);
@@ -521,6 +523,7 @@ void gemm_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int
 void gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs,
                int64_t a_cs, const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C,
                int64_t ldc, bool accumulate) {
+  if (gemv_bf16(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate)) return;  // few rows, W^T
   const Problem p{M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate};
   if (have_avx512_bf16())
     gemm_run<PackBf16PairsAvx512>(p, detail::kAvx512BlockingBf16, detail::micro_kernel_bf16_avx512);
