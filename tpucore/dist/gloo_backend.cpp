@@ -369,13 +369,13 @@ std::vector<std::vector<char>> GlooBackend::run_checked(const std::vector<char>&
     watch_cv_.wait(lock, [&] { return w->done; });  // the watcher's waits are bounded by the timeout
     job_.reset();
   }
-  if (!w->failed && w->verdict == Agreement::agree) {
+  if (!w->failed && w->verdict != Agreement::disagree) {
+    // The connections stay: every peer needs this rank's header before the buffers go.
     for (auto& snd : w->sends)
       if (snd && !snd->waitSend(timeout_)) fail("tpu::dist: a header send was aborted");
     if (body_error) std::rethrow_exception(body_error);
-    return w->all;
+    return w->all;  // agree, or every rank's arguments were invalid (none ran a collective)
   }
-  if (!w->failed && w->verdict == Agreement::none_ran) return w->all;
   // Disagreement, or a header that never came: did a rank abandon the call on purpose?
   bool abandoned = !w->failed;
   if (!abandoned) {
