@@ -73,8 +73,8 @@ bool sdpa_eager(const ops::KernelArgs& k) {
     s.m_off = matrix_offsets(*mask);
     s.m_rs = s.lq > 1 ? mask->strides()[n - 2] : 0;
   }
-  const int dev = out.device().index;
-  const sim::ChipConfig& cfg = device::sim_device(dev).config();
+  const Device dev = out.device();
+  const sim::ChipConfig& cfg = chip_config(dev);
   const LoadedProgram& p = cached_program(dev, attention_key(s), [&] { return make_attention_program(cfg, s); });
   std::vector<int64_t> args{hbm_address(*q), hbm_address(*kk), hbm_address(*v), hbm_address(out)};
   if (mask) args.push_back(hbm_address(*mask));
