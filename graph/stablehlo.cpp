@@ -371,8 +371,8 @@ std::string to_stablehlo(const Graph& g, const std::vector<Tensor>& captured, co
 
 }  // namespace graph
 
-std::string export_stablehlo(const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& fn,
-                             const std::vector<Tensor>& example_inputs, const StableHloOptions& opt) {
+std::string detail::export_traced(const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& fn,
+                                  const std::vector<Tensor>& example_inputs, const StableHloOptions& opt) {
   graph::Tracer tracer;
   std::vector<Tensor> proxies;
   for (size_t i = 0; i < example_inputs.size(); ++i) {

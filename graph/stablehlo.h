@@ -24,9 +24,12 @@
 #include <functional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "graph/ir.h"
+#include "tpucore/compile.h"
+#include "tpucore/error.h"
 
 namespace tpu {
 
@@ -39,19 +42,65 @@ struct StableHloOptions {
   StableHloSyntax syntax = StableHloSyntax::current;
 };
 
-// Traces fn on proxies of `example_inputs` (their shapes and dtypes become the argument types)
-// and writes the module. A graph break (reading a value inside fn) or an op without a StableHLO
-// counterpart is a tpu::Error naming it.
-std::string export_stablehlo(const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& fn,
-                             const std::vector<Tensor>& example_inputs, const StableHloOptions& opt = {});
-
-// For functions returning one Tensor.
+namespace detail {
+std::string export_traced(const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& fn,
+                          const std::vector<Tensor>& example_inputs, const StableHloOptions& opt);
+template <class T>
+struct is_compiled : std::false_type {};
 template <class F>
-  requires std::is_same_v<std::invoke_result_t<F, const std::vector<Tensor>&>, Tensor>
+struct is_compiled<Compiled<F>> : std::true_type {};
+}  // namespace detail
+
+// Traces fn (called with the proxies of `example_inputs`, returning a Tensor or a
+// std::vector<Tensor>) and writes the module; the inputs' shapes and dtypes become the
+// argument types. A graph break (reading a value inside fn) or an op without a StableHLO
+// counterpart is a tpu::Error naming it.
+template <class F>
+  requires(!detail::is_compiled<std::decay_t<F>>::value) && std::is_invocable_v<F&, const std::vector<Tensor>&>
 std::string export_stablehlo(F&& fn, const std::vector<Tensor>& example_inputs, const StableHloOptions& opt = {}) {
-  return export_stablehlo(
-      std::function<std::vector<Tensor>(const std::vector<Tensor>&)>(
-          [&fn](const std::vector<Tensor>& in) { return std::vector<Tensor>{fn(in)}; }),
+  using R = std::decay_t<std::invoke_result_t<F&, const std::vector<Tensor>&>>;
+  return detail::export_traced(
+      [&fn](const std::vector<Tensor>& in) {
+        if constexpr (std::is_same_v<R, Tensor>) return std::vector<Tensor>{fn(in)};
+        else return std::vector<Tensor>(fn(in));
+      },
+      example_inputs, opt);
+}
+
+namespace detail {
+template <size_t>
+using TensorArg = const Tensor&;
+// Calls fn with the tensors of `a` as its N arguments when it takes N Tensors.
+template <class F, size_t N>
+bool call_with_tensors(const F& fn, const std::vector<Tensor>& a, std::vector<Tensor>& outs) {
+  return [&]<size_t... I>(std::index_sequence<I...>) {
+    if constexpr (std::is_invocable_v<const F&, TensorArg<I>...>) {
+      if (a.size() != N) return false;
+      auto r = fn(a[I]...);
+      jit::detail::flatten_result(r, outs);
+      return true;
+    } else {
+      return false;
+    }
+  }(std::make_index_sequence<N>{});
+}
+}  // namespace detail
+
+// A tpu::compile'd function taking 1 to 8 Tensor arguments: the function it wraps, traced with
+// `example_inputs` as its arguments (the module is the function's graph before the JIT's passes).
+template <class F>
+std::string export_stablehlo(const Compiled<F>& f, const std::vector<Tensor>& example_inputs,
+                             const StableHloOptions& opt = {}) {
+  const F& fn = f.function();
+  return detail::export_traced(
+      std::function<std::vector<Tensor>(const std::vector<Tensor>&)>([&fn](const std::vector<Tensor>& a) {
+        std::vector<Tensor> outs;
+        const bool ok = [&]<size_t... N>(std::index_sequence<N...>) {
+          return (detail::call_with_tensors<F, N + 1>(fn, a, outs) || ...);
+        }(std::make_index_sequence<8>{});
+        TPU_CHECK(ok, "export_stablehlo: the compiled function does not take {} Tensor argument(s)", a.size());
+        return outs;
+      }),
       example_inputs, opt);
 }
 

@@ -12,6 +12,7 @@
 #include "testing.h"
 #include "tpucore/devices.h"
 #include "tpucore/streams.h"
+#include "tpucore/compile.h"
 #include "tpucore/ops.h"
 
 namespace tpu::testing {
@@ -108,6 +109,16 @@ TEST_CASE("pjrt: exported functions compute the cpu's values on the plugin", "[p
                                                 {rn({3}, 18)}, {.syntax = StableHloSyntax::mlir14}));
   const Tensor x = rn({3}, 19);
   CHECK(allclose(exe->execute({x})[0], x * x + 1.0));
+}
+
+TEST_CASE("pjrt: a tpu::compile'd function exported and run through PJRT", "[pjrt][stablehlo][jit]") {
+  const Tensor w = rn({6, 5}, 40);
+  auto f = tpu::compile([&](const Tensor& x, const Tensor& b) { return relu(matmul(x, w) + b); });
+  const Tensor x = rn({4, 6}, 41), b = rn({5}, 42);
+  const Tensor want = f(x, b);  // the compiled function on the cpu
+  auto exe = client()->compile(export_stablehlo(f, {x, b}));
+  CHECK(allclose(exe->execute({x, b})[0], want, 1e-5, 1e-5));
+  CHECK_THROWS_WITH(export_stablehlo(f, {x}), Contains("does not take 1 Tensor"));
 }
 
 TEST_CASE("pjrt: malformed modules, unsupported ops and bad plugins are errors", "[pjrt]") {
