@@ -79,8 +79,8 @@ bool sdpa_eager(const ops::KernelArgs& k) {
   // A single query over a grouped KV cache (decode): the group's query heads become rows of
   // one head, so each cached key/value is read from HBM once per step.
   const bool decode = fold_decode_heads(s);
-  const int dev = out.device().index;
-  const sim::ChipConfig& cfg = device::sim_device(dev).config();
+  const Device dev = out.device();
+  const sim::ChipConfig& cfg = chip_config(dev);
   const LoadedProgram& p = cached_program(dev, attention_key(s), [&] { return make_attention_program(cfg, s); });
   std::vector<int64_t> args{hbm_address(*q), hbm_address(*kk), hbm_address(*v), hbm_address(out)};
   if (mask) args.push_back(hbm_address(*mask));

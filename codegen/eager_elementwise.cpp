@@ -59,13 +59,13 @@ bool eager_elementwise(const ops::KernelArgs& k, const Lowering& rule) {
     return false;
   }
   spec.expr.result = r;
-  const sim::ChipConfig& cfg = sim_device_of(out).config();
+  const sim::ChipConfig& cfg = chip_config(out.device());
   fold_domain(spec, os, cfg);
   spec.name = k.op.name;
   args.push_back(hbm_address(out));
   const std::string key = fmt::format("{}[{}]:{}", k.op.name, attrs_key, elementwise_key(spec));
-  const LoadedProgram& p = cached_program(dev.index, key, [&] { return make_elementwise_program(cfg, spec); });
-  launch(dev.index, p, k.op.name, std::move(args));
+  const LoadedProgram& p = cached_program(dev, key, [&] { return make_elementwise_program(cfg, spec); });
+  launch(dev, p, k.op.name, std::move(args));
   return true;
 }
 

@@ -19,8 +19,8 @@ namespace {
 bool float_chip(DType t) { return t == DType::f32 || t == DType::bf16; }
 sim::DType cd(DType t) { return t == DType::bf16 ? sim::DType::bf16 : sim::DType::f32; }
 
-void run_rowwise(const RowwiseSpec& s, int dev, const char* kernel, std::vector<int64_t> args) {
-  const sim::ChipConfig& cfg = device::sim_device(dev).config();
+void run_rowwise(const RowwiseSpec& s, const Device& dev, const char* kernel, std::vector<int64_t> args) {
+  const sim::ChipConfig& cfg = chip_config(dev);
   const LoadedProgram& p = cached_program(dev, rowwise_key(s), [&] { return make_rowwise_program(cfg, s); });
   launch(dev, p, kernel, std::move(args));
 }
@@ -56,8 +56,8 @@ bool reduce_eager(const ops::KernelArgs& k, RowOp op) {
   std::vector<int64_t> perm;
   auto xv = rows_view(x, dims, perm);
   if (!xv) return false;
-  const int dev = x.device().index;
-  const sim::ChipConfig& cfg = device::sim_device(dev).config();
+  const Device dev = x.device();
+  const sim::ChipConfig& cfg = chip_config(dev);
   RowwiseSpec s{.op = op, .rows = R, .cols = C, .in_dtype = cd(x.dtype()), .out_dtype = cd(out.dtype())};
   s.scale = 1.0f / float(C);
   if (rowwise_tile_rows(cfg, s) > 0) {
@@ -110,12 +110,12 @@ bool same_shape_rows(const ops::KernelArgs& k, RowwiseSpec s, const std::vector<
   if (!xv) return false;
   bool identity = true;
   for (size_t i = 0; i < perm.size(); ++i) identity &= perm[i] == int64_t(i);
-  const int dev = x.device().index;
+  const Device dev = x.device();
   Tensor dst = identity ? out : ops::empty_tensor(xv->shape(), out.dtype(), out.device());
   std::vector<int64_t> args{hbm_address(*xv)};
   args.insert(args.end(), param_addrs.begin(), param_addrs.end());
   args.push_back(hbm_address(dst));
-  const sim::ChipConfig& cfg = device::sim_device(dev).config();
+  const sim::ChipConfig& cfg = chip_config(dev);
   if (rowwise_tile_rows(cfg, s) == 0) return false;
   run_rowwise(s, dev, k.op.name.c_str(), std::move(args));
   if (!identity) {

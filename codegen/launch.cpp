@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <list>
+#include <optional>
 
 #include <spdlog/spdlog.h>
 #include <mutex>
@@ -10,7 +11,9 @@
 
 #include "device/profiling.h"
 #include "device/sim_device.h"
+#include "device/plugin_loader.h"
 #include "device/sim_driver.h"
+#include "sim/serialize.h"
 #include "device/stream.h"
 #include "tpucore/core/error.h"
 #include "tpucore/core/env.h"
@@ -34,8 +37,12 @@ struct State {
   std::mutex mu;
   CodegenStats stats;
   size_t capacity = capacity_from_env();
-  // Per SimDevice (by serial: a device rebuilt with another chip starts empty).
-  std::map<uint64_t, DeviceCache> cache;
+  // Per target (see Target::cache_key: a sim device rebuilt with another chip starts empty).
+  std::map<std::pair<uint64_t, uint64_t>, DeviceCache> cache;
+  // Runs through a driver whose stats are not in yet.
+  std::vector<std::pair<std::string, std::shared_ptr<device::ProgramStats>>> pending;
+  // Chips of the tpu devices, by (driver instance, device index); never dropped.
+  std::map<std::pair<uint64_t, int>, std::unique_ptr<sim::ChipConfig>> plugin_chips;
 };
 State& state() {
   static State* s = new State();
@@ -43,11 +50,108 @@ State& state() {
 }
 std::atomic<bool> g_timing_only{false};
 
+void add_run_stats_locked(State& s, const std::string& kernel, double cycles, uint64_t hbm, double flops) {
+  s.stats.cycles += cycles;
+  s.stats.cycles_by_kernel[kernel] += cycles;
+  s.stats.hbm_bytes += hbm;
+  s.stats.mxu_flops += flops;
+}
+void add_run_stats(const std::string& kernel, double cycles, uint64_t hbm, double flops) {
+  State& s = state();
+  std::lock_guard<std::mutex> lk(s.mu);
+  add_run_stats_locked(s, kernel, cycles, hbm, flops);
+}
+
+// Where a device's programs go: a SimDevice directly, or a driver (a tpu plugin).
+struct Target {
+  device::SimDevice* sim = nullptr;
+  device::Driver* driver = nullptr;
+  const sim::ChipConfig* chip = nullptr;
+  std::pair<uint64_t, uint64_t> cache_key;
+  int index = 0;
+  uint64_t load(sim::Program p) const {
+    if (sim) return sim->load_program(std::move(p));
+    return driver->load_program(index, sim::program_to_json_text(p));
+  }
+  void unload(uint64_t id) const {
+    if (sim) sim->unload_program(id);
+    else driver->unload_program(index, id);
+  }
+};
+
+// The chip of a driver's device, parsed once from its program_target.
+const sim::ChipConfig* plugin_chip(device::Driver& drv, int index) {
+  State& s = state();
+  const auto key = std::make_pair(drv.instance_id(), index);
+  {
+    std::lock_guard<std::mutex> lk(s.mu);
+    auto it = s.plugin_chips.find(key);
+    if (it != s.plugin_chips.end()) return it->second.get();
+  }
+  const std::string text = drv.program_target(index);
+  std::unique_ptr<sim::ChipConfig> c;
+  if (!text.empty()) {
+    try {
+      c = std::make_unique<sim::ChipConfig>(sim::config_from_json_text(text));
+    } catch (const std::exception& e) {
+      fail("{}: the driver's chip description (program_target) is not a valid chip config: {}",
+           Device(drv.type(), index).str(), e.what());
+    }
+  }
+  std::lock_guard<std::mutex> lk(s.mu);
+  auto& slot = s.plugin_chips[key];
+  if (!slot && c) slot = std::move(c);
+  return slot.get();  // null: the device runs no generated programs
+}
+
+std::optional<Target> try_target(const Device& d) {
+  Target t;
+  t.index = d.index;
+  if (d.type == DeviceType::sim) {
+    t.sim = &device::sim_device(d.index);
+    t.chip = &t.sim->config();
+    t.cache_key = {0, t.sim->serial()};
+    return t;
+  }
+  if (d.type != DeviceType::tpu || !device::has_driver(d.type)) return std::nullopt;
+  device::Driver& drv = device::driver_for(d);
+  if (!drv.runs_programs()) return std::nullopt;
+  t.driver = &drv;
+  t.chip = plugin_chip(drv, d.index);
+  if (!t.chip) return std::nullopt;
+  t.cache_key = {drv.instance_id(), uint64_t(d.index)};
+  return t;
+}
+
+Target target_of(const Device& d) {
+  auto t = try_target(d);
+  TPU_CHECK(t.has_value(), "codegen: device {} does not run generated programs", d.str());
+  return *t;
+}
+
 }  // namespace
+
+bool runs_generated_programs(const Device& d) {
+  if (d.type == DeviceType::sim) return true;
+  if (d.type != DeviceType::tpu || !device::driver_present(d.type)) return false;
+  return try_target(d).has_value();
+}
+
+const sim::ChipConfig& chip_config(const Device& d) { return *target_of(d).chip; }
 
 CodegenStats stats() {
   State& s = state();
   std::lock_guard<std::mutex> lk(s.mu);
+  for (size_t i = 0; i < s.pending.size();) {
+    const auto& [kernel, st] = s.pending[i];
+    if (!st->done) {
+      ++i;
+      continue;
+    }
+    add_run_stats_locked(s, kernel, st->cycles, st->hbm_bytes_read + st->hbm_bytes_written, st->mxu_flops);
+    s.pending[i] = std::move(s.pending.back());
+    s.pending.pop_back();
+  }
   return s.stats;
 }
 
@@ -55,6 +159,7 @@ void reset_stats() {
   State& s = state();
   std::lock_guard<std::mutex> lk(s.mu);
   s.stats = {};
+  s.pending.clear();
 }
 
 void set_timing_only(bool on) { g_timing_only.store(on); }
@@ -74,12 +179,12 @@ void count_host_fallback() {
   ++s.stats.host_fallbacks;
 }
 
-LoadedProgram cached_program(int device_index, const std::string& key, const std::function<sim::Program()>& build) {
-  device::SimDevice& dev = device::sim_device(device_index);
+LoadedProgram cached_program(const Device& d, const std::string& key, const std::function<sim::Program()>& build) {
+  Target t = target_of(d);
   State& s = state();
   {
     std::lock_guard<std::mutex> lk(s.mu);
-    DeviceCache& c = s.cache[dev.serial()];
+    DeviceCache& c = s.cache[t.cache_key];
     auto it = c.index.find(key);
     if (it != c.index.end()) {
       ++s.stats.cache_hits;
@@ -90,14 +195,14 @@ LoadedProgram cached_program(int device_index, const std::string& key, const std
   sim::Program p = build();
   LoadedProgram lp;
   lp.name = p.name;
-  lp.id = dev.load_program(std::move(p));
-  tpu::log().debug("codegen: built program '{}' for {} (key {})", lp.name, dev.name(), key);
+  lp.id = t.load(std::move(p));
+  tpu::log().debug("codegen: built program '{}' for {} (key {})", lp.name, d.str(), key);
   std::vector<uint64_t> evicted;
   LoadedProgram result;
   {
     std::lock_guard<std::mutex> lk(s.mu);
     ++s.stats.programs_built;
-    DeviceCache& c = s.cache[dev.serial()];
+    DeviceCache& c = s.cache[t.cache_key];
     auto it = c.index.find(key);
     if (it != c.index.end()) {  // another thread built it meanwhile: keep theirs
       evicted.push_back(lp.id);
@@ -115,7 +220,7 @@ LoadedProgram cached_program(int device_index, const std::string& key, const std
       ++s.stats.programs_evicted;
     }
   }
-  for (uint64_t id : evicted) dev.unload_program(id);
+  for (uint64_t id : evicted) t.unload(id);
   return result;
 }
 
@@ -132,26 +237,23 @@ void set_program_cache_capacity(size_t programs) {
   s.capacity = programs;
 }
 
-size_t cached_programs(int device_index) {
-  device::SimDevice& dev = device::sim_device(device_index);
+size_t cached_programs(const Device& d) {
+  const Target t = target_of(d);
   State& s = state();
   std::lock_guard<std::mutex> lk(s.mu);
-  auto it = s.cache.find(dev.serial());
+  auto it = s.cache.find(t.cache_key);
   return it == s.cache.end() ? 0 : it->second.lru.size();
 }
 
-void launch(int device_index, const LoadedProgram& p, const std::string& kernel, std::vector<int64_t> args) {
-  device::SimDevice& dev = device::sim_device(device_index);
-  device::SimProgramOptions o;
-  o.timing_only = timing_only();
-  o.registers = std::move(args);
+void launch(const Device& d, const LoadedProgram& p, const std::string& kernel, std::vector<int64_t> args) {
+  const Target t = target_of(d);
   {
     State& s = state();
     std::lock_guard<std::mutex> lk(s.mu);
     ++s.stats.runs;
     ++s.stats.runs_by_kernel[kernel];
   }
-  const device::StreamId stream = device::current_stream(Device(DeviceType::sim, device_index));
+  const device::StreamId stream = device::current_stream(d);
   // A profiler names a run after the host op that enqueued it; a compiled function's regions run
   // outside any op, so they are named after their kernel ("region:mlp") instead.
   const char* op_tag = device::work_tag();
@@ -163,14 +265,27 @@ void launch(int device_index, const LoadedProgram& p, const std::string& kernel,
       if (on) device::set_work_tag(nullptr);
     }
   } restore{own_tag};
-  dev.run_program(stream, p.id, o, [kernel](const sim::RunResult& r) {
+  if (t.sim) {
+    device::SimProgramOptions o;
+    o.timing_only = timing_only();
+    o.registers = std::move(args);
+    t.sim->run_program(stream, p.id, o, [kernel](const sim::RunResult& r) {
+      add_run_stats(kernel, r.stats.cycles, r.stats.hbm_bytes_read + r.stats.hbm_bytes_written, r.stats.mxu_flops);
+    });
+    return;
+  }
+  // Through the driver: the stats are filled when the run finished and the driver noticed
+  // (synchronization, a blocking read); stats() adds the finished ones.
+  auto st = std::make_shared<device::ProgramStats>();
+  {
     State& s = state();
     std::lock_guard<std::mutex> lk(s.mu);
-    s.stats.cycles += r.stats.cycles;
-    s.stats.cycles_by_kernel[kernel] += r.stats.cycles;
-    s.stats.hbm_bytes += r.stats.hbm_bytes_read + r.stats.hbm_bytes_written;
-    s.stats.mxu_flops += r.stats.mxu_flops;
-  });
+    s.pending.emplace_back(kernel, st);
+  }
+  device::ProgramOptions o;
+  o.timing_only = timing_only();
+  o.args = std::move(args);
+  t.driver->enqueue_program(d.index, stream, p.id, o, std::move(st));
 }
 
 }  // namespace tpu::codegen

@@ -1,7 +1,12 @@
-// Running generated programs on sim devices: a cache of programs per key (op, shapes, dtypes,
+// Running generated programs on chip devices: a cache of programs per key (op, shapes, dtypes,
 // attrs), loaded once per device, run on the calling thread's current stream of the device with
 // the operands' HBM addresses passed in scalar registers r0.. (so one program serves any
 // buffers); and the codegen counters (programs built, cache hits, runs, simulated cycles).
+//
+// Chip devices: `sim:N` (the in-tree SimDevice, directly) and `tpu:N` when its driver plugin
+// describes its chip (Driver::program_target, ABI version 2): programs then go through the
+// driver as JSON text and run with their arguments through the ABI; their stats come back when
+// the device is synchronized.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "sim/config.h"
 #include "sim/program.h"
 #include "tpucore/core/tensor.h"
 
@@ -39,9 +45,14 @@ void reset_stats();
 void set_timing_only(bool on);
 bool timing_only();
 
-// The HBM byte address of a tensor's first element (sim tensors only).
+// The HBM byte address of a tensor's first element (chip tensors only).
 int64_t hbm_address(const Tensor& t);
 device::SimDevice& sim_device_of(const Tensor& t);
+
+// True when `d` runs generated programs (sim, or a tpu plugin that describes its chip).
+bool runs_generated_programs(const Device& d);
+// The chip `d`'s programs are generated for (a tpu::Error when it runs none).
+const sim::ChipConfig& chip_config(const Device& d);
 
 struct LoadedProgram {
   uint64_t id = 0;
@@ -52,18 +63,25 @@ struct LoadedProgram {
 // The program for `key` on sim:index, built by `build` (and loaded) on the first request. Each
 // device keeps at most program_cache_capacity() programs: past it, the least recently used one
 // is unloaded (runs already queued keep it alive until they finish).
-LoadedProgram cached_program(int device_index, const std::string& key, const std::function<sim::Program()>& build);
+LoadedProgram cached_program(const Device& d, const std::string& key, const std::function<sim::Program()>& build);
+inline LoadedProgram cached_program(int sim_index, const std::string& key, const std::function<sim::Program()>& build) {
+  return cached_program(Device(DeviceType::sim, sim_index), key, build);
+}
 
 // Programs kept per device (default 4096, or TPU_SIM_PROGRAM_CACHE; at least 1). Lowering the
 // capacity evicts at the next build.
 size_t program_cache_capacity();
 void set_program_cache_capacity(size_t programs);
-// Programs currently cached for sim:index.
-size_t cached_programs(int device_index);
+// Programs currently cached for a device (an int: sim:index).
+size_t cached_programs(const Device& d);
+inline size_t cached_programs(int sim_index) { return cached_programs(Device(DeviceType::sim, sim_index)); }
 
 // Runs a loaded program on the current stream of sim:index with `args` in r0.. . A profiler sees
 // the run under the enqueuing op's name, or under `kernel` when no op is active (compiled regions).
-void launch(int device_index, const LoadedProgram& p, const std::string& kernel, std::vector<int64_t> args);
+void launch(const Device& d, const LoadedProgram& p, const std::string& kernel, std::vector<int64_t> args);
+inline void launch(int sim_index, const LoadedProgram& p, const std::string& kernel, std::vector<int64_t> args) {
+  launch(Device(DeviceType::sim, sim_index), p, kernel, std::move(args));
+}
 
 void count_host_fallback();
 

@@ -105,8 +105,8 @@ std::optional<MatmulPlan> plan_matmul(const std::string& op, std::span<const Ten
 }
 
 void run_matmul_plan(MatmulPlan& p, const Tensor& out, const char* kernel) {
-  const int dev = out.device().index;
-  const sim::ChipConfig& cfg = device::sim_device(dev).config();
+  const Device dev = out.device();
+  const sim::ChipConfig& cfg = chip_config(dev);
   const LoadedProgram& lp = cached_program(dev, matmul_key(p.spec), [&] { return make_matmul_program(cfg, p.spec); });
   std::vector<int64_t> args{hbm_address(p.a), hbm_address(p.b)};
   for (const Tensor& t : p.epilogue_args) args.push_back(hbm_address(t));

@@ -112,8 +112,8 @@ bool run_mlp_pair(const Graph& g, const Region& r1, std::vector<Tensor>& vals) {
   s.epi2.result = o_ref->second;
   if (om.dtype != DType::f32 && om.dtype != DType::bf16) return false;
   s.out_dtype = om.dtype == DType::bf16 ? sim::DType::bf16 : sim::DType::f32;
-  const int dev = om.device.index;
-  const sim::ChipConfig& cfg = device::sim_device(dev).config();
+  const Device dev = om.device;
+  const sim::ChipConfig& cfg = chip_config(dev);
   if (mlp_registers(s) > cfg.scalar.registers) return false;
   auto tiling = choose_mlp_tiling(cfg, s);
   if (!tiling) return false;

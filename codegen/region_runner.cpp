@@ -30,7 +30,7 @@ using graph::ValueId;
 bool region_on_sim(const Graph& g, const Region& r) {
   if (r.outputs.empty()) return false;
   for (ValueId v : r.outputs)
-    if (g.meta(v).device.type != DeviceType::sim) return false;
+    if (!runs_generated_programs(g.meta(v).device)) return false;
   return true;
 }
 
@@ -66,7 +66,7 @@ std::optional<ElementwisePlan> plan_elementwise_region(const Graph& g, const Reg
     else spec.expr.extra_results.push_back(it->second);
   }
   // A region needing more registers or semaphores than the chip has runs node by node.
-  const sim::ChipConfig& cfg = device::sim_device(om.device.index).config();
+  const sim::ChipConfig& cfg = chip_config(om.device);
   if (!elementwise_fits(cfg, int(spec.inputs.size()), int(r.outputs.size()))) return std::nullopt;
   spec.out_dtype = odts[0];
   spec.extra_out_dtypes.assign(odts.begin() + 1, odts.end());
@@ -78,8 +78,8 @@ std::optional<ElementwisePlan> plan_elementwise_region(const Graph& g, const Reg
 
 void launch_elementwise_region(const Graph& g, const Region& r, const ElementwisePlan& plan, std::vector<Tensor>& vals) {
   const graph::ValueMeta& om = g.meta(r.outputs[0]);
-  const int dev = om.device.index;
-  const sim::ChipConfig& cfg = device::sim_device(dev).config();
+  const Device dev = om.device;
+  const sim::ChipConfig& cfg = chip_config(dev);
   std::vector<Tensor> outs;
   for (ValueId v : r.outputs) outs.push_back(ops::empty_tensor(om.shape, g.meta(v).dtype, om.device));
   std::vector<int64_t> a;
@@ -131,7 +131,7 @@ bool run_matmul_region(const Graph& g, const Region& r, std::vector<Tensor>& val
     if (!eb.add(g.nodes[size_t(r.nodes[i])])) return false;
   auto it = eb.known.find(outv);
   if (it == eb.known.end()) return false;
-  if (matmul_registers(int(s.epilogue_inputs.size())) > device::sim_device(om.device.index).config().scalar.registers)
+  if (matmul_registers(int(s.epilogue_inputs.size())) > chip_config(om.device).scalar.registers)
     return false;  // runs node by node
   const auto odt = chip_dtype(om.dtype);
   if (!odt || (om.dtype != DType::f32 && om.dtype != DType::bf16)) return false;
@@ -166,7 +166,7 @@ bool run_head_then_elementwise(const Graph& g, const Region& r, std::vector<Tens
       return false;  // computed in the head (a prologue value)
     tail.outputs.push_back(o);
   }
-  if (tail.outputs.empty() || hm.shape.numel() == 0 || hm.device.type != DeviceType::sim) return false;
+  if (tail.outputs.empty() || hm.shape.numel() == 0 || !runs_generated_programs(hm.device)) return false;
   Tensor hout = ops::empty_tensor(hm.shape, hm.dtype, hm.device);
   vals[size_t(hv)] = hout;
   auto plan = plan_elementwise_region(g, tail, vals);

@@ -157,8 +157,8 @@ bool rotary_eager(const ops::KernelArgs& k) {
   s.x_rs = s.t > 1 ? x->strides()[n - 2] : 0;
   s.c_rs = s.t > 1 ? c->strides()[n - 2] : 0;
   s.s_rs = s.t > 1 ? sn->strides()[n - 2] : 0;
-  const int dev = out.device().index;
-  const sim::ChipConfig& cfg = device::sim_device(dev).config();
+  const Device dev = out.device();
+  const sim::ChipConfig& cfg = chip_config(dev);
   const LoadedProgram& p = cached_program(dev, rotary_key(s), [&] { return make_rotary_program(cfg, s); });
   launch(dev, p, "rotary_embedding", {hbm_address(*x), hbm_address(*c), hbm_address(*sn), hbm_address(out)});
   return true;

@@ -109,8 +109,7 @@ bool run_rowwise_region(const graph::Graph& g, const graph::Region& r, std::vect
     return false;
   }
   s.out_dtype = cd(om.dtype);
-  const int idx = dev.index;
-  const sim::ChipConfig& cfg = device::sim_device(idx).config();
+  const sim::ChipConfig& cfg = chip_config(dev);
   if (rowwise_tile_rows(cfg, s) == 0) return false;
   if (rowwise_registers(s) > cfg.scalar.registers) return false;  // runs node by node
   if (!out.defined()) out = ops::empty_tensor(om.shape, om.dtype, dev);
@@ -118,8 +117,8 @@ bool run_rowwise_region(const graph::Graph& g, const graph::Region& r, std::vect
   for (const Tensor& t : args) a.push_back(hbm_address(t));
   a.push_back(hbm_address(out));
   const LoadedProgram& lp =
-      cached_program(idx, "region:" + key + rowwise_key(s), [&] { return make_rowwise_program(cfg, s); });
-  launch(idx, lp, "region:rowwise", std::move(a));
+      cached_program(dev, "region:" + key + rowwise_key(s), [&] { return make_rowwise_program(cfg, s); });
+  launch(dev, lp, "region:rowwise", std::move(a));
   vals[size_t(outv)] = out;
   return true;
 }

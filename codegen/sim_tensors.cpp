@@ -28,8 +28,8 @@ bool copy_into(const Tensor& src, const Tensor& dst) {
     v.strides.push_back(src.strides()[d]);
   }
   const StridedView c = collapse_view(v);
-  const int idx = src.device().index;
-  const sim::ChipConfig& cfg = sim_device_of(src).config();
+  const Device idx = src.device();
+  const sim::ChipConfig& cfg = chip_config(src.device());
   const LoadedProgram& lp = cached_program(idx, strided_copy_key(c), [&] {
     std::optional<sim::Program> prog = make_strided_copy(cfg, c);
     return prog ? *prog : sim::Program{"unsupported", {}, false};

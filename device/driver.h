@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "device/stream.h"
 #include "tpucore/core/device.h"
@@ -32,6 +33,9 @@ using ProgramHandle = uint64_t;  // driver-defined, never 0
 struct ProgramOptions {
   bool timing_only = false;  // skip the arithmetic; same cycle counts
   bool trace = false;
+  // The program's arguments: scalar register i starts as args[i] (buffer addresses, runtime
+  // scalars); the others at 0. tpucore's generated programs read their operands from these.
+  std::vector<int64_t> args{};
 };
 
 // Filled by the driver when an enqueued program has finished (read it after synchronizing).
@@ -41,6 +45,8 @@ struct ProgramStats {
   uint64_t instructions = 0;
   double mxu_flops = 0, mfu = 0;
   uint64_t hbm_bytes_read = 0, hbm_bytes_written = 0;
+  double vector_elements = 0;  // produced by vector/EUP/XLU instructions
+  uint64_t dma_bytes = 0;
 };
 
 class Driver {
@@ -88,6 +94,17 @@ class Driver {
   // Asynchronous on stream `s`; `stats` (optional) is filled when the program finished.
   virtual void enqueue_program(int index, StreamId s, ProgramHandle p, const ProgramOptions& opt,
                                std::shared_ptr<ProgramStats> stats = nullptr);
+
+  // The chip that programs for device `index` are generated for, as the simulator's chip-config
+  // JSON (sim/config.h); empty when the device does not run tpucore's generated programs (its
+  // ops then run on the host). tpucore's code generator targets a driver that returns one.
+  virtual std::string program_target(int index) const { return {}; }
+  // Unique per Driver object created in the process (caches of loaded programs key on it).
+  uint64_t instance_id() const { return instance_id_; }
+
+ private:
+  uint64_t instance_id_ = next_instance_id();
+  static uint64_t next_instance_id();
 };
 
 // The driver for a device type; a tpu::Error saying how to provide one when none is present.

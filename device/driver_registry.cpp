@@ -25,6 +25,11 @@ Registry& registry() {
 
 std::unique_ptr<Driver> make_cpu_driver();
 
+uint64_t Driver::next_instance_id() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1);
+}
+
 void register_driver(std::unique_ptr<Driver> d) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lk(r.mu);

@@ -11,6 +11,16 @@
  * struct_size covers it and uses the documented default otherwise. An incompatible change bumps
  * TPU_PLUGIN_ABI_VERSION, and tpucore refuses plugins built for another version.
  *
+ * Version history:
+ *  1  devices, memory, copies, streams, events, program load/run (no arguments), stats.
+ *  2  what tpucore's code generator needs to run its programs on a plugin device:
+ *     TpuProgramRunArgs gains `args`/`num_args` (the program's arguments: buffer addresses and
+ *     runtime scalars, in scalar registers r0..), TpuProgramStats gains `vector_elements`
+ *     and `dma_bytes`, the table gains `device_target` (the chip description the programs are
+ *     generated for). The fields were appended (struct-size rule), but the version steps to 2:
+ *     a version-1 plugin would silently ignore the arguments and run every generated program
+ *     on address 0, so tpucore refuses it with an error asking for a rebuild.
+ *
  * Conventions:
  *  - Every function returns TPU_STATUS_OK or an error status; on error, last_error() returns a
  *    message (valid on the calling thread until its next call into the plugin).
@@ -37,7 +47,7 @@
 extern "C" {
 #endif
 
-#define TPU_PLUGIN_ABI_VERSION 1
+#define TPU_PLUGIN_ABI_VERSION 2
 #define TPU_PLUGIN_ENTRY_POINT "tpu_plugin_get_api"
 #define TPU_STRUCT_SIZE(type, last_field) (offsetof(type, last_field) + sizeof(((type*)0)->last_field))
 
@@ -146,6 +156,9 @@ typedef struct TpuProgramStats {
   double mfu;
   uint64_t hbm_bytes_read;
   uint64_t hbm_bytes_written;
+  /* since version 2 */
+  double vector_elements;       /* elements produced by vector/EUP/XLU instructions */
+  uint64_t dma_bytes;           /* bytes moved by the program's DMAs */
 } TpuProgramStats;
 
 typedef struct TpuProgramRunArgs {
@@ -155,7 +168,26 @@ typedef struct TpuProgramRunArgs {
   uint64_t program_handle;
   int32_t timing_only;    /* 1: skip the arithmetic (same timing) */
   TpuProgramStats* stats; /* optional */
+  /* since version 2: the program's arguments, copied before program_run returns. Scalar
+   * register i starts as args[i] (a device address the plugin handed out, or a runtime scalar
+   * such as a float's bit pattern); registers past num_args start at 0. More arguments than the
+   * chip has scalar registers is TPU_STATUS_INVALID_ARGUMENT. */
+  const int64_t* args;
+  size_t num_args;
 } TpuProgramRunArgs;
+
+/* device_target (version 2): the chip description programs for `device` are generated for, as
+ * the simulator's chip-config JSON (sim/config.h: MXUs, VMEM, registers, latencies). The plugin
+ * writes at most `capacity` bytes (NUL-terminated) into `buffer` and sets `size` to the full
+ * length without the NUL; a call with buffer NULL asks for the size. A plugin whose chip runs a
+ * different instruction set leaves the function NULL: tpucore then runs ops on the host. */
+typedef struct TpuDeviceTargetArgs {
+  size_t struct_size;
+  int32_t device;
+  char* buffer;
+  size_t capacity;
+  size_t size; /* out */
+} TpuDeviceTargetArgs;
 
 typedef struct TpuSynchronizeArgs {
   size_t struct_size;
@@ -194,6 +226,9 @@ typedef struct TpuPluginApi {
   TpuStatus (*program_run)(TpuProgramRunArgs* args);
 
   TpuStatus (*synchronize)(TpuSynchronizeArgs* args); /* the whole device */
+
+  /* since version 2 (optional: NULL when the chip does not run tpucore's programs) */
+  TpuStatus (*device_target)(TpuDeviceTargetArgs* args);
 } TpuPluginApi;
 
 /* The entry point every plugin exports under the name TPU_PLUGIN_ENTRY_POINT. */

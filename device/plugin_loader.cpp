@@ -70,9 +70,13 @@ Library open_plugin(const std::string& path, DeviceType type) {
     const unsigned v = lib.api->abi_version;
     const std::string name = lib.api->plugin_name ? lib.api->plugin_name : "?";
     dlclose(lib.handle);
+    const char* why = v < TPU_PLUGIN_ABI_VERSION
+                          ? " (an older ABI: before version 2, programs could not receive arguments, so tpucore's "
+                            "generated programs cannot run on it)"
+                          : "";
     fail("load_driver_plugin: '{}' (plugin '{}') was built for driver ABI version {}, but this tpucore implements "
-         "version {}; rebuild the plugin against this tpucore's device/plugin_abi.h",
-         lib.path, name, v, TPU_PLUGIN_ABI_VERSION);
+         "version {}{}; rebuild the plugin against this tpucore's device/plugin_abi.h",
+         lib.path, name, v, TPU_PLUGIN_ABI_VERSION, why);
   }
   if (lib.api->struct_size < TPU_STRUCT_SIZE(TpuPluginApi, synchronize)) {
     dlclose(lib.handle);
@@ -160,6 +164,7 @@ class PluginDriver final : public Driver {
     a.src_address = addr(src) + off;
     a.host_dst = dst;
     do_copy(a);
+    sweep();
   }
   void copy_from_host(Storage& dst, size_t off, const void* src, size_t n) override {
     check(dst, off, n, "copy_from_host");
@@ -243,6 +248,7 @@ class PluginDriver final : public Driver {
   }
   void enqueue_program(int index, StreamId s, ProgramHandle p, const ProgramOptions& opt,
                        std::shared_ptr<ProgramStats> stats) override;
+  std::string program_target(int index) const override;
 
  private:
   void ensure() const {
@@ -339,6 +345,8 @@ void PluginDriver::enqueue_program(int index, StreamId s, ProgramHandle p, const
   a.stream = s;
   a.program_handle = p;
   a.timing_only = opt.timing_only ? 1 : 0;
+  a.args = opt.args.empty() ? nullptr : opt.args.data();
+  a.num_args = opt.args.size();
   std::shared_ptr<Holder> h;
   if (stats) {
     h = std::make_shared<Holder>();
@@ -352,6 +360,22 @@ void PluginDriver::enqueue_program(int index, StreamId s, ProgramHandle p, const
     pending_.push_back(std::move(h));
   }
   if (sync_mode()) synchronize_stream(index, s);
+}
+
+std::string PluginDriver::program_target(int index) const {
+  if (!(api()->struct_size >= TPU_STRUCT_SIZE(TpuPluginApi, device_target) && api()->device_target)) return {};
+  TpuDeviceTargetArgs a{};
+  a.struct_size = sizeof a;
+  a.device = index;
+  call(api()->device_target(&a), index, "device_target");
+  std::string text(a.size + 1, '\0');
+  a.buffer = text.data();
+  a.capacity = text.size();
+  call(api()->device_target(&a), index, "device_target");
+  TPU_CHECK(a.size + 1 <= text.size(), "{}: driver plugin '{}': device_target's size changed between two calls",
+            Device(type_, index).str(), name_);
+  text.resize(a.size);
+  return text;
 }
 
 void PluginDriver::sweep() {
@@ -370,6 +394,8 @@ void PluginDriver::sweep() {
     o.mfu = h.c.mfu;
     o.hbm_bytes_read = h.c.hbm_bytes_read;
     o.hbm_bytes_written = h.c.hbm_bytes_written;
+    o.vector_elements = h.c.vector_elements;
+    o.dma_bytes = h.c.dma_bytes;
     o.done = true;
     pending_[i] = std::move(pending_.back());
     pending_.pop_back();

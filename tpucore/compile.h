@@ -189,6 +189,8 @@ class Compiled {
 
   // The optimized graphs this function holds, printed (one per cached signature).
   std::vector<std::string> graphs() const { return jit::detail::engine_graphs(*engine_); }
+  // The wrapped function (tpu::export_stablehlo traces it, tpucore/export.h).
+  const F& function() const { return *fn_; }
 
  private:
   std::shared_ptr<F> fn_;

@@ -11,6 +11,7 @@
 #include "tpucore/data.h"
 #include "tpucore/devices.h"
 #include "tpucore/dist.h"
+#include "tpucore/export.h"
 #include "tpucore/models.h"
 #include "tpucore/nn.h"
 #include "tpucore/ops.h"

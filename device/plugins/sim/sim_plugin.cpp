@@ -16,6 +16,9 @@
 
 #include "device/plugin_abi.h"
 #include "device/sim_device.h"
+#include "sim/config.h"
+
+#include <nlohmann/json.hpp>
 #include "tpucore/core/error.h"
 
 namespace tpu::device {
@@ -301,10 +304,35 @@ TpuStatus program_run(TpuProgramRunArgs* a) {
         if (has(TPU_STRUCT_SIZE(TpuProgramStats, mfu))) st->mfu = r.stats.mfu;
         if (has(TPU_STRUCT_SIZE(TpuProgramStats, hbm_bytes_read))) st->hbm_bytes_read = r.stats.hbm_bytes_read;
         if (has(TPU_STRUCT_SIZE(TpuProgramStats, hbm_bytes_written))) st->hbm_bytes_written = r.stats.hbm_bytes_written;
+        if (has(TPU_STRUCT_SIZE(TpuProgramStats, vector_elements))) st->vector_elements = r.stats.vector_elements;
+        if (has(TPU_STRUCT_SIZE(TpuProgramStats, dma_bytes))) st->dma_bytes = r.stats.dma_bytes;
         __atomic_store_n(&st->done, 1, __ATOMIC_RELEASE);  // last: the host reads it with acquire
       };
-    plugin().dev(a->device).run_program(a->stream, a->program_handle,
-                                        SimProgramOptions{.timing_only = a->timing_only != 0}, std::move(done));
+    SimDevice& d = plugin().dev(a->device);
+    SimProgramOptions o{.timing_only = a->timing_only != 0};
+    // Arguments (version 2): a caller built for version 1 has a smaller struct and none.
+    if (a->struct_size >= TPU_STRUCT_SIZE(TpuProgramRunArgs, num_args) && a->num_args > 0) {
+      if (!a->args) throw BadArgument("tpusim plugin: program_run: num_args is " + std::to_string(a->num_args) +
+                                      " but args is null");
+      const auto regs = static_cast<size_t>(d.config().scalar.registers);
+      if (a->num_args > regs)
+        throw BadArgument("tpusim plugin: program_run: " + std::to_string(a->num_args) + " arguments, but the chip '" +
+                          d.config().name + "' has " + std::to_string(regs) + " scalar registers");
+      o.registers.assign(a->args, a->args + a->num_args);
+    }
+    d.run_program(a->stream, a->program_handle, o, std::move(done));
+  });
+}
+
+TpuStatus device_target(TpuDeviceTargetArgs* a) {
+  return guarded([&] {
+    check_args(a, TPU_STRUCT_SIZE(TpuDeviceTargetArgs, size), "device_target");
+    const std::string text = sim::config_to_json(plugin().dev(a->device).config()).dump();
+    a->size = text.size();
+    if (!a->buffer || a->capacity == 0) return;
+    const size_t n = std::min(a->capacity - 1, text.size());
+    std::memcpy(a->buffer, text.data(), n);
+    a->buffer[n] = '\0';
   });
 }
 
@@ -340,6 +368,7 @@ const TpuPluginApi kApi = {
     .program_unload = &program_unload,
     .program_run = &program_run,
     .synchronize = &synchronize,
+    .device_target = &device_target,
 };
 
 }  // namespace

@@ -1,0 +1,41 @@
+// The StableHLO subset tpu::export_stablehlo writes (graph/stablehlo.h, either attribute
+// syntax), parsed into a list of ops and run with tpucore's ops on a device: on sim:N the ops
+// that have a lowering run as generated chip programs, the others on the host fallback.
+// Malformed text and ops outside the subset are a tpu::Error naming the line.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tpucore/core/tensor.h"
+
+namespace tpu::pjrt_sim {
+
+struct TypeSpec {
+  Shape shape;
+  DType dtype = DType::f32;
+};
+
+struct Op {
+  int line = 0;
+  std::string result;             // "%v3" (empty for func.return)
+  std::string name;               // "add", "reduce", "return", ...
+  std::vector<std::string> operands;
+  std::string attrs;              // the text between the braces
+  std::vector<TypeSpec> in_types;
+  TypeSpec type;                  // the result's
+  std::string body;               // reduce: the body op ("add", "maximum", ...)
+};
+
+struct Program {
+  std::vector<TypeSpec> args;
+  std::vector<Op> ops;  // the last one is the return
+  std::vector<TypeSpec> results;
+};
+
+Program parse_program(const std::string& text);
+// Runs the program on `dev` with inputs (already on dev); returns the results (on dev).
+std::vector<Tensor> run_program(const Program& p, const std::vector<Tensor>& inputs, Device dev);
+
+}  // namespace tpu::pjrt_sim
