@@ -367,6 +367,9 @@ std::string format_instr(const Instr& in) {
 }
 
 std::string to_text(const Program& p) {
+  if (p.megacore())
+    throw SimError(fmt::format("program '{}' is a megacore program ({} parts): it has no text form; print each part "
+                               "(Program::cores) instead", p.name, p.cores.size()));
   std::string out;
   if (!p.name.empty()) out += fmt::format("; program {}\n", p.name);
   int depth = 0;

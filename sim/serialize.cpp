@@ -117,6 +117,9 @@ struct Ctx {
 }  // namespace
 
 json program_to_json(const Program& p) {
+  if (p.megacore())
+    throw SimError(fmt::format("program '{}' is a megacore program ({} parts): it has no JSON form; serialize each "
+                               "part (Program::cores) instead", p.name, p.cores.size()));
   json code = json::array();
   for (const auto& in : p.code) {
     json j;
