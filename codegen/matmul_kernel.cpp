@@ -17,6 +17,16 @@ namespace {
 
 int64_t es_of(DType t) { return sim::dtype_size(t); }
 
+// MXU streaming cycles per LHS row in `mode` (bf16x3: three bf16 passes).
+double mode_cycles_per_row(const sim::ChipConfig& cfg, sim::MxuMode mode) {
+  switch (mode) {
+    case sim::MxuMode::f32: return cfg.mxu.f32_cycles_per_row;
+    case sim::MxuMode::bf16x3: return 3 * cfg.mxu.bf16_cycles_per_row;
+    case sim::MxuMode::i8: return cfg.mxu.int8_cycles_per_row;
+    default: return cfg.mxu.bf16_cycles_per_row;
+  }
+}
+
 bool has_epilogue(const MatmulSpec& s) {
   return !s.epilogue.steps.empty() || s.epilogue.result.kind != VecRef::Kind::input || s.epilogue.result.index != 0 ||
          s.out_dtype != DType::f32;
@@ -92,7 +102,7 @@ MatmulTiling choose_matmul_tiling(const sim::ChipConfig& cfg, const MatmulSpec& 
   // make the steps HBM-bound.
   if (s.tm == 0 && s.m > 512) {
     const double mxu_cycles = 512.0 * double((t.tk + R - 1) / R) * double((t.tn + Cm * nm - 1) / (Cm * nm)) *
-                              (s.mode == sim::MxuMode::f32 ? cfg.mxu.f32_cycles_per_row : cfg.mxu.bf16_cycles_per_row);
+                              mode_cycles_per_row(cfg, s.mode);
     const double b_cycles = double(t.tk * t.tn * es_of(s.b_dtype)) / cfg.hbm_bytes_per_cycle();
     if (b_cycles > 0.7 * mxu_cycles) {
       t.tm = s.m;
@@ -293,7 +303,7 @@ sim::Program make_matmul_program(const sim::ChipConfig& cfg, const MatmulSpec& s
   // Megacore: the output tiles are split between the cores when the matmul is big enough (one
   // core's estimate: MXU streaming over its MXUs, or its share of the HBM traffic). With fewer
   // tiles than cores, M is cut into one block per core.
-  const double per_row = s.mode == sim::MxuMode::f32 ? cfg.mxu.f32_cycles_per_row : cfg.mxu.bf16_cycles_per_row;
+  const double per_row = mode_cycles_per_row(cfg, s.mode);
   const double stream = double(s.batch * s.m) * double((s.k + cfg.mxu.rows - 1) / cfg.mxu.rows) *
                         double((s.n + cfg.mxu.cols - 1) / cfg.mxu.cols) * per_row / cfg.mxu.count;
   const double bytes = double(s.batch) * double(s.m * s.k * es_of(s.a_dtype) + s.m * s.n * es_of(s.out_dtype)) +

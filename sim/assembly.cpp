@@ -319,7 +319,7 @@ void parse_field(LineParser& lp, Instr& in, const FieldDef& f) {
       auto m = parse_mxu_mode(w);
       if (!m) {
         lp.set_pos(b);
-        lp.fail(fmt::format("unknown mxu mode '{}' (bf16, f32, i8)", w));
+        lp.fail(fmt::format("unknown mxu mode '{}' (bf16, f32, i8, bf16x3)", w));
       }
       in.mode = *m;
       break;

@@ -105,6 +105,16 @@ class Executor {
 
  private:
   int mxu_unit(int j) const { return 1 + j; }
+  // Streaming cycles per LHS row: bf16x3 is three bf16 passes.
+  double mode_cycles_per_row(MxuMode m) const {
+    switch (m) {
+      case MxuMode::bf16: return cfg_.mxu.bf16_cycles_per_row;
+      case MxuMode::f32: return cfg_.mxu.f32_cycles_per_row;
+      case MxuMode::i8: return cfg_.mxu.int8_cycles_per_row;
+      case MxuMode::bf16x3: return 3 * cfg_.mxu.bf16_cycles_per_row;
+    }
+    return cfg_.mxu.bf16_cycles_per_row;
+  }
   // The calibrated timing model (timing_model.h) on this program's counted work.
   CoreWork core_work() const {
     CoreWork w;
@@ -295,7 +305,7 @@ class Executor {
   std::vector<float> scratch_a_, scratch_c_;
   // stats
   double flops_ = 0, vec_elems_ = 0;
-  std::array<double, 3> mode_flops_{};  // MXU FLOPs per MxuMode (bf16, f32, i8)
+  std::array<double, 4> mode_flops_{};  // MXU FLOPs per MxuMode (bf16, f32, i8, bf16x3)
   uint64_t hbm_read_ = 0, hbm_written_ = 0, dma_bytes_ = 0, dyn_ = 0;
 };
 
@@ -386,9 +396,7 @@ void Executor::exec_mm(size_t idx, const Instr& in) {
   acc.write(out_r);
   race_check(idx, acc);
   const double start = deps(acc, u, std::max({t, units_[size_t(u)].free, buf_ready_[size_t(j)][b]}));
-  const double per_row = in.mode == MxuMode::bf16  ? cfg_.mxu.bf16_cycles_per_row
-                         : in.mode == MxuMode::f32 ? cfg_.mxu.f32_cycles_per_row
-                                                   : cfg_.mxu.int8_cycles_per_row;
+  const double per_row = mode_cycles_per_row(in.mode);
   const double busy = double(in.rows) * per_row;
   const double end = start + busy;
   const double ready = end + cfg_.mxu.fill_cycles + cfg_.mxu.drain_cycles;
@@ -550,7 +558,7 @@ RunResult Executor::result(const std::vector<Executor*>& all) {
   s.clock_ghz = cfg_.clock_ghz;
   CountedWork w;
   double flops = 0, mxu_busy = 0;
-  std::array<double, 3> mode_flops{};
+  std::array<double, 4> mode_flops{};
   uint64_t hbm_read = 0, hbm_written = 0;
   for (Executor* e : all) {
     s.cycles = std::max({s.cycles, e->scalar_t_, e->max_t_});
@@ -560,7 +568,7 @@ RunResult Executor::result(const std::vector<Executor*>& all) {
     for (const auto& u : e->units_) s.units.push_back({u.name, u.busy, u.count});
     for (int j = 0; j < cfg_.mxu.count; ++j) mxu_busy += e->units_[size_t(e->mxu_unit(j))].busy;
     flops += e->flops_;
-    for (size_t m = 0; m < 3; ++m) mode_flops[m] += e->mode_flops_[m];
+    for (size_t m = 0; m < mode_flops.size(); ++m) mode_flops[m] += e->mode_flops_[m];
     s.vector_elements += e->vec_elems_;
     hbm_read += e->hbm_read_;
     hbm_written += e->hbm_written_;
@@ -598,10 +606,9 @@ RunResult Executor::result(const std::vector<Executor*>& all) {
   s.hbm_bytes_read = hbm_read;
   s.hbm_bytes_written = hbm_written;
   // Peak and MFU per MXU mode: each mode's FLOPs count at that mode's peak rate.
-  const double per_row[3] = {cfg_.mxu.bf16_cycles_per_row, cfg_.mxu.f32_cycles_per_row, cfg_.mxu.int8_cycles_per_row};
-  for (int m = 0; m < 3; ++m) {
+  for (int m = 0; m < int(mode_flops.size()); ++m) {
     if (mode_flops[size_t(m)] <= 0) continue;
-    s.mxu_peak_cycles += mode_flops[size_t(m)] / (cfg_.peak_flops_at(per_row[m]) / (cfg_.clock_ghz * 1e9));
+    s.mxu_peak_cycles += mode_flops[size_t(m)] / (cfg_.peak_flops_at(mode_cycles_per_row(MxuMode(m))) / (cfg_.clock_ghz * 1e9));
     if (!s.mxu_modes.empty()) s.mxu_modes += "+";
     s.mxu_modes += mxu_mode_name(MxuMode(m));
   }

@@ -220,7 +220,7 @@ static Program program_from_json_checked(const json& j) {
         case FK::cols: in.cols = ctx.integer(v); break;
         case FK::mode: {
           auto m = v.is_string() ? parse_mxu_mode(v.get<std::string>()) : std::nullopt;
-          if (!m) ctx.fail("mode must be bf16, f32 or i8");
+          if (!m) ctx.fail("mode must be bf16, f32, i8 or bf16x3");
           in.mode = *m;
           break;
         }

@@ -67,7 +67,7 @@ Program megacore(std::vector<Program> parts) {
 
 }  // namespace
 
-TEST_CASE("megacore: each core computes its rows in its own VMEM; values match a naive loop", "[sim][megacore]") {
+TEST_CASE("megacore: each core computes its rows in its own VMEM, values match a naive loop", "[sim][megacore]") {
   const int64_t m = 48, half = 24;
   Chip chip(two_core_tiny());
   auto a = simtest::random_floats(size_t(m * 8), 1), w = simtest::random_floats(64, 2);
