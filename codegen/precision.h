@@ -5,7 +5,8 @@
 // six ("highest": f32-accurate products). Each pass costs the MXU a bf16 pass in cycles
 // (sim MXU modes bf16, bf16x3, f32 with f32_cycles_per_row = 6 on the TPU presets). bf16 inputs
 // always take one pass; host (CPU) matmuls are unaffected. Process-wide; read when a matmul or
-// attention program is built (the mode is part of the program's cache key).
+// attention program is built (the mode is part of the program's cache key). The environment
+// variable TPU_F32_MATMUL_PRECISION sets the value a process starts with.
 #pragma once
 
 #include <string>
