@@ -13,6 +13,7 @@
 #include "codegen/decode_attention.h"
 #include "codegen/launch.h"
 #include "codegen/lowering.h"
+#include "codegen/precision.h"
 #include "codegen/sim_tensors.h"
 #include "device/sim_driver.h"
 #include "ops/reduce_engine.h"
@@ -58,7 +59,7 @@ bool sdpa_eager(const ops::KernelArgs& k) {
   s.causal = k.attrs.get_bool("causal");
   s.scale = float(scale);
   s.dtype = dt == DType::bf16 ? sim::DType::bf16 : sim::DType::f32;
-  s.mode = dt == DType::bf16 ? sim::MxuMode::bf16 : sim::MxuMode::f32;
+  s.mode = dt == DType::bf16 ? sim::MxuMode::bf16 : f32_matmul_mode();  // precision.h
   s.q_off = matrix_offsets(*q);
   s.k_off = matrix_offsets(*kk);
   s.v_off = matrix_offsets(*v);

@@ -1,9 +1,11 @@
 #include "codegen/elementwise_kernel.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include <fmt/format.h>
 
+#include "codegen/megacore.h"
 #include "codegen/tile_loops.h"
 #include "tpucore/core/error.h"
 
@@ -151,7 +153,9 @@ bool elementwise_fits(const sim::ChipConfig& cfg, int inputs, int outputs) {
   return elementwise_registers(inputs, outputs) <= cfg.scalar.registers && outputs < cfg.scalar.semaphores;
 }
 
-sim::Program make_elementwise_program(const sim::ChipConfig& cfg, const ElementwiseSpec& s) {
+namespace {
+
+sim::Program make_elementwise_part(const sim::ChipConfig& cfg, const ElementwiseSpec& s) {
   const int n = int(s.inputs.size()), m = s.num_outputs();
   TPU_CHECK(int(s.expr.extra_results.size()) == m - 1, "internal: codegen: {} output dtypes for {} results", m,
             s.expr.extra_results.size() + 1);
@@ -264,6 +268,34 @@ sim::Program make_elementwise_program(const sim::ChipConfig& cfg, const Elementw
   for (int k = 0; k < m; ++k) b.wait(sem_out + k);
   b.fence();
   return b.finish();
+}
+
+}  // namespace
+
+sim::Program make_elementwise_program(const sim::ChipConfig& cfg, const ElementwiseSpec& s) {
+  // Megacore: rows split between the cores when the kernel is big enough (one core's estimate:
+  // its HBM traffic at one core's bandwidth, or the vector work).
+  const int n = int(s.inputs.size());
+  std::vector<RowOperand> ops;
+  double bytes = 0;
+  for (int i = 0; i < n; ++i) {
+    const EwInput& in = s.inputs[size_t(i)];
+    const int64_t per_row = ew_tile_bytes(in, 1, s.cols) * (in.layout == EwLayout::full || in.layout == EwLayout::col);
+    ops.push_back({i, per_row});
+    bytes += double(per_row) * double(s.rows);
+  }
+  for (int k = 0; k < s.num_outputs(); ++k) {
+    ops.push_back({n + k, s.cols * sim::dtype_size(s.output_dtype(k))});
+    bytes += double(ops.back().bytes_per_row) * double(s.rows);
+  }
+  const double vregs = std::ceil(double(s.rows) / cfg.vpu.sublanes) * std::ceil(double(s.cols) / cfg.vpu.lanes);
+  const double vector = vregs * double(std::max<size_t>(1, s.expr.steps.size())) * cfg.vpu.cycles_per_vreg;
+  const int cores = megacore_cores(cfg, std::max(vector, bytes / cfg.hbm_bytes_per_cycle()));
+  return split_rows(s.name.empty() ? "elementwise" : s.name, cores, s.rows, cfg.vpu.sublanes, ops, [&](int64_t rows) {
+    ElementwiseSpec part = s;
+    part.rows = rows;
+    return make_elementwise_part(cfg, part);
+  });
 }
 
 }  // namespace tpu::codegen

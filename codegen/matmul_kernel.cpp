@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "codegen/megacore.h"
 #include "sim/builder.h"
 #include "tpucore/core/error.h"
 
@@ -15,6 +16,16 @@ using sim::DType;
 namespace {
 
 int64_t es_of(DType t) { return sim::dtype_size(t); }
+
+// MXU streaming cycles per LHS row in `mode` (bf16x3: three bf16 passes).
+double mode_cycles_per_row(const sim::ChipConfig& cfg, sim::MxuMode mode) {
+  switch (mode) {
+    case sim::MxuMode::f32: return cfg.mxu.f32_cycles_per_row;
+    case sim::MxuMode::bf16x3: return 3 * cfg.mxu.bf16_cycles_per_row;
+    case sim::MxuMode::i8: return cfg.mxu.int8_cycles_per_row;
+    default: return cfg.mxu.bf16_cycles_per_row;
+  }
+}
 
 bool has_epilogue(const MatmulSpec& s) {
   return !s.epilogue.steps.empty() || s.epilogue.result.kind != VecRef::Kind::input || s.epilogue.result.index != 0 ||
@@ -91,7 +102,7 @@ MatmulTiling choose_matmul_tiling(const sim::ChipConfig& cfg, const MatmulSpec& 
   // make the steps HBM-bound.
   if (s.tm == 0 && s.m > 512) {
     const double mxu_cycles = 512.0 * double((t.tk + R - 1) / R) * double((t.tn + Cm * nm - 1) / (Cm * nm)) *
-                              (s.mode == sim::MxuMode::f32 ? cfg.mxu.f32_cycles_per_row : cfg.mxu.bf16_cycles_per_row);
+                              mode_cycles_per_row(cfg, s.mode);
     const double b_cycles = double(t.tk * t.tn * es_of(s.b_dtype)) / cfg.hbm_bytes_per_cycle();
     if (b_cycles > 0.7 * mxu_cycles) {
       t.tm = s.m;
@@ -114,9 +125,17 @@ MatmulTiling choose_matmul_tiling(const sim::ChipConfig& cfg, const MatmulSpec& 
 
 int matmul_registers(int epilogue_inputs) { return epilogue_inputs + 4; }
 
-sim::Program make_matmul_program(const sim::ChipConfig& cfg, const MatmulSpec& s) {
+namespace {
+
+// Output tiles of a tiling, in the order the program walks them (batch, M block, N panel).
+int64_t matmul_tiles(const MatmulSpec& s, const MatmulTiling& tl) {
+  return s.batch * ((s.m + tl.tm - 1) / tl.tm) * ((s.n + tl.tn - 1) / tl.tn);
+}
+
+// The program for output tiles [tile_lo, tile_hi) (all K steps of each).
+sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, const MatmulTiling& tl, int64_t tile_lo,
+                              int64_t tile_hi) {
   const int64_t R = cfg.mxu.rows, Cm = cfg.mxu.cols, nm = cfg.mxu.count;
-  const MatmulTiling tl = choose_matmul_tiling(cfg, s);
   const VmemPlan vp = plan_vmem(s, tl.tm, tl.tn, tl.tk);
   const int ne = int(s.epilogue_inputs.size());
   const int a_reg = 0, b_reg = 1, out_reg = 2 + ne, k_reg = 3 + ne;
@@ -138,7 +157,7 @@ sim::Program make_matmul_program(const sim::ChipConfig& cfg, const MatmulSpec& s
   for (int64_t bi = 0; bi < s.batch; ++bi)
     for (int64_t m0 = 0; m0 < s.m; m0 += tl.tm)
       for (int64_t n0 = 0; n0 < s.n; n0 += tl.tn, ++tile)
-        for (int64_t k0 = 0; k0 < s.k; k0 += tl.tk)
+        for (int64_t k0 = 0; k0 < s.k && tile >= tile_lo && tile < tile_hi; k0 += tl.tk)
           steps.push_back({bi, m0, std::min(tl.tm, s.m - m0), n0, std::min(tl.tn, s.n - n0), k0,
                            std::min(tl.tk, s.k - k0), k0 == 0, k0 + tl.tk >= s.k, tile});
   // Which A / B buffer each step reads, and whether it must load it (consecutive steps that read
@@ -275,6 +294,33 @@ sim::Program make_matmul_program(const sim::ChipConfig& cfg, const MatmulSpec& s
   b.wait(semC, 2);
   b.fence();
   return b.finish();
+}
+
+}  // namespace
+
+sim::Program make_matmul_program(const sim::ChipConfig& cfg, const MatmulSpec& s) {
+  MatmulTiling tl = choose_matmul_tiling(cfg, s);
+  // Megacore: the output tiles are split between the cores when the matmul is big enough (one
+  // core's estimate: MXU streaming over its MXUs, or its share of the HBM traffic). With fewer
+  // tiles than cores, M is cut into one block per core.
+  const double per_row = mode_cycles_per_row(cfg, s.mode);
+  const double stream = double(s.batch * s.m) * double((s.k + cfg.mxu.rows - 1) / cfg.mxu.rows) *
+                        double((s.n + cfg.mxu.cols - 1) / cfg.mxu.cols) * per_row / cfg.mxu.count;
+  const double bytes = double(s.batch) * double(s.m * s.k * es_of(s.a_dtype) + s.m * s.n * es_of(s.out_dtype)) +
+                       double(s.k * s.n * es_of(s.b_dtype)) * (s.b_batch_stride ? double(s.batch) : 1.0);
+  const int cores = megacore_cores(cfg, std::max(stream, bytes / cfg.hbm_bytes_per_cycle()));
+  if (cores > 1 && matmul_tiles(s, tl) < cores && s.tm == 0 && s.m >= 8 * cores) {
+    MatmulSpec cut = s;
+    cut.tm = ((s.m + cores - 1) / cores + 7) / 8 * 8;
+    tl = choose_matmul_tiling(cfg, cut);
+  }
+  const int64_t tiles = matmul_tiles(s, tl);
+  if (cores == 1 || tiles < cores) return make_matmul_part(cfg, s, tl, 0, tiles);
+  sim::Program p;
+  p.name = s.name;
+  for (int c = 0; c < cores; ++c) p.cores.push_back(make_matmul_part(cfg, s, tl, tiles * c / cores, tiles * (c + 1) / cores));
+  p.finalize();
+  return p;
 }
 
 }  // namespace tpu::codegen

@@ -2,6 +2,7 @@
 
 #include "codegen/launch.h"
 #include "codegen/operand_layout.h"
+#include "codegen/precision.h"
 #include "codegen/sim_tensors.h"
 #include "device/sim_driver.h"
 
@@ -49,7 +50,7 @@ std::optional<MatmulPlan> plan_matmul(const std::string& op, std::span<const Ten
   MatmulSpec& s = p.spec;
   s.name = op;
   s.a_dtype = s.b_dtype = s.out_dtype = cd(a.dtype());
-  s.mode = a.dtype() == DType::bf16 ? sim::MxuMode::bf16 : sim::MxuMode::f32;
+  s.mode = a.dtype() == DType::bf16 ? sim::MxuMode::bf16 : f32_matmul_mode();  // precision.h
   std::optional<MatOperand> A, B;
   if (op == "linear") {
     // w [N, K] is B^T; w.t() of a contiguous [K, N] is B.

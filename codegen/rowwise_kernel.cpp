@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "codegen/megacore.h"
 #include "codegen/tile_loops.h"
 #include "sim/builder.h"
 #include "tpucore/core/error.h"
@@ -75,7 +76,9 @@ int rowwise_registers(const RowwiseSpec& s) {
   return operands + 3;  // + the output, row and column counters (see make_rowwise_program)
 }
 
-sim::Program make_rowwise_program(const sim::ChipConfig& cfg, const RowwiseSpec& s) {
+namespace {
+
+sim::Program make_rowwise_part(const sim::ChipConfig& cfg, const RowwiseSpec& s) {
   const int64_t tr = rowwise_tile_rows(cfg, s);
   TPU_CHECK(tr > 0, "internal: codegen: a row of {} elements does not fit in VMEM", s.cols);
   const int64_t C = s.cols;
@@ -343,6 +346,32 @@ sim::Program make_rowwise_program(const sim::ChipConfig& cfg, const RowwiseSpec&
   }
   b.fence();
   return b.finish();
+}
+
+}  // namespace
+
+sim::Program make_rowwise_program(const sim::ChipConfig& cfg, const RowwiseSpec& s) {
+  // Megacore: rows split between the cores when the kernel is big enough (one core's estimate:
+  // its HBM traffic at one core's bandwidth). Operand registers as in make_rowwise_part.
+  std::vector<RowOperand> ops;
+  int reg = 0;
+  auto laid_out = [&](const std::vector<EwInput>& ins) {
+    for (const EwInput& in : ins)
+      ops.push_back({reg++, ew_tile_bytes(in, 1, s.cols) * (in.layout == EwLayout::full || in.layout == EwLayout::col)});
+  };
+  if (s.has_prologue) laid_out(s.pro_inputs);
+  else ops.push_back({reg++, s.cols * sim::dtype_size(s.in_dtype)});
+  reg += s.has_weight + s.has_bias;  // one row vector each: the same for every core
+  if (s.has_epilogue) laid_out(s.epi_inputs);
+  ops.push_back({reg, (is_reduction(s.op) ? 1 : s.cols) * sim::dtype_size(s.out_dtype)});
+  double bytes = 0;
+  for (const RowOperand& o : ops) bytes += double(o.bytes_per_row) * double(s.rows);
+  const int cores = megacore_cores(cfg, bytes / cfg.hbm_bytes_per_cycle());
+  return split_rows(fmt::format("rowwise_{}", int(s.op)), cores, s.rows, cfg.vpu.sublanes, ops, [&](int64_t rows) {
+    RowwiseSpec part = s;
+    part.rows = rows;
+    return make_rowwise_part(cfg, part);
+  });
 }
 
 }  // namespace tpu::codegen

@@ -32,7 +32,10 @@ bool copy_into(const Tensor& src, const Tensor& dst) {
   const sim::ChipConfig& cfg = chip_config(src.device());
   const LoadedProgram& lp = cached_program(idx, strided_copy_key(c), [&] {
     std::optional<sim::Program> prog = make_strided_copy(cfg, c);
-    return prog ? *prog : sim::Program{"unsupported", {}, false};
+    if (prog) return *prog;
+    sim::Program none;
+    none.name = "unsupported";
+    return none;
   });
   if (lp.name == "unsupported") return false;
   launch(idx, lp, "strided_copy", {hbm_address(src), hbm_address(dst)});

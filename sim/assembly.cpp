@@ -319,7 +319,7 @@ void parse_field(LineParser& lp, Instr& in, const FieldDef& f) {
       auto m = parse_mxu_mode(w);
       if (!m) {
         lp.set_pos(b);
-        lp.fail(fmt::format("unknown mxu mode '{}' (bf16, f32, i8)", w));
+        lp.fail(fmt::format("unknown mxu mode '{}' (bf16, f32, i8, bf16x3)", w));
       }
       in.mode = *m;
       break;
@@ -367,6 +367,9 @@ std::string format_instr(const Instr& in) {
 }
 
 std::string to_text(const Program& p) {
+  if (p.megacore())
+    throw SimError(fmt::format("program '{}' is a megacore program ({} parts): it has no text form; print each part "
+                               "(Program::cores) instead", p.name, p.cores.size()));
   std::string out;
   if (!p.name.empty()) out += fmt::format("; program {}\n", p.name);
   int depth = 0;

@@ -49,6 +49,16 @@ void Chip::read_vmem(uint64_t addr, void* dst, uint64_t n) const {
   vmem_->read(addr, dst, n);
 }
 
+Memory& Chip::vmem(int core) {
+  if (core <= 0) return *vmem_;
+  if (core >= cfg_.timing.megacore)
+    throw SimError(fmt::format("chip '{}' has no TensorCore {} (timing.megacore = {})", cfg_.name, core, cfg_.timing.megacore));
+  if (core_vmem_.size() < size_t(core)) core_vmem_.resize(size_t(core));
+  auto& m = core_vmem_[size_t(core - 1)];
+  if (!m) m = std::make_unique<Memory>(Space::vmem, cfg_.memory.vmem_bytes);
+  return *m;
+}
+
 RunResult Chip::run(const Program& prog, const RunOptions& opt) {
   if (!prog.finalized) {
     Program copy = prog;

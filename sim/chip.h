@@ -77,10 +77,13 @@ class Chip {
 
   Memory& hbm() { return *hbm_; }
   Memory& vmem() { return *vmem_; }
+  // Core `core`'s VMEM on a megacore device (0 is vmem(); the others are made on first use).
+  Memory& vmem(int core);
 
  private:
   ChipConfig cfg_;
   std::unique_ptr<Memory> hbm_, vmem_;
+  std::vector<std::unique_ptr<Memory>> core_vmem_;  // cores 1.. of a megacore device
 };
 
 }  // namespace tpu::sim

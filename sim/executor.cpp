@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <memory>
 
 #include <fmt/format.h>
 
@@ -54,15 +55,25 @@ struct Access {
   void write(const Region& r) { wr[nw++] = r; }
 };
 
+// What the cores of one run share: HBM bandwidth, the touched-bytes unions of the calibrated
+// model, and each core's scalar clock (so the bandwidth profile is pruned only before every
+// core's present).
+struct Shared {
+  explicit Shared(double hbm_bytes_per_cycle, size_t cores) : hbm_bw(hbm_bytes_per_cycle), clock(cores, 0.0) {}
+  BandwidthProfile hbm_bw;
+  IntervalUnion touched_read, touched_written;
+  std::vector<double> clock;  // scalar time per core; +inf once a core finished
+};
+
 class Executor {
  public:
-  Executor(Chip& chip, const Program& prog, const RunOptions& opt)
-      : chip_(chip), cfg_(chip.config()), prog_(prog), opt_(opt), func_(!opt.timing_only),
-        hbm_bw_(cfg_.hbm_bytes_per_cycle()) {
+  Executor(Chip& chip, const Program& prog, const RunOptions& opt, int core, Shared& sh)
+      : chip_(chip), cfg_(chip.config()), prog_(prog), opt_(opt), func_(!opt.timing_only), core_(core),
+        vmem_(chip.vmem(core)), sh_(sh) {
     const int m = cfg_.mxu.count;
     auto add = [&](std::string n) {
       Unit u;
-      u.name = std::move(n);
+      u.name = core ? fmt::format("c{}.{}", core, n) : std::move(n);
       u.ring.assign(size_t(cfg_.scalar.queue_depth), 0.0);
       units_.push_back(std::move(u));
     };
@@ -85,18 +96,31 @@ class Executor {
     for (const auto& u : units_) trace_.unit_names.push_back(u.name);
   }
 
-  RunResult run();
+  // Executes the instruction at the program counter; false once the program has ended.
+  bool step();
+  bool done() const { return pc_ >= prog_.code.size(); }
+  double clock() const { return scalar_t_; }
+  // The run's result over the cores in `all` (this one first).
+  RunResult result(const std::vector<Executor*>& all);
 
  private:
   int mxu_unit(int j) const { return 1 + j; }
+  // Streaming cycles per LHS row: bf16x3 is three bf16 passes.
+  double mode_cycles_per_row(MxuMode m) const {
+    switch (m) {
+      case MxuMode::bf16: return cfg_.mxu.bf16_cycles_per_row;
+      case MxuMode::f32: return cfg_.mxu.f32_cycles_per_row;
+      case MxuMode::i8: return cfg_.mxu.int8_cycles_per_row;
+      case MxuMode::bf16x3: return 3 * cfg_.mxu.bf16_cycles_per_row;
+    }
+    return cfg_.mxu.bf16_cycles_per_row;
+  }
   // The calibrated timing model (timing_model.h) on this program's counted work.
-  double calibrated_cycles() const {
-    CountedWork w;
+  CoreWork core_work() const {
+    CoreWork w;
     for (int j = 0; j < cfg_.mxu.count; ++j) w.mxu_stream_cycles += units_[size_t(mxu_unit(j))].busy;
     for (int u : {vpu_unit(), eup_unit(), xlu_unit()}) w.vector_cycles = std::max(w.vector_cycles, units_[size_t(u)].busy);
-    w.compulsory_bytes = touched_read_.bytes() + touched_written_.bytes();
-    w.traffic_bytes = hbm_read_ + hbm_written_;
-    return detail::calibrated_cycles(cfg_, w);
+    return w;
   }
   int wl_unit(int j) const { return 1 + cfg_.mxu.count + j; }
   int vpu_unit() const { return 1 + 2 * cfg_.mxu.count; }
@@ -105,7 +129,8 @@ class Executor {
   int dma_unit(int q) const { return 4 + 2 * cfg_.mxu.count + q; }
 
   [[noreturn]] void fail(size_t idx, const std::string& why) const {
-    throw SimError(fmt::format("{}: {}", describe_instr(prog_, idx), why), long(idx));
+    throw SimError(fmt::format("{}{}: {}", core_ ? fmt::format("core {}: ", core_) : "", describe_instr(prog_, idx), why),
+                   long(idx));
   }
 
   int64_t eval(const Addr& a) const {
@@ -115,7 +140,7 @@ class Executor {
     return v;
   }
 
-  Memory& mem(Space s) { return s == Space::hbm ? chip_.hbm() : chip_.vmem(); }
+  Memory& mem(Space s) { return s == Space::hbm ? chip_.hbm() : vmem_; }
 
   void check_range(size_t idx, const char* name, Space sp, int64_t base, __int128 hi) {
     uint64_t size = mem(sp).size();
@@ -149,7 +174,7 @@ class Executor {
     }
     r.normalize();
     if (ref) {
-      ref->base = func_ ? chip_.vmem().data() + base : nullptr;
+      ref->base = func_ ? vmem_.data() + base : nullptr;
       ref->dtype = o.dtype;
       ref->rs = o.row_stride;
       ref->cs = o.col_stride;
@@ -259,12 +284,15 @@ class Executor {
   const Program& prog_;
   RunOptions opt_;
   bool func_;
+  int core_;
+  Memory& vmem_;
+  Shared& sh_;
+  size_t pc_ = 0;
   std::vector<Unit> units_;
   std::vector<int64_t> regs_;
   double scalar_t_ = 0, issue_t_ = 0, max_t_ = 0;
   BoardList reads_, writes_;
   size_t board_limit_ = 64;
-  BandwidthProfile hbm_bw_;
   std::vector<std::vector<PendingSignal>> sems_;
   std::vector<Outstanding> outstanding_;
   uint64_t dma_seq_ = 0;
@@ -277,9 +305,8 @@ class Executor {
   std::vector<float> scratch_a_, scratch_c_;
   // stats
   double flops_ = 0, vec_elems_ = 0;
-  std::array<double, 3> mode_flops_{};  // MXU FLOPs per MxuMode (bf16, f32, i8)
+  std::array<double, 4> mode_flops_{};  // MXU FLOPs per MxuMode (bf16, f32, i8, bf16x3)
   uint64_t hbm_read_ = 0, hbm_written_ = 0, dma_bytes_ = 0, dyn_ = 0;
-  IntervalUnion touched_read_, touched_written_;  // calibrated model only
 };
 
 void Executor::exec_dma(size_t idx, const Instr& in) {
@@ -300,8 +327,11 @@ void Executor::exec_dma(size_t idx, const Instr& in) {
   const int hbm_sides = (in.a.space == Space::hbm) + (in.dst.space == Space::hbm);
   double end;
   if (hbm_sides > 0) {
-    hbm_bw_.prune(issue_t_);
-    end = hbm_bw_.allocate(xfer, double(bytes) * hbm_sides, cfg_.dma.engine_bytes_per_cycle * hbm_sides);
+    double floor = issue_t_;  // no core issues a DMA before its present
+    for (size_t c = 0; c < sh_.clock.size(); ++c)
+      if (int(c) != core_) floor = std::min(floor, sh_.clock[c]);
+    sh_.hbm_bw.prune(floor);
+    end = sh_.hbm_bw.allocate(xfer, double(bytes) * hbm_sides, cfg_.dma.engine_bytes_per_cycle * hbm_sides);
   } else {
     end = xfer + double(bytes) / cfg_.dma.engine_bytes_per_cycle;
   }
@@ -310,8 +340,8 @@ void Executor::exec_dma(size_t idx, const Instr& in) {
   if (in.a.space == Space::hbm) hbm_read_ += bytes;
   if (in.dst.space == Space::hbm) hbm_written_ += bytes;
   if (cfg_.timing.calibrated() && bytes > 0) {  // compulsory traffic: the union of the HBM spans touched
-    if (in.a.space == Space::hbm) touched_read_.add(g.src, span(in.dma_shape, in.src_stride));
-    if (in.dst.space == Space::hbm) touched_written_.add(g.dst, span(in.dma_shape, in.dst_stride));
+    if (in.a.space == Space::hbm) sh_.touched_read.add(g.src, span(in.dma_shape, in.src_stride));
+    if (in.dst.space == Space::hbm) sh_.touched_written.add(g.dst, span(in.dma_shape, in.dst_stride));
   }
   dma_bytes_ += bytes;
   const uint64_t seq = ++dma_seq_;
@@ -366,9 +396,7 @@ void Executor::exec_mm(size_t idx, const Instr& in) {
   acc.write(out_r);
   race_check(idx, acc);
   const double start = deps(acc, u, std::max({t, units_[size_t(u)].free, buf_ready_[size_t(j)][b]}));
-  const double per_row = in.mode == MxuMode::bf16  ? cfg_.mxu.bf16_cycles_per_row
-                         : in.mode == MxuMode::f32 ? cfg_.mxu.f32_cycles_per_row
-                                                   : cfg_.mxu.int8_cycles_per_row;
+  const double per_row = mode_cycles_per_row(in.mode);
   const double busy = double(in.rows) * per_row;
   const double end = start + busy;
   const double ready = end + cfg_.mxu.fill_cycles + cfg_.mxu.drain_cycles;
@@ -450,16 +478,16 @@ void Executor::exec_wait(size_t idx, const Instr& in) {
   }
 }
 
-RunResult Executor::run() {
+bool Executor::step() {
   const auto& code = prog_.code;
-  size_t pc = 0;
-  while (pc < code.size()) {
+  size_t& pc = pc_;
+  if (pc < code.size()) {
     const Instr& in = code[pc];
     if (++dyn_ > opt_.max_instructions)
       fail(pc, fmt::format("the run exceeded max_instructions ({}); runaway loop?", opt_.max_instructions));
     switch (in.op) {
       case Op::nop: issue(0); break;
-      case Op::halt: pc = code.size(); continue;
+      case Op::halt: pc = code.size(); return false;
       case Op::sset:
         issue(0);
         regs_[size_t(in.reg)] = in.imm;
@@ -483,7 +511,7 @@ RunResult Executor::run() {
         regs_[size_t(in.reg)] = 0;
         if (in.imm == 0) {
           pc = size_t(in.match) + 1;
-          continue;
+          return !done();
         }
         break;
       case Op::endloop: {
@@ -491,7 +519,7 @@ RunResult Executor::run() {
         const Instr& head = code[size_t(in.match)];
         if (++regs_[size_t(head.reg)] < head.imm) {
           pc = size_t(in.match) + 1;
-          continue;
+          return !done();
         }
         break;
       }
@@ -519,60 +547,124 @@ RunResult Executor::run() {
     }
     ++pc;
   }
+  return !done();
+}
 
+RunResult Executor::result(const std::vector<Executor*>& all) {
   RunResult res;
   Stats& s = res.stats;
   s.chip = cfg_.name;
   s.timing_only = opt_.timing_only;
   s.clock_ghz = cfg_.clock_ghz;
-  s.cycles = std::max(scalar_t_, max_t_);
+  CountedWork w;
+  double flops = 0, mxu_busy = 0;
+  std::array<double, 4> mode_flops{};
+  uint64_t hbm_read = 0, hbm_written = 0;
+  for (Executor* e : all) {
+    s.cycles = std::max({s.cycles, e->scalar_t_, e->max_t_});
+    w.cores.push_back(e->core_work());
+    s.instructions += e->dyn_;
+    s.static_instructions += e->prog_.code.size();
+    for (const auto& u : e->units_) s.units.push_back({u.name, u.busy, u.count});
+    for (int j = 0; j < cfg_.mxu.count; ++j) mxu_busy += e->units_[size_t(e->mxu_unit(j))].busy;
+    flops += e->flops_;
+    for (size_t m = 0; m < mode_flops.size(); ++m) mode_flops[m] += e->mode_flops_[m];
+    s.vector_elements += e->vec_elems_;
+    hbm_read += e->hbm_read_;
+    hbm_written += e->hbm_written_;
+    s.dma_bytes += e->dma_bytes_;
+    s.races += e->race_count_;
+  }
+  // One trace: every core's tracks, instruction indices counted through the parts in order.
+  res.trace = std::move(trace_);
+  size_t code_offset = prog_.code.size();
+  for (Executor* e : all) {
+    if (e == this) continue;
+    const auto unit_offset = uint32_t(res.trace.unit_names.size());
+    for (auto& n : e->trace_.unit_names) res.trace.unit_names.push_back(n);
+    for (auto ev : e->trace_.events) {
+      if (res.trace.events.size() >= opt_.max_trace_events) {
+        res.trace.truncated = true;
+        break;
+      }
+      ev.unit += unit_offset;
+      ev.instr += uint32_t(code_offset);
+      res.trace.events.push_back(ev);
+    }
+    res.trace.truncated = res.trace.truncated || e->trace_.truncated;
+    code_offset += e->prog_.code.size();
+    for (auto& r : e->races_)
+      if (res.races.size() < 100) res.races.push_back(r);
+  }
   s.ideal_cycles = s.cycles;
   s.timing_model = cfg_.timing.model;
-  if (cfg_.timing.calibrated()) s.cycles = calibrated_cycles();
+  w.compulsory_bytes = sh_.touched_read.bytes() + sh_.touched_written.bytes();
+  w.traffic_bytes = hbm_read + hbm_written;
+  if (cfg_.timing.calibrated()) s.cycles = calibrated_cycles(cfg_, w);
   s.seconds = s.cycles / (cfg_.clock_ghz * 1e9);
-  s.instructions = dyn_;
-  s.static_instructions = code.size();
-  for (const auto& u : units_) s.units.push_back({u.name, u.busy, u.count});
-  s.mxu_flops = flops_;
-  s.vector_elements = vec_elems_;
-  s.hbm_bytes_read = hbm_read_;
-  s.hbm_bytes_written = hbm_written_;
-  s.dma_bytes = dma_bytes_;
+  s.mxu_flops = flops;
+  s.hbm_bytes_read = hbm_read;
+  s.hbm_bytes_written = hbm_written;
   // Peak and MFU per MXU mode: each mode's FLOPs count at that mode's peak rate.
-  const double per_row[3] = {cfg_.mxu.bf16_cycles_per_row, cfg_.mxu.f32_cycles_per_row, cfg_.mxu.int8_cycles_per_row};
-  for (int m = 0; m < 3; ++m) {
-    if (mode_flops_[size_t(m)] <= 0) continue;
-    s.mxu_peak_cycles += mode_flops_[size_t(m)] / (cfg_.peak_flops_at(per_row[m]) / (cfg_.clock_ghz * 1e9));
+  for (int m = 0; m < int(mode_flops.size()); ++m) {
+    if (mode_flops[size_t(m)] <= 0) continue;
+    s.mxu_peak_cycles += mode_flops[size_t(m)] / (cfg_.peak_flops_at(mode_cycles_per_row(MxuMode(m))) / (cfg_.clock_ghz * 1e9));
     if (!s.mxu_modes.empty()) s.mxu_modes += "+";
     s.mxu_modes += mxu_mode_name(MxuMode(m));
   }
-  // Megacore (calibrated model): the device is `megacore` cores, so its peak and bandwidth scale.
-  const double cores = cfg_.timing.calibrated() ? cfg_.timing.megacore : 1;
+  // Megacore: the calibrated model prices the device (`megacore` cores: its peak and bandwidth
+  // scale); the ideal timeline measures against the cores the program ran on.
+  const double cores = cfg_.timing.calibrated() ? cfg_.timing.megacore : double(all.size());
   s.mxu_peak_cycles /= cores;
-  s.peak_flops = flops_ > 0 ? flops_ / s.mxu_peak_cycles * cfg_.clock_ghz * 1e9 : cores * cfg_.peak_flops();
+  s.peak_flops = flops > 0 ? flops / s.mxu_peak_cycles * cfg_.clock_ghz * 1e9 : cores * cfg_.peak_flops();
   s.hbm_bytes_per_cycle = cfg_.hbm_bytes_per_cycle() * cores;
-  double mxu_busy = 0;
-  for (int j = 0; j < cfg_.mxu.count; ++j) mxu_busy += units_[size_t(mxu_unit(j))].busy;
   if (s.cycles > 0) {
     s.mxu_busy_fraction = mxu_busy / (s.cycles * cfg_.mxu.count * cores);
     s.mfu = s.mxu_peak_cycles / s.cycles;
-    s.flops_per_second = flops_ / s.seconds;
-    s.hbm_bandwidth_fraction = double(hbm_read_ + hbm_written_) / (s.cycles * s.hbm_bytes_per_cycle);
+    s.flops_per_second = flops / s.seconds;
+    s.hbm_bandwidth_fraction = double(hbm_read + hbm_written) / (s.cycles * s.hbm_bytes_per_cycle);
   }
-  s.arithmetic_intensity = (hbm_read_ + hbm_written_) ? flops_ / double(hbm_read_ + hbm_written_) : 0;
-  s.races = race_count_;
+  s.arithmetic_intensity = (hbm_read + hbm_written) ? flops / double(hbm_read + hbm_written) : 0;
   s.race_check = opt_.race_check;
-  res.trace = std::move(trace_);
-  res.races = std::move(races_);
+  std::vector<RaceReport> races = std::move(races_);
+  races.insert(races.end(), res.races.begin(), res.races.end());
+  res.races = std::move(races);
   res.registers = regs_;
   return res;
 }
 
 }  // namespace
 
+// One core: the program alone with its core's share of the HBM bandwidth. Megacore: one
+// executor per part, stepped in order of their scalar clocks (the one furthest behind next), so
+// DMAs of both cores claim the shared HBM bandwidth in time order.
 RunResult execute(Chip& chip, const Program& prog, const RunOptions& opt) {
-  Executor ex(chip, prog, opt);
-  return ex.run();
+  const ChipConfig& cfg = chip.config();
+  if (!prog.megacore()) {
+    Shared sh(cfg.hbm_bytes_per_cycle(), 1);
+    Executor ex(chip, prog, opt, 0, sh);
+    while (ex.step()) {
+    }
+    return ex.result({&ex});
+  }
+  const size_t n = prog.cores.size();
+  Shared sh(cfg.hbm_bytes_per_cycle() * double(n), n);
+  std::vector<std::unique_ptr<Executor>> ex;
+  std::vector<Executor*> all;
+  for (size_t c = 0; c < n; ++c) {
+    ex.push_back(std::make_unique<Executor>(chip, prog.cores[c], opt, int(c), sh));
+    all.push_back(ex.back().get());
+  }
+  for (;;) {
+    size_t next = n;
+    for (size_t c = 0; c < n; ++c) {
+      sh.clock[c] = all[c]->done() ? std::numeric_limits<double>::infinity() : all[c]->clock();
+      if (!all[c]->done() && (next == n || sh.clock[c] < sh.clock[next])) next = c;
+    }
+    if (next == n) break;
+    all[next]->step();
+  }
+  return all[0]->result(all);
 }
 
 }  // namespace tpu::sim::detail

@@ -49,6 +49,7 @@ std::string_view mxu_mode_name(MxuMode m) {
     case MxuMode::bf16: return "bf16";
     case MxuMode::f32: return "f32";
     case MxuMode::i8: return "i8";
+    case MxuMode::bf16x3: return "bf16x3";
   }
   return "?";
 }
@@ -56,6 +57,7 @@ std::optional<MxuMode> parse_mxu_mode(std::string_view s) {
   if (s == "bf16") return MxuMode::bf16;
   if (s == "f32") return MxuMode::f32;
   if (s == "i8") return MxuMode::i8;
+  if (s == "bf16x3") return MxuMode::bf16x3;
   return std::nullopt;
 }
 

@@ -44,7 +44,10 @@ struct OpInfo {
 const OpInfo& op_info(Op op);
 std::optional<Op> op_from_name(std::string_view name);
 
-enum class MxuMode : uint8_t { bf16, f32, i8 };
+// bf16: inputs rounded to bf16, one pass (f32 accumulate). f32: f32 inputs, products as exact as
+// six bf16 passes make them (XLA's HIGHEST), at f32_cycles_per_row. i8: exact integers.
+// bf16x3: f32 inputs split into bf16 hi + lo, three passes (hi*hi + hi*lo + lo*hi; XLA's HIGH).
+enum class MxuMode : uint8_t { bf16, f32, i8, bf16x3 };
 std::string_view mxu_mode_name(MxuMode m);
 std::optional<MxuMode> parse_mxu_mode(std::string_view s);
 

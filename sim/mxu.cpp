@@ -51,11 +51,24 @@ void convert_tile(const MatRef& src, int64_t rows, int64_t cols, MxuMode mode, f
   }
 }
 
+// bf16x3: a rows x cols tile as bf16 hi parts followed by bf16 lo parts (lo = bf16(v - hi)).
+void split_tile(const MatRef& src, int64_t rows, int64_t cols, float* out) {
+  const size_t n = size_t(rows * cols);
+  convert_tile(src, rows, cols, MxuMode::f32, out);
+  for (size_t i = 0; i < n; ++i) {
+    const float hi = round_to_bf16(out[i]);
+    out[n + i] = round_to_bf16(out[i] - hi);
+    out[i] = hi;
+  }
+}
+
 }  // namespace
 
 void mxu_load(MxuWeights& st, int buf, const MatRef& w, int64_t k, int64_t n, MxuMode mode) {
-  st.w[buf].resize(size_t(k * n));
-  convert_tile(w, k, n, mode, st.w[buf].data());
+  const int parts = mode == MxuMode::bf16x3 ? 2 : 1;
+  st.w[buf].resize(size_t(k * n * parts));
+  if (parts == 2) split_tile(w, k, n, st.w[buf].data());
+  else convert_tile(w, k, n, mode, st.w[buf].data());
   st.k[buf] = k;
   st.n[buf] = n;
   st.mode[buf] = mode;
@@ -65,20 +78,29 @@ void mxu_matmul(const MxuWeights& st, const MatRef& out, const MatRef& lhs, int6
                 std::vector<float>& scratch_a, std::vector<float>& scratch_c) {
   const int buf = st.current;
   const int64_t k = st.k[buf], n = st.n[buf];
-  scratch_a.resize(size_t(m * k));
-  convert_tile(lhs, m, k, mode, scratch_a.data());
+  const bool three = mode == MxuMode::bf16x3;
+  scratch_a.resize(size_t(m * k * (three ? 2 : 1)));
+  if (three) split_tile(lhs, m, k, scratch_a.data());
+  else convert_tile(lhs, m, k, mode, scratch_a.data());
   Eigen::Map<const RowMat> A(scratch_a.data(), m, k);
   Eigen::Map<const RowMat> W(st.w[buf].data(), k, n);
-  if (mode != MxuMode::i8 && out.cs == 1 && out.dtype == DType::f32 && out.rs >= n) {
+  scratch_c.resize(size_t(m * n));
+  Eigen::Map<RowMat> T(scratch_c.data(), m, n);
+  if (three) {  // each pass accumulates in f32; the small cross terms first
+    Eigen::Map<const RowMat> Al(scratch_a.data() + m * k, m, k);
+    Eigen::Map<const RowMat> Wl(st.w[buf].data() + k * n, k, n);
+    T.noalias() = A * Wl;
+    T.noalias() += Al * W;
+    T.noalias() += A * W;
+  } else if (mode != MxuMode::i8 && out.cs == 1 && out.dtype == DType::f32 && out.rs >= n) {
     float* cptr = reinterpret_cast<float*>(out.base);
     Eigen::Map<RowMat, Eigen::Unaligned, Eigen::OuterStride<>> C(cptr, m, n, Eigen::OuterStride<>(out.rs));
     if (acc) C.noalias() += A * W;
     else C.noalias() = A * W;
     return;
+  } else {
+    T.noalias() = A * W;
   }
-  scratch_c.resize(size_t(m * n));
-  Eigen::Map<RowMat> T(scratch_c.data(), m, n);
-  T.noalias() = A * W;
   const int64_t es = dtype_size(out.dtype);
   for (int64_t r = 0; r < m; ++r)
     for (int64_t c = 0; c < n; ++c) {

@@ -144,6 +144,21 @@ std::string describe_instr(const Program& p, size_t index) {
 }
 
 void Program::finalize() {
+  if (!cores.empty()) {
+    if (!code.empty())
+      throw SimError(fmt::format("program '{}' has both code ({} instructions) and {} megacore parts: a megacore "
+                                 "program keeps its code in its parts", name, code.size(), cores.size()));
+    for (size_t c = 0; c < cores.size(); ++c) {
+      if (cores[c].megacore()) throw SimError(fmt::format("program '{}': megacore part {} has parts of its own", name, c));
+      try {
+        cores[c].finalize();
+      } catch (const SimError& e) {
+        throw SimError(fmt::format("program '{}', core {}: {}", name, c, e.what()), e.instr_index());
+      }
+    }
+    finalized = true;
+    return;
+  }
   std::vector<size_t> open;
   for (size_t i = 0; i < code.size(); ++i) {
     check_one(*this, i);
@@ -161,6 +176,19 @@ void Program::finalize() {
 }
 
 void Program::check_against(const ChipConfig& cfg) const {
+  if (!cores.empty()) {
+    if (int(cores.size()) > cfg.timing.megacore)
+      throw SimError(fmt::format("program '{}' has parts for {} TensorCores but chip '{}' drives {} as one device "
+                                 "(timing.megacore)", name, cores.size(), cfg.name, cfg.timing.megacore));
+    for (size_t c = 0; c < cores.size(); ++c) {
+      try {
+        cores[c].check_against(cfg);
+      } catch (const SimError& e) {
+        throw SimError(fmt::format("program '{}', core {}: {}", name, c, e.what()), e.instr_index());
+      }
+    }
+    return;
+  }
   auto reg_ok = [&](int r) { return r < cfg.scalar.registers; };
   for (size_t i = 0; i < code.size(); ++i) {
     const Instr& in = code[i];

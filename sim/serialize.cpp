@@ -117,6 +117,9 @@ struct Ctx {
 }  // namespace
 
 json program_to_json(const Program& p) {
+  if (p.megacore())
+    throw SimError(fmt::format("program '{}' is a megacore program ({} parts): it has no JSON form; serialize each "
+                               "part (Program::cores) instead", p.name, p.cores.size()));
   json code = json::array();
   for (const auto& in : p.code) {
     json j;
@@ -217,7 +220,7 @@ static Program program_from_json_checked(const json& j) {
         case FK::cols: in.cols = ctx.integer(v); break;
         case FK::mode: {
           auto m = v.is_string() ? parse_mxu_mode(v.get<std::string>()) : std::nullopt;
-          if (!m) ctx.fail("mode must be bf16, f32 or i8");
+          if (!m) ctx.fail("mode must be bf16, f32, i8 or bf16x3");
           in.mode = *m;
           break;
         }

@@ -20,13 +20,18 @@ void IntervalUnion::add(uint64_t lo, uint64_t len) {
 
 double calibrated_cycles(const ChipConfig& cfg, const CountedWork& w) {
   const TimingConfig& t = cfg.timing;
-  const double cores = t.megacore;  // work split evenly over the cores of one device
-  // Compute: the MXU work spread over every MXU of every core (narrow N included), at the
-  // sustained fraction of the peak; vector-unit work split over the cores.
-  const double c = std::max(w.mxu_stream_cycles / (cfg.mxu.count * cores * t.mxu_efficiency), w.vector_cycles / cores);
-  const double bw = cfg.hbm_bytes_per_cycle() * cores;
+  // Compute: each core's MXU work spread over its MXUs (narrow N included) at the sustained
+  // fraction of the peak, or its vector-unit work; the busiest core sets the time. A program
+  // that codegen did not split over the cores runs on core 0 alone.
+  double c = 0, mxu = 0;
+  for (const CoreWork& k : w.cores) {
+    c = std::max({c, k.mxu_stream_cycles / (cfg.mxu.count * t.mxu_efficiency), k.vector_cycles});
+    mxu += k.mxu_stream_cycles;
+  }
+  // Memory: the device's HBM (all its cores' bandwidth) is shared by the cores.
+  const double bw = cfg.hbm_bytes_per_cycle() * t.megacore;
   const double m = double(w.compulsory_bytes) / (bw * t.hbm_efficiency);
-  const double fill = w.mxu_stream_cycles > 0 ? cfg.mxu.fill_cycles : 0;
+  const double fill = mxu > 0 ? cfg.mxu.fill_cycles : 0;
   const double priced = fill + std::max(c, m) + (1 - t.memory_overlap) * std::min(c, m);
   // Re-reads of a tiled kernel hide under compute, but never beyond the peak bandwidth.
   return t.launch_cycles + std::max(priced, double(w.traffic_bytes) / bw);

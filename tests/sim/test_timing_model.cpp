@@ -48,9 +48,10 @@ TEST_CASE("calibrated model: a GEMM costs launch + fill + compute and memory, pa
     Chip chip(c);
     auto r = chip.run(g.program, {.timing_only = true});
     // Closed form: every (K tile, N tile) pair streams m rows through one MXU at one row per
-    // cycle; the work is spread over all MXUs of both cores at the sustained fraction.
+    // cycle; the work is spread over all MXUs of the one core the (unsplit) program runs on, at
+    // the sustained fraction; the device's two cores share their HBM bandwidth.
     const double stream = double(m) * (k / c.mxu.rows) * (n / c.mxu.cols) * c.mxu.bf16_cycles_per_row;
-    const double compute = stream / (c.mxu.count * 2 * 0.5);
+    const double compute = stream / (c.mxu.count * 0.5);
     // Compulsory traffic: A and B (bf16) read once, C (f32) written once.
     const double bytes = double(m * k * 2 + k * n * 2 + m * n * 4);
     const double memory = bytes / (c.hbm_bytes_per_cycle() * 2 * 0.25);
@@ -96,7 +97,7 @@ TEST_CASE("calibrated model: vector-unit kernels cost launch + max(vector work, 
   b.fill(B::vmem(B::at(0), DType::f32), 1.f, 64, 64);  // ceil(64/2) * ceil(64/8) = 256 vregs, no HBM
   Chip chip(c);
   auto r = chip.run(b.finish());
-  CHECK(r.stats.cycles == Approx(50 + 256 * c.vpu.cycles_per_vreg / 2));
+  CHECK(r.stats.cycles == Approx(50 + 256 * c.vpu.cycles_per_vreg));  // one core of two: not split
 }
 
 TEST_CASE("timing config: bad values are errors naming the field", "[sim][timing_model]") {
