@@ -3,7 +3,7 @@
 #include <atomic>
 #include <cstdlib>
 
-#include "tpucore/error.h"
+#include "tpucore/core/error.h"
 
 namespace tpu {
 namespace {

@@ -9,7 +9,7 @@
 #include "codegen_testing.h"
 #include "sim/chip.h"
 #include "sim/presets.h"
-#include "tpucore/error.h"
+#include "tpucore/core/error.h"
 
 namespace tpu::testing {
 
