@@ -2,12 +2,15 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <map>
 #include <mutex>
 #include <thread>
+
+#include <sys/socket.h>
 
 #include "api.h"
 #include "tpucore/serve/metrics.h"
@@ -32,15 +35,17 @@ struct Channel {
   int64_t id = 0;
 };
 
-// The text of the generated tokens so far: the trailing stop token dropped, special tokens
+// The text of the generated tokens so far: a trailing stop token dropped, special tokens
 // skipped, cut before the first stop string.
 struct Text {
   std::string text;
   bool stop_hit = false;
 };
-Text render(const Tokenizer& tok, std::vector<int64_t> ids, bool finished_by_stop_token,
+Text render(const Tokenizer& tok, std::vector<int64_t> ids, const std::vector<int64_t>& stop_tokens,
             const std::vector<std::string>& stops) {
-  if (finished_by_stop_token && !ids.empty()) ids.pop_back();
+  // A stop token ends the sequence (the engine generates nothing after it) and is not text.
+  if (!ids.empty() && std::find(stop_tokens.begin(), stop_tokens.end(), ids.back()) != stop_tokens.end())
+    ids.pop_back();
   Text t;
   t.text = tok.decode(ids, /*skip_special=*/true);
   size_t cut = std::string::npos;
@@ -77,6 +82,7 @@ struct ApiServer::Impl {
   std::atomic<bool> stop{false}, draining{false};
   std::atomic<int64_t> next_id{1};
   std::atomic<int> active{0};  // HTTP requests holding an engine request
+  int listen_fd = -1;
   std::once_flag shut_once;
   std::mutex live_mu;
   std::map<int64_t, std::weak_ptr<Channel>> live;
@@ -201,12 +207,12 @@ struct ApiServer::Impl {
       for (;;) {
         const bool done = wait(*ch, tokens.size(), tokens, why);
         if (done) break;
-        if (!r.stop.empty() && !cancelled_for_stop && render(tok, tokens, false, r.stop).stop_hit) {
+        if (!r.stop.empty() && !cancelled_for_stop && render(tok, tokens, r.gen.stop_tokens, r.stop).stop_hit) {
           engine.cancel(ch->id);  // a stop string: no need to generate further
           cancelled_for_stop = true;
         }
       }
-      const Text t = render(tok, tokens, why == serve::FinishReason::stop, r.stop);
+      const Text t = render(tok, tokens, r.gen.stop_tokens, r.stop);
       json j = head(r, id, false);
       j["choices"] = json::array({choice(r, t.text, finish_name(why, t.stop_hit), false, false)});
       j["usage"] = usage(r, tokens.size());
@@ -244,7 +250,7 @@ struct ApiServer::Impl {
           };
           serve::FinishReason why{};
           const bool done = wait(*st->ch, st->tokens.size(), st->tokens, why);
-          const Text t = render(tok, st->tokens, done && why == serve::FinishReason::stop, st->r.stop);
+          const Text t = render(tok, st->tokens, st->r.gen.stop_tokens, st->r.stop);
           if (t.stop_hit && !st->cancelled_for_stop) {
             engine.cancel(st->ch->id);
             st->cancelled_for_stop = true;
@@ -291,6 +297,12 @@ struct ApiServer::Impl {
   }
 
   void routes() {
+    // The library listens with a backlog of 5 (a compile-time setting of the Debian build):
+    // remember the listening socket so bind() can raise it, or bursts of connects get dropped.
+    http.set_socket_options([this](socket_t sock) {
+      httplib::default_socket_options(sock);
+      listen_fd = static_cast<int>(sock);
+    });
     http.new_task_queue = [n = opts.threads] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
     http.set_payload_max_length(size_t{4} << 20);
     http.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& s) { completion(q, s, false); });
@@ -364,6 +376,7 @@ ApiServer::~ApiServer() {
 int ApiServer::bind(const std::string& host, int port) {
   const int p = port == 0 ? impl_->http.bind_to_any_port(host) : (impl_->http.bind_to_port(host, port) ? port : -1);
   TPU_CHECK(p > 0, "tpu-serve: cannot listen on {}:{}", host, port);
+  if (impl_->listen_fd >= 0) ::listen(impl_->listen_fd, SOMAXCONN);
   return p;
 }
 

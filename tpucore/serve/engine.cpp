@@ -170,6 +170,7 @@ void Engine::finish(Request& r, FinishReason why) {
   r.table.clear();
   {
     std::lock_guard<std::mutex> lk(mu_);
+    metrics_.blocks_used = blocks_.num_used();  // before the callback: a client then sees its blocks back
     if (why == FinishReason::cancelled) {
       metrics_.requests_cancelled++;
     } else {
