@@ -11,6 +11,7 @@
 
 #include "core/llm_reference.h"
 #include "core/testing.h"
+#include "tpucore/compile.h"
 #include "tpucore/models.h"
 #include "tpucore/serve/engine.h"
 
@@ -303,5 +304,46 @@ TEST_CASE("serve: bad requests are errors and the engine stays usable", "[serve]
   CHECK_THROWS_AS(e.add_request({1}, g, {}), serve::Overloaded);
   drain(e, run);
   CHECK(run.out[a] == models::generate(*m, {{1, 2}}, g)[0]);
+  CHECK(e.metrics().blocks_used == 0);
+}
+
+TEST_CASE("serve: the compiled step on bucketed shapes equals generate() and never recompiles after warm-up",
+          "[serve][jit]") {
+  auto m = tiny_model(26, true);
+  serve::EngineConfig ec;
+  ec.block_size = 4;
+  ec.max_num_batched_tokens = 16;  // token buckets 8, 16
+  ec.max_num_seqs = 4;
+  ec.max_model_len = 48;           // context buckets 16, 32, 64
+  ec.compile = true;
+  ec.compile_name = "serve_step_test";
+  serve::Engine e(m, ec);
+  CHECK(e.warm_up() == 6);
+  const jit::Stats warm = jit::stats();  // kept alive: find() points into it
+  REQUIRE(warm.find("serve_step_test") != nullptr);
+  const int64_t compiles = warm.find("serve_step_test")->compiles, hits = warm.find("serve_step_test")->hits;
+  CHECK(compiles == 6);
+  for (uint32_t round = 0; round < 2; ++round) {
+    const auto prompts = prompts_of(40 + round, 7, m->config.vocab_size);
+    Run run;
+    std::vector<int64_t> ids;
+    std::vector<models::GenerationConfig> gens;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      models::GenerationConfig g;
+      g.max_new_tokens = 4 + static_cast<int64_t>(i) * 4;  // up to 28 new tokens: contexts reach the 64 bucket
+      gens.push_back(g);
+      ids.push_back(submit(e, run, prompts[i], g));
+      if (i % 2) e.step();
+    }
+    drain(e, run);
+    CHECK(run.mixed_step);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      INFO("round " << round << " request " << i);
+      CHECK(run.out[ids[i]] == models::generate(*m, {prompts[i]}, gens[i])[0]);
+    }
+  }
+  const jit::Stats after = jit::stats();
+  CHECK(after.find("serve_step_test")->compiles == compiles);
+  CHECK(after.find("serve_step_test")->hits > hits + 20);
   CHECK(e.metrics().blocks_used == 0);
 }

@@ -71,9 +71,10 @@ PagedCacheConfig cache_config(const EngineConfig& c, const models::CausalLM& m) 
 Engine::Engine(std::shared_ptr<models::CausalLM> model, EngineConfig cfg)
     : model_(std::move(model)),
       cfg_(resolve(cfg, *model_)),
-      cache_(cache_config(cfg_, *model_)),
       blocks_(cfg_.num_blocks),
       start_(Clock::now()) {
+  if (cfg_.compile) compiled_ = std::make_unique<CompiledStep>(*model_, cache_config(cfg_, *model_), cfg_.compile_name);
+  else cache_.emplace(cache_config(cfg_, *model_));
   metrics_.blocks_total = cfg_.num_blocks;
   metrics_.block_size = cfg_.block_size;
 }
@@ -108,6 +109,10 @@ int64_t Engine::add_request(std::vector<int64_t> prompt, const models::Generatio
   r->id = next_id_++;
   incoming_.push_back(r);
   return r->id;
+}
+
+int64_t Engine::warm_up() {
+  return compiled_ ? compiled_->warm_up(cfg_.max_num_batched_tokens, cfg_.max_model_len) : 0;
 }
 
 void Engine::cancel(int64_t id) {
@@ -267,7 +272,7 @@ bool Engine::step() {
       }
       last_schedule_.push_back({r.id, it.n});
     }
-    Tensor logits = ragged_forward(*model_, cache_, ids, pos, rb, rows);
+    Tensor logits = compiled_ ? compiled_->run(ids, pos, rb, rows) : ragged_forward(*model_, *cache_, ids, pos, rb, rows);
     for (const Item& it : sched) it.r->computed += it.n;
     // 4. Sampling.
     const int64_t vocab = model_->config.vocab_size;

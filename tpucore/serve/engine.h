@@ -25,11 +25,13 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "tpucore/models/generate.h"
+#include "tpucore/serve/compiled_step.h"
 #include "tpucore/serve/paged_cache.h"
 
 namespace tpu::serve {
@@ -41,6 +43,11 @@ struct EngineConfig {
   int64_t max_num_batched_tokens = 256;  // token budget of one step
   int64_t max_model_len = 0;             // 0: the model's max_position_embeddings
   int64_t max_waiting = 0;               // > 0: add_request fails (Overloaded) beyond this queue length
+  // Run the step through tpu::compile on bucketed shapes (serve/compiled_step.h) instead of
+  // the eager forward with the cpu ragged paged attention kernel; the compiled function is
+  // named compile_name in tpu::jit::stats().
+  bool compile = false;
+  std::string compile_name = "serve_step";
 };
 
 enum class FinishReason { stop, length, cancelled };
@@ -92,6 +99,9 @@ class Engine {
   // Runs one scheduling step and forward; false when there was nothing to do.
   bool step();
   bool has_work() const;
+  // With compile: compiles every bucket pair the configuration can produce (token budget x
+  // max_model_len), so no later step compiles; returns the pair count (0 without compile).
+  int64_t warm_up();
   EngineMetrics metrics() const;
   const EngineConfig& config() const { return cfg_; }
   models::CausalLM& model() { return *model_; }
@@ -109,7 +119,8 @@ class Engine {
 
   std::shared_ptr<models::CausalLM> model_;
   EngineConfig cfg_;
-  PagedKVCache cache_;
+  std::optional<PagedKVCache> cache_;          // eager path
+  std::unique_ptr<CompiledStep> compiled_;     // compiled path
   BlockAllocator blocks_;
   std::chrono::steady_clock::time_point start_;
   std::deque<std::shared_ptr<Request>> waiting_;
