@@ -30,10 +30,13 @@ TEST_CASE("tpu-serve binary: SIGTERM refuses new requests, cancels long ones aft
     _exit(127);
   }
   close(out[1]);
-  // The first line names the port: "tpu-serve: model 'tiny' (... parameters) on http://127.0.0.1:PORT".
+  // A start-up line names the port: "tpu-serve: model 'tiny' (... parameters) on http://127.0.0.1:PORT".
   std::string line;
   char ch;
-  while (line.find('\n') == std::string::npos && read(out[0], &ch, 1) == 1) line += ch;
+  for (int lines = 0; lines < 10 && line.find("http://") == std::string::npos; ++lines) {
+    line.clear();
+    while (line.find('\n') == std::string::npos && read(out[0], &ch, 1) == 1) line += ch;
+  }
   const auto colon = line.rfind(':');
   REQUIRE(colon != std::string::npos);
   struct Port {

@@ -39,6 +39,8 @@ int main(int argc, char** argv) {
           [&](const std::string& v) { o.engine.max_model_len = p.to_int(v); });
   p.value("--max-waiting", "N", "queued requests before answering 429 (default 256)",
           [&](const std::string& v) { o.engine.max_waiting = p.to_int(v); });
+  p.flag("--compile", "run the engine step through tpu::compile (bucketed shapes, all compiled at start-up)",
+         [&] { o.engine.compile = true; });
   p.value("--threads", "N", "HTTP worker threads (default 64)", [&](const std::string& v) { o.threads = static_cast<int>(p.to_int(v)); });
   p.value("--drain-seconds", "S", "on SIGTERM, time running requests get to finish (default 30)",
           [&](const std::string& v) { o.drain_seconds = p.to_double(v); });
@@ -62,6 +64,8 @@ int main(int argc, char** argv) {
     std::signal(SIGTERM, on_signal);
     std::signal(SIGINT, on_signal);
     serve_http::ApiServer server(model, std::move(tok), o);
+    if (o.engine.compile)
+      fmt::print("tpu-serve: compiled {} step shapes\n", server.engine().warm_up());
     const int bound = server.bind(host, port);
     fmt::print("tpu-serve: model '{}' ({} parameters) on http://{}:{}\n", o.model_name, model->num_parameters(), host,
                bound);

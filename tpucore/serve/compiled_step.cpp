@@ -19,7 +19,9 @@ int64_t pow2_at_least(int64_t n, int64_t lo) {
 int64_t CompiledStep::token_bucket(int64_t n) { return pow2_at_least(n, 8); }
 int64_t CompiledStep::context_bucket(int64_t n) { return pow2_at_least(n, 16); }
 
-CompiledStep::CompiledStep(models::CausalLM& m, const PagedCacheConfig& c, const std::string& name) : m_(m), c_(c) {
+CompiledStep::CompiledStep(models::CausalLM& m, const PagedCacheConfig& c, const std::string& name,
+                           int64_t max_tokens, int64_t max_context)
+    : m_(m), c_(c), max_tokens_(max_tokens), max_context_(max_context) {
   TPU_CHECK(c.num_layers == m.config.num_hidden_layers && c.kv_heads == m.config.num_key_value_heads &&
                 c.head_dim == m.config.head_dim,
             "serve: the paged cache ({} layers, {} kv heads, head_dim {}) does not fit the model", c.num_layers,
@@ -67,10 +69,14 @@ CompiledStep::CompiledStep(models::CausalLM& m, const PagedCacheConfig& c, const
     h = m_.model->norm->forward(h);
     return linear(h, m_.lm_head ? m_.lm_head->weight : m_.model->embed_tokens->weight);
   };
-  fn_ = tpu::compile(step, CompileOptions{.name = name});
+  int64_t pairs = 0;
+  for (int64_t nb = token_bucket(1); nb <= token_bucket(max_tokens); nb *= 2)
+    for (int64_t lb = context_bucket(1); lb <= context_bucket(max_context); lb *= 2) ++pairs;
+  fn_ = tpu::compile(step, CompileOptions{.name = name, .warn_after_recompiles = static_cast<int>(pairs)});
 }
 
-int64_t CompiledStep::warm_up(int64_t max_tokens, int64_t max_context) {
+int64_t CompiledStep::warm_up() {
+  const int64_t max_tokens = max_tokens_, max_context = max_context_;
   NoGradGuard ng;
   const Device dev = m_.device();
   const int64_t slots = c_.num_blocks * c_.block_size;

@@ -23,20 +23,24 @@ namespace tpu::serve {
 
 class CompiledStep {
  public:
-  // `name` is the compiled function's name in tpu::jit::stats().
-  CompiledStep(models::CausalLM& m, const PagedCacheConfig& c, const std::string& name);
+  // `name` is the compiled function's name in tpu::jit::stats(); max_tokens (the token budget)
+  // and max_context (max_model_len) bound the buckets, so the jit's recompile warning only
+  // fires past the expected number of graphs.
+  CompiledStep(models::CausalLM& m, const PagedCacheConfig& c, const std::string& name, int64_t max_tokens,
+               int64_t max_context);
   // As ragged_forward(): f32 logits [logit_rows.size(), vocab].
   Tensor run(const std::vector<int64_t>& ids, const std::vector<int64_t>& positions, const RaggedBatch& batch,
              const std::vector<int64_t>& logit_rows);
   // Compiles every (token bucket, context bucket) pair up to these sizes with steps that write
   // nothing; returns the number of pairs. Afterwards no step within the limits compiles.
-  int64_t warm_up(int64_t max_tokens, int64_t max_context);
+  int64_t warm_up();
   static int64_t token_bucket(int64_t n);
   static int64_t context_bucket(int64_t n);
 
  private:
   models::CausalLM& m_;
   PagedCacheConfig c_;
+  int64_t max_tokens_, max_context_;
   std::vector<Tensor> k_, v_;
   std::function<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                        const Tensor&)>

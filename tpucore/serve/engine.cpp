@@ -73,7 +73,8 @@ Engine::Engine(std::shared_ptr<models::CausalLM> model, EngineConfig cfg)
       cfg_(resolve(cfg, *model_)),
       blocks_(cfg_.num_blocks),
       start_(Clock::now()) {
-  if (cfg_.compile) compiled_ = std::make_unique<CompiledStep>(*model_, cache_config(cfg_, *model_), cfg_.compile_name);
+  if (cfg_.compile) compiled_ = std::make_unique<CompiledStep>(*model_, cache_config(cfg_, *model_), cfg_.compile_name,
+                                                     cfg_.max_num_batched_tokens, cfg_.max_model_len);
   else cache_.emplace(cache_config(cfg_, *model_));
   metrics_.blocks_total = cfg_.num_blocks;
   metrics_.block_size = cfg_.block_size;
@@ -112,7 +113,7 @@ int64_t Engine::add_request(std::vector<int64_t> prompt, const models::Generatio
 }
 
 int64_t Engine::warm_up() {
-  return compiled_ ? compiled_->warm_up(cfg_.max_num_batched_tokens, cfg_.max_model_len) : 0;
+  return compiled_ ? compiled_->warm_up() : 0;
 }
 
 void Engine::cancel(int64_t id) {
