@@ -379,3 +379,70 @@ TEST_CASE("serve: the compiled step with the model on sim (tiny chip) equals cpu
   // The block-table gathers (index_select) are host fallbacks on sim today; the rest runs on the chip.
   for (size_t i = 0; i < prompts.size(); ++i) CHECK(run.out[ids[i]] == models::generate(*cpu, {prompts[i]}, g)[0]);
 }
+
+TEST_CASE("serve: block allocator reference counts and the prefix cache", "[serve]") {
+  serve::BlockAllocator a(3);
+  const std::vector<int64_t> toks{4, 5};
+  const uint64_t h = serve::BlockAllocator::chain_hash(0, toks.data(), 2);
+  CHECK(h != serve::BlockAllocator::chain_hash(1, toks.data(), 2));  // the parent is part of the hash
+  const int32_t b = a.allocate();
+  a.register_cached(b, h, 0, toks);
+  CHECK(a.find_cached(h, 0, toks) == b);
+  CHECK(a.find_cached(h, 0, {4, 6}) == -1);  // same hash, other tokens: not a hit
+  a.share(b);
+  CHECK(a.refcount(b) == 2);
+  a.free(b);
+  a.free(b);
+  CHECK(a.num_free() == 3);
+  CHECK(a.find_cached(h, 0, toks) == b);  // free but still cached
+  a.share(b);                              // revived from the free list
+  CHECK(a.num_free() == 2);
+  a.free(b);
+  // Allocating every block hands out the cached one last (least recently freed first) and evicts it.
+  a.allocate();
+  a.allocate();
+  CHECK(a.allocate() == b);
+  CHECK(a.find_cached(h, 0, toks) == -1);
+  expect_error([&] { a.register_cached(7, h, 0, toks); }, {"cannot register block 7"});
+}
+
+TEST_CASE("serve: prefix sharing reuses cached blocks and keeps the outputs", "[serve]") {
+  for (bool compiled : {false, true}) {
+    auto m = tiny_model(28);
+    serve::EngineConfig ec;
+    ec.block_size = 4;
+    ec.max_num_batched_tokens = 32;
+    ec.max_model_len = 40;
+    ec.enable_prefix_caching = true;
+    ec.compile = compiled;
+    ec.compile_name = "serve_step_prefix";
+    serve::Engine e(m, ec);
+    const V system{7, 1, 30, 2, 9, 9, 14, 5, 22, 3, 11};  // 11 tokens: two full blocks to share
+    std::vector<V> prompts;
+    for (int64_t i = 0; i < 6; ++i) {
+      V p = system;
+      for (int64_t j = 0; j <= i; ++j) p.push_back((i * 5 + j * 3) % 37);
+      prompts.push_back(p);
+    }
+    models::GenerationConfig g;
+    g.max_new_tokens = 6;
+    Run run;
+    std::vector<int64_t> ids;
+    ids.push_back(submit(e, run, prompts[0], g));  // first alone: it fills the cache
+    drain(e, run);
+    for (size_t i = 1; i < prompts.size(); ++i) ids.push_back(submit(e, run, prompts[i], g));
+    drain(e, run);
+    // Requests 1..5 each reuse the two full system blocks (8 tokens).
+    CHECK(e.metrics().prefix_cache_hit_tokens >= 5 * 8);
+    CHECK(e.metrics().blocks_used == 0);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      INFO("compiled " << compiled << " request " << i);
+      CHECK(run.out[ids[i]] == models::generate(*m, {prompts[i]}, g)[0]);
+    }
+    // The same prompt again: everything but its last token comes from the cache.
+    Run again;
+    const int64_t id = submit(e, again, prompts[5], g);
+    drain(e, again);
+    CHECK(again.out[id] == run.out[ids[5]]);
+  }
+}

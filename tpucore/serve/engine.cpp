@@ -16,6 +16,8 @@ struct Engine::Request {
   int64_t prompt_len = 0;
   int64_t computed = 0;  // positions whose keys and values are in the cache
   std::vector<int32_t> table;  // block table
+  int64_t hashed = 0;          // leading blocks registered in (or found in) the prefix cache
+  uint64_t last_hash = 0;      // chain hash through block hashed - 1
   models::GenerationConfig gen;
   std::set<int64_t> stops;
   std::mt19937_64 rng;
@@ -167,6 +169,8 @@ void Engine::preempt(Request& r) {
   for (int32_t b : r.table) blocks_.free(b);
   r.table.clear();
   r.computed = 0;
+  r.hashed = 0;
+  r.last_hash = 0;
   std::lock_guard<std::mutex> lk(mu_);
   metrics_.preemptions++;
 }
@@ -241,9 +245,33 @@ bool Engine::step() {
   while (!preempted && budget > 0 && !waiting_.empty() &&
          static_cast<int64_t>(running_.size()) < cfg_.max_num_seqs) {
     Request& r = *waiting_.front();
-    const int64_t n = std::min(static_cast<int64_t>(r.tokens.size()), budget);
-    if ((n + cfg_.block_size - 1) / cfg_.block_size > blocks_.num_free()) break;
-    ensure_blocks(r, n);
+    const int64_t bs = cfg_.block_size, len = static_cast<int64_t>(r.tokens.size());
+    std::vector<int32_t> shared;  // cached blocks of the longest known prefix (one token left to compute)
+    uint64_t h = 0;
+    for (int64_t j = 0; cfg_.enable_prefix_caching && (j + 1) * bs < len; ++j) {
+      std::vector<int64_t> blk(r.tokens.begin() + j * bs, r.tokens.begin() + (j + 1) * bs);
+      const uint64_t hh = BlockAllocator::chain_hash(h, blk.data(), bs);
+      const int32_t b = blocks_.find_cached(hh, h, blk);
+      if (b < 0) break;
+      blocks_.share(b);
+      shared.push_back(b);
+      h = hh;
+    }
+    const int64_t reuse = static_cast<int64_t>(shared.size()) * bs;
+    const int64_t n = std::min(len - reuse, budget);
+    if ((reuse + n + bs - 1) / bs - static_cast<int64_t>(shared.size()) > blocks_.num_free()) {
+      for (int32_t b : shared) blocks_.free(b);
+      break;
+    }
+    r.table = shared;
+    r.computed = reuse;
+    r.hashed = static_cast<int64_t>(shared.size());
+    r.last_hash = h;
+    ensure_blocks(r, reuse + n);
+    if (reuse > 0) {
+      std::lock_guard<std::mutex> lk(mu_);
+      metrics_.prefix_cache_hit_tokens += reuse;
+    }
     running_.push_back(waiting_.front());
     waiting_.pop_front();
     sched.push_back({running_.back(), n});
@@ -275,6 +303,18 @@ bool Engine::step() {
     }
     Tensor logits = compiled_ ? compiled_->run(ids, pos, rb, rows) : ragged_forward(*model_, *cache_, ids, pos, rb, rows);
     for (const Item& it : sched) it.r->computed += it.n;
+    // Newly completed full blocks join the prefix cache (before any of them can be freed).
+    for (const Item& it : sched) {
+      Request& r = *it.r;
+      const int64_t bs = cfg_.block_size;
+      while (cfg_.enable_prefix_caching && (r.hashed + 1) * bs <= r.computed) {
+        std::vector<int64_t> blk(r.tokens.begin() + r.hashed * bs, r.tokens.begin() + (r.hashed + 1) * bs);
+        const uint64_t hh = BlockAllocator::chain_hash(r.last_hash, blk.data(), bs);
+        blocks_.register_cached(r.table[static_cast<size_t>(r.hashed)], hh, r.last_hash, std::move(blk));
+        r.last_hash = hh;
+        r.hashed++;
+      }
+    }
     // 4. Sampling.
     const int64_t vocab = model_->config.vocab_size;
     const std::vector<float> all = rows.empty() ? std::vector<float>{} : logits.to_vector<float>();

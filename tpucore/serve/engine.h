@@ -48,6 +48,10 @@ struct EngineConfig {
   // named compile_name in tpu::jit::stats().
   bool compile = false;
   std::string compile_name = "serve_step";
+  // Prefix sharing: full blocks are registered under the hash of their tokens and of all
+  // tokens before them; an admitted request reuses the cached blocks of its longest matching
+  // prefix (shared, reference counted, never written again) and computes only the rest.
+  bool enable_prefix_caching = false;
 };
 
 enum class FinishReason { stop, length, cancelled };
@@ -78,6 +82,7 @@ struct EngineMetrics {
   int64_t waiting = 0, running = 0, blocks_used = 0, blocks_total = 0, block_size = 0;
   int64_t requests_finished = 0, requests_cancelled = 0, preemptions = 0, steps = 0;
   int64_t processed_tokens = 0, generation_tokens = 0;  // through the forward / sampled
+  int64_t prefix_cache_hit_tokens = 0;                  // prompt tokens whose blocks were reused
   double generation_tokens_per_second = 0;  // over the last ~10 s of steps
   Histogram ttft, tpot;                      // time to first token, time per output token (s)
 };

@@ -41,6 +41,8 @@ std::string prometheus_text(const EngineMetrics& m, const std::string& extra) {
          static_cast<double>(m.requests_cancelled));
   scalar(s, "tpu_serve_preemptions_total", "counter", "Sequences preempted for lack of KV blocks.",
          static_cast<double>(m.preemptions));
+  scalar(s, "tpu_serve_prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from shared KV blocks.",
+         static_cast<double>(m.prefix_cache_hit_tokens));
   scalar(s, "tpu_serve_steps_total", "counter", "Engine steps that ran the model.", static_cast<double>(m.steps));
   histogram(s, "tpu_serve_time_to_first_token_seconds", "Time from arrival to the first generated token.", m.ttft);
   histogram(s, "tpu_serve_time_per_output_token_seconds", "Mean time between generated tokens, per request.",

@@ -10,24 +10,65 @@ namespace tpu::serve {
 
 BlockAllocator::BlockAllocator(int64_t n) {
   TPU_CHECK(n > 0 && n < (int64_t{1} << 31), "BlockAllocator: need 0 < num_blocks < 2^31, got {}", n);
-  used_.assign(static_cast<size_t>(n), 0);
-  free_.reserve(static_cast<size_t>(n));
-  for (int64_t b = n - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));  // pop_back gives 0 first
+  ref_.assign(static_cast<size_t>(n), 0);
+  entry_.resize(static_cast<size_t>(n));
+  where_.resize(static_cast<size_t>(n));
+  for (int64_t b = 0; b < n; ++b) where_[static_cast<size_t>(b)] = free_.insert(free_.end(), static_cast<int32_t>(b));
 }
 
 int32_t BlockAllocator::allocate() {
   if (free_.empty()) return -1;
-  const int32_t b = free_.back();
-  free_.pop_back();
-  used_[static_cast<size_t>(b)] = 1;
+  const int32_t b = free_.front();
+  free_.pop_front();
+  Entry& e = entry_[static_cast<size_t>(b)];
+  if (e.cached) {  // evict its prefix entry: the block gets new contents
+    by_hash_.erase(e.hash);
+    e = Entry{};
+  }
+  ref_[static_cast<size_t>(b)] = 1;
   return b;
 }
 
 void BlockAllocator::free(int32_t b) {
-  TPU_CHECK(b >= 0 && b < num_blocks() && used_[static_cast<size_t>(b)],
+  TPU_CHECK(b >= 0 && b < num_blocks() && ref_[static_cast<size_t>(b)] > 0,
             "BlockAllocator: block {} is not in use (pool of {} blocks)", b, num_blocks());
-  used_[static_cast<size_t>(b)] = 0;
-  free_.push_back(b);
+  if (--ref_[static_cast<size_t>(b)] == 0) where_[static_cast<size_t>(b)] = free_.insert(free_.end(), b);
+}
+
+void BlockAllocator::share(int32_t b) {
+  TPU_CHECK(b >= 0 && b < num_blocks() && (ref_[static_cast<size_t>(b)] > 0 || entry_[static_cast<size_t>(b)].cached),
+            "BlockAllocator: block {} is neither in use nor cached", b);
+  if (ref_[static_cast<size_t>(b)]++ == 0) free_.erase(where_[static_cast<size_t>(b)]);
+}
+
+int32_t BlockAllocator::refcount(int32_t b) const {
+  TPU_CHECK(b >= 0 && b < num_blocks(), "BlockAllocator: block {} outside the pool of {}", b, num_blocks());
+  return ref_[static_cast<size_t>(b)];
+}
+
+uint64_t BlockAllocator::chain_hash(uint64_t parent, const int64_t* tokens, int64_t n) {
+  uint64_t h = parent ^ 0x9e3779b97f4a7c15ULL;  // FNV-1a style mixing of the parent and the ids
+  for (int64_t i = 0; i < n; ++i) {
+    h ^= static_cast<uint64_t>(tokens[i]) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+int32_t BlockAllocator::find_cached(uint64_t hash, uint64_t parent, const std::vector<int64_t>& tokens) const {
+  auto it = by_hash_.find(hash);
+  if (it == by_hash_.end()) return -1;
+  const Entry& e = entry_[static_cast<size_t>(it->second)];
+  return e.parent == parent && e.tokens == tokens ? it->second : -1;
+}
+
+void BlockAllocator::register_cached(int32_t b, uint64_t hash, uint64_t parent, std::vector<int64_t> tokens) {
+  TPU_CHECK(b >= 0 && b < num_blocks() && ref_[static_cast<size_t>(b)] > 0,
+            "BlockAllocator: cannot register block {} (not in use)", b);
+  Entry& e = entry_[static_cast<size_t>(b)];
+  if (e.cached || by_hash_.count(hash)) return;
+  e = Entry{true, hash, parent, std::move(tokens)};
+  by_hash_[hash] = b;
 }
 
 PagedKVCache::PagedKVCache(const PagedCacheConfig& c) : cfg_(c) {

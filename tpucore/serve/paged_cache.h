@@ -18,26 +18,52 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <list>
+#include <unordered_map>
 #include <vector>
 
 namespace tpu::serve {
 
-// A fixed pool of block ids with a free list. Blocks are handed out lowest id first after a
-// reset; freed blocks are reused most recently freed first.
+// A fixed pool of block ids with reference counts and a free list (least recently freed
+// first; lowest id first at the start).
+//
+// Prefix caching (optional, used by the engine's enable_prefix_caching): a full block can be
+// registered under the chain hash of its tokens and of all tokens before it. A later sequence
+// with the same prefix finds it (find_cached) and shares it (share: one more reference), so
+// its keys and values are not computed again. A registered block whose count drops to 0 stays
+// findable on the free list until allocate() hands it out again (its entry is then evicted).
 class BlockAllocator {
  public:
   explicit BlockAllocator(int64_t num_blocks);
-  // A free block id, or -1 when every block is in use.
+  // A free block id with one reference, or -1 when every block is in use.
   int32_t allocate();
-  // Returns a block to the free list; freeing a block that is not in use is a tpu::Error.
+  // Drops one reference; at 0 the block returns to the free list. A block not in use is a
+  // tpu::Error.
   void free(int32_t block);
-  int64_t num_blocks() const { return static_cast<int64_t>(used_.size()); }
+  // Adds a reference to a block in use, or takes a cached free block back from the free list.
+  void share(int32_t block);
+  int32_t refcount(int32_t block) const;
+  int64_t num_blocks() const { return static_cast<int64_t>(ref_.size()); }
   int64_t num_free() const { return static_cast<int64_t>(free_.size()); }
   int64_t num_used() const { return num_blocks() - num_free(); }
 
+  static uint64_t chain_hash(uint64_t parent, const int64_t* tokens, int64_t n);
+  // The block registered under hash with exactly this parent hash and these tokens, or -1.
+  int32_t find_cached(uint64_t hash, uint64_t parent, const std::vector<int64_t>& tokens) const;
+  // Registers a block in use (no-op when the hash already names a block or it has an entry).
+  void register_cached(int32_t block, uint64_t hash, uint64_t parent, std::vector<int64_t> tokens);
+
  private:
-  std::vector<int32_t> free_;
-  std::vector<uint8_t> used_;
+  struct Entry {
+    bool cached = false;
+    uint64_t hash = 0, parent = 0;
+    std::vector<int64_t> tokens;
+  };
+  std::list<int32_t> free_;
+  std::vector<std::list<int32_t>::iterator> where_;  // position in free_ of free blocks
+  std::vector<int32_t> ref_;
+  std::vector<Entry> entry_;
+  std::unordered_map<uint64_t, int32_t> by_hash_;
 };
 
 struct PagedCacheConfig {
