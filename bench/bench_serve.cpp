@@ -2,8 +2,9 @@
 // layout, 3 layers, hidden 128, 4 query / 2 KV heads, byte vocabulary of 257; random weights,
 // or the checkpoint folder named by TPU_SERVE_BENCH_MODEL, e.g. the trained fortunes model).
 //
-// BM_engine/N: N requests (32-token prompts, 64 greedy tokens each, eos ignored) submitted at
-//   once to serve::Engine and stepped to the end (continuous batching, paged cache).
+// BM_engine/N/C: N requests (32-token prompts, 64 greedy tokens each, eos ignored) submitted
+//   at once to serve::Engine and stepped to the end (continuous batching, paged cache); C = 1:
+//   the compiled step (every bucket compiled before timing), C = 0: eager with the cpu kernel.
 // BM_generate_batch/N: the same N prompts through models::generate() as one static batch
 //   (contiguous KV cache), the baseline without a server.
 // BM_http/N: tpu-serve in-process on 127.0.0.1 and N concurrent streaming clients (our load
@@ -82,7 +83,9 @@ void BM_engine(benchmark::State& st) {
   ec.max_num_seqs = std::max<int64_t>(n, 1);
   ec.max_num_batched_tokens = 512;
   ec.max_model_len = 256;
+  ec.compile = st.range(1) != 0;
   serve::Engine e(m, ec);
+  e.warm_up();
   models::GenerationConfig g;
   g.max_new_tokens = kNew;
   for (auto _ : st) {
@@ -93,7 +96,10 @@ void BM_engine(benchmark::State& st) {
   st.counters["requests/s"] = benchmark::Counter(it * static_cast<double>(n), benchmark::Counter::kIsRate);
   st.counters["out_tokens/s"] = benchmark::Counter(it * static_cast<double>(n * kNew), benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_engine)->Arg(1)->Arg(4)->Arg(16)->Arg(32)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_engine)
+    ->ArgsProduct({{1, 4, 16, 32}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 void BM_generate_batch(benchmark::State& st) {
   const int64_t n = st.range(0);
