@@ -47,7 +47,18 @@ Text render(const Tokenizer& tok, std::vector<int64_t> ids, const std::vector<in
   if (!ids.empty() && std::find(stop_tokens.begin(), stop_tokens.end(), ids.back()) != stop_tokens.end())
     ids.pop_back();
   Text t;
-  t.text = tok.decode(ids, /*skip_special=*/true);
+  try {
+    t.text = tok.decode(ids, /*skip_special=*/true);
+  } catch (const Error&) {
+    // A checkpoint's vocabulary may be padded past the tokenizer's: ids without text are dropped
+    // rather than failing the response.
+    for (int64_t id : ids) {
+      try {
+        t.text += tok.decode({id}, true);
+      } catch (const Error&) {
+      }
+    }
+  }
   size_t cut = std::string::npos;
   for (const auto& s : stops) cut = std::min(cut, t.text.find(s));
   if (cut != std::string::npos) {
