@@ -75,6 +75,9 @@ Engine::Engine(std::shared_ptr<models::CausalLM> model, EngineConfig cfg)
       cfg_(resolve(cfg, *model_)),
       blocks_(cfg_.num_blocks),
       start_(Clock::now()) {
+  TPU_CHECK(cfg_.compile || model_->device().is_cpu(),
+            "serve::Engine: the eager step's paged attention kernel runs on the cpu; a model on {} needs compile = true",
+            model_->device().str());
   if (cfg_.compile) compiled_ = std::make_unique<CompiledStep>(*model_, cache_config(cfg_, *model_), cfg_.compile_name,
                                                      cfg_.max_num_batched_tokens, cfg_.max_model_len);
   else cache_.emplace(cache_config(cfg_, *model_));
@@ -301,7 +304,22 @@ bool Engine::step() {
       }
       last_schedule_.push_back({r.id, it.n});
     }
-    Tensor logits = compiled_ ? compiled_->run(ids, pos, rb, rows) : ragged_forward(*model_, *cache_, ids, pos, rb, rows);
+    Tensor logits;
+    try {
+      logits = compiled_ ? compiled_->run(ids, pos, rb, rows) : ragged_forward(*model_, *cache_, ids, pos, rb, rows);
+    } catch (...) {
+      // The step's requests end (cancelled, blocks freed) so the engine stays usable; the
+      // caller sees the error.
+      std::set<Request*> failed;
+      for (const Item& it : sched) {
+        failed.insert(it.r.get());
+        finish(*it.r, FinishReason::cancelled);
+      }
+      running_.erase(std::remove_if(running_.begin(), running_.end(),
+                                    [&](const std::shared_ptr<Request>& r) { return failed.count(r.get()) > 0; }),
+                     running_.end());
+      throw;
+    }
     for (const Item& it : sched) it.r->computed += it.n;
     // Newly completed full blocks join the prefix cache (before any of them can be freed).
     for (const Item& it : sched) {
