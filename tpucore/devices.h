@@ -70,4 +70,12 @@ class SimTimingOnly {
   bool was_;
 };
 
+// f32 matmul precision on the chip (sim and tpu devices), as torch.set_float32_matmul_precision:
+// "default" (also "medium": one bf16 pass, the TPU default of JAX and PyTorch/XLA), "high" (three
+// bf16 passes) or "highest" (six: f32-accurate products); each pass costs an MXU pass in cycles.
+// Process-wide; TPU_F32_MATMUL_PRECISION sets the starting value. Host matmuls are unaffected.
+// Details: codegen/precision.h.
+void set_float32_matmul_precision(const std::string& precision);
+std::string float32_matmul_precision();
+
 }  // namespace tpu

@@ -1,0 +1,182 @@
+// Serving throughput and latency on the cpu, model shaped like the fortunes example (Llama
+// layout, 3 layers, hidden 128, 4 query / 2 KV heads, byte vocabulary of 257; random weights,
+// or the checkpoint folder named by TPU_SERVE_BENCH_MODEL, e.g. the trained fortunes model).
+//
+// BM_engine/N/C: N requests (32-token prompts, 64 greedy tokens each, eos ignored) submitted
+//   at once to serve::Engine and stepped to the end (continuous batching, paged cache); C = 1:
+//   the compiled step (every bucket compiled before timing), C = 0: eager with the cpu kernel.
+// BM_generate_batch/N: the same N prompts through models::generate() as one static batch
+//   (contiguous KV cache), the baseline without a server.
+// BM_http/N: tpu-serve in-process on 127.0.0.1 and N concurrent streaming clients (our load
+//   generator), each sending 4 requests one after the other (32-byte prompts, max_tokens 64,
+//   ignore_eos, temperature 0) over loopback. Counters: requests/s, output tokens/s, mean time
+//   to first token and mean time per output token as the clients see them.
+#include <benchmark/benchmark.h>
+
+#include <httplib.h>
+
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+#include <unistd.h>
+
+#include "server.h"
+#include "tpucore/models.h"
+#include "tpucore/serve/engine.h"
+
+using namespace tpu;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int64_t kPrompt = 32, kNew = 64;
+
+// A checkpoint folder: TPU_SERVE_BENCH_MODEL, or a random fortunes-shaped model with a byte
+// tokenizer written once into a temporary folder.
+std::string model_dir() {
+  static std::string dir = [] {
+    if (const char* d = std::getenv("TPU_SERVE_BENCH_MODEL")) return std::string(d);
+    const auto p = std::filesystem::temp_directory_path() / ("tpucore_bench_serve_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(p);
+    static struct Cleanup {
+      std::filesystem::path p;
+      ~Cleanup() { std::filesystem::remove_all(p); }
+    } cleanup{p};
+    models::ModelConfig c;
+    c.vocab_size = 257, c.hidden_size = 128, c.intermediate_size = 384, c.num_hidden_layers = 3;
+    c.num_attention_heads = 4, c.num_key_value_heads = 2, c.max_position_embeddings = 256;
+    c.tie_word_embeddings = true;
+    c.eos_token_ids = {256};
+    Generator gen(1);
+    models::CausalLM m(c, &gen);
+    models::save_causal_lm(m, p.string());
+    nlohmann::json vocab = nlohmann::json::object();
+    for (int b = 0; b < 256; ++b) vocab[byte_to_unicode(static_cast<uint8_t>(b))] = b;
+    nlohmann::json t{{"version", "1.0"},
+                     {"added_tokens", {{{"id", 256}, {"content", "<|endoftext|>"}, {"special", true}}}},
+                     {"normalizer", nullptr},
+                     {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+                     {"decoder", {{"type", "ByteLevel"}}},
+                     {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
+    std::ofstream(p / "tokenizer.json") << t.dump();
+    return p.string();
+  }();
+  return dir;
+}
+
+std::vector<std::vector<int64_t>> prompts(int64_t n) {
+  std::vector<std::vector<int64_t>> ps(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < kPrompt; ++j) ps[static_cast<size_t>(i)].push_back(32 + (i * 7 + j * 13) % 90);
+  return ps;
+}
+
+void BM_engine(benchmark::State& st) {
+  const int64_t n = st.range(0);
+  auto m = models::load_causal_lm(model_dir());
+  serve::EngineConfig ec;
+  ec.max_num_seqs = std::max<int64_t>(n, 1);
+  ec.max_num_batched_tokens = 512;
+  ec.max_model_len = 256;
+  ec.compile = st.range(1) != 0;
+  serve::Engine e(m, ec);
+  e.warm_up();
+  models::GenerationConfig g;
+  g.max_new_tokens = kNew;
+  for (auto _ : st) {
+    for (const auto& p : prompts(n)) e.add_request(p, g, {});
+    for (int i = 0; i < 100000 && e.has_work(); ++i) e.step();
+  }
+  const double it = static_cast<double>(st.iterations());
+  st.counters["requests/s"] = benchmark::Counter(it * static_cast<double>(n), benchmark::Counter::kIsRate);
+  st.counters["out_tokens/s"] = benchmark::Counter(it * static_cast<double>(n * kNew), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_engine)
+    ->ArgsProduct({{1, 4, 16, 32}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+void BM_generate_batch(benchmark::State& st) {
+  const int64_t n = st.range(0);
+  auto m = models::load_causal_lm(model_dir());
+  models::GenerationConfig g;
+  g.max_new_tokens = kNew;
+  const auto ps = prompts(n);
+  for (auto _ : st) benchmark::DoNotOptimize(models::generate(*m, ps, g));
+  const double it = static_cast<double>(st.iterations());
+  st.counters["requests/s"] = benchmark::Counter(it * static_cast<double>(n), benchmark::Counter::kIsRate);
+  st.counters["out_tokens/s"] = benchmark::Counter(it * static_cast<double>(n * kNew), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_generate_batch)->Arg(1)->Arg(4)->Arg(16)->Arg(32)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_http(benchmark::State& st) {
+  const int clients = static_cast<int>(st.range(0)), per_client = 4;
+  auto m = models::load_causal_lm(model_dir());
+  serve_http::ServerOptions o;
+  o.model_name = "fortunes";
+  o.engine.max_num_seqs = 32;
+  o.engine.max_num_batched_tokens = 512;
+  o.engine.max_model_len = 256;
+  serve_http::ApiServer server(m, Tokenizer::from_file(model_dir() + "/tokenizer.json"), o);
+  const int port = server.bind("127.0.0.1", 0);
+  std::thread serving([&] { server.serve(); });
+  const std::string body = nlohmann::json{{"prompt", "Q: What is the meaning of life? A:"},
+                                          {"max_tokens", kNew},
+                                          {"temperature", 0},
+                                          {"ignore_eos", true},
+                                          {"stream", true}}
+                               .dump();
+  std::atomic<int64_t> ok{0}, failed{0};
+  double ttft_sum = 0, tpot_sum = 0;
+  std::mutex mu;
+  for (auto _ : st) {
+    std::vector<std::thread> ts;
+    for (int c = 0; c < clients; ++c)
+      ts.emplace_back([&] {
+        httplib::Client cl("127.0.0.1", port);
+        cl.set_read_timeout(60);
+        for (int r = 0; r < per_client; ++r) {
+          httplib::Request req;
+          req.method = "POST";
+          req.path = "/v1/completions";
+          req.body = body;
+          req.set_header("Content-Type", "application/json");
+          const auto t0 = Clock::now();
+          Clock::time_point first{};
+          req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+            if (first == Clock::time_point{}) first = Clock::now();
+            return true;
+          };
+          auto res = cl.send(req);
+          const auto t1 = Clock::now();
+          if (!res || res->status != 200) {
+            failed++;
+            continue;
+          }
+          ok++;
+          std::lock_guard<std::mutex> lk(mu);
+          ttft_sum += std::chrono::duration<double>(first - t0).count();
+          tpot_sum += std::chrono::duration<double>(t1 - first).count() / static_cast<double>(kNew - 1);
+        }
+      });
+    for (auto& t : ts) t.join();
+  }
+  server.shutdown();
+  serving.join();
+  const double done = static_cast<double>(ok.load());
+  st.counters["requests/s"] = benchmark::Counter(done, benchmark::Counter::kIsRate);
+  st.counters["out_tokens/s"] = benchmark::Counter(done * kNew, benchmark::Counter::kIsRate);
+  st.counters["ttft_ms"] = done > 0 ? 1e3 * ttft_sum / done : 0;
+  st.counters["tpot_ms"] = done > 0 ? 1e3 * tpot_sum / done : 0;
+  st.counters["failed"] = static_cast<double>(failed.load());
+}
+BENCHMARK(BM_http)->Arg(1)->Arg(4)->Arg(16)->Arg(32)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,253 @@
+// tpu-serve over HTTP on 127.0.0.1: answers equal models::generate() decoded by the tokenizer
+// (plain and streamed, completions and chat), malformed requests get 4xx JSON errors, and a
+// bounded load of concurrent streaming clients (some disconnecting, some malformed) completes
+// every valid request without leaking KV blocks.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <csignal>
+
+#include "serve/serve_testing.h"
+
+using namespace tpu;
+using namespace tpu::testing::serve;
+using nlohmann::json;
+
+namespace {
+
+// The server's JSON carries text as UTF-8 with each invalid byte (random models emit any byte)
+// replaced by U+FFFD; the reference text goes through the same replacement.
+std::string as_json_text(const std::string& s) {
+  return json::parse(json(s).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
+}
+
+struct Fixture {
+  std::filesystem::path dir = write_model_dir(31);
+  std::shared_ptr<models::CausalLM> model = models::load_causal_lm(dir.string());
+  Tokenizer tok = Tokenizer::from_file((dir / "tokenizer.json").string());
+  ~Fixture() { std::filesystem::remove_all(dir); }
+  serve_http::ServerOptions options() const {
+    serve_http::ServerOptions o;
+    o.model_name = "tiny";
+    o.engine.block_size = 4;
+    o.engine.max_model_len = 64;
+    o.engine.max_num_seqs = 8;
+    o.engine.max_num_batched_tokens = 24;
+    o.drain_seconds = 10;
+    return o;
+  }
+  // The reference: generate() one request at a time, greedy, stopping at the eos ids, decoded.
+  std::pair<std::string, std::string> expected(const std::string& prompt, int64_t max_tokens) {
+    models::GenerationConfig g;
+    g.max_new_tokens = max_tokens;
+    g.stop_tokens = model->config.eos_token_ids;
+    auto out = models::generate(*model, {tok.encode(prompt)}, g)[0];
+    std::string reason = "length";
+    if (!out.empty() && (out.back() == 2 || out.back() == 3) && static_cast<int64_t>(out.size()) <= max_tokens) {
+      out.pop_back();
+      reason = "stop";
+    }
+    return {as_json_text(tok.decode(out, true)), reason};
+  }
+};
+
+json post_json(const Running& r, const std::string& path, const std::string& body, int& status) {
+  auto c = r.client();
+  auto res = c.Post(path.c_str(), body, "application/json");
+  REQUIRE(res);
+  status = res->status;
+  return json::parse(res->body);
+}
+
+}  // namespace
+
+TEST_CASE("tpu-serve: completions and chat, plain and streamed, equal generate()", "[serve][http]") {
+  Fixture f;
+  Running r(f.model, f.tok, f.options());
+  int status = 0;
+  {
+    auto c = r.client();
+    auto h = c.Get("/health");
+    REQUIRE(h);
+    CHECK(h->status == 200);
+    auto m = c.Get("/v1/models");
+    REQUIRE(m);
+    CHECK(json::parse(m->body)["data"][0]["id"] == "tiny");
+  }
+  const std::string prompt = "Hello, wor";
+  const auto [want, reason] = f.expected(prompt, 12);
+  json j = post_json(r, "/v1/completions",
+                     json{{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}}.dump(), status);
+  CHECK(status == 200);
+  CHECK(j["object"] == "text_completion");
+  CHECK(j["choices"][0]["text"] == want);
+  CHECK(j["choices"][0]["finish_reason"] == reason);
+  CHECK(j["usage"]["prompt_tokens"] == 10);
+
+  Sse s = post_stream(r, "/v1/completions",
+                      json{{"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}, {"stream", true},
+                           {"stream_options", {{"include_usage", true}}}}.dump());
+  CHECK(s.status == 200);
+  CHECK(s.done);
+  std::string text;
+  std::string finish;
+  for (const auto& e : s.events) {
+    if (e["choices"].empty()) {
+      CHECK(e["usage"]["prompt_tokens"] == 10);
+      continue;
+    }
+    text += e["choices"][0]["text"].get<std::string>();
+    if (!e["choices"][0]["finish_reason"].is_null()) finish = e["choices"][0]["finish_reason"];
+  }
+  CHECK(text == want);
+  CHECK(finish == reason);
+
+  // Chat: the plain template (the tokenizer has no ChatML tokens).
+  const json messages = json::array({json{{"role", "user"}, {"content", "hi"}}});
+  const auto [chat_want, chat_reason] = f.expected("user: hi\nassistant:", 9);
+  j = post_json(r, "/v1/chat/completions",
+                json{{"messages", messages}, {"max_tokens", 9}, {"temperature", 0}}.dump(), status);
+  CHECK(status == 200);
+  CHECK(j["choices"][0]["message"]["content"] == chat_want);
+  s = post_stream(r, "/v1/chat/completions",
+                  json{{"messages", messages}, {"max_tokens", 9}, {"temperature", 0}, {"stream", true}}.dump());
+  REQUIRE(s.done);
+  REQUIRE(!s.events.empty());
+  CHECK(s.events[0]["choices"][0]["delta"]["role"] == "assistant");
+  text.clear();
+  for (const auto& e : s.events) text += e["choices"][0]["delta"].value("content", "");
+  CHECK(text == chat_want);
+  CHECK(s.events.back()["choices"][0]["finish_reason"] == chat_reason);
+
+  // A stop string (two ASCII characters of the expected text) cuts the text before it.
+  int requests = 4;
+  size_t at = 1;
+  while (at + 1 < want.size() && !(std::isalnum(static_cast<unsigned char>(want[at])) &&
+                                   std::isalnum(static_cast<unsigned char>(want[at + 1]))))
+    ++at;
+  if (at + 1 < want.size()) {
+    const std::string stop = want.substr(at, 2);
+    j = post_json(r, "/v1/completions",
+                  json{{"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}, {"stop", stop}}.dump(), status);
+    CHECK(j["choices"][0]["text"] == want.substr(0, want.find(stop)));
+    CHECK(j["choices"][0]["finish_reason"] == "stop");
+    ++requests;
+  }
+  // The running gauge is published at the end of each step: poll (bounded) for the idle state.
+  std::string body;
+  for (int k = 0; k < 200; ++k) {
+    auto met = r.client().Get("/metrics");
+    REQUIRE(met);
+    body = met->body;
+    if (body.find("tpu_serve_requests_running 0") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(body.find("tpu_serve_requests_running 0") != std::string::npos);
+  CHECK(body.find("tpu_serve_kv_blocks_used 0") != std::string::npos);
+  CHECK(body.find(fmt::format("tpu_serve_time_to_first_token_seconds_count {}", requests)) != std::string::npos);
+}
+
+TEST_CASE("tpu-serve: malformed requests get 4xx JSON errors and the server keeps serving", "[serve][http]") {
+  Fixture f;
+  Running r(f.model, f.tok, f.options());
+  struct Case {
+    std::string path, body;
+    int status;
+    std::string needle;
+  };
+  const std::string long_prompt(64, 'a');
+  const std::vector<Case> cases{
+      {"/v1/completions", "{\"prompt\": \"hi\", ", 400, "not valid JSON"},
+      {"/v1/completions", "[1, 2]", 400, "JSON object"},
+      {"/v1/completions", "{\"max_tokens\": 3}", 400, "'prompt' is required"},
+      {"/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": \"3\"}", 400, "'max_tokens' must be an integer"},
+      {"/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 0}", 400, "'max_tokens' must be in"},
+      {"/v1/completions", "{\"prompt\": \"hi\", \"temperature\": 7}", 400, "'temperature' must be in"},
+      {"/v1/completions", "{\"prompt\": \"hi\", \"n\": 2}", 400, "'n'"},
+      {"/v1/completions", "{\"prompt\": [1, 999]}", 400, "token id 999"},
+      {"/v1/completions", "{\"prompt\": {\"a\": 1}}", 400, "'prompt' must be"},
+      {"/v1/completions", "{\"prompt\": \"hi\", \"stop\": 5}", 400, "'stop'"},
+      {"/v1/completions", json{{"prompt", long_prompt}}.dump(), 400, "maximum context length is 64"},
+      {"/v1/completions", json{{"prompt", "abc"}, {"max_tokens", 62}}.dump(), 400, "you requested 65 tokens"},
+      {"/v1/completions", "{\"prompt\": \"hi\", \"model\": \"gpt-9\"}", 404, "'gpt-9' does not exist"},
+      {"/v1/chat/completions", "{\"messages\": []}", 400, "'messages' must be a non-empty array"},
+      {"/v1/chat/completions", "{\"messages\": [{\"role\": \"robot\", \"content\": \"x\"}]}", 400, "'robot'"},
+      {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\"}]}", 400, "content is missing"},
+      {"/v1/nothing", "{}", 404, "no route POST /v1/nothing"},
+  };
+  for (const auto& k : cases) {
+    INFO(k.path << " " << k.body);
+    int status = 0;
+    json j = post_json(r, k.path, k.body, status);
+    CHECK(status == k.status);
+    REQUIRE(j.contains("error"));
+    CHECK(j["error"]["message"].get<std::string>().find(k.needle) != std::string::npos);
+  }
+  int status = 0;
+  json j = post_json(r, "/v1/completions", "{\"prompt\": \"ok\", \"max_tokens\": 2, \"temperature\": 0}", status);
+  CHECK(status == 200);
+  CHECK(j["usage"]["completion_tokens"].get<int>() >= 1);
+  auto met = r.client().Get("/metrics");
+  REQUIRE(met);
+  CHECK(met->body.find("tpu_serve_http_errors_total{code=\"400\"} 15") != std::string::npos);
+}
+
+TEST_CASE("tpu-serve: bounded load of streaming clients, some leaving early, some malformed, no block leaks",
+          "[serve][http]") {
+  Fixture f;
+  auto o = f.options();
+  o.engine.max_model_len = 2048;  // room for the long requests of the clients that leave early
+  Running r(f.model, f.tok, o);
+  const int clients = 24;
+  std::vector<std::thread> ts;
+  std::vector<int> kind(clients), status(clients, 0);
+  std::vector<Sse> got(clients);
+  std::vector<std::pair<std::string, std::string>> want(clients);
+  for (int i = 0; i < clients; ++i) {
+    kind[i] = i % 4;  // 0, 1: stream to the end; 2: leave after 2 events; 3: malformed JSON
+    if (kind[i] <= 1) want[i] = f.expected("client " + std::to_string(i) + ":", 10 + i % 7);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < clients; ++i)
+    ts.emplace_back([&, i] {
+      const std::string p = "client " + std::to_string(i) + ":";
+      if (kind[i] == 3) {
+        auto res = r.client().Post("/v1/completions", "{\"prompt\": \"x\", \"stream\": tru", "application/json");
+        status[i] = res ? res->status : -1;
+        if (!res) got[i].error = httplib::to_string(res.error());
+        return;
+      }
+      const int max_tokens = kind[i] == 2 ? 2000 : 10 + i % 7;
+      got[i] = post_stream(r, "/v1/completions",
+                           json{{"prompt", p}, {"max_tokens", max_tokens}, {"temperature", 0}, {"stream", true},
+                                {"ignore_eos", kind[i] == 2}}.dump(),
+                           kind[i] == 2 ? 2 : 0);
+      status[i] = got[i].status;
+    });
+  for (auto& t : ts) t.join();
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60));
+  for (int i = 0; i < clients; ++i) {
+    INFO("client " << i << " kind " << kind[i] << " error " << got[i].error);
+    if (kind[i] == 3) {
+      CHECK(status[i] == 400);
+    } else if (kind[i] <= 1) {
+      CHECK(status[i] == 200);
+      CHECK(got[i].done);
+      std::string text;
+      for (const auto& e : got[i].events) text += e["choices"][0]["text"].get<std::string>();
+      CHECK(text == want[i].first);
+    }
+  }
+  // Every block comes back, the disconnected clients' too (bounded wait for the last steps).
+  serve::EngineMetrics m;
+  for (int k = 0; k < 500; ++k) {
+    m = r.server->engine().metrics();
+    if (m.blocks_used == 0 && m.running == 0 && m.waiting == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(m.blocks_used == 0);
+  CHECK(m.running == 0);
+  CHECK(m.requests_finished == 12);
+  CHECK(m.requests_cancelled == 6);  // long before their 2000 tokens
+  CHECK(m.generation_tokens < 6 * 2000);
+}

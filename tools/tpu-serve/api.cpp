@@ -1,0 +1,177 @@
+#include "api.h"
+
+#include <cmath>
+
+namespace tpu::serve_http {
+
+using nlohmann::json;
+
+std::string error_body(const ApiError& e) {
+  json j{{"error", {{"message", e.message}, {"type", e.type}, {"code", e.status}}}};
+  j["error"]["param"] = e.param.empty() ? json(nullptr) : json(e.param);
+  return j.dump();
+}
+
+namespace {
+[[noreturn]] void bad(const std::string& param, const std::string& msg) { throw ApiError{400, msg, "invalid_request_error", param}; }
+
+double number(const json& j, const char* key, double dflt, double lo, double hi) {
+  if (!j.contains(key) || j[key].is_null()) return dflt;
+  if (!j[key].is_number()) bad(key, fmt::format("'{}' must be a number", key));
+  const double v = j[key].get<double>();
+  if (!(v >= lo && v <= hi)) bad(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v));
+  return v;
+}
+int64_t integer(const json& j, const char* key, int64_t dflt, int64_t lo, int64_t hi) {
+  if (!j.contains(key) || j[key].is_null()) return dflt;
+  if (!j[key].is_number_integer()) bad(key, fmt::format("'{}' must be an integer", key));
+  const int64_t v = j[key].get<int64_t>();
+  if (v < lo || v > hi) bad(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v));
+  return v;
+}
+bool boolean(const json& j, const char* key, bool dflt) {
+  if (!j.contains(key) || j[key].is_null()) return dflt;
+  if (!j[key].is_boolean()) bad(key, fmt::format("'{}' must be a boolean", key));
+  return j[key].get<bool>();
+}
+std::string message_text(const json& m, size_t i) {
+  const std::string param = fmt::format("messages[{}].content", i);
+  if (!m.contains("content") || m["content"].is_null()) bad(param, param + " is missing");
+  const json& c = m["content"];
+  if (c.is_string()) return c.get<std::string>();
+  if (!c.is_array()) bad(param, param + " must be a string or an array of text parts");
+  std::string s;
+  for (const json& part : c) {
+    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+      bad(param, param + ": only parts {\"type\": \"text\", \"text\": ...} are supported");
+    s += part["text"].get<std::string>();
+  }
+  return s;
+}
+}  // namespace
+
+std::string chat_prompt(const json& messages, const Tokenizer& tok) {
+  const bool chatml = tok.token_to_id("<|im_start|>").has_value() && tok.token_to_id("<|im_end|>").has_value();
+  std::string s;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const json& m = messages[i];
+    if (!m.is_object()) bad(fmt::format("messages[{}]", i), fmt::format("messages[{}] must be an object", i));
+    if (!m.contains("role") || !m["role"].is_string())
+      bad(fmt::format("messages[{}].role", i), fmt::format("messages[{}].role must be a string", i));
+    const std::string role = m["role"].get<std::string>();
+    if (role != "system" && role != "user" && role != "assistant" && role != "developer")
+      bad(fmt::format("messages[{}].role", i),
+          fmt::format("messages[{}].role '{}' is not one of system, developer, user, assistant", i, role));
+    const std::string text = message_text(m, i);
+    s += chatml ? "<|im_start|>" + role + "\n" + text + "<|im_end|>\n" : role + ": " + text + "\n";
+  }
+  return s + (chatml ? "<|im_start|>assistant\n" : "assistant:");
+}
+
+CompletionRequest parse_request(const std::string& body, bool chat, const ModelInfo& info) {
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::exception& e) {
+    bad("", fmt::format("the body is not valid JSON: {}", e.what()));
+  }
+  if (!j.is_object()) bad("", "the body must be a JSON object");
+  CompletionRequest r;
+  r.chat = chat;
+  if (j.contains("model") && !j["model"].is_null()) {
+    if (!j["model"].is_string()) bad("model", "'model' must be a string");
+    if (j["model"].get<std::string>() != info.name)
+      throw ApiError{404, fmt::format("The model '{}' does not exist; this server serves '{}'",
+                                      j["model"].get<std::string>(), info.name),
+                     "not_found_error", "model"};
+  }
+  if (integer(j, "n", 1, 1, 1) != 1) bad("n", "'n' must be 1");
+  const Tokenizer& tok = *info.tokenizer;
+  try {
+    if (chat) {
+      if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty())
+        bad("messages", "'messages' must be a non-empty array");
+      r.prompt = tok.encode(chat_prompt(j["messages"], tok));
+    } else {
+      if (!j.contains("prompt")) bad("prompt", "'prompt' is required");
+      const json& p = j["prompt"];
+      if (p.is_string()) {
+        r.prompt = tok.encode(p.get<std::string>());
+      } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
+        r.prompt = tok.encode(p[0].get<std::string>());
+      } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
+        for (const json& t : p) {
+          if (!t.is_number_integer()) bad("prompt", "a token-id prompt must hold only integers");
+          r.prompt.push_back(t.get<int64_t>());
+        }
+      } else {
+        bad("prompt", "'prompt' must be a string, one string in an array, or an array of token ids");
+      }
+    }
+  } catch (const Error& e) {  // the tokenizer's or the chat template's complaint
+    bad(chat ? "messages" : "prompt", e.what());
+  }
+  if (r.prompt.empty()) bad(chat ? "messages" : "prompt", "the prompt is empty after tokenization");
+  const int64_t vocab = tok.vocab_size();
+  for (int64_t t : r.prompt)
+    if (t < 0 || t >= vocab) bad("prompt", fmt::format("token id {} is outside the vocabulary of {}", t, vocab));
+  const auto n = static_cast<int64_t>(r.prompt.size());
+  if (n >= info.max_model_len)
+    bad(chat ? "messages" : "prompt",
+        fmt::format("This model's maximum context length is {} tokens; the prompt has {} tokens (at least one "
+                    "must be left to generate)",
+                    info.max_model_len, n));
+  const int64_t room = info.max_model_len - n;
+  const char* max_key = chat && j.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  const int64_t max_tokens = integer(j, max_key, chat ? room : std::min<int64_t>(16, room), 1, int64_t{1} << 40);
+  if (max_tokens > room)
+    bad(max_key, fmt::format("This model's maximum context length is {} tokens; you requested {} tokens ({} in "
+                             "the prompt, {} to generate)",
+                             info.max_model_len, n + max_tokens, n, max_tokens));
+  r.gen.max_new_tokens = max_tokens;
+  const double temperature = number(j, "temperature", 1.0, 0.0, 2.0);
+  r.gen.do_sample = temperature > 0;
+  r.gen.temperature = temperature > 0 ? temperature : 1.0;
+  r.gen.top_p = number(j, "top_p", 1.0, 0.0, 1.0);
+  if (r.gen.top_p <= 0) bad("top_p", "'top_p' must be above 0");
+  const int64_t top_k = integer(j, "top_k", 0, -1, int64_t{1} << 31);
+  r.gen.top_k = top_k < 0 ? 0 : top_k;
+  r.gen.repetition_penalty = number(j, "repetition_penalty", 1.0, 1e-3, 100.0);
+  r.gen.seed = static_cast<uint64_t>(integer(j, "seed", 0, INT64_MIN, INT64_MAX));
+  if (!boolean(j, "ignore_eos", false)) r.gen.stop_tokens = info.eos;
+  if (j.contains("stop") && !j["stop"].is_null()) {
+    const json& s = j["stop"];
+    if (s.is_string()) {
+      r.stop.push_back(s.get<std::string>());
+    } else if (s.is_array() && s.size() <= 4) {
+      for (const json& x : s) {
+        if (!x.is_string()) bad("stop", "'stop' must be a string or an array of up to 4 strings");
+        r.stop.push_back(x.get<std::string>());
+      }
+    } else {
+      bad("stop", "'stop' must be a string or an array of up to 4 strings");
+    }
+    for (const auto& x : r.stop)
+      if (x.empty()) bad("stop", "stop strings must not be empty");
+  }
+  r.stream = boolean(j, "stream", false);
+  if (j.contains("stream_options") && !j["stream_options"].is_null()) {
+    if (!j["stream_options"].is_object()) bad("stream_options", "'stream_options' must be an object");
+    r.include_usage = boolean(j["stream_options"], "include_usage", false);
+  }
+  return r;
+}
+
+size_t utf8_complete(const std::string& s) {
+  // Look back over at most 3 trailing bytes for the lead byte of an unfinished sequence.
+  const size_t n = s.size();
+  for (size_t back = 1; back <= 4 && back <= n; ++back) {
+    const auto c = static_cast<unsigned char>(s[n - back]);
+    if ((c & 0xC0) == 0x80) continue;  // continuation byte
+    const size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    return len > back ? n - back : n;
+  }
+  return n;
+}
+
+}  // namespace tpu::serve_http

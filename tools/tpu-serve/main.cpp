@@ -1,0 +1,90 @@
+// tpu-serve: serves a causal LM checkpoint (Hugging Face layout: config.json, safetensors,
+// tokenizer.json) over an OpenAI-compatible HTTP API with continuous batching on a paged KV
+// cache. SIGTERM / SIGINT drain the running requests and exit 0.
+#include <csignal>
+#include <cstdio>
+#include <thread>
+
+#include "server.h"
+#include "tools/cli_args.h"
+#include "tpucore/models.h"
+
+namespace {
+volatile std::sig_atomic_t g_signal = 0;
+void on_signal(int s) { g_signal = s; }
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace tpu;
+  std::string model_dir, host = "127.0.0.1", dtype = "f32";
+  int port = 8000;
+  serve_http::ServerOptions o;
+  o.engine.max_waiting = 256;
+  cli::Parser p("tpu-serve", "Serve a causal LM checkpoint over an OpenAI-compatible HTTP API (cpu).");
+  p.value("--model", "DIR", "checkpoint folder: config.json, model.safetensors, tokenizer.json (required)",
+          [&](const std::string& v) { model_dir = v; });
+  p.value("--host", "ADDR", "address to listen on (default 127.0.0.1)", [&](const std::string& v) { host = v; });
+  p.value("--port", "N", "port (default 8000; 0 picks a free one)", [&](const std::string& v) { port = static_cast<int>(p.to_int(v)); });
+  p.value("--served-model-name", "NAME", "model id of the API (default: the folder name)",
+          [&](const std::string& v) { o.model_name = v; });
+  p.value("--dtype", "T", "parameter dtype f32 or bf16 (default f32)", [&](const std::string& v) { dtype = v; });
+  p.value("--block-size", "N", "token positions per KV block (default 16)",
+          [&](const std::string& v) { o.engine.block_size = p.to_int(v); });
+  p.value("--num-blocks", "N", "KV blocks in the pool (default: max-num-seqs full contexts)",
+          [&](const std::string& v) { o.engine.num_blocks = p.to_int(v); });
+  p.value("--max-num-seqs", "N", "sequences per step (default 16)", [&](const std::string& v) { o.engine.max_num_seqs = p.to_int(v); });
+  p.value("--max-num-batched-tokens", "N", "token budget per step (default 256)",
+          [&](const std::string& v) { o.engine.max_num_batched_tokens = p.to_int(v); });
+  p.value("--max-model-len", "N", "context length (default: max_position_embeddings)",
+          [&](const std::string& v) { o.engine.max_model_len = p.to_int(v); });
+  p.value("--max-waiting", "N", "queued requests before answering 429 (default 256)",
+          [&](const std::string& v) { o.engine.max_waiting = p.to_int(v); });
+  p.flag("--compile", "run the engine step through tpu::compile (bucketed shapes, all compiled at start-up)",
+         [&] { o.engine.compile = true; });
+  p.value("--threads", "N", "HTTP worker threads (default 64)", [&](const std::string& v) { o.threads = static_cast<int>(p.to_int(v)); });
+  p.value("--drain-seconds", "S", "on SIGTERM, time running requests get to finish (default 30)",
+          [&](const std::string& v) { o.drain_seconds = p.to_double(v); });
+  p.epilog("Endpoints: POST /v1/completions, POST /v1/chat/completions (\"stream\": true for server-sent events),\n"
+           "GET /v1/models, /health, /metrics (Prometheus text).");
+  if (auto rc = p.parse(argc, argv)) return *rc;
+  if (model_dir.empty()) {
+    std::fputs("tpu-serve: --model DIR is required (see --help)\n", stderr);
+    return 2;
+  }
+  try {
+    TPU_CHECK(dtype == "f32" || dtype == "bf16", "tpu-serve: --dtype must be f32 or bf16, got '{}'", dtype);
+    if (o.model_name == "tpucore") {
+      std::string d = model_dir;
+      while (d.size() > 1 && d.back() == '/') d.pop_back();
+      o.model_name = d.substr(d.find_last_of('/') == std::string::npos ? 0 : d.find_last_of('/') + 1);
+    }
+    auto model = models::load_causal_lm(model_dir, Device(), dtype == "bf16" ? DType::bf16 : DType::f32);
+    Tokenizer tok = Tokenizer::from_file(model_dir + "/tokenizer.json");
+    std::signal(SIGPIPE, SIG_IGN);
+    std::signal(SIGTERM, on_signal);
+    std::signal(SIGINT, on_signal);
+    serve_http::ApiServer server(model, std::move(tok), o);
+    if (o.engine.compile)
+      fmt::print("tpu-serve: compiled {} step shapes\n", server.engine().warm_up());
+    const int bound = server.bind(host, port);
+    fmt::print("tpu-serve: model '{}' ({} parameters) on http://{}:{}\n", o.model_name, model->num_parameters(), host,
+               bound);
+    std::fflush(stdout);
+    std::thread watcher([&] {
+      while (!g_signal) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      fmt::print("tpu-serve: signal {}: draining\n", static_cast<int>(g_signal));
+      std::fflush(stdout);
+      server.shutdown();
+    });
+    server.serve();
+    if (!g_signal) g_signal = SIGTERM;  // the listener stopped on its own: let the watcher end
+    watcher.join();
+    const auto m = server.engine().metrics();
+    fmt::print("tpu-serve: stopped ({} requests finished, {} cancelled, {} tokens generated)\n", m.requests_finished,
+               m.requests_cancelled, m.generation_tokens);
+    return 0;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "tpu-serve: {}\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,47 @@
+// tpu-serve's HTTP side: an OpenAI-compatible API over cpp-httplib in front of a
+// serve::Engine stepped by one background thread.
+//
+//   POST /v1/completions, /v1/chat/completions   (JSON, or server-sent events with "stream")
+//   GET  /v1/models, /health, /metrics (Prometheus text)
+//
+// Errors are JSON bodies {"error": {"message", "type", "param", "code"}} with a 4xx status
+// (404 unknown route or model, 400 bad request or prompt longer than the context, 429 queue
+// full, 503 while shutting down). A streaming client that disconnects is cancelled at the
+// next token and its KV blocks freed. shutdown() stops accepting requests (503), lets running
+// ones finish for up to drain_seconds, cancels what remains, then stops the listener.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "tpucore/serve/engine.h"
+#include "tpucore/tokenizer.h"
+
+namespace tpu::serve_http {
+
+struct ServerOptions {
+  std::string model_name = "tpucore";
+  int threads = 64;            // HTTP worker threads (each streaming client holds one)
+  double drain_seconds = 30;   // shutdown: how long running requests may still finish
+  serve::EngineConfig engine;
+};
+
+class ApiServer {
+ public:
+  ApiServer(std::shared_ptr<models::CausalLM> model, Tokenizer tokenizer, ServerOptions opts);
+  ~ApiServer();
+  // Binds host:port (port 0: any free port) and returns the port; a tpu::Error if it fails.
+  int bind(const std::string& host, int port);
+  // Serves until shutdown() (blocks).
+  void serve();
+  // Drains and stops; safe from any thread except a signal handler; idempotent.
+  void shutdown();
+  serve::Engine& engine();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tpu::serve_http

@@ -1,0 +1,53 @@
+#include "tpucore/serve/metrics.h"
+
+#include <fmt/format.h>
+
+namespace tpu::serve {
+
+namespace {
+void scalar(std::string& s, const char* name, const char* type, const char* help, double v) {
+  s += fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, v);
+}
+void histogram(std::string& s, const char* name, const char* help, const Histogram& h) {
+  s += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
+  const auto& b = Histogram::bounds();
+  int64_t cum = 0;
+  for (size_t i = 0; i <= b.size(); ++i) {
+    cum += h.counts.empty() ? 0 : h.counts[i];
+    const std::string le = i < b.size() ? fmt::format("{}", b[i]) : "+Inf";
+    s += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, le, cum);
+  }
+  s += fmt::format("{}_sum {}\n{}_count {}\n", name, h.sum, name, h.count);
+}
+}  // namespace
+
+std::string prometheus_text(const EngineMetrics& m, const std::string& extra) {
+  std::string s;
+  scalar(s, "tpu_serve_requests_waiting", "gauge", "Requests queued, not yet scheduled.", static_cast<double>(m.waiting));
+  scalar(s, "tpu_serve_requests_running", "gauge", "Requests holding KV blocks (prefilling or decoding).",
+         static_cast<double>(m.running));
+  scalar(s, "tpu_serve_kv_blocks_used", "gauge", "KV cache blocks in use.", static_cast<double>(m.blocks_used));
+  scalar(s, "tpu_serve_kv_blocks_total", "gauge", "KV cache blocks in the pool.", static_cast<double>(m.blocks_total));
+  scalar(s, "tpu_serve_kv_block_size", "gauge", "Token positions per KV block.", static_cast<double>(m.block_size));
+  scalar(s, "tpu_serve_generation_tokens_per_second", "gauge", "Generated tokens per second over the last 10 s.",
+         m.generation_tokens_per_second);
+  scalar(s, "tpu_serve_generation_tokens_total", "counter", "Tokens generated.",
+         static_cast<double>(m.generation_tokens));
+  scalar(s, "tpu_serve_processed_tokens_total", "counter", "Tokens run through the model (prefill and decode).",
+         static_cast<double>(m.processed_tokens));
+  scalar(s, "tpu_serve_requests_finished_total", "counter", "Requests finished (stop or length).",
+         static_cast<double>(m.requests_finished));
+  scalar(s, "tpu_serve_requests_cancelled_total", "counter", "Requests cancelled (client gone or shutdown).",
+         static_cast<double>(m.requests_cancelled));
+  scalar(s, "tpu_serve_preemptions_total", "counter", "Sequences preempted for lack of KV blocks.",
+         static_cast<double>(m.preemptions));
+  scalar(s, "tpu_serve_prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from shared KV blocks.",
+         static_cast<double>(m.prefix_cache_hit_tokens));
+  scalar(s, "tpu_serve_steps_total", "counter", "Engine steps that ran the model.", static_cast<double>(m.steps));
+  histogram(s, "tpu_serve_time_to_first_token_seconds", "Time from arrival to the first generated token.", m.ttft);
+  histogram(s, "tpu_serve_time_per_output_token_seconds", "Mean time between generated tokens, per request.",
+            m.tpot);
+  return s + extra;
+}
+
+}  // namespace tpu::serve

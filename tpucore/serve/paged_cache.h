@@ -1,0 +1,117 @@
+// The paged key/value cache of the serving engine and its ragged paged attention kernel.
+//
+// Keys and values live in fixed-size blocks of `block_size` token positions, the same block
+// pool shared by every sequence (one pool per layer, [num_blocks, block_size, kv_heads,
+// head_dim] in f32 on the host). A sequence owns a block table: its i-th logical block (token
+// positions [i * block_size, (i + 1) * block_size)) is physical block table[i]. Blocks come
+// from a free list (BlockAllocator) and go back to it when a sequence finishes, is cancelled or
+// is preempted, so the cache never fragments and a finished request's memory is reusable at
+// the next step.
+//
+// ragged_paged_attention() is one fused step over a ragged batch: sequences of different
+// lengths, each bringing any number of new tokens (a prefill chunk or one decode token), all
+// flattened into one token axis without padding. For every sequence it first writes the new
+// keys and values into the sequence's blocks (through its block table), then every new token
+// attends causally to all cached positions of its own sequence, reading the keys and values
+// block by block through the same table (the layout of vLLM's ragged paged attention).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <unordered_map>
+#include <vector>
+
+namespace tpu::serve {
+
+// A fixed pool of block ids with reference counts and a free list (least recently freed
+// first; lowest id first at the start).
+//
+// Prefix caching (optional, used by the engine's enable_prefix_caching): a full block can be
+// registered under the chain hash of its tokens and of all tokens before it. A later sequence
+// with the same prefix finds it (find_cached) and shares it (share: one more reference), so
+// its keys and values are not computed again. A registered block whose count drops to 0 stays
+// findable on the free list until allocate() hands it out again (its entry is then evicted).
+class BlockAllocator {
+ public:
+  explicit BlockAllocator(int64_t num_blocks);
+  // A free block id with one reference, or -1 when every block is in use.
+  int32_t allocate();
+  // Drops one reference; at 0 the block returns to the free list. A block not in use is a
+  // tpu::Error.
+  void free(int32_t block);
+  // Adds a reference to a block in use, or takes a cached free block back from the free list.
+  void share(int32_t block);
+  int32_t refcount(int32_t block) const;
+  int64_t num_blocks() const { return static_cast<int64_t>(ref_.size()); }
+  int64_t num_free() const { return static_cast<int64_t>(free_.size()); }
+  int64_t num_used() const { return num_blocks() - num_free(); }
+
+  static uint64_t chain_hash(uint64_t parent, const int64_t* tokens, int64_t n);
+  // The block registered under hash with exactly this parent hash and these tokens, or -1.
+  int32_t find_cached(uint64_t hash, uint64_t parent, const std::vector<int64_t>& tokens) const;
+  // Registers a block in use (no-op when the hash already names a block or it has an entry).
+  void register_cached(int32_t block, uint64_t hash, uint64_t parent, std::vector<int64_t> tokens);
+
+ private:
+  struct Entry {
+    bool cached = false;
+    uint64_t hash = 0, parent = 0;
+    std::vector<int64_t> tokens;
+  };
+  std::list<int32_t> free_;
+  std::vector<std::list<int32_t>::iterator> where_;  // position in free_ of free blocks
+  std::vector<int32_t> ref_;
+  std::vector<Entry> entry_;
+  std::unordered_map<uint64_t, int32_t> by_hash_;
+};
+
+struct PagedCacheConfig {
+  int64_t num_layers = 0, kv_heads = 0, head_dim = 0;
+  int64_t block_size = 16, num_blocks = 0;
+};
+
+// Keys and values of every layer in blocks, f32 on the host.
+class PagedKVCache {
+ public:
+  explicit PagedKVCache(const PagedCacheConfig& c);
+  const PagedCacheConfig& config() const { return cfg_; }
+  // Row of (block, offset within the block, kv head): head_dim floats.
+  float* key(int64_t layer, int64_t block, int64_t offset, int64_t head) {
+    return k_[static_cast<size_t>(layer)].data() + index(block, offset, head);
+  }
+  float* value(int64_t layer, int64_t block, int64_t offset, int64_t head) {
+    return v_[static_cast<size_t>(layer)].data() + index(block, offset, head);
+  }
+  int64_t bytes() const;
+
+ private:
+  size_t index(int64_t block, int64_t offset, int64_t head) const {
+    return static_cast<size_t>(((block * cfg_.block_size + offset) * cfg_.kv_heads + head) * cfg_.head_dim);
+  }
+  PagedCacheConfig cfg_;
+  std::vector<std::vector<float>> k_, v_;
+};
+
+// One ragged step: sequence s brings tokens [query_start[s], query_start[s + 1]) of the
+// flattened token axis; after the step it holds context_len[s] positions, the new tokens being
+// the last ones (positions context_len[s] - q_len .. context_len[s] - 1). block_tables[s] must
+// cover every position up to context_len[s].
+struct RaggedBatch {
+  std::vector<int64_t> query_start;  // num_seqs + 1 offsets, query_start[0] = 0
+  std::vector<int64_t> context_len;  // num_seqs
+  std::vector<const std::vector<int32_t>*> block_tables;  // num_seqs
+  int64_t num_seqs() const { return static_cast<int64_t>(context_len.size()); }
+  int64_t num_tokens() const { return query_start.empty() ? 0 : query_start.back(); }
+  // Checks the offsets, lengths and tables against the cache (a tpu::Error naming the field).
+  void validate(const PagedCacheConfig& c) const;
+};
+
+// q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, kv_heads, head_dim] (the new
+// tokens' keys and values, already rotated); out: [num_tokens, num_heads, head_dim]. Writes k
+// and v into `layer` of the cache, then out = softmax(scale * q k^T) v over each token's
+// causal context in its own sequence. Query head h reads kv head h / (num_heads / kv_heads).
+void ragged_paged_attention(PagedKVCache& cache, int64_t layer, const RaggedBatch& batch, const float* q,
+                            const float* k, const float* v, float* out, int64_t num_heads, double scale);
+
+}  // namespace tpu::serve

@@ -1,0 +1,22 @@
+// A CausalLM forward over one ragged serving step: the tokens of every scheduled sequence
+// (prefill chunks and single decode tokens) flattened into one [1, num_tokens] row, each with
+// its own position; attention goes through the paged cache (ragged_paged_attention), the rest
+// (embeddings, norms, projections, MLPs) runs as ordinary tpucore ops on the whole row.
+#pragma once
+
+#include <vector>
+
+#include "tpucore/models/causal_lm.h"
+#include "tpucore/serve/paged_cache.h"
+
+namespace tpu::serve {
+
+// ids and positions: one per flattened token (batch.num_tokens()). logit_rows: the token rows
+// whose next-token logits are wanted (the last token of each sequence that samples this step).
+// Returns f32 logits [logit_rows.size(), vocab]. The model must be on the cpu (the kernel reads
+// host memory) and the cache shaped for it (layers, kv heads, head_dim).
+Tensor ragged_forward(models::CausalLM& m, PagedKVCache& cache, const std::vector<int64_t>& ids,
+                      const std::vector<int64_t>& positions, const RaggedBatch& batch,
+                      const std::vector<int64_t>& logit_rows);
+
+}  // namespace tpu::serve
