@@ -26,7 +26,7 @@ TEST_CASE("tpu-serve binary: SIGTERM refuses new requests, cancels long ones aft
     dup2(out[1], 1);
     close(out[0]);
     execl(TPU_SERVE_EXE, TPU_SERVE_EXE, "--model", dir.c_str(), "--port", "0", "--served-model-name", "tiny",
-          "--drain-seconds", "0.3", "--max-model-len", "2048", static_cast<char*>(nullptr));
+          "--drain-seconds", "0.05", "--max-model-len", "2048", static_cast<char*>(nullptr));
     _exit(127);
   }
   close(out[1]);
@@ -53,7 +53,16 @@ TEST_CASE("tpu-serve binary: SIGTERM refuses new requests, cancels long ones aft
     REQUIRE(h);
     CHECK(h->status == 200);
   }
-  // A long stream (2000 tokens) and a short one; SIGTERM once the long one is running.
+  // A short request, then a long stream (2000 tokens); SIGTERM as soon as the long one is
+  // running (on an idle machine the tiny model streams 2000 tokens in well under a second, so
+  // the drain time is short and nothing else runs in between).
+  {
+    auto res = srv.client().Post("/v1/completions", json{{"prompt", "b"}, {"max_tokens", 3}, {"ignore_eos", true}}.dump(),
+                                 "application/json");
+    REQUIRE(res);
+    CHECK(res->status == 200);
+    CHECK(json::parse(res->body)["choices"][0]["finish_reason"] == "length");
+  }
   std::atomic<bool> long_started{false};
   std::string long_finish;
   bool long_done = false;
@@ -77,13 +86,6 @@ TEST_CASE("tpu-serve binary: SIGTERM refuses new requests, cancels long ones aft
   });
   for (int i = 0; i < 500 && !long_started; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   REQUIRE(long_started);
-  {
-    auto res = srv.client().Post("/v1/completions", json{{"prompt", "b"}, {"max_tokens", 3}, {"ignore_eos", true}}.dump(),
-                                 "application/json");
-    REQUIRE(res);
-    CHECK(res->status == 200);
-    CHECK(json::parse(res->body)["choices"][0]["finish_reason"] == "length");
-  }
   const auto t0 = std::chrono::steady_clock::now();
   REQUIRE(kill(pid, SIGTERM) == 0);
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
