@@ -1,5 +1,6 @@
 #include "ops/registry.h"
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <mutex>
@@ -148,6 +149,8 @@ void call(const OpDef& op, std::span<const Tensor> inputs, const Attrs& attrs, s
         h(op, inputs, attrs, outputs.subspan(0, static_cast<size_t>(m.num_outputs)));
       return;
     }
+    // A deferred eager recording may decline an op after flushing (its proxies are real now).
+    if (any_proxy) any_proxy = std::any_of(inputs.begin(), inputs.end(), [](const Tensor& t) { return t.is_proxy(); });
     TPU_CHECK(!any_proxy, "{}: a traced (proxy) tensor was used outside of tracing", op.name);
   }
 
