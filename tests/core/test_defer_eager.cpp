@@ -3,6 +3,7 @@
 // through the jit's passes and executor), and the results must agree.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <functional>
 
 #include "jit_testing.h"
@@ -180,4 +181,32 @@ TEST_CASE("defer: errors", "[defer]") {
     CHECK(outer.active());
     CHECK_FALSE(inner.active());
   }
+}
+
+// Runs only in the ctest "core: defer env mode" (TPU_EAGER=defer): the whole thread records.
+TEST_CASE("defer: TPU_EAGER=defer records every op of the thread", "[.defer-env]") {
+  REQUIRE(eager_defer_env());
+  std::vector<float> xs(24);
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = 0.25f * static_cast<float>(i) - 3.0f;
+  Tensor x = from_vector<float>(xs, Shape{4, 6});
+  REQUIRE(eager_deferred());
+  DeferredEager nested;  // already deferred: the guard does nothing
+  CHECK_FALSE(nested.active());
+  jit::reset_stats();
+  for (int round = 0; round < 3; ++round) {
+    Tensor y = relu(x * 2.0 + 1.0) - x;
+    CHECK(y.is_proxy());
+    const std::vector<float> got = y.to_vector<float>();  // flushes
+    REQUIRE(got.size() == xs.size());
+    for (size_t i = 0; i < xs.size(); ++i) {  // naive reference
+      const float r = std::max(xs[i] * 2.0f + 1.0f, 0.0f) - xs[i];
+      CHECK(got[i] == Approx(r).margin(1e-6));
+    }
+  }
+  Tensor z = x + 1.0;
+  flush_deferred();
+  CHECK_FALSE(z.is_proxy());
+  const auto* st = jit::stats().find("eager:defer");
+  REQUIRE(st != nullptr);
+  CHECK(st->hits >= 2);  // rounds 2 and 3 reuse round 1's graph
 }

@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cstdlib>
 #include <exception>
 
 #include "graph/tracer.h"
@@ -97,9 +98,37 @@ struct DeferState {
   DeferState& operator=(const DeferState&) = delete;
 };
 
+namespace {
+// TPU_EAGER=defer: every thread records from its first op call on (installed once per thread;
+// never flushed at thread exit: values are flushed when read).
+struct EnvState {
+  std::unique_ptr<DeferState> state;
+};
+ops::DispatchInterceptor* env_interceptor() {
+  thread_local EnvState env;
+  if (env.state) return nullptr;  // installed once; a null interceptor now is a scope's choice
+  env.state = std::make_unique<DeferState>(default_max_nodes());
+  return &env.state->tracer;
+}
+const bool g_env_mode = [] {
+  const char* e = std::getenv("TPU_EAGER");
+  const std::string v = e ? e : "";
+  if (v == "defer") ops::set_default_interceptor_hook(&env_interceptor);
+  else if (!v.empty() && v != "plain") log().warn("TPU_EAGER='{}' is not 'defer' or 'plain'; eager ops run as usual", v);
+  return v == "defer";
+}();
+// In env mode, starts this thread's recording now (a guard or a query before the first op).
+void ensure_env_started() {
+  if (g_env_mode && ops::interceptor() == nullptr) (void)env_interceptor();
+}
+}  // namespace
+
 }  // namespace detail
 
+bool eager_defer_env() { return detail::g_env_mode; }
+
 DeferredEager::DeferredEager(size_t max_nodes) : uncaught_(std::uncaught_exceptions()) {
+  detail::ensure_env_started();
   if (ops::interceptor() != nullptr) return;  // tracing (compile) or already deferred
   state_ = std::make_unique<detail::DeferState>(max_nodes ? max_nodes : detail::default_max_nodes());
 }
@@ -126,6 +155,9 @@ void flush_deferred() {
   if (detail::t_current) detail::t_current->tracer.flush("flush_deferred()");
 }
 
-bool eager_deferred() { return detail::t_current != nullptr; }
+bool eager_deferred() {
+  detail::ensure_env_started();
+  return detail::t_current != nullptr;
+}
 
 }  // namespace tpu
