@@ -49,7 +49,8 @@ class DeferredEager {
 void flush_deferred();
 // Whether this thread is recording deferred eager ops.
 bool eager_deferred();
-// TPU_EAGER=defer (read at load): every thread records from its first op call on, as inside a
+// TPU_EAGER=defer (read at load): every thread (not the pool's chunks inside a kernel's
+// parallel_for, which stay eager) records from its first op call on, as inside a
 // DeferredEager scope that never ends (values are flushed when read, or by flush_deferred()).
 // TPU_EAGER=plain or unset: plain eager. Anything else is a warning and plain eager.
 bool eager_defer_env();

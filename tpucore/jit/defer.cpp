@@ -12,6 +12,7 @@
 #include "tpucore/core/env.h"
 #include "tpucore/core/hooks.h"
 #include "tpucore/core/log.h"
+#include "tpucore/core/parallel.h"
 #include "tpucore/jit/internal.h"
 
 namespace tpu {
@@ -106,7 +107,7 @@ struct EnvState {
 };
 ops::DispatchInterceptor* env_interceptor() {
   thread_local EnvState env;
-  if (env.state) return nullptr;  // installed once; a null interceptor now is a scope's choice
+  if (env.state || in_parallel_region()) return nullptr;  // kernels' worker chunks stay eager  // installed once; a null interceptor now is a scope's choice
   env.state = std::make_unique<DeferState>(default_max_nodes());
   return &env.state->tracer;
 }
