@@ -10,6 +10,7 @@
 
 #include <chrono>
 
+#include "tpucore/compile.h"
 #include "tpucore/defer.h"
 #include "tpucore/ops.h"
 
@@ -70,6 +71,31 @@ void BM_GeluChainInterleaved(benchmark::State& st) {
   st.counters["eager_over_defer"] = eager_s / defer_s;
 }
 BENCHMARK(BM_GeluChainInterleaved)->Arg(4096)->Arg(16)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// Deferred eager against tpu::compile of the same chain (the bound: the same fused graph without
+// recording, flush and proxy filling), alternated call by call.
+void BM_GeluChainDeferVsCompiled(benchmark::State& st) {
+  Inputs in(st.range(0));
+  auto f = compile([](const Tensor& x, const Tensor& w, const Tensor& b) { return gelu(x * w + b); });
+  f(in.x, in.w, in.b);
+  chain_deferred(in);
+  double comp_s = 0, defer_s = 0;
+  using clock = std::chrono::steady_clock;
+  for (auto _ : st) {
+    const auto t0 = clock::now();
+    benchmark::DoNotOptimize(f(in.x, in.w, in.b));
+    const auto t1 = clock::now();
+    benchmark::DoNotOptimize(chain_deferred(in));
+    const auto t2 = clock::now();
+    comp_s += std::chrono::duration<double>(t1 - t0).count();
+    defer_s += std::chrono::duration<double>(t2 - t1).count();
+  }
+  const double n = static_cast<double>(st.iterations());
+  st.counters["compiled_us"] = comp_s / n * 1e6;
+  st.counters["defer_us"] = defer_s / n * 1e6;
+  st.counters["defer_over_compiled"] = defer_s / comp_s;
+}
+BENCHMARK(BM_GeluChainDeferVsCompiled)->Arg(4096)->Arg(16)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 }  // namespace
 
