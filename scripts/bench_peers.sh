@@ -7,7 +7,13 @@
 # scripts/bench.sh does it). MIN_TIME (default 0.2 s) sets --benchmark_min_time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN="${1:-build/bench/peer/bench_matmul_torch}"
+BIN="${1:-}"
+if [ -z "$BIN" ]; then
+  for c in build/bench/bench_matmul_torch build/bench/peer/bench_matmul_torch; do
+    [ -x "$c" ] && BIN="$c" && break
+  done
+fi
+BIN="${BIN:-build/bench/bench_matmul_torch}"
 if [ ! -x "$BIN" ]; then
   echo "bench_peers: $BIN not found; build it with -DTPU_BENCH_PEERS=ON (libtorch-dev installed)" >&2
   exit 1
