@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <execinfo.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 
@@ -47,8 +48,9 @@ Tensor Tracer::make_proxy(ValueId id) {
   tv->epoch = epoch_;
   tv->id = id;
   impl->trace = std::move(tv);
-  if (proxies_.size() <= static_cast<size_t>(id)) proxies_.resize(static_cast<size_t>(id) + 1);
-  proxies_[static_cast<size_t>(id)] = impl;
+  // Every proxy is kept (not one slot per id): a temporary proxy of an old value, made while
+  // functionalizing a write into a view, must not hide the tensor that owns that value.
+  proxies_.push_back(impl);
   return Tensor(std::move(impl));
 }
 
@@ -230,8 +232,9 @@ void Tracer::set_outputs(std::span<const Tensor> outs) {
 
 std::vector<std::pair<ValueId, std::shared_ptr<TensorImpl>>> Tracer::live_proxies() const {
   std::vector<std::pair<ValueId, std::shared_ptr<TensorImpl>>> v;
-  for (size_t i = 0; i < proxies_.size(); ++i)  // current ids: in-place writes rebind proxies
-    if (auto p = proxies_[i].lock(); p && p->trace) v.emplace_back(p->trace->id, std::move(p));
+  for (const auto& w : proxies_)  // current ids: in-place writes rebind proxies
+    if (auto p = w.lock(); p && p->trace) v.emplace_back(p->trace->id, std::move(p));
+  std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   return v;
 }
 

@@ -102,6 +102,10 @@ class Tracer : public ops::DispatchInterceptor {
   const std::vector<Tensor>& real_inputs() const { return real_inputs_; }
 
   void set_break_handler(BreakHandler h) { on_break_ = std::move(h); }
+  // Defer-and-fuse eager mode: printing or moving a proxy of this tracer reads its value (a
+  // flush) instead of showing "<traced>" / failing as inside compile.
+  void set_deferred(bool on) { deferred_ = on; }
+  bool deferred() const { return deferred_; }
   // Graph-break support: the values whose proxies are still alive (in value-id order).
   std::vector<std::pair<ValueId, std::shared_ptr<TensorImpl>>> live_proxies() const;
   // Starts a new segment: an empty graph; old proxies must have been materialized.
@@ -129,9 +133,10 @@ class Tracer : public ops::DispatchInterceptor {
   std::unordered_map<const TensorImpl*, std::shared_ptr<TraceValue>> captured_;  // real tensor -> root
   std::vector<std::shared_ptr<TraceValue>> input_roots_;  // per graph input (args and captured)
   std::vector<Tensor> aliases_;  // other handles on captured tensors met while tracing
-  std::vector<std::weak_ptr<TensorImpl>> proxies_;  // per value id
+  std::vector<std::weak_ptr<TensorImpl>> proxies_;  // every proxy made in this segment
   BreakHandler on_break_;
   bool in_break_ = false;
+  bool deferred_ = false;
 };
 
 // Runs a recorded view step on a real tensor.

@@ -96,6 +96,7 @@ Tensor contiguous(const Tensor& x) {
 Tensor clone(const Tensor& x) { return ops::call(contiguous_op(), {x}); }
 
 Tensor to(const Tensor& x, Device device) {
+  if (x.is_proxy() && detail::proxy_deferred(x)) return to(detail::materialize_proxy(x, "to(device)"), device);
   if (x.device() == device) return x;
   TPU_CHECK(!x.is_proxy(), "to: moving a traced tensor between devices ({} -> {}) is not supported inside compile",
             x.device().str(), device.str());

@@ -1,5 +1,6 @@
 #include "ops/registry.h"
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <mutex>
@@ -23,6 +24,7 @@ Registry& registry() {
 }
 
 thread_local DispatchInterceptor* t_interceptor = nullptr;
+std::atomic<DefaultInterceptorHook> g_default_interceptor{nullptr};
 std::atomic<PostCallHook> g_post_hook{nullptr};
 std::atomic<InplaceHook> g_inplace_hook{nullptr};
 std::atomic<OpObserver*> g_observer{nullptr};
@@ -104,6 +106,7 @@ void set_backward(std::string_view op, BackwardDef def) {
 
 void set_interceptor(DispatchInterceptor* i) { t_interceptor = i; }
 DispatchInterceptor* interceptor() { return t_interceptor; }
+void set_default_interceptor_hook(DefaultInterceptorHook h) { g_default_interceptor.store(h); }
 void set_post_call_hook(PostCallHook h) { g_post_hook.store(h); }
 void set_inplace_hook(InplaceHook h) { g_inplace_hook.store(h); }
 InplaceHook inplace_hook() { return g_inplace_hook.load(std::memory_order_relaxed); }
@@ -141,6 +144,9 @@ void call(const OpDef& op, std::span<const Tensor> inputs, const Attrs& attrs, s
   TPU_CHECK(outputs.size() >= static_cast<size_t>(m.num_outputs), "internal: {}: {} output slot(s) for {} output(s)",
             op.name, outputs.size(), m.num_outputs);
 
+  if (!t_interceptor) {
+    if (DefaultInterceptorHook h = g_default_interceptor.load(std::memory_order_relaxed)) t_interceptor = h();
+  }
   if (DispatchInterceptor* ic = t_interceptor; ic || any_proxy) {
     if (ic && ic->intercept(op, inputs, attrs, m, outputs)) {
       // Traced calls are recorded by autograd too, so a backward inside a trace is traced.
@@ -148,6 +154,8 @@ void call(const OpDef& op, std::span<const Tensor> inputs, const Attrs& attrs, s
         h(op, inputs, attrs, outputs.subspan(0, static_cast<size_t>(m.num_outputs)));
       return;
     }
+    // A deferred eager recording may decline an op after flushing (its proxies are real now).
+    if (any_proxy) any_proxy = std::any_of(inputs.begin(), inputs.end(), [](const Tensor& t) { return t.is_proxy(); });
     TPU_CHECK(!any_proxy, "{}: a traced (proxy) tensor was used outside of tracing", op.name);
   }
 

@@ -136,6 +136,10 @@ class DispatchInterceptor {
 };
 void set_interceptor(DispatchInterceptor* i);  // thread-local
 DispatchInterceptor* interceptor();
+// Called by an op call on a thread with no interceptor; may return one to install for the thread
+// (TPU_EAGER=defer: the thread's deferred eager recording, made once). Unset: one atomic load.
+using DefaultInterceptorHook = DispatchInterceptor* (*)();
+void set_default_interceptor_hook(DefaultInterceptorHook h);
 
 // Called after an eager op ran, with its inputs and outputs (autograd records its tape here).
 using PostCallHook = void (*)(const OpDef& op, std::span<const Tensor> inputs, const Attrs& attrs,

@@ -95,6 +95,7 @@ struct Printer {
 
 std::string Tensor::str() const {
   if (!defined()) return "tensor(undefined)";
+  if (is_proxy() && detail::proxy_deferred(*this)) return detail::materialize_proxy(*this, "printing").str();
   if (is_proxy()) return fmt::format("tensor(<traced>, shape={}, dtype={}, device='{}')", shape().str(), dtype_name(dtype()),
                                      device().str());
   Tensor h = tpu::contiguous(tpu::to(tpu::to(*this, Device()), DType::f32));

@@ -30,3 +30,8 @@ for b in build/bench/bench_* build/bench/peer/bench_*; do
       fi ;;
   esac
 done
+# The OpenBLAS peer under each OPENBLAS_CORETYPE this CPU takes (the fastest is named).
+if [ -x build/bench/bench_matmul_torch ] || [ -x build/bench/peer/bench_matmul_torch ]; then
+  echo "== OpenBLAS core types (scripts/bench_peers.sh)"
+  bash scripts/bench_peers.sh
+fi

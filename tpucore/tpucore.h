@@ -9,6 +9,7 @@
 #include "tpucore/core/log.h"
 #include "tpucore/core/parallel.h"
 #include "tpucore/data.h"
+#include "tpucore/defer.h"
 #include "tpucore/devices.h"
 #include "tpucore/dist.h"
 #include "tpucore/export.h"

@@ -33,6 +33,15 @@ bool proxy_eager_contiguous(const Tensor& proxy) {
   return h && h(proxy);
 }
 
+namespace {
+std::atomic<ProxyDeferredHook> g_deferred_hook{nullptr};
+}  // namespace
+void set_proxy_deferred_hook(ProxyDeferredHook h) { g_deferred_hook.store(h); }
+bool proxy_deferred(const Tensor& proxy) {
+  ProxyDeferredHook h = g_deferred_hook.load(std::memory_order_relaxed);
+  return h && h(proxy);
+}
+
 void set_device_copy_hook(DeviceCopyHook h) { g_device_copy_hook.store(h); }
 
 void on_device_copy(const Tensor& src, Tensor& dst) {

@@ -30,4 +30,10 @@ using DeviceCopyHook = void (*)(const Tensor& src, Tensor& dst);
 void set_device_copy_hook(DeviceCopyHook h);
 void on_device_copy(const Tensor& src, Tensor& dst);
 
+// Whether a proxy belongs to a deferred eager recording (tpucore/defer.h): then printing it or
+// moving it to another device reads its value (materialize_proxy) as eager would.
+using ProxyDeferredHook = bool (*)(const Tensor& proxy);
+void set_proxy_deferred_hook(ProxyDeferredHook h);
+bool proxy_deferred(const Tensor& proxy);
+
 }  // namespace tpu::detail

@@ -21,6 +21,8 @@ class Engine {
   void call(std::span<const ArgSlot> args, TraceCall trace, std::vector<Tensor>& outs);
   std::vector<std::string> graphs() const;
   const std::string& scope_name() const { return scope_name_; }
+  // Defer-and-fuse eager mode reuses the graph-break path (tpucore/jit/defer.cpp).
+  friend Tensor flush_deferred(graph::Tracer& t, const Tensor& proxy, const std::string& why);
 
  private:
   struct Traced {
@@ -302,6 +304,18 @@ Tensor Engine::on_break(graph::Tracer& t, const Tensor& proxy, const std::string
   }
   t.reset_segment();
   return Tensor(proxy.impl_ptr());
+}
+
+Tensor flush_deferred(graph::Tracer& t, const Tensor& proxy, const std::string& why) {
+  // One engine per thread: its segment cache is what repeated deferred loops hit.
+  thread_local Engine eng([] {
+    CompileOptions o;
+    o.name = "eager:defer";
+    o.disk_cache = false;
+    o.warn_after_recompiles = 1 << 30;  // each distinct recorded graph compiles once: no warning
+    return o;
+  }());
+  return eng.on_break(t, proxy, why);
 }
 
 void Engine::finish_segments(Traced& t, std::vector<Tensor>& outs) {

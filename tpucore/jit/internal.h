@@ -124,4 +124,9 @@ std::optional<graph::Graph> disk_cache_load(uint64_t key, const graph::Graph& tr
 void disk_cache_store(uint64_t key, const graph::Graph& optimized);
 bool disk_cache_enabled();
 
+// Defer-and-fuse eager mode: runs what tracer `t` recorded so far as one graph segment (the
+// thread's "eager:defer" engine: passes, segment cache, stats), fills every live proxy in place
+// with its value and starts a new segment. `proxy` may be undefined (a flush nobody reads).
+Tensor flush_deferred(graph::Tracer& t, const Tensor& proxy, const std::string& why);
+
 }  // namespace tpu::jit::detail

@@ -1,0 +1,102 @@
+// Defer-and-fuse eager mode (tpucore/defer.h) against plain eager, on the same eager code:
+//   gelu(x * w + b), x as [rows, 4096] f32, w and b [4096]: plain eager runs three kernels and
+//   materializes two temporaries; under tpu::DeferredEager the chain is recorded and flushed as
+//   one fused graph (a compile-cache hit after the first round).
+// Both modes are alternated call by call in one benchmark, so they see the same load on a
+// shared machine; eager_over_defer is the ratio. Separate benchmarks give each mode alone.
+// Arg: rows (4096 = 16M floats, the README's size; 16 = 64K floats, where recording and cache
+// lookup overheads show).
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+
+#include "tpucore/compile.h"
+#include "tpucore/defer.h"
+#include "tpucore/ops.h"
+
+using namespace tpu;
+
+namespace {
+
+constexpr int64_t kCols = 4096;
+
+struct Inputs {
+  Tensor x, w, b;
+  explicit Inputs(int64_t rows) : x(randn({rows, kCols})), w(randn({kCols})), b(randn({kCols})) {}
+};
+
+Tensor chain(const Inputs& in) { return gelu(in.x * in.w + in.b); }
+
+Tensor chain_deferred(const Inputs& in) {
+  Tensor y;
+  {
+    DeferredEager guard;
+    y = chain(in);
+  }  // flushed here: one fused graph
+  return y;
+}
+
+void BM_GeluChainPlainEager(benchmark::State& st) {
+  Inputs in(st.range(0));
+  for (auto _ : st) benchmark::DoNotOptimize(chain(in));
+  st.SetBytesProcessed(st.iterations() * st.range(0) * kCols * 8);
+}
+BENCHMARK(BM_GeluChainPlainEager)->Arg(4096)->Arg(16)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+void BM_GeluChainDeferred(benchmark::State& st) {
+  Inputs in(st.range(0));
+  chain_deferred(in);  // first round compiles the segment
+  for (auto _ : st) benchmark::DoNotOptimize(chain_deferred(in));
+  st.SetBytesProcessed(st.iterations() * st.range(0) * kCols * 8);
+}
+BENCHMARK(BM_GeluChainDeferred)->Arg(4096)->Arg(16)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+void BM_GeluChainInterleaved(benchmark::State& st) {
+  Inputs in(st.range(0));
+  chain_deferred(in);
+  double eager_s = 0, defer_s = 0;
+  using clock = std::chrono::steady_clock;
+  for (auto _ : st) {
+    const auto t0 = clock::now();
+    benchmark::DoNotOptimize(chain(in));
+    const auto t1 = clock::now();
+    benchmark::DoNotOptimize(chain_deferred(in));
+    const auto t2 = clock::now();
+    eager_s += std::chrono::duration<double>(t1 - t0).count();
+    defer_s += std::chrono::duration<double>(t2 - t1).count();
+  }
+  const double n = static_cast<double>(st.iterations());
+  st.counters["eager_us"] = eager_s / n * 1e6;
+  st.counters["defer_us"] = defer_s / n * 1e6;
+  st.counters["eager_over_defer"] = eager_s / defer_s;
+}
+BENCHMARK(BM_GeluChainInterleaved)->Arg(4096)->Arg(16)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// Deferred eager against tpu::compile of the same chain (the bound: the same fused graph without
+// recording, flush and proxy filling), alternated call by call.
+void BM_GeluChainDeferVsCompiled(benchmark::State& st) {
+  Inputs in(st.range(0));
+  auto f = compile([](const Tensor& x, const Tensor& w, const Tensor& b) { return gelu(x * w + b); });
+  f(in.x, in.w, in.b);
+  chain_deferred(in);
+  double comp_s = 0, defer_s = 0;
+  using clock = std::chrono::steady_clock;
+  for (auto _ : st) {
+    const auto t0 = clock::now();
+    benchmark::DoNotOptimize(f(in.x, in.w, in.b));
+    const auto t1 = clock::now();
+    benchmark::DoNotOptimize(chain_deferred(in));
+    const auto t2 = clock::now();
+    comp_s += std::chrono::duration<double>(t1 - t0).count();
+    defer_s += std::chrono::duration<double>(t2 - t1).count();
+  }
+  const double n = static_cast<double>(st.iterations());
+  st.counters["compiled_us"] = comp_s / n * 1e6;
+  st.counters["defer_us"] = defer_s / n * 1e6;
+  st.counters["defer_over_compiled"] = defer_s / comp_s;
+}
+BENCHMARK(BM_GeluChainDeferVsCompiled)->Arg(4096)->Arg(16)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();

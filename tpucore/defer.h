@@ -1,0 +1,61 @@
+// Defer-and-fuse eager mode: inside a tpu::DeferredEager scope eager op calls are recorded
+// instead of run, and the recording is flushed as one graph through the JIT's passes (fusion,
+// buffer planning) and a per-thread segment cache when a value is needed:
+//   - a value is read: item(), to_vector(), printing, to(device), ops that need values
+//     (nonzero, boolean masks, ...);
+//   - the recording reaches max_nodes ops (TPU_DEFER_MAX_NODES, default 512);
+//   - the user synchronizes: flush() / tpu::flush_deferred(), and at the end of the scope.
+// Ops that flush and then run eagerly: random ops (the generator is read in program order) and,
+// with grad mode on, ops with an input that requires grad (autograd records them as usual).
+// Shapes and dtypes are always known while recording (each op's meta function runs at the call,
+// so argument errors are raised at the call, as in eager). Errors found only while computing
+// (e.g. an index out of range in a computed index tensor) are raised at the flush, as a
+// tpu::Error naming the op; the tensors of that recording are then unusable, the runtime is not.
+// Repeated loops record structurally equal graphs and hit the cache: tpu::jit::stats() shows
+// them as the function "eager:defer" (compiles, hits, breaks = flushes with their causes).
+// Not seen by the recording: writes through raw pointers (data<T>()) into tensors used by
+// pending ops; flush first.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+namespace tpu {
+
+namespace detail {
+struct DeferState;
+}
+
+class DeferredEager {
+ public:
+  // max_nodes 0: TPU_DEFER_MAX_NODES or 512. Inside tpu::compile's tracing or another
+  // DeferredEager scope the guard does nothing.
+  explicit DeferredEager(size_t max_nodes = 0);
+  // Flushes. An error of that flush propagates unless an exception is already in flight
+  // (then it is logged).
+  ~DeferredEager() noexcept(false);
+  DeferredEager(const DeferredEager&) = delete;
+  DeferredEager& operator=(const DeferredEager&) = delete;
+
+  void flush();
+  bool active() const { return state_ != nullptr; }
+
+ private:
+  std::unique_ptr<detail::DeferState> state_;
+  int uncaught_ = 0;
+};
+
+// Flushes this thread's deferred recording, if any (no-op otherwise).
+void flush_deferred();
+// Whether this thread is recording deferred eager ops.
+bool eager_deferred();
+// TPU_EAGER=defer (read at load): every thread (not the pool's chunks inside a kernel's
+// parallel_for, which stay eager) records from its first op call on, as inside a
+// DeferredEager scope that never ends (values are flushed when read, or by flush_deferred()).
+// TPU_EAGER=plain or unset: plain eager. Anything else is a warning and plain eager.
+// Experimental: the OpInfo suite under TPU_EAGER=defer still fails (Tensor::data() and equal()
+// on an unflushed tensor are errors instead of flushes, and the sim:0 attention case crashes in
+// copy_to_device); the scoped guard is the tested form.
+bool eager_defer_env();
+
+}  // namespace tpu
