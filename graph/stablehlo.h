@@ -2,7 +2,6 @@
 // public entry point, tpu::export_stablehlo, and what it maps are described in tpucore/export.h.
 #pragma once
 
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -11,12 +10,6 @@
 #include "tpucore/core/error.h"
 
 namespace tpu {
-
-namespace detail {
-// Traces fn with proxies of `example_inputs` and writes the module.
-std::string export_traced(const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& fn,
-                          const std::vector<Tensor>& example_inputs, const StableHloOptions& opt);
-}  // namespace detail
 
 namespace graph {
 // The graph as a module: graph inputs with a real tensor in `captured` (same length as

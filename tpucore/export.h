@@ -34,7 +34,7 @@
 namespace tpu {
 
 namespace detail {
-// Traces fn with proxies of `example_inputs` and writes the module (graph/stablehlo.cpp).
+// Traces fn with proxies of `example_inputs` and writes the module (tpucore/jit/export.cpp).
 std::string export_traced(const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& fn,
                           const std::vector<Tensor>& example_inputs, const StableHloOptions& opt);
 }  // namespace detail

@@ -2,6 +2,8 @@
 // 127.0.0.1 (or through tpu-run), waits for them with a deadline (killing them past it) and
 // checks their exit status and messages. The checks against the naive reference run inside
 // the workers (worker_collectives.cpp).
+#include "common/procs.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -29,92 +31,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
-fs::path scratch_dir() {
-  static int counter = 0;
-  fs::path p = fs::temp_directory_path() / ("tpudist_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
-
-struct Proc {
-  pid_t pid = -1;
-  int status = -1;  // raw wait status; -1 while running or when killed at the deadline
-  bool timed_out = false;
-  std::string out;
-};
-
-// Runs argv with env added; output (stdout+stderr) to a file read back at the end.
-pid_t start(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env, const fs::path& log) {
-  std::vector<std::string> envs;
-  for (char** e = environ; *e; ++e) {
-    std::string kv = *e;
-    std::string k = kv.substr(0, kv.find('='));
-    if (!env.count(k) && k != "RANK" && k != "WORLD_SIZE" && k != "MASTER_ADDR" && k != "MASTER_PORT" &&
-        k.rfind("TPU_DIST_", 0) != 0)
-      envs.push_back(kv);
-  }
-  for (auto& [k, v] : env) envs.push_back(k + "=" + v);
-  std::vector<char*> a, e;
-  for (auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
-  a.push_back(nullptr);
-  for (auto& s : envs) e.push_back(const_cast<char*>(s.c_str()));
-  e.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid = -1;
-  int rc = posix_spawn(&pid, a[0], &fa, nullptr, a.data(), e.data());
-  posix_spawn_file_actions_destroy(&fa);
-  REQUIRE(rc == 0);
-  return pid;
-}
-
-// Waits for every process until the deadline, then kills the rest (a hang fails the test).
-void finish(std::vector<Proc>& ps, const std::vector<fs::path>& logs, std::chrono::seconds deadline) {
-  auto end = std::chrono::steady_clock::now() + deadline;
-  for (;;) {  // bounded by the deadline
-    bool running = false;
-    for (auto& p : ps) {
-      if (p.status != -1 || p.timed_out) continue;
-      int st = 0;
-      if (::waitpid(p.pid, &st, WNOHANG) == p.pid) p.status = st;
-      else running = true;
-    }
-    if (!running) break;
-    if (std::chrono::steady_clock::now() >= end) {
-      for (auto& p : ps)
-        if (p.status == -1) {
-          ::kill(p.pid, SIGKILL);
-          ::waitpid(p.pid, nullptr, 0);
-          p.timed_out = true;
-        }
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  for (size_t i = 0; i < ps.size(); ++i) {
-    std::ifstream f(logs[i]);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    ps[i].out = ss.str();
-  }
-}
-
-int exit_code(const Proc& p) { return (!p.timed_out && WIFEXITED(p.status)) ? WEXITSTATUS(p.status) : -1; }
+using test_procs::exit_code;
+using test_procs::finish;
+using test_procs::free_port;
+using test_procs::Proc;
+using test_procs::start;
+fs::path scratch_dir() { return test_procs::scratch_dir("tpudist_test"); }
 
 struct Job {
   Job(int ranks, std::string what, std::string arg = "", int timeout = 10000)

@@ -13,6 +13,7 @@
 #include "graph/passes/passes.h"
 #include "graph/schedule.h"
 #include "graph/tracer.h"
+#include "pod/pod_testing.h"
 #include "tpucore/compile.h"
 #include "tpucore/dist.h"
 #include "tpucore/ops.h"
@@ -24,33 +25,13 @@ using dist::ReduceOp;
 
 namespace {
 
-const bool g_env = [] {
-  setenv("TPU_SIM_CHIP", "tiny", 0);
-  setenv("TPU_SIM_POD", "2x2", 0);
-  return true;
-}();
+using pod_testing::g_env;
 
-Device chip(int r) { return Device(DeviceType::sim, r); }
+using pod_testing::chip;
 
-void expect(bool ok, const std::string& what) {
-  if (!ok) throw std::runtime_error("expectation failed: " + what);
-}
+using pod_testing::expect;
 
-void on_ranks(int n, const std::function<void(int)>& fn) {
-  std::vector<std::exception_ptr> err(static_cast<size_t>(n));
-  std::vector<std::thread> ts;
-  for (int r = 0; r < n; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (...) {
-        err[static_cast<size_t>(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : ts) t.join();
-  for (auto& e : err)
-    if (e) std::rethrow_exception(e);
-}
+using pod_testing::on_ranks;
 
 // Rank r's input of call `salt`: small integers, exact in f32 through every step below.
 std::vector<float> input(int r, int salt, int64_t n) {

@@ -11,6 +11,7 @@
 
 #include "device/sim_driver.h"
 #include "device/sim_pod.h"
+#include "pod/pod_testing.h"
 #include "tpucore/dist.h"
 #include "tpucore/ops.h"
 
@@ -20,36 +21,13 @@ using dist::ReduceOp;
 
 namespace {
 
-const bool g_env = [] {
-  setenv("TPU_SIM_CHIP", "tiny", 0);
-  setenv("TPU_SIM_POD", "2x2", 0);
-  return true;
-}();
+using pod_testing::g_env;
 
-Device chip(int r) { return Device(DeviceType::sim, r); }
+using pod_testing::chip;
 
-// Catch2's assertions are not thread-safe: inside on_ranks, failed expectations throw instead
-// (on_ranks rethrows them on the test's thread).
-void expect(bool ok, const char* what) {
-  if (!ok) throw std::runtime_error(std::string("expectation failed: ") + what);
-}
+using pod_testing::expect;
 
-// Runs fn(rank) on one thread per rank; rethrows the first rank's error (by rank order).
-void on_ranks(int n, const std::function<void(int)>& fn) {
-  std::vector<std::exception_ptr> err(static_cast<size_t>(n));
-  std::vector<std::thread> ts;
-  for (int r = 0; r < n; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (...) {
-        err[static_cast<size_t>(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : ts) t.join();
-  for (auto& e : err)
-    if (e) std::rethrow_exception(e);
-}
+using pod_testing::on_ranks;
 
 // Rank r's input: small integers (0/1 for bool, 0..3 for u8, -3..3 otherwise) of n elements.
 std::vector<float> values(DType t, int r, int64_t n, int salt = 0) {

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#include "pod/pod_testing.h"
 #include "tpucore/dist.h"
 #include "tpucore/nn.h"
 #include "tpucore/nn/ddp.h"
@@ -22,17 +23,11 @@ using dist::ReduceOp;
 
 namespace {
 
-const bool g_env = [] {
-  setenv("TPU_SIM_CHIP", "tiny", 0);
-  setenv("TPU_SIM_POD", "2x2", 0);
-  return true;
-}();
+using pod_testing::g_env;
 
 // Catch2's assertions are not thread-safe: on rank threads a failed expectation throws (and
 // run_ranks reports it, naming the rank).
-void expect(bool ok, const std::string& what) {
-  if (!ok) throw std::runtime_error("expectation failed: " + what);
-}
+using pod_testing::expect;
 
 double input(int rank, int64_t i, int salt) { return static_cast<double>((i * 5 + rank * 3 + salt + i * rank) % 7) - 3; }
 
