@@ -163,6 +163,8 @@ TEST_CASE("tokenizer: malformed and unsupported files are named errors", "[token
       {"unsupported pre-tokenizer pattern", "\\w+"});
   bad([](json& j) { j["added_tokens"][0]["id"] = 65; }, {"<|endoftext|>", "id 65", "A"});
   bad([](json& j) { j["added_tokens"][1].erase("content"); }, {"added_tokens"});
+  // Two added tokens with one id: decode could not tell them apart (a fuzzing finding).
+  bad([](json& j) { j["added_tokens"][0]["id"] = 301; }, {"<|endoftext|>", "<|end|>", "both have id 301"});
   expect_error([] { Tokenizer::from_file("/nonexistent/tokenizer.json"); }, {"cannot open", "/nonexistent"});
   // A vocabulary without the symbol of byte 'z': encoding "z" names the byte; decoding an
   // unknown id names it.

@@ -185,6 +185,7 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& src) 
   }
   if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
     TPU_CHECK(j["added_tokens"].is_array(), "{}: added_tokens must be a list", src);
+    std::unordered_map<int64_t, std::string> added_content;  // one content per id, or decode is ambiguous
     for (const auto& a : j["added_tokens"]) {
       TPU_CHECK(a.is_object() && a.contains("id") && a["id"].is_number_integer() && a["id"].get<int64_t>() >= 0 &&
                     a.contains("content") && a["content"].is_string() && !a["content"].get<std::string>().empty(),
@@ -194,6 +195,10 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& src) 
       if (auto it = im->id_to_tok.find(id); it != im->id_to_tok.end())
         TPU_CHECK(it->second == content, "{}: added token '{}' has id {}, which model.vocab gives to '{}'", src, content,
                   id, it->second);
+      const auto [prev, fresh] = added_content.emplace(id, content);
+      TPU_CHECK(fresh || prev->second == content, "{}: added tokens '{}' and '{}' both have id {}", src, prev->second,
+                content, id);
+      if (!fresh) continue;  // the same token listed twice
       im->added.push_back({content, id, a.value("special", false)});
       im->max_id = std::max(im->max_id, id);
     }
