@@ -165,6 +165,9 @@ TEST_CASE("tokenizer: malformed and unsupported files are named errors", "[token
   bad([](json& j) { j["added_tokens"][1].erase("content"); }, {"added_tokens"});
   // Two added tokens with one id: decode could not tell them apart (a fuzzing finding).
   bad([](json& j) { j["added_tokens"][0]["id"] = 301; }, {"<|endoftext|>", "<|end|>", "both have id 301"});
+  // A field of the wrong JSON type is a tpu::Error naming the file (a fuzzing finding).
+  bad([](json& j) { j["pre_tokenizer"]["type"] = 130; }, {"tok.json", "wrong type"});
+  bad([](json& j) { j["model"]["type"] = json::array(); }, {"tok.json", "wrong type"});
   expect_error([] { Tokenizer::from_file("/nonexistent/tokenizer.json"); }, {"cannot open", "/nonexistent"});
   // A vocabulary without the symbol of byte 'z': encoding "z" names the byte; decoding an
   // unknown id names it.

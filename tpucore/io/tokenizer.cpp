@@ -143,106 +143,112 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& src) 
     fail("{}: invalid JSON ({})", src, e.what());
   }
   auto im = std::make_shared<Impl>();
-  im->source = src;
-  TPU_CHECK(j.is_object() && j.contains("model") && j["model"].is_object(), "{}: expected an object with a 'model' object",
-            src);
-  const json& m = j["model"];
-  TPU_CHECK(m.value("type", std::string("BPE")) == "BPE", "{}: model.type '{}' is not supported (only BPE)", src,
-            m.value("type", std::string()));
-  TPU_CHECK(!m.contains("byte_fallback") || !m["byte_fallback"].is_boolean() || !m["byte_fallback"].get<bool>(),
-            "{}: model.byte_fallback (sentencepiece-style BPE) is not supported; only byte-level BPE", src);
-  TPU_CHECK(m.contains("vocab") && m["vocab"].is_object(), "{}: model.vocab must be an object of token -> id", src);
-  for (const auto& [t, id] : m["vocab"].items()) {
-    TPU_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0, "{}: model.vocab['{}'] must be an id >= 0, got {}", src,
-              t, id.dump());
-    const int64_t v = id.get<int64_t>();
-    TPU_CHECK(im->id_to_tok.emplace(v, t).second, "{}: model.vocab gives id {} to both '{}' and '{}'", src, v,
-              im->id_to_tok[v], t);
-    im->vocab[t] = v;
-    im->max_id = std::max(im->max_id, v);
-  }
-  if (m.contains("ignore_merges") && m["ignore_merges"].is_boolean()) im->ignore_merges = m["ignore_merges"].get<bool>();
-  TPU_CHECK(m.contains("merges") && m["merges"].is_array(), "{}: model.merges must be a list", src);
-  int64_t rank = 0;
-  for (const auto& e : m["merges"]) {
-    std::string a, b;
-    if (e.is_string()) {
-      const std::string s = e.get<std::string>();
-      const size_t sp = s.find(' ');
-      TPU_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < s.size() && s.find(' ', sp + 1) == std::string::npos,
-                "{}: model.merges[{}] '{}' must be two tokens separated by one space", src, rank, s);
-      a = s.substr(0, sp);
-      b = s.substr(sp + 1);
-    } else {
-      TPU_CHECK(e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string(),
-                "{}: model.merges[{}] must be \"a b\" or [\"a\", \"b\"], got {}", src, rank, e.dump());
-      a = e[0].get<std::string>();
-      b = e[1].get<std::string>();
+  // Every field is checked where it is read; a value of the wrong JSON type that a check
+  // missed still becomes a tpu::Error naming the file, never a JSON library exception.
+  try {
+    im->source = src;
+    TPU_CHECK(j.is_object() && j.contains("model") && j["model"].is_object(), "{}: expected an object with a 'model' object",
+              src);
+    const json& m = j["model"];
+    TPU_CHECK(m.value("type", std::string("BPE")) == "BPE", "{}: model.type '{}' is not supported (only BPE)", src,
+              m.value("type", std::string()));
+    TPU_CHECK(!m.contains("byte_fallback") || !m["byte_fallback"].is_boolean() || !m["byte_fallback"].get<bool>(),
+              "{}: model.byte_fallback (sentencepiece-style BPE) is not supported; only byte-level BPE", src);
+    TPU_CHECK(m.contains("vocab") && m["vocab"].is_object(), "{}: model.vocab must be an object of token -> id", src);
+    for (const auto& [t, id] : m["vocab"].items()) {
+      TPU_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0, "{}: model.vocab['{}'] must be an id >= 0, got {}", src,
+                t, id.dump());
+      const int64_t v = id.get<int64_t>();
+      TPU_CHECK(im->id_to_tok.emplace(v, t).second, "{}: model.vocab gives id {} to both '{}' and '{}'", src, v,
+                im->id_to_tok[v], t);
+      im->vocab[t] = v;
+      im->max_id = std::max(im->max_id, v);
     }
-    const int64_t ia = im->id_of(a, "merge part"), ib = im->id_of(b, "merge part"), ir = im->id_of(a + b, "merge result");
-    im->merges.emplace(std::make_pair(ia, ib), std::make_pair(rank, ir));  // a repeated pair keeps its first rank
-    ++rank;
-  }
-  if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
-    TPU_CHECK(j["added_tokens"].is_array(), "{}: added_tokens must be a list", src);
-    std::unordered_map<int64_t, std::string> added_content;  // one content per id, or decode is ambiguous
-    for (const auto& a : j["added_tokens"]) {
-      TPU_CHECK(a.is_object() && a.contains("id") && a["id"].is_number_integer() && a["id"].get<int64_t>() >= 0 &&
-                    a.contains("content") && a["content"].is_string() && !a["content"].get<std::string>().empty(),
-                "{}: each added_tokens entry needs an id >= 0 and a non-empty content, got {}", src, a.dump());
-      const int64_t id = a["id"].get<int64_t>();
-      const std::string content = a["content"].get<std::string>();
-      if (auto it = im->id_to_tok.find(id); it != im->id_to_tok.end())
-        TPU_CHECK(it->second == content, "{}: added token '{}' has id {}, which model.vocab gives to '{}'", src, content,
-                  id, it->second);
-      const auto [prev, fresh] = added_content.emplace(id, content);
-      TPU_CHECK(fresh || prev->second == content, "{}: added tokens '{}' and '{}' both have id {}", src, prev->second,
-                content, id);
-      if (!fresh) continue;  // the same token listed twice
-      im->added.push_back({content, id, a.value("special", false)});
-      im->max_id = std::max(im->max_id, id);
-    }
-    std::stable_sort(im->added.begin(), im->added.end(),
-                     [](const Impl::Added& x, const Impl::Added& y) { return x.content.size() > y.content.size(); });
-    for (size_t k = 0; k < im->added.size(); ++k) im->added_by_id[im->added[k].id] = k;
-  }
-  TPU_CHECK(!j.contains("normalizer") || j["normalizer"].is_null(), "{}: normalizers are not supported (found {})", src,
-            j.contains("normalizer") ? j["normalizer"].dump().substr(0, 80) : "");
-  // The pre-tokenizer: ByteLevel, or Sequence[Split(pattern), ByteLevel(use_regex false)].
-  auto byte_level = [&](const json& p, const std::string& where) {
-    im->add_prefix_space = p.value("add_prefix_space", false);
-    if (p.value("use_regex", true)) im->pattern = tok::Pattern::gpt2;
-    (void)where;
-  };
-  auto split = [&](const json& p, const std::string& where) {
-    TPU_CHECK(p.contains("pattern") && p["pattern"].is_object() && p["pattern"].contains("Regex") &&
-                  p["pattern"]["Regex"].is_string(),
-              "{}: {} needs a pattern {{\"Regex\": ...}}", src, where);
-    TPU_CHECK(p.value("behavior", std::string("Isolated")) == "Isolated" && !p.value("invert", false),
-              "{}: {}: only behavior Isolated without invert is supported", src, where);
-    im->pattern = tok::pattern_of(p["pattern"]["Regex"].get<std::string>(), src + " " + where);
-  };
-  if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null()) {
-    const json& p = j["pre_tokenizer"];
-    const std::string type = p.is_object() ? p.value("type", std::string()) : std::string();
-    if (type == "ByteLevel") {
-      byte_level(p, "pre_tokenizer");
-    } else if (type == "Split") {
-      split(p, "pre_tokenizer");
-    } else if (type == "Sequence" && p.contains("pretokenizers") && p["pretokenizers"].is_array()) {
-      for (const auto& q : p["pretokenizers"]) {
-        const std::string t = q.is_object() ? q.value("type", std::string()) : std::string();
-        if (t == "Split") split(q, "pre_tokenizer Split");
-        else if (t == "ByteLevel") {
-          const tok::Pattern keep = im->pattern;
-          byte_level(q, "pre_tokenizer ByteLevel");
-          if (keep != tok::Pattern::none) im->pattern = keep;  // a Split before it cut already
-        } else
-          fail("{}: pre_tokenizer type '{}' is not supported (ByteLevel, Split)", src, t);
+    if (m.contains("ignore_merges") && m["ignore_merges"].is_boolean()) im->ignore_merges = m["ignore_merges"].get<bool>();
+    TPU_CHECK(m.contains("merges") && m["merges"].is_array(), "{}: model.merges must be a list", src);
+    int64_t rank = 0;
+    for (const auto& e : m["merges"]) {
+      std::string a, b;
+      if (e.is_string()) {
+        const std::string s = e.get<std::string>();
+        const size_t sp = s.find(' ');
+        TPU_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < s.size() && s.find(' ', sp + 1) == std::string::npos,
+                  "{}: model.merges[{}] '{}' must be two tokens separated by one space", src, rank, s);
+        a = s.substr(0, sp);
+        b = s.substr(sp + 1);
+      } else {
+        TPU_CHECK(e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string(),
+                  "{}: model.merges[{}] must be \"a b\" or [\"a\", \"b\"], got {}", src, rank, e.dump());
+        a = e[0].get<std::string>();
+        b = e[1].get<std::string>();
       }
-    } else {
-      fail("{}: pre_tokenizer {} is not supported (ByteLevel, Split, Sequence of them)", src, p.dump().substr(0, 80));
+      const int64_t ia = im->id_of(a, "merge part"), ib = im->id_of(b, "merge part"), ir = im->id_of(a + b, "merge result");
+      im->merges.emplace(std::make_pair(ia, ib), std::make_pair(rank, ir));  // a repeated pair keeps its first rank
+      ++rank;
     }
+    if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
+      TPU_CHECK(j["added_tokens"].is_array(), "{}: added_tokens must be a list", src);
+      std::unordered_map<int64_t, std::string> added_content;  // one content per id, or decode is ambiguous
+      for (const auto& a : j["added_tokens"]) {
+        TPU_CHECK(a.is_object() && a.contains("id") && a["id"].is_number_integer() && a["id"].get<int64_t>() >= 0 &&
+                      a.contains("content") && a["content"].is_string() && !a["content"].get<std::string>().empty(),
+                  "{}: each added_tokens entry needs an id >= 0 and a non-empty content, got {}", src, a.dump());
+        const int64_t id = a["id"].get<int64_t>();
+        const std::string content = a["content"].get<std::string>();
+        if (auto it = im->id_to_tok.find(id); it != im->id_to_tok.end())
+          TPU_CHECK(it->second == content, "{}: added token '{}' has id {}, which model.vocab gives to '{}'", src, content,
+                    id, it->second);
+        const auto [prev, fresh] = added_content.emplace(id, content);
+        TPU_CHECK(fresh || prev->second == content, "{}: added tokens '{}' and '{}' both have id {}", src, prev->second,
+                  content, id);
+        if (!fresh) continue;  // the same token listed twice
+        im->added.push_back({content, id, a.value("special", false)});
+        im->max_id = std::max(im->max_id, id);
+      }
+      std::stable_sort(im->added.begin(), im->added.end(),
+                       [](const Impl::Added& x, const Impl::Added& y) { return x.content.size() > y.content.size(); });
+      for (size_t k = 0; k < im->added.size(); ++k) im->added_by_id[im->added[k].id] = k;
+    }
+    TPU_CHECK(!j.contains("normalizer") || j["normalizer"].is_null(), "{}: normalizers are not supported (found {})", src,
+              j.contains("normalizer") ? j["normalizer"].dump().substr(0, 80) : "");
+    // The pre-tokenizer: ByteLevel, or Sequence[Split(pattern), ByteLevel(use_regex false)].
+    auto byte_level = [&](const json& p, const std::string& where) {
+      im->add_prefix_space = p.value("add_prefix_space", false);
+      if (p.value("use_regex", true)) im->pattern = tok::Pattern::gpt2;
+      (void)where;
+    };
+    auto split = [&](const json& p, const std::string& where) {
+      TPU_CHECK(p.contains("pattern") && p["pattern"].is_object() && p["pattern"].contains("Regex") &&
+                    p["pattern"]["Regex"].is_string(),
+                "{}: {} needs a pattern {{\"Regex\": ...}}", src, where);
+      TPU_CHECK(p.value("behavior", std::string("Isolated")) == "Isolated" && !p.value("invert", false),
+                "{}: {}: only behavior Isolated without invert is supported", src, where);
+      im->pattern = tok::pattern_of(p["pattern"]["Regex"].get<std::string>(), src + " " + where);
+    };
+    if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null()) {
+      const json& p = j["pre_tokenizer"];
+      const std::string type = p.is_object() ? p.value("type", std::string()) : std::string();
+      if (type == "ByteLevel") {
+        byte_level(p, "pre_tokenizer");
+      } else if (type == "Split") {
+        split(p, "pre_tokenizer");
+      } else if (type == "Sequence" && p.contains("pretokenizers") && p["pretokenizers"].is_array()) {
+        for (const auto& q : p["pretokenizers"]) {
+          const std::string t = q.is_object() ? q.value("type", std::string()) : std::string();
+          if (t == "Split") split(q, "pre_tokenizer Split");
+          else if (t == "ByteLevel") {
+            const tok::Pattern keep = im->pattern;
+            byte_level(q, "pre_tokenizer ByteLevel");
+            if (keep != tok::Pattern::none) im->pattern = keep;  // a Split before it cut already
+          } else
+            fail("{}: pre_tokenizer type '{}' is not supported (ByteLevel, Split)", src, t);
+        }
+      } else {
+        fail("{}: pre_tokenizer {} is not supported (ByteLevel, Split, Sequence of them)", src, p.dump().substr(0, 80));
+      }
+    }
+  } catch (const json::exception& e) {
+    fail("{}: a field has the wrong type or value ({})", src, e.what());
   }
   Tokenizer t;
   t.impl_ = std::move(im);
