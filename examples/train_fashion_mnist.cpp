@@ -181,8 +181,9 @@ int main(int argc, char** argv) {
     auto [test_acc, test_loss] = evaluate(*model, test_loader);
     std::printf("final test accuracy %.2f%% (loss %.4f); checkpoint %s\n", 100.0 * test_acc, test_loss,
                 args.checkpoint.c_str());
+    const jit::Stats jit_stats = jit::stats();
     if (args.compiled)
-      if (const jit::FunctionStats* st = jit::stats().find("train_step"))
+      if (const jit::FunctionStats* st = jit_stats.find("train_step"))
         std::printf("compiled step: %lld compiles (%.0f ms tracing + optimizing), %lld cache hits, %lld graph breaks\n",
                     static_cast<long long>(st->compiles), st->compile_ms, static_cast<long long>(st->hits),
                     static_cast<long long>(st->breaks));

@@ -65,7 +65,10 @@ struct FunctionStats {
 };
 struct Stats {
   std::vector<FunctionStats> functions;
-  const FunctionStats* find(std::string_view name) const;
+  // The pointer points into this snapshot: keep the Stats alive while using it (calling find
+  // on a temporary, `jit::stats().find(...)`, would dangle, so it does not compile).
+  const FunctionStats* find(std::string_view name) const&;
+  const FunctionStats* find(std::string_view name) const&& = delete;
 };
 // A snapshot of the counters of every compiled function alive or dead in this process.
 Stats stats();

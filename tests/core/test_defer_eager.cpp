@@ -92,7 +92,8 @@ TEST_CASE("defer: reading a value flushes", "[defer]") {
   Tensor u = x + 1.0;
   guard.flush();  // the user synchronizes
   CHECK_FALSE(u.is_proxy());
-  const auto* st = jit::stats().find("eager:defer");
+  const jit::Stats snapshot = jit::stats();
+  const auto* st = snapshot.find("eager:defer");
   REQUIRE(st != nullptr);
   CHECK(st->breaks >= 4);
 }
@@ -140,7 +141,8 @@ TEST_CASE("defer: buffer limit, eager-only ops, loops hit the compile cache", "[
       expect_close(got, want);
       x = want;  // a new input tensor each round: same graph structure
     }
-    const auto* st = jit::stats().find("eager:defer");
+    const jit::Stats snapshot = jit::stats();
+  const auto* st = snapshot.find("eager:defer");
     REQUIRE(st != nullptr);
     CHECK(st->compiles == 1);
     CHECK(st->hits == 4);
@@ -206,7 +208,8 @@ TEST_CASE("defer: TPU_EAGER=defer records every op of the thread", "[.defer-env]
   Tensor z = x + 1.0;
   flush_deferred();
   CHECK_FALSE(z.is_proxy());
-  const auto* st = jit::stats().find("eager:defer");
+  const jit::Stats snapshot = jit::stats();
+  const auto* st = snapshot.find("eager:defer");
   REQUIRE(st != nullptr);
   CHECK(st->hits >= 2);  // rounds 2 and 3 reuse round 1's graph
 }

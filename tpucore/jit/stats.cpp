@@ -24,7 +24,7 @@ std::shared_ptr<StatsRecord> register_stats(const std::string& name) {
 }
 }  // namespace detail
 
-const FunctionStats* Stats::find(std::string_view name) const {
+const FunctionStats* Stats::find(std::string_view name) const& {
   for (auto it = functions.rbegin(); it != functions.rend(); ++it)
     if (it->name == name) return &*it;
   return nullptr;
