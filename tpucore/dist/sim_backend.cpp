@@ -19,6 +19,7 @@
 #include "device/sim_driver.h"
 #include "device/sim_pod.h"
 #include "tpucore/dist/backend.h"
+#include "tpucore/dist/sim_types.h"
 #include "tpucore/dist/work.h"
 #include "tpucore/ops.h"
 
@@ -55,22 +56,6 @@ std::string describe(const Entry& e) {
   return fmt::format("{} {} {}", e.op, dtype_name(e.dtype), e.shape);
 }
 
-// Maps a tensor dtype onto what the pod carries; a tpu::Error for one it does not.
-void pod_type(DType t, sim::DType& d, sim::ElemType& e, const std::string& what) {
-  e = sim::ElemType::native;
-  d = sim::DType::f32;
-  switch (t) {
-    case DType::f32: d = sim::DType::f32; return;
-    case DType::bf16: d = sim::DType::bf16; return;
-    case DType::i32: d = sim::DType::i32; return;
-    case DType::i8: d = sim::DType::i8; return;
-    case DType::f16: e = sim::ElemType::f16; return;
-    case DType::u8: e = sim::ElemType::u8; return;
-    case DType::boolean: e = sim::ElemType::boolean; return;
-    case DType::i64: break;
-  }
-  fail("{}: the sim pod's ICI carries f32, bf16, f16, i32, i8, u8 and bool, not {}", what, dtype_name(t));
-}
 
 sim::ReduceOp pod_op(ReduceOp op) {
   switch (op) {
@@ -436,6 +421,22 @@ class SimBackend final : public Backend {
 };
 
 }  // namespace
+
+void pod_type(DType t, sim::DType& d, sim::ElemType& e, const std::string& what) {
+  e = sim::ElemType::native;
+  d = sim::DType::f32;
+  switch (t) {
+    case DType::f32: d = sim::DType::f32; return;
+    case DType::bf16: d = sim::DType::bf16; return;
+    case DType::i32: d = sim::DType::i32; return;
+    case DType::i8: d = sim::DType::i8; return;
+    case DType::f16: e = sim::ElemType::f16; return;
+    case DType::u8: e = sim::ElemType::u8; return;
+    case DType::boolean: e = sim::ElemType::boolean; return;
+    case DType::i64: break;
+  }
+  fail("{}: the sim pod's ICI carries f32, bf16, f16, i32, i8, u8 and bool, not {}", what, dtype_name(t));
+}
 
 std::vector<ProcessGroupPtr> sim_pod_groups(const SimPodOptions& o) {
   const std::string what = "tpu::dist::sim_pod_groups";

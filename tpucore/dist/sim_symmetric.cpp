@@ -15,25 +15,10 @@
 #include "sim/pod.h"
 #include "tpucore/devices.h"
 #include "tpucore/dist/backend.h"
+#include "tpucore/dist/sim_types.h"
 
 namespace tpu::dist {
 namespace {
-
-void sym_type(DType t, sim::DType& d, sim::ElemType& e) {
-  e = sim::ElemType::native;
-  d = sim::DType::f32;
-  switch (t) {
-    case DType::f32: return;
-    case DType::bf16: d = sim::DType::bf16; return;
-    case DType::i32: d = sim::DType::i32; return;
-    case DType::i8: d = sim::DType::i8; return;
-    case DType::f16: e = sim::ElemType::f16; return;
-    case DType::u8: e = sim::ElemType::u8; return;
-    case DType::boolean: e = sim::ElemType::boolean; return;
-    case DType::i64: break;
-  }
-  fail("tpu::dist (sim symmetric): the sim pod's ICI carries f32, bf16, f16, i32, i8, u8 and bool, not {}", dtype_name(t));
-}
 
 sim::ReduceOp sym_op(ReduceOp op) {
   switch (op) {
@@ -95,7 +80,7 @@ class SymmetricBackend final : public Backend {
     spec.op = sym_op(op);
     spec.count = static_cast<uint64_t>(in.numel());
     spec.axes = o_.axes;
-    sym_type(in.dtype(), spec.dtype, spec.elem);
+    pod_type(in.dtype(), spec.dtype, spec.elem, "tpu::dist (sim symmetric)");
     sim::IciCost cost;
     try {
       device::SimDevice& dev = device::sim_device(o_.device);

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "device/pjrt/pjrt_c_api.h"
+#include "device/pjrt/pjrt_dtype.h"
 #include "tpucore/core/error.h"
 #include "tpucore/ops.h"
 
@@ -18,20 +19,6 @@ A args() {
   std::memset(static_cast<void*>(&a), 0, sizeof a);
   a.struct_size = sizeof a;
   return a;
-}
-
-PJRT_Buffer_Type buffer_type(DType t) {
-  switch (t) {
-    case DType::boolean: return PJRT_Buffer_Type_PRED;
-    case DType::i8: return PJRT_Buffer_Type_S8;
-    case DType::i32: return PJRT_Buffer_Type_S32;
-    case DType::i64: return PJRT_Buffer_Type_S64;
-    case DType::u8: return PJRT_Buffer_Type_U8;
-    case DType::f16: return PJRT_Buffer_Type_F16;
-    case DType::f32: return PJRT_Buffer_Type_F32;
-    case DType::bf16: return PJRT_Buffer_Type_BF16;
-  }
-  return PJRT_Buffer_Type_INVALID;
 }
 
 DType tensor_type(PJRT_Buffer_Type t) {
@@ -210,7 +197,7 @@ std::vector<Tensor> Executable::execute(const std::vector<Tensor>& inputs, int d
     auto a = args<PJRT_Client_BufferFromHostBuffer_Args>();
     a.client = c.client_;
     a.data = h.raw_data();
-    a.type = buffer_type(h.dtype());
+    a.type = tpu::pjrt::buffer_type_of(h.dtype());
     a.dims = dims.data();
     a.num_dims = dims.size();
     a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "device/pjrt/pjrt_c_api.h"
+#include "device/pjrt/pjrt_dtype.h"
 #include "device/plugins/pjrt_sim/shlo_program.h"
 #include "tpucore/devices.h"
 #include "tpucore/core/error.h"
@@ -82,20 +83,6 @@ DType to_dtype(PJRT_Buffer_Type t) {
     default: throw tpu::Error("pjrt_tpucore_sim: element type " + std::to_string(int(t)) + " is not supported");
   }
 }
-PJRT_Buffer_Type from_dtype(DType t) {
-  switch (t) {
-    case DType::boolean: return PJRT_Buffer_Type_PRED;
-    case DType::i8: return PJRT_Buffer_Type_S8;
-    case DType::i32: return PJRT_Buffer_Type_S32;
-    case DType::i64: return PJRT_Buffer_Type_S64;
-    case DType::u8: return PJRT_Buffer_Type_U8;
-    case DType::f16: return PJRT_Buffer_Type_F16;
-    case DType::f32: return PJRT_Buffer_Type_F32;
-    case DType::bf16: return PJRT_Buffer_Type_BF16;
-  }
-  return PJRT_Buffer_Type_INVALID;
-}
-
 tpu::Device sim(int i) { return tpu::Device(tpu::DeviceType::sim, i); }
 
 void error_destroy(PJRT_Error_Destroy_Args* a) {
@@ -224,7 +211,7 @@ PJRT_Error* buffer_destroy(PJRT_Buffer_Destroy_Args* a) {
 PJRT_Error* buffer_element_type(PJRT_Buffer_ElementType_Args* a) {
   return guarded([&] {
     check(a, "PJRT_Buffer_ElementType");
-    a->type = from_dtype(a->buffer->t.dtype());
+    a->type = tpu::pjrt::buffer_type_of(a->buffer->t.dtype());
   });
 }
 PJRT_Error* buffer_dimensions(PJRT_Buffer_Dimensions_Args* a) {
