@@ -98,6 +98,7 @@ bool sum_eager(const ops::KernelArgs& k) { return reduce_eager(k, RowOp::sum); }
 bool mean_eager(const ops::KernelArgs& k) { return reduce_eager(k, RowOp::mean); }
 bool amax_eager(const ops::KernelArgs& k) { return reduce_eager(k, RowOp::max); }
 bool amin_eager(const ops::KernelArgs& k) { return reduce_eager(k, RowOp::min); }
+bool logsumexp_eager(const ops::KernelArgs& k) { return reduce_eager(k, RowOp::logsumexp); }
 
 // Runs a row program whose output has the input's shape: permuted inputs are gathered and the
 // result copied back through the inverse permutation.
@@ -197,6 +198,7 @@ void install_rowwise_rules() {
   install_lowering("mean", eager_rule<&mean_eager>());
   install_lowering("amax", eager_rule<&amax_eager>());
   install_lowering("amin", eager_rule<&amin_eager>());
+  install_lowering("logsumexp", eager_rule<&logsumexp_eager>());
   install_lowering("softmax", eager_rule<&softmax_eager>());
   install_lowering("log_softmax", eager_rule<&log_softmax_eager>());
   install_lowering("layer_norm", eager_rule<&layer_norm_eager>());

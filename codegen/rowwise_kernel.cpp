@@ -26,7 +26,9 @@ constexpr int64_t kSumChunk = 512;
 int64_t sum_chunks(int64_t cols) { return (cols + kSumChunk - 1) / kSumChunk; }
 }  // namespace
 
-bool is_reduction(RowOp op) { return op == RowOp::sum || op == RowOp::mean || op == RowOp::max || op == RowOp::min; }
+bool is_reduction(RowOp op) {
+  return op == RowOp::sum || op == RowOp::mean || op == RowOp::max || op == RowOp::min || op == RowOp::logsumexp;
+}
 
 int fused_slots(const VecExpr& e, const std::vector<EwInput>& ins, bool y_first) {
   std::vector<DType> d;
@@ -265,6 +267,18 @@ sim::Program make_rowwise_part(const sim::ChipConfig& cfg, const RowwiseSpec& s)
         b.unary(Op::vneg, T0, X, r, C);
         b.reduce(Op::xmax, C0, T0, r, C);
         b.unary(Op::vneg, O, C0, r, 1);
+        break;
+      case RowOp::logsumexp:
+        // m + log(sum(exp(x - m))), m the row max clamped to finite (an all -inf row gives
+        // -inf, a +inf gives +inf, not NaN).
+        b.reduce(Op::xmax, C0, X, r, C);
+        col_op(Op::vmax, c0, r, {B::imm(-3.4028235e38f)});
+        col_op(Op::vmin, c0, r, {B::imm(3.4028235e38f)});
+        b.binary(Op::vsub, T0, X, col(c0), r, C);
+        b.unary(Op::vexp, T1, T0, r, C);
+        row_sum(C1, T1, r);
+        col_op(Op::vlog, c1, r, {});
+        b.binary(Op::vadd, O, C1, C0, r, 1);
         break;
       case RowOp::softmax:
       case RowOp::log_softmax:

@@ -1,5 +1,5 @@
 // RowwiseKernel: programs that work on whole rows of a row-major rows x cols input in VMEM:
-// reductions of each row (sum, mean, max, min on the cross-lane unit), softmax / log_softmax,
+// reductions of each row (sum, mean, max, min on the cross-lane unit; logsumexp), softmax / log_softmax,
 // layer_norm and rms_norm (with optional per-column weight and bias). Rows are tiled to fit
 // VMEM; each tile is loaded, reduced on the XLU with its epilogue on the vector unit and EUP,
 // and stored while the next tile loads.
@@ -18,7 +18,7 @@
 
 namespace tpu::codegen {
 
-enum class RowOp : uint8_t { sum, mean, max, min, softmax, log_softmax, layer_norm, rms_norm };
+enum class RowOp : uint8_t { sum, mean, max, min, softmax, log_softmax, layer_norm, rms_norm, logsumexp };
 
 struct RowwiseSpec {
   RowOp op = RowOp::sum;

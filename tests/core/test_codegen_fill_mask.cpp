@@ -1,0 +1,228 @@
+// Chip lowerings of full, triu/tril, masked_fill, cat and logsumexp (codegen/eager_fill_mask.cpp,
+// eager_cat.cpp, the logsumexp row op): each runs as chip programs on the tiny chip (no host
+// fallback) and matches a naive loop over the host copy of the inputs; shapes large enough to
+// take several VMEM tiles; bad input is still a tpu::Error.
+#include <cmath>
+#include <limits>
+
+#include "codegen_testing.h"
+#include "tpucore/autograd.h"
+#include "tpucore/compile.h"
+
+namespace tpu::testing {
+namespace {
+
+Tensor rnd(Generator& g, const Shape& s, DType dt = DType::f32) { return make_input(g, s, dt, Layout::contiguous); }
+
+// bf16 rounding of a double (round to nearest even), for expected bf16 values.
+double to_bf16(double v) { return ref_of(scalar_tensor(v, TensorOptions(DType::bf16))).v[0]; }
+
+}  // namespace
+
+TEST_CASE("codegen: full fills f32, bf16 and bool outputs on the chip", "[codegen][fill_mask]") {
+  TinySim tiny;
+  struct Case {
+    Shape s;
+    DType dt;
+    double v, want;
+  };
+  // 300 x 257 f32 is 300 KiB: more than the tiny chip's VMEM, so several tiles and a ragged tail.
+  for (const Case& c : {Case{{3, 5}, DType::f32, 2.5, 2.5}, Case{{300, 257}, DType::f32, -1.25, -1.25},
+                        Case{{17, 33}, DType::bf16, 0.1, to_bf16(0.1)}, Case{{64, 99}, DType::boolean, 1, 1},
+                        Case{{7}, DType::f32, -INFINITY, -INFINITY}}) {
+    ChipRunProbe probe;
+    Tensor t = full(c.s, c.v, TensorOptions(c.dt, tiny.dev()));
+    CHECK(probe.new_fallbacks() == 0);
+    CHECK(probe.new_runs() == 1);
+    const Ref r = ref_of(t);
+    int64_t bad = 0;
+    for (double x : r.v) bad += x != c.want;
+    INFO(dtype_name(c.dt) << " " << c.s.str());
+    CHECK(bad == 0);
+  }
+}
+
+TEST_CASE("codegen: triu and tril match a naive loop for every diagonal", "[codegen][fill_mask]") {
+  TinySim tiny;
+  Generator g(21);
+  for (DType dt : {DType::f32, DType::bf16, DType::boolean}) {
+    const Shape s{2, 5, 7};
+    Tensor x = dt == DType::boolean ? gt(rnd(g, s), 0.0) : rnd(g, s, dt);
+    const Ref xr = ref_of(x);
+    Tensor xd = x.to(tiny.dev());
+    for (int64_t diag : {-9, -2, 0, 1, 3, 8}) {
+      for (bool lower : {false, true}) {
+        ChipRunProbe probe;
+        Tensor got = lower ? tril(xd, diag) : triu(xd, diag);
+        CHECK(probe.new_fallbacks() == 0);
+        Ref want(s);
+        for (int64_t p = 0; p < 2; ++p)
+          for (int64_t i = 0; i < 5; ++i)
+            for (int64_t j = 0; j < 7; ++j) {
+              const bool keep = lower ? j - i <= diag : j - i >= diag;
+              want.at({p, i, j}) = keep ? xr.at({p, i, j}) : 0.0;
+            }
+        check_close(got, want, {0, 0}, fmt::format("{} {} diagonal {}", dtype_name(dt), lower ? "tril" : "triu", diag));
+      }
+    }
+  }
+  // A transposed view (gathered first) and a causal mask the size of several tiles.
+  Tensor big = rnd(g, {40, 300});
+  Tensor got = triu(big.to(tiny.dev()).t(), 1);
+  const Ref br = ref_of(big);
+  Ref want(Shape{300, 40});
+  for (int64_t i = 0; i < 300; ++i)
+    for (int64_t j = 0; j < 40; ++j) want.at({i, j}) = j - i >= 1 ? br.at({j, i}) : 0.0;
+  check_close(got, want, {0, 0}, "triu of a transposed view");
+  expect_error([&] { (void)triu(full({4}, 1.0, TensorOptions(DType::f32, tiny.dev())), 0); }, {"triu", "at least 2 dims"});
+}
+
+TEST_CASE("codegen: masked_fill with a broadcast mask, eager and fused", "[codegen][fill_mask]") {
+  TinySim tiny;
+  Generator g(22);
+  for (DType dt : {DType::f32, DType::bf16}) {
+    for (double value : {double(-INFINITY), 2.5, 0.3}) {
+      Tensor x = rnd(g, {2, 3, 4, 6}, dt), m = gt(rnd(g, {4, 6}), 0.2);
+      const Ref xr = ref_of(x), mr = ref_of(m);
+      ChipRunProbe probe;
+      Tensor got = masked_fill(x.to(tiny.dev()), m.to(tiny.dev()), value);
+      CHECK(probe.new_fallbacks() == 0);
+      const double v = dt == DType::bf16 ? to_bf16(value) : double(float(value));
+      const Ref want = ref_map({xr, mr}, [&](const std::vector<double>& a) { return a[1] != 0 ? v : a[0]; });
+      check_close(got, want, {0, 0}, fmt::format("{} value {}", dtype_name(dt), value));
+    }
+  }
+  // Causal scores as the attention backward builds them, inside a compiled function: the
+  // matmul, scale and masked_fill of a bool triu mask made on the chip.
+  Tensor q = rnd(g, {2, 16, 8}), k = rnd(g, {2, 16, 8});
+  auto f = compile([](const Tensor& a, const Tensor& b) {
+    const Tensor fut = triu(ones({16, 16}, TensorOptions(DType::boolean, a.device())), 1);
+    return masked_fill(mul(matmul(a, transpose(b, -1, -2)), 0.5), fut, -INFINITY);
+  });
+  ChipRunProbe probe;
+  Tensor got = f(q.to(tiny.dev()), k.to(tiny.dev()));
+  CHECK(probe.new_fallbacks() == 0);
+  const Ref qr = ref_of(q), kr = ref_of(k);
+  Ref want(Shape{2, 16, 16});
+  for (int64_t n = 0; n < 2; ++n)
+    for (int64_t i = 0; i < 16; ++i)
+      for (int64_t j = 0; j < 16; ++j) {
+        double acc = 0;
+        for (int64_t c = 0; c < 8; ++c) acc += qr.at({n, i, c}) * kr.at({n, j, c});
+        want.at({n, i, j}) = j > i ? -INFINITY : 0.5 * acc;
+      }
+  check_close(got, want, {1e-4, 1e-4}, "compiled causal scores");
+  expect_error([&] { (void)masked_fill(q.to(tiny.dev()), rnd(g, {2, 16, 8}).to(tiny.dev()), 0.0); },
+               {"masked_fill", "bool"});
+}
+
+TEST_CASE("codegen: cat along any dim, views included", "[codegen][fill_mask]") {
+  TinySim tiny;
+  Generator g(23);
+  for (DType dt : {DType::f32, DType::bf16, DType::boolean}) {
+    auto mk = [&](const Shape& s) { return dt == DType::boolean ? gt(rnd(g, s), 0.0) : rnd(g, s, dt); };
+    for (int dim : {0, 1, 2, -1}) {
+      const int d = dim < 0 ? dim + 3 : dim;
+      Shape s0{3, 4, 10}, s1{3, 4, 10};
+      s1[d] = 2;
+      Tensor a = mk(s0), b = mk(s1);
+      // Input 0 a sliced view (rows not dense unless the dim is 0), input 2 a transposed one.
+      Tensor av = a.to(tiny.dev()).narrow(2, 1, 8);
+      Shape s2 = av.shape();
+      s2[d] = 3;
+      Tensor c = mk(Shape{s2[0], s2[2], s2[1]});  // made transposed
+      Shape bs = av.shape();
+      bs[d] = 2;
+      Tensor bv = b.to(tiny.dev()).narrow(2, 0, bs[2]);
+      ChipRunProbe probe;
+      Tensor got = cat({av, bv, c.to(tiny.dev()).transpose(1, 2)}, dim);
+      CHECK(probe.new_fallbacks() == 0);
+      const Ref ar = ref_of(a), br = ref_of(b), cref = ref_of(c);
+      const Shape os = got.shape();
+      Ref want(os);
+      for (int64_t i = 0; i < want.numel(); ++i) {
+        std::vector<int64_t> idx = unflatten(os, i);
+        const int64_t p = idx[size_t(d)], la = av.shape()[d], lb = bv.shape()[d];
+        std::vector<int64_t> j = idx;
+        if (p < la) {
+          j[2] += 1;  // a's narrow offset
+          want.v[size_t(i)] = ar.at(j);
+        } else if (p < la + lb) {
+          j[size_t(d)] = p - la;
+          want.v[size_t(i)] = br.at(j);
+        } else {
+          j[size_t(d)] = p - la - lb;
+          want.v[size_t(i)] = cref.at({j[0], j[2], j[1]});
+        }
+      }
+      check_close(got, want, {0, 0}, fmt::format("{} cat dim {}", dtype_name(dt), dim));
+    }
+  }
+  expect_error([&] { (void)cat({full({2, 3}, 1.0, TensorOptions(DType::f32, tiny.dev())),
+                                full({3, 3}, 1.0, TensorOptions(DType::f32, tiny.dev()))}, 1); },
+               {"cat"});
+}
+
+TEST_CASE("codegen: logsumexp over rows, long rows and infinities", "[codegen][fill_mask]") {
+  TinySim tiny;
+  Generator g(24);
+  // 9 x 70 fits one tile; 3 x 30000 (120 KB f32 rows) needs the two-stage reduction on the
+  // tiny chip's 256 KiB of VMEM.
+  for (const Shape& s : {Shape{9, 70}, Shape{3, 30000}}) {
+    Tensor x = rnd(g, s) * 20.0;
+    const int64_t R = s[0], C = s[1];
+    std::vector<float> host = x.to_vector<float>();
+    host[size_t(C + 3)] = INFINITY;  // row 1 has +inf
+    for (int64_t j = 0; j < C; ++j) host[size_t(2 * C + j)] = -INFINITY;  // row 2 is all -inf
+    x = from_vector(host, s);
+    ChipRunProbe probe;
+    Tensor got = logsumexp(x.to(tiny.dev()), {-1});
+    CHECK(probe.new_fallbacks() == 0);
+    Ref want(Shape{R});
+    for (int64_t r = 0; r < R; ++r) {
+      double m = -INFINITY;
+      for (int64_t j = 0; j < C; ++j) m = std::max(m, double(host[size_t(r * C + j)]));
+      if (std::isinf(m)) {
+        want.v[size_t(r)] = m;
+        continue;
+      }
+      double acc = 0;
+      for (int64_t j = 0; j < C; ++j) acc += std::exp(double(host[size_t(r * C + j)]) - m);
+      want.v[size_t(r)] = m + std::log(acc);
+    }
+    check_close(got, want, {1e-4, 1e-5}, fmt::format("logsumexp of {}", s.str()));
+  }
+  // Over a leading dim (permuted first), bf16.
+  Tensor y = rnd(g, {6, 5}, DType::bf16);
+  const Ref yr = ref_of(y);
+  Tensor got = logsumexp(y.to(tiny.dev()), {0}, true);
+  Ref want(Shape{1, 5});
+  for (int64_t c = 0; c < 5; ++c) {
+    double acc = 0;
+    for (int64_t r = 0; r < 6; ++r) acc += std::exp(yr.at({r, c}));
+    want.v[size_t(c)] = std::log(acc);
+  }
+  check_close(got, want, default_tol(DType::bf16), "bf16 logsumexp over dim 0");
+}
+
+TEST_CASE("codegen: a causal attention backward runs without host fallbacks", "[codegen][fill_mask]") {
+  TinySim tiny;
+  Generator g(25);
+  // GQA: 4 query heads on 2 KV heads, rotary on q and k (its backward uses cat).
+  Tensor q = rnd(g, {1, 4, 12, 8}), k = rnd(g, {1, 2, 12, 8}), v = rnd(g, {1, 2, 12, 8});
+  Tensor cs = rnd(g, {12, 8}), sn = rnd(g, {12, 8}), go = rnd(g, {1, 4, 12, 8});
+  auto grads = [&](Device dev) {
+    std::vector<Tensor> in;
+    for (const Tensor& t : {q, k, v}) in.push_back(t.to(dev).requires_grad_(true));
+    Tensor qr = rotary_embedding(in[0], cs.to(dev), sn.to(dev)), kr = rotary_embedding(in[1], cs.to(dev), sn.to(dev));
+    Tensor o = scaled_dot_product_attention(qr, kr, in[2], {}, true);
+    return autograd::grad({o}, in, {go.to(dev)});
+  };
+  const std::vector<Tensor> want = grads(Device());
+  ChipRunProbe probe;
+  const std::vector<Tensor> got = grads(tiny.dev());
+  CHECK(probe.new_fallbacks() == 0);
+  for (size_t i = 0; i < 3; ++i) check_close(got[i], ref_of(want[i]), {1e-4, 1e-4}, fmt::format("gradient {}", i));
+}
+
+}  // namespace tpu::testing
