@@ -130,7 +130,10 @@ Timed layer_step(const tpu::dist::ProcessGroupPtr& pg, bool comm = true) {
   };
   auto f = tpu::compile(step, {.name = comm ? "fsdp_layer" : "fsdp_layer_no_comm"});
   Tensor x = tpu::empty({T, E}, bf16()), dy = tpu::empty({T, E}, bf16());
-  return timed([&] { (void)f(x, dy); });
+  Timed t = timed([&] { (void)f(x, dy); });
+  if (comm && std::getenv("TPU_BENCH_GRAPH"))  // the layer's optimized graph, for profiling
+    for (const std::string& g : f.graphs()) std::fprintf(stderr, "%s\n", g.c_str());
+  return t;
 }
 
 // Final norm, lm_head, loss, backward, reduce-scatter of lm_head's gradient.
@@ -181,6 +184,17 @@ double collective_ms(const tpu::dist::ProcessGroupPtr& pg, bool gather, int64_t 
          }).ms;
 }
 
+// TPU_BENCH_KERNELS=1: the cycles of each kernel of a part of the step (for profiling).
+void print_kernels(const char* part, const tpu::SimStats& s) {
+  if (!std::getenv("TPU_BENCH_KERNELS")) return;
+  std::fprintf(stderr, "%s: %.0f cycles, %llu runs, %.4g MXU FLOPs, %.4g HBM bytes\n", part, s.cycles,
+               static_cast<unsigned long long>(s.runs), s.mxu_flops, double(s.hbm_bytes));
+  for (const auto& [k, c] : s.cycles_by_kernel)
+    std::fprintf(stderr, "  %-40s runs %5llu  cycles %13.0f (%5.1f%%)\n", k.c_str(),
+                 static_cast<unsigned long long>(s.runs_by_kernel.count(k) ? s.runs_by_kernel.at(k) : 0), c,
+                 100.0 * c / s.cycles);
+}
+
 double mxu_kernel_cycles(const tpu::SimStats& s) {
   double c = 0;
   for (const auto& [k, v] : s.cycles_by_kernel)
@@ -206,10 +220,14 @@ void BM_Qwen3FsdpStep(benchmark::State& state) {
     head_gather = collective_ms(pg, true, V * E, DType::bf16);
     layer_comm = 2 * collective_ms(pg, true, lp, DType::bf16) + collective_ms(pg, false, lp, DType::f32);
   }
-  // The device's peak: the calibrated model drives a chip's TensorCores as one device
-  // (megacore), the ideal model one TensorCore; HBM bandwidth likewise.
+  print_kernels("layer", layer.stats);
+  print_kernels("head", head.stats);
+  print_kernels("optimizer", opt.stats);
+  // The device's peak: both timing models drive a chip's TensorCores as one device (megacore:
+  // the calibrated model prices it, the ideal one runs a split kernel's parts on both cores),
+  // so the peak and the HBM bandwidth are those of all its TensorCores.
   const tpu::sim::ChipConfig& cfg = tpu::device::sim_device(0).config();
-  const double cores = cfg.timing.calibrated() ? cfg.timing.megacore : 1;
+  const double cores = cfg.timing.megacore;
   const double peak = cfg.peak_flops() * cores, hbm_bw = cfg.memory.hbm_bandwidth_gbps * 1e9 * cores;
   const double hz = cfg.clock_ghz * 1e9;
   const double step_ms = L * layer.ms + head.ms + opt.ms + fill;
@@ -219,7 +237,7 @@ void BM_Qwen3FsdpStep(benchmark::State& state) {
   const double hbm_ms = double(L * layer.stats.hbm_bytes + head.stats.hbm_bytes + opt.stats.hbm_bytes) /
                         hbm_bw * 1e3;
   const double params = L * layer_params() + V * E;  // lm_head's matmul counts; the lookup does not
-  const double attn = 6.0 * L * H * D * double(T) / 2;  // causal: half of 12 L H D T
+  const double attn = 12.0 * L * H * D * double(T) / 2;  // causal: half of 12 L H D T
   const double model_flops = (6 * params + attn) * double(T);
   state.counters["chips"] = double(N);
   state.counters["step_ms"] = step_ms;

@@ -1,6 +1,9 @@
 #include "codegen/sim_tensors.h"
 
+#include <fmt/format.h>
+
 #include "codegen/launch.h"
+#include "codegen/megacore.h"
 #include "codegen/strided_copy.h"
 #include "device/sim_driver.h"
 #include "ops/fallback.h"
@@ -30,9 +33,24 @@ bool copy_into(const Tensor& src, const Tensor& dst) {
   const StridedView c = collapse_view(v);
   const Device idx = src.device();
   const sim::ChipConfig& cfg = chip_config(src.device());
-  const LoadedProgram& lp = cached_program(idx, strided_copy_key(c), [&] {
-    std::optional<sim::Program> prog = make_strided_copy(cfg, c);
-    if (prog) return *prog;
+  // Megacore: the outermost dim split between the cores (each part moves its share with its
+  // own DMA queues; HBM bandwidth is shared), when the copy is long enough to pay.
+  const int64_t es = v.elem_size, n0 = c.shape.empty() ? 1 : c.shape[0];
+  const double one_core = 2.0 * double(src.numel() * es) / cfg.hbm_bytes_per_cycle();
+  const int cores = n0 >= 2 ? megacore_cores(cfg, one_core) : 1;
+  const LoadedProgram& lp = cached_program(idx, strided_copy_key(c) + fmt::format(":{}", cores), [&] {
+    bool ok = true;
+    auto part = [&](int64_t rows) {
+      StridedView pv = c;
+      if (!pv.shape.empty()) pv.shape[0] = rows;
+      std::optional<sim::Program> prog = make_strided_copy(cfg, pv);
+      if (!prog) ok = false;
+      return prog ? *prog : sim::Program{};
+    };
+    sim::Program prog = cores > 1 ? split_rows("strided_copy", cores, n0, 1,
+                                               {{0, c.strides[0] * es}, {1, src.numel() / n0 * es}}, part)
+                                  : part(n0);
+    if (ok) return prog;
     sim::Program none;
     none.name = "unsupported";
     return none;

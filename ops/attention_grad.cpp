@@ -1,10 +1,14 @@
 // Derivative formula of scaled_dot_product_attention, in terms of other ops (so it runs on any
 // device and traces). The probabilities are recomputed from the saved q, k (and mask):
 //   P = softmax(q kr^T * scale + mask),  dV = sum_groups(P^T dO),  dP = dO vr^T,
-//   dS = P * (dP - rowsum(dP * P)),  dQ = dS kr * scale,  dK = sum_groups(dS^T q) * scale,
+//   dS = P * (dP - rowsum(dO * O)),  dQ = dS kr * scale,  dK = sum_groups(dS^T q) * scale,
 // where kr/vr are k/v with each KV head repeated for the Hq / Hk query heads that read it, and
 // sum_groups adds the gradients of those query heads back onto their KV head. The bool mask
-// gets no gradient.
+// gets no gradient. rowsum(dP * P) equals rowsum(dO * O) (O = P vr, the saved output), which
+// reads [L, C] values instead of the [L, S] ones. The products with a transposed [L, S] matrix
+// are computed transposed, dV^T = dO^T P and dK^T = q^T dS, so the large matrices are only ever
+// read in their stored layout (a chip matmul gathers a transposed left operand first) and only
+// the small [C, S] results are transposed.
 #include <cmath>
 
 #include "ops/registry.h"
@@ -47,17 +51,19 @@ void sdpa_bw(const ops::BackwardArgs& a, std::span<Tensor> g) {
   }
   if (a.attrs.get_bool("has_mask")) s = masked_fill(s, logical_not(a.inputs[3]), -INFINITY);
   const Tensor p = softmax(s, -1);
-  if (a.needs_grad(2)) g[2] = sum_heads(matmul(transpose(p, -1, -2), go), grp);
+  // m^T t computed as (t^T m)^T: [..., L, C]^T [..., L, S] -> [..., C, S], transposed.
+  auto tmm = [](const Tensor& t, const Tensor& m) { return transpose(matmul(transpose(t, -1, -2), m), -1, -2); };
+  if (a.needs_grad(2)) g[2] = sum_heads(tmm(go, p), grp);
   if (!a.needs_grad(0) && !a.needs_grad(1)) return;
   const Tensor dp = matmul(go, transpose(vr, -1, -2));
-  const Tensor ds = mul(p, sub(dp, sum(mul(dp, p), {-1}, true)));
+  const Tensor ds = mul(p, sub(dp, sum(mul(go, a.outputs[0]), {-1}, true)));
   if (a.needs_grad(0)) g[0] = mul(matmul(ds, kr), scale);
-  if (a.needs_grad(1)) g[1] = mul(sum_heads(matmul(transpose(ds, -1, -2), q), grp), scale);
+  if (a.needs_grad(1)) g[1] = mul(sum_heads(tmm(q, ds), grp), scale);
 }
 
 [[maybe_unused]] const bool g_registered = [] {
-  // Saves q, k, v and the mask (inputs 0-3); no outputs.
-  ops::set_backward("scaled_dot_product_attention", ops::BackwardDef{&sdpa_bw, 0xFu, 0u, nullptr});
+  // Saves q, k, v and the mask (inputs 0-3) and the output.
+  ops::set_backward("scaled_dot_product_attention", ops::BackwardDef{&sdpa_bw, 0xFu, 1u, nullptr});
   return true;
 }();
 

@@ -2,10 +2,14 @@
 // eager_cat.cpp, the logsumexp row op): each runs as chip programs on the tiny chip (no host
 // fallback) and matches a naive loop over the host copy of the inputs; shapes large enough to
 // take several VMEM tiles; bad input is still a tpu::Error.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
+#include <nlohmann/json.hpp>
+
 #include "codegen_testing.h"
+#include "sim/presets.h"
 #include "tpucore/autograd.h"
 #include "tpucore/compile.h"
 
@@ -223,6 +227,41 @@ TEST_CASE("codegen: a causal attention backward runs without host fallbacks", "[
   const std::vector<Tensor> got = grads(tiny.dev());
   CHECK(probe.new_fallbacks() == 0);
   for (size_t i = 0; i < 3; ++i) check_close(got[i], ref_of(want[i]), {1e-4, 1e-4}, fmt::format("gradient {}", i));
+}
+
+TEST_CASE("codegen: strided copies split over two TensorCores keep their values", "[codegen][fill_mask]") {
+  // The tiny chip as one device of two cores: copies long enough split their outer dim.
+  auto j = nlohmann::json::parse(sim::preset_json("tiny"));
+  j["name"] = "tiny2";
+  j["cores_per_chip"] = 2;
+  j["timing"]["megacore"] = 2;
+  const std::string prev = device::sim_chip(1);
+  set_sim_chip(j.dump(), 1);
+  struct Restore {
+    std::string chip;
+    ~Restore() {
+      try {
+        set_sim_chip(chip, 1);
+      } catch (...) {
+      }
+    }
+  } restore{prev};
+  Generator g(26);
+  for (const Shape& s : {Shape{300, 211}, Shape{5, 64, 97}, Shape{3, 1}}) {
+    Tensor x = rnd(g, s);
+    const Ref xr = ref_of(x);
+    Tensor xd = x.to(Device("sim:1"));
+    ChipRunProbe probe;
+    Tensor got = (s.ndim() == 2 ? xd.t() : xd.transpose(0, 2)).contiguous();  // an element-strided gather
+    CHECK(probe.new_fallbacks() == 0);
+    Ref want(got.shape());
+    for (int64_t i = 0; i < want.numel(); ++i) {
+      std::vector<int64_t> idx = unflatten(got.shape(), i);
+      std::reverse(idx.begin(), idx.end());  // t() of 2 dims, transpose(0, 2) of 3
+      want.v[size_t(i)] = xr.at(idx);
+    }
+    check_close(got, want, {0, 0}, fmt::format("transposed copy of {}", s.str()));
+  }
 }
 
 }  // namespace tpu::testing
