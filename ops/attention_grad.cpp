@@ -8,7 +8,8 @@
 // reads [L, C] values instead of the [L, S] ones. The products with a transposed [L, S] matrix
 // are computed transposed, dV^T = dO^T P and dK^T = q^T dS, so the large matrices are only ever
 // read in their stored layout (a chip matmul gathers a transposed left operand first) and only
-// the small [C, S] results are transposed.
+// the small [C, S] results are transposed. A causal self-attention runs in blocks of query
+// rows, each against the keys it can see only (causal_blocks).
 #include <cmath>
 
 #include "ops/registry.h"
@@ -38,27 +39,78 @@ Tensor sum_heads(const Tensor& t, int64_t g) {
   return sum(reshape(t, s), {n - 2});
 }
 
-void sdpa_bw(const ops::BackwardArgs& a, std::span<Tensor> g) {
-  const Tensor &q = a.inputs[0], &k = a.inputs[1], &v = a.inputs[2], &go = a.grad_outputs[0];
-  const int n = q.dim();
-  const int64_t grp = n >= 3 ? q.size(-3) / k.size(-3) : 1;
+// The gradients of a block of query rows starting at row r0 against keys [0, kr.size(-2)):
+// dQ of its rows, the dK / dV contributions (still per query head) of its keys. `mask`: the bool
+// attention mask of these rows and keys, or undefined.
+struct BlockGrads {
+  Tensor dq, dk, dv;
+};
+BlockGrads block_bw(const ops::BackwardArgs& a, const Tensor& q, const Tensor& kr, const Tensor& vr, const Tensor& go,
+                    const Tensor& o, const Tensor& mask, int64_t r0) {
   const double scale = a.attrs.get_float("scale");
-  const Tensor kr = repeat_heads(k, grp), vr = repeat_heads(v, grp);
   Tensor s = mul(matmul(q, transpose(kr, -1, -2)), scale);
-  if (a.attrs.get_bool("causal")) {
-    const Tensor future = triu(ones(Shape{q.size(-2), k.size(-2)}, TensorOptions(DType::boolean, q.device())), 1);
-    s = masked_fill(s, future, -INFINITY);
+  if (a.attrs.get_bool("causal")) {  // key j is masked for query row r0 + i when j > r0 + i
+    const Shape fs{q.size(-2), kr.size(-2)};
+    s = masked_fill(s, triu(ones(fs, TensorOptions(DType::boolean, q.device())), 1 + r0), -INFINITY);
   }
-  if (a.attrs.get_bool("has_mask")) s = masked_fill(s, logical_not(a.inputs[3]), -INFINITY);
+  if (mask.defined()) s = masked_fill(s, logical_not(mask), -INFINITY);
   const Tensor p = softmax(s, -1);
   // m^T t computed as (t^T m)^T: [..., L, C]^T [..., L, S] -> [..., C, S], transposed.
   auto tmm = [](const Tensor& t, const Tensor& m) { return transpose(matmul(transpose(t, -1, -2), m), -1, -2); };
-  if (a.needs_grad(2)) g[2] = sum_heads(tmm(go, p), grp);
-  if (!a.needs_grad(0) && !a.needs_grad(1)) return;
+  BlockGrads b;
+  if (a.needs_grad(2)) b.dv = tmm(go, p);
+  if (!a.needs_grad(0) && !a.needs_grad(1)) return b;
   const Tensor dp = matmul(go, transpose(vr, -1, -2));
-  const Tensor ds = mul(p, sub(dp, sum(mul(go, a.outputs[0]), {-1}, true)));
-  if (a.needs_grad(0)) g[0] = mul(matmul(ds, kr), scale);
-  if (a.needs_grad(1)) g[1] = mul(sum_heads(tmm(q, ds), grp), scale);
+  const Tensor ds = mul(p, sub(dp, sum(mul(go, o), {-1}, true)));
+  if (a.needs_grad(0)) b.dq = mul(matmul(ds, kr), scale);
+  if (a.needs_grad(1)) b.dk = mul(tmm(q, ds), scale);
+  return b;
+}
+
+// acc[..., :n, :] += part (part has n rows), in f32 for bf16 values.
+Tensor add_prefix(const Tensor& acc, const Tensor& part) {
+  const int64_t n = part.size(-2), total = acc.size(-2);
+  const Tensor p = part.dtype() == acc.dtype() ? part : part.to(acc.dtype());
+  if (n == total) return add(acc, p);
+  return cat({add(narrow(acc, -2, 0, n), p), narrow(acc, -2, n, total - n)}, -2);
+}
+
+// Query blocks of a causal self-attention backward: block i (rows [i L/nb, (i+1) L/nb)) only
+// sees keys [0, (i+1) L/nb), so the [L, S] work shrinks to (nb + 1) / (2 nb) of the full square.
+int64_t causal_blocks(const ops::BackwardArgs& a, int64_t L, int64_t S) {
+  if (!a.attrs.get_bool("causal") || a.attrs.get_bool("has_mask") || L != S) return 1;
+  return L >= 64 && L % 4 == 0 ? 4 : 1;
+}
+
+void sdpa_bw(const ops::BackwardArgs& a, std::span<Tensor> g) {
+  const Tensor &q = a.inputs[0], &k = a.inputs[1], &v = a.inputs[2], &go = a.grad_outputs[0], &o = a.outputs[0];
+  const int n = q.dim();
+  const int64_t grp = n >= 3 ? q.size(-3) / k.size(-3) : 1;
+  const Tensor kr = repeat_heads(k, grp), vr = repeat_heads(v, grp);
+  const int64_t L = q.size(-2), S = k.size(-2), nb = causal_blocks(a, L, S);
+  if (nb == 1) {
+    const BlockGrads b = block_bw(a, q, kr, vr, go, o, a.attrs.get_bool("has_mask") ? a.inputs[3] : Tensor(), 0);
+    if (a.needs_grad(0)) g[0] = b.dq;
+    if (a.needs_grad(1)) g[1] = sum_heads(b.dk, grp);
+    if (a.needs_grad(2)) g[2] = sum_heads(b.dv, grp);
+    return;
+  }
+  // Last block first: it covers every key, so its dK / dV start the (f32 for bf16) sums.
+  const int64_t rows = L / nb;
+  const DType acc_t = q.dtype() == DType::bf16 ? DType::f32 : q.dtype();
+  std::vector<Tensor> dq(static_cast<size_t>(nb));
+  Tensor dk, dv;
+  for (int64_t i = nb - 1; i >= 0; --i) {
+    const int64_t r0 = i * rows, keys = r0 + rows;
+    const BlockGrads b = block_bw(a, narrow(q, -2, r0, rows), narrow(kr, -2, 0, keys), narrow(vr, -2, 0, keys),
+                                  narrow(go, -2, r0, rows), narrow(o, -2, r0, rows), Tensor(), r0);
+    dq[static_cast<size_t>(i)] = b.dq;
+    if (b.dk.defined()) dk = dk.defined() ? add_prefix(dk, b.dk) : b.dk.to(acc_t);
+    if (b.dv.defined()) dv = dv.defined() ? add_prefix(dv, b.dv) : b.dv.to(acc_t);
+  }
+  if (a.needs_grad(0)) g[0] = cat(dq, -2);
+  if (a.needs_grad(1)) g[1] = sum_heads(dk.to(q.dtype()), grp);
+  if (a.needs_grad(2)) g[2] = sum_heads(dv.to(q.dtype()), grp);
 }
 
 [[maybe_unused]] const bool g_registered = [] {
