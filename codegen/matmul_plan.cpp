@@ -18,19 +18,32 @@ struct MatOperand {
   int64_t batch_stride = 0;
 };
 
-// The last two dims of x as a matrix operand: contiguous (gathered if needed) or, when x is the
-// transpose of a contiguous matrix (k.transpose(-1, -2)), read as such.
+// The batch dims (all but the last two) of x as one stride in elements: -1 when they do not
+// collapse into one; `dense` when there are none of size > 1.
+int64_t uniform_batch_stride(const Tensor& x, int64_t dense) {
+  int64_t stride = -1, span = 1;
+  for (int d = x.dim() - 3; d >= 0; --d) {
+    if (x.shape()[d] == 1) continue;
+    if (stride < 0) stride = x.strides()[d];
+    else if (x.strides()[d] != stride * span) return -1;
+    span *= x.shape()[d];
+  }
+  return stride < 0 ? dense : stride;
+}
+
+// The last two dims of x as a matrix operand: dense rows or, when x is the transpose of a
+// dense matrix (k.transpose(-1, -2)), read as such, the batch dims at any uniform stride (a
+// narrowed sequence of a [B, L, C] tensor) read in place; anything else gathered first.
 std::optional<MatOperand> matrix_operand(const Tensor& x, int64_t batch, bool allow_transposed) {
   const int nd = x.dim();
-  if (allow_transposed && nd >= 2) {
+  if (nd >= 2) {
     const int64_t r = x.shape()[nd - 2], c = x.shape()[nd - 1];
-    bool tr = r > 1 && c > 1 && x.strides()[nd - 2] == 1 && x.strides()[nd - 1] == r;
-    int64_t expect = r * c;
-    for (int d = nd - 3; d >= 0 && tr; --d) {
-      if (x.shape()[d] != 1 && x.strides()[d] != expect) tr = false;
-      expect *= x.shape()[d];
+    const bool rows = c == 1 || (x.strides()[nd - 1] == 1 && (r == 1 || x.strides()[nd - 2] == c));
+    const bool tr = allow_transposed && !rows && r > 1 && c > 1 && x.strides()[nd - 2] == 1 && x.strides()[nd - 1] == r;
+    if (rows || tr) {
+      const int64_t bs = uniform_batch_stride(x, r * c);
+      if (bs >= 0 && (batch > 1 || nd == 2 || x.numel() == r * c)) return MatOperand{x, tr, batch > 1 ? bs : 0};
     }
-    if (tr) return MatOperand{x, true, batch > 1 ? r * c : 0};
   }
   auto m = materialize_on_device(x);
   if (!m) return std::nullopt;
