@@ -3,13 +3,15 @@
 // input i is [outer, len_i x inner] rows landing at column offset start_i x inner. An input
 // whose rows are not contiguous or whose outer dims do not collapse into one stride is
 // gathered contiguous on the device first (StridedCopy). Each DMA signals one semaphore; the
-// program waits for all of them. Any dtype of 1, 2 or 4 bytes.
+// program waits for all of them. Any dtype of 1, 2 or 4 bytes. On a megacore device the outer
+// rows are split between the TensorCores.
 //
 // Arguments: r0 .. r(n-1) the inputs' HBM addresses (first element), rn the output's.
 #include <fmt/format.h>
 
 #include "codegen/launch.h"
 #include "codegen/lowering.h"
+#include "codegen/megacore.h"
 #include "codegen/sim_tensors.h"
 #include "ops/registry.h"
 #include "sim/builder.h"
@@ -97,8 +99,18 @@ bool cat_eager(const ops::KernelArgs& k) {
   if (int(pieces.size()) + 1 > int(cfg.scalar.registers)) return false;  // one address register each
   args.push_back(hbm_address(out));
   const int64_t dst_stride = out.shape()[d] * inner * es;
-  const LoadedProgram& p = cached_program(
-      dev, key, [&] { return make_cat_program(pieces, outer, dst_stride, std::max(1, int(cfg.dma.engines))); });
+  // Megacore: the outer rows split between the cores (each input and the output register
+  // advance by their row strides), when the copy is long enough to pay.
+  const int cores = outer >= 2 ? megacore_cores(cfg, 2.0 * double(out.numel() * es) / cfg.hbm_bytes_per_cycle()) : 1;
+  std::vector<RowOperand> regs;
+  for (size_t i = 0; i < pieces.size(); ++i) regs.push_back({int(i), pieces[i].src_row_stride});
+  regs.push_back({int(pieces.size()), dst_stride});
+  key += fmt::format(":cores{}", cores);
+  const LoadedProgram& p = cached_program(dev, key, [&] {
+    return split_rows("cat", cores, outer, 1, regs, [&](int64_t rows) {
+      return make_cat_program(pieces, rows, dst_stride, std::max(1, int(cfg.dma.engines)));
+    });
+  });
   launch(dev, p, k.op.name, std::move(args));
   return true;
 }

@@ -229,7 +229,7 @@ TEST_CASE("codegen: a causal attention backward runs without host fallbacks", "[
   for (size_t i = 0; i < 3; ++i) check_close(got[i], ref_of(want[i]), {1e-4, 1e-4}, fmt::format("gradient {}", i));
 }
 
-TEST_CASE("codegen: strided copies split over two TensorCores keep their values", "[codegen][fill_mask]") {
+TEST_CASE("codegen: strided copies and cat split over two TensorCores keep their values", "[codegen][fill_mask]") {
   // The tiny chip as one device of two cores: copies long enough split their outer dim.
   auto j = nlohmann::json::parse(sim::preset_json("tiny"));
   j["name"] = "tiny2";
@@ -262,6 +262,17 @@ TEST_CASE("codegen: strided copies split over two TensorCores keep their values"
     }
     check_close(got, want, {0, 0}, fmt::format("transposed copy of {}", s.str()));
   }
+  // cat along dim 1: the 6 outer rows split between the cores.
+  Tensor a = rnd(g, {6, 40, 30}), b = rnd(g, {6, 25, 30});
+  const Ref ar = ref_of(a), br = ref_of(b);
+  ChipRunProbe probe;
+  Tensor got = cat({a.to(Device("sim:1")), b.to(Device("sim:1"))}, 1);
+  CHECK(probe.new_fallbacks() == 0);
+  Ref want(Shape{6, 65, 30});
+  for (int64_t i = 0; i < 6; ++i)
+    for (int64_t j = 0; j < 65; ++j)
+      for (int64_t c = 0; c < 30; ++c) want.at({i, j, c}) = j < 40 ? ar.at({i, j, c}) : br.at({i, j - 40, c});
+  check_close(got, want, {0, 0}, "cat split over two cores");
 }
 
 TEST_CASE("attention backward in causal query blocks matches a naive double loop", "[codegen][fill_mask]") {
