@@ -61,7 +61,11 @@ BlockGrads block_bw(const ops::BackwardArgs& a, const Tensor& q, const Tensor& k
   if (a.needs_grad(2)) b.dv = tmm(go, p);
   if (!a.needs_grad(0) && !a.needs_grad(1)) return b;
   const Tensor dp = matmul(go, transpose(vr, -1, -2));
-  const Tensor ds = mul(p, sub(dp, sum(mul(go, o), {-1}, true)));
+  // dS = P dP - P delta: two products, so that a compiled graph fuses them with the softmax
+  // (dP - delta alone would be one more [L, S] pass). In bf16 eager each product rounds; its
+  // error (|P dP| / 256) is that of dP itself, a bf16 value already.
+  const Tensor delta = sum(mul(go, o), {-1}, true);
+  const Tensor ds = sub(mul(p, dp), mul(p, delta));
   if (a.needs_grad(0)) b.dq = mul(matmul(ds, kr), scale);
   if (a.needs_grad(1)) b.dk = mul(tmm(q, ds), scale);
   return b;
