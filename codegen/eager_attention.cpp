@@ -6,13 +6,17 @@
 // query row with every key masked gives NaN, as on the cpu and in PyTorch. Declines (host
 // fallback): dtypes other than f32/bf16, a scale <= 0, no keys, an empty head dim. A single
 // query over grouped KV heads (a decode step) runs with the group's heads folded into query rows
-// (decode_attention.h) and is named "decode_attention" in the stats and the profiler.
+// (decode_attention.h) and is named "decode_attention" in the stats and the profiler. On a
+// megacore device the KV heads are split between the TensorCores (attention_cores).
 #include <cmath>
+
+#include <fmt/format.h>
 
 #include "codegen/attention_kernel.h"
 #include "codegen/decode_attention.h"
 #include "codegen/launch.h"
 #include "codegen/lowering.h"
+#include "codegen/megacore.h"
 #include "codegen/precision.h"
 #include "codegen/sim_tensors.h"
 #include "device/sim_driver.h"
@@ -34,6 +38,27 @@ std::vector<int64_t> matrix_offsets(const Tensor& t) {
   std::vector<int64_t> off(static_cast<size_t>(g.numel()));
   for (size_t b = 0; b < off.size(); ++b) off[b] = g.offset_of(int64_t(b));
   return off;
+}
+
+// An arithmetic progression from 0 (offsets of evenly strided heads).
+bool uniform_from_zero(const std::vector<int64_t>& off) {
+  for (size_t i = 0; i < off.size(); ++i)
+    if (off[i] != int64_t(i) * (off.size() > 1 ? off[1] : 0)) return false;
+  return true;
+}
+
+// Megacore: the KV heads (each with its group of query heads) split between the TensorCores
+// when every operand's heads are evenly strided (so a core's heads are the first ones of the
+// spec with its registers advanced) and the kernel is long enough to pay.
+int attention_cores(const sim::ChipConfig& cfg, const AttentionSpec& s) {
+  const int64_t kvh = s.heads / s.group;
+  if (kvh < 2 || s.heads % s.group != 0) return 1;
+  if (!uniform_from_zero(s.q_off) || !uniform_from_zero(s.k_off) || !uniform_from_zero(s.v_off) ||
+      (s.has_mask && !uniform_from_zero(s.m_off)))
+    return 1;
+  const double macs = double(s.heads) * double(s.lq) * double(s.lk) * double(s.d + s.dv) / (s.causal ? 2.0 : 1.0);
+  const double one_core = macs / (double(cfg.mxu.count) * double(cfg.mxu.rows) * double(cfg.mxu.cols));
+  return megacore_cores(cfg, one_core);
 }
 
 bool sdpa_eager(const ops::KernelArgs& k) {
@@ -82,7 +107,27 @@ bool sdpa_eager(const ops::KernelArgs& k) {
   const bool decode = fold_decode_heads(s);
   const Device dev = out.device();
   const sim::ChipConfig& cfg = chip_config(dev);
-  const LoadedProgram& p = cached_program(dev, attention_key(s), [&] { return make_attention_program(cfg, s); });
+  const int cores = decode ? 1 : attention_cores(cfg, s);
+  const LoadedProgram& p = cached_program(dev, attention_key(s) + fmt::format(":cores{}", cores), [&] {
+    if (cores == 1) return make_attention_program(cfg, s);
+    // Whole KV heads (with their query heads) per core: each core's registers advance to its
+    // first head; its program is the spec of its heads (offsets from its first).
+    const int64_t es = sim::dtype_size(s.dtype), kvh = s.heads / s.group;
+    std::vector<RowOperand> regs{{0, (s.heads > s.group ? s.q_off[size_t(s.group)] : 0) * es},
+                                 {1, (kvh > 1 ? s.k_off[1] : 0) * es},
+                                 {2, (kvh > 1 ? s.v_off[1] : 0) * es},
+                                 {3, s.group * s.lq * s.dv * es}};
+    if (s.has_mask) regs.push_back({4, s.heads > s.group ? s.m_off[size_t(s.group)] : 0});
+    return split_rows("sdpa", cores, kvh, 1, regs, [&](int64_t n) {
+      AttentionSpec part = s;
+      part.heads = n * s.group;
+      part.q_off.resize(size_t(part.heads));
+      part.k_off.resize(size_t(n));
+      part.v_off.resize(size_t(n));
+      if (s.has_mask) part.m_off.resize(size_t(part.heads));
+      return make_attention_program(cfg, part);
+    });
+  });
   std::vector<int64_t> args{hbm_address(*q), hbm_address(*kk), hbm_address(*v), hbm_address(out)};
   if (mask) args.push_back(hbm_address(*mask));
   launch(dev, p, decode ? "decode_attention" : "scaled_dot_product_attention", std::move(args));

@@ -229,7 +229,7 @@ TEST_CASE("codegen: a causal attention backward runs without host fallbacks", "[
   for (size_t i = 0; i < 3; ++i) check_close(got[i], ref_of(want[i]), {1e-4, 1e-4}, fmt::format("gradient {}", i));
 }
 
-TEST_CASE("codegen: strided copies and cat split over two TensorCores keep their values", "[codegen][fill_mask]") {
+TEST_CASE("codegen: strided copies, cat and attention split over two TensorCores keep their values", "[codegen][fill_mask]") {
   // The tiny chip as one device of two cores: copies long enough split their outer dim.
   auto j = nlohmann::json::parse(sim::preset_json("tiny"));
   j["name"] = "tiny2";
@@ -273,6 +273,21 @@ TEST_CASE("codegen: strided copies and cat split over two TensorCores keep their
     for (int64_t j = 0; j < 65; ++j)
       for (int64_t c = 0; c < 30; ++c) want.at({i, j, c}) = j < 40 ? ar.at({i, j, c}) : br.at({i, j - 40, c});
   check_close(got, want, {0, 0}, "cat split over two cores");
+  // Attention: KV heads split between the cores (4 query heads on 2 KV heads, heads split out
+  // of a projection; causal, and with a bool mask), against the host.
+  for (bool causal : {true, false}) {
+    Tensor qp = rnd(g, {24, 4 * 8}), kp = rnd(g, {24, 2 * 8}), vp = rnd(g, {24, 2 * 8});
+    Tensor mask = gt(rnd(g, {4, 24, 24}), -1.0);
+    auto heads = [](const Tensor& t, int64_t h) { return transpose(reshape(t, {1, 24, h, 8}), 1, 2); };
+    auto run = [&](const Device& dev) {
+      return scaled_dot_product_attention(heads(qp.to(dev), 4), heads(kp.to(dev), 2), heads(vp.to(dev), 2),
+                                          causal ? Tensor() : mask.to(dev), causal);
+    };
+    ChipRunProbe p2;
+    Tensor on_chip = run(Device("sim:1"));
+    CHECK(p2.new_fallbacks() == 0);
+    check_close(on_chip, ref_of(run(Device())), {1e-4, 1e-4}, causal ? "causal attention" : "masked attention");
+  }
 }
 
 TEST_CASE("attention backward in causal query blocks matches a naive double loop", "[codegen][fill_mask]") {
