@@ -41,7 +41,7 @@ namespace {
 struct Args {
   int64_t steps = 200, layers = 4, hidden = 96, inter = 256, heads = 4, kv_heads = 2, batch = 8, seq = 64;
   int64_t sim_pod = 0;
-  double lr = 3e-3, tol = 0;
+  double lr = 1e-3, tol = 0;
   uint64_t seed = 1;
   std::string corpus = "/usr/share/games/fortunes", compute = "host", chip_precision = "highest";
   bool no_reference = false;
@@ -367,7 +367,7 @@ int main(int argc, char** argv) {
   p.value("--kv-heads", "N", "key/value heads (default 2)", [&](const std::string& v) { a.kv_heads = p.to_int(v); });
   p.value("--batch", "N", "global batch, sequences (default 8)", [&](const std::string& v) { a.batch = p.to_int(v); });
   p.value("--seq", "N", "sequence length (default 64)", [&](const std::string& v) { a.seq = p.to_int(v); });
-  p.value("--lr", "X", "AdamW learning rate (default 3e-3)", [&](const std::string& v) { a.lr = p.to_double(v); });
+  p.value("--lr", "X", "AdamW learning rate (default 1e-3)", [&](const std::string& v) { a.lr = p.to_double(v); });
   p.value("--seed", "N", "seed of the model and the batches (default 1)",
           [&](const std::string& v) { a.seed = static_cast<uint64_t>(p.to_int(v)); });
   p.value("--corpus", "DIR", "fortunes folder (default /usr/share/games/fortunes; synthetic text if absent)",
