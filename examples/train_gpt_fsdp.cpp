@@ -27,6 +27,7 @@
 #include "device/sim_pod.h"
 #include "fortunes_model.h"
 #include "tools/cli_args.h"
+#include "tpucore/compile.h"
 #include "tpucore/core/parallel.h"
 #include "tpucore/devices.h"
 #include "tpucore/dist.h"
@@ -44,7 +45,7 @@ struct Args {
   double lr = 1e-3, tol = 0;
   uint64_t seed = 1;
   std::string corpus = "/usr/share/games/fortunes", compute = "host", chip_precision = "highest";
-  bool no_reference = false;
+  bool no_reference = false, compiled = false;
 };
 
 models::ModelConfig config_of(const Args& a) {
@@ -184,14 +185,20 @@ std::vector<double> train_rank(Sharded& s, const Corpus& c, const Args& a, int r
   optim::AdamW opt(s.root->parameters(), adamw(a));
   const int64_t rows = a.batch / world;
   std::vector<double> losses;
-  for (int64_t step = 0; step < a.steps; ++step) {
-    auto [x, y] = global_batch(c, a, step);
-    Tensor xs = narrow(x, 0, rank * rows, rows).contiguous().to(dev);
-    Tensor ys = narrow(y, 0, rank * rows, rows).contiguous().to(dev);
+  auto train_step = [&](const Tensor& xs, const Tensor& ys) {
     opt.zero_grad();
     Tensor loss = lm_loss(s.forward(xs), ys);
     loss.backward();
     opt.step();
+    return loss;
+  };
+  // --compiled: the whole step (gathers, forward, backward, reduce-scatters, AdamW) is one graph.
+  auto compiled_step = compile(train_step, {.name = "fsdp_step_rank" + std::to_string(rank), .fullgraph = true});
+  for (int64_t step = 0; step < a.steps; ++step) {
+    auto [x, y] = global_batch(c, a, step);
+    Tensor xs = narrow(x, 0, rank * rows, rows).contiguous().to(dev);
+    Tensor ys = narrow(y, 0, rank * rows, rows).contiguous().to(dev);
+    Tensor loss = a.compiled ? compiled_step(xs, ys) : train_step(xs, ys);
     losses.push_back(loss.to(Device()).item<double>());
   }
   return losses;
@@ -330,11 +337,11 @@ int run(const Args& a) {
   std::string label;
   if (gloo) {
     sharded = train_gloo(corpus, a, rank);
-    label = fmt::format("FSDP {} gloo ranks", std::getenv("WORLD_SIZE"));
+    label = fmt::format("FSDP {} gloo ranks{}", std::getenv("WORLD_SIZE"), a.compiled ? ", compiled" : "");
     if (rank != 0) return 0;  // rank 0 reports; the reference runs after the job's collectives
   } else if (a.sim_pod > 0) {
     sharded = train_sim_pod(corpus, a);
-    label = fmt::format("FSDP {}-chip sim pod", a.sim_pod);
+    label = fmt::format("FSDP {}-chip sim pod{}", a.sim_pod, a.compiled ? ", compiled" : "");
   }
   header();
   if (sharded && a.sim_pod > 0)
@@ -373,6 +380,7 @@ int main(int argc, char** argv) {
   p.value("--corpus", "DIR", "fortunes folder (default /usr/share/games/fortunes; synthetic text if absent)",
           [&](const std::string& v) { a.corpus = v; });
   p.value("--tol", "X", "fail when the loss curves differ by more than X", [&](const std::string& v) { a.tol = p.to_double(v); });
+  p.flag("--compiled", "FSDP runs: the training step through tpu::compile", [&] { a.compiled = true; });
   p.flag("--no-reference", "skip the one-device run", [&] { a.no_reference = true; });
   if (auto rc = p.parse(argc, argv)) return *rc;
   try {
