@@ -3,10 +3,58 @@
 // whole step compiled into one graph (fsdp_compile.h), and checks the compiled run against the
 // one-process reference (loss of every step averaged over the ranks, the first step's gradient
 // rows of every shard, the final weights) and against the eager FSDP run, and that the graph
-// holds one all-gather and one reduce-scatter per unit with no graph break and one compile.
+// holds one all-gather and one reduce-scatter per unit with no graph break and one compile. A
+// graph break inside a fullgraph FSDP step is a tpu::Error that leaves the model usable.
+#include <functional>
+
 #include "fsdp_compile.h"
 
 namespace sharded_test {
+
+int expect_error(const std::function<void()>& f, const char* must_contain, const std::string& what);  // worker_fsdp.cpp
+
+namespace {
+
+// A step that reads a value inside the trace (clip_grad_norm_ calls item()) is a graph break:
+// with fullgraph a tpu::Error naming it; the sharded model then still trains eagerly, and its
+// first eager step is the reference's.
+void check_break_leaves_model_usable(const Config& c, const dist::ProcessGroupPtr& pg, const FsdpRun& ref) {
+  const int rank = pg->rank(), world = pg->size();
+  auto model = std::make_shared<TinyLM>(c);
+  for (auto& b : model->blocks) b = nn::parallel::fully_shard(b, pg);
+  auto root = nn::parallel::fully_shard(model, pg);
+  optim::AdamW opt(root->parameters(), compile_test_adamw());
+  const int64_t rows = kBatch / world;
+  Tensor tok = narrow(batch_tokens(0, kBatch, kSeq, c.vocab), 0, rank * rows, rows);
+  Tensor ids = narrow(tok, 1, 0, kSeq).contiguous(), tgt = narrow(tok, 1, 1, kSeq).contiguous();
+  auto bad = compile(
+      [&](const Tensor& x, const Tensor& y) {
+        opt.zero_grad();
+        Tensor loss = lm_loss(root->forward(x), y);
+        loss.backward();
+        root->clip_grad_norm_(1e9);
+        opt.step();
+        return loss;
+      },
+      {.name = "fsdp_break", .fullgraph = true});
+  expect_error([&] { (void)bad(ids, tgt); }, "graph break", "clip_grad_norm_ inside a fullgraph compiled FSDP step");
+  for (auto& [n, p] : root->named_parameters())
+    check(!p.is_proxy() && (!p.grad().defined() || !p.grad().is_proxy()), "no traced tensor left in shard " + n);
+  opt.zero_grad();
+  Tensor loss = lm_loss(root->forward(ids), tgt);
+  loss.backward();
+  check(root->memory_stats().gathered_bytes == 0, "after the failed trace, an eager backward frees every gather");
+  Tensor g = loss.detach().clone();
+  dist::all_reduce(g, dist::ReduceOp::avg);
+  check(std::fabs(g.item<double>() - ref.losses[0]) <= 2e-5 * std::max(1.0, ref.losses[0]),
+        fmt::format("eager step after the failed trace: loss {} vs reference {}", g.item<double>(), ref.losses[0]));
+  for (auto& [n, p] : root->named_parameters()) {
+    const double d = p.grad().defined() ? max_abs_diff(p.grad(), my_rows(ref.grads0.at(n), rank, world)) : INFINITY;
+    check(d <= 1e-5, fmt::format("eager gradient of {} after the failed trace: max diff {}", n, d));
+  }
+}
+
+}  // namespace
 
 int scenario_fsdp_compile() {
   const int rank = dist::get_rank(), world = dist::get_world_size();
@@ -47,6 +95,7 @@ int scenario_fsdp_compile() {
         fmt::format("{} reduce-scatters in the graph, want {}", count_op(comp.graph, "dist_reduce_scatter"), units));
   check(comp.compiles == 1 && comp.hits == steps - 1 && comp.breaks == 0,
         fmt::format("compiles {} hits {} breaks {}: want 1, {}, 0", comp.compiles, comp.hits, comp.breaks, steps - 1));
+  check_break_leaves_model_usable(c, pg, ref);
   if (rank == 0) std::printf("compiled FSDP graph:\n%s\n", comp.graph.c_str());
   return 0;
 }
