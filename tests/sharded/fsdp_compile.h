@@ -30,12 +30,12 @@ inline optim::AdamWOptions compile_test_adamw() {
 
 // Rank `rank` of `world` trains on rows [rank B/world, (rank+1) B/world) of each global batch.
 inline FsdpRun train_fsdp_rank(const Config& c, const dist::ProcessGroupPtr& pg, Device dev, int steps, bool compiled,
-                               const std::string& name) {
+                               const std::string& name, const nn::parallel::FSDPOptions& o = {}) {
   const int rank = pg->rank(), world = pg->size();
   auto model = std::make_shared<TinyLM>(c);
   model->to(dev);
-  for (auto& b : model->blocks) b = nn::parallel::fully_shard(b, pg);
-  auto root = nn::parallel::fully_shard(model, pg);
+  for (auto& b : model->blocks) b = nn::parallel::fully_shard(b, pg, o);
+  auto root = nn::parallel::fully_shard(model, pg, o);
   optim::AdamW opt(root->parameters(), compile_test_adamw());
   auto step = [&](const Tensor& ids, const Tensor& tgt) {
     opt.zero_grad();

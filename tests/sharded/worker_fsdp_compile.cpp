@@ -96,6 +96,24 @@ int scenario_fsdp_compile() {
   check(comp.compiles == 1 && comp.hits == steps - 1 && comp.breaks == 0,
         fmt::format("compiles {} hits {} breaks {}: want 1, {}, 0", comp.compiles, comp.hits, comp.breaks, steps - 1));
   check_break_leaves_model_usable(c, pg, ref);
+  // bf16 mixed precision (bf16 gathers and compute, f32 shards and reduce-scatters): compiled
+  // against eager FSDP in the same precision (eager mixed precision is held to its own
+  // one-process reference by the fsdp_train scenario).
+  {
+    nn::parallel::FSDPOptions o;
+    o.mixed_precision = nn::parallel::MixedPrecision{};
+    FsdpRun me = train_fsdp_rank(c, pg, Device(), steps, false, "fsdp_eager_bf16", o);
+    FsdpRun mc = train_fsdp_rank(c, pg, Device(), steps, true, "fsdp_compiled_bf16", o);
+    for (int s = 0; s < steps; ++s) {
+      const double d = std::fabs(mc.losses[size_t(s)] - me.losses[size_t(s)]);
+      check(d <= 5e-3, fmt::format("bf16 compiled step {}: loss {} vs eager {}", s, mc.losses[size_t(s)], me.losses[size_t(s)]));
+    }
+    for (auto& [n, want] : me.final_params) {
+      const double d = max_abs_diff(mc.final_params.at(n), want);
+      check(d <= 3e-3, fmt::format("bf16 compiled final {}: max diff {} to eager", n, d));
+    }
+    check(mc.compiles == 1 && mc.breaks == 0, "bf16: one compile, no break");
+  }
   if (rank == 0) std::printf("compiled FSDP graph:\n%s\n", comp.graph.c_str());
   return 0;
 }
