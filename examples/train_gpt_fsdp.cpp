@@ -322,6 +322,8 @@ int run(const Args& a) {
   if (a.sim_pod > 0 && !std::getenv("TPU_SIM_POD"))  // before the first sim device exists
     setenv("TPU_SIM_POD", a.sim_pod == 4 ? "2x2" : std::to_string(a.sim_pod).c_str(), 1);
   const Corpus corpus = load_corpus(a);
+  if (static_cast<size_t>(a.seq) + 2 > corpus.ids.size())
+    fail("train_gpt_fsdp: --seq {} does not fit in the corpus ({} bytes)", a.seq, corpus.ids.size());
   const models::ModelConfig cfg = config_of(a);
   int rank = 0;
   auto header = [&] {
