@@ -29,8 +29,10 @@ inline optim::AdamWOptions compile_test_adamw() {
 }
 
 // Rank `rank` of `world` trains on rows [rank B/world, (rank+1) B/world) of each global batch.
+// Compiled: steps from `first_compiled` on go through the compiled step (the earlier ones eager).
 inline FsdpRun train_fsdp_rank(const Config& c, const dist::ProcessGroupPtr& pg, Device dev, int steps, bool compiled,
-                               const std::string& name, const nn::parallel::FSDPOptions& o = {}) {
+                               const std::string& name, const nn::parallel::FSDPOptions& o = {},
+                               int first_compiled = 0) {
   const int rank = pg->rank(), world = pg->size();
   auto model = std::make_shared<TinyLM>(c);
   model->to(dev);
@@ -50,7 +52,7 @@ inline FsdpRun train_fsdp_rank(const Config& c, const dist::ProcessGroupPtr& pg,
   for (int s = 0; s < steps; ++s) {
     Tensor tok = narrow(batch_tokens(s, kBatch, kSeq, c.vocab), 0, rank * rows, rows);
     Tensor ids = narrow(tok, 1, 0, kSeq).contiguous().to(dev), tgt = narrow(tok, 1, 1, kSeq).contiguous().to(dev);
-    Tensor loss = compiled ? f(ids, tgt) : step(ids, tgt);
+    Tensor loss = compiled && s >= first_compiled ? f(ids, tgt) : step(ids, tgt);
     run.losses.push_back(loss.to(Device()).item<double>());
     if (s == 0)
       for (auto& [n, p] : root->named_parameters())

@@ -96,6 +96,16 @@ int scenario_fsdp_compile() {
   check(comp.compiles == 1 && comp.hits == steps - 1 && comp.breaks == 0,
         fmt::format("compiles {} hits {} breaks {}: want 1, {}, 0", comp.compiles, comp.hits, comp.breaks, steps - 1));
   check_break_leaves_model_usable(c, pg, ref);
+  // One model, the first step eager and the next ones compiled: the same training.
+  {
+    FsdpRun mixed = train_fsdp_rank(c, pg, Device(), steps, true, "fsdp_after_eager", {}, 1);
+    for (int s = 0; s < steps; ++s)
+      check(std::fabs(mixed.losses[size_t(s)] - eager.losses[size_t(s)]) <= 1e-5,
+            fmt::format("eager then compiled, step {}: loss {} vs eager {}", s, mixed.losses[size_t(s)], eager.losses[size_t(s)]));
+    for (auto& [n, want] : eager.final_params)
+      check(max_abs_diff(mixed.final_params.at(n), want) <= 1e-5, "eager then compiled: final " + n);
+    check(mixed.compiles == 1 && mixed.hits == steps - 2, "eager then compiled: one compile");
+  }
   // bf16 mixed precision (bf16 gathers and compute, f32 shards and reduce-scatters): compiled
   // against eager FSDP in the same precision (eager mixed precision is held to its own
   // one-process reference by the fsdp_train scenario).

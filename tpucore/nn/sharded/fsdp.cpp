@@ -80,7 +80,7 @@ struct Instance {
       unit->fill(g, full);
       for (size_t i = 0; i < full.size(); ++i) full[i].storage()->version = versions[i];
     }
-    if (unit->opts.prefetch && pos >= 1 && pos - 1 < R.now.size())
+    if (unit->opts.prefetch && !tracing() && pos >= 1 && pos - 1 < R.now.size())
       if (auto prev = R.now[pos - 1].lock(); prev && prev->released) prev->unit->start_gather();
   }
   void post_backward(std::span<const Tensor> grads) {
