@@ -76,6 +76,10 @@ TEST_CASE("fsdp: mixed precision (bf16 compute, f32 master and reduction) on 2 r
   require_ok(run(2, {"fsdp_train", "sgd", "1", "1"}));
 }
 
+TEST_CASE("fsdp inside tpu::compile: a compiled AdamW step on 2 ranks equals eager FSDP and one-process training", "[sharded]") {
+  require_ok(run(2, {"fsdp_compile"}));
+}
+
 TEST_CASE("fsdp: checkpoint saved on 4 ranks loads on 2 and on 1 (and 2 -> 4), consolidated file, bad files", "[sharded]") {
   fs::path dir = test_procs::scratch_dir("tpusharded_test");
   require_ok(run(4, {"fsdp_ckpt_save", dir.string()}));

@@ -14,6 +14,7 @@ int scenario_fsdp_ckpt_save(const std::string& dir);
 int scenario_fsdp_ckpt_load(const std::string& dir, const std::string& from, const std::string& resave);
 int scenario_fsdp_bad(const std::string& dir);
 int scenario_fsdp_die();
+int scenario_fsdp_compile();  // worker_fsdp_compile.cpp
 int scenario_tp_train(int tp);
 int scenario_tp_bad();
 }  // namespace sharded_test
@@ -35,6 +36,7 @@ int main(int argc, char** argv) {
     else if (s == "fsdp_ckpt_load") rc = scenario_fsdp_ckpt_load(arg(2, "."), arg(3, "sharded"), arg(4, ""));
     else if (s == "fsdp_bad") rc = scenario_fsdp_bad(arg(2, "."));
     else if (s == "fsdp_die") rc = scenario_fsdp_die();
+    else if (s == "fsdp_compile") rc = scenario_fsdp_compile();
     else if (s == "tp_train") rc = scenario_tp_train(std::atoi(arg(2, "2").c_str()));
     else if (s == "tp_bad") rc = scenario_tp_bad();
     tpu::dist::destroy_process_group();

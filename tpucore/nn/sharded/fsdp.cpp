@@ -10,6 +10,7 @@
 #include "tpucore/nn/sharded/fsdp_internal.h"
 #include "tpucore/nn/sharded/function.h"
 #include "tpucore/ops.h"
+#include "ops/registry.h"
 
 namespace tpu::nn::parallel {
 namespace detail {
@@ -40,6 +41,14 @@ void adopt_memory(const Tensor& t) {
 
 Tensor flat_view(const Tensor& t) { return reshape(t, Shape{t.numel()}); }
 
+// A tpu::compile trace records on this thread: the gathers and reduce-scatters become graph
+// nodes, the gathered parameters are values of the graph (no memory to free or refill here).
+bool tracing() { return ops::interceptor() != nullptr; }
+
+// A buffer the code below fills: `empty` makes a real tensor even while tracing (written in
+// place, it would become a captured input of the graph); `zeros` is a graph node there.
+Tensor new_buffer(const Shape& shape, TensorOptions o) { return tracing() ? zeros(shape, o) : empty(shape, o); }
+
 }  // namespace
 
 // One forward of a unit with history: its full parameters (aliases of the tensors the layer
@@ -55,7 +64,8 @@ struct Instance {
   }
   void release() {
     if (released) return;
-    for (const Tensor& t : full) release_memory(t);
+    for (const Tensor& t : full)
+      if (!t.is_proxy()) release_memory(t);
     released = true;
   }
   void pre_backward() {
@@ -70,7 +80,7 @@ struct Instance {
       unit->fill(g, full);
       for (size_t i = 0; i < full.size(); ++i) full[i].storage()->version = versions[i];
     }
-    if (unit->opts.prefetch && pos >= 1 && pos - 1 < R.now.size())
+    if (unit->opts.prefetch && !tracing() && pos >= 1 && pos - 1 < R.now.size())
       if (auto prev = R.now[pos - 1].lock(); prev && prev->released) prev->unit->start_gather();
   }
   void post_backward(std::span<const Tensor> grads) {
@@ -87,7 +97,7 @@ struct Instance {
             dst.copy_(narrow(g, 0, r * p.chunk * p.row_numel, n * p.row_numel));
           }
       }
-      Tensor out = empty(Shape{u.flat}, TensorOptions(u.reduce_dtype, u.device));
+      Tensor out = new_buffer(Shape{u.flat}, TensorOptions(u.reduce_dtype, u.device));
       dist::Work w = u.pg->reduce_scatter_tensor_async(out, in, dist::ReduceOp::avg);
       u.root->pending.push_back(PendingReduce{unit, w, in, out});
     }
@@ -114,7 +124,7 @@ Tensor Unit::pack_shards(DType dtype) const {
 void Unit::start_gather() {
   if (gathering) return;
   gather_in = pack_shards(compute_dtype);
-  gather_out = empty(Shape{world * flat}, TensorOptions(compute_dtype, device));
+  gather_out = new_buffer(Shape{world * flat}, TensorOptions(compute_dtype, device));
   gather_work = pg->all_gather_into_tensor_async(gather_out, gather_in);
   gathering = true;
 }
@@ -167,24 +177,32 @@ Tensor Unit::call(const std::function<Tensor()>& f) {
   inst->unit = shared_from_this();
   inst->pos = pos;
   R.now.push_back(inst);
+  const bool traced = tracing();
   Tensor gathered = finish_gather();
-  if (opts.prefetch && pos + 1 < R.order.size())
+  if (opts.prefetch && !traced && pos + 1 < R.order.size())
     if (auto next = R.order[pos + 1].lock(); next && next.get() != this) next->start_gather();
   std::vector<Tensor> full, shards;
   {
     NoGradGuard ng;
     for (const ShardedParam& p : params) {
-      full.push_back(empty(p.full_shape, TensorOptions(compute_dtype, device)));
       shards.push_back(p.shard);
+      if (traced) {  // out of place: every rank's rows of the gathered buffer, concatenated
+        std::vector<Tensor> rows;
+        for (int r = 0; r < world; ++r)
+          if (int64_t n = p.rows_of(r); n > 0) rows.push_back(narrow(gathered, 0, r * flat + p.offset, n * p.row_numel));
+        full.push_back(reshape(rows.size() == 1 ? rows[0] : cat(rows), p.full_shape).contiguous());
+      } else {
+        full.push_back(empty(p.full_shape, TensorOptions(compute_dtype, device)));
+      }
     }
-    fill(gathered, full);
+    if (!traced) fill(gathered, full);
   }
   gathered = Tensor();
   for (const Tensor& t : full) inst->full.push_back(fresh_alias(t));
   std::weak_ptr<Instance> weak = inst;
-  attach_backward("fsdp_unshard", shards, full, [inst](std::span<const Tensor> g, std::span<Tensor>) {
-    inst->post_backward(g);
-  });
+  attach_backward(
+      "fsdp_unshard", shards, full, [inst](std::span<const Tensor> g, std::span<Tensor>) { inst->post_backward(g); },
+      true);
   inst->armed = !full.empty() && full[0].requires_grad();
   if (inst->armed) ++R.outstanding;
   for (size_t i = 0; i < params.size(); ++i) *params[i].slot = full[i];
@@ -203,13 +221,18 @@ Tensor Unit::call(const std::function<Tensor()>& f) {
       if (auto i = w.lock()) R.order.push_back(i->unit);
   }
   if (!inst->armed || !y.defined() || !y.requires_grad()) return y;
-  if (!is_root && opts.reshard_after_forward) inst->release();
+  // Traced: the graph keeps the gathered values until their last backward reader (its buffer
+  // planner frees them), so there is nothing to release and regather.
+  if (!is_root && opts.reshard_after_forward && !traced) inst->release();
   Tensor out = fresh_alias(y);
   Tensor ins[1] = {y}, outs[1] = {out};
-  attach_backward("fsdp_pre_backward", ins, outs, [weak](std::span<const Tensor> g, std::span<Tensor> gin) {
-    if (auto i = weak.lock()) i->pre_backward();
-    gin[0] = g[0];
-  });
+  attach_backward(
+      "fsdp_pre_backward", ins, outs,
+      [weak](std::span<const Tensor> g, std::span<Tensor> gin) {
+        if (auto i = weak.lock()) i->pre_backward();
+        gin[0] = g[0];
+      },
+      true);
   return outs[0];
 }
 

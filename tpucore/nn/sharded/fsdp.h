@@ -20,7 +20,10 @@
 //
 // A unit's module must be called through the handle fully_shard returns (forward(x), or run(f)
 // for other signatures): store the handle where the parent calls the layer (a vector of
-// shared_ptr<Module>, a Sequential child). Eager only (not inside tpu::compile).
+// shared_ptr<Module>, a Sequential child). Inside tpu::compile the gathers and reduce-scatters
+// become graph nodes: a whole training step (zero_grad, forward, backward, optimizer step) is one
+// graph; the gathered parameters are then graph values kept from the forward to their last
+// backward reader (no release and regather), and the graph's scheduler does the prefetching.
 #pragma once
 
 #include <functional>

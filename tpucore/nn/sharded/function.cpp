@@ -38,9 +38,10 @@ Edge edge_of(const Tensor& t) {
 
 Tensor fresh_alias(const Tensor& t) { return autograd::detail::alias(t); }
 
-void attach_backward(const char* name, std::span<const Tensor> inputs, std::span<Tensor> outputs, CustomBackward fn) {
+void attach_backward(const char* name, std::span<const Tensor> inputs, std::span<Tensor> outputs, CustomBackward fn,
+                     bool traceable) {
   for (const Tensor& t : inputs)
-    TPU_CHECK(!t.is_proxy(), "{}: sharded layers run eagerly; they are not supported inside tpu::compile", name);
+    TPU_CHECK(traceable || !t.is_proxy(), "{}: sharded layers run eagerly; they are not supported inside tpu::compile", name);
   if (!is_grad_enabled()) return;
   uint32_t needs = 0;
   for (size_t i = 0; i < inputs.size(); ++i)

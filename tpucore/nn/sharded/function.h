@@ -17,8 +17,10 @@ using CustomBackward = std::function<void(std::span<const Tensor> grad_outputs, 
 // When grad mode is on and some input requires grad, gives the floating outputs a history whose
 // backward calls fn; otherwise does nothing. Outputs must be fresh tensors (not the inputs).
 // name (a string literal) names the node (autograd::grad_fn_name, error messages). Traced
-// (tpu::compile) inputs are a tpu::Error: these functions run eagerly only.
-void attach_backward(const char* name, std::span<const Tensor> inputs, std::span<Tensor> outputs, CustomBackward fn);
+// (tpu::compile) inputs are a tpu::Error unless `traceable`: fn then runs on traced tensors when
+// backward is traced, and must only call traceable ops and collectives (fully_shard's hooks).
+void attach_backward(const char* name, std::span<const Tensor> inputs, std::span<Tensor> outputs, CustomBackward fn,
+                     bool traceable = false);
 
 // A new tensor handle on t's data without history (the output of an identity function).
 Tensor fresh_alias(const Tensor& t);
