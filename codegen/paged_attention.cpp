@@ -22,7 +22,7 @@ constexpr int kSemW = 0, kSemQ = 1, kSemK = 2, kSemV = 3, kSemO = 4, kSemU = 5;
 enum Reg : int {
   rQ = 0, rKn, rVn, rKc, rVc, rOut, rUnits, rPages, rSlots,
   rCount, rTok, rSlot, rNdec, rNcls, rUnit, rTok0, rNtok, rSteps, rPageOff, rBlock, rStep, rPar, rNextPar,
-  rOutTok, rPrevN, rLastStep, rOutPar, rUnitsDone, rNext, rWait
+  rOutTok, rPrevN, rLastStep, rOutPar, rUnitsDone, rNext, rWait, rFull, rRest
 };
 
 struct Layout {
@@ -94,6 +94,34 @@ class Emitter {
   }
   static sim::Operand colv(int64_t addr) { return vm(addr, DType::f32, 1, 0); }
 
+  // An elementwise op over n contiguous f32 values (a column of per-row values) shaped as full
+  // vregs plus a tail, so it costs n / vreg size, not one vreg per row. Sources: addresses of
+  // such columns, or immediates / scalar broadcasts (kept as they are).
+  void vec(Op op, int64_t dst, std::vector<sim::Operand> src, int64_t n) {
+    const int64_t w = cfg_.vpu.lanes, full = n / w, rem = n % w;
+    auto emit = [&](int64_t off, int64_t r, int64_t c) {
+      std::vector<sim::Operand> ops;
+      for (sim::Operand o : src) {
+        if (o.kind == sim::Operand::Kind::mem && !(o.row_stride == 0 && o.col_stride == 0)) {
+          o.addr.offset += off * 4;
+          o.row_stride = c;
+        }
+        ops.push_back(o);
+      }
+      const sim::Operand d = vm(dst + off * 4, DType::f32, c);
+      if (ops.size() == 1) b_.unary(op, d, ops[0], r, c);
+      else if (ops.size() == 2) b_.binary(op, d, ops[0], ops[1], r, c);
+      else b_.ternary(op, d, ops[0], ops[1], ops[2], r, c);
+    };
+    if (full > 0) emit(0, full, w);
+    if (rem > 0) emit(full * w, 1, rem);
+  }
+  void vfill(int64_t dst, float value, int64_t n) {
+    const int64_t w = cfg_.vpu.lanes, full = n / w, rem = n % w;
+    if (full > 0) b_.fill(vm(dst, DType::f32, w), value, full, w);
+    if (rem > 0) b_.fill(vm(dst + full * w * 4), value, 1, rem);
+  }
+
   // Copies every new token's K and V rows into its cache slot, then waits for all of them.
   void emit_cache_update() {
     b_.sload(rCount, B::hbm_at(B::at(0, {{rUnits, 1}})));
@@ -145,7 +173,7 @@ class Emitter {
   }
 
   // One KV step of a unit of `tokens` tokens (step index in rStep, its buffers' parity in rPar).
-  void emit_step(int64_t tokens, const Layout& L) {
+  void emit_step(int64_t tokens, const Layout& L, bool masked) {
     const int64_t R = cfg_.mxu.rows, C = cfg_.mxu.cols, nm = cfg_.mxu.count, P = s_.pages_per_step;
     const int64_t rows = L.rows, keys = L.keys, hrows = tokens * group_, step_bytes = P * page_;
     const int64_t ld = s_.kv_heads * d_;  // elements between keys in a page buffer
@@ -168,23 +196,25 @@ class Emitter {
       }
     // Causal mask (also masks keys past the context): key c of this step is visible to row r
     // when c <= thr[r] = query position - first key position of the step.
+    // Steps whose keys every row sees (all before the unit's first query) skip it.
     const sim::Operand S = vm(L.s, DType::f32, keys), M = vm(L.mask, DType::f32, keys);
-    b_.binary(Op::vcmple, M, vm(L.col, DType::f32, 0), colv(L.thr), rows, keys);
-    b_.ternary(Op::vsel, S, M, S, B::imm(kMasked), rows, keys);
-    b_.binary(Op::vsub, vm(L.thr, DType::f32, 1), vm(L.thr, DType::f32, 1), B::imm(float(keys)), rows, 1);
+    if (masked) {
+      b_.binary(Op::vcmple, M, vm(L.col, DType::f32, 0), colv(L.thr), rows, keys);
+      b_.ternary(Op::vsel, S, M, S, B::imm(kMasked), rows, keys);
+    }
+    vec(Op::vsub, L.thr, {vm(L.thr), B::imm(float(keys))}, rows);
     // Online softmax.
     row_reduce(Op::xmax, Op::vmax, L.mnew, L.s, keys, L.fold, rows, keys);
-    auto col = [&](int64_t a) { return vm(a, DType::f32, 1); };
-    b_.binary(Op::vmax, col(L.mnew), col(L.mnew), col(L.m), rows, 1);
-    b_.binary(Op::vsub, col(L.alpha), col(L.m), col(L.mnew), rows, 1);
-    b_.binary(Op::vmul, col(L.alpha), col(L.alpha), B::imm(s_.scale), rows, 1);
-    b_.unary(Op::vexp, col(L.alpha), col(L.alpha), rows, 1);
-    b_.unary(Op::vmov, col(L.m), col(L.mnew), rows, 1);
-    b_.binary(Op::vmul, col(L.negm), col(L.m), B::imm(-s_.scale), rows, 1);
+    vec(Op::vmax, L.mnew, {vm(L.mnew), vm(L.m)}, rows);
+    vec(Op::vsub, L.alpha, {vm(L.m), vm(L.mnew)}, rows);
+    vec(Op::vmul, L.alpha, {vm(L.alpha), B::imm(s_.scale)}, rows);
+    vec(Op::vexp, L.alpha, {vm(L.alpha)}, rows);
+    vec(Op::vmov, L.m, {vm(L.mnew)}, rows);
+    vec(Op::vmul, L.negm, {vm(L.m), B::imm(-s_.scale)}, rows);
     b_.ternary(Op::vfma, S, S, B::imm(s_.scale), colv(L.negm), rows, keys);
     b_.unary(Op::vexp, S, S, rows, keys);
     row_reduce(Op::xsum, Op::vadd, L.rsum, L.s, keys, L.fold, rows, keys);
-    b_.ternary(Op::vfma, col(L.l), col(L.l), col(L.alpha), col(L.rsum), rows, 1);
+    vec(Op::vfma, L.l, {vm(L.l), vm(L.alpha), vm(L.rsum)}, rows);
     b_.binary(Op::vmul, vm(L.o, DType::f32, d_), vm(L.o, DType::f32, d_), colv(L.alpha), rows, d_);
     // O += P V per KV head.
     b_.wait(kSemV, P);
@@ -228,6 +258,8 @@ class Emitter {
     field(rNtok, 1);
     field(rSteps, 3);
     field(rPageOff, 4);
+    field(rFull, 5);
+    field(rRest, 6);
     const int64_t qrow = s_.heads * d_ * es_, gbytes = group_ * d_ * es_;
     b_.dma(B::vmem_at(B::at(L.q)), B::hbm_at(B::at(0, {{rQ, 1}, {rTok0, qrow}})),
            {.planes = s_.kv_heads, .rows = tokens, .row_bytes = gbytes, .dst_plane_stride = hrows * d_ * es_,
@@ -240,23 +272,32 @@ class Emitter {
     sim::Addr fa = B::at(L.fpos, {{rUnit, 4}});
     if (prefill) fa.terms[1] = {rNdec, 4};
     const sim::Operand fp = B::vmem(fa, DType::f32, 0, 0);
-    b_.binary(Op::vadd, vm(L.thr, DType::f32, 1), vm(L.rowt, DType::f32, 1), fp, rows, 1);
-    b_.fill(vm(L.m, DType::f32, 1), kMasked, rows, 1);
-    b_.fill(vm(L.l, DType::f32, 1), 0, rows, 1);
+    vec(Op::vadd, L.thr, {vm(L.rowt), fp}, rows);
+    vfill(L.m, kMasked, rows);
+    vfill(L.l, 0, rows);
     b_.fill(vm(L.o, DType::f32, d_), 0, rows, d_);
     b_.wait(kSemQ);
-    // Steps 0 .. steps-2 fetch the next step's pages first; the last step fetches nothing.
-    b_.sadd(rLastStep, rSteps, -1);
-    b_.loop_reg(rStep, rLastStep);
-    b_.smod(rPar, rStep, 2);
-    b_.sadd(rNext, rStep, 1);
-    b_.smod(rNextPar, rNext, 2);
-    fetch_step(rNext, rNextPar, L);
-    emit_step(tokens, L);
+    // Steps 0 .. steps-2 fetch the next step's pages first (the first rFull of them need no
+    // mask, the next rRest do); the last step fetches nothing.
+    auto prefetching_step = [&](bool masked) {
+      b_.smod(rPar, rStep, 2);
+      b_.sadd(rNext, rStep, 1);
+      b_.smod(rNextPar, rNext, 2);
+      fetch_step(rNext, rNextPar, L);
+      emit_step(tokens, L, masked);
+    };
+    b_.loop_reg(rStep, rFull);
+    prefetching_step(false);
     b_.end_loop();
+    b_.sadd(rStep, rFull, 0);
+    b_.loop_reg(rOutTok, rRest);
+    prefetching_step(true);
+    b_.sadd(rStep, rStep, 1);
+    b_.end_loop();
+    b_.sadd(rLastStep, rSteps, -1);
     b_.sadd(rStep, rLastStep, 0);
     b_.smod(rPar, rStep, 2);
-    emit_step(tokens, L);
+    emit_step(tokens, L, true);
     // O / l into the output buffer of this unit's parity (after the previous unit's stores,
     // which read the other buffer, are done), then one DMA per valid token.
     wait_outputs();
@@ -357,6 +398,11 @@ PagedAttentionMeta plan_paged_attention(const PagedAttentionSpec& spec, int64_t 
       r[2] = int32_t(u.pos0);
       r[3] = int32_t(steps);
       r[4] = int32_t(m.pages.size());
+      // Leading steps whose keys all lie at or before the unit's first query position need no
+      // mask; of the steps that prefetch (all but the last), r[5] are such, r[6] the rest.
+      const int64_t full = std::min((u.pos0 + 1) / keys, steps - 1);
+      r[5] = int32_t(full);
+      r[6] = int32_t(steps - 1 - full);
       const int64_t used = (needed + bs - 1) / bs;
       for (int64_t p = 0; p < steps * spec.pages_per_step; ++p) m.pages.push_back(p < used ? t[size_t(p)] : t[0]);
       m.kv_pages_read += steps * spec.pages_per_step;
@@ -389,8 +435,8 @@ sim::Program make_paged_attention_program(const sim::ChipConfig& cfg, const Page
   TPU_CHECK(paged_attention_vmem_bytes(cfg, s) <= int64_t(cfg.memory.vmem_bytes),
             "paged_attention: tiles of {} tokens x {} pages need {} bytes of VMEM, the chip has {}", s.tile_tokens,
             s.pages_per_step, paged_attention_vmem_bytes(cfg, s), cfg.memory.vmem_bytes);
-  TPU_CHECK(cfg.scalar.registers > int(rWait), "paged_attention: the chip has {} scalar registers, the program uses {}",
-            cfg.scalar.registers, int(rWait) + 1);
+  TPU_CHECK(cfg.scalar.registers > int(rRest), "paged_attention: the chip has {} scalar registers, the program uses {}",
+            cfg.scalar.registers, int(rRest) + 1);
   return Emitter(cfg, s).run();
 }
 

@@ -54,7 +54,8 @@ struct PagedAttentionSpec {
 inline constexpr int64_t kPagedUnitWords = 8;
 
 // The step's data: units = header {new tokens, decode units, prefill units, 0...} then one
-// record per unit {first token, tokens, first query position, steps, first page index, 0...}
+// record per unit {first token, tokens, first query position, steps, first page index, steps
+// before the last that need no causal mask, the other steps before the last, 0}
 // (decode units first); pages = every unit's page list (steps * pages_per_step block ids, the
 // tail of the last step padded with the unit's first block); slots = the cache slot of each new
 // token.
