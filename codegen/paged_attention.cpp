@@ -22,12 +22,14 @@ constexpr int kSemW = 0, kSemQ = 1, kSemK = 2, kSemV = 3, kSemO = 4, kSemU = 5;
 enum Reg : int {
   rQ = 0, rKn, rVn, rKc, rVc, rOut, rUnits, rPages, rSlots,
   rCount, rTok, rSlot, rNdec, rNcls, rUnit, rTok0, rNtok, rSteps, rPageOff, rBlock, rStep, rPar, rNextPar,
-  rOutTok, rPrevN, rLastStep, rOutPar, rUnitsDone, rNext, rWait, rFull, rRest
+  rOutTok, rPrevN, rFirst, rOutPar, rUnitsDone, rNext, rWait, rFull, rRest
 };
+// Registers of the cache update, reused by the attention part.
+constexpr int rNextPageOff = rCount, rHasNext = rTok, rNextTok0 = rSlot;
 
 struct Layout {
   int64_t rows = 0, keys = 0;  // rows of a unit (kv_heads x tokens x group), keys per step
-  int64_t q = 0, s = 0, mask = 0, o = 0, obuf[2]{}, k[2]{}, v[2]{};
+  int64_t q[2]{}, s = 0, mask = 0, o = 0, obuf[2]{}, k[2]{}, v[2]{};
   int64_t m = 0, mnew = 0, l = 0, alpha = 0, negm = 0, rsum = 0, thr = 0, rowt = 0, col = 0, fold = 0;
   int64_t units = 0, fpos = 0;
   int64_t total = 0;
@@ -47,7 +49,7 @@ Layout plan(const sim::ChipConfig& cfg, const PagedAttentionSpec& s, int64_t tok
   p.units = take((1 + s.max_units) * kPagedUnitWords * 4);  // first: the same in both classes' layouts
   p.fpos = take(s.max_units * 4);
   const int64_t kv_step = p.keys * s.kv_heads * d * es;
-  p.q = take(p.rows * d * es);
+  for (auto& b : p.q) b = take(p.rows * d * es);
   p.s = take(p.rows * p.keys * 4);
   p.mask = take(p.rows * p.keys * 4);
   p.o = take(p.rows * d * 4);
@@ -81,8 +83,8 @@ class Emitter {
     b_.sset(rUnitsDone, 0);
     b_.sset(rOutPar, 0);
     b_.sload(rNdec, B::hbm_at(B::at(4, {{rUnits, 1}})));
-    emit_class(1, false, big);
-    emit_class(s_.tile_tokens, true, big);
+    emit_class(1, false);
+    emit_class(s_.tile_tokens, true);
     wait_outputs();
     b_.fence();
     return b_.finish();
@@ -160,11 +162,12 @@ class Emitter {
     b_.reduce(xop, vm(dst), f, rows, w, 1);
   }
 
-  // The K and V pages of step (register) `step` into the buffers of parity (register) `par`.
-  void fetch_step(int16_t step, int16_t par, const Layout& L) {
+  // The K and V pages of step (register) `step` (-1: step 0) of the page list starting at
+  // (register) `page_off` into the buffers of parity (register) `par`.
+  void fetch_step(int16_t page_off, int16_t step, int16_t par, const Layout& L) {
     const int64_t P = s_.pages_per_step, step_bytes = P * page_;
     for (int64_t p = 0; p < P; ++p) {
-      b_.sload(rBlock, B::hbm_at(B::at(p * 4, {{rPages, 1}, {rPageOff, 4}, {step, P * 4}})));
+      b_.sload(rBlock, B::hbm_at(B::at(p * 4, {{rPages, 1}, {page_off, 4}, {step, P * 4}})));
       b_.dma(B::vmem_at(B::at(L.k[0] + p * page_, {{par, step_bytes}})), B::hbm_at(B::at(0, {{rKc, 1}, {rBlock, page_}})),
              {.rows = 1, .row_bytes = page_}, 0, kSemK);
       b_.dma(B::vmem_at(B::at(L.v[0] + p * page_, {{par, step_bytes}})), B::hbm_at(B::at(0, {{rVc, 1}, {rBlock, page_}})),
@@ -191,7 +194,9 @@ class Emitter {
                                       s_.dtype, 1, ld),
                               kk, nn, s_.mode);
           b_.mxu_matmul(mxu, vm(L.s + (h * hrows * keys + j * C) * 4, DType::f32, keys),
-                        vm(L.q + (h * hrows * d_ + c * R) * es_, s_.dtype, d_), hrows, kk, nn, c > 0, s_.mode);
+                        B::vmem(B::at(L.q[0] + (h * hrows * d_ + c * R) * es_, {{rOutPar, L.q[1] - L.q[0]}}),
+                                s_.dtype, d_),
+                        hrows, kk, nn, c > 0, s_.mode);
         }
       }
     // Causal mask (also masks keys past the context): key c of this step is visible to row r
@@ -236,9 +241,8 @@ class Emitter {
   }
 
   // The loop over the work units of one class (decode: 1 token, prefill: tile_tokens tokens).
-  void emit_class(int64_t tokens, bool prefill, const Layout& big) {
+  void emit_class(int64_t tokens, bool prefill) {
     const Layout L = plan(cfg_, s_, tokens);
-    (void)big;
     const int64_t rows = L.rows, hrows = tokens * group_;
     wait_outputs();  // the previous class's stores read buffers this class reuses
     b_.sset(rPrevN, 0);
@@ -247,27 +251,36 @@ class Emitter {
     for (int64_t h = 0; h < s_.kv_heads; ++h)
       for (int64_t t = 0; t < tokens; ++t) b_.fill(vm(L.rowt + (h * hrows + t * group_) * 4, DType::f32, 1), float(t), group_, 1);
     b_.sload(rNcls, B::hbm_at(B::at(prefill ? 8 : 4, {{rUnits, 1}})));
+    b_.sset(rFirst, 1);
+    b_.sset(rPar, 0);
     b_.loop_reg(rUnit, rNcls);
-    // The unit's record (decode units first, then prefill units).
-    auto field = [&](int reg, int64_t word) {
-      sim::Addr a = B::at((kPagedUnitWords + word) * 4, {{rUnits, 1}, {rUnit, kPagedUnitWords * 4}});
+    // The unit's record (decode units first, then prefill units); next = the following one.
+    auto record = [&](int64_t word, bool next) {
+      sim::Addr a = B::at((kPagedUnitWords * (next ? 2 : 1) + word) * 4, {{rUnits, 1}, {rUnit, kPagedUnitWords * 4}});
       if (prefill) a.terms[2] = {rNdec, kPagedUnitWords * 4};
-      b_.sload(reg, B::hbm_at(a));
+      return B::hbm_at(a);
     };
-    field(rTok0, 0);
-    field(rNtok, 1);
-    field(rSteps, 3);
-    field(rPageOff, 4);
-    field(rFull, 5);
-    field(rRest, 6);
+    b_.sload(rTok0, record(0, false));
+    b_.sload(rNtok, record(1, false));
+    b_.sload(rSteps, record(3, false));
+    b_.sload(rPageOff, record(4, false));
+    b_.sload(rFull, record(5, false));
+    b_.sload(rRest, record(6, false));
+    b_.sload(rHasNext, record(7, false));
     const int64_t qrow = s_.heads * d_ * es_, gbytes = group_ * d_ * es_;
-    b_.dma(B::vmem_at(B::at(L.q)), B::hbm_at(B::at(0, {{rQ, 1}, {rTok0, qrow}})),
-           {.planes = s_.kv_heads, .rows = tokens, .row_bytes = gbytes, .dst_plane_stride = hrows * d_ * es_,
-            .dst_row_stride = gbytes, .src_plane_stride = gbytes, .src_row_stride = qrow},
-           2 % cfg_.dma.engines, kSemQ);
-    b_.sset(rNext, 0);
-    b_.sset(rNextPar, 0);
-    fetch_step(rNext, rNextPar, L);
+    // Queries of tokens [tok0, tok0 + tokens) into the Q buffer of parity `qpar`.
+    auto load_q = [&](int16_t tok0, int16_t qpar) {
+      b_.dma(B::vmem_at(B::at(L.q[0], {{qpar, L.q[1] - L.q[0]}})), B::hbm_at(B::at(0, {{rQ, 1}, {tok0, qrow}})),
+             {.planes = s_.kv_heads, .rows = tokens, .row_bytes = gbytes, .dst_plane_stride = hrows * d_ * es_,
+              .dst_row_stride = gbytes, .src_plane_stride = gbytes, .src_row_stride = qrow},
+             2 % cfg_.dma.engines, kSemQ);
+    };
+    // The class's first unit loads its queries and first pages itself; later units find them
+    // prefetched by the unit before (below).
+    b_.loop_reg(rWait, rFirst);
+    load_q(rTok0, rOutPar);
+    fetch_step(rPageOff, -1, rPar, L);
+    b_.end_loop();
     // thr = token index + the unit's first query position; m = -inf, l = 0, O = 0.
     sim::Addr fa = B::at(L.fpos, {{rUnit, 4}});
     if (prefill) fa.terms[1] = {rNdec, 4};
@@ -278,13 +291,18 @@ class Emitter {
     b_.fill(vm(L.o, DType::f32, d_), 0, rows, d_);
     b_.wait(kSemQ);
     // Steps 0 .. steps-2 fetch the next step's pages first (the first rFull of them need no
-    // mask, the next rRest do); the last step fetches nothing.
+    // mask, the next rRest do); the last step fetches the next unit's queries and first pages
+    // (when the class has a next unit). Page buffers alternate from step to step across units.
+    auto next_parity = [&] {
+      b_.sadd(rNextPar, rPar, 1);
+      b_.smod(rNextPar, rNextPar, 2);
+    };
     auto prefetching_step = [&](bool masked) {
-      b_.smod(rPar, rStep, 2);
       b_.sadd(rNext, rStep, 1);
-      b_.smod(rNextPar, rNext, 2);
-      fetch_step(rNext, rNextPar, L);
+      next_parity();
+      fetch_step(rPageOff, rNext, rNextPar, L);
       emit_step(tokens, L, masked);
+      b_.sadd(rPar, rNextPar, 0);
     };
     b_.loop_reg(rStep, rFull);
     prefetching_step(false);
@@ -294,10 +312,18 @@ class Emitter {
     prefetching_step(true);
     b_.sadd(rStep, rStep, 1);
     b_.end_loop();
-    b_.sadd(rLastStep, rSteps, -1);
-    b_.sadd(rStep, rLastStep, 0);
-    b_.smod(rPar, rStep, 2);
+    next_parity();
+    b_.loop_reg(rWait, rHasNext);
+    b_.sload(rNextTok0, record(0, true));
+    b_.sload(rNextPageOff, record(4, true));
+    b_.sadd(rNext, rUnitsDone, 1);
+    b_.smod(rNext, rNext, 2);
+    load_q(rNextTok0, rNext);
+    fetch_step(rNextPageOff, -1, rNextPar, L);
+    b_.end_loop();
     emit_step(tokens, L, true);
+    b_.sadd(rPar, rNextPar, 0);
+    b_.sset(rFirst, 0);
     // O / l into the output buffer of this unit's parity (after the previous unit's stores,
     // which read the other buffer, are done), then one DMA per valid token.
     wait_outputs();
@@ -403,6 +429,7 @@ PagedAttentionMeta plan_paged_attention(const PagedAttentionSpec& spec, int64_t 
       const int64_t full = std::min((u.pos0 + 1) / keys, steps - 1);
       r[5] = int32_t(full);
       r[6] = int32_t(steps - 1 - full);
+      r[7] = &u != &list->back();  // a next unit of the same class follows
       const int64_t used = (needed + bs - 1) / bs;
       for (int64_t p = 0; p < steps * spec.pages_per_step; ++p) m.pages.push_back(p < used ? t[size_t(p)] : t[0]);
       m.kv_pages_read += steps * spec.pages_per_step;
