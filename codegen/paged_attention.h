@@ -16,7 +16,8 @@
 //      unit is up to `tile_tokens` consecutive new tokens of one sequence. The unit's queries
 //      ([kv_heads, tokens, group, head_dim], the query heads sharing a KV head folded into rows)
 //      come in by one DMA; its KV pages stream in `pages_per_step` pages per step (one DMA per
-//      page, K and V, double-buffered: step j + 1 is fetched during step j) through its page list;
+//      page, K and V, double-buffered: step j + 1 is fetched during step j, and a unit's last
+//      step fetches the next unit's queries and first pages) through its page list;
 //      per step and KV head S = Q K^T and O += P V on the MXUs; the causal mask compares each
 //      key's position with the query's (also masking the tail of the last step's pages); online
 //      softmax as in attention_kernel.h. A unit reads only the pages up to its last query's
