@@ -378,7 +378,7 @@ std::string to_text(const Program& p) {
     out.append(size_t(depth) * 2, ' ');
     out += format_instr(in);
     out += '\n';
-    if (in.op == Op::loop) ++depth;
+    if (in.op == Op::loop || in.op == Op::loopr) ++depth;
   }
   return out;
 }

@@ -92,6 +92,18 @@ size_t ProgramBuilder::loop(int reg, int64_t n) {
   in.imm = n;
   return emit(in);
 }
+size_t ProgramBuilder::loop_reg(int reg, int count_reg) {
+  Instr in = make(Op::loopr);
+  in.reg = reg;
+  in.reg_a = count_reg;
+  return emit(in);
+}
+size_t ProgramBuilder::sload(int reg, const Operand& src) {
+  Instr in = make(Op::sld);
+  in.reg = reg;
+  in.a = src;
+  return emit(in);
+}
 size_t ProgramBuilder::wait(int sem, int64_t amount) {
   Instr in = make(Op::wait);
   in.sem = sem;

@@ -40,7 +40,11 @@ class ProgramBuilder {
   size_t smul(int reg, int src, int64_t value);  // reg = src * value
   size_t smod(int reg, int src, int64_t modulus);  // reg = src mod modulus (in [0, modulus))
   size_t loop(int reg, int64_t trip_count);  // reg counts 0 .. trip_count-1
-  size_t end_loop();
+  size_t end_loop();  // closes loop or loop_reg
+  // Data-driven control: reg counts 0 .. (value of count_reg at entry) - 1 (none when <= 0).
+  size_t loop_reg(int reg, int count_reg);
+  // reg = the signed 32-bit word at src (hbm_at / vmem_at; 4-byte aligned).
+  size_t sload(int reg, const Operand& src);
   size_t wait(int sem, int64_t amount = 1);
   size_t signal(int sem, int64_t amount = 1);
   size_t fence();

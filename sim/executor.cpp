@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -278,6 +279,7 @@ class Executor {
   void exec_mm(size_t idx, const Instr& in);
   void exec_vector(size_t idx, const Instr& in);
   void exec_wait(size_t idx, const Instr& in);
+  void exec_sld(size_t idx, const Instr& in);
 
   Chip& chip_;
   const ChipConfig& cfg_;
@@ -290,6 +292,7 @@ class Executor {
   size_t pc_ = 0;
   std::vector<Unit> units_;
   std::vector<int64_t> regs_;
+  std::unordered_map<size_t, int64_t> trips_;  // trip counts of the running loopr loops, by pc
   double scalar_t_ = 0, issue_t_ = 0, max_t_ = 0;
   BoardList reads_, writes_;
   size_t board_limit_ = 64;
@@ -308,6 +311,29 @@ class Executor {
   std::array<double, 4> mode_flops_{};  // MXU FLOPs per MxuMode (bf16, f32, i8, bf16x3)
   uint64_t hbm_read_ = 0, hbm_written_ = 0, dma_bytes_ = 0, dyn_ = 0;
 };
+
+// A 32-bit scalar load: the word is read at issue (also in timing-only mode: addresses and trip
+// counts depend on it), after every compute write to it is ready; a DMA still writing it is a
+// race. It costs one issue slot, as a read of scalar memory does (see sim/README.md, "sld").
+void Executor::exec_sld(size_t idx, const Instr& in) {
+  const int64_t base = eval(in.a.addr);
+  if (base % 4 != 0) fail(idx, fmt::format("sld address {} is not 4-byte aligned", base));
+  check_range(idx, "src", in.a.space, base, __int128(base) + 4);
+  Access acc;
+  Region r;
+  r.space = in.a.space;
+  r.base = uint64_t(base);
+  r.run = 4;
+  r.normalize();
+  acc.read(r);
+  race_check(idx, acc);
+  const double t = issue(0);
+  const double ready = deps(acc, 0, t);
+  if (ready > scalar_t_) scalar_t_ = ready;
+  int32_t v = 0;
+  mem(in.a.space).read(uint64_t(base), &v, 4);
+  regs_[size_t(in.reg)] = v;
+}
 
 void Executor::exec_dma(size_t idx, const Instr& in) {
   const int u = dma_unit(in.unit);
@@ -514,10 +540,21 @@ bool Executor::step() {
           return !done();
         }
         break;
+      case Op::loopr:
+        issue(0);
+        trips_[pc] = regs_[size_t(in.reg_a)];
+        regs_[size_t(in.reg)] = 0;
+        if (trips_[pc] <= 0) {
+          pc = size_t(in.match) + 1;
+          return !done();
+        }
+        break;
+      case Op::sld: exec_sld(pc, in); break;
       case Op::endloop: {
         issue(0);
         const Instr& head = code[size_t(in.match)];
-        if (++regs_[size_t(head.reg)] < head.imm) {
+        const int64_t trips = head.op == Op::loopr ? trips_[size_t(in.match)] : head.imm;
+        if (++regs_[size_t(head.reg)] < trips) {
           pc = size_t(in.match) + 1;
           return !done();
         }

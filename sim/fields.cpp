@@ -24,6 +24,8 @@ const std::vector<FieldDef>& fields_of(Format f) {
   static const std::vector<FieldDef> fill{{"dst", FK::dst, true}, {"value", FK::value, true}, {"shape", FK::shape2, true}};
   static const std::vector<FieldDef> red{{"dst", FK::dst, true}, {"a", FK::a, true}, {"shape", FK::shape2, true}, {"axis", FK::axis, false}};
   static const std::vector<FieldDef> tr{{"dst", FK::dst, true}, {"a", FK::a, true}, {"shape", FK::shape2, true}};
+  static const std::vector<FieldDef> sld{{"r", FK::reg, true}, {"src", FK::src_addr, true}};
+  static const std::vector<FieldDef> loopr{{"r", FK::reg, true}, {"n", FK::reg_a, true}};
   switch (f) {
     case Format::none: return none;
     case Format::sset: return sset;
@@ -39,6 +41,8 @@ const std::vector<FieldDef>& fields_of(Format f) {
     case Format::vfill: return fill;
     case Format::xreduce: return red;
     case Format::xtrans: return tr;
+    case Format::sld: return sld;
+    case Format::loopr: return loopr;
   }
   return none;
 }

@@ -29,6 +29,7 @@ constexpr OpInfo kOps[] = {
     {"vrecip", U::eup, F::vunary},     {"verf", U::eup, F::vunary},
     {"vsqrt", U::eup, F::vunary},      {"xsum", U::xlu, F::xreduce},
     {"xmax", U::xlu, F::xreduce},      {"xtrans", U::xlu, F::xtrans},
+    {"sld", U::scalar, F::sld},        {"loopr", U::scalar, F::loopr},
 };
 static_assert(sizeof(kOps) / sizeof(kOps[0]) == size_t(Op::count_), "op table out of sync with Op");
 

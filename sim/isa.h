@@ -26,6 +26,8 @@ enum class Op : uint8_t {
   vexp, vlog, vtanh, vrsqrt, vrecip, verf, vsqrt,
   // cross-lane unit
   xsum, xmax, xtrans,
+  // scalar unit, data-driven: a 32-bit load into a register, a loop counted by a register
+  sld, loopr,
   count_
 };
 
@@ -33,7 +35,8 @@ enum class UnitKind : uint8_t { scalar, dma, mxu_weights, mxu, vpu, eup, xlu };
 
 // Assembly field layout of an opcode.
 enum class Format : uint8_t {
-  none, sset, sadd, loop, sem, dma, mxu_lw, mxu_mm, vbinary, vternary, vunary, vfill, xreduce, xtrans
+  none, sset, sadd, loop, sem, dma, mxu_lw, mxu_mm, vbinary, vternary, vunary, vfill, xreduce, xtrans,
+  sld, loopr
 };
 
 struct OpInfo {

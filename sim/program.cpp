@@ -62,6 +62,15 @@ void check_one(Program& p, size_t i) {
       if (in.reg < 0 || in.reg >= kMaxRegs) fail(p, i, "invalid loop register");
       if (in.imm < 0) fail(p, i, "loop trip count must be >= 0");
       break;
+    case Format::loopr:
+      if (in.reg < 0 || in.reg >= kMaxRegs || in.reg_a < 0 || in.reg_a >= kMaxRegs || in.reg == in.reg_a)
+        fail(p, i, "loopr needs a loop register and a different trip-count register");
+      break;
+    case Format::sld:
+      if (in.reg < 0 || in.reg >= kMaxRegs) fail(p, i, "invalid destination register");
+      if (in.a.kind != Operand::Kind::mem) fail(p, i, "sld needs a memory operand src");
+      check_addr(p, i, in.a.addr, "src");
+      break;
     case Format::sem:
       if (in.sem < 0) fail(p, i, "missing semaphore");
       if (in.imm < 1) fail(p, i, "semaphore amount must be >= 1");
@@ -162,7 +171,7 @@ void Program::finalize() {
   std::vector<size_t> open;
   for (size_t i = 0; i < code.size(); ++i) {
     check_one(*this, i);
-    if (code[i].op == Op::loop) {
+    if (code[i].op == Op::loop || code[i].op == Op::loopr) {
       open.push_back(i);
     } else if (code[i].op == Op::endloop) {
       if (open.empty()) fail(*this, i, "endloop without a matching loop");

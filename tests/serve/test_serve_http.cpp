@@ -7,6 +7,10 @@
 #include <atomic>
 #include <csignal>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include "serve/serve_testing.h"
 
 using namespace tpu;
@@ -250,4 +254,44 @@ TEST_CASE("tpu-serve: bounded load of streaming clients, some leaving early, som
   CHECK(m.requests_finished == 12);
   CHECK(m.requests_cancelled == 6);  // long before their 2000 tokens
   CHECK(m.generation_tokens < 6 * 2000);
+}
+
+TEST_CASE("tpu-serve: a non-streaming client that disconnects is cancelled and its blocks freed", "[serve][http]") {
+  Fixture f;
+  auto o = f.options();
+  o.engine.max_model_len = 2048;
+  Running r(f.model, f.tok, o);
+  const std::string body =
+      json{{"prompt", "leaving"}, {"max_tokens", 2000}, {"temperature", 0}, {"ignore_eos", true}}.dump();
+  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(r.port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size()));
+  serve::EngineMetrics m;
+  for (int k = 0; k < 500; ++k) {  // until the request runs (bounded: 5 s)
+    m = r.server->engine().metrics();
+    if (m.running == 1 && m.generation_tokens > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  REQUIRE(m.running == 1);
+  close(fd);
+  for (int k = 0; k < 500; ++k) {  // until it is gone (bounded: 5 s)
+    m = r.server->engine().metrics();
+    if (m.running == 0 && m.blocks_used == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(m.running == 0);
+  CHECK(m.blocks_used == 0);
+  CHECK(m.requests_cancelled == 1);
+  CHECK(m.generation_tokens < 2000);
+  // The server keeps serving.
+  int status = 0;
+  post_json(r, "/v1/completions", json{{"prompt", "after"}, {"max_tokens", 3}, {"temperature", 0}}.dump(), status);
+  CHECK(status == 200);
 }

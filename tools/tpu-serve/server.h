@@ -6,8 +6,9 @@
 //
 // Errors are JSON bodies {"error": {"message", "type", "param", "code"}} with a 4xx status
 // (404 unknown route or model, 400 bad request or prompt longer than the context, 429 queue
-// full, 503 while shutting down). A streaming client that disconnects is cancelled at the
-// next token and its KV blocks freed. shutdown() stops accepting requests (503), lets running
+// full, 503 while shutting down). A client that disconnects is cancelled and its KV blocks
+// freed: a streaming one at its next token (the write fails), a non-streaming one when its
+// wait loop sees the socket closed. shutdown() stops accepting requests (503), lets running
 // ones finish for up to drain_seconds, cancels what remains, then stops the listener.
 #pragma once
 

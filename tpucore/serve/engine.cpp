@@ -1,4 +1,5 @@
 #include "tpucore/serve/engine.h"
+#include "tpucore/serve/sim_step.h"
 
 #include <algorithm>
 #include <cmath>
@@ -75,11 +76,9 @@ Engine::Engine(std::shared_ptr<models::CausalLM> model, EngineConfig cfg)
       cfg_(resolve(cfg, *model_)),
       blocks_(cfg_.num_blocks),
       start_(Clock::now()) {
-  TPU_CHECK(cfg_.compile || model_->device().is_cpu(),
-            "serve::Engine: the eager step's paged attention kernel runs on the cpu; a model on {} needs compile = true",
-            model_->device().str());
   if (cfg_.compile) compiled_ = std::make_unique<CompiledStep>(*model_, cache_config(cfg_, *model_), cfg_.compile_name,
                                                      cfg_.max_num_batched_tokens, cfg_.max_model_len);
+  else if (!model_->device().is_cpu()) sim_step_ = std::make_unique<SimPagedStep>(*model_, cache_config(cfg_, *model_));
   else cache_.emplace(cache_config(cfg_, *model_));
   metrics_.blocks_total = cfg_.num_blocks;
   metrics_.block_size = cfg_.block_size;
@@ -306,7 +305,9 @@ bool Engine::step() {
     }
     Tensor logits;
     try {
-      logits = compiled_ ? compiled_->run(ids, pos, rb, rows) : ragged_forward(*model_, *cache_, ids, pos, rb, rows);
+      logits = compiled_   ? compiled_->run(ids, pos, rb, rows)
+               : sim_step_ ? sim_step_->run(ids, pos, rb, rows)
+                           : ragged_forward(*model_, *cache_, ids, pos, rb, rows);
     } catch (...) {
       // The step's requests end (cancelled, blocks freed) so the engine stays usable; the
       // caller sees the error.

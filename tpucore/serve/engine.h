@@ -36,6 +36,8 @@
 
 namespace tpu::serve {
 
+class SimPagedStep;  // serve/sim_step.h
+
 struct EngineConfig {
   int64_t block_size = 16;
   int64_t num_blocks = 0;  // 0: enough for max_num_seqs sequences of max_model_len tokens
@@ -44,8 +46,9 @@ struct EngineConfig {
   int64_t max_model_len = 0;             // 0: the model's max_position_embeddings
   int64_t max_waiting = 0;               // > 0: add_request fails (Overloaded) beyond this queue length
   // Run the step through tpu::compile on bucketed shapes (serve/compiled_step.h) instead of
-  // the eager forward with the cpu ragged paged attention kernel; the compiled function is
-  // named compile_name in tpu::jit::stats().
+  // the eager forward with the ragged paged attention kernel (the cpu's, or with the model on
+  // a chip the chip program of serve/sim_step.h); the compiled function is named
+  // compile_name in tpu::jit::stats().
   bool compile = false;
   std::string compile_name = "serve_step";
   // Prefix sharing: full blocks are registered under the hash of their tokens and of all
@@ -126,6 +129,7 @@ class Engine {
   EngineConfig cfg_;
   std::optional<PagedKVCache> cache_;          // eager path
   std::unique_ptr<CompiledStep> compiled_;     // compiled path
+  std::unique_ptr<SimPagedStep> sim_step_;     // model on a chip: the chip's paged attention program
   BlockAllocator blocks_;
   std::chrono::steady_clock::time_point start_;
   std::deque<std::shared_ptr<Request>> waiting_;

@@ -1,0 +1,294 @@
+// Serving a Llama-3.1-8B-shaped model on the simulated chip, timing-only, with the serving
+// engine's step: one ragged batch of decode tokens and prefill chunks per step, the layer's
+// projections and MLP over the flattened token row, attention and the cache update by the
+// chip's ragged paged attention program (codegen/paged_attention.h), the final norm and the
+// lm_head only on the rows that sample. sim:0 is the v6e preset on its calibrated timing model,
+// sim:1 the same preset on the ideal model (TPU_SERVE_SIM_CHIP=<preset> changes the preset).
+// bf16 weights and KV cache, block size 16. All 32 layers are alike: one layer is costed and
+// counted 32 times; the embedding lookup is left out.
+//
+// The workload is vLLM's published one for one v6e chip: 1,000 requests of 1,800 random prompt
+// tokens and 128 output tokens, all sent at once. Rather than simulating every step, the bench
+// costs representative steps of the steady state and extrapolates (the rule, stated in the
+// counters' README entry):
+//  - concurrency C: the KV cache gets 90% of HBM minus the weights (vLLM's default memory
+//    utilization); C = that / (1,928 positions x 128 KiB per position), the sequences that fit
+//    at full length (58 on v6e). The token budget (1,024) does not bind.
+//  - steady state (Little's law): every step decodes d = C - 1 sequences (one each) and
+//    prefills P = 1,800 d / 127 prompt tokens (one request's prompt enters for every request
+//    that leaves); a request finishes every 127 / d steps, so requests/s = d / 127 / step time.
+//  - step time: the mean of 4 steps whose prefill chunk starts at 0, 1/4, 1/2 and 3/4 of a
+//    prompt (a chunk crossing the prompt's end continues with the next prompt), the decode
+//    contexts spread evenly over 1,801..1,927.
+//  - the 1,000-request run takes 1,000 / (requests/s) plus the ramp (not modeled).
+// Counters: req_per_s, output_tok_per_s, total_tok_per_s, TPOT_ms (the step time: every decoding
+// sequence gets one token per step), usd_per_M_total_tok / usd_per_M_out_tok at kUsdPerChipHour.
+// BM_DecodeStep: d decodes only (HBM_BW_pct of the whole step, attn_BW_pct of the attention
+// program alone); BM_PrefillStep: one 1,024-token chunk at the start of a prompt (MFU_pct of the
+// step with attention FLOPs counted causally, attn_MFU_pct of the attention program alone).
+#include <benchmark/benchmark.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+
+#include "codegen/launch.h"
+#include "codegen/paged_attention.h"
+#include "device/sim_driver.h"
+#include "tpucore/autograd.h"
+#include "tpucore/devices.h"
+#include "tpucore/models.h"
+#include "tpucore/streams.h"
+
+namespace {
+
+using namespace tpu;
+
+constexpr int64_t kLayers = 32, kHidden = 4096, kInter = 14336, kHeads = 32, kKvHeads = 8, kHeadDim = 128,
+                  kVocab = 128256, kBlock = 16, kIn = 1800, kOut = 128, kRequests = 1000;
+constexpr double kUsdPerChipHour = 2.70;  // assumed on-demand price of one v6e chip-hour
+
+std::string preset() {
+  const char* e = std::getenv("TPU_SERVE_SIM_CHIP");
+  return e && *e ? e : "v6e";
+}
+
+struct Parts {
+  Device dev;
+  std::shared_ptr<models::DecoderLayer> layer;
+  std::shared_ptr<nn::RMSNorm> norm;
+  Tensor head;
+  std::vector<double> inv_freq;
+  int64_t layer_params = 0;
+};
+
+Parts& parts(int index) {
+  static Parts p[2];
+  static bool made[2] = {false, false};
+  if (!made[index]) {
+    set_sim_chip(index == 0 ? preset() : preset() + "-ideal", index);
+    Parts& q = p[index];
+    q.dev = Device(DeviceType::sim, index);
+    models::ModelConfig c;
+    c.vocab_size = kVocab, c.hidden_size = kHidden, c.intermediate_size = kInter, c.num_hidden_layers = 1;
+    c.num_attention_heads = kHeads, c.num_key_value_heads = kKvHeads, c.head_dim = kHeadDim;
+    c.rope_theta = 500000.0, c.rms_norm_eps = 1e-5;
+    NoGradGuard ng;
+    q.layer = std::make_shared<models::DecoderLayer>(c, nullptr);
+    q.layer->to(DType::bf16);
+    q.layer->to(q.dev);
+    q.layer->eval();
+    q.layer_params = q.layer->num_parameters();
+    q.norm = std::make_shared<nn::RMSNorm>(Shape{kHidden}, c.rms_norm_eps);
+    q.norm->to(DType::bf16);
+    q.norm->to(q.dev);
+    q.head = empty({kVocab, kHidden}, {DType::bf16, q.dev});
+    q.inv_freq = nn::rope_inv_freq(kHeadDim, c.rope_theta);
+    made[index] = true;
+  }
+  return p[index];
+}
+
+const sim::ChipConfig& chip(int index) { return device::sim_device(index).config(); }
+
+struct Seq {
+  int64_t q_len, ctx;  // new tokens, positions after the step
+  bool samples;        // its last token samples (a decode, or the prompt's last chunk)
+};
+
+struct StepCost {
+  double cycles = 0, attn_cycles = 0, bytes = 0, attn_bytes = 0, model_flops = 0, attn_flops = 0;
+  int64_t tokens = 0;
+};
+
+// Chip cycles, HBM bytes and the paged attention program's cycles of fn (timing-only).
+struct Probe {
+  double cycles, bytes, attn;
+};
+template <class F>
+Probe measure(const Device& dev, F&& fn) {
+  synchronize(dev);
+  reset_sim_stats();
+  fn();
+  synchronize(dev);
+  const SimStats s = sim_stats();
+  const codegen::CodegenStats cs = codegen::stats();
+  auto it = cs.cycles_by_kernel.find("paged_attention");
+  return {s.cycles, double(s.hbm_bytes), it == cs.cycles_by_kernel.end() ? 0.0 : it->second};
+}
+
+// One serving step of these sequences: 32 x (one layer) + the final norm and the lm_head on
+// the sampling rows.
+StepCost step_cost(int index, const std::vector<Seq>& seqs) {
+  Parts& p = parts(index);
+  SimTimingOnly timing;
+  NoGradGuard ng;
+  codegen::PagedAttentionSpec spec{.heads = kHeads, .kv_heads = kKvHeads, .head_dim = kHeadDim, .block_size = kBlock};
+  spec.scale = float(1.0 / std::sqrt(double(kHeadDim)));
+  spec.dtype = sim::DType::bf16;
+  spec.mode = sim::MxuMode::bf16;
+  codegen::choose_paged_attention_tiling(chip(index), spec);
+  std::vector<int64_t> qs{0}, ctx, pos;
+  std::vector<std::vector<int32_t>> tables;
+  int32_t next_block = 0;
+  int64_t sampling = 0;
+  StepCost c;
+  for (const Seq& s : seqs) {
+    qs.push_back(qs.back() + s.q_len);
+    ctx.push_back(s.ctx);
+    std::vector<int32_t> t;
+    for (int64_t b = 0; b < (s.ctx + kBlock - 1) / kBlock; ++b) t.push_back(next_block++);
+    tables.push_back(std::move(t));
+    for (int64_t i = 0; i < s.q_len; ++i) {
+      pos.push_back(s.ctx - s.q_len + i);
+      c.attn_flops += 4.0 * kHeads * kHeadDim * double(s.ctx - s.q_len + i + 1);
+    }
+    sampling += s.samples;
+  }
+  const int64_t units = codegen::paged_attention_units(spec, qs);
+  while (spec.max_units < units) spec.max_units *= 2;
+  std::vector<const std::vector<int32_t>*> tp;
+  for (const auto& t : tables) tp.push_back(&t);
+  const codegen::PagedAttentionMeta meta = codegen::plan_paged_attention(spec, next_block, qs, ctx, tp);
+  const int64_t n = meta.num_tokens, np = n + spec.tile_tokens - 1;
+  pos.resize(size_t(np), 0);
+  const Device dev = p.dev;
+  auto i32 = [&](const std::vector<int32_t>& v) {
+    return from_vector(v, Shape{int64_t(v.size())}, TensorOptions(DType::i32, dev));
+  };
+  const Tensor units_t = i32(meta.units), pages_t = i32(meta.pages), slots_t = i32(meta.slots);
+  const Tensor kc = empty({int64_t(next_block) * kBlock, kKvHeads * kHeadDim}, {DType::bf16, dev});
+  const Tensor vc = empty({int64_t(next_block) * kBlock, kKvHeads * kHeadDim}, {DType::bf16, dev});
+  auto [cos, sin] = nn::rope_tables(pos, 1, p.inv_freq, DType::bf16, dev);
+  const Tensor x = empty({1, np, kHidden}, {DType::bf16, dev});
+  models::DecoderLayer& layer = *p.layer;
+  nn::Attention& at = *layer.self_attn;
+  Tensor h;
+  const Probe lp = measure(dev, [&] {
+    Tensor xn = layer.input_layernorm->forward(x);
+    Tensor q = reshape(at.q_proj->forward(xn), Shape{1, np, kHeads, kHeadDim});
+    Tensor k = reshape(at.k_proj->forward(xn), Shape{1, np, kKvHeads, kHeadDim});
+    Tensor v = reshape(at.v_proj->forward(xn), Shape{1, np, kKvHeads, kHeadDim}).contiguous();
+    q = transpose(rotary_embedding(transpose(q, 1, 2), cos, sin), 1, 2).contiguous();
+    k = transpose(rotary_embedding(transpose(k, 1, 2), cos, sin), 1, 2).contiguous();
+    Tensor out = empty({1, np, kHeads * kHeadDim}, {DType::bf16, dev});
+    codegen::run_paged_attention(spec, n, q, k, v, kc, vc, out, units_t, pages_t, slots_t);
+    h = add(x, at.o_proj->forward(out));
+    h = add(h, layer.mlp->forward(layer.post_attention_layernorm->forward(h)));
+  });
+  const Tensor rows = empty({1, std::max<int64_t>(sampling, 1), kHidden}, {DType::bf16, dev});
+  const Probe hp = measure(dev, [&] { (void)linear(p.norm->forward(rows), p.head); });
+  // The attention program's HBM bytes, from its plan (the count the tiny-chip test checks).
+  const double row = kKvHeads * kHeadDim * 2.0, page = kBlock * row;
+  double q_bytes = 0;
+  for (size_t s = 0; s + 1 < qs.size(); ++s) {
+    const int64_t ql = qs[s + 1] - qs[s];
+    q_bytes += ql == 1 ? kHeads * kHeadDim * 2.0
+                       : double((ql + spec.tile_tokens - 1) / spec.tile_tokens * spec.tile_tokens) * kHeads * kHeadDim * 2.0;
+  }
+  c.attn_bytes = 4.0 * n * row + q_bytes + 2.0 * meta.kv_pages_read * page + n * kHeads * kHeadDim * 2.0;
+  c.cycles = kLayers * lp.cycles + hp.cycles;
+  c.attn_cycles = kLayers * lp.attn;
+  c.bytes = kLayers * lp.bytes + hp.bytes;
+  c.attn_bytes *= kLayers;
+  c.attn_flops *= kLayers;
+  c.tokens = n;
+  c.model_flops = 2.0 * double(kLayers * p.layer_params) * double(n) + c.attn_flops + 2.0 * kVocab * kHidden * double(sampling);
+  return c;
+}
+
+double clock_hz(int index) { return chip(index).clock_ghz * 1e9; }
+double peak(int index) { return chip(index).peak_flops(); }
+double hbm_bps(int index) { return chip(index).memory.hbm_bandwidth_gbps * 1e9; }
+
+void label(benchmark::State& st, int index) {
+  st.SetLabel(chip(index).name + ", " + chip(index).timing.model + " timing model");
+}
+
+// Sequences that fit in the KV cache at full length (90% of HBM minus the bf16 weights).
+int64_t concurrency(int index) {
+  const double weights = 2.0 * (double(kLayers * parts(index).layer_params) + 2.0 * kVocab * kHidden + kHidden);
+  const double kv = 0.9 * double(chip(index).memory.hbm_bytes) - weights;
+  const double per_seq = double(kIn + kOut) * kLayers * 2.0 * kKvHeads * kHeadDim * 2.0;
+  return int64_t(kv / per_seq);
+}
+
+std::vector<Seq> decodes(int64_t d) {
+  std::vector<Seq> s;
+  for (int64_t i = 0; i < d; ++i) s.push_back({1, kIn + 1 + (i * (kOut - 1)) / d, true});
+  return s;
+}
+
+void BM_Workload(benchmark::State& st) {
+  const int index = int(st.range(0));
+  parts(index);
+  const int64_t d = concurrency(index) - 1;
+  const int64_t prefill = (kIn * d + kOut - 2) / (kOut - 1);
+  double step_s = 0, tokens = 0, attn_s = 0;
+  for (auto _ : st) {
+    step_s = attn_s = tokens = 0;
+    for (int sample = 0; sample < 4; ++sample) {
+      std::vector<Seq> seqs = decodes(d);
+      int64_t start = sample * kIn / 4, left = prefill;
+      while (left > 0) {
+        const int64_t chunk = std::min(left, kIn - start);
+        seqs.push_back({chunk, start + chunk, start + chunk == kIn});
+        left -= chunk;
+        start = 0;
+      }
+      const StepCost c = step_cost(index, seqs);
+      step_s += c.cycles / clock_hz(index) / 4;
+      attn_s += c.attn_cycles / clock_hz(index) / 4;
+      tokens += double(c.tokens) / 4;
+    }
+  }
+  const double req_s = double(d) / (kOut - 1) / step_s;
+  st.counters["concurrency"] = double(d + 1);
+  st.counters["step_tokens"] = tokens;
+  st.counters["step_ms"] = step_s * 1e3;
+  st.counters["attn_share_pct"] = 100.0 * attn_s / step_s;
+  st.counters["req_per_s"] = req_s;
+  st.counters["output_tok_per_s"] = req_s * kOut;
+  st.counters["total_tok_per_s"] = req_s * (kIn + kOut);
+  st.counters["TPOT_ms"] = step_s * 1e3;
+  st.counters["run_s_1000_req"] = double(kRequests) / req_s;
+  st.counters["usd_per_M_total_tok"] = kUsdPerChipHour / 3600.0 / (req_s * (kIn + kOut)) * 1e6;
+  st.counters["usd_per_M_out_tok"] = kUsdPerChipHour / 3600.0 / (req_s * kOut) * 1e6;
+  label(st, index);
+}
+
+void BM_DecodeStep(benchmark::State& st) {
+  const int index = int(st.range(0));
+  parts(index);
+  const int64_t d = concurrency(index) - 1;
+  StepCost c;
+  for (auto _ : st) c = step_cost(index, decodes(d));
+  const double s = c.cycles / clock_hz(index), a = c.attn_cycles / clock_hz(index);
+  st.counters["seqs"] = double(d);
+  st.counters["step_ms"] = s * 1e3;
+  st.counters["HBM_BW_pct"] = 100.0 * c.bytes / s / hbm_bps(index);
+  st.counters["attn_ms"] = a * 1e3;
+  st.counters["attn_BW_pct"] = 100.0 * c.attn_bytes / a / hbm_bps(index);
+  label(st, index);
+}
+
+void BM_PrefillStep(benchmark::State& st) {
+  const int index = int(st.range(0));
+  parts(index);
+  StepCost c;
+  for (auto _ : st) c = step_cost(index, {{1024, 1024, false}});
+  const double s = c.cycles / clock_hz(index), a = c.attn_cycles / clock_hz(index);
+  st.counters["step_ms"] = s * 1e3;
+  st.counters["MFU_pct"] = 100.0 * c.model_flops / s / peak(index);
+  st.counters["attn_ms"] = a * 1e3;
+  st.counters["attn_MFU_pct"] = 100.0 * c.attn_flops / a / peak(index);
+  label(st, index);
+}
+
+}  // namespace
+
+BENCHMARK(BM_DecodeStep)->Arg(0)->Arg(1)->Unit(benchmark::kSecond)->Iterations(1);
+BENCHMARK(BM_PrefillStep)->Arg(0)->Arg(1)->Unit(benchmark::kSecond)->Iterations(1);
+BENCHMARK(BM_Workload)->Arg(0)->Arg(1)->Unit(benchmark::kSecond)->Iterations(1);
+
+BENCHMARK_MAIN();

@@ -1,0 +1,476 @@
+#include "codegen/paged_attention.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "codegen/elementwise_kernel.h"
+#include "sim/builder.h"
+#include "tpucore/core/error.h"
+
+namespace tpu::codegen {
+
+using B = sim::ProgramBuilder;
+using sim::DType;
+using sim::Op;
+
+namespace {
+
+constexpr float kMasked = -1e30f;  // finite: exp underflows to 0, no inf - inf
+constexpr int kSemW = 0, kSemQ = 1, kSemK = 2, kSemV = 3, kSemO = 4, kSemU = 5;
+// Registers: r0..r8 arguments (see the header), the rest the program's own.
+enum Reg : int {
+  rQ = 0, rKn, rVn, rKc, rVc, rOut, rUnits, rPages, rSlots,
+  rCount, rTok, rSlot, rNdec, rNcls, rUnit, rTok0, rNtok, rSteps, rPageOff, rBlock, rStep, rPar, rNextPar,
+  rOutTok, rPrevN, rFirst, rOutPar, rUnitsDone, rNext, rWait, rFull, rRest
+};
+// Registers of the cache update, reused by the attention part.
+constexpr int rNextPageOff = rCount, rHasNext = rTok, rNextTok0 = rSlot;
+
+struct Layout {
+  int64_t rows = 0, keys = 0;  // rows of a unit (kv_heads x tokens x group), keys per step
+  int64_t q[2]{}, s = 0, mask = 0, o = 0, obuf[2]{}, k[2]{}, v[2]{};
+  int64_t m = 0, mnew = 0, l = 0, alpha = 0, negm = 0, rsum = 0, thr = 0, rowt = 0, col = 0, fold = 0;
+  int64_t units = 0, fpos = 0;
+  int64_t total = 0;
+};
+
+Layout plan(const sim::ChipConfig& cfg, const PagedAttentionSpec& s, int64_t tokens) {
+  Layout p;
+  const int64_t es = sim::dtype_size(s.dtype), group = s.heads / s.kv_heads, d = s.head_dim;
+  p.rows = s.kv_heads * tokens * group;
+  p.keys = s.pages_per_step * s.block_size;
+  int64_t at = 0;
+  auto take = [&](int64_t bytes) {
+    const int64_t o = at;
+    at = align64(at + bytes);
+    return o;
+  };
+  p.units = take((1 + s.max_units) * kPagedUnitWords * 4);  // first: the same in both classes' layouts
+  p.fpos = take(s.max_units * 4);
+  const int64_t kv_step = p.keys * s.kv_heads * d * es;
+  for (auto& b : p.q) b = take(p.rows * d * es);
+  p.s = take(p.rows * p.keys * 4);
+  p.mask = take(p.rows * p.keys * 4);
+  p.o = take(p.rows * d * 4);
+  for (auto& b : p.obuf) b = take(p.rows * d * es);
+  for (auto& b : p.k) b = take(kv_step);
+  for (auto& b : p.v) b = take(kv_step);
+  for (int64_t* v : {&p.m, &p.mnew, &p.l, &p.alpha, &p.negm, &p.rsum, &p.thr, &p.rowt}) *v = take(p.rows * 4);
+  p.col = take(p.keys * 4);
+  p.fold = take(p.rows * cfg.vpu.lanes * 4);
+  p.total = at;
+  return p;
+}
+
+class Emitter {
+ public:
+  Emitter(const sim::ChipConfig& cfg, const PagedAttentionSpec& s)
+      : cfg_(cfg), s_(s), b_("paged_attention"), es_(sim::dtype_size(s.dtype)), group_(s.heads / s.kv_heads),
+        d_(s.head_dim), kvrow_(s.kv_heads * s.head_dim * sim::dtype_size(s.dtype)),
+        page_(s.block_size * s.kv_heads * s.head_dim * sim::dtype_size(s.dtype)) {}
+
+  sim::Program run() {
+    // The unit table into VMEM (for the query positions as vectors), while the cache is updated.
+    const Layout big = plan(cfg_, s_, s_.tile_tokens);
+    b_.dma(B::vmem_at(B::at(big.units)), B::hbm_at(B::at(0, {{rUnits, 1}})),
+           {.rows = 1, .row_bytes = (1 + s_.max_units) * kPagedUnitWords * 4}, 2 % cfg_.dma.engines, kSemU);
+    emit_cache_update();
+    b_.wait(kSemU);
+    b_.unary(Op::vcast, vm(big.fpos), B::vmem(B::at(big.units + (kPagedUnitWords + 2) * 4), DType::i32, kPagedUnitWords),
+             s_.max_units, 1);
+    b_.sset(rPrevN, 0);
+    b_.sset(rUnitsDone, 0);
+    b_.sset(rOutPar, 0);
+    b_.sload(rNdec, B::hbm_at(B::at(4, {{rUnits, 1}})));
+    emit_class(1, false);
+    emit_class(s_.tile_tokens, true);
+    wait_outputs();
+    b_.fence();
+    return b_.finish();
+  }
+
+ private:
+  static sim::Operand vm(int64_t addr, DType t = DType::f32, int64_t rs = -1, int64_t cs = 1) {
+    return B::vmem(B::at(addr), t, rs, cs);
+  }
+  static sim::Operand colv(int64_t addr) { return vm(addr, DType::f32, 1, 0); }
+
+  // An elementwise op over n contiguous f32 values (a column of per-row values) shaped as full
+  // vregs plus a tail, so it costs n / vreg size, not one vreg per row. Sources: addresses of
+  // such columns, or immediates / scalar broadcasts (kept as they are).
+  void vec(Op op, int64_t dst, std::vector<sim::Operand> src, int64_t n) {
+    const int64_t w = cfg_.vpu.lanes, full = n / w, rem = n % w;
+    auto emit = [&](int64_t off, int64_t r, int64_t c) {
+      std::vector<sim::Operand> ops;
+      for (sim::Operand o : src) {
+        if (o.kind == sim::Operand::Kind::mem && !(o.row_stride == 0 && o.col_stride == 0)) {
+          o.addr.offset += off * 4;
+          o.row_stride = c;
+        }
+        ops.push_back(o);
+      }
+      const sim::Operand d = vm(dst + off * 4, DType::f32, c);
+      if (ops.size() == 1) b_.unary(op, d, ops[0], r, c);
+      else if (ops.size() == 2) b_.binary(op, d, ops[0], ops[1], r, c);
+      else b_.ternary(op, d, ops[0], ops[1], ops[2], r, c);
+    };
+    if (full > 0) emit(0, full, w);
+    if (rem > 0) emit(full * w, 1, rem);
+  }
+  void vfill(int64_t dst, float value, int64_t n) {
+    const int64_t w = cfg_.vpu.lanes, full = n / w, rem = n % w;
+    if (full > 0) b_.fill(vm(dst, DType::f32, w), value, full, w);
+    if (rem > 0) b_.fill(vm(dst + full * w * 4), value, 1, rem);
+  }
+
+  // Copies every new token's K and V rows into its cache slot, then waits for all of them.
+  void emit_cache_update() {
+    b_.sload(rCount, B::hbm_at(B::at(0, {{rUnits, 1}})));
+    b_.loop_reg(rTok, rCount);
+    b_.sload(rSlot, B::hbm_at(B::at(0, {{rSlots, 1}, {rTok, 4}})));
+    b_.dma(B::hbm_at(B::at(0, {{rKc, 1}, {rSlot, kvrow_}})), B::hbm_at(B::at(0, {{rKn, 1}, {rTok, kvrow_}})),
+           {.rows = 1, .row_bytes = kvrow_}, 0, kSemW);
+    b_.dma(B::hbm_at(B::at(0, {{rVc, 1}, {rSlot, kvrow_}})), B::hbm_at(B::at(0, {{rVn, 1}, {rTok, kvrow_}})),
+           {.rows = 1, .row_bytes = kvrow_}, 1 % cfg_.dma.engines, kSemW);
+    b_.end_loop();
+    b_.loop_reg(rTok, rCount);
+    b_.wait(kSemW, 2);
+    b_.end_loop();
+  }
+
+  void wait_outputs() {
+    b_.loop_reg(rWait, rPrevN);
+    b_.wait(kSemO);
+    b_.end_loop();
+  }
+
+  // Row reduction of [rows, cols] f32 at src (row stride ld) into the column dst: lane-wide
+  // chunks folded on the vector unit, then one cross-lane reduction.
+  void row_reduce(Op xop, Op vop, int64_t dst, int64_t src, int64_t ld, int64_t fold, int64_t rows, int64_t cols) {
+    const int64_t w = cfg_.vpu.lanes;
+    if (cols <= w) {
+      b_.reduce(xop, vm(dst), vm(src, DType::f32, ld), rows, cols, 1);
+      return;
+    }
+    const int64_t full = cols / w, rem = cols % w;
+    auto chunk = [&](int64_t c) { return vm(src + c * w * 4, DType::f32, ld); };
+    const sim::Operand f = vm(fold, DType::f32, w);
+    b_.binary(vop, f, chunk(0), chunk(1), rows, w);
+    for (int64_t c = 2; c < full; ++c) b_.binary(vop, f, f, chunk(c), rows, w);
+    if (rem > 0) b_.binary(vop, f, f, chunk(full), rows, rem);
+    b_.reduce(xop, vm(dst), f, rows, w, 1);
+  }
+
+  // The K and V pages of step (register) `step` (-1: step 0) of the page list starting at
+  // (register) `page_off` into the buffers of parity (register) `par`.
+  void fetch_step(int16_t page_off, int16_t step, int16_t par, const Layout& L) {
+    const int64_t P = s_.pages_per_step, step_bytes = P * page_;
+    for (int64_t p = 0; p < P; ++p) {
+      b_.sload(rBlock, B::hbm_at(B::at(p * 4, {{rPages, 1}, {page_off, 4}, {step, P * 4}})));
+      b_.dma(B::vmem_at(B::at(L.k[0] + p * page_, {{par, step_bytes}})), B::hbm_at(B::at(0, {{rKc, 1}, {rBlock, page_}})),
+             {.rows = 1, .row_bytes = page_}, 0, kSemK);
+      b_.dma(B::vmem_at(B::at(L.v[0] + p * page_, {{par, step_bytes}})), B::hbm_at(B::at(0, {{rVc, 1}, {rBlock, page_}})),
+             {.rows = 1, .row_bytes = page_}, 1 % cfg_.dma.engines, kSemV);
+    }
+  }
+
+  // One KV step of a unit of `tokens` tokens (step index in rStep, its buffers' parity in rPar).
+  void emit_step(int64_t tokens, const Layout& L, bool masked) {
+    const int64_t R = cfg_.mxu.rows, C = cfg_.mxu.cols, nm = cfg_.mxu.count, P = s_.pages_per_step;
+    const int64_t rows = L.rows, keys = L.keys, hrows = tokens * group_, step_bytes = P * page_;
+    const int64_t ld = s_.kv_heads * d_;  // elements between keys in a page buffer
+    b_.wait(kSemK, P);
+    // S = Q K^T per KV head: key tile j on MXU j % count, head dim in chunks of R.
+    int tile = 0;
+    for (int64_t h = 0; h < s_.kv_heads; ++h)
+      for (int64_t j = 0; j * C < keys; ++j, ++tile) {
+        const int64_t nn = std::min(C, keys - j * C);
+        const int mxu = int(tile % nm);
+        for (int64_t c = 0; c * R < d_; ++c) {
+          const int64_t kk = std::min(R, d_ - c * R);
+          b_.mxu_load_weights(mxu,
+                              B::vmem(B::at(L.k[0] + (j * C * ld + h * d_ + c * R) * es_, {{rPar, step_bytes}}),
+                                      s_.dtype, 1, ld),
+                              kk, nn, s_.mode);
+          b_.mxu_matmul(mxu, vm(L.s + (h * hrows * keys + j * C) * 4, DType::f32, keys),
+                        B::vmem(B::at(L.q[0] + (h * hrows * d_ + c * R) * es_, {{rOutPar, L.q[1] - L.q[0]}}),
+                                s_.dtype, d_),
+                        hrows, kk, nn, c > 0, s_.mode);
+        }
+      }
+    // Causal mask (also masks keys past the context): key c of this step is visible to row r
+    // when c <= thr[r] = query position - first key position of the step.
+    // Steps whose keys every row sees (all before the unit's first query) skip it.
+    const sim::Operand S = vm(L.s, DType::f32, keys), M = vm(L.mask, DType::f32, keys);
+    if (masked) {
+      b_.binary(Op::vcmple, M, vm(L.col, DType::f32, 0), colv(L.thr), rows, keys);
+      b_.ternary(Op::vsel, S, M, S, B::imm(kMasked), rows, keys);
+    }
+    vec(Op::vsub, L.thr, {vm(L.thr), B::imm(float(keys))}, rows);
+    // Online softmax.
+    row_reduce(Op::xmax, Op::vmax, L.mnew, L.s, keys, L.fold, rows, keys);
+    vec(Op::vmax, L.mnew, {vm(L.mnew), vm(L.m)}, rows);
+    vec(Op::vsub, L.alpha, {vm(L.m), vm(L.mnew)}, rows);
+    vec(Op::vmul, L.alpha, {vm(L.alpha), B::imm(s_.scale)}, rows);
+    vec(Op::vexp, L.alpha, {vm(L.alpha)}, rows);
+    vec(Op::vmov, L.m, {vm(L.mnew)}, rows);
+    vec(Op::vmul, L.negm, {vm(L.m), B::imm(-s_.scale)}, rows);
+    b_.ternary(Op::vfma, S, S, B::imm(s_.scale), colv(L.negm), rows, keys);
+    b_.unary(Op::vexp, S, S, rows, keys);
+    row_reduce(Op::xsum, Op::vadd, L.rsum, L.s, keys, L.fold, rows, keys);
+    vec(Op::vfma, L.l, {vm(L.l), vm(L.alpha), vm(L.rsum)}, rows);
+    b_.binary(Op::vmul, vm(L.o, DType::f32, d_), vm(L.o, DType::f32, d_), colv(L.alpha), rows, d_);
+    // O += P V per KV head.
+    b_.wait(kSemV, P);
+    tile = 0;
+    for (int64_t h = 0; h < s_.kv_heads; ++h)
+      for (int64_t n = 0; n * C < d_; ++n, ++tile) {
+        const int64_t nn = std::min(C, d_ - n * C);
+        const int mxu = int(tile % nm);
+        for (int64_t c = 0; c * R < keys; ++c) {
+          const int64_t kk = std::min(R, keys - c * R);
+          b_.mxu_load_weights(mxu,
+                              B::vmem(B::at(L.v[0] + (c * R * ld + h * d_ + n * C) * es_, {{rPar, step_bytes}}),
+                                      s_.dtype, ld),
+                              kk, nn, s_.mode);
+          b_.mxu_matmul(mxu, vm(L.o + (h * hrows * d_ + n * C) * 4, DType::f32, d_),
+                        vm(L.s + (h * hrows * keys + c * R) * 4, DType::f32, keys), hrows, kk, nn, true, s_.mode);
+        }
+      }
+  }
+
+  // The loop over the work units of one class (decode: 1 token, prefill: tile_tokens tokens).
+  void emit_class(int64_t tokens, bool prefill) {
+    const Layout L = plan(cfg_, s_, tokens);
+    const int64_t rows = L.rows, hrows = tokens * group_;
+    wait_outputs();  // the previous class's stores read buffers this class reuses
+    b_.sset(rPrevN, 0);
+    // Per-class constants: key columns 0..keys-1 and each row's token index within the unit.
+    for (int64_t c = 0; c < L.keys; ++c) b_.fill(vm(L.col + c * 4), float(c), 1, 1);
+    for (int64_t h = 0; h < s_.kv_heads; ++h)
+      for (int64_t t = 0; t < tokens; ++t) b_.fill(vm(L.rowt + (h * hrows + t * group_) * 4, DType::f32, 1), float(t), group_, 1);
+    b_.sload(rNcls, B::hbm_at(B::at(prefill ? 8 : 4, {{rUnits, 1}})));
+    b_.sset(rFirst, 1);
+    b_.sset(rPar, 0);
+    b_.loop_reg(rUnit, rNcls);
+    // The unit's record (decode units first, then prefill units); next = the following one.
+    auto record = [&](int64_t word, bool next) {
+      sim::Addr a = B::at((kPagedUnitWords * (next ? 2 : 1) + word) * 4, {{rUnits, 1}, {rUnit, kPagedUnitWords * 4}});
+      if (prefill) a.terms[2] = {rNdec, kPagedUnitWords * 4};
+      return B::hbm_at(a);
+    };
+    b_.sload(rTok0, record(0, false));
+    b_.sload(rNtok, record(1, false));
+    b_.sload(rSteps, record(3, false));
+    b_.sload(rPageOff, record(4, false));
+    b_.sload(rFull, record(5, false));
+    b_.sload(rRest, record(6, false));
+    b_.sload(rHasNext, record(7, false));
+    const int64_t qrow = s_.heads * d_ * es_, gbytes = group_ * d_ * es_;
+    // Queries of tokens [tok0, tok0 + tokens) into the Q buffer of parity `qpar`.
+    auto load_q = [&](int16_t tok0, int16_t qpar) {
+      b_.dma(B::vmem_at(B::at(L.q[0], {{qpar, L.q[1] - L.q[0]}})), B::hbm_at(B::at(0, {{rQ, 1}, {tok0, qrow}})),
+             {.planes = s_.kv_heads, .rows = tokens, .row_bytes = gbytes, .dst_plane_stride = hrows * d_ * es_,
+              .dst_row_stride = gbytes, .src_plane_stride = gbytes, .src_row_stride = qrow},
+             2 % cfg_.dma.engines, kSemQ);
+    };
+    // The class's first unit loads its queries and first pages itself; later units find them
+    // prefetched by the unit before (below).
+    b_.loop_reg(rWait, rFirst);
+    load_q(rTok0, rOutPar);
+    fetch_step(rPageOff, -1, rPar, L);
+    b_.end_loop();
+    // thr = token index + the unit's first query position; m = -inf, l = 0, O = 0.
+    sim::Addr fa = B::at(L.fpos, {{rUnit, 4}});
+    if (prefill) fa.terms[1] = {rNdec, 4};
+    const sim::Operand fp = B::vmem(fa, DType::f32, 0, 0);
+    vec(Op::vadd, L.thr, {vm(L.rowt), fp}, rows);
+    vfill(L.m, kMasked, rows);
+    vfill(L.l, 0, rows);
+    b_.fill(vm(L.o, DType::f32, d_), 0, rows, d_);
+    b_.wait(kSemQ);
+    // Steps 0 .. steps-2 fetch the next step's pages first (the first rFull of them need no
+    // mask, the next rRest do); the last step fetches the next unit's queries and first pages
+    // (when the class has a next unit). Page buffers alternate from step to step across units.
+    auto next_parity = [&] {
+      b_.sadd(rNextPar, rPar, 1);
+      b_.smod(rNextPar, rNextPar, 2);
+    };
+    auto prefetching_step = [&](bool masked) {
+      b_.sadd(rNext, rStep, 1);
+      next_parity();
+      fetch_step(rPageOff, rNext, rNextPar, L);
+      emit_step(tokens, L, masked);
+      b_.sadd(rPar, rNextPar, 0);
+    };
+    b_.loop_reg(rStep, rFull);
+    prefetching_step(false);
+    b_.end_loop();
+    b_.sadd(rStep, rFull, 0);
+    b_.loop_reg(rOutTok, rRest);
+    prefetching_step(true);
+    b_.sadd(rStep, rStep, 1);
+    b_.end_loop();
+    next_parity();
+    b_.loop_reg(rWait, rHasNext);
+    b_.sload(rNextTok0, record(0, true));
+    b_.sload(rNextPageOff, record(4, true));
+    b_.sadd(rNext, rUnitsDone, 1);
+    b_.smod(rNext, rNext, 2);
+    load_q(rNextTok0, rNext);
+    fetch_step(rNextPageOff, -1, rNextPar, L);
+    b_.end_loop();
+    emit_step(tokens, L, true);
+    b_.sadd(rPar, rNextPar, 0);
+    b_.sset(rFirst, 0);
+    // O / l into the output buffer of this unit's parity (after the previous unit's stores,
+    // which read the other buffer, are done), then one DMA per valid token.
+    wait_outputs();
+    const int64_t obytes = rows * d_ * es_;
+    b_.binary(Op::vdiv, B::vmem(B::at(L.obuf[0], {{rOutPar, obytes}}), s_.dtype, d_), vm(L.o, DType::f32, d_), colv(L.l),
+              rows, d_);
+    b_.loop_reg(rOutTok, rNtok);
+    b_.dma(B::hbm_at(B::at(0, {{rOut, 1}, {rTok0, qrow}, {rOutTok, qrow}})),
+           B::vmem_at(B::at(L.obuf[0], {{rOutPar, obytes}, {rOutTok, gbytes}})),
+           {.planes = s_.kv_heads, .rows = 1, .row_bytes = gbytes, .dst_plane_stride = gbytes,
+            .src_plane_stride = hrows * d_ * es_},
+           3 % cfg_.dma.engines, kSemO);
+    b_.end_loop();
+    b_.sadd(rPrevN, rNtok, 0);
+    b_.sadd(rUnitsDone, rUnitsDone, 1);
+    b_.smod(rOutPar, rUnitsDone, 2);
+    b_.end_loop();
+  }
+
+  const sim::ChipConfig& cfg_;
+  const PagedAttentionSpec& s_;
+  B b_;
+  int64_t es_, group_, d_, kvrow_, page_;
+};
+
+void check_spec(const PagedAttentionSpec& s) {
+  TPU_CHECK(s.heads > 0 && s.kv_heads > 0 && s.heads % s.kv_heads == 0 && s.head_dim > 0 && s.block_size > 0 &&
+                s.pages_per_step > 0 && s.tile_tokens > 0 && s.max_units > 0 && s.scale > 0,
+            "paged_attention: invalid spec ({} heads, {} kv heads, head_dim {}, block {}, {} pages/step, tile {}, "
+            "{} units, scale {})",
+            s.heads, s.kv_heads, s.head_dim, s.block_size, s.pages_per_step, s.tile_tokens, s.max_units, s.scale);
+}
+
+}  // namespace
+
+int64_t paged_attention_units(const PagedAttentionSpec& spec, const std::vector<int64_t>& query_start) {
+  int64_t n = 0;
+  for (size_t i = 0; i + 1 < query_start.size(); ++i) {
+    const int64_t q = query_start[i + 1] - query_start[i];
+    n += q == 1 ? 1 : (q + spec.tile_tokens - 1) / spec.tile_tokens;
+  }
+  return n;
+}
+
+PagedAttentionMeta plan_paged_attention(const PagedAttentionSpec& spec, int64_t num_blocks,
+                                        const std::vector<int64_t>& query_start,
+                                        const std::vector<int64_t>& context_len,
+                                        const std::vector<const std::vector<int32_t>*>& block_tables) {
+  check_spec(spec);
+  const size_t ns = context_len.size();
+  TPU_CHECK(query_start.size() == ns + 1 && block_tables.size() == ns && !query_start.empty() && query_start[0] == 0,
+            "paged_attention: {} query offsets, {} context lengths and {} block tables do not describe one batch "
+            "(want n + 1, n, n and a first offset of 0)",
+            query_start.size(), ns, block_tables.size());
+  PagedAttentionMeta m;
+  m.num_tokens = query_start.back();
+  m.slots.resize(size_t(m.num_tokens));
+  struct Unit {
+    int64_t tok0, ntok, pos0, seq;
+  };
+  std::vector<Unit> dec, pre;
+  const int64_t bs = spec.block_size;
+  for (size_t s = 0; s < ns; ++s) {
+    const int64_t q0 = query_start[s], q = query_start[s + 1] - q0, ctx = context_len[s];
+    TPU_CHECK(q >= 1 && ctx >= q, "paged_attention: sequence {} brings {} tokens with a context of {} (want 1 <= "
+              "tokens <= context)", s, q, ctx);
+    TPU_CHECK(block_tables[s] && int64_t(block_tables[s]->size()) * bs >= ctx,
+              "paged_attention: the block table of sequence {} covers fewer than its {} positions", s, ctx);
+    const std::vector<int32_t>& t = *block_tables[s];
+    for (int64_t b = 0; b < (ctx + bs - 1) / bs; ++b)
+      TPU_CHECK(t[size_t(b)] >= 0 && t[size_t(b)] < num_blocks,
+                "paged_attention: sequence {} names block {} outside the cache's {} blocks", s, t[size_t(b)], num_blocks);
+    for (int64_t i = 0; i < q; ++i) {
+      const int64_t pos = ctx - q + i;
+      m.slots[size_t(q0 + i)] = int32_t(t[size_t(pos / bs)] * bs + pos % bs);
+    }
+    if (q == 1) dec.push_back({q0, 1, ctx - 1, int64_t(s)});
+    else
+      for (int64_t i = 0; i < q; i += spec.tile_tokens)
+        pre.push_back({q0 + i, std::min(spec.tile_tokens, q - i), ctx - q + i, int64_t(s)});
+  }
+  m.num_units = int64_t(dec.size() + pre.size());
+  TPU_CHECK(m.num_units <= spec.max_units, "paged_attention: the step needs {} work units, the program holds {}",
+            m.num_units, spec.max_units);
+  m.units.assign(size_t((1 + spec.max_units) * kPagedUnitWords), 0);
+  m.units[0] = int32_t(m.num_tokens);
+  m.units[1] = int32_t(dec.size());
+  m.units[2] = int32_t(pre.size());
+  const int64_t keys = spec.pages_per_step * bs;
+  size_t ui = 1;
+  for (const auto* list : {&dec, &pre})
+    for (const Unit& u : *list) {
+      const int64_t needed = u.pos0 + u.ntok, steps = (needed + keys - 1) / keys;
+      const std::vector<int32_t>& t = *block_tables[size_t(u.seq)];
+      int32_t* r = m.units.data() + ui * kPagedUnitWords;
+      r[0] = int32_t(u.tok0);
+      r[1] = int32_t(u.ntok);
+      r[2] = int32_t(u.pos0);
+      r[3] = int32_t(steps);
+      r[4] = int32_t(m.pages.size());
+      // Leading steps whose keys all lie at or before the unit's first query position need no
+      // mask; of the steps that prefetch (all but the last), r[5] are such, r[6] the rest.
+      const int64_t full = std::min((u.pos0 + 1) / keys, steps - 1);
+      r[5] = int32_t(full);
+      r[6] = int32_t(steps - 1 - full);
+      r[7] = &u != &list->back();  // a next unit of the same class follows
+      const int64_t used = (needed + bs - 1) / bs;
+      for (int64_t p = 0; p < steps * spec.pages_per_step; ++p) m.pages.push_back(p < used ? t[size_t(p)] : t[0]);
+      m.kv_pages_read += steps * spec.pages_per_step;
+      ++ui;
+    }
+  if (m.pages.empty()) m.pages.push_back(0);
+  return m;
+}
+
+int64_t paged_attention_vmem_bytes(const sim::ChipConfig& cfg, const PagedAttentionSpec& s) {
+  return plan(cfg, s, s.tile_tokens).total;
+}
+
+void choose_paged_attention_tiling(const sim::ChipConfig& cfg, PagedAttentionSpec& s) {
+  check_spec(s);
+  const int64_t group = s.heads / s.kv_heads;
+  s.pages_per_step = std::max<int64_t>(1, (int64_t(cfg.mxu.cols) * 2 + s.block_size - 1) / s.block_size);
+  s.tile_tokens = std::max<int64_t>(1, (int64_t(cfg.mxu.rows) * 2 + group - 1) / group);
+  const int64_t budget = int64_t(cfg.memory.vmem_bytes) * 9 / 10;
+  while (paged_attention_vmem_bytes(cfg, s) > budget) {
+    if (s.tile_tokens > 1) s.tile_tokens = (s.tile_tokens + 1) / 2;
+    else if (s.pages_per_step > 1) s.pages_per_step = (s.pages_per_step + 1) / 2;
+    else fail("paged_attention: head_dim {} with {} kv heads does not fit the chip's {} bytes of VMEM", s.head_dim,
+              s.kv_heads, cfg.memory.vmem_bytes);
+  }
+}
+
+sim::Program make_paged_attention_program(const sim::ChipConfig& cfg, const PagedAttentionSpec& s) {
+  check_spec(s);
+  TPU_CHECK(paged_attention_vmem_bytes(cfg, s) <= int64_t(cfg.memory.vmem_bytes),
+            "paged_attention: tiles of {} tokens x {} pages need {} bytes of VMEM, the chip has {}", s.tile_tokens,
+            s.pages_per_step, paged_attention_vmem_bytes(cfg, s), cfg.memory.vmem_bytes);
+  TPU_CHECK(cfg.scalar.registers > int(rRest), "paged_attention: the chip has {} scalar registers, the program uses {}",
+            cfg.scalar.registers, int(rRest) + 1);
+  return Emitter(cfg, s).run();
+}
+
+std::string paged_attention_key(const PagedAttentionSpec& s) {
+  return fmt::format("paged_attention:{}/{}x{}:b{}:p{}:t{}:u{}:s{}:{}:{}", s.heads, s.kv_heads, s.head_dim, s.block_size,
+                     s.pages_per_step, s.tile_tokens, s.max_units, s.scale, sim::dtype_name(s.dtype),
+                     sim::mxu_mode_name(s.mode));
+}
+
+}  // namespace tpu::codegen

@@ -1,0 +1,98 @@
+// Ragged paged attention as one chip program (the shape of vLLM's TPU ragged paged attention):
+// one call per layer and serving step, over a batch of sequences that each bring any number of
+// new tokens (decode tokens and prefill chunks mixed, flattened without padding), reading the
+// paged KV cache through block tables, with the cache update fused in.
+//
+// The program is data-driven, so one program serves every step of a given model shape: the
+// block tables, the sequence lengths and the new tokens' cache slots are HBM data (i32) read
+// with `sld`, and the loops over tokens, work units and KV steps are counted by registers
+// (`loopr`). Only the shape of the model (heads, head dim, block size), the tile sizes and the
+// capacity of the work-unit table are baked in (paged_attention_key).
+//
+// The program, in order:
+//   1. cache update: for every new token, the K row and the V row ([kv_heads * head_dim]) are
+//      copied by DMA into their cache slot (slot = block * block_size + offset), then waited.
+//   2. attention, per work unit: a decode unit is one sequence with one new token; a prefill
+//      unit is up to `tile_tokens` consecutive new tokens of one sequence. The unit's queries
+//      ([kv_heads, tokens, group, head_dim], the query heads sharing a KV head folded into rows)
+//      come in by one DMA; its KV pages stream in `pages_per_step` pages per step (one DMA per
+//      page, K and V, double-buffered: step j + 1 is fetched during step j, and a unit's last
+//      step fetches the next unit's queries and first pages) through its page list;
+//      per step and KV head S = Q K^T and O += P V on the MXUs; the causal mask compares each
+//      key's position with the query's (also masking the tail of the last step's pages); online
+//      softmax as in attention_kernel.h. A unit reads only the pages up to its last query's
+//      position. The result rows of the unit's valid tokens go out by one DMA per token.
+//
+// Arguments (HBM addresses in r0..r8): q [tokens (+ tile padding), heads, head_dim],
+// k_new / v_new [tokens, kv_heads * head_dim], k_cache / v_cache [num_blocks * block_size,
+// kv_heads * head_dim], out [tokens, heads, head_dim] (q, k, v, caches and out of `dtype`),
+// then the i32 arrays of PagedAttentionMeta: units, pages, slots.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "sim/config.h"
+#include "sim/isa.h"
+#include "sim/program.h"
+#include "tpucore/core/tensor.h"
+
+namespace tpu::codegen {
+
+struct PagedAttentionSpec {
+  int64_t heads = 1, kv_heads = 1, head_dim = 1;
+  int64_t block_size = 16;
+  int64_t pages_per_step = 1;  // KV pages per step (keys per step = pages_per_step * block_size)
+  int64_t tile_tokens = 8;     // new tokens per prefill work unit
+  int64_t max_units = 8;       // capacity of the work-unit table (a key of the program)
+  float scale = 1;
+  sim::DType dtype = sim::DType::f32;
+  sim::MxuMode mode = sim::MxuMode::f32;
+};
+
+// Words of one work unit in PagedAttentionMeta::units (after a header of the same size).
+inline constexpr int64_t kPagedUnitWords = 8;
+
+// The step's data: units = header {new tokens, decode units, prefill units, 0...} then one
+// record per unit {first token, tokens, first query position, steps, first page index, steps
+// before the last that need no causal mask, the other steps before the last, 0}
+// (decode units first); pages = every unit's page list (steps * pages_per_step block ids, the
+// tail of the last step padded with the unit's first block); slots = the cache slot of each new
+// token.
+struct PagedAttentionMeta {
+  std::vector<int32_t> units, pages, slots;
+  int64_t num_units = 0, num_tokens = 0;
+  int64_t kv_pages_read = 0;  // pages the attention part reads (K and V each)
+};
+
+// Builds the meta data of one step. Sequence s brings tokens [query_start[s], query_start[s+1])
+// and holds context_len[s] positions after the step (its new tokens last); block_tables[s]
+// covers them. A tpu::Error names what is inconsistent (offsets, lengths, a table too short, a
+// block id outside [0, num_blocks), more work units than spec.max_units).
+PagedAttentionMeta plan_paged_attention(const PagedAttentionSpec& spec, int64_t num_blocks,
+                                        const std::vector<int64_t>& query_start,
+                                        const std::vector<int64_t>& context_len,
+                                        const std::vector<const std::vector<int32_t>*>& block_tables);
+// Work units a step of these sequences needs (decode: 1 per sequence; prefill: ceil(q_len / tile)).
+int64_t paged_attention_units(const PagedAttentionSpec& spec, const std::vector<int64_t>& query_start);
+
+// Tile sizes for this chip: pages per step so a step covers about one MXU width of keys, tile
+// tokens so a prefill unit gives each KV head about one MXU height of rows (shrunk to fit VMEM).
+void choose_paged_attention_tiling(const sim::ChipConfig& cfg, PagedAttentionSpec& s);
+int64_t paged_attention_vmem_bytes(const sim::ChipConfig& cfg, const PagedAttentionSpec& s);
+
+sim::Program make_paged_attention_program(const sim::ChipConfig& cfg, const PagedAttentionSpec& s);
+std::string paged_attention_key(const PagedAttentionSpec& s);
+
+// Runs the program on the sim device of the tensors (all on one chip, contiguous): q
+// [>= tokens + tile_tokens - 1, heads, head_dim] (rows past the tokens are read as padding of
+// prefill tiles), k_new / v_new [>= tokens, kv_heads * head_dim], the caches [num_blocks *
+// block_size, kv_heads * head_dim] (updated in place), out [>= tokens, heads, head_dim], all of
+// spec.dtype; units / pages / slots: PagedAttentionMeta's arrays as i32 tensors on the chip.
+// A tpu::Error names a bad shape, dtype or device.
+void run_paged_attention(const PagedAttentionSpec& spec, int64_t num_tokens, const Tensor& q, const Tensor& k_new,
+                         const Tensor& v_new, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,
+                         const Tensor& units, const Tensor& pages, const Tensor& slots);
+
+}  // namespace tpu::codegen

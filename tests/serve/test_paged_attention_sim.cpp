@@ -1,0 +1,306 @@
+// The chip's ragged paged attention (codegen/paged_attention.h) on the tiny chip: the
+// data-driven scalar instructions it needs (sld, loopr); its outputs and cache update for a
+// mixed batch (fresh prefill, chunk after cached tokens, decodes) against attention computed
+// naively in double and against the cpu kernel (serve::ragged_paged_attention); the HBM bytes
+// it reads (the pages in use, not the cache); bad step data; and the serving engine with the
+// model on sim equal to one-request-at-a-time generate() (greedy).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <random>
+
+#include "codegen/launch.h"
+#include "codegen/paged_attention.h"
+#include "core/codegen_testing.h"
+#include "core/llm_reference.h"
+#include "core/testing.h"
+#include "sim/assembly.h"
+#include "sim/builder.h"
+#include "sim/chip.h"
+#include "sim/error.h"
+#include "sim/presets.h"
+#include "tpucore/models.h"
+#include "tpucore/serve/engine.h"
+
+using namespace tpu;
+using B = sim::ProgramBuilder;
+using tpu::testing::expect_error;
+
+TEST_CASE("sim: sld reads a word into a register and loopr counts by a register", "[sim][paged]") {
+  sim::Chip chip = sim::Chip::create("tiny");
+  const std::vector<int32_t> words{3, -2, 40, 7};
+  chip.write_hbm(64, words.data(), 16);
+  B b("data_driven");
+  b.sload(1, B::hbm_at(B::at(0, {{0, 1}})));  // r1 = 3 (r0 = 64 is the argument)
+  b.sset(2, 0);
+  b.loop_reg(3, 1);
+  b.sadd(2, 2, 5);
+  b.end_loop();
+  b.sload(4, B::hbm_at(B::at(4, {{0, 1}})));  // -2: no iteration
+  b.sset(5, 0);
+  b.loop_reg(6, 4);
+  b.sadd(5, 5, 1);
+  b.end_loop();
+  b.sload(7, B::hbm_at(B::at(8, {{0, 1}})));  // a loaded value used as an address: words[3]
+  b.sload(8, B::hbm_at(B::at(-28, {{0, 1}, {7, 1}})));
+  sim::Program p = b.finish();
+  const sim::RunResult r = chip.run(p, {.registers = {64}});
+  CHECK(r.registers[1] == 3);
+  CHECK(r.registers[2] == 15);
+  CHECK(r.registers[5] == 0);
+  CHECK(r.registers[8] == 7);
+  // Text form round trip.
+  CHECK(sim::parse_program(sim::to_text(p)).code == p.code);
+  // A misaligned or out-of-range word is a SimError naming the instruction.
+  B bad("bad");
+  bad.sload(1, B::hbm_at(B::at(2)));
+  CHECK_THROWS_AS(chip.run(bad.finish()), sim::SimError);
+  B far("far");
+  far.sload(1, B::hbm_at(B::at(int64_t(1) << 40)));
+  CHECK_THROWS_AS(chip.run(far.finish()), sim::SimError);
+}
+
+namespace {
+
+struct Batch {
+  std::vector<int64_t> qs{0}, ctx;
+  std::vector<std::vector<int32_t>> tables;
+  void add(int64_t new_tokens, int64_t context, std::vector<int32_t> table) {
+    qs.push_back(qs.back() + new_tokens);
+    ctx.push_back(context);
+    tables.push_back(std::move(table));
+  }
+  std::vector<const std::vector<int32_t>*> ptrs() const {
+    std::vector<const std::vector<int32_t>*> p;
+    for (const auto& t : tables) p.push_back(&t);
+    return p;
+  }
+};
+
+// Runs the program on a bare tiny chip: returns out, and the caches after the step.
+struct ChipRun {
+  std::vector<float> out, kc, vc;
+  sim::Stats stats;
+};
+ChipRun run_on_chip(const codegen::PagedAttentionSpec& s, const codegen::PagedAttentionMeta& m, int64_t slots,
+                    const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
+                    const std::vector<float>& kc, const std::vector<float>& vc) {
+  sim::Chip chip = sim::Chip::create("tiny");
+  uint64_t at = 0;
+  auto put = [&](const void* data, size_t bytes, size_t reserve) {
+    const uint64_t a = at;
+    if (bytes) chip.write_hbm(a, data, bytes);
+    at += (std::max(bytes, reserve) + 63) / 64 * 64;
+    return int64_t(a);
+  };
+  const int64_t n = m.num_tokens, qrow = s.heads * s.head_dim;
+  std::vector<float> qp(q);
+  qp.resize(size_t((n + s.tile_tokens - 1) * qrow), 0.f);
+  const int64_t aq = put(qp.data(), qp.size() * 4, 0), ak = put(k.data(), k.size() * 4, 0),
+                av = put(v.data(), v.size() * 4, 0), akc = put(kc.data(), kc.size() * 4, 0),
+                avc = put(vc.data(), vc.size() * 4, 0), aout = put(nullptr, 0, size_t(n * qrow * 4)),
+                au = put(m.units.data(), m.units.size() * 4, 0), ap = put(m.pages.data(), m.pages.size() * 4, 0),
+                as = put(m.slots.data(), m.slots.size() * 4, 0);
+  const sim::Program p = codegen::make_paged_attention_program(chip.config(), s);
+  const sim::RunResult r = chip.run(p, {.race_check = true, .fail_on_race = true,
+                                        .registers = {aq, ak, av, akc, avc, aout, au, ap, as}});
+  ChipRun cr;
+  cr.stats = r.stats;
+  cr.out.resize(size_t(n * qrow));
+  chip.read_hbm(uint64_t(aout), cr.out.data(), cr.out.size() * 4);
+  cr.kc.resize(kc.size());
+  cr.vc.resize(vc.size());
+  chip.read_hbm(uint64_t(akc), cr.kc.data(), kc.size() * 4);
+  chip.read_hbm(uint64_t(avc), cr.vc.data(), vc.size() * 4);
+  (void)slots;
+  return cr;
+}
+
+}  // namespace
+
+TEST_CASE("paged attention on the tiny chip equals the cpu kernel and naive attention (mixed batch)", "[sim][paged]") {
+  const int64_t hq = 4, hkv = 2, d = 8, bs = 4, nb = 96, group = hq / hkv, row = hkv * d;
+  const sim::ChipConfig cfg = sim::preset_config("tiny");
+  codegen::PagedAttentionSpec s{.heads = hq, .kv_heads = hkv, .head_dim = d, .block_size = bs};
+  s.scale = 1.f / std::sqrt(float(d));
+  s.max_units = 8;
+  codegen::choose_paged_attention_tiling(cfg, s);
+  INFO("pages/step " << s.pages_per_step << ", tile tokens " << s.tile_tokens);
+  CHECK(s.pages_per_step * bs >= cfg.mxu.cols);
+  std::mt19937 rng(5);
+  std::vector<int32_t> perm(static_cast<size_t>(nb));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  size_t next = 0;
+  auto table = [&](int64_t positions) {
+    std::vector<int32_t> t;
+    for (int64_t i = 0; i < (positions + bs - 1) / bs; ++i) t.push_back(perm[next++]);
+    return t;
+  };
+  Batch b;
+  b.add(1, 23, table(23));   // decode after 22 cached positions (two steps of keys and a tail)
+  b.add(11, 11, table(11));  // a fresh prefill (two tiles)
+  b.add(5, 14, table(14));   // a chunk after 9 cached positions
+  b.add(1, 1, table(1));     // a one-token prompt
+  b.add(1, 6, table(6));     // another decode
+  const codegen::PagedAttentionMeta m = codegen::plan_paged_attention(s, nb, b.qs, b.ctx, b.ptrs());
+  const int64_t n = m.num_tokens;
+  std::normal_distribution<float> nd;
+  auto randv = [&](size_t sz) {
+    std::vector<float> x(sz);
+    for (auto& e : x) e = nd(rng);
+    return x;
+  };
+  const std::vector<float> q = randv(size_t(n * hq * d)), k = randv(size_t(n * row)), v = randv(size_t(n * row));
+  // Earlier positions already cached (random), the rest of the cache random too (never read).
+  const std::vector<float> kc = randv(size_t(nb * bs * row)), vc = randv(size_t(nb * bs * row));
+  const ChipRun cr = run_on_chip(s, m, nb * bs, q, k, v, kc, vc);
+
+  // The cpu kernel on the same cache contents.
+  serve::PagedKVCache cache({1, hkv, d, bs, nb});
+  std::copy(kc.begin(), kc.end(), cache.key(0, 0, 0, 0));
+  std::copy(vc.begin(), vc.end(), cache.value(0, 0, 0, 0));
+  serve::RaggedBatch rb;
+  rb.query_start = b.qs;
+  rb.context_len = b.ctx;
+  rb.block_tables = b.ptrs();
+  std::vector<float> cpu(size_t(n * hq * d));
+  serve::ragged_paged_attention(cache, 0, rb, q.data(), k.data(), v.data(), cpu.data(), hq, s.scale);
+
+  // Naive: each token attends to positions 0..its own of its sequence (cached or new).
+  double worst_naive = 0, worst_cpu = 0;
+  for (size_t sq = 0; sq + 1 < b.qs.size(); ++sq) {
+    const int64_t q0 = b.qs[sq], ql = b.qs[sq + 1] - q0, ctx = b.ctx[sq];
+    auto kv_at = [&](const std::vector<float>& cachev, const std::vector<float>& newv, int64_t pos, int64_t h, int64_t i) {
+      if (pos >= ctx - ql) return double(newv[size_t((q0 + pos - (ctx - ql)) * row + h * d + i)]);
+      const int64_t slot = b.tables[sq][size_t(pos / bs)] * bs + pos % bs;
+      return double(cachev[size_t(slot * row + h * d + i)]);
+    };
+    for (int64_t t = 0; t < ql; ++t) {
+      const int64_t pos = ctx - ql + t;
+      for (int64_t h = 0; h < hq; ++h) {
+        const int64_t kh = h / group;
+        std::vector<double> sc(size_t(pos + 1));
+        double mx = -1e300;
+        for (int64_t j = 0; j <= pos; ++j) {
+          double dot = 0;
+          for (int64_t i = 0; i < d; ++i) dot += double(q[size_t(((q0 + t) * hq + h) * d + i)]) * kv_at(kc, k, j, kh, i);
+          sc[size_t(j)] = dot * s.scale;
+          mx = std::max(mx, sc[size_t(j)]);
+        }
+        double den = 0;
+        for (auto& e : sc) den += (e = std::exp(e - mx));
+        for (int64_t i = 0; i < d; ++i) {
+          double o = 0;
+          for (int64_t j = 0; j <= pos; ++j) o += sc[size_t(j)] * kv_at(vc, v, j, kh, i);
+          o /= den;
+          const size_t at = size_t(((q0 + t) * hq + h) * d + i);
+          worst_naive = std::max(worst_naive, std::abs(o - double(cr.out[at])));
+          worst_cpu = std::max(worst_cpu, std::abs(double(cpu[at]) - double(cr.out[at])));
+        }
+      }
+    }
+  }
+  CHECK(worst_naive < 2e-5);
+  CHECK(worst_cpu < 2e-5);
+  // The fused cache update: every new token's K/V row sits in its slot; nothing else changed.
+  int64_t changed = 0;
+  for (size_t i = 0; i < kc.size(); ++i) changed += (cr.kc[i] != kc[i]) + (cr.vc[i] != vc[i]);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < row; ++i) {
+      const size_t slot = size_t(m.slots[size_t(t)]);
+      REQUIRE(cr.kc[slot * size_t(row) + size_t(i)] == k[size_t(t * row + i)]);
+      REQUIRE(cr.vc[slot * size_t(row) + size_t(i)] == v[size_t(t * row + i)]);
+    }
+  CHECK(changed == 2 * n * row);
+
+  // HBM reads: the new rows, the unit table, each unit's queries and its pages (K and V),
+  // computed here from the batch; far below the cache's size.
+  const int64_t page = bs * row * 4;
+  int64_t q_reads = 0, pages = 0;
+  for (size_t sq = 0; sq + 1 < b.qs.size(); ++sq) {
+    const int64_t ql = b.qs[sq + 1] - b.qs[sq], ctx = b.ctx[sq], keys = s.pages_per_step * bs;
+    const int64_t tile = ql == 1 ? 1 : s.tile_tokens;
+    for (int64_t t0 = 0; t0 < ql; t0 += tile) {
+      const int64_t last = ctx - ql + std::min(ql, t0 + tile) - 1;
+      pages += (last + keys) / keys * s.pages_per_step;
+      q_reads += tile * hq * d * 4;
+    }
+  }
+  CHECK(pages == m.kv_pages_read);
+  const int64_t expect_read = 2 * n * row * 4 + (1 + s.max_units) * codegen::kPagedUnitWords * 4 + q_reads + 2 * pages * page;
+  CHECK(int64_t(cr.stats.hbm_bytes_read) == expect_read);
+  CHECK(int64_t(cr.stats.hbm_bytes_written) == 2 * n * row * 4 + n * hq * d * 4);
+  CHECK(2 * pages * page < int64_t(kc.size() + vc.size()) * 4 / 3);
+}
+
+TEST_CASE("paged attention: bad step data is a tpu::Error", "[sim][paged]") {
+  codegen::PagedAttentionSpec s{.heads = 4, .kv_heads = 2, .head_dim = 8, .block_size = 4, .max_units = 2};
+  const std::vector<int32_t> t{0, 1}, bad{0, 9};
+  expect_error([&] { codegen::plan_paged_attention(s, 8, {0, 1}, {9}, {&t}); }, {"covers fewer"});
+  expect_error([&] { codegen::plan_paged_attention(s, 8, {0, 1}, {5}, {&bad}); }, {"block 9 outside"});
+  expect_error([&] { codegen::plan_paged_attention(s, 8, {0, 3}, {2}, {&t}); }, {"3 tokens with a context of 2"});
+  expect_error([&] { codegen::plan_paged_attention(s, 8, {0, 1, 2, 3}, {1, 1, 1}, {&t, &t, &t}); }, {"3 work units"});
+  expect_error([&] { codegen::plan_paged_attention(s, 8, {0, 1}, {1}, {}); }, {"do not describe one batch"});
+  s.kv_heads = 3;
+  expect_error([&] { codegen::plan_paged_attention(s, 8, {0, 1}, {1}, {&t}); }, {"invalid spec"});
+}
+
+TEST_CASE("serve: the engine with the model on sim (tiny chip, paged attention program) equals cpu generate()",
+          "[serve][sim][paged]") {
+  tpu::testing::TinySim sim;
+  tpu::testing::llm::TinyCfg c;
+  auto dir = tpu::testing::llm::temp_dir("serve_paged_sim");
+  tpu::testing::llm::write_tiny_model(dir, c, DType::f32, 1, 31);
+  auto cpu = models::load_causal_lm(dir.string());
+  auto on_chip = models::load_causal_lm(dir.string(), sim.dev());
+  std::filesystem::remove_all(dir);
+  serve::EngineConfig ec;
+  ec.block_size = 4;
+  ec.max_num_batched_tokens = 8;  // chunks and decodes share steps
+  ec.max_num_seqs = 3;
+  ec.max_model_len = 20;
+  serve::Engine e(on_chip, ec);
+  std::mt19937 rng(8);
+  std::vector<std::vector<int64_t>> prompts;
+  for (int64_t len : {3, 9, 1, 6, 12}) {
+    std::vector<int64_t> p;
+    for (int64_t i = 0; i < len; ++i) p.push_back(int64_t(rng() % uint32_t(c.vocab)));
+    prompts.push_back(p);
+  }
+  models::GenerationConfig g;
+  g.max_new_tokens = 5;
+  std::map<int64_t, std::vector<int64_t>> out;
+  std::vector<int64_t> ids;
+  for (const auto& p : prompts) {
+    auto id = std::make_shared<int64_t>(0);
+    serve::RequestCallbacks cb;
+    cb.on_token = [&out, id](int64_t t) {
+      out[*id].push_back(t);
+      return true;
+    };
+    *id = e.add_request(p, g, cb);
+    ids.push_back(*id);
+  }
+  tpu::testing::ChipRunProbe probe;
+  bool mixed = false;
+  for (int i = 0; i < 200 && e.has_work(); ++i) {
+    e.step();
+    bool chunk = false, decode = false;
+    for (auto [id, n] : e.last_schedule()) (n > 1 ? chunk : decode) = true;
+    mixed = mixed || (chunk && decode);
+  }
+  REQUIRE_FALSE(e.has_work());
+  CHECK(mixed);
+  tpu::testing::ChipRunProbe::sync_all();
+  const codegen::CodegenStats st = codegen::stats();
+  CHECK(st.runs_by_kernel.count("paged_attention") == 1);
+  CHECK(probe.new_runs() > 0);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    INFO("request " << i);
+    CHECK(out[ids[i]] == models::generate(*cpu, {prompts[i]}, g)[0]);
+  }
+  CHECK(e.metrics().blocks_used == 0);
+}
