@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <array>
 #include <mutex>
+#include <optional>
 
 #include "codegen/launch.h"
 #include "ops/meta_util.h"
@@ -35,28 +37,38 @@ void cache_write_meta(const MetaArgs& a, MetaResult& m) {
   m.out() = {c.shape(), c.dtype(), c.device()};
 }
 
-// The position, read on the host. On a chip that waits for the work before it on the stream; the
-// value of the last position tensor read is kept (with its storage, so its address is not
-// reused) and reused while its version is unchanged: the layers of one decode step share it.
+// Host values of position tensors, kept with their storage (so its address is not reused) and
+// version: position_tensor records the value it uploads, and the first read of another tensor
+// records what it read (on a chip that waits for the work before it on the stream), so the
+// layers of one decode step read it once at most.
+struct PositionMemo {
+  StoragePtr storage;
+  int64_t offset = 0;
+  uint64_t version = 0;
+  DType dtype = DType::i32;
+  int64_t value = 0;
+};
+std::mutex g_memo_mu;
+std::array<PositionMemo, 8> g_memo;
+size_t g_memo_next = 0;
+
+void remember(const Tensor& pos, int64_t v) {
+  std::lock_guard<std::mutex> lk(g_memo_mu);
+  g_memo[g_memo_next] = {pos.storage(), pos.offset(), pos.storage()->version, pos.dtype(), v};
+  g_memo_next = (g_memo_next + 1) % g_memo.size();
+}
+
 int64_t read_position(const Tensor& pos, int64_t limit) {
-  struct Memo {
-    StoragePtr storage;
-    size_t offset = 0;
-    uint64_t version = 0;
-    DType dtype = DType::i32;
-    int64_t value = 0;
-  };
-  thread_local Memo memo;
-  int64_t v;
-  if (!pos.device().is_cpu() && memo.storage && memo.storage == pos.storage() &&
-      memo.offset == static_cast<size_t>(pos.offset()) && memo.version == pos.impl().version &&
-      memo.dtype == pos.dtype()) {
-    v = memo.value;
-  } else {
-    v = pos.item<int64_t>();
-    if (!pos.device().is_cpu())
-      memo = {pos.storage(), static_cast<size_t>(pos.offset()), pos.impl().version, pos.dtype(), v};
+  std::optional<int64_t> known;
+  if (!pos.device().is_cpu()) {
+    std::lock_guard<std::mutex> lk(g_memo_mu);
+    for (const PositionMemo& m : g_memo)
+      if (m.storage && m.storage == pos.storage() && m.offset == pos.offset() && m.version == pos.storage()->version &&
+          m.dtype == pos.dtype())
+        known = m.value;
   }
+  const int64_t v = known ? *known : pos.item<int64_t>();
+  if (!known && !pos.device().is_cpu()) remember(pos, v);
   TPU_CHECK(v >= 0 && v <= limit, "kv_cache_write_: position {} is outside [0, {}] (cache length minus new entries)",
             v, limit);
   return v;
@@ -144,6 +156,13 @@ TPU_DEFINE_OP(kv_cache_write_op,
 }();
 
 }  // namespace
+
+Tensor position_tensor(int64_t pos, Device device) {
+  NoGradGuard ng;
+  Tensor t = from_vector(std::vector<int64_t>{pos}, Shape{1}, TensorOptions(DType::i64, device));
+  if (!device.is_cpu()) remember(t, pos);
+  return t;
+}
 
 Tensor kv_cache_write_(const Tensor& cache, const Tensor& src, const Tensor& pos) {
   return ops::call(kv_cache_write_op(), {cache, src, pos});

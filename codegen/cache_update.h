@@ -24,4 +24,8 @@ namespace tpu::codegen {
 // violation is a tpu::Error naming it.
 Tensor kv_cache_write_(const Tensor& cache, const Tensor& src, const Tensor& pos);
 
+// The position as an i64 [1] tensor on `device` for kv_cache_write_, its value remembered on the
+// host (until the tensor is written or freed), so a chip need not be waited for to read it back.
+Tensor position_tensor(int64_t pos, Device device);
+
 }  // namespace tpu::codegen

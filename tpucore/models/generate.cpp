@@ -6,6 +6,7 @@
 #include <optional>
 #include <set>
 
+#include "codegen/cache_update.h"
 #include "tpucore/autograd.h"
 #include "tpucore/compile.h"
 
@@ -163,7 +164,7 @@ std::vector<std::vector<int64_t>> generate(CausalLM& m, const std::vector<std::v
     auto [cos, sin] = nn::rope_tables(p, b, m.inv_freq, m.dtype(), m.device());
     Tensor out = slot->step(from_vector(next, Shape{b, 1}, TensorOptions(DType::i64, m.device())), cos, sin,
                           from_vector(keep, Shape{b, 1, 1, cap}, TensorOptions(DType::boolean, m.device())),
-                          from_vector(std::vector<int64_t>{past}, Shape{1}, TensorOptions(DType::i64, m.device())));
+                          codegen::position_tensor(past, m.device()));
     cache.advance(1);
     return out;
   };
