@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <memory>
 #include <array>
 #include <mutex>
 #include <optional>
@@ -37,12 +38,12 @@ void cache_write_meta(const MetaArgs& a, MetaResult& m) {
   m.out() = {c.shape(), c.dtype(), c.device()};
 }
 
-// Host values of position tensors, kept with their storage (so its address is not reused) and
-// version: position_tensor records the value it uploads, and the first read of another tensor
-// records what it read (on a chip that waits for the work before it on the stream), so the
-// layers of one decode step read it once at most.
+// Host values of position tensors, by storage (held weakly: a freed storage never matches a new
+// one at its address) and version: position_tensor records the value it uploads, and the first
+// read of another tensor records what it read (on a chip that waits for the work before it on
+// the stream), so the layers of one decode step read it once at most.
 struct PositionMemo {
-  StoragePtr storage;
+  std::weak_ptr<Storage> storage;  // not kept alive: a freed one never matches
   int64_t offset = 0;
   uint64_t version = 0;
   DType dtype = DType::i32;
@@ -63,8 +64,8 @@ int64_t read_position(const Tensor& pos, int64_t limit) {
   if (!pos.device().is_cpu()) {
     std::lock_guard<std::mutex> lk(g_memo_mu);
     for (const PositionMemo& m : g_memo)
-      if (m.storage && m.storage == pos.storage() && m.offset == pos.offset() && m.version == pos.storage()->version &&
-          m.dtype == pos.dtype())
+      if (pos.storage() && m.storage.lock() == pos.storage() && m.offset == pos.offset() &&
+          m.version == pos.storage()->version && m.dtype == pos.dtype())
         known = m.value;
   }
   const int64_t v = known ? *known : pos.item<int64_t>();
