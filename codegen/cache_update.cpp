@@ -12,7 +12,6 @@
 #include "ops/meta_util.h"
 #include "ops/registry.h"
 #include "sim/builder.h"
-#include "tpucore/autograd.h"
 #include "tpucore/ops.h"
 
 namespace tpu::codegen {
@@ -129,7 +128,6 @@ void cache_write_chip(const KernelArgs& a) {
   const int64_t t = s.size(2);
   const int64_t pos = read_position(a.inputs[2], c.size(2) - t);
   if (!runs_generated_programs(c.device())) {
-    NoGradGuard ng;
     Tensor dst = narrow(c, 2, pos, t);
     copy_(dst, s);
     a.outputs[0] = c;
@@ -159,7 +157,6 @@ TPU_DEFINE_OP(kv_cache_write_op,
 }  // namespace
 
 Tensor position_tensor(int64_t pos, Device device) {
-  NoGradGuard ng;
   Tensor t = from_vector(std::vector<int64_t>{pos}, Shape{1}, TensorOptions(DType::i64, device));
   if (!device.is_cpu()) remember(t, pos);
   return t;

@@ -11,6 +11,7 @@
 #include "codegen/launch.h"
 #include "core/codegen_testing.h"
 #include "core/llm_reference.h"
+#include "core/opinfo.h"
 #include "tpucore/compile.h"
 #include "tpucore/models.h"
 
@@ -18,6 +19,9 @@ using namespace tpu;
 using tpu::testing::expect_error;
 
 namespace {
+
+// An in-place op with a runtime position: its values, devices and errors are tested here.
+const testing::OpInfoRegistrar kv_cache_write_entry("kv_cache_write_", "tests/core/test_llm_cache_update.cpp");
 
 // cache [B, H, C, D] with src [B, H, T, D] written at pos, computed on host vectors.
 std::vector<float> naive_write(std::vector<float> cache, const std::vector<float>& src, int64_t b, int64_t h, int64_t c,
