@@ -1,7 +1,7 @@
 // The main example: a small language model generates text on the simulated TPU chip.
 //
 // The model is the byte-level Llama-style fortunes model (examples/fortunes_model.h): trained on
-// the cpu on the Debian `fortunes` corpus the first time (about two minutes) and saved as a
+// the cpu on the Debian `fortunes` corpus the first time (about three minutes) and saved as a
 // Hugging Face checkpoint, then reused. It is loaded like any checkpoint onto `sim:0` in bf16
 // and generates a fortune twice, eager (every op a chip kernel as it is called) and compiled
 // (tpu::compile over the decode step: one compile, then every step reuses it), printing host
@@ -68,8 +68,8 @@ void report(const char* label, const RunFigures& r, const sim::ChipConfig& cfg, 
 
 int main(int argc, char** argv) {
   std::string chip = "v5e", dir = "fortunes_model", trace_path = "llm_trace.json";
-  int64_t tokens = 48;
-  double train_seconds = 120;
+  int64_t tokens = 64;
+  double train_seconds = 170;
   cli::Parser args("main_example",
                    "A small language model (the fortunes model, trained on the cpu once and cached) generating\n"
                    "text on the simulated chip sim:0, eager and compiled: tokens/s, cycles/token, MFU, the\n"
@@ -77,16 +77,16 @@ int main(int argc, char** argv) {
   args.value("--chip", "NAME", "chip preset or config JSON for sim:0 (default v5e)", [&](const std::string& v) { chip = v; });
   args.value("--model", "DIR", "checkpoint folder, trained there when missing (default fortunes_model)",
              [&](const std::string& v) { dir = v; });
-  args.value("--tokens", "N", "tokens to generate (default 48)", [&](const std::string& v) { tokens = args.to_int(v); });
-  args.value("--train-seconds", "S", "training time when the checkpoint is missing (default 120)",
+  args.value("--tokens", "N", "tokens to generate (default 64)", [&](const std::string& v) { tokens = args.to_int(v); });
+  args.value("--train-seconds", "S", "training time when the checkpoint is missing (default 170)",
              [&](const std::string& v) { train_seconds = static_cast<double>(args.to_int(v)); });
   args.value("--trace", "FILE", "trace of the compiled run (default llm_trace.json)",
              [&](const std::string& v) { trace_path = v; });
   if (auto rc = args.parse(argc, argv)) return *rc;
   try {
     TPU_CHECK(tokens > 0, "--tokens must be positive, got {}", tokens);
-    if (!std::filesystem::exists(std::filesystem::path(dir) / "model.safetensors")) {
-      fmt::print("no checkpoint in {}: training the fortunes model on the cpu for {:.0f} s (once)\n", dir,
+    if (!fortunes::is_current(dir)) {
+      fmt::print("no checkpoint of the current recipe in {}: training the fortunes model on the cpu for {:.0f} s (once)\n", dir,
                  train_seconds);
       fortunes::train(dir, train_seconds);
     } else {
@@ -108,11 +108,8 @@ int main(int argc, char** argv) {
     std::vector<int64_t> prompt{fortunes::kEot};
     for (int64_t t : tok.encode("The ")) prompt.push_back(t);
 
-    models::GenerationConfig g;
+    models::GenerationConfig g = fortunes::sampling();
     g.max_new_tokens = tokens;
-    g.do_sample = true;
-    g.temperature = 0.8;
-    g.top_k = 40;
     g.seed = 7;
     const RunFigures eager = run(*model, prompt, g);
     report("eager", eager, cfg, tok);

@@ -4,8 +4,8 @@
 //
 //   train_fortunes [--dir DIR] [--seconds S] [--retrain] [--samples N]
 //
-// DIR (default ./fortunes_model) is reused when it already holds a checkpoint, so only the
-// first run trains. The corpus is every text file of /usr/share/games/fortunes (package
+// DIR (default ./fortunes_model) is reused when it already holds a checkpoint of the current
+// training recipe (fortunes_recipe.txt), so only the first run trains. The corpus is every text file of /usr/share/games/fortunes (package
 // `fortunes`), each fortune followed by the <|endoftext|> token.
 #include "fortunes_model.h"
 
@@ -15,7 +15,7 @@ using fortunes::kEot;
 
 int main(int argc, char** argv) {
   fs::path dir = "fortunes_model";
-  double seconds = 180;
+  double seconds = 170;
   int samples = 4;
   bool retrain = false;
   for (int i = 1; i < argc; ++i) {
@@ -30,17 +30,13 @@ int main(int argc, char** argv) {
     }
   }
   try {
-    if (retrain || !fs::exists(dir / "model.safetensors")) fortunes::train(dir, seconds);
+    if (retrain || !fortunes::is_current(dir)) fortunes::train(dir, seconds);
     else fmt::print("using the checkpoint in {}\n", dir.string());
     // Load it back like any Hugging Face checkpoint.
     auto model = models::load_causal_lm(dir.string());
     Tokenizer tok = Tokenizer::from_file((dir / "tokenizer.json").string());
-    models::GenerationConfig g;
+    models::GenerationConfig g = fortunes::sampling();
     g.max_new_tokens = 200;
-    g.do_sample = true;
-    g.temperature = 0.8;
-    g.top_k = 40;
-    g.stop_tokens = {kEot};
     g.compile = true;
     for (int s = 0; s < samples; ++s) {
       g.seed = static_cast<uint64_t>(s + 1);

@@ -121,7 +121,9 @@ void embedding_meta(const MetaArgs& a, MetaResult& m) {
   Shape s = indices.shape();
   s.push_back(w.shape()[1]);
   m.out() = {s, w.dtype(), w.device()};
-  m.cast_mask = 1u << 1;
+  // The cpu kernel reads i32 indices; a chip's kernel reads them on the host as given (a cast
+  // there would be a host fallback of its own: chips have no i64).
+  m.cast_mask = w.device().is_cpu() ? 1u << 1 : 0u;
   m.cast_to = DType::i32;
 }
 

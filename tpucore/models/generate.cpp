@@ -6,6 +6,7 @@
 #include <optional>
 #include <set>
 
+#include "codegen/cache_update.h"
 #include "tpucore/autograd.h"
 #include "tpucore/compile.h"
 
@@ -111,9 +112,9 @@ std::vector<std::vector<int64_t>> generate(CausalLM& m, const std::vector<std::v
       nn::KVCache* c = &fresh->cache;
       auto step_fn = [&m, c](const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& keep,
                              const Tensor& write) {
-        c->set_write_mask(write);
+        c->set_write_position(write);
         Tensor out = m.forward_tables(x, cos, sin, keep, c);
-        c->set_write_mask({});
+        c->set_write_position({});
         return out;
       };
       fresh->step = tpu::compile(step_fn, CompileOptions{.name = cfg.compile_name});
@@ -156,15 +157,14 @@ std::vector<std::vector<int64_t>> generate(CausalLM& m, const std::vector<std::v
   // Compiled decoding: position-dependent inputs as tensors over the whole cache.
   auto static_step = [&](const std::vector<int64_t>& next, const std::vector<int64_t>& p) {
     const int64_t past = cache.length();
-    std::vector<bool> keep(static_cast<size_t>(b * cap), false), write(static_cast<size_t>(cap), false);
+    std::vector<bool> keep(static_cast<size_t>(b * cap), false);
     for (int64_t r = 0; r < b; ++r)
       for (int64_t j = 0; j <= past; ++j)
         keep[static_cast<size_t>(r * cap + j)] = valid[static_cast<size_t>(r * cap + j)] != 0 || j == past;
-    write[static_cast<size_t>(past)] = true;
     auto [cos, sin] = nn::rope_tables(p, b, m.inv_freq, m.dtype(), m.device());
     Tensor out = slot->step(from_vector(next, Shape{b, 1}, TensorOptions(DType::i64, m.device())), cos, sin,
                           from_vector(keep, Shape{b, 1, 1, cap}, TensorOptions(DType::boolean, m.device())),
-                          from_vector(write, Shape{1, 1, cap, 1}, TensorOptions(DType::boolean, m.device())));
+                          codegen::position_tensor(past, m.device()));
     cache.advance(1);
     return out;
   };

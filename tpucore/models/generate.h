@@ -26,8 +26,9 @@ struct GenerationConfig {
   std::vector<int64_t> stop_tokens;  // generating one ends that sequence (it is kept in the output)
   int64_t pad_token_id = 0;          // fills the left padding of shorter prompts
   // Decode steps through tpu::compile: every step has the same shapes (the whole cache is read
-  // under a mask; the write position, the rotary tables and the mask are runtime tensors), so
-  // one compile serves every step. The batch is padded to a power of two (rows that are never
+  // under a mask; the write position, the rotary tables and the mask are runtime tensors; the
+  // new keys and values go in by an in-place slice write at the position, KVCache's
+  // set_write_position), so one compile serves every step. The batch is padded to a power of two (rows that are never
   // reported), and the compiled step and its cache stay in the model, one per batch bucket and
   // power-of-two capacity (at least 64), so later calls reuse them. The
   // function is named compile_name (as first created) in tpu::jit::stats().

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "codegen/cache_update.h"
 #include "tpucore/autograd.h"
 
 namespace tpu::nn {
@@ -89,6 +90,11 @@ std::pair<Tensor, Tensor> KVCache::update(int64_t layer, const Tensor& k, const 
             "KVCache: expected keys and values [{}, {}, T, {}], got {} and {}", batch_, heads_, head_dim_,
             k.defined() ? k.shape().str() : "undefined", v.defined() ? v.shape().str() : "undefined");
   const int64_t t = k.size(2);
+  if (write_pos_.defined()) {
+    NoGradGuard ng;
+    return {codegen::kv_cache_write_(k_[static_cast<size_t>(layer)], k, write_pos_),
+            codegen::kv_cache_write_(v_[static_cast<size_t>(layer)], v, write_pos_)};
+  }
   if (write_mask_.defined()) {
     TPU_CHECK(t == 1 && write_mask_.shape() == Shape({1, 1, capacity_, 1}) && write_mask_.dtype() == DType::boolean,
               "KVCache: a write mask must be bool [1, 1, {}, 1] and the step one position, got mask {} for {} positions",

@@ -58,6 +58,10 @@ class KVCache {
   std::pair<Tensor, Tensor> update(int64_t layer, const Tensor& k, const Tensor& v);
   void set_write_mask(const Tensor& mask) { write_mask_ = mask; }
   const Tensor& write_mask() const { return write_mask_; }
+  // The same shape-static step with the position as a one-element integer tensor on the cache's
+  // device: k, v go to that position by a slice write in place (codegen/cache_update.h: one
+  // small DMA on a chip instead of rewriting the whole cache); takes precedence over a mask.
+  void set_write_position(const Tensor& pos) { write_pos_ = pos; }
   void advance(int64_t t);
   void reset() { length_ = 0; }
   int64_t length() const { return length_; }
@@ -67,7 +71,7 @@ class KVCache {
 
  private:
   std::vector<Tensor> k_, v_;
-  Tensor write_mask_;
+  Tensor write_mask_, write_pos_;
   int64_t batch_, heads_, capacity_, head_dim_, length_ = 0;
 };
 
