@@ -66,7 +66,7 @@ TEST_CASE("vec_math targets: every ISA of this CPU is offered, best first", "[ve
   for (const VecMathTable* t : targets) CHECK(t->program != nullptr);
 }
 
-TEST_CASE("vec_math targets: TPU_CPU_ISA names cap the choice; others are an error", "[vecmath][vecmath-targets]") {
+TEST_CASE("vec_math targets: TPU_CPU_ISA names cap the choice, others are an error", "[vecmath][vecmath-targets]") {
   using tpu::ops::cpu::vec_math_capped;
   CHECK(&vec_math_capped("scalar") == &tpu::ops::cpu::vec_math_scalar());
   const auto targets = tpu::ops::cpu::vec_math_targets();
