@@ -1,5 +1,5 @@
 // Accuracy of every vec_math implementation (the portable one and each Highway target this CPU
-// runs: AVX-512, AVX2, SSE4, EMU128, each called explicitly; AVX2 or AVX-512 missing is
+// runs: AVX-512, AVX2, SSE4 and the baseline, each called explicitly; AVX2 or AVX-512 missing is
 // reported as skipped) against double-precision references, measured in f32 ulps over dense grids,
 // plus special values, tails of every length, in-place use and the binary kernels.
 #include <cmath>
