@@ -4,9 +4,9 @@
 // contiguous across rows, a broadcast row or a single value; otherwise each call covers one
 // row piece of at most kVecChunk values, strided inputs gathered through per-thread buffers
 // (kVecChunkLong values when no input needs gathering).
-// The program runs block by block with values between steps in registers or L1 (the AVX2
-// executor, or the table's one-op kernels over blocks of 256 values), so only the region
-// outputs are written to memory: one pass over memory per region.
+// The program runs block by block with values between steps in registers or L1 (the Highway
+// executor of every x86 target, or the portable table's one-op kernels over blocks of 256
+// values), so only the region outputs are written to memory: one pass over memory per region.
 #pragma once
 
 #include <vector>

@@ -1,13 +1,16 @@
 // Vectorized f32 math over contiguous arrays: the transcendental unary functions behind
 // exp/log/tanh/sigmoid/silu/gelu/erf, and the f32 binary arithmetic hot loops.
 //
-// Three implementations: a portable scalar one (std:: functions, used on any CPU), an AVX-512
-// one and an AVX2+FMA one (the same polynomial approximations, within a few ulp of the
-// correctly rounded f32 result), chosen once at run time from tpu::cpu_features() in the
-// order avx512, avx2, scalar. Each is reachable explicitly so that tests can check each path.
+// Implementations: a portable scalar one (std:: functions, vec_math_scalar.cpp), and one
+// Highway source (vec_math_hwy-inl.h, vec_program_hwy-inl.h) compiled for each x86 target
+// (AVX-512, AVX2, SSE4 and Highway's baseline fallback: the same polynomial approximations, within a few ulp of the
+// correctly rounded f32 result), the best the CPU has chosen once at run time. Each is
+// reachable explicitly so that tests can check each path.
 #pragma once
 
 #include <cstdint>
+#include <string_view>
+#include <vector>
 
 namespace tpu::ops::cpu {
 
@@ -36,7 +39,7 @@ struct VecStep {
 // element), otherwise a value computed by exactly one earlier step. When `out` is set the
 // value is also written to memory as it is computed (so outputs must not overlap inputs; the
 // graph's buffer plan never gives a region output the buffer of one of its inputs); `stream`
-// writes it with non-temporal stores when `out` is 32-byte aligned.
+// writes it with non-temporal stores when `out` is aligned to the vector size.
 struct VecOperand {
   const float* in = nullptr;
   float* out = nullptr;
@@ -67,11 +70,19 @@ void run_vec_program_blocks(const VecMathTable& vm, const VecStep* steps, int ns
 
 // The portable implementation (always available).
 const VecMathTable& vec_math_scalar();
-// The AVX-512 implementation, or nullptr when this CPU lacks AVX-512 (F, BW, VL) and FMA.
+// The Highway AVX-512 implementation ("avx512"), or nullptr when this CPU lacks AVX-512 (F, VL,
+// DQ, BW) or under TPU_CPU_FEATURES=generic.
 const VecMathTable* vec_math_avx512();
-// The AVX2 implementation, or nullptr when this CPU lacks AVX2 and FMA.
+// The Highway AVX2 implementation ("avx2"), or nullptr when this CPU lacks AVX2 and FMA.
 const VecMathTable* vec_math_avx2();
-// The best implementation for this CPU (TPU_CPU_FEATURES=generic selects the scalar one).
+// Every Highway implementation this CPU can run, best first ("avx512", "avx2", "sse4",
+// "baseline": Highway's one-lane or emulated fallback; none under TPU_CPU_FEATURES=generic).
+std::vector<const VecMathTable*> vec_math_targets();
+// The best implementation at or below `isa` ("avx512", "avx2", "sse4", "baseline" or "scalar",
+// the portable one); another name is a tpu::Error.
+const VecMathTable& vec_math_capped(std::string_view isa);
+// The best implementation for this CPU: TPU_CPU_ISA=<name> caps it as vec_math_capped does (to
+// measure or test a narrower path), TPU_CPU_FEATURES=generic selects the scalar one.
 const VecMathTable& vec_math();
 
 }  // namespace tpu::ops::cpu

@@ -1,9 +1,9 @@
 // The portable implementation of vec_math.h: std:: functions in plain loops (the compiler
-// vectorizes the simple ones for the baseline ISA), and the run-time choice of the table.
+// vectorizes the simple ones for the baseline ISA): the reference path, and the one taken under
+// TPU_CPU_FEATURES=generic.
 #include <cmath>
 
 #include "ops/cpu/vec_math.h"
-#include "tpucore/core/cpu_features.h"
 
 namespace tpu::ops::cpu {
 namespace {
@@ -97,14 +97,5 @@ const VecMathTable kScalarTable = {
 }  // namespace
 
 const VecMathTable& vec_math_scalar() { return kScalarTable; }
-
-const VecMathTable& vec_math() {
-  static const VecMathTable* t = [] {
-    if (const VecMathTable* v = vec_math_avx512()) return v;
-    if (const VecMathTable* v = vec_math_avx2()) return v;
-    return &kScalarTable;
-  }();
-  return *t;
-}
 
 }  // namespace tpu::ops::cpu

@@ -1,12 +1,13 @@
 // The portable executor of fused elementwise programs (vec_math.h): the steps run block by
 // block, each over a block of kBlock values with the math table's one-op kernels, so the values
 // between steps stay in L1 and the loads of the next block (prefetched) overlap the arithmetic
-// of this one. Tables with their own executor (AVX2) keep values in registers instead.
+// of this one. The Highway tables have their own executor (values in registers instead).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "ops/cpu/vec_math.h"
+#include "ops/cpu/vec_program_plan.h"
 #include "tpucore/core/error.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -93,6 +94,82 @@ void run_vec_program_blocks(const VecMathTable& vm, const VecStep* steps, int ns
 #else
   (void)any_stream;
 #endif
+}
+
+}  // namespace tpu::ops::cpu
+
+// ---- planning for the Highway executor (vec_program_plan.h) ----
+
+namespace tpu::ops::cpu {
+
+void count_vec_uses(const VecStep* steps, int nsteps, int nops, int* uses) {
+  std::fill_n(uses, nops, 0);
+  for (int si = 0; si < nsteps; ++si) {
+    ++uses[steps[si].in0];
+    if (steps[si].kind == VecStepKind::binary) ++uses[steps[si].in1];
+  }
+}
+
+void fold_vec_prologues(const VecStep* steps, int nsteps, const VecOperand* ops, const int* uses, int nops,
+                        VecPrologue* pro, bool* skip) {
+  int producer[kVecProgramMaxOperands];
+  std::fill_n(producer, nops, -1);
+  for (int si = 0; si < nsteps; ++si) producer[steps[si].out] = si;
+  // The step computing operand k when it may be folded away: a binary `op` (add: alpha 1).
+  auto foldable = [&](int k, VecBinary op) {
+    const int si = k >= 0 ? producer[k] : -1;
+    if (si < 0 || uses[k] != 1 || ops[k].out || skip[si]) return -1;
+    const VecStep& t = steps[si];
+    if (t.kind != VecStepKind::binary || t.bin != op || (op == VecBinary::add && t.alpha != 1.0f)) return -1;
+    return si;
+  };
+  for (int si = 0; si < nsteps; ++si) {
+    const VecStep& s = steps[si];
+    if (s.kind == VecStepKind::binary || s.kind == VecStepKind::copy) continue;
+    VecPrologue& p = pro[si];
+    int x = s.in0;
+    if (const int ai = foldable(x, VecBinary::add); ai >= 0) {
+      const VecStep& add = steps[ai];
+      skip[ai] = true;
+      // x * a + b when one side of the add is a foldable multiply.
+      int mi = foldable(add.in0, VecBinary::mul), b = add.in1;
+      if (mi < 0) {
+        mi = foldable(add.in1, VecBinary::mul);
+        b = add.in0;
+      }
+      if (mi < 0) {
+        x = add.in0;
+        b = add.in1;
+      } else {
+        skip[mi] = true;
+        x = steps[mi].in0;
+        p.a = steps[mi].in1;
+      }
+      p.b = static_cast<int16_t>(b);
+    } else if (const int mi = foldable(x, VecBinary::mul); mi >= 0) {
+      skip[mi] = true;
+      x = steps[mi].in0;
+      p.a = steps[mi].in1;
+    }
+    p.x = static_cast<int16_t>(x);
+  }
+}
+
+int single_pass_step(const VecStep* steps, int nsteps, const VecOperand* ops, const VecPrologue* pro, const bool* skip) {
+  int si = -1;
+  for (int k = 0; k < nsteps; ++k) {
+    if (skip[k]) continue;
+    if (si >= 0) return -1;
+    si = k;
+  }
+  if (si < 0) return -1;
+  const VecStep& s = steps[si];
+  auto memory = [&](int k) { return k >= 0 && ops[k].in && !ops[k].scalar; };
+  const bool reads_memory = s.kind == VecStepKind::binary
+                                ? memory(s.in0) && memory(s.in1)
+                                : memory(pro[si].x >= 0 ? pro[si].x : s.in0) && (pro[si].a < 0 || memory(pro[si].a)) &&
+                                      (pro[si].b < 0 || memory(pro[si].b));
+  return reads_memory && ops[s.out].out ? si : -1;
 }
 
 }  // namespace tpu::ops::cpu

@@ -1,7 +1,9 @@
-// Accuracy of every vec_math implementation (the portable one, AVX2 and AVX-512, each called
-// explicitly; one the CPU lacks is skipped with a warning) against double-precision references, measured in f32 ulps over dense grids,
+// Accuracy of every vec_math implementation (the portable one and each Highway target this CPU
+// runs: AVX-512, AVX2, SSE4 and the baseline, each called explicitly; AVX2 or AVX-512 missing is
+// reported as skipped) against double-precision references, measured in f32 ulps over dense grids,
 // plus special values, tails of every length, in-place use and the binary kernels.
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -19,10 +21,9 @@ namespace {
 // The implementations this CPU can run; each missing one is reported as skipped.
 std::vector<const VecMathTable*> tables() {
   std::vector<const VecMathTable*> t = {&tpu::ops::cpu::vec_math_scalar()};
-  if (const VecMathTable* a = tpu::ops::cpu::vec_math_avx2()) t.push_back(a);
-  else WARN("vec_math avx2 skipped: this CPU lacks AVX2+FMA (or TPU_CPU_FEATURES=generic)");
-  if (const VecMathTable* a = tpu::ops::cpu::vec_math_avx512()) t.push_back(a);
-  else WARN("vec_math avx512 skipped: this CPU lacks AVX-512 (or TPU_CPU_FEATURES=generic)");
+  for (const VecMathTable* a : tpu::ops::cpu::vec_math_targets()) t.push_back(a);
+  if (!tpu::ops::cpu::vec_math_avx2()) WARN("vec_math avx2 skipped: this CPU lacks AVX2+FMA (or TPU_CPU_FEATURES=generic)");
+  if (!tpu::ops::cpu::vec_math_avx512()) WARN("vec_math avx512 skipped: this CPU lacks AVX-512 (or TPU_CPU_FEATURES=generic)");
   return t;
 }
 
@@ -356,7 +357,7 @@ void check_program(const VecMathTable* t, bool own, const std::vector<VecStep>& 
 }
 
 // Every table through the portable block executor, and the tables that have their own
-// executor (AVX2) through it too.
+// executor (the Highway ones) through it too.
 struct Executor {
   const VecMathTable* t;
   bool own;
@@ -430,7 +431,7 @@ TEST_CASE("vec_math: fused programs give the results of their steps run one by o
 
 TEST_CASE("vec_math: programs that fold into one pass over memory", "[elementwise][vecmath]") {
   // A program left with one step after folding, reading memory only, runs without block slots
-  // on the AVX2 executor; with a scalar operand, or a second step, it takes the block loop.
+  // on the Highway executor; with a scalar operand, or a second step, it takes the block loop.
   auto step = [](VecStepKind k, int in0, int in1, int out) {
     VecStep s;
     s.kind = k;
@@ -482,7 +483,8 @@ TEST_CASE("vec_math: programs that fold into one pass over memory", "[elementwis
 
 TEST_CASE("vec_math: the run-time choice", "[elementwise][vecmath]") {
   const VecMathTable& best = tpu::ops::cpu::vec_math();
-  if (tpu::ops::cpu::vec_math_avx512()) CHECK(std::string(best.name) == "avx512");
+  if (std::getenv("TPU_CPU_ISA")) CHECK(&best == &tpu::ops::cpu::vec_math_capped(std::getenv("TPU_CPU_ISA")));
+  else if (tpu::ops::cpu::vec_math_avx512()) CHECK(std::string(best.name) == "avx512");
   else if (tpu::ops::cpu::vec_math_avx2()) CHECK(std::string(best.name) == "avx2");
   else CHECK(std::string(best.name) == "scalar");
   // The explicit tables are what they say they are.
