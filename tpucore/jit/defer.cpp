@@ -100,6 +100,26 @@ struct DeferState {
 };
 
 namespace {
+// Host access to memory (Tensor::raw_data, to(device)): a deferred proxy is read (a flush); a
+// real tensor whose memory the pending recording reads or writes flushes it first, so a raw
+// read sees the recorded writes and a raw write does not overtake the recorded reads.
+void access_hook(const Tensor& t) {
+  const TensorImpl& im = t.impl();
+  if (!im.storage) {
+    if (im.trace && deferred_hook(t)) (void)materialize_proxy(t, "data()");
+    return;
+  }
+  DeferState* st = t_current;
+  if (!st || ops::interceptor() != &st->tracer) return;  // not recording (or inside a flush)
+  const Storage* mem = im.storage.get();
+  for (const Tensor& in : st->tracer.real_inputs())
+    if (in.storage().get() == mem) {
+      st->tracer.flush("host access to a tensor the recording uses");
+      return;
+    }
+}
+const bool g_access_installed = (set_deferred_access_hook(&access_hook), true);
+
 // TPU_EAGER=defer: every thread records from its first op call on (installed once per thread;
 // never flushed at thread exit: values are flushed when read).
 struct EnvState {
@@ -129,6 +149,7 @@ void ensure_env_started() {
 bool eager_defer_env() { return detail::g_env_mode; }
 
 DeferredEager::DeferredEager(size_t max_nodes) : uncaught_(std::uncaught_exceptions()) {
+  (void)detail::g_access_installed;
   detail::ensure_env_started();
   if (ops::interceptor() != nullptr) return;  // tracing (compile) or already deferred
   state_ = std::make_unique<detail::DeferState>(max_nodes ? max_nodes : detail::default_max_nodes());
