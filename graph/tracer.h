@@ -108,6 +108,11 @@ class Tracer : public ops::DispatchInterceptor {
   bool deferred() const { return deferred_; }
   // Graph-break support: the values whose proxies are still alive (in value-id order).
   std::vector<std::pair<ValueId, std::shared_ptr<TensorImpl>>> live_proxies() const;
+  // Another TensorImpl sharing a proxy's TraceValue (detach(), autograd's saved tensors): it is
+  // materialized with the others at a graph break (deferred eager mode reads it afterwards).
+  void add_alias(std::shared_ptr<TensorImpl> impl) {
+    if (impl->trace && impl->trace->tracer == this && impl->trace->epoch == epoch_) proxies_.push_back(std::move(impl));
+  }
   // Starts a new segment: an empty graph; old proxies must have been materialized.
   void reset_segment();
   // Makes a proxy real in place (storage, strides) so user code can keep using it.
