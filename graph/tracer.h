@@ -113,6 +113,16 @@ class Tracer : public ops::DispatchInterceptor {
   void add_alias(std::shared_ptr<TensorImpl> impl) {
     if (impl->trace && impl->trace->tracer == this && impl->trace->epoch == epoch_) proxies_.push_back(std::move(impl));
   }
+  // Whether real tensor t shares memory with a captured input through another view, when t is
+  // written (write) or that input was written in the recording (read): such a recording could
+  // not be run as one graph (see mutations()).
+  bool aliases_captured(const Tensor& t, bool write) const;
+  // Deferred eager mode: called before a real tensor is read or written by a recorded op; the
+  // defer tracer flushes when aliases_captured(t, write).
+  virtual void before_real_access(const Tensor& t, bool write) {
+    (void)t;
+    (void)write;
+  }
   // Starts a new segment: an empty graph; old proxies must have been materialized.
   void reset_segment();
   // Makes a proxy real in place (storage, strides) so user code can keep using it.

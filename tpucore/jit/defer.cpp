@@ -51,7 +51,13 @@ class DeferTracer final : public graph::Tracer {
       return false;  // ops::call runs it (its proxy inputs are real now)
     }
     if (graph().nodes.size() >= max_nodes_) flush(fmt::format("{} recorded ops (the limit)", max_nodes_));
+    for (const Tensor& t : inputs)
+      if (!t.is_proxy()) before_real_access(t, false);
     return Tracer::intercept(op, inputs, attrs, meta, outputs);
+  }
+
+  void before_real_access(const Tensor& t, bool write) override {
+    if (aliases_captured(t, write)) flush("another view of memory the recording writes");
   }
 
   void flush(const std::string& why) {
