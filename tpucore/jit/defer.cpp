@@ -67,7 +67,14 @@ class DeferTracer final : public graph::Tracer {
     run(Tensor(), why);
   }
 
+  bool flushing() const { return flushing_; }
+
   Tensor run(const Tensor& proxy, const std::string& why) {
+    struct Busy {
+      bool& b;
+      explicit Busy(bool& f) : b(f) { b = true; }
+      ~Busy() { b = false; }
+    } busy(flushing_);
     try {
       return jit::detail::flush_deferred(*this, proxy, why);
     } catch (const std::exception& e) {
@@ -81,6 +88,7 @@ class DeferTracer final : public graph::Tracer {
 
  private:
   size_t max_nodes_;
+  bool flushing_ = false;
 };
 
 thread_local DeferState* t_current = nullptr;
@@ -116,7 +124,7 @@ void access_hook(const Tensor& t) {
     return;
   }
   DeferState* st = t_current;
-  if (!st || ops::interceptor() != &st->tracer) return;  // not recording (or inside a flush)
+  if (!st || st->tracer.flushing()) return;  // not recording, or the flush's own kernels
   const Storage* mem = im.storage.get();
   for (const Tensor& in : st->tracer.real_inputs())
     if (in.storage().get() == mem) {
