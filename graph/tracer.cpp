@@ -277,8 +277,11 @@ Tensor Tracer::on_break(const Tensor& proxy, const std::string& why) {
   TPU_CHECK(!in_break_, "internal: nested graph break");
   const ValueId id = proxy.impl().trace->id;
   const Node* p = graph_.producer(id);
-  std::string cause = fmt::format("{} on %{} (produced by '{}') called from {}", why, id,
-                                  p ? p->op->name : std::string("input"), caller_site(3));
+  // Deferred eager mode breaks at every value read: the call site (a backtrace) would cost more
+  // than a small flush, so it is named only for compile's breaks.
+  std::string cause = deferred_ ? fmt::format("{} on %{} (produced by '{}')", why, id, p ? p->op->name : std::string("input"))
+                                : fmt::format("{} on %{} (produced by '{}') called from {}", why, id,
+                                              p ? p->op->name : std::string("input"), caller_site(3));
   TPU_CHECK(static_cast<bool>(on_break_), "compile: graph break: {}", cause);
   in_break_ = true;
   struct Reset {

@@ -97,6 +97,7 @@ class Tracer : public ops::DispatchInterceptor {
   ValueId value_id(const Tensor& t) { return value_of(t); }
 
   Graph& graph() { return graph_; }
+  const Graph& graph() const { return graph_; }
   // Per graph input: where it comes from and the real tensor seen while tracing.
   const std::vector<InputSource>& sources() const { return sources_; }
   const std::vector<Tensor>& real_inputs() const { return real_inputs_; }

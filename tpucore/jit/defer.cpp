@@ -47,7 +47,7 @@ class DeferTracer final : public graph::Tracer {
       for (const Tensor& t : inputs) eager |= t.requires_grad();
     }
     if (eager) {
-      flush(fmt::format("'{}' runs eagerly", op.name));
+      if (pending()) flush(fmt::format("'{}' runs eagerly", op.name));
       return false;  // ops::call runs it (its proxy inputs are real now)
     }
     if (graph().nodes.size() >= max_nodes_) flush(fmt::format("{} recorded ops (the limit)", max_nodes_));
@@ -60,11 +60,11 @@ class DeferTracer final : public graph::Tracer {
     if (aliases_captured(t, write)) flush("another view of memory the recording writes");
   }
 
+  // Whether a flush has anything to do: recorded ops, or proxies (inputs' views) to fill.
+  bool pending() const { return !graph().nodes.empty() || !live_proxies().empty(); }
+
   void flush(const std::string& why) {
-    if (graph().nodes.empty()) {
-      if (live_proxies().empty()) return;
-    }
-    run(Tensor(), why);
+    if (pending()) run(Tensor(), why);
   }
 
   bool flushing() const { return flushing_; }
