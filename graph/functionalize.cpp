@@ -159,6 +159,11 @@ void Tracer::functional_copy(const Tensor& self, const Tensor& src) {
     }
     if (!src.is_proxy()) before_real_access(src, false);
   }
+  struct Depth {
+    int& d;
+    explicit Depth(int& x) : d(x) { ++d; }
+    ~Depth() { --d; }
+  } depth(copy_depth_);  // the ops below belong to this one write: no flush between them
   if (src.is_proxy()) value_of(src);  // checks it belongs to this trace
   const ValueId v = coerce_source(self, src);
   if (self.is_proxy()) {

@@ -107,6 +107,8 @@ class Tracer : public ops::DispatchInterceptor {
   // flush) instead of showing "<traced>" / failing as inside compile.
   void set_deferred(bool on) { deferred_ = on; }
   bool deferred() const { return deferred_; }
+  // Inside functional_copy: the ops it records are one write (a deferred flush must wait).
+  bool in_copy() const { return copy_depth_ > 0; }
   // Graph-break support: the values whose proxies are still alive (in value-id order).
   std::vector<std::pair<ValueId, std::shared_ptr<TensorImpl>>> live_proxies() const;
   // Another TensorImpl sharing a proxy's TraceValue (detach(), autograd's saved tensors): it is
@@ -153,6 +155,7 @@ class Tracer : public ops::DispatchInterceptor {
   BreakHandler on_break_;
   bool in_break_ = false;
   bool deferred_ = false;
+  int copy_depth_ = 0;
 };
 
 // Runs a recorded view step on a real tensor.

@@ -276,3 +276,29 @@ TEST_CASE("defer: host access, compiled calls, aliases and views keep eager sema
     for (size_t i = 0; i < 4; ++i) CHECK(got0[i] == xs[i]);
   }
 }
+
+TEST_CASE("defer: a copy that records no op and a write of several ops under a tiny limit", "[defer]") {
+  const std::vector<float> xs = rnd({2, 6}, 31).to_vector<float>();
+  SECTION("copy_ of equal shape and dtype into a real view, then another view is read") {
+    Tensor x = from_vector<float>(xs, Shape{2, 6});
+    Tensor left = x.narrow(1, 0, 3);     // a real view, made before the recording
+    Tensor src = full({2, 3}, 9.0);
+    DeferredEager guard;
+    left.copy_(src);                     // only a write-back is recorded (no op)
+    const std::vector<float> got = (x * 1.0).to_vector<float>();
+    for (size_t r = 0; r < 2; ++r)
+      for (size_t c = 0; c < 6; ++c) CHECK(got[r * 6 + c] == (c < 3 ? 9.0f : xs[r * 6 + c]));
+  }
+  SECTION("a broadcast, casting write into a view is not split by the op limit") {
+    Tensor x = from_vector<float>(xs, Shape{2, 6});
+    DeferredEager guard(1);              // flush after every op, but not inside one write
+    Tensor row = x.select(0, 1);
+    row.copy_(from_vector<int32_t>({7}, Shape{1}));  // cast and broadcast, then the scatter into x
+    guard.flush();
+    const std::vector<float> got = x.to_vector<float>();
+    for (size_t c = 0; c < 6; ++c) {
+      CHECK(got[c] == xs[c]);
+      CHECK(got[6 + c] == 7.0f);
+    }
+  }
+}

@@ -42,6 +42,7 @@ class DeferTracer final : public graph::Tracer {
 
   bool intercept(const ops::OpDef& op, std::span<const Tensor> inputs, const ops::Attrs& attrs,
                  const ops::MetaResult& meta, std::span<Tensor> outputs) override {
+    if (in_copy()) return Tracer::intercept(op, inputs, attrs, meta, outputs);  // part of one write
     bool eager = op.has(ops::kRandom);
     if (!eager && is_grad_enabled()) {
       for (const Tensor& t : inputs) eager |= t.requires_grad();
@@ -60,8 +61,9 @@ class DeferTracer final : public graph::Tracer {
     if (aliases_captured(t, write)) flush("another view of memory the recording writes");
   }
 
-  // Whether a flush has anything to do: recorded ops, or proxies (inputs' views) to fill.
-  bool pending() const { return !graph().nodes.empty() || !live_proxies().empty(); }
+  // Whether a flush has anything to do: recorded ops, captured tensors (a copy_ of equal shape and
+  // dtype records no op, only a write-back), or proxies (inputs' views) to fill.
+  bool pending() const { return !graph().nodes.empty() || !real_inputs().empty() || !live_proxies().empty(); }
 
   void flush(const std::string& why) {
     if (pending()) run(Tensor(), why);
