@@ -10,8 +10,11 @@
 
 #include <chrono>
 
+#include <memory>
+
 #include "tpucore/compile.h"
 #include "tpucore/defer.h"
+#include "tpucore/nn.h"
 #include "tpucore/ops.h"
 
 using namespace tpu;
@@ -96,6 +99,59 @@ void BM_GeluChainDeferVsCompiled(benchmark::State& st) {
   st.counters["defer_over_compiled"] = defer_s / comp_s;
 }
 BENCHMARK(BM_GeluChainDeferVsCompiled)->Arg(4096)->Arg(16)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// The training step (bench_train.cpp's Fashion-MNIST MLP 784-256-10, ReLU, batch 128: zero_grad,
+// forward, cross_entropy, backward, optimizer step), plain eager and inside a DeferredEager scope
+// per step, alternated step by step on two copies of the model. Arg 0: SGD with momentum 0.9,
+// 1: AdamW.
+void BM_TrainStepInterleaved(benchmark::State& st) {
+  struct Run {
+    Generator g{1};
+    nn::MLP model{{784, 256, 10}, "relu", 0.0, &g};
+    std::unique_ptr<optim::Optimizer> opt;
+    explicit Run(bool adamw) {
+      if (adamw) opt = std::make_unique<optim::AdamW>(model.parameters(), optim::AdamWOptions{});
+      else opt = std::make_unique<optim::SGD>(model.parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
+    }
+    Tensor step(const Tensor& x, const Tensor& y) {
+      opt->zero_grad();
+      Tensor loss = nn::cross_entropy(model.forward(x), y);
+      loss.backward();
+      opt->step();
+      return loss.detach();
+    }
+  };
+  const bool adamw = st.range(0) == 1;
+  Run eager(adamw), deferred(adamw);
+  Generator g(2);
+  const Tensor x = rand({128, 784}, {}, &g);
+  const Tensor y = randint(0, 10, {128}, DType::i32, &g);
+  auto deferred_step = [&] {
+    Tensor l;
+    {
+      DeferredEager guard;
+      l = deferred.step(x, y);
+    }
+    return l;
+  };
+  for (int i = 0; i < 3; ++i) eager.step(x, y), deferred_step();  // warm-up: buffers, segment cache
+  double eager_s = 0, defer_s = 0;
+  using clock = std::chrono::steady_clock;
+  for (auto _ : st) {
+    const auto t0 = clock::now();
+    benchmark::DoNotOptimize(eager.step(x, y).raw_data());
+    const auto t1 = clock::now();
+    benchmark::DoNotOptimize(deferred_step().raw_data());
+    const auto t2 = clock::now();
+    eager_s += std::chrono::duration<double>(t1 - t0).count();
+    defer_s += std::chrono::duration<double>(t2 - t1).count();
+  }
+  const double n = static_cast<double>(st.iterations());
+  st.counters["eager_us"] = eager_s / n * 1e6;
+  st.counters["defer_us"] = defer_s / n * 1e6;
+  st.counters["eager_over_defer"] = eager_s / defer_s;
+}
+BENCHMARK(BM_TrainStepInterleaved)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 }  // namespace
 

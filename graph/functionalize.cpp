@@ -149,6 +149,21 @@ void Tracer::functional_copy(const Tensor& self, const Tensor& src) {
               "copy_: a traced tensor from another trace (or from before a graph break) was written in place; "
               "tensors made inside a compiled function must not be kept across calls");
   }
+  if (deferred_) {  // deferred eager: aliasing views of real memory flush first
+    if (!self.is_proxy()) {
+      before_real_access(self, true);
+    } else {
+      const TraceValue& tv = *self.impl().trace;
+      const TraceValue& root = tv.base ? *tv.base : tv;
+      if (root.input >= 0) before_real_access(Tensor(real_inputs_[static_cast<size_t>(root.input)]), true);
+    }
+    if (!src.is_proxy()) before_real_access(src, false);
+  }
+  struct Depth {
+    int& d;
+    explicit Depth(int& x) : d(x) { ++d; }
+    ~Depth() { --d; }
+  } depth(copy_depth_);  // the ops below belong to this one write: no flush between them
   if (src.is_proxy()) value_of(src);  // checks it belongs to this trace
   const ValueId v = coerce_source(self, src);
   if (self.is_proxy()) {

@@ -157,6 +157,18 @@ std::shared_ptr<TraceValue> Tracer::same_view_root(const Tensor& t) const {
   return nullptr;
 }
 
+bool Tracer::aliases_captured(const Tensor& t, bool write) const {
+  const TensorImpl& im = t.impl();
+  if (!im.storage || im.wrapped_number) return false;
+  for (size_t i = 0; i < real_inputs_.size(); ++i) {
+    const TensorImpl& o = real_inputs_[i].impl();
+    if (o.storage != im.storage) continue;
+    if (o.offset == im.offset && o.dtype == im.dtype && o.shape == im.shape && o.strides == im.strides) continue;
+    if (write || input_roots_[i]->id != input_roots_[i]->input_value) return true;
+  }
+  return false;
+}
+
 uint64_t Tracer::real_version(const Tensor& t) const {
   auto it = captured_.find(&t.impl());
   if (it != captured_.end()) return it->second->version;
@@ -265,8 +277,11 @@ Tensor Tracer::on_break(const Tensor& proxy, const std::string& why) {
   TPU_CHECK(!in_break_, "internal: nested graph break");
   const ValueId id = proxy.impl().trace->id;
   const Node* p = graph_.producer(id);
-  std::string cause = fmt::format("{} on %{} (produced by '{}') called from {}", why, id,
-                                  p ? p->op->name : std::string("input"), caller_site(3));
+  // Deferred eager mode breaks at every value read: the call site (a backtrace) would cost more
+  // than a small flush, so it is named only for compile's breaks.
+  std::string cause = deferred_ ? fmt::format("{} on %{} (produced by '{}')", why, id, p ? p->op->name : std::string("input"))
+                                : fmt::format("{} on %{} (produced by '{}') called from {}", why, id,
+                                              p ? p->op->name : std::string("input"), caller_site(3));
   TPU_CHECK(static_cast<bool>(on_break_), "compile: graph break: {}", cause);
   in_break_ = true;
   struct Reset {

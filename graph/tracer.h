@@ -97,6 +97,7 @@ class Tracer : public ops::DispatchInterceptor {
   ValueId value_id(const Tensor& t) { return value_of(t); }
 
   Graph& graph() { return graph_; }
+  const Graph& graph() const { return graph_; }
   // Per graph input: where it comes from and the real tensor seen while tracing.
   const std::vector<InputSource>& sources() const { return sources_; }
   const std::vector<Tensor>& real_inputs() const { return real_inputs_; }
@@ -106,8 +107,25 @@ class Tracer : public ops::DispatchInterceptor {
   // flush) instead of showing "<traced>" / failing as inside compile.
   void set_deferred(bool on) { deferred_ = on; }
   bool deferred() const { return deferred_; }
+  // Inside functional_copy: the ops it records are one write (a deferred flush must wait).
+  bool in_copy() const { return copy_depth_ > 0; }
   // Graph-break support: the values whose proxies are still alive (in value-id order).
   std::vector<std::pair<ValueId, std::shared_ptr<TensorImpl>>> live_proxies() const;
+  // Another TensorImpl sharing a proxy's TraceValue (detach(), autograd's saved tensors): it is
+  // materialized with the others at a graph break (deferred eager mode reads it afterwards).
+  void add_alias(std::shared_ptr<TensorImpl> impl) {
+    if (impl->trace && impl->trace->tracer == this && impl->trace->epoch == epoch_) proxies_.push_back(std::move(impl));
+  }
+  // Whether real tensor t shares memory with a captured input through another view, when t is
+  // written (write) or that input was written in the recording (read): such a recording could
+  // not be run as one graph (see mutations()).
+  bool aliases_captured(const Tensor& t, bool write) const;
+  // Deferred eager mode: called before a real tensor is read or written by a recorded op; the
+  // defer tracer flushes when aliases_captured(t, write).
+  virtual void before_real_access(const Tensor& t, bool write) {
+    (void)t;
+    (void)write;
+  }
   // Starts a new segment: an empty graph; old proxies must have been materialized.
   void reset_segment();
   // Makes a proxy real in place (storage, strides) so user code can keep using it.
@@ -137,6 +155,7 @@ class Tracer : public ops::DispatchInterceptor {
   BreakHandler on_break_;
   bool in_break_ = false;
   bool deferred_ = false;
+  int copy_depth_ = 0;
 };
 
 // Runs a recorded view step on a real tensor.

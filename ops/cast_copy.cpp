@@ -101,7 +101,12 @@ Tensor to(const Tensor& x, Device device) {
   TPU_CHECK(!x.is_proxy(), "to: moving a traced tensor between devices ({} -> {}) is not supported inside compile",
             x.device().str(), device.str());
   device::driver_for(device);  // clear error for a missing driver or bad index
-  Tensor r = ops::copy_to_device(x, device);
+  detail::before_host_access(x);  // deferred eager mode: pending writes into x land first
+  Tensor r;
+  {
+    ops::EagerScope eager;  // the copy's own ops (contiguous()) run now, also while tracing
+    r = ops::copy_to_device(x, device);
+  }
   if (x.impl().requires_grad) detail::on_device_copy(x, r);  // autograd: the gradient moves back
   return r;
 }

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "ops/binary_common.h"
+#include "tpucore/core/hooks.h"
 
 namespace tpu {
 namespace {
@@ -19,11 +20,15 @@ double as_double(T v) {
 
 // Calls f(a_i, b_i) (as doubles) over the broadcast of a and b until f returns false.
 template <class F>
-bool all_pairs(const char* op, const Tensor& a_in, const Tensor& b_in, F f) {
-  TPU_CHECK(a_in.defined() && b_in.defined(), "{}: undefined tensor", op);
+bool all_pairs(const char* op, const Tensor& a_p, const Tensor& b_p, F f) {
+  TPU_CHECK(a_p.defined() && b_p.defined(), "{}: undefined tensor", op);
+  // A deferred eager value is read (a flush), as item() does; a traced one inside compile cannot.
+  auto real = [op](const Tensor& x) { return x.is_proxy() && detail::proxy_deferred(x) ? detail::materialize_proxy(x, op) : x; };
+  const Tensor a_in = real(a_p), b_in = real(b_p);
   TPU_CHECK(!a_in.is_proxy() && !b_in.is_proxy(), "{}: needs concrete values; it cannot run on traced tensors", op);
   const Shape shape = broadcast_shapes(a_in.shape(), b_in.shape(), op);
   const DType t = promote_types(a_in.dtype(), b_in.dtype());
+  ops::EagerScope eager;  // no recording for the copies below: they are read at once
   const Tensor a = to(to(a_in, Device()), t);
   const Tensor b = to(to(b_in, Device()), t);
   bool ok = true;

@@ -24,6 +24,7 @@ Registry& registry() {
 }
 
 thread_local DispatchInterceptor* t_interceptor = nullptr;
+thread_local int t_eager_scopes = 0;
 std::atomic<DefaultInterceptorHook> g_default_interceptor{nullptr};
 std::atomic<PostCallHook> g_post_hook{nullptr};
 std::atomic<InplaceHook> g_inplace_hook{nullptr};
@@ -106,6 +107,14 @@ void set_backward(std::string_view op, BackwardDef def) {
 
 void set_interceptor(DispatchInterceptor* i) { t_interceptor = i; }
 DispatchInterceptor* interceptor() { return t_interceptor; }
+EagerScope::EagerScope() : prev_(t_interceptor) {
+  t_interceptor = nullptr;
+  ++t_eager_scopes;
+}
+EagerScope::~EagerScope() {
+  --t_eager_scopes;
+  t_interceptor = prev_;
+}
 void set_default_interceptor_hook(DefaultInterceptorHook h) { g_default_interceptor.store(h); }
 void set_post_call_hook(PostCallHook h) { g_post_hook.store(h); }
 void set_inplace_hook(InplaceHook h) { g_inplace_hook.store(h); }
@@ -144,7 +153,7 @@ void call(const OpDef& op, std::span<const Tensor> inputs, const Attrs& attrs, s
   TPU_CHECK(outputs.size() >= static_cast<size_t>(m.num_outputs), "internal: {}: {} output slot(s) for {} output(s)",
             op.name, outputs.size(), m.num_outputs);
 
-  if (!t_interceptor) {
+  if (!t_interceptor && t_eager_scopes == 0) {
     if (DefaultInterceptorHook h = g_default_interceptor.load(std::memory_order_relaxed)) t_interceptor = h();
   }
   if (DispatchInterceptor* ic = t_interceptor; ic || any_proxy) {

@@ -140,6 +140,18 @@ DispatchInterceptor* interceptor();
 // (TPU_EAGER=defer: the thread's deferred eager recording, made once). Unset: one atomic load.
 using DefaultInterceptorHook = DispatchInterceptor* (*)();
 void set_default_interceptor_hook(DefaultInterceptorHook h);
+// Op calls run eagerly on this thread for a scope (data movement whose result is read at once,
+// e.g. to(device) of a real tensor): no interceptor, and the default hook installs none.
+class EagerScope {
+ public:
+  EagerScope();
+  ~EagerScope();
+  EagerScope(const EagerScope&) = delete;
+  EagerScope& operator=(const EagerScope&) = delete;
+
+ private:
+  DispatchInterceptor* prev_;
+};
 
 // Called after an eager op ran, with its inputs and outputs (autograd records its tape here).
 using PostCallHook = void (*)(const OpDef& op, std::span<const Tensor> inputs, const Attrs& attrs,

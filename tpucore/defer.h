@@ -13,8 +13,14 @@
 // tpu::Error naming the op; the tensors of that recording are then unusable, the runtime is not.
 // Repeated loops record structurally equal graphs and hit the cache: tpu::jit::stats() shows
 // them as the function "eager:defer" (compiles, hits, breaks = flushes with their causes).
-// Not seen by the recording: writes through raw pointers (data<T>()) into tensors used by
-// pending ops; flush first.
+// Host access keeps eager order: data() / raw_data(), equal(), allclose(), to(device) and
+// save_safetensors read a recorded value (a flush); a raw read or write of a real tensor whose
+// memory the recording reads or writes flushes first; a write through one view of real memory
+// while another view of it is recorded flushes first (one graph never has aliasing inputs); a
+// tpu::compile call flushes first and runs its graph unrecorded; detach() and autograd's saved
+// aliases of a recorded value are filled at the flush with it.
+// Not seen by the recording: raw device memory (storage()) of a recorded value, and its strides
+// (a recorded value reports contiguous strides until it is flushed).
 #pragma once
 
 #include <cstddef>
@@ -53,9 +59,10 @@ bool eager_deferred();
 // parallel_for, which stay eager) records from its first op call on, as inside a
 // DeferredEager scope that never ends (values are flushed when read, or by flush_deferred()).
 // TPU_EAGER=plain or unset: plain eager. Anything else is a warning and plain eager.
-// Experimental: the OpInfo suite under TPU_EAGER=defer still fails (Tensor::data() and equal()
-// on an unflushed tensor are errors instead of flushes, and the sim:0 attention case crashes in
-// copy_to_device); the scoped guard is the tested form.
+// Experimental: the OpInfo table and the eager suites of ctest "core: defer env mode: opinfo and
+// eager suites" pass in this mode; other tests that count chip programs, profiler rows or
+// per-op cycles, expect an error at the call (raised at the flush here), or read storage()
+// or strides of recorded values differ, and two tiny-LLM checks still disagree (README).
 bool eager_defer_env();
 
 }  // namespace tpu

@@ -213,3 +213,92 @@ TEST_CASE("defer: TPU_EAGER=defer records every op of the thread", "[.defer-env]
   REQUIRE(st != nullptr);
   CHECK(st->hits >= 2);  // rounds 2 and 3 reuse round 1's graph
 }
+
+// Host access and aliasing under a scoped guard; references are plain loops over the input values.
+TEST_CASE("defer: host access, compiled calls, aliases and views keep eager semantics", "[defer]") {
+  const std::vector<float> xs = rnd({3, 4}, 21).to_vector<float>();
+  SECTION("data() reads a recorded value; a raw write waits for the recorded reads") {
+    Tensor x = from_vector<float>(xs, Shape{3, 4});
+    DeferredEager guard;
+    Tensor y = x * 2.0;
+    REQUIRE(y.is_proxy());
+    const float* py = y.data<float>();  // flushes
+    CHECK_FALSE(y.is_proxy());
+    for (size_t i = 0; i < xs.size(); ++i) CHECK(py[i] == 2.0f * xs[i]);
+    Tensor z = x + 1.0;               // recorded: reads x
+    x.data<float>()[0] = 100.0f;      // flushes first, so z keeps the old x[0]
+    CHECK(z.to_vector<float>()[0] == xs[0] + 1.0f);
+    add_(x, full({3, 4}, 1.0));       // a recorded write into real x
+    CHECK(x.data<float>()[0] == 101.0f);  // the raw read sees it
+    CHECK(x.data<float>()[1] == xs[1] + 1.0f);
+  }
+  SECTION("equal and allclose read recorded values") {
+    Tensor x = from_vector<float>(xs, Shape{3, 4});
+    DeferredEager guard;
+    Tensor a = x * 3.0, b = x + x + x;
+    CHECK(allclose(a, b, 1e-6, 1e-6));
+    Tensor c = clone(x);
+    CHECK(equal(c, x));
+    x.fill_(0.5);                     // recorded write; equal must see it
+    CHECK(equal(x, full({3, 4}, 0.5)));
+  }
+  SECTION("a compiled function gets real arguments and sees recorded writes into what it captures") {
+    Tensor w = from_vector<float>(xs, Shape{3, 4});
+    auto f = compile([&w](const Tensor& t) { return t * w; }, {.name = "defer_compiled_call"});
+    DeferredEager guard;
+    Tensor t = full({3, 4}, 2.0) + 1.0;  // a recorded argument
+    mul_(w, full({3, 4}, 2.0));          // a recorded write into the captured tensor
+    Tensor r = f(t);
+    const std::vector<float> got = r.to_vector<float>();
+    for (size_t i = 0; i < xs.size(); ++i) CHECK(got[i] == Approx(3.0 * 2.0 * xs[i]));
+  }
+  SECTION("detach() of a recorded value is filled at the flush too") {
+    Tensor x = from_vector<float>(xs, Shape{3, 4});
+    Tensor d;
+    {
+      DeferredEager guard;
+      Tensor y = x - 1.0;
+      d = y.detach();
+    }
+    REQUIRE_FALSE(d.is_proxy());
+    const std::vector<float> got = d.to_vector<float>();
+    for (size_t i = 0; i < xs.size(); ++i) CHECK(got[i] == xs[i] - 1.0f);
+  }
+  SECTION("writes through one real view are seen through another view of the same memory") {
+    Tensor x = from_vector<float>(xs, Shape{3, 4});
+    auto rows = split(x, 1, 0);          // real views of x
+    DeferredEager guard;
+    rows[1].fill_(-1.0);                 // recorded write into a view
+    Tensor s = x.select(0, 1) * 2.0;     // x is another view of that memory: flushed before
+    Tensor r0 = rows[0] + 0.0;
+    const std::vector<float> got = s.to_vector<float>(), got0 = r0.to_vector<float>();
+    for (float v : got) CHECK(v == -2.0f);
+    for (size_t i = 0; i < 4; ++i) CHECK(got0[i] == xs[i]);
+  }
+}
+
+TEST_CASE("defer: a copy that records no op and a write of several ops under a tiny limit", "[defer]") {
+  const std::vector<float> xs = rnd({2, 6}, 31).to_vector<float>();
+  SECTION("copy_ of equal shape and dtype into a real view, then another view is read") {
+    Tensor x = from_vector<float>(xs, Shape{2, 6});
+    Tensor left = x.narrow(1, 0, 3);     // a real view, made before the recording
+    Tensor src = full({2, 3}, 9.0);
+    DeferredEager guard;
+    left.copy_(src);                     // only a write-back is recorded (no op)
+    const std::vector<float> got = (x * 1.0).to_vector<float>();
+    for (size_t r = 0; r < 2; ++r)
+      for (size_t c = 0; c < 6; ++c) CHECK(got[r * 6 + c] == (c < 3 ? 9.0f : xs[r * 6 + c]));
+  }
+  SECTION("a broadcast, casting write into a view is not split by the op limit") {
+    Tensor x = from_vector<float>(xs, Shape{2, 6});
+    DeferredEager guard(1);              // flush after every op, but not inside one write
+    Tensor row = x.select(0, 1);
+    row.copy_(from_vector<int32_t>({7}, Shape{1}));  // cast and broadcast, then the scatter into x
+    guard.flush();
+    const std::vector<float> got = x.to_vector<float>();
+    for (size_t c = 0; c < 6; ++c) {
+      CHECK(got[c] == xs[c]);
+      CHECK(got[6 + c] == 7.0f);
+    }
+  }
+}

@@ -210,6 +210,8 @@ Tensor alias(const Tensor& t) {
   auto impl = std::make_shared<TensorImpl>(t.impl());
   impl->autograd = nullptr;
   impl->requires_grad = false;
+  if (impl->trace && impl->trace->tracer && ops::interceptor() == impl->trace->tracer)
+    impl->trace->tracer->add_alias(impl);  // filled in place with the original at a graph break
   return Tensor(std::move(impl));
 }
 }  // namespace autograd::detail

@@ -42,6 +42,14 @@ bool proxy_deferred(const Tensor& proxy) {
   return h && h(proxy);
 }
 
+namespace {
+std::atomic<DeferredAccessHook> g_access_hook{nullptr};
+}  // namespace
+void set_deferred_access_hook(DeferredAccessHook h) { g_access_hook.store(h); }
+void before_host_access(const Tensor& t) {
+  if (DeferredAccessHook h = g_access_hook.load(std::memory_order_relaxed)) h(t);
+}
+
 void set_device_copy_hook(DeviceCopyHook h) { g_device_copy_hook.store(h); }
 
 void on_device_copy(const Tensor& src, Tensor& dst) {

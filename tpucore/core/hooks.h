@@ -36,4 +36,11 @@ using ProxyDeferredHook = bool (*)(const Tensor& proxy);
 void set_proxy_deferred_hook(ProxyDeferredHook h);
 bool proxy_deferred(const Tensor& proxy);
 
+// Host access to a real tensor's memory (Tensor::raw_data, to(device)): a deferred eager
+// recording that reads or writes that memory is flushed first, so the access sees (and a raw
+// write cannot reorder with) the ops recorded before it. A deferred proxy is materialized.
+using DeferredAccessHook = void (*)(const Tensor& t);
+void set_deferred_access_hook(DeferredAccessHook h);
+void before_host_access(const Tensor& t);
+
 }  // namespace tpu::detail

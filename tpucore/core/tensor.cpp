@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "tpucore/core/hooks.h"
 #include "tpucore/core/storage.h"
 
 namespace tpu {
@@ -12,6 +13,7 @@ int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, dim(), "s
 
 void* Tensor::raw_data() const {
   const TensorImpl& im = impl();
+  detail::before_host_access(*this);  // deferred eager mode: flushes what writes or reads it
   TPU_CHECK(im.storage != nullptr, "Tensor::data: a traced (proxy) tensor has no data");
   TPU_CHECK(im.device.is_cpu(), "Tensor::data: the tensor is on device {}; move it with .to(\"cpu\") first",
             im.device.str());

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
+
+#include "tpucore/core/hooks.h"
 #include <set>
 
 #include "tpucore/ops.h"
@@ -264,7 +266,11 @@ Prepared prepare(const TensorList& tensors, const StringMap& metadata) {
   if (!metadata.empty()) h["__metadata__"] = metadata;
   std::set<std::string> seen;
   uint64_t pos = 0;
-  for (const auto& [name, t] : tensors) {
+  for (const auto& [name, t_in] : tensors) {
+    // A deferred eager value (tpucore/defer.h) is read, as item() does.
+    const Tensor t = t_in.defined() && t_in.is_proxy() && detail::proxy_deferred(t_in)
+                         ? detail::materialize_proxy(t_in, "save_safetensors")
+                         : t_in;
     TPU_CHECK(name != "__metadata__", "save_safetensors: '__metadata__' is reserved and cannot name a tensor");
     TPU_CHECK(seen.insert(name).second, "save_safetensors: duplicate tensor name '{}'", name);
     TPU_CHECK(t.defined(), "save_safetensors: tensor '{}' is undefined", name);

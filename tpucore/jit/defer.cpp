@@ -42,26 +42,41 @@ class DeferTracer final : public graph::Tracer {
 
   bool intercept(const ops::OpDef& op, std::span<const Tensor> inputs, const ops::Attrs& attrs,
                  const ops::MetaResult& meta, std::span<Tensor> outputs) override {
+    if (in_copy()) return Tracer::intercept(op, inputs, attrs, meta, outputs);  // part of one write
     bool eager = op.has(ops::kRandom);
     if (!eager && is_grad_enabled()) {
       for (const Tensor& t : inputs) eager |= t.requires_grad();
     }
     if (eager) {
-      flush(fmt::format("'{}' runs eagerly", op.name));
+      if (pending()) flush(fmt::format("'{}' runs eagerly", op.name));
       return false;  // ops::call runs it (its proxy inputs are real now)
     }
     if (graph().nodes.size() >= max_nodes_) flush(fmt::format("{} recorded ops (the limit)", max_nodes_));
+    for (const Tensor& t : inputs)
+      if (!t.is_proxy()) before_real_access(t, false);
     return Tracer::intercept(op, inputs, attrs, meta, outputs);
   }
 
-  void flush(const std::string& why) {
-    if (graph().nodes.empty()) {
-      if (live_proxies().empty()) return;
-    }
-    run(Tensor(), why);
+  void before_real_access(const Tensor& t, bool write) override {
+    if (aliases_captured(t, write)) flush("another view of memory the recording writes");
   }
 
+  // Whether a flush has anything to do: recorded ops, captured tensors (a copy_ of equal shape and
+  // dtype records no op, only a write-back), or proxies (inputs' views) to fill.
+  bool pending() const { return !graph().nodes.empty() || !real_inputs().empty() || !live_proxies().empty(); }
+
+  void flush(const std::string& why) {
+    if (pending()) run(Tensor(), why);
+  }
+
+  bool flushing() const { return flushing_; }
+
   Tensor run(const Tensor& proxy, const std::string& why) {
+    struct Busy {
+      bool& b;
+      explicit Busy(bool& f) : b(f) { b = true; }
+      ~Busy() { b = false; }
+    } busy(flushing_);
     try {
       return jit::detail::flush_deferred(*this, proxy, why);
     } catch (const std::exception& e) {
@@ -75,6 +90,7 @@ class DeferTracer final : public graph::Tracer {
 
  private:
   size_t max_nodes_;
+  bool flushing_ = false;
 };
 
 thread_local DeferState* t_current = nullptr;
@@ -100,6 +116,26 @@ struct DeferState {
 };
 
 namespace {
+// Host access to memory (Tensor::raw_data, to(device)): a deferred proxy is read (a flush); a
+// real tensor whose memory the pending recording reads or writes flushes it first, so a raw
+// read sees the recorded writes and a raw write does not overtake the recorded reads.
+void access_hook(const Tensor& t) {
+  const TensorImpl& im = t.impl();
+  if (!im.storage) {
+    if (im.trace && deferred_hook(t)) (void)materialize_proxy(t, "data()");
+    return;
+  }
+  DeferState* st = t_current;
+  if (!st || st->tracer.flushing()) return;  // not recording, or the flush's own kernels
+  const Storage* mem = im.storage.get();
+  for (const Tensor& in : st->tracer.real_inputs())
+    if (in.storage().get() == mem) {
+      st->tracer.flush("host access to a tensor the recording uses");
+      return;
+    }
+}
+const bool g_access_installed = (set_deferred_access_hook(&access_hook), true);
+
 // TPU_EAGER=defer: every thread records from its first op call on (installed once per thread;
 // never flushed at thread exit: values are flushed when read).
 struct EnvState {
@@ -129,6 +165,7 @@ void ensure_env_started() {
 bool eager_defer_env() { return detail::g_env_mode; }
 
 DeferredEager::DeferredEager(size_t max_nodes) : uncaught_(std::uncaught_exceptions()) {
+  (void)detail::g_access_installed;
   detail::ensure_env_started();
   if (ops::interceptor() != nullptr) return;  // tracing (compile) or already deferred
   state_ = std::make_unique<detail::DeferState>(max_nodes ? max_nodes : detail::default_max_nodes());

@@ -8,6 +8,7 @@
 #include "graph/passes/passes.h"
 #include "graph/printer.h"
 #include "tpucore/autograd/capture.h"
+#include "tpucore/defer.h"
 #include "tpucore/jit/internal.h"
 #include "tpucore/core/log.h"
 #include "tpucore/ops.h"
@@ -581,6 +582,12 @@ std::vector<std::string> Engine::graphs() const {
 
 std::shared_ptr<Engine> make_engine(CompileOptions o) { return std::make_shared<Engine>(std::move(o)); }
 void engine_call(Engine& e, std::span<const ArgSlot> args, TraceCall trace, std::vector<Tensor>& outs) {
+  // A deferred eager recording (tpucore/defer.h) runs first: the arguments and the tensors the
+  // function captures are then real and hold every write recorded before the call.
+  tpu::flush_deferred();
+  auto* rec = dynamic_cast<graph::Tracer*>(ops::interceptor());
+  std::optional<ops::EagerScope> eager;  // the compiled graph's own op calls run, not recorded
+  if (rec && rec->deferred()) eager.emplace();
   profiler::RecordScope scope(e.scope_name());  // one atomic load unless a profile records
   e.call(args, trace, outs);
 }

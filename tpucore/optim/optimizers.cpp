@@ -1,5 +1,6 @@
 #include <cmath>
 
+#include "graph/tracer.h"
 #include "ops/registry.h"
 #include "tpucore/autograd.h"
 #include "tpucore/ops.h"
@@ -8,8 +9,12 @@
 namespace tpu::optim {
 namespace {
 
-// True while tpu::compile traces: the update is recorded into the step's graph.
-bool tracing() { return ops::interceptor() != nullptr; }
+// True while tpu::compile traces: the update is recorded into the step's graph. A deferred eager
+// recording (tpucore/defer.h) is eager code: the step runs its eager path.
+bool tracing() {
+  auto* t = dynamic_cast<graph::Tracer*>(ops::interceptor());
+  return ops::interceptor() != nullptr && !(t && t->deferred());
+}
 
 // Runs its scope eagerly even while tracing (optimizer buffers made at the first traced step
 // are real tensors, captured by the graph and written back).
