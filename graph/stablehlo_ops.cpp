@@ -185,6 +185,19 @@ bool emit_composite(Writer& w, const Node& n, const std::vector<Val>& in, const 
     res.push_back(w.reshape(w.convert(r, om.dtype), os));  // keepdim: the reduced dims as 1s
     return true;
   }
+  if (name == "var" || name == "std") {  // sum((x - mean)^2) / max(0, N - correction), in f32 for half types
+    const std::vector<int64_t> dims = norm_dims(n.attrs.get_ints("dims"), in[0].shape.ndim());
+    const Val x = up(w, in[0]);
+    int64_t count = 1;
+    for (int64_t d : dims) count *= x.shape[int(d)];
+    const Val dev = w.ew("subtract", {x, unreduce(w, mean_over(w, x, dims), x.shape, dims)});
+    const Val ss = sum_over(w, w.ew("multiply", {dev, dev}), dims);
+    const double den = std::max(0.0, double(count) - double(n.attrs.get_int("correction")));
+    Val v = w.ew("divide", {ss, w.scalar(den, ss.dtype, ss.shape)});
+    if (name == "std") v = w.ew("sqrt", {v});
+    res.push_back(w.reshape(w.convert(v, om.dtype), os));
+    return true;
+  }
   if (name == "matmul") {
     res.push_back(matmul(w, in[0], in[1], os));
     return true;

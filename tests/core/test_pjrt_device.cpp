@@ -97,6 +97,9 @@ TEST_CASE("pjrt device: an eager op compiles once per signature; buffers stay on
   CHECK(allclose(s3.to("cpu"), a * b * b, 1e-6, 1e-6));
   CHECK(allclose(m.to("cpu"), matmul(a * b * b, c), 2e-2, 2e-2));  // the sim chip: one bf16 pass
   CHECK(pjrt_stats().downloads == 3);
+  // A number operand is an argument of the cached executable, not a constant baked into it.
+  CHECK(allclose((pa * 0.5f).to("cpu"), a * 0.5f));
+  CHECK(allclose((pa * 3.0f).to("cpu"), a * 3.0f));
   // A host write after device results: the next read sees it.
   Tensor w = s1.clone();
   w.fill_(2.0f);
@@ -118,6 +121,31 @@ TEST_CASE("pjrt device: compiled functions on pjrt:0 equal the cpu and sim:0", "
   auto g = tpu::compile([](const Tensor& x) { return sum(x * x, {1}) + 1.0f; });
   const Tensor y = rn({3, 8}, 13);
   CHECK(allclose(g(y.to("pjrt:0")).to("cpu"), g(y), 1e-5, 1e-5));
+}
+
+TEST_CASE("pjrt device: var and std export (decomposed) and run as executables", "[pjrt][pjrt-device][stablehlo]") {
+  load_sim_pjrt();
+  StrictPjrt strict;  // no host fallback: the executable must run them
+  const Tensor x = rn({5, 9}, 30);
+  const Tensor px = x.to("pjrt:0");
+  // Reference: a naive two-pass loop in double.
+  auto naive = [&](int64_t corr, bool sd) {
+    std::vector<float> r;
+    const Tensor c = x.contiguous();
+    const float* p = c.data<float>();
+    for (int i = 0; i < 5; ++i) {
+      double m = 0, s = 0;
+      for (int j = 0; j < 9; ++j) m += p[i * 9 + j];
+      m /= 9;
+      for (int j = 0; j < 9; ++j) s += (p[i * 9 + j] - m) * (p[i * 9 + j] - m);
+      const double v = s / double(9 - corr);
+      r.push_back(float(sd ? std::sqrt(v) : v));
+    }
+    return from_vector(r, {5});
+  };
+  CHECK(allclose(var(px, {1}).to("cpu"), naive(1, false), 1e-5, 1e-5));
+  CHECK(allclose(tpu::std(px, {1}, 0).to("cpu"), naive(0, true), 1e-5, 1e-5));
+  CHECK(allclose(var(px, {0, 1}, 1, true).to("cpu"), var(x, {0, 1}, 1, true), 1e-5, 1e-5));
 }
 
 TEST_CASE("pjrt device: unmapped ops fall back or fail by the rule; bad plugins are errors", "[pjrt][pjrt-device]") {
