@@ -280,6 +280,12 @@ bool emit_simple(Writer& w, const Node& n, const std::vector<Val>& in, const Val
     res.push_back(w.concatenate(parts, d));
   } else if (name == "full") {
     res.push_back(w.scalar(n.attrs.get_scalar("value").to_double(), om.dtype, os));
+  } else if (name == "arange" && om.dtype != DType::boolean) {  // start + step * iota
+    const double start = n.attrs.get_float("start"), step = n.attrs.get_float("step");
+    const bool integral = !is_floating(om.dtype) && start == std::floor(start) && step == std::floor(step);
+    const DType ct = integral ? DType::i64 : DType::f32;
+    Val v = w.ew("multiply", {w.iota(os, ct, 0), w.scalar(step, ct, os)});
+    res.push_back(w.convert(w.ew("add", {v, w.scalar(start, ct, os)}), om.dtype));
   } else {
     return false;
   }

@@ -148,6 +148,24 @@ TEST_CASE("pjrt device: var and std export (decomposed) and run as executables",
   CHECK(allclose(var(px, {0, 1}, 1, true).to("cpu"), var(x, {0, 1}, 1, true), 1e-5, 1e-5));
 }
 
+TEST_CASE("pjrt device: arange exports as iota and runs as an executable", "[pjrt][pjrt-device][stablehlo]") {
+  load_sim_pjrt();
+  StrictPjrt strict;
+  const Device d("pjrt:0");
+  auto naive = [](double start, double step, int64_t n, DType t) {
+    std::vector<float> f;
+    std::vector<int64_t> k;
+    for (int64_t i = 0; i < n; ++i) {
+      f.push_back(float(start + step * double(i)));
+      k.push_back(int64_t(start + step * double(i)));
+    }
+    return is_floating(t) ? from_vector(f, {n}).to(t) : from_vector(k, {n}).to(t);
+  };
+  CHECK(equal(arange(0, 10, 1, TensorOptions(DType::i64, d)).to("cpu"), naive(0, 1, 10, DType::i64)));
+  CHECK(equal(arange(-3, 12, 4, TensorOptions(DType::i32, d)).to("cpu"), naive(-3, 4, 4, DType::i32)));
+  CHECK(allclose(arange(0.5, 3.0, 0.25, TensorOptions(DType::f32, d)).to("cpu"), naive(0.5, 0.25, 10, DType::f32)));
+}
+
 TEST_CASE("pjrt device: unmapped ops fall back or fail by the rule; bad plugins are errors", "[pjrt][pjrt-device]") {
   load_sim_pjrt();
   const Tensor x = rn({3, 6}, 20);
