@@ -114,13 +114,29 @@ TEST_CASE("pjrt device: compiled functions on pjrt:0 equal the cpu and sim:0", "
   });
   const Tensor want = f(x, w, b);
   const Tensor on_sim = f(x.to("sim:0"), w.to("sim:0"), b.to("sim:0")).to("cpu");
-  const Tensor got = f(x.to("pjrt:0"), w.to("pjrt:0"), b.to("pjrt:0"));
+  reset_pjrt_stats();
+  const Tensor px = x.to("pjrt:0"), pw = w.to("pjrt:0"), pb = b.to("pjrt:0");
+  const Tensor got = f(px, pw, pb);
+  // One executable for the whole function, no single-op executables.
+  CHECK(pjrt_stats().graph_compiles == 1);
+  CHECK(pjrt_stats().graph_runs == 1);
+  CHECK(pjrt_stats().executions == 0);
+  const Tensor again = f(px, pw, pb);
+  CHECK(pjrt_stats().graph_compiles == 1);
+  CHECK(pjrt_stats().graph_runs == 2);
+  CHECK(equal(again.to("cpu"), got.to("cpu")));
   CHECK(got.device() == Device("pjrt:0"));
   CHECK(allclose(got.to("cpu"), want, 2e-2, 2e-2));
   CHECK(allclose(got.to("cpu"), on_sim, 1e-3, 1e-3));
   auto g = tpu::compile([](const Tensor& x) { return sum(x * x, {1}) + 1.0f; });
   const Tensor y = rn({3, 8}, 13);
   CHECK(allclose(g(y.to("pjrt:0")).to("cpu"), g(y), 1e-5, 1e-5));
+  // A graph with an op that does not map (argmax) runs node by node, with the same values.
+  auto h = tpu::compile([](const Tensor& x) { return argmax(x * 2.0f, 1); });
+  reset_pjrt_stats();
+  CHECK(equal(h(y.to("pjrt:0")).to("cpu"), argmax(y, 1)));
+  CHECK(pjrt_stats().graph_compiles == 0);
+  CHECK(pjrt_stats().host_fallbacks == 1);
 }
 
 TEST_CASE("pjrt device: var and std export (decomposed) and run as executables", "[pjrt][pjrt-device][stablehlo]") {

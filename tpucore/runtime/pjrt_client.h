@@ -120,7 +120,9 @@ namespace tpu {
 // the one op), compiled once per op, attributes, input shapes and dtypes and cached. An op
 // without a StableHLO counterpart (or one the plugin's compiler refuses) runs through the host
 // fallback (ops/fallback.h: counted, logged once per op); set_pjrt_host_fallback(false) (or
-// TPU_PJRT_HOST_FALLBACK=0) makes that a tpu::Error naming the op instead.
+// TPU_PJRT_HOST_FALLBACK=0) makes that a tpu::Error naming the op instead. A tpu::compile'd
+// function whose inputs are on a pjrt device is one executable per cache entry (its traced graph
+// exported whole); a graph with an unmapped op runs node by node instead (each node as above).
 std::string load_pjrt_plugin(const std::string& path);
 
 struct PjrtStats {
@@ -131,6 +133,8 @@ struct PjrtStats {
   uint64_t downloads = 0;       // device -> host buffer transfers
   uint64_t host_fallbacks = 0;  // op calls that ran on the host (no StableHLO counterpart)
   uint64_t unmapped = 0;        // distinct op signatures found not to map
+  uint64_t graph_compiles = 0;  // tpu::compile'd graphs compiled as one executable
+  uint64_t graph_runs = 0;      // runs of those executables
 };
 PjrtStats pjrt_stats();
 void reset_pjrt_stats();

@@ -20,7 +20,9 @@
 #include "ops/registry.h"
 #include "tpucore/core/error.h"
 #include "tpucore/core/log.h"
+#include "graph/stablehlo.h"
 #include "tpucore/export.h"
+#include "tpucore/jit/internal.h"
 #include "tpucore/runtime/pjrt_client.h"
 
 namespace tpu::pjrt {
@@ -28,7 +30,7 @@ namespace {
 
 struct Counters {
   std::atomic<uint64_t> compiles{0}, cache_hits{0}, executions{0}, uploads{0}, downloads{0}, host_fallbacks{0},
-      unmapped{0};
+      unmapped{0}, graph_compiles{0}, graph_runs{0};
 };
 Counters& counters() {
   static Counters* c = new Counters();
@@ -218,6 +220,14 @@ BufferPtr PjrtDriver::input_buffer(const Tensor& t, int index) {
   return b;
 }
 
+// Puts an executable's output buffer into a pjrt tensor's storage (no copy).
+void adopt(const Tensor& o, BufferPtr b) {
+  PjrtStorage& s = storage_of(*o.storage());
+  std::lock_guard<std::mutex> lk(s.mu);
+  s.buf = std::move(b);
+  s.host_valid = false;
+}
+
 PjrtDriver* current_driver() {
   if (!device::has_driver(DeviceType::pjrt)) return nullptr;
   return dynamic_cast<PjrtDriver*>(&device::driver_for(DeviceType::pjrt));
@@ -249,16 +259,69 @@ void pjrt_kernel(const ops::KernelArgs& a) {
               "pjrt: op '{}': output {} came back as {}[{}], expected {}[{}]", a.op.name, i,
               dtype_name(outs[i]->dtype()), fmt::join(outs[i]->dims(), ","), dtype_name(o.dtype()),
               fmt::join(o.shape().vec(), ","));
-    PjrtStorage& s = storage_of(*o.storage());
-    std::lock_guard<std::mutex> lk(s.mu);
-    s.buf = outs[i];
-    s.host_valid = false;
   }
+  for (size_t i = 0; i < outs.size(); ++i) adopt(a.outputs[i], outs[i]);
+}
+
+// A tpu::compile'd graph as one executable (jit/internal.h GraphProgram).
+class GraphExecutable final : public jit::detail::GraphProgram {
+ public:
+  GraphExecutable(std::shared_ptr<Executable> exe, int device, std::vector<graph::ValueMeta> outs)
+      : exe_(std::move(exe)), device_(device), outs_(std::move(outs)) {}
+  void run(std::span<const Tensor> inputs, std::vector<Tensor>& outputs) const override {
+    PjrtDriver* d = current_driver();
+    TPU_CHECK(d, "pjrt: a compiled function's executable ran without a pjrt driver");
+    std::vector<BufferPtr> ins;
+    for (const Tensor& t : inputs) ins.push_back(d->input_buffer(t, device_));
+    std::vector<BufferPtr> res = exe_->execute_buffers(ins, device_);
+    counters().graph_runs.fetch_add(1, std::memory_order_relaxed);
+    TPU_CHECK(res.size() == outs_.size(), "pjrt: a compiled function's executable returned {} output(s), expected {}",
+              res.size(), outs_.size());
+    outputs.clear();
+    for (size_t i = 0; i < res.size(); ++i) {
+      TPU_CHECK(res[i]->dtype() == outs_[i].dtype && res[i]->dims() == outs_[i].shape.vec(),
+                "pjrt: a compiled function's output {} came back as {}[{}], expected {}", i, dtype_name(res[i]->dtype()),
+                fmt::join(res[i]->dims(), ","), graph::meta_str(outs_[i]));
+      Tensor o = empty_tensor(outs_[i].shape, outs_[i].dtype, Device(DeviceType::pjrt, device_));
+      adopt(o, res[i]);
+      outputs.push_back(o);
+    }
+  }
+
+ private:
+  std::shared_ptr<Executable> exe_;
+  int device_;
+  std::vector<graph::ValueMeta> outs_;
+};
+
+std::shared_ptr<jit::detail::GraphProgram> compile_graph(const graph::Graph& g) {
+  PjrtDriver* d = current_driver();
+  if (!d) return nullptr;
+  int device = -1;
+  for (graph::ValueId v : g.inputs) {
+    const Device dv = g.meta(v).device;
+    if (dv.type == DeviceType::pjrt && device < 0) device = dv.index;
+    TPU_CHECK(dv.is_cpu() || dv == Device(DeviceType::pjrt, device), "inputs on {} and pjrt:{}", dv.str(), device);
+  }
+  if (device < 0) return nullptr;
+  std::vector<graph::ValueMeta> outs;
+  for (graph::ValueId v : g.outputs) {
+    outs.push_back(g.meta(v));
+    if (outs.back().device != Device(DeviceType::pjrt, device)) return nullptr;  // an output on another device
+  }
+  // Every graph input is an argument (captured tensors too: the entry passes them).
+  const std::string text = graph::to_stablehlo(g, std::vector<Tensor>(g.inputs.size()));
+  std::shared_ptr<Executable> exe = d->client().compile(text);
+  counters().graph_compiles.fetch_add(1, std::memory_order_relaxed);
+  TPU_CHECK(exe->num_outputs() == outs.size(), "pjrt: the graph's executable has {} outputs, the graph {}",
+            exe->num_outputs(), outs.size());
+  return std::make_shared<GraphExecutable>(std::move(exe), device, std::move(outs));
 }
 
 void register_kernels_once() {
   static std::once_flag once;
   std::call_once(once, [] {
+    jit::detail::set_graph_compiler(DeviceType::pjrt, &compile_graph);
     for (const ops::OpDef* op : ops::all_ops())
       if (op->cpu && !op->has(ops::kView)) ops::register_kernel(op->name, DeviceType::pjrt, &pjrt_kernel);
   });
@@ -331,12 +394,15 @@ PjrtStats pjrt_stats() {
   s.downloads = c.downloads.load();
   s.host_fallbacks = c.host_fallbacks.load();
   s.unmapped = c.unmapped.load();
+  s.graph_compiles = c.graph_compiles.load();
+  s.graph_runs = c.graph_runs.load();
   return s;
 }
 
 void reset_pjrt_stats() {
   pjrt::Counters& c = pjrt::counters();
-  for (auto* a : {&c.compiles, &c.cache_hits, &c.executions, &c.uploads, &c.downloads, &c.host_fallbacks, &c.unmapped})
+  for (auto* a : {&c.compiles, &c.cache_hits, &c.executions, &c.uploads, &c.downloads, &c.host_fallbacks, &c.unmapped,
+                  &c.graph_compiles, &c.graph_runs})
     a->store(0);
 }
 
