@@ -14,6 +14,7 @@
 #include <mutex>
 
 #include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include "device/driver.h"
 #include "ops/fallback.h"
@@ -233,34 +234,53 @@ PjrtDriver* current_driver() {
   return dynamic_cast<PjrtDriver*>(&device::driver_for(DeviceType::pjrt));
 }
 
+// Runs a cached executable; false (and the entry marked as not mapping) when its outputs do not
+// match the op's (an export bug: the op then takes the fallback rule).
+bool run_executable(PjrtDriver& d, CacheEntry& e, const ops::KernelArgs& a, Device dev) {
+  std::vector<BufferPtr> ins;
+  ins.reserve(a.inputs.size());
+  for (const Tensor& t : a.inputs) ins.push_back(d.input_buffer(t, dev.index));
+  std::vector<BufferPtr> outs = e.exe->execute_buffers(ins, dev.index);
+  counters().executions.fetch_add(1, std::memory_order_relaxed);
+  std::string bad;
+  if (outs.size() != a.outputs.size()) bad = fmt::format("{} output(s), expected {}", outs.size(), a.outputs.size());
+  for (size_t i = 0; bad.empty() && i < outs.size(); ++i) {
+    const Tensor& o = a.outputs[i];
+    if (outs[i]->dtype() != o.dtype() || outs[i]->dims() != o.shape().vec())
+      bad = fmt::format("output {} came back as {}[{}], expected {}[{}]", i, dtype_name(outs[i]->dtype()),
+                        fmt::join(outs[i]->dims(), ","), dtype_name(o.dtype()), fmt::join(o.shape().vec(), ","));
+  }
+  if (!bad.empty()) {
+    log().warn("pjrt: op '{}' ({}): the executable's {}; the op takes the fallback rule from now on", a.op.name,
+               a.attrs.str(), bad);
+    e.why = "its executable's " + bad;
+    e.exe.reset();
+    counters().unmapped.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  for (size_t i = 0; i < outs.size(); ++i) adopt(a.outputs[i], outs[i]);
+  return true;
+}
+
 void pjrt_kernel(const ops::KernelArgs& a) {
   TPU_CHECK(!a.outputs.empty(), "internal: pjrt: op '{}' without outputs", a.op.name);
   const Device dev = a.outputs[0].device();
   PjrtDriver* d = current_driver();
   TPU_CHECK(d, "internal: pjrt: op '{}' on '{}' without a pjrt driver", a.op.name, dev.str());
+  bool empty = true;  // every output has no elements: nothing to compute
+  for (const Tensor& o : a.outputs) empty &= o.numel() == 0;
+  if (empty) return;
   std::shared_ptr<CacheEntry> e = d->executable_for(a);
-  if (!e->exe) {
+  if (e->exe) {
+    if (run_executable(*d, *e, a, dev)) return;
+  }
+  {
     TPU_CHECK(host_fallback_on(), "pjrt: op '{}' ({}) does not run on '{}': {}. Host fallback is off "
               "(set_pjrt_host_fallback / TPU_PJRT_HOST_FALLBACK)", a.op.name, a.attrs.str(), dev.str(), e->why);
     counters().host_fallbacks.fetch_add(1, std::memory_order_relaxed);
     ops::run_on_host(a.op, a.inputs, a.attrs, a.outputs);
     return;
   }
-  std::vector<BufferPtr> ins;
-  ins.reserve(a.inputs.size());
-  for (const Tensor& t : a.inputs) ins.push_back(d->input_buffer(t, dev.index));
-  std::vector<BufferPtr> outs = e->exe->execute_buffers(ins, dev.index);
-  counters().executions.fetch_add(1, std::memory_order_relaxed);
-  TPU_CHECK(outs.size() == a.outputs.size(), "pjrt: op '{}': the executable returned {} output(s), expected {}",
-            a.op.name, outs.size(), a.outputs.size());
-  for (size_t i = 0; i < outs.size(); ++i) {
-    const Tensor& o = a.outputs[i];
-    TPU_CHECK(outs[i]->dtype() == o.dtype() && outs[i]->dims() == o.shape().vec(),
-              "pjrt: op '{}': output {} came back as {}[{}], expected {}[{}]", a.op.name, i,
-              dtype_name(outs[i]->dtype()), fmt::join(outs[i]->dims(), ","), dtype_name(o.dtype()),
-              fmt::join(o.shape().vec(), ","));
-  }
-  for (size_t i = 0; i < outs.size(); ++i) adopt(a.outputs[i], outs[i]);
 }
 
 // A tpu::compile'd graph as one executable (jit/internal.h GraphProgram).
