@@ -64,7 +64,7 @@ TEST_CASE("pjrt device: every OpInfo entry on pjrt:0 matches its naive reference
   }
 }
 
-TEST_CASE("pjrt device: an eager op compiles once per signature; buffers stay on the device", "[pjrt][pjrt-device]") {
+TEST_CASE("pjrt device: an eager op compiles once per signature and its buffers stay on the device", "[pjrt][pjrt-device]") {
   load_sim_pjrt();
   const Tensor a = rn({4, 7}, 2), b = rn({4, 7}, 3), c = rn({7, 3}, 4);
   const Tensor pa = a.to("pjrt:0"), pb = b.to("pjrt:0"), pc = c.to("pjrt:0");
