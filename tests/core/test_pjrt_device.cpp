@@ -178,7 +178,7 @@ TEST_CASE("pjrt device: arange exports as iota and runs as an executable", "[pjr
   CHECK(allclose(arange(0.5, 3.0, 0.25, TensorOptions(DType::f32, d)).to("cpu"), naive(0.5, 0.25, 10, DType::f32)));
 }
 
-TEST_CASE("pjrt device: unmapped ops fall back or fail by the rule; bad plugins are errors", "[pjrt][pjrt-device]") {
+TEST_CASE("pjrt device: unmapped ops fall back or fail by the rule, bad plugins are errors", "[pjrt][pjrt-device]") {
   load_sim_pjrt();
   const Tensor x = rn({3, 6}, 20);
   const Tensor px = x.to("pjrt:0");
