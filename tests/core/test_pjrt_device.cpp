@@ -202,3 +202,22 @@ TEST_CASE("pjrt device: unmapped ops fall back or fail by the rule, bad plugins 
 }
 
 }  // namespace tpu::testing
+
+namespace tpu::testing {
+
+// Run by CTest with TPU_PJRT_PLUGIN set (tests/CMakeLists.txt): the plugin loads on first use.
+TEST_CASE("pjrt device: TPU_PJRT_PLUGIN loads the plugin on first use", "[.pjrt-env]") {
+  const char* env = std::getenv("TPU_PJRT_PLUGIN");
+  REQUIRE(env != nullptr);
+  const Tensor x = rn({4}, 50);
+  if (std::string(env).find("/nonexistent/") != std::string::npos) {
+    CHECK_THROWS_WITH(x.to("pjrt:0"), Contains("TPU_PJRT_PLUGIN") && Contains("cannot load"));
+    CHECK_THROWS_WITH(device_count(DeviceType::pjrt), Contains("TPU_PJRT_PLUGIN"));
+    CHECK(allclose(x + x, x * 2.0f));  // the runtime stays usable
+    load_sim_pjrt();  // and an explicit load still works
+  }
+  CHECK(device_count(DeviceType::pjrt) >= 1);
+  CHECK(allclose((x.to("pjrt:0") * 3.0f).to("cpu"), x * 3.0f));
+}
+
+}  // namespace tpu::testing
