@@ -78,8 +78,17 @@ void ensure_host(PjrtStorage& s) {
 }
 
 struct CacheEntry {
+  std::mutex mu;                    // guards exe and why after the entry is published
   std::shared_ptr<Executable> exe;  // null: the op does not map
   std::string why;                  // why it does not map
+  std::shared_ptr<Executable> get() {
+    std::lock_guard<std::mutex> lk(mu);
+    return exe;
+  }
+  std::string reason() {
+    std::lock_guard<std::mutex> lk(mu);
+    return why;
+  }
 };
 
 class PjrtDriver final : public device::Driver {
@@ -156,7 +165,7 @@ std::shared_ptr<CacheEntry> PjrtDriver::executable_for(const ops::KernelArgs& a)
     std::lock_guard<std::mutex> lk(cache_mu_);
     auto it = cache_.find(key);
     if (it != cache_.end()) {
-      if (it->second->exe) counters().cache_hits.fetch_add(1, std::memory_order_relaxed);
+      if (it->second->get()) counters().cache_hits.fetch_add(1, std::memory_order_relaxed);
       return it->second;
     }
   }
@@ -236,11 +245,12 @@ PjrtDriver* current_driver() {
 
 // Runs a cached executable; false (and the entry marked as not mapping) when its outputs do not
 // match the op's (an export bug: the op then takes the fallback rule).
-bool run_executable(PjrtDriver& d, CacheEntry& e, const ops::KernelArgs& a, Device dev) {
+bool run_executable(PjrtDriver& d, CacheEntry& e, const std::shared_ptr<Executable>& exe, const ops::KernelArgs& a,
+                    Device dev) {
   std::vector<BufferPtr> ins;
   ins.reserve(a.inputs.size());
   for (const Tensor& t : a.inputs) ins.push_back(d.input_buffer(t, dev.index));
-  std::vector<BufferPtr> outs = e.exe->execute_buffers(ins, dev.index);
+  std::vector<BufferPtr> outs = exe->execute_buffers(ins, dev.index);
   counters().executions.fetch_add(1, std::memory_order_relaxed);
   std::string bad;
   if (outs.size() != a.outputs.size()) bad = fmt::format("{} output(s), expected {}", outs.size(), a.outputs.size());
@@ -253,6 +263,7 @@ bool run_executable(PjrtDriver& d, CacheEntry& e, const ops::KernelArgs& a, Devi
   if (!bad.empty()) {
     log().warn("pjrt: op '{}' ({}): the executable's {}; the op takes the fallback rule from now on", a.op.name,
                a.attrs.str(), bad);
+    std::lock_guard<std::mutex> lk(e.mu);
     e.why = "its executable's " + bad;
     e.exe.reset();
     counters().unmapped.fetch_add(1, std::memory_order_relaxed);
@@ -271,16 +282,13 @@ void pjrt_kernel(const ops::KernelArgs& a) {
   for (const Tensor& o : a.outputs) empty &= o.numel() == 0;
   if (empty) return;
   std::shared_ptr<CacheEntry> e = d->executable_for(a);
-  if (e->exe) {
-    if (run_executable(*d, *e, a, dev)) return;
+  if (std::shared_ptr<Executable> exe = e->get()) {
+    if (run_executable(*d, *e, exe, a, dev)) return;
   }
-  {
-    TPU_CHECK(host_fallback_on(), "pjrt: op '{}' ({}) does not run on '{}': {}. Host fallback is off "
-              "(set_pjrt_host_fallback / TPU_PJRT_HOST_FALLBACK)", a.op.name, a.attrs.str(), dev.str(), e->why);
-    counters().host_fallbacks.fetch_add(1, std::memory_order_relaxed);
-    ops::run_on_host(a.op, a.inputs, a.attrs, a.outputs);
-    return;
-  }
+  TPU_CHECK(host_fallback_on(), "pjrt: op '{}' ({}) does not run on '{}': {}. Host fallback is off "
+            "(set_pjrt_host_fallback / TPU_PJRT_HOST_FALLBACK)", a.op.name, a.attrs.str(), dev.str(), e->reason());
+  counters().host_fallbacks.fetch_add(1, std::memory_order_relaxed);
+  ops::run_on_host(a.op, a.inputs, a.attrs, a.outputs);
 }
 
 // A tpu::compile'd graph as one executable (jit/internal.h GraphProgram).
