@@ -61,6 +61,9 @@ Driver& driver_for(DeviceType t) {
     fail("device 'tpu': no driver is loaded. A chip is driven by an out-of-tree driver plugin: point "
          "TPU_DRIVER_PATH at one (e.g. libtpusim_plugin.so, the simulator built as a plugin) or call "
          "tpu::load_driver_plugin(path); or use 'sim' for the simulated chip");
+  if (t == DeviceType::pjrt)
+    fail("device 'pjrt': no PJRT plugin is loaded. Point TPU_PJRT_PLUGIN at a PJRT plugin (libtpu.so on a TPU VM, "
+         "or libpjrt_tpucore_sim.so, the simulator as a PJRT plugin) or call tpu::load_pjrt_plugin(path)");
   fail("device '{}': no driver is available in this build", device_type_name(t));
 }
 

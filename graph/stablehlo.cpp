@@ -91,7 +91,9 @@ Val Writer::constant(const Tensor& t0) {
 }
 
 Val Writer::scalar(double x, DType t, const Shape& s) {
-  Tensor c = full({}, t == DType::boolean ? Scalar(x != 0) : is_floating(t) ? Scalar(x) : Scalar(int64_t(x)),
+  // (int64 extremes: 2^63 as a double is out of int64's range; clamp instead of converting)
+  const int64_t xi = x >= 9.2233720368547758e18 ? INT64_MAX : x <= -9.2233720368547758e18 ? INT64_MIN : int64_t(x);
+  Tensor c = full({}, t == DType::boolean ? Scalar(x != 0) : is_floating(t) ? Scalar(x) : Scalar(xi),
                   TensorOptions(t));
   Val v = constant(c);
   return s.ndim() == 0 ? v : broadcast_in_dim(v, s, {});
@@ -232,7 +234,10 @@ bool emit_simple(Writer& w, const Node& n, const std::vector<Val>& in, const Val
   if (name == "relu") res.push_back(w.ew("maximum", {in[0], w.scalar(0, in[0].dtype, os)}));
   else if (name == "silu") res.push_back(w.ew("multiply", {in[0], w.ew("logistic", {in[0]})}));
   else if (name == "reciprocal") res.push_back(w.ew("divide", {w.scalar(1, in[0].dtype, os), in[0]}));
-  else if (name == "erf") res.push_back(erf_approx(w, in[0]));
+  else if (name == "erf") {  // the polynomial in f32 for half types
+    const bool h = in[0].dtype == DType::f16 || in[0].dtype == DType::bf16;
+    res.push_back(w.convert(erf_approx(w, h ? w.convert(in[0], DType::f32) : in[0]), in[0].dtype));
+  }
   else if (name == "isnan") res.push_back(w.compare(in[0], in[0], "NE"));
   else if (name == "where") res.push_back(w.select(logical(0), bin(1), bin(2)));
   else if (name == "clamp") {
@@ -280,6 +285,13 @@ bool emit_simple(Writer& w, const Node& n, const std::vector<Val>& in, const Val
     res.push_back(w.concatenate(parts, d));
   } else if (name == "full") {
     res.push_back(w.scalar(n.attrs.get_scalar("value").to_double(), om.dtype, os));
+  } else if (name == "arange" && (is_floating(om.dtype) || om.dtype == DType::i32 || om.dtype == DType::i64)) {
+    // start + step * iota (narrow integer types are left out: the cpu saturates out-of-range values)
+    const double start = n.attrs.get_float("start"), step = n.attrs.get_float("step");
+    const bool integral = !is_floating(om.dtype) && start == std::floor(start) && step == std::floor(step);
+    const DType ct = integral ? DType::i64 : DType::f32;
+    Val v = w.ew("multiply", {w.iota(os, ct, 0), w.scalar(step, ct, os)});
+    res.push_back(w.convert(w.ew("add", {v, w.scalar(start, ct, os)}), om.dtype));
   } else {
     return false;
   }

@@ -107,7 +107,12 @@ Val gelu(Writer& w, const Val& x0, bool tanh_approx) {
 Val attention(Writer& w, const Node& n, const std::vector<Val>& in, const Shape& os) {
   Val q = up(w, in[0]), k = up(w, in[1]), v = up(w, in[2]);
   const int r = q.shape.ndim();
-  const int64_t hq = q.shape[r - 3], hk = k.shape[r - 3], lq = q.shape[r - 2], lk = k.shape[r - 2];
+  TPU_CHECK(r >= 2 && k.shape.ndim() == r, "export_stablehlo: scaled_dot_product_attention of rank {} does not map", r);
+  const int64_t hq = r >= 3 ? q.shape[r - 3] : 1, hk = r >= 3 ? k.shape[r - 3] : 1, lq = q.shape[r - 2],
+                lk = k.shape[r - 2];
+  // (Zero heads would divide by zero below; such an attention is refused, not exported.)
+  TPU_CHECK(hk > 0 && hq % hk == 0, "export_stablehlo: scaled_dot_product_attention with {} query head(s) over {} "
+            "key/value head(s) does not map", hq, hk);
   auto repeat_kv = [&](const Val& t) {  // grouped KV heads: query head h reads KV head h / (hq / hk)
     if (hq == hk) return t;
     const int64_t g = hq / hk;
@@ -170,10 +175,12 @@ bool emit_composite(Writer& w, const Node& n, const std::vector<Val>& in, const 
   const Shape& os = om.shape;
   if (name == "sum" || name == "mean" || name == "prod" || name == "amax" || name == "amin" || name == "all" ||
       name == "any") {
-    const std::vector<int64_t> dims = norm_dims(n.attrs.get_ints("dims"), in[0].shape.ndim());
+    // A 0-d input (dims [0] / [-1] name the scalar itself) is reduced as a [1] tensor.
+    const Val x0 = in[0].shape.ndim() == 0 ? w.reshape(in[0], Shape{1}) : in[0];
+    const std::vector<int64_t> dims = norm_dims(n.attrs.get_ints("dims"), x0.shape.ndim());
     const bool wide = half(om.dtype) && (name == "sum" || name == "mean");
     const DType ct = wide ? DType::f32 : om.dtype;
-    Val x = w.convert(in[0], ct);
+    Val x = w.convert(x0, ct);
     Val r;
     if (name == "sum") r = sum_over(w, x, dims);
     else if (name == "mean") r = mean_over(w, x, dims);
@@ -183,6 +190,19 @@ bool emit_composite(Writer& w, const Node& n, const std::vector<Val>& in, const 
     else if (name == "all") r = w.reduce(x, dims, "and", 1);
     else r = w.reduce(x, dims, "or", 0);
     res.push_back(w.reshape(w.convert(r, om.dtype), os));  // keepdim: the reduced dims as 1s
+    return true;
+  }
+  if (name == "var" || name == "std") {  // sum((x - mean)^2) / max(0, N - correction), in f32 for half types
+    const Val x = up(w, in[0].shape.ndim() == 0 ? w.reshape(in[0], Shape{1}) : in[0]);
+    const std::vector<int64_t> dims = norm_dims(n.attrs.get_ints("dims"), x.shape.ndim());
+    int64_t count = 1;
+    for (int64_t d : dims) count *= x.shape[int(d)];
+    const Val dev = w.ew("subtract", {x, unreduce(w, mean_over(w, x, dims), x.shape, dims)});
+    const Val ss = sum_over(w, w.ew("multiply", {dev, dev}), dims);
+    const double den = std::max(0.0, double(count) - double(n.attrs.get_int("correction")));
+    Val v = w.ew("divide", {ss, w.scalar(den, ss.dtype, ss.shape)});
+    if (name == "std") v = w.ew("sqrt", {v});
+    res.push_back(w.reshape(w.convert(v, om.dtype), os));
     return true;
   }
   if (name == "matmul") {

@@ -15,7 +15,8 @@
 // absolute error <= 1.5e-7), compare/select/clamp, convert, views (reshape, transpose,
 // broadcast_in_dim, slice), concatenate, dot_general (matmul with batch broadcasting, linear),
 // reduce (sum, mean, prod, amax, amin, all, any), softmax / log_softmax / layer_norm / rms_norm /
-// rotary_embedding / scaled_dot_product_attention decomposed, full. Any other op (gather,
+// rotary_embedding / scaled_dot_product_attention decomposed, var / std (two passes), arange
+// (iota), full. Any other op (gather,
 // scatter, argmax, random, ...) makes the export a tpu::Error naming every such op.
 // Tensors the function captures (weights in a closure) and constants are written as
 // `stablehlo.constant`s; the example inputs become the function's arguments, in order.

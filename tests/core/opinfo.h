@@ -34,6 +34,9 @@ std::vector<OpInfo>& opinfo_table();
 // random op tested by its moments in its own test file).
 std::vector<std::pair<std::string, std::string>>& opinfo_covered_elsewhere();
 
+// Runs every sample of an entry on `dev` and checks it against the reference (test_opinfo.cpp).
+void run_opinfo_entry(const OpInfo& info, Device dev);
+
 struct OpInfoRegistrar {
   explicit OpInfoRegistrar(OpInfo info) { opinfo_table().push_back(std::move(info)); }
   OpInfoRegistrar(const std::string& op, const std::string& where) {

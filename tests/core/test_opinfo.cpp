@@ -26,7 +26,7 @@ static std::vector<Device> devices_under_test() {
   return {Device("cpu"), Device("sim:0"), Device("sim:1"), Device("tpu:0")};
 }
 
-static void run_entry(const OpInfo& info, Device dev) {
+void run_opinfo_entry(const OpInfo& info, Device dev) {
   for (DType dt : info.dtypes) {
     Generator g(1234 + static_cast<uint64_t>(dt));
     for (const OpSample& s : info.samples(dt, g)) {
@@ -54,7 +54,7 @@ TEST_CASE("opinfo: every op matches its naive reference on every device", "[opin
   TinySim tiny;  // sim:1 on the tiny chip
   for (Device dev : devices_under_test())
     for (const OpInfo& info : opinfo_table()) {
-      DYNAMIC_SECTION(info.op << " on " << dev.str()) { run_entry(info, dev); }
+      DYNAMIC_SECTION(info.op << " on " << dev.str()) { run_opinfo_entry(info, dev); }
     }
 }
 

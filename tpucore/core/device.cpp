@@ -11,6 +11,7 @@ std::string_view device_type_name(DeviceType t) {
     case DeviceType::cpu: return "cpu";
     case DeviceType::sim: return "sim";
     case DeviceType::tpu: return "tpu";
+    case DeviceType::pjrt: return "pjrt";
   }
   return "?";
 }
@@ -27,8 +28,9 @@ Device::Device(std::string_view s) {
   if (kind == "cpu") type = DeviceType::cpu;
   else if (kind == "sim") type = DeviceType::sim;
   else if (kind == "tpu") type = DeviceType::tpu;
+  else if (kind == "pjrt") type = DeviceType::pjrt;
   else
-    fail("Device: invalid device string '{}' (expected 'cpu', 'sim', 'sim:N' or 'tpu:N')", s);
+    fail("Device: invalid device string '{}' (expected 'cpu', 'sim', 'sim:N', 'tpu:N' or 'pjrt:N')", s);
   index = 0;
   if (colon != std::string_view::npos) {
     int v = -1;

@@ -1,4 +1,4 @@
-// Device identifiers: "cpu", "sim", "sim:1", "tpu:0".
+// Device identifiers: "cpu", "sim", "sim:1", "tpu:0", "pjrt:0".
 #pragma once
 
 #include <cstdint>
@@ -7,8 +7,8 @@
 
 namespace tpu {
 
-enum class DeviceType : uint8_t { cpu = 0, sim = 1, tpu = 2 };
-inline constexpr int kNumDeviceTypes = 3;
+enum class DeviceType : uint8_t { cpu = 0, sim = 1, tpu = 2, pjrt = 3 };
+inline constexpr int kNumDeviceTypes = 4;
 
 struct Device {
   DeviceType type = DeviceType::cpu;

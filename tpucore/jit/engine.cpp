@@ -2,6 +2,8 @@
 // path), graph breaks (segments), and the recompile log.
 #include <spdlog/spdlog.h>
 
+#include <array>
+#include <atomic>
 #include <chrono>
 
 #include "codegen/region_runner.h"
@@ -64,6 +66,26 @@ class Engine {
 };
 
 namespace {
+
+std::array<std::atomic<GraphCompiler>, kNumDeviceTypes> g_graph_compilers{};
+
+// The graph as one program of the device its inputs live on, when that device's driver compiles
+// whole graphs; null otherwise or when it declines (logged).
+std::shared_ptr<GraphProgram> compile_for_device(const graph::Graph& g, const std::string& name) {
+  for (graph::ValueId v : g.inputs) {
+    const Device d = g.meta(v).device;
+    if (d.is_cpu()) continue;
+    GraphCompiler c = g_graph_compilers[static_cast<size_t>(d.type)].load();
+    if (!c) return nullptr;
+    try {
+      return c(g);
+    } catch (const Error& e) {
+      log().info("compile '{}': {} runs the graph node by node: {}", name, d.str(), e.what());
+      return nullptr;
+    }
+  }
+  return nullptr;
+}
 std::atomic<int> g_counter{0};
 thread_local std::vector<int64_t> t_sig;
 
@@ -365,7 +387,8 @@ void Engine::run_entry(const Entry& e, std::span<const ArgSlot> args, std::vecto
         ins[i] = pad_to(ins[i], d.dim, bucket_size(ins[i].shape()[d.dim]));
     }
   }
-  e.exe->run(ins, outs);
+  if (e.program) e.program->run(ins, outs);
+  else e.exe->run(ins, outs);
   apply_grads(ins, outs, e.grads);
   apply_writes(ins, outs, e.writes, e.user_outputs, e.aliases);
   unalias_outputs(ins, outs, e.fresh);
@@ -549,6 +572,7 @@ Entry* Engine::compile(std::span<const ArgSlot> args, TraceCall tc, const std::v
     }
     e->dynamic_in = pad;
   }
+  e->program = compile_for_device(g, opts_.name);
   // Optimize (or load the optimized graph from the disk cache).
   bool from_disk = false;
   const uint64_t key = graph::hash_combine(graph::structural_hash(g), std::hash<std::string>{}(kCompilerVersion));
@@ -579,6 +603,8 @@ std::vector<std::string> Engine::graphs() const {
   for (const auto& e : entries_) v.push_back(graph::to_text(e->exe->graph()));
   return v;
 }
+
+void set_graph_compiler(DeviceType t, GraphCompiler c) { g_graph_compilers[static_cast<size_t>(t)].store(c); }
 
 std::shared_ptr<Engine> make_engine(CompileOptions o) { return std::make_shared<Engine>(std::move(o)); }
 void engine_call(Engine& e, std::span<const ArgSlot> args, TraceCall trace, std::vector<Tensor>& outs) {

@@ -5,6 +5,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -71,7 +72,20 @@ std::string check_guards(const std::vector<GradGuard>& guards);
 // another output are copied first, so a .grad never aliases another tensor).
 void apply_grads(std::span<const Tensor> ins, const std::vector<Tensor>& outs, const std::vector<GradAction>& grads);
 
+// Whole-graph programs, for a device type whose driver compiles graphs (pjrt: one executable per
+// compiled function). A compiler returns null or throws a tpu::Error to decline; the entry then
+// runs its optimized graph::Executable (node by node off the cpu).
+class GraphProgram {
+ public:
+  virtual ~GraphProgram() = default;
+  // One tensor per graph input; sets one tensor per graph output.
+  virtual void run(std::span<const Tensor> inputs, std::vector<Tensor>& outputs) const = 0;
+};
+using GraphCompiler = std::shared_ptr<GraphProgram> (*)(const graph::Graph& g);
+void set_graph_compiler(DeviceType t, GraphCompiler c);
+
 struct Entry {
+  std::shared_ptr<GraphProgram> program;  // set when a device's graph compiler took the graph
   std::vector<int64_t> sig;
   uint64_t hash = 0;
   std::vector<InputBinding> bindings;

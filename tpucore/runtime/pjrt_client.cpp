@@ -43,23 +43,6 @@ std::string library_dir() {
   return slash == std::string::npos ? std::string() : p.substr(0, slash);
 }
 
-// Frees a plugin object through its destroy function when it goes out of scope.
-struct BufferGuard {
-  const PJRT_Api* api;
-  std::vector<PJRT_Buffer*> bufs;
-  ~BufferGuard() {
-    for (PJRT_Buffer* b : bufs) {
-      auto a = args<PJRT_Buffer_Destroy_Args>();
-      a.buffer = b;
-      if (PJRT_Error* e = api->PJRT_Buffer_Destroy(&a)) {
-        auto d = args<PJRT_Error_Destroy_Args>();
-        d.error = e;
-        api->PJRT_Error_Destroy(&d);
-      }
-    }
-  }
-};
-
 }  // namespace
 
 void Client::check(void* err, const char* what) const {
@@ -178,42 +161,80 @@ Executable::~Executable() {
   }
 }
 
-std::vector<Tensor> Executable::execute(const std::vector<Tensor>& inputs, int device) {
+void Client::await_and_destroy(void* ev, const char* what) const {
+  auto* e = static_cast<PJRT_Event*>(ev);
+  if (!e) return;
+  auto w = args<PJRT_Event_Await_Args>();
+  w.event = e;
+  PJRT_Error* we = api_->PJRT_Event_Await(&w);
+  auto d = args<PJRT_Event_Destroy_Args>();
+  d.event = e;
+  PJRT_Error* de = api_->PJRT_Event_Destroy(&d);
+  check(we, what);
+  check(de, "PJRT_Event_Destroy");
+}
+
+BufferPtr Client::upload(const void* data, DType dtype, const std::vector<int64_t>& dims, int device) {
+  TPU_CHECK(device >= 0 && device < device_count(), "pjrt ({}): device {} does not exist ({} device(s))", platform_,
+            device, device_count());
+  auto a = args<PJRT_Client_BufferFromHostBuffer_Args>();
+  a.client = client_;
+  a.data = data;
+  a.type = buffer_type_of(dtype);
+  a.dims = dims.data();
+  a.num_dims = dims.size();
+  a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes;
+  a.device = static_cast<PJRT_Device*>(devices_[size_t(device)]);
+  check(api_->PJRT_Client_BufferFromHostBuffer(&a), "PJRT_Client_BufferFromHostBuffer");
+  BufferPtr b(new Buffer());
+  b->client_ = shared_from_this();
+  b->buf_ = a.buffer;
+  b->dtype_ = dtype;
+  b->dims_ = dims;
+  b->device_ = device;
+  await_and_destroy(a.done_with_host_buffer, "PJRT_Event_Await (host buffer)");
+  return b;
+}
+
+Buffer::~Buffer() {
+  if (!buf_ || !client_) return;
+  auto a = args<PJRT_Buffer_Destroy_Args>();
+  a.buffer = buf_;
+  try {
+    client_->check(client_->api_->PJRT_Buffer_Destroy(&a), "PJRT_Buffer_Destroy");
+  } catch (...) {
+  }
+}
+
+size_t Buffer::nbytes() const {
+  size_t n = dtype_size(dtype_);
+  for (int64_t d : dims_) n *= size_t(d);
+  return n;
+}
+
+void Buffer::to_host(void* dst, size_t n) const {
+  TPU_CHECK(n == nbytes(), "internal: pjrt: to_host of {} bytes from a buffer of {}", n, nbytes());
+  if (n == 0) return;
+  auto th = args<PJRT_Buffer_ToHostBuffer_Args>();
+  th.src = buf_;
+  th.dst = dst;
+  th.dst_size = n;
+  client_->check(client_->api_->PJRT_Buffer_ToHostBuffer(&th), "PJRT_Buffer_ToHostBuffer");
+  client_->await_and_destroy(th.event, "PJRT_Event_Await (to host)");
+}
+
+std::vector<BufferPtr> Executable::execute_buffers(const std::vector<BufferPtr>& inputs, int device) {
   Client& c = *client_;
   const PJRT_Api* api = c.api_;
   TPU_CHECK(device >= 0 && device < c.device_count(), "pjrt ({}): device {} does not exist ({} device(s))",
             c.platform_, device, c.device_count());
-  BufferGuard ins{api, {}}, outs{api, {}};
-  auto destroy_event = [&](PJRT_Event* ev) {
-    if (!ev) return;
-    auto a = args<PJRT_Event_Destroy_Args>();
-    a.event = ev;
-    c.check(api->PJRT_Event_Destroy(&a), "PJRT_Event_Destroy");
-  };
+  std::vector<PJRT_Buffer*> in;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    TPU_CHECK(inputs[i].defined(), "pjrt: execute: input {} is an undefined tensor", i);
-    const Tensor h = inputs[i].to("cpu").contiguous();
-    const std::vector<int64_t> dims = h.shape().vec();
-    auto a = args<PJRT_Client_BufferFromHostBuffer_Args>();
-    a.client = c.client_;
-    a.data = h.raw_data();
-    a.type = tpu::pjrt::buffer_type_of(h.dtype());
-    a.dims = dims.data();
-    a.num_dims = dims.size();
-    a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes;
-    a.device = static_cast<PJRT_Device*>(c.devices_[size_t(device)]);
-    c.check(api->PJRT_Client_BufferFromHostBuffer(&a), "PJRT_Client_BufferFromHostBuffer");
-    ins.bufs.push_back(a.buffer);
-    if (a.done_with_host_buffer) {
-      auto w = args<PJRT_Event_Await_Args>();
-      w.event = a.done_with_host_buffer;
-      PJRT_Error* we = api->PJRT_Event_Await(&w);
-      destroy_event(a.done_with_host_buffer);
-      c.check(we, "PJRT_Event_Await (host buffer)");
-    }
+    TPU_CHECK(inputs[i] && inputs[i]->client_.get() == &c, "pjrt: execute: input {} is not a buffer of this client", i);
+    in.push_back(inputs[i]->buf_);
   }
   std::vector<PJRT_Buffer*> out_list(num_outputs_, nullptr);
-  PJRT_Buffer* const* arg_list = ins.bufs.data();
+  PJRT_Buffer* const* arg_list = in.data();
   PJRT_Buffer** out_ptr = out_list.data();
   PJRT_Event* done = nullptr;
   auto opts = args<PJRT_ExecuteOptions>();
@@ -222,40 +243,46 @@ std::vector<Tensor> Executable::execute(const std::vector<Tensor>& inputs, int d
   a.options = &opts;
   a.argument_lists = &arg_list;
   a.num_devices = 1;
-  a.num_args = ins.bufs.size();
+  a.num_args = in.size();
   a.output_lists = &out_ptr;
   a.device_complete_events = &done;
   a.execute_device = static_cast<PJRT_Device*>(c.devices_[size_t(device)]);
   c.check(api->PJRT_LoadedExecutable_Execute(&a), "PJRT_LoadedExecutable_Execute");
-  for (PJRT_Buffer* b : out_list) outs.bufs.push_back(b);
-  if (done) {
-    auto w = args<PJRT_Event_Await_Args>();
-    w.event = done;
-    PJRT_Error* we = api->PJRT_Event_Await(&w);
-    destroy_event(done);
-    c.check(we, "PJRT_Event_Await (execution)");
+  // Own the outputs first, so an error below frees them.
+  std::vector<BufferPtr> outs;
+  for (PJRT_Buffer* b : out_list) {
+    BufferPtr p(new Buffer());
+    p->client_ = client_;
+    p->buf_ = b;
+    p->device_ = device;
+    outs.push_back(p);
+  }
+  c.await_and_destroy(done, "PJRT_Event_Await (execution)");
+  for (BufferPtr& p : outs) {
+    TPU_CHECK(p->buf_, "pjrt ({}): the plugin returned no buffer for an output", c.platform_);
+    auto et = args<PJRT_Buffer_ElementType_Args>();
+    et.buffer = p->buf_;
+    c.check(api->PJRT_Buffer_ElementType(&et), "PJRT_Buffer_ElementType");
+    p->dtype_ = tensor_type(et.type);
+    auto dm = args<PJRT_Buffer_Dimensions_Args>();
+    dm.buffer = p->buf_;
+    c.check(api->PJRT_Buffer_Dimensions(&dm), "PJRT_Buffer_Dimensions");
+    p->dims_.assign(dm.dims, dm.dims + dm.num_dims);
+  }
+  return outs;
+}
+
+std::vector<Tensor> Executable::execute(const std::vector<Tensor>& inputs, int device) {
+  std::vector<BufferPtr> ins;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    TPU_CHECK(inputs[i].defined(), "pjrt: execute: input {} is an undefined tensor", i);
+    const Tensor h = inputs[i].to("cpu").contiguous();
+    ins.push_back(client_->upload(h.raw_data(), h.dtype(), h.shape().vec(), device));
   }
   std::vector<Tensor> results;
-  for (PJRT_Buffer* b : out_list) {
-    auto et = args<PJRT_Buffer_ElementType_Args>();
-    et.buffer = b;
-    c.check(api->PJRT_Buffer_ElementType(&et), "PJRT_Buffer_ElementType");
-    auto dm = args<PJRT_Buffer_Dimensions_Args>();
-    dm.buffer = b;
-    c.check(api->PJRT_Buffer_Dimensions(&dm), "PJRT_Buffer_Dimensions");
-    Tensor r = empty(Shape(std::vector<int64_t>(dm.dims, dm.dims + dm.num_dims)), TensorOptions(tensor_type(et.type)));
-    auto th = args<PJRT_Buffer_ToHostBuffer_Args>();
-    th.src = b;
-    th.dst = r.raw_data();
-    th.dst_size = size_t(r.numel()) * r.element_size();
-    c.check(api->PJRT_Buffer_ToHostBuffer(&th), "PJRT_Buffer_ToHostBuffer");
-    if (th.event) {
-      auto w = args<PJRT_Event_Await_Args>();
-      w.event = th.event;
-      PJRT_Error* we = api->PJRT_Event_Await(&w);
-      destroy_event(th.event);
-      c.check(we, "PJRT_Event_Await (to host)");
-    }
+  for (const BufferPtr& b : execute_buffers(ins, device)) {
+    Tensor r = empty(Shape(b->dims()), TensorOptions(b->dtype()));
+    b->to_host(r.raw_data(), size_t(r.numel()) * r.element_size());
     results.push_back(r);
   }
   return results;

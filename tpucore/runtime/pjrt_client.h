@@ -3,8 +3,9 @@
 // devices, compiles StableHLO modules (format "mlir", e.g. from tpu::export_stablehlo) and runs
 // them on host tensors. The C declarations are device/pjrt/pjrt_c_api.h (PJRT C API 0.33).
 //
-// Not (yet) a `pjrt` device type: tensors live on the host between calls and every execute
-// copies its inputs in and its outputs out.
+// Executable::execute takes and returns host tensors (copies in and out on every call);
+// execute_buffers keeps the data in PJRT buffers (what the `pjrt` device type uses, see
+// tpucore/runtime/pjrt_device.h).
 #pragma once
 
 #include <memory>
@@ -16,10 +17,38 @@
 struct PJRT_Api;
 struct PJRT_Client;
 struct PJRT_LoadedExecutable;
+struct PJRT_Buffer;
 
 namespace tpu::pjrt {
 
 class Executable;
+class Client;
+
+// A PJRT buffer on one device of a client (typed, dense, major to minor); destroyed with the
+// last reference. The client outlives its buffers.
+class Buffer {
+ public:
+  ~Buffer();
+  DType dtype() const { return dtype_; }
+  const std::vector<int64_t>& dims() const { return dims_; }
+  int device() const { return device_; }
+  size_t nbytes() const;
+  // Copies the whole buffer to `dst` (n must be nbytes()).
+  void to_host(void* dst, size_t n) const;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+ private:
+  friend class Client;
+  friend class Executable;
+  Buffer() = default;
+  std::shared_ptr<Client> client_;
+  PJRT_Buffer* buf_ = nullptr;
+  DType dtype_ = DType::f32;
+  std::vector<int64_t> dims_;
+  int device_ = 0;
+};
+using BufferPtr = std::shared_ptr<Buffer>;
 
 class Client : public std::enable_shared_from_this<Client> {
  public:
@@ -35,6 +64,10 @@ class Client : public std::enable_shared_from_this<Client> {
   int api_major() const;
   int api_minor() const;
 
+  const std::string& path() const { return path_; }
+  // A new buffer on device `device` holding a copy of `data` (dense, major to minor).
+  BufferPtr upload(const void* data, DType dtype, const std::vector<int64_t>& dims, int device);
+
   // Compiles a module; errors of the plugin's compiler are a tpu::Error with its message.
   std::shared_ptr<Executable> compile(const std::string& mlir_text);
 
@@ -43,6 +76,8 @@ class Client : public std::enable_shared_from_this<Client> {
 
  private:
   friend class Executable;
+  friend class Buffer;
+  void await_and_destroy(void* event, const char* what) const;  // PJRT_Event*
   Client() = default;
   void check(void* err, const char* what) const;  // PJRT_Error*
 
@@ -59,6 +94,8 @@ class Executable {
   // Runs on device `device` of the client with host tensors (any device: copied to the host
   // first); returns the outputs as cpu tensors.
   std::vector<Tensor> execute(const std::vector<Tensor>& inputs, int device = 0);
+  // Runs on device `device` with buffers of this client; the outputs stay on the device.
+  std::vector<BufferPtr> execute_buffers(const std::vector<BufferPtr>& inputs, int device = 0);
 
  private:
   friend class Client;
@@ -69,3 +106,39 @@ class Executable {
 };
 
 }  // namespace tpu::pjrt
+
+namespace tpu {
+
+// ---- the `pjrt` device type (tpucore/runtime/pjrt_device.cpp) ----
+// Loads a PJRT plugin as the driver of `pjrt:N` (one device per addressable device of the
+// plugin's client), replacing any previous one; returns the plugin's platform name. Without a
+// call, TPU_PJRT_PLUGIN names the plugin, loaded on the first use of a pjrt device. A library
+// that cannot be loaded, lacks GetPjrtApi, has another API version or cannot create a client is
+// a tpu::Error; the previous driver (or none) stays in place.
+//
+// Eager ops on pjrt tensors run as single-op StableHLO executables (tpu::export_stablehlo of
+// the one op), compiled once per op, attributes, input shapes and dtypes and cached. An op
+// without a StableHLO counterpart (or one the plugin's compiler refuses) runs through the host
+// fallback (ops/fallback.h: counted, logged once per op); set_pjrt_host_fallback(false) (or
+// TPU_PJRT_HOST_FALLBACK=0) makes that a tpu::Error naming the op instead. A tpu::compile'd
+// function whose inputs are on a pjrt device is one executable per cache entry (its traced graph
+// exported whole); a graph with an unmapped op runs node by node instead (each node as above).
+std::string load_pjrt_plugin(const std::string& path);
+
+struct PjrtStats {
+  uint64_t compiles = 0;        // executables compiled (cache misses that mapped)
+  uint64_t cache_hits = 0;      // eager op calls that reused a cached executable
+  uint64_t executions = 0;      // executables run
+  uint64_t uploads = 0;         // host -> device buffer transfers
+  uint64_t downloads = 0;       // device -> host buffer transfers
+  uint64_t host_fallbacks = 0;  // op calls that ran on the host (no StableHLO counterpart)
+  uint64_t unmapped = 0;        // distinct op signatures found not to map
+  uint64_t graph_compiles = 0;  // tpu::compile'd graphs compiled as one executable
+  uint64_t graph_runs = 0;      // runs of those executables
+};
+PjrtStats pjrt_stats();
+void reset_pjrt_stats();
+void set_pjrt_host_fallback(bool on);
+bool pjrt_host_fallback();
+
+}  // namespace tpu
