@@ -5,7 +5,11 @@
 // gemm_bf16 otherwise.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
+
+#include "tpucore/core/parallel.h"
 
 namespace tpu::kernels {
 
@@ -30,4 +34,29 @@ bool gemv_f32_avx2(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs
 bool gemv_bf16_avx2(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs,
                     const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate);
 
+namespace detail {
+
+// Runs fn(b0, b1) over [0, blocks) on the pool threads, in runs of consecutive blocks that
+// each thread takes from a shared counter until none are left: on a host shared with other
+// work a descheduled thread then holds up the others for one run, not for a fixed share of
+// the product. Inline when there are at most `grain` blocks.
+template <class F>
+void gemv_for_blocks(int64_t blocks, int64_t grain, F&& fn) {
+  const int nt = tpu::num_threads();
+  if (blocks <= grain || nt <= 1) {
+    fn(int64_t{0}, blocks);
+    return;
+  }
+  const int64_t run = std::max<int64_t>(std::max<int64_t>(1, grain / 4), blocks / (int64_t{nt} * 8));
+  std::atomic<int64_t> next{0};
+  tpu::parallel_for(0, nt, 1, [&](int64_t, int64_t) {
+    for (;;) {
+      const int64_t b = next.fetch_add(run, std::memory_order_relaxed);
+      if (b >= blocks) break;
+      fn(b, std::min(blocks, b + run));
+    }
+  });
+}
+
+}  // namespace detail
 }  // namespace tpu::kernels

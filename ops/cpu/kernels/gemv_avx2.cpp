@@ -126,7 +126,7 @@ void run(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, const T* B, 
   if (M <= 2) {
     const int64_t blocks = (N + 3) / 4;
     const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, M * K * 4));
-    tpu::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+    detail::gemv_for_blocks(blocks, grain, [&](int64_t b0, int64_t b1) {
       dot_cols<T>(M, K, A, a_rs, B, b_cs, C, ldc, accumulate, b0 * 4, std::min(N, b1 * 4));
     });
     return;
@@ -139,7 +139,7 @@ void run(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, const T* B, 
     for (int64_t k = 0; k < K; ++k) pan[k * lanes + i] = f32_of(A[i * a_rs + k]);
   const int64_t blocks = (N + kCols - 1) / kCols;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, lanes * K * kCols));
-  tpu::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+  detail::gemv_for_blocks(blocks, grain, [&](int64_t b0, int64_t b1) {
     const int64_t j0 = b0 * kCols, j1 = std::min(N, b1 * kCols);
     if (V == 1)
       bcast_cols<1, T>(M, K, pan, B, b_cs, C, ldc, accumulate, j0, j1);

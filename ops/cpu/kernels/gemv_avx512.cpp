@@ -268,7 +268,7 @@ void bcast_run(int64_t M, int64_t N, int64_t K, const typename R::T* A, int64_t 
   R::pack(M, K, A, a_rs, pan);
   const int64_t blocks = (N + kBcastCols - 1) / kBcastCols;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, 16 * K * kBcastCols));
-  tpu::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+  detail::gemv_for_blocks(blocks, grain, [&](int64_t b0, int64_t b1) {
     bcast_cols<R>(M, K, pan, B, b_cs, C, ldc, accumulate, b0 * kBcastCols, std::min(N, b1 * kBcastCols));
   });
 }
@@ -279,7 +279,7 @@ void gemv_run(int64_t M, int64_t N, int64_t K, const typename R::T* A, int64_t a
   // Blocks of kCols columns; a thread takes at least ~256K multiply-adds.
   const int64_t blocks = (N + kCols - 1) / kCols;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, M * K * kCols));
-  tpu::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+  detail::gemv_for_blocks(blocks, grain, [&](int64_t b0, int64_t b1) {
     gemv_cols<R>(M, K, A, a_rs, B, b_cs, C, ldc, accumulate, b0 * kCols, std::min(N, b1 * kCols));
   });
 }
