@@ -88,6 +88,26 @@ TEST_CASE("gemv kernels: f32 and bf16 against a naive double loop", "[gemm][gemv
         }
 }
 
+TEST_CASE("gemv kernels: more than 16 rows in 16-row groups (AVX-512)", "[gemm][gemv]") {
+  if (!have_avx512()) {
+    WARN("no AVX-512 on this CPU: the wide gemv path is not tested here");
+    return;
+  }
+  auto f32 = [](float x) { return x; };
+  auto to_bf16 = [](float x) {
+    uint32_t b;
+    std::memcpy(&b, &x, sizeof b);
+    return static_cast<uint16_t>(b >> 16);
+  };
+  for (int64_t M : {17, 40, 128})
+    for (int64_t N : {3, 9, 130})
+      for (int64_t K : {16, 33, 100})
+        for (bool acc : {false, true}) {
+          check<float>(M, N, K, acc, f32, f32);
+          if (tpu::cpu_features().avx512_bf16) check<uint16_t>(M, N, K, acc, bf16_value, to_bf16);
+        }
+}
+
 TEST_CASE("gemv kernels, AVX2 paths: f32 and bf16 against a naive double loop", "[gemm][gemv]") {
   if (!tpu::kernels::gemm_avx2_available()) {
     WARN("no AVX2+FMA on this CPU: the AVX2 gemv paths are not tested here");
@@ -111,7 +131,9 @@ TEST_CASE("gemv kernels, AVX2 paths: f32 and bf16 against a naive double loop", 
 TEST_CASE("gemv kernels decline what they do not handle", "[gemm][gemv]") {
   std::vector<float> a(64 * 64, 1.f), b(64 * 64, 1.f), c(64 * 64, 7.f);
   using tpu::kernels::gemv_f32;
-  CHECK_FALSE(gemv_f32(tpu::kernels::kGemvMaxRows + 1, 4, 32, a.data(), 32, 1, b.data(), 1, 32, c.data(), 4, false));
+  CHECK_FALSE(gemv_f32(tpu::kernels::kGemvMaxRowsWide + 1, 4, 32, a.data(), 32, 1, b.data(), 1, 32, c.data(), 4, false));
+  CHECK_FALSE(tpu::kernels::gemv_f32_avx2(tpu::kernels::kGemvMaxRows + 1, 4, 32, a.data(), 32, 1, b.data(), 1, 32,
+                                          c.data(), 4, false));
   CHECK_FALSE(gemv_f32(2, 4, 32, a.data(), 1, 2, b.data(), 1, 32, c.data(), 4, false));   // A columns strided
   CHECK_FALSE(gemv_f32(2, 4, 32, a.data(), 32, 1, b.data(), 4, 1, c.data(), 4, false));   // B rows contiguous
   CHECK_FALSE(gemv_f32(2, 4, 15, a.data(), 15, 1, b.data(), 1, 15, c.data(), 4, false));  // K below one step

@@ -14,6 +14,9 @@
 namespace tpu::kernels {
 
 constexpr int64_t kGemvMaxRows = 16;
+// With AVX-512 (f32, or bf16 with avx512_bf16), up to this many rows also take the broadcast
+// kernel when its A panel fits in half of the L2 (tpu::cpu_caches()).
+constexpr int64_t kGemvMaxRowsWide = 128;
 // Up to this many rows the AVX-512 path takes dot products along K; more rows the broadcast
 // kernel (a [K][16] panel of A, one FMA per weight element).
 constexpr int64_t kGemvDotRows = 4;

@@ -10,7 +10,9 @@
 //   and each block of kBcastCols weight rows is streamed along K: one 16-lane FMA per weight
 //   element, the element broadcast from memory, the panel row shared by the block. An
 //   accumulator then holds one column of C for all 16 rows: no horizontal sums, and 1 + 1/8
-//   loads per FMA instead of the 3/4 vector loads of the dot-product kernel.
+//   loads per FMA instead of the 3/4 vector loads of the dot-product kernel. Up to
+//   kGemvMaxRowsWide rows (a prefill of a decode batch) run in groups of 16 over each block of
+//   weight rows while it is in L1, as long as the panel fits in half of the L2.
 // Columns are split over the pool threads.
 //
 // Only with AVX-512 (f32 FMA; bf16 with vdpbf16ps when avx512_bf16 is there, else widened to
@@ -169,9 +171,12 @@ struct F32Bcast {
   using P = float;
   static constexpr int kPer = 1;
   static void pack(int64_t M, int64_t K, const float* A, int64_t a_rs, float* pan) {
-    std::memset(pan, 0, sizeof(float) * 16 * static_cast<size_t>(K));
-    for (int64_t i = 0; i < M; ++i)
-      for (int64_t k = 0; k < K; ++k) pan[k * 16 + i] = A[i * a_rs + k];
+    const int64_t groups = (M + 15) / 16;
+    std::memset(pan, 0, sizeof(float) * 16 * static_cast<size_t>(K * groups));
+    for (int64_t i = 0; i < M; ++i) {
+      float* g = pan + (i / 16) * K * 16 + i % 16;
+      for (int64_t k = 0; k < K; ++k) g[k * 16] = A[i * a_rs + k];
+    }
   }
   TPU_GEMV_AVX512 static __m512 mac(__m512 acc, __m512 a, const float* w) {
     return _mm512_fmadd_ps(a, _mm512_set1_ps(*w), acc);
@@ -184,13 +189,14 @@ struct Bf16Bcast {
   using P = uint32_t;
   static constexpr int kPer = 2;
   static void pack(int64_t M, int64_t K, const uint16_t* A, int64_t a_rs, uint32_t* pan) {
-    const int64_t kp = (K + 1) / 2;
-    std::memset(pan, 0, sizeof(uint32_t) * 16 * static_cast<size_t>(kp));
+    const int64_t kp = (K + 1) / 2, groups = (M + 15) / 16;
+    std::memset(pan, 0, sizeof(uint32_t) * 16 * static_cast<size_t>(kp * groups));
     for (int64_t i = 0; i < M; ++i) {
       const uint16_t* a = A + i * a_rs;
+      uint32_t* g = pan + (i / 16) * kp * 16 + i % 16;
       for (int64_t k = 0; k < K; ++k) {
         const uint32_t v = a[k];
-        pan[(k / 2) * 16 + i] |= (k & 1) ? v << 16 : v;
+        g[(k / 2) * 16] |= (k & 1) ? v << 16 : v;
       }
     }
   }
@@ -208,7 +214,9 @@ struct Bf16Bcast {
   TPU_GEMV_AVX512_BF16 static __m512i load(const uint32_t* pan) { return _mm512_load_si512(pan); }
 };
 
-// C[0 .. M, j0 .. j1) from the panel: blocks of kBcastCols weight rows, each streamed along K.
+// C[0 .. M, j0 .. j1) from the panel: blocks of kBcastCols weight rows, each streamed along K once
+// per group of 16 rows (the block stays in L1 across the groups; panel group g holds rows
+// 16 g .. 16 g + 15 at pan + g * words * 16).
 template <class R>
 TPU_GEMV_AVX512_BF16 void bcast_cols(int64_t M, int64_t K, const typename R::P* pan, const typename R::T* B,
                                      int64_t b_cs, float* C, int64_t ldc, bool accumulate, int64_t j0, int64_t j1) {
@@ -218,9 +226,11 @@ TPU_GEMV_AVX512_BF16 void bcast_cols(int64_t M, int64_t K, const typename R::P* 
     const int cols = static_cast<int>(std::min<int64_t>(kBcastCols, j1 - j));
     const typename R::T* w[kBcastCols];
     for (int c = 0; c < kBcastCols; ++c) w[c] = B + (j + std::min(c, cols - 1)) * b_cs;
+    for (int64_t g = 0; g * 16 < M; ++g) {
+    const typename R::P* gp = pan + g * ((K + R::kPer - 1) / R::kPer) * 16;
     __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
     for (int64_t p = 0; p < kfull; ++p) {
-      const auto a = R::load(pan + p * 16);
+      const auto a = R::load(gp + p * 16);
       const int64_t k = p * R::kPer;
       s0 = R::mac(s0, a, w[0] + k);
       s1 = R::mac(s1, a, w[1] + k);
@@ -233,7 +243,7 @@ TPU_GEMV_AVX512_BF16 void bcast_cols(int64_t M, int64_t K, const typename R::P* 
     }
     if constexpr (R::kPer == 2) {
       if (K & 1) {
-        const auto a = R::load(pan + kfull * 16);
+        const auto a = R::load(gp + kfull * 16);
         const int64_t k = kfull * 2;
         s0 = R::mac_last(s0, a, w[0] + k);
         s1 = R::mac_last(s1, a, w[1] + k);
@@ -253,9 +263,10 @@ TPU_GEMV_AVX512_BF16 void bcast_cols(int64_t M, int64_t K, const typename R::P* 
     _mm512_store_ps(out[5], s5);
     _mm512_store_ps(out[6], s6);
     _mm512_store_ps(out[7], s7);
-    for (int64_t i = 0; i < M; ++i) {
-      float* c = C + i * ldc + j;
+    for (int64_t i = 0; i < std::min<int64_t>(16, M - g * 16); ++i) {
+      float* c = C + (g * 16 + i) * ldc + j;
       for (int q = 0; q < cols; ++q) c[q] = accumulate ? c[q] + out[q][i] : out[q][i];
+    }
     }
   }
 }
@@ -264,10 +275,12 @@ template <class R>
 void bcast_run(int64_t M, int64_t N, int64_t K, const typename R::T* A, int64_t a_rs, const typename R::T* B,
                int64_t b_cs, float* C, int64_t ldc, bool accumulate) {
   const int64_t words = (K + R::kPer - 1) / R::kPer;
-  auto* pan = static_cast<typename R::P*>(t_panel.get(sizeof(typename R::P) * 16 * static_cast<size_t>(words)));
+  const int64_t groups = (M + 15) / 16;
+  auto* pan = static_cast<typename R::P*>(
+      t_panel.get(sizeof(typename R::P) * 16 * static_cast<size_t>(words * groups)));
   R::pack(M, K, A, a_rs, pan);
   const int64_t blocks = (N + kBcastCols - 1) / kBcastCols;
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, 16 * K * kBcastCols));
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, 16 * groups * K * kBcastCols));
   detail::gemv_for_blocks(blocks, grain, [&](int64_t b0, int64_t b1) {
     bcast_cols<R>(M, K, pan, B, b_cs, C, ldc, accumulate, b0 * kBcastCols, std::min(N, b1 * kBcastCols));
   });
@@ -284,6 +297,15 @@ void gemv_run(int64_t M, int64_t N, int64_t K, const typename R::T* A, int64_t a
   });
 }
 
+// Rows the broadcast kernel takes beyond kGemvMaxRows: up to kGemvMaxRowsWide while the panel
+// (16-row groups x K, 4 bytes a value) takes at most half of the L2, so it stays there while
+// each block of weight rows is reused from L1 by every group.
+bool wide_ok(int64_t M, int64_t N, int64_t K, int64_t a_cs, int64_t b_rs) {
+  if (M <= kGemvMaxRows || M > kGemvMaxRowsWide || N < 1 || K < 16 || a_cs != 1 || b_rs != 1) return false;
+  const int64_t l2 = cpu_caches().l2 > 0 ? cpu_caches().l2 : int64_t{512} << 10;
+  return (M + 15) / 16 * 16 * K * 4 <= l2 / 2;
+}
+
 bool avx512_ok() {
   const CpuFeatures& f = cpu_features();
   return f.avx512f && f.avx512bw && f.avx512vl && f.fma;
@@ -293,6 +315,10 @@ bool avx512_ok() {
 
 bool gemv_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs, const float* B,
               int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate) {
+  if (avx512_ok() && wide_ok(M, N, K, a_cs, b_rs)) {
+    bcast_run<F32Bcast>(M, N, K, A, a_rs, B, b_cs, C, ldc, accumulate);
+    return true;
+  }
   if (!gemv_applies(M, N, K, a_cs, b_rs)) return false;
   if (!avx512_ok())
     return gemm_avx2_available() && gemv_f32_avx2(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate);
@@ -305,6 +331,10 @@ bool gemv_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int
 
 bool gemv_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs, const uint16_t* B,
                int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate) {
+  if (avx512_ok() && cpu_features().avx512_bf16 && wide_ok(M, N, K, a_cs, b_rs)) {
+    bcast_run<Bf16Bcast>(M, N, K, A, a_rs, B, b_cs, C, ldc, accumulate);
+    return true;
+  }
   if (!gemv_applies(M, N, K, a_cs, b_rs)) return false;
   if (!avx512_ok())
     return gemm_avx2_available() && gemv_bf16_avx2(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate);
