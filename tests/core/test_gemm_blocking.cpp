@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "ops/cpu/kernels/gemm.h"
@@ -52,8 +53,7 @@ TEST_CASE("gemm blocking: sane for many cache configurations", "[gemm][blocking]
       {int64_t{1} << 20, 64 << 20, int64_t{1} << 30},  // huge
   };
   for (const Caches& c : configs)
-    for (int tile : {0, 1, 2}) {
-      const int mr = tile == 0 ? 14 : (tile == 1 ? 6 : 6), nr = tile == 0 ? 32 : (tile == 1 ? 16 : 8);
+    for (const auto& [mr, nr] : {std::pair{14, 32}, std::pair{6, 16}, std::pair{6, 8}}) {
       const GemmBlocking b = derive_blocking(mr, nr, 4, c.l1, c.l2, c.l3);
       INFO("l1 " << c.l1 << " l2 " << c.l2 << " l3 " << c.l3 << " tile " << mr << "x" << nr);
       const int64_t l1 = c.l1 > 0 ? c.l1 : 32 << 10, l2 = c.l2 > 0 ? c.l2 : 512 << 10;
