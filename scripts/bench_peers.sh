@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Fair OpenBLAS peer: runs the libtorch (OpenBLAS) f32 GEMM of bench/peer/bench_matmul_torch once
 # per OPENBLAS_CORETYPE this CPU can take (from the /proc/cpuinfo flags) and with it unset,
-# prints GFLOP/s per size for each, and names the fastest kernel (per size and overall).
+# prints GFLOP per CPU-second per size and thread count for each, names the fastest kernel (per
+# case and overall), then runs the whole peer binary once more with that kernel: ours (f32 and
+# bf16) against OpenBLAS (f32) and oneDNN (bf16) in one run, as the table the README quotes.
 #   bash scripts/bench_peers.sh [path/to/bench_matmul_torch]
 # Needs the peer benchmarks built (cmake -DTPU_BENCH_PEERS=ON with libtorch installed;
-# scripts/bench.sh does it). MIN_TIME (default 0.2 s) sets --benchmark_min_time.
+# scripts/bench.sh does it). MIN_TIME (default 0.5 s) sets --benchmark_min_time; REPS (default 3)
+# the repetitions of the final run (each case keeps its best repetition, ours and the peers'
+# alike: on a shared host the best one is the least disturbed). libtorch runs with
+# OMP_WAIT_POLICY=PASSIVE, its best setting for CPU time (its OpenMP threads otherwise spin).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN="${1:-}"
@@ -33,11 +38,11 @@ out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 for t in unset "${types[@]}"; do
   if [ "$t" = unset ]; then
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$BIN" --benchmark_filter='BM_torch_f32' \
-      --benchmark_min_time="${MIN_TIME:-0.2}" --benchmark_format=json >"$out/$t.json" 2>/dev/null
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_WAIT_POLICY=PASSIVE "$BIN" --benchmark_filter='BM_torch_f32' \
+      --benchmark_min_time="${MIN_TIME:-0.5}" --benchmark_format=json >"$out/$t.json" 2>/dev/null
   else
-    env -u OPENBLAS_L2_SIZE OPENBLAS_CORETYPE="$t" "$BIN" --benchmark_filter='BM_torch_f32' \
-      --benchmark_min_time="${MIN_TIME:-0.2}" --benchmark_format=json >"$out/$t.json" 2>/dev/null
+    env -u OPENBLAS_L2_SIZE OMP_WAIT_POLICY=PASSIVE OPENBLAS_CORETYPE="$t" "$BIN" --benchmark_filter='BM_torch_f32' \
+      --benchmark_min_time="${MIN_TIME:-0.5}" --benchmark_format=json >"$out/$t.json" 2>/dev/null
   fi
 done
 python3 - "$out" unset "${types[@]}" <<'PY'
@@ -47,14 +52,37 @@ res = {}  # coretype -> {n: GFLOP/s}
 for t in names:
     with open(f"{d}/{t}.json") as f:
         js = json.load(f)
-    res[t] = {int(b["name"].split("/")[1]): b["GFLOP/s"] for b in js["benchmarks"] if "GFLOP/s" in b}
-sizes = sorted({n for r in res.values() for n in r})
-print("OPENBLAS_CORETYPE  " + "".join(f"{'n=' + str(n):>10}" for n in sizes) + "   (f32 GEMM GFLOP/s, libtorch + OpenBLAS)")
+    res[t] = {tuple(b["name"].split("/")[1:3]): b["GFLOP/cpu_s"] for b in js["benchmarks"] if "GFLOP/cpu_s" in b}
+sizes = sorted({n for r in res.values() for n in r}, key=lambda c: (int(c[1]), int(c[0])))
+print("OPENBLAS_CORETYPE  " + "".join(f"{'n=' + c[0] + '/' + c[1] + 't':>12}" for c in sizes) + "   (f32 GEMM GFLOP per CPU-second, libtorch + OpenBLAS)")
 for t in names:
-    print(f"{t:<18} " + "".join(f"{res[t].get(n, float('nan')):>10.1f}" for n in sizes))
+    print(f"{t:<18} " + "".join(f"{res[t].get(n, float('nan')):>12.1f}" for n in sizes))
 for n in sizes:
     best = max(names, key=lambda t: res[t].get(n, 0))
-    print(f"fastest at n={n}: {best} ({res[best][n]:.1f} GFLOP/s)")
-overall = max(names, key=lambda t: sum(res[t].get(n, 0) / max(res[u].get(n, 1e-9) for u in names) for n in sizes))
-print(f"fastest overall: OPENBLAS_CORETYPE={overall}  (use it for the peer rows)")
+    print(f"fastest at n={n[0]}, {n[1]} thread(s): {best} ({res[best][n]:.1f})")
+import math
+overall = max(names, key=lambda t: sum(math.log(max(res[t].get(n, 0), 1e-9)) for n in sizes))  # geometric mean
+print(f"fastest overall: OPENBLAS_CORETYPE={overall}")
+with open(f"{d}/best", "w") as f:
+    f.write(overall)
+PY
+best="$(cat "$out/best")"
+if [ "$best" = unset ]; then run=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_WAIT_POLICY=PASSIVE); else run=(env -u OPENBLAS_L2_SIZE OMP_WAIT_POLICY=PASSIVE OPENBLAS_CORETYPE="$best"); fi
+"${run[@]}" "$BIN" --benchmark_min_time="${MIN_TIME:-0.5}" --benchmark_repetitions="${REPS:-3}" --benchmark_format=json >"$out/all.json" 2>/dev/null
+python3 - "$out/all.json" "$best" "$model" <<'PY'
+import json, sys
+js = json.load(open(sys.argv[1]))
+g = {}
+for b in js["benchmarks"]:
+    if "GFLOP/cpu_s" in b and b.get("run_type", "iteration") == "iteration":
+        name, n, t = b["name"].split("/")[:3]
+        g[(name, int(n), int(t))] = max(g.get((name, int(n), int(t)), 0), b["GFLOP/cpu_s"])
+print(f"one run, {sys.argv[3]}; GFLOP per CPU-second (process CPU time, all threads), best of the repetitions")
+print(f"| n | threads | ours f32 | OpenBLAS f32 ({sys.argv[2]}) | ratio | ours bf16 | oneDNN bf16 | ratio |")
+print("|---|---|---|---|---|---|---|---|")
+for t in (1, 2):
+    for n in (256, 512, 1024, 2048):
+        of, tf = g.get(("BM_ours_f32", n, t), 0), g.get(("BM_torch_f32", n, t), 0)
+        ob, tb = g.get(("BM_ours_bf16", n, t), 0), g.get(("BM_torch_bf16", n, t), 0)
+        print(f"| {n} | {t} | {of:.1f} | {tf:.1f} | {of / max(tf, 1e-9):.2f}x | {ob:.1f} | {tb:.1f} | {ob / max(tb, 1e-9):.2f}x |")
 PY

@@ -1,7 +1,10 @@
 // The few-row product kernels (ops/cpu/kernels/gemv.h) against a naive loop accumulated in
 // double: ragged M, N, K (tails of the 16- and 32-wide steps, of the 4-column blocks), padded
 // row strides, accumulate on and off, and the cases they must decline (the packed GEMM path
-// then takes them). Skipped with a warning on CPUs without AVX-512.
+// then takes them). M covers both AVX-512 kernels (dot products up to kGemvDotRows rows, the
+// broadcast panel above) and the AVX2 paths (dot products for 1-2 rows, one or two 8-row
+// registers above), each forced through its entry point. Skipped with a warning on CPUs
+// without the ISA.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -9,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "ops/cpu/kernels/gemm.h"
 #include "ops/cpu/kernels/gemv.h"
 #include "tpucore/core/cpu_features.h"
 
@@ -29,7 +33,7 @@ bool have_avx512() {
 // A [M, K] with row stride K + 3, W [N, K] with row stride K + 5 (B = W^T: b_rs 1, b_cs K + 5),
 // C [M, N] with ldc N + 2 (the padding of C must stay untouched).
 template <class T, class ToFloat, class Make>
-void check(int64_t M, int64_t N, int64_t K, bool accumulate, ToFloat value, Make make) {
+void check(int64_t M, int64_t N, int64_t K, bool accumulate, ToFloat value, Make make, bool avx2 = false) {
   std::mt19937 rng(static_cast<uint32_t>(M * 1000003 + N * 1009 + K));
   std::uniform_real_distribution<float> u(-1.f, 1.f);
   const int64_t a_rs = K + 3, w_rs = K + 5, ldc = N + 2;
@@ -41,9 +45,11 @@ void check(int64_t M, int64_t N, int64_t K, bool accumulate, ToFloat value, Make
   const std::vector<float> c0 = c;
   bool took;
   if constexpr (std::is_same_v<T, float>)
-    took = tpu::kernels::gemv_f32(M, N, K, a.data(), a_rs, 1, w.data(), 1, w_rs, c.data(), ldc, accumulate);
+    took = avx2 ? tpu::kernels::gemv_f32_avx2(M, N, K, a.data(), a_rs, 1, w.data(), 1, w_rs, c.data(), ldc, accumulate)
+                : tpu::kernels::gemv_f32(M, N, K, a.data(), a_rs, 1, w.data(), 1, w_rs, c.data(), ldc, accumulate);
   else
-    took = tpu::kernels::gemv_bf16(M, N, K, a.data(), a_rs, 1, w.data(), 1, w_rs, c.data(), ldc, accumulate);
+    took = avx2 ? tpu::kernels::gemv_bf16_avx2(M, N, K, a.data(), a_rs, 1, w.data(), 1, w_rs, c.data(), ldc, accumulate)
+                : tpu::kernels::gemv_bf16(M, N, K, a.data(), a_rs, 1, w.data(), 1, w_rs, c.data(), ldc, accumulate);
   REQUIRE(took);
   for (int64_t i = 0; i < M; ++i) {
     for (int64_t j = 0; j < N; ++j) {
@@ -53,7 +59,7 @@ void check(int64_t M, int64_t N, int64_t K, bool accumulate, ToFloat value, Make
         ref += p;
         mag += std::fabs(p);
       }
-      INFO("M " << M << " N " << N << " K " << K << " acc " << accumulate << " at " << i << "," << j);
+      INFO((avx2 ? "avx2 " : "") << "M " << M << " N " << N << " K " << K << " acc " << accumulate << " at " << i << "," << j);
       REQUIRE(std::fabs(c[static_cast<size_t>(i * ldc + j)] - ref) <= 1e-5 * mag + 1e-6);
     }
     for (int64_t j = N; j < ldc; ++j) REQUIRE(c[static_cast<size_t>(i * ldc + j)] == c0[static_cast<size_t>(i * ldc + j)]);
@@ -73,8 +79,8 @@ TEST_CASE("gemv kernels: f32 and bf16 against a naive double loop", "[gemm][gemv
     std::memcpy(&b, &x, sizeof b);
     return static_cast<uint16_t>(b >> 16);
   };
-  for (int64_t M : {1, 2, 5, 16})
-    for (int64_t N : {1, 3, 4, 9, 130})
+  for (int64_t M : {1, 2, 4, 5, 9, 16})
+    for (int64_t N : {1, 3, 4, 9, 17, 130})
       for (int64_t K : {16, 17, 31, 32, 33, 100, 515})
         for (bool acc : {false, true}) {
           check<float>(M, N, K, acc, f32, f32);
@@ -82,10 +88,52 @@ TEST_CASE("gemv kernels: f32 and bf16 against a naive double loop", "[gemm][gemv
         }
 }
 
+TEST_CASE("gemv kernels: more than 16 rows in 16-row groups (AVX-512)", "[gemm][gemv]") {
+  if (!have_avx512()) {
+    WARN("no AVX-512 on this CPU: the wide gemv path is not tested here");
+    return;
+  }
+  auto f32 = [](float x) { return x; };
+  auto to_bf16 = [](float x) {
+    uint32_t b;
+    std::memcpy(&b, &x, sizeof b);
+    return static_cast<uint16_t>(b >> 16);
+  };
+  for (int64_t M : {17, 40, 128})
+    for (int64_t N : {3, 9, 130})
+      for (int64_t K : {16, 33, 100})
+        for (bool acc : {false, true}) {
+          check<float>(M, N, K, acc, f32, f32);
+          if (tpu::cpu_features().avx512_bf16) check<uint16_t>(M, N, K, acc, bf16_value, to_bf16);
+        }
+}
+
+TEST_CASE("gemv kernels, AVX2 paths: f32 and bf16 against a naive double loop", "[gemm][gemv]") {
+  if (!tpu::kernels::gemm_avx2_available()) {
+    WARN("no AVX2+FMA on this CPU: the AVX2 gemv paths are not tested here");
+    return;
+  }
+  auto f32 = [](float x) { return x; };
+  auto to_bf16 = [](float x) {
+    uint32_t b;
+    std::memcpy(&b, &x, sizeof b);
+    return static_cast<uint16_t>(b >> 16);
+  };
+  for (int64_t M : {1, 2, 3, 8, 9, 16})
+    for (int64_t N : {1, 5, 6, 7, 130})
+      for (int64_t K : {16, 17, 23, 100})
+        for (bool acc : {false, true}) {
+          check<float>(M, N, K, acc, f32, f32, true);
+          check<uint16_t>(M, N, K, acc, bf16_value, to_bf16, true);
+        }
+}
+
 TEST_CASE("gemv kernels decline what they do not handle", "[gemm][gemv]") {
   std::vector<float> a(64 * 64, 1.f), b(64 * 64, 1.f), c(64 * 64, 7.f);
   using tpu::kernels::gemv_f32;
-  CHECK_FALSE(gemv_f32(tpu::kernels::kGemvMaxRows + 1, 4, 32, a.data(), 32, 1, b.data(), 1, 32, c.data(), 4, false));
+  CHECK_FALSE(gemv_f32(tpu::kernels::kGemvMaxRowsWide + 1, 4, 32, a.data(), 32, 1, b.data(), 1, 32, c.data(), 4, false));
+  CHECK_FALSE(tpu::kernels::gemv_f32_avx2(tpu::kernels::kGemvMaxRows + 1, 4, 32, a.data(), 32, 1, b.data(), 1, 32,
+                                          c.data(), 4, false));
   CHECK_FALSE(gemv_f32(2, 4, 32, a.data(), 1, 2, b.data(), 1, 32, c.data(), 4, false));   // A columns strided
   CHECK_FALSE(gemv_f32(2, 4, 32, a.data(), 32, 1, b.data(), 4, 1, c.data(), 4, false));   // B rows contiguous
   CHECK_FALSE(gemv_f32(2, 4, 15, a.data(), 15, 1, b.data(), 1, 15, c.data(), 4, false));  // K below one step

@@ -72,7 +72,23 @@ struct GemmBlocking {
   int64_t nc;      // B block width
 };
 
-// AVX-512 micro-kernels (defined in gemm_avx512.cpp; only call when the CPU has them).
+// Cache blocking for a register tile of mr x nr from the data caches of one thread (bytes;
+// tpu::cpu_caches()), `step_bytes` bytes per packed value (4: an f32, or a pair of bf16):
+// - kc: the B micro-panel (kc x nr values) fills the L1d: it is reused there by every A
+//   micro-panel of the block, which stream from the L2 (kc x mr, prefetched);
+// - mc: the A block (mc x kc) takes half of the L2 (the rest for B panels and C);
+// - nc: the B block (kc x nc) takes half of the thread's share of the L3 (of the L2 without
+//   an L3), at most 4096 columns.
+// Multiples of 16 (kc), mr (mc) and nr (nc), clamped to kc 64..1024, mc mr..128 mr, nc
+// 4 nr..4096; a size of 0 (unknown) counts as 32 KiB L1d, 512 KiB L2, no L3.
+GemmBlocking derive_blocking(int mr, int nr, int64_t step_bytes, int64_t l1d, int64_t l2, int64_t l3);
+
+// The blocking the dispatched gemm_f32 / gemm_bf16 use on this CPU (from its caches).
+const GemmBlocking& gemm_blocking_f32();
+const GemmBlocking& gemm_blocking_bf16();
+
+// AVX-512 micro-kernels (defined in gemm_avx512.cpp; only call when the CPU has them). The
+// kAvx* constants give the register tiles (mr, nr); the driver derives mc, kc and nc.
 extern const GemmBlocking kAvx512BlockingF32;
 extern const GemmBlocking kAvx512BlockingBf16;
 void micro_kernel_f32_avx512(int64_t kc, const float* Ap, const float* Bp, float* C,

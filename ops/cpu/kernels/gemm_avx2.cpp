@@ -83,11 +83,10 @@ TPU_GEMM_AVX2 void tile_f32(int64_t kc, const float* Ap, const float* Bp, float*
 
 }  // namespace
 
-// kc counts packed k-steps. A B micro-panel (kc x 16 f32 = 16 KiB at kc = 256) stays in the
-// 32 KiB L1d while every A micro-panel of the block streams past it; the A block
-// (mc x kc = 144 KiB) stays in the 512 KiB L2 of a Zen 2/3 core, and the B block
-// (kc x nc = 4 MiB) in the shared L3.
-const GemmBlocking kAvx2BlockingF32 = {kMR, kNR, 6 * 24, 256, 4096};
+// The register tile; mc, kc and nc here are only the values the driver's derivation from the
+// caches gives on a Zen 2 core (32 KiB L1d, 512 KiB L2, 4 MiB L3 share): it derives them at run
+// time (detail::derive_blocking).
+const GemmBlocking kAvx2BlockingF32 = {kMR, kNR, 6 * 21, 512, 1024};
 
 TPU_GEMM_AVX2 void micro_kernel_f32_avx2(int64_t kc, const float* Ap, const float* Bp, float* C,
                                          int64_t ldc, int rows, int cols, bool load_c) {

@@ -111,12 +111,11 @@ TPU_GEMM_AVX512 inline void column_masks(int cols, __mmask16* m0, __mmask16* m1)
 
 }  // namespace
 
-// kc counts packed k-steps (bf16: pairs). An A block (mc x kc, 512 KiB for f32) sits in
-// the 1 MiB L2; a B micro-panel (kc x 32) streams through L1 while it is reused for every
-// A panel of the block. Tuned on a 2-core Zen 4 (single-thread CPU-time comparisons against
-// OpenBLAS and oneDNN); larger kc also means fewer passes over C.
-const GemmBlocking kAvx512BlockingF32 = {kMR, kNR, 14 * 24, 384, 2048};
-const GemmBlocking kAvx512BlockingBf16 = {kMR, kNR, 14 * 24, 256, 2048};
+// The register tile; mc, kc and nc here are only the values the driver's derivation from the
+// caches gives on a Zen 4 core (32 KiB L1d, 1 MiB L2): it derives them at run time
+// (detail::derive_blocking; kc counts packed k-steps, bf16: pairs).
+const GemmBlocking kAvx512BlockingF32 = {kMR, kNR, 14 * 36, 256, 4096};
+const GemmBlocking kAvx512BlockingBf16 = {kMR, kNR, 14 * 36, 256, 4096};
 
 #define TPU_GEMM_ROW_CASES(FN)                             \
   switch (rows) {                                          \

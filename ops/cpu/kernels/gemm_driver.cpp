@@ -1,5 +1,6 @@
-// The host GEMM driver: cache blocking, packing of A and B panels, threading, and the
-// choice of micro-kernel (AVX-512, AVX2 or portable) at run time.
+// The host GEMM driver: cache blocking (derived from the detected caches, see
+// detail::derive_blocking in gemm.h), packing of A and B panels, threading, and the choice of
+// micro-kernel (AVX-512, AVX2 or portable) at run time.
 //
 // Loop nest per thread (Goto's order): column blocks of B (nc) -> K blocks (kc) -> pack the
 // kc x nc block of B into nr-wide panels -> row blocks of A (mc) -> pack the mc x kc block of
@@ -498,6 +499,28 @@ void gemm_run(const Problem& p, const GemmBlocking& bl, Kernel kernel) {
   });
 }
 
+// Register tiles with the cache blocking of this CPU.
+GemmBlocking with_caches(const GemmBlocking& tile) {
+  const CpuCaches& c = cpu_caches();
+  return detail::derive_blocking(tile.mr, tile.nr, 4, c.l1d, c.l2, c.l3);
+}
+const GemmBlocking& blocking_avx512_f32() {
+  static const GemmBlocking b = with_caches(detail::kAvx512BlockingF32);
+  return b;
+}
+const GemmBlocking& blocking_avx512_bf16() {
+  static const GemmBlocking b = with_caches(detail::kAvx512BlockingBf16);
+  return b;
+}
+const GemmBlocking& blocking_avx2() {
+  static const GemmBlocking b = with_caches(detail::kAvx2BlockingF32);
+  return b;
+}
+const GemmBlocking& blocking_generic() {
+  static const GemmBlocking b = with_caches(kGenericBlocking);
+  return b;
+}
+
 bool have_avx512() {
   const CpuFeatures& f = cpu_features();
   return f.avx512f && f.avx512bw && f.avx512vl && f.fma;
@@ -513,11 +536,11 @@ void gemm_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int
   if (gemv_f32(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate)) return;  // few rows, W^T
   const Problem p{M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate};
   if (have_avx512())
-    gemm_run<PackF32Avx512>(p, detail::kAvx512BlockingF32, detail::micro_kernel_f32_avx512);
+    gemm_run<PackF32Avx512>(p, blocking_avx512_f32(), detail::micro_kernel_f32_avx512);
   else if (have_avx2())
-    gemm_run<PackF32Avx2>(p, detail::kAvx2BlockingF32, detail::micro_kernel_f32_avx2);
+    gemm_run<PackF32Avx2>(p, blocking_avx2(), detail::micro_kernel_f32_avx2);
   else
-    gemm_run<PackF32>(p, kGenericBlocking, micro_kernel_f32_generic);
+    gemm_run<PackF32>(p, blocking_generic(), micro_kernel_f32_generic);
 }
 
 void gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs,
@@ -526,27 +549,27 @@ void gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs,
   if (gemv_bf16(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate)) return;  // few rows, W^T
   const Problem p{M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate};
   if (have_avx512_bf16())
-    gemm_run<PackBf16PairsAvx512>(p, detail::kAvx512BlockingBf16, detail::micro_kernel_bf16_avx512);
+    gemm_run<PackBf16PairsAvx512>(p, blocking_avx512_bf16(), detail::micro_kernel_bf16_avx512);
   else if (have_avx512())
-    gemm_run<PackBf16AsF32>(p, detail::kAvx512BlockingF32, detail::micro_kernel_f32_avx512);
+    gemm_run<PackBf16AsF32>(p, blocking_avx512_f32(), detail::micro_kernel_f32_avx512);
   else if (have_avx2())
-    gemm_run<PackBf16AsF32Avx2>(p, detail::kAvx2BlockingF32, detail::micro_kernel_f32_avx2);
+    gemm_run<PackBf16AsF32Avx2>(p, blocking_avx2(), detail::micro_kernel_f32_avx2);
   else
-    gemm_run<PackBf16AsF32>(p, kGenericBlocking, micro_kernel_f32_generic);
+    gemm_run<PackBf16AsF32>(p, blocking_generic(), micro_kernel_f32_generic);
 }
 
 void gemm_f32_generic(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs,
                       int64_t a_cs, const float* B, int64_t b_rs, int64_t b_cs, float* C,
                       int64_t ldc, bool accumulate) {
   const Problem p{M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate};
-  gemm_run<PackF32>(p, kGenericBlocking, micro_kernel_f32_generic);
+  gemm_run<PackF32>(p, blocking_generic(), micro_kernel_f32_generic);
 }
 
 void gemm_bf16_generic(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs,
                        int64_t a_cs, const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C,
                        int64_t ldc, bool accumulate) {
   const Problem p{M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate};
-  gemm_run<PackBf16AsF32>(p, kGenericBlocking, micro_kernel_f32_generic);
+  gemm_run<PackBf16AsF32>(p, blocking_generic(), micro_kernel_f32_generic);
 }
 
 bool gemm_avx2_available() { return have_avx2(); }
@@ -555,15 +578,41 @@ void gemm_f32_avx2(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs
                    const float* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc,
                    bool accumulate) {
   const Problem p{M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate};
-  gemm_run<PackF32Avx2>(p, detail::kAvx2BlockingF32, detail::micro_kernel_f32_avx2);
+  gemm_run<PackF32Avx2>(p, blocking_avx2(), detail::micro_kernel_f32_avx2);
 }
 
 void gemm_bf16_avx2(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs,
                     int64_t a_cs, const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C,
                     int64_t ldc, bool accumulate) {
   const Problem p{M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate};
-  gemm_run<PackBf16AsF32Avx2>(p, detail::kAvx2BlockingF32, detail::micro_kernel_f32_avx2);
+  gemm_run<PackBf16AsF32Avx2>(p, blocking_avx2(), detail::micro_kernel_f32_avx2);
 }
+
+namespace detail {
+
+GemmBlocking derive_blocking(int mr, int nr, int64_t step_bytes, int64_t l1d, int64_t l2, int64_t l3) {
+  if (l1d <= 0) l1d = int64_t{32} << 10;
+  if (l2 <= 0) l2 = int64_t{512} << 10;
+  const int64_t s = std::max<int64_t>(1, step_bytes);
+  auto down = [](int64_t v, int64_t m) { return v / m * m; };
+  GemmBlocking b{mr, nr, 0, 0, 0};
+  b.kc = std::clamp<int64_t>(down(l1d / (nr * s), 16), 64, 1024);
+  b.mc = std::clamp<int64_t>(down(l2 / 2 / (b.kc * s), mr), mr, int64_t{128} * mr);
+  const int64_t outer = l3 > 0 ? l3 : l2;
+  b.nc = std::clamp<int64_t>(down(outer / 2 / (b.kc * s), nr), int64_t{4} * nr, std::max<int64_t>(4 * nr, down(4096, nr)));
+  return b;
+}
+
+const GemmBlocking& gemm_blocking_f32() {
+  if (have_avx512()) return blocking_avx512_f32();
+  return have_avx2() ? blocking_avx2() : blocking_generic();
+}
+const GemmBlocking& gemm_blocking_bf16() {
+  if (have_avx512_bf16()) return blocking_avx512_bf16();
+  return gemm_blocking_f32();
+}
+
+}  // namespace detail
 
 const char* gemm_f32_kernel_name() {
   return have_avx512() ? "avx512" : (have_avx2() ? "avx2" : "generic");

@@ -1,18 +1,65 @@
 // Few-row products C = A B where column j of B is contiguous in K (linear's x W^T with W
-// [N, K] row-major), read in place without packing (see gemv_avx512.cpp). Return false when
-// they do not apply (more than kGemvMaxRows rows, other strides, K < 16, no AVX-512): the
-// caller then takes the packed GEMM path. Same contract as gemm_f32 / gemm_bf16 otherwise.
+// [N, K] row-major), read in place without packing (see gemv_avx512.cpp, gemv_avx2.cpp). Return
+// false when they do not apply (more than kGemvMaxRows rows, other strides, K < 16, neither
+// AVX-512 nor AVX2+FMA): the caller then takes the packed GEMM path. Same contract as gemm_f32 /
+// gemm_bf16 otherwise.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
+
+#include "tpucore/core/parallel.h"
 
 namespace tpu::kernels {
 
 constexpr int64_t kGemvMaxRows = 16;
+// With AVX-512 (f32, or bf16 with avx512_bf16), up to this many rows also take the broadcast
+// kernel when its A panel fits in half of the L2 (tpu::cpu_caches()).
+constexpr int64_t kGemvMaxRowsWide = 128;
+// Up to this many rows the AVX-512 path takes dot products along K; more rows the broadcast
+// kernel (a [K][16] panel of A, one FMA per weight element).
+constexpr int64_t kGemvDotRows = 4;
+
+inline bool gemv_applies(int64_t M, int64_t N, int64_t K, int64_t a_cs, int64_t b_rs) {
+  return M >= 1 && M <= kGemvMaxRows && N >= 1 && K >= 16 && a_cs == 1 && b_rs == 1;
+}
 
 bool gemv_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs, const float* B,
               int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate);
 bool gemv_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs, const uint16_t* B,
                int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate);
 
+// The AVX2+FMA paths whatever the best kernel of the CPU is (tests use them to cover that path
+// on AVX-512 machines). Only call them when gemm_avx2_available(); same return contract.
+bool gemv_f32_avx2(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs, const float* B,
+                   int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate);
+bool gemv_bf16_avx2(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs,
+                    const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate);
+
+namespace detail {
+
+// Runs fn(b0, b1) over [0, blocks) on the pool threads, in runs of consecutive blocks that
+// each thread takes from a shared counter until none are left: on a host shared with other
+// work a descheduled thread then holds up the others for one run, not for a fixed share of
+// the product. Inline when there are at most `grain` blocks.
+template <class F>
+void gemv_for_blocks(int64_t blocks, int64_t grain, F&& fn) {
+  const int nt = tpu::num_threads();
+  if (blocks <= grain || nt <= 1) {
+    fn(int64_t{0}, blocks);
+    return;
+  }
+  const int64_t run = std::max<int64_t>(std::max<int64_t>(1, grain / 4), blocks / (int64_t{nt} * 8));
+  std::atomic<int64_t> next{0};
+  tpu::parallel_for(0, nt, 1, [&](int64_t, int64_t) {
+    for (;;) {
+      const int64_t b = next.fetch_add(run, std::memory_order_relaxed);
+      if (b >= blocks) break;
+      fn(b, std::min(blocks, b + run));
+    }
+  });
+}
+
+}  // namespace detail
 }  // namespace tpu::kernels

@@ -2,16 +2,28 @@
 // a language model multiply one token (or a small batch) by every weight matrix. The packed
 // GEMM path repacks the whole weight on every call for that, which costs as much memory traffic
 // as the product itself and then some (the transposed panels are gathered with a stride). Here
-// every output C[i, j] is a dot product of row i of A with row j of the weight, both contiguous
-// in K, read in place: the weight streams through the cache once per call (four weight rows at a
-// time, reused from L1 for every row of A). Columns are split over the pool threads.
+// the weight is read in place, streaming through the cache once per call. Two kernels:
+// - up to kGemvDotRows rows: every output C[i, j] is a dot product of row i of A with row j of
+//   the weight, both contiguous in K (four weight rows at a time, reused from L1 for every row
+//   of A; one horizontal sum per output);
+// - more rows (a decode batch): A is transposed once into a [K][16] panel (rows past M zero),
+//   and each block of kBcastCols weight rows is streamed along K: one 16-lane FMA per weight
+//   element, the element broadcast from memory, the panel row shared by the block. An
+//   accumulator then holds one column of C for all 16 rows: no horizontal sums, and 1 + 1/8
+//   loads per FMA instead of the 3/4 vector loads of the dot-product kernel. Up to
+//   kGemvMaxRowsWide rows (a prefill of a decode batch) run in groups of 16 over each block of
+//   weight rows while it is in L1, as long as the panel fits in half of the L2.
+// Columns are split over the pool threads.
 //
 // Only with AVX-512 (f32 FMA; bf16 with vdpbf16ps when avx512_bf16 is there, else widened to
-// f32); the driver falls back to the packed path otherwise.
+// f32); gemv_avx2.cpp serves AVX2 CPUs and the driver falls back to the packed path otherwise.
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
+#include <new>
 
+#include "ops/cpu/kernels/gemm.h"
 #include "ops/cpu/kernels/gemv.h"
 #include "tpucore/core/cpu_features.h"
 #include "tpucore/core/parallel.h"
@@ -128,36 +140,207 @@ TPU_GEMV_AVX512_BF16 void gemv_cols(int64_t M, int64_t K, const typename R::T* A
   }
 }
 
+// ---- Broadcast kernel (more than kGemvDotRows rows). ----
+
+constexpr int kBcastCols = 8;  // weight rows per block (8 accumulators of 16 rows each)
+
+// Thread-local scratch for the transposed A panel (64-byte aligned, grown on demand).
+struct PanelBuffer {
+  void* p = nullptr;
+  size_t cap = 0;
+  ~PanelBuffer() { std::free(p); }
+  void* get(size_t bytes) {
+    if (bytes > cap) {
+      std::free(p);
+      cap = (bytes + 63) / 64 * 64;
+      p = std::aligned_alloc(64, cap);
+      if (!p) {
+        cap = 0;
+        throw std::bad_alloc();
+      }
+    }
+    return p;
+  }
+};
+thread_local PanelBuffer t_panel;
+
+// Per element type: P, one panel word (f32, or a pair of bf16 along K for vdpbf16ps); kPer, k
+// values per word; pack(A) the panel; bcast_mac(acc, panel row, weight word pointer).
+struct F32Bcast {
+  using T = float;
+  using P = float;
+  static constexpr int kPer = 1;
+  static void pack(int64_t M, int64_t K, const float* A, int64_t a_rs, float* pan) {
+    const int64_t groups = (M + 15) / 16;
+    std::memset(pan, 0, sizeof(float) * 16 * static_cast<size_t>(K * groups));
+    for (int64_t i = 0; i < M; ++i) {
+      float* g = pan + (i / 16) * K * 16 + i % 16;
+      for (int64_t k = 0; k < K; ++k) g[k * 16] = A[i * a_rs + k];
+    }
+  }
+  TPU_GEMV_AVX512 static __m512 mac(__m512 acc, __m512 a, const float* w) {
+    return _mm512_fmadd_ps(a, _mm512_set1_ps(*w), acc);
+  }
+  TPU_GEMV_AVX512 static __m512 load(const float* pan) { return _mm512_load_ps(pan); }
+};
+
+struct Bf16Bcast {
+  using T = uint16_t;
+  using P = uint32_t;
+  static constexpr int kPer = 2;
+  static void pack(int64_t M, int64_t K, const uint16_t* A, int64_t a_rs, uint32_t* pan) {
+    const int64_t kp = (K + 1) / 2, groups = (M + 15) / 16;
+    std::memset(pan, 0, sizeof(uint32_t) * 16 * static_cast<size_t>(kp * groups));
+    for (int64_t i = 0; i < M; ++i) {
+      const uint16_t* a = A + i * a_rs;
+      uint32_t* g = pan + (i / 16) * kp * 16 + i % 16;
+      for (int64_t k = 0; k < K; ++k) {
+        const uint32_t v = a[k];
+        g[(k / 2) * 16] |= (k & 1) ? v << 16 : v;
+      }
+    }
+  }
+  TPU_GEMV_AVX512_BF16 static __m512 mac(__m512 acc, __m512i a, const uint16_t* w) {
+    uint32_t pair;
+    std::memcpy(&pair, w, sizeof pair);
+    return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(a),
+                            reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(pair))));
+  }
+  TPU_GEMV_AVX512_BF16 static __m512 mac_last(__m512 acc, __m512i a, const uint16_t* w) {
+    const uint32_t pair = *w;  // odd K: the last k alone, paired with zero
+    return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(a),
+                            reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(pair))));
+  }
+  TPU_GEMV_AVX512_BF16 static __m512i load(const uint32_t* pan) { return _mm512_load_si512(pan); }
+};
+
+// C[0 .. M, j0 .. j1) from the panel: blocks of kBcastCols weight rows, each streamed along K once
+// per group of 16 rows (the block stays in L1 across the groups; panel group g holds rows
+// 16 g .. 16 g + 15 at pan + g * words * 16).
+template <class R>
+TPU_GEMV_AVX512_BF16 void bcast_cols(int64_t M, int64_t K, const typename R::P* pan, const typename R::T* B,
+                                     int64_t b_cs, float* C, int64_t ldc, bool accumulate, int64_t j0, int64_t j1) {
+  const int64_t kfull = K / R::kPer;  // whole panel words
+  alignas(64) float out[kBcastCols][16];
+  for (int64_t j = j0; j < j1; j += kBcastCols) {
+    const int cols = static_cast<int>(std::min<int64_t>(kBcastCols, j1 - j));
+    const typename R::T* w[kBcastCols];
+    for (int c = 0; c < kBcastCols; ++c) w[c] = B + (j + std::min(c, cols - 1)) * b_cs;
+    for (int64_t g = 0; g * 16 < M; ++g) {
+    const typename R::P* gp = pan + g * ((K + R::kPer - 1) / R::kPer) * 16;
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
+    for (int64_t p = 0; p < kfull; ++p) {
+      const auto a = R::load(gp + p * 16);
+      const int64_t k = p * R::kPer;
+      s0 = R::mac(s0, a, w[0] + k);
+      s1 = R::mac(s1, a, w[1] + k);
+      s2 = R::mac(s2, a, w[2] + k);
+      s3 = R::mac(s3, a, w[3] + k);
+      s4 = R::mac(s4, a, w[4] + k);
+      s5 = R::mac(s5, a, w[5] + k);
+      s6 = R::mac(s6, a, w[6] + k);
+      s7 = R::mac(s7, a, w[7] + k);
+    }
+    if constexpr (R::kPer == 2) {
+      if (K & 1) {
+        const auto a = R::load(gp + kfull * 16);
+        const int64_t k = kfull * 2;
+        s0 = R::mac_last(s0, a, w[0] + k);
+        s1 = R::mac_last(s1, a, w[1] + k);
+        s2 = R::mac_last(s2, a, w[2] + k);
+        s3 = R::mac_last(s3, a, w[3] + k);
+        s4 = R::mac_last(s4, a, w[4] + k);
+        s5 = R::mac_last(s5, a, w[5] + k);
+        s6 = R::mac_last(s6, a, w[6] + k);
+        s7 = R::mac_last(s7, a, w[7] + k);
+      }
+    }
+    _mm512_store_ps(out[0], s0);
+    _mm512_store_ps(out[1], s1);
+    _mm512_store_ps(out[2], s2);
+    _mm512_store_ps(out[3], s3);
+    _mm512_store_ps(out[4], s4);
+    _mm512_store_ps(out[5], s5);
+    _mm512_store_ps(out[6], s6);
+    _mm512_store_ps(out[7], s7);
+    for (int64_t i = 0; i < std::min<int64_t>(16, M - g * 16); ++i) {
+      float* c = C + (g * 16 + i) * ldc + j;
+      for (int q = 0; q < cols; ++q) c[q] = accumulate ? c[q] + out[q][i] : out[q][i];
+    }
+    }
+  }
+}
+
+template <class R>
+void bcast_run(int64_t M, int64_t N, int64_t K, const typename R::T* A, int64_t a_rs, const typename R::T* B,
+               int64_t b_cs, float* C, int64_t ldc, bool accumulate) {
+  const int64_t words = (K + R::kPer - 1) / R::kPer;
+  const int64_t groups = (M + 15) / 16;
+  auto* pan = static_cast<typename R::P*>(
+      t_panel.get(sizeof(typename R::P) * 16 * static_cast<size_t>(words * groups)));
+  R::pack(M, K, A, a_rs, pan);
+  const int64_t blocks = (N + kBcastCols - 1) / kBcastCols;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, 16 * groups * K * kBcastCols));
+  detail::gemv_for_blocks(blocks, grain, [&](int64_t b0, int64_t b1) {
+    bcast_cols<R>(M, K, pan, B, b_cs, C, ldc, accumulate, b0 * kBcastCols, std::min(N, b1 * kBcastCols));
+  });
+}
+
 template <class R>
 void gemv_run(int64_t M, int64_t N, int64_t K, const typename R::T* A, int64_t a_rs, const typename R::T* B,
               int64_t b_cs, float* C, int64_t ldc, bool accumulate) {
   // Blocks of kCols columns; a thread takes at least ~256K multiply-adds.
   const int64_t blocks = (N + kCols - 1) / kCols;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, M * K * kCols));
-  tpu::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+  detail::gemv_for_blocks(blocks, grain, [&](int64_t b0, int64_t b1) {
     gemv_cols<R>(M, K, A, a_rs, B, b_cs, C, ldc, accumulate, b0 * kCols, std::min(N, b1 * kCols));
   });
 }
 
-bool applies(int64_t M, int64_t N, int64_t K, int64_t a_cs, int64_t b_rs) {
+// Rows the broadcast kernel takes beyond kGemvMaxRows: up to kGemvMaxRowsWide while the panel
+// (16-row groups x K, 4 bytes a value) takes at most half of the L2, so it stays there while
+// each block of weight rows is reused from L1 by every group.
+bool wide_ok(int64_t M, int64_t N, int64_t K, int64_t a_cs, int64_t b_rs) {
+  if (M <= kGemvMaxRows || M > kGemvMaxRowsWide || N < 1 || K < 16 || a_cs != 1 || b_rs != 1) return false;
+  const int64_t l2 = cpu_caches().l2 > 0 ? cpu_caches().l2 : int64_t{512} << 10;
+  return (M + 15) / 16 * 16 * K * 4 <= l2 / 2;
+}
+
+bool avx512_ok() {
   const CpuFeatures& f = cpu_features();
-  return f.avx512f && f.avx512bw && f.avx512vl && f.fma && M >= 1 && M <= kGemvMaxRows && N >= 1 && K >= 16 &&
-         a_cs == 1 && b_rs == 1;
+  return f.avx512f && f.avx512bw && f.avx512vl && f.fma;
 }
 
 }  // namespace
 
 bool gemv_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs, const float* B,
               int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate) {
-  if (!applies(M, N, K, a_cs, b_rs)) return false;
-  gemv_run<F32Rows>(M, N, K, A, a_rs, B, b_cs, C, ldc, accumulate);
+  if (avx512_ok() && wide_ok(M, N, K, a_cs, b_rs)) {
+    bcast_run<F32Bcast>(M, N, K, A, a_rs, B, b_cs, C, ldc, accumulate);
+    return true;
+  }
+  if (!gemv_applies(M, N, K, a_cs, b_rs)) return false;
+  if (!avx512_ok())
+    return gemm_avx2_available() && gemv_f32_avx2(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate);
+  if (M > kGemvDotRows)
+    bcast_run<F32Bcast>(M, N, K, A, a_rs, B, b_cs, C, ldc, accumulate);
+  else
+    gemv_run<F32Rows>(M, N, K, A, a_rs, B, b_cs, C, ldc, accumulate);
   return true;
 }
 
 bool gemv_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs, const uint16_t* B,
                int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate) {
-  if (!applies(M, N, K, a_cs, b_rs)) return false;
-  if (cpu_features().avx512_bf16)
+  if (avx512_ok() && cpu_features().avx512_bf16 && wide_ok(M, N, K, a_cs, b_rs)) {
+    bcast_run<Bf16Bcast>(M, N, K, A, a_rs, B, b_cs, C, ldc, accumulate);
+    return true;
+  }
+  if (!gemv_applies(M, N, K, a_cs, b_rs)) return false;
+  if (!avx512_ok())
+    return gemm_avx2_available() && gemv_bf16_avx2(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate);
+  if (cpu_features().avx512_bf16 && M > kGemvDotRows)
+    bcast_run<Bf16Bcast>(M, N, K, A, a_rs, B, b_cs, C, ldc, accumulate);
+  else if (cpu_features().avx512_bf16)
     gemv_run<Bf16Dot>(M, N, K, A, a_rs, B, b_cs, C, ldc, accumulate);
   else
     gemv_run<Bf16Widen>(M, N, K, A, a_rs, B, b_cs, C, ldc, accumulate);

@@ -1,0 +1,167 @@
+// Few-row products against a weight stored as [N, K] rows (see gemv.h), AVX2+FMA: the path for
+// x86 CPUs without AVX-512. The weight is read in place, as on AVX-512 (gemv_avx512.cpp):
+// - one or two rows: dot products along K, four weight rows at a time (8-lane FMAs, a scalar
+//   tail, one horizontal sum per output);
+// - more rows: A is transposed once into a [K][8 * V] panel (V = 1 or 2 registers of 8 rows,
+//   rows past M zero) and each block of six weight rows streams along K, every weight element
+//   broadcast and multiplied into V registers (6 x V accumulators, no horizontal sums).
+// bf16 is widened to f32 (the panel once; weight elements as they are broadcast), exact since
+// every bf16 is an f32. Columns are split over the pool threads.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "ops/cpu/kernels/gemv.h"
+#include "tpucore/core/parallel.h"
+
+#define TPU_GEMV_AVX2 __attribute__((target("avx2,fma")))
+
+namespace tpu::kernels {
+namespace {
+
+TPU_GEMV_AVX2 inline float f32_of(float v) { return v; }
+TPU_GEMV_AVX2 inline float f32_of(uint16_t v) {
+  const uint32_t b = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &b, sizeof f);
+  return f;
+}
+TPU_GEMV_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+TPU_GEMV_AVX2 inline __m256 load8(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+TPU_GEMV_AVX2 inline float hsum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+// ---- Dot products (one or two rows). ----
+template <class T>
+TPU_GEMV_AVX2 void dot_cols(int64_t M, int64_t K, const T* A, int64_t a_rs, const T* B, int64_t b_cs, float* C,
+                            int64_t ldc, bool accumulate, int64_t j0, int64_t j1) {
+  const int64_t k8 = K / 8 * 8;
+  for (int64_t j = j0; j < j1; j += 4) {
+    const int cols = static_cast<int>(std::min<int64_t>(4, j1 - j));
+    const T* w[4];
+    for (int c = 0; c < 4; ++c) w[c] = B + (j + std::min(c, cols - 1)) * b_cs;
+    for (int64_t i = 0; i < M; ++i) {
+      const T* a = A + i * a_rs;
+      __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+      for (int64_t k = 0; k < k8; k += 8) {
+        const __m256 x = load8(a + k);
+        s0 = _mm256_fmadd_ps(x, load8(w[0] + k), s0);
+        s1 = _mm256_fmadd_ps(x, load8(w[1] + k), s1);
+        s2 = _mm256_fmadd_ps(x, load8(w[2] + k), s2);
+        s3 = _mm256_fmadd_ps(x, load8(w[3] + k), s3);
+      }
+      float v[4] = {hsum(s0), hsum(s1), hsum(s2), hsum(s3)};
+      for (int64_t k = k8; k < K; ++k)
+        for (int c = 0; c < 4; ++c) v[c] += f32_of(a[k]) * f32_of(w[c][k]);
+      float* out = C + i * ldc + j;
+      for (int c = 0; c < cols; ++c) out[c] = accumulate ? out[c] + v[c] : v[c];
+    }
+  }
+}
+
+// ---- Broadcast kernel (three to sixteen rows). ----
+constexpr int kCols = 6;
+
+struct PanelBuffer {
+  void* p = nullptr;
+  size_t cap = 0;
+  ~PanelBuffer() { std::free(p); }
+  float* get(size_t floats) {
+    const size_t bytes = floats * sizeof(float);
+    if (bytes > cap) {
+      std::free(p);
+      cap = (bytes + 63) / 64 * 64;
+      p = std::aligned_alloc(64, cap);
+      if (!p) {
+        cap = 0;
+        throw std::bad_alloc();
+      }
+    }
+    return static_cast<float*>(p);
+  }
+};
+thread_local PanelBuffer t_panel;
+
+template <int V, class T>
+TPU_GEMV_AVX2 void bcast_cols(int64_t M, int64_t K, const float* pan, const T* B, int64_t b_cs, float* C,
+                              int64_t ldc, bool accumulate, int64_t j0, int64_t j1) {
+  alignas(32) float out[kCols][8 * V];
+  for (int64_t j = j0; j < j1; j += kCols) {
+    const int cols = static_cast<int>(std::min<int64_t>(kCols, j1 - j));
+    const T* w[kCols];
+    for (int c = 0; c < kCols; ++c) w[c] = B + (j + std::min(c, cols - 1)) * b_cs;
+    __m256 s[kCols][V];
+    for (int c = 0; c < kCols; ++c)
+      for (int v = 0; v < V; ++v) s[c][v] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; ++k) {
+      __m256 a[V];
+      for (int v = 0; v < V; ++v) a[v] = _mm256_load_ps(pan + k * 8 * V + 8 * v);
+#pragma GCC unroll 6
+      for (int c = 0; c < kCols; ++c) {
+        const __m256 b = _mm256_set1_ps(f32_of(w[c][k]));
+        for (int v = 0; v < V; ++v) s[c][v] = _mm256_fmadd_ps(a[v], b, s[c][v]);
+      }
+    }
+    for (int c = 0; c < kCols; ++c)
+      for (int v = 0; v < V; ++v) _mm256_store_ps(out[c] + 8 * v, s[c][v]);
+    for (int64_t i = 0; i < M; ++i) {
+      float* o = C + i * ldc + j;
+      for (int c = 0; c < cols; ++c) o[c] = accumulate ? o[c] + out[c][i] : out[c][i];
+    }
+  }
+}
+
+template <class T>
+void run(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, const T* B, int64_t b_cs, float* C,
+         int64_t ldc, bool accumulate) {
+  if (M <= 2) {
+    const int64_t blocks = (N + 3) / 4;
+    const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, M * K * 4));
+    detail::gemv_for_blocks(blocks, grain, [&](int64_t b0, int64_t b1) {
+      dot_cols<T>(M, K, A, a_rs, B, b_cs, C, ldc, accumulate, b0 * 4, std::min(N, b1 * 4));
+    });
+    return;
+  }
+  const int V = M <= 8 ? 1 : 2;
+  const int lanes = 8 * V;
+  float* pan = t_panel.get(static_cast<size_t>(lanes * K));
+  std::memset(pan, 0, sizeof(float) * static_cast<size_t>(lanes * K));
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t k = 0; k < K; ++k) pan[k * lanes + i] = f32_of(A[i * a_rs + k]);
+  const int64_t blocks = (N + kCols - 1) / kCols;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, lanes * K * kCols));
+  detail::gemv_for_blocks(blocks, grain, [&](int64_t b0, int64_t b1) {
+    const int64_t j0 = b0 * kCols, j1 = std::min(N, b1 * kCols);
+    if (V == 1)
+      bcast_cols<1, T>(M, K, pan, B, b_cs, C, ldc, accumulate, j0, j1);
+    else
+      bcast_cols<2, T>(M, K, pan, B, b_cs, C, ldc, accumulate, j0, j1);
+  });
+}
+
+}  // namespace
+
+bool gemv_f32_avx2(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs, const float* B,
+                   int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate) {
+  if (!gemv_applies(M, N, K, a_cs, b_rs)) return false;
+  run<float>(M, N, K, A, a_rs, B, b_cs, C, ldc, accumulate);
+  return true;
+}
+
+bool gemv_bf16_avx2(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs,
+                    const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate) {
+  if (!gemv_applies(M, N, K, a_cs, b_rs)) return false;
+  run<uint16_t>(M, N, K, A, a_rs, B, b_cs, C, ldc, accumulate);
+  return true;
+}
+
+}  // namespace tpu::kernels
