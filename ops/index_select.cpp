@@ -121,9 +121,11 @@ void embedding_meta(const MetaArgs& a, MetaResult& m) {
   Shape s = indices.shape();
   s.push_back(w.shape()[1]);
   m.out() = {s, w.dtype(), w.device()};
-  // The cpu kernel reads i32 indices; a chip's kernel reads them on the host as given (a cast
-  // there would be a host fallback of its own: chips have no i64).
-  m.cast_mask = w.device().is_cpu() ? 1u << 1 : 0u;
+  // The cpu kernel (also the host fallback of devices without an embedding kernel, e.g. pjrt)
+  // reads i32 indices; the sim/tpu chip kernel reads them on the host as given (a cast there
+  // would be a host fallback of its own: chips have no i64).
+  const DeviceType dt = w.device().type;
+  m.cast_mask = (dt == DeviceType::sim || dt == DeviceType::tpu) ? 0u : 1u << 1;
   m.cast_to = DType::i32;
 }
 
