@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "codegen/elementwise_kernel.h"
+#include "codegen/tile_loops.h"
 #include "sim/builder.h"
 #include "tpucore/core/error.h"
 
@@ -141,23 +142,7 @@ class Emitter {
 
   // Dense vector op over n contiguous f32 values, shaped as full vregs plus a tail.
   void vec(Op op, int64_t dst, std::vector<sim::Operand> src, int64_t n) {
-    const int64_t w = cfg_.vpu.lanes, rows = n / w, rem = n % w;
-    auto emit = [&](int64_t off, int64_t r, int64_t c) {
-      std::vector<sim::Operand> ops;
-      for (sim::Operand o : src) {
-        if (o.kind == sim::Operand::Kind::mem) {
-          o.addr.offset += off * 4;
-          o.row_stride = c;
-        }
-        ops.push_back(o);
-      }
-      const sim::Operand d = vm(dst + off * 4, DType::f32, c);
-      if (ops.size() == 1) b_.unary(op, d, ops[0], r, c);
-      else if (ops.size() == 2) b_.binary(op, d, ops[0], ops[1], r, c);
-      else b_.ternary(op, d, ops[0], ops[1], ops[2], r, c);
-    };
-    if (rows > 0) emit(0, rows, w);
-    if (rem > 0) emit(rows * w, 1, rem);
+    emit_dense_vec(b_, cfg_.vpu.lanes, op, dst, src, n);
   }
 
   // Row reduction (xmax / xsum) of an [rows, cols] f32 region at `src` (row stride ld) into the

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "codegen/elementwise_kernel.h"
+#include "codegen/tile_loops.h"
 #include "sim/builder.h"
 #include "tpucore/core/error.h"
 
@@ -100,23 +101,7 @@ class Emitter {
   // vregs plus a tail, so it costs n / vreg size, not one vreg per row. Sources: addresses of
   // such columns, or immediates / scalar broadcasts (kept as they are).
   void vec(Op op, int64_t dst, std::vector<sim::Operand> src, int64_t n) {
-    const int64_t w = cfg_.vpu.lanes, full = n / w, rem = n % w;
-    auto emit = [&](int64_t off, int64_t r, int64_t c) {
-      std::vector<sim::Operand> ops;
-      for (sim::Operand o : src) {
-        if (o.kind == sim::Operand::Kind::mem && !(o.row_stride == 0 && o.col_stride == 0)) {
-          o.addr.offset += off * 4;
-          o.row_stride = c;
-        }
-        ops.push_back(o);
-      }
-      const sim::Operand d = vm(dst + off * 4, DType::f32, c);
-      if (ops.size() == 1) b_.unary(op, d, ops[0], r, c);
-      else if (ops.size() == 2) b_.binary(op, d, ops[0], ops[1], r, c);
-      else b_.ternary(op, d, ops[0], ops[1], ops[2], r, c);
-    };
-    if (full > 0) emit(0, full, w);
-    if (rem > 0) emit(full * w, 1, rem);
+    emit_dense_vec(b_, cfg_.vpu.lanes, op, dst, src, n);
   }
   void vfill(int64_t dst, float value, int64_t n) {
     const int64_t w = cfg_.vpu.lanes, full = n / w, rem = n % w;

@@ -58,4 +58,25 @@ void emit_tile_loops(sim::ProgramBuilder& b, int64_t rows, int64_t cols, int64_t
   }
 }
 
+void emit_dense_vec(sim::ProgramBuilder& b, int64_t lanes, sim::Op op, int64_t dst, const std::vector<sim::Operand>& src,
+                    int64_t n) {
+  const int64_t full = n / lanes, rem = n % lanes;
+  auto emit = [&](int64_t off, int64_t r, int64_t c) {
+    std::vector<sim::Operand> ops;
+    for (sim::Operand o : src) {
+      if (o.kind == sim::Operand::Kind::mem && !(o.row_stride == 0 && o.col_stride == 0)) {
+        o.addr.offset += off * 4;
+        o.row_stride = c;
+      }
+      ops.push_back(o);
+    }
+    const sim::Operand d = sim::ProgramBuilder::vmem(sim::ProgramBuilder::at(dst + off * 4), sim::DType::f32, c, 1);
+    if (ops.size() == 1) b.unary(op, d, ops[0], r, c);
+    else if (ops.size() == 2) b.binary(op, d, ops[0], ops[1], r, c);
+    else b.ternary(op, d, ops[0], ops[1], ops[2], r, c);
+  };
+  if (full > 0) emit(0, full, lanes);
+  if (rem > 0) emit(full * lanes, 1, rem);
+}
+
 }  // namespace tpu::codegen

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "sim/builder.h"
 
@@ -24,5 +25,13 @@ struct TilePos {
 // Emits the tiling; registers row_reg and col_reg are used as loop counters.
 void emit_tile_loops(sim::ProgramBuilder& b, int64_t rows, int64_t cols, int64_t tr, int64_t tc, int row_reg,
                      int col_reg, const std::function<void(const TilePos&)>& body);
+
+// An f32 vector op over n contiguous values at VMEM byte address dst (a column of per-row values,
+// say), shaped as full vregs of `lanes` plus a one-row tail, so it costs n / lanes vreg ops, not
+// one per value. Memory sources advance and are re-strided with dst, except broadcasts (row and
+// column stride 0), which stay as they are, as do immediates and scalar registers. One, two or
+// three sources (unary, binary, ternary op).
+void emit_dense_vec(sim::ProgramBuilder& b, int64_t lanes, sim::Op op, int64_t dst, const std::vector<sim::Operand>& src,
+                    int64_t n);
 
 }  // namespace tpu::codegen

@@ -6,6 +6,23 @@
 
 namespace tpu::serve {
 
+LayerQKV project_qkv(models::DecoderLayer& layer, const models::ModelConfig& mc, const Tensor& x, int64_t n,
+                     const Tensor& cos, const Tensor& sin) {
+  const int64_t hq = mc.num_attention_heads, hkv = mc.num_key_value_heads, d = mc.head_dim;
+  nn::Attention& at = *layer.self_attn;
+  Tensor q = reshape(at.q_proj->forward(x), Shape{1, n, hq, d});
+  Tensor k = reshape(at.k_proj->forward(x), Shape{1, n, hkv, d});
+  Tensor v = reshape(at.v_proj->forward(x), Shape{1, n, hkv, d});
+  if (at.q_norm) {
+    q = at.q_norm->forward(q);
+    k = at.k_norm->forward(k);
+  }
+  // Rotary tables are laid out for [B, H, T, d]; rotate there and come back to token-major.
+  q = transpose(rotary_embedding(transpose(q, 1, 2), cos, sin), 1, 2);
+  k = transpose(rotary_embedding(transpose(k, 1, 2), cos, sin), 1, 2);
+  return {q, k, v};
+}
+
 Tensor ragged_forward(models::CausalLM& m, PagedKVCache& cache, const std::vector<int64_t>& ids,
                       const std::vector<int64_t>& positions, const RaggedBatch& batch,
                       const std::vector<int64_t>& logit_rows) {
@@ -23,7 +40,7 @@ Tensor ragged_forward(models::CausalLM& m, PagedKVCache& cache, const std::vecto
             positions.size(), batch.num_tokens());
   for (int64_t r : logit_rows) TPU_CHECK(r >= 0 && r < n, "serve: logit row {} outside the {} tokens", r, n);
   NoGradGuard ng;
-  const int64_t hq = mc.num_attention_heads, hkv = mc.num_key_value_heads, d = mc.head_dim;
+  const int64_t hq = mc.num_attention_heads, d = mc.head_dim;
   const TensorOptions host_f32(DType::f32, m.device());
   auto [cos, sin] = nn::rope_tables(positions, 1, m.inv_freq, m.dtype(), m.device());  // [1, 1, n, d]
   Tensor h = m.model->embed_tokens->forward(from_vector(ids, Shape{1, n}, TensorOptions(DType::i64, m.device())));
@@ -31,17 +48,9 @@ Tensor ragged_forward(models::CausalLM& m, PagedKVCache& cache, const std::vecto
   for (size_t li = 0; li < m.model->layers.size(); ++li) {
     models::DecoderLayer& layer = *m.model->layers[li];
     nn::Attention& at = *layer.self_attn;
-    Tensor x = layer.input_layernorm->forward(h);
-    Tensor q = reshape(at.q_proj->forward(x), Shape{1, n, hq, d});
-    Tensor k = reshape(at.k_proj->forward(x), Shape{1, n, hkv, d});
-    Tensor v = reshape(at.v_proj->forward(x), Shape{1, n, hkv, d});
-    if (at.q_norm) {
-      q = at.q_norm->forward(q);
-      k = at.k_norm->forward(k);
-    }
-    // Rotary tables are laid out for [B, H, T, d]; rotate there and come back to token-major.
-    q = transpose(rotary_embedding(transpose(q, 1, 2), cos, sin), 1, 2).to(DType::f32).contiguous();
-    k = transpose(rotary_embedding(transpose(k, 1, 2), cos, sin), 1, 2).to(DType::f32).contiguous();
+    auto [q, k, v] = project_qkv(layer, mc, layer.input_layernorm->forward(h), n, cos, sin);
+    q = q.to(DType::f32).contiguous();
+    k = k.to(DType::f32).contiguous();
     v = v.to(DType::f32).contiguous();
     ragged_paged_attention(cache, static_cast<int64_t>(li), batch, q.data<float>(), k.data<float>(),
                            v.data<float>(), out.data(), hq, 1.0 / std::sqrt(static_cast<double>(d)));

@@ -11,6 +11,15 @@
 
 namespace tpu::serve {
 
+// One decoder layer's attention inputs for n flattened tokens: q [1, n, hq, d], k and v
+// [1, n, hkv, d] (token-major), after the q/k norms where the model has them and with the
+// rotary embedding applied to q and k (cos/sin from nn::rope_tables over the tokens' positions).
+struct LayerQKV {
+  Tensor q, k, v;
+};
+LayerQKV project_qkv(models::DecoderLayer& layer, const models::ModelConfig& mc, const Tensor& x, int64_t n,
+                     const Tensor& cos, const Tensor& sin);
+
 // ids and positions: one per flattened token (batch.num_tokens()). logit_rows: the token rows
 // whose next-token logits are wanted (the last token of each sequence that samples this step).
 // Returns f32 logits [logit_rows.size(), vocab]. The model must be on the cpu (the kernel reads

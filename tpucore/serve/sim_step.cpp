@@ -4,6 +4,7 @@
 
 #include "codegen/launch.h"
 #include "tpucore/autograd.h"
+#include "tpucore/serve/paged_forward.h"
 
 namespace tpu::serve {
 
@@ -60,22 +61,15 @@ Tensor SimPagedStep::run(const std::vector<int64_t>& ids, const std::vector<int6
   ids_p.resize(static_cast<size_t>(np), 0);
   pos_p.resize(static_cast<size_t>(np), 0);
   NoGradGuard ng;
-  const int64_t hq = mc.num_attention_heads, hkv = mc.num_key_value_heads, d = mc.head_dim;
+  const int64_t hq = mc.num_attention_heads, d = mc.head_dim;
   auto [cos, sin] = nn::rope_tables(pos_p, 1, m_.inv_freq, m_.dtype(), dev);
   Tensor h = m_.model->embed_tokens->forward(from_vector(ids_p, Shape{1, np}, TensorOptions(DType::i64, dev)));
   for (size_t li = 0; li < m_.model->layers.size(); ++li) {
     models::DecoderLayer& layer = *m_.model->layers[li];
     nn::Attention& at = *layer.self_attn;
-    Tensor x = layer.input_layernorm->forward(h);
-    Tensor q = reshape(at.q_proj->forward(x), Shape{1, np, hq, d});
-    Tensor k = reshape(at.k_proj->forward(x), Shape{1, np, hkv, d});
-    Tensor v = reshape(at.v_proj->forward(x), Shape{1, np, hkv, d});
-    if (at.q_norm) {
-      q = at.q_norm->forward(q);
-      k = at.k_norm->forward(k);
-    }
-    q = transpose(rotary_embedding(transpose(q, 1, 2), cos, sin), 1, 2).contiguous();
-    k = transpose(rotary_embedding(transpose(k, 1, 2), cos, sin), 1, 2).contiguous();
+    auto [q, k, v] = project_qkv(layer, mc, layer.input_layernorm->forward(h), np, cos, sin);
+    q = q.contiguous();
+    k = k.contiguous();
     v = v.contiguous();
     Tensor out = empty(Shape{1, np, hq * d}, TensorOptions(m_.dtype(), dev));
     codegen::run_paged_attention(spec, n, q, k, v, k_[li], v_[li], out, t_units, t_pages, t_slots);
