@@ -344,7 +344,8 @@ std::string to_stablehlo(const Graph& g, const std::vector<Tensor>& captured, co
     std::vector<ValueMeta> outs;
     for (ValueId o : n.outputs) outs.push_back(g.meta(o));
     std::vector<Val> res;
-    const bool ok = emit_simple(w, n, in, outs.at(0), res) || emit_composite(w, n, in, outs, res);
+    const bool ok = emit_simple(w, n, in, outs.at(0), res) || emit_index(w, n, in, outs.at(0), res) ||
+                     emit_composite(w, n, in, outs, res);
     if (!ok || res.size() != n.outputs.size()) {
       unmapped.push_back(fmt::format("'{}' (node {})", n.op->name, k));
       for (size_t j = 0; j < n.outputs.size(); ++j)

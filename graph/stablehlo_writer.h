@@ -54,6 +54,9 @@ class Writer {
   Val dot_general(const Val& a, const Val& b, const std::vector<int64_t>& lb, const std::vector<int64_t>& rb,
                   const std::vector<int64_t>& lc, const std::vector<int64_t>& rc, const Shape& s);
 
+  // A point scatter (coords: [..., rank]) with an add region (or for booleans); stablehlo_index.cpp.
+  Val scatter_add(const Val& x, const Val& coords, const Val& upd);
+
   std::string take() { return std::move(body_); }
 
  private:
@@ -66,6 +69,8 @@ class Writer {
 // Composite ops (stablehlo_ops.cpp). Each returns false when the node's form does not map.
 bool emit_composite(Writer& w, const Node& n, const std::vector<Val>& in, const std::vector<ValueMeta>& outs,
                     std::vector<Val>& res);
+// Indexing ops (stablehlo_index.cpp): gather, index_select, embedding, scatter_add.
+bool emit_index(Writer& w, const Node& n, const std::vector<Val>& in, const ValueMeta& om, std::vector<Val>& res);
 // erf(x) as a polynomial (Abramowitz & Stegun 7.1.26), in x's dtype.
 Val erf_approx(Writer& w, const Val& x);
 

@@ -16,8 +16,13 @@
 // broadcast_in_dim, slice), concatenate, dot_general (matmul with batch broadcasting, linear),
 // reduce (sum, mean, prod, amax, amin, all, any), softmax / log_softmax / layer_norm / rms_norm /
 // rotary_embedding / scaled_dot_product_attention decomposed, var / std (two passes), arange
-// (iota), full. Any other op (gather,
-// scatter, argmax, random, ...) makes the export a tpu::Error naming every such op.
+// (iota), full; index_select and embedding as `stablehlo.gather` (one collapsed dim, full
+// slices), gather(x, dim, index) as a point gather over full coordinates (iota for the other
+// dims), scatter_add as `stablehlo.scatter` with an add region. Out-of-range ids in an exported
+// module follow StableHLO (gather clamps each start index into the operand, scatter skips the
+// update), where tpucore's kernels raise a tpu::Error; eager ops on a pjrt device check the ids
+// on the host first and raise that error. Any other op (argmax, random, ...) makes the export a
+// tpu::Error naming every such op.
 // Tensors the function captures (weights in a closure) and constants are written as
 // `stablehlo.constant`s; the example inputs become the function's arguments, in order.
 #pragma once

@@ -18,6 +18,7 @@
 
 #include "device/driver.h"
 #include "ops/fallback.h"
+#include "ops/index_common.h"
 #include "ops/registry.h"
 #include "tpucore/core/error.h"
 #include "tpucore/core/log.h"
@@ -273,6 +274,22 @@ bool run_executable(PjrtDriver& d, CacheEntry& e, const std::shared_ptr<Executab
   return true;
 }
 
+// The indexing ops' ids are checked on the host first, so pjrt raises the cpu kernels' error
+// for an out-of-range id; the exported module alone would clamp it (StableHLO gather semantics).
+void check_indices(const ops::KernelArgs& a) {
+  const std::string& n = a.op.name;
+  const bool emb = n == "embedding";
+  if (!emb && n != "index_select" && n != "gather" && n != "scatter_add") return;
+  const Tensor& x = a.inputs[0];
+  int64_t d = emb || x.dim() == 0 ? 0 : a.attrs.get_int("dim");
+  if (d < 0) d += x.dim();
+  const Tensor ids = ops::copy_to_device(a.inputs[1], Device());
+  counters().downloads.fetch_add(1, std::memory_order_relaxed);
+  ops::indexing::check_index_range(n.c_str(), ids.dtype() == DType::i32 ? ids : ids.to(DType::i32),
+                              x.dim() ? x.shape()[int(d)] : 1, d,
+                              (emb ? "weight of shape " : "x of shape ") + x.shape().str());
+}
+
 void pjrt_kernel(const ops::KernelArgs& a) {
   TPU_CHECK(!a.outputs.empty(), "internal: pjrt: op '{}' without outputs", a.op.name);
   const Device dev = a.outputs[0].device();
@@ -281,6 +298,7 @@ void pjrt_kernel(const ops::KernelArgs& a) {
   bool empty = true;  // every output has no elements: nothing to compute
   for (const Tensor& o : a.outputs) empty &= o.numel() == 0;
   if (empty) return;
+  check_indices(a);
   std::shared_ptr<CacheEntry> e = d->executable_for(a);
   if (std::shared_ptr<Executable> exe = e->get()) {
     if (run_executable(*d, *e, exe, a, dev)) return;

@@ -114,7 +114,7 @@ Op parse_op_line(const std::string& l, int line) {
   if (close == std::string::npos) bad(line, "unterminated operand list");
   op.operands = split_operands(s.substr(p + 1, close - p - 1));
   p = close + 1;
-  if (s.compare(p, 3, " ({") == 0) return op;  // a region follows (reduce)
+  if (s.compare(p, 3, " ({") == 0) return op;  // a region follows (reduce, scatter)
   const size_t lb = s.find('{', p);
   const size_t colon = s.rfind(" : ");
   if (colon == std::string::npos) bad(line, "missing ' : ' and the op's types");
@@ -160,15 +160,15 @@ Program parse_program(const std::string& text) {
     }
     if (!saw_args) bad(ln, "expected the function's entry block '^bb0(...)' before '" + s.substr(0, 40) + "'");
     Op op = parse_op_line(s, ln);
-    if (op.name == "reduce" && op.attrs.empty() && op.in_types.empty()) {
+    if ((op.name == "reduce" || op.name == "scatter") && op.attrs.empty() && op.in_types.empty()) {
       // ^bb0(...):, the body op, stablehlo.return, then "}) {dimensions = ...} : (...) -> ..."
-      if (i + 4 >= lines.size()) bad(ln, "unterminated reduce region");
+      if (i + 4 >= lines.size()) bad(ln, "unterminated " + op.name + " region");
       const Op body = parse_op_line(lines[i + 2], ln + 2);
       op.body = body.name;
       const std::string tail = trim(lines[i + 4]);
-      if (tail.rfind("})", 0) != 0) bad(ln + 4, "expected '})' closing the reduce region");
+      if (tail.rfind("})", 0) != 0) bad(ln + 4, "expected '})' closing the " + op.name + " region");
       const size_t lb = tail.find('{', 2), colon = tail.rfind(" : ");
-      if (lb == std::string::npos || colon == std::string::npos) bad(ln + 4, "bad reduce attributes");
+      if (lb == std::string::npos || colon == std::string::npos) bad(ln + 4, "bad " + op.name + " attributes");
       op.attrs = tail.substr(lb + 1, tail.rfind('}', colon) - lb - 1);
       parse_signature(tail.substr(colon + 3), op);
       i += 4;

@@ -25,7 +25,7 @@ struct Op {
   std::string attrs;              // the text between the braces
   std::vector<TypeSpec> in_types;
   TypeSpec type;                  // the result's
-  std::string body;               // reduce: the body op ("add", "maximum", ...)
+  std::string body;               // reduce, scatter: the region's op ("add", "maximum", ...)
 };
 
 struct Program {

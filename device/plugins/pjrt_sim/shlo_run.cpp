@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "device/plugins/pjrt_sim/shlo_index.h"
 #include "device/plugins/pjrt_sim/shlo_program.h"
 #include "tpucore/core/error.h"
 #include "tpucore/ops.h"
@@ -230,6 +231,14 @@ Tensor run_op(const Op& op, const std::vector<Tensor>& in, Device dev) {
   if (n == "dot_general") {
     need(2);
     return dot_general(op, in[0], in[1]);
+  }
+  if (n == "gather") {
+    need(2);
+    return run_gather(op, in[0], in[1]);
+  }
+  if (n == "scatter") {
+    need(3);
+    return run_scatter(op, in[0], in[1], in[2]);
   }
   bad(op, "this op is outside the subset the simulator plugin runs");
 }
