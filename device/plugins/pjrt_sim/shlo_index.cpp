@@ -14,34 +14,12 @@
 namespace tpu::pjrt_sim {
 namespace {
 
-[[noreturn]] void bad(const Op& op, const std::string& why) {
-  fail("pjrt_tpucore_sim: StableHLO module, line {} ('stablehlo.{}'): {}", op.line, op.name, why);
-}
-
-std::string attr(const Op& op, const std::string& name) {
-  const size_t p = op.attrs.find(name + " = ");
-  return p == std::string::npos ? std::string() : op.attrs.substr(p + name.size() + 3);
-}
-
-std::vector<int64_t> ints(const std::string& s) {
-  std::vector<int64_t> r;
-  size_t p = 0;
-  while (p < s.size()) {
-    while (p < s.size() && !(std::isdigit(static_cast<unsigned char>(s[p])) || s[p] == '-')) ++p;
-    if (p >= s.size()) break;
-    size_t used = 0;
-    r.push_back(std::stoll(s.substr(p), &used));
-    p += used;
-  }
-  return r;
-}
-
 // "[1, 2]" after name (empty when the field is absent, as the printer omits empty lists).
 std::vector<int64_t> list(const Op& op, const std::string& name) {
   const std::string a = attr(op, name);
   if (a.empty()) return {};
   if (a[0] != '[') bad(op, "expected '[' after '" + name + " ='");
-  return ints(a.substr(0, a.find(']')));
+  return int_list(a.substr(0, a.find(']')));
 }
 
 int64_t index_vector_dim(const Op& op) {
@@ -53,8 +31,8 @@ int64_t index_vector_dim(const Op& op) {
 // slice_sizes = array<i64: ...> or dense<[...]> : tensor<Nxi64>.
 std::vector<int64_t> slice_sizes(const Op& op) {
   const std::string a = attr(op, "slice_sizes");
-  if (a.rfind("array<i64", 0) == 0) return ints(a.substr(9, a.find('>') - 9));
-  if (a.rfind("dense<", 0) == 0) return ints(a.substr(6, a.find('>') - 6));
+  if (a.rfind("array<i64", 0) == 0) return int_list(a.substr(9, a.find('>') - 9));
+  if (a.rfind("dense<", 0) == 0) return int_list(a.substr(6, a.find('>') - 6));
   bad(op, "missing 'slice_sizes'");
 }
 

@@ -36,6 +36,14 @@ struct Program {
 
 Program parse_program(const std::string& text);
 // Runs the program on `dev` with inputs (already on dev); returns the results (on dev).
+// Helpers shared by the op runners (shlo_run.cpp, shlo_index.cpp).
+// A tpu::Error naming the module line and op.
+[[noreturn]] void bad(const Op& op, const std::string& why);
+// The text after "name = " in the op's attributes, or empty.
+std::string attr(const Op& op, const std::string& name);
+// Every integer in s, in order (digits with an optional leading '-').
+std::vector<int64_t> int_list(const std::string& s);
+
 std::vector<Tensor> run_program(const Program& p, const std::vector<Tensor>& inputs, Device dev);
 
 }  // namespace tpu::pjrt_sim

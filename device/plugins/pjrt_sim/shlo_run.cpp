@@ -14,29 +14,6 @@
 namespace tpu::pjrt_sim {
 namespace {
 
-[[noreturn]] void bad(const Op& op, const std::string& why) {
-  fail("pjrt_tpucore_sim: StableHLO module, line {} ('stablehlo.{}'): {}", op.line, op.name, why);
-}
-
-// The text after "name = " in the attributes, or empty.
-std::string attr(const Op& op, const std::string& name) {
-  const size_t p = op.attrs.find(name + " = ");
-  return p == std::string::npos ? std::string() : op.attrs.substr(p + name.size() + 3);
-}
-
-std::vector<int64_t> int_list(const std::string& s) {
-  std::vector<int64_t> r;
-  size_t p = 0;
-  while (p < s.size()) {
-    while (p < s.size() && !(std::isdigit(static_cast<unsigned char>(s[p])) || s[p] == '-')) ++p;
-    if (p >= s.size()) break;
-    size_t used = 0;
-    r.push_back(std::stoll(s.substr(p), &used));
-    p += used;
-  }
-  return r;
-}
-
 // array<i64: 1, 2> / array<i64> / dense<[1, 2]> : tensor<2xi64> / dense<1> : tensor<1xi64>.
 std::vector<int64_t> i64s(const Op& op, const std::string& name) {
   const std::string a = attr(op, name);
