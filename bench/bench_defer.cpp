@@ -11,6 +11,7 @@
 #include <chrono>
 
 #include <memory>
+#include <string>
 
 #include "tpucore/compile.h"
 #include "tpucore/defer.h"
@@ -22,6 +23,29 @@ using namespace tpu;
 namespace {
 
 constexpr int64_t kCols = 4096;
+
+// Runs a then b in every iteration, timing each, and reports their mean times as
+// "<a_name>_us" / "<b_name>_us" plus the ratio `ratio_name` (a over b, or b over a when
+// b_over_a): the two sides share the machine's state call by call.
+template <class A, class B>
+void alternate(benchmark::State& st, const char* a_name, A&& a, const char* b_name, B&& b, const char* ratio_name,
+               bool b_over_a = false) {
+  using clock = std::chrono::steady_clock;
+  double a_s = 0, b_s = 0;
+  for (auto _ : st) {
+    const auto t0 = clock::now();
+    a();
+    const auto t1 = clock::now();
+    b();
+    const auto t2 = clock::now();
+    a_s += std::chrono::duration<double>(t1 - t0).count();
+    b_s += std::chrono::duration<double>(t2 - t1).count();
+  }
+  const double n = static_cast<double>(st.iterations());
+  st.counters[std::string(a_name) + "_us"] = a_s / n * 1e6;
+  st.counters[std::string(b_name) + "_us"] = b_s / n * 1e6;
+  st.counters[ratio_name] = b_over_a ? b_s / a_s : a_s / b_s;
+}
 
 struct Inputs {
   Tensor x, w, b;
@@ -57,21 +81,9 @@ BENCHMARK(BM_GeluChainDeferred)->Arg(4096)->Arg(16)->Unit(benchmark::kMicrosecon
 void BM_GeluChainInterleaved(benchmark::State& st) {
   Inputs in(st.range(0));
   chain_deferred(in);
-  double eager_s = 0, defer_s = 0;
-  using clock = std::chrono::steady_clock;
-  for (auto _ : st) {
-    const auto t0 = clock::now();
-    benchmark::DoNotOptimize(chain(in));
-    const auto t1 = clock::now();
-    benchmark::DoNotOptimize(chain_deferred(in));
-    const auto t2 = clock::now();
-    eager_s += std::chrono::duration<double>(t1 - t0).count();
-    defer_s += std::chrono::duration<double>(t2 - t1).count();
-  }
-  const double n = static_cast<double>(st.iterations());
-  st.counters["eager_us"] = eager_s / n * 1e6;
-  st.counters["defer_us"] = defer_s / n * 1e6;
-  st.counters["eager_over_defer"] = eager_s / defer_s;
+  alternate(
+      st, "eager", [&] { benchmark::DoNotOptimize(chain(in)); }, "defer",
+      [&] { benchmark::DoNotOptimize(chain_deferred(in)); }, "eager_over_defer");
 }
 BENCHMARK(BM_GeluChainInterleaved)->Arg(4096)->Arg(16)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
@@ -82,21 +94,9 @@ void BM_GeluChainDeferVsCompiled(benchmark::State& st) {
   auto f = compile([](const Tensor& x, const Tensor& w, const Tensor& b) { return gelu(x * w + b); });
   f(in.x, in.w, in.b);
   chain_deferred(in);
-  double comp_s = 0, defer_s = 0;
-  using clock = std::chrono::steady_clock;
-  for (auto _ : st) {
-    const auto t0 = clock::now();
-    benchmark::DoNotOptimize(f(in.x, in.w, in.b));
-    const auto t1 = clock::now();
-    benchmark::DoNotOptimize(chain_deferred(in));
-    const auto t2 = clock::now();
-    comp_s += std::chrono::duration<double>(t1 - t0).count();
-    defer_s += std::chrono::duration<double>(t2 - t1).count();
-  }
-  const double n = static_cast<double>(st.iterations());
-  st.counters["compiled_us"] = comp_s / n * 1e6;
-  st.counters["defer_us"] = defer_s / n * 1e6;
-  st.counters["defer_over_compiled"] = defer_s / comp_s;
+  alternate(
+      st, "compiled", [&] { benchmark::DoNotOptimize(f(in.x, in.w, in.b)); }, "defer",
+      [&] { benchmark::DoNotOptimize(chain_deferred(in)); }, "defer_over_compiled", true);
 }
 BENCHMARK(BM_GeluChainDeferVsCompiled)->Arg(4096)->Arg(16)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
@@ -135,21 +135,9 @@ void BM_TrainStepInterleaved(benchmark::State& st) {
     return l;
   };
   for (int i = 0; i < 3; ++i) eager.step(x, y), deferred_step();  // warm-up: buffers, segment cache
-  double eager_s = 0, defer_s = 0;
-  using clock = std::chrono::steady_clock;
-  for (auto _ : st) {
-    const auto t0 = clock::now();
-    benchmark::DoNotOptimize(eager.step(x, y).raw_data());
-    const auto t1 = clock::now();
-    benchmark::DoNotOptimize(deferred_step().raw_data());
-    const auto t2 = clock::now();
-    eager_s += std::chrono::duration<double>(t1 - t0).count();
-    defer_s += std::chrono::duration<double>(t2 - t1).count();
-  }
-  const double n = static_cast<double>(st.iterations());
-  st.counters["eager_us"] = eager_s / n * 1e6;
-  st.counters["defer_us"] = defer_s / n * 1e6;
-  st.counters["eager_over_defer"] = eager_s / defer_s;
+  alternate(
+      st, "eager", [&] { benchmark::DoNotOptimize(eager.step(x, y).raw_data()); }, "defer",
+      [&] { benchmark::DoNotOptimize(deferred_step().raw_data()); }, "eager_over_defer");
 }
 BENCHMARK(BM_TrainStepInterleaved)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
