@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tpucore/core/device.h"
+#include "tpucore/devices.h"
 
 namespace pod_testing {
 
@@ -45,5 +46,15 @@ inline void on_ranks(int n, const std::function<void(int)>& fn) {
   for (auto& e : err)
     if (e) std::rethrow_exception(e);
 }
+
+// Sets f32 matmul precision to "highest" (f32-accurate products on the chips, to match host f32
+// references) for a scope, and restores the previous setting at its end.
+struct HighestF32Precision {
+  std::string prev = tpu::float32_matmul_precision();
+  HighestF32Precision() { tpu::set_float32_matmul_precision("highest"); }
+  ~HighestF32Precision() { tpu::set_float32_matmul_precision(prev); }
+  HighestF32Precision(const HighestF32Precision&) = delete;
+  HighestF32Precision& operator=(const HighestF32Precision&) = delete;
+};
 
 }  // namespace pod_testing

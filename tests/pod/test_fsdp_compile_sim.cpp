@@ -17,12 +17,7 @@ TEST_CASE("fsdp inside tpu::compile on a simulated 4-chip pod equals eager FSDP 
           "[pod][sharded]") {
   (void)pod_testing::g_env;
   // The reference trains in f32 on the host: the chips' f32 matmuls take f32-accurate products.
-  const std::string precision = float32_matmul_precision();
-  set_float32_matmul_precision("highest");
-  struct Restore {
-    std::string p;
-    ~Restore() { set_float32_matmul_precision(p); }
-  } restore{precision};
+  pod_testing::HighestF32Precision precision;
   Config c;
   c.layers = 1;
   const int world = 4, steps = 2;

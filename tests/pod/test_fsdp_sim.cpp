@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "sharded/model.h"
+#include "pod/pod_testing.h"
 #include "tpucore/devices.h"
 #include "tpucore/nn/sharded/fsdp.h"
 
@@ -27,12 +28,7 @@ TEST_CASE("fsdp on a simulated 4-chip pod equals one-device training", "[pod][sh
   (void)g_env;
   // The reference trains in f32 on the host: the chips' f32 matmuls take f32-accurate products
   // here (the default, one bf16 pass, differs from it by ~2e-4 in the loss).
-  const std::string precision = float32_matmul_precision();
-  set_float32_matmul_precision("highest");
-  struct Restore {
-    std::string p;
-    ~Restore() { set_float32_matmul_precision(p); }
-  } restore{precision};
+  pod_testing::HighestF32Precision precision;
   Config c;
   c.layers = 1;
   const int world = 4, steps = 2;
