@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ops/cpu/kernels/gemm.h"
+#include "tpucore/core/parallel.h"
 
 namespace {
 
@@ -362,4 +363,47 @@ TEST_CASE("gemm kernels: the run-time choice follows the CPU", "[gemm][avx2]") {
     CHECK(f32 == "generic");
     CHECK(bf16 == "generic");
   }
+}
+
+TEST_CASE("gemm kernels on 1 and 2 threads: block edges, ragged sizes, shared B blocks", "[gemm]") {
+  // Sizes around the register tiles (14 x 32 AVX-512, 6 x 16 AVX2), the K block (256 f32
+  // steps, 512 bf16) and the column block (4096): rows split over a team that packs each B
+  // block together (several K and column blocks alternate between two buffers), with ragged
+  // row shares, odd K for the bf16 pairs, and the same sizes on one thread.
+  struct Sized { int64_t M, N, K; };
+  const Sized cases[] = {{113, 4100, 521}, {257, 255, 513}, {29, 33, 1030}, {300, 47, 300}};
+  const int saved = tpu::num_threads();
+  auto fgen = f32_gen();
+  auto bgen = bf16_gen();
+  for (const Sized& cs : cases) {
+    const int64_t ldc = cs.N + 2;
+    std::vector<float> C0(static_cast<size_t>(cs.M * ldc));
+    for (size_t i = 0; i < C0.size(); ++i) C0[i] = float(int(i % 9) - 4);
+    const Operand<float> A = make_operand<float>(cs.M, cs.K, Layout::RowMajor, fgen);
+    const Operand<float> B = make_operand<float>(cs.K, cs.N, Layout::RowMajor, fgen);
+    const auto R = reference(cs.M, cs.N, cs.K, A, B, C0, ldc, true, f32_id);
+    // bf16 against a double sum of the same bf16 values (f32 accumulation inside the kernel).
+    const Operand<uint16_t> Ab = make_operand<uint16_t>(cs.M, cs.K, Layout::RowMajor, bgen);
+    const Operand<uint16_t> Bb = make_operand<uint16_t>(cs.K, cs.N, Layout::RowMajor, bgen);
+    const auto Rb = reference(cs.M, cs.N, cs.K, Ab, Bb, C0, ldc, false, bf16_bits_to_float);
+    for (int threads : {1, 2}) {
+      tpu::set_num_threads(threads);
+      INFO("M=" << cs.M << " N=" << cs.N << " K=" << cs.K << " threads=" << threads);
+      std::vector<float> C = C0;
+      gemm_f32(cs.M, cs.N, cs.K, A.ptr(), A.rs, A.cs, B.ptr(), B.rs, B.cs, C.data(), ldc, true);
+      check_close(cs.M, cs.N, cs.K, ldc, C, R, C0, 1e-6);
+      C = C0;
+      gemm_bf16(cs.M, cs.N, cs.K, Ab.ptr(), Ab.rs, Ab.cs, Bb.ptr(), Bb.rs, Bb.cs, C.data(), ldc, false);
+      check_close(cs.M, cs.N, cs.K, ldc, C, Rb, C0, 1e-6);
+      if (tpu::kernels::gemm_avx2_available() && cs.N < 1000) {
+        C = C0;
+        gemm_f32_avx2(cs.M, cs.N, cs.K, A.ptr(), A.rs, A.cs, B.ptr(), B.rs, B.cs, C.data(), ldc, true);
+        check_close(cs.M, cs.N, cs.K, ldc, C, R, C0, 1e-6);
+        C = C0;
+        gemm_bf16_avx2(cs.M, cs.N, cs.K, Ab.ptr(), Ab.rs, Ab.cs, Bb.ptr(), Bb.rs, Bb.cs, C.data(), ldc, false);
+        check_close(cs.M, cs.N, cs.K, ldc, C, Rb, C0, 1e-6);
+      }
+    }
+  }
+  tpu::set_num_threads(saved);
 }

@@ -8,9 +8,11 @@
 // through their strides, so transposed and strided views cost nothing extra, and it pads
 // the ragged edges with zeros so the micro-kernel always sees full panels.
 //
-// Threads split the rows of C and share each packed B block (packed cooperatively, one
-// parallel_for per phase); short wide products split columns and pack privately.
+// Threads split the rows of C and share each packed B block (packed cooperatively by a team
+// of threads that meet at one barrier per block); short wide products split columns and pack
+// privately.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -275,6 +277,15 @@ struct PackBf16PairsAvx512 : PackBf16Pairs {
           d[kfull * mr + r] = r < rows ? pair(A[(i0 + r) * rs + 2 * kfull], 0) : 0;
     }
   }
+  static void pack_b(const uint16_t* B, int64_t rs, int64_t cs, int64_t kce, int64_t nc,
+                     int nr, uint32_t* dst) {
+    if (cs != 1 || nr != detail::kAvx512BlockingBf16.nr)
+      return PackBf16Pairs::pack_b(B, rs, cs, kce, nc, nr, dst);
+    const int64_t kp = (kce + 1) / 2;
+    for (int64_t j0 = 0; j0 < nc; j0 += nr)
+      detail::pack_b_panel_bf16_pairs_avx512(B + j0, rs, static_cast<int>(std::min<int64_t>(nr, nc - j0)),
+                                             kce, dst + j0 * kp);
+  }
 };
 
 // ---- Portable micro-kernel (auto-vectorized for the baseline ISA). ----
@@ -354,13 +365,12 @@ void pack_b_block(const Problem& p, const GemmBlocking& bl, int64_t pc, int64_t 
 template <class Pack, class Kernel>
 void multiply_rows(const Problem& p, const GemmBlocking& bl, Kernel kernel, int64_t m0,
                    int64_t m1, int64_t jc, int64_t nc, int64_t pc, int64_t kce,
-                   const typename Pack::Packed* pb) {
+                   const typename Pack::Packed* pb, typename Pack::Packed* pa) {
   using Packed = typename Pack::Packed;
   const auto* A = static_cast<const typename Pack::In*>(p.A);
   const int mr = bl.mr, nr = bl.nr;
   const int64_t ksteps = ksteps_of<Pack>(kce);
   const bool load_c = p.accumulate || pc > 0;
-  Packed* pa = a_buffer<Pack>(p, bl, m1 - m0);
   for (int64_t ic = m0; ic < m1; ic += bl.mc) {
     const int64_t mc = std::min(bl.mc, m1 - ic);
     Pack::pack_a(A + ic * p.a_rs + pc * p.a_cs, p.a_rs, p.a_cs, mc, kce, mr, pa);
@@ -382,45 +392,63 @@ void gemm_range(const Problem& p, const GemmBlocking& bl, Kernel kernel, int64_t
                 int64_t m1, int64_t n0, int64_t n1) {
   const int64_t kc_elems = bl.kc * Pack::kPerStep;
   auto* pb = b_buffer<Pack>(p, bl, n1 - n0);
+  auto* pa = a_buffer<Pack>(p, bl, m1 - m0);
   for (int64_t jc = n0; jc < n1; jc += bl.nc) {
     const int64_t nc = std::min(bl.nc, n1 - jc);
     for (int64_t pc = 0; pc < p.K; pc += kc_elems) {
       const int64_t kce = std::min(kc_elems, p.K - pc);
       pack_b_block<Pack>(p, bl, pc, kce, jc, jc, nc, pb);
-      multiply_rows<Pack>(p, bl, kernel, m0, m1, jc, nc, pc, kce, pb);
+      multiply_rows<Pack>(p, bl, kernel, m0, m1, jc, nc, pc, kce, pb, pa);
     }
   }
 }
 
-// Rows of C split over `tasks` threads that share each packed B block: per block, the
-// threads first pack disjoint panel ranges of it, then (after parallel_for returns, which
-// is the barrier) multiply their own rows by the whole block.
+// Rows of C split over a team of threads (tpu::parallel_team: one dispatch per product) that
+// share each packed B block: per block, every thread packs its share of the block's panels,
+// the team meets at a barrier, then each thread multiplies its own rows by the whole block.
+// The B blocks alternate between two buffers, so one barrier per block suffices: a thread
+// packs block i + 1 only after passing barrier i, which every thread reaches only after it
+// has multiplied block i - 1 (the block that buffer held). Rows are split in whole register
+// tiles.
 template <class Pack, class Kernel>
-void gemm_rows_shared_b(const Problem& p, const GemmBlocking& bl, Kernel kernel,
-                        int64_t tasks) {
+void gemm_rows_shared_b(const Problem& p, const GemmBlocking& bl, Kernel kernel, int want) {
+  using Packed = typename Pack::Packed;
   const int64_t kc_elems = bl.kc * Pack::kPerStep;
-  auto* pb = b_buffer<Pack>(p, bl, p.N);
-  for (int64_t jc = 0; jc < p.N; jc += bl.nc) {
-    const int64_t nc = std::min(bl.nc, p.N - jc);
-    const int64_t panels = (nc + bl.nr - 1) / bl.nr;
-    const int64_t pack_tasks = std::min(tasks, panels);
-    for (int64_t pc = 0; pc < p.K; pc += kc_elems) {
-      const int64_t kce = std::min(kc_elems, p.K - pc);
-      tpu::parallel_for(0, pack_tasks, 1, [&](int64_t tb, int64_t te) {
-        for (int64_t t = tb; t < te; ++t) {
-          const int64_t q0 = panels * t / pack_tasks, q1 = panels * (t + 1) / pack_tasks;
-          const int64_t j0 = jc + q0 * bl.nr, j1 = std::min(jc + nc, jc + q1 * bl.nr);
-          if (j0 < j1) pack_b_block<Pack>(p, bl, pc, kce, jc, j0, j1 - j0, pb);
-        }
-      });
-      tpu::parallel_for(0, tasks, 1, [&](int64_t tb, int64_t te) {
-        for (int64_t t = tb; t < te; ++t) {
-          const int64_t m0 = p.M * t / tasks, m1 = p.M * (t + 1) / tasks;
-          if (m0 < m1) multiply_rows<Pack>(p, bl, kernel, m0, m1, jc, nc, pc, kce, pb);
-        }
-      });
+  const int64_t ncap = std::min<int64_t>(bl.nc, (p.N + bl.nr - 1) / bl.nr * bl.nr);
+  const int64_t block_size = (ncap + bl.nr) * std::min<int64_t>(bl.kc, ksteps_of<Pack>(p.K));
+  const bool one_block = p.N <= bl.nc && p.K <= kc_elems;
+  Packed* pb_base = static_cast<Packed*>(
+      t_pack_b.get(sizeof(Packed) * static_cast<size_t>(one_block ? block_size : 2 * block_size)));
+  std::atomic<bool> failed{false};
+  tpu::parallel_team(want, [&](int t, int team, Barrier& bar) {
+    const int64_t units = (p.M + bl.mr - 1) / bl.mr;
+    const int64_t m0 = std::min(p.M, units * t / team * bl.mr);
+    const int64_t m1 = std::min(p.M, units * (t + 1) / team * bl.mr);
+    Packed* pa = nullptr;
+    try {
+      pa = a_buffer<Pack>(p, bl, std::max<int64_t>(m1 - m0, 1));
+    } catch (...) {  // the others must not wait for this thread at the barriers
+      failed.store(true);
+      bar.arrive_and_wait();
+      throw;
     }
-  }
+    bar.arrive_and_wait();
+    if (failed.load()) return;
+    int64_t block = 0;
+    for (int64_t jc = 0; jc < p.N; jc += bl.nc) {
+      const int64_t nc = std::min(bl.nc, p.N - jc);
+      const int64_t panels = (nc + bl.nr - 1) / bl.nr;
+      for (int64_t pc = 0; pc < p.K; pc += kc_elems, ++block) {
+        const int64_t kce = std::min(kc_elems, p.K - pc);
+        Packed* pb = pb_base + (block % 2) * block_size;
+        const int64_t q0 = panels * t / team, q1 = panels * (t + 1) / team;
+        const int64_t j0 = jc + q0 * bl.nr, j1 = std::min(jc + nc, jc + q1 * bl.nr);
+        if (j0 < j1) pack_b_block<Pack>(p, bl, pc, kce, jc, j0, j1 - j0, pb);
+        bar.arrive_and_wait();
+        if (m0 < m1) multiply_rows<Pack>(p, bl, kernel, m0, m1, jc, nc, pc, kce, pb, pa);
+      }
+    }
+  });
 }
 
 // Below this many multiply-adds a product stays on the calling thread (about 10 us of work
@@ -468,20 +496,7 @@ void gemm_run(const Problem& p, const GemmBlocking& bl, Kernel kernel) {
   // is wide and short, columns are split instead (in whole register tiles), each thread
   // packing its own panels (repeating the packing of the small A).
   if (p.M >= p.N || p.M >= int64_t{nt} * 4 * bl.mr) {
-    const int64_t tasks = std::min<int64_t>(nt, p.M);
-    const bool one_b_block = p.N <= bl.nc && p.K <= bl.kc * Pack::kPerStep;
-    if (!one_b_block) {
-      gemm_rows_shared_b<Pack>(p, bl, kernel, tasks);
-      return;
-    }
-    // A single B block: each thread packs it privately, which costs less than the second
-    // hand-off between threads that sharing it would take.
-    tpu::parallel_for(0, tasks, 1, [&](int64_t tb, int64_t te) {
-      for (int64_t t = tb; t < te; ++t) {
-        const int64_t m0 = p.M * t / tasks, m1 = p.M * (t + 1) / tasks;
-        if (m0 < m1) gemm_range<Pack>(p, bl, kernel, m0, m1, 0, p.N);
-      }
-    });
+    gemm_rows_shared_b<Pack>(p, bl, kernel, static_cast<int>(std::min<int64_t>(nt, (p.M + bl.mr - 1) / bl.mr)));
     return;
   }
   const int64_t units = (p.N + bl.nr - 1) / bl.nr;
