@@ -7,8 +7,10 @@
 #   bash scripts/bench_peers.sh [path/to/bench_matmul_torch]
 # Needs the peer benchmarks built (cmake -DTPU_BENCH_PEERS=ON with libtorch installed;
 # scripts/bench.sh does it). MIN_TIME (default 0.5 s) sets --benchmark_min_time; REPS (default 3)
-# the repetitions of the final run (each case keeps its best repetition, ours and the peers'
-# alike: on a shared host the best one is the least disturbed). libtorch runs with
+# the repetitions of the final run, which are interleaved in random order across all cases (ours
+# and the peers' alternate, so a burst of load from other work hits both sides alike); each case
+# keeps its best repetition, ours and the peers' alike (on a shared host the least disturbed).
+# CORETYPE=<name> skips the core-type scan and uses that OpenBLAS kernel. libtorch runs with
 # OMP_WAIT_POLICY=PASSIVE, its best setting for CPU time (its OpenMP threads otherwise spin).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,7 +38,12 @@ model="$(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
 echo "CPU: $model ($(nproc) cores); OPENBLAS_CORETYPE candidates: ${types[*]:-none} and unset"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
+if [ -n "${CORETYPE:-}" ]; then  # skip the scan: use this core type (e.g. the last scan's best)
+  echo "OPENBLAS_CORETYPE=$CORETYPE given (no scan)"
+  echo "$CORETYPE" >"$out/best"
+fi
 for t in unset "${types[@]}"; do
+  [ -n "${CORETYPE:-}" ] && break
   if [ "$t" = unset ]; then
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_WAIT_POLICY=PASSIVE "$BIN" --benchmark_filter='BM_torch_f32' \
       --benchmark_min_time="${MIN_TIME:-0.5}" --benchmark_format=json >"$out/$t.json" 2>/dev/null
@@ -45,7 +52,7 @@ for t in unset "${types[@]}"; do
       --benchmark_min_time="${MIN_TIME:-0.5}" --benchmark_format=json >"$out/$t.json" 2>/dev/null
   fi
 done
-python3 - "$out" unset "${types[@]}" <<'PY'
+[ -n "${CORETYPE:-}" ] || python3 - "$out" unset "${types[@]}" <<'PY'
 import json, sys
 d, names = sys.argv[1], sys.argv[2:]
 res = {}  # coretype -> {n: GFLOP/s}
@@ -68,7 +75,8 @@ with open(f"{d}/best", "w") as f:
 PY
 best="$(cat "$out/best")"
 if [ "$best" = unset ]; then run=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_WAIT_POLICY=PASSIVE); else run=(env -u OPENBLAS_L2_SIZE OMP_WAIT_POLICY=PASSIVE OPENBLAS_CORETYPE="$best"); fi
-"${run[@]}" "$BIN" --benchmark_min_time="${MIN_TIME:-0.5}" --benchmark_repetitions="${REPS:-3}" --benchmark_format=json >"$out/all.json" 2>/dev/null
+"${run[@]}" "$BIN" --benchmark_min_time="${MIN_TIME:-0.5}" --benchmark_repetitions="${REPS:-3}" \
+  --benchmark_enable_random_interleaving=true --benchmark_format=json >"$out/all.json" 2>/dev/null
 python3 - "$out/all.json" "$best" "$model" <<'PY'
 import json, sys
 js = json.load(open(sys.argv[1]))
@@ -77,7 +85,7 @@ for b in js["benchmarks"]:
     if "GFLOP/cpu_s" in b and b.get("run_type", "iteration") == "iteration":
         name, n, t = b["name"].split("/")[:3]
         g[(name, int(n), int(t))] = max(g.get((name, int(n), int(t)), 0), b["GFLOP/cpu_s"])
-print(f"one run, {sys.argv[3]}; GFLOP per CPU-second (process CPU time, all threads), best of the repetitions")
+print(f"one run, {sys.argv[3]}; GFLOP per CPU-second (process CPU time, all threads), best of the randomly interleaved repetitions")
 print(f"| n | threads | ours f32 | OpenBLAS f32 ({sys.argv[2]}) | ratio | ours bf16 | oneDNN bf16 | ratio |")
 print("|---|---|---|---|---|---|---|---|")
 for t in (1, 2):
