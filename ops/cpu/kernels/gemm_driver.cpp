@@ -409,7 +409,7 @@ void gemm_range(const Problem& p, const GemmBlocking& bl, Kernel kernel, int64_t
 // The B blocks alternate between two buffers, so one barrier per block suffices: a thread
 // packs block i + 1 only after passing barrier i, which every thread reaches only after it
 // has multiplied block i - 1 (the block that buffer held). Rows are split in whole register
-// tiles.
+// tiles. A product of a single B block skips the sharing (see below).
 template <class Pack, class Kernel>
 void gemm_rows_shared_b(const Problem& p, const GemmBlocking& bl, Kernel kernel, int want) {
   using Packed = typename Pack::Packed;
@@ -417,13 +417,18 @@ void gemm_rows_shared_b(const Problem& p, const GemmBlocking& bl, Kernel kernel,
   const int64_t ncap = std::min<int64_t>(bl.nc, (p.N + bl.nr - 1) / bl.nr * bl.nr);
   const int64_t block_size = (ncap + bl.nr) * std::min<int64_t>(bl.kc, ksteps_of<Pack>(p.K));
   const bool one_block = p.N <= bl.nc && p.K <= kc_elems;
-  Packed* pb_base = static_cast<Packed*>(
-      t_pack_b.get(sizeof(Packed) * static_cast<size_t>(one_block ? block_size : 2 * block_size)));
+  Packed* pb_base = one_block ? nullptr : static_cast<Packed*>(t_pack_b.get(sizeof(Packed) * static_cast<size_t>(2 * block_size)));
   std::atomic<bool> failed{false};
   tpu::parallel_team(want, [&](int t, int team, Barrier& bar) {
     const int64_t units = (p.M + bl.mr - 1) / bl.mr;
     const int64_t m0 = std::min(p.M, units * t / team * bl.mr);
     const int64_t m1 = std::min(p.M, units * (t + 1) / team * bl.mr);
+    if (one_block) {
+      // A single B block: each thread packs it whole into its own buffer and needs no
+      // barrier (with vectorized packing, cheaper than a wait for the other thread).
+      if (m0 < m1) gemm_range<Pack>(p, bl, kernel, m0, m1, 0, p.N);
+      return;
+    }
     Packed* pa = nullptr;
     try {
       pa = a_buffer<Pack>(p, bl, std::max<int64_t>(m1 - m0, 1));
@@ -432,8 +437,6 @@ void gemm_rows_shared_b(const Problem& p, const GemmBlocking& bl, Kernel kernel,
       bar.arrive_and_wait();
       throw;
     }
-    bar.arrive_and_wait();
-    if (failed.load()) return;
     int64_t block = 0;
     for (int64_t jc = 0; jc < p.N; jc += bl.nc) {
       const int64_t nc = std::min(bl.nc, p.N - jc);
@@ -445,6 +448,7 @@ void gemm_rows_shared_b(const Problem& p, const GemmBlocking& bl, Kernel kernel,
         const int64_t j0 = jc + q0 * bl.nr, j1 = std::min(jc + nc, jc + q1 * bl.nr);
         if (j0 < j1) pack_b_block<Pack>(p, bl, pc, kce, jc, j0, j1 - j0, pb);
         bar.arrive_and_wait();
+        if (failed.load()) return;  // a thread could not allocate: it throws, the others stop
         if (m0 < m1) multiply_rows<Pack>(p, bl, kernel, m0, m1, jc, nc, pc, kce, pb, pa);
       }
     }
