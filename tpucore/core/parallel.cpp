@@ -97,8 +97,8 @@ int64_t max_spin_ns() {
 
 // One job at a time. The job word packs a sequence number (upper bits) with the number of
 // chunks (lower 13 bits), so a worker learns from one atomic load both that a job arrived and
-// whether it takes part. Idle workers spin for a while, then sleep on the job word (a futex
-// a futex, see sleep_while_equal); the caller waits for the other chunks the same way. The spin
+// whether it takes part. Idle workers spin for a while, then sleep on the job word (a futex,
+// see sleep_while_equal); the caller waits for the other chunks the same way. The spin
 // adapts per worker to how quickly jobs follow one another: a job that arrived during the
 // spin, or soon after the worker fell asleep, sets the spin to twice that gap (at most
 // max_spin_ns()); a gap longer than that halves it (down to 1 us). Back-to-back jobs (a GEMM's
