@@ -66,6 +66,7 @@ HWY_NOINLINE HWY_FLATTEN void prog_map1_as(const float* x, const float* a, const
   const D dd;
   for (int64_t e = 0; e < len; e += kProgSub) {
     Block v;
+    for (int c = 0; c < kProgSub; c += 16) hwy::Prefetch(x + e + kPrefetchFloats + c);
     for (int u = 0; u < kProgVecs; ++u) v[u] = hn::LoadU(dd, x + e + kLanes * u);
     if constexpr (kMul)
       for (int u = 0; u < kProgVecs; ++u) v[u] = hn::Mul(v[u], hn::LoadU(dd, a + e + kLanes * u));
