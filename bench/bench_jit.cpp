@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <string>
 
 #include "graph/passes/passes.h"
 #include "graph/tracer.h"
@@ -77,6 +78,7 @@ void BM_GeluChainInterleaved(benchmark::State& st) {
   auto& in = gelu_inputs();
   auto f = compile([](const Tensor& x, const Tensor& w, const Tensor& b) { return gelu(x * w + b); });
   f(in.x, in.w, in.b);
+  benchmark::DoNotOptimize(gelu(in.x * in.w + in.b));  // warm: the allocator's cache holds the temporaries
   double eager_s = 0, compiled_s = 0, eager_cpu = 0, compiled_cpu = 0;
   using clock = std::chrono::steady_clock;
   for (auto _ : st) {
@@ -102,7 +104,43 @@ void BM_GeluChainInterleaved(benchmark::State& st) {
   st.counters["compiled_cpu_ms"] = compiled_cpu / n;
   st.counters["eager_over_compiled_cpu"] = eager_cpu / compiled_cpu;
 }
-BENCHMARK(BM_GeluChainInterleaved)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_GeluChainInterleaved)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
+
+// The floors, in one run alternated call by call with the same load: a plain copy of x into a
+// fresh tensor (the memory-bound floor: one read and one write of 64 MiB on the same threads,
+// from the same allocator), gelu alone over x, the eager chain and the compiled chain. Counters:
+// process CPU ms (all threads) and wall ms of each, gelu / copy (target <= 1.1) and eager /
+// compiled (target >= 2).
+void BM_GeluFloorsInterleaved(benchmark::State& st) {
+  auto& in = gelu_inputs();
+  auto f = compile([](const Tensor& x, const Tensor& w, const Tensor& b) { return gelu(x * w + b); });
+  auto copy = [&] { return in.x.clone(); };
+  auto alone = [&] { return gelu(in.x); };
+  auto eager = [&] { return gelu(in.x * in.w + in.b); };
+  auto compiled = [&] { return f(in.x, in.w, in.b); };
+  double cpu[4] = {}, wall[4] = {};
+  using clock = std::chrono::steady_clock;
+  auto side = [&](int k, auto&& call) {
+    const double c0 = process_cpu_ms();
+    const auto t0 = clock::now();
+    benchmark::DoNotOptimize(call());
+    wall[k] += std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+    cpu[k] += process_cpu_ms() - c0;
+  };
+  copy(), alone(), eager(), compiled();  // warm the allocator's cache and the compile cache
+  for (auto _ : st) side(0, copy), side(1, alone), side(2, eager), side(3, compiled);
+  const double n = static_cast<double>(st.iterations());
+  const char* names[4] = {"copy", "gelu", "eager", "compiled"};
+  for (int k = 0; k < 4; ++k) {
+    st.counters[std::string(names[k]) + "_cpu_ms"] = cpu[k] / n;
+    st.counters[std::string(names[k]) + "_ms"] = wall[k] / n;
+  }
+  st.counters["gelu_over_copy_cpu"] = cpu[1] / cpu[0];
+  st.counters["gelu_over_copy"] = wall[1] / wall[0];
+  st.counters["eager_over_compiled_cpu"] = cpu[2] / cpu[3];
+  st.counters["eager_over_compiled"] = wall[2] / wall[3];
+}
+BENCHMARK(BM_GeluFloorsInterleaved)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
 
 // The same chain with a cheap activation: memory-bound, where fusion pays the most.
 void BM_ReluChainEager(benchmark::State& st) {

@@ -331,26 +331,45 @@ struct MinOp { static HWY_INLINE V f(V a, V b, V) { return hn::IfThenElse(hn::Is
 
 // ---- one-op kernels over arrays ----
 
-// Four vectors side by side, then one at a time, then the tail through a vector-sized buffer
-// (a full-width load past the end could fault, and masked loads are not on every target).
-template <class F>
-HWY_NOINLINE void unary_loop(float* o, const float* x, int64_t n) {
+// Above this many elements the output is written with non-temporal stores (no read for
+// ownership of lines that cannot stay in the caches anyway).
+inline constexpr int64_t kStreamThreshold = int64_t{1} << 20;
+// Software prefetch distance (floats ahead of the load) of the large single-pass loops: the
+// gelu arithmetic leaves the hardware prefetcher too little slack on a long input stream.
+inline constexpr int kPrefetchFloats = 1024;
+
+// Elements [i, end) in groups of four vectors side by side (prefetching ahead when kPrefetch;
+// streaming the stores when kStream, `o + i` then vector-aligned); returns where it stopped.
+template <class F, bool kStream>
+HWY_INLINE int64_t unary_body(float* o, const float* x, int64_t i, int64_t end) {
   const D d;
-  int64_t i = 0;
-  for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
+  for (; i + 4 * kLanes <= end; i += 4 * kLanes) {
+    if constexpr (kStream)
+      for (int c = 0; c < 4 * kLanes; c += 16) hwy::Prefetch(x + i + kPrefetchFloats + c);
     V v[4];
     for (int u = 0; u < 4; ++u) v[u] = hn::LoadU(d, x + i + u * kLanes);
     F::template f<4>(v);
-    for (int u = 0; u < 4; ++u) hn::StoreU(v[u], d, o + i + u * kLanes);
+    for (int u = 0; u < 4; ++u) {
+      if constexpr (kStream) hn::Stream(v[u], d, o + i + u * kLanes);
+      else hn::StoreU(v[u], d, o + i + u * kLanes);
+    }
   }
-  for (; i + kLanes <= n; i += kLanes) {
+  return i;
+}
+
+// Elements [i, end): one vector at a time, then the tail through a vector-sized buffer (a
+// full-width load past the end could fault, and masked loads are not on every target).
+template <class F>
+HWY_INLINE void unary_rest(float* o, const float* x, int64_t i, int64_t end) {
+  const D d;
+  for (; i + kLanes <= end; i += kLanes) {
     V v[1] = {hn::LoadU(d, x + i)};
     F::template f<1>(v);
     hn::StoreU(v[0], d, o + i);
   }
-  if (i < n) {
+  if (i < end) {
     HWY_ALIGN float buf[kLanes] = {};
-    const size_t left = static_cast<size_t>(n - i);
+    const size_t left = static_cast<size_t>(end - i);
     __builtin_memcpy(buf, x + i, left * sizeof(float));
     V v[1] = {hn::Load(d, buf)};
     F::template f<1>(v);
@@ -359,9 +378,25 @@ HWY_NOINLINE void unary_loop(float* o, const float* x, int64_t n) {
   }
 }
 
-// Above this many elements the output is written with non-temporal stores (no read for
-// ownership of lines that cannot stay in the caches anyway).
-inline constexpr int64_t kStreamThreshold = int64_t{1} << 20;
+// Large arrays (kStreamThreshold) with a float-aligned output: a head up to a vector-aligned
+// output, the body streamed, then the rest. out == in is allowed (each group is read before
+// it is written).
+template <class F>
+HWY_NOINLINE void unary_loop(float* o, const float* x, int64_t n) {
+  if (n <= 0) return;
+  int64_t i = 0;
+  if (n >= kStreamThreshold && (reinterpret_cast<uintptr_t>(o) & 3u) == 0) {
+    constexpr uintptr_t kAlign = sizeof(float) * kLanes;
+    const uintptr_t mis = (reinterpret_cast<uintptr_t>(o) & (kAlign - 1)) / sizeof(float);
+    const int64_t head = mis ? kLanes - static_cast<int64_t>(mis) : 0;
+    unary_rest<F>(o, x, 0, head);
+    i = unary_body<F, true>(o, x, head, n);
+    hwy::FlushStream();
+  } else {
+    i = unary_body<F, false>(o, x, 0, n);
+  }
+  unary_rest<F>(o, x, i, n);
+}
 
 template <class Op, bool kStream>
 HWY_INLINE int64_t binary_body(float* o, const float* x, const float* y, bool ys, V al, int64_t i, int64_t end) {

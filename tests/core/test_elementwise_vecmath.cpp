@@ -217,6 +217,47 @@ TEST_CASE("vec_math: every tail length and in-place use agree with the element-b
   }
 }
 
+TEST_CASE("vec_math: unary streaming path (large arrays): misaligned head, tail, in place, no write past the end",
+          "[elementwise][vecmath]") {
+  // 1<<20 + 45 elements at offsets 0 and 3 (floats): the non-temporal store body with and
+  // without a head to a vector-aligned output, and a tail that is not a whole vector. Each
+  // element must equal the one-element result (no dependence on the path taken) and stay
+  // within the function's bound of the double reference; in place (out == in) gives the same.
+  const int64_t n = (int64_t{1} << 20) + 45;
+  const Case* gelu = nullptr;
+  for (const Case& c : kCases)
+    if (c.op == VecUnary::gelu_erf) gelu = &c;
+  REQUIRE(gelu);
+  for (const VecMathTable* t : tables()) {
+    for (VecUnary op : {VecUnary::gelu_erf, VecUnary::exp, VecUnary::relu}) {
+      for (size_t off : {size_t{0}, size_t{3}}) {
+        INFO(t->name << " op " << static_cast<int>(op) << " offset " << off);
+        std::vector<float> xb(static_cast<size_t>(n) + 8), ob(static_cast<size_t>(n) + 8, 4321.0f);
+        for (size_t i = 0; i < xb.size(); ++i) xb[i] = static_cast<float>(static_cast<int64_t>(i % 1999) - 999) * 0.011f;
+        const float* x = xb.data() + off;
+        float* o = ob.data() + off;
+        t->get(op)(o, x, n);
+        std::vector<float> z(x, x + n);
+        t->get(op)(z.data(), z.data(), n);
+        int64_t differ = 0, off_bound = 0;
+        // Every 7th element, the first and last few (head and tail) in full.
+        for (int64_t i = 0; i < n; i += (i < 64 || i > n - 64) ? 1 : 7) {
+          float one;
+          t->get(op)(&one, &x[i], 1);
+          if (!(o[i] == one && z[static_cast<size_t>(i)] == one)) ++differ;
+          if (op == VecUnary::gelu_erf &&
+              ulp_error(o[i], gelu->ref(x[i])) > gelu->max_ulp + gelu->cond(x[i]))
+            ++off_bound;
+        }
+        CHECK(differ == 0);
+        CHECK(off_bound == 0);
+        CHECK(ob[off + static_cast<size_t>(n)] == 4321.0f);
+        if (off) CHECK(ob[off - 1] == 4321.0f);
+      }
+    }
+  }
+}
+
 TEST_CASE("vec_math: binary kernels, broadcast right operand, alpha and the streaming path", "[elementwise][vecmath]") {
   for (const VecMathTable* t : tables()) {
     INFO(t->name);
