@@ -8,8 +8,9 @@
 // lookup overheads show).
 #include <benchmark/benchmark.h>
 
-#include <chrono>
+#include <sys/resource.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -24,27 +25,45 @@ namespace {
 
 constexpr int64_t kCols = 4096;
 
-// Runs a then b in every iteration, timing each, and reports their mean times as
-// "<a_name>_us" / "<b_name>_us" plus the ratio `ratio_name` (a over b, or b over a when
-// b_over_a): the two sides share the machine's state call by call.
+// CPU time of the whole process (all threads), in seconds: fair on a machine shared with others.
+double process_cpu_s() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
+// Runs a then b in every iteration, timing each, and reports their mean wall times as
+// "<a_name>_us" / "<b_name>_us", their mean process CPU times (all threads) as
+// "<a_name>_cpu_us" / "<b_name>_cpu_us", and the ratios `ratio_name` (wall) and
+// `ratio_name`_cpu (a over b, or b over a when b_over_a): the two sides share the machine's
+// state call by call, and the CPU-time ratio is the steadier one when other jobs share the cores.
 template <class A, class B>
 void alternate(benchmark::State& st, const char* a_name, A&& a, const char* b_name, B&& b, const char* ratio_name,
                bool b_over_a = false) {
   using clock = std::chrono::steady_clock;
-  double a_s = 0, b_s = 0;
+  double a_s = 0, b_s = 0, a_cpu = 0, b_cpu = 0;
   for (auto _ : st) {
+    const double c0 = process_cpu_s();
     const auto t0 = clock::now();
     a();
     const auto t1 = clock::now();
+    const double c1 = process_cpu_s();
     b();
     const auto t2 = clock::now();
+    const double c2 = process_cpu_s();
     a_s += std::chrono::duration<double>(t1 - t0).count();
     b_s += std::chrono::duration<double>(t2 - t1).count();
+    a_cpu += c1 - c0;
+    b_cpu += c2 - c1;
   }
   const double n = static_cast<double>(st.iterations());
   st.counters[std::string(a_name) + "_us"] = a_s / n * 1e6;
   st.counters[std::string(b_name) + "_us"] = b_s / n * 1e6;
+  st.counters[std::string(a_name) + "_cpu_us"] = a_cpu / n * 1e6;
+  st.counters[std::string(b_name) + "_cpu_us"] = b_cpu / n * 1e6;
   st.counters[ratio_name] = b_over_a ? b_s / a_s : a_s / b_s;
+  st.counters[std::string(ratio_name) + "_cpu"] = b_over_a ? b_cpu / a_cpu : a_cpu / b_cpu;
 }
 
 struct Inputs {
