@@ -123,42 +123,71 @@ BENCHMARK(BM_GeluChainDeferVsCompiled)->Arg(4096)->Arg(16)->Unit(benchmark::kMic
 // forward, cross_entropy, backward, optimizer step), plain eager and inside a DeferredEager scope
 // per step, alternated step by step on two copies of the model. Arg 0: SGD with momentum 0.9,
 // 1: AdamW.
-void BM_TrainStepInterleaved(benchmark::State& st) {
-  struct Run {
-    Generator g{1};
-    nn::MLP model{{784, 256, 10}, "relu", 0.0, &g};
-    std::unique_ptr<optim::Optimizer> opt;
-    explicit Run(bool adamw) {
-      if (adamw) opt = std::make_unique<optim::AdamW>(model.parameters(), optim::AdamWOptions{});
-      else opt = std::make_unique<optim::SGD>(model.parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
-    }
-    Tensor step(const Tensor& x, const Tensor& y) {
-      opt->zero_grad();
-      Tensor loss = nn::cross_entropy(model.forward(x), y);
-      loss.backward();
-      opt->step();
-      return loss.detach();
-    }
-  };
-  const bool adamw = st.range(0) == 1;
-  Run eager(adamw), deferred(adamw);
-  Generator g(2);
-  const Tensor x = rand({128, 784}, {}, &g);
-  const Tensor y = randint(0, 10, {128}, DType::i32, &g);
-  auto deferred_step = [&] {
+struct TrainRun {
+  Generator g{1};
+  nn::MLP model{{784, 256, 10}, "relu", 0.0, &g};
+  std::unique_ptr<optim::Optimizer> opt;
+  explicit TrainRun(bool adamw) {
+    if (adamw) opt = std::make_unique<optim::AdamW>(model.parameters(), optim::AdamWOptions{});
+    else opt = std::make_unique<optim::SGD>(model.parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
+  }
+  Tensor step(const Tensor& x, const Tensor& y) {
+    opt->zero_grad();
+    Tensor loss = nn::cross_entropy(model.forward(x), y);
+    loss.backward();
+    opt->step();
+    return loss.detach();
+  }
+  Tensor deferred_step(const Tensor& x, const Tensor& y) {
     Tensor l;
     {
       DeferredEager guard;
-      l = deferred.step(x, y);
+      l = step(x, y);
     }
     return l;
-  };
-  for (int i = 0; i < 3; ++i) eager.step(x, y), deferred_step();  // warm-up: buffers, segment cache
+  }
+};
+
+struct TrainBatch {
+  Generator g{2};
+  Tensor x = rand({128, 784}, {}, &g);
+  Tensor y = randint(0, 10, {128}, DType::i32, &g);
+};
+
+void BM_TrainStepInterleaved(benchmark::State& st) {
+  const bool adamw = st.range(0) == 1;
+  TrainRun eager(adamw), deferred(adamw);
+  TrainBatch d;
+  for (int i = 0; i < 3; ++i) eager.step(d.x, d.y), deferred.deferred_step(d.x, d.y);  // warm-up: buffers, cache
   alternate(
-      st, "eager", [&] { benchmark::DoNotOptimize(eager.step(x, y).raw_data()); }, "defer",
-      [&] { benchmark::DoNotOptimize(deferred_step().raw_data()); }, "eager_over_defer");
+      st, "eager", [&] { benchmark::DoNotOptimize(eager.step(d.x, d.y).raw_data()); }, "defer",
+      [&] { benchmark::DoNotOptimize(deferred.deferred_step(d.x, d.y).raw_data()); }, "eager_over_defer");
 }
 BENCHMARK(BM_TrainStepInterleaved)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// One mode alone (for profiling one side): Args {optimizer (0 SGD, 1 AdamW), deferred (0/1)}.
+void BM_TrainStep(benchmark::State& st) {
+  TrainRun run(st.range(0) == 1);
+  const bool deferred = st.range(1) == 1;
+  TrainBatch d;
+  for (int i = 0; i < 3; ++i) deferred ? run.deferred_step(d.x, d.y) : run.step(d.x, d.y);
+  for (auto _ : st) benchmark::DoNotOptimize((deferred ? run.deferred_step(d.x, d.y) : run.step(d.x, d.y)).raw_data());
+}
+BENCHMARK(BM_TrainStep)->ArgsProduct({{0, 1}, {0, 1}})->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// The fixed cost of one flush: a reduction of a small real tensor read at once (cross_entropy's
+// target range check does this twice per step), plain eager against a deferred recording of it.
+void BM_SmallReadInterleaved(benchmark::State& st) {
+  TrainBatch d;
+  alternate(
+      st, "eager", [&] { benchmark::DoNotOptimize(amax(d.y).item<int32_t>()); }, "defer",
+      [&] {
+        DeferredEager guard;
+        benchmark::DoNotOptimize(amax(d.y).item<int32_t>());
+      },
+      "eager_over_defer");
+}
+BENCHMARK(BM_SmallReadInterleaved)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 }  // namespace
 

@@ -276,11 +276,10 @@ Tensor Engine::on_break(graph::Tracer& t, const Tensor& proxy, const std::string
   for (auto& [id, impl] : live) tg.outputs.push_back(id);
   std::vector<WriteBack> writes;
   add_write_backs(t, writes);
-  graph::Graph g = tg;
   std::vector<Tensor> results;
   {
     graph::TraceScope off(nullptr);
-    segment(g)->run(t.real_inputs(), results);
+    segment(tg)->run(t.real_inputs(), results);
     apply_writes(t.real_inputs(), results, writes, live.size(), {});
   }
   // Roots first: inputs (written back or not) stay the caller's tensors; then views of a root
