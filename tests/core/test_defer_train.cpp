@@ -112,3 +112,30 @@ TEST_CASE("defer: training steps equal plain eager (SGD with momentum, AdamW)", 
     for (size_t i = 0; i < pe.size(); ++i) expect_close(pd[i], pe[i], 1e-5, 1e-5, "parameter after an eager step");
   }
 }
+
+TEST_CASE("defer: tensors made by recordings that hit the same cached segment do not share memory", "[defer]") {
+  // ones(n) alone records a graph the passes fold to a constant; every flush of it hits the
+  // same cached segment. Each result must be its own tensor (a model's norm weights are made so,
+  // then loaded in place one by one).
+  Tensor a, b, c;
+  {
+    DeferredEager guard(1);  // one op per flush
+    a = ones({8});
+    b = ones({8});
+    c = ones({8}) * 1.0;
+  }
+  REQUIRE_FALSE(a.is_proxy());
+  a.mul_(3.0);
+  b.copy_(arange(8, TensorOptions(DType::f32)));
+  std::vector<float> want_a(8, 3.0f), want_b(8), want_c(8, 1.0f);
+  for (int i = 0; i < 8; ++i) want_b[static_cast<size_t>(i)] = static_cast<float>(i);
+  CHECK(a.to_vector<float>() == want_a);
+  CHECK(b.to_vector<float>() == want_b);
+  CHECK(c.to_vector<float>() == want_c);
+  Tensor d;
+  {
+    DeferredEager guard;
+    d = ones({8});
+  }
+  CHECK(d.to_vector<float>() == want_c);  // the cached segment's constant is unchanged
+}
