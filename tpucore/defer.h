@@ -59,10 +59,10 @@ bool eager_deferred();
 // parallel_for, which stay eager) records from its first op call on, as inside a
 // DeferredEager scope that never ends (values are flushed when read, or by flush_deferred()).
 // TPU_EAGER=plain or unset: plain eager. Anything else is a warning and plain eager.
-// Experimental: the OpInfo table and the eager suites of ctest "core: defer env mode: opinfo and
-// eager suites" pass in this mode; other tests that count chip programs, profiler rows or
-// per-op cycles, expect an error at the call (raised at the flush here), or read storage()
-// or strides of recorded values differ, and two tiny-LLM checks still disagree (README).
+// Experimental: the OpInfo table, the eager suites and the tiny-LLM checks of ctest "core: defer
+// env mode: opinfo and eager suites" pass in this mode; other tests that count chip programs,
+// profiler rows or per-op cycles, expect an error at the call (raised at the flush here), or
+// read storage() or strides of recorded values differ (README).
 bool eager_defer_env();
 
 }  // namespace tpu

@@ -276,11 +276,12 @@ Tensor Engine::on_break(graph::Tracer& t, const Tensor& proxy, const std::string
   for (auto& [id, impl] : live) tg.outputs.push_back(id);
   std::vector<WriteBack> writes;
   add_write_backs(t, writes);
-  graph::Graph g = tg;
   std::vector<Tensor> results;
+  std::shared_ptr<graph::Executable> exe;
   {
     graph::TraceScope off(nullptr);
-    segment(g)->run(t.real_inputs(), results);
+    exe = segment(tg);
+    exe->run(t.real_inputs(), results);
     apply_writes(t.real_inputs(), results, writes, live.size(), {});
   }
   // Roots first: inputs (written back or not) stay the caller's tensors; then views of a root
@@ -290,6 +291,11 @@ Tensor Engine::on_break(graph::Tracer& t, const Tensor& proxy, const std::string
   std::unordered_map<const Storage*, const TraceValue*> owner;  // storage -> the family using it
   for (const Tensor& in : t.real_inputs())
     if (in.storage()) owner[in.storage().get()] = nullptr;
+  // The cached segment's constants (recorded or folded, e.g. ones(n)) are returned as they are:
+  // a tensor holding one would share it with every later flush of this segment, and an
+  // in-place write to it would change them all. Like inputs, they are copied.
+  for (const graph::Value& v : exe->graph().values)
+    if (v.kind == graph::ValueKind::constant && v.constant.storage()) owner[v.constant.storage().get()] = nullptr;
   // A value the optimizer turned into an input (x * 1 -> x) or shared by two tensors (CSE) is
   // copied, so that a later in-place write cannot reach another tensor.
   auto own = [&](Tensor r, const TraceValue* fam) {
