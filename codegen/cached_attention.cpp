@@ -24,11 +24,13 @@ constexpr float kMasked = -1e30f;  // finite: exp underflows to 0, no inf - inf
 constexpr int kSemQ = 0, kSemK = 1, kSemV = 2, kSemM = 3, kSemO = 4, kSemP = 5;
 enum Reg : int {
   rQ = 0, rK, rV, rOut, rMask, rSteps, rPos,
-  rB, rJ, rU, rStep, rPar, rNext, rNextPar, rStepsM1, rPrev, rW
+  rB, rStep, rPar, rNext, rNextPar, rStepsM1, rPrev, rW, rNB, rQPar, rNQ
 };
 
+// A unit is one batch row: its H query heads are H rows (the group of each KV head together),
+// a step brings tk keys and values of every KV head.
 struct Layout {
-  int64_t rows = 0, tk = 0, kv_step = 0;
+  int64_t rows = 0, tk = 0, kv_step = 0, head_step = 0, qbytes = 0;
   int64_t q = 0, k = 0, v = 0, mask_in = 0, s = 0, mk = 0, o = 0, obuf = 0;
   int64_t m = 0, mnew = 0, l = 0, alpha = 0, negm = 0, rsum = 0, thr = 0, col = 0, fold = 0, posw = 0, posf = 0;
   int64_t total = 0;
@@ -37,16 +39,18 @@ struct Layout {
 Layout plan(const sim::ChipConfig& cfg, const CachedAttentionSpec& s, int64_t tk) {
   Layout p;
   const int64_t es = sim::dtype_size(s.dtype), d = s.head_dim;
-  p.rows = s.heads / s.kv_heads;
+  p.rows = s.heads;
   p.tk = tk;
-  p.kv_step = align64(tk * d * es);
+  p.head_step = tk * d * es;
+  p.kv_step = align64(s.kv_heads * p.head_step);
+  p.qbytes = align64(s.heads * d * es);
   int64_t at = 0;
   auto take = [&](int64_t bytes) {
     const int64_t o = at;
     at = align64(at + bytes);
     return o;
   };
-  p.q = take(p.rows * d * es);
+  p.q = take(2 * p.qbytes);   // two buffers (this unit's, the next one's), qbytes apart
   p.k = take(2 * p.kv_step);  // two buffers, kv_step apart
   p.v = take(2 * p.kv_step);
   p.mask_in = take(2 * align64(tk));
@@ -67,52 +71,31 @@ class Emitter {
  public:
   Emitter(const sim::ChipConfig& cfg, const CachedAttentionSpec& s)
       : cfg_(cfg), s_(s), L_(plan(cfg, s, s.tk)), b_("cached_attention"), es_(sim::dtype_size(s.dtype)),
-        d_(s.head_dim), rows_(s.heads / s.kv_heads) {}
+        d_(s.head_dim), g_(s.heads / s.kv_heads) {}
 
   sim::Program run() {
-    const int64_t tk = L_.tk;
+    // Unit 0's queries and first step; every unit but the last prefetches the next one's.
+    b_.sset(rPar, 0);
+    load_q(-1, -1);
+    fetch(-1, -1, rPar);
     // The live length: the position's low word from HBM, as f32 (thr of the first step).
-    b_.dma(B::vmem_at(B::at(L_.posw)), B::hbm_at(B::at(0, {{rPos, 1}})), {.rows = 1, .row_bytes = 4}, 0, kSemP);
-    for (int64_t c = 0; c < tk; ++c) b_.fill(vm(L_.col + c * 4), float(c), 1, 1);
+    b_.dma(B::vmem_at(B::at(L_.posw)), B::hbm_at(B::at(0, {{rPos, 1}})), {.rows = 1, .row_bytes = 4}, 3 % cfg_.dma.engines,
+           kSemP);
+    // Key columns 0 .. tk-1 (doubling: [n, 2n) = [0, n) + n).
+    b_.fill(vm(L_.col), 0, 1, 1);
+    for (int64_t n = 1; n < L_.tk; n *= 2)
+      b_.binary(Op::vadd, vm(L_.col + n * 4), vm(L_.col), B::imm(float(n)), 1, n);
     b_.wait(kSemP);
     b_.unary(Op::vcast, vm(L_.posf), B::vmem(B::at(L_.posw), DType::i32, 1), 1, 1);
     b_.sadd(rStepsM1, rSteps, -1);
-    b_.sset(rU, 0);
     b_.sset(rPrev, 0);
-    const int64_t unit_q = rows_ * d_ * es_;  // q and out rows of one (batch row, KV head)
-    b_.loop(rB, s_.batch);
-    b_.loop(rJ, s_.kv_heads);
-    b_.dma(B::vmem_at(B::at(L_.q)), B::hbm_at(B::at(0, {{rQ, 1}, {rU, unit_q}})), {.rows = 1, .row_bytes = unit_q}, 2 % cfg_.dma.engines,
-           kSemQ);
-    b_.sset(rPar, 0);
-    fetch(-1, rPar);
-    // thr[r] = pos - (first key of the step): key c of the step is live when c <= thr.
-    vec(Op::vmov, L_.thr, {B::vmem(B::at(L_.posf), DType::f32, 0, 0)}, rows_);
-    vfill(L_.m, kMasked, rows_);
-    vfill(L_.l, 0, rows_);
-    b_.fill(vm(L_.o, DType::f32, d_), 0, rows_, d_);
-    b_.wait(kSemQ);
-    // Steps 0 .. steps-2 fetch the next one first; the last step fetches nothing.
-    b_.loop_reg(rStep, rStepsM1);
-    b_.sadd(rNext, rStep, 1);
-    b_.sadd(rNextPar, rPar, 1);
-    b_.smod(rNextPar, rNextPar, 2);
-    fetch(rNext, rNextPar);
-    step();
-    b_.sadd(rPar, rNextPar, 0);
-    b_.end_loop();
-    step();
-    // O / l into the output buffer once the previous unit's store has read it, then one DMA.
-    b_.loop_reg(rW, rPrev);
-    b_.wait(kSemO);
-    b_.end_loop();
-    b_.binary(Op::vdiv, B::vmem(B::at(L_.obuf), s_.dtype, d_), vm(L_.o, DType::f32, d_), colv(L_.l), rows_, d_);
-    b_.dma(B::hbm_at(B::at(0, {{rOut, 1}, {rU, unit_q}})), B::vmem_at(B::at(L_.obuf)), {.rows = 1, .row_bytes = unit_q},
-           3 % cfg_.dma.engines, kSemO);
-    b_.sset(rPrev, 1);
-    b_.sadd(rU, rU, 1);
-    b_.end_loop();
-    b_.end_loop();
+    if (s_.batch > 1) {
+      b_.loop(rB, s_.batch - 1);
+      unit(true);
+      b_.end_loop();
+    }
+    b_.sset(rB, s_.batch - 1);
+    unit(false);
     b_.wait(kSemO);
     b_.fence();
     return b_.finish();
@@ -132,22 +115,76 @@ class Emitter {
     if (rem > 0) b_.fill(vm(dst + full * w * 4), value, 1, rem);
   }
 
-  // Keys, values (and mask bytes) of step `step` (a register; -1: step 0) of unit rU into the
-  // buffers of parity `par`.
-  void fetch(int16_t step, int16_t par) {
-    const int64_t kbytes = L_.tk * d_ * es_, plane = s_.capacity * d_ * es_;
-    sim::Addr src = B::at(0, {{rK, 1}, {rU, plane}});
-    if (step >= 0) src.terms[2] = {step, kbytes};
-    b_.dma(B::vmem_at(B::at(L_.k, {{par, L_.kv_step}})), B::hbm_at(src), {.rows = 1, .row_bytes = kbytes}, 0, kSemK);
+  // The queries of batch row `brow` (a register; -1: row 0) into the Q buffer of parity `qpar`
+  // (a register; -1: 0).
+  void load_q(int16_t brow, int16_t qpar) {
+    sim::Addr src = B::at(0, {{rQ, 1}});
+    if (brow >= 0) src.terms[1] = {brow, s_.heads * d_ * es_};
+    sim::Addr dst = B::at(L_.q);
+    if (qpar >= 0) dst.terms[0] = {qpar, L_.qbytes};
+    b_.dma(B::vmem_at(dst), B::hbm_at(src), {.rows = 1, .row_bytes = s_.heads * d_ * es_}, 2 % cfg_.dma.engines, kSemQ);
+  }
+
+  // Keys and values of every KV head (and the mask bytes) of step `step` (a register; -1:
+  // step 0) of batch row `brow` (a register; -1: row 0) into the buffers of parity `par`.
+  void fetch(int16_t brow, int16_t step, int16_t par) {
+    const int64_t plane = s_.capacity * d_ * es_;
+    sim::Addr src = B::at(0, {{rK, 1}});
+    if (brow >= 0) src.terms[1] = {brow, s_.kv_heads * plane};
+    if (step >= 0) src.terms[2] = {step, L_.head_step};
+    const sim::DmaShape sh{.planes = s_.kv_heads, .rows = 1, .row_bytes = L_.head_step, .dst_plane_stride = L_.head_step,
+                           .src_plane_stride = plane};
+    b_.dma(B::vmem_at(B::at(L_.k, {{par, L_.kv_step}})), B::hbm_at(src), sh, 0, kSemK);
     src.terms[0] = {rV, 1};
-    b_.dma(B::vmem_at(B::at(L_.v, {{par, L_.kv_step}})), B::hbm_at(src), {.rows = 1, .row_bytes = kbytes},
-           1 % cfg_.dma.engines, kSemV);
+    b_.dma(B::vmem_at(B::at(L_.v, {{par, L_.kv_step}})), B::hbm_at(src), sh, 1 % cfg_.dma.engines, kSemV);
     if (s_.has_mask) {
-      sim::Addr m = B::at(0, {{rMask, 1}, {rB, s_.mask_batch_stride}});
+      sim::Addr m = B::at(0, {{rMask, 1}});
+      if (brow >= 0) m.terms[1] = {brow, s_.mask_batch_stride};
       if (step >= 0) m.terms[2] = {step, L_.tk};
       b_.dma(B::vmem_at(B::at(L_.mask_in, {{par, align64(L_.tk)}})), B::hbm_at(m), {.rows = 1, .row_bytes = L_.tk},
              2 % cfg_.dma.engines, kSemM);
     }
+  }
+
+  // Batch row rB, its queries and first step already coming into the buffers of parities
+  // rB % 2 and rPar.
+  void unit(bool prefetch_next) {
+    const int64_t rows = L_.rows;
+    b_.smod(rQPar, rB, 2);
+    // thr[r] = pos - (first key of the step): key c of the step is live when c <= thr.
+    vec(Op::vmov, L_.thr, {B::vmem(B::at(L_.posf), DType::f32, 0, 0)}, rows);
+    vfill(L_.m, kMasked, rows);
+    vfill(L_.l, 0, rows);
+    b_.fill(vm(L_.o, DType::f32, d_), 0, rows, d_);
+    b_.wait(kSemQ);
+    // Steps 0 .. steps-2 fetch the next one first; the last step fetches the next unit's first.
+    b_.loop_reg(rStep, rStepsM1);
+    b_.sadd(rNext, rStep, 1);
+    b_.sadd(rNextPar, rPar, 1);
+    b_.smod(rNextPar, rNextPar, 2);
+    fetch(rB, rNext, rNextPar);
+    step();
+    b_.sadd(rPar, rNextPar, 0);
+    b_.end_loop();
+    b_.sadd(rNextPar, rPar, 1);
+    b_.smod(rNextPar, rNextPar, 2);
+    if (prefetch_next) {
+      b_.sadd(rNB, rB, 1);
+      b_.smod(rNQ, rNB, 2);
+      load_q(rNB, rNQ);
+      fetch(rNB, -1, rNextPar);
+    }
+    step();
+    b_.sadd(rPar, rNextPar, 0);
+    // O / l into the output buffer once the previous unit's store has read it, then one DMA.
+    b_.loop_reg(rW, rPrev);
+    b_.wait(kSemO);
+    b_.end_loop();
+    const int64_t qrow = s_.heads * d_ * es_;
+    b_.binary(Op::vdiv, B::vmem(B::at(L_.obuf), s_.dtype, d_), vm(L_.o, DType::f32, d_), colv(L_.l), rows, d_);
+    b_.dma(B::hbm_at(B::at(0, {{rOut, 1}, {rB, qrow}})), B::vmem_at(B::at(L_.obuf)), {.rows = 1, .row_bytes = qrow},
+           3 % cfg_.dma.engines, kSemO);
+    b_.sset(rPrev, 1);
   }
 
   void row_reduce(Op xop, Op vop, int64_t dst, int64_t src, int64_t ld, int64_t rows, int64_t cols) {
@@ -169,23 +206,28 @@ class Emitter {
     b_.reduce(xop, vm(dst), f, rows, w, 1);
   }
 
-  // One step of tk keys from the buffers of parity rPar.
+  // One step of tk keys of every KV head from the buffers of parity rPar.
   void step() {
-    const int64_t R = cfg_.mxu.rows, C = cfg_.mxu.cols, nm = cfg_.mxu.count, tk = L_.tk, rows = rows_;
+    const int64_t R = cfg_.mxu.rows, C = cfg_.mxu.cols, nm = cfg_.mxu.count, tk = L_.tk, rows = L_.rows;
     b_.wait(kSemK);
-    // S = Q K^T: key tile j on MXU j % count, the head dim in chunks of R.
-    for (int64_t j = 0; j * C < tk; ++j) {
-      const int64_t nn = std::min(C, tk - j * C);
-      const int mxu = int(j % nm);
-      for (int64_t c = 0; c * R < d_; ++c) {
-        const int64_t kk = std::min(R, d_ - c * R);
-        b_.mxu_load_weights(mxu, B::vmem(B::at(L_.k + (j * C * d_ + c * R) * es_, {{rPar, L_.kv_step}}), s_.dtype, 1, d_),
-                            kk, nn, s_.mode);
-        b_.mxu_matmul(mxu, vm(L_.s + j * C * 4, DType::f32, tk), vm(L_.q + c * R * es_, s_.dtype, d_), rows, kk, nn,
-                      c > 0, s_.mode);
+    // S = Q K^T per KV head (its group's rows): key tiles spread over the MXUs, the head dim in
+    // chunks of R.
+    int tile = 0;
+    for (int64_t h = 0; h < s_.kv_heads; ++h)
+      for (int64_t j = 0; j * C < tk; ++j, ++tile) {
+        const int64_t nn = std::min(C, tk - j * C);
+        const int mxu = int(tile % nm);
+        for (int64_t c = 0; c * R < d_; ++c) {
+          const int64_t kk = std::min(R, d_ - c * R);
+          b_.mxu_load_weights(
+              mxu, B::vmem(B::at(L_.k + h * L_.head_step + (j * C * d_ + c * R) * es_, {{rPar, L_.kv_step}}), s_.dtype, 1, d_),
+              kk, nn, s_.mode);
+          b_.mxu_matmul(mxu, vm(L_.s + (h * g_ * tk + j * C) * 4, DType::f32, tk),
+                        B::vmem(B::at(L_.q + (h * g_ * d_ + c * R) * es_, {{rQPar, L_.qbytes}}), s_.dtype, d_), g_, kk, nn,
+                        c > 0, s_.mode);
+        }
       }
-    }
-    // Keys past the live length, and keys the mask drops, score kMasked.
+    // Keys the mask drops, and keys past the live length, score kMasked.
     const sim::Operand S = vm(L_.s, DType::f32, tk), M = vm(L_.mk, DType::f32, tk);
     if (s_.has_mask) {
       b_.wait(kSemM);
@@ -208,26 +250,29 @@ class Emitter {
     row_reduce(Op::xsum, Op::vadd, L_.rsum, L_.s, tk, rows, tk);
     vec(Op::vfma, L_.l, {vm(L_.l), vm(L_.alpha), vm(L_.rsum)}, rows);
     b_.binary(Op::vmul, vm(L_.o, DType::f32, d_), vm(L_.o, DType::f32, d_), colv(L_.alpha), rows, d_);
-    // O += P V: output columns in tiles of C (tile n on MXU n % count), keys in chunks of R.
+    // O += P V per KV head: output columns in tiles of C, keys in chunks of R.
     b_.wait(kSemV);
-    for (int64_t n = 0; n * C < d_; ++n) {
-      const int64_t nn = std::min(C, d_ - n * C);
-      const int mxu = int(n % nm);
-      for (int64_t c = 0; c * R < tk; ++c) {
-        const int64_t kk = std::min(R, tk - c * R);
-        b_.mxu_load_weights(mxu, B::vmem(B::at(L_.v + (c * R * d_ + n * C) * es_, {{rPar, L_.kv_step}}), s_.dtype, d_),
-                            kk, nn, s_.mode);
-        b_.mxu_matmul(mxu, vm(L_.o + n * C * 4, DType::f32, d_), vm(L_.s + c * R * 4, DType::f32, tk), rows, kk, nn, true,
-                      s_.mode);
+    tile = 0;
+    for (int64_t h = 0; h < s_.kv_heads; ++h)
+      for (int64_t n = 0; n * C < d_; ++n, ++tile) {
+        const int64_t nn = std::min(C, d_ - n * C);
+        const int mxu = int(tile % nm);
+        for (int64_t c = 0; c * R < tk; ++c) {
+          const int64_t kk = std::min(R, tk - c * R);
+          b_.mxu_load_weights(
+              mxu, B::vmem(B::at(L_.v + h * L_.head_step + (c * R * d_ + n * C) * es_, {{rPar, L_.kv_step}}), s_.dtype, d_),
+              kk, nn, s_.mode);
+          b_.mxu_matmul(mxu, vm(L_.o + (h * g_ * d_ + n * C) * 4, DType::f32, d_),
+                        vm(L_.s + (h * g_ * tk + c * R) * 4, DType::f32, tk), g_, kk, nn, true, s_.mode);
+        }
       }
-    }
   }
 
   const sim::ChipConfig& cfg_;
   const CachedAttentionSpec& s_;
   Layout L_;
   B b_;
-  int64_t es_, d_, rows_;
+  int64_t es_, d_, g_;
 };
 
 void check_spec(const CachedAttentionSpec& s) {
@@ -260,8 +305,8 @@ sim::Program make_cached_attention_program(const sim::ChipConfig& cfg, const Cac
   TPU_CHECK(cached_attention_vmem_bytes(cfg, s) <= int64_t(cfg.memory.vmem_bytes),
             "kv_cache_attention: steps of {} keys need {} bytes of VMEM, the chip has {}", s.tk,
             cached_attention_vmem_bytes(cfg, s), cfg.memory.vmem_bytes);
-  TPU_CHECK(cfg.scalar.registers > int(rW), "kv_cache_attention: the chip has {} scalar registers, the program uses {}",
-            cfg.scalar.registers, int(rW) + 1);
+  TPU_CHECK(cfg.scalar.registers > int(rNQ), "kv_cache_attention: the chip has {} scalar registers, the program uses {}",
+            cfg.scalar.registers, int(rNQ) + 1);
   return Emitter(cfg, s).run();
 }
 

@@ -10,12 +10,14 @@
 // mask (optional): bool, broadcastable to [B, H, 1, C] (true = takes part).
 //
 // On `sim` (and `tpu:N` devices that run generated programs) one program serves every
-// position: per (batch row, KV head) the group's query heads are query rows (as in
-// decode_attention.h); the keys and values stream through VMEM in steps of tk keys by DMA
-// (double-buffered: step i + 1 is fetched during step i) in a loop counted by a scalar register
-// (`loopr`, the number of live steps); the live length itself comes from the position tensor in
-// HBM (a DMA of its low word, cast to f32 in VMEM) and masks the keys of the last step past it.
-// S = Q K^T and O += P V on the MXUs, online softmax on the vector unit and the EUP. A query row
+// position: per batch row, its query heads are query rows (the group of each KV head together,
+// as in decode_attention.h, so each cached key and value is read once per step); the keys and
+// values of every KV head stream through VMEM in steps of tk keys by DMA (double-buffered: step
+// i + 1 is fetched during step i, a row's last step fetches the next row's queries and first
+// step) in a loop counted by a scalar register (`loopr`, the number of live steps); the live
+// length itself comes from the position tensor in HBM (a DMA of its low word, cast to f32 in
+// VMEM) and masks the keys of the last step past it. S = Q K^T and O += P V per KV head on the
+// MXUs, online softmax on the vector unit and the EUP. A query row
 // whose every live key is masked gives the mean of the live values' (finite masked scores), not
 // NaN as on the cpu. Shapes the program does not take (more than one query, a mask that differs
 // within a group of query heads, other dtypes) run as scaled_dot_product_attention over the
