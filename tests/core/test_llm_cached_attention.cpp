@@ -68,16 +68,17 @@ std::vector<float> rounded(const Tensor& t, DType dt) { return t.to(dt).to(DType
 
 TEST_CASE("kv_cache_attention: chip and cpu equal naive attention over the live keys", "[llm][codegen][cache]") {
   testing::TinySim tiny;
-  const int64_t B = 2, H = 4, Hkv = 2, C = 64, D = 8;
+  const int64_t H = 4, Hkv = 2, C = 64, D = 8;
   const double scale = 1.0 / std::sqrt(double(D));
   std::mt19937 rng(3);
+  for (int64_t B : {1, 2, 3})  // the next batch row's data are prefetched into alternating buffers
   for (DType dt : {DType::f32, DType::bf16})
     for (bool masked : {false, true}) {
       const Tensor q = randn({B, H, 1, D}), k = randn({B, Hkv, C, D}), v = randn({B, Hkv, C, D});
       const std::vector<float> qh = rounded(q, dt), kh = rounded(k, dt), vh = rounded(v, dt);
       uint64_t built_first = 0;
       for (int64_t pos : {int64_t{0}, int64_t{5}, int64_t{16}, int64_t{40}, C - 1}) {
-        CAPTURE(dtype_name(dt), masked, pos);
+        CAPTURE(B, dtype_name(dt), masked, pos);
         std::vector<uint8_t> keep;
         if (masked) {
           keep.assign(size_t(B * C), 1);
@@ -198,4 +199,24 @@ TEST_CASE("generate on the chip: compiled decode over 200 steps compiles once an
   CHECK(codegen::stats().programs_built == 0);
   const jit::Stats js2 = jit::stats();
   CHECK(js2.find("test_llm_cached_attention_sim")->compiles == 1);
+}
+
+TEST_CASE("kv_cache_attention: several queries or a per-head mask run as attention over the narrowed cache",
+          "[llm][codegen][cache]") {
+  testing::TinySim tiny;
+  const int64_t C = 32, pos = 9;
+  const Tensor q = randn({1, 4, 2, 8}), k = randn({1, 2, C, 8}), v = randn({1, 2, C, 8});
+  std::vector<bool> keep(size_t(4 * 2 * C), false);
+  for (int64_t h = 0; h < 4; ++h)
+    for (int64_t i = 0; i < 2; ++i)
+      for (int64_t j = 0; j <= pos + i; ++j) keep[size_t((h * 2 + i) * C + j)] = (j + h) % 3 != 0 || j == pos + i;
+  const Tensor mask = from_vector(keep, Shape{1, 4, 2, C}, DType::boolean);
+  // The reference: scaled_dot_product_attention over keys [0, pos + 2) on the cpu.
+  const Tensor want = scaled_dot_product_attention(q, narrow(k, 2, 0, pos + 2), narrow(v, 2, 0, pos + 2),
+                                                   narrow(mask, 3, 0, pos + 2), false, 0.3);
+  const Tensor got = codegen::kv_cache_attention(q.to(tiny.dev()), k.to(tiny.dev()), v.to(tiny.dev()),
+                                                 codegen::position_tensor(pos, tiny.dev()), mask.to(tiny.dev()), 0.3);
+  const std::vector<float> g = got.to(Device()).to_vector<float>(), w = want.to_vector<float>();
+  REQUIRE(g.size() == w.size());
+  for (size_t i = 0; i < g.size(); ++i) CHECK(std::abs(g[i] - w[i]) < 1e-4);
 }
