@@ -17,11 +17,11 @@
 // step) in a loop counted by a scalar register (`loopr`, the number of live steps); the live
 // length itself comes from the position tensor in HBM (a DMA of its low word, cast to f32 in
 // VMEM) and masks the keys of the last step past it. S = Q K^T and O += P V per KV head on the
-// MXUs, online softmax on the vector unit and the EUP. A query row
-// whose every live key is masked gives the mean of the live values (the masked scores are
-// finite), not NaN as on the cpu. Shapes the program does not take (more than one query, a mask that differs
-// within a group of query heads, other dtypes) run as scaled_dot_product_attention over the
-// narrowed cache (a program per length).
+// MXUs, online softmax on the vector unit and the EUP. A query row whose every live key is
+// masked gives an average of cached values (the masked scores are finite), not NaN as on the
+// cpu. Shapes the program does not take (more than one query, a mask that differs between
+// heads, other dtypes) run as scaled_dot_product_attention over the narrowed cache (a program
+// per length).
 #pragma once
 
 #include <cstdint>
