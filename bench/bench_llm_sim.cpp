@@ -11,6 +11,8 @@
 //    attention kernel reads the cache from HBM). Counter HBM_BW_pct: HBM bytes moved over chip
 //    time x the chip's HBM bandwidth; HBM_vs_min: bytes moved over the weights plus the cache
 //    read once; tokens_per_s_chip: B over the chip time of the step.
+//  - BM_SmallLlama_Generate/0|1: the fortunes model's shape generating text, eager or compiled
+//    (chip cycles per token; see below).
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -136,8 +138,38 @@ void BM_Llama8B_Decode(benchmark::State& st) {
   report(st, layer, rest, 2.0 * params * double(b) + attn, 2.0 * params + cache_bytes, b);
 }
 
+// The fortunes model's shape (examples/fortunes_model.h: 3 layers, hidden 128, 4/2 heads of dim
+// 32, SwiGLU 384, byte vocabulary 257, tied embeddings; random weights, bf16) generating 64
+// greedy tokens after a 2-token prompt with generate(), eager (arg 0) or compiled (arg 1, the
+// step compiled by a first call, then measured). Counter cycles_per_token: the chip's cycles of
+// the whole call (prefill included) over the tokens.
+void BM_SmallLlama_Generate(benchmark::State& st) {
+  const bool compiled = st.range(0) != 0;
+  models::ModelConfig c;
+  c.vocab_size = 257, c.hidden_size = 128, c.intermediate_size = 384, c.num_hidden_layers = 3;
+  c.num_attention_heads = 4, c.num_key_value_heads = 2, c.rms_norm_eps = 1e-5, c.tie_word_embeddings = true;
+  Generator gen(5);
+  models::CausalLM m(c, &gen);
+  m.to(DType::bf16);
+  m.to(kDev);
+  m.eval();
+  models::GenerationConfig g;
+  g.max_new_tokens = 64;
+  g.compile = compiled;
+  g.compile_name = "bench_small_llama_step";
+  const std::vector<std::vector<int64_t>> prompt{{256, 84}};
+  if (compiled) models::generate(m, prompt, g);  // compiles
+  Cost cost;
+  size_t n = 0;
+  for (auto _ : st) cost = measure([&] { n = models::generate(m, prompt, g)[0].size(); });
+  st.counters["cycles_per_token"] = cost.cycles / double(n);
+  st.counters["tokens"] = double(n);
+  st.SetLabel(device_properties(kDev).name + ", " + device::sim_device(0).config().timing.model + " timing model");
+}
+
 }  // namespace
 
+BENCHMARK(BM_SmallLlama_Generate)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->Iterations(1);
 BENCHMARK(BM_Llama8B_Prefill)->Args({1, 512})->Args({32, 512})->Unit(benchmark::kSecond)->Iterations(1);
 BENCHMARK(BM_Llama8B_Decode)->Args({1, 1024})->Args({32, 1024})->Unit(benchmark::kSecond)->Iterations(1);
 

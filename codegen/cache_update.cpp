@@ -58,7 +58,7 @@ void remember(const Tensor& pos, int64_t v) {
   g_memo_next = (g_memo_next + 1) % g_memo.size();
 }
 
-int64_t read_position(const Tensor& pos, int64_t limit) {
+int64_t read_position(const Tensor& pos, int64_t limit, const char* op = "kv_cache_write_") {
   std::optional<int64_t> known;
   if (!pos.device().is_cpu()) {
     std::lock_guard<std::mutex> lk(g_memo_mu);
@@ -69,8 +69,8 @@ int64_t read_position(const Tensor& pos, int64_t limit) {
   }
   const int64_t v = known ? *known : pos.item<int64_t>();
   if (!known && !pos.device().is_cpu()) remember(pos, v);
-  TPU_CHECK(v >= 0 && v <= limit, "kv_cache_write_: position {} is outside [0, {}] (cache length minus new entries)",
-            v, limit);
+  TPU_CHECK(v >= 0 && v <= limit, "{}: position {} is outside [0, {}] (cache length minus new entries)", op, v,
+            limit);
   return v;
 }
 
@@ -161,6 +161,8 @@ Tensor position_tensor(int64_t pos, Device device) {
   if (!device.is_cpu()) remember(t, pos);
   return t;
 }
+
+int64_t read_cache_position(const Tensor& pos, int64_t limit, const char* op) { return read_position(pos, limit, op); }
 
 Tensor kv_cache_write_(const Tensor& cache, const Tensor& src, const Tensor& pos) {
   return ops::call(kv_cache_write_op(), {cache, src, pos});

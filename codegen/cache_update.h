@@ -28,4 +28,8 @@ Tensor kv_cache_write_(const Tensor& cache, const Tensor& src, const Tensor& pos
 // host (until the tensor is written or freed), so a chip need not be waited for to read it back.
 Tensor position_tensor(int64_t pos, Device device);
 
+// The host value of a position tensor (remembered by position_tensor or an earlier read, else
+// read from its device), checked to lie in [0, limit] (else a tpu::Error naming `op`).
+int64_t read_cache_position(const Tensor& pos, int64_t limit, const char* op);
+
 }  // namespace tpu::codegen

@@ -53,11 +53,14 @@ void report(const char* label, const RunFigures& r, const sim::ChipConfig& cfg, 
     if (t != fortunes::kEot) text += tok.decode({t});
   fmt::print("\n== {}: {} tokens\n{}\n", label, r.tokens.size(), text);
   fmt::print("host: {:.2f} s, {:.1f} tokens/s (simulating the chip on the host)\n", r.host_s, n / r.host_s);
-  const auto decode_runs = r.chip.runs_by_kernel.find("decode_attention");
+  // Eager decode runs "decode_attention"; compiled decode the live-length "kv_cache_attention".
+  uint64_t decode_runs = 0;
+  for (const char* k : {"decode_attention", "kv_cache_attention"})
+    if (auto it = r.chip.runs_by_kernel.find(k); it != r.chip.runs_by_kernel.end()) decode_runs += it->second;
   fmt::print("chip: {:.0f} cycles/token ({:.1f} us/token, {:.0f} tokens/s of chip time), {} programs "
              "({} of the decode attention kernel), {} host fallbacks\n",
              r.chip.cycles / n, chip_s / n * 1e6, n / chip_s, r.chip.runs,
-             decode_runs == r.chip.runs_by_kernel.end() ? 0 : decode_runs->second, r.chip.host_fallbacks);
+             decode_runs, r.chip.host_fallbacks);
   fmt::print("      MFU {:.2f}% of {:.1f} TFLOP/s, HBM bandwidth use {:.2f}% of {:.0f} GB/s "
              "({:.2f} MB moved per token)\n",
              100 * mfu, cfg.peak_flops() / 1e12, 100 * bw, cfg.memory.hbm_bandwidth_gbps,

@@ -91,7 +91,10 @@ void scatter_add_meta(const MetaArgs& a, MetaResult& m) {
   check_index_fits("scatter_add", index, src, "src", -1);
   check_index_fits("scatter_add", index, x, "x", d);
   m.out() = {x.shape(), x.dtype(), x.device()};
-  m.cast_mask = 1u << 1;
+  // The cpu kernel reads i32 indices; the sim/tpu chip kernel (codegen/embedding_kernel.cpp)
+  // reads them on the host as given (a cast on a chip would be a host fallback of its own).
+  const DeviceType dt = x.device().type;
+  m.cast_mask = (dt == DeviceType::sim || dt == DeviceType::tpu) ? 0u : 1u << 1;
   m.cast_to = DType::i32;
 }
 

@@ -4,6 +4,7 @@
 #include <numbers>
 
 #include "codegen/cache_update.h"
+#include "codegen/cached_attention.h"
 #include "tpucore/autograd.h"
 
 namespace tpu::nn {
@@ -171,7 +172,12 @@ Tensor Attention::forward(const Tensor& x, const Tensor& cos, const Tensor& sin,
     if (past == 0) causal = true;  // top-left aligned causal equals ours without a past
     else mask = causal_keep_mask(b, t, past, {}, x.device());
   }
-  Tensor attn = scaled_dot_product_attention(q, k, v, mask, causal, 1.0 / std::sqrt(static_cast<double>(d)));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  // A shape-static decode step (the position a runtime tensor): attention over the live keys
+  // [0, position + 1) only, however large the cache (codegen/cached_attention.h).
+  Tensor attn = cache && t == 1 && cache->write_position().defined()
+                    ? codegen::kv_cache_attention(q, k, v, cache->write_position(), keep, scale)
+                    : scaled_dot_product_attention(q, k, v, mask, causal, scale);
   return o_proj->forward(reshape(transpose(attn, 1, 2), Shape{b, t, cfg.num_heads * d}));
 }
 

@@ -62,6 +62,7 @@ class KVCache {
   // device: k, v go to that position by a slice write in place (codegen/cache_update.h: one
   // small DMA on a chip instead of rewriting the whole cache); takes precedence over a mask.
   void set_write_position(const Tensor& pos) { write_pos_ = pos; }
+  const Tensor& write_position() const { return write_pos_; }
   void advance(int64_t t);
   void reset() { length_ = 0; }
   int64_t length() const { return length_; }
