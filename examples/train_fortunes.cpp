@@ -31,13 +31,13 @@ int main(int argc, char** argv) {
           [&](const std::string& v) { r.cpu_seconds = p.to_double(v); });
   p.value("--samples", "N", "fortunes to sample afterwards (default 4)", i64(samples));
   p.flag("--retrain", "train even when DIR holds a current checkpoint", [&] { retrain = true; });
-  p.value("--layers", "N", "decoder layers (default 4)", i64(r.layers));
-  p.value("--hidden", "N", "hidden size (default 128)", i64(r.hidden));
-  p.value("--inter", "N", "MLP size (default 384)", i64(r.inter));
-  p.value("--heads", "N", "attention heads (default 4)", i64(r.heads));
-  p.value("--kv-heads", "N", "key/value heads (default 4)", i64(r.kv_heads));
-  p.value("--batch", "N", "sequences per step (default 32)", i64(r.batch));
-  p.value("--ctx", "N", "bytes per sequence (default 64)", i64(r.ctx));
+  p.value("--layers", "N", "decoder layers (default 2)", i64(r.layers));
+  p.value("--hidden", "N", "hidden size (default 96)", i64(r.hidden));
+  p.value("--inter", "N", "MLP size (default 256)", i64(r.inter));
+  p.value("--heads", "N", "attention heads (default 3)", i64(r.heads));
+  p.value("--kv-heads", "N", "key/value heads (default 3)", i64(r.kv_heads));
+  p.value("--batch", "N", "sequences per step (default 8)", i64(r.batch));
+  p.value("--ctx", "N", "bytes per sequence (default 128)", i64(r.ctx));
   p.value("--lr", "X", "peak learning rate (default 4e-3)", [&](const std::string& v) { r.peak_lr = p.to_double(v); });
   p.value("--eval-bytes", "N", "validation symbols scored (default 32768; 0: all)", i64(r.eval_bytes));
   p.value("--threads", "N", "cpu threads of the training steps (default: the faster of 1 and all, timed)",
