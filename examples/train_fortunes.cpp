@@ -34,8 +34,8 @@ int main(int argc, char** argv) {
   p.value("--layers", "N", "decoder layers (default 2)", i64(r.layers));
   p.value("--hidden", "N", "hidden size (default 96)", i64(r.hidden));
   p.value("--inter", "N", "MLP size (default 256)", i64(r.inter));
-  p.value("--heads", "N", "attention heads (default 3)", i64(r.heads));
-  p.value("--kv-heads", "N", "key/value heads (default 3)", i64(r.kv_heads));
+  p.value("--heads", "N", "attention heads (default 4)", i64(r.heads));
+  p.value("--kv-heads", "N", "key/value heads (default 2)", i64(r.kv_heads));
   p.value("--batch", "N", "sequences per step (default 8)", i64(r.batch));
   p.value("--ctx", "N", "bytes per sequence (default 128)", i64(r.ctx));
   p.value("--lr", "X", "peak learning rate (default 4e-3)", [&](const std::string& v) { r.peak_lr = p.to_double(v); });
