@@ -111,6 +111,16 @@ int main(int argc, char** argv) {
     std::vector<int64_t> prompt{fortunes::kEot};
     for (int64_t t : tok.encode("The ")) prompt.push_back(t);
 
+    // Positions past the context the model was trained on (max_position_embeddings) were never
+    // seen in training: generation stops there.
+    const int64_t room = model->config.max_position_embeddings - static_cast<int64_t>(prompt.size());
+    TPU_CHECK(room > 0, "the model's context ({} positions) has no room after the prompt",
+              model->config.max_position_embeddings);
+    if (tokens > room) {
+      fmt::print("(--tokens {} capped at {}: the model was trained on {} positions)\n", tokens, room,
+                 model->config.max_position_embeddings);
+      tokens = room;
+    }
     models::GenerationConfig g = fortunes::sampling();
     g.max_new_tokens = tokens;
     g.seed = 7;
