@@ -15,7 +15,8 @@
 //   2. attention, per work unit: a decode unit is one sequence with one new token; a prefill
 //      unit is up to `tile_tokens` consecutive new tokens of one sequence. The unit's queries
 //      ([kv_heads, tokens, group, head_dim], the query heads sharing a KV head folded into rows)
-//      come in by one DMA; its KV pages stream in `pages_per_step` pages per step (one DMA per
+//      come in by one DMA per token (q needs no padding rows past the step's tokens); its KV
+//      pages stream in `pages_per_step` pages per step (one DMA per
 //      page, K and V, double-buffered: step j + 1 is fetched during step j, and a unit's last
 //      step fetches the next unit's queries and first pages) through its page list;
 //      per step and KV head S = Q K^T and O += P V on the MXUs; the causal mask compares each
@@ -23,7 +24,7 @@
 //      softmax as in attention_kernel.h. A unit reads only the pages up to its last query's
 //      position. The result rows of the unit's valid tokens go out by one DMA per token.
 //
-// Arguments (HBM addresses in r0..r8): q [tokens (+ tile padding), heads, head_dim],
+// Arguments (HBM addresses in r0..r8): q [tokens, heads, head_dim],
 // k_new / v_new [tokens, kv_heads * head_dim], k_cache / v_cache [num_blocks * block_size,
 // kv_heads * head_dim], out [tokens, heads, head_dim] (q, k, v, caches and out of `dtype`),
 // then the i32 arrays of PagedAttentionMeta: units, pages, slots.
@@ -86,8 +87,7 @@ sim::Program make_paged_attention_program(const sim::ChipConfig& cfg, const Page
 std::string paged_attention_key(const PagedAttentionSpec& s);
 
 // Runs the program on the sim device of the tensors (all on one chip, contiguous): q
-// [>= tokens + tile_tokens - 1, heads, head_dim] (rows past the tokens are read as padding of
-// prefill tiles), k_new / v_new [>= tokens, kv_heads * head_dim], the caches [num_blocks *
+// [>= tokens, heads, head_dim], k_new / v_new [>= tokens, kv_heads * head_dim], the caches [num_blocks *
 // block_size, kv_heads * head_dim] (updated in place), out [>= tokens, heads, head_dim], all of
 // spec.dtype; units / pages / slots: PagedAttentionMeta's arrays as i32 tensors on the chip.
 // A tpu::Error names a bad shape, dtype or device.
