@@ -22,11 +22,11 @@ constexpr int kSemW = 0, kSemQ = 1, kSemK = 2, kSemV = 3, kSemO = 4, kSemU = 5, 
 // Registers: r0..r8 arguments (see the header), the rest the program's own.
 enum Reg : int {
   rQ = 0, rKn, rVn, rKc, rVc, rOut, rUnits, rPages, rSlots,
-  rCount, rTok, rSlot, rNdec, rNcls, rUnit, rTok0, rNtok, rSPar, rPageOff, rBlock, rStep, rPar, rNextPar,
+  rCount, rTok, rSlot, rNdec, rNcls, rUnit, rTok0, rNtok, rSPar, rFetch, rBlock, rStep, rPar, rNextPar,
   rOutTok, rPrevN, rFirst, rOutPar, rUnitsDone, rNext, rWait, rFull, rRest
 };
 // Registers of the cache update, reused by the attention part.
-constexpr int rNextPageOff = rCount, rHasNext = rTok, rNextTok0 = rSlot;
+constexpr int rQkPar = rCount, rHasNext = rTok, rNextTok0 = rSlot;
 
 struct Layout {
   int64_t rows = 0, keys = 0, dv = 0;  // rows of a unit (kv_heads x tokens x group), keys per step, V columns
@@ -41,12 +41,12 @@ struct Layout {
 // V pages sit in VMEM as [keys, kv_heads, head_dim + 1]: the extra column of every head holds
 // 1.0 (written once per class), so P V on the MXUs also yields the row sums of P in column
 // head_dim of O (no vector or cross-lane work for l, and O's rescale rescales l with it).
-Layout plan(const sim::ChipConfig& cfg, const PagedAttentionSpec& s, int64_t tokens) {
+Layout plan(const sim::ChipConfig& cfg, const PagedAttentionSpec& s, int64_t tokens, int64_t pps) {
   (void)cfg;
   Layout p;
   const int64_t es = sim::dtype_size(s.dtype), group = s.heads / s.kv_heads, d = s.head_dim;
   p.rows = s.kv_heads * tokens * group;
-  p.keys = s.pages_per_step * s.block_size;
+  p.keys = pps * s.block_size;
   p.dv = d + 1;
   int64_t at = 0;
   auto take = [&](int64_t bytes) {
@@ -79,7 +79,7 @@ class Emitter {
 
   sim::Program run() {
     // The unit table into VMEM (for the query positions as vectors), while the cache is updated.
-    const Layout big = plan(cfg_, s_, s_.tile_tokens);
+    const Layout big = plan(cfg_, s_, s_.tile_tokens, s_.pages_per_step);
     b_.dma(B::vmem_at(B::at(big.units)), B::hbm_at(B::at(0, {{rUnits, 1}})),
            {.rows = 1, .row_bytes = (1 + s_.max_units) * kPagedUnitWords * 4}, 2 % cfg_.dma.engines, kSemU);
     emit_cache_update();
@@ -136,14 +136,15 @@ class Emitter {
     b_.end_loop();
   }
 
-  // The K and V pages of step (register) `step` (-1: step 0) of the page list starting at
-  // (register) `page_off` into the buffers of parity (register) `par`; V rows land in the
-  // [keys, kv_heads, head_dim + 1] layout (one DMA per page: block_size planes of kv_heads rows).
-  void fetch_step(int16_t page_off, int16_t step, int16_t par, const Layout& L) {
-    const int64_t P = s_.pages_per_step, kstep = L.k[1] - L.k[0], vstep = L.v[1] - L.v[0];
+  // The K and V pages of the step at the page cursor rFetch (the class's steps are consecutive
+  // in the page list, units one after another) into the buffers of parity (register) `par`,
+  // then the cursor advances; V rows land in the [keys, kv_heads, head_dim + 1] layout (one DMA
+  // per page: block_size planes of kv_heads rows).
+  void fetch_step(int16_t par, const Layout& L) {
+    const int64_t P = pps_, kstep = L.k[1] - L.k[0], vstep = L.v[1] - L.v[0];
     const int64_t vpage = s_.block_size * s_.kv_heads * L.dv * es_;
     for (int64_t p = 0; p < P; ++p) {
-      b_.sload(rBlock, B::hbm_at(B::at(p * 4, {{rPages, 1}, {page_off, 4}, {step, P * 4}})));
+      b_.sload(rBlock, B::hbm_at(B::at(p * 4, {{rPages, 1}, {rFetch, 4}})));
       b_.dma(B::vmem_at(B::at(L.k[0] + p * page_, {{par, kstep}})), B::hbm_at(B::at(0, {{rKc, 1}, {rBlock, page_}})),
              {.rows = 1, .row_bytes = page_}, 0, kSemK);
       b_.dma(B::vmem_at(B::at(L.v[0] + p * vpage, {{par, vstep}})), B::hbm_at(B::at(0, {{rVc, 1}, {rBlock, page_}})),
@@ -152,6 +153,7 @@ class Emitter {
               .src_plane_stride = s_.kv_heads * d_ * es_, .src_row_stride = d_ * es_},
              1 % cfg_.dma.engines, kSemV);
     }
+    b_.sadd(rFetch, rFetch, P);
   }
 
   // S[kpar] = Q K[kpar]^T per KV head on the first half of the MXUs: key tile j on them in
@@ -160,7 +162,7 @@ class Emitter {
     const int64_t R = cfg_.mxu.rows, C = cfg_.mxu.cols, nm = cfg_.mxu.count;
     const int64_t keys = L.keys, hrows = tokens * group_, ld = s_.kv_heads * d_;
     const int64_t kstep = L.k[1] - L.k[0], sstep = L.s[1] - L.s[0], qstep = L.q[1] - L.q[0];
-    const int64_t qk_mxus = nm >= 2 ? nm / 2 : nm;
+    const int64_t qk_mxus = split_ && nm >= 2 ? nm / 2 : nm;
     int tile = 0;
     for (int64_t h = 0; h < s_.kv_heads; ++h)
       for (int64_t j = 0; j * C < keys; ++j, ++tile) {
@@ -197,7 +199,7 @@ class Emitter {
     auto sat = [&](int64_t off) { return B::at(L.s[0] + off, {{rSPar, sstep}}); };
     auto oat = [&](int64_t off) { return B::at(L.o[0] + off, {{rOutPar, 2 * ostep}, {rPar, ostep}}); };
     const int64_t ldv = s_.kv_heads * dv;  // elements between keys in the V buffers
-    const int64_t qk_mxus = nm >= 2 ? nm / 2 : nm, pv_first = nm >= 2 ? qk_mxus : 0, pv_mxus = nm - pv_first;
+    const int64_t pv_first = split_ && nm >= 2 ? nm / 2 : 0, pv_mxus = nm - pv_first;
     const sim::Operand S = B::vmem(sat(0), DType::f32, keys);
     const sim::Operand O = B::vmem(oat(0), DType::f32, dv);
     const sim::Operand M = vm(L.mask, DType::f32, keys);
@@ -218,23 +220,25 @@ class Emitter {
     b_.ternary(Op::vfma, S, S, B::imm(s_.scale), colv(L.negm), rows, keys);
     b_.unary(Op::vexp, S, S, rows, keys);
     b_.binary(Op::vcmple, M, vm(L.col, DType::f32, 0), colv(L.thr), rows, keys);  // the next step's mask
+    b_.sadd(rQkPar, rSPar, 1);
+    b_.smod(rQkPar, rQkPar, 3);
     if (!last) {
-      b_.wait(kSemK, s_.pages_per_step);
-      emit_qk(tokens, L, rNextPar, false);
+      b_.wait(kSemK, pps_);
+      emit_qk(tokens, L, rQkPar, false);
     } else {
       b_.loop_reg(rWait, rHasNext);
       b_.loop_reg(rOutTok, rNext);  // the next unit's queries (rNext: its tokens)
       b_.wait(kSemQ);
       b_.end_loop();
-      b_.wait(kSemK, s_.pages_per_step);
-      emit_qk(tokens, L, rNextPar, true);
+      b_.wait(kSemK, pps_);
+      emit_qk(tokens, L, rQkPar, true);
       b_.end_loop();
     }
     vec(Op::vmul, L.g, {vm(L.alpha), vm(L.aprev)}, rows);
     vec(Op::vmov, L.aprev, {vm(L.alpha)}, rows);
     b_.binary(Op::vmul, O, O, colv(L.g), rows, dv);
     // O[par] += P [V | 1] per KV head on the P V MXUs.
-    b_.wait(kSemV, s_.pages_per_step);
+    b_.wait(kSemV, pps_);
     int tile = 0;
     for (int64_t h = 0; h < s_.kv_heads; ++h)
       for (int64_t n = 0; n * C < dv; ++n, ++tile) {
@@ -257,7 +261,11 @@ class Emitter {
 
   // The loop over the work units of one class (decode: 1 token, prefill: tile_tokens tokens).
   void emit_class(int64_t tokens, bool prefill) {
-    const Layout L = plan(cfg_, s_, tokens);
+    pps_ = paged_pages_per_step(s_, !prefill);
+    // Decode units have a few rows per KV head: their MXU time is weight loading, which every
+    // MXU shares; prefill units split the MXUs between Q K^T and P V (see emit_step).
+    split_ = prefill;
+    const Layout L = plan(cfg_, s_, tokens, pps_);
     const int64_t rows = L.rows, hrows = tokens * group_;
     wait_outputs();  // the previous class's stores read buffers this class reuses
     b_.sset(rPrevN, 0);
@@ -281,7 +289,6 @@ class Emitter {
     };
     b_.sload(rTok0, record(0, false));
     b_.sload(rNtok, record(1, false));
-    b_.sload(rPageOff, record(4, false));
     b_.sload(rFull, record(5, false));
     b_.sload(rRest, record(6, false));
     b_.sload(rHasNext, record(7, false));
@@ -307,16 +314,25 @@ class Emitter {
       b_.dma(B::vmem_at(B::at(next ? L.o[2] : L.o[0], {{rOutPar, next ? -2 * ostep : 2 * ostep}})),
              B::vmem_at(B::at(L.zero)), {.rows = 1, .row_bytes = 2 * ostep}, 3 % cfg_.dma.engines, kSemZ);
     };
-    // The class's first unit loads its queries and first pages and computes its first S itself;
+    auto next_parity = [&](int64_t ahead) {  // the K/V/S buffers `ahead` steps on
+      b_.sadd(rNextPar, rSPar, ahead);
+      b_.smod(rNextPar, rNextPar, 3);
+    };
+    // The class's first unit loads its queries and the first two steps' pages and computes its
+    // first S itself; every step then fetches the pages of the step two ahead (of its unit or
+    // the next ones: the page list runs on past the class's last step by two padding steps);
     // later units find them prefetched and computed by the unit before (emit_step, `last`).
     b_.loop_reg(rWait, rFirst);
     load_q(rTok0, rNtok, false);
     zero_o(false);
-    fetch_step(rPageOff, -1, rSPar, L);
+    b_.sload(rFetch, record(4, false));
+    fetch_step(rSPar, L);
+    next_parity(1);
+    fetch_step(rNextPar, L);
     b_.loop_reg(rOutTok, rNtok);
     b_.wait(kSemQ);
     b_.end_loop();
-    b_.wait(kSemK, s_.pages_per_step);
+    b_.wait(kSemK, pps_);
     emit_qk(tokens, L, rSPar, false);
     b_.end_loop();
     // thr = token index + the unit's first query position, the first step's mask; m = -inf,
@@ -332,38 +348,30 @@ class Emitter {
     // Steps 0 .. steps-2 fetch the next step's pages first (the first rFull of them need no
     // mask, the next rRest do); the last step fetches the next unit's queries and first pages
     // (when the class has a next unit). Page buffers alternate from step to step across units.
-    auto next_parity = [&] {  // the next step's K/V/S buffers
-      b_.sadd(rNextPar, rSPar, 1);
-      b_.smod(rNextPar, rNextPar, 3);
-    };
     auto toggle_o = [&] {  // the next step's accumulator
       b_.sadd(rPar, rPar, 1);
       b_.smod(rPar, rPar, 2);
     };
     auto prefetching_step = [&](bool masked) {
-      b_.sadd(rNext, rStep, 1);
-      next_parity();
-      fetch_step(rPageOff, rNext, rNextPar, L);
+      next_parity(2);
+      fetch_step(rNextPar, L);
       emit_step(tokens, L, masked, false);
       toggle_o();
     };
     b_.loop_reg(rStep, rFull);
     prefetching_step(false);
     b_.end_loop();
-    b_.sadd(rStep, rFull, 0);
     b_.loop_reg(rOutTok, rRest);
     prefetching_step(true);
-    b_.sadd(rStep, rStep, 1);
     b_.end_loop();
-    next_parity();
     b_.loop_reg(rWait, rHasNext);
     b_.sload(rNextTok0, record(0, true));
-    b_.sload(rNextPageOff, record(4, true));
     b_.sload(rNext, record(1, true));
     load_q(rNextTok0, rNext, true);
     zero_o(true);
-    fetch_step(rNextPageOff, -1, rNextPar, L);
     b_.end_loop();
+    next_parity(2);
+    fetch_step(rNextPar, L);
     emit_step(tokens, L, true, true);
     // O = O[last] + alpha_last O[other] (columns 0..head_dim-1: the numerator, head_dim: l),
     // then O / l into the output buffer of this unit's parity (after the previous unit's
@@ -388,17 +396,27 @@ class Emitter {
     b_.sadd(rUnitsDone, rUnitsDone, 1);
     b_.smod(rOutPar, rUnitsDone, 2);
     b_.end_loop();
+    // The two steps fetched past the class's last one (padding pages): waited before the next
+    // class reuses the buffers. rNext = 1 when the class had units (rFirst dropped to 0).
+    b_.smul(rNext, rFirst, -1);
+    b_.sadd(rNext, rNext, 1);
+    b_.loop_reg(rWait, rNext);
+    b_.wait(kSemK, 2 * pps_);
+    b_.wait(kSemV, 2 * pps_);
+    b_.end_loop();
   }
 
   const sim::ChipConfig& cfg_;
   const PagedAttentionSpec& s_;
   B b_;
   int64_t es_, group_, d_, kvrow_, page_;
+  int64_t pps_ = 1;     // pages per step of the class being emitted
+  bool split_ = false;  // Q K^T and P V on separate halves of the MXUs
 };
 
 void check_spec(const PagedAttentionSpec& s) {
   TPU_CHECK(s.heads > 0 && s.kv_heads > 0 && s.heads % s.kv_heads == 0 && s.head_dim > 0 && s.block_size > 0 &&
-                s.pages_per_step > 0 && s.tile_tokens > 0 && s.max_units > 0 && s.scale > 0,
+                s.pages_per_step > 0 && s.decode_pages_per_step >= 0 && s.tile_tokens > 0 && s.max_units > 0 && s.scale > 0,
             "paged_attention: invalid spec ({} heads, {} kv heads, head_dim {}, block {}, {} pages/step, tile {}, "
             "{} units, scale {})",
             s.heads, s.kv_heads, s.head_dim, s.block_size, s.pages_per_step, s.tile_tokens, s.max_units, s.scale);
@@ -459,10 +477,10 @@ PagedAttentionMeta plan_paged_attention(const PagedAttentionSpec& spec, int64_t 
   m.units[0] = int32_t(m.num_tokens);
   m.units[1] = int32_t(dec.size());
   m.units[2] = int32_t(pre.size());
-  const int64_t keys = spec.pages_per_step * bs;
   size_t ui = 1;
   for (const auto* list : {&dec, &pre})
     for (const Unit& u : *list) {
+      const int64_t pps = paged_pages_per_step(spec, list == &dec), keys = pps * bs;
       const int64_t needed = u.pos0 + u.ntok, steps = (needed + keys - 1) / keys;
       const std::vector<int32_t>& t = *block_tables[size_t(u.seq)];
       int32_t* r = m.units.data() + ui * kPagedUnitWords;
@@ -478,22 +496,28 @@ PagedAttentionMeta plan_paged_attention(const PagedAttentionSpec& spec, int64_t 
       r[6] = int32_t(steps - 1 - full);
       r[7] = &u != &list->back();  // a next unit of the same class follows
       const int64_t used = (needed + bs - 1) / bs;
-      for (int64_t p = 0; p < steps * spec.pages_per_step; ++p) m.pages.push_back(p < used ? t[size_t(p)] : t[0]);
-      m.kv_pages_read += steps * spec.pages_per_step;
+      for (int64_t p = 0; p < steps * pps; ++p) m.pages.push_back(p < used ? t[size_t(p)] : t[0]);
+      m.kv_pages_read += steps * pps;
       ++ui;
+      if (&u == &list->back()) {  // two steps of padding: the kernel fetches two steps ahead
+        m.pages.insert(m.pages.end(), size_t(2 * pps), t[0]);
+        m.kv_pages_overfetch += 2 * pps;
+      }
     }
   if (m.pages.empty()) m.pages.push_back(0);
   return m;
 }
 
 int64_t paged_attention_vmem_bytes(const sim::ChipConfig& cfg, const PagedAttentionSpec& s) {
-  return plan(cfg, s, s.tile_tokens).total;
+  return std::max(plan(cfg, s, s.tile_tokens, paged_pages_per_step(s, false)).total,
+                  plan(cfg, s, 1, paged_pages_per_step(s, true)).total);
 }
 
 void choose_paged_attention_tiling(const sim::ChipConfig& cfg, PagedAttentionSpec& s) {
   check_spec(s);
   const int64_t group = s.heads / s.kv_heads;
   s.pages_per_step = std::max<int64_t>(1, (int64_t(cfg.mxu.cols) + s.block_size - 1) / s.block_size);
+  s.decode_pages_per_step = 0;  // the same: with two steps of pages in flight, short steps keep HBM busy
   s.tile_tokens = std::max<int64_t>(1, (int64_t(cfg.mxu.rows) * 2 + group - 1) / group);
   const int64_t budget = int64_t(cfg.memory.vmem_bytes) * 9 / 10;
   while (paged_attention_vmem_bytes(cfg, s) > budget) {
@@ -515,9 +539,9 @@ sim::Program make_paged_attention_program(const sim::ChipConfig& cfg, const Page
 }
 
 std::string paged_attention_key(const PagedAttentionSpec& s) {
-  return fmt::format("paged_attention:{}/{}x{}:b{}:p{}:t{}:u{}:s{}:{}:{}", s.heads, s.kv_heads, s.head_dim, s.block_size,
-                     s.pages_per_step, s.tile_tokens, s.max_units, s.scale, sim::dtype_name(s.dtype),
-                     sim::mxu_mode_name(s.mode));
+  return fmt::format("paged_attention:{}/{}x{}:b{}:p{}/{}:t{}:u{}:s{}:{}:{}", s.heads, s.kv_heads, s.head_dim,
+                     s.block_size, s.pages_per_step, paged_pages_per_step(s, true), s.tile_tokens, s.max_units, s.scale,
+                     sim::dtype_name(s.dtype), sim::mxu_mode_name(s.mode));
 }
 
 }  // namespace tpu::codegen

@@ -44,7 +44,8 @@ namespace tpu::codegen {
 struct PagedAttentionSpec {
   int64_t heads = 1, kv_heads = 1, head_dim = 1;
   int64_t block_size = 16;
-  int64_t pages_per_step = 1;  // KV pages per step (keys per step = pages_per_step * block_size)
+  int64_t pages_per_step = 1;  // KV pages per step of prefill units (keys per step = pages * block_size)
+  int64_t decode_pages_per_step = 0;  // KV pages per step of decode units (0: pages_per_step)
   int64_t tile_tokens = 8;     // new tokens per prefill work unit
   int64_t max_units = 8;       // capacity of the work-unit table (a key of the program)
   float scale = 1;
@@ -58,13 +59,15 @@ inline constexpr int64_t kPagedUnitWords = 8;
 // The step's data: units = header {new tokens, decode units, prefill units, 0...} then one
 // record per unit {first token, tokens, first query position, steps, first page index, steps
 // before the last that need no causal mask, the other steps before the last, 0}
-// (decode units first); pages = every unit's page list (steps * pages_per_step block ids, the
-// tail of the last step padded with the unit's first block); slots = the cache slot of each new
+// (decode units first); pages = every unit's page list (steps * pages per step block ids, the
+// tail of the last step padded with the unit's first block; after each class's last unit two
+// more steps of that block, which the kernel prefetches and discards); slots = the cache slot of each new
 // token.
 struct PagedAttentionMeta {
   std::vector<int32_t> units, pages, slots;
   int64_t num_units = 0, num_tokens = 0;
-  int64_t kv_pages_read = 0;  // pages the attention part reads (K and V each)
+  int64_t kv_pages_read = 0;       // pages the attention part needs (K and V each)
+  int64_t kv_pages_overfetch = 0;  // padding pages it also reads: two steps past each class's last
 };
 
 // Builds the meta data of one step. Sequence s brings tokens [query_start[s], query_start[s+1])
@@ -78,10 +81,15 @@ PagedAttentionMeta plan_paged_attention(const PagedAttentionSpec& spec, int64_t 
 // Work units a step of these sequences needs (decode: 1 per sequence; prefill: ceil(q_len / tile)).
 int64_t paged_attention_units(const PagedAttentionSpec& spec, const std::vector<int64_t>& query_start);
 
-// Tile sizes for this chip: pages per step so a step covers about one MXU width of keys, tile
-// tokens so a prefill unit gives each KV head about one MXU height of rows (shrunk to fit VMEM).
+// Tile sizes for this chip: pages per step so a step covers about one MXU width of keys (short
+// steps keep the software pipeline full; decode steps use the same), tile tokens so a prefill
+// unit gives each KV head about two MXU heights of rows (shrunk to fit VMEM).
 void choose_paged_attention_tiling(const sim::ChipConfig& cfg, PagedAttentionSpec& s);
 int64_t paged_attention_vmem_bytes(const sim::ChipConfig& cfg, const PagedAttentionSpec& s);
+// KV pages per step of decode (true) or prefill units.
+inline int64_t paged_pages_per_step(const PagedAttentionSpec& s, bool decode) {
+  return decode && s.decode_pages_per_step > 0 ? s.decode_pages_per_step : s.pages_per_step;
+}
 
 sim::Program make_paged_attention_program(const sim::ChipConfig& cfg, const PagedAttentionSpec& s);
 std::string paged_attention_key(const PagedAttentionSpec& s);

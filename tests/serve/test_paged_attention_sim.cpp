@@ -220,16 +220,20 @@ TEST_CASE("paged attention on the tiny chip equals the cpu kernel and naive atte
   const int64_t page = bs * row * 4;
   int64_t q_reads = 0, pages = 0;
   for (size_t sq = 0; sq + 1 < b.qs.size(); ++sq) {
-    const int64_t ql = b.qs[sq + 1] - b.qs[sq], ctx = b.ctx[sq], keys = s.pages_per_step * bs;
+    const int64_t ql = b.qs[sq + 1] - b.qs[sq], ctx = b.ctx[sq], pps = codegen::paged_pages_per_step(s, ql == 1);
+    const int64_t keys = pps * bs;
     const int64_t tile = ql == 1 ? 1 : s.tile_tokens;
     for (int64_t t0 = 0; t0 < ql; t0 += tile) {
       const int64_t last = ctx - ql + std::min(ql, t0 + tile) - 1;
-      pages += (last + keys) / keys * s.pages_per_step;
+      pages += (last + keys) / keys * pps;
       q_reads += (std::min(ql, t0 + tile) - t0) * hq * d * 4;  // only the unit's own tokens
     }
   }
   CHECK(pages == m.kv_pages_read);
-  const int64_t expect_read = 2 * n * row * 4 + (1 + s.max_units) * codegen::kPagedUnitWords * 4 + q_reads + 2 * pages * page;
+  // The kernel fetches two steps ahead: two steps of padding pages past each class's last unit.
+  CHECK(m.kv_pages_overfetch == 2 * codegen::paged_pages_per_step(s, true) + 2 * codegen::paged_pages_per_step(s, false));
+  const int64_t expect_read = 2 * n * row * 4 + (1 + s.max_units) * codegen::kPagedUnitWords * 4 + q_reads +
+                              2 * (pages + m.kv_pages_overfetch) * page;
   CHECK(int64_t(cr.stats.hbm_bytes_read) == expect_read);
   CHECK(int64_t(cr.stats.hbm_bytes_written) == 2 * n * row * 4 + n * hq * d * 4);
   CHECK(2 * pages * page < int64_t(kc.size() + vc.size()) * 4 / 3);
