@@ -1,8 +1,12 @@
 // Serving a Llama-3.1-8B-shaped model on the simulated chip, timing-only, with the serving
 // engine's step: one ragged batch of decode tokens and prefill chunks per step, the layer's
-// projections and MLP over the flattened token row, attention and the cache update by the
-// chip's ragged paged attention program (codegen/paged_attention.h), the final norm and the
-// lm_head only on the rows that sample. sim:0 is the v6e preset on its calibrated timing model,
+// projections and MLP over the flattened token row (no padding rows), attention and the cache
+// update by the chip's ragged paged attention program (codegen/paged_attention.h), the final
+// norm and the lm_head only on the rows that sample (none: no lm_head). The layer's dense parts
+// run as two compiled functions (tpu::compile: norm + q/k/v projections + RoPE before the
+// attention program; o_proj + residual + norm + SwiGLU MLP + residual after it), as vLLM's TPU
+// backend runs compiled graphs; TPU_SERVE_SIM_EAGER=1 runs them op by op as the engine's eager
+// step does, TPU_SERVE_SIM_BREAKDOWN=1 prints the cycles per kernel of each costed step. sim:0 is the v6e preset on its calibrated timing model,
 // sim:1 the same preset on the ideal model (TPU_SERVE_SIM_CHIP=<preset> changes the preset).
 // bf16 weights and KV cache, block size 16. All 32 layers are alike: one layer is costed and
 // counted 32 times; the embedding lookup is left out.
@@ -25,7 +29,8 @@
 // sequence gets one token per step), usd_per_M_total_tok / usd_per_M_out_tok at kUsdPerChipHour.
 // BM_DecodeStep: d decodes only (HBM_BW_pct of the whole step, attn_BW_pct of the attention
 // program alone); BM_PrefillStep: one 1,024-token chunk at the start of a prompt (MFU_pct of the
-// step with attention FLOPs counted causally, attn_MFU_pct of the attention program alone).
+// step with attention FLOPs counted causally, attn_MFU_pct of the attention program alone);
+// BM_PrefillLinear: one bf16 linear of a 1,024-token prefill step alone (MFU_pct).
 #include <benchmark/benchmark.h>
 
 #include <cmath>
