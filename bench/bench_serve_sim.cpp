@@ -1,8 +1,12 @@
 // Serving a Llama-3.1-8B-shaped model on the simulated chip, timing-only, with the serving
 // engine's step: one ragged batch of decode tokens and prefill chunks per step, the layer's
-// projections and MLP over the flattened token row, attention and the cache update by the
-// chip's ragged paged attention program (codegen/paged_attention.h), the final norm and the
-// lm_head only on the rows that sample. sim:0 is the v6e preset on its calibrated timing model,
+// projections and MLP over the flattened token row (no padding rows), attention and the cache
+// update by the chip's ragged paged attention program (codegen/paged_attention.h), the final
+// norm and the lm_head only on the rows that sample (none: no lm_head). The layer's dense parts
+// run as two compiled functions (tpu::compile: norm + q/k/v projections + RoPE before the
+// attention program; o_proj + residual + norm + SwiGLU MLP + residual after it), as vLLM's TPU
+// backend runs compiled graphs; TPU_SERVE_SIM_EAGER=1 runs them op by op as the engine's eager
+// step does, TPU_SERVE_SIM_BREAKDOWN=1 prints the cycles per kernel of each costed step. sim:0 is the v6e preset on its calibrated timing model,
 // sim:1 the same preset on the ideal model (TPU_SERVE_SIM_CHIP=<preset> changes the preset).
 // bf16 weights and KV cache, block size 16. All 32 layers are alike: one layer is costed and
 // counted 32 times; the embedding lookup is left out.
@@ -25,17 +29,22 @@
 // sequence gets one token per step), usd_per_M_total_tok / usd_per_M_out_tok at kUsdPerChipHour.
 // BM_DecodeStep: d decodes only (HBM_BW_pct of the whole step, attn_BW_pct of the attention
 // program alone); BM_PrefillStep: one 1,024-token chunk at the start of a prompt (MFU_pct of the
-// step with attention FLOPs counted causally, attn_MFU_pct of the attention program alone).
+// step with attention FLOPs counted causally, attn_MFU_pct of the attention program alone);
+// BM_PrefillLinear: one bf16 linear of a 1,024-token prefill step alone (MFU_pct).
 #include <benchmark/benchmark.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <string>
 #include <memory>
 
 #include "codegen/launch.h"
 #include "codegen/paged_attention.h"
 #include "device/sim_driver.h"
 #include "tpucore/autograd.h"
+#include "tpucore/compile.h"
 #include "tpucore/devices.h"
 #include "tpucore/models.h"
 #include "tpucore/streams.h"
@@ -60,7 +69,17 @@ struct Parts {
   Tensor head;
   std::vector<double> inv_freq;
   int64_t layer_params = 0;
+  // The layer's dense parts as two compiled functions (TPU_SERVE_SIM_EAGER=1: op by op, as the
+  // engine's eager step runs them): before attention x -> q, k, v (norm, projections, RoPE);
+  // after it (x, attention out) -> x + o_proj + MLP block.
+  std::function<std::vector<Tensor>(const Tensor&, const Tensor&, const Tensor&)> pre;
+  std::function<Tensor(const Tensor&, const Tensor&)> post;
 };
+
+bool eager() {
+  const char* e = std::getenv("TPU_SERVE_SIM_EAGER");
+  return e && *e == '1';
+}
 
 Parts& parts(int index) {
   static Parts p[2];
@@ -84,6 +103,31 @@ Parts& parts(int index) {
     q.norm->to(q.dev);
     q.head = empty({kVocab, kHidden}, {DType::bf16, q.dev});
     q.inv_freq = nn::rope_inv_freq(kHeadDim, c.rope_theta);
+    models::DecoderLayer* L = q.layer.get();
+    auto pre = [L](const Tensor& x, const Tensor& cos, const Tensor& sin) {
+      nn::Attention& at = *L->self_attn;
+      const int64_t np = x.shape()[1];
+      Tensor xn = L->input_layernorm->forward(x);
+      Tensor qq = reshape(at.q_proj->forward(xn), Shape{1, np, kHeads, kHeadDim});
+      Tensor k = reshape(at.k_proj->forward(xn), Shape{1, np, kKvHeads, kHeadDim});
+      Tensor v = reshape(at.v_proj->forward(xn), Shape{1, np, kKvHeads, kHeadDim}).contiguous();
+      qq = transpose(rotary_embedding(transpose(qq, 1, 2), cos, sin), 1, 2).contiguous();
+      k = transpose(rotary_embedding(transpose(k, 1, 2), cos, sin), 1, 2).contiguous();
+      return std::vector<Tensor>{qq, k, v};
+    };
+    auto post = [L](const Tensor& x, const Tensor& out) {
+      Tensor h = add(x, L->self_attn->o_proj->forward(out));
+      return add(h, L->mlp->forward(L->post_attention_layernorm->forward(h)));
+    };
+    if (eager()) {
+      q.pre = pre;
+      q.post = post;
+    } else {
+      CompileOptions o{.name = "serve_sim_pre" + std::to_string(index), .warn_after_recompiles = 1000};
+      q.pre = compile(pre, o);
+      o.name = "serve_sim_post" + std::to_string(index);
+      q.post = compile(post, o);
+    }
     made[index] = true;
   }
   return p[index];
@@ -113,6 +157,10 @@ Probe measure(const Device& dev, F&& fn) {
   synchronize(dev);
   const SimStats s = sim_stats();
   const codegen::CodegenStats cs = codegen::stats();
+  if (const char* e = std::getenv("TPU_SERVE_SIM_BREAKDOWN"); e && *e == '1')
+    for (const auto& [name, cyc] : cs.cycles_by_kernel)
+      std::fprintf(stderr, "  %-40s %6llu runs %12.0f cycles\n", name.c_str(),
+                   (unsigned long long)cs.runs_by_kernel.at(name), cyc);
   auto it = cs.cycles_by_kernel.find("paged_attention");
   return {s.cycles, double(s.hbm_bytes), it == cs.cycles_by_kernel.end() ? 0.0 : it->second};
 }
@@ -150,8 +198,7 @@ StepCost step_cost(int index, const std::vector<Seq>& seqs) {
   std::vector<const std::vector<int32_t>*> tp;
   for (const auto& t : tables) tp.push_back(&t);
   const codegen::PagedAttentionMeta meta = codegen::plan_paged_attention(spec, next_block, qs, ctx, tp);
-  const int64_t n = meta.num_tokens, np = n + spec.tile_tokens - 1;
-  pos.resize(size_t(np), 0);
+  const int64_t n = meta.num_tokens, np = n;  // the kernel needs no query rows past the tokens
   const Device dev = p.dev;
   auto i32 = [&](const std::vector<int32_t>& v) {
     return from_vector(v, Shape{int64_t(v.size())}, TensorOptions(DType::i32, dev));
@@ -161,31 +208,26 @@ StepCost step_cost(int index, const std::vector<Seq>& seqs) {
   const Tensor vc = empty({int64_t(next_block) * kBlock, kKvHeads * kHeadDim}, {DType::bf16, dev});
   auto [cos, sin] = nn::rope_tables(pos, 1, p.inv_freq, DType::bf16, dev);
   const Tensor x = empty({1, np, kHidden}, {DType::bf16, dev});
-  models::DecoderLayer& layer = *p.layer;
-  nn::Attention& at = *layer.self_attn;
   Tensor h;
+  const Tensor out = empty({1, np, kHeads * kHeadDim}, {DType::bf16, dev});
+  if (!eager()) {  // compile for this shape first (the warm-up step of a bucket)
+    std::vector<Tensor> qkv = p.pre(x, cos, sin);
+    h = p.post(x, out);
+    synchronize(dev);
+  }
   const Probe lp = measure(dev, [&] {
-    Tensor xn = layer.input_layernorm->forward(x);
-    Tensor q = reshape(at.q_proj->forward(xn), Shape{1, np, kHeads, kHeadDim});
-    Tensor k = reshape(at.k_proj->forward(xn), Shape{1, np, kKvHeads, kHeadDim});
-    Tensor v = reshape(at.v_proj->forward(xn), Shape{1, np, kKvHeads, kHeadDim}).contiguous();
-    q = transpose(rotary_embedding(transpose(q, 1, 2), cos, sin), 1, 2).contiguous();
-    k = transpose(rotary_embedding(transpose(k, 1, 2), cos, sin), 1, 2).contiguous();
-    Tensor out = empty({1, np, kHeads * kHeadDim}, {DType::bf16, dev});
-    codegen::run_paged_attention(spec, n, q, k, v, kc, vc, out, units_t, pages_t, slots_t);
-    h = add(x, at.o_proj->forward(out));
-    h = add(h, layer.mlp->forward(layer.post_attention_layernorm->forward(h)));
+    std::vector<Tensor> qkv = p.pre(x, cos, sin);
+    codegen::run_paged_attention(spec, n, qkv[0], qkv[1], qkv[2], kc, vc, out, units_t, pages_t, slots_t);
+    h = p.post(x, out);
   });
-  const Tensor rows = empty({1, std::max<int64_t>(sampling, 1), kHidden}, {DType::bf16, dev});
-  const Probe hp = measure(dev, [&] { (void)linear(p.norm->forward(rows), p.head); });
+  Probe hp{0, 0, 0};  // no row samples (a prefill chunk short of its prompt's end): no lm_head
+  if (sampling > 0) {
+    const Tensor rows = empty({1, sampling, kHidden}, {DType::bf16, dev});
+    hp = measure(dev, [&] { (void)linear(p.norm->forward(rows), p.head); });
+  }
   // The attention program's HBM bytes, from its plan (the count the tiny-chip test checks).
   const double row = kKvHeads * kHeadDim * 2.0, page = kBlock * row;
-  double q_bytes = 0;
-  for (size_t s = 0; s + 1 < qs.size(); ++s) {
-    const int64_t ql = qs[s + 1] - qs[s];
-    q_bytes += ql == 1 ? kHeads * kHeadDim * 2.0
-                       : double((ql + spec.tile_tokens - 1) / spec.tile_tokens * spec.tile_tokens) * kHeads * kHeadDim * 2.0;
-  }
+  const double q_bytes = double(qs.back()) * kHeads * kHeadDim * 2.0;
   c.attn_bytes = 4.0 * n * row + q_bytes + 2.0 * meta.kv_pages_read * page + n * kHeads * kHeadDim * 2.0;
   c.cycles = kLayers * lp.cycles + hp.cycles;
   c.attn_cycles = kLayers * lp.attn;
@@ -285,8 +327,25 @@ void BM_PrefillStep(benchmark::State& st) {
   label(st, index);
 }
 
+// One bf16 linear of the prefill step, x [1024, k] w [n, k]^T (the layer's projections and MLP
+// matmuls), MFU of the program alone.
+void BM_PrefillLinear(benchmark::State& st) {
+  const int index = int(st.range(0));
+  const int64_t k = st.range(1), n = st.range(2), m = 1024;
+  Parts& p = parts(index);
+  SimTimingOnly timing;
+  NoGradGuard ng;
+  const Tensor x = empty({m, k}, {DType::bf16, p.dev}), w = empty({n, k}, {DType::bf16, p.dev});
+  Probe pr{};
+  for (auto _ : st) pr = measure(p.dev, [&] { (void)linear(x, w); });
+  st.counters["MFU_pct"] = 100.0 * 2.0 * double(m * k * n) / (pr.cycles / clock_hz(index)) / peak(index);
+  st.counters["cycles"] = pr.cycles;
+  label(st, index);
+}
+
 }  // namespace
 
+BENCHMARK(BM_PrefillLinear)->Args({1, 4096, 4096})->Args({1, 4096, 1024})->Args({1, 4096, 14336})->Args({1, 14336, 4096})->Args({0, 4096, 4096})->Unit(benchmark::kSecond)->Iterations(1);
 BENCHMARK(BM_DecodeStep)->Arg(0)->Arg(1)->Unit(benchmark::kSecond)->Iterations(1);
 BENCHMARK(BM_PrefillStep)->Arg(0)->Arg(1)->Unit(benchmark::kSecond)->Iterations(1);
 BENCHMARK(BM_Workload)->Arg(0)->Arg(1)->Unit(benchmark::kSecond)->Iterations(1);

@@ -18,29 +18,36 @@ using sim::Op;
 namespace {
 
 constexpr float kMasked = -1e30f;  // finite: exp underflows to 0, no inf - inf
-constexpr int kSemW = 0, kSemQ = 1, kSemK = 2, kSemV = 3, kSemO = 4, kSemU = 5;
+constexpr int kSemW = 0, kSemQ = 1, kSemK = 2, kSemV = 3, kSemO = 4, kSemU = 5, kSemZ = 6;
 // Registers: r0..r8 arguments (see the header), the rest the program's own.
 enum Reg : int {
   rQ = 0, rKn, rVn, rKc, rVc, rOut, rUnits, rPages, rSlots,
-  rCount, rTok, rSlot, rNdec, rNcls, rUnit, rTok0, rNtok, rSteps, rPageOff, rBlock, rStep, rPar, rNextPar,
+  rCount, rTok, rSlot, rNdec, rNcls, rUnit, rTok0, rNtok, rSPar, rFetch, rBlock, rStep, rPar, rNextPar,
   rOutTok, rPrevN, rFirst, rOutPar, rUnitsDone, rNext, rWait, rFull, rRest
 };
 // Registers of the cache update, reused by the attention part.
-constexpr int rNextPageOff = rCount, rHasNext = rTok, rNextTok0 = rSlot;
+constexpr int rQkPar = rCount, rHasNext = rTok, rNextTok0 = rSlot;
 
 struct Layout {
-  int64_t rows = 0, keys = 0;  // rows of a unit (kv_heads x tokens x group), keys per step
-  int64_t q[2]{}, s = 0, mask = 0, o = 0, obuf[2]{}, k[2]{}, v[2]{};
-  int64_t m = 0, mnew = 0, l = 0, alpha = 0, negm = 0, rsum = 0, thr = 0, rowt = 0, col = 0, fold = 0;
+  int64_t rows = 0, keys = 0, dv = 0;  // rows of a unit (kv_heads x tokens x group), keys per step, V columns
+  int64_t q[2]{}, s[3]{}, mask = 0, o[4]{}, zero = 0, obuf[2]{}, k[3]{}, v[3]{};
+  int64_t m = 0, mnew = 0, alpha = 0, aprev = 0, g = 0, negm = 0, thr = 0, rowt = 0, col = 0;
   int64_t units = 0, fpos = 0;
   int64_t total = 0;
 };
 
-Layout plan(const sim::ChipConfig& cfg, const PagedAttentionSpec& s, int64_t tokens) {
+// Buffers by parity: Q and the output rows by unit (rOutPar), K/V pages and the scores S by step
+// mod 3 (rSPar), the accumulators O by unit and step mod 2 (rPar; see emit_step).
+// V pages sit in VMEM as [keys, kv_heads, head_dim + 1]: the extra column of every head holds
+// 1.0 (written once per class), so P V on the MXUs also yields the row sums of P in column
+// head_dim of O (no vector or cross-lane work for l, and O's rescale rescales l with it).
+Layout plan(const sim::ChipConfig& cfg, const PagedAttentionSpec& s, int64_t tokens, int64_t pps) {
+  (void)cfg;
   Layout p;
   const int64_t es = sim::dtype_size(s.dtype), group = s.heads / s.kv_heads, d = s.head_dim;
   p.rows = s.kv_heads * tokens * group;
-  p.keys = s.pages_per_step * s.block_size;
+  p.keys = pps * s.block_size;
+  p.dv = d + 1;
   int64_t at = 0;
   auto take = [&](int64_t bytes) {
     const int64_t o = at;
@@ -49,17 +56,16 @@ Layout plan(const sim::ChipConfig& cfg, const PagedAttentionSpec& s, int64_t tok
   };
   p.units = take((1 + s.max_units) * kPagedUnitWords * 4);  // first: the same in both classes' layouts
   p.fpos = take(s.max_units * 4);
-  const int64_t kv_step = p.keys * s.kv_heads * d * es;
   for (auto& b : p.q) b = take(p.rows * d * es);
-  p.s = take(p.rows * p.keys * 4);
+  for (auto& b : p.s) b = take(p.rows * p.keys * 4);
   p.mask = take(p.rows * p.keys * 4);
-  p.o = take(p.rows * d * 4);
+  for (auto& b : p.o) b = take(p.rows * p.dv * 4);  // [unit parity][step parity]
+  p.zero = take(2 * (p.o[1] - p.o[0]));             // zeros, copied over a unit's two accumulators
   for (auto& b : p.obuf) b = take(p.rows * d * es);
-  for (auto& b : p.k) b = take(kv_step);
-  for (auto& b : p.v) b = take(kv_step);
-  for (int64_t* v : {&p.m, &p.mnew, &p.l, &p.alpha, &p.negm, &p.rsum, &p.thr, &p.rowt}) *v = take(p.rows * 4);
+  for (auto& b : p.k) b = take(p.keys * s.kv_heads * d * es);
+  for (auto& b : p.v) b = take(p.keys * s.kv_heads * p.dv * es);
+  for (int64_t* v : {&p.m, &p.mnew, &p.alpha, &p.aprev, &p.g, &p.negm, &p.thr, &p.rowt}) *v = take(p.rows * 4);
   p.col = take(p.keys * 4);
-  p.fold = take(p.rows * cfg.vpu.lanes * 4);
   p.total = at;
   return p;
 }
@@ -73,7 +79,7 @@ class Emitter {
 
   sim::Program run() {
     // The unit table into VMEM (for the query positions as vectors), while the cache is updated.
-    const Layout big = plan(cfg_, s_, s_.tile_tokens);
+    const Layout big = plan(cfg_, s_, s_.tile_tokens, s_.pages_per_step);
     b_.dma(B::vmem_at(B::at(big.units)), B::hbm_at(B::at(0, {{rUnits, 1}})),
            {.rows = 1, .row_bytes = (1 + s_.max_units) * kPagedUnitWords * 4}, 2 % cfg_.dma.engines, kSemU);
     emit_cache_update();
@@ -130,71 +136,81 @@ class Emitter {
     b_.end_loop();
   }
 
-  // Row reduction of [rows, cols] f32 at src (row stride ld) into the column dst: lane-wide
-  // chunks folded on the vector unit, then one cross-lane reduction.
-  void row_reduce(Op xop, Op vop, int64_t dst, int64_t src, int64_t ld, int64_t fold, int64_t rows, int64_t cols) {
-    const int64_t w = cfg_.vpu.lanes;
-    if (cols <= w) {
-      b_.reduce(xop, vm(dst), vm(src, DType::f32, ld), rows, cols, 1);
-      return;
-    }
-    const int64_t full = cols / w, rem = cols % w;
-    auto chunk = [&](int64_t c) { return vm(src + c * w * 4, DType::f32, ld); };
-    const sim::Operand f = vm(fold, DType::f32, w);
-    b_.binary(vop, f, chunk(0), chunk(1), rows, w);
-    for (int64_t c = 2; c < full; ++c) b_.binary(vop, f, f, chunk(c), rows, w);
-    if (rem > 0) b_.binary(vop, f, f, chunk(full), rows, rem);
-    b_.reduce(xop, vm(dst), f, rows, w, 1);
-  }
-
-  // The K and V pages of step (register) `step` (-1: step 0) of the page list starting at
-  // (register) `page_off` into the buffers of parity (register) `par`.
-  void fetch_step(int16_t page_off, int16_t step, int16_t par, const Layout& L) {
-    const int64_t P = s_.pages_per_step, step_bytes = P * page_;
+  // The K and V pages of the step at the page cursor rFetch (the class's steps are consecutive
+  // in the page list, units one after another) into the buffers of parity (register) `par`,
+  // then the cursor advances; V rows land in the [keys, kv_heads, head_dim + 1] layout (one DMA
+  // per page: block_size planes of kv_heads rows).
+  void fetch_step(int16_t par, const Layout& L) {
+    const int64_t P = pps_, kstep = L.k[1] - L.k[0], vstep = L.v[1] - L.v[0];
+    const int64_t vpage = s_.block_size * s_.kv_heads * L.dv * es_;
     for (int64_t p = 0; p < P; ++p) {
-      b_.sload(rBlock, B::hbm_at(B::at(p * 4, {{rPages, 1}, {page_off, 4}, {step, P * 4}})));
-      b_.dma(B::vmem_at(B::at(L.k[0] + p * page_, {{par, step_bytes}})), B::hbm_at(B::at(0, {{rKc, 1}, {rBlock, page_}})),
+      b_.sload(rBlock, B::hbm_at(B::at(p * 4, {{rPages, 1}, {rFetch, 4}})));
+      b_.dma(B::vmem_at(B::at(L.k[0] + p * page_, {{par, kstep}})), B::hbm_at(B::at(0, {{rKc, 1}, {rBlock, page_}})),
              {.rows = 1, .row_bytes = page_}, 0, kSemK);
-      b_.dma(B::vmem_at(B::at(L.v[0] + p * page_, {{par, step_bytes}})), B::hbm_at(B::at(0, {{rVc, 1}, {rBlock, page_}})),
-             {.rows = 1, .row_bytes = page_}, 1 % cfg_.dma.engines, kSemV);
+      b_.dma(B::vmem_at(B::at(L.v[0] + p * vpage, {{par, vstep}})), B::hbm_at(B::at(0, {{rVc, 1}, {rBlock, page_}})),
+             {.planes = s_.block_size, .rows = s_.kv_heads, .row_bytes = d_ * es_,
+              .dst_plane_stride = s_.kv_heads * L.dv * es_, .dst_row_stride = L.dv * es_,
+              .src_plane_stride = s_.kv_heads * d_ * es_, .src_row_stride = d_ * es_},
+             1 % cfg_.dma.engines, kSemV);
     }
+    b_.sadd(rFetch, rFetch, P);
   }
 
-  // One KV step of a unit of `tokens` tokens (step index in rStep, its buffers' parity in rPar).
-  void emit_step(int64_t tokens, const Layout& L, bool masked) {
-    const int64_t R = cfg_.mxu.rows, C = cfg_.mxu.cols, nm = cfg_.mxu.count, P = s_.pages_per_step;
-    const int64_t rows = L.rows, keys = L.keys, hrows = tokens * group_, step_bytes = P * page_;
-    const int64_t ld = s_.kv_heads * d_;  // elements between keys in a page buffer
-    b_.wait(kSemK, P);
-    // S = Q K^T per KV head: key tile j on MXU j % count, head dim in chunks of R.
+  // S[kpar] = Q K[kpar]^T per KV head on the first half of the MXUs: key tile j on them in
+  // turn, head dim in chunks of R. Q of this unit (next = false) or of the next one.
+  void emit_qk(int64_t tokens, const Layout& L, int16_t kpar, bool next) {
+    const int64_t R = cfg_.mxu.rows, C = cfg_.mxu.cols, nm = cfg_.mxu.count;
+    const int64_t keys = L.keys, hrows = tokens * group_, ld = s_.kv_heads * d_;
+    const int64_t kstep = L.k[1] - L.k[0], sstep = L.s[1] - L.s[0], qstep = L.q[1] - L.q[0];
+    const int64_t qk_mxus = split_ && nm >= 2 ? nm / 2 : nm;
     int tile = 0;
     for (int64_t h = 0; h < s_.kv_heads; ++h)
       for (int64_t j = 0; j * C < keys; ++j, ++tile) {
         const int64_t nn = std::min(C, keys - j * C);
-        const int mxu = int(tile % nm);
+        const int mxu = int(tile % qk_mxus);
         for (int64_t c = 0; c * R < d_; ++c) {
           const int64_t kk = std::min(R, d_ - c * R);
-          b_.mxu_load_weights(mxu,
-                              B::vmem(B::at(L.k[0] + (j * C * ld + h * d_ + c * R) * es_, {{rPar, step_bytes}}),
-                                      s_.dtype, 1, ld),
-                              kk, nn, s_.mode);
-          b_.mxu_matmul(mxu, vm(L.s + (h * hrows * keys + j * C) * 4, DType::f32, keys),
-                        B::vmem(B::at(L.q[0] + (h * hrows * d_ + c * R) * es_, {{rOutPar, L.q[1] - L.q[0]}}),
-                                s_.dtype, d_),
+          b_.mxu_load_weights(
+              mxu, B::vmem(B::at(L.k[0] + (j * C * ld + h * d_ + c * R) * es_, {{kpar, kstep}}), s_.dtype, 1, ld), kk,
+              nn, s_.mode);
+          const int64_t qoff = (h * hrows * d_ + c * R) * es_;
+          b_.mxu_matmul(mxu, B::vmem(B::at(L.s[0] + (h * hrows * keys + j * C) * 4, {{kpar, sstep}}), DType::f32, keys),
+                        B::vmem(B::at((next ? L.q[1] : L.q[0]) + qoff, {{rOutPar, next ? -qstep : qstep}}), s_.dtype, d_),
                         hrows, kk, nn, c > 0, s_.mode);
         }
       }
+  }
+
+  // One KV step of a unit of `tokens` tokens (its K/V/S buffers: rSPar, its accumulator: rPar),
+  // software-pipelined: S of this step was computed by the step before (or, for a unit's first
+  // step, by the previous unit's last step or the class's prologue), and this step issues the
+  // Q K^T of the next one (`last`: the next unit's first step, when there is one) on the first
+  // half of the MXUs after its exponentials and before its own P V on the other half. With S
+  // and the K/V pages in three buffers, the next Q K^T and the page prefetch never wait for
+  // this step's P V. The two accumulators take alternate steps: step j rescales O[j % 2] by
+  // alpha_j alpha_{j-1} (its update two steps back), which depends on P V of step j - 2, not
+  // j - 1, so the vector unit never waits for the previous step's P V; the unit's end adds the
+  // other accumulator times the last alpha. The mask of the next step is computed here too
+  // (it depends on positions only), so a masked step costs one select on the vector unit.
+  void emit_step(int64_t tokens, const Layout& L, bool masked, bool last) {
+    const int64_t R = cfg_.mxu.rows, C = cfg_.mxu.cols, nm = cfg_.mxu.count;
+    const int64_t rows = L.rows, keys = L.keys, hrows = tokens * group_, dv = L.dv;
+    const int64_t vstep = L.v[1] - L.v[0], sstep = L.s[1] - L.s[0], ostep = L.o[1] - L.o[0];
+    auto sat = [&](int64_t off) { return B::at(L.s[0] + off, {{rSPar, sstep}}); };
+    auto oat = [&](int64_t off) { return B::at(L.o[0] + off, {{rOutPar, 2 * ostep}, {rPar, ostep}}); };
+    const int64_t ldv = s_.kv_heads * dv;  // elements between keys in the V buffers
+    const int64_t pv_first = split_ && nm >= 2 ? nm / 2 : 0, pv_mxus = nm - pv_first;
+    const sim::Operand S = B::vmem(sat(0), DType::f32, keys);
+    const sim::Operand O = B::vmem(oat(0), DType::f32, dv);
+    const sim::Operand M = vm(L.mask, DType::f32, keys);
     // Causal mask (also masks keys past the context): key c of this step is visible to row r
-    // when c <= thr[r] = query position - first key position of the step.
+    // when c <= thr[r] = query position - first key position of the step (M, computed before).
     // Steps whose keys every row sees (all before the unit's first query) skip it.
-    const sim::Operand S = vm(L.s, DType::f32, keys), M = vm(L.mask, DType::f32, keys);
-    if (masked) {
-      b_.binary(Op::vcmple, M, vm(L.col, DType::f32, 0), colv(L.thr), rows, keys);
-      b_.ternary(Op::vsel, S, M, S, B::imm(kMasked), rows, keys);
-    }
+    if (masked) b_.ternary(Op::vsel, S, M, S, B::imm(kMasked), rows, keys);
     vec(Op::vsub, L.thr, {vm(L.thr), B::imm(float(keys))}, rows);
-    // Online softmax.
-    row_reduce(Op::xmax, Op::vmax, L.mnew, L.s, keys, L.fold, rows, keys);
+    // Online softmax: the row max on the cross-lane unit (the vector unit stays free), one fused
+    // scale-and-shift pass, the exponentials on the EUP; the row sums come from P V.
+    b_.reduce(Op::xmax, vm(L.mnew), S, rows, keys, 1);
     vec(Op::vmax, L.mnew, {vm(L.mnew), vm(L.m)}, rows);
     vec(Op::vsub, L.alpha, {vm(L.m), vm(L.mnew)}, rows);
     vec(Op::vmul, L.alpha, {vm(L.alpha), B::imm(s_.scale)}, rows);
@@ -203,31 +219,53 @@ class Emitter {
     vec(Op::vmul, L.negm, {vm(L.m), B::imm(-s_.scale)}, rows);
     b_.ternary(Op::vfma, S, S, B::imm(s_.scale), colv(L.negm), rows, keys);
     b_.unary(Op::vexp, S, S, rows, keys);
-    row_reduce(Op::xsum, Op::vadd, L.rsum, L.s, keys, L.fold, rows, keys);
-    vec(Op::vfma, L.l, {vm(L.l), vm(L.alpha), vm(L.rsum)}, rows);
-    b_.binary(Op::vmul, vm(L.o, DType::f32, d_), vm(L.o, DType::f32, d_), colv(L.alpha), rows, d_);
-    // O += P V per KV head.
-    b_.wait(kSemV, P);
-    tile = 0;
+    b_.binary(Op::vcmple, M, vm(L.col, DType::f32, 0), colv(L.thr), rows, keys);  // the next step's mask
+    b_.sadd(rQkPar, rSPar, 1);
+    b_.smod(rQkPar, rQkPar, 3);
+    if (!last) {
+      b_.wait(kSemK, pps_);
+      emit_qk(tokens, L, rQkPar, false);
+    } else {
+      b_.loop_reg(rWait, rHasNext);
+      b_.loop_reg(rOutTok, rNext);  // the next unit's queries (rNext: its tokens)
+      b_.wait(kSemQ);
+      b_.end_loop();
+      b_.wait(kSemK, pps_);
+      emit_qk(tokens, L, rQkPar, true);
+      b_.end_loop();
+    }
+    vec(Op::vmul, L.g, {vm(L.alpha), vm(L.aprev)}, rows);
+    vec(Op::vmov, L.aprev, {vm(L.alpha)}, rows);
+    b_.binary(Op::vmul, O, O, colv(L.g), rows, dv);
+    // O[par] += P [V | 1] per KV head on the P V MXUs.
+    b_.wait(kSemV, pps_);
+    int tile = 0;
     for (int64_t h = 0; h < s_.kv_heads; ++h)
-      for (int64_t n = 0; n * C < d_; ++n, ++tile) {
-        const int64_t nn = std::min(C, d_ - n * C);
-        const int mxu = int(tile % nm);
+      for (int64_t n = 0; n * C < dv; ++n, ++tile) {
+        const int64_t nn = std::min(C, dv - n * C);
+        const int mxu = int(pv_first + tile % pv_mxus);
         for (int64_t c = 0; c * R < keys; ++c) {
           const int64_t kk = std::min(R, keys - c * R);
           b_.mxu_load_weights(mxu,
-                              B::vmem(B::at(L.v[0] + (c * R * ld + h * d_ + n * C) * es_, {{rPar, step_bytes}}),
-                                      s_.dtype, ld),
+                              B::vmem(B::at(L.v[0] + (c * R * ldv + h * dv + n * C) * es_, {{rSPar, vstep}}),
+                                      s_.dtype, ldv),
                               kk, nn, s_.mode);
-          b_.mxu_matmul(mxu, vm(L.o + (h * hrows * d_ + n * C) * 4, DType::f32, d_),
-                        vm(L.s + (h * hrows * keys + c * R) * 4, DType::f32, keys), hrows, kk, nn, true, s_.mode);
+          b_.mxu_matmul(mxu, B::vmem(oat((h * hrows * dv + n * C) * 4), DType::f32, dv),
+                        B::vmem(sat((h * hrows * keys + c * R) * 4), DType::f32, keys),
+                        hrows, kk, nn, true, s_.mode);
         }
       }
+    b_.sadd(rSPar, rSPar, 1);
+    b_.smod(rSPar, rSPar, 3);
   }
 
   // The loop over the work units of one class (decode: 1 token, prefill: tile_tokens tokens).
   void emit_class(int64_t tokens, bool prefill) {
-    const Layout L = plan(cfg_, s_, tokens);
+    pps_ = paged_pages_per_step(s_, !prefill);
+    // Decode units have a few rows per KV head: their MXU time is weight loading, which every
+    // MXU shares; prefill units split the MXUs between Q K^T and P V (see emit_step).
+    split_ = prefill;
+    const Layout L = plan(cfg_, s_, tokens, pps_);
     const int64_t rows = L.rows, hrows = tokens * group_;
     wait_outputs();  // the previous class's stores read buffers this class reuses
     b_.sset(rPrevN, 0);
@@ -235,6 +273,10 @@ class Emitter {
     for (int64_t c = 0; c < L.keys; ++c) b_.fill(vm(L.col + c * 4), float(c), 1, 1);
     for (int64_t h = 0; h < s_.kv_heads; ++h)
       for (int64_t t = 0; t < tokens; ++t) b_.fill(vm(L.rowt + (h * hrows + t * group_) * 4, DType::f32, 1), float(t), group_, 1);
+    // The ones column of every key and KV head in both V buffers (page DMAs never write it).
+    for (int64_t vb : L.v) b_.fill(B::vmem(B::at(vb + d_ * es_), s_.dtype, L.dv), 1.0f, L.keys * s_.kv_heads, 1);
+    b_.fill(vm(L.zero, DType::f32, 2 * L.dv), 0, rows, 2 * L.dv);
+    b_.sset(rSPar, 0);
     b_.sload(rNcls, B::hbm_at(B::at(prefill ? 8 : 4, {{rUnits, 1}})));
     b_.sset(rFirst, 1);
     b_.sset(rPar, 0);
@@ -247,74 +289,102 @@ class Emitter {
     };
     b_.sload(rTok0, record(0, false));
     b_.sload(rNtok, record(1, false));
-    b_.sload(rSteps, record(3, false));
-    b_.sload(rPageOff, record(4, false));
     b_.sload(rFull, record(5, false));
     b_.sload(rRest, record(6, false));
     b_.sload(rHasNext, record(7, false));
     const int64_t qrow = s_.heads * d_ * es_, gbytes = group_ * d_ * es_;
-    // Queries of tokens [tok0, tok0 + tokens) into the Q buffer of parity `qpar`.
-    auto load_q = [&](int16_t tok0, int16_t qpar) {
-      b_.dma(B::vmem_at(B::at(L.q[0], {{qpar, L.q[1] - L.q[0]}})), B::hbm_at(B::at(0, {{rQ, 1}, {tok0, qrow}})),
-             {.planes = s_.kv_heads, .rows = tokens, .row_bytes = gbytes, .dst_plane_stride = hrows * d_ * es_,
-              .dst_row_stride = gbytes, .src_plane_stride = gbytes, .src_row_stride = qrow},
+    // Queries of the unit's `ntok` tokens from tok0 into the Q buffer of parity `qpar`: one DMA
+    // per token (its query heads, per KV head), so q needs no rows past the step's tokens; the
+    // buffer's rows past ntok keep an earlier unit's queries, their results are not stored.
+    // `next`: into the other unit parity's buffer (1 - rOutPar).
+    auto load_q = [&](int16_t tok0, int16_t ntok, bool next) {
+      const int64_t qstep = L.q[1] - L.q[0];
+      b_.loop_reg(rOutTok, ntok);
+      b_.dma(B::vmem_at(B::at(next ? L.q[1] : L.q[0], {{rOutPar, next ? -qstep : qstep}, {rOutTok, gbytes}})),
+             B::hbm_at(B::at(0, {{rQ, 1}, {tok0, qrow}, {rOutTok, qrow}})),
+             {.planes = s_.kv_heads, .rows = 1, .row_bytes = gbytes, .dst_plane_stride = hrows * d_ * es_,
+              .src_plane_stride = gbytes},
              2 % cfg_.dma.engines, kSemQ);
+      b_.end_loop();
     };
-    // The class's first unit loads its queries and first pages itself; later units find them
-    // prefetched by the unit before (below).
+    // Zeros over the two accumulators of this unit's parity (or the next unit's), by DMA so the
+    // vector unit does not wait for the previous unit's last P V to free them.
+    const int64_t ostep = L.o[1] - L.o[0];
+    auto zero_o = [&](bool next) {
+      b_.dma(B::vmem_at(B::at(next ? L.o[2] : L.o[0], {{rOutPar, next ? -2 * ostep : 2 * ostep}})),
+             B::vmem_at(B::at(L.zero)), {.rows = 1, .row_bytes = 2 * ostep}, 3 % cfg_.dma.engines, kSemZ);
+    };
+    auto next_parity = [&](int64_t ahead) {  // the K/V/S buffers `ahead` steps on
+      b_.sadd(rNextPar, rSPar, ahead);
+      b_.smod(rNextPar, rNextPar, 3);
+    };
+    // The class's first unit loads its queries and the first two steps' pages and computes its
+    // first S itself; every step then fetches the pages of the step two ahead (of its unit or
+    // the next ones: the page list runs on past the class's last step by two padding steps);
+    // later units find them prefetched and computed by the unit before (emit_step, `last`).
     b_.loop_reg(rWait, rFirst);
-    load_q(rTok0, rOutPar);
-    fetch_step(rPageOff, -1, rPar, L);
+    load_q(rTok0, rNtok, false);
+    zero_o(false);
+    b_.sload(rFetch, record(4, false));
+    fetch_step(rSPar, L);
+    next_parity(1);
+    fetch_step(rNextPar, L);
+    b_.loop_reg(rOutTok, rNtok);
+    b_.wait(kSemQ);
     b_.end_loop();
-    // thr = token index + the unit's first query position; m = -inf, l = 0, O = 0.
+    b_.wait(kSemK, pps_);
+    emit_qk(tokens, L, rSPar, false);
+    b_.end_loop();
+    // thr = token index + the unit's first query position, the first step's mask; m = -inf,
+    // alpha_{-1} = 1; O = 0 (zeroed by DMA).
     sim::Addr fa = B::at(L.fpos, {{rUnit, 4}});
     if (prefill) fa.terms[1] = {rNdec, 4};
     const sim::Operand fp = B::vmem(fa, DType::f32, 0, 0);
     vec(Op::vadd, L.thr, {vm(L.rowt), fp}, rows);
+    b_.binary(Op::vcmple, vm(L.mask, DType::f32, L.keys), vm(L.col, DType::f32, 0), colv(L.thr), rows, L.keys);
     vfill(L.m, kMasked, rows);
-    vfill(L.l, 0, rows);
-    b_.fill(vm(L.o, DType::f32, d_), 0, rows, d_);
-    b_.wait(kSemQ);
+    vfill(L.aprev, 1, rows);
+    b_.wait(kSemZ);
     // Steps 0 .. steps-2 fetch the next step's pages first (the first rFull of them need no
     // mask, the next rRest do); the last step fetches the next unit's queries and first pages
     // (when the class has a next unit). Page buffers alternate from step to step across units.
-    auto next_parity = [&] {
-      b_.sadd(rNextPar, rPar, 1);
-      b_.smod(rNextPar, rNextPar, 2);
+    auto toggle_o = [&] {  // the next step's accumulator
+      b_.sadd(rPar, rPar, 1);
+      b_.smod(rPar, rPar, 2);
     };
     auto prefetching_step = [&](bool masked) {
-      b_.sadd(rNext, rStep, 1);
-      next_parity();
-      fetch_step(rPageOff, rNext, rNextPar, L);
-      emit_step(tokens, L, masked);
-      b_.sadd(rPar, rNextPar, 0);
+      next_parity(2);
+      fetch_step(rNextPar, L);
+      emit_step(tokens, L, masked, false);
+      toggle_o();
     };
     b_.loop_reg(rStep, rFull);
     prefetching_step(false);
     b_.end_loop();
-    b_.sadd(rStep, rFull, 0);
     b_.loop_reg(rOutTok, rRest);
     prefetching_step(true);
-    b_.sadd(rStep, rStep, 1);
     b_.end_loop();
-    next_parity();
     b_.loop_reg(rWait, rHasNext);
     b_.sload(rNextTok0, record(0, true));
-    b_.sload(rNextPageOff, record(4, true));
-    b_.sadd(rNext, rUnitsDone, 1);
-    b_.smod(rNext, rNext, 2);
-    load_q(rNextTok0, rNext);
-    fetch_step(rNextPageOff, -1, rNextPar, L);
+    b_.sload(rNext, record(1, true));
+    load_q(rNextTok0, rNext, true);
+    zero_o(true);
     b_.end_loop();
-    emit_step(tokens, L, true);
-    b_.sadd(rPar, rNextPar, 0);
-    b_.sset(rFirst, 0);
-    // O / l into the output buffer of this unit's parity (after the previous unit's stores,
-    // which read the other buffer, are done), then one DMA per valid token.
+    next_parity(2);
+    fetch_step(rNextPar, L);
+    emit_step(tokens, L, true, true);
+    // O = O[last] + alpha_last O[other] (columns 0..head_dim-1: the numerator, head_dim: l),
+    // then O / l into the output buffer of this unit's parity (after the previous unit's
+    // stores, which read the other buffer, are done), then one DMA per valid token.
+    const int64_t obytes = L.obuf[1] - L.obuf[0];
+    const sim::Operand olast = B::vmem(B::at(L.o[0], {{rOutPar, 2 * ostep}, {rPar, ostep}}), DType::f32, L.dv);
+    b_.ternary(Op::vfma, olast, B::vmem(B::at(L.o[1], {{rOutPar, 2 * ostep}, {rPar, -ostep}}), DType::f32, L.dv),
+               colv(L.alpha), olast, rows, L.dv);
     wait_outputs();
-    const int64_t obytes = rows * d_ * es_;
-    b_.binary(Op::vdiv, B::vmem(B::at(L.obuf[0], {{rOutPar, obytes}}), s_.dtype, d_), vm(L.o, DType::f32, d_), colv(L.l),
-              rows, d_);
+    b_.binary(Op::vdiv, B::vmem(B::at(L.obuf[0], {{rOutPar, obytes}}), s_.dtype, d_), olast,
+              B::vmem(B::at(L.o[0] + d_ * 4, {{rOutPar, 2 * ostep}, {rPar, ostep}}), DType::f32, L.dv, 0), rows, d_);
+    toggle_o();
+    b_.sset(rFirst, 0);
     b_.loop_reg(rOutTok, rNtok);
     b_.dma(B::hbm_at(B::at(0, {{rOut, 1}, {rTok0, qrow}, {rOutTok, qrow}})),
            B::vmem_at(B::at(L.obuf[0], {{rOutPar, obytes}, {rOutTok, gbytes}})),
@@ -326,17 +396,27 @@ class Emitter {
     b_.sadd(rUnitsDone, rUnitsDone, 1);
     b_.smod(rOutPar, rUnitsDone, 2);
     b_.end_loop();
+    // The two steps fetched past the class's last one (padding pages): waited before the next
+    // class reuses the buffers. rNext = 1 when the class had units (rFirst dropped to 0).
+    b_.smul(rNext, rFirst, -1);
+    b_.sadd(rNext, rNext, 1);
+    b_.loop_reg(rWait, rNext);
+    b_.wait(kSemK, 2 * pps_);
+    b_.wait(kSemV, 2 * pps_);
+    b_.end_loop();
   }
 
   const sim::ChipConfig& cfg_;
   const PagedAttentionSpec& s_;
   B b_;
   int64_t es_, group_, d_, kvrow_, page_;
+  int64_t pps_ = 1;     // pages per step of the class being emitted
+  bool split_ = false;  // Q K^T and P V on separate halves of the MXUs
 };
 
 void check_spec(const PagedAttentionSpec& s) {
   TPU_CHECK(s.heads > 0 && s.kv_heads > 0 && s.heads % s.kv_heads == 0 && s.head_dim > 0 && s.block_size > 0 &&
-                s.pages_per_step > 0 && s.tile_tokens > 0 && s.max_units > 0 && s.scale > 0,
+                s.pages_per_step > 0 && s.decode_pages_per_step >= 0 && s.tile_tokens > 0 && s.max_units > 0 && s.scale > 0,
             "paged_attention: invalid spec ({} heads, {} kv heads, head_dim {}, block {}, {} pages/step, tile {}, "
             "{} units, scale {})",
             s.heads, s.kv_heads, s.head_dim, s.block_size, s.pages_per_step, s.tile_tokens, s.max_units, s.scale);
@@ -397,10 +477,10 @@ PagedAttentionMeta plan_paged_attention(const PagedAttentionSpec& spec, int64_t 
   m.units[0] = int32_t(m.num_tokens);
   m.units[1] = int32_t(dec.size());
   m.units[2] = int32_t(pre.size());
-  const int64_t keys = spec.pages_per_step * bs;
   size_t ui = 1;
   for (const auto* list : {&dec, &pre})
     for (const Unit& u : *list) {
+      const int64_t pps = paged_pages_per_step(spec, list == &dec), keys = pps * bs;
       const int64_t needed = u.pos0 + u.ntok, steps = (needed + keys - 1) / keys;
       const std::vector<int32_t>& t = *block_tables[size_t(u.seq)];
       int32_t* r = m.units.data() + ui * kPagedUnitWords;
@@ -416,22 +496,28 @@ PagedAttentionMeta plan_paged_attention(const PagedAttentionSpec& spec, int64_t 
       r[6] = int32_t(steps - 1 - full);
       r[7] = &u != &list->back();  // a next unit of the same class follows
       const int64_t used = (needed + bs - 1) / bs;
-      for (int64_t p = 0; p < steps * spec.pages_per_step; ++p) m.pages.push_back(p < used ? t[size_t(p)] : t[0]);
-      m.kv_pages_read += steps * spec.pages_per_step;
+      for (int64_t p = 0; p < steps * pps; ++p) m.pages.push_back(p < used ? t[size_t(p)] : t[0]);
+      m.kv_pages_read += steps * pps;
       ++ui;
+      if (&u == &list->back()) {  // two steps of padding: the kernel fetches two steps ahead
+        m.pages.insert(m.pages.end(), size_t(2 * pps), t[0]);
+        m.kv_pages_overfetch += 2 * pps;
+      }
     }
   if (m.pages.empty()) m.pages.push_back(0);
   return m;
 }
 
 int64_t paged_attention_vmem_bytes(const sim::ChipConfig& cfg, const PagedAttentionSpec& s) {
-  return plan(cfg, s, s.tile_tokens).total;
+  return std::max(plan(cfg, s, s.tile_tokens, paged_pages_per_step(s, false)).total,
+                  plan(cfg, s, 1, paged_pages_per_step(s, true)).total);
 }
 
 void choose_paged_attention_tiling(const sim::ChipConfig& cfg, PagedAttentionSpec& s) {
   check_spec(s);
   const int64_t group = s.heads / s.kv_heads;
-  s.pages_per_step = std::max<int64_t>(1, (int64_t(cfg.mxu.cols) * 2 + s.block_size - 1) / s.block_size);
+  s.pages_per_step = std::max<int64_t>(1, (int64_t(cfg.mxu.cols) + s.block_size - 1) / s.block_size);
+  s.decode_pages_per_step = 0;  // the same: with two steps of pages in flight, short steps keep HBM busy
   s.tile_tokens = std::max<int64_t>(1, (int64_t(cfg.mxu.rows) * 2 + group - 1) / group);
   const int64_t budget = int64_t(cfg.memory.vmem_bytes) * 9 / 10;
   while (paged_attention_vmem_bytes(cfg, s) > budget) {
@@ -453,9 +539,9 @@ sim::Program make_paged_attention_program(const sim::ChipConfig& cfg, const Page
 }
 
 std::string paged_attention_key(const PagedAttentionSpec& s) {
-  return fmt::format("paged_attention:{}/{}x{}:b{}:p{}:t{}:u{}:s{}:{}:{}", s.heads, s.kv_heads, s.head_dim, s.block_size,
-                     s.pages_per_step, s.tile_tokens, s.max_units, s.scale, sim::dtype_name(s.dtype),
-                     sim::mxu_mode_name(s.mode));
+  return fmt::format("paged_attention:{}/{}x{}:b{}:p{}/{}:t{}:u{}:s{}:{}:{}", s.heads, s.kv_heads, s.head_dim,
+                     s.block_size, s.pages_per_step, paged_pages_per_step(s, true), s.tile_tokens, s.max_units, s.scale,
+                     sim::dtype_name(s.dtype), sim::mxu_mode_name(s.mode));
 }
 
 }  // namespace tpu::codegen

@@ -15,7 +15,8 @@
 //   2. attention, per work unit: a decode unit is one sequence with one new token; a prefill
 //      unit is up to `tile_tokens` consecutive new tokens of one sequence. The unit's queries
 //      ([kv_heads, tokens, group, head_dim], the query heads sharing a KV head folded into rows)
-//      come in by one DMA; its KV pages stream in `pages_per_step` pages per step (one DMA per
+//      come in by one DMA per token (q needs no padding rows past the step's tokens); its KV
+//      pages stream in `pages_per_step` pages per step (one DMA per
 //      page, K and V, double-buffered: step j + 1 is fetched during step j, and a unit's last
 //      step fetches the next unit's queries and first pages) through its page list;
 //      per step and KV head S = Q K^T and O += P V on the MXUs; the causal mask compares each
@@ -23,7 +24,7 @@
 //      softmax as in attention_kernel.h. A unit reads only the pages up to its last query's
 //      position. The result rows of the unit's valid tokens go out by one DMA per token.
 //
-// Arguments (HBM addresses in r0..r8): q [tokens (+ tile padding), heads, head_dim],
+// Arguments (HBM addresses in r0..r8): q [tokens, heads, head_dim],
 // k_new / v_new [tokens, kv_heads * head_dim], k_cache / v_cache [num_blocks * block_size,
 // kv_heads * head_dim], out [tokens, heads, head_dim] (q, k, v, caches and out of `dtype`),
 // then the i32 arrays of PagedAttentionMeta: units, pages, slots.
@@ -43,7 +44,8 @@ namespace tpu::codegen {
 struct PagedAttentionSpec {
   int64_t heads = 1, kv_heads = 1, head_dim = 1;
   int64_t block_size = 16;
-  int64_t pages_per_step = 1;  // KV pages per step (keys per step = pages_per_step * block_size)
+  int64_t pages_per_step = 1;  // KV pages per step of prefill units (keys per step = pages * block_size)
+  int64_t decode_pages_per_step = 0;  // KV pages per step of decode units (0: pages_per_step)
   int64_t tile_tokens = 8;     // new tokens per prefill work unit
   int64_t max_units = 8;       // capacity of the work-unit table (a key of the program)
   float scale = 1;
@@ -57,13 +59,15 @@ inline constexpr int64_t kPagedUnitWords = 8;
 // The step's data: units = header {new tokens, decode units, prefill units, 0...} then one
 // record per unit {first token, tokens, first query position, steps, first page index, steps
 // before the last that need no causal mask, the other steps before the last, 0}
-// (decode units first); pages = every unit's page list (steps * pages_per_step block ids, the
-// tail of the last step padded with the unit's first block); slots = the cache slot of each new
+// (decode units first); pages = every unit's page list (steps * pages per step block ids, the
+// tail of the last step padded with the unit's first block; after each class's last unit two
+// more steps of that block, which the kernel prefetches and discards); slots = the cache slot of each new
 // token.
 struct PagedAttentionMeta {
   std::vector<int32_t> units, pages, slots;
   int64_t num_units = 0, num_tokens = 0;
-  int64_t kv_pages_read = 0;  // pages the attention part reads (K and V each)
+  int64_t kv_pages_read = 0;       // pages the attention part needs (K and V each)
+  int64_t kv_pages_overfetch = 0;  // padding pages it also reads: two steps past each class's last
 };
 
 // Builds the meta data of one step. Sequence s brings tokens [query_start[s], query_start[s+1])
@@ -77,17 +81,21 @@ PagedAttentionMeta plan_paged_attention(const PagedAttentionSpec& spec, int64_t 
 // Work units a step of these sequences needs (decode: 1 per sequence; prefill: ceil(q_len / tile)).
 int64_t paged_attention_units(const PagedAttentionSpec& spec, const std::vector<int64_t>& query_start);
 
-// Tile sizes for this chip: pages per step so a step covers about one MXU width of keys, tile
-// tokens so a prefill unit gives each KV head about one MXU height of rows (shrunk to fit VMEM).
+// Tile sizes for this chip: pages per step so a step covers about one MXU width of keys (short
+// steps keep the software pipeline full; decode steps use the same), tile tokens so a prefill
+// unit gives each KV head about two MXU heights of rows (shrunk to fit VMEM).
 void choose_paged_attention_tiling(const sim::ChipConfig& cfg, PagedAttentionSpec& s);
 int64_t paged_attention_vmem_bytes(const sim::ChipConfig& cfg, const PagedAttentionSpec& s);
+// KV pages per step of decode (true) or prefill units.
+inline int64_t paged_pages_per_step(const PagedAttentionSpec& s, bool decode) {
+  return decode && s.decode_pages_per_step > 0 ? s.decode_pages_per_step : s.pages_per_step;
+}
 
 sim::Program make_paged_attention_program(const sim::ChipConfig& cfg, const PagedAttentionSpec& s);
 std::string paged_attention_key(const PagedAttentionSpec& s);
 
 // Runs the program on the sim device of the tensors (all on one chip, contiguous): q
-// [>= tokens + tile_tokens - 1, heads, head_dim] (rows past the tokens are read as padding of
-// prefill tiles), k_new / v_new [>= tokens, kv_heads * head_dim], the caches [num_blocks *
+// [>= tokens, heads, head_dim], k_new / v_new [>= tokens, kv_heads * head_dim], the caches [num_blocks *
 // block_size, kv_heads * head_dim] (updated in place), out [>= tokens, heads, head_dim], all of
 // spec.dtype; units / pages / slots: PagedAttentionMeta's arrays as i32 tensors on the chip.
 // A tpu::Error names a bad shape, dtype or device.

@@ -20,7 +20,7 @@ void run_paged_attention(const PagedAttentionSpec& spec, int64_t num_tokens, con
     DType dtype;
     int64_t min_numel, multiple;
   };
-  const Want wants[] = {{"q", &q, dt, (num_tokens + spec.tile_tokens - 1) * qrow, qrow},
+  const Want wants[] = {{"q", &q, dt, num_tokens * qrow, qrow},
                         {"k_new", &k_new, dt, num_tokens * row, row},
                         {"v_new", &v_new, dt, num_tokens * row, row},
                         {"k_cache", &k_cache, dt, spec.block_size * row, spec.block_size * row},

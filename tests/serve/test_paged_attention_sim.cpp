@@ -96,9 +96,8 @@ ChipRun run_on_chip(const codegen::PagedAttentionSpec& s, const codegen::PagedAt
     return int64_t(a);
   };
   const int64_t n = m.num_tokens, qrow = s.heads * s.head_dim;
-  std::vector<float> qp(q);
-  qp.resize(size_t((n + s.tile_tokens - 1) * qrow), 0.f);
-  const int64_t aq = put(qp.data(), qp.size() * 4, 0), ak = put(k.data(), k.size() * 4, 0),
+  // q holds exactly the step's tokens (no padding rows for a last, partial prefill tile).
+  const int64_t aq = put(q.data(), q.size() * 4, 0), ak = put(k.data(), k.size() * 4, 0),
                 av = put(v.data(), v.size() * 4, 0), akc = put(kc.data(), kc.size() * 4, 0),
                 avc = put(vc.data(), vc.size() * 4, 0), aout = put(nullptr, 0, size_t(n * qrow * 4)),
                 au = put(m.units.data(), m.units.size() * 4, 0), ap = put(m.pages.data(), m.pages.size() * 4, 0),
@@ -118,10 +117,49 @@ ChipRun run_on_chip(const codegen::PagedAttentionSpec& s, const codegen::PagedAt
   return cr;
 }
 
+// Attention computed naively in double: each token attends to positions 0..its own of its
+// sequence (cached positions from the cache through the block table, new ones from k / v).
+std::vector<double> naive_attention(const Batch& b, const std::vector<float>& q, const std::vector<float>& k,
+                                    const std::vector<float>& v, const std::vector<float>& kc,
+                                    const std::vector<float>& vc, int64_t hq, int64_t hkv, int64_t d, int64_t bs,
+                                    float scale) {
+  const int64_t row = hkv * d, group = hq / hkv;
+  std::vector<double> out(size_t(b.qs.back() * hq * d));
+  for (size_t sq = 0; sq + 1 < b.qs.size(); ++sq) {
+    const int64_t q0 = b.qs[sq], ql = b.qs[sq + 1] - q0, ctx = b.ctx[sq];
+    auto kv_at = [&](const std::vector<float>& cachev, const std::vector<float>& newv, int64_t pos, int64_t h, int64_t i) {
+      if (pos >= ctx - ql) return double(newv[size_t((q0 + pos - (ctx - ql)) * row + h * d + i)]);
+      const int64_t slot = b.tables[sq][size_t(pos / bs)] * bs + pos % bs;
+      return double(cachev[size_t(slot * row + h * d + i)]);
+    };
+    for (int64_t t = 0; t < ql; ++t) {
+      const int64_t pos = ctx - ql + t;
+      for (int64_t h = 0; h < hq; ++h) {
+        std::vector<double> sc(size_t(pos + 1));
+        double mx = -1e300;
+        for (int64_t j = 0; j <= pos; ++j) {
+          double dot = 0;
+          for (int64_t i = 0; i < d; ++i) dot += double(q[size_t(((q0 + t) * hq + h) * d + i)]) * kv_at(kc, k, j, h / group, i);
+          sc[size_t(j)] = dot * scale;
+          mx = std::max(mx, sc[size_t(j)]);
+        }
+        double den = 0;
+        for (auto& e : sc) den += (e = std::exp(e - mx));
+        for (int64_t i = 0; i < d; ++i) {
+          double o = 0;
+          for (int64_t j = 0; j <= pos; ++j) o += sc[size_t(j)] * kv_at(vc, v, j, h / group, i);
+          out[size_t(((q0 + t) * hq + h) * d + i)] = o / den;
+        }
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("paged attention on the tiny chip equals the cpu kernel and naive attention (mixed batch)", "[sim][paged]") {
-  const int64_t hq = 4, hkv = 2, d = 8, bs = 4, nb = 96, group = hq / hkv, row = hkv * d;
+  const int64_t hq = 4, hkv = 2, d = 8, bs = 4, nb = 96, row = hkv * d;
   const sim::ChipConfig cfg = sim::preset_config("tiny");
   codegen::PagedAttentionSpec s{.heads = hq, .kv_heads = hkv, .head_dim = d, .block_size = bs};
   s.scale = 1.f / std::sqrt(float(d));
@@ -169,39 +207,11 @@ TEST_CASE("paged attention on the tiny chip equals the cpu kernel and naive atte
   std::vector<float> cpu(size_t(n * hq * d));
   serve::ragged_paged_attention(cache, 0, rb, q.data(), k.data(), v.data(), cpu.data(), hq, s.scale);
 
-  // Naive: each token attends to positions 0..its own of its sequence (cached or new).
+  const std::vector<double> ref = naive_attention(b, q, k, v, kc, vc, hq, hkv, d, bs, s.scale);
   double worst_naive = 0, worst_cpu = 0;
-  for (size_t sq = 0; sq + 1 < b.qs.size(); ++sq) {
-    const int64_t q0 = b.qs[sq], ql = b.qs[sq + 1] - q0, ctx = b.ctx[sq];
-    auto kv_at = [&](const std::vector<float>& cachev, const std::vector<float>& newv, int64_t pos, int64_t h, int64_t i) {
-      if (pos >= ctx - ql) return double(newv[size_t((q0 + pos - (ctx - ql)) * row + h * d + i)]);
-      const int64_t slot = b.tables[sq][size_t(pos / bs)] * bs + pos % bs;
-      return double(cachev[size_t(slot * row + h * d + i)]);
-    };
-    for (int64_t t = 0; t < ql; ++t) {
-      const int64_t pos = ctx - ql + t;
-      for (int64_t h = 0; h < hq; ++h) {
-        const int64_t kh = h / group;
-        std::vector<double> sc(size_t(pos + 1));
-        double mx = -1e300;
-        for (int64_t j = 0; j <= pos; ++j) {
-          double dot = 0;
-          for (int64_t i = 0; i < d; ++i) dot += double(q[size_t(((q0 + t) * hq + h) * d + i)]) * kv_at(kc, k, j, kh, i);
-          sc[size_t(j)] = dot * s.scale;
-          mx = std::max(mx, sc[size_t(j)]);
-        }
-        double den = 0;
-        for (auto& e : sc) den += (e = std::exp(e - mx));
-        for (int64_t i = 0; i < d; ++i) {
-          double o = 0;
-          for (int64_t j = 0; j <= pos; ++j) o += sc[size_t(j)] * kv_at(vc, v, j, kh, i);
-          o /= den;
-          const size_t at = size_t(((q0 + t) * hq + h) * d + i);
-          worst_naive = std::max(worst_naive, std::abs(o - double(cr.out[at])));
-          worst_cpu = std::max(worst_cpu, std::abs(double(cpu[at]) - double(cr.out[at])));
-        }
-      }
-    }
+  for (size_t i = 0; i < ref.size(); ++i) {
+    worst_naive = std::max(worst_naive, std::abs(ref[i] - double(cr.out[i])));
+    worst_cpu = std::max(worst_cpu, std::abs(double(cpu[i]) - double(cr.out[i])));
   }
   CHECK(worst_naive < 2e-5);
   CHECK(worst_cpu < 2e-5);
@@ -221,19 +231,76 @@ TEST_CASE("paged attention on the tiny chip equals the cpu kernel and naive atte
   const int64_t page = bs * row * 4;
   int64_t q_reads = 0, pages = 0;
   for (size_t sq = 0; sq + 1 < b.qs.size(); ++sq) {
-    const int64_t ql = b.qs[sq + 1] - b.qs[sq], ctx = b.ctx[sq], keys = s.pages_per_step * bs;
+    const int64_t ql = b.qs[sq + 1] - b.qs[sq], ctx = b.ctx[sq], pps = codegen::paged_pages_per_step(s, ql == 1);
+    const int64_t keys = pps * bs;
     const int64_t tile = ql == 1 ? 1 : s.tile_tokens;
     for (int64_t t0 = 0; t0 < ql; t0 += tile) {
       const int64_t last = ctx - ql + std::min(ql, t0 + tile) - 1;
-      pages += (last + keys) / keys * s.pages_per_step;
-      q_reads += tile * hq * d * 4;
+      pages += (last + keys) / keys * pps;
+      q_reads += (std::min(ql, t0 + tile) - t0) * hq * d * 4;  // only the unit's own tokens
     }
   }
   CHECK(pages == m.kv_pages_read);
-  const int64_t expect_read = 2 * n * row * 4 + (1 + s.max_units) * codegen::kPagedUnitWords * 4 + q_reads + 2 * pages * page;
+  // The kernel fetches two steps ahead: two steps of padding pages past each class's last unit.
+  CHECK(m.kv_pages_overfetch == 2 * codegen::paged_pages_per_step(s, true) + 2 * codegen::paged_pages_per_step(s, false));
+  const int64_t expect_read = 2 * n * row * 4 + (1 + s.max_units) * codegen::kPagedUnitWords * 4 + q_reads +
+                              2 * (pages + m.kv_pages_overfetch) * page;
   CHECK(int64_t(cr.stats.hbm_bytes_read) == expect_read);
   CHECK(int64_t(cr.stats.hbm_bytes_written) == 2 * n * row * 4 + n * hq * d * 4);
   CHECK(2 * pages * page < int64_t(kc.size() + vc.size()) * 4 / 3);
+}
+
+TEST_CASE("paged attention pipeline: long prefill chunks, odd decode count, other decode step size", "[sim][paged]") {
+  // Exercises the software pipeline's edges on the tiny chip (f32, race checking on): prefill
+  // sequences of several tiles with many KV steps each (masked and unmasked), a last tile of
+  // one token, an odd number of decode units (the prefill class starts on the other buffer
+  // parity), contexts on and off block boundaries, and decode units stepping over 3 pages while
+  // prefill units step over the chosen 2; against attention computed naively in double.
+  const int64_t hq = 4, hkv = 2, d = 8, bs = 4, nb = 160, row = hkv * d;
+  const sim::ChipConfig cfg = sim::preset_config("tiny");
+  codegen::PagedAttentionSpec s{.heads = hq, .kv_heads = hkv, .head_dim = d, .block_size = bs};
+  s.scale = 0.3f;
+  s.max_units = 16;
+  codegen::choose_paged_attention_tiling(cfg, s);
+  s.decode_pages_per_step = s.pages_per_step + 1;
+  std::mt19937 rng(11);
+  std::vector<int32_t> perm(static_cast<size_t>(nb));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  size_t next = 0;
+  auto table = [&](int64_t positions) {
+    std::vector<int32_t> t;
+    for (int64_t i = 0; i < (positions + bs - 1) / bs; ++i) t.push_back(perm[next++]);
+    return t;
+  };
+  Batch b;
+  b.add(1, 57, table(57));                              // decodes: long, short, on a block boundary
+  b.add(2 * s.tile_tokens + 1, 70, table(70));          // a chunk after cached positions, last tile of 1
+  b.add(1, 3, table(3));
+  b.add(3 * s.tile_tokens - 2, 3 * s.tile_tokens - 2, table(3 * s.tile_tokens - 2));  // a fresh prompt
+  b.add(1, 40, table(40));
+  const codegen::PagedAttentionMeta m = codegen::plan_paged_attention(s, nb, b.qs, b.ctx, b.ptrs());
+  REQUIRE(m.units[1] == 3);
+  const int64_t n = m.num_tokens;
+  std::normal_distribution<float> nd;
+  auto randv = [&](size_t sz) {
+    std::vector<float> x(sz);
+    for (auto& e : x) e = nd(rng);
+    return x;
+  };
+  const std::vector<float> q = randv(size_t(n * hq * d)), k = randv(size_t(n * row)), v = randv(size_t(n * row));
+  const std::vector<float> kc = randv(size_t(nb * bs * row)), vc = randv(size_t(nb * bs * row));
+  const ChipRun cr = run_on_chip(s, m, nb * bs, q, k, v, kc, vc);
+  const std::vector<double> ref = naive_attention(b, q, k, v, kc, vc, hq, hkv, d, bs, s.scale);
+  double worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::abs(ref[i] - double(cr.out[i])));
+  CHECK(worst < 2e-5);
+  // The page list runs two steps of each class's own step size past its last unit.
+  CHECK(m.kv_pages_overfetch == 2 * s.decode_pages_per_step + 2 * s.pages_per_step);
+  // The same step with a different decode step size is a different program.
+  codegen::PagedAttentionSpec s2 = s;
+  s2.decode_pages_per_step = 0;
+  CHECK(codegen::paged_attention_key(s2) != codegen::paged_attention_key(s));
 }
 
 TEST_CASE("paged attention: bad step data is a tpu::Error", "[sim][paged]") {
