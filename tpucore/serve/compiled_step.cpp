@@ -11,21 +11,14 @@
 
 namespace tpu::serve {
 
-namespace {
-int64_t pow2_at_least(int64_t n, int64_t lo) {
-  int64_t b = lo;
-  while (b < n) b *= 2;
-  return b;
+int64_t CompiledStep::token_bucket(int64_t n) const {
+  const int64_t need = n + spec_.tile_tokens - 1;
+  for (int64_t b : buckets_)
+    if (b >= need) return b;
+  fail("serve: a step of {} tokens exceeds the compiled step's largest bucket {}", n, buckets_.back());
 }
-}  // namespace
 
-int64_t CompiledStep::token_bucket(int64_t n) const { return pow2_at_least(n + spec_.tile_tokens - 1, 8); }
-
-int64_t CompiledStep::num_buckets() const {
-  int64_t b = 0;
-  for (int64_t nb = token_bucket(1); nb <= token_bucket(max_tokens_); nb *= 2) ++b;
-  return b;
-}
+int64_t CompiledStep::num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
 
 codegen::PagedAttentionSpec CompiledStep::spec_for(int64_t nb) const {
   codegen::PagedAttentionSpec s = spec_;
@@ -68,6 +61,15 @@ CompiledStep::CompiledStep(models::CausalLM& m, const PagedCacheConfig& c, const
   } else {  // the cpu kernel walks tokens one by one: no tile read-ahead, one page per step
     spec_.tile_tokens = 1;
     spec_.pages_per_step = 1;
+  }
+  // Token buckets: powers of two, on the cpu also 1.5 times each (a step pads at most a third
+  // of its rows instead of half: the cpu pays for padded rows in every projection and MLP).
+  const int64_t need = max_tokens + spec_.tile_tokens - 1;
+  int64_t first = 1;
+  while (first < spec_.tile_tokens) first *= 2;  // a one-token step needs tile_tokens rows
+  for (int64_t p = first; buckets_.empty() || buckets_.back() < need; p *= 2) {
+    buckets_.push_back(p);
+    if (!chip && p >= 2 && buckets_.back() < need) buckets_.push_back(p + p / 2);
   }
   NoGradGuard ng;
   const int64_t slots = c.num_blocks * c.block_size;
@@ -121,7 +123,7 @@ Tensor CompiledStep::run_bucket(int64_t nb, const std::vector<int64_t>& ids, con
 
 int64_t CompiledStep::warm_up() {
   int64_t graphs = 0;
-  for (int64_t nb = token_bucket(1); nb <= token_bucket(max_tokens_); nb *= 2) {
+  for (int64_t nb : buckets_) {
     // A step of no tokens: the unit table's header counts 0 tokens, so nothing is written.
     const codegen::PagedAttentionMeta meta = codegen::plan_paged_attention(spec_for(nb), c_.num_blocks, {0}, {}, {});
     run_bucket(nb, {}, {}, meta, {});
