@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "server.h"
+#include "tpucore/compile.h"
 #include "tpucore/models.h"
 #include "tpucore/serve/engine.h"
 
@@ -172,6 +173,11 @@ void BM_step_interleaved(benchmark::State& st) {
   st.counters["compiled_wall_us/step"] = 1e6 * wall_c / static_cast<double>(steps_c);
   st.counters["steps"] = static_cast<double>(steps_e) / static_cast<double>(st.iterations());
   st.counters["differ"] = static_cast<double>(differ);
+  const jit::Stats js = jit::stats();
+  if (const jit::FunctionStats* f = js.find("bench_serve_step")) {
+    st.counters["graphs"] = static_cast<double>(f->compiles);
+    st.counters["compile_ms/graph"] = f->compile_ms / static_cast<double>(std::max<int64_t>(f->compiles, 1));
+  }
 }
 BENCHMARK(BM_step_interleaved)->Arg(1)->Arg(8)->Arg(32)->Unit(benchmark::kMillisecond)->UseRealTime();
 

@@ -62,14 +62,22 @@ CompiledStep::CompiledStep(models::CausalLM& m, const PagedCacheConfig& c, const
     spec_.tile_tokens = 1;
     spec_.pages_per_step = 1;
   }
-  // Token buckets: powers of two, on the cpu also 1.5 times each (a step pads at most a third
-  // of its rows instead of half: the cpu pays for padded rows in every projection and MLP).
+  // Token buckets. On a chip: powers of two from the prefill tile (a one-token step reads a
+  // tile of rows), one paged attention program each. On the cpu, which pays for padded rows in
+  // every projection and MLP while a graph costs little: every count up to 16, then 8 buckets
+  // per octave (16, 18, .., 30, 32, 36, ..: a step pads less than 1/8 of its rows).
   const int64_t need = max_tokens + spec_.tile_tokens - 1;
-  int64_t first = 1;
-  while (first < spec_.tile_tokens) first *= 2;  // a one-token step needs tile_tokens rows
-  for (int64_t p = first; buckets_.empty() || buckets_.back() < need; p *= 2) {
-    buckets_.push_back(p);
-    if (!chip && p >= 2 && buckets_.back() < need) buckets_.push_back(p + p / 2);
+  if (chip) {
+    int64_t p = 1;
+    while (p < spec_.tile_tokens) p *= 2;
+    for (buckets_.push_back(p); buckets_.back() < need;) buckets_.push_back(buckets_.back() * 2);
+  } else {
+    for (int64_t b = 1; buckets_.empty() || buckets_.back() < need;) {
+      buckets_.push_back(b);
+      int64_t oct = 1;
+      while (oct * 2 <= b) oct *= 2;
+      b += std::max<int64_t>(1, oct / 8);
+    }
   }
   NoGradGuard ng;
   const int64_t slots = c.num_blocks * c.block_size;

@@ -3,8 +3,8 @@
 //
 // The paged cache is one tensor per layer and K/V, [num_blocks * block_size, kv_heads *
 // head_dim] (a slot per token position of every block), on the model's device. A step pads its
-// N tokens to a bucket Nb (a power of two, on the cpu also 1.5 times a power of two; on a chip
-// at least N + tile_tokens - 1, the prefill tile's read-ahead) and passes, all as runtime tensors: the token ids, the rotary
+// N tokens to a bucket Nb (on a chip a power of two at least N + tile_tokens - 1, the prefill
+// tile's read-ahead; on the cpu N itself up to 16, then one of 8 buckets per octave) and passes, all as runtime tensors: the token ids, the rotary
 // tables, the step's PagedAttentionMeta (work units, page lists padded to the bucket's
 // capacity, the new tokens' slots; i32) and the rows to sample. Every layer's attention and
 // cache update is one serve_paged_attention node (serve/paged_op.h): in place, reading only the

@@ -139,22 +139,28 @@ void paged_cpu_typed(const KernelArgs& a, const codegen::PagedAttentionSpec& s) 
       for (int64_t e = 0; e < d; ++e) qf[static_cast<size_t>(e)] = load(qp + t * qrow + h * d + e);
       float m = -INFINITY, l = 0;
       std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t j = 0; j <= p; ++j) {
-        const int64_t slot = static_cast<int64_t>(tab[j / bs]) * bs + j % bs;
-        const T* kr = kcp + slot * row + kh * d;
-        float dot = 0;
-        for (int64_t e = 0; e < d; ++e) dot += qf[static_cast<size_t>(e)] * load(kr + e);
-        const float sco = dot * sc;
-        const float weight = sco > m ? 1.0f : std::exp(sco - m);
-        if (sco > m) {
-          const float corr = std::exp(m - sco);  // 0 for the first key (m = -inf)
-          for (float& x : acc) x *= corr;
-          l *= corr;
-          m = sco;
+      float* ac = acc.data();
+      const float* qv = qf.data();
+      for (int64_t j0 = 0; j0 <= p; j0 += bs) {  // page by page through the unit's page list
+        const T* kb = kcp + static_cast<int64_t>(tab[j0 / bs]) * bs * row + kh * d;
+        const T* vb = vcp + static_cast<int64_t>(tab[j0 / bs]) * bs * row + kh * d;
+        const int64_t cnt = std::min(bs, p + 1 - j0);
+        for (int64_t o = 0; o < cnt; ++o) {
+          const T* kr = kb + o * row;
+          float dot = 0;
+          for (int64_t e = 0; e < d; ++e) dot += qv[e] * load(kr + e);
+          const float sco = dot * sc;
+          const float weight = sco > m ? 1.0f : std::exp(sco - m);
+          if (sco > m) {
+            const float corr = std::exp(m - sco);  // 0 for the first key (m = -inf)
+            for (int64_t e = 0; e < d; ++e) ac[e] *= corr;
+            l *= corr;
+            m = sco;
+          }
+          const T* vr = vb + o * row;
+          for (int64_t e = 0; e < d; ++e) ac[e] += weight * load(vr + e);
+          l += weight;
         }
-        const T* vr = vcp + slot * row + kh * d;
-        for (int64_t e = 0; e < d; ++e) acc[static_cast<size_t>(e)] += weight * load(vr + e);
-        l += weight;
       }
       for (int64_t e = 0; e < d; ++e) op[t * qrow + h * d + e] = store<T>(acc[static_cast<size_t>(e)] / l);
     }
