@@ -100,10 +100,9 @@ CompiledStep::CompiledStep(models::CausalLM& m, const PagedCacheConfig& c, const
       h = add(h, layer.self_attn->o_proj->forward(reshape(a, Shape{1, nb, hq * d})));
       h = add(h, layer.mlp->forward(layer.post_attention_layernorm->forward(h)));
     }
-    h = m_.model->norm->forward(h);
-    // The sampled rows, gathered by the embedding op (a chip kernel on sim), then the head.
-    h = embedding(reshape(h, Shape{nb, mc.hidden_size}), rows);
-    return linear(h, m_.lm_head ? m_.lm_head->weight : m_.model->embed_tokens->weight);
+    // The rows to sample, gathered by the embedding op (a chip kernel on sim), normed. The head
+    // runs outside the graph on exactly the sampled rows (the graph's row count is padded).
+    return m_.model->norm->forward(embedding(reshape(h, Shape{nb, mc.hidden_size}), rows));
   };
   fn_ = tpu::compile(step, CompileOptions{.name = name, .warn_after_recompiles = static_cast<int>(num_buckets())});
 }
@@ -157,9 +156,11 @@ Tensor CompiledStep::run(const std::vector<int64_t>& ids, const std::vector<int6
   const int64_t nb = token_bucket(n);
   const codegen::PagedAttentionMeta meta =
       codegen::plan_paged_attention(spec_for(nb), c_.num_blocks, rb.query_start, rb.context_len, rb.block_tables);
-  Tensor logits = run_bucket(nb, ids, positions, meta, logit_rows);  // [min(nb, max_seqs), vocab]
+  const Tensor h = run_bucket(nb, ids, positions, meta, logit_rows);  // [min(nb, max_seqs), hidden]
   NoGradGuard ng;
-  return narrow(logits.to(Device()), 0, 0, nrows).to(DType::f32).contiguous();
+  if (nrows == 0) return zeros(Shape{0, m_.config.vocab_size}, TensorOptions(DType::f32, Device()));
+  const Tensor logits = linear(narrow(h, 0, 0, nrows), m_.lm_head ? m_.lm_head->weight : m_.model->embed_tokens->weight);
+  return logits.to(DType::f32).to(Device()).contiguous();
 }
 
 }  // namespace tpu::serve
