@@ -11,6 +11,7 @@
 
 #include "core/llm_reference.h"
 #include "core/codegen_testing.h"
+#include "core/opinfo.h"
 #include "core/testing.h"
 #include "tpucore/compile.h"
 #include "tpucore/models.h"
@@ -21,6 +22,10 @@ using tpu::testing::expect_error;
 using V = std::vector<int64_t>;
 
 namespace {
+
+// The compiled step's paged attention op (tpucore/serve/paged_op.h) is tested against naive
+// attention, bad step data and the chip program in the serving tests.
+const testing::OpInfoRegistrar serve_paged_entry("serve_paged_attention", "tests/serve/test_paged_op.cpp");
 
 std::shared_ptr<models::CausalLM> tiny_model(uint32_t seed, bool qwen3 = false) {
   tpu::testing::llm::TinyCfg c;
