@@ -126,43 +126,56 @@ void paged_cpu_typed(const KernelArgs& a, const codegen::PagedAttentionSpec& s) 
     std::memcpy(kcp + sl[t] * row, kp + t * row, static_cast<size_t>(row) * sizeof(T));
     std::memcpy(vcp + sl[t] * row, vp + t * row, static_cast<size_t>(row) * sizeof(T));
   }
-  // 2. Attention per (token, query head): online softmax over positions 0..pos.
+  // 2. Attention per (token, KV head): the `group` query heads sharing the KV head walk the
+  // token's positions 0..pos together (each key and value row read once for all of them),
+  // page by page through the unit's page list, each with its own online softmax.
   const T* qp = q.data<T>();
   T* op = static_cast<T*>(a.outputs[0].raw_data());
   std::fill(op + n * qrow, op + rows * qrow, store<T>(0.0f));  // bucket padding rows
   const float sc = s.scale;
-  parallel_for(0, n * hq, 16, [&](int64_t w0, int64_t w1) {
-    std::vector<float> acc(static_cast<size_t>(d)), qf(static_cast<size_t>(d));
+  parallel_for(0, n * hkv, 8, [&](int64_t w0, int64_t w1) {
+    const auto gs = static_cast<size_t>(group), ds = static_cast<size_t>(d);
+    std::vector<float> acc(gs * ds), qf(gs * ds), m(gs), l(gs), dot(gs);
     for (int64_t w = w0; w < w1; ++w) {
-      const int64_t t = w / hq, h = w % hq, kh = h / group, p = pos[static_cast<size_t>(t)];
+      const int64_t t = w / hkv, kh = w % hkv, p = pos[static_cast<size_t>(t)];
+      const int64_t h0 = kh * group;  // query heads h0 .. h0 + group - 1 read this KV head
       const int32_t* tab = pg + page0[static_cast<size_t>(t)];
-      for (int64_t e = 0; e < d; ++e) qf[static_cast<size_t>(e)] = load(qp + t * qrow + h * d + e);
-      float m = -INFINITY, l = 0;
+      for (int64_t i = 0; i < group * d; ++i) qf[static_cast<size_t>(i)] = load(qp + t * qrow + h0 * d + i);
+      std::fill(m.begin(), m.end(), -INFINITY);
+      std::fill(l.begin(), l.end(), 0.0f);
       std::fill(acc.begin(), acc.end(), 0.0f);
-      float* ac = acc.data();
-      const float* qv = qf.data();
-      for (int64_t j0 = 0; j0 <= p; j0 += bs) {  // page by page through the unit's page list
-        const T* kb = kcp + static_cast<int64_t>(tab[j0 / bs]) * bs * row + kh * d;
-        const T* vb = vcp + static_cast<int64_t>(tab[j0 / bs]) * bs * row + kh * d;
+      for (int64_t j0 = 0; j0 <= p; j0 += bs) {
+        const int64_t base = static_cast<int64_t>(tab[j0 / bs]) * bs * row + kh * d;
         const int64_t cnt = std::min(bs, p + 1 - j0);
         for (int64_t o = 0; o < cnt; ++o) {
-          const T* kr = kb + o * row;
-          float dot = 0;
-          for (int64_t e = 0; e < d; ++e) dot += qv[e] * load(kr + e);
-          const float sco = dot * sc;
-          const float weight = sco > m ? 1.0f : std::exp(sco - m);
-          if (sco > m) {
-            const float corr = std::exp(m - sco);  // 0 for the first key (m = -inf)
-            for (int64_t e = 0; e < d; ++e) ac[e] *= corr;
-            l *= corr;
-            m = sco;
+          const T* kr = kcp + base + o * row;
+          const T* vr = vcp + base + o * row;
+          for (size_t g = 0; g < gs; ++g) {
+            const float* qv = qf.data() + g * ds;
+            float dd = 0;
+            for (int64_t e = 0; e < d; ++e) dd += qv[e] * load(kr + e);
+            dot[g] = dd * sc;
           }
-          const T* vr = vb + o * row;
-          for (int64_t e = 0; e < d; ++e) ac[e] += weight * load(vr + e);
-          l += weight;
+          for (size_t g = 0; g < gs; ++g) {
+            float* ac = acc.data() + g * ds;
+            const float sco = dot[g];
+            float weight = 1.0f;
+            if (sco > m[g]) {
+              const float corr = std::exp(m[g] - sco);  // 0 for the first key (m = -inf)
+              for (int64_t e = 0; e < d; ++e) ac[e] *= corr;
+              l[g] *= corr;
+              m[g] = sco;
+            } else {
+              weight = std::exp(sco - m[g]);
+            }
+            for (int64_t e = 0; e < d; ++e) ac[e] += weight * load(vr + e);
+            l[g] += weight;
+          }
         }
       }
-      for (int64_t e = 0; e < d; ++e) op[t * qrow + h * d + e] = store<T>(acc[static_cast<size_t>(e)] / l);
+      for (size_t g = 0; g < gs; ++g)
+        for (int64_t e = 0; e < d; ++e)
+          op[t * qrow + (h0 + static_cast<int64_t>(g)) * d + e] = store<T>(acc[g * ds + static_cast<size_t>(e)] / l[g]);
     }
   });
 }
