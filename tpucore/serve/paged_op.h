@@ -11,9 +11,9 @@
 // attention program (codegen::run_paged_attention), so one graph serves both.
 //
 // cpu kernel: first the new keys and values go to their slots (slots[t] for token t < the
-// header's token count), then for every unit's token (position pos0 + i) and query head an
-// online softmax over positions 0..pos read through the unit's page list (page j covers
-// positions j * block_size ..). Tokens past the header's count (bucket padding) are neither
+// header's token count), then for every unit's token (position pos0 + i) and KV head one walk
+// over positions 0..pos through the unit's page list (page j covers positions j * block_size
+// ..), with an online softmax for each query head sharing that KV head. Tokens past the header's count (bucket padding) are neither
 // written nor computed: their output rows are 0 on the cpu and left unwritten on a chip.
 // Bad step data (a slot, page or token outside its range, more units than max_units) is a
 // tpu::Error naming it.
