@@ -23,9 +23,11 @@
 #include <filesystem>
 #include <fstream>
 #include <thread>
+#include <ctime>
 #include <unistd.h>
 
 #include "server.h"
+#include "tpucore/compile.h"
 #include "tpucore/models.h"
 #include "tpucore/serve/engine.h"
 
@@ -100,6 +102,84 @@ BENCHMARK(BM_engine)
     ->ArgsProduct({{1, 4, 16, 32}, {0, 1}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
+
+// A mixed workload of n requests: prompts of 8..64 tokens, 16..64 new tokens each, arriving
+// one every other step (so prefill chunks share steps with decodes under a 128-token budget).
+// Returns the steps run; the generated tokens go to `out` (one vector per request).
+int64_t run_mixed(serve::Engine& e, int64_t n, std::vector<std::vector<int64_t>>& out) {
+  out.assign(static_cast<size_t>(n), {});
+  int64_t next = 0, steps = 0;
+  for (int i = 0; i < 100000 && (next < n || e.has_work()); ++i) {
+    if (next < n && i % 2 == 0) {
+      std::vector<int64_t> p;
+      for (int64_t j = 0; j < 8 + (next * 23) % 57; ++j) p.push_back(32 + (next * 7 + j * 13) % 90);
+      models::GenerationConfig g;
+      g.max_new_tokens = 16 + (next * 37) % 49;
+      auto* o = &out[static_cast<size_t>(next)];
+      e.add_request(p, g, {[o](int64_t t) {
+                              o->push_back(t);
+                              return true;
+                            },
+                            {}});
+      ++next;
+    }
+    steps += e.step() ? 1 : 0;
+  }
+  return steps;
+}
+
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// BM_step_interleaved/N: the eager step (cpu ragged kernel) and the compiled step (every token
+// bucket compiled before timing) run the same mixed workload of N requests alternately in every
+// iteration, so both see the same load on a shared machine. Counters: CPU time of the whole
+// process (all threads) per step for each side, their ratio, wall time per step, and the
+// number of requests whose tokens differ between the two (greedy: should be 0).
+void BM_step_interleaved(benchmark::State& st) {
+  const int64_t n = st.range(0);
+  auto m = models::load_causal_lm(model_dir());
+  serve::EngineConfig ec;
+  ec.max_num_seqs = std::max<int64_t>(n, 1);
+  ec.max_num_batched_tokens = 128;
+  ec.max_model_len = 256;
+  serve::Engine eager(m, ec);
+  ec.compile = true;
+  ec.compile_name = "bench_serve_step";
+  serve::Engine compiled(m, ec);
+  compiled.warm_up();
+  std::vector<std::vector<int64_t>> out_e, out_c;
+  double cpu_e = 0, cpu_c = 0, wall_e = 0, wall_c = 0;
+  int64_t steps_e = 0, steps_c = 0, differ = 0;
+  for (auto _ : st) {
+    for (int side = 0; side < 2; ++side) {
+      const double c0 = process_cpu_seconds();
+      const auto w0 = Clock::now();
+      const int64_t steps = run_mixed(side == 0 ? eager : compiled, n, side == 0 ? out_e : out_c);
+      const double cpu = process_cpu_seconds() - c0, wall = std::chrono::duration<double>(Clock::now() - w0).count();
+      (side == 0 ? cpu_e : cpu_c) += cpu;
+      (side == 0 ? wall_e : wall_c) += wall;
+      (side == 0 ? steps_e : steps_c) += steps;
+    }
+    for (int64_t i = 0; i < n; ++i) differ += out_e[static_cast<size_t>(i)] != out_c[static_cast<size_t>(i)];
+  }
+  st.counters["eager_cpu_us/step"] = 1e6 * cpu_e / static_cast<double>(steps_e);
+  st.counters["compiled_cpu_us/step"] = 1e6 * cpu_c / static_cast<double>(steps_c);
+  st.counters["compiled/eager_cpu"] = cpu_c / cpu_e;
+  st.counters["eager_wall_us/step"] = 1e6 * wall_e / static_cast<double>(steps_e);
+  st.counters["compiled_wall_us/step"] = 1e6 * wall_c / static_cast<double>(steps_c);
+  st.counters["steps"] = static_cast<double>(steps_e) / static_cast<double>(st.iterations());
+  st.counters["differ"] = static_cast<double>(differ);
+  const jit::Stats js = jit::stats();
+  if (const jit::FunctionStats* f = js.find("bench_serve_step")) {
+    st.counters["graphs"] = static_cast<double>(f->compiles);
+    st.counters["compile_ms/graph"] = f->compile_ms / static_cast<double>(std::max<int64_t>(f->compiles, 1));
+  }
+}
+BENCHMARK(BM_step_interleaved)->Arg(1)->Arg(8)->Arg(32)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_generate_batch(benchmark::State& st) {
   const int64_t n = st.range(0);

@@ -11,6 +11,7 @@
 
 #include "core/llm_reference.h"
 #include "core/codegen_testing.h"
+#include "core/opinfo.h"
 #include "core/testing.h"
 #include "tpucore/compile.h"
 #include "tpucore/models.h"
@@ -21,6 +22,10 @@ using tpu::testing::expect_error;
 using V = std::vector<int64_t>;
 
 namespace {
+
+// The compiled step's paged attention op (tpucore/serve/paged_op.h) is tested against naive
+// attention, bad step data and the chip program in the serving tests.
+const testing::OpInfoRegistrar serve_paged_entry("serve_paged_attention", "tests/serve/test_paged_op.cpp");
 
 std::shared_ptr<models::CausalLM> tiny_model(uint32_t seed, bool qwen3 = false) {
   tpu::testing::llm::TinyCfg c;
@@ -313,17 +318,17 @@ TEST_CASE("serve: the compiled step on bucketed shapes equals generate() and nev
   auto m = tiny_model(26, true);
   serve::EngineConfig ec;
   ec.block_size = 4;
-  ec.max_num_batched_tokens = 16;  // token buckets 8, 16
+  ec.max_num_batched_tokens = 16;  // token buckets: every count 1 to 16 (cpu)
   ec.max_num_seqs = 4;
-  ec.max_model_len = 48;           // context buckets 16, 32, 64
+  ec.max_model_len = 48;
   ec.compile = true;
   ec.compile_name = "serve_step_test";
   serve::Engine e(m, ec);
-  CHECK(e.warm_up() == 6);
+  CHECK(e.warm_up() == 16);
   const jit::Stats warm = jit::stats();  // kept alive: find() points into it
   REQUIRE(warm.find("serve_step_test") != nullptr);
   const int64_t compiles = warm.find("serve_step_test")->compiles, hits = warm.find("serve_step_test")->hits;
-  CHECK(compiles == 6);
+  CHECK(compiles == 16);
   for (uint32_t round = 0; round < 2; ++round) {
     const auto prompts = prompts_of(40 + round, 7, m->config.vocab_size);
     Run run;
@@ -365,6 +370,12 @@ TEST_CASE("serve: the compiled step with the model on sim (tiny chip) equals cpu
   ec.compile = true;
   ec.compile_name = "serve_step_sim";
   serve::Engine e(on_chip, ec);
+  const int64_t graphs = e.warm_up();  // one graph per token bucket
+  CHECK(graphs >= 1);
+  const jit::Stats warm = jit::stats();
+  REQUIRE(warm.find("serve_step_sim") != nullptr);
+  const int64_t compiles = warm.find("serve_step_sim")->compiles;
+  CHECK(compiles == graphs);
   const auto prompts = prompts_of(9, 3, c.vocab);
   Run run;
   std::vector<int64_t> ids;
@@ -376,8 +387,12 @@ TEST_CASE("serve: the compiled step with the model on sim (tiny chip) equals cpu
   const uint64_t chip_runs = probe.new_runs(), fallbacks = probe.new_fallbacks();
   INFO("chip programs " << chip_runs << ", host fallbacks " << fallbacks);
   CHECK(chip_runs > 0);
-  // The block-table gathers (index_select) are host fallbacks on sim today; the rest runs on the chip.
+  CHECK(fallbacks == 0);  // every op of the compiled step runs as a chip program
+  CHECK(run.mixed_step);
+  const jit::Stats after = jit::stats();
+  CHECK(after.find("serve_step_sim")->compiles == compiles);  // no compile after warm-up
   for (size_t i = 0; i < prompts.size(); ++i) CHECK(run.out[ids[i]] == models::generate(*cpu, {prompts[i]}, g)[0]);
+  CHECK(e.metrics().blocks_used == 0);
 }
 
 TEST_CASE("serve: block allocator reference counts and the prefix cache", "[serve]") {

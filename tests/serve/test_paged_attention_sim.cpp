@@ -14,6 +14,7 @@
 #include "codegen/launch.h"
 #include "codegen/paged_attention.h"
 #include "core/codegen_testing.h"
+#include "ops/fallback.h"
 #include "core/llm_reference.h"
 #include "core/testing.h"
 #include "sim/assembly.h"
@@ -365,6 +366,8 @@ TEST_CASE("serve: the engine with the model on sim (tiny chip, paged attention p
   const codegen::CodegenStats st = codegen::stats();
   CHECK(st.runs_by_kernel.count("paged_attention") == 1);
   CHECK(probe.new_runs() > 0);
+  for (const auto& f : ops::fallback_counts()) UNSCOPED_INFO("host fallback " << f.op << " x" << f.calls);
+  CHECK(probe.new_fallbacks() == 0);  // every op of the step runs on the chip
   for (size_t i = 0; i < prompts.size(); ++i) {
     INFO("request " << i);
     CHECK(out[ids[i]] == models::generate(*cpu, {prompts[i]}, g)[0]);

@@ -4,95 +4,145 @@
 #include <cmath>
 
 #include "tpucore/autograd.h"
+#include "codegen/launch.h"
 #include "tpucore/compile.h"
+#include "tpucore/serve/paged_forward.h"
+#include "tpucore/serve/paged_op.h"
 
 namespace tpu::serve {
 
-namespace {
-int64_t pow2_at_least(int64_t n, int64_t lo) {
-  int64_t b = lo;
-  while (b < n) b *= 2;
-  return b;
+int64_t CompiledStep::token_bucket(int64_t n) const {
+  const int64_t need = n + spec_.tile_tokens - 1;
+  for (int64_t b : buckets_)
+    if (b >= need) return b;
+  fail("serve: a step of {} tokens exceeds the compiled step's largest bucket {}", n, buckets_.back());
 }
-}  // namespace
 
-int64_t CompiledStep::token_bucket(int64_t n) { return pow2_at_least(n, 8); }
-int64_t CompiledStep::context_bucket(int64_t n) { return pow2_at_least(n, 16); }
+int64_t CompiledStep::num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
+
+codegen::PagedAttentionSpec CompiledStep::spec_for(int64_t nb) const {
+  codegen::PagedAttentionSpec s = spec_;
+  s.max_units = nb;  // a unit holds at least one of the step's (at most nb) tokens
+  return s;
+}
+
+int64_t CompiledStep::pages_capacity(int64_t nb) const {
+  // Every unit lists at most the pages of a full context, in whole steps.
+  const int64_t keys = spec_.pages_per_step * c_.block_size;
+  return nb * ((max_context_ + keys - 1) / keys) * spec_.pages_per_step;
+}
 
 CompiledStep::CompiledStep(models::CausalLM& m, const PagedCacheConfig& c, const std::string& name,
-                           int64_t max_tokens, int64_t max_context)
-    : m_(m), c_(c), max_tokens_(max_tokens), max_context_(max_context) {
-  TPU_CHECK(c.num_layers == m.config.num_hidden_layers && c.kv_heads == m.config.num_key_value_heads &&
-                c.head_dim == m.config.head_dim,
+                           int64_t max_tokens, int64_t max_context, int64_t max_seqs)
+    : m_(m), c_(c), max_tokens_(max_tokens), max_context_(max_context), max_seqs_(max_seqs) {
+  const models::ModelConfig& mc = m.config;
+  const Device dev = m.device();
+  TPU_CHECK(c.num_layers == mc.num_hidden_layers && c.kv_heads == mc.num_key_value_heads && c.head_dim == mc.head_dim,
             "serve: the paged cache ({} layers, {} kv heads, head_dim {}) does not fit the model", c.num_layers,
             c.kv_heads, c.head_dim);
+  TPU_CHECK(max_tokens > 0 && max_context > 0 && max_seqs > 0,
+            "serve: the compiled step needs a positive token budget ({}), context ({}) and sequence limit ({})",
+            max_tokens, max_context, max_seqs);
+  const bool chip = codegen::runs_generated_programs(dev);
+  TPU_CHECK(dev.is_cpu() || chip, "serve: the compiled step runs on the cpu or a chip that runs generated programs, not {}",
+            dev.str());
+  TPU_CHECK(m.dtype() == DType::f32 || m.dtype() == DType::bf16, "serve: the compiled step runs f32 or bf16 models, not {}",
+            dtype_name(m.dtype()));
+  spec_.heads = mc.num_attention_heads;
+  spec_.kv_heads = mc.num_key_value_heads;
+  spec_.head_dim = mc.head_dim;
+  spec_.block_size = c.block_size;
+  spec_.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(mc.head_dim)));
+  const bool bf16 = m.dtype() == DType::bf16;
+  spec_.dtype = bf16 ? sim::DType::bf16 : sim::DType::f32;
+  spec_.mode = bf16 ? sim::MxuMode::bf16 : sim::MxuMode::f32;
+  if (chip) {
+    codegen::choose_paged_attention_tiling(codegen::chip_config(dev), spec_);
+  } else {  // the cpu kernel walks tokens one by one: no tile read-ahead, one page per step
+    spec_.tile_tokens = 1;
+    spec_.pages_per_step = 1;
+  }
+  // Token buckets. On a chip: powers of two from the prefill tile (a one-token step reads a
+  // tile of rows), one paged attention program each. On the cpu, which pays for padded rows in
+  // every projection and MLP while a graph costs little: every count up to 16, then 8 buckets
+  // per octave (16, 18, .., 30, 32, 36, ..: a step pads less than 1/8 of its rows).
+  const int64_t need = max_tokens + spec_.tile_tokens - 1;
+  if (chip) {
+    int64_t p = 1;
+    while (p < spec_.tile_tokens) p *= 2;
+    for (buckets_.push_back(p); buckets_.back() < need;) buckets_.push_back(buckets_.back() * 2);
+  } else {
+    for (int64_t b = 1; buckets_.empty() || buckets_.back() < need;) {
+      buckets_.push_back(b);
+      int64_t oct = 1;
+      while (oct * 2 <= b) oct *= 2;
+      b += std::max<int64_t>(1, oct / 8);
+    }
+  }
   NoGradGuard ng;
   const int64_t slots = c.num_blocks * c.block_size;
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    k_.push_back(zeros(Shape{slots, c.kv_heads * c.head_dim}, TensorOptions(m.dtype(), m.device())));
-    v_.push_back(zeros(Shape{slots, c.kv_heads * c.head_dim}, TensorOptions(m.dtype(), m.device())));
+    k_.push_back(zeros(Shape{slots, c.kv_heads * c.head_dim}, TensorOptions(m.dtype(), dev)));
+    v_.push_back(zeros(Shape{slots, c.kv_heads * c.head_dim}, TensorOptions(m.dtype(), dev)));
   }
-  auto step = [this](const Tensor& ids, const Tensor& cos, const Tensor& sin, const Tensor& src, const Tensor& hit,
-                     const Tensor& ctx, const Tensor& mask) {
+  auto step = [this](const Tensor& ids, const Tensor& cos, const Tensor& sin, const Tensor& units, const Tensor& pages,
+                     const Tensor& slot_ids, const Tensor& rows) {
     const models::ModelConfig& mc = m_.config;
-    const int64_t nb = ids.size(1), lb = mask.size(3), hq = mc.num_attention_heads, hkv = mc.num_key_value_heads,
-                  d = mc.head_dim;
+    const int64_t nb = ids.size(1), hq = mc.num_attention_heads, hkv = mc.num_key_value_heads, d = mc.head_dim;
+    const codegen::PagedAttentionSpec spec = spec_for(nb);
     Tensor h = m_.model->embed_tokens->forward(ids);
     for (size_t li = 0; li < m_.model->layers.size(); ++li) {
       models::DecoderLayer& layer = *m_.model->layers[li];
-      nn::Attention& at = *layer.self_attn;
-      Tensor x = layer.input_layernorm->forward(h);
-      Tensor q = reshape(at.q_proj->forward(x), Shape{1, nb, hq, d});
-      Tensor k = reshape(at.k_proj->forward(x), Shape{1, nb, hkv, d});
-      Tensor v = at.v_proj->forward(x);
-      if (at.q_norm) {
-        q = at.q_norm->forward(q);
-        k = at.k_norm->forward(k);
-      }
-      q = rotary_embedding(transpose(q, 1, 2), cos, sin);  // [1, H, Nb, d]
-      k = transpose(rotary_embedding(transpose(k, 1, 2), cos, sin), 1, 2);
-      // Fused cache update: each slot takes its writer's row (or keeps its value).
-      Tensor kf = reshape(k, Shape{nb, hkv * d}), vf = reshape(v, Shape{nb, hkv * d});
-      Tensor& kc = k_[li];
-      Tensor& vc = v_[li];
-      copy_(kc, where(hit, index_select(kf, 0, src), kc));
-      copy_(vc, where(hit, index_select(vf, 0, src), vc));
-      // Each token's context read through its block table: [Nb, Hkv, Lb, d].
-      Tensor kk = transpose(reshape(index_select(kc, 0, ctx), Shape{nb, lb, hkv, d}), 1, 2);
-      Tensor vv = transpose(reshape(index_select(vc, 0, ctx), Shape{nb, lb, hkv, d}), 1, 2);
-      Tensor a = scaled_dot_product_attention(transpose(q, 0, 2), kk, vv, mask, false,
-                                              1.0 / std::sqrt(static_cast<double>(d)));  // [Nb, H, 1, d]
-      a = reshape(a, Shape{1, nb, hq * d});
-      h = add(h, at.o_proj->forward(a));
+      auto [q, k, v] = project_qkv(layer, mc, layer.input_layernorm->forward(h), nb, cos, sin);
+      Tensor a = paged_attention(spec, reshape(q.contiguous(), Shape{nb, hq * d}),
+                                 reshape(k.contiguous(), Shape{nb, hkv * d}), reshape(v.contiguous(), Shape{nb, hkv * d}),
+                                 k_[li], v_[li], units, pages, slot_ids);
+      h = add(h, layer.self_attn->o_proj->forward(reshape(a, Shape{1, nb, hq * d})));
       h = add(h, layer.mlp->forward(layer.post_attention_layernorm->forward(h)));
     }
-    h = m_.model->norm->forward(h);
-    return linear(h, m_.lm_head ? m_.lm_head->weight : m_.model->embed_tokens->weight);
+    // The rows to sample, gathered by the embedding op (a chip kernel on sim), normed. The head
+    // runs outside the graph on exactly the sampled rows (the graph's row count is padded).
+    return m_.model->norm->forward(embedding(reshape(h, Shape{nb, mc.hidden_size}), rows));
   };
-  int64_t pairs = 0;
-  for (int64_t nb = token_bucket(1); nb <= token_bucket(max_tokens); nb *= 2)
-    for (int64_t lb = context_bucket(1); lb <= context_bucket(max_context); lb *= 2) ++pairs;
-  fn_ = tpu::compile(step, CompileOptions{.name = name, .warn_after_recompiles = static_cast<int>(pairs)});
+  // Fusion into regions on chips only (fewer, fused chip programs). On the cpu this step's
+  // matmul + epilogue regions (residual adds, SiLU gate) ran slower than the plain kernels at
+  // serving sizes: compiled/eager CPU per step 1.03-1.09 fused vs 0.95-1.06 unfused in
+  // interleaved single-threaded runs of bench_serve's BM_step_interleaved (N = 8 and 32).
+  fn_ = tpu::compile(step, CompileOptions{.name = name,
+                                          .warn_after_recompiles = static_cast<int>(num_buckets()),
+                                          .fuse = chip});
+}
+
+Tensor CompiledStep::run_bucket(int64_t nb, const std::vector<int64_t>& ids, const std::vector<int64_t>& positions,
+                                const codegen::PagedAttentionMeta& meta, const std::vector<int64_t>& logit_rows) {
+  const Device dev = m_.device();
+  const int64_t rows_cap = std::min(nb, max_seqs_);
+  std::vector<int64_t> tok(static_cast<size_t>(nb), 0), pos(static_cast<size_t>(nb), 0),
+      rows(static_cast<size_t>(rows_cap), 0);
+  std::copy(ids.begin(), ids.end(), tok.begin());
+  std::copy(positions.begin(), positions.end(), pos.begin());
+  std::copy(logit_rows.begin(), logit_rows.end(), rows.begin());
+  std::vector<int32_t> pages(meta.pages), slots(meta.slots);
+  pages.resize(static_cast<size_t>(pages_capacity(nb)), 0);
+  slots.resize(static_cast<size_t>(nb), 0);
+  auto i32 = [&](const std::vector<int32_t>& v) {
+    return from_vector(v, Shape{static_cast<int64_t>(v.size())}, TensorOptions(DType::i32, dev));
+  };
+  NoGradGuard ng;
+  auto [cos, sin] = nn::rope_tables(pos, 1, m_.inv_freq, m_.dtype(), dev);
+  return fn_(from_vector(tok, Shape{1, nb}, TensorOptions(DType::i64, dev)), cos, sin, i32(meta.units), i32(pages),
+             i32(slots), from_vector(rows, Shape{rows_cap}, TensorOptions(DType::i64, dev)));
 }
 
 int64_t CompiledStep::warm_up() {
-  const int64_t max_tokens = max_tokens_, max_context = max_context_;
-  NoGradGuard ng;
-  const Device dev = m_.device();
-  const int64_t slots = c_.num_blocks * c_.block_size;
-  int64_t pairs = 0;
-  for (int64_t nb = token_bucket(1); nb <= token_bucket(max_tokens); nb *= 2)
-    for (int64_t lb = context_bucket(1); lb <= context_bucket(max_context); lb *= 2) {
-      std::vector<bool> keep(static_cast<size_t>(nb * lb), false);
-      for (int64_t t = 0; t < nb; ++t) keep[static_cast<size_t>(t * lb)] = true;
-      auto [cos, sin] = nn::rope_tables(std::vector<int64_t>(static_cast<size_t>(nb), 0), 1, m_.inv_freq, m_.dtype(), dev);
-      fn_(zeros(Shape{1, nb}, TensorOptions(DType::i64, dev)), cos, sin, zeros(Shape{slots}, TensorOptions(DType::i64, dev)),
-          zeros(Shape{slots, 1}, TensorOptions(DType::boolean, dev)),  // no slot is written
-          zeros(Shape{nb * lb}, TensorOptions(DType::i64, dev)),
-          from_vector(keep, Shape{nb, 1, 1, lb}, TensorOptions(DType::boolean, dev)));
-      ++pairs;
-    }
-  return pairs;
+  int64_t graphs = 0;
+  for (int64_t nb : buckets_) {
+    // A step of no tokens: the unit table's header counts 0 tokens, so nothing is written.
+    const codegen::PagedAttentionMeta meta = codegen::plan_paged_attention(spec_for(nb), c_.num_blocks, {0}, {}, {});
+    run_bucket(nb, {}, {}, meta, {});
+    ++graphs;
+  }
+  return graphs;
 }
 
 Tensor CompiledStep::run(const std::vector<int64_t>& ids, const std::vector<int64_t>& positions,
@@ -102,44 +152,21 @@ Tensor CompiledStep::run(const std::vector<int64_t>& ids, const std::vector<int6
   TPU_CHECK(n > 0 && static_cast<int64_t>(positions.size()) == n && rb.num_tokens() == n,
             "serve: {} token ids, {} positions and a batch of {} tokens must agree (and be non-empty)", n,
             positions.size(), rb.num_tokens());
-  int64_t longest = 1;
-  for (int64_t c : rb.context_len) longest = std::max(longest, c);
-  const int64_t nb = token_bucket(n), lb = context_bucket(longest), bs = c_.block_size;
-  const int64_t slots = c_.num_blocks * bs;
-  std::vector<int64_t> tok(static_cast<size_t>(nb), 0), pos(static_cast<size_t>(nb), 0), ctx(static_cast<size_t>(nb * lb), 0);
-  std::vector<int64_t> src(static_cast<size_t>(slots), 0);
-  std::vector<bool> hit(static_cast<size_t>(slots), false), keep(static_cast<size_t>(nb * lb), false);
-  std::copy(ids.begin(), ids.end(), tok.begin());
-  std::copy(positions.begin(), positions.end(), pos.begin());
-  for (int64_t s = 0; s < rb.num_seqs(); ++s) {
-    const auto si = static_cast<size_t>(s);
-    const int64_t t0 = rb.query_start[si], t1 = rb.query_start[si + 1], first = rb.context_len[si] - (t1 - t0);
-    const std::vector<int32_t>& table = *rb.block_tables[si];
-    auto slot = [&](int64_t p) { return table[static_cast<size_t>(p / bs)] * bs + p % bs; };
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t p = first + (t - t0);
-      src[static_cast<size_t>(slot(p))] = t;
-      hit[static_cast<size_t>(slot(p))] = true;
-      for (int64_t j = 0; j <= p; ++j) {
-        ctx[static_cast<size_t>(t * lb + j)] = slot(j);
-        keep[static_cast<size_t>(t * lb + j)] = true;
-      }
-    }
-  }
-  for (int64_t t = n; t < nb; ++t) keep[static_cast<size_t>(t * lb)] = true;  // padding rows see slot 0
+  TPU_CHECK(n <= max_tokens_, "serve: a step of {} tokens exceeds the compiled step's budget of {}", n, max_tokens_);
+  for (int64_t c : rb.context_len)
+    TPU_CHECK(c <= max_context_, "serve: a context of {} exceeds the compiled step's {}", c, max_context_);
+  const auto nrows = static_cast<int64_t>(logit_rows.size());
+  TPU_CHECK(nrows <= std::min(rb.num_seqs(), max_seqs_), "serve: {} rows to sample from {} sequences (limit {})", nrows,
+            rb.num_seqs(), max_seqs_);
+  for (int64_t r : logit_rows) TPU_CHECK(r >= 0 && r < n, "serve: logit row {} outside the {} tokens", r, n);
+  const int64_t nb = token_bucket(n);
+  const codegen::PagedAttentionMeta meta =
+      codegen::plan_paged_attention(spec_for(nb), c_.num_blocks, rb.query_start, rb.context_len, rb.block_tables);
+  const Tensor h = run_bucket(nb, ids, positions, meta, logit_rows);  // [min(nb, max_seqs), hidden]
   NoGradGuard ng;
-  const Device dev = m_.device();
-  auto [cos, sin] = nn::rope_tables(pos, 1, m_.inv_freq, m_.dtype(), dev);
-  Tensor logits = fn_(from_vector(tok, Shape{1, nb}, TensorOptions(DType::i64, dev)), cos, sin,
-                      from_vector(src, Shape{slots}, TensorOptions(DType::i64, dev)),
-                      from_vector(hit, Shape{slots, 1}, TensorOptions(DType::boolean, dev)),
-                      from_vector(ctx, Shape{nb * lb}, TensorOptions(DType::i64, dev)),
-                      from_vector(keep, Shape{nb, 1, 1, lb}, TensorOptions(DType::boolean, dev)));
-  const auto rows = static_cast<int64_t>(logit_rows.size());
-  if (rows == 0) return zeros(Shape{0, m_.config.vocab_size}, TensorOptions(DType::f32, dev));
-  Tensor sel = index_select(reshape(logits, Shape{nb, m_.config.vocab_size}), 0,
-                            from_vector(logit_rows, Shape{rows}, TensorOptions(DType::i64, dev)));
-  return sel.to(DType::f32).to(Device()).contiguous();
+  if (nrows == 0) return zeros(Shape{0, m_.config.vocab_size}, TensorOptions(DType::f32, Device()));
+  const Tensor logits = linear(narrow(h, 0, 0, nrows), m_.lm_head ? m_.lm_head->weight : m_.model->embed_tokens->weight);
+  return logits.to(DType::f32).to(Device()).contiguous();
 }
 
 }  // namespace tpu::serve

@@ -77,7 +77,7 @@ Engine::Engine(std::shared_ptr<models::CausalLM> model, EngineConfig cfg)
       blocks_(cfg_.num_blocks),
       start_(Clock::now()) {
   if (cfg_.compile) compiled_ = std::make_unique<CompiledStep>(*model_, cache_config(cfg_, *model_), cfg_.compile_name,
-                                                     cfg_.max_num_batched_tokens, cfg_.max_model_len);
+                                                     cfg_.max_num_batched_tokens, cfg_.max_model_len, cfg_.max_num_seqs);
   else if (!model_->device().is_cpu()) sim_step_ = std::make_unique<SimPagedStep>(*model_, cache_config(cfg_, *model_));
   else cache_.emplace(cache_config(cfg_, *model_));
   metrics_.blocks_total = cfg_.num_blocks;

@@ -80,7 +80,8 @@ Tensor SimPagedStep::run(const std::vector<int64_t>& ids, const std::vector<int6
   const auto rows = static_cast<int64_t>(logit_rows.size());
   const TensorOptions host_f32(DType::f32, Device());
   if (rows == 0) return zeros(Shape{0, mc.vocab_size}, host_f32);
-  h = index_select(h, 1, from_vector(logit_rows, Shape{rows}, TensorOptions(DType::i64, dev)));
+  // The sampled rows, gathered by the embedding op (a chip kernel; index_select has none).
+  h = embedding(reshape(h, Shape{np, mc.hidden_size}), from_vector(logit_rows, Shape{rows}, TensorOptions(DType::i64, dev)));
   Tensor logits = linear(h, m_.lm_head ? m_.lm_head->weight : m_.model->embed_tokens->weight);
   return reshape(logits, Shape{rows, mc.vocab_size}).to(DType::f32).to(Device()).contiguous();
 }
