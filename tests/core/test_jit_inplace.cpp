@@ -102,6 +102,21 @@ TEST_CASE("jit inplace: a written argument returned is the caller's tensor", "[j
   expect_close(x, ref + 1.0);
 }
 
+TEST_CASE("jit inplace: outputs that are graph constants are new tensors at every call", "[jit][inplace]") {
+  // ones(n) does not depend on the input: the optimizer folds it into a constant of the cached
+  // graph. Each call must still return its own tensor, as eager does, so that a write to one
+  // call's result reaches neither the next call's result nor the cached graph.
+  auto f = compile([](const Tensor& x) { return std::make_tuple(ones({4}), x + 1.0); }, {.name = "const_output"});
+  const Tensor x = rnd({4}, 8);
+  auto [a, ya] = f(x);
+  a.mul_(5.0);
+  auto [b, yb] = f(x);
+  CHECK(a.storage() != b.storage());
+  expect_close(b, ones({4}), 0, 0, "second call's constant output");
+  expect_close(a, ones({4}) * 5.0, 0, 0, "first call's output written in place");
+  expect_close(yb, x + 1.0, 1e-6, 1e-6, "the other output");
+}
+
 TEST_CASE("jit inplace: writes with graph breaks and dtype conversions", "[jit][inplace]") {
   auto fn = [](const std::vector<Tensor>& a) {
     Tensor x = a[0];

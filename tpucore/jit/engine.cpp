@@ -349,10 +349,11 @@ Tensor flush_deferred(graph::Tracer& t, const Tensor& proxy, const std::string& 
 
 void Engine::finish_segments(Traced& t, std::vector<Tensor>& outs) {
   graph::TraceScope off(nullptr);
-  segment(t.tracer->graph())->run(t.tracer->real_inputs(), outs);
+  const std::shared_ptr<graph::Executable> exe = segment(t.tracer->graph());
+  exe->run(t.tracer->real_inputs(), outs);
   apply_grads(t.tracer->real_inputs(), outs, t.grads);
   apply_writes(t.tracer->real_inputs(), outs, t.writes, t.user_outputs, t.aliases);
-  unalias_outputs(t.tracer->real_inputs(), outs, t.fresh);
+  unalias_outputs(t.tracer->real_inputs(), outs, t.fresh, &exe->graph());
 }
 
 std::shared_ptr<graph::Executable> Engine::segment(const graph::Graph& g) {
@@ -397,7 +398,7 @@ void Engine::run_entry(const Entry& e, std::span<const ArgSlot> args, std::vecto
   else e.exe->run(ins, outs);
   apply_grads(ins, outs, e.grads);
   apply_writes(ins, outs, e.writes, e.user_outputs, e.aliases);
-  unalias_outputs(ins, outs, e.fresh);
+  unalias_outputs(ins, outs, e.fresh, e.exe ? &e.exe->graph() : nullptr);
   for (const DynamicOut& d : e.dynamic_outs) {
     const int64_t real = args[static_cast<size_t>(d.arg)].tensor->shape()[d.arg_dim];
     outs[static_cast<size_t>(d.output)] = outs[static_cast<size_t>(d.output)].narrow(d.dim, 0, real);

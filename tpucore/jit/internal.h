@@ -100,8 +100,11 @@ struct Entry {
   std::vector<char> fresh;  // per user output (Tracer::fresh_outputs)
   std::vector<TraceGuard> trace_guards;  // tpucore/jit/guards.h (the mesh of traced collectives)
 };
-// Copies the fresh outputs that share memory with an input.
-void unalias_outputs(std::span<const Tensor> ins, std::vector<Tensor>& outs, const std::vector<char>& fresh);
+// Copies the fresh outputs that share memory with an input or with a constant of `g` (a
+// cached graph's constant, e.g. a folded ones(n), is the same storage at every call: a caller
+// writing in place to one call's output would change every later call's).
+void unalias_outputs(std::span<const Tensor> ins, std::vector<Tensor>& outs, const std::vector<char>& fresh,
+                     const graph::Graph* g = nullptr);
 
 // Copies the write-back outputs into their inputs (sources that share memory with a written
 // input are copied first), drops them from `outs`, and rebuilds the outputs that alias inputs.

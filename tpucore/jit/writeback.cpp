@@ -56,15 +56,22 @@ void apply_writes(std::span<const Tensor> ins, std::vector<Tensor>& outs, const 
 
 namespace tpu::jit::detail {
 
-void unalias_outputs(std::span<const Tensor> ins, std::vector<Tensor>& outs, const std::vector<char>& fresh) {
+void unalias_outputs(std::span<const Tensor> ins, std::vector<Tensor>& outs, const std::vector<char>& fresh,
+                     const graph::Graph* g) {
+  auto shared = [&](const Tensor& out) {
+    for (const Tensor& in : ins)
+      if (in.storage() == out.storage()) return true;
+    if (g)
+      for (const graph::Value& v : g->values)
+        if (v.kind == graph::ValueKind::constant && v.constant.storage() == out.storage()) return true;
+    return false;
+  };
   for (size_t i = 0; i < fresh.size() && i < outs.size(); ++i) {
     if (!fresh[i] || !outs[i].storage()) continue;
-    for (const Tensor& in : ins)
-      if (in.storage() == outs[i].storage()) {
-        NoGradGuard ng;
-        outs[i] = tpu::clone(outs[i]);
-        break;
-      }
+    if (shared(outs[i])) {
+      NoGradGuard ng;
+      outs[i] = tpu::clone(outs[i]);
+    }
   }
 }
 

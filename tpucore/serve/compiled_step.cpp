@@ -27,9 +27,16 @@ codegen::PagedAttentionSpec CompiledStep::spec_for(int64_t nb) const {
 }
 
 int64_t CompiledStep::pages_capacity(int64_t nb) const {
-  // Every unit lists at most the pages of a full context, in whole steps.
-  const int64_t keys = spec_.pages_per_step * c_.block_size;
-  return nb * ((max_context_ + keys - 1) / keys) * spec_.pages_per_step;
+  // Every unit lists at most the pages of a full context, in whole steps of its class (decode
+  // or prefill), and each class's list ends with two more steps the kernel prefetches.
+  int64_t per_unit = 0, overfetch = 0;
+  for (bool decode : {true, false}) {
+    const int64_t pps = codegen::paged_pages_per_step(spec_, decode);
+    const int64_t keys = pps * c_.block_size;
+    per_unit = std::max(per_unit, ((max_context_ + keys - 1) / keys) * pps);
+    overfetch += 2 * pps;
+  }
+  return nb * per_unit + overfetch;
 }
 
 CompiledStep::CompiledStep(models::CausalLM& m, const PagedCacheConfig& c, const std::string& name,
@@ -122,6 +129,9 @@ Tensor CompiledStep::run_bucket(int64_t nb, const std::vector<int64_t>& ids, con
   std::copy(ids.begin(), ids.end(), tok.begin());
   std::copy(positions.begin(), positions.end(), pos.begin());
   std::copy(logit_rows.begin(), logit_rows.end(), rows.begin());
+  TPU_CHECK(static_cast<int64_t>(meta.pages.size()) <= pages_capacity(nb),
+            "serve: the step's page list ({} entries) exceeds the compiled step's capacity {}", meta.pages.size(),
+            pages_capacity(nb));
   std::vector<int32_t> pages(meta.pages), slots(meta.slots);
   pages.resize(static_cast<size_t>(pages_capacity(nb)), 0);
   slots.resize(static_cast<size_t>(nb), 0);

@@ -23,6 +23,7 @@ codegen::PagedAttentionSpec spec_of(const Attrs& a, DType dt) {
   s.head_dim = a.get_int("head_dim");
   s.block_size = a.get_int("block_size");
   s.pages_per_step = a.get_int("pages_per_step");
+  s.decode_pages_per_step = a.get_int("decode_pages_per_step");
   s.tile_tokens = a.get_int("tile_tokens");
   s.max_units = a.get_int("max_units");
   s.scale = static_cast<float>(a.get_float("scale"));
@@ -36,7 +37,7 @@ void paged_meta(const MetaArgs& a, MetaResult& m) {
   const Tensor &q = a.inputs[0], &kn = a.inputs[1], &vn = a.inputs[2], &kc = a.inputs[3], &vc = a.inputs[4];
   const codegen::PagedAttentionSpec s = spec_of(a.attrs, q.dtype());
   TPU_CHECK(s.heads > 0 && s.kv_heads > 0 && s.heads % s.kv_heads == 0 && s.head_dim > 0 && s.block_size > 0 &&
-                s.pages_per_step > 0 && s.tile_tokens > 0 && s.max_units > 0,
+                s.pages_per_step > 0 && s.decode_pages_per_step >= 0 && s.tile_tokens > 0 && s.max_units > 0,
             "serve_paged_attention: invalid spec ({} heads, {} kv heads, head_dim {}, block {}, {} pages/step, tile {}, "
             "{} units)",
             s.heads, s.kv_heads, s.head_dim, s.block_size, s.pages_per_step, s.tile_tokens, s.max_units);
@@ -88,7 +89,7 @@ void paged_cpu_typed(const KernelArgs& a, const codegen::PagedAttentionSpec& s) 
   const int32_t* sl = slots.data<int32_t>();
   const int64_t d = s.head_dim, hq = s.heads, hkv = s.kv_heads, group = hq / hkv, bs = s.block_size;
   const int64_t row = hkv * d, qrow = hq * d, rows = q.numel() / qrow, cache_rows = kc.size(0);
-  const int64_t nblocks = cache_rows / bs, npages = pages.numel(), pps = s.pages_per_step;
+  const int64_t nblocks = cache_rows / bs, npages = pages.numel();
   const int64_t n = u[0], nunits = static_cast<int64_t>(u[1]) + u[2];
   TPU_CHECK(n >= 0 && n <= rows && n <= slots.numel() && u[1] >= 0 && u[2] >= 0 && nunits <= s.max_units,
             "serve_paged_attention: the step names {} tokens and {} + {} units; the operands hold {} rows, {} slots, "
@@ -99,6 +100,7 @@ void paged_cpu_typed(const KernelArgs& a, const codegen::PagedAttentionSpec& s) 
   for (int64_t i = 0; i < nunits; ++i) {
     const int32_t* r = u + (1 + i) * codegen::kPagedUnitWords;
     const int64_t t0 = r[0], nt = r[1], p0 = r[2], steps = r[3], first = r[4];
+    const int64_t pps = codegen::paged_pages_per_step(s, i < u[1]);  // decode units come first
     TPU_CHECK(t0 >= 0 && nt >= 1 && t0 + nt <= n && p0 >= 0 && steps >= 1 && first >= 0 &&
                   first + steps * pps <= npages && (p0 + nt) <= steps * pps * bs,
               "serve_paged_attention: unit {} (tokens {}..{}, position {}, {} steps from page {}) is outside the step "
@@ -227,6 +229,7 @@ Tensor paged_attention(const codegen::PagedAttentionSpec& s, const Tensor& q, co
                          {"head_dim", s.head_dim},
                          {"block_size", s.block_size},
                          {"pages_per_step", s.pages_per_step},
+                         {"decode_pages_per_step", s.decode_pages_per_step},
                          {"tile_tokens", s.tile_tokens},
                          {"max_units", s.max_units},
                          {"scale", static_cast<double>(s.scale)}});
