@@ -2,7 +2,7 @@
 // 8-token prompt (one prefill, 31 decode steps through the KV cache), at batch 1 and 16, eager
 // (cache narrowed to its filled part) and compiled (tpu::compile over the whole 64-position
 // cache under a mask; the warm-up call compiles, the timed calls reuse it). Models (f32, random
-// weights, tied head): 0 shaped like the fortunes example (Llama layout, 3 layers, hidden 128,
+// weights, tied head): 0 shaped like the fortunes example's earlier recipe (Llama layout, 3 layers, hidden 128,
 // 4 query / 2 KV heads, vocab 257, 0.62M parameters), 1 a wider one (4 layers, hidden 512, 8 / 2
 // heads, vocab 32000, 28.4M parameters), 2 a ~100M one (12 layers, hidden 768, MLP 2048, 12 / 4
 // heads, vocab 32000, 100.2M parameters). bench/peer/bench_llm_torch runs the same models and

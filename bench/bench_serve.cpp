@@ -1,6 +1,7 @@
-// Serving throughput and latency on the cpu, model shaped like the fortunes example (Llama
-// layout, 3 layers, hidden 128, 4 query / 2 KV heads, byte vocabulary of 257; random weights,
-// or the checkpoint folder named by TPU_SERVE_BENCH_MODEL, e.g. the trained fortunes model).
+// Serving throughput and latency on the cpu, model shaped like the fortunes example's earlier
+// recipe (Llama layout, 3 layers, hidden 128, 4 query / 2 KV heads, byte vocabulary of 257;
+// random weights, or the checkpoint folder named by TPU_SERVE_BENCH_MODEL, e.g. the trained
+// fortunes model).
 //
 // BM_engine/N/C: N requests (32-token prompts, 64 greedy tokens each, eos ignored) submitted
 //   at once to serve::Engine and stepped to the end (continuous batching, paged cache); C = 1:
