@@ -1,6 +1,5 @@
 #include "codegen/paged_attention.h"
 
-#include <cstdlib>
 #include <algorithm>
 
 #include <fmt/format.h>
