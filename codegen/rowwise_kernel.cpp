@@ -312,6 +312,16 @@ sim::Program make_rowwise_part(const sim::ChipConfig& cfg, const RowwiseSpec& s)
         }
         b.binary(Op::vmul, T1, src, src, r, C);
         row_sum(C1, T1, r);
+        if (s.op == RowOp::rms_norm && s.has_weight) {
+          // x w on the vector unit while the cross-lane unit sums the squares, then one scale
+          // by the row's 1 / rms (instead of x / rms, then times w, both after the sum).
+          b.binary(Op::vmul, T0, src, W, r, C);
+          col_op(Op::vfma, c1, r, {B::imm(inv_c), B::imm(s.eps)});
+          col_op(Op::vrsqrt, c1, r, {});
+          b.binary(Op::vmul, s.has_bias ? T1 : O, T0, col(c1), r, C);
+          if (s.has_bias) b.binary(Op::vadd, O, T1, Bb, r, C);
+          break;
+        }
         col_op(Op::vfma, c1, r, {B::imm(inv_c), B::imm(s.eps)});
         col_op(Op::vrsqrt, c1, r, {});
         const bool last_mul = !s.has_weight && !s.has_bias;
