@@ -210,10 +210,10 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
   for (size_t i = 0; i < ns; ++i) {
     const Step& st = steps[i];
     const int par = st.tile % 2;
-    // The next step's loads go out first (they take the HBM bandwidth this step's chunks leave);
-    // this step's chunks are waited for one K tile at a time below.
-    if (i + 1 < ns) issue_loads(i + 1);
-    // Epilogue operands of this tile load while it computes.
+    // Epilogue operands of this tile load while it computes, ahead of the next step's loads:
+    // DMAs take HBM bandwidth in program order, and behind a whole next B panel (29 MiB for a
+    // 1024 x 14336 x 4096 linear) the epilogue's wait would stall issue, and the MXUs with it,
+    // long after this tile's matmuls are done.
     std::vector<sim::Operand> epi_ops;
     int epi_loads = 0;
     if (st.last_k) {
@@ -248,6 +248,9 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
         }
       }
     }
+    // The next step's loads go out next (they take the HBM bandwidth this step's chunks leave);
+    // this step's chunks are waited for one K tile at a time below.
+    if (i + 1 < ns) issue_loads(i + 1);
     if (st.first_k && !epi) b.wait(semC);  // the accumulator is the store buffer
     // The MXUs: column tile j of the panel on its own MXU, K tiles of R rows. A panel narrower
     // than the MXUs (N of 128-384 on four 128-wide arrays) splits its rows into groups so every

@@ -3,8 +3,12 @@
 // projection by reshape + transpose, read in place), cos/sin broadcast to x the same way (a
 // [T, D] table shared by every head is loaded once per row block, not once per head). Tiles of
 // up to 256K elements are emitted statically and double-buffered: the next tile loads while this
-// one computes (six vector ops on the two halves) and the previous one stores. The output is
-// contiguous. Declines (host fallback): dtypes other than f32/bf16.
+// one computes and the previous one stores. The rotation runs on whole rows, two vector ops per
+// tile: out = x * cos + swap(x) * sin', where swap(x) = [x2, x1] is made by two VMEM-to-VMEM DMAs
+// (one tile ahead, so the vector unit does not wait for them) and sin' = [-sin1, sin2] is negated
+// once per table block (half-width ops cost as many vregs as whole rows when D <= the lane
+// count, so the six half-row ops of the textbook form took three times the vector time). The
+// output is contiguous. Declines (host fallback): dtypes other than f32/bf16.
 //
 // Arguments: r0 x, r1 cos, r2 sin, r3 out (HBM addresses).
 #include <fmt/format.h>
@@ -38,79 +42,105 @@ std::string rotary_key(const RotarySpec& s) {
 
 sim::Program make_rotary_program(const sim::ChipConfig& cfg, const RotarySpec& s) {
   const int64_t D = s.d, h = D / 2, es = sim::dtype_size(s.dtype);
-  const int64_t rt = std::max<int64_t>(1, std::min(s.t, (int64_t(1) << 18) / D));
-  // VMEM: x, cos, sin, out tiles (two each), two f32 temporaries.
+  // Rows per tile: up to 256K elements, fewer when the 13 tile buffers (three x, two swapped x,
+  // three cos, three sin, two out) and the f32 temporary do not fit in 3/4 of VMEM.
+  const int64_t row_bytes = D * es * 13 + D * 4 + 64;
+  const int64_t rt = std::max<int64_t>(
+      1, std::min({s.t, (int64_t(1) << 18) / D, int64_t(cfg.memory.vmem_bytes) * 3 / 4 / row_bytes}));
+  // VMEM: x (three: two loads stay in flight), swapped x (two), cos and sin (three each, by
+  // table block), out (two), an f32 temporary.
   int64_t at = 0;
   auto take = [&](int64_t bytes) {
     const int64_t o = at;
     at = align64(at + bytes);
     return o;
   };
-  int64_t xb[2], cb[2], sb[2], ob[2];
-  for (int i = 0; i < 2; ++i) {
+  int64_t xb[3], wb[2], cb[3], sb[3], ob[2];
+  for (int i = 0; i < 3; ++i) {
     xb[i] = take(rt * D * es);
     cb[i] = take(rt * D * es);
     sb[i] = take(rt * D * es);
+  }
+  for (int i = 0; i < 2; ++i) {
+    wb[i] = take(rt * D * es);
     ob[i] = take(rt * D * es);
   }
-  const int64_t t1 = take(rt * h * 4), t2 = take(rt * h * 4);
+  const int64_t t1 = take(rt * D * 4);
   TPU_CHECK(uint64_t(at) <= cfg.memory.vmem_bytes, "internal: codegen: rotary tiles need {} bytes of VMEM", at);
   const int nq = cfg.dma.engines;
-  const int sem_x[2] = {0, 1}, sem_c[2] = {2, 3}, sem_out = 4;
+  const int sem_x[3] = {0, 1, 2}, sem_c[3] = {3, 4, 5}, sem_out = 6, sem_w = 7;
+  TPU_CHECK(cfg.scalar.semaphores > sem_w, "internal: codegen: rotary needs {} semaphores", sem_w + 1);
 
   struct Tile {
     int64_t plane, r0, rows;
     bool new_tables;
-    int cpar;
+    int cbuf;  // table buffer (0..2, the next one at every new table block)
   };
   std::vector<Tile> tiles;
-  int cpar = 1;
+  int cbuf = 2;
   int64_t last_c = -1, last_s = -1, last_r0 = -1;
   for (int64_t r0 = 0; r0 < s.t; r0 += rt)
     for (int64_t p = 0; p < s.planes; ++p) {
       const bool fresh = s.c_off[size_t(p)] != last_c || s.s_off[size_t(p)] != last_s || r0 != last_r0;
-      if (fresh) cpar = 1 - cpar;
-      tiles.push_back({p, r0, std::min(rt, s.t - r0), fresh, cpar});
+      if (fresh) cbuf = (cbuf + 1) % 3;
+      tiles.push_back({p, r0, std::min(rt, s.t - r0), fresh, cbuf});
       last_c = s.c_off[size_t(p)];
       last_s = s.s_off[size_t(p)];
       last_r0 = r0;
     }
 
   B b("rotary_embedding");
+  // Tile i's x (and its table block, when new) into buffer i % 3 (table buffer cbuf). Issued two
+  // tiles ahead, after the instructions of tile i - 3 that read these buffers (the DMA waits for
+  // their reads); with three table buffers, tiles i - 2 .. i use different ones when they differ.
   auto load = [&](size_t i) {
     const Tile& tl = tiles[i];
-    const int par = int(i % 2);
-    b.dma(B::vmem_at(B::at(xb[par])), B::hbm_at(B::at((s.x_off[size_t(tl.plane)] + tl.r0 * s.x_rs) * es, {{0, 1}})),
-          {.rows = tl.rows, .row_bytes = D * es, .src_row_stride = s.x_rs * es}, 0, sem_x[par]);
+    const int xi = int(i % 3);
+    b.dma(B::vmem_at(B::at(xb[xi])), B::hbm_at(B::at((s.x_off[size_t(tl.plane)] + tl.r0 * s.x_rs) * es, {{0, 1}})),
+          {.rows = tl.rows, .row_bytes = D * es, .src_row_stride = s.x_rs * es}, 0, sem_x[xi]);
     if (tl.new_tables) {
-      b.dma(B::vmem_at(B::at(cb[tl.cpar])),
+      b.dma(B::vmem_at(B::at(cb[tl.cbuf])),
             B::hbm_at(B::at((s.c_off[size_t(tl.plane)] + tl.r0 * s.c_rs) * es, {{1, 1}})),
-            {.rows = tl.rows, .row_bytes = D * es, .src_row_stride = s.c_rs * es}, 1 % nq, sem_c[tl.cpar]);
-      b.dma(B::vmem_at(B::at(sb[tl.cpar])),
+            {.rows = tl.rows, .row_bytes = D * es, .src_row_stride = s.c_rs * es}, 1 % nq, sem_c[tl.cbuf]);
+      b.dma(B::vmem_at(B::at(sb[tl.cbuf])),
             B::hbm_at(B::at((s.s_off[size_t(tl.plane)] + tl.r0 * s.s_rs) * es, {{2, 1}})),
-            {.rows = tl.rows, .row_bytes = D * es, .src_row_stride = s.s_rs * es}, 2 % nq, sem_c[tl.cpar]);
+            {.rows = tl.rows, .row_bytes = D * es, .src_row_stride = s.s_rs * es}, 2 % nq, sem_c[tl.cbuf]);
     }
   };
+  // Waits for tile i's x, then swaps its halves into swap buffer i % 2 (the DMAs wait for the
+  // vector reads of that buffer two tiles back; they are waited for before tile i computes).
+  auto swap = [&](size_t i) {
+    const int64_t r = tiles[i].rows;
+    b.wait(sem_x[i % 3]);
+    for (int k = 0; k < 2; ++k)
+      b.dma(B::vmem_at(B::at(wb[i % 2] + k * h * es)), B::vmem_at(B::at(xb[i % 3] + (1 - k) * h * es)),
+            {.rows = r, .row_bytes = h * es, .dst_row_stride = D * es, .src_row_stride = D * es}, (1 + k) % nq,
+            sem_w);
+  };
   b.signal(sem_out, 2);  // both output tiles start free
-  if (!tiles.empty()) load(0);
+  if (!tiles.empty()) {
+    load(0);
+    if (tiles.size() > 1) load(1);
+    swap(0);
+  }
   for (size_t i = 0; i < tiles.size(); ++i) {
     const Tile& tl = tiles[i];
-    const int par = int(i % 2);
-    if (i + 1 < tiles.size()) load(i + 1);
-    b.wait(sem_x[par]);
-    if (tl.new_tables) b.wait(sem_c[tl.cpar], 2);
-    b.wait(sem_out);
     const int64_t r = tl.rows;
-    auto half = [&](int64_t base, int k, DType t) { return B::vmem(B::at(base + k * h * sim::dtype_size(t)), t, D); };
-    const sim::Operand T1 = B::vmem(B::at(t1), DType::f32, h), T2 = B::vmem(B::at(t2), DType::f32, h);
-    const int64_t x = xb[par], c = cb[tl.cpar], sn = sb[tl.cpar], o = ob[par];
-    // out1 = x1 c1 - x2 s1;  out2 = x2 c2 + x1 s2.
-    b.binary(Op::vmul, T1, half(x, 0, s.dtype), half(c, 0, s.dtype), r, h);
-    b.binary(Op::vmul, T2, half(x, 1, s.dtype), half(sn, 0, s.dtype), r, h);
-    b.binary(Op::vsub, half(o, 0, s.dtype), T1, T2, r, h);
-    b.binary(Op::vmul, T1, half(x, 1, s.dtype), half(c, 1, s.dtype), r, h);
-    b.binary(Op::vmul, T2, half(x, 0, s.dtype), half(sn, 1, s.dtype), r, h);
-    b.binary(Op::vadd, half(o, 1, s.dtype), T1, T2, r, h);
+    const int64_t x = xb[i % 3], w = wb[i % 2], c = cb[tl.cbuf], sn = sb[tl.cbuf], o = ob[i % 2];
+    auto rowsof = [&](int64_t base, DType t) { return B::vmem(B::at(base), t, D); };
+    if (i + 2 < tiles.size()) load(i + 2);
+    if (i + 1 < tiles.size()) swap(i + 1);
+    if (tl.new_tables) {
+      b.wait(sem_c[tl.cbuf], 2);
+      // sin' = [-sin1, sin2], in place (every plane of the block uses it).
+      b.unary(Op::vneg, B::vmem(B::at(sn), s.dtype, D), B::vmem(B::at(sn), s.dtype, D), r, h);
+    }
+    b.wait(sem_w, 2);  // tile i's swap (the oldest two signals: DMAs complete in order per engine)
+    b.wait(sem_out);
+    // out = x cos + swap(x) sin':  out1 = x1 c1 - x2 s1;  out2 = x2 c2 + x1 s2.
+    const sim::Operand T1 = B::vmem(B::at(t1), DType::f32, D);
+    b.binary(Op::vmul, T1, rowsof(x, s.dtype), rowsof(c, s.dtype), r, D);
+    b.ternary(Op::vfma, rowsof(o, s.dtype), rowsof(w, s.dtype), rowsof(sn, s.dtype), T1, r, D);
     b.dma(B::hbm_at(B::at((tl.plane * s.t + tl.r0) * D * es, {{3, 1}})), B::vmem_at(B::at(o)),
           {.row_bytes = r * D * es}, 3 % nq, sem_out);
   }

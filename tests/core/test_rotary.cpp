@@ -89,5 +89,27 @@ TEST_CASE("rotary_embedding: one chip program on sim, heads read in place", "[ro
   }
 }
 
+TEST_CASE("rotary_embedding on sim: many row blocks, shared and per-head tables", "[rotary][codegen]") {
+  // 800 rows do not fit one tile in the tiny chip's VMEM: several row blocks, each with its own
+  // table block (shared by the heads, or one per head: a new table block every tile), so the
+  // kernel's three x and table buffers and its swap buffers all rotate.
+  TinySim tiny;
+  Generator g(9);
+  const int64_t t = 800, h = 3, d = 16;
+  for (DType dt : {DType::f32, DType::bf16})
+    for (bool per_head : {false, true}) {
+      INFO(dtype_name(dt) << (per_head ? ", per-head tables" : ", shared tables"));
+      const Tensor y = randn({t, h * d}, {}, &g).to(dt);
+      const Shape ts = per_head ? Shape{1, h, t, d} : Shape{t, d};
+      const Tensor c = randn(ts, {}, &g).to(dt), s = randn(ts, {}, &g).to(dt);
+      auto heads = [&](const Tensor& x) { return transpose(reshape(x, Shape{1, t, h, d}), 1, 2); };
+      ChipRunProbe probe;
+      const Tensor got = rotary_embedding(heads(y.to(tiny.dev())), c.to(tiny.dev()), s.to(tiny.dev()));
+      CHECK(probe.new_fallbacks() == 0);
+      const Tensor want = rotary_embedding(heads(y).to(DType::f32), c.to(DType::f32), s.to(DType::f32));
+      check_near(got.to(Device("cpu")).to(DType::f32), dvals(want), dt == DType::f32 ? 1e-6 : 1e-2);
+    }
+}
+
 }  // namespace
 }  // namespace tpu::testing

@@ -304,6 +304,65 @@ TEST_CASE("paged attention pipeline: long prefill chunks, odd decode count, othe
   CHECK(codegen::paged_attention_key(s2) != codegen::paged_attention_key(s));
 }
 
+TEST_CASE("paged attention: softmax in uneven KV-head chunks, prefill steps shorter than decode steps", "[sim][paged]") {
+  // Three KV heads: prefill units run the softmax's vector work in chunks of two heads and one
+  // (emit_step); prefill steps of 2 pages, decode steps of 3, prefill tiles of 6 tokens, so the
+  // units' diagonal steps mask at every offset; against attention computed naively in double.
+  const int64_t hq = 6, hkv = 3, d = 8, bs = 4, nb = 128, row = hkv * d;
+  const sim::ChipConfig cfg = sim::preset_config("tiny");
+  codegen::PagedAttentionSpec s{.heads = hq, .kv_heads = hkv, .head_dim = d, .block_size = bs};
+  s.scale = 0.4f;
+  s.max_units = 16;
+  s.tile_tokens = 6;
+  s.pages_per_step = 2;
+  s.decode_pages_per_step = 3;
+  std::mt19937 rng(23);
+  std::vector<int32_t> perm(static_cast<size_t>(nb));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  size_t next = 0;
+  auto table = [&](int64_t positions) {
+    std::vector<int32_t> t;
+    for (int64_t i = 0; i < (positions + bs - 1) / bs; ++i) t.push_back(perm[next++]);
+    return t;
+  };
+  Batch b;
+  b.add(1, 29, table(29));
+  b.add(17, 17, table(17));  // a fresh prompt: tiles of 6, 6 and 5 tokens
+  b.add(13, 50, table(50));  // a chunk after 37 cached positions (unmasked steps first)
+  b.add(1, 9, table(9));
+  const codegen::PagedAttentionMeta m = codegen::plan_paged_attention(s, nb, b.qs, b.ctx, b.ptrs());
+  const int64_t n = m.num_tokens;
+  std::normal_distribution<float> nd;
+  auto randv = [&](size_t sz) {
+    std::vector<float> x(sz);
+    for (auto& e : x) e = nd(rng);
+    return x;
+  };
+  const std::vector<float> q = randv(size_t(n * hq * d)), k = randv(size_t(n * row)), v = randv(size_t(n * row));
+  const std::vector<float> kc = randv(size_t(nb * bs * row)), vc = randv(size_t(nb * bs * row));
+  const ChipRun cr = run_on_chip(s, m, nb * bs, q, k, v, kc, vc);
+  const std::vector<double> ref = naive_attention(b, q, k, v, kc, vc, hq, hkv, d, bs, s.scale);
+  double worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::abs(ref[i] - double(cr.out[i])));
+  CHECK(worst < 2e-5);
+}
+
+TEST_CASE("paged attention tiling: prefill key steps about a unit's span, decode steps an MXU width", "[sim][paged]") {
+  // The v6e preset with Llama-3-8B's attention shape (32 query heads, 8 KV heads, head dim 128).
+  const sim::ChipConfig cfg = sim::preset_config("v6e");
+  codegen::PagedAttentionSpec s{.heads = 32, .kv_heads = 8, .head_dim = 128, .block_size = 16};
+  s.dtype = sim::DType::bf16;
+  s.mode = sim::MxuMode::bf16;
+  codegen::choose_paged_attention_tiling(cfg, s);
+  INFO("tile " << s.tile_tokens << ", pages/step " << s.pages_per_step << ", decode " << s.decode_pages_per_step);
+  CHECK(s.tile_tokens * 4 >= cfg.mxu.rows);  // a unit gives each KV head at least an MXU height of rows
+  CHECK(s.pages_per_step * s.block_size <= s.tile_tokens);
+  CHECK(s.pages_per_step * s.block_size * 2 > s.tile_tokens);
+  CHECK(codegen::paged_pages_per_step(s, true) * s.block_size >= cfg.mxu.cols);
+  CHECK(codegen::paged_attention_vmem_bytes(cfg, s) <= int64_t(cfg.memory.vmem_bytes));
+}
+
 TEST_CASE("paged attention: bad step data is a tpu::Error", "[sim][paged]") {
   codegen::PagedAttentionSpec s{.heads = 4, .kv_heads = 2, .head_dim = 8, .block_size = 4, .max_units = 2};
   const std::vector<int32_t> t{0, 1}, bad{0, 9};
