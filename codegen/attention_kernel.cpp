@@ -148,22 +148,7 @@ class Emitter {
   // Row reduction (xmax / xsum) of an [rows, cols] f32 region at `src` (row stride ld) into the
   // [rows, 1] vector `dst`: lane-wide chunks folded on the vector unit, then one cross-lane op.
   void row_reduce(Op xop, Op vop, int64_t dst, int64_t src, int64_t ld, int64_t fold, int64_t rows, int64_t cols) {
-    const int64_t w = cfg_.vpu.lanes;
-    if (cols <= w) {
-      b_.reduce(xop, vm(dst), vm(src, DType::f32, ld), rows, cols, 1);
-      return;
-    }
-    const int64_t full = cols / w, rem = cols % w;
-    auto chunk = [&](int64_t c) { return vm(src + c * w * 4, DType::f32, ld); };
-    const sim::Operand f = vm(fold, DType::f32, w);
-    if (full >= 2) {
-      b_.binary(vop, f, chunk(0), chunk(1), rows, w);
-      for (int64_t c = 2; c < full; ++c) b_.binary(vop, f, f, chunk(c), rows, w);
-    } else {
-      b_.unary(Op::vmov, f, chunk(0), rows, w);
-    }
-    if (rem > 0) b_.binary(vop, f, f, chunk(full), rows, rem);
-    b_.reduce(xop, vm(dst), f, rows, w, 1);
+    emit_row_reduce(b_, cfg_.vpu.lanes, xop, vop, dst, src, ld, fold, rows, cols);
   }
 
   // diff[r, c] = c - r over a tq x tk tile (built once): key j is masked for query i when

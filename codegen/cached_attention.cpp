@@ -109,11 +109,7 @@ class Emitter {
   void vec(Op op, int64_t dst, std::vector<sim::Operand> src, int64_t n) {
     emit_dense_vec(b_, cfg_.vpu.lanes, op, dst, src, n);
   }
-  void vfill(int64_t dst, float value, int64_t n) {
-    const int64_t w = cfg_.vpu.lanes, full = n / w, rem = n % w;
-    if (full > 0) b_.fill(vm(dst, DType::f32, w), value, full, w);
-    if (rem > 0) b_.fill(vm(dst + full * w * 4), value, 1, rem);
-  }
+  void vfill(int64_t dst, float value, int64_t n) { emit_dense_fill(b_, cfg_.vpu.lanes, dst, value, n); }
 
   // The queries of batch row `brow` (a register; -1: row 0) into the Q buffer of parity `qpar`
   // (a register; -1: 0).
@@ -188,22 +184,7 @@ class Emitter {
   }
 
   void row_reduce(Op xop, Op vop, int64_t dst, int64_t src, int64_t ld, int64_t rows, int64_t cols) {
-    const int64_t w = cfg_.vpu.lanes;
-    if (cols <= w) {
-      b_.reduce(xop, vm(dst), vm(src, DType::f32, ld), rows, cols, 1);
-      return;
-    }
-    const int64_t full = cols / w, rem = cols % w;
-    auto chunk = [&](int64_t c) { return vm(src + c * w * 4, DType::f32, ld); };
-    const sim::Operand f = vm(L_.fold, DType::f32, w);
-    if (full >= 2) {
-      b_.binary(vop, f, chunk(0), chunk(1), rows, w);
-      for (int64_t c = 2; c < full; ++c) b_.binary(vop, f, f, chunk(c), rows, w);
-    } else {
-      b_.unary(Op::vmov, f, chunk(0), rows, w);
-    }
-    if (rem > 0) b_.binary(vop, f, f, chunk(full), rows, rem);
-    b_.reduce(xop, vm(dst), f, rows, w, 1);
+    emit_row_reduce(b_, cfg_.vpu.lanes, xop, vop, dst, src, ld, L_.fold, rows, cols);
   }
 
   // One step of tk keys of every KV head from the buffers of parity rPar.

@@ -109,11 +109,7 @@ class Emitter {
   void vec(Op op, int64_t dst, std::vector<sim::Operand> src, int64_t n) {
     emit_dense_vec(b_, cfg_.vpu.lanes, op, dst, src, n);
   }
-  void vfill(int64_t dst, float value, int64_t n) {
-    const int64_t w = cfg_.vpu.lanes, full = n / w, rem = n % w;
-    if (full > 0) b_.fill(vm(dst, DType::f32, w), value, full, w);
-    if (rem > 0) b_.fill(vm(dst + full * w * 4), value, 1, rem);
-  }
+  void vfill(int64_t dst, float value, int64_t n) { emit_dense_fill(b_, cfg_.vpu.lanes, dst, value, n); }
 
   // Copies every new token's K and V rows into its cache slot, then waits for all of them.
   void emit_cache_update() {

@@ -79,4 +79,32 @@ void emit_dense_vec(sim::ProgramBuilder& b, int64_t lanes, sim::Op op, int64_t d
   if (rem > 0) emit(full * lanes, 1, rem);
 }
 
+void emit_row_reduce(sim::ProgramBuilder& b, int64_t lanes, sim::Op xop, sim::Op vop, int64_t dst, int64_t src,
+                     int64_t ld, int64_t fold, int64_t rows, int64_t cols) {
+  using B = sim::ProgramBuilder;
+  auto vm = [](int64_t addr, int64_t rs) { return B::vmem(B::at(addr), sim::DType::f32, rs, 1); };
+  if (cols <= lanes) {
+    b.reduce(xop, vm(dst, -1), vm(src, ld), rows, cols, 1);
+    return;
+  }
+  const int64_t full = cols / lanes, rem = cols % lanes;
+  auto chunk = [&](int64_t c) { return vm(src + c * lanes * 4, ld); };
+  const sim::Operand f = vm(fold, lanes);
+  if (full >= 2) {
+    b.binary(vop, f, chunk(0), chunk(1), rows, lanes);
+    for (int64_t c = 2; c < full; ++c) b.binary(vop, f, f, chunk(c), rows, lanes);
+  } else {
+    b.unary(sim::Op::vmov, f, chunk(0), rows, lanes);
+  }
+  if (rem > 0) b.binary(vop, f, f, chunk(full), rows, rem);
+  b.reduce(xop, vm(dst, -1), f, rows, lanes, 1);
+}
+
+void emit_dense_fill(sim::ProgramBuilder& b, int64_t lanes, int64_t dst, float value, int64_t n) {
+  using B = sim::ProgramBuilder;
+  const int64_t full = n / lanes, rem = n % lanes;
+  if (full > 0) b.fill(B::vmem(B::at(dst), sim::DType::f32, lanes, 1), value, full, lanes);
+  if (rem > 0) b.fill(B::vmem(B::at(dst + full * lanes * 4), sim::DType::f32, -1, 1), value, 1, rem);
+}
+
 }  // namespace tpu::codegen

@@ -33,5 +33,12 @@ void emit_tile_loops(sim::ProgramBuilder& b, int64_t rows, int64_t cols, int64_t
 // three sources (unary, binary, ternary op).
 void emit_dense_vec(sim::ProgramBuilder& b, int64_t lanes, sim::Op op, int64_t dst, const std::vector<sim::Operand>& src,
                     int64_t n);
+// Reduces each of `rows` rows of `cols` f32 values (row stride `ld` floats, at VMEM byte address
+// src) with the cross-lane op `xop` into one f32 per row at dst. Rows wider than a vreg are
+// first folded lane-wise with the vector op `vop` into the scratch at `fold` (rows x lanes f32).
+void emit_row_reduce(sim::ProgramBuilder& b, int64_t lanes, sim::Op xop, sim::Op vop, int64_t dst, int64_t src,
+                     int64_t ld, int64_t fold, int64_t rows, int64_t cols);
+// Fills n contiguous f32 values at VMEM byte address dst with `value`, shaped the same way.
+void emit_dense_fill(sim::ProgramBuilder& b, int64_t lanes, int64_t dst, float value, int64_t n);
 
 }  // namespace tpu::codegen

@@ -157,6 +157,26 @@ std::vector<double> naive_attention(const Batch& b, const std::vector<float>& q,
   return out;
 }
 
+// Runs one step of random q / k / v and random caches on the tiny chip and returns the largest
+// difference from naive attention in double.
+double chip_error_vs_naive(const codegen::PagedAttentionSpec& s, const codegen::PagedAttentionMeta& m, const Batch& b,
+                           int64_t nb, std::mt19937& rng) {
+  const int64_t n = m.num_tokens, hq = s.heads, hkv = s.kv_heads, d = s.head_dim, bs = s.block_size, row = hkv * d;
+  std::normal_distribution<float> nd;
+  auto randv = [&](size_t sz) {
+    std::vector<float> x(sz);
+    for (auto& e : x) e = nd(rng);
+    return x;
+  };
+  const std::vector<float> q = randv(size_t(n * hq * d)), k = randv(size_t(n * row)), v = randv(size_t(n * row));
+  const std::vector<float> kc = randv(size_t(nb * bs * row)), vc = randv(size_t(nb * bs * row));
+  const ChipRun cr = run_on_chip(s, m, nb * bs, q, k, v, kc, vc);
+  const std::vector<double> ref = naive_attention(b, q, k, v, kc, vc, hq, hkv, d, bs, s.scale);
+  double worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::abs(ref[i] - double(cr.out[i])));
+  return worst;
+}
+
 }  // namespace
 
 TEST_CASE("paged attention on the tiny chip equals the cpu kernel and naive attention (mixed batch)", "[sim][paged]") {
@@ -257,7 +277,7 @@ TEST_CASE("paged attention pipeline: long prefill chunks, odd decode count, othe
   // one token, an odd number of decode units (the prefill class starts on the other buffer
   // parity), contexts on and off block boundaries, and decode units stepping over 3 pages while
   // prefill units step over the chosen 2; against attention computed naively in double.
-  const int64_t hq = 4, hkv = 2, d = 8, bs = 4, nb = 160, row = hkv * d;
+  const int64_t hq = 4, hkv = 2, d = 8, bs = 4, nb = 160;
   const sim::ChipConfig cfg = sim::preset_config("tiny");
   codegen::PagedAttentionSpec s{.heads = hq, .kv_heads = hkv, .head_dim = d, .block_size = bs};
   s.scale = 0.3f;
@@ -282,20 +302,7 @@ TEST_CASE("paged attention pipeline: long prefill chunks, odd decode count, othe
   b.add(1, 40, table(40));
   const codegen::PagedAttentionMeta m = codegen::plan_paged_attention(s, nb, b.qs, b.ctx, b.ptrs());
   REQUIRE(m.units[1] == 3);
-  const int64_t n = m.num_tokens;
-  std::normal_distribution<float> nd;
-  auto randv = [&](size_t sz) {
-    std::vector<float> x(sz);
-    for (auto& e : x) e = nd(rng);
-    return x;
-  };
-  const std::vector<float> q = randv(size_t(n * hq * d)), k = randv(size_t(n * row)), v = randv(size_t(n * row));
-  const std::vector<float> kc = randv(size_t(nb * bs * row)), vc = randv(size_t(nb * bs * row));
-  const ChipRun cr = run_on_chip(s, m, nb * bs, q, k, v, kc, vc);
-  const std::vector<double> ref = naive_attention(b, q, k, v, kc, vc, hq, hkv, d, bs, s.scale);
-  double worst = 0;
-  for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::abs(ref[i] - double(cr.out[i])));
-  CHECK(worst < 2e-5);
+  CHECK(chip_error_vs_naive(s, m, b, nb, rng) < 2e-5);
   // The page list runs two steps of each class's own step size past its last unit.
   CHECK(m.kv_pages_overfetch == 2 * s.decode_pages_per_step + 2 * s.pages_per_step);
   // The same step with a different decode step size is a different program.
@@ -308,7 +315,7 @@ TEST_CASE("paged attention: softmax in uneven KV-head chunks, prefill steps shor
   // Three KV heads: prefill units run the softmax's vector work in chunks of two heads and one
   // (emit_step); prefill steps of 2 pages, decode steps of 3, prefill tiles of 6 tokens, so the
   // units' diagonal steps mask at every offset; against attention computed naively in double.
-  const int64_t hq = 6, hkv = 3, d = 8, bs = 4, nb = 128, row = hkv * d;
+  const int64_t hq = 6, hkv = 3, d = 8, bs = 4, nb = 128;
   const sim::ChipConfig cfg = sim::preset_config("tiny");
   codegen::PagedAttentionSpec s{.heads = hq, .kv_heads = hkv, .head_dim = d, .block_size = bs};
   s.scale = 0.4f;
@@ -332,20 +339,7 @@ TEST_CASE("paged attention: softmax in uneven KV-head chunks, prefill steps shor
   b.add(13, 50, table(50));  // a chunk after 37 cached positions (unmasked steps first)
   b.add(1, 9, table(9));
   const codegen::PagedAttentionMeta m = codegen::plan_paged_attention(s, nb, b.qs, b.ctx, b.ptrs());
-  const int64_t n = m.num_tokens;
-  std::normal_distribution<float> nd;
-  auto randv = [&](size_t sz) {
-    std::vector<float> x(sz);
-    for (auto& e : x) e = nd(rng);
-    return x;
-  };
-  const std::vector<float> q = randv(size_t(n * hq * d)), k = randv(size_t(n * row)), v = randv(size_t(n * row));
-  const std::vector<float> kc = randv(size_t(nb * bs * row)), vc = randv(size_t(nb * bs * row));
-  const ChipRun cr = run_on_chip(s, m, nb * bs, q, k, v, kc, vc);
-  const std::vector<double> ref = naive_attention(b, q, k, v, kc, vc, hq, hkv, d, bs, s.scale);
-  double worst = 0;
-  for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::abs(ref[i] - double(cr.out[i])));
-  CHECK(worst < 2e-5);
+  CHECK(chip_error_vs_naive(s, m, b, nb, rng) < 2e-5);
 }
 
 TEST_CASE("paged attention tiling: prefill key steps about a unit's span, decode steps an MXU width", "[sim][paged]") {

@@ -55,14 +55,7 @@ CompiledStep::CompiledStep(models::CausalLM& m, const PagedCacheConfig& c, const
             dev.str());
   TPU_CHECK(m.dtype() == DType::f32 || m.dtype() == DType::bf16, "serve: the compiled step runs f32 or bf16 models, not {}",
             dtype_name(m.dtype()));
-  spec_.heads = mc.num_attention_heads;
-  spec_.kv_heads = mc.num_key_value_heads;
-  spec_.head_dim = mc.head_dim;
-  spec_.block_size = c.block_size;
-  spec_.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(mc.head_dim)));
-  const bool bf16 = m.dtype() == DType::bf16;
-  spec_.dtype = bf16 ? sim::DType::bf16 : sim::DType::f32;
-  spec_.mode = bf16 ? sim::MxuMode::bf16 : sim::MxuMode::f32;
+  spec_ = paged_spec_of(mc, c.block_size, m.dtype());
   if (chip) {
     codegen::choose_paged_attention_tiling(codegen::chip_config(dev), spec_);
   } else {  // the cpu kernel walks tokens one by one: no tile read-ahead, one page per step

@@ -6,6 +6,19 @@
 
 namespace tpu::serve {
 
+codegen::PagedAttentionSpec paged_spec_of(const models::ModelConfig& mc, int64_t block_size, DType dtype) {
+  codegen::PagedAttentionSpec s;
+  s.heads = mc.num_attention_heads;
+  s.kv_heads = mc.num_key_value_heads;
+  s.head_dim = mc.head_dim;
+  s.block_size = block_size;
+  s.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(mc.head_dim)));
+  const bool bf16 = dtype == DType::bf16;
+  s.dtype = bf16 ? sim::DType::bf16 : sim::DType::f32;
+  s.mode = bf16 ? sim::MxuMode::bf16 : sim::MxuMode::f32;
+  return s;
+}
+
 LayerQKV project_qkv(models::DecoderLayer& layer, const models::ModelConfig& mc, const Tensor& x, int64_t n,
                      const Tensor& cos, const Tensor& sin) {
   const int64_t hq = mc.num_attention_heads, hkv = mc.num_key_value_heads, d = mc.head_dim;

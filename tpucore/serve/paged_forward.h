@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "codegen/paged_attention.h"
 #include "tpucore/models/causal_lm.h"
 #include "tpucore/serve/paged_cache.h"
 
@@ -17,6 +18,11 @@ namespace tpu::serve {
 struct LayerQKV {
   Tensor q, k, v;
 };
+// The ragged paged attention spec of a model (heads, head_dim, 1/sqrt(head_dim) scale) with
+// KV blocks of `block_size` in `dtype` (f32 or bf16; f32 multiplies exactly, as the cpu does).
+// Tile sizes are left at their defaults (codegen::choose_paged_attention_tiling sets them).
+codegen::PagedAttentionSpec paged_spec_of(const models::ModelConfig& mc, int64_t block_size, DType dtype);
+
 LayerQKV project_qkv(models::DecoderLayer& layer, const models::ModelConfig& mc, const Tensor& x, int64_t n,
                      const Tensor& cos, const Tensor& sin);
 

@@ -18,14 +18,7 @@ SimPagedStep::SimPagedStep(models::CausalLM& m, const PagedCacheConfig& c) : m_(
   TPU_CHECK(c.num_layers == mc.num_hidden_layers && c.kv_heads == mc.num_key_value_heads && c.head_dim == mc.head_dim,
             "serve: the paged cache ({} layers, {} kv heads, head_dim {}) does not fit the model ({}, {}, {})",
             c.num_layers, c.kv_heads, c.head_dim, mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim);
-  spec_.heads = mc.num_attention_heads;
-  spec_.kv_heads = mc.num_key_value_heads;
-  spec_.head_dim = mc.head_dim;
-  spec_.block_size = c.block_size;
-  spec_.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(mc.head_dim)));
-  const bool bf16 = m.dtype() == DType::bf16;
-  spec_.dtype = bf16 ? sim::DType::bf16 : sim::DType::f32;
-  spec_.mode = bf16 ? sim::MxuMode::bf16 : sim::MxuMode::f32;  // f32 models: exact products, as on the cpu
+  spec_ = paged_spec_of(mc, c.block_size, m.dtype());
   codegen::choose_paged_attention_tiling(codegen::chip_config(dev), spec_);
   const TensorOptions o(m.dtype(), dev);
   for (int64_t l = 0; l < c.num_layers; ++l) {
