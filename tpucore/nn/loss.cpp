@@ -1,5 +1,6 @@
 #include "tpucore/nn/loss.h"
 
+#include "tpucore/core/hooks.h"
 #include "tpucore/ops.h"
 
 namespace tpu::nn {
@@ -24,14 +25,15 @@ Flat flatten_class_dim(const char* op, const Tensor& x, const Tensor& target) {
   return {reshape(x, Shape{-1, c}), reshape(target.to(DType::i32), Shape{-1})};
 }
 
-Tensor reduce(const Tensor& per_sample, const Tensor& valid, Reduction r, const Shape& lead) {
+// count: the number of valid targets (sum of the mask), for the mean.
+Tensor reduce(const Tensor& per_sample, const Tensor& count, Reduction r, const Shape& lead) {
   switch (r) {
     case Reduction::none: return reshape(per_sample, lead);
     case Reduction::sum: return sum(per_sample);
     case Reduction::mean: break;
   }
-  if (!valid.defined()) return mean(per_sample);
-  return div(sum(per_sample), sum(valid).to(per_sample.dtype()));
+  if (!count.defined()) return mean(per_sample);
+  return div(sum(per_sample), count.to(per_sample.dtype()));  // a no-op cast from nll_core
 }
 
 Tensor nll_core(const char* op, const Tensor& logp2, const Tensor& t, int64_t ignore_index, double smoothing,
@@ -39,16 +41,23 @@ Tensor nll_core(const char* op, const Tensor& logp2, const Tensor& t, int64_t ig
   const int64_t c = logp2.size(1);
   Tensor valid = ne(t, ignore_index);
   Tensor safe = where(valid, t, 0);
-  if (t.numel() > 0 && !t.is_proxy()) {  // inside a compiled function the check would be a graph break
-    const int64_t lo = amin(safe).item<int64_t>(), hi = amax(safe).item<int64_t>();
+  // Everything computed from the target alone comes before the range check reads its bounds: in
+  // deferred eager mode (tpucore/defer.h) that read is then the one flush of the target's ops.
+  Tensor index = unsqueeze(safe, 1);
+  Tensor count = r == Reduction::mean ? sum(valid).to(logp2.dtype()) : Tensor();
+  // Inside a compiled function the check would be a graph break (skipped); a value recorded by
+  // deferred eager mode is checked (the read flushes).
+  if (t.numel() > 0 && (!t.is_proxy() || detail::proxy_deferred(t))) {
+    Tensor lo_t = amin(safe), hi_t = amax(safe);
+    const int64_t lo = lo_t.item<int64_t>(), hi = hi_t.item<int64_t>();
     TPU_CHECK(lo >= 0 && hi < c, "{}: target class indices must be in [0, {}) (or ignore_index {}), got values in [{}, {}]",
               op, c, ignore_index, lo, hi);
   }
-  Tensor picked = squeeze(gather(logp2, 1, unsqueeze(safe, 1)), 1);
+  Tensor picked = squeeze(gather(logp2, 1, index), 1);
   Tensor loss = neg(picked);
   if (smoothing > 0) loss = add(mul(loss, 1.0 - smoothing), mul(mean(logp2, {1}), -smoothing));
   loss = where(valid, loss, 0.0);
-  return reduce(loss, valid, r, lead);
+  return reduce(loss, count, r, lead);
 }
 
 }  // namespace
