@@ -125,6 +125,27 @@ TEST_CASE("defer: cross_entropy checks a recorded target with one flush", "[defe
   CHECK(std::isfinite(ok.item<double>()));
 }
 
+TEST_CASE("defer: backward inside a recording flushes it, then runs eagerly", "[defer]") {
+  const Tensor w = grad_leaf({3, 4}, 51);
+  const Tensor x = rnd({3, 4}, 52);
+  Tensor r = clone(x);
+  const Tensor want_g = (x + 1.0) * 2.0 * 3.0;  // d/dw sum(gy * (w * (x + 1)) * 3), gy = 2
+  {
+    DeferredEager guard;
+    const int64_t before = defer_breaks();
+    r.add_(1.0);                  // recorded write to memory the backward's saved tensor reads
+    Tensor y = w * r * 3.0;       // eager (w requires grad): flushes the write first
+    Tensor gy = full_like(y, 1.0) * 2.0;  // recorded: a gradient argument still pending
+    REQUIRE(gy.is_proxy());
+    y.backward(gy);
+    CHECK(defer_breaks() == before + 2);
+    CHECK_FALSE(gy.is_proxy());
+    REQUIRE(w.grad().defined());
+    CHECK_FALSE(w.grad().is_proxy());  // computed by the eager backward, not recorded
+  }
+  expect_close(w.grad(), want_g, 1e-6, 1e-6, "gradient");
+}
+
 TEST_CASE("defer: SGD's update inside a recording runs in place, as in eager", "[defer]") {
   Generator g(41);
   const Tensor x = rand({8, 6}, {}, &g);
@@ -145,11 +166,14 @@ TEST_CASE("defer: SGD's update inside a recording runs in place, as in eager", "
       od.zero_grad();
       nn::cross_entropy(md.forward(x), y).backward();
       od.step();
-      // The target check's read, and the step's flush of the backward; nothing is left after.
-      CHECK(defer_breaks() == before + 2);
-      for (size_t k = 0; k < pd.size(); ++k) CHECK_FALSE(pd[k].is_proxy());
+      // The target check's read; the backward and the step run eagerly with nothing pending.
+      CHECK(defer_breaks() == before + 1);
+      for (size_t k = 0; k < pd.size(); ++k) {
+        CHECK_FALSE(pd[k].is_proxy());
+        CHECK_FALSE(pd[k].grad().is_proxy());
+      }
       guard.flush();
-      CHECK(defer_breaks() == before + 2);
+      CHECK(defer_breaks() == before + 1);
     }
     // Written in place, as eager does: not replaced by a new buffer at a flush.
     for (size_t k = 0; k < pd.size(); ++k) CHECK(pd[k].storage().get() == mem[k]);
