@@ -111,7 +111,7 @@ TEST_CASE("defer: cross_entropy checks a recorded target with one flush", "[defe
       Tensor t = target * 1;  // recorded: the target itself is a recorded value
       REQUIRE(t.is_proxy());
       got = nn::cross_entropy(logits, t, o);
-      CHECK(defer_breaks() == before + 1);  // the range check's read
+      CHECK(defer_breaks() == before + 1);  // the recorded target, before the eager target ops
     }
     expect_close(got.detach(), want, 1e-6, 1e-6, "loss");
   }
@@ -166,14 +166,15 @@ TEST_CASE("defer: SGD's update inside a recording runs in place, as in eager", "
       od.zero_grad();
       nn::cross_entropy(md.forward(x), y).backward();
       od.step();
-      // The target check's read; the backward and the step run eagerly with nothing pending.
-      CHECK(defer_breaks() == before + 1);
+      // No flush: cross_entropy's target ops, the backward and the step run eagerly, and the
+      // forward runs eagerly for autograd, so nothing is ever pending.
+      CHECK(defer_breaks() == before);
       for (size_t k = 0; k < pd.size(); ++k) {
         CHECK_FALSE(pd[k].is_proxy());
         CHECK_FALSE(pd[k].grad().is_proxy());
       }
       guard.flush();
-      CHECK(defer_breaks() == before + 1);
+      CHECK(defer_breaks() == before);
     }
     // Written in place, as eager does: not replaced by a new buffer at a flush.
     for (size_t k = 0; k < pd.size(); ++k) CHECK(pd[k].storage().get() == mem[k]);
