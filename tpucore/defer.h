@@ -5,8 +5,12 @@
 //     (nonzero, boolean masks, ...);
 //   - the recording reaches max_nodes ops (TPU_DEFER_MAX_NODES, default 512);
 //   - the user synchronizes: flush() / tpu::flush_deferred(), and at the end of the scope.
-// Ops that flush and then run eagerly: random ops (the generator is read in program order) and,
-// with grad mode on, ops with an input that requires grad (autograd records them as usual).
+// Ops that run eagerly: random ops (after a flush: the generator is read in program order) and,
+// with grad mode on, ops with an input that requires grad (autograd records them as usual; they
+// flush first only when they read the recording: a recorded input, or real memory the recording
+// reads or writes). backward(), optim::SGD's step and cross_entropy's target ops flush and run
+// eagerly (SGD in place): on the training step that was faster than recording them; AdamW's
+// step is recorded and fused.
 // Shapes and dtypes are always known while recording (each op's meta function runs at the call,
 // so argument errors are raised at the call, as in eager). Errors found only while computing
 // (e.g. an index out of range in a computed index tensor) are raised at the flush, as a

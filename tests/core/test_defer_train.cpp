@@ -96,7 +96,7 @@ TEST_CASE("defer: training steps equal plain eager (SGD with momentum, AdamW)", 
       {
         DeferredEager guard;
         got = deferred.step(x, y);  // item() flushes the forward's recording mid-step
-      }  // the backward and the optimizer step are flushed here
+      }  // the backward and SGD's step ran eagerly; AdamW's step is flushed here
       CHECK(got == Approx(want).epsilon(1e-5));
     }
     const auto pe = eager.model.parameters(), pd = deferred.model.parameters();

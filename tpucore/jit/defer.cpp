@@ -48,7 +48,13 @@ class DeferTracer final : public graph::Tracer {
       for (const Tensor& t : inputs) eager |= t.requires_grad();
     }
     if (eager) {
-      if (pending()) flush(fmt::format("'{}' runs eagerly", op.name));
+      // A random op flushes (the recording before it runs in program order); an op that runs
+      // eagerly because of autograd flushes only when it depends on the recording: a recorded
+      // input, or real memory the recording reads or writes (the op may write its inputs). Else
+      // it runs now and the recording stays pending (cross_entropy's eager ops between its
+      // recorded target checks cost one flush each before).
+      if (pending() && (op.has(ops::kRandom) || depends_on_recording(inputs)))
+        flush(fmt::format("'{}' runs eagerly", op.name));
       return false;  // ops::call runs it (its proxy inputs are real now)
     }
     if (graph().nodes.size() >= max_nodes_) flush(fmt::format("{} recorded ops (the limit)", max_nodes_));
@@ -70,6 +76,20 @@ class DeferTracer final : public graph::Tracer {
   }
 
   bool flushing() const { return flushing_; }
+
+  // Whether an op run eagerly now would read a recorded value, or real memory that the pending
+  // recording reads or writes (its captured inputs, their views included).
+  bool depends_on_recording(std::span<const Tensor> inputs) const {
+    for (const Tensor& t : inputs) {
+      if (!t.defined()) continue;
+      if (t.is_proxy()) return true;
+      const Storage* mem = t.impl().storage.get();
+      if (!mem) continue;
+      for (const Tensor& in : real_inputs())
+        if (in.impl().storage.get() == mem) return true;
+    }
+    return false;
+  }
 
   Tensor run(const Tensor& proxy, const std::string& why) {
     struct Busy {

@@ -1,9 +1,32 @@
 #include "tpucore/nn/loss.h"
 
+#include "graph/tracer.h"
+#include "ops/registry.h"
+#include "tpucore/defer.h"
 #include "tpucore/ops.h"
 
 namespace tpu::nn {
 namespace {
+
+// Inside a deferred eager recording: flushes it and runs the scope eagerly.
+class EagerIfDeferred {
+ public:
+  EagerIfDeferred() {
+    auto* t = dynamic_cast<graph::Tracer*>(ops::interceptor());
+    if (!t || !t->deferred()) return;
+    flush_deferred();
+    prev_ = t;
+    ops::set_interceptor(nullptr);
+  }
+  ~EagerIfDeferred() {
+    if (prev_) ops::set_interceptor(prev_);
+  }
+  EagerIfDeferred(const EagerIfDeferred&) = delete;
+  EagerIfDeferred& operator=(const EagerIfDeferred&) = delete;
+
+ private:
+  ops::DispatchInterceptor* prev_ = nullptr;
+};
 
 struct Flat {
   Tensor logp;    // [M, C]
@@ -21,34 +44,48 @@ Flat flatten_class_dim(const char* op, const Tensor& x, const Tensor& target) {
   TPU_CHECK(target.shape() == lead, "{}: target of shape {} does not match input of shape {} (expected target shape {})",
             op, target.shape().str(), x.shape().str(), lead.str());
   const int64_t c = x.size(-1);
-  return {reshape(x, Shape{-1, c}), reshape(target.to(DType::i32), Shape{-1})};
+  const Tensor t = target.to(DType::i32);
+  return {reshape(x, Shape{-1, c}), t.dim() == 1 ? t : reshape(t, Shape{-1})};
 }
 
-Tensor reduce(const Tensor& per_sample, const Tensor& valid, Reduction r, const Shape& lead) {
+// count: the number of valid targets (sum of the mask), for the mean.
+Tensor reduce(const Tensor& per_sample, const Tensor& count, Reduction r, const Shape& lead) {
   switch (r) {
     case Reduction::none: return reshape(per_sample, lead);
     case Reduction::sum: return sum(per_sample);
     case Reduction::mean: break;
   }
-  if (!valid.defined()) return mean(per_sample);
-  return div(sum(per_sample), sum(valid).to(per_sample.dtype()));
+  if (!count.defined()) return mean(per_sample);
+  return div(sum(per_sample), count.to(per_sample.dtype()));  // a no-op cast from nll_core
 }
 
 Tensor nll_core(const char* op, const Tensor& logp2, const Tensor& t, int64_t ignore_index, double smoothing,
                 Reduction r, const Shape& lead) {
   const int64_t c = logp2.size(1);
-  Tensor valid = ne(t, ignore_index);
-  Tensor safe = where(valid, t, 0);
-  if (t.numel() > 0 && !t.is_proxy()) {  // inside a compiled function the check would be a graph break
-    const int64_t lo = amin(safe).item<int64_t>(), hi = amax(safe).item<int64_t>();
-    TPU_CHECK(lo >= 0 && hi < c, "{}: target class indices must be in [0, {}) (or ignore_index {}), got values in [{}, {}]",
-              op, c, ignore_index, lo, hi);
+  Tensor valid, safe, index, count;
+  {
+    // Deferred eager mode (tpucore/defer.h): the target's few small ops run eagerly, after a flush
+    // of anything pending (a recorded target included), since the range check reads their result
+    // at once: recording and flushing them cost more than running them.
+    EagerIfDeferred eager;
+    valid = ne(t, ignore_index);
+    safe = where(valid, t, 0);
+    index = unsqueeze(safe, 1);
+    count = r == Reduction::mean ? sum(valid).to(logp2.dtype()) : Tensor();
+    // Inside a compiled function the check would be a graph break (skipped); a deferred target
+    // is real after the flush above.
+    if (t.numel() > 0 && !t.is_proxy()) {
+      const int64_t lo = amin(safe).item<int64_t>(), hi = amax(safe).item<int64_t>();
+      TPU_CHECK(lo >= 0 && hi < c,
+                "{}: target class indices must be in [0, {}) (or ignore_index {}), got values in [{}, {}]", op, c,
+                ignore_index, lo, hi);
+    }
   }
-  Tensor picked = squeeze(gather(logp2, 1, unsqueeze(safe, 1)), 1);
+  Tensor picked = squeeze(gather(logp2, 1, index), 1);
   Tensor loss = neg(picked);
   if (smoothing > 0) loss = add(mul(loss, 1.0 - smoothing), mul(mean(logp2, {1}), -smoothing));
   loss = where(valid, loss, 0.0);
-  return reduce(loss, valid, r, lead);
+  return reduce(loss, count, r, lead);
 }
 
 }  // namespace

@@ -1,8 +1,10 @@
 #include <cmath>
+#include <optional>
 
 #include "graph/tracer.h"
 #include "ops/registry.h"
 #include "tpucore/autograd.h"
+#include "tpucore/defer.h"
 #include "tpucore/ops.h"
 #include "tpucore/optim.h"
 
@@ -27,6 +29,23 @@ class EagerScope {
 
  private:
   ops::DispatchInterceptor* prev_;
+};
+
+// Inside a deferred eager recording (tpucore/defer.h): flushes it (the backward that made the
+// gradients) and runs its scope eagerly, so SGD's update runs in place like plain eager. The
+// fused recorded update (b = m b + g; p -= lr b over fresh output buffers, then handed to p and b)
+// was slower on the training step than eager's in-place loops (bench_defer, README).
+class FlushedEagerScope {
+ public:
+  FlushedEagerScope() {
+    auto* t = dynamic_cast<graph::Tracer*>(ops::interceptor());
+    if (!t || !t->deferred()) return;
+    flush_deferred();
+    eager_.emplace();
+  }
+
+ private:
+  std::optional<EagerScope> eager_;
 };
 
 }  // namespace
@@ -96,6 +115,7 @@ SGD::SGD(std::vector<Tensor> params, SGDOptions o) : Optimizer(std::move(params)
 void SGD::step() {
   NoGradGuard ng;
   const bool traced = tracing();
+  FlushedEagerScope in_place;  // deferred eager: the update runs eagerly, in place
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i];
     Tensor g = p.grad();
