@@ -17,7 +17,7 @@ using tpu::kernels::detail::derive_blocking;
 using tpu::kernels::detail::GemmBlocking;
 
 TEST_CASE("gemm blocking: Zen 4 caches give the hand-computed blocks", "[gemm][blocking]") {
-  // 32 KiB L1d, 1 MiB L2, 16 MiB L3 share; 14 x 32 tile of f32.
+  // 32 KiB L1d, 1 MiB L2, 16 MiB L3 share; 14 x 32 tile of f32, B micro-panel in one L1d:
   // kc: 32768 / (32 * 4) = 256; mc: 524288 / (256 * 4) = 512 -> 504 (36 x 14);
   // nc: 8 MiB / 1024 = 8192 -> capped at 4096.
   const GemmBlocking b = derive_blocking(14, 32, 4, 32 << 10, 1 << 20, 16 << 20);
@@ -26,6 +26,13 @@ TEST_CASE("gemm blocking: Zen 4 caches give the hand-computed blocks", "[gemm][b
   CHECK(b.kc == 256);
   CHECK(b.mc == 504);
   CHECK(b.nc == 4096);
+  // The same with the B micro-panel over two L1d sizes (what the AVX-512 tiles use):
+  // kc: 65536 / 128 = 512; mc: 524288 / 2048 = 256 -> 252 (18 x 14); nc: 8 MiB / 2048 = 4096.
+  const GemmBlocking b2 = derive_blocking(14, 32, 4, 32 << 10, 1 << 20, 16 << 20, 2);
+  CHECK(b2.kc == 512);
+  CHECK(b2.mc == 252);
+  CHECK(b2.nc == 4096);
+  CHECK(tpu::kernels::detail::kAvx512L1dPanel == 2);
   // A 6 x 16 AVX2 tile on a Zen 2 core (32 KiB, 512 KiB, 4 MiB share): kc = 32768 / 64 = 512;
   // mc = 262144 / 2048 = 128 -> 126; nc = 2 MiB / 2048 = 1024.
   const GemmBlocking z2 = derive_blocking(6, 16, 4, 32 << 10, 512 << 10, 4 << 20);
@@ -37,6 +44,14 @@ TEST_CASE("gemm blocking: Zen 4 caches give the hand-computed blocks", "[gemm][b
   CHECK(spr.kc == 384);
   CHECK(spr.mc == 672);
   CHECK(spr.nc == 640);  // 983040 / 1536 = 640
+  // With two L1d sizes: kc = 98304 / 128 = 768; mc = 1 MiB / 3072 = 341.3 -> 336;
+  // nc = 983040 / 3072 = 320.
+  const GemmBlocking spr2 = derive_blocking(14, 32, 4, 48 << 10, 2 << 20, 1920 << 10, 2);
+  CHECK(spr2.kc == 768);
+  CHECK(spr2.mc == 336);
+  CHECK(spr2.nc == 320);
+  // A panel count below 1 counts as 1.
+  CHECK(derive_blocking(14, 32, 4, 32 << 10, 1 << 20, 16 << 20, 0).kc == 256);
 }
 
 TEST_CASE("gemm blocking: sane for many cache configurations", "[gemm][blocking]") {
@@ -53,29 +68,33 @@ TEST_CASE("gemm blocking: sane for many cache configurations", "[gemm][blocking]
       {int64_t{1} << 20, 64 << 20, int64_t{1} << 30},  // huge
   };
   for (const Caches& c : configs)
-    for (const auto& [mr, nr] : {std::pair{14, 32}, std::pair{6, 16}, std::pair{6, 8}}) {
-      const GemmBlocking b = derive_blocking(mr, nr, 4, c.l1, c.l2, c.l3);
-      INFO("l1 " << c.l1 << " l2 " << c.l2 << " l3 " << c.l3 << " tile " << mr << "x" << nr);
-      const int64_t l1 = c.l1 > 0 ? c.l1 : 32 << 10, l2 = c.l2 > 0 ? c.l2 : 512 << 10;
-      const int64_t outer = c.l3 > 0 ? c.l3 : l2;
-      CHECK(b.kc % 16 == 0);
-      CHECK(b.kc >= 64);
-      CHECK(b.kc <= 1024);
-      CHECK(b.mc % mr == 0);
-      CHECK(b.mc >= mr);
-      CHECK(b.mc <= 128 * mr);
-      CHECK(b.nc % nr == 0);
-      CHECK(b.nc >= 4 * nr);
-      CHECK(b.nc <= 4096);
-      // Each level's working set fits where the rule puts it, unless clamped at the minimum.
-      if (b.kc > 64) CHECK(b.kc * nr * 4 <= l1);
-      if (b.kc < 1024) CHECK((b.kc + 16) * nr * 4 > l1);  // and is the largest that does
-      if (b.mc > mr) CHECK(b.mc * b.kc * 4 <= l2 / 2);
-      if (b.nc > 4 * nr) CHECK(b.nc * b.kc * 4 <= outer / 2);
-      // A larger L2 never gives a smaller A block.
-      const GemmBlocking big = derive_blocking(mr, nr, 4, c.l1, 2 * l2, c.l3);
-      CHECK(big.mc >= b.mc);
-    }
+    for (const auto& [mr, nr] : {std::pair{14, 32}, std::pair{6, 16}, std::pair{6, 8}})
+      for (const int panels : {1, 2}) {
+        const GemmBlocking b = derive_blocking(mr, nr, 4, c.l1, c.l2, c.l3, panels);
+        INFO("l1 " << c.l1 << " l2 " << c.l2 << " l3 " << c.l3 << " tile " << mr << "x" << nr
+                   << " L1d sizes per B micro-panel " << panels);
+        const int64_t l1 = (c.l1 > 0 ? c.l1 : 32 << 10) * panels, l2 = c.l2 > 0 ? c.l2 : 512 << 10;
+        const int64_t outer = c.l3 > 0 ? c.l3 : l2;
+        CHECK(b.kc % 16 == 0);
+        CHECK(b.kc >= 64);
+        CHECK(b.kc <= 1024);
+        CHECK(b.mc % mr == 0);
+        CHECK(b.mc >= mr);
+        CHECK(b.mc <= 128 * mr);
+        CHECK(b.nc % nr == 0);
+        CHECK(b.nc >= 4 * nr);
+        CHECK(b.nc <= 4096);
+        // Each level's working set fits where the rule puts it, unless clamped at the minimum.
+        if (b.kc > 64) CHECK(b.kc * nr * 4 <= l1);
+        if (b.kc < 1024) CHECK((b.kc + 16) * nr * 4 > l1);  // and is the largest that does
+        if (b.mc > mr) CHECK(b.mc * b.kc * 4 <= l2 / 2);
+        if (b.nc > 4 * nr) CHECK(b.nc * b.kc * 4 <= outer / 2);
+        // A larger L2 never gives a smaller A block.
+        const GemmBlocking big = derive_blocking(mr, nr, 4, c.l1, 2 * l2, c.l3, panels);
+        CHECK(big.mc >= b.mc);
+        // More L1d per B micro-panel never gives a shorter one.
+        if (panels == 2) CHECK(b.kc >= derive_blocking(mr, nr, 4, c.l1, c.l2, c.l3, 1).kc);
+      }
 }
 
 TEST_CASE("cpu caches: parsing the kernel's cache descriptions", "[gemm][blocking]") {
@@ -105,13 +124,13 @@ namespace {
 
 // C = A B (+ C) with A [M, K] row-major, B [K, N] row-major (so the few-row gemv path declines
 // and the packed path runs), against a double loop.
-void check_f32(int64_t M, int64_t N, int64_t K, bool accumulate) {
+void check_f32(int64_t M, int64_t N, int64_t K, bool accumulate, int64_t ldc = 0) {
   std::mt19937 rng(static_cast<uint32_t>(M * 7919 + N * 31 + K));
   std::uniform_real_distribution<float> u(-1.f, 1.f);
   std::vector<float> a(static_cast<size_t>(M * K)), b(static_cast<size_t>(K * N));
   for (auto& x : a) x = u(rng);
   for (auto& x : b) x = u(rng);
-  const int64_t ldc = N + 3;
+  if (ldc < N) ldc = N + 3;
   std::vector<float> c(static_cast<size_t>(M * ldc));
   for (auto& x : c) x = u(rng);
   const std::vector<float> c0 = c;
@@ -141,6 +160,11 @@ TEST_CASE("gemm_f32 across the derived cache blocks matches a naive loop", "[gem
   check_f32(2 * b.mr + 1, b.nr * 2 - 1, 2 * b.kc + 7, true);
   check_f32(5, b.nc + 7, 19, false);                    // one past a B block (wide, short)
   check_f32(b.mr - 1, b.nc + b.nr + 1, b.kc - 3, true);
+  // C rows 4 KiB apart (every row of a tile in one L1d set; the kernel prefetches them into
+  // the L2 first, the L1d in its last k-steps), over two K blocks; and K shorter than that
+  // lead, where the L1d prefetch comes at the start.
+  check_f32(2 * b.mr + 3, b.nr + 5, b.kc + 30, true, 1024);
+  check_f32(b.mr, 2 * b.nr, 23, false, 1024);
   const GemmBlocking& h = tpu::kernels::detail::gemm_blocking_bf16();
   CHECK(h.kc >= 64);
   CHECK(h.mc % h.mr == 0);

@@ -74,14 +74,19 @@ struct GemmBlocking {
 
 // Cache blocking for a register tile of mr x nr from the data caches of one thread (bytes;
 // tpu::cpu_caches()), `step_bytes` bytes per packed value (4: an f32, or a pair of bf16):
-// - kc: the B micro-panel (kc x nr values) fills the L1d: it is reused there by every A
-//   micro-panel of the block, which stream from the L2 (kc x mr, prefetched);
+// - kc: the B micro-panel (kc x nr values) fills l1d_panel times the L1d. With 1 it stays in
+//   the L1d, reused there by every A micro-panel of the block, which stream from the L2
+//   (kc x mr, prefetched). A kernel with few loads per FMA (the AVX-512 14 x 32 tile: 16
+//   loads per 28 FMAs) can stream part of the B micro-panel from the L2 as well, and takes 2:
+//   twice the k-steps per C tile update halves the loads and stores of C per FMA, which
+//   dominate once C no longer fits the L2 (each C tile is read and written K / kc times);
 // - mc: the A block (mc x kc) takes half of the L2 (the rest for B panels and C);
 // - nc: the B block (kc x nc) takes half of the thread's share of the L3 (of the L2 without
 //   an L3), at most 4096 columns.
 // Multiples of 16 (kc), mr (mc) and nr (nc), clamped to kc 64..1024, mc mr..128 mr, nc
 // 4 nr..4096; a size of 0 (unknown) counts as 32 KiB L1d, 512 KiB L2, no L3.
-GemmBlocking derive_blocking(int mr, int nr, int64_t step_bytes, int64_t l1d, int64_t l2, int64_t l3);
+GemmBlocking derive_blocking(int mr, int nr, int64_t step_bytes, int64_t l1d, int64_t l2, int64_t l3,
+                             int l1d_panel = 1);
 
 // The blocking the dispatched gemm_f32 / gemm_bf16 use on this CPU (from its caches).
 const GemmBlocking& gemm_blocking_f32();
@@ -91,6 +96,7 @@ const GemmBlocking& gemm_blocking_bf16();
 // kAvx* constants give the register tiles (mr, nr); the driver derives mc, kc and nc.
 extern const GemmBlocking kAvx512BlockingF32;
 extern const GemmBlocking kAvx512BlockingBf16;
+constexpr int kAvx512L1dPanel = 2;  // derive_blocking's l1d_panel for these tiles
 void micro_kernel_f32_avx512(int64_t kc, const float* Ap, const float* Bp, float* C,
                              int64_t ldc, int rows, int cols, bool load_c);
 void micro_kernel_bf16_avx512(int64_t kc, const uint32_t* Ap, const uint32_t* Bp, float* C,

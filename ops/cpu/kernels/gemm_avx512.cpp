@@ -47,6 +47,23 @@ TPU_GEMM_AVX512 inline void store_tile(const __m512 (&acc0)[kMR], const __m512 (
   }
 }
 
+// Prefetches the R rows of a C tile (two cache lines each) with the given hint.
+template <int R, int Hint>
+TPU_GEMM_AVX512 inline void prefetch_tile(const float* C, int64_t ldc) {
+#pragma GCC unroll 14
+  for (int r = 0; r < R; ++r) {
+    _mm_prefetch(reinterpret_cast<const char*>(C + r * ldc), static_cast<_mm_hint>(Hint));
+    _mm_prefetch(reinterpret_cast<const char*>(C + r * ldc + 16), static_cast<_mm_hint>(Hint));
+  }
+}
+
+// How many k-steps before the end of the tile its C rows are prefetched into the L1d. At the
+// start they go to the L2 only: in a wide C the rows are a multiple of 4 KiB apart, so all 14
+// rows fall into the same L1d set and an early L1d prefetch would evict half of them (and
+// lines of the B panel) long before the tile is written; when C no longer fits the L2
+// (n = 1024, 2048) its lines then arrive from the L3 or DRAM during the multiply.
+constexpr int64_t kCL1Lead = 24;
+
 template <int R>
 TPU_GEMM_AVX512 void tile_f32(int64_t kc, const float* Ap, const float* Bp, float* C,
                               int64_t ldc, __mmask16 m0, __mmask16 m1, bool load_c) {
@@ -55,11 +72,12 @@ TPU_GEMM_AVX512 void tile_f32(int64_t kc, const float* Ap, const float* Bp, floa
   for (int r = 0; r < R; ++r) {
     acc0[r] = _mm512_setzero_ps();
     acc1[r] = _mm512_setzero_ps();
-    _mm_prefetch(reinterpret_cast<const char*>(C + r * ldc), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(C + r * ldc + 16), _MM_HINT_T0);
   }
+  prefetch_tile<R, _MM_HINT_T1>(C, ldc);
+  const int64_t k_pf = kc > kCL1Lead ? kc - kCL1Lead : 0;
 #pragma GCC unroll 2
   for (int64_t k = 0; k < kc; ++k) {
+    if (k == k_pf) prefetch_tile<R, _MM_HINT_T0>(C, ldc);
     const __m512 b0 = _mm512_load_ps(Bp);
     const __m512 b1 = _mm512_load_ps(Bp + 16);
     _mm_prefetch(reinterpret_cast<const char*>(Bp + 8 * kNR), _MM_HINT_T0);
@@ -83,11 +101,12 @@ TPU_GEMM_AVX512_BF16 void tile_bf16(int64_t kc, const uint32_t* Ap, const uint32
   for (int r = 0; r < R; ++r) {
     acc0[r] = _mm512_setzero_ps();
     acc1[r] = _mm512_setzero_ps();
-    _mm_prefetch(reinterpret_cast<const char*>(C + r * ldc), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(C + r * ldc + 16), _MM_HINT_T0);
   }
+  prefetch_tile<R, _MM_HINT_T1>(C, ldc);
+  const int64_t k_pf = kc > kCL1Lead ? kc - kCL1Lead : 0;
 #pragma GCC unroll 2
   for (int64_t k = 0; k < kc; ++k) {
+    if (k == k_pf) prefetch_tile<R, _MM_HINT_T0>(C, ldc);
     const __m512bh b0 = (__m512bh)_mm512_load_si512(Bp);
     const __m512bh b1 = (__m512bh)_mm512_load_si512(Bp + 16);
     _mm_prefetch(reinterpret_cast<const char*>(Bp + 8 * kNR), _MM_HINT_T0);
@@ -114,8 +133,8 @@ TPU_GEMM_AVX512 inline void column_masks(int cols, __mmask16* m0, __mmask16* m1)
 // The register tile; mc, kc and nc here are only the values the driver's derivation from the
 // caches gives on a Zen 4 core (32 KiB L1d, 1 MiB L2): it derives them at run time
 // (detail::derive_blocking; kc counts packed k-steps, bf16: pairs).
-const GemmBlocking kAvx512BlockingF32 = {kMR, kNR, 14 * 36, 256, 4096};
-const GemmBlocking kAvx512BlockingBf16 = {kMR, kNR, 14 * 36, 256, 4096};
+const GemmBlocking kAvx512BlockingF32 = {kMR, kNR, 14 * 18, 512, 4096};
+const GemmBlocking kAvx512BlockingBf16 = {kMR, kNR, 14 * 18, 512, 4096};
 
 #define TPU_GEMM_ROW_CASES(FN)                             \
   switch (rows) {                                          \

@@ -519,16 +519,16 @@ void gemm_run(const Problem& p, const GemmBlocking& bl, Kernel kernel) {
 }
 
 // Register tiles with the cache blocking of this CPU.
-GemmBlocking with_caches(const GemmBlocking& tile) {
+GemmBlocking with_caches(const GemmBlocking& tile, int l1d_panel = 1) {
   const CpuCaches& c = cpu_caches();
-  return detail::derive_blocking(tile.mr, tile.nr, 4, c.l1d, c.l2, c.l3);
+  return detail::derive_blocking(tile.mr, tile.nr, 4, c.l1d, c.l2, c.l3, l1d_panel);
 }
 const GemmBlocking& blocking_avx512_f32() {
-  static const GemmBlocking b = with_caches(detail::kAvx512BlockingF32);
+  static const GemmBlocking b = with_caches(detail::kAvx512BlockingF32, detail::kAvx512L1dPanel);
   return b;
 }
 const GemmBlocking& blocking_avx512_bf16() {
-  static const GemmBlocking b = with_caches(detail::kAvx512BlockingBf16);
+  static const GemmBlocking b = with_caches(detail::kAvx512BlockingBf16, detail::kAvx512L1dPanel);
   return b;
 }
 const GemmBlocking& blocking_avx2() {
@@ -609,8 +609,10 @@ void gemm_bf16_avx2(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t 
 
 namespace detail {
 
-GemmBlocking derive_blocking(int mr, int nr, int64_t step_bytes, int64_t l1d, int64_t l2, int64_t l3) {
+GemmBlocking derive_blocking(int mr, int nr, int64_t step_bytes, int64_t l1d, int64_t l2, int64_t l3,
+                             int l1d_panel) {
   if (l1d <= 0) l1d = int64_t{32} << 10;
+  l1d *= std::max(1, l1d_panel);  // the B micro-panel may span this many L1d sizes
   if (l2 <= 0) l2 = int64_t{512} << 10;
   const int64_t s = std::max<int64_t>(1, step_bytes);
   auto down = [](int64_t v, int64_t m) { return v / m * m; };
