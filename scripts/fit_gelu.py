@@ -9,7 +9,7 @@ on a dense grid, in 40-digit arithmetic. G's weight allows a relative error grow
 1 + a^2 / W2: for x < 0 the test bound grows as 1.5 x^2 ulp (the condition number of the
 negative tail), for x > 0 only 1 - c matters, so a fraction of that slack is spent here.
 
-Usage: python3 scripts/fit_gelu.py [degree_G] [K] [W2] [degree_E]
+Usage: python3 scripts/fit_gelu.py [degree_G] [K] [W2] [degree_E]   (the shipped fit: 8 3.5 4 5)
 Prints the float32 coefficients (highest degree first) and the fit errors in double.
 """
 import sys
@@ -66,8 +66,8 @@ def f32(v):
 
 
 def main():
-    deg_g = int(sys.argv[1]) if len(sys.argv) > 1 else 7
-    k = mp.mpf(sys.argv[2]) if len(sys.argv) > 2 else 2 * mp.sqrt(2)
+    deg_g = int(sys.argv[1]) if len(sys.argv) > 1 else 8
+    k = mp.mpf(sys.argv[2]) if len(sys.argv) > 2 else mp.mpf("3.5")
     w2 = mp.mpf(sys.argv[3]) if len(sys.argv) > 3 else mp.mpf(4)
     deg_e = int(sys.argv[4]) if len(sys.argv) > 4 else 5
     npts = 240
