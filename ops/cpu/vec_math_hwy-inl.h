@@ -27,7 +27,8 @@
 //               where the bound below grows as a^2); u = 0 at a = 0, where G = 1/2 exactly and
 //               Horner's rounding errors stay small;
 //             exp(-a^2 / 2) = 2^n E(r2), h = a^2 rounded, n = round(-h / (2 ln 2)) by adding a
-//               magic constant (whose low bits then hold n + 191: 2^(n + 64) by one shift),
+//               magic constant (whose low bits then hold n + 64, shifted into E's exponent field
+//               by an integer add),
 //               r2 = -h - 2n ln2 (one FMA), E of degree 5, minimax for exp(r2 / 2) on |r2| <= ln2
 //               (1.35e-7 relative);
 //               rounding a^2 changes the result as rounding the argument x would (a^2 / 2 ulp at
@@ -264,8 +265,8 @@ HWY_INLINE void gelu_erf_n(V (&x)[N]) {
   static constexpr float kE[] = {2.593025856e-04f, 2.619715640e-03f, 2.083446831e-02f, 1.249972358e-01f,
                                  4.999998510e-01f, 1.000000119e+00f};
   constexpr float kK = 3.5f;
-  // Adding this rounds to an integer in [2^23, 2^24), whose low bits then hold n + 127 + 64.
-  constexpr float kMagic = 12582912.0f + 191.0f;
+  // Adding this rounds to an integer in [2^23, 2^24), whose low bits then hold n + 64.
+  constexpr float kMagic = 12582912.0f + 64.0f;
   V a[N], t[N], g[N], h[N], y[N], r[N], p[N];
   // NaN becomes 14.85 here (on x86: min's second operand) and comes back through the product with x.
   TPU_EACH a[u] = min_x(hn::Abs(x[u]), splat(14.849242f));
@@ -278,8 +279,10 @@ HWY_INLINE void gelu_erf_n(V (&x)[N]) {
   TPU_EACH p[u] = splat(kE[0]);
   for (size_t i = 1; i < sizeof(kE) / sizeof(kE[0]); ++i) TPU_EACH p[u] = hn::MulAdd(p[u], r[u], splat(kE[i]));
   TPU_EACH {
-    const V scale = hn::BitCast(D(), hn::ShiftLeft<23>(hn::BitCast(DI(), y[u])));  // 2^(n + 64)
-    const V c = hn::Mul(g[u], hn::Mul(p[u], scale));
+    // E 2^(n + 64) by adding n + 64 to E's exponent field (E in [0.7, 1.42], so the result is
+    // normal and exact: an integer add instead of a multiply).
+    const VI e = hn::Add(hn::BitCast(DI(), p[u]), hn::ShiftLeft<23>(hn::BitCast(DI(), y[u])));
+    const V c = hn::Mul(g[u], hn::BitCast(D(), e));
     // By the sign bit: c for x < 0 (and -0), 1 - c otherwise.
     x[u] = hn::Mul(x[u], hn::IfNegativeThenElse(x[u], c, hn::Sub(splat(1.0f), c)));
   }
