@@ -20,17 +20,26 @@
 //             exp(a^2) of degree 12 fitted on 1/a in [1/12, 1] (erfc(12) = 0 in f32), with
 //             exp(-a^2) = exp(-h) (1 - l) for h + l = a^2 exactly.
 //   gelu    = x Phi(x), Phi(x) = c for x < 0 and 1 - c otherwise, c = erfc(a / sqrt 2) / 2 for
-//             a = |x|, computed as c = G(t) exp(-a^2 / 2):
-//             G(t) ~ erfcx(a / sqrt 2) / 2 of degree 9 in t = K / (K + a), K = 2 sqrt 2, fitted in
-//               relative error on a in [0, 14.85] (erfc underflows beyond);
-//             exp(-a^2 / 2) = 2^n E(r2) from h + l = a^2 split exactly, r2 = -(h + l) - 2n ln2 (a^2
-//               is never halved or rounded through 1/sqrt 2), E of degree 6, minimax for
-//               exp(r2 / 2) on |r2| <= ln2;
+//             a = |x|, computed as c = G(u) exp(-a^2 / 2) (scripts/fit_gelu.py fits both):
+//             G(u) ~ erfcx(a / sqrt 2) / 2 of degree 8 in u = a / (K + a), K = 3.5, fitted on a in
+//               [0, 14.85] (erfc underflows beyond) in relative error weighted by 1 / (1 + a^2 / 4)
+//               (max 5.4e-8 weighted with the f32 coefficients: tight near 0, looser in the tail,
+//               where the bound below grows as a^2); u = 0 at a = 0, where G = 1/2 exactly and
+//               Horner's rounding errors stay small;
+//             exp(-a^2 / 2) = 2^n E(r2), h = a^2 rounded, n = round(-h / (2 ln 2)) by adding a
+//               magic constant (whose low bits then hold n + 64, shifted into E's exponent field
+//               by an integer add),
+//               r2 = -h - 2n ln2 (one FMA), E of degree 5, minimax for exp(r2 / 2) on |r2| <= ln2
+//               (1.35e-7 relative);
+//               rounding a^2 changes the result as rounding the argument x would (a^2 / 2 ulp at
+//               most), which the condition number allowance below covers;
 //             n is in [-159, 0], so 2^(n + 64) is normal: E 2^(n + 64) is exact and the 2^-64 left
 //               is folded into G's coefficients, so c rounds once (to a denormal or zero when it
 //               must). The two chains are independent, so the out-of-order core overlaps them.
-//             Within 6.3 ulp of the exact gelu beyond the condition number of the negative tail
-//             (measured on every 97th float); gelu(-inf) = -inf * 0 = NaN, as in PyTorch.
+//             Within 8 ulp + 1.5 x^2 ulp for x < 0 (the condition number of the negative tail),
+//             8 ulp for x >= 0; measured: at most 4.4 ulp beyond the condition number allowance
+//             on every target (every 4099th float of [-16, 16], tests/core); gelu(-inf) =
+//             -inf * 0 = NaN, as in PyTorch.
 //   gelu_tanh = x sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)) (= 0.5 x (1 + tanh(...))).
 //
 // Targets without FMA (SSE4, the baseline): MulAdd rounds twice there (the file is compiled without
@@ -248,29 +257,32 @@ HWY_INLINE void erf_n(V (&x)[N]) {
 
 template <int N>
 HWY_INLINE void gelu_erf_n(V (&x)[N]) {
+  // scripts/fit_gelu.py 8 3.5 4 5 (G, times 2^-64, see the header comment; E).
   constexpr float s = 0x1p-64f;
-  static constexpr float kG[] = {-2.791759744e-02f * s, 1.339904666e-01f * s, -2.253055722e-01f * s,
-                                 1.163590178e-01f * s,  4.035753664e-03f * s, 9.287657589e-02f * s,
-                                 1.241784170e-01f * s,  1.406898201e-01f * s, 1.410953999e-01f * s,
-                                 -2.302230087e-06f * s};
-  static constexpr float kE[] = {2.161973316e-05f, 2.617181453e-04f, 2.604264999e-03f, 2.083302289e-02f,
-                                 1.249999776e-01f, 5.000000000e-01f, 1.000000000e+00f};
-  V a[N], t[N], g[N], h[N], n[N], r[N], p[N];
+  static constexpr float kG[] = {4.008773342e-02f * s, -1.146352515e-01f * s, 3.057785146e-02f * s,
+                                 1.796923429e-01f * s, 6.740123034e-02f * s,  -9.729825854e-01f * s,
+                                 1.666199923e+00f * s, -1.396297455e+00f * s, 5.000000000e-01f * s};
+  static constexpr float kE[] = {2.593025856e-04f, 2.619715640e-03f, 2.083446831e-02f, 1.249972358e-01f,
+                                 4.999998510e-01f, 1.000000119e+00f};
+  constexpr float kK = 3.5f;
+  // Adding this rounds to an integer in [2^23, 2^24), whose low bits then hold n + 64.
+  constexpr float kMagic = 12582912.0f + 64.0f;
+  V a[N], t[N], g[N], h[N], y[N], r[N], p[N];
   // NaN becomes 14.85 here (on x86: min's second operand) and comes back through the product with x.
   TPU_EACH a[u] = min_x(hn::Abs(x[u]), splat(14.849242f));
-  TPU_EACH t[u] = hn::Div(splat(2.82842712f), hn::Add(a[u], splat(2.82842712f)));
+  TPU_EACH t[u] = hn::Div(a[u], hn::Add(a[u], splat(kK)));  // the header's u
   TPU_EACH g[u] = splat(kG[0]);
   for (size_t i = 1; i < sizeof(kG) / sizeof(kG[0]); ++i) TPU_EACH g[u] = hn::MulAdd(g[u], t[u], splat(kG[i]));
   TPU_EACH h[u] = hn::Mul(a[u], a[u]);
-  TPU_EACH n[u] = hn::Round(hn::Mul(h[u], splat(-0.5f * 1.44269504088896341f)));
-  TPU_EACH r[u] = hn::MulSub(n[u], splat(-2.0f * 0.693359375f), h[u]);  // exact
-  TPU_EACH r[u] = hn::MulAdd(n[u], splat(2.0f * 2.12194440e-4f), r[u]);
-  TPU_EACH r[u] = hn::Sub(r[u], square_err(a[u], h[u]));  // - l
+  TPU_EACH y[u] = hn::MulAdd(h[u], splat(-0.5f * 1.44269504088896341f), splat(kMagic));  // n = round(-h / (2 ln2))
+  TPU_EACH r[u] = hn::MulSub(hn::Sub(y[u], splat(kMagic)), splat(-2.0f * 0.693147181f), h[u]);  // -h - 2n ln2
   TPU_EACH p[u] = splat(kE[0]);
   for (size_t i = 1; i < sizeof(kE) / sizeof(kE[0]); ++i) TPU_EACH p[u] = hn::MulAdd(p[u], r[u], splat(kE[i]));
   TPU_EACH {
-    const VI k = hn::Add(int_of(n[u]), hn::Set(DI(), 127 + 64));
-    const V c = hn::Mul(g[u], hn::Mul(p[u], hn::BitCast(D(), hn::ShiftLeft<23>(k))));
+    // E 2^(n + 64) by adding n + 64 to E's exponent field (E in [0.7, 1.42], so the result is
+    // normal and exact: an integer add instead of a multiply).
+    const VI e = hn::Add(hn::BitCast(DI(), p[u]), hn::ShiftLeft<23>(hn::BitCast(DI(), y[u])));
+    const V c = hn::Mul(g[u], hn::BitCast(D(), e));
     // By the sign bit: c for x < 0 (and -0), 1 - c otherwise.
     x[u] = hn::Mul(x[u], hn::IfNegativeThenElse(x[u], c, hn::Sub(splat(1.0f), c)));
   }
