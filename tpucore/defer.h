@@ -57,6 +57,21 @@ class DeferredEager {
 
 // Flushes this thread's deferred recording, if any (no-op otherwise).
 void flush_deferred();
+
+// While the ops of this thread are being recorded by a deferred eager scope: flushes the
+// recording and runs the guard's scope eagerly (op by op), then records again. Does nothing
+// otherwise (plain eager, or inside tpu::compile's tracing). For code that runs faster in place
+// than recorded and fused (an SGD update, a backward of many small ops).
+class EagerIfDeferred {
+ public:
+  EagerIfDeferred();
+  ~EagerIfDeferred();
+  EagerIfDeferred(const EagerIfDeferred&) = delete;
+  EagerIfDeferred& operator=(const EagerIfDeferred&) = delete;
+
+ private:
+  void* prev_ = nullptr;  // the recording's dispatch interceptor, restored at the end
+};
 // Whether this thread is recording deferred eager ops.
 bool eager_deferred();
 // TPU_EAGER=defer (read at load): every thread (not the pool's chunks inside a kernel's

@@ -6,9 +6,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "graph/tracer.h"
 #include "ops/meta_util.h"
-#include "ops/registry.h"
 #include "tpucore/autograd/capture.h"
 #include "tpucore/autograd/node.h"
 #include "tpucore/defer.h"
@@ -264,21 +262,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
   // Deferred eager mode (tpucore/defer.h): the pending recording is flushed and the backward runs
   // eagerly. Recorded, its many small ops cost more to record and flush than their fusion saved
   // on the training step (bench_defer: SGD 0.96x -> 0.98x of plain eager, AdamW about even).
-  struct Eager {
-    ops::DispatchInterceptor* prev = nullptr;
-    Eager() {
-      auto* t = dynamic_cast<graph::Tracer*>(ops::interceptor());
-      if (!t || !t->deferred()) return;
-      flush_deferred();
-      prev = t;
-      ops::set_interceptor(nullptr);
-    }
-    ~Eager() {
-      if (prev) ops::set_interceptor(prev);
-    }
-    Eager(const Eager&) = delete;
-    Eager& operator=(const Eager&) = delete;
-  } eager;
+  EagerIfDeferred eager;
   run(roots, grads, retain_graph || create_graph, create_graph, nullptr);
 }
 

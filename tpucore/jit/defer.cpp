@@ -213,6 +213,18 @@ void flush_deferred() {
   if (detail::t_current) detail::t_current->tracer.flush("flush_deferred()");
 }
 
+EagerIfDeferred::EagerIfDeferred() {
+  auto* t = dynamic_cast<graph::Tracer*>(ops::interceptor());
+  if (!t || !t->deferred()) return;
+  flush_deferred();
+  prev_ = t;
+  ops::set_interceptor(nullptr);
+}
+
+EagerIfDeferred::~EagerIfDeferred() {
+  if (prev_) ops::set_interceptor(static_cast<graph::Tracer*>(prev_));
+}
+
 bool eager_deferred() {
   detail::ensure_env_started();
   return detail::t_current != nullptr;

@@ -1,32 +1,10 @@
 #include "tpucore/nn/loss.h"
 
-#include "graph/tracer.h"
-#include "ops/registry.h"
 #include "tpucore/defer.h"
 #include "tpucore/ops.h"
 
 namespace tpu::nn {
 namespace {
-
-// Inside a deferred eager recording: flushes it and runs the scope eagerly.
-class EagerIfDeferred {
- public:
-  EagerIfDeferred() {
-    auto* t = dynamic_cast<graph::Tracer*>(ops::interceptor());
-    if (!t || !t->deferred()) return;
-    flush_deferred();
-    prev_ = t;
-    ops::set_interceptor(nullptr);
-  }
-  ~EagerIfDeferred() {
-    if (prev_) ops::set_interceptor(prev_);
-  }
-  EagerIfDeferred(const EagerIfDeferred&) = delete;
-  EagerIfDeferred& operator=(const EagerIfDeferred&) = delete;
-
- private:
-  ops::DispatchInterceptor* prev_ = nullptr;
-};
 
 struct Flat {
   Tensor logp;    // [M, C]

@@ -1,5 +1,4 @@
 #include <cmath>
-#include <optional>
 
 #include "graph/tracer.h"
 #include "ops/registry.h"
@@ -29,23 +28,6 @@ class EagerScope {
 
  private:
   ops::DispatchInterceptor* prev_;
-};
-
-// Inside a deferred eager recording (tpucore/defer.h): flushes it (the backward that made the
-// gradients) and runs its scope eagerly, so SGD's update runs in place like plain eager. The
-// fused recorded update (b = m b + g; p -= lr b over fresh output buffers, then handed to p and b)
-// was slower on the training step than eager's in-place loops (bench_defer, README).
-class FlushedEagerScope {
- public:
-  FlushedEagerScope() {
-    auto* t = dynamic_cast<graph::Tracer*>(ops::interceptor());
-    if (!t || !t->deferred()) return;
-    flush_deferred();
-    eager_.emplace();
-  }
-
- private:
-  std::optional<EagerScope> eager_;
 };
 
 }  // namespace
@@ -115,7 +97,11 @@ SGD::SGD(std::vector<Tensor> params, SGDOptions o) : Optimizer(std::move(params)
 void SGD::step() {
   NoGradGuard ng;
   const bool traced = tracing();
-  FlushedEagerScope in_place;  // deferred eager: the update runs eagerly, in place
+  // Deferred eager (tpucore/defer.h): the recording (the backward that made the gradients) is
+  // flushed and the update runs eagerly, in place like plain eager. The fused recorded update
+  // (b = m b + g; p -= lr b over fresh output buffers, then handed to p and b) was slower on the
+  // training step than eager's in-place loops (bench_defer, README).
+  EagerIfDeferred in_place;
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i];
     Tensor g = p.grad();
