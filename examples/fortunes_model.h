@@ -1,7 +1,9 @@
 // The fortunes model of the examples: reads the Debian `fortunes` corpus (every text file of
-// /usr/share/games/fortunes, each fortune followed by the <|endoftext|> token 256), trains a
-// small byte-level Llama-style model on it on the cpu and saves it as a Hugging Face checkpoint
-// (config.json, model.safetensors, tokenizer.json). Shared by train_fortunes and main_example.
+// /usr/share/games/fortunes, each fortune followed by the <|endoftext|> token 256), learns a
+// byte-level BPE vocabulary on the training fortunes (tpu::train_bpe_tokenizer, GPT-2's split),
+// trains a small Llama-style model on the tokens on the cpu and saves it as a Hugging Face
+// checkpoint (config.json, model.safetensors, tokenizer.json). Shared by train_fortunes and
+// main_example.
 #pragma once
 
 #include <fmt/format.h>
@@ -29,13 +31,13 @@ namespace fs = std::filesystem;
 using namespace tpu;
 
 constexpr int64_t kEot = 256;
-constexpr int64_t kVocab = 257;
+constexpr int64_t kByteVocab = 257;  // the bytes and kEot: the symbols bits per byte are counted on
 
-// The corpus as token ids: the bytes of every fortune, each followed by kEot (in file order).
-// `keep(i)` selects the fortunes by their index i (counted from 1) in that order.
+// The text of every fortune, in file order. `keep(i)` selects the fortunes by their index i
+// (counted from 1) in that order.
 template <class Keep>
-std::vector<int32_t> read_fortunes(const fs::path& dir, Keep keep) {
-  std::vector<int32_t> ids;
+std::vector<std::string> read_fortune_texts(const fs::path& dir, Keep keep) {
+  std::vector<std::string> texts;
   std::vector<fs::path> files;
   if (fs::is_directory(dir))
     for (const auto& e : fs::directory_iterator(dir))
@@ -50,59 +52,81 @@ std::vector<int32_t> read_fortunes(const fs::path& dir, Keep keep) {
         cur += line + "\n";
         continue;
       }
-      if (!cur.empty() && keep(++n)) {
-        for (unsigned char ch : cur) ids.push_back(ch);
-        ids.push_back(static_cast<int32_t>(kEot));
-      }
+      if (!cur.empty() && keep(++n)) texts.push_back(cur);
       cur.clear();
     }
   }
+  return texts;
+}
+// The whole corpus as byte ids, each fortune followed by kEot (the byte-level GPT of train_gpt_fsdp).
+inline std::vector<int32_t> read_corpus(const fs::path& dir) {
+  std::vector<int32_t> ids;
+  for (const std::string& t : read_fortune_texts(dir, [](int64_t) { return true; })) {
+    for (unsigned char ch : t) ids.push_back(ch);
+    ids.push_back(static_cast<int32_t>(kEot));
+  }
   return ids;
 }
-inline std::vector<int32_t> read_corpus(const fs::path& dir) {
-  return read_fortunes(dir, [](int64_t) { return true; });
-}
 
-// The corpus split by fortune: every `val_every`-th fortune is held out for validation.
+// The corpus split by fortune (every `val_every`-th fortune held out for validation) as token
+// ids of a BPE vocabulary of `vocab` ids learnt on the training fortunes (257: bytes only), each
+// fortune followed by kEot. The bytes behind them are kept for bits per byte.
 struct Corpus {
-  std::vector<int32_t> train, val;
+  std::string tokenizer_json;
+  int64_t vocab = kByteVocab;
+  std::vector<int32_t> train, val;            // token ids
+  std::vector<int32_t> train_bytes, val_bytes;  // the same text as bytes and kEot marks
+  std::vector<int64_t> token_bytes;           // symbols (bytes; 1 for kEot) of each token id
 };
-inline Corpus read_split(const fs::path& dir = "/usr/share/games/fortunes", int64_t val_every = 20) {
-  Corpus c{read_fortunes(dir, [&](int64_t i) { return i % val_every != 0; }),
-           read_fortunes(dir, [&](int64_t i) { return i % val_every == 0; })};
-  TPU_CHECK(c.train.size() > 10000 && c.val.size() > 1000,
+inline Corpus read_split(const fs::path& dir = "/usr/share/games/fortunes", int64_t val_every = 20,
+                         int64_t vocab = 2048) {
+  const auto train_texts = read_fortune_texts(dir, [&](int64_t i) { return i % val_every != 0; });
+  const auto val_texts = read_fortune_texts(dir, [&](int64_t i) { return i % val_every == 0; });
+  size_t bytes = 0;
+  for (const auto* v : {&train_texts, &val_texts})
+    for (const auto& t : *v) bytes += t.size() + 1;
+  TPU_CHECK(train_texts.size() > 100 && val_texts.size() > 5 && bytes > 11000,
             "fortunes: the corpus in {} is missing or too small ({} bytes); install the Debian package 'fortunes'",
-            dir.string(), c.train.size() + c.val.size());
+            dir.string(), bytes);
+  Corpus c;
+  BpeTrainOptions o;
+  o.vocab_size = vocab;
+  o.special_tokens = {"<|endoftext|>"};  // id 256 = kEot
+  c.tokenizer_json = train_bpe_tokenizer(vocab > kByteVocab ? train_texts : std::vector<std::string>{}, o);
+  const Tokenizer tok = Tokenizer::from_json(c.tokenizer_json, "fortunes tokenizer");
+  c.vocab = tok.vocab_size();
+  TPU_CHECK(tok.token_to_id("<|endoftext|>") == kEot, "fortunes: <|endoftext|> is not id {}", kEot);
+  for (int64_t id = 0; id < c.vocab; ++id) c.token_bytes.push_back(id == kEot ? 1 : static_cast<int64_t>(tok.decode({id}).size()));
+  auto fill = [&](const std::vector<std::string>& texts, std::vector<int32_t>& ids, std::vector<int32_t>& raw) {
+    for (const std::string& t : texts) {
+      for (int64_t id : tok.encode(t, /*allow_special=*/false)) ids.push_back(static_cast<int32_t>(id));
+      ids.push_back(static_cast<int32_t>(kEot));
+      for (unsigned char ch : t) raw.push_back(ch);
+      raw.push_back(static_cast<int32_t>(kEot));
+    }
+  };
+  fill(train_texts, c.train, c.train_bytes);
+  fill(val_texts, c.val, c.val_bytes);
   return c;
 }
 
 // The independent baseline: bits per symbol of `val` under the unigram distribution of `train`
-// (symbol counts, add-one smoothed), by a plain count. A model that has learnt anything about
-// the order of bytes must beat it.
-inline double unigram_bits(const std::vector<int32_t>& train, const std::vector<int32_t>& val) {
-  std::vector<double> count(static_cast<size_t>(kVocab), 1.0);
+// over `vocab` symbols (counts, add-one smoothed), by a plain count. Over tokens it is divided
+// by the bytes they stand for (`per_byte`, the symbols behind val); a model that has learnt
+// anything about the order of tokens must beat it.
+inline double unigram_bits(const std::vector<int32_t>& train, const std::vector<int32_t>& val, int64_t vocab,
+                           double per_byte = 0) {
+  std::vector<double> count(static_cast<size_t>(vocab), 1.0);
   for (int32_t t : train) count[static_cast<size_t>(t)] += 1;
-  const double total = static_cast<double>(train.size()) + static_cast<double>(kVocab);
+  const double total = static_cast<double>(train.size()) + static_cast<double>(vocab);
   double bits = 0;
   for (int32_t t : val) bits -= std::log2(count[static_cast<size_t>(t)] / total);
-  return bits / static_cast<double>(val.size());
-}
-
-inline void write_tokenizer(const fs::path& path) {
-  nlohmann::json vocab = nlohmann::json::object();
-  for (int b = 0; b < 256; ++b) vocab[byte_to_unicode(static_cast<uint8_t>(b))] = b;
-  nlohmann::json j{{"version", "1.0"},
-                   {"added_tokens", {{{"id", kEot}, {"content", "<|endoftext|>"}, {"special", true}}}},
-                   {"normalizer", nullptr},
-                   {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
-                   {"decoder", {{"type", "ByteLevel"}}},
-                   {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
-  std::ofstream(path) << j.dump();
+  return bits / (per_byte > 0 ? per_byte : static_cast<double>(val.size()));
 }
 
 // The training recipe's version: a cached checkpoint written by another recipe is retrained
 // (is_current), so changing the default Recipe below must bump it.
-constexpr int kRecipeVersion = 4;
+constexpr int kRecipeVersion = 5;
 inline fs::path recipe_file(const fs::path& dir) { return dir / "fortunes_recipe.txt"; }
 inline bool is_current(const fs::path& dir) {
   std::ifstream in(recipe_file(dir));
@@ -110,7 +134,7 @@ inline bool is_current(const fs::path& dir) {
   return fs::exists(dir / "model.safetensors") && (in >> v) && v == kRecipeVersion;
 }
 
-// Sampling defaults of the examples: a byte-level model this small writes the most fortune-like
+// Sampling defaults of the examples: a model this small writes the most fortune-like
 // text a little colder than its own distribution, without its unlikely tail.
 inline models::GenerationConfig sampling() {
   models::GenerationConfig g;
@@ -129,32 +153,33 @@ inline models::GenerationConfig sampling() {
 // cpu_seconds > 0 after that much process cpu time (both then drive the schedule: for comparing
 // recipes at equal compute on a host whose load changes).
 //
-// Recipe 4 (the defaults): 2 layers, hidden 96, MLP 256, 4 query heads sharing 2 KV heads
-// (0.23M parameters), batches of 8 x 128 bytes, peak 4e-3, the step compiled. Compared on one thread at an equal budget of 60 s
-// of cpu time (what a 3-minute run gets on the shared 2-core host), held-out bits per byte:
-// recipe 3's shape (3 layers, hidden 128, GQA 4/2, 16 x 64 bytes) 2.93; 2 layers of it 2.83;
-// 2 layers with 8 x 128 bytes 2.84 (peak 8e-3: 3.00); hidden 96 with 3 heads 2.76 (peak 6e-3:
-// 2.82; 3 layers: 2.82), with 4 query / 2 KV heads 2.74; hidden 64, peak 6e-3 2.72. In a few
-// minutes of this cpu the number of steps wins over the size; hidden 96 keeps some room for a
-// faster host, and grouped KV heads (as Llama 3) let decode on the chip use its grouped decode
-// attention kernel. A context of 128 (it was 64)
-// covers most of a fortune, and the checkpoint's max_position_embeddings says so: sampling past
-// the trained positions gave noise.
+// Recipe 5 (the defaults): a BPE vocabulary of 2048 learnt on the training fortunes (2.65
+// bytes per token), 3 layers, hidden 128, MLP 384, 4 query heads sharing 2 KV heads (0.85M
+// parameters), batches of 16 x 128 tokens (a context of ~340 bytes: whole fortunes), peak 4e-3,
+// the step compiled. In 170 s on an idle 2-core Intel Xeon (AVX-512), held-out bits per byte:
+// recipe 4 (bytes, 2 layers, hidden 96, 8 x 128 bytes) 2.6-2.8 before; its shape on a BPE
+// vocabulary of 1024, 90 s: 2.37; this recipe 2.25 (1271 steps); with a vocabulary of 4096
+// 2.26 (1014 steps). Tokens of several bytes let the same steps see ~2.6x more text and the
+// samples are made of whole words; grouped KV heads (as Llama 3) let decode on the chip use its
+// grouped decode attention kernel. The checkpoint's max_position_embeddings is the trained
+// context: sampling past the trained positions gave noise.
 struct Recipe {
-  int64_t layers = 2, hidden = 96, inter = 256, heads = 4, kv_heads = 2;
-  int64_t batch = 8, ctx = 128;
+  int64_t vocab = 2048;  // BPE vocabulary learnt on the training fortunes (257: bytes only)
+  int64_t layers = 3, hidden = 128, inter = 384, heads = 4, kv_heads = 2;
+  int64_t batch = 16, ctx = 128;
   double peak_lr = 4e-3, final_frac = 0.1, warmup = 0.03, decay = 0.3, weight_decay = 0.05;
   double seconds = 170;
   int64_t max_steps = 0;
   double cpu_seconds = 0;
   int threads = 0;  // cpu threads of the steps; 0: the faster of one and all, timed (ThreadChooser)
   bool compiled = true;  // the whole step (forward, backward, AdamW) through tpu::compile
-  int64_t eval_bytes = 32768;  // validation symbols scored after training (0: all)
+  int64_t eval_tokens = 16384;  // validation tokens scored after training (0: all)
 };
 
 struct TrainResult {
   int64_t steps = 0, one_thread_steps = 0;
-  double seconds = 0, cpu_seconds = 0, first_step_seconds = 0, train_loss = 0, val_bits = 0, unigram_bits = 0;
+  double seconds = 0, cpu_seconds = 0, first_step_seconds = 0, train_loss = 0, val_bits = 0, unigram_bits = 0,
+         byte_unigram_bits = 0;
 };
 
 // The validation symbols evaluate() scores: val[1 .. n] for the returned n (whole windows).
@@ -163,10 +188,11 @@ inline int64_t scored_symbols(const std::vector<int32_t>& val, int64_t ctx, int6
   return std::max<int64_t>(1, (max_symbols > 0 ? std::min(max_symbols, avail) : avail) / ctx) * ctx;
 }
 
-// Bits per symbol (byte or end of fortune) of the model on the first symbols of `val`
-// (scored_symbols): non-overlapping windows of `ctx` symbols, every position scored given the
-// window before it.
-inline double evaluate(models::CausalLM& model, const std::vector<int32_t>& val, int64_t ctx, int64_t max_symbols) {
+// Bits per byte (per symbol: byte or end of fortune) of the model on the first tokens of `val`
+// (scored_symbols): non-overlapping windows of `ctx` tokens, every position scored given the
+// window before it; the nats of all scored tokens over the bytes they stand for.
+inline double evaluate(models::CausalLM& model, const std::vector<int32_t>& val, int64_t ctx, int64_t max_symbols,
+                       const std::vector<int64_t>& token_bytes) {
   NoGradGuard ng;
   const int64_t windows = scored_symbols(val, ctx, max_symbols) / ctx;
   const int64_t per_batch = 16;
@@ -179,10 +205,12 @@ inline double evaluate(models::CausalLM& model, const std::vector<int32_t>& val,
       y[i] = val[static_cast<size_t>(w0 * ctx) + i + 1];
     }
     Tensor logits = model.forward(from_vector(x, Shape{n, ctx}));
-    Tensor loss = nn::cross_entropy(reshape(logits, Shape{n * ctx, kVocab}), from_vector(y, Shape{n * ctx}));
+    Tensor loss = nn::cross_entropy(reshape(logits, Shape{n * ctx, model.config.vocab_size}), from_vector(y, Shape{n * ctx}));
     nats += loss.item<double>() * static_cast<double>(n * ctx);
   }
-  return nats / static_cast<double>(windows * ctx) / std::log(2.0);
+  double bytes = 0;
+  for (int64_t i = 1; i <= windows * ctx; ++i) bytes += static_cast<double>(token_bytes[static_cast<size_t>(val[static_cast<size_t>(i)])]);
+  return nats / bytes / std::log(2.0);
 }
 
 // Picks the thread count of the training steps by timing: the cpu thread pool's fork and join
@@ -215,10 +243,10 @@ struct ThreadChooser {
   }
 };
 
-inline models::ModelConfig model_config(const Recipe& r) {
+inline models::ModelConfig model_config(const Recipe& r, int64_t vocab) {
   models::ModelConfig c;
   c.model_type = "llama";
-  c.vocab_size = kVocab;
+  c.vocab_size = vocab;
   c.hidden_size = r.hidden;
   c.intermediate_size = r.inter;
   c.num_hidden_layers = r.layers;
@@ -241,17 +269,17 @@ inline TrainResult train(const fs::path& dir, const Recipe& r, const Corpus& cor
             "time and learning rate must be positive, the context 2-4096, the rest not negative",
             r.batch, r.ctx, r.seconds, r.max_steps, r.cpu_seconds, r.threads, r.peak_lr);
   const std::vector<int32_t>& ids = corpus.train;
-  fmt::print("corpus: {} training and {} held-out validation symbols (bytes and end-of-fortune marks; every 20th "
-             "fortune held out)\n",
-             ids.size(), corpus.val.size());
-  const models::ModelConfig c = model_config(r);
+  fmt::print("corpus: {} training and {} held-out validation tokens ({} and {} bytes and end-of-fortune marks; every "
+             "20th fortune held out; a BPE vocabulary of {} learnt on the training fortunes)\n",
+             ids.size(), corpus.val.size(), corpus.train_bytes.size(), corpus.val_bytes.size(), corpus.vocab);
+  const models::ModelConfig c = model_config(r, corpus.vocab);
   Generator gen(1234);
   models::CausalLM model(c, &gen);
   {  // GPT-style small init of the tied embedding (N(0, 1) would make the first logits huge)
     NoGradGuard ng;
     mul_(model.model->embed_tokens->weight, full({}, 0.02));
   }
-  fmt::print("model: {} parameters ({} layers, hidden {}, MLP {}, {}/{} heads), batches of {} x {} bytes{}\n",
+  fmt::print("model: {} parameters ({} layers, hidden {}, MLP {}, {}/{} heads), batches of {} x {} tokens{}\n",
              model.num_parameters(), r.layers, r.hidden, r.inter, r.heads, r.kv_heads, r.batch, r.ctx,
              r.compiled ? ", compiled step" : "");
   optim::AdamW opt(model.parameters(), {.lr = r.peak_lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = r.weight_decay});
@@ -260,7 +288,7 @@ inline TrainResult train(const fs::path& dir, const Recipe& r, const Corpus& cor
     opt.set_lr(lr);
     opt.zero_grad();
     Tensor logits = model.forward(x);
-    Tensor loss = nn::cross_entropy(reshape(logits, Shape{B * T, kVocab}), reshape(y, Shape{B * T}));
+    Tensor loss = nn::cross_entropy(reshape(logits, Shape{B * T, c.vocab_size}), reshape(y, Shape{B * T}));
     loss.backward();
     opt.step();
     return loss;
@@ -313,21 +341,33 @@ inline TrainResult train(const fs::path& dir, const Recipe& r, const Corpus& cor
   res.one_thread_steps = threads.one_thread_steps;
   set_num_threads(threads_before);
   res.train_loss = ema;
-  res.val_bits = evaluate(model, corpus.val, T, r.eval_bytes);
-  const int64_t scored = scored_symbols(corpus.val, T, r.eval_bytes);
-  res.unigram_bits = unigram_bits(ids, std::vector<int32_t>(corpus.val.begin() + 1, corpus.val.begin() + 1 + scored));
-  fmt::print("trained {} steps of {} x {} bytes in {:.1f} s ({:.2f} steps/s; first step {:.2f} s; process cpu time "
+  res.val_bits = evaluate(model, corpus.val, T, r.eval_tokens, corpus.token_bytes);
+  const int64_t scored = scored_symbols(corpus.val, T, r.eval_tokens);
+  double scored_bytes = 0;
+  for (int64_t i = 1; i <= scored; ++i) scored_bytes += static_cast<double>(corpus.token_bytes[static_cast<size_t>(corpus.val[static_cast<size_t>(i)])]);
+  res.unigram_bits = unigram_bits(ids, std::vector<int32_t>(corpus.val.begin() + 1, corpus.val.begin() + 1 + scored),
+                                  corpus.vocab, scored_bytes);
+  {  // the byte-level unigram of the same held-out bytes, for comparison with byte-level models
+    const auto first = static_cast<size_t>(corpus.token_bytes[static_cast<size_t>(corpus.val[0])]);
+    res.byte_unigram_bits = unigram_bits(corpus.train_bytes,
+                                         std::vector<int32_t>(corpus.val_bytes.begin() + static_cast<ptrdiff_t>(first),
+                                                              corpus.val_bytes.begin() + static_cast<ptrdiff_t>(first) +
+                                                                  static_cast<ptrdiff_t>(scored_bytes)),
+                                         kByteVocab);
+  }
+  fmt::print("trained {} steps of {} x {} tokens in {:.1f} s ({:.2f} steps/s; first step {:.2f} s; process cpu time "
              "{:.1f} s), training loss {:.3f} nats\n",
              res.steps, B, T, res.seconds, static_cast<double>(res.steps) / res.seconds, res.first_step_seconds,
              res.cpu_seconds, res.train_loss);
   if (threads.hw > 1)
     fmt::print("threads: {} of the steps ran on 1 thread, the rest on {} (the faster of the two, timed every {} steps)\n",
                res.one_thread_steps, threads.hw, ThreadChooser::kPeriod);
-  fmt::print("validation: {:.3f} bits per byte on {} held-out symbols (unigram baseline {:.3f})\n", res.val_bits,
-             scored, res.unigram_bits);
+  fmt::print("validation: {:.3f} bits per byte on {} held-out tokens ({:.0f} bytes; unigram baseline over the same "
+             "tokens {:.3f}, over the bytes {:.3f})\n",
+             res.val_bits, scored, scored_bytes, res.unigram_bits, res.byte_unigram_bits);
   fs::create_directories(dir);
   models::save_causal_lm(model, dir.string());
-  write_tokenizer(dir / "tokenizer.json");
+  std::ofstream(dir / "tokenizer.json") << corpus.tokenizer_json;
   std::ofstream(recipe_file(dir)) << kRecipeVersion << "\n";
   return res;
 }
@@ -335,7 +375,7 @@ inline TrainResult train(const fs::path& dir, const Recipe& r, const Corpus& cor
 inline TrainResult train(const fs::path& dir, double seconds) {
   Recipe r;
   r.seconds = seconds;
-  return train(dir, r, read_split());
+  return train(dir, r, read_split("/usr/share/games/fortunes", 20, r.vocab));
 }
 
 }  // namespace fortunes

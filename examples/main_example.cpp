@@ -1,6 +1,6 @@
 // The main example: a small language model generates text on the simulated TPU chip.
 //
-// The model is the byte-level Llama-style fortunes model (examples/fortunes_model.h): trained on
+// The model is the Llama-style fortunes model (examples/fortunes_model.h; BPE tokens): trained on
 // the cpu on the Debian `fortunes` corpus the first time (about three minutes) and saved as a
 // Hugging Face checkpoint, then reused. It is loaded like any checkpoint onto `sim:0` in bf16
 // and generates a fortune twice, eager (every op a chip kernel as it is called) and compiled
@@ -48,9 +48,10 @@ void report(const char* label, const RunFigures& r, const sim::ChipConfig& cfg, 
   const double chip_s = r.chip.cycles / (cfg.clock_ghz * 1e9);
   const double mfu = chip_s > 0 ? r.chip.mxu_flops / chip_s / cfg.peak_flops() : 0;
   const double bw = chip_s > 0 ? static_cast<double>(r.chip.hbm_bytes) / chip_s / (cfg.memory.hbm_bandwidth_gbps * 1e9) : 0;
-  std::string text;
+  std::vector<int64_t> ids;
   for (int64_t t : r.tokens)
-    if (t != fortunes::kEot) text += tok.decode({t});
+    if (t != fortunes::kEot) ids.push_back(t);
+  const std::string text = tok.decode(ids);
   fmt::print("\n== {}: {} tokens\n{}\n", label, r.tokens.size(), text);
   fmt::print("host: {:.2f} s, {:.1f} tokens/s (simulating the chip on the host)\n", r.host_s, n / r.host_s);
   // Eager decode runs "decode_attention"; compiled decode the live-length "kv_cache_attention".
@@ -109,7 +110,7 @@ int main(int argc, char** argv) {
                model->num_parameters(), model->config.num_hidden_layers, model->config.hidden_size,
                model->config.num_attention_heads, model->config.num_key_value_heads);
     std::vector<int64_t> prompt{fortunes::kEot};
-    for (int64_t t : tok.encode("The ")) prompt.push_back(t);
+    for (int64_t t : tok.encode("The")) prompt.push_back(t);
 
     // Positions past the context the model was trained on (max_position_embeddings) were never
     // seen in training: generation stops there.

@@ -20,5 +20,7 @@ std::vector<Codepoint> decode_utf8(std::string_view s);
 // none of the supported ones), and the pieces it cuts text into (views into text).
 Pattern pattern_of(std::string_view regex, const std::string& where);
 std::vector<std::string_view> split_pieces(std::string_view text, Pattern p);
+// The regex text of a pattern as tokenizer.json files spell it (empty for none).
+std::string_view pattern_regex(Pattern p);
 
 }  // namespace tpu::tok

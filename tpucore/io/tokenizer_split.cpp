@@ -123,16 +123,29 @@ std::vector<std::string_view> split_pieces(std::string_view text, Pattern p) {
   return out;
 }
 
+namespace {
+constexpr std::string_view kGpt2 = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr std::string_view kLlama3 =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr std::string_view kQwen2 =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+}  // namespace
+
 Pattern pattern_of(std::string_view regex, const std::string& where) {
-  static constexpr std::string_view gpt2 = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-  static constexpr std::string_view llama3 =
-      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-  static constexpr std::string_view qwen2 =
-      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-  if (regex == gpt2) return Pattern::gpt2;
-  if (regex == llama3) return Pattern::llama3;
-  if (regex == qwen2) return Pattern::qwen2;
+  if (regex == kGpt2) return Pattern::gpt2;
+  if (regex == kLlama3) return Pattern::llama3;
+  if (regex == kQwen2) return Pattern::qwen2;
   fail("{}: unsupported pre-tokenizer pattern '{}' (supported: the GPT-2, Llama 3 and Qwen2 patterns)", where, regex);
+}
+
+std::string_view pattern_regex(Pattern p) {
+  switch (p) {
+    case Pattern::gpt2: return kGpt2;
+    case Pattern::llama3: return kLlama3;
+    case Pattern::qwen2: return kQwen2;
+    case Pattern::none: break;
+  }
+  return {};
 }
 
 }  // namespace tpu::tok
