@@ -354,7 +354,10 @@ TEST_CASE("gemm kernels: several K blocks, several column blocks, threaded K blo
 TEST_CASE("gemm kernels: the run-time choice follows the CPU", "[gemm][avx2]") {
   const std::string f32 = tpu::kernels::gemm_f32_kernel_name();
   const std::string bf16 = tpu::kernels::gemm_bf16_kernel_name();
-  if (f32 == "avx512") {
+  if (tpu::kernels::gemm_bf16_amx_available()) {
+    CHECK(f32 == "avx512");
+    CHECK(bf16.rfind("amx_bf16", 0) == 0);
+  } else if (f32 == "avx512") {
     CHECK((bf16 == "avx512_bf16" || bf16 == "avx512_f32"));
   } else if (tpu::kernels::gemm_avx2_available()) {
     CHECK(f32 == "avx2");
@@ -406,4 +409,50 @@ TEST_CASE("gemm kernels on 1 and 2 threads: block edges, ragged sizes, shared B 
     }
   }
   tpu::set_num_threads(saved);
+}
+
+TEST_CASE("gemm_bf16 AMX tiles match a naive loop: ragged tiles, K blocks, layouts, accumulate",
+          "[gemm][amx]") {
+  if (!tpu::kernels::gemm_bf16_amx_available()) {
+    WARN("AMX GEMM skipped: this CPU lacks amx_bf16, the OS refused the tile state, or TPU_CPU_AMX=0");
+    const uint16_t a[1] = {}, b[1] = {};
+    float c[1] = {};
+    CHECK_FALSE(tpu::kernels::gemm_bf16_amx(1, 1, 1, a, 1, 1, b, 1, 1, c, 1, false));
+    return;
+  }
+  auto gen = bf16_gen();
+  std::mt19937 rng(5);
+  // Rows past one 16-row tile, one 32-row pair and the 128-row unit; columns past a 16-column
+  // tile and a 32-column panel; K short of one 32-step, odd, and past the 512 K block.
+  const std::vector<Case> cases = {{16, 16, 32},  {17, 33, 33}, {31, 47, 65},  {64, 64, 512},
+                                   {130, 70, 600}, {300, 96, 97}, {33, 1, 40}, {45, 130, 1100}};
+  const Layout layouts[] = {Layout::RowMajor, Layout::ColMajor, Layout::Strided};
+  for (const Case& cs : cases)
+    for (Layout la : layouts)
+      for (Layout lb : layouts)
+        for (bool accumulate : {false, true}) {
+          INFO("M=" << cs.M << " N=" << cs.N << " K=" << cs.K << " A " << layout_name(la) << " B "
+                    << layout_name(lb) << " accumulate=" << accumulate);
+          const Operand<uint16_t> A = make_operand<uint16_t>(cs.M, cs.K, la, gen);
+          const Operand<uint16_t> B = make_operand<uint16_t>(cs.K, cs.N, lb, gen);
+          const int64_t ldc = cs.N + 5;
+          std::vector<float> C0(static_cast<size_t>(cs.M * ldc));
+          for (auto& v : C0) v = std::uniform_real_distribution<float>(-2.0f, 2.0f)(rng);
+          std::vector<float> C = C0;
+          REQUIRE(tpu::kernels::gemm_bf16_amx(cs.M, cs.N, cs.K, A.ptr(), A.rs, A.cs, B.ptr(), B.rs, B.cs, C.data(),
+                                              ldc, accumulate));
+          check_close(cs.M, cs.N, cs.K, ldc, C,
+                      reference(cs.M, cs.N, cs.K, A, B, C0, ldc, accumulate, bf16_bits_to_float), C0, 1e-6);
+        }
+  // One thread and two give the same sums (every C element is one thread's).
+  const Operand<uint16_t> A = make_operand<uint16_t>(257, 96, Layout::RowMajor, gen);
+  const Operand<uint16_t> B = make_operand<uint16_t>(96, 64, Layout::RowMajor, gen);
+  std::vector<float> C1(257 * 64), C2(257 * 64);
+  const int threads = tpu::num_threads();
+  tpu::set_num_threads(1);
+  tpu::kernels::gemm_bf16_amx(257, 64, 96, A.ptr(), A.rs, A.cs, B.ptr(), B.rs, B.cs, C1.data(), 64, false);
+  tpu::set_num_threads(2);
+  tpu::kernels::gemm_bf16_amx(257, 64, 96, A.ptr(), A.rs, A.cs, B.ptr(), B.rs, B.cs, C2.data(), 64, false);
+  tpu::set_num_threads(threads);
+  CHECK(C1 == C2);
 }

@@ -27,6 +27,11 @@ const CpuFeatures& cpu_features() {
     r.avx512vl = __builtin_cpu_supports("avx512vl");
     // GCC 12 knows "avx512bf16" for __builtin_cpu_supports.
     r.avx512_bf16 = __builtin_cpu_supports("avx512bf16");
+    {  // AMX: cpuid leaf 7 EDX bits 22 (AMX-BF16) and 24 (AMX-TILE); the OS grant is asked for by its user
+      unsigned a = 0, b = 0, c = 0, d = 0;
+      if (__get_cpuid_max(0, nullptr) >= 7 && __get_cpuid_count(7, 0, &a, &b, &c, &d))
+        r.amx_bf16 = ((d >> 22) & 1u) && ((d >> 24) & 1u);
+    }
 #endif
     return r;
   }();

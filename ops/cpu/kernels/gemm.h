@@ -48,6 +48,13 @@ void gemm_bf16_avx2(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t 
                     int64_t a_cs, const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C,
                     int64_t ldc, bool accumulate);
 
+// The AMX path of gemm_bf16 (TDPBF16PS tiles; gemm_amx.cpp): available when the CPU has
+// amx_bf16, the OS granted the tile state and TPU_CPU_AMX is not 0. gemm_bf16_amx returns false
+// (and does nothing) when it is not available or a size is 0.
+bool gemm_bf16_amx_available();
+bool gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs,
+                   const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate);
+
 // Name of the kernel gemm_f32 / gemm_bf16 use on this CPU ("avx512", "avx2", "generic"), for
 // logs and benchmark labels.
 const char* gemm_f32_kernel_name();

@@ -1,0 +1,240 @@
+// bf16 GEMM on Intel AMX (TDPBF16PS), for CPUs with amx_bf16 (Sapphire Rapids and later).
+//
+// A tile multiply takes a 16 x 32 bf16 A tile and a B tile of 16 K-pairs x 16 columns (each
+// pair two bf16 along K, the layout vdpbf16ps uses too) and adds the 16 x 16 f32 products to a
+// C tile. Register use: C tiles tmm0..3 (a 32 x 32 block of C), A tiles tmm4, tmm5 (two 16-row
+// tiles), B tiles tmm6, tmm7 (two 16-column tiles): four multiplies per four tile loads.
+//
+// Blocking: B is packed once per call into 32-column panels of K-pairs (the AVX-512 packer's
+// layout, so a B tile is 16 rows of 64 bytes at a 128-byte stride); each unit of work (a block
+// of rows of C) copies its rows of A into a zero-padded buffer of K rounded up to 32 and runs,
+// per K block of kKc, every 32-column panel against every 32-row pair of the block, so a
+// panel's K block (kKc / 2 x 128 bytes) is reused from the L1d across the block's row pairs.
+// Rows and columns past M and N, and K past K, are zero in the packed operands; C tiles that
+// overhang C go through a 16 x 16 buffer.
+//
+// The kernel runs only after the OS granted the process the AMX tile state
+// (arch_prctl(ARCH_REQ_XCOMP_PERM)); TPU_CPU_AMX=0 turns it off (the AVX-512 vdpbf16ps kernel
+// then runs, as on CPUs without AMX).
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ops/cpu/kernels/gemm.h"
+#include "tpucore/core/cpu_features.h"
+#include "tpucore/core/parallel.h"
+
+#define TPU_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw")))
+
+namespace tpu::kernels {
+
+namespace {
+
+constexpr int kArchReqXcompPerm = 0x1023;
+constexpr int kXfeatureXtiledata = 18;
+constexpr int64_t kKc = 512;     // K per block (multiple of 32)
+constexpr int64_t kRowBlock = 256;  // rows of C per unit of work (multiple of 32)
+
+bool amx_enabled() {
+  static const bool ok = [] {
+    if (!cpu_features().amx_bf16 || !cpu_features().avx512bw) return false;
+    if (const char* e = std::getenv("TPU_CPU_AMX"); e && std::string(e) == "0") return false;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+TPU_AMX void configure_tiles() {
+  TileConfig c;
+  for (int t = 0; t < 8; ++t) {
+    c.rows[t] = 16;
+    c.colsb[t] = 64;
+  }
+  // GCC 12 does not treat ldtilecfg as reading its operand and drops the stores above without
+  // this barrier (the tiles then stay unconfigured and the first tile load faults).
+  asm volatile("" : : "r"(&c) : "memory");
+  _tile_loadconfig(&c);
+}
+
+// One 32 x 32 block of C (rows r0.., columns c0..) over `steps` K steps of 32: A rows at `a`
+// (row stride lda bytes), the panel's K pairs at `b` (128 bytes per pair row).
+TPU_AMX void block_32x32(const uint16_t* a, int64_t lda_bytes, const uint32_t* b, int64_t steps, float* C,
+                         int64_t ldc, int rows, int cols, bool load_c) {
+  const bool whole = rows == 32 && cols == 32;
+  alignas(64) float tmp[4][16 * 16];
+  auto c_ptr = [&](int t) { return C + (t / 2) * 16 * ldc + (t % 2) * 16; };
+  auto tile_rows = [&](int t) { return std::clamp(rows - (t / 2) * 16, 0, 16); };
+  auto tile_cols = [&](int t) { return std::clamp(cols - (t % 2) * 16, 0, 16); };
+  if (!whole) {
+    for (int t = 0; t < 4; ++t) {
+      std::memset(tmp[t], 0, sizeof(tmp[t]));
+      if (load_c)
+        for (int r = 0; r < tile_rows(t); ++r)
+          std::memcpy(tmp[t] + r * 16, c_ptr(t) + r * ldc, sizeof(float) * static_cast<size_t>(tile_cols(t)));
+    }
+    _tile_loadd(0, tmp[0], 64);
+    _tile_loadd(1, tmp[1], 64);
+    _tile_loadd(2, tmp[2], 64);
+    _tile_loadd(3, tmp[3], 64);
+  } else if (load_c) {
+    const int64_t s = ldc * 4;
+    _tile_loadd(0, c_ptr(0), s);
+    _tile_loadd(1, c_ptr(1), s);
+    _tile_loadd(2, c_ptr(2), s);
+    _tile_loadd(3, c_ptr(3), s);
+  } else {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int64_t s = 0; s < steps; ++s) {
+    const uint16_t* as = a + s * 32;
+    const uint32_t* bs = b + s * 16 * 32;
+    _tile_loadd(4, as, lda_bytes);
+    _tile_loadd(6, bs, 128);
+    _tile_loadd(5, reinterpret_cast<const char*>(as) + 16 * lda_bytes, lda_bytes);
+    _tile_loadd(7, bs + 16, 128);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  if (whole) {
+    const int64_t s = ldc * 4;
+    _tile_stored(0, c_ptr(0), s);
+    _tile_stored(1, c_ptr(1), s);
+    _tile_stored(2, c_ptr(2), s);
+    _tile_stored(3, c_ptr(3), s);
+    return;
+  }
+  _tile_stored(0, tmp[0], 64);
+  _tile_stored(1, tmp[1], 64);
+  _tile_stored(2, tmp[2], 64);
+  _tile_stored(3, tmp[3], 64);
+  for (int t = 0; t < 4; ++t)
+    for (int r = 0; r < tile_rows(t); ++r)
+      std::memcpy(c_ptr(t) + r * ldc, tmp[t] + r * 16, sizeof(float) * static_cast<size_t>(tile_cols(t)));
+}
+
+TPU_AMX void release_tiles() { _tile_release(); }
+
+// Packs B (K x N) into 32-column panels of K pairs: panel q holds kp / 2 rows of 32 words,
+// word c of row p = bf16 (2p, j) low, (2p + 1, j) high for column j = 32q + c; zero past K, N.
+void pack_b(int64_t N, int64_t K, int64_t kp, const uint16_t* B, int64_t b_rs, int64_t b_cs, uint32_t* dst,
+            bool threaded) {
+  const int64_t panels = (N + 31) / 32, pairs = kp / 2;
+  const bool rows_contiguous = b_cs == 1 && cpu_features().avx512bw;
+  parallel_for(0, panels, threaded ? 4 : panels, [&](int64_t q0, int64_t q1) {
+    for (int64_t q = q0; q < q1; ++q) {
+      uint32_t* d = dst + q * pairs * 32;
+      const int64_t j0 = q * 32;
+      const int cols = static_cast<int>(std::min<int64_t>(32, N - j0));
+      if (rows_contiguous) {
+        detail::pack_b_panel_bf16_pairs_avx512(B + j0, b_rs, cols, K, d);
+        std::memset(d + (K + 1) / 2 * 32, 0, sizeof(uint32_t) * static_cast<size_t>((pairs - (K + 1) / 2) * 32));
+        continue;
+      }
+      if (b_rs == 1) {  // columns contiguous along K (B = W^T of a linear layer): a pair is one word
+        std::memset(d, 0, sizeof(uint32_t) * static_cast<size_t>(pairs * 32));
+        for (int c = 0; c < cols; ++c) {
+          const uint16_t* col = B + (j0 + c) * b_cs;
+          for (int64_t p = 0; p < K / 2; ++p) {
+            uint32_t w;
+            std::memcpy(&w, col + 2 * p, sizeof w);
+            d[p * 32 + c] = w;
+          }
+          if (K % 2) d[(K / 2) * 32 + c] = col[K - 1];
+        }
+        continue;
+      }
+      for (int64_t p = 0; p < pairs; ++p)
+        for (int c = 0; c < 32; ++c) {
+          uint32_t lo = 0, hi = 0;
+          if (c < cols) {
+            const int64_t k = 2 * p, j = j0 + c;
+            if (k < K) lo = B[k * b_rs + j * b_cs];
+            if (k + 1 < K) hi = B[(k + 1) * b_rs + j * b_cs];
+          }
+          d[p * 32 + c] = lo | (hi << 16);
+        }
+    }
+  });
+}
+
+}  // namespace
+
+bool gemm_bf16_amx_available() { return amx_enabled(); }
+
+bool gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs,
+                   const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate) {
+  if (!amx_enabled() || M <= 0 || N <= 0 || K <= 0) return false;
+  const int64_t kp = (K + 31) / 32 * 32;
+  // Packed B, kept per calling thread between calls (no page faults or zeroing per call).
+  thread_local std::vector<uint32_t> bp;
+  const size_t b_words = static_cast<size_t>((N + 31) / 32 * (kp / 2) * 32);
+  if (bp.size() < b_words) bp.resize(b_words);
+  // Below ~2^28 multiply-adds (n = 512 cubed: ~0.3 ms on one core) a second thread's wake-up
+  // and join cost more than its share of the work.
+  const bool threaded = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) >= 2.6e8;
+  pack_b(N, K, kp, B, b_rs, b_cs, bp.data(), threaded);
+  const uint32_t* packed_b = bp.data();  // (a thread_local named inside the lambda would be the pool thread's)
+  // Units of work: blocks of rows, smaller when there are fewer blocks than threads.
+  int64_t rb = kRowBlock;
+  while (threaded && rb > 32 && (M + rb - 1) / rb < num_threads()) rb /= 2;
+  const int64_t units = (M + rb - 1) / rb, panels = (N + 31) / 32;
+  parallel_for(0, units, threaded ? 1 : units, [&](int64_t u0, int64_t u1) {
+    // This unit's rows of A, K padded to kp with zeros; rows lda apart, one cache line more than
+    // kp so that a tile's 16 rows do not fall into one L1d set when kp * 2 is a multiple of 4 KiB.
+    const int64_t lda = kp + 32;
+    thread_local std::vector<uint16_t> ab;
+    if (ab.size() < static_cast<size_t>(rb * lda)) ab.resize(static_cast<size_t>(rb * lda));
+    configure_tiles();
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t i0 = u * rb, rows = std::min(rb, M - i0), row_pairs = (rows + 31) / 32;
+      for (int64_t r = 0; r < row_pairs * 32; ++r) {
+        uint16_t* d = ab.data() + r * lda;
+        if (r >= rows) {
+          std::memset(d, 0, sizeof(uint16_t) * static_cast<size_t>(kp));
+          continue;
+        }
+        const uint16_t* src = A + (i0 + r) * a_rs;
+        if (a_cs == 1) std::memcpy(d, src, sizeof(uint16_t) * static_cast<size_t>(K));
+        else
+          for (int64_t k = 0; k < K; ++k) d[k] = src[k * a_cs];
+        std::memset(d + K, 0, sizeof(uint16_t) * static_cast<size_t>(kp - K));
+      }
+      for (int64_t k0 = 0; k0 < kp; k0 += kKc) {
+        const int64_t steps = std::min(kKc, kp - k0) / 32;
+        const bool load_c = accumulate || k0 > 0;
+        for (int64_t q = 0; q < panels; ++q) {
+          const uint32_t* panel = packed_b + q * (kp / 2) * 32 + (k0 / 2) * 32;
+          const int cols = static_cast<int>(std::min<int64_t>(32, N - q * 32));
+          for (int64_t rp = 0; rp < row_pairs; ++rp) {
+            const int r = static_cast<int>(std::min<int64_t>(32, rows - rp * 32));
+            block_32x32(ab.data() + rp * 32 * lda + k0, lda * 2, panel, steps, C + (i0 + rp * 32) * ldc + q * 32, ldc, r,
+                        cols, load_c);
+          }
+        }
+      }
+    }
+    release_tiles();
+  });
+  return true;
+}
+
+}  // namespace tpu::kernels
