@@ -423,7 +423,8 @@ TEST_CASE("gemm_bf16 AMX tiles match a naive loop: ragged tiles, K blocks, layou
   auto gen = bf16_gen();
   std::mt19937 rng(5);
   // Rows past one 16-row tile, one 32-row pair and the 128-row unit; columns past a 16-column
-  // tile and a 32-column panel; K short of one 32-step, odd, and past the 2048 K block.
+  // tile and a 32-column panel; K short of one 32-step, odd, and past the 1024 K block (twice);
+  // 64 x 64 x 512 takes the path that writes whole C tiles straight to C.
   const std::vector<Case> cases = {{16, 16, 32},  {17, 33, 33}, {31, 47, 65},  {64, 64, 512},
                                    {130, 70, 600}, {300, 96, 97}, {33, 1, 40}, {45, 40, 2100}};
   const Layout layouts[] = {Layout::RowMajor, Layout::ColMajor, Layout::Strided};

@@ -8,10 +8,10 @@
 // Blocking: B is packed once per call into 32-column panels of K-pairs (the AVX-512 packer's
 // layout, so a B tile is 16 rows of 64 bytes at a 128-byte stride); each unit of work (a block
 // of rows of C) copies its rows of A into a zero-padded buffer of K rounded up to 32 and runs,
-// per K block of kKc, every 32-column panel against every 32-row pair of the block, so a
-// panel's K block is reused from the L1d / L2 across the block's row pairs.
-// Rows and columns past M and N, and K past K, are zero in the packed operands; C tiles that
-// overhang C go through a 16 x 16 buffer.
+// per 32-column panel and K block of kKc, the panel's K block against every 32-row pair of the
+// unit (the panel block stays in the L1d), accumulating into a contiguous strip buffer that is
+// written to C once per panel. Rows and columns past M and N, and K past K, are zero in the
+// packed operands; only the valid part of the strip is written.
 //
 // The kernel runs only after the OS granted the process the AMX tile state
 // (arch_prctl(ARCH_REQ_XCOMP_PERM)); TPU_CPU_AMX=0 turns it off (the AVX-512 vdpbf16ps kernel
@@ -28,6 +28,7 @@
 
 #include "ops/cpu/kernels/gemm.h"
 #include "tpucore/core/cpu_features.h"
+#include "tpucore/core/error.h"
 #include "tpucore/core/parallel.h"
 
 #define TPU_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw")))
@@ -38,11 +39,12 @@ namespace {
 
 constexpr int kArchReqXcompPerm = 0x1023;
 constexpr int kXfeatureXtiledata = 18;
-// K per block (multiple of 32). Every block reloads and stores the C tiles, and C rows a
-// multiple of 4 KiB apart share one L1d set, so fewer blocks won over keeping a panel's K block
-// in the L1d: on a 2-core Intel Xeon (2 MiB L2), n = 2048, one thread, 595-661 GFLOP/s with
-// 256-1024 against 760 with 2048.
-constexpr int64_t kKc = 2048;
+// K per block (multiple of 32). Products with K up to kKc write whole C tiles straight to C;
+// longer ones accumulate a strip per panel over the K blocks. Measured on a 2-core Intel Xeon
+// (48 KiB L1d, 2 MiB L2) against oneDNN in interleaved runs, one thread, n = 512 / 1024 / 2048:
+// kKc 256: 0.73 / 1.03-1.10 / 1.33-1.38x; 512: 0.88-0.90 / 1.00 / 1.31x; 1024: 0.88-0.99 /
+// 1.19-1.23 / 1.14-1.22x (and 1.04-1.07x instead of 0.88-0.93x at n = 1024 on two threads).
+constexpr int64_t kKc = 1024;
 constexpr int64_t kRowBlock = 256;  // rows of C per unit of work (multiple of 32)
 
 bool amx_enabled() {
@@ -74,68 +76,60 @@ TPU_AMX void configure_tiles() {
   _tile_loadconfig(&c);
 }
 
-// One 32 x 32 block of C (rows r0.., columns c0..) over `steps` K steps of 32: A rows at `a`
-// (row stride lda bytes), the panel's K pairs at `b` (128 bytes per pair row).
-TPU_AMX void block_32x32(const uint16_t* a, int64_t lda_bytes, const uint32_t* b, int64_t steps, float* C,
-                         int64_t ldc, int rows, int cols, bool load_c) {
-  const bool whole = rows == 32 && cols == 32;
-  alignas(64) float tmp[4][16 * 16];
-  auto c_ptr = [&](int t) { return C + (t / 2) * 16 * ldc + (t % 2) * 16; };
-  auto tile_rows = [&](int t) { return std::clamp(rows - (t / 2) * 16, 0, 16); };
-  auto tile_cols = [&](int t) { return std::clamp(cols - (t % 2) * 16, 0, 16); };
-  if (!whole) {
-    for (int t = 0; t < 4; ++t) {
-      std::memset(tmp[t], 0, sizeof(tmp[t]));
-      if (load_c)
-        for (int r = 0; r < tile_rows(t); ++r)
-          std::memcpy(tmp[t] + r * 16, c_ptr(t) + r * ldc, sizeof(float) * static_cast<size_t>(tile_cols(t)));
-    }
-    _tile_loadd(0, tmp[0], 64);
-    _tile_loadd(1, tmp[1], 64);
-    _tile_loadd(2, tmp[2], 64);
-    _tile_loadd(3, tmp[3], 64);
-  } else if (load_c) {
-    const int64_t s = ldc * 4;
-    _tile_loadd(0, c_ptr(0), s);
-    _tile_loadd(1, c_ptr(1), s);
-    _tile_loadd(2, c_ptr(2), s);
-    _tile_loadd(3, c_ptr(3), s);
-  } else {
+// Adds the product of 32 rows of A (at `a`, rows lda_bytes apart) and one 32-column panel
+// (its K pairs at `b`, 128 bytes per pair row) over `steps` K steps of 32 to a 32 x 32 f32 block
+// at `c` (rows ldc_bytes apart), or writes it there when `first`.
+TPU_AMX void block_32x32(const uint16_t* a, int64_t lda_bytes, const uint32_t* b, int64_t steps, float* c,
+                         int64_t ldc_bytes, bool first) {
+  const int64_t ldc = ldc_bytes / 4;
+  if (first) {
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
+  } else {
+    _tile_loadd(0, c, ldc_bytes);
+    _tile_loadd(1, c + 16, ldc_bytes);
+    _tile_loadd(2, c + 16 * ldc, ldc_bytes);
+    _tile_loadd(3, c + 16 * ldc + 16, ldc_bytes);
   }
   for (int64_t s = 0; s < steps; ++s) {
     const uint16_t* as = a + s * 32;
     const uint32_t* bs = b + s * 16 * 32;
     _tile_loadd(4, as, lda_bytes);
     _tile_loadd(6, bs, 128);
-    _tile_loadd(5, reinterpret_cast<const char*>(as) + 16 * lda_bytes, lda_bytes);
-    _tile_loadd(7, bs + 16, 128);
     _tile_dpbf16ps(0, 4, 6);
+    _tile_loadd(7, bs + 16, 128);
     _tile_dpbf16ps(1, 4, 7);
+    _tile_loadd(5, reinterpret_cast<const char*>(as) + 16 * lda_bytes, lda_bytes);
     _tile_dpbf16ps(2, 5, 6);
     _tile_dpbf16ps(3, 5, 7);
   }
-  if (whole) {
-    const int64_t s = ldc * 4;
-    _tile_stored(0, c_ptr(0), s);
-    _tile_stored(1, c_ptr(1), s);
-    _tile_stored(2, c_ptr(2), s);
-    _tile_stored(3, c_ptr(3), s);
-    return;
-  }
-  _tile_stored(0, tmp[0], 64);
-  _tile_stored(1, tmp[1], 64);
-  _tile_stored(2, tmp[2], 64);
-  _tile_stored(3, tmp[3], 64);
-  for (int t = 0; t < 4; ++t)
-    for (int r = 0; r < tile_rows(t); ++r)
-      std::memcpy(c_ptr(t) + r * ldc, tmp[t] + r * 16, sizeof(float) * static_cast<size_t>(tile_cols(t)));
+  _tile_stored(0, c, ldc_bytes);
+  _tile_stored(1, c + 16, ldc_bytes);
+  _tile_stored(2, c + 16 * ldc, ldc_bytes);
+  _tile_stored(3, c + 16 * ldc + 16, ldc_bytes);
 }
 
 TPU_AMX void release_tiles() { _tile_release(); }
+
+// A per-thread buffer on 64-byte boundaries (a tile row that straddles two cache lines costs two
+// accesses; a std::vector's 16-byte alignment made the speed vary ~2x from one process to the next).
+template <class T>
+struct AlignedBuf {
+  T* ptr = nullptr;
+  size_t cap = 0;
+  ~AlignedBuf() { std::free(ptr); }
+  T* get(size_t n) {
+    if (n > cap) {
+      std::free(ptr);
+      ptr = static_cast<T*>(std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64));
+      TPU_CHECK(ptr != nullptr, "gemm_bf16 (AMX): out of host memory for a {}-byte buffer", n * sizeof(T));
+      cap = n;
+    }
+    return ptr;
+  }
+};
 
 // Packs B (K x N) into 32-column panels of K pairs: panel q holds kp / 2 rows of 32 words,
 // word c of row p = bf16 (2p, j) low, (2p + 1, j) high for column j = 32q + c; zero past K, N.
@@ -189,14 +183,13 @@ bool gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a
   if (!amx_enabled() || M <= 0 || N <= 0 || K <= 0) return false;
   const int64_t kp = (K + 31) / 32 * 32;
   // Packed B, kept per calling thread between calls (no page faults or zeroing per call).
-  thread_local std::vector<uint32_t> bp;
-  const size_t b_words = static_cast<size_t>((N + 31) / 32 * (kp / 2) * 32);
-  if (bp.size() < b_words) bp.resize(b_words);
+  thread_local AlignedBuf<uint32_t> bp;
+  uint32_t* packed = bp.get(static_cast<size_t>((N + 31) / 32 * (kp / 2) * 32));
   // Below ~2^28 multiply-adds (n = 512 cubed: ~0.3 ms on one core) a second thread's wake-up
   // and join cost more than its share of the work.
   const bool threaded = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) >= 2.6e8;
-  pack_b(N, K, kp, B, b_rs, b_cs, bp.data(), threaded);
-  const uint32_t* packed_b = bp.data();  // (a thread_local named inside the lambda would be the pool thread's)
+  pack_b(N, K, kp, B, b_rs, b_cs, packed, threaded);
+  const uint32_t* packed_b = packed;  // (a thread_local named inside the lambda would be the pool thread's)
   // Units of work: blocks of rows, smaller when there are fewer blocks than threads.
   int64_t rb = kRowBlock;
   while (threaded && rb > 32 && (M + rb - 1) / rb < num_threads()) rb /= 2;
@@ -205,13 +198,15 @@ bool gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a
     // This unit's rows of A, K padded to kp with zeros; rows lda apart, one cache line more than
     // kp so that a tile's 16 rows do not fall into one L1d set when kp * 2 is a multiple of 4 KiB.
     const int64_t lda = kp + 32;
-    thread_local std::vector<uint16_t> ab;
-    if (ab.size() < static_cast<size_t>(rb * lda)) ab.resize(static_cast<size_t>(rb * lda));
+    thread_local AlignedBuf<uint16_t> ab_buf;
+    thread_local AlignedBuf<float> acc_buf;  // a 32-column strip of the unit's rows of C
+    uint16_t* ab = ab_buf.get(static_cast<size_t>(rb * lda));
+    float* acc = acc_buf.get(static_cast<size_t>(rb * 32));
     configure_tiles();
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t i0 = u * rb, rows = std::min(rb, M - i0), row_pairs = (rows + 31) / 32;
       for (int64_t r = 0; r < row_pairs * 32; ++r) {
-        uint16_t* d = ab.data() + r * lda;
+        uint16_t* d = ab + r * lda;
         if (r >= rows) {
           std::memset(d, 0, sizeof(uint16_t) * static_cast<size_t>(kp));
           continue;
@@ -222,17 +217,32 @@ bool gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a
           for (int64_t k = 0; k < K; ++k) d[k] = src[k * a_cs];
         std::memset(d + K, 0, sizeof(uint16_t) * static_cast<size_t>(kp - K));
       }
-      for (int64_t k0 = 0; k0 < kp; k0 += kKc) {
-        const int64_t steps = std::min(kKc, kp - k0) / 32;
-        const bool load_c = accumulate || k0 > 0;
-        for (int64_t q = 0; q < panels; ++q) {
+      // Per panel: the unit's 32-column strip of C accumulates in `acc` (rows 128 bytes apart:
+      // C rows a multiple of 4 KiB apart would share one L1d set) over the K blocks, each K block
+      // of the panel (kKc / 2 x 128 bytes) reused from the L1d across the unit's row pairs; then
+      // it is written to C once.
+      for (int64_t q = 0; q < panels; ++q) {
+        const int cols = static_cast<int>(std::min<int64_t>(32, N - q * 32));
+        if (kp <= kKc && cols == 32 && rows == row_pairs * 32) {  // one K block, whole tiles: C directly
+          const uint32_t* panel = packed_b + q * (kp / 2) * 32;
+          for (int64_t rp = 0; rp < row_pairs; ++rp)
+            block_32x32(ab + rp * 32 * lda, lda * 2, panel, kp / 32, C + (i0 + rp * 32) * ldc + q * 32, ldc * 4,
+                        !accumulate);
+          continue;
+        }
+        for (int64_t k0 = 0; k0 < kp; k0 += kKc) {
+          const int64_t steps = std::min(kKc, kp - k0) / 32;
           const uint32_t* panel = packed_b + q * (kp / 2) * 32 + (k0 / 2) * 32;
-          const int cols = static_cast<int>(std::min<int64_t>(32, N - q * 32));
-          for (int64_t rp = 0; rp < row_pairs; ++rp) {
-            const int r = static_cast<int>(std::min<int64_t>(32, rows - rp * 32));
-            block_32x32(ab.data() + rp * 32 * lda + k0, lda * 2, panel, steps, C + (i0 + rp * 32) * ldc + q * 32, ldc, r,
-                        cols, load_c);
-          }
+          for (int64_t rp = 0; rp < row_pairs; ++rp)
+            block_32x32(ab + rp * 32 * lda + k0, lda * 2, panel, steps, acc + rp * 32 * 32, 128, k0 == 0);
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+          float* c = C + (i0 + r) * ldc + q * 32;
+          const float* v = acc + r * 32;
+          if (accumulate)
+            for (int j = 0; j < cols; ++j) c[j] += v[j];
+          else
+            std::memcpy(c, v, sizeof(float) * static_cast<size_t>(cols));
         }
       }
     }
