@@ -135,6 +135,22 @@ TEST_CASE("bpe training: merges equal a naive trainer's", "[tokenizer][bpe-train
   }
 }
 
+TEST_CASE("bpe training: invalid UTF-8 and control bytes are trained and given back byte for byte",
+          "[tokenizer][bpe-train]") {
+  using namespace std::string_literals;  // ""s keeps the NUL bytes
+  const std::vector<std::string> texts{"ab\xff\xfe ab\xff\xfe \x01\x02\x01\x02"s,
+                                       "\xc3\x28\xc3\x28 \xe2\x82 \xe2\x82 \x00\x00\x00"s};
+  CHECK(texts[0].size() == 14);
+  CHECK(texts[1].size() == 14);
+  BpeTrainOptions o;
+  o.vocab_size = 300;
+  o.min_frequency = 1;
+  const std::string text = train_bpe_tokenizer(texts, o);
+  const Tokenizer t = Tokenizer::from_json(text);
+  CHECK(json::parse(text)["model"]["merges"].get<std::vector<std::string>>() == naive_merges(t, texts, 300, 0, 1));
+  for (const auto& s : texts) CHECK(t.decode(t.encode(s)) == s);
+}
+
 TEST_CASE("bpe training: the llama3 pattern is written as a Split the loader reads back", "[tokenizer][bpe-train]") {
   BpeTrainOptions o;
   o.vocab_size = 260;
