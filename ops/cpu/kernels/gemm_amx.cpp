@@ -27,8 +27,8 @@
 #include <vector>
 
 #include "ops/cpu/kernels/gemm.h"
+#include "ops/cpu/kernels/scratch.h"
 #include "tpucore/core/cpu_features.h"
-#include "tpucore/core/error.h"
 #include "tpucore/core/parallel.h"
 
 #define TPU_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw")))
@@ -113,24 +113,6 @@ TPU_AMX void block_32x32(const uint16_t* a, int64_t lda_bytes, const uint32_t* b
 
 TPU_AMX void release_tiles() { _tile_release(); }
 
-// A per-thread buffer on 64-byte boundaries (a tile row that straddles two cache lines costs two
-// accesses; a std::vector's 16-byte alignment made the speed vary ~2x from one process to the next).
-template <class T>
-struct AlignedBuf {
-  T* ptr = nullptr;
-  size_t cap = 0;
-  ~AlignedBuf() { std::free(ptr); }
-  T* get(size_t n) {
-    if (n > cap) {
-      std::free(ptr);
-      ptr = static_cast<T*>(std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64));
-      TPU_CHECK(ptr != nullptr, "gemm_bf16 (AMX): out of host memory for a {}-byte buffer", n * sizeof(T));
-      cap = n;
-    }
-    return ptr;
-  }
-};
-
 // Packs B (K x N) into 32-column panels of K pairs: panel q holds kp / 2 rows of 32 words,
 // word c of row p = bf16 (2p, j) low, (2p + 1, j) high for column j = 32q + c; zero past K, N.
 void pack_b(int64_t N, int64_t K, int64_t kp, const uint16_t* B, int64_t b_rs, int64_t b_cs, uint32_t* dst,
@@ -183,8 +165,8 @@ bool gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a
   if (!amx_enabled() || M <= 0 || N <= 0 || K <= 0) return false;
   const int64_t kp = (K + 31) / 32 * 32;
   // Packed B, kept per calling thread between calls (no page faults or zeroing per call).
-  thread_local AlignedBuf<uint32_t> bp;
-  uint32_t* packed = bp.get(static_cast<size_t>((N + 31) / 32 * (kp / 2) * 32));
+  thread_local detail::ScratchBuffer bp;  // on 64-byte boundaries: tile rows must not straddle cache lines
+  uint32_t* packed = bp.get_as<uint32_t>(static_cast<size_t>((N + 31) / 32 * (kp / 2) * 32));
   // Below ~2^28 multiply-adds (n = 512 cubed: ~0.3 ms on one core) a second thread's wake-up
   // and join cost more than its share of the work.
   const bool threaded = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) >= 2.6e8;
@@ -198,10 +180,10 @@ bool gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a
     // This unit's rows of A, K padded to kp with zeros; rows lda apart, one cache line more than
     // kp so that a tile's 16 rows do not fall into one L1d set when kp * 2 is a multiple of 4 KiB.
     const int64_t lda = kp + 32;
-    thread_local AlignedBuf<uint16_t> ab_buf;
-    thread_local AlignedBuf<float> acc_buf;  // a 32-column strip of the unit's rows of C
-    uint16_t* ab = ab_buf.get(static_cast<size_t>(rb * lda));
-    float* acc = acc_buf.get(static_cast<size_t>(rb * 32));
+    thread_local detail::ScratchBuffer ab_buf;
+    thread_local detail::ScratchBuffer acc_buf;  // a 32-column strip of the unit's rows of C
+    uint16_t* ab = ab_buf.get_as<uint16_t>(static_cast<size_t>(rb * lda));
+    float* acc = acc_buf.get_as<float>(static_cast<size_t>(rb * 32));
     configure_tiles();
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t i0 = u * rb, rows = std::min(rb, M - i0), row_pairs = (rows + 31) / 32;

@@ -18,6 +18,7 @@
 #include <new>
 
 #include "ops/cpu/kernels/gemm.h"
+#include "ops/cpu/kernels/scratch.h"
 #include "ops/cpu/kernels/gemv.h"
 #include "tpucore/core/cpu_features.h"
 #include "tpucore/core/parallel.h"
@@ -29,32 +30,8 @@ using detail::GemmBlocking;
 
 // ---- Per-thread packing buffers (64-byte aligned, grown on demand, kept for reuse). ----
 
-class PackBuffer {
- public:
-  PackBuffer() = default;
-  PackBuffer(const PackBuffer&) = delete;
-  PackBuffer& operator=(const PackBuffer&) = delete;
-  ~PackBuffer() { std::free(data_); }
-  void* get(size_t bytes) {
-    if (bytes > cap_) {
-      std::free(data_);
-      cap_ = (bytes + 63) / 64 * 64;
-      data_ = std::aligned_alloc(64, cap_);
-      if (!data_) {
-        cap_ = 0;
-        throw std::bad_alloc();
-      }
-    }
-    return data_;
-  }
-
- private:
-  void* data_ = nullptr;
-  size_t cap_ = 0;
-};
-
-thread_local PackBuffer t_pack_a;
-thread_local PackBuffer t_pack_b;
+thread_local detail::ScratchBuffer t_pack_a;
+thread_local detail::ScratchBuffer t_pack_b;
 
 inline float bf16_to_f32(uint16_t v) {
   const uint32_t bits = static_cast<uint32_t>(v) << 16;

@@ -15,6 +15,7 @@
 #include <new>
 
 #include "ops/cpu/kernels/gemv.h"
+#include "ops/cpu/kernels/scratch.h"
 #include "tpucore/core/parallel.h"
 
 #define TPU_GEMV_AVX2 __attribute__((target("avx2,fma")))
@@ -71,25 +72,7 @@ TPU_GEMV_AVX2 void dot_cols(int64_t M, int64_t K, const T* A, int64_t a_rs, cons
 // ---- Broadcast kernel (three to sixteen rows). ----
 constexpr int kCols = 6;
 
-struct PanelBuffer {
-  void* p = nullptr;
-  size_t cap = 0;
-  ~PanelBuffer() { std::free(p); }
-  float* get(size_t floats) {
-    const size_t bytes = floats * sizeof(float);
-    if (bytes > cap) {
-      std::free(p);
-      cap = (bytes + 63) / 64 * 64;
-      p = std::aligned_alloc(64, cap);
-      if (!p) {
-        cap = 0;
-        throw std::bad_alloc();
-      }
-    }
-    return static_cast<float*>(p);
-  }
-};
-thread_local PanelBuffer t_panel;
+thread_local detail::ScratchBuffer t_panel;
 
 template <int V, class T>
 TPU_GEMV_AVX2 void bcast_cols(int64_t M, int64_t K, const float* pan, const T* B, int64_t b_cs, float* C,
@@ -133,7 +116,7 @@ void run(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, const T* B, 
   }
   const int V = M <= 8 ? 1 : 2;
   const int lanes = 8 * V;
-  float* pan = t_panel.get(static_cast<size_t>(lanes * K));
+  float* pan = t_panel.get_as<float>(static_cast<size_t>(lanes * K));
   std::memset(pan, 0, sizeof(float) * static_cast<size_t>(lanes * K));
   for (int64_t i = 0; i < M; ++i)
     for (int64_t k = 0; k < K; ++k) pan[k * lanes + i] = f32_of(A[i * a_rs + k]);

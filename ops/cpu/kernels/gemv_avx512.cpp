@@ -25,6 +25,7 @@
 
 #include "ops/cpu/kernels/gemm.h"
 #include "ops/cpu/kernels/gemv.h"
+#include "ops/cpu/kernels/scratch.h"
 #include "tpucore/core/cpu_features.h"
 #include "tpucore/core/parallel.h"
 
@@ -144,25 +145,8 @@ TPU_GEMV_AVX512_BF16 void gemv_cols(int64_t M, int64_t K, const typename R::T* A
 
 constexpr int kBcastCols = 8;  // weight rows per block (8 accumulators of 16 rows each)
 
-// Thread-local scratch for the transposed A panel (64-byte aligned, grown on demand).
-struct PanelBuffer {
-  void* p = nullptr;
-  size_t cap = 0;
-  ~PanelBuffer() { std::free(p); }
-  void* get(size_t bytes) {
-    if (bytes > cap) {
-      std::free(p);
-      cap = (bytes + 63) / 64 * 64;
-      p = std::aligned_alloc(64, cap);
-      if (!p) {
-        cap = 0;
-        throw std::bad_alloc();
-      }
-    }
-    return p;
-  }
-};
-thread_local PanelBuffer t_panel;
+// Thread-local scratch for the transposed A panel.
+thread_local detail::ScratchBuffer t_panel;
 
 // Per element type: P, one panel word (f32, or a pair of bf16 along K for vdpbf16ps); kPer, k
 // values per word; pack(A) the panel; bcast_mac(acc, panel row, weight word pointer).
