@@ -8,8 +8,9 @@
 // overwrites C; true adds the product to what C holds. M, N or K may be 0 (K == 0 writes
 // zeros unless accumulating).
 //
-// The entry points pick a kernel at run time from tpu::cpu_features(): a register-blocked
-// AVX-512 micro-kernel (FMA for f32, vdpbf16ps for bf16) when the CPU has it, else an AVX2+FMA
+// The entry points pick a kernel at run time from tpu::cpu_features(): for bf16 from 16 rows,
+// AMX tiles (TDPBF16PS) where the CPU and OS allow them; a register-blocked AVX-512
+// micro-kernel (FMA for f32, vdpbf16ps for bf16) when the CPU has it, else an AVX2+FMA
 // one (bf16 widened to f32 panels), otherwise a portable blocked kernel. The *_generic entry
 // points always take the portable path and the *_avx2 ones the AVX2 path (tests use them to
 // cover each path on any machine that can run it). Large products run on all pool threads; small
