@@ -188,6 +188,13 @@ inline int64_t scored_symbols(const std::vector<int32_t>& val, int64_t ctx, int6
   return std::max<int64_t>(1, (max_symbols > 0 ? std::min(max_symbols, avail) : avail) / ctx) * ctx;
 }
 
+// The bytes (and end-of-fortune marks) the tokens val[1 .. n] stand for.
+inline double bytes_of(const std::vector<int32_t>& val, int64_t n, const std::vector<int64_t>& token_bytes) {
+  double bytes = 0;
+  for (int64_t i = 1; i <= n; ++i) bytes += static_cast<double>(token_bytes[static_cast<size_t>(val[static_cast<size_t>(i)])]);
+  return bytes;
+}
+
 // Bits per byte (per symbol: byte or end of fortune) of the model on the first tokens of `val`
 // (scored_symbols): non-overlapping windows of `ctx` tokens, every position scored given the
 // window before it; the nats of all scored tokens over the bytes they stand for.
@@ -208,9 +215,7 @@ inline double evaluate(models::CausalLM& model, const std::vector<int32_t>& val,
     Tensor loss = nn::cross_entropy(reshape(logits, Shape{n * ctx, model.config.vocab_size}), from_vector(y, Shape{n * ctx}));
     nats += loss.item<double>() * static_cast<double>(n * ctx);
   }
-  double bytes = 0;
-  for (int64_t i = 1; i <= windows * ctx; ++i) bytes += static_cast<double>(token_bytes[static_cast<size_t>(val[static_cast<size_t>(i)])]);
-  return nats / bytes / std::log(2.0);
+  return nats / bytes_of(val, windows * ctx, token_bytes) / std::log(2.0);
 }
 
 // Picks the thread count of the training steps by timing: the cpu thread pool's fork and join
@@ -343,8 +348,7 @@ inline TrainResult train(const fs::path& dir, const Recipe& r, const Corpus& cor
   res.train_loss = ema;
   res.val_bits = evaluate(model, corpus.val, T, r.eval_tokens, corpus.token_bytes);
   const int64_t scored = scored_symbols(corpus.val, T, r.eval_tokens);
-  double scored_bytes = 0;
-  for (int64_t i = 1; i <= scored; ++i) scored_bytes += static_cast<double>(corpus.token_bytes[static_cast<size_t>(corpus.val[static_cast<size_t>(i)])]);
+  const double scored_bytes = bytes_of(corpus.val, scored, corpus.token_bytes);
   res.unigram_bits = unigram_bits(ids, std::vector<int32_t>(corpus.val.begin() + 1, corpus.val.begin() + 1 + scored),
                                   corpus.vocab, scored_bytes);
   {  // the byte-level unigram of the same held-out bytes, for comparison with byte-level models

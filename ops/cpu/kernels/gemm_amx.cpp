@@ -24,7 +24,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <vector>
 
 #include "ops/cpu/kernels/gemm.h"
 #include "ops/cpu/kernels/scratch.h"
@@ -118,7 +117,7 @@ TPU_AMX void release_tiles() { _tile_release(); }
 void pack_b(int64_t N, int64_t K, int64_t kp, const uint16_t* B, int64_t b_rs, int64_t b_cs, uint32_t* dst,
             bool threaded) {
   const int64_t panels = (N + 31) / 32, pairs = kp / 2;
-  const bool rows_contiguous = b_cs == 1 && cpu_features().avx512bw;
+  const bool rows_contiguous = b_cs == 1;  // (amx_enabled() implies avx512bw for its packer)
   parallel_for(0, panels, threaded ? 4 : panels, [&](int64_t q0, int64_t q1) {
     for (int64_t q = q0; q < q1; ++q) {
       uint32_t* d = dst + q * pairs * 32;
