@@ -42,17 +42,36 @@ json attr_json(const ops::Attr& a) {
   return json::array({a.name, type, v});
 }
 
+// Integer fields are read only from JSON integers that fit the target type: nlohmann's get<int64_t>()
+// on a float such as 4.7e23 is an out-of-range float-to-integer conversion (undefined behaviour).
+int64_t int_in(const json& j, const char* what, int64_t lo = INT64_MIN, int64_t hi = INT64_MAX) {
+  TPU_CHECK(j.is_number_integer(), "graph JSON: {} must be an integer, got {}", what, j.dump());
+  TPU_CHECK(!j.is_number_unsigned() || j.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX), "graph JSON: {} is out of range: {}",
+            what, j.dump());
+  const int64_t v = j.get<int64_t>();
+  TPU_CHECK(v >= lo && v <= hi, "graph JSON: {} must be in [{}, {}], got {}", what, lo, hi, v);
+  return v;
+}
+int32_t int32_in(const json& j, const char* what) { return static_cast<int32_t>(int_in(j, what, INT32_MIN, INT32_MAX)); }
+std::vector<int64_t> ints_in(const json& j, const char* what) {
+  TPU_CHECK(j.is_array(), "graph JSON: {} must be an array of integers, got {}", what, j.dump());
+  std::vector<int64_t> out;
+  out.reserve(j.size());
+  for (const json& x : j) out.push_back(int_in(x, what));
+  return out;
+}
+
 ops::AttrValue attr_from(const std::string& type, const json& v) {
   if (type == "none") return std::monostate{};
-  if (type == "int") return v.get<int64_t>();
+  if (type == "int") return int_in(v, "an int attribute");
   if (type == "float") return v.get<double>();
   if (type == "bool") return v.get<bool>();
   if (type == "dtype") return parse_dtype(v.get<std::string>());
-  if (type == "ints") return v.get<std::vector<int64_t>>();
+  if (type == "ints") return ints_in(v, "an ints attribute");
   if (type == "string") return v.get<std::string>();
   if (type == "device") return Device(v.get<std::string>());
   if (type == "scalar_float") return Scalar(v.get<double>());
-  if (type == "scalar_int") return Scalar(static_cast<long long>(v.get<int64_t>()));
+  if (type == "scalar_int") return Scalar(static_cast<long long>(int_in(v, "a scalar_int attribute")));
   if (type == "scalar_bool") return Scalar(v.get<bool>());
   fail("graph JSON: unknown attribute type '{}'", type);
 }
@@ -63,7 +82,7 @@ const char* region_name(RegionKind k) {
 }
 
 ValueId id_in(const json& j, size_t n, const char* what) {
-  const int64_t v = j.get<int64_t>();
+  const int64_t v = int_in(j, what);
   TPU_CHECK(v >= 0 && static_cast<size_t>(v) < n, "graph JSON: {} refers to value %{}, but there are {} values", what, v, n);
   return static_cast<ValueId>(v);
 }
@@ -116,12 +135,12 @@ Graph from_json(const std::string& text) {
   try {
     json j = json::parse(text);
     TPU_CHECK(j.is_object() && j.value("format", "") == "tpucore.graph", "graph JSON: not a tpucore graph (missing format tag)");
-    TPU_CHECK(j.at("version").get<int>() == 1, "graph JSON: unsupported version {}", j.at("version").dump());
+    TPU_CHECK(j.at("version").is_number_integer() && j.at("version").get<int64_t>() == 1, "graph JSON: unsupported version {}", j.at("version").dump());
     const json& vals = j.at("values");
     TPU_CHECK(vals.is_array(), "graph JSON: 'values' must be an array");
     for (const json& jv : vals) {
       Value v;
-      auto shape = jv.at("shape").get<std::vector<int64_t>>();
+      auto shape = ints_in(jv.at("shape"), "a shape");
       TPU_CHECK(shape.size() <= static_cast<size_t>(kMaxDims), "graph JSON: a value has {} dims (max {})", shape.size(), kMaxDims);
       for (int64_t d : shape) TPU_CHECK(d >= 0 && d < (int64_t{1} << 40), "graph JSON: bad dimension {}", d);
       v.meta = {Shape(shape), parse_dtype(jv.at("dtype").get<std::string>()), Device(jv.at("device").get<std::string>()),
@@ -173,7 +192,7 @@ Graph from_json(const std::string& text) {
         TPU_CHECK(a.is_array() && a.size() == 3, "graph JSON: an attribute must be [name, type, value]");
         n.attrs.set(intern(a[0].get<std::string>()), attr_from(a[1].get<std::string>(), a[2]));
       }
-      n.region = jn.value("region", -1);
+      n.region = jn.contains("region") ? int32_in(jn.at("region"), "a node region") : -1;
       g.nodes.push_back(std::move(n));
     }
     for (size_t v = 0; v < nv; ++v)
@@ -185,11 +204,14 @@ Graph from_json(const std::string& text) {
         const std::string kind = jr.at("kind").get<std::string>();
         r.kind = kind == "elementwise" ? RegionKind::elementwise : kind == "rowwise" ? RegionKind::rowwise : RegionKind::matmul_epilogue;
         TPU_CHECK(kind == "elementwise" || kind == "rowwise" || kind == "matmul_epilogue", "graph JSON: unknown region kind '{}'", kind);
-        r.domain = Shape(jr.at("domain").get<std::vector<int64_t>>());
-        r.tile_dim_limit = jr.at("tile_dim_limit").get<int>();
+        auto domain = ints_in(jr.at("domain"), "a region domain");
+        TPU_CHECK(domain.size() <= static_cast<size_t>(kMaxDims), "graph JSON: a region domain has {} dims (max {})", domain.size(), kMaxDims);
+        for (int64_t d : domain) TPU_CHECK(d >= 0 && d < (int64_t{1} << 40), "graph JSON: bad region dimension {}", d);
+        r.domain = Shape(domain);
+        r.tile_dim_limit = int32_in(jr.at("tile_dim_limit"), "tile_dim_limit");
         TPU_CHECK(r.tile_dim_limit >= 0 && r.tile_dim_limit < std::max(1, r.domain.ndim()), "graph JSON: bad tile_dim_limit");
         for (const json& x : jr.at("nodes")) {
-          int64_t ni = x.get<int64_t>();
+          int64_t ni = int_in(x, "a region node");
           TPU_CHECK(ni >= 0 && static_cast<size_t>(ni) < g.nodes.size(), "graph JSON: region refers to node {}", ni);
           r.nodes.push_back(static_cast<int32_t>(ni));
         }
@@ -200,10 +222,10 @@ Graph from_json(const std::string& text) {
     }
     if (j.contains("plan")) {
       const json& p = j.at("plan");
-      g.plan.slot_bytes = p.at("slot_bytes").get<std::vector<int64_t>>();
-      g.plan.slot_of = p.at("slot_of").get<std::vector<int32_t>>();
-      g.plan.planned_peak_bytes = p.at("planned_peak_bytes").get<int64_t>();
-      g.plan.unplanned_bytes = p.at("unplanned_bytes").get<int64_t>();
+      g.plan.slot_bytes = ints_in(p.at("slot_bytes"), "plan.slot_bytes");
+      for (const json& x : p.at("slot_of")) g.plan.slot_of.push_back(int32_in(x, "plan.slot_of"));
+      g.plan.planned_peak_bytes = int_in(p.at("planned_peak_bytes"), "plan.planned_peak_bytes");
+      g.plan.unplanned_bytes = int_in(p.at("unplanned_bytes"), "plan.unplanned_bytes");
       TPU_CHECK(g.plan.slot_of.size() == nv, "graph JSON: the buffer plan covers {} values of {}", g.plan.slot_of.size(), nv);
       for (int32_t s : g.plan.slot_of)
         TPU_CHECK(s >= -1 && s < static_cast<int32_t>(g.plan.slot_bytes.size()), "graph JSON: bad buffer slot {}", s);

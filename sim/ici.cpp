@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include <fmt/format.h>
@@ -100,6 +101,16 @@ IciConfig ici_preset(const std::string& name) {
   return it->second;
 }
 
+namespace {
+// An int field from a JSON integer in int's range (get<int>() on 1e30 would be an undefined conversion).
+int ici_int(const nlohmann::json& v, const char* key) {
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int>::max())) ||
+      (!v.is_number_unsigned() && (v.get<int64_t>() < std::numeric_limits<int>::min() || v.get<int64_t>() > std::numeric_limits<int>::max())))
+    throw SimError(fmt::format("ici config: '{}' must be an integer in int's range, got {}", key, v.dump()));
+  return static_cast<int>(v.get<int64_t>());
+}
+}  // namespace
+
 IciConfig ici_from_json(const nlohmann::json& j) {
   IciConfig c;
   static const char* known[] = {"name", "description", "sources", "dims", "max_shape", "wraparound_multiple",
@@ -112,10 +123,12 @@ IciConfig ici_from_json(const nlohmann::json& j) {
     c.name = j.value("name", std::string("custom"));
     c.description = j.value("description", std::string());
     c.sources = j.value("sources", std::vector<std::string>{});
-    c.dims = j.at("dims").get<int>();
-    c.max_shape = j.at("max_shape").get<std::vector<int>>();
-    c.wraparound_multiple = j.value("wraparound_multiple", c.wraparound_multiple);
-    c.links_per_chip = j.value("links_per_chip", 2 * c.dims);
+    c.dims = ici_int(j.at("dims"), "dims");
+    c.max_shape.clear();
+    if (!j.at("max_shape").is_array()) throw SimError("ici config: 'max_shape' must be an array of integers");
+    for (const auto& x : j.at("max_shape")) c.max_shape.push_back(ici_int(x, "max_shape"));
+    if (j.contains("wraparound_multiple")) c.wraparound_multiple = ici_int(j.at("wraparound_multiple"), "wraparound_multiple");
+    c.links_per_chip = j.contains("links_per_chip") ? ici_int(j.at("links_per_chip"), "links_per_chip") : 2 * c.dims;
     c.link_gbps = j.at("link_gbps").get<double>();
     c.hop_latency_us = j.value("hop_latency_us", c.hop_latency_us);
     c.clock_ghz = j.value("clock_ghz", c.clock_ghz);

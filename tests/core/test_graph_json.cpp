@@ -63,6 +63,15 @@ TEST_CASE("graph JSON: malformed input is a clear tpu::Error", "[jit]") {
   CHECK_THROWS_WITH(graph::from_json(edit("\"shape\":[4,8]", "\"shape\":[4,9]")), Catch::Contains("graph verifier"));
   CHECK_THROWS_WITH(graph::from_json(edit("\"nodes\":", "\"nodez\":")), Catch::Contains("malformed"));
   CHECK_THROWS_WITH(graph::from_json(edit("\"kind\":\"input\"", "\"kind\":\"banana\"")), Catch::Contains("banana"));
+  // Numbers where integers belong: a float (4.7e23 once reached an undefined float -> int64 conversion,
+  // found by fuzz_graph_json), an integer past int64, and one past int32 where the field is an int.
+  CHECK_THROWS_WITH(graph::from_json(edit("\"shape\":[4,8]", "\"shape\":[4,4.66667e+23]")), Catch::Contains("must be an integer"));
+  CHECK_THROWS_WITH(graph::from_json(edit("\"shape\":[4,8]", "\"shape\":[4,8.5]")), Catch::Contains("must be an integer"));
+  CHECK_THROWS_WITH(graph::from_json(edit("\"shape\":[4,8]", "\"shape\":[4,18446744073709551615]")), Catch::Contains("out of range"));
+  CHECK_THROWS_WITH(graph::from_json(edit("\"inputs\":[0,1]", "\"inputs\":[0,1e300]")), Catch::Contains("must be an integer"));
+  CHECK_THROWS_WITH(graph::from_json(edit("\"version\":1", "\"version\":1e300")), Catch::Contains("version"));
+  CHECK_THROWS_WITH(graph::from_json(edit("\"region\":", "\"region\":4294967296,\"x\":")), Catch::Contains("node region"));
+  CHECK_THROWS_WITH(graph::from_json(edit("[\"dim\",\"int\",-1]", "[\"dim\",\"int\",-1e30]")), Catch::Contains("int attribute"));
   // Truncations at many points: always an Error, never a crash.
   for (size_t cut = 1; cut < good.size(); cut += good.size() / 37 + 1) CHECK_THROWS_AS(graph::from_json(good.substr(0, cut)), Error);
 }
