@@ -65,13 +65,15 @@ void BM_decode(benchmark::State& st) {
   st.SetLabel(fmt::format("{} params, batch {}, {}", m.num_parameters(), batch, compiled ? "compiled" : "eager"));
 }
 
-// The decode steps' products: linear of x [rows, 512] with a weight [N, 512] (f32). Up to 16
-// rows take the in-place AVX-512 dot-product path (ops/cpu/kernels/gemv_avx512.cpp), 17 the
-// packed GEMM. Counter us_per_call_cpu: process CPU time per call (all threads).
+// The decode steps' products: linear of x [rows, K] with a weight [N, K] (f32). Up to 4 rows
+// take the in-place dot-product kernel, up to 16 the in-place broadcast kernel
+// (ops/cpu/kernels/gemv_avx512.cpp), 17 the packed GEMM. Counters: us_per_call_cpu, process CPU
+// time per call (all threads); GB/s, weight bytes streamed per second of wall time. The second
+// set is the ~100M model's shapes at batch 16 (MLP up/gate, down, attention, the tied head).
 void BM_linear_rows(benchmark::State& st) {
-  const int64_t rows = st.range(0), n = st.range(1);
+  const int64_t rows = st.range(0), n = st.range(1), k = st.range(2);
   NoGradGuard ng;
-  const Tensor x = randn({1, rows, 512}), w = randn({n, 512});
+  const Tensor x = randn({1, rows, k}), w = randn({n, k});
   Tensor y = linear(x, w);
   int64_t calls = 0;
   const double cpu0 = process_cpu_seconds();
@@ -80,11 +82,21 @@ void BM_linear_rows(benchmark::State& st) {
     ++calls;
   }
   st.counters["us_per_call_cpu"] = 1e6 * (process_cpu_seconds() - cpu0) / static_cast<double>(calls);
+  st.counters["GB/s"] = benchmark::Counter(4e-9 * static_cast<double>(n * k), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 }  // namespace
 
-BENCHMARK(BM_linear_rows)->ArgsProduct({{1, 16, 17}, {512, 32000}})->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_linear_rows)->ArgsProduct({{1, 16, 17}, {512, 32000}, {512}})->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_linear_rows)
+    ->Args({16, 2048, 768})
+    ->Args({16, 768, 2048})
+    ->Args({16, 768, 768})
+    ->Args({16, 32000, 768})
+    ->Args({1, 130000, 768})
+    ->Args({16, 130000, 768})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 
 BENCHMARK(BM_decode)
     ->ArgsProduct({{0, 1, 2}, {1, 16}, {0, 1}})

@@ -33,6 +33,12 @@ const CpuFeatures& cpu_features() {
         r.amx_bf16 = ((d >> 22) & 1u) && ((d >> 24) & 1u);
     }
 #endif
+    if (force && std::strcmp(force, "avx2") == 0) {  // an AVX2-only CPU, to run its kernels here
+      const CpuFeatures all = r;
+      r = CpuFeatures{};
+      r.avx2 = all.avx2;
+      r.fma = all.fma;
+    }
     return r;
   }();
   return f;

@@ -13,7 +13,8 @@ struct CpuFeatures {
   bool amx_bf16 = false;
 };
 
-// Detected features; TPU_CPU_FEATURES=generic forces the portable paths (for testing them).
+// Detected features; TPU_CPU_FEATURES=generic forces the portable paths, TPU_CPU_FEATURES=avx2
+// keeps only AVX2 and FMA (for testing and measuring those paths on a wider CPU).
 const CpuFeatures& cpu_features();
 
 // Data cache sizes in bytes available to one thread: the L1 data cache, and the shares of the

@@ -85,13 +85,24 @@ TPU_GEMV_AVX2 void bcast_cols(int64_t M, int64_t K, const float* pan, const T* B
     __m256 s[kCols][V];
     for (int c = 0; c < kCols; ++c)
       for (int v = 0; v < V; ++v) s[c][v] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; ++k) {
-      __m256 a[V];
-      for (int v = 0; v < V; ++v) a[v] = _mm256_load_ps(pan + k * 8 * V + 8 * v);
+    // Per cache line of the weight rows, the same line of the next block's rows is prefetched
+    // into the L2 (see bcast_cols in gemv_avx512.cpp: the hardware prefetchers restart on
+    // every row of a few KiB and fall behind).
+    constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(T));
+    const bool pf = j + kCols < j1;
+    for (int64_t k0 = 0; k0 < K; k0 += kLine) {
+      if (pf)
+        for (int c = 0; c < kCols; ++c)
+          _mm_prefetch(reinterpret_cast<const char*>(w[c] + k0 + kCols * b_cs), _MM_HINT_T1);
+      const int64_t ke = std::min(K, k0 + kLine);
+      for (int64_t k = k0; k < ke; ++k) {
+        __m256 a[V];
+        for (int v = 0; v < V; ++v) a[v] = _mm256_load_ps(pan + k * 8 * V + 8 * v);
 #pragma GCC unroll 6
-      for (int c = 0; c < kCols; ++c) {
-        const __m256 b = _mm256_set1_ps(f32_of(w[c][k]));
-        for (int v = 0; v < V; ++v) s[c][v] = _mm256_fmadd_ps(a[v], b, s[c][v]);
+        for (int c = 0; c < kCols; ++c) {
+          const __m256 b = _mm256_set1_ps(f32_of(w[c][k]));
+          for (int v = 0; v < V; ++v) s[c][v] = _mm256_fmadd_ps(a[v], b, s[c][v]);
+        }
       }
     }
     for (int c = 0; c < kCols; ++c)

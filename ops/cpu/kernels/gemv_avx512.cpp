@@ -213,17 +213,30 @@ TPU_GEMV_AVX512_BF16 void bcast_cols(int64_t M, int64_t K, const typename R::P* 
     for (int64_t g = 0; g * 16 < M; ++g) {
     const typename R::P* gp = pan + g * ((K + R::kPer - 1) / R::kPer) * 16;
     __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
-    for (int64_t p = 0; p < kfull; ++p) {
-      const auto a = R::load(gp + p * 16);
-      const int64_t k = p * R::kPer;
-      s0 = R::mac(s0, a, w[0] + k);
-      s1 = R::mac(s1, a, w[1] + k);
-      s2 = R::mac(s2, a, w[2] + k);
-      s3 = R::mac(s3, a, w[3] + k);
-      s4 = R::mac(s4, a, w[4] + k);
-      s5 = R::mac(s5, a, w[5] + k);
-      s6 = R::mac(s6, a, w[6] + k);
-      s7 = R::mac(s7, a, w[7] + k);
+    // Each 16 panel words take one cache line of every weight row; meanwhile the same line of
+    // the next block's rows is prefetched into the L2. The weight streams through once, and the
+    // hardware prefetchers, which start over on every row (a few KiB) at the cost of a few
+    // exposed misses each, fell behind: 16 rows x [32000, 512] went 10.7 -> 7.1 ms on one
+    // core of the Intel Xeon, 6.0 -> 3.9 ms on two. Not for later row groups: the block is in
+    // L1 by then.
+    const bool pf = g == 0 && j + kBcastCols < j1;
+    for (int64_t p0 = 0; p0 < kfull; p0 += 16) {
+      if (pf)
+        for (int c = 0; c < kBcastCols; ++c)
+          _mm_prefetch(reinterpret_cast<const char*>(w[c] + p0 * R::kPer + kBcastCols * b_cs), _MM_HINT_T1);
+      const int64_t pe = std::min<int64_t>(kfull, p0 + 16);
+      for (int64_t p = p0; p < pe; ++p) {
+        const auto a = R::load(gp + p * 16);
+        const int64_t k = p * R::kPer;
+        s0 = R::mac(s0, a, w[0] + k);
+        s1 = R::mac(s1, a, w[1] + k);
+        s2 = R::mac(s2, a, w[2] + k);
+        s3 = R::mac(s3, a, w[3] + k);
+        s4 = R::mac(s4, a, w[4] + k);
+        s5 = R::mac(s5, a, w[5] + k);
+        s6 = R::mac(s6, a, w[6] + k);
+        s7 = R::mac(s7, a, w[7] + k);
+      }
     }
     if constexpr (R::kPer == 2) {
       if (K & 1) {
