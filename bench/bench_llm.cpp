@@ -69,7 +69,9 @@ void BM_decode(benchmark::State& st) {
 // take the in-place dot-product kernel, up to 16 the in-place broadcast kernel
 // (ops/cpu/kernels/gemv_avx512.cpp), 17 the packed GEMM. Counters: us_per_call_cpu, process CPU
 // time per call (all threads); GB/s, weight bytes streamed per second of wall time. The second
-// set is the ~100M model's shapes at batch 16 (MLP up/gate, down, attention, the tied head).
+// set is the ~100M model's shapes at batch 16 (MLP up/gate, down, attention, the tied head),
+// then one 400 MB weight (the whole model's bytes in one product) at 1 and 16 rows, which shows
+// the rate at which this host streams memory (1 row) against the broadcast kernel's (16 rows).
 void BM_linear_rows(benchmark::State& st) {
   const int64_t rows = st.range(0), n = st.range(1), k = st.range(2);
   NoGradGuard ng;
