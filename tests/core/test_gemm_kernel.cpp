@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ops/cpu/kernels/gemm.h"
+#include "ops/cpu/kernels/scratch.h"
 #include "tpucore/core/parallel.h"
 
 namespace {
@@ -445,6 +446,32 @@ TEST_CASE("gemm_bf16 AMX tiles match a naive loop: ragged tiles, K blocks, layou
           check_close(cs.M, cs.N, cs.K, ldc, C,
                       reference(cs.M, cs.N, cs.K, A, B, C0, ldc, accumulate, bf16_bits_to_float), C0, 1e-6);
         }
+  // A read in place (K a multiple of 32, rows on cache lines and not 2 KiB-multiples apart):
+  // whole 128-row units from A itself, the ragged last unit and a 2 KiB row stride copied.
+  {
+    struct InPlace {
+      int64_t M, N, K, a_rs;
+    };
+    for (const InPlace& ip : {InPlace{260, 40, 96, 96}, InPlace{64, 33, 64, 96}, InPlace{96, 32, 1024, 1024},
+                              InPlace{128, 48, 1088, 1088}}) {
+      INFO("in place: M=" << ip.M << " N=" << ip.N << " K=" << ip.K << " a_rs=" << ip.a_rs);
+      tpu::kernels::detail::ScratchBuffer abuf;  // 64-byte aligned
+      uint16_t* a = abuf.get_as<uint16_t>(static_cast<size_t>(ip.M * ip.a_rs));
+      std::vector<uint16_t> bv(static_cast<size_t>(ip.K * ip.N));
+      for (int64_t i = 0; i < ip.M * ip.a_rs; ++i) a[i] = gen();
+      for (auto& v : bv) v = gen();
+      std::vector<float> C(static_cast<size_t>(ip.M * ip.N), 7.0f);
+      REQUIRE(tpu::kernels::gemm_bf16_amx(ip.M, ip.N, ip.K, a, ip.a_rs, 1, bv.data(), ip.N, 1, C.data(), ip.N, false));
+      for (int64_t i = 0; i < ip.M; ++i)
+        for (int64_t j = 0; j < ip.N; ++j) {
+          double ref = 0;
+          for (int64_t k = 0; k < ip.K; ++k)
+            ref += double(bf16_bits_to_float(a[i * ip.a_rs + k])) * double(bf16_bits_to_float(bv[k * ip.N + j]));
+          const double got = C[static_cast<size_t>(i * ip.N + j)];
+          if (std::abs(got - ref) > 1e-5 * (1.0 + std::abs(ref))) FAIL("C[" << i << ", " << j << "] = " << got << ", expected " << ref);
+        }
+    }
+  }
   // One thread and two give the same sums (every C element is one thread's).
   const Operand<uint16_t> A = make_operand<uint16_t>(257, 96, Layout::RowMajor, gen);
   const Operand<uint16_t> B = make_operand<uint16_t>(96, 64, Layout::RowMajor, gen);
