@@ -5,6 +5,7 @@
 // the blocks this CPU derives (one past mc, kc and nc, and ragged register tiles).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <utility>
@@ -50,8 +51,22 @@ TEST_CASE("gemm blocking: Zen 4 caches give the hand-computed blocks", "[gemm][b
   CHECK(spr2.kc == 768);
   CHECK(spr2.mc == 336);
   CHECK(spr2.nc == 320);
-  // A panel count below 1 counts as 1.
+  // The AVX2 6 x 16 tile with its B micro-panel in half the L1d and its A block in a quarter
+  // of the L2 (kAvx2L1dPanel): on Zen 2 kc = 16384 / 64 = 256, mc = 131072 / 1024 = 128 -> 126,
+  // nc = 2 MiB / 1024 = 2048; on Sapphire Rapids kc = 24576 / 64 = 384,
+  // mc = 512 KiB / 1536 = 341.3 -> 336, nc = 983040 / 1536 = 640.
+  CHECK(tpu::kernels::detail::kAvx2L1dPanel == 0.5);
+  const GemmBlocking z2h = derive_blocking(6, 16, 4, 32 << 10, 512 << 10, 4 << 20, 0.5);
+  CHECK(z2h.kc == 256);
+  CHECK(z2h.mc == 126);
+  CHECK(z2h.nc == 2048);
+  const GemmBlocking sprh = derive_blocking(6, 16, 4, 48 << 10, 2 << 20, 1920 << 10, 0.5);
+  CHECK(sprh.kc == 384);
+  CHECK(sprh.mc == 336);
+  CHECK(sprh.nc == 640);
+  // A share of 0 or less counts as 1.
   CHECK(derive_blocking(14, 32, 4, 32 << 10, 1 << 20, 16 << 20, 0).kc == 256);
+  CHECK(derive_blocking(14, 32, 4, 32 << 10, 1 << 20, 16 << 20, -2).kc == 256);
 }
 
 TEST_CASE("gemm blocking: sane for many cache configurations", "[gemm][blocking]") {
@@ -69,11 +84,12 @@ TEST_CASE("gemm blocking: sane for many cache configurations", "[gemm][blocking]
   };
   for (const Caches& c : configs)
     for (const auto& [mr, nr] : {std::pair{14, 32}, std::pair{6, 16}, std::pair{6, 8}})
-      for (const int panels : {1, 2}) {
+      for (const double panels : {0.5, 1.0, 2.0}) {
         const GemmBlocking b = derive_blocking(mr, nr, 4, c.l1, c.l2, c.l3, panels);
         INFO("l1 " << c.l1 << " l2 " << c.l2 << " l3 " << c.l3 << " tile " << mr << "x" << nr
                    << " L1d sizes per B micro-panel " << panels);
-        const int64_t l1 = (c.l1 > 0 ? c.l1 : 32 << 10) * panels, l2 = c.l2 > 0 ? c.l2 : 512 << 10;
+        const int64_t l1 = static_cast<int64_t>(static_cast<double>(c.l1 > 0 ? c.l1 : 32 << 10) * panels),
+                      l2 = c.l2 > 0 ? c.l2 : 512 << 10;
         const int64_t outer = c.l3 > 0 ? c.l3 : l2;
         CHECK(b.kc % 16 == 0);
         CHECK(b.kc >= 64);
@@ -87,13 +103,13 @@ TEST_CASE("gemm blocking: sane for many cache configurations", "[gemm][blocking]
         // Each level's working set fits where the rule puts it, unless clamped at the minimum.
         if (b.kc > 64) CHECK(b.kc * nr * 4 <= l1);
         if (b.kc < 1024) CHECK((b.kc + 16) * nr * 4 > l1);  // and is the largest that does
-        if (b.mc > mr) CHECK(b.mc * b.kc * 4 <= l2 / 2);
+        if (b.mc > mr) CHECK(b.mc * b.kc * 4 <= static_cast<int64_t>(static_cast<double>(l2 / 2) * std::min(1.0, panels)));
         if (b.nc > 4 * nr) CHECK(b.nc * b.kc * 4 <= outer / 2);
         // A larger L2 never gives a smaller A block.
         const GemmBlocking big = derive_blocking(mr, nr, 4, c.l1, 2 * l2, c.l3, panels);
         CHECK(big.mc >= b.mc);
         // More L1d per B micro-panel never gives a shorter one.
-        if (panels == 2) CHECK(b.kc >= derive_blocking(mr, nr, 4, c.l1, c.l2, c.l3, 1).kc);
+        if (panels > 0.5) CHECK(b.kc >= derive_blocking(mr, nr, 4, c.l1, c.l2, c.l3, panels / 2).kc);
       }
 }
 

@@ -82,19 +82,25 @@ struct GemmBlocking {
 
 // Cache blocking for a register tile of mr x nr from the data caches of one thread (bytes;
 // tpu::cpu_caches()), `step_bytes` bytes per packed value (4: an f32, or a pair of bf16):
-// - kc: the B micro-panel (kc x nr values) fills l1d_panel times the L1d. With 1 it stays in
-//   the L1d, reused there by every A micro-panel of the block, which stream from the L2
-//   (kc x mr, prefetched). A kernel with few loads per FMA (the AVX-512 14 x 32 tile: 16
-//   loads per 28 FMAs) can stream part of the B micro-panel from the L2 as well, and takes 2:
-//   twice the k-steps per C tile update halves the loads and stores of C per FMA, which
-//   dominate once C no longer fits the L2 (each C tile is read and written K / kc times);
-// - mc: the A block (mc x kc) takes half of the L2 (the rest for B panels and C);
+// - kc: the B micro-panel (kc x nr values) fills l1d_panel times the L1d (0 or less counts
+//   as 1). With 1 it stays in the L1d, reused there by every A micro-panel of the block, which
+//   stream from the L2 (kc x mr, prefetched). A kernel with few loads per FMA (the AVX-512
+//   14 x 32 tile: 16 loads per 28 FMAs) can stream part of the B micro-panel from the L2 as
+//   well, and takes 2: twice the k-steps per C tile update halves the loads and stores of C
+//   per FMA, which dominate once C no longer fits the L2 (each C tile is read and written
+//   K / kc times). A kernel with many loads per FMA (the AVX2 6 x 16 tile: 8 loads per 12
+//   FMAs) takes 0.5: the B micro-panel in half the L1d, the other half for the A micro-panels
+//   and C passing through (filling the whole L1d, kc 768 instead of 384 on a 48 KiB L1d, was
+//   3% slower at n = 1024 and 2048 on the Intel Xeon);
+// - mc: the A block (mc x kc) takes half of the L2 (the rest for B panels and C), or with
+//   l1d_panel under 1 that share of the half (the AVX2 tile: a quarter of the L2; at half,
+//   mc 678 instead of 336 on a 2 MiB L2, n = 1024 and 2048 ran 2-5% slower on the Intel Xeon);
 // - nc: the B block (kc x nc) takes half of the thread's share of the L3 (of the L2 without
 //   an L3), at most 4096 columns.
 // Multiples of 16 (kc), mr (mc) and nr (nc), clamped to kc 64..1024, mc mr..128 mr, nc
 // 4 nr..4096; a size of 0 (unknown) counts as 32 KiB L1d, 512 KiB L2, no L3.
 GemmBlocking derive_blocking(int mr, int nr, int64_t step_bytes, int64_t l1d, int64_t l2, int64_t l3,
-                             int l1d_panel = 1);
+                             double l1d_panel = 1.0);
 
 // The blocking the dispatched gemm_f32 / gemm_bf16 use on this CPU (from its caches).
 const GemmBlocking& gemm_blocking_f32();
@@ -104,7 +110,7 @@ const GemmBlocking& gemm_blocking_bf16();
 // kAvx* constants give the register tiles (mr, nr); the driver derives mc, kc and nc.
 extern const GemmBlocking kAvx512BlockingF32;
 extern const GemmBlocking kAvx512BlockingBf16;
-constexpr int kAvx512L1dPanel = 2;  // derive_blocking's l1d_panel for these tiles
+constexpr double kAvx512L1dPanel = 2.0;  // derive_blocking's l1d_panel for these tiles
 void micro_kernel_f32_avx512(int64_t kc, const float* Ap, const float* Bp, float* C,
                              int64_t ldc, int rows, int cols, bool load_c);
 void micro_kernel_bf16_avx512(int64_t kc, const uint32_t* Ap, const uint32_t* Bp, float* C,
@@ -127,6 +133,7 @@ void pack_b_panel_bf16_pairs_avx512(const uint16_t* src, int64_t rs, int cols, i
 // packers (nr = kAvx2BlockingF32.nr) for rows contiguous along N and for columns contiguous
 // along K (B = W^T of a linear layer).
 extern const GemmBlocking kAvx2BlockingF32;
+constexpr double kAvx2L1dPanel = 0.5;  // derive_blocking's l1d_panel for this tile
 void micro_kernel_f32_avx2(int64_t kc, const float* Ap, const float* Bp, float* C, int64_t ldc,
                            int rows, int cols, bool load_c);
 void pack_a_panel_f32_avx2(const float* src, int64_t rs, int rows, int64_t kce, float* dst);

@@ -84,9 +84,9 @@ TPU_GEMM_AVX2 void tile_f32(int64_t kc, const float* Ap, const float* Bp, float*
 }  // namespace
 
 // The register tile; mc, kc and nc here are only the values the driver's derivation from the
-// caches gives on a Zen 2 core (32 KiB L1d, 512 KiB L2, 4 MiB L3 share): it derives them at run
-// time (detail::derive_blocking).
-const GemmBlocking kAvx2BlockingF32 = {kMR, kNR, 6 * 21, 512, 1024};
+// caches gives on a Zen 2 core (32 KiB L1d, 512 KiB L2, 4 MiB L3 share) with the B micro-panel
+// in half the L1d (kAvx2L1dPanel): it derives them at run time (detail::derive_blocking).
+const GemmBlocking kAvx2BlockingF32 = {kMR, kNR, 6 * 21, 256, 2048};
 
 TPU_GEMM_AVX2 void micro_kernel_f32_avx2(int64_t kc, const float* Ap, const float* Bp, float* C,
                                          int64_t ldc, int rows, int cols, bool load_c) {

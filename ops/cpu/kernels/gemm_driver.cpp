@@ -496,7 +496,7 @@ void gemm_run(const Problem& p, const GemmBlocking& bl, Kernel kernel) {
 }
 
 // Register tiles with the cache blocking of this CPU.
-GemmBlocking with_caches(const GemmBlocking& tile, int l1d_panel = 1) {
+GemmBlocking with_caches(const GemmBlocking& tile, double l1d_panel = 1.0) {
   const CpuCaches& c = cpu_caches();
   return detail::derive_blocking(tile.mr, tile.nr, 4, c.l1d, c.l2, c.l3, l1d_panel);
 }
@@ -509,7 +509,7 @@ const GemmBlocking& blocking_avx512_bf16() {
   return b;
 }
 const GemmBlocking& blocking_avx2() {
-  static const GemmBlocking b = with_caches(detail::kAvx2BlockingF32);
+  static const GemmBlocking b = with_caches(detail::kAvx2BlockingF32, detail::kAvx2L1dPanel);
   return b;
 }
 const GemmBlocking& blocking_generic() {
@@ -589,15 +589,18 @@ void gemm_bf16_avx2(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t 
 namespace detail {
 
 GemmBlocking derive_blocking(int mr, int nr, int64_t step_bytes, int64_t l1d, int64_t l2, int64_t l3,
-                             int l1d_panel) {
+                             double l1d_panel) {
   if (l1d <= 0) l1d = int64_t{32} << 10;
-  l1d *= std::max(1, l1d_panel);  // the B micro-panel may span this many L1d sizes
+  if (!(l1d_panel > 0)) l1d_panel = 1.0;
+  // The B micro-panel fills this share of the L1d (or this many L1d sizes).
+  l1d = static_cast<int64_t>(static_cast<double>(l1d) * l1d_panel);
   if (l2 <= 0) l2 = int64_t{512} << 10;
   const int64_t s = std::max<int64_t>(1, step_bytes);
   auto down = [](int64_t v, int64_t m) { return v / m * m; };
   GemmBlocking b{mr, nr, 0, 0, 0};
   b.kc = std::clamp<int64_t>(down(l1d / (nr * s), 16), 64, 1024);
-  b.mc = std::clamp<int64_t>(down(l2 / 2 / (b.kc * s), mr), mr, int64_t{128} * mr);
+  const int64_t a_block = static_cast<int64_t>(static_cast<double>(l2 / 2) * std::min(1.0, l1d_panel));
+  b.mc = std::clamp<int64_t>(down(a_block / (b.kc * s), mr), mr, int64_t{128} * mr);
   const int64_t outer = l3 > 0 ? l3 : l2;
   b.nc = std::clamp<int64_t>(down(outer / 2 / (b.kc * s), nr), int64_t{4} * nr, std::max<int64_t>(4 * nr, down(4096, nr)));
   return b;
