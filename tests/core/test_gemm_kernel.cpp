@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -15,6 +16,7 @@
 
 #include "ops/cpu/kernels/gemm.h"
 #include "ops/cpu/kernels/scratch.h"
+#include "tpucore/core/cpu_features.h"
 #include "tpucore/core/parallel.h"
 
 namespace {
@@ -367,6 +369,24 @@ TEST_CASE("gemm kernels: the run-time choice follows the CPU", "[gemm][avx2]") {
     CHECK(f32 == "generic");
     CHECK(bf16 == "generic");
   }
+}
+
+// Run by CTest with TPU_CPU_FEATURES=avx2 (tests/CMakeLists.txt), together with the GEMM, GEMV
+// and matmul suites: an AVX-512 machine then dispatches as an AVX2-only CPU would.
+TEST_CASE("cpu features: TPU_CPU_FEATURES=avx2 keeps only AVX2 and FMA", "[.features-env]") {
+  const char* env = std::getenv("TPU_CPU_FEATURES");
+  REQUIRE(env != nullptr);
+  REQUIRE(std::string(env) == "avx2");
+  const tpu::CpuFeatures& f = tpu::cpu_features();
+  CHECK_FALSE(f.avx512f);
+  CHECK_FALSE(f.avx512bw);
+  CHECK_FALSE(f.avx512vl);
+  CHECK_FALSE(f.avx512_bf16);
+  CHECK_FALSE(f.amx_bf16);
+  CHECK_FALSE(tpu::kernels::gemm_bf16_amx_available());
+  const std::string f32 = tpu::kernels::gemm_f32_kernel_name();
+  CHECK(f32 == (f.avx2 && f.fma ? "avx2" : "generic"));
+  if (!f.avx2) WARN("this CPU lacks AVX2: TPU_CPU_FEATURES=avx2 leaves the portable kernels");
 }
 
 TEST_CASE("gemm kernels on 1 and 2 threads: block edges, ragged sizes, shared B blocks", "[gemm]") {
