@@ -88,6 +88,21 @@ void BM_ours_bf16(benchmark::State& state) {
   run.finish(tpu::kernels::gemm_bf16_kernel_name());
 }
 
+// bf16 with B = W^T, the layout of a linear layer (x W^T, W [n, n] row-major: B's columns are
+// contiguous along K), which packs B through the transposing packer.
+void BM_ours_bf16_bt(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const auto a = to_bf16_bits(random_floats(n * n, 1)), w = to_bf16_bits(random_floats(n * n, 2));
+  std::vector<float> c(static_cast<size_t>(n * n));
+  Run run(state);
+  for (auto _ : state) {
+    tpu::kernels::gemm_bf16(n, n, n, a.data(), n, 1, w.data(), 1, n, c.data(), n, false);
+    benchmark::DoNotOptimize(c.data());
+    benchmark::ClobberMemory();
+  }
+  run.finish(tpu::kernels::gemm_bf16_kernel_name());
+}
+
 // Eigen f32 GEMM, C = A*B, with the columns of C split over the pool threads.
 void BM_eigen_f32(benchmark::State& state) {
   const int64_t n = state.range(0);
@@ -115,6 +130,7 @@ void BM_eigen_f32(benchmark::State& state) {
 BENCHMARK(BM_ours_f32) TPU_SIZES;
 BENCHMARK(BM_eigen_f32) TPU_SIZES;
 BENCHMARK(BM_ours_bf16) TPU_SIZES;
+BENCHMARK(BM_ours_bf16_bt) TPU_SIZES;
 
 }  // namespace
 
