@@ -75,33 +75,24 @@ void BM_ours_f32(benchmark::State& state) {
   run.finish(tpu::kernels::gemm_f32_kernel_name());
 }
 
-void BM_ours_bf16(benchmark::State& state) {
+// bf16 C = A B with B [n, n] row-major, or (b_transposed) B = W^T, the layout of a linear layer
+// (x W^T, W [n, n] row-major: B's columns are contiguous along K), which packs B through the
+// transposing packer.
+void run_ours_bf16(benchmark::State& state, bool b_transposed) {
   const int64_t n = state.range(0);
   const auto a = to_bf16_bits(random_floats(n * n, 1)), b = to_bf16_bits(random_floats(n * n, 2));
+  const int64_t b_rs = b_transposed ? 1 : n, b_cs = b_transposed ? n : 1;
   std::vector<float> c(static_cast<size_t>(n * n));
   Run run(state);
   for (auto _ : state) {
-    tpu::kernels::gemm_bf16(n, n, n, a.data(), n, 1, b.data(), n, 1, c.data(), n, false);
+    tpu::kernels::gemm_bf16(n, n, n, a.data(), n, 1, b.data(), b_rs, b_cs, c.data(), n, false);
     benchmark::DoNotOptimize(c.data());
     benchmark::ClobberMemory();
   }
   run.finish(tpu::kernels::gemm_bf16_kernel_name());
 }
-
-// bf16 with B = W^T, the layout of a linear layer (x W^T, W [n, n] row-major: B's columns are
-// contiguous along K), which packs B through the transposing packer.
-void BM_ours_bf16_bt(benchmark::State& state) {
-  const int64_t n = state.range(0);
-  const auto a = to_bf16_bits(random_floats(n * n, 1)), w = to_bf16_bits(random_floats(n * n, 2));
-  std::vector<float> c(static_cast<size_t>(n * n));
-  Run run(state);
-  for (auto _ : state) {
-    tpu::kernels::gemm_bf16(n, n, n, a.data(), n, 1, w.data(), 1, n, c.data(), n, false);
-    benchmark::DoNotOptimize(c.data());
-    benchmark::ClobberMemory();
-  }
-  run.finish(tpu::kernels::gemm_bf16_kernel_name());
-}
+void BM_ours_bf16(benchmark::State& state) { run_ours_bf16(state, false); }
+void BM_ours_bf16_bt(benchmark::State& state) { run_ours_bf16(state, true); }
 
 // Eigen f32 GEMM, C = A*B, with the columns of C split over the pool threads.
 void BM_eigen_f32(benchmark::State& state) {

@@ -61,6 +61,14 @@ std::vector<int64_t> ints_in(const json& j, const char* what) {
   return out;
 }
 
+// A shape: at most kMaxDims integers in [0, 2^40).
+std::vector<int64_t> dims_in(const json& j, const char* what) {
+  std::vector<int64_t> dims = ints_in(j, what);
+  TPU_CHECK(dims.size() <= static_cast<size_t>(kMaxDims), "graph JSON: {} has {} dims (max {})", what, dims.size(), kMaxDims);
+  for (int64_t d : dims) TPU_CHECK(d >= 0 && d < (int64_t{1} << 40), "graph JSON: bad dimension {} in {}", d, what);
+  return dims;
+}
+
 ops::AttrValue attr_from(const std::string& type, const json& v) {
   if (type == "none") return std::monostate{};
   if (type == "int") return int_in(v, "an int attribute");
@@ -135,14 +143,12 @@ Graph from_json(const std::string& text) {
   try {
     json j = json::parse(text);
     TPU_CHECK(j.is_object() && j.value("format", "") == "tpucore.graph", "graph JSON: not a tpucore graph (missing format tag)");
-    TPU_CHECK(j.at("version").is_number_integer() && j.at("version").get<int64_t>() == 1, "graph JSON: unsupported version {}", j.at("version").dump());
+    TPU_CHECK(int_in(j.at("version"), "version") == 1, "graph JSON: unsupported version {}", j.at("version").dump());
     const json& vals = j.at("values");
     TPU_CHECK(vals.is_array(), "graph JSON: 'values' must be an array");
     for (const json& jv : vals) {
       Value v;
-      auto shape = ints_in(jv.at("shape"), "a shape");
-      TPU_CHECK(shape.size() <= static_cast<size_t>(kMaxDims), "graph JSON: a value has {} dims (max {})", shape.size(), kMaxDims);
-      for (int64_t d : shape) TPU_CHECK(d >= 0 && d < (int64_t{1} << 40), "graph JSON: bad dimension {}", d);
+      auto shape = dims_in(jv.at("shape"), "a shape");
       v.meta = {Shape(shape), parse_dtype(jv.at("dtype").get<std::string>()), Device(jv.at("device").get<std::string>()),
                 jv.value("wrapped", false)};
       const std::string kind = jv.at("kind").get<std::string>();
@@ -204,10 +210,7 @@ Graph from_json(const std::string& text) {
         const std::string kind = jr.at("kind").get<std::string>();
         r.kind = kind == "elementwise" ? RegionKind::elementwise : kind == "rowwise" ? RegionKind::rowwise : RegionKind::matmul_epilogue;
         TPU_CHECK(kind == "elementwise" || kind == "rowwise" || kind == "matmul_epilogue", "graph JSON: unknown region kind '{}'", kind);
-        auto domain = ints_in(jr.at("domain"), "a region domain");
-        TPU_CHECK(domain.size() <= static_cast<size_t>(kMaxDims), "graph JSON: a region domain has {} dims (max {})", domain.size(), kMaxDims);
-        for (int64_t d : domain) TPU_CHECK(d >= 0 && d < (int64_t{1} << 40), "graph JSON: bad region dimension {}", d);
-        r.domain = Shape(domain);
+        r.domain = Shape(dims_in(jr.at("domain"), "a region domain"));
         r.tile_dim_limit = int32_in(jr.at("tile_dim_limit"), "tile_dim_limit");
         TPU_CHECK(r.tile_dim_limit >= 0 && r.tile_dim_limit < std::max(1, r.domain.ndim()), "graph JSON: bad tile_dim_limit");
         for (const json& x : jr.at("nodes")) {
