@@ -122,11 +122,13 @@ void micro_kernel_bf16_avx512(int64_t kc, const uint32_t* Ap, const uint32_t* Bp
 void pack_a_panel_words_avx512(const void* src, int64_t row_bytes, int rows, int64_t kw,
                                uint32_t* dst);
 
-// One B panel of bf16 pairs (nr = kAvx512BlockingBf16.nr columns) from rows contiguous along
-// N (row k at src + k * rs): dst[p * nr + c] = bf16 k = 2p in the low half, k = 2p + 1 in the
-// high half (zero for k >= kce), zero for c >= cols; ceil(kce / 2) pairs. Needs avx512bw.
-void pack_b_panel_bf16_pairs_avx512(const uint16_t* src, int64_t rs, int cols, int64_t kce,
-                                    uint32_t* dst);
+// B panels of bf16 pairs (nr = kAvx512BlockingBf16.nr columns each) from rows contiguous along
+// N (row k at src + k * rs): columns [0, 32) go to the panel at dst, [32, 64) (when cols > 32;
+// at most 64) to the one at dst + panel_words; dst[p * nr + c] = bf16 k = 2p in the low half,
+// k = 2p + 1 in the high half (zero for k >= kce), zero for c >= cols; ceil(kce / 2) pairs.
+// Needs avx512bw.
+void pack_b_panels_bf16_pairs_avx512(const uint16_t* src, int64_t rs, int cols, int64_t kce,
+                                     uint32_t* dst, int64_t panel_words);
 
 // AVX2+FMA micro-kernel (defined in gemm_avx2.cpp; only call when the CPU has AVX2 and FMA),
 // its A-panel packer for rows contiguous along K (mr = kAvx2BlockingF32.mr) and its B-panel

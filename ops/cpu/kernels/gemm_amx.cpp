@@ -169,9 +169,13 @@ void pack_b(int64_t N, int64_t K, int64_t kp, const uint16_t* B, int64_t b_rs, i
       uint32_t* d = dst + q * pairs * 32;
       const int64_t j0 = q * 32;
       const int cols = static_cast<int>(std::min<int64_t>(32, N - j0));
-      if (rows_contiguous) {
-        detail::pack_b_panel_bf16_pairs_avx512(B + j0, b_rs, cols, K, d);
-        std::memset(d + (K + 1) / 2 * 32, 0, sizeof(uint32_t) * static_cast<size_t>((pairs - (K + 1) / 2) * 32));
+      if (rows_contiguous) {  // this panel and the next one of the range in one pass
+        const int both = q + 1 < q1 ? static_cast<int>(std::min<int64_t>(64, N - j0)) : cols;
+        detail::pack_b_panels_bf16_pairs_avx512(B + j0, b_rs, both, K, d, pairs * 32);
+        for (int h = 0; h < (both > 32 ? 2 : 1); ++h)
+          std::memset(d + h * pairs * 32 + (K + 1) / 2 * 32, 0,
+                      sizeof(uint32_t) * static_cast<size_t>((pairs - (K + 1) / 2) * 32));
+        if (both > 32) ++q;
         continue;
       }
       if (b_rs == 1) {  // columns contiguous along K (B = W^T of a linear layer): a pair is one word
@@ -192,6 +196,8 @@ void pack_b(int64_t N, int64_t K, int64_t kp, const uint16_t* B, int64_t b_rs, i
     }
   });
 }
+
+int64_t panels_of(int64_t N) { return (N + 31) / 32; }
 
 }  // namespace
 
@@ -219,6 +225,16 @@ bool gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a
   // was ~7% of a 512 x 512 x 512 product on one core.
   const bool a_in_place = a_cs == 1 && K % 32 == 0 && (a_rs * 2) % 64 == 0 && (a_rs * 2) % 2048 != 0 &&
                           reinterpret_cast<uintptr_t>(A) % 64 == 0;
+  // Order of the direct path (one K block): a 32-row pair of A (32 x kp bf16) that fits in two
+  // thirds of the L1d stays there while every panel of B streams past it from the L2, when all
+  // of packed B fits in half of the L2: the B panels' tile rows are contiguous (2 KiB per tile),
+  // which the prefetchers follow better than the 16 strided rows of an A tile. Otherwise each
+  // panel stays in the L1d (or the L2) while the row pairs stream. Measured on the Intel Xeon
+  // (48 KiB L1d, 2 MiB L2), the kernel alone at n = 512: 1470 against 1300 GFLOP/s; at
+  // n = 1024 (A's row pair no longer fits) the panel-outer order stays ahead, 1115 against 1050.
+  const CpuCaches& caches = cpu_caches();
+  const int64_t l1d = caches.l1d > 0 ? caches.l1d : int64_t{32} << 10, l2 = caches.l2 > 0 ? caches.l2 : int64_t{1} << 20;
+  const bool rows_outer = 3 * (32 * kp * 2) <= 2 * l1d && panels_of(N) * 32 * kp * 2 <= l2 / 2;
   parallel_for(0, units, threaded ? 1 : units, [&](int64_t u0, int64_t u1) {
     // This unit's rows of A, K padded to kp with zeros; rows lda apart, one cache line more than
     // kp so that a tile's 16 rows do not fall into one L1d set when kp * 2 is a multiple of 4 KiB.
@@ -249,15 +265,21 @@ bool gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a
       // C rows a multiple of 4 KiB apart would share one L1d set) over the K blocks, each K block
       // of the panel (kKc / 2 x 128 bytes) reused from the L1d across the unit's row pairs; then
       // it is written to C once.
-      for (int64_t q = 0; q < panels; ++q) {
+      // One K block and whole tiles: C directly, for the panels of 32 columns.
+      const int64_t direct_panels = kp <= kKc && rows == row_pairs * 32 ? N / 32 : 0;
+      const auto tile_pair = [&](int64_t rp, int64_t q) {
+        block_32x32(at + rp * 32 * lda_u, lda_u * 2, packed_b + q * (kp / 2) * 32, kp / 32,
+                    C + (i0 + rp * 32) * ldc + q * 32, ldc * 4, !accumulate);
+      };
+      if (rows_outer) {  // a row pair's A stays in the L1d; the panels stream from the L2
+        for (int64_t rp = 0; rp < row_pairs; ++rp)
+          for (int64_t q = 0; q < direct_panels; ++q) tile_pair(rp, q);
+      } else {  // a panel stays in the L1d (or the L2); the row pairs stream
+        for (int64_t q = 0; q < direct_panels; ++q)
+          for (int64_t rp = 0; rp < row_pairs; ++rp) tile_pair(rp, q);
+      }
+      for (int64_t q = direct_panels; q < panels; ++q) {
         const int cols = static_cast<int>(std::min<int64_t>(32, N - q * 32));
-        if (kp <= kKc && cols == 32 && rows == row_pairs * 32) {  // one K block, whole tiles: C directly
-          const uint32_t* panel = packed_b + q * (kp / 2) * 32;
-          for (int64_t rp = 0; rp < row_pairs; ++rp)
-            block_32x32(at + rp * 32 * lda_u, lda_u * 2, panel, kp / 32, C + (i0 + rp * 32) * ldc + q * 32, ldc * 4,
-                        !accumulate);
-          continue;
-        }
         for (int64_t k0 = 0; k0 < kp; k0 += kKc) {
           const int64_t steps = std::min(kKc, kp - k0) / 32;
           const uint32_t* panel = packed_b + q * (kp / 2) * 32 + (k0 / 2) * 32;

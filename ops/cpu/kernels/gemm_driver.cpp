@@ -259,9 +259,9 @@ struct PackBf16PairsAvx512 : PackBf16Pairs {
     if (cs != 1 || nr != detail::kAvx512BlockingBf16.nr)
       return PackBf16Pairs::pack_b(B, rs, cs, kce, nc, nr, dst);
     const int64_t kp = (kce + 1) / 2;
-    for (int64_t j0 = 0; j0 < nc; j0 += nr)
-      detail::pack_b_panel_bf16_pairs_avx512(B + j0, rs, static_cast<int>(std::min<int64_t>(nr, nc - j0)),
-                                             kce, dst + j0 * kp);
+    for (int64_t j0 = 0; j0 < nc; j0 += 2 * nr)  // two panels per pass
+      detail::pack_b_panels_bf16_pairs_avx512(B + j0, rs, static_cast<int>(std::min<int64_t>(2 * nr, nc - j0)),
+                                              kce, dst + j0 * kp, kp * nr);
   }
 };
 
