@@ -130,6 +130,13 @@ void pack_a_panel_words_avx512(const void* src, int64_t row_bytes, int rows, int
 void pack_b_panels_bf16_pairs_avx512(const uint16_t* src, int64_t rs, int cols, int64_t kce,
                                      uint32_t* dst, int64_t panel_words);
 
+// One B panel of bf16 pairs (32 columns, the layout above) from columns contiguous along K
+// (B = W^T of a linear layer: column j at src + j * cs, its K values consecutive): the pair
+// (2p, 2p + 1) of a column is one 32-bit word there; zero for c >= cols, an odd kce's last pair
+// holds the last value alone. Writes ceil(kce / 2) pairs. Needs avx512f.
+void pack_b_panel_bf16_pairs_transposed_avx512(const uint16_t* src, int64_t cs, int cols, int64_t kce,
+                                               uint32_t* dst);
+
 // AVX2+FMA micro-kernel (defined in gemm_avx2.cpp; only call when the CPU has AVX2 and FMA),
 // its A-panel packer for rows contiguous along K (mr = kAvx2BlockingF32.mr) and its B-panel
 // packers (nr = kAvx2BlockingF32.nr) for rows contiguous along N and for columns contiguous

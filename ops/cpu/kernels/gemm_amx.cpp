@@ -113,51 +113,6 @@ TPU_AMX void block_32x32(const uint16_t* a, int64_t lda_bytes, const uint32_t* b
 
 TPU_AMX void release_tiles() { _tile_release(); }
 
-// One 32-column panel from B's columns contiguous along K (B = W^T of a linear layer, column j
-// at B + j * b_cs): a pair of K values is one 32-bit word of the column, so the panel is the
-// transpose of a cols x (K / 2) word matrix, done in 16 x 16 word blocks (four shuffle stages);
-// rows past `cols` are zero, an odd K's last pair holds the last value alone. Rows of the panel
-// past (K + 1) / 2 are left to the caller.
-// GCC 12 reports the undefined upper parts inside its own unpack intrinsics as
-// maybe-uninitialized; they are not.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-TPU_AMX void pack_b_panel_transposed(const uint16_t* B, int64_t b_cs, int cols, int64_t K, uint32_t* d) {
-  const int64_t words = K / 2;
-  for (int half = 0; half < 2; ++half) {
-    const int c0 = half * 16, rows = std::clamp(cols - c0, 0, 16);
-    for (int64_t p0 = 0; p0 < words; p0 += 16) {
-      const int n = static_cast<int>(std::min<int64_t>(16, words - p0));
-      const __mmask16 m = static_cast<__mmask16>(n == 16 ? 0xFFFFu : (1u << n) - 1u);
-      __m512i r[16], a[16];
-      for (int i = 0; i < 16; ++i)
-        r[i] = i < rows ? _mm512_maskz_loadu_epi32(m, B + (c0 + i) * b_cs + 2 * p0) : _mm512_setzero_si512();
-      for (int i = 0; i < 16; i += 2) {  // pairs of rows, per 128-bit lane
-        a[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        a[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-      }
-      for (int i = 0; i < 16; i += 4) {  // b[i + q]: word 4 l + q of rows i .. i + 3 in lane l
-        r[i] = _mm512_unpacklo_epi64(a[i], a[i + 2]);
-        r[i + 1] = _mm512_unpackhi_epi64(a[i], a[i + 2]);
-        r[i + 2] = _mm512_unpacklo_epi64(a[i + 1], a[i + 3]);
-        r[i + 3] = _mm512_unpackhi_epi64(a[i + 1], a[i + 3]);
-      }
-      for (int q = 0; q < 4; ++q) {  // gather lane l of the four row groups: word 4 l + q
-        const __m512i c = _mm512_shuffle_i32x4(r[q], r[4 + q], 0x88), e = _mm512_shuffle_i32x4(r[8 + q], r[12 + q], 0x88);
-        const __m512i dd = _mm512_shuffle_i32x4(r[q], r[4 + q], 0xdd), f = _mm512_shuffle_i32x4(r[8 + q], r[12 + q], 0xdd);
-        a[q] = _mm512_shuffle_i32x4(c, e, 0x88);        // word q
-        a[8 + q] = _mm512_shuffle_i32x4(c, e, 0xdd);    // word 8 + q
-        a[4 + q] = _mm512_shuffle_i32x4(dd, f, 0x88);   // word 4 + q
-        a[12 + q] = _mm512_shuffle_i32x4(dd, f, 0xdd);  // word 12 + q
-      }
-      for (int w = 0; w < n; ++w) _mm512_storeu_si512(d + (p0 + w) * 32 + c0, a[w]);
-    }
-  }
-  if (K % 2)
-    for (int c = 0; c < 32; ++c) d[words * 32 + c] = c < cols ? B[c * b_cs + K - 1] : 0u;
-}
-#pragma GCC diagnostic pop
-
 // Packs B (K x N) into 32-column panels of K pairs: panel q holds kp / 2 rows of 32 words,
 // word c of row p = bf16 (2p, j) low, (2p + 1, j) high for column j = 32q + c; zero past K, N.
 void pack_b(int64_t N, int64_t K, int64_t kp, const uint16_t* B, int64_t b_rs, int64_t b_cs, uint32_t* dst,
@@ -179,7 +134,7 @@ void pack_b(int64_t N, int64_t K, int64_t kp, const uint16_t* B, int64_t b_rs, i
         continue;
       }
       if (b_rs == 1) {  // columns contiguous along K (B = W^T of a linear layer): a pair is one word
-        pack_b_panel_transposed(B + j0 * b_cs, b_cs, cols, K, d);
+        detail::pack_b_panel_bf16_pairs_transposed_avx512(B + j0 * b_cs, b_cs, cols, K, d);
         std::memset(d + (K + 1) / 2 * 32, 0, sizeof(uint32_t) * static_cast<size_t>((pairs - (K + 1) / 2) * 32));
         continue;
       }

@@ -10,6 +10,8 @@
 // k-step is one pair of bf16 along K, and vdpbf16ps adds both products of the pair.
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include "ops/cpu/kernels/gemm.h"
 
 // The f32 kernel needs no avx512_bf16, so it also runs on AVX-512 CPUs without it.
@@ -265,5 +267,48 @@ TPU_GEMM_AVX512 void pack_b_panels_bf16_pairs_avx512(const uint16_t* src, int64_
     }
   }
 }
+
+// A pair of K values is one 32-bit word of a column contiguous along K, so the panel is the
+// transpose of a cols x (kce / 2) word matrix, done in 16 x 16 word blocks (four shuffle stages).
+// GCC 12 reports the undefined upper parts inside its own unpack intrinsics as
+// maybe-uninitialized; they are not.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+TPU_GEMM_AVX512 void pack_b_panel_bf16_pairs_transposed_avx512(const uint16_t* src, int64_t cs, int cols,
+                                                               int64_t kce, uint32_t* dst) {
+  const int64_t words = kce / 2;
+  for (int half = 0; half < 2; ++half) {
+    const int c0 = half * 16, rows = std::clamp(cols - c0, 0, 16);
+    for (int64_t p0 = 0; p0 < words; p0 += 16) {
+      const int n = static_cast<int>(std::min<int64_t>(16, words - p0));
+      const __mmask16 m = static_cast<__mmask16>(n == 16 ? 0xFFFFu : (1u << n) - 1u);
+      __m512i r[16], a[16];
+      for (int i = 0; i < 16; ++i)
+        r[i] = i < rows ? _mm512_maskz_loadu_epi32(m, src + (c0 + i) * cs + 2 * p0) : _mm512_setzero_si512();
+      for (int i = 0; i < 16; i += 2) {  // pairs of rows, per 128-bit lane
+        a[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        a[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+      }
+      for (int i = 0; i < 16; i += 4) {  // b[i + q]: word 4 l + q of rows i .. i + 3 in lane l
+        r[i] = _mm512_unpacklo_epi64(a[i], a[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(a[i], a[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(a[i + 1], a[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(a[i + 1], a[i + 3]);
+      }
+      for (int q = 0; q < 4; ++q) {  // gather lane l of the four row groups: word 4 l + q
+        const __m512i c = _mm512_shuffle_i32x4(r[q], r[4 + q], 0x88), e = _mm512_shuffle_i32x4(r[8 + q], r[12 + q], 0x88);
+        const __m512i dd = _mm512_shuffle_i32x4(r[q], r[4 + q], 0xdd), f = _mm512_shuffle_i32x4(r[8 + q], r[12 + q], 0xdd);
+        a[q] = _mm512_shuffle_i32x4(c, e, 0x88);        // word q
+        a[8 + q] = _mm512_shuffle_i32x4(c, e, 0xdd);    // word 8 + q
+        a[4 + q] = _mm512_shuffle_i32x4(dd, f, 0x88);   // word 4 + q
+        a[12 + q] = _mm512_shuffle_i32x4(dd, f, 0xdd);  // word 12 + q
+      }
+      for (int w = 0; w < n; ++w) _mm512_storeu_si512(dst + (p0 + w) * 32 + c0, a[w]);
+    }
+  }
+  if (kce % 2)
+    for (int c = 0; c < 32; ++c) dst[words * 32 + c] = c < cols ? src[c * cs + kce - 1] : 0u;
+}
+#pragma GCC diagnostic pop
 
 }  // namespace tpu::kernels::detail

@@ -256,9 +256,15 @@ struct PackBf16PairsAvx512 : PackBf16Pairs {
   }
   static void pack_b(const uint16_t* B, int64_t rs, int64_t cs, int64_t kce, int64_t nc,
                      int nr, uint32_t* dst) {
-    if (cs != 1 || nr != detail::kAvx512BlockingBf16.nr)
+    if ((cs != 1 && rs != 1) || nr != detail::kAvx512BlockingBf16.nr)
       return PackBf16Pairs::pack_b(B, rs, cs, kce, nc, nr, dst);
     const int64_t kp = (kce + 1) / 2;
+    if (cs != 1) {  // columns contiguous along K (B = W^T of a linear layer)
+      for (int64_t j0 = 0; j0 < nc; j0 += nr)
+        detail::pack_b_panel_bf16_pairs_transposed_avx512(B + j0 * cs, cs, static_cast<int>(std::min<int64_t>(nr, nc - j0)),
+                                                          kce, dst + j0 * kp);
+      return;
+    }
     for (int64_t j0 = 0; j0 < nc; j0 += 2 * nr)  // two panels per pass
       detail::pack_b_panels_bf16_pairs_avx512(B + j0, rs, static_cast<int>(std::min<int64_t>(2 * nr, nc - j0)),
                                               kce, dst + j0 * kp, kp * nr);
