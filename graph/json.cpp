@@ -12,6 +12,7 @@
 
 #include "graph/passes/passes.h"
 #include "graph/printer.h"
+#include "sim/json_int.h"
 #include "tpucore/ops.h"
 
 namespace tpu::graph {
@@ -42,15 +43,12 @@ json attr_json(const ops::Attr& a) {
   return json::array({a.name, type, v});
 }
 
-// Integer fields are read only from JSON integers that fit the target type: nlohmann's get<int64_t>()
-// on a float such as 4.7e23 is an out-of-range float-to-integer conversion (undefined behaviour).
+// Integer fields are read only from JSON integers that fit the target type (tpu::detail::json_int).
 int64_t int_in(const json& j, const char* what, int64_t lo = INT64_MIN, int64_t hi = INT64_MAX) {
   TPU_CHECK(j.is_number_integer(), "graph JSON: {} must be an integer, got {}", what, j.dump());
-  TPU_CHECK(!j.is_number_unsigned() || j.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX), "graph JSON: {} is out of range: {}",
-            what, j.dump());
-  const int64_t v = j.get<int64_t>();
-  TPU_CHECK(v >= lo && v <= hi, "graph JSON: {} must be in [{}, {}], got {}", what, lo, hi, v);
-  return v;
+  const std::optional<int64_t> v = tpu::detail::json_int(j, lo, hi);
+  TPU_CHECK(v.has_value(), "graph JSON: {} is out of range: {} (must be in [{}, {}])", what, j.dump(), lo, hi);
+  return *v;
 }
 int32_t int32_in(const json& j, const char* what) { return static_cast<int32_t>(int_in(j, what, INT32_MIN, INT32_MAX)); }
 std::vector<int64_t> ints_in(const json& j, const char* what) {

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sim/error.h"
+#include "sim/json_int.h"
 
 namespace tpu::sim {
 namespace {
@@ -104,10 +105,9 @@ IciConfig ici_preset(const std::string& name) {
 namespace {
 // An int field from a JSON integer in int's range (get<int>() on 1e30 would be an undefined conversion).
 int ici_int(const nlohmann::json& v, const char* key) {
-  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int>::max())) ||
-      (!v.is_number_unsigned() && (v.get<int64_t>() < std::numeric_limits<int>::min() || v.get<int64_t>() > std::numeric_limits<int>::max())))
-    throw SimError(fmt::format("ici config: '{}' must be an integer in int's range, got {}", key, v.dump()));
-  return static_cast<int>(v.get<int64_t>());
+  const std::optional<int64_t> x = tpu::detail::json_int(v, std::numeric_limits<int>::min(), std::numeric_limits<int>::max());
+  if (!x) throw SimError(fmt::format("ici config: '{}' must be an integer in int's range, got {}", key, v.dump()));
+  return static_cast<int>(*x);
 }
 }  // namespace
 

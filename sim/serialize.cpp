@@ -9,6 +9,7 @@
 
 #include "sim/error.h"
 #include "sim/fields.h"
+#include "sim/json_int.h"
 #include "sim/json_text.h"
 
 namespace tpu::sim {
@@ -48,8 +49,9 @@ struct Ctx {
   }
   int64_t integer(const json& v) const {
     if (!v.is_number_integer()) fail("expected an integer");
-    if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)) fail("integer out of range");
-    return v.get<int64_t>();
+    const std::optional<int64_t> x = tpu::detail::json_int(v);
+    if (!x) fail("integer out of range");
+    return *x;
   }
   float real(const json& v) const {
     if (v.is_number()) {
@@ -170,7 +172,7 @@ static Program program_from_json_checked(const json& j) {
   if (!j.is_object() || !j.contains("format") || !j["format"].is_string() ||
       j["format"].get<std::string>() != "tpusim-program")
     throw SimError("program JSON: expected an object with \"format\": \"tpusim-program\"");
-  if (!j.contains("version") || !j["version"].is_number_integer() || j["version"].get<int64_t>() != 1)
+  if (!j.contains("version") || tpu::detail::json_int(j["version"]) != std::optional<int64_t>(1))
     throw SimError(fmt::format("program JSON: field 'version' must be the integer 1, got {}",
                                j.contains("version") ? j["version"].dump() : "nothing"));
   if (!j.contains("code") || !j["code"].is_array()) throw SimError("program JSON: missing array 'code'");

@@ -116,6 +116,23 @@ TEST_CASE("llm: the config reader keeps every field and save/load round trips", 
   CHECK(cfg.rope_scaling.original_max_position_embeddings == 16);
   CHECK(cfg.eos_token_ids == std::vector<int64_t>{2, 3});
   CHECK(cfg.bos_token_id == 1);
+  // Integer fields past int64 are errors naming the field, not numbers wrapped to -1 (an eos id of
+  // -1 would never match, and generation would run past the end of text).
+  const auto with = [&](const std::string& from, const std::string& to) {
+    std::string s = c.json();
+    const size_t at = s.find(from);
+    REQUIRE(at != std::string::npos);
+    return s.replace(at, from.size(), to);
+  };
+  const std::string huge = "18446744073709551615";
+  expect_error([&] { models::ModelConfig::from_json(with("\"vocab_size\": 37", "\"vocab_size\": " + huge)); },
+               {"vocab_size", huge});
+  expect_error([&] { models::ModelConfig::from_json(with("\"eos_token_id\": [2, 3]", "\"eos_token_id\": [2, " + huge + "]")); },
+               {"eos_token_id", huge});
+  expect_error([&] { models::ModelConfig::from_json(with("\"bos_token_id\": 1", "\"bos_token_id\": " + huge)); },
+               {"bos_token_id", huge});
+  expect_error([&] { models::ModelConfig::from_json(with("\"vocab_size\": 37", "\"vocab_size\": 37.0")); },
+               {"vocab_size", "integer"});
   auto dir = temp_dir("roundtrip");
   Weights w = write_tiny_model(dir, c, DType::f32, 1, 7);
   auto m = models::load_causal_lm(dir.string());

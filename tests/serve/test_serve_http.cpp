@@ -169,6 +169,9 @@ TEST_CASE("tpu-serve: malformed requests get 4xx JSON errors and the server keep
       {"/v1/completions", "{\"prompt\": \"hi\", \"temperature\": 7}", 400, "'temperature' must be in"},
       {"/v1/completions", "{\"prompt\": \"hi\", \"n\": 2}", 400, "'n'"},
       {"/v1/completions", "{\"prompt\": [1, 999]}", 400, "token id 999"},
+      // Past int64: named as sent, not wrapped to -1.
+      {"/v1/completions", "{\"prompt\": [1, 18446744073709551615]}", 400, "token id 18446744073709551615"},
+      {"/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 18446744073709551615}", 400, "got 18446744073709551615"},
       {"/v1/completions", "{\"prompt\": {\"a\": 1}}", 400, "'prompt' must be"},
       {"/v1/completions", "{\"prompt\": \"hi\", \"stop\": 5}", 400, "'stop'"},
       {"/v1/completions", json{{"prompt", long_prompt}}.dump(), 400, "maximum context length is 64"},
@@ -193,7 +196,7 @@ TEST_CASE("tpu-serve: malformed requests get 4xx JSON errors and the server keep
   CHECK(j["usage"]["completion_tokens"].get<int>() >= 1);
   auto met = r.client().Get("/metrics");
   REQUIRE(met);
-  CHECK(met->body.find("tpu_serve_http_errors_total{code=\"400\"} 15") != std::string::npos);
+  CHECK(met->body.find("tpu_serve_http_errors_total{code=\"400\"} 17") != std::string::npos);
 }
 
 TEST_CASE("tpu-serve: bounded load of streaming clients, some leaving early, some malformed, no block leaks",

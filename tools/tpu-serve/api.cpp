@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "sim/json_int.h"
+
 namespace tpu::serve_http {
 
 using nlohmann::json;
@@ -25,9 +27,9 @@ double number(const json& j, const char* key, double dflt, double lo, double hi)
 int64_t integer(const json& j, const char* key, int64_t dflt, int64_t lo, int64_t hi) {
   if (!j.contains(key) || j[key].is_null()) return dflt;
   if (!j[key].is_number_integer()) bad(key, fmt::format("'{}' must be an integer", key));
-  const int64_t v = j[key].get<int64_t>();
-  if (v < lo || v > hi) bad(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v));
-  return v;
+  const std::optional<int64_t> v = tpu::detail::json_int(j[key], lo, hi);
+  if (!v) bad(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, j[key].dump()));
+  return *v;
 }
 bool boolean(const json& j, const char* key, bool dflt) {
   if (!j.contains(key) || j[key].is_null()) return dflt;
@@ -102,7 +104,9 @@ CompletionRequest parse_request(const std::string& body, bool chat, const ModelI
       } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
         for (const json& t : p) {
           if (!t.is_number_integer()) bad("prompt", "a token-id prompt must hold only integers");
-          r.prompt.push_back(t.get<int64_t>());
+          const std::optional<int64_t> id = tpu::detail::json_int(t, 0);
+          if (!id) bad("prompt", fmt::format("token id {} is outside the vocabulary of {}", t.dump(), tok.vocab_size()));
+          r.prompt.push_back(*id);
         }
       } else {
         bad("prompt", "'prompt' must be a string, one string in an array, or an array of token ids");
@@ -137,7 +141,9 @@ CompletionRequest parse_request(const std::string& body, bool chat, const ModelI
   const int64_t top_k = integer(j, "top_k", 0, -1, int64_t{1} << 31);
   r.gen.top_k = top_k < 0 ? 0 : top_k;
   r.gen.repetition_penalty = number(j, "repetition_penalty", 1.0, 1e-3, 100.0);
-  r.gen.seed = static_cast<uint64_t>(integer(j, "seed", 0, INT64_MIN, INT64_MAX));
+  // Any integer seeds: a negative one as its two's complement, one past INT64_MAX as it is.
+  if (j.contains("seed") && j["seed"].is_number_unsigned()) r.gen.seed = j["seed"].get<uint64_t>();
+  else r.gen.seed = static_cast<uint64_t>(integer(j, "seed", 0, INT64_MIN, INT64_MAX));
   if (!boolean(j, "ignore_eos", false)) r.gen.stop_tokens = info.eos;
   if (j.contains("stop") && !j["stop"].is_null()) {
     const json& s = j["stop"];

@@ -10,6 +10,7 @@
 
 #include "tpucore/core/error.h"
 #include "tpucore/io/tokenizer_internal.h"
+#include "sim/json_int.h"
 
 namespace tpu {
 
@@ -156,9 +157,9 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& src) 
               "{}: model.byte_fallback (sentencepiece-style BPE) is not supported; only byte-level BPE", src);
     TPU_CHECK(m.contains("vocab") && m["vocab"].is_object(), "{}: model.vocab must be an object of token -> id", src);
     for (const auto& [t, id] : m["vocab"].items()) {
-      TPU_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0, "{}: model.vocab['{}'] must be an id >= 0, got {}", src,
-                t, id.dump());
-      const int64_t v = id.get<int64_t>();
+      const std::optional<int64_t> vid = tpu::detail::json_int(id, 0);
+      TPU_CHECK(vid.has_value(), "{}: model.vocab['{}'] must be an id >= 0 in int64 range, got {}", src, t, id.dump());
+      const int64_t v = *vid;
       TPU_CHECK(im->id_to_tok.emplace(v, t).second, "{}: model.vocab gives id {} to both '{}' and '{}'", src, v,
                 im->id_to_tok[v], t);
       im->vocab[t] = v;
@@ -190,10 +191,11 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& src) 
       TPU_CHECK(j["added_tokens"].is_array(), "{}: added_tokens must be a list", src);
       std::unordered_map<int64_t, std::string> added_content;  // one content per id, or decode is ambiguous
       for (const auto& a : j["added_tokens"]) {
-        TPU_CHECK(a.is_object() && a.contains("id") && a["id"].is_number_integer() && a["id"].get<int64_t>() >= 0 &&
+        TPU_CHECK(a.is_object() && a.contains("id") && tpu::detail::json_int(a["id"], 0).has_value() &&
                       a.contains("content") && a["content"].is_string() && !a["content"].get<std::string>().empty(),
-                  "{}: each added_tokens entry needs an id >= 0 and a non-empty content, got {}", src, a.dump());
-        const int64_t id = a["id"].get<int64_t>();
+                  "{}: each added_tokens entry needs an id >= 0 (in int64 range) and a non-empty content, got {}", src,
+                  a.dump());
+        const int64_t id = *tpu::detail::json_int(a["id"], 0);
         const std::string content = a["content"].get<std::string>();
         if (auto it = im->id_to_tok.find(id); it != im->id_to_tok.end())
           TPU_CHECK(it->second == content, "{}: added token '{}' has id {}, which model.vocab gives to '{}'", src, content,

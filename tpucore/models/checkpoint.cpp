@@ -8,6 +8,7 @@
 #include "tpucore/autograd.h"
 #include "tpucore/models/causal_lm.h"
 #include "tpucore/safetensors.h"
+#include "sim/json_int.h"
 
 namespace tpu::models {
 
@@ -31,8 +32,9 @@ int64_t get_int(const json& j, const char* key, const std::string& src, std::opt
     TPU_CHECK(dflt.has_value(), "{}: missing required field '{}'", src, key);
     return *dflt;
   }
-  TPU_CHECK(it->is_number_integer(), "{}: field '{}' must be an integer, got {}", src, key, it->dump());
-  return it->get<int64_t>();
+  const std::optional<int64_t> v = tpu::detail::json_int(*it);
+  TPU_CHECK(v.has_value(), "{}: field '{}' must be an integer in int64 range, got {}", src, key, it->dump());
+  return *v;
 }
 double get_double(const json& j, const char* key, const std::string& src, double dflt) {
   auto it = j.find(key);
@@ -105,14 +107,20 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
     c.rope_scaling.original_max_position_embeddings =
         get_double(*it, "original_max_position_embeddings", where, 8192.0);
   }
-  if (auto it = j.find("bos_token_id"); it != j.end() && it->is_number_integer()) c.bos_token_id = it->get<int64_t>();
+  if (auto it = j.find("bos_token_id"); it != j.end() && it->is_number_integer()) {
+    const std::optional<int64_t> v = tpu::detail::json_int(*it, 0);
+    TPU_CHECK(v.has_value(), "{}: bos_token_id must be an id >= 0 in int64 range, got {}", src, it->dump());
+    c.bos_token_id = *v;
+  }
   if (auto it = j.find("eos_token_id"); it != j.end() && !it->is_null()) {
-    if (it->is_number_integer()) c.eos_token_ids.push_back(it->get<int64_t>());
+    const auto id = [&](const json& e) {
+      const std::optional<int64_t> v = tpu::detail::json_int(e, 0);
+      TPU_CHECK(v.has_value(), "{}: eos_token_id entries must be ids >= 0 in int64 range, got {}", src, e.dump());
+      return *v;
+    };
+    if (it->is_number_integer()) c.eos_token_ids.push_back(id(*it));
     else if (it->is_array())
-      for (const auto& e : *it) {
-        TPU_CHECK(e.is_number_integer(), "{}: eos_token_id entries must be integers, got {}", src, e.dump());
-        c.eos_token_ids.push_back(e.get<int64_t>());
-      }
+      for (const auto& e : *it) c.eos_token_ids.push_back(id(e));
     else
       fail("{}: eos_token_id must be an integer or a list of integers, got {}", src, it->dump());
   }
