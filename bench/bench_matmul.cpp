@@ -4,6 +4,7 @@
 // cpu_ms_all_threads is the process CPU time per product (fair on a shared machine).
 // The libtorch (OpenBLAS / oneDNN) comparison is bench/peer/bench_matmul_torch.cpp.
 #include <benchmark/benchmark.h>
+#include <immintrin.h>
 #include <sys/resource.h>
 
 #include <Eigen/Core>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "ops/cpu/kernels/gemm.h"
+#include "tpucore/core/cpu_features.h"
 #include "tpucore/core/parallel.h"
 
 namespace {
@@ -114,6 +116,55 @@ void BM_eigen_f32(benchmark::State& state) {
   }
   run.finish("eigen");
 }
+
+// The core's f32 multiply-add ceiling, to read the GEMM figures against: one thread, 24
+// independent accumulators (more than the FMA latency times the FMA ports), operands in
+// registers, no memory traffic. Returns the multiply-adds done (vector lanes x instructions).
+__attribute__((target("avx512f"))) double fma_loop_avx512(int64_t iters) {
+  __m512 acc[24], x = _mm512_set1_ps(1.0f), y = _mm512_set1_ps(1e-7f);
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 24
+    for (auto& a : acc) a = _mm512_fmadd_ps(x, y, a);
+    asm volatile("" : "+v"(x));  // keeps the loop from being folded
+  }
+  __m512 t = acc[0];
+  for (int i = 1; i < 24; ++i) t = _mm512_add_ps(t, acc[i]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, t);
+  benchmark::DoNotOptimize(lanes);
+  return 16.0 * 24.0 * static_cast<double>(iters);
+}
+__attribute__((target("avx2,fma"))) double fma_loop_avx2(int64_t iters) {
+  __m256 acc[12], x = _mm256_set1_ps(1.0f), y = _mm256_set1_ps(1e-7f);
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 12
+    for (auto& a : acc) a = _mm256_fmadd_ps(x, y, a);
+    asm volatile("" : "+x"(x));
+  }
+  alignas(32) float lanes[8];
+  __m256 t = acc[0];
+  for (int i = 1; i < 12; ++i) t = _mm256_add_ps(t, acc[i]);
+  _mm256_store_ps(lanes, t);
+  benchmark::DoNotOptimize(lanes);
+  return 8.0 * 12.0 * static_cast<double>(iters);
+}
+
+// Argument: 512 (AVX-512) or 256 (AVX2 + FMA).
+void BM_fma_peak(benchmark::State& state) {
+  const bool wide = state.range(0) == 512;
+  const tpu::CpuFeatures& f = tpu::cpu_features();
+  if (wide ? !f.avx512f : !(f.avx2 && f.fma)) {
+    state.SkipWithError("this CPU lacks the instructions");
+    return;
+  }
+  double macs = 0;
+  for (auto _ : state) macs += wide ? fma_loop_avx512(1 << 20) : fma_loop_avx2(1 << 20);
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * macs * 1e-9, benchmark::Counter::kIsRate);
+  state.SetLabel(wide ? "avx512 fma, 1 thread" : "avx2 fma, 1 thread");
+}
+BENCHMARK(BM_fma_peak)->Arg(512)->Arg(256)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // (n, threads)
 #define TPU_SIZES \

@@ -8,11 +8,14 @@
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 
+#include <dlfcn.h>
 #include <time.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "ops/cpu/kernels/gemm.h"
@@ -24,6 +27,21 @@ double process_cpu_seconds() {
   timespec t{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// Called first by every case: lets the threads of the case before go idle before this one's clocks
+// start. The pthreads build of OpenBLAS keeps its workers spinning for up to 2^28 cycles (~0.1 s)
+// after each call; without the pause that spinning took a core from, and was charged to the CPU
+// time of, whichever case ran next (ours spin up to 200 us).
+void settle() { std::this_thread::sleep_for(std::chrono::milliseconds(200)); }
+
+// OpenBLAS's own thread count, when libtorch's BLAS is OpenBLAS: torch::set_num_threads sets
+// libtorch's intra-op threads but leaves OpenBLAS on all cores, so "one thread" would have run
+// OpenBLAS on two.
+void set_openblas_threads(int n) {
+  using SetThreads = void (*)(int);
+  static const auto fn = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (fn) fn(n);
 }
 
 // Process CPU time from construction to set_gflops (after the timed loop).
@@ -39,6 +57,7 @@ void set_gflops(benchmark::State& state, int64_t n, const CpuClock& clk) {
 
 void BM_ours_f32(benchmark::State& state) {
   const int64_t n = state.range(0);
+  settle();
   tpu::set_num_threads(static_cast<int>(state.range(1)));
   torch::InferenceMode guard;
   torch::manual_seed(0);
@@ -56,6 +75,8 @@ void BM_ours_f32(benchmark::State& state) {
 
 void BM_torch_f32(benchmark::State& state) {
   const int64_t n = state.range(0);
+  settle();
+  set_openblas_threads(static_cast<int>(state.range(1)));
   torch::set_num_threads(static_cast<int>(state.range(1)));
   torch::InferenceMode guard;
   torch::manual_seed(0);
@@ -78,6 +99,7 @@ const uint16_t* bits(const torch::Tensor& t) {
 
 void BM_ours_bf16(benchmark::State& state) {
   const int64_t n = state.range(0);
+  settle();
   tpu::set_num_threads(static_cast<int>(state.range(1)));
   torch::InferenceMode guard;
   torch::manual_seed(0);
@@ -96,6 +118,7 @@ void BM_ours_bf16(benchmark::State& state) {
 // libtorch's bf16 matmul: bf16 in, f32 accumulate (oneDNN), bf16 out.
 void BM_torch_bf16(benchmark::State& state) {
   const int64_t n = state.range(0);
+  settle();
   torch::set_num_threads(static_cast<int>(state.range(1)));
   torch::InferenceMode guard;
   torch::manual_seed(0);
