@@ -7,11 +7,14 @@
 //
 // Blocking: B is packed once per call into 32-column panels of K-pairs (the AVX-512 packer's
 // layout, so a B tile is 16 rows of 64 bytes at a 128-byte stride); each unit of work (a block
-// of rows of C) copies its rows of A into a zero-padded buffer of K rounded up to 32 and runs,
-// per 32-column panel and K block of kKc, the panel's K block against every 32-row pair of the
-// unit (the panel block stays in the L1d), accumulating into a contiguous strip buffer that is
-// written to C once per panel. Rows and columns past M and N, and K past K, are zero in the
-// packed operands; only the valid part of the strip is written.
+// of rows of C) copies its rows of A into a zero-padded buffer of K rounded up to 32 (or reads
+// them in place when they need no padding) and runs, per 32-column panel and K block of kKc, the
+// panel's K block against every 32-row pair of the unit (the panel block stays in the L1d),
+// accumulating into a contiguous strip buffer that is written to C once per panel. When K fits
+// one block and the tiles are whole, the products go straight to C, and when a 32-row pair of A
+// fits the L1d the order turns around: each row pair stays there while every panel streams past
+// it (see rows_outer below). Rows and columns past M and N, and K past K, are zero in the packed
+// operands; only the valid part of the strip is written.
 //
 // The kernel runs only after the OS granted the process the AMX tile state
 // (arch_prctl(ARCH_REQ_XCOMP_PERM)); TPU_CPU_AMX=0 turns it off (the AVX-512 vdpbf16ps kernel
