@@ -191,11 +191,12 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& src) 
       TPU_CHECK(j["added_tokens"].is_array(), "{}: added_tokens must be a list", src);
       std::unordered_map<int64_t, std::string> added_content;  // one content per id, or decode is ambiguous
       for (const auto& a : j["added_tokens"]) {
-        TPU_CHECK(a.is_object() && a.contains("id") && tpu::detail::json_int(a["id"], 0).has_value() &&
-                      a.contains("content") && a["content"].is_string() && !a["content"].get<std::string>().empty(),
+        const std::optional<int64_t> aid = a.is_object() && a.contains("id") ? tpu::detail::json_int(a["id"], 0) : std::nullopt;
+        TPU_CHECK(aid.has_value() && a.contains("content") && a["content"].is_string() &&
+                      !a["content"].get<std::string>().empty(),
                   "{}: each added_tokens entry needs an id >= 0 (in int64 range) and a non-empty content, got {}", src,
                   a.dump());
-        const int64_t id = *tpu::detail::json_int(a["id"], 0);
+        const int64_t id = *aid;
         const std::string content = a["content"].get<std::string>();
         if (auto it = im->id_to_tok.find(id); it != im->id_to_tok.end())
           TPU_CHECK(it->second == content, "{}: added token '{}' has id {}, which model.vocab gives to '{}'", src, content,

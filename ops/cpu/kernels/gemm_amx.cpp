@@ -155,8 +155,6 @@ void pack_b(int64_t N, int64_t K, int64_t kp, const uint16_t* B, int64_t b_rs, i
   });
 }
 
-int64_t panels_of(int64_t N) { return (N + 31) / 32; }
-
 }  // namespace
 
 bool gemm_bf16_amx_available() { return amx_enabled(); }
@@ -192,7 +190,7 @@ bool gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a
   // n = 1024 (A's row pair no longer fits) the panel-outer order stays ahead, 1115 against 1050.
   const CpuCaches& caches = cpu_caches();
   const int64_t l1d = caches.l1d > 0 ? caches.l1d : int64_t{32} << 10, l2 = caches.l2 > 0 ? caches.l2 : int64_t{1} << 20;
-  const bool rows_outer = 3 * (32 * kp * 2) <= 2 * l1d && panels_of(N) * 32 * kp * 2 <= l2 / 2;
+  const bool rows_outer = 3 * (32 * kp * 2) <= 2 * l1d && panels * 32 * kp * 2 <= l2 / 2;
   parallel_for(0, units, threaded ? 1 : units, [&](int64_t u0, int64_t u1) {
     // This unit's rows of A, K padded to kp with zeros; rows lda apart, one cache line more than
     // kp so that a tile's 16 rows do not fall into one L1d set when kp * 2 is a multiple of 4 KiB.

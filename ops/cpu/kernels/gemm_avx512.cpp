@@ -179,51 +179,77 @@ TPU_GEMM_AVX512_BF16 void micro_kernel_bf16_avx512(int64_t kc, const uint32_t* A
 // shuffle/unpack intrinsics as maybe-uninitialized; that is a false positive.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+namespace {
+// Transposes a block of 16 rows x 16 32-bit words in registers (unpacks and 128-bit lane
+// shuffles): w[c] = word c of every row, row i in lane i. Row i (i < rows) is read at
+// base + i * row_bytes, its first n words; rows past `rows` and words past n read as zero.
+TPU_GEMM_AVX512 inline void transpose_words_16x16(const char* base, int64_t row_bytes, int rows, int n,
+                                                  __m512i (&w)[16]) {
+  const __mmask16 in_mask = n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u);
+  __m512i r[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_setzero_si512();
+  for (int i = 0; i < rows; ++i) r[i] = _mm512_maskz_loadu_epi32(in_mask, base + i * row_bytes);
+  __m512i t[16], u[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // u[4i + j], 128-bit lane L: column 4L + j of rows 4i .. 4i+3.
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {
+    const __m512i a0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88);
+    const __m512i a1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xDD);
+    const __m512i b0 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88);
+    const __m512i b1 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xDD);
+    w[j] = _mm512_shuffle_i32x4(a0, b0, 0x88);
+    w[4 + j] = _mm512_shuffle_i32x4(a1, b1, 0x88);
+    w[8 + j] = _mm512_shuffle_i32x4(a0, b0, 0xDD);
+    w[12 + j] = _mm512_shuffle_i32x4(a1, b1, 0xDD);
+  }
+}
+}  // namespace
+
 // One packed A panel from `rows` (<= 14) rows of 32-bit words (f32 values, or bf16 pairs):
 // dst[k * 14 + r] = word k of row r, zero for r >= rows. Rows are read 16 words at a time
-// and transposed in registers (16 x 16 through unpack and 128-bit lane shuffles).
+// and transposed in registers.
 TPU_GEMM_AVX512 void pack_a_panel_words_avx512(const void* src, int64_t row_bytes, int rows,
                                                int64_t kw, uint32_t* dst) {
   const char* base = static_cast<const char*>(src);
+  const __mmask16 out_mask = (1u << kMR) - 1u;
   for (int64_t k0 = 0; k0 < kw; k0 += 16) {
     const int n = static_cast<int>(kw - k0 < 16 ? kw - k0 : 16);
-    const __mmask16 in_mask = n == 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u);
-    __m512i r[16];
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i) r[i] = _mm512_setzero_si512();
-    for (int i = 0; i < rows; ++i)
-      r[i] = _mm512_maskz_loadu_epi32(in_mask, base + i * row_bytes + k0 * 4);
-    __m512i t[16], u[16];
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; ++i) {
-      t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-      t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    // u[4i + j], 128-bit lane L: column 4L + j of rows 4i .. 4i+3.
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) {
-      u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-      u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-      u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-      u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    uint32_t* d = dst + k0 * kMR;
-    const __mmask16 out_mask = (1u << kMR) - 1u;
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) {
-      const __m512i a0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88);
-      const __m512i a1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xDD);
-      const __m512i b0 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88);
-      const __m512i b1 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xDD);
-      const __m512i col[4] = {_mm512_shuffle_i32x4(a0, b0, 0x88), _mm512_shuffle_i32x4(a1, b1, 0x88),
-                              _mm512_shuffle_i32x4(a0, b0, 0xDD), _mm512_shuffle_i32x4(a1, b1, 0xDD)};
-#pragma GCC unroll 4
-      for (int L = 0; L < 4; ++L) {
-        const int c = 4 * L + j;
-        if (c < n) _mm512_mask_storeu_epi32(d + c * kMR, out_mask, col[L]);
-      }
+    __m512i w[16];
+    transpose_words_16x16(base + k0 * 4, row_bytes, rows, n, w);
+    for (int c = 0; c < n; ++c) _mm512_mask_storeu_epi32(dst + (k0 + c) * kMR, out_mask, w[c]);
+  }
+}
+
+// One B panel of bf16 pairs from 32 columns contiguous along K: a pair of K values is one 32-bit
+// word of a column, so the panel is the transpose of a cols x (kce / 2) word matrix, in 16 x 16
+// word blocks.
+TPU_GEMM_AVX512 void pack_b_panel_bf16_pairs_transposed_avx512(const uint16_t* src, int64_t cs, int cols,
+                                                               int64_t kce, uint32_t* dst) {
+  const int64_t words = kce / 2;
+  for (int c0 = 0; c0 < 32; c0 += 16) {
+    const int rows = std::clamp(cols - c0, 0, 16);
+    for (int64_t p0 = 0; p0 < words; p0 += 16) {
+      const int n = static_cast<int>(std::min<int64_t>(16, words - p0));
+      __m512i w[16];
+      transpose_words_16x16(reinterpret_cast<const char*>(src + c0 * cs + 2 * p0), cs * 2, rows, n, w);
+      for (int c = 0; c < n; ++c) _mm512_storeu_si512(dst + (p0 + c) * 32 + c0, w[c]);
     }
   }
+  if (kce % 2)
+    for (int c = 0; c < 32; ++c) dst[words * 32 + c] = c < cols ? src[c * cs + kce - 1] : 0u;
 }
 #pragma GCC diagnostic pop
 
@@ -267,48 +293,5 @@ TPU_GEMM_AVX512 void pack_b_panels_bf16_pairs_avx512(const uint16_t* src, int64_
     }
   }
 }
-
-// A pair of K values is one 32-bit word of a column contiguous along K, so the panel is the
-// transpose of a cols x (kce / 2) word matrix, done in 16 x 16 word blocks (four shuffle stages).
-// GCC 12 reports the undefined upper parts inside its own unpack intrinsics as
-// maybe-uninitialized; they are not.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-TPU_GEMM_AVX512 void pack_b_panel_bf16_pairs_transposed_avx512(const uint16_t* src, int64_t cs, int cols,
-                                                               int64_t kce, uint32_t* dst) {
-  const int64_t words = kce / 2;
-  for (int half = 0; half < 2; ++half) {
-    const int c0 = half * 16, rows = std::clamp(cols - c0, 0, 16);
-    for (int64_t p0 = 0; p0 < words; p0 += 16) {
-      const int n = static_cast<int>(std::min<int64_t>(16, words - p0));
-      const __mmask16 m = static_cast<__mmask16>(n == 16 ? 0xFFFFu : (1u << n) - 1u);
-      __m512i r[16], a[16];
-      for (int i = 0; i < 16; ++i)
-        r[i] = i < rows ? _mm512_maskz_loadu_epi32(m, src + (c0 + i) * cs + 2 * p0) : _mm512_setzero_si512();
-      for (int i = 0; i < 16; i += 2) {  // pairs of rows, per 128-bit lane
-        a[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        a[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-      }
-      for (int i = 0; i < 16; i += 4) {  // b[i + q]: word 4 l + q of rows i .. i + 3 in lane l
-        r[i] = _mm512_unpacklo_epi64(a[i], a[i + 2]);
-        r[i + 1] = _mm512_unpackhi_epi64(a[i], a[i + 2]);
-        r[i + 2] = _mm512_unpacklo_epi64(a[i + 1], a[i + 3]);
-        r[i + 3] = _mm512_unpackhi_epi64(a[i + 1], a[i + 3]);
-      }
-      for (int q = 0; q < 4; ++q) {  // gather lane l of the four row groups: word 4 l + q
-        const __m512i c = _mm512_shuffle_i32x4(r[q], r[4 + q], 0x88), e = _mm512_shuffle_i32x4(r[8 + q], r[12 + q], 0x88);
-        const __m512i dd = _mm512_shuffle_i32x4(r[q], r[4 + q], 0xdd), f = _mm512_shuffle_i32x4(r[8 + q], r[12 + q], 0xdd);
-        a[q] = _mm512_shuffle_i32x4(c, e, 0x88);        // word q
-        a[8 + q] = _mm512_shuffle_i32x4(c, e, 0xdd);    // word 8 + q
-        a[4 + q] = _mm512_shuffle_i32x4(dd, f, 0x88);   // word 4 + q
-        a[12 + q] = _mm512_shuffle_i32x4(dd, f, 0xdd);  // word 12 + q
-      }
-      for (int w = 0; w < n; ++w) _mm512_storeu_si512(dst + (p0 + w) * 32 + c0, a[w]);
-    }
-  }
-  if (kce % 2)
-    for (int c = 0; c < 32; ++c) dst[words * 32 + c] = c < cols ? src[c * cs + kce - 1] : 0u;
-}
-#pragma GCC diagnostic pop
 
 }  // namespace tpu::kernels::detail
