@@ -1,4 +1,4 @@
-// Concurrency (issue 16): several threads at once run eager ops and compiled functions (one
+// Concurrency: several threads at once run eager ops and compiled functions (one
 // shared by every thread, one private to each) on cpu, sim:0 and sim:1; every result is
 // checked against a naive double-precision reference computed by the thread itself. Catch2's
 // assertions are not thread-safe, so threads record mismatches and the main thread checks them.

@@ -1,4 +1,4 @@
-// Environment settings with invalid values (issue 16, item 12): the parser behind every
+// Environment settings with invalid values: the parser behind every
 // integer setting and the TPU_LOG check report the variable, the value and what is accepted.
 #include "testing.h"
 #include "tpucore/core/env.h"

@@ -1,4 +1,4 @@
-// Issue 16, items 7 and 8: a value-dependent output shape inside tpu::compile (one_hot with
+// Compile hardening: a value-dependent output shape inside tpu::compile (one_hot with
 // num_classes = -1) is a graph break that names its cause, as item() is (fullgraph makes it an
 // error); tensor arguments that require grad are differentiable inside the function.
 // References are written by hand.

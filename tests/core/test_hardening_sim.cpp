@@ -1,4 +1,4 @@
-// Defects found on `sim` by an independent reference (issue 16): explicit bf16 roundings in
+// Defects found on `sim` by an independent reference: explicit bf16 roundings in
 // compiled code, layer_norm with a large mean, device mismatches in backward formulas and
 // wrapped numbers, and the result dtype of a compiled f16 matmul. References are computed here,
 // in double, with this file's own bf16 rounding.
