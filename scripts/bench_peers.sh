@@ -3,7 +3,7 @@
 # per OPENBLAS_CORETYPE this CPU can take (from the /proc/cpuinfo flags) and with it unset,
 # prints GFLOP per CPU-second per size and thread count for each, names the fastest kernel (per
 # case and overall), then runs the whole peer binary once more with that kernel: ours (f32 and
-# bf16) against OpenBLAS (f32) and oneDNN (bf16) in one run, as the table the README quotes.
+# bf16) against OpenBLAS (f32) and oneDNN (bf16) in one run, as the GEMM table of docs/performance.md.
 #   bash scripts/bench_peers.sh [path/to/bench_matmul_torch]
 # Needs the peer benchmarks built (cmake -DTPU_BENCH_PEERS=ON with libtorch installed;
 # scripts/bench.sh does it). MIN_TIME (default 0.5 s) sets --benchmark_min_time; REPS (default 3)
