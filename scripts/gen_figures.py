@@ -468,10 +468,22 @@ def host(build, quick):
     # LLM decode and the training step.
     dec = bench_json(build, "bench_llm", "BM_decode/0/" if quick else "BM_decode/[01]/",
                      extra=(["--benchmark_min_time=0.05"] if quick else []))
-    lines += ["", "LLM decode, eager f32 (`bench/bench_llm.cpp` `BM_decode/<model>/<batch>/<threads arg>`):", "",
-              "| benchmark | tokens/s | tokens per CPU-second |", "|---|---|---|"]
+    peer_dec = {}
+    if os.path.exists(os.path.join(build, "bench", "bench_llm_torch")) or \
+            os.path.exists(os.path.join(build, "bench", "peer", "bench_llm_torch")):
+        peer_dec = by_name(bench_json(build, "bench_llm_torch", "BM_decode/0/" if quick else "BM_decode/[01]/",
+                                      env={"OMP_WAIT_POLICY": "PASSIVE"},
+                                      extra=(["--benchmark_min_time=0.05"] if quick else [])))
+    lines += ["", "LLM decode, f32, all threads (`bench/bench_llm.cpp` `BM_decode/<model>/<batch>/<compiled>`; "
+              "peer: `bench/peer/bench_llm_torch`, the same models and loop, when built):", "",
+              "| benchmark | model | tokens/s | tokens per CPU-second | libtorch tokens/s | ratio |",
+              "|---|---|---|---|---|---|"]
     for b in dec:
-        lines.append(f"| `{b['name']}` | {fmt(b.get('tokens/s'))} | {fmt(b.get('tokens/cpu_s'))} |")
+        p = peer_dec.get(b["name"].rsplit("/", 1)[0]) if b["name"].endswith("/0") else None
+        pt = p.get("tokens/s") if p else None
+        ratio = b.get("tokens/s") / pt if pt and b.get("tokens/s") else None
+        lines.append(f"| `{b['name']}` | {b.get('label', '')} | {fmt(b.get('tokens/s'))} | {fmt(b.get('tokens/cpu_s'))} | "
+                     f"{fmt(pt)} | {fmt(ratio, 2)}{'x' if ratio else ''} |")
     tr = bench_json(build, "bench_train", "BM_train_step", extra=mt)
     lines += ["", "Training step of the 784-256-10 MLP (`bench/bench_train.cpp`):", "",
               "| benchmark | µs per step | samples/s |", "|---|---|---|"]
