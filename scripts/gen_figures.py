@@ -61,15 +61,22 @@ def cpu_flags():
     return []
 
 
+_COMMIT = []
+
+
 def commit():
+    """The commit the figures come from; changes under docs/ (the figures themselves) do not count."""
+    if _COMMIT:
+        return _COMMIT[0]
     try:
         rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short=12", "HEAD"], capture_output=True,
                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-        return rev + (" (with uncommitted changes)" if dirty else "")
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":(exclude)docs"], capture_output=True, text=True, check=True).stdout.strip()
+        _COMMIT.append(rev + (" (with uncommitted changes)" if dirty else ""))
     except (OSError, subprocess.CalledProcessError):
-        return "unknown commit"
+        _COMMIT.append("unknown commit")
+    return _COMMIT[0]
 
 
 def header(kind):
@@ -500,6 +507,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="host part: very short runs (to test the script)")
     ap.add_argument("--only", default="", help="comma-separated subset: calibration,kernels,llm,pod,serve,ici,ops")
     args = ap.parse_args()
+    commit()  # before any region is rewritten
     import tempfile
     do_sim = not args.host
     do_host = args.host or not args.sim_only
