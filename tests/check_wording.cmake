@@ -1,5 +1,5 @@
-# Docs and comments speak of the project as it is. Fails on references to the tracker ("issue 14",
-# "issues 14 and 15", "(item 7)") and on narrative of how the work went (this / last / previous /
+# Docs and comments speak of the project as it is. Fails on references to the tracker (the word
+# issue or item followed by a number) and on narrative of how the work went (this / last / previous /
 # earlier / later, followed by round or session) in every tracked Markdown file and in the comments
 # of source files (.h .cpp .cmake .sh .py CMakeLists.txt). A line that must keep such words (a quote,
 # a test of this check) carries the marker "wording-check: ok".
