@@ -149,6 +149,13 @@ def by_name(benches):
     return {b["name"]: b for b in benches}
 
 
+def num(v):
+    """A counter value with as many digits as its size needs (whole numbers without any)."""
+    if float(v).is_integer():
+        return fmt(v, 0)
+    return fmt(v, 3 if abs(v) < 1 else (2 if abs(v) < 100 else 0))
+
+
 def fmt(v, digits=1):
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "–"
@@ -336,7 +343,7 @@ def sim_llm(build):
             c = {k: v for k, v in b.items() if isinstance(v, float) and k not in
                  ("real_time", "cpu_time", "iterations", "repetitions", "repetition_index", "threads",
                   "family_index", "per_family_instance_index")}
-            figs = ", ".join(f"{k} {fmt(v, 2 if v < 100 else 0)}" for k, v in sorted(c.items()))
+            figs = ", ".join(f"{k} {num(v)}" for k, v in sorted(c.items()))
             lines.append(f"| `{b['name']}` on `{chip}` | {figs} |")
     write_region("performance.md", "sim-llm", "\n".join(lines))
 
@@ -376,7 +383,7 @@ def sim_serve(build):
             "per_family_instance_index"}
     for b in bs:
         c = {k: v for k, v in b.items() if isinstance(v, (int, float)) and k not in skip}
-        figs = ", ".join(f"{k} {fmt(v, 3 if abs(v) < 1 else (2 if abs(v) < 100 else 0))}" for k, v in c.items())
+        figs = ", ".join(f"{k} {num(v)}" for k, v in c.items())
         lines.append(f"| `{b['name']}` | {figs} |")
     write_region("serving.md", "serve-sim", "\n".join(lines))
 
