@@ -483,12 +483,12 @@ def host(build, quick):
                      f"{fmt(t['cpu_time'], 2)} {t.get('time_unit', 'ms')} |")
 
     # LLM decode and the training step.
-    dec = bench_json(build, "bench_llm", "BM_decode/0/" if quick else "BM_decode/[01]/",
+    dec = bench_json(build, "bench_llm", "BM_decode/0/" if quick else "BM_decode/[12]/",
                      extra=(["--benchmark_min_time=0.05"] if quick else []))
     peer_dec = {}
     if os.path.exists(os.path.join(build, "bench", "bench_llm_torch")) or \
             os.path.exists(os.path.join(build, "bench", "peer", "bench_llm_torch")):
-        peer_dec = by_name(bench_json(build, "bench_llm_torch", "BM_decode/0/" if quick else "BM_decode/[01]/",
+        peer_dec = by_name(bench_json(build, "bench_llm_torch", "BM_decode/0/" if quick else "BM_decode/[12]/",
                                       env={"OMP_WAIT_POLICY": "PASSIVE"},
                                       extra=(["--benchmark_min_time=0.05"] if quick else [])))
     lines += ["", "LLM decode, f32, all threads (`bench/bench_llm.cpp` `BM_decode/<model>/<batch>/<compiled>`; "
