@@ -33,16 +33,18 @@ while [ $# -gt 0 ]; do
 done
 if [ "$build" = 1 ]; then
   bash scripts/setup.sh
-  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTPU_BUILD_BENCH=ON >/dev/null
+  peers=()
+  [ "$mode_host" = 1 ] && peers=(-DTPU_BENCH_PEERS=ON)  # built only when libtorch is installed
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTPU_BUILD_BENCH=ON "${peers[@]}" >/dev/null
   targets=()
   [ "$mode_sim" = 1 ] && targets+=(tpu-ops tpu-calib bench_sim bench_ici bench_codegen bench_llm_sim bench_pod_train
                                    bench_serve_sim)
   if [ "$mode_host" = 1 ]; then
     targets+=(bench_matmul bench_jit bench_llm bench_train)
-    # the GEMM peer, when libtorch is installed and the peers are configured
-    if cmake --build "$BUILD" --target help 2>/dev/null | grep -q 'bench_matmul_torch'; then
-      targets+=(bench_matmul_torch)
-    fi
+    # the peers, when libtorch is installed (sudo apt-get install libtorch-dev libopenblas0-pthread)
+    for t in bench_matmul_torch bench_llm_torch; do
+      if cmake --build "$BUILD" --target help 2>/dev/null | grep -q "^$t:"; then targets+=("$t"); fi
+    done
   fi
   cmake --build "$BUILD" -j"${JOBS:-2}" --target "${targets[@]}"
 fi
