@@ -28,7 +28,7 @@ list(FILTER files INCLUDE REGEX "(\\.md|\\.h|\\.cpp|\\.cmake|\\.sh|\\.py|(^|/)CM
 list(SORT files)
 
 # Lowercased text is matched; [^a-z] stands in for a word boundary.
-set(tracker "(^|[^a-z_])(issues? #?[0-9]|items? [0-9])")
+set(tracker "(^|[^a-z_])(issues?[ -]#?[0-9]|items? [0-9])")
 set(narrative "(^|[^a-z])(this|last|previous|earlier|later) (round|session)([^a-z]|$)")
 set(marker "wording-check: ok")
 set(errors "")

@@ -1,4 +1,4 @@
-// Bad inputs from the issue-16 sweep: shapes whose element count overflows, ranges too long for
+// Bad inputs from a sweep of the API: shapes whose element count overflows, ranges too long for
 // a tensor, environment settings with invalid values, and the default generator shared by
 // several threads. Each must be a tpu::Error (or a warning) naming what was wrong, and the
 // runtime stays usable afterwards.
