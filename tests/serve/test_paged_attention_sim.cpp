@@ -402,7 +402,7 @@ TEST_CASE("serve: the engine with the model on sim (tiny chip, paged attention p
       out[*id].push_back(t);
       return true;
     };
-    *id = e.add_request(p, g, cb);
+    *id = e.add_request(p, serve::SamplingParams::from_generation_config(g), cb);
     ids.push_back(*id);
   }
   tpu::testing::ChipRunProbe probe;
