@@ -16,6 +16,7 @@
 #include "tpucore/compile.h"
 #include "tpucore/models.h"
 #include "tpucore/serve/engine.h"
+#include "tpucore/serve/paged_cache.h"
 
 using namespace tpu;
 using tpu::testing::expect_error;

@@ -24,6 +24,7 @@
 #include "sim/presets.h"
 #include "tpucore/models.h"
 #include "tpucore/serve/engine.h"
+#include "tpucore/serve/paged_cache.h"
 
 using namespace tpu;
 using B = sim::ProgramBuilder;
