@@ -92,7 +92,7 @@ void BM_engine(benchmark::State& st) {
   models::GenerationConfig g;
   g.max_new_tokens = kNew;
   for (auto _ : st) {
-    for (const auto& p : prompts(n)) e.add_request(p, g, {});
+    for (const auto& p : prompts(n)) e.add_request(p, serve::SamplingParams::from_generation_config(g), {});
     for (int i = 0; i < 100000 && e.has_work(); ++i) e.step();
   }
   const double it = static_cast<double>(st.iterations());
@@ -117,7 +117,7 @@ int64_t run_mixed(serve::Engine& e, int64_t n, std::vector<std::vector<int64_t>>
       models::GenerationConfig g;
       g.max_new_tokens = 16 + (next * 37) % 49;
       auto* o = &out[static_cast<size_t>(next)];
-      e.add_request(p, g, {[o](int64_t t) {
+      e.add_request(p, serve::SamplingParams::from_generation_config(g), {[o](int64_t t) {
                               o->push_back(t);
                               return true;
                             },

@@ -2,7 +2,11 @@
 # bottom: sim/ (stands alone); tpucore/core/ (the core types); device/; ops/; graph/; codegen/;
 # then the API layer (tpucore/jit, autograd, nn, optim, io, profiler, runtime, models, dist and
 # the public headers tpucore/*.h), which may include everything below it. A file may include
-# only the folders its layer allows. Run as: cmake -DSRC=<repo> -P check_structure.cmake
+# only the folders its layer allows. Inside the API layer: nn/ includes neither models/ nor serve/,
+# models/ does not include serve/ (serving builds on the models, not the reverse), and the
+# serving engine's public headers (serve/engine.h, sampling_params.h, metrics.h, which
+# tools/tpu-serve includes) include only public headers: no code generation or other internals.
+# Run as: cmake -DSRC=<repo> -P check_structure.cmake
 cmake_policy(SET CMP0007 NEW)
 set(MAX_LINES 650)
 set(errors "")
@@ -50,6 +54,32 @@ foreach(f ${files})
         set(inc ${CMAKE_MATCH_1})
         if(NOT inc MATCHES "^(${allowed})")
           string(APPEND errors "  ${f}: includes an upper layer: ${inc}\n")
+        endif()
+      endif()
+    endforeach()
+  endif()
+endforeach()
+
+# The API layer's internal arrows.
+foreach(f ${files})
+  set(forbidden "")
+  if(f MATCHES "^tpucore/nn/")
+    set(forbidden "^tpucore/(models|serve)/")
+    set(why "nn/ includes neither models/ nor serve/")
+  elseif(f MATCHES "^tpucore/models/")
+    set(forbidden "^tpucore/serve/")
+    set(why "models/ does not include serve/")
+  elseif(f MATCHES "^tpucore/serve/(engine|sampling_params|metrics)\\.h$")
+    set(forbidden "^(codegen|graph|ops|device|sim)/|^tpucore/serve/(paged_|model_runner|scheduler|kv_cache_manager|output|request)")
+    set(why "the serving engine's public headers include only public headers")
+  endif()
+  if(forbidden)
+    file(STRINGS ${SRC}/${f} lines)
+    foreach(line ${lines})
+      if(line MATCHES "^[ \t]*#[ \t]*include[ \t]*\"([^\"]*)\"")
+        set(inc ${CMAKE_MATCH_1})
+        if(inc MATCHES "${forbidden}")
+          string(APPEND errors "  ${f}: includes ${inc} (${why})\n")
         endif()
       endif()
     endforeach()

@@ -16,6 +16,7 @@
 #include "tpucore/compile.h"
 #include "tpucore/models.h"
 #include "tpucore/serve/engine.h"
+#include "tpucore/serve/paged_cache.h"
 
 using namespace tpu;
 using tpu::testing::expect_error;
@@ -64,7 +65,7 @@ int64_t submit(serve::Engine& e, Run& run, const V& prompt, const models::Genera
     return true;
   };
   cb.on_finish = [&run, id](serve::FinishReason r) { run.why[*id] = r; };
-  *id = e.add_request(prompt, g, cb);
+  *id = e.add_request(prompt, serve::SamplingParams::from_generation_config(g), cb);
   return *id;
 }
 
@@ -263,7 +264,7 @@ TEST_CASE("serve: stop tokens, the context limit, cancel and a callback that can
   cb.on_token = [&](int64_t) { return ++seen < 2; };
   serve::FinishReason d_why = serve::FinishReason::length;
   cb.on_finish = [&](serve::FinishReason r) { d_why = r; };
-  e.add_request(prompt, g, cb);
+  e.add_request(prompt, serve::SamplingParams::from_generation_config(g), cb);
   e.step();
   e.cancel(c);
   drain(e, run);
@@ -287,27 +288,27 @@ TEST_CASE("serve: bad requests are errors and the engine stays usable", "[serve]
   serve::Engine e(m, ec);
   models::GenerationConfig g;
   g.max_new_tokens = 2;
-  expect_error([&] { e.add_request({}, g, {}); }, {"prompt is empty"});
-  expect_error([&] { e.add_request(V(16, 1), g, {}); }, {"prompt has 16 tokens", "context is 16"});
-  expect_error([&] { e.add_request({1, 37}, g, {}); }, {"token 37", "vocabulary of 37"});
-  expect_error([&] { e.add_request({1, -1}, g, {}); }, {"token -1"});
+  expect_error([&] { e.add_request({}, serve::SamplingParams::from_generation_config(g), {}); }, {"prompt is empty"});
+  expect_error([&] { e.add_request(V(16, 1), serve::SamplingParams::from_generation_config(g), {}); }, {"prompt has 16 tokens", "context is 16"});
+  expect_error([&] { e.add_request({1, 37}, serve::SamplingParams::from_generation_config(g), {}); }, {"token 37", "vocabulary of 37"});
+  expect_error([&] { e.add_request({1, -1}, serve::SamplingParams::from_generation_config(g), {}); }, {"token -1"});
   models::GenerationConfig bad = g;
   bad.max_new_tokens = 0;
-  expect_error([&] { e.add_request({1}, bad, {}); }, {"max_tokens"});
+  expect_error([&] { e.add_request({1}, serve::SamplingParams::from_generation_config(bad), {}); }, {"max_tokens"});
   bad = g;
   bad.do_sample = true;
   bad.temperature = 0;
-  expect_error([&] { e.add_request({1}, bad, {}); }, {"temperature"});
+  expect_error([&] { e.add_request({1}, serve::SamplingParams::from_generation_config(bad), {}); }, {"temperature"});
   bad = g;
   bad.top_p = 1.5;
-  expect_error([&] { e.add_request({1}, bad, {}); }, {"top_p"});
+  expect_error([&] { e.add_request({1}, serve::SamplingParams::from_generation_config(bad), {}); }, {"top_p"});
   expect_error([&] { serve::Engine(m, serve::EngineConfig{.block_size = 0}); }, {"block_size (0)"});
   expect_error([&] { serve::Engine(m, serve::EngineConfig{.block_size = 4, .num_blocks = 2, .max_model_len = 16}); },
                {"cannot hold one sequence"});
   Run run;
   const int64_t a = submit(e, run, {1, 2}, g);
   submit(e, run, {2, 3}, g);
-  CHECK_THROWS_AS(e.add_request({1}, g, {}), serve::Overloaded);
+  CHECK_THROWS_AS(e.add_request({1}, serve::SamplingParams::from_generation_config(g), {}), serve::Overloaded);
   drain(e, run);
   CHECK(run.out[a] == models::generate(*m, {{1, 2}}, g)[0]);
   CHECK(e.metrics().blocks_used == 0);

@@ -24,6 +24,7 @@
 #include "sim/presets.h"
 #include "tpucore/models.h"
 #include "tpucore/serve/engine.h"
+#include "tpucore/serve/paged_cache.h"
 
 using namespace tpu;
 using B = sim::ProgramBuilder;
@@ -402,7 +403,7 @@ TEST_CASE("serve: the engine with the model on sim (tiny chip, paged attention p
       out[*id].push_back(t);
       return true;
     };
-    *id = e.add_request(p, g, cb);
+    *id = e.add_request(p, serve::SamplingParams::from_generation_config(g), cb);
     ids.push_back(*id);
   }
   tpu::testing::ChipRunProbe probe;

@@ -132,19 +132,17 @@ CompletionRequest parse_request(const std::string& body, bool chat, const ModelI
     bad(max_key, fmt::format("This model's maximum context length is {} tokens; you requested {} tokens ({} in "
                              "the prompt, {} to generate)",
                              info.max_model_len, n + max_tokens, n, max_tokens));
-  r.gen.max_new_tokens = max_tokens;
-  const double temperature = number(j, "temperature", 1.0, 0.0, 2.0);
-  r.gen.do_sample = temperature > 0;
-  r.gen.temperature = temperature > 0 ? temperature : 1.0;
-  r.gen.top_p = number(j, "top_p", 1.0, 0.0, 1.0);
-  if (r.gen.top_p <= 0) bad("top_p", "'top_p' must be above 0");
+  r.params.max_tokens = max_tokens;
+  r.params.temperature = number(j, "temperature", 1.0, 0.0, 2.0);  // 0: greedy
+  r.params.top_p = number(j, "top_p", 1.0, 0.0, 1.0);
+  if (r.params.top_p <= 0) bad("top_p", "'top_p' must be above 0");
   const int64_t top_k = integer(j, "top_k", 0, -1, int64_t{1} << 31);
-  r.gen.top_k = top_k < 0 ? 0 : top_k;
-  r.gen.repetition_penalty = number(j, "repetition_penalty", 1.0, 1e-3, 100.0);
+  r.params.top_k = top_k < 0 ? 0 : top_k;
+  r.params.repetition_penalty = number(j, "repetition_penalty", 1.0, 1e-3, 100.0);
   // Any integer seeds: a negative one as its two's complement, one past INT64_MAX as it is.
-  if (j.contains("seed") && j["seed"].is_number_unsigned()) r.gen.seed = j["seed"].get<uint64_t>();
-  else r.gen.seed = static_cast<uint64_t>(integer(j, "seed", 0, INT64_MIN, INT64_MAX));
-  if (!boolean(j, "ignore_eos", false)) r.gen.stop_tokens = info.eos;
+  if (j.contains("seed") && j["seed"].is_number_unsigned()) r.params.seed = j["seed"].get<uint64_t>();
+  else r.params.seed = static_cast<uint64_t>(integer(j, "seed", 0, INT64_MIN, INT64_MAX));
+  if (!boolean(j, "ignore_eos", false)) r.params.stop_token_ids = info.eos;
   if (j.contains("stop") && !j["stop"].is_null()) {
     const json& s = j["stop"];
     if (s.is_string()) {

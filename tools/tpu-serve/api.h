@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tpucore/models/generate.h"
+#include "tpucore/serve/sampling_params.h"
 #include "tpucore/tokenizer.h"
 
 namespace tpu::serve_http {
@@ -31,7 +31,7 @@ struct ModelInfo {
 struct CompletionRequest {
   bool chat = false, stream = false, include_usage = false;
   std::vector<int64_t> prompt;
-  models::GenerationConfig gen;
+  serve::SamplingParams params;
   std::vector<std::string> stop;  // stop strings (not part of the returned text)
 };
 

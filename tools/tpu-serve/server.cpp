@@ -214,7 +214,7 @@ struct ApiServer::Impl {
       ch->cv.notify_all();
     };
     try {
-      ch->id = engine.add_request(r.prompt, r.gen, cb);
+      ch->id = engine.add_request(r.prompt, r.params, cb);
     } catch (const serve::Overloaded& e) {
       throw ApiError{429, e.what(), "rate_limit_error", ""};
     } catch (const Error& e) {
@@ -287,12 +287,12 @@ struct ApiServer::Impl {
           engine.cancel(ch->id);  // the client went away: free its blocks at the next step
           gone = true;
         }
-        if (!r.stop.empty() && !cancelled_for_stop && render(tok, tokens, r.gen.stop_tokens, r.stop).stop_hit) {
+        if (!r.stop.empty() && !cancelled_for_stop && render(tok, tokens, r.params.stop_token_ids, r.stop).stop_hit) {
           engine.cancel(ch->id);  // a stop string: no need to generate further
           cancelled_for_stop = true;
         }
       }
-      const Text t = render(tok, tokens, r.gen.stop_tokens, r.stop);
+      const Text t = render(tok, tokens, r.params.stop_token_ids, r.stop);
       json j = head(r, id, false);
       j["choices"] = json::array({choice(r, t.text, finish_name(why, t.stop_hit), false, false)});
       j["usage"] = usage(r, tokens.size());
@@ -330,7 +330,7 @@ struct ApiServer::Impl {
           };
           serve::FinishReason why{};
           const bool done = wait(*st->ch, st->tokens.size(), st->tokens, why);
-          const Text t = render(tok, st->tokens, st->r.gen.stop_tokens, st->r.stop);
+          const Text t = render(tok, st->tokens, st->r.params.stop_token_ids, st->r.stop);
           if (t.stop_hit && !st->cancelled_for_stop) {
             engine.cancel(st->ch->id);
             st->cancelled_for_stop = true;

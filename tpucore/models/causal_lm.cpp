@@ -1,6 +1,7 @@
 #include "tpucore/models/causal_lm.h"
 
 #include "tpucore/autograd.h"
+#include "tpucore/models/generate.h"
 
 namespace tpu::models {
 
@@ -38,7 +39,7 @@ DecoderLayer::DecoderLayer(const ModelConfig& c, Generator* gen) {
 }
 
 Tensor DecoderLayer::forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& keep,
-                             nn::KVCache* cache, int64_t layer) {
+                             nn::AttentionCache* cache, int64_t layer) {
   Tensor h = add(x, self_attn->forward(input_layernorm->forward(x), cos, sin, keep, cache, layer));
   return add(h, mlp->forward(post_attention_layernorm->forward(h)));
 }
@@ -48,6 +49,13 @@ DecoderModel::DecoderModel(const ModelConfig& c, Generator* gen) {
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers.push_back(std::make_shared<DecoderLayer>(c, gen));
   register_module("layers", std::make_shared<LayerList>(layers));
   norm = register_module("norm", std::make_shared<nn::RMSNorm>(Shape{c.hidden_size}, c.rms_norm_eps));
+}
+
+Tensor DecoderModel::forward(const Tensor& ids, const Tensor& cos, const Tensor& sin, const Tensor& keep,
+                             nn::AttentionCache* cache) {
+  Tensor h = embed_tokens->forward(ids);
+  for (size_t i = 0; i < layers.size(); ++i) h = layers[i]->forward(h, cos, sin, keep, cache, static_cast<int64_t>(i));
+  return norm->forward(h);
 }
 
 CausalLM::CausalLM(const ModelConfig& c, Generator* gen) : config(c) {
@@ -63,6 +71,8 @@ CausalLM::CausalLM(const ModelConfig& c, Generator* gen) : config(c) {
     lm_head = register_module("lm_head", std::make_shared<nn::Linear>(c.hidden_size, c.vocab_size, false, gen));
   inv_freq = nn::rope_inv_freq(config.head_dim, c.rope_theta, c.rope_scaling);
 }
+
+CausalLM::~CausalLM() { release_generation_state(*this); }
 
 DType CausalLM::dtype() const { return model->norm->weight.dtype(); }
 Device CausalLM::device() const { return model->norm->weight.device(); }
@@ -91,19 +101,31 @@ Tensor CausalLM::forward(const Tensor& ids, nn::KVCache* cache, const std::vecto
   }
   TPU_CHECK(static_cast<int64_t>(pos.size()) == b * t, "CausalLM: {} position ids given for input of shape {}",
             pos.size(), ids.shape().str());
-  auto [cos, sin] = nn::rope_tables(pos, b, inv_freq, dtype(), device());
-  Tensor logits = forward_tables(ids, cos, sin, keep, cache);
+  auto [cos, sin] = rope_tables(pos, b);
+  Tensor out = forward(ids, cos, sin, cache, keep);
   if (cache) cache->advance(t);
-  return logits;
+  return out;
 }
 
-Tensor CausalLM::forward_tables(const Tensor& ids, const Tensor& cos, const Tensor& sin, const Tensor& keep,
-                                nn::KVCache* cache) {
-  Tensor h = model->embed_tokens->forward(ids);
-  for (size_t i = 0; i < model->layers.size(); ++i)
-    h = model->layers[i]->forward(h, cos, sin, keep, cache, static_cast<int64_t>(i));
-  h = model->norm->forward(h);
-  return linear(h, lm_head ? lm_head->weight : model->embed_tokens->weight);
+Tensor CausalLM::forward(const Tensor& ids, const Tensor& cos, const Tensor& sin, nn::AttentionCache* cache,
+                         const Tensor& keep) {
+  return logits(hidden_states(ids, cos, sin, cache, keep));
+}
+
+Tensor CausalLM::hidden_states(const Tensor& ids, const Tensor& cos, const Tensor& sin, nn::AttentionCache* cache,
+                               const Tensor& keep) {
+  if (cache)
+    TPU_CHECK(cache->num_layers() == config.num_hidden_layers, "CausalLM: the attention cache holds {} layers, the model {}",
+              cache->num_layers(), config.num_hidden_layers);
+  return model->forward(ids, cos, sin, keep, cache);
+}
+
+Tensor CausalLM::logits(const Tensor& hidden) const {
+  return linear(hidden, lm_head ? lm_head->weight : model->embed_tokens->weight);
+}
+
+std::pair<Tensor, Tensor> CausalLM::rope_tables(const std::vector<int64_t>& positions, int64_t batch) const {
+  return nn::rope_tables(positions, batch, inv_freq, dtype(), device());
 }
 
 }  // namespace tpu::models

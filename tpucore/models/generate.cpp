@@ -4,6 +4,8 @@
 #include <cmath>
 #include <numeric>
 #include <optional>
+#include <map>
+#include <mutex>
 #include <set>
 
 #include "codegen/cache_update.h"
@@ -57,6 +59,52 @@ int64_t choose_token(std::vector<float> logits, const std::vector<int64_t>& hist
   return order[keep - 1];
 }
 
+namespace {
+
+// A compiled decode step and its cache, kept per model, batch and capacity outside the model.
+struct CompiledDecode {
+  nn::KVCache cache;
+  std::function<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&)> step;
+};
+
+struct DecodeRegistry {
+  std::mutex mu;
+  std::map<const CausalLM*, std::map<std::pair<int64_t, int64_t>, std::shared_ptr<CompiledDecode>>> steps;
+};
+
+DecodeRegistry& registry() {
+  static DecodeRegistry* r = new DecodeRegistry;  // outlives every model, also static ones
+  return *r;
+}
+
+std::shared_ptr<CompiledDecode> compiled_decode(CausalLM& m, int64_t batch, int64_t capacity, const std::string& name) {
+  DecodeRegistry& reg = registry();
+  std::lock_guard<std::mutex> lk(reg.mu);
+  std::shared_ptr<CompiledDecode>& s = reg.steps[&m][{batch, capacity}];
+  if (!s) {
+    auto fresh = std::make_shared<CompiledDecode>(CompiledDecode{m.make_cache(batch, capacity), {}});
+    nn::KVCache* c = &fresh->cache;
+    auto step_fn = [&m, c](const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& keep,
+                           const Tensor& write) {
+      c->set_write_position(write);
+      Tensor out = m.forward(x, cos, sin, c, keep);
+      c->set_write_position({});
+      return out;
+    };
+    fresh->step = tpu::compile(step_fn, CompileOptions{.name = name});
+    s = fresh;
+  }
+  return s;
+}
+
+}  // namespace
+
+void release_generation_state(const CausalLM& m) {
+  DecodeRegistry& reg = registry();
+  std::lock_guard<std::mutex> lk(reg.mu);
+  reg.steps.erase(&m);
+}
+
 std::vector<std::vector<int64_t>> generate(CausalLM& m, const std::vector<std::vector<int64_t>>& user_prompts,
                                            const GenerationConfig& cfg, const TokenCallback& on_token) {
   TPU_CHECK(!user_prompts.empty(), "generate: no prompts");
@@ -94,33 +142,12 @@ std::vector<std::vector<int64_t>> generate(CausalLM& m, const std::vector<std::v
   if (steps == 0) return out;
 
   NoGradGuard ng;
-  // Compiled decoding keeps its step function and cache in the model, one per batch size and
-  // power-of-two capacity, so later calls reuse the compiled step.
-  using Step = std::function<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&)>;
-  struct Slot {
-    nn::KVCache cache;
-    Step step;
-  };
-  std::shared_ptr<Slot> slot;
+  std::shared_ptr<CompiledDecode> slot;
   std::optional<nn::KVCache> own;
   if (cfg.compile) {
     int64_t bucket = 64;
     while (bucket < plen + steps) bucket *= 2;
-    std::shared_ptr<void>& s = m.generation_slots[{b, bucket}];
-    if (!s) {
-      auto fresh = std::make_shared<Slot>(Slot{m.make_cache(b, bucket), {}});
-      nn::KVCache* c = &fresh->cache;
-      auto step_fn = [&m, c](const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& keep,
-                             const Tensor& write) {
-        c->set_write_position(write);
-        Tensor out = m.forward_tables(x, cos, sin, keep, c);
-        c->set_write_position({});
-        return out;
-      };
-      fresh->step = tpu::compile(step_fn, CompileOptions{.name = cfg.compile_name});
-      s = fresh;
-    }
-    slot = std::static_pointer_cast<Slot>(s);
+    slot = compiled_decode(m, b, bucket, cfg.compile_name);
     slot->cache.reset();  // stale entries past the new prompts stay masked out
   } else {
     own.emplace(m.make_cache(b, plen + steps));
@@ -161,7 +188,7 @@ std::vector<std::vector<int64_t>> generate(CausalLM& m, const std::vector<std::v
     for (int64_t r = 0; r < b; ++r)
       for (int64_t j = 0; j <= past; ++j)
         keep[static_cast<size_t>(r * cap + j)] = valid[static_cast<size_t>(r * cap + j)] != 0 || j == past;
-    auto [cos, sin] = nn::rope_tables(p, b, m.inv_freq, m.dtype(), m.device());
+    auto [cos, sin] = m.rope_tables(p, b);
     Tensor out = slot->step(from_vector(next, Shape{b, 1}, TensorOptions(DType::i64, m.device())), cos, sin,
                           from_vector(keep, Shape{b, 1, 1, cap}, TensorOptions(DType::boolean, m.device())),
                           codegen::position_tensor(past, m.device()));

@@ -14,38 +14,43 @@
 
 namespace tpu::models {
 
+/// The options of generate().
 struct GenerationConfig {
-  int64_t max_new_tokens = 32;
-  int64_t max_length = 0;  // if > 0: prompt + generated tokens stop there too
-  bool do_sample = false;  // false: greedy (argmax)
-  double temperature = 1.0;
-  int64_t top_k = 0;     // 0: off
-  double top_p = 1.0;    // 1: off
-  double repetition_penalty = 1.0;  // 1: off; as Hugging Face (divide positive logits, multiply negative)
-  uint64_t seed = 0;
-  std::vector<int64_t> stop_tokens;  // generating one ends that sequence (it is kept in the output)
-  int64_t pad_token_id = 0;          // fills the left padding of shorter prompts
-  // Decode steps through tpu::compile: every step has the same shapes (the whole cache is read
-  // under a mask; the write position, the rotary tables and the mask are runtime tensors; the
-  // new keys and values go in by an in-place slice write at the position, KVCache's
-  // set_write_position), so one compile serves every step. The batch is padded to a power of two (rows that are never
-  // reported), and the compiled step and its cache stay in the model, one per batch bucket and
-  // power-of-two capacity (at least 64), so later calls reuse them. The
-  // function is named compile_name (as first created) in tpu::jit::stats().
+  int64_t max_new_tokens = 32;  ///< tokens generated at most per prompt
+  int64_t max_length = 0;       ///< if > 0: prompt + generated tokens stop there too
+  bool do_sample = false;       ///< false: greedy (argmax)
+  double temperature = 1.0;     ///< softmax temperature when sampling
+  int64_t top_k = 0;            ///< keep the k most likely tokens (0: off)
+  double top_p = 1.0;           ///< keep the smallest set reaching this probability (1: off)
+  double repetition_penalty = 1.0;  ///< 1: off; as Hugging Face (divide positive logits, multiply negative)
+  uint64_t seed = 0;                ///< seed of the sampling generator
+  std::vector<int64_t> stop_tokens;  ///< generating one ends that sequence (it is kept in the output)
+  int64_t pad_token_id = 0;          ///< fills the left padding of shorter prompts
+  /// Decode steps through tpu::compile: every step has the same shapes (the whole cache is read
+  /// under a mask; the write position, the rotary tables and the mask are runtime tensors; the
+  /// new keys and values go in by an in-place slice write at the position, KVCache's
+  /// set_write_position), so one compile serves every step. The batch is padded to a power of
+  /// two (rows that are never reported). The compiled step and its cache are kept per model,
+  /// batch bucket and power-of-two capacity (at least 64) until the model is destroyed, so later
+  /// calls reuse them (release_generation_state drops them earlier).
   bool compile = false;
-  std::string compile_name = "generate_decode";
+  std::string compile_name = "generate_decode";  ///< the compiled step's name in tpu::jit::stats()
 };
 
-// Called for every generated token: (prompt index, token). Return false to stop that sequence.
+/// Called for every generated token: (prompt index, token). Return false to stop that sequence.
 using TokenCallback = std::function<bool(size_t, int64_t)>;
 
-// The generated tokens (without the prompt) of each prompt. Prompts must be non-empty.
+/// The generated tokens (without the prompt) of each prompt. Prompts must be non-empty.
 std::vector<std::vector<int64_t>> generate(CausalLM& model, const std::vector<std::vector<int64_t>>& prompts,
                                            const GenerationConfig& cfg = {}, const TokenCallback& on_token = {});
 
-// The next token from one row of logits: the repetition penalty over `history`, then greedy,
-// or temperature, top-k, top-p and a draw from rng. Exposed for tests.
+/// The next token from one row of logits: the repetition penalty over `history`, then greedy,
+/// or temperature, top-k, top-p and a draw from rng.
 int64_t choose_token(std::vector<float> logits, const std::vector<int64_t>& history, const GenerationConfig& cfg,
                      std::mt19937_64& rng);
+
+/// Drops the compiled decode steps and caches generate() keeps for `model` (the model's
+/// destructor calls it; they are held outside the model, keyed by it).
+void release_generation_state(const CausalLM& model);
 
 }  // namespace tpu::models

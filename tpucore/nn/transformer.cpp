@@ -3,8 +3,6 @@
 #include <cmath>
 #include <numbers>
 
-#include "codegen/cache_update.h"
-#include "codegen/cached_attention.h"
 #include "tpucore/autograd.h"
 
 namespace tpu::nn {
@@ -71,57 +69,6 @@ std::pair<Tensor, Tensor> rope_tables(const std::vector<int64_t>& pos, int64_t b
           from_vector(s, Shape{b, 1, t, d}, TensorOptions(dtype, device))};
 }
 
-KVCache::KVCache(int64_t layers, int64_t b, int64_t h, int64_t cap, int64_t d, DType dtype, Device device)
-    : batch_(b), heads_(h), capacity_(cap), head_dim_(d) {
-  TPU_CHECK(layers > 0 && b > 0 && h > 0 && cap > 0 && d > 0,
-            "KVCache: layers ({}), batch ({}), kv heads ({}), capacity ({}) and head_dim ({}) must be positive", layers,
-            b, h, cap, d);
-  NoGradGuard ng;
-  for (int64_t i = 0; i < layers; ++i) {
-    k_.push_back(zeros(Shape{b, h, cap, d}, TensorOptions(dtype, device)));
-    v_.push_back(zeros(Shape{b, h, cap, d}, TensorOptions(dtype, device)));
-  }
-}
-
-std::pair<Tensor, Tensor> KVCache::update(int64_t layer, const Tensor& k, const Tensor& v) {
-  TPU_CHECK(layer >= 0 && layer < num_layers(), "KVCache: layer {} out of range (the cache has {} layers)", layer,
-            num_layers());
-  TPU_CHECK(k.defined() && v.defined() && k.dim() == 4 && k.shape() == v.shape() && k.size(0) == batch_ &&
-                k.size(1) == heads_ && k.size(3) == head_dim_,
-            "KVCache: expected keys and values [{}, {}, T, {}], got {} and {}", batch_, heads_, head_dim_,
-            k.defined() ? k.shape().str() : "undefined", v.defined() ? v.shape().str() : "undefined");
-  const int64_t t = k.size(2);
-  if (write_pos_.defined()) {
-    NoGradGuard ng;
-    return {codegen::kv_cache_write_(k_[static_cast<size_t>(layer)], k, write_pos_),
-            codegen::kv_cache_write_(v_[static_cast<size_t>(layer)], v, write_pos_)};
-  }
-  if (write_mask_.defined()) {
-    TPU_CHECK(t == 1 && write_mask_.shape() == Shape({1, 1, capacity_, 1}) && write_mask_.dtype() == DType::boolean,
-              "KVCache: a write mask must be bool [1, 1, {}, 1] and the step one position, got mask {} for {} positions",
-              capacity_, write_mask_.shape().str(), t);
-    Tensor& kb = k_[static_cast<size_t>(layer)];
-    Tensor& vb = v_[static_cast<size_t>(layer)];
-    copy_(kb, where(write_mask_, k, kb));
-    copy_(vb, where(write_mask_, v, vb));
-    return {kb, vb};
-  }
-  TPU_CHECK(length_ + t <= capacity_, "KVCache: {} new positions after {} cached exceed the capacity {}", t, length_,
-            capacity_);
-  NoGradGuard ng;
-  Tensor kd = narrow(k_[static_cast<size_t>(layer)], 2, length_, t);
-  Tensor vd = narrow(v_[static_cast<size_t>(layer)], 2, length_, t);
-  copy_(kd, k);
-  copy_(vd, v);
-  return {narrow(k_[static_cast<size_t>(layer)], 2, 0, length_ + t), narrow(v_[static_cast<size_t>(layer)], 2, 0, length_ + t)};
-}
-
-void KVCache::advance(int64_t t) {
-  TPU_CHECK(t >= 0 && length_ + t <= capacity_, "KVCache: cannot advance by {} from {} (capacity {})", t, length_,
-            capacity_);
-  length_ += t;
-}
-
 Attention::Attention(AttentionConfig c, Generator* gen) : cfg(c) {
   if (cfg.num_kv_heads == 0) cfg.num_kv_heads = cfg.num_heads;
   TPU_CHECK(cfg.hidden > 0 && cfg.num_heads > 0, "Attention: hidden ({}) and num_heads ({}) must be positive",
@@ -145,8 +92,8 @@ Attention::Attention(AttentionConfig c, Generator* gen) : cfg(c) {
   }
 }
 
-Tensor Attention::forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& keep, KVCache* cache,
-                          int64_t layer) {
+Tensor Attention::forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& keep,
+                          AttentionCache* cache, int64_t layer) {
   TPU_CHECK(x.defined() && x.dim() == 3 && x.size(2) == cfg.hidden,
             "Attention: expected input [batch, seq, {}], got shape {}", cfg.hidden,
             x.defined() ? x.shape().str() : std::string("undefined"));
@@ -164,21 +111,9 @@ Tensor Attention::forward(const Tensor& x, const Tensor& cos, const Tensor& sin,
     q = rotary_embedding(q, cos, sin);
     k = rotary_embedding(k, cos, sin);
   }
-  const int64_t past = cache ? cache->length() : 0;
-  if (cache) std::tie(k, v) = cache->update(layer, k, v);
-  Tensor mask = keep;
-  bool causal = false;
-  if (!mask.defined()) {
-    if (past == 0) causal = true;  // top-left aligned causal equals ours without a past
-    else mask = causal_keep_mask(b, t, past, {}, x.device());
-  }
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  // A shape-static decode step (the position a runtime tensor): attention over the live keys
-  // [0, position + 1) only, however large the cache (codegen/cached_attention.h).
-  Tensor attn = cache && t == 1 && cache->write_position().defined()
-                    ? codegen::kv_cache_attention(q, k, v, cache->write_position(), keep, scale)
-                    : scaled_dot_product_attention(q, k, v, mask, causal, scale);
-  return o_proj->forward(reshape(transpose(attn, 1, 2), Shape{b, t, cfg.num_heads * d}));
+  const Tensor attn = cache ? cache->update_and_attend(layer, q, k, v, keep, scale) : dense_attention(q, k, v, keep, scale);
+  return o_proj->forward(attn);
 }
 
 Tensor causal_keep_mask(int64_t b, int64_t t, int64_t past, const std::vector<uint8_t>& valid, Device device) {

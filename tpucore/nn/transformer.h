@@ -1,7 +1,7 @@
 // Building blocks of decoder-only transformers in the Hugging Face layout (Llama, Qwen2/3,
-// Mistral): a gated (SwiGLU) MLP, rotary position tables with llama3/linear scaling, a key/value
-// cache, and attention with an explicit head_dim, grouped KV heads, optional q/k RMSNorm
-// (Qwen3), position ids and a cache. Parameter names follow Hugging Face checkpoints
+// Mistral): a gated (SwiGLU) MLP, rotary position tables with llama3/linear scaling, the
+// attention-cache interface with its contiguous key/value cache, and attention with an
+// explicit head_dim, grouped KV heads, optional q/k RMSNorm (Qwen3) and a cache. Parameter names follow Hugging Face checkpoints
 // (q_proj, k_proj, v_proj, o_proj, q_norm, k_norm, gate_proj, up_proj, down_proj).
 #pragma once
 
@@ -13,62 +13,120 @@
 
 namespace tpu::nn {
 
-// down_proj(act(gate_proj(x)) * up_proj(x)); act is an activation name of nn::activation.
+/// The gated (SwiGLU) MLP: down_proj(act(gate_proj(x)) * up_proj(x)).
 class GatedMLP : public Module {
  public:
+  /// act: an activation name of nn::activation ("silu", "gelu", ...).
   GatedMLP(int64_t hidden, int64_t intermediate, const std::string& act = "silu", bool bias = false,
            Generator* gen = nullptr);
+  /// x [..., hidden] -> [..., hidden].
   Tensor forward(const Tensor& x) override;
+  /// "GatedMLP".
   std::string type_name() const override { return "GatedMLP"; }
-  std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
-  std::shared_ptr<Module> act;
+  std::shared_ptr<Linear> gate_proj;  ///< hidden -> intermediate, through the activation
+  std::shared_ptr<Linear> up_proj;    ///< hidden -> intermediate
+  std::shared_ptr<Linear> down_proj;  ///< intermediate -> hidden
+  std::shared_ptr<Module> act;                            ///< the activation of the gate
 };
 
-// Rotary embedding frequencies: inv_freq[i] = theta^(-2i/head_dim), i < head_dim / 2, optionally
-// rescaled as Hugging Face's rope_scaling: "linear" divides by factor; "llama3" divides the low
-// frequencies (wavelength above original_max_position_embeddings / low_freq_factor) by factor,
-// keeps the high ones (wavelength below original / high_freq_factor) and blends in between.
+/// Hugging Face's rope_scaling: "linear" divides every frequency by factor; "llama3" divides the
+/// low frequencies (wavelength above original_max_position_embeddings / low_freq_factor) by
+/// factor, keeps the high ones (wavelength below original / high_freq_factor) and blends in
+/// between.
 struct RopeScaling {
-  std::string type = "default";  // "default", "linear" or "llama3"
-  double factor = 1.0;
-  double low_freq_factor = 1.0, high_freq_factor = 4.0;
-  double original_max_position_embeddings = 8192;
+  std::string type = "default";  ///< "default", "linear" or "llama3"
+  double factor = 1.0;           ///< the scaling factor
+  double low_freq_factor = 1.0;   ///< llama3: wavelengths above original / this are fully scaled
+  double high_freq_factor = 4.0;  ///< llama3: wavelengths below original / this are kept
+  double original_max_position_embeddings = 8192;        ///< llama3's original context
 };
+/// Rotary embedding frequencies: inv_freq[i] = theta^(-2i/head_dim), i < head_dim / 2, rescaled
+/// by `scaling`.
 std::vector<double> rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& scaling = {});
 
-// cos and sin tables for positions [B, T] (any integer dtype, or a host vector with batch b):
-// [B, 1, T, head_dim] with column k using inv_freq[k mod head_dim/2] (the rotate-half layout of
-// tpu::rotary_embedding), in dtype on device.
+/// cos and sin tables for positions [B, T] (a host vector of B * T positions): [B, 1, T,
+/// head_dim] with column k using inv_freq[k mod head_dim/2] (the rotate-half layout of
+/// tpu::rotary_embedding), in dtype on device.
 std::pair<Tensor, Tensor> rope_tables(const std::vector<int64_t>& positions, int64_t batch,
                                       const std::vector<double>& inv_freq, DType dtype, Device device);
 
-// Keys and values of every layer, preallocated [B, Hkv, capacity, D] per layer. A forward of T
-// new tokens writes positions [length, length + T) of each layer (update) and then advances the
-// shared length once.
-class KVCache {
+/// The memory of an attention layer across forwards: the keys and values of earlier tokens and
+/// the attention over them, behind one call (update-and-attend). nn::Attention computes the new
+/// tokens' queries, keys and values (projections, q/k norms, rotary) and hands them to the cache;
+/// the cache stores the new keys and values of that layer in its own layout and returns the
+/// attention of every new token over the positions it may see. One implementation per kind of
+/// memory: the contiguous KVCache below (generation), the serving engine's paged caches (the
+/// cpu kernel, the chip's ragged paged attention program, the in-place graph node of a compiled
+/// step; tpucore/serve/paged_attention_cache.h). A sliding-window cache (a ring of the last W
+/// positions), a quantized cache (integer keys and values with scales, dequantized while
+/// attending) or a compressed latent cache (MLA: what the attention module hands over as keys
+/// and values is its latent, expanded inside) fit the same call without touching the model.
+class AttentionCache {
  public:
+  virtual ~AttentionCache() = default;
+  /// Stores the new tokens' keys and values of `layer` and attends over them and the cached
+  /// positions each new token may see (causal within its own sequence).
+  /// @param layer index of the decoder layer, in [0, num_layers())
+  /// @param q queries [B, H, T, d], rotated
+  /// @param k keys [B, Hkv, T, d] (H a multiple of Hkv), rotated
+  /// @param v values [B, Hkv, T, d]
+  /// @param keep optional bool mask broadcast to [B, H, T, S] (true = may attend) over the
+  ///        cache's key axis S; a cache without a dense key axis rejects it with a tpu::Error
+  /// @param scale the softmax scale (1 / sqrt(d) for the standard attention)
+  /// @return the attention output [B, T, H * d] (token-major, as the output projection reads it)
+  virtual Tensor update_and_attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& keep, double scale) = 0;
+  /// Number of decoder layers the cache holds.
+  virtual int64_t num_layers() const = 0;
+};
+
+/// Attention without a cache: softmax(scale q k^T) v over the T new tokens only, causal unless
+/// `keep` (bool, broadcast to [B, H, T, T], true = may attend) is given. q [B, H, T, d], k and v
+/// [B, Hkv, T, d]; returns [B, T, H * d].
+Tensor dense_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& keep, double scale);
+
+/// The contiguous key/value cache of generation: every layer's keys and values preallocated as
+/// [B, Hkv, capacity, D]. A forward of T new tokens writes positions [length, length + T) of
+/// each layer (update) and the caller then advances the shared length once (advance).
+class KVCache : public AttentionCache {
+ public:
+  /// A zeroed cache of `num_layers` layers for `batch` rows of up to `capacity` positions.
   KVCache(int64_t num_layers, int64_t batch, int64_t num_kv_heads, int64_t capacity, int64_t head_dim, DType dtype,
           Device device = Device());
-  // Stores k, v [B, Hkv, T, D] of `layer` after the cached ones; returns the keys and values of
-  // positions [0, length + T) (views into the cache).
-  // With a write mask set (bool [1, 1, capacity, 1], true at one position; T must be 1) the
-  // step is shape-static for compiled decoding: k, v go where the mask is true and the whole
-  // cache [B, Hkv, capacity, D] is returned (the attention mask hides unused positions), so the
-  // position is a runtime tensor, not a C++ number baked into a trace.
+  /// Stores k, v [B, Hkv, T, D] of `layer` after the cached ones; returns the keys and values of
+  /// positions [0, length + T) (views into the cache).
+  /// With a write mask set (bool [1, 1, capacity, 1], true at one position; T must be 1) the
+  /// step is shape-static for compiled decoding: k, v go where the mask is true and the whole
+  /// cache [B, Hkv, capacity, D] is returned (the attention mask hides unused positions), so the
+  /// position is a runtime tensor, not a C++ number baked into a trace.
   std::pair<Tensor, Tensor> update(int64_t layer, const Tensor& k, const Tensor& v);
+  /// update(), then attention of the new tokens over positions [0, length + T): causal after the
+  /// cached positions unless `keep` ([B, 1, T, length + T], or over the whole capacity for a
+  /// shape-static step) is given; with a write position set and one new token, attention over
+  /// the live keys [0, position + 1) only, however large the cache (codegen/cached_attention.h).
+  Tensor update_and_attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& keep,
+                           double scale) override;
+  /// Sets (or, with an undefined tensor, clears) the write mask of shape-static steps.
   void set_write_mask(const Tensor& mask) { write_mask_ = mask; }
+  /// The write mask (undefined when unset).
   const Tensor& write_mask() const { return write_mask_; }
-  // The same shape-static step with the position as a one-element integer tensor on the cache's
-  // device: k, v go to that position by a slice write in place (codegen/cache_update.h: one
-  // small DMA on a chip instead of rewriting the whole cache); takes precedence over a mask.
+  /// The same shape-static step with the position as a one-element integer tensor on the cache's
+  /// device: k, v go to that position by a slice write in place (codegen/cache_update.h: one
+  /// small DMA on a chip instead of rewriting the whole cache); takes precedence over a mask.
   void set_write_position(const Tensor& pos) { write_pos_ = pos; }
+  /// The write position (undefined when unset).
   const Tensor& write_position() const { return write_pos_; }
+  /// Advances the shared length by t positions (after a forward of t tokens).
   void advance(int64_t t);
+  /// Forgets every cached position (the storage is kept).
   void reset() { length_ = 0; }
+  /// Positions cached so far.
   int64_t length() const { return length_; }
+  /// Positions the cache can hold.
   int64_t capacity() const { return capacity_; }
+  /// Rows (sequences) of the cache.
   int64_t batch() const { return batch_; }
-  int64_t num_layers() const { return static_cast<int64_t>(k_.size()); }
+  int64_t num_layers() const override { return static_cast<int64_t>(k_.size()); }
 
  private:
   std::vector<Tensor> k_, v_;
@@ -76,36 +134,48 @@ class KVCache {
   int64_t batch_, heads_, capacity_, head_dim_, length_ = 0;
 };
 
+/// The shape and options of an Attention layer.
 struct AttentionConfig {
-  int64_t hidden = 0;
-  int64_t num_heads = 1;
-  int64_t num_kv_heads = 0;  // 0: num_heads
-  int64_t head_dim = 0;      // 0: hidden / num_heads
-  bool qkv_bias = false;     // Qwen2
-  bool o_bias = false;
-  bool qk_norm = false;      // Qwen3: RMSNorm over head_dim of each query and key head
-  double norm_eps = 1e-6;
+  int64_t hidden = 0;        ///< model width
+  int64_t num_heads = 1;     ///< query heads
+  int64_t num_kv_heads = 0;  ///< key/value heads (0: num_heads)
+  int64_t head_dim = 0;      ///< 0: hidden / num_heads
+  bool qkv_bias = false;     ///< bias on q/k/v (Qwen2)
+  bool o_bias = false;       ///< bias on the output projection
+  bool qk_norm = false;      ///< Qwen3: RMSNorm over head_dim of each query and key head
+  double norm_eps = 1e-6;    ///< epsilon of the q/k norms
 };
 
+/// Grouped-query self-attention of the decoder family: q/k/v projections with an explicit
+/// head_dim, optional q/k RMSNorm (Qwen3), rotary embeddings from precomputed tables, and the
+/// attention itself through an AttentionCache (or, without one, over the new tokens only).
 class Attention : public Module {
  public:
+  /// Creates the projections (and q/k norms) of `c`, initialised from `gen`.
   explicit Attention(AttentionConfig c, Generator* gen = nullptr);
-  // x [B, T, hidden]; cos/sin from rope_tables for the T new positions (undefined: no rotary);
-  // keep (optional) bool broadcast to [B, H, T, S], true = may attend, S = cached + T keys;
-  // without keep the mask is causal (query i sees keys up to cached + i). cache (optional)
-  // with the layer index: keys and values are appended to it and read back from it.
+  /// x [B, T, hidden]; cos/sin from rope_tables for the T new positions (undefined: no rotary);
+  /// keep (optional) bool broadcast to [B, H, T, S], true = may attend, S = the cache's key axis
+  /// (cached + T keys for KVCache); without keep the mask is causal (query i sees keys up to
+  /// cached + i). cache (optional) with the layer index: the new keys and values go to it and
+  /// the attention is its update_and_attend().
   Tensor forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& keep = {},
-                 KVCache* cache = nullptr, int64_t layer = 0);
+                 AttentionCache* cache = nullptr, int64_t layer = 0);
+  /// Causal self-attention of x without rotary embeddings or a cache.
   Tensor forward(const Tensor& x) override { return forward(x, {}, {}); }
+  /// "Attention".
   std::string type_name() const override { return "Attention"; }
 
-  AttentionConfig cfg;
-  std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
-  std::shared_ptr<RMSNorm> q_norm, k_norm;  // null unless qk_norm
+  AttentionConfig cfg;              ///< the resolved configuration
+  std::shared_ptr<Linear> q_proj;   ///< hidden -> num_heads * head_dim
+  std::shared_ptr<Linear> k_proj;   ///< hidden -> num_kv_heads * head_dim
+  std::shared_ptr<Linear> v_proj;   ///< hidden -> num_kv_heads * head_dim
+  std::shared_ptr<Linear> o_proj;   ///< num_heads * head_dim -> hidden
+  std::shared_ptr<RMSNorm> q_norm;  ///< per query head (null unless qk_norm)
+  std::shared_ptr<RMSNorm> k_norm;  ///< per key head (null unless qk_norm)
 };
 
-// The keep mask [B, 1, T, past + T] of a causal forward of T new tokens after `past` cached
-// ones; valid (optional, B x (past + T) values, 0 = padding) hides padded keys.
+/// The keep mask [B, 1, T, past + T] of a causal forward of T new tokens after `past` cached
+/// ones; valid (optional, B x (past + T) values, 0 = padding) hides padded keys.
 Tensor causal_keep_mask(int64_t batch, int64_t t, int64_t past, const std::vector<uint8_t>& valid = {},
                         Device device = Device());
 

@@ -1,42 +1,31 @@
-// The serving engine: continuous batching over a paged KV cache.
+// The serving engine: continuous batching over a paged KV cache, split as vLLM's engine core:
+//   - Scheduler (serve/scheduler.h): a step plan: which requests run, how many tokens each
+//     (chunked prefill mixed with decodes under a token budget), preemption by recomputation;
+//   - KVCacheManager (serve/kv_cache_manager.h): the block pool and the prefix hashes;
+//   - ModelRunner (serve/model_runner.h): executes the plan's tokens through the model's own
+//     forward with a paged attention cache (eager on the cpu or a chip, or tpu::compile);
+//   - OutputProcessor (serve/output.h): sampling, stop checks, freeing finished requests.
+// Each step(): new requests and cancellations come in, the scheduler plans, the runner runs, the
+// output step samples and frees, and the metrics are published.
 //
-// Requests join and leave at every step. Each step() schedules up to max_num_batched_tokens
-// tokens (the token budget) over at most max_num_seqs sequences: first the running sequences
-// in admission order (one token for a decoding sequence, the next chunk of its prompt for one
-// still in prefill: chunked prefill mixed with decodes), then waiting requests first come
-// first served while the budget, the sequence limit and the free blocks allow. All scheduled
-// tokens run as one ragged forward (serve/paged_forward.h); every sequence whose known tokens
-// are all in the cache after the step samples its next token.
+// Thread safety: add_request(), cancel(), has_work() and metrics() may be called from any thread
+// while one thread calls step(); callbacks run on the step() thread.
 //
-// Preemption policy (when a running sequence needs a block and none is free): the most
-// recently admitted running sequence is preempted by recomputation (vLLM's policy): its blocks
-// go back to the free list, it returns to the front of the waiting queue with its generated
-// tokens kept, and when readmitted its prompt plus those tokens are prefilled again, so its
-// output is the same as if it had never been preempted. No waiting request is admitted in a
-// step that preempted.
-//
-// Thread safety: add_request(), cancel() and metrics() may be called from any thread while
-// one thread calls step(); callbacks run on the step() thread.
+// This header includes only public headers (no code generation internals), so a server built
+// on it (tools/tpu-serve) sees the engine's API alone.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
-#include <optional>
-#include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "tpucore/models/generate.h"
-#include "tpucore/serve/compiled_step.h"
-#include "tpucore/serve/paged_cache.h"
+#include "tpucore/models/causal_lm.h"
+#include "tpucore/serve/sampling_params.h"
 
 namespace tpu::serve {
-
-class SimPagedStep;  // serve/sim_step.h
 
 struct EngineConfig {
   int64_t block_size = 16;
@@ -45,10 +34,9 @@ struct EngineConfig {
   int64_t max_num_batched_tokens = 256;  // token budget of one step
   int64_t max_model_len = 0;             // 0: the model's max_position_embeddings
   int64_t max_waiting = 0;               // > 0: add_request fails (Overloaded) beyond this queue length
-  // Run the step through tpu::compile on bucketed shapes (serve/compiled_step.h) instead of
-  // the eager forward with the ragged paged attention kernel (the cpu's, or with the model on
-  // a chip the chip program of serve/sim_step.h); the compiled function is named
-  // compile_name in tpu::jit::stats().
+  // Run the step through tpu::compile on bucketed shapes (serve/model_runner.h) instead of
+  // eagerly (the cpu's ragged paged attention kernel, or with the model on a chip the chip's
+  // program); the compiled function is named compile_name in tpu::jit::stats().
   bool compile = false;
   std::string compile_name = "serve_step";
   // Prefix sharing: full blocks are registered under the hash of their tokens and of all
@@ -97,51 +85,30 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Queues a request; returns its id. gen: max_new_tokens (>= 1), sampling, stop_tokens, seed
-  // (max_length and compile are ignored). A prompt that is empty, holds an id outside the
-  // vocabulary or leaves no room for one new token within max_model_len is a tpu::Error; a
-  // full queue is Overloaded. Generation also ends at max_model_len tokens (reason length).
-  int64_t add_request(std::vector<int64_t> prompt, const models::GenerationConfig& gen, RequestCallbacks cb);
+  // Queues a request; returns its id. A prompt that is empty, holds an id outside the
+  // vocabulary or leaves no room for one new token within max_model_len, and sampling
+  // parameters out of range, are a tpu::Error; a full queue is Overloaded. Generation also
+  // ends at max_model_len tokens (reason length).
+  int64_t add_request(std::vector<int64_t> prompt, const SamplingParams& params, RequestCallbacks cb);
   // Asks to cancel a request; it leaves (blocks freed, on_finish(cancelled)) at the next step.
   void cancel(int64_t id);
-  // Runs one scheduling step and forward; false when there was nothing to do.
+  // Runs one scheduling step and forward; false when there was nothing to do. An error of the
+  // forward ends the step's requests (cancelled, blocks freed) and is rethrown.
   bool step();
   bool has_work() const;
-  // With compile: compiles every bucket pair the configuration can produce (token budget x
-  // max_model_len), so no later step compiles; returns the pair count (0 without compile).
+  // With compile: compiles every token bucket the configuration can produce, so no later step
+  // compiles; returns the bucket count (0 without compile).
   int64_t warm_up();
   EngineMetrics metrics() const;
-  const EngineConfig& config() const { return cfg_; }
-  models::CausalLM& model() { return *model_; }
+  const EngineConfig& config() const;
+  models::CausalLM& model();
 
   // What the last step scheduled (for tests): per sequence (request id, tokens).
   std::vector<std::pair<int64_t, int64_t>> last_schedule() const;
 
-  struct Request;
-
  private:
-  void admit_incoming();
-  bool ensure_blocks(Request& r, int64_t positions);
-  void preempt(Request& r);
-  void finish(Request& r, FinishReason why);
-
-  std::shared_ptr<models::CausalLM> model_;
-  EngineConfig cfg_;
-  std::optional<PagedKVCache> cache_;          // eager path
-  std::unique_ptr<CompiledStep> compiled_;     // compiled path
-  std::unique_ptr<SimPagedStep> sim_step_;     // model on a chip: the chip's paged attention program
-  BlockAllocator blocks_;
-  std::chrono::steady_clock::time_point start_;
-  std::deque<std::shared_ptr<Request>> waiting_;
-  std::vector<std::shared_ptr<Request>> running_;
-  std::vector<std::pair<int64_t, int64_t>> last_schedule_;
-
-  mutable std::mutex mu_;  // guards incoming_, cancels_, next_id_, metrics_
-  std::vector<std::shared_ptr<Request>> incoming_;
-  std::vector<int64_t> cancels_;
-  int64_t next_id_ = 1;
-  EngineMetrics metrics_;
-  std::deque<std::pair<std::chrono::steady_clock::time_point, int64_t>> recent_;  // (step end, tokens)
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace tpu::serve

@@ -2,7 +2,22 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace tpu::serve {
+
+const std::vector<double>& Histogram::bounds() {
+  static const std::vector<double> b{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+  return b;
+}
+
+void Histogram::observe(double v) {
+  if (counts.empty()) counts.assign(bounds().size() + 1, 0);
+  const auto& b = bounds();
+  counts[static_cast<size_t>(std::lower_bound(b.begin(), b.end(), v) - b.begin())]++;
+  sum += v;
+  count++;
+}
 
 namespace {
 void scalar(std::string& s, const char* name, const char* type, const char* help, double v) {

@@ -1,5 +1,5 @@
 // The ragged paged attention of one layer and serving step as one op, `serve_paged_attention`,
-// so a compiled serving step (serve/compiled_step.h) traces it as an ordinary graph node:
+// so a compiled serving step (serve/model_runner.h) traces it as an ordinary graph node:
 // the cache update is done in place inside the op (no functionalized copy of the cache, no
 // gather of the context into the graph), and the step's shape depends only on its token
 // bucket, not on the context lengths.

@@ -1,0 +1,53 @@
+// generate()'s compiled decode steps live outside the model, keyed by it, and go with it: a
+// model created after another one was destroyed (often at the same address) gets its own
+// compiled step, whose tokens equal eager decoding of that model; release_generation_state()
+// drops a live model's steps, so the next call compiles again.
+#include <catch2/catch.hpp>
+
+#include "tpucore/compile.h"
+#include "tpucore/models.h"
+
+using namespace tpu;
+
+namespace {
+models::ModelConfig tiny_config() {
+  models::ModelConfig c;
+  c.vocab_size = 29, c.hidden_size = 16, c.intermediate_size = 24, c.num_hidden_layers = 2;
+  c.num_attention_heads = 2, c.num_key_value_heads = 1;
+  return c;
+}
+int64_t compiles(const char* name) {
+  const jit::Stats st = jit::stats();
+  int64_t n = 0;
+  for (const jit::FunctionStats& f : st.functions)
+    if (f.name == name) n += f.compiles;
+  return n;
+}
+}  // namespace
+
+TEST_CASE("generate: compiled decode state follows the model's lifetime", "[llm][generate][jit]") {
+  const char* name = "test_llm_generate_state";
+  models::GenerationConfig g;
+  g.max_new_tokens = 6;
+  g.compile = true;
+  g.compile_name = name;
+  const std::vector<std::vector<int64_t>> prompts{{1, 2, 3}};
+  const int64_t before = compiles(name);
+  for (uint64_t seed : {5, 6, 7}) {
+    Generator gen(seed);
+    auto m = std::make_unique<models::CausalLM>(tiny_config(), &gen);
+    const auto compiled = models::generate(*m, prompts, g);
+    models::GenerationConfig eager = g;
+    eager.compile = false;
+    CHECK(compiled == models::generate(*m, prompts, eager));
+  }  // each model's compiled step goes with it
+  CHECK(compiles(name) == before + 3);
+  Generator gen(8);
+  models::CausalLM m(tiny_config(), &gen);
+  models::generate(m, prompts, g);
+  models::generate(m, prompts, g);  // reused
+  CHECK(compiles(name) == before + 4);
+  models::release_generation_state(m);
+  models::generate(m, prompts, g);  // compiled again
+  CHECK(compiles(name) == before + 5);
+}

@@ -1,0 +1,90 @@
+// The contiguous key/value cache of generation (nn::KVCache) and attention without a cache.
+#include <cmath>
+
+#include "codegen/cache_update.h"
+#include "codegen/cached_attention.h"
+#include "tpucore/autograd.h"
+#include "tpucore/nn/transformer.h"
+
+namespace tpu::nn {
+
+Tensor dense_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& keep, double scale) {
+  const int64_t b = q.size(0), h = q.size(1), t = q.size(2), d = q.size(3);
+  // Top-left aligned causal (no cached positions) unless a mask is given.
+  const Tensor attn = scaled_dot_product_attention(q, k, v, keep, !keep.defined(), scale);
+  return reshape(transpose(attn, 1, 2), Shape{b, t, h * d});
+}
+
+KVCache::KVCache(int64_t layers, int64_t b, int64_t h, int64_t cap, int64_t d, DType dtype, Device device)
+    : batch_(b), heads_(h), capacity_(cap), head_dim_(d) {
+  TPU_CHECK(layers > 0 && b > 0 && h > 0 && cap > 0 && d > 0,
+            "KVCache: layers ({}), batch ({}), kv heads ({}), capacity ({}) and head_dim ({}) must be positive", layers,
+            b, h, cap, d);
+  NoGradGuard ng;
+  for (int64_t i = 0; i < layers; ++i) {
+    k_.push_back(zeros(Shape{b, h, cap, d}, TensorOptions(dtype, device)));
+    v_.push_back(zeros(Shape{b, h, cap, d}, TensorOptions(dtype, device)));
+  }
+}
+
+std::pair<Tensor, Tensor> KVCache::update(int64_t layer, const Tensor& k, const Tensor& v) {
+  TPU_CHECK(layer >= 0 && layer < num_layers(), "KVCache: layer {} out of range (the cache has {} layers)", layer,
+            num_layers());
+  TPU_CHECK(k.defined() && v.defined() && k.dim() == 4 && k.shape() == v.shape() && k.size(0) == batch_ &&
+                k.size(1) == heads_ && k.size(3) == head_dim_,
+            "KVCache: expected keys and values [{}, {}, T, {}], got {} and {}", batch_, heads_, head_dim_,
+            k.defined() ? k.shape().str() : "undefined", v.defined() ? v.shape().str() : "undefined");
+  const int64_t t = k.size(2);
+  if (write_pos_.defined()) {
+    NoGradGuard ng;
+    return {codegen::kv_cache_write_(k_[static_cast<size_t>(layer)], k, write_pos_),
+            codegen::kv_cache_write_(v_[static_cast<size_t>(layer)], v, write_pos_)};
+  }
+  if (write_mask_.defined()) {
+    TPU_CHECK(t == 1 && write_mask_.shape() == Shape({1, 1, capacity_, 1}) && write_mask_.dtype() == DType::boolean,
+              "KVCache: a write mask must be bool [1, 1, {}, 1] and the step one position, got mask {} for {} positions",
+              capacity_, write_mask_.shape().str(), t);
+    Tensor& kb = k_[static_cast<size_t>(layer)];
+    Tensor& vb = v_[static_cast<size_t>(layer)];
+    copy_(kb, where(write_mask_, k, kb));
+    copy_(vb, where(write_mask_, v, vb));
+    return {kb, vb};
+  }
+  TPU_CHECK(length_ + t <= capacity_, "KVCache: {} new positions after {} cached exceed the capacity {}", t, length_,
+            capacity_);
+  NoGradGuard ng;
+  Tensor kd = narrow(k_[static_cast<size_t>(layer)], 2, length_, t);
+  Tensor vd = narrow(v_[static_cast<size_t>(layer)], 2, length_, t);
+  copy_(kd, k);
+  copy_(vd, v);
+  return {narrow(k_[static_cast<size_t>(layer)], 2, 0, length_ + t), narrow(v_[static_cast<size_t>(layer)], 2, 0, length_ + t)};
+}
+
+void KVCache::advance(int64_t t) {
+  TPU_CHECK(t >= 0 && length_ + t <= capacity_, "KVCache: cannot advance by {} from {} (capacity {})", t, length_,
+            capacity_);
+  length_ += t;
+}
+
+Tensor KVCache::update_and_attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& keep,
+                                  double scale) {
+  const int64_t past = length_, b = q.size(0), h = q.size(1), t = q.size(2), d = q.size(3);
+  const auto [kc, vc] = update(layer, k, v);
+  Tensor attn;
+  if (t == 1 && write_pos_.defined()) {
+    // A shape-static decode step (the position a runtime tensor): attention over the live keys
+    // [0, position + 1) only, however large the cache (codegen/cached_attention.h).
+    attn = codegen::kv_cache_attention(q, kc, vc, write_pos_, keep, scale);
+  } else {
+    Tensor mask = keep;
+    bool causal = false;
+    if (!mask.defined()) {
+      if (past == 0) causal = true;  // top-left aligned causal equals ours without a past
+      else mask = causal_keep_mask(b, t, past, {}, q.device());
+    }
+    attn = scaled_dot_product_attention(q, kc, vc, mask, causal, scale);
+  }
+  return reshape(transpose(attn, 1, 2), Shape{b, t, h * d});
+}
+
+}  // namespace tpu::nn

@@ -1,0 +1,85 @@
+#include "tpucore/serve/paged_attention_cache.h"
+
+#include "codegen/launch.h"
+#include "tpucore/autograd.h"
+#include "tpucore/serve/paged_op.h"
+
+namespace tpu::serve {
+
+namespace {
+void check_inputs(const char* who, int64_t layer, int64_t layers, const Tensor& q, const Tensor& k, const Tensor& keep) {
+  TPU_CHECK(!keep.defined(), "serve: the {} attends causally within each sequence and takes no keep mask", who);
+  TPU_CHECK(layer >= 0 && layer < layers, "serve: layer {} outside the {} of {} layers", layer, who, layers);
+  TPU_CHECK(q.dim() == 4 && k.dim() == 4 && q.size(0) == 1 && k.size(0) == 1 && q.size(2) == k.size(2),
+            "serve: the {} takes one flattened row of tokens: q [1, H, n, d] and k, v [1, Hkv, n, d], got {} and {}",
+            who, q.shape().str(), k.shape().str());
+}
+}  // namespace
+
+Tensor HostPagedCache::update_and_attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v,
+                                         const Tensor& keep, double scale) {
+  check_inputs("host paged cache", layer, num_layers(), q, k, keep);
+  const PagedCacheConfig& c = cache_.config();
+  const int64_t hq = q.size(1), n = q.size(2), d = q.size(3);
+  TPU_CHECK(batch_ && batch_->num_tokens() == n && k.size(1) == c.kv_heads && d == c.head_dim,
+            "serve: the host paged cache ({} kv heads, head_dim {}) got {} tokens of {} kv heads x {} for a batch of {}",
+            c.kv_heads, c.head_dim, n, k.size(1), d, batch_ ? batch_->num_tokens() : 0);
+  NoGradGuard ng;
+  auto host_f32 = [](const Tensor& x) { return transpose(x, 1, 2).to(DType::f32).contiguous(); };  // [1, n, h, d]
+  const Tensor qt = host_f32(q), kt = host_f32(k), vt = host_f32(v);
+  out_.resize(static_cast<size_t>(n * hq * d));
+  ragged_paged_attention(cache_, layer, *batch_, qt.data<float>(), kt.data<float>(), vt.data<float>(), out_.data(), hq,
+                         scale);
+  return from_vector(out_, Shape{1, n, hq * d}, TensorOptions(DType::f32, q.device())).to(q.dtype());
+}
+
+SlotPagedCache::SlotPagedCache(const PagedCacheConfig& c, DType dtype, Device device) {
+  NoGradGuard ng;
+  const int64_t slots = c.num_blocks * c.block_size;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    k_.push_back(zeros(Shape{slots, c.kv_heads * c.head_dim}, TensorOptions(dtype, device)));
+    v_.push_back(zeros(Shape{slots, c.kv_heads * c.head_dim}, TensorOptions(dtype, device)));
+  }
+}
+
+void SlotPagedCache::set_step(const codegen::PagedAttentionSpec& spec, int64_t tokens, const Tensor& units,
+                              const Tensor& pages, const Tensor& slots) {
+  spec_ = spec;
+  tokens_ = tokens;
+  units_ = units;
+  pages_ = pages;
+  slots_ = slots;
+}
+
+SlotPagedCache::TokenMajor SlotPagedCache::token_major(int64_t layer, const Tensor& q, const Tensor& k,
+                                                       const Tensor& v, const Tensor& keep) const {
+  check_inputs("paged cache", layer, num_layers(), q, k, keep);
+  TPU_CHECK(units_.defined(), "serve: the paged cache has no step data (set_step before the forward)");
+  TPU_CHECK(q.size(1) == spec_.heads && k.size(1) == spec_.kv_heads && q.size(3) == spec_.head_dim,
+            "serve: the paged cache's spec ({} heads, {} kv heads, head_dim {}) does not fit q {} and k {}", spec_.heads,
+            spec_.kv_heads, spec_.head_dim, q.shape().str(), k.shape().str());
+  auto tm = [](const Tensor& x) { return transpose(x, 1, 2).contiguous(); };
+  return {tm(q), tm(k), tm(v)};
+}
+
+Tensor ChipPagedCache::update_and_attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v,
+                                         const Tensor& keep, double) {
+  const TokenMajor t = token_major(layer, q, k, v, keep);
+  const int64_t rows = q.size(2), hq = q.size(1), d = q.size(3);
+  Tensor out = empty(Shape{1, rows, hq * d}, TensorOptions(q.dtype(), q.device()));
+  codegen::run_paged_attention(spec_, tokens_, t.q, t.k, t.v, k_[static_cast<size_t>(layer)],
+                               v_[static_cast<size_t>(layer)], out, units_, pages_, slots_);
+  return out;
+}
+
+Tensor GraphPagedCache::update_and_attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const Tensor& keep, double) {
+  const TokenMajor t = token_major(layer, q, k, v, keep);
+  const int64_t rows = q.size(2), hq = q.size(1), hkv = k.size(1), d = q.size(3);
+  const Tensor a = paged_attention(spec_, reshape(t.q, Shape{rows, hq * d}), reshape(t.k, Shape{rows, hkv * d}),
+                                   reshape(t.v, Shape{rows, hkv * d}), k_[static_cast<size_t>(layer)],
+                                   v_[static_cast<size_t>(layer)], units_, pages_, slots_);
+  return reshape(a, Shape{1, rows, hq * d});
+}
+
+}  // namespace tpu::serve
