@@ -39,8 +39,14 @@ DecoderLayer::DecoderLayer(const ModelConfig& c, Generator* gen) {
 
 Tensor DecoderLayer::forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& keep,
                              nn::KVCache* cache, int64_t layer) {
-  Tensor h = add(x, self_attn->forward(input_layernorm->forward(x), cos, sin, keep, cache, layer));
-  return add(h, mlp->forward(post_attention_layernorm->forward(h)));
+  // Through the layer's forward hooks (fully_shard, parallelism applied from outside).
+  return call({x}, [&](std::span<const Tensor> in) {
+    Tensor a = self_attn->call({(*input_layernorm)(in[0])}, [&](std::span<const Tensor> x) {
+      return self_attn->forward(x[0], cos, sin, keep, cache, layer);
+    });
+    Tensor h = add(in[0], a);
+    return add(h, (*mlp)((*post_attention_layernorm)(h)));
+  });
 }
 
 DecoderModel::DecoderModel(const ModelConfig& c, Generator* gen) {
@@ -99,11 +105,11 @@ Tensor CausalLM::forward(const Tensor& ids, nn::KVCache* cache, const std::vecto
 
 Tensor CausalLM::forward_tables(const Tensor& ids, const Tensor& cos, const Tensor& sin, const Tensor& keep,
                                 nn::KVCache* cache) {
-  Tensor h = model->embed_tokens->forward(ids);
+  Tensor h = (*model->embed_tokens)(ids);
   for (size_t i = 0; i < model->layers.size(); ++i)
     h = model->layers[i]->forward(h, cos, sin, keep, cache, static_cast<int64_t>(i));
-  h = model->norm->forward(h);
-  return linear(h, lm_head ? lm_head->weight : model->embed_tokens->weight);
+  h = (*model->norm)(h);
+  return lm_head ? (*lm_head)(h) : linear(h, model->embed_tokens->weight);
 }
 
 }  // namespace tpu::models
