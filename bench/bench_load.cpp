@@ -1,6 +1,6 @@
 // Peak memory of models::load_causal_lm against the model's size. The program writes a
 // checkpoint of a ~100M-parameter CausalLM (12 layers, hidden 768, MLP 2048, 12 / 4 heads, vocab
-// 32000, untied head: 401 MB in f32) to a temporary folder, then loads it in fresh child
+// 32000, tied head: 401 MB in f32) to a temporary folder, then loads it in fresh child
 // processes (this program started again with --child, so nothing of the writer is resident) as
 // f32 and as bf16, and prints each child's peak resident memory (VmHWM of /proc/self/status)
 // above what it held before loading, next to the loaded model's bytes and its largest tensor.
@@ -37,7 +37,7 @@ models::ModelConfig shape(int64_t layers) {
   c.model_type = "llama";
   c.vocab_size = 32000, c.hidden_size = 768, c.intermediate_size = 2048, c.num_hidden_layers = layers;
   c.num_attention_heads = 12, c.num_key_value_heads = 4;
-  c.tie_word_embeddings = false;
+  c.tie_word_embeddings = true;
   return c;
 }
 
