@@ -3,7 +3,8 @@
 // 32000, tied head: 401 MB in f32) to a temporary folder, then loads it in fresh child
 // processes (this program started again with --child, so nothing of the writer is resident) as
 // f32 and as bf16, and prints each child's peak resident memory (VmHWM of /proc/self/status)
-// above what it held before loading, next to the loaded model's bytes and its largest tensor.
+// above what it held before loading, next to the loaded model's bytes and its largest tensor;
+// rows "whole-*" load the way that holds the whole file in memory first, for comparison.
 //
 //   bench_load [--layers N]     (N: decoder layers, default 12; fewer for a quick run)
 #include <sys/wait.h>
@@ -14,9 +15,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "tpucore/models.h"
+#include "tpucore/safetensors.h"
 
 using namespace tpu;
 
@@ -41,10 +44,26 @@ models::ModelConfig shape(int64_t layers) {
   return c;
 }
 
-int child(const std::string& dir, const std::string& dtype) {
+// The way that holds the whole file: a random f32 model, the checkpoint read into a map,
+// converted and copied (for comparison; the same public calls load_causal_lm once made).
+std::shared_ptr<models::CausalLM> load_whole(const std::string& dir, DType dt) {
+  std::ifstream f(dir + "/config.json");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  auto m = std::make_shared<models::CausalLM>(models::ModelConfig::from_json(ss.str()));
+  auto weights = load_safetensors(dir + "/model.safetensors");
+  m->to(dt);
+  m->load_state_dict(weights, true);
+  return m;
+}
+
+int child(const std::string& dir, const std::string& mode) {
+  const bool whole = mode.rfind("whole-", 0) == 0;
+  const std::string dtype = whole ? mode.substr(6) : mode;
   const int64_t before = status_bytes("VmHWM");
   const auto t0 = std::chrono::steady_clock::now();
-  auto m = models::load_causal_lm(dir, Device(), dtype == "bf16" ? DType::bf16 : DType::f32);
+  const DType dt = dtype == "bf16" ? DType::bf16 : DType::f32;
+  auto m = whole ? load_whole(dir, dt) : models::load_causal_lm(dir, Device(), dt);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const int64_t peak = status_bytes("VmHWM");
   int64_t model = 0, largest = 0;
@@ -53,7 +72,7 @@ int child(const std::string& dir, const std::string& dtype) {
     largest = std::max<int64_t>(largest, static_cast<int64_t>(p.nbytes()));
   }
   const double mb = 1e-6;
-  std::printf("%-5s  %9.1f  %9.1f  %12.1f  %15.1f  %8.2f\n", dtype.c_str(), model * mb, largest * mb,
+  std::printf("%-10s  %9.1f  %9.1f  %12.1f  %15.1f  %8.2f\n", mode.c_str(), model * mb, largest * mb,
               (peak - before) * mb, (peak - before - model) * mb, secs);
   return 0;
 }
@@ -78,10 +97,10 @@ int main(int argc, char** argv) {
   const auto file_bytes = fs::file_size(dir / "model.safetensors");
   std::printf("checkpoint: %lld-layer CausalLM, model.safetensors %.1f MB (f32)\n", static_cast<long long>(layers),
               static_cast<double>(file_bytes) * 1e-6);
-  std::printf("dtype  model MB  largest MB  peak rise MB  above model MB  load s\n");
+  std::printf("load        model MB  largest MB  peak rise MB  above model MB  load s\n");
   std::fflush(stdout);
   int rc = 0;
-  for (const char* dt : {"f32", "bf16"}) {
+  for (const char* dt : {"f32", "bf16", "whole-f32", "whole-bf16"}) {
     const pid_t pid = fork();
     if (pid == 0) {
       execl("/proc/self/exe", argv[0], "--child", dir.c_str(), dt, static_cast<char*>(nullptr));
