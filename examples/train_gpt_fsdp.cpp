@@ -1,6 +1,6 @@
 // A small byte-level GPT (the Llama-style model family of tpucore/models: RoPE, grouped KV heads,
 // SwiGLU, RMSNorm, tied embeddings) trained with fully sharded data parallelism (fully_shard,
-// tpucore/nn/sharded/fsdp.h) and, in the same process, on one device with the same global batch
+// tpucore/nn/parallel/fsdp.h) and, in the same process, on one device with the same global batch
 // and seed; prints both loss curves and their largest difference.
 //
 //   tpu-run -n 2 train_gpt_fsdp [options]      FSDP over gloo, one process per rank (127.0.0.1)
@@ -31,7 +31,7 @@
 #include "tpucore/core/parallel.h"
 #include "tpucore/devices.h"
 #include "tpucore/dist.h"
-#include "tpucore/nn/sharded/fsdp.h"
+#include "tpucore/nn/parallel/fsdp.h"
 
 namespace fs = std::filesystem;
 using namespace tpu;

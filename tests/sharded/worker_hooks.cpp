@@ -7,8 +7,8 @@
 
 #include "model.h"
 #include "tpucore/models.h"
-#include "tpucore/nn/sharded/fsdp.h"
-#include "tpucore/nn/sharded/parallelize.h"
+#include "tpucore/nn/parallel/fsdp.h"
+#include "tpucore/nn/parallel/parallelize.h"
 
 namespace sharded_test {
 

@@ -4,8 +4,8 @@
 // against the same model trained in one process on the whole batch (no parallel code there).
 #include "model.h"
 #include "tpucore/models.h"
-#include "tpucore/nn/sharded/fsdp.h"
-#include "tpucore/nn/sharded/parallelize.h"
+#include "tpucore/nn/parallel/fsdp.h"
+#include "tpucore/nn/parallel/parallelize.h"
 
 namespace sharded_test {
 

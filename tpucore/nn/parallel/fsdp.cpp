@@ -8,8 +8,8 @@
 
 #include "tpucore/autograd.h"
 #include "tpucore/core/storage_memory.h"
-#include "tpucore/nn/sharded/fsdp_internal.h"
-#include "tpucore/nn/sharded/function.h"
+#include "tpucore/nn/parallel/fsdp_internal.h"
+#include "tpucore/nn/parallel/function.h"
 #include "tpucore/ops.h"
 #include "ops/registry.h"
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "tpucore/nn/sharded/fsdp.h"
+#include "tpucore/nn/parallel/fsdp.h"
 
 namespace tpu::nn::parallel::detail {
 

@@ -1,11 +1,11 @@
 // parallelize_module: parameters replaced by this rank's blocks, collectives in forward hooks.
-#include "tpucore/nn/sharded/parallelize.h"
+#include "tpucore/nn/parallel/parallelize.h"
 
 #include <memory>
 
 #include "tpucore/autograd.h"
 #include "tpucore/nn/layers.h"
-#include "tpucore/nn/sharded/tensor_parallel.h"
+#include "tpucore/nn/parallel/tensor_parallel.h"
 #include "tpucore/ops.h"
 
 namespace tpu::nn::parallel {
