@@ -72,7 +72,9 @@ class SkipInitGuard {
   explicit SkipInitGuard(DType dtype = DType::f32);
   /// Restores the previous state.
   ~SkipInitGuard();
+  /// Not copyable (a scope guard).
   SkipInitGuard(const SkipInitGuard&) = delete;
+  /// Not copyable (a scope guard).
   SkipInitGuard& operator=(const SkipInitGuard&) = delete;
   /// The dtype of uninitialised weights while a guard is alive on this thread; nullopt otherwise.
   static std::optional<DType> active();
@@ -86,8 +88,11 @@ class Module {
  public:
   /// An empty module.
   Module();
+  /// Destroys the module (its hooks with it).
   virtual ~Module();
+  /// Not copyable: members are registered by reference.
   Module(const Module&) = delete;
+  /// Not copyable: members are registered by reference.
   Module& operator=(const Module&) = delete;
 
   /// The single-tensor forward of layers; modules with other signatures define their own.
