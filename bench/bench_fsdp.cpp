@@ -13,7 +13,7 @@
 
 #include "tpucore/dist.h"
 #include "tpucore/nn.h"
-#include "tpucore/nn/sharded/fsdp.h"
+#include "tpucore/nn/parallel/fsdp.h"
 
 namespace {
 

@@ -3,7 +3,7 @@
 //
 //   tpu-run -n 2 ./train_fashion_mnist_ddp [--epochs 3] [--batch-size 64] [--lr 3e-3] [--limit N]
 //
-// Every rank builds the same model, wraps it in nn::DistributedDataParallel (which broadcasts
+// Every rank builds the same model, wraps it in nn::parallel::DistributedDataParallel (which broadcasts
 // rank 0's parameters and averages the gradients in buckets with all_reduce(avg) while backward
 // runs), and trains on its own 1/world of the training set with batches of batch-size/world, so
 // the ranks stay identical and a step equals a single-process step on the global batch. Rank 0
@@ -15,7 +15,7 @@
 #include "tpucore/data.h"
 #include "tpucore/dist.h"
 #include "tpucore/nn.h"
-#include "tpucore/nn/ddp.h"
+#include "tpucore/nn/parallel/ddp.h"
 #include "tpucore/core/parallel.h"
 #include "tools/cli_args.h"
 
@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
 
     Generator init(args.seed);
     auto model = std::make_shared<nn::MLP>(std::vector<int64_t>{784, 256, 10}, "relu", 0.0, &init);
-    nn::DistributedDataParallel ddp(model);  // broadcasts rank 0's parameters
+    nn::parallel::DistributedDataParallel ddp(model);  // broadcasts rank 0's parameters
     std::vector<Tensor> params = model->parameters();
     optim::AdamW opt(params, {.lr = args.lr, .weight_decay = 1e-4});
     const int64_t steps = loader.size();

@@ -1,6 +1,6 @@
 // A small byte-level GPT (the Llama-style model family of tpucore/models: RoPE, grouped KV heads,
 // SwiGLU, RMSNorm, tied embeddings) trained with fully sharded data parallelism (fully_shard,
-// tpucore/nn/sharded/fsdp.h) and, in the same process, on one device with the same global batch
+// tpucore/nn/parallel/fsdp.h) and, in the same process, on one device with the same global batch
 // and seed; prints both loss curves and their largest difference.
 //
 //   tpu-run -n 2 train_gpt_fsdp [options]      FSDP over gloo, one process per rank (127.0.0.1)
@@ -11,8 +11,8 @@
 // is absent. Each step draws a global batch of --batch sequences of --seq + 1 bytes from a
 // generator seeded by (--seed, step); rank r of W trains on rows [r B/W, (r+1) B/W). The
 // one-device reference calls the model's own forward (CausalLM::forward) on the whole batch with
-// no sharding code; the sharded run calls each decoder layer through its FSDP handle, so the
-// two share the layers' code but not the path around them. With --tol X the program fails when
+// no sharding code; the sharded run calls the same forward, the FSDP units gathering and
+// releasing their parameters in the layers' forward hooks. With --tol X the program fails when
 // the curves differ by more than X (the CTest smoke runs use it).
 //
 // Sim pod: rank r is chip sim:r of TPU_SIM_POD (default 2x2 for 4 chips), one thread per rank.
@@ -31,7 +31,7 @@
 #include "tpucore/core/parallel.h"
 #include "tpucore/devices.h"
 #include "tpucore/dist.h"
-#include "tpucore/nn/sharded/fsdp.h"
+#include "tpucore/nn/parallel/fsdp.h"
 
 namespace fs = std::filesystem;
 using namespace tpu;
@@ -152,32 +152,18 @@ Run train_single(const Corpus& c, const Args& a) {
   return r;
 }
 
-// The model with its decoder layers and then the rest (embedding, final norm) sharded.
+// The model with its decoder layers and then the rest (embedding, final norm) sharded: the
+// hooks fully_shard installs gather each layer just before its forward, so the model is called
+// as it is.
 struct Sharded {
   std::shared_ptr<models::CausalLM> model;
-  std::vector<std::shared_ptr<FSDPModule>> layers;
   std::shared_ptr<FSDPModule> root;
 
   Sharded(std::shared_ptr<models::CausalLM> m, const dist::ProcessGroupPtr& group) : model(std::move(m)) {
-    for (auto& l : model->model->layers) layers.push_back(nn::parallel::fully_shard(l, group));
+    for (auto& l : model->model->layers) nn::parallel::fully_shard(l, group);
     root = nn::parallel::fully_shard(model, group);
   }
-  // The decoder forward with every layer called through its handle (gathered just before use).
-  Tensor forward(const Tensor& ids) {
-    return root->run([&] {
-      models::CausalLM& m = *model;
-      const int64_t b = ids.size(0), t = ids.size(1);
-      std::vector<int64_t> pos;
-      for (int64_t r = 0; r < b; ++r)
-        for (int64_t i = 0; i < t; ++i) pos.push_back(i);
-      auto [cos, sin] = nn::rope_tables(pos, b, m.inv_freq, DType::f32, ids.device());
-      Tensor h = m.model->embed_tokens->forward(ids);
-      for (size_t i = 0; i < layers.size(); ++i)
-        h = layers[i]->run([&] { return m.model->layers[i]->forward(h, cos, sin, Tensor(), nullptr, int64_t(i)); });
-      h = m.model->norm->forward(h);
-      return linear(h, m.lm_head ? m.lm_head->weight : m.model->embed_tokens->weight);
-    });
-  }
+  Tensor forward(const Tensor& ids) { return (*model)(ids); }
 };
 
 // One rank's FSDP training: its rows of every global batch; returns its local losses.

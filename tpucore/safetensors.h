@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <span>
 #include <string>
@@ -46,6 +47,12 @@ std::vector<uint8_t> serialize_safetensors(const TensorList& tensors, const Stri
 // Reads every tensor of a file onto `device` (host by default).
 std::map<std::string, Tensor> load_safetensors(const std::string& path, Device device = Device());
 SafetensorsContents read_safetensors(const std::string& path, Device device = Device());
+/// Reads the tensors of a file one at a time, in file order, onto `device` (host by default),
+/// handing each to `fn` before the next is read: a loader that converts and drops each tensor
+/// holds one at a time, not the file. The whole header and layout are checked first (the same
+/// errors as load_safetensors); returns the file's metadata.
+StringMap for_each_safetensor(const std::string& path, const std::function<void(const std::string&, Tensor)>& fn,
+                              Device device = Device());
 // From bytes in memory; `name` stands for the file in error messages.
 SafetensorsContents parse_safetensors(std::span<const uint8_t> bytes, std::string_view name = "<memory>",
                                       Device device = Device());

@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "tpucore/nn.h"
-#include "tpucore/nn/ddp.h"
+#include "tpucore/nn/parallel/ddp.h"
 #include "tpucore/optim.h"
 #include "worker_common.h"
 
@@ -15,7 +15,7 @@ namespace dist_test {
 
 namespace {
 
-using tpu::nn::DistributedDataParallel;
+using tpu::nn::parallel::DistributedDataParallel;
 
 constexpr int64_t kPerRank = 4, kIn = 6, kClasses = 3;
 
@@ -72,7 +72,7 @@ int scenario_ddp() {
   // 1. Plain synchronized steps; the ranks start from different weights (rank 0's win).
   {
     auto net = std::make_shared<Net>(100 + static_cast<uint64_t>(rank));
-    tpu::nn::DDPOptions o;
+    tpu::nn::parallel::DDPOptions o;
     o.bucket_cap_bytes = 200;  // several buckets, so some start while backward still runs
     DistributedDataParallel ddp(net, o);
     auto ref = std::make_shared<Net>(100);  // what rank 0 started from
@@ -126,7 +126,7 @@ int scenario_ddp() {
   //    stays put), an error naming it without.
   {
     auto net = std::make_shared<Net>(7 + static_cast<uint64_t>(rank));
-    tpu::nn::DDPOptions o;
+    tpu::nn::parallel::DDPOptions o;
     o.find_unused_parameters = true;
     DistributedDataParallel ddp(net, o);
     auto ref = std::make_shared<Net>(7);

@@ -13,7 +13,7 @@
 #include "pod/pod_testing.h"
 #include "tpucore/dist.h"
 #include "tpucore/nn.h"
-#include "tpucore/nn/ddp.h"
+#include "tpucore/nn/parallel/ddp.h"
 #include "tpucore/ops.h"
 #include "tpucore/optim.h"
 
@@ -225,9 +225,9 @@ TEST_CASE("dist sim default group: DistributedDataParallel equals single-device 
   dist::run_ranks([&](int r) {
     Generator g(11 + static_cast<uint64_t>(r));  // only rank 0's start survives the broadcast
     auto model = std::make_shared<nn::MLP>(std::vector<int64_t>{5, 12, 3}, "relu", 0.0, &g);
-    nn::DDPOptions o;
+    nn::parallel::DDPOptions o;
     o.bucket_cap_bytes = 64;
-    nn::DistributedDataParallel ddp(model, o);
+    nn::parallel::DistributedDataParallel ddp(model, o);
     optim::SGD opt(model->parameters(), sgd);
     for (int64_t step = 0; step < 3; ++step) {
       auto [x, y] = data(step);

@@ -10,7 +10,7 @@
 #include "sharded/model.h"
 #include "pod/pod_testing.h"
 #include "tpucore/devices.h"
-#include "tpucore/nn/sharded/fsdp.h"
+#include "tpucore/nn/parallel/fsdp.h"
 
 using namespace sharded_test;
 

@@ -10,7 +10,7 @@
 
 #include "model.h"
 #include "tpucore/compile.h"
-#include "tpucore/nn/sharded/fsdp.h"
+#include "tpucore/nn/parallel/fsdp.h"
 
 namespace sharded_test {
 

@@ -113,3 +113,19 @@ TEST_CASE("tp: 2-D mesh, FSDP over dp x tensor parallel over tp on 4 ranks", "[s
 TEST_CASE("tp: bad shapes and targets are errors, the layers stay usable", "[sharded]") {
   require_ok(run(2, {"tp_bad"}));
 }
+
+TEST_CASE("tp: a plan applied to a Qwen3-shaped CausalLM on 2 ranks equals one-process training", "[sharded]") {
+  require_ok(run(2, {"tp_hub", "2", "0", "0"}));
+}
+
+TEST_CASE("tp: sequence parallelism on a Qwen3-shaped CausalLM with tied embeddings, 2 ranks", "[sharded]") {
+  require_ok(run(2, {"tp_hub", "2", "1", "1"}));
+}
+
+TEST_CASE("tp: FSDP over dp x a tensor-parallel plan over tp on a Qwen3-shaped CausalLM, 2x2 mesh", "[sharded]") {
+  require_ok(run(4, {"tp_hub", "2", "1", "0"}));
+}
+
+TEST_CASE("hooks: module forward hooks, fully_shard through them, plan errors (1 rank)", "[sharded]") {
+  require_ok(run(1, {"hooks"}));
+}

@@ -17,6 +17,8 @@ int scenario_fsdp_die();
 int scenario_fsdp_compile();  // worker_fsdp_compile.cpp
 int scenario_tp_train(int tp);
 int scenario_tp_bad();
+int scenario_tp_hub(int tp, bool sequence, bool tied);  // worker_tp_hub.cpp
+int scenario_hooks();                                   // worker_hooks.cpp
 }  // namespace sharded_test
 
 using namespace sharded_test;
@@ -39,6 +41,8 @@ int main(int argc, char** argv) {
     else if (s == "fsdp_compile") rc = scenario_fsdp_compile();
     else if (s == "tp_train") rc = scenario_tp_train(std::atoi(arg(2, "2").c_str()));
     else if (s == "tp_bad") rc = scenario_tp_bad();
+    else if (s == "tp_hub") rc = scenario_tp_hub(std::atoi(arg(2, "2").c_str()), arg(3, "0") == "1", arg(4, "0") == "1");
+    else if (s == "hooks") rc = scenario_hooks();
     tpu::dist::destroy_process_group();
     std::printf("rank done: %s, %d failures in %d checks\n", s.c_str(), g_failures, g_checks);
     return rc != 0 ? rc : (g_failures ? 1 : 0);

@@ -6,7 +6,7 @@
 #include <map>
 
 #include "model.h"
-#include "tpucore/nn/sharded/fsdp.h"
+#include "tpucore/nn/parallel/fsdp.h"
 #include "tpucore/safetensors.h"
 
 namespace sharded_test {

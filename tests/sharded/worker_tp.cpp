@@ -5,8 +5,8 @@
 #include <functional>
 
 #include "model.h"
-#include "tpucore/nn/sharded/fsdp.h"
-#include "tpucore/nn/sharded/tensor_parallel.h"
+#include "tpucore/nn/parallel/fsdp.h"
+#include "tpucore/nn/parallel/tensor_parallel.h"
 
 namespace sharded_test {
 

@@ -57,7 +57,7 @@ struct Node {
   bool saved_any = false;
   bool freed = false;
   uint64_t seq = 0;  // creation order (later nodes run first among the ready ones)
-  // Set on nodes of custom functions (tpucore/nn/sharded: collectives with their own backward):
+  // Set on nodes of custom functions (tpucore/nn/parallel: collectives with their own backward):
   // called instead of op->backward.fn, dropped with the saved tensors after the node ran.
   std::function<void(const ops::BackwardArgs&, std::span<Tensor>)> custom;
   std::string name() const { return op ? op->name : "?"; }

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 
@@ -214,7 +215,10 @@ void check_layout(std::vector<Entry>& entries, uint64_t data_size, std::string_v
             data_size, pos);
 }
 
-SafetensorsContents read_from(ByteSource& src, std::string_view file, Device device) {
+// Checks the header and layout, then reads the tensors one at a time in file order, handing
+// each to `fn` (which may keep or drop it) before reading the next.
+StringMap read_each(ByteSource& src, std::string_view file, Device device,
+                    const std::function<void(const std::string&, Tensor)>& fn) {
   const uint64_t size = src.size();
   TPU_CHECK(size >= 8, "load_safetensors: '{}': truncated file: {} bytes, fewer than the 8-byte header length", file,
             size);
@@ -233,10 +237,10 @@ SafetensorsContents read_from(ByteSource& src, std::string_view file, Device dev
             "load_safetensors: '{}': the header must start with '{{' (a JSON object); not a safetensors file?", file);
   const json j = parse_header_json(text, file);
 
-  SafetensorsContents out;
+  StringMap metadata;
   std::vector<Entry> entries;
   for (const auto& [k, v] : j.items()) {
-    if (k == "__metadata__") out.metadata = parse_metadata(v, file);
+    if (k == "__metadata__") metadata = parse_metadata(v, file);
     else entries.push_back(parse_entry(k, v, file));
   }
   const uint64_t data_start = 8 + n, data_size = size - data_start;
@@ -250,8 +254,16 @@ SafetensorsContents read_from(ByteSource& src, std::string_view file, Device dev
       for (int64_t i = 0; i < t.numel(); ++i) p[i] = p[i] != 0;
     }
     if (!device.is_cpu()) t = t.to(device);
-    out.tensors.emplace(e.name, std::move(t));
+    fn(e.name, std::move(t));
   }
+  return metadata;
+}
+
+SafetensorsContents read_from(ByteSource& src, std::string_view file, Device device) {
+  SafetensorsContents out;
+  out.metadata = read_each(src, file, device, [&](const std::string& name, Tensor t) {
+    out.tensors.emplace(name, std::move(t));
+  });
   return out;
 }
 
@@ -359,6 +371,12 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
 SafetensorsContents read_safetensors(const std::string& path, Device device) {
   FileSource src(path);
   return read_from(src, path, device);
+}
+
+StringMap for_each_safetensor(const std::string& path, const std::function<void(const std::string&, Tensor)>& fn,
+                              Device device) {
+  FileSource src(path);
+  return read_each(src, path, device, fn);
 }
 
 std::map<std::string, Tensor> load_safetensors(const std::string& path, Device device) {

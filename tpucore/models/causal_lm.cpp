@@ -40,8 +40,14 @@ DecoderLayer::DecoderLayer(const ModelConfig& c, Generator* gen) {
 
 Tensor DecoderLayer::forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& keep,
                              nn::AttentionCache* cache, int64_t layer) {
-  Tensor h = add(x, self_attn->forward(input_layernorm->forward(x), cos, sin, keep, cache, layer));
-  return add(h, mlp->forward(post_attention_layernorm->forward(h)));
+  // Through the layer's forward hooks (fully_shard, parallelism applied from outside).
+  return call({x}, [&](std::span<const Tensor> in) {
+    Tensor a = self_attn->call({(*input_layernorm)(in[0])}, [&](std::span<const Tensor> xs) {
+      return self_attn->forward(xs[0], cos, sin, keep, cache, layer);
+    });
+    Tensor h = add(in[0], a);
+    return add(h, (*mlp)((*post_attention_layernorm)(h)));
+  });
 }
 
 DecoderModel::DecoderModel(const ModelConfig& c, Generator* gen) {
@@ -53,9 +59,9 @@ DecoderModel::DecoderModel(const ModelConfig& c, Generator* gen) {
 
 Tensor DecoderModel::forward(const Tensor& ids, const Tensor& cos, const Tensor& sin, const Tensor& keep,
                              nn::AttentionCache* cache) {
-  Tensor h = embed_tokens->forward(ids);
+  Tensor h = (*embed_tokens)(ids);
   for (size_t i = 0; i < layers.size(); ++i) h = layers[i]->forward(h, cos, sin, keep, cache, static_cast<int64_t>(i));
-  return norm->forward(h);
+  return (*norm)(h);
 }
 
 CausalLM::CausalLM(const ModelConfig& c, Generator* gen) : config(c) {
@@ -121,7 +127,7 @@ Tensor CausalLM::hidden_states(const Tensor& ids, const Tensor& cos, const Tenso
 }
 
 Tensor CausalLM::logits(const Tensor& hidden) const {
-  return linear(hidden, lm_head ? lm_head->weight : model->embed_tokens->weight);
+  return lm_head ? (*lm_head)(hidden) : linear(hidden, model->embed_tokens->weight);
 }
 
 std::pair<Tensor, Tensor> CausalLM::rope_tables(const std::vector<int64_t>& positions, int64_t batch) const {

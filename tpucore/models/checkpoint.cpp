@@ -1,4 +1,7 @@
-// config.json parsing and writing, and loading / saving Hugging Face checkpoint folders.
+// Loading and saving Hugging Face checkpoint folders (config.json parsing: config.cpp). Loading
+// streams: the model is created without random initialisation in the dtype asked for, and each
+// tensor is read from its safetensors file, converted into its parameter and dropped before the
+// next one is read, so the peak memory is the model plus about one tensor.
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -8,7 +11,6 @@
 #include "tpucore/autograd.h"
 #include "tpucore/models/causal_lm.h"
 #include "tpucore/safetensors.h"
-#include "sim/json_int.h"
 
 namespace tpu::models {
 
@@ -25,190 +27,82 @@ std::string read_text(const fs::path& p, const char* what) {
   return ss.str();
 }
 
-// Field readers with errors naming the file and field.
-int64_t get_int(const json& j, const char* key, const std::string& src, std::optional<int64_t> dflt = std::nullopt) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) {
-    TPU_CHECK(dflt.has_value(), "{}: missing required field '{}'", src, key);
-    return *dflt;
+// The files of the checkpoint with the names each must provide (empty set: every tensor of a
+// single model.safetensors).
+std::map<std::string, std::set<std::string>> weight_files(const fs::path& root) {
+  const fs::path single = root / "model.safetensors", index = root / "model.safetensors.index.json";
+  std::map<std::string, std::set<std::string>> by_file;
+  if (!fs::exists(index)) {
+    TPU_CHECK(fs::exists(single), "load_causal_lm: {} has neither model.safetensors nor model.safetensors.index.json",
+              root.string());
+    by_file["model.safetensors"];
+    return by_file;
   }
-  const std::optional<int64_t> v = tpu::detail::json_int(*it);
-  TPU_CHECK(v.has_value(), "{}: field '{}' must be an integer in int64 range, got {}", src, key, it->dump());
-  return *v;
-}
-double get_double(const json& j, const char* key, const std::string& src, double dflt) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return dflt;
-  TPU_CHECK(it->is_number(), "{}: field '{}' must be a number, got {}", src, key, it->dump());
-  return it->get<double>();
-}
-bool get_bool(const json& j, const char* key, const std::string& src, bool dflt) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return dflt;
-  TPU_CHECK(it->is_boolean(), "{}: field '{}' must be true or false, got {}", src, key, it->dump());
-  return it->get<bool>();
-}
-std::string get_string(const json& j, const char* key, const std::string& src, const std::string& dflt) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return dflt;
-  TPU_CHECK(it->is_string(), "{}: field '{}' must be a string, got {}", src, key, it->dump());
-  return it->get<std::string>();
+  json j;
+  try {
+    j = json::parse(read_text(index, "load_causal_lm"));
+  } catch (const json::exception& e) {
+    fail("load_causal_lm: {}: invalid JSON ({})", index.string(), e.what());
+  }
+  TPU_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
+            "load_causal_lm: {}: expected an object with a 'weight_map' object", index.string());
+  for (const auto& [name, file] : j["weight_map"].items()) {
+    TPU_CHECK(file.is_string(), "load_causal_lm: {}: weight_map['{}'] must be a file name", index.string(), name);
+    const std::string f = file.get<std::string>();
+    TPU_CHECK(!f.empty() && f.find('/') == std::string::npos && f.find("..") == std::string::npos,
+              "load_causal_lm: {}: weight_map['{}'] names '{}', not a file in the folder", index.string(), name, f);
+    by_file[f].insert(name);
+  }
+  return by_file;
 }
 
 }  // namespace
-
-ModelConfig ModelConfig::from_json(const std::string& text, const std::string& src) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    fail("{}: invalid JSON ({})", src, e.what());
-  }
-  TPU_CHECK(j.is_object(), "{}: expected a JSON object", src);
-  ModelConfig c;
-  c.model_type = get_string(j, "model_type", src, "llama");
-  static const std::set<std::string> known{"llama", "mistral", "qwen2", "qwen3"};
-  TPU_CHECK(known.count(c.model_type), "{}: unsupported model_type '{}' (supported: llama, mistral, qwen2, qwen3)", src,
-            c.model_type);
-  c.vocab_size = get_int(j, "vocab_size", src);
-  c.hidden_size = get_int(j, "hidden_size", src);
-  c.intermediate_size = get_int(j, "intermediate_size", src);
-  c.num_hidden_layers = get_int(j, "num_hidden_layers", src);
-  c.num_attention_heads = get_int(j, "num_attention_heads", src);
-  c.num_key_value_heads = get_int(j, "num_key_value_heads", src, c.num_attention_heads);
-  c.head_dim = get_int(j, "head_dim", src, 0);
-  c.max_position_embeddings = get_int(j, "max_position_embeddings", src, 2048);
-  TPU_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.intermediate_size > 0 && c.num_hidden_layers > 0 &&
-                c.num_attention_heads > 0 && c.num_key_value_heads > 0 && c.head_dim >= 0,
-            "{}: sizes must be positive (vocab_size {}, hidden_size {}, intermediate_size {}, num_hidden_layers {}, "
-            "num_attention_heads {}, num_key_value_heads {}, head_dim {})",
-            src, c.vocab_size, c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
-            c.num_key_value_heads, c.head_dim);
-  c.rope_theta = get_double(j, "rope_theta", src, 10000.0);
-  c.rms_norm_eps = get_double(j, "rms_norm_eps", src, 1e-6);
-  c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", src, false);
-  c.hidden_act = get_string(j, "hidden_act", src, "silu");
-  c.torch_dtype = get_string(j, "torch_dtype", src, "float32");
-  c.mlp_bias = get_bool(j, "mlp_bias", src, false);
-  const bool attn_bias = get_bool(j, "attention_bias", src, false);
-  if (c.model_type == "qwen2") {
-    c.attention_bias = true;  // Qwen2 always has q/k/v biases and none on o_proj
-  } else if (c.model_type == "llama" || c.model_type == "qwen3") {
-    c.attention_bias = c.o_bias = attn_bias;
-  }
-  c.qk_norm = c.model_type == "qwen3";
-  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
-    TPU_CHECK(it->is_object(), "{}: rope_scaling must be an object or null", src);
-    const std::string where = src + " rope_scaling";
-    c.rope_scaling.type = get_string(*it, "rope_type", where, get_string(*it, "type", where, "default"));
-    c.rope_scaling.factor = get_double(*it, "factor", where, 1.0);
-    c.rope_scaling.low_freq_factor = get_double(*it, "low_freq_factor", where, 1.0);
-    c.rope_scaling.high_freq_factor = get_double(*it, "high_freq_factor", where, 4.0);
-    c.rope_scaling.original_max_position_embeddings =
-        get_double(*it, "original_max_position_embeddings", where, 8192.0);
-  }
-  if (auto it = j.find("bos_token_id"); it != j.end() && it->is_number_integer()) {
-    const std::optional<int64_t> v = tpu::detail::json_int(*it, 0);
-    TPU_CHECK(v.has_value(), "{}: bos_token_id must be an id >= 0 in int64 range, got {}", src, it->dump());
-    c.bos_token_id = *v;
-  }
-  if (auto it = j.find("eos_token_id"); it != j.end() && !it->is_null()) {
-    const auto id = [&](const json& e) {
-      const std::optional<int64_t> v = tpu::detail::json_int(e, 0);
-      TPU_CHECK(v.has_value(), "{}: eos_token_id entries must be ids >= 0 in int64 range, got {}", src, e.dump());
-      return *v;
-    };
-    if (it->is_number_integer()) c.eos_token_ids.push_back(id(*it));
-    else if (it->is_array())
-      for (const auto& e : *it) c.eos_token_ids.push_back(id(e));
-    else
-      fail("{}: eos_token_id must be an integer or a list of integers, got {}", src, it->dump());
-  }
-  return c;
-}
-
-std::string ModelConfig::to_json() const {
-  json j{{"model_type", model_type},
-         {"architectures", {model_type == "qwen2" ? "Qwen2ForCausalLM"
-                            : model_type == "qwen3" ? "Qwen3ForCausalLM"
-                            : model_type == "mistral" ? "MistralForCausalLM"
-                                                      : "LlamaForCausalLM"}},
-         {"vocab_size", vocab_size},
-         {"hidden_size", hidden_size},
-         {"intermediate_size", intermediate_size},
-         {"num_hidden_layers", num_hidden_layers},
-         {"num_attention_heads", num_attention_heads},
-         {"num_key_value_heads", num_key_value_heads},
-         {"head_dim", head_dim},
-         {"max_position_embeddings", max_position_embeddings},
-         {"rope_theta", rope_theta},
-         {"rms_norm_eps", rms_norm_eps},
-         {"tie_word_embeddings", tie_word_embeddings},
-         {"hidden_act", hidden_act},
-         {"torch_dtype", torch_dtype},
-         {"attention_bias", model_type == "qwen2" ? false : attention_bias},
-         {"mlp_bias", mlp_bias}};
-  if (rope_scaling.type != "default")
-    j["rope_scaling"] = {{"rope_type", rope_scaling.type},
-                         {"factor", rope_scaling.factor},
-                         {"low_freq_factor", rope_scaling.low_freq_factor},
-                         {"high_freq_factor", rope_scaling.high_freq_factor},
-                         {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
-  if (bos_token_id) j["bos_token_id"] = *bos_token_id;
-  if (eos_token_ids.size() == 1) j["eos_token_id"] = eos_token_ids[0];
-  else if (!eos_token_ids.empty()) j["eos_token_id"] = eos_token_ids;
-  return j.dump(2);
-}
 
 std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, Device device, std::optional<DType> dtype) {
   const fs::path root(dir);
   const fs::path cfg_path = root / "config.json";
   ModelConfig cfg = ModelConfig::from_json(read_text(cfg_path, "load_causal_lm"), cfg_path.string());
-  // The weights: one file or the shards of the index.
-  std::map<std::string, Tensor> weights;
-  const fs::path single = root / "model.safetensors", index = root / "model.safetensors.index.json";
-  if (fs::exists(index)) {
-    json j;
-    try {
-      j = json::parse(read_text(index, "load_causal_lm"));
-    } catch (const json::exception& e) {
-      fail("load_causal_lm: {}: invalid JSON ({})", index.string(), e.what());
-    }
-    TPU_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
-              "load_causal_lm: {}: expected an object with a 'weight_map' object", index.string());
-    std::map<std::string, std::set<std::string>> by_file;
-    for (const auto& [name, file] : j["weight_map"].items()) {
-      TPU_CHECK(file.is_string(), "load_causal_lm: {}: weight_map['{}'] must be a file name", index.string(), name);
-      const std::string f = file.get<std::string>();
-      TPU_CHECK(!f.empty() && f.find('/') == std::string::npos && f.find("..") == std::string::npos,
-                "load_causal_lm: {}: weight_map['{}'] names '{}', not a file in the folder", index.string(), name, f);
-      by_file[f].insert(name);
-    }
-    for (const auto& [file, names] : by_file) {
-      std::map<std::string, Tensor> shard = load_safetensors((root / file).string());
-      for (const auto& n : names) {
-        auto it = shard.find(n);
-        TPU_CHECK(it != shard.end(), "load_causal_lm: {} lists '{}' in {}, which does not hold it", index.string(), n,
-                  file);
-        weights[n] = it->second;
-      }
-    }
-  } else {
-    TPU_CHECK(fs::exists(single), "load_causal_lm: {} has neither model.safetensors nor model.safetensors.index.json",
-              dir);
-    weights = load_safetensors(single.string());
-  }
-  // Buffers some checkpoints carry that this model recomputes.
-  for (auto it = weights.begin(); it != weights.end();)
-    it = it->first.ends_with("rotary_emb.inv_freq") ? weights.erase(it) : std::next(it);
-  if (cfg.tie_word_embeddings) weights.erase("lm_head.weight");
-  auto m = std::make_shared<CausalLM>(cfg);
+  std::shared_ptr<CausalLM> m;
   {
-    NoGradGuard ng;
-    m->to(dtype.value_or(DType::f32));
-    m->load_state_dict(weights, true);
-    m->to(device);
+    // Uninitialised parameters in the target dtype: every one is overwritten below.
+    nn::SkipInitGuard skip(dtype.value_or(DType::f32));
+    m = std::make_shared<CausalLM>(cfg);
   }
+  m->to(dtype.value_or(DType::f32));  // the norms (created as ones in f32); the rest already is
+  std::map<std::string, Tensor*> slots;
+  for (auto& [name, slot] : m->parameter_slots()) slots[name] = slot;
+  for (auto& [name, slot] : m->buffer_slots()) slots[name] = slot;
+  std::set<std::string> loaded, unexpected;
+  for (const auto& [file, names] : weight_files(root)) {
+    const fs::path path = root / file;
+    std::set<std::string> seen;
+    for_each_safetensor(path.string(), [&](const std::string& name, const Tensor& t) {
+      if (!names.empty() && !names.count(name)) return;  // in the shard but listed elsewhere
+      seen.insert(name);
+      // Buffers some checkpoints carry that this model recomputes; the tied head is the embedding.
+      if (name.ends_with("rotary_emb.inv_freq") || (cfg.tie_word_embeddings && name == "lm_head.weight")) return;
+      auto it = slots.find(name);
+      if (it == slots.end()) {
+        unexpected.insert(name);
+        return;
+      }
+      TPU_CHECK(t.shape() == it->second->shape(),
+                "load_causal_lm: '{}' has shape {} in {} but {} in the model", name, t.shape().str(), path.string(),
+                it->second->shape().str());
+      TPU_CHECK(loaded.insert(name).second, "load_causal_lm: '{}' is in more than one file ({})", name, path.string());
+      NoGradGuard ng;
+      it->second->copy_(t);  // converted to the parameter's dtype in place
+    });
+    for (const auto& n : names)
+      TPU_CHECK(seen.count(n), "load_causal_lm: the index lists '{}' in {}, which does not hold it", n, file);
+  }
+  std::vector<std::string> missing;
+  for (const auto& [name, slot] : slots)
+    if (!loaded.count(name)) missing.push_back(name);
+  if (!missing.empty() || !unexpected.empty())
+    fail("load_causal_lm ({}): missing keys [{}], unexpected keys [{}]", dir, fmt::join(missing, ", "),
+         fmt::join(unexpected, ", "));
+  m->to(device);
   m->eval();
   return m;
 }

@@ -7,6 +7,7 @@
 namespace tpu::nn {
 namespace {
 Tensor uniform(const Shape& s, double bound, Generator* gen) {
+  if (auto dt = SkipInitGuard::active()) return empty(s, TensorOptions(*dt));
   NoGradGuard ng;
   return sub(mul(rand(s, {}, gen), 2 * bound), bound);
 }
@@ -31,7 +32,8 @@ Tensor Linear::forward(const Tensor& x) {
 
 Embedding::Embedding(int64_t num, int64_t dim, Generator* gen) {
   TPU_CHECK(num > 0 && dim > 0, "Embedding: num_embeddings ({}) and dim ({}) must be positive", num, dim);
-  weight = randn({num, dim}, {}, gen);
+  auto skip = SkipInitGuard::active();
+  weight = skip ? empty({num, dim}, TensorOptions(*skip)) : randn({num, dim}, {}, gen);
   register_parameter("weight", weight);
 }
 Tensor Embedding::forward(const Tensor& indices) { return embedding(weight, indices); }

@@ -8,6 +8,87 @@
 
 namespace tpu::nn {
 
+namespace detail {
+struct HookTable {
+  struct Post {
+    uint64_t id;
+    ForwardHook fn;
+    bool always;
+  };
+  uint64_t next = 1;
+  std::vector<std::pair<uint64_t, ForwardPreHook>> pre;
+  std::vector<Post> post;
+};
+}  // namespace detail
+
+namespace {
+thread_local std::optional<DType> g_skip_init;
+}
+
+SkipInitGuard::SkipInitGuard(DType dtype) : previous_(g_skip_init) { g_skip_init = dtype; }
+SkipInitGuard::~SkipInitGuard() { g_skip_init = previous_; }
+std::optional<DType> SkipInitGuard::active() { return g_skip_init; }
+
+void HookHandle::remove() {
+  if (auto t = table_.lock()) {
+    std::erase_if(t->pre, [&](const auto& h) { return h.first == id_; });
+    std::erase_if(t->post, [&](const auto& h) { return h.id == id_; });
+  }
+  table_.reset();
+}
+
+Module::Module() : hooks_(std::make_shared<detail::HookTable>()) {}
+Module::~Module() = default;
+
+HookHandle Module::register_forward_pre_hook(ForwardPreHook hook) {
+  TPU_CHECK(hook != nullptr, "{}: register_forward_pre_hook got an empty function", type_name());
+  const uint64_t id = hooks_->next++;
+  hooks_->pre.emplace_back(id, std::move(hook));
+  return HookHandle(hooks_, id);
+}
+
+HookHandle Module::register_forward_hook(ForwardHook hook, bool always_call) {
+  TPU_CHECK(hook != nullptr, "{}: register_forward_hook got an empty function", type_name());
+  const uint64_t id = hooks_->next++;
+  hooks_->post.push_back({id, std::move(hook), always_call});
+  return HookHandle(hooks_, id);
+}
+
+bool Module::has_forward_hooks() const { return !hooks_->pre.empty() || !hooks_->post.empty(); }
+
+Tensor Module::operator()(const Tensor& x) {
+  if (!has_forward_hooks()) return forward(x);
+  return call({x}, [this](std::span<const Tensor> in) { return forward(in[0]); });
+}
+
+Tensor Module::call(std::vector<Tensor> inputs, const std::function<Tensor(std::span<const Tensor>)>& body) {
+  if (!has_forward_hooks()) return body(inputs);
+  // Copies: a hook may add or remove hooks (of this module too) while they run.
+  auto pre = hooks_->pre;
+  auto post = hooks_->post;
+  Tensor out;
+  try {
+    for (auto& [id, h] : pre) h(*this, inputs);
+    out = body(inputs);
+  } catch (...) {
+    out = Tensor();
+    for (auto& h : post)
+      if (h.always) h.fn(*this, inputs, out);
+    throw;
+  }
+  for (size_t i = 0; i < post.size(); ++i) {
+    try {
+      post[i].fn(*this, inputs, out);
+    } catch (...) {
+      Tensor none;
+      for (size_t j = i + 1; j < post.size(); ++j)
+        if (post[j].always) post[j].fn(*this, inputs, none);
+      throw;
+    }
+  }
+  return out;
+}
+
 Tensor Module::forward(const Tensor&) {
   fail("{}: this module has no single-tensor forward(x); call its own forward", type_name());
 }
@@ -65,6 +146,24 @@ std::vector<std::pair<std::string, Tensor>> Module::named_buffers(bool recurse) 
 std::vector<std::pair<std::string, Tensor*>> Module::parameter_slots(bool recurse) {
   std::vector<std::pair<std::string, Tensor*>> v;
   visit("", recurse, false, [&](const std::string& n, Tensor& t) { v.emplace_back(n, &t); });
+  return v;
+}
+
+std::vector<std::pair<std::string, Tensor*>> Module::buffer_slots(bool recurse) {
+  std::vector<std::pair<std::string, Tensor*>> v;
+  visit("", recurse, true, [&](const std::string& n, Tensor& t) { v.emplace_back(n, &t); });
+  return v;
+}
+
+std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_modules() const {
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> v;
+  std::function<void(const Module&, const std::string&)> walk = [&](const Module& m, const std::string& prefix) {
+    for (const auto& [n, c] : m.children_) {
+      v.emplace_back(prefix + n, c);
+      walk(*c, prefix + n + ".");
+    }
+  };
+  walk(*this, "");
   return v;
 }
 

@@ -14,7 +14,7 @@ GatedMLP::GatedMLP(int64_t hidden, int64_t inter, const std::string& act_name, b
   act = register_module("act", activation(act_name));
 }
 Tensor GatedMLP::forward(const Tensor& x) {
-  return down_proj->forward(mul(act->forward(gate_proj->forward(x)), up_proj->forward(x)));
+  return (*down_proj)(mul(act->forward((*gate_proj)(x)), (*up_proj)(x)));
 }
 
 std::vector<double> rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& s) {
@@ -98,22 +98,25 @@ Tensor Attention::forward(const Tensor& x, const Tensor& cos, const Tensor& sin,
             "Attention: expected input [batch, seq, {}], got shape {}", cfg.hidden,
             x.defined() ? x.shape().str() : std::string("undefined"));
   const int64_t b = x.size(0), t = x.size(1), d = cfg.head_dim;
+  // The head counts from the projections' shapes: a tensor-parallel rank holds some heads only.
+  const int64_t nh = q_proj->weight.size(0) / d, nkv = k_proj->weight.size(0) / d;
   auto heads = [&](const Tensor& y, int64_t n) { return transpose(reshape(y, Shape{b, t, n, d}), 1, 2); };
-  Tensor q = q_proj->forward(x), k = k_proj->forward(x);
+  // The projections and norms through their hooks (parallelism applied from outside).
+  Tensor q = (*q_proj)(x), k = (*k_proj)(x);
   if (q_norm) {  // per head, before the rotation (Qwen3)
-    q = q_norm->forward(reshape(q, Shape{b, t, cfg.num_heads, d}));
-    k = k_norm->forward(reshape(k, Shape{b, t, cfg.num_kv_heads, d}));
+    q = (*q_norm)(reshape(q, Shape{b, t, nh, d}));
+    k = (*k_norm)(reshape(k, Shape{b, t, nkv, d}));
   }
-  q = heads(q, cfg.num_heads);  // [B, H, T, d]
-  k = heads(k, cfg.num_kv_heads);
-  Tensor v = heads(v_proj->forward(x), cfg.num_kv_heads);
+  q = heads(q, nh);  // [B, H, T, d]
+  k = heads(k, nkv);
+  Tensor v = heads((*v_proj)(x), nkv);
   if (cos.defined()) {
     q = rotary_embedding(q, cos, sin);
     k = rotary_embedding(k, cos, sin);
   }
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   const Tensor attn = cache ? cache->update_and_attend(layer, q, k, v, keep, scale) : dense_attention(q, k, v, keep, scale);
-  return o_proj->forward(attn);
+  return (*o_proj)(attn);
 }
 
 Tensor causal_keep_mask(int64_t b, int64_t t, int64_t past, const std::vector<uint8_t>& valid, Device device) {

@@ -7,8 +7,9 @@
 #include <set>
 
 #include "tpucore/autograd.h"
-#include "tpucore/nn/sharded/fsdp_internal.h"
-#include "tpucore/nn/sharded/function.h"
+#include "tpucore/core/storage_memory.h"
+#include "tpucore/nn/parallel/fsdp_internal.h"
+#include "tpucore/nn/parallel/function.h"
 #include "tpucore/ops.h"
 #include "ops/registry.h"
 
@@ -24,20 +25,8 @@ std::map<const Module*, std::weak_ptr<Unit>>& registry() {
 
 // Freeing a gathered parameter while autograd still holds it (saved for backward): its storage
 // gives its memory back and gets fresh memory (refilled by a gather) before backward reads it.
-void swap_memory(Storage& a, Storage& b) {
-  std::swap(a.data, b.data);
-  std::swap(a.nbytes, b.nbytes);
-  std::swap(a.deleter, b.deleter);
-  std::swap(a.ctx, b.ctx);
-}
-void release_memory(const Tensor& t) {
-  Storage empty_storage;
-  swap_memory(*t.storage(), empty_storage);  // the old memory is freed with empty_storage
-}
-void adopt_memory(const Tensor& t) {
-  Tensor fresh = empty(t.shape(), TensorOptions(t.dtype(), t.device()));
-  swap_memory(*t.storage(), *fresh.storage());
-}
+void release_memory(const Tensor& t) { free_memory(*t.storage()); }
+void adopt_memory(const Tensor& t) { refill_memory(*t.storage(), t.nbytes()); }
 
 Tensor flat_view(const Tensor& t) { return reshape(t, Shape{t.numel()}); }
 
@@ -51,29 +40,36 @@ Tensor new_buffer(const Shape& shape, TensorOptions o) { return tracing() ? zero
 
 }  // namespace
 
+// Whether an instance's full parameters hold memory (unsharded) or were freed after the
+// forward (resharded) until the gather before its backward.
+enum class ParamState { unsharded, resharded };
+// Its gradients: not tracked (no history), awaited from backward, or reduce-scattered.
+enum class GradState { untracked, pending, reduced };
+
 // One forward of a unit with history: its full parameters (aliases of the tensors the layer
 // read, sharing their storage), freed after the forward and refilled before the backward.
 struct Instance {
   std::shared_ptr<Unit> unit;
   size_t pos = 0;
   std::vector<Tensor> full;
-  bool released = false, armed = false, done = false;
+  ParamState param_state = ParamState::unsharded;
+  GradState grad_state = GradState::untracked;
 
   ~Instance() {
-    if (armed && !done) --unit->root->outstanding;  // the graph was dropped without backward
+    if (grad_state == GradState::pending) --unit->root->outstanding;  // the graph was dropped without backward
   }
   void release() {
-    if (released) return;
+    if (param_state == ParamState::resharded) return;
     for (const Tensor& t : full)
       if (!t.is_proxy()) release_memory(t);
-    released = true;
+    param_state = ParamState::resharded;
   }
   void pre_backward() {
     RootState& R = *unit->root;
-    if (released) {
+    if (param_state == ParamState::resharded) {
       Tensor g = unit->finish_gather();
       for (const Tensor& t : full) adopt_memory(t);
-      released = false;
+      param_state = ParamState::unsharded;
       // The same values as before the release: autograd's saved-version check must not see a write.
       std::vector<uint64_t> versions;
       for (const Tensor& t : full) versions.push_back(t.storage()->version);
@@ -81,7 +77,7 @@ struct Instance {
       for (size_t i = 0; i < full.size(); ++i) full[i].storage()->version = versions[i];
     }
     if (unit->opts.prefetch && !tracing() && pos >= 1 && pos - 1 < R.now.size())
-      if (auto prev = R.now[pos - 1].lock(); prev && prev->released) prev->unit->start_gather();
+      if (auto prev = R.now[pos - 1].lock(); prev && prev->param_state == ParamState::resharded) prev->unit->start_gather();
   }
   void post_backward(std::span<const Tensor> grads) {
     Unit& u = *unit;
@@ -102,8 +98,8 @@ struct Instance {
       u.root->pending.push_back(PendingReduce{unit, w, in, out});
     }
     release();
-    if (!done) {
-      done = true;
+    if (grad_state == GradState::pending) {
+      grad_state = GradState::reduced;
       --u.root->outstanding;
     }
     if (u.root->outstanding == 0) u.root->finalize();
@@ -122,16 +118,16 @@ Tensor Unit::pack_shards(DType dtype) const {
 }
 
 void Unit::start_gather() {
-  if (gathering) return;
+  if (gather == GatherState::in_flight) return;
   gather_in = pack_shards(compute_dtype);
   gather_out = new_buffer(Shape{world * flat}, TensorOptions(compute_dtype, device));
   gather_work = pg->all_gather_into_tensor_async(gather_out, gather_in);
-  gathering = true;
+  gather = GatherState::in_flight;
 }
 
 Tensor Unit::finish_gather() {
   start_gather();
-  gathering = false;
+  gather = GatherState::none;
   gather_work.wait();
   Tensor out = std::move(gather_out);
   gather_in = gather_out = Tensor();
@@ -139,7 +135,7 @@ Tensor Unit::finish_gather() {
 }
 
 void Unit::drop_gather() {
-  if (gathering) (void)finish_gather();
+  if (gather == GatherState::in_flight) (void)finish_gather();
 }
 
 void Unit::fill(const Tensor& gathered, const std::vector<Tensor>& full) const {
@@ -166,7 +162,11 @@ std::vector<Tensor> Unit::gather_full(DType dtype) {
   return full;
 }
 
-Tensor Unit::call(const std::function<Tensor()>& f) {
+void Unit::pre_forward() {
+  if (state == TrainingState::forward) {
+    ++nested;
+    return;
+  }
   RootState& R = *root;
   if (is_root) {
     R.finalize();
@@ -199,31 +199,42 @@ Tensor Unit::call(const std::function<Tensor()>& f) {
   }
   gathered = Tensor();
   for (const Tensor& t : full) inst->full.push_back(fresh_alias(t));
-  std::weak_ptr<Instance> weak = inst;
   attach_backward(
       "fsdp_unshard", shards, full, [inst](std::span<const Tensor> g, std::span<Tensor>) { inst->post_backward(g); },
       true);
-  inst->armed = !full.empty() && full[0].requires_grad();
-  if (inst->armed) ++R.outstanding;
-  for (size_t i = 0; i < params.size(); ++i) *params[i].slot = full[i];
-  Tensor y;
-  try {
-    y = f();
-  } catch (...) {
-    for (ShardedParam& p : params) *p.slot = p.shard;
-    throw;
+  if (!full.empty() && full[0].requires_grad()) {
+    inst->grad_state = GradState::pending;
+    ++R.outstanding;
   }
+  for (size_t i = 0; i < params.size(); ++i) *params[i].slot = full[i];
+  current = inst;
+  current_full = std::move(full);
+  state = TrainingState::forward;
+}
+
+void Unit::post_forward(Tensor& y) {
+  if (state != TrainingState::forward) return;  // a failed pre-forward: nothing to undo
+  if (nested > 0) {
+    --nested;
+    return;
+  }
+  state = TrainingState::idle;
   for (ShardedParam& p : params) *p.slot = p.shard;
-  full.clear();
+  current_full.clear();
+  std::shared_ptr<Instance> inst = std::move(current);
+  current.reset();
+  if (!y.defined()) return;  // the forward failed
+  RootState& R = *root;
   if (is_root) {
     R.order.clear();
     for (auto& w : R.now)
       if (auto i = w.lock()) R.order.push_back(i->unit);
   }
-  if (!inst->armed || !y.defined() || !y.requires_grad()) return y;
+  if (inst->grad_state != GradState::pending || !y.requires_grad()) return;
   // Traced: the graph keeps the gathered values until their last backward reader (its buffer
   // planner frees them), so there is nothing to release and regather.
-  if (!is_root && opts.reshard_after_forward && !traced) inst->release();
+  if (!is_root && opts.reshard_after_forward && !tracing()) inst->release();
+  std::weak_ptr<Instance> weak = inst;
   Tensor out = fresh_alias(y);
   Tensor ins[1] = {y}, outs[1] = {out};
   attach_backward(
@@ -233,7 +244,21 @@ Tensor Unit::call(const std::function<Tensor()>& f) {
         gin[0] = g[0];
       },
       true);
-  return outs[0];
+  y = outs[0];
+}
+
+Tensor Unit::call(const std::function<Tensor()>& f) {
+  pre_forward();
+  Tensor y;
+  try {
+    y = f();
+  } catch (...) {
+    Tensor none;
+    post_forward(none);
+    throw;
+  }
+  post_forward(y);
+  return y;
 }
 
 std::vector<std::shared_ptr<Unit>> RootState::live_units() const {
@@ -265,36 +290,32 @@ void RootState::finalize() {
 using detail::ShardedParam;
 using detail::Unit;
 
-FSDPModule::FSDPModule(std::shared_ptr<Unit> unit) : unit_(std::move(unit)) {
+FSDPModule::FSDPModule(std::shared_ptr<Module> module, std::shared_ptr<Unit> unit)
+    : module_(std::move(module)), unit_(std::move(unit)) {
   // The wrapped module's members under their own names, so names and parameters() are unchanged.
-  for (auto& [name, slot] : unit_->module->parameter_slots(false)) register_parameter(name, *slot);
-  for (auto& [name, child] : unit_->module->named_children()) register_module(name, child);
+  for (auto& [name, slot] : module_->parameter_slots(false)) register_parameter(name, *slot);
+  for (auto& [name, child] : module_->named_children()) register_module(name, child);
 }
 
 FSDPModule::~FSDPModule() = default;
 
-Tensor FSDPModule::forward(const Tensor& x) {
-  Tensor in = x;
-  const auto& mp = unit_->opts.mixed_precision;
-  if (mp && mp->cast_forward_inputs && in.defined() && is_floating(in.dtype()) && in.dtype() != mp->param_dtype)
-    in = in.to(mp->param_dtype);
-  return unit_->call([&] { return unit_->module->forward(in); });
-}
+// The module's hooks gather, cast and release: calling it through them is its sharded forward.
+Tensor FSDPModule::forward(const Tensor& x) { return (*module_)(x); }
 
 Tensor FSDPModule::run(const std::function<Tensor()>& f) { return unit_->call(f); }
 
-std::string FSDPModule::type_name() const { return "FSDP(" + unit_->module->type_name() + ")"; }
-Module& FSDPModule::module() const { return *unit_->module; }
+std::string FSDPModule::type_name() const { return "FSDP(" + module_->type_name() + ")"; }
+Module& FSDPModule::module() const { return *module_; }
 const dist::ProcessGroupPtr& FSDPModule::group() const { return unit_->pg; }
 
 FSDPModule::MemoryStats FSDPModule::memory_stats() const {
   MemoryStats m;
   for (auto& w : unit_->root->now)
-    if (auto i = w.lock(); i && !i->released)
+    if (auto i = w.lock(); i && i->param_state == detail::ParamState::unsharded)
       for (const Tensor& t : i->full) m.gathered_bytes += static_cast<int64_t>(t.nbytes());
   for (auto& u : unit_->root->live_units()) {
     for (const ShardedParam& p : u->params) m.shard_bytes += static_cast<int64_t>(p.shard.nbytes());
-    if (u->gathering) m.gathered_bytes += static_cast<int64_t>(u->gather_out.nbytes());
+    if (u->gather == detail::GatherState::in_flight) m.gathered_bytes += static_cast<int64_t>(u->gather_out.nbytes());
   }
   return m;
 }
@@ -366,7 +387,7 @@ std::shared_ptr<FSDPModule> fully_shard(std::shared_ptr<Module> module, dist::Pr
               "fully_shard: mixed precision dtypes must be floating point, got param {} and reduce {}",
               dtype_name(mp->param_dtype), dtype_name(mp->reduce_dtype));
   auto u = std::make_shared<Unit>();
-  u->module = module;
+  u->module = module.get();
   u->pg = group;
   u->rank = group->rank();
   u->world = group->size();
@@ -442,7 +463,17 @@ std::shared_ptr<FSDPModule> fully_shard(std::shared_ptr<Module> module, dist::Pr
     std::lock_guard<std::mutex> lock(detail::g_mu);
     detail::registry()[module.get()] = u;
   }
-  return std::make_shared<FSDPModule>(u);
+  // The module's forward hooks own the unit: it lives as long as the module, called through
+  // its hooks (operator(), Module::call) or through the handle.
+  module->register_forward_pre_hook([u](Module&, std::vector<Tensor>& inputs) {
+    const auto& mp = u->opts.mixed_precision;
+    if (mp && mp->cast_forward_inputs && u->state == detail::TrainingState::idle)
+      for (Tensor& in : inputs)
+        if (in.defined() && is_floating(in.dtype()) && in.dtype() != mp->param_dtype) in = in.to(mp->param_dtype);
+    u->pre_forward();
+  });
+  module->register_forward_hook([u](Module&, std::span<const Tensor>, Tensor& out) { u->post_forward(out); }, true);
+  return std::make_shared<FSDPModule>(module, u);
 }
 
 }  // namespace tpu::nn::parallel

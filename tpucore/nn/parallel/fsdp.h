@@ -1,10 +1,10 @@
 // Fully sharded data parallelism (ZeRO-3, in the style of PyTorch's FSDP2 `fully_shard`).
 //
 //   auto mesh = tpu::dist::DeviceMesh({world}, {"dp"});
-//   for (auto& block : model->blocks) block = nn::parallel::fully_shard(block, mesh);  // units
-//   auto root = nn::parallel::fully_shard(model, mesh);          // the rest (embedding, head)
+//   for (auto& layer : lm->model->layers) nn::parallel::fully_shard(layer, mesh);  // units
+//   auto root = nn::parallel::fully_shard(lm, mesh);             // the rest (embedding, head)
 //   tpu::optim::AdamW opt(root->parameters(), {});               // shards only
-//   loss = cross_entropy(root->forward(ids), targets); loss.backward(); opt.step();
+//   loss = cross_entropy((*lm)(ids), targets); loss.backward(); opt.step();
 //
 // Every parameter of a unit is split along dim 0 over the mesh axis: rank r keeps rows
 // [r c, (r + 1) c) of each (c = ceil(rows / ranks); the last ranks may hold fewer or none) as a
@@ -18,9 +18,12 @@
 // shards' .grad; the full parameters are freed. When the last unit's gradients are scattered,
 // backward() returns with every shard's .grad set (accumulated when already set).
 //
-// A unit's module must be called through the handle fully_shard returns (forward(x), or run(f)
-// for other signatures): store the handle where the parent calls the layer (a vector of
-// shared_ptr<Module>, a Sequential child). Inside tpu::compile the gathers and reduce-scatters
+// fully_shard installs forward hooks on the module (nn::Module::register_forward_pre_hook): a
+// unit runs sharded whenever its module is called through its hooks (operator()(x),
+// Module::call, which models::DecoderLayer::forward uses), so a model is called as it is, or
+// through the handle fully_shard returns (forward(x), or run(f) around a forward that calls no
+// hooks itself). Calling a module's forward() directly skips the hooks: store the handle where
+// the parent calls such a layer that way (a vector of shared_ptr<Module>). Inside tpu::compile the gathers and reduce-scatters
 // become graph nodes: a whole training step (zero_grad, forward, backward, optimizer step) is one
 // graph; the gathered parameters are then graph values kept from the forward to their last
 // backward reader (no release and regather), and the graph's scheduler does the prefetching.
@@ -60,7 +63,7 @@ namespace detail { struct Unit; }
 
 class FSDPModule : public Module {
  public:
-  explicit FSDPModule(std::shared_ptr<detail::Unit> unit);
+  FSDPModule(std::shared_ptr<Module> module, std::shared_ptr<detail::Unit> unit);
   ~FSDPModule() override;
   Tensor forward(const Tensor& x) override;
   // A forward of another signature: f calls the wrapped module while its parameters are gathered.
@@ -105,6 +108,7 @@ class FSDPModule : public Module {
   detail::Unit& unit() const { return *unit_; }
 
  private:
+  std::shared_ptr<Module> module_;
   std::shared_ptr<detail::Unit> unit_;
 };
 

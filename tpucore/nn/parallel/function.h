@@ -1,4 +1,4 @@
-// Custom differentiable functions for the sharded layers (internal to tpucore/nn/sharded): an
+// Custom differentiable functions for the sharded layers (internal to tpucore/nn/parallel): an
 // output computed by plain C++ under no-grad (a collective, a copy out of a gathered buffer) gets
 // an autograd node whose backward is a closure, e.g. all-reduce forward / identity backward.
 #pragma once

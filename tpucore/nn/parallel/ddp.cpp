@@ -1,12 +1,12 @@
 // DistributedDataParallel: bucketed gradient averaging driven by post-accumulate-grad hooks.
-#include "tpucore/nn/ddp.h"
+#include "tpucore/nn/parallel/ddp.h"
 
 #include <fmt/ranges.h>
 
 #include "tpucore/autograd.h"
 #include "tpucore/ops.h"
 
-namespace tpu::nn {
+namespace tpu::nn::parallel {
 
 struct DistributedDataParallel::Param {
   std::string name;
@@ -195,4 +195,4 @@ std::vector<std::string> DistributedDataParallel::bucket_parameters(int64_t b) c
   return names;
 }
 
-}  // namespace tpu::nn
+}  // namespace tpu::nn::parallel

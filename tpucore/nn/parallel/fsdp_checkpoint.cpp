@@ -6,7 +6,7 @@
 #include <set>
 
 #include "tpucore/autograd.h"
-#include "tpucore/nn/sharded/fsdp_internal.h"
+#include "tpucore/nn/parallel/fsdp_internal.h"
 #include "tpucore/ops.h"
 #include "tpucore/optim.h"
 #include "tpucore/safetensors.h"

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "tpucore/nn/sharded/fsdp.h"
+#include "tpucore/nn/parallel/fsdp.h"
 
 namespace tpu::nn::parallel::detail {
 
@@ -23,9 +23,17 @@ struct ShardedParam {
 };
 
 struct RootState;
+struct Instance;
+
+// Whether a forward of the unit is running (its parameters are in the module's slots); a hook
+// entered again while it runs (a handle's run() around a module that calls its own hooks) nests.
+enum class TrainingState { idle, forward };
+// Whether an all-gather of the unit's shards is in flight (started ahead of use by a prefetch).
+enum class GatherState { none, in_flight };
 
 struct Unit : std::enable_shared_from_this<Unit> {
-  std::shared_ptr<Module> module;
+  // The wrapped module: its forward hooks own this unit (so not a shared_ptr: no cycle).
+  Module* module = nullptr;
   dist::ProcessGroupPtr pg;
   int rank = 0, world = 1;
   FSDPOptions opts;
@@ -35,10 +43,13 @@ struct Unit : std::enable_shared_from_this<Unit> {
   Device device;
   bool is_root = true;
   std::shared_ptr<RootState> root;
-  // A gather in flight (started ahead of use by a prefetch).
-  bool gathering = false;
+  GatherState gather = GatherState::none;
   dist::Work gather_work;
   Tensor gather_in, gather_out;
+  TrainingState state = TrainingState::idle;
+  int nested = 0;                    // hook entries nested inside the running forward
+  std::shared_ptr<Instance> current;  // the running forward
+  std::vector<Tensor> current_full;   // its full parameters (in the module's slots)
 
   Tensor pack_shards(DType dtype) const;  // [flat]
   void start_gather();                    // in compute_dtype; no-op when one is in flight
@@ -48,6 +59,11 @@ struct Unit : std::enable_shared_from_this<Unit> {
   void fill(const Tensor& gathered, const std::vector<Tensor>& full) const;
   // Synchronous full tensors in `dtype` (checkpoints).
   std::vector<Tensor> gather_full(DType dtype);
+  // Around a forward of the module (its hooks, or a handle's run()): gathers the parameters into
+  // the module's slots; after it, puts the shards back and arms the backward hooks. y undefined:
+  // the forward failed (the shards go back, nothing is armed).
+  void pre_forward();
+  void post_forward(Tensor& y);
   Tensor call(const std::function<Tensor()>& f);
 };
 
@@ -56,8 +72,6 @@ struct PendingReduce {
   dist::Work work;
   Tensor in, out;
 };
-
-struct Instance;
 
 struct RootState {
   std::vector<std::weak_ptr<Unit>> units;  // the root first, then the units below it

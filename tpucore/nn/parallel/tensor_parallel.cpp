@@ -1,7 +1,7 @@
-#include "tpucore/nn/sharded/tensor_parallel.h"
+#include "tpucore/nn/parallel/tensor_parallel.h"
 
 #include "tpucore/autograd.h"
-#include "tpucore/nn/sharded/function.h"
+#include "tpucore/nn/parallel/function.h"
 #include "tpucore/ops.h"
 
 namespace tpu::nn::parallel {

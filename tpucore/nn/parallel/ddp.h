@@ -1,7 +1,7 @@
 // Data-parallel training over tpu::dist (as torch.nn.parallel.DistributedDataParallel).
 //
 //   auto model = std::make_shared<tpu::nn::MLP>(...);        // same architecture on every rank
-//   tpu::nn::DistributedDataParallel ddp(model);             // broadcasts rank 0's parameters
+//   tpu::nn::parallel::DistributedDataParallel ddp(model);             // broadcasts rank 0's parameters
 //   optim::AdamW opt(model->parameters(), {...});
 //   for (auto& [x, y] : loader) {                             // each rank its own shard
 //     opt.zero_grad();
@@ -32,7 +32,7 @@
 #include "tpucore/dist.h"
 #include "tpucore/nn/module.h"
 
-namespace tpu::nn {
+namespace tpu::nn::parallel {
 
 struct DDPOptions {
   dist::ProcessGroupPtr group;             // null: the default group (the world)
@@ -103,4 +103,4 @@ class DistributedDataParallel {
   Stats stats_;
 };
 
-}  // namespace tpu::nn
+}  // namespace tpu::nn::parallel

@@ -1,4 +1,4 @@
-#include "tpucore/nn/sharded/function.h"
+#include "tpucore/nn/parallel/function.h"
 
 #include <map>
 #include <memory>

@@ -1,0 +1,133 @@
+// Tensor parallelism applied from outside to the Hub model family: a Qwen3-shaped
+// models::CausalLM (from a config.json text) parallelized by nn::parallel::causal_lm_plan, with
+// or without sequence parallelism, and on a 2-D mesh also fully sharded over "dp"; trained
+// against the same model trained in one process on the whole batch (no parallel code there).
+#include "model.h"
+#include "tpucore/models.h"
+#include "tpucore/nn/parallel/fsdp.h"
+#include "tpucore/nn/parallel/parallelize.h"
+
+namespace sharded_test {
+
+using namespace tpu::nn::parallel;
+
+namespace {
+
+models::ModelConfig hub_config(bool tied) {
+  return models::ModelConfig::from_json(fmt::format(
+      R"({{"model_type": "qwen3", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 24,
+          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+          "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": {}}})",
+      tied ? "true" : "false"));
+}
+
+std::shared_ptr<models::CausalLM> make_lm(bool tied) {
+  Generator g(11);
+  return std::make_shared<models::CausalLM>(hub_config(tied), &g);
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The part of a reference tensor that tensor-parallel rank r of n holds (Megatron layout by
+// name: column-parallel rows, row-parallel columns, the rest whole).
+Tensor hub_part(const std::string& name, const Tensor& full, int r, int n) {
+  int dim = -1;
+  for (const char* s : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight",
+                        "lm_head.weight"})
+    if (ends_with(name, s)) dim = 0;
+  for (const char* s : {"o_proj.weight", "down_proj.weight"})
+    if (ends_with(name, s)) dim = 1;
+  if (dim < 0) return full;
+  const int64_t k = full.size(dim) / n;
+  return narrow(full, dim, r * k, k).contiguous();
+}
+
+struct HubReference {
+  std::vector<double> losses;
+  std::map<std::string, Tensor> grads0;
+  nn::StateDict final_params;
+};
+
+HubReference train_hub_reference(bool tied, int steps, int64_t vocab) {
+  HubReference ref;
+  auto lm = make_lm(tied);
+  auto opt = make_opt("adamw", lm->parameters());
+  for (int s = 0; s < steps; ++s) {
+    Tensor tok = batch_tokens(s, kBatch, kSeq, vocab);
+    Tensor ids = narrow(tok, 1, 0, kSeq).contiguous(), tgt = narrow(tok, 1, 1, kSeq).contiguous();
+    Tensor loss = lm_loss(lm->forward(ids), tgt);
+    loss.backward();
+    ref.losses.push_back(loss.item<double>());
+    if (s == 0)
+      for (auto& [n, p] : lm->named_parameters()) ref.grads0[n] = p.grad().clone();
+    opt->step();
+    opt->zero_grad();
+  }
+  ref.final_params = lm->state_dict();
+  return ref;
+}
+
+}  // namespace
+
+// argv: tensor-parallel size, sequence parallelism, tied embeddings; world / tp ranks along
+// "dp" fully shard the tensor-parallel model (each decoder layer a unit, the rest the root).
+int scenario_tp_hub(int tp, bool sequence, bool tied) {
+  const int world = dist::get_world_size();
+  const int dp = world / tp;
+  const int steps = 3;
+  const int64_t vocab = 32;
+  HubReference ref = train_hub_reference(tied, steps, vocab);
+  dist::DeviceMesh mesh({dp, tp}, {"dp", "tp"});
+  const int dp_rank = mesh.coordinate()[0], tp_rank = mesh.coordinate()[1];
+  auto lm = make_lm(tied);
+  parallelize_module(*lm, mesh.group("tp"), causal_lm_plan(*lm, sequence));
+  check(lm->model->layers[0]->self_attn->q_proj->weight.size(0) == 32 / tp, "q_proj rows split over tp");
+  std::shared_ptr<FSDPModule> root;
+  if (dp > 1) {
+    FSDPOptions o;
+    o.mesh_axis = "dp";
+    for (auto& l : lm->model->layers) fully_shard(l, mesh, o);
+    root = fully_shard(lm, mesh, o);
+  }
+  auto opt = make_opt("adamw", lm->parameters());
+  for (int step = 0; step < steps; ++step) {
+    Tensor tok = batch_tokens(step, kBatch, kSeq, vocab);
+    Tensor mine = narrow(tok, 0, dp_rank * (kBatch / dp), kBatch / dp);
+    Tensor ids = narrow(mine, 1, 0, kSeq).contiguous(), tgt = narrow(mine, 1, 1, kSeq).contiguous();
+    Tensor logits = (*lm)(ids);  // the model as it is: the plan's and fully_shard's hooks do the rest
+    check(logits.size(-1) == vocab && logits.size(1) == kSeq, "logits whole on every rank");
+    Tensor loss = lm_loss(logits, tgt);
+    loss.backward();
+    Tensor l = loss.detach().clone();
+    dist::all_reduce(l, dist::ReduceOp::avg);
+    const double want = ref.losses[static_cast<size_t>(step)];
+    check(std::fabs(l.item<double>() - want) <= 2e-5 * std::max(1.0, std::fabs(want)),
+          fmt::format("step {} loss {} vs reference {}", step, l.item<double>(), want));
+    if (step == 0)
+      for (auto& [n, p] : lm->named_parameters()) {
+        Tensor want_g = hub_part(n, ref.grads0.at(n), tp_rank, tp);
+        if (dp > 1) want_g = my_rows(want_g, dp_rank, dp);
+        const double d = p.grad().defined() ? max_abs_diff(p.grad(), want_g) : INFINITY;
+        check(d <= 1e-5, fmt::format("step 0 gradient of {}: max diff {}", n, d));
+      }
+    opt->step();
+    opt->zero_grad();
+  }
+  nn::StateDict got;
+  if (root) got = root->full_state_dict();
+  else
+    for (auto& [n, p] : lm->named_parameters()) got[n] = p.detach();
+  check(got.size() == ref.final_params.size(), "every parameter is there");
+  for (auto& [n, want] : ref.final_params) {
+    auto it = got.find(n);
+    check(it != got.end(), "has " + n);
+    if (it == got.end()) continue;
+    const double d = max_abs_diff(it->second, hub_part(n, want, tp_rank, tp));
+    check(d <= 1e-4, fmt::format("final {}: max diff {} to the reference slice", n, d));
+  }
+  return 0;
+}
+
+}  // namespace sharded_test

@@ -1,0 +1,226 @@
+// parallelize_module: parameters replaced by this rank's blocks, collectives in forward hooks.
+#include "tpucore/nn/parallel/parallelize.h"
+
+#include <memory>
+
+#include "tpucore/autograd.h"
+#include "tpucore/nn/layers.h"
+#include "tpucore/nn/parallel/tensor_parallel.h"
+#include "tpucore/ops.h"
+
+namespace tpu::nn::parallel {
+
+ParallelStyle ColwiseParallel(Layout input, Layout output) {
+  return {ParallelStyle::Kind::colwise, input, output};
+}
+ParallelStyle RowwiseParallel(Layout input, Layout output) {
+  return {ParallelStyle::Kind::rowwise, input, output};
+}
+ParallelStyle ReplicateParallel(Layout input, Layout output) {
+  return {ParallelStyle::Kind::replicate, input, output};
+}
+ParallelStyle SequenceParallel() { return ReplicateParallel(Layout::shard_seq, Layout::shard_seq); }
+ParallelStyle PrepareModuleOutput(Layout from, Layout to) {
+  return {ParallelStyle::Kind::prepare_output, from, to};
+}
+ParallelStyle PrepareModuleInput(Layout from, Layout to) {
+  return {ParallelStyle::Kind::prepare_input, from, to};
+}
+
+namespace {
+
+const char* layout_name(Layout l) {
+  switch (l) {
+    case Layout::replicate: return "replicate";
+    case Layout::shard_last: return "shard_last";
+    case Layout::shard_seq: return "shard_seq";
+  }
+  return "?";
+}
+
+// Dim 1 and the last dim swapped: the sequence collectives are the last-dim ones in between.
+Tensor seq_last(const Tensor& x, const char* who) {
+  TPU_CHECK(x.dim() >= 2, "{}: a sequence layout needs an activation [batch, seq, ...], got shape {}", who,
+            x.shape().str());
+  return x.dim() == 2 ? x : transpose(x, 1, -1);
+}
+
+// From one layout to another, with the conjugate collective in backward: a replicated tensor's
+// gradient is whole on every rank, a shard's is the rank's part of it.
+Tensor redistribute(const Tensor& x, Layout from, Layout to, const dist::ProcessGroupPtr& g, const std::string& who) {
+  if (from == to) return x;
+  const char* w = who.c_str();
+  if (from == Layout::replicate && to == Layout::shard_last) return scatter_to_tp(x, g);
+  if (from == Layout::shard_last && to == Layout::replicate) return gather_from_tp(x, g);
+  if (from == Layout::replicate && to == Layout::shard_seq) {
+    TPU_CHECK(x.dim() >= 2 && x.size(1) % g->size() == 0,
+              "{}: the sequence ({} of shape {}) does not split over {} ranks", who, x.dim() >= 2 ? x.size(1) : 0,
+              x.shape().str(), g->size());
+    Tensor t = seq_last(x, w);
+    Tensor s = scatter_to_tp(t.contiguous(), g);
+    return x.dim() == 2 ? s : transpose(s, 1, -1);
+  }
+  if (from == Layout::shard_seq && to == Layout::replicate) {
+    Tensor t = seq_last(x, w);
+    Tensor s = gather_from_tp(t.contiguous(), g);
+    return x.dim() == 2 ? s : transpose(s, 1, -1);
+  }
+  fail("{}: no redistribution from {} to {}", who, layout_name(from), layout_name(to));
+}
+
+bool matches(const std::string& pattern, const std::string& name) {
+  size_t p = 0, n = 0;
+  while (true) {
+    const size_t pe = pattern.find('.', p), ne = name.find('.', n);
+    const std::string pc = pattern.substr(p, pe == std::string::npos ? std::string::npos : pe - p);
+    const std::string nc = name.substr(n, ne == std::string::npos ? std::string::npos : ne - n);
+    if (pc != "*" && pc != nc) return false;
+    if (pe == std::string::npos || ne == std::string::npos) return pe == ne;
+    p = pe + 1;
+    n = ne + 1;
+  }
+}
+
+// This rank's block of `full` along `dim` as a new leaf (full.size(dim) must divide by n).
+Tensor block(const Tensor& full, int dim, const dist::ProcessGroupPtr& g, const std::string& who, const char* what) {
+  const int n = g->size();
+  TPU_CHECK(full.size(dim) % n == 0, "parallelize_module: {}.{} has {} {}, not a multiple of the tensor-parallel size {}",
+            who, what, full.size(dim), dim == 0 ? "rows" : "columns", n);
+  NoGradGuard ng;
+  const int64_t k = full.size(dim) / n;
+  Tensor t = narrow(full.detach(), dim, g->rank() * k, k).contiguous().clone();
+  t.requires_grad_(full.requires_grad());
+  return t;
+}
+
+// The slots of `m`'s own parameters, swapped for copy_to_tp aliases while a forward runs (their
+// gradients are then summed over the group).
+struct ReplicatedParams {
+  std::vector<std::pair<Tensor*, Tensor>> saved;
+  void enter(Module& m, const dist::ProcessGroupPtr& g) {
+    for (auto& [n, slot] : m.parameter_slots(false)) {
+      saved.emplace_back(slot, *slot);
+      *slot = copy_to_tp(*slot, g);
+    }
+  }
+  void leave() {
+    for (auto& [slot, t] : saved) *slot = t;
+    saved.clear();
+  }
+};
+
+void apply(const std::string& name, Module& m, const ParallelStyle& st, const dist::ProcessGroupPtr& g) {
+  using K = ParallelStyle::Kind;
+  const Layout in = st.input, out = st.output;
+  if (st.kind == K::colwise || st.kind == K::rowwise) {
+    auto* lin = dynamic_cast<Linear*>(&m);
+    TPU_CHECK(lin != nullptr, "parallelize_module: {} is a {}, but {} parallelism needs a Linear", name, m.type_name(),
+              st.kind == K::colwise ? "column" : "row");
+    const bool col = st.kind == K::colwise;
+    TPU_CHECK(col ? (in == Layout::replicate || in == Layout::shard_seq) && out != Layout::shard_seq
+                  : (in == Layout::replicate || in == Layout::shard_last) && out != Layout::shard_last,
+              "parallelize_module: {}: {} parallelism cannot take {} input to {} output", name, col ? "column" : "row",
+              layout_name(in), layout_name(out));
+    lin->weight = block(lin->weight, col ? 0 : 1, g, name, "weight");
+    if (col && lin->bias.defined()) lin->bias = block(lin->bias, 0, g, name, "bias");
+    if (col) {
+      m.register_forward_pre_hook([g, in, name](Module&, std::vector<Tensor>& x) {
+        x[0] = copy_to_tp(redistribute(x[0], in, Layout::replicate, g, name), g);
+      });
+      m.register_forward_hook([g, out, name](Module&, std::span<const Tensor>, Tensor& y) {
+        y = redistribute(y, Layout::shard_last, out, g, name);
+      });
+      return;
+    }
+    // Row: the bias is added once, after the partial outputs are summed.
+    auto stash = std::make_shared<Tensor>();
+    m.register_forward_pre_hook([g, in, name, lin, stash](Module&, std::vector<Tensor>& x) {
+      x[0] = redistribute(x[0], in, Layout::shard_last, g, name);
+      *stash = lin->bias;
+      lin->bias = Tensor();
+    });
+    m.register_forward_hook(
+        [g, out, name, lin, stash](Module&, std::span<const Tensor>, Tensor& y) {
+          if (stash->defined()) lin->bias = *stash;
+          *stash = Tensor();
+          if (!y.defined()) return;
+          y = reduce_from_tp(y, g);
+          if (lin->bias.defined()) y = add(y, lin->bias);
+          y = redistribute(y, Layout::replicate, out, g, name);
+        },
+        true);
+    return;
+  }
+  if (st.kind == K::prepare_input) {
+    m.register_forward_pre_hook([g, in, out, name](Module&, std::vector<Tensor>& x) {
+      TPU_CHECK(!x.empty(), "parallelize_module: {}: the module's hooked forward has no tensor input", name);
+      x[0] = redistribute(x[0], in, out, g, name);
+    });
+    return;
+  }
+  if (st.kind == K::prepare_output) {
+    m.register_forward_hook([g, in, out, name](Module&, std::span<const Tensor>, Tensor& y) {
+      y = redistribute(y, in, out, g, name);
+    });
+    return;
+  }
+  TPU_CHECK(in != Layout::shard_last && out != Layout::shard_last,
+            "parallelize_module: {}: replicated parameters take replicate or shard_seq activations", name);
+  auto params = std::make_shared<ReplicatedParams>();
+  m.register_forward_pre_hook([g, params](Module& self, std::vector<Tensor>&) { params->enter(self, g); });
+  m.register_forward_hook(
+      [g, in, out, name, params](Module&, std::span<const Tensor>, Tensor& y) {
+        params->leave();
+        if (y.defined()) y = redistribute(y, in, out, g, name);
+      },
+      true);
+}
+
+}  // namespace
+
+void parallelize_module(Module& root, const dist::ProcessGroupPtr& group, const ParallelPlan& plan) {
+  TPU_CHECK(group != nullptr && group->is_member(), "parallelize_module: this rank is not a member of the group");
+  auto modules = root.named_modules();
+  for (const auto& [pattern, style] : plan) {
+    int hits = 0;
+    for (auto& [name, m] : modules)
+      if (matches(pattern, name)) {
+        apply(name, *m, style, group);
+        ++hits;
+      }
+    TPU_CHECK(hits > 0, "parallelize_module: the plan's pattern '{}' matches no module of the {}", pattern,
+              root.type_name());
+  }
+}
+
+ParallelPlan causal_lm_plan(const Module& model, bool sequence) {
+  bool qk_norm = false, head = false;
+  for (auto& [name, m] : model.named_modules()) {
+    if (matches("model.layers.*.self_attn.q_norm", name)) qk_norm = true;
+    if (name == "lm_head") head = true;
+  }
+  const Layout stream = sequence ? Layout::shard_seq : Layout::replicate;
+  ParallelPlan p;
+  if (sequence) {
+    p.emplace_back("model.embed_tokens", PrepareModuleOutput(Layout::replicate, Layout::shard_seq));
+    p.emplace_back("model.layers.*.input_layernorm", SequenceParallel());
+    p.emplace_back("model.layers.*.post_attention_layernorm", SequenceParallel());
+    p.emplace_back("model.norm", ReplicateParallel(Layout::shard_seq, Layout::replicate));
+    // Attention mixes positions: it takes the whole sequence.
+    p.emplace_back("model.layers.*.self_attn", PrepareModuleInput(Layout::shard_seq, Layout::replicate));
+  }
+  for (const char* n : {"q_proj", "k_proj", "v_proj"})
+    p.emplace_back(std::string("model.layers.*.self_attn.") + n, ColwiseParallel());
+  p.emplace_back("model.layers.*.self_attn.o_proj", RowwiseParallel(Layout::shard_last, stream));
+  if (qk_norm) {
+    p.emplace_back("model.layers.*.self_attn.q_norm", ReplicateParallel());
+    p.emplace_back("model.layers.*.self_attn.k_norm", ReplicateParallel());
+  }
+  p.emplace_back("model.layers.*.mlp.gate_proj", ColwiseParallel(stream));
+  p.emplace_back("model.layers.*.mlp.up_proj", ColwiseParallel(stream));
+  p.emplace_back("model.layers.*.mlp.down_proj", RowwiseParallel(Layout::shard_last, stream));
+  if (head) p.emplace_back("lm_head", ColwiseParallel(Layout::replicate, Layout::replicate));
+  return p;
+}
+
+}  // namespace tpu::nn::parallel
