@@ -1,7 +1,8 @@
-// The options of the StableHLO export (tpucore/export.h): which function name and attribute
-// syntax the module is written with, and the StableHLO version it targets. Kept apart (it needs
-// nothing else) so the public header and graph/stablehlo.h share it; installed with the public
-// headers.
+/// @file
+/// The options of the StableHLO export (tpucore/export.h): which function name and attribute
+/// syntax the module is written with, and the StableHLO version it targets. Kept apart (it needs
+/// nothing else) so the public header and graph/stablehlo.h share it; installed with the public
+/// headers.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,6 @@
-// Data: IDX files (the MNIST family's format, plain or gzip-compressed), Fashion-MNIST from
-// Debian's dataset-fashion-mnist package, and a DataLoader that batches (input, target) rows.
+/// @file
+/// Data: IDX files (the MNIST family's format, plain or gzip-compressed), Fashion-MNIST from
+/// Debian's dataset-fashion-mnist package, and a DataLoader that batches (input, target) rows.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +24,7 @@ namespace tpu::data {
 // a truncated file, trailing bytes, or a corrupt gzip stream is a tpu::Error naming the file.
 Tensor read_idx(const std::string& path);
 Tensor parse_idx(std::span<const uint8_t> bytes, std::string_view name = "<memory>");
-// Decompresses a gzip (or zlib) stream; concatenated gzip members are joined.
+/// Decompresses a gzip (or zlib) stream; concatenated gzip members are joined.
 std::vector<uint8_t> gunzip(std::span<const uint8_t> bytes, std::string_view name = "<memory>");
 
 // ---------------- datasets ----------------
@@ -35,13 +36,13 @@ struct TensorDataset {
 
 enum class Split { train, test };
 
-// Fashion-MNIST: inputs u8 [N, 28, 28] (N = 60000 train, 10000 test), targets i32 [N] class
-// indices 0-9. The directory is `dir` if given, else $TPU_FASHION_MNIST_DIR, else Debian's
-// /usr/share/datasets/fashion-mnist; files may be plain or .gz. Missing files are a tpu::Error
-// that says how to install the package.
+/// Fashion-MNIST: inputs u8 [N, 28, 28] (N = 60000 train, 10000 test), targets i32 [N] class
+/// indices 0-9. The directory is `dir` if given, else $TPU_FASHION_MNIST_DIR, else Debian's
+/// /usr/share/datasets/fashion-mnist; files may be plain or .gz. Missing files are a tpu::Error
+/// that says how to install the package.
 TensorDataset load_fashion_mnist(Split split, const std::string& dir = {});
-std::string fashion_mnist_dir(const std::string& dir = {});  // the directory that would be used
-bool fashion_mnist_available(const std::string& dir = {});   // all four files are present
+std::string fashion_mnist_dir(const std::string& dir = {});  ///< the directory that would be used
+bool fashion_mnist_available(const std::string& dir = {});   ///< all four files are present
 inline constexpr const char* kFashionMnistClasses[10] = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
                                                           "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
 
@@ -50,39 +51,39 @@ struct Batch {
   Tensor inputs, targets;
 };
 using Transform = std::function<Tensor(const Tensor&)>;
-// A transform to f32 times `scale` (u8 pixels to [0, 1] by default), optionally flattened
-// to [batch, rest] (for MLPs).
+/// A transform to f32 times `scale` (u8 pixels to [0, 1] by default), optionally flattened
+/// to [batch, rest] (for MLPs).
 Transform to_float(double scale = 1.0 / 255.0, bool flatten = false);
 
 struct DataLoaderOptions {
   int64_t batch_size = 64;
   bool shuffle = false;
-  uint64_t seed = 0;       // epoch e uses the permutation of Generator(seed + e)
-  bool drop_last = false;  // drop a last batch smaller than batch_size
-  Transform transform = {};          // applied to each batch's inputs (after gathering)
-  Transform target_transform = {};   // applied to each batch's targets
-  std::optional<Device> device = {};  // batches are moved here (after the transforms)
+  uint64_t seed = 0;       ///< epoch e uses the permutation of Generator(seed + e)
+  bool drop_last = false;  ///< drop a last batch smaller than batch_size
+  Transform transform = {};          ///< applied to each batch's inputs (after gathering)
+  Transform target_transform = {};   ///< applied to each batch's targets
+  std::optional<Device> device = {};  ///< batches are moved here (after the transforms)
 };
 
-// Iterates a dataset in batches of gathered, contiguous rows:
-//   for (const auto& [x, y] : loader) ...
-// Each begin() starts the next epoch (0, 1, 2, ...; set_epoch() picks it, e.g. on resume):
-// with shuffle, the order is the permutation for (seed + epoch); without, it is 0..N-1.
+/// Iterates a dataset in batches of gathered, contiguous rows:
+///   for (const auto& [x, y] : loader) ...
+/// Each begin() starts the next epoch (0, 1, 2, ...; set_epoch() picks it, e.g. on resume):
+/// with shuffle, the order is the permutation for (seed + epoch); without, it is 0..N-1.
 class DataLoader {
  public:
   DataLoader(TensorDataset dataset, DataLoaderOptions options);
   DataLoader(Tensor inputs, Tensor targets, DataLoaderOptions options)
       : DataLoader(TensorDataset{std::move(inputs), std::move(targets)}, std::move(options)) {}
 
-  int64_t size() const;  // batches per epoch
+  int64_t size() const;  ///< batches per epoch
   int64_t num_samples() const { return dataset_.size(); }
   const DataLoaderOptions& options() const { return opt_; }
   const TensorDataset& dataset() const { return dataset_; }
-  int64_t epoch() const { return next_epoch_; }  // the epoch the next begin() starts
+  int64_t epoch() const { return next_epoch_; }  ///< the epoch the next begin() starts
   void set_epoch(int64_t e) { next_epoch_ = e; }
-  // The sample order of an epoch.
+  /// The sample order of an epoch.
   std::vector<int64_t> order(int64_t epoch) const;
-  // Batch `index` of an epoch's order (0 <= index < size()).
+  /// Batch `index` of an epoch's order (0 <= index < size()).
   Batch batch(const std::vector<int64_t>& order, int64_t index) const;
 
   class Iterator {

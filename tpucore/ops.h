@@ -1,5 +1,6 @@
-// The public op API. Every function here is one registered op (or a thin composition of
-// them) and runs on the device of its inputs. Semantics follow PyTorch unless stated.
+/// @file
+/// The public op API. Every function here is one registered op (or a thin composition of
+/// them) and runs on the device of its inputs. Semantics follow PyTorch unless stated.
 #pragma once
 
 #include <cstdint>
@@ -36,8 +37,8 @@ Tensor arange(Scalar start, Scalar end, Scalar step = 1, TensorOptions o = {});
 Tensor linspace(double start, double end, int64_t steps, TensorOptions o = {});
 Tensor eye(int64_t n, std::optional<int64_t> m = std::nullopt, TensorOptions o = {});
 Tensor scalar_tensor(Scalar v, TensorOptions o = {});
-// Copies host data (converted from T to o.dtype) into a new tensor of the given shape.
-// (double data defaults to f32, int64_t to i32; a size mismatch is a tpu::Error.)
+/// Copies host data (converted from T to o.dtype) into a new tensor of the given shape.
+/// (double data defaults to f32, int64_t to i32; a size mismatch is a tpu::Error.)
 Tensor from_buffer(const void* data, DType src_dtype, const Shape& shape, TensorOptions o);
 template <class T>
 Tensor from_vector(const std::vector<T>& data, const Shape& shape, TensorOptions o);
@@ -51,31 +52,31 @@ Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);
 Tensor full_like(const Tensor& t, Scalar v);
 
-// Random numbers from a seedable generator (the global one unless given).
+/// Random numbers from a seedable generator (the global one unless given).
 class Generator {
  public:
   explicit Generator(uint64_t seed = 0x853c49e6748fea9bULL) { manual_seed(seed); }
   void manual_seed(uint64_t seed);
   uint64_t seed() const { return seed_; }
-  uint64_t next_u64();   // splitmix64 stream
-  double next_double();  // uniform in [0, 1)
+  uint64_t next_u64();   ///< splitmix64 stream
+  double next_double();  ///< uniform in [0, 1)
  private:
   uint64_t seed_ = 0, state_ = 0;
 };
 Generator& default_generator();
 void manual_seed(uint64_t seed);
-Tensor rand(const Shape& shape, TensorOptions o = {}, Generator* g = nullptr);   // U[0, 1)
-Tensor randn(const Shape& shape, TensorOptions o = {}, Generator* g = nullptr);  // N(0, 1)
+Tensor rand(const Shape& shape, TensorOptions o = {}, Generator* g = nullptr);   ///< U[0, 1)
+Tensor randn(const Shape& shape, TensorOptions o = {}, Generator* g = nullptr);  ///< N(0, 1)
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions o = TensorOptions(DType::i32),
-               Generator* g = nullptr);  // [low, high)
+               Generator* g = nullptr);  ///< [low, high)
 Tensor rand_like(const Tensor& t, Generator* g = nullptr);
 Tensor randn_like(const Tensor& t, Generator* g = nullptr);
 
 // ---------------- elementwise binary (broadcasting, type promotion) ----------------
-Tensor add(const Tensor& a, const Tensor& b, Scalar alpha = 1);  // a + alpha * b
+Tensor add(const Tensor& a, const Tensor& b, Scalar alpha = 1);  ///< a + alpha * b
 Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha = 1);
 Tensor mul(const Tensor& a, const Tensor& b);
-Tensor div(const Tensor& a, const Tensor& b);  // true division (ints promote to f32)
+Tensor div(const Tensor& a, const Tensor& b);  ///< true division (ints promote to f32)
 Tensor pow(const Tensor& a, const Tensor& b);
 Tensor maximum(const Tensor& a, const Tensor& b);
 Tensor minimum(const Tensor& a, const Tensor& b);
@@ -90,7 +91,7 @@ Tensor logical_and(const Tensor& a, const Tensor& b);
 Tensor logical_or(const Tensor& a, const Tensor& b);
 Tensor logical_xor(const Tensor& a, const Tensor& b);
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
-// Tensor-scalar forms: the scalar is a wrapped number (lowest priority in promotion).
+/// Tensor-scalar forms: the scalar is a wrapped number (lowest priority in promotion).
 Tensor add(const Tensor& a, Scalar b);
 Tensor sub(const Tensor& a, Scalar b);
 Tensor mul(const Tensor& a, Scalar b);
@@ -107,16 +108,16 @@ Tensor gt(const Tensor& a, Scalar b);
 Tensor ge(const Tensor& a, Scalar b);
 Tensor where(const Tensor& cond, const Tensor& a, Scalar b);
 Tensor where(const Tensor& cond, Scalar a, const Tensor& b);
-// A 0-d tensor made from a scalar that takes part in promotion as a wrapped number.
+/// A 0-d tensor made from a scalar that takes part in promotion as a wrapped number.
 Tensor wrap_scalar(Scalar s);
 
-// In-place forms (result cast to self's dtype; self must not need broadcasting).
+/// In-place forms (result cast to self's dtype; self must not need broadcasting).
 Tensor& add_(Tensor& self, const Tensor& b, Scalar alpha = 1);
 Tensor& sub_(Tensor& self, const Tensor& b, Scalar alpha = 1);
 Tensor& mul_(Tensor& self, const Tensor& b);
 Tensor& div_(Tensor& self, const Tensor& b);
 Tensor& fill_(Tensor& self, Scalar v);
-Tensor& copy_(Tensor& self, const Tensor& src);  // broadcasts src, converts dtype and device
+Tensor& copy_(Tensor& self, const Tensor& src);  ///< broadcasts src, converts dtype and device
 
 // ---------------- unary ----------------
 Tensor neg(const Tensor& x);
@@ -139,7 +140,7 @@ Tensor silu(const Tensor& x);
 Tensor erf(const Tensor& x);
 Tensor floor(const Tensor& x);
 Tensor ceil(const Tensor& x);
-Tensor round(const Tensor& x);  // half to even
+Tensor round(const Tensor& x);  ///< half to even
 Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> max);
 Tensor logical_not(const Tensor& x);
 Tensor isnan(const Tensor& x);
@@ -151,12 +152,12 @@ Tensor mean(const Tensor& x, const Dims& dims = {}, bool keepdim = false);
 Tensor prod(const Tensor& x, const Dims& dims = {}, bool keepdim = false);
 Tensor amax(const Tensor& x, const Dims& dims = {}, bool keepdim = false);
 Tensor amin(const Tensor& x, const Dims& dims = {}, bool keepdim = false);
-// max/min over one dim return (values, indices) like PyTorch (indices i64, as argmax/argmin).
+/// max/min over one dim return (values, indices) like PyTorch (indices i64, as argmax/argmin).
 std::tuple<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim = false);
 std::tuple<Tensor, Tensor> min(const Tensor& x, int64_t dim, bool keepdim = false);
-Tensor max(const Tensor& x);  // of all elements
+Tensor max(const Tensor& x);  ///< of all elements
 Tensor min(const Tensor& x);
-Tensor argmax(const Tensor& x, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);  // i64
+Tensor argmax(const Tensor& x, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);  ///< i64
 Tensor argmin(const Tensor& x, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
 Tensor var(const Tensor& x, const Dims& dims = {}, int64_t correction = 1, bool keepdim = false);
 Tensor std(const Tensor& x, const Dims& dims = {}, int64_t correction = 1, bool keepdim = false);
@@ -181,27 +182,27 @@ Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& we
 // defaults to 1 / sqrt(D). On sim it runs as one fused kernel (scores never leave VMEM).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask = {},
                                     bool is_causal = false, std::optional<double> scale = std::nullopt);
-// Rotary position embedding (RoPE, Hugging Face's rotate_half form): x cos + rotate_half(x) sin
-// with rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2]); x [..., D] with D even, cos/sin
-// broadcast to x (e.g. [T, D] against [B, H, T, D]). One pass on sim.
+/// Rotary position embedding (RoPE, Hugging Face's rotate_half form): x cos + rotate_half(x) sin
+/// with rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2]); x [..., D] with D even, cos/sin
+/// broadcast to x (e.g. [T, D] against [B, H, T, D]). One pass on sim.
 Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin);
 
 // ---------------- linear algebra ----------------
-Tensor matmul(const Tensor& a, const Tensor& b);  // 1-D/2-D/batched with broadcasting, as PyTorch
-Tensor mm(const Tensor& a, const Tensor& b);      // 2-D only
-Tensor bmm(const Tensor& a, const Tensor& b);     // 3-D only, same batch
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});  // x W^T + b
+Tensor matmul(const Tensor& a, const Tensor& b);  ///< 1-D/2-D/batched with broadcasting, as PyTorch
+Tensor mm(const Tensor& a, const Tensor& b);      ///< 2-D only
+Tensor bmm(const Tensor& a, const Tensor& b);     ///< 3-D only, same batch
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});  ///< x W^T + b
 
 // ---------------- views and shape ----------------
-Tensor reshape(const Tensor& x, const Shape& shape);  // one dim may be -1; copies only if needed
-Tensor view(const Tensor& x, const Shape& shape);     // never copies; error if strides forbid
+Tensor reshape(const Tensor& x, const Shape& shape);  ///< one dim may be -1; copies only if needed
+Tensor view(const Tensor& x, const Shape& shape);     ///< never copies; error if strides forbid
 Tensor permute(const Tensor& x, const Shape& dims);
 Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);
 Tensor squeeze(const Tensor& x, std::optional<int64_t> dim = std::nullopt);
 Tensor unsqueeze(const Tensor& x, int64_t dim);
-Tensor expand(const Tensor& x, const Shape& shape);  // -1 keeps a dim
+Tensor expand(const Tensor& x, const Shape& shape);  ///< -1 keeps a dim
 Tensor flatten(const Tensor& x, int64_t start_dim = 0, int64_t end_dim = -1);
-Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step = 1);  // clamps like Python
+Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step = 1);  ///< clamps like Python
 Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length);
 Tensor select(const Tensor& x, int64_t dim, int64_t index);
 Tensor contiguous(const Tensor& x);
@@ -220,13 +221,13 @@ Tensor embedding(const Tensor& weight, const Tensor& indices);
 Tensor masked_fill(const Tensor& x, const Tensor& mask, Scalar value);
 Tensor tril(const Tensor& x, int64_t diagonal = 0);
 Tensor triu(const Tensor& x, int64_t diagonal = 0);
-Tensor one_hot(const Tensor& indices, int64_t num_classes = -1);  // i32 output
+Tensor one_hot(const Tensor& indices, int64_t num_classes = -1);  ///< i32 output
 
 // ---------------- cast and move ----------------
 Tensor to(const Tensor& x, DType dtype);
 Tensor to(const Tensor& x, Device device);
 bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8, bool equal_nan = false);
-bool equal(const Tensor& a, const Tensor& b);  // same shape and values
+bool equal(const Tensor& a, const Tensor& b);  ///< same shape and values
 
 // ---------------- operators ----------------
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }

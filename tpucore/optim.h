@@ -1,13 +1,14 @@
-// Optimizers (SGD with momentum/nesterov/weight decay, AdamW), learning-rate schedules (linear
-// warmup, cosine annealing, warmup + cosine) and gradient clipping by global norm. Updates run
-// in place under no-grad, as torch.optim; parameters without a gradient are skipped.
-//
-// Inside tpu::compile the update is traced into the step's graph (in-place writes on the
-// parameters and buffers are written back after each run): buffers missing at trace time are
-// made eagerly (zeros; SGD with dampening needs one eager step first), AdamW keeps its step
-// count in a 0-d tensor that the graph increments, and the learning rate enters only as a
-// plain factor, so `opt.set_lr(lr)` with lr a number argument of the compiled step is a runtime
-// input (no recompile when a schedule changes it).
+/// @file
+/// Optimizers (SGD with momentum/nesterov/weight decay, AdamW), learning-rate schedules (linear
+/// warmup, cosine annealing, warmup + cosine) and gradient clipping by global norm. Updates run
+/// in place under no-grad, as torch.optim; parameters without a gradient are skipped.
+///
+/// Inside tpu::compile the update is traced into the step's graph (in-place writes on the
+/// parameters and buffers are written back after each run): buffers missing at trace time are
+/// made eagerly (zeros; SGD with dampening needs one eager step first), AdamW keeps its step
+/// count in a 0-d tensor that the graph increments, and the learning rate enters only as a
+/// plain factor, so `opt.set_lr(lr)` with lr a number argument of the compiled step is a runtime
+/// input (no recompile when a schedule changes it).
 #pragma once
 
 #include <map>
@@ -23,13 +24,13 @@ class Optimizer {
   Optimizer(std::vector<Tensor> params, double lr, const char* name);
   virtual ~Optimizer() = default;
   virtual void step() = 0;
-  // Drops the gradients (set_to_none, the PyTorch default) or zeroes them in place.
+  /// Drops the gradients (set_to_none, the PyTorch default) or zeroes them in place.
   void zero_grad(bool set_to_none = true);
   double lr() const { return lr_; }
   void set_lr(double lr);
   const std::vector<Tensor>& params() const { return params_; }
-  // The optimizer's buffers by name ("lr", "step", "exp_avg.0", ...), for checkpoints, and
-  // their restoration (shapes must match the parameters; a tpu::Error names a bad entry).
+  /// The optimizer's buffers by name ("lr", "step", "exp_avg.0", ...), for checkpoints, and
+  /// their restoration (shapes must match the parameters; a tpu::Error names a bad entry).
   virtual std::map<std::string, Tensor> state_dict() const;
   virtual void load_state_dict(const std::map<std::string, Tensor>& state);
 
@@ -45,12 +46,12 @@ struct SGDOptions {
   double lr = 0.01;
   double momentum = 0.0;
   double dampening = 0.0;
-  double weight_decay = 0.0;  // added to the gradient (L2)
+  double weight_decay = 0.0;  ///< added to the gradient (L2)
   bool nesterov = false;
 };
 
-// g = grad + wd p; b = momentum b + (1 - dampening) g (b = g at the first step);
-// g = nesterov ? g + momentum b : b; p -= lr g.
+/// g = grad + wd p; b = momentum b + (1 - dampening) g (b = g at the first step);
+/// g = nesterov ? g + momentum b : b; p -= lr g.
 class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, SGDOptions o);
@@ -68,11 +69,11 @@ struct AdamWOptions {
   double lr = 1e-3;
   double beta1 = 0.9, beta2 = 0.999;
   double eps = 1e-8;
-  double weight_decay = 0.01;  // decoupled: p -= lr wd p
+  double weight_decay = 0.01;  ///< decoupled: p -= lr wd p
 };
 
-// t += 1; p -= lr wd p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
-// p -= lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
+/// t += 1; p -= lr wd p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+/// p -= lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
 class AdamW : public Optimizer {
  public:
   AdamW(std::vector<Tensor> params, AdamWOptions o);
@@ -86,11 +87,11 @@ class AdamW : public Optimizer {
   AdamWOptions o_;
   std::vector<Tensor> m_, v_;
   int64_t t_ = 0;
-  Tensor step_t_;  // f32 scalar step count once a step was traced (then it is authoritative)
+  Tensor step_t_;  ///< f32 scalar step count once a step was traced (then it is authoritative)
 };
 
-// Schedules set the optimizer's lr from the step count: construct (sets the lr of step 0),
-// then call step() after each optimizer step.
+/// Schedules set the optimizer's lr from the step count: construct (sets the lr of step 0),
+/// then call step() after each optimizer step.
 class LRScheduler {
  public:
   explicit LRScheduler(Optimizer& opt) : opt_(opt), base_lr_(opt.lr()) {}
@@ -106,7 +107,7 @@ class LRScheduler {
   int64_t step_ = 0;
 };
 
-// lr = base (start_factor + (1 - start_factor) min(step, warmup) / warmup).
+/// lr = base (start_factor + (1 - start_factor) min(step, warmup) / warmup).
 class LinearWarmupLR : public LRScheduler {
  public:
   LinearWarmupLR(Optimizer& opt, int64_t warmup_steps, double start_factor = 0.0);
@@ -117,7 +118,7 @@ class LinearWarmupLR : public LRScheduler {
   double start_;
 };
 
-// lr = min_lr + (base - min_lr) (1 + cos(pi min(step, T) / T)) / 2.
+/// lr = min_lr + (base - min_lr) (1 + cos(pi min(step, T) / T)) / 2.
 class CosineAnnealingLR : public LRScheduler {
  public:
   CosineAnnealingLR(Optimizer& opt, int64_t t_max, double min_lr = 0.0);
@@ -128,7 +129,7 @@ class CosineAnnealingLR : public LRScheduler {
   double min_lr_;
 };
 
-// Linear warmup from 0 over warmup_steps, then cosine decay to min_lr at total_steps.
+/// Linear warmup from 0 over warmup_steps, then cosine decay to min_lr at total_steps.
 class WarmupCosineLR : public LRScheduler {
  public:
   WarmupCosineLR(Optimizer& opt, int64_t warmup_steps, int64_t total_steps, double min_lr = 0.0);
@@ -139,8 +140,8 @@ class WarmupCosineLR : public LRScheduler {
   double min_lr_;
 };
 
-// Scales the gradients in place so that their global L2 norm is at most max_norm; returns the
-// norm before clipping.
+/// Scales the gradients in place so that their global L2 norm is at most max_norm; returns the
+/// norm before clipping.
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
 
 }  // namespace tpu::optim

@@ -1,6 +1,7 @@
-// tpucore's whole public API in one include: the core types (tpucore/core/), ops, the tracing
-// JIT, autograd, nn, optimizers, data and checkpoint I/O, devices and streams, the profiler,
-// process groups, the model family and the tokenizer.
+/// @file
+/// tpucore's whole public API in one include: the core types (tpucore/core/), ops, the tracing
+/// JIT, autograd, nn, optimizers, data and checkpoint I/O, devices and streams, the profiler,
+/// process groups, the model family and the tokenizer.
 #pragma once
 
 #include "tpucore/autograd.h"

@@ -1,4 +1,5 @@
-// Device identifiers: "cpu", "sim", "sim:1", "tpu:0", "pjrt:0".
+/// @file
+/// Device identifiers: "cpu", "sim", "sim:1", "tpu:0", "pjrt:0".
 #pragma once
 
 #include <cstdint>
@@ -16,13 +17,13 @@ struct Device {
 
   Device() = default;
   Device(DeviceType t, int i = 0) : type(t), index(i) {}
-  // Parses a device string; a bad one is a tpu::Error naming it and the accepted forms.
+  /// Parses a device string; a bad one is a tpu::Error naming it and the accepted forms.
   Device(const char* s);
   Device(std::string_view s);
   Device(const std::string& s) : Device(std::string_view(s)) {}
 
   bool is_cpu() const { return type == DeviceType::cpu; }
-  std::string str() const;  // "cpu", "sim:0"
+  std::string str() const;  ///< "cpu", "sim:0"
   friend bool operator==(const Device& a, const Device& b) { return a.type == b.type && a.index == b.index; }
   friend bool operator!=(const Device& a, const Device& b) { return !(a == b); }
 };

@@ -1,5 +1,6 @@
-// tpu::Error: every failure a user can cause. Messages name the op, the argument, and the
-// shapes / dtypes / devices involved.
+/// @file
+/// tpu::Error: every failure a user can cause. Messages name the op, the argument, and the
+/// shapes / dtypes / devices involved.
 #pragma once
 
 #include <fmt/format.h>

@@ -1,5 +1,6 @@
-// 16-bit floating point storage types. Conversions from f32 round to nearest even;
-// NaN stays NaN (quiet), Inf stays Inf.
+/// @file
+/// 16-bit floating point storage types. Conversions from f32 round to nearest even;
+/// NaN stays NaN (quiet), Inf stays Inf.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +19,7 @@ inline float bits_f32(uint32_t u) {
   return f;
 }
 
-// bfloat16: the top half of an IEEE f32.
+/// bfloat16: the top half of an IEEE f32.
 struct bf16 {
   uint16_t bits = 0;
   bf16() = default;
@@ -38,7 +39,7 @@ struct bf16 {
   operator float() const { return to_f32(); }
 };
 
-// IEEE binary16.
+/// IEEE binary16.
 struct f16 {
   uint16_t bits = 0;
   f16() = default;

@@ -1,4 +1,5 @@
-// Scalar: a Python-style number (float, int or bool) passed to ops and returned by item().
+/// @file
+/// Scalar: a Python-style number (float, int or bool) passed to ops and returned by item().
 #pragma once
 
 #include <cstdint>
@@ -27,7 +28,7 @@ class Scalar {
   double to_double() const { return kind_ == Kind::floating ? d_ : static_cast<double>(i_); }
   int64_t to_int() const { return kind_ == Kind::floating ? static_cast<int64_t>(d_) : i_; }
   bool to_bool() const { return kind_ == Kind::floating ? d_ != 0.0 : i_ != 0; }
-  // The dtype a wrapped scalar of this kind takes part in type promotion with.
+  /// The dtype a wrapped scalar of this kind takes part in type promotion with.
   DType dtype() const {
     return kind_ == Kind::floating ? DType::f32 : kind_ == Kind::integer ? DType::i32 : DType::boolean;
   }

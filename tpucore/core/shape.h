@@ -1,5 +1,6 @@
-// Shape: a small inline vector of dimension sizes (also used for strides). No heap
-// allocation; at most kMaxDims dimensions.
+/// @file
+/// Shape: a small inline vector of dimension sizes (also used for strides). No heap
+/// allocation; at most kMaxDims dimensions.
 #pragma once
 
 #include <cstdint>
@@ -38,9 +39,9 @@ class Shape {
   void erase(int pos);
   void resize(int n, int64_t fill = 0);
 
-  int64_t numel() const;  // product of dims (1 for 0-d)
+  int64_t numel() const;  ///< product of dims (1 for 0-d)
   std::vector<int64_t> vec() const { return std::vector<int64_t>(begin(), end()); }
-  std::string str() const;  // "[2, 3]"
+  std::string str() const;  ///< "[2, 3]"
 
   friend bool operator==(const Shape& a, const Shape& b);
   friend bool operator!=(const Shape& a, const Shape& b) { return !(a == b); }
@@ -50,21 +51,21 @@ class Shape {
   int n_ = 0;
 };
 
-// Row-major strides of a shape (element units).
+/// Row-major strides of a shape (element units).
 Shape contiguous_strides(const Shape& shape);
 
-// Wraps a possibly negative dim into [0, ndim); `op` names the caller in the error.
+/// Wraps a possibly negative dim into [0, ndim); `op` names the caller in the error.
 int wrap_dim(int64_t dim, int ndim, const char* op);
 
-// Broadcast two shapes (numpy rules); error names the op and both shapes.
+/// Broadcast two shapes (numpy rules); error names the op and both shapes.
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 
-// The size limit of one tensor, checked where shapes are made (creation, every op's result,
-// views): 2^46 elements, 256 TiB of f32, far past the memory of any device here.
+/// The size limit of one tensor, checked where shapes are made (creation, every op's result,
+/// views): 2^46 elements, 256 TiB of f32, far past the memory of any device here.
 inline constexpr int64_t kMaxNumel = int64_t{1} << 46;
 
-// The element count of a shape `op` is about to make; an error naming `op`, the shape and the
-// limit when a dim is negative or the count passes kMaxNumel (or overflows 64 bits).
+/// The element count of a shape `op` is about to make; an error naming `op`, the shape and the
+/// limit when a dim is negative or the count passes kMaxNumel (or overflows 64 bits).
 int64_t checked_numel(const Shape& shape, const char* op);
 
 }  // namespace tpu

@@ -1,4 +1,5 @@
-// Storage: a refcounted block of memory on one device. Tensors are views over it.
+/// @file
+/// Storage: a refcounted block of memory on one device. Tensors are views over it.
 #pragma once
 
 #include <cstddef>
@@ -12,13 +13,13 @@ namespace tpu {
 struct Storage {
   using Deleter = void (*)(void* ctx, void* data, size_t nbytes);
 
-  void* data = nullptr;  // host pointer on cpu; a driver-defined handle elsewhere
+  void* data = nullptr;  ///< host pointer on cpu; a driver-defined handle elsewhere
   size_t nbytes = 0;
   Device device;
   Deleter deleter = nullptr;
-  void* ctx = nullptr;  // driver context for the deleter
-  // Bumped by every in-place write to any view of this storage; autograd compares it with the
-  // value it saw when it saved a tensor for backward.
+  void* ctx = nullptr;  ///< driver context for the deleter
+  /// Bumped by every in-place write to any view of this storage; autograd compares it with the
+  /// value it saw when it saved a tensor for backward.
   uint64_t version = 0;
 
   Storage() = default;
@@ -32,9 +33,9 @@ struct Storage {
 
 using StoragePtr = std::shared_ptr<Storage>;
 
-// A new storage of `nbytes` on `device`, from that device's driver. Declared here, with the
-// storage type, and defined by the driver registry (device/), so core code allocates without
-// including the layer above it.
+/// A new storage of `nbytes` on `device`, from that device's driver. Declared here, with the
+/// storage type, and defined by the driver registry (device/), so core code allocates without
+/// including the layer above it.
 StoragePtr allocate_storage(Device device, size_t nbytes);
 
 }  // namespace tpu

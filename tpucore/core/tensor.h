@@ -1,5 +1,6 @@
-// Tensor: a view (shape, strides, offset, dtype) over a refcounted Storage on one device.
-// Copying a Tensor copies the handle; views share storage; contiguous()/clone() copy data.
+/// @file
+/// Tensor: a view (shape, strides, offset, dtype) over a refcounted Storage on one device.
+/// Copying a Tensor copies the handle; views share storage; contiguous()/clone() copy data.
 #pragma once
 
 #include <fmt/format.h>
@@ -23,21 +24,21 @@ struct AutogradMeta;  // defined by the autograd layer
 struct TraceValue;    // defined by the tracer: set on proxy tensors while tracing
 
 struct TensorImpl {
-  StoragePtr storage;  // null for proxy tensors made by the tracer
+  StoragePtr storage;  ///< null for proxy tensors made by the tracer
   Shape shape;
-  Shape strides;       // element units
-  int64_t offset = 0;  // element units
+  Shape strides;       ///< element units
+  int64_t offset = 0;  ///< element units
   DType dtype = DType::f32;
   Device device;
   bool contiguous = true;
-  bool wrapped_number = false;  // made from a Scalar: lowest priority in type promotion
+  bool wrapped_number = false;  ///< made from a Scalar: lowest priority in type promotion
   bool requires_grad = false;
   std::shared_ptr<AutogradMeta> autograd;
   std::shared_ptr<TraceValue> trace;
-  uint64_t version = 0;  // bumped by in-place ops
+  uint64_t version = 0;  ///< bumped by in-place ops
 
   void recompute_contiguous();
-  // Marks an in-place write: this tensor's version and its storage's (shared by every view).
+  /// Marks an in-place write: this tensor's version and its storage's (shared by every view).
   void bump_version() {
     ++version;
     if (storage) ++storage->version;
@@ -71,7 +72,7 @@ class Tensor {
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
   bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
 
-  // Host pointer to the first element; only for cpu tensors (a tpu::Error otherwise).
+  /// Host pointer to the first element; only for cpu tensors (a tpu::Error otherwise).
   void* raw_data() const;
   template <class T>
   T* data() const {
@@ -80,7 +81,7 @@ class Tensor {
     return static_cast<T*>(raw_data());
   }
 
-  // The single value of a one-element tensor, copied to the host (a graph break while tracing).
+  /// The single value of a one-element tensor, copied to the host (a graph break while tracing).
   Scalar item() const;
   template <class T>
   T item() const {
@@ -89,7 +90,7 @@ class Tensor {
     else if constexpr (std::is_same_v<T, bool>) return s.to_bool();
     else return static_cast<T>(s.to_int());
   }
-  // All elements as a host vector of T (converted), in row-major order.
+  /// All elements as a host vector of T (converted), in row-major order.
   template <class T>
   std::vector<T> to_vector() const;
 
@@ -125,26 +126,26 @@ class Tensor {
 
   // ---- autograd (tpucore/autograd.h; semantics as PyTorch) ----
   bool requires_grad() const { return impl().requires_grad; }
-  Tensor& requires_grad_(bool on = true);  // only for floating point leaves
-  bool is_leaf() const;                    // no recorded history (made by the user or under no-grad)
-  Tensor grad() const;                     // accumulated gradient; undefined when none yet
-  void set_grad(const Tensor& g);          // replaces it (an undefined tensor clears it)
-  void zero_grad();                        // zeroes the accumulated gradient in place, if any
-  void retain_grad() const;                // keep .grad() of a non-leaf after backward
-  // Reverse-mode gradient of this tensor with respect to the leaves that require grad;
-  // gradient defaults to 1 for a one-element tensor.
+  Tensor& requires_grad_(bool on = true);  ///< only for floating point leaves
+  bool is_leaf() const;                    ///< no recorded history (made by the user or under no-grad)
+  Tensor grad() const;                     ///< accumulated gradient; undefined when none yet
+  void set_grad(const Tensor& g);          ///< replaces it (an undefined tensor clears it)
+  void zero_grad();                        ///< zeroes the accumulated gradient in place, if any
+  void retain_grad() const;                ///< keep .grad() of a non-leaf after backward
+  /// Reverse-mode gradient of this tensor with respect to the leaves that require grad;
+  /// gradient defaults to 1 for a one-element tensor.
   void backward(const Tensor& gradient = {}, bool retain_graph = false, bool create_graph = false) const;
-  Tensor detach() const;  // same storage, no history
+  Tensor detach() const;  ///< same storage, no history
 
-  std::string str() const;  // PyTorch-like printout
+  std::string str() const;  ///< PyTorch-like printout
 
  private:
   std::shared_ptr<TensorImpl> impl_;
 };
 
-// A new contiguous tensor of `shape` and `dtype` on `device`, its memory uninitialized (the
-// allocation every op result and creation function goes through). Errors: a shape past
-// kMaxNumel elements, a device without a driver, out of device memory.
+/// A new contiguous tensor of `shape` and `dtype` on `device`, its memory uninitialized (the
+/// allocation every op result and creation function goes through). Errors: a shape past
+/// kMaxNumel elements, a device without a driver, out of device memory.
 Tensor empty_tensor(const Shape& shape, DType dtype, Device device);
 
 }  // namespace tpu

@@ -1,6 +1,7 @@
-// Layers: Linear, Embedding, LayerNorm, RMSNorm, Dropout, activations, Sequential, MLP.
-// Initialization follows PyTorch's defaults (Linear: U(-1/sqrt(in), 1/sqrt(in)); Embedding:
-// N(0, 1); norms: weight 1, bias 0), drawn from the given generator (the global one if null).
+/// @file
+/// Layers: Linear, Embedding, LayerNorm, RMSNorm, Dropout, activations, Sequential, MLP.
+/// Initialization follows PyTorch's defaults (Linear: U(-1/sqrt(in), 1/sqrt(in)); Embedding:
+/// N(0, 1); norms: weight 1, bias 0), drawn from the given generator (the global one if null).
 #pragma once
 
 #include <functional>
@@ -16,8 +17,8 @@ class Linear : public Module {
   Linear(int64_t in_features, int64_t out_features, bool bias = true, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "Linear"; }
-  Tensor weight;  // [out, in]
-  Tensor bias;    // [out] (undefined without bias)
+  Tensor weight;  ///< [out, in]
+  Tensor bias;    ///< [out] (undefined without bias)
 };
 
 class Embedding : public Module {
@@ -25,7 +26,7 @@ class Embedding : public Module {
   Embedding(int64_t num_embeddings, int64_t dim, Generator* gen = nullptr);
   Tensor forward(const Tensor& indices) override;
   std::string type_name() const override { return "Embedding"; }
-  Tensor weight;  // [num, dim]
+  Tensor weight;  ///< [num, dim]
 };
 
 class LayerNorm : public Module {
@@ -48,7 +49,7 @@ class RMSNorm : public Module {
   Tensor weight;
 };
 
-// Zeroes elements with probability p while training and scales the rest by 1/(1-p).
+/// Zeroes elements with probability p while training and scales the rest by 1/(1-p).
 class Dropout : public Module {
  public:
   explicit Dropout(double p = 0.5, Generator* gen = nullptr);
@@ -60,7 +61,7 @@ class Dropout : public Module {
   Generator* gen_;
 };
 
-// A module around a tensor function (activations).
+/// A module around a tensor function (activations).
 class Lambda : public Module {
  public:
   Lambda(std::string name, std::function<Tensor(const Tensor&)> fn) : name_(std::move(name)), fn_(std::move(fn)) {}
@@ -76,10 +77,10 @@ std::shared_ptr<Module> GELU(bool tanh_approx = false);
 std::shared_ptr<Module> SiLU();
 std::shared_ptr<Module> Tanh();
 std::shared_ptr<Module> Sigmoid();
-// Activation module by name: relu, gelu, gelu_tanh, silu, tanh, sigmoid.
+/// Activation module by name: relu, gelu, gelu_tanh, silu, tanh, sigmoid.
 std::shared_ptr<Module> activation(const std::string& name);
 
-// Children "0", "1", ... applied in order.
+/// Children "0", "1", ... applied in order.
 class Sequential : public Module {
  public:
   Sequential() = default;
@@ -94,8 +95,8 @@ class Sequential : public Module {
   std::vector<std::shared_ptr<Module>> layers_;
 };
 
-// Linear layers of sizes dims[0] -> dims[1] -> ... with the activation (and optional dropout)
-// between them, none after the last.
+/// Linear layers of sizes dims[0] -> dims[1] -> ... with the activation (and optional dropout)
+/// between them, none after the last.
 class MLP : public Sequential {
  public:
   MLP(const std::vector<int64_t>& dims, const std::string& activation = "relu", double dropout = 0.0,

@@ -1,11 +1,12 @@
-// A PJRT client: loads a PJRT plugin (any shared library exporting GetPjrtApi: libtpu, a CPU
-// plugin, or our libpjrt_tpucore_sim.so), checks its API version, creates a client, lists its
-// devices, compiles StableHLO modules (format "mlir", e.g. from tpu::export_stablehlo) and runs
-// them on host tensors. The C declarations are device/pjrt/pjrt_c_api.h (PJRT C API 0.33).
-//
-// Executable::execute takes and returns host tensors (copies in and out on every call);
-// execute_buffers keeps the data in PJRT buffers (what the `pjrt` device type uses, see
-// tpucore/runtime/pjrt_device.h).
+/// @file
+/// A PJRT client: loads a PJRT plugin (any shared library exporting GetPjrtApi: libtpu, a CPU
+/// plugin, or our libpjrt_tpucore_sim.so), checks its API version, creates a client, lists its
+/// devices, compiles StableHLO modules (format "mlir", e.g. from tpu::export_stablehlo) and runs
+/// them on host tensors. The C declarations are device/pjrt/pjrt_c_api.h (PJRT C API 0.33).
+///
+/// Executable::execute takes and returns host tensors (copies in and out on every call);
+/// execute_buffers keeps the data in PJRT buffers (what the `pjrt` device type uses, see
+/// tpucore/runtime/pjrt_device.h).
 #pragma once
 
 #include <memory>
@@ -24,8 +25,8 @@ namespace tpu::pjrt {
 class Executable;
 class Client;
 
-// A PJRT buffer on one device of a client (typed, dense, major to minor); destroyed with the
-// last reference. The client outlives its buffers.
+/// A PJRT buffer on one device of a client (typed, dense, major to minor); destroyed with the
+/// last reference. The client outlives its buffers.
 class Buffer {
  public:
   ~Buffer();
@@ -33,7 +34,7 @@ class Buffer {
   const std::vector<int64_t>& dims() const { return dims_; }
   int device() const { return device_; }
   size_t nbytes() const;
-  // Copies the whole buffer to `dst` (n must be nbytes()).
+  /// Copies the whole buffer to `dst` (n must be nbytes()).
   void to_host(void* dst, size_t n) const;
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -52,10 +53,10 @@ using BufferPtr = std::shared_ptr<Buffer>;
 
 class Client : public std::enable_shared_from_this<Client> {
  public:
-  // Loads the plugin at `path` (empty: TPU_PJRT_PLUGIN; a bare name is also looked up next to
-  // libtpucore). A library that cannot be loaded, does not export GetPjrtApi, has another major
-  // version or a minor version older than 0.33, or fails to create a client is a tpu::Error
-  // saying which.
+  /// Loads the plugin at `path` (empty: TPU_PJRT_PLUGIN; a bare name is also looked up next to
+  /// libtpucore). A library that cannot be loaded, does not export GetPjrtApi, has another major
+  /// version or a minor version older than 0.33, or fails to create a client is a tpu::Error
+  /// saying which.
   static std::shared_ptr<Client> load(const std::string& path = {});
   ~Client();
 
@@ -65,10 +66,10 @@ class Client : public std::enable_shared_from_this<Client> {
   int api_minor() const;
 
   const std::string& path() const { return path_; }
-  // A new buffer on device `device` holding a copy of `data` (dense, major to minor).
+  /// A new buffer on device `device` holding a copy of `data` (dense, major to minor).
   BufferPtr upload(const void* data, DType dtype, const std::vector<int64_t>& dims, int device);
 
-  // Compiles a module; errors of the plugin's compiler are a tpu::Error with its message.
+  /// Compiles a module; errors of the plugin's compiler are a tpu::Error with its message.
   std::shared_ptr<Executable> compile(const std::string& mlir_text);
 
   Client(const Client&) = delete;
@@ -77,24 +78,24 @@ class Client : public std::enable_shared_from_this<Client> {
  private:
   friend class Executable;
   friend class Buffer;
-  void await_and_destroy(void* event, const char* what) const;  // PJRT_Event*
+  void await_and_destroy(void* event, const char* what) const;  ///< PJRT_Event*
   Client() = default;
-  void check(void* err, const char* what) const;  // PJRT_Error*
+  void check(void* err, const char* what) const;  ///< PJRT_Error*
 
   const PJRT_Api* api_ = nullptr;
   PJRT_Client* client_ = nullptr;
   std::string path_, platform_;
-  std::vector<void*> devices_;  // PJRT_Device*
+  std::vector<void*> devices_;  ///< PJRT_Device*
 };
 
 class Executable {
  public:
   ~Executable();
   size_t num_outputs() const { return num_outputs_; }
-  // Runs on device `device` of the client with host tensors (any device: copied to the host
-  // first); returns the outputs as cpu tensors.
+  /// Runs on device `device` of the client with host tensors (any device: copied to the host
+  /// first); returns the outputs as cpu tensors.
   std::vector<Tensor> execute(const std::vector<Tensor>& inputs, int device = 0);
-  // Runs on device `device` with buffers of this client; the outputs stay on the device.
+  /// Runs on device `device` with buffers of this client; the outputs stay on the device.
   std::vector<BufferPtr> execute_buffers(const std::vector<BufferPtr>& inputs, int device = 0);
 
  private:
@@ -126,15 +127,15 @@ namespace tpu {
 std::string load_pjrt_plugin(const std::string& path);
 
 struct PjrtStats {
-  uint64_t compiles = 0;        // executables compiled (cache misses that mapped)
-  uint64_t cache_hits = 0;      // eager op calls that reused a cached executable
-  uint64_t executions = 0;      // executables run
-  uint64_t uploads = 0;         // host -> device buffer transfers
-  uint64_t downloads = 0;       // device -> host buffer transfers
-  uint64_t host_fallbacks = 0;  // op calls that ran on the host (no StableHLO counterpart)
-  uint64_t unmapped = 0;        // distinct op signatures found not to map
-  uint64_t graph_compiles = 0;  // tpu::compile'd graphs compiled as one executable
-  uint64_t graph_runs = 0;      // runs of those executables
+  uint64_t compiles = 0;        ///< executables compiled (cache misses that mapped)
+  uint64_t cache_hits = 0;      ///< eager op calls that reused a cached executable
+  uint64_t executions = 0;      ///< executables run
+  uint64_t uploads = 0;         ///< host -> device buffer transfers
+  uint64_t downloads = 0;       ///< device -> host buffer transfers
+  uint64_t host_fallbacks = 0;  ///< op calls that ran on the host (no StableHLO counterpart)
+  uint64_t unmapped = 0;        ///< distinct op signatures found not to map
+  uint64_t graph_compiles = 0;  ///< tpu::compile'd graphs compiled as one executable
+  uint64_t graph_runs = 0;      ///< runs of those executables
 };
 PjrtStats pjrt_stats();
 void reset_pjrt_stats();
