@@ -13,6 +13,7 @@ class logger;
 
 namespace tpu {
 
+/// The library's spdlog logger ("tpucore", stderr).
 spdlog::logger& log();
 /// Sets the level by name; an unknown name is a tpu::Error listing the accepted ones.
 void set_log_level(std::string_view level);

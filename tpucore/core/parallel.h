@@ -17,6 +17,7 @@ namespace tpu {
 /// Number of threads parallel_for uses (the calling thread included). Defaults to the
 /// number of online CPUs; TPU_NUM_THREADS overrides it.
 int num_threads();
+/// Sets the number of threads parallel_for uses (values below 1 count as 1).
 void set_num_threads(int n);
 
 /// A reusable barrier for the threads of one parallel_team: arrive_and_wait() returns once
@@ -24,7 +25,9 @@ void set_num_threads(int n);
 /// 20 us), then sleep until the last one arrives.
 class Barrier {
  public:
+  /// A barrier for `parties` threads (at least 1).
   explicit Barrier(int parties) : parties_(static_cast<uint32_t>(parties < 1 ? 1 : parties)) {}
+  /// Blocks until all `parties` threads have called it, then all return; reusable.
   void arrive_and_wait();
 
  private:
