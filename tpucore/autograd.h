@@ -25,6 +25,7 @@ namespace tpu {
 
 /// Grad mode is thread-local and on by default.
 bool is_grad_enabled();
+/// Turns grad mode on or off for this thread.
 void set_grad_enabled(bool on);
 
 /// Turns recording off for its scope (for evaluation and for optimizer updates).
@@ -42,6 +43,7 @@ class NoGradGuard {
 /// Turns recording on (or to `on`) for its scope.
 class GradModeGuard {
  public:
+  /// Sets grad mode to `on` until the guard goes out of scope.
   explicit GradModeGuard(bool on = true) : prev_(is_grad_enabled()) { set_grad_enabled(on); }
   ~GradModeGuard() { set_grad_enabled(prev_); }
   GradModeGuard(const GradModeGuard&) = delete;
@@ -71,6 +73,7 @@ std::string grad_fn_name(const Tensor& t);
 /// register_post_accumulate_grad_hook; grad is the leaf's .grad() tensor itself. Hooks run on the
 /// thread running backward, in the order the leaves finish. Returns an id for remove.
 int register_post_accumulate_grad_hook(const Tensor& leaf, std::function<void(const Tensor& grad)> fn);
+/// Removes the hook `id` (from register_post_accumulate_grad_hook) of `leaf`.
 void remove_post_accumulate_grad_hook(const Tensor& leaf, int id);
 /// For each of `leaves`, whether a gradient of `root` can reach it (root's recorded graph
 /// reaches the leaf); e.g. to find parameters a forward pass did not use.

@@ -7,14 +7,14 @@
 ///
 /// Arguments: Tensor, std::vector<Tensor>, numbers (float/int: runtime inputs unless listed in
 /// options.static_args; bool: always static) and any other hashable value (static). Results:
-/// Tensor, std::vector<Tensor>, or a std::tuple/std::pair of Tensors.
+/// Tensor, std::vector<Tensor>, or a `std::tuple` / `std::pair` of Tensors.
 /// Tensors captured by fn (weights in a closure) are graph inputs bound by reference: in-place
 /// updates are seen without a recompile. Reading a value while tracing (item(), to_vector())
 /// is a graph break; options.fullgraph turns it into a tpu::Error. The grad mode and the layout
 /// (contiguous or not) of tensor arguments are part of the key.
 /// In-place ops inside fn (add_, copy_, zero_, ... on intermediates, views, arguments, captured
 /// weights) are functionalized: written arguments and captured tensors are updated after each
-/// run, as eager would. backward()/autograd::grad inside fn are traced into the same graph, the
+/// run, as eager would. backward() / `autograd::grad` inside fn are traced into the same graph, the
 /// leaves' .grad are set after each run, and optimizer steps trace too: a whole training step
 /// (zero_grad, forward, loss, backward, step) compiles into one graph (see graph/README.md).
 #pragma once
@@ -35,11 +35,14 @@
 
 namespace tpu {
 
+/// Marks one dimension of a tensor argument as dynamic (CompileOptions::dynamic): sizes are
+/// rounded up to a power-of-two bucket so nearby sizes share one compiled graph.
 struct DynamicDim {
   int arg = 0;  ///< argument index (a Tensor argument)
   int dim = 0;  ///< dimension (negative counts from the end)
 };
 
+/// Options of tpu::compile.
 struct CompileOptions {
   std::string name{};               ///< shown in stats and logs; default "fn<N>"
   bool fullgraph = false;           ///< a graph break is a tpu::Error
@@ -54,18 +57,26 @@ struct CompileOptions {
 
 namespace jit {
 
+/// Counters of one compiled function.
 struct FunctionStats {
+  /// CompileOptions::name (or the default "fn<N>").
   std::string name;
+  /// Traces done (first call and every recompile).
   int64_t compiles = 0;
+  /// Calls served from the cache.
   int64_t hits = 0;
+  /// Graph breaks met while tracing.
   int64_t breaks = 0;
   int64_t disk_hits = 0;  ///< compiles that loaded the optimized graph from TPU_CACHE_DIR
   std::vector<std::string> reasons;        ///< one per compile: "first call", "arg 0 shape ..."
   std::vector<std::string> break_reasons;  ///< distinct graph-break causes
   double compile_ms = 0;                   ///< total time spent tracing and optimizing
 };
+/// Counters of every compiled function (jit::stats()).
 struct Stats {
+  /// One entry per function.
   std::vector<FunctionStats> functions;
+  /// The entry named `name`, or null.
   /// The pointer points into this snapshot: keep the Stats alive while using it (calling find
   /// on a temporary, `jit::stats().find(...)`, would dangle, so it does not compile).
   const FunctionStats* find(std::string_view name) const&;
@@ -73,6 +84,7 @@ struct Stats {
 };
 /// A snapshot of the counters of every compiled function alive or dead in this process.
 Stats stats();
+/// Zeroes the counters of every function.
 void reset_stats();
 
 // Text and JSON of the graphs a compiled function holds (for debugging and tests).
@@ -166,11 +178,16 @@ decltype(auto) rebuild_arg(const ArgSlot& s, const P& original) {
 }  // namespace detail
 }  // namespace jit
 
+/// The callable tpu::compile returns: call it like the wrapped function. Copies share the
+/// cache. Errors while tracing (and, with fullgraph, graph breaks) are tpu::Error.
 template <class F>
 class Compiled {
  public:
+  /// Wraps `fn` (use tpu::compile).
   Compiled(F fn, CompileOptions o) : fn_(std::make_shared<F>(std::move(fn))), engine_(jit::detail::make_engine(std::move(o))) {}
 
+  /// Runs the compiled graph for these arguments, tracing and compiling first when their
+  /// signature is new; returns what fn returns.
   template <class... Args>
   auto operator()(const Args&... args) const {
     using R = std::decay_t<std::invoke_result_t<F&, const Args&...>>;
@@ -201,6 +218,8 @@ class Compiled {
   std::shared_ptr<jit::detail::Engine> engine_;
 };
 
+/// Wraps `fn` into a compiled callable (see the file's description); nothing is traced before
+/// the first call.
 template <class F>
 Compiled<std::decay_t<F>> compile(F&& fn, CompileOptions o = {}) {
   return Compiled<std::decay_t<F>>(std::forward<F>(fn), std::move(o));

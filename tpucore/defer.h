@@ -37,6 +37,8 @@ namespace detail {
 struct DeferState;
 }
 
+/// Records this thread's eager ops for its scope and runs them fused (see the file's
+/// description); nests and does nothing inside a trace or another scope.
 class DeferredEager {
  public:
   /// max_nodes 0: TPU_DEFER_MAX_NODES or 512. Inside tpu::compile's tracing or another
@@ -48,7 +50,9 @@ class DeferredEager {
   DeferredEager(const DeferredEager&) = delete;
   DeferredEager& operator=(const DeferredEager&) = delete;
 
+  /// Runs what has been recorded so far (its errors are raised here).
   void flush();
+  /// False when the guard does nothing (inside tracing or another scope).
   bool active() const { return state_ != nullptr; }
 
  private:

@@ -17,10 +17,12 @@
 
 namespace tpu {
 
+/// Name, memory size and capabilities of a device (device::DeviceProperties, device/driver.h).
 using DeviceProperties = device::DeviceProperties;
 
 /// Devices of a type; 0 when no driver is present for it.
 int device_count(DeviceType type);
+/// The properties of `device`; a tpu::Error when it has no driver or the index is out of range.
 DeviceProperties device_properties(Device device);
 /// Free device memory in bytes (after memory released by finished work).
 size_t memory_free(Device device);
@@ -36,9 +38,9 @@ void set_sim_chip(const std::string& chip, int index = -1);
 std::string load_driver_plugin(const std::string& path, DeviceType type = DeviceType::tpu);
 
 // ---- the simulated chip: counters and timing-only mode ----
-// Counters of the programs the library generated and ran on the `sim` devices (all of them
-// together) since the start or the last reset_sim_stats(). Cycles and bytes count finished runs:
-// call synchronize() on the devices first for complete figures.
+/// Counters of the programs the library generated and ran on the `sim` devices (all of them
+/// together) since the start or the last reset_sim_stats(). Cycles and bytes count finished runs:
+/// call synchronize() on the devices first for complete figures.
 struct SimStats {
   uint64_t programs_built = 0;    ///< programs generated and loaded (program cache misses)
   uint64_t cache_hits = 0;        ///< program cache hits
@@ -51,7 +53,9 @@ struct SimStats {
   std::map<std::string, uint64_t> runs_by_kernel;  ///< by kernel name ("add", "matmul", "region:...")
   std::map<std::string, double> cycles_by_kernel;  ///< simulated cycles per kernel name
 };
+/// The counters now.
 SimStats sim_stats();
+/// Zeroes the counters.
 void reset_sim_stats();
 
 /// Timing-only mode of the `sim` devices: the programs the library generates skip their
@@ -59,7 +63,9 @@ void reset_sim_stats();
 /// host time. Tensor values computed meanwhile are garbage. Off by default; applies to every sim
 /// device and every thread. SimTimingOnly turns it on for a scope (and restores the old mode).
 void set_sim_timing_only(bool on);
+/// Whether timing-only mode is on.
 bool sim_timing_only();
+/// Turns timing-only mode on for its scope, then restores the previous mode.
 class SimTimingOnly {
  public:
   SimTimingOnly() : was_(sim_timing_only()) { set_sim_timing_only(true); }
@@ -77,6 +83,7 @@ class SimTimingOnly {
 /// Process-wide; TPU_F32_MATMUL_PRECISION sets the starting value. Host matmuls are unaffected.
 /// Details: codegen/precision.h.
 void set_float32_matmul_precision(const std::string& precision);
+/// The current f32 matmul precision ("default", "high" or "highest").
 std::string float32_matmul_precision();
 
 }  // namespace tpu

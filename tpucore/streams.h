@@ -28,6 +28,7 @@
 
 namespace tpu {
 
+/// A queue of work on one device (a handle: copies name the same stream).
 class Stream {
  public:
   Stream() = default;  ///< the cpu's default stream
@@ -36,8 +37,11 @@ class Stream {
   /// Every device has a default stream (id 0), where work goes unless another is current.
   static Stream default_stream(Device device);
 
+  /// The stream's device.
   Device device() const { return device_; }
+  /// The stream's number on its device (0: the default stream).
   uint64_t id() const { return id_; }
+  /// True for the device's default stream.
   bool is_default() const { return id_ == 0; }
   /// Host waits for all work queued on this stream; reports errors of its earlier async work.
   void synchronize() const;
@@ -45,7 +49,9 @@ class Stream {
   bool query() const;
   std::string str() const;  ///< "sim:0/stream 3"
 
+  /// Same device and id.
   friend bool operator==(const Stream& a, const Stream& b) { return a.device_ == b.device_ && a.id_ == b.id_; }
+  /// Not operator==.
   friend bool operator!=(const Stream& a, const Stream& b) { return !(a == b); }
 
  private:
@@ -57,11 +63,13 @@ class Stream {
 
 /// The calling thread's current stream of `device` (its default stream until set).
 Stream current_stream(Device device);
+/// Makes `s` the calling thread's current stream of its device.
 void set_current_stream(const Stream& s);
 
 /// Makes `s` the current stream of its device for this thread, restoring the previous one.
 class StreamGuard {
  public:
+  /// Makes `s` current until the guard goes out of scope.
   explicit StreamGuard(const Stream& s);
   ~StreamGuard();
   StreamGuard(const StreamGuard&) = delete;
@@ -71,18 +79,22 @@ class StreamGuard {
   Stream prev_;
 };
 
+/// A point in a stream's queued work, to wait for or time (a handle: copies share it).
 class Event {
  public:
   Event();  ///< not recorded yet: waiting on it does nothing, query() is true
   /// Marks the current end of `s`'s queued work. Re-recording moves the mark.
   void record(const Stream& s);
+  /// Records on the current stream of `device`.
   void record(Device device) { record(current_stream(device)); }
   /// Work queued on `s` after this call starts only once the event has been reached. Works
   /// across devices (a different driver: the host waits for the event first).
   void wait(const Stream& s) const;
   /// Host waits until the event has been reached.
   void synchronize() const;
+  /// True when the event has been reached (or was never recorded).
   bool query() const;
+  /// True once record() has been called.
   bool recorded() const;
   Device device() const;  ///< of the stream it was last recorded on (cpu if never)
   /// Time from this event to `end`, in milliseconds (simulated on sim; waits for both events);
@@ -102,6 +114,7 @@ void synchronize(Device device);
 
 /// Synchronous debug mode (also TPU_SYNC=1 in the environment).
 void set_synchronous_mode(bool on);
+/// Whether synchronous debug mode is on.
 bool synchronous_mode();
 
 }  // namespace tpu
