@@ -10,12 +10,17 @@
 
 namespace tpu {
 
+/// The StableHLO version the export targets.
 inline constexpr const char* kStableHloVersion = "1.0";
 
+/// The attribute syntax of the module: StableHLO's current one, or the older one MLIR 14 parses.
 enum class StableHloSyntax : uint8_t { current, mlir14 };
 
+/// Options of tpu::export_stablehlo.
 struct StableHloOptions {
+  /// Name of the exported function.
   std::string function_name = "main";
+  /// Attribute syntax.
   StableHloSyntax syntax = StableHloSyntax::current;
 };
 

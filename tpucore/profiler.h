@@ -26,6 +26,7 @@
 
 namespace tpu::profiler {
 
+/// Options of a Profile.
 struct ProfileOptions {
   bool chip_timeline = true;          ///< keep the per-unit timeline of every chip program
   bool record_shapes = true;          ///< input shapes/dtypes in the trace's event args
@@ -34,6 +35,7 @@ struct ProfileOptions {
 
 /// Per-op summary (one row of the table).
 struct OpSummary {
+  /// The op, scope or kernel name.
   std::string name;
   uint64_t calls = 0;        ///< host calls; for a row of chip kernels outside any op, their runs
   double host_total_us = 0;  ///< wall time inside the op, nested ops included
@@ -45,8 +47,10 @@ struct OpSummary {
   uint64_t bytes = 0;        ///< HBM traffic on the chip, or the op's inputs + outputs on the host
 };
 
+/// A profiling session: records from construction until stop() (or destruction).
 class Profile {
  public:
+  /// Starts recording; a tpu::Error when another profile is recording.
   explicit Profile(ProfileOptions opt = {});
   ~Profile();  ///< stops if still recording
   Profile(const Profile&) = delete;
@@ -54,6 +58,7 @@ class Profile {
 
   /// Stops recording: waits for the simulated devices' queued work so its programs are counted.
   void stop();
+  /// True until stop().
   bool recording() const;
 
   /// Rows sorted by host time (by chip time when any chip program ran), largest first.
@@ -78,6 +83,7 @@ class Profile {
 ///   { tpu::profiler::RecordScope s("attention block"); y = block(x); }
 class RecordScope {
  public:
+  /// Opens the span `name` until the scope ends.
   explicit RecordScope(std::string_view name);
   ~RecordScope();
   RecordScope(const RecordScope&) = delete;

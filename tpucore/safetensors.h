@@ -27,9 +27,12 @@
 
 namespace tpu {
 
+/// Named tensors in a chosen order.
 using TensorList = std::vector<std::pair<std::string, Tensor>>;
+/// String to string (a safetensors file's metadata).
 using StringMap = std::map<std::string, std::string>;
 
+/// A parsed safetensors file.
 struct SafetensorsContents {
   std::map<std::string, Tensor> tensors;  ///< by name (sorted)
   StringMap metadata;                     ///< "__metadata__", empty if absent
@@ -39,6 +42,7 @@ struct SafetensorsContents {
 /// non-contiguous ones are written contiguous. The file is written to "<path>.tmp" and renamed,
 /// so a failed save never leaves a half-written checkpoint under path.
 void save_safetensors(const std::string& path, const TensorList& tensors, const StringMap& metadata = {});
+/// Writes tensors in name order (as the overload above).
 void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
                       const StringMap& metadata = {});
 /// The same bytes, in memory.
@@ -46,6 +50,7 @@ std::vector<uint8_t> serialize_safetensors(const TensorList& tensors, const Stri
 
 /// Reads every tensor of a file onto `device` (host by default).
 std::map<std::string, Tensor> load_safetensors(const std::string& path, Device device = Device());
+/// Reads every tensor and the metadata of a file onto `device`.
 SafetensorsContents read_safetensors(const std::string& path, Device device = Device());
 /// From bytes in memory; `name` stands for the file in error messages.
 SafetensorsContents parse_safetensors(std::span<const uint8_t> bytes, std::string_view name = "<memory>",
@@ -54,6 +59,7 @@ SafetensorsContents parse_safetensors(std::span<const uint8_t> bytes, std::strin
 /// The safetensors dtype string of a DType ("F32", "BF16", ...) and back (a tpu::Error naming
 /// `where` for an unknown or unsupported string).
 std::string_view safetensors_dtype_name(DType t);
+/// The DType of a safetensors dtype string.
 DType parse_safetensors_dtype(std::string_view s, std::string_view where = "safetensors");
 
 /// For loaders of module state: a tpu::Error unless `loaded` has the dtype and shape of

@@ -21,11 +21,13 @@
 
 namespace tpu {
 
+/// A byte-level BPE tokenizer (see the file's description). Cheap to copy (shares the tables).
 class Tokenizer {
  public:
   /// Reads a tokenizer.json; every malformed or unsupported part is a tpu::Error naming the file
   /// and the field.
   static Tokenizer from_file(const std::string& path);
+  /// Reads tokenizer.json text; `source` names it in error messages.
   static Tokenizer from_json(const std::string& text, const std::string& source = "tokenizer.json");
 
   /// allow_special: match added tokens in the text (as Hugging Face does by default).
@@ -36,6 +38,7 @@ class Tokenizer {
   int64_t vocab_size() const;  ///< one past the largest id
   std::optional<int64_t> token_to_id(std::string_view token) const;  ///< vocabulary or added token
   std::string id_to_token(int64_t id) const;                         ///< as written in the file
+  /// True for an added token marked special.
   bool is_special(int64_t id) const;
   /// The pieces the pre-tokenizer cuts text into (exposed for tests and tools).
   std::vector<std::string> pre_tokenize(std::string_view text) const;
@@ -60,9 +63,12 @@ class Tokenizer {
 struct BpeTrainOptions {
   int64_t vocab_size = 1024;                ///< bytes + special tokens + merged tokens
   std::vector<std::string> special_tokens;  ///< e.g. {"<|endoftext|>"}: ids 256, 257, ...
-  std::string pattern = "gpt2";             // pre-tokenizer split: "gpt2", "llama3" or "qwen2"
+  std::string pattern = "gpt2";             ///< pre-tokenizer split: "gpt2", "llama3" or "qwen2"
+  /// A pair seen fewer times is never merged (at least 1).
   int64_t min_frequency = 2;
 };
+/// Trains on `texts`; a bad pattern name, a vocab_size below 256 + the special tokens, an empty
+/// or repeated special token, or min_frequency < 1 is a tpu::Error.
 std::string train_bpe_tokenizer(const std::vector<std::string>& texts, const BpeTrainOptions& options = {});
 
 /// GPT-2's byte -> printable character table (as UTF-8) and its inverse; used by the tokenizer
