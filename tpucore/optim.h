@@ -19,34 +19,52 @@
 
 namespace tpu::optim {
 
+/// Base class of the optimizers: owns the parameter list and the learning rate.
 class Optimizer {
  public:
+  /// `params` must be non-empty, defined leaves that require grad, and `lr` finite and >= 0
+  /// (else a tpu::Error naming the optimizer `name`).
   Optimizer(std::vector<Tensor> params, double lr, const char* name);
   virtual ~Optimizer() = default;
+  /// Updates every parameter that has a gradient, in place.
   virtual void step() = 0;
   /// Drops the gradients (set_to_none, the PyTorch default) or zeroes them in place.
   void zero_grad(bool set_to_none = true);
+  /// The learning rate.
   double lr() const { return lr_; }
+  /// Sets the learning rate (finite, >= 0, else a tpu::Error).
   void set_lr(double lr);
+  /// The parameters.
   const std::vector<Tensor>& params() const { return params_; }
   /// The optimizer's buffers by name ("lr", "step", "exp_avg.0", ...), for checkpoints, and
   /// their restoration (shapes must match the parameters; a tpu::Error names a bad entry).
   virtual std::map<std::string, Tensor> state_dict() const;
+  /// Restores state_dict() output.
   virtual void load_state_dict(const std::map<std::string, Tensor>& state);
 
  protected:
+  /// For subclasses: stores `bufs` as "<name>.<i>" entries of `sd`.
   static void save_buffers(std::map<std::string, Tensor>& sd, const char* name, const std::vector<Tensor>& bufs);
+  /// For subclasses: reads "<name>.<i>" entries of `sd` into `bufs` (shapes checked).
   void load_buffers(const std::map<std::string, Tensor>& sd, const char* name, std::vector<Tensor>& bufs) const;
+  /// The parameters.
   std::vector<Tensor> params_;
+  /// The learning rate.
   double lr_;
+  /// Name used in error messages ("SGD", "AdamW").
   const char* name_;
 };
 
+/// Options of SGD (as torch.optim.SGD; all >= 0; nesterov needs momentum > 0 and no dampening).
 struct SGDOptions {
+  /// Learning rate.
   double lr = 0.01;
+  /// Momentum factor (0: plain SGD).
   double momentum = 0.0;
+  /// Dampening of the momentum.
   double dampening = 0.0;
   double weight_decay = 0.0;  ///< added to the gradient (L2)
+  /// Nesterov momentum.
   bool nesterov = false;
 };
 
@@ -54,10 +72,14 @@ struct SGDOptions {
 /// g = nesterov ? g + momentum b : b; p -= lr g.
 class SGD : public Optimizer {
  public:
+  /// SGD over `params`; bad options are a tpu::Error.
   SGD(std::vector<Tensor> params, SGDOptions o);
+  /// One update (see the class description).
   void step() override;
+  /// The options.
   const SGDOptions& options() const { return o_; }
   std::map<std::string, Tensor> state_dict() const override;
+  /// Restores "lr" and the momentum buffers.
   void load_state_dict(const std::map<std::string, Tensor>& state) override;
 
  private:
@@ -65,9 +87,15 @@ class SGD : public Optimizer {
   std::vector<Tensor> momentum_;
 };
 
+/// Options of AdamW (as torch.optim.AdamW).
 struct AdamWOptions {
+  /// Learning rate.
   double lr = 1e-3;
+  /// Decay rates of the first and second moment averages, in [0, 1).
+  ///@{
   double beta1 = 0.9, beta2 = 0.999;
+  ///@}
+  /// Added to the denominator (>= 0).
   double eps = 1e-8;
   double weight_decay = 0.01;  ///< decoupled: p -= lr wd p
 };
@@ -76,10 +104,14 @@ struct AdamWOptions {
 /// p -= lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
 class AdamW : public Optimizer {
  public:
+  /// AdamW over `params`; bad options are a tpu::Error.
   AdamW(std::vector<Tensor> params, AdamWOptions o);
+  /// One update (see the class description).
   void step() override;
+  /// Steps taken (t).
   int64_t steps() const;
   std::map<std::string, Tensor> state_dict() const override;
+  /// Restores "lr", "step" and the moment buffers.
   void load_state_dict(const std::map<std::string, Tensor>& state) override;
 
  private:
@@ -94,23 +126,33 @@ class AdamW : public Optimizer {
 /// then call step() after each optimizer step.
 class LRScheduler {
  public:
+  /// A schedule driving `opt`, whose current lr is the base lr.
   explicit LRScheduler(Optimizer& opt) : opt_(opt), base_lr_(opt.lr()) {}
   virtual ~LRScheduler() = default;
+  /// Advances one step and sets the optimizer's lr to lr_at(step).
   void step();
+  /// Steps taken.
   int64_t last_step() const { return step_; }
+  /// The learning rate of step `step`.
   virtual double lr_at(int64_t step) const = 0;
 
  protected:
+  /// For subclasses' constructors: sets the lr of step 0.
   void init() { opt_.set_lr(lr_at(0)); }
+  /// The optimizer driven.
   Optimizer& opt_;
+  /// The optimizer's lr at construction.
   double base_lr_;
+  /// Steps taken.
   int64_t step_ = 0;
 };
 
 /// lr = base (start_factor + (1 - start_factor) min(step, warmup) / warmup).
 class LinearWarmupLR : public LRScheduler {
  public:
+  /// warmup_steps > 0 and start_factor in [0, 1], else a tpu::Error.
   LinearWarmupLR(Optimizer& opt, int64_t warmup_steps, double start_factor = 0.0);
+  /// See the class description.
   double lr_at(int64_t step) const override;
 
  private:
@@ -121,7 +163,9 @@ class LinearWarmupLR : public LRScheduler {
 /// lr = min_lr + (base - min_lr) (1 + cos(pi min(step, T) / T)) / 2.
 class CosineAnnealingLR : public LRScheduler {
  public:
+  /// t_max (T) > 0, else a tpu::Error.
   CosineAnnealingLR(Optimizer& opt, int64_t t_max, double min_lr = 0.0);
+  /// See the class description.
   double lr_at(int64_t step) const override;
 
  private:
@@ -132,7 +176,9 @@ class CosineAnnealingLR : public LRScheduler {
 /// Linear warmup from 0 over warmup_steps, then cosine decay to min_lr at total_steps.
 class WarmupCosineLR : public LRScheduler {
  public:
+  /// 0 <= warmup_steps < total_steps, else a tpu::Error.
   WarmupCosineLR(Optimizer& opt, int64_t warmup_steps, int64_t total_steps, double min_lr = 0.0);
+  /// See the class description.
   double lr_at(int64_t step) const override;
 
  private:
