@@ -60,8 +60,8 @@ struct Batch {
   /// Inputs and targets (undefined when the dataset has none).
   ///@{
   Tensor inputs, targets;
+  ///@}
 };
-///@}
 /// A function applied to a whole batch tensor.
 using Transform = std::function<Tensor(const Tensor&)>;
 /// A transform to f32 times `scale` (u8 pixels to [0, 1] by default), optionally flattened
