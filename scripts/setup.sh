@@ -8,9 +8,11 @@
 # libgloo-dev is the engine of tpu::dist's gloo backend (collectives between processes over TCP).
 # libhwy-dev: Google Highway, the one vector-math source for every x86 target (ops/cpu/vec_math_hwy.cpp).
 # mlir-14-tools: mlir-opt parses the StableHLO modules tpu::export_stablehlo writes (a CTest check).
+# doxygen: the API reference of the installed headers (scripts/api_reference.sh, run by scripts/test.sh).
 set -euo pipefail
 PKGS=(cmake ninja-build g++ make libfmt-dev libspdlog-dev libeigen3-dev nlohmann-json3-dev catch2 libbenchmark-dev
-      zlib1g-dev dataset-fashion-mnist libicu-dev fortunes libgloo-dev mlir-14-tools libcpp-httplib-dev libhwy-dev)
+      zlib1g-dev dataset-fashion-mnist libicu-dev fortunes libgloo-dev mlir-14-tools libcpp-httplib-dev libhwy-dev
+      doxygen)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

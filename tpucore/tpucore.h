@@ -22,3 +22,20 @@
 #include "tpucore/safetensors.h"
 #include "tpucore/streams.h"
 #include "tpucore/tokenizer.h"
+
+/** @mainpage tpucore API reference
+ *
+ * The reference of the installed public headers (`#include "tpucore/tpucore.h"` brings in all
+ * of them). Where to start:
+ *  - tpu::Tensor (tpucore/core/tensor.h) and the ops of tpucore/ops.h (eager, on the device of
+ *    their inputs: "cpu", "sim:N", "tpu:N", "pjrt:N"; semantics follow PyTorch);
+ *  - tpu::compile (tpucore/compile.h), the tracing JIT;
+ *  - autograd (tpucore/autograd.h), tpu::nn layers and losses, tpu::optim;
+ *  - devices, streams and the simulator (tpucore/devices.h, tpucore/streams.h), the profiler;
+ *  - tpu::dist process groups (tpucore/dist.h); checkpoints (tpucore/safetensors.h), the
+ *    tokenizer and the models;
+ *  - new backends: the Driver interface (device/driver.h) and the C plugin ABI
+ *    (device/plugin_abi.h).
+ * Every failure a caller can cause is a tpu::Error whose message names the op, the argument and
+ * the values involved.
+ */
