@@ -53,7 +53,7 @@ struct InitOptions {
   bool check_consistency = true;  ///< header exchange before each collective; $TPU_DIST_CHECK=0 off
 };
 
-class Backend;  ///< tpucore/dist/backend.h: gloo, sim
+class Backend;  // tpucore/dist/backend.h: gloo, sim
 namespace detail { struct WorkState; }
 
 /// Handle of an asynchronous collective. wait() blocks until it finished (rethrowing its error)

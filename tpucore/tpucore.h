@@ -39,3 +39,37 @@
  * Every failure a caller can cause is a tpu::Error whose message names the op, the argument and
  * the values involved.
  */
+
+/** @namespace tpu
+ * Everything of tpucore: tensors, ops, the tracing JIT, devices and streams (the headers under
+ * tpucore/ and tpucore/core/).
+ */
+/** @namespace tpu::autograd
+ * Reverse-mode differentiation beyond Tensor::backward: several roots, gradients returned
+ * instead of accumulated, hooks (tpucore/autograd.h).
+ */
+/** @namespace tpu::jit
+ * Counters of tpu::compile's compiled functions (tpucore/compile.h).
+ */
+/** @namespace tpu::nn
+ * Modules, layers and losses, as torch.nn (tpucore/nn.h).
+ */
+/** @namespace tpu::optim
+ * Optimizers, learning-rate schedules and gradient clipping (tpucore/optim.h).
+ */
+/** @namespace tpu::data
+ * IDX files, Fashion-MNIST and the DataLoader (tpucore/data.h).
+ */
+/** @namespace tpu::dist
+ * Process groups and collectives, as torch.distributed (tpucore/dist.h).
+ */
+/** @namespace tpu::profiler
+ * Host and chip profiling into a table and a Chrome trace (tpucore/profiler.h).
+ */
+/** @namespace tpu::pjrt
+ * A client of PJRT plugins (tpucore/runtime/pjrt_client.h).
+ */
+/** @namespace tpu::device
+ * The device layer a backend implements: the Driver interface and stream ids
+ * (device/driver.h, device/stream.h).
+ */
