@@ -265,7 +265,7 @@ Tensor log_softmax(const Tensor& x, int64_t dim);
 /// (x - mean) / sqrt(var + eps) * weight + bias over the trailing `normalized_shape` dims.
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = {}, const Tensor& bias = {},
                   double eps = 1e-5);
-/// x / sqrt(mean(x^2) + eps) * weight over the trailing dims; eps unset: the dtype's epsilon.
+/// x / sqrt(mean(x^2) + eps) * weight over the trailing dims; eps unset: f32's machine epsilon.
 Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = {},
                 std::optional<double> eps = std::nullopt);
 

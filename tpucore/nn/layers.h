@@ -60,7 +60,7 @@ class LayerNorm : public Module {
 /// Root-mean-square normalization over the trailing `normalized_shape` dims (as torch.nn.RMSNorm).
 class RMSNorm : public Module {
  public:
-  /// With `affine`, a weight (ones) of `normalized_shape`; eps unset means the dtype's epsilon.
+  /// With `affine`, a weight (ones) of `normalized_shape`; eps unset means f32's machine epsilon.
   explicit RMSNorm(Shape normalized_shape, std::optional<double> eps = std::nullopt, bool affine = true);
   /// rms_norm(x, normalized_shape, weight, eps).
   Tensor forward(const Tensor& x) override;
@@ -68,7 +68,7 @@ class RMSNorm : public Module {
   std::string type_name() const override { return "RMSNorm"; }
   /// The trailing dims normalized over.
   Shape normalized_shape;
-  /// Added to the mean square (unset: the dtype's epsilon, as PyTorch).
+  /// Added to the mean square (unset: f32's machine epsilon, as PyTorch for f32).
   std::optional<double> eps;
   /// Scale of `normalized_shape` (undefined without affine).
   Tensor weight;
