@@ -47,7 +47,7 @@ struct OpSummary {
   uint64_t bytes = 0;        ///< HBM traffic on the chip, or the op's inputs + outputs on the host
 };
 
-/// A profiling session: records from construction until stop() (or destruction).
+/// A profile: records from construction until stop() (or destruction).
 class Profile {
  public:
   /// Starts recording; a tpu::Error when another profile is recording.
