@@ -9,10 +9,11 @@
 # libhwy-dev: Google Highway, the one vector-math source for every x86 target (ops/cpu/vec_math_hwy.cpp).
 # mlir-14-tools: mlir-opt parses the StableHLO modules tpu::export_stablehlo writes (a CTest check).
 # python3: scripts/gen_figures.sh and scripts/bench_peers.sh turn benchmark JSON into the docs' tables.
+# doxygen: the API reference of the installed headers (scripts/api_reference.sh, run by scripts/test.sh).
 set -euo pipefail
 PKGS=(cmake ninja-build g++ make libfmt-dev libspdlog-dev libeigen3-dev nlohmann-json3-dev catch2 libbenchmark-dev
       zlib1g-dev dataset-fashion-mnist libicu-dev fortunes libgloo-dev mlir-14-tools libcpp-httplib-dev libhwy-dev
-      python3)
+      python3 doxygen)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

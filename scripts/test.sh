@@ -5,6 +5,8 @@
 #   2. every test (ctest)
 #   3. the examples on the simulator, small sizes (smoke runs of the README's example programs)
 #   4. install to a temporary prefix and build/run an out-of-tree consumer with find_package(tpucore)
+#   5. the API reference: Doxygen over the installed headers, failing on any warning
+#      (an undocumented public symbol; scripts/api_reference.sh, a few seconds)
 # The sanitizer pass (ASan + UBSan build and every test under it) is scripts/test_sanitizers.sh;
 # .ci/run runs it after this script.
 # `BUILD_DIR` and `JOBS` can be overridden.
@@ -34,4 +36,7 @@ cmake --install "$BUILD" --prefix "$PREFIX/usr" >/dev/null
 cmake -S tests/consumer -B "$PREFIX/consumer-build" -G Ninja -DCMAKE_PREFIX_PATH="$PREFIX/usr" >/dev/null
 cmake --build "$PREFIX/consumer-build" -j"$JOBS"
 LD_LIBRARY_PATH="$PREFIX/usr/lib:${LD_LIBRARY_PATH:-}" "$PREFIX/consumer-build/consumer"
+
+echo "== API reference (Doxygen, no warnings allowed)"
+BUILD_DIR="$BUILD" bash scripts/api_reference.sh
 echo "== all test stages passed"

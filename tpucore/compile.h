@@ -1,21 +1,22 @@
-// tpu::compile: the tracing JIT. `auto f = tpu::compile(fn, options)` returns a callable; the
-// first call with a new signature (shapes, dtypes, devices, requires_grad of the tensor
-// arguments, values of static arguments) traces fn on proxy tensors through the same op front
-// half as eager, optimizes the graph (simplify, fold, CSE, DCE, fusion, buffer planning) and
-// caches it; later calls with the same signature run the cached, fused graph directly.
-//
-// Arguments: Tensor, std::vector<Tensor>, numbers (float/int: runtime inputs unless listed in
-// options.static_args; bool: always static) and any other hashable value (static). Results:
-// Tensor, std::vector<Tensor>, or a std::tuple/std::pair of Tensors.
-// Tensors captured by fn (weights in a closure) are graph inputs bound by reference: in-place
-// updates are seen without a recompile. Reading a value while tracing (item(), to_vector())
-// is a graph break; options.fullgraph turns it into a tpu::Error. The grad mode and the layout
-// (contiguous or not) of tensor arguments are part of the key.
-// In-place ops inside fn (add_, copy_, zero_, ... on intermediates, views, arguments, captured
-// weights) are functionalized: written arguments and captured tensors are updated after each
-// run, as eager would. backward()/autograd::grad inside fn are traced into the same graph, the
-// leaves' .grad are set after each run, and optimizer steps trace too: a whole training step
-// (zero_grad, forward, loss, backward, step) compiles into one graph (see graph/README.md).
+/// @file
+/// tpu::compile: the tracing JIT. `auto f = tpu::compile(fn, options)` returns a callable; the
+/// first call with a new signature (shapes, dtypes, devices, requires_grad of the tensor
+/// arguments, values of static arguments) traces fn on proxy tensors through the same op front
+/// half as eager, optimizes the graph (simplify, fold, CSE, DCE, fusion, buffer planning) and
+/// caches it; later calls with the same signature run the cached, fused graph directly.
+///
+/// Arguments: Tensor, std::vector<Tensor>, numbers (float/int: runtime inputs unless listed in
+/// options.static_args; bool: always static) and any other hashable value (static). Results:
+/// Tensor, std::vector<Tensor>, or a `std::tuple` / `std::pair` of Tensors.
+/// Tensors captured by fn (weights in a closure) are graph inputs bound by reference: in-place
+/// updates are seen without a recompile. Reading a value while tracing (item(), to_vector())
+/// is a graph break; options.fullgraph turns it into a tpu::Error. The grad mode and the layout
+/// (contiguous or not) of tensor arguments are part of the key.
+/// In-place ops inside fn (add_, copy_, zero_, ... on intermediates, views, arguments, captured
+/// weights) are functionalized: written arguments and captured tensors are updated after each
+/// run, as eager would. backward() / `autograd::grad` inside fn are traced into the same graph, the
+/// leaves' .grad are set after each run, and optimizer steps trace too: a whole training step
+/// (zero_grad, forward, loss, backward, step) compiles into one graph (see graph/README.md).
 #pragma once
 
 #include <array>
@@ -34,44 +35,56 @@
 
 namespace tpu {
 
+/// Marks one dimension of a tensor argument as dynamic (CompileOptions::dynamic): sizes are
+/// rounded up to a power-of-two bucket so nearby sizes share one compiled graph.
 struct DynamicDim {
-  int arg = 0;  // argument index (a Tensor argument)
-  int dim = 0;  // dimension (negative counts from the end)
+  int arg = 0;  ///< argument index (a Tensor argument)
+  int dim = 0;  ///< dimension (negative counts from the end)
 };
 
+/// Options of tpu::compile.
 struct CompileOptions {
-  std::string name{};               // shown in stats and logs; default "fn<N>"
-  bool fullgraph = false;           // a graph break is a tpu::Error
-  std::vector<int> static_args{};   // number arguments that are part of the cache key
-  std::vector<DynamicDim> dynamic{};  // dims compiled once per power-of-two bucket
-  int warn_after_recompiles = 8;    // warn (naming the changing input) past this many compiles
-  bool optimize = true;             // simplify / fold / cse / dce
-  bool fuse = true;                 // fusion into regions and buffer planning
-  int verify = -1;                  // run the verifier after every pass: -1 debug builds only
-  bool disk_cache = true;           // when TPU_CACHE_DIR is set
+  std::string name{};               ///< shown in stats and logs; default "fn<N>"
+  bool fullgraph = false;           ///< a graph break is a tpu::Error
+  std::vector<int> static_args{};   ///< number arguments that are part of the cache key
+  std::vector<DynamicDim> dynamic{};  ///< dims compiled once per power-of-two bucket
+  int warn_after_recompiles = 8;    ///< warn (naming the changing input) past this many compiles
+  bool optimize = true;             ///< simplify / fold / cse / dce
+  bool fuse = true;                 ///< fusion into regions and buffer planning
+  int verify = -1;                  ///< run the verifier after every pass: -1 debug builds only
+  bool disk_cache = true;           ///< when TPU_CACHE_DIR is set
 };
 
 namespace jit {
 
+/// Counters of one compiled function.
 struct FunctionStats {
+  /// CompileOptions::name (or the default "fn<N>").
   std::string name;
+  /// Traces done (first call and every recompile).
   int64_t compiles = 0;
+  /// Calls served from the cache.
   int64_t hits = 0;
+  /// Graph breaks met while tracing.
   int64_t breaks = 0;
-  int64_t disk_hits = 0;  // compiles that loaded the optimized graph from TPU_CACHE_DIR
-  std::vector<std::string> reasons;        // one per compile: "first call", "arg 0 shape ..."
-  std::vector<std::string> break_reasons;  // distinct graph-break causes
-  double compile_ms = 0;                   // total time spent tracing and optimizing
+  int64_t disk_hits = 0;  ///< compiles that loaded the optimized graph from TPU_CACHE_DIR
+  std::vector<std::string> reasons;        ///< one per compile: "first call", "arg 0 shape ..."
+  std::vector<std::string> break_reasons;  ///< distinct graph-break causes
+  double compile_ms = 0;                   ///< total time spent tracing and optimizing
 };
+/// Counters of every compiled function (jit::stats()).
 struct Stats {
+  /// One entry per function.
   std::vector<FunctionStats> functions;
-  // The pointer points into this snapshot: keep the Stats alive while using it (calling find
-  // on a temporary, `jit::stats().find(...)`, would dangle, so it does not compile).
+  /// The entry named `name`, or null.
+  /// The pointer points into this snapshot: keep the Stats alive while using it (calling find
+  /// on a temporary, `jit::stats().find(...)`, would dangle, so it does not compile).
   const FunctionStats* find(std::string_view name) const&;
   const FunctionStats* find(std::string_view name) const&& = delete;
 };
-// A snapshot of the counters of every compiled function alive or dead in this process.
+/// A snapshot of the counters of every compiled function alive or dead in this process.
 Stats stats();
+/// Zeroes the counters of every function.
 void reset_stats();
 
 // Text and JSON of the graphs a compiled function holds (for debugging and tests).
@@ -93,7 +106,7 @@ struct TraceCall {
 class Engine;
 std::shared_ptr<Engine> make_engine(CompileOptions o);
 void engine_call(Engine& e, std::span<const ArgSlot> args, TraceCall trace, std::vector<Tensor>& outs);
-std::vector<std::string> engine_graphs(const Engine& e);  // printed optimized graphs
+std::vector<std::string> engine_graphs(const Engine& e);  ///< printed optimized graphs
 
 template <class T>
 ArgSlot make_slot(const T& v) {
@@ -165,11 +178,16 @@ decltype(auto) rebuild_arg(const ArgSlot& s, const P& original) {
 }  // namespace detail
 }  // namespace jit
 
+/// The callable tpu::compile returns: call it like the wrapped function. Copies share the
+/// cache. Errors while tracing (and, with fullgraph, graph breaks) are tpu::Error.
 template <class F>
 class Compiled {
  public:
+  /// Wraps `fn` (use tpu::compile).
   Compiled(F fn, CompileOptions o) : fn_(std::make_shared<F>(std::move(fn))), engine_(jit::detail::make_engine(std::move(o))) {}
 
+  /// Runs the compiled graph for these arguments, tracing and compiling first when their
+  /// signature is new; returns what fn returns.
   template <class... Args>
   auto operator()(const Args&... args) const {
     using R = std::decay_t<std::invoke_result_t<F&, const Args&...>>;
@@ -190,9 +208,9 @@ class Compiled {
     return jit::detail::ResultBuilder<R>::build(outs);
   }
 
-  // The optimized graphs this function holds, printed (one per cached signature).
+  /// The optimized graphs this function holds, printed (one per cached signature).
   std::vector<std::string> graphs() const { return jit::detail::engine_graphs(*engine_); }
-  // The wrapped function (tpu::export_stablehlo traces it, tpucore/export.h).
+  /// The wrapped function (tpu::export_stablehlo traces it, tpucore/export.h).
   const F& function() const { return *fn_; }
 
  private:
@@ -200,6 +218,8 @@ class Compiled {
   std::shared_ptr<jit::detail::Engine> engine_;
 };
 
+/// Wraps `fn` into a compiled callable (see the file's description); nothing is traced before
+/// the first call.
 template <class F>
 Compiled<std::decay_t<F>> compile(F&& fn, CompileOptions o = {}) {
   return Compiled<std::decay_t<F>>(std::forward<F>(fn), std::move(o));

@@ -1,6 +1,7 @@
-// Language models: the decoder-only transformer family of Hugging Face checkpoints (Llama,
-// Mistral, Qwen2, Qwen3), its building blocks (tpucore/nn/transformer.h) and the byte-level BPE
-// tokenizer of tokenizer.json files.
+/// @file
+/// Language models: the decoder-only transformer family of Hugging Face checkpoints (Llama,
+/// Mistral, Qwen2, Qwen3), its building blocks (tpucore/nn/transformer.h) and the byte-level BPE
+/// tokenizer of tokenizer.json files.
 #pragma once
 
 #include "tpucore/models/causal_lm.h"

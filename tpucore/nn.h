@@ -1,4 +1,5 @@
-// The nn API: modules, layers, attention and losses (see the headers under tpucore/nn/).
+/// @file
+/// The nn API: modules, layers, attention and losses (see the headers under tpucore/nn/).
 #pragma once
 
 #include "tpucore/autograd.h"

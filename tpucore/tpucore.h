@@ -1,6 +1,7 @@
-// tpucore's whole public API in one include: the core types (tpucore/core/), ops, the tracing
-// JIT, autograd, nn, optimizers, data and checkpoint I/O, devices and streams, the profiler,
-// process groups, the model family and the tokenizer.
+/// @file
+/// tpucore's whole public API in one include: the core types (tpucore/core/), ops, the tracing
+/// JIT, autograd, nn, optimizers, data and checkpoint I/O, devices and streams, the profiler,
+/// process groups, the model family and the tokenizer.
 #pragma once
 
 #include "tpucore/autograd.h"
@@ -21,3 +22,54 @@
 #include "tpucore/safetensors.h"
 #include "tpucore/streams.h"
 #include "tpucore/tokenizer.h"
+
+/** @mainpage tpucore API reference
+ *
+ * The reference of the installed public headers (`#include "tpucore/tpucore.h"` brings in all
+ * of them). Where to start:
+ *  - tpu::Tensor (tpucore/core/tensor.h) and the ops of tpucore/ops.h (eager, on the device of
+ *    their inputs: "cpu", "sim:N", "tpu:N", "pjrt:N"; semantics follow PyTorch);
+ *  - tpu::compile (tpucore/compile.h), the tracing JIT;
+ *  - autograd (tpucore/autograd.h), tpu::nn layers and losses, tpu::optim;
+ *  - devices, streams and the simulator (tpucore/devices.h, tpucore/streams.h), the profiler;
+ *  - tpu::dist process groups (tpucore/dist.h); checkpoints (tpucore/safetensors.h), the
+ *    tokenizer and the models;
+ *  - new backends: the Driver interface (device/driver.h) and the C plugin ABI
+ *    (device/plugin_abi.h).
+ * Every failure a caller can cause is a tpu::Error whose message names the op, the argument and
+ * the values involved.
+ */
+
+/** @namespace tpu
+ * Everything of tpucore: tensors, ops, the tracing JIT, devices and streams (the headers under
+ * tpucore/ and tpucore/core/).
+ */
+/** @namespace tpu::autograd
+ * Reverse-mode differentiation beyond Tensor::backward: several roots, gradients returned
+ * instead of accumulated, hooks (tpucore/autograd.h).
+ */
+/** @namespace tpu::jit
+ * Counters of tpu::compile's compiled functions (tpucore/compile.h).
+ */
+/** @namespace tpu::nn
+ * Modules, layers and losses, as torch.nn (tpucore/nn.h).
+ */
+/** @namespace tpu::optim
+ * Optimizers, learning-rate schedules and gradient clipping (tpucore/optim.h).
+ */
+/** @namespace tpu::data
+ * IDX files, Fashion-MNIST and the DataLoader (tpucore/data.h).
+ */
+/** @namespace tpu::dist
+ * Process groups and collectives, as torch.distributed (tpucore/dist.h).
+ */
+/** @namespace tpu::profiler
+ * Host and chip profiling into a table and a Chrome trace (tpucore/profiler.h).
+ */
+/** @namespace tpu::pjrt
+ * A client of PJRT plugins (tpucore/runtime/pjrt_client.h).
+ */
+/** @namespace tpu::device
+ * The device layer a backend implements: the Driver interface and stream ids
+ * (device/driver.h, device/stream.h).
+ */

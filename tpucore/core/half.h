@@ -1,5 +1,6 @@
-// 16-bit floating point storage types. Conversions from f32 round to nearest even;
-// NaN stays NaN (quiet), Inf stays Inf.
+/// @file
+/// 16-bit floating point storage types. Conversions from f32 round to nearest even;
+/// NaN stays NaN (quiet), Inf stays Inf.
 #pragma once
 
 #include <cstdint>
@@ -7,47 +8,59 @@
 
 namespace tpu {
 
+/// The IEEE bits of `f`.
 inline uint32_t f32_bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
   return u;
 }
+/// The float whose IEEE bits are `u`.
 inline float bits_f32(uint32_t u) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
 }
 
-// bfloat16: the top half of an IEEE f32.
+/// bfloat16: the top half of an IEEE f32.
 struct bf16 {
+  /// The raw 16 bits (the top half of the f32).
   uint16_t bits = 0;
   bf16() = default;
+  /// `f` rounded to nearest even.
   explicit bf16(float f) : bits(from_f32(f)) {}
+  /// The bf16 with raw bits `b`.
   static bf16 from_bits(uint16_t b) {
     bf16 r;
     r.bits = b;
     return r;
   }
+  /// The bits of `f` rounded to nearest even (a NaN stays a quiet NaN).
   static uint16_t from_f32(float f) {
     uint32_t u = f32_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // quiet NaN
     uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
     return static_cast<uint16_t>((u + rounding) >> 16);
   }
+  /// The exact f32 value.
   float to_f32() const { return bits_f32(static_cast<uint32_t>(bits) << 16); }
+  /// Converts to f32 (exact).
   operator float() const { return to_f32(); }
 };
 
-// IEEE binary16.
+/// IEEE binary16.
 struct f16 {
+  /// The raw 16 bits (sign, 5 exponent bits, 10 mantissa bits).
   uint16_t bits = 0;
   f16() = default;
+  /// `f` rounded to nearest even (overflow gives Inf).
   explicit f16(float f) : bits(from_f32(f)) {}
+  /// The f16 with raw bits `b`.
   static f16 from_bits(uint16_t b) {
     f16 r;
     r.bits = b;
     return r;
   }
+  /// The bits of `f` rounded to nearest even (subnormals kept; overflow gives Inf; NaN stays NaN).
   static uint16_t from_f32(float f) {
     uint32_t u = f32_bits(f);
     uint32_t sign = (u >> 16) & 0x8000u;
@@ -67,6 +80,7 @@ struct f16 {
     a += 0xc8000fffu + mant_odd;  // -(112 << 23) + 0xfff + odd
     return static_cast<uint16_t>(sign | (a >> 13));
   }
+  /// The exact f32 value.
   float to_f32() const {
     uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
     uint32_t exp = (bits >> 10) & 0x1fu;
@@ -79,6 +93,7 @@ struct f16 {
     }
     return bits_f32(sign | ((exp + 112u) << 23) | (mant << 13));
   }
+  /// Converts to f32 (exact).
   operator float() const { return to_f32(); }
 };
 
