@@ -137,7 +137,7 @@ int main(int argc, char** argv) {
     fmt::print("\n(compiled, first call: {:.2f} s of host time including the compile)\n", first.host_s);
     const RunFigures compiled = run(*model, prompt, g);
     report("compiled (tpu::compile of the decode step, reused)", compiled, cfg, tok);
-    fmt::print("(the fast compiled tokens {} the eager ones: fused kernels keep bf16 intermediates in f32)\n",
+    fmt::print("(these compiled tokens {} the eager ones: by default fused kernels keep bf16 intermediates in f32)\n",
                compiled.tokens == eager.tokens ? "equal" : "differ from");
 
     // Eager-equal numerics: the same compiled step under emulate_precision_casts (a recompile,
