@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "codegen/cache_update.h"
+#include "codegen/cached_attention.h"
 #include "codegen_testing.h"
 #include "graph/printer.h"
 #include "jit_testing.h"
@@ -157,6 +159,29 @@ TEST_CASE("compile: under emulate_precision_casts the fused chip kernels still r
   (void)mlp(x);
   CHECK(count("region:matmul") + count("region:mlp") > mm);
   CHECK(probe.new_fallbacks() == 0);
+}
+
+// The one-program kv_cache_attention kernel steps through the keys in blocks chosen from the
+// cache's capacity, eager's attention kernel in blocks chosen from the live length: their f32
+// sums differ in the last bits (visible with f32 caches; bf16 outputs round most of it away).
+TEST_CASE("compile: under emulate_precision_casts kv_cache_attention is eager's attention over the live keys",
+          "[jit][precision][codegen]") {
+  TinySim tiny;
+  const Device d = tiny.dev();
+  for (DType dt : {DType::bf16, DType::f32}) {
+    const Tensor q = rnd_bf16({2, 4, 1, 16}, 61, d).to(dt), kc = rnd_bf16({2, 2, 256, 16}, 62, d, 3.0).to(dt),
+                 vc = rnd_bf16({2, 2, 256, 16}, 63, d).to(dt);
+    auto f = tpu::compile(
+        [&](const Tensor& qq, const Tensor& p) { return codegen::kv_cache_attention(qq, kc, vc, p, {}, 0.25); },
+        {.name = "prec_kv_attention", .emulate_precision_casts = 1});
+    for (int64_t pos : {0, 31, 100, 255}) {
+      const Tensor eager = tpu::scaled_dot_product_attention(q, kc.narrow(2, 0, pos + 1), vc.narrow(2, 0, pos + 1), {},
+                                                             false, 0.25);
+      const Tensor p = codegen::position_tensor(pos, d);
+      expect_bits_equal(f(q, p), eager,
+                        fmt::format("kv_cache_attention, {} caches, position {}", dtype_name(dt), pos));
+    }
+  }
 }
 
 TEST_CASE("compile: emulate_precision_casts is part of the cache key", "[jit][precision]") {
