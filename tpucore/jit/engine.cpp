@@ -587,7 +587,9 @@ Entry* Engine::compile(std::span<const ArgSlot> args, TraceCall tc, const std::v
     }
     e->dynamic_in = pad;
   }
-  e->program = compile_for_device(g, opts_.name);
+  // A device's whole-graph compiler (pjrt) knows nothing of emulate_precision_casts: under it the
+  // graph runs its ops one by one, as eager does.
+  if (!emulate_) e->program = compile_for_device(g, opts_.name);
   // Optimize (or load the optimized graph from the disk cache).
   bool from_disk = false;
   const uint64_t key = graph::hash_combine(graph::hash_combine(graph::structural_hash(g), emulate_ ? 1 : 0),
