@@ -153,7 +153,8 @@ int main(int argc, char** argv) {
       return 1;
     }
     fmt::print("compiled tokens with emulate_precision_casts equal the eager ones ({} tokens, bit-equal numerics; "
-               "{:.2f} s of host time)\n", eager.tokens.size(), emulated.host_s);
+               "{:.0f} chip cycles/token, {:.2f} s of host time)\n",
+               eager.tokens.size(), emulated.chip.cycles / static_cast<double>(emulated.tokens.size()), emulated.host_s);
 
     {
       profiler::Profile prof;
