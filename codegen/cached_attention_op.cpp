@@ -8,6 +8,7 @@
 #include "codegen/launch.h"
 #include "codegen/precision.h"
 #include "ops/meta_util.h"
+#include "ops/precision_scope.h"
 #include "ops/registry.h"
 #include "tpucore/ops.h"
 
@@ -86,6 +87,10 @@ void cached_attention_chip(const KernelArgs& a) {
     s.has_mask = true;
     s.mask_batch_stride = mask.strides()[0];
   }
+  // Under emulate_precision_casts the attention over the live keys is eager's own
+  // (scaled_dot_product_attention over the narrowed cache): the one-program kernel's online
+  // softmax steps through the keys in other blocks, so its sums round differently.
+  if (ops::emulating_precision_casts()) fits = false;
   if (!fits) {  // the attention kernel over the narrowed cache (a program per length)
     a.outputs[0] = narrowed(a, len);
     return;

@@ -78,7 +78,7 @@ bool run_mlp_pair(const Graph& g, const Region& r1, std::vector<Tensor>& vals) {
   std::vector<Tensor> args1 = p1->epilogue_args;
   RegionExprBuilder e1{g, vals, hm.shape, hm.device, s.epi1, s.epi1_inputs, args1};
   e1.first_input = 1;
-  e1.known[l1.outputs[0]] = p1->spec.epilogue.result;
+  e1.known[l1.outputs[0]] = e1.round_as_eager(l1.outputs[0], p1->spec.epilogue.result);
   for (size_t i = 1; i < r1.nodes.size(); ++i)
     if (!e1.add(g.nodes[size_t(r1.nodes[i])])) return false;
   auto h_ref = e1.known.find(hv);
@@ -104,7 +104,7 @@ bool run_mlp_pair(const Graph& g, const Region& r1, std::vector<Tensor>& vals) {
   }
   RegionExprBuilder e2{g, vals, om.shape, om.device, s.epi2, s.epi2_inputs, args2};
   e2.first_input = 1;
-  e2.known[l2.outputs[0]] = s.epi2.result;
+  e2.known[l2.outputs[0]] = e2.round_as_eager(l2.outputs[0], s.epi2.result);
   for (size_t i = 1; i < r2->nodes.size(); ++i)
     if (!e2.add(g.nodes[size_t(r2->nodes[i])])) return false;
   auto o_ref = e2.known.find(r2->outputs[0]);

@@ -33,6 +33,14 @@ std::optional<VecRef> RegionExprBuilder::ref(graph::ValueId v) {
   return known[v] = r;
 }
 
+VecRef RegionExprBuilder::round_as_eager(graph::ValueId v, VecRef r) {
+  // Under emulate_precision_casts a bf16 value is rounded where eager would have stored it (the
+  // chip has no f16: such regions never lower). A rounded value that is also a region output is
+  // stored by the same vmov.
+  if (g.emulate_precision_casts && g.meta(v).dtype == DType::bf16) return e.round_bf16(r);
+  return r;
+}
+
 bool RegionExprBuilder::add(const graph::Node& n) {
   // Inside a region `contiguous` is the identity: the region reads its input through its
   // layout and writes a fresh output.
@@ -60,7 +68,7 @@ bool RegionExprBuilder::add(const graph::Node& n) {
   VecRef r;
   if (!rule->elementwise(e, in, n.attrs, in_dtype, r)) return false;
   key += fmt::format("{}[{}];", n.op->name, n.attrs.str());
-  known[n.outputs[0]] = r;
+  known[n.outputs[0]] = round_as_eager(n.outputs[0], r);
   return true;
 }
 

@@ -31,6 +31,9 @@ struct RegionExprBuilder {
       : g(g_), vals(vals_), domain(std::move(domain_)), dev(dev_), e(e_), inputs(inputs_), args(args_) {}
 
   std::optional<VecRef> ref(graph::ValueId v);
+  // r, the f32 value of v, rounded to v's dtype when the graph emulates eager's precision
+  // casts (Graph::emulate_precision_casts) and eager would have rounded it; else r.
+  VecRef round_as_eager(graph::ValueId v, VecRef r);
   // Appends node n; false when it does not lower (no elementwise rule, integer math, an input
   // that is not available or not laid out).
   bool add(const graph::Node& n);

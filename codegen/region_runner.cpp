@@ -119,7 +119,9 @@ bool run_matmul_region(const Graph& g, const Region& r, std::vector<Tensor>& val
   eb.known[mm.outputs[0]] = plan->value;
   // A cast written on a bf16 matmul's result sees the bf16 value eager computes, not the f32
   // accumulator (other epilogue ops may keep f32).
-  if (mmo.dtype == DType::bf16)
+  if (g.emulate_precision_casts) {
+    eb.known[mm.outputs[0]] = eb.round_as_eager(mm.outputs[0], plan->value);
+  } else if (mmo.dtype == DType::bf16) {
     for (size_t i = 1; i < r.nodes.size(); ++i) {
       const Node& n = g.nodes[size_t(r.nodes[i])];
       if (n.op->name == "to_dtype" && !n.inputs.empty() && n.inputs[0] == mm.outputs[0]) {
@@ -127,6 +129,7 @@ bool run_matmul_region(const Graph& g, const Region& r, std::vector<Tensor>& val
         break;
       }
     }
+  }
   for (size_t i = 1; i < r.nodes.size(); ++i)
     if (!eb.add(g.nodes[size_t(r.nodes[i])])) return false;
   auto it = eb.known.find(outv);

@@ -97,7 +97,7 @@ bool run_rowwise_region(const graph::Graph& g, const graph::Region& r, std::vect
     std::vector<Tensor> epi_args;
     RegionExprBuilder eb{g, vals, om.shape, dev, s.epilogue, s.epi_inputs, epi_args};
     eb.first_input = 1;
-    eb.known[yv] = s.epilogue.input(0);
+    eb.known[yv] = eb.round_as_eager(yv, s.epilogue.input(0));
     for (size_t i = size_t(k) + 1; i < r.nodes.size(); ++i)
       if (!eb.add(g.nodes[size_t(r.nodes[i])])) return false;
     auto it = eb.known.find(outv);

@@ -5,8 +5,11 @@
 // Hugging Face checkpoint, then reused. It is loaded like any checkpoint onto `sim:0` in bf16
 // and generates a fortune twice, eager (every op a chip kernel as it is called) and compiled
 // (tpu::compile over the decode step: one compile, then every step reuses it), printing host
-// tokens/s, chip cycles per token, MFU and HBM bandwidth use on the named chip and timing model,
-// then the profiler's table of the compiled run and its Chrome/Perfetto trace.
+// tokens/s, chip cycles per token, MFU and HBM bandwidth use on the named chip and timing model.
+// The compiled step is then run once more with emulate_precision_casts (tpucore/compile.h: the
+// fused kernels round every bf16 intermediate where eager does and compute each op as eager
+// does), and its tokens must equal the eager ones: the example fails if they do not. Last, the
+// profiler's table of the compiled run and its Chrome/Perfetto trace.
 //
 //   main_example [--chip v5e] [--model DIR] [--tokens N] [--train-seconds S] [--trace FILE]
 #include <chrono>
@@ -134,7 +137,24 @@ int main(int argc, char** argv) {
     fmt::print("\n(compiled, first call: {:.2f} s of host time including the compile)\n", first.host_s);
     const RunFigures compiled = run(*model, prompt, g);
     report("compiled (tpu::compile of the decode step, reused)", compiled, cfg, tok);
-    fmt::print("compiled tokens {} the eager ones\n", compiled.tokens == eager.tokens ? "equal" : "differ from");
+    fmt::print("(these compiled tokens {} the eager ones: by default fused kernels keep bf16 intermediates in f32)\n",
+               compiled.tokens == eager.tokens ? "equal" : "differ from");
+
+    // Eager-equal numerics: the same compiled step under emulate_precision_casts (a recompile,
+    // named in jit::stats(); the process default reaches the step generate() compiles).
+    jit::set_emulate_precision_casts(true);
+    const RunFigures emulated = run(*model, prompt, g);
+    jit::set_emulate_precision_casts(false);
+    if (emulated.tokens != eager.tokens) {
+      size_t at = 0;
+      while (at < emulated.tokens.size() && at < eager.tokens.size() && emulated.tokens[at] == eager.tokens[at]) ++at;
+      fmt::print(stderr, "main_example: FAILED: compiled tokens with emulate_precision_casts differ from the eager ones "
+                         "(first at token {} of {})\n", at, eager.tokens.size());
+      return 1;
+    }
+    fmt::print("compiled tokens with emulate_precision_casts equal the eager ones ({} tokens, bit-equal numerics; "
+               "{:.0f} chip cycles/token, {:.2f} s of host time)\n",
+               eager.tokens.size(), emulated.chip.cycles / static_cast<double>(emulated.tokens.size()), emulated.host_s);
 
     {
       profiler::Profile prof;

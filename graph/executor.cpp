@@ -1,6 +1,9 @@
 #include "graph/executor.h"
 
+#include <algorithm>
+
 #include "graph/region_vec.h"
+#include "ops/precision_scope.h"
 #include "tpucore/ops.h"
 
 namespace tpu::graph {
@@ -75,7 +78,10 @@ Executable::Executable(Graph g, RegionRunner device_regions) : g_(std::move(g)),
   }
   if (on_cpu_)
     for (const Region& r : g_.regions) {
-      programs_.push_back(prepare_region(g_, r));
+      // Under emulate_precision_casts a region runs as one tile: each node's kernel sees whole
+      // operands, as in eager (a matmul over a tile of rows may take another kernel, with
+      // another summation order, than over all of them; intermediates keep their dtype anyway).
+      programs_.push_back(prepare_region(g_, r, g_.emulate_precision_casts ? std::max<int64_t>(r.domain.numel(), 1) : 0));
       vec_ok_.push_back(vec_region_supported(g_, r) ? 1 : 0);
     }
 }
@@ -84,6 +90,7 @@ void Executable::run(std::span<const Tensor> inputs, std::vector<Tensor>& output
   TPU_CHECK(inputs.size() == g_.inputs.size(), "internal: compiled graph expects {} inputs, got {}", g_.inputs.size(),
             inputs.size());
   std::vector<Tensor> vals(g_.values.size());
+  const ops::EmulatePrecisionScope emulate(g_.emulate_precision_casts);
   for (size_t i = 0; i < inputs.size(); ++i) vals[static_cast<size_t>(g_.inputs[i])] = inputs[i];
   for (size_t v = 0; v < g_.values.size(); ++v)
     if (g_.values[v].kind == ValueKind::constant) vals[v] = g_.values[v].constant;

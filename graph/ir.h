@@ -74,6 +74,10 @@ class Graph {
   std::vector<ValueId> outputs;
   std::vector<Region> regions;
   BufferPlan plan;
+  // Compiled with emulate_precision_casts (tpucore/compile.h): the executors round every
+  // intermediate whose eager op would have rounded and compute each op as its eager kernel does,
+  // so results equal eager's bit for bit on the same device. Part of the structural hash.
+  bool emulate_precision_casts = false;
 
   ValueId add_input(const ValueMeta& m);
   ValueId add_constant(Tensor t, bool wrapped = false);

@@ -6,7 +6,8 @@
 //    "nodes": [{"op": "add", "inputs": [ids], "outputs": [ids], "region": -1,
 //               "attrs": [[name, type, value], ...]}],
 //    "regions": [{"kind": .., "domain": [..], "tile_dim_limit": k, "nodes": [..],
-//                 "inputs": [..], "outputs": [..]}]}
+//                 "inputs": [..], "outputs": [..]}],
+//    "emulate_precision_casts": true (only when set)}
 // Node outputs are listed by id; values of kind node take their producer from the node list.
 #include <nlohmann/json.hpp>
 
@@ -130,6 +131,7 @@ std::string to_json(const Graph& g) {
     regions.push_back({{"kind", region_name(r.kind)}, {"domain", r.domain.vec()}, {"tile_dim_limit", r.tile_dim_limit},
                        {"nodes", r.nodes}, {"inputs", r.inputs}, {"outputs", r.outputs}});
   j["regions"] = std::move(regions);
+  if (g.emulate_precision_casts) j["emulate_precision_casts"] = true;
   if (g.plan.valid)
     j["plan"] = {{"slot_bytes", g.plan.slot_bytes}, {"slot_of", g.plan.slot_of}, {"planned_peak_bytes", g.plan.planned_peak_bytes},
                  {"unplanned_bytes", g.plan.unplanned_bytes}};
@@ -220,6 +222,11 @@ Graph from_json(const std::string& text) {
         for (const json& x : jr.at("outputs")) r.outputs.push_back(id_in(x, nv, "a region output"));
         g.regions.push_back(std::move(r));
       }
+    }
+    if (j.contains("emulate_precision_casts")) {
+      const json& e = j.at("emulate_precision_casts");
+      TPU_CHECK(e.is_boolean(), "graph JSON: emulate_precision_casts must be a boolean, got {}", e.dump());
+      g.emulate_precision_casts = e.get<bool>();
     }
     if (j.contains("plan")) {
       const json& p = j.at("plan");

@@ -99,6 +99,7 @@ void verify(const Graph& g, const std::string& when) {
 
 PassReport optimize(Graph& g, const PassOptions& o) {
   PassReport rep;
+  g.emulate_precision_casts = o.emulate_precision_casts;
   auto run = [&](const char* name, auto&& fn) {
     int c = fn();
     rep.changes.emplace_back(name, c);

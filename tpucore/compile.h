@@ -53,6 +53,12 @@ struct CompileOptions {
   bool fuse = true;                 ///< fusion into regions and buffer planning
   int verify = -1;                  ///< run the verifier after every pass: -1 debug builds only
   bool disk_cache = true;           ///< when TPU_CACHE_DIR is set
+  /// Eager-equal numerics, as PyTorch Inductor's emulate_precision_casts: fused cpu and chip
+  /// kernels round every intermediate to its traced dtype (bf16, f16) where the eager op would
+  /// have materialised it, and compute each op with the eager kernel's f32 math, so results equal
+  /// eager ones bit for bit on the same device. 1 on, 0 off, -1 the process default
+  /// (jit::set_emulate_precision_casts). Part of the cache key.
+  int emulate_precision_casts = -1;
 };
 
 namespace jit {
@@ -86,6 +92,14 @@ struct Stats {
 Stats stats();
 /// Zeroes the counters of every function.
 void reset_stats();
+
+/// Sets the process default of CompileOptions::emulate_precision_casts (off unless the environment
+/// variable TPU_EMULATE_PRECISION_CASTS is 1). Read at every call of a compiled function that
+/// leaves the option at -1: changing it recompiles (the reason names it), never reuses a graph
+/// compiled under the other setting.
+void set_emulate_precision_casts(bool on);
+/// The process default of CompileOptions::emulate_precision_casts.
+bool emulate_precision_casts();
 
 // Text and JSON of the graphs a compiled function holds (for debugging and tests).
 namespace detail {

@@ -37,6 +37,7 @@ struct PassOptions {
   bool fuse = true;
   bool plan = true;
   bool verify = false;
+  bool emulate_precision_casts = false;  // sets Graph::emulate_precision_casts first
 };
 struct PassReport {
   std::vector<std::pair<std::string, int>> changes;  // pass name, changes

@@ -61,6 +61,7 @@ class Engine {
   std::vector<char> static_args_;
   bool breaks_mode_ = false;
   bool dynamic_off_ = false;
+  bool emulate_ = false;  // emulate_precision_casts of the call in progress (set under mu_)
   std::string guard_reason_;  // why a cache entry with the same signature did not apply
   std::unordered_map<uint64_t, std::shared_ptr<graph::Executable>> segments_;
 };
@@ -113,6 +114,10 @@ Engine::Engine(CompileOptions o) : opts_(std::move(o)) {
   if (opts_.name.empty()) opts_.name = fmt::format("fn{}", g_counter.fetch_add(1));
   scope_name_ = fmt::format("compiled:{}", opts_.name);
   stats_ = register_stats(opts_.name);
+  TPU_CHECK(opts_.emulate_precision_casts >= -1 && opts_.emulate_precision_casts <= 1,
+            "compile('{}'): emulate_precision_casts must be 1 (on), 0 (off) or -1 (the process default), got {}",
+            opts_.name, opts_.emulate_precision_casts);
+  emulate_ = resolve_emulate(opts_.emulate_precision_casts);
   for (int a : opts_.static_args) {
     TPU_CHECK(a >= 0 && a < 64, "compile: static_args entry {} is out of range", a);
     if (static_args_.size() <= static_cast<size_t>(a)) static_args_.resize(static_cast<size_t>(a) + 1, 0);
@@ -124,6 +129,7 @@ graph::PassOptions Engine::pass_options() const {
   graph::PassOptions p;
   p.fold = p.simplify = p.cse = opts_.optimize;
   p.fuse = p.plan = opts_.fuse;
+  p.emulate_precision_casts = emulate_;
 #ifdef NDEBUG
   p.verify = opts_.verify == 1;
 #else
@@ -262,6 +268,7 @@ void Engine::add_write_backs(graph::Tracer& tr, std::vector<WriteBack>& writes) 
 
 Tensor Engine::on_break(graph::Tracer& t, const Tensor& proxy, const std::string& why) {
   TPU_CHECK(!opts_.fullgraph, "compile('{}'): graph break with fullgraph=true: {}", opts_.name, why);
+  emulate_ = resolve_emulate(opts_.emulate_precision_casts);  // the defer engine's flushes come here directly
   {
     std::lock_guard<std::mutex> lk(stats_->mu);
     ++stats_->s.breaks;
@@ -357,7 +364,7 @@ void Engine::finish_segments(Traced& t, std::vector<Tensor>& outs) {
 }
 
 std::shared_ptr<graph::Executable> Engine::segment(const graph::Graph& g) {
-  const uint64_t h = graph::structural_hash(g);
+  const uint64_t h = graph::hash_combine(graph::structural_hash(g), emulate_ ? 1 : 0);
   auto it = segments_.find(h);
   if (it != segments_.end()) {
     stats_->hits.fetch_add(1, std::memory_order_relaxed);
@@ -407,6 +414,7 @@ void Engine::run_entry(const Entry& e, std::span<const ArgSlot> args, std::vecto
 
 void Engine::call(std::span<const ArgSlot> args, TraceCall tc, std::vector<Tensor>& outs) {
   std::unique_lock<std::mutex> lk(mu_);
+  emulate_ = resolve_emulate(opts_.emulate_precision_casts);
   if (breaks_mode_) {  // functions with graph breaks are re-traced; segments are cached
     Traced t = trace(args, tc, nullptr, {}, nullptr);
     finish_segments(t, outs);
@@ -414,7 +422,7 @@ void Engine::call(std::span<const ArgSlot> args, TraceCall tc, std::vector<Tenso
   }
   const std::vector<DynamicDim>* dyn = opts_.dynamic.empty() || dynamic_off_ ? nullptr : &opts_.dynamic;
   std::vector<int64_t>& sig = t_sig;
-  build_signature(args, SigOptions{&static_args_, dyn}, sig);
+  build_signature(args, SigOptions{&static_args_, dyn, emulate_}, sig);
   const uint64_t h = hash_signature(sig);
   const Entry* hit = nullptr;
   std::string guard_failed;
@@ -540,7 +548,7 @@ Entry* Engine::compile(std::span<const ArgSlot> args, TraceCall tc, const std::v
                     opts_.name, i);
       }
       const std::vector<DynamicDim>* dyn = pad.empty() ? nullptr : &opts_.dynamic;
-      build_signature(args, SigOptions{&static_args_, dyn}, sig);
+      build_signature(args, SigOptions{&static_args_, dyn, emulate_}, sig);
       hash = hash_signature(sig);
     } else {
       for (auto& [arg, dt] : bound) {
@@ -564,7 +572,7 @@ Entry* Engine::compile(std::span<const ArgSlot> args, TraceCall tc, const std::v
     if (!follow) {
       log().info("compile '{}': dynamic dims disabled (compiling exact sizes): {}", opts_.name, why);
       dynamic_off_ = true;
-      build_signature(args, SigOptions{&static_args_, nullptr}, sig);
+      build_signature(args, SigOptions{&static_args_, nullptr, emulate_}, sig);
       return compile(args, tc, sig, hash_signature(sig), outs, ran);
     }
     for (auto& [out, dim] : *follow) {
@@ -579,12 +587,20 @@ Entry* Engine::compile(std::span<const ArgSlot> args, TraceCall tc, const std::v
     }
     e->dynamic_in = pad;
   }
-  e->program = compile_for_device(g, opts_.name);
+  // A device's whole-graph compiler (pjrt) knows nothing of emulate_precision_casts: under it the
+  // graph runs its ops one by one, as eager does.
+  if (!emulate_) e->program = compile_for_device(g, opts_.name);
   // Optimize (or load the optimized graph from the disk cache).
   bool from_disk = false;
-  const uint64_t key = graph::hash_combine(graph::structural_hash(g), std::hash<std::string>{}(kCompilerVersion));
+  const uint64_t key = graph::hash_combine(graph::hash_combine(graph::structural_hash(g), emulate_ ? 1 : 0),
+                                           std::hash<std::string>{}(kCompilerVersion));
   std::optional<graph::Graph> opt;
   if (opts_.disk_cache && disk_cache_enabled()) opt = disk_cache_load(key, g);
+  if (opt && opt->emulate_precision_casts != emulate_) {  // a hash collision: never a graph of the other mode
+    log().warn("compile '{}': the disk cache entry was compiled with emulate_precision_casts {}; rebuilding it",
+               opts_.name, opt->emulate_precision_casts ? "on" : "off");
+    opt.reset();
+  }
   if (opt) {
     from_disk = true;
   } else {

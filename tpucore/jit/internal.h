@@ -115,7 +115,11 @@ void apply_writes(std::span<const Tensor> ins, std::vector<Tensor>& outs, const 
 struct SigOptions {
   const std::vector<char>* static_args;
   const std::vector<DynamicDim>* dynamic;  // nullptr: exact sizes
+  bool emulate = false;                    // emulate_precision_casts in effect
 };
+// The process default of emulate_precision_casts, and an option value (-1: that default) resolved.
+std::atomic<bool>& emulate_default();
+bool resolve_emulate(int option);
 void build_signature(std::span<const ArgSlot> args, const SigOptions& o, std::vector<int64_t>& sig);
 uint64_t hash_signature(const std::vector<int64_t>& sig);
 // "arg 0 shape [8, 128] -> [9, 128]" (the first difference), or "" when equal.

@@ -1,12 +1,15 @@
-// Call signatures of compiled functions. First the grad mode (1 on, 0 off: tracing records
-// autograd nodes only when it is on), then per argument a few integers:
+// Call signatures of compiled functions. First the mode: bit 0 the grad mode (tracing records
+// autograd nodes only when it is on), bit 1 emulate_precision_casts (a graph compiled without it
+// is never reused with it, and back); then per argument a few integers:
 //   tensor:      [1, ndim, dims..., dtype, device, requires_grad, contiguous]
 //   tensor list: [2, length, then each tensor as above without the leading 1]
 //   number:      [3, kind]            (a runtime input: its value is not in the key)
 //   static num.: [4, bits of the value]
 //   other:       [5, hash]
 // Building and hashing it allocates nothing once the vector has grown (the hit path).
+#include <atomic>
 #include <bit>
+#include <cstdlib>
 #include <cstring>
 
 #include "tpucore/autograd.h"
@@ -38,11 +41,24 @@ void put_tensor(const Tensor& t, int arg, const SigOptions& o, std::vector<int64
 
 }  // namespace
 
+std::atomic<bool>& emulate_default() {
+  static std::atomic<bool> on{[] {
+    const char* e = std::getenv("TPU_EMULATE_PRECISION_CASTS");
+    if (!e || !*e) return false;
+    const std::string v = e;
+    TPU_CHECK(v == "0" || v == "1", "TPU_EMULATE_PRECISION_CASTS must be 0 or 1, got '{}'", v);
+    return v == "1";
+  }()};
+  return on;
+}
+
 int64_t bucket_size(int64_t n) { return n <= 1 ? 1 : static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(n))); }
+
+bool resolve_emulate(int option) { return option < 0 ? emulate_default().load() : option != 0; }
 
 void build_signature(std::span<const ArgSlot> args, const SigOptions& o, std::vector<int64_t>& sig) {
   sig.clear();
-  sig.push_back(is_grad_enabled() ? 1 : 0);
+  sig.push_back((is_grad_enabled() ? 1 : 0) | (o.emulate ? 2 : 0));
   for (size_t i = 0; i < args.size(); ++i) {
     const ArgSlot& a = args[i];
     switch (a.kind) {
@@ -128,7 +144,9 @@ double bits_to_double(int64_t b) {
 std::string describe_change(const std::vector<int64_t>& before, const std::vector<int64_t>& now) {
   Reader a{before}, b{now};
   const int64_t ga = a.next(), gb = b.next();
-  if (ga != gb) return fmt::format("grad mode {} -> {}", ga ? "on" : "off", gb ? "on" : "off");
+  if ((ga & 1) != (gb & 1)) return fmt::format("grad mode {} -> {}", ga & 1 ? "on" : "off", gb & 1 ? "on" : "off");
+  if (ga != gb)
+    return fmt::format("emulate_precision_casts {} -> {}", ga & 2 ? "on" : "off", gb & 2 ? "on" : "off");
   for (int arg = 0; !a.done() || !b.done(); ++arg) {
     const int64_t ka = a.next(), kb = b.next();
     if (ka != kb) return fmt::format("arg {} kind changed", arg);
@@ -154,3 +172,8 @@ std::string describe_change(const std::vector<int64_t>& before, const std::vecto
 }
 
 }  // namespace tpu::jit::detail
+
+namespace tpu::jit {
+void set_emulate_precision_casts(bool on) { detail::emulate_default() = on; }
+bool emulate_precision_casts() { return detail::emulate_default().load(); }
+}  // namespace tpu::jit
