@@ -97,12 +97,12 @@ Value arith(Interp& in, const std::string& op, const Value& a, const Value& b, P
   if (op == "+" && a.is_sequence() && a.kind == b.kind) {
     List l = *a.list;
     l.insert(l.end(), b.list->begin(), b.list->end());
-    in.check_size(l.size(), p);
+    in.check_size(l.size() * sizeof(Value), p);
     return Value::make_list(std::move(l), a.kind == K::Tuple);
   }
   if (op == "*" && (a.is_string() || a.is_sequence()) && (b.kind == K::Int || b.kind == K::Bool)) {
     const int64_t n = std::max<int64_t>(0, as_int(b));
-    const size_t unit = a.is_string() ? a.s.size() : a.list->size();
+    const size_t unit = a.is_string() ? a.s.size() : a.list->size() * sizeof(Value);
     if (unit && uint64_t(n) > in.max_output / unit) in.check_size(in.max_output + 1, p);
     if (a.is_string()) {
       std::string s;
