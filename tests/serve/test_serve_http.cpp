@@ -303,7 +303,7 @@ TEST_CASE("tpu-serve: a non-streaming client that disconnects is cancelled and i
   CHECK(status == 200);
 }
 
-TEST_CASE("tpu-serve: the chat prompt is the model's template; no template or a rejected conversation is a 400",
+TEST_CASE("tpu-serve: the chat prompt is the model's template, and no template or a rejected conversation is a 400",
           "[serve][http]") {
   const json messages = json::parse(R"([{"role": "system", "content": "s"},
                                         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])");

@@ -40,7 +40,7 @@ void no_more_args(const List& args, const Kwargs& kw, size_t n_pos, const std::s
   if (!kw.empty()) fail_at(p, callee + ": unsupported keyword argument '" + kw.front().first + "'");
 }
 
-List iterate(const Value& v, Pos p) {
+List iterate(const Value& v, Pos p) {  // callers charge the steps of the work on the items
   switch (v.kind) {
     case Value::Kind::List: case Value::Kind::Tuple: return *v.list;
     case Value::Kind::Dict: {
@@ -258,6 +258,7 @@ void add_globals(Frame& f) {
     if (s == 0) fail_at(p, "range() arg 3 must not be zero");
     const __int128 n = s > 0 ? (b > a ? (__int128(b) - a + s - 1) / s : 0) : (a > b ? (__int128(a) - b - s - 1) / -s : 0);
     if (n > 100000) fail_at(p, "Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
+    in.charge(size_t(n), p);
     List out;
     for (int64_t k = 0; k < int64_t(n); ++k) out.push_back(Value::integer(a + k * s));
     return Value::make_list(std::move(out));

@@ -27,6 +27,11 @@ void Interp::step(Pos p) {
   --steps_left;
 }
 
+void Interp::charge(size_t n, Pos p) {
+  if (steps_left < n) fail_at(p, "the template ran too long (evaluation step limit reached)");
+  steps_left -= n;
+}
+
 void Interp::check_size(size_t n, Pos p) const {
   if (n > max_output) fail_at(p, "the template built a string longer than the limit of " + std::to_string(max_output) + " bytes");
 }
@@ -147,7 +152,13 @@ bool compare(const std::string& op, const Value& a, const Value& b, Pos p) {
   return !less(a, b, p);  // >=
 }
 
-int64_t norm_index(int64_t k, int64_t n) { return k < 0 ? k + n : k; }
+// Steps charged for work proportional to a value's size (list items, string bytes / 32).
+size_t work_of(const Value& v) {
+  if (v.is_sequence()) return v.list->size();
+  if (v.kind == Value::Kind::Dict) return v.dict->items.size();
+  if (v.is_string()) return v.s.size() / 32;
+  return 0;
+}
 
 Value slice(Interp& in, const Value& obj, const Value& a, const Value& b, const Value& c, Pos p) {
   auto opt = [&](const Value& v, const char* what) -> std::optional<int64_t> {
@@ -192,7 +203,11 @@ Value Interp::eval(const Expr& e, Frame& f) {
       const Value* v = f.find(e.name);
       return v ? *v : Value::undefined(e.name);
     }
-    case Expr::Kind::Attr: return get_attr(*this, eval(*e.a[0], f), e.name, e.pos);
+    case Expr::Kind::Attr: {
+      Value obj = eval(*e.a[0], f);
+      charge(work_of(obj), e.pos);
+      return get_attr(*this, obj, e.name, e.pos);
+    }
     case Expr::Kind::Index: return get_item(*this, eval(*e.a[0], f), eval(*e.a[1], f), e.pos);
     case Expr::Kind::Slice: {
       Value obj = eval(*e.a[0], f);
@@ -218,6 +233,7 @@ Value Interp::eval(const Expr& e, Frame& f) {
     }
     case Expr::Kind::Filter: case Expr::Kind::Test: {
       Value v = eval(*e.a[0], f);
+      charge(work_of(v), e.pos);
       List args;
       for (size_t k = 1; k < e.a.size(); ++k) args.push_back(eval(*e.a[k], f));
       Kwargs kw;
@@ -239,7 +255,9 @@ Value Interp::eval(const Expr& e, Frame& f) {
     }
     case Expr::Kind::Binary: {
       Value a = eval(*e.a[0], f);
-      return arith(*this, e.name, a, eval(*e.a[1], f), e.pos);
+      Value b = eval(*e.a[1], f);
+      charge(work_of(a) + work_of(b), e.pos);
+      return arith(*this, e.name, a, b, e.pos);
     }
     case Expr::Kind::And: {
       Value a = eval(*e.a[0], f);
@@ -253,6 +271,7 @@ Value Interp::eval(const Expr& e, Frame& f) {
       Value left = eval(*e.a[0], f);
       for (size_t k = 0; k < e.ops.size(); ++k) {
         Value right = eval(*e.a[k + 1], f);
+        charge(work_of(left) + work_of(right), e.pos);
         if (!compare(e.ops[k], left, right, e.pos)) return Value::boolean(false);
         left = std::move(right);
       }
@@ -339,6 +358,7 @@ void Interp::exec(const Body& body, Frame& f, std::string& out) {
           items = std::move(all);
         }
         for (size_t k = 0; k < items.size(); ++k) {
+          step(n.pos);
           Frame body_frame{{}, &f};
           assign(body_frame, n.targets, items[k], n.pos);
           body_frame.set("loop", loop_object(items, k));

@@ -24,6 +24,7 @@ struct Interp {
   enum class Ctl : uint8_t { None, Break, Continue } ctl = Ctl::None;
 
   void step(Pos p);
+  void charge(size_t n, Pos p);  // n steps at once (work proportional to n)
   void check_size(size_t n, Pos p) const;
   Value eval(const Expr& e, Frame& f);
   void exec(const Body& body, Frame& f, std::string& out);

@@ -55,7 +55,7 @@ class Parser {
     while (true) {
       const Token& tk = cur();
       if (tk.type == TT::Eof) {
-        if (!ends.empty()) fail_at(tk.pos, "unexpected end of template: missing '{% " + ends.front() + " %}'");
+        if (!ends.empty()) fail_at(tk.pos, "unexpected end of template: missing '{% " + ends.back() + " %}'");
         return body;
       }
       if (tk.type == TT::Text) {
