@@ -115,8 +115,8 @@ Value str_method(const Value& self, const std::string& m, Pos p) {
       return Value::string(py_case(s, m));
     }
     if (m == "replace") {
-      const std::string& a = want_str(arg(args, kw, 0, "old"), "old", p);
-      const std::string& b = want_str(arg(args, kw, 1, "new"), "new", p);
+      const std::string a = want_str(arg(args, kw, 0, "old"), "old", p);
+      const std::string b = want_str(arg(args, kw, 1, "new"), "new", p);
       const int64_t count = want_int(arg(args, kw, 2, "count", Value::integer(-1)), "count", p);
       no_more_args(args, kw, 3, name, p);
       std::string out = py_replace(s, a, b, count);
@@ -124,7 +124,7 @@ Value str_method(const Value& self, const std::string& m, Pos p) {
       return Value::string(std::move(out));
     }
     if (m == "find" || m == "rfind" || m == "index" || m == "count") {
-      const std::string& t = want_str(arg(args, kw, 0, "sub"), "sub", p);
+      const std::string t = want_str(arg(args, kw, 0, "sub"), "sub", p);
       no_more_args(args, kw, 1, name, p);
       if (m == "count") return Value::integer(py_count(s, t));
       const size_t at = m == "rfind" ? s.rfind(t) : s.find(t);
