@@ -12,10 +12,6 @@
 
 namespace tpu {
 
-namespace jinja {
-struct Node;
-}
-
 /// What a chat template renders: the variables Transformers passes to the template.
 struct ChatRequest {
   /// The conversation: an array of objects with "role", "content" and, where the template reads
