@@ -16,6 +16,8 @@ JOBS="${JOBS:-2}"
 BUILD="${BUILD_DIR:-build}"
 bash scripts/setup.sh
 
+bash scripts/setup_chat_templates.sh "$BUILD/chat-templates"
+
 echo "== release build"
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTPU_BUILD_BENCH=ON -DTPU_BENCH_PEERS=OFF -DTPU_BUILD_EXAMPLES=ON >/dev/null
 cmake --build "$BUILD" -j"$JOBS"

@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "api.h"
 #include "serve/serve_testing.h"
 
 using namespace tpu;
@@ -38,6 +39,9 @@ struct Fixture {
     o.engine.max_num_seqs = 8;
     o.engine.max_num_batched_tokens = 24;
     o.drain_seconds = 10;
+    // "role: content" lines, then the assistant's turn.
+    o.chat_template = ChatTemplate::from_source(
+        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}");
     return o;
   }
   // The reference: generate() one request at a time, greedy, stopping at the eos ids, decoded.
@@ -106,7 +110,7 @@ TEST_CASE("tpu-serve: completions and chat, plain and streamed, equal generate()
   CHECK(text == want);
   CHECK(finish == reason);
 
-  // Chat: the plain template (the tokenizer has no ChatML tokens).
+  // Chat: the fixture's 'role: content' template.
   const json messages = json::array({json{{"role", "user"}, {"content", "hi"}}});
   const auto [chat_want, chat_reason] = f.expected("user: hi\nassistant:", 9);
   j = post_json(r, "/v1/chat/completions",
@@ -297,4 +301,24 @@ TEST_CASE("tpu-serve: a non-streaming client that disconnects is cancelled and i
   int status = 0;
   post_json(r, "/v1/completions", json{{"prompt", "after"}, {"max_tokens", 3}, {"temperature", 0}}.dump(), status);
   CHECK(status == 200);
+}
+
+TEST_CASE("tpu-serve: the chat prompt is the model's template, and no template or a rejected conversation is a 400",
+          "[serve][http]") {
+  const json messages = json::parse(R"([{"role": "system", "content": "s"},
+                                        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])");
+  const auto tmpl = ChatTemplate::from_source(
+      "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}");
+  CHECK(serve_http::chat_prompt(messages, &tmpl) == "<system>s<user>ab<assistant>");
+  auto status_of = [&](const ChatTemplate* t) {
+    try {
+      serve_http::chat_prompt(messages, t);
+    } catch (const serve_http::ApiError& e) {
+      return std::to_string(e.status) + " " + e.message;
+    }
+    return std::string("no error");
+  };
+  CHECK_THAT(status_of(nullptr), Catch::StartsWith("400") && Catch::Contains("--chat-template"));
+  const auto strict = ChatTemplate::from_source("{% if messages[0].role == 'system' %}{{ raise_exception('no system role') }}{% endif %}");
+  CHECK_THAT(status_of(&strict), Catch::StartsWith("400") && Catch::Contains("no system role"));
 }

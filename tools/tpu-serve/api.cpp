@@ -52,9 +52,12 @@ std::string message_text(const json& m, size_t i) {
 }
 }  // namespace
 
-std::string chat_prompt(const json& messages, const Tokenizer& tok) {
-  const bool chatml = tok.token_to_id("<|im_start|>").has_value() && tok.token_to_id("<|im_end|>").has_value();
-  std::string s;
+std::string chat_prompt(const json& messages, const ChatTemplate* tmpl) {
+  if (!tmpl)
+    bad("messages", "this model has no chat template (its tokenizer_config.json has no 'chat_template'); "
+                    "start tpu-serve with --chat-template FILE");
+  ChatRequest req;
+  req.add_generation_prompt = true;
   for (size_t i = 0; i < messages.size(); ++i) {
     const json& m = messages[i];
     if (!m.is_object()) bad(fmt::format("messages[{}]", i), fmt::format("messages[{}] must be an object", i));
@@ -64,10 +67,13 @@ std::string chat_prompt(const json& messages, const Tokenizer& tok) {
     if (role != "system" && role != "user" && role != "assistant" && role != "developer")
       bad(fmt::format("messages[{}].role", i),
           fmt::format("messages[{}].role '{}' is not one of system, developer, user, assistant", i, role));
-    const std::string text = message_text(m, i);
-    s += chatml ? "<|im_start|>" + role + "\n" + text + "<|im_end|>\n" : role + ": " + text + "\n";
+    req.messages.push_back(nlohmann::ordered_json{{"role", role}, {"content", message_text(m, i)}});
   }
-  return s + (chatml ? "<|im_start|>assistant\n" : "assistant:");
+  try {
+    return tmpl->render(req);
+  } catch (const Error& e) {
+    bad("messages", e.what());  // e.g. the template's raise_exception: roles must alternate
+  }
 }
 
 CompletionRequest parse_request(const std::string& body, bool chat, const ModelInfo& info) {
@@ -93,7 +99,7 @@ CompletionRequest parse_request(const std::string& body, bool chat, const ModelI
     if (chat) {
       if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty())
         bad("messages", "'messages' must be a non-empty array");
-      r.prompt = tok.encode(chat_prompt(j["messages"], tok));
+      r.prompt = tok.encode(chat_prompt(j["messages"], info.chat_template));
     } else {
       if (!j.contains("prompt")) bad("prompt", "'prompt' is required");
       const json& p = j["prompt"];

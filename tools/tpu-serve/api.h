@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tpucore/chat_template.h"
 #include "tpucore/serve/sampling_params.h"
 #include "tpucore/tokenizer.h"
 
@@ -26,6 +27,7 @@ struct ModelInfo {
   const Tokenizer* tokenizer = nullptr;
   int64_t max_model_len = 0;
   std::vector<int64_t> eos;  // stop tokens of the model (config.json eos_token_id)
+  const ChatTemplate* chat_template = nullptr;  // the chat endpoint's prompt format (null: refused)
 };
 
 struct CompletionRequest {
@@ -39,9 +41,10 @@ struct CompletionRequest {
 // prompt that does not fit the context (400).
 CompletionRequest parse_request(const std::string& body, bool chat, const ModelInfo& info);
 
-// The prompt text of chat messages: ChatML (<|im_start|>role\ncontent<|im_end|>) when the
-// tokenizer has those tokens, else "role: content" lines; both end with the assistant's turn.
-std::string chat_prompt(const nlohmann::json& messages, const Tokenizer& tok);
+// The prompt text of chat messages: the model's chat template rendered on {role, content}
+// messages with the assistant's turn opened (add_generation_prompt). Without a template, or when
+// the template rejects the conversation, an ApiError (400).
+std::string chat_prompt(const nlohmann::json& messages, const ChatTemplate* tmpl);
 
 // Length of the longest prefix of s that does not end inside a UTF-8 sequence.
 size_t utf8_complete(const std::string& s);

@@ -1,8 +1,12 @@
 // tpu-serve: serves a causal LM checkpoint (Hugging Face layout: config.json, safetensors,
 // tokenizer.json) over an OpenAI-compatible HTTP API with continuous batching on a paged KV
-// cache. SIGTERM / SIGINT drain the running requests and exit 0.
+// cache. The chat endpoint formats prompts with the model's chat template (tokenizer_config.json's
+// `chat_template`, or --chat-template FILE). SIGTERM / SIGINT drain the running requests and exit 0.
 #include <csignal>
+#include <filesystem>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "server.h"
@@ -16,13 +20,17 @@ void on_signal(int s) { g_signal = s; }
 
 int main(int argc, char** argv) {
   using namespace tpu;
-  std::string model_dir, host = "127.0.0.1", dtype = "f32";
+  std::string model_dir, host = "127.0.0.1", dtype = "f32", chat_template_file;
   int port = 8000;
   serve_http::ServerOptions o;
   o.engine.max_waiting = 256;
   cli::Parser p("tpu-serve", "Serve a causal LM checkpoint over an OpenAI-compatible HTTP API (cpu).");
   p.value("--model", "DIR", "checkpoint folder: config.json, model.safetensors, tokenizer.json (required)",
           [&](const std::string& v) { model_dir = v; });
+  p.value("--chat-template", "FILE",
+          "chat template of the chat endpoint: a Jinja file, or a tokenizer_config.json (default: the model's "
+          "tokenizer_config.json; without one the chat endpoint answers 400)",
+          [&](const std::string& v) { chat_template_file = v; });
   p.value("--host", "ADDR", "address to listen on (default 127.0.0.1)", [&](const std::string& v) { host = v; });
   p.value("--port", "N", "port (default 8000; 0 picks a free one)", [&](const std::string& v) { port = static_cast<int>(p.to_int(v)); });
   p.value("--served-model-name", "NAME", "model id of the API (default: the folder name)",
@@ -60,6 +68,29 @@ int main(int argc, char** argv) {
     }
     auto model = models::load_causal_lm(model_dir, Device(), dtype == "bf16" ? DType::bf16 : DType::f32);
     Tokenizer tok = Tokenizer::from_file(model_dir + "/tokenizer.json");
+    const std::string model_config = model_dir + "/tokenizer_config.json";
+    if (!chat_template_file.empty()) {
+      const bool is_config = chat_template_file.size() >= 5 &&
+                             chat_template_file.compare(chat_template_file.size() - 5, 5, ".json") == 0;
+      if (is_config) {
+        o.chat_template = ChatTemplate::from_config_file(chat_template_file);
+      } else {
+        std::ifstream in(chat_template_file, std::ios::binary);
+        TPU_CHECK(in.good(), "tpu-serve: cannot open --chat-template {}", chat_template_file);
+        std::stringstream ss;
+        ss << in.rdbuf();
+        o.chat_template = ChatTemplate::from_source(ss.str(), chat_template_file);
+      }
+    } else if (std::filesystem::exists(model_config)) {
+      try {
+        o.chat_template = ChatTemplate::from_config_file(model_config);
+      } catch (const Error& e) {
+        fmt::print(stderr, "tpu-serve: no chat template, the chat endpoint will answer 400 ({})\n", e.what());
+      }
+    } else {
+      fmt::print(stderr, "tpu-serve: {} not found: the chat endpoint will answer 400 (see --chat-template)\n",
+                 model_config);
+    }
     std::signal(SIGPIPE, SIG_IGN);
     std::signal(SIGTERM, on_signal);
     std::signal(SIGINT, on_signal);

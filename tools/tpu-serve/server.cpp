@@ -172,6 +172,7 @@ struct ApiServer::Impl {
     info.tokenizer = &tok;
     info.max_model_len = engine.config().max_model_len;
     info.eos = model->config.eos_token_ids;
+    info.chat_template = opts.chat_template ? &*opts.chat_template : nullptr;
     routes();
   }
 

@@ -13,8 +13,10 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "tpucore/chat_template.h"
 #include "tpucore/serve/engine.h"
 #include "tpucore/tokenizer.h"
 
@@ -25,6 +27,7 @@ struct ServerOptions {
   int threads = 64;            // HTTP worker threads (each streaming client holds one)
   double drain_seconds = 30;   // shutdown: how long running requests may still finish
   serve::EngineConfig engine;
+  std::optional<ChatTemplate> chat_template;  // the chat endpoint's prompt format (none: it answers 400)
 };
 
 class ApiServer {
