@@ -7,10 +7,13 @@
 # libcpp-httplib-dev: the HTTP server of tools/tpu-serve (header-only, OpenAI-compatible API).
 # libgloo-dev is the engine of tpu::dist's gloo backend (collectives between processes over TCP).
 # libhwy-dev: Google Highway, the one vector-math source for every x86 target (ops/cpu/vec_math_hwy.cpp).
+# nodejs, npm: run the tokenizer reference (transformers.js' tokenizers) that
+# scripts/setup_tokenizer_reference.sh installs for the tokenizer comparison test.
 # mlir-14-tools: mlir-opt parses the StableHLO modules tpu::export_stablehlo writes (a CTest check).
 set -euo pipefail
 PKGS=(cmake ninja-build g++ make libfmt-dev libspdlog-dev libeigen3-dev nlohmann-json3-dev catch2 libbenchmark-dev
-      zlib1g-dev dataset-fashion-mnist libicu-dev fortunes libgloo-dev mlir-14-tools libcpp-httplib-dev libhwy-dev)
+      zlib1g-dev dataset-fashion-mnist libicu-dev fortunes libgloo-dev mlir-14-tools libcpp-httplib-dev libhwy-dev
+      nodejs npm)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
