@@ -92,22 +92,23 @@ class Tokenizer {
   std::shared_ptr<const Impl> impl_;
 };
 
-// Learns a byte-level BPE vocabulary from text, as Hugging Face's BpeTrainer does for GPT-2
-// style tokenizers, and returns it as tokenizer.json text (Tokenizer::from_json reads it; write
-// it next to a checkpoint). Ids: the 256 bytes first (in byte order), then the special tokens
-// (in the order given, added tokens marked special, never merged or matched inside the training
-// text), then one token per merge. Each text is cut by the pre-tokenizer pattern, equal pieces
-// are counted once with their frequency, and merges never cross a piece. Every round merges the
-// adjacent pair seen most often over all piece occurrences (overlapping positions counted, as
-// "aaa" holds "aa" twice); ties go to the pair of smaller (left id, right id). A merge whose
-// string already exists (reached through another split) reuses that token. Training stops at
-// `vocab_size` tokens, or when no pair is seen `min_frequency` times.
+/// Learns a byte-level BPE vocabulary from text, as Hugging Face's BpeTrainer does for GPT-2
+/// style tokenizers, and returns it as tokenizer.json text (Tokenizer::from_json reads it; write
+/// it next to a checkpoint). Ids: the 256 bytes first (in byte order), then the special tokens
+/// (in the order given, added tokens marked special, never merged or matched inside the training
+/// text), then one token per merge. Each text is cut by the pre-tokenizer pattern, equal pieces
+/// are counted once with their frequency, and merges never cross a piece. Every round merges the
+/// adjacent pair seen most often over all piece occurrences (overlapping positions counted, as
+/// "aaa" holds "aa" twice); ties go to the pair of smaller (left id, right id). A merge whose
+/// string already exists (reached through another split) reuses that token. Training stops at
+/// `vocab_size` tokens, or when no pair is seen `min_frequency` times.
 struct BpeTrainOptions {
-  int64_t vocab_size = 1024;                // bytes + special tokens + merged tokens
-  std::vector<std::string> special_tokens;  // e.g. {"<|endoftext|>"}: ids 256, 257, ...
-  std::string pattern = "gpt2";             // pre-tokenizer split: "gpt2", "llama3" or "qwen2"
-  int64_t min_frequency = 2;
+  int64_t vocab_size = 1024;                ///< bytes + special tokens + merged tokens
+  std::vector<std::string> special_tokens;  ///< e.g. {"<|endoftext|>"}: ids 256, 257, ...
+  std::string pattern = "gpt2";             ///< pre-tokenizer split: "gpt2", "llama3" or "qwen2"
+  int64_t min_frequency = 2;                ///< pairs seen fewer times are not merged
 };
+/// Trains on `texts` (see BpeTrainOptions) and returns the tokenizer.json text.
 std::string train_bpe_tokenizer(const std::vector<std::string>& texts, const BpeTrainOptions& options = {});
 
 /// GPT-2's byte -> printable character table (as UTF-8); used by the tokenizer and by tools that

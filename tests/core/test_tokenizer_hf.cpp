@@ -226,6 +226,8 @@ TEST_CASE("tokenizer: tokenizer_config.json", "[tokenizer]") {
   CHECK(Tokenizer::from_json(g.dump()).decode(ids) == "a , b .");
   expect_error([&] { Tokenizer::from_json(sp_file().dump(), "tok.json", R"({"add_bos_token": true, "bos_token": "<q>"})"); },
                {"tokenizer_config.json", "bos_token", "<q>"});
+  expect_error([&] { Tokenizer::from_json(sp_file().dump(), "tok.json", R"({"split_special_tokens": true})"); },
+               {"tokenizer_config.json", "split_special_tokens"});
 }
 
 TEST_CASE("tokenizer: BPE merges equal a naive lowest-rank-first loop", "[tokenizer]") {

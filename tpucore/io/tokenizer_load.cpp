@@ -140,6 +140,10 @@ void read_config(Tokenizer::Impl& im, const std::string& text, const std::string
     return c[k].get<bool>();
   };
   im.clean_up_spaces = flag("clean_up_tokenization_spaces").value_or(false);
+  // Options with which Transformers would change the tokenizer.json pipeline.
+  for (const char* k : {"add_prefix_space", "split_special_tokens", "do_lower_case"})
+    TPU_CHECK(!flag(k).value_or(false), "{}: {} true is not supported (the tokenizer.json pipeline is used as written)",
+              src, k);
   const auto add_bos = flag("add_bos_token"), add_eos = flag("add_eos_token");
   if (!add_bos && !add_eos) return;
   tok::PostProcessor pp;
