@@ -26,7 +26,10 @@ nlohmann::json load(const char* path) {
 
 std::string ids_str(const std::vector<int64_t>& v) {
   std::string s;
-  for (size_t k = 0; k < v.size() && k < 40; ++k) s += (k ? "," : "") + std::to_string(v[k]);
+  for (size_t k = 0; k < v.size() && k < 40; ++k) {
+    if (k) s += ',';
+    s += std::to_string(v[k]);
+  }
   return s + (v.size() > 40 ? ",..." : "");
 }
 
