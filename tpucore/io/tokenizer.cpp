@@ -1,84 +1,44 @@
-// Byte-level BPE: tokenizer.json reading, merging by rank, encode and decode.
-#include "tpucore/tokenizer.h"
+// Encoding (added-token split, normalization, pre-tokenization, BPE by a priority queue over pair
+// ranks, post-processing) and decoding of tpu::Tokenizer.
+#include <unicode/uchar.h>
 
-#include <fstream>
-#include <map>
-#include <mutex>
-#include <nlohmann/json.hpp>
-#include <sstream>
-#include <unordered_map>
+#include <algorithm>
+#include <queue>
 
 #include "tpucore/core/error.h"
-#include "tpucore/io/tokenizer_internal.h"
-#include "sim/json_int.h"
+#include "tpucore/io/tokenizer_impl.h"
 
 namespace tpu {
 
-using json = nlohmann::json;
+std::string byte_to_unicode(uint8_t b) { return tok::byte_char(b); }
 
 namespace {
 
-// GPT-2's table: printable Latin-1 bytes stand for themselves, the other 68 bytes map to
-// U+0100, U+0101, ... in byte order.
-struct ByteTable {
-  std::string to_utf8[256];
-  std::unordered_map<int32_t, uint8_t> from_cp;
-  ByteTable() {
-    int extra = 0;
-    for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
-      const int32_t cp = printable ? b : 256 + extra++;
-      from_cp[cp] = static_cast<uint8_t>(b);
-      std::string& s = to_utf8[b];
-      if (cp < 0x80) {
-        s += static_cast<char>(cp);
-      } else {  // all below U+0800: two bytes
-        s += static_cast<char>(0xc0 | (cp >> 6));
-        s += static_cast<char>(0x80 | (cp & 0x3f));
-      }
-    }
-  }
-};
-const ByteTable& bytes() {
-  static const ByteTable t;
-  return t;
+bool is_word_char(int32_t c) {
+  return c == '_' || (c >= 0 && (U_GET_GC_MASK(c) & (U_GC_L_MASK | U_GC_N_MASK | U_GC_M_MASK)) != 0);
+}
+bool is_space(int32_t c) { return c >= 0 && u_isUWhiteSpace(c); }
+
+// The code point that ends s (-1 if none or invalid).
+int32_t last_cp(std::string_view s) {
+  if (s.empty()) return -1;
+  size_t k = s.size() - 1;
+  while (k > 0 && (static_cast<uint8_t>(s[k]) & 0xc0) == 0x80 && s.size() - k < 4) --k;
+  const auto cps = tok::decode_utf8(s.substr(k));
+  return cps.empty() ? -1 : cps.back().cp;
+}
+int32_t first_cp(std::string_view s) {
+  const auto cps = tok::decode_utf8(s.substr(0, std::min<size_t>(4, s.size())));
+  return cps.empty() ? -1 : cps.front().cp;
 }
 
-struct PairHash {
-  size_t operator()(const std::pair<int64_t, int64_t>& p) const {
-    return std::hash<int64_t>()(p.first * 1000003 + p.second);
-  }
+struct Seg {
+  std::string text;
+  int64_t added;  // the added token's id, or -1 for text
+  bool at_start;
 };
 
 }  // namespace
-
-std::string byte_to_unicode(uint8_t b) { return bytes().to_utf8[b]; }
-
-struct Tokenizer::Impl {
-  std::string source;
-  std::unordered_map<std::string, int64_t> vocab;
-  std::unordered_map<int64_t, std::string> id_to_tok;
-  std::unordered_map<std::pair<int64_t, int64_t>, std::pair<int64_t, int64_t>, PairHash> merges;  // -> (rank, id)
-  struct Added {
-    std::string content;
-    int64_t id;
-    bool special;
-  };
-  std::vector<Added> added;  // longest first
-  std::unordered_map<int64_t, size_t> added_by_id;
-  tok::Pattern pattern = tok::Pattern::none;
-  bool add_prefix_space = false, ignore_merges = false;
-  int64_t max_id = -1;
-  mutable std::mutex cache_mu;
-  mutable std::unordered_map<std::string, std::vector<int64_t>> cache;
-
-  int64_t id_of(const std::string& t, const char* what) const {
-    auto it = vocab.find(t);
-    TPU_CHECK(it != vocab.end(), "{}: {} '{}' is not in model.vocab", source, what, t);
-    return it->second;
-  }
-  void bpe(const std::string& piece, std::vector<int64_t>& out) const;
-};
 
 void Tokenizer::Impl::bpe(const std::string& piece, std::vector<int64_t>& out) const {
   {
@@ -88,240 +48,243 @@ void Tokenizer::Impl::bpe(const std::string& piece, std::vector<int64_t>& out) c
       return;
     }
   }
-  std::string mapped;
-  for (char ch : piece) mapped += bytes().to_utf8[static_cast<uint8_t>(ch)];
+  std::string word;
+  if (byte_level) {
+    word.reserve(piece.size() * 2);
+    for (char ch : piece) word += tok::byte_char(static_cast<uint8_t>(ch));
+  } else {
+    word = piece;
+  }
   std::vector<int64_t> ids;
-  if (auto it = vocab.find(mapped); ignore_merges && it != vocab.end()) {
+  if (auto it = vocab.find(word); ignore_merges && it != vocab.end()) {
     ids.push_back(it->second);
   } else {
-    for (char ch : piece) {
-      const std::string& sym = bytes().to_utf8[static_cast<uint8_t>(ch)];
-      auto v = vocab.find(sym);
-      TPU_CHECK(v != vocab.end(), "Tokenizer ({}): byte 0x{:02x} ('{}') has no token in model.vocab", source,
-                static_cast<uint8_t>(ch), sym);
-      ids.push_back(v->second);
-    }
-    // Merge the adjacent pair of lowest rank until none is left.
-    while (ids.size() > 1) {
-      int64_t best_rank = -1, best_id = 0;
-      for (size_t k = 0; k + 1 < ids.size(); ++k)
-        if (auto m = merges.find({ids[k], ids[k + 1]}); m != merges.end() && (best_rank < 0 || m->second.first < best_rank)) {
-          best_rank = m->second.first;
-          best_id = m->second.second;
+    // One symbol per character; a character outside the vocabulary becomes its bytes' <0xXX>
+    // tokens (byte_fallback) or the unknown token.
+    std::vector<bool> unk;
+    for (const tok::Codepoint& c : tok::decode_utf8(word)) {
+      const std::string ch = word.substr(c.byte, c.len);
+      if (auto v = vocab.find(ch); v != vocab.end()) {
+        ids.push_back(v->second);
+        unk.push_back(false);
+        continue;
+      }
+      if (byte_fallback) {
+        std::vector<int64_t> bs;
+        for (char b : ch) {
+          char name[8];
+          std::snprintf(name, sizeof name, "<0x%02X>", static_cast<unsigned>(static_cast<uint8_t>(b)));
+          if (auto v = vocab.find(name); v != vocab.end()) bs.push_back(v->second);
         }
-      if (best_rank < 0) break;
-      std::vector<int64_t> next;
-      for (size_t k = 0; k < ids.size(); ++k) {
-        auto m = k + 1 < ids.size() ? merges.find({ids[k], ids[k + 1]}) : merges.end();
-        if (m != merges.end() && m->second.first == best_rank) {
-          next.push_back(best_id);
-          ++k;
-        } else {
-          next.push_back(ids[k]);
+        if (bs.size() == ch.size()) {
+          ids.insert(ids.end(), bs.begin(), bs.end());
+          unk.insert(unk.end(), bs.size(), false);
+          continue;
         }
       }
-      ids.swap(next);
+      if (byte_level && !unk_id)
+        fail("Tokenizer ({}): byte 0x{:02x} ('{}') has no token in model.vocab", source, tok::byte_of_char(c.cp), ch);
+      TPU_CHECK(unk_id.has_value(), "Tokenizer ({}): character '{}' has no token in model.vocab and model.unk_token is not set",
+                source, ch);
+      if (fuse_unk && !unk.empty() && unk.back()) continue;
+      ids.push_back(*unk_id);
+      unk.push_back(true);
     }
+    // Merge the pair of lowest rank (leftmost first) until none is left.
+    const int n = static_cast<int>(ids.size());
+    std::vector<int> prev(static_cast<size_t>(n)), next(static_cast<size_t>(n));
+    std::vector<char> alive(static_cast<size_t>(n), 1);
+    for (int k = 0; k < n; ++k) prev[static_cast<size_t>(k)] = k - 1, next[static_cast<size_t>(k)] = k + 1 < n ? k + 1 : -1;
+    struct Cand {
+      int64_t rank;
+      int pos;
+      int64_t new_id;
+      bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+    };
+    std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
+    auto push = [&](int a) {
+      if (a < 0) return;
+      const int b = next[static_cast<size_t>(a)];
+      if (b < 0) return;
+      if (auto m = merges.find({ids[static_cast<size_t>(a)], ids[static_cast<size_t>(b)]}); m != merges.end())
+        heap.push({m->second.first, a, m->second.second});
+    };
+    for (int k = 0; k + 1 < n; ++k) push(k);
+    while (!heap.empty()) {
+      const Cand c = heap.top();
+      heap.pop();
+      const auto a = static_cast<size_t>(c.pos);
+      if (!alive[a] || next[a] < 0) continue;
+      const auto b = static_cast<size_t>(next[a]);
+      auto m = merges.find({ids[a], ids[b]});
+      if (m == merges.end() || m->second.second != c.new_id) continue;  // stale
+      ids[a] = c.new_id;
+      alive[b] = 0;
+      next[a] = next[b];
+      if (next[a] >= 0) prev[static_cast<size_t>(next[a])] = c.pos;
+      push(prev[a]);
+      push(c.pos);
+    }
+    std::vector<int64_t> merged;
+    for (int k = n > 0 ? 0 : -1; k >= 0; k = next[static_cast<size_t>(k)]) merged.push_back(ids[static_cast<size_t>(k)]);
+    ids.swap(merged);
   }
   out.insert(out.end(), ids.begin(), ids.end());
   std::lock_guard<std::mutex> lk(cache_mu);
-  if (cache.size() < 100000) cache.emplace(piece, std::move(ids));
+  if (cache.size() < 100000 && piece.size() < 4096) cache.emplace(piece, std::move(ids));
 }
 
-Tokenizer Tokenizer::from_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  TPU_CHECK(f.good(), "Tokenizer: cannot open {}", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return from_json(ss.str(), path);
-}
-
-Tokenizer Tokenizer::from_json(const std::string& text, const std::string& src) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    fail("{}: invalid JSON ({})", src, e.what());
-  }
-  auto im = std::make_shared<Impl>();
-  // Every field is checked where it is read; a value of the wrong JSON type that a check
-  // missed still becomes a tpu::Error naming the file, never a JSON library exception.
-  try {
-    im->source = src;
-    TPU_CHECK(j.is_object() && j.contains("model") && j["model"].is_object(), "{}: expected an object with a 'model' object",
-              src);
-    const json& m = j["model"];
-    TPU_CHECK(m.value("type", std::string("BPE")) == "BPE", "{}: model.type '{}' is not supported (only BPE)", src,
-              m.value("type", std::string()));
-    TPU_CHECK(!m.contains("byte_fallback") || !m["byte_fallback"].is_boolean() || !m["byte_fallback"].get<bool>(),
-              "{}: model.byte_fallback (sentencepiece-style BPE) is not supported; only byte-level BPE", src);
-    TPU_CHECK(m.contains("vocab") && m["vocab"].is_object(), "{}: model.vocab must be an object of token -> id", src);
-    for (const auto& [t, id] : m["vocab"].items()) {
-      const std::optional<int64_t> vid = tpu::detail::json_int(id, 0);
-      TPU_CHECK(vid.has_value(), "{}: model.vocab['{}'] must be an id >= 0 in int64 range, got {}", src, t, id.dump());
-      const int64_t v = *vid;
-      TPU_CHECK(im->id_to_tok.emplace(v, t).second, "{}: model.vocab gives id {} to both '{}' and '{}'", src, v,
-                im->id_to_tok[v], t);
-      im->vocab[t] = v;
-      im->max_id = std::max(im->max_id, v);
-    }
-    if (m.contains("ignore_merges") && m["ignore_merges"].is_boolean()) im->ignore_merges = m["ignore_merges"].get<bool>();
-    TPU_CHECK(m.contains("merges") && m["merges"].is_array(), "{}: model.merges must be a list", src);
-    int64_t rank = 0;
-    for (const auto& e : m["merges"]) {
-      std::string a, b;
-      if (e.is_string()) {
-        const std::string s = e.get<std::string>();
-        const size_t sp = s.find(' ');
-        TPU_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < s.size() && s.find(' ', sp + 1) == std::string::npos,
-                  "{}: model.merges[{}] '{}' must be two tokens separated by one space", src, rank, s);
-        a = s.substr(0, sp);
-        b = s.substr(sp + 1);
-      } else {
-        TPU_CHECK(e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string(),
-                  "{}: model.merges[{}] must be \"a b\" or [\"a\", \"b\"], got {}", src, rank, e.dump());
-        a = e[0].get<std::string>();
-        b = e[1].get<std::string>();
+std::vector<int64_t> Tokenizer::Impl::encode_text(std::string_view text, const EncodeOptions& o) const {
+  auto matched = [&](const Added& a) {
+    if (!a.special || o.special == EncodeOptions::Special::all) return true;
+    if (o.special == EncodeOptions::Special::none) return false;
+    return std::find(o.allowed_special.begin(), o.allowed_special.end(), a.content) != o.allowed_special.end();
+  };
+  // Splits s around the added tokens of `trie` (leftmost-longest matches; one that its flags or
+  // the options reject stays text).
+  auto split = [&](const tok::Trie& trie, std::string_view s, bool at_start, std::vector<Seg>& out) {
+    size_t from = 0, i = 0;
+    while (i < s.size() && !trie.empty()) {
+      const auto [len, v] = trie.longest(s, i);
+      if (len == 0) {
+        ++i;
+        continue;
       }
-      const int64_t ia = im->id_of(a, "merge part"), ib = im->id_of(b, "merge part"), ir = im->id_of(a + b, "merge result");
-      im->merges.emplace(std::make_pair(ia, ib), std::make_pair(rank, ir));  // a repeated pair keeps its first rank
-      ++rank;
-    }
-    if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
-      TPU_CHECK(j["added_tokens"].is_array(), "{}: added_tokens must be a list", src);
-      std::unordered_map<int64_t, std::string> added_content;  // one content per id, or decode is ambiguous
-      for (const auto& a : j["added_tokens"]) {
-        const std::optional<int64_t> aid = a.is_object() && a.contains("id") ? tpu::detail::json_int(a["id"], 0) : std::nullopt;
-        TPU_CHECK(aid.has_value() && a.contains("content") && a["content"].is_string() &&
-                      !a["content"].get<std::string>().empty(),
-                  "{}: each added_tokens entry needs an id >= 0 (in int64 range) and a non-empty content, got {}", src,
-                  a.dump());
-        const int64_t id = *aid;
-        const std::string content = a["content"].get<std::string>();
-        if (auto it = im->id_to_tok.find(id); it != im->id_to_tok.end())
-          TPU_CHECK(it->second == content, "{}: added token '{}' has id {}, which model.vocab gives to '{}'", src, content,
-                    id, it->second);
-        const auto [prev, fresh] = added_content.emplace(id, content);
-        TPU_CHECK(fresh || prev->second == content, "{}: added tokens '{}' and '{}' both have id {}", src, prev->second,
-                  content, id);
-        if (!fresh) continue;  // the same token listed twice
-        im->added.push_back({content, id, a.value("special", false)});
-        im->max_id = std::max(im->max_id, id);
-      }
-      std::stable_sort(im->added.begin(), im->added.end(),
-                       [](const Impl::Added& x, const Impl::Added& y) { return x.content.size() > y.content.size(); });
-      for (size_t k = 0; k < im->added.size(); ++k) im->added_by_id[im->added[k].id] = k;
-    }
-    TPU_CHECK(!j.contains("normalizer") || j["normalizer"].is_null(), "{}: normalizers are not supported (found {})", src,
-              j.contains("normalizer") ? j["normalizer"].dump().substr(0, 80) : "");
-    // The pre-tokenizer: ByteLevel, or Sequence[Split(pattern), ByteLevel(use_regex false)].
-    auto byte_level = [&](const json& p, const std::string& where) {
-      im->add_prefix_space = p.value("add_prefix_space", false);
-      if (p.value("use_regex", true)) im->pattern = tok::Pattern::gpt2;
-      (void)where;
-    };
-    auto split = [&](const json& p, const std::string& where) {
-      TPU_CHECK(p.contains("pattern") && p["pattern"].is_object() && p["pattern"].contains("Regex") &&
-                    p["pattern"]["Regex"].is_string(),
-                "{}: {} needs a pattern {{\"Regex\": ...}}", src, where);
-      TPU_CHECK(p.value("behavior", std::string("Isolated")) == "Isolated" && !p.value("invert", false),
-                "{}: {}: only behavior Isolated without invert is supported", src, where);
-      im->pattern = tok::pattern_of(p["pattern"]["Regex"].get<std::string>(), src + " " + where);
-    };
-    if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null()) {
-      const json& p = j["pre_tokenizer"];
-      const std::string type = p.is_object() ? p.value("type", std::string()) : std::string();
-      if (type == "ByteLevel") {
-        byte_level(p, "pre_tokenizer");
-      } else if (type == "Split") {
-        split(p, "pre_tokenizer");
-      } else if (type == "Sequence" && p.contains("pretokenizers") && p["pretokenizers"].is_array()) {
-        for (const auto& q : p["pretokenizers"]) {
-          const std::string t = q.is_object() ? q.value("type", std::string()) : std::string();
-          if (t == "Split") split(q, "pre_tokenizer Split");
-          else if (t == "ByteLevel") {
-            const tok::Pattern keep = im->pattern;
-            byte_level(q, "pre_tokenizer ByteLevel");
-            if (keep != tok::Pattern::none) im->pattern = keep;  // a Split before it cut already
-          } else
-            fail("{}: pre_tokenizer type '{}' is not supported (ByteLevel, Split)", src, t);
+      size_t start = i, stop = i + len;
+      i = stop;
+      const Added& a = added[static_cast<size_t>(v)];
+      if (!matched(a)) continue;
+      if (a.single_word && (is_word_char(last_cp(s.substr(0, start))) || is_word_char(first_cp(s.substr(stop))))) continue;
+      if (a.lstrip) {
+        size_t k = start;
+        for (int32_t c; k > from && is_space(c = last_cp(s.substr(0, k)));) {
+          std::string u;
+          tok::append_utf8(u, c);
+          k -= u.size();
         }
-      } else {
-        fail("{}: pre_tokenizer {} is not supported (ByteLevel, Split, Sequence of them)", src, p.dump().substr(0, 80));
+        start = std::max(k, from);
       }
+      if (a.rstrip) {
+        for (int32_t c; stop < s.size() && is_space(c = first_cp(s.substr(stop)));) {
+          std::string u;
+          tok::append_utf8(u, c);
+          stop += u.size();
+        }
+        i = stop;
+      }
+      if (from < start) out.push_back({std::string(s.substr(from, start - from)), -1, at_start && from == 0});
+      out.push_back({{}, a.id, false});
+      from = stop;
     }
-  } catch (const json::exception& e) {
-    fail("{}: a field has the wrong type or value ({})", src, e.what());
+    if (from < s.size()) out.push_back({std::string(s.substr(from)), -1, at_start && from == 0});
+  };
+  std::vector<Seg> raw, segs;
+  split(raw_trie, text, true, raw);
+  for (Seg& r : raw) {
+    if (r.added >= 0) {
+      segs.push_back(std::move(r));
+      continue;
+    }
+    if (normalizer) tok::normalize(*normalizer, r.text);
+    split(normalized_trie, r.text, r.at_start, segs);
   }
-  Tokenizer t;
-  t.impl_ = std::move(im);
-  return t;
+  std::vector<int64_t> ids;
+  for (Seg& s : segs) {
+    if (s.added >= 0) {
+      ids.push_back(s.added);
+      continue;
+    }
+    std::vector<tok::Piece> pieces{{std::move(s.text), s.at_start}};
+    if (pre) tok::pre_tokenize(*pre, pieces);
+    for (const tok::Piece& p : pieces) bpe(p.text, ids);
+  }
+  return ids;
 }
 
-std::vector<std::string> Tokenizer::pre_tokenize(std::string_view text) const {
-  std::vector<std::string> out;
-  for (auto p : tok::split_pieces(text, impl_->pattern)) out.emplace_back(p);
-  return out;
+static const Tokenizer::Impl::Added* find_added(const Tokenizer::Impl& im, int64_t id) {
+  auto a = im.added_by_id.find(id);
+  return a == im.added_by_id.end() ? nullptr : &im.added[a->second];
 }
 
 std::vector<int64_t> Tokenizer::encode(std::string_view text, bool allow_special) const {
-  const Impl& im = *impl_;
+  EncodeOptions o;
+  o.special = allow_special ? EncodeOptions::Special::all : EncodeOptions::Special::none;
+  return encode(text, o);
+}
+
+std::vector<int64_t> Tokenizer::encode(std::string_view text, const EncodeOptions& o) const {
+  std::vector<int64_t> ids = impl_->encode_text(text, o);
+  const tok::PostProcessor& pp = impl_->post;
+  if (!o.add_special_tokens || !pp.has_template) return ids;
   std::vector<int64_t> out;
-  std::string buf;
-  bool first = true;
-  auto flush = [&](std::string_view s) {
-    if (s.empty()) return;
-    std::string owned;
-    if (first && im.add_prefix_space && s.front() != ' ') {
-      owned.reserve(s.size() + 1);
-      owned.push_back(' ');
-      owned.append(s);
-      s = owned;
+  for (const tok::TemplateItem& it : pp.single) {
+    if (it.special) {
+      const auto& s = pp.special_tokens.at(it.token);
+      out.insert(out.end(), s.begin(), s.end());
+    } else {
+      out.insert(out.end(), ids.begin(), ids.end());
     }
-    first = false;
-    for (auto piece : tok::split_pieces(s, im.pattern)) im.bpe(std::string(piece), out);
-  };
-  size_t start = 0, i = 0;
-  while (i < text.size()) {
-    const Impl::Added* hit = nullptr;
-    if (allow_special)
-      for (const auto& a : im.added)  // longest first
-        if (text.compare(i, a.content.size(), a.content) == 0) {
-          hit = &a;
-          break;
-        }
-    if (!hit) {
-      ++i;
-      continue;
-    }
-    flush(text.substr(start, i - start));
-    out.push_back(hit->id);
-    first = false;
-    i += hit->content.size();
-    start = i;
   }
-  flush(text.substr(start));
+  return out;
+}
+
+std::vector<int64_t> Tokenizer::encode_pair(std::string_view a, std::string_view b, const EncodeOptions& o) const {
+  const std::vector<int64_t> ia = impl_->encode_text(a, o), ib = impl_->encode_text(b, o);
+  const tok::PostProcessor& pp = impl_->post;
+  std::vector<int64_t> out;
+  if (!o.add_special_tokens || !pp.has_template) {
+    out = ia;
+    out.insert(out.end(), ib.begin(), ib.end());
+    return out;
+  }
+  for (const tok::TemplateItem& it : pp.pair) {
+    const std::vector<int64_t>& s = it.special ? pp.special_tokens.at(it.token) : it.seq == 0 ? ia : ib;
+    out.insert(out.end(), s.begin(), s.end());
+  }
+  return out;
+}
+
+std::vector<std::string> Tokenizer::pre_tokenize(std::string_view text) const {
+  std::string s(text);
+  if (impl_->normalizer) tok::normalize(*impl_->normalizer, s);
+  std::vector<tok::Piece> pieces;
+  if (!s.empty()) pieces.push_back({std::move(s), true});
+  if (impl_->pre) tok::pre_tokenize(*impl_->pre, pieces);
+  std::vector<std::string> out;
+  for (auto& p : pieces) out.push_back(std::move(p.text));
   return out;
 }
 
 std::string Tokenizer::decode(const std::vector<int64_t>& ids, bool skip_special) const {
   const Impl& im = *impl_;
-  std::string out;
+  std::vector<std::string> tokens;
   for (int64_t id : ids) {
-    if (auto a = im.added_by_id.find(id); a != im.added_by_id.end()) {
-      const auto& t = im.added[a->second];
-      if (!(skip_special && t.special)) out += t.content;
+    if (const auto* a = find_added(im, id)) {
+      if (!(skip_special && a->special)) tokens.push_back(a->content);
       continue;
     }
     auto it = im.id_to_tok.find(id);
     TPU_CHECK(it != im.id_to_tok.end(), "Tokenizer::decode: id {} is not in the vocabulary of {} (size {})", id,
               im.source, vocab_size());
-    for (const auto& c : tok::decode_utf8(it->second)) {
-      auto b = bytes().from_cp.find(c.cp);
-      TPU_CHECK(c.cp >= 0 && b != bytes().from_cp.end(),
-                "Tokenizer::decode: token {} ('{}') of {} has a character outside the byte-level alphabet", id,
-                it->second, im.source);
-      out += static_cast<char>(b->second);
+    tokens.push_back(it->second);
+  }
+  std::string out;
+  if (im.decoder.kind == tok::Decoder::none) {  // the reference joins tokens with spaces
+    for (size_t k = 0; k < tokens.size(); ++k) out += (k ? " " : "") + tokens[k];
+  } else {
+    for (const std::string& t : tok::decode_chain(im.decoder, std::move(tokens))) out += t;
+  }
+  if (im.clean_up_spaces) {  // Transformers' clean_up_tokenization
+    static const std::pair<const char*, const char*> kRules[] = {
+        {" .", "."}, {" ?", "?"}, {" !", "!"}, {" ,", ","}, {" ' ", "'"}, {" n't", "n't"},
+        {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+    for (const auto& [from, to] : kRules) {
+      std::string r;
+      const std::string f = from;
+      size_t at = 0;
+      for (size_t k; (k = out.find(f, at)) != std::string::npos; at = k + f.size()) r.append(out, at, k - at) += to;
+      r.append(out, at);
+      out.swap(r);
     }
   }
   return out;
@@ -330,22 +293,26 @@ std::string Tokenizer::decode(const std::vector<int64_t>& ids, bool skip_special
 int64_t Tokenizer::vocab_size() const { return impl_->max_id + 1; }
 
 std::optional<int64_t> Tokenizer::token_to_id(std::string_view token) const {
-  for (const auto& a : impl_->added)
-    if (a.content == token) return a.id;
+  if (auto a = impl_->added_by_content.find(std::string(token)); a != impl_->added_by_content.end())
+    return impl_->added[a->second].id;
   if (auto it = impl_->vocab.find(std::string(token)); it != impl_->vocab.end()) return it->second;
   return std::nullopt;
 }
 
 std::string Tokenizer::id_to_token(int64_t id) const {
-  if (auto a = impl_->added_by_id.find(id); a != impl_->added_by_id.end()) return impl_->added[a->second].content;
+  if (const auto* a = find_added(*impl_, id)) return a->content;
   auto it = impl_->id_to_tok.find(id);
   TPU_CHECK(it != impl_->id_to_tok.end(), "Tokenizer: id {} is not in the vocabulary of {}", id, impl_->source);
   return it->second;
 }
 
 bool Tokenizer::is_special(int64_t id) const {
-  auto a = impl_->added_by_id.find(id);
-  return a != impl_->added_by_id.end() && impl_->added[a->second].special;
+  const auto* a = find_added(*impl_, id);
+  return a != nullptr && a->special;
 }
+
+std::optional<std::string> Tokenizer::bos_token() const { return impl_->bos; }
+std::optional<std::string> Tokenizer::eos_token() const { return impl_->eos; }
+std::optional<std::string> Tokenizer::pad_token() const { return impl_->pad; }
 
 }  // namespace tpu

@@ -131,11 +131,11 @@ constexpr std::string_view kQwen2 =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 }  // namespace
 
-Pattern pattern_of(std::string_view regex, const std::string& where) {
+Pattern known_pattern(std::string_view regex) {
   if (regex == kGpt2) return Pattern::gpt2;
   if (regex == kLlama3) return Pattern::llama3;
   if (regex == kQwen2) return Pattern::qwen2;
-  fail("{}: unsupported pre-tokenizer pattern '{}' (supported: the GPT-2, Llama 3 and Qwen2 patterns)", where, regex);
+  return Pattern::none;
 }
 
 std::string_view pattern_regex(Pattern p) {
