@@ -1,7 +1,6 @@
 // Folding reductions with an identity: sum, mean, prod, all, any (over one, several or all
 // dims, with keepdim). Float sums accumulate short runs in f32 lanes and those in doubles; integer and
-// bool sums and products accumulate in 64 bits (wrapping) and return i32, like PyTorch's
-// int64 result narrowed to our widest integer type.
+// bool sums and products accumulate in 64 bits (wrapping) and return i64, as PyTorch's do.
 #include <cmath>
 #include <cstring>
 
@@ -130,7 +129,7 @@ void reduce_into(const Tensor& x, const std::vector<int>& dims, const Tensor& ou
 void sum_meta(const MetaArgs& a, MetaResult& m) {
   const Tensor& x = a.inputs[0];
   Shape s = attr_reduced_shape(x, a.attrs, "sum");
-  DType out = x.dtype() == DType::i64 ? DType::i64 : is_integral(x.dtype(), true) ? DType::i32 : x.dtype();
+  DType out = is_integral(x.dtype(), true) ? DType::i64 : x.dtype();  // PyTorch: ints and bool sum to int64
   if (a.attrs.has("dtype")) {
     out = a.attrs.get_dtype("dtype");
     m.cast_mask = 1;
@@ -147,12 +146,12 @@ void sum_cpu(const KernelArgs& a) {
     if (out.dtype() == x.dtype()) {
       reduce_into<SumR, T, T>(x, dims, out, [](auto acc) { return cpu::convert<T>(acc); });
     } else {
-      reduce_into<SumR, T, int32_t>(x, dims, out, [](auto acc) { return static_cast<int32_t>(acc); });
+      reduce_into<SumR, T, int64_t>(x, dims, out, [](auto acc) { return static_cast<int64_t>(acc); });
     }
   });
 }
 TPU_DEFINE_OP(sum_op, {.name = "sum", .num_inputs = 1, .flags = kReduction, .meta = &sum_meta, .cpu = &sum_cpu,
-                       .doc = "sum over dims (ints and bool sum to i32; optional output dtype)"});
+                       .doc = "sum over dims (ints and bool sum to i64; optional output dtype)"});
 
 // ---- mean ----
 void mean_meta(const MetaArgs& a, MetaResult& m) {
@@ -180,7 +179,7 @@ TPU_DEFINE_OP(mean_op, {.name = "mean", .num_inputs = 1, .flags = kReduction, .m
 // ---- prod ----
 void prod_meta(const MetaArgs& a, MetaResult& m) {
   const Tensor& x = a.inputs[0];
-  DType out = x.dtype() == DType::i64 ? DType::i64 : is_integral(x.dtype(), true) ? DType::i32 : x.dtype();
+  DType out = is_integral(x.dtype(), true) ? DType::i64 : x.dtype();  // PyTorch: ints and bool multiply to int64
   m.out() = {attr_reduced_shape(x, a.attrs, "prod"), out, x.device()};
 }
 void prod_cpu(const KernelArgs& a) {
@@ -192,11 +191,11 @@ void prod_cpu(const KernelArgs& a) {
     if (out.dtype() == x.dtype())
       reduce_into<ProdR, T, T>(x, dims, out, [](auto acc) { return cpu::convert<T>(acc); });
     else
-      reduce_into<ProdR, T, int32_t>(x, dims, out, [](auto acc) { return static_cast<int32_t>(acc); });
+      reduce_into<ProdR, T, int64_t>(x, dims, out, [](auto acc) { return static_cast<int64_t>(acc); });
   });
 }
 TPU_DEFINE_OP(prod_op, {.name = "prod", .num_inputs = 1, .flags = kReduction, .meta = &prod_meta,
-                        .cpu = &prod_cpu, .doc = "product over dims (ints and bool to i32)"});
+                        .cpu = &prod_cpu, .doc = "product over dims (ints and bool to i64)"});
 
 // ---- all / any ----
 void logical_meta(const MetaArgs& a, MetaResult& m) {

@@ -220,7 +220,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices);
 Tensor masked_fill(const Tensor& x, const Tensor& mask, Scalar value);
 Tensor tril(const Tensor& x, int64_t diagonal = 0);
 Tensor triu(const Tensor& x, int64_t diagonal = 0);
-Tensor one_hot(const Tensor& indices, int64_t num_classes = -1);  // i32 output
+Tensor one_hot(const Tensor& indices, int64_t num_classes = -1);  // i64 output (as PyTorch)
 
 // ---------------- cast and move ----------------
 Tensor to(const Tensor& x, DType dtype);
