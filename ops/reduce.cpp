@@ -198,26 +198,32 @@ TPU_DEFINE_OP(prod_op, {.name = "prod", .num_inputs = 1, .flags = kReduction, .m
                         .cpu = &prod_cpu, .doc = "product over dims (ints and bool to i64)"});
 
 // ---- all / any ----
+// bool, except u8 in, u8 (0 / 1) out: PyTorch's torch.all / torch.any keep uint8.
 void logical_meta(const MetaArgs& a, MetaResult& m) {
   const Tensor& x = a.inputs[0];
-  m.out() = {attr_reduced_shape(x, a.attrs, a.op.name), DType::boolean, x.device()};
+  const DType out = x.dtype() == DType::u8 ? DType::u8 : DType::boolean;
+  m.out() = {attr_reduced_shape(x, a.attrs, a.op.name), out, x.device()};
 }
 template <bool kAll>
 void logical_cpu(const KernelArgs& a) {
   const Tensor& x = a.inputs[0];
   const auto dims = attr_dims(x, a.attrs, a.op.name);
+  const bool as_u8 = a.outputs[0].dtype() == DType::u8;
   dispatch_dtype(x.dtype(), [&](auto zx) {
     using T = decltype(zx);
-    bool* o = static_cast<bool*>(a.outputs[0].raw_data());
-    reduce::run_reduce<LogicalR<T, kAll>, T>(x, dims, [&](int64_t i, bool v) { o[i] = v; });
+    void* o = a.outputs[0].raw_data();
+    reduce::run_reduce<LogicalR<T, kAll>, T>(x, dims, [&](int64_t i, bool v) {
+      if (as_u8) static_cast<uint8_t*>(o)[i] = v ? 1 : 0;
+      else static_cast<bool*>(o)[i] = v;
+    });
   });
 }
 TPU_DEFINE_OP(all_op, {.name = "all", .num_inputs = 1, .flags = kReduction | kNonDifferentiable,
                        .meta = &logical_meta, .cpu = &logical_cpu<true>,
-                       .doc = "true where every element over dims is nonzero (true when empty)"});
+                       .doc = "true where every element over dims is nonzero (true when empty; bool, u8 for u8)"});
 TPU_DEFINE_OP(any_op, {.name = "any", .num_inputs = 1, .flags = kReduction | kNonDifferentiable,
                        .meta = &logical_meta, .cpu = &logical_cpu<false>,
-                       .doc = "true where some element over dims is nonzero (false when empty)"});
+                       .doc = "true where some element over dims is nonzero (false when empty; bool, u8 for u8)"});
 
 Attrs reduce_attrs(const Dims& dims, bool keepdim) { return Attrs{{"dims", dims}, {"keepdim", keepdim}}; }
 

@@ -128,7 +128,7 @@ OpInfo logical_entry(const char* name, bool is_all) {
           [is_all](const std::vector<Tensor>& in) {
             auto s = reduce_spec(spec_of(in[1]));
             Tensor r = is_all ? all(in[0], s.dims, s.keepdim) : any(in[0], s.dims, s.keepdim);
-            CHECK(r.dtype() == DType::boolean);
+            CHECK(r.dtype() == (in[0].dtype() == DType::u8 ? DType::u8 : DType::boolean));  // PyTorch keeps uint8
             return r;
           },
       .reference =
@@ -206,6 +206,12 @@ TEST_CASE("all/any: NaN counts as true, any dtype", "[reduce]") {
   CHECK(!all(x).item<bool>());
   CHECK(all(from_vector(std::vector<float>{std::nanf(""), -1.0f})).item<bool>());
   CHECK(all(ones({3, 2}, DType::bf16), {1}).to_vector<bool>() == std::vector<bool>{true, true, true});
+  // As torch.all / torch.any: bool results, except uint8 in, uint8 0 / 1 out.
+  Tensor u = from_vector(std::vector<uint8_t>{2, 0, 4, 8}, {2, 2});
+  CHECK(all(u, {1}).dtype() == DType::u8);
+  CHECK(all(u, {1}).to_vector<uint8_t>() == std::vector<uint8_t>{0, 1});
+  CHECK(any(u, {1}).to_vector<uint8_t>() == std::vector<uint8_t>{1, 1});
+  CHECK(all(u.to(DType::i8)).dtype() == DType::boolean);
 }
 
 TEST_CASE("mean: integer inputs are an error naming the dtype", "[reduce][errors]") {

@@ -42,6 +42,7 @@ struct ModelConfig {
 class DecoderLayer : public nn::Module {
  public:
   DecoderLayer(const ModelConfig& c, Generator* gen);
+  using nn::Module::forward;  // forward(x) stays visible (an error naming the layer: it needs the rest)
   Tensor forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& keep, nn::KVCache* cache,
                  int64_t layer);
   std::string type_name() const override { return "DecoderLayer"; }
