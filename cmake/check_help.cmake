@@ -1,6 +1,6 @@
 # Runs `PROGRAM --help` and fails unless it exits 0 and prints a usage line naming NAME on stdout.
 #   cmake -DPROGRAM=path/to/tool -DNAME=tool -P cmake/check_help.cmake
-if(NOT PROGRAM OR NOT NAME)
+if(NOT DEFINED PROGRAM OR NOT DEFINED NAME)
   message(FATAL_ERROR "check_help.cmake: pass -DPROGRAM=<executable> -DNAME=<its name>")
 endif()
 execute_process(COMMAND ${PROGRAM} --help RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 25)
