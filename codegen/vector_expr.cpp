@@ -52,11 +52,11 @@ std::string VecExpr::key() const {
   std::string s = fmt::format("n{}:", num_inputs);
   for (const VecStep& st : steps) {
     s += st.round_bf16 ? "round_bf16" : sim::op_info(st.op).name;
-    for (int i = 0; i < st.nsrc; ++i) s += "," + ref_key(st.src[size_t(i)]);
+    for (int i = 0; i < st.nsrc; ++i) (s += ',') += ref_key(st.src[size_t(i)]);
     s += ";";
   }
-  s += "=" + ref_key(result);
-  for (const VecRef& r : extra_results) s += "," + ref_key(r);
+  (s += '=') += ref_key(result);
+  for (const VecRef& r : extra_results) (s += ',') += ref_key(r);
   return s;
 }
 

@@ -179,7 +179,8 @@ bool emit_composite(Writer& w, const Node& n, const std::vector<Val>& in, const 
     const Val x0 = in[0].shape.ndim() == 0 ? w.reshape(in[0], Shape{1}) : in[0];
     const std::vector<int64_t> dims = norm_dims(n.attrs.get_ints("dims"), x0.shape.ndim());
     const bool wide = half(om.dtype) && (name == "sum" || name == "mean");
-    const DType ct = wide ? DType::f32 : om.dtype;
+    const bool logical = name == "all" || name == "any";  // on bool values (a u8 result is 0 / 1)
+    const DType ct = wide ? DType::f32 : logical ? DType::boolean : om.dtype;
     Val x = w.convert(x0, ct);
     Val r;
     if (name == "sum") r = sum_over(w, x, dims);

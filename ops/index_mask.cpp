@@ -113,9 +113,9 @@ void one_hot_meta(const MetaArgs& a, MetaResult& m) {
             idx.shape().str(), kMaxDims);
   Shape s = idx.shape();
   s.push_back(c);
-  m.out() = {s, DType::i32, idx.device()};
+  m.out() = {s, DType::i64, idx.device()};  // int64, as PyTorch's one_hot
   m.cast_mask = 1u;
-  m.cast_to = DType::i32;
+  m.cast_to = DType::i32;  // the indices, read as i32 by the kernel
 }
 
 void one_hot_cpu(const KernelArgs& a) {
@@ -125,14 +125,14 @@ void one_hot_cpu(const KernelArgs& a) {
   indexing::check_index_range("one_hot", idx, c, idx.dim(), fmt::format("num_classes = {}", c));
   if (out.numel() == 0) return;
   const std::vector<int32_t> v = indexing::read_indices(idx);
-  auto* o = out.data<int32_t>();
+  auto* o = out.data<int64_t>();
   parallel_for(0, static_cast<int64_t>(v.size()), std::max<int64_t>(1, cpu::kParallelGrain / c), [&](int64_t b, int64_t e) {
-    std::memset(o + b * c, 0, static_cast<size_t>((e - b) * c) * sizeof(int32_t));
+    std::memset(o + b * c, 0, static_cast<size_t>((e - b) * c) * sizeof(int64_t));
     for (int64_t i = b; i < e; ++i) o[i * c + v[static_cast<size_t>(i)]] = 1;
   });
 }
 TPU_DEFINE_OP(one_hot_op, {.name = "one_hot", .num_inputs = 1, .flags = kNonDifferentiable, .meta = &one_hot_meta,
-                           .cpu = &one_hot_cpu, .doc = "i32 one-hot rows (a new last dim of num_classes) for integer indices"});
+                           .cpu = &one_hot_cpu, .doc = "i64 one-hot rows (a new last dim of num_classes) for integer indices"});
 
 }  // namespace
 

@@ -1,7 +1,6 @@
 // Folding reductions with an identity: sum, mean, prod, all, any (over one, several or all
 // dims, with keepdim). Float sums accumulate short runs in f32 lanes and those in doubles; integer and
-// bool sums and products accumulate in 64 bits (wrapping) and return i32, like PyTorch's
-// int64 result narrowed to our widest integer type.
+// bool sums and products accumulate in 64 bits (wrapping) and return i64, as PyTorch's do.
 #include <cmath>
 #include <cstring>
 
@@ -130,7 +129,7 @@ void reduce_into(const Tensor& x, const std::vector<int>& dims, const Tensor& ou
 void sum_meta(const MetaArgs& a, MetaResult& m) {
   const Tensor& x = a.inputs[0];
   Shape s = attr_reduced_shape(x, a.attrs, "sum");
-  DType out = x.dtype() == DType::i64 ? DType::i64 : is_integral(x.dtype(), true) ? DType::i32 : x.dtype();
+  DType out = is_integral(x.dtype(), true) ? DType::i64 : x.dtype();  // PyTorch: ints and bool sum to int64
   if (a.attrs.has("dtype")) {
     out = a.attrs.get_dtype("dtype");
     m.cast_mask = 1;
@@ -147,12 +146,12 @@ void sum_cpu(const KernelArgs& a) {
     if (out.dtype() == x.dtype()) {
       reduce_into<SumR, T, T>(x, dims, out, [](auto acc) { return cpu::convert<T>(acc); });
     } else {
-      reduce_into<SumR, T, int32_t>(x, dims, out, [](auto acc) { return static_cast<int32_t>(acc); });
+      reduce_into<SumR, T, int64_t>(x, dims, out, [](auto acc) { return static_cast<int64_t>(acc); });
     }
   });
 }
 TPU_DEFINE_OP(sum_op, {.name = "sum", .num_inputs = 1, .flags = kReduction, .meta = &sum_meta, .cpu = &sum_cpu,
-                       .doc = "sum over dims (ints and bool sum to i32; optional output dtype)"});
+                       .doc = "sum over dims (ints and bool sum to i64; optional output dtype)"});
 
 // ---- mean ----
 void mean_meta(const MetaArgs& a, MetaResult& m) {
@@ -180,7 +179,7 @@ TPU_DEFINE_OP(mean_op, {.name = "mean", .num_inputs = 1, .flags = kReduction, .m
 // ---- prod ----
 void prod_meta(const MetaArgs& a, MetaResult& m) {
   const Tensor& x = a.inputs[0];
-  DType out = x.dtype() == DType::i64 ? DType::i64 : is_integral(x.dtype(), true) ? DType::i32 : x.dtype();
+  DType out = is_integral(x.dtype(), true) ? DType::i64 : x.dtype();  // PyTorch: ints and bool multiply to int64
   m.out() = {attr_reduced_shape(x, a.attrs, "prod"), out, x.device()};
 }
 void prod_cpu(const KernelArgs& a) {
@@ -192,33 +191,39 @@ void prod_cpu(const KernelArgs& a) {
     if (out.dtype() == x.dtype())
       reduce_into<ProdR, T, T>(x, dims, out, [](auto acc) { return cpu::convert<T>(acc); });
     else
-      reduce_into<ProdR, T, int32_t>(x, dims, out, [](auto acc) { return static_cast<int32_t>(acc); });
+      reduce_into<ProdR, T, int64_t>(x, dims, out, [](auto acc) { return static_cast<int64_t>(acc); });
   });
 }
 TPU_DEFINE_OP(prod_op, {.name = "prod", .num_inputs = 1, .flags = kReduction, .meta = &prod_meta,
-                        .cpu = &prod_cpu, .doc = "product over dims (ints and bool to i32)"});
+                        .cpu = &prod_cpu, .doc = "product over dims (ints and bool to i64)"});
 
 // ---- all / any ----
+// bool, except u8 in, u8 (0 / 1) out: PyTorch's torch.all / torch.any keep uint8.
 void logical_meta(const MetaArgs& a, MetaResult& m) {
   const Tensor& x = a.inputs[0];
-  m.out() = {attr_reduced_shape(x, a.attrs, a.op.name), DType::boolean, x.device()};
+  const DType out = x.dtype() == DType::u8 ? DType::u8 : DType::boolean;
+  m.out() = {attr_reduced_shape(x, a.attrs, a.op.name), out, x.device()};
 }
 template <bool kAll>
 void logical_cpu(const KernelArgs& a) {
   const Tensor& x = a.inputs[0];
   const auto dims = attr_dims(x, a.attrs, a.op.name);
+  const bool as_u8 = a.outputs[0].dtype() == DType::u8;
   dispatch_dtype(x.dtype(), [&](auto zx) {
     using T = decltype(zx);
-    bool* o = static_cast<bool*>(a.outputs[0].raw_data());
-    reduce::run_reduce<LogicalR<T, kAll>, T>(x, dims, [&](int64_t i, bool v) { o[i] = v; });
+    void* o = a.outputs[0].raw_data();
+    reduce::run_reduce<LogicalR<T, kAll>, T>(x, dims, [&](int64_t i, bool v) {
+      if (as_u8) static_cast<uint8_t*>(o)[i] = v ? 1 : 0;
+      else static_cast<bool*>(o)[i] = v;
+    });
   });
 }
 TPU_DEFINE_OP(all_op, {.name = "all", .num_inputs = 1, .flags = kReduction | kNonDifferentiable,
                        .meta = &logical_meta, .cpu = &logical_cpu<true>,
-                       .doc = "true where every element over dims is nonzero (true when empty)"});
+                       .doc = "true where every element over dims is nonzero (true when empty; bool, u8 for u8)"});
 TPU_DEFINE_OP(any_op, {.name = "any", .num_inputs = 1, .flags = kReduction | kNonDifferentiable,
                        .meta = &logical_meta, .cpu = &logical_cpu<false>,
-                       .doc = "true where some element over dims is nonzero (false when empty)"});
+                       .doc = "true where some element over dims is nonzero (false when empty; bool, u8 for u8)"});
 
 Attrs reduce_attrs(const Dims& dims, bool keepdim) { return Attrs{{"dims", dims}, {"keepdim", keepdim}}; }
 

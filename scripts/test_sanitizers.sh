@@ -2,7 +2,9 @@
 # The sanitizer pass: an AddressSanitizer + UndefinedBehaviorSanitizer build (-O1: the hot host
 # kernels are intrinsics dispatched at run time, so they are the same kernels as in a release
 # build) and every test under both sanitizers. About 15 minutes of build on two cores plus a few
-# minutes of tests; run it before resolving an issue. `BUILD_DIR` and `JOBS` can be overridden.
+# minutes of tests; run it before resolving an issue. The build treats the project's warnings as
+# errors (TPU_WERROR, as scripts/test.sh); after the tests, scripts/check_clang_warnings.sh checks
+# the library and tools with clang-14 the same way. `BUILD_DIR` and `JOBS` can be overridden.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS="${JOBS:-2}"
@@ -11,7 +13,7 @@ bash scripts/setup.sh
 
 echo "== sanitizer build (ASan + UBSan, -O1)"
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" -DTPU_SANITIZE=ON \
-  -DTPU_BUILD_BENCH=OFF -DTPU_BUILD_EXAMPLES=OFF >/dev/null
+  -DTPU_BUILD_BENCH=OFF -DTPU_BUILD_EXAMPLES=OFF -DTPU_WERROR="${TPU_WERROR:-ON}" >/dev/null
 cmake --build "$BUILD" -j"$JOBS"
 
 echo "== tests under ASan + UBSan"
@@ -19,3 +21,4 @@ export ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1
 export UBSAN_OPTIONS=print_stacktrace=1
 (cd "$BUILD" && ctest --output-on-failure -j"$JOBS" --timeout 900)
 echo "== all tests passed under the sanitizers"
+JOBS="$JOBS" bash scripts/check_clang_warnings.sh

@@ -337,7 +337,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, Scalar value);
 Tensor tril(const Tensor& x, int64_t diagonal = 0);
 /// The upper triangle of the last two dims (below diagonal `diagonal` set to 0).
 Tensor triu(const Tensor& x, int64_t diagonal = 0);
-Tensor one_hot(const Tensor& indices, int64_t num_classes = -1);  ///< i32 output
+Tensor one_hot(const Tensor& indices, int64_t num_classes = -1);  ///< i64 output (as PyTorch)
 
 // ---------------- cast and move ----------------
 /// x converted to `dtype` (x itself when it already is).

@@ -11,7 +11,9 @@
 #endif
 // GCC 12's AVX-512 headers implement many intrinsics with a deliberately undefined source
 // register, which -Wmaybe-uninitialized flags at -O3 (GCC bug 105593); not a real issue.
+#ifndef __clang__  // a GCC-only warning (Clang warns about the unknown name)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/cpu/vec_math_hwy.cpp"

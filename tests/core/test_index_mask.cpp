@@ -91,7 +91,7 @@ OpInfoRegistrar reg_triu({
 
 OpInfoRegistrar reg_one_hot({
     .op = "one_hot",
-    .dtypes = {DType::i32, DType::i8, DType::u8},
+    .dtypes = {DType::i64, DType::i32, DType::i8, DType::u8},
     .samples =
         [](DType dt, Generator& g) {
           auto idx = [&](const Shape& s, int64_t n, L l) { return make_input(g, s, dt, l, 0.0, static_cast<double>(n)); };
@@ -105,7 +105,12 @@ OpInfoRegistrar reg_one_hot({
               {"zero classes of nothing", {idx({2, 0}, 3, L::contiguous), params({0})}},
           };
         },
-    .run = [](const std::vector<Tensor>& in) { return one_hot(in[0], params_of(in[1])[0]); },
+    .run =
+        [](const std::vector<Tensor>& in) {
+          Tensor r = one_hot(in[0], params_of(in[1])[0]);
+          CHECK(r.dtype() == DType::i64);
+          return r;
+        },
     .reference =
         [](const std::vector<Ref>& r, DType) {
           const Ref& idx = r[0];
@@ -178,8 +183,9 @@ TEST_CASE("masked_fill, tril/triu, one_hot: errors", "[index][errors]") {
   expect_error([&] { one_hot(idx.to(DType::boolean), 3); }, {"one_hot", "bool"});
   expect_error([&] { one_hot(zeros({0}, DType::i32)); }, {"one_hot", "empty", "num_classes"});
   expect_error([&] { one_hot(idx, -2); }, {"one_hot", "-2"});
-  CHECK(one_hot(idx).to_vector<int32_t>() == std::vector<int32_t>{1, 0, 0, 0, 0, 1, 0, 1, 0});
-  CHECK(one_hot(idx).dtype() == DType::i32);
+  CHECK(one_hot(idx).to_vector<int64_t>() == std::vector<int64_t>{1, 0, 0, 0, 0, 1, 0, 1, 0});
+  // int64 whatever the index dtype, as PyTorch's one_hot.
+  for (DType t : {DType::i32, DType::i64, DType::i8, DType::u8}) CHECK(one_hot(idx.to(t), 3).dtype() == DType::i64);
 }
 
 }  // namespace tpu::testing

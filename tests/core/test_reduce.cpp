@@ -22,14 +22,14 @@ OpInfoRegistrar reg_sum({
         [](const std::vector<Tensor>& in) {
           auto s = reduce_spec(spec_of(in[1]));
           Tensor r = sum(in[0], s.dims, s.keepdim);
-          CHECK(r.dtype() == (in[0].dtype() == DType::i64 ? DType::i64 : is_int_like(in[0].dtype()) ? DType::i32 : in[0].dtype()));
+          CHECK(r.dtype() == (is_int_like(in[0].dtype()) ? DType::i64 : in[0].dtype()));  // PyTorch: int64
           return r;
         },
     .reference =
-        [](const std::vector<Ref>& r, DType dt) {
+        [](const std::vector<Ref>& r, DType) {
           auto s = reduce_spec(spec_of(r[1]));
           return reduce_ref(r[0], s.dims, s.keepdim, [&](const std::vector<double>& v) {
-            return is_int_like(dt) && dt != DType::i64 ? as_i32(ref_sum(v)) : ref_sum(v);
+            return ref_sum(v);
           });
         },
     .tol = sum_tol,
@@ -103,16 +103,16 @@ OpInfoRegistrar reg_prod({
         [](const std::vector<Tensor>& in) {
           auto s = reduce_spec(spec_of(in[1]));
           Tensor r = prod(in[0], s.dims, s.keepdim);
-          CHECK(r.dtype() == (in[0].dtype() == DType::i64 ? DType::i64 : is_int_like(in[0].dtype()) ? DType::i32 : in[0].dtype()));
+          CHECK(r.dtype() == (is_int_like(in[0].dtype()) ? DType::i64 : in[0].dtype()));  // PyTorch: int64
           return r;
         },
     .reference =
-        [](const std::vector<Ref>& r, DType dt) {
+        [](const std::vector<Ref>& r, DType) {
           auto s = reduce_spec(spec_of(r[1]));
           return reduce_ref(r[0], s.dims, s.keepdim, [&](const std::vector<double>& v) {
             double p = 1;
             for (double x : v) p *= x;
-            return is_int_like(dt) && dt != DType::i64 ? as_i32(p) : p;
+            return p;
           });
         },
     .tol = [](DType t) { return t == DType::f32 ? Tol{1e-6, 1e-5} : default_tol(t); },
@@ -128,7 +128,7 @@ OpInfo logical_entry(const char* name, bool is_all) {
           [is_all](const std::vector<Tensor>& in) {
             auto s = reduce_spec(spec_of(in[1]));
             Tensor r = is_all ? all(in[0], s.dims, s.keepdim) : any(in[0], s.dims, s.keepdim);
-            CHECK(r.dtype() == DType::boolean);
+            CHECK(r.dtype() == (in[0].dtype() == DType::u8 ? DType::u8 : DType::boolean));  // PyTorch keeps uint8
             return r;
           },
       .reference =
@@ -156,11 +156,26 @@ TEST_CASE("sum/mean/prod: identities over empty dims and result dtypes", "[reduc
   CHECK(sum(e, {0}).shape() == Shape{3});
   CHECK(all(e).item<bool>());
   CHECK(!any(e).item<bool>());
-  CHECK(sum(ones({4}, DType::boolean)).dtype() == DType::i32);
-  CHECK(sum(ones({4}, DType::boolean)).item<int>() == 4);
-  CHECK(sum(full({3}, 100, DType::u8)).item<int>() == 300);  // no u8 overflow: i32 result
+  // PyTorch's promotion: bool and integer sums and products are int64 (torch.sum, torch.prod);
+  // an explicit dtype converts the input first.
+  for (DType t : {DType::boolean, DType::u8, DType::i8, DType::i32, DType::i64}) {
+    CHECK(sum(ones({4}, t)).dtype() == DType::i64);
+    CHECK(sum(ones({2, 2}, t), {1}, true).dtype() == DType::i64);
+    CHECK(prod(ones({4}, t)).dtype() == DType::i64);
+  }
+  CHECK(sum(ones({4}, DType::boolean)).item<int64_t>() == 4);
+  CHECK(sum(full({3}, 100, DType::u8)).item<int>() == 300);  // no u8 overflow: i64 result
   CHECK(sum(full({3}, 100, DType::u8), {}, false, DType::u8).item<int>() == 300 % 256);
+  CHECK(sum(ones({3}, DType::u8), {}, false, DType::i32).dtype() == DType::i32);
   CHECK(prod(full({4}, 3, DType::i8)).item<int>() == 81);
+  // No i32 overflow: 3 * (2^31 - 1) and (2^31 - 1)^2 in closed form.
+  const int64_t big = 2147483647;
+  CHECK(sum(full({3}, big, DType::i32)).item<int64_t>() == 3 * big);
+  CHECK(prod(full({2}, big, DType::i32)).item<int64_t>() == big * big);
+  CHECK(sum(full({2, 3}, big, DType::i32), {1}).to_vector<int64_t>() == std::vector<int64_t>{3 * big, 3 * big});
+  // Float inputs keep their dtype.
+  CHECK(sum(ones({4}, DType::bf16)).dtype() == DType::bf16);
+  CHECK(prod(ones({4}, DType::f32)).dtype() == DType::f32);
   CHECK(sum(ones({2, 3}), {0, 1}, true).shape() == Shape{1, 1});
   // Tensor methods.
   Tensor x = arange(6, DType::f32).reshape({2, 3});
@@ -191,6 +206,12 @@ TEST_CASE("all/any: NaN counts as true, any dtype", "[reduce]") {
   CHECK(!all(x).item<bool>());
   CHECK(all(from_vector(std::vector<float>{std::nanf(""), -1.0f})).item<bool>());
   CHECK(all(ones({3, 2}, DType::bf16), {1}).to_vector<bool>() == std::vector<bool>{true, true, true});
+  // As torch.all / torch.any: bool results, except uint8 in, uint8 0 / 1 out.
+  Tensor u = from_vector(std::vector<uint8_t>{2, 0, 4, 8}, {2, 2});
+  CHECK(all(u, {1}).dtype() == DType::u8);
+  CHECK(all(u, {1}).to_vector<uint8_t>() == std::vector<uint8_t>{0, 1});
+  CHECK(any(u, {1}).to_vector<uint8_t>() == std::vector<uint8_t>{1, 1});
+  CHECK(all(u.to(DType::i8)).dtype() == DType::boolean);
 }
 
 TEST_CASE("mean: integer inputs are an error naming the dtype", "[reduce][errors]") {

@@ -57,11 +57,34 @@ void on_signal(int sig) {
   (void)r;
 }
 
+constexpr const char* kUsage =
+    "usage: tpu-run [-n N] [--hosts h1,h2,...] [--master-addr A] [--master-port P]\n"
+    "               [--grace SECONDS] [--no-prefix] [--] program [args...]\n";
+
+// A bad command line: the reason and the usage on stderr, exit status 2.
 [[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr,
-               "tpu-run: %s\nusage: tpu-run [-n N] [--hosts h1,h2,...] [--master-addr A] [--master-port P]\n"
-               "               [--grace SECONDS] [--no-prefix] [--] program [args...]\n", why);
+  std::fprintf(stderr, "tpu-run: %s\n%s", why, kUsage);
   std::exit(2);
+}
+
+// --help: the usage and what each option does on stdout, exit status 0.
+[[noreturn]] void help() {
+  std::fputs(kUsage, stdout);
+  std::fputs("Starts the ranks of a tpu::dist job (as torchrun / mpirun do) and prefixes each line they print\n"
+             "with \"[rank] \".\n\n"
+             "options:\n"
+             "  -h, --help                print this help and exit\n"
+             "  -n, --nproc N             number of ranks, 1..4096 (default 1)\n"
+             "  --hosts h1,h2,...         spread the ranks over these hosts in blocks (ssh for a host that\n"
+             "                            is not this machine; default 127.0.0.1)\n"
+             "  --master-addr A           MASTER_ADDR given to the ranks (default: the first host)\n"
+             "  --master-port P           MASTER_PORT given to the ranks (default: a free port)\n"
+             "  --grace SECONDS           after a rank fails, wait this long before SIGKILL of the others\n"
+             "                            (default 3)\n"
+             "  --no-prefix               print the ranks' lines without the \"[rank] \" prefix\n"
+             "  program [args...]         the program every rank runs\n",
+             stdout);
+  std::exit(0);
 }
 
 Options parse(int argc, char** argv) {
@@ -93,7 +116,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--master-port") o.master_port = number("--master-port", value("--master-port"));
     else if (a == "--grace") o.grace_s = std::atof(value("--grace").c_str());
     else if (a == "--no-prefix") o.prefix = false;
-    else if (a == "-h" || a == "--help") usage("starts the ranks of a tpu::dist job");
+    else if (a == "-h" || a == "--help") help();
     else if (!a.empty() && a[0] == '-') usage(("unknown option " + a).c_str());
     else break;
   }

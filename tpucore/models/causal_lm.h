@@ -53,6 +53,7 @@ class DecoderLayer : public nn::Module {
  public:
   /// The block of config `c`, initialised from `gen`.
   DecoderLayer(const ModelConfig& c, Generator* gen);
+  using nn::Module::forward;  ///< forward(x) stays visible (an error naming the layer: it needs the rest)
   /// x [B, T, hidden]; cos/sin: rotary tables of the T new positions; keep: optional attention
   /// mask (nn::Attention); cache: optional attention cache, `layer` being this block's index in it.
   Tensor forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& keep,

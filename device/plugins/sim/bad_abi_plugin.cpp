@@ -3,11 +3,15 @@
 #include "device/plugin_abi.h"
 
 namespace {
-const TpuPluginApi kApi = {
-    .struct_size = sizeof(TpuPluginApi),
-    .abi_version = TPU_PLUGIN_ABI_VERSION + 41,
-    .plugin_name = "bad-abi-test-plugin",
-};
+// Only the header fields are set; every entry point stays null.
+TpuPluginApi make_api() {
+  TpuPluginApi a{};
+  a.struct_size = sizeof(TpuPluginApi);
+  a.abi_version = TPU_PLUGIN_ABI_VERSION + 41;
+  a.plugin_name = "bad-abi-test-plugin";
+  return a;
+}
+const TpuPluginApi kApi = make_api();
 }  // namespace
 
 extern "C" TPU_PLUGIN_EXPORT const TpuPluginApi* tpu_plugin_get_api(void) { return &kApi; }

@@ -54,8 +54,9 @@ template <int R, int Hint>
 TPU_GEMM_AVX512 inline void prefetch_tile(const float* C, int64_t ldc) {
 #pragma GCC unroll 14
   for (int r = 0; r < R; ++r) {
-    _mm_prefetch(reinterpret_cast<const char*>(C + r * ldc), static_cast<_mm_hint>(Hint));
-    _mm_prefetch(reinterpret_cast<const char*>(C + r * ldc + 16), static_cast<_mm_hint>(Hint));
+    // _mm_prefetch(p, Hint) as GCC and Clang both define it (Clang has no _mm_hint enum)
+    __builtin_prefetch(C + r * ldc, (Hint >> 2) & 1, Hint & 3);
+    __builtin_prefetch(C + r * ldc + 16, (Hint >> 2) & 1, Hint & 3);
   }
 }
 
@@ -178,7 +179,9 @@ TPU_GEMM_AVX512_BF16 void micro_kernel_bf16_avx512(int64_t kc, const uint32_t* A
 // GCC 12 reports the self-initialized "undefined" pass-through vector inside its own
 // shuffle/unpack intrinsics as maybe-uninitialized; that is a false positive.
 #pragma GCC diagnostic push
+#ifndef __clang__  // a GCC-only warning (Clang warns about the unknown name)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 namespace {
 // Transposes a block of 16 rows x 16 32-bit words in registers (unpacks and 128-bit lane
 // shuffles): w[c] = word c of every row, row i in lane i. Row i (i < rows) is read at

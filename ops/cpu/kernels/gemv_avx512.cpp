@@ -35,7 +35,9 @@
 // GCC 12 reports the undefined upper halves inside its own intrinsics (_mm512_reduce_add_ps,
 // the widening conversions) as maybe-uninitialized; they are not.
 #pragma GCC diagnostic push
+#ifndef __clang__  // a GCC-only warning (Clang warns about the unknown name)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 namespace tpu::kernels {
 namespace {

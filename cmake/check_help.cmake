@@ -1,0 +1,17 @@
+# Runs `PROGRAM --help` and fails unless it exits 0 and prints a usage line naming NAME on stdout.
+#   cmake -DPROGRAM=path/to/tool -DNAME=tool -P cmake/check_help.cmake
+if(NOT DEFINED PROGRAM OR NOT DEFINED NAME)
+  message(FATAL_ERROR "check_help.cmake: pass -DPROGRAM=<executable> -DNAME=<its name>")
+endif()
+execute_process(COMMAND ${PROGRAM} --help RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 25)
+if(NOT rc STREQUAL "0")
+  message(FATAL_ERROR "${NAME} --help exited with '${rc}' (expected 0)\nstdout:\n${out}\nstderr:\n${err}")
+endif()
+string(STRIP "${out}" stripped)
+if(stripped STREQUAL "")
+  message(FATAL_ERROR "${NAME} --help printed nothing on stdout\nstderr:\n${err}")
+endif()
+if(NOT out MATCHES "usage: ${NAME}[ \n]")
+  message(FATAL_ERROR "${NAME} --help printed no 'usage: ${NAME}' line:\n${out}")
+endif()
+message(STATUS "${NAME} --help: exit 0, ${NAME} usage printed")
