@@ -73,6 +73,7 @@ class DecoderModel : public nn::Module {
  public:
   /// The body of config `c`, initialised from `gen`.
   DecoderModel(const ModelConfig& c, Generator* gen);
+  using nn::Module::forward;  ///< forward(x) stays visible (an error naming the module: it needs the rest)
   /// ids [B, T] -> hidden states [B, T, hidden] after the final norm. cos/sin: rotary tables
   /// of the tokens' positions (nn::rope_tables); keep and cache as DecoderLayer::forward.
   Tensor forward(const Tensor& ids, const Tensor& cos, const Tensor& sin, const Tensor& keep,

@@ -73,8 +73,9 @@ std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, Device device, 
   for (auto& [name, slot] : m->parameter_slots()) slots[name] = slot;
   for (auto& [name, slot] : m->buffer_slots()) slots[name] = slot;
   std::set<std::string> loaded, unexpected;
-  for (const auto& [file, names] : weight_files(root)) {
+  for (const auto& [file, listed] : weight_files(root)) {
     const fs::path path = root / file;
+    const auto& names = listed;  // a plain reference: clang-14 lambdas cannot capture a structured binding
     std::set<std::string> seen;
     for_each_safetensor(path.string(), [&](const std::string& name, const Tensor& t) {
       if (!names.empty() && !names.count(name)) return;  // in the shard but listed elsewhere
