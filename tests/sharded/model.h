@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -108,6 +109,21 @@ inline double max_abs_diff(const Tensor& a, const Tensor& b) {
   double m = 0;
   for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::fabs(static_cast<double>(x[i]) - y[i]));
   return m;
+}
+
+// The end of a sharded run against the one-process reference: every final parameter (the full
+// state dict from FSDP's root, or the rank's own parameters) equals `part(name, reference)`, the
+// slice this rank holds, within 1e-4.
+inline void check_final_params(const nn::StateDict& got, const nn::StateDict& reference,
+                               const std::function<Tensor(const std::string&, const Tensor&)>& part) {
+  check(got.size() == reference.size(), "every parameter is there");
+  for (auto& [n, want] : reference) {
+    auto it = got.find(n);
+    check(it != got.end(), "has " + n);
+    if (it == got.end()) continue;
+    const double d = max_abs_diff(it->second, part(n, want));
+    check(d <= 1e-4, fmt::format("final {}: max diff {} to the reference slice", n, d));
+  }
 }
 
 inline double max_abs(const Tensor& a) {

@@ -128,14 +128,8 @@ int scenario_tp_train(int tp) {
   if (root) got = root->full_state_dict();
   else
     for (auto& [n, p] : model->named_parameters()) got[n] = p.detach();
-  check(got.size() == ref.final_params.size(), "every parameter is there");
-  for (auto& [n, want] : ref.final_params) {
-    auto it = got.find(n);
-    check(it != got.end(), "has " + n);
-    if (it == got.end()) continue;
-    const double d = max_abs_diff(it->second, tp_part(n, want, tp_rank, tp).contiguous());
-    check(d <= 1e-4, fmt::format("final {}: max diff {} to the reference slice", n, d));
-  }
+  check_final_params(got, ref.final_params,
+                     [&](const std::string& n, const Tensor& w) { return tp_part(n, w, tp_rank, tp).contiguous(); });
   return 0;
 }
 
