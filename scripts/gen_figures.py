@@ -436,7 +436,8 @@ def host(build, quick):
             env["OPENBLAS_CORETYPE"] = os.environ["CORETYPE"]
         g = best(bench_json(build, "bench_matmul_torch", filt, env=env, extra=mt + reps), "GFLOP/cpu_s")
         lines += ["GEMM, GFLOP per CPU-second (process CPU time, all threads), best repetition; peers: libtorch "
-                  f"with OpenBLAS (OPENBLAS_CORETYPE={env.get('OPENBLAS_CORETYPE', 'unset')}) and oneDNN:", "",
+                  f"with OpenBLAS (OPENBLAS_CORETYPE="
+                  f"{env.get('OPENBLAS_CORETYPE', os.environ.get('OPENBLAS_CORETYPE', 'unset'))}) and oneDNN:", "",
                   "| n | threads | ours f32 | OpenBLAS f32 | ratio | ours bf16 | oneDNN bf16 | ratio |",
                   "|---|---|---|---|---|---|---|---|"]
         for t in (1, 2):
