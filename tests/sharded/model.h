@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
@@ -124,6 +125,17 @@ inline void check_final_params(const nn::StateDict& got, const nn::StateDict& re
     const double d = max_abs_diff(it->second, part(n, want));
     check(d <= 1e-4, fmt::format("final {}: max diff {} to the reference slice", n, d));
   }
+}
+
+// Runs f and checks that it throws a tpu::Error whose message mentions `must`.
+inline void check_error(const std::function<void()>& f, const char* must, const std::string& what) {
+  try {
+    f();
+  } catch (const tpu::Error& e) {
+    check(std::strstr(e.what(), must) != nullptr, what + ": '" + e.what() + "' should mention '" + must + "'");
+    return;
+  }
+  check(false, what + ": no tpu::Error");
 }
 
 inline double max_abs(const Tensor& a) {

@@ -38,16 +38,6 @@ struct Failing : nn::Module {
   Tensor forward(const Tensor&) override { throw std::runtime_error("forward failed"); }
 };
 
-void check_error(const std::function<void()>& f, const char* must, const std::string& what) {
-  try {
-    f();
-  } catch (const tpu::Error& e) {
-    check(std::strstr(e.what(), must) != nullptr, what + ": '" + e.what() + "' should mention '" + must + "'");
-    return;
-  }
-  check(false, what + ": no tpu::Error");
-}
-
 }  // namespace
 
 int scenario_hooks() {
