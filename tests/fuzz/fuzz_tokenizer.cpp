@@ -3,9 +3,9 @@
 // is a fixed sample). A file the reader accepts must encode the text (with and without special
 // tokens, with special tokens matched or taken as text, alone and as a pair) to ids of its
 // vocabulary that decode without error; for a lossless file (byte-level pre-tokenizer and
-// decoder, no normalizer, no prefix space) the ids without special tokens decode back to the
-// exact bytes of the text (invalid UTF-8 included); decoding must reject an id past the
-// vocabulary with a tpu::Error.
+// decoder, no normalizer, add_prefix_space false on every ByteLevel step) the ids without
+// special tokens decode back to the exact bytes of the text (invalid UTF-8 included); decoding
+// must reject an id past the vocabulary with a tpu::Error.
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -25,6 +25,21 @@ static bool plain_added(const nlohmann::json& j) {
       for (char c : a["content"].get<std::string>())
         if (static_cast<unsigned char>(c) >= 0x80) return false;
   }
+  return true;
+}
+
+// True when no ByteLevel pre-tokenizer (at any depth of a Sequence) adds a prefix space. The
+// option defaults to true when the key is absent, as in Hugging Face tokenizers, and then every
+// piece of the previous step gains a leading space, which decoding keeps.
+static bool no_prefix_space(const nlohmann::json& p) {
+  if (p.is_array()) return std::all_of(p.begin(), p.end(), [](const nlohmann::json& e) { return no_prefix_space(e); });
+  if (!p.is_object()) return true;
+  if (p.contains("type") && p["type"] == "ByteLevel") {
+    const auto it = p.find("add_prefix_space");
+    if (it == p.end() || *it != false) return false;
+  }
+  for (const auto& [k, v] : p.items())
+    if ((v.is_array() || v.is_object()) && !no_prefix_space(v)) return false;
   return true;
 }
 
@@ -81,7 +96,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string pre = j.is_object() && j.contains("pre_tokenizer") ? j["pre_tokenizer"].dump() : std::string();
   const bool lossless = type_of("decoder") == "ByteLevel" && (!j.contains("normalizer") || j["normalizer"].is_null()) &&
                         pre.find("ByteLevel") != std::string::npos && pre.find("Metaspace") == std::string::npos &&
-                        pre.find("\"add_prefix_space\":true") == std::string::npos &&
+                        j.contains("pre_tokenizer") && no_prefix_space(j["pre_tokenizer"]) &&
                         pre.find("Removed") == std::string::npos && plain_added(j);
   if (lossless && back != text) tpu_fuzz::finding("decode(encode(text)) is not the text", back);
   try {

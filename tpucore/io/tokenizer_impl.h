@@ -12,7 +12,8 @@ namespace tpu {
 struct Tokenizer::Impl {
   struct PairHash {
     size_t operator()(const std::pair<int64_t, int64_t>& p) const {
-      return std::hash<int64_t>()(p.first * 1000003 + p.second);
+      // Unsigned: a file may give ids near the int64 range.
+      return std::hash<uint64_t>()(static_cast<uint64_t>(p.first) * 1000003u + static_cast<uint64_t>(p.second));
     }
   };
   struct Added {
