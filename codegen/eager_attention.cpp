@@ -136,7 +136,7 @@ bool sdpa_eager(const ops::KernelArgs& k) {
 
 const Lowering kSdpaRule{.eager = &sdpa_eager};
 
-[[maybe_unused]] const bool g_installed = (install_lowering("scaled_dot_product_attention", &kSdpaRule), true);
+[[maybe_unused]] const bool g_sdpa_rules_installed = (install_lowering("scaled_dot_product_attention", &kSdpaRule), true);
 
 }  // namespace
 }  // namespace tpu::codegen

@@ -120,7 +120,7 @@ void install_cat_rule() {
   install_lowering("cat", &l);
 }
 
-[[maybe_unused]] const bool g_installed = (install_cat_rule(), true);
+[[maybe_unused]] const bool g_cat_rules_installed = (install_cat_rule(), true);
 
 }  // namespace
 }  // namespace tpu::codegen

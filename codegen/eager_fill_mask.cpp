@@ -154,7 +154,7 @@ void install_fill_mask_rules() {
   install_lowering("masked_fill", &masked_fill);
 }
 
-[[maybe_unused]] const bool g_installed = (install_fill_mask_rules(), true);
+[[maybe_unused]] const bool g_fill_mask_rules_installed = (install_fill_mask_rules(), true);
 
 }  // namespace
 }  // namespace tpu::codegen

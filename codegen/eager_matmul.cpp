@@ -17,7 +17,7 @@ bool matmul_eager(const ops::KernelArgs& k) {
 
 const Lowering kMatmulRule{.eager = &matmul_eager};
 
-[[maybe_unused]] const bool g_installed =
+[[maybe_unused]] const bool g_matmul_rules_installed =
     (install_lowering("linear", &kMatmulRule), install_lowering("matmul", &kMatmulRule), true);
 
 }  // namespace

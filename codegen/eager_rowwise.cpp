@@ -206,7 +206,7 @@ void install_rowwise_rules() {
   install_lowering("contiguous", eager_rule<&contiguous_eager>());
 }
 
-[[maybe_unused]] const bool g_installed = (install_rowwise_rules(), true);
+[[maybe_unused]] const bool g_rowwise_rules_installed = (install_rowwise_rules(), true);
 
 }  // namespace
 }  // namespace tpu::codegen

@@ -160,7 +160,7 @@ void install_elementwise_rules() {
   install_lowering("to_dtype", ew<&cast_rule>(true));
 }
 
-[[maybe_unused]] const bool g_installed = (install_elementwise_rules(), true);
+[[maybe_unused]] const bool g_elementwise_rules_installed = (install_elementwise_rules(), true);
 
 }  // namespace
 }  // namespace tpu::codegen

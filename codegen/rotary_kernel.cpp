@@ -196,7 +196,7 @@ bool rotary_eager(const ops::KernelArgs& k) {
 
 const Lowering kRotaryRule{.eager = &rotary_eager};
 
-[[maybe_unused]] const bool g_installed = (install_lowering("rotary_embedding", &kRotaryRule), true);
+[[maybe_unused]] const bool g_rotary_rules_installed = (install_lowering("rotary_embedding", &kRotaryRule), true);
 
 }  // namespace
 }  // namespace tpu::codegen

@@ -16,14 +16,9 @@ using namespace ops;
 using reduce::attr_dims;
 using reduce::attr_reduced_shape;
 
-template <class T>
-constexpr bool is_float_v = std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
+using reduce::is_float_v;
 
-template <class T>
-inline float to_f(T v) {
-  if constexpr (std::is_same_v<T, float>) return v;
-  else return v.to_f32();
-}
+using reduce::to_f;
 
 // Sum of a contiguous float run: 16 f32 lanes each add 8 consecutive-block terms, then the
 // lanes are added into 16 double lanes (so rounding error stays at a few f32 ulps of the
@@ -225,7 +220,7 @@ TPU_DEFINE_OP(any_op, {.name = "any", .num_inputs = 1, .flags = kReduction | kNo
                        .meta = &logical_meta, .cpu = &logical_cpu<false>,
                        .doc = "true where some element over dims is nonzero (false when empty; bool, u8 for u8)"});
 
-Attrs reduce_attrs(const Dims& dims, bool keepdim) { return Attrs{{"dims", dims}, {"keepdim", keepdim}}; }
+using reduce::reduce_attrs;
 
 }  // namespace
 

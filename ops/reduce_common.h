@@ -29,6 +29,20 @@ inline void check_nonempty_reduction(const Tensor& x, const std::vector<int>& di
               x.shape().str());
 }
 
+/// The attributes of a reduction over `dims`.
+inline Attrs reduce_attrs(const std::vector<int64_t>& dims, bool keepdim) { return Attrs{{"dims", dims}, {"keepdim", keepdim}}; }
+
+/// True for the float element types (f32, bf16, f16).
+template <class T>
+constexpr bool is_float_v = std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
+
+/// An element of a float tensor (f32, bf16, f16) as f32.
+template <class T>
+inline float to_f(T v) {
+  if constexpr (std::is_same_v<T, float>) return v;
+  else return v.to_f32();
+}
+
 inline std::string dims_str(const std::vector<int64_t>& dims) {
   std::string s = "[";
   for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);

@@ -198,7 +198,7 @@ TPU_DEFINE_OP(argmin_op, {.name = "argmin", .num_inputs = 1, .flags = kReduction
                           .meta = &arg_meta, .cpu = &arg_cpu<false>,
                           .doc = "index (i64) of the first minimum over one dim or of all elements"});
 
-Attrs reduce_attrs(const Dims& dims, bool keepdim) { return Attrs{{"dims", dims}, {"keepdim", keepdim}}; }
+using reduce::reduce_attrs;
 
 std::tuple<Tensor, Tensor> value_index(const OpDef& op, const Tensor& x, int64_t dim, bool keepdim) {
   Tensor outs[kMaxOutputs];

@@ -22,11 +22,7 @@ using reduce::attr_reduced_shape;
 
 constexpr int64_t kBlock = 1024;
 
-template <class T>
-inline float to_f(T v) {
-  if constexpr (std::is_same_v<T, float>) return v;
-  else return v.to_f32();
-}
+using reduce::to_f;
 
 // Copies len elements (stride s) as floats into buf and zero-pads it to a multiple of 16.
 template <class T>
@@ -151,8 +147,7 @@ struct LseR {
   }
 };
 
-template <class T>
-constexpr bool is_float_v = std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
+using reduce::is_float_v;
 
 // ---- var / std ----
 void var_meta(const MetaArgs& a, MetaResult& m) {

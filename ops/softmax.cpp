@@ -10,6 +10,7 @@
 #include "ops/cpu/loops.h"
 #include "ops/cpu/vec_math.h"
 #include "ops/meta_util.h"
+#include "ops/reduce_common.h"
 #include "ops/reduce_engine.h"
 #include "ops/reduce_vec.h"
 #include "ops/registry.h"
@@ -19,11 +20,7 @@ namespace tpu {
 namespace {
 using namespace ops;
 
-template <class T>
-inline float to_f(T v) {
-  if constexpr (std::is_same_v<T, float>) return v;
-  else return v.to_f32();
-}
+using reduce::to_f;
 
 void softmax_meta(const MetaArgs& a, MetaResult& m) {
   const Tensor& x = a.inputs[0];

@@ -55,14 +55,14 @@ void check_vs(const Tensor& got, const std::vector<double>& want, double atol, d
   CHECK(bad == 0);
 }
 
-struct Case {
+struct AttentionCase {
   Shape q, k, v;
   bool causal;
 };
 
 TEST_CASE("codegen attention: fused kernel on the tiny chip matches naive loops", "[attention][codegen]") {
   TinySim tiny;
-  const std::vector<Case> cases = {
+  const std::vector<AttentionCase> cases = {
       {{1, 1, 16, 8}, {1, 1, 16, 8}, {1, 1, 16, 8}, false},
       {{1, 2, 37, 16}, {1, 2, 37, 16}, {1, 2, 37, 16}, true},     // ragged, causal
       {{2, 4, 21, 8}, {2, 2, 45, 8}, {2, 2, 45, 12}, false},      // GQA 2, Lq < Lk, Dv != D
@@ -71,7 +71,7 @@ TEST_CASE("codegen attention: fused kernel on the tiny chip matches naive loops"
   };
   for (DType dt : {DType::f32, DType::bf16}) {
     Generator g(11);
-    for (const Case& c : cases) {
+    for (const AttentionCase& c : cases) {
       DYNAMIC_SECTION(dtype_name(dt) << " q " << c.q.str() << " k " << c.k.str() << (c.causal ? " causal" : "")) {
         const Tensor q = randn(c.q, {}, &g).to(dt), k = randn(c.k, {}, &g).to(dt), v = randn(c.v, {}, &g).to(dt);
         const double scale = 1.0 / std::sqrt(double(c.q[3]));

@@ -6,7 +6,6 @@
 namespace tpu::testing {
 namespace {
 
-Tensor rnd(Generator& g, const Shape& s, DType dt = DType::f32) { return make_input(g, s, dt, Layout::contiguous); }
 
 void check_on_chip(const Tensor& got, const Tensor& expect_cpu, Tol tol, const std::string& what) {
   check_close(got, ref_of(expect_cpu), tol, what);

@@ -16,7 +16,6 @@
 namespace tpu::testing {
 namespace {
 
-Tensor rnd(Generator& g, const Shape& s, DType dt = DType::f32) { return make_input(g, s, dt, Layout::contiguous); }
 
 // bf16 rounding of a double (round to nearest even), for expected bf16 values.
 double to_bf16(double v) { return ref_of(scalar_tensor(v, TensorOptions(DType::bf16))).v[0]; }

@@ -6,7 +6,6 @@
 namespace tpu::testing {
 namespace {
 
-Tensor rnd(Generator& g, const Shape& s, DType dt = DType::f32) { return make_input(g, s, dt, Layout::contiguous); }
 
 // bf16 MXU inputs are rounded to bf16: error grows like sqrt(K) * 2^-8 * |a||b|.
 Tol mm_tol(DType dt, int64_t k) {

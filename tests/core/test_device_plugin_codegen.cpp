@@ -51,14 +51,14 @@ RunResult run_on(const Device& d, const std::vector<Tensor>& host_inputs,
   return r;
 }
 
-struct Case {
+struct PluginCase {
   const char* name;
   std::vector<Shape> shapes;
   std::function<Tensor(const std::vector<Tensor>&)> fn;
   double tol = 1e-5;
 };
 
-void check_same(const Case& c, const RunResult& sim, const RunResult& tpu, const Tensor& cpu) {
+void check_same(const PluginCase& c, const RunResult& sim, const RunResult& tpu, const Tensor& cpu) {
   INFO(c.name);
   CHECK(tpu.fallbacks == 0);
   CHECK(tpu.runs >= 1);
@@ -81,7 +81,7 @@ TEST_CASE("plugin codegen: eager ops on tpu:0 equal sim:0 in values and cycles",
   CHECK(codegen::chip_config(kTpu).name == codegen::chip_config(kSim).name);
   CHECK(sim::config_to_json(codegen::chip_config(kTpu)) == sim::config_to_json(codegen::chip_config(kSim)));
   const double bf = 2e-2;
-  const std::vector<Case> cases = {
+  const std::vector<PluginCase> cases = {
       {"add", {{37, 50}, {37, 50}}, [](const std::vector<Tensor>& v) { return v[0] + v[1]; }},
       {"sub alpha (runtime scalar)", {{64, 33}, {64, 33}}, [](const std::vector<Tensor>& v) { return sub(v[0], v[1], 0.75); }},
       {"mul broadcast row", {{16, 40}, {40}}, [](const std::vector<Tensor>& v) { return v[0] * v[1]; }},
@@ -106,7 +106,7 @@ TEST_CASE("plugin codegen: eager ops on tpu:0 equal sim:0 in values and cycles",
       {"rotary_embedding", {{2, 8, 16}, {8, 16}, {8, 16}}, [](const std::vector<Tensor>& v) { return rotary_embedding(v[0], v[1], v[2]); }, 1e-5},
   };
   uint64_t seed = 100;
-  for (const Case& c : cases) {
+  for (const PluginCase& c : cases) {
     std::vector<Tensor> host;
     for (const Shape& s : c.shapes) host.push_back(jit_testing::rnd(s, ++seed));
     const Tensor cpu = c.fn(host);
@@ -155,7 +155,7 @@ TEST_CASE("plugin codegen: compiled functions on tpu:0 equal sim:0 in values and
     };
     const RunResult sim = run(kSim);
     const RunResult tpu = run(kTpu);
-    check_same(Case{c.name, {}, {}, 1e-4}, sim, tpu, cpu);
+    check_same(PluginCase{c.name, {}, {}, 1e-4}, sim, tpu, cpu);
   }
 }
 

@@ -29,7 +29,7 @@ std::vector<const VecMathTable*> tables() {
 
 double sigmoid_ref(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
-struct Case {
+struct VecMathCase {
   VecUnary op;
   const char* name;
   double (*ref)(double);
@@ -45,7 +45,7 @@ double gelu_tanh_cond(double x) {
   return x < 0 ? 1.6 * std::fabs(x + 3 * 0.044715 * x * x * x) : 0.0;
 }
 
-const Case kCases[] = {
+const VecMathCase kCases[] = {
     {VecUnary::exp, "exp", [](double x) { return std::exp(x); }, -103.0, 88.7, 2.0},
     {VecUnary::log, "log", [](double x) { return std::log(x); }, 1e-3, 1e3, 2.0},
     {VecUnary::tanh, "tanh", [](double x) { return std::tanh(x); }, -10.0, 10.0, 3.0},
@@ -83,7 +83,7 @@ std::vector<float> grid(double lo, double hi, int n) {
 
 TEST_CASE("vec_math: unary functions within their ulp bounds on every implementation", "[elementwise][vecmath]") {
   for (const VecMathTable* t : tables()) {
-    for (const Case& c : kCases) {
+    for (const VecMathCase& c : kCases) {
       std::vector<float> x = grid(c.lo, c.hi, 20011);
       // Extra points near 0 and in the log-spaced middle of the range.
       for (double e = -30; e <= 1; e += 0.25) {
@@ -159,7 +159,7 @@ TEST_CASE("vec_math: denormal, huge and extreme inputs within the ulp bounds", "
   const float mags[] = {1.4e-45f, 1e-42f, 1e-40f, 1.1754942e-38f, 1.1754944e-38f, 1e-20f,
                         30.0f,    87.0f,  89.0f,  1e4f,           1e30f,          kMax};
   for (const VecMathTable* t : tables()) {
-    for (const Case& c : kCases) {
+    for (const VecMathCase& c : kCases) {
       std::vector<float> x;
       for (float m : mags) {
         x.push_back(m);
@@ -221,7 +221,7 @@ TEST_CASE("vec_math: special values", "[elementwise][vecmath]") {
 TEST_CASE("vec_math: every tail length and in-place use agree with the element-by-element result",
           "[elementwise][vecmath]") {
   for (const VecMathTable* t : tables()) {
-    for (const Case& c : kCases) {
+    for (const VecMathCase& c : kCases) {
       for (int n = 0; n <= 70; ++n) {
         std::vector<float> x = grid(-3.0, 3.0, n < 2 ? 2 : n);
         x.resize(static_cast<size_t>(n));
@@ -251,8 +251,8 @@ TEST_CASE("vec_math: unary streaming path (large arrays): misaligned head, tail,
   // element must equal the one-element result (no dependence on the path taken) and stay
   // within the function's bound of the double reference; in place (out == in) gives the same.
   const int64_t n = (int64_t{1} << 20) + 45;
-  const Case* gelu = nullptr;
-  for (const Case& c : kCases)
+  const VecMathCase* gelu = nullptr;
+  for (const VecMathCase& c : kCases)
     if (c.op == VecUnary::gelu_erf) gelu = &c;
   REQUIRE(gelu);
   for (const VecMathTable* t : tables()) {

@@ -112,12 +112,12 @@ using GemmF32Fn = void (*)(int64_t, int64_t, int64_t, const float*, int64_t, int
 using GemmBf16Fn = void (*)(int64_t, int64_t, int64_t, const uint16_t*, int64_t, int64_t,
                             const uint16_t*, int64_t, int64_t, float*, int64_t, bool);
 
-struct Case {
+struct GemmCase {
   int64_t M, N, K;
 };
 
-const std::vector<Case>& ragged_cases() {
-  static const std::vector<Case> cases = {
+const std::vector<GemmCase>& ragged_cases() {
+  static const std::vector<GemmCase> cases = {
       {1, 1, 1},    {1, 7, 3},     {7, 1, 5},    {7, 17, 33},  {17, 33, 7},  {14, 32, 64},
       {15, 33, 65}, {33, 65, 17},  {65, 31, 100}, {100, 100, 1}, {3, 200, 129}, {200, 5, 77},
       {29, 97, 200}, {128, 96, 160}, {1, 130, 190}, {130, 1, 190}, {45, 64, 2}};
@@ -130,7 +130,7 @@ void run_cases(Fn fn, Gen&& gen, ToF to_f, double rel_tol) {
   std::uniform_real_distribution<float> cdist(-2.0f, 2.0f);
   const Layout layouts[] = {Layout::RowMajor, Layout::ColMajor, Layout::Strided};
   int which = 0;
-  for (const Case& cs : ragged_cases()) {
+  for (const GemmCase& cs : ragged_cases()) {
     for (Layout la : layouts) {
       for (Layout lb : layouts) {
         // Every case runs row-major x row-major; other layout pairs rotate over the cases
@@ -312,7 +312,7 @@ TEST_CASE("gemm kernels: several K blocks, several column blocks, threaded K blo
   // K beyond one cache block (so later blocks accumulate into C), N beyond one column
   // block, a product big enough to be threaded with several K blocks (rows split), and a
   // short wide one that is threaded by columns.
-  const std::vector<Case> cases = {{20, 40, 1100}, {3, 2100, 5}, {5, 4200, 3},
+  const std::vector<GemmCase> cases = {{20, 40, 1100}, {3, 2100, 5}, {5, 4200, 3},
                                    {150, 120, 800}, {40, 300, 100}};
   auto fgen = f32_gen();
   auto bgen = bf16_gen();
@@ -322,7 +322,7 @@ TEST_CASE("gemm kernels: several K blocks, several column blocks, threaded K blo
     f32_fns.push_back(GemmF32Fn(gemm_f32_avx2));
     bf16_fns.push_back(GemmBf16Fn(gemm_bf16_avx2));
   }
-  for (const Case& cs : cases) {
+  for (const GemmCase& cs : cases) {
     for (bool accumulate : {false, true}) {
       INFO("M=" << cs.M << " N=" << cs.N << " K=" << cs.K << " accumulate=" << accumulate);
       const int64_t ldc = cs.N + 1;
@@ -446,10 +446,10 @@ TEST_CASE("gemm_bf16 AMX tiles match a naive loop: ragged tiles, K blocks, layou
   // Rows past one 16-row tile, one 32-row pair and the 128-row unit; columns past a 16-column
   // tile and a 32-column panel; K short of one 32-step, odd, and past the 1024 K block (twice);
   // 64 x 64 x 512 takes the path that writes whole C tiles straight to C.
-  const std::vector<Case> cases = {{16, 16, 32},  {17, 33, 33}, {31, 47, 65},  {64, 64, 512},
+  const std::vector<GemmCase> cases = {{16, 16, 32},  {17, 33, 33}, {31, 47, 65},  {64, 64, 512},
                                    {130, 70, 600}, {300, 96, 97}, {33, 1, 40}, {45, 40, 2100}};
   const Layout layouts[] = {Layout::RowMajor, Layout::ColMajor, Layout::Strided};
-  for (const Case& cs : cases)
+  for (const GemmCase& cs : cases)
     for (Layout la : layouts)
       for (Layout lb : layouts)
         for (bool accumulate : {false, true}) {

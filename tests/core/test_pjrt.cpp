@@ -21,11 +21,6 @@ namespace {
 using Catch::Matchers::Contains;
 using Fn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
 
-Tensor rn(const Shape& s, uint64_t seed) {
-  Generator g(seed);
-  return randn(s, {}, &g);
-}
-
 std::string plugin_path() {
   Dl_info info{};
   if (dladdr(reinterpret_cast<void*>(static_cast<void (*)(tpu::Device)>(&tpu::synchronize)), &info) && info.dli_fname) {

@@ -28,11 +28,6 @@ std::string lib_dir() {
 
 void load_sim_pjrt() { load_pjrt_plugin(lib_dir() + "libpjrt_tpucore_sim.so"); }
 
-Tensor rn(const Shape& s, uint64_t seed) {
-  Generator g(seed);
-  return randn(s, {}, &g);
-}
-
 struct StrictPjrt {  // host fallback off for a scope
   bool was = pjrt_host_fallback();
   StrictPjrt() { set_pjrt_host_fallback(false); }

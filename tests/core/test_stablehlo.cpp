@@ -19,11 +19,6 @@ namespace {
 using Catch::Matchers::Contains;
 using Fn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
 
-Tensor rn(const Shape& s, uint64_t seed) {
-  Generator g(seed);
-  return randn(s, {}, &g);
-}
-
 struct Example {
   const char* name;
   std::vector<Tensor> inputs;

@@ -211,6 +211,15 @@ inline const std::vector<DType>& all_dtypes() {
   return v;
 }
 
+// A contiguous input of `s` and `dt` with values in [-2, 2).
+inline Tensor rnd(Generator& g, const Shape& s, DType dt = DType::f32) { return make_input(g, s, dt, Layout::contiguous); }
+
+// Standard normal samples of `s` from a fixed seed.
+inline Tensor rn(const Shape& s, uint64_t seed) {
+  Generator g(seed);
+  return randn(s, {}, &g);
+}
+
 // A 1-D i32 tensor of op arguments; always the last input of a sample.
 inline Tensor params(const std::vector<int64_t>& p) { return from_vector(p, Shape{static_cast<int64_t>(p.size())}); }
 inline std::vector<int64_t> params_of(const Tensor& t) {

@@ -58,18 +58,14 @@ struct TPLM : nn::Module {
   }
 };
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // The part of a reference tensor that tensor-parallel rank `r` of `n` holds, by the name's layout.
 Tensor tp_part(const std::string& name, const Tensor& full, int r, int n) {
   int dim = -1;
   for (const char* s : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight",
                         "embed.weight", "head.weight", "head.bias"})
-    if (ends_with(name, s)) dim = 0;
+    if (name.ends_with(s)) dim = 0;
   for (const char* s : {"o_proj.weight", "down_proj.weight"})
-    if (ends_with(name, s)) dim = 1;
+    if (name.ends_with(s)) dim = 1;
   if (dim < 0) return full;
   const int64_t k = full.size(dim) / n;
   return narrow(full, dim, r * k, k);

@@ -26,19 +26,15 @@ std::shared_ptr<models::CausalLM> make_lm(bool tied) {
   return std::make_shared<models::CausalLM>(hub_config(tied), &g);
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // The part of a reference tensor that tensor-parallel rank r of n holds (Megatron layout by
 // name: column-parallel rows, row-parallel columns, the rest whole).
 Tensor hub_part(const std::string& name, const Tensor& full, int r, int n) {
   int dim = -1;
   for (const char* s : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight",
                         "lm_head.weight"})
-    if (ends_with(name, s)) dim = 0;
+    if (name.ends_with(s)) dim = 0;
   for (const char* s : {"o_proj.weight", "down_proj.weight"})
-    if (ends_with(name, s)) dim = 1;
+    if (name.ends_with(s)) dim = 1;
   if (dim < 0) return full;
   const int64_t k = full.size(dim) / n;
   return narrow(full, dim, r * k, k).contiguous();

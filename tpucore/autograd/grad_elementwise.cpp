@@ -166,7 +166,7 @@ void gelu_bw(const BackwardArgs& a, Grads g) {
   g[0] = mul(G(a), d);
 }
 
-[[maybe_unused]] const bool registered = [] {
+[[maybe_unused]] const bool elementwise_registered = [] {
   define("add", &add_bw);
   define("sub", &sub_bw);
   define("mul", &mul_bw, 0, 0, &cross_saves);

@@ -90,7 +90,7 @@ void rms_norm_bw(const BackwardArgs& a, Grads g) {
   }
 }
 
-[[maybe_unused]] const bool registered = [] {
+[[maybe_unused]] const bool linalg_registered = [] {
   define("matmul", &matmul_bw, 0, 0, &product_saves);
   define("linear", &linear_bw, 0, 0, &product_saves);
   define("layer_norm", &layer_norm_bw, kIn0 | kIn1);

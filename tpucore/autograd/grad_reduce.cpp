@@ -97,7 +97,7 @@ void log_softmax_bw(const BackwardArgs& a, Grads g) {
   g[0] = sub(go, mul(exp(y), sum(go, {d}, true)));
 }
 
-[[maybe_unused]] const bool registered = [] {
+[[maybe_unused]] const bool reduce_registered = [] {
   define("sum", &sum_bw);
   define("mean", &mean_bw);
   define("prod", &prod_bw, kIn0, kOut0);

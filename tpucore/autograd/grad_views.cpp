@@ -132,7 +132,7 @@ void embedding_bw(const BackwardArgs& a, Grads g) {
 void tril_bw(const BackwardArgs& a, Grads g) { g[0] = tril(a.grad_outputs[0], a.attrs.get_int("diagonal")); }
 void triu_bw(const BackwardArgs& a, Grads g) { g[0] = triu(a.grad_outputs[0], a.attrs.get_int("diagonal")); }
 
-[[maybe_unused]] const bool registered = [] {
+[[maybe_unused]] const bool views_registered = [] {
   define("view", &view_bw);
   define("permute", &permute_bw);
   define("expand", &expand_bw);

@@ -258,7 +258,7 @@ class GlooBackend final : public Backend {
   std::thread watcher_;
 };
 
-constexpr uint64_t kHeaderSlot = uint64_t{0x72} << 56;  // p2p uses 0x70/0x71; Gloo's own prefixes are small
+constexpr uint64_t kCollectiveHeaderSlot = uint64_t{0x72} << 56;  // p2p uses 0x70/0x71; Gloo's own prefixes are small
 
 uint32_t header_tag(const std::vector<char>& header, uint32_t seq) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a
@@ -302,7 +302,7 @@ std::vector<std::vector<char>> GlooBackend::run_checked(const std::vector<char>&
                                                         const std::function<void()>& body) {
     NoSigpipe no_sigpipe;
   const uint32_t seq = seq_++;
-  const uint64_t slot = kHeaderSlot | seq;
+  const uint64_t slot = kCollectiveHeaderSlot | seq;
   auto w = std::make_shared<Watch>();
   w->judge = judge;
   w->flag = fmt::format("tpu.{}abandon.{}.{}", prefix_, generation_, seq);
