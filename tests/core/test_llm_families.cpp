@@ -11,6 +11,7 @@
 
 #include "core/llm_reference.h"
 #include "core/testing.h"
+#include "tpucore/autograd.h"
 #include "tpucore/models.h"
 
 using namespace tpu;
@@ -70,7 +71,8 @@ void check_model(const TinyCfg& c, uint32_t seed, bool check_decode = true) {
     for (int step = 0; step < 7; ++step) {
       std::vector<int64_t> p(seq.size());
       for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<int64_t>(i);
-      const auto& last = ref_forward(c, w, seq, p).back();
+      const Logits ref = ref_forward(c, w, seq, p);
+      const std::vector<double>& last = ref.back();
       const auto t = static_cast<int64_t>(std::max_element(last.begin(), last.end()) - last.begin());
       ref_tokens.push_back(t);
       seq.push_back(t);

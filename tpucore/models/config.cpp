@@ -362,6 +362,8 @@ std::string ModelConfig::to_json() const {
     if (model_type != "mistral") j["layer_types"] = kinds;
   } else if (model_type == "mistral") {
     j["sliding_window"] = nullptr;
+  } else if (gemma) {
+    j["sliding_window"] = 0;
   }
   if (gemma) {
     j["query_pre_attn_scalar"] = query_pre_attn_scalar;

@@ -37,8 +37,8 @@ struct RopeScaling {
   double mscale_all_dim = 0.0;      ///< yarn: DeepSeek's mscale_all_dim (0: unset)
   double attention_factor = 0.0;    ///< yarn, longrope: scale of cos and sin (0: the type's default)
   bool truncate = true;             ///< yarn: round the ramp's ends to whole dims
-  std::vector<double> short_factor;  ///< longrope: per-frequency divisors within the original context
-  std::vector<double> long_factor;   ///< longrope: per-frequency divisors beyond it
+  std::vector<double> short_factor{};  ///< longrope: per-frequency divisors within the original context
+  std::vector<double> long_factor{};   ///< longrope: per-frequency divisors beyond it
   double partial_rotary_factor = 1.0;  ///< the fraction of head_dim that rotates (the rest passes)
 };
 

@@ -21,7 +21,13 @@ UnitOffsetRMSNorm::UnitOffsetRMSNorm(Shape shape, double eps) : RMSNorm(std::mov
   NoGradGuard ng;
   weight.zero_();
 }
-Tensor UnitOffsetRMSNorm::forward(const Tensor& x) { return rms_norm(x, normalized_shape, add(weight, 1.0), eps); }
+Tensor UnitOffsetRMSNorm::forward(const Tensor& x) {
+  if (x.dtype() == DType::f32 && weight.dtype() == DType::f32)
+    return rms_norm(x, normalized_shape, add(weight, 1.0), eps);
+  // As Transformers' Gemma: normalized and scaled by (1 + w) in f32, then back to x's dtype.
+  return tpu::to(rms_norm(tpu::to(x, DType::f32), normalized_shape, add(tpu::to(weight, DType::f32), 1.0), eps),
+                 x.dtype());
+}
 
 Attention::Attention(AttentionConfig c, Generator* gen) : cfg(c) {
   if (cfg.num_kv_heads == 0) cfg.num_kv_heads = cfg.num_heads;
