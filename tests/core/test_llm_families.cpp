@@ -82,7 +82,13 @@ void check_model(const TinyCfg& c, uint32_t seed, bool check_decode = true) {
     auto out = models::generate(*m, {{3, 1, 4}}, g);
     CHECK(out[0] == ref_tokens);
   }
+  // The config and weights written back read into the same model.
+  auto dir2 = temp_dir(c.model_type + "_saved");
+  models::save_causal_lm(*m, dir2.string());
+  auto m2 = models::load_causal_lm(dir2.string());
+  CHECK(rel_error(m2->forward(row(ids)), want) <= 1e-5);
   std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(dir2);
 }
 
 TinyCfg gemma_base(const std::string& type) {

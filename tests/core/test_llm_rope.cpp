@@ -141,6 +141,7 @@ TEST_CASE("config: rope_scaling and rope_parameters", "[llm][rope][config]") {
   auto want = plain(16, 1e6);
   for (double& v : want) v /= 2;
   check_close(m->inv_freq, want);
+  CHECK(parse(R"(, "dtype": "bfloat16")").torch_dtype == "bfloat16");  // v5's name of torch_dtype
   auto c = parse(R"(, "partial_rotary_factor": 0.5, "rope_parameters": {"rope_type": "default", "rope_theta": 100.0})");
   CHECK(c.rope_scaling.partial_rotary_factor == 0.5);
   CHECK(std::make_shared<models::CausalLM>(c)->inv_freq.size() == 4);
