@@ -9,6 +9,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "core/codegen_testing.h"
 #include "core/llm_reference.h"
 #include "core/testing.h"
 #include "tpucore/autograd.h"
@@ -201,4 +202,29 @@ TEST_CASE("llm families: compiled decoding with a sliding window and soft-cappin
   auto compiled = models::generate(*m, {{3, 1, 4}, {2, 7}}, g);
   CHECK(eager == compiled);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("llm families: Gemma 2 on the chip: eager and compiled decoding equal the cpu", "[llm][families][codegen]") {
+  testing::TinySim tiny;
+  TinyCfg c = gemma_base("gemma2");
+  c.qpas = 12;
+  c.attn_cap = 2.0;
+  c.final_cap = 3.0;
+  c.window = 3;
+  c.sliding = {true, false, true};
+  c.extra_json += R"(, "query_pre_attn_scalar": 12, "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,
+                     "sliding_window": 3)";
+  auto dir = temp_dir("gemma2_chip");
+  write_tiny_model(dir, c, DType::f32, 1, 28);
+  auto cpu_model = models::load_causal_lm(dir.string());
+  auto chip_model = models::load_causal_lm(dir.string(), tiny.dev());
+  std::filesystem::remove_all(dir);
+  models::GenerationConfig g;
+  g.max_new_tokens = 6;
+  const std::vector<std::vector<int64_t>> prompts{{3, 1, 4, 1, 5}, {2, 7}};
+  const auto want = models::generate(*cpu_model, prompts, g);
+  CHECK(models::generate(*chip_model, prompts, g) == want);
+  g.compile = true;
+  g.compile_name = "test_llm_families_gemma2_sim";
+  CHECK(models::generate(*chip_model, prompts, g) == want);
 }
