@@ -52,7 +52,7 @@ namespace {
 std::string activation_name(const std::string& hf, const std::string& src, const char* key) {
   if (hf == "silu" || hf == "swish") return "silu";
   if (hf == "gelu") return "gelu";
-  if (hf == "gelu_pytorch_tanh" || hf == "gelu_new") return "gelu_tanh";
+  if (hf == "gelu_pytorch_tanh" || hf == "gelu_new" || hf == "gelu_tanh") return "gelu_tanh";
   if (hf == "relu") return "relu";
   fail("{}: unsupported {} '{}' (supported: silu, swish, gelu, gelu_pytorch_tanh, gelu_new, relu)", src, key, hf);
 }
@@ -74,7 +74,8 @@ nn::RopeScaling parse_rope(const json& r, const std::string& where, double& thet
   static const std::set<std::string> known{"rope_type", "type", "rope_theta", "factor", "low_freq_factor",
                                            "high_freq_factor", "original_max_position_embeddings", "beta_fast",
                                            "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate",
-                                           "short_factor", "long_factor", "partial_rotary_factor"};
+                                           "short_factor", "long_factor", "partial_rotary_factor",
+                                           "finetuned"};  // finetuned: a yarn flag Transformers never reads
   TPU_CHECK(r.is_object(), "{} must be an object or null, got {}", where, r.dump());
   for (const auto& [k, v] : r.items())
     TPU_CHECK(known.count(k) || v.is_null(), "{}: unsupported field '{}' ({})", where, k, v.dump());
