@@ -155,14 +155,17 @@ Tensor KVCache::update_and_attend_variant(int64_t layer, const Tensor& q, const 
   Tensor mask = keep;
   if (t == 1 && write_pos_.defined()) {
     // Shape-static: keys over the whole capacity, the position a runtime tensor.
+    // Slots and the position in f32 (exact below 2^24), where the chip has compare kernels.
     Tensor slot;
     {
       NoGradGuard ng;
-      slot = reshape(arange(capacity_, TensorOptions(DType::i64, q.device())), Shape{1, 1, 1, capacity_});
+      std::vector<float> slots(static_cast<size_t>(capacity_));
+      for (size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<float>(i);
+      slot = from_vector(slots, Shape{1, 1, 1, capacity_}, TensorOptions(DType::f32, q.device()));
     }
-    const Tensor pos = reshape(to(write_pos_, DType::i64), Shape{1, 1, 1, 1});
+    const Tensor pos = reshape(to(write_pos_, DType::f32), Shape{1, 1, 1, 1});
     if (!mask.defined()) mask = le(slot, pos);
-    if (variant.window > 0) mask = logical_and(mask, gt(slot, sub(pos, variant.window)));
+    if (variant.window > 0) mask = logical_and(mask, gt(slot, sub(pos, static_cast<double>(variant.window))));
   } else {
     if (!mask.defined()) mask = causal_keep_mask(b, t, past, {}, q.device());
     if (variant.window > 0) mask = logical_and(mask, sliding_window_keep(t, past, variant.window, q.device()));
