@@ -14,6 +14,7 @@
 #include "core/testing.h"
 #include "tpucore/autograd.h"
 #include "tpucore/models.h"
+#include "tpucore/serve/engine.h"
 
 using namespace tpu;
 using namespace tpu::testing::llm;
@@ -227,4 +228,20 @@ TEST_CASE("llm families: Gemma 2 on the chip: eager and compiled decoding equal 
   g.compile = true;
   g.compile_name = "test_llm_families_gemma2_sim";
   CHECK(models::generate(*chip_model, prompts, g) == want);
+}
+
+TEST_CASE("llm families: the serving engine's paged cache refuses a sliding-window model by name", "[llm][families]") {
+  TinyCfg c;
+  c.model_type = "mistral";
+  c.extra_json = R"(, "sliding_window": 4)";
+  auto dir = temp_dir("mistral_serve");
+  write_tiny_model(dir, c, DType::f32, 1, 29);
+  auto m = models::load_causal_lm(dir.string());
+  std::filesystem::remove_all(dir);
+  serve::EngineConfig ec;
+  ec.block_size = 4;
+  ec.max_model_len = 32;
+  serve::Engine e(m, ec);
+  e.add_request({3, 1, 4, 1, 5}, serve::SamplingParams::from_generation_config(models::GenerationConfig{}), {});
+  tpu::testing::expect_error([&] { e.step(); }, {"sliding_window"});
 }
