@@ -245,3 +245,25 @@ TEST_CASE("llm families: the serving engine's paged cache refuses a sliding-wind
   e.add_request({3, 1, 4, 1, 5}, serve::SamplingParams::from_generation_config(models::GenerationConfig{}), {});
   tpu::testing::expect_error([&] { e.step(); }, {"sliding_window"});
 }
+
+TEST_CASE("llm families: Gemma 3 in bf16 stays near the reference", "[llm][families]") {
+  TinyCfg c = gemma_base("gemma3_text");
+  c.qk_norm = true;
+  c.window = 3;
+  c.sliding = {true, false, true};
+  c.local_theta = 100.0;
+  c.qpas = 8;
+  c.extra_json += R"(, "query_pre_attn_scalar": 8, "sliding_window": 3, "sliding_window_pattern": 2,
+                     "rope_local_base_freq": 100.0)";
+  auto dir = temp_dir("gemma3_bf16");
+  Weights w = write_tiny_model(dir, c, DType::bf16, 1, 30);  // the reference reads the bf16 values
+  auto m = models::load_causal_lm(dir.string(), Device(), DType::bf16);
+  std::filesystem::remove_all(dir);
+  const std::vector<int64_t> ids{3, 1, 4, 1, 5, 9};
+  NoGradGuard ng;
+  const double e = rel_error(m->forward(row(ids)), ref_forward(c, w, ids, {0, 1, 2, 3, 4, 5}));
+  INFO("bf16 relative error " << e);
+  // bf16 activations and rotary tables (8 significant bits) through 3 layers: a few percent;
+  // a wrong block (scale, norm offset, window, rope base) is tens of percent.
+  CHECK(e < 0.08);
+}
