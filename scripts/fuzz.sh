@@ -9,14 +9,14 @@
 #     --replay     only build and replay the regressions
 #     --seeds      rebuild the seed corpora in the tree with fuzz_make_seeds, then stop
 #     TARGET       some of: assembly program_json chip_config safetensors idx graph_json tokenizer
-#                  chat_template
+#                  chat_template model_config
 # A finding stops the script with the input saved as build-fuzz/findings/<target>/crash-*; copy it
 # to tests/fuzz/regressions/<target>/ once fixed, so every later run replays it.
 # `BUILD_DIR`, `LIB_BUILD_DIR` (the release build whose libtpucore the library's fuzzers use) and
 # `JOBS` can be overridden.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ALL=(assembly program_json chip_config safetensors idx graph_json tokenizer chat_template)
+ALL=(assembly program_json chip_config safetensors idx graph_json tokenizer chat_template model_config)
 BUILD="${BUILD_DIR:-build-fuzz}"
 LIB_BUILD="${LIB_BUILD_DIR:-build}"
 JOBS="${JOBS:-2}"
@@ -68,7 +68,7 @@ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TY
   -DTPU_BUILD_BENCH=OFF -DTPU_BUILD_EXAMPLES=OFF -DTPU_FUZZ_LIB="$PWD/$LIB_BUILD/libtpucore.so" >/dev/null
 if [[ $MODE == seeds ]]; then
   cmake --build "$BUILD" -j"$JOBS" --target fuzz_make_seeds
-  # the tokenizer and chat_template seeds are written by hand (tests/fuzz/corpus/), the rest by the tool
+  # the tokenizer, chat_template and model_config seeds are written by hand (tests/fuzz/corpus/), the rest by the tool
   for t in assembly program_json chip_config safetensors idx graph_json; do rm -rf "tests/fuzz/corpus/$t"; done
   "$BUILD/tests/fuzz/fuzz_make_seeds" tests/fuzz/corpus
   echo "seeds written to tests/fuzz/corpus"; exit 0

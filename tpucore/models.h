@@ -1,6 +1,6 @@
 /// @file
 /// Language models: the decoder-only transformer family of Hugging Face checkpoints (Llama,
-/// Mistral, Qwen2, Qwen3), its building blocks (tpucore/nn/transformer.h) and the byte-level BPE
+/// Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 text), its building blocks (tpucore/nn/transformer.h) and the byte-level BPE
 /// tokenizer of tokenizer.json files.
 #pragma once
 

@@ -24,6 +24,16 @@ struct TinyCfg {
   double theta = 10000.0, eps = 1e-5;
   bool tied = false, qkv_bias = false, o_bias = false, qk_norm = false;
   bool llama3 = false;  // rope_scaling llama3 (factor 8, low 1, high 4, original 16)
+  // Gemma 2/3 blocks: (1 + w) norms, sandwich norms, GELU-tanh, embeddings x sqrt(hidden).
+  bool gemma = false;
+  double qpas = 0;                // query_pre_attn_scalar (0: 1 / sqrt(head_dim))
+  double attn_cap = 0, final_cap = 0;  // soft-capping of scores and logits (0: none)
+  int64_t window = 0;             // sliding window of the layers marked in `sliding`
+  std::vector<bool> sliding;      // per layer
+  double local_theta = 0;         // rope base of sliding layers (0: as the others)
+  std::vector<double> inv_freq;   // global rope frequencies given by the test (empty: ref_inv_freq)
+  double rope_scale = 1.0;        // multiplies cos and sin
+  std::string extra_json;         // further config.json fields (", \"key\": value, ...")
   std::string json() const {
     std::string s = "{\"model_type\": \"" + model_type + "\", \"vocab_size\": " + std::to_string(vocab) +
                     ", \"hidden_size\": " + std::to_string(hidden) + ", \"intermediate_size\": " + std::to_string(inter) +
@@ -36,7 +46,7 @@ struct TinyCfg {
     if (llama3)
       s += ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
            "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 16}";
-    return s + ", \"eos_token_id\": [2, 3], \"bos_token_id\": 1}";
+    return s + extra_json + ", \"eos_token_id\": [2, 3], \"bos_token_id\": 1}";
   }
 };
 
@@ -66,6 +76,10 @@ inline Shapes tiny_shapes(const TinyCfg& c) {
     if (c.qk_norm) {
       s[p + "self_attn.q_norm.weight"] = {c.head_dim};
       s[p + "self_attn.k_norm.weight"] = {c.head_dim};
+    }
+    if (c.gemma) {
+      s[p + "pre_feedforward_layernorm.weight"] = {c.hidden};
+      s[p + "post_feedforward_layernorm.weight"] = {c.hidden};
     }
     s[p + "mlp.gate_proj.weight"] = {c.inter, c.hidden};
     s[p + "mlp.up_proj.weight"] = {c.inter, c.hidden};
@@ -129,13 +143,14 @@ inline std::vector<double> matvec(const std::vector<double>& W, int64_t out, int
   }
   return y;
 }
-inline void rmsnorm(double* x, int64_t n, const std::vector<double>& w, double eps) {
+inline void rmsnorm(double* x, int64_t n, const std::vector<double>& w, double eps, bool unit_offset = false) {
   double ms = 0;
   for (int64_t i = 0; i < n; ++i) ms += x[i] * x[i];
   const double r = 1.0 / std::sqrt(ms / static_cast<double>(n) + eps);
-  for (int64_t i = 0; i < n; ++i) x[i] = x[i] * r * w[static_cast<size_t>(i)];
+  for (int64_t i = 0; i < n; ++i) x[i] = x[i] * r * (w[static_cast<size_t>(i)] + (unit_offset ? 1.0 : 0.0));
 }
 inline std::vector<double> ref_inv_freq(const TinyCfg& c) {
+  if (!c.inv_freq.empty()) return c.inv_freq;
   std::vector<double> f;
   for (int64_t i = 0; i < c.head_dim / 2; ++i) {
     double v = 1.0 / std::pow(c.theta, static_cast<double>(2 * i) / static_cast<double>(c.head_dim));
@@ -160,68 +175,91 @@ inline std::vector<std::vector<double>> ref_forward(const TinyCfg& c, Weights& w
   for (int64_t t = 0; t < T; ++t) {
     auto& e = w["model.embed_tokens.weight"];
     h[t].assign(e.begin() + ids[t] * E, e.begin() + (ids[t] + 1) * E);
+    if (c.gemma)
+      for (double& x : h[t]) x *= std::sqrt(static_cast<double>(E));
   }
-  const auto inv = ref_inv_freq(c);
-  auto rope = [&](std::vector<double>& v, int64_t nheads, int64_t p) {
+  const auto inv_global = ref_inv_freq(c);
+  std::vector<double> inv_local;
+  for (int64_t i = 0; i < D / 2; ++i) inv_local.push_back(std::pow(c.local_theta, -2.0 * i / static_cast<double>(D)));
+  const auto is_sliding = [&](int64_t l) { return c.window > 0 && l < static_cast<int64_t>(c.sliding.size()) && c.sliding[l]; };
+  // Rotate-half over the first 2 * inv.size() dims of each head (the rest passes).
+  auto rope = [&](std::vector<double>& v, int64_t nheads, int64_t p, const std::vector<double>& inv, double sc) {
+    const int64_t half = static_cast<int64_t>(inv.size());
     for (int64_t hh = 0; hh < nheads; ++hh)
-      for (int64_t i = 0; i < D / 2; ++i) {
+      for (int64_t i = 0; i < half; ++i) {
         const double a = static_cast<double>(p) * inv[i];
         double& x1 = v[hh * D + i];
-        double& x2 = v[hh * D + i + D / 2];
-        const double y1 = x1 * std::cos(a) - x2 * std::sin(a), y2 = x2 * std::cos(a) + x1 * std::sin(a);
+        double& x2 = v[hh * D + i + half];
+        const double y1 = sc * (x1 * std::cos(a) - x2 * std::sin(a)), y2 = sc * (x2 * std::cos(a) + x1 * std::sin(a));
         x1 = y1;
         x2 = y2;
       }
   };
+  const bool g = c.gemma;
   auto get = [&](const std::string& n) -> std::vector<double>* { return w.count(n) ? &w[n] : nullptr; };
   for (int64_t l = 0; l < c.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     std::vector<std::vector<double>> q(T), k(T), v(T);
+    const bool sl = is_sliding(l);
+    const auto& inv = sl && c.local_theta > 0 ? inv_local : inv_global;
+    const double rsc = sl && c.local_theta > 0 ? 1.0 : c.rope_scale;
     for (int64_t t = 0; t < T; ++t) {
       std::vector<double> x = h[t];
-      rmsnorm(x.data(), E, w[p + "input_layernorm.weight"], c.eps);
+      rmsnorm(x.data(), E, w[p + "input_layernorm.weight"], c.eps, g);
       q[t] = matvec(w[p + "self_attn.q_proj.weight"], H * D, E, x.data(), get(p + "self_attn.q_proj.bias"));
       k[t] = matvec(w[p + "self_attn.k_proj.weight"], HK * D, E, x.data(), get(p + "self_attn.k_proj.bias"));
       v[t] = matvec(w[p + "self_attn.v_proj.weight"], HK * D, E, x.data(), get(p + "self_attn.v_proj.bias"));
       if (c.qk_norm) {
-        for (int64_t hh = 0; hh < H; ++hh) rmsnorm(q[t].data() + hh * D, D, w[p + "self_attn.q_norm.weight"], c.eps);
-        for (int64_t hh = 0; hh < HK; ++hh) rmsnorm(k[t].data() + hh * D, D, w[p + "self_attn.k_norm.weight"], c.eps);
+        for (int64_t hh = 0; hh < H; ++hh) rmsnorm(q[t].data() + hh * D, D, w[p + "self_attn.q_norm.weight"], c.eps, g);
+        for (int64_t hh = 0; hh < HK; ++hh) rmsnorm(k[t].data() + hh * D, D, w[p + "self_attn.k_norm.weight"], c.eps, g);
       }
-      rope(q[t], H, pos[t]);
-      rope(k[t], HK, pos[t]);
+      rope(q[t], H, pos[t], inv, rsc);
+      rope(k[t], HK, pos[t], inv, rsc);
     }
+    const double scale = 1.0 / std::sqrt(c.qpas > 0 ? c.qpas : static_cast<double>(D));
     for (int64_t t = 0; t < T; ++t) {
       std::vector<double> att(static_cast<size_t>(H * D), 0.0);
       for (int64_t hh = 0; hh < H; ++hh) {
         const int64_t kh = hh / (H / HK);
-        std::vector<double> sc(static_cast<size_t>(t + 1));
+        std::vector<double> sc(static_cast<size_t>(t + 1), 0.0);
+        const int64_t first = sl ? std::max<int64_t>(0, t - c.window + 1) : 0;  // keys (t - window, t]
         double mx = -1e300;
-        for (int64_t j = 0; j <= t; ++j) {
+        for (int64_t j = first; j <= t; ++j) {
           double s = 0;
           for (int64_t d = 0; d < D; ++d) s += q[t][hh * D + d] * k[j][kh * D + d];
-          sc[j] = s / std::sqrt(static_cast<double>(D));
+          sc[j] = s * scale;
+          if (c.attn_cap > 0) sc[j] = c.attn_cap * std::tanh(sc[j] / c.attn_cap);
           mx = std::max(mx, sc[j]);
         }
         double z = 0;
-        for (double& s : sc) z += (s = std::exp(s - mx));
-        for (int64_t j = 0; j <= t; ++j)
+        for (int64_t j = first; j <= t; ++j) z += (sc[j] = std::exp(sc[j] - mx));
+        for (int64_t j = first; j <= t; ++j)
           for (int64_t d = 0; d < D; ++d) att[hh * D + d] += sc[j] / z * v[j][kh * D + d];
       }
       auto o = matvec(w[p + "self_attn.o_proj.weight"], E, H * D, att.data(), get(p + "self_attn.o_proj.bias"));
+      if (g) rmsnorm(o.data(), E, w[p + "post_attention_layernorm.weight"], c.eps, true);  // sandwich
       for (int64_t i = 0; i < E; ++i) h[t][i] += o[i];
       std::vector<double> x = h[t];
-      rmsnorm(x.data(), E, w[p + "post_attention_layernorm.weight"], c.eps);
-      auto g = matvec(w[p + "mlp.gate_proj.weight"], c.inter, E, x.data());
+      rmsnorm(x.data(), E, w[p + (g ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight")], c.eps, g);
+      auto gt = matvec(w[p + "mlp.gate_proj.weight"], c.inter, E, x.data());
       auto u = matvec(w[p + "mlp.up_proj.weight"], c.inter, E, x.data());
-      for (int64_t i = 0; i < c.inter; ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
-      auto dn = matvec(w[p + "mlp.down_proj.weight"], E, c.inter, g.data());
+      for (int64_t i = 0; i < c.inter; ++i) {
+        const double a = gt[i];
+        // SiLU, or Gemma's tanh-approximated GELU.
+        gt[i] = (g ? 0.5 * a * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (a + 0.044715 * a * a * a)))
+                   : a / (1.0 + std::exp(-a))) * u[i];
+      }
+      auto dn = matvec(w[p + "mlp.down_proj.weight"], E, c.inter, gt.data());
+      if (g) rmsnorm(dn.data(), E, w[p + "post_feedforward_layernorm.weight"], c.eps, true);
       for (int64_t i = 0; i < E; ++i) h[t][i] += dn[i];
     }
   }
   std::vector<std::vector<double>> logits(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) {
-    rmsnorm(h[t].data(), E, w["model.norm.weight"], c.eps);
+    rmsnorm(h[t].data(), E, w["model.norm.weight"], c.eps, g);
     logits[t] = matvec(w[c.tied ? "model.embed_tokens.weight" : "lm_head.weight"], c.vocab, E, h[t].data());
+    if (c.final_cap > 0)
+      for (double& x : logits[t]) x = c.final_cap * std::tanh(x / c.final_cap);
   }
   return logits;
 }

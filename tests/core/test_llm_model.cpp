@@ -178,7 +178,7 @@ TEST_CASE("llm: building blocks: GatedMLP, rope scaling, KV cache limits", "[llm
   auto f = nn::rope_inv_freq(128, 500000.0, s);
   CHECK(f[0] == Approx(1.0));                                    // high frequency: unchanged
   CHECK(f[63] == Approx(std::pow(500000.0, -126.0 / 128) / 8));  // low frequency: divided by 8
-  expect_error([] { nn::rope_inv_freq(8, 1e4, nn::RopeScaling{"yarn", 2.0}); }, {"rope_type", "yarn"});
+  expect_error([] { nn::rope_inv_freq(8, 1e4, nn::RopeScaling{"ntk-by-parts", 2.0}); }, {"rope_type", "ntk-by-parts"});
   nn::KVCache cache(1, 1, 2, 3, 4, DType::f32);
   Tensor kv = zeros({1, 2, 2, 4});
   cache.update(0, kv, kv);

@@ -1,5 +1,8 @@
 #include "tpucore/models/causal_lm.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "tpucore/autograd.h"
 #include "tpucore/models/generate.h"
 
@@ -15,7 +18,7 @@ class LayerList : public nn::Module {
   std::string type_name() const override { return "ModuleList"; }
 };
 
-nn::AttentionConfig attention_config(const ModelConfig& c) {
+nn::AttentionConfig attention_config(const ModelConfig& c, int64_t layer) {
   nn::AttentionConfig a;
   a.hidden = c.hidden_size;
   a.num_heads = c.num_attention_heads;
@@ -25,41 +28,82 @@ nn::AttentionConfig attention_config(const ModelConfig& c) {
   a.o_bias = c.o_bias;
   a.qk_norm = c.qk_norm;
   a.norm_eps = c.rms_norm_eps;
+  a.unit_offset_norm = c.gemma;
+  if (c.query_pre_attn_scalar > 0) a.scaling = 1.0 / std::sqrt(c.query_pre_attn_scalar);
+  a.variant.softcap = c.attn_logit_softcapping;
+  if (c.is_sliding(layer)) a.variant.window = c.sliding_window;
   return a;
+}
+
+std::shared_ptr<nn::RMSNorm> make_norm(const ModelConfig& c, int64_t n) {
+  if (c.gemma) return std::make_shared<nn::UnitOffsetRMSNorm>(Shape{n}, c.rms_norm_eps);
+  return std::make_shared<nn::RMSNorm>(Shape{n}, c.rms_norm_eps);
+}
+
+// Gemma 3's sliding layers rotate with their own base (packed tables, CausalLM::rope_tables).
+bool has_local_rope(const ModelConfig& c) {
+  if (c.rope_local_base_freq <= 0) return false;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    if (c.is_sliding(i)) return true;
+  return false;
 }
 }  // namespace
 
-DecoderLayer::DecoderLayer(const ModelConfig& c, Generator* gen) {
-  self_attn = register_module("self_attn", std::make_shared<nn::Attention>(attention_config(c), gen));
+DecoderLayer::DecoderLayer(const ModelConfig& c, Generator* gen, int64_t index) {
+  self_attn = register_module("self_attn", std::make_shared<nn::Attention>(attention_config(c, index), gen));
   mlp = register_module("mlp", std::make_shared<nn::GatedMLP>(c.hidden_size, c.intermediate_size, c.hidden_act,
                                                               c.mlp_bias, gen));
-  input_layernorm = register_module("input_layernorm", std::make_shared<nn::RMSNorm>(Shape{c.hidden_size}, c.rms_norm_eps));
-  post_attention_layernorm =
-      register_module("post_attention_layernorm", std::make_shared<nn::RMSNorm>(Shape{c.hidden_size}, c.rms_norm_eps));
+  input_layernorm = register_module("input_layernorm", make_norm(c, c.hidden_size));
+  post_attention_layernorm = register_module("post_attention_layernorm", make_norm(c, c.hidden_size));
+  if (c.gemma) {
+    pre_feedforward_layernorm = register_module("pre_feedforward_layernorm", make_norm(c, c.hidden_size));
+    post_feedforward_layernorm = register_module("post_feedforward_layernorm", make_norm(c, c.hidden_size));
+  }
+  local_rope = has_local_rope(c) && c.is_sliding(index);
+  packed_rope = has_local_rope(c);
 }
 
 Tensor DecoderLayer::forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& keep,
                              nn::AttentionCache* cache, int64_t layer) {
+  Tensor c = cos, s = sin;
+  if (packed_rope && cos.defined()) {  // [global | local] along the last dim
+    const int64_t r = cos.size(-1) / 2;
+    c = narrow(cos, cos.dim() - 1, local_rope ? r : 0, r);
+    s = narrow(sin, sin.dim() - 1, local_rope ? r : 0, r);
+  }
   // Through the layer's forward hooks (fully_shard, parallelism applied from outside).
   return call({x}, [&](std::span<const Tensor> in) {
     Tensor a = self_attn->call({(*input_layernorm)(in[0])}, [&](std::span<const Tensor> xs) {
-      return self_attn->forward(xs[0], cos, sin, keep, cache, layer);
+      return self_attn->forward(xs[0], c, s, keep, cache, layer);
     });
-    Tensor h = add(in[0], a);
-    return add(h, (*mlp)((*post_attention_layernorm)(h)));
+    if (!pre_feedforward_layernorm) {
+      Tensor h = add(in[0], a);
+      return add(h, (*mlp)((*post_attention_layernorm)(h)));
+    }
+    Tensor h = add(in[0], (*post_attention_layernorm)(a));
+    return add(h, (*post_feedforward_layernorm)((*mlp)((*pre_feedforward_layernorm)(h))));
   });
 }
 
 DecoderModel::DecoderModel(const ModelConfig& c, Generator* gen) {
   embed_tokens = register_module("embed_tokens", std::make_shared<nn::Embedding>(c.vocab_size, c.hidden_size, gen));
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers.push_back(std::make_shared<DecoderLayer>(c, gen));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers.push_back(std::make_shared<DecoderLayer>(c, gen, i));
   register_module("layers", std::make_shared<LayerList>(layers));
-  norm = register_module("norm", std::make_shared<nn::RMSNorm>(Shape{c.hidden_size}, c.rms_norm_eps));
+  norm = register_module("norm", make_norm(c, c.hidden_size));
+  if (c.gemma) embed_scale = std::sqrt(static_cast<double>(c.hidden_size));
 }
 
 Tensor DecoderModel::forward(const Tensor& ids, const Tensor& cos, const Tensor& sin, const Tensor& keep,
                              nn::AttentionCache* cache) {
   Tensor h = (*embed_tokens)(ids);
+  if (embed_scale != 1.0) {
+    // Gemma multiplies by sqrt(hidden) rounded to the activations' dtype.
+    const auto f = static_cast<float>(embed_scale);
+    const float scale = h.dtype() == DType::bf16 ? static_cast<float>(bf16(f))
+                        : h.dtype() == DType::f16 ? static_cast<float>(f16(f))
+                                                  : f;
+    h = mul(h, static_cast<double>(scale));
+  }
   for (size_t i = 0; i < layers.size(); ++i) h = layers[i]->forward(h, cos, sin, keep, cache, static_cast<int64_t>(i));
   return (*norm)(h);
 }
@@ -75,7 +119,15 @@ CausalLM::CausalLM(const ModelConfig& c, Generator* gen) : config(c) {
   config.num_key_value_heads = model->layers[0]->self_attn->cfg.num_kv_heads;
   if (!c.tie_word_embeddings)
     lm_head = register_module("lm_head", std::make_shared<nn::Linear>(c.hidden_size, c.vocab_size, false, gen));
-  inv_freq = nn::rope_inv_freq(config.head_dim, c.rope_theta, c.rope_scaling);
+  const nn::RopeFrequencies f =
+      nn::rope_frequencies(config.head_dim, c.rope_theta, c.rope_scaling, static_cast<double>(c.max_position_embeddings));
+  inv_freq = f.inv_freq;
+  rope_attention_scaling = f.attention_scaling;
+  if (has_local_rope(c)) {
+    nn::RopeScaling local;
+    local.partial_rotary_factor = c.rope_scaling.partial_rotary_factor;
+    local_inv_freq = nn::rope_frequencies(config.head_dim, c.rope_local_base_freq, local).inv_freq;
+  }
 }
 
 CausalLM::~CausalLM() { release_generation_state(*this); }
@@ -127,11 +179,28 @@ Tensor CausalLM::hidden_states(const Tensor& ids, const Tensor& cos, const Tenso
 }
 
 Tensor CausalLM::logits(const Tensor& hidden) const {
-  return lm_head ? (*lm_head)(hidden) : linear(hidden, model->embed_tokens->weight);
+  Tensor out = lm_head ? (*lm_head)(hidden) : linear(hidden, model->embed_tokens->weight);
+  const double cap = config.final_logit_softcapping;
+  if (cap > 0) out = mul(tanh(div(out, cap)), cap);
+  return out;
 }
 
 std::pair<Tensor, Tensor> CausalLM::rope_tables(const std::vector<int64_t>& positions, int64_t batch) const {
-  return nn::rope_tables(positions, batch, inv_freq, dtype(), device());
+  std::vector<double> freq = inv_freq;
+  double scaling = rope_attention_scaling;
+  if (nn::rope_depends_on_length(config.rope_scaling) && !positions.empty()) {
+    // dynamic / longrope: the frequencies of the sequence length the largest position implies.
+    const int64_t len = *std::max_element(positions.begin(), positions.end()) + 1;
+    const nn::RopeFrequencies f = nn::rope_frequencies(config.head_dim, config.rope_theta, config.rope_scaling,
+                                                       static_cast<double>(config.max_position_embeddings), len);
+    freq = f.inv_freq;
+    scaling = f.attention_scaling;
+  }
+  auto tables = nn::rope_tables(positions, batch, freq, dtype(), device(), scaling);
+  if (local_inv_freq.empty()) return tables;
+  auto local = nn::rope_tables(positions, batch, local_inv_freq, dtype(), device());
+  NoGradGuard ng;
+  return {cat({tables.first, local.first}, 3), cat({tables.second, local.second}, 3)};
 }
 
 }  // namespace tpu::models

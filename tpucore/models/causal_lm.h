@@ -1,12 +1,15 @@
 // A decoder-only transformer family configured from a Hugging Face config.json and loaded from
-// Hugging Face safetensors names: Llama 2/3 (incl. llama3 rope scaling), Mistral (grouped KV
-// heads), Qwen2 (q/k/v bias) and Qwen3 (q/k RMSNorm, explicit head_dim), with or without tied
-// embeddings. Checkpoints are one model.safetensors or shards listed in
-// model.safetensors.index.json; weights may be bf16, f16 or f32 and are converted to the dtype
-// asked for. Parameter names: model.embed_tokens.weight, model.layers.N.{input_layernorm,
-// post_attention_layernorm}.weight, model.layers.N.self_attn.{q,k,v,o}_proj.{weight,bias},
-// model.layers.N.self_attn.{q,k}_norm.weight, model.layers.N.mlp.{gate,up,down}_proj.weight,
-// model.norm.weight, lm_head.weight (absent when tied).
+// Hugging Face safetensors names: Llama 2/3, Mistral (sliding window), Qwen2 (q/k/v bias, optional
+// sliding window), Qwen3 (q/k RMSNorm), Gemma 2 and Gemma 3 text ((1 + w) sandwich norms,
+// GELU-tanh, scaled embeddings, soft-capping, local / global layers), with every rope type of
+// Transformers (nn/rope.h) and tied or untied embeddings. Checkpoints are one model.safetensors or
+// shards listed in model.safetensors.index.json; weights may be bf16, f16 or f32 and are converted
+// to the dtype asked for. Parameter names: model.embed_tokens.weight, model.layers.N.{input_layernorm,
+// post_attention_layernorm, pre_feedforward_layernorm, post_feedforward_layernorm}.weight,
+// model.layers.N.self_attn.{q,k,v,o}_proj.{weight,bias}, model.layers.N.self_attn.{q,k}_norm.weight,
+// model.layers.N.mlp.{gate,up,down}_proj.weight, model.norm.weight, lm_head.weight (absent when
+// tied). Config fields that change the computation and are not implemented are refused by name
+// (config.cpp); the support table is support_table_markdown().
 #pragma once
 
 #include <memory>
@@ -20,7 +23,7 @@ namespace tpu::models {
 
 /// The fields of a Hugging Face config.json that the family reads.
 struct ModelConfig {
-  std::string model_type = "llama";  ///< llama, mistral, qwen2, qwen3
+  std::string model_type = "llama";  ///< one of supported_model_types()
   int64_t vocab_size = 0;           ///< tokens in the vocabulary
   int64_t hidden_size = 0;          ///< model width
   int64_t intermediate_size = 0;    ///< MLP width
@@ -31,7 +34,14 @@ struct ModelConfig {
   int64_t max_position_embeddings = 2048;  ///< the context the model was trained for
   double rope_theta = 10000.0;                       ///< rotary base
   double rms_norm_eps = 1e-6;                        ///< epsilon of every RMSNorm
-  nn::RopeScaling rope_scaling;                      ///< rope_scaling
+  nn::RopeScaling rope_scaling;                      ///< rope_scaling / rope_parameters (of full-attention layers)
+  double rope_local_base_freq = 0;  ///< Gemma 3: rope base of sliding-window layers (default rope; 0: as the others)
+  int64_t sliding_window = 0;       ///< the window of sliding-attention layers (0: none)
+  std::vector<bool> sliding_layers;  ///< per layer: sliding-window attention (layer_types resolved)
+  double query_pre_attn_scalar = 0;   ///< Gemma: softmax scale query_pre_attn_scalar^-0.5 (0: 1 / sqrt(head_dim))
+  double attn_logit_softcapping = 0;  ///< Gemma: attention scores soft-capped (0: none)
+  double final_logit_softcapping = 0;  ///< Gemma 2: logits soft-capped (0: none)
+  bool gemma = false;  ///< Gemma 2 / 3 blocks: (1 + w) norms, sandwich norms, sqrt(hidden)-scaled embeddings
   bool tie_word_embeddings = false;                  ///< the head reuses the embedding matrix
   bool attention_bias = false;  ///< bias on q/k/v (Qwen2 always; Llama's attention_bias also on o_proj)
   bool o_bias = false;    ///< bias on o_proj
@@ -42,17 +52,28 @@ struct ModelConfig {
   std::optional<int64_t> bos_token_id;                      ///< beginning-of-sequence id
   std::vector<int64_t> eos_token_ids;                       ///< end-of-sequence ids
 
+  /// Whether layer `i` attends over a sliding window.
+  bool is_sliding(int64_t i) const {
+    return sliding_window > 0 && i >= 0 && static_cast<size_t>(i) < sliding_layers.size() &&
+           sliding_layers[static_cast<size_t>(i)];
+  }
   /// Parses config.json text; `source` names it in errors (missing or invalid fields).
   static ModelConfig from_json(const std::string& text, const std::string& source = "config.json");
   /// The config as config.json text.
   std::string to_json() const;
 };
 
-/// One pre-norm decoder block: x + attn(norm(x)), then h + mlp(norm(h)).
+/// The model_type values load_causal_lm accepts.
+const std::vector<std::string>& supported_model_types();
+/// The support table of the family (architecture x feature) as Markdown, from the code's lists.
+std::string support_table_markdown();
+
+/// One pre-norm decoder block: x + attn(norm(x)), then h + mlp(norm(h)); Gemma's sandwich form
+/// normalizes the outputs too: h = x + norm(attn(norm(x))), then h + norm(mlp(norm(h))).
 class DecoderLayer : public nn::Module {
  public:
-  /// The block of config `c`, initialised from `gen`.
-  DecoderLayer(const ModelConfig& c, Generator* gen);
+  /// Block `index` of config `c`, initialised from `gen`.
+  DecoderLayer(const ModelConfig& c, Generator* gen, int64_t index = 0);
   using nn::Module::forward;  ///< forward(x) stays visible (an error naming the layer: it needs the rest)
   /// x [B, T, hidden]; cos/sin: rotary tables of the T new positions; keep: optional attention
   /// mask (nn::Attention); cache: optional attention cache, `layer` being this block's index in it.
@@ -61,7 +82,11 @@ class DecoderLayer : public nn::Module {
   /// "DecoderLayer".
   std::string type_name() const override { return "DecoderLayer"; }
   std::shared_ptr<nn::RMSNorm> input_layernorm;           ///< the norm before attention
-  std::shared_ptr<nn::RMSNorm> post_attention_layernorm;  ///< the norm before the MLP
+  std::shared_ptr<nn::RMSNorm> post_attention_layernorm;  ///< the norm before the MLP (Gemma: after attention)
+  std::shared_ptr<nn::RMSNorm> pre_feedforward_layernorm;   ///< Gemma: the norm before the MLP (else null)
+  std::shared_ptr<nn::RMSNorm> post_feedforward_layernorm;  ///< Gemma: the norm after the MLP (else null)
+  bool packed_rope = false;  ///< the model's rotary tables are [global | local] (Gemma 3)
+  bool local_rope = false;   ///< uses the local half of packed rotary tables (Gemma 3's sliding layers)
   std::shared_ptr<nn::Attention> self_attn;                               ///< the attention
   std::shared_ptr<nn::GatedMLP> mlp;                                      ///< the MLP
 };
@@ -83,6 +108,7 @@ class DecoderModel : public nn::Module {
   std::shared_ptr<nn::Embedding> embed_tokens;        ///< the token embedding
   std::vector<std::shared_ptr<DecoderLayer>> layers;  ///< the blocks, in order
   std::shared_ptr<nn::RMSNorm> norm;                  ///< the final norm
+  double embed_scale = 1.0;                           ///< Gemma: embeddings times sqrt(hidden_size)
 };
 
 /// A decoder-only language model: DecoderModel plus the output head.
@@ -109,7 +135,10 @@ class CausalLM : public nn::Module {
   /// The output head: logits [..., vocab] of hidden states [..., hidden] (lm_head, or the
   /// embedding matrix when tied).
   Tensor logits(const Tensor& hidden) const;
-  /// Rotary tables [B, 1, T, head_dim] of B x T positions in the model's dtype and device.
+  /// Rotary tables [B, 1, T, rotary_dim] of B x T positions in the model's dtype and device
+  /// (scaled by the rope type's attention factor; dynamic and longrope frequencies follow the
+  /// largest position). A model with local rope (Gemma 3) packs [global | local] tables along the
+  /// last dim, [B, 1, T, 2 * rotary_dim]; each layer takes its half.
   std::pair<Tensor, Tensor> rope_tables(const std::vector<int64_t>& positions, int64_t batch) const;
   /// "CausalLM".
   std::string type_name() const override { return "CausalLM"; }
@@ -121,7 +150,9 @@ class CausalLM : public nn::Module {
   Device device() const;
 
   ModelConfig config;                    ///< the configuration (head_dim and kv heads resolved)
-  std::vector<double> inv_freq;          ///< rotary frequencies (rope_inv_freq of the config)
+  std::vector<double> inv_freq;          ///< rotary frequencies of the config's context (nn::rope_frequencies)
+  double rope_attention_scaling = 1.0;   ///< the rope type's scale of cos and sin
+  std::vector<double> local_inv_freq;    ///< Gemma 3's sliding layers (rope_local_base_freq; empty: none)
   std::shared_ptr<DecoderModel> model;   ///< the body
   std::shared_ptr<nn::Linear> lm_head;   ///< null when tied to model.embed_tokens
 };

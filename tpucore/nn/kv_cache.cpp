@@ -15,6 +15,59 @@ Tensor dense_attention(const Tensor& q, const Tensor& k, const Tensor& v, const 
   return reshape(transpose(attn, 1, 2), Shape{b, t, h * d});
 }
 
+Tensor masked_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& keep, double scale,
+                        double softcap) {
+  TPU_CHECK(keep.defined() && keep.dtype() == DType::boolean, "masked_attention: needs a bool keep mask");
+  if (softcap == 0) return scaled_dot_product_attention(q, k, v, keep, false, scale);
+  TPU_CHECK(softcap > 0 && std::isfinite(softcap), "attention: attn_logit_softcapping must be positive, got {}", softcap);
+  const int64_t b = q.size(0), h = q.size(1), hk = k.size(1), s = k.size(2), d = q.size(3);
+  TPU_CHECK(hk > 0 && h % hk == 0, "masked_attention: {} query heads over {} key/value heads", h, hk);
+  Tensor kk = k, vv = v;
+  if (hk != h) {  // each key/value head serves h / hk query heads
+    auto repeat = [&](const Tensor& y) {
+      return reshape(expand(unsqueeze(y, 2), Shape{b, hk, h / hk, s, d}), Shape{b, h, s, d});
+    };
+    kk = repeat(k);
+    vv = repeat(v);
+  }
+  Tensor scores = mul(matmul(q, transpose(kk, -1, -2)), scale);
+  scores = mul(tanh(div(scores, softcap)), softcap);
+  scores = masked_fill(scores, logical_not(keep), -INFINITY);
+  return matmul(softmax(scores, -1), vv);
+}
+
+Tensor sliding_window_keep(int64_t t, int64_t past, int64_t window, Device device) {
+  TPU_CHECK(window > 0 && t > 0 && past >= 0, "sliding_window_keep: window {} for {} tokens after {}", window, t, past);
+  const int64_t s = past + t;
+  std::vector<bool> keep(static_cast<size_t>(t * s), false);
+  for (int64_t i = 0; i < t; ++i)
+    for (int64_t j = std::max<int64_t>(0, past + i - window + 1); j < s; ++j) keep[static_cast<size_t>(i * s + j)] = true;
+  NoGradGuard ng;
+  return from_vector(keep, Shape{1, 1, t, s}, TensorOptions(DType::boolean, device));
+}
+
+Tensor dense_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& keep, double scale,
+                       const AttentionVariant& variant) {
+  if (variant.plain()) return dense_attention(q, k, v, keep, scale);
+  const int64_t b = q.size(0), h = q.size(1), t = q.size(2), d = q.size(3);
+  Tensor mask = keep.defined() ? keep : causal_keep_mask(1, t, 0, {}, q.device());
+  if (variant.window > 0) mask = logical_and(mask, sliding_window_keep(t, 0, variant.window, q.device()));
+  const Tensor attn = masked_attention(q, k, v, mask, scale, variant.softcap);
+  return reshape(transpose(attn, 1, 2), Shape{b, t, h * d});
+}
+
+Tensor AttentionCache::update_and_attend_variant(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v,
+                                                 const Tensor& keep, double scale, const AttentionVariant& variant) {
+  TPU_CHECK(variant.window == 0,
+            "attention: this attention cache (a paged serving cache) does not implement sliding_window "
+            "attention (window {}); run the model through generate() and its contiguous KV cache",
+            variant.window);
+  TPU_CHECK(variant.softcap == 0,
+            "attention: this attention cache (a paged serving cache) does not implement attn_logit_softcapping ({})",
+            variant.softcap);
+  return update_and_attend(layer, q, k, v, keep, scale);
+}
+
 KVCache::KVCache(int64_t layers, int64_t b, int64_t h, int64_t cap, int64_t d, DType dtype, Device device)
     : batch_(b), heads_(h), capacity_(cap), head_dim_(d) {
   TPU_CHECK(layers > 0 && b > 0 && h > 0 && cap > 0 && d > 0,
@@ -84,6 +137,40 @@ Tensor KVCache::update_and_attend(int64_t layer, const Tensor& q, const Tensor& 
     }
     attn = scaled_dot_product_attention(q, kc, vc, mask, causal, scale);
   }
+  return reshape(transpose(attn, 1, 2), Shape{b, t, h * d});
+}
+
+}  // namespace tpu::nn
+
+namespace tpu::nn {
+
+Tensor KVCache::update_and_attend_variant(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const Tensor& keep, double scale, const AttentionVariant& variant) {
+  if (variant.plain()) return update_and_attend(layer, q, k, v, keep, scale);
+  TPU_CHECK(!write_mask_.defined() || write_pos_.defined(),
+            "KVCache: a write-mask step does not implement sliding_window or attn_logit_softcapping "
+            "(set a write position instead)");
+  const int64_t past = length_, b = q.size(0), h = q.size(1), t = q.size(2), d = q.size(3);
+  const auto [kc, vc] = update(layer, k, v);
+  Tensor mask = keep;
+  if (t == 1 && write_pos_.defined()) {
+    // Shape-static: keys over the whole capacity, the position a runtime tensor.
+    // Slots and the position in f32 (exact below 2^24), where the chip has compare kernels.
+    Tensor slot;
+    {
+      NoGradGuard ng;
+      std::vector<float> slots(static_cast<size_t>(capacity_));
+      for (size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<float>(i);
+      slot = from_vector(slots, Shape{1, 1, 1, capacity_}, TensorOptions(DType::f32, q.device()));
+    }
+    const Tensor pos = reshape(to(write_pos_, DType::f32), Shape{1, 1, 1, 1});
+    if (!mask.defined()) mask = le(slot, pos);
+    if (variant.window > 0) mask = logical_and(mask, gt(slot, sub(pos, static_cast<double>(variant.window))));
+  } else {
+    if (!mask.defined()) mask = causal_keep_mask(b, t, past, {}, q.device());
+    if (variant.window > 0) mask = logical_and(mask, sliding_window_keep(t, past, variant.window, q.device()));
+  }
+  const Tensor attn = masked_attention(q, kc, vc, mask, scale, variant.softcap);
   return reshape(transpose(attn, 1, 2), Shape{b, t, h * d});
 }
 

@@ -17,56 +17,16 @@ Tensor GatedMLP::forward(const Tensor& x) {
   return (*down_proj)(mul(act->forward((*gate_proj)(x)), (*up_proj)(x)));
 }
 
-std::vector<double> rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& s) {
-  TPU_CHECK(head_dim > 0 && head_dim % 2 == 0, "rope_inv_freq: head_dim must be positive and even, got {}", head_dim);
-  TPU_CHECK(theta > 0, "rope_inv_freq: rope_theta must be positive, got {}", theta);
-  const int64_t half = head_dim / 2;
-  std::vector<double> f(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i)
-    f[static_cast<size_t>(i)] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
-  if (s.type == "default") return f;
-  TPU_CHECK(s.factor > 0, "rope_scaling: factor must be positive, got {}", s.factor);
-  if (s.type == "linear") {
-    for (double& v : f) v /= s.factor;
-    return f;
-  }
-  TPU_CHECK(s.type == "llama3", "rope_scaling: unsupported rope_type '{}' (supported: default, linear, llama3)", s.type);
-  TPU_CHECK(s.high_freq_factor > s.low_freq_factor && s.low_freq_factor > 0 && s.original_max_position_embeddings > 0,
-            "rope_scaling llama3: need 0 < low_freq_factor ({}) < high_freq_factor ({}) and a positive "
-            "original_max_position_embeddings ({})",
-            s.low_freq_factor, s.high_freq_factor, s.original_max_position_embeddings);
-  const double old_len = s.original_max_position_embeddings;
-  const double low_wavelen = old_len / s.low_freq_factor, high_wavelen = old_len / s.high_freq_factor;
-  for (double& v : f) {
-    const double wavelen = 2.0 * std::numbers::pi / v;
-    if (wavelen > low_wavelen) {
-      v /= s.factor;  // low frequencies: fully scaled
-    } else if (wavelen >= high_wavelen) {
-      const double smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
-      v = (1.0 - smooth) * v / s.factor + smooth * v;
-    }  // high frequencies stay
-  }
-  return f;
-}
-
-std::pair<Tensor, Tensor> rope_tables(const std::vector<int64_t>& pos, int64_t b, const std::vector<double>& inv_freq,
-                                      DType dtype, Device device) {
-  TPU_CHECK(b > 0 && !pos.empty() && pos.size() % static_cast<size_t>(b) == 0,
-            "rope_tables: {} positions do not split into batch {}", pos.size(), b);
-  const int64_t t = static_cast<int64_t>(pos.size()) / b, half = static_cast<int64_t>(inv_freq.size()), d = 2 * half;
-  std::vector<float> c(static_cast<size_t>(b * t * d)), s(c.size());
-  for (size_t r = 0; r < pos.size(); ++r)
-    for (int64_t i = 0; i < half; ++i) {
-      // In f32 like the reference implementations (position * inv_freq rounded once).
-      const float ang = static_cast<float>(pos[r]) * static_cast<float>(inv_freq[static_cast<size_t>(i)]);
-      for (int64_t k : {i, i + half}) {
-        c[r * static_cast<size_t>(d) + static_cast<size_t>(k)] = std::cos(ang);
-        s[r * static_cast<size_t>(d) + static_cast<size_t>(k)] = std::sin(ang);
-      }
-    }
+UnitOffsetRMSNorm::UnitOffsetRMSNorm(Shape shape, double eps) : RMSNorm(std::move(shape), eps) {
   NoGradGuard ng;
-  return {from_vector(c, Shape{b, 1, t, d}, TensorOptions(dtype, device)),
-          from_vector(s, Shape{b, 1, t, d}, TensorOptions(dtype, device))};
+  weight.zero_();
+}
+Tensor UnitOffsetRMSNorm::forward(const Tensor& x) {
+  if (x.dtype() == DType::f32 && weight.dtype() == DType::f32)
+    return rms_norm(x, normalized_shape, add(weight, 1.0), eps);
+  // As Transformers' Gemma: normalized and scaled by (1 + w) in f32, then back to x's dtype.
+  return tpu::to(rms_norm(tpu::to(x, DType::f32), normalized_shape, add(tpu::to(weight, DType::f32), 1.0), eps),
+                 x.dtype());
 }
 
 Attention::Attention(AttentionConfig c, Generator* gen) : cfg(c) {
@@ -86,10 +46,16 @@ Attention::Attention(AttentionConfig c, Generator* gen) : cfg(c) {
   k_proj = register_module("k_proj", std::make_shared<Linear>(cfg.hidden, cfg.num_kv_heads * d, cfg.qkv_bias, gen));
   v_proj = register_module("v_proj", std::make_shared<Linear>(cfg.hidden, cfg.num_kv_heads * d, cfg.qkv_bias, gen));
   o_proj = register_module("o_proj", std::make_shared<Linear>(cfg.num_heads * d, cfg.hidden, cfg.o_bias, gen));
-  if (cfg.qk_norm) {
+  if (cfg.qk_norm && cfg.unit_offset_norm) {
+    q_norm = register_module("q_norm", std::make_shared<UnitOffsetRMSNorm>(Shape{d}, cfg.norm_eps));
+    k_norm = register_module("k_norm", std::make_shared<UnitOffsetRMSNorm>(Shape{d}, cfg.norm_eps));
+  } else if (cfg.qk_norm) {
     q_norm = register_module("q_norm", std::make_shared<RMSNorm>(Shape{d}, cfg.norm_eps));
     k_norm = register_module("k_norm", std::make_shared<RMSNorm>(Shape{d}, cfg.norm_eps));
   }
+  TPU_CHECK(cfg.scaling >= 0 && cfg.variant.window >= 0 && cfg.variant.softcap >= 0,
+            "Attention: scaling ({}), sliding window ({}) and soft-capping ({}) must not be negative", cfg.scaling,
+            cfg.variant.window, cfg.variant.softcap);
 }
 
 Tensor Attention::forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& keep,
@@ -111,11 +77,23 @@ Tensor Attention::forward(const Tensor& x, const Tensor& cos, const Tensor& sin,
   k = heads(k, nkv);
   Tensor v = heads((*v_proj)(x), nkv);
   if (cos.defined()) {
-    q = rotary_embedding(q, cos, sin);
-    k = rotary_embedding(k, cos, sin);
+    const int64_t r = cos.size(-1);  // the rotary dimension (partial_rotary_factor < 1: the rest passes)
+    TPU_CHECK(r <= d && sin.defined() && sin.size(-1) == r,
+              "Attention: rotary tables of width {} for head_dim {}", r, d);
+    auto rotate = [&](const Tensor& y) {
+      if (r == d) return rotary_embedding(y, cos, sin);
+      return cat({rotary_embedding(narrow(y, 3, 0, r), cos, sin), narrow(y, 3, r, d - r)}, 3);
+    };
+    q = rotate(q);
+    k = rotate(k);
   }
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  const Tensor attn = cache ? cache->update_and_attend(layer, q, k, v, keep, scale) : dense_attention(q, k, v, keep, scale);
+  const double scale = cfg.scaling > 0 ? cfg.scaling : 1.0 / std::sqrt(static_cast<double>(d));
+  Tensor attn;
+  if (cfg.variant.plain())
+    attn = cache ? cache->update_and_attend(layer, q, k, v, keep, scale) : dense_attention(q, k, v, keep, scale);
+  else
+    attn = cache ? cache->update_and_attend_variant(layer, q, k, v, keep, scale, cfg.variant)
+                 : dense_attention(q, k, v, keep, scale, cfg.variant);
   return (*o_proj)(attn);
 }
 

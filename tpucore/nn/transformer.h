@@ -1,8 +1,9 @@
 // Building blocks of decoder-only transformers in the Hugging Face layout (Llama, Qwen2/3,
-// Mistral): a gated (SwiGLU) MLP, rotary position tables with llama3/linear scaling, the
-// attention-cache interface with its contiguous key/value cache, and attention with an
-// explicit head_dim, grouped KV heads, optional q/k RMSNorm (Qwen3) and a cache. Parameter names follow Hugging Face checkpoints
-// (q_proj, k_proj, v_proj, o_proj, q_norm, k_norm, gate_proj, up_proj, down_proj).
+// Mistral, Gemma 2/3): a gated MLP, the attention-cache interface with its contiguous key/value
+// cache, and attention with an explicit head_dim, grouped KV heads, optional q/k RMSNorm (Qwen3,
+// Gemma 3), partial rotary dims, a sliding window and soft-capped scores. Rotary tables:
+// tpucore/nn/rope.h. Parameter names follow Hugging Face checkpoints (q_proj, k_proj, v_proj,
+// o_proj, q_norm, k_norm, gate_proj, up_proj, down_proj).
 #pragma once
 
 #include <string>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "tpucore/nn/layers.h"
+#include "tpucore/nn/rope.h"
 
 namespace tpu::nn {
 
@@ -29,26 +31,13 @@ class GatedMLP : public Module {
   std::shared_ptr<Module> act;                            ///< the activation of the gate
 };
 
-/// Hugging Face's rope_scaling: "linear" divides every frequency by factor; "llama3" divides the
-/// low frequencies (wavelength above original_max_position_embeddings / low_freq_factor) by
-/// factor, keeps the high ones (wavelength below original / high_freq_factor) and blends in
-/// between.
-struct RopeScaling {
-  std::string type = "default";  ///< "default", "linear" or "llama3"
-  double factor = 1.0;           ///< the scaling factor
-  double low_freq_factor = 1.0;   ///< llama3: wavelengths above original / this are fully scaled
-  double high_freq_factor = 4.0;  ///< llama3: wavelengths below original / this are kept
-  double original_max_position_embeddings = 8192;        ///< llama3's original context
+/// Per-layer variations of the attention math (defaults: none).
+struct AttentionVariant {
+  int64_t window = 0;  ///< sliding window: the query at position p sees keys at (p - window, p]; 0: unbounded
+  double softcap = 0;  ///< soft-capping: scores -> softcap * tanh(scores / softcap) before the mask; 0: none
+  /// Whether the variant changes nothing.
+  bool plain() const { return window == 0 && softcap == 0; }
 };
-/// Rotary embedding frequencies: inv_freq[i] = theta^(-2i/head_dim), i < head_dim / 2, rescaled
-/// by `scaling`.
-std::vector<double> rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& scaling = {});
-
-/// cos and sin tables for positions [B, T] (a host vector of B * T positions): [B, 1, T,
-/// head_dim] with column k using inv_freq[k mod head_dim/2] (the rotate-half layout of
-/// tpu::rotary_embedding), in dtype on device.
-std::pair<Tensor, Tensor> rope_tables(const std::vector<int64_t>& positions, int64_t batch,
-                                      const std::vector<double>& inv_freq, DType dtype, Device device);
 
 /// The memory of an attention layer across forwards: the keys and values of earlier tokens and
 /// the attention over them, behind one call (update-and-attend). nn::Attention computes the new
@@ -64,6 +53,11 @@ std::pair<Tensor, Tensor> rope_tables(const std::vector<int64_t>& positions, int
 class AttentionCache {
  public:
   virtual ~AttentionCache() = default;
+  /// update_and_attend() with a sliding window or soft-capped scores (AttentionVariant). The
+  /// default implementation forwards a plain variant and refuses the rest with a tpu::Error
+  /// naming the feature (a cache kind that does not implement it).
+  virtual Tensor update_and_attend_variant(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const Tensor& keep, double scale, const AttentionVariant& variant);
   /// Stores the new tokens' keys and values of `layer` and attends over them and the cached
   /// positions each new token may see (causal within its own sequence).
   /// @param layer index of the decoder layer, in [0, num_layers())
@@ -84,6 +78,16 @@ class AttentionCache {
 /// `keep` (bool, broadcast to [B, H, T, T], true = may attend) is given. q [B, H, T, d], k and v
 /// [B, Hkv, T, d]; returns [B, T, H * d].
 Tensor dense_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& keep, double scale);
+/// The same with a sliding window or soft-capped scores (AttentionVariant).
+Tensor dense_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& keep, double scale,
+                       const AttentionVariant& variant);
+/// softmax(scale q k^T, soft-capped, masked by keep) v over grouped KV heads: q [B, H, T, d], k
+/// and v [B, Hkv, S, d], keep bool broadcast to [B, H, T, S] (true = may attend); [B, H, T, d].
+Tensor masked_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& keep, double scale,
+                        double softcap = 0);
+/// The sliding-window band [1, 1, T, past + T] of T new tokens after `past` cached ones: key j
+/// visible to new token i when (past + i) - j < window.
+Tensor sliding_window_keep(int64_t t, int64_t past, int64_t window, Device device = Device());
 
 /// The contiguous key/value cache of generation: every layer's keys and values preallocated as
 /// [B, Hkv, capacity, D]. A forward of T new tokens writes positions [length, length + T) of
@@ -106,6 +110,11 @@ class KVCache : public AttentionCache {
   /// the live keys [0, position + 1) only, however large the cache (codegen/cached_attention.h).
   Tensor update_and_attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& keep,
                            double scale) override;
+  /// update_and_attend() with a sliding window (the band on top of the causal or given mask;
+  /// positions are cache slots) or soft-capped scores; a shape-static step takes the band from the
+  /// write position tensor. The write-mask step refuses a variant.
+  Tensor update_and_attend_variant(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& keep, double scale, const AttentionVariant& variant) override;
   /// Sets (or, with an undefined tensor, clears) the write mask of shape-static steps.
   void set_write_mask(const Tensor& mask) { write_mask_ = mask; }
   /// The write mask (undefined when unset).
@@ -144,6 +153,20 @@ struct AttentionConfig {
   bool o_bias = false;       ///< bias on the output projection
   bool qk_norm = false;      ///< Qwen3: RMSNorm over head_dim of each query and key head
   double norm_eps = 1e-6;    ///< epsilon of the q/k norms
+  bool unit_offset_norm = false;  ///< Gemma: the q/k norms scale by (1 + weight)
+  double scaling = 0;        ///< the softmax scale (0: 1 / sqrt(head_dim); Gemma: query_pre_attn_scalar^-0.5)
+  AttentionVariant variant;  ///< sliding window, soft-capping
+};
+
+/// Gemma's RMSNorm: x / rms(x) * (1 + weight) (the stored weight is the offset from one).
+class UnitOffsetRMSNorm : public RMSNorm {
+ public:
+  /// A norm over `normalized_shape` with epsilon `eps`, weight zero (the identity scale).
+  UnitOffsetRMSNorm(Shape normalized_shape, double eps);
+  /// rms_norm(x, normalized_shape, 1 + weight, eps).
+  Tensor forward(const Tensor& x) override;
+  /// "GemmaRMSNorm".
+  std::string type_name() const override { return "GemmaRMSNorm"; }
 };
 
 /// Grouped-query self-attention of the decoder family: q/k/v projections with an explicit
@@ -170,8 +193,8 @@ class Attention : public Module {
   std::shared_ptr<Linear> k_proj;   ///< hidden -> num_kv_heads * head_dim
   std::shared_ptr<Linear> v_proj;   ///< hidden -> num_kv_heads * head_dim
   std::shared_ptr<Linear> o_proj;   ///< num_heads * head_dim -> hidden
-  std::shared_ptr<RMSNorm> q_norm;  ///< per query head (null unless qk_norm)
-  std::shared_ptr<RMSNorm> k_norm;  ///< per key head (null unless qk_norm)
+  std::shared_ptr<RMSNorm> q_norm;  ///< per query head (null unless qk_norm; UnitOffsetRMSNorm for Gemma)
+  std::shared_ptr<RMSNorm> k_norm;  ///< per key head (null unless qk_norm; UnitOffsetRMSNorm for Gemma)
 };
 
 /// The keep mask [B, 1, T, past + T] of a causal forward of T new tokens after `past` cached

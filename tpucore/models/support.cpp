@@ -1,0 +1,61 @@
+// The support table of the decoder family (architecture x feature), built from the code's own
+// lists (supported_model_types, nn::supported_rope_types), so the docs cannot drift: a CTest
+// compares the table in docs/models-and-tokenizers.md with this text.
+#include <map>
+
+#include "tpucore/models/causal_lm.h"
+
+namespace tpu::models {
+
+namespace {
+
+struct Row {
+  const char* attention;  // projections' biases and norms
+  const char* window;     // sliding-window layers
+  const char* blocks;     // norms, activation, embeddings, soft-capping
+};
+
+const std::map<std::string, Row>& rows() {
+  static const std::map<std::string, Row> r{
+      {"llama", {"`attention_bias` (q/k/v/o), `mlp_bias`", "none", "pre-norm, SwiGLU (`hidden_act`)"}},
+      {"mistral", {"no biases", "`sliding_window` on every layer", "pre-norm, SwiGLU"}},
+      {"qwen2", {"q/k/v biases", "`use_sliding_window`: layers from `max_window_layers` on (or `layer_types`)",
+                 "pre-norm, SwiGLU"}},
+      {"qwen3", {"q/k RMSNorm, `attention_bias`", "as qwen2", "pre-norm, SwiGLU"}},
+      {"gemma2",
+       {"`attention_bias`, `query_pre_attn_scalar`, `attn_logit_softcapping`",
+        "`sliding_window` on every other layer from layer 0 (or `layer_types`)",
+        "(1 + w) RMSNorm, sandwich norms, GELU-tanh (`hidden_activation`), embeddings x sqrt(hidden), "
+        "`final_logit_softcapping`"}},
+      {"gemma3_text",
+       {"q/k (1 + w) RMSNorm, `query_pre_attn_scalar`, `attn_logit_softcapping`",
+        "`sliding_window` except every `sliding_window_pattern`-th layer (or `layer_types`), "
+        "`rope_local_base_freq` on sliding layers",
+        "as gemma2"}},
+  };
+  return r;
+}
+
+}  // namespace
+
+std::string support_table_markdown() {
+  std::string s =
+      "| model_type | attention | sliding window | blocks |\n"
+      "|---|---|---|---|\n";
+  for (const auto& t : supported_model_types()) {
+    auto it = rows().find(t);
+    TPU_CHECK(it != rows().end(), "support_table_markdown: no row for model_type '{}'", t);
+    s += fmt::format("| `{}` | {} | {} | {} |\n", t, it->second.attention, it->second.window, it->second.blocks);
+  }
+  s += fmt::format(
+      "\nEvery type: grouped KV heads, explicit `head_dim`, tied or untied head (`tie_word_embeddings`), "
+      "rope types {} (`rope_scaling` or `rope_parameters`, `rope_type` or `type`), `partial_rotary_factor`.\n",
+      [] {
+        std::string t;
+        for (const auto& r : nn::supported_rope_types()) t += (t.empty() ? "`" : ", `") + r + "`";
+        return t;
+      }());
+  return s;
+}
+
+}  // namespace tpu::models
