@@ -1,0 +1,51 @@
+#include "logprobs.h"
+
+namespace tpu::serve_http {
+
+using nlohmann::json;
+
+std::string token_text(const Tokenizer& tok, int64_t id) {
+  try {
+    return tok.decode({id}, /*skip_special=*/false);
+  } catch (const Error&) {
+    return {};  // an id of a padded vocabulary without text
+  }
+}
+
+json completion_logprobs(const Tokenizer& tok, const std::vector<serve::TokenOutput>& outs, size_t& offset) {
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  for (const auto& o : outs) {
+    const std::string t = token_text(tok, o.token);
+    tokens.push_back(t);
+    lps.push_back(o.logprob);
+    json top = json::object();
+    for (const auto& [id, lp] : o.top) top[token_text(tok, id)] = lp;
+    tops.push_back(o.top.empty() ? json(nullptr) : top);
+    offsets.push_back(offset);
+    offset += t.size();
+  }
+  return json{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+namespace {
+json entry(const Tokenizer& tok, int64_t id, double lp) {
+  const std::string t = token_text(tok, id);
+  json bytes = json::array();
+  for (char c : t) bytes.push_back(static_cast<int>(static_cast<unsigned char>(c)));
+  return json{{"token", t}, {"logprob", lp}, {"bytes", bytes}};
+}
+}  // namespace
+
+json chat_logprobs(const Tokenizer& tok, const std::vector<serve::TokenOutput>& outs) {
+  json content = json::array();
+  for (const auto& o : outs) {
+    json e = entry(tok, o.token, o.logprob);
+    json top = json::array();
+    for (const auto& [id, lp] : o.top) top.push_back(entry(tok, id, lp));
+    e["top_logprobs"] = top;
+    content.push_back(e);
+  }
+  return json{{"content", content}, {"refusal", nullptr}};
+}
+
+}  // namespace tpu::serve_http
