@@ -190,7 +190,8 @@ TEST_CASE("serve sampling: a stop string ends generation at the token that compl
   const Out stopped = run(e, {{prompt, ps}})[0];
   CHECK(stopped.why == serve::FinishReason::stop);
   CHECK(stopped.outs.size() == expect);
-  CHECK(stopped.tokens() == V(plain.tokens().begin(), plain.tokens().begin() + static_cast<std::ptrdiff_t>(expect)));
+  const V all = plain.tokens();
+  CHECK(stopped.tokens() == V(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(expect)));
   // min_tokens past that point: the stop string is not looked for before it.
   serve::SamplingParams pm = ps;
   pm.min_tokens = static_cast<int64_t>(expect) + 1;

@@ -12,6 +12,14 @@ std::string token_text(const Tokenizer& tok, int64_t id) {
   }
 }
 
+namespace {
+// The text as the response carries it: each byte that is not part of valid UTF-8 as U+FFFD
+// (so keys that differ only in such bytes are one key, as the client sees them).
+std::string as_sent(const std::string& s) {
+  return json::parse(json(s).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
+}
+}  // namespace
+
 json completion_logprobs(const Tokenizer& tok, const std::vector<serve::TokenOutput>& outs, size_t& offset) {
   json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
   for (const auto& o : outs) {
@@ -19,7 +27,11 @@ json completion_logprobs(const Tokenizer& tok, const std::vector<serve::TokenOut
     tokens.push_back(t);
     lps.push_back(o.logprob);
     json top = json::object();
-    for (const auto& [id, lp] : o.top) top[token_text(tok, id)] = lp;
+    // Best first: a later token of the same text does not replace the likelier one.
+    for (const auto& [id, lp] : o.top) {
+      const std::string key = as_sent(token_text(tok, id));
+      if (!top.contains(key)) top[key] = lp;
+    }
     tops.push_back(o.top.empty() ? json(nullptr) : top);
     offsets.push_back(offset);
     offset += t.size();

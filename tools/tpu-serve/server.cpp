@@ -422,7 +422,7 @@ struct ApiServer::Impl {
             size_t ready = t.text.size();
             if (!q.done) {
               ready = utf8_complete(t.text);
-              ready = ready > holdback ? ready - holdback : 0;
+              ready = ready > holdback ? utf8_complete(t.text.substr(0, ready - holdback)) : 0;
             }
             const bool new_logprobs = r.logprobs >= 0 && q.outs.size() > pc.reported;
             if (ready > pc.emitted || new_logprobs || (pc.first && (r.chat || r.echo))) {
