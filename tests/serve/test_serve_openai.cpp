@@ -248,13 +248,15 @@ TEST_CASE("tpu-serve api: logprobs in the completions and chat shapes, streamed 
   // echo: the prompt text, then the completion; with logprobs a 400 naming 'echo'.
   j = post_ok(r, "/v1/completions", json{{"prompt", prompt}, {"max_tokens", 3}, {"temperature", 0}, {"echo", true}});
   CHECK(j["choices"][0]["text"].get<std::string>().rfind(prompt, 0) == 0);
+  j = post_ok(r, "/v1/completions", json{{"prompt", json::array({97, 98})}, {"max_tokens", 3}, {"echo", true}});
+  CHECK(j["choices"][0]["text"].get<std::string>().rfind("ab", 0) == 0);
   int status = 0;
   j = post(r, "/v1/completions", json{{"prompt", prompt}, {"echo", true}, {"logprobs", 1}}, status);
   CHECK(status == 400);
   CHECK(j["error"]["param"] == "echo");
 }
 
-TEST_CASE("tpu-serve api: unsupported parameters are 400s naming them; models.retrieve; health; vLLM metrics",
+TEST_CASE("tpu-serve api: unsupported parameters are 400s naming them, models.retrieve, health, vLLM metrics",
           "[serve][openai]") {
   Fixture f;
   Running r(f.model, f.tok, f.options());

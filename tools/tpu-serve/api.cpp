@@ -187,7 +187,6 @@ CompletionRequest parse_request(const std::string& body, bool chat, const ModelI
           if (!id) bad("prompt", fmt::format("token id {} is outside the vocabulary of {}", t.dump(), tok.vocab_size()));
           r.prompt.push_back(*id);
         }
-        r.prompt_text = tok.decode(r.prompt, /*skip_special=*/false);
       } else {
         bad("prompt", "'prompt' must be a string, one string in an array, or an array of token ids");
       }
@@ -264,6 +263,14 @@ CompletionRequest parse_request(const std::string& body, bool chat, const ModelI
   } else {
     r.logprobs = integer(j, "logprobs", -1, 0, 20);
     r.echo = boolean(j, "echo", false);
+    // A token-id prompt's text (the ids are checked above).
+    if (r.echo && !j["prompt"].is_string() && !(j["prompt"].is_array() && j["prompt"][0].is_string())) {
+      try {
+        r.prompt_text = tok.decode(r.prompt, /*skip_special=*/false);
+      } catch (const Error& e) {
+        bad("prompt", e.what());
+      }
+    }
     if (r.echo && r.logprobs >= 0)
       unsupported("echo", " together with 'logprobs' (the prompt's log-probabilities are not computed)");
   }

@@ -45,7 +45,7 @@ struct EngineConfig {
   bool enable_prefix_caching = false;
   // The text of generated token ids, for stop strings (SamplingParams::stop); a request with
   // stop strings is refused without it.
-  std::function<std::string(const std::vector<int64_t>&)> detokenize;
+  std::function<std::string(const std::vector<int64_t>&)> detokenize = nullptr;
 };
 
 enum class FinishReason { stop, length, cancelled };
