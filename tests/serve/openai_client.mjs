@@ -58,7 +58,10 @@ await check('chat logprobs', async () => {
 
 await check('stop string usage is exact', async () => {
   // The greedy tokens' texts (one byte each for this byte-level tokenizer's ASCII) from logprobs.
-  const base = { model, prompt: 'The stop', max_tokens: 30, temperature: 0, ignore_eos: true };
+  // A bias towards lowercase letters and a frequency penalty give this random model ASCII text.
+  const logit_bias = {};
+  for (let c = 97; c <= 122; ++c) logit_bias[String(c)] = 8;
+  const base = { model, prompt: 'The stop', max_tokens: 30, temperature: 0, ignore_eos: true, logit_bias, frequency_penalty: 1 };
   const plain = await client.completions.create({ ...base, logprobs: 0 });
   const tokens = plain.choices[0].logprobs.tokens;
   // Only the leading tokens that are one ASCII character each: their text is the server's.
@@ -81,6 +84,7 @@ await check('stop string usage is exact', async () => {
   assert.equal(r.choices[0].finish_reason, 'stop');
   assert.equal(r.usage.completion_tokens, k);
   assert.equal(r.choices[0].text, text.slice(0, text.indexOf(stop)));
+  console.log(`stop ${JSON.stringify(stop)}: ${k} tokens billed`);
 });
 
 await check('tools is a 400 naming it', async () => {
