@@ -250,10 +250,38 @@ TEST_CASE("tpu-serve api: logprobs in the completions and chat shapes, streamed 
   CHECK(j["choices"][0]["text"].get<std::string>().rfind(prompt, 0) == 0);
   j = post_ok(r, "/v1/completions", json{{"prompt", json::array({97, 98})}, {"max_tokens", 3}, {"echo", true}});
   CHECK(j["choices"][0]["text"].get<std::string>().rfind("ab", 0) == 0);
-  int status = 0;
-  j = post(r, "/v1/completions", json{{"prompt", prompt}, {"echo", true}, {"logprobs", 1}}, status);
-  CHECK(status == 400);
-  CHECK(j["error"]["param"] == "echo");
+  // echo with logprobs: the prompt's tokens first (the first one null), from the same reference.
+  const json eb{{"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}, {"ignore_eos", true}, {"logprobs", 1},
+                {"echo", true}};
+  j = post_ok(r, "/v1/completions", eb);
+  const json& el = j["choices"][0]["logprobs"];
+  REQUIRE(el["token_logprobs"].size() == full.size());
+  CHECK(el["token_logprobs"][0].is_null());
+  CHECK(el["top_logprobs"][0].is_null());
+  CHECK(el["text_offset"][0] == 0);
+  CHECK(el["text_offset"][p.size()] == prompt.size());
+  for (size_t i = 1; i < full.size(); ++i) {
+    const float* row = logits.data() + (i - 1) * vocab;
+    double m = -INFINITY, z = 0;
+    for (size_t v = 0; v < vocab; ++v) m = std::max(m, double(row[v]));
+    for (size_t v = 0; v < vocab; ++v) z += std::exp(double(row[v]) - m);
+    INFO("position " << i);
+    CHECK(std::abs(el["token_logprobs"][i].get<double>() - (double(row[full[i]]) - m - std::log(z))) < 1e-4);
+  }
+  json es = eb;
+  es["stream"] = true;
+  Sse se = post_stream(r, "/v1/completions", es.dump());
+  REQUIRE(se.done);
+  json streamed_lp = json::array();
+  std::string echoed;
+  for (const auto& e : se.events)
+    for (const auto& c : e["choices"]) {
+      echoed += c["text"].get<std::string>();
+      if (c["logprobs"].is_object())
+        for (const auto& v : c["logprobs"]["token_logprobs"]) streamed_lp.push_back(v);
+    }
+  CHECK(streamed_lp == el["token_logprobs"]);
+  CHECK(echoed == j["choices"][0]["text"]);
 }
 
 TEST_CASE("tpu-serve api: unsupported parameters are 400s naming them, models.retrieve, health, vLLM metrics",

@@ -115,6 +115,30 @@ TEST_CASE("serve sampling: logprobs are log_softmax of the model's logits", "[se
   }
   // Greedy picks the reference's argmax each step, so its top-1 is the chosen token.
   for (const auto& tok : out[0].outs) CHECK(tok.top[0].first == tok.token);
+
+  // The prompt's log-probabilities, delivered before the first token.
+  std::vector<serve::TokenOutput> prompt_lp;
+  int64_t tokens_before = -1, tokens_seen = 0;
+  serve::SamplingParams pp = greedy;
+  pp.prompt_logprobs = 2;
+  serve::RequestCallbacks cb;
+  cb.on_prompt_logprobs = [&](const std::vector<serve::TokenOutput>& v) {
+    prompt_lp = v;
+    tokens_before = tokens_seen;
+  };
+  cb.on_token = [&](int64_t) { return ++tokens_seen > 0; };
+  e.add_request(prompt, pp, cb);
+  for (int k = 0; k < 1000 && e.has_work(); ++k) e.step();
+  CHECK(tokens_before == 0);
+  REQUIRE(prompt_lp.size() == prompt.size() - 1);
+  const auto ref = llm::ref_forward(t.cfg, t.w, prompt, {0, 1, 2, 3, 4});
+  for (size_t i = 1; i < prompt.size(); ++i) {
+    const double lse = log_sum_exp(ref[i - 1]);
+    CHECK(prompt_lp[i - 1].token == prompt[i]);
+    CHECK(std::abs(prompt_lp[i - 1].logprob - (ref[i - 1][static_cast<size_t>(prompt[i])] - lse)) < 1e-4);
+    REQUIRE(prompt_lp[i - 1].top.size() == 2);
+    CHECK(prompt_lp[i - 1].top[0].second >= prompt_lp[i - 1].top[1].second);
+  }
 }
 
 TEST_CASE("serve sampling: frequency / presence penalties and logit bias follow OpenAI's formula", "[serve][sampling]") {

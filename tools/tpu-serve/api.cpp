@@ -271,11 +271,11 @@ CompletionRequest parse_request(const std::string& body, bool chat, const ModelI
         bad("prompt", e.what());
       }
     }
-    if (r.echo && r.logprobs >= 0)
-      unsupported("echo", " together with 'logprobs' (the prompt's log-probabilities are not computed)");
   }
   // best_of ranks sequences by their summed log-probabilities: the engine reports them.
   r.params.logprobs = r.best_of > r.n ? std::max<int64_t>(r.logprobs, 0) : r.logprobs;
+  // echo with logprobs: the prompt's too (the server asks for them on the first sequence only).
+  r.params.prompt_logprobs = r.echo ? r.logprobs : -1;
   if (j.contains("stop") && !j["stop"].is_null()) {
     const json& s = j["stop"];
     if (s.is_string()) {

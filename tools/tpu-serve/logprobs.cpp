@@ -39,6 +39,36 @@ json completion_logprobs(const Tokenizer& tok, const std::vector<serve::TokenOut
   return json{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
 
+json echo_logprobs(const Tokenizer& tok, const std::vector<int64_t>& prompt, const std::vector<serve::TokenOutput>& outs,
+                   size_t& offset) {
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    const std::string t = token_text(tok, prompt[i]);
+    tokens.push_back(t);
+    offsets.push_back(offset);
+    offset += t.size();
+    if (i == 0 || i > outs.size()) {
+      lps.push_back(nullptr);
+      tops.push_back(nullptr);
+      continue;
+    }
+    const serve::TokenOutput& o = outs[i - 1];
+    lps.push_back(o.logprob);
+    json top = json::object();
+    for (const auto& [id, lp] : o.top) {
+      const std::string key = as_sent(token_text(tok, id));
+      if (!top.contains(key)) top[key] = lp;
+    }
+    tops.push_back(o.top.empty() ? json(nullptr) : top);
+  }
+  return json{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+void append_logprobs(json& a, const json& b) {
+  for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+    for (const auto& v : b[k]) a[k].push_back(v);
+}
+
 namespace {
 json entry(const Tokenizer& tok, int64_t id, double lp) {
   const std::string t = token_text(tok, id);

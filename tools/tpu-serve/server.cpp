@@ -53,6 +53,8 @@ struct Channel {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<Seq> seqs;
+  std::vector<serve::TokenOutput> prompt_outs;  // echo with logprobs: the prompt's (from sequence 0)
+  bool prompt_ready = false;
   int64_t version = 0;            // bumped on every token and finish
   std::atomic<bool> gone{false};  // the client went away: refuse the next token
   bool all_done() const {
@@ -252,6 +254,15 @@ struct ApiServer::Impl {
       };
       serve::SamplingParams p = r.params;
       p.seed = choice_seed(r.params.seed, static_cast<int64_t>(i));
+      if (i > 0) p.prompt_logprobs = -1;  // the same for every sequence: asked once
+      if (p.prompt_logprobs >= 0)
+        cb.on_prompt_logprobs = [ch](const std::vector<serve::TokenOutput>& outs) {
+          std::lock_guard<std::mutex> lk(ch->mu);
+          ch->prompt_outs = outs;
+          ch->prompt_ready = true;
+          ch->version++;
+          ch->cv.notify_all();
+        };
       int64_t id = 0;
       try {
         id = engine.add_request(r.prompt, p, cb);
@@ -299,12 +310,22 @@ struct ApiServer::Impl {
   }
   // One choice; outs: the log-probabilities to report with this text (when asked), offset: the
   // completions' text_offset of the first of them.
+  // prompt_outs (echo with logprobs): the prompt's part comes first.
   json choice(const CompletionRequest& r, size_t index, const std::string& text, const char* finish, bool chunk,
-              bool first, const std::vector<serve::TokenOutput>& outs, size_t& offset) const {
+              bool first, const std::vector<serve::TokenOutput>& outs, size_t& offset,
+              const std::vector<serve::TokenOutput>* prompt_outs = nullptr) const {
     json c{{"index", index}, {"finish_reason", finish ? json(finish) : json(nullptr)}};
     json lp = nullptr;
-    if (r.logprobs >= 0 && !(chunk && outs.empty() && finish))
-      lp = r.chat ? chat_logprobs(tok, outs) : completion_logprobs(tok, outs, offset);
+    if (r.logprobs >= 0 && !(chunk && outs.empty() && finish)) {
+      if (r.chat) {
+        lp = chat_logprobs(tok, outs);
+      } else if (prompt_outs) {
+        lp = echo_logprobs(tok, r.prompt, *prompt_outs, offset);
+        append_logprobs(lp, completion_logprobs(tok, outs, offset));
+      } else {
+        lp = completion_logprobs(tok, outs, offset);
+      }
+    }
     c["logprobs"] = lp;
     if (!r.chat) {
       c["text"] = text;
@@ -317,11 +338,14 @@ struct ApiServer::Impl {
   }
 
   // Waits (bounded per call) for a change; returns a copy of the sequences and whether all are done.
-  static bool wait(Channel& ch, int64_t& version, std::vector<Seq>& seqs) {
+  static bool wait(Channel& ch, int64_t& version, std::vector<Seq>& seqs,
+                   std::vector<serve::TokenOutput>* prompt_outs = nullptr, bool* prompt_ready = nullptr) {
     std::unique_lock<std::mutex> lk(ch.mu);
     ch.cv.wait_for(lk, std::chrono::milliseconds(50), [&] { return ch.all_done() || ch.version != version; });
     version = ch.version;
     seqs = ch.seqs;
+    if (prompt_outs) *prompt_outs = ch.prompt_outs;
+    if (prompt_ready) *prompt_ready = ch.prompt_ready;
     return ch.all_done();
   }
 
@@ -350,11 +374,12 @@ struct ApiServer::Impl {
     active++;
     if (!r.stream) {
       std::vector<Seq> seqs;
+      std::vector<serve::TokenOutput> prompt_outs;
       int64_t version = -1;
       bool gone = false;
       const int sock = connection_of(req);
       for (;;) {
-        if (wait(*ch, version, seqs)) break;
+        if (wait(*ch, version, seqs, &prompt_outs)) break;
         if (!gone && peer_gone(sock)) {
           cancel_all(*ch);  // the client went away: free its blocks at the next step
           gone = true;
@@ -368,9 +393,9 @@ struct ApiServer::Impl {
       for (size_t k = 0; k < pick.size(); ++k) {
         const Seq& q = seqs[pick[k]];
         const Text t = render(tok, q.tokens(), r.params.stop_token_ids, r.stop);
-        size_t offset = r.echo ? r.prompt_text.size() : 0;
+        size_t offset = 0;
         j["choices"].push_back(choice(r, k, (r.echo ? r.prompt_text : "") + t.text, finish_name(q.why, t.stop_hit),
-                                      false, false, q.outs, offset));
+                                      false, false, q.outs, offset, r.params.prompt_logprobs >= 0 ? &prompt_outs : nullptr));
       }
       j["usage"] = usage(r, generated);
       res.set_content(dump(j), "application/json");
@@ -394,7 +419,6 @@ struct ApiServer::Impl {
     st->r = std::move(r);
     st->id = id;
     st->c.resize(static_cast<size_t>(st->r.n));
-    for (auto& pc : st->c) pc.offset = st->r.echo ? st->r.prompt_text.size() : 0;
     size_t holdback = 0;
     for (const auto& s : st->r.stop) holdback = std::max(holdback, s.size() - 1);
     res.set_header("Cache-Control", "no-cache");
@@ -410,8 +434,12 @@ struct ApiServer::Impl {
             return false;
           };
           std::vector<Seq> seqs;
-          const bool done = wait(*st->ch, st->version, seqs);
+          std::vector<serve::TokenOutput> prompt_outs;
+          bool prompt_ready = false;
+          const bool done = wait(*st->ch, st->version, seqs, &prompt_outs, &prompt_ready);
           const CompletionRequest& r = st->r;
+          const bool echo_lp = r.params.prompt_logprobs >= 0;
+          if (echo_lp && !prompt_ready && !done) return true;  // the prompt's part goes first
           bool sent = false;
           for (size_t i = 0; i < st->c.size(); ++i) {
             PerChoice& pc = st->c[i];
@@ -431,7 +459,8 @@ struct ApiServer::Impl {
               std::string text = ready > pc.emitted ? t.text.substr(pc.emitted, ready - pc.emitted) : "";
               if (pc.first && r.echo) text = r.prompt_text + text;
               json j = head(r, st->id, true);
-              j["choices"] = json::array({choice(r, i, text, nullptr, true, pc.first, outs, pc.offset)});
+              j["choices"] = json::array(
+                  {choice(r, i, text, nullptr, true, pc.first, outs, pc.offset, echo_lp && pc.first ? &prompt_outs : nullptr)});
               if (!send(j)) return gone();
               sent = true;
               pc.emitted = std::max(pc.emitted, ready);

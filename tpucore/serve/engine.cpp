@@ -5,6 +5,9 @@
 #include <mutex>
 #include <set>
 
+#include <spdlog/spdlog.h>
+
+#include "tpucore/core/log.h"
 #include "tpucore/serve/kv_cache_manager.h"
 #include "tpucore/serve/model_runner.h"
 #include "tpucore/serve/output.h"
@@ -158,7 +161,18 @@ void Engine::Impl::take_incoming(StepReport& report) {
     in.swap(incoming);
     cancelled.swap(cancels);
   }
-  for (auto& r : in) scheduler.add(r);
+  for (auto& r : in) {
+    if (r->params.prompt_logprobs >= 0 && r->cb.on_prompt_logprobs) {
+      try {
+        r->cb.on_prompt_logprobs(prompt_logprobs(*model, r->tokens, r->params.prompt_logprobs));
+      } catch (const std::exception& e) {
+        log().warn("serve: the prompt log-probabilities of request {} failed: {}", r->id, e.what());
+        output.finish(r, FinishReason::cancelled, report);
+        continue;
+      }
+    }
+    scheduler.add(r);
+  }
   if (cancelled.empty()) return;
   scheduler.cancel(std::set<int64_t>(cancelled.begin(), cancelled.end()));
   // Cancelled requests leave first, freeing their blocks for this step.

@@ -63,6 +63,9 @@ struct RequestCallbacks {
   std::function<bool(int64_t token)> on_token;
   // The same with log-probabilities; called instead of on_token when set.
   std::function<bool(const TokenOutput&)> on_output;
+  // With SamplingParams::prompt_logprobs >= 0: once, before the first token, entry i for prompt
+  // token i + 1 (the first token has none).
+  std::function<void(const std::vector<TokenOutput>&)> on_prompt_logprobs;
   // Called once when the request leaves the engine (also after cancel()).
   std::function<void(FinishReason)> on_finish;
 };

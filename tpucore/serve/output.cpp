@@ -5,6 +5,8 @@
 #include <limits>
 #include <numeric>
 
+#include "tpucore/autograd.h"
+
 namespace tpu::serve {
 
 void OutputProcessor::commit(const StepPlan& plan) {
@@ -53,6 +55,24 @@ TokenOutput token_logprobs(const std::vector<float>& raw, int64_t token, int64_t
     for (size_t i = 0; i < kk; ++i) o.top.push_back({ids[i], static_cast<double>(raw[static_cast<size_t>(ids[i])]) - lse});
   }
   return o;
+}
+
+std::vector<TokenOutput> prompt_logprobs(models::CausalLM& m, const std::vector<int64_t>& prompt, int64_t k) {
+  NoGradGuard ng;
+  const auto T = static_cast<int64_t>(prompt.size());
+  const Tensor logits = m.forward(from_vector(prompt, Shape{1, T}, TensorOptions(DType::i64, m.device())))
+                            .to(DType::f32)
+                            .to(Device())
+                            .contiguous();
+  const std::vector<float> all = logits.to_vector<float>();
+  const auto vocab = static_cast<size_t>(logits.size(2));
+  std::vector<TokenOutput> out;
+  for (size_t i = 1; i < prompt.size(); ++i) {
+    const std::vector<float> row(all.begin() + static_cast<std::ptrdiff_t>((i - 1) * vocab),
+                                 all.begin() + static_cast<std::ptrdiff_t>(i * vocab));
+    out.push_back(token_logprobs(row, prompt[i], k));
+  }
+  return out;
 }
 
 bool OutputProcessor::stop_string_hit(Request& r) const {

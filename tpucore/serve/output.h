@@ -31,6 +31,8 @@ struct StepReport {
 std::vector<float> adjusted_logits(std::vector<float> raw, const Request& r);
 // log_softmax of one row of logits (in double), the chosen token's and the k best.
 TokenOutput token_logprobs(const std::vector<float>& raw, int64_t token, int64_t k);
+// The prompt's log-probabilities from one plain forward of it (no cache): entry i for token i + 1.
+std::vector<TokenOutput> prompt_logprobs(models::CausalLM& m, const std::vector<int64_t>& prompt, int64_t k);
 
 class OutputProcessor {
  public:

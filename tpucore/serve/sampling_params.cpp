@@ -21,6 +21,8 @@ void SamplingParams::validate() const {
               b);
   for (const auto& s : stop) TPU_CHECK(!s.empty(), "serve: stop strings must not be empty");
   TPU_CHECK(logprobs >= -1 && logprobs <= 20, "serve: logprobs must be in [-1, 20] (-1: none), got {}", logprobs);
+  TPU_CHECK(prompt_logprobs >= -1 && prompt_logprobs <= 20,
+            "serve: prompt_logprobs must be in [-1, 20] (-1: none), got {}", prompt_logprobs);
 }
 
 SamplingParams SamplingParams::from_generation_config(const models::GenerationConfig& g) {

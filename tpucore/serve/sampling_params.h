@@ -32,6 +32,9 @@ struct SamplingParams {
   // Log-probabilities of the model's distribution (log_softmax of the raw logits, before
   // penalties, bias and temperature): -1 none; 0 the chosen token's; k > 0 also the k most likely.
   int64_t logprobs = -1;
+  // The prompt's log-probabilities (token i given tokens 0..i-1, from one plain forward of the
+  // prompt when the request is taken in; RequestCallbacks::on_prompt_logprobs): -1 none; k as logprobs.
+  int64_t prompt_logprobs = -1;
 
   // A tpu::Error naming the field when a value is out of range.
   void validate() const;
