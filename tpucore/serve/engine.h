@@ -61,13 +61,13 @@ struct TokenOutput {
 struct RequestCallbacks {
   // Every generated token; return false to cancel the request (e.g. the client went away).
   std::function<bool(int64_t token)> on_token;
-  // The same with log-probabilities; called instead of on_token when set.
-  std::function<bool(const TokenOutput&)> on_output;
-  // With SamplingParams::prompt_logprobs >= 0: once, before the first token, entry i for prompt
-  // token i + 1 (the first token has none).
-  std::function<void(const std::vector<TokenOutput>&)> on_prompt_logprobs;
   // Called once when the request leaves the engine (also after cancel()).
   std::function<void(FinishReason)> on_finish;
+  // The same as on_token with log-probabilities; called instead of on_token when set.
+  std::function<bool(const TokenOutput&)> on_output = nullptr;
+  // With SamplingParams::prompt_logprobs >= 0: once, before the first token, entry i for prompt
+  // token i + 1 (the first token has none).
+  std::function<void(const std::vector<TokenOutput>&)> on_prompt_logprobs = nullptr;
 };
 
 // add_request() beyond max_waiting queued requests.
