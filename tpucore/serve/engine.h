@@ -43,16 +43,31 @@ struct EngineConfig {
   // tokens before them; an admitted request reuses the cached blocks of its longest matching
   // prefix (shared, reference counted, never written again) and computes only the rest.
   bool enable_prefix_caching = false;
+  // The text of generated token ids, for stop strings (SamplingParams::stop); a request with
+  // stop strings is refused without it.
+  std::function<std::string(const std::vector<int64_t>&)> detokenize = nullptr;
 };
 
 enum class FinishReason { stop, length, cancelled };
 const char* finish_reason_name(FinishReason r);
+
+// One generated token with its log-probabilities (SamplingParams::logprobs >= 0).
+struct TokenOutput {
+  int64_t token = 0;
+  double logprob = 0;                           // of the chosen token (0 when not asked)
+  std::vector<std::pair<int64_t, double>> top;  // the most likely tokens, best first (ties: lower id)
+};
 
 struct RequestCallbacks {
   // Every generated token; return false to cancel the request (e.g. the client went away).
   std::function<bool(int64_t token)> on_token;
   // Called once when the request leaves the engine (also after cancel()).
   std::function<void(FinishReason)> on_finish;
+  // The same as on_token with log-probabilities; called instead of on_token when set.
+  std::function<bool(const TokenOutput&)> on_output = nullptr;
+  // With SamplingParams::prompt_logprobs >= 0: once, before the first token, entry i for prompt
+  // token i + 1 (the first token has none).
+  std::function<void(const std::vector<TokenOutput>&)> on_prompt_logprobs = nullptr;
 };
 
 // add_request() beyond max_waiting queued requests.
@@ -73,9 +88,11 @@ struct EngineMetrics {
   int64_t waiting = 0, running = 0, blocks_used = 0, blocks_total = 0, block_size = 0;
   int64_t requests_finished = 0, requests_cancelled = 0, preemptions = 0, steps = 0;
   int64_t processed_tokens = 0, generation_tokens = 0;  // through the forward / sampled
+  int64_t prompt_tokens = 0;                            // of the requests added
   int64_t prefix_cache_hit_tokens = 0;                  // prompt tokens whose blocks were reused
   double generation_tokens_per_second = 0;  // over the last ~10 s of steps
   Histogram ttft, tpot;                      // time to first token, time per output token (s)
+  Histogram e2e;                             // arrival to finish of finished requests (s)
 };
 
 class Engine {

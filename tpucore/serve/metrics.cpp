@@ -23,20 +23,56 @@ namespace {
 void scalar(std::string& s, const char* name, const char* type, const char* help, double v) {
   s += fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, v);
 }
-void histogram(std::string& s, const char* name, const char* help, const Histogram& h) {
+// labels: "" or 'key="value"' (without braces).
+void histogram(std::string& s, const char* name, const char* help, const Histogram& h, const std::string& labels = {}) {
   s += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
   const auto& b = Histogram::bounds();
+  const std::string sep = labels.empty() ? "" : ",";
+  const std::string plain = labels.empty() ? "" : "{" + labels + "}";
   int64_t cum = 0;
   for (size_t i = 0; i <= b.size(); ++i) {
     cum += h.counts.empty() ? 0 : h.counts[i];
     const std::string le = i < b.size() ? fmt::format("{}", b[i]) : "+Inf";
-    s += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, le, cum);
+    s += fmt::format("{}_bucket{{{}{}le=\"{}\"}} {}\n", name, labels, sep, le, cum);
   }
-  s += fmt::format("{}_sum {}\n{}_count {}\n", name, h.sum, name, h.count);
+  s += fmt::format("{}_sum{} {}\n{}_count{} {}\n", name, plain, h.sum, name, plain, h.count);
+}
+void labelled(std::string& s, const char* name, const char* type, const char* help, const std::string& labels,
+              double v) {
+  s += fmt::format("# HELP {} {}\n# TYPE {} {}\n{}{{{}}} {}\n", name, help, name, type, name, labels, v);
+}
+std::string escape_label(const std::string& v) {
+  std::string o;
+  for (char c : v) {
+    if (c == '\\' || c == '"') o += '\\';
+    if (c == '\n') {
+      o += "\\n";
+      continue;
+    }
+    o += c;
+  }
+  return o;
+}
+void vllm_names(std::string& s, const EngineMetrics& m, const std::string& model_name) {
+  const std::string l = "model_name=\"" + escape_label(model_name) + "\"";
+  const auto d = [](int64_t v) { return static_cast<double>(v); };
+  labelled(s, "vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", l, d(m.running));
+  labelled(s, "vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", l, d(m.waiting));
+  labelled(s, "vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", l,
+           m.blocks_total > 0 ? d(m.blocks_used) / d(m.blocks_total) : 0.0);
+  labelled(s, "vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", l, d(m.prompt_tokens));
+  labelled(s, "vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", l,
+           d(m.generation_tokens));
+  labelled(s, "vllm:num_preemptions_total", "counter", "Cumulative number of preemptions.", l, d(m.preemptions));
+  labelled(s, "vllm:request_success_total", "counter", "Count of successfully processed requests.", l,
+           d(m.requests_finished));
+  histogram(s, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", m.ttft, l);
+  histogram(s, "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", m.tpot, l);
+  histogram(s, "vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", m.e2e, l);
 }
 }  // namespace
 
-std::string prometheus_text(const EngineMetrics& m, const std::string& extra) {
+std::string prometheus_text(const EngineMetrics& m, const std::string& extra, const std::string& model_name) {
   std::string s;
   scalar(s, "tpu_serve_requests_waiting", "gauge", "Requests queued, not yet scheduled.", static_cast<double>(m.waiting));
   scalar(s, "tpu_serve_requests_running", "gauge", "Requests holding KV blocks (prefilling or decoding).",
@@ -62,6 +98,8 @@ std::string prometheus_text(const EngineMetrics& m, const std::string& extra) {
   histogram(s, "tpu_serve_time_to_first_token_seconds", "Time from arrival to the first generated token.", m.ttft);
   histogram(s, "tpu_serve_time_per_output_token_seconds", "Mean time between generated tokens, per request.",
             m.tpot);
+  histogram(s, "tpu_serve_e2e_request_latency_seconds", "Time from arrival to the end of finished requests.", m.e2e);
+  if (!model_name.empty()) vllm_names(s, m, model_name);
   return s + extra;
 }
 

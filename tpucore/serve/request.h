@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <cstdint>
 #include <random>
 #include <set>
@@ -25,6 +26,8 @@ struct Request {
   SamplingParams params;
   models::GenerationConfig sampler;  // params as models::choose_token reads them
   std::set<int64_t> stops;
+  std::map<int64_t, int64_t> counts;  // generated tokens' counts (frequency / presence penalties)
+  size_t stop_scan = 0;               // text bytes already searched for stop strings
   std::mt19937_64 rng;
   RequestCallbacks cb;
   bool cancelled = false;

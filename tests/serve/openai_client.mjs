@@ -1,0 +1,104 @@
+// tpu-serve driven by the official OpenAI client library (npm package `openai`) on 127.0.0.1:
+// chat and completions, streaming, n, logprobs, exact usage with a stop string, 400 for `tools`,
+// models.retrieve. Usage: node openai_client.mjs CLIENT_DIR PORT MODEL. Exit 0 when all pass.
+import { createRequire } from 'node:module';
+import assert from 'node:assert/strict';
+
+const [clientDir, port, model] = process.argv.slice(2);
+const require = createRequire(clientDir + '/package.json');
+const mod = require('openai');
+const OpenAI = mod.OpenAI ?? mod.default ?? mod;
+const client = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: 'none', maxRetries: 0, timeout: 30000 });
+const messages = [{ role: 'user', content: 'hi' }];
+
+async function check(name, f) {
+  await f();
+  console.log(`ok: ${name}`);
+}
+
+await check('chat', async () => {
+  const r = await client.chat.completions.create({ model, messages, max_tokens: 6, temperature: 0, seed: 1 });
+  assert.equal(r.object, 'chat.completion');
+  assert.equal(typeof r.choices[0].message.content, 'string');
+  assert.ok(r.usage.completion_tokens >= 1 && r.usage.completion_tokens <= 6);
+});
+
+await check('chat streaming equals non-streaming', async () => {
+  const body = { model, messages, max_tokens: 8, temperature: 0, ignore_eos: true };
+  const whole = await client.chat.completions.create(body);
+  const stream = await client.chat.completions.create({ ...body, stream: true });
+  let text = '';
+  let finish = null;
+  for await (const chunk of stream) {
+    for (const c of chunk.choices) {
+      text += c.delta.content ?? '';
+      if (c.finish_reason) finish = c.finish_reason;
+    }
+  }
+  assert.equal(text, whole.choices[0].message.content);
+  assert.equal(finish, 'length');
+});
+
+await check('completions n=3', async () => {
+  const r = await client.completions.create({ model, prompt: 'Once', max_tokens: 5, n: 3, seed: 7, temperature: 1, ignore_eos: true });
+  assert.equal(r.choices.length, 3);
+  assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2]);
+  assert.equal(r.usage.completion_tokens, 15);
+});
+
+await check('chat logprobs', async () => {
+  const r = await client.chat.completions.create({ model, messages, max_tokens: 4, temperature: 0, ignore_eos: true, logprobs: true, top_logprobs: 2 });
+  const content = r.choices[0].logprobs.content;
+  assert.equal(content.length, r.usage.completion_tokens);
+  for (const t of content) {
+    assert.ok(t.logprob <= 0);
+    assert.equal(t.top_logprobs.length, 2);
+  }
+});
+
+await check('stop string usage is exact', async () => {
+  // The greedy tokens' texts (one byte each for this byte-level tokenizer's ASCII) from logprobs.
+  // A bias towards lowercase letters and a frequency penalty give this random model ASCII text.
+  const logit_bias = {};
+  for (let c = 97; c <= 122; ++c) logit_bias[String(c)] = 8;
+  const base = { model, prompt: 'The stop', max_tokens: 30, temperature: 0, ignore_eos: true, logit_bias, frequency_penalty: 1 };
+  const plain = await client.completions.create({ ...base, logprobs: 0 });
+  const tokens = plain.choices[0].logprobs.tokens;
+  // Only the leading tokens that are one ASCII character each: their text is the server's.
+  let text = '';
+  for (const t of tokens) {
+    if (!/^[\x20-\x7e]$/.test(t)) break;
+    text += t;
+  }
+  let at = -1;
+  for (let i = 4; i + 1 < text.length && at < 0; ++i) if (/^[A-Za-z0-9 ]{2}$/.test(text.slice(i, i + 2))) at = i;
+  if (at < 0) {
+    console.log('note: no ASCII stop string in the greedy text; stop check not run');
+    return;
+  }
+  const stop = text.slice(at, at + 2);
+  let k = 0;
+  let prefix = '';
+  while (!prefix.includes(stop)) prefix += tokens[k++];
+  const r = await client.completions.create({ ...base, stop });
+  assert.equal(r.choices[0].finish_reason, 'stop');
+  assert.equal(r.usage.completion_tokens, k);
+  assert.equal(r.choices[0].text, text.slice(0, text.indexOf(stop)));
+  console.log(`stop ${JSON.stringify(stop)}: ${k} tokens billed`);
+});
+
+await check('tools is a 400 naming it', async () => {
+  const tools = [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: {} } } }];
+  await assert.rejects(client.chat.completions.create({ model, messages, tools }), (e) => {
+    assert.equal(e.status, 400);
+    assert.equal(e.param, 'tools');
+    return true;
+  });
+});
+
+await check('models.retrieve', async () => {
+  const m = await client.models.retrieve(model);
+  assert.equal(m.id, model);
+  await assert.rejects(client.models.retrieve('no-such-model'), (e) => e.status === 404 && e.code === 'model_not_found');
+});
+console.log('all passed');
