@@ -78,7 +78,7 @@ Val Writer::constant(const Tensor& t0) {
     const auto* b = static_cast<const uint8_t*>(t.raw_data());
     std::vector<std::string> e;
     for (int64_t i = 0; i < t.numel(); ++i) e.push_back(b[i] ? "true" : "false");
-    lit = t.dim() == 0 ? e.at(0) : "[" + fmt::format("{}", fmt::join(e, ", ")) + "]";
+    lit = t.dim() == 0 ? e.at(0) : fmt::format("[{}]", fmt::join(e, ", "));
     if (t.dim() > 1) {  // nested lists for rank > 1: write a splat-free flat list through reshape
       Val flat = constant(t.reshape({t.numel()}));
       return reshape(flat, t.shape());

@@ -13,6 +13,7 @@
 
 #include "ops/cpu/loops.h"
 #include "ops/meta_util.h"
+#include "ops/reduce_common.h"
 #include "ops/reduce_engine.h"
 #include "ops/registry.h"
 #include "tpucore/ops.h"
@@ -21,11 +22,7 @@ namespace tpu {
 namespace {
 using namespace ops;
 
-template <class T>
-inline float to_f(T v) {
-  if constexpr (std::is_same_v<T, float>) return v;
-  else return v.to_f32();
-}
+using reduce::to_f;
 
 // Checks x against normalized_shape and a present weight/bias against it.
 void check_norm_args(const MetaArgs& a, int num_params) {
