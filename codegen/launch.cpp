@@ -270,7 +270,10 @@ void launch(const Device& d, const LoadedProgram& p, const std::string& kernel, 
     o.timing_only = timing_only();
     o.registers = std::move(args);
     t.sim->run_program(stream, p.id, o, [kernel](const sim::RunResult& r) {
-      add_run_stats(kernel, r.stats.cycles, r.stats.hbm_bytes_read + r.stats.hbm_bytes_written, r.stats.mxu_flops);
+      State& s = state();
+      std::lock_guard<std::mutex> lk(s.mu);
+      add_run_stats_locked(s, kernel, r.stats.cycles, r.stats.hbm_bytes_read + r.stats.hbm_bytes_written, r.stats.mxu_flops);
+      if (s.stats.works.size() < CodegenStats::kMaxWorks) s.stats.works.push_back(r.stats.work);
     });
     return;
   }

@@ -100,6 +100,9 @@ void ChipConfig::validate() const {
   need(pos(clock_ghz), "clock_ghz", "must be > 0");
   need(cores_per_chip >= 1 && cores_per_chip <= 64, "cores_per_chip", "must be in [1, 64]");
   need(nonneg(published_peak_tflops), "published_peak_tflops", "must be >= 0");
+  need(nonneg(published_fp8_tflops), "published_fp8_tflops", "must be >= 0");
+  need(std::isfinite(mxu.fp8_cycles_per_row) && (mxu.fp8_cycles_per_row == 0 || mxu.fp8_cycles_per_row >= 0.5),
+       "mxu.fp8_cycles_per_row", "must be 0 (no fp8 rate) or >= 0.5");
   need(mxu.count >= 1 && mxu.count <= 64, "mxu.count", "must be in [1, 64]");
   need(mxu.rows >= 1 && mxu.rows <= 4096, "mxu.rows", "must be in [1, 4096]");
   need(mxu.cols >= 1 && mxu.cols <= 4096, "mxu.cols", "must be in [1, 4096]");
@@ -165,6 +168,7 @@ static ChipConfig config_from_json_checked(const json& j) {
   r.num("clock_ghz", c.clock_ghz);
   r.num("cores_per_chip", c.cores_per_chip);
   r.num("published_peak_tflops", c.published_peak_tflops);
+  r.num("published_fp8_tflops", c.published_fp8_tflops);
   if (r.has("mxu")) {
     Reader m(r.sub("mxu"), "mxu");
     m.num("count", c.mxu.count);
@@ -178,6 +182,7 @@ static ChipConfig config_from_json_checked(const json& j) {
     m.num("bf16_cycles_per_row", c.mxu.bf16_cycles_per_row);
     m.num("f32_cycles_per_row", c.mxu.f32_cycles_per_row);
     m.num("int8_cycles_per_row", c.mxu.int8_cycles_per_row);
+    m.num("fp8_cycles_per_row", c.mxu.fp8_cycles_per_row);
     m.finish();
   }
   if (r.has("vpu")) {
@@ -252,6 +257,7 @@ json config_to_json(const ChipConfig& c) {
   j["clock_ghz"] = c.clock_ghz;
   j["cores_per_chip"] = c.cores_per_chip;
   j["published_peak_tflops"] = c.published_peak_tflops;
+  j["published_fp8_tflops"] = c.published_fp8_tflops;
   j["mxu"] = {{"count", c.mxu.count},
               {"rows", c.mxu.rows},
               {"cols", c.mxu.cols},
@@ -260,7 +266,8 @@ json config_to_json(const ChipConfig& c) {
               {"weight_load_cycles_per_row", c.mxu.weight_load_cycles_per_row},
               {"bf16_cycles_per_row", c.mxu.bf16_cycles_per_row},
               {"f32_cycles_per_row", c.mxu.f32_cycles_per_row},
-              {"int8_cycles_per_row", c.mxu.int8_cycles_per_row}};
+              {"int8_cycles_per_row", c.mxu.int8_cycles_per_row},
+              {"fp8_cycles_per_row", c.mxu.fp8_cycles_per_row}};
   j["vpu"] = {{"sublanes", c.vpu.sublanes},
               {"lanes", c.vpu.lanes},
               {"cycles_per_vreg", c.vpu.cycles_per_vreg},

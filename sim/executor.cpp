@@ -365,7 +365,7 @@ void Executor::exec_dma(size_t idx, const Instr& in) {
   started(u, start, end - xfer, end, idx);
   if (in.a.space == Space::hbm) hbm_read_ += bytes;
   if (in.dst.space == Space::hbm) hbm_written_ += bytes;
-  if (cfg_.timing.calibrated() && bytes > 0) {  // compulsory traffic: the union of the HBM spans touched
+  if (cfg_.timing.calibrated() && bytes > 0) {  // compulsory traffic (Stats::work): the union of the HBM spans touched
     if (in.a.space == Space::hbm) sh_.touched_read.add(g.src, span(in.dma_shape, in.src_stride));
     if (in.dst.space == Space::hbm) sh_.touched_written.add(g.dst, span(in.dma_shape, in.dst_stride));
   }
@@ -635,9 +635,11 @@ RunResult Executor::result(const std::vector<Executor*>& all) {
   }
   s.ideal_cycles = s.cycles;
   s.timing_model = cfg_.timing.model;
-  w.compulsory_bytes = sh_.touched_read.bytes() + sh_.touched_written.bytes();
+  w.compulsory_read_bytes = sh_.touched_read.bytes();
+  w.compulsory_written_bytes = sh_.touched_written.bytes();
   w.traffic_bytes = hbm_read + hbm_written;
   if (cfg_.timing.calibrated()) s.cycles = calibrated_cycles(cfg_, w);
+  s.work = std::move(w);
   s.seconds = s.cycles / (cfg_.clock_ghz * 1e9);
   s.mxu_flops = flops;
   s.hbm_bytes_read = hbm_read;

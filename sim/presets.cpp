@@ -39,6 +39,14 @@ const char* kTiny = R"JSON({
   "dma": {"engines": 2, "latency_cycles": 20, "engine_bytes_per_cycle": 16}
 })JSON";
 
+// v4 figures and their sources (per chip unless "per core"; sim/README.md "Published chip figures"):
+//   published_peak_tflops 275 (bf16): Cloud TPU docs, "TPU v4" system architecture page
+//   fp8: none published (fp8_cycles_per_row 0)
+//   HBM 32 GiB, 1200 GB/s per chip (16 GiB, 600 GB/s per core): Cloud TPU docs, "TPU v4" page
+//   ICI 6 links, 45 GB/s per link and direction, 3-D torus of 4096 chips: the JAX scaling book,
+//     "How to think about TPUs" (ICI table); Cloud TPU docs "TPU v4" (3-D torus, 4096 chips); sim/ici.cpp
+//   VMEM 16 MiB per core: the JAX scaling book (TPU chapter) and the Pallas TPU docs
+//   clock 1.05 GHz: Jouppi et al., ISCA 2023; equals 275e12 / (2 cores x 4 MXU x 128 x 128 x 2)
 const char* kV4 = R"JSON({
   "name": "v4",
   "description": "TPU v4-like TensorCore: 4 MXUs 128x128 at 1.05 GHz; a v4 chip has 2 cores (275 bf16 TFLOP/s, 32 GiB HBM at 1200 GB/s), so one core gets half the HBM.",
@@ -52,7 +60,7 @@ const char* kV4 = R"JSON({
   "published_peak_tflops": 275,
   "mxu": {"count": 4, "rows": 128, "cols": 128, "fill_cycles": 128, "drain_cycles": 128,
           "weight_load_cycles_per_row": 1, "bf16_cycles_per_row": 1,
-          "f32_cycles_per_row": 6, "int8_cycles_per_row": 1},
+          "f32_cycles_per_row": 6, "int8_cycles_per_row": 1, "fp8_cycles_per_row": 0},
   "vpu": {"sublanes": 8, "lanes": 128, "cycles_per_vreg": 1, "latency": 2},
   "eup": {"cycles_per_vreg": 4, "latency": 16},
   "xlu": {"reduce_cycles_per_vreg": 2, "transpose_cycles_per_vreg": 4, "latency": 16},
@@ -63,6 +71,14 @@ const char* kV4 = R"JSON({
              "hbm_efficiency": 0.32, "memory_overlap": 0}
 })JSON";
 
+// v5e figures and their sources:
+//   published_peak_tflops 197 (bf16), int8 393 TOP/s: Cloud TPU docs, "TPU v5e" system architecture page
+//   fp8: none published (fp8_cycles_per_row 0)
+//   HBM 16 GiB, 819 GB/s: Cloud TPU docs, "TPU v5e" page
+//   ICI 4 ports, 400 GB/s bidirectional per chip, 2-D torus of 256 chips: Cloud TPU docs, "TPU v5e";
+//     per link and direction 45 GB/s: the JAX scaling book's ICI table (sim/ici.cpp)
+//   VMEM 128 MiB: the JAX scaling book (TPU chapter); not on Google's pages
+//   clock 1.5 GHz: not published; derived from the peak, 197e12 / (4 MXU x 128 x 128 x 2)
 const char* kV5e = R"JSON({
   "name": "v5e",
   "description": "TPU v5e-like chip: 1 TensorCore, 4 MXUs 128x128 at 1.5 GHz (197 bf16 TFLOP/s), 16 GiB HBM at 819 GB/s, 128 MiB VMEM.",
@@ -75,7 +91,7 @@ const char* kV5e = R"JSON({
   "published_peak_tflops": 197,
   "mxu": {"count": 4, "rows": 128, "cols": 128, "fill_cycles": 128, "drain_cycles": 128,
           "weight_load_cycles_per_row": 1, "bf16_cycles_per_row": 1,
-          "f32_cycles_per_row": 6, "int8_cycles_per_row": 0.5},
+          "f32_cycles_per_row": 6, "int8_cycles_per_row": 0.5, "fp8_cycles_per_row": 0},
   "vpu": {"sublanes": 8, "lanes": 128, "cycles_per_vreg": 1, "latency": 2},
   "eup": {"cycles_per_vreg": 4, "latency": 16},
   "xlu": {"reduce_cycles_per_vreg": 2, "transpose_cycles_per_vreg": 4, "latency": 16},
@@ -86,6 +102,14 @@ const char* kV5e = R"JSON({
              "hbm_efficiency": 0.32, "memory_overlap": 0}
 })JSON";
 
+// v5p figures and their sources:
+//   published_peak_tflops 459 (bf16), fp8 459 (the same rate): Cloud TPU docs, "TPU v5p" and "TPU7x"
+//     pages (the TPU7x page's comparison table)
+//   HBM 95 GiB, 2765 GB/s per chip: Cloud TPU docs, "TPU v5p" page
+//   ICI 1200 GB/s bidirectional per chip, 3-D torus of 8960 chips: Cloud TPU docs, "TPU v5p";
+//     6 links of 90 GB/s per direction: the JAX scaling book's ICI table (sim/ici.cpp)
+//   VMEM: not published; 128 MiB assumed (v5e's)
+//   clock 1.75 GHz: not published; derived from the peak, 459e12 / (2 cores x 4 MXU x 128 x 128 x 2)
 const char* kV5p = R"JSON({
   "name": "v5p",
   "description": "TPU v5p-like TensorCore: 4 MXUs 128x128 at 1.75 GHz; a v5p chip has 2 cores (459 bf16 TFLOP/s, 95 GiB HBM at 2765 GB/s), so one core gets half the HBM.",
@@ -97,9 +121,10 @@ const char* kV5p = R"JSON({
   "clock_ghz": 1.75,
   "cores_per_chip": 2,
   "published_peak_tflops": 459,
+  "published_fp8_tflops": 459,
   "mxu": {"count": 4, "rows": 128, "cols": 128, "fill_cycles": 128, "drain_cycles": 128,
           "weight_load_cycles_per_row": 1, "bf16_cycles_per_row": 1,
-          "f32_cycles_per_row": 6, "int8_cycles_per_row": 0.5},
+          "f32_cycles_per_row": 6, "int8_cycles_per_row": 0.5, "fp8_cycles_per_row": 1},
   "vpu": {"sublanes": 8, "lanes": 128, "cycles_per_vreg": 1, "latency": 2},
   "eup": {"cycles_per_vreg": 4, "latency": 16},
   "xlu": {"reduce_cycles_per_vreg": 2, "transpose_cycles_per_vreg": 4, "latency": 16},
@@ -110,6 +135,16 @@ const char* kV5p = R"JSON({
              "hbm_efficiency": 0.32, "memory_overlap": 0}
 })JSON";
 
+// v6e (Trillium) figures and their sources:
+//   published_peak_tflops 918 (bf16), fp8 918 (the same rate), int8 1836 TOP/s: Cloud TPU docs, "TPU v6e"
+//     and "TPU7x" pages
+//   HBM 32 GiB, 1640 GB/s: Cloud TPU docs, "TPU v6e" page (one revision lists 1638 GBps)
+//   ICI 4 ports, 800 GB/s bidirectional per chip, 2-D torus of 256 chips: Cloud TPU docs, "TPU v6e";
+//     per link and direction 90 GB/s: the JAX scaling book's ICI table (sim/ici.cpp)
+//   VMEM 128 MiB: the JAX scaling book (TPU chapter); not on Google's pages
+//   MXUs: the v6e page names two 256x256 MXUs per TensorCore, which at the published peak would need
+//     a 3.5 GHz clock; the preset keeps the scaling book's four at 1.75 GHz (the same peak)
+//   clock 1.75 GHz: not published; derived from the peak, 918e12 / (4 MXU x 256 x 256 x 2)
 const char* kV6e = R"JSON({
   "name": "v6e",
   "description": "TPU v6e (Trillium)-like chip: 1 TensorCore, 4 MXUs 256x256 at 1.75 GHz (918 bf16 TFLOP/s), 32 GiB HBM at 1640 GB/s, 128 MiB VMEM.",
@@ -119,9 +154,10 @@ const char* kV6e = R"JSON({
   "clock_ghz": 1.75,
   "cores_per_chip": 1,
   "published_peak_tflops": 918,
+  "published_fp8_tflops": 918,
   "mxu": {"count": 4, "rows": 256, "cols": 256, "fill_cycles": 256, "drain_cycles": 256,
           "weight_load_cycles_per_row": 1, "bf16_cycles_per_row": 1,
-          "f32_cycles_per_row": 6, "int8_cycles_per_row": 0.5},
+          "f32_cycles_per_row": 6, "int8_cycles_per_row": 0.5, "fp8_cycles_per_row": 1},
   "vpu": {"sublanes": 8, "lanes": 128, "cycles_per_vreg": 1, "latency": 2},
   "eup": {"cycles_per_vreg": 4, "latency": 16},
   "xlu": {"reduce_cycles_per_vreg": 2, "transpose_cycles_per_vreg": 4, "latency": 16},
@@ -132,6 +168,14 @@ const char* kV6e = R"JSON({
              "hbm_efficiency": 0.32, "memory_overlap": 0}
 })JSON";
 
+// v7 (TPU7x, Ironwood) figures and their sources:
+//   published_peak_tflops 2307 (bf16), fp8 4614 (twice the bf16 rate): Cloud TPU docs, "TPU7x (Ironwood)"
+//     page and "TPU7x performance optimizations" (fp8); Google's Ironwood announcement (4,614 TFLOPs)
+//   HBM 192 GiB, 7370 GB/s per chip: Cloud TPU docs, "TPU7x"; the Ironwood announcement (7.37 TB/s)
+//   ICI 1.2 TB/s bidirectional per chip, 3-D torus, 9216 chips per pod: the Ironwood announcement and
+//     the TPU7x page; 6 links of 100 GB/s per direction = 1.2 TB/s / 6 / 2 (sim/ici.cpp)
+//   VMEM 64 MiB per die: not on Google's pages; a modeling choice (half of v6e's, as the dies split)
+//   clock 2.2 GHz: not published; derived from the peak, 2307e12 / (2 dies x 4 MXU x 256 x 256 x 2)
 const char* kV7 = R"JSON({
   "name": "v7",
   "description": "TPU7x (Ironwood)-like TensorCore die: 4 MXUs 256x256 at 2.2 GHz; a chip has 2 TensorCore dies (2307 bf16 TFLOP/s, 192 GiB HBM at 7370 GB/s), modeled as two devices, so one die gets half the HBM.",
@@ -144,9 +188,10 @@ const char* kV7 = R"JSON({
   "clock_ghz": 2.2,
   "cores_per_chip": 2,
   "published_peak_tflops": 2307,
+  "published_fp8_tflops": 4614,
   "mxu": {"count": 4, "rows": 256, "cols": 256, "fill_cycles": 256, "drain_cycles": 256,
           "weight_load_cycles_per_row": 1, "bf16_cycles_per_row": 1,
-          "f32_cycles_per_row": 6, "int8_cycles_per_row": 0.5},
+          "f32_cycles_per_row": 6, "int8_cycles_per_row": 0.5, "fp8_cycles_per_row": 0.5},
   "vpu": {"sublanes": 8, "lanes": 128, "cycles_per_vreg": 1, "latency": 2},
   "eup": {"cycles_per_vreg": 4, "latency": 16},
   "xlu": {"reduce_cycles_per_vreg": 2, "transpose_cycles_per_vreg": 4, "latency": 16},

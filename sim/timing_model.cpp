@@ -18,6 +18,10 @@ void IntervalUnion::add(uint64_t lo, uint64_t len) {
   bytes_ += hi - lo;
 }
 
+}  // namespace tpu::sim::detail
+
+namespace tpu::sim {
+
 double calibrated_cycles(const ChipConfig& cfg, const CountedWork& w) {
   const TimingConfig& t = cfg.timing;
   // Compute: each core's MXU work spread over its MXUs (narrow N included) at the sustained
@@ -30,11 +34,11 @@ double calibrated_cycles(const ChipConfig& cfg, const CountedWork& w) {
   }
   // Memory: the device's HBM (all its cores' bandwidth) is shared by the cores.
   const double bw = cfg.hbm_bytes_per_cycle() * t.megacore;
-  const double m = double(w.compulsory_bytes) / (bw * t.hbm_efficiency);
+  const double m = double(w.compulsory_bytes()) / (bw * t.hbm_efficiency);
   const double fill = mxu > 0 ? cfg.mxu.fill_cycles : 0;
   const double priced = fill + std::max(c, m) + (1 - t.memory_overlap) * std::min(c, m);
   // Re-reads of a tiled kernel hide under compute, but never beyond the peak bandwidth.
   return t.launch_cycles + std::max(priced, double(w.traffic_bytes) / bw);
 }
 
-}  // namespace tpu::sim::detail
+}  // namespace tpu::sim
