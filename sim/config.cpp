@@ -146,6 +146,11 @@ void ChipConfig::validate() const {
   need(pos(timing.mxu_efficiency) && timing.mxu_efficiency <= 1, "timing.mxu_efficiency", "must be in (0, 1]");
   need(pos(timing.hbm_efficiency) && timing.hbm_efficiency <= 1, "timing.hbm_efficiency", "must be in (0, 1]");
   need(nonneg(timing.memory_overlap) && timing.memory_overlap <= 1, "timing.memory_overlap", "must be in [0, 1]");
+  need(nonneg(timing.wide_hbm_efficiency) && timing.wide_hbm_efficiency <= 1, "timing.wide_hbm_efficiency",
+       "must be in [0, 1] (0: as hbm_efficiency)");
+  need(nonneg(timing.reduce_cycles), "timing.reduce_cycles", "must be >= 0");
+  need(nonneg(timing.dma_cycles), "timing.dma_cycles", "must be >= 0");
+  need(nonneg(timing.weight_load_exposed) && timing.weight_load_exposed <= 1, "timing.weight_load_exposed", "must be in [0, 1]");
 }
 
 static ChipConfig config_from_json_checked(const json& j);
@@ -237,6 +242,10 @@ static ChipConfig config_from_json_checked(const json& j) {
     t.num("mxu_efficiency", c.timing.mxu_efficiency);
     t.num("hbm_efficiency", c.timing.hbm_efficiency);
     t.num("memory_overlap", c.timing.memory_overlap);
+    t.num("wide_hbm_efficiency", c.timing.wide_hbm_efficiency);
+    t.num("reduce_cycles", c.timing.reduce_cycles);
+    t.num("dma_cycles", c.timing.dma_cycles);
+    t.num("weight_load_exposed", c.timing.weight_load_exposed);
     t.finish();
   }
   r.finish();
@@ -288,7 +297,11 @@ json config_to_json(const ChipConfig& c) {
                  {"megacore", c.timing.megacore},
                  {"mxu_efficiency", c.timing.mxu_efficiency},
                  {"hbm_efficiency", c.timing.hbm_efficiency},
-                 {"memory_overlap", c.timing.memory_overlap}};
+                 {"memory_overlap", c.timing.memory_overlap},
+                 {"wide_hbm_efficiency", c.timing.wide_hbm_efficiency},
+                 {"reduce_cycles", c.timing.reduce_cycles},
+                 {"dma_cycles", c.timing.dma_cycles},
+                 {"weight_load_exposed", c.timing.weight_load_exposed}};
   j["dma"] = {{"engines", c.dma.engines},
               {"latency_cycles", c.dma.latency_cycles},
               {"engine_bytes_per_cycle", c.dma.engine_bytes_per_cycle}};

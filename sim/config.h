@@ -80,6 +80,13 @@ struct TimingConfig {
   double mxu_efficiency = 1;       // fraction of the MXU peak a kernel sustains, (0, 1]
   double hbm_efficiency = 1;       // fraction of the HBM bandwidth a kernel sustains, (0, 1]
   double memory_overlap = 1;       // fraction of min(compute, memory) hidden, [0, 1]
+  // Fraction of the HBM bandwidth sustained by kernels that store no 16-bit vector results
+  // (row reductions, f32 results, copies); 0 = hbm_efficiency. A kernel's memory time weighs the
+  // two fractions by the share of its written bytes that vector ops stored as 16-bit results.
+  double wide_hbm_efficiency = 0;
+  double reduce_cycles = 0;        // fixed cost of a program that reduces rows on the cross-lane unit
+  double dma_cycles = 0;           // fixed cost per DMA a program issues (descriptor, small-transfer overhead)
+  double weight_load_exposed = 0;  // fraction of the MXU weight-load cycles not hidden under streaming, [0, 1]
   bool calibrated() const { return model == "calibrated"; }
 };
 

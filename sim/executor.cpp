@@ -121,6 +121,10 @@ class Executor {
     CoreWork w;
     for (int j = 0; j < cfg_.mxu.count; ++j) w.mxu_stream_cycles += units_[size_t(mxu_unit(j))].busy;
     for (int u : {vpu_unit(), eup_unit(), xlu_unit()}) w.vector_cycles = std::max(w.vector_cycles, units_[size_t(u)].busy);
+    for (int j = 0; j < cfg_.mxu.count; ++j) w.mxu_weight_cycles += units_[size_t(wl_unit(j))].busy;
+    w.xlu_cycles = units_[size_t(xlu_unit())].busy;
+    w.narrow_store_bytes = narrow_store_bytes_;
+    w.dmas = double(dma_seq_);
     return w;
   }
   int wl_unit(int j) const { return 1 + cfg_.mxu.count + j; }
@@ -307,7 +311,7 @@ class Executor {
   std::vector<uint8_t> tmp_;
   std::vector<float> scratch_a_, scratch_c_;
   // stats
-  double flops_ = 0, vec_elems_ = 0;
+  double flops_ = 0, vec_elems_ = 0, narrow_store_bytes_ = 0;
   std::array<double, 4> mode_flops_{};  // MXU FLOPs per MxuMode (bf16, f32, i8, bf16x3)
   uint64_t hbm_read_ = 0, hbm_written_ = 0, dma_bytes_ = 0, dyn_ = 0;
 };
@@ -470,6 +474,7 @@ void Executor::exec_vector(size_t idx, const Instr& in) {
   max_t_ = std::max(max_t_, end + lat);
   board_add(acc, u, end, end + lat);
   vec_elems_ += double(in.rows) * double(in.cols);
+  if (dtype_size(in.dst.dtype) == 2) narrow_store_bytes_ += 2.0 * double(dshape[0]) * double(dshape[1]);
   if (func_) {
     if (x) xlu_exec(in.op, d, a, in.rows, in.cols, in.axis);
     else vector_exec(in.op, d, a, b, c, in.rows, in.cols, in.fimm);

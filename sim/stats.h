@@ -19,6 +19,10 @@ struct UnitStats {
 struct CoreWork {
   double mxu_stream_cycles = 0;  // streaming cycles summed over the core's MXUs (padding included)
   double vector_cycles = 0;      // busy cycles of the core's busiest of vpu, eup, xlu
+  double mxu_weight_cycles = 0;  // weight-load cycles summed over the core's MXUs
+  double xlu_cycles = 0;         // busy cycles of the cross-lane unit (row reductions, transposes)
+  double narrow_store_bytes = 0; // bytes vector ops wrote as 16-bit results (packed stores)
+  double dmas = 0;               // DMAs issued
 };
 struct CountedWork {
   std::vector<CoreWork> cores;           // one per TensorCore the program ran on (1 unless megacore)

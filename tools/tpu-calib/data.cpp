@@ -45,11 +45,16 @@ std::string op_of(const std::string& name) {
 
 const std::vector<SetSpec>& set_specs() {
   static const std::vector<SetSpec> s = {
-      {"matmul_128.csv", "matmul_128", Kind::matmul, 10},     {"matmul_1024.csv", "matmul_1024", Kind::matmul, 11},
-      {"matmul_4096.csv", "matmul_4096", Kind::matmul, 10},   {"matmul_large.csv", "matmul_large", Kind::matmul, 15},
-      {"ele.csv", "ele", Kind::binary, 10},                   {"add_2d_1.csv", "add_2d", Kind::binary, 10},
-      {"relu1.csv", "relu", Kind::unary, 10},                 {"act1.csv", "act1", Kind::unary, 10},
-      {"act2.csv", "act2", Kind::unary, 10},                  {"layer_norm3_calls.csv", "norm", Kind::norm, 10}};
+      {"matmul_128.csv", "matmul_128", Kind::matmul, 10, false, true},
+      {"matmul_1024.csv", "matmul_1024", Kind::matmul, 11, false, true},
+      {"matmul_4096.csv", "matmul_4096", Kind::matmul, 10, false, true},
+      {"matmul_large.csv", "matmul_large", Kind::matmul, 15, true, false},
+      {"ele.csv", "ele", Kind::binary, 10, false, true},
+      {"add_2d_1.csv", "add_2d", Kind::binary, 10, true, true},
+      {"relu1.csv", "relu", Kind::unary, 10, false, true},
+      {"act1.csv", "act1", Kind::unary, 10, true, true},
+      {"act2.csv", "act2", Kind::unary, 10, true, true},
+      {"layer_norm3_calls.csv", "norm", Kind::norm, 10, true, true}};
   return s;
 }
 

@@ -24,6 +24,8 @@ struct SetSpec {
   const char* set;
   Kind kind;
   double max_mape;   // the calibration target for this set (percent)
+  bool r2_target;    // R^2 >= 0.98 is a target (the sets that span more than 10x, added with it)
+  bool fitted;       // the constants are fitted to it (matmul_large is reported only, see main.cpp)
 };
 
 // Every set the report reads, in report order, with its MAPE target.

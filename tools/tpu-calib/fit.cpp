@@ -20,19 +20,29 @@ const std::vector<Knob>& knobs() {
       {"launch_cycles", [](sim::ChipConfig& c) -> double& { return c.timing.launch_cycles; }, 100, 5000},
       {"mxu_efficiency", [](sim::ChipConfig& c) -> double& { return c.timing.mxu_efficiency; }, 0.05, 1},
       {"hbm_efficiency", [](sim::ChipConfig& c) -> double& { return c.timing.hbm_efficiency; }, 0.05, 1},
+      {"wide_hbm_efficiency", [](sim::ChipConfig& c) -> double& { return c.timing.wide_hbm_efficiency; }, 0.05, 1},
+      {"reduce_cycles", [](sim::ChipConfig& c) -> double& { return c.timing.reduce_cycles; }, 1, 5000},
+      {"dma_cycles", [](sim::ChipConfig& c) -> double& { return c.timing.dma_cycles; }, 0.1, 1000},
+      {"weight_load_exposed", [](sim::ChipConfig& c) -> double& { return c.timing.weight_load_exposed; }, 0.01, 1},
   };
   return k;
 }
 
-double objective(const sim::ChipConfig& cfg, const std::vector<const Sample*>& train, size_t sets) {
+double objective(const sim::ChipConfig& cfg, const std::vector<const Sample*>& train, const Objective& obj) {
+  const size_t sets = obj.max_mape.size();
   std::vector<double> err(sets, 0), n(sets, 0);
   for (const Sample* s : train) {
+    if (!obj.fitted[s->set]) continue;
     err[s->set] += std::abs(priced_us(cfg, *s) - s->measured_us) / s->measured_us;
     n[s->set] += 1;
   }
   double sum = 0, used = 0;
-  for (size_t i = 0; i < sets; ++i)
-    if (n[i] > 0) sum += err[i] / n[i], used += 1;
+  for (size_t i = 0; i < sets; ++i) {
+    if (n[i] == 0) continue;
+    const double mape = 100 * err[i] / n[i];
+    sum += mape + 5 * std::max(0.0, mape - obj.max_mape[i]);
+    used += 1;
+  }
   return used > 0 ? sum / used : 0;
 }
 
@@ -69,20 +79,22 @@ const std::vector<std::string>& fitted_constants() {
   return names;
 }
 
-sim::ChipConfig refit(const sim::ChipConfig& start, const std::vector<const Sample*>& train, size_t sets) {
+sim::ChipConfig refit(const sim::ChipConfig& start, const std::vector<const Sample*>& train, const Objective& obj) {
   sim::ChipConfig best = start;
-  double best_obj = objective(best, train, sets);
+  double best_obj = objective(best, train, obj);
   // Multiplicative coordinate search: each constant tries x (1 +- step) while that helps; the
   // step halves when no constant moves (bounded: at most 12 halvings).
   double step = 0.25;
   for (int round = 0; round < 200 && step > 1e-3; ++round) {
     bool moved = false;
     for (const Knob& k : knobs()) {
+      sim::ChipConfig probe = start;
+      if (k.ref(probe) == 0) continue;  // not a constant of this chip's model
       for (double dir : {1.0, -1.0}) {
         sim::ChipConfig c = best;
         double& v = k.ref(c);
         v = std::clamp(v * (1 + dir * step), k.lo, k.hi);
-        const double o = objective(c, train, sets);
+        const double o = objective(c, train, obj);
         if (o < best_obj - 1e-9) best = c, best_obj = o, moved = true;
       }
     }
@@ -91,14 +103,14 @@ sim::ChipConfig refit(const sim::ChipConfig& start, const std::vector<const Samp
   return best;
 }
 
-std::vector<double> cross_validate(const sim::ChipConfig& start, const std::vector<Sample>& samples, size_t sets, int folds,
-                                   std::vector<sim::ChipConfig>* fold_cfgs) {
+std::vector<double> cross_validate(const sim::ChipConfig& start, const std::vector<Sample>& samples, const Objective& obj,
+                                   int folds, std::vector<sim::ChipConfig>* fold_cfgs) {
   std::vector<double> pred(samples.size(), 0);
   for (int f = 0; f < folds; ++f) {
     std::vector<const Sample*> train;
     for (const auto& s : samples)
       if (int(s.fold_key % size_t(folds)) != f) train.push_back(&s);
-    const sim::ChipConfig cfg = refit(start, train, sets);
+    const sim::ChipConfig cfg = refit(start, train, obj);
     if (fold_cfgs) fold_cfgs->push_back(cfg);
     for (size_t i = 0; i < samples.size(); ++i)
       if (int(samples[i].fold_key % size_t(folds)) == f) pred[i] = priced_us(cfg, samples[i]);

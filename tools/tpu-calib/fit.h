@@ -32,13 +32,20 @@ double priced_us(const sim::ChipConfig& cfg, const Sample& s);
 // The constants the fit moves (TimingConfig fields), by name.
 const std::vector<std::string>& fitted_constants();
 
-// Minimizes the mean over sets of the per-set MAPE on `train` by coordinate search over the
-// fitted constants, starting from `start`.
-sim::ChipConfig refit(const sim::ChipConfig& start, const std::vector<const Sample*>& train, size_t sets);
+// The fit's objective: the mean over the fitted sets of their MAPE, plus 5x every point a set's
+// MAPE exceeds its target (so no set is traded away for the others).
+struct Objective {
+  std::vector<double> max_mape;  // per set, percent
+  std::vector<bool> fitted;      // per set
+};
+
+// Minimizes the objective on `train` by coordinate search over the fitted constants that are in
+// use (nonzero) in `start`, starting from their values there.
+sim::ChipConfig refit(const sim::ChipConfig& start, const std::vector<const Sample*>& train, const Objective& obj);
 
 // k-fold cross-validation: the held-out prediction of every sample (same order as `samples`),
 // and the constants fitted on each fold's complement (in `fold_cfgs`).
-std::vector<double> cross_validate(const sim::ChipConfig& start, const std::vector<Sample>& samples, size_t sets, int folds,
-                                   std::vector<sim::ChipConfig>* fold_cfgs);
+std::vector<double> cross_validate(const sim::ChipConfig& start, const std::vector<Sample>& samples, const Objective& obj,
+                                   int folds, std::vector<sim::ChipConfig>* fold_cfgs);
 
 }  // namespace tpu::calib

@@ -53,10 +53,11 @@ std::string r2_text(const Fit& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string dir = TPU_CALIB_DATA_DIR, chip = "v4", paths = "eager,compiled", csv_path, sets_list, cv_path = "compiled";
+  std::string dir = TPU_CALIB_DATA_DIR, chip = "v4", paths = "eager,compiled", csv_path, works_path, sets_list, cv_path = "compiled",
+              skip_targets;
   int64_t stride = 1, worst = 3, folds = 2;
   double max_mape = -1, min_r2 = -1, max_ele_mape = -1;
-  bool set_targets = false;
+  bool set_targets = false, cv_targets = false;
   tpu::cli::Parser p("tpu-calib", "Simulated against measured TPU v4 kernel times: MAPE, R^2, worst rows and cross-validation per set.");
   p.value("--data", "DIR", "folder of the measured CSVs (default: the in-tree sim/calibration/tpu_v4)",
           [&](const std::string& v) { dir = v; });
@@ -75,10 +76,18 @@ int main(int argc, char** argv) {
   p.value("--min-r2", "R2", "fail when their R^2 is below", [&](const std::string& v) { min_r2 = p.to_double(v); });
   p.value("--max-ele-mape", "PCT", "fail when the MAPE of ele and relu together is above",
           [&](const std::string& v) { max_ele_mape = p.to_double(v); });
-  p.flag("--set-targets", "fail when a set misses its own target (MAPE: matmul_large 15%, matmul_1024 11%, "
-         "others 10%; R^2 >= 0.98 where a set spans more than 10x), in-sample or cross-validated",
+  p.flag("--cv-targets", "also fail when a cross-validated figure misses its set's target", [&] { cv_targets = true; });
+  p.flag("--set-targets", "fail when a set misses its own target with the chip's constants (MAPE: matmul_large "
+         "15%, matmul_1024 11%, others 10%; R^2 >= 0.98 for matmul_large, add_2d, act1, act2 and norm where they span "
+         "more than 10x); --skip-targets SETS exempts sets",
          [&] { set_targets = true; });
+  p.value("--skip-targets", "LIST", "sets --set-targets does not hold to their targets (reported all the same)",
+          [&](const std::string& v) { skip_targets = v; });
   p.value("--csv", "FILE", "write every row's measured and simulated time", [&](const std::string& v) { csv_path = v; });
+  p.value("--works", "FILE", "write every row's counted work per kernel (one line per kernel: set, row, path, measured_us, "
+          "kernel, cores, per core MXU streaming, vector, weight-load and cross-lane cycles, 16-bit stored bytes and DMAs, "
+          "compulsory read and written bytes, HBM traffic)",
+          [&](const std::string& v) { works_path = v; });
   if (auto rc = p.parse(argc, argv)) return *rc;
   if (folds < 0 || folds == 1 || folds > 10) {
     std::fprintf(stderr, "tpu-calib: --folds must be 0 or 2..10, got %ld\n", long(folds));
@@ -105,6 +114,11 @@ int main(int argc, char** argv) {
       return 2;
     }
     std::fprintf(csv, "set,kernel,path,measured_us,simulated_us,kernels\n");
+  }
+  std::FILE* works = nullptr;
+  if (!works_path.empty() && !(works = std::fopen(works_path.c_str(), "w"))) {
+    std::fprintf(stderr, "tpu-calib: cannot write %s\n", works_path.c_str());
+    return 2;
   }
   tpu::codegen::set_timing_only(true);
   const tpu::sim::ChipConfig cfg = tpu::device::sim_device(0).config();
@@ -147,6 +161,15 @@ int main(int argc, char** argv) {
         if (csv)
           std::fprintf(csv, "%s,\"%s\",%s,%.6g,%.6g,%d\n", set.c_str(), r.name.c_str(), path.c_str(), r.measured_us, sim.us,
                        sim.kernels);
+        for (size_t k = 0; works && k < sim.works.size(); ++k) {
+          const auto& w = sim.works[k];
+          std::fprintf(works, "%s,\"%s\",%s,%.6g,%zu,%zu", set.c_str(), r.name.c_str(), path.c_str(), r.measured_us, k, w.cores.size());
+          for (const auto& c : w.cores)
+            std::fprintf(works, ",%.6g,%.6g,%.6g,%.6g,%.6g,%.6g", c.mxu_stream_cycles, c.vector_cycles, c.mxu_weight_cycles,
+                         c.xlu_cycles, c.narrow_store_bytes, c.dmas);
+          std::fprintf(works, ",%llu,%llu,%llu\n", (unsigned long long)w.compulsory_read_bytes,
+                       (unsigned long long)w.compulsory_written_bytes, (unsigned long long)w.traffic_bytes);
+        }
         worst_rows[si].push_back({std::abs(sim.us - r.measured_us) / r.measured_us, &r, sim.us});
         samples.push_back({si, ri, r.measured_us, std::move(sim.works)});
         if (set == "matmul_128" || set == "matmul_1024" || set == "matmul_4096") mm_m.push_back(r.measured_us), mm_s.push_back(sim.us);
@@ -159,10 +182,11 @@ int main(int argc, char** argv) {
       if (not_applicable) notes += std::to_string(not_applicable) + " compiled only; ";
       if (kernel_mismatch) notes += std::to_string(kernel_mismatch) + " with another kernel count than XLA's; ";
       std::printf("%-13s %6zu %9.2f %s %8.1f  %s\n", set.c_str(), f.n, f.mape, r2_text(f).c_str(), f.span, notes.c_str());
-      if (set_targets && f.n > 0) {
+      if (set_targets && f.n > 0 && !(skip_targets.size() && listed(skip_targets, set))) {
         if (f.mape > specs[si].max_mape)
           ok = false, std::printf("FAIL: %s %s MAPE above %.0f%%\n", path.c_str(), set.c_str(), specs[si].max_mape);
-        if (f.span > kSpanForR2 && f.r2 < 0.98) ok = false, std::printf("FAIL: %s %s R^2 below 0.98\n", path.c_str(), set.c_str());
+        if (specs[si].r2_target && f.span > kSpanForR2 && f.r2 < 0.98)
+          ok = false, std::printf("FAIL: %s %s R^2 below 0.98\n", path.c_str(), set.c_str());
       }
     }
     Fit mm = tpu::calib::score(mm_m, mm_s), el = tpu::calib::score(el_m, el_s);
@@ -183,12 +207,17 @@ int main(int argc, char** argv) {
 
     if (folds == 0 || path != cv_path || !cfg.timing.calibrated() || samples.empty()) continue;
     std::vector<tpu::sim::ChipConfig> fold_cfgs;
-    const auto pred = tpu::calib::cross_validate(cfg, samples, specs.size(), int(folds), &fold_cfgs);
+    tpu::calib::Objective obj;
+    for (const auto& sp : specs) obj.max_mape.push_back(sp.max_mape), obj.fitted.push_back(sp.fitted);
+    const auto pred = tpu::calib::cross_validate(cfg, samples, obj, int(folds), &fold_cfgs);
     std::printf("\n%s path, %ld-fold cross-validation (constants re-fitted on %ld of %ld folds of every set, held-out fold predicted)\n",
                 path.c_str(), long(folds), long(folds - 1), long(folds));
-    for (size_t f = 0; f < fold_cfgs.size(); ++f)
-      std::printf("  fold %zu: launch %.0f cycles, mxu_efficiency %.3f, hbm_efficiency %.3f\n", f,
-                  fold_cfgs[f].timing.launch_cycles, fold_cfgs[f].timing.mxu_efficiency, fold_cfgs[f].timing.hbm_efficiency);
+    for (size_t f = 0; f < fold_cfgs.size(); ++f) {
+      const auto& t = fold_cfgs[f].timing;
+      std::printf("  fold %zu: launch %.0f, mxu_efficiency %.3f, hbm_efficiency %.3f, wide_hbm_efficiency %.3f, reduce %.0f, "
+                  "dma %.1f, weight_load_exposed %.3f\n", f, t.launch_cycles, t.mxu_efficiency, t.hbm_efficiency,
+                  t.wide_hbm_efficiency, t.reduce_cycles, t.dma_cycles, t.weight_load_exposed);
+    }
     std::printf("%-13s %6s %9s %8s   %s\n", "set", "rows", "CV MAPE %", "CV R^2", "(in-sample MAPE %)");
     for (size_t si = 0; si < specs.size(); ++si) {
       std::vector<double> m, s;
@@ -197,14 +226,16 @@ int main(int argc, char** argv) {
       if (m.empty()) continue;
       Fit f = tpu::calib::score(m, s);
       std::printf("%-13s %6zu %9.2f %s   (%.2f)\n", specs[si].set, f.n, f.mape, r2_text(f).c_str(), fits[si].mape);
-      if (set_targets) {
+      if (cv_targets && !(skip_targets.size() && listed(skip_targets, specs[si].set))) {
         if (f.mape > specs[si].max_mape)
           ok = false, std::printf("FAIL: cross-validated %s MAPE above %.0f%%\n", specs[si].set, specs[si].max_mape);
-        if (f.span > kSpanForR2 && f.r2 < 0.98) ok = false, std::printf("FAIL: cross-validated %s R^2 below 0.98\n", specs[si].set);
+        if (specs[si].r2_target && f.span > kSpanForR2 && f.r2 < 0.98)
+          ok = false, std::printf("FAIL: cross-validated %s R^2 below 0.98\n", specs[si].set);
       }
     }
   }
   if (csv) std::fclose(csv);
+  if (works) std::fclose(works);
   std::printf("\n%s\n", ok ? "PASS" : "FAIL");
   return ok ? 0 : 1;
 }

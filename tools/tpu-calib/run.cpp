@@ -8,6 +8,7 @@
 #include "tpucore/compile.h"
 #include "tpucore/devices.h"
 #include "tpucore/ops.h"
+#include "tpucore/streams.h"
 
 namespace tpu::calib {
 namespace {
@@ -34,8 +35,12 @@ Tensor unary(const std::string& op, const Tensor& x) {
   if (op == "relu") return tpu::relu(x);
   if (op == "sigmoid") return tpu::sigmoid(x);
   if (op == "tanh") return tpu::tanh(x);
-  if (op == "linear") return tpu::mul(x, 1.0);  // a copy kernel (jit of the identity still writes the output)
-  if (op == "binary_step") return tpu::where(tpu::gt(x, 0.0), tpu::ones_like(x), tpu::zeros_like(x));
+  // XLA's identity is a copy kernel through the vector unit; the library folds x * 1 into a DMA
+  // copy, so the stand-in is a one-op vector kernel of the same traffic.
+  if (op == "linear") return tpu::mul(x, 0.5);
+  // where(x > 0, 1, 0) with Python ints: JAX's weak typing gives an int32 result; the stand-in
+  // stores the same 4 bytes per element as f32 (the simulated chip casts to i32 on the host).
+  if (op == "binary_step") return tpu::to(tpu::gt(x, 0.0), tpu::DType::f32);
   if (op == "leaky_relu") return tpu::where(tpu::gt(x, 0.0), x, tpu::mul(x, 0.01));
   if (op == "parametric_relu") return tpu::where(tpu::gt(x, 0.0), x, tpu::mul(x, 0.25));
   if (op == "elu") return tpu::where(tpu::gt(x, 0.0), x, tpu::sub(tpu::exp(x), 1.0));
@@ -75,47 +80,37 @@ Simulated measure(const std::function<void()>& call) {
 //   layer_norm: sum (reads x) | sum of squared deviations (reads x) | the variance ([N, L]) |
 //               its square root + eps ([N, L]) | (x - mean) / std * gamma + beta (reads x, writes f32)
 Simulated simulate_norm(const Row& r, bool compiled) {
+  if (!compiled) {  // eagerly, XLA's multi-op fusions would be several kernels each
+    Simulated out;
+    out.why = "compiled only (XLA's fusions are compositions of library ops)";
+    return out;
+  }
   const int64_t n = r.shape[0], l = r.shape[1], h = r.shape[2];
   Tensor x = tpu::empty({n, l, h}, {k16, kDev});
   Tensor g = tpu::empty({h}, {tpu::DType::f32, kDev}), b = tpu::empty({h}, {tpu::DType::f32, kDev});
   Tensor m = tpu::empty({n, l, 1}, {tpu::DType::f32, kDev});
   const double inv_h = 1.0 / double(h);
-  auto sumsq = [](const Tensor& x) {
-    Tensor f = x.to(tpu::DType::f32);
-    return tpu::sum(tpu::mul(f, f), {-1}, true);
-  };
-  auto sumdev = [](const Tensor& x, const Tensor& m) {
-    Tensor d = tpu::sub(x.to(tpu::DType::f32), m);
-    return tpu::sum(tpu::mul(d, d), {-1}, true);
-  };
-  auto rms_out = [](const Tensor& x, const Tensor& r, const Tensor& g) { return tpu::mul(tpu::mul(x.to(tpu::DType::f32), r), g); };
-  auto ln_out = [](const Tensor& x, const Tensor& m, const Tensor& s, const Tensor& g, const Tensor& b) {
-    return tpu::add(tpu::mul(tpu::div(tpu::sub(x.to(tpu::DType::f32), m), s), g), b);
-  };
-  auto small = [inv_h](const Tensor& v) { return tpu::rsqrt(tpu::add(tpu::mul(v, inv_h), 1e-6)); };
-  auto scale = [inv_h](const Tensor& v) { return tpu::mul(v, inv_h); };
-  auto sqrt_eps = [](const Tensor& v) { return tpu::sqrt(tpu::add(v, 1e-6)); };
-  if (compiled) {
-    auto f_sumsq = tpu::compile(sumsq, {.name = "calib_sumsq"});
-    auto f_sumdev = tpu::compile(sumdev, {.name = "calib_sumdev"});
-    auto f_rms_out = tpu::compile(rms_out, {.name = "calib_rms_out"});
-    auto f_ln_out = tpu::compile(ln_out, {.name = "calib_ln_out"});
-    auto f_small = tpu::compile(small, {.name = "calib_rsqrt"});
-    auto f_scale = tpu::compile(scale, {.name = "calib_scale"});
-    auto f_sqrt = tpu::compile(sqrt_eps, {.name = "calib_sqrt"});
-    if (r.op == "rms_norm")
-      return measure([&] { (void)f_rms_out(x, f_small(f_sumsq(x)), g); });
-    return measure([&] {
-      Tensor s = f_sumdev(x, m);
-      (void)f_sumsq(x);  // the first pass (XLA: convert_reduce_fusion; reads x like the sum)
-      (void)f_ln_out(x, m, f_sqrt(f_scale(s)), g, b);
-    });
-  }
-  if (r.op == "rms_norm") return measure([&] { (void)rms_out(x, small(sumsq(x)), g); });
+  // XLA's reduction fusions read x's bytes once and write an f32 [N, L]. The library's row sum
+  // over x's bytes seen as f32 [N, L, H/2] moves the same bytes in one kernel and stores f32 (a
+  // sum of bf16 into f32 is a cast and a sum in the library, two kernels); the squares or
+  // deviations XLA forms on the way are vector work under that traffic.
+  Tensor x_bytes = tpu::empty({n, l, h / 2}, {tpu::DType::f32, kDev});
+  auto f_reduce = [&x_bytes](const Tensor&) { return tpu::sum(x_bytes, {-1}, true); };
+  auto f_rms_out = tpu::compile([](const Tensor& x, const Tensor& r, const Tensor& g) { return tpu::mul(tpu::mul(x.to(tpu::DType::f32), r), g); },
+                                {.name = "calib_rms_out"});
+  auto f_ln_out = tpu::compile(
+      [](const Tensor& x, const Tensor& m, const Tensor& s, const Tensor& g, const Tensor& b) {
+        return tpu::add(tpu::mul(tpu::div(tpu::sub(x.to(tpu::DType::f32), m), s), g), b);
+      },
+      {.name = "calib_ln_out"});
+  auto f_rsqrt = tpu::compile([inv_h](const Tensor& v) { return tpu::rsqrt(tpu::add(tpu::mul(v, inv_h), 1e-6)); }, {.name = "calib_rsqrt"});
+  auto f_scale = tpu::compile([inv_h](const Tensor& v) { return tpu::mul(v, inv_h); }, {.name = "calib_scale"});
+  auto f_sqrt = tpu::compile([](const Tensor& v) { return tpu::sqrt(tpu::add(v, 1e-6)); }, {.name = "calib_sqrt"});
+  if (r.op == "rms_norm") return measure([&] { (void)f_rms_out(x, f_rsqrt(f_reduce(x)), g); });
   return measure([&] {
-    Tensor s = sumdev(x, m);
-    (void)sumsq(x);
-    (void)ln_out(x, m, sqrt_eps(scale(s)), g, b);
+    (void)f_reduce(x);            // the mean's pass over x
+    Tensor s = f_reduce(x);       // the squared deviations' pass over x
+    (void)f_ln_out(x, m, f_sqrt(f_scale(s)), g, b);
   });
 }
 
@@ -133,7 +128,11 @@ Simulated simulate(const Row& r, bool compiled) {
   }
   const std::string op = r.op;
   if (r.kind == Kind::unary) {
-    if (!compiled && !single_op(op)) return {.ok = false, .why = "compiled only (a composition of library ops)"};
+    if (!compiled && !single_op(op)) {
+      Simulated out;
+      out.why = "compiled only (a composition of library ops)";
+      return out;
+    }
     if (compiled) {
       auto f = tpu::compile([op](const Tensor& x) { return unary(op, x); }, {.name = "calib_" + op});
       return measure([&] { (void)f(a); });
