@@ -259,8 +259,11 @@ def fit(meas, sim):
 def calibration(build, tmp):
     sets = [("matmul, dims 16-128", ["matmul_128"]), ("matmul, dims 128-1024", ["matmul_1024"]),
             ("matmul, dims 1024-4096", ["matmul_4096"]),
-            ("all matmuls", ["matmul_128", "matmul_1024", "matmul_4096"]), ("elementwise", ["ele"]),
-            ("relu", ["relu"]), ("elementwise + relu", ["ele", "relu"])]
+            ("all matmuls", ["matmul_128", "matmul_1024", "matmul_4096"]),
+            ("matmul, large irregular 1024-4084", ["matmul_large"]), ("elementwise", ["ele"]),
+            ("2-D add", ["add_2d"]), ("relu", ["relu"]), ("elementwise + relu", ["ele", "relu"]),
+            ("activations, small shapes (act1)", ["act1"]), ("activations, 128-8192 (act2)", ["act2"]),
+            ("layer_norm / rms_norm, per call", ["norm"])]
     rows = {}
     for chip in ("v4", "v4-ideal"):
         out = os.path.join(tmp, f"calib_{chip}.csv")
@@ -275,13 +278,14 @@ def calibration(build, tmp):
         for chip, path in (("v4-ideal", "eager"), ("v4", "eager"), ("v4", "compiled")):
             sel = [r for r in rows[chip] if r["set"] in names and r["path"] == path]
             n, mape, r2 = fit([float(r["measured_us"]) for r in sel], [float(r["simulated_us"]) for r in sel])
-            cells.append((n, f"{mape:.1f}% / {r2:.3f}"))
-        lines.append(f"| {label} | {cells[0][0]} | {cells[0][1]} | {cells[1][1]} | {cells[2][1]} |")
+            cells.append((n, f"{mape:.1f}% / {r2:.3f}" if n else "– (compiled only)"))
+        n = max(c[0] for c in cells)
+        lines.append(f"| {label} | {n} | {cells[0][1]} | {cells[1][1]} | {cells[2][1]} |")
     write_region("simulator.md", "calibration", "\n".join(lines))
     series = []
     for chip, colour, label in (("v4-ideal", "#d62728", "v4-ideal (event timeline)"),
                                 ("v4", "#1f77b4", "v4 (calibrated)")):
-        pts = [(float(r["measured_us"]), float(r["simulated_us"])) for r in rows[chip] if r["path"] == "eager"]
+        pts = [(float(r["measured_us"]), float(r["simulated_us"])) for r in rows[chip] if r["path"] == "compiled"]
         series.append((label, colour, pts))
     svg_plot(os.path.join(FIGS, "calibration_scatter.svg"),
              "TPU v4 kernels: simulated against measured time (tpu-calib, in-tree rows)",
