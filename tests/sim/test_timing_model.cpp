@@ -124,6 +124,13 @@ TEST_CASE("timing config: bad values are errors naming the field", "[sim][timing
   expect_err(with("hbm_efficiency", -1), "timing.hbm_efficiency");
   expect_err(with("memory_overlap", 2), "timing.memory_overlap");
   expect_err(with("launch_cycles", -5), "timing.launch_cycles");
+  expect_err(with("wide_hbm_efficiency", 1.5), "timing.wide_hbm_efficiency");
+  expect_err(with("reduce_cycles", -1), "timing.reduce_cycles");
+  expect_err(with("dma_cycles", -1), "timing.dma_cycles");
+  expect_err(with("weight_load_exposed", 2), "timing.weight_load_exposed");
+  auto fp8 = j;
+  fp8["mxu"]["fp8_cycles_per_row"] = 0.25;  // faster than two rows per cycle
+  expect_err(fp8, "mxu.fp8_cycles_per_row");
   expect_err(with("warp", 1), "timing.warp");
 }
 
