@@ -93,8 +93,33 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tpu-calib: --folds must be 0 or 2..10, got %ld\n", long(folds));
     return 2;
   }
-  setenv("TPU_SIM_CHIP", chip.c_str(), 1);  // before the first use of a sim device
   const auto& specs = tpu::calib::set_specs();
+  // Every name in --sets and --skip-targets must be a set; --paths and --cv-path name paths.
+  for (const std::string* list : {&sets_list, &skip_targets}) {
+    size_t p0 = 0;
+    while (!list->empty() && p0 <= list->size()) {
+      size_t e = list->find(',', p0);
+      if (e == std::string::npos) e = list->size();
+      const std::string name = list->substr(p0, e - p0);
+      if (std::none_of(specs.begin(), specs.end(), [&](const auto& sp) { return name == sp.set; })) {
+        std::fprintf(stderr, "tpu-calib: unknown set '%s' (known: matmul_128, matmul_1024, matmul_4096, matmul_large, "
+                     "ele, add_2d, relu, act1, act2, norm)\n", name.c_str());
+        return 2;
+      }
+      p0 = e + 1;
+    }
+  }
+  for (const std::string& path : {paths, cv_path}) {
+    if (path != "eager" && path != "compiled" && path != "eager,compiled" && path != "compiled,eager") {
+      std::fprintf(stderr, "tpu-calib: unknown path list '%s' (eager, compiled or both)\n", path.c_str());
+      return 2;
+    }
+  }
+  if (cv_path.find(',') != std::string::npos) {
+    std::fprintf(stderr, "tpu-calib: --cv-path takes one path (eager or compiled)\n");
+    return 2;
+  }
+  setenv("TPU_SIM_CHIP", chip.c_str(), 1);  // before the first use of a sim device
   std::vector<std::vector<Row>> rows(specs.size());
   try {
     for (size_t i = 0; i < specs.size(); ++i) {
