@@ -186,7 +186,7 @@ Program load_op_store(int64_t rows, int64_t cols, DType out, bool reduce) {
 
 }  // namespace
 
-TEST_CASE("calibrated model: 16-bit stores at hbm_efficiency, wide kernels at wide_hbm_efficiency; reduce and DMA costs",
+TEST_CASE("calibrated model: 16-bit stores at hbm_efficiency, wide kernels at wide_hbm_efficiency, reduce and DMA costs",
           "[sim][timing_model]") {
   const int64_t rows = 64, cols = 64;
   ChipConfig c = calibrated_tiny(100, 1, 1, 0.25, 0);
