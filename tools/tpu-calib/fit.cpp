@@ -30,17 +30,18 @@ const std::vector<Knob>& knobs() {
 
 double objective(const sim::ChipConfig& cfg, const std::vector<const Sample*>& train, const Objective& obj) {
   const size_t sets = obj.max_mape.size();
-  std::vector<double> err(sets, 0), n(sets, 0);
+  std::vector<std::vector<double>> meas(sets), sim(sets);
   for (const Sample* s : train) {
     if (!obj.fitted[s->set]) continue;
-    err[s->set] += std::abs(priced_us(cfg, *s) - s->measured_us) / s->measured_us;
-    n[s->set] += 1;
+    meas[s->set].push_back(s->measured_us);
+    sim[s->set].push_back(priced_us(cfg, *s));
   }
   double sum = 0, used = 0;
   for (size_t i = 0; i < sets; ++i) {
-    if (n[i] == 0) continue;
-    const double mape = 100 * err[i] / n[i];
-    sum += mape + 5 * std::max(0.0, mape - obj.max_mape[i]);
+    if (meas[i].empty()) continue;
+    const Fit f = score(meas[i], sim[i]);
+    sum += f.mape + 5 * std::max(0.0, f.mape - obj.max_mape[i]);
+    if (obj.r2_target[i] && f.span > 10) sum += 1000 * std::max(0.0, 0.982 - f.r2);
     used += 1;
   }
   return used > 0 ? sum / used : 0;

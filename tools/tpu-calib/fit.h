@@ -33,10 +33,12 @@ double priced_us(const sim::ChipConfig& cfg, const Sample& s);
 const std::vector<std::string>& fitted_constants();
 
 // The fit's objective: the mean over the fitted sets of their MAPE, plus 5x every point a set's
-// MAPE exceeds its target (so no set is traded away for the others).
+// MAPE exceeds its target and 1000x every unit its R^2 falls below 0.982 where R^2 is a target
+// and the set spans more than 10x (so no set is traded away for the others).
 struct Objective {
   std::vector<double> max_mape;  // per set, percent
   std::vector<bool> fitted;      // per set
+  std::vector<bool> r2_target;   // per set
 };
 
 // Minimizes the objective on `train` by coordinate search over the fitted constants that are in

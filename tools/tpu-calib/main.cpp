@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
               skip_targets;
   int64_t stride = 1, worst = 3, folds = 2;
   double max_mape = -1, min_r2 = -1, max_ele_mape = -1;
-  bool set_targets = false, cv_targets = false;
+  bool set_targets = false, cv_targets = false, fit_all = false;
   tpu::cli::Parser p("tpu-calib", "Simulated against measured TPU v4 kernel times: MAPE, R^2, worst rows and cross-validation per set.");
   p.value("--data", "DIR", "folder of the measured CSVs (default: the in-tree sim/calibration/tpu_v4)",
           [&](const std::string& v) { dir = v; });
@@ -76,6 +76,8 @@ int main(int argc, char** argv) {
   p.value("--min-r2", "R2", "fail when their R^2 is below", [&](const std::string& v) { min_r2 = p.to_double(v); });
   p.value("--max-ele-mape", "PCT", "fail when the MAPE of ele and relu together is above",
           [&](const std::string& v) { max_ele_mape = p.to_double(v); });
+  p.flag("--fit", "also re-fit the constants on every row (the fit the preset's constants come from) and report with them",
+         [&] { fit_all = true; });
   p.flag("--cv-targets", "also fail when a cross-validated figure misses its set's target", [&] { cv_targets = true; });
   p.flag("--set-targets", "fail when a set misses its own target with the chip's constants (MAPE: matmul_large "
          "15%, matmul_1024 11%, others 10%; R^2 >= 0.98 for matmul_large, add_2d, act1, act2 and norm where they span "
@@ -230,10 +232,29 @@ int main(int argc, char** argv) {
     if (max_ele_mape >= 0 && el.mape > max_ele_mape)
       ok = false, std::printf("FAIL: %s elementwise/relu MAPE above %.2f%%\n", path.c_str(), max_ele_mape);
 
-    if (folds == 0 || path != cv_path || !cfg.timing.calibrated() || samples.empty()) continue;
-    std::vector<tpu::sim::ChipConfig> fold_cfgs;
+    if (path != cv_path || !cfg.timing.calibrated() || samples.empty()) continue;
     tpu::calib::Objective obj;
-    for (const auto& sp : specs) obj.max_mape.push_back(sp.max_mape), obj.fitted.push_back(sp.fitted);
+    for (const auto& sp : specs)
+      obj.max_mape.push_back(sp.max_mape), obj.fitted.push_back(sp.fitted), obj.r2_target.push_back(sp.r2_target);
+    if (fit_all) {
+      std::vector<const Sample*> all;
+      for (const auto& smp : samples) all.push_back(&smp);
+      const auto fitted = tpu::calib::refit(cfg, all, obj);
+      const auto& t = fitted.timing;
+      std::printf("\n%s path, constants re-fitted on every row: launch %.0f, mxu_efficiency %.3f, hbm_efficiency %.3f, "
+                  "wide_hbm_efficiency %.3f, reduce %.0f\n%-13s %6s %9s %8s\n", path.c_str(), t.launch_cycles, t.mxu_efficiency,
+                  t.hbm_efficiency, t.wide_hbm_efficiency, t.reduce_cycles, "set", "rows", "MAPE %", "R^2");
+      for (size_t si = 0; si < specs.size(); ++si) {
+        std::vector<double> m, s;
+        for (const auto& smp : samples)
+          if (smp.set == si) m.push_back(smp.measured_us), s.push_back(tpu::calib::priced_us(fitted, smp));
+        if (m.empty()) continue;
+        Fit f = tpu::calib::score(m, s);
+        std::printf("%-13s %6zu %9.2f %s\n", specs[si].set, f.n, f.mape, r2_text(f).c_str());
+      }
+    }
+    if (folds == 0) continue;
+    std::vector<tpu::sim::ChipConfig> fold_cfgs;
     const auto pred = tpu::calib::cross_validate(cfg, samples, obj, int(folds), &fold_cfgs);
     std::printf("\n%s path, %ld-fold cross-validation (constants re-fitted on %ld of %ld folds of every set, held-out fold predicted)\n",
                 path.c_str(), long(folds), long(folds - 1), long(folds));
