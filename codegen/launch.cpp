@@ -56,11 +56,6 @@ void add_run_stats_locked(State& s, const std::string& kernel, double cycles, ui
   s.stats.hbm_bytes += hbm;
   s.stats.mxu_flops += flops;
 }
-void add_run_stats(const std::string& kernel, double cycles, uint64_t hbm, double flops) {
-  State& s = state();
-  std::lock_guard<std::mutex> lk(s.mu);
-  add_run_stats_locked(s, kernel, cycles, hbm, flops);
-}
 
 // Where a device's programs go: a SimDevice directly, or a driver (a tpu plugin).
 struct Target {
