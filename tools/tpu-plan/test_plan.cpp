@@ -123,6 +123,7 @@ TEST_CASE("one chip of a symmetric layout equals the full pod simulation") {
     const char* topo;
     plan::Layout l;
   };
+  double most_exposed = 0;  // the cases must exercise the overlap: communication shows in the step
   for (const Case& c : {Case{"2x2x2", {1, 8, 1}}, Case{"2x2x2", {2, 4, 1}}, Case{"4x4", {1, 4, 4}},
                         Case{"4x4", {4, 4, 1}}, Case{"2x2x4", {4, 2, 2}}}) {
     const plan::Slice s = plan::make_slice("tiny", true, c.topo, 0);
@@ -135,7 +136,9 @@ TEST_CASE("one chip of a symmetric layout equals the full pod simulation") {
     INFO(c.topo << " " << c.l.str() << ": planner " << pl.step_s << " s, full pod " << full << " s");
     CHECK(pl.breakdown.ici_total > 0);
     CHECK(pl.step_s == Approx(full).epsilon(0.01));
+    most_exposed = std::max(most_exposed, pl.breakdown.exposed_ici / pl.step_s);
   }
+  CHECK(most_exposed > 0.2);
 }
 
 TEST_CASE("an 8,192-chip plan in well under a minute, with sane figures") {
@@ -156,7 +159,7 @@ TEST_CASE("an 8,192-chip plan in well under a minute, with sane figures") {
   CHECK(p.usd_per_mtok == Approx(1e6 / (p.tokens_per_s_per_chip * 3600)).epsilon(1e-9));
 }
 
-TEST_CASE("a plan that does not fit says so and what to change; the search keeps only layouts that fit") {
+TEST_CASE("a plan that does not fit says so and what to change, and the search keeps only layouts that fit") {
   const plan::Slice s = plan::make_slice("v5e", true, "", 4);
   plan::TrainRecipe r;
   r.layout = {1, 4, 1};
