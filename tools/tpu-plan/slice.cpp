@@ -36,8 +36,10 @@ void factorizations(int64_t n, size_t dim, const std::vector<int>& max, std::vec
 }
 }  // namespace
 
-Slice make_slice(const std::string& chip, bool calibrated, const std::string& topology, int64_t chips) {
+Slice make_slice(const std::string& chip_name, bool calibrated, const std::string& topology, int64_t chips) {
   Slice s;
+  std::string chip = chip_name;
+  if (chip.size() > 6 && chip.ends_with("-ideal")) chip.resize(chip.size() - 6), calibrated = false;
   try {
     s.chip = sim::preset_config(calibrated ? chip : chip + "-ideal");
     sim::IciConfig ici = sim::ici_preset(chip);
@@ -80,6 +82,13 @@ Slice make_slice(const std::string& chip, bool calibrated, const std::string& to
     throw PlanError(e.what());
   }
   s.ideal = s.chip.timing.model != "calibrated";
+  if (s.ideal) {
+    // The ideal model: the same counted work at the units' peaks, memory fully overlapped, no
+    // fixed per-kernel costs (the event timeline's view of a well-pipelined kernel).
+    sim::TimingConfig& t = s.chip.timing;
+    t.mxu_efficiency = t.hbm_efficiency = t.wide_hbm_efficiency = t.memory_overlap = 1;
+    t.launch_cycles = t.reduce_cycles = t.dma_cycles = t.weight_load_exposed = 0;
+  }
   return s;
 }
 
