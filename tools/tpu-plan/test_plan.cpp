@@ -178,3 +178,28 @@ TEST_CASE("a plan that does not fit says so and what to change, and the search k
   REQUIRE(plans.size() >= 3);
   for (size_t i = 0; i + 1 < plans.size(); ++i) CHECK(plans[i].tokens_per_s_per_chip >= plans[i + 1].tokens_per_s_per_chip);
 }
+
+TEST_CASE("serving: decode at batch 1 streams the weights, prefill is compute-bound (ideal model, closed forms)") {
+  const plan::ModelShape m = plan::named_model("llama3.1-8b");
+  const plan::Slice s = plan::make_slice("v6e", false, "", 1);
+  plan::ServeWorkload w;
+  w.batch = 1;
+  w.input_len = 2048;
+  w.output_len = 2;
+  const plan::Plan p = plan::plan_serve(m, s, w);
+  REQUIRE(p.fits);
+  // One decode step reads every bf16 weight and the KV cache once: bytes over the 1,640 GB/s.
+  const double kv = double(w.input_len + 1) * double(m.layers) * 2 * double(m.kv_heads * m.head_dim) * 2;
+  CHECK(p.tpot_s == Approx((2 * m.params() + kv) / 1640e9).epsilon(0.05));
+  // A 2,048-token prefill: 2 N FLOPs per token plus causal attention at the 918 TFLOP/s peak; the
+  // pointwise and softmax work on the preset's vector units (one 8 x 128 tile per cycle) adds
+  // about 40% here, so the bound is 1.6x.
+  const double n = m.params() - double(m.vocab * m.hidden) * 2;
+  const double flops = 2 * n * 2048 + 2.0 * double(m.layers) * 2048 * 2048 * double(m.heads * m.head_dim);
+  CHECK(p.ttft_s >= 0.99 * flops / 918e12);
+  CHECK(p.ttft_s <= 1.6 * flops / 918e12);
+  CHECK(p.requests_per_s == Approx(1.0 / (p.ttft_s + 2 * p.tpot_s)).epsilon(1e-9));
+  // A batch whose KV cache does not fit says so.
+  w.batch = 4096;
+  CHECK_FALSE(plan::plan_serve(m, s, w).fits);
+}
