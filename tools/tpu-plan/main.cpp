@@ -28,10 +28,30 @@ int64_t positive(const std::string& v, const char* what) {
   return x;
 }
 
+// The same layout kind (FSDP over what TP and DP leave) and sequences per chip on power-of-two
+// slices up to the plan's chip count.
+void write_plot(const std::string& path, const tpu::plan::ModelShape& m, const std::string& chip, bool calibrated,
+                const tpu::plan::TrainRecipe& r, const tpu::plan::Plan& last) {
+  const int64_t per_rank = r.global_batch / (r.layout.fsdp * r.layout.dp);
+  std::vector<tpu::plan::Plan> plans;
+  for (int64_t n = r.layout.tp * r.layout.dp; n < last.chips; n *= 2) {
+    try {
+      tpu::plan::TrainRecipe q = r;
+      q.layout.fsdp = n / (r.layout.tp * r.layout.dp);
+      q.global_batch = per_rank * q.layout.fsdp * q.layout.dp;
+      plans.push_back(tpu::plan::plan_train(m, tpu::plan::make_slice(chip, calibrated, "", n), q));
+    } catch (const tpu::plan::PlanError&) {
+      // A slice size the preset's torus cannot form is left out of the curve.
+    }
+  }
+  plans.push_back(last);
+  tpu::plan::write_scaling_svg(path, fmt::format("{} on {} ({}): weak scaling", m.name, last.chip, last.layout), plans);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model = "qwen3-8b", chip = "v5p", topology, precision = "bf16";
+  std::string model = "qwen3-8b", chip = "v5p", topology, precision = "bf16", plot;
   int64_t chips = 0;
   bool calibrated = true, serve = false, json = false, search = false;
   double price = 0;
@@ -69,11 +89,14 @@ int main(int argc, char** argv) {
       })
       .flag("--search", "training: try every tp x fsdp x dp layout that fits, fastest per chip first", [&] { search = true; })
       .flag("--json", "print JSON instead of text", [&] { json = true; })
+      .value("--plot", "FILE.svg", "training: weak-scaling curve (MFU, tokens/s per chip) from the smallest power-of-two "
+             "slice the layout takes up to --chips, the same sequences per chip", [&](const std::string& v) { plot = v; })
       .epilog(kEpilog);
   if (auto rc = p.parse(argc, argv)) return *rc;
   try {
     if (precision != "bf16")
       throw tpu::plan::PlanError(fmt::format("--precision {} is not modeled: tpu-plan prices bf16 compute only", precision));
+    if (!plot.empty() && (serve || search)) throw tpu::plan::PlanError("--plot draws a training layout's scaling; not with --serve or --search");
     if (serve && search) throw tpu::plan::PlanError("--search ranks training layouts; it does not apply to --serve");
     if (serve && (fsdp || dp)) throw tpu::plan::PlanError("--fsdp and --dp are training degrees; serving takes --tp (replicas fill the rest)");
     const tpu::plan::ModelShape m = tpu::plan::load_model(model);
@@ -107,6 +130,7 @@ int main(int argc, char** argv) {
         if (!fsdp && n % (r.layout.tp * r.layout.dp) != 0)
           throw tpu::plan::PlanError(fmt::format("layout tp={} dp={} does not divide the mesh of {} chips", r.layout.tp, r.layout.dp, n));
         const tpu::plan::Plan plan = tpu::plan::plan_train(m, s, r, price);
+        if (!plot.empty()) write_plot(plot, m, chip, calibrated, r, plan);
         out = plan.to_json();
         text = plan.text();
         if (!plan.fits) rc = 1;

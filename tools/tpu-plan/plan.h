@@ -83,6 +83,9 @@ Plan plan_serve(const ModelShape& m, const Slice& s, const ServeWorkload& w, dou
 // Every tp x fsdp x dp layout of the slice's chips that maps to its axes and fits, fastest per chip first.
 std::vector<Plan> search_train(const ModelShape& m, const Slice& s, TrainRecipe r, double price_per_chip_hour = 0);
 
+// --plot: MFU and tokens/s per chip of `plans` (ascending chip counts) as an SVG line chart.
+void write_scaling_svg(const std::string& path, const std::string& title, const std::vector<Plan>& plans);
+
 // The per-layer schedule the pod check replays: compute per layer (seconds, forward and
 // backward), the FSDP collectives (bytes), TP all-reduces per layer, the DP all-reduce.
 struct StepParts {
