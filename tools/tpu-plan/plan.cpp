@@ -46,13 +46,13 @@ struct Acc {
     else if (c_vec >= m) other += rest;
     else hbm += rest;
   }
-  // [M, K] x [K, N] in bf16, `count` times.
-  void matmul(double M, double K, double N, double count = 1) {
+  // [M, K] x [K, N] with bf16 inputs and `out`-byte results, which the MXU path stores (no
+  // 16-bit vector stores: the sustained HBM fraction is wide_hbm_efficiency).
+  void matmul(double M, double K, double N, double out = 2) {
     const double R = cfg->mxu.rows, C = cfg->mxu.cols;
     const double tiles = cdiv(K, R) * cdiv(N, C);
-    for (int i = 0; i < int(count); ++i)
-      kernel(cdiv(M, devices) * devices * tiles * cfg->mxu.bf16_cycles_per_row,
-             tiles * R * cfg->mxu.weight_load_cycles_per_row, 0, false, 2 * (M * K + K * N), 2 * M * N, 2 * M * N);
+    kernel(cdiv(M, devices) * devices * tiles * cfg->mxu.bf16_cycles_per_row, tiles * R * cfg->mxu.weight_load_cycles_per_row,
+           0, false, 2 * (M * K + K * N), out * M * N, 0);
   }
   // Elementwise / row-wise kernel on bf16 tensors: `in` elements read, `out` written, vpu / eup
   // ops per output element (or per input element when larger).
@@ -137,6 +137,12 @@ void layer_backward(Acc& a, const ModelShape& m, double t, double ctx, double tp
 constexpr double kGB = 1e9;
 
 }  // namespace
+
+double matmul_seconds(const Slice& s, double m, double k, double n, double out_bytes) {
+  Acc a = make_acc(s);
+  a.matmul(m, k, n, out_bytes);
+  return a.s;
+}
 
 StepParts step_parts(const ModelShape& m, const Slice& s, const TrainRecipe& r) {
   const Layout& l = r.layout;

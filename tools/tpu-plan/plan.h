@@ -83,6 +83,10 @@ Plan plan_serve(const ModelShape& m, const Slice& s, const ServeWorkload& w, dou
 // Every tp x fsdp x dp layout of the slice's chips that maps to its axes and fits, fastest per chip first.
 std::vector<Plan> search_train(const ModelShape& m, const Slice& s, TrainRecipe r, double price_per_chip_hour = 0);
 
+// One [m, k] x [k, n] matmul kernel (bf16 inputs, `out_bytes` per result) on one chip of the
+// slice, as the planner prices it.
+double matmul_seconds(const Slice& s, double m, double k, double n, double out_bytes = 2);
+
 // --plot: MFU and tokens/s per chip of `plans` (ascending chip counts) as an SVG line chart.
 void write_scaling_svg(const std::string& path, const std::string& title, const std::vector<Plan>& plans);
 
