@@ -56,11 +56,6 @@ void add_run_stats_locked(State& s, const std::string& kernel, double cycles, ui
   s.stats.hbm_bytes += hbm;
   s.stats.mxu_flops += flops;
 }
-void add_run_stats(const std::string& kernel, double cycles, uint64_t hbm, double flops) {
-  State& s = state();
-  std::lock_guard<std::mutex> lk(s.mu);
-  add_run_stats_locked(s, kernel, cycles, hbm, flops);
-}
 
 // Where a device's programs go: a SimDevice directly, or a driver (a tpu plugin).
 struct Target {
@@ -270,7 +265,10 @@ void launch(const Device& d, const LoadedProgram& p, const std::string& kernel, 
     o.timing_only = timing_only();
     o.registers = std::move(args);
     t.sim->run_program(stream, p.id, o, [kernel](const sim::RunResult& r) {
-      add_run_stats(kernel, r.stats.cycles, r.stats.hbm_bytes_read + r.stats.hbm_bytes_written, r.stats.mxu_flops);
+      State& s = state();
+      std::lock_guard<std::mutex> lk(s.mu);
+      add_run_stats_locked(s, kernel, r.stats.cycles, r.stats.hbm_bytes_read + r.stats.hbm_bytes_written, r.stats.mxu_flops);
+      if (s.stats.works.size() < CodegenStats::kMaxWorks) s.stats.works.push_back(r.stats.work);
     });
     return;
   }

@@ -17,6 +17,7 @@
 
 #include "sim/config.h"
 #include "sim/program.h"
+#include "sim/stats.h"
 #include "tpucore/core/tensor.h"
 
 namespace tpu::device {
@@ -36,6 +37,10 @@ struct CodegenStats {
   double mxu_flops = 0;
   std::map<std::string, uint64_t> runs_by_kernel;  // kernel name ("add", "matmul", "region:...")
   std::map<std::string, double> cycles_by_kernel;  // simulated cycles of the finished runs, per kernel name
+  // The counted work of the finished sim:N runs in finishing order (sim::Stats::work; the first
+  // kMaxWorks since the last reset), so a tool can re-price them under other timing constants.
+  std::vector<sim::CountedWork> works;
+  static constexpr size_t kMaxWorks = 4096;
 };
 CodegenStats stats();  // call after synchronizing for complete cycle counts
 void reset_stats();

@@ -259,8 +259,11 @@ def fit(meas, sim):
 def calibration(build, tmp):
     sets = [("matmul, dims 16-128", ["matmul_128"]), ("matmul, dims 128-1024", ["matmul_1024"]),
             ("matmul, dims 1024-4096", ["matmul_4096"]),
-            ("all matmuls", ["matmul_128", "matmul_1024", "matmul_4096"]), ("elementwise", ["ele"]),
-            ("relu", ["relu"]), ("elementwise + relu", ["ele", "relu"])]
+            ("all matmuls", ["matmul_128", "matmul_1024", "matmul_4096"]),
+            ("matmul, large irregular 1024-4084", ["matmul_large"]), ("elementwise", ["ele"]),
+            ("2-D add", ["add_2d"]), ("relu", ["relu"]), ("elementwise + relu", ["ele", "relu"]),
+            ("activations, small shapes (act1)", ["act1"]), ("activations, 128-8192 (act2)", ["act2"]),
+            ("layer_norm / rms_norm, per call", ["norm"])]
     rows = {}
     for chip in ("v4", "v4-ideal"):
         out = os.path.join(tmp, f"calib_{chip}.csv")
@@ -275,13 +278,14 @@ def calibration(build, tmp):
         for chip, path in (("v4-ideal", "eager"), ("v4", "eager"), ("v4", "compiled")):
             sel = [r for r in rows[chip] if r["set"] in names and r["path"] == path]
             n, mape, r2 = fit([float(r["measured_us"]) for r in sel], [float(r["simulated_us"]) for r in sel])
-            cells.append((n, f"{mape:.1f}% / {r2:.3f}"))
-        lines.append(f"| {label} | {cells[0][0]} | {cells[0][1]} | {cells[1][1]} | {cells[2][1]} |")
+            cells.append((n, f"{mape:.1f}% / {r2:.3f}" if n else "– (compiled only)"))
+        n = max(c[0] for c in cells)
+        lines.append(f"| {label} | {n} | {cells[0][1]} | {cells[1][1]} | {cells[2][1]} |")
     write_region("simulator.md", "calibration", "\n".join(lines))
     series = []
     for chip, colour, label in (("v4-ideal", "#d62728", "v4-ideal (event timeline)"),
                                 ("v4", "#1f77b4", "v4 (calibrated)")):
-        pts = [(float(r["measured_us"]), float(r["simulated_us"])) for r in rows[chip] if r["path"] == "eager"]
+        pts = [(float(r["measured_us"]), float(r["simulated_us"])) for r in rows[chip] if r["path"] == "compiled"]
         series.append((label, colour, pts))
     svg_plot(os.path.join(FIGS, "calibration_scatter.svg"),
              "TPU v4 kernels: simulated against measured time (tpu-calib, in-tree rows)",
@@ -510,13 +514,43 @@ def host(build, quick):
     write_region("performance.md", "host-" + slug, "\n".join(lines), insert_before="<!-- host tables end -->")
 
 
+def plan_v7(build):
+    """Qwen3-8B training on v7 slices of 256 to 8,192 chips by tpu-plan (weak scaling: one 4,096-token
+    sequence per chip, FSDP over every chip), calibrated and ideal timing models."""
+    exe = os.path.join(build, "tools", "tpu-plan", "tpu-plan")
+    if not os.path.exists(exe):
+        die(f"{exe} is not built (ninja -C {build} tpu-plan)")
+    lines = [header("Simulated on the host; the figures do not depend on it"), "",
+             "| timing model | chips | slice | step ms | MFU | weak scaling vs 256 | tokens/s per chip | "
+             "MXU ms | other compute ms | HBM ms | ICI ms (exposed) | HBM per chip GB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    series = []
+    for label, flag, colour in (("calibrated (`v7`)", "--calibrated", "#1f77b4"), ("ideal (`v7-ideal`)", "--ideal", "#d62728")):
+        base, pts = None, []
+        for n in (256, 512, 1024, 2048, 4096, 8192):
+            j = json.loads(run([exe, "--model", "qwen3-8b", "--chip", "v7", flag, "--chips", str(n), "--global-batch",
+                                str(n), "--seq", "4096", "--remat", "none", "--json"]))
+            b = j["breakdown_s"]
+            base = base or j["tokens_per_s_per_chip"]
+            lines.append(f"| {label} | {n:,} | {j['topology'].split(' ')[0]} | {fmt(j['step_s'] * 1e3, 0)} | "
+                         f"{fmt(100 * j['mfu'])}% | {fmt(100 * j['tokens_per_s_per_chip'] / base)}% | "
+                         f"{fmt(j['tokens_per_s_per_chip'], 0)} | {fmt(b['mxu'] * 1e3, 0)} | {fmt(b['other_compute'] * 1e3, 0)} | "
+                         f"{fmt(b['hbm'] * 1e3, 1)} | {fmt(b['ici_total'] * 1e3, 0)} ({fmt(b['exposed_ici'] * 1e3, 1)}) | "
+                         f"{fmt(j['hbm_per_chip_bytes']['total'] / 1e9)} |")
+            pts.append((n, 100 * j["mfu"]))
+        series.append((f"{label.split(' ')[0]}: MFU", colour, pts))
+    write_region("simulator.md", "plan-v7", "\n".join(lines))
+    svg_plot(os.path.join(FIGS, "plan_v7_scaling.svg"), "Qwen3-8B FSDP training on v7 slices (tpu-plan): MFU by slice size",
+             "chips in the slice", "MFU (%)", series, logx=True, lines=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--sim-only", action="store_true", help="simulator-derived tables and plots only")
     ap.add_argument("--host", action="store_true", help="host timing tables of this CPU only")
     ap.add_argument("--quick", action="store_true", help="host part: very short runs (to test the script)")
-    ap.add_argument("--only", default="", help="comma-separated subset: calibration,kernels,llm,pod,serve,ici,ops")
+    ap.add_argument("--only", default="", help="comma-separated subset: calibration,kernels,llm,pod,serve,ici,plan,ops")
     args = ap.parse_args()
     commit()  # before any region is rewritten
     import tempfile
@@ -525,7 +559,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         if do_sim:
             parts = {"ops": op_matrix, "calibration": lambda b: calibration(b, tmp), "kernels": sim_kernels,
-                     "ici": sim_ici, "llm": sim_llm, "pod": sim_pod, "serve": sim_serve}
+                     "ici": sim_ici, "llm": sim_llm, "pod": sim_pod, "serve": sim_serve, "plan": plan_v7}
             only = [p for p in args.only.split(",") if p] or list(parts)
             for p in only:
                 if p not in parts:

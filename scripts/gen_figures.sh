@@ -8,7 +8,7 @@
 #   bash scripts/gen_figures.sh --sim-only   # the simulator-derived figures (deterministic)
 #   bash scripts/gen_figures.sh --host       # this CPU's host timings only (run on a quiet machine)
 #   bash scripts/gen_figures.sh --host --quick   # very short runs: checks the script, not figures
-# Options: --only calibration,kernels,ici,llm,pod,serve,ops (a subset of the simulator parts),
+# Options: --only calibration,kernels,ici,llm,pod,serve,plan,ops (a subset of the simulator parts),
 # --no-build (use the programs already in $BUILD). BUILD (default build) is the build folder;
 # CORETYPE=<name> runs the OpenBLAS peer with that OPENBLAS_CORETYPE (scripts/bench_peers.sh
 # finds the fastest).
@@ -37,7 +37,7 @@ if [ "$build" = 1 ]; then
   [ "$mode_host" = 1 ] && peers=(-DTPU_BENCH_PEERS=ON)  # built only when libtorch is installed
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTPU_BUILD_BENCH=ON "${peers[@]}" >/dev/null
   targets=()
-  [ "$mode_sim" = 1 ] && targets+=(tpu-ops tpu-calib bench_sim bench_ici bench_codegen bench_llm_sim bench_pod_train
+  [ "$mode_sim" = 1 ] && targets+=(tpu-ops tpu-calib tpu-plan bench_sim bench_ici bench_codegen bench_llm_sim bench_pod_train
                                    bench_serve_sim)
   if [ "$mode_host" = 1 ]; then
     targets+=(bench_matmul bench_jit bench_llm bench_train)

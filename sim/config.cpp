@@ -100,6 +100,9 @@ void ChipConfig::validate() const {
   need(pos(clock_ghz), "clock_ghz", "must be > 0");
   need(cores_per_chip >= 1 && cores_per_chip <= 64, "cores_per_chip", "must be in [1, 64]");
   need(nonneg(published_peak_tflops), "published_peak_tflops", "must be >= 0");
+  need(nonneg(published_fp8_tflops), "published_fp8_tflops", "must be >= 0");
+  need(std::isfinite(mxu.fp8_cycles_per_row) && (mxu.fp8_cycles_per_row == 0 || mxu.fp8_cycles_per_row >= 0.5),
+       "mxu.fp8_cycles_per_row", "must be 0 (no fp8 rate) or >= 0.5");
   need(mxu.count >= 1 && mxu.count <= 64, "mxu.count", "must be in [1, 64]");
   need(mxu.rows >= 1 && mxu.rows <= 4096, "mxu.rows", "must be in [1, 4096]");
   need(mxu.cols >= 1 && mxu.cols <= 4096, "mxu.cols", "must be in [1, 4096]");
@@ -143,6 +146,11 @@ void ChipConfig::validate() const {
   need(pos(timing.mxu_efficiency) && timing.mxu_efficiency <= 1, "timing.mxu_efficiency", "must be in (0, 1]");
   need(pos(timing.hbm_efficiency) && timing.hbm_efficiency <= 1, "timing.hbm_efficiency", "must be in (0, 1]");
   need(nonneg(timing.memory_overlap) && timing.memory_overlap <= 1, "timing.memory_overlap", "must be in [0, 1]");
+  need(nonneg(timing.wide_hbm_efficiency) && timing.wide_hbm_efficiency <= 1, "timing.wide_hbm_efficiency",
+       "must be in [0, 1] (0: as hbm_efficiency)");
+  need(nonneg(timing.reduce_cycles), "timing.reduce_cycles", "must be >= 0");
+  need(nonneg(timing.dma_cycles), "timing.dma_cycles", "must be >= 0");
+  need(nonneg(timing.weight_load_exposed) && timing.weight_load_exposed <= 1, "timing.weight_load_exposed", "must be in [0, 1]");
 }
 
 static ChipConfig config_from_json_checked(const json& j);
@@ -165,6 +173,7 @@ static ChipConfig config_from_json_checked(const json& j) {
   r.num("clock_ghz", c.clock_ghz);
   r.num("cores_per_chip", c.cores_per_chip);
   r.num("published_peak_tflops", c.published_peak_tflops);
+  r.num("published_fp8_tflops", c.published_fp8_tflops);
   if (r.has("mxu")) {
     Reader m(r.sub("mxu"), "mxu");
     m.num("count", c.mxu.count);
@@ -178,6 +187,7 @@ static ChipConfig config_from_json_checked(const json& j) {
     m.num("bf16_cycles_per_row", c.mxu.bf16_cycles_per_row);
     m.num("f32_cycles_per_row", c.mxu.f32_cycles_per_row);
     m.num("int8_cycles_per_row", c.mxu.int8_cycles_per_row);
+    m.num("fp8_cycles_per_row", c.mxu.fp8_cycles_per_row);
     m.finish();
   }
   if (r.has("vpu")) {
@@ -232,6 +242,10 @@ static ChipConfig config_from_json_checked(const json& j) {
     t.num("mxu_efficiency", c.timing.mxu_efficiency);
     t.num("hbm_efficiency", c.timing.hbm_efficiency);
     t.num("memory_overlap", c.timing.memory_overlap);
+    t.num("wide_hbm_efficiency", c.timing.wide_hbm_efficiency);
+    t.num("reduce_cycles", c.timing.reduce_cycles);
+    t.num("dma_cycles", c.timing.dma_cycles);
+    t.num("weight_load_exposed", c.timing.weight_load_exposed);
     t.finish();
   }
   r.finish();
@@ -252,6 +266,7 @@ json config_to_json(const ChipConfig& c) {
   j["clock_ghz"] = c.clock_ghz;
   j["cores_per_chip"] = c.cores_per_chip;
   j["published_peak_tflops"] = c.published_peak_tflops;
+  j["published_fp8_tflops"] = c.published_fp8_tflops;
   j["mxu"] = {{"count", c.mxu.count},
               {"rows", c.mxu.rows},
               {"cols", c.mxu.cols},
@@ -260,7 +275,8 @@ json config_to_json(const ChipConfig& c) {
               {"weight_load_cycles_per_row", c.mxu.weight_load_cycles_per_row},
               {"bf16_cycles_per_row", c.mxu.bf16_cycles_per_row},
               {"f32_cycles_per_row", c.mxu.f32_cycles_per_row},
-              {"int8_cycles_per_row", c.mxu.int8_cycles_per_row}};
+              {"int8_cycles_per_row", c.mxu.int8_cycles_per_row},
+              {"fp8_cycles_per_row", c.mxu.fp8_cycles_per_row}};
   j["vpu"] = {{"sublanes", c.vpu.sublanes},
               {"lanes", c.vpu.lanes},
               {"cycles_per_vreg", c.vpu.cycles_per_vreg},
@@ -281,7 +297,11 @@ json config_to_json(const ChipConfig& c) {
                  {"megacore", c.timing.megacore},
                  {"mxu_efficiency", c.timing.mxu_efficiency},
                  {"hbm_efficiency", c.timing.hbm_efficiency},
-                 {"memory_overlap", c.timing.memory_overlap}};
+                 {"memory_overlap", c.timing.memory_overlap},
+                 {"wide_hbm_efficiency", c.timing.wide_hbm_efficiency},
+                 {"reduce_cycles", c.timing.reduce_cycles},
+                 {"dma_cycles", c.timing.dma_cycles},
+                 {"weight_load_exposed", c.timing.weight_load_exposed}};
   j["dma"] = {{"engines", c.dma.engines},
               {"latency_cycles", c.dma.latency_cycles},
               {"engine_bytes_per_cycle", c.dma.engine_bytes_per_cycle}};

@@ -20,6 +20,9 @@ struct MxuConfig {
   double bf16_cycles_per_row = 1;  // cycles per streamed LHS row, bf16 inputs
   double f32_cycles_per_row = 4;   // f32 mode (XLA HIGHEST: 6 bf16 passes; the TPU presets say 6)
   double int8_cycles_per_row = 0.5;  // int8 inputs, i32 accumulation
+  // fp8 inputs (e4m3/e5m2), f32 accumulation; 0 = the MXU has no fp8 rate (no chip preset before
+  // v5p publishes one). A chip figure only so far: no MXU mode streams fp8 yet.
+  double fp8_cycles_per_row = 0;
 };
 
 struct VpuConfig {
@@ -77,6 +80,13 @@ struct TimingConfig {
   double mxu_efficiency = 1;       // fraction of the MXU peak a kernel sustains, (0, 1]
   double hbm_efficiency = 1;       // fraction of the HBM bandwidth a kernel sustains, (0, 1]
   double memory_overlap = 1;       // fraction of min(compute, memory) hidden, [0, 1]
+  // Fraction of the HBM bandwidth sustained by kernels that store no 16-bit vector results
+  // (row reductions, f32 results, copies); 0 = hbm_efficiency. A kernel's memory time weighs the
+  // two fractions by the share of its written bytes that vector ops stored as 16-bit results.
+  double wide_hbm_efficiency = 0;
+  double reduce_cycles = 0;        // fixed cost of a program that reduces rows on the cross-lane unit
+  double dma_cycles = 0;           // fixed cost per DMA a program issues (descriptor, small-transfer overhead)
+  double weight_load_exposed = 0;  // fraction of the MXU weight-load cycles not hidden under streaming, [0, 1]
   bool calibrated() const { return model == "calibrated"; }
 };
 
@@ -88,6 +98,7 @@ struct ChipConfig {
   double clock_ghz = 1.0;
   int cores_per_chip = 1;          // a preset models one TensorCore; a chip has this many
   double published_peak_tflops = 0;  // published bf16 peak per chip (0 = none)
+  double published_fp8_tflops = 0;   // published fp8 peak per chip (0 = none published)
   MxuConfig mxu;
   VpuConfig vpu;
   EupConfig eup;

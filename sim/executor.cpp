@@ -121,6 +121,10 @@ class Executor {
     CoreWork w;
     for (int j = 0; j < cfg_.mxu.count; ++j) w.mxu_stream_cycles += units_[size_t(mxu_unit(j))].busy;
     for (int u : {vpu_unit(), eup_unit(), xlu_unit()}) w.vector_cycles = std::max(w.vector_cycles, units_[size_t(u)].busy);
+    for (int j = 0; j < cfg_.mxu.count; ++j) w.mxu_weight_cycles += units_[size_t(wl_unit(j))].busy;
+    w.xlu_cycles = units_[size_t(xlu_unit())].busy;
+    w.narrow_store_bytes = narrow_store_bytes_;
+    w.dmas = double(dma_seq_);
     return w;
   }
   int wl_unit(int j) const { return 1 + cfg_.mxu.count + j; }
@@ -307,7 +311,7 @@ class Executor {
   std::vector<uint8_t> tmp_;
   std::vector<float> scratch_a_, scratch_c_;
   // stats
-  double flops_ = 0, vec_elems_ = 0;
+  double flops_ = 0, vec_elems_ = 0, narrow_store_bytes_ = 0;
   std::array<double, 4> mode_flops_{};  // MXU FLOPs per MxuMode (bf16, f32, i8, bf16x3)
   uint64_t hbm_read_ = 0, hbm_written_ = 0, dma_bytes_ = 0, dyn_ = 0;
 };
@@ -365,7 +369,7 @@ void Executor::exec_dma(size_t idx, const Instr& in) {
   started(u, start, end - xfer, end, idx);
   if (in.a.space == Space::hbm) hbm_read_ += bytes;
   if (in.dst.space == Space::hbm) hbm_written_ += bytes;
-  if (cfg_.timing.calibrated() && bytes > 0) {  // compulsory traffic: the union of the HBM spans touched
+  if (cfg_.timing.calibrated() && bytes > 0) {  // compulsory traffic (Stats::work): the union of the HBM spans touched
     if (in.a.space == Space::hbm) sh_.touched_read.add(g.src, span(in.dma_shape, in.src_stride));
     if (in.dst.space == Space::hbm) sh_.touched_written.add(g.dst, span(in.dma_shape, in.dst_stride));
   }
@@ -470,6 +474,7 @@ void Executor::exec_vector(size_t idx, const Instr& in) {
   max_t_ = std::max(max_t_, end + lat);
   board_add(acc, u, end, end + lat);
   vec_elems_ += double(in.rows) * double(in.cols);
+  if (dtype_size(in.dst.dtype) == 2) narrow_store_bytes_ += 2.0 * double(dshape[0]) * double(dshape[1]);
   if (func_) {
     if (x) xlu_exec(in.op, d, a, in.rows, in.cols, in.axis);
     else vector_exec(in.op, d, a, b, c, in.rows, in.cols, in.fimm);
@@ -635,9 +640,11 @@ RunResult Executor::result(const std::vector<Executor*>& all) {
   }
   s.ideal_cycles = s.cycles;
   s.timing_model = cfg_.timing.model;
-  w.compulsory_bytes = sh_.touched_read.bytes() + sh_.touched_written.bytes();
+  w.compulsory_read_bytes = sh_.touched_read.bytes();
+  w.compulsory_written_bytes = sh_.touched_written.bytes();
   w.traffic_bytes = hbm_read + hbm_written;
   if (cfg_.timing.calibrated()) s.cycles = calibrated_cycles(cfg_, w);
+  s.work = std::move(w);
   s.seconds = s.cycles / (cfg_.clock_ghz * 1e9);
   s.mxu_flops = flops;
   s.hbm_bytes_read = hbm_read;

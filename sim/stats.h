@@ -15,6 +15,23 @@ struct UnitStats {
   uint64_t instructions = 0;
 };
 
+// The work a run counted, which the calibrated timing model (timing_model.h) prices.
+struct CoreWork {
+  double mxu_stream_cycles = 0;  // streaming cycles summed over the core's MXUs (padding included)
+  double vector_cycles = 0;      // busy cycles of the core's busiest of vpu, eup, xlu
+  double mxu_weight_cycles = 0;  // weight-load cycles summed over the core's MXUs
+  double xlu_cycles = 0;         // busy cycles of the cross-lane unit (row reductions, transposes)
+  double narrow_store_bytes = 0; // bytes vector ops wrote as 16-bit results (packed stores)
+  double dmas = 0;               // DMAs issued
+};
+struct CountedWork {
+  std::vector<CoreWork> cores;           // one per TensorCore the program ran on (1 unless megacore)
+  uint64_t compulsory_read_bytes = 0;    // HBM bytes read at least once
+  uint64_t compulsory_written_bytes = 0; // HBM bytes written at least once
+  uint64_t traffic_bytes = 0;            // all HBM bytes moved (read + written)
+  uint64_t compulsory_bytes() const { return compulsory_read_bytes + compulsory_written_bytes; }
+};
+
 struct Stats {
   std::string chip;
   bool timing_only = false;
@@ -42,6 +59,7 @@ struct Stats {
   double hbm_bandwidth_fraction = 0;  // HBM bytes / (cycles * configured bytes per cycle)
   uint64_t races = 0;               // race-checker reports (0 if the checker is off)
   bool race_check = false;
+  CountedWork work;                 // what the calibrated model priced (compulsory bytes: calibrated chips only)
 };
 
 std::string format_report(const Stats& s);

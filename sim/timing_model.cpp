@@ -18,23 +18,38 @@ void IntervalUnion::add(uint64_t lo, uint64_t len) {
   bytes_ += hi - lo;
 }
 
+}  // namespace tpu::sim::detail
+
+namespace tpu::sim {
+
 double calibrated_cycles(const ChipConfig& cfg, const CountedWork& w) {
   const TimingConfig& t = cfg.timing;
   // Compute: each core's MXU work spread over its MXUs (narrow N included) at the sustained
-  // fraction of the peak, or its vector-unit work; the busiest core sets the time. A program
-  // that codegen did not split over the cores runs on core 0 alone.
-  double c = 0, mxu = 0;
+  // fraction of the peak (plus the weight loads streaming does not hide), or its vector-unit
+  // work; the busiest core sets the time. A program that codegen did not split over the cores
+  // runs on core 0 alone.
+  double c = 0, mxu = 0, narrow = 0, dmas = 0;
+  bool reduces = false;
   for (const CoreWork& k : w.cores) {
-    c = std::max({c, k.mxu_stream_cycles / (cfg.mxu.count * t.mxu_efficiency), k.vector_cycles});
+    const double mxu_c = (k.mxu_stream_cycles + t.weight_load_exposed * k.mxu_weight_cycles) / (cfg.mxu.count * t.mxu_efficiency);
+    c = std::max({c, mxu_c, k.vector_cycles});
     mxu += k.mxu_stream_cycles;
+    narrow += k.narrow_store_bytes;
+    dmas = std::max(dmas, k.dmas);
+    reduces = reduces || k.xlu_cycles > 0;
   }
-  // Memory: the device's HBM (all its cores' bandwidth) is shared by the cores.
+  // Memory: the device's HBM (all its cores' bandwidth) is shared by the cores. Kernels that
+  // store 16-bit vector results sustain hbm_efficiency, the others wide_hbm_efficiency; a kernel
+  // doing both weighs them by the share of its written bytes stored as 16-bit results.
   const double bw = cfg.hbm_bytes_per_cycle() * t.megacore;
-  const double m = double(w.compulsory_bytes) / (bw * t.hbm_efficiency);
+  const double wide = t.wide_hbm_efficiency > 0 ? t.wide_hbm_efficiency : t.hbm_efficiency;
+  const double share = w.compulsory_written_bytes > 0 ? std::min(1.0, narrow / double(w.compulsory_written_bytes)) : 0.0;
+  const double m = double(w.compulsory_bytes()) / bw * (share / t.hbm_efficiency + (1 - share) / wide);
   const double fill = mxu > 0 ? cfg.mxu.fill_cycles : 0;
   const double priced = fill + std::max(c, m) + (1 - t.memory_overlap) * std::min(c, m);
+  const double fixed = t.launch_cycles + (reduces ? t.reduce_cycles : 0) + t.dma_cycles * dmas;
   // Re-reads of a tiled kernel hide under compute, but never beyond the peak bandwidth.
-  return t.launch_cycles + std::max(priced, double(w.traffic_bytes) / bw);
+  return fixed + std::max(priced, double(w.traffic_bytes) / bw);
 }
 
-}  // namespace tpu::sim::detail
+}  // namespace tpu::sim

@@ -124,6 +124,13 @@ TEST_CASE("timing config: bad values are errors naming the field", "[sim][timing
   expect_err(with("hbm_efficiency", -1), "timing.hbm_efficiency");
   expect_err(with("memory_overlap", 2), "timing.memory_overlap");
   expect_err(with("launch_cycles", -5), "timing.launch_cycles");
+  expect_err(with("wide_hbm_efficiency", 1.5), "timing.wide_hbm_efficiency");
+  expect_err(with("reduce_cycles", -1), "timing.reduce_cycles");
+  expect_err(with("dma_cycles", -1), "timing.dma_cycles");
+  expect_err(with("weight_load_exposed", 2), "timing.weight_load_exposed");
+  auto fp8 = j;
+  fp8["mxu"]["fp8_cycles_per_row"] = 0.25;  // faster than two rows per cycle
+  expect_err(fp8, "mxu.fp8_cycles_per_row");
   expect_err(with("warp", 1), "timing.warp");
 }
 
@@ -159,4 +166,59 @@ TEST_CASE("calibrated model: the touched-bytes union against a byte map", "[sim]
       REQUIRE(u.bytes() == uint64_t(std::count(touched.begin(), touched.end(), true)));
     }
   }
+}
+
+namespace {
+
+// Loads a rows x cols f32 tile from HBM, writes op(tile) to VMEM as `out` (bf16: a 16-bit packed
+// store; f32: a wide one) and stores it to HBM; optionally reduces its rows on the XLU as well.
+Program load_op_store(int64_t rows, int64_t cols, DType out, bool reduce) {
+  B b;
+  const int64_t in_bytes = rows * cols * 4, out_bytes = rows * cols * dtype_size(out);
+  b.dma(B::vmem_at(B::at(0)), B::hbm_at(B::at(0)), {.rows = rows, .row_bytes = cols * 4}, 0, 0);
+  b.wait(0);
+  b.unary(Op::vneg, B::vmem(B::at(in_bytes), out), B::vmem(B::at(0), DType::f32), rows, cols);
+  if (reduce) b.reduce(Op::xsum, B::vmem(B::at(in_bytes + out_bytes), DType::f32), B::vmem(B::at(0), DType::f32), rows, cols);
+  b.dma(B::hbm_at(B::at(1 << 20)), B::vmem_at(B::at(in_bytes)), {.rows = rows, .row_bytes = cols * dtype_size(out)}, 1, 1);
+  b.wait(1);
+  return b.finish();
+}
+
+}  // namespace
+
+TEST_CASE("calibrated model: 16-bit stores at hbm_efficiency, wide kernels at wide_hbm_efficiency, reduce and DMA costs",
+          "[sim][timing_model]") {
+  const int64_t rows = 64, cols = 64;
+  ChipConfig c = calibrated_tiny(100, 1, 1, 0.25, 0);
+  c.timing.wide_hbm_efficiency = 0.5;
+  const double bw = c.hbm_bytes_per_cycle();
+  Chip chip(c);
+  // bf16 result: every written byte is a 16-bit vector store, so the whole kernel runs at 0.25.
+  const double narrow_bytes = rows * cols * (4 + 2);
+  const double vec = std::ceil(rows / double(c.vpu.sublanes)) * std::ceil(cols / double(c.vpu.lanes)) * c.vpu.cycles_per_vreg;
+  auto r16 = chip.run(load_op_store(rows, cols, DType::bf16, false), {.timing_only = true});
+  CHECK(r16.stats.cycles == Approx(100 + narrow_bytes / (bw * 0.25) + vec));
+  CHECK(r16.stats.work.cores.at(0).narrow_store_bytes == rows * cols * 2);
+  CHECK(r16.stats.work.cores.at(0).dmas == 2);
+  // f32 result: no 16-bit store, the whole kernel at the wide fraction.
+  const double wide_bytes = rows * cols * (4 + 4);
+  auto r32 = chip.run(load_op_store(rows, cols, DType::f32, false), {.timing_only = true});
+  CHECK(r32.stats.cycles == Approx(100 + wide_bytes / (bw * 0.5) + vec));
+  // wide_hbm_efficiency 0 falls back to hbm_efficiency.
+  ChipConfig same = c;
+  same.timing.wide_hbm_efficiency = 0;
+  Chip chip_same(same);
+  CHECK(chip_same.run(load_op_store(rows, cols, DType::f32, false), {.timing_only = true}).stats.cycles ==
+        Approx(100 + wide_bytes / (bw * 0.25) + vec));
+  // A row reduction adds reduce_cycles once; every DMA adds dma_cycles.
+  ChipConfig rc = c;
+  rc.timing.reduce_cycles = 70;
+  rc.timing.dma_cycles = 3;
+  Chip chip_rc(rc);
+  auto rr = chip_rc.run(load_op_store(rows, cols, DType::f32, true), {.timing_only = true});
+  const double xlu = std::ceil(rows / double(c.vpu.sublanes)) * std::ceil(cols / double(c.vpu.lanes)) * c.xlu.reduce_cycles_per_vreg;
+  CHECK(rr.stats.work.cores.at(0).xlu_cycles == Approx(xlu));
+  CHECK(rr.stats.cycles == Approx(100 + 70 + 2 * 3 + wide_bytes / (bw * 0.5) + std::max(vec, xlu)));
+  // The re-priced work equals the run's own figure (what tpu-calib's cross-validation relies on).
+  CHECK(calibrated_cycles(rc, rr.stats.work) == Approx(rr.stats.cycles));
 }

@@ -1,192 +1,133 @@
-// tpu-calib: the calibration report. Runs every shape of the measured TPU v4 data
-// (sim/calibration/tpu_v4) through the library path users run - eager tpu::matmul /
-// elementwise ops / relu and the same through tpu::compile - on a simulated device in
-// timing-only mode, and compares the simulated kernel times with the measured ones: per set
-// and overall mean absolute percentage error (MAPE), R^2 of measured against simulated, and the
-// worst shapes. Exit status 1 when a threshold given on the command line is missed.
+// tpu-calib: the calibration report. Runs every row of the measured TPU v4 data
+// (sim/calibration/tpu_v4; its README lists the sets) through the library path users run -
+// eager ops and the same through tpu::compile, one library call per XLA kernel - on a simulated
+// device in timing-only mode, and compares the simulated times with the measured ones: per set
+// MAPE, R^2 (where the set spans more than 10x in time) and the worst rows, the aggregates the
+// original targets name, and a k-fold cross-validation that re-fits the calibrated constants on
+// k-1 folds and predicts the held-out one. Exit status 1 when a requested target is missed.
 //
-//   tpu-calib [--data DIR] [--chip NAME] [--stride N] [--paths eager,compiled] [--worst N]
-//             [--max-mape PCT] [--min-r2 R2] [--max-ele-mape PCT] [--csv OUT]
-// --csv writes one line per shape and path: set, kernel, path, measured_us, simulated_us.
+//   tpu-calib [--data DIR] [--chip NAME] [--sets LIST] [--stride N] [--paths eager,compiled]
+//             [--worst N] [--folds K] [--max-mape PCT] [--min-r2 R2] [--max-ele-mape PCT]
+//             [--set-targets] [--csv OUT]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <functional>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "codegen/launch.h"
 #include "device/sim_driver.h"
 #include "tools/cli_args.h"
-#include "tpucore/compile.h"
-#include "tpucore/devices.h"
-#include "tpucore/ops.h"
-#include "tpucore/streams.h"
+#include "tools/tpu-calib/data.h"
+#include "tools/tpu-calib/fit.h"
+#include "tools/tpu-calib/run.h"
 
 namespace {
 
-struct Row {
-  std::string set, name;
-  std::vector<int64_t> shape;  // matmul: m, n, k; elementwise: tensor shape
-  std::string op;              // matmul, relu, add, sub, mul, div, ...
-  double measured_us = 0;
-};
+using tpu::calib::Fit;
+using tpu::calib::Row;
+using tpu::calib::Sample;
 
-std::vector<std::string> split_csv(const std::string& line) {
-  std::vector<std::string> out;
-  std::string cur;
-  bool q = false;
-  for (char c : line) {
-    if (c == '"') q = !q;
-    else if (c == ',' && !q) out.push_back(cur), cur.clear();
-    else cur += c;
+constexpr double kSpanForR2 = 10;  // R^2 is reported (and held to its target) above this span
+
+bool listed(const std::string& list, const std::string& name) {
+  if (list.empty()) return true;
+  size_t p = 0;
+  while (p <= list.size()) {
+    size_t e = list.find(',', p);
+    if (e == std::string::npos) e = list.size();
+    if (list.compare(p, e - p, name) == 0) return true;
+    p = e + 1;
   }
-  out.push_back(cur);
-  return out;
+  return false;
 }
 
-std::vector<int64_t> dims_in(const std::string& s) {  // "relu_(32, 8, 32)" -> {32, 8, 32}
-  std::vector<int64_t> d;
-  auto open = s.find('(');
-  if (open == std::string::npos) return d;
-  std::stringstream ss(s.substr(open + 1));
-  int64_t v;
-  char sep;
-  while (ss >> v) {
-    d.push_back(v);
-    if (!(ss >> sep) || sep == ')') break;
-  }
-  return d;
-}
-
-std::vector<Row> load(const std::string& dir, const std::string& file, const std::string& set) {
-  std::ifstream in(dir + "/" + file);
-  if (!in) throw std::runtime_error("cannot open " + dir + "/" + file);
-  std::string line;
-  std::getline(in, line);
-  auto head = split_csv(line);
-  auto col = [&](const std::string& n) {
-    auto it = std::find(head.begin(), head.end(), n);
-    if (it == head.end()) throw std::runtime_error(file + ": no column " + n);
-    return size_t(it - head.begin());
-  };
-  std::vector<Row> rows;
-  const bool mm = set.rfind("matmul", 0) == 0;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    auto f = split_csv(line);
-    Row r;
-    r.set = set;
-    r.name = f[col("kernel_name")];
-    if (mm) {
-      r.op = "matmul";
-      r.shape = {std::stoll(f[col("dim_m")]), std::stoll(f[col("dim_n")]), std::stoll(f[col("dim_k")])};
-      r.measured_us = std::stod(f[col("fusion_avg")]);
-    } else {
-      r.op = r.name.substr(0, r.name.find('_'));
-      r.shape = dims_in(r.name);
-      r.measured_us = std::stod(f[col("avg_duration_us")]);
-    }
-    rows.push_back(r);
-  }
-  return rows;
-}
-
-const tpu::Device kDev("sim:0");
-
-tpu::Tensor apply(const std::string& op, const tpu::Tensor& a, const tpu::Tensor& b) {
-  if (op == "matmul") return tpu::matmul(a, b);
-  if (op == "relu") return tpu::relu(a);
-  if (op == "add") return tpu::add(a, b);
-  if (op == "sub") return tpu::sub(a, b);
-  if (op == "mul") return tpu::mul(a, b);
-  if (op == "div") return tpu::div(a, b);
-  if (op == "max" || op == "maximum") return tpu::maximum(a, b);
-  if (op == "min" || op == "minimum") return tpu::minimum(a, b);
-  throw std::runtime_error("unknown op " + op);
-}
-
-// Simulated microseconds of one call (all programs it runs), or -1 if any part ran on the host.
-double simulate(const Row& r, bool compiled) {
-  const tpu::DType bf = tpu::DType::bf16;  // the MXU's input type; the data's float16 has the same bytes
-  tpu::Tensor a, b;
-  if (r.op == "matmul") {
-    a = tpu::empty({r.shape[0], r.shape[2]}, {bf, kDev});
-    b = tpu::empty({r.shape[2], r.shape[1]}, {bf, kDev});
-  } else {
-    a = tpu::empty(r.shape, {bf, kDev});
-    b = tpu::empty(r.shape, {bf, kDev});
-  }
-  std::function<tpu::Tensor()> call;
-  if (compiled) {
-    auto f = tpu::compile([op = r.op](const tpu::Tensor& x, const tpu::Tensor& y) { return apply(op, x, y); },
-                          {.name = "calib_" + r.op});
-    (void)f(a, b);  // first call traces and builds
-    tpu::synchronize(kDev);
-    tpu::codegen::reset_stats();
-    (void)f(a, b);
-  } else {
-    (void)apply(r.op, a, b);  // warm the program cache
-    tpu::synchronize(kDev);
-    tpu::codegen::reset_stats();
-    (void)apply(r.op, a, b);
-  }
-  tpu::synchronize(kDev);
-  const auto s = tpu::codegen::stats();
-  if (s.host_fallbacks > 0 || s.runs == 0) return -1;
-  return s.cycles / (tpu::device::sim_device(0).config().clock_ghz * 1e3);
-}
-
-struct Fit {
-  double mape = 0, r2 = 0;
-  size_t n = 0;
-};
-
-Fit score(const std::vector<double>& meas, const std::vector<double>& sim) {
-  Fit f;
-  f.n = meas.size();
-  if (f.n == 0) return f;
-  double mean = 0, ss_tot = 0, ss_res = 0;
-  for (size_t i = 0; i < f.n; ++i) f.mape += std::abs(sim[i] - meas[i]) / meas[i], mean += meas[i];
-  f.mape *= 100.0 / double(f.n);
-  mean /= double(f.n);
-  for (size_t i = 0; i < f.n; ++i)
-    ss_tot += (meas[i] - mean) * (meas[i] - mean), ss_res += (meas[i] - sim[i]) * (meas[i] - sim[i]);
-  f.r2 = ss_tot > 0 ? 1 - ss_res / ss_tot : 0;
-  return f;
+std::string r2_text(const Fit& f) {
+  char b[32];
+  if (f.span > kSpanForR2) std::snprintf(b, sizeof b, "%8.4f", f.r2);
+  else std::snprintf(b, sizeof b, "%8s", "-");
+  return b;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string dir = TPU_CALIB_DATA_DIR, chip = "v4", paths = "eager,compiled", csv_path;
-  int64_t stride = 1, worst = 5;
+  std::string dir = TPU_CALIB_DATA_DIR, chip = "v4", paths = "eager,compiled", csv_path, works_path, sets_list, cv_path = "compiled",
+              skip_targets;
+  int64_t stride = 1, worst = 3, folds = 2;
   double max_mape = -1, min_r2 = -1, max_ele_mape = -1;
-  tpu::cli::Parser p("tpu-calib", "Simulated against measured TPU v4 kernel times: MAPE, R^2 and the worst shapes per set.");
+  bool set_targets = false, cv_targets = false, fit_all = false;
+  tpu::cli::Parser p("tpu-calib", "Simulated against measured TPU v4 kernel times: MAPE, R^2, worst rows and cross-validation per set.");
   p.value("--data", "DIR", "folder of the measured CSVs (default: the in-tree sim/calibration/tpu_v4)",
           [&](const std::string& v) { dir = v; });
   p.value("--chip", "PRESET", "chip preset (default v4; v4-ideal for the ideal timing model)",
           [&](const std::string& v) { chip = v; });
+  p.value("--sets", "LIST", "comma-separated sets to run (default all: matmul_128, matmul_1024, matmul_4096, "
+          "matmul_large, ele, add_2d, relu, act1, act2, norm)", [&](const std::string& v) { sets_list = v; });
   p.value("--stride", "K", "use every K-th row only (default 1)",
           [&](const std::string& v) { stride = std::max<int64_t>(1, p.to_int(v)); });
   p.value("--paths", "LIST", "eager,compiled or one of them (default both)", [&](const std::string& v) { paths = v; });
-  p.value("--worst", "N", "worst shapes listed per set (default 5)", [&](const std::string& v) { worst = p.to_int(v); });
-  p.value("--max-mape", "PCT", "fail when the matmul MAPE is above", [&](const std::string& v) { max_mape = p.to_double(v); });
-  p.value("--min-r2", "R2", "fail when the matmul R^2 is below", [&](const std::string& v) { min_r2 = p.to_double(v); });
-  p.value("--max-ele-mape", "PCT", "fail when the elementwise/relu MAPE is above",
+  p.value("--worst", "N", "worst rows listed per set (default 3)", [&](const std::string& v) { worst = p.to_int(v); });
+  p.value("--folds", "K", "cross-validation folds (default 2, split-half; 0 = none; calibrated chips only)",
+          [&](const std::string& v) { folds = p.to_int(v); });
+  p.value("--cv-path", "PATH", "the path the cross-validation re-fits (default compiled)", [&](const std::string& v) { cv_path = v; });
+  p.value("--max-mape", "PCT", "fail when the MAPE of matmul_128..4096 together is above", [&](const std::string& v) { max_mape = p.to_double(v); });
+  p.value("--min-r2", "R2", "fail when their R^2 is below", [&](const std::string& v) { min_r2 = p.to_double(v); });
+  p.value("--max-ele-mape", "PCT", "fail when the MAPE of ele and relu together is above",
           [&](const std::string& v) { max_ele_mape = p.to_double(v); });
+  p.flag("--fit", "also re-fit the constants on every row (the fit the preset's constants come from) and report with them",
+         [&] { fit_all = true; });
+  p.flag("--cv-targets", "also fail when a cross-validated figure misses its set's target", [&] { cv_targets = true; });
+  p.flag("--set-targets", "fail when a set misses its own target with the chip's constants (MAPE: matmul_large "
+         "15%, matmul_1024 11%, others 10%; R^2 >= 0.98 for matmul_large, add_2d, act1, act2 and norm where they span "
+         "more than 10x); --skip-targets SETS exempts sets",
+         [&] { set_targets = true; });
+  p.value("--skip-targets", "LIST", "sets --set-targets does not hold to their targets (reported all the same)",
+          [&](const std::string& v) { skip_targets = v; });
   p.value("--csv", "FILE", "write every row's measured and simulated time", [&](const std::string& v) { csv_path = v; });
+  p.value("--works", "FILE", "write every row's counted work per kernel (one line per kernel: set, row, path, measured_us, "
+          "kernel, cores, per core MXU streaming, vector, weight-load and cross-lane cycles, 16-bit stored bytes and DMAs, "
+          "compulsory read and written bytes, HBM traffic)",
+          [&](const std::string& v) { works_path = v; });
   if (auto rc = p.parse(argc, argv)) return *rc;
+  if (folds < 0 || folds == 1 || folds > 10) {
+    std::fprintf(stderr, "tpu-calib: --folds must be 0 or 2..10, got %ld\n", long(folds));
+    return 2;
+  }
+  const auto& specs = tpu::calib::set_specs();
+  // Every name in --sets and --skip-targets must be a set; --paths and --cv-path name paths.
+  for (const std::string* list : {&sets_list, &skip_targets}) {
+    size_t p0 = 0;
+    while (!list->empty() && p0 <= list->size()) {
+      size_t e = list->find(',', p0);
+      if (e == std::string::npos) e = list->size();
+      const std::string name = list->substr(p0, e - p0);
+      if (std::none_of(specs.begin(), specs.end(), [&](const auto& sp) { return name == sp.set; })) {
+        std::fprintf(stderr, "tpu-calib: unknown set '%s' (known: matmul_128, matmul_1024, matmul_4096, matmul_large, "
+                     "ele, add_2d, relu, act1, act2, norm)\n", name.c_str());
+        return 2;
+      }
+      p0 = e + 1;
+    }
+  }
+  for (const std::string& path : {paths, cv_path}) {
+    if (path != "eager" && path != "compiled" && path != "eager,compiled" && path != "compiled,eager") {
+      std::fprintf(stderr, "tpu-calib: unknown path list '%s' (eager, compiled or both)\n", path.c_str());
+      return 2;
+    }
+  }
+  if (cv_path.find(',') != std::string::npos) {
+    std::fprintf(stderr, "tpu-calib: --cv-path takes one path (eager or compiled)\n");
+    return 2;
+  }
   setenv("TPU_SIM_CHIP", chip.c_str(), 1);  // before the first use of a sim device
-  std::vector<Row> rows;
+  std::vector<std::vector<Row>> rows(specs.size());
   try {
-    for (auto [file, set] : {std::pair{"matmul_128.csv", "matmul_128"}, {"matmul_1024.csv", "matmul_1024"},
-                             {"matmul_4096.csv", "matmul_4096"}, {"ele.csv", "ele"}, {"relu1.csv", "relu"}}) {
-      auto part = load(dir, file, set);
-      for (size_t i = 0; i < part.size(); i += size_t(stride)) rows.push_back(part[i]);
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if (!listed(sets_list, specs[i].set)) continue;
+      auto part = tpu::calib::load_set(dir, specs[i]);
+      for (size_t j = 0; j < part.size(); j += size_t(stride)) rows[i].push_back(part[j]);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tpu-calib: %s\n", e.what());
@@ -199,63 +140,148 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "tpu-calib: cannot write %s\n", csv_path.c_str());
       return 2;
     }
-    std::fprintf(csv, "set,kernel,path,measured_us,simulated_us\n");
+    std::fprintf(csv, "set,kernel,path,measured_us,simulated_us,kernels\n");
+  }
+  std::FILE* works = nullptr;
+  if (!works_path.empty() && !(works = std::fopen(works_path.c_str(), "w"))) {
+    std::fprintf(stderr, "tpu-calib: cannot write %s\n", works_path.c_str());
+    return 2;
   }
   tpu::codegen::set_timing_only(true);
+  const tpu::sim::ChipConfig cfg = tpu::device::sim_device(0).config();
   std::printf("calibration report: chip preset %s (%s timing model), measured TPU v4 times from %s (every %ld. row)\n",
-              chip.c_str(), tpu::device::sim_device(0).config().timing.model.c_str(), dir.c_str(), long(stride));
+              chip.c_str(), cfg.timing.model.c_str(), dir.c_str(), long(stride));
   bool ok = true;
   for (const std::string path : {"eager", "compiled"}) {
     if (paths.find(path) == std::string::npos) continue;
-    std::vector<double> all_m, all_s, mm_m, mm_s, el_m, el_s;
-    struct Err {
+    std::printf("\n%s path\n%-13s %6s %9s %8s %8s  %s\n", path.c_str(), "set", "rows", "MAPE %", "R^2", "span", "notes");
+    std::vector<double> mm_m, mm_s, el_m, el_s;
+    std::vector<Sample> samples;
+    struct Worst {
       double err;
       const Row* r;
       double sim;
     };
-    std::vector<Err> errs;
-    std::printf("\n%s path\n%-12s %6s %9s %8s\n", path.c_str(), "set", "shapes", "MAPE %", "R^2");
-    for (const std::string set : {"matmul_128", "matmul_1024", "matmul_4096", "ele", "relu"}) {
+    std::vector<std::vector<Worst>> worst_rows(specs.size());
+    std::vector<Fit> fits(specs.size());
+    for (size_t si = 0; si < specs.size(); ++si) {
+      if (rows[si].empty()) continue;
+      const std::string set = specs[si].set;
       std::vector<double> m, s;
-      size_t skipped = 0;
-      for (const auto& r : rows) {
-        if (r.set != set) continue;
-        double us = -1;
+      size_t skipped = 0, not_applicable = 0, kernel_mismatch = 0;
+      std::string why;
+      for (size_t ri = 0; ri < rows[si].size(); ++ri) {
+        const Row& r = rows[si][ri];
+        tpu::calib::Simulated sim;
         try {
-          us = simulate(r, path == "compiled");
+          sim = tpu::calib::simulate(r, path == "compiled");
         } catch (const std::exception& e) {
-          std::fprintf(stderr, "%s: %s\n", r.name.c_str(), e.what());
+          sim.why = e.what();
         }
-        if (us <= 0) {
-          ++skipped;
+        if (!sim.ok) {
+          if (sim.why.rfind("compiled only", 0) == 0) ++not_applicable;
+          else ++skipped, why = sim.why;
           continue;
         }
-        m.push_back(r.measured_us), s.push_back(us);
-        if (csv) std::fprintf(csv, "%s,\"%s\",%s,%.6g,%.6g\n", set.c_str(), r.name.c_str(), path.c_str(), r.measured_us, us);
-        errs.push_back({std::abs(us - r.measured_us) / r.measured_us, &r, us});
-        (set.rfind("matmul", 0) == 0 ? mm_m : el_m).push_back(r.measured_us);
-        (set.rfind("matmul", 0) == 0 ? mm_s : el_s).push_back(us);
+        if (sim.kernels != r.kernels) ++kernel_mismatch;
+        m.push_back(r.measured_us), s.push_back(sim.us);
+        if (csv)
+          std::fprintf(csv, "%s,\"%s\",%s,%.6g,%.6g,%d\n", set.c_str(), r.name.c_str(), path.c_str(), r.measured_us, sim.us,
+                       sim.kernels);
+        for (size_t k = 0; works && k < sim.works.size(); ++k) {
+          const auto& w = sim.works[k];
+          std::fprintf(works, "%s,\"%s\",%s,%.6g,%zu,%zu", set.c_str(), r.name.c_str(), path.c_str(), r.measured_us, k, w.cores.size());
+          for (const auto& c : w.cores)
+            std::fprintf(works, ",%.6g,%.6g,%.6g,%.6g,%.6g,%.6g", c.mxu_stream_cycles, c.vector_cycles, c.mxu_weight_cycles,
+                         c.xlu_cycles, c.narrow_store_bytes, c.dmas);
+          std::fprintf(works, ",%llu,%llu,%llu\n", (unsigned long long)w.compulsory_read_bytes,
+                       (unsigned long long)w.compulsory_written_bytes, (unsigned long long)w.traffic_bytes);
+        }
+        worst_rows[si].push_back({std::abs(sim.us - r.measured_us) / r.measured_us, &r, sim.us});
+        samples.push_back({si, ri, r.measured_us, std::move(sim.works)});
+        if (set == "matmul_128" || set == "matmul_1024" || set == "matmul_4096") mm_m.push_back(r.measured_us), mm_s.push_back(sim.us);
+        if (set == "ele" || set == "relu") el_m.push_back(r.measured_us), el_s.push_back(sim.us);
       }
-      Fit f = score(m, s);
-      std::printf("%-12s %6zu %9.2f %8.4f%s\n", set.c_str(), f.n, f.mape, f.r2,
-                  skipped ? (" (" + std::to_string(skipped) + " not simulated: host fallback or error)").c_str() : "");
-      if (skipped) ok = false;
-      all_m.insert(all_m.end(), m.begin(), m.end()), all_s.insert(all_s.end(), s.begin(), s.end());
+      Fit f = tpu::calib::score(m, s);
+      fits[si] = f;
+      std::string notes;
+      if (skipped) notes += std::to_string(skipped) + " not simulated (" + why + "); ", ok = false;
+      if (not_applicable) notes += std::to_string(not_applicable) + " compiled only; ";
+      if (kernel_mismatch) notes += std::to_string(kernel_mismatch) + " with another kernel count than XLA's; ";
+      std::printf("%-13s %6zu %9.2f %s %8.1f  %s\n", set.c_str(), f.n, f.mape, r2_text(f).c_str(), f.span, notes.c_str());
+      if (set_targets && f.n > 0 && !(skip_targets.size() && listed(skip_targets, set))) {
+        if (f.mape > specs[si].max_mape)
+          ok = false, std::printf("FAIL: %s %s MAPE above %.0f%%\n", path.c_str(), set.c_str(), specs[si].max_mape);
+        if (specs[si].r2_target && f.span > kSpanForR2 && f.r2 < 0.98)
+          ok = false, std::printf("FAIL: %s %s R^2 below 0.98\n", path.c_str(), set.c_str());
+      }
     }
-    Fit mm = score(mm_m, mm_s), el = score(el_m, el_s), all = score(all_m, all_s);
-    std::printf("%-12s %6zu %9.2f %8.4f\n%-12s %6zu %9.2f %8.4f\n%-12s %6zu %9.2f %8.4f\n", "matmul", mm.n, mm.mape,
-                mm.r2, "ele+relu", el.n, el.mape, el.r2, "all", all.n, all.mape, all.r2);
-    std::sort(errs.begin(), errs.end(), [](const Err& x, const Err& y) { return x.err > y.err; });
-    std::printf("worst shapes:\n");
-    for (size_t i = 0; i < errs.size() && i < size_t(worst); ++i)
-      std::printf("  %-28s measured %9.2f us  simulated %9.2f us  (%+.1f%%)\n", errs[i].r->name.c_str(),
-                  errs[i].r->measured_us, errs[i].sim, 100 * (errs[i].sim / errs[i].r->measured_us - 1));
+    Fit mm = tpu::calib::score(mm_m, mm_s), el = tpu::calib::score(el_m, el_s);
+    std::printf("%-13s %6zu %9.2f %8.4f   (matmul_128, _1024, _4096)\n%-13s %6zu %9.2f %8.4f   (ele, relu)\n", "matmul",
+                mm.n, mm.mape, mm.r2, "ele+relu", el.n, el.mape, el.r2);
+    std::printf("worst rows:\n");
+    for (size_t si = 0; si < specs.size(); ++si) {
+      auto& w = worst_rows[si];
+      std::sort(w.begin(), w.end(), [](const Worst& x, const Worst& y) { return x.err > y.err; });
+      for (size_t i = 0; i < w.size() && i < size_t(worst); ++i)
+        std::printf("  %-12s %-30s measured %9.2f us  simulated %9.2f us  (%+.1f%%)\n", specs[si].set, w[i].r->name.c_str(),
+                    w[i].r->measured_us, w[i].sim, 100 * (w[i].sim / w[i].r->measured_us - 1));
+    }
     if (max_mape >= 0 && mm.mape > max_mape) ok = false, std::printf("FAIL: %s matmul MAPE above %.2f%%\n", path.c_str(), max_mape);
     if (min_r2 >= 0 && mm.r2 < min_r2) ok = false, std::printf("FAIL: %s matmul R^2 below %.4f\n", path.c_str(), min_r2);
     if (max_ele_mape >= 0 && el.mape > max_ele_mape)
       ok = false, std::printf("FAIL: %s elementwise/relu MAPE above %.2f%%\n", path.c_str(), max_ele_mape);
+
+    if (path != cv_path || !cfg.timing.calibrated() || samples.empty()) continue;
+    tpu::calib::Objective obj;
+    for (const auto& sp : specs)
+      obj.max_mape.push_back(sp.max_mape), obj.fitted.push_back(sp.fitted), obj.r2_target.push_back(sp.r2_target);
+    if (fit_all) {
+      std::vector<const Sample*> all;
+      for (const auto& smp : samples) all.push_back(&smp);
+      const auto fitted = tpu::calib::refit(cfg, all, obj);
+      const auto& t = fitted.timing;
+      std::printf("\n%s path, constants re-fitted on every row: launch %.0f, mxu_efficiency %.3f, hbm_efficiency %.3f, "
+                  "wide_hbm_efficiency %.3f, reduce %.0f\n%-13s %6s %9s %8s\n", path.c_str(), t.launch_cycles, t.mxu_efficiency,
+                  t.hbm_efficiency, t.wide_hbm_efficiency, t.reduce_cycles, "set", "rows", "MAPE %", "R^2");
+      for (size_t si = 0; si < specs.size(); ++si) {
+        std::vector<double> m, s;
+        for (const auto& smp : samples)
+          if (smp.set == si) m.push_back(smp.measured_us), s.push_back(tpu::calib::priced_us(fitted, smp));
+        if (m.empty()) continue;
+        Fit f = tpu::calib::score(m, s);
+        std::printf("%-13s %6zu %9.2f %s\n", specs[si].set, f.n, f.mape, r2_text(f).c_str());
+      }
+    }
+    if (folds == 0) continue;
+    std::vector<tpu::sim::ChipConfig> fold_cfgs;
+    const auto pred = tpu::calib::cross_validate(cfg, samples, obj, int(folds), &fold_cfgs);
+    std::printf("\n%s path, %ld-fold cross-validation (constants re-fitted on %ld of %ld folds of every set, held-out fold predicted)\n",
+                path.c_str(), long(folds), long(folds - 1), long(folds));
+    for (size_t f = 0; f < fold_cfgs.size(); ++f) {
+      const auto& t = fold_cfgs[f].timing;
+      std::printf("  fold %zu: launch %.0f, mxu_efficiency %.3f, hbm_efficiency %.3f, wide_hbm_efficiency %.3f, reduce %.0f, "
+                  "dma %.1f, weight_load_exposed %.3f\n", f, t.launch_cycles, t.mxu_efficiency, t.hbm_efficiency,
+                  t.wide_hbm_efficiency, t.reduce_cycles, t.dma_cycles, t.weight_load_exposed);
+    }
+    std::printf("%-13s %6s %9s %8s   %s\n", "set", "rows", "CV MAPE %", "CV R^2", "(in-sample MAPE %)");
+    for (size_t si = 0; si < specs.size(); ++si) {
+      std::vector<double> m, s;
+      for (size_t i = 0; i < samples.size(); ++i)
+        if (samples[i].set == si) m.push_back(samples[i].measured_us), s.push_back(pred[i]);
+      if (m.empty()) continue;
+      Fit f = tpu::calib::score(m, s);
+      std::printf("%-13s %6zu %9.2f %s   (%.2f)\n", specs[si].set, f.n, f.mape, r2_text(f).c_str(), fits[si].mape);
+      if (cv_targets && !(skip_targets.size() && listed(skip_targets, specs[si].set))) {
+        if (f.mape > specs[si].max_mape)
+          ok = false, std::printf("FAIL: cross-validated %s MAPE above %.0f%%\n", specs[si].set, specs[si].max_mape);
+        if (specs[si].r2_target && f.span > kSpanForR2 && f.r2 < 0.98)
+          ok = false, std::printf("FAIL: cross-validated %s R^2 below 0.98\n", specs[si].set);
+      }
+    }
   }
   if (csv) std::fclose(csv);
+  if (works) std::fclose(works);
   std::printf("\n%s\n", ok ? "PASS" : "FAIL");
   return ok ? 0 : 1;
 }

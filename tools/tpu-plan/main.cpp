@@ -1,0 +1,146 @@
+// tpu-plan: what a model costs on a slice of simulated TPUs, training or serving (timing only).
+#include <cstdio>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "tools/cli_args.h"
+#include "tools/tpu-plan/plan.h"
+
+namespace {
+
+const char* kEpilog =
+    "MODEL is a named shape (qwen3-8b, llama3.1-8b, llama3-70b, tiny) or a path to a Hub config.json of a\n"
+    "dense decoder (model_type llama, qwen2, qwen3 or mistral). One chip of the symmetric layout is priced\n"
+    "kernel by kernel with the chip preset's timing model and every collective with the ICI cost model.\n"
+    "Training: tp x fsdp x dp must equal the chip count (default: fsdp = every chip); TP takes the\n"
+    "fastest (last) torus axes, then FSDP, then DP.\n"
+    "Exit status: 0 done; 1 bad input (unknown model or architecture, a layout that does not divide the\n"
+    "mesh, a plan that does not fit in HBM, no layout found); 2 a malformed command line.\n"
+    "Examples:\n"
+    "  tpu-plan --model qwen3-8b --chip v5p --chips 256 --global-batch 256 --seq 4096\n"
+    "  tpu-plan --model config.json --chip v6e --chips 8 --serve --input-len 1800 --output-len 128 --batch 64\n"
+    "  tpu-plan --model llama3-70b --chip v7 --chips 8192 --global-batch 8192 --search --json";
+
+int64_t positive(const std::string& v, const char* what) {
+  const int64_t x = tpu::cli::Parser::to_int(v);
+  if (x < 1) throw std::invalid_argument(fmt::format("{} must be a positive integer", what));
+  return x;
+}
+
+// The same layout kind (FSDP over what TP and DP leave) and sequences per chip on power-of-two
+// slices up to the plan's chip count.
+void write_plot(const std::string& path, const tpu::plan::ModelShape& m, const std::string& chip, bool calibrated,
+                const tpu::plan::TrainRecipe& r, const tpu::plan::Plan& last) {
+  const int64_t per_rank = r.global_batch / (r.layout.fsdp * r.layout.dp);
+  std::vector<tpu::plan::Plan> plans;
+  for (int64_t n = r.layout.tp * r.layout.dp; n < last.chips; n *= 2) {
+    try {
+      tpu::plan::TrainRecipe q = r;
+      q.layout.fsdp = n / (r.layout.tp * r.layout.dp);
+      q.global_batch = per_rank * q.layout.fsdp * q.layout.dp;
+      plans.push_back(tpu::plan::plan_train(m, tpu::plan::make_slice(chip, calibrated, "", n), q));
+    } catch (const tpu::plan::PlanError&) {
+      // A slice size the preset's torus cannot form is left out of the curve.
+    }
+  }
+  plans.push_back(last);
+  tpu::plan::write_scaling_svg(path, fmt::format("{} on {} ({}): weak scaling", m.name, last.chip, last.layout), plans);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model = "qwen3-8b", chip = "v5p", topology, precision = "bf16", plot;
+  int64_t chips = 0;
+  bool calibrated = true, serve = false, json = false, search = false;
+  double price = 0;
+  tpu::plan::TrainRecipe r;
+  r.global_batch = 0;
+  int64_t tp = 0, fsdp = 0, dp = 0;
+  tpu::plan::ServeWorkload w;
+  tpu::cli::Parser p("tpu-plan", "Predict step time, MFU, tokens/s, HBM and cost of a model on a simulated TPU slice.");
+  p.value("--model", "NAME|config.json", "a named shape or a Hub config.json (default qwen3-8b)", [&](const std::string& v) { model = v; })
+      .value("--chip", "v4|v5e|v5p|v6e|v7", "chip preset (default v5p); also tiny, for tests", [&](const std::string& v) { chip = v; })
+      .flag("--calibrated", "the calibrated timing model (default)", [&] { calibrated = true; })
+      .flag("--ideal", "the ideal timing model (the units' peaks, full overlap)", [&] { calibrated = false; })
+      .value("--chips", "N", "chips in the slice (the most cubic torus shape of N)", [&](const std::string& v) { chips = positive(v, "--chips"); })
+      .value("--topology", "AxBxC", "the slice's torus shape (instead of or agreeing with --chips)", [&](const std::string& v) { topology = v; })
+      .value("--global-batch", "B", "training: sequences per step (default: one per data-parallel rank)", [&](const std::string& v) { r.global_batch = positive(v, "--global-batch"); })
+      .value("--seq", "S", "training: sequence length (default 4096)", [&](const std::string& v) { r.seq = positive(v, "--seq"); })
+      .value("--tp", "N", "tensor-parallel degree (training default 1; serving default: every chip)", [&](const std::string& v) { tp = positive(v, "--tp"); })
+      .value("--fsdp", "N", "training: FSDP degree (default: the chips left after --tp and --dp)", [&](const std::string& v) { fsdp = positive(v, "--fsdp"); })
+      .value("--dp", "N", "training: data-parallel (replicated) degree (default 1)", [&](const std::string& v) { dp = positive(v, "--dp"); })
+      .value("--remat", "none|full|selective", "training: rematerialization (default full; selective recomputes the pointwise kernels)",
+             [&](const std::string& v) {
+               if (v == "none") r.remat = tpu::plan::Remat::none;
+               else if (v == "full") r.remat = tpu::plan::Remat::full;
+               else if (v == "selective") r.remat = tpu::plan::Remat::selective;
+               else throw std::invalid_argument("expected none, full or selective");
+             })
+      .value("--precision", "bf16", "compute precision (bf16 only: f32 master weights and optimizer state)", [&](const std::string& v) { precision = v; })
+      .flag("--serve", "a serving workload instead of training", [&] { serve = true; })
+      .value("--input-len", "N", "serving: prompt tokens per request (default 1024)", [&](const std::string& v) { w.input_len = positive(v, "--input-len"); })
+      .value("--output-len", "N", "serving: generated tokens per request (default 128)", [&](const std::string& v) { w.output_len = positive(v, "--output-len"); })
+      .value("--batch", "N", "serving: requests decoded together per replica (default 8)", [&](const std::string& v) { w.batch = positive(v, "--batch"); })
+      .value("--price-per-chip-hour", "USD", "price of one chip-hour: adds the cost per million tokens", [&](const std::string& v) {
+        price = tpu::cli::Parser::to_double(v);
+        if (!(price >= 0)) throw std::invalid_argument("must be a non-negative number");
+      })
+      .flag("--search", "training: try every tp x fsdp x dp layout that fits, fastest per chip first", [&] { search = true; })
+      .flag("--json", "print JSON instead of text", [&] { json = true; })
+      .value("--plot", "FILE.svg", "training: weak-scaling curve (MFU, tokens/s per chip) from the smallest power-of-two "
+             "slice the layout takes up to --chips, the same sequences per chip", [&](const std::string& v) { plot = v; })
+      .epilog(kEpilog);
+  if (auto rc = p.parse(argc, argv)) return *rc;
+  try {
+    if (precision != "bf16")
+      throw tpu::plan::PlanError(fmt::format("--precision {} is not modeled: tpu-plan prices bf16 compute only", precision));
+    if (!plot.empty() && (serve || search)) throw tpu::plan::PlanError("--plot draws a training layout's scaling; not with --serve or --search");
+    if (serve && search) throw tpu::plan::PlanError("--search ranks training layouts; it does not apply to --serve");
+    if (serve && (fsdp || dp)) throw tpu::plan::PlanError("--fsdp and --dp are training degrees; serving takes --tp (replicas fill the rest)");
+    const tpu::plan::ModelShape m = tpu::plan::load_model(model);
+    const tpu::plan::Slice s = tpu::plan::make_slice(chip, calibrated, topology, chips);
+    const int64_t n = s.topo.chips();
+    nlohmann::json out;
+    std::string text;
+    int rc = 0;
+    if (serve) {
+      w.tp = tp;
+      const tpu::plan::Plan plan = tpu::plan::plan_serve(m, s, w, price);
+      out = plan.to_json();
+      text = plan.text();
+      if (!plan.fits) rc = 1;
+    } else {
+      r.layout.tp = tp ? tp : 1;
+      r.layout.dp = dp ? dp : 1;
+      r.layout.fsdp = fsdp ? fsdp : n / (r.layout.tp * r.layout.dp);
+      if (r.global_batch == 0) r.global_batch = std::max<int64_t>(1, r.layout.fsdp * r.layout.dp);
+      if (search) {
+        const auto plans = tpu::plan::search_train(m, s, r, price);
+        if (plans.empty())
+          throw tpu::plan::PlanError(fmt::format("no tp x fsdp x dp layout of {} chips fits {} with --global-batch {} --seq {}",
+                                                 n, m.name, r.global_batch, r.seq));
+        out = nlohmann::json::array();
+        for (const auto& pl : plans) {
+          out.push_back(pl.to_json());
+          text += pl.text();
+        }
+      } else {
+        if (!fsdp && n % (r.layout.tp * r.layout.dp) != 0)
+          throw tpu::plan::PlanError(fmt::format("layout tp={} dp={} does not divide the mesh of {} chips", r.layout.tp, r.layout.dp, n));
+        const tpu::plan::Plan plan = tpu::plan::plan_train(m, s, r, price);
+        if (!plot.empty()) write_plot(plot, m, chip, calibrated, r, plan);
+        out = plan.to_json();
+        text = plan.text();
+        if (!plan.fits) rc = 1;
+      }
+    }
+    std::fputs(json ? (out.dump(2) + "\n").c_str() : text.c_str(), stdout);
+    if (rc) std::fprintf(stderr, "tpu-plan: does not fit: %s\n", out["advice"].get<std::string>().c_str());
+    return rc;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tpu-plan: %s\n", e.what());
+    return 1;
+  }
+}
