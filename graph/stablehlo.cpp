@@ -27,6 +27,8 @@ std::string Writer::elem_type(DType t) {
     case DType::i8: return "i8";
     case DType::u8: return "ui8";
     case DType::boolean: return "i1";
+    case DType::f8e4m3: return "f8E4M3FN";
+    case DType::f8e5m2: return "f8E5M2";
   }
   return "?";
 }

@@ -13,11 +13,11 @@ namespace tpu {
 namespace {
 using namespace ops;
 
-// One element conversion. 16-bit floats go through f32 first so that their conversion to an
+// One element conversion. 16- and 8-bit floats go through f32 first so that their conversion to an
 // integer gets the same saturation (NaN -> 0) as f32's instead of an undefined float->int cast.
 template <class TD, class TS>
 inline TD cast_element(TS v) {
-  if constexpr ((std::is_same_v<TS, bf16> || std::is_same_v<TS, f16>) && std::is_integral_v<TD> &&
+  if constexpr (cpu::is_narrow_float_v<TS> && std::is_integral_v<TD> &&
                 !std::is_same_v<TD, bool>)
     return cpu::convert<TD>(static_cast<float>(v));
   else
@@ -26,9 +26,9 @@ inline TD cast_element(TS v) {
 
 // Strided, converting copy of src (broadcast to dst's shape) into dst; both on the cpu.
 void strided_copy_cpu(const Tensor& dst, const Tensor& src) {
-  dispatch_dtype(dst.dtype(), [&](auto d) {
+  dispatch_any_dtype(dst.dtype(), [&](auto d) {
     using TD = decltype(d);
-    dispatch_dtype(src.dtype(), [&](auto s) {
+    dispatch_any_dtype(src.dtype(), [&](auto s) {
       using TS = decltype(s);
       std::array<char*, 2> base{cpu::byte_ptr(dst), cpu::byte_ptr(src)};
       std::array<Shape, 2> st{cpu::broadcast_byte_strides(dst, dst.shape()), cpu::broadcast_byte_strides(src, dst.shape())};
@@ -71,14 +71,15 @@ void cast_meta(const MetaArgs& a, MetaResult& m) {
   m.out() = {a.inputs[0].shape(), a.attrs.get_dtype("dtype"), a.inputs[0].device()};
 }
 void cast_cpu(const KernelArgs& a) { strided_copy_cpu(a.outputs[0], a.inputs[0]); }
-TPU_DEFINE_OP(cast_op, {.name = "to_dtype", .num_inputs = 1, .flags = kElementwise, .meta = &cast_meta,
+// Conversions to f8e4m3 / f8e5m2 overflow as PyTorch's float8 casts (tpucore/core/float8.h).
+TPU_DEFINE_OP(cast_op, {.name = "to_dtype", .num_inputs = 1, .flags = kElementwise | kFloat8, .meta = &cast_meta,
                         .cpu = &cast_cpu, .doc = "converts elements to another dtype (round to nearest even)"});
 
 void same_meta(const MetaArgs& a, MetaResult& m) {
   m.out() = {a.inputs[0].shape(), a.inputs[0].dtype(), a.inputs[0].device()};
 }
 void copy_cpu(const KernelArgs& a) { strided_copy_cpu(a.outputs[0], a.inputs[0]); }
-TPU_DEFINE_OP(contiguous_op, {.name = "contiguous", .num_inputs = 1, .flags = kElementwise, .meta = &same_meta,
+TPU_DEFINE_OP(contiguous_op, {.name = "contiguous", .num_inputs = 1, .flags = kElementwise | kFloat8, .meta = &same_meta,
                               .cpu = &copy_cpu, .doc = "copies a view into a new row-major tensor"});
 
 }  // namespace

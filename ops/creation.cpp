@@ -37,7 +37,7 @@ void fill_with(const Tensor& out, F f) {  // f(flat index) -> double
 void full_cpu(const KernelArgs& a) {
   const Scalar v = a.attrs.get_scalar("value");
   const Tensor& out = a.outputs[0];
-  dispatch_dtype(out.dtype(), [&](auto z) {
+  dispatch_any_dtype(out.dtype(), [&](auto z) {
     using T = decltype(z);
     T val = v.is_floating() ? cpu::convert<T>(v.to_double()) : cpu::convert<T>(static_cast<double>(v.to_int()));
     if constexpr (std::is_same_v<T, bool>) val = v.to_bool();
@@ -47,7 +47,7 @@ void full_cpu(const KernelArgs& a) {
     });
   });
 }
-TPU_DEFINE_OP(full_op, {.name = "full", .num_inputs = 0, .flags = kCreation | kNonDifferentiable, .meta = &creation_meta,
+TPU_DEFINE_OP(full_op, {.name = "full", .num_inputs = 0, .flags = kCreation | kNonDifferentiable | kFloat8, .meta = &creation_meta,
                         .cpu = &full_cpu, .doc = "a tensor filled with one value"});
 
 void arange_cpu(const KernelArgs& a) {

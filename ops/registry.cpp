@@ -49,6 +49,19 @@ std::string devices_str(std::span<const Tensor> inputs) {
   return s;
 }
 
+// Float8 tensors are storage types, as in PyTorch: only conversion, copies and views take them.
+void check_no_float8(const OpDef& op, std::span<const Tensor> inputs, const MetaResult& m) {
+  auto refuse = [&](DType t, const char* what, size_t i) {
+    fail("{}: not implemented for dtype {} ({} {}); float8 tensors support to(dtype), copies, views, printing and "
+         "item(): convert to f32 or bf16 to compute",
+         op.name, dtype_name(t), what, i);
+  };
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (is_float8(inputs[i].dtype())) refuse(inputs[i].dtype(), "input", i);
+  for (int i = 0; i < m.num_outputs; ++i)
+    if (is_float8(m.outputs[static_cast<size_t>(i)].dtype)) refuse(m.outputs[static_cast<size_t>(i)].dtype, "output", static_cast<size_t>(i));
+}
+
 }  // namespace
 
 const OpDef& define(OpDef def) {
@@ -148,6 +161,7 @@ void call(const OpDef& op, std::span<const Tensor> inputs, const Attrs& attrs, s
   }
   MetaResult m;
   op.meta(MetaArgs{op, inputs, attrs}, m);
+  if (!op.has(kView) && !op.has(kFloat8)) check_no_float8(op, inputs, m);
   // Every op's result shape (views included) within the element limit, named after the op.
   for (int i = 0; i < m.num_outputs; ++i) (void)checked_numel(m.out(i).shape, op.name.c_str());
   TPU_CHECK(outputs.size() >= static_cast<size_t>(m.num_outputs), "internal: {}: {} output slot(s) for {} output(s)",

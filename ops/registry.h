@@ -78,6 +78,7 @@ enum OpFlags : uint32_t {
   kRandom = 1u << 4,       // reads the random generator
   kNonDifferentiable = 1u << 5,
   kVariadic = 1u << 6,     // any number of tensor inputs (cat, stack)
+  kFloat8 = 1u << 7,       // takes or returns float8 tensors (data movement); other ops refuse them
 };
 
 struct OpDef {

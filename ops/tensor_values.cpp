@@ -12,7 +12,7 @@ Scalar Tensor::item() const {
   TPU_CHECK(numel() == 1, "item: expected a tensor with one element, got shape {} ({} elements)", shape().str(),
             numel());
   Tensor h = tpu::to(is_proxy() ? detail::materialize_proxy(*this, "item()") : *this, Device());
-  return dispatch_dtype(dtype(), [&](auto z) -> Scalar {
+  return dispatch_any_dtype(dtype(), [&](auto z) -> Scalar {
     using T = decltype(z);
     T v = *static_cast<const T*>(h.raw_data());
     if constexpr (std::is_same_v<T, bool>) return Scalar(v);
@@ -36,6 +36,8 @@ template std::vector<int8_t> Tensor::to_vector<int8_t>() const;
 template std::vector<uint8_t> Tensor::to_vector<uint8_t>() const;
 template std::vector<bf16> Tensor::to_vector<bf16>() const;
 template std::vector<f16> Tensor::to_vector<f16>() const;
+template std::vector<f8e4m3> Tensor::to_vector<f8e4m3>() const;
+template std::vector<f8e5m2> Tensor::to_vector<f8e5m2>() const;
 
 template <>
 std::vector<bool> Tensor::to_vector<bool>() const {

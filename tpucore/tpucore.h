@@ -19,6 +19,7 @@
 #include "tpucore/ops.h"
 #include "tpucore/optim.h"
 #include "tpucore/profiler.h"
+#include "tpucore/quantize.h"
 #include "tpucore/safetensors.h"
 #include "tpucore/streams.h"
 #include "tpucore/tokenizer.h"

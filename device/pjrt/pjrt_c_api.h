@@ -126,7 +126,11 @@ typedef enum {
   PJRT_Buffer_Type_F16 = 10,
   PJRT_Buffer_Type_F32 = 11,
   PJRT_Buffer_Type_F64 = 12,
-  PJRT_Buffer_Type_BF16 = 13
+  PJRT_Buffer_Type_BF16 = 13,
+  PJRT_Buffer_Type_C64 = 14,
+  PJRT_Buffer_Type_C128 = 15,
+  PJRT_Buffer_Type_F8E5M2 = 16,
+  PJRT_Buffer_Type_F8E4M3FN = 17
 } PJRT_Buffer_Type;
 
 typedef enum {

@@ -16,6 +16,8 @@ inline PJRT_Buffer_Type buffer_type_of(DType t) {
     case DType::f16: return PJRT_Buffer_Type_F16;
     case DType::f32: return PJRT_Buffer_Type_F32;
     case DType::bf16: return PJRT_Buffer_Type_BF16;
+    case DType::f8e4m3: return PJRT_Buffer_Type_F8E4M3FN;
+    case DType::f8e5m2: return PJRT_Buffer_Type_F8E5M2;
   }
   return PJRT_Buffer_Type_INVALID;
 }

@@ -167,15 +167,20 @@ void ternary_map(const Tensor& out, const Tensor& a, const Tensor& b, const Tens
 }
 
 // Value conversion between our element types (through float for the 16-bit floats).
+// True for the storage float types that convert through f32 (bf16, f16, f8e4m3, f8e5m2).
+template <class T>
+inline constexpr bool is_narrow_float_v = std::is_same_v<T, bf16> || std::is_same_v<T, f16> ||
+                                          std::is_same_v<T, f8e4m3> || std::is_same_v<T, f8e5m2>;
+
 template <class To, class From>
 inline To convert(From v) {
   if constexpr (std::is_same_v<To, From>) {
     return v;
-  } else if constexpr (std::is_same_v<To, bf16> || std::is_same_v<To, f16>) {
+  } else if constexpr (is_narrow_float_v<To>) {
     return To(static_cast<float>(v));
   } else if constexpr (std::is_same_v<To, bool>) {
     return static_cast<float>(v) != 0.0f;
-  } else if constexpr (std::is_same_v<From, bf16> || std::is_same_v<From, f16>) {
+  } else if constexpr (is_narrow_float_v<From>) {
     return convert<To>(v.to_f32());  // saturating float -> int below
   } else if constexpr (std::is_integral_v<To> && std::is_floating_point_v<From>) {
     // Out-of-range float -> int is undefined in C++; saturate (and NaN -> 0) instead.

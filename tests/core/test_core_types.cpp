@@ -23,8 +23,10 @@ TEST_CASE("dtype: promotion follows PyTorch's table", "[core]") {
   CHECK(promote_types(D::i32, D::bf16) == D::bf16);
   CHECK(promote_types(D::f16, D::u8) == D::f16);
   for (int a = 0; a < kNumDTypes; ++a)
-    for (int b = 0; b < kNumDTypes; ++b)
+    for (int b = 0; b < kNumDTypes; ++b) {
+      if (a != b && (is_float8(D(a)) || is_float8(D(b)))) continue;  // an error (test_float8.cpp)
       CHECK(promote_types(D(a), D(b)) == promote_types(D(b), D(a)));
+    }
 }
 
 TEST_CASE("dtype: result_type ranks dim tensors, 0-d tensors and wrapped scalars", "[core]") {

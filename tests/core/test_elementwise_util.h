@@ -32,6 +32,7 @@ inline double store_as(DType dt, double v) {
     case DType::f16:
       if (std::fabs(v) >= 65520.0) return v > 0 ? INFINITY : -INFINITY;
       return v;
+    case DType::f8e4m3: case DType::f8e5m2: return v;  // no elementwise op computes in float8
   }
   return v;
 }

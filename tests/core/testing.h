@@ -31,6 +31,24 @@ inline double decode_f16(uint16_t h) {
   else v = std::ldexp(1.0 + m / 1024.0, e - 15);
   return s ? -v : v;
 }
+// The 8-bit floats by their closed form: E4M3 (bias 7, no infinities, S.1111.111 is NaN) and
+// E5M2 (bias 15, IEEE-like specials).
+inline double decode_f8e4m3(uint8_t b) {
+  int s = (b >> 7) & 1, e = (b >> 3) & 15, m = b & 7;
+  double v;
+  if (e == 15 && m == 7) v = NAN;
+  else if (e == 0) v = std::ldexp(static_cast<double>(m), -9);  // 2^(1-7) * m/8
+  else v = std::ldexp(1.0 + m / 8.0, e - 7);
+  return s ? -v : v;
+}
+inline double decode_f8e5m2(uint8_t b) {
+  int s = (b >> 7) & 1, e = (b >> 2) & 31, m = b & 3;
+  double v;
+  if (e == 31) v = m ? NAN : INFINITY;
+  else if (e == 0) v = std::ldexp(static_cast<double>(m), -16);  // 2^(1-15) * m/4
+  else v = std::ldexp(1.0 + m / 4.0, e - 15);
+  return s ? -v : v;
+}
 
 // A dense row-major host array of doubles.
 struct Ref {
@@ -90,6 +108,8 @@ inline Ref ref_of(const Tensor& t_any) {
       case DType::i8: v = *reinterpret_cast<const int8_t*>(p); break;
       case DType::u8: v = *reinterpret_cast<const uint8_t*>(p); break;
       case DType::boolean: v = *reinterpret_cast<const uint8_t*>(p) ? 1 : 0; break;
+      case DType::f8e4m3: v = decode_f8e4m3(*reinterpret_cast<const uint8_t*>(p)); break;
+      case DType::f8e5m2: v = decode_f8e5m2(*reinterpret_cast<const uint8_t*>(p)); break;
     }
     r.v[static_cast<size_t>(i)] = v;
   }

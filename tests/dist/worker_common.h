@@ -40,6 +40,7 @@ inline double as_dtype(double v, DType d) {
     case DType::i8: return static_cast<int8_t>(static_cast<int64_t>(v));
     case DType::u8: return static_cast<uint8_t>(static_cast<int64_t>(v));
     case DType::boolean: return v != 0 ? 1 : 0;
+    case DType::f8e4m3: case DType::f8e5m2: break;  // collectives refuse float8
   }
   return v;
 }

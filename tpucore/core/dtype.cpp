@@ -9,7 +9,7 @@ size_t dtype_size(DType t) {
     case DType::i64: return 8;
     case DType::f32: case DType::i32: return 4;
     case DType::bf16: case DType::f16: return 2;
-    case DType::i8: case DType::u8: case DType::boolean: return 1;
+    case DType::i8: case DType::u8: case DType::boolean: case DType::f8e4m3: case DType::f8e5m2: return 1;
   }
   return 0;
 }
@@ -24,6 +24,8 @@ std::string_view dtype_name(DType t) {
     case DType::i8: return "i8";
     case DType::u8: return "u8";
     case DType::boolean: return "bool";
+    case DType::f8e4m3: return "f8e4m3";
+    case DType::f8e5m2: return "f8e5m2";
   }
   return "?";
 }
@@ -38,13 +40,15 @@ DType parse_dtype(std::string_view s) {
       {"i64", DType::i64},    {"int64", DType::i64},   {"long", DType::i64},
       {"i8", DType::i8},      {"int8", DType::i8},
       {"u8", DType::u8},      {"uint8", DType::u8},
-      {"bool", DType::boolean}};
+      {"bool", DType::boolean},
+      {"f8e4m3", DType::f8e4m3}, {"float8_e4m3fn", DType::f8e4m3}, {"f8e4m3fn", DType::f8e4m3},
+      {"f8e5m2", DType::f8e5m2}, {"float8_e5m2", DType::f8e5m2}};
   for (const auto& n : names)
     if (n.n == s) return n.t;
-  fail("parse_dtype: unknown dtype '{}' (expected one of f32, bf16, f16, i32, i64, i8, u8, bool)", s);
+  fail("parse_dtype: unknown dtype '{}' (expected one of f32, bf16, f16, i32, i64, i8, u8, bool, f8e4m3, f8e5m2)", s);
 }
 
-bool is_floating(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+bool is_floating(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16 || is_float8(t); }
 bool is_integral(DType t, bool include_bool) {
   if (t == DType::boolean) return include_bool;
   return t == DType::i32 || t == DType::i64 || t == DType::i8 || t == DType::u8;
@@ -56,11 +60,20 @@ DTypeCategory dtype_category(DType t) {
   return DTypeCategory::integer;
 }
 
+void fail_float8_compute(DType t) {
+  fail("dtype {} is a storage type: no kernel computes on it (convert it with to(f32) or to(bf16) first; "
+       "float8 tensors support to(dtype), copies, views, printing and item())",
+       dtype_name(t));
+}
+
 DType promote_types(DType a, DType b) {
   if (a == b) return a;
+  if (is_float8(a) || is_float8(b))
+    fail("promote_types: promotion of float8 types is not supported ({} and {}); convert explicitly with to(dtype)",
+         dtype_name(a), dtype_name(b));
   // Order of the table: f32 bf16 f16 i32 i8 u8 bool i64
   using D = DType;
-  static constexpr D table[kNumDTypes][kNumDTypes] = {
+  static constexpr D table[8][8] = {
       /* f32  */ {D::f32, D::f32, D::f32, D::f32, D::f32, D::f32, D::f32, D::f32},
       /* bf16 */ {D::f32, D::bf16, D::f32, D::bf16, D::bf16, D::bf16, D::bf16, D::bf16},
       /* f16  */ {D::f32, D::f32, D::f16, D::f16, D::f16, D::f16, D::f16, D::f16},

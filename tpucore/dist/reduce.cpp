@@ -65,6 +65,7 @@ ReduceFn reduce_fn(DType dtype, ReduceOp op) {
     case DType::i8: return pick<int8_t, int64_t>(op);
     case DType::u8: return pick<uint8_t, int64_t>(op);
     case DType::boolean: return pick_bool(op);
+    case DType::f8e4m3: case DType::f8e5m2: fail_float8_compute(dtype);
   }
   return nullptr;
 }

@@ -433,7 +433,7 @@ void pod_type(DType t, sim::DType& d, sim::ElemType& e, const std::string& what)
     case DType::f16: e = sim::ElemType::f16; return;
     case DType::u8: e = sim::ElemType::u8; return;
     case DType::boolean: e = sim::ElemType::boolean; return;
-    case DType::i64: break;
+    case DType::i64: case DType::f8e4m3: case DType::f8e5m2: break;
   }
   fail("{}: the sim pod's ICI carries f32, bf16, f16, i32, i8, u8 and bool, not {}", what, dtype_name(t));
 }

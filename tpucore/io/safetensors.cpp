@@ -32,9 +32,10 @@ struct DTypeName {
 };
 constexpr DTypeName kDTypeNames[] = {{DType::f32, "F32"}, {DType::bf16, "BF16"}, {DType::f16, "F16"},
                                      {DType::i32, "I32"}, {DType::i8, "I8"},     {DType::u8, "U8"},
-                                     {DType::boolean, "BOOL"}, {DType::i64, "I64"}};
+                                     {DType::boolean, "BOOL"}, {DType::i64, "I64"},
+                                     {DType::f8e4m3, "F8_E4M3"}, {DType::f8e5m2, "F8_E5M2"}};
 // Valid in the format, not (yet) tensor types of tpucore.
-constexpr const char* kUnsupportedNames[] = {"F64", "I16", "U16", "U32", "U64", "F8_E4M3", "F8_E5M2"};
+constexpr const char* kUnsupportedNames[] = {"F64", "I16", "U16", "U32", "U64"};
 
 std::string supported_list() {
   std::string s;

@@ -31,6 +31,8 @@ DType tensor_type(PJRT_Buffer_Type t) {
     case PJRT_Buffer_Type_F16: return DType::f16;
     case PJRT_Buffer_Type_F32: return DType::f32;
     case PJRT_Buffer_Type_BF16: return DType::bf16;
+    case PJRT_Buffer_Type_F8E4M3FN: return DType::f8e4m3;
+    case PJRT_Buffer_Type_F8E5M2: return DType::f8e5m2;
     default: fail("pjrt: the plugin returned a buffer of element type {}, which tpucore has no dtype for", int(t));
   }
 }

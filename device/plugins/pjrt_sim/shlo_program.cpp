@@ -33,6 +33,8 @@ DType parse_elem(const std::string& e, int line) {
   if (e == "i8") return DType::i8;
   if (e == "ui8") return DType::u8;
   if (e == "i1") return DType::boolean;
+  if (e == "f8E4M3FN") return DType::f8e4m3;
+  if (e == "f8E5M2") return DType::f8e5m2;
   bad(line, "unsupported element type '" + e + "'");
 }
 

@@ -1,0 +1,131 @@
+// Symmetric int8 weight quantization per output channel, its inverse, and the linear layer that
+// reads int8 weights in place (tpucore/quantize.h).
+#include "tpucore/quantize.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "ops/cpu/kernels/gemv_int8.h"
+#include "ops/meta_util.h"
+#include "ops/registry.h"
+#include "tpucore/ops.h"
+
+namespace tpu {
+namespace {
+using namespace ops;
+
+bool float_input(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+
+void quantize_meta(const MetaArgs& a, MetaResult& m) {
+  const Tensor& w = a.inputs[0];
+  TPU_CHECK(w.dim() == 2, "quantize_int8: expected a 2-D weight [out_features, in_features], got {}", describe(w));
+  TPU_CHECK(float_input(w.dtype()), "quantize_int8: expected an f32, bf16 or f16 weight, got {}", describe(w));
+  m.num_outputs = 2;
+  m.out(0) = {w.shape(), DType::i8, w.device()};
+  m.out(1) = {Shape{w.shape()[0]}, DType::f32, w.device()};
+  m.cast_mask = 1;
+  m.cast_to = DType::f32;
+}
+
+void quantize_cpu(const KernelArgs& a) {
+  const Tensor w = contiguous(a.inputs[0]);
+  const int64_t N = w.shape()[0], K = w.shape()[1];
+  const float* src = w.data<float>();
+  int8_t* q = a.outputs[0].data<int8_t>();
+  float* scale = a.outputs[1].data<float>();
+  for (int64_t j = 0; j < N; ++j) {
+    const float* row = src + j * K;
+    float amax = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      TPU_CHECK(std::isfinite(row[k]), "quantize_int8: row {} of the weight holds a non-finite value ({}) at column {}", j,
+                row[k], k);
+      amax = std::max(amax, std::fabs(row[k]));
+    }
+    const float s = amax > 0 ? amax / 127.0f : 1.0f;
+    scale[j] = s;
+    for (int64_t k = 0; k < K; ++k) {
+      const float r = std::nearbyint(row[k] / s);  // ties to even (the default rounding mode)
+      q[j * K + k] = static_cast<int8_t>(std::clamp(r, -127.0f, 127.0f));
+    }
+  }
+}
+TPU_DEFINE_OP(quantize_int8_op, {.name = "quantize_int8", .num_inputs = 1, .flags = kNonDifferentiable,
+                                 .meta = &quantize_meta, .cpu = &quantize_cpu,
+                                 .doc = "symmetric int8 quantization per output channel (q, scale)"});
+
+void check_q_scale(const char* op, const Tensor& q, const Tensor& s) {
+  TPU_CHECK(q.dim() == 2 && q.dtype() == DType::i8, "{}: expected an int8 weight [out_features, in_features], got {}", op,
+            describe(q));
+  TPU_CHECK(s.dim() == 1 && s.shape()[0] == q.shape()[0] && float_input(s.dtype()),
+            "{}: expected float scales of shape [{}] (one per output feature), got {}", op, q.shape()[0], describe(s));
+}
+
+void dequantize_meta(const MetaArgs& a, MetaResult& m) {
+  check_q_scale("dequantize_int8", a.inputs[0], a.inputs[1]);
+  m.out() = {a.inputs[0].shape(), DType::f32, common_device(a.inputs)};
+  m.cast_mask = 2;
+  m.cast_to = DType::f32;
+}
+void dequantize_cpu(const KernelArgs& a) {
+  const Tensor q = contiguous(a.inputs[0]), s = contiguous(a.inputs[1]);
+  const int64_t N = q.shape()[0], K = q.shape()[1];
+  const int8_t* qp = q.data<int8_t>();
+  const float* sp = s.data<float>();
+  float* out = a.outputs[0].data<float>();
+  for (int64_t j = 0; j < N; ++j)
+    for (int64_t k = 0; k < K; ++k) out[j * K + k] = static_cast<float>(qp[j * K + k]) * sp[j];
+}
+TPU_DEFINE_OP(dequantize_int8_op, {.name = "dequantize_int8", .num_inputs = 2, .flags = kNonDifferentiable,
+                                   .meta = &dequantize_meta, .cpu = &dequantize_cpu,
+                                   .doc = "q * scale per row, as f32"});
+
+void linear_int8_meta(const MetaArgs& a, MetaResult& m) {
+  const Tensor &x = a.inputs[0], &q = a.inputs[1], &s = a.inputs[2];
+  check_q_scale("linear_int8", q, s);
+  TPU_CHECK(x.dim() >= 1 && float_input(x.dtype()), "linear_int8: expected an f32, bf16 or f16 input [..., {}], got {}",
+            q.shape()[1], describe(x));
+  TPU_CHECK(x.shape()[x.dim() - 1] == q.shape()[1],
+            "linear_int8: the input's last dim {} does not match the weight's in_features {} (input {}, weight {})",
+            x.shape()[x.dim() - 1], q.shape()[1], describe(x), describe(q));
+  std::vector<int64_t> os = x.shape().vec();
+  os.back() = q.shape()[0];
+  m.out() = {Shape(os), x.dtype(), common_device(a.inputs)};
+  m.cast_mask = 1u | 4u;  // x and the scales in f32; the weight stays int8
+  m.cast_to = DType::f32;
+}
+
+void linear_int8_cpu(const KernelArgs& a) {
+  const Tensor x = contiguous(a.inputs[0]), q = contiguous(a.inputs[1]), s = contiguous(a.inputs[2]);
+  const int64_t N = q.shape()[0], K = q.shape()[1];
+  const int64_t M = K ? x.numel() / K : a.outputs[0].numel() / std::max<int64_t>(N, 1);
+  Tensor& out = a.outputs[0];
+  Tensor acc = out.dtype() == DType::f32 ? out : empty_tensor(out.shape(), DType::f32, Device());
+  kernels::gemv_int8(M, N, K, x.data<float>(), K, q.data<int8_t>(), s.data<float>(), acc.data<float>(), N);
+  if (out.dtype() == DType::bf16) {
+    bf16* o = out.data<bf16>();
+    for (int64_t i = 0; i < out.numel(); ++i) o[i] = bf16(acc.data<float>()[i]);
+  } else if (out.dtype() == DType::f16) {
+    f16* o = out.data<f16>();
+    for (int64_t i = 0; i < out.numel(); ++i) o[i] = f16(acc.data<float>()[i]);
+  }
+}
+TPU_DEFINE_OP(linear_int8_op, {.name = "linear_int8", .num_inputs = 3, .flags = kNonDifferentiable,
+                               .meta = &linear_int8_meta, .cpu = &linear_int8_cpu,
+                               .doc = "x (q * scale)^T with int8 weights read in place, f32 accumulation"});
+
+}  // namespace
+
+Int8Weight quantize_int8(const Tensor& weight) {
+  Tensor out[ops::kMaxOutputs];
+  const Tensor in[1] = {weight};
+  ops::call(quantize_int8_op(), in, {}, out);
+  return {std::move(out[0]), std::move(out[1])};
+}
+
+Tensor dequantize_int8(const Tensor& q, const Tensor& scale) { return ops::call(dequantize_int8_op(), {q, scale}); }
+
+Tensor linear_int8(const Tensor& x, const Tensor& q, const Tensor& scale) {
+  return ops::call(linear_int8_op(), {x, q, scale});
+}
+
+}  // namespace tpu

@@ -1,0 +1,171 @@
+// Symmetric int8 weight quantization and linear_int8 (tpucore/quantize.h): the quantizer by the
+// properties that define it and hand-made exact rows; the product on every kernel path of the
+// CPU against a naive double-precision loop over the dequantized weight.
+#include <cmath>
+
+#include "codegen_testing.h"
+#include "ops/cpu/kernels/gemv_int8.h"
+#include "opinfo.h"
+#include "testing.h"
+#include "tpucore/quantize.h"
+
+namespace tpu::testing {
+namespace {
+
+const OpInfoRegistrar reg_q("quantize_int8", "tests/core/test_quantize_int8.cpp");
+const OpInfoRegistrar reg_dq("dequantize_int8", "tests/core/test_quantize_int8.cpp");
+const OpInfoRegistrar reg_lin("linear_int8", "tests/core/test_quantize_int8.cpp");
+
+std::vector<float> random_values(Generator& g, size_t n, double lo, double hi) {
+  std::vector<float> v(n);
+  for (float& x : v) x = static_cast<float>(lo + (hi - lo) * g.next_double());
+  return v;
+}
+
+TEST_CASE("quantize_int8: exact rows, zero rows, errors", "[quant]") {
+  // Scale 1 (max 127): the quotients are the values, ties go to even.
+  const Tensor w = from_vector(std::vector<float>{127, 1.5f, 2.5f, -2.5f, 0, 0, 0, 0, -254, 0.75f, 3, -1}, {3, 4});
+  const Int8Weight q = quantize_int8(w);
+  CHECK(q.q.dtype() == DType::i8);
+  CHECK(q.scale.dtype() == DType::f32);
+  CHECK(q.q.to_vector<int8_t>() == std::vector<int8_t>{127, 2, 2, -2, 0, 0, 0, 0, -127, 0, 2, 0});
+  // Row 2: scale 2; 0.75/2 = 0.375 -> 0, 3/2 = 1.5 -> 2, -1/2 = -0.5 -> -0 (even).
+  CHECK(q.scale.to_vector<float>() == std::vector<float>{1, 1, 2});
+  CHECK(dequantize_int8(q.q, q.scale).to_vector<float>() ==
+        std::vector<float>{127, 2, 2, -2, 0, 0, 0, 0, -254, 0, 4, 0});
+  // bf16 weights quantize from their values.
+  CHECK(quantize_int8(w.to(DType::bf16)).q.to_vector<int8_t>() == q.q.to_vector<int8_t>());
+
+  const Tensor bad = from_vector(std::vector<float>{1, 2, NAN, 4}, {2, 2});
+  CHECK_THROWS_WITH(quantize_int8(bad), Catch::Contains("row 1") && Catch::Contains("non-finite"));
+  CHECK_THROWS_WITH(quantize_int8(from_vector(std::vector<float>{1, 2})), Catch::Contains("2-D"));
+  CHECK_THROWS_AS(quantize_int8(from_vector(std::vector<int32_t>{1, 2}, {1, 2})), Error);
+}
+
+TEST_CASE("quantize_int8: every element within half a step, the row maximum at +-127", "[quant]") {
+  Generator g(11);
+  const int64_t N = 37, K = 53;
+  std::vector<float> wv = random_values(g, static_cast<size_t>(N * K), -3, 3);
+  for (int64_t k = 0; k < K; ++k) wv[static_cast<size_t>(5 * K + k)] *= 1e-6f;  // a row of tiny values
+  const Tensor w = from_vector(wv, {N, K});
+  const Int8Weight q = quantize_int8(w);
+  const std::vector<int8_t> qv = q.q.to_vector<int8_t>();
+  const std::vector<float> sv = q.scale.to_vector<float>();
+  int bad = 0;
+  for (int64_t j = 0; j < N; ++j) {
+    double amax = 0;
+    for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(static_cast<double>(wv[static_cast<size_t>(j * K + k)])));
+    const double s = sv[static_cast<size_t>(j)];
+    bad += std::fabs(s - amax / 127) > 1e-6 * s;
+    bool has_max = false;
+    for (int64_t k = 0; k < K; ++k) {
+      const int q8 = qv[static_cast<size_t>(j * K + k)];
+      const double x = wv[static_cast<size_t>(j * K + k)];
+      bad += q8 < -127 || q8 > 127;
+      bad += std::fabs(x - q8 * s) > 0.5 * s * (1 + 1e-5);
+      has_max |= std::abs(q8) == 127;
+    }
+    bad += !has_max;
+  }
+  CHECK(bad == 0);
+}
+
+// Naive reference: x (q * scale)^T in double over the dequantized weight.
+std::vector<double> linear_ref(const std::vector<float>& x, const std::vector<int8_t>& q, const std::vector<float>& s,
+                               int64_t M, int64_t N, int64_t K, std::vector<double>* mag) {
+  std::vector<double> r(static_cast<size_t>(M * N)), m(static_cast<size_t>(M * N));
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double acc = 0, a = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double w = static_cast<double>(q[static_cast<size_t>(j * K + k)]) * s[static_cast<size_t>(j)];
+        acc += x[static_cast<size_t>(i * K + k)] * w;
+        a += std::fabs(x[static_cast<size_t>(i * K + k)] * w);
+      }
+      r[static_cast<size_t>(i * N + j)] = acc;
+      m[static_cast<size_t>(i * N + j)] = a;
+    }
+  if (mag) *mag = m;
+  return r;
+}
+
+TEST_CASE("linear_int8: every kernel path against the dequantized naive product", "[quant][gemv]") {
+  using kernels::Int8GemvPath;
+  Generator g(5);
+  int checked = 0;
+  for (Int8GemvPath path : {Int8GemvPath::best, Int8GemvPath::avx512, Int8GemvPath::avx2, Int8GemvPath::scalar}) {
+    if (!kernels::int8_gemv_path_available(path)) continue;
+    for (int64_t M : {1, 2, 3, 4, 5, 9})
+      for (int64_t N : {1, 3, 4, 5, 17})
+        for (int64_t K : {1, 7, 15, 16, 17, 40, 100}) {
+          const std::vector<float> x = random_values(g, static_cast<size_t>(M * K), -2, 2);
+          std::vector<int8_t> q(static_cast<size_t>(N * K));
+          for (int8_t& v : q) v = static_cast<int8_t>(static_cast<int>(g.next_u64() % 255) - 127);
+          const std::vector<float> s = random_values(g, static_cast<size_t>(N), 0.001, 0.05);
+          std::vector<float> out(static_cast<size_t>(M * N), -1);
+          kernels::gemv_int8(M, N, K, x.data(), K, q.data(), s.data(), out.data(), N, path);
+          std::vector<double> mag;
+          const std::vector<double> ref = linear_ref(x, q, s, M, N, K, &mag);
+          int bad = 0;
+          for (size_t i = 0; i < ref.size(); ++i) bad += std::fabs(out[i] - ref[i]) > 2e-6 * mag[i] + 1e-30;
+          INFO("path " << static_cast<int>(path) << " M " << M << " N " << N << " K " << K);
+          CHECK(bad == 0);
+          ++checked;
+        }
+  }
+  CHECK(checked >= 2 * 6 * 5 * 7);  // best and scalar always run
+}
+
+TEST_CASE("linear_int8: the op on batched f32 and bf16 inputs, and its errors", "[quant]") {
+  Generator g(9);
+  const int64_t N = 6, K = 33;
+  const Tensor w = from_vector(random_values(g, static_cast<size_t>(N * K), -1, 1), {N, K});
+  const Int8Weight qw = quantize_int8(w);
+  const std::vector<float> xv = random_values(g, static_cast<size_t>(2 * 3 * K), -1, 1);
+  const Tensor x = from_vector(xv, {2, 3, K});
+  const Tensor y = linear_int8(x, qw);
+  REQUIRE(y.shape() == Shape{2, 3, N});
+  CHECK(y.dtype() == DType::f32);
+  std::vector<double> mag;
+  const std::vector<double> ref = linear_ref(xv, qw.q.to_vector<int8_t>(), qw.scale.to_vector<float>(), 6, N, K, &mag);
+  const std::vector<float> got = y.to_vector<float>();
+  int bad = 0;
+  for (size_t i = 0; i < ref.size(); ++i) bad += std::fabs(got[i] - ref[i]) > 2e-6 * mag[i] + 1e-30;
+  CHECK(bad == 0);
+
+  // bf16 input: its values, f32 sums, one rounding to bf16 at the end.
+  const Tensor xb = x.to(DType::bf16);
+  const Tensor yb = linear_int8(xb, qw);
+  CHECK(yb.dtype() == DType::bf16);
+  const std::vector<float> xbv = xb.to_vector<float>();
+  const std::vector<double> refb = linear_ref(xbv, qw.q.to_vector<int8_t>(), qw.scale.to_vector<float>(), 6, N, K, &mag);
+  const std::vector<float> gotb = yb.to_vector<float>();
+  bad = 0;
+  for (size_t i = 0; i < refb.size(); ++i) bad += std::fabs(gotb[i] - refb[i]) > std::fabs(refb[i]) * 0x1p-8 + 2e-6 * mag[i];
+  CHECK(bad == 0);
+
+  // A strided input reads the same values.
+  const Tensor xt = x.transpose(0, 1).contiguous().transpose(0, 1);
+  CHECK(linear_int8(xt, qw).to_vector<float>() == got);
+
+  CHECK_THROWS_WITH(linear_int8(from_vector(std::vector<float>(5, 1.0f), {1, 5}), qw), Catch::Contains("in_features"));
+  CHECK_THROWS_WITH(linear_int8(x, w, qw.scale), Catch::Contains("int8 weight"));
+  CHECK_THROWS_WITH(linear_int8(x, qw.q, qw.scale.slice(0, 0, 3)), Catch::Contains("scales"));
+}
+
+TEST_CASE("linear_int8: sim tensors give the cpu's result", "[quant][sim]") {
+  TinySim sim;
+  Generator g(3);
+  const Tensor w = from_vector(random_values(g, 8 * 20, -1, 1), {8, 20});
+  const Tensor x = from_vector(random_values(g, 2 * 20, -1, 1), {2, 20});
+  const Int8Weight qw = quantize_int8(w);
+  const Int8Weight qd = quantize_int8(w.to(sim.dev()));
+  CHECK(qd.q.device() == sim.dev());
+  CHECK(qd.q.to_vector<int8_t>() == qw.q.to_vector<int8_t>());
+  const Tensor yd = linear_int8(x.to(sim.dev()), qd);
+  CHECK(yd.device() == sim.dev());
+  CHECK(yd.to_vector<float>() == linear_int8(x, qw).to_vector<float>());
+}
+
+}  // namespace
+}  // namespace tpu::testing
