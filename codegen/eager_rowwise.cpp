@@ -16,8 +16,6 @@
 namespace tpu::codegen {
 namespace {
 
-bool float_chip(DType t) { return t == DType::f32 || t == DType::bf16; }
-sim::DType cd(DType t) { return t == DType::bf16 ? sim::DType::bf16 : sim::DType::f32; }
 
 void run_rowwise(const RowwiseSpec& s, const Device& dev, const char* kernel, std::vector<int64_t> args) {
   const sim::ChipConfig& cfg = chip_config(dev);

@@ -9,8 +9,6 @@
 namespace tpu::codegen {
 namespace {
 
-bool float_chip(DType t) { return t == DType::f32 || t == DType::bf16; }
-sim::DType cd(DType t) { return t == DType::bf16 ? sim::DType::bf16 : sim::DType::f32; }
 
 struct MatOperand {
   Tensor t;

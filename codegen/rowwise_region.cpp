@@ -11,8 +11,6 @@
 namespace tpu::codegen {
 namespace {
 
-bool float_chip(DType t) { return t == DType::f32 || t == DType::bf16; }
-sim::DType cd(DType t) { return t == DType::bf16 ? sim::DType::bf16 : sim::DType::f32; }
 
 std::optional<RowOp> row_op_of(const std::string& name) {
   if (name == "softmax") return RowOp::softmax;
