@@ -1,7 +1,6 @@
 // Symmetric int8 weight quantization per output channel, its inverse, and the linear layer that
-// reads int8 weights in place (tpucore/quantize.h).
-#include "tpucore/quantize.h"
-
+// reads int8 weights in place: the registry ops behind tpucore/quantize.h (whose functions,
+// in tpucore/quant/quantize.cpp, call them by name).
 #include <cmath>
 #include <cstring>
 
@@ -114,18 +113,4 @@ TPU_DEFINE_OP(linear_int8_op, {.name = "linear_int8", .num_inputs = 3, .flags = 
                                .doc = "x (q * scale)^T with int8 weights read in place, f32 accumulation"});
 
 }  // namespace
-
-Int8Weight quantize_int8(const Tensor& weight) {
-  Tensor out[ops::kMaxOutputs];
-  const Tensor in[1] = {weight};
-  ops::call(quantize_int8_op(), in, {}, out);
-  return {std::move(out[0]), std::move(out[1])};
-}
-
-Tensor dequantize_int8(const Tensor& q, const Tensor& scale) { return ops::call(dequantize_int8_op(), {q, scale}); }
-
-Tensor linear_int8(const Tensor& x, const Tensor& q, const Tensor& scale) {
-  return ops::call(linear_int8_op(), {x, q, scale});
-}
-
 }  // namespace tpu

@@ -1,0 +1,35 @@
+// The public functions of tpucore/quantize.h over the registry ops of ops/quantize.cpp.
+#include "tpucore/quantize.h"
+
+#include "ops/registry.h"
+
+namespace tpu {
+namespace {
+
+const ops::OpDef& op_named(const char* name) {
+  const ops::OpDef* d = ops::find_op(name);
+  if (!d) fail("internal: op '{}' is not registered", name);
+  return *d;
+}
+
+}  // namespace
+
+Int8Weight quantize_int8(const Tensor& weight) {
+  static const ops::OpDef& op = op_named("quantize_int8");
+  Tensor out[ops::kMaxOutputs];
+  const Tensor in[1] = {weight};
+  ops::call(op, in, {}, out);
+  return {std::move(out[0]), std::move(out[1])};
+}
+
+Tensor dequantize_int8(const Tensor& q, const Tensor& scale) {
+  static const ops::OpDef& op = op_named("dequantize_int8");
+  return ops::call(op, {q, scale});
+}
+
+Tensor linear_int8(const Tensor& x, const Tensor& q, const Tensor& scale) {
+  static const ops::OpDef& op = op_named("linear_int8");
+  return ops::call(op, {x, q, scale});
+}
+
+}  // namespace tpu
