@@ -16,7 +16,11 @@ struct Registry {
   std::mutex mu;
   std::deque<OpDef> defs;  // stable addresses
   std::unordered_map<std::string, OpDef*> by_name;
-  std::unordered_map<std::string, BackwardDef> pending_backward;  // formulas of ops not defined yet
+  // What other sources register for ops not defined yet: static initialization runs sources in
+  // an order the language leaves open, so registration may come first; define() applies it.
+  std::unordered_map<std::string, BackwardDef> pending_backward;
+  std::unordered_map<std::string, void*> pending_lowering;
+  std::unordered_map<std::string, std::vector<std::pair<DeviceType, KernelFn>>> pending_kernels;
 };
 Registry& registry() {
   static Registry* r = new Registry();
@@ -75,6 +79,14 @@ const OpDef& define(OpDef def) {
     d->backward = p->second;
     r.pending_backward.erase(p);
   }
+  if (auto p = r.pending_lowering.find(d->name); p != r.pending_lowering.end()) {
+    d->lowering = p->second;
+    r.pending_lowering.erase(p);
+  }
+  if (auto p = r.pending_kernels.find(d->name); p != r.pending_kernels.end()) {
+    for (const auto& [device, fn] : p->second) d->kernels[static_cast<int>(device)] = fn;
+    r.pending_kernels.erase(p);
+  }
   r.by_name.emplace(d->name, d);
   return *d;
 }
@@ -84,6 +96,17 @@ const OpDef* find_op(std::string_view name) {
   std::lock_guard<std::mutex> lk(r.mu);
   auto it = r.by_name.find(std::string(name));
   return it == r.by_name.end() ? nullptr : it->second;
+}
+
+std::vector<std::string> undefined_registrations() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  std::vector<std::string> v;
+  for (const auto& [name, b] : r.pending_backward) v.push_back(name + " (backward)");
+  for (const auto& [name, l] : r.pending_lowering) v.push_back(name + " (lowering)");
+  for (const auto& [name, k] : r.pending_kernels) v.push_back(name + " (kernel)");
+  std::sort(v.begin(), v.end());
+  return v;
 }
 
 std::vector<const OpDef*> all_ops() {
@@ -98,16 +121,16 @@ void register_kernel(std::string_view op, DeviceType device, KernelFn fn) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lk(r.mu);
   auto it = r.by_name.find(std::string(op));
-  if (it == r.by_name.end()) fail("register_kernel: unknown op '{}'", op);
-  it->second->kernels[static_cast<int>(device)] = fn;
+  if (it == r.by_name.end()) r.pending_kernels[std::string(op)].emplace_back(device, fn);
+  else it->second->kernels[static_cast<int>(device)] = fn;
 }
 
 void set_lowering(std::string_view op, void* rule) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lk(r.mu);
   auto it = r.by_name.find(std::string(op));
-  if (it == r.by_name.end()) fail("set_lowering: unknown op '{}'", op);
-  it->second->lowering = rule;
+  if (it == r.by_name.end()) r.pending_lowering[std::string(op)] = rule;
+  else it->second->lowering = rule;
 }
 
 void set_backward(std::string_view op, BackwardDef def) {

@@ -105,6 +105,10 @@ const OpDef* find_op(std::string_view name);
 std::vector<const OpDef*> all_ops();
 // Lets a backend install its kernel for an op.
 void register_kernel(std::string_view op, DeviceType device, KernelFn fn);
+// Registrations (kernels, lowerings, backward formulas) made for op names that no define() has
+// matched: registration may run before the op's definition during static initialization, so it
+// is kept until then; once the program runs, a name left here is a misspelt or removed op.
+std::vector<std::string> undefined_registrations();
 // Lets codegen install an op's lowering rule (OpDef::lowering; the type is codegen's).
 void set_lowering(std::string_view op, void* rule);
 

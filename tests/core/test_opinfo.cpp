@@ -69,4 +69,18 @@ TEST_CASE("opinfo: every registered op has an entry", "[opinfo]") {
   CHECK(missing.empty());
 }
 
+TEST_CASE("opinfo: every kernel, lowering and backward registration found its op", "[opinfo]") {
+  // Registrations for names no op has (a misspelt or removed op) stay pending in the registry.
+  const std::vector<std::string> left = ops::undefined_registrations();
+  INFO("registrations for undefined ops: " << fmt::format("{}", fmt::join(left, ", ")));
+  CHECK(left.empty());
+  // The lowerings codegen installs reached their ops whatever the static initialization order.
+  for (const char* op : {"linear", "matmul", "sum", "mean", "amax"}) {
+    INFO(op);
+    const ops::OpDef* d = ops::find_op(op);
+    REQUIRE(d);
+    CHECK(d->lowering != nullptr);
+  }
+}
+
 }  // namespace tpu::testing
