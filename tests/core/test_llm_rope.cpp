@@ -166,6 +166,10 @@ TEST_CASE("config: math-changing fields that are not implemented are refused", "
   expect_error([] { parse(R"(, "logits_scaling": 8.0)"); }, {"logits_scaling"});
   expect_error([] { parse(R"(, "hidden_act": "gelu_fast")"); }, {"hidden_act", "gelu_fast"});
   expect_error([] { parse(R"(, "model_type": "phi3")"); }, {"model_type", "phi3", "gemma3_text"});
+  // A scaling factor that is not a positive number (the rope frequencies would divide by it).
+  expect_error([] { parse(R"(, "rope_scaling": {"rope_type": "dynamic", "factor": 0.0})"); }, {"factor", "positive"});
+  expect_error([] { parse(R"(, "rope_scaling": {"rope_type": "linear", "factor": -2.0})"); }, {"factor", "positive"});
+  expect_error([] { parse(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 0})"); }, {"factor", "positive"});
   // Neutral values pass.
   CHECK_NOTHROW(parse(R"(, "quantization_config": null, "num_local_experts": 0, "logits_scaling": 1.0, "use_qk_norm": false)"));
   // layer_types: only full and sliding attention.

@@ -2,6 +2,7 @@
 // naming the file and field) and written.
 #include <nlohmann/json.hpp>
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -89,6 +90,8 @@ nn::RopeScaling parse_rope(const json& r, const std::string& where, double& thet
   TPU_CHECK(!needs_factor || (r.contains("factor") && !r["factor"].is_null()), "{}: rope_type '{}' needs 'factor'",
             where, s.type);
   s.factor = get_double(r, "factor", where, s.type == "yarn" || s.type == "longrope" ? 0.0 : 1.0);
+  TPU_CHECK(!r.contains("factor") || r["factor"].is_null() || (std::isfinite(s.factor) && s.factor > 0),
+            "{}: 'factor' must be a positive number, got {}", where, s.factor);
   s.low_freq_factor = get_double(r, "low_freq_factor", where, 1.0);
   s.high_freq_factor = get_double(r, "high_freq_factor", where, 4.0);
   if (s.type == "llama3")
