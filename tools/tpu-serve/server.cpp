@@ -455,7 +455,7 @@ struct ApiServer::Impl {
       return json{{"id", opts.model_name}, {"object", "model"}, {"created", created}, {"owned_by", "tpucore"},
                   {"root", opts.model_name}, {"parent", nullptr}, {"max_model_len", info.max_model_len}};
     };
-    http.Get("/v1/models", [this, model_object](const httplib::Request&, httplib::Response& s) {
+    http.Get("/v1/models", [model_object](const httplib::Request&, httplib::Response& s) {
       s.set_content(dump(json{{"object", "list"}, {"data", json::array({model_object()})}}), "application/json");
     });
     // models.retrieve: the served model, or a 404 as OpenAI answers an unknown id.
