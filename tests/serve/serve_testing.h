@@ -14,6 +14,7 @@
 
 #include "core/llm_reference.h"
 #include "server.h"
+#include "tpucore/chat_template.h"
 #include "tpucore/models.h"
 #include "tpucore/tokenizer.h"
 
@@ -102,5 +103,30 @@ inline Sse post_stream(const Running& r, const std::string& path, const std::str
   else out.error = httplib::to_string(res.error());
   return out;
 }
+
+// A tiny random checkpoint written to a temporary folder (removed with the fixture), loaded, and
+// the server options the HTTP tests serve it with: "role: content" chat lines, then the
+// assistant's turn.
+struct ModelFixture {
+  ModelFixture(uint32_t seed, int64_t max_model_len, int64_t max_num_batched_tokens)
+      : dir(write_model_dir(seed)), max_model_len(max_model_len), max_num_batched_tokens(max_num_batched_tokens) {}
+  ~ModelFixture() { std::filesystem::remove_all(dir); }
+  std::filesystem::path dir;
+  std::shared_ptr<models::CausalLM> model = models::load_causal_lm(dir.string());
+  Tokenizer tok = Tokenizer::from_file((dir / "tokenizer.json").string());
+  int64_t max_model_len, max_num_batched_tokens;
+  serve_http::ServerOptions options() const {
+    serve_http::ServerOptions o;
+    o.model_name = "tiny";
+    o.engine.block_size = 4;
+    o.engine.max_model_len = max_model_len;
+    o.engine.max_num_seqs = 8;
+    o.engine.max_num_batched_tokens = max_num_batched_tokens;
+    o.drain_seconds = 10;
+    o.chat_template = ChatTemplate::from_source(
+        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}");
+    return o;
+  }
+};
 
 }  // namespace tpu::testing::serve

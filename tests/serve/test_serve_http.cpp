@@ -26,24 +26,9 @@ std::string as_json_text(const std::string& s) {
   return json::parse(json(s).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
 }
 
-struct Fixture {
-  std::filesystem::path dir = write_model_dir(31);
-  std::shared_ptr<models::CausalLM> model = models::load_causal_lm(dir.string());
-  Tokenizer tok = Tokenizer::from_file((dir / "tokenizer.json").string());
-  ~Fixture() { std::filesystem::remove_all(dir); }
-  serve_http::ServerOptions options() const {
-    serve_http::ServerOptions o;
-    o.model_name = "tiny";
-    o.engine.block_size = 4;
-    o.engine.max_model_len = 64;
-    o.engine.max_num_seqs = 8;
-    o.engine.max_num_batched_tokens = 24;
-    o.drain_seconds = 10;
-    // "role: content" lines, then the assistant's turn.
-    o.chat_template = ChatTemplate::from_source(
-        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}");
-    return o;
-  }
+// The served model: seed 31, 64-token context, 24 tokens per step.
+struct Fixture : ModelFixture {
+  Fixture() : ModelFixture(31, 64, 24) {}
   // The reference: generate() one request at a time, greedy, stopping at the eos ids, decoded.
   std::pair<std::string, std::string> expected(const std::string& prompt, int64_t max_tokens) {
     models::GenerationConfig g;

@@ -19,23 +19,9 @@ using V = std::vector<int64_t>;
 
 namespace {
 
-struct Fixture {
-  std::filesystem::path dir = write_model_dir(47);
-  std::shared_ptr<models::CausalLM> model = models::load_causal_lm(dir.string());
-  Tokenizer tok = Tokenizer::from_file((dir / "tokenizer.json").string());
-  ~Fixture() { std::filesystem::remove_all(dir); }
-  serve_http::ServerOptions options() const {
-    serve_http::ServerOptions o;
-    o.model_name = "tiny";
-    o.engine.block_size = 4;
-    o.engine.max_model_len = 96;
-    o.engine.max_num_seqs = 8;
-    o.engine.max_num_batched_tokens = 32;
-    o.drain_seconds = 10;
-    o.chat_template = ChatTemplate::from_source(
-        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}");
-    return o;
-  }
+// The served model: seed 47, 96-token context, 32 tokens per step.
+struct Fixture : ModelFixture {
+  Fixture() : ModelFixture(47, 96, 32) {}
 };
 
 json post(const Running& r, const std::string& path, const json& body, int& status) {
