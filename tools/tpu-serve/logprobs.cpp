@@ -18,6 +18,18 @@ namespace {
 std::string as_sent(const std::string& s) {
   return json::parse(json(s).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
 }
+// A completions top_logprobs entry: text as the client sees it -> logprob, best first (a later
+// token of the same text does not replace the likelier one); null without alternatives.
+json top_map(const Tokenizer& tok, const serve::TokenOutput& o) {
+  if (o.top.empty()) return nullptr;
+  json top = json::object();
+  for (const auto& [id, lp] : o.top) {
+    const std::string key = as_sent(token_text(tok, id));
+    if (!top.contains(key)) top[key] = lp;
+  }
+  return top;
+}
+
 }  // namespace
 
 json completion_logprobs(const Tokenizer& tok, const std::vector<serve::TokenOutput>& outs, size_t& offset) {
@@ -26,13 +38,7 @@ json completion_logprobs(const Tokenizer& tok, const std::vector<serve::TokenOut
     const std::string t = token_text(tok, o.token);
     tokens.push_back(t);
     lps.push_back(o.logprob);
-    json top = json::object();
-    // Best first: a later token of the same text does not replace the likelier one.
-    for (const auto& [id, lp] : o.top) {
-      const std::string key = as_sent(token_text(tok, id));
-      if (!top.contains(key)) top[key] = lp;
-    }
-    tops.push_back(o.top.empty() ? json(nullptr) : top);
+    tops.push_back(top_map(tok, o));
     offsets.push_back(offset);
     offset += t.size();
   }
@@ -54,12 +60,7 @@ json echo_logprobs(const Tokenizer& tok, const std::vector<int64_t>& prompt, con
     }
     const serve::TokenOutput& o = outs[i - 1];
     lps.push_back(o.logprob);
-    json top = json::object();
-    for (const auto& [id, lp] : o.top) {
-      const std::string key = as_sent(token_text(tok, id));
-      if (!top.contains(key)) top[key] = lp;
-    }
-    tops.push_back(o.top.empty() ? json(nullptr) : top);
+    tops.push_back(top_map(tok, o));
   }
   return json{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
