@@ -1,0 +1,26 @@
+# The installed header set must be closed under its own #include "..." lines: a public header
+# that includes a header not in TPU_PUBLIC_HEADERS compiles in the build tree but not for a user
+# of the installed package. Fast check of what tests/consumer/ proves with a full install.
+# Run as: cmake -DSRC=<repo> -DHEADERS="a.h;b.h" -P check_public_headers.cmake
+cmake_policy(SET CMP0007 NEW)
+set(errors "")
+set(todo ${HEADERS})
+foreach(h ${todo})
+  if(NOT EXISTS ${SRC}/${h})
+    string(APPEND errors "  ${h}: listed as public but does not exist\n")
+    continue()
+  endif()
+  file(STRINGS ${SRC}/${h} incs REGEX "^[ \t]*#[ \t]*include[ \t]+\"")
+  foreach(line ${incs})
+    string(REGEX REPLACE "^[ \t]*#[ \t]*include[ \t]+\"([^\"]+)\".*$" "\\1" inc "${line}")
+    list(FIND HEADERS "${inc}" at)
+    if(at EQUAL -1)
+      string(APPEND errors "  ${h} includes \"${inc}\", which is not installed (add it to TPU_PUBLIC_HEADERS or drop the include)\n")
+    endif()
+  endforeach()
+endforeach()
+if(errors)
+  message(FATAL_ERROR "public headers not self-contained:\n${errors}")
+endif()
+list(LENGTH HEADERS n)
+message(STATUS "${n} public headers, closed under their includes")
