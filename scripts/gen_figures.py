@@ -544,6 +544,38 @@ def plan_v7(build):
              "chips in the slice", "MFU (%)", series, logx=True, lines=True)
 
 
+def plan_moe(build):
+    """Mixtral 8x7B and Qwen3-30B-A3B training on v5p-256 and v6e-256 by tpu-plan, calibrated and ideal:
+    FSDP over every chip, without and with expert parallelism (MFU on the active parameters)."""
+    exe = os.path.join(build, "tools", "tpu-plan", "tpu-plan")
+    if not os.path.exists(exe):
+        die(f"{exe} is not built (ninja -C {build} tpu-plan)")
+    lines = [header("Simulated on the host; the figures do not depend on it"), "",
+             "| model | chip, timing model | layout | step ms | MFU (active) | tokens/s per chip | MXU ms | "
+             "other compute ms | HBM ms | ICI ms (exposed) | exposed all-to-all ms (% of step) | HBM per chip GB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for model, eps in (("mixtral-8x7b", {"v5p": 8, "v6e": 8}), ("qwen3-30b-a3b", {"v5p": 8, "v6e": 16})):
+        for chip in ("v5p", "v6e"):
+            for label, flag in (("calibrated", "--calibrated"), ("ideal", "--ideal")):
+                for ep in (1, eps[chip]):
+                    j = json.loads(run([exe, "--model", model, "--chip", chip, flag, "--chips", "256", "--global-batch",
+                                        "256", "--seq", "4096", "--ep", str(ep), "--json"]))
+                    b = j["breakdown_s"]
+                    a2a = b["exposed_all_to_all"]
+                    lines.append(f"| {model} | {chip}-256 ({j['topology'].split(' ')[0]}), {label} | {j['layout']} | "
+                                 f"{fmt(j['step_s'] * 1e3, 0)} | {fmt(100 * j['mfu'])}% | {fmt(j['tokens_per_s_per_chip'], 0)} | "
+                                 f"{fmt(b['mxu'] * 1e3, 0)} | {fmt(b['other_compute'] * 1e3, 0)} | {fmt(b['hbm'] * 1e3, 0)} | "
+                                 f"{fmt(b['ici_total'] * 1e3, 0)} ({fmt(b['exposed_ici'] * 1e3, 1)}) | "
+                                 f"{fmt(a2a * 1e3, 1)} ({fmt(100 * a2a / j['step_s'])}%) | "
+                                 f"{fmt(j['hbm_per_chip_bytes']['total'] / 1e9)} |")
+    write_region("simulator.md", "plan-moe", "\n".join(lines))
+
+
+def plan(build):
+    plan_v7(build)
+    plan_moe(build)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -559,7 +591,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         if do_sim:
             parts = {"ops": op_matrix, "calibration": lambda b: calibration(b, tmp), "kernels": sim_kernels,
-                     "ici": sim_ici, "llm": sim_llm, "pod": sim_pod, "serve": sim_serve, "plan": plan_v7}
+                     "ici": sim_ici, "llm": sim_llm, "pod": sim_pod, "serve": sim_serve, "plan": plan}
             only = [p for p in args.only.split(",") if p] or list(parts)
             for p in only:
                 if p not in parts:

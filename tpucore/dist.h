@@ -106,10 +106,17 @@ class ProcessGroup {
   Work all_gather_into_tensor_async(const Tensor& out, const Tensor& input);
   /// input's dim 0 is size() times out's; rank r receives the reduced r-th block.
   Work reduce_scatter_tensor_async(const Tensor& out, const Tensor& input, ReduceOp op = ReduceOp::sum);
-  /// out[j] of rank i receives input[i] of rank j; all tensors of one shape and dtype.
+  /// out[j] of rank i receives input[i] of rank j (flattened; shapes may differ, element counts
+  /// must match across ranks, checked before any data moves); one dtype.
   Work all_to_all_async(const std::vector<Tensor>& out, const std::vector<Tensor>& input);
   /// dim 0 split into size() equal blocks: block j goes to rank j.
   Work all_to_all_single_async(const Tensor& out, const Tensor& input);
+  /// As torch's all_to_all_single with split sizes: input_split_sizes[j] rows of dim 0 go to
+  /// rank j, output_split_sizes[i] rows come from rank i (an empty list: equal splits). The
+  /// ranks' sizes and dtypes are exchanged and checked first (a mismatch is a tpu::Error on
+  /// every rank naming the ranks and sizes); not traceable in tpu::compile.
+  Work all_to_all_single_async(const Tensor& out, const Tensor& input, const std::vector<int64_t>& output_split_sizes,
+                               const std::vector<int64_t>& input_split_sizes);
   /// Sends t to rank `dst`; the matching recv uses the same tag.
   Work send_async(const Tensor& t, int dst, int tag = 0);
   /// Receives into t from rank `src`.
@@ -128,6 +135,8 @@ class ProcessGroup {
   void reduce_scatter_tensor(const Tensor& out, const Tensor& in, ReduceOp op = ReduceOp::sum);
   void all_to_all(const std::vector<Tensor>& out, const std::vector<Tensor>& in);
   void all_to_all_single(const Tensor& out, const Tensor& in);
+  void all_to_all_single(const Tensor& out, const Tensor& in, const std::vector<int64_t>& output_split_sizes,
+                         const std::vector<int64_t>& input_split_sizes);
   void send(const Tensor& t, int dst, int tag = 0) { send_async(t, dst, tag).wait(); }
   void recv(const Tensor& t, int src, int tag = 0) { recv_async(t, src, tag).wait(); }
   void barrier();

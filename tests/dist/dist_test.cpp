@@ -138,6 +138,21 @@ TEST_CASE("dist gloo: a rank that dies makes the others fail within the timeout"
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30));
 }
 
+TEST_CASE("dist gloo: all_to_all with uneven and empty splits equals a naive exchange on 2, 3, 4 and 8 ranks", "[dist]") {
+  for (int n : {2, 3, 4, 8}) require_all_ok(run(Job(n, "a2a")));
+}
+
+TEST_CASE("dist gloo: a rank that dies before an uneven all_to_all makes the others fail within the timeout", "[dist]") {
+  auto t0 = std::chrono::steady_clock::now();
+  auto ps = run(Job(3, "die_a2a", "", 3000), std::chrono::seconds(60));
+  CHECK(exit_code(ps[1]) == 7);
+  for (int r : {0, 2}) {
+    INFO("rank " << r << " output:\n" << ps[static_cast<size_t>(r)].out);
+    CHECK(exit_code(ps[static_cast<size_t>(r)]) == 0);
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30));
+}
+
 TEST_CASE("dist gloo: init errors are clear and bounded", "[dist]") {
   SECTION("a rank that never arrives") {
     Job j(2, "init_error", "ranks 1 of 2 never arrived", 1000);

@@ -15,6 +15,8 @@ namespace dist_test {
 int scenario_collectives();
 int scenario_ddp();
 int scenario_compiled();  // worker_compile.cpp
+int scenario_a2a();       // worker_a2a.cpp
+int scenario_die_a2a();
 }
 
 using namespace dist_test;
@@ -214,12 +216,14 @@ int main(int argc, char** argv) {
     else if (s == "ddp") rc = scenario_ddp();
     else if (s == "die") rc = scenario_die();
     else if (s == "compiled") rc = scenario_compiled();
+    else if (s == "a2a") rc = scenario_a2a();
+    else if (s == "die_a2a") rc = scenario_die_a2a();
     else if (s == "fail_rank") {  // for tpu-run: the named rank exits with status 5
       if (tpu::dist::get_rank() == (argc > 2 ? std::atoi(argv[2]) : 1)) return 5;
       std::this_thread::sleep_for(std::chrono::seconds(30));
       rc = 0;
     }
-    if (s != "die") tpu::dist::destroy_process_group();
+    if (s != "die" && s != "die_a2a") tpu::dist::destroy_process_group();
     std::printf("rank done: %s, %d failures in %d checks\n", s.c_str(), g_failures, g_checks);
     return rc != 0 ? rc : (g_failures ? 1 : 0);
   } catch (const std::exception& e) {

@@ -63,6 +63,34 @@ int scenario_compiled() {
     check(values(sc) == rsc, "compiled reduce_scatter" + at);
     check(values(es) == rs && values(eg) == rg && values(esc) == rsc, "eager" + at);
   }
+  // all_to_all_single with uneven (and empty) splits inside tpu::compile: rank r sends
+  // (r + 2 j) % 3 rows of 2 to rank j; row k of rank r holds 10 r + k in both columns.
+  auto rows = [](int r, int j) -> int64_t { return (r + 2 * j) % 3; };
+  std::vector<int64_t> in_s, out_s;
+  int64_t ni = 0, no = 0;
+  for (int j = 0; j < n; ++j) {
+    in_s.push_back(rows(me, j));
+    out_s.push_back(rows(j, me));
+    ni += in_s.back();
+    no += out_s.back();
+  }
+  auto a2a = [&](const Tensor& x) {
+    Tensor o = tpu::empty(Shape{no, 2}, tpu::TensorOptions(x.dtype()));
+    tpu::dist::world()->all_to_all_single(o, x * 3, out_s, in_s);
+    return o + 1;
+  };
+  auto fa = tpu::compile(a2a, {.name = "gloo_a2a"});
+  std::vector<float> xv, want;
+  for (int64_t k = 0; k < ni; ++k) xv.insert(xv.end(), 2, float(10 * me + k));
+  for (int j = 0; j < n; ++j) {
+    int64_t first = 0;
+    for (int k = 0; k < me; ++k) first += rows(j, k);
+    for (int64_t k = first; k < first + rows(j, me); ++k) want.insert(want.end(), 2, float(3 * (10 * j + k) + 1));
+  }
+  Tensor xa = tpu::from_vector(xv, Shape{ni, 2});
+  check(values(fa(xa)) == want, "compiled uneven all_to_all_single");
+  check(values(fa(xa)) == want, "compiled uneven all_to_all_single (cached)");
+  check(values(a2a(xa)) == want, "eager uneven all_to_all_single");
   const tpu::jit::Stats st = tpu::jit::stats();
   const tpu::jit::FunctionStats* fs = st.find("gloo_step");
   check(fs && fs->compiles == 1 && fs->hits == 2, "one compile, then cache hits");

@@ -325,12 +325,12 @@ TEST_CASE("compiled collectives: bad arguments are tpu::Errors and the group sta
     expect(e2.find("split evenly") != std::string::npos, e2);
     expect(e3.find("is on sim:") != std::string::npos, e3);
     auto a2a = compile([&](const Tensor& t) {
-      Tensor o = empty_like(t);
-      pg.all_to_all_single(o, t);
-      return o;
+      std::vector<Tensor> os = {empty_like(t), empty_like(t)};
+      pg.all_to_all(os, {t, t});
+      return os[0];
     });
     const std::string e4 = error_of([&] { (void)a2a(x); });
-    expect(e4.find("all_to_all_single inside tpu::compile") != std::string::npos, e4);
+    expect(e4.find("all_to_all inside tpu::compile") != std::string::npos, e4);
     Tensor y = x.clone();
     pg.all_reduce(y);
     expect(host(y) == std::vector<float>(6, 2.f), "the group still works");

@@ -10,17 +10,21 @@
 namespace {
 
 const char* kEpilog =
-    "MODEL is a named shape (qwen3-8b, llama3.1-8b, llama3-70b, tiny) or a path to a Hub config.json of a\n"
-    "dense decoder (model_type llama, qwen2, qwen3 or mistral). One chip of the symmetric layout is priced\n"
-    "kernel by kernel with the chip preset's timing model and every collective with the ICI cost model.\n"
+    "MODEL is a named shape (qwen3-8b, llama3.1-8b, llama3-70b, mixtral-8x7b, qwen3-30b-a3b, tiny, tiny-moe)\n"
+    "or a path to a Hub config.json of a dense decoder (model_type llama, qwen2, qwen3 or mistral) or of a\n"
+    "mixture of experts (mixtral, qwen3_moe). One chip of the symmetric layout is priced kernel by kernel\n"
+    "with the chip preset's timing model and every collective with the ICI cost model.\n"
     "Training: tp x fsdp x dp must equal the chip count (default: fsdp = every chip); TP takes the\n"
-    "fastest (last) torus axes, then FSDP, then DP.\n"
+    "fastest (last) torus axes, then FSDP, then DP. A mixture of experts takes --ep N: its experts are\n"
+    "sharded over the first N chips of the FSDP axes (N divides fsdp and the expert count), each MoE\n"
+    "layer dispatches and combines tokens by all-to-all over them; MFU counts the active parameters.\n"
     "Exit status: 0 done; 1 bad input (unknown model or architecture, a layout that does not divide the\n"
     "mesh, a plan that does not fit in HBM, no layout found); 2 a malformed command line.\n"
     "Examples:\n"
     "  tpu-plan --model qwen3-8b --chip v5p --chips 256 --global-batch 256 --seq 4096\n"
     "  tpu-plan --model config.json --chip v6e --chips 8 --serve --input-len 1800 --output-len 128 --batch 64\n"
-    "  tpu-plan --model llama3-70b --chip v7 --chips 8192 --global-batch 8192 --search --json";
+    "  tpu-plan --model llama3-70b --chip v7 --chips 8192 --global-batch 8192 --search --json\n"
+    "  tpu-plan --model mixtral-8x7b --chip v5p --chips 256 --global-batch 256 --ep 8 --ideal";
 
 int64_t positive(const std::string& v, const char* what) {
   const int64_t x = tpu::cli::Parser::to_int(v);
@@ -57,7 +61,7 @@ int main(int argc, char** argv) {
   double price = 0;
   tpu::plan::TrainRecipe r;
   r.global_batch = 0;
-  int64_t tp = 0, fsdp = 0, dp = 0;
+  int64_t tp = 0, fsdp = 0, dp = 0, ep = 1;
   tpu::plan::ServeWorkload w;
   tpu::cli::Parser p("tpu-plan", "Predict step time, MFU, tokens/s, HBM and cost of a model on a simulated TPU slice.");
   p.value("--model", "NAME|config.json", "a named shape or a Hub config.json (default qwen3-8b)", [&](const std::string& v) { model = v; })
@@ -71,6 +75,7 @@ int main(int argc, char** argv) {
       .value("--tp", "N", "tensor-parallel degree (training default 1; serving default: every chip)", [&](const std::string& v) { tp = positive(v, "--tp"); })
       .value("--fsdp", "N", "training: FSDP degree (default: the chips left after --tp and --dp)", [&](const std::string& v) { fsdp = positive(v, "--fsdp"); })
       .value("--dp", "N", "training: data-parallel (replicated) degree (default 1)", [&](const std::string& v) { dp = positive(v, "--dp"); })
+      .value("--ep", "N", "training, mixture of experts: expert-parallel degree within FSDP (default 1)", [&](const std::string& v) { ep = positive(v, "--ep"); })
       .value("--remat", "none|full|selective", "training: rematerialization (default full; selective recomputes the pointwise kernels)",
              [&](const std::string& v) {
                if (v == "none") r.remat = tpu::plan::Remat::none;
@@ -98,6 +103,8 @@ int main(int argc, char** argv) {
       throw tpu::plan::PlanError(fmt::format("--precision {} is not modeled: tpu-plan prices bf16 compute only", precision));
     if (!plot.empty() && (serve || search)) throw tpu::plan::PlanError("--plot draws a training layout's scaling; not with --serve or --search");
     if (serve && search) throw tpu::plan::PlanError("--search ranks training layouts; it does not apply to --serve");
+    if (serve && ep > 1) throw tpu::plan::PlanError("--ep is a training degree; --serve does not take it");
+    if (search && ep > 1) throw tpu::plan::PlanError("--search tries every --ep itself; do not give one");
     if (serve && (fsdp || dp)) throw tpu::plan::PlanError("--fsdp and --dp are training degrees; serving takes --tp (replicas fill the rest)");
     const tpu::plan::ModelShape m = tpu::plan::load_model(model);
     const tpu::plan::Slice s = tpu::plan::make_slice(chip, calibrated, topology, chips);
@@ -114,6 +121,7 @@ int main(int argc, char** argv) {
     } else {
       r.layout.tp = tp ? tp : 1;
       r.layout.dp = dp ? dp : 1;
+      r.layout.ep = ep;
       r.layout.fsdp = fsdp ? fsdp : n / (r.layout.tp * r.layout.dp);
       if (r.global_batch == 0) r.global_batch = std::max<int64_t>(1, r.layout.fsdp * r.layout.dp);
       if (search) {

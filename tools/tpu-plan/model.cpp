@@ -1,5 +1,6 @@
 #include "tools/tpu-plan/model.h"
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -10,14 +11,37 @@
 
 namespace tpu::plan {
 
-double ModelShape::layer_params() const {
+double ModelShape::attention_params() const {
   const double E = double(hidden), D = double(head_dim);
-  const double attn = E * D * double(heads) * 2 + E * D * double(kv_heads) * 2;  // q, o, k, v
-  return attn + 3.0 * E * double(intermediate) + 2.0 * E;                        // gate, up, down, norms
+  return E * D * double(heads) * 2 + E * D * double(kv_heads) * 2 + 2.0 * E;  // q, o, k, v, the two norms
+}
+
+double ModelShape::layer_params() const { return attention_params() + 3.0 * double(hidden) * double(intermediate); }
+
+double ModelShape::expert_params() const { return 3.0 * double(hidden) * double(expert_intermediate); }
+
+double ModelShape::moe_layer_params() const {
+  return attention_params() + double(hidden) * double(experts) + double(experts) * expert_params();
+}
+
+double ModelShape::moe_layer_active() const {
+  return attention_params() + double(hidden) * double(experts) + double(top_k) * expert_params();
+}
+
+double ModelShape::body_params() const {
+  return double(layers - moe_layers) * layer_params() + double(moe_layers) * (moe() ? moe_layer_params() : 0);
+}
+
+double ModelShape::body_active_params() const {
+  return double(layers - moe_layers) * layer_params() + double(moe_layers) * (moe() ? moe_layer_active() : 0);
 }
 
 double ModelShape::params() const {
-  return double(layers) * layer_params() + double(vocab) * double(hidden) * (tied ? 1 : 2) + double(hidden);
+  return body_params() + double(vocab) * double(hidden) * (tied ? 1 : 2) + double(hidden);
+}
+
+double ModelShape::active_params() const {
+  return body_active_params() + double(vocab) * double(hidden) * (tied ? 1 : 2) + double(hidden);
 }
 
 void ModelShape::validate() const {
@@ -31,6 +55,14 @@ void ModelShape::validate() const {
   pos(kv_heads, "num_key_value_heads");
   pos(head_dim, "head_dim");
   pos(vocab, "vocab_size");
+  if (moe()) {
+    pos(top_k, "num_experts_per_tok");
+    pos(expert_intermediate, "the experts' intermediate size");
+    if (top_k > experts)
+      throw PlanError(fmt::format("model {}: num_experts_per_tok {} exceeds the {} experts", name, top_k, experts));
+    if (moe_layers < 0 || moe_layers > layers)
+      throw PlanError(fmt::format("model {}: {} MoE layers of {} layers", name, moe_layers, layers));
+  }
   if (heads % kv_heads != 0)
     throw PlanError(fmt::format("model {}: num_attention_heads {} is not a multiple of num_key_value_heads {}", name,
                                 heads, kv_heads));
@@ -43,8 +75,12 @@ const std::map<std::string, ModelShape>& table() {
       {"qwen3-8b", {"qwen3-8b", 4096, 12288, 36, 32, 8, 128, 151936, false}},
       {"llama3.1-8b", {"llama3.1-8b", 4096, 14336, 32, 32, 8, 128, 128256, false}},
       {"llama3-70b", {"llama3-70b", 8192, 28672, 80, 64, 8, 128, 128256, false}},
+      // Hub configs: mistralai/Mixtral-8x7B-v0.1, Qwen/Qwen3-30B-A3B (every layer sparse).
+      {"mixtral-8x7b", {"mixtral-8x7b", 4096, 14336, 32, 32, 8, 128, 32000, false, 8, 2, 14336, 32}},
+      {"qwen3-30b-a3b", {"qwen3-30b-a3b", 2048, 6144, 48, 32, 4, 128, 151936, false, 128, 8, 768, 48}},
       // For tests: small enough for the tiny chip preset.
       {"tiny", {"tiny", 64, 128, 2, 4, 2, 16, 256, false}},
+      {"tiny-moe", {"tiny-moe", 64, 128, 2, 4, 2, 16, 256, false, 8, 2, 32, 2}},
   };
   return m;
 }
@@ -73,18 +109,20 @@ ModelShape model_from_config(const std::string& text, const std::string& label) 
   }
   if (!j.is_object()) throw PlanError(fmt::format("{}: expected a JSON object", label));
   const std::string type = j.contains("model_type") && j["model_type"].is_string() ? j["model_type"].get<std::string>() : "";
-  // MoE fields of the Hub's MoE families: a dense model has none of them.
-  for (const char* f : {"num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size"})
-    if (j.contains(f) && !j[f].is_null() && !(j[f].is_number() && j[f].get<double>() == 0))
-      throw PlanError(fmt::format("{}: model_type '{}' is a mixture of experts ('{}' = {}); tpu-plan models dense "
-                                  "decoders only (llama, qwen2, qwen3, mistral)",
-                                  label, type, f, j[f].dump()));
   static const char* dense[] = {"llama", "qwen2", "qwen3", "mistral"};
-  bool known = false;
-  for (const char* d : dense) known = known || type == d;
-  if (!known)
+  bool is_dense = false;
+  for (const char* d : dense) is_dense = is_dense || type == d;
+  const bool mixtral = type == "mixtral", qwen3_moe = type == "qwen3_moe";
+  // MoE fields on a dense family (or a family the planner does not model) are an error naming them.
+  if (is_dense)
+    for (const char* f : {"num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size"})
+      if (j.contains(f) && !j[f].is_null() && !(j[f].is_number() && j[f].get<double>() == 0))
+        throw PlanError(fmt::format("{}: model_type '{}' with the mixture-of-experts field '{}' = {}; tpu-plan models "
+                                    "MoE as model_type mixtral or qwen3_moe",
+                                    label, type, f, j[f].dump()));
+  if (!is_dense && !mixtral && !qwen3_moe)
     throw PlanError(fmt::format("{}: unknown architecture model_type '{}'; tpu-plan models the dense decoders "
-                                "llama, qwen2, qwen3 and mistral",
+                                "llama, qwen2, qwen3 and mistral and the mixtures of experts mixtral and qwen3_moe",
                                 label, type.empty() ? "(missing)" : type));
   auto get = [&](const char* f) -> int64_t {
     if (!j.contains(f) || !j[f].is_number_integer())
@@ -101,6 +139,31 @@ ModelShape model_from_config(const std::string& text, const std::string& label) 
   m.head_dim = j.contains("head_dim") && !j["head_dim"].is_null() ? get("head_dim") : (m.heads > 0 ? m.hidden / m.heads : 0);
   m.vocab = get("vocab_size");
   m.tied = j.value("tie_word_embeddings", false);
+  if (mixtral) {  // every layer is sparse; intermediate_size is one expert's
+    m.experts = get("num_local_experts");
+    m.top_k = get("num_experts_per_tok");
+    m.expert_intermediate = m.intermediate;
+    m.moe_layers = m.layers;
+  }
+  if (qwen3_moe) {
+    m.experts = get("num_experts");
+    m.top_k = get("num_experts_per_tok");
+    m.expert_intermediate = get("moe_intermediate_size");
+    const int64_t step = j.contains("decoder_sparse_step") && !j["decoder_sparse_step"].is_null() ? get("decoder_sparse_step") : 1;
+    if (step < 1) throw PlanError(fmt::format("{}: decoder_sparse_step must be positive (got {})", label, step));
+    std::vector<int64_t> dense_only;
+    if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
+      if (!j["mlp_only_layers"].is_array()) throw PlanError(fmt::format("{}: mlp_only_layers is not a list", label));
+      for (const auto& x : j["mlp_only_layers"]) {
+        if (!x.is_number_integer()) throw PlanError(fmt::format("{}: mlp_only_layers holds {}, not a layer index", label, x.dump()));
+        dense_only.push_back(x.get<int64_t>());
+      }
+    }
+    // As Transformers builds Qwen3-MoE: layer i is sparse unless listed, when (i + 1) % step == 0.
+    for (int64_t i = 0; i < m.layers; ++i)
+      if (std::find(dense_only.begin(), dense_only.end(), i) == dense_only.end() && (i + 1) % step == 0) ++m.moe_layers;
+    if (m.experts == 0) m.moe_layers = 0;
+  }
   m.validate();
   return m;
 }

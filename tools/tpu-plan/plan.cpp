@@ -93,10 +93,48 @@ void check_heads(const ModelShape& m, int64_t tp) {
     throw PlanError(fmt::format("tp={} does not divide intermediate_size {} of {}", tp, m.intermediate, m.name));
 }
 
+// The MoE MLP on `t` tokens of this chip (ep > 0; dense MLP otherwise): the router's logits
+// and top-k, the gather of each token's k copies sorted by expert, the experts' SwiGLU as one
+// matmul per local expert (ep chips hold experts / ep experts each; balanced routing brings
+// every chip t x top_k rows, t x top_k x ep / experts per expert; tp shards each expert's
+// intermediate dimension), and the weighted scatter-add back. The dispatch and combine
+// all-to-alls are priced by the caller.
+void moe_forward(Acc& a, const ModelShape& m, double t, double tp, double ep, bool pointwise_only) {
+  const double E = double(m.hidden), X = double(m.experts), k = double(m.top_k), F = double(m.expert_intermediate) / tp;
+  const double rows = t * k * ep / X, local = X / ep;
+  if (!pointwise_only) a.matmul(t, E, X, 4);          // router logits, f32
+  a.vector(t * X, t * k, 6, 1, true);                 // softmax, top-k
+  a.vector(t * E, t * k * E, 1, 0, false);            // permute: gather the rows by expert
+  for (double e = 0; e < local && !pointwise_only; ++e) a.matmul(rows, E, 2 * F);  // gate + up
+  a.vector(2 * t * k * F, t * k * F, 3, 1, false);    // silu(gate) * up
+  for (double e = 0; e < local && !pointwise_only; ++e) a.matmul(rows, F, E);      // down
+  a.vector(t * k * E, t * E, 2, 0, false);            // unpermute: weighted scatter-add
+}
+
+void moe_backward(Acc& a, const ModelShape& m, double t, double tp, double ep) {
+  const double E = double(m.hidden), X = double(m.experts), k = double(m.top_k), F = double(m.expert_intermediate) / tp;
+  const double rows = t * k * ep / X, local = X / ep;
+  a.vector(2 * t * k * E, t * k * E, 2, 0, false);    // unpermute backward (and the gate weights' grad)
+  for (double e = 0; e < local; ++e) {
+    a.matmul(rows, E, F);                             // down: dX
+    a.matmul(F, rows, E);                             // down: dW
+  }
+  a.vector(3 * t * k * F, 2 * t * k * F, 6, 2, false);
+  for (double e = 0; e < local; ++e) {
+    a.matmul(rows, 2 * F, E);                         // gate + up: dX
+    a.matmul(E, rows, 2 * F);                         // gate + up: dW
+  }
+  a.vector(t * k * E, t * E, 1, 0, false);            // permute backward
+  a.vector(2 * t * X, t * X, 6, 1, true);             // softmax / top-k backward
+  a.matmul(t, X, E);                                  // router dX
+  a.matmul(E, t, X);                                  // router dW
+}
+
 // Forward of one decoder layer on `t` tokens of context `ctx` (tp shards heads and the MLP).
-// `pointwise_only`: just the vector kernels (selective recomputation).
+// `pointwise_only`: just the vector kernels (selective recomputation). `ep` > 0: the MLP is
+// the MoE layer of an expert-parallel degree ep.
 void layer_forward(Acc& a, const ModelShape& m, double t, double ctx, double tp, bool causal, bool pointwise_only = false,
-                   bool with_attention = true) {
+                   bool with_attention = true, double ep = 0) {
   const double E = double(m.hidden), D = double(m.head_dim), H = double(m.heads) / tp,
                HK = std::max(1.0, double(m.kv_heads) / tp), F = double(m.intermediate) / tp;
   a.vector(t * E, t * E, 4, 1, true);               // rms_norm
@@ -108,14 +146,18 @@ void layer_forward(Acc& a, const ModelShape& m, double t, double ctx, double tp,
   }
   a.vector(2 * t * E, t * E, 1, 0, false);          // residual
   a.vector(t * E, t * E, 4, 1, true);               // rms_norm
-  if (!pointwise_only) a.matmul(t, E, 2 * F);       // gate + up
-  a.vector(2 * t * F, t * F, 3, 1, false);          // silu(gate) * up
-  if (!pointwise_only) a.matmul(t, F, E);
+  if (ep > 0) {
+    moe_forward(a, m, t, tp, ep, pointwise_only);
+  } else {
+    if (!pointwise_only) a.matmul(t, E, 2 * F);     // gate + up
+    a.vector(2 * t * F, t * F, 3, 1, false);        // silu(gate) * up
+    if (!pointwise_only) a.matmul(t, F, E);
+  }
   a.vector(2 * t * E, t * E, 1, 0, false);          // residual
 }
 
 // Backward: dX and dW of every matmul, attention's backward, vector kernels at twice the work.
-void layer_backward(Acc& a, const ModelShape& m, double t, double ctx, double tp) {
+void layer_backward(Acc& a, const ModelShape& m, double t, double ctx, double tp, double ep = 0) {
   const double E = double(m.hidden), D = double(m.head_dim), H = double(m.heads) / tp,
                HK = std::max(1.0, double(m.kv_heads) / tp), F = double(m.intermediate) / tp;
   auto mm2 = [&](double K, double N) {
@@ -123,9 +165,13 @@ void layer_backward(Acc& a, const ModelShape& m, double t, double ctx, double tp
     a.matmul(K, t, N);  // dW
   };
   a.vector(3 * t * E, t * E, 2, 0, false);          // residual grads
-  mm2(F, E);
-  a.vector(3 * t * F, 2 * t * F, 6, 2, false);      // silu * up backward
-  mm2(E, 2 * F);
+  if (ep > 0) {
+    moe_backward(a, m, t, tp, ep);
+  } else {
+    mm2(F, E);
+    a.vector(3 * t * F, 2 * t * F, 6, 2, false);    // silu * up backward
+    mm2(E, 2 * F);
+  }
   a.vector(2 * t * E, t * E, 8, 1, true);           // rms_norm backward
   mm2(H * D, E);
   a.attention(t, ctx, H, HK, D, 5, true);
@@ -135,6 +181,31 @@ void layer_backward(Acc& a, const ModelShape& m, double t, double ctx, double tp
 }
 
 constexpr double kGB = 1e9;
+
+// The expert-parallel degree of a layout against the model: PlanError naming what does not divide.
+void check_ep(const ModelShape& m, const Layout& l) {
+  if (l.ep < 1) throw PlanError(fmt::format("--ep {} must be a positive integer", l.ep));
+  if (!m.moe()) {
+    if (l.ep > 1) throw PlanError(fmt::format("--ep {}: {} is a dense model (expert parallelism needs a mixture of experts)", l.ep, m.name));
+    return;
+  }
+  if (m.experts % l.ep != 0)
+    throw PlanError(fmt::format("--ep {} does not divide the {} experts of {}", l.ep, m.experts, m.name));
+  if (l.fsdp % l.ep != 0)
+    throw PlanError(fmt::format("--ep {} does not divide fsdp={} (the expert-parallel group lies within the FSDP axes)", l.ep, l.fsdp));
+  if (m.expert_intermediate % l.tp != 0)
+    throw PlanError(fmt::format("tp={} does not divide the experts' intermediate size {} of {}", l.tp, m.expert_intermediate, m.name));
+}
+
+// One layer's parameters on a chip before FSDP sharding, averaged over the layers (MoE layers
+// hold experts / ep of their experts).
+double layer_params_per_chip(const ModelShape& m, const Layout& l) {
+  const double L = double(m.layers), nm = double(m.moe() ? m.moe_layers : 0);
+  const double moe = m.moe() ? m.attention_params() + double(m.hidden) * double(m.experts) +
+                                   double(m.experts) / double(l.ep) * m.expert_params()
+                             : 0;
+  return ((L - nm) * m.layer_params() + nm * moe) / L / double(l.tp);
+}
 
 }  // namespace
 
@@ -147,17 +218,27 @@ double matmul_seconds(const Slice& s, double m, double k, double n, double out_b
 StepParts step_parts(const ModelShape& m, const Slice& s, const TrainRecipe& r) {
   const Layout& l = r.layout;
   check_heads(m, l.tp);
+  check_ep(m, l);
   if (r.global_batch < 1 || r.seq < 1) throw PlanError("--global-batch and --seq must be positive");
   if (r.global_batch % (l.dp * l.fsdp) != 0)
     throw PlanError(fmt::format("--global-batch {} is not a multiple of dp x fsdp = {} (sequences per data-parallel rank)",
                                 r.global_batch, l.dp * l.fsdp));
   const double b = double(r.global_batch / (l.dp * l.fsdp)), S = double(r.seq), t = b * S, tp = double(l.tp);
   StepParts p;
-  Acc f = make_acc(s), bw = make_acc(s), head = make_acc(s), opt = make_acc(s);
-  layer_forward(f, m, t, S, tp, true);
-  if (r.remat == Remat::full) layer_forward(bw, m, t, S, tp, true);
-  if (r.remat == Remat::selective) layer_forward(bw, m, t, S, tp, true, true);
-  layer_backward(bw, m, t, S, tp);
+  Acc head = make_acc(s), opt = make_acc(s);
+  // One layer's forward and backward (with the remat policy's recomputation); ep > 0: a MoE layer.
+  auto layer = [&](double ep) {
+    std::pair<Acc, Acc> fb{make_acc(s), make_acc(s)};
+    Acc &f = fb.first, &bw = fb.second;
+    layer_forward(f, m, t, S, tp, true, false, true, ep);
+    if (r.remat == Remat::full) layer_forward(bw, m, t, S, tp, true, false, true, ep);
+    if (r.remat == Remat::selective) layer_forward(bw, m, t, S, tp, true, true, true, ep);
+    layer_backward(bw, m, t, S, tp, ep);
+    return fb;
+  };
+  const double L = double(m.layers), nm = double(m.moe() ? m.moe_layers : 0), nd = L - nm;
+  const auto [fd, bd] = nd > 0 ? layer(0) : std::pair<Acc, Acc>{make_acc(s), make_acc(s)};
+  const auto [fm, bm] = nm > 0 ? layer(double(l.ep)) : std::pair<Acc, Acc>{make_acc(s), make_acc(s)};
   const double E = double(m.hidden), V = double(m.vocab) / tp;
   head.vector(t * E, t * E, 4, 1, true);
   head.matmul(t, E, V);
@@ -168,19 +249,26 @@ StepParts step_parts(const ModelShape& m, const Slice& s, const TrainRecipe& r) 
   const double shard = m.params() / double(l.tp * l.fsdp);
   opt.kernel(0, 0, shard / (double(s.chip.vpu.sublanes) * s.chip.vpu.lanes) * 14 * s.chip.vpu.cycles_per_vreg, false,
              16 * shard, 14 * shard, 2 * shard);    // AdamW: p, m, v, g in; p, m, v and the bf16 copy out
-  p.layer_fwd_s = f.s, p.layer_bwd_s = bw.s, p.head_s = head.s, p.optimizer_s = opt.s;
-  const double L = double(m.layers);
-  p.mxu = L * (f.mxu + bw.mxu) + head.mxu + opt.mxu;
-  p.other = L * (f.other + bw.other) + head.other + opt.other;
-  p.hbm = L * (f.hbm + bw.hbm) + head.hbm + opt.hbm;
-  p.host = L * (f.host + bw.host) + head.host + opt.host;
-  const double lp = m.layer_params() / tp;
+  // Per-layer times are the mean over the layers (dense and MoE layers mixed).
+  p.layer_fwd_s = (nd * fd.s + nm * fm.s) / L, p.layer_bwd_s = (nd * bd.s + nm * bm.s) / L;
+  p.head_s = head.s, p.optimizer_s = opt.s;
+  p.mxu = nd * (fd.mxu + bd.mxu) + nm * (fm.mxu + bm.mxu) + head.mxu + opt.mxu;
+  p.other = nd * (fd.other + bd.other) + nm * (fm.other + bm.other) + head.other + opt.other;
+  p.hbm = nd * (fd.hbm + bd.hbm) + nm * (fm.hbm + bm.hbm) + head.hbm + opt.hbm;
+  p.host = nd * (fd.host + bd.host) + nm * (fm.host + bm.host) + head.host + opt.host;
+  const double lp = layer_params_per_chip(m, l);
   if (l.fsdp > 1) {
     p.gather_bytes = uint64_t(2 * lp);              // bf16 weights gathered on each chip
     p.scatter_bytes = uint64_t(4 * lp);             // f32 gradients in on each chip
   }
   if (l.dp > 1) p.dp_bytes = uint64_t(4 * lp / double(l.fsdp));
   if (l.tp > 1) p.tp_bytes = uint64_t(2 * t * E);
+  if (nm > 0 && l.ep > 1) {
+    // Each chip sends its t x top_k bf16 token copies (the TP ranks of a token hold the same).
+    p.a2a_bytes = uint64_t(2 * t * double(m.top_k) * E * double(l.ep));
+    p.a2a_per_layer_fwd = 2;
+    p.a2a_per_layer_bwd = r.remat == Remat::full ? 4 : 2;
+  }
   return p;
 }
 
@@ -192,13 +280,17 @@ Plan plan_train(const ModelShape& m, const Slice& s, const TrainRecipe& r, doubl
   const double rs = collective_s(s, l, 1, K::reduce_scatter, p.scatter_bytes);
   const double ar_dp = collective_s(s, l, 2, K::all_reduce, p.dp_bytes);
   const double ar_tp = collective_s(s, l, 0, K::all_reduce, p.tp_bytes);
-  const double L = double(m.layers);
+  const double a2a = collective_s(s, l, 3, K::all_to_all, p.a2a_bytes);
+  const double L = double(m.layers), nm = double(m.moe() ? m.moe_layers : 0);
+  // MoE: the dispatch and combine all-to-alls sit on the critical path of their layer (the
+  // experts need the tokens; the next kernel needs the combined result).
+  const double a2a_fwd = nm * p.a2a_per_layer_fwd * a2a, a2a_bwd = nm * p.a2a_per_layer_bwd * a2a;
   // Forward: each layer's compute overlaps the gather of the next layer's weights; TP's
   // all-reduces sit on the critical path. Backward: the gather (FSDP frees gathered weights
   // after use), the reduce-scatter of the previous layer's gradients and the DP all-reduce run
   // on the chip's ICI one after another, behind the layer's compute. Pipeline ends exposed.
-  const double fwd = L * (std::max(p.layer_fwd_s, ag) + p.tp_per_layer_fwd * ar_tp);
-  const double bwd = L * (std::max(p.layer_bwd_s, ag + rs + ar_dp) + p.tp_per_layer_bwd * ar_tp);
+  const double fwd = L * (std::max(p.layer_fwd_s, ag) + p.tp_per_layer_fwd * ar_tp) + a2a_fwd;
+  const double bwd = L * (std::max(p.layer_bwd_s, ag + rs + ar_dp) + p.tp_per_layer_bwd * ar_tp) + a2a_bwd;
   const double step = ag + fwd + p.head_s + bwd + rs + ar_dp + p.optimizer_s;
   const double compute = L * (p.layer_fwd_s + p.layer_bwd_s) + p.head_s + p.optimizer_s;
   Plan o;
@@ -206,10 +298,14 @@ Plan plan_train(const ModelShape& m, const Slice& s, const TrainRecipe& r, doubl
   o.chips = s.topo.chips();
   o.step_s = step;
   o.breakdown = {p.mxu, p.other, p.hbm, std::max(0.0, step - compute), p.host,
-                 L * (2 * ag + rs + ar_dp + (p.tp_per_layer_fwd + p.tp_per_layer_bwd) * ar_tp) + ag + rs + ar_dp};
+                 L * (2 * ag + rs + ar_dp + (p.tp_per_layer_fwd + p.tp_per_layer_bwd) * ar_tp) + ag + rs + ar_dp +
+                     a2a_fwd + a2a_bwd,
+                 a2a_fwd + a2a_bwd};
   const double tokens = double(r.global_batch) * double(r.seq);
-  // Model FLOPs: 6 N per token (N without the embedding lookup) + causal attention.
-  const double n = m.params() - double(m.vocab) * double(m.hidden) * (m.tied ? 0 : 1);
+  // Model FLOPs: 6 N per token (N: the parameters a token uses, MoE: the active ones, without the
+  // embedding lookup) + causal attention.
+  o.params = m.params(), o.active_params = m.active_params();
+  const double n = m.active_params() - double(m.vocab) * double(m.hidden) * (m.tied ? 0 : 1);
   const double flops = tokens * (6 * n + 6.0 * double(m.layers) * double(r.seq) * double(m.heads) * double(m.head_dim));
   o.mfu = flops / (step * double(o.chips) * s.chip.chip_peak_flops());
   o.tokens_per_s_per_chip = tokens / step / double(o.chips);
@@ -218,9 +314,14 @@ Plan plan_train(const ModelShape& m, const Slice& s, const TrainRecipe& r, doubl
   const double shard = m.params() / double(l.tp * l.fsdp), tp = double(l.tp);
   const double t = double(r.global_batch / (l.dp * l.fsdp)) * double(r.seq);
   const double E = double(m.hidden), D = double(m.head_dim), H = double(m.heads) / tp,
-               HK = std::max(1.0, double(m.kv_heads) / tp), F = double(m.intermediate) / tp;
-  const double none = 2 * (5 * E + (H + 2 * HK) * D + H * D + 3 * F);  // bytes per token and layer
-  const double sel = 2 * (E + (H + 2 * HK) * D + H * D + 2 * F);
+               HK = std::max(1.0, double(m.kv_heads) / tp);
+  // MoE layers: the top_k experts' intermediates and the dispatched copies (in and out) per token.
+  const double kF = m.moe() ? (double(m.layers - m.moe_layers) * double(m.intermediate) +
+                               double(m.moe_layers) * double(m.top_k) * double(m.expert_intermediate)) / L / tp
+                            : double(m.intermediate) / tp;
+  const double kE = m.moe() && l.ep > 1 ? 2.0 * double(m.top_k) * E * double(m.moe_layers) / L : 0;
+  const double none = 2 * (5 * E + (H + 2 * HK) * D + H * D + 3 * kF + kE);  // bytes per token and layer
+  const double sel = 2 * (E + (H + 2 * HK) * D + H * D + 2 * kF + kE);
   auto act = [&](Remat rm) {
     const double per = rm == Remat::none ? none : rm == Remat::selective ? sel : 2 * E;
     return t * (per * L + (rm == Remat::full ? none : 0) + 8 * double(m.vocab) / tp);
@@ -228,7 +329,7 @@ Plan plan_train(const ModelShape& m, const Slice& s, const TrainRecipe& r, doubl
   o.hbm.weights = 2 * shard;
   o.hbm.optimizer = 12 * shard;
   o.hbm.gradients = 4 * shard;
-  o.hbm.gathered = l.fsdp > 1 ? m.layer_params() / tp * (2 * 2 + 4) : 0;
+  o.hbm.gathered = l.fsdp > 1 ? layer_params_per_chip(m, l) * (2 * 2 + 4) : 0;
   o.hbm.activations = act(r.remat);
   o.hbm_capacity = double(s.chip.memory.hbm_bytes) * s.chip.cores_per_chip;
   if (o.hbm.total() > o.hbm_capacity) {
@@ -247,6 +348,8 @@ Plan plan_train(const ModelShape& m, const Slice& s, const TrainRecipe& r, doubl
 }
 
 Plan plan_serve(const ModelShape& m, const Slice& s, const ServeWorkload& w, double price) {
+  if (m.moe())
+    throw PlanError(fmt::format("--serve: serving a mixture of experts ({}) is not modeled; tpu-plan prices MoE training", m.name));
   const int64_t chips = s.topo.chips();
   const int64_t tpi = w.tp > 0 ? w.tp : chips;
   if (chips % tpi != 0)
@@ -311,12 +414,15 @@ std::vector<Plan> search_train(const ModelShape& m, const Slice& s, TrainRecipe 
     if (n % tp) continue;
     for (int64_t fsdp = 1; fsdp <= n / tp; ++fsdp) {
       if ((n / tp) % fsdp) continue;
-      r.layout = {tp, fsdp, n / tp / fsdp};
-      try {
-        Plan p = plan_train(m, s, r, price);
-        if (p.fits) out.push_back(std::move(p));
-      } catch (const PlanError&) {
-        // A layout the mesh, the heads or the batch cannot take is not a candidate.
+      for (int64_t ep = 1; ep <= (m.moe() ? std::min(fsdp, m.experts) : 1); ++ep) {
+        if (fsdp % ep || (m.moe() && m.experts % ep)) continue;
+        r.layout = {tp, fsdp, n / tp / fsdp, ep};
+        try {
+          Plan p = plan_train(m, s, r, price);
+          if (p.fits) out.push_back(std::move(p));
+        } catch (const PlanError&) {
+          // A layout the mesh, the heads, the experts or the batch cannot take is not a candidate.
+        }
       }
     }
   }

@@ -25,9 +25,13 @@ struct Slice {
 Slice make_slice(const std::string& chip, bool calibrated, const std::string& topology, int64_t chips);
 
 // Parallel degrees: tp x fsdp x dp = chips. Axes go to TP first (the last, fastest axes), then
-// FSDP, then DP; an axis may be split between two degrees when one divides it.
+// FSDP, then DP; an axis may be split between two degrees when one divides it. Expert
+// parallelism (a mixture of experts): the experts are sharded over `ep` chips, the first
+// (fastest) ep chips of the FSDP axes; ep divides fsdp and the expert count. Tokens stay data
+// parallel over the FSDP group; each MoE layer dispatches them to their experts and combines
+// the results with an all-to-all over the EP group.
 struct Layout {
-  int64_t tp = 1, fsdp = 1, dp = 1;
+  int64_t tp = 1, fsdp = 1, dp = 1, ep = 1;
   std::string str() const;
 };
 // The sub-axis lengths each degree spans (tp, fsdp, dp), and whether each part is a whole axis.
@@ -52,8 +56,10 @@ struct ServeWorkload {
 };
 
 // Seconds per step, per chip, by part; `exposed_ici` is what compute does not hide.
+// `all_to_all`: the MoE dispatch / combine all-to-alls of the step (on the critical path: all
+// of it is exposed, and it is part of exposed_ici).
 struct Breakdown {
-  double mxu = 0, other_compute = 0, hbm = 0, exposed_ici = 0, host = 0, ici_total = 0;
+  double mxu = 0, other_compute = 0, hbm = 0, exposed_ici = 0, host = 0, ici_total = 0, all_to_all = 0;
 };
 
 struct HbmUse {
@@ -67,7 +73,8 @@ struct Plan {
   bool serve = false;
   double step_s = 0;                 // training step, or a serving batch's whole run
   Breakdown breakdown;
-  double mfu = 0, tokens_per_s_per_chip = 0;
+  double mfu = 0, tokens_per_s_per_chip = 0;   // MFU counts the parameters a token uses (MoE: active)
+  double params = 0, active_params = 0;
   double hbm_capacity = 0;
   HbmUse hbm;
   bool fits = true;
@@ -96,10 +103,15 @@ struct StepParts {
   double layer_fwd_s = 0, layer_bwd_s = 0, head_s = 0, optimizer_s = 0;
   uint64_t gather_bytes = 0, scatter_bytes = 0, tp_bytes = 0, dp_bytes = 0;  // the book's V per collective
   int tp_per_layer_fwd = 2, tp_per_layer_bwd = 2;
+  // MoE: the book's V of one dispatch (or combine) all-to-all over the EP group, and how many
+  // run per MoE layer (forward: dispatch + combine; backward: their transposes, plus the
+  // forward's again under full rematerialization).
+  uint64_t a2a_bytes = 0;
+  int a2a_per_layer_fwd = 0, a2a_per_layer_bwd = 0;
   double mxu = 0, other = 0, hbm = 0, host = 0;   // the step's compute by bound (seconds)
 };
 StepParts step_parts(const ModelShape& m, const Slice& s, const TrainRecipe& r);
-// The ICI seconds of one collective of `kind` over degree `which` (0 tp, 1 fsdp, 2 dp).
+// The ICI seconds of one collective of `kind` over degree `which` (0 tp, 1 fsdp, 2 dp, 3 ep).
 double collective_s(const Slice& s, const Layout& l, int which, sim::CollectiveKind kind, uint64_t bytes);
 
 }  // namespace tpu::plan

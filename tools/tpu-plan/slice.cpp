@@ -13,7 +13,9 @@
 
 namespace tpu::plan {
 
-std::string Layout::str() const { return fmt::format("tp={} fsdp={} dp={}", tp, fsdp, dp); }
+std::string Layout::str() const {
+  return ep > 1 ? fmt::format("tp={} fsdp={} dp={} ep={}", tp, fsdp, dp, ep) : fmt::format("tp={} fsdp={} dp={}", tp, fsdp, dp);
+}
 
 namespace {
 // Every way to write n as a product of `dims` axis lengths within max_shape.
@@ -122,7 +124,9 @@ std::vector<std::vector<AxisPart>> assign_axes(const sim::Topology& t, const Lay
 }
 
 double collective_s(const Slice& s, const Layout& l, int which, sim::CollectiveKind kind, uint64_t bytes) {
-  const auto parts = assign_axes(s.topo, l)[size_t(which)];
+  // EP: the first ep chips of the FSDP axes, i.e. the FSDP degree of the layout tp x ep x rest.
+  const Layout on = which == 3 ? Layout{l.tp, l.ep, s.topo.chips() / (l.tp * l.ep), 1} : l;
+  const auto parts = assign_axes(s.topo, on)[size_t(which == 3 ? 1 : which)];
   if (parts.empty() || bytes == 0) return 0;
   sim::Topology sub;
   sub.ici = s.topo.ici;
@@ -148,7 +152,10 @@ nlohmann::json Plan::to_json() const {
                         {"hbm", breakdown.hbm},
                         {"exposed_ici", breakdown.exposed_ici},
                         {"host", breakdown.host},
-                        {"ici_total", breakdown.ici_total}}},
+                        {"ici_total", breakdown.ici_total},
+                        {"exposed_all_to_all", breakdown.all_to_all}}},
+                      {"params", params},
+                      {"active_params", active_params},
                       {"mfu", mfu},
                       {"tokens_per_s_per_chip", tokens_per_s_per_chip},
                       {"hbm_per_chip_bytes",
@@ -179,12 +186,16 @@ std::string Plan::text() const {
     o += fmt::format("  TTFT {:.3f} ms   TPOT {:.3f} ms   {:.3f} requests/s\n", ttft_s * 1e3, tpot_s * 1e3, requests_per_s);
     o += fmt::format("  batch run {:.3f} s\n", step_s);
   } else {
-    o += fmt::format("  step {:.3f} s   MFU {:.1f}%\n", step_s, 100 * mfu);
+    o += fmt::format("  step {:.3f} s   MFU {:.1f}%{}\n", step_s, 100 * mfu,
+                     active_params < params ? fmt::format(" (on {:.2f}B active of {:.2f}B parameters)", active_params / 1e9, params / 1e9) : "");
   }
   o += fmt::format("  breakdown (s per chip): MXU {:.4f}  other compute {:.4f}  HBM {:.4f}  exposed ICI {:.4f}  host {:.4f}"
                    "  (ICI total {:.4f})\n",
                    breakdown.mxu, breakdown.other_compute, breakdown.hbm, breakdown.exposed_ici, breakdown.host,
                    breakdown.ici_total);
+  if (breakdown.all_to_all > 0)
+    o += fmt::format("  exposed all-to-all (MoE dispatch + combine) {:.4f} s, {:.1f}% of the step\n", breakdown.all_to_all,
+                     100 * breakdown.all_to_all / step_s);
   o += fmt::format("  tokens/s per chip {:.1f}\n", tokens_per_s_per_chip);
   o += fmt::format("  HBM per chip {:.2f} GB of {:.2f} GB (weights {:.2f}, optimizer {:.2f}, gradients {:.2f}, "
                    "gathered {:.2f}, activations {:.2f}, KV cache {:.2f})\n",

@@ -30,6 +30,13 @@ class Backend {
   virtual void all_gather(const Tensor& out, const Tensor& in) = 0;        // out: size() blocks
   virtual void reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op) = 0;
   virtual void all_to_all(const Tensor& out, const Tensor& in) = 0;        // size() blocks each
+  // Uneven all-to-all of 1-D tensors: send[j] elements of `in` (in rank order) go to rank j,
+  // recv[i] elements of `out` come from rank i. The caller has checked that the ranks' counts
+  // match; `max_block` is the largest count of any rank (the same on every rank). The default
+  // pads every block to max_block and runs all_to_all (so the transfer is priced as the padded
+  // exchange); gloo overrides it with Gloo's alltoallv.
+  virtual void all_to_all_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& send,
+                            const std::vector<int64_t>& recv, int64_t max_block);
   virtual void barrier() = 0;
   // Every rank passes `bytes` of the same length; returns every rank's bytes, in rank order.
   virtual std::vector<std::vector<char>> exchange(const std::vector<char>& bytes) = 0;
@@ -70,6 +77,17 @@ class Backend {
   // it with the same arguments and `id`; nullptr for a rank outside `ranks`.
   virtual std::shared_ptr<Backend> new_group(const std::vector<int>& ranks, int id) = 0;
 };
+
+// The uneven all-to-all of one call (all_to_all.cpp): exchanges every rank's dtype and counts,
+// fails on every rank alike when they do not match (naming the ranks and counts), then runs
+// Backend::all_to_all_v. `what` starts the error messages.
+void run_all_to_all_v(Backend& b, const Tensor& out, const Tensor& in, const std::vector<int64_t>& send,
+                      const std::vector<int64_t>& recv, const std::string& what);
+
+// The rows of dim 0 of `t` per rank: `splits` checked (n entries, none negative, summing to
+// dim 0), or equal splits when it is empty (a tpu::Error naming `arg` and `tensor` otherwise).
+std::vector<int64_t> splits_or_even(const std::vector<int64_t>& splits, const Tensor& t, int n, const std::string& what,
+                                    const char* arg, const char* tensor);
 
 // The element-wise reduction of op on dtype over n elements: out[i] = a[i] (op) b[i].
 using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t n);

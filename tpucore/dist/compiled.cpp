@@ -70,6 +70,7 @@ const char* const kAllReduce = "dist_all_reduce";
 const char* const kBroadcast = "dist_broadcast";
 const char* const kAllGather = "dist_all_gather";
 const char* const kReduceScatter = "dist_reduce_scatter";
+const char* const kAllToAll = "dist_all_to_all";
 
 void collective_meta(const ops::MetaArgs& a, ops::MetaResult& m) {
   const Tensor& x = a.inputs[0];
@@ -86,6 +87,20 @@ void collective_meta(const ops::MetaArgs& a, ops::MetaResult& m) {
     TPU_CHECK(s.ndim() >= 1 && s[0] % n == 0, "{}: the input {} must have a dim 0 that the {} ranks split evenly", op,
               s, n);
     s[0] /= n;
+  } else if (op == kAllToAll) {
+    const auto& in_s = a.attrs.get_ints("in_splits");
+    const auto& out_s = a.attrs.get_ints("out_splits");
+    if (in_s.empty()) {
+      TPU_CHECK(s.ndim() >= 1 && s[0] % n == 0, "{}: the input {} must have a dim 0 that the {} ranks split evenly", op,
+                s, n);
+    } else {
+      int64_t sum_in = 0, sum_out = 0;
+      for (int64_t v : in_s) sum_in += v;
+      for (int64_t v : out_s) sum_out += v;
+      TPU_CHECK(s.ndim() >= 1 && sum_in == s[0], "{}: input_split_sizes sum to {} but the input's dim 0 is {}", op,
+                sum_in, s.ndim() ? s[0] : 0);
+      s[0] = sum_out;
+    }
   }
   m.out() = {s, x.dtype(), x.device()};
 }
@@ -159,6 +174,7 @@ std::shared_ptr<Handle> start(const std::string& name, const ops::Attrs& a, std:
   if (name == kAllReduce) h->work = pg.all_reduce_async(out, static_cast<ReduceOp>(a.get_int("op")));
   else if (name == kBroadcast) h->work = pg.broadcast_async(out, static_cast<int>(a.get_int("src")));
   else if (name == kAllGather) h->work = pg.all_gather_into_tensor_async(out, in);
+  else if (name == kAllToAll) h->work = pg.all_to_all_single_async(out, in, a.get_ints("out_splits"), a.get_ints("in_splits"));
   else h->work = pg.reduce_scatter_tensor_async(out, in, static_cast<ReduceOp>(a.get_int("op")));
   return h;
 }
@@ -180,11 +196,14 @@ TPU_DEFINE_OP(broadcast_op, {.name = kBroadcast, .num_inputs = 1, .flags = kFlag
                              .cpu = &run_now, .doc = "tpu::dist broadcast of a traced tensor (attrs group, src, size)"});
 TPU_DEFINE_OP(all_gather_op, {.name = kAllGather, .num_inputs = 1, .flags = kFlags, .meta = &collective_meta,
                               .cpu = &run_now, .doc = "tpu::dist all_gather_into_tensor (dim 0 times the group size)"});
+TPU_DEFINE_OP(all_to_all_op, {.name = kAllToAll, .num_inputs = 1, .flags = kFlags, .meta = &collective_meta,
+                              .cpu = &run_now, .doc = "tpu::dist all_to_all_single (attrs in_splits, out_splits: rows per "
+                                                       "rank of dim 0, empty: equal)"});
 TPU_DEFINE_OP(reduce_scatter_op, {.name = kReduceScatter, .num_inputs = 1, .flags = kFlags, .meta = &collective_meta,
                                   .cpu = &run_now, .doc = "tpu::dist reduce_scatter_tensor (dim 0 over the group size)"});
 
 const bool g_registered = [] {
-  for (const char* op : {kAllReduce, kBroadcast, kAllGather, kReduceScatter}) {
+  for (const char* op : {kAllReduce, kBroadcast, kAllGather, kReduceScatter, kAllToAll}) {
     graph::register_async_op(op, &start_node);
     ops::register_kernel(op, DeviceType::sim, &run_now);
   }
@@ -218,8 +237,8 @@ void record(ProcessGroup& pg, const ops::OpDef& op, const Tensor& dst, const Ten
 bool traced(const Tensor& t) { return t.is_proxy() || ops::interceptor() != nullptr; }
 
 void not_traceable(const char* op) {
-  fail("tpu::dist {} inside tpu::compile: only all_reduce, broadcast, all_gather_into_tensor and reduce_scatter_tensor "
-       "become graph nodes; call {} outside the compiled function",
+  fail("tpu::dist {} inside tpu::compile: only all_reduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor "
+       "and all_to_all_single become graph nodes; call {} outside the compiled function",
        op, op);
 }
 
@@ -269,6 +288,22 @@ Work traced_reduce_scatter_tensor(ProcessGroup& pg, const Tensor& out, const Ten
     fail("tpu::dist reduce_scatter_tensor (traced): the output is {} but the input is {}", dtype_name(out.dtype()),
          dtype_name(in.dtype()));
   record(pg, reduce_scatter_op(), out, in, {{"op", static_cast<int64_t>(op)}}, "reduce_scatter_tensor");
+  return Work();
+}
+
+Work traced_all_to_all_single(ProcessGroup& pg, const Tensor& out, const Tensor& in, const std::vector<int64_t>& out_splits,
+                              const std::vector<int64_t>& in_splits) {
+  if (out.dtype() != in.dtype())
+    fail("tpu::dist all_to_all_single (traced): the output is {} but the input is {}", dtype_name(out.dtype()),
+         dtype_name(in.dtype()));
+  // Split sizes are part of the graph (attributes): other sizes are another graph. An empty
+  // list on one side takes equal splits of that side's dim 0.
+  std::vector<int64_t> ins = in_splits, outs = out_splits;
+  if (!ins.empty() || !outs.empty()) {
+    ins = splits_or_even(ins, in, pg.size(), "tpu::dist all_to_all_single (traced)", "input_split_sizes", "input");
+    outs = splits_or_even(outs, out, pg.size(), "tpu::dist all_to_all_single (traced)", "output_split_sizes", "output");
+  }
+  record(pg, all_to_all_op(), out, in, {{"in_splits", ins}, {"out_splits", outs}}, "all_to_all_single");
   return Work();
 }
 

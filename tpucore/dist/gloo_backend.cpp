@@ -20,6 +20,7 @@
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
+#include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/rendezvous/context.h>
@@ -144,6 +145,24 @@ class GlooBackend final : public Backend {
     o.setInput(static_cast<uint8_t*>(in.raw_data()), in.nbytes());
     o.setOutput(static_cast<uint8_t*>(out.raw_data()), out.nbytes());
     ::gloo::alltoall(o);
+  }
+
+  // Gloo's alltoallv in bytes: no padding. A rank with nothing to send or receive still takes
+  // part (with a one-byte scratch buffer: Gloo wants a buffer).
+  void all_to_all_v(const Tensor& out, const Tensor& in, const std::vector<int64_t>& send,
+                    const std::vector<int64_t>& recv, int64_t max_block) override {
+    if (max_block == 0) return;
+    NoSigpipe no_sigpipe;
+    const int64_t es = static_cast<int64_t>(in.element_size());
+    std::vector<int64_t> sb, rb;
+    for (int64_t c : send) sb.push_back(c * es);
+    for (int64_t c : recv) rb.push_back(c * es);
+    uint8_t scratch_in = 0, scratch_out = 0;
+    ::gloo::AlltoallvOptions o(ctx_);
+    o.setTag(tag_);
+    o.setInput(in.nbytes() ? static_cast<uint8_t*>(in.raw_data()) : &scratch_in, sb);
+    o.setOutput(out.nbytes() ? static_cast<uint8_t*>(out.raw_data()) : &scratch_out, rb);
+    ::gloo::alltoallv(o);
   }
 
   void barrier() override {

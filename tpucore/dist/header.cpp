@@ -44,7 +44,7 @@ std::string describe(const Header& h) {
   std::string dims;
   for (int d = 0; d < h.ndim; ++d) {
     if (d) dims += ", ";
-    dims += d < 8 ? std::to_string(h.dims[d]) : "...";
+    dims += d >= 8 ? "..." : d == 0 && h.count == -1 ? "*" : std::to_string(h.dims[d]);  // *: uneven dim 0
   }
   std::string dt = h.dtype < kNumDTypes ? std::string(dtype_name(static_cast<DType>(h.dtype))) : "?";
   s += fmt::format(" {}[{}]", dt, dims);
@@ -52,6 +52,7 @@ std::string describe(const Header& h) {
     s += fmt::format(" {}", reduce_op_name(static_cast<ReduceOp>(h.reduce)));
   if (op == OpCode::broadcast) s += fmt::format(" from rank {}", h.root);
   if (op == OpCode::all_gather || op == OpCode::all_to_all) s += fmt::format(" (lists of {})", h.count);
+  if (op == OpCode::all_to_all_single && h.count == -1) s += " (split sizes)";
   return s;
 }
 

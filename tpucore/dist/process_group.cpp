@@ -346,7 +346,7 @@ Work ProcessGroup::reduce_scatter_tensor_async(const Tensor& out, const Tensor& 
 }
 
 Work ProcessGroup::all_to_all_single_async(const Tensor& out, const Tensor& in) {
-  if (detail::traced(in)) detail::not_traceable("all_to_all_single");
+  if (detail::traced(in)) return detail::traced_all_to_all_single(*this, out, in, {}, {});
   TPU_DIST_CALL(OpCode::all_to_all_single);
   return launch(*queue_, b, check_, timeout_, c, [&] {
     c.tensor(in, "the input");
@@ -362,34 +362,85 @@ Work ProcessGroup::all_to_all_single_async(const Tensor& out, const Tensor& in) 
   });
 }
 
+namespace {
+// The header of an uneven all-to-all: op, dtype and the trailing shape; dim 0 (which may differ
+// across ranks) left out, count -1 marks the uneven form.
+Header uneven_header(OpCode op, const Tensor& t) {
+  Header h = detail::make_header(op, &t, ReduceOp::sum, 0, -1);
+  h.numel = 0;
+  if (t.dim() > 0) h.dims[0] = 0;
+  return h;
+}
+}  // namespace
+
+Work ProcessGroup::all_to_all_single_async(const Tensor& out, const Tensor& in, const std::vector<int64_t>& output_split_sizes,
+                                           const std::vector<int64_t>& input_split_sizes) {
+  if (output_split_sizes.empty() && input_split_sizes.empty()) return all_to_all_single_async(out, in);
+  if (detail::traced(in)) return detail::traced_all_to_all_single(*this, out, in, output_split_sizes, input_split_sizes);
+  TPU_DIST_CALL(OpCode::all_to_all_single);
+  return launch(*queue_, b, check_, timeout_, c, [&] {
+    c.tensor(in, "the input");
+    c.tensor(out, "the output");
+    c.same_dtype(in, out, "the output");
+    if (in.dim() == 0 || out.dim() != in.dim())
+      fail("{}: the input {} and the output {} need the same number of dims (at least 1)", c.what, in.shape(), out.shape());
+    for (int d = 1; d < in.dim(); ++d)
+      if (in.size(d) != out.size(d))
+        fail("{}: the output {} and the input {} differ beyond dim 0", c.what, out.shape(), in.shape());
+    const auto ins = splits_or_even(input_split_sizes, in, n, c.what, "input_split_sizes", "input");
+    const auto outs = splits_or_even(output_split_sizes, out, n, c.what, "output_split_sizes", "output");
+    int64_t row = 1;
+    for (int d = 1; d < in.dim(); ++d) row *= in.size(d);
+    std::vector<int64_t> send, recv;
+    for (int64_t x : ins) send.push_back(x * row);
+    for (int64_t x : outs) recv.push_back(x * row);
+    Staged si = c.stage(in, true, false), so = c.stage(out, false, true);
+    Tensor fi = si.buf.reshape(Shape{si.buf.numel()}), fo = so.buf.reshape(Shape{so.buf.numel()});
+    return Plan{uneven_header(c.op, in), [b, fi, fo, send, recv, what = c.what] {
+                  run_all_to_all_v(*b, fo, fi, send, recv, what);
+                }, finisher({so})};
+  });
+}
+
 Work ProcessGroup::all_to_all_async(const std::vector<Tensor>& out, const std::vector<Tensor>& in) {
   if (detail::traced(in.empty() ? Tensor() : in[0])) detail::not_traceable("all_to_all");
   TPU_DIST_CALL(OpCode::all_to_all);
   return launch(*queue_, b, check_, timeout_, c, [&] {
     if (static_cast<int>(in.size()) != n || static_cast<int>(out.size()) != n)
       fail("{}: the lists have {} inputs and {} outputs; the group has {} ranks", c.what, in.size(), out.size(), n);
+    // Tensors of any shape: in[j] goes to rank j (flattened), out[i] receives rank i's in[me]
+    // and must hold as many elements (checked across ranks before any data moves).
+    std::vector<int64_t> send, recv;
+    int64_t ns = 0, nr = 0;
     for (int i = 0; i < n; ++i) {
       std::string ai = fmt::format("input {}", i), ao = fmt::format("output {}", i);
       c.tensor(in[i], ai.c_str());
       c.tensor(out[i], ao.c_str());
       c.same_dtype(in[0], in[i], ai.c_str());
       c.same_dtype(in[0], out[i], ao.c_str());
-      if (in[i].shape() != in[0].shape())
-        fail("{}: input {} is {} but input 0 is {}; tpu::dist's all_to_all moves blocks of one shape", c.what, i,
-             in[i].shape(), in[0].shape());
-      if (out[i].shape() != in[0].shape())
-        fail("{}: output {} is {} but the inputs are {}", c.what, i, out[i].shape(), in[0].shape());
+      send.push_back(in[i].numel());
+      recv.push_back(out[i].numel());
+      ns += in[i].numel();
+      nr += out[i].numel();
     }
-    int64_t k = in[0].numel();
     TensorOptions host(in[0].dtype(), Device());
-    Tensor packed = empty(Shape{k * n}, host), result = empty(Shape{k * n}, host);
-    for (int i = 0; i < n; ++i) packed.narrow(0, i * k, k).copy_(in[static_cast<size_t>(i)].reshape(Shape{k}));
-    return Plan{detail::make_header(c.op, &in[0], ReduceOp::sum, 0, n), [b, packed, result] {
-                  if (packed.numel() > 0) b->all_to_all(result, packed);
+    Tensor packed = empty(Shape{ns}, host), result = empty(Shape{nr}, host);
+    int64_t off = 0;
+    for (size_t i = 0; i < in.size(); off += send[i], ++i)
+      if (send[i] > 0) packed.narrow(0, off, send[i]).copy_(in[i].reshape(Shape{send[i]}));
+    Header h = uneven_header(c.op, in[0]);
+    h.ndim = 0;
+    std::fill(std::begin(h.dims), std::end(h.dims), 0);
+    h.count = n;
+    return Plan{h, [b, packed, result, send, recv, what = c.what] {
+                  run_all_to_all_v(*b, result, packed, send, recv, what);
                 },
-                [out, result, k](std::chrono::milliseconds) {
-                  for (size_t i = 0; i < out.size(); ++i)
-                    Tensor(out[i]).copy_(result.narrow(0, static_cast<int64_t>(i) * k, k).reshape(out[i].shape()));
+                [out, result, recv](std::chrono::milliseconds) {
+                  int64_t off = 0;
+                  for (size_t i = 0; i < out.size(); ++i) {
+                    if (recv[i] > 0) Tensor(out[i]).copy_(result.narrow(0, off, recv[i]).reshape(out[i].shape()));
+                    off += recv[i];
+                  }
                 }};
   });
 }
@@ -427,6 +478,10 @@ void ProcessGroup::all_to_all(const std::vector<Tensor>& out, const std::vector<
 }
 void ProcessGroup::all_to_all_single(const Tensor& out, const Tensor& in) {
   TPU_DIST_BLOCKING(all_to_all_single_async(out, in));
+}
+void ProcessGroup::all_to_all_single(const Tensor& out, const Tensor& in, const std::vector<int64_t>& output_split_sizes,
+                                     const std::vector<int64_t>& input_split_sizes) {
+  TPU_DIST_BLOCKING(all_to_all_single_async(out, in, output_split_sizes, input_split_sizes));
 }
 void ProcessGroup::barrier() { TPU_DIST_BLOCKING(barrier_async()); }
 #undef TPU_DIST_BLOCKING

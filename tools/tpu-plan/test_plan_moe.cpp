@@ -1,0 +1,118 @@
+// tpu-plan on mixtures of experts: parameter counts of Hub configs against the model cards, the
+// expert-parallel all-to-all's price against the torus closed form, the --ep layout checks, and
+// MFU counted on the active parameters.
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <sstream>
+
+#include "tools/tpu-plan/plan.h"
+
+using namespace tpu;
+using Catch::Matchers::Contains;
+
+namespace {
+std::string read(const std::string& name) {
+  std::ifstream f(std::string(TPU_PLAN_TESTDATA) + "/" + name);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+}  // namespace
+
+TEST_CASE("MoE configs against the model cards' total and active parameters") {
+  // mistralai/Mixtral-8x7B-v0.1: 46.7B parameters, 12.9B used per token.
+  const plan::ModelShape mx = plan::model_from_config(read("mixtral_config.json"), "Mixtral-8x7B");
+  CHECK(mx.experts == 8);
+  CHECK(mx.top_k == 2);
+  CHECK(mx.moe_layers == 32);
+  CHECK(mx.params() / 1e9 == Approx(46.7).epsilon(0.005));
+  CHECK(mx.active_params() / 1e9 == Approx(12.9).epsilon(0.005));
+  // Qwen/Qwen3-30B-A3B: 30.5B in total, 3.3B activated (29.9B without the embeddings).
+  const plan::ModelShape qw = plan::model_from_config(read("qwen3_moe_config.json"), "Qwen3-30B-A3B");
+  CHECK(qw.moe_layers == 48);
+  CHECK(qw.params() / 1e9 == Approx(30.5).epsilon(0.005));
+  CHECK(qw.active_params() / 1e9 == Approx(3.3).epsilon(0.02));
+  CHECK(qw.body_params() / 1e9 == Approx(29.9).epsilon(0.005));
+  // The named shapes are the same models.
+  CHECK(plan::named_model("mixtral-8x7b").params() == Approx(mx.params()));
+  CHECK(plan::named_model("qwen3-30b-a3b").active_params() == Approx(qw.active_params()));
+  // decoder_sparse_step and mlp_only_layers as Transformers reads them: layer i is sparse when
+  // (i + 1) % step == 0 and i is not listed. 48 layers, step 2: 24 sparse, minus layer 1 listed.
+  std::string cfg = read("qwen3_moe_config.json");
+  cfg.insert(cfg.rfind('}'), ", \"decoder_sparse_step\": 2, \"mlp_only_layers\": [0, 1]");
+  const plan::ModelShape half = plan::model_from_config(cfg);
+  CHECK(half.moe_layers == 23);
+  const double dense_layer = half.attention_params() + 3.0 * 2048 * 6144;
+  CHECK(half.body_params() == Approx(25 * dense_layer + 23 * qw.moe_layer_params()));
+  CHECK_THROWS_WITH(plan::model_from_config("{\"model_type\": \"mixtral\", \"hidden_size\": 64}"), Contains("intermediate_size"));
+}
+
+TEST_CASE("the expert-parallel all-to-all against the torus closed form (bisection bandwidth)") {
+  // All-to-all of V bytes in all (V / G per chip, V / G^2 to each peer) over G chips. Half the
+  // chips send V / 4 to the other half, across the bisection. A ring of n chips with wraparound
+  // is cut at two places: 2 links per direction, so V / 8 per link direction at W bytes/s:
+  // T = V / (8 W). A 2-D torus n x m (m the longer axis, both with wraparound) cut across its
+  // longer axis: 2 n links per direction, T = V / (8 n W). Hop latency is left out (V large).
+  const double V = 4e9;
+  {
+    const plan::Slice s = plan::make_slice("v5p-ideal", false, "4x4x8", 0);  // the last axis: 8, wraparound
+    const double W = s.topo.ici.link_gbps * 1e9;
+    // ep = 8 on the last axis (tp = 1): one ring of 8.
+    const double t = plan::collective_s(s, {.tp = 1, .fsdp = 128, .dp = 1, .ep = 8}, 3, sim::CollectiveKind::all_to_all,
+                                        uint64_t(V));
+    CHECK(t == Approx(V / (8 * W)).epsilon(0.10));
+  }
+  {
+    const plan::Slice s = plan::make_slice("v6e-ideal", false, "16x16", 0);  // both axes wrap (16)
+    const double W = s.topo.ici.link_gbps * 1e9;
+    const double t = plan::collective_s(s, {.tp = 1, .fsdp = 256, .dp = 1, .ep = 256}, 3, sim::CollectiveKind::all_to_all,
+                                        uint64_t(V));
+    CHECK(t == Approx(V / (8 * 16 * W)).epsilon(0.10));
+    // 16 chips on one wrapped axis of v6e: a ring of 16.
+    const double t16 = plan::collective_s(s, {.tp = 1, .fsdp = 256, .dp = 1, .ep = 16}, 3, sim::CollectiveKind::all_to_all,
+                                          uint64_t(V));
+    CHECK(t16 == Approx(V / (8 * W)).epsilon(0.10));
+  }
+}
+
+TEST_CASE("expert parallelism in a training plan: layout checks, active-parameter MFU, exposed all-to-all") {
+  const plan::ModelShape m = plan::named_model("tiny-moe");
+  const plan::Slice s = plan::make_slice("tiny", true, "2x2x2", 0);
+  plan::TrainRecipe r;
+  r.global_batch = 8;
+  r.seq = 32;
+  r.layout = {.tp = 1, .fsdp = 8, .dp = 1, .ep = 3};
+  CHECK_THROWS_WITH(plan::plan_train(m, s, r), Contains("--ep 3 does not divide the 8 experts of tiny-moe"));
+  r.layout = {.tp = 1, .fsdp = 4, .dp = 2, .ep = 8};
+  CHECK_THROWS_WITH(plan::plan_train(m, s, r), Contains("--ep 8 does not divide fsdp=4"));
+  r.layout = {.tp = 1, .fsdp = 8, .dp = 1, .ep = 2};
+  CHECK_THROWS_WITH(plan::plan_train(plan::named_model("tiny"), s, r), Contains("dense model"));
+
+  r.layout = {.tp = 1, .fsdp = 8, .dp = 1, .ep = 1};
+  const plan::Plan p1 = plan::plan_train(m, s, r);
+  CHECK(p1.breakdown.all_to_all == 0);
+  r.layout.ep = 4;
+  const plan::StepParts parts = plan::step_parts(m, s, r);
+  // Each chip dispatches its tokens' top_k bf16 copies: the book's V is that times the group.
+  const double t = 32;  // one sequence of 32 tokens per chip
+  CHECK(parts.a2a_bytes == uint64_t(2 * t * 2 * 64 * 4));
+  CHECK(parts.a2a_per_layer_fwd == 2);
+  CHECK(parts.a2a_per_layer_bwd == 4);  // full rematerialization repeats the forward's
+  const plan::Plan p4 = plan::plan_train(m, s, r);
+  const double one = plan::collective_s(s, r.layout, 3, sim::CollectiveKind::all_to_all, parts.a2a_bytes);
+  CHECK(one > 0);
+  CHECK(p4.breakdown.all_to_all == Approx(2 * 6 * one));  // 2 MoE layers x (2 + 4)
+  CHECK(p4.breakdown.exposed_ici >= p4.breakdown.all_to_all * 0.999);
+  // MFU counts the active parameters: the same step with every expert active would count more.
+  const double active_body = m.active_params() - 256.0 * 64;
+  const double flops = 8 * 32 * (6 * active_body + 6.0 * 2 * 32 * 4 * 16);
+  CHECK(p4.mfu == Approx(flops / (p4.step_s * 8 * s.chip.chip_peak_flops())).epsilon(1e-9));
+  CHECK(m.active_params() < m.params());
+  // The search tries expert-parallel degrees too.
+  const auto plans = plan::search_train(m, s, r);
+  bool any_ep = false;
+  for (const auto& p : plans) any_ep = any_ep || p.layout.find("ep=") != std::string::npos;
+  CHECK(any_ep);
+  CHECK_THROWS_WITH(plan::plan_serve(m, s, {}), Contains("not modeled"));
+}
