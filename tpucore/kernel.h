@@ -162,10 +162,11 @@ class KernelContext {
 /// the block index out of range).
 void validate(const KernelDef& k, std::span<const TensorType> inputs, std::span<const TensorType> outputs);
 
-/// Runs a kernel on `inputs`, making outputs of the given types. On cpu tensors the body runs in
-/// the interpreter (Pallas' interpret=True): block by block over the grid, on the host. Kernels
-/// are not lowered to chip devices yet: other devices are a tpu::Error (a registered op runs
-/// there through the host fallback instead).
+/// Runs a kernel on `inputs`, making outputs of the given types on their device. On cpu tensors
+/// the body runs in the interpreter (Pallas' interpret=True): block by block over the grid, on
+/// the host. On a chip device (`sim:N`) the kernel is lowered to a program of the chip (its grid
+/// unrolled) and run there; an operation the lowering lacks is a tpu::Error naming it.
+/// kernel::call lowers on every call (a registered op caches its programs).
 std::vector<Tensor> call(const KernelDef& k, std::span<const Tensor> inputs, std::span<const TensorType> outputs);
 /// call() with braced lists.
 std::vector<Tensor> call(const KernelDef& k, std::initializer_list<Tensor> inputs,
@@ -218,7 +219,8 @@ class Op {
 };
 
 /// Registers a kernel as an op of the registry: its meta function is the shape rule, its cpu
-/// kernel the interpreter, its backward the rule. A name already registered is a tpu::Error.
+/// kernel the interpreter, its chip kernel the lowered program (cached per operand types and
+/// parameters), its backward the rule. A name already registered is a tpu::Error.
 Op register_op(OpSpec spec);
 
 /// True when `name` is an op made by register_op (not one of the library's own ops).

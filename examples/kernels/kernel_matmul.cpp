@@ -2,7 +2,10 @@
 // matmul_epilogue.h, registered as an op, checked against the library's own ops (matmul, add,
 // relu / silu) on the cpu interpreter, eagerly and inside tpu::compile.
 //
-//   kernel_matmul [--m M --k K --n N --bm BM --bn BN --bk BK --act relu|silu|none --dtype f32|bf16]
+// With --sim CHIP (a preset: v5e, v6e, ...) it also runs both on sim:0 in timing-only mode and
+// prints their simulated cycles.
+//
+//   kernel_matmul [--m M --k K --n N --bm BM --bn BN --bk BK --act relu|silu|none --dtype f32|bf16 --sim CHIP]
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -10,6 +13,8 @@
 
 #include "matmul_epilogue.h"
 #include "tpucore/compile.h"
+#include "tpucore/devices.h"
+#include "tpucore/streams.h"
 #include "tpucore/ops.h"
 
 namespace {
@@ -17,9 +22,10 @@ namespace {
 void usage(FILE* f) {
   std::fprintf(f,
                "usage: kernel_matmul [--m M] [--k K] [--n N] [--bm BM] [--bn BN] [--bk BK] [--act relu|silu|none]\n"
-               "                     [--dtype f32|bf16]\n"
+               "                     [--dtype f32|bf16] [--sim CHIP]\n"
                "Runs act(x w + b) as a user kernel (tiled matmul with a fused epilogue) in the cpu interpreter,\n"
-               "eagerly and inside tpu::compile, and compares it with the library's matmul + add + activation.\n");
+               "eagerly and inside tpu::compile, and compares it with the library's matmul + add + activation.\n"
+               "--sim CHIP: also the simulated cycles of both on sim:0 with that chip preset (timing-only).\n");
 }
 
 double max_rel_error(const tpu::Tensor& got, const tpu::Tensor& want) {
@@ -34,7 +40,7 @@ double max_rel_error(const tpu::Tensor& got, const tpu::Tensor& want) {
 
 int main(int argc, char** argv) {
   int64_t m = 256, k = 512, n = 384, bm = 128, bn = 128, bk = 128;
-  std::string act = "relu", dtype = "f32";
+  std::string act = "relu", dtype = "f32", chip;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
@@ -54,6 +60,7 @@ int main(int argc, char** argv) {
     else if (a == "--bk") bk = std::stoll(v);
     else if (a == "--act") act = v;
     else if (a == "--dtype") dtype = v;
+    else if (a == "--sim") chip = v;
     else {
       usage(stderr);
       return 2;
@@ -94,6 +101,26 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::printf("  within %.3g\n", tol);
+    if (!chip.empty()) {
+      tpu::set_sim_chip(chip, 0);
+      const tpu::Device sim("sim:0");
+      tpu::Tensor xs = x.to(sim), ws = w.to(sim), bs = b.to(sim);
+      auto builtin_c = tpu::compile([&](const tpu::Tensor& xx) { return builtin(xx, ws, bs); });
+      tpu::SimTimingOnly timing;
+      auto cycles = [&](auto&& run) {
+        run();  // builds and caches the programs
+        tpu::synchronize(sim);
+        tpu::reset_sim_stats();
+        run();
+        tpu::synchronize(sim);
+        return tpu::sim_stats().cycles;
+      };
+      const double ck = cycles([&] { (void)op({xs, ws, bs}, params); });
+      const double cb = cycles([&] { (void)builtin_c(xs); });
+      std::printf("  sim:0 (%s, timing-only): kernel %.0f cycles, built-in compiled matmul + epilogue %.0f cycles, "
+                  "ratio %.2f\n",
+                  chip.c_str(), ck, cb, ck / cb);
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kernel_matmul: error: %s\n", e.what());
     return 1;

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "examples/kernels/flash_attention.h"
 #include "examples/kernels/matmul_epilogue.h"
 #include "tpucore/kernel.h"
 #include "tpucore/ops.h"
@@ -216,9 +217,52 @@ TEST_CASE("kernel api: bad kernels are errors naming the problem", "[kernel][err
                       Catch::Contains("value of shape [3, 5] into output 0 whose block has shape [64, 64]"));
     CHECK_THROWS_WITH(call(k, {x.to(DType::i64)}, {{Shape{64, 64}, DType::f32}}), Catch::Contains("has dtype i64"));
   }
-  SECTION("a chip tensor in kernel::call names the device") {
-    CHECK_THROWS_WITH(call(add_one_rows(64, 64, 64), {x.to(Device("sim:0"))}, {{Shape{64, 64}, DType::f32}}),
-                      Catch::Contains("input 0 is on sim:0"));
+  SECTION("inputs on two devices name both") {
+    KernelDef k = add_one_rows(64, 64, 64);
+    k.in_specs.push_back(k.in_specs[0]);
+    CHECK_THROWS_WITH(call(k, {x, x.to(Device("sim:0"))}, {{Shape{64, 64}, DType::f32}}),
+                      Catch::Contains("inputs on cpu and sim:0"));
+  }
+}
+
+}  // namespace
+}  // namespace tpu
+
+namespace tpu {
+namespace {
+
+// softmax(q k^T / sqrt(D)) v per head in double, naive loops.
+std::vector<double> naive_attention(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
+                                    int64_t h, int64_t s, int64_t sk, int64_t d, bool causal) {
+  std::vector<double> o(static_cast<size_t>(h * s * d), 0.0);
+  for (int64_t b = 0; b < h; ++b)
+    for (int64_t i = 0; i < s; ++i) {
+      std::vector<double> w(static_cast<size_t>(sk));
+      double mx = -INFINITY, sum = 0;
+      for (int64_t j = 0; j < sk; ++j) {
+        double dotv = 0;
+        for (int64_t e = 0; e < d; ++e) dotv += double(q[size_t((b * s + i) * d + e)]) * k[size_t((b * sk + j) * d + e)];
+        w[size_t(j)] = causal && j > i ? -INFINITY : dotv / std::sqrt(double(d));
+        mx = std::max(mx, w[size_t(j)]);
+      }
+      for (double& x : w) sum += (x = std::exp(x - mx));
+      for (int64_t j = 0; j < sk; ++j)
+        for (int64_t e = 0; e < d; ++e) o[size_t((b * s + i) * d + e)] += w[size_t(j)] / sum * v[size_t((b * sk + j) * d + e)];
+    }
+  return o;
+}
+
+TEST_CASE("kernel api: flash attention with online softmax equals naive attention", "[kernel]") {
+  for (bool causal : {false, true}) {
+    DYNAMIC_SECTION("causal " << causal) {
+      const int64_t h = 3, s = 13, sk = causal ? 13 : 11, d = 8;
+      const std::vector<float> q = random_values(h * s * d, 21), k = random_values(h * sk * d, 22),
+                               v = random_values(h * sk * d, 23);
+      Tensor o = examples::flash_attention_op()(
+          {from_vector(q, {h, s, d}), from_vector(k, {h, sk, d}), from_vector(v, {h, sk, d})},
+          {{"bq", 4}, {"bk", 4}, {"causal", causal ? 1 : 0}});
+      check_close(o.to_vector<float>(), naive_attention(q, k, v, h, s, sk, d, causal), 1e-5, 1e-5);
+    }
   }
 }
 

@@ -129,6 +129,30 @@ void for_each_block_elem(const BlockPlace& p, const Shape& array, F f) {
   }
 }
 
+std::string spec_name(const BlockSpec& s, const char* kind, size_t i);
+// The block shape of a spec over an array (squeezed dims dropped), checked.
+std::vector<int64_t> block_shape_of(const KernelDef& k, const BlockSpec& s, const TensorType& t, const std::string& who);
+// Where the block of `s` lies at grid index `g` (a tpu::Error for a bad index map).
+BlockPlace place_of(const KernelDef& k, const BlockSpec& s, const TensorType& t, const std::string& who,
+                    std::span<const int64_t> g);
+
+// Visits every grid index in row-major order.
+template <class F>
+void for_each_grid_index(const Index& grid, F f) {
+  for (int64_t g : grid)
+    if (g == 0) return;
+  Index g(grid.size(), 0);
+  while (true) {
+    f(std::span<const int64_t>(g));
+    size_t d = grid.size();
+    while (d-- > 0) {
+      if (++g[d] < grid[d]) break;
+      g[d] = 0;
+    }
+    if (d == static_cast<size_t>(-1)) return;
+  }
+}
+
 }  // namespace detail
 
 }  // namespace tpu::kernel

@@ -3,10 +3,13 @@
 // the same block index and are written back when it changes (the accumulator pattern); a block
 // becoming resident starts as zeros. Elements no output block covers stay zero.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "tpucore/core/error.h"
+#include "codegen/launch.h"
 #include "tpucore/kernel/internal.h"
+#include "tpucore/kernel/lower_sim.h"
 #include "tpucore/ops.h"
 
 namespace tpu::kernel {
@@ -14,7 +17,7 @@ namespace tpu::kernel {
 using detail::data_of;
 using detail::shape_str;
 
-namespace {
+namespace detail {
 
 std::string spec_name(const BlockSpec& s, const char* kind, size_t i) {
   return s.name.empty() ? fmt::format("{} {}", kind, i) : fmt::format("{} {} ('{}')", kind, i, s.name);
@@ -36,7 +39,7 @@ std::vector<int64_t> block_shape_of(const KernelDef& k, const BlockSpec& s, cons
   return b;
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Where the block of `s` lies at grid index `g` (a tpu::Error for a bad index map).
 BlockPlace place_of(const KernelDef& k, const BlockSpec& s, const TensorType& t, const std::string& who,
@@ -71,6 +74,10 @@ BlockPlace place_of(const KernelDef& k, const BlockSpec& s, const TensorType& t,
   }
   return p;
 }
+
+}  // namespace detail
+
+namespace {
 
 std::vector<double> host_values(const Tensor& t) {
   Tensor c = t.device().type == DeviceType::cpu ? t : t.to(Device());
@@ -112,23 +119,6 @@ void make_resident(KernelContext::State& s, size_t i) {
   s.out_resident[i] = true;
 }
 
-// Visits every grid index in row-major order.
-template <class F>
-void for_each_grid_index(const Index& grid, F f) {
-  for (int64_t g : grid)
-    if (g == 0) return;
-  Index g(grid.size(), 0);
-  while (true) {
-    f(std::span<const int64_t>(g));
-    size_t d = grid.size();
-    while (d-- > 0) {
-      if (++g[d] < grid[d]) break;
-      g[d] = 0;
-    }
-    if (d == static_cast<size_t>(-1)) return;
-  }
-}
-
 }  // namespace
 
 void validate(const KernelDef& k, std::span<const TensorType> inputs, std::span<const TensorType> outputs) {
@@ -148,10 +138,10 @@ void validate(const KernelDef& k, std::span<const TensorType> inputs, std::span<
   };
   std::vector<Use> uses;
   auto add_operand = [&](const BlockSpec& s, const TensorType& t, const char* kind, size_t i) {
-    const std::string who = spec_name(s, kind, i);
+    const std::string who = detail::spec_name(s, kind, i);
     TPU_CHECK(detail::block_dtype_ok(t.dtype), "kernel '{}': {} has dtype {}; blocks are f32, bf16, i32 or bool",
               k.name, who, dtype_name(t.dtype));
-    std::vector<int64_t> b = block_shape_of(k, s, t, who);
+    std::vector<int64_t> b = detail::block_shape_of(k, s, t, who);
     uses.push_back({who, b, t.dtype, 2 * detail::numel_of(b) * static_cast<int64_t>(dtype_size(t.dtype))});
   };
   for (size_t i = 0; i < inputs.size(); ++i) add_operand(k.in_specs[i], inputs[i], "input", i);
@@ -179,9 +169,9 @@ void validate(const KernelDef& k, std::span<const TensorType> inputs, std::span<
     fail("kernel '{}': its blocks need {} bytes of vector memory together, more than the budget of {} bytes: {}",
          k.name, total, budget, list);
   }
-  for_each_grid_index(k.grid, [&](std::span<const int64_t> g) {
-    for (size_t i = 0; i < inputs.size(); ++i) (void)place_of(k, k.in_specs[i], inputs[i], spec_name(k.in_specs[i], "input", i), g);
-    for (size_t i = 0; i < outputs.size(); ++i) (void)place_of(k, k.out_specs[i], outputs[i], spec_name(k.out_specs[i], "output", i), g);
+  detail::for_each_grid_index(k.grid, [&](std::span<const int64_t> g) {
+    for (size_t i = 0; i < inputs.size(); ++i) (void)detail::place_of(k, k.in_specs[i], inputs[i], detail::spec_name(k.in_specs[i], "input", i), g);
+    for (size_t i = 0; i < outputs.size(); ++i) (void)detail::place_of(k, k.out_specs[i], outputs[i], detail::spec_name(k.out_specs[i], "output", i), g);
   });
 }
 
@@ -191,11 +181,22 @@ std::vector<Tensor> call(const KernelDef& k, std::span<const Tensor> inputs, std
     TPU_CHECK(inputs[i].defined(), "kernel '{}': input {} is an undefined tensor", k.name, i);
     TPU_CHECK(!inputs[i].is_proxy(), "kernel '{}': kernel::call on a traced tensor; register the kernel with "
               "kernel::register_op to use it inside tpu::compile", k.name);
-    TPU_CHECK(inputs[i].device().type == DeviceType::cpu,
-              "kernel '{}': input {} is on {}; kernel::call runs kernels on cpu tensors in the interpreter (lowering "
-              "to chip devices is not implemented; a registered kernel op runs there through the host fallback)",
-              k.name, i, inputs[i].device().str());
+    TPU_CHECK(inputs[i].device() == inputs[0].device(), "kernel '{}': inputs on {} and {}", k.name,
+              inputs[0].device().str(), inputs[i].device().str());
     in_types.push_back({inputs[i].shape(), inputs[i].dtype()});
+  }
+  if (!inputs.empty() && inputs[0].device().type != DeviceType::cpu) {
+    const Device dev = inputs[0].device();
+    TPU_CHECK(codegen::runs_generated_programs(dev),
+              "kernel '{}': inputs on {}, a device that runs no generated programs; kernels run on the cpu "
+              "(interpreter) and on chip devices (lowered)", k.name, dev.str());
+    validate(k, in_types, outputs);
+    std::vector<Tensor> result;
+    for (const TensorType& t : outputs) result.push_back(empty_tensor(t.shape, t.dtype, dev));
+    // A KernelDef holds functions, so it has no identity to cache its program under: lowered per call.
+    static std::atomic<uint64_t> calls{0};
+    detail::run_on_chip(k, fmt::format("kernel_call:{}:{}", k.name, calls.fetch_add(1)), inputs, result);
+    return result;
   }
   validate(k, in_types, outputs);
   KernelContext::State s;
@@ -210,12 +211,12 @@ std::vector<Tensor> call(const KernelDef& k, std::span<const Tensor> inputs, std
   s.in_place.resize(inputs.size());
   for (const ScratchSpec& sc : k.scratch) s.scratch.push_back(detail::make_value(sc.shape, sc.dtype));
   KernelContext ctx(&s);
-  for_each_grid_index(k.grid, [&](std::span<const int64_t> g) {
+  detail::for_each_grid_index(k.grid, [&](std::span<const int64_t> g) {
     s.grid_index.assign(g.begin(), g.end());
     for (size_t i = 0; i < inputs.size(); ++i)
-      s.in_place[i] = place_of(k, k.in_specs[i], in_types[i], spec_name(k.in_specs[i], "input", i), g);
+      s.in_place[i] = detail::place_of(k, k.in_specs[i], in_types[i], detail::spec_name(k.in_specs[i], "input", i), g);
     for (size_t i = 0; i < outputs.size(); ++i) {
-      BlockPlace p = place_of(k, k.out_specs[i], outputs[i], spec_name(k.out_specs[i], "output", i), g);
+      BlockPlace p = detail::place_of(k, k.out_specs[i], outputs[i], detail::spec_name(k.out_specs[i], "output", i), g);
       if (s.out_resident[i] && p.block_index == s.out_place[i].block_index) continue;
       flush_output(s, i);
       s.out_place[i] = std::move(p);

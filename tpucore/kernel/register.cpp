@@ -8,7 +8,9 @@
 
 #include "ops/registry.h"
 #include "tpucore/core/error.h"
+#include "codegen/precision.h"
 #include "tpucore/kernel/internal.h"
+#include "tpucore/kernel/lower_sim.h"
 #include "tpucore/ops.h"
 
 namespace tpu::kernel {
@@ -86,6 +88,22 @@ void kernel_cpu(const ops::KernelArgs& a) {
   for (size_t i = 0; i < res.size(); ++i) std::memcpy(a.outputs[i].raw_data(), res[i].raw_data(), res[i].nbytes());
 }
 
+// Chip devices: the kernel lowered to a program, cached per op, operand types, parameters and
+// f32 matmul precision.
+void kernel_sim(const ops::KernelArgs& a) {
+  const OpSpec& spec = spec_of(a.op);
+  const Params params = decode(a.attrs);
+  const std::vector<TensorType> in = types_of(a.inputs);
+  std::vector<TensorType> out;
+  for (const Tensor& t : a.outputs) out.push_back({t.shape(), t.dtype()});
+  KernelDef k = spec.kernel(in, out, params);
+  if (k.name.empty()) k.name = a.op.name;
+  std::string key = fmt::format("kernel_op:{}:{}:{}", a.op.name, encode(params), float32_matmul_precision());
+  for (const TensorType& t : in) key += fmt::format(":{}{}", dtype_name(t.dtype), t.shape);
+  for (const TensorType& t : out) key += fmt::format(":{}{}", dtype_name(t.dtype), t.shape);
+  detail::run_on_chip(k, key, a.inputs, a.outputs);
+}
+
 void kernel_backward(const ops::BackwardArgs& a, std::span<Tensor> grad_inputs) {
   const OpSpec& spec = spec_of(a.op);
   const Params params = decode(a.attrs);
@@ -133,6 +151,7 @@ Op register_op(OpSpec spec) {
     t.by_name[name] = std::make_shared<const OpSpec>(std::move(spec));
   }
   ops::define(std::move(def));
+  ops::register_kernel(name, DeviceType::sim, &kernel_sim);
   if (differentiable) ops::set_backward(name, ops::BackwardDef{.fn = &kernel_backward, .save_inputs = ~0u, .save_outputs = ~0u});
   return Op(name);
 }
