@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "tpucore/core/error.h"
+#include "tpucore/core/hooks.h"
 #include "codegen/launch.h"
 #include "tpucore/kernel/internal.h"
 #include "tpucore/kernel/lower_sim.h"
@@ -175,7 +176,12 @@ void validate(const KernelDef& k, std::span<const TensorType> inputs, std::span<
   });
 }
 
-std::vector<Tensor> call(const KernelDef& k, std::span<const Tensor> inputs, std::span<const TensorType> outputs) {
+std::vector<Tensor> call(const KernelDef& k, std::span<const Tensor> inputs_in, std::span<const TensorType> outputs) {
+  // A tensor of a deferred eager recording (TPU_EAGER=defer) is read as eager would.
+  std::vector<Tensor> real(inputs_in.begin(), inputs_in.end());
+  for (Tensor& t : real)
+    if (t.defined() && t.is_proxy() && tpu::detail::proxy_deferred(t)) t = tpu::detail::materialize_proxy(t, "kernel::call");
+  const std::span<const Tensor> inputs = real;
   std::vector<TensorType> in_types;
   for (size_t i = 0; i < inputs.size(); ++i) {
     TPU_CHECK(inputs[i].defined(), "kernel '{}': input {} is an undefined tensor", k.name, i);
