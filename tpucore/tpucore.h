@@ -14,6 +14,7 @@
 #include "tpucore/devices.h"
 #include "tpucore/dist.h"
 #include "tpucore/export.h"
+#include "tpucore/kernel.h"
 #include "tpucore/models.h"
 #include "tpucore/nn.h"
 #include "tpucore/ops.h"
@@ -33,6 +34,7 @@
  *  - tpu::compile (tpucore/compile.h), the tracing JIT;
  *  - autograd (tpucore/autograd.h), tpu::nn layers and losses, tpu::optim;
  *  - devices, streams and the simulator (tpucore/devices.h, tpucore/streams.h), the profiler;
+ *  - custom kernels over blocks (tpucore/kernel.h; guide: docs/kernels.md);
  *  - tpu::dist process groups (tpucore/dist.h); checkpoints (tpucore/safetensors.h), the
  *    tokenizer and the models;
  *  - new backends: the Driver interface (device/driver.h) and the C plugin ABI
@@ -66,6 +68,9 @@
  */
 /** @namespace tpu::profiler
  * Host and chip profiling into a table and a Chrome trace (tpucore/profiler.h).
+ */
+/** @namespace tpu::kernel
+ * Custom kernels over blocks, in the manner of Pallas (tpucore/kernel.h, docs/kernels.md).
  */
 /** @namespace tpu::pjrt
  * A client of PJRT plugins (tpucore/runtime/pjrt_client.h).

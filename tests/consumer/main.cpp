@@ -7,6 +7,7 @@
 #include "tpucore/autograd.h"
 #include "tpucore/compile.h"
 #include "tpucore/data.h"
+#include "tpucore/kernel.h"
 #include "tpucore/devices.h"
 #include "tpucore/dist.h"
 #include "tpucore/core/log.h"
@@ -45,6 +46,21 @@ int main() {
     bad_caught = true;
   }
   check(bad_caught, "a bad device name is a tpu::Error");
+
+  // A tiny kernel in the interpreter: y = 2 x + 1 over blocks of 4 rows (the last one ragged).
+  {
+    namespace k = tpu::kernel;
+    k::KernelDef def;
+    def.name = "affine";
+    def.grid = {3};
+    def.in_specs = {{.block_shape = {4, 3}, .index_map = [](std::span<const int64_t> g) { return k::Index{g[0], 0}; }}};
+    def.out_specs = def.in_specs;
+    def.body = [](k::KernelContext& c) { c.out(0).store(c.in(0).load() * 2.0 + 1.0); };
+    tpu::Tensor in = tpu::arange(30).to(tpu::DType::f32).reshape({10, 3});
+    tpu::Tensor out = k::call(def, {in}, {{tpu::Shape{10, 3}, tpu::DType::f32}})[0];
+    // sum_{i<30} (2 i + 1) = 30^2
+    check(tpu::sum(out).item<double>() == 900.0, "a kernel::call in the interpreter");
+  }
 
   // The simulated chip through the public API: an add on sim:0 runs a chip program (counted),
   // and in timing-only mode the same program costs the same cycles without computing.

@@ -1,0 +1,593 @@
+// Lowering of kernels to the simulated chip's programs: the body runs once per grid step at
+// program-build time with a lowerer that emits instructions (the grid is unrolled statically),
+// through the same ProgramBuilder, program cache and launch path the library's own kernels use.
+// Values live in VMEM (f32, or bf16 for bf16 values); input blocks come in by DMA (ragged edges
+// filled first), the next step's blocks prefetched into a second buffer while this step
+// computes, output blocks stay resident in VMEM and go back by DMA when their block index
+// changes (two buffers per output, so a write-back overlaps the next block), scratch buffers
+// alternate between two slots so a stored value never overwrites one still in use. dot tiles
+// to the MXUs (column tiles spread over them), elementwise math runs on the VPU/EUP with
+// broadcasts as zero strides, row and column reductions on the XLU. What is not lowered (values
+// of rank above 2, i32 division and casts to i32, i32/bool operands) is a tpu::Error naming it.
+#include <algorithm>
+
+#include "codegen/launch.h"
+#include "codegen/precision.h"
+#include "codegen/sim_tensors.h"
+#include "sim/builder.h"
+#include "tpucore/core/error.h"
+#include "tpucore/kernel/lower_sim.h"
+
+namespace tpu::kernel::detail {
+namespace {
+
+using B = sim::ProgramBuilder;
+using sim::Op;
+
+struct Dims2 {
+  int64_t rows = 1, cols = 1;
+};
+
+Dims2 dims2(const std::vector<int64_t>& s, const std::string& kernel) {
+  if (s.empty()) return {};
+  if (s.size() == 1) return {1, s[0]};
+  if (s.size() == 2) return {s[0], s[1]};
+  fail("kernel '{}': a value of shape {} (rank {}) is not lowered to the chip (ranks 0 to 2)", kernel, shape_str(s),
+       s.size());
+}
+
+sim::DType phys(DType t) { return t == DType::bf16 ? sim::DType::bf16 : sim::DType::f32; }
+int64_t psize(DType t) { return sim::dtype_size(phys(t)); }
+
+class SimLowerer final : public Lowerer {
+ public:
+  SimLowerer(const KernelDef& k, KernelContext::State& s, const sim::ChipConfig& cfg)
+      : k_(k), s_(s), cfg_(cfg), b_("kernel:" + k.name) {}
+
+  sim::Program build();
+
+  Value binary(BinOp op, const Value& a, const Value& b, const std::vector<int64_t>& shape, DType out) override;
+  Value unary(UnOp op, const Value& a) override;
+  Value where(const Value& c, const Value& a, const Value& b, const std::vector<int64_t>& shape) override;
+  Value cast(const Value& a, DType t) override;
+  Value reduce(RedOp op, const Value& a, int axis, const std::vector<int64_t>& shape, DType out) override;
+  Value broadcast_to(const Value& a, const std::vector<int64_t>& shape) override;
+  Value transpose(const Value& a) override;
+  Value iota(const std::vector<int64_t>& shape, int axis, DType t) override;
+  Value full(const std::vector<int64_t>& shape, double v, DType t) override;
+  Value dot(const Value& a, const Value& b, DotOptions o, int64_t m, int64_t k, int64_t n) override;
+  Value load(Ref::Kind kind, int index, double fill) override;
+  void store(Ref::Kind kind, int index, const Value& v, const Value* mask) override;
+
+ private:
+  struct InputState {
+    int64_t slot[2] = {-1, -1};
+    int cur = -1;  // the slot holding the block `index` (loaded with `fill`)
+    Index index;
+    double fill = 0;
+    Value value;
+    bool used = false;  // loaded by some step: prefetched for the next ones
+    int pend = -1;      // the slot a DMA not waited for yet writes (block pend_index)
+    Index pend_index;
+    double pend_fill = 0;
+  };
+  struct OutputState {
+    int64_t slot[2] = {-1, -1};
+    int cur = 0;
+    bool resident = false;
+    bool pending[2] = {false, false};
+    BlockPlace place;
+  };
+  struct ScratchState {
+    int64_t slot[2] = {-1, -1};
+    int cur = 0;
+    std::weak_ptr<Value::Impl> held[2];
+    Value value;
+  };
+
+  int64_t alloc_persistent(int64_t bytes, const std::string& what);
+  int64_t alloc(int64_t bytes);
+  Value make(std::vector<int64_t> shape, DType t) {
+    auto impl = std::make_shared<Value::Impl>();
+    impl->vmem = alloc(std::max<int64_t>(1, numel_of(shape)) * psize(t));
+    return Value(std::move(shape), t, std::move(impl));
+  }
+  static Value imm_value(DType t, double v) {
+    auto impl = std::make_shared<Value::Impl>();
+    impl->imm = true;
+    impl->imm_value = round_to(t, v);
+    return Value({}, t, std::move(impl));
+  }
+  // `v` as a source operand of an op over rows x cols (broadcast dims as zero strides).
+  sim::Operand src(const Value& v, Dims2 out) const;
+  static sim::Operand dst(const Value& v) {
+    return B::vmem(B::at(v.impl()->vmem), phys(v.dtype()), v.rank() == 2 ? v.shape()[1] : -1);
+  }
+  sim::Operand dst_at(int64_t addr, DType t, Dims2 d) const { return B::vmem(B::at(addr), phys(t), d.cols); }
+  [[noreturn]] void unsupported(const std::string& what) const {
+    fail("kernel '{}': {} is not lowered to the chip yet (run the kernel on the cpu, where the interpreter runs it)",
+         k_.name, what);
+  }
+  void issue_load(size_t i, int slot, const BlockPlace& p, double fill);
+  void prefetch(std::span<const int64_t> g);
+  void dma_block(bool to_hbm, int operand_reg, const BlockPlace& p, const TensorType& t, int64_t vmem, int sem);
+  void flush(size_t i);
+  void begin_step(std::span<const int64_t> g);
+
+  const KernelDef& k_;
+  KernelContext::State& s_;
+  const sim::ChipConfig& cfg_;
+  B b_;
+  int64_t top_ = 0, temp_base_ = 0, temp_top_ = 0;
+  std::vector<InputState> ins_;
+  std::vector<OutputState> outs_;
+  std::vector<ScratchState> scr_;
+};
+
+int64_t SimLowerer::alloc_persistent(int64_t bytes, const std::string& what) {
+  const int64_t at = (top_ + 63) / 64 * 64;
+  TPU_CHECK(at + bytes <= static_cast<int64_t>(cfg_.memory.vmem_bytes),
+            "kernel '{}': {} does not fit the chip's {} bytes of VMEM on this device (its blocks need {} bytes)",
+            k_.name, what, cfg_.memory.vmem_bytes, at + bytes);
+  top_ = at + bytes;
+  return at;
+}
+
+int64_t SimLowerer::alloc(int64_t bytes) {
+  const int64_t at = (temp_top_ + 63) / 64 * 64;
+  TPU_CHECK(at + bytes <= static_cast<int64_t>(cfg_.memory.vmem_bytes),
+            "kernel '{}': the values of grid step {} need more than the chip's {} bytes of VMEM", k_.name,
+            shape_str(s_.grid_index), cfg_.memory.vmem_bytes);
+  temp_top_ = at + bytes;
+  return at;
+}
+
+sim::Operand SimLowerer::src(const Value& v, Dims2 out) const {
+  if (v.impl()->imm) return B::imm(static_cast<float>(v.impl()->imm_value));
+  const Dims2 d = dims2(v.shape(), k_.name);
+  const int64_t rs = d.rows == 1 && out.rows > 1 ? 0 : d.cols;
+  const int64_t cs = d.cols == 1 && out.cols > 1 ? 0 : 1;
+  return B::vmem(B::at(v.impl()->vmem), phys(v.dtype()), rs, cs);
+}
+
+// One DMA of a block's part inside its array, between HBM (the operand's register + offset) and VMEM.
+void SimLowerer::dma_block(bool to_hbm, int operand_reg, const BlockPlace& p, const TensorType& t, int64_t vmem, int sem) {
+  const int64_t es = psize(t.dtype);
+  const std::vector<int64_t> st = strides_of(t.shape);
+  int64_t off = 0;
+  for (size_t d = 0; d < p.start.size(); ++d) off += p.start[d] * st[d];
+  const size_t r = p.block.size();
+  const Dims2 bd = dims2(p.block, k_.name);
+  int64_t vrows = 1, vcols = 1, row_stride = bd.cols;
+  if (r >= 1) {
+    const int cd = p.array_dim[r - 1];
+    TPU_CHECK(st[static_cast<size_t>(cd)] == 1, "kernel '{}': a block whose last dim is not the array's last dim is not lowered", k_.name);
+    vcols = std::min(bd.cols, t.shape[cd] - p.start[static_cast<size_t>(cd)]);
+  }
+  if (r == 2) {
+    const int rd = p.array_dim[0];
+    vrows = std::min(bd.rows, t.shape[rd] - p.start[static_cast<size_t>(rd)]);
+    row_stride = st[static_cast<size_t>(rd)];
+  }
+  const sim::DmaShape shape{.planes = 1, .rows = vrows, .row_bytes = vcols * es,
+                            .dst_plane_stride = -1, .dst_row_stride = to_hbm ? row_stride * es : bd.cols * es,
+                            .src_plane_stride = -1, .src_row_stride = to_hbm ? bd.cols * es : row_stride * es};
+  const sim::Operand h = B::hbm_at(B::at(off * es, {{static_cast<int16_t>(operand_reg), 1}}));
+  const sim::Operand v = B::vmem_at(B::at(vmem));
+  const int queue = operand_reg % std::max(1, cfg_.dma.engines);
+  if (to_hbm) b_.dma(h, v, shape, queue, sem);
+  else b_.dma(v, h, shape, queue, sem);
+}
+
+Value SimLowerer::load(Ref::Kind kind, int index, double fill) {
+  const size_t i = static_cast<size_t>(index);
+  if (kind == Ref::Kind::scratch) return scr_[i].value;
+  if (kind == Ref::Kind::output) {
+    const OutputState& o = outs_[i];
+    const TensorType& t = s_.out_types[i];
+    Value v = make(o.place.block, t.dtype);
+    const Dims2 d = dims2(o.place.block, k_.name);
+    b_.unary(Op::vmov, dst(v), dst_at(o.slot[o.cur], t.dtype, d), d.rows, d.cols);
+    return v;
+  }
+  InputState& in = ins_[i];
+  const BlockPlace& p = s_.in_place[i];
+  in.used = true;
+  if (in.cur >= 0 && in.index == p.block_index && in.fill == fill) return in.value;
+  int slot = -1;
+  if (in.pend >= 0) {  // a prefetch: this step's block, or one the body did not ask for
+    b_.wait(index);
+    if (in.pend_index == p.block_index && in.pend_fill == fill) slot = in.pend;
+    in.pend = -1;
+  }
+  if (slot < 0) {
+    slot = in.cur < 0 ? 0 : 1 - in.cur;
+    issue_load(i, slot, p, fill);
+    b_.wait(index);
+  }
+  auto impl = std::make_shared<Value::Impl>();
+  impl->vmem = in.slot[slot];
+  in.value = Value(p.block, s_.in_types[i].dtype, std::move(impl));
+  in.cur = slot;
+  in.index = p.block_index;
+  in.fill = fill;
+  return in.value;
+}
+
+// The block at `p` into input i's `slot` (filled first where it is ragged), on its semaphore.
+void SimLowerer::issue_load(size_t i, int slot, const BlockPlace& p, double fill) {
+  const TensorType& t = s_.in_types[i];
+  const int64_t at = ins_[i].slot[slot];
+  const Dims2 d = dims2(p.block, k_.name);
+  bool ragged = false;
+  for (size_t a = 0; a < p.block.size(); ++a) {
+    const int ad = p.array_dim[a];
+    ragged |= p.start[static_cast<size_t>(ad)] + p.block[a] > t.shape[ad];
+  }
+  if (ragged) b_.fill(dst_at(at, t.dtype, d), static_cast<float>(round_to(t.dtype, fill)), d.rows, d.cols);
+  dma_block(false, static_cast<int>(i), p, t, at, static_cast<int>(i));
+}
+
+// After step g: the next step's blocks of the inputs the body loads, into their other slot, so
+// their DMAs overlap this step's compute (Pallas' pipelining).
+void SimLowerer::prefetch(std::span<const int64_t> g) {
+  Index next(g.begin(), g.end());
+  size_t d = next.size();
+  while (d-- > 0) {
+    if (++next[d] < k_.grid[d]) break;
+    next[d] = 0;
+  }
+  if (d == static_cast<size_t>(-1)) return;  // the last step
+  for (size_t i = 0; i < ins_.size(); ++i) {
+    InputState& in = ins_[i];
+    if (!in.used || in.cur < 0) continue;
+    BlockPlace p = place_of(k_, k_.in_specs[i], s_.in_types[i], spec_name(k_.in_specs[i], "input", i), next);
+    if (p.block_index == in.index) continue;
+    if (in.pend >= 0) {
+      if (in.pend_index == p.block_index && in.pend_fill == in.fill) continue;
+      b_.wait(static_cast<int>(i));
+      in.pend = -1;
+    }
+    const int slot = 1 - in.cur;
+    issue_load(i, slot, p, in.fill);
+    in.pend = slot;
+    in.pend_index = p.block_index;
+    in.pend_fill = in.fill;
+  }
+}
+
+void SimLowerer::store(Ref::Kind kind, int index, const Value& v, const Value* mask) {
+  const size_t i = static_cast<size_t>(index);
+  if (kind == Ref::Kind::output) {
+    OutputState& o = outs_[i];
+    const DType t = s_.out_types[i].dtype;
+    const Dims2 d = dims2(o.place.block, k_.name);
+    const sim::Operand slot = dst_at(o.slot[o.cur], t, d);
+    if (mask) b_.ternary(Op::vsel, slot, src(*mask, d), src(v, d), slot, d.rows, d.cols);
+    else b_.unary(Op::vmov, slot, src(v, d), d.rows, d.cols);
+    return;
+  }
+  ScratchState& sc = scr_[i];
+  const DType t = sc.value.dtype();
+  const std::vector<int64_t> shape = sc.value.shape();
+  const Dims2 d = dims2(shape, k_.name);
+  const int target = 1 - sc.cur;
+  if (auto held = sc.held[target].lock()) {  // a value still in use lives there: move it out first
+    const int64_t moved = alloc(std::max<int64_t>(1, numel_of(shape)) * psize(t));
+    b_.unary(Op::vmov, dst_at(moved, t, d), dst_at(held->vmem, t, d), d.rows, d.cols);
+    held->vmem = moved;
+  }
+  const sim::Operand out = dst_at(sc.slot[target], t, d);
+  if (mask) b_.ternary(Op::vsel, out, src(*mask, d), src(v, d), src(sc.value, d), d.rows, d.cols);
+  else b_.unary(Op::vmov, out, src(v, d), d.rows, d.cols);
+  auto impl = std::make_shared<Value::Impl>();
+  impl->vmem = sc.slot[target];
+  sc.held[target] = impl;
+  sc.value = Value(shape, t, std::move(impl));
+  sc.cur = target;
+}
+
+Value SimLowerer::binary(BinOp op, const Value& a, const Value& b, const std::vector<int64_t>& shape, DType out) {
+  if (a.impl()->imm && b.impl()->imm && shape.empty()) {
+    const double x = a.impl()->imm_value, y = b.impl()->imm_value;
+    double r = 0;
+    switch (op) {
+      case BinOp::add: r = x + y; break;
+      case BinOp::sub: r = x - y; break;
+      case BinOp::mul: r = x * y; break;
+      case BinOp::div: r = x / y; break;
+      case BinOp::max: r = std::max(x, y); break;
+      case BinOp::min: r = std::min(x, y); break;
+      case BinOp::lt: r = x < y; break;
+      case BinOp::le: r = x <= y; break;
+      case BinOp::gt: r = x > y; break;
+      case BinOp::ge: r = x >= y; break;
+      case BinOp::eq: r = x == y; break;
+      case BinOp::ne: r = x != y; break;
+      case BinOp::land: r = x != 0 && y != 0; break;
+    }
+    return imm_value(out, r);
+  }
+  if (op == BinOp::div && a.dtype() == DType::i32) unsupported("division of i32 values");
+  const Dims2 d = dims2(shape, k_.name);
+  Value r = make(shape, out);
+  const sim::Operand o = dst_at(r.impl()->vmem, out, d), x = src(a, d), y = src(b, d);
+  switch (op) {
+    case BinOp::add: b_.binary(Op::vadd, o, x, y, d.rows, d.cols); break;
+    case BinOp::sub: b_.binary(Op::vsub, o, x, y, d.rows, d.cols); break;
+    case BinOp::mul: case BinOp::land: b_.binary(Op::vmul, o, x, y, d.rows, d.cols); break;
+    case BinOp::div: b_.binary(Op::vdiv, o, x, y, d.rows, d.cols); break;
+    case BinOp::max: b_.binary(Op::vmax, o, x, y, d.rows, d.cols); break;
+    case BinOp::min: b_.binary(Op::vmin, o, x, y, d.rows, d.cols); break;
+    case BinOp::lt: b_.binary(Op::vcmplt, o, x, y, d.rows, d.cols); break;
+    case BinOp::le: b_.binary(Op::vcmple, o, x, y, d.rows, d.cols); break;
+    case BinOp::gt: b_.binary(Op::vcmplt, o, y, x, d.rows, d.cols); break;
+    case BinOp::ge: b_.binary(Op::vcmple, o, y, x, d.rows, d.cols); break;
+    case BinOp::eq: b_.binary(Op::vcmpeq, o, x, y, d.rows, d.cols); break;
+    case BinOp::ne:
+      b_.binary(Op::vcmpeq, o, x, y, d.rows, d.cols);
+      b_.binary(Op::vsub, o, B::imm(1.0f), o, d.rows, d.cols);
+      break;
+  }
+  return r;
+}
+
+Value SimLowerer::unary(UnOp op, const Value& a) {
+  if (a.impl()->imm) unsupported("a math function of a scalar constant");
+  const Dims2 d = dims2(a.shape(), k_.name);
+  Value r = make(a.shape(), a.dtype());
+  const sim::Operand o = dst(r), x = src(a, d);
+  auto un = [&](Op code) { b_.unary(code, o, x, d.rows, d.cols); };
+  switch (op) {
+    case UnOp::neg: un(Op::vneg); break;
+    case UnOp::abs: un(Op::vabs); break;
+    case UnOp::relu: b_.binary(Op::vmax, o, x, B::imm(0.0f), d.rows, d.cols); break;
+    case UnOp::exp: un(Op::vexp); break;
+    case UnOp::log: un(Op::vlog); break;
+    case UnOp::sqrt: un(Op::vsqrt); break;
+    case UnOp::rsqrt: un(Op::vrsqrt); break;
+    case UnOp::tanh: un(Op::vtanh); break;
+    case UnOp::recip: un(Op::vrecip); break;
+    case UnOp::sigmoid: {  // 1 / (1 + exp(-x)), the intermediate in f32
+      const int64_t t = alloc(d.rows * d.cols * 4);
+      const sim::Operand tf = B::vmem(B::at(t), sim::DType::f32, d.cols);
+      b_.unary(Op::vneg, tf, x, d.rows, d.cols);
+      b_.unary(Op::vexp, tf, tf, d.rows, d.cols);
+      b_.binary(Op::vadd, tf, tf, B::imm(1.0f), d.rows, d.cols);
+      b_.unary(Op::vrecip, o, tf, d.rows, d.cols);
+      break;
+    }
+  }
+  return r;
+}
+
+Value SimLowerer::where(const Value& c, const Value& a, const Value& b, const std::vector<int64_t>& shape) {
+  const Dims2 d = dims2(shape, k_.name);
+  Value r = make(shape, a.dtype());
+  b_.ternary(Op::vsel, dst_at(r.impl()->vmem, a.dtype(), d), src(c, d), src(a, d), src(b, d), d.rows, d.cols);
+  return r;
+}
+
+Value SimLowerer::cast(const Value& a, DType t) {
+  if (a.impl()->imm) return imm_value(t, a.impl()->imm_value);
+  if (t == DType::i32 && a.dtype() != DType::i32 && a.dtype() != DType::boolean) unsupported("a cast to i32");
+  const Dims2 d = dims2(a.shape(), k_.name);
+  if (t == DType::boolean && a.dtype() != DType::boolean) {
+    return binary(BinOp::ne, a, imm_value(a.dtype(), 0.0), a.shape(), DType::boolean);
+  }
+  if (phys(t) == phys(a.dtype())) return Value(a.shape(), t, a.impl());  // same storage (i32/bool are exact f32)
+  Value r = make(a.shape(), t);
+  b_.unary(Op::vcast, dst(r), src(a, d), d.rows, d.cols);
+  return r;
+}
+
+Value SimLowerer::reduce(RedOp op, const Value& a, int axis, const std::vector<int64_t>& shape, DType out) {
+  const Dims2 d = dims2(a.shape(), k_.name);
+  const int ax2 = a.rank() == 2 ? axis : 1;  // a rank-1 value is one row
+  Value r = make(shape, out);
+  const sim::Operand o = B::vmem(B::at(r.impl()->vmem), phys(out), ax2 == 1 ? 1 : d.cols);
+  sim::Operand x = src(a, d);
+  if (op == RedOp::min) {  // min = -max(-x)
+    const int64_t t = alloc(d.rows * d.cols * 4);
+    const sim::Operand tf = B::vmem(B::at(t), sim::DType::f32, d.cols);
+    b_.unary(Op::vneg, tf, x, d.rows, d.cols);
+    b_.reduce(Op::xmax, o, tf, d.rows, d.cols, ax2);
+    b_.unary(Op::vneg, o, o, ax2 == 1 ? d.rows : 1, ax2 == 1 ? 1 : d.cols);
+    return r;
+  }
+  b_.reduce(op == RedOp::sum ? Op::xsum : Op::xmax, o, x, d.rows, d.cols, ax2);
+  return r;
+}
+
+Value SimLowerer::broadcast_to(const Value& a, const std::vector<int64_t>& shape) {
+  const Dims2 d = dims2(shape, k_.name);
+  Value r = make(shape, a.dtype());
+  if (a.impl()->imm) b_.fill(dst(r), static_cast<float>(a.impl()->imm_value), d.rows, d.cols);
+  else b_.unary(Op::vmov, dst(r), src(a, d), d.rows, d.cols);
+  return r;
+}
+
+Value SimLowerer::transpose(const Value& a) {
+  const Dims2 d = dims2(a.shape(), k_.name);
+  Value r = make({d.cols, d.rows}, a.dtype());
+  b_.transpose(dst(r), src(a, d), d.rows, d.cols);
+  return r;
+}
+
+Value SimLowerer::iota(const std::vector<int64_t>& shape, int axis, DType t) {
+  const Dims2 d = dims2(shape, k_.name);
+  const bool along_rows = shape.size() == 2 && axis == 0;
+  const int64_t n = along_rows ? d.rows : d.cols;
+  TPU_CHECK(n <= 4096, "kernel '{}': iota over {} elements is not lowered (at most 4096)", k_.name, n);
+  Value r = make(shape, t);
+  for (int64_t j = 0; j < n; ++j) {
+    if (along_rows) b_.fill(B::vmem(B::at(r.impl()->vmem + j * d.cols * psize(t)), phys(t), d.cols), float(j), 1, d.cols);
+    else b_.fill(B::vmem(B::at(r.impl()->vmem + j * psize(t)), phys(t), d.cols), float(j), d.rows, 1);
+  }
+  return r;
+}
+
+Value SimLowerer::full(const std::vector<int64_t>& shape, double v, DType t) {
+  if (shape.empty()) return imm_value(t, v);
+  const Dims2 d = dims2(shape, k_.name);
+  Value r = make(shape, t);
+  b_.fill(dst(r), static_cast<float>(round_to(t, v)), d.rows, d.cols);
+  return r;
+}
+
+Value SimLowerer::dot(const Value& a0, const Value& b, DotOptions o, int64_t m, int64_t k, int64_t n) {
+  const Value a = o.transpose_a ? transpose(a0) : a0;
+  const sim::DType pt = phys(a.dtype());
+  const int64_t es = sim::dtype_size(pt);
+  const sim::MxuMode mode = a.dtype() == DType::bf16 ? sim::MxuMode::bf16 : codegen::f32_matmul_mode();
+  const int64_t R = cfg_.mxu.rows, C = cfg_.mxu.cols;
+  const int nm = std::max(1, cfg_.mxu.count);
+  Value r = make({m, n}, DType::f32);
+  const int64_t A = a.impl()->vmem, W = b.impl()->vmem;
+  for (int64_t j = 0; j * C < n; ++j) {
+    const int64_t nn = std::min(C, n - j * C);
+    const int mxu = static_cast<int>(j % nm);
+    for (int64_t p = 0; p * R < k; ++p) {
+      const int64_t kk = std::min(R, k - p * R);
+      const sim::Operand w = o.transpose_b ? B::vmem(B::at(W + (j * C * k + p * R) * es), pt, 1, k)
+                                           : B::vmem(B::at(W + (p * R * n + j * C) * es), pt, n);
+      b_.mxu_load_weights(mxu, w, kk, nn, mode);
+      b_.mxu_matmul(mxu, B::vmem(B::at(r.impl()->vmem + j * C * 4), sim::DType::f32, n),
+                    B::vmem(B::at(A + p * R * es), pt, k), m, kk, nn, p > 0, mode);
+    }
+  }
+  return r;
+}
+
+void SimLowerer::flush(size_t i) {
+  OutputState& o = outs_[i];
+  if (!o.resident) return;
+  const int sem = static_cast<int>(s_.in_types.size() + i);
+  dma_block(true, static_cast<int>(s_.in_types.size() + i), o.place, s_.out_types[i], o.slot[o.cur], sem);
+  o.pending[o.cur] = true;
+  o.resident = false;
+}
+
+void SimLowerer::begin_step(std::span<const int64_t> g) {
+  s_.grid_index.assign(g.begin(), g.end());
+  temp_top_ = temp_base_;
+  for (size_t i = 0; i < s_.in_types.size(); ++i)
+    s_.in_place[i] = place_of(k_, k_.in_specs[i], s_.in_types[i], spec_name(k_.in_specs[i], "input", i), g);
+  for (size_t i = 0; i < s_.out_types.size(); ++i) {
+    BlockPlace p = place_of(k_, k_.out_specs[i], s_.out_types[i], spec_name(k_.out_specs[i], "output", i), g);
+    OutputState& o = outs_[i];
+    if (o.resident && p.block_index == o.place.block_index) continue;
+    const bool had = o.resident;
+    flush(i);
+    if (had) o.cur = 1 - o.cur;
+    if (o.pending[o.cur]) {  // the write-back of this buffer's previous block
+      b_.wait(static_cast<int>(s_.in_types.size() + i));
+      o.pending[o.cur] = false;
+    }
+    const Dims2 d = dims2(p.block, k_.name);
+    b_.fill(dst_at(o.slot[o.cur], s_.out_types[i].dtype, d), 0.0f, d.rows, d.cols);
+    o.place = std::move(p);
+    o.resident = true;
+    s_.out_place[i] = o.place;
+  }
+}
+
+sim::Program SimLowerer::build() {
+  const size_t ni = s_.in_types.size(), no = s_.out_types.size();
+  TPU_CHECK(static_cast<int>(ni + no) <= std::min(cfg_.scalar.registers, cfg_.scalar.semaphores),
+            "kernel '{}': {} operands are more than the chip's {} registers / {} semaphores", k_.name, ni + no,
+            cfg_.scalar.registers, cfg_.scalar.semaphores);
+  auto check_dtype = [&](const TensorType& t, const std::string& who) {
+    if (t.dtype != DType::f32 && t.dtype != DType::bf16) unsupported(fmt::format("{} of dtype {}", who, dtype_name(t.dtype)));
+  };
+  ins_.resize(ni);
+  outs_.resize(no);
+  scr_.resize(k_.scratch.size());
+  for (size_t i = 0; i < ni; ++i) {
+    const std::string who = spec_name(k_.in_specs[i], "input", i);
+    check_dtype(s_.in_types[i], who);
+    const auto bs = block_shape_of(k_, k_.in_specs[i], s_.in_types[i], who);
+    (void)dims2(bs, k_.name);
+    for (int64_t& slot : ins_[i].slot) slot = alloc_persistent(std::max<int64_t>(1, numel_of(bs)) * psize(s_.in_types[i].dtype), who);
+  }
+  for (size_t i = 0; i < no; ++i) {
+    const std::string who = spec_name(k_.out_specs[i], "output", i);
+    check_dtype(s_.out_types[i], who);
+    const auto bs = block_shape_of(k_, k_.out_specs[i], s_.out_types[i], who);
+    (void)dims2(bs, k_.name);
+    for (int64_t& slot : outs_[i].slot) slot = alloc_persistent(std::max<int64_t>(1, numel_of(bs)) * psize(s_.out_types[i].dtype), who);
+  }
+  for (size_t i = 0; i < k_.scratch.size(); ++i) {
+    const ScratchSpec& sc = k_.scratch[i];
+    const Dims2 d = dims2(sc.shape, k_.name);
+    for (int64_t& slot : scr_[i].slot) slot = alloc_persistent(numel_of(sc.shape) * psize(sc.dtype), "scratch");
+    b_.fill(dst_at(scr_[i].slot[0], sc.dtype, d), 0.0f, d.rows, d.cols);
+    auto impl = std::make_shared<Value::Impl>();
+    impl->vmem = scr_[i].slot[0];
+    scr_[i].held[0] = impl;
+    scr_[i].value = Value(sc.shape, sc.dtype, std::move(impl));
+    // The front half reads the buffer's shape and dtype here (a placeholder: holding the slot's
+    // value would keep it alive and force a copy out of the slot at every other store).
+    s_.scratch.push_back(Value(sc.shape, sc.dtype, std::make_shared<Value::Impl>()));
+  }
+  temp_base_ = temp_top_ = (top_ + 63) / 64 * 64;
+  int64_t steps = 1;
+  for (int64_t g : k_.grid) steps *= g;
+  TPU_CHECK(steps <= 65536, "kernel '{}': a grid of {} steps is more than the chip lowering unrolls (65536)", k_.name, steps);
+  KernelContext ctx(&s_);
+  LowererScope scope(this);
+  for_each_grid_index(k_.grid, [&](std::span<const int64_t> g) {
+    begin_step(g);
+    k_.body(ctx);
+    prefetch(g);
+  });
+  for (size_t i = 0; i < ni; ++i)
+    if (ins_[i].pend >= 0) b_.wait(static_cast<int>(i));
+  for (size_t i = 0; i < no; ++i) {
+    flush(i);
+    const int pending = int(outs_[i].pending[0]) + int(outs_[i].pending[1]);
+    if (pending) b_.wait(static_cast<int>(ni + i), pending);
+  }
+  b_.fence();
+  return b_.finish();
+}
+
+}  // namespace
+
+sim::Program lower_to_chip(const KernelDef& k, std::span<const TensorType> inputs, std::span<const TensorType> outputs,
+                           const sim::ChipConfig& cfg) {
+  validate(k, inputs, outputs);
+  KernelContext::State s;
+  s.def = &k;
+  s.in_types.assign(inputs.begin(), inputs.end());
+  s.out_types.assign(outputs.begin(), outputs.end());
+  s.in_place.resize(inputs.size());
+  s.out_place.resize(outputs.size());
+  SimLowerer l(k, s, cfg);
+  s.lower = &l;
+  return l.build();
+}
+
+void run_on_chip(const KernelDef& k, const std::string& cache_key, std::span<const Tensor> inputs,
+                 std::span<Tensor> outputs) {
+  const Device dev = outputs[0].device();
+  std::vector<TensorType> it, ot;
+  std::vector<Tensor> keep;
+  std::vector<int64_t> args;
+  for (const Tensor& t : inputs) {
+    it.push_back({t.shape(), t.dtype()});
+    std::optional<Tensor> c = codegen::device_operand(t, dev);
+    TPU_CHECK(c.has_value(), "kernel '{}': an input view of shape {} cannot be made contiguous on {}", k.name, t.shape(), dev.str());
+    keep.push_back(*c);
+    args.push_back(codegen::hbm_address(*c));
+  }
+  for (const Tensor& t : outputs) {
+    ot.push_back({t.shape(), t.dtype()});
+    args.push_back(codegen::hbm_address(t));
+  }
+  const sim::ChipConfig& cfg = codegen::chip_config(dev);
+  const codegen::LoadedProgram p = codegen::cached_program(dev, cache_key, [&] { return lower_to_chip(k, it, ot, cfg); });
+  codegen::launch(dev, p, k.name, std::move(args));
+}
+
+}  // namespace tpu::kernel::detail

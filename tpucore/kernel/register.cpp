@@ -1,0 +1,182 @@
+// Kernel ops: a kernel registered in the op registry. One shared meta function, cpu kernel and
+// backward formula serve every kernel op; each looks its OpSpec up by the op's name. The call's
+// compile-time parameters travel as the attribute "params" ("name=value;..."), so the tracer
+// records, hashes and compares them like any attribute.
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+#include "ops/registry.h"
+#include "tpucore/core/error.h"
+#include "codegen/precision.h"
+#include "tpucore/kernel/internal.h"
+#include "tpucore/kernel/lower_sim.h"
+#include "tpucore/ops.h"
+
+namespace tpu::kernel {
+namespace {
+
+struct SpecTable {
+  std::mutex mu;
+  std::unordered_map<std::string, std::shared_ptr<const OpSpec>> by_name;
+};
+SpecTable& table() {
+  static SpecTable* t = new SpecTable();
+  return *t;
+}
+
+const OpSpec& spec_of(const ops::OpDef& op) {
+  SpecTable& t = table();
+  std::lock_guard<std::mutex> lk(t.mu);
+  auto it = t.by_name.find(op.name);
+  TPU_CHECK(it != t.by_name.end(), "internal: kernel op '{}' has no spec", op.name);
+  return *it->second;
+}
+
+std::string encode(const Params& p) {
+  std::string s;
+  for (const auto& [k, v] : p) {
+    TPU_CHECK(!k.empty() && k.find_first_of("=;") == std::string::npos,
+              "kernel op: parameter name '{}' is empty or contains '=' or ';'", k);
+    s += fmt::format("{}{}={}", s.empty() ? "" : ";", k, v);
+  }
+  return s;
+}
+
+Params decode(const ops::Attrs& attrs) {
+  Params p;
+  if (!attrs.has("params")) return p;
+  const std::string& s = attrs.get_string("params");
+  size_t pos = 0;
+  while (pos < s.size()) {
+    size_t end = s.find(';', pos);
+    if (end == std::string::npos) end = s.size();
+    const std::string item = s.substr(pos, end - pos);
+    const size_t eq = item.find('=');
+    TPU_CHECK(eq != std::string::npos, "kernel op: malformed parameter '{}'", item);
+    p[item.substr(0, eq)] = std::stoll(item.substr(eq + 1));
+    pos = end + 1;
+  }
+  return p;
+}
+
+std::vector<TensorType> types_of(std::span<const Tensor> ts) {
+  std::vector<TensorType> v;
+  for (const Tensor& t : ts) v.push_back({t.shape(), t.dtype()});
+  return v;
+}
+
+void kernel_meta(const ops::MetaArgs& a, ops::MetaResult& m) {
+  const OpSpec& spec = spec_of(a.op);
+  const std::vector<TensorType> in = types_of(a.inputs);
+  const std::vector<TensorType> out = spec.output_types(in, decode(a.attrs));
+  TPU_CHECK(!out.empty() && out.size() <= static_cast<size_t>(ops::kMaxOutputs),
+            "kernel op '{}': its shape rule gave {} outputs (1 to {})", a.op.name, out.size(), ops::kMaxOutputs);
+  m.num_outputs = static_cast<int>(out.size());
+  for (size_t i = 0; i < out.size(); ++i) m.out(static_cast<int>(i)) = {out[i].shape, out[i].dtype, a.inputs[0].device()};
+}
+
+void kernel_cpu(const ops::KernelArgs& a) {
+  const OpSpec& spec = spec_of(a.op);
+  const Params params = decode(a.attrs);
+  const std::vector<TensorType> in = types_of(a.inputs);
+  std::vector<TensorType> out;
+  for (const Tensor& t : a.outputs) out.push_back({t.shape(), t.dtype()});
+  KernelDef k = spec.kernel(in, out, params);
+  if (k.name.empty()) k.name = a.op.name;
+  std::vector<Tensor> res = call(k, a.inputs, out);
+  for (size_t i = 0; i < res.size(); ++i) std::memcpy(a.outputs[i].raw_data(), res[i].raw_data(), res[i].nbytes());
+}
+
+// Chip devices: the kernel lowered to a program, cached per op, operand types, parameters and
+// f32 matmul precision.
+void kernel_sim(const ops::KernelArgs& a) {
+  const OpSpec& spec = spec_of(a.op);
+  const Params params = decode(a.attrs);
+  const std::vector<TensorType> in = types_of(a.inputs);
+  std::vector<TensorType> out;
+  for (const Tensor& t : a.outputs) out.push_back({t.shape(), t.dtype()});
+  KernelDef k = spec.kernel(in, out, params);
+  if (k.name.empty()) k.name = a.op.name;
+  std::string key = fmt::format("kernel_op:{}:{}:{}", a.op.name, encode(params), float32_matmul_precision());
+  for (const TensorType& t : in) key += fmt::format(":{}{}", dtype_name(t.dtype), t.shape);
+  for (const TensorType& t : out) key += fmt::format(":{}{}", dtype_name(t.dtype), t.shape);
+  detail::run_on_chip(k, key, a.inputs, a.outputs);
+}
+
+void kernel_backward(const ops::BackwardArgs& a, std::span<Tensor> grad_inputs) {
+  const OpSpec& spec = spec_of(a.op);
+  const Params params = decode(a.attrs);
+  std::vector<Tensor> grads;
+  for (size_t i = 0; i < a.outputs.size(); ++i) {
+    const Tensor& g = a.grad_outputs[i];
+    grads.push_back(g.defined() ? g
+                                : zeros(a.outputs[i].shape(), TensorOptions(a.outputs[i].dtype(), a.outputs[i].device())));
+  }
+  BackwardContext ctx{a.inputs, a.outputs, grads, params, a.needs};
+  std::vector<Tensor> gi = spec.backward(ctx);
+  TPU_CHECK(gi.size() == a.inputs.size(), "kernel op '{}': its backward gave {} gradient(s) for {} input(s)",
+            a.op.name, gi.size(), a.inputs.size());
+  for (size_t i = 0; i < gi.size(); ++i) {
+    if (!a.needs_grad(i) || !gi[i].defined()) continue;
+    TPU_CHECK(gi[i].shape() == a.input_meta[i].shape,
+              "kernel op '{}': its backward gave a gradient of shape {} for input {} of shape {}", a.op.name,
+              gi[i].shape(), i, a.input_meta[i].shape);
+    grad_inputs[i] = gi[i];
+  }
+}
+
+}  // namespace
+
+Op register_op(OpSpec spec) {
+  TPU_CHECK(!spec.name.empty(), "kernel::register_op: the op needs a name");
+  TPU_CHECK(spec.num_inputs >= 1, "kernel::register_op '{}': num_inputs must be at least 1, got {}", spec.name,
+            spec.num_inputs);
+  TPU_CHECK(static_cast<bool>(spec.output_types), "kernel::register_op '{}': no shape rule (output_types)", spec.name);
+  TPU_CHECK(static_cast<bool>(spec.kernel), "kernel::register_op '{}': no kernel builder", spec.name);
+  TPU_CHECK(ops::find_op(spec.name) == nullptr, "kernel::register_op: an op named '{}' is already registered",
+            spec.name);
+  const std::string name = spec.name;
+  const bool differentiable = static_cast<bool>(spec.backward);
+  ops::OpDef def;
+  def.name = name;
+  def.num_inputs = spec.num_inputs;
+  def.flags = differentiable ? ops::kNone : ops::kNonDifferentiable;
+  def.meta = &kernel_meta;
+  def.cpu = &kernel_cpu;
+  def.doc = spec.doc.empty() ? "user kernel" : spec.doc;
+  {
+    SpecTable& t = table();
+    std::lock_guard<std::mutex> lk(t.mu);
+    t.by_name[name] = std::make_shared<const OpSpec>(std::move(spec));
+  }
+  ops::define(std::move(def));
+  ops::register_kernel(name, DeviceType::sim, &kernel_sim);
+  if (differentiable) ops::set_backward(name, ops::BackwardDef{.fn = &kernel_backward, .save_inputs = ~0u, .save_outputs = ~0u});
+  return Op(name);
+}
+
+bool is_kernel_op(std::string_view name) {
+  SpecTable& t = table();
+  std::lock_guard<std::mutex> lk(t.mu);
+  return t.by_name.count(std::string(name)) > 0;
+}
+
+std::vector<Tensor> Op::call(std::span<const Tensor> inputs, const Params& params) const {
+  const ops::OpDef* d = ops::find_op(name_);
+  TPU_CHECK(d != nullptr, "kernel op '{}' is not registered", name_);
+  ops::Attrs attrs;
+  if (!params.empty()) attrs.set("params", encode(params));
+  Tensor out[ops::kMaxOutputs];
+  ops::call(*d, inputs, attrs, out);
+  std::vector<Tensor> v;
+  for (Tensor& t : out)
+    if (t.defined()) v.push_back(std::move(t));
+  return v;
+}
+
+Tensor Op::operator()(std::initializer_list<Tensor> inputs, const Params& params) const {
+  return call(std::span<const Tensor>(inputs.begin(), inputs.size()), params)[0];
+}
+
+}  // namespace tpu::kernel
