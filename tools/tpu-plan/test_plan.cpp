@@ -13,21 +13,15 @@
 #include "sim/programs.h"
 #include "sim/presets.h"
 #include "tools/tpu-plan/plan.h"
+#include "tools/tpu-plan/plan_testing.h"
 
 using namespace tpu;
 using Catch::Matchers::Contains;
 
-namespace {
-std::string read(const std::string& name) {
-  std::ifstream f(std::string(TPU_PLAN_TESTDATA) + "/" + name);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-}  // namespace
+using plan_testing::read_testdata;
 
 TEST_CASE("a Hub config.json against the published parameter count") {
-  const plan::ModelShape m = plan::model_from_config(read("qwen3_8b_config.json"), "Qwen3-8B");
+  const plan::ModelShape m = plan::model_from_config(read_testdata("qwen3_8b_config.json"), "Qwen3-8B");
   CHECK(m.hidden == 4096);
   CHECK(m.kv_heads == 8);
   CHECK(m.head_dim == 128);
@@ -39,10 +33,10 @@ TEST_CASE("a Hub config.json against the published parameter count") {
 }
 
 TEST_CASE("configs the planner cannot model are errors naming them") {
-  CHECK_THROWS_WITH(plan::model_from_config(read("deepseek_v3_config.json")), Contains("unknown architecture model_type 'deepseek_v3'"));
+  CHECK_THROWS_WITH(plan::model_from_config(read_testdata("deepseek_v3_config.json")), Contains("unknown architecture model_type 'deepseek_v3'"));
   CHECK_THROWS_WITH(plan::model_from_config("{\"model_type\": \"qwen3\", \"num_experts\": 8}"),
                     Contains("'qwen3' with the mixture-of-experts field 'num_experts'"));
-  CHECK_THROWS_WITH(plan::model_from_config(read("unknown_config.json")), Contains("unknown architecture model_type 'mamba'"));
+  CHECK_THROWS_WITH(plan::model_from_config(read_testdata("unknown_config.json")), Contains("unknown architecture model_type 'mamba'"));
   CHECK_THROWS_WITH(plan::model_from_config("{\"model_type\": \"llama\", \"hidden_size\": 64}"), Contains("intermediate_size"));
   CHECK_THROWS_WITH(plan::named_model("gpt-9"), Contains("qwen3-8b"));
 }

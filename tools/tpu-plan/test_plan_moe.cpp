@@ -7,29 +7,23 @@
 #include <sstream>
 
 #include "tools/tpu-plan/plan.h"
+#include "tools/tpu-plan/plan_testing.h"
 
 using namespace tpu;
 using Catch::Matchers::Contains;
 
-namespace {
-std::string read(const std::string& name) {
-  std::ifstream f(std::string(TPU_PLAN_TESTDATA) + "/" + name);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-}  // namespace
+using plan_testing::read_testdata;
 
 TEST_CASE("MoE configs against the model cards' total and active parameters") {
   // mistralai/Mixtral-8x7B-v0.1: 46.7B parameters, 12.9B used per token.
-  const plan::ModelShape mx = plan::model_from_config(read("mixtral_config.json"), "Mixtral-8x7B");
+  const plan::ModelShape mx = plan::model_from_config(read_testdata("mixtral_config.json"), "Mixtral-8x7B");
   CHECK(mx.experts == 8);
   CHECK(mx.top_k == 2);
   CHECK(mx.moe_layers == 32);
   CHECK(mx.params() / 1e9 == Approx(46.7).epsilon(0.005));
   CHECK(mx.active_params() / 1e9 == Approx(12.9).epsilon(0.005));
   // Qwen/Qwen3-30B-A3B: 30.5B in total, 3.3B activated (29.9B without the embeddings).
-  const plan::ModelShape qw = plan::model_from_config(read("qwen3_moe_config.json"), "Qwen3-30B-A3B");
+  const plan::ModelShape qw = plan::model_from_config(read_testdata("qwen3_moe_config.json"), "Qwen3-30B-A3B");
   CHECK(qw.moe_layers == 48);
   CHECK(qw.params() / 1e9 == Approx(30.5).epsilon(0.005));
   CHECK(qw.active_params() / 1e9 == Approx(3.3).epsilon(0.02));
@@ -39,7 +33,7 @@ TEST_CASE("MoE configs against the model cards' total and active parameters") {
   CHECK(plan::named_model("qwen3-30b-a3b").active_params() == Approx(qw.active_params()));
   // decoder_sparse_step and mlp_only_layers as Transformers reads them: layer i is sparse when
   // (i + 1) % step == 0 and i is not listed. 48 layers, step 2: 24 sparse, minus layer 1 listed.
-  std::string cfg = read("qwen3_moe_config.json");
+  std::string cfg = read_testdata("qwen3_moe_config.json");
   cfg.insert(cfg.rfind('}'), ", \"decoder_sparse_step\": 2, \"mlp_only_layers\": [0, 1]");
   const plan::ModelShape half = plan::model_from_config(cfg);
   CHECK(half.moe_layers == 23);
