@@ -16,6 +16,7 @@
 #include "tpucore/export.h"
 #include "tpucore/models.h"
 #include "tpucore/nn.h"
+#include "tpucore/moe_ops.h"
 #include "tpucore/ops.h"
 #include "tpucore/optim.h"
 #include "tpucore/profiler.h"
