@@ -255,3 +255,29 @@ TEST_CASE("llm moe: a missing expert tensor is named as the checkpoint names it"
                              {"missing keys", "model.layers.1.block_sparse_moe.experts.2.w3.weight"});
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("llm moe: stacked expert tensors (Transformers v5 names) load too, not both forms", "[llm][moe]") {
+  TinyCfg c = mixtral();
+  auto dir = temp_dir("mixtral_v4");
+  Weights w = write_tiny_model(dir, c, DType::f32, 1, 49);
+  auto m = models::load_causal_lm(dir.string());
+  // The model's own parameter names: experts.gate_up_proj / experts.down_proj stacked.
+  auto dir2 = temp_dir("mixtral_v5");
+  std::ofstream(dir2 / "config.json") << m->config.to_json();
+  TensorList stacked;
+  for (auto& [n, t] : m->named_parameters()) stacked.emplace_back(n, t.detach());
+  save_safetensors((dir2 / "model.safetensors").string(), stacked);
+  NoGradGuard ng;
+  CHECK(rel_error(models::load_causal_lm(dir2.string())->forward(row(kIds)),
+                  ref_forward(c, w, kIds, iota_pos(kIds.size()))) <= 1e-5);
+  // A stacked tensor beside the per-expert ones of the same parameter is refused.
+  TensorList both;
+  for (auto& [n, t] : load_safetensors((dir / "model.safetensors").string())) both.emplace_back(n, t);
+  both.emplace_back("model.layers.0.block_sparse_moe.experts.down_proj",
+                    m->model->layers[0]->moe->experts->down_proj.detach());
+  save_safetensors((dir / "model.safetensors").string(), both);
+  tpu::testing::expect_error([&] { models::load_causal_lm(dir.string()); },
+                             {"model.layers.0.block_sparse_moe.experts.down_proj", "both stacked and per expert"});
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(dir2);
+}
