@@ -110,7 +110,7 @@ void parse_moe_fields(ModelConfig& c, const json& j, const std::string& src) {
   // The load-balancing loss only enters a training loss Transformers computes with
   // output_router_logits (router_aux_loss_coef is inert without it).
   TPU_CHECK(!c.output_router_logits, "{}: field 'output_router_logits' = true (the load-balancing loss added to "
-            "the training loss) is not supported", src);
+            "the training loss) is not supported; add models::router_aux_loss(model) to the loss instead", src);
 }
 
 void write_moe_fields(const ModelConfig& c, json& j) {
