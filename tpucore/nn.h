@@ -7,6 +7,7 @@
 #include "tpucore/nn/layers.h"
 #include "tpucore/nn/loss.h"
 #include "tpucore/nn/module.h"
+#include "tpucore/nn/moe.h"
 #include "tpucore/nn/transformer.h"
 #include "tpucore/ops.h"
 #include "tpucore/optim.h"

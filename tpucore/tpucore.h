@@ -17,6 +17,7 @@
 #include "tpucore/kernel.h"
 #include "tpucore/models.h"
 #include "tpucore/nn.h"
+#include "tpucore/moe_ops.h"
 #include "tpucore/ops.h"
 #include "tpucore/optim.h"
 #include "tpucore/profiler.h"

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
@@ -17,6 +18,9 @@
 #include "tpucore/safetensors.h"
 
 namespace tpu::testing::llm {
+
+using Weights = std::map<std::string, std::vector<double>>;  // values after rounding to the file dtype
+using Shapes = std::map<std::string, std::vector<int64_t>>;
 
 struct TinyCfg {
   std::string model_type = "llama";
@@ -34,6 +38,12 @@ struct TinyCfg {
   std::vector<double> inv_freq;   // global rope frequencies given by the test (empty: ref_inv_freq)
   double rope_scale = 1.0;        // multiplies cos and sin
   std::string extra_json;         // further config.json fields (", \"key\": value, ...")
+  // Mixture-of-experts layers (moe_reference.h): where sparse(l) holds, layer l's feed-forward
+  // weights are moe_shapes' (under the layer prefix "model.layers.l.") and its output moe_forward's.
+  std::function<bool(int64_t)> sparse;
+  std::function<void(Shapes&, const std::string&)> moe_shapes;
+  std::function<std::vector<double>(Weights&, const std::string&, const std::vector<double>&)> moe_forward;
+  bool is_sparse(int64_t l) const { return sparse && sparse(l); }
   std::string json() const {
     std::string s = "{\"model_type\": \"" + model_type + "\", \"vocab_size\": " + std::to_string(vocab) +
                     ", \"hidden_size\": " + std::to_string(hidden) + ", \"intermediate_size\": " + std::to_string(inter) +
@@ -49,9 +59,6 @@ struct TinyCfg {
     return s + extra_json + ", \"eos_token_id\": [2, 3], \"bos_token_id\": 1}";
   }
 };
-
-using Weights = std::map<std::string, std::vector<double>>;  // values after rounding to the file dtype
-using Shapes = std::map<std::string, std::vector<int64_t>>;
 
 inline Shapes tiny_shapes(const TinyCfg& c) {
   Shapes s;
@@ -80,6 +87,10 @@ inline Shapes tiny_shapes(const TinyCfg& c) {
     if (c.gemma) {
       s[p + "pre_feedforward_layernorm.weight"] = {c.hidden};
       s[p + "post_feedforward_layernorm.weight"] = {c.hidden};
+    }
+    if (c.is_sparse(l)) {
+      c.moe_shapes(s, p);
+      continue;
     }
     s[p + "mlp.gate_proj.weight"] = {c.inter, c.hidden};
     s[p + "mlp.up_proj.weight"] = {c.inter, c.hidden};
@@ -241,6 +252,11 @@ inline std::vector<std::vector<double>> ref_forward(const TinyCfg& c, Weights& w
       for (int64_t i = 0; i < E; ++i) h[t][i] += o[i];
       std::vector<double> x = h[t];
       rmsnorm(x.data(), E, w[p + (g ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight")], c.eps, g);
+      if (c.is_sparse(l)) {
+        const std::vector<double> y = c.moe_forward(w, p, x);
+        for (int64_t i = 0; i < E; ++i) h[t][i] += y[static_cast<size_t>(i)];
+        continue;
+      }
       auto gt = matvec(w[p + "mlp.gate_proj.weight"], c.inter, E, x.data());
       auto u = matvec(w[p + "mlp.up_proj.weight"], c.inter, E, x.data());
       for (int64_t i = 0; i < c.inter; ++i) {

@@ -51,8 +51,22 @@ bool has_local_rope(const ModelConfig& c) {
 
 DecoderLayer::DecoderLayer(const ModelConfig& c, Generator* gen, int64_t index) {
   self_attn = register_module("self_attn", std::make_shared<nn::Attention>(attention_config(c, index), gen));
-  mlp = register_module("mlp", std::make_shared<nn::GatedMLP>(c.hidden_size, c.intermediate_size, c.hidden_act,
-                                                              c.mlp_bias, gen));
+  if (c.is_sparse(index)) {
+    nn::MoEConfig m;
+    m.hidden = c.hidden_size;
+    m.intermediate = c.moe_intermediate_size;
+    m.num_experts = c.num_experts;
+    m.top_k = c.num_experts_per_tok;
+    m.norm_topk_prob = c.norm_topk_prob;
+    m.act = c.hidden_act;
+    m.router_jitter_noise = c.router_jitter_noise;
+    TPU_CHECK(!c.mlp_bias, "DecoderLayer: mlp_bias is not supported with mixture-of-experts layers");
+    moe = register_module(c.model_type == "mixtral" ? "block_sparse_moe" : "mlp",
+                          std::make_shared<nn::SparseMoE>(m, gen));
+  } else {
+    mlp = register_module("mlp", std::make_shared<nn::GatedMLP>(c.hidden_size, c.intermediate_size, c.hidden_act,
+                                                                c.mlp_bias, gen));
+  }
   input_layernorm = register_module("input_layernorm", make_norm(c, c.hidden_size));
   post_attention_layernorm = register_module("post_attention_layernorm", make_norm(c, c.hidden_size));
   if (c.gemma) {
@@ -78,10 +92,10 @@ Tensor DecoderLayer::forward(const Tensor& x, const Tensor& cos, const Tensor& s
     });
     if (!pre_feedforward_layernorm) {
       Tensor h = add(in[0], a);
-      return add(h, (*mlp)((*post_attention_layernorm)(h)));
+      return add(h, feed_forward()((*post_attention_layernorm)(h)));
     }
     Tensor h = add(in[0], (*post_attention_layernorm)(a));
-    return add(h, (*post_feedforward_layernorm)((*mlp)((*pre_feedforward_layernorm)(h))));
+    return add(h, (*post_feedforward_layernorm)(feed_forward()((*pre_feedforward_layernorm)(h))));
   });
 }
 
@@ -201,6 +215,16 @@ std::pair<Tensor, Tensor> CausalLM::rope_tables(const std::vector<int64_t>& posi
   auto local = nn::rope_tables(positions, batch, local_inv_freq, dtype(), device());
   NoGradGuard ng;
   return {cat({tables.first, local.first}, 3), cat({tables.second, local.second}, 3)};
+}
+
+Tensor router_aux_loss(const CausalLM& m) {
+  std::vector<Tensor> logits;
+  for (const auto& l : m.model->layers)
+    if (l->moe) logits.push_back(l->moe->router_logits);
+  TPU_CHECK(!logits.empty(), "router_aux_loss: model_type '{}' has no mixture-of-experts layers",
+            m.config.model_type);
+  return mul(nn::load_balancing_loss(logits, m.config.num_experts, m.config.num_experts_per_tok),
+             m.config.router_aux_loss_coef);
 }
 
 }  // namespace tpu::models

@@ -1,14 +1,17 @@
 // A decoder-only transformer family configured from a Hugging Face config.json and loaded from
 // Hugging Face safetensors names: Llama 2/3, Mistral (sliding window), Qwen2 (q/k/v bias, optional
 // sliding window), Qwen3 (q/k RMSNorm), Gemma 2 and Gemma 3 text ((1 + w) sandwich norms,
-// GELU-tanh, scaled embeddings, soft-capping, local / global layers), with every rope type of
-// Transformers (nn/rope.h) and tied or untied embeddings. Checkpoints are one model.safetensors or
+// GELU-tanh, scaled embeddings, soft-capping, local / global layers), the mixtures of experts
+// Mixtral and Qwen3-MoE (nn::SparseMoE: top-k routing over stacked SwiGLU experts), with every
+// rope type of Transformers (nn/rope.h) and tied or untied embeddings. Checkpoints are one model.safetensors or
 // shards listed in model.safetensors.index.json; weights may be bf16, f16 or f32 and are converted
 // to the dtype asked for. Parameter names: model.embed_tokens.weight, model.layers.N.{input_layernorm,
 // post_attention_layernorm, pre_feedforward_layernorm, post_feedforward_layernorm}.weight,
 // model.layers.N.self_attn.{q,k,v,o}_proj.{weight,bias}, model.layers.N.self_attn.{q,k}_norm.weight,
 // model.layers.N.mlp.{gate,up,down}_proj.weight, model.norm.weight, lm_head.weight (absent when
-// tied). Config fields that change the computation and are not implemented are refused by name
+// tied); a sparse layer's model.layers.N.{block_sparse_moe (Mixtral), mlp (Qwen3-MoE)}.gate.weight
+// and per-expert experts.I.{w1,w3,w2 | gate_proj,up_proj,down_proj}.weight, which fill the stacked
+// parameters experts.gate_up_proj and experts.down_proj (expert_slices()). Config fields that change the computation and are not implemented are refused by name
 // (config.cpp); the support table is support_table_markdown().
 #pragma once
 
@@ -17,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "tpucore/nn/moe.h"
 #include "tpucore/nn/transformer.h"
 
 namespace tpu::models {
@@ -49,6 +53,17 @@ struct ModelConfig {
   bool qk_norm = false;   ///< Qwen3's q/k RMSNorm
   std::string hidden_act = "silu";                          ///< the MLP's activation
   std::string torch_dtype = "float32";                      ///< the checkpoint's dtype
+  // Mixture of experts (mixtral, qwen3_moe; tpucore/nn/moe.h).
+  int64_t num_experts = 0;            ///< experts of a sparse layer (num_local_experts / num_experts; 0: dense)
+  int64_t num_experts_per_tok = 0;    ///< experts each token is routed to (top-k)
+  int64_t moe_intermediate_size = 0;  ///< each expert's MLP width (Mixtral: intermediate_size)
+  bool norm_topk_prob = false;        ///< renormalize the top-k routing weights (Mixtral: always)
+  int64_t decoder_sparse_step = 1;    ///< Qwen3-MoE: layer i is sparse when (i + 1) % step == 0 ...
+  std::vector<int64_t> mlp_only_layers;  ///< ... and i is not listed here (those keep the dense MLP)
+  std::vector<bool> sparse_layers;    ///< per layer: an MoE block instead of the dense MLP (resolved)
+  double router_aux_loss_coef = 0;    ///< weight of the load-balancing loss (used with output_router_logits)
+  bool output_router_logits = false;  ///< training adds router_aux_loss_coef x the load-balancing loss
+  double router_jitter_noise = 0;     ///< Mixtral: training-time router jitter (refused when training)
   std::optional<int64_t> bos_token_id;                      ///< beginning-of-sequence id
   std::vector<int64_t> eos_token_ids;                       ///< end-of-sequence ids
 
@@ -56,6 +71,10 @@ struct ModelConfig {
   bool is_sliding(int64_t i) const {
     return sliding_window > 0 && i >= 0 && static_cast<size_t>(i) < sliding_layers.size() &&
            sliding_layers[static_cast<size_t>(i)];
+  }
+  /// Whether layer `i` has a mixture-of-experts block instead of the dense MLP.
+  bool is_sparse(int64_t i) const {
+    return i >= 0 && static_cast<size_t>(i) < sparse_layers.size() && sparse_layers[static_cast<size_t>(i)];
   }
   /// Parses config.json text; `source` names it in errors (missing or invalid fields).
   static ModelConfig from_json(const std::string& text, const std::string& source = "config.json");
@@ -88,7 +107,12 @@ class DecoderLayer : public nn::Module {
   bool packed_rope = false;  ///< the model's rotary tables are [global | local] (Gemma 3)
   bool local_rope = false;   ///< uses the local half of packed rotary tables (Gemma 3's sliding layers)
   std::shared_ptr<nn::Attention> self_attn;                               ///< the attention
-  std::shared_ptr<nn::GatedMLP> mlp;                                      ///< the MLP
+  std::shared_ptr<nn::GatedMLP> mlp;  ///< the dense MLP (null in a sparse layer)
+  /// A sparse layer's mixture-of-experts block instead of the MLP (else null), named
+  /// block_sparse_moe (Mixtral) or mlp (Qwen3-MoE) as in the checkpoints.
+  std::shared_ptr<nn::SparseMoE> moe;
+  /// The feed-forward part: the MLP or the MoE block.
+  nn::Module& feed_forward() { return mlp ? static_cast<nn::Module&>(*mlp) : *moe; }
 };
 
 /// The body ("model."): embeddings, layers, final norm. Its forward is the family's one
@@ -156,6 +180,22 @@ class CausalLM : public nn::Module {
   std::shared_ptr<DecoderModel> model;   ///< the body
   std::shared_ptr<nn::Linear> lm_head;   ///< null when tied to model.embed_tokens
 };
+
+/// Where a per-expert checkpoint tensor goes in a sparse layer's stacked expert weights.
+struct ExpertSlice {
+  std::string name;   ///< the checkpoint's name, e.g. model.layers.0.block_sparse_moe.experts.3.w1.weight
+  std::string param;  ///< the stacked parameter, e.g. model.layers.0.block_sparse_moe.experts.gate_up_proj
+  int64_t expert = 0;          ///< index along the stacked parameter's first dim
+  int64_t row = 0, rows = 0;   ///< the rows of that expert's matrix the tensor fills
+};
+/// The per-expert checkpoint tensors of a model's sparse layers (empty for a dense model); the
+/// loader reads them into, and save_causal_lm writes them from, the stacked parameters.
+std::vector<ExpertSlice> expert_slices(const CausalLM& m);
+/// The auxiliary loss Transformers adds to the training loss of Mixtral and Qwen3-MoE:
+/// router_aux_loss_coef x nn::load_balancing_loss over the router logits of every sparse layer
+/// in the model's last forward (call it after the forward, in the same compiled function if any).
+/// A model without sparse layers is an error.
+Tensor router_aux_loss(const CausalLM& m);
 
 /// Loads config.json and the weights (model.safetensors, or the shards named by
 /// model.safetensors.index.json) of a Hugging Face checkpoint folder. dtype: of the parameters

@@ -58,6 +58,24 @@ std::map<std::string, std::set<std::string>> weight_files(const fs::path& root) 
 
 }  // namespace
 
+std::vector<ExpertSlice> expert_slices(const CausalLM& m) {
+  std::vector<ExpertSlice> v;
+  const bool mixtral = m.config.model_type == "mixtral";
+  for (size_t l = 0; l < m.model->layers.size(); ++l) {
+    const auto& moe = m.model->layers[l]->moe;
+    if (!moe) continue;
+    const std::string p = fmt::format("model.layers.{}.{}.experts.", l, mixtral ? "block_sparse_moe" : "mlp");
+    const int64_t f = moe->cfg.intermediate, h = moe->cfg.hidden;
+    for (int64_t e = 0; e < moe->cfg.num_experts; ++e) {
+      const std::string q = p + std::to_string(e) + ".";
+      v.push_back({q + (mixtral ? "w1" : "gate_proj") + ".weight", p + "gate_up_proj", e, 0, f});
+      v.push_back({q + (mixtral ? "w3" : "up_proj") + ".weight", p + "gate_up_proj", e, f, f});
+      v.push_back({q + (mixtral ? "w2" : "down_proj") + ".weight", p + "down_proj", e, 0, h});
+    }
+  }
+  return v;
+}
+
 std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, Device device, std::optional<DType> dtype) {
   const fs::path root(dir);
   const fs::path cfg_path = root / "config.json";
@@ -73,6 +91,16 @@ std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, Device device, 
   for (auto& [name, slot] : m->parameter_slots()) slots[name] = slot;
   for (auto& [name, slot] : m->buffer_slots()) slots[name] = slot;
   std::set<std::string> loaded, unexpected;
+  // Per-expert tensors of sparse layers fill rows of the stacked expert parameters.
+  const std::vector<ExpertSlice> slices = expert_slices(*m);
+  std::map<std::string, const ExpertSlice*> slice_of;
+  std::map<std::string, size_t> slices_left;  // per stacked parameter
+  for (const ExpertSlice& s : slices) {
+    slice_of[s.name] = &s;
+    ++slices_left[s.param];
+  }
+  const std::map<std::string, size_t> slices_total = slices_left;
+  std::set<std::string> loaded_slices;
   for (const auto& [file, listed] : weight_files(root)) {
     const fs::path path = root / file;
     const auto& names = listed;  // a plain reference: clang-14 lambdas cannot capture a structured binding
@@ -83,10 +111,26 @@ std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, Device device, 
       // Buffers some checkpoints carry that this model recomputes; the tied head is the embedding.
       if (name.ends_with("rotary_emb.inv_freq") || (cfg.tie_word_embeddings && name == "lm_head.weight")) return;
       auto it = slots.find(name);
+      if (auto sl = slice_of.find(name); it == slots.end() && sl != slice_of.end()) {
+        const ExpertSlice& s = *sl->second;
+        Tensor dst = narrow(select(*slots.at(s.param), 0, s.expert), 0, s.row, s.rows);
+        TPU_CHECK(t.shape() == dst.shape(), "load_causal_lm: '{}' has shape {} in {} but expert {} of '{}' takes {}",
+                  name, t.shape().str(), path.string(), s.expert, s.param, dst.shape().str());
+        TPU_CHECK(loaded_slices.insert(name).second, "load_causal_lm: '{}' is in more than one file ({})", name,
+                  path.string());
+        TPU_CHECK(!loaded.count(s.param), "load_causal_lm: '{}' is given both stacked and per expert ('{}')", s.param,
+                  name);
+        NoGradGuard ng;
+        dst.copy_(t);
+        if (--slices_left[s.param] == 0) loaded.insert(s.param);
+        return;
+      }
       if (it == slots.end()) {
         unexpected.insert(name);
         return;
       }
+      if (auto st = slices_total.find(name); st != slices_total.end())
+        TPU_CHECK(slices_left[name] == st->second, "load_causal_lm: '{}' is given both stacked and per expert", name);
       TPU_CHECK(t.shape() == it->second->shape(),
                 "load_causal_lm: '{}' has shape {} in {} but {} in the model", name, t.shape().str(), path.string(),
                 it->second->shape().str());
@@ -98,8 +142,15 @@ std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, Device device, 
       TPU_CHECK(seen.count(n), "load_causal_lm: the index lists '{}' in {}, which does not hold it", n, file);
   }
   std::vector<std::string> missing;
-  for (const auto& [name, slot] : slots)
-    if (!loaded.count(name)) missing.push_back(name);
+  for (const auto& [name, slot] : slots) {
+    if (loaded.count(name)) continue;
+    if (!slices_total.count(name)) {
+      missing.push_back(name);
+      continue;
+    }
+    for (const ExpertSlice& s : slices)  // a stacked expert parameter: the per-expert tensors it lacks
+      if (s.param == name && !loaded_slices.count(s.name)) missing.push_back(s.name);
+  }
   if (!missing.empty() || !unexpected.empty())
     fail("load_causal_lm ({}): missing keys [{}], unexpected keys [{}]", dir, fmt::join(missing, ", "),
          fmt::join(unexpected, ", "));
@@ -121,8 +172,19 @@ void save_causal_lm(CausalLM& m, const std::string& dir) {
     f << c.to_json() << "\n";
     TPU_CHECK(f.good(), "save_causal_lm: cannot write {}", (root / "config.json").string());
   }
+  std::map<std::string, std::vector<ExpertSlice>> per_expert;  // stacked parameters, written per expert
+  for (ExpertSlice& s : expert_slices(m)) per_expert[s.param].push_back(std::move(s));
   TensorList list;
-  for (auto& [name, tensor] : m.named_parameters()) list.emplace_back(name, tensor.detach());
+  for (auto& [name, tensor] : m.named_parameters()) {
+    auto it = per_expert.find(name);
+    if (it == per_expert.end()) {
+      list.emplace_back(name, tensor.detach());
+      continue;
+    }
+    NoGradGuard ng;
+    for (const ExpertSlice& s : it->second)
+      list.emplace_back(s.name, contiguous(narrow(select(tensor.detach(), 0, s.expert), 0, s.row, s.rows)));
+  }
   save_safetensors((root / "model.safetensors").string(), list, {{"format", "pt"}});
 }
 

@@ -7,45 +7,14 @@
 #include <set>
 
 #include "tpucore/models/causal_lm.h"
+#include "tpucore/models/config_fields.h"
 #include "sim/json_int.h"
 
 namespace tpu::models {
 
 using json = nlohmann::json;
 
-namespace {
-
-// Field readers with errors naming the file and field.
-int64_t get_int(const json& j, const char* key, const std::string& src, std::optional<int64_t> dflt = std::nullopt) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) {
-    TPU_CHECK(dflt.has_value(), "{}: missing required field '{}'", src, key);
-    return *dflt;
-  }
-  const std::optional<int64_t> v = tpu::detail::json_int(*it);
-  TPU_CHECK(v.has_value(), "{}: field '{}' must be an integer in int64 range, got {}", src, key, it->dump());
-  return *v;
-}
-double get_double(const json& j, const char* key, const std::string& src, double dflt) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return dflt;
-  TPU_CHECK(it->is_number(), "{}: field '{}' must be a number, got {}", src, key, it->dump());
-  return it->get<double>();
-}
-bool get_bool(const json& j, const char* key, const std::string& src, bool dflt) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return dflt;
-  TPU_CHECK(it->is_boolean(), "{}: field '{}' must be true or false, got {}", src, key, it->dump());
-  return it->get<bool>();
-}
-std::string get_string(const json& j, const char* key, const std::string& src, const std::string& dflt) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return dflt;
-  TPU_CHECK(it->is_string(), "{}: field '{}' must be a string, got {}", src, key, it->dump());
-  return it->get<std::string>();
-}
-
-}  // namespace
+using namespace config_fields;
 
 namespace {
 
@@ -121,9 +90,7 @@ struct RefusedField {
 };
 constexpr RefusedField kRefused[] = {
     {"quantization_config", "quantized weights"},
-    {"num_local_experts", "mixture of experts"},
-    {"num_experts", "mixture of experts"},
-    {"n_routed_experts", "mixture of experts"},
+    {"n_routed_experts", "DeepSeek's routed experts"},
     {"attention_chunk_size", "chunked attention"},
     {"no_rope_layers", "layers without rotary embeddings"},
     {"use_qk_norm", "Llama 4's q/k norm"},
@@ -170,7 +137,9 @@ void resolve_layers(ModelConfig& c, const json& j, const std::string& src) {
           get_int(j, "sliding_window_pattern", src, get_int(j, "_sliding_window_pattern", src, 6));
       TPU_CHECK(pattern > 0, "{}: sliding_window_pattern must be positive, got {}", src, pattern);
       c.sliding_layers[i] = (static_cast<int64_t>(i) + 1) % pattern != 0;
-    } else if (c.model_type == "qwen2" || c.model_type == "qwen3") {
+    } else if (c.model_type == "mixtral") {
+      c.sliding_layers[i] = true;  // as mistral
+    } else if (c.model_type == "qwen2" || c.model_type == "qwen3" || c.model_type == "qwen3_moe") {
       c.sliding_layers[i] = static_cast<int64_t>(i) >= get_int(j, "max_window_layers", src, 28);
     }
   }
@@ -179,7 +148,8 @@ void resolve_layers(ModelConfig& c, const json& j, const std::string& src) {
 }  // namespace
 
 const std::vector<std::string>& supported_model_types() {
-  static const std::vector<std::string> types{"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text"};
+  static const std::vector<std::string> types{"llama",  "mistral",     "qwen2",   "qwen3",
+                                              "gemma2", "gemma3_text", "mixtral", "qwen3_moe"};
   return types;
 }
 
@@ -193,6 +163,7 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
   TPU_CHECK(j.is_object(), "{}: expected a JSON object", src);
   ModelConfig c;
   c.model_type = get_string(j, "model_type", src, "llama");
+  detail::refuse_unsupported_moe_family(c.model_type, src);
   const auto& types = supported_model_types();
   TPU_CHECK(std::find(types.begin(), types.end(), c.model_type) != types.end(),
             "{}: unsupported model_type '{}' (supported: {})", src, c.model_type, fmt::join(types, ", "));
@@ -233,10 +204,10 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
   const bool attn_bias = get_bool(j, "attention_bias", src, false);
   if (c.model_type == "qwen2") {
     c.attention_bias = true;  // Qwen2 always has q/k/v biases and none on o_proj
-  } else if (c.model_type != "mistral") {
-    c.attention_bias = c.o_bias = attn_bias;  // Llama, Qwen3, Gemma: q/k/v/o
+  } else if (c.model_type != "mistral" && c.model_type != "mixtral") {
+    c.attention_bias = c.o_bias = attn_bias;  // Llama, Qwen3 (and its MoE), Gemma: q/k/v/o
   }
-  c.qk_norm = c.model_type == "qwen3" || c.model_type == "gemma3_text";
+  c.qk_norm = c.model_type == "qwen3" || c.model_type == "qwen3_moe" || c.model_type == "gemma3_text";
   // Rope: v4's rope_theta + rope_scaling (+ partial_rotary_factor), or v5's rope_parameters (Gemma
   // 3: one entry per layer kind).
   const double partial = get_double(j, "partial_rotary_factor", src, 1.0);
@@ -275,12 +246,14 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
   // Sliding windows: Mistral's sliding_window on every layer; Qwen2/3's with use_sliding_window from
   // max_window_layers on; Gemma's on the sliding kinds of layer_types (or their default pattern).
   int64_t window = 0;
-  if (c.model_type == "mistral" || c.gemma ||
-      ((c.model_type == "qwen2" || c.model_type == "qwen3") && get_bool(j, "use_sliding_window", src, false)))
+  const bool qwen = c.model_type == "qwen2" || c.model_type == "qwen3" || c.model_type == "qwen3_moe";
+  if (c.model_type == "mistral" || c.model_type == "mixtral" || c.gemma ||
+      (qwen && get_bool(j, "use_sliding_window", src, false)))
     window = get_int(j, "sliding_window", src, c.gemma ? 4096 : 0);
   TPU_CHECK(window >= 0, "{}: sliding_window must be >= 0, got {}", src, window);
   c.sliding_window = window;
   resolve_layers(c, j, src);
+  detail::parse_moe_fields(c, j, src);
   if (c.gemma) {
     c.query_pre_attn_scalar = get_double(j, "query_pre_attn_scalar", src, 256.0);
     const bool g2 = c.model_type == "gemma2";
@@ -314,7 +287,8 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
 std::string ModelConfig::to_json() const {
   static const std::map<std::string, std::string> arch{
       {"llama", "LlamaForCausalLM"},   {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"},
-      {"qwen3", "Qwen3ForCausalLM"},   {"gemma2", "Gemma2ForCausalLM"},   {"gemma3_text", "Gemma3ForCausalLM"}};
+      {"qwen3", "Qwen3ForCausalLM"},   {"gemma2", "Gemma2ForCausalLM"},   {"gemma3_text", "Gemma3ForCausalLM"},
+      {"mixtral", "MixtralForCausalLM"}, {"qwen3_moe", "Qwen3MoeForCausalLM"}};
   // Back to Transformers' activation names.
   const std::string act = hidden_act == "gelu_tanh" ? "gelu_pytorch_tanh" : hidden_act;
   json j{{"model_type", model_type},
@@ -360,11 +334,11 @@ std::string ModelConfig::to_json() const {
   }
   if (sliding_window > 0) {
     j["sliding_window"] = sliding_window;
-    if (model_type == "qwen2" || model_type == "qwen3") j["use_sliding_window"] = true;
+    if (model_type == "qwen2" || model_type == "qwen3" || model_type == "qwen3_moe") j["use_sliding_window"] = true;
     json kinds = json::array();
     for (int64_t i = 0; i < num_hidden_layers; ++i) kinds.push_back(is_sliding(i) ? "sliding_attention" : "full_attention");
-    if (model_type != "mistral") j["layer_types"] = kinds;
-  } else if (model_type == "mistral") {
+    if (model_type != "mistral" && model_type != "mixtral") j["layer_types"] = kinds;
+  } else if (model_type == "mistral" || model_type == "mixtral") {
     j["sliding_window"] = nullptr;
   } else if (gemma) {
     j["sliding_window"] = 0;
@@ -375,6 +349,7 @@ std::string ModelConfig::to_json() const {
     j["final_logit_softcapping"] = final_logit_softcapping > 0 ? json(final_logit_softcapping) : json(nullptr);
     if (model_type == "gemma3_text") j["rope_local_base_freq"] = rope_local_base_freq;
   }
+  detail::write_moe_fields(*this, j);
   if (bos_token_id) j["bos_token_id"] = *bos_token_id;
   if (eos_token_ids.size() == 1) j["eos_token_id"] = eos_token_ids[0];
   else if (!eos_token_ids.empty()) j["eos_token_id"] = eos_token_ids;

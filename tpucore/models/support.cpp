@@ -32,6 +32,15 @@ const std::map<std::string, Row>& rows() {
         "`sliding_window` except every `sliding_window_pattern`-th layer (or `layer_types`), "
         "`rope_local_base_freq` on sliding layers",
         "as gemma2"}},
+      {"mixtral",
+       {"no biases", "`sliding_window` on every layer",
+        "pre-norm; every layer a sparse MoE (`block_sparse_moe`): `num_local_experts` SwiGLU experts of "
+        "`intermediate_size`, top-`num_experts_per_tok` of the router's softmax renormalized"}},
+      {"qwen3_moe",
+       {"as qwen3", "as qwen2",
+        "pre-norm; sparse MoE (`num_experts` SwiGLU experts of `moe_intermediate_size`, top-`num_experts_per_tok`, "
+        "`norm_topk_prob`) on the layers of `decoder_sparse_step` except `mlp_only_layers`, which keep the SwiGLU "
+        "MLP of `intermediate_size`"}},
   };
   return r;
 }
@@ -55,6 +64,12 @@ std::string support_table_markdown() {
         for (const auto& r : nn::supported_rope_types()) t += (t.empty() ? "`" : ", `") + r + "`";
         return t;
       }());
+  s += "\nMixture of experts: dropless routing (every token reaches its experts), the router in f32; "
+       "`router_aux_loss_coef` is read (it only enters a training loss with `output_router_logits`, which is "
+       "refused), `router_jitter_noise` is refused in training mode. Refused by name: the model types "
+       "`deepseek_v3`, `deepseek_v2`, `qwen2_moe`, `gpt_oss`, `llama4_text`, and shared experts "
+       "(`shared_expert_intermediate_size`, `n_shared_experts`), grouped or sigmoid routing, "
+       "`routed_scaling_factor`, `router_z_loss_coef`.\n";
   return s;
 }
 

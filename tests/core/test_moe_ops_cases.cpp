@@ -1,0 +1,262 @@
+// The mixture-of-experts ops beyond their OpInfo samples: products large enough for the threaded
+// paths, bf16 at size, gradients against closed forms written as double loops, a whole routed
+// layer against a per-token loop, the host fallback on sim, and bad inputs.
+#include "moe_test_util.h"
+#include "ops/fallback.h"
+#include "tpucore/autograd.h"
+#include "tpucore/nn/moe.h"
+
+namespace tpu::testing {
+namespace {
+
+using namespace moe;
+
+Tensor uni(Generator& g, const Shape& s, DType dt = DType::f32) {
+  return make_input(g, s, dt, Layout::contiguous, -1.0, 1.0);
+}
+
+TEST_CASE("grouped_matmul: large uneven groups match the naive loop in both layouts", "[moe][matmul]") {
+  Generator g(7);
+  // Group 2 (120 x 256 x 160 = 9.8 MFLOP) runs split inside the GEMM, the others in parallel.
+  const std::vector<int64_t> counts{0, 1, 120, 0, 37, 2};
+  const int64_t T = 160, K = 256, N = 160, E = 6;
+  for (DType dt : {DType::f32, DType::bf16})
+    for (bool tw : {false, true}) {
+      DYNAMIC_SECTION(dtype_name(dt) << (tw ? " transposed" : "")) {
+        Tensor x = uni(g, {T, K}, dt);
+        Tensor w = uni(g, tw ? Shape{E, N, K} : Shape{E, K, N}, dt);
+        Tensor y = grouped_matmul(x, w, counts_tensor(counts), tw);
+        REQUIRE(y.dtype() == dt);
+        const Tol tol = dt == DType::f32 ? Tol{1e-4, 1e-5} : Tol{2e-2, 1e-2};
+        check_close(y, grouped_matmul_ref(ref_of(x), ref_of(w), counts, tw), tol, "grouped_matmul");
+        Tensor dy = uni(g, {T, N}, dt);
+        check_close(grouped_matmul_weight_grad(x, dy, counts_tensor(counts, DType::i32), tw),
+                    weight_grad_ref(ref_of(x), ref_of(dy), counts, tw), tol, "weight grad");
+      }
+    }
+}
+
+TEST_CASE("grouped_matmul: mixed f32 and bf16 promote, f16 runs in f32", "[moe][matmul]") {
+  Generator g(8);
+  const std::vector<int64_t> counts{2, 3};
+  Tensor x = uni(g, {5, 4}, DType::bf16), w = uni(g, {2, 4, 3});
+  Tensor y = grouped_matmul(x, w, counts_tensor(counts));
+  REQUIRE(y.dtype() == DType::f32);
+  check_close(y, grouped_matmul_ref(ref_of(x), ref_of(w), counts, false), {1e-5, 1e-5}, "mixed");
+  Tensor h = grouped_matmul(x.to(DType::f16), w.to(DType::f16), counts_tensor(counts));
+  REQUIRE(h.dtype() == DType::f16);
+  check_close(h, grouped_matmul_ref(ref_of(x.to(DType::f16)), ref_of(w.to(DType::f16)), counts, false), {1e-3, 2e-3},
+              "f16");
+}
+
+TEST_CASE("grouped_matmul: gradients equal the closed forms, empty groups get zero", "[moe][autograd]") {
+  Generator g(9);
+  const std::vector<int64_t> counts{3, 0, 1, 4};
+  const int64_t T = 8, K = 5, N = 3, E = 4;
+  for (bool tw : {false, true}) {
+    DYNAMIC_SECTION((tw ? "transposed" : "plain")) {
+      Tensor x = uni(g, {T, K}).requires_grad_();
+      Tensor w = uni(g, tw ? Shape{E, N, K} : Shape{E, K, N}).requires_grad_();
+      Tensor dy = uni(g, {T, N});
+      grouped_matmul(x, w, counts_tensor(counts), tw).backward(dy);
+      const Ref X = ref_of(x), W = ref_of(w), DY = ref_of(dy);
+      // dx[r, k] = sum_n dy[r, n] w_e[k, n]; dw_e[k, n] = sum_{r in e} x[r, k] dy[r, n].
+      Ref dx(Shape{T, K}), dw(W.shape);
+      int64_t row = 0;
+      for (int64_t e = 0; e < E; ++e) {
+        for (int64_t r = row; r < row + counts[static_cast<size_t>(e)]; ++r)
+          for (int64_t k = 0; k < K; ++k)
+            for (int64_t n = 0; n < N; ++n) {
+              const double wv = tw ? W.at({e, n, k}) : W.at({e, k, n});
+              dx.at({r, k}) += DY.at({r, n}) * wv;
+              (tw ? dw.at({e, n, k}) : dw.at({e, k, n})) += X.at({r, k}) * DY.at({r, n});
+            }
+        row += counts[static_cast<size_t>(e)];
+      }
+      check_close(x.grad(), dx, {1e-5, 1e-5}, "dx");
+      check_close(w.grad(), dw, {1e-5, 1e-5}, "dw");
+      for (int64_t k = 0; k < K * N; ++k) CHECK(dw.v[static_cast<size_t>(K * N + k)] == 0.0);  // group 1 is empty
+    }
+  }
+}
+
+TEST_CASE("moe ops: a routed layer equals the per-token sum over its chosen experts", "[moe]") {
+  Generator g(10);
+  const int64_t T = 9, H = 6, F = 4, E = 5, k = 2;
+  Tensor x = uni(g, {T, H}).requires_grad_();
+  Tensor w = uni(g, {E, F, H}).requires_grad_();  // per expert [out, in], as a Linear
+  Tensor logits = uni(g, {T, E});
+  auto [vals, ids] = topk(softmax(logits, -1), k);
+  Tensor weights = vals.detach().requires_grad_();
+  auto [order, counts] = moe_sort(ids, E);
+  REQUIRE(counts.to_vector<int32_t>().size() == static_cast<size_t>(E));
+  Tensor ys = grouped_matmul(moe_permute(x, order, k), w, counts, true);
+  Tensor out = moe_unpermute(ys, order, weights, k);  // [T, F]
+  const Ref X = ref_of(x), W = ref_of(w), WT = ref_of(weights), ID = ref_of(ids), LG = ref_of(logits);
+  Ref want(Shape{T, F});
+  for (int64_t t = 0; t < T; ++t) {
+    // The chosen experts are the two largest logits of the row.
+    std::vector<int64_t> best(static_cast<size_t>(E));
+    std::iota(best.begin(), best.end(), 0);
+    std::stable_sort(best.begin(), best.end(), [&](int64_t a, int64_t b) { return LG.at({t, a}) > LG.at({t, b}); });
+    for (int64_t j = 0; j < k; ++j) {
+      const auto e = static_cast<int64_t>(ID.at({t, j}));
+      CHECK(e == best[static_cast<size_t>(j)]);
+      for (int64_t f = 0; f < F; ++f) {
+        double s = 0;
+        for (int64_t h = 0; h < H; ++h) s += X.at({t, h}) * W.at({e, f, h});
+        want.at({t, f}) += WT.at({t, j}) * s;
+      }
+    }
+  }
+  check_close(out, want, {1e-5, 1e-5}, "routed layer");
+  // Gradients: d/dweights[t, j] = <dout[t], x_t W_e^T>, d/dx[t] = sum_j w_tj dout[t] W_e.
+  Tensor dout = uni(g, {T, F});
+  out.backward(dout);
+  const Ref D = ref_of(dout);
+  Ref dwt(Shape{T, k}), dx(Shape{T, H});
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      const auto e = static_cast<int64_t>(ID.at({t, j}));
+      for (int64_t f = 0; f < F; ++f) {
+        double s = 0;
+        for (int64_t h = 0; h < H; ++h) {
+          s += X.at({t, h}) * W.at({e, f, h});
+          dx.at({t, h}) += WT.at({t, j}) * D.at({t, f}) * W.at({e, f, h});
+        }
+        dwt.at({t, j}) += D.at({t, f}) * s;
+      }
+    }
+  check_close(weights.grad(), dwt, {1e-5, 1e-5}, "d weights");
+  check_close(x.grad(), dx, {1e-5, 1e-5}, "dx");
+}
+
+TEST_CASE("topk: the indices are the naive ones, NaN counts as the largest, backward scatters", "[moe]") {
+  Generator g(11);
+  Tensor x = uni(g, {4, 7});
+  auto [v, i] = topk(x, 3);
+  REQUIRE(i.dtype() == DType::i64);
+  check_close(i, topk_ref(ref_of(x), 3, true), {0, 0}, "indices");
+  Tensor n = from_vector(std::vector<float>{1.0f, NAN, 3.0f, 3.0f}, Shape{4});
+  auto [nv, ni] = topk(n, 3, 0);
+  CHECK(ni.to_vector<int64_t>() == std::vector<int64_t>{1, 2, 3});
+  // Along dim 0 of a 3-D tensor.
+  Tensor y = uni(g, {5, 2, 3});
+  auto [yv, yi] = topk(y, 2, 0);
+  REQUIRE(yv.shape() == Shape({2, 2, 3}));
+  const Ref Y = ref_of(y), YV = ref_of(yv);
+  for (int64_t a = 0; a < 2; ++a)
+    for (int64_t b = 0; b < 3; ++b) {
+      std::vector<double> col;
+      for (int64_t r = 0; r < 5; ++r) col.push_back(Y.at({r, a, b}));
+      std::sort(col.rbegin(), col.rend());
+      CHECK(YV.at({0, a, b}) == col[0]);
+      CHECK(YV.at({1, a, b}) == col[1]);
+    }
+  Tensor z = uni(g, {2, 4}).requires_grad_();
+  auto [zv, zi] = topk(z, 2);
+  sum(mul(zv, from_vector(std::vector<float>{1, 2, 3, 4}, Shape{2, 2}))).backward();
+  const Ref ZI = ref_of(zi);
+  Ref want(Shape{2, 4});
+  for (int64_t r = 0; r < 2; ++r)
+    for (int64_t j = 0; j < 2; ++j) want.at({r, static_cast<int64_t>(ZI.at({r, j}))}) = static_cast<double>(r * 2 + j + 1);
+  check_close(z.grad(), want, {0, 0}, "topk grad");
+}
+
+TEST_CASE("load_balancing_loss: the closed form of Transformers' formula, and its gradient", "[moe][autograd]") {
+  Generator g(14);
+  const int64_t E = 5, k = 2;
+  std::vector<Tensor> layers{make_input(g, {6, E}, DType::f32, Layout::contiguous, -3.0, 3.0).requires_grad_(),
+                             make_input(g, {4, E}, DType::f32, Layout::contiguous, -3.0, 3.0).requires_grad_()};
+  Tensor loss = nn::load_balancing_loss(layers, E, k);
+  // Closed form over the N = 10 rows: f[e] = (1/N) #{(n, j): choice j of row n is e},
+  // P[e] = (1/N) sum_n p[n, e]; loss = E sum_e f[e] P[e].
+  std::vector<std::vector<double>> p;
+  for (const Tensor& l : layers) {
+    const Ref r = ref_of(l);
+    for (int64_t n = 0; n < r.shape[0]; ++n) {
+      std::vector<double> row(static_cast<size_t>(E));
+      double mx = -1e300, z = 0;
+      for (int64_t e = 0; e < E; ++e) mx = std::max(mx, r.at({n, e}));
+      for (int64_t e = 0; e < E; ++e) z += (row[e] = std::exp(r.at({n, e}) - mx));
+      for (double& v : row) v /= z;
+      p.push_back(row);
+    }
+  }
+  const auto N = static_cast<double>(p.size());
+  std::vector<double> f(static_cast<size_t>(E), 0.0), P(static_cast<size_t>(E), 0.0);
+  for (const auto& row : p) {
+    std::vector<int64_t> idx(static_cast<size_t>(E));
+    std::iota(idx.begin(), idx.end(), 0);
+    std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return row[a] > row[b]; });
+    for (int64_t j = 0; j < k; ++j) f[static_cast<size_t>(idx[j])] += 1.0 / N;
+    for (int64_t e = 0; e < E; ++e) P[e] += row[e] / N;
+  }
+  double want = 0;
+  for (int64_t e = 0; e < E; ++e) want += static_cast<double>(E) * f[e] * P[e];
+  check_near(loss, {want});
+  // d loss / d p[n, e] = E f[e] / N, through the softmax: p_i (g_i - sum_e g_e p_e).
+  loss.backward();
+  size_t n = 0;
+  for (const Tensor& l : layers) {
+    Ref want_grad(l.shape());
+    for (int64_t r = 0; r < l.size(0); ++r, ++n) {
+      double dot = 0;
+      for (int64_t e = 0; e < E; ++e) dot += static_cast<double>(E) * f[e] / N * p[n][e];
+      for (int64_t i = 0; i < E; ++i) want_grad.at({r, i}) = p[n][i] * (static_cast<double>(E) * f[i] / N - dot);
+    }
+    check_close(l.grad(), want_grad, {1e-6, 1e-5}, "load-balancing gradient");
+  }
+  expect_error([&] { nn::load_balancing_loss({}, E, k); }, {"load_balancing_loss", "no router logits"});
+}
+
+TEST_CASE("moe ops: sim runs them through the counted host fallback", "[moe][codegen]") {
+  Generator g(12);
+  const Device sim("sim:0");
+  const std::vector<int64_t> counts{2, 0, 3};
+  Tensor x = uni(g, {5, 4}), w = uni(g, {3, 4, 2});
+  auto calls = [] {
+    uint64_t n = 0;
+    for (const auto& c : ops::fallback_counts())
+      if (c.op == "grouped_matmul" && c.device.type == DeviceType::sim) n += c.calls;
+    return n;
+  };
+  const uint64_t before = calls();
+  Tensor y = grouped_matmul(x.to(sim), w.to(sim), counts_tensor(counts).to(sim));
+  REQUIRE(y.device() == sim);
+  CHECK(calls() == before + 1);
+  check_close(y, grouped_matmul_ref(ref_of(x), ref_of(w), counts, false), {1e-5, 1e-5}, "sim");
+  // A wrong count is an error there too, not a wrong result.
+  expect_error([&] { grouped_matmul(x.to(sim), w.to(sim), counts_tensor({2, 0, 2}).to(sim)); },
+               {"grouped_matmul", "group_sizes", "sum to 4", "5 rows"});
+}
+
+TEST_CASE("moe ops: bad inputs are errors naming the argument", "[moe][errors]") {
+  Generator g(13);
+  Tensor x = uni(g, {5, 4}), w = uni(g, {3, 4, 2}), c = counts_tensor({2, 0, 3});
+  expect_error([&] { grouped_matmul(reshape(x, {20}), w, c); }, {"grouped_matmul", "x must be 2-D"});
+  expect_error([&] { grouped_matmul(x, reshape(w, {12, 2}), c); }, {"grouped_matmul", "w must be 3-D"});
+  expect_error([&] { grouped_matmul(x, w, c, true); }, {"grouped_matmul", "in_features", "transposed"});
+  expect_error([&] { grouped_matmul(x, w, counts_tensor({2, 3})); }, {"grouped_matmul", "group_sizes", "[2]"});
+  expect_error([&] { grouped_matmul(x, w, c.to(DType::f32)); }, {"grouped_matmul", "group_sizes", "integer"});
+  expect_error([&] { grouped_matmul(x.to(DType::i32), w, c); }, {"grouped_matmul", "x must be f32, bf16 or f16"});
+  expect_error([&] { grouped_matmul(x, w, counts_tensor({3, -1, 3})); }, {"group_sizes[1]", "-1", "negative"});
+  expect_error([&] { grouped_matmul(x, w, counts_tensor({2, 0, 4})); }, {"sum to 6", "5 rows"});
+  expect_error([&] { grouped_matmul_weight_grad(x, uni(g, {4, 2}), c); }, {"grouped_matmul_weight_grad", "same rows"});
+  expect_error([&] { topk(x, 5); }, {"topk", "k = 5", "size 4"});
+  expect_error([&] { moe_sort(counts_tensor({0, 3, 1}), 3); }, {"moe_sort", "index 3", "3 experts"});
+  expect_error([&] { moe_sort(x, 3); }, {"moe_sort", "expert_ids", "integer"});
+  expect_error([&] { moe_sort(c, 0); }, {"moe_sort", "num_experts must be positive"});
+  expect_error([&] { moe_permute(x, counts_tensor({0, 1, 2, 3, 4, 5, 6, 7, 8, 8}), 2); },
+               {"moe_permute", "order holds 8 twice", "permutation"});
+  expect_error([&] { moe_permute(x, counts_tensor({0, 1, 2}), 1); }, {"moe_permute", "3 slots", "5 tokens"});
+  expect_error([&] { moe_permute(x, counts_tensor({0, 1, 2}), 2); }, {"moe_permute", "top_k = 2", "divide"});
+  Tensor y = uni(g, {6, 4});
+  expect_error([&] { moe_unpermute(y, counts_tensor({0, 1, 2, 3, 4, 5}), uni(g, {2, 3}), 2); },
+               {"moe_unpermute", "weights must be [tokens, top_k] = [3, 2]", "[2, 3]"});
+  expect_error([&] { moe_unpermute(y, counts_tensor({0, 1, 2, 3, 4, 9}), Tensor(), 2); },
+               {"moe_unpermute", "index 9"});
+}
+
+}  // namespace
+}  // namespace tpu::testing

@@ -1,0 +1,84 @@
+// Derivative formulas of the mixture-of-experts ops: topk, grouped_matmul (and its weight
+// gradient, so second derivatives exist too), moe_permute and moe_unpermute. Every formula is
+// again made of those ops: the gradients of a grouped product are grouped products over the
+// same group sizes, and permuting and unpermuting are each other's transposes.
+#include "tpucore/autograd/formula.h"
+#include "tpucore/moe_ops.h"
+
+namespace tpu::autograd::formula {
+namespace {
+
+void topk_bw(const BackwardArgs& a, Grads g) {
+  const Tensor& go = a.grad_outputs[0];
+  if (!go.defined()) return;
+  const ops::TensorMeta& im = a.input_meta[0];
+  const int d = wrap_dim(a.attrs.get_int("dim"), im.shape.ndim(), "topk");
+  g[0] = scatter_add(zeros(im.shape, opts(im)), d, a.outputs[1], go.to(im.dtype));
+}
+
+// x is needed for w's gradient and w for x's; the group sizes always.
+void product_saves(uint32_t needs, uint32_t& in, uint32_t& out) {
+  in = kIn2 | ((needs & kIn1) ? kIn0 : 0u) | ((needs & kIn0) ? kIn1 : 0u);
+  out = 0;
+}
+
+// y = x_e w_e (w_e [K, N]), or x_e w_e^T with transpose_w (w_e [N, K]):
+// dx = dy w_e^T (dy w_e), dw = x_e^T dy (dy^T x_e).
+void grouped_matmul_bw(const BackwardArgs& a, Grads g) {
+  const Tensor& go = a.grad_outputs[0];
+  const Tensor &x = a.inputs[0], &w = a.inputs[1], &gs = a.inputs[2];
+  const bool tw = a.attrs.get_bool("transpose_w");
+  if (a.needs_grad(0)) g[0] = grouped_matmul(go, w, gs, !tw).to(a.input_meta[0].dtype);
+  if (a.needs_grad(1)) g[1] = grouped_matmul_weight_grad(x, go, gs, tw).to(a.input_meta[1].dtype);
+}
+
+// z_e = x_e^T dy_e [K, N] (transpose_w: dy_e^T x_e [N, K]); with G_e the gradient of z_e:
+// dx = dy G_e^T (dy G_e), d(dy) = x G_e (x G_e^T).
+void weight_grad_bw(const BackwardArgs& a, Grads g) {
+  const Tensor& go = a.grad_outputs[0];
+  const Tensor &x = a.inputs[0], &dy = a.inputs[1], &gs = a.inputs[2];
+  const bool tw = a.attrs.get_bool("transpose_w");
+  if (a.needs_grad(0)) g[0] = grouped_matmul(dy, go, gs, !tw).to(a.input_meta[0].dtype);
+  if (a.needs_grad(1)) g[1] = grouped_matmul(x, go, gs, tw).to(a.input_meta[1].dtype);
+}
+
+void permute_bw(const BackwardArgs& a, Grads g) {
+  g[0] = moe_unpermute(a.grad_outputs[0], a.inputs[1], Tensor(), a.attrs.get_int("top_k")).to(a.input_meta[0].dtype);
+}
+
+// out[t] = sum_j w[t, j] y[i(t, j)]: dy[i] = w[slot i] dout[token of slot i], and
+// dw[slot i] = <y[i], dout[token of slot i]>.
+void unpermute_bw(const BackwardArgs& a, Grads g) {
+  const Tensor &y = a.inputs[0], &order = a.inputs[1], &w = a.inputs[2];
+  const int64_t k = a.attrs.get_int("top_k");
+  const bool hw = a.attrs.get_bool("has_weights");
+  const Tensor spread = moe_permute(a.grad_outputs[0], order, k);  // dout of each slot's token, [S, H]
+  if (a.needs_grad(0)) {
+    Tensor gy = spread;
+    if (hw) gy = mul(spread, unsqueeze(index_select(reshape(w, Shape{-1}), 0, order), 1));
+    g[0] = gy.to(a.input_meta[0].dtype);
+  }
+  if (hw && a.needs_grad(2)) {
+    const Tensor per_row = sum(mul(y.to(DType::f32), spread.to(DType::f32)), {1}, true);  // [S, 1], row i's slot
+    // Back to slot order: an unpermute with one choice per "token" puts row i at order[i].
+    const Tensor per_slot = moe_unpermute(per_row, order, Tensor(), 1);
+    g[2] = reshape(per_slot, a.input_meta[2].shape).to(a.input_meta[2].dtype);
+  }
+}
+
+void unpermute_saves(uint32_t needs, uint32_t& in, uint32_t& out) {
+  in = kIn1 | ((needs & kIn0) ? kIn2 : 0u) | ((needs & kIn2) ? kIn0 : 0u);
+  out = 0;
+}
+
+[[maybe_unused]] const bool moe_registered = [] {
+  define("topk", &topk_bw, 0, kOut1);
+  define("grouped_matmul", &grouped_matmul_bw, 0, 0, &product_saves);
+  define("grouped_matmul_weight_grad", &weight_grad_bw, 0, 0, &product_saves);
+  define("moe_permute", &permute_bw, kIn1);
+  define("moe_unpermute", &unpermute_bw, 0, 0, &unpermute_saves);
+  return true;
+}();
+
+}  // namespace
+}  // namespace tpu::autograd::formula

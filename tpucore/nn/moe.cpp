@@ -1,0 +1,94 @@
+#include "tpucore/nn/moe.h"
+
+#include <cmath>
+
+#include "tpucore/autograd.h"
+
+namespace tpu::nn {
+namespace {
+Tensor uniform(const Shape& s, double bound, Generator* gen) {
+  if (auto dt = SkipInitGuard::active()) return empty(s, TensorOptions(*dt));
+  NoGradGuard ng;
+  return sub(mul(rand(s, {}, gen), 2 * bound), bound);
+}
+}  // namespace
+
+MoEExperts::MoEExperts(const MoEConfig& c, Generator* gen) : intermediate_(c.intermediate) {
+  TPU_CHECK(c.hidden > 0 && c.intermediate > 0 && c.num_experts > 0,
+            "MoEExperts: hidden ({}), intermediate ({}) and num_experts ({}) must be positive", c.hidden,
+            c.intermediate, c.num_experts);
+  gate_up_proj = uniform({c.num_experts, 2 * c.intermediate, c.hidden}, 1.0 / std::sqrt(static_cast<double>(c.hidden)), gen);
+  down_proj = uniform({c.num_experts, c.hidden, c.intermediate}, 1.0 / std::sqrt(static_cast<double>(c.intermediate)), gen);
+  register_parameter("gate_up_proj", gate_up_proj);
+  register_parameter("down_proj", down_proj);
+  act = register_module("act", activation(c.act));
+}
+
+Tensor MoEExperts::forward(const Tensor& xs, const Tensor& group_sizes) {
+  const int64_t f = intermediate_;
+  Tensor h = grouped_matmul(xs, gate_up_proj, group_sizes, true);  // [S, 2F]
+  Tensor a = mul(act->forward(narrow(h, 1, 0, f)), narrow(h, 1, f, f));
+  return grouped_matmul(a, down_proj, group_sizes, true);
+}
+
+SparseMoE::SparseMoE(MoEConfig c, Generator* gen) : cfg(std::move(c)) {
+  TPU_CHECK(cfg.num_experts > 0 && cfg.top_k >= 1 && cfg.top_k <= cfg.num_experts,
+            "SparseMoE: top_k ({}) must be in [1, num_experts ({})]", cfg.top_k, cfg.num_experts);
+  TPU_CHECK(cfg.router_jitter_noise >= 0, "SparseMoE: router_jitter_noise must not be negative, got {}",
+            cfg.router_jitter_noise);
+  gate = register_module("gate", std::make_shared<Linear>(cfg.hidden, cfg.num_experts, false, gen));
+  experts = register_module("experts", std::make_shared<MoEExperts>(cfg, gen));
+}
+
+SparseMoE::Routing SparseMoE::route(const Tensor& x) {
+  TPU_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == cfg.hidden,
+            "SparseMoE: expected an input with {} features in the last dim, got shape {}", cfg.hidden,
+            x.defined() ? x.shape().str() : std::string("undefined"));
+  TPU_CHECK(!(is_training() && cfg.router_jitter_noise > 0),
+            "SparseMoE: router_jitter_noise = {} (training-time jitter of the router input) is not supported; "
+            "set it to 0 to train (evaluation ignores it)", cfg.router_jitter_noise);
+  Routing r;
+  // The router in f32 whatever the model's dtype (its decisions are sensitive to rounding).
+  r.logits = (*gate)(tpu::to(reshape(x, Shape{-1, cfg.hidden}), DType::f32));
+  auto [w, ids] = topk(softmax(r.logits, -1), cfg.top_k);
+  if (cfg.norm_topk_prob) w = div(w, sum(w, {-1}, true));
+  r.weights = tpu::to(w, x.dtype());
+  r.experts = ids;
+  return r;
+}
+
+Tensor SparseMoE::forward(const Tensor& x) {
+  const Routing r = route(x);
+  router_logits = r.logits;
+  const Tensor flat = reshape(x, Shape{-1, cfg.hidden});
+  auto [order, counts] = moe_sort(r.experts, cfg.num_experts);
+  const Tensor ys = experts->call({moe_permute(flat, order, cfg.top_k), counts}, [&](std::span<const Tensor> in) {
+    return experts->forward(in[0], in[1]);
+  });
+  return reshape(moe_unpermute(ys, order, r.weights, cfg.top_k), x.shape());
+}
+
+}  // namespace tpu::nn
+
+namespace tpu::nn {
+
+Tensor load_balancing_loss(const std::vector<Tensor>& router_logits, int64_t num_experts, int64_t top_k) {
+  TPU_CHECK(!router_logits.empty(), "load_balancing_loss: no router logits (run a forward of a model with "
+            "mixture-of-experts layers first)");
+  for (const Tensor& l : router_logits)
+    TPU_CHECK(l.defined() && l.dim() == 2 && l.size(1) == num_experts,
+              "load_balancing_loss: router logits must be [tokens, {}], got {}", num_experts,
+              l.defined() ? l.shape().str() : std::string("undefined"));
+  const Tensor logits = tpu::to(router_logits.size() == 1 ? router_logits[0] : cat(router_logits, 0), DType::f32);
+  const Tensor p = softmax(logits, -1);
+  Tensor chosen;
+  {
+    NoGradGuard ng;
+    chosen = tpu::to(one_hot(std::get<1>(topk(p, top_k)), num_experts), DType::f32);  // [N, k, E]
+  }
+  const Tensor tokens_per_expert = mean(chosen, {0});   // [k, E]
+  const Tensor prob_per_expert = mean(p, {0}, true);     // [1, E]
+  return mul(sum(mul(tokens_per_expert, prob_per_expert)), static_cast<double>(num_experts));
+}
+
+}  // namespace tpu::nn

@@ -1,0 +1,86 @@
+/// @file
+/// Sparse mixture-of-experts blocks (Mixtral, Qwen3-MoE): a router picks the top-k of E gated
+/// (SwiGLU) expert MLPs for every token, and the token's output is the routing-weighted sum of
+/// their outputs. Routing is dropless: every token reaches all of its k experts, whatever the
+/// load. The experts' weights are stacked ([E, 2F, H] gate and up projections, [E, H, F] down
+/// projections, each expert's matrices as its Linear layers store them) so that one
+/// grouped_matmul over the tokens sorted by expert computes every expert at once; the group
+/// sizes are a tensor read when the op runs, so a new routing changes no shape (no recompile
+/// under tpu::compile).
+#pragma once
+
+#include <string>
+
+#include "tpucore/moe_ops.h"
+#include "tpucore/nn/layers.h"
+
+namespace tpu::nn {
+
+/// The shape and routing options of a SparseMoE block.
+struct MoEConfig {
+  int64_t hidden = 0;          ///< model width H
+  int64_t intermediate = 0;    ///< each expert's MLP width F
+  int64_t num_experts = 0;     ///< E
+  int64_t top_k = 2;           ///< experts per token
+  bool norm_topk_prob = true;  ///< renormalize the k chosen probabilities to sum to one (Mixtral always)
+  std::string act = "silu";    ///< the experts' activation (an nn::activation name)
+  /// Training only: Mixtral's multiplicative jitter of the router input. Not implemented: a
+  /// non-zero value is a tpu::Error when the block runs in training mode (eval ignores it, as
+  /// Transformers does).
+  double router_jitter_noise = 0;
+};
+
+/// The experts of a SparseMoE block, stacked: gate_up_proj [E, 2F, H] (rows [0, F) of expert e
+/// are its gate projection, rows [F, 2F) its up projection), down_proj [E, H, F].
+class MoEExperts : public Module {
+ public:
+  /// Weights initialised as the experts' Linear layers would be (from `gen`).
+  MoEExperts(const MoEConfig& c, Generator* gen = nullptr);
+  /// xs [S, H] rows sorted by expert, group_sizes [E] (moe_sort's) -> [S, H]:
+  /// down(act(gate(x)) * up(x)) with each row's expert.
+  Tensor forward(const Tensor& xs, const Tensor& group_sizes);
+  using Module::forward;
+  /// "MoEExperts".
+  std::string type_name() const override { return "MoEExperts"; }
+  Tensor gate_up_proj;  ///< [E, 2F, H]
+  Tensor down_proj;     ///< [E, H, F]
+  std::shared_ptr<Module> act;  ///< the activation of the gate
+
+ private:
+  int64_t intermediate_;
+};
+
+/// The sparse MoE block: router (in f32), softmax over the experts, top-k, optional
+/// renormalization, dropless dispatch through moe_sort / moe_permute, the stacked experts, and
+/// the weighted combine (moe_unpermute). Parameter names as Transformers' fused layout:
+/// gate.weight [E, H], experts.gate_up_proj, experts.down_proj.
+class SparseMoE : public Module {
+ public:
+  /// The block of `c`, initialised from `gen`.
+  explicit SparseMoE(MoEConfig c, Generator* gen = nullptr);
+  /// x [..., H] -> [..., H].
+  Tensor forward(const Tensor& x) override;
+  /// The routing of x [..., H]: router logits [N, E] (f32) of the N tokens, their k routing
+  /// weights [N, k] (in x's dtype) and expert ids [N, k] (i64).
+  struct Routing {
+    Tensor logits, weights, experts;
+  };
+  Routing route(const Tensor& x);
+  /// "SparseMoE".
+  std::string type_name() const override { return "SparseMoE"; }
+  MoEConfig cfg;                     ///< the configuration
+  std::shared_ptr<Linear> gate;      ///< the router: H -> E, no bias
+  /// The router logits [N, E] (f32) of the last forward, for the load-balancing loss (inside a
+  /// compiled function: of the traced forward, to be used in the same function).
+  Tensor router_logits;
+  std::shared_ptr<MoEExperts> experts;  ///< the stacked experts
+};
+
+/// The load-balancing loss of Switch Transformers as Transformers computes it for Mixtral and
+/// Qwen3-MoE (load_balancing_loss_func without an attention mask): with the router logits of
+/// every sparse layer concatenated [N, E], p = softmax(logits) and m [N, k, E] the one-hot top-k
+/// choices, E * sum_{j, e} mean_n m[n, j, e] * mean_n p[n, e]. Differentiable in the logits
+/// (through the mean probabilities; the choices are constants). Empty list: an error.
+Tensor load_balancing_loss(const std::vector<Tensor>& router_logits, int64_t num_experts, int64_t top_k);
+
+}  // namespace tpu::nn
