@@ -6,6 +6,10 @@
 // BM_engine/N/C: N requests (32-token prompts, 64 greedy tokens each, eos ignored) submitted
 //   at once to serve::Engine and stepped to the end (continuous batching, paged cache); C = 1:
 //   the compiled step (every bucket compiled before timing), C = 0: eager with the cpu kernel.
+// BM_decode_invariant/N/D/I: decode steps of N running requests (each prefilled before the
+//   timing, 64 tokens), parameters f32 (D = 0) or bf16 (D = 1), EngineConfig::batch_invariant
+//   off (I = 0) or on (I = 1). Counters: decode tokens/s, and for I = 1 the throughput lost
+//   against I = 0 at the same N and D (cost_%).
 // BM_generate_batch/N: the same N prompts through models::generate() as one static batch
 //   (contiguous KV cache), the baseline without a server.
 // BM_http/N: tpu-serve in-process on 127.0.0.1 and N concurrent streaming clients (our load
@@ -23,6 +27,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <thread>
 #include <ctime>
 #include <unistd.h>
@@ -101,6 +106,41 @@ void BM_engine(benchmark::State& st) {
 }
 BENCHMARK(BM_engine)
     ->ArgsProduct({{1, 4, 16, 32}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+void BM_decode_invariant(benchmark::State& st) {
+  static std::map<std::pair<int64_t, int64_t>, double> off_rate;  // (N, D) -> tokens/s with the mode off
+  const int64_t n = st.range(0), dt = st.range(1), invariant = st.range(2);
+  auto m = models::load_causal_lm(model_dir(), Device(), dt ? DType::bf16 : DType::f32);
+  serve::EngineConfig ec;
+  ec.max_num_seqs = n;
+  ec.max_num_batched_tokens = 2048;  // every prompt in the first step
+  ec.max_model_len = 256;
+  ec.batch_invariant = invariant != 0;
+  serve::Engine e(m, ec);
+  models::GenerationConfig g;
+  g.max_new_tokens = kNew;
+  int64_t decoded = 0;
+  double seconds = 0;
+  for (auto _ : st) {
+    st.PauseTiming();
+    for (const auto& p : prompts(n)) e.add_request(p, serve::SamplingParams::from_generation_config(g), {});
+    e.step();  // the prefill and the first tokens
+    st.ResumeTiming();
+    const auto t0 = Clock::now();
+    for (int i = 0; i < 100000 && e.has_work(); ++i) e.step();
+    seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    decoded += n * (kNew - 1);
+  }
+  const double rate = seconds > 0 ? static_cast<double>(decoded) / seconds : 0;
+  st.counters["decode_tokens/s"] = rate;
+  if (!invariant) off_rate[{n, dt}] = rate;
+  else if (off_rate.count({n, dt}) && off_rate[{n, dt}] > 0)
+    st.counters["cost_%"] = 100.0 * (1.0 - rate / off_rate[{n, dt}]);
+}
+BENCHMARK(BM_decode_invariant)
+    ->ArgsProduct({{1, 8, 16, 32}, {0, 1}, {0, 1}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
