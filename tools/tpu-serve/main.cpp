@@ -51,7 +51,8 @@ int main(int argc, char** argv) {
          [&] { o.engine.compile = true; });
   p.value("--batch-invariant", "on|off",
           "batch-invariant numerics (default on): a request's tokens do not depend on the other requests of its "
-          "step (every matmul row keeps one reduction order whatever the row count; slower at small batches)",
+          "step (every matmul row keeps one reduction order whatever the row count; costs decode speed at small "
+          "batches, most with f32)",
           [&](const std::string& v) {
             TPU_CHECK(v == "on" || v == "off", "tpu-serve: --batch-invariant must be on or off, got '{}'", v);
             o.engine.batch_invariant = v == "on";
