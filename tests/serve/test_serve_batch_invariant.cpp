@@ -117,14 +117,14 @@ void check_invariant(DType dt, bool compile) {
 
 }  // namespace
 
-TEST_CASE("serve: batch-invariant mode, 32 mixed requests together equal each alone (f32, bf16)",
+TEST_CASE("engine batch-invariant mode, 32 mixed requests together equal each alone (f32, bf16)",
           "[serve][batch-invariant]") {
   CHECK(serve::EngineConfig{}.batch_invariant);  // on by default
   check_invariant(DType::f32, false);
   check_invariant(DType::bf16, false);
 }
 
-TEST_CASE("serve: batch-invariant mode, compiled step (f32, bf16)", "[serve][batch-invariant][jit]") {
+TEST_CASE("engine batch-invariant mode, compiled step (f32, bf16)", "[serve][batch-invariant][jit]") {
   check_invariant(DType::f32, true);
   check_invariant(DType::bf16, true);
 }
