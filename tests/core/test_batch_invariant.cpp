@@ -2,7 +2,7 @@
 // for bit, the same product computed one row at a time, for M = 1..40 and several shapes
 // (K within one cache block and across several, ragged N), f32 and bf16, through the
 // dispatched kernels and the forced AVX2 and portable paths; B both as W^T of a linear layer
-// (the GEMV layout) and row-major. The reference is the product of each single row (a
+// (the GEMV layout) and row-major; the int8-weight products on each of their paths. The reference is the product of each single row (a
 // different call: a single-row product is what a request computes alone).
 #include <catch2/catch.hpp>
 
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ops/cpu/kernels/gemm.h"
+#include "ops/cpu/kernels/gemv_int8.h"
 #include "tpucore/core/batch_invariant.h"
 #include "tpucore/core/tensor.h"
 #include "tpucore/ops.h"
@@ -120,6 +121,36 @@ TEST_CASE("batch-invariant mode: matmul of x [M, K] by W^T equals each row's mat
         const tpu::Tensor yi = tpu::matmul(tpu::slice(x, 0, i, i + 1), w.t()).to(tpu::DType::f32).contiguous();
         INFO("dtype " << tpu::dtype_name(dt) << " M " << M << " row " << i);
         CHECK(std::memcmp(yi.data<float>(), y.data<float>() + i * 48, sizeof(float) * 48) == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("batch-invariant mode: int8-weight products, M rows equal each row alone on every path",
+          "[gemm][batch-invariant]") {
+  tpu::BatchInvariantScope invariant;
+  using tpu::kernels::Int8GemvPath;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> q(-127, 127);
+  for (Int8GemvPath path : {Int8GemvPath::best, Int8GemvPath::avx512, Int8GemvPath::avx2, Int8GemvPath::scalar}) {
+    if (!tpu::kernels::int8_gemv_path_available(path)) continue;
+    for (const Shape& s : {Shape{5, 3}, Shape{33, 257}, Shape{64, 96}}) {
+      std::vector<int8_t> w(static_cast<size_t>(s.N * s.K));
+      std::vector<float> scale(static_cast<size_t>(s.N));
+      for (auto& x : w) x = static_cast<int8_t>(q(rng));
+      for (auto& x : scale) x = 0.01f + 0.001f * static_cast<float>(q(rng) + 127);
+      for (int64_t M = 1; M <= 40; ++M) {
+        std::vector<float> a(static_cast<size_t>(M * s.K)), all(static_cast<size_t>(M * s.N)), one(static_cast<size_t>(s.N));
+        for (auto& x : a) x = d(rng);
+        tpu::kernels::gemv_int8(M, s.N, s.K, a.data(), s.K, w.data(), scale.data(), all.data(), s.N, path);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < M; ++i) {
+          tpu::kernels::gemv_int8(1, s.N, s.K, a.data() + i * s.K, s.K, w.data(), scale.data(), one.data(), s.N, path);
+          bad += std::memcmp(one.data(), all.data() + i * s.N, sizeof(float) * static_cast<size_t>(s.N)) != 0 ? 1 : 0;
+        }
+        INFO("int8 path " << static_cast<int>(path) << " M " << M << " N " << s.N << " K " << s.K);
+        CHECK(bad == 0);
       }
     }
   }
