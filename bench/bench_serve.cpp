@@ -6,6 +6,11 @@
 // BM_engine/N/C: N requests (32-token prompts, 64 greedy tokens each, eos ignored) submitted
 //   at once to serve::Engine and stepped to the end (continuous batching, paged cache); C = 1:
 //   the compiled step (every bucket compiled before timing), C = 0: eager with the cpu kernel.
+// BM_decode_invariant/I/N/D: decode steps of N running requests (each prefilled before the
+//   timing, 64 tokens), parameters f32 (D = 0) or bf16 (D = 1), EngineConfig::batch_invariant
+//   off (I = 0) or on (I = 1), the two run one after the other. Counters: decode
+//   tokens/s (wall), process CPU time per decode token (all threads), and for I = 1 the
+//   throughput lost against I = 0 at the same N and D by CPU time (cost_%; negative: faster).
 // BM_generate_batch/N: the same N prompts through models::generate() as one static batch
 //   (contiguous KV cache), the baseline without a server.
 // BM_http/N: tpu-serve in-process on 127.0.0.1 and N concurrent streaming clients (our load
@@ -23,6 +28,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <thread>
 #include <ctime>
 #include <unistd.h>
@@ -104,6 +110,52 @@ BENCHMARK(BM_engine)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+void BM_decode_invariant(benchmark::State& st) {
+  // (N, D) -> process CPU seconds per decode token with the mode off
+  static std::map<std::pair<int64_t, int64_t>, double> off_cpu;
+  const int64_t invariant = st.range(0), n = st.range(1), dt = st.range(2);
+  auto m = models::load_causal_lm(model_dir(), Device(), dt ? DType::bf16 : DType::f32);
+  serve::EngineConfig ec;
+  ec.max_num_seqs = n;
+  ec.max_num_batched_tokens = 2048;  // every prompt in the first step
+  ec.max_model_len = 256;
+  ec.batch_invariant = invariant != 0;
+  serve::Engine e(m, ec);
+  models::GenerationConfig g;
+  g.max_new_tokens = kNew;
+  int64_t decoded = 0;
+  double seconds = 0, cpu = 0;
+  for (auto _ : st) {
+    st.PauseTiming();
+    for (const auto& p : prompts(n)) e.add_request(p, serve::SamplingParams::from_generation_config(g), {});
+    e.step();  // the prefill and the first tokens
+    st.ResumeTiming();
+    const auto t0 = Clock::now();
+    const double c0 = process_cpu_seconds();
+    for (int i = 0; i < 100000 && e.has_work(); ++i) e.step();
+    cpu += process_cpu_seconds() - c0;
+    seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    decoded += n * (kNew - 1);
+  }
+  if (decoded == 0 || seconds <= 0) return;
+  const double cpu_per_token = cpu / static_cast<double>(decoded);
+  st.counters["decode_tokens/s"] = static_cast<double>(decoded) / seconds;
+  st.counters["cpu_us/token"] = 1e6 * cpu_per_token;
+  if (!invariant) off_cpu[{n, dt}] = cpu_per_token;
+  else if (off_cpu.count({n, dt}))  // throughput lost at equal CPU time (a shared host skews wall time)
+    st.counters["cost_%"] = 100.0 * (1.0 - off_cpu[{n, dt}] / cpu_per_token);
+}
+BENCHMARK(BM_decode_invariant)
+    ->ArgsProduct({{0, 1}, {1, 8, 16, 32}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
 // A mixed workload of n requests: prompts of 8..64 tokens, 16..64 new tokens each, arriving
 // one every other step (so prefill chunks share steps with decodes under a 128-token budget).
 // Returns the steps run; the generated tokens go to `out` (one vector per request).
@@ -127,12 +179,6 @@ int64_t run_mixed(serve::Engine& e, int64_t n, std::vector<std::vector<int64_t>>
     steps += e.step() ? 1 : 0;
   }
   return steps;
-}
-
-double process_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 // BM_step_interleaved/N: the eager step (cpu ragged kernel) and the compiled step (every token

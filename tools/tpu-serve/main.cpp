@@ -49,6 +49,14 @@ int main(int argc, char** argv) {
           [&](const std::string& v) { o.engine.max_waiting = p.to_int(v); });
   p.flag("--compile", "run the engine step through tpu::compile (bucketed shapes, all compiled at start-up)",
          [&] { o.engine.compile = true; });
+  p.value("--batch-invariant", "on|off",
+          "batch-invariant numerics (default on): a request's tokens do not depend on the other requests of its "
+          "step (every matmul row keeps one reduction order whatever the row count; costs decode speed at small "
+          "batches, most with f32)",
+          [&](const std::string& v) {
+            TPU_CHECK(v == "on" || v == "off", "tpu-serve: --batch-invariant must be on or off, got '{}'", v);
+            o.engine.batch_invariant = v == "on";
+          });
   p.value("--threads", "N", "HTTP worker threads (default 64)", [&](const std::string& v) { o.threads = static_cast<int>(p.to_int(v)); });
   p.value("--drain-seconds", "S", "on SIGTERM, time running requests get to finish (default 30)",
           [&](const std::string& v) { o.drain_seconds = p.to_double(v); });

@@ -7,6 +7,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "tpucore/core/batch_invariant.h"
 #include "tpucore/core/log.h"
 #include "tpucore/serve/kv_cache_manager.h"
 #include "tpucore/serve/model_runner.h"
@@ -89,7 +90,10 @@ Engine::~Engine() = default;
 
 const EngineConfig& Engine::config() const { return impl_->cfg; }
 models::CausalLM& Engine::model() { return *impl_->model; }
-int64_t Engine::warm_up() { return impl_->runner.warm_up(); }
+int64_t Engine::warm_up() {
+  const BatchInvariantScope invariant(impl_->cfg.batch_invariant);
+  return impl_->runner.warm_up();
+}
 std::vector<std::pair<int64_t, int64_t>> Engine::last_schedule() const { return impl_->last_schedule; }
 
 int64_t Engine::add_request(std::vector<int64_t> prompt, const SamplingParams& params, RequestCallbacks cb) {
@@ -143,6 +147,7 @@ EngineMetrics Engine::metrics() const {
 
 bool Engine::step() {
   Impl& s = *impl_;
+  const BatchInvariantScope invariant(s.cfg.batch_invariant);
   StepReport report;
   s.take_incoming(report);
   const StepPlan plan = s.scheduler.schedule();

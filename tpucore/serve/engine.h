@@ -43,6 +43,10 @@ struct EngineConfig {
   // tokens before them; an admitted request reuses the cached blocks of its longest matching
   // prefix (shared, reference counted, never written again) and computes only the rest.
   bool enable_prefix_caching = false;
+  // Batch-invariant numerics during every step and warm-up (tpucore/core/batch_invariant.h): a
+  // request's tokens do not depend on the other requests of its step (host matmuls keep one
+  // reduction order per row whatever the row count; attention and norms already do).
+  bool batch_invariant = true;
   // The text of generated token ids, for stop strings (SamplingParams::stop); a request with
   // stop strings is refused without it.
   std::function<std::string(const std::vector<int64_t>&)> detokenize = nullptr;

@@ -20,6 +20,7 @@
 #include "ops/cpu/kernels/gemm.h"
 #include "ops/cpu/kernels/scratch.h"
 #include "ops/cpu/kernels/gemv.h"
+#include "tpucore/core/batch_invariant.h"
 #include "tpucore/core/cpu_features.h"
 #include "tpucore/core/parallel.h"
 
@@ -470,7 +471,9 @@ void gemm_run(const Problem& p, const GemmBlocking& bl, Kernel kernel) {
     return;
   }
   const int64_t macs = p.M * p.N * p.K;
-  if (macs <= kDirectMacs) {
+  // Batch-invariant mode: no direct loops (their order differs from the micro-kernel's), so a
+  // row's sum does not depend on how many rows share the product.
+  if (macs <= kDirectMacs && !batch_invariant()) {
     gemm_direct<Pack>(p);
     return;
   }
@@ -535,7 +538,8 @@ bool have_avx2() { return cpu_features().avx2 && cpu_features().fma; }
 void gemm_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs,
               const float* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc,
               bool accumulate) {
-  if (gemv_f32(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate)) return;  // few rows, W^T
+  // Few rows of x W^T by the GEMV kernels, unless batch-invariant (their sum order differs).
+  if (!batch_invariant() && gemv_f32(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate)) return;
   const Problem p{M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate};
   if (have_avx512())
     gemm_run<PackF32Avx512>(p, blocking_avx512_f32(), detail::micro_kernel_f32_avx512);
@@ -548,9 +552,10 @@ void gemm_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int
 void gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs,
                int64_t a_cs, const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C,
                int64_t ldc, bool accumulate) {
-  if (gemv_bf16(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate)) return;  // few rows, W^T
-  // AMX tiles: from 16 rows (a tile's height) and one K step of 32 on.
-  if (M >= 16 && K >= 32 && gemm_bf16_amx(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate)) return;
+  const bool invariant = batch_invariant();
+  if (!invariant && gemv_bf16(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate)) return;  // few rows, W^T
+  // AMX tiles: from 16 rows (a tile's height) and one K step of 32 on; not batch-invariant.
+  if (!invariant && M >= 16 && K >= 32 && gemm_bf16_amx(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate)) return;
   const Problem p{M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate};
   if (have_avx512_bf16())
     gemm_run<PackBf16PairsAvx512>(p, blocking_avx512_bf16(), detail::micro_kernel_bf16_avx512);

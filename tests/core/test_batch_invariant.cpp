@@ -1,0 +1,158 @@
+// Batch-invariant mode (tpucore/core/batch_invariant.h): a host product of M rows equals, bit
+// for bit, the same product computed one row at a time, for M = 1..40 and several shapes
+// (K within one cache block and across several, ragged N), f32 and bf16, through the
+// dispatched kernels and the forced AVX2 and portable paths; B both as W^T of a linear layer
+// (the GEMV layout) and row-major; the int8-weight products on each of their paths. The
+// reference is the product of each single row (a different call: a single-row product is what a
+// request computes alone).
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ops/cpu/kernels/gemm.h"
+#include "ops/cpu/kernels/gemv_int8.h"
+#include "tpucore/core/batch_invariant.h"
+#include "tpucore/core/tensor.h"
+#include "tpucore/ops.h"
+
+namespace {
+
+using GemmF32 = void (*)(int64_t, int64_t, int64_t, const float*, int64_t, int64_t, const float*, int64_t, int64_t,
+                         float*, int64_t, bool);
+using GemmBf16 = void (*)(int64_t, int64_t, int64_t, const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t,
+                          int64_t, float*, int64_t, bool);
+
+uint16_t to_bf16(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  return static_cast<uint16_t>(b >> 16);  // truncation: any bf16 value will do
+}
+
+// Counts the (row, column) results of the M-row product that differ in any bit from the same
+// row computed alone.
+template <class T, class Fn>
+int64_t mismatches(Fn gemm, int64_t M, int64_t N, int64_t K, bool transposed, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  auto value = [&] {
+    if constexpr (sizeof(T) == 2) return to_bf16(d(rng));
+    else return d(rng);
+  };
+  std::vector<T> a(static_cast<size_t>(M * K)), b(static_cast<size_t>(K * N));
+  for (auto& x : a) x = value();
+  for (auto& x : b) x = value();
+  // transposed: B = W^T with W [N, K] row-major (b_rs 1, b_cs K); else B [K, N] row-major.
+  const int64_t b_rs = transposed ? 1 : N, b_cs = transposed ? K : 1;
+  std::vector<float> all(static_cast<size_t>(M * N)), one(static_cast<size_t>(N));
+  gemm(M, N, K, a.data(), K, 1, b.data(), b_rs, b_cs, all.data(), N, false);
+  int64_t bad = 0;
+  for (int64_t i = 0; i < M; ++i) {
+    gemm(1, N, K, a.data() + i * K, K, 1, b.data(), b_rs, b_cs, one.data(), N, false);
+    bad += std::memcmp(one.data(), all.data() + i * N, sizeof(float) * static_cast<size_t>(N)) != 0 ? 1 : 0;
+  }
+  return bad;
+}
+
+struct Shape {
+  int64_t N, K;
+};
+// Small K (one K block, below the GEMV and direct-loop thresholds too), typical hidden sizes, a
+// K across several cache blocks (kc is at most 1024 k-steps), ragged N.
+const Shape kShapes[] = {{5, 3}, {24, 16}, {64, 64}, {96, 160}, {33, 257}, {40, 2500}};
+
+template <class T, class Fn>
+void check_path(const char* name, Fn gemm) {
+  tpu::BatchInvariantScope invariant;
+  for (const Shape& s : kShapes)
+    for (bool transposed : {true, false})
+      for (int64_t M = 1; M <= 40; ++M) {
+        INFO(name << " M " << M << " N " << s.N << " K " << s.K << " transposed " << transposed);
+        CHECK(mismatches<T>(gemm, M, s.N, s.K, transposed, static_cast<uint32_t>(M * 7 + s.K)) == 0);
+      }
+}
+
+}  // namespace
+
+TEST_CASE("batch-invariant mode: every row of a product equals the row alone (dispatched kernels)",
+          "[gemm][batch-invariant]") {
+  CHECK_FALSE(tpu::batch_invariant());
+  check_path<float>(tpu::kernels::gemm_f32_kernel_name(), static_cast<GemmF32>(tpu::kernels::gemm_f32));
+  check_path<uint16_t>(tpu::kernels::gemm_bf16_kernel_name(), static_cast<GemmBf16>(tpu::kernels::gemm_bf16));
+  CHECK_FALSE(tpu::batch_invariant());
+}
+
+TEST_CASE("batch-invariant mode: the forced AVX2 and portable paths", "[gemm][batch-invariant]") {
+  check_path<float>("generic f32", static_cast<GemmF32>(tpu::kernels::gemm_f32_generic));
+  check_path<uint16_t>("generic bf16", static_cast<GemmBf16>(tpu::kernels::gemm_bf16_generic));
+  if (!tpu::kernels::gemm_avx2_available()) {
+    WARN("no AVX2 + FMA on this CPU: its paths are not checked");
+    return;
+  }
+  check_path<float>("avx2 f32", static_cast<GemmF32>(tpu::kernels::gemm_f32_avx2));
+  check_path<uint16_t>("avx2 bf16", static_cast<GemmBf16>(tpu::kernels::gemm_bf16_avx2));
+}
+
+TEST_CASE("batch-invariant mode: scopes nest and count across threads", "[batch-invariant]") {
+  CHECK_FALSE(tpu::batch_invariant());
+  {
+    tpu::BatchInvariantScope a;
+    {
+      tpu::BatchInvariantScope off(false);
+      CHECK(tpu::batch_invariant());
+      tpu::BatchInvariantScope b;
+      CHECK(tpu::batch_invariant());
+    }
+    CHECK(tpu::batch_invariant());
+  }
+  CHECK_FALSE(tpu::batch_invariant());
+}
+
+TEST_CASE("batch-invariant mode: matmul of x [M, K] by W^T equals each row's matmul", "[matmul][batch-invariant]") {
+  tpu::BatchInvariantScope invariant;
+  for (tpu::DType dt : {tpu::DType::f32, tpu::DType::bf16}) {
+    tpu::Generator g(3);
+    const tpu::Tensor w = tpu::randn({48, 96}, {}, &g).to(dt);  // a linear layer's [out, in]
+    for (int64_t M : {1, 2, 5, 16, 17, 33}) {
+      const tpu::Tensor x = tpu::randn({M, 96}, {}, &g).to(dt);
+      const tpu::Tensor y = tpu::matmul(x, w.t()).to(tpu::DType::f32).contiguous();
+      for (int64_t i = 0; i < M; ++i) {
+        const tpu::Tensor yi = tpu::matmul(tpu::slice(x, 0, i, i + 1), w.t()).to(tpu::DType::f32).contiguous();
+        INFO("dtype " << tpu::dtype_name(dt) << " M " << M << " row " << i);
+        CHECK(std::memcmp(yi.data<float>(), y.data<float>() + i * 48, sizeof(float) * 48) == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("batch-invariant mode: int8-weight products, M rows equal each row alone on every path",
+          "[gemm][batch-invariant]") {
+  tpu::BatchInvariantScope invariant;
+  using tpu::kernels::Int8GemvPath;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> q(-127, 127);
+  for (Int8GemvPath path : {Int8GemvPath::best, Int8GemvPath::avx512, Int8GemvPath::avx2, Int8GemvPath::scalar}) {
+    if (!tpu::kernels::int8_gemv_path_available(path)) continue;
+    for (const Shape& s : {Shape{5, 3}, Shape{33, 257}, Shape{64, 96}}) {
+      std::vector<int8_t> w(static_cast<size_t>(s.N * s.K));
+      std::vector<float> scale(static_cast<size_t>(s.N));
+      for (auto& x : w) x = static_cast<int8_t>(q(rng));
+      for (auto& x : scale) x = 0.01f + 0.001f * static_cast<float>(q(rng) + 127);
+      for (int64_t M = 1; M <= 40; ++M) {
+        std::vector<float> a(static_cast<size_t>(M * s.K)), all(static_cast<size_t>(M * s.N)), one(static_cast<size_t>(s.N));
+        for (auto& x : a) x = d(rng);
+        tpu::kernels::gemv_int8(M, s.N, s.K, a.data(), s.K, w.data(), scale.data(), all.data(), s.N, path);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < M; ++i) {
+          tpu::kernels::gemv_int8(1, s.N, s.K, a.data() + i * s.K, s.K, w.data(), scale.data(), one.data(), s.N, path);
+          bad += std::memcmp(one.data(), all.data() + i * s.N, sizeof(float) * static_cast<size_t>(s.N)) != 0 ? 1 : 0;
+        }
+        INFO("int8 path " << static_cast<int>(path) << " M " << M << " N " << s.N << " K " << s.K);
+        CHECK(bad == 0);
+      }
+    }
+  }
+}
