@@ -4,12 +4,14 @@
 // norm, rotate-half RoPE with llama3 scaling, causal grouped-KV attention, SwiGLU, tied heads.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -18,6 +20,30 @@
 #include "tpucore/safetensors.h"
 
 namespace tpu::testing::llm {
+
+// Logits of one sequence, [T][vocab], in double.
+using Logits = std::vector<std::vector<double>>;
+
+// max |got - want| / max |want| over every logit; got is [1, T, vocab] (or [T, vocab]).
+inline double rel_error(const Tensor& got, const Logits& want) {
+  std::vector<float> g = to(got, DType::f32).to_vector<float>();
+  const size_t v = want[0].size();
+  if (g.size() != want.size() * v)
+    throw std::runtime_error("rel_error: " + std::to_string(g.size()) + " logits, the reference has " +
+                             std::to_string(want.size() * v));
+  double err = 0, mag = 0;
+  for (size_t t = 0; t < want.size(); ++t)
+    for (size_t i = 0; i < v; ++i) {
+      err = std::max(err, std::abs(g[t * v + i] - want[t][i]));
+      mag = std::max(mag, std::abs(want[t][i]));
+    }
+  return err / mag;
+}
+
+// Token ids as a [1, T] i64 batch of one row.
+inline Tensor row(const std::vector<int64_t>& ids) {
+  return from_vector(ids, Shape{1, static_cast<int64_t>(ids.size())}, DType::i64);
+}
 
 using Weights = std::map<std::string, std::vector<double>>;  // values after rounding to the file dtype
 using Shapes = std::map<std::string, std::vector<int64_t>>;

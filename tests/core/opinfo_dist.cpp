@@ -9,6 +9,7 @@ const OpInfoRegistrar kDistOps[] = {
     {"dist_broadcast", "tests/pod/test_compile_dist.cpp (ranks vs a naive loop)"},
     {"dist_all_gather", "tests/pod/test_compile_dist.cpp, tests/dist/worker_compile.cpp (ranks vs a naive loop)"},
     {"dist_reduce_scatter", "tests/pod/test_compile_dist.cpp, tests/dist/worker_compile.cpp (ranks vs a naive loop)"},
+    {"dist_all_to_all", "tests/pod/test_all_to_all_sim.cpp, tests/dist/worker_compile.cpp (uneven splits vs a naive exchange)"},
 };
 }  // namespace
 }  // namespace tpu::testing

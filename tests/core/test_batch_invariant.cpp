@@ -56,17 +56,17 @@ int64_t mismatches(Fn gemm, int64_t M, int64_t N, int64_t K, bool transposed, ui
   return bad;
 }
 
-struct Shape {
+struct KN {
   int64_t N, K;
 };
 // Small K (one K block, below the GEMV and direct-loop thresholds too), typical hidden sizes, a
 // K across several cache blocks (kc is at most 1024 k-steps), ragged N.
-const Shape kShapes[] = {{5, 3}, {24, 16}, {64, 64}, {96, 160}, {33, 257}, {40, 2500}};
+const KN kShapes[] = {{5, 3}, {24, 16}, {64, 64}, {96, 160}, {33, 257}, {40, 2500}};
 
 template <class T, class Fn>
 void check_path(const char* name, Fn gemm) {
   tpu::BatchInvariantScope invariant;
-  for (const Shape& s : kShapes)
+  for (const KN& s : kShapes)
     for (bool transposed : {true, false})
       for (int64_t M = 1; M <= 40; ++M) {
         INFO(name << " M " << M << " N " << s.N << " K " << s.K << " transposed " << transposed);
@@ -136,7 +136,7 @@ TEST_CASE("batch-invariant mode: int8-weight products, M rows equal each row alo
   std::uniform_int_distribution<int> q(-127, 127);
   for (Int8GemvPath path : {Int8GemvPath::best, Int8GemvPath::avx512, Int8GemvPath::avx2, Int8GemvPath::scalar}) {
     if (!tpu::kernels::int8_gemv_path_available(path)) continue;
-    for (const Shape& s : {Shape{5, 3}, Shape{33, 257}, Shape{64, 96}}) {
+    for (const KN& s : {KN{5, 3}, KN{33, 257}, KN{64, 96}}) {
       std::vector<int8_t> w(static_cast<size_t>(s.N * s.K));
       std::vector<float> scale(static_cast<size_t>(s.N));
       for (auto& x : w) x = static_cast<int8_t>(q(rng));

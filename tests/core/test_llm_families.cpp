@@ -21,24 +21,6 @@ using namespace tpu::testing::llm;
 
 namespace {
 
-using Logits = std::vector<std::vector<double>>;
-
-// max |got - want| / max |want| over every logit.
-double rel_error(const Tensor& got, const Logits& want) {
-  std::vector<float> g = to(got, DType::f32).to_vector<float>();
-  const size_t v = want[0].size();
-  REQUIRE(g.size() == want.size() * v);
-  double err = 0, mag = 0;
-  for (size_t t = 0; t < want.size(); ++t)
-    for (size_t i = 0; i < v; ++i) {
-      err = std::max(err, std::abs(g[t * v + i] - want[t][i]));
-      mag = std::max(mag, std::abs(want[t][i]));
-    }
-  return err / mag;
-}
-
-Tensor row(const std::vector<int64_t>& ids) { return from_vector(ids, Shape{1, static_cast<int64_t>(ids.size())}, DType::i64); }
-
 // Full forward against the reference, KV-cache decoding against the full forward, greedy
 // generation against the reference's argmax.
 void check_model(const TinyCfg& c, uint32_t seed, bool check_decode = true) {

@@ -21,32 +21,12 @@ using namespace tpu::testing::llm;
 
 namespace {
 
-using Logits = std::vector<std::vector<double>>;
-
-// max |got - want| / max |want| over every logit.
-double rel_error(const Tensor& got, const Logits& want) {
-  std::vector<float> g = to(got, DType::f32).to_vector<float>();
-  const size_t v = want[0].size();
-  REQUIRE(g.size() == want.size() * v);
-  double err = 0, mag = 0;
-  for (size_t t = 0; t < want.size(); ++t)
-    for (size_t i = 0; i < v; ++i) {
-      err = std::max(err, std::abs(g[t * v + i] - want[t][i]));
-      mag = std::max(mag, std::abs(want[t][i]));
-    }
-  return err / mag;
-}
-
 Logits rows_of(const Tensor& t) {
   const std::vector<float> v = to(t, DType::f32).to_vector<float>();
   const int64_t n = t.size(1), vocab = t.size(2);
   Logits r(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) r[i].assign(v.begin() + i * vocab, v.begin() + (i + 1) * vocab);
   return r;
-}
-
-Tensor row(const std::vector<int64_t>& ids) {
-  return from_vector(ids, Shape{1, static_cast<int64_t>(ids.size())}, DType::i64);
 }
 
 std::vector<int64_t> iota_pos(size_t n) {

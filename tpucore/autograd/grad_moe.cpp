@@ -17,7 +17,7 @@ void topk_bw(const BackwardArgs& a, Grads g) {
 }
 
 // x is needed for w's gradient and w for x's; the group sizes always.
-void product_saves(uint32_t needs, uint32_t& in, uint32_t& out) {
+void grouped_product_saves(uint32_t needs, uint32_t& in, uint32_t& out) {
   in = kIn2 | ((needs & kIn1) ? kIn0 : 0u) | ((needs & kIn0) ? kIn1 : 0u);
   out = 0;
 }
@@ -42,7 +42,7 @@ void weight_grad_bw(const BackwardArgs& a, Grads g) {
   if (a.needs_grad(1)) g[1] = grouped_matmul(x, go, gs, tw).to(a.input_meta[1].dtype);
 }
 
-void permute_bw(const BackwardArgs& a, Grads g) {
+void moe_permute_bw(const BackwardArgs& a, Grads g) {
   g[0] = moe_unpermute(a.grad_outputs[0], a.inputs[1], Tensor(), a.attrs.get_int("top_k")).to(a.input_meta[0].dtype);
 }
 
@@ -73,9 +73,9 @@ void unpermute_saves(uint32_t needs, uint32_t& in, uint32_t& out) {
 
 [[maybe_unused]] const bool moe_registered = [] {
   define("topk", &topk_bw, 0, kOut1);
-  define("grouped_matmul", &grouped_matmul_bw, 0, 0, &product_saves);
-  define("grouped_matmul_weight_grad", &weight_grad_bw, 0, 0, &product_saves);
-  define("moe_permute", &permute_bw, kIn1);
+  define("grouped_matmul", &grouped_matmul_bw, 0, 0, &grouped_product_saves);
+  define("grouped_matmul_weight_grad", &weight_grad_bw, 0, 0, &grouped_product_saves);
+  define("moe_permute", &moe_permute_bw, kIn1);
   define("moe_unpermute", &unpermute_bw, 0, 0, &unpermute_saves);
   return true;
 }();

@@ -3,23 +3,25 @@
 #include <cmath>
 
 #include "tpucore/autograd.h"
+#include "tpucore/nn/param_init.h"
 
 namespace tpu::nn {
-namespace {
-Tensor uniform(const Shape& s, double bound, Generator* gen) {
+namespace detail {
+Tensor uniform_init(const Shape& s, double bound, Generator* gen) {
   if (auto dt = SkipInitGuard::active()) return empty(s, TensorOptions(*dt));
   NoGradGuard ng;
   return sub(mul(rand(s, {}, gen), 2 * bound), bound);
 }
-}  // namespace
+}  // namespace detail
+using detail::uniform_init;
 
 Linear::Linear(int64_t in, int64_t out, bool has_bias, Generator* gen) {
   TPU_CHECK(in > 0 && out > 0, "Linear: in_features ({}) and out_features ({}) must be positive", in, out);
   const double bound = 1.0 / std::sqrt(static_cast<double>(in));
-  weight = uniform({out, in}, bound, gen);
+  weight = uniform_init({out, in}, bound, gen);
   register_parameter("weight", weight);
   if (has_bias) {
-    bias = uniform({out}, bound, gen);
+    bias = uniform_init({out}, bound, gen);
     register_parameter("bias", bias);
   }
 }

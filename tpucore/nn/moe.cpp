@@ -3,22 +3,17 @@
 #include <cmath>
 
 #include "tpucore/autograd.h"
+#include "tpucore/nn/param_init.h"
 
 namespace tpu::nn {
-namespace {
-Tensor uniform(const Shape& s, double bound, Generator* gen) {
-  if (auto dt = SkipInitGuard::active()) return empty(s, TensorOptions(*dt));
-  NoGradGuard ng;
-  return sub(mul(rand(s, {}, gen), 2 * bound), bound);
-}
-}  // namespace
+using detail::uniform_init;
 
 MoEExperts::MoEExperts(const MoEConfig& c, Generator* gen) : intermediate_(c.intermediate) {
   TPU_CHECK(c.hidden > 0 && c.intermediate > 0 && c.num_experts > 0,
             "MoEExperts: hidden ({}), intermediate ({}) and num_experts ({}) must be positive", c.hidden,
             c.intermediate, c.num_experts);
-  gate_up_proj = uniform({c.num_experts, 2 * c.intermediate, c.hidden}, 1.0 / std::sqrt(static_cast<double>(c.hidden)), gen);
-  down_proj = uniform({c.num_experts, c.hidden, c.intermediate}, 1.0 / std::sqrt(static_cast<double>(c.intermediate)), gen);
+  gate_up_proj = uniform_init({c.num_experts, 2 * c.intermediate, c.hidden}, 1.0 / std::sqrt(static_cast<double>(c.hidden)), gen);
+  down_proj = uniform_init({c.num_experts, c.hidden, c.intermediate}, 1.0 / std::sqrt(static_cast<double>(c.intermediate)), gen);
   register_parameter("gate_up_proj", gate_up_proj);
   register_parameter("down_proj", down_proj);
   act = register_module("act", activation(c.act));
