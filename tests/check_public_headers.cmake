@@ -1,7 +1,7 @@
 # The installed header set must be closed under its own #include "..." lines: a public header
 # that includes a header not in TPU_PUBLIC_HEADERS compiles in the build tree but not for a user
 # of the installed package. Fast check of what tests/consumer/ proves with a full install.
-# Run as: cmake -DSRC=<repo> -DHEADERS="a.h;b.h" -P check_public_headers.cmake
+# Run as: cmake -DSRC=<repo> -DHEADERS="a.h;b.h" [-DDOXYFILE=<repo>/docs/Doxyfile] -P check_public_headers.cmake
 cmake_policy(SET CMP0007 NEW)
 set(errors "")
 set(todo ${HEADERS})
@@ -19,8 +19,28 @@ foreach(h ${todo})
     endif()
   endforeach()
 endforeach()
+# The API reference documents exactly the installed headers (docs/Doxyfile INPUT).
+if(DOXYFILE)
+  file(READ ${DOXYFILE} doxy)
+  string(REGEX MATCH "\nINPUT[ \t]*=([^\n]*\\\\\n)*[^\n]*" input "${doxy}")
+  string(REGEX REPLACE "^\nINPUT[ \t]*=" "" input "${input}")
+  string(REGEX REPLACE "[ \t\n\\\\]+" ";" input "${input}")
+  list(REMOVE_ITEM input "")
+  foreach(h ${HEADERS})
+    list(FIND input "${h}" at)
+    if(at EQUAL -1)
+      string(APPEND errors "  ${h}: installed but not in ${DOXYFILE}'s INPUT (the API reference would miss it)\n")
+    endif()
+  endforeach()
+  foreach(h ${input})
+    list(FIND HEADERS "${h}" at)
+    if(at EQUAL -1)
+      string(APPEND errors "  ${h}: in ${DOXYFILE}'s INPUT but not installed\n")
+    endif()
+  endforeach()
+endif()
 if(errors)
-  message(FATAL_ERROR "public headers not self-contained:\n${errors}")
+  message(FATAL_ERROR "installed headers:\n${errors}")
 endif()
 list(LENGTH HEADERS n)
 message(STATUS "${n} public headers, closed under their includes")

@@ -186,7 +186,8 @@ struct ExpertSlice {
   std::string name;   ///< the checkpoint's name, e.g. model.layers.0.block_sparse_moe.experts.3.w1.weight
   std::string param;  ///< the stacked parameter, e.g. model.layers.0.block_sparse_moe.experts.gate_up_proj
   int64_t expert = 0;          ///< index along the stacked parameter's first dim
-  int64_t row = 0, rows = 0;   ///< the rows of that expert's matrix the tensor fills
+  int64_t row = 0;   ///< the first row of that expert's matrix the tensor fills
+  int64_t rows = 0;  ///< how many rows of that expert's matrix the tensor fills
 };
 /// The per-expert checkpoint tensors of a model's sparse layers (empty for a dense model); the
 /// loader reads them into, and save_causal_lm writes them from, the stacked parameters.

@@ -60,11 +60,14 @@ class SparseMoE : public Module {
   explicit SparseMoE(MoEConfig c, Generator* gen = nullptr);
   /// x [..., H] -> [..., H].
   Tensor forward(const Tensor& x) override;
-  /// The routing of x [..., H]: router logits [N, E] (f32) of the N tokens, their k routing
-  /// weights [N, k] (in x's dtype) and expert ids [N, k] (i64).
+  /// The routing of the N tokens of an input.
   struct Routing {
-    Tensor logits, weights, experts;
+    Tensor logits;   ///< router logits [N, E], f32
+    Tensor weights;  ///< the k routing weights of each token [N, k], in the input's dtype
+    Tensor experts;  ///< the k expert ids of each token [N, k], i64
   };
+  /// The routing of x [..., H] (softmax over the router logits, top-k, renormalized when
+  /// norm_topk_prob).
   Routing route(const Tensor& x);
   /// "SparseMoE".
   std::string type_name() const override { return "SparseMoE"; }
