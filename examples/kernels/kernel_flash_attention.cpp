@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <string>
 
+#include "compare.h"
 #include "flash_attention.h"
 #include "tpucore/devices.h"
 #include "tpucore/ops.h"
@@ -22,19 +23,9 @@ void usage(FILE* f) {
                "with the library's scaled_dot_product_attention; --sim CHIP: also on sim:0 with that chip preset.\n");
 }
 
-// Norm-wise relative error: the largest difference over the largest reference magnitude.
-double max_rel_error(const tpu::Tensor& got, const tpu::Tensor& want) {
-  const std::vector<float> a = got.to(tpu::Device()).to(tpu::DType::f32).to_vector<float>(),
-                           b = want.to(tpu::Device()).to(tpu::DType::f32).to_vector<float>();
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
-  }
-  return scale > 0 ? diff / scale : diff;
-}
-
 }  // namespace
+
+using kernel_examples::max_rel_error;
 
 int main(int argc, char** argv) {
   int64_t heads = 4, seq = 256, dim = 64, bq = 128, bk = 128, causal = 1;

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <string>
 
+#include "compare.h"
 #include "matmul_epilogue.h"
 #include "tpucore/compile.h"
 #include "tpucore/devices.h"
@@ -28,19 +29,9 @@ void usage(FILE* f) {
                "--sim CHIP: also the simulated cycles of both on sim:0 with that chip preset (timing-only).\n");
 }
 
-// Norm-wise relative error: the largest difference over the largest reference magnitude.
-double max_rel_error(const tpu::Tensor& got, const tpu::Tensor& want) {
-  const std::vector<float> a = got.to(tpu::Device()).to(tpu::DType::f32).to_vector<float>(),
-                           b = want.to(tpu::Device()).to(tpu::DType::f32).to_vector<float>();
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
-  }
-  return scale > 0 ? diff / scale : diff;
-}
-
 }  // namespace
+
+using kernel_examples::max_rel_error;
 
 int main(int argc, char** argv) {
   int64_t m = 256, k = 512, n = 384, bm = 128, bn = 128, bk = 128;

@@ -24,18 +24,6 @@ using tpu::dist::ReduceOp;
 
 namespace {
 
-int expect_error(const std::function<void()>& f, const char* must_contain) {
-  try {
-    f();
-  } catch (const tpu::Error& e) {
-    std::printf("ERROR: %s\n", e.what());
-    std::fflush(stdout);
-    return std::strstr(e.what(), must_contain) ? 0 : 2;
-  }
-  std::printf("no error\n");
-  return 3;
-}
-
 int scenario_async() {
   int rank = tpu::dist::get_rank(), n = tpu::dist::get_world_size();
   // Several collectives in flight at once; waited in reverse order.

@@ -14,18 +14,6 @@ namespace dist_test {
 
 namespace {
 
-int expect_err(const std::function<void()>& f, const char* must_contain) {
-  try {
-    f();
-  } catch (const tpu::Error& e) {
-    std::printf("ERROR: %s\n", e.what());
-    std::fflush(stdout);
-    return std::strstr(e.what(), must_contain) ? 0 : 2;
-  }
-  std::printf("no error\n");
-  return 3;
-}
-
 // Rows rank r sends to rank j (zero for some pairs).
 int64_t rows(int r, int j, int salt) { return (r * 3 + j * 5 + salt) % 4; }
 
@@ -81,11 +69,11 @@ int scenario_a2a() {
   std::vector<int64_t> even(size_t(n), 2), skew = even;
   skew[0] = 3;
   skew[1] = 1;
-  int rc = expect_err([&] { tpu::dist::world()->all_to_all_single(x, x, even, rank == 0 ? skew : even); },
+  int rc = expect_error([&] { tpu::dist::world()->all_to_all_single(x, x, even, rank == 0 ? skew : even); },
                       "rank 0 sends 6 element(s) to rank 0, which expects 4");
   // dtypes that differ: the header check names both calls.
   Tensor y = tpu::zeros(Shape{2 * n, 2}, tpu::TensorOptions(rank == 1 ? DType::bf16 : DType::f32));
-  rc |= expect_err([&] { tpu::dist::world()->all_to_all_single(y, y, even, even); }, "disagree");
+  rc |= expect_error([&] { tpu::dist::world()->all_to_all_single(y, y, even, even); }, "disagree");
   uneven_single(n, rank, DType::f32, 7, false);
   return rc;
 }
@@ -96,7 +84,7 @@ int scenario_die_a2a() {  // rank 1 dies before the call; the others fail within
   const int n = tpu::dist::get_world_size();
   Tensor t = tpu::zeros(Shape{4 * n, 8});
   std::vector<int64_t> s(size_t(n), 4);
-  return expect_err([&] { tpu::dist::world()->all_to_all_single(t, t, s, s); }, "tpu::dist all_to_all_single");
+  return expect_error([&] { tpu::dist::world()->all_to_all_single(t, t, s, s); }, "tpu::dist all_to_all_single");
 }
 
 }  // namespace dist_test

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -13,6 +14,20 @@
 #include "tpucore/ops.h"
 
 namespace dist_test {
+
+// Runs f and checks it throws a tpu::Error containing must_contain (printed either way):
+// 0 when it does, 2 for another message, 3 when nothing was thrown.
+inline int expect_error(const std::function<void()>& f, const char* must_contain) {
+  try {
+    f();
+  } catch (const tpu::Error& e) {
+    std::printf("ERROR: %s\n", e.what());
+    std::fflush(stdout);
+    return std::strstr(e.what(), must_contain) ? 0 : 2;
+  }
+  std::printf("no error\n");
+  return 3;
+}
 
 using tpu::DType;
 using tpu::Shape;

@@ -76,32 +76,36 @@ void kernel_meta(const ops::MetaArgs& a, ops::MetaResult& m) {
   for (size_t i = 0; i < out.size(); ++i) m.out(static_cast<int>(i)) = {out[i].shape, out[i].dtype, a.inputs[0].device()};
 }
 
+// The kernel an op call runs: the spec's builder over the call's operand types and parameters.
+struct BuiltKernel {
+  Params params;
+  std::vector<TensorType> in, out;
+  KernelDef def;
+};
+BuiltKernel build_kernel(const ops::KernelArgs& a) {
+  BuiltKernel b;
+  b.params = decode(a.attrs);
+  b.in = types_of(a.inputs);
+  for (const Tensor& t : a.outputs) b.out.push_back({t.shape(), t.dtype()});
+  b.def = spec_of(a.op).kernel(b.in, b.out, b.params);
+  if (b.def.name.empty()) b.def.name = a.op.name;
+  return b;
+}
+
 void kernel_cpu(const ops::KernelArgs& a) {
-  const OpSpec& spec = spec_of(a.op);
-  const Params params = decode(a.attrs);
-  const std::vector<TensorType> in = types_of(a.inputs);
-  std::vector<TensorType> out;
-  for (const Tensor& t : a.outputs) out.push_back({t.shape(), t.dtype()});
-  KernelDef k = spec.kernel(in, out, params);
-  if (k.name.empty()) k.name = a.op.name;
-  std::vector<Tensor> res = call(k, a.inputs, out);
+  const BuiltKernel b = build_kernel(a);
+  std::vector<Tensor> res = call(b.def, a.inputs, b.out);
   for (size_t i = 0; i < res.size(); ++i) std::memcpy(a.outputs[i].raw_data(), res[i].raw_data(), res[i].nbytes());
 }
 
 // Chip devices: the kernel lowered to a program, cached per op, operand types, parameters and
 // f32 matmul precision.
 void kernel_sim(const ops::KernelArgs& a) {
-  const OpSpec& spec = spec_of(a.op);
-  const Params params = decode(a.attrs);
-  const std::vector<TensorType> in = types_of(a.inputs);
-  std::vector<TensorType> out;
-  for (const Tensor& t : a.outputs) out.push_back({t.shape(), t.dtype()});
-  KernelDef k = spec.kernel(in, out, params);
-  if (k.name.empty()) k.name = a.op.name;
-  std::string key = fmt::format("kernel_op:{}:{}:{}", a.op.name, encode(params), float32_matmul_precision());
-  for (const TensorType& t : in) key += fmt::format(":{}{}", dtype_name(t.dtype), t.shape);
-  for (const TensorType& t : out) key += fmt::format(":{}{}", dtype_name(t.dtype), t.shape);
-  detail::run_on_chip(k, key, a.inputs, a.outputs);
+  const BuiltKernel b = build_kernel(a);
+  std::string key = fmt::format("kernel_op:{}:{}:{}", a.op.name, encode(b.params), float32_matmul_precision());
+  for (const TensorType& t : b.in) key += fmt::format(":{}{}", dtype_name(t.dtype), t.shape);
+  for (const TensorType& t : b.out) key += fmt::format(":{}{}", dtype_name(t.dtype), t.shape);
+  detail::run_on_chip(b.def, key, a.inputs, a.outputs);
 }
 
 void kernel_backward(const ops::BackwardArgs& a, std::span<Tensor> grad_inputs) {
