@@ -546,7 +546,8 @@ def plan_v7(build):
 
 def plan_moe(build):
     """Mixtral 8x7B and Qwen3-30B-A3B training on v5p-256 and v6e-256 by tpu-plan, calibrated and ideal:
-    FSDP over every chip, without and with expert parallelism (MFU on the active parameters)."""
+    FSDP over every chip, without and with expert parallelism, the all-to-alls whole or in 4 chunks
+    overlapped with the experts (MFU on the active parameters)."""
     exe = os.path.join(build, "tools", "tpu-plan", "tpu-plan")
     if not os.path.exists(exe):
         die(f"{exe} is not built (ninja -C {build} tpu-plan)")
@@ -557,9 +558,9 @@ def plan_moe(build):
     for model, eps in (("mixtral-8x7b", {"v5p": 8, "v6e": 8}), ("qwen3-30b-a3b", {"v5p": 8, "v6e": 16})):
         for chip in ("v5p", "v6e"):
             for label, flag in (("calibrated", "--calibrated"), ("ideal", "--ideal")):
-                for ep in (1, eps[chip]):
+                for ep, chunks in ((1, 1), (eps[chip], 1), (eps[chip], 4)):
                     j = json.loads(run([exe, "--model", model, "--chip", chip, flag, "--chips", "256", "--global-batch",
-                                        "256", "--seq", "4096", "--ep", str(ep), "--json"]))
+                                        "256", "--seq", "4096", "--ep", str(ep), "--a2a-chunks", str(chunks), "--json"]))
                     b = j["breakdown_s"]
                     a2a = b["exposed_all_to_all"]
                     lines.append(f"| {model} | {chip}-256 ({j['topology'].split(' ')[0]}), {label} | {j['layout']} | "

@@ -76,6 +76,9 @@ int main(int argc, char** argv) {
       .value("--fsdp", "N", "training: FSDP degree (default: the chips left after --tp and --dp)", [&](const std::string& v) { fsdp = positive(v, "--fsdp"); })
       .value("--dp", "N", "training: data-parallel (replicated) degree (default 1)", [&](const std::string& v) { dp = positive(v, "--dp"); })
       .value("--ep", "N", "training, mixture of experts: expert-parallel degree within FSDP (default 1)", [&](const std::string& v) { ep = positive(v, "--ep"); })
+      .value("--a2a-chunks", "N", "training, mixture of experts with --ep: run each MoE layer's dispatch, experts and combine in N "
+             "token chunks, one chunk's all-to-alls overlapping another's experts (default 1: not overlapped)",
+             [&](const std::string& v) { r.a2a_chunks = positive(v, "--a2a-chunks"); })
       .value("--remat", "none|full|selective", "training: rematerialization (default full; selective recomputes the pointwise kernels)",
              [&](const std::string& v) {
                if (v == "none") r.remat = tpu::plan::Remat::none;
@@ -104,6 +107,8 @@ int main(int argc, char** argv) {
     if (!plot.empty() && (serve || search)) throw tpu::plan::PlanError("--plot draws a training layout's scaling; not with --serve or --search");
     if (serve && search) throw tpu::plan::PlanError("--search ranks training layouts; it does not apply to --serve");
     if (serve && ep > 1) throw tpu::plan::PlanError("--ep is a training degree; --serve does not take it");
+    if (r.a2a_chunks > 1 && ep == 1 && !search)
+      throw tpu::plan::PlanError("--a2a-chunks overlaps the expert-parallel all-to-alls: it needs --ep N (N > 1)");
     if (search && ep > 1) throw tpu::plan::PlanError("--search tries every --ep itself; do not give one");
     if (serve && (fsdp || dp)) throw tpu::plan::PlanError("--fsdp and --dp are training degrees; serving takes --tp (replicas fill the rest)");
     const tpu::plan::ModelShape m = tpu::plan::load_model(model);

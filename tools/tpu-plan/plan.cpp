@@ -20,6 +20,7 @@ struct Acc {
   const sim::ChipConfig* cfg = nullptr;
   double devices = 1;  // devices per chip (TensorCores not joined as one megacore device)
   double s = 0, mxu = 0, other = 0, hbm = 0, host = 0;
+  double expert = 0;   // seconds of the MoE experts' kernels (between dispatch and combine)
 
   double clock() const { return cfg->clock_ghz * 1e9; }
   // One kernel: work of the whole chip; each device does 1/devices of it.
@@ -99,31 +100,40 @@ void check_heads(const ModelShape& m, int64_t tp) {
 // every chip t x top_k rows, t x top_k x ep / experts per expert; tp shards each expert's
 // intermediate dimension), and the weighted scatter-add back. The dispatch and combine
 // all-to-alls are priced by the caller.
-void moe_forward(Acc& a, const ModelShape& m, double t, double tp, double ep, bool pointwise_only) {
+// `chunks`: the experts run once per token chunk (rows / chunks each), see TrainRecipe.
+void moe_forward(Acc& a, const ModelShape& m, double t, double tp, double ep, bool pointwise_only, double chunks) {
   const double E = double(m.hidden), X = double(m.experts), k = double(m.top_k), F = double(m.expert_intermediate) / tp;
-  const double rows = t * k * ep / X, local = X / ep;
+  const double rows = t * k * ep / X / chunks, local = X / ep;
   if (!pointwise_only) a.matmul(t, E, X, 4);          // router logits, f32
   a.vector(t * X, t * k, 6, 1, true);                 // softmax, top-k
   a.vector(t * E, t * k * E, 1, 0, false);            // permute: gather the rows by expert
-  for (double e = 0; e < local && !pointwise_only; ++e) a.matmul(rows, E, 2 * F);  // gate + up
-  a.vector(2 * t * k * F, t * k * F, 3, 1, false);    // silu(gate) * up
-  for (double e = 0; e < local && !pointwise_only; ++e) a.matmul(rows, F, E);      // down
+  const double s0 = a.s;
+  for (double c = 0; c < chunks; ++c) {
+    for (double e = 0; e < local && !pointwise_only; ++e) a.matmul(rows, E, 2 * F);  // gate + up
+    a.vector(2 * t * k * F / chunks, t * k * F / chunks, 3, 1, false);               // silu(gate) * up
+    for (double e = 0; e < local && !pointwise_only; ++e) a.matmul(rows, F, E);      // down
+  }
+  a.expert += a.s - s0;
   a.vector(t * k * E, t * E, 2, 0, false);            // unpermute: weighted scatter-add
 }
 
-void moe_backward(Acc& a, const ModelShape& m, double t, double tp, double ep) {
+void moe_backward(Acc& a, const ModelShape& m, double t, double tp, double ep, double chunks) {
   const double E = double(m.hidden), X = double(m.experts), k = double(m.top_k), F = double(m.expert_intermediate) / tp;
-  const double rows = t * k * ep / X, local = X / ep;
+  const double rows = t * k * ep / X / chunks, local = X / ep;
   a.vector(2 * t * k * E, t * k * E, 2, 0, false);    // unpermute backward (and the gate weights' grad)
-  for (double e = 0; e < local; ++e) {
-    a.matmul(rows, E, F);                             // down: dX
-    a.matmul(F, rows, E);                             // down: dW
+  const double s0 = a.s;
+  for (double c = 0; c < chunks; ++c) {
+    for (double e = 0; e < local; ++e) {
+      a.matmul(rows, E, F);                           // down: dX
+      a.matmul(F, rows, E);                           // down: dW
+    }
+    a.vector(3 * t * k * F / chunks, 2 * t * k * F / chunks, 6, 2, false);
+    for (double e = 0; e < local; ++e) {
+      a.matmul(rows, 2 * F, E);                       // gate + up: dX
+      a.matmul(E, rows, 2 * F);                       // gate + up: dW
+    }
   }
-  a.vector(3 * t * k * F, 2 * t * k * F, 6, 2, false);
-  for (double e = 0; e < local; ++e) {
-    a.matmul(rows, 2 * F, E);                         // gate + up: dX
-    a.matmul(E, rows, 2 * F);                         // gate + up: dW
-  }
+  a.expert += a.s - s0;
   a.vector(t * k * E, t * E, 1, 0, false);            // permute backward
   a.vector(2 * t * X, t * X, 6, 1, true);             // softmax / top-k backward
   a.matmul(t, X, E);                                  // router dX
@@ -134,7 +144,7 @@ void moe_backward(Acc& a, const ModelShape& m, double t, double tp, double ep) {
 // `pointwise_only`: just the vector kernels (selective recomputation). `ep` > 0: the MLP is
 // the MoE layer of an expert-parallel degree ep.
 void layer_forward(Acc& a, const ModelShape& m, double t, double ctx, double tp, bool causal, bool pointwise_only = false,
-                   bool with_attention = true, double ep = 0) {
+                   bool with_attention = true, double ep = 0, double chunks = 1) {
   const double E = double(m.hidden), D = double(m.head_dim), H = double(m.heads) / tp,
                HK = std::max(1.0, double(m.kv_heads) / tp), F = double(m.intermediate) / tp;
   a.vector(t * E, t * E, 4, 1, true);               // rms_norm
@@ -147,7 +157,7 @@ void layer_forward(Acc& a, const ModelShape& m, double t, double ctx, double tp,
   a.vector(2 * t * E, t * E, 1, 0, false);          // residual
   a.vector(t * E, t * E, 4, 1, true);               // rms_norm
   if (ep > 0) {
-    moe_forward(a, m, t, tp, ep, pointwise_only);
+    moe_forward(a, m, t, tp, ep, pointwise_only, chunks);
   } else {
     if (!pointwise_only) a.matmul(t, E, 2 * F);     // gate + up
     a.vector(2 * t * F, t * F, 3, 1, false);        // silu(gate) * up
@@ -157,7 +167,7 @@ void layer_forward(Acc& a, const ModelShape& m, double t, double ctx, double tp,
 }
 
 // Backward: dX and dW of every matmul, attention's backward, vector kernels at twice the work.
-void layer_backward(Acc& a, const ModelShape& m, double t, double ctx, double tp, double ep = 0) {
+void layer_backward(Acc& a, const ModelShape& m, double t, double ctx, double tp, double ep = 0, double chunks = 1) {
   const double E = double(m.hidden), D = double(m.head_dim), H = double(m.heads) / tp,
                HK = std::max(1.0, double(m.kv_heads) / tp), F = double(m.intermediate) / tp;
   auto mm2 = [&](double K, double N) {
@@ -166,7 +176,7 @@ void layer_backward(Acc& a, const ModelShape& m, double t, double ctx, double tp
   };
   a.vector(3 * t * E, t * E, 2, 0, false);          // residual grads
   if (ep > 0) {
-    moe_backward(a, m, t, tp, ep);
+    moe_backward(a, m, t, tp, ep, chunks);
   } else {
     mm2(F, E);
     a.vector(3 * t * F, 2 * t * F, 6, 2, false);    // silu * up backward
@@ -227,13 +237,18 @@ StepParts step_parts(const ModelShape& m, const Slice& s, const TrainRecipe& r) 
   StepParts p;
   Acc head = make_acc(s), opt = make_acc(s);
   // One layer's forward and backward (with the remat policy's recomputation); ep > 0: a MoE layer.
+  if (r.a2a_chunks < 1) throw PlanError(fmt::format("--a2a-chunks {} must be a positive integer", r.a2a_chunks));
+  const double chunks = l.ep > 1 ? double(r.a2a_chunks) : 1;
+  if (m.moe() && chunks > t * double(m.top_k) * double(l.ep) / double(m.experts))
+    throw PlanError(fmt::format("--a2a-chunks {} is more than the {} rows each expert gets per MoE layer", r.a2a_chunks,
+                                t * double(m.top_k) * double(l.ep) / double(m.experts)));
   auto layer = [&](double ep) {
     std::pair<Acc, Acc> fb{make_acc(s), make_acc(s)};
     Acc &f = fb.first, &bw = fb.second;
-    layer_forward(f, m, t, S, tp, true, false, true, ep);
-    if (r.remat == Remat::full) layer_forward(bw, m, t, S, tp, true, false, true, ep);
-    if (r.remat == Remat::selective) layer_forward(bw, m, t, S, tp, true, true, true, ep);
-    layer_backward(bw, m, t, S, tp, ep);
+    layer_forward(f, m, t, S, tp, true, false, true, ep, chunks);
+    if (r.remat == Remat::full) layer_forward(bw, m, t, S, tp, true, false, true, ep, chunks);
+    if (r.remat == Remat::selective) layer_forward(bw, m, t, S, tp, true, true, true, ep, chunks);
+    layer_backward(bw, m, t, S, tp, ep, chunks);
     return fb;
   };
   const double L = double(m.layers), nm = double(m.moe() ? m.moe_layers : 0), nd = L - nm;
@@ -251,6 +266,8 @@ StepParts step_parts(const ModelShape& m, const Slice& s, const TrainRecipe& r) 
              16 * shard, 14 * shard, 2 * shard);    // AdamW: p, m, v, g in; p, m, v and the bf16 copy out
   // Per-layer times are the mean over the layers (dense and MoE layers mixed).
   p.layer_fwd_s = (nd * fd.s + nm * fm.s) / L, p.layer_bwd_s = (nd * bd.s + nm * bm.s) / L;
+  p.dense_fwd_s = fd.s, p.dense_bwd_s = bd.s, p.moe_fwd_s = fm.s, p.moe_bwd_s = bm.s;
+  p.expert_fwd_s = fm.expert, p.expert_bwd_s = bm.expert;
   p.head_s = head.s, p.optimizer_s = opt.s;
   p.mxu = nd * (fd.mxu + bd.mxu) + nm * (fm.mxu + bm.mxu) + head.mxu + opt.mxu;
   p.other = nd * (fd.other + bd.other) + nm * (fm.other + bm.other) + head.other + opt.other;
@@ -280,27 +297,47 @@ Plan plan_train(const ModelShape& m, const Slice& s, const TrainRecipe& r, doubl
   const double rs = collective_s(s, l, 1, K::reduce_scatter, p.scatter_bytes);
   const double ar_dp = collective_s(s, l, 2, K::all_reduce, p.dp_bytes);
   const double ar_tp = collective_s(s, l, 0, K::all_reduce, p.tp_bytes);
-  const double a2a = collective_s(s, l, 3, K::all_to_all, p.a2a_bytes);
-  const double L = double(m.layers), nm = double(m.moe() ? m.moe_layers : 0);
-  // MoE: the dispatch and combine all-to-alls sit on the critical path of their layer (the
-  // experts need the tokens; the next kernel needs the combined result).
-  const double a2a_fwd = nm * p.a2a_per_layer_fwd * a2a, a2a_bwd = nm * p.a2a_per_layer_bwd * a2a;
+  // MoE with chunks C: each exchange moves C pieces of 1/C of the bytes (each piece pays the
+  // collective's fixed cost).
+  const double C = l.ep > 1 ? double(r.a2a_chunks) : 1;
+  const double a2a = C * collective_s(s, l, 3, K::all_to_all, uint64_t(double(p.a2a_bytes) / C));
+  const double L = double(m.layers), nm = double(m.moe() ? m.moe_layers : 0), nd = L - nm;
+  // One layer of one pass: its compute `c` against the ICI work `ici` behind it (max of the
+  // two), and for a MoE layer `n` all-to-alls of a2a seconds each, which need the ICI too and
+  // sit between the router and the experts (dispatch) and before the next kernel (combine).
+  // With one chunk nothing hides them. With C chunks, chunk i+1's dispatch and chunk i-1's
+  // combine run while chunk i's experts (x seconds in all) compute: a two-stage pipeline over
+  // C chunks takes max(x, A) + min(x, A) / C, of which all but x is the exchange's.
+  auto pass = [&](double c, double ici, double x, int n) {
+    const double base = std::max(c, ici);
+    if (n == 0 || a2a == 0) return std::pair<double, double>{base, 0};
+    const double A = n * a2a;
+    const double exposed = std::max(x, A) + std::min(x, A) / C - x;
+    const double t = std::max(c + exposed, ici + A);
+    return std::pair<double, double>{t, t - base};
+  };
+  const auto [dense_f, dense_fa] = pass(p.dense_fwd_s, ag, 0, 0);
+  const auto [dense_b, dense_ba] = pass(p.dense_bwd_s, ag + rs + ar_dp, 0, 0);
+  const auto [moe_f, moe_fa] = pass(p.moe_fwd_s, ag, p.expert_fwd_s, p.a2a_per_layer_fwd);
+  const auto [moe_b, moe_ba] = pass(p.moe_bwd_s, ag + rs + ar_dp, p.expert_bwd_s, p.a2a_per_layer_bwd);
+  const double a2a_exposed = nd * (dense_fa + dense_ba) + nm * (moe_fa + moe_ba);
   // Forward: each layer's compute overlaps the gather of the next layer's weights; TP's
   // all-reduces sit on the critical path. Backward: the gather (FSDP frees gathered weights
   // after use), the reduce-scatter of the previous layer's gradients and the DP all-reduce run
   // on the chip's ICI one after another, behind the layer's compute. Pipeline ends exposed.
-  const double fwd = L * (std::max(p.layer_fwd_s, ag) + p.tp_per_layer_fwd * ar_tp) + a2a_fwd;
-  const double bwd = L * (std::max(p.layer_bwd_s, ag + rs + ar_dp) + p.tp_per_layer_bwd * ar_tp) + a2a_bwd;
+  const double fwd = nd * dense_f + nm * moe_f + L * p.tp_per_layer_fwd * ar_tp;
+  const double bwd = nd * dense_b + nm * moe_b + L * p.tp_per_layer_bwd * ar_tp;
   const double step = ag + fwd + p.head_s + bwd + rs + ar_dp + p.optimizer_s;
   const double compute = L * (p.layer_fwd_s + p.layer_bwd_s) + p.head_s + p.optimizer_s;
   Plan o;
   o.model = m.name, o.chip = s.chip.name, o.topology = s.topo.str(), o.layout = l.str();
+  if (C > 1) o.layout += fmt::format(" a2a-chunks={}", r.a2a_chunks);
   o.chips = s.topo.chips();
   o.step_s = step;
   o.breakdown = {p.mxu, p.other, p.hbm, std::max(0.0, step - compute), p.host,
                  L * (2 * ag + rs + ar_dp + (p.tp_per_layer_fwd + p.tp_per_layer_bwd) * ar_tp) + ag + rs + ar_dp +
-                     a2a_fwd + a2a_bwd,
-                 a2a_fwd + a2a_bwd};
+                     nm * (p.a2a_per_layer_fwd + p.a2a_per_layer_bwd) * a2a,
+                 a2a_exposed};
   const double tokens = double(r.global_batch) * double(r.seq);
   // Model FLOPs: 6 N per token (N: the parameters a token uses, MoE: the active ones, without the
   // embedding lookup) + causal attention.

@@ -48,6 +48,10 @@ struct TrainRecipe {
   int64_t seq = 4096;
   Layout layout;
   Remat remat = Remat::full;
+  // MoE with ep > 1: each MoE layer's tokens go through dispatch, experts and combine in this
+  // many chunks, so one chunk's all-to-alls run while another chunk's experts compute (1: one
+  // exchange per direction, nothing overlaps it).
+  int64_t a2a_chunks = 1;
 };
 
 struct ServeWorkload {
@@ -56,8 +60,8 @@ struct ServeWorkload {
 };
 
 // Seconds per step, per chip, by part; `exposed_ici` is what compute does not hide.
-// `all_to_all`: the MoE dispatch / combine all-to-alls of the step (on the critical path: all
-// of it is exposed, and it is part of exposed_ici).
+// `all_to_all`: what the MoE dispatch / combine all-to-alls add to the step (all of their time
+// with one chunk; with chunks, what the experts' compute does not hide); part of exposed_ici.
 struct Breakdown {
   double mxu = 0, other_compute = 0, hbm = 0, exposed_ici = 0, host = 0, ici_total = 0, all_to_all = 0;
 };
@@ -108,6 +112,9 @@ struct StepParts {
   // forward's again under full rematerialization).
   uint64_t a2a_bytes = 0;
   int a2a_per_layer_fwd = 0, a2a_per_layer_bwd = 0;
+  // Per layer of each kind (dense, MoE): compute seconds forward / backward (with recomputation);
+  // of a MoE layer's, the experts' kernels, the part a chunked all-to-all can overlap.
+  double dense_fwd_s = 0, dense_bwd_s = 0, moe_fwd_s = 0, moe_bwd_s = 0, expert_fwd_s = 0, expert_bwd_s = 0;
   double mxu = 0, other = 0, hbm = 0, host = 0;   // the step's compute by bound (seconds)
 };
 StepParts step_parts(const ModelShape& m, const Slice& s, const TrainRecipe& r);

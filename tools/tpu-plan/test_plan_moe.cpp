@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include "tools/tpu-plan/plan.h"
 #include "tools/tpu-plan/plan_testing.h"
@@ -109,4 +110,52 @@ TEST_CASE("expert parallelism in a training plan: layout checks, active-paramete
   for (const auto& p : plans) any_ep = any_ep || p.layout.find("ep=") != std::string::npos;
   CHECK(any_ep);
   CHECK_THROWS_WITH(plan::plan_serve(m, s, {}), Contains("not modeled"));
+}
+
+TEST_CASE("chunked all-to-all: the experts' compute hides the exchange as a two-stage pipeline") {
+  const plan::ModelShape m = plan::named_model("tiny-moe");
+  const plan::Slice s = plan::make_slice("tiny", true, "2x2x2", 0);
+  plan::TrainRecipe r;
+  r.global_batch = 8;
+  r.seq = 32;
+  r.remat = plan::Remat::none;
+  r.layout = {.tp = 1, .fsdp = 8, .dp = 1, .ep = 4};
+  const plan::Plan one = plan::plan_train(m, s, r);
+  for (int64_t C : {2, 4}) {
+    r.a2a_chunks = C;
+    const plan::StepParts p = plan::step_parts(m, s, r);
+    const plan::Plan pc = plan::plan_train(m, s, r);
+    // Closed form per MoE layer and pass: A = n exchanges of C pieces of V / C each; the
+    // pipeline over C chunks takes max(x, A) + min(x, A) / C of the experts' x seconds, and the
+    // layer's ICI (FSDP's collectives behind it plus A) bounds it from below.
+    using K = sim::CollectiveKind;
+    const double a = C * plan::collective_s(s, r.layout, 3, K::all_to_all, p.a2a_bytes / uint64_t(C));
+    const double ag = plan::collective_s(s, r.layout, 1, K::all_gather, p.gather_bytes);
+    const double rs = plan::collective_s(s, r.layout, 1, K::reduce_scatter, p.scatter_bytes);
+    double want = 0;
+    for (auto [c, ici, x, n] : {std::tuple{p.moe_fwd_s, ag, p.expert_fwd_s, p.a2a_per_layer_fwd},
+                                std::tuple{p.moe_bwd_s, ag + rs, p.expert_bwd_s, p.a2a_per_layer_bwd}}) {
+      const double A = n * a;
+      const double exposed = std::max(x, A) + std::min(x, A) / double(C) - x;
+      want += std::max(c + exposed, ici + A) - std::max(c, ici);
+    }
+    CHECK(p.expert_fwd_s > 0);
+    CHECK(p.expert_bwd_s > p.expert_fwd_s);
+    CHECK(pc.breakdown.all_to_all == Approx(2 * want).epsilon(1e-9));  // 2 MoE layers
+    CHECK(pc.layout.find("a2a-chunks=" + std::to_string(C)) != std::string::npos);
+  }
+  // On a pod-sized model the experts' compute outweighs the exchange: chunks hide most of it.
+  plan::TrainRecipe big;
+  big.global_batch = 256;
+  big.layout = {.tp = 1, .fsdp = 256, .dp = 1, .ep = 8};
+  const plan::Slice v5p = plan::make_slice("v5p", false, "", 256);
+  const plan::Plan b1 = plan::plan_train(plan::named_model("mixtral-8x7b"), v5p, big);
+  big.a2a_chunks = 4;
+  const plan::Plan b4 = plan::plan_train(plan::named_model("mixtral-8x7b"), v5p, big);
+  CHECK(b4.breakdown.all_to_all < 0.5 * b1.breakdown.all_to_all);
+  CHECK(b4.step_s < b1.step_s);
+  r.a2a_chunks = 0;
+  CHECK_THROWS_WITH(plan::plan_train(m, s, r), Contains("--a2a-chunks 0 must be a positive integer"));
+  r.a2a_chunks = 1 << 20;
+  CHECK_THROWS_WITH(plan::plan_train(m, s, r), Contains("more than the"));
 }
