@@ -22,7 +22,7 @@ const char* kBook = "https://jax-ml.github.io/scaling-book/tpus/ (ICI table, top
 const char* kBookSharding = "https://jax-ml.github.io/scaling-book/sharding/ (collective costs, ~1 us per hop)";
 
 IciConfig make(std::string name, std::string desc, std::vector<std::string> src, int dims, std::vector<int> max_shape,
-               int wrap, double gbps, double clock) {
+               int wrap, double gbps, double clock, double dcn_gbps) {
   IciConfig c;
   c.name = std::move(name);
   c.description = std::move(desc);
@@ -34,30 +34,42 @@ IciConfig make(std::string name, std::string desc, std::vector<std::string> src,
   c.link_gbps = gbps;
   c.hop_latency_us = 1.0;
   c.clock_ghz = clock;
+  c.dcn_gbps_per_chip = dcn_gbps;
+  c.dcn_latency_us = 10;  // assumed: a message between hosts through the data-center switches
   return c;
 }
 
 const std::map<std::string, IciConfig>& presets() {
   static const std::map<std::string, IciConfig> m = [] {
     std::map<std::string, IciConfig> p;
+    // DCN per chip: v5e 25 Gb/s (the v5e page: two 100 Gbps NICs per 8-chip host, 6.4 Tbps per
+    // 256-chip pod); v5p 50 Gb/s (the v5p page's "DCN bandwidth per chip"). Not published in the
+    // pages read for v4, v6e and v7, so derived by one rule: the per-chip DCN share scales with the
+    // chip's ICI bandwidth per chip against the published generation of the same torus kind
+    // (3-D: v5p; 2-D: v5e): v4 50 x 540 / 1080 = 25, v6e 25 x 720 / 360 = 50, v7 50 x 1200 / 1080
+    // = 55.6, taken as 55.
     p["tiny"] = make("tiny", "Test ICI: 3-D torus up to 8x8x8, wraparound on axes of 4 and 8, 1 GB/s links.",
-                     {"synthetic (no hardware): sized for fast tests"}, 3, {8, 8, 8}, 4, 1.0, 1.0);
+                     {"synthetic (no hardware): sized for fast tests"}, 3, {8, 8, 8}, 4, 1.0, 1.0, 1.0);
     p["v4"] = make("v4", "TPU v4-like: 3-D torus (4096 chips, 16x16x16), 6 links of 45 GB/s per direction; the "
-                   "optical switches give wraparound on every axis that is a multiple of 4.",
+                   "optical switches give wraparound on every axis that is a multiple of 4; DCN 25 Gb/s per chip "
+                   "(derived).",
                    {kBook, kBookSharding, "Jouppi et al., TPU v4, ISCA 2023 (arXiv:2304.01433)"}, 3, {16, 16, 16}, 4,
-                   45, 1.05);
+                   45, 1.05, 25);
     p["v5p"] = make("v5p", "TPU v5p-like: 3-D torus (8960 chips, 16x20x28), 6 links of 90 GB/s per direction; "
-                    "wraparound on every axis that is a multiple of 4.",
-                    {kBook, kBookSharding, "https://cloud.google.com/tpu/docs/v5p"}, 3, {16, 20, 28}, 4, 90, 1.75);
+                    "wraparound on every axis that is a multiple of 4; DCN 50 Gb/s per chip.",
+                    {kBook, kBookSharding, "https://cloud.google.com/tpu/docs/v5p (DCN bandwidth per chip)"}, 3,
+                    {16, 20, 28}, 4, 90, 1.75, 50);
     p["v5e"] = make("v5e", "TPU v5e-like: 2-D torus (256 chips, 16x16), 4 links of 45 GB/s per direction; "
-                    "wraparound only on full-length (16) axes.",
-                    {kBook, kBookSharding, "https://cloud.google.com/tpu/docs/v5e"}, 2, {16, 16}, 16, 45, 1.5);
+                    "wraparound only on full-length (16) axes; DCN 25 Gb/s per chip.",
+                    {kBook, kBookSharding, "https://cloud.google.com/tpu/docs/v5e (per-host NICs, DCN per pod)"}, 2,
+                    {16, 16}, 16, 45, 1.5, 25);
     p["v6e"] = make("v6e", "TPU v6e-like: 2-D torus (256 chips, 16x16), 4 links of 90 GB/s per direction; "
-                    "wraparound only on full-length (16) axes.",
-                    {kBook, kBookSharding, "https://cloud.google.com/tpu/docs/v6e"}, 2, {16, 16}, 16, 90, 1.75);
+                    "wraparound only on full-length (16) axes; DCN 50 Gb/s per chip (derived).",
+                    {kBook, kBookSharding, "https://cloud.google.com/tpu/docs/v6e"}, 2, {16, 16}, 16, 90, 1.75, 50);
     p["v7"] = make("v7", "TPU7x (Ironwood)-like: 3-D torus (9216 chips, modeled 16x24x24), 1.2 TB/s bidirectional "
-                   "ICI per chip over 6 links = 100 GB/s per link and direction; wraparound on multiples of 4.",
-                   {"https://cloud.google.com/tpu/docs/tpu7x", kBookSharding}, 3, {16, 24, 24}, 4, 100, 2.2);
+                   "ICI per chip over 6 links = 100 GB/s per link and direction; wraparound on multiples of 4; DCN "
+                   "55 Gb/s per chip (derived).",
+                   {"https://cloud.google.com/tpu/docs/tpu7x", kBookSharding}, 3, {16, 24, 24}, 4, 100, 2.2, 55);
     for (auto& [k, v] : p) v.validate();
     return p;
   }();
@@ -86,6 +98,8 @@ void IciConfig::validate() const {
   if (links_per_chip < 1) bad("links_per_chip", "must be at least 1");
   if (!(link_gbps > 0) || !std::isfinite(link_gbps)) bad("link_gbps", "must be a positive number");
   if (!(hop_latency_us >= 0) || !std::isfinite(hop_latency_us)) bad("hop_latency_us", "must be >= 0");
+  if (!(dcn_gbps_per_chip > 0) || !std::isfinite(dcn_gbps_per_chip)) bad("dcn_gbps_per_chip", "must be a positive number");
+  if (!(dcn_latency_us >= 0) || !std::isfinite(dcn_latency_us)) bad("dcn_latency_us", "must be >= 0");
   if (!(clock_ghz > 0) || !std::isfinite(clock_ghz)) bad("clock_ghz", "must be a positive number");
 }
 
@@ -114,7 +128,8 @@ int ici_int(const nlohmann::json& v, const char* key) {
 IciConfig ici_from_json(const nlohmann::json& j) {
   IciConfig c;
   static const char* known[] = {"name", "description", "sources", "dims", "max_shape", "wraparound_multiple",
-                                "links_per_chip", "link_gbps", "hop_latency_us", "clock_ghz"};
+                                "links_per_chip", "link_gbps", "hop_latency_us", "clock_ghz", "dcn_gbps_per_chip",
+                                "dcn_latency_us"};
   if (!j.is_object()) throw SimError("ici config: expected a JSON object");
   for (auto& [k, v] : j.items())
     if (std::find(std::begin(known), std::end(known), k) == std::end(known))
@@ -132,6 +147,8 @@ IciConfig ici_from_json(const nlohmann::json& j) {
     c.link_gbps = j.at("link_gbps").get<double>();
     c.hop_latency_us = j.value("hop_latency_us", c.hop_latency_us);
     c.clock_ghz = j.value("clock_ghz", c.clock_ghz);
+    c.dcn_gbps_per_chip = j.value("dcn_gbps_per_chip", c.dcn_gbps_per_chip);
+    c.dcn_latency_us = j.value("dcn_latency_us", c.dcn_latency_us);
   } catch (const nlohmann::json::exception& e) {
     throw SimError(fmt::format("ici config: {}", e.what()));
   }
@@ -144,7 +161,8 @@ nlohmann::json ici_to_json(const IciConfig& c) {
           {"sources", c.sources},     {"dims", c.dims},
           {"max_shape", c.max_shape}, {"wraparound_multiple", c.wraparound_multiple},
           {"links_per_chip", c.links_per_chip}, {"link_gbps", c.link_gbps},
-          {"hop_latency_us", c.hop_latency_us}, {"clock_ghz", c.clock_ghz}};
+          {"hop_latency_us", c.hop_latency_us}, {"clock_ghz", c.clock_ghz},
+          {"dcn_gbps_per_chip", c.dcn_gbps_per_chip}, {"dcn_latency_us", c.dcn_latency_us}};
 }
 
 int Topology::chips() const {

@@ -34,9 +34,15 @@ struct IciConfig {
   double link_gbps = 45;            // one link, one direction, GB/s (1e9 bytes/s)
   double hop_latency_us = 1.0;      // per hop (the book: about 1 us)
   double clock_ghz = 1.0;           // the chip clock, to express times in cycles
+  // The data-center network between slices (multi-slice): each chip's share of its host's NICs,
+  // in Gb/s (1e9 bits/s) per direction, and the latency of one message between hosts.
+  double dcn_gbps_per_chip = 25;
+  double dcn_latency_us = 10;
 
   // One link's bidirectional bandwidth in bytes/s (the book's W_ici).
   double link_bidir_bytes_per_s() const { return 2.0 * link_gbps * 1e9; }
+  // One chip's DCN bandwidth per direction in bytes/s.
+  double dcn_bytes_per_s() const { return dcn_gbps_per_chip * 1e9 / 8; }
   void validate() const;            // SimError naming the field
 };
 

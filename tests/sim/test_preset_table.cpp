@@ -82,6 +82,7 @@ TEST_CASE("preset figures equal the README table", "[sim][config][presets]") {
     CHECK(ici.links_per_chip == int(num(row.at("ICI links"))));
     CHECK(ici.link_gbps == num(row.at("ICI GB/s per link and direction")));
     CHECK(row.at("topology") == std::to_string(ici.dims) + "-D torus");
+    CHECK(ici.dcn_gbps_per_chip == num(row.at("DCN Gb/s per chip")));
     CHECK(!row.at("sources").empty());
     // The peaks the MXUs compute at the clock equal the published ones (within 0.5%).
     CHECK(c.chip_peak_flops() / 1e12 == Approx(c.published_peak_tflops).epsilon(0.005));

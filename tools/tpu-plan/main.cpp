@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
   double price = 0;
   tpu::plan::TrainRecipe r;
   r.global_batch = 0;
-  int64_t tp = 0, fsdp = 0, dp = 0, ep = 1;
+  int64_t tp = 0, fsdp = 0, dp = 0, ep = 1, slices = 1;
   tpu::plan::ServeWorkload w;
   tpu::cli::Parser p("tpu-plan", "Predict step time, MFU, tokens/s, HBM and cost of a model on a simulated TPU slice.");
   p.value("--model", "NAME|config.json", "a named shape or a Hub config.json (default qwen3-8b)", [&](const std::string& v) { model = v; })
@@ -70,6 +70,8 @@ int main(int argc, char** argv) {
       .flag("--ideal", "the ideal timing model (the units' peaks, full overlap)", [&] { calibrated = false; })
       .value("--chips", "N", "chips in the slice (the most cubic torus shape of N)", [&](const std::string& v) { chips = positive(v, "--chips"); })
       .value("--topology", "AxBxC", "the slice's torus shape (instead of or agreeing with --chips)", [&](const std::string& v) { topology = v; })
+      .value("--slices", "N", "training: N such slices joined over the data-center network (DCN), data parallel across "
+             "slices (default 1); --chips and --topology give one slice", [&](const std::string& v) { slices = positive(v, "--slices"); })
       .value("--global-batch", "B", "training: sequences per step (default: one per data-parallel rank)", [&](const std::string& v) { r.global_batch = positive(v, "--global-batch"); })
       .value("--seq", "S", "training: sequence length (default 4096)", [&](const std::string& v) { r.seq = positive(v, "--seq"); })
       .value("--tp", "N", "tensor-parallel degree (training default 1; serving default: every chip)", [&](const std::string& v) { tp = positive(v, "--tp"); })
@@ -107,6 +109,8 @@ int main(int argc, char** argv) {
     if (!plot.empty() && (serve || search)) throw tpu::plan::PlanError("--plot draws a training layout's scaling; not with --serve or --search");
     if (serve && search) throw tpu::plan::PlanError("--search ranks training layouts; it does not apply to --serve");
     if (serve && ep > 1) throw tpu::plan::PlanError("--ep is a training degree; --serve does not take it");
+    if (!plot.empty() && slices > 1) throw tpu::plan::PlanError("--plot draws one slice's scaling; not with --slices");
+    if (serve && slices > 1) throw tpu::plan::PlanError("--slices is a training layout; --serve plans one slice");
     if (r.a2a_chunks > 1 && ep == 1 && !search)
       throw tpu::plan::PlanError("--a2a-chunks overlaps the expert-parallel all-to-alls: it needs --ep N (N > 1)");
     if (search && ep > 1) throw tpu::plan::PlanError("--search tries every --ep itself; do not give one");
@@ -127,8 +131,9 @@ int main(int argc, char** argv) {
       r.layout.tp = tp ? tp : 1;
       r.layout.dp = dp ? dp : 1;
       r.layout.ep = ep;
+      r.layout.slices = slices;
       r.layout.fsdp = fsdp ? fsdp : n / (r.layout.tp * r.layout.dp);
-      if (r.global_batch == 0) r.global_batch = std::max<int64_t>(1, r.layout.fsdp * r.layout.dp);
+      if (r.global_batch == 0) r.global_batch = std::max<int64_t>(1, r.layout.fsdp * r.layout.dp * slices);
       if (search) {
         const auto plans = tpu::plan::search_train(m, s, r, price);
         if (plans.empty())

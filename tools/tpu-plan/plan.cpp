@@ -230,10 +230,12 @@ StepParts step_parts(const ModelShape& m, const Slice& s, const TrainRecipe& r) 
   check_heads(m, l.tp);
   check_ep(m, l);
   if (r.global_batch < 1 || r.seq < 1) throw PlanError("--global-batch and --seq must be positive");
-  if (r.global_batch % (l.dp * l.fsdp) != 0)
-    throw PlanError(fmt::format("--global-batch {} is not a multiple of dp x fsdp = {} (sequences per data-parallel rank)",
-                                r.global_batch, l.dp * l.fsdp));
-  const double b = double(r.global_batch / (l.dp * l.fsdp)), S = double(r.seq), t = b * S, tp = double(l.tp);
+  if (l.slices < 1) throw PlanError(fmt::format("--slices {} must be a positive integer", l.slices));
+  const int64_t replicas = l.dp * l.fsdp * l.slices;
+  if (r.global_batch % replicas != 0)
+    throw PlanError(fmt::format("--global-batch {} is not a multiple of {} = {} (sequences per data-parallel rank)",
+                                r.global_batch, l.slices > 1 ? "slices x dp x fsdp" : "dp x fsdp", replicas));
+  const double b = double(r.global_batch / replicas), S = double(r.seq), t = b * S, tp = double(l.tp);
   StepParts p;
   Acc head = make_acc(s), opt = make_acc(s);
   // One layer's forward and backward (with the remat policy's recomputation); ep > 0: a MoE layer.
@@ -279,6 +281,7 @@ StepParts step_parts(const ModelShape& m, const Slice& s, const TrainRecipe& r) 
     p.scatter_bytes = uint64_t(4 * lp);             // f32 gradients in on each chip
   }
   if (l.dp > 1) p.dp_bytes = uint64_t(4 * lp / double(l.fsdp));
+  if (l.slices > 1) p.dcn_bytes = uint64_t(4 * lp / double(l.fsdp * l.dp));
   if (l.tp > 1) p.tp_bytes = uint64_t(2 * t * E);
   if (nm > 0 && l.ep > 1) {
     // Each chip sends its t x top_k bf16 token copies (the TP ranks of a token hold the same).
@@ -317,9 +320,13 @@ Plan plan_train(const ModelShape& m, const Slice& s, const TrainRecipe& r, doubl
     return std::pair<double, double>{t, t - base};
   };
   const auto [dense_f, dense_fa] = pass(p.dense_fwd_s, ag, 0, 0);
-  const auto [dense_b, dense_ba] = pass(p.dense_bwd_s, ag + rs + ar_dp, 0, 0);
+  // Multi-slice: each layer's gradients are all-reduced over DCN (a network of its own) behind
+  // the next layer's backward; the last one is exposed.
+  const double dcn = dcn_all_reduce_s(s, l.slices, p.dcn_bytes);
+  const auto [dense_b0, dense_ba] = pass(p.dense_bwd_s, ag + rs + ar_dp, 0, 0);
   const auto [moe_f, moe_fa] = pass(p.moe_fwd_s, ag, p.expert_fwd_s, p.a2a_per_layer_fwd);
-  const auto [moe_b, moe_ba] = pass(p.moe_bwd_s, ag + rs + ar_dp, p.expert_bwd_s, p.a2a_per_layer_bwd);
+  const auto [moe_b0, moe_ba] = pass(p.moe_bwd_s, ag + rs + ar_dp, p.expert_bwd_s, p.a2a_per_layer_bwd);
+  const double dense_b = std::max(dense_b0, dcn), moe_b = std::max(moe_b0, dcn);
   const double a2a_exposed = nd * (dense_fa + dense_ba) + nm * (moe_fa + moe_ba);
   // Forward: each layer's compute overlaps the gather of the next layer's weights; TP's
   // all-reduces sit on the critical path. Backward: the gather (FSDP frees gathered weights
@@ -327,17 +334,21 @@ Plan plan_train(const ModelShape& m, const Slice& s, const TrainRecipe& r, doubl
   // on the chip's ICI one after another, behind the layer's compute. Pipeline ends exposed.
   const double fwd = nd * dense_f + nm * moe_f + L * p.tp_per_layer_fwd * ar_tp;
   const double bwd = nd * dense_b + nm * moe_b + L * p.tp_per_layer_bwd * ar_tp;
-  const double step = ag + fwd + p.head_s + bwd + rs + ar_dp + p.optimizer_s;
+  const double step = ag + fwd + p.head_s + bwd + rs + ar_dp + dcn + p.optimizer_s;
   const double compute = L * (p.layer_fwd_s + p.layer_bwd_s) + p.head_s + p.optimizer_s;
   Plan o;
   o.model = m.name, o.chip = s.chip.name, o.topology = s.topo.str(), o.layout = l.str();
+  if (l.slices > 1) o.topology = fmt::format("{} slices of {} over DCN", l.slices, o.topology);
   if (C > 1) o.layout += fmt::format(" a2a-chunks={}", r.a2a_chunks);
-  o.chips = s.topo.chips();
+  o.chips = s.topo.chips() * l.slices;
   o.step_s = step;
-  o.breakdown = {p.mxu, p.other, p.hbm, std::max(0.0, step - compute), p.host,
+  const double dcn_exposed = nd * (dense_b - dense_b0) + nm * (moe_b - moe_b0) + dcn;
+  o.breakdown = {p.mxu, p.other, p.hbm, std::max(0.0, step - compute - dcn_exposed), p.host,
                  L * (2 * ag + rs + ar_dp + (p.tp_per_layer_fwd + p.tp_per_layer_bwd) * ar_tp) + ag + rs + ar_dp +
                      nm * (p.a2a_per_layer_fwd + p.a2a_per_layer_bwd) * a2a,
-                 a2a_exposed};
+                 a2a_exposed,
+                 L * dcn,
+                 dcn_exposed};
   const double tokens = double(r.global_batch) * double(r.seq);
   // Model FLOPs: 6 N per token (N: the parameters a token uses, MoE: the active ones, without the
   // embedding lookup) + causal attention.
@@ -349,7 +360,7 @@ Plan plan_train(const ModelShape& m, const Slice& s, const TrainRecipe& r, doubl
   if (price > 0) o.usd_per_mtok = price * double(o.chips) / 3600.0 * step / tokens * 1e6;
   // HBM per chip.
   const double shard = m.params() / double(l.tp * l.fsdp), tp = double(l.tp);
-  const double t = double(r.global_batch / (l.dp * l.fsdp)) * double(r.seq);
+  const double t = double(r.global_batch / (l.dp * l.fsdp * l.slices)) * double(r.seq);
   const double E = double(m.hidden), D = double(m.head_dim), H = double(m.heads) / tp,
                HK = std::max(1.0, double(m.kv_heads) / tp);
   // MoE layers: the top_k experts' intermediates and the dispatched copies (in and out) per token.
@@ -379,7 +390,7 @@ Plan plan_train(const ModelShape& m, const Slice& s, const TrainRecipe& r, doubl
       o.advice += fmt::format("; --remat full needs {:.2f} GB of activations", act(Remat::full) / kGB);
     if (state > 0.5 * o.hbm_capacity) o.advice += "; shard the state further (a larger --fsdp or --tp, or more --chips)";
     o.advice += fmt::format("; or fewer tokens per chip (--global-batch {} gives {} sequences per chip)", r.global_batch,
-                            r.global_batch / (l.dp * l.fsdp));
+                            r.global_batch / (l.dp * l.fsdp * l.slices));
   }
   return o;
 }
@@ -453,7 +464,7 @@ std::vector<Plan> search_train(const ModelShape& m, const Slice& s, TrainRecipe 
       if ((n / tp) % fsdp) continue;
       for (int64_t ep = 1; ep <= (m.moe() ? std::min(fsdp, m.experts) : 1); ++ep) {
         if (fsdp % ep || (m.moe() && m.experts % ep)) continue;
-        r.layout = {tp, fsdp, n / tp / fsdp, ep};
+        r.layout = {tp, fsdp, n / tp / fsdp, ep, r.layout.slices};
         try {
           Plan p = plan_train(m, s, r, price);
           if (p.fits) out.push_back(std::move(p));

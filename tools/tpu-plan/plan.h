@@ -30,8 +30,12 @@ Slice make_slice(const std::string& chip, bool calibrated, const std::string& to
 // (fastest) ep chips of the FSDP axes; ep divides fsdp and the expert count. Tokens stay data
 // parallel over the FSDP group; each MoE layer dispatches them to their experts and combines
 // the results with an all-to-all over the EP group.
+// Multi-slice: `slices` copies of the slice, joined over the data-center network (DCN), are
+// data parallel across slices; the layout above is each slice's. Gradients are reduced over DCN
+// per layer in the backward (hierarchically: each chip exchanges the 1/dp of its gradient shard
+// its DP group leaves to it), beside the ICI collectives.
 struct Layout {
-  int64_t tp = 1, fsdp = 1, dp = 1, ep = 1;
+  int64_t tp = 1, fsdp = 1, dp = 1, ep = 1, slices = 1;
   std::string str() const;
 };
 // The sub-axis lengths each degree spans (tp, fsdp, dp), and whether each part is a whole axis.
@@ -64,6 +68,7 @@ struct ServeWorkload {
 // with one chunk; with chunks, what the experts' compute does not hide); part of exposed_ici.
 struct Breakdown {
   double mxu = 0, other_compute = 0, hbm = 0, exposed_ici = 0, host = 0, ici_total = 0, all_to_all = 0;
+  double dcn_total = 0, exposed_dcn = 0;  // multi-slice: the DCN all-reduces, and what compute does not hide
 };
 
 struct HbmUse {
@@ -106,6 +111,7 @@ void write_scaling_svg(const std::string& path, const std::string& title, const 
 struct StepParts {
   double layer_fwd_s = 0, layer_bwd_s = 0, head_s = 0, optimizer_s = 0;
   uint64_t gather_bytes = 0, scatter_bytes = 0, tp_bytes = 0, dp_bytes = 0;  // the book's V per collective
+  uint64_t dcn_bytes = 0;   // multi-slice: one layer's gradient bytes each chip all-reduces over DCN
   int tp_per_layer_fwd = 2, tp_per_layer_bwd = 2;
   // MoE: the book's V of one dispatch (or combine) all-to-all over the EP group, and how many
   // run per MoE layer (forward: dispatch + combine; backward: their transposes, plus the
@@ -120,5 +126,9 @@ struct StepParts {
 StepParts step_parts(const ModelShape& m, const Slice& s, const TrainRecipe& r);
 // The ICI seconds of one collective of `kind` over degree `which` (0 tp, 1 fsdp, 2 dp, 3 ep).
 double collective_s(const Slice& s, const Layout& l, int which, sim::CollectiveKind kind, uint64_t bytes);
+// The DCN seconds of a ring all-reduce of `bytes` per chip across `slices` slices: each chip
+// sends and receives 2 (slices - 1) / slices of them at its DCN share, in 2 (slices - 1) steps
+// of one host-to-host message latency each.
+double dcn_all_reduce_s(const Slice& s, int64_t slices, uint64_t bytes);
 
 }  // namespace tpu::plan

@@ -14,7 +14,16 @@
 namespace tpu::plan {
 
 std::string Layout::str() const {
-  return ep > 1 ? fmt::format("tp={} fsdp={} dp={} ep={}", tp, fsdp, dp, ep) : fmt::format("tp={} fsdp={} dp={}", tp, fsdp, dp);
+  std::string o = fmt::format("tp={} fsdp={} dp={}", tp, fsdp, dp);
+  if (ep > 1) o += fmt::format(" ep={}", ep);
+  if (slices > 1) o += fmt::format(" slices={} (DCN)", slices);
+  return o;
+}
+
+double dcn_all_reduce_s(const Slice& s, int64_t slices, uint64_t bytes) {
+  if (slices <= 1 || bytes == 0) return 0;
+  const double n = double(slices);
+  return 2 * (n - 1) / n * double(bytes) / s.topo.ici.dcn_bytes_per_s() + 2 * (n - 1) * s.topo.ici.dcn_latency_us * 1e-6;
 }
 
 namespace {
@@ -153,7 +162,9 @@ nlohmann::json Plan::to_json() const {
                         {"exposed_ici", breakdown.exposed_ici},
                         {"host", breakdown.host},
                         {"ici_total", breakdown.ici_total},
-                        {"exposed_all_to_all", breakdown.all_to_all}}},
+                        {"exposed_all_to_all", breakdown.all_to_all},
+                        {"dcn_total", breakdown.dcn_total},
+                        {"exposed_dcn", breakdown.exposed_dcn}}},
                       {"params", params},
                       {"active_params", active_params},
                       {"mfu", mfu},
@@ -196,6 +207,9 @@ std::string Plan::text() const {
   if (breakdown.all_to_all > 0)
     o += fmt::format("  exposed all-to-all (MoE dispatch + combine) {:.4f} s, {:.1f}% of the step\n", breakdown.all_to_all,
                      100 * breakdown.all_to_all / step_s);
+  if (breakdown.dcn_total > 0)
+    o += fmt::format("  DCN (gradient all-reduce across slices) {:.4f} s, exposed {:.4f} s ({:.1f}% of the step)\n",
+                     breakdown.dcn_total, breakdown.exposed_dcn, 100 * breakdown.exposed_dcn / step_s);
   o += fmt::format("  tokens/s per chip {:.1f}\n", tokens_per_s_per_chip);
   o += fmt::format("  HBM per chip {:.2f} GB of {:.2f} GB (weights {:.2f}, optimizer {:.2f}, gradients {:.2f}, "
                    "gathered {:.2f}, activations {:.2f}, KV cache {:.2f})\n",

@@ -222,3 +222,39 @@ TEST_CASE("a matmul kernel as the planner prices it against the simulated chip r
     }
   }
 }
+
+TEST_CASE("multi-slice: gradients all-reduced over DCN per layer, closed form; layout errors") {
+  const plan::ModelShape m = plan::named_model("tiny");
+  const plan::Slice s = plan::make_slice("tiny", true, "2x2x2", 0);
+  plan::TrainRecipe r;
+  r.global_batch = 8;
+  r.seq = 32;
+  r.remat = plan::Remat::none;
+  r.layout = {.tp = 1, .fsdp = 4, .dp = 2, .ep = 1, .slices = 1};
+  const plan::Plan one = plan::plan_train(m, s, r);
+  CHECK(one.breakdown.dcn_total == 0);
+  r.layout.slices = 3;
+  r.global_batch = 24;  // the same sequences per chip
+  const plan::StepParts p = plan::step_parts(m, s, r);
+  const plan::Plan three = plan::plan_train(m, s, r);
+  // Each chip all-reduces the 1/(fsdp x dp) of one layer's f32 gradients; a ring over 3 slices
+  // moves 2 x 2/3 of them at the chip's DCN share, in 4 steps of one message latency.
+  const double lp_bytes = 4.0 * m.layer_params() / 8;
+  CHECK(double(p.dcn_bytes) == Approx(lp_bytes).epsilon(1e-6));
+  const double bw = s.topo.ici.dcn_gbps_per_chip * 1e9 / 8;
+  const double want = 2.0 * 2 / 3 * double(p.dcn_bytes) / bw + 4 * s.topo.ici.dcn_latency_us * 1e-6;
+  CHECK(plan::dcn_all_reduce_s(s, 3, p.dcn_bytes) == Approx(want).epsilon(1e-12));
+  CHECK(three.breakdown.dcn_total == Approx(double(m.layers) * want).epsilon(1e-9));
+  // The last layer's all-reduce is exposed; the others hide behind the next layer's backward
+  // unless they take longer than it.
+  CHECK(three.breakdown.exposed_dcn >= want * 0.999);
+  CHECK(three.breakdown.exposed_dcn <= three.breakdown.dcn_total * 1.001);
+  CHECK(three.step_s == Approx(one.step_s + three.breakdown.exposed_dcn).epsilon(1e-9));
+  CHECK(three.chips == 24);
+  CHECK(three.tokens_per_s_per_chip == Approx(24.0 * 32 / three.step_s / 24).epsilon(1e-9));
+  CHECK(three.layout.find("slices=3") != std::string::npos);
+  r.global_batch = 8;
+  CHECK_THROWS_WITH(plan::plan_train(m, s, r), Contains("not a multiple of slices x dp x fsdp = 24"));
+  r.layout.slices = 0;
+  CHECK_THROWS_WITH(plan::plan_train(m, s, r), Contains("--slices 0 must be a positive integer"));
+}
