@@ -6,9 +6,10 @@
 // BM_engine/N/C: N requests (32-token prompts, 64 greedy tokens each, eos ignored) submitted
 //   at once to serve::Engine and stepped to the end (continuous batching, paged cache); C = 1:
 //   the compiled step (every bucket compiled before timing), C = 0: eager with the cpu kernel.
-// BM_decode_invariant/I/N/D: decode steps of N running requests (each prefilled before the
+// BM_decode_invariant/I/N/D/H: decode steps of N running requests (each prefilled before the
 //   timing, 64 tokens), parameters f32 (D = 0) or bf16 (D = 1), EngineConfig::batch_invariant
-//   off (I = 0) or on (I = 1), the two run one after the other. Counters: decode
+//   off (I = 0) or on (I = 1), the two run one after the other, on the model of hidden size H
+//   (128: 3 layers; 768: 4 layers). Counters: decode
 //   tokens/s (wall), process CPU time per decode token (all threads), and for I = 1 the
 //   throughput lost against I = 0 at the same N and D by CPU time (cost_%; negative: faster).
 // BM_generate_batch/N: the same N prompts through models::generate() as one static batch
@@ -30,6 +31,7 @@
 #include <fstream>
 #include <map>
 #include <thread>
+#include <tuple>
 #include <ctime>
 #include <unistd.h>
 
@@ -47,17 +49,22 @@ constexpr int64_t kPrompt = 32, kNew = 64;
 
 // A checkpoint folder: TPU_SERVE_BENCH_MODEL, or a random fortunes-shaped model with a byte
 // tokenizer written once into a temporary folder.
-std::string model_dir() {
-  static std::string dir = [] {
-    if (const char* d = std::getenv("TPU_SERVE_BENCH_MODEL")) return std::string(d);
-    const auto p = std::filesystem::temp_directory_path() / ("tpucore_bench_serve_" + std::to_string(::getpid()));
+// The bench model: hidden 128, 3 layers (the default), or with `hidden` 768 a wider one of 4
+// layers (intermediate 3x hidden) whose products are large enough to show kernel costs.
+std::string model_dir(int64_t hidden = 128) {
+  static std::map<int64_t, std::string> dirs;
+  if (dirs.count(hidden)) return dirs[hidden];
+  return dirs[hidden] = [hidden] {
+    if (const char* d = std::getenv("TPU_SERVE_BENCH_MODEL"); d && hidden == 128) return std::string(d);
+    const auto p = std::filesystem::temp_directory_path() /
+                   ("tpucore_bench_serve_" + std::to_string(::getpid()) + "_" + std::to_string(hidden));
     std::filesystem::create_directories(p);
     static struct Cleanup {
       std::filesystem::path p;
       ~Cleanup() { std::filesystem::remove_all(p); }
     } cleanup{p};
     models::ModelConfig c;
-    c.vocab_size = 257, c.hidden_size = 128, c.intermediate_size = 384, c.num_hidden_layers = 3;
+    c.vocab_size = 257, c.hidden_size = hidden, c.intermediate_size = 3 * hidden, c.num_hidden_layers = hidden > 128 ? 4 : 3;
     c.num_attention_heads = 4, c.num_key_value_heads = 2, c.max_position_embeddings = 256;
     c.tie_word_embeddings = true;
     c.eos_token_ids = {256};
@@ -75,7 +82,6 @@ std::string model_dir() {
     std::ofstream(p / "tokenizer.json") << t.dump();
     return p.string();
   }();
-  return dir;
 }
 
 std::vector<std::vector<int64_t>> prompts(int64_t n) {
@@ -118,9 +124,9 @@ double process_cpu_seconds() {
 
 void BM_decode_invariant(benchmark::State& st) {
   // (N, D) -> process CPU seconds per decode token with the mode off
-  static std::map<std::pair<int64_t, int64_t>, double> off_cpu;
-  const int64_t invariant = st.range(0), n = st.range(1), dt = st.range(2);
-  auto m = models::load_causal_lm(model_dir(), Device(), dt ? DType::bf16 : DType::f32);
+  static std::map<std::tuple<int64_t, int64_t, int64_t>, double> off_cpu;
+  const int64_t invariant = st.range(0), n = st.range(1), dt = st.range(2), hidden = st.range(3);
+  auto m = models::load_causal_lm(model_dir(hidden), Device(), dt ? DType::bf16 : DType::f32);
   serve::EngineConfig ec;
   ec.max_num_seqs = n;
   ec.max_num_batched_tokens = 2048;  // every prompt in the first step
@@ -147,12 +153,13 @@ void BM_decode_invariant(benchmark::State& st) {
   const double cpu_per_token = cpu / static_cast<double>(decoded);
   st.counters["decode_tokens/s"] = static_cast<double>(decoded) / seconds;
   st.counters["cpu_us/token"] = 1e6 * cpu_per_token;
-  if (!invariant) off_cpu[{n, dt}] = cpu_per_token;
-  else if (off_cpu.count({n, dt}))  // throughput lost at equal CPU time (a shared host skews wall time)
-    st.counters["cost_%"] = 100.0 * (1.0 - off_cpu[{n, dt}] / cpu_per_token);
+  const auto key = std::tuple{n, dt, hidden};
+  if (!invariant) off_cpu[key] = cpu_per_token;
+  else if (off_cpu.count(key))  // throughput lost at equal CPU time (a shared host skews wall time)
+    st.counters["cost_%"] = 100.0 * (1.0 - off_cpu[key] / cpu_per_token);
 }
 BENCHMARK(BM_decode_invariant)
-    ->ArgsProduct({{0, 1}, {1, 8, 16, 32}, {0, 1}})
+    ->ArgsProduct({{0, 1}, {1, 8, 16, 32}, {0, 1}, {128, 768}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

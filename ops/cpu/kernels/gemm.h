@@ -148,6 +148,9 @@ void micro_kernel_f32_avx2(int64_t kc, const float* Ap, const float* Bp, float* 
 void pack_a_panel_f32_avx2(const float* src, int64_t rs, int rows, int64_t kce, float* dst);
 void pack_b_panel_rows_f32_avx2(const float* src, int64_t rs, int cols, int64_t kce, float* dst);
 void pack_b_panel_f32_avx2(const float* src, int64_t cs, int cols, int64_t kce, float* dst);
+// 16 (or fewer, zero-filled to 16) columns contiguous along K into dst[k * ds + c]: one half of
+// a 32-wide panel of the AVX-512 f32 kernel (ds = 32).
+void pack_b_half_panel_f32_avx2(const float* src, int64_t cs, int cols, int64_t kce, float* dst, int64_t ds);
 // The same panels from bf16 bits, widened to f32 (A: rs as above, K contiguous; B: cs == 1,
 // or rs == 1).
 void pack_a_panel_bf16_avx2(const uint16_t* src, int64_t rs, int rows, int64_t kce, float* dst);

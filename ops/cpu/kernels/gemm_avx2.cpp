@@ -191,11 +191,13 @@ TPU_GEMM_AVX2 void pack_a_panel(const T* src, int64_t rs, int rows, int64_t kce,
 // One packed B panel from `cols` (<= 16) columns contiguous along K (B = W^T of a linear
 // layer; f32, or bf16 widened exactly): dst[k * 16 + c] = column c, element k (zero for
 // c >= cols). Eight k at a time, as two 8 x 8 transposes (columns 0-7 and 8-15).
+// `ds`: the distance between two k rows of dst (kNR for this kernel's own panels; the
+// AVX-512 kernel's 32-wide panels take two 16-column halves with ds = 32).
 template <class T>
-TPU_GEMM_AVX2 void pack_b_panel_columns(const T* src, int64_t cs, int cols, int64_t kce, float* dst) {
+TPU_GEMM_AVX2 void pack_b_panel_columns(const T* src, int64_t cs, int cols, int64_t kce, float* dst, int64_t ds = kNR) {
   int64_t k0 = 0;
   for (; k0 + 8 <= kce; k0 += 8) {
-    float* d = dst + k0 * kNR;
+    float* d = dst + k0 * ds;
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
       __m256 r[8];
@@ -205,11 +207,11 @@ TPU_GEMM_AVX2 void pack_b_panel_columns(const T* src, int64_t cs, int cols, int6
       for (int i = 0; i < n; ++i) r[i] = load8(src + (8 * h + i) * cs + k0);
       transpose8(r);  // r[k] = (column 8h .. 8h + 7) at k0 + k
 #pragma GCC unroll 8
-      for (int k = 0; k < 8; ++k) _mm256_storeu_ps(d + k * kNR + 8 * h, r[k]);
+      for (int k = 0; k < 8; ++k) _mm256_storeu_ps(d + k * ds + 8 * h, r[k]);
     }
   }
   for (; k0 < kce; ++k0)
-    for (int c = 0; c < kNR; ++c) dst[k0 * kNR + c] = c < cols ? load1(src[c * cs + k0]) : 0.0f;
+    for (int c = 0; c < kNR; ++c) dst[k0 * ds + c] = c < cols ? load1(src[c * cs + k0]) : 0.0f;
 }
 }  // namespace
 
@@ -221,6 +223,10 @@ TPU_GEMM_AVX2 void pack_a_panel_bf16_avx2(const uint16_t* src, int64_t rs, int r
 }
 TPU_GEMM_AVX2 void pack_b_panel_f32_avx2(const float* src, int64_t cs, int cols, int64_t kce, float* dst) {
   pack_b_panel_columns(src, cs, cols, kce, dst);
+}
+TPU_GEMM_AVX2 void pack_b_half_panel_f32_avx2(const float* src, int64_t cs, int cols, int64_t kce, float* dst,
+                                               int64_t ds) {
+  pack_b_panel_columns(src, cs, cols, kce, dst, ds);
 }
 
 TPU_GEMM_AVX2 void pack_b_panel_bf16_avx2(const uint16_t* src, int64_t rs, int64_t cs, int cols,

@@ -199,6 +199,17 @@ struct PackF32Avx512 : PackF32 {
                                         reinterpret_cast<uint32_t*>(dst + i0 * kce));
     }
   }
+  // Columns contiguous along K (B = W^T of a linear layer): each 32-wide panel as two 16-column
+  // halves by the AVX2 8 x 8 transposes (every AVX-512 CPU has AVX2).
+  static void pack_b(const float* B, int64_t rs, int64_t cs, int64_t kce, int64_t nc, int nr, float* dst) {
+    if (rs != 1 || cs == 1 || nr != 32) return PackF32::pack_b(B, rs, cs, kce, nc, nr, dst);
+    for (int64_t j0 = 0; j0 < nc; j0 += nr) {
+      const int cols = static_cast<int>(std::min<int64_t>(nr, nc - j0));
+      float* d = dst + j0 * kce;
+      detail::pack_b_half_panel_f32_avx2(B + j0 * cs, cs, std::min(cols, 16), kce, d, 32);
+      detail::pack_b_half_panel_f32_avx2(cols > 16 ? B + (j0 + 16) * cs : B, cs, std::max(cols - 16, 0), kce, d + 16, 32);
+    }
+  }
 };
 
 struct PackF32Avx2 : PackF32 {
@@ -439,6 +450,46 @@ void gemm_rows_shared_b(const Problem& p, const GemmBlocking& bl, Kernel kernel,
   });
 }
 
+// Few rows in batch-invariant mode: the same packing, micro-kernel and K blocking as
+// gemm_range (so every output is summed in exactly the same order), but A is packed once for
+// all of K and B one nr-wide panel at a time into a buffer that stays in the L1d, consumed at
+// once: B (the weight) is read from memory once, as by the GEMV kernels, instead of being
+// packed into an L2-sized block and read back. Column panels [n0, n1) of C (n0 a multiple of nr
+// past the first column); `pa` is A packed by pack_a_all.
+template <class Pack>
+int64_t a_all_stride(const GemmBlocking& bl, int64_t M) {
+  return ((M + bl.mr - 1) / bl.mr * bl.mr + bl.mr) * bl.kc;
+}
+
+template <class Pack>
+void pack_a_all(const Problem& p, const GemmBlocking& bl, typename Pack::Packed* pa) {
+  const auto* A = static_cast<const typename Pack::In*>(p.A);
+  const int64_t kc_elems = bl.kc * Pack::kPerStep, stride = a_all_stride<Pack>(bl, p.M);
+  for (int64_t pc = 0, b = 0; pc < p.K; pc += kc_elems, ++b)
+    Pack::pack_a(A + pc * p.a_cs, p.a_rs, p.a_cs, p.M, std::min(kc_elems, p.K - pc), bl.mr, pa + b * stride);
+}
+
+template <class Pack, class Kernel>
+void few_rows_panels(const Problem& p, const GemmBlocking& bl, Kernel kernel, const typename Pack::Packed* pa,
+                     int64_t n0, int64_t n1) {
+  using Packed = typename Pack::Packed;
+  const auto* B = static_cast<const typename Pack::In*>(p.B);
+  const int64_t kc_elems = bl.kc * Pack::kPerStep, stride = a_all_stride<Pack>(bl, p.M);
+  auto* pb = static_cast<Packed*>(t_pack_b.get(sizeof(Packed) * static_cast<size_t>(2 * bl.nr * bl.kc)));
+  for (int64_t jr = n0; jr < n1; jr += bl.nr) {
+    const int cols = static_cast<int>(std::min<int64_t>(bl.nr, n1 - jr));
+    for (int64_t pc = 0, b = 0; pc < p.K; pc += kc_elems, ++b) {
+      const int64_t kce = std::min(kc_elems, p.K - pc), ksteps = ksteps_of<Pack>(kce);
+      Pack::pack_b(B + pc * p.b_rs + jr * p.b_cs, p.b_rs, p.b_cs, kce, cols, bl.nr, pb);
+      const bool load_c = p.accumulate || pc > 0;
+      for (int64_t ir = 0; ir < p.M; ir += bl.mr) {
+        const int rows = static_cast<int>(std::min<int64_t>(bl.mr, p.M - ir));
+        kernel(ksteps, pa + b * stride + ir * ksteps, pb, p.C + ir * p.ldc + jr, p.ldc, rows, cols, load_c);
+      }
+    }
+  }
+}
+
 // Below this many multiply-adds a product stays on the calling thread (about 10 us of work
 // on one AVX-512 core, where a thread hand-off starts to pay for itself).
 constexpr int64_t kParallelMacs = int64_t{1} << 20;
@@ -478,6 +529,25 @@ void gemm_run(const Problem& p, const GemmBlocking& bl, Kernel kernel) {
     return;
   }
   const int nt = tpu::num_threads();
+  if (batch_invariant() && p.M <= 2 * int64_t{bl.mr}) {
+    using Packed = typename Pack::Packed;
+    const int64_t blocks = (p.K + bl.kc * Pack::kPerStep - 1) / (bl.kc * Pack::kPerStep);
+    auto* pa = static_cast<Packed*>(t_pack_a.get(sizeof(Packed) * static_cast<size_t>(a_all_stride<Pack>(bl, p.M) * blocks)));
+    pack_a_all<Pack>(p, bl, pa);
+    const int64_t units = (p.N + bl.nr - 1) / bl.nr;
+    const int64_t tasks = nt <= 1 || macs < kParallelMacs ? 1 : std::min<int64_t>(nt, units);
+    if (tasks <= 1) {
+      few_rows_panels<Pack>(p, bl, kernel, pa, 0, p.N);
+      return;
+    }
+    tpu::parallel_for(0, tasks, 1, [&](int64_t tb, int64_t te) {
+      for (int64_t t = tb; t < te; ++t) {
+        const int64_t lo = std::min(p.N, units * t / tasks * bl.nr), hi = std::min(p.N, units * (t + 1) / tasks * bl.nr);
+        if (lo < hi) few_rows_panels<Pack>(p, bl, kernel, pa, lo, hi);
+      }
+    });
+    return;
+  }
   if (nt <= 1 || macs < kParallelMacs) {
     gemm_range<Pack>(p, bl, kernel, 0, p.M, 0, p.N);
     return;
