@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "api.h"
+#include "core/codegen_testing.h"
 #include "serve/serve_testing.h"
 
 using namespace tpu;
@@ -29,12 +30,14 @@ std::string as_json_text(const std::string& s) {
 // The served model: seed 31, 64-token context, 24 tokens per step.
 struct Fixture : ModelFixture {
   Fixture() : ModelFixture(31, 64, 24) {}
-  // The reference: generate() one request at a time, greedy, stopping at the eos ids, decoded.
-  std::pair<std::string, std::string> expected(const std::string& prompt, int64_t max_tokens) {
+  // The reference: generate() one request at a time, greedy, stopping at the eos ids, decoded
+  // (on `on`, default the served cpu model).
+  std::pair<std::string, std::string> expected(const std::string& prompt, int64_t max_tokens,
+                                               models::CausalLM* on = nullptr) {
     models::GenerationConfig g;
     g.max_new_tokens = max_tokens;
     g.stop_tokens = model->config.eos_token_ids;
-    auto out = models::generate(*model, {tok.encode(prompt)}, g)[0];
+    auto out = models::generate(on ? *on : *model, {tok.encode(prompt)}, g)[0];
     std::string reason = "length";
     if (!out.empty() && (out.back() == 2 || out.back() == 3) && static_cast<int64_t>(out.size()) <= max_tokens) {
       out.pop_back();
@@ -306,4 +309,39 @@ TEST_CASE("tpu-serve: the chat prompt is the model's template, and no template o
   CHECK_THAT(status_of(nullptr), Catch::StartsWith("400") && Catch::Contains("--chat-template"));
   const auto strict = ChatTemplate::from_source("{% if messages[0].role == 'system' %}{{ raise_exception('no system role') }}{% endif %}");
   CHECK_THAT(status_of(&strict), Catch::StartsWith("400") && Catch::Contains("no system role"));
+}
+
+TEST_CASE("tpu-serve with the model on the simulated chip: greedy answers equal generate(), chip time in /metrics",
+          "[serve][http][sim]") {
+  tpu::testing::TinySim chip;
+  Fixture f;
+  auto on_chip = models::load_causal_lm(f.dir.string(), chip.dev());
+  Running r(on_chip, f.tok, f.options());
+  for (const std::string prompt : {"Hello, wor", "ab"}) {
+    // generate() on the same chip, one request at a time (the chip's f32 products may round
+    // differently from the cpu's, so near-ties of the random model can go the other way).
+    const auto [want, reason] = f.expected(prompt, 6, on_chip.get());
+    int status = 0;
+    json j = post_json(r, "/v1/completions",
+                       json{{"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}}.dump(), status);
+    REQUIRE(status == 200);
+    CHECK(j["choices"][0]["text"] == want);
+    CHECK(j["choices"][0]["finish_reason"] == reason);
+  }
+  auto c = r.client();
+  auto m = c.Get("/metrics");
+  REQUIRE(m);
+  auto value = [&](const std::string& name) {
+    const auto at = m->body.find("\n" + name + " ");
+    REQUIRE(at != std::string::npos);
+    return std::stod(m->body.substr(at + name.size() + 2));
+  };
+  CHECK(value("tpucore_sim_cycles_total") > 0);
+  CHECK(value("tpucore_sim_mxu_flops_total") > 0);
+  CHECK(value("tpucore_sim_seconds_per_generated_token") > 0);
+  // On the cpu there is no chip to report.
+  Running rc(f.model, f.tok, f.options());
+  auto mc = rc.client().Get("/metrics");
+  REQUIRE(mc);
+  CHECK(mc->body.find("tpucore_sim_cycles_total") == std::string::npos);
 }

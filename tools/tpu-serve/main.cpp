@@ -11,6 +11,7 @@
 
 #include "server.h"
 #include "tools/cli_args.h"
+#include "tpucore/devices.h"
 #include "tpucore/models.h"
 
 namespace {
@@ -20,11 +21,11 @@ void on_signal(int s) { g_signal = s; }
 
 int main(int argc, char** argv) {
   using namespace tpu;
-  std::string model_dir, host = "127.0.0.1", dtype = "f32", chat_template_file;
+  std::string model_dir, host = "127.0.0.1", dtype = "f32", chat_template_file, device = "cpu", chip;
   int port = 8000;
   serve_http::ServerOptions o;
   o.engine.max_waiting = 256;
-  cli::Parser p("tpu-serve", "Serve a causal LM checkpoint over an OpenAI-compatible HTTP API (cpu).");
+  cli::Parser p("tpu-serve", "Serve a causal LM checkpoint over an OpenAI-compatible HTTP API (cpu or a simulated chip).");
   p.value("--model", "DIR", "checkpoint folder: config.json, model.safetensors, tokenizer.json (required)",
           [&](const std::string& v) { model_dir = v; });
   p.value("--chat-template", "FILE",
@@ -36,6 +37,10 @@ int main(int argc, char** argv) {
   p.value("--served-model-name", "NAME", "model id of the API (default: the folder name)",
           [&](const std::string& v) { o.model_name = v; });
   p.value("--dtype", "T", "parameter dtype f32 or bf16 (default f32)", [&](const std::string& v) { dtype = v; });
+  p.value("--device", "DEV", "where the model runs: cpu (default), sim:N (the simulated chip; its cycles and cost per "
+          "token in /metrics) or tpu:N (a driver plugin's device)", [&](const std::string& v) { device = v; });
+  p.value("--chip", "PRESET", "with --device sim:N: the chip preset or config JSON (default: TPU_SIM_CHIP, else the "
+          "library's default)", [&](const std::string& v) { chip = v; });
   p.value("--block-size", "N", "token positions per KV block (default 16)",
           [&](const std::string& v) { o.engine.block_size = p.to_int(v); });
   p.value("--num-blocks", "N", "KV blocks in the pool (default: max-num-seqs full contexts)",
@@ -75,7 +80,10 @@ int main(int argc, char** argv) {
       while (d.size() > 1 && d.back() == '/') d.pop_back();
       o.model_name = d.substr(d.find_last_of('/') == std::string::npos ? 0 : d.find_last_of('/') + 1);
     }
-    auto model = models::load_causal_lm(model_dir, Device(), dtype == "bf16" ? DType::bf16 : DType::f32);
+    const Device dev(device);
+    TPU_CHECK(chip.empty() || dev.type == DeviceType::sim, "tpu-serve: --chip {} needs --device sim:N (got {})", chip, device);
+    if (!chip.empty()) set_sim_chip(chip, static_cast<int>(dev.index));
+    auto model = models::load_causal_lm(model_dir, dev, dtype == "bf16" ? DType::bf16 : DType::f32);
     Tokenizer tok = Tokenizer::from_file(model_dir + "/tokenizer.json");
     const std::string model_config = model_dir + "/tokenizer_config.json";
     if (!chat_template_file.empty()) {
@@ -107,8 +115,8 @@ int main(int argc, char** argv) {
     if (o.engine.compile)
       fmt::print("tpu-serve: compiled {} step shapes\n", server.engine().warm_up());
     const int bound = server.bind(host, port);
-    fmt::print("tpu-serve: model '{}' ({} parameters) on http://{}:{}\n", o.model_name, model->num_parameters(), host,
-               bound);
+    fmt::print("tpu-serve: model '{}' ({} parameters, {}) on http://{}:{}\n", o.model_name, model->num_parameters(),
+               dev.str(), host, bound);
     std::fflush(stdout);
     std::thread watcher([&] {
       while (!g_signal) std::this_thread::sleep_for(std::chrono::milliseconds(20));

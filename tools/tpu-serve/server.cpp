@@ -13,6 +13,7 @@
 #include "api.h"
 #include "connection.h"
 #include "logprobs.h"
+#include "tpucore/devices.h"
 #include "tpucore/serve/metrics.h"
 
 namespace tpu::serve_http {
@@ -143,6 +144,31 @@ struct ApiServer::Impl {
     info.eos = model->config.eos_token_ids;
     info.chat_template = opts.chat_template ? &*opts.chat_template : nullptr;
     routes();
+  }
+
+  // With the model on a simulated chip: the chip's simulated time and traffic (all sim devices
+  // of the process, since start; finished programs only), and the simulated chip time per
+  // generated token, the figure behind a cost per token on that chip.
+  std::string sim_metrics() {
+    const Device dev = model->device();
+    if (dev.type != DeviceType::sim) return {};
+    const SimStats st = sim_stats();
+    const double clock = device_properties(dev).clock_ghz;
+    const double seconds = clock > 0 ? st.cycles / (clock * 1e9) : 0;
+    const int64_t tokens = engine.metrics().generation_tokens;
+    std::string o;
+    auto metric = [&](const char* name, const char* type, const char* help, double v) {
+      o += fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, v);
+    };
+    metric("tpucore_sim_cycles_total", "counter", "Simulated chip cycles of the programs run.", st.cycles);
+    metric("tpucore_sim_seconds_total", "counter", "Simulated chip time of the programs run, at the preset's clock.", seconds);
+    metric("tpucore_sim_hbm_bytes_total", "counter", "HBM bytes read and written by the programs run.", double(st.hbm_bytes));
+    metric("tpucore_sim_mxu_flops_total", "counter", "MXU FLOPs of the programs run.", st.mxu_flops);
+    metric("tpucore_sim_host_fallbacks_total", "counter", "Calls that ran on the host (no chip kernel took them).",
+           double(st.host_fallbacks));
+    metric("tpucore_sim_seconds_per_generated_token", "gauge",
+           "Simulated chip time (prefill and decode) per generated token.", tokens > 0 ? seconds / double(tokens) : 0.0);
+    return o;
   }
 
   void fail(httplib::Response& res, const ApiError& e) {
@@ -478,6 +504,7 @@ struct ApiServer::Impl {
         std::lock_guard<std::mutex> lk(err_mu);
         for (auto [code, n] : http_errors) extra += fmt::format("tpu_serve_http_errors_total{{code=\"{}\"}} {}\n", code, n);
       }
+      extra += sim_metrics();
       s.set_content(serve::prometheus_text(engine.metrics(), extra, opts.model_name), "text/plain; version=0.0.4");
     });
     http.set_error_handler([this](const httplib::Request& q, httplib::Response& s) {
