@@ -61,7 +61,7 @@ Tensor ep_run_experts(const Tensor& xs, const Tensor& group_sizes, MoEExperts& e
   TPU_CHECK(static_cast<int64_t>(counts.size()) == num_experts, "expert_parallel: {} group sizes for {} experts",
             counts.size(), num_experts);
   // Every rank learns how many of its slots each rank sends to each of its local experts.
-  Tensor mine = from_vector(counts, Shape{num_experts});
+  Tensor mine = from_vector(counts, Shape{num_experts}, TensorOptions(DType::i64));
   Tensor theirs = empty(Shape{num_experts}, TensorOptions(DType::i64));
   g->all_to_all_single(theirs, mine);
   const std::vector<int64_t> recv_counts = theirs.to_vector<int64_t>();  // [source rank][local expert]
