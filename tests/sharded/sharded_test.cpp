@@ -134,6 +134,6 @@ TEST_CASE("expert parallelism x fsdp: a qwen3_moe model on a 2x2 mesh trains as 
   require_ok(run(4, {"ep_train", "2"}));
 }
 
-TEST_CASE("expert parallelism alone: a qwen3_moe model on 2 ranks trains as in one process", "[sharded]") {
-  require_ok(run(2, {"ep_train", "2"}));
+TEST_CASE("expert parallelism alone (the ExpertParallel style of a plan): a qwen3_moe model on 2 ranks trains as in one process", "[sharded]") {
+  require_ok(run(2, {"ep_train", "2", "1"}));
 }

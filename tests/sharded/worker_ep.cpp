@@ -7,6 +7,7 @@
 #include "tpucore/models.h"
 #include "tpucore/nn/parallel/expert_parallel.h"
 #include "tpucore/nn/parallel/fsdp.h"
+#include "tpucore/nn/parallel/parallelize.h"
 
 namespace sharded_test {
 
@@ -47,8 +48,9 @@ Tensor ep_loss(models::CausalLM& lm, const Tensor& ids, const Tensor& tgt) {
 }  // namespace
 
 // world = dp x ep ranks; rank (dp_rank, ep_rank) trains on batch rows [r b, (r + 1) b) with r
-// its world rank and b = kBatch / world.
-int scenario_ep_train(int ep) {
+// its world rank and b = kBatch / world. With `plan`, the blocks are made expert-parallel by
+// parallelize_module's ExpertParallel style instead of expert_parallel on the whole model.
+int scenario_ep_train(int ep, bool plan) {
   const int world = dist::get_world_size(), dp = world / ep;
   const int steps = 3;
   const int64_t rows = kBatch / world;
@@ -74,7 +76,8 @@ int scenario_ep_train(int ep) {
   dist::DeviceMesh mesh({dp, ep}, {"dp", "ep"});
   const int dp_rank = mesh.coordinate()[0], ep_rank = mesh.coordinate()[1];
   auto lm = make_moe_lm();
-  check(expert_parallel(*lm, mesh.group("ep")) == 2, "both sparse blocks are expert-parallel");
+  if (plan) parallelize_module(*lm, mesh.group("ep"), {{"model.layers.*.mlp", ExpertParallel()}});
+  else check(expert_parallel(*lm, mesh.group("ep")) == 2, "both sparse blocks are expert-parallel");
   check(lm->model->layers[0]->moe->experts->gate_up_proj.size(0) == kEpExperts / ep, "experts split over ep");
   std::shared_ptr<FSDPModule> root;
   if (dp > 1) {
@@ -117,6 +120,10 @@ int scenario_ep_train(int ep) {
     mc.num_experts = 3;
     nn::SparseMoE odd(mc);
     check_error([&] { expert_parallel(odd, mesh.group("ep")); }, "do not split evenly", "3 experts over 2 ranks");
+    check_error([&] { expert_parallel(*lm->model->layers[0]->moe, mesh.group("ep")); }, "already distributed",
+                "a block made expert-parallel twice");
+    check_error([&] { parallelize_module(*lm, mesh.group("ep"), {{"model.layers.*.self_attn", ExpertParallel()}}); },
+                "needs a SparseMoE", "the ExpertParallel style on an attention");
   }
   return 0;
 }
