@@ -25,7 +25,7 @@ std::map<const Module*, std::weak_ptr<Module>>& ep_experts() {
   return m;
 }
 
-Tensor exchange_rows(const Tensor& x, const std::vector<int64_t>& out_splits, const std::vector<int64_t>& in_splits,
+Tensor ep_exchange_rows(const Tensor& x, const std::vector<int64_t>& out_splits, const std::vector<int64_t>& in_splits,
                      const dist::ProcessGroupPtr& g) {
   NoGradGuard ng;
   Shape s = x.shape();
@@ -45,7 +45,7 @@ Tensor ep_scale_grad(const Tensor& x, double scale) {
   return outs[0];
 }
 
-std::vector<int64_t> host_i64(const Tensor& t) {
+std::vector<int64_t> ep_host_i64(const Tensor& t) {
   return t.to(Device{}).to(DType::i64).contiguous().to_vector<int64_t>();
 }
 
@@ -57,7 +57,7 @@ Tensor ep_run_experts(const Tensor& xs, const Tensor& group_sizes, MoEExperts& e
             "tpu::compile");
   const int n = g->size();
   const int64_t local = num_experts / n;
-  const std::vector<int64_t> counts = host_i64(group_sizes);
+  const std::vector<int64_t> counts = ep_host_i64(group_sizes);
   TPU_CHECK(static_cast<int64_t>(counts.size()) == num_experts, "expert_parallel: {} group sizes for {} experts",
             counts.size(), num_experts);
   // Every rank learns how many of its slots each rank sends to each of its local experts.
@@ -95,7 +95,7 @@ Tensor ep_run_experts(const Tensor& xs, const Tensor& group_sizes, MoEExperts& e
 }
 
 // This rank's experts [r k, (r + 1) k) of a stacked weight, as a new leaf.
-Tensor local_experts(const Tensor& full, int rank, int64_t k) {
+Tensor ep_local_experts(const Tensor& full, int rank, int64_t k) {
   NoGradGuard ng;
   Tensor t = narrow(full.detach(), 0, rank * k, k).contiguous().clone();
   t.requires_grad_(full.requires_grad());
@@ -108,10 +108,10 @@ Tensor all_to_all_rows(const Tensor& x, const std::vector<int64_t>& out_splits, 
                        const dist::ProcessGroupPtr& group) {
   TPU_CHECK(x.defined() && x.dim() >= 1, "all_to_all_rows: expected a tensor with a dim 0, got {}",
             x.defined() ? x.shape().str() : std::string("undefined"));
-  Tensor ins[1] = {x}, outs[1] = {exchange_rows(x, out_splits, in_splits, group)};
+  Tensor ins[1] = {x}, outs[1] = {ep_exchange_rows(x, out_splits, in_splits, group)};
   attach_backward("ep_all_to_all", ins, outs,
                   [group, out_splits, in_splits](std::span<const Tensor> go, std::span<Tensor> gi) {
-                    gi[0] = exchange_rows(go[0], in_splits, out_splits, group);
+                    gi[0] = ep_exchange_rows(go[0], in_splits, out_splits, group);
                   });
   return outs[0];
 }
@@ -127,8 +127,8 @@ void expert_parallel(SparseMoE& moe, const dist::ProcessGroupPtr& group) {
   TPU_CHECK(ex.gate_up_proj.size(0) == e && ex.down_proj.size(0) == e,
             "expert_parallel: the experts hold {} and {} stacked matrices, expected {}", ex.gate_up_proj.size(0),
             ex.down_proj.size(0), e);
-  ex.gate_up_proj = local_experts(ex.gate_up_proj, group->rank(), k);
-  ex.down_proj = local_experts(ex.down_proj, group->rank(), k);
+  ex.gate_up_proj = ep_local_experts(ex.gate_up_proj, group->rank(), k);
+  ex.down_proj = ep_local_experts(ex.down_proj, group->rank(), k);
   std::shared_ptr<MoEExperts> experts = moe.experts;
   {
     std::lock_guard<std::mutex> lock(g_ep_mu);
