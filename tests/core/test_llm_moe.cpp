@@ -308,3 +308,94 @@ TEST_CASE("llm moe: Mixtral in bf16 stays near the reference", "[llm][moe]") {
   // bf16 activations (8 significant bits) through 2 layers with the router in f32: about 1% here.
   CHECK(e < 0.03);
 }
+
+TEST_CASE("llm moe: router_z_loss is the mean squared logsumexp of the router logits", "[llm][moe]") {
+  // Rows [0, 0] and [ln 3, 0]: logsumexp ln 2 and ln 4 = 2 ln 2; the mean of the squares 2.5 ln^2 2.
+  const double l3 = std::log(3.0), l2 = std::log(2.0);
+  Tensor a = from_vector(std::vector<float>{0.0f, 0.0f}, Shape{1, 2}).requires_grad_(true);
+  Tensor b = from_vector(std::vector<float>{static_cast<float>(l3), 0.0f}, Shape{1, 2}).requires_grad_(true);
+  Tensor z = nn::router_z_loss({a, b});
+  CHECK(z.item<double>() == Approx(2.5 * l2 * l2).epsilon(1e-6));
+  // d/dl[n, e] = (2 / N) logsumexp(l[n]) softmax(l[n])[e].
+  z.backward();
+  const std::vector<float> gb = b.grad().to_vector<float>();
+  CHECK(gb[0] == Approx(2.0 / 2 * 2 * l2 * 0.75).epsilon(1e-5));
+  CHECK(gb[1] == Approx(2.0 / 2 * 2 * l2 * 0.25).epsilon(1e-5));
+  tpu::testing::expect_error([] { nn::router_z_loss({}); }, {"router_z_loss", "no router logits"});
+  // router_z_loss_coef is read from config.json and adds its term to router_aux_loss.
+  const models::ModelConfig q = models::ModelConfig::from_json(
+      R"({"model_type": "qwen3_moe", "vocab_size": 16, "hidden_size": 8, "intermediate_size": 8,
+          "num_hidden_layers": 1, "num_attention_heads": 2, "num_experts": 4, "num_experts_per_tok": 2,
+          "moe_intermediate_size": 6, "router_aux_loss_coef": 0.01, "router_z_loss_coef": 0.001})");
+  CHECK(q.router_z_loss_coef == 0.001);
+  Generator g(5);
+  models::CausalLM m(q, &g);
+  NoGradGuard ng;
+  m.forward(row({1, 2, 3}));
+  const Tensor lg = m.model->layers[0]->moe->router_logits;
+  const double want = 0.01 * nn::load_balancing_loss({lg}, 4, 2).item<double>() + 0.001 * nn::router_z_loss({lg}).item<double>();
+  CHECK(models::router_aux_loss(m).item<double>() == Approx(want).epsilon(1e-6));
+}
+
+namespace {
+// Expert e's SwiGLU MLP of x with naive loops over the stacked weights.
+std::vector<double> naive_expert(const nn::MoEExperts& ex, int64_t e, const std::vector<double>& x) {
+  const int64_t h = ex.down_proj.size(1), f = ex.down_proj.size(2);
+  const std::vector<float> gu = ex.gate_up_proj.to_vector<float>(), dn = ex.down_proj.to_vector<float>();
+  std::vector<double> a(static_cast<size_t>(f)), out(static_cast<size_t>(h), 0.0);
+  for (int64_t i = 0; i < f; ++i) {
+    double gt = 0, up = 0;
+    for (int64_t k = 0; k < h; ++k) {
+      gt += gu[static_cast<size_t>((e * 2 * f + i) * h + k)] * x[static_cast<size_t>(k)];
+      up += gu[static_cast<size_t>((e * 2 * f + f + i) * h + k)] * x[static_cast<size_t>(k)];
+    }
+    a[static_cast<size_t>(i)] = gt / (1.0 + std::exp(-gt)) * up;
+  }
+  for (int64_t j = 0; j < h; ++j)
+    for (int64_t i = 0; i < f; ++i) out[static_cast<size_t>(j)] += dn[static_cast<size_t>((e * h + j) * f + i)] * a[static_cast<size_t>(i)];
+  return out;
+}
+}  // namespace
+
+TEST_CASE("llm moe: capacity-factor routing drops the slots over an expert's capacity in training", "[llm][moe]") {
+  // 3 tokens, 2 experts, top-2, capacity factor 0.5: C = ceil(0.5 * 3 * 2 / 2) = 2 slots per expert.
+  // The router gives logits (x0, -x0): tokens 0 and 1 prefer expert 0, token 2 expert 1. First
+  // choices: expert 0 takes tokens 0, 1; expert 1 token 2. Second choices: token 0 -> expert 1
+  // (its 2nd slot), token 1 -> expert 1 (full: dropped), token 2 -> expert 0 (full: dropped).
+  nn::MoEConfig mc;
+  mc.hidden = 2;
+  mc.intermediate = 3;
+  mc.num_experts = 2;
+  mc.top_k = 2;
+  mc.capacity_factor = 0.5;
+  Generator gen(9);
+  nn::SparseMoE moe(mc, &gen);
+  {
+    NoGradGuard ng;
+    moe.gate->weight.copy_(from_vector(std::vector<float>{1, 0, -1, 0}, Shape{2, 2}));
+  }
+  const std::vector<float> xv{0.5f, -0.3f, 0.2f, 0.7f, -0.4f, 0.1f};
+  const Tensor x = from_vector(xv, Shape{3, 2});
+  moe.train();
+  const std::vector<float> got = moe.forward(x).to_vector<float>();
+  const std::vector<std::vector<int>> kept{{0, 1}, {0}, {1}};
+  for (int t = 0; t < 3; ++t) {
+    const std::vector<double> xt{xv[static_cast<size_t>(2 * t)], xv[static_cast<size_t>(2 * t + 1)]};
+    const double p0 = 1.0 / (1.0 + std::exp(-2.0 * xt[0]));  // softmax of (x0, -x0)
+    std::vector<double> want(2, 0.0);
+    for (int e : kept[static_cast<size_t>(t)]) {
+      const std::vector<double> y = naive_expert(*moe.experts, e, xt);
+      for (int j = 0; j < 2; ++j) want[static_cast<size_t>(j)] += (e == 0 ? p0 : 1 - p0) * y[static_cast<size_t>(j)];
+    }
+    for (int j = 0; j < 2; ++j) CHECK(got[static_cast<size_t>(2 * t + j)] == Approx(want[static_cast<size_t>(j)]).margin(1e-6));
+  }
+  // Evaluation is dropless: token 1 gets both experts.
+  moe.eval();
+  const std::vector<float> ev = moe.forward(x).to_vector<float>();
+  const std::vector<double> x1{xv[2], xv[3]};
+  const double p0 = 1.0 / (1.0 + std::exp(-2.0 * x1[0]));
+  const std::vector<double> y0 = naive_expert(*moe.experts, 0, x1), y1 = naive_expert(*moe.experts, 1, x1);
+  for (int j = 0; j < 2; ++j) CHECK(ev[static_cast<size_t>(2 + j)] == Approx(p0 * y0[static_cast<size_t>(j)] + (1 - p0) * y1[static_cast<size_t>(j)]).margin(1e-6));
+  mc.capacity_factor = -1;
+  tpu::testing::expect_error([&] { nn::SparseMoE bad(mc); }, {"capacity_factor", "negative"});
+}

@@ -129,3 +129,11 @@ TEST_CASE("tp: FSDP over dp x a tensor-parallel plan over tp on a Qwen3-shaped C
 TEST_CASE("hooks: module forward hooks, fully_shard through them, plan errors (1 rank)", "[sharded]") {
   require_ok(run(1, {"hooks"}));
 }
+
+TEST_CASE("expert parallelism x fsdp: a qwen3_moe model on a 2x2 mesh trains as in one process", "[sharded]") {
+  require_ok(run(4, {"ep_train", "2"}));
+}
+
+TEST_CASE("expert parallelism alone (the ExpertParallel style of a plan): a qwen3_moe model on 2 ranks trains as in one process", "[sharded]") {
+  require_ok(run(2, {"ep_train", "2", "1"}));
+}

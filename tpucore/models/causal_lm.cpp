@@ -60,6 +60,7 @@ DecoderLayer::DecoderLayer(const ModelConfig& c, Generator* gen, int64_t index) 
     m.norm_topk_prob = c.norm_topk_prob;
     m.act = c.hidden_act;
     m.router_jitter_noise = c.router_jitter_noise;
+    m.capacity_factor = c.capacity_factor;
     TPU_CHECK(!c.mlp_bias, "DecoderLayer: mlp_bias is not supported with mixture-of-experts layers");
     moe = register_module(c.model_type == "mixtral" ? "block_sparse_moe" : "mlp",
                           std::make_shared<nn::SparseMoE>(m, gen));
@@ -223,8 +224,10 @@ Tensor router_aux_loss(const CausalLM& m) {
     if (l->moe) logits.push_back(l->moe->router_logits);
   TPU_CHECK(!logits.empty(), "router_aux_loss: model_type '{}' has no mixture-of-experts layers",
             m.config.model_type);
-  return mul(nn::load_balancing_loss(logits, m.config.num_experts, m.config.num_experts_per_tok),
-             m.config.router_aux_loss_coef);
+  Tensor loss = mul(nn::load_balancing_loss(logits, m.config.num_experts, m.config.num_experts_per_tok),
+                    m.config.router_aux_loss_coef);
+  if (m.config.router_z_loss_coef != 0) loss = add(loss, mul(nn::router_z_loss(logits), m.config.router_z_loss_coef));
+  return loss;
 }
 
 }  // namespace tpu::models

@@ -64,6 +64,10 @@ struct ModelConfig {
   double router_aux_loss_coef = 0;    ///< weight of the load-balancing loss (used with output_router_logits)
   bool output_router_logits = false;  ///< training adds router_aux_loss_coef x the load-balancing loss
   double router_jitter_noise = 0;     ///< Mixtral: training-time router jitter (refused when training)
+  double router_z_loss_coef = 0;      ///< weight of the router z-loss in router_aux_loss (0: none)
+  /// Training-time capacity-factor routing of the sparse layers (nn::MoEConfig::capacity_factor;
+  /// 0: dropless). Not a config.json field: set it on the config before building the model.
+  double capacity_factor = 0;
   std::optional<int64_t> bos_token_id;                      ///< beginning-of-sequence id
   std::vector<int64_t> eos_token_ids;                       ///< end-of-sequence ids
 
@@ -194,7 +198,7 @@ struct ExpertSlice {
 std::vector<ExpertSlice> expert_slices(const CausalLM& m);
 /// The auxiliary loss Transformers adds to the training loss of Mixtral and Qwen3-MoE:
 /// router_aux_loss_coef x nn::load_balancing_loss over the router logits of every sparse layer
-/// in the model's last forward (call it after the forward, in the same compiled function if any).
+/// in the model's last forward, plus router_z_loss_coef x nn::router_z_loss when that is set (call it after the forward, in the same compiled function if any).
 /// A model without sparse layers is an error.
 Tensor router_aux_loss(const CausalLM& m);
 

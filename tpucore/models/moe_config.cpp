@@ -1,7 +1,7 @@
 // The mixture-of-experts fields of config.json: Mixtral's (num_local_experts,
 // num_experts_per_tok; every layer sparse, top-k always renormalized) and Qwen3-MoE's
 // (num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob, decoder_sparse_step,
-// mlp_only_layers). Expert fields in another family's config, routing variants no family here
+// mlp_only_layers), and router_z_loss_coef (the router z-loss in models::router_aux_loss). Expert fields in another family's config, routing variants no family here
 // implements (shared experts, grouped or sigmoid routing, scaled routing weights) and the MoE
 // families this library lacks are refused by name.
 #include <algorithm>
@@ -27,7 +27,6 @@ constexpr const char* kOtherRouting[][2] = {
     {"topk_group", "group-limited routing (DeepSeek)"},
     {"topk_method", "DeepSeek's top-k methods"},
     {"scoring_func", "sigmoid routing scores (DeepSeek)"},
-    {"router_z_loss_coef", "the router z-loss"},
 };
 
 bool neutral_value(const json& v, const std::string& key) {
@@ -106,6 +105,7 @@ void parse_moe_fields(ModelConfig& c, const json& j, const std::string& src) {
             mixtral ? "num_local_experts" : "num_experts", c.num_experts, c.num_experts_per_tok, c.num_experts,
             mixtral ? "intermediate_size" : "moe_intermediate_size", c.moe_intermediate_size);
   c.router_aux_loss_coef = get_double(j, "router_aux_loss_coef", src, 0.001);
+  c.router_z_loss_coef = get_double(j, "router_z_loss_coef", src, 0.0);
   c.output_router_logits = get_bool(j, "output_router_logits", src, false);
   // The load-balancing loss only enters a training loss Transformers computes with
   // output_router_logits (router_aux_loss_coef is inert without it).
@@ -118,6 +118,7 @@ void write_moe_fields(const ModelConfig& c, json& j) {
   j["num_experts_per_tok"] = c.num_experts_per_tok;
   j["router_aux_loss_coef"] = c.router_aux_loss_coef;
   j["output_router_logits"] = c.output_router_logits;
+  if (c.router_z_loss_coef != 0) j["router_z_loss_coef"] = c.router_z_loss_coef;
   if (c.model_type == "mixtral") {
     j["num_local_experts"] = c.num_experts;
     j["router_jitter_noise"] = c.router_jitter_noise;

@@ -64,12 +64,13 @@ std::string support_table_markdown() {
         for (const auto& r : nn::supported_rope_types()) t += (t.empty() ? "`" : ", `") + r + "`";
         return t;
       }());
-  s += "\nMixture of experts: dropless routing (every token reaches its experts), the router in f32; "
-       "`router_aux_loss_coef` is read (it only enters a training loss with `output_router_logits`, which is "
-       "refused), `router_jitter_noise` is refused in training mode. Refused by name: the model types "
+  s += "\nMixture of experts: dropless routing (every token reaches its experts; capacity-factor routing "
+       "as a training option), the router in f32; `router_aux_loss_coef` and `router_z_loss_coef` are read "
+       "(they enter `models::router_aux_loss`; `output_router_logits` is refused), `router_jitter_noise` is "
+       "refused in training mode. Refused by name: the model types "
        "`deepseek_v3`, `deepseek_v2`, `qwen2_moe`, `gpt_oss`, `llama4_text`, and shared experts "
        "(`shared_expert_intermediate_size`, `n_shared_experts`), grouped or sigmoid routing, "
-       "`routed_scaling_factor`, `router_z_loss_coef`.\n";
+       "`routed_scaling_factor`.\n";
   return s;
 }
 

@@ -1,6 +1,7 @@
 #include "tpucore/nn/moe.h"
 
 #include <cmath>
+#include <vector>
 
 #include "tpucore/autograd.h"
 #include "tpucore/nn/param_init.h"
@@ -29,11 +30,35 @@ Tensor MoEExperts::forward(const Tensor& xs, const Tensor& group_sizes) {
 SparseMoE::SparseMoE(MoEConfig c, Generator* gen) : cfg(std::move(c)) {
   TPU_CHECK(cfg.num_experts > 0 && cfg.top_k >= 1 && cfg.top_k <= cfg.num_experts,
             "SparseMoE: top_k ({}) must be in [1, num_experts ({})]", cfg.top_k, cfg.num_experts);
+  TPU_CHECK(cfg.capacity_factor >= 0, "SparseMoE: capacity_factor must not be negative, got {}", cfg.capacity_factor);
   TPU_CHECK(cfg.router_jitter_noise >= 0, "SparseMoE: router_jitter_noise must not be negative, got {}",
             cfg.router_jitter_noise);
   gate = register_module("gate", std::make_shared<Linear>(cfg.hidden, cfg.num_experts, false, gen));
   experts = register_module("experts", std::make_shared<MoEExperts>(cfg, gen));
 }
+
+namespace {
+
+// Capacity-factor routing's mask [N, k] (1 kept, 0 dropped) of the expert ids [N, k]: each
+// expert admits its first C slots, first choices of every token (in token order) before second
+// choices, and so on.
+Tensor capacity_keep(const Tensor& ids, int64_t num_experts, double factor, const Tensor& like) {
+  TPU_CHECK(!ids.is_proxy(), "SparseMoE: capacity_factor (capacity-factor routing in training) is not supported "
+            "inside tpu::compile; train eagerly or set capacity_factor = 0 (dropless)");
+  const int64_t n = ids.size(0), k = ids.size(1);
+  const auto cap = static_cast<int64_t>(std::ceil(factor * static_cast<double>(n * k) / static_cast<double>(num_experts)));
+  const std::vector<int64_t> e = ids.to(Device{}).to(DType::i64).contiguous().to_vector<int64_t>();
+  std::vector<int64_t> used(static_cast<size_t>(num_experts), 0);
+  std::vector<float> keep(e.size(), 0.0f);
+  for (int64_t j = 0; j < k; ++j)
+    for (int64_t t = 0; t < n; ++t) {
+      const auto s = static_cast<size_t>(t * k + j);
+      if (used[static_cast<size_t>(e[s])]++ < cap) keep[s] = 1.0f;
+    }
+  return from_vector(keep, Shape{n, k}).to(like.dtype()).to(like.device());
+}
+
+}  // namespace
 
 SparseMoE::Routing SparseMoE::route(const Tensor& x) {
   TPU_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == cfg.hidden,
@@ -47,6 +72,7 @@ SparseMoE::Routing SparseMoE::route(const Tensor& x) {
   r.logits = (*gate)(tpu::to(reshape(x, Shape{-1, cfg.hidden}), DType::f32));
   auto [w, ids] = topk(softmax(r.logits, -1), cfg.top_k);
   if (cfg.norm_topk_prob) w = div(w, sum(w, {-1}, true));
+  if (is_training() && cfg.capacity_factor > 0) w = mul(w, capacity_keep(ids, cfg.num_experts, cfg.capacity_factor, w));
   r.weights = tpu::to(w, x.dtype());
   r.experts = ids;
   return r;
@@ -57,9 +83,11 @@ Tensor SparseMoE::forward(const Tensor& x) {
   router_logits = r.logits;
   const Tensor flat = reshape(x, Shape{-1, cfg.hidden});
   auto [order, counts] = moe_sort(r.experts, cfg.num_experts);
-  const Tensor ys = experts->call({moe_permute(flat, order, cfg.top_k), counts}, [&](std::span<const Tensor> in) {
-    return experts->forward(in[0], in[1]);
-  });
+  const Tensor xs = moe_permute(flat, order, cfg.top_k);
+  const Tensor ys = run_experts ? run_experts(xs, counts)
+                                : experts->call({xs, counts}, [&](std::span<const Tensor> in) {
+                                    return experts->forward(in[0], in[1]);
+                                  });
   return reshape(moe_unpermute(ys, order, r.weights, cfg.top_k), x.shape());
 }
 
@@ -84,6 +112,17 @@ Tensor load_balancing_loss(const std::vector<Tensor>& router_logits, int64_t num
   const Tensor tokens_per_expert = mean(chosen, {0});   // [k, E]
   const Tensor prob_per_expert = mean(p, {0}, true);     // [1, E]
   return mul(sum(mul(tokens_per_expert, prob_per_expert)), static_cast<double>(num_experts));
+}
+
+Tensor router_z_loss(const std::vector<Tensor>& router_logits) {
+  TPU_CHECK(!router_logits.empty(), "router_z_loss: no router logits (run a forward of a model with "
+            "mixture-of-experts layers first)");
+  for (const Tensor& l : router_logits)
+    TPU_CHECK(l.defined() && l.dim() == 2, "router_z_loss: router logits must be [tokens, experts], got {}",
+              l.defined() ? l.shape().str() : std::string("undefined"));
+  const Tensor logits = tpu::to(router_logits.size() == 1 ? router_logits[0] : cat(router_logits, 0), DType::f32);
+  const Tensor z = logsumexp(logits, {-1});  // [N]
+  return mean(mul(z, z));
 }
 
 }  // namespace tpu::nn

@@ -9,6 +9,7 @@
 /// under tpu::compile).
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "tpucore/moe_ops.h"
@@ -28,6 +29,14 @@ struct MoEConfig {
   /// non-zero value is a tpu::Error when the block runs in training mode (eval ignores it, as
   /// Transformers does).
   double router_jitter_noise = 0;
+  /// Training only: capacity-factor routing (Switch Transformers). 0 (the default): dropless.
+  /// A positive value gives every expert room for C = ceil(capacity_factor * N * top_k / E) of
+  /// the N * top_k routed slots of a forward; slots are admitted first choices first (all
+  /// tokens' first choices in token order, then their second choices, ...), and a slot over its
+  /// expert's capacity is dropped: its routing weight becomes 0 (weights renormalized before the
+  /// drop), so the token's output lacks that expert's term (the residual carries it). Evaluation
+  /// is dropless. Eager only (a tpu::Error inside tpu::compile).
+  double capacity_factor = 0;
 };
 
 /// The experts of a SparseMoE block, stacked: gate_up_proj [E, 2F, H] (rows [0, F) of expert e
@@ -67,7 +76,7 @@ class SparseMoE : public Module {
     Tensor experts;  ///< the k expert ids of each token [N, k], i64
   };
   /// The routing of x [..., H] (softmax over the router logits, top-k, renormalized when
-  /// norm_topk_prob).
+  /// norm_topk_prob; in training with a capacity_factor, the weights of dropped slots zeroed).
   Routing route(const Tensor& x);
   /// "SparseMoE".
   std::string type_name() const override { return "SparseMoE"; }
@@ -77,6 +86,10 @@ class SparseMoE : public Module {
   /// compiled function: of the traced forward, to be used in the same function).
   Tensor router_logits;
   std::shared_ptr<MoEExperts> experts;  ///< the stacked experts
+  /// Runs the experts on the routed slots sorted by expert: xs [S, H] and group_sizes [E] ->
+  /// [S, H] in the same order. Unset (the default): this block's `experts`. Expert parallelism
+  /// (nn::parallel::expert_parallel) sets it to send each slot to the rank owning its expert.
+  std::function<Tensor(const Tensor& xs, const Tensor& group_sizes)> run_experts;
 };
 
 /// The load-balancing loss of Switch Transformers as Transformers computes it for Mixtral and
@@ -85,5 +98,10 @@ class SparseMoE : public Module {
 /// choices, E * sum_{j, e} mean_n m[n, j, e] * mean_n p[n, e]. Differentiable in the logits
 /// (through the mean probabilities; the choices are constants). Empty list: an error.
 Tensor load_balancing_loss(const std::vector<Tensor>& router_logits, int64_t num_experts, int64_t top_k);
+
+/// The router z-loss of ST-MoE (Zoph et al. 2022), which keeps the router logits small: with
+/// the router logits of every sparse layer concatenated [N, E], the mean over the N tokens of
+/// logsumexp_e(logits[n, e])^2, in f32. Differentiable in the logits. Empty list: an error.
+Tensor router_z_loss(const std::vector<Tensor>& router_logits);
 
 }  // namespace tpu::nn

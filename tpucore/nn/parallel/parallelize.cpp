@@ -5,6 +5,7 @@
 
 #include "tpucore/autograd.h"
 #include "tpucore/nn/layers.h"
+#include "tpucore/nn/parallel/expert_parallel.h"
 #include "tpucore/nn/parallel/tensor_parallel.h"
 #include "tpucore/ops.h"
 
@@ -26,6 +27,7 @@ ParallelStyle PrepareModuleOutput(Layout from, Layout to) {
 ParallelStyle PrepareModuleInput(Layout from, Layout to) {
   return {ParallelStyle::Kind::prepare_input, from, to};
 }
+ParallelStyle ExpertParallel() { return {ParallelStyle::Kind::expert, Layout::replicate, Layout::replicate}; }
 
 namespace {
 
@@ -149,6 +151,13 @@ void apply(const std::string& name, Module& m, const ParallelStyle& st, const di
           y = redistribute(y, Layout::replicate, out, g, name);
         },
         true);
+    return;
+  }
+  if (st.kind == K::expert) {
+    auto* moe = dynamic_cast<SparseMoE*>(&m);
+    TPU_CHECK(moe != nullptr, "parallelize_module: {} is a {}, but expert parallelism needs a SparseMoE", name,
+              m.type_name());
+    expert_parallel(*moe, g);
     return;
   }
   if (st.kind == K::prepare_input) {

@@ -20,6 +20,7 @@
 // - prepare_input / prepare_output (any module): parameters untouched; the input or output is
 //   redistributed (the embedding's output into sequence shards for sequence parallelism, the
 //   attention's input gathered from them: attention mixes positions).
+// - expert (nn::SparseMoE): expert parallelism (tpucore/nn/parallel/expert_parallel.h).
 // Attention over split heads needs no style of its own: nn::Attention takes its local head
 // counts from the shapes of its q/k projections. Eager only (not inside tpu::compile).
 #pragma once
@@ -43,7 +44,7 @@ enum class Layout {
 /// What parallelize_module does to one module (build with the functions below).
 struct ParallelStyle {
   /// The kind of the style (see the file comment).
-  enum class Kind { colwise, rowwise, replicate, prepare_input, prepare_output };
+  enum class Kind { colwise, rowwise, replicate, prepare_input, prepare_output, expert };
   /// The kind.
   Kind kind = Kind::replicate;
   /// How the module's input arrives.
@@ -68,6 +69,10 @@ ParallelStyle SequenceParallel();
 ParallelStyle PrepareModuleOutput(Layout from, Layout to);
 /// Only the (first tensor) input is redistributed, from `from` to `to`.
 ParallelStyle PrepareModuleInput(Layout from, Layout to);
+
+/// Expert parallelism of a nn::SparseMoE block over the group (expert_parallel.h): its experts
+/// split over the ranks, the routed tokens dispatched and combined by all-to-all.
+ParallelStyle ExpertParallel();
 
 /// Module name patterns (dotted; '*' matches one component) with their styles.
 using ParallelPlan = std::vector<std::pair<std::string, ParallelStyle>>;

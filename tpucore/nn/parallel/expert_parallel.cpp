@@ -1,0 +1,193 @@
+// Expert parallelism: the dispatch and combine all-to-alls around a block's local experts.
+#include "tpucore/nn/parallel/expert_parallel.h"
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <set>
+#include <string>
+
+#include "tpucore/autograd.h"
+#include "tpucore/nn/parallel/function.h"
+#include "tpucore/ops.h"
+
+namespace tpu::nn::parallel {
+
+using detail::attach_backward;
+
+namespace {
+
+// The experts blocks expert_parallel sharded (their weights are not replicated over the group).
+std::mutex g_ep_mu;
+std::map<const Module*, std::weak_ptr<Module>>& ep_experts() {
+  static std::map<const Module*, std::weak_ptr<Module>> m;
+  return m;
+}
+
+Tensor ep_exchange_rows(const Tensor& x, const std::vector<int64_t>& out_splits, const std::vector<int64_t>& in_splits,
+                     const dist::ProcessGroupPtr& g) {
+  NoGradGuard ng;
+  Shape s = x.shape();
+  s[0] = std::accumulate(out_splits.begin(), out_splits.end(), int64_t{0});
+  Tensor out = empty(s, TensorOptions(x.dtype(), x.device()));
+  g->all_to_all_single(out, x.detach().contiguous(), out_splits, in_splits);
+  return out;
+}
+
+// Identity forward, gradient times `scale` in backward.
+Tensor ep_scale_grad(const Tensor& x, double scale) {
+  if (scale == 1.0) return x;
+  Tensor ins[1] = {x}, outs[1] = {detail::fresh_alias(x)};
+  attach_backward("ep_scale_grad", ins, outs, [scale](std::span<const Tensor> go, std::span<Tensor> gi) {
+    gi[0] = mul(go[0], scale);
+  });
+  return outs[0];
+}
+
+std::vector<int64_t> ep_host_i64(const Tensor& t) {
+  return t.to(Device{}).to(DType::i64).contiguous().to_vector<int64_t>();
+}
+
+// The slots of this rank, sorted by global expert (group_sizes [E]), through the group's
+// experts and back in the same order.
+Tensor ep_run_experts(const Tensor& xs, const Tensor& group_sizes, MoEExperts& experts, int64_t num_experts,
+                      const dist::ProcessGroupPtr& g) {
+  TPU_CHECK(!xs.is_proxy(), "expert_parallel: expert-parallel blocks run eagerly; they are not supported inside "
+            "tpu::compile");
+  const int n = g->size();
+  const int64_t local = num_experts / n;
+  const std::vector<int64_t> counts = ep_host_i64(group_sizes);
+  TPU_CHECK(static_cast<int64_t>(counts.size()) == num_experts, "expert_parallel: {} group sizes for {} experts",
+            counts.size(), num_experts);
+  // Every rank learns how many of its slots each rank sends to each of its local experts.
+  Tensor mine = from_vector(counts, Shape{num_experts}, TensorOptions(DType::i64));
+  Tensor theirs = empty(Shape{num_experts}, TensorOptions(DType::i64));
+  g->all_to_all_single(theirs, mine);
+  const std::vector<int64_t> recv_counts = theirs.to_vector<int64_t>();  // [source rank][local expert]
+  std::vector<int64_t> send(static_cast<size_t>(n), 0), recv(static_cast<size_t>(n), 0);
+  for (int64_t e = 0; e < num_experts; ++e) {
+    send[static_cast<size_t>(e / local)] += counts[static_cast<size_t>(e)];
+    recv[static_cast<size_t>(e / local)] += recv_counts[static_cast<size_t>(e)];
+  }
+  const Tensor got = all_to_all_rows(xs, recv, send, g);  // by source rank, then local expert
+  // Regroup by local expert (then source rank) for one grouped_matmul.
+  std::vector<int64_t> start(static_cast<size_t>(num_experts), 0);
+  for (size_t b = 1; b < start.size(); ++b) start[b] = start[b - 1] + recv_counts[b - 1];
+  std::vector<int32_t> order;
+  std::vector<int64_t> local_sizes(static_cast<size_t>(local), 0);
+  order.reserve(static_cast<size_t>(got.size(0)));
+  for (int64_t l = 0; l < local; ++l)
+    for (int i = 0; i < n; ++i) {
+      const auto b = static_cast<size_t>(i * local + l);
+      for (int64_t r = 0; r < recv_counts[b]; ++r) order.push_back(static_cast<int32_t>(start[b] + r));
+      local_sizes[static_cast<size_t>(l)] += recv_counts[b];
+    }
+  const Tensor ord = from_vector(order, Shape{static_cast<int64_t>(order.size())});
+  const Tensor sizes = from_vector(local_sizes, Shape{local});
+  // The local experts serve the whole group: their weight gradients are scaled by 1/n (the mean
+  // of the ranks' losses), the gradients sent back to the ranks are not.
+  const Tensor grouped = ep_scale_grad(moe_permute(got, ord, 1), static_cast<double>(n));
+  Tensor ys = experts.call({grouped, sizes}, [&](std::span<const Tensor> in) { return experts.forward(in[0], in[1]); });
+  ys = moe_unpermute(ep_scale_grad(ys, 1.0 / n), ord, Tensor(), 1);
+  if (ys.dtype() != xs.dtype()) ys = tpu::to(ys, xs.dtype());
+  return all_to_all_rows(ys, send, recv, g);
+}
+
+// This rank's experts [r k, (r + 1) k) of a stacked weight, as a new leaf.
+Tensor ep_local_experts(const Tensor& full, int rank, int64_t k) {
+  NoGradGuard ng;
+  Tensor t = narrow(full.detach(), 0, rank * k, k).contiguous().clone();
+  t.requires_grad_(full.requires_grad());
+  return t;
+}
+
+}  // namespace
+
+Tensor all_to_all_rows(const Tensor& x, const std::vector<int64_t>& out_splits, const std::vector<int64_t>& in_splits,
+                       const dist::ProcessGroupPtr& group) {
+  TPU_CHECK(x.defined() && x.dim() >= 1, "all_to_all_rows: expected a tensor with a dim 0, got {}",
+            x.defined() ? x.shape().str() : std::string("undefined"));
+  Tensor ins[1] = {x}, outs[1] = {ep_exchange_rows(x, out_splits, in_splits, group)};
+  attach_backward("ep_all_to_all", ins, outs,
+                  [group, out_splits, in_splits](std::span<const Tensor> go, std::span<Tensor> gi) {
+                    gi[0] = ep_exchange_rows(go[0], in_splits, out_splits, group);
+                  });
+  return outs[0];
+}
+
+void expert_parallel(SparseMoE& moe, const dist::ProcessGroupPtr& group) {
+  TPU_CHECK(group != nullptr && group->is_member(), "expert_parallel: this rank is not a member of the group");
+  TPU_CHECK(!moe.run_experts, "expert_parallel: the block's experts are already distributed");
+  const int n = group->size();
+  const int64_t e = moe.cfg.num_experts;
+  TPU_CHECK(e % n == 0, "expert_parallel: {} experts do not split evenly over {} ranks", e, n);
+  const int64_t k = e / n;
+  MoEExperts& ex = *moe.experts;
+  TPU_CHECK(ex.gate_up_proj.size(0) == e && ex.down_proj.size(0) == e,
+            "expert_parallel: the experts hold {} and {} stacked matrices, expected {}", ex.gate_up_proj.size(0),
+            ex.down_proj.size(0), e);
+  ex.gate_up_proj = ep_local_experts(ex.gate_up_proj, group->rank(), k);
+  ex.down_proj = ep_local_experts(ex.down_proj, group->rank(), k);
+  std::shared_ptr<MoEExperts> experts = moe.experts;
+  {
+    std::lock_guard<std::mutex> lock(g_ep_mu);
+    ep_experts()[experts.get()] = experts;
+  }
+  moe.run_experts = [experts, e, group](const Tensor& xs, const Tensor& sizes) {
+    return ep_run_experts(xs, sizes, *experts, e, group);
+  };
+}
+
+int expert_parallel(Module& root, const dist::ProcessGroupPtr& group) {
+  int count = 0;
+  if (auto* m = dynamic_cast<SparseMoE*>(&root)) {
+    expert_parallel(*m, group);
+    ++count;
+  }
+  for (auto& [name, m] : root.named_modules())
+    if (auto* s = dynamic_cast<SparseMoE*>(m.get())) {
+      expert_parallel(*s, group);
+      ++count;
+    }
+  TPU_CHECK(count > 0, "expert_parallel: the {} has no mixture-of-experts (SparseMoE) blocks", root.type_name());
+  return count;
+}
+
+void sync_replicated_gradients(Module& root, const dist::ProcessGroupPtr& group) {
+  TPU_CHECK(group != nullptr && group->is_member(), "sync_replicated_gradients: this rank is not a member of the group");
+  std::set<const Tensor*> skip;
+  {
+    std::lock_guard<std::mutex> lock(g_ep_mu);
+    auto visit = [&](Module& m) {
+      auto it = ep_experts().find(&m);
+      if (it == ep_experts().end() || it->second.expired()) return;
+      for (auto& [n, slot] : m.parameter_slots(false)) skip.insert(slot);
+    };
+    visit(root);
+    for (auto& [name, m] : root.named_modules()) visit(*m);
+  }
+  std::vector<Tensor> params;
+  std::vector<Tensor> flats;
+  for (auto& [name, slot] : root.parameter_slots(true)) {
+    if (skip.count(slot) || !slot->requires_grad() || !is_floating(slot->dtype())) continue;
+    params.push_back(*slot);
+    const Tensor g = slot->grad();
+    flats.push_back(reshape(g.defined() ? tpu::to(g, DType::f32) : zeros(slot->shape(), TensorOptions(DType::f32, slot->device())), Shape{-1}));
+  }
+  if (params.empty()) return;
+  NoGradGuard ng;
+  Tensor flat = cat(flats, 0).contiguous();
+  group->all_reduce(flat, dist::ReduceOp::avg);
+  int64_t off = 0;
+  for (Tensor& p : params) {
+    const int64_t numel = p.numel();
+    Tensor avg = tpu::to(reshape(narrow(flat, 0, off, numel), p.shape()), p.dtype());
+    off += numel;
+    Tensor g = p.grad();
+    if (g.defined()) g.copy_(avg);
+    else p.set_grad(avg.contiguous().clone());
+  }
+}
+
+}  // namespace tpu::nn::parallel

@@ -1,0 +1,56 @@
+// Expert parallelism of sparse mixture-of-experts blocks (nn::SparseMoE), as TorchTitan's
+// ExpertParallel: the E experts of a block are split over a process group of n ranks (rank r
+// keeps experts [r E/n, (r + 1) E/n), E must divide by n), the router and everything else stay
+// whole. The ranks of the group are data-parallel: each routes its own tokens, sends every
+// routed slot to the rank owning its expert (all_to_all_single with uneven splits, after an
+// exchange of the per-expert counts), runs its local experts as one grouped_matmul over the
+// slots it received from every rank, and sends the results back (the reverse all_to_all); the
+// weighted combine then runs locally. Differentiable: the backward of each all-to-all is the
+// reverse all-to-all.
+//
+//   auto mesh = dist::DeviceMesh({2, 2}, {"dp", "ep"});
+//   nn::parallel::expert_parallel(*lm, mesh.group("ep"));     // every SparseMoE below lm
+//   for (auto& l : lm->model->layers) nn::parallel::fully_shard(l, mesh, {.mesh_axis = "dp"});
+//   auto root = nn::parallel::fully_shard(lm, mesh, {.mesh_axis = "dp"});
+//   loss.backward();
+//   nn::parallel::sync_replicated_gradients(*lm, mesh.group("ep"));  // before the optimizer step
+//
+// Gradients: the expert weights' gradients are those of the mean of the group's losses (each
+// rank's local experts see the slots of every rank); the other parameters are replicated over
+// the group and sync_replicated_gradients averages their gradients over it (with fully_shard on
+// the other mesh axis: their shards', which the ranks of the ep group hold alike). Composes with
+// fully_shard on another mesh axis (a 2-D mesh: EP x FSDP), whose units may contain the blocks.
+// Eager only (not inside tpu::compile). Capacity-factor routing is applied by each rank to its
+// own tokens before the dispatch.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tpucore/dist.h"
+#include "tpucore/nn/moe.h"
+#include "tpucore/nn/module.h"
+
+namespace tpu::nn::parallel {
+
+/// Shards `moe`'s experts over `group` (also parallelize_module's ExpertParallel style) (this rank must be a member; num_experts must divide by
+/// its size, else a tpu::Error) and routes its forward through the group as described above.
+/// The block's experts.gate_up_proj / experts.down_proj become this rank's experts (new leaf
+/// tensors: create optimizers afterwards). Applying it twice is a tpu::Error.
+void expert_parallel(SparseMoE& moe, const dist::ProcessGroupPtr& group);
+/// expert_parallel on every SparseMoE below `root` (and root itself); returns how many. A root
+/// without sparse blocks is a tpu::Error.
+int expert_parallel(Module& root, const dist::ProcessGroupPtr& group);
+
+/// Averages over `group` the gradients of root's parameters that expert_parallel did not shard
+/// (one all-reduce; a parameter without a gradient counts as zeros and gets the average). Call it on every rank of the group after backward (after fully_shard's
+/// reduce-scatters: backward() has waited for them), before the optimizer step.
+void sync_replicated_gradients(Module& root, const dist::ProcessGroupPtr& group);
+
+/// Differentiable all_to_all_single over `group` with split sizes in rows of dim 0: in_splits[j]
+/// rows of x go to rank j, out_splits[i] rows come from rank i (the result has sum(out_splits)
+/// rows). Its backward is the reverse exchange of the gradient.
+Tensor all_to_all_rows(const Tensor& x, const std::vector<int64_t>& out_splits, const std::vector<int64_t>& in_splits,
+                       const dist::ProcessGroupPtr& group);
+
+}  // namespace tpu::nn::parallel
