@@ -42,7 +42,7 @@ int64_t psize(DType t) { return sim::dtype_size(phys(t)); }
 class SimLowerer final : public Lowerer {
  public:
   SimLowerer(const KernelDef& k, KernelContext::State& s, const sim::ChipConfig& cfg)
-      : k_(k), s_(s), cfg_(cfg), b_("kernel:" + k.name) {}
+      : k_(k), s_(s), cfg_(cfg), b_("kernel:" + k.name), sc_(&s.scalars, &s.scalar_shapes, &k.name) {}
 
   sim::Program build();
 
@@ -58,6 +58,8 @@ class SimLowerer final : public Lowerer {
   Value dot(const Value& a, const Value& b, DotOptions o, int64_t m, int64_t k, int64_t n) override;
   Value load(Ref::Kind kind, int index, double fill) override;
   void store(Ref::Kind kind, int index, const Value& v, const Value* mask) override;
+  void copy_start(const Ref& src, const Ref& dst, int sem) override;
+  void copy_wait(const Ref& src, const Ref& dst, int sem) override;
 
  private:
   struct InputState {
@@ -122,6 +124,13 @@ class SimLowerer final : public Lowerer {
   std::vector<InputState> ins_;
   std::vector<OutputState> outs_;
   std::vector<ScratchState> scr_;
+  Scalars sc_;
+  int operand_reg(const Ref& r) const {
+    return r.kind() == Ref::Kind::input ? r.index() : static_cast<int>(s_.in_types.size()) + r.index();
+  }
+  int sem_reg(int sem) const { return static_cast<int>(s_.in_types.size() + s_.out_types.size()) + sem; }
+  // A new value of scratch i in its other slot (a value still held there moved out first).
+  int64_t next_scratch_slot(size_t i);
 };
 
 int64_t SimLowerer::alloc_persistent(int64_t bytes, const std::string& what) {
@@ -241,7 +250,7 @@ void SimLowerer::prefetch(std::span<const int64_t> g) {
   for (size_t i = 0; i < ins_.size(); ++i) {
     InputState& in = ins_[i];
     if (!in.used || in.cur < 0) continue;
-    BlockPlace p = place_of(k_, k_.in_specs[i], s_.in_types[i], spec_name(k_.in_specs[i], "input", i), next);
+    BlockPlace p = place_of(k_, k_.in_specs[i], s_.in_types[i], spec_name(k_.in_specs[i], "input", i), next, &sc_);
     if (p.block_index == in.index) continue;
     if (in.pend >= 0) {
       if (in.pend_index == p.block_index && in.pend_fill == in.fill) continue;
@@ -268,6 +277,15 @@ void SimLowerer::store(Ref::Kind kind, int index, const Value& v, const Value* m
     return;
   }
   ScratchState& sc = scr_[i];
+  const Value old = sc.value;
+  const Dims2 d = dims2(old.shape(), k_.name);
+  const sim::Operand out = dst_at(next_scratch_slot(i), old.dtype(), d);
+  if (mask) b_.ternary(Op::vsel, out, src(*mask, d), src(v, d), src(old, d), d.rows, d.cols);
+  else b_.unary(Op::vmov, out, src(v, d), d.rows, d.cols);
+}
+
+int64_t SimLowerer::next_scratch_slot(size_t i) {
+  ScratchState& sc = scr_[i];
   const DType t = sc.value.dtype();
   const std::vector<int64_t> shape = sc.value.shape();
   const Dims2 d = dims2(shape, k_.name);
@@ -277,15 +295,27 @@ void SimLowerer::store(Ref::Kind kind, int index, const Value& v, const Value* m
     b_.unary(Op::vmov, dst_at(moved, t, d), dst_at(held->vmem, t, d), d.rows, d.cols);
     held->vmem = moved;
   }
-  const sim::Operand out = dst_at(sc.slot[target], t, d);
-  if (mask) b_.ternary(Op::vsel, out, src(*mask, d), src(v, d), src(sc.value, d), d.rows, d.cols);
-  else b_.unary(Op::vmov, out, src(v, d), d.rows, d.cols);
   auto impl = std::make_shared<Value::Impl>();
   impl->vmem = sc.slot[target];
   sc.held[target] = impl;
   sc.value = Value(shape, t, std::move(impl));
   sc.cur = target;
+  return sc.slot[target];
 }
+
+// An async copy: one DMA between the window and the scratch buffer's slot, on the copy's
+// semaphore; a copy into scratch fills its other slot (values loaded before stay valid).
+void SimLowerer::copy_start(const Ref& src, const Ref& dst, int sem) {
+  const bool in_copy = dst.kind() == Ref::Kind::scratch;
+  const Ref& win = in_copy ? src : dst;
+  const TensorType& t = win.kind() == Ref::Kind::input ? s_.in_types[static_cast<size_t>(win.index())]
+                                                       : s_.out_types[static_cast<size_t>(win.index())];
+  const size_t j = static_cast<size_t>((in_copy ? dst : src).index());
+  const int64_t at = in_copy ? next_scratch_slot(j) : scr_[j].slot[scr_[j].cur];
+  dma_block(!in_copy, operand_reg(win), window_place(win, t.shape), t, at, sem_reg(sem));
+}
+
+void SimLowerer::copy_wait(const Ref&, const Ref&, int sem) { b_.wait(sem_reg(sem)); }
 
 Value SimLowerer::binary(BinOp op, const Value& a, const Value& b, const std::vector<int64_t>& shape, DType out) {
   if (a.impl()->imm && b.impl()->imm && shape.empty()) {
@@ -472,9 +502,10 @@ void SimLowerer::begin_step(std::span<const int64_t> g) {
   s_.grid_index.assign(g.begin(), g.end());
   temp_top_ = temp_base_;
   for (size_t i = 0; i < s_.in_types.size(); ++i)
-    s_.in_place[i] = place_of(k_, k_.in_specs[i], s_.in_types[i], spec_name(k_.in_specs[i], "input", i), g);
+    if (!is_any(k_.in_specs[i])) s_.in_place[i] = place_of(k_, k_.in_specs[i], s_.in_types[i], spec_name(k_.in_specs[i], "input", i), g, &sc_);
   for (size_t i = 0; i < s_.out_types.size(); ++i) {
-    BlockPlace p = place_of(k_, k_.out_specs[i], s_.out_types[i], spec_name(k_.out_specs[i], "output", i), g);
+    if (is_any(k_.out_specs[i])) continue;
+    BlockPlace p = place_of(k_, k_.out_specs[i], s_.out_types[i], spec_name(k_.out_specs[i], "output", i), g, &sc_);
     OutputState& o = outs_[i];
     if (o.resident && p.block_index == o.place.block_index) continue;
     const bool had = o.resident;
@@ -494,9 +525,9 @@ void SimLowerer::begin_step(std::span<const int64_t> g) {
 
 sim::Program SimLowerer::build() {
   const size_t ni = s_.in_types.size(), no = s_.out_types.size();
-  TPU_CHECK(static_cast<int>(ni + no) <= std::min(cfg_.scalar.registers, cfg_.scalar.semaphores),
-            "kernel '{}': {} operands are more than the chip's {} registers / {} semaphores", k_.name, ni + no,
-            cfg_.scalar.registers, cfg_.scalar.semaphores);
+  TPU_CHECK(static_cast<int>(ni + no) <= cfg_.scalar.registers && sem_reg(k_.num_semaphores) <= cfg_.scalar.semaphores,
+            "kernel '{}': {} operands and {} semaphores are more than the chip's {} registers / {} semaphores", k_.name,
+            ni + no, k_.num_semaphores, cfg_.scalar.registers, cfg_.scalar.semaphores);
   auto check_dtype = [&](const TensorType& t, const std::string& who) {
     if (t.dtype != DType::f32 && t.dtype != DType::bf16) unsupported(fmt::format("{} of dtype {}", who, dtype_name(t.dtype)));
   };
@@ -506,6 +537,7 @@ sim::Program SimLowerer::build() {
   for (size_t i = 0; i < ni; ++i) {
     const std::string who = spec_name(k_.in_specs[i], "input", i);
     check_dtype(s_.in_types[i], who);
+    if (is_any(k_.in_specs[i])) continue;
     const auto bs = block_shape_of(k_, k_.in_specs[i], s_.in_types[i], who);
     (void)dims2(bs, k_.name);
     for (int64_t& slot : ins_[i].slot) slot = alloc_persistent(std::max<int64_t>(1, numel_of(bs)) * psize(s_.in_types[i].dtype), who);
@@ -513,6 +545,7 @@ sim::Program SimLowerer::build() {
   for (size_t i = 0; i < no; ++i) {
     const std::string who = spec_name(k_.out_specs[i], "output", i);
     check_dtype(s_.out_types[i], who);
+    if (is_any(k_.out_specs[i])) continue;
     const auto bs = block_shape_of(k_, k_.out_specs[i], s_.out_types[i], who);
     (void)dims2(bs, k_.name);
     for (int64_t& slot : outs_[i].slot) slot = alloc_persistent(std::max<int64_t>(1, numel_of(bs)) * psize(s_.out_types[i].dtype), who);
@@ -541,6 +574,7 @@ sim::Program SimLowerer::build() {
     k_.body(ctx);
     prefetch(g);
   });
+  end_copies(s_);
   for (size_t i = 0; i < ni; ++i)
     if (ins_[i].pend >= 0) b_.wait(static_cast<int>(i));
   for (size_t i = 0; i < no; ++i) {
@@ -555,14 +589,21 @@ sim::Program SimLowerer::build() {
 }  // namespace
 
 sim::Program lower_to_chip(const KernelDef& k, std::span<const TensorType> inputs, std::span<const TensorType> outputs,
-                           const sim::ChipConfig& cfg) {
-  validate(k, inputs, outputs);
+                           const sim::ChipConfig& cfg, std::span<const Tensor> scalars, bool check_copies) {
   KernelContext::State s;
   s.def = &k;
-  s.in_types.assign(inputs.begin(), inputs.end());
+  s.check_copies = check_copies;
+  const size_t nsp = static_cast<size_t>(std::max(0, k.num_scalar_prefetch));
+  TPU_CHECK(scalars.size() == nsp && nsp <= inputs.size(), "kernel '{}': {} scalar-prefetch array(s) given for {}",
+            k.name, scalars.size(), k.num_scalar_prefetch);
+  read_scalars(s, scalars);
+  const Scalars sc(&s.scalars, &s.scalar_shapes, &k.name);
+  validate_with(k, inputs, outputs, &sc);
+  s.in_types.assign(inputs.begin() + static_cast<std::ptrdiff_t>(nsp), inputs.end());
   s.out_types.assign(outputs.begin(), outputs.end());
-  s.in_place.resize(inputs.size());
+  s.in_place.resize(s.in_types.size());
   s.out_place.resize(outputs.size());
+  begin_copies(s);
   SimLowerer l(k, s, cfg);
   s.lower = &l;
   return l.build();
@@ -574,8 +615,23 @@ void run_on_chip(const KernelDef& k, const std::string& cache_key, std::span<con
   std::vector<TensorType> it, ot;
   std::vector<Tensor> keep;
   std::vector<int64_t> args;
-  for (const Tensor& t : inputs) {
+  const size_t nsp = std::min(inputs.size(), static_cast<size_t>(std::max(0, k.num_scalar_prefetch)));
+  std::string key = cache_key;
+  if (nsp > 0) {  // the grid is unrolled at build time: the program holds the scalars' values
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < nsp; ++i) {
+      const Tensor c = inputs[i].to(Device()).contiguous();
+      TPU_CHECK(c.dtype() == DType::i32, "kernel '{}': scalar-prefetch input {} has dtype {}; it must be i32", k.name, i,
+                dtype_name(c.dtype()));
+      for (int64_t e = 0; e < c.numel(); ++e) h = (h ^ static_cast<uint32_t>(c.data<int32_t>()[e])) * 1099511628211ull;
+      key += fmt::format(":{}", c.shape());
+    }
+    key += fmt::format(":sp{:x}", h);
+  }
+  for (size_t n = 0; n < inputs.size(); ++n) {
+    const Tensor& t = inputs[n];
     it.push_back({t.shape(), t.dtype()});
+    if (n < nsp) continue;
     std::optional<Tensor> c = codegen::device_operand(t, dev);
     TPU_CHECK(c.has_value(), "kernel '{}': an input view of shape {} cannot be made contiguous on {}", k.name, t.shape(), dev.str());
     keep.push_back(*c);
@@ -586,7 +642,7 @@ void run_on_chip(const KernelDef& k, const std::string& cache_key, std::span<con
     args.push_back(codegen::hbm_address(t));
   }
   const sim::ChipConfig& cfg = codegen::chip_config(dev);
-  const codegen::LoadedProgram p = codegen::cached_program(dev, cache_key, [&] { return lower_to_chip(k, it, ot, cfg); });
+  const codegen::LoadedProgram p = codegen::cached_program(dev, key, [&] { return lower_to_chip(k, it, ot, cfg, inputs.first(nsp)); });
   codegen::launch(dev, p, k.name, std::move(args));
 }
 
