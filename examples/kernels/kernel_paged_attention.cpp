@@ -4,7 +4,8 @@
 // simulated cycles. Every sequence decodes one token; the built-in op first writes that token's
 // K and V into its cache slot, then both read the same cache.
 //
-//   kernel_paged_attention [--seqs B --heads H --kv-heads KH --dim D --page P --max-len L --sim CHIP]
+//   kernel_paged_attention [--seqs B --heads H --kv-heads KH --dim D --page P --max-len L
+//                           --pages-per-step N --sim CHIP]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -26,7 +27,7 @@ namespace {
 void usage(FILE* f) {
   std::fprintf(f,
                "usage: kernel_paged_attention [--seqs B] [--heads H] [--kv-heads KH] [--dim D] [--page P]\n"
-               "                              [--max-len L] [--sim CHIP]\n"
+               "                              [--max-len L] [--pages-per-step N] [--sim CHIP]\n"
                "Runs ragged paged decode attention as a user kernel (manual double-buffered page copies,\n"
                "scalar-prefetched block tables) and compares it with the library's paged attention op;\n"
                "--sim CHIP: also on sim:0 with that chip preset (values and cycles).\n");
@@ -41,7 +42,7 @@ tpu::Tensor i32_tensor(const std::vector<int32_t>& v, tpu::Shape s, tpu::Device 
 using kernel_examples::max_rel_error;
 
 int main(int argc, char** argv) {
-  int64_t seqs = 4, heads = 8, kv_heads = 2, dim = 128, page = 16, max_len = 200;
+  int64_t seqs = 4, heads = 8, kv_heads = 2, dim = 128, page = 16, max_len = 200, pps = 0;
   std::string chip;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -60,6 +61,7 @@ int main(int argc, char** argv) {
     else if (a == "--dim") dim = std::stoll(v);
     else if (a == "--page") page = std::stoll(v);
     else if (a == "--max-len") max_len = std::stoll(v);
+    else if (a == "--pages-per-step") pps = std::stoll(v);
     else if (a == "--sim") chip = v;
     else {
       usage(stderr);
@@ -99,11 +101,11 @@ int main(int argc, char** argv) {
     spec.scale = static_cast<float>(scale);
     tpu::Generator g(3);
     const int64_t row = kv_heads * dim;
-    const tpu::Tensor q0 = tpu::randn({seqs + 64, heads * dim}, {}, &g), kn0 = tpu::randn({seqs + 64, row}, {}, &g),
-                      vn0 = tpu::randn({seqs + 64, row}, {}, &g), kc0 = tpu::randn({num_pages * page, row}, {}, &g),
+    const tpu::Tensor q0 = tpu::randn({seqs + 1024, heads * dim}, {}, &g), kn0 = tpu::randn({seqs + 1024, row}, {}, &g),
+                      vn0 = tpu::randn({seqs + 1024, row}, {}, &g), kc0 = tpu::randn({num_pages * page, row}, {}, &g),
                       vc0 = tpu::randn({num_pages * page, row}, {}, &g);
     const tpu::kernel::KernelDef def =
-        examples::paged_decode_attention_kernel(seqs, heads, kv_heads, dim, page, max_pages, scale);
+        examples::paged_decode_attention_kernel(seqs, heads, kv_heads, dim, page, max_pages, scale, pps);
     // Both attentions on device d: the built-in op (which also writes the new K and V rows into
     // the cache) then the kernel over that cache; out [seqs * heads, dim] each.
     auto run = [&](const tpu::Device& d, bool timed_builtin, bool timed_kernel, tpu::Tensor& ob, tpu::Tensor& ok) {

@@ -3,15 +3,18 @@
 // (pages of `page` positions; page j of sequence b is block_tables[b, j]). The caches
 // [num_pages * page, kv_heads * D] stay in HBM (MemorySpace::any), in the layout of the
 // library's serving caches; the block tables and the lengths are scalar-prefetch arrays. The
-// grid runs over (sequences, KV heads); a step walks its sequence's pages with double-buffered
-// async copies (page j + 1's K and V are in flight while page j is computed) and an online
-// softmax over the query heads sharing the KV head: scores on the MXU, the ragged tail of the
-// last page masked, the running max, sum and unnormalized output rescaled as the max grows.
+// grid runs over (sequences, KV heads); a step walks its sequence's pages `pages_per_step` at a
+// time (about one MXU width of keys), each page copied by an async copy into its window of a
+// K and a V buffer, double-buffered (the next pages are in flight while these are computed),
+// with an online softmax over the query heads sharing the KV head: scores on the MXU, keys past
+// the sequence's end masked, the running max, sum and unnormalized output rescaled as the max
+// grows. f32 caches.
 //
 // Inputs: block_tables i32 [B, max_pages], lens i32 [B], q [B * H, D] (query head hq of sequence
 // b in row b * H + hq; hq uses KV head hq / (H / kv_heads)), k_cache, v_cache. Output [B * H, D].
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 
 #include "tpucore/kernel.h"
@@ -20,14 +23,16 @@ namespace examples {
 
 inline tpu::kernel::KernelDef paged_decode_attention_kernel(int64_t batch, int64_t heads, int64_t kv_heads,
                                                             int64_t head_dim, int64_t page, int64_t max_pages,
-                                                            double scale, tpu::DType dtype = tpu::DType::f32) {
+                                                            double scale, int64_t pages_per_step = 0) {
   using namespace tpu::kernel;
   const int64_t group = heads / kv_heads, d = head_dim;
+  // Pages per compute step: about 128 keys (one MXU width) unless given.
+  const int64_t pps = pages_per_step > 0 ? pages_per_step : std::max<int64_t>(1, 128 / page), keys = pps * page;
   KernelDef k;
   k.name = "paged_decode_attention";
   k.grid = {batch, kv_heads};
   k.num_scalar_prefetch = 2;  // block tables, lengths
-  k.num_semaphores = 4;       // K and V of two page slots
+  k.num_semaphores = 4;       // K and V of two buffer slots
   k.in_specs = {
       {.block_shape = {group, d}, .index_map = [kv_heads](auto g) { return Index{g[0] * kv_heads + g[1], 0}; },
        .name = "q"},
@@ -36,40 +41,36 @@ inline tpu::kernel::KernelDef paged_decode_attention_kernel(int64_t batch, int64
   };
   k.out_specs = {{.block_shape = {group, d},
                   .index_map = [kv_heads](auto g) { return Index{g[0] * kv_heads + g[1], 0}; }, .name = "o"}};
-  for (const char* n : {"k0", "k1", "v0", "v1"}) k.scratch.push_back({.shape = {page, d}, .dtype = dtype, .name = n});
+  for (const char* n : {"k0", "k1", "v0", "v1"}) k.scratch.push_back({.shape = {keys, d}, .name = n});
   k.body = [=](KernelContext& c) {
     constexpr double kMasked = -1e30;
     const int64_t b = c.program_id(0), h = c.program_id(1);
-    const int64_t len = c.scalar(1, b), pages = (len + page - 1) / page;
+    const int64_t len = c.scalar(1, b), pages = (len + page - 1) / page, steps = (pages + pps - 1) / pps;
     if (pages == 0) return;  // an empty sequence: its rows stay zero
-    // The K and V copies of page j of this sequence into slot s.
-    auto copies = [&](int64_t j, int s) {
-      const int64_t first = c.scalar(0, b * max_pages + j) * page;
-      return std::pair{c.async_copy(c.in(1).at({first, h * d}, {page, d}), c.scratch(s), s),
-                       c.async_copy(c.in(2).at({first, h * d}, {page, d}), c.scratch(2 + s), 2 + s)};
-    };
-    auto [k0, v0] = copies(0, 0);
-    k0.start();
-    v0.start();
-    const Value q = cast(c.in(0).load(), tpu::DType::f32) * scale;
-    Value m = full({group, 1}, kMasked), l = full({group, 1}, 0.0), acc = full({group, d}, 0.0);
-    for (int64_t j = 0; j < pages; ++j) {
-      const int s = static_cast<int>(j % 2);
-      if (j + 1 < pages) {  // the next page comes in while this one is computed
-        auto [kn, vn] = copies(j + 1, 1 - s);
-        kn.start();
-        vn.start();
+    // The K and V copies of the pages of step i into buffer slot s (K on semaphore s, V on 2 + s).
+    auto for_pages = [&](int64_t i, int s, auto&& f) {
+      for (int64_t j = i * pps; j < std::min(pages, (i + 1) * pps); ++j) {
+        const int64_t first = c.scalar(0, b * max_pages + j) * page, at = (j - i * pps) * page;
+        f(c.async_copy(c.in(1).at({first, h * d}, {page, d}), c.scratch(s).at({at, 0}, {page, d}), s));
+        f(c.async_copy(c.in(2).at({first, h * d}, {page, d}), c.scratch(2 + s).at({at, 0}, {page, d}), 2 + s));
       }
-      auto [kc, vc] = copies(j, s);
-      kc.wait();
-      vc.wait();
-      Value scores = dot(q, cast(c.scratch(s).load(), tpu::DType::f32), {.transpose_b = true});
-      const int64_t valid = std::min(page, len - j * page);
-      if (valid < page) scores = where(lt(iota({group, page}, 1), static_cast<double>(valid)), scores, kMasked);
+    };
+    auto start = [](const AsyncCopy& cp) { cp.start(); };
+    auto wait = [](const AsyncCopy& cp) { cp.wait(); };
+    for_pages(0, 0, start);
+    const Value q = c.in(0).load() * scale;
+    Value m = full({group, 1}, kMasked), l = full({group, 1}, 0.0), acc = full({group, d}, 0.0);
+    for (int64_t i = 0; i < steps; ++i) {
+      const int s = static_cast<int>(i % 2);
+      if (i + 1 < steps) for_pages(i + 1, 1 - s, start);  // the next pages come in while these are computed
+      for_pages(i, s, wait);
+      Value scores = dot(q, c.scratch(s).load(), {.transpose_b = true});  // [group, keys]
+      const int64_t valid = std::min(keys, len - i * keys);  // keys past the sequence's end are masked
+      if (valid < keys) scores = where(lt(iota({group, keys}, 1), static_cast<double>(valid)), scores, kMasked);
       const Value m_new = maximum(m, row_max(scores));
       const Value p = exp(scores - m_new), alpha = exp(m - m_new);
       l = alpha * l + row_sum(p);
-      acc = alpha * acc + dot(p, cast(c.scratch(2 + s).load(), tpu::DType::f32));
+      acc = alpha * acc + dot(p, c.scratch(2 + s).load());
       m = m_new;
     }
     c.out(0).store(acc / l);

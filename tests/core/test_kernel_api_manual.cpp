@@ -120,7 +120,10 @@ struct PagedCase {
     return {manual_i32(table, {nb, max_pages}), manual_i32(lens, {nb}), from_vector(q, {nb * heads, d}).to(dev),
             from_vector(kc, {9 * page, kvh * d}).to(dev), from_vector(vc, {9 * page, kvh * d}).to(dev)};
   }
-  KernelDef def() const { return examples::paged_decode_attention_kernel(nb, heads, kvh, d, page, max_pages, 1.0 / std::sqrt(double(d))); }
+  KernelDef def(int64_t pages_per_step) const {
+    return examples::paged_decode_attention_kernel(nb, heads, kvh, d, page, max_pages, 1.0 / std::sqrt(double(d)),
+                                                   pages_per_step);
+  }
   std::vector<double> want() const { return naive_paged(q, kc, vc, table, lens, heads, kvh, d, page, max_pages); }
 };
 
@@ -131,7 +134,7 @@ TEST_CASE("kernel manual: an index map follows a scalar-prefetched table and the
                   {{Shape{6, 4}, DType::f32}})[0];
   std::vector<double> want;
   for (int64_t j = 0; j < 3; ++j)
-    for (int64_t e = 0; e < 8; ++e) want.push_back(double(x[size_t(table[size_t(j)] * 8 + e)]) * scale[size_t(j)]);
+    for (int64_t e = 0; e < 8; ++e) want.push_back(double(x[size_t(table[size_t(j)] * 8 + e)] * float(scale[size_t(j)])));
   manual_check_close(y.to_vector<float>(), want, 0);
 }
 
@@ -145,8 +148,10 @@ TEST_CASE("kernel manual: double-buffered async copies in and out of HBM operand
 
 TEST_CASE("kernel manual: paged decode attention equals naive attention through the block tables", "[kernel]") {
   const PagedCase pc;
-  Tensor o = manual_call(pc.def(), pc.inputs(Device()), {{Shape{pc.nb * pc.heads, pc.d}, DType::f32}})[0];
-  manual_check_close(o.to_vector<float>(), pc.want(), 1e-5);
+  for (int64_t pps : {1, 2, 0}) {  // one page per step, two (a ragged last step), all in one step
+    Tensor o = manual_call(pc.def(pps), pc.inputs(Device()), {{Shape{pc.nb * pc.heads, pc.d}, DType::f32}})[0];
+    manual_check_close(o.to_vector<float>(), pc.want(), 1e-5);
+  }
 }
 
 TEST_CASE("kernel manual: a bad copy schedule is an error naming the problem", "[kernel][errors]") {
@@ -220,7 +225,8 @@ TEST_CASE("kernel manual sim: scalar prefetch, async copies and paged attention 
     CHECK(probe.new_runs() >= 1);
     std::vector<double> want;
     for (int64_t j = 0; j < 3; ++j)
-      for (int64_t e = 0; e < 8; ++e) want.push_back(double(x[size_t(std::vector<int>{1, 3, 1}[size_t(j)] * 8 + e)]) * std::vector<int>{1, 4, -2}[size_t(j)]);
+      for (int64_t e = 0; e < 8; ++e)
+        want.push_back(double(x[size_t(std::vector<int>{1, 3, 1}[size_t(j)] * 8 + e)] * float(std::vector<int>{1, 4, -2}[size_t(j)])));
     manual_check_close(got, want, 0);
   }
   {
@@ -235,7 +241,7 @@ TEST_CASE("kernel manual sim: scalar prefetch, async copies and paged attention 
   }
   const PagedCase pc;
   ChipRunProbe probe;
-  Tensor o = manual_call(pc.def(), pc.inputs(dev), {{Shape{pc.nb * pc.heads, pc.d}, DType::f32}})[0];
+  Tensor o = manual_call(pc.def(2), pc.inputs(dev), {{Shape{pc.nb * pc.heads, pc.d}, DType::f32}})[0];
   const std::vector<float> got = o.to(Device()).to_vector<float>();
   CHECK(probe.new_fallbacks() == 0);
   CHECK(probe.new_runs() >= 1);

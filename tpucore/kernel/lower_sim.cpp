@@ -112,7 +112,8 @@ class SimLowerer final : public Lowerer {
   }
   void issue_load(size_t i, int slot, const BlockPlace& p, double fill);
   void prefetch(std::span<const int64_t> g);
-  void dma_block(bool to_hbm, int operand_reg, const BlockPlace& p, const TensorType& t, int64_t vmem, int sem);
+  void dma_block(bool to_hbm, int operand_reg, const BlockPlace& p, const TensorType& t, int64_t vmem, int sem,
+                 int64_t vmem_cols = -1);
   void flush(size_t i);
   void begin_step(std::span<const int64_t> g);
 
@@ -160,13 +161,15 @@ sim::Operand SimLowerer::src(const Value& v, Dims2 out) const {
 }
 
 // One DMA of a block's part inside its array, between HBM (the operand's register + offset) and VMEM.
-void SimLowerer::dma_block(bool to_hbm, int operand_reg, const BlockPlace& p, const TensorType& t, int64_t vmem, int sem) {
+void SimLowerer::dma_block(bool to_hbm, int operand_reg, const BlockPlace& p, const TensorType& t, int64_t vmem, int sem,
+                           int64_t vmem_cols) {
   const int64_t es = psize(t.dtype);
   const std::vector<int64_t> st = strides_of(t.shape);
   int64_t off = 0;
   for (size_t d = 0; d < p.start.size(); ++d) off += p.start[d] * st[d];
   const size_t r = p.block.size();
   const Dims2 bd = dims2(p.block, k_.name);
+  const int64_t vstride = (vmem_cols > 0 ? vmem_cols : bd.cols) * es;  // VMEM bytes per block row
   int64_t vrows = 1, vcols = 1, row_stride = bd.cols;
   if (r >= 1) {
     const int cd = p.array_dim[r - 1];
@@ -179,8 +182,8 @@ void SimLowerer::dma_block(bool to_hbm, int operand_reg, const BlockPlace& p, co
     row_stride = st[static_cast<size_t>(rd)];
   }
   const sim::DmaShape shape{.planes = 1, .rows = vrows, .row_bytes = vcols * es,
-                            .dst_plane_stride = -1, .dst_row_stride = to_hbm ? row_stride * es : bd.cols * es,
-                            .src_plane_stride = -1, .src_row_stride = to_hbm ? bd.cols * es : row_stride * es};
+                            .dst_plane_stride = -1, .dst_row_stride = to_hbm ? row_stride * es : vstride,
+                            .src_plane_stride = -1, .src_row_stride = to_hbm ? vstride : row_stride * es};
   const sim::Operand h = B::hbm_at(B::at(off * es, {{static_cast<int16_t>(operand_reg), 1}}));
   const sim::Operand v = B::vmem_at(B::at(vmem));
   const int queue = operand_reg % std::max(1, cfg_.dma.engines);
@@ -310,9 +313,33 @@ void SimLowerer::copy_start(const Ref& src, const Ref& dst, int sem) {
   const Ref& win = in_copy ? src : dst;
   const TensorType& t = win.kind() == Ref::Kind::input ? s_.in_types[static_cast<size_t>(win.index())]
                                                        : s_.out_types[static_cast<size_t>(win.index())];
-  const size_t j = static_cast<size_t>((in_copy ? dst : src).index());
-  const int64_t at = in_copy ? next_scratch_slot(j) : scr_[j].slot[scr_[j].cur];
-  dma_block(!in_copy, operand_reg(win), window_place(win, t.shape), t, at, sem_reg(sem));
+  const Ref& buf = in_copy ? dst : src;
+  const size_t j = static_cast<size_t>(buf.index());
+  if (!buf.is_window()) {
+    const int64_t at = in_copy ? next_scratch_slot(j) : scr_[j].slot[scr_[j].cur];
+    dma_block(!in_copy, operand_reg(win), window_place(win, t.shape), t, at, sem_reg(sem));
+    return;
+  }
+  // A window of the buffer: its current slot, the rest kept (a value loaded from it before moves out).
+  ScratchState& sc = scr_[j];
+  const std::vector<int64_t> shape = sc.value.shape();
+  const DType dt = sc.value.dtype();
+  const Dims2 d = dims2(shape, k_.name);
+  if (in_copy) {
+    if (auto held = sc.held[sc.cur].lock(); held && held.use_count() > 2) {
+      const int64_t moved = alloc(std::max<int64_t>(1, numel_of(shape)) * psize(dt));
+      b_.unary(Op::vmov, dst_at(moved, dt, d), dst_at(held->vmem, dt, d), d.rows, d.cols);
+      held->vmem = moved;
+    }
+    auto impl = std::make_shared<Value::Impl>();
+    impl->vmem = sc.slot[sc.cur];
+    sc.held[sc.cur] = impl;
+    sc.value = Value(shape, dt, std::move(impl));
+  }
+  const BlockPlace wp = window_place(buf, Shape(shape));
+  int64_t off = 0;
+  for (size_t a = 0; a < wp.start.size(); ++a) off += wp.start[a] * (a + 1 < wp.start.size() ? d.cols : 1);
+  dma_block(!in_copy, operand_reg(win), window_place(win, t.shape), t, sc.slot[sc.cur] + off * psize(dt), sem_reg(sem), d.cols);
 }
 
 void SimLowerer::copy_wait(const Ref&, const Ref&, int sem) { b_.wait(sem_reg(sem)); }

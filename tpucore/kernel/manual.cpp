@@ -3,6 +3,8 @@
 // a wait with nothing in flight, a copy never waited on, a scratch buffer touched while its
 // copy is in flight) are shared by the interpreter and the chip lowering; the interpreter moves
 // the data here (read at start(), written at wait()), the lowering emits DMAs.
+#include <algorithm>
+
 #include "tpucore/core/error.h"
 #include "tpucore/kernel/internal.h"
 
@@ -37,20 +39,32 @@ const BlockSpec* spec_of_ref(const KernelContext::State& s, Ref::Kind k, int i) 
 }
 
 std::string ref_name(const KernelContext::State& s, const Ref& r) {
+  std::string n;
   if (r.kind() == Ref::Kind::scratch) {
     const ScratchSpec& sc = s.def->scratch[static_cast<size_t>(r.index())];
-    return sc.name.empty() ? fmt::format("scratch {}", r.index()) : fmt::format("scratch {} ('{}')", r.index(), sc.name);
+    n = sc.name.empty() ? fmt::format("scratch {}", r.index()) : fmt::format("scratch {} ('{}')", r.index(), sc.name);
+  } else {
+    const bool in = r.kind() == Ref::Kind::input;
+    n = detail::spec_name(*spec_of_ref(s, r.kind(), r.index()), in ? "input" : "output", static_cast<size_t>(r.index()));
   }
-  const bool in = r.kind() == Ref::Kind::input;
-  std::string n = detail::spec_name(*spec_of_ref(s, r.kind(), r.index()), in ? "input" : "output",
-                                    static_cast<size_t>(r.index()));
   if (r.is_window()) n += fmt::format(" window at {} of {}", shape_str(r.window_start()), shape_str(r.window_extent()));
   return n;
 }
 
-const TensorType& type_of(const KernelContext::State& s, const Ref& r) {
+// The array an operand or scratch buffer is (its shape and dtype).
+TensorType type_of(const KernelContext::State& s, const Ref& r) {
+  if (r.kind() == Ref::Kind::scratch) {
+    const ScratchSpec& sc = s.def->scratch[static_cast<size_t>(r.index())];
+    return {Shape(sc.shape), sc.dtype};
+  }
   return r.kind() == Ref::Kind::input ? s.in_types[static_cast<size_t>(r.index())]
                                       : s.out_types[static_cast<size_t>(r.index())];
+}
+
+// The part of a copy's scratch side it covers: its window's block, or the whole buffer.
+std::vector<int64_t> scratch_region(const KernelContext::State& s, const Ref& r) {
+  if (r.is_window()) return detail::window_place(r, type_of(s, r).shape).block;
+  return s.def->scratch[static_cast<size_t>(r.index())].shape;
 }
 
 }  // namespace
@@ -58,10 +72,10 @@ const TensorType& type_of(const KernelContext::State& s, const Ref& r) {
 Ref Ref::at(Index start, std::vector<int64_t> shape) const {
   const auto& s = ctx_->state();
   const std::string& kn = s.def->name;
-  TPU_CHECK(kind_ != Kind::scratch && !windowed_ && detail::is_any(*spec_of_ref(s, kind_, index_)),
-            "kernel '{}': at() takes a window of an operand in MemorySpace::any; {} {} is not one", kn,
-            kind_ == Kind::scratch ? "scratch" : kind_ == Kind::input ? "input" : "output", index_);
-  const Shape& a = type_of(s, *this).shape;
+  TPU_CHECK(!windowed_ && (kind_ == Kind::scratch || detail::is_any(*spec_of_ref(s, kind_, index_))),
+            "kernel '{}': at() takes a window of an operand in MemorySpace::any or of a scratch buffer; {} is not one",
+            kn, ref_name(s, *this));
+  const Shape a = type_of(s, *this).shape;
   TPU_CHECK(static_cast<int>(start.size()) == a.ndim() && static_cast<int>(shape.size()) == a.ndim(),
             "kernel '{}': a window at {} of {} for an array {} of rank {}", kn, shape_str(start), shape_str(shape),
             a, a.ndim());
@@ -132,36 +146,68 @@ AsyncCopy KernelContext::async_copy(const Ref& src, const Ref& dst, int sem) {
   const std::string& kn = s.def->name;
   TPU_CHECK(sem >= 0 && sem < s.def->num_semaphores, "kernel '{}': async copy on semaphore {} of {} (KernelDef::num_semaphores)",
             kn, sem, s.def->num_semaphores);
-  const bool in_copy = src.is_window() && dst.kind() == Ref::Kind::scratch;
+  const bool in_copy = src.is_window() && src.kind() != Ref::Kind::scratch && dst.kind() == Ref::Kind::scratch;
   const bool out_copy = src.kind() == Ref::Kind::scratch && dst.is_window() && dst.kind() == Ref::Kind::output;
   TPU_CHECK(in_copy || out_copy,
             "kernel '{}': an async copy from {} into {}: copies go from a window (Ref::at) of an operand in "
-            "MemorySpace::any into a scratch buffer, or from a scratch buffer into a window of an output",
-            kn, ref_name(s, src), ref_name(s, dst));
+            "MemorySpace::any into a scratch buffer (or a window of one), or from a scratch buffer (or a window of "
+            "one) into a window of an output", kn, ref_name(s, src), ref_name(s, dst));
   const Ref& win = in_copy ? src : dst;
   const Ref& buf = in_copy ? dst : src;
   const ScratchSpec& sc = s.def->scratch[static_cast<size_t>(buf.index())];
   BlockPlace p = detail::window_place(win, type_of(s, win).shape);
-  TPU_CHECK(p.block == sc.shape && type_of(s, win).dtype == sc.dtype,
+  const std::vector<int64_t> region = scratch_region(s, buf);
+  TPU_CHECK(p.block == region && type_of(s, win).dtype == sc.dtype,
             "kernel '{}': an async copy from {} into {}: the window is {} {} and the scratch buffer {} {}", kn,
             ref_name(s, src), ref_name(s, dst), dtype_name(type_of(s, win).dtype), shape_str(p.block),
-            dtype_name(sc.dtype), shape_str(sc.shape));
+            dtype_name(sc.dtype), shape_str(region));
   return AsyncCopy(this, src, dst, sem);
 }
+
+namespace {
+
+// True when two sides of copies on one scratch buffer share elements (a whole buffer shares all).
+bool regions_overlap(const Ref& a, const Ref& b) {
+  if (!a.is_window() || !b.is_window()) return true;
+  for (size_t d = 0; d < a.window_start().size(); ++d) {
+    const int64_t ea = std::max<int64_t>(1, a.window_extent()[d]), eb = std::max<int64_t>(1, b.window_extent()[d]);
+    if (a.window_start()[d] + ea <= b.window_start()[d] || b.window_start()[d] + eb <= a.window_start()[d]) return false;
+  }
+  return true;
+}
+
+}  // namespace
 
 void AsyncCopy::start() const {
   KernelContext::State& s = ctx_->state();
   const bool in_copy = dst_.kind() == Ref::Kind::scratch;
   const int buf = in_copy ? dst_.index() : src_.index();
-  detail::check_scratch_access(s, buf, in_copy);
+  if (!in_copy || !dst_.is_window()) {
+    detail::check_scratch_access(s, buf, in_copy);
+  } else if (s.check_copies) {  // copies into disjoint windows of one buffer may be in flight together
+    for (const auto& q : s.in_flight)
+      for (const auto& c : q) {
+        const Ref& side = c.dst.kind() == Ref::Kind::scratch ? c.dst : c.src;
+        TPU_CHECK(side.kind() != Ref::Kind::scratch || side.index() != buf || !regions_overlap(side, dst_),
+                  "kernel '{}': grid step {} starts a copy into {} while the async copy from {} into {} touches the "
+                  "same elements (a race: wait() on its semaphore first)", s.def->name, shape_str(s.grid_index),
+                  ref_name(s, dst_), ref_name(s, c.src), ref_name(s, c.dst));
+      }
+  }
   KernelContext::State::Copy c{src_, dst_, s.grid_index, {}};
   if (s.lower) {
     s.lower->copy_start(src_, dst_, sem_);
   } else if (in_copy) {
-    const TensorType& t = type_of(s, src_);
+    const TensorType t = type_of(s, src_);
     const BlockPlace p = detail::window_place(src_, t.shape);
     const auto& arr = src_.kind() == Ref::Kind::input ? s.in_data[static_cast<size_t>(src_.index())]
                                                       : s.out_data[static_cast<size_t>(src_.index())];
+    c.data.resize(static_cast<size_t>(detail::numel_of(p.block)));
+    detail::for_each_block_elem(p, t.shape, [&](int64_t e, int64_t off) { c.data[static_cast<size_t>(e)] = arr[static_cast<size_t>(off)]; });
+  } else if (src_.is_window()) {
+    const TensorType t = type_of(s, src_);
+    const BlockPlace p = detail::window_place(src_, t.shape);
+    const auto& arr = detail::data_of(s.scratch[static_cast<size_t>(buf)]);
     c.data.resize(static_cast<size_t>(detail::numel_of(p.block)));
     detail::for_each_block_elem(p, t.shape, [&](int64_t e, int64_t off) { c.data[static_cast<size_t>(e)] = arr[static_cast<size_t>(off)]; });
   } else {
@@ -191,11 +237,19 @@ void AsyncCopy::wait() const {
     return;
   }
   if (in_copy) {
-    Value v = detail::make_value(s.def->scratch[static_cast<size_t>(buf)].shape, s.def->scratch[static_cast<size_t>(buf)].dtype);
-    detail::data_of(v) = std::move(c.data);
+    const ScratchSpec& sc = s.def->scratch[static_cast<size_t>(buf)];
+    Value v = detail::make_value(sc.shape, sc.dtype);
+    if (c.dst.is_window()) {  // the rest of the buffer keeps its values
+      detail::data_of(v) = detail::data_of(s.scratch[static_cast<size_t>(buf)]);
+      const BlockPlace p = detail::window_place(c.dst, Shape(sc.shape));
+      auto& arr = detail::data_of(v);
+      detail::for_each_block_elem(p, Shape(sc.shape), [&](int64_t e, int64_t off) { arr[static_cast<size_t>(off)] = c.data[static_cast<size_t>(e)]; });
+    } else {
+      detail::data_of(v) = std::move(c.data);
+    }
     s.scratch[static_cast<size_t>(buf)] = v;
   } else {
-    const TensorType& t = type_of(s, c.dst);
+    const TensorType t = type_of(s, c.dst);
     const BlockPlace p = detail::window_place(c.dst, t.shape);
     auto& arr = s.out_data[static_cast<size_t>(c.dst.index())];
     detail::for_each_block_elem(p, t.shape, [&](int64_t e, int64_t off) { arr[static_cast<size_t>(off)] = c.data[static_cast<size_t>(e)]; });

@@ -39,6 +39,8 @@ bool broadcasts_to(const std::vector<int64_t>& v, const std::vector<int64_t>& bl
 
 // A tpu::Error for a load or store of an operand left in HBM; checks a scratch buffer's copies.
 void check_access(const KernelContext::State& s, Ref::Kind k, int i, bool windowed, bool write) {
+  TPU_CHECK(!windowed, "kernel '{}': {} a window (Ref::at) of {} {}; windows are for async_copy", s.def->name,
+            write ? "store into" : "load from", kind_name(k), i);
   if (k == Ref::Kind::scratch) {
     detail::check_scratch_access(s, i, write);
     return;
