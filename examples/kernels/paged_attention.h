@@ -42,31 +42,51 @@ inline tpu::kernel::KernelDef paged_decode_attention_kernel(int64_t batch, int64
   k.out_specs = {{.block_shape = {group, d},
                   .index_map = [kv_heads](auto g) { return Index{g[0] * kv_heads + g[1], 0}; }, .name = "o"}};
   for (const char* n : {"k0", "k1", "v0", "v1"}) k.scratch.push_back({.shape = {keys, d}, .name = n});
+  k.scratch.push_back({.shape = {1, keys}, .name = "key_index"});  // 0 .. keys - 1, made once
   k.body = [=](KernelContext& c) {
     constexpr double kMasked = -1e30;
     const int64_t b = c.program_id(0), h = c.program_id(1);
-    const int64_t len = c.scalar(1, b), pages = (len + page - 1) / page, steps = (pages + pps - 1) / pps;
+    auto steps_of = [&](int64_t seq) { return (c.scalar(1, seq) + keys - 1) / keys; };
+    const int64_t len = c.scalar(1, b), pages = (len + page - 1) / page, steps = steps_of(b);
+    if (b == 0 && h == 0) c.scratch(4).store(cast(iota({1, keys}, 1), tpu::DType::f32));
     if (pages == 0) return;  // an empty sequence: its rows stay zero
-    // The K and V copies of the pages of step i into buffer slot s (K on semaphore s, V on 2 + s).
-    auto for_pages = [&](int64_t i, int s, auto&& f) {
-      for (int64_t j = i * pps; j < std::min(pages, (i + 1) * pps); ++j) {
-        const int64_t first = c.scalar(0, b * max_pages + j) * page, at = (j - i * pps) * page;
-        f(c.async_copy(c.in(1).at({first, h * d}, {page, d}), c.scratch(s).at({at, 0}, {page, d}), s));
-        f(c.async_copy(c.in(2).at({first, h * d}, {page, d}), c.scratch(2 + s).at({at, 0}, {page, d}), 2 + s));
+    // Compute steps run over the grid in one sequence, alternating between two buffer slots:
+    // this grid step's first one is number `base` (the steps of the grid steps before it).
+    int64_t base = 0;
+    for (int64_t e = 0; e < b; ++e) base += kv_heads * steps_of(e);
+    base += h * steps;
+    // The K and V copies of compute step i of sequence sb, KV head sh into buffer slot s (K on
+    // semaphore s, V on 2 + s), each page into its window of the buffer.
+    auto for_pages = [&](int64_t sb, int64_t sh, int64_t i, int s, auto&& f) {
+      const int64_t n = (c.scalar(1, sb) + page - 1) / page;
+      for (int64_t j = i * pps; j < std::min(n, (i + 1) * pps); ++j) {
+        const int64_t first = c.scalar(0, sb * max_pages + j) * page, at = (j - i * pps) * page;
+        f(c.async_copy(c.in(1).at({first, sh * d}, {page, d}), c.scratch(s).at({at, 0}, {page, d}), s));
+        f(c.async_copy(c.in(2).at({first, sh * d}, {page, d}), c.scratch(2 + s).at({at, 0}, {page, d}), 2 + s));
       }
     };
     auto start = [](const AsyncCopy& cp) { cp.start(); };
     auto wait = [](const AsyncCopy& cp) { cp.wait(); };
-    for_pages(0, 0, start);
+    // The first grid step with pages starts its own first copies; the others find them in flight,
+    // started by the grid step before (its last compute step prefetches the next one's first).
+    bool first_busy = true;
+    for (int64_t e = 0; e < b && first_busy; ++e) first_busy = steps_of(e) == 0;
+    if (first_busy && h == 0) for_pages(b, h, 0, static_cast<int>(base % 2), start);
     const Value q = c.in(0).load() * scale;
     Value m = full({group, 1}, kMasked), l = full({group, 1}, 0.0), acc = full({group, d}, 0.0);
     for (int64_t i = 0; i < steps; ++i) {
-      const int s = static_cast<int>(i % 2);
-      if (i + 1 < steps) for_pages(i + 1, 1 - s, start);  // the next pages come in while these are computed
-      for_pages(i, s, wait);
+      const int s = static_cast<int>((base + i) % 2);
+      if (i + 1 < steps) {
+        for_pages(b, h, i + 1, 1 - s, start);  // the next pages come in while these are computed
+      } else {  // the next grid step with pages: its first compute step
+        int64_t nb = h + 1 < kv_heads ? b : b + 1, nh = h + 1 < kv_heads ? h + 1 : 0;
+        while (nb < batch && steps_of(nb) == 0) ++nb;
+        if (nb < batch) for_pages(nb, nh, 0, 1 - s, start);
+      }
+      for_pages(b, h, i, s, wait);
       Value scores = dot(q, c.scratch(s).load(), {.transpose_b = true});  // [group, keys]
       const int64_t valid = std::min(keys, len - i * keys);  // keys past the sequence's end are masked
-      if (valid < keys) scores = where(lt(iota({group, keys}, 1), static_cast<double>(valid)), scores, kMasked);
+      if (valid < keys) scores = where(lt(c.scratch(4).load(), static_cast<double>(valid)), scores, kMasked);
       const Value m_new = maximum(m, row_max(scores));
       const Value p = exp(scores - m_new), alpha = exp(m - m_new);
       l = alpha * l + row_sum(p);

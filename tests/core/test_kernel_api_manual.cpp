@@ -112,13 +112,14 @@ std::vector<double> naive_paged(const std::vector<float>& q, const std::vector<f
 }
 
 struct PagedCase {
-  int64_t nb = 3, heads = 4, kvh = 2, d = 8, page = 4, max_pages = 3;
-  std::vector<int32_t> table{5, 1, 7, 0, 3, 2, 8, 6, 4}, lens{9, 4, 1};
-  std::vector<float> q = manual_random(nb * heads * d, 31), kc = manual_random(9 * page * kvh * d, 32),
-                     vc = manual_random(9 * page * kvh * d, 33);
+  // Ragged lengths (one sequence empty), pages scattered over a cache of 12.
+  int64_t nb = 4, heads = 4, kvh = 2, d = 8, page = 4, max_pages = 3;
+  std::vector<int32_t> table{5, 1, 7, 11, 10, 9, 0, 3, 2, 8, 6, 4}, lens{9, 0, 12, 1};
+  std::vector<float> q = manual_random(nb * heads * d, 31), kc = manual_random(12 * page * kvh * d, 32),
+                     vc = manual_random(12 * page * kvh * d, 33);
   std::vector<Tensor> inputs(Device dev) const {
     return {manual_i32(table, {nb, max_pages}), manual_i32(lens, {nb}), from_vector(q, {nb * heads, d}).to(dev),
-            from_vector(kc, {9 * page, kvh * d}).to(dev), from_vector(vc, {9 * page, kvh * d}).to(dev)};
+            from_vector(kc, {12 * page, kvh * d}).to(dev), from_vector(vc, {12 * page, kvh * d}).to(dev)};
   }
   KernelDef def(int64_t pages_per_step) const {
     return examples::paged_decode_attention_kernel(nb, heads, kvh, d, page, max_pages, 1.0 / std::sqrt(double(d)),
