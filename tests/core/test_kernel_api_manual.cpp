@@ -1,8 +1,8 @@
 // Manual mode of the kernel API: scalar prefetch (index maps that follow a table, scalars read
 // in the body), operands left in HBM with async copies and DMA semaphores (double-buffered
 // across grid steps, both directions), the errors of a bad copy schedule, the chip's race
-// checker on an unchecked body, and the paged decode attention example; on the cpu interpreter
-// and lowered to the tiny sim chip. References are naive loops.
+// checker on an unchecked body, the paged decode attention example, and i8 dots; on the cpu
+// interpreter and lowered to the tiny sim chip. References are naive loops.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -247,6 +247,48 @@ TEST_CASE("kernel manual sim: scalar prefetch, async copies and paged attention 
   CHECK(probe.new_fallbacks() == 0);
   CHECK(probe.new_runs() >= 1);
   manual_check_close(got, pc.want(), 1e-5);
+}
+
+// y = cast(x w, f32) for i8 x [8, 16] and w [16, 8] in blocks of 4 rows (w^T given when transposed).
+KernelDef int8_dot_kernel(bool transpose_b) {
+  KernelDef k;
+  k.name = "int8_dot";
+  k.grid = {2};
+  k.in_specs = {{.block_shape = {4, 16}, .index_map = [](auto g) { return Index{g[0], 0}; }, .name = "x"},
+                {.name = "w"}};
+  k.out_specs = {{.block_shape = {4, 8}, .index_map = [](auto g) { return Index{g[0], 0}; }, .name = "y"}};
+  k.body = [transpose_b](KernelContext& c) {
+    const Value p = dot(c.in(0).load(), c.in(1).load(), {.transpose_b = transpose_b});
+    REQUIRE(p.dtype() == DType::i32);
+    c.out(0).store(cast(p, DType::f32));
+  };
+  return k;
+}
+
+TEST_CASE("kernel manual: an i8 x i8 dot accumulates exactly in i32, on the interpreter and the chip", "[kernel][sim]") {
+  std::vector<float> x(8 * 16), w(16 * 8);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(static_cast<int>((i * 37 + 11) % 256) - 128);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(static_cast<int>((i * 53 + 5) % 255) - 127);
+  std::vector<double> want(8 * 8, 0.0);
+  for (int64_t i = 0; i < 8; ++i)
+    for (int64_t j = 0; j < 8; ++j)
+      for (int64_t p = 0; p < 16; ++p) want[size_t(i * 8 + j)] += double(x[size_t(i * 16 + p)]) * w[size_t(p * 8 + j)];
+  std::vector<float> wt(16 * 8);  // w^T [8, 16]
+  for (int64_t p = 0; p < 16; ++p)
+    for (int64_t j = 0; j < 8; ++j) wt[size_t(j * 16 + p)] = w[size_t(p * 8 + j)];
+  TinySim tiny;
+  for (Device dev : {Device(), tiny.dev()})
+    for (bool tb : {false, true}) {
+      const Tensor tx = from_vector(x, {8, 16}).to(DType::i8).to(dev);
+      const Tensor tw = tb ? from_vector(wt, {8, 16}).to(DType::i8).to(dev) : from_vector(w, {16, 8}).to(DType::i8).to(dev);
+      const Tensor y = manual_call(int8_dot_kernel(tb), {tx, tw}, {{Shape{8, 8}, DType::f32}})[0];
+      manual_check_close(y.to(Device()).to_vector<float>(), want, 0);
+    }
+  // Mixed operands are an error naming both.
+  KernelDef k = int8_dot_kernel(false);
+  k.body = [](KernelContext& c) { c.out(0).store(cast(dot(c.in(0).load(), cast(c.in(1).load(), DType::f32)), DType::f32)); };
+  CHECK_THROWS_WITH(manual_call(k, {zeros({8, 16}).to(DType::i8), zeros({16, 8}).to(DType::i8)}, {{Shape{8, 8}, DType::f32}}),
+                    Catch::Contains("dtype mismatch: a is i8 [4, 16], b is f32 [16, 8]"));
 }
 
 TEST_CASE("kernel manual sim: the chip's race checker reports a read of a scratch buffer during its copy",

@@ -170,7 +170,7 @@ void detail::validate_with(const KernelDef& k, std::span<const TensorType> all_i
   std::vector<Use> uses;
   auto add_operand = [&](const BlockSpec& s, const TensorType& t, const char* kind, size_t i) {
     const std::string who = detail::spec_name(s, kind, i);
-    TPU_CHECK(detail::block_dtype_ok(t.dtype), "kernel '{}': {} has dtype {}; blocks are f32, bf16, i32 or bool",
+    TPU_CHECK(detail::block_dtype_ok(t.dtype), "kernel '{}': {} has dtype {}; blocks are f32, bf16, i32, i8 or bool",
               k.name, who, dtype_name(t.dtype));
     if (detail::is_any(s)) return;  // left in HBM: no blocks
     std::vector<int64_t> b = detail::block_shape_of(k, s, t, who);
@@ -181,7 +181,7 @@ void detail::validate_with(const KernelDef& k, std::span<const TensorType> all_i
   for (size_t i = 0; i < k.scratch.size(); ++i) {
     const ScratchSpec& s = k.scratch[i];
     const std::string who = s.name.empty() ? fmt::format("scratch {}", i) : fmt::format("scratch {} ('{}')", i, s.name);
-    TPU_CHECK(detail::block_dtype_ok(s.dtype), "kernel '{}': {} has dtype {}; blocks are f32, bf16, i32 or bool",
+    TPU_CHECK(detail::block_dtype_ok(s.dtype), "kernel '{}': {} has dtype {}; blocks are f32, bf16, i32, i8 or bool",
               k.name, who, dtype_name(s.dtype));
     for (int64_t d : s.shape) TPU_CHECK(d > 0, "kernel '{}': {} has shape {}", k.name, who, shape_str(s.shape));
     uses.push_back({who, s.shape, s.dtype, detail::numel_of(s.shape) * static_cast<int64_t>(dtype_size(s.dtype))});

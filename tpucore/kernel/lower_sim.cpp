@@ -36,7 +36,7 @@ Dims2 dims2(const std::vector<int64_t>& s, const std::string& kernel) {
        s.size());
 }
 
-sim::DType phys(DType t) { return t == DType::bf16 ? sim::DType::bf16 : sim::DType::f32; }
+sim::DType phys(DType t) { return t == DType::bf16 ? sim::DType::bf16 : t == DType::i8 ? sim::DType::i8 : sim::DType::f32; }
 int64_t psize(DType t) { return sim::dtype_size(phys(t)); }
 
 class SimLowerer final : public Lowerer {
@@ -154,6 +154,7 @@ int64_t SimLowerer::alloc(int64_t bytes) {
 
 sim::Operand SimLowerer::src(const Value& v, Dims2 out) const {
   if (v.impl()->imm) return B::imm(static_cast<float>(v.impl()->imm_value));
+  if (v.dtype() == DType::i8) unsupported("an i8 value other than a dot operand");
   const Dims2 d = dims2(v.shape(), k_.name);
   const int64_t rs = d.rows == 1 && out.rows > 1 ? 0 : d.cols;
   const int64_t cs = d.cols == 1 && out.cols > 1 ? 0 : 1;
@@ -236,6 +237,7 @@ void SimLowerer::issue_load(size_t i, int slot, const BlockPlace& p, double fill
     const int ad = p.array_dim[a];
     ragged |= p.start[static_cast<size_t>(ad)] + p.block[a] > t.shape[ad];
   }
+  if (ragged && t.dtype == DType::i8) unsupported("a ragged i8 block");
   if (ragged) b_.fill(dst_at(at, t.dtype, d), static_cast<float>(round_to(t.dtype, fill)), d.rows, d.cols);
   dma_block(false, static_cast<int>(i), p, t, at, static_cast<int>(i));
 }
@@ -496,10 +498,13 @@ Value SimLowerer::dot(const Value& a0, const Value& b, DotOptions o, int64_t m, 
   const Value a = o.transpose_a ? transpose(a0) : a0;
   const sim::DType pt = phys(a.dtype());
   const int64_t es = sim::dtype_size(pt);
-  const sim::MxuMode mode = a.dtype() == DType::bf16 ? sim::MxuMode::bf16 : codegen::f32_matmul_mode();
+  const bool int8 = a.dtype() == DType::i8;  // i32 products on the MXU, then kept as f32 (exact to 2^24)
+  const sim::MxuMode mode = int8 ? sim::MxuMode::i8 : a.dtype() == DType::bf16 ? sim::MxuMode::bf16 : codegen::f32_matmul_mode();
   const int64_t R = cfg_.mxu.rows, C = cfg_.mxu.cols;
   const int nm = std::max(1, cfg_.mxu.count);
-  Value r = make({m, n}, DType::f32);
+  Value r = make({m, n}, int8 ? DType::i32 : DType::f32);
+  const int64_t out = int8 ? alloc(m * n * 4) : r.impl()->vmem;
+  const sim::DType ot = int8 ? sim::DType::i32 : sim::DType::f32;
   const int64_t A = a.impl()->vmem, W = b.impl()->vmem;
   for (int64_t j = 0; j * C < n; ++j) {
     const int64_t nn = std::min(C, n - j * C);
@@ -509,10 +514,11 @@ Value SimLowerer::dot(const Value& a0, const Value& b, DotOptions o, int64_t m, 
       const sim::Operand w = o.transpose_b ? B::vmem(B::at(W + (j * C * k + p * R) * es), pt, 1, k)
                                            : B::vmem(B::at(W + (p * R * n + j * C) * es), pt, n);
       b_.mxu_load_weights(mxu, w, kk, nn, mode);
-      b_.mxu_matmul(mxu, B::vmem(B::at(r.impl()->vmem + j * C * 4), sim::DType::f32, n),
+      b_.mxu_matmul(mxu, B::vmem(B::at(out + j * C * 4), ot, n),
                     B::vmem(B::at(A + p * R * es), pt, k), m, kk, nn, p > 0, mode);
     }
   }
+  if (int8) b_.unary(Op::vcast, dst(r), B::vmem(B::at(out), ot, n), m, n);
   return r;
 }
 
@@ -556,7 +562,8 @@ sim::Program SimLowerer::build() {
             "kernel '{}': {} operands and {} semaphores are more than the chip's {} registers / {} semaphores", k_.name,
             ni + no, k_.num_semaphores, cfg_.scalar.registers, cfg_.scalar.semaphores);
   auto check_dtype = [&](const TensorType& t, const std::string& who) {
-    if (t.dtype != DType::f32 && t.dtype != DType::bf16) unsupported(fmt::format("{} of dtype {}", who, dtype_name(t.dtype)));
+    if (t.dtype != DType::f32 && t.dtype != DType::bf16 && (t.dtype != DType::i8 || who.rfind("input", 0) != 0))
+      unsupported(fmt::format("{} of dtype {}", who, dtype_name(t.dtype)));
   };
   ins_.resize(ni);
   outs_.resize(no);
@@ -579,6 +586,7 @@ sim::Program SimLowerer::build() {
   }
   for (size_t i = 0; i < k_.scratch.size(); ++i) {
     const ScratchSpec& sc = k_.scratch[i];
+    if (sc.dtype == DType::i8) unsupported("an i8 scratch buffer");
     const Dims2 d = dims2(sc.shape, k_.name);
     for (int64_t& slot : scr_[i].slot) slot = alloc_persistent(numel_of(sc.shape) * psize(sc.dtype), "scratch");
     b_.fill(dst_at(scr_[i].slot[0], sc.dtype, d), 0.0f, d.rows, d.cols);
