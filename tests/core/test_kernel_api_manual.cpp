@@ -139,6 +139,27 @@ TEST_CASE("kernel manual: an index map follows a scalar-prefetched table and the
   manual_check_close(y.to_vector<float>(), want, 0);
 }
 
+TEST_CASE("kernel manual: a kernel op with scalar prefetch, eager on the cpu and the chip", "[kernel][sim]") {
+  static const Op op = register_op({
+      .name = "test_gather_blocks",
+      .num_inputs = 3,
+      .output_types = [](std::span<const TensorType>, const Params&) {
+        return std::vector<TensorType>{{Shape{6, 4}, DType::f32}};
+      },
+      .kernel = [](std::span<const TensorType>, std::span<const TensorType>, const Params&) { return gather_kernel(); },
+  });
+  const std::vector<float> x = manual_random(8 * 4, 43);
+  TinySim tiny;
+  for (const std::vector<int32_t>& table : {std::vector<int32_t>{3, 0, 2}, std::vector<int32_t>{1, 1, 0}})
+    for (Device dev : {Device(), tiny.dev()}) {
+      const Tensor y = op({manual_i32(table, {3}).to(dev), manual_i32({2, -1, 5}, {3}).to(dev), from_vector(x, {8, 4}).to(dev)});
+      std::vector<double> want;
+      for (int64_t j = 0; j < 3; ++j)
+        for (int64_t e = 0; e < 8; ++e) want.push_back(double(x[size_t(table[size_t(j)] * 8 + e)] * float(std::vector<int>{2, -1, 5}[size_t(j)])));
+      manual_check_close(y.to(Device()).to_vector<float>(), want, 0);
+    }
+}
+
 TEST_CASE("kernel manual: double-buffered async copies in and out of HBM operands", "[kernel]") {
   const std::vector<float> x = manual_random(12 * 8, 42);
   Tensor y = call(stream_kernel(12, 8, 4), {from_vector(x, {12, 8})}, {{Shape{12, 8}, DType::f32}})[0];

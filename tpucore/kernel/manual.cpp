@@ -52,7 +52,7 @@ std::string ref_name(const KernelContext::State& s, const Ref& r) {
 }
 
 // The array an operand or scratch buffer is (its shape and dtype).
-TensorType type_of(const KernelContext::State& s, const Ref& r) {
+TensorType side_type(const KernelContext::State& s, const Ref& r) {
   if (r.kind() == Ref::Kind::scratch) {
     const ScratchSpec& sc = s.def->scratch[static_cast<size_t>(r.index())];
     return {Shape(sc.shape), sc.dtype};
@@ -63,7 +63,7 @@ TensorType type_of(const KernelContext::State& s, const Ref& r) {
 
 // The part of a copy's scratch side it covers: its window's block, or the whole buffer.
 std::vector<int64_t> scratch_region(const KernelContext::State& s, const Ref& r) {
-  if (r.is_window()) return detail::window_place(r, type_of(s, r).shape).block;
+  if (r.is_window()) return detail::window_place(r, side_type(s, r).shape).block;
   return s.def->scratch[static_cast<size_t>(r.index())].shape;
 }
 
@@ -75,7 +75,7 @@ Ref Ref::at(Index start, std::vector<int64_t> shape) const {
   TPU_CHECK(!windowed_ && (kind_ == Kind::scratch || detail::is_any(*spec_of_ref(s, kind_, index_))),
             "kernel '{}': at() takes a window of an operand in MemorySpace::any or of a scratch buffer; {} is not one",
             kn, ref_name(s, *this));
-  const Shape a = type_of(s, *this).shape;
+  const Shape a = side_type(s, *this).shape;
   TPU_CHECK(static_cast<int>(start.size()) == a.ndim() && static_cast<int>(shape.size()) == a.ndim(),
             "kernel '{}': a window at {} of {} for an array {} of rank {}", kn, shape_str(start), shape_str(shape),
             a, a.ndim());
@@ -155,11 +155,11 @@ AsyncCopy KernelContext::async_copy(const Ref& src, const Ref& dst, int sem) {
   const Ref& win = in_copy ? src : dst;
   const Ref& buf = in_copy ? dst : src;
   const ScratchSpec& sc = s.def->scratch[static_cast<size_t>(buf.index())];
-  BlockPlace p = detail::window_place(win, type_of(s, win).shape);
+  BlockPlace p = detail::window_place(win, side_type(s, win).shape);
   const std::vector<int64_t> region = scratch_region(s, buf);
-  TPU_CHECK(p.block == region && type_of(s, win).dtype == sc.dtype,
+  TPU_CHECK(p.block == region && side_type(s, win).dtype == sc.dtype,
             "kernel '{}': an async copy from {} into {}: the window is {} {} and the scratch buffer {} {}", kn,
-            ref_name(s, src), ref_name(s, dst), dtype_name(type_of(s, win).dtype), shape_str(p.block),
+            ref_name(s, src), ref_name(s, dst), dtype_name(side_type(s, win).dtype), shape_str(p.block),
             dtype_name(sc.dtype), shape_str(region));
   return AsyncCopy(this, src, dst, sem);
 }
@@ -198,14 +198,14 @@ void AsyncCopy::start() const {
   if (s.lower) {
     s.lower->copy_start(src_, dst_, sem_);
   } else if (in_copy) {
-    const TensorType t = type_of(s, src_);
+    const TensorType t = side_type(s, src_);
     const BlockPlace p = detail::window_place(src_, t.shape);
     const auto& arr = src_.kind() == Ref::Kind::input ? s.in_data[static_cast<size_t>(src_.index())]
                                                       : s.out_data[static_cast<size_t>(src_.index())];
     c.data.resize(static_cast<size_t>(detail::numel_of(p.block)));
     detail::for_each_block_elem(p, t.shape, [&](int64_t e, int64_t off) { c.data[static_cast<size_t>(e)] = arr[static_cast<size_t>(off)]; });
   } else if (src_.is_window()) {
-    const TensorType t = type_of(s, src_);
+    const TensorType t = side_type(s, src_);
     const BlockPlace p = detail::window_place(src_, t.shape);
     const auto& arr = detail::data_of(s.scratch[static_cast<size_t>(buf)]);
     c.data.resize(static_cast<size_t>(detail::numel_of(p.block)));
@@ -249,7 +249,7 @@ void AsyncCopy::wait() const {
     }
     s.scratch[static_cast<size_t>(buf)] = v;
   } else {
-    const TensorType t = type_of(s, c.dst);
+    const TensorType t = side_type(s, c.dst);
     const BlockPlace p = detail::window_place(c.dst, t.shape);
     auto& arr = s.out_data[static_cast<size_t>(c.dst.index())];
     detail::for_each_block_elem(p, t.shape, [&](int64_t e, int64_t off) { arr[static_cast<size_t>(off)] = c.data[static_cast<size_t>(e)]; });
