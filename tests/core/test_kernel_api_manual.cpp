@@ -216,6 +216,23 @@ TEST_CASE("kernel manual: a bad copy schedule is an error naming the problem", "
     };
     CHECK_THROWS_WITH(run(), Catch::Contains("writes scratch 2 ('out') while an async copy out of it is in flight"));
   }
+  SECTION("overlapping windows of one buffer in flight, and a wait for a copy that is not the oldest") {
+    k.body = [](KernelContext& c) {
+      c.async_copy(c.in(0).at({0, 0}, {2, 8}), c.scratch(0).at({0, 0}, {2, 8}), 0).start();
+      c.async_copy(c.in(0).at({2, 0}, {2, 8}), c.scratch(0).at({2, 0}, {2, 8}), 0).start();  // disjoint: fine
+      c.async_copy(c.in(0).at({4, 0}, {2, 8}), c.scratch(0).at({1, 0}, {2, 8}), 1).start();
+    };
+    CHECK_THROWS_WITH(run(), Catch::Contains("starts a copy into scratch 0 ('in0') window at [1, 0] of [2, 8] while the "
+                                             "async copy from input 0 ('x') window at [0, 0] of [2, 8]"));
+    k.body = [](KernelContext& c) {
+      c.async_copy(c.in(0).at({0, 0}, {4, 8}), c.scratch(0), 0).start();
+      c.async_copy(c.in(0).at({4, 0}, {4, 8}), c.scratch(1), 0).start();
+      c.async_copy(c.in(0).at({4, 0}, {4, 8}), c.scratch(1), 0).wait();
+    };
+    CHECK_THROWS_WITH(run(), Catch::Contains("waits on semaphore 0 for a copy into scratch 1 ('in1'), but the oldest copy "
+                                             "in flight on it goes from input 0 ('x') window at [0, 0] of [4, 8] into "
+                                             "scratch 0 ('in0')"));
+  }
   SECTION("a load of an operand left in HBM, a copy of the wrong shape, a bad semaphore") {
     k.body = [](KernelContext& c) { c.scratch(0).store(c.in(0).load()); };
     CHECK_THROWS_WITH(run(), Catch::Contains("load from input 0 ('x')") && Catch::Contains("stays in HBM"));
