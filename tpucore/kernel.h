@@ -22,6 +22,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "tpucore/core/tensor.h"
@@ -39,6 +40,34 @@ using Index = std::vector<int64_t>;
 /// counted in blocks).
 using IndexMap = std::function<Index(std::span<const int64_t> grid_index)>;
 
+/// Where an operand lives while the kernel runs.
+enum class MemorySpace : uint8_t {
+  vmem,  ///< cut into blocks that the kernel copies into vector memory step by step
+  any    ///< left in HBM: the body moves windows of it with async_copy (manual mode)
+};
+
+/// The kernel's scalar-prefetch arrays (its first KernelDef::num_scalar_prefetch inputs, i32),
+/// readable in index maps and in the body (Pallas' scalar prefetch).
+class Scalars {
+ public:
+  /// Over the arrays' values (row-major) and shapes.
+  Scalars(const std::vector<std::vector<int64_t>>* values, const std::vector<Shape>* shapes, const std::string* kernel)
+      : values_(values), shapes_(shapes), kernel_(kernel) {}
+  /// Element `i` (row-major) of scalar-prefetch array `array` (a tpu::Error out of range).
+  int64_t operator()(int array, int64_t i) const;
+  /// The shape of scalar-prefetch array `array`.
+  const Shape& shape(int array) const;
+  /// Number of scalar-prefetch arrays.
+  int count() const { return static_cast<int>(values_->size()); }
+
+ private:
+  const std::vector<std::vector<int64_t>>* values_;
+  const std::vector<Shape>* shapes_;
+  const std::string* kernel_;
+};
+/// An index map that also reads the scalar-prefetch arrays (a block that follows a block table).
+using ScalarIndexMap = std::function<Index(std::span<const int64_t> grid_index, const Scalars& scalars)>;
+
 /// How an operand is cut into blocks (Pallas' BlockSpec).
 struct BlockSpec {
   /// One entry per array dim: the block's size (or `squeezed`). Empty: the whole array is one
@@ -48,6 +77,10 @@ struct BlockSpec {
   IndexMap index_map{};
   /// Name used in errors (default "input i" / "output i").
   std::string name{};
+  /// MemorySpace::any leaves the operand in HBM (no blocks; block_shape and the maps unused).
+  MemorySpace memory = MemorySpace::vmem;
+  /// Used instead of index_map when set: grid index and scalar-prefetch arrays -> block index.
+  ScalarIndexMap scalar_index_map{};
 };
 
 /// A buffer in vector memory that persists over the grid steps of one call (accumulators).
@@ -83,6 +116,11 @@ struct KernelDef {
   std::vector<ScratchSpec> scratch{}; ///< persistent buffers (zero at the start of a call)
   Params params{};                  ///< compile-time parameters, read by the body with param()
   KernelBody body{};                ///< the per-step computation
+  /// The first inputs that are scalar-prefetch arrays (i32, any shape): they have no block
+  /// spec (in_specs covers the other inputs, and in(i) counts from the first of those).
+  int num_scalar_prefetch = 0;
+  /// DMA semaphores the body's async copies signal (0 .. num_semaphores - 1).
+  int num_semaphores = 0;
   /// Bytes of vector memory the blocks may use: every input and output block double-buffered
   /// plus the scratch buffers (0: kDefaultVmemBudget).
   int64_t vmem_budget_bytes = 0;
@@ -113,6 +151,11 @@ class Ref {
   /// Index of the block's first element in the array, along block dim `axis`.
   int64_t offset(int axis) const;
 
+  /// A window of an operand in MemorySpace::any: `shape` elements from element `start`, one
+  /// entry per array dim (`squeezed` drops a dim of size 1), for async_copy. A window out of
+  /// the array's range is a tpu::Error.
+  Ref at(Index start, std::vector<int64_t> shape) const;
+
   /// What a Ref refers to.
   enum class Kind : uint8_t {
     input,   ///< an input operand
@@ -121,11 +164,54 @@ class Ref {
   };
   /// Made by KernelContext.
   Ref(KernelContext* ctx, Kind kind, int index) : ctx_(ctx), kind_(kind), index_(index) {}
+  /// Input, output or scratch.
+  Kind kind() const { return kind_; }
+  /// The operand's or scratch buffer's index.
+  int index() const { return index_; }
+  /// True for a window made by at().
+  bool is_window() const { return windowed_; }
+  /// A window's first element per array dim.
+  const Index& window_start() const { return start_; }
+  /// A window's size per array dim (`squeezed` where dropped).
+  const std::vector<int64_t>& window_extent() const { return extent_; }
 
  private:
   KernelContext* ctx_;
   Kind kind_;
   int index_;
+  bool windowed_ = false;
+  Index start_{};
+  std::vector<int64_t> extent_{};
+  std::vector<int64_t> wshape_{};
+};
+
+/// An asynchronous DMA copy between a window of an HBM operand (MemorySpace::any) and a scratch
+/// buffer, signalling a semaphore (Pallas' make_async_copy). start() issues it; wait() blocks
+/// until the oldest copy started on its semaphore is done (copies sharing a semaphore are waited
+/// in the order they started; that copy must have the same source and destination shapes). A
+/// copy may be waited on in a later grid step (double buffering across steps). Errors, at the
+/// first run of the body (the interpreter, or the chip lowering, which runs it at build time):
+/// a wait with no copy in flight on its semaphore, a copy never waited on when the kernel ends,
+/// and a read or write of a scratch buffer whose copy is in flight.
+class AsyncCopy {
+ public:
+  /// Made by KernelContext::async_copy.
+  AsyncCopy(KernelContext* ctx, Ref src, Ref dst, int sem) : ctx_(ctx), src_(std::move(src)), dst_(std::move(dst)), sem_(sem) {}
+  /// Issues the copy.
+  void start() const;
+  /// Waits for the oldest copy in flight on the semaphore.
+  void wait() const;
+  /// The source.
+  const Ref& src() const { return src_; }
+  /// The destination.
+  const Ref& dst() const { return dst_; }
+  /// The semaphore.
+  int semaphore() const { return sem_; }
+
+ private:
+  KernelContext* ctx_;
+  Ref src_, dst_;
+  int sem_;
 };
 
 /// What the body sees at one grid step: its position, the blocks and the parameters.
@@ -147,6 +233,13 @@ class KernelContext {
   Ref scratch(int i);
   /// A compile-time parameter (a tpu::Error naming it when missing).
   int64_t param(const std::string& name) const;
+  /// Element `i` (row-major) of scalar-prefetch array `array`.
+  int64_t scalar(int array, int64_t i) const;
+  /// The scalar-prefetch arrays.
+  Scalars scalars() const;
+  /// A copy from `src` to `dst` signalling semaphore `sem`: one side a window (Ref::at) of an
+  /// operand in MemorySpace::any, the other a scratch buffer of the window's shape and dtype.
+  AsyncCopy async_copy(const Ref& src, const Ref& dst, int sem);
   /// The kernel being run.
   const KernelDef& def() const;
   /// The backend's state.

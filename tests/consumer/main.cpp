@@ -60,6 +60,23 @@ int main() {
     tpu::Tensor out = k::call(def, {in}, {{tpu::Shape{10, 3}, tpu::DType::f32}})[0];
     // sum_{i<30} (2 i + 1) = 30^2
     check(tpu::sum(out).item<double>() == 900.0, "a kernel::call in the interpreter");
+    // Manual mode: a scalar-prefetched row index, x left in HBM, one async copy of that row.
+    k::KernelDef man;
+    man.name = "pick_row";
+    man.num_scalar_prefetch = 1;
+    man.num_semaphores = 1;
+    man.in_specs = {{.name = "x", .memory = k::MemorySpace::any}};
+    man.out_specs = {{.block_shape = {1, 3}}};
+    man.scratch = {{.shape = {1, 3}}};
+    man.body = [](k::KernelContext& c) {
+      k::AsyncCopy cp = c.async_copy(c.in(0).at({c.scalar(0, 0), 0}, {1, 3}), c.scratch(0), 0);
+      cp.start();
+      cp.wait();
+      c.out(0).store(c.scratch(0).load());
+    };
+    tpu::Tensor row = tpu::from_vector(std::vector<int32_t>{2}, tpu::Shape{1}, tpu::TensorOptions(tpu::DType::i32));
+    tpu::Tensor picked = k::call(man, {row, in}, {{tpu::Shape{1, 3}, tpu::DType::f32}})[0];
+    check(tpu::sum(picked).item<double>() == 6.0 + 7.0 + 8.0, "a manual-mode kernel with scalar prefetch");
   }
 
   // The simulated chip through the public API: an add on sim:0 runs a chip program (counted),

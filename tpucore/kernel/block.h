@@ -9,7 +9,7 @@
 
 namespace tpu::kernel {
 
-/// A value on blocks inside a kernel body: an N-d array of f32, bf16, i32 or bool with a static
+/// A value on blocks inside a kernel body: an N-d array of f32, bf16, i32, i8 or bool with a static
 /// shape. It lives in vector memory while the kernel runs (in the cpu interpreter, on the host).
 /// Values are immutable: every operation makes a new one.
 class Value {
@@ -48,7 +48,8 @@ struct DotOptions {
 };
 
 /// Matrix product of two 2-d blocks with f32 accumulation: [m, k] x [k, n] -> [m, n] f32. Both
-/// operands have the same dtype, f32 or bf16 (bf16 products are exact in f32).
+/// operands have the same dtype, f32 or bf16 (bf16 products are exact in f32); or both i8, with
+/// exact integer products accumulated in i32: an i32 result.
 Value dot(const Value& a, const Value& b, DotOptions opt = {});
 
 /// Elementwise arithmetic with numpy broadcasting; operands of one dtype (a scalar takes the

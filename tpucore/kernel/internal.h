@@ -2,6 +2,7 @@
 // and the per-call state of a kernel run.
 #pragma once
 
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,9 @@ class Lowerer {
   virtual Value dot(const Value& a, const Value& b, DotOptions o, int64_t m, int64_t k, int64_t n) = 0;
   virtual Value load(Ref::Kind kind, int index, double fill) = 0;
   virtual void store(Ref::Kind kind, int index, const Value& v, const Value* mask) = 0;
+  // An async copy (checked by the front half in manual.cpp): issued, and waited on.
+  virtual void copy_start(const Ref& src, const Ref& dst, int sem) = 0;
+  virtual void copy_wait(const Ref& src, const Ref& dst, int sem) = 0;
 };
 Lowerer* active_lowerer();
 // Makes `l` the thread's lowerer for a scope.
@@ -93,6 +97,19 @@ struct KernelContext::State {
   std::vector<bool> out_resident;
   std::vector<Value> scratch;
   detail::Lowerer* lower = nullptr;  // set when the body is lowered instead of interpreted
+  // Scalar-prefetch arrays (values row-major) and their shapes.
+  std::vector<std::vector<int64_t>> scalars;
+  std::vector<Shape> scalar_shapes;
+  // Async copies in flight, per semaphore (oldest first); the interpreter's copies hold the
+  // data read at start().
+  struct Copy {
+    Ref src, dst;
+    Index step;
+    std::vector<double> data;
+  };
+  std::vector<std::deque<Copy>> in_flight;
+  std::vector<int> scratch_incoming, scratch_outgoing;  // copies in flight into / out of scratch i
+  bool check_copies = true;  // off only to let the chip's race checker see an unchecked body
 };
 
 namespace detail {
@@ -134,7 +151,21 @@ std::string spec_name(const BlockSpec& s, const char* kind, size_t i);
 std::vector<int64_t> block_shape_of(const KernelDef& k, const BlockSpec& s, const TensorType& t, const std::string& who);
 // Where the block of `s` lies at grid index `g` (a tpu::Error for a bad index map).
 BlockPlace place_of(const KernelDef& k, const BlockSpec& s, const TensorType& t, const std::string& who,
-                    std::span<const int64_t> g);
+                    std::span<const int64_t> g, const Scalars* scalars = nullptr);
+// The geometry of a window (Ref::at) of an array.
+BlockPlace window_place(const Ref& r, const Shape& array);
+// validate() with the scalar-prefetch arrays' values (index maps that read them are checked).
+void validate_with(const KernelDef& k, std::span<const TensorType> inputs, std::span<const TensorType> outputs,
+                   const Scalars* scalars);
+// Reads the scalar-prefetch arrays (i32 tensors) into s.scalars.
+void read_scalars(KernelContext::State& s, std::span<const Tensor> arrays);
+// Manual mode: prepares the copy bookkeeping of a run; checks no copy is left in flight.
+void begin_copies(KernelContext::State& s);
+void end_copies(KernelContext::State& s);
+// A tpu::Error when scratch i is read (or written) while an async copy touching it is in flight.
+void check_scratch_access(const KernelContext::State& s, int i, bool write);
+// The input/output of a block spec left in HBM.
+inline bool is_any(const BlockSpec& s) { return s.memory == MemorySpace::any; }
 
 // Visits every grid index in row-major order.
 template <class F>

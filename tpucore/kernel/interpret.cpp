@@ -44,11 +44,17 @@ static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Where the block of `s` lies at grid index `g` (a tpu::Error for a bad index map).
 BlockPlace place_of(const KernelDef& k, const BlockSpec& s, const TensorType& t, const std::string& who,
-                    std::span<const int64_t> g) {
+                    std::span<const int64_t> g, const Scalars* scalars) {
   const int r = t.shape.ndim();
   BlockPlace p;
   p.block = block_shape_of(k, s, t, who);
-  p.block_index = s.index_map ? s.index_map(g) : Index(static_cast<size_t>(r), 0);
+  if (s.scalar_index_map) {
+    TPU_CHECK(scalars != nullptr, "kernel '{}': the index map of {} reads scalar-prefetch arrays, which are not given",
+              k.name, who);
+    p.block_index = s.scalar_index_map(g, *scalars);
+  } else {
+    p.block_index = s.index_map ? s.index_map(g) : Index(static_cast<size_t>(r), 0);
+  }
   TPU_CHECK(static_cast<int>(p.block_index.size()) == r,
             "kernel '{}': the index map of {} gave {} entries at grid index {} for an array of rank {}", k.name, who,
             p.block_index.size(), shape_str({g.begin(), g.end()}), r);
@@ -122,10 +128,34 @@ void make_resident(KernelContext::State& s, size_t i) {
 
 }  // namespace
 
+void detail::read_scalars(KernelContext::State& s, std::span<const Tensor> arrays) {
+  for (const Tensor& t : arrays) {
+    TPU_CHECK(t.dtype() == DType::i32, "kernel '{}': a scalar-prefetch input has dtype {}; it must be i32", s.def->name,
+              dtype_name(t.dtype()));
+    std::vector<int64_t> v;
+    for (double x : host_values(t)) v.push_back(static_cast<int64_t>(x));
+    s.scalars.push_back(std::move(v));
+    s.scalar_shapes.push_back(t.shape());
+  }
+}
+
 void validate(const KernelDef& k, std::span<const TensorType> inputs, std::span<const TensorType> outputs) {
+  detail::validate_with(k, inputs, outputs, nullptr);
+}
+
+void detail::validate_with(const KernelDef& k, std::span<const TensorType> all_inputs,
+                           std::span<const TensorType> outputs, const Scalars* scalars) {
   TPU_CHECK(static_cast<bool>(k.body), "kernel '{}': no body", k.name);
-  TPU_CHECK(k.in_specs.size() == inputs.size(), "kernel '{}': {} input block spec(s) for {} input(s)", k.name,
-            k.in_specs.size(), inputs.size());
+  TPU_CHECK(k.num_scalar_prefetch >= 0 && static_cast<size_t>(k.num_scalar_prefetch) <= all_inputs.size(),
+            "kernel '{}': {} scalar-prefetch array(s) for {} input(s)", k.name, k.num_scalar_prefetch, all_inputs.size());
+  TPU_CHECK(k.num_semaphores >= 0, "kernel '{}': {} semaphores", k.name, k.num_semaphores);
+  const size_t nsp = static_cast<size_t>(k.num_scalar_prefetch);
+  for (size_t i = 0; i < nsp; ++i)
+    TPU_CHECK(all_inputs[i].dtype == DType::i32, "kernel '{}': scalar-prefetch input {} has dtype {}; it must be i32",
+              k.name, i, dtype_name(all_inputs[i].dtype));
+  const std::span<const TensorType> inputs = all_inputs.subspan(nsp);
+  TPU_CHECK(k.in_specs.size() == inputs.size(), "kernel '{}': {} input block spec(s) for {} input(s) after {} scalar-prefetch array(s)", k.name,
+            k.in_specs.size(), inputs.size(), nsp);
   TPU_CHECK(k.out_specs.size() == outputs.size(), "kernel '{}': {} output block spec(s) for {} output(s)", k.name,
             k.out_specs.size(), outputs.size());
   TPU_CHECK(!outputs.empty(), "kernel '{}': no outputs", k.name);
@@ -140,8 +170,9 @@ void validate(const KernelDef& k, std::span<const TensorType> inputs, std::span<
   std::vector<Use> uses;
   auto add_operand = [&](const BlockSpec& s, const TensorType& t, const char* kind, size_t i) {
     const std::string who = detail::spec_name(s, kind, i);
-    TPU_CHECK(detail::block_dtype_ok(t.dtype), "kernel '{}': {} has dtype {}; blocks are f32, bf16, i32 or bool",
+    TPU_CHECK(detail::block_dtype_ok(t.dtype), "kernel '{}': {} has dtype {}; blocks are f32, bf16, i32, i8 or bool",
               k.name, who, dtype_name(t.dtype));
+    if (detail::is_any(s)) return;  // left in HBM: no blocks
     std::vector<int64_t> b = detail::block_shape_of(k, s, t, who);
     uses.push_back({who, b, t.dtype, 2 * detail::numel_of(b) * static_cast<int64_t>(dtype_size(t.dtype))});
   };
@@ -150,7 +181,7 @@ void validate(const KernelDef& k, std::span<const TensorType> inputs, std::span<
   for (size_t i = 0; i < k.scratch.size(); ++i) {
     const ScratchSpec& s = k.scratch[i];
     const std::string who = s.name.empty() ? fmt::format("scratch {}", i) : fmt::format("scratch {} ('{}')", i, s.name);
-    TPU_CHECK(detail::block_dtype_ok(s.dtype), "kernel '{}': {} has dtype {}; blocks are f32, bf16, i32 or bool",
+    TPU_CHECK(detail::block_dtype_ok(s.dtype), "kernel '{}': {} has dtype {}; blocks are f32, bf16, i32, i8 or bool",
               k.name, who, dtype_name(s.dtype));
     for (int64_t d : s.shape) TPU_CHECK(d > 0, "kernel '{}': {} has shape {}", k.name, who, shape_str(s.shape));
     uses.push_back({who, s.shape, s.dtype, detail::numel_of(s.shape) * static_cast<int64_t>(dtype_size(s.dtype))});
@@ -170,9 +201,13 @@ void validate(const KernelDef& k, std::span<const TensorType> inputs, std::span<
     fail("kernel '{}': its blocks need {} bytes of vector memory together, more than the budget of {} bytes: {}",
          k.name, total, budget, list);
   }
+  auto check_map = [&](const BlockSpec& sp, const TensorType& t, const char* kind, size_t i, std::span<const int64_t> g) {
+    if (detail::is_any(sp) || (sp.scalar_index_map && !scalars)) return;
+    (void)detail::place_of(k, sp, t, detail::spec_name(sp, kind, i), g, scalars);
+  };
   detail::for_each_grid_index(k.grid, [&](std::span<const int64_t> g) {
-    for (size_t i = 0; i < inputs.size(); ++i) (void)detail::place_of(k, k.in_specs[i], inputs[i], detail::spec_name(k.in_specs[i], "input", i), g);
-    for (size_t i = 0; i < outputs.size(); ++i) (void)detail::place_of(k, k.out_specs[i], outputs[i], detail::spec_name(k.out_specs[i], "output", i), g);
+    for (size_t i = 0; i < inputs.size(); ++i) check_map(k.in_specs[i], inputs[i], "input", i, g);
+    for (size_t i = 0; i < outputs.size(); ++i) check_map(k.out_specs[i], outputs[i], "output", i, g);
   });
 }
 
@@ -183,20 +218,22 @@ std::vector<Tensor> call(const KernelDef& k, std::span<const Tensor> inputs_in, 
     if (t.defined() && t.is_proxy() && tpu::detail::proxy_deferred(t)) t = tpu::detail::materialize_proxy(t, "kernel::call");
   const std::span<const Tensor> inputs = real;
   std::vector<TensorType> in_types;
+  // The kernel runs on the device of its block operands; scalar-prefetch arrays may also be on the cpu.
+  const size_t first = std::min(inputs.size(), static_cast<size_t>(std::max(0, k.num_scalar_prefetch)));
+  const size_t lead = first < inputs.size() ? first : 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
     TPU_CHECK(inputs[i].defined(), "kernel '{}': input {} is an undefined tensor", k.name, i);
     TPU_CHECK(!inputs[i].is_proxy(), "kernel '{}': kernel::call on a traced tensor; register the kernel with "
               "kernel::register_op to use it inside tpu::compile", k.name);
-    TPU_CHECK(inputs[i].device() == inputs[0].device(), "kernel '{}': inputs on {} and {}", k.name,
-              inputs[0].device().str(), inputs[i].device().str());
+    TPU_CHECK(inputs[i].device() == inputs[lead].device() || (i < first && inputs[i].device().type == DeviceType::cpu),
+              "kernel '{}': inputs on {} and {}", k.name, inputs[lead].device().str(), inputs[i].device().str());
     in_types.push_back({inputs[i].shape(), inputs[i].dtype()});
   }
-  if (!inputs.empty() && inputs[0].device().type != DeviceType::cpu) {
-    const Device dev = inputs[0].device();
+  if (!inputs.empty() && inputs[lead].device().type != DeviceType::cpu) {
+    const Device dev = inputs[lead].device();
     TPU_CHECK(codegen::runs_generated_programs(dev),
               "kernel '{}': inputs on {}, a device that runs no generated programs; kernels run on the cpu "
               "(interpreter) and on chip devices (lowered)", k.name, dev.str());
-    validate(k, in_types, outputs);
     std::vector<Tensor> result;
     for (const TensorType& t : outputs) result.push_back(empty_tensor(t.shape, t.dtype, dev));
     // A KernelDef holds functions, so it has no identity to cache its program under: lowered per call.
@@ -204,25 +241,33 @@ std::vector<Tensor> call(const KernelDef& k, std::span<const Tensor> inputs_in, 
     detail::run_on_chip(k, fmt::format("kernel_call:{}:{}", k.name, calls.fetch_add(1)), inputs, result);
     return result;
   }
-  validate(k, in_types, outputs);
   KernelContext::State s;
   s.def = &k;
-  s.in_types = in_types;
+  TPU_CHECK(k.num_scalar_prefetch >= 0 && static_cast<size_t>(k.num_scalar_prefetch) <= inputs.size(),
+            "kernel '{}': {} scalar-prefetch array(s) for {} input(s)", k.name, k.num_scalar_prefetch, inputs.size());
+  const size_t nsp = static_cast<size_t>(k.num_scalar_prefetch);
+  detail::read_scalars(s, inputs.first(nsp));
+  const Scalars scalars(&s.scalars, &s.scalar_shapes, &k.name);
+  detail::validate_with(k, in_types, outputs, &scalars);
+  s.in_types.assign(in_types.begin() + static_cast<std::ptrdiff_t>(nsp), in_types.end());
   s.out_types.assign(outputs.begin(), outputs.end());
-  for (const Tensor& t : inputs) s.in_data.push_back(host_values(t));
+  for (size_t i = nsp; i < inputs.size(); ++i) s.in_data.push_back(host_values(inputs[i]));
   for (const TensorType& t : outputs) s.out_data.emplace_back(static_cast<size_t>(t.shape.numel()), 0.0);
   s.out_block.resize(outputs.size());
   s.out_resident.assign(outputs.size(), false);
   s.out_place.resize(outputs.size());
-  s.in_place.resize(inputs.size());
+  s.in_place.resize(s.in_types.size());
   for (const ScratchSpec& sc : k.scratch) s.scratch.push_back(detail::make_value(sc.shape, sc.dtype));
+  detail::begin_copies(s);
   KernelContext ctx(&s);
   detail::for_each_grid_index(k.grid, [&](std::span<const int64_t> g) {
     s.grid_index.assign(g.begin(), g.end());
-    for (size_t i = 0; i < inputs.size(); ++i)
-      s.in_place[i] = detail::place_of(k, k.in_specs[i], in_types[i], detail::spec_name(k.in_specs[i], "input", i), g);
+    for (size_t i = 0; i < s.in_types.size(); ++i)
+      if (!detail::is_any(k.in_specs[i]))
+        s.in_place[i] = detail::place_of(k, k.in_specs[i], s.in_types[i], detail::spec_name(k.in_specs[i], "input", i), g, &scalars);
     for (size_t i = 0; i < outputs.size(); ++i) {
-      BlockPlace p = detail::place_of(k, k.out_specs[i], outputs[i], detail::spec_name(k.out_specs[i], "output", i), g);
+      if (detail::is_any(k.out_specs[i])) continue;
+      BlockPlace p = detail::place_of(k, k.out_specs[i], outputs[i], detail::spec_name(k.out_specs[i], "output", i), g, &scalars);
       if (s.out_resident[i] && p.block_index == s.out_place[i].block_index) continue;
       flush_output(s, i);
       s.out_place[i] = std::move(p);
@@ -230,6 +275,7 @@ std::vector<Tensor> call(const KernelDef& k, std::span<const Tensor> inputs_in, 
     }
     k.body(ctx);
   });
+  detail::end_copies(s);
   for (size_t i = 0; i < outputs.size(); ++i) flush_output(s, i);
   std::vector<Tensor> result;
   for (size_t i = 0; i < outputs.size(); ++i) {

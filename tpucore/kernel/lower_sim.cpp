@@ -36,13 +36,13 @@ Dims2 dims2(const std::vector<int64_t>& s, const std::string& kernel) {
        s.size());
 }
 
-sim::DType phys(DType t) { return t == DType::bf16 ? sim::DType::bf16 : sim::DType::f32; }
+sim::DType phys(DType t) { return t == DType::bf16 ? sim::DType::bf16 : t == DType::i8 ? sim::DType::i8 : sim::DType::f32; }
 int64_t psize(DType t) { return sim::dtype_size(phys(t)); }
 
 class SimLowerer final : public Lowerer {
  public:
   SimLowerer(const KernelDef& k, KernelContext::State& s, const sim::ChipConfig& cfg)
-      : k_(k), s_(s), cfg_(cfg), b_("kernel:" + k.name) {}
+      : k_(k), s_(s), cfg_(cfg), b_("kernel:" + k.name), sc_(&s.scalars, &s.scalar_shapes, &k.name) {}
 
   sim::Program build();
 
@@ -58,6 +58,8 @@ class SimLowerer final : public Lowerer {
   Value dot(const Value& a, const Value& b, DotOptions o, int64_t m, int64_t k, int64_t n) override;
   Value load(Ref::Kind kind, int index, double fill) override;
   void store(Ref::Kind kind, int index, const Value& v, const Value* mask) override;
+  void copy_start(const Ref& src, const Ref& dst, int sem) override;
+  void copy_wait(const Ref& src, const Ref& dst, int sem) override;
 
  private:
   struct InputState {
@@ -110,7 +112,8 @@ class SimLowerer final : public Lowerer {
   }
   void issue_load(size_t i, int slot, const BlockPlace& p, double fill);
   void prefetch(std::span<const int64_t> g);
-  void dma_block(bool to_hbm, int operand_reg, const BlockPlace& p, const TensorType& t, int64_t vmem, int sem);
+  void dma_block(bool to_hbm, int operand_reg, const BlockPlace& p, const TensorType& t, int64_t vmem, int sem,
+                 int64_t vmem_cols = -1);
   void flush(size_t i);
   void begin_step(std::span<const int64_t> g);
 
@@ -122,6 +125,13 @@ class SimLowerer final : public Lowerer {
   std::vector<InputState> ins_;
   std::vector<OutputState> outs_;
   std::vector<ScratchState> scr_;
+  Scalars sc_;
+  int operand_reg(const Ref& r) const {
+    return r.kind() == Ref::Kind::input ? r.index() : static_cast<int>(s_.in_types.size()) + r.index();
+  }
+  int sem_reg(int sem) const { return static_cast<int>(s_.in_types.size() + s_.out_types.size()) + sem; }
+  // A new value of scratch i in its other slot (a value still held there moved out first).
+  int64_t next_scratch_slot(size_t i);
 };
 
 int64_t SimLowerer::alloc_persistent(int64_t bytes, const std::string& what) {
@@ -144,6 +154,7 @@ int64_t SimLowerer::alloc(int64_t bytes) {
 
 sim::Operand SimLowerer::src(const Value& v, Dims2 out) const {
   if (v.impl()->imm) return B::imm(static_cast<float>(v.impl()->imm_value));
+  if (v.dtype() == DType::i8) unsupported("an i8 value other than a dot operand");
   const Dims2 d = dims2(v.shape(), k_.name);
   const int64_t rs = d.rows == 1 && out.rows > 1 ? 0 : d.cols;
   const int64_t cs = d.cols == 1 && out.cols > 1 ? 0 : 1;
@@ -151,13 +162,15 @@ sim::Operand SimLowerer::src(const Value& v, Dims2 out) const {
 }
 
 // One DMA of a block's part inside its array, between HBM (the operand's register + offset) and VMEM.
-void SimLowerer::dma_block(bool to_hbm, int operand_reg, const BlockPlace& p, const TensorType& t, int64_t vmem, int sem) {
+void SimLowerer::dma_block(bool to_hbm, int operand_reg, const BlockPlace& p, const TensorType& t, int64_t vmem, int sem,
+                           int64_t vmem_cols) {
   const int64_t es = psize(t.dtype);
   const std::vector<int64_t> st = strides_of(t.shape);
   int64_t off = 0;
   for (size_t d = 0; d < p.start.size(); ++d) off += p.start[d] * st[d];
   const size_t r = p.block.size();
   const Dims2 bd = dims2(p.block, k_.name);
+  const int64_t vstride = (vmem_cols > 0 ? vmem_cols : bd.cols) * es;  // VMEM bytes per block row
   int64_t vrows = 1, vcols = 1, row_stride = bd.cols;
   if (r >= 1) {
     const int cd = p.array_dim[r - 1];
@@ -170,8 +183,8 @@ void SimLowerer::dma_block(bool to_hbm, int operand_reg, const BlockPlace& p, co
     row_stride = st[static_cast<size_t>(rd)];
   }
   const sim::DmaShape shape{.planes = 1, .rows = vrows, .row_bytes = vcols * es,
-                            .dst_plane_stride = -1, .dst_row_stride = to_hbm ? row_stride * es : bd.cols * es,
-                            .src_plane_stride = -1, .src_row_stride = to_hbm ? bd.cols * es : row_stride * es};
+                            .dst_plane_stride = -1, .dst_row_stride = to_hbm ? row_stride * es : vstride,
+                            .src_plane_stride = -1, .src_row_stride = to_hbm ? vstride : row_stride * es};
   const sim::Operand h = B::hbm_at(B::at(off * es, {{static_cast<int16_t>(operand_reg), 1}}));
   const sim::Operand v = B::vmem_at(B::at(vmem));
   const int queue = operand_reg % std::max(1, cfg_.dma.engines);
@@ -224,6 +237,7 @@ void SimLowerer::issue_load(size_t i, int slot, const BlockPlace& p, double fill
     const int ad = p.array_dim[a];
     ragged |= p.start[static_cast<size_t>(ad)] + p.block[a] > t.shape[ad];
   }
+  if (ragged && t.dtype == DType::i8) unsupported("a ragged i8 block");
   if (ragged) b_.fill(dst_at(at, t.dtype, d), static_cast<float>(round_to(t.dtype, fill)), d.rows, d.cols);
   dma_block(false, static_cast<int>(i), p, t, at, static_cast<int>(i));
 }
@@ -241,7 +255,7 @@ void SimLowerer::prefetch(std::span<const int64_t> g) {
   for (size_t i = 0; i < ins_.size(); ++i) {
     InputState& in = ins_[i];
     if (!in.used || in.cur < 0) continue;
-    BlockPlace p = place_of(k_, k_.in_specs[i], s_.in_types[i], spec_name(k_.in_specs[i], "input", i), next);
+    BlockPlace p = place_of(k_, k_.in_specs[i], s_.in_types[i], spec_name(k_.in_specs[i], "input", i), next, &sc_);
     if (p.block_index == in.index) continue;
     if (in.pend >= 0) {
       if (in.pend_index == p.block_index && in.pend_fill == in.fill) continue;
@@ -268,6 +282,15 @@ void SimLowerer::store(Ref::Kind kind, int index, const Value& v, const Value* m
     return;
   }
   ScratchState& sc = scr_[i];
+  const Value old = sc.value;
+  const Dims2 d = dims2(old.shape(), k_.name);
+  const sim::Operand out = dst_at(next_scratch_slot(i), old.dtype(), d);
+  if (mask) b_.ternary(Op::vsel, out, src(*mask, d), src(v, d), src(old, d), d.rows, d.cols);
+  else b_.unary(Op::vmov, out, src(v, d), d.rows, d.cols);
+}
+
+int64_t SimLowerer::next_scratch_slot(size_t i) {
+  ScratchState& sc = scr_[i];
   const DType t = sc.value.dtype();
   const std::vector<int64_t> shape = sc.value.shape();
   const Dims2 d = dims2(shape, k_.name);
@@ -277,15 +300,51 @@ void SimLowerer::store(Ref::Kind kind, int index, const Value& v, const Value* m
     b_.unary(Op::vmov, dst_at(moved, t, d), dst_at(held->vmem, t, d), d.rows, d.cols);
     held->vmem = moved;
   }
-  const sim::Operand out = dst_at(sc.slot[target], t, d);
-  if (mask) b_.ternary(Op::vsel, out, src(*mask, d), src(v, d), src(sc.value, d), d.rows, d.cols);
-  else b_.unary(Op::vmov, out, src(v, d), d.rows, d.cols);
   auto impl = std::make_shared<Value::Impl>();
   impl->vmem = sc.slot[target];
   sc.held[target] = impl;
   sc.value = Value(shape, t, std::move(impl));
   sc.cur = target;
+  return sc.slot[target];
 }
+
+// An async copy: one DMA between the window and the scratch buffer's slot, on the copy's
+// semaphore; a copy into scratch fills its other slot (values loaded before stay valid).
+void SimLowerer::copy_start(const Ref& src, const Ref& dst, int sem) {
+  const bool in_copy = dst.kind() == Ref::Kind::scratch;
+  const Ref& win = in_copy ? src : dst;
+  const TensorType& t = win.kind() == Ref::Kind::input ? s_.in_types[static_cast<size_t>(win.index())]
+                                                       : s_.out_types[static_cast<size_t>(win.index())];
+  const Ref& buf = in_copy ? dst : src;
+  const size_t j = static_cast<size_t>(buf.index());
+  if (!buf.is_window()) {
+    const int64_t at = in_copy ? next_scratch_slot(j) : scr_[j].slot[scr_[j].cur];
+    dma_block(!in_copy, operand_reg(win), window_place(win, t.shape), t, at, sem_reg(sem));
+    return;
+  }
+  // A window of the buffer: its current slot, the rest kept (a value loaded from it before moves out).
+  ScratchState& sc = scr_[j];
+  const std::vector<int64_t> shape = sc.value.shape();
+  const DType dt = sc.value.dtype();
+  const Dims2 d = dims2(shape, k_.name);
+  if (in_copy) {
+    if (auto held = sc.held[sc.cur].lock(); held && held.use_count() > 2) {
+      const int64_t moved = alloc(std::max<int64_t>(1, numel_of(shape)) * psize(dt));
+      b_.unary(Op::vmov, dst_at(moved, dt, d), dst_at(held->vmem, dt, d), d.rows, d.cols);
+      held->vmem = moved;
+    }
+    auto impl = std::make_shared<Value::Impl>();
+    impl->vmem = sc.slot[sc.cur];
+    sc.held[sc.cur] = impl;
+    sc.value = Value(shape, dt, std::move(impl));
+  }
+  const BlockPlace wp = window_place(buf, Shape(shape));
+  int64_t off = 0;
+  for (size_t a = 0; a < wp.start.size(); ++a) off += wp.start[a] * (a + 1 < wp.start.size() ? d.cols : 1);
+  dma_block(!in_copy, operand_reg(win), window_place(win, t.shape), t, sc.slot[sc.cur] + off * psize(dt), sem_reg(sem), d.cols);
+}
+
+void SimLowerer::copy_wait(const Ref&, const Ref&, int sem) { b_.wait(sem_reg(sem)); }
 
 Value SimLowerer::binary(BinOp op, const Value& a, const Value& b, const std::vector<int64_t>& shape, DType out) {
   if (a.impl()->imm && b.impl()->imm && shape.empty()) {
@@ -439,10 +498,13 @@ Value SimLowerer::dot(const Value& a0, const Value& b, DotOptions o, int64_t m, 
   const Value a = o.transpose_a ? transpose(a0) : a0;
   const sim::DType pt = phys(a.dtype());
   const int64_t es = sim::dtype_size(pt);
-  const sim::MxuMode mode = a.dtype() == DType::bf16 ? sim::MxuMode::bf16 : codegen::f32_matmul_mode();
+  const bool int8 = a.dtype() == DType::i8;  // i32 products on the MXU, then kept as f32 (exact to 2^24)
+  const sim::MxuMode mode = int8 ? sim::MxuMode::i8 : a.dtype() == DType::bf16 ? sim::MxuMode::bf16 : codegen::f32_matmul_mode();
   const int64_t R = cfg_.mxu.rows, C = cfg_.mxu.cols;
   const int nm = std::max(1, cfg_.mxu.count);
-  Value r = make({m, n}, DType::f32);
+  Value r = make({m, n}, int8 ? DType::i32 : DType::f32);
+  const int64_t out = int8 ? alloc(m * n * 4) : r.impl()->vmem;
+  const sim::DType ot = int8 ? sim::DType::i32 : sim::DType::f32;
   const int64_t A = a.impl()->vmem, W = b.impl()->vmem;
   for (int64_t j = 0; j * C < n; ++j) {
     const int64_t nn = std::min(C, n - j * C);
@@ -452,10 +514,11 @@ Value SimLowerer::dot(const Value& a0, const Value& b, DotOptions o, int64_t m, 
       const sim::Operand w = o.transpose_b ? B::vmem(B::at(W + (j * C * k + p * R) * es), pt, 1, k)
                                            : B::vmem(B::at(W + (p * R * n + j * C) * es), pt, n);
       b_.mxu_load_weights(mxu, w, kk, nn, mode);
-      b_.mxu_matmul(mxu, B::vmem(B::at(r.impl()->vmem + j * C * 4), sim::DType::f32, n),
+      b_.mxu_matmul(mxu, B::vmem(B::at(out + j * C * 4), ot, n),
                     B::vmem(B::at(A + p * R * es), pt, k), m, kk, nn, p > 0, mode);
     }
   }
+  if (int8) b_.unary(Op::vcast, dst(r), B::vmem(B::at(out), ot, n), m, n);
   return r;
 }
 
@@ -472,9 +535,10 @@ void SimLowerer::begin_step(std::span<const int64_t> g) {
   s_.grid_index.assign(g.begin(), g.end());
   temp_top_ = temp_base_;
   for (size_t i = 0; i < s_.in_types.size(); ++i)
-    s_.in_place[i] = place_of(k_, k_.in_specs[i], s_.in_types[i], spec_name(k_.in_specs[i], "input", i), g);
+    if (!is_any(k_.in_specs[i])) s_.in_place[i] = place_of(k_, k_.in_specs[i], s_.in_types[i], spec_name(k_.in_specs[i], "input", i), g, &sc_);
   for (size_t i = 0; i < s_.out_types.size(); ++i) {
-    BlockPlace p = place_of(k_, k_.out_specs[i], s_.out_types[i], spec_name(k_.out_specs[i], "output", i), g);
+    if (is_any(k_.out_specs[i])) continue;
+    BlockPlace p = place_of(k_, k_.out_specs[i], s_.out_types[i], spec_name(k_.out_specs[i], "output", i), g, &sc_);
     OutputState& o = outs_[i];
     if (o.resident && p.block_index == o.place.block_index) continue;
     const bool had = o.resident;
@@ -494,11 +558,12 @@ void SimLowerer::begin_step(std::span<const int64_t> g) {
 
 sim::Program SimLowerer::build() {
   const size_t ni = s_.in_types.size(), no = s_.out_types.size();
-  TPU_CHECK(static_cast<int>(ni + no) <= std::min(cfg_.scalar.registers, cfg_.scalar.semaphores),
-            "kernel '{}': {} operands are more than the chip's {} registers / {} semaphores", k_.name, ni + no,
-            cfg_.scalar.registers, cfg_.scalar.semaphores);
+  TPU_CHECK(static_cast<int>(ni + no) <= cfg_.scalar.registers && sem_reg(k_.num_semaphores) <= cfg_.scalar.semaphores,
+            "kernel '{}': {} operands and {} semaphores are more than the chip's {} registers / {} semaphores", k_.name,
+            ni + no, k_.num_semaphores, cfg_.scalar.registers, cfg_.scalar.semaphores);
   auto check_dtype = [&](const TensorType& t, const std::string& who) {
-    if (t.dtype != DType::f32 && t.dtype != DType::bf16) unsupported(fmt::format("{} of dtype {}", who, dtype_name(t.dtype)));
+    if (t.dtype != DType::f32 && t.dtype != DType::bf16 && (t.dtype != DType::i8 || who.rfind("input", 0) != 0))
+      unsupported(fmt::format("{} of dtype {}", who, dtype_name(t.dtype)));
   };
   ins_.resize(ni);
   outs_.resize(no);
@@ -506,6 +571,7 @@ sim::Program SimLowerer::build() {
   for (size_t i = 0; i < ni; ++i) {
     const std::string who = spec_name(k_.in_specs[i], "input", i);
     check_dtype(s_.in_types[i], who);
+    if (is_any(k_.in_specs[i])) continue;
     const auto bs = block_shape_of(k_, k_.in_specs[i], s_.in_types[i], who);
     (void)dims2(bs, k_.name);
     for (int64_t& slot : ins_[i].slot) slot = alloc_persistent(std::max<int64_t>(1, numel_of(bs)) * psize(s_.in_types[i].dtype), who);
@@ -513,12 +579,14 @@ sim::Program SimLowerer::build() {
   for (size_t i = 0; i < no; ++i) {
     const std::string who = spec_name(k_.out_specs[i], "output", i);
     check_dtype(s_.out_types[i], who);
+    if (is_any(k_.out_specs[i])) continue;
     const auto bs = block_shape_of(k_, k_.out_specs[i], s_.out_types[i], who);
     (void)dims2(bs, k_.name);
     for (int64_t& slot : outs_[i].slot) slot = alloc_persistent(std::max<int64_t>(1, numel_of(bs)) * psize(s_.out_types[i].dtype), who);
   }
   for (size_t i = 0; i < k_.scratch.size(); ++i) {
     const ScratchSpec& sc = k_.scratch[i];
+    if (sc.dtype == DType::i8) unsupported("an i8 scratch buffer");
     const Dims2 d = dims2(sc.shape, k_.name);
     for (int64_t& slot : scr_[i].slot) slot = alloc_persistent(numel_of(sc.shape) * psize(sc.dtype), "scratch");
     b_.fill(dst_at(scr_[i].slot[0], sc.dtype, d), 0.0f, d.rows, d.cols);
@@ -541,6 +609,7 @@ sim::Program SimLowerer::build() {
     k_.body(ctx);
     prefetch(g);
   });
+  end_copies(s_);
   for (size_t i = 0; i < ni; ++i)
     if (ins_[i].pend >= 0) b_.wait(static_cast<int>(i));
   for (size_t i = 0; i < no; ++i) {
@@ -555,39 +624,24 @@ sim::Program SimLowerer::build() {
 }  // namespace
 
 sim::Program lower_to_chip(const KernelDef& k, std::span<const TensorType> inputs, std::span<const TensorType> outputs,
-                           const sim::ChipConfig& cfg) {
-  validate(k, inputs, outputs);
+                           const sim::ChipConfig& cfg, std::span<const Tensor> scalars, bool check_copies) {
   KernelContext::State s;
   s.def = &k;
-  s.in_types.assign(inputs.begin(), inputs.end());
+  s.check_copies = check_copies;
+  const size_t nsp = static_cast<size_t>(std::max(0, k.num_scalar_prefetch));
+  TPU_CHECK(scalars.size() == nsp && nsp <= inputs.size(), "kernel '{}': {} scalar-prefetch array(s) given for {}",
+            k.name, scalars.size(), k.num_scalar_prefetch);
+  read_scalars(s, scalars);
+  const Scalars sc(&s.scalars, &s.scalar_shapes, &k.name);
+  validate_with(k, inputs, outputs, &sc);
+  s.in_types.assign(inputs.begin() + static_cast<std::ptrdiff_t>(nsp), inputs.end());
   s.out_types.assign(outputs.begin(), outputs.end());
-  s.in_place.resize(inputs.size());
+  s.in_place.resize(s.in_types.size());
   s.out_place.resize(outputs.size());
+  begin_copies(s);
   SimLowerer l(k, s, cfg);
   s.lower = &l;
   return l.build();
-}
-
-void run_on_chip(const KernelDef& k, const std::string& cache_key, std::span<const Tensor> inputs,
-                 std::span<Tensor> outputs) {
-  const Device dev = outputs[0].device();
-  std::vector<TensorType> it, ot;
-  std::vector<Tensor> keep;
-  std::vector<int64_t> args;
-  for (const Tensor& t : inputs) {
-    it.push_back({t.shape(), t.dtype()});
-    std::optional<Tensor> c = codegen::device_operand(t, dev);
-    TPU_CHECK(c.has_value(), "kernel '{}': an input view of shape {} cannot be made contiguous on {}", k.name, t.shape(), dev.str());
-    keep.push_back(*c);
-    args.push_back(codegen::hbm_address(*c));
-  }
-  for (const Tensor& t : outputs) {
-    ot.push_back({t.shape(), t.dtype()});
-    args.push_back(codegen::hbm_address(t));
-  }
-  const sim::ChipConfig& cfg = codegen::chip_config(dev);
-  const codegen::LoadedProgram p = codegen::cached_program(dev, cache_key, [&] { return lower_to_chip(k, it, ot, cfg); });
-  codegen::launch(dev, p, k.name, std::move(args));
 }
 
 }  // namespace tpu::kernel::detail

@@ -11,9 +11,11 @@
 namespace tpu::kernel::detail {
 
 // The program of a kernel for these operand types on a chip (a tpu::Error naming what is not
-// lowered).
+// lowered). `scalars`: the values of the scalar-prefetch inputs (the first inputs), read at build
+// time. check_copies false leaves a scratch buffer touched during its async copy to the chip's
+// race checker (tests of that checker) instead of failing the build.
 sim::Program lower_to_chip(const KernelDef& k, std::span<const TensorType> inputs, std::span<const TensorType> outputs,
-                           const sim::ChipConfig& cfg);
+                           const sim::ChipConfig& cfg, std::span<const Tensor> scalars = {}, bool check_copies = true);
 // Runs the kernel on the chip device of `outputs` (allocated there), the program cached under
 // `cache_key` per device.
 void run_on_chip(const KernelDef& k, const std::string& cache_key, std::span<const Tensor> inputs,

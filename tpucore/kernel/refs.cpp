@@ -37,10 +37,26 @@ bool broadcasts_to(const std::vector<int64_t>& v, const std::vector<int64_t>& bl
   return true;
 }
 
+// A tpu::Error for a load or store of an operand left in HBM; checks a scratch buffer's copies.
+void check_access(const KernelContext::State& s, Ref::Kind k, int i, bool windowed, bool write) {
+  TPU_CHECK(!windowed, "kernel '{}': {} a window (Ref::at) of {} {}; windows are for async_copy", s.def->name,
+            write ? "store into" : "load from", kind_name(k), i);
+  if (k == Ref::Kind::scratch) {
+    detail::check_scratch_access(s, i, write);
+    return;
+  }
+  const BlockSpec& sp = k == Ref::Kind::input ? s.def->in_specs[static_cast<size_t>(i)] : s.def->out_specs[static_cast<size_t>(i)];
+  TPU_CHECK(!windowed && !detail::is_any(sp),
+            "kernel '{}': {} {} of {}: an operand in MemorySpace::any stays in HBM; copy a window of it with "
+            "async_copy into a scratch buffer", s.def->name, write ? "store into" : "load from",
+            detail::spec_name(sp, kind_name(k), static_cast<size_t>(i)), "the body");
+}
+
 }  // namespace
 
 const std::vector<int64_t>& Ref::shape() const {
   const auto& s = ctx_->state();
+  if (windowed_) return wshape_;
   if (const BlockPlace* p = place(s, kind_, index_)) return p->block;
   return s.scratch[static_cast<size_t>(index_)].shape();
 }
@@ -85,6 +101,7 @@ Value Ref::valid_mask() const {
 
 Value Ref::load(double fill) const {
   auto& s = ctx_->state();
+  check_access(s, kind_, index_, windowed_, false);
   if (s.lower) return s.lower->load(kind_, index_, fill);
   const auto& sh = shape();
   if (kind_ == Kind::scratch) return s.scratch[static_cast<size_t>(index_)];
@@ -116,6 +133,7 @@ void Ref::store(const Value& v) const {
   auto& s = ctx_->state();
   TPU_CHECK(v.defined(), "kernel '{}': store of an undefined value into {} {}", ctx_->def().name, kind_name(kind_), index_);
   TPU_CHECK(kind_ != Kind::input, "kernel '{}': store into input {}; inputs are read-only", ctx_->def().name, index_);
+  check_access(s, kind_, index_, windowed_, true);
   const auto& sh = shape();
   TPU_CHECK(broadcasts_to(v.shape(), sh), "kernel '{}': store of a value of shape {} into {} {} whose block has shape {}",
             ctx_->def().name, shape_str(v.shape()), kind_name(kind_), index_, shape_str(sh));
@@ -145,6 +163,7 @@ void Ref::store(const Value& v, const Value& mask) const {
   TPU_CHECK(v.defined(), "kernel '{}': store of an undefined value", ctx_->def().name);
   auto& s = ctx_->state();
   TPU_CHECK(kind_ != Kind::input, "kernel '{}': store into input {}; inputs are read-only", ctx_->def().name, index_);
+  check_access(s, kind_, index_, windowed_, true);
   TPU_CHECK(broadcasts_to(v.shape(), shape()) && broadcasts_to(mask.shape(), shape()),
             "kernel '{}': masked store of a value of shape {} with a mask of shape {} into {} {} whose block has shape {}",
             ctx_->def().name, shape_str(v.shape()), shape_str(mask.shape()), kind_name(kind_), index_, shape_str(shape()));

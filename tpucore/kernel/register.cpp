@@ -8,7 +8,9 @@
 
 #include "ops/registry.h"
 #include "tpucore/core/error.h"
+#include "codegen/launch.h"
 #include "codegen/precision.h"
+#include "codegen/sim_tensors.h"
 #include "tpucore/kernel/internal.h"
 #include "tpucore/kernel/lower_sim.h"
 #include "tpucore/ops.h"
@@ -184,3 +186,44 @@ Tensor Op::operator()(std::initializer_list<Tensor> inputs, const Params& params
 }
 
 }  // namespace tpu::kernel
+
+namespace tpu::kernel::detail {
+
+void run_on_chip(const KernelDef& k, const std::string& cache_key, std::span<const Tensor> inputs,
+                 std::span<Tensor> outputs) {
+  const Device dev = outputs[0].device();
+  std::vector<TensorType> it, ot;
+  std::vector<Tensor> keep;
+  std::vector<int64_t> args;
+  const size_t nsp = std::min(inputs.size(), static_cast<size_t>(std::max(0, k.num_scalar_prefetch)));
+  std::string key = cache_key;
+  if (nsp > 0) {  // the grid is unrolled at build time: the program holds the scalars' values
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < nsp; ++i) {
+      const Tensor c = inputs[i].to(Device()).contiguous();
+      TPU_CHECK(c.dtype() == DType::i32, "kernel '{}': scalar-prefetch input {} has dtype {}; it must be i32", k.name, i,
+                dtype_name(c.dtype()));
+      for (int64_t e = 0; e < c.numel(); ++e) h = (h ^ static_cast<uint32_t>(c.data<int32_t>()[e])) * 1099511628211ull;
+      key += fmt::format(":{}", c.shape());
+    }
+    key += fmt::format(":sp{:x}", h);
+  }
+  for (size_t n = 0; n < inputs.size(); ++n) {
+    const Tensor& t = inputs[n];
+    it.push_back({t.shape(), t.dtype()});
+    if (n < nsp) continue;
+    std::optional<Tensor> c = codegen::device_operand(t, dev);
+    TPU_CHECK(c.has_value(), "kernel '{}': an input view of shape {} cannot be made contiguous on {}", k.name, t.shape(), dev.str());
+    keep.push_back(*c);
+    args.push_back(codegen::hbm_address(*c));
+  }
+  for (const Tensor& t : outputs) {
+    ot.push_back({t.shape(), t.dtype()});
+    args.push_back(codegen::hbm_address(t));
+  }
+  const sim::ChipConfig& cfg = codegen::chip_config(dev);
+  const codegen::LoadedProgram p = codegen::cached_program(dev, key, [&] { return lower_to_chip(k, it, ot, cfg, inputs.first(nsp)); });
+  codegen::launch(dev, p, k.name, std::move(args));
+}
+
+}  // namespace tpu::kernel::detail

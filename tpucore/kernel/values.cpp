@@ -1,4 +1,5 @@
 // Block operations of the kernel API, as the cpu interpreter computes them.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -36,13 +37,14 @@ double round_to(DType t, double x) {
       if (tr <= -2147483648.0) return -2147483648.0;
       return tr;
     }
+    case DType::i8: return std::isnan(x) ? 0 : std::clamp(std::trunc(x), -128.0, 127.0);
     case DType::boolean: return x != 0 ? 1.0 : 0.0;
-    default: fail("kernel: dtype {} is not a block dtype (f32, bf16, i32, bool)", dtype_name(t));
+    default: fail("kernel: dtype {} is not a block dtype (f32, bf16, i32, i8, bool)", dtype_name(t));
   }
 }
 
 bool block_dtype_ok(DType t) {
-  return t == DType::f32 || t == DType::bf16 || t == DType::i32 || t == DType::boolean;
+  return t == DType::f32 || t == DType::bf16 || t == DType::i32 || t == DType::i8 || t == DType::boolean;
 }
 
 int64_t numel_of(const std::vector<int64_t>& s) {
@@ -295,7 +297,7 @@ Value relu(const Value& a) {
 
 Value cast(const Value& a, DType dtype) {
   check_defined("cast", a);
-  TPU_CHECK(detail::block_dtype_ok(dtype), "kernel cast: dtype {} is not a block dtype (f32, bf16, i32, bool)",
+  TPU_CHECK(detail::block_dtype_ok(dtype), "kernel cast: dtype {} is not a block dtype (f32, bf16, i32, i8, bool)",
             dtype_name(dtype));
   if (detail::Lowerer* L = detail::active_lowerer()) return L->cast(a, dtype);
   Value out = make_value(a.shape(), dtype);
@@ -363,7 +365,7 @@ Value iota(const std::vector<int64_t>& shape, int axis, DType dtype) {
 }
 
 Value full(const std::vector<int64_t>& shape, double value, DType dtype) {
-  TPU_CHECK(detail::block_dtype_ok(dtype), "kernel full: dtype {} is not a block dtype (f32, bf16, i32, bool)",
+  TPU_CHECK(detail::block_dtype_ok(dtype), "kernel full: dtype {} is not a block dtype (f32, bf16, i32, i8, bool)",
             dtype_name(dtype));
   for (int64_t d : shape) TPU_CHECK(d >= 0, "kernel full: negative dim in shape {}", shape_str(shape));
   if (detail::Lowerer* L = detail::active_lowerer()) return L->full(shape, value, dtype);
@@ -380,7 +382,8 @@ Value dot(const Value& a, const Value& b, DotOptions opt) {
             shape_str(b.shape()));
   TPU_CHECK(a.dtype() == b.dtype(), "kernel dot: dtype mismatch: a is {} {}, b is {} {} (cast both to f32 or bf16)",
             dtype_name(a.dtype()), shape_str(a.shape()), dtype_name(b.dtype()), shape_str(b.shape()));
-  TPU_CHECK(is_float(a.dtype()), "kernel dot: operands must be f32 or bf16, got {}", dtype_name(a.dtype()));
+  TPU_CHECK(is_float(a.dtype()) || a.dtype() == DType::i8, "kernel dot: operands must be f32, bf16 or i8, got {}",
+            dtype_name(a.dtype()));
   const int64_t m = opt.transpose_a ? a.shape()[1] : a.shape()[0];
   const int64_t k = opt.transpose_a ? a.shape()[0] : a.shape()[1];
   const int64_t kb = opt.transpose_b ? b.shape()[1] : b.shape()[0];
@@ -388,10 +391,22 @@ Value dot(const Value& a, const Value& b, DotOptions opt) {
   TPU_CHECK(k == kb, "kernel dot: contraction sizes differ: a {}{} and b {}{}", shape_str(a.shape()),
             opt.transpose_a ? " (transposed)" : "", shape_str(b.shape()), opt.transpose_b ? " (transposed)" : "");
   if (detail::Lowerer* L = detail::active_lowerer()) return L->dot(a, b, opt, m, k, n);
-  Value out = make_value({m, n}, DType::f32);
+  const bool int8 = a.dtype() == DType::i8;
+  Value out = make_value({m, n}, int8 ? DType::i32 : DType::f32);
   auto& o = data_of(out);
   const auto &x = data_of(a), &y = data_of(b);
   const int64_t lda = a.shape()[1], ldb = b.shape()[1];
+  if (int8) {  // exact integer products and sums (i32 accumulation; wraps past its range)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        int64_t acc = 0;
+        for (int64_t p = 0; p < k; ++p)
+          acc += static_cast<int64_t>(opt.transpose_a ? x[static_cast<size_t>(p * lda + i)] : x[static_cast<size_t>(i * lda + p)]) *
+                 static_cast<int64_t>(opt.transpose_b ? y[static_cast<size_t>(j * ldb + p)] : y[static_cast<size_t>(p * ldb + j)]);
+        o[static_cast<size_t>(i * n + j)] = static_cast<double>(static_cast<int32_t>(static_cast<uint32_t>(acc)));
+      }
+    return out;
+  }
   std::vector<float> acc(static_cast<size_t>(n));
   for (int64_t i = 0; i < m; ++i) {
     std::fill(acc.begin(), acc.end(), 0.0f);
