@@ -5,7 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <random>
-#include <regex>
+#include <cctype>
 
 #include "api.h"
 #include "serve/serve_testing.h"
@@ -77,20 +77,27 @@ TEST_CASE("json constraint: accepts exactly what nlohmann::json parses, on rando
   const std::string alphabet = "{}[],:\"a10-.eE+ tru\\n\xc3\xa9";
   std::mt19937 rng(5);
   int valid = 0;
-  for (int i = 0; i < 20000; ++i) {
+  for (int i = 0; i < 12000; ++i) {
     std::string s;
     const int n = 1 + static_cast<int>(rng() % 8);
     for (int k = 0; k < n; ++k) s += alphabet[rng() % alphabet.size()];
     if (s.back() == ' ') continue;  // trailing whitespace: the automaton ends at the value
     // Exponents have at most 2 digits in the automaton (no overflow to infinity).
-    if (std::regex_search(s, std::regex("[eE][+-]?[0-9]{3}"))) continue;
+    bool long_exponent = false;
+    for (size_t k = 0; k < s.size(); ++k)
+      if (s[k] == 'e' || s[k] == 'E') {
+        size_t d = k + 1 < s.size() && (s[k + 1] == '+' || s[k + 1] == '-') ? k + 2 : k + 1, digits = 0;
+        while (d < s.size() && std::isdigit(static_cast<unsigned char>(s[d]))) ++d, ++digits;
+        long_exponent = long_exponent || digits > 2;
+      }
+    if (long_exponent) continue;
     const json j = json::parse(s, nullptr, false);
     INFO(json(s).dump(-1, ' ', true, json::error_handler_t::replace));
     CHECK(st_accepts(*any, s) == !j.is_discarded());
     CHECK(st_accepts(*object, s) == (!j.is_discarded() && j.is_object()));
     valid += !j.is_discarded();
   }
-  CHECK(valid > 200);
+  CHECK(valid > 100);
   for (const std::string s : {"\"\\ud800\"", "\"\xc0\x80\"", "\"\xed\xa0\x80\"", "01", "[1,]", "{\"a\":1,}", "1.", "-"}) {
     INFO(s);
     CHECK_FALSE(st_accepts(*any, s));

@@ -1,6 +1,7 @@
 #include "structured.h"
 
 #include <algorithm>
+#include <cctype>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -56,11 +57,25 @@ ToolFormat detect_tool_format(const std::string& src) {
 }
 
 std::shared_ptr<const serve::TokenBytes> token_bytes(const Tokenizer& tok, int64_t vocab) {
+  // A token's bytes as they appear after other text: decoded after a plain reference token and
+  // the reference's own text removed (a decoder may drop a leading space at the start of a
+  // text); byte-fallback pieces <0xHH> are their byte.
+  const std::optional<int64_t> ref = tok.token_to_id("a");
+  const std::string ref_text = ref ? tok.decode({*ref}, false) : std::string();
   std::vector<std::optional<std::string>> bytes(static_cast<size_t>(vocab));
   for (int64_t id = 0; id < vocab && id < tok.vocab_size(); ++id) {
     if (tok.is_special(id)) continue;
     try {
-      bytes[static_cast<size_t>(id)] = tok.decode({id}, /*skip_special=*/false);
+      const std::string piece = tok.id_to_token(id);
+      if (piece.size() == 6 && piece.rfind("<0x", 0) == 0 && piece[5] == '>' && std::isxdigit(static_cast<unsigned char>(piece[3])) &&
+          std::isxdigit(static_cast<unsigned char>(piece[4]))) {
+        bytes[static_cast<size_t>(id)] = std::string(1, static_cast<char>(std::stoi(piece.substr(3, 2), nullptr, 16)));
+        continue;
+      }
+      std::string text = ref ? tok.decode({*ref, id}, false) : tok.decode({id}, false);
+      if (ref && text.rfind(ref_text, 0) == 0) text.erase(0, ref_text.size());
+      else if (ref) text = tok.decode({id}, false);
+      bytes[static_cast<size_t>(id)] = text;
     } catch (const Error&) {
       // an id without a token (a gap in the vocabulary): never generated under a constraint
     }
