@@ -166,7 +166,7 @@ TEST_CASE("json constraint: random masked walks end in documents that validate a
   CHECK(completed >= 10);
 }
 
-TEST_CASE("json constraint: unsupported keywords are named; a tool call between its tags", "[serve][structured]") {
+TEST_CASE("json constraint: unsupported keywords are named, and a tool call sits between its tags", "[serve][structured]") {
   const auto vocab = st_vocab({"a"});
   for (const char* kw : {"pattern", "minLength", "format", "$ref", "oneOf", "maxItems"}) {
     const json s{{"type", "object"}, {"properties", {{"p", {{"type", "string"}, {kw, "x"}}}}}};
@@ -188,7 +188,7 @@ TEST_CASE("json constraint: unsupported keywords are named; a tool call between 
   CHECK(g->finished(s));
 }
 
-TEST_CASE("tool calls: Hermes tags and Llama JSON parse into calls; other text stays content", "[serve][structured]") {
+TEST_CASE("tool calls: Hermes tags and Llama JSON parse into calls, other text stays content", "[serve][structured]") {
   const std::vector<std::string> names{"get_weather", "f"};
   auto out = serve_http::parse_tool_calls(
       "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"
@@ -244,7 +244,7 @@ TEST_CASE("engine: greedy output under a json_schema constraint parses and valid
   CHECK(st_valid(j, schema));
 }
 
-TEST_CASE("tpu-serve api: json_schema output validates; a required tool call parses, streamed too", "[serve][structured]") {
+TEST_CASE("tpu-serve api: json_schema output validates, a required tool call parses, streamed too", "[serve][structured]") {
   ModelFixture f(47, 400, 64);
   Running r(f.model, f.tok, f.options());
   auto c = r.client();
