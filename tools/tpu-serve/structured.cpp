@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -41,6 +42,37 @@ std::string call_id() {
   static std::mt19937_64 gen{std::random_device{}()};
   std::lock_guard<std::mutex> lk(mu);
   return fmt::format("call_{:016x}", gen());
+}
+
+// Compiled constraints by (vocabulary, prefix, suffix, schema), so requests with the same schema
+// share one automaton and its cache of masks (the first walk of a state costs a pass over the
+// vocabulary); the older half is dropped beyond 16 entries.
+std::shared_ptr<const serve::JsonConstraint> compile_shared(const json& schema,
+                                                           const std::shared_ptr<const serve::TokenBytes>& vocab,
+                                                           const std::string& prefix = "", const std::string& suffix = "") {
+  static std::mutex mu;
+  static std::map<std::string, std::pair<uint64_t, std::shared_ptr<const serve::JsonConstraint>>> cache;
+  static uint64_t tick = 0;
+  const std::string key = fmt::format("{}\n{}\n{}\n{}", static_cast<const void*>(vocab.get()), prefix, suffix, schema.dump());
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    const auto it = cache.find(key);
+    if (it != cache.end()) {
+      it->second.first = ++tick;
+      return it->second.second;
+    }
+  }
+  auto g = serve::JsonConstraint::compile(schema, vocab, prefix, suffix);  // may throw UnsupportedSchema
+  std::lock_guard<std::mutex> lk(mu);
+  if (cache.size() >= 16) {
+    std::vector<uint64_t> ticks;
+    for (const auto& [k, v] : cache) ticks.push_back(v.first);
+    std::nth_element(ticks.begin(), ticks.begin() + 8, ticks.end());
+    const uint64_t cut = ticks[8];
+    for (auto it = cache.begin(); it != cache.end();) it = it->second.first < cut ? cache.erase(it) : std::next(it);
+  }
+  cache[key] = {++tick, g};
+  return g;
 }
 
 [[noreturn]] void schema_error(const std::string& param, const serve::UnsupportedSchema& e) {
@@ -122,13 +154,13 @@ Structured parse_structured(const json& j, const std::shared_ptr<const serve::To
     const json& rf = j["response_format"];
     const std::string type = rf.is_object() && rf.contains("type") && rf["type"].is_string() ? rf["type"].get<std::string>() : "";
     if (type == "json_object") {
-      s.constraint = serve::JsonConstraint::compile(nullptr, vocab);
+      s.constraint = compile_shared(nullptr, vocab);
     } else if (type == "json_schema") {
       const json js = rf.value("json_schema", json());
       if (!js.is_object() || !js.contains("schema"))
         bad_param("response_format", "'response_format.json_schema' must be an object with a 'schema'");
       try {
-        s.constraint = serve::JsonConstraint::compile(js["schema"], vocab);
+        s.constraint = compile_shared(js["schema"], vocab);
       } catch (const serve::UnsupportedSchema& e) {
         schema_error("response_format", e);
       }
@@ -191,8 +223,8 @@ Structured parse_structured(const json& j, const std::shared_ptr<const serve::To
   s.parse_tools = true;
   const json schema = forced.size() == 1 ? forced[0] : json{{"anyOf", forced}};
   try {
-    s.constraint = format == ToolFormat::hermes ? serve::JsonConstraint::compile(schema, vocab, "<tool_call>\n", "\n</tool_call>")
-                                                : serve::JsonConstraint::compile(schema, vocab);
+    s.constraint = format == ToolFormat::hermes ? compile_shared(schema, vocab, "<tool_call>\n", "\n</tool_call>")
+                                                : compile_shared(schema, vocab);
   } catch (const serve::UnsupportedSchema& e) {
     schema_error("tools", e);
   }

@@ -529,7 +529,9 @@ std::shared_ptr<const std::vector<uint8_t>> JsonConstraint::allowed(const State&
     if (ok) (*mask)[static_cast<size_t>(order[i])] = 1;
   }
   std::lock_guard<std::mutex> lk(mu_);
-  if (cache_.size() >= 4096) cache_.clear();
+  // At most ~8 MB of masks (and 4096 states); then the cache starts over.
+  const size_t limit = std::clamp<size_t>((size_t{8} << 20) / std::max<size_t>(mask->size(), 1), 16, 4096);
+  if (cache_.size() >= limit) cache_.clear();
   cache_[key] = mask;
   return mask;
 }
