@@ -460,14 +460,22 @@ bool JsonConstraint::stack_complete(const Stack& st, const JsonConstraint& g) {
   return true;
 }
 
+bool JsonConstraint::step(const State& from, uint8_t c, State& to) const {
+  to.stacks.clear();
+  for (const Stack& st : from.stacks) feed_stack(st, c, to.stacks);
+  if (to.stacks.size() > 1) {
+    std::sort(to.stacks.begin(), to.stacks.end());
+    to.stacks.erase(std::unique(to.stacks.begin(), to.stacks.end()), to.stacks.end());
+  }
+  return !to.stacks.empty();
+}
+
 bool JsonConstraint::feed(State& s, const std::string& bytes) const {
+  State next;
   for (char ch : bytes) {
-    std::vector<Stack> out;
-    for (const Stack& st : s.stacks) feed_stack(st, static_cast<uint8_t>(ch), out);
-    std::sort(out.begin(), out.end());
-    out.erase(std::unique(out.begin(), out.end()), out.end());
-    s.stacks = std::move(out);
-    if (s.stacks.empty()) return false;
+    const bool alive = step(s, static_cast<uint8_t>(ch), next);
+    std::swap(s, next);
+    if (!alive) return false;
   }
   return true;
 }
@@ -518,8 +526,8 @@ std::shared_ptr<const std::vector<uint8_t>> JsonConstraint::allowed(const State&
     const std::string& bytes = *vocab_->bytes(order[i]);
     bool ok = true;
     for (size_t k = at.size() - 1; k < bytes.size(); ++k) {
-      State next = at[k];
-      if (!feed(next, std::string(1, bytes[k]))) {
+      State next;
+      if (!step(at[k], static_cast<uint8_t>(bytes[k]), next)) {
         dead = k + 1;
         ok = false;
         break;

@@ -114,6 +114,7 @@ class JsonConstraint {
  private:
   JsonConstraint() = default;
   void feed_stack(Stack st, uint8_t c, std::vector<Stack>& out) const;
+  bool step(const State& from, uint8_t c, State& to) const;  // one byte; false: dead
   static bool stack_complete(const Stack& st, const JsonConstraint& g);
   std::vector<Node> nodes_;
   std::vector<std::string> literals_;
