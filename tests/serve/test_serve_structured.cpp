@@ -207,11 +207,23 @@ TEST_CASE("tool calls: Hermes tags and Llama JSON parse into calls, other text s
   out = serve_http::parse_tool_calls("plain text", names);
   CHECK(out.calls.empty());
   CHECK(out.content == "plain text");
+  // The conversation's tool turns reach the template: an assistant's call (arguments as an
+  // object), the tool's answer with its id, and the tools themselves.
+  const ChatTemplate tmpl = ChatTemplate::from_source(
+      "{% for t in tools %}[{{ t.function.name }}]{% endfor %}{% for m in messages %}{{ m.role }}:"
+      "{% if m.tool_calls %}{{ m.tool_calls[0].function.arguments.city }}{% endif %}"
+      "{% if m.tool_call_id %}{{ m.tool_call_id }}={% endif %}{{ m.content }}|{% endfor %}");
+  const json msgs = json::parse(R"([{"role": "user", "content": "weather?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "sunny"}])");
+  const auto tools = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "get_weather"}}])");
+  CHECK(serve_http::chat_prompt(msgs, &tmpl, tools) == "[get_weather]user:weather?|assistant:Oslo|tool:c1=sunny|");
   CHECK(serve_http::detect_tool_format("{{ '<tool_call>' }}") == serve_http::ToolFormat::hermes);
   CHECK(serve_http::detect_tool_format("<|python_tag|>") == serve_http::ToolFormat::llama_json);
 }
 
-TEST_CASE("engine: greedy output under a json_schema constraint parses and validates", "[serve][structured]") {
+TEST_CASE("engine: greedy and sampled output under a json_schema constraint parse and validate", "[serve][structured]") {
   ModelFixture f(31, 320, 64);
   const json schema = json::parse(R"({"type": "object", "properties": {
       "ok": {"type": "boolean"}, "color": {"enum": ["red", "green", "blue"]}, "none": {"type": "null"},
@@ -226,22 +238,27 @@ TEST_CASE("engine: greedy output under a json_schema constraint parses and valid
   p.max_tokens = 300;
   p.stop_token_ids = f.model->config.eos_token_ids;
   p.constraint = JsonConstraint::compile(schema, serve_http::token_bytes(f.tok, f.model->config.vocab_size));
-  std::vector<int64_t> out;
-  serve::FinishReason why = serve::FinishReason::cancelled;
-  serve::RequestCallbacks cb;
-  cb.on_token = [&](int64_t t) {
-    out.push_back(t);
-    return true;
-  };
-  cb.on_finish = [&](serve::FinishReason r) { why = r; };
-  engine.add_request(f.tok.encode("answer:"), p, cb);
-  for (int k = 0; k < 400 && engine.has_work(); ++k) engine.step();
-  CHECK(why == serve::FinishReason::stop);
-  const std::string text = f.tok.decode(out, true);
-  INFO(text);
-  const json j = json::parse(text, nullptr, false);
-  REQUIRE_FALSE(j.is_discarded());
-  CHECK(st_valid(j, schema));
+  // Greedy, and sampled at temperature 1 with a seed: both masked before the choice.
+  for (const double temperature : {0.0, 1.0}) {
+    p.temperature = temperature;
+    p.seed = 3;
+    std::vector<int64_t> out;
+    serve::FinishReason why = serve::FinishReason::cancelled;
+    serve::RequestCallbacks cb;
+    cb.on_token = [&](int64_t t) {
+      out.push_back(t);
+      return true;
+    };
+    cb.on_finish = [&](serve::FinishReason r) { why = r; };
+    engine.add_request(f.tok.encode("answer:"), p, cb);
+    for (int k = 0; k < 400 && engine.has_work(); ++k) engine.step();
+    CHECK(why == serve::FinishReason::stop);
+    const std::string text = f.tok.decode(out, true);
+    INFO("temperature " << temperature << ": " << text);
+    const json j = json::parse(text, nullptr, false);
+    REQUIRE_FALSE(j.is_discarded());
+    CHECK(st_valid(j, schema));
+  }
 }
 
 TEST_CASE("tpu-serve api: json_schema output validates, a required tool call parses, streamed too", "[serve][structured]") {
@@ -278,6 +295,25 @@ TEST_CASE("tpu-serve api: json_schema output validates, a required tool call par
   CHECK(call["id"].get<std::string>().rfind("call_", 0) == 0);
   const json args = json::parse(call["function"]["arguments"].get<std::string>());
   CHECK((args["x"] == "up" || args["x"] == "down"));
+
+  // A Llama 3.x style template: the forced call is bare JSON with "parameters".
+  {
+    serve_http::ServerOptions o = f.options();
+    o.chat_template = ChatTemplate::from_source(
+        "{% for m in messages %}{{ m.content }}\n{% endfor %}{% if tools %}{{ '{\"name\": ..., \"parameters\": ...}' }}{% endif %}");
+    Running llama(f.model, f.tok, o);
+    auto lc = llama.client();
+    auto lr = lc.Post("/v1/chat/completions", body.dump(), "application/json");
+    REQUIRE(lr);
+    INFO(lr->body);
+    REQUIRE(lr->status == 200);
+    const json lj = json::parse(lr->body);
+    CHECK(lj["choices"][0]["finish_reason"] == "tool_calls");
+    const json lcall = lj["choices"][0]["message"]["tool_calls"][0];
+    CHECK(lcall["function"]["name"] == "pick");
+    const json largs = json::parse(lcall["function"]["arguments"].get<std::string>());
+    CHECK((largs["x"] == "up" || largs["x"] == "down"));
+  }
 
   body["stream"] = true;
   const Sse s = post_stream(r, "/v1/chat/completions", body.dump());
