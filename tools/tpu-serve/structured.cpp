@@ -14,11 +14,11 @@ namespace tpu::serve_http {
 using nlohmann::json;
 
 namespace {
-[[noreturn]] void bad_param(const std::string& param, const std::string& msg) {
+[[noreturn]] void st_bad_param(const std::string& param, const std::string& msg) {
   throw ApiError{400, msg, "invalid_request_error", param, ""};
 }
 
-std::string trim_space(const std::string& s) {
+std::string st_trim_space(const std::string& s) {
   const size_t b = s.find_first_not_of(" \t\r\n");
   if (b == std::string::npos) return "";
   const size_t e = s.find_last_not_of(" \t\r\n");
@@ -26,8 +26,8 @@ std::string trim_space(const std::string& s) {
 }
 
 // A call object {"name", "arguments" | "parameters"} of a known function, or nothing.
-std::optional<ToolCall> call_of(const std::string& text, const std::vector<std::string>& names) {
-  const json j = json::parse(trim_space(text), nullptr, /*allow_exceptions=*/false);
+std::optional<ToolCall> st_call_of(const std::string& text, const std::vector<std::string>& names) {
+  const json j = json::parse(st_trim_space(text), nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("name") || !j["name"].is_string()) return std::nullopt;
   const std::string name = j["name"].get<std::string>();
   if (std::find(names.begin(), names.end(), name) == names.end()) return std::nullopt;
@@ -37,7 +37,7 @@ std::optional<ToolCall> call_of(const std::string& text, const std::vector<std::
   return ToolCall{name, args.dump(-1, ' ', false, json::error_handler_t::replace)};
 }
 
-std::string call_id() {
+std::string st_call_id() {
   static std::mutex mu;
   static std::mt19937_64 gen{std::random_device{}()};
   std::lock_guard<std::mutex> lk(mu);
@@ -75,7 +75,7 @@ std::shared_ptr<const serve::JsonConstraint> compile_shared(const json& schema,
   return g;
 }
 
-[[noreturn]] void schema_error(const std::string& param, const serve::UnsupportedSchema& e) {
+[[noreturn]] void st_schema_error(const std::string& param, const serve::UnsupportedSchema& e) {
   throw ApiError{400, fmt::format("'{}': {}", param, e.what()), "invalid_request_error", param,
                  "unsupported_parameter"};
 }
@@ -126,20 +126,20 @@ ToolOutput parse_tool_calls(const std::string& text, const std::vector<std::stri
     if (b == std::string::npos) break;
     const size_t e = text.find(close, b + open.size());
     const size_t body_end = e == std::string::npos ? text.size() : e;
-    const auto call = call_of(text.substr(b + open.size(), body_end - b - open.size()), names);
+    const auto call = st_call_of(text.substr(b + open.size(), body_end - b - open.size()), names);
     if (!call) break;
     rest += text.substr(at, b - at);
     out.calls.push_back(*call);
     at = e == std::string::npos ? text.size() : e + close.size();
   }
   if (!out.calls.empty()) {
-    out.content = trim_space(rest + text.substr(std::min(at, text.size())));
+    out.content = st_trim_space(rest + text.substr(std::min(at, text.size())));
     return out;
   }
   // Llama 3.x: the whole message is one JSON call, optionally after <|python_tag|>.
-  std::string body = trim_space(text);
+  std::string body = st_trim_space(text);
   if (body.rfind("<|python_tag|>", 0) == 0) body = body.substr(14);
-  if (const auto call = call_of(body, names)) {
+  if (const auto call = st_call_of(body, names)) {
     out.calls.push_back(*call);
     return out;
   }
@@ -158,22 +158,22 @@ Structured parse_structured(const json& j, const std::shared_ptr<const serve::To
     } else if (type == "json_schema") {
       const json js = rf.value("json_schema", json());
       if (!js.is_object() || !js.contains("schema"))
-        bad_param("response_format", "'response_format.json_schema' must be an object with a 'schema'");
+        st_bad_param("response_format", "'response_format.json_schema' must be an object with a 'schema'");
       try {
         s.constraint = compile_shared(js["schema"], vocab);
       } catch (const serve::UnsupportedSchema& e) {
-        schema_error("response_format", e);
+        st_schema_error("response_format", e);
       }
     } else if (type != "text") {
-      bad_param("response_format", "'response_format.type' must be one of text, json_object, json_schema");
+      st_bad_param("response_format", "'response_format.type' must be one of text, json_object, json_schema");
     }
   }
   if (!set("tools")) {
     if (set("tool_choice") && !(j["tool_choice"].is_string() && j["tool_choice"] == "none"))
-      bad_param("tool_choice", "'tool_choice' needs 'tools'");
+      st_bad_param("tool_choice", "'tool_choice' needs 'tools'");
     return s;
   }
-  if (!j["tools"].is_array()) bad_param("tools", "'tools' must be an array");
+  if (!j["tools"].is_array()) st_bad_param("tools", "'tools' must be an array");
   if (j["tools"].empty()) return s;
   s.tools = nlohmann::ordered_json::array();
   std::vector<json> call_schemas;
@@ -182,13 +182,13 @@ Structured parse_structured(const json& j, const std::shared_ptr<const serve::To
     const json& t = j["tools"][i];
     const std::string at = fmt::format("tools[{}]", i);
     if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") || !t["function"].is_object())
-      bad_param(at, at + " must be {\"type\": \"function\", \"function\": {...}}");
+      st_bad_param(at, at + " must be {\"type\": \"function\", \"function\": {...}}");
     const json& f = t["function"];
     if (!f.contains("name") || !f["name"].is_string() || f["name"].get<std::string>().empty())
-      bad_param(at, at + ".function.name must be a non-empty string");
+      st_bad_param(at, at + ".function.name must be a non-empty string");
     const std::string name = f["name"].get<std::string>();
     if (std::find(s.tool_names.begin(), s.tool_names.end(), name) != s.tool_names.end())
-      bad_param(at, fmt::format("two tools are named '{}'", name));
+      st_bad_param(at, fmt::format("two tools are named '{}'", name));
     s.tool_names.push_back(name);
     const json params = f.contains("parameters") && !f["parameters"].is_null() ? f["parameters"] : json{{"type", "object"}};
     call_schemas.push_back(json{{"type", "object"},
@@ -198,7 +198,7 @@ Structured parse_structured(const json& j, const std::shared_ptr<const serve::To
     s.tools.push_back(nlohmann::ordered_json::parse(t.dump()));
   }
   if (set("parallel_tool_calls") && !j["parallel_tool_calls"].is_boolean())
-    bad_param("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
+    st_bad_param("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
   json choice = set("tool_choice") ? j["tool_choice"] : json("auto");
   std::vector<json> forced;
   if (choice.is_string() && choice == "none") return s;  // tools shown to the model, output is text
@@ -213,20 +213,20 @@ Structured parse_structured(const json& j, const std::shared_ptr<const serve::To
              choice["function"]["name"].is_string()) {
     const std::string name = choice["function"]["name"].get<std::string>();
     const auto it = std::find(s.tool_names.begin(), s.tool_names.end(), name);
-    if (it == s.tool_names.end()) bad_param("tool_choice", fmt::format("tool_choice names '{}', which is not among the tools", name));
+    if (it == s.tool_names.end()) st_bad_param("tool_choice", fmt::format("tool_choice names '{}', which is not among the tools", name));
     forced.push_back(call_schemas[static_cast<size_t>(it - s.tool_names.begin())]);
   } else {
-    bad_param("tool_choice",
+    st_bad_param("tool_choice",
               "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
   }
-  if (s.constraint) bad_param("tool_choice", "a forced tool call cannot be combined with 'response_format'");
+  if (s.constraint) st_bad_param("tool_choice", "a forced tool call cannot be combined with 'response_format'");
   s.parse_tools = true;
   const json schema = forced.size() == 1 ? forced[0] : json{{"anyOf", forced}};
   try {
     s.constraint = format == ToolFormat::hermes ? compile_shared(schema, vocab, "<tool_call>\n", "\n</tool_call>")
                                                 : compile_shared(schema, vocab);
   } catch (const serve::UnsupportedSchema& e) {
-    schema_error("tools", e);
+    st_schema_error("tools", e);
   }
   return s;
 }
@@ -237,7 +237,7 @@ bool attach_tool_calls(json& message, const std::string& text, const std::vector
   message["content"] = out.content.empty() ? json(nullptr) : json(out.content);
   json calls = json::array();
   for (size_t i = 0; i < out.calls.size(); ++i) {
-    json c{{"id", call_id()}, {"type", "function"}, {"function", {{"name", out.calls[i].name}, {"arguments", out.calls[i].arguments}}}};
+    json c{{"id", st_call_id()}, {"type", "function"}, {"function", {{"name", out.calls[i].name}, {"arguments", out.calls[i].arguments}}}};
     if (streamed) c["index"] = i;
     calls.push_back(c);
   }

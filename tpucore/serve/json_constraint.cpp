@@ -12,20 +12,20 @@ using nlohmann::json;
 
 namespace {
 // Schema node kinds.
-enum : int { kObject, kArray, kString, kNumber, kInteger, kLiterals, kAnyOf };
+enum : int { kJcObject, kJcArray, kJcString, kJcNumber, kJcInteger, kJcLiterals, kJcAnyOf };
 // Frame kinds.
-enum : uint8_t { fValue, fObject, fArray, fString, fNumber, fText };
+enum : uint8_t { jcValue, jcObject, jcArray, jcString, jcNumber, jcText };
 // Object phases.
-enum : uint8_t { oOpen, oKeyStart, oKeyLit, oAfterKey, oAfterValue };
+enum : uint8_t { jcOpen, jcKeyStart, jcKeyLit, jcAfterKey, jcAfterValue };
 // Array phases.
-enum : uint8_t { aOpen, aAfterValue };
+enum : uint8_t { jcArrOpen, jcArrAfterValue };
 // Number phases (accepting: zero, int, frac, exp).
-enum : uint8_t { nMinus, nZero, nInt, nDot, nFrac, nE, nESign, nExp };
-constexpr int kMaxExponentDigits = 2;
+enum : uint8_t { jcMinus, jcZero, jcInt, jcDot, jcFrac, jcE, jcESign, jcExp };
+constexpr int kJcMaxExponentDigits = 2;
 
-bool json_space(uint8_t c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
-bool hex_digit(uint8_t c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
-bool number_accepting(uint8_t phase) { return phase == nZero || phase == nInt || phase == nFrac || phase == nExp; }
+bool jc_space(uint8_t c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+bool jc_hex_digit(uint8_t c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+bool jc_number_accepting(uint8_t phase) { return phase == jcZero || phase == jcInt || phase == jcFrac || phase == jcExp; }
 }  // namespace
 
 TokenBytes::TokenBytes(std::vector<std::optional<std::string>> bytes) : bytes_(std::move(bytes)) {
@@ -58,21 +58,21 @@ struct JsonSchemaCompiler {
   }
   int32_t literals(const std::vector<json>& vs) {
     JsonConstraint::Node n;
-    n.kind = kLiterals;
+    n.kind = kJcLiterals;
     for (const json& v : vs) n.alts.push_back(literal(v));
     return add(n);
   }
   int32_t any_value() {
     if (any >= 0) return any;
     any = add({});
-    g.nodes_[static_cast<size_t>(any)].kind = kAnyOf;
+    g.nodes_[static_cast<size_t>(any)].kind = kJcAnyOf;
     JsonConstraint::Node obj, arr, str, num;
-    obj.kind = kObject;
+    obj.kind = kJcObject;
     obj.additional = any;
-    arr.kind = kArray;
+    arr.kind = kJcArray;
     arr.items = any;
-    str.kind = kString;
-    num.kind = kNumber;
+    str.kind = kJcString;
+    num.kind = kJcNumber;
     std::vector<int32_t> alts{add(obj), add(arr), add(str), add(num), literals({true, false, nullptr})};
     g.nodes_[static_cast<size_t>(any)].alts = alts;
     return any;
@@ -105,7 +105,7 @@ struct JsonSchemaCompiler {
       for (const char* k : {"type", "properties", "items"})
         if (s.contains(k)) unsupported("anyOf", at, fmt::format(" together with '{}'", k));
       JsonConstraint::Node n;
-      n.kind = kAnyOf;
+      n.kind = kJcAnyOf;
       for (size_t i = 0; i < alts.size(); ++i)
         n.alts.push_back(compile(alts[i], fmt::format("{}/anyOf/{}", at, i), depth + 1));
       return add(n);
@@ -116,7 +116,7 @@ struct JsonSchemaCompiler {
       if (t.is_array()) {
         if (t.empty()) unsupported("type", at, " (an empty list of types)");
         JsonConstraint::Node n;
-        n.kind = kAnyOf;
+        n.kind = kJcAnyOf;
         for (const json& one : t) {
           json sub = s;
           sub["type"] = one;
@@ -134,9 +134,9 @@ struct JsonSchemaCompiler {
       return any_value();
     }
     JsonConstraint::Node n;
-    if (type == "string") n.kind = kString;
-    else if (type == "number") n.kind = kNumber;
-    else if (type == "integer") n.kind = kInteger;
+    if (type == "string") n.kind = kJcString;
+    else if (type == "number") n.kind = kJcNumber;
+    else if (type == "integer") n.kind = kJcInteger;
     else if (type == "boolean") return literals({true, false});
     else if (type == "null") return literals({nullptr});
     else if (type == "array") return compile_array(s, at, depth);
@@ -147,14 +147,14 @@ struct JsonSchemaCompiler {
 
   int32_t compile_array(const json& s, const std::string& at, int depth) {
     JsonConstraint::Node n;
-    n.kind = kArray;
+    n.kind = kJcArray;
     n.items = s.contains("items") ? compile(s["items"], at + "/items", depth + 1) : any_value();
     return add(n);
   }
 
   int32_t compile_object(const json& s, const std::string& at, int depth) {
     JsonConstraint::Node n;
-    n.kind = kObject;
+    n.kind = kJcObject;
     if (s.contains("properties")) {
       if (!s["properties"].is_object()) unsupported("properties", at, " (it must be an object)");
       if (s["properties"].size() > 64) unsupported("properties", at, " (more than 64 properties)");
@@ -193,7 +193,7 @@ std::shared_ptr<const JsonConstraint> JsonConstraint::compile(const json& schema
   JsonSchemaCompiler c{*g};
   if (schema.is_null()) {
     Node obj;
-    obj.kind = kObject;
+    obj.kind = kJcObject;
     obj.additional = c.any_value();
     g->root_ = c.add(obj);
   } else {
@@ -212,19 +212,19 @@ std::shared_ptr<const JsonConstraint> JsonConstraint::compile(const json& schema
 
 JsonConstraint::State JsonConstraint::start() const {
   Stack st;
-  if (suffix_ >= 0) st.push_back(Frame{0, fText, 0, 0, suffix_, 0, 0});
-  st.push_back(Frame{root_, fValue, 0, 0, 0, 0, 0});
-  if (prefix_ >= 0) st.push_back(Frame{0, fText, 0, 0, prefix_, 0, 0});
+  if (suffix_ >= 0) st.push_back(Frame{0, jcText, 0, 0, suffix_, 0, 0});
+  st.push_back(Frame{root_, jcValue, 0, 0, 0, 0, 0});
+  if (prefix_ >= 0) st.push_back(Frame{0, jcText, 0, 0, prefix_, 0, 0});
   return State{{st}};
 }
 
 void JsonConstraint::feed_stack(Stack st, uint8_t c, std::vector<Stack>& out) const {
-  const bool space = json_space(c);
+  const bool space = jc_space(c);
   for (;;) {
     if (st.empty()) return;  // the document is over: no byte may follow
     Frame& f = st.back();
     const auto accept = [&] { out.push_back(std::move(st)); };
-    if (f.kind != fText && f.kind != fString && f.kind != fNumber && !(f.kind == fObject && f.phase == oKeyLit)) {
+    if (f.kind != jcText && f.kind != jcString && f.kind != jcNumber && !(f.kind == jcObject && f.phase == jcKeyLit)) {
       if (space) {
         if (f.ws >= kMaxWhitespace) return;
         f.ws++;
@@ -233,7 +233,7 @@ void JsonConstraint::feed_stack(Stack st, uint8_t c, std::vector<Stack>& out) co
       f.ws = 0;
     }
     switch (f.kind) {
-      case fText: {
+      case jcText: {
         const std::string& lit = literals_[static_cast<size_t>(f.a)];
         if (static_cast<size_t>(f.b) < lit.size()) {
           if (static_cast<uint8_t>(lit[static_cast<size_t>(f.b)]) != c) return;
@@ -243,47 +243,47 @@ void JsonConstraint::feed_stack(Stack st, uint8_t c, std::vector<Stack>& out) co
         st.pop_back();  // done: the byte belongs to the frame below
         continue;
       }
-      case fValue: {
+      case jcValue: {
         const Node& n = nodes_[static_cast<size_t>(f.node)];
         const Frame was = f;
         switch (n.kind) {
-          case kAnyOf:
+          case kJcAnyOf:
             for (int32_t alt : n.alts) {
               Stack s2 = st;
-              s2.back() = Frame{alt, fValue, 0, was.ws, 0, 0, 0};
+              s2.back() = Frame{alt, jcValue, 0, was.ws, 0, 0, 0};
               feed_stack(std::move(s2), c, out);
             }
             return;
-          case kLiterals:
+          case kJcLiterals:
             for (int32_t lit : n.alts)
               if (static_cast<uint8_t>(literals_[static_cast<size_t>(lit)][0]) == c) {
                 Stack s2 = st;
-                s2.back() = Frame{0, fText, 0, 0, lit, 1, 0};
+                s2.back() = Frame{0, jcText, 0, 0, lit, 1, 0};
                 out.push_back(std::move(s2));
               }
             return;
-          case kObject:
+          case kJcObject:
             if (c != '{') return;
-            f = Frame{was.node, fObject, oOpen, 0, 0, 0, 0};
+            f = Frame{was.node, jcObject, jcOpen, 0, 0, 0, 0};
             return accept();
-          case kArray:
+          case kJcArray:
             if (c != '[') return;
-            f = Frame{was.node, fArray, aOpen, 0, 0, 0, 0};
+            f = Frame{was.node, jcArray, jcArrOpen, 0, 0, 0, 0};
             return accept();
-          case kString:
+          case kJcString:
             if (c != '"') return;
-            f = Frame{was.node, fString, 0, 0, 0, 0, 0};
+            f = Frame{was.node, jcString, 0, 0, 0, 0, 0};
             return accept();
           default:  // number, integer
-            if (c == '-') f = Frame{was.node, fNumber, nMinus, 0, 0, 0, 0};
-            else if (c == '0') f = Frame{was.node, fNumber, nZero, 0, 0, 0, 0};
-            else if (c >= '1' && c <= '9') f = Frame{was.node, fNumber, nInt, 0, 1, 0, 0};
+            if (c == '-') f = Frame{was.node, jcNumber, jcMinus, 0, 0, 0, 0};
+            else if (c == '0') f = Frame{was.node, jcNumber, jcZero, 0, 0, 0, 0};
+            else if (c >= '1' && c <= '9') f = Frame{was.node, jcNumber, jcInt, 0, 1, 0, 0};
             else return;
             return accept();
         }
         return;
       }
-      case fString: {
+      case jcString: {
         const int rem = f.b >> 4, range = f.b & 15;
         if (rem > 0) {  // a UTF-8 continuation byte, in the range its lead byte allows
           static constexpr uint8_t lo[] = {0x80, 0xA0, 0x80, 0x90, 0x80}, hi[] = {0xBF, 0xBF, 0x9F, 0xBF, 0x8F};
@@ -302,7 +302,7 @@ void JsonConstraint::feed_stack(Stack st, uint8_t c, std::vector<Stack>& out) co
             if (c < '0' || c > '7') return;
             f.a = 4;
           } else {
-            if (!hex_digit(c)) return;
+            if (!jc_hex_digit(c)) return;
             f.a = f.a == 2 ? ((c == 'd' || c == 'D') ? 6 : 3) : f.a == 5 ? 0 : f.a + 1;
           }
           return accept();
@@ -325,8 +325,8 @@ void JsonConstraint::feed_stack(Stack st, uint8_t c, std::vector<Stack>& out) co
         }
         return accept();
       }
-      case fNumber: {
-        const bool integer = nodes_[static_cast<size_t>(f.node)].kind == kInteger;
+      case jcNumber: {
+        const bool integer = nodes_[static_cast<size_t>(f.node)].kind == kJcInteger;
         const bool digit = c >= '0' && c <= '9';
         const auto run = [&](uint8_t phase, int limit) {
           if (f.phase == phase) {
@@ -340,46 +340,46 @@ void JsonConstraint::feed_stack(Stack st, uint8_t c, std::vector<Stack>& out) co
         };
         bool ok = false, pass = false;
         switch (f.phase) {
-          case nMinus:
-            if (c == '0') f.phase = nZero, ok = true;
-            else if (digit) ok = run(nInt, kMaxDigits);
+          case jcMinus:
+            if (c == '0') f.phase = jcZero, ok = true;
+            else if (digit) ok = run(jcInt, kMaxDigits);
             break;
-          case nZero:
-          case nInt:
-          case nFrac:
-            if (digit && f.phase != nZero) ok = run(f.phase, kMaxDigits);
-            else if (!integer && c == '.' && f.phase != nFrac) f.phase = nDot, ok = true;
-            else if (!integer && (c == 'e' || c == 'E')) f.phase = nE, ok = true;
+          case jcZero:
+          case jcInt:
+          case jcFrac:
+            if (digit && f.phase != jcZero) ok = run(f.phase, kMaxDigits);
+            else if (!integer && c == '.' && f.phase != jcFrac) f.phase = jcDot, ok = true;
+            else if (!integer && (c == 'e' || c == 'E')) f.phase = jcE, ok = true;
             else pass = !digit;
             break;
-          case nDot:
-            if (digit) ok = run(nFrac, kMaxDigits);
+          case jcDot:
+            if (digit) ok = run(jcFrac, kMaxDigits);
             break;
-          case nE:
-            if (c == '+' || c == '-') f.phase = nESign, ok = true;
-            else if (digit) ok = run(nExp, kMaxExponentDigits);
+          case jcE:
+            if (c == '+' || c == '-') f.phase = jcESign, ok = true;
+            else if (digit) ok = run(jcExp, kJcMaxExponentDigits);
             break;
-          case nESign:
-            if (digit) ok = run(nExp, kMaxExponentDigits);
+          case jcESign:
+            if (digit) ok = run(jcExp, kJcMaxExponentDigits);
             break;
-          default:  // nExp
-            if (digit) ok = run(nExp, kMaxExponentDigits);
+          default:  // jcExp
+            if (digit) ok = run(jcExp, kJcMaxExponentDigits);
             else pass = true;
         }
         if (ok) return accept();
-        if (!pass || !number_accepting(f.phase)) return;
+        if (!pass || !jc_number_accepting(f.phase)) return;
         st.pop_back();
         continue;
       }
-      case fArray: {
+      case jcArray: {
         const int32_t items = nodes_[static_cast<size_t>(f.node)].items;
-        if (c == ']' && f.phase == aOpen) {
+        if (c == ']' && f.phase == jcArrOpen) {
           st.pop_back();
           return accept();
         }
-        if (f.phase == aOpen) {
-          f.phase = aAfterValue;
-          st.push_back(Frame{items, fValue, 0, 0, 0, 0, 0});
+        if (f.phase == jcArrOpen) {
+          f.phase = jcArrAfterValue;
+          st.push_back(Frame{items, jcValue, 0, 0, 0, 0, 0});
           continue;  // the byte starts the first item
         }
         if (c == ']') {
@@ -387,16 +387,16 @@ void JsonConstraint::feed_stack(Stack st, uint8_t c, std::vector<Stack>& out) co
           return accept();
         }
         if (c != ',') return;
-        st.push_back(Frame{items, fValue, 0, 0, 0, 0, 0});
+        st.push_back(Frame{items, jcValue, 0, 0, 0, 0, 0});
         return accept();
       }
-      default: {  // fObject
+      default: {  // jcObject
         const Node& n = nodes_[static_cast<size_t>(f.node)];
         const uint64_t all = n.props.size() >= 64 ? ~uint64_t{0} : (uint64_t{1} << n.props.size()) - 1;
         switch (f.phase) {
-          case oOpen:
-          case oKeyStart:
-            if (c == '}' && f.phase == oOpen) {
+          case jcOpen:
+          case jcKeyStart:
+            if (c == '}' && f.phase == jcOpen) {
               if ((n.required & ~f.used) != 0) return;
               st.pop_back();
               return accept();
@@ -405,19 +405,19 @@ void JsonConstraint::feed_stack(Stack st, uint8_t c, std::vector<Stack>& out) co
             for (size_t i = 0; i < n.props.size(); ++i)
               if (!((f.used >> i) & 1)) {
                 Stack s2 = st;
-                s2.back().phase = oKeyLit;
+                s2.back().phase = jcKeyLit;
                 s2.back().a = static_cast<int32_t>(i);
                 s2.back().b = 0;
                 out.push_back(std::move(s2));
               }
             if (n.additional >= 0) {
-              f.phase = oAfterKey;
+              f.phase = jcAfterKey;
               f.a = -1;
-              st.push_back(Frame{0, fString, 0, 0, 0, 0, 0});
+              st.push_back(Frame{0, jcString, 0, 0, 0, 0, 0});
               return accept();
             }
             return;
-          case oKeyLit: {
+          case jcKeyLit: {
             const std::string& name = n.props[static_cast<size_t>(f.a)].first;
             if (static_cast<size_t>(f.b) < name.size()) {
               if (static_cast<uint8_t>(name[static_cast<size_t>(f.b)]) != c) return;
@@ -426,24 +426,24 @@ void JsonConstraint::feed_stack(Stack st, uint8_t c, std::vector<Stack>& out) co
             }
             if (c != '"') return;
             f.used |= uint64_t{1} << f.a;
-            f.phase = oAfterKey;
+            f.phase = jcAfterKey;
             return accept();
           }
-          case oAfterKey: {
+          case jcAfterKey: {
             if (c != ':') return;
             const int32_t value = f.a >= 0 ? n.props[static_cast<size_t>(f.a)].second : n.additional;
-            f.phase = oAfterValue;
-            st.push_back(Frame{value, fValue, 0, 0, 0, 0, 0});
+            f.phase = jcAfterValue;
+            st.push_back(Frame{value, jcValue, 0, 0, 0, 0, 0});
             return accept();
           }
-          default:  // oAfterValue
+          default:  // jcAfterValue
             if (c == '}') {
               if ((n.required & ~f.used) != 0) return;
               st.pop_back();
               return accept();
             }
             if (c != ',' || (n.additional < 0 && (f.used & all) == all)) return;
-            f.phase = oKeyStart;
+            f.phase = jcKeyStart;
             return accept();
         }
       }
@@ -453,8 +453,8 @@ void JsonConstraint::feed_stack(Stack st, uint8_t c, std::vector<Stack>& out) co
 
 bool JsonConstraint::stack_complete(const Stack& st, const JsonConstraint& g) {
   for (const Frame& f : st) {
-    if (f.kind == fText && static_cast<size_t>(f.b) == g.literals_[static_cast<size_t>(f.a)].size()) continue;
-    if (f.kind == fNumber && number_accepting(f.phase)) continue;
+    if (f.kind == jcText && static_cast<size_t>(f.b) == g.literals_[static_cast<size_t>(f.a)].size()) continue;
+    if (f.kind == jcNumber && jc_number_accepting(f.phase)) continue;
     return false;
   }
   return true;
@@ -488,7 +488,7 @@ bool JsonConstraint::finished(const State& s) const {
   if (s.stacks.empty()) return false;
   for (const Stack& st : s.stacks)
     for (const Frame& f : st)
-      if (f.kind != fText || static_cast<size_t>(f.b) != literals_[static_cast<size_t>(f.a)].size()) return false;
+      if (f.kind != jcText || static_cast<size_t>(f.b) != literals_[static_cast<size_t>(f.a)].size()) return false;
   return true;
 }
 
