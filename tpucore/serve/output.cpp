@@ -129,7 +129,11 @@ void OutputProcessor::sample(const StepPlan& plan, const Tensor& logits, StepRep
     const int64_t t = models::choose_token(std::move(adjusted), r.tokens, r.sampler, r.rng);
     bool constraint_done = false;
     if (r.constraint && !r.stops.count(t)) {
-      TPU_CHECK(r.params.constraint->advance(*r.constraint, t), "serve: token {} broke the structured output", t);
+      if (!r.params.constraint->advance(*r.constraint, t)) {  // only a masked token could (a sampler fault)
+        log().warn("serve: request {}: token {} does not continue its structured output", r.id, t);
+        finish(rp, FinishReason::cancelled, report);
+        continue;
+      }
       constraint_done = r.params.constraint->finished(*r.constraint);
     }
     r.tokens.push_back(t);
