@@ -4,7 +4,7 @@
 # the public headers tpucore/*.h), which may include everything below it. A file may include
 # only the folders its layer allows. Inside the API layer: nn/ includes neither models/ nor serve/,
 # models/ does not include serve/ (serving builds on the models, not the reverse), and the
-# serving engine's public headers (serve/engine.h, sampling_params.h, metrics.h, which
+# serving engine's public headers (serve/engine.h, sampling_params.h, json_constraint.h, metrics.h, which
 # tools/tpu-serve includes) include only public headers: no code generation or other internals.
 # Run as: cmake -DSRC=<repo> -P check_structure.cmake
 cmake_policy(SET CMP0007 NEW)
@@ -69,7 +69,7 @@ foreach(f ${files})
   elseif(f MATCHES "^tpucore/models/")
     set(forbidden "^tpucore/serve/")
     set(why "models/ does not include serve/")
-  elseif(f MATCHES "^tpucore/serve/(engine|sampling_params|metrics)\\.h$")
+  elseif(f MATCHES "^tpucore/serve/(engine|sampling_params|metrics|json_constraint)\\.h$")
     set(forbidden "^(codegen|graph|ops|device|sim)/|^tpucore/serve/(paged_|model_runner|scheduler|kv_cache_manager|output|request)")
     set(why "the serving engine's public headers include only public headers")
   endif()

@@ -1,6 +1,7 @@
 // tpu-serve driven by the official OpenAI client library (npm package `openai`) on 127.0.0.1:
-// chat and completions, streaming, n, logprobs, exact usage with a stop string, 400 for `tools`,
-// models.retrieve. Usage: node openai_client.mjs CLIENT_DIR PORT MODEL. Exit 0 when all pass.
+// chat and completions, streaming, n, logprobs, exact usage with a stop string, json_schema output,
+// a required tool call (streamed too), a 400 for an unsupported schema keyword, models.retrieve.
+// Usage: node openai_client.mjs CLIENT_DIR PORT MODEL. Exit 0 when all pass.
 import { createRequire } from 'node:module';
 import assert from 'node:assert/strict';
 
@@ -87,13 +88,74 @@ await check('stop string usage is exact', async () => {
   console.log(`stop ${JSON.stringify(stop)}: ${k} tokens billed`);
 });
 
-await check('tools is a 400 naming it', async () => {
-  const tools = [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: {} } } }];
-  await assert.rejects(client.chat.completions.create({ model, messages, tools }), (e) => {
-    assert.equal(e.status, 400);
-    assert.equal(e.param, 'tools');
-    return true;
+await check('json_schema output parses and validates', async () => {
+  const schema = {
+    type: 'object',
+    properties: { mood: { enum: ['good', 'bad'] }, ok: { type: 'boolean' }, n: { type: 'null' } },
+    required: ['mood', 'ok'],
+    additionalProperties: false,
+  };
+  const r = await client.chat.completions.create({
+    model, messages, max_tokens: 400, temperature: 0,
+    response_format: { type: 'json_schema', json_schema: { name: 'answer', schema, strict: true } },
   });
+  const doc = JSON.parse(r.choices[0].message.content);
+  // The schema checked by hand: exactly its keys, the required ones present, each value of its type.
+  assert.ok(doc !== null && typeof doc === 'object' && !Array.isArray(doc));
+  for (const k of Object.keys(doc)) assert.ok(['mood', 'ok', 'n'].includes(k), k);
+  assert.ok(['good', 'bad'].includes(doc.mood));
+  assert.equal(typeof doc.ok, 'boolean');
+  if ('n' in doc) assert.equal(doc.n, null);
+  assert.equal(r.choices[0].finish_reason, 'stop');
+});
+
+await check('a required tool call parses', async () => {
+  const tools = [{
+    type: 'function',
+    function: {
+      name: 'get_weather',
+      description: 'The weather in a city',
+      parameters: { type: 'object', properties: { city: { enum: ['Oslo', 'Lima'] } }, required: ['city'] },
+    },
+  }];
+  const r = await client.chat.completions.create({ model, messages, max_tokens: 400, temperature: 0, tools, tool_choice: 'required' });
+  const c = r.choices[0];
+  assert.equal(c.finish_reason, 'tool_calls');
+  assert.equal(c.message.tool_calls.length, 1);
+  const call = c.message.tool_calls[0];
+  assert.equal(call.type, 'function');
+  assert.equal(call.function.name, 'get_weather');
+  assert.ok(['Oslo', 'Lima'].includes(JSON.parse(call.function.arguments).city));
+  // Streamed: the client's chunks carry the same call.
+  const stream = await client.chat.completions.create({ model, messages, max_tokens: 400, temperature: 0, tools, tool_choice: 'required', stream: true });
+  let args = '';
+  let name = '';
+  let finish = null;
+  for await (const chunk of stream) {
+    for (const ch of chunk.choices) {
+      for (const t of ch.delta.tool_calls ?? []) {
+        name += t.function?.name ?? '';
+        args += t.function?.arguments ?? '';
+      }
+      if (ch.finish_reason) finish = ch.finish_reason;
+    }
+  }
+  assert.equal(name, 'get_weather');
+  assert.deepEqual(JSON.parse(args), JSON.parse(call.function.arguments));
+  assert.equal(finish, 'tool_calls');
+});
+
+await check('an unsupported schema keyword is a 400 naming it', async () => {
+  const schema = { type: 'object', properties: { s: { type: 'string', pattern: '^a' } } };
+  await assert.rejects(
+    client.chat.completions.create({ model, messages, response_format: { type: 'json_schema', json_schema: { name: 'x', schema } } }),
+    (e) => {
+      assert.equal(e.status, 400);
+      assert.equal(e.param, 'response_format');
+      assert.match(e.message, /pattern/);
+      return true;
+    },
+  );
 });
 
 await check('models.retrieve', async () => {

@@ -280,11 +280,17 @@ TEST_CASE("tpu-serve api: unsupported parameters are 400s naming them, models.re
     std::string param;
   };
   const std::vector<Case> chat_cases{
-      {{{"messages", msgs}, {"tools", json::array({json{{"type", "function"}, {"function", {{"name", "f"}}}}})}}, "tools"},
+      {{{"messages", msgs}, {"tools", json::array({json{{"type", "function"}, {"function", {{"name", "f"}, {"parameters",
+          {{"type", "object"}, {"properties", {{"s", {{"type", "string"}, {"pattern", "a+"}}}}}}}}}}})},
+        {"tool_choice", "required"}}, "tools"},
+      {{{"messages", msgs}, {"tools", json::array({json{{"type", "function"}}})}}, "tools[0]"},
       {{{"messages", msgs}, {"tool_choice", "auto"}}, "tool_choice"},
-      {{{"messages", msgs}, {"response_format", {{"type", "json_object"}}}}, "response_format"},
+      {{{"messages", msgs}, {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema",
+          {{"type", "string"}, {"minLength", 2}}}}}}}}, "response_format"},
+      {{{"messages", msgs}, {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema",
+          {{"$ref", "#/$defs/a"}}}}}}}}, "response_format"},
+      {{{"messages", msgs}, {"response_format", {{"type", "yaml"}}}}, "response_format"},
       {{{"messages", msgs}, {"functions", json::array({json{{"name", "f"}}})}}, "functions"},
-      {{{"messages", msgs}, {"parallel_tool_calls", true}}, "parallel_tool_calls"},
       {{{"messages", msgs}, {"guided_json", {{"type", "object"}}}}, "guided_json"},
       {{{"messages", msgs}, {"top_logprobs", 2}}, "top_logprobs"},
       {{{"messages", msgs}, {"echo", true}}, "echo"},
@@ -373,7 +379,8 @@ TEST_CASE("tpu-serve api: the official OpenAI node client", "[.][node]") {
     std::printf("SKIPPED: node or the npm package openai is missing (scripts/setup_openai_client.sh %s)\n", dir.c_str());
     return;
   }
-  Fixture f;
+  // A longer context than the other cases: structured outputs may take a few hundred tokens.
+  ModelFixture f(47, 512, 32);
   Running r(f.model, f.tok, f.options());
   const std::string cmd = fmt::format("timeout 120 node {} {} {} tiny 2>&1", TPU_OPENAI_CLIENT_TEST, dir, r.port);
   FILE* p = popen(cmd.c_str(), "r");

@@ -49,24 +49,17 @@ const std::set<std::string>& known_fields(bool chat) {
   return chat ? chat_fields : completion_fields;
 }
 
-// Structured output and tool calling are not implemented: any value but the neutral one is a 400.
+// Fields read elsewhere (structured.h) or refused: any value but the neutral one is a 400.
 void refuse_unsupported(const json& j, bool chat) {
   for (const auto& [k, v] : j.items())
     if (!known_fields(chat).count(k))
       throw ApiError{400, fmt::format("Unrecognized request argument supplied: '{}' (not supported by this server)", k),
                      "invalid_request_error", k, "unsupported_parameter"};
   const auto set = [&](const char* k) { return j.contains(k) && !j[k].is_null(); };
-  if (set("response_format") &&
-      !(j["response_format"].is_object() && j["response_format"].value("type", "") == "text" &&
-        j["response_format"].size() == 1))
-    unsupported("response_format", " (only {\"type\": \"text\"}: no JSON mode or JSON schema)");
-  for (const char* k : {"tools", "functions"})
-    if (set(k) && !(j[k].is_array() && j[k].empty())) unsupported(k, " (no tool calling)");
-  if (set("tool_choice") && !(j["tool_choice"].is_string() && j["tool_choice"] == "none"))
-    unsupported("tool_choice", " (no tool calling; only \"none\")");
+  if (set("functions") && !(j["functions"].is_array() && j["functions"].empty()))
+    unsupported("functions", " (the deprecated form; use 'tools')");
   if (set("function_call") && !(j["function_call"].is_string() && j["function_call"] == "none"))
-    unsupported("function_call", " (no tool calling; only \"none\")");
-  if (set("parallel_tool_calls")) unsupported("parallel_tool_calls", " (no tool calling)");
+    unsupported("function_call", " (the deprecated form; use 'tool_choice')");
   if (set("suffix") && !(j["suffix"].is_string() && j["suffix"].get<std::string>().empty()))
     unsupported("suffix", " (no insertion)");
 }
@@ -116,22 +109,38 @@ std::string message_text(const json& m, size_t i) {
 }
 }  // namespace
 
-std::string chat_prompt(const json& messages, const ChatTemplate* tmpl) {
+std::string chat_prompt(const json& messages, const ChatTemplate* tmpl, const nlohmann::ordered_json& tools) {
   if (!tmpl)
     bad("messages", "this model has no chat template (its tokenizer_config.json has no 'chat_template'); "
                     "start tpu-serve with --chat-template FILE");
   ChatRequest req;
   req.add_generation_prompt = true;
+  req.tools = tools;
   for (size_t i = 0; i < messages.size(); ++i) {
     const json& m = messages[i];
     if (!m.is_object()) bad(fmt::format("messages[{}]", i), fmt::format("messages[{}] must be an object", i));
     if (!m.contains("role") || !m["role"].is_string())
       bad(fmt::format("messages[{}].role", i), fmt::format("messages[{}].role must be a string", i));
     const std::string role = m["role"].get<std::string>();
-    if (role != "system" && role != "user" && role != "assistant" && role != "developer")
+    if (role != "system" && role != "user" && role != "assistant" && role != "developer" && role != "tool")
       bad(fmt::format("messages[{}].role", i),
-          fmt::format("messages[{}].role '{}' is not one of system, developer, user, assistant", i, role));
-    req.messages.push_back(nlohmann::ordered_json{{"role", role}, {"content", message_text(m, i)}});
+          fmt::format("messages[{}].role '{}' is not one of system, developer, user, assistant, tool", i, role));
+    nlohmann::ordered_json msg{{"role", role}};
+    const bool calls = role == "assistant" && m.contains("tool_calls") && m["tool_calls"].is_array();
+    msg["content"] = calls && (!m.contains("content") || m["content"].is_null()) ? "" : message_text(m, i);
+    if (calls) {
+      // As Transformers' templates read them: arguments as an object when they parse.
+      nlohmann::ordered_json tc = nlohmann::ordered_json::parse(m["tool_calls"].dump());
+      for (auto& c : tc)
+        if (c.contains("function") && c["function"].contains("arguments") && c["function"]["arguments"].is_string()) {
+          const auto args = nlohmann::ordered_json::parse(c["function"]["arguments"].get<std::string>(), nullptr, false);
+          if (!args.is_discarded()) c["function"]["arguments"] = args;
+        }
+      msg["tool_calls"] = tc;
+    }
+    for (const char* k : {"tool_call_id", "name"})
+      if (m.contains(k) && m[k].is_string()) msg[k] = m[k];
+    req.messages.push_back(msg);
   }
   try {
     return tmpl->render(req);
@@ -170,7 +179,11 @@ CompletionRequest parse_request(const std::string& body, bool chat, const ModelI
       // so the rendered text is encoded without adding special tokens.
       EncodeOptions no_added;
       no_added.add_special_tokens = false;
-      r.prompt = tok.encode(chat_prompt(j["messages"], info.chat_template), no_added);
+      const Structured st = parse_structured(j, info.token_bytes, info.tool_format);
+      r.params.constraint = st.constraint;
+      r.parse_tools = st.parse_tools;
+      r.tool_names = st.tool_names;
+      r.prompt = tok.encode(chat_prompt(j["messages"], info.chat_template, st.tools), no_added);
     } else {
       if (!j.contains("prompt")) bad("prompt", "'prompt' is required");
       const json& p = j["prompt"];

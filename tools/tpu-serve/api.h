@@ -12,6 +12,7 @@
 #include "tpucore/chat_template.h"
 #include "tpucore/serve/sampling_params.h"
 #include "tpucore/tokenizer.h"
+#include "structured.h"
 
 namespace tpu::serve_http {
 
@@ -29,6 +30,8 @@ struct ModelInfo {
   int64_t max_model_len = 0;
   std::vector<int64_t> eos;  // stop tokens of the model (config.json eos_token_id)
   const ChatTemplate* chat_template = nullptr;  // the chat endpoint's prompt format (null: refused)
+  std::shared_ptr<const serve::TokenBytes> token_bytes;  // for structured output (model's vocabulary)
+  ToolFormat tool_format = ToolFormat::hermes;
 };
 
 struct CompletionRequest {
@@ -41,6 +44,8 @@ struct CompletionRequest {
   int64_t best_of = 1;  // sequences generated (>= n); the n with the highest summed logprob are returned
   int64_t logprobs = -1;  // -1: none; else log-probabilities with this many top alternatives
   bool echo = false;      // completions: the prompt text before the completion
+  bool parse_tools = false;             // chat with tools: the output is parsed for tool calls
+  std::vector<std::string> tool_names;  // the functions a call may name
 };
 
 // Throws ApiError for invalid JSON, wrong types or values, an unknown model (404), a prompt
@@ -53,9 +58,11 @@ CompletionRequest parse_request(const std::string& body, bool chat, const ModelI
 uint64_t choice_seed(uint64_t seed, int64_t i);
 
 // The prompt text of chat messages: the model's chat template rendered on {role, content}
-// messages with the assistant's turn opened (add_generation_prompt). Without a template, or when
-// the template rejects the conversation, an ApiError (400).
-std::string chat_prompt(const nlohmann::json& messages, const ChatTemplate* tmpl);
+// messages (an assistant's tool_calls, a tool message's tool_call_id kept) and the tools, with
+// the assistant's turn opened (add_generation_prompt). Without a template, or when the template
+// rejects the conversation, an ApiError (400).
+std::string chat_prompt(const nlohmann::json& messages, const ChatTemplate* tmpl,
+                        const nlohmann::ordered_json& tools = nullptr);
 
 // Length of the longest prefix of s that does not end inside a UTF-8 sequence.
 size_t utf8_complete(const std::string& s);

@@ -143,6 +143,8 @@ struct ApiServer::Impl {
     info.max_model_len = engine.config().max_model_len;
     info.eos = model->config.eos_token_ids;
     info.chat_template = opts.chat_template ? &*opts.chat_template : nullptr;
+    info.token_bytes = token_bytes(tok, model->config.vocab_size);
+    if (opts.chat_template) info.tool_format = detect_tool_format(opts.chat_template->source());
     routes();
   }
 
@@ -358,6 +360,8 @@ struct ApiServer::Impl {
         size_t offset = 0;
         j["choices"].push_back(choice(r, k, (r.echo ? r.prompt_text : "") + t.text, finish_name(q.why, t.stop_hit),
                                       false, false, q.outs, offset, r.params.prompt_logprobs >= 0 ? &prompt_outs : nullptr));
+        if (r.parse_tools && attach_tool_calls(j["choices"].back()["message"], t.text, r.tool_names, false))
+          j["choices"].back()["finish_reason"] = "tool_calls";
       }
       j["usage"] = usage(r, generated);
       res.set_content(dump(j), "application/json");
@@ -408,6 +412,20 @@ struct ApiServer::Impl {
             const Seq& q = seqs[i];
             if (pc.finished) continue;
             const Text t = render(tok, q.tokens(), r.params.stop_token_ids, r.stop);
+            if (r.parse_tools) {
+              // Tool calls are known only at the end: the choice goes out whole, in two chunks.
+              if (!q.done) continue;
+              json j = head(r, st->id, true);
+              json c = choice(r, i, t.text, nullptr, true, true, q.outs, pc.offset);
+              const bool calls = attach_tool_calls(c["delta"], t.text, r.tool_names, true);
+              j["choices"] = json::array({c});
+              if (!send(j)) return gone();
+              j["choices"] = json::array({choice(r, i, "", calls ? "tool_calls" : finish_name(q.why, t.stop_hit), true,
+                                                 false, {}, pc.offset)});
+              if (!send(j)) return gone();
+              sent = pc.finished = true;
+              continue;
+            }
             // All of it at the end, else whole characters before a held-back tail.
             size_t ready = t.text.size();
             if (!q.done) {

@@ -5,6 +5,9 @@
 //   GET  /v1/models, /v1/models/{id}, /health (200, empty body), /metrics (Prometheus text,
 //        tpu_serve_* and vLLM's vllm:* names)
 //
+// Chat requests may ask for structured output (response_format json_object / json_schema:
+// constrained decoding) and tool calls (tools, tool_choice; the output parsed into
+// message.tool_calls); see structured.h.
 // A request is n choices (best_of sequences when more), each an engine request of its own;
 // stop strings are checked by the engine at every token (EngineConfig::detokenize), so a
 // request stops at the token that completes one. Errors are JSON bodies {"error": {"message",

@@ -109,6 +109,10 @@ int64_t Engine::add_request(std::vector<int64_t> prompt, const SamplingParams& p
   TPU_CHECK(params.stop.empty() || s.cfg.detokenize, "serve: stop strings need EngineConfig::detokenize");
   for (const auto& [t, b] : params.logit_bias)
     TPU_CHECK(t >= 0 && t < vocab, "serve: logit_bias token {} is outside the vocabulary of {}", t, vocab);
+  if (params.constraint)
+    TPU_CHECK(params.constraint->vocab().size() == vocab,
+              "serve: the structured-output constraint covers {} tokens; the model's vocabulary has {}",
+              params.constraint->vocab().size(), vocab);
   auto r = std::make_shared<Request>();
   r->prompt_len = n;
   r->tokens = std::move(prompt);
@@ -116,6 +120,7 @@ int64_t Engine::add_request(std::vector<int64_t> prompt, const SamplingParams& p
   r->sampler = params.sampler();
   r->stops = std::set<int64_t>(params.stop_token_ids.begin(), params.stop_token_ids.end());
   r->rng.seed(params.seed);
+  if (params.constraint) r->constraint = params.constraint->start();
   r->cb = std::move(cb);
   r->arrival = Clock::now();
   std::lock_guard<std::mutex> lk(s.mu);

@@ -5,7 +5,10 @@
 #include <limits>
 #include <numeric>
 
+#include <spdlog/spdlog.h>
+
 #include "tpucore/autograd.h"
+#include "tpucore/core/log.h"
 
 namespace tpu::serve {
 
@@ -75,6 +78,21 @@ std::vector<TokenOutput> prompt_logprobs(models::CausalLM& m, const std::vector<
   return out;
 }
 
+bool constrain(const Request& r, std::vector<float>& x) {
+  const JsonConstraint& g = *r.params.constraint;
+  const auto mask = g.allowed(*r.constraint);
+  const bool complete = g.complete(*r.constraint);
+  constexpr float kOff = -std::numeric_limits<float>::infinity();
+  // Stop tokens only once the document is complete; other tokens only where the automaton allows.
+  std::vector<std::pair<size_t, float>> ends;
+  for (int64_t t : r.stops)
+    if (complete && t >= 0 && static_cast<size_t>(t) < x.size()) ends.push_back({static_cast<size_t>(t), x[static_cast<size_t>(t)]});
+  for (size_t t = 0; t < x.size(); ++t)
+    if (t >= mask->size() || !(*mask)[t]) x[t] = kOff;
+  for (const auto& [t, v] : ends) x[t] = v;
+  return std::any_of(x.begin(), x.end(), [&](float v) { return v != kOff; });
+}
+
 bool OutputProcessor::stop_string_hit(Request& r) const {
   if (r.params.stop.empty() || r.generated() < r.params.min_tokens) return false;
   // The text of the generated tokens; the search restarts a stop string's length before the
@@ -101,7 +119,23 @@ void OutputProcessor::sample(const StepPlan& plan, const Tensor& logits, StepRep
     std::vector<float> x(all.begin() + static_cast<std::ptrdiff_t>(row * vocab),
                          all.begin() + static_cast<std::ptrdiff_t>((row + 1) * vocab));
     ++row;
-    const int64_t t = models::choose_token(adjusted_logits(x, r), r.tokens, r.sampler, r.rng);
+    std::vector<float> adjusted = adjusted_logits(x, r);
+    if (r.constraint && !constrain(r, adjusted)) {
+      // No token continues the document (the vocabulary cannot spell what must come next).
+      log().warn("serve: request {}: no token can continue its structured output", r.id);
+      finish(rp, FinishReason::cancelled, report);
+      continue;
+    }
+    const int64_t t = models::choose_token(std::move(adjusted), r.tokens, r.sampler, r.rng);
+    bool constraint_done = false;
+    if (r.constraint && !r.stops.count(t)) {
+      if (!r.params.constraint->advance(*r.constraint, t)) {  // only a masked token could (a sampler fault)
+        log().warn("serve: request {}: token {} does not continue its structured output", r.id, t);
+        finish(rp, FinishReason::cancelled, report);
+        continue;
+      }
+      constraint_done = r.params.constraint->finished(*r.constraint);
+    }
     r.tokens.push_back(t);
     r.counts[t]++;
     report.new_tokens++;
@@ -116,7 +150,7 @@ void OutputProcessor::sample(const StepPlan& plan, const Tensor& logits, StepRep
       keep = r.cb.on_token(t);
     }
     if (!keep) finish(rp, FinishReason::cancelled, report);
-    else if (r.stops.count(t) || stop_string_hit(r)) finish(rp, FinishReason::stop, report);
+    else if (r.stops.count(t) || constraint_done || stop_string_hit(r)) finish(rp, FinishReason::stop, report);
     else if (r.generated() >= r.params.max_tokens || static_cast<int64_t>(r.tokens.size()) >= max_model_len_)
       finish(rp, FinishReason::length, report);
   }

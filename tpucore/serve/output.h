@@ -29,6 +29,9 @@ struct StepReport {
 // The logits a request samples from: `raw` with its logit bias, the min_tokens mask on its stop
 // tokens and its frequency / presence penalties (the repetition penalty is models::choose_token's).
 std::vector<float> adjusted_logits(std::vector<float> raw, const Request& r);
+// With a structured-output constraint: masks (to -inf) the tokens that cannot continue the
+// request's document (stop tokens: until it is complete); false when none is left.
+bool constrain(const Request& r, std::vector<float>& logits);
 // log_softmax of one row of logits (in double), the chosen token's and the k best.
 TokenOutput token_logprobs(const std::vector<float>& raw, int64_t token, int64_t k);
 // The prompt's log-probabilities from one plain forward of it (no cache): entry i for token i + 1.

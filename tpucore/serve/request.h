@@ -3,8 +3,9 @@
 #pragma once
 
 #include <chrono>
-#include <map>
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <vector>
@@ -29,6 +30,7 @@ struct Request {
   std::map<int64_t, int64_t> counts;  // generated tokens' counts (frequency / presence penalties)
   size_t stop_scan = 0;               // text bytes already searched for stop strings
   std::mt19937_64 rng;
+  std::optional<JsonConstraint::State> constraint;  // params.constraint's state after the generated tokens
   RequestCallbacks cb;
   bool cancelled = false;
   Clock::time_point arrival, first_token;

@@ -4,10 +4,12 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "tpucore/models/generate.h"
+#include "tpucore/serve/json_constraint.h"
 
 namespace tpu::serve {
 
@@ -35,6 +37,11 @@ struct SamplingParams {
   // The prompt's log-probabilities (token i given tokens 0..i-1, from one plain forward of the
   // prompt when the request is taken in; RequestCallbacks::on_prompt_logprobs): -1 none; k as logprobs.
   int64_t prompt_logprobs = -1;
+  // Structured output (null: none): every generated token keeps the output a prefix of a document
+  // this automaton accepts (the other tokens are masked before sampling; log-probabilities stay
+  // those of the raw logits); stop tokens are allowed only once the document is complete, and the
+  // request ends (reason stop) when no byte can follow. Its vocabulary must be the model's.
+  std::shared_ptr<const JsonConstraint> constraint;
 
   // A tpu::Error naming the field when a value is out of range.
   void validate() const;
