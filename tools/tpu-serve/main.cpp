@@ -20,7 +20,7 @@ void on_signal(int s) { g_signal = s; }
 
 int main(int argc, char** argv) {
   using namespace tpu;
-  std::string model_dir, host = "127.0.0.1", dtype = "f32", chat_template_file;
+  std::string model_dir, host = "127.0.0.1", dtype = "f32", chat_template_file, quantize = "none";
   int port = 8000;
   serve_http::ServerOptions o;
   o.engine.max_waiting = 256;
@@ -36,6 +36,10 @@ int main(int argc, char** argv) {
   p.value("--served-model-name", "NAME", "model id of the API (default: the folder name)",
           [&](const std::string& v) { o.model_name = v; });
   p.value("--dtype", "T", "parameter dtype f32 or bf16 (default f32)", [&](const std::string& v) { dtype = v; });
+  p.value("--quantize", "Q",
+          "weight-only quantization of the decoder layers' linear layers at load time: int8 (per output "
+          "channel), int4 (groups of 32 columns) or none (default none)",
+          [&](const std::string& v) { quantize = v; });
   p.value("--block-size", "N", "token positions per KV block (default 16)",
           [&](const std::string& v) { o.engine.block_size = p.to_int(v); });
   p.value("--num-blocks", "N", "KV blocks in the pool (default: max-num-seqs full contexts)",
@@ -75,7 +79,12 @@ int main(int argc, char** argv) {
       while (d.size() > 1 && d.back() == '/') d.pop_back();
       o.model_name = d.substr(d.find_last_of('/') == std::string::npos ? 0 : d.find_last_of('/') + 1);
     }
-    auto model = models::load_causal_lm(model_dir, Device(), dtype == "bf16" ? DType::bf16 : DType::f32);
+    TPU_CHECK(quantize == "none" || quantize == "int8" || quantize == "int4",
+              "tpu-serve: --quantize must be int8, int4 or none, got '{}'", quantize);
+    models::LoadOptions lo;
+    lo.dtype = dtype == "bf16" ? DType::bf16 : DType::f32;
+    lo.quantize = nn::parse_weight_quant(quantize);
+    auto model = models::load_causal_lm(model_dir, lo);
     Tokenizer tok = Tokenizer::from_file(model_dir + "/tokenizer.json");
     const std::string model_config = model_dir + "/tokenizer_config.json";
     if (!chat_template_file.empty()) {
