@@ -26,6 +26,10 @@
 /// (the group size is K / scale.size(1)): each weight is unpacked in registers and multiplied
 /// by its scale, which is exactly the dequantized f32 weight, and the sums accumulate in f32.
 /// From 16 rows of x on, panels of the weight are dequantized and multiplied by the float GEMM.
+///
+/// `quantize_fp8(w)` gives `q`, f8e4m3 [N, K] (the OCP E4M3 format, saturating conversion of
+/// w / scale, round to nearest even) and `scale`, f32 [N]: max |w[j, :]| / 448 per row.
+/// `linear_fp8(x, q, scale)` widens each fp8 weight to its exact f32 value in registers.
 #pragma once
 
 #include "tpucore/core/tensor.h"
@@ -62,5 +66,19 @@ Tensor dequantize_int4(const Tensor& q, const Tensor& scale);
 Tensor linear_int4(const Tensor& x, const Tensor& q, const Tensor& scale);
 /// linear_int4 of an Int4Weight.
 inline Tensor linear_int4(const Tensor& x, const Int4Weight& w) { return linear_int4(x, w.q, w.scale); }
+
+/// An fp8 e4m3 weight and its per-row scales (see the file comment).
+struct Fp8Weight {
+  Tensor q;      ///< f8e4m3 [N, K]
+  Tensor scale;  ///< f32 [N]
+};
+/// fp8 e4m3 weight-only quantization per output channel of a 2-D float weight.
+Fp8Weight quantize_fp8(const Tensor& weight);
+/// q * scale[:, None] as f32.
+Tensor dequantize_fp8(const Tensor& q, const Tensor& scale);
+/// x (q * scale)^T with f32 accumulation; the result has x's dtype.
+Tensor linear_fp8(const Tensor& x, const Tensor& q, const Tensor& scale);
+/// linear_fp8 of an Fp8Weight.
+inline Tensor linear_fp8(const Tensor& x, const Fp8Weight& w) { return linear_fp8(x, w.q, w.scale); }
 
 }  // namespace tpu

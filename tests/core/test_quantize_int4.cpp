@@ -6,6 +6,7 @@
 
 #include "ops/cpu/kernels/gemv_int4.h"
 #include "opinfo.h"
+#include "tpucore/core/batch_invariant.h"
 #include "testing.h"
 #include "tpucore/quantize.h"
 
@@ -122,6 +123,22 @@ TEST_CASE("linear_int4: every kernel path against the dequantized naive product"
         }
   }
   CHECK(checked >= 2 * 5 * 3 * 4);  // best and scalar always run
+
+  // Batch-invariant mode: 20 rows (past the many-row threshold) give each row's one-row result.
+  BatchInvariantScope inv;
+  const int64_t M = 20, N = 6, K = 64, group = 32;
+  const std::vector<float> x = q4_random(g, static_cast<size_t>(M * K), -1, 1);
+  std::vector<uint8_t> q(static_cast<size_t>(N * K / 2));
+  for (uint8_t& v : q) v = static_cast<uint8_t>(g.next_u64() & 0xFF);
+  const std::vector<float> s = q4_random(g, static_cast<size_t>(N * K / group), 0.01, 0.02);
+  std::vector<float> all(static_cast<size_t>(M * N)), one(static_cast<size_t>(N));
+  kernels::gemv_int4(M, N, K, group, x.data(), K, q.data(), s.data(), all.data(), N);
+  int differ = 0;
+  for (int64_t i = 0; i < M; ++i) {
+    kernels::gemv_int4(1, N, K, group, x.data() + i * K, K, q.data(), s.data(), one.data(), N);
+    for (int64_t j = 0; j < N; ++j) differ += all[static_cast<size_t>(i * N + j)] != one[static_cast<size_t>(j)];
+  }
+  CHECK(differ == 0);
 }
 
 TEST_CASE("linear_int4: the op on batched f32 and bf16 inputs, and its errors", "[quant]") {

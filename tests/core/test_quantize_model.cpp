@@ -1,5 +1,5 @@
 // Quantized models end to end: a tiny random Llama saved as a float checkpoint and loaded with
-// load-time weight quantization (int8, int4), its greedy tokens and next-token distributions
+// load-time weight quantization (int8, int4, fp8), its greedy tokens and next-token distributions
 // against the float model's; and the int8 KV cache against a naive attention in double over keys
 // and values quantized by the test itself.
 #include <cmath>
@@ -87,12 +87,14 @@ TEST_CASE("quantized causal LM: int8 and int4 weights loaded from a float checkp
   const Tensor ref_logits = narrow(ref->forward(ids), 1, first, steps);
 
   // The stated bounds: int8 (scale max/127 per output channel) keeps the mean KL divergence of
-  // the next-token distributions below 2e-3 nats; int4 (groups of 32, scale max/7) below 0.05.
+  // the next-token distributions below 2e-3 nats; int4 (groups of 32, scale max/7) below 0.05;
+  // fp8 e4m3 (3 mantissa bits, scale max/448 per output channel) below 0.02.
   struct Case {
     nn::WeightQuant kind;
     double kl_bound, agree_bound;
   };
-  for (const Case& c : {Case{nn::WeightQuant::int8, 2e-3, 0.9}, Case{nn::WeightQuant::int4, 0.05, 0.75}}) {
+  for (const Case& c : {Case{nn::WeightQuant::int8, 2e-3, 0.9}, Case{nn::WeightQuant::int4, 0.05, 0.75},
+                        Case{nn::WeightQuant::fp8, 0.02, 0.8}}) {
     auto q = models::load_causal_lm(dir.string(), qm_options(c.kind));
     // Every decoder Linear is quantized, the embeddings and the head are not.
     int quantized = 0;

@@ -37,8 +37,8 @@ int main(int argc, char** argv) {
           [&](const std::string& v) { o.model_name = v; });
   p.value("--dtype", "T", "parameter dtype f32 or bf16 (default f32)", [&](const std::string& v) { dtype = v; });
   p.value("--quantize", "Q",
-          "weight-only quantization of the decoder layers' linear layers at load time: int8 (per output "
-          "channel), int4 (groups of 32 columns) or none (default none)",
+          "weight-only quantization of the decoder layers' linear layers at load time: int8 or fp8 (e4m3; "
+          "per output channel), int4 (groups of 32 columns) or none (default none)",
           [&](const std::string& v) { quantize = v; });
   p.value("--block-size", "N", "token positions per KV block (default 16)",
           [&](const std::string& v) { o.engine.block_size = p.to_int(v); });
@@ -79,8 +79,8 @@ int main(int argc, char** argv) {
       while (d.size() > 1 && d.back() == '/') d.pop_back();
       o.model_name = d.substr(d.find_last_of('/') == std::string::npos ? 0 : d.find_last_of('/') + 1);
     }
-    TPU_CHECK(quantize == "none" || quantize == "int8" || quantize == "int4",
-              "tpu-serve: --quantize must be int8, int4 or none, got '{}'", quantize);
+    TPU_CHECK(quantize == "none" || quantize == "int8" || quantize == "int4" || quantize == "fp8",
+              "tpu-serve: --quantize must be int8, int4, fp8 or none, got '{}'", quantize);
     models::LoadOptions lo;
     lo.dtype = dtype == "bf16" ? DType::bf16 : DType::f32;
     lo.quantize = nn::parse_weight_quant(quantize);

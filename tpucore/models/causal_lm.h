@@ -213,7 +213,7 @@ struct LoadOptions {
   /// Weight-only quantization of every Linear of the decoder layers (attention and dense MLP
   /// projections; not the embeddings, the norms, the experts of sparse layers or, unless
   /// quantize_lm_head, the output head), made from the loaded float weights on the host.
-  nn::WeightQuant quantize = nn::WeightQuant::none;
+  nn::WeightQuant quantize = nn::WeightQuant::none;  ///< none, int8, int4 or fp8
   int64_t group = 32;             ///< int4: columns per scale (32 or 128)
   bool quantize_lm_head = false;  ///< also quantize an untied lm_head
   bool int8_kv_cache = false;     ///< make_cache() keeps keys and values as int8 (CausalLM::int8_kv_cache)

@@ -1,7 +1,8 @@
 /// @file
-/// Weight-only quantized linear layers for inference: nn::QuantizedLinear holds an int8 (per
-/// output channel) or packed int4 (per group of columns) weight made by tpucore/quantize.h and
-/// runs linear_int8 / linear_int4, which read it in place; the bias stays in float.
+/// Weight-only quantized linear layers for inference: nn::QuantizedLinear holds an int8 or fp8
+/// e4m3 (per output channel) or packed int4 (per group of columns) weight made by
+/// tpucore/quantize.h and runs linear_int8 / linear_fp8 / linear_int4, which read it in place;
+/// the bias stays in float.
 /// quantize_linear() swaps a module's Linear child for its quantized form.
 #pragma once
 
@@ -17,14 +18,16 @@ enum class WeightQuant {
   none,  ///< float weights (no quantization)
   int8,  ///< symmetric int8, one scale per output channel
   int4,  ///< symmetric packed int4, one scale per group of input columns
+  fp8,   ///< fp8 e4m3, one scale per output channel
 };
-/// "none", "int8", "int4".
+/// "none", "int8", "int4", "fp8".
 const char* weight_quant_name(WeightQuant q);
-/// The format named "none", "int8" or "int4"; another name is a tpu::Error listing them.
+/// The format named "none", "int8", "int4" or "fp8"; another name is a tpu::Error listing them.
 WeightQuant parse_weight_quant(const std::string& name);
 
 /// y = x Wq^T + b with a quantized weight (inference only: no gradient reaches the weight).
-/// Its members, as the checkpoint-style buffers "weight" (i8 [out, in] or packed u8 [out, in / 2])
+/// Its members, as the checkpoint-style buffers "weight" (i8 or f8e4m3 [out, in], or packed u8
+/// [out, in / 2])
 /// and "weight_scale" (f32 [out] or [out, in / group]), and the float parameter "bias".
 class QuantizedLinear : public Linear {
  public:
@@ -35,7 +38,7 @@ class QuantizedLinear : public Linear {
   Tensor forward(const Tensor& x) override;
   /// "QuantizedLinear".
   std::string type_name() const override { return "QuantizedLinear"; }
-  WeightQuant kind;       ///< int8 or int4
+  WeightQuant kind;       ///< int8, int4 or fp8
   int64_t group = 0;      ///< int4: columns per scale (0 for int8)
   int64_t in_features;    ///< the input width
   Tensor weight_scale;    ///< the scales

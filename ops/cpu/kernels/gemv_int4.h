@@ -9,8 +9,10 @@
 //
 // Each weight is unpacked in registers, converted to f32 and multiplied by its group's scale,
 // which gives exactly the dequantized f32 weight; the sums accumulate in f32, so the result
-// matches the dequantize-then-float product to the accumulation order. From kManyRows rows on,
-// panels of the weight are dequantized to f32 and multiplied by the float GEMM (gemm.h).
+// matches the dequantize-then-float product to the accumulation order. From kInt4ManyRows rows
+// on, panels of the weight are dequantized to f32 and multiplied by the float GEMM (gemm.h),
+// except in batch-invariant mode (tpucore/core/batch_invariant.h), where every row takes the
+// few-row kernel and so the same summation order whatever the number of rows.
 #pragma once
 
 #include <cstdint>
@@ -32,5 +34,12 @@ inline int int4_at(const uint8_t* row, int64_t k) {
 // few-row kernel (the paths of gemv_int8.h); the many-row path ignores it.
 void gemv_int4(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,
                const float* scale, float* C, int64_t ldc, Int8GemvPath path = Int8GemvPath::best);
+
+// The same for fp8 e4m3 weights [N, K] (raw bytes, no NaN pattern) with one f32 scale per output
+// channel: C[i, j] = scale[j] * sum_k A[i, k] * e4m3(W[j, k]). Each byte is turned into its exact
+// f32 value in registers (AVX-512: as an f16 of 2^-8 times the value, converted by vcvtph2ps;
+// AVX2: by rebiasing the exponent, subnormals through a subtraction); any M, as gemv_int8.
+void gemv_fp8(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const uint8_t* W, const float* scale,
+              float* C, int64_t ldc, Int8GemvPath path = Int8GemvPath::best);
 
 }  // namespace tpu::kernels
