@@ -229,7 +229,7 @@ TPU_DEFINE_OP(linear_int4_op, {.name = "linear_int4", .num_inputs = 3, .flags = 
                                .meta = &linear_int4_meta, .cpu = &linear_int4_cpu,
                                .doc = "x (dequantized int4 weight)^T with the weight unpacked in registers"});
 
-// ---- fp8 e4m3 weight-only, one scale per output channel ----
+// ---- fp8 e4m3 weight-only, one scale per output channel (kFloat8: the ops take or return f8e4m3) ----
 
 void quantize_fp8_meta(const MetaArgs& a, MetaResult& m) {
   const Tensor& w = a.inputs[0];
@@ -261,7 +261,7 @@ void quantize_fp8_cpu(const KernelArgs& a) {
     for (int64_t k = 0; k < K; ++k) q[j * K + k] = f8e4m3::from_f32_saturating(row[k] / s);
   }
 }
-TPU_DEFINE_OP(quantize_fp8_op, {.name = "quantize_fp8", .num_inputs = 1, .flags = kNonDifferentiable,
+TPU_DEFINE_OP(quantize_fp8_op, {.name = "quantize_fp8", .num_inputs = 1, .flags = kNonDifferentiable | kFloat8,
                                 .meta = &quantize_fp8_meta, .cpu = &quantize_fp8_cpu,
                                 .doc = "fp8 e4m3 quantization per output channel (q, scale = max|w| / 448)"});
 
@@ -287,7 +287,7 @@ void dequantize_fp8_cpu(const KernelArgs& a) {
   for (int64_t j = 0; j < N; ++j)
     for (int64_t k = 0; k < K; ++k) out[j * K + k] = f8e4m3::from_bits(qp[j * K + k]).to_f32() * sp[j];
 }
-TPU_DEFINE_OP(dequantize_fp8_op, {.name = "dequantize_fp8", .num_inputs = 2, .flags = kNonDifferentiable,
+TPU_DEFINE_OP(dequantize_fp8_op, {.name = "dequantize_fp8", .num_inputs = 2, .flags = kNonDifferentiable | kFloat8,
                                   .meta = &dequantize_fp8_meta, .cpu = &dequantize_fp8_cpu,
                                   .doc = "fp8 e4m3 weight times its per-row scale, as f32"});
 
@@ -322,7 +322,7 @@ void linear_fp8_cpu(const KernelArgs& a) {
     for (int64_t i = 0; i < out.numel(); ++i) o[i] = f16(acc.data<float>()[i]);
   }
 }
-TPU_DEFINE_OP(linear_fp8_op, {.name = "linear_fp8", .num_inputs = 3, .flags = kNonDifferentiable,
+TPU_DEFINE_OP(linear_fp8_op, {.name = "linear_fp8", .num_inputs = 3, .flags = kNonDifferentiable | kFloat8,
                               .meta = &linear_fp8_meta, .cpu = &linear_fp8_cpu,
                               .doc = "x (fp8 e4m3 weight * scale)^T with the weight widened in registers"});
 
