@@ -229,14 +229,15 @@ TPU_DEFINE_OP(linear_int4_op, {.name = "linear_int4", .num_inputs = 3, .flags = 
                                .meta = &linear_int4_meta, .cpu = &linear_int4_cpu,
                                .doc = "x (dequantized int4 weight)^T with the weight unpacked in registers"});
 
-// ---- fp8 e4m3 weight-only, one scale per output channel (kFloat8: the ops take or return f8e4m3) ----
+// ---- fp8 e4m3 weight-only, one scale per output channel; the weight is held as u8 e4m3 bit
+// patterns (float8 tensors are storage types that compute ops refuse) ----
 
 void quantize_fp8_meta(const MetaArgs& a, MetaResult& m) {
   const Tensor& w = a.inputs[0];
   TPU_CHECK(w.dim() == 2, "quantize_fp8: expected a 2-D weight [out_features, in_features], got {}", describe(w));
   TPU_CHECK(float_input(w.dtype()), "quantize_fp8: expected an f32, bf16 or f16 weight, got {}", describe(w));
   m.num_outputs = 2;
-  m.out(0) = {w.shape(), DType::f8e4m3, w.device()};
+  m.out(0) = {w.shape(), DType::u8, w.device()};
   m.out(1) = {Shape{w.shape()[0]}, DType::f32, w.device()};
   m.cast_mask = 1;
   m.cast_to = DType::f32;
@@ -246,7 +247,7 @@ void quantize_fp8_cpu(const KernelArgs& a) {
   const Tensor w = contiguous(a.inputs[0]);
   const int64_t N = w.shape()[0], K = w.shape()[1];
   const float* src = w.data<float>();
-  uint8_t* q = static_cast<uint8_t*>(a.outputs[0].raw_data());
+  uint8_t* q = a.outputs[0].data<uint8_t>();
   float* scale = a.outputs[1].data<float>();
   for (int64_t j = 0; j < N; ++j) {
     const float* row = src + j * K;
@@ -261,13 +262,13 @@ void quantize_fp8_cpu(const KernelArgs& a) {
     for (int64_t k = 0; k < K; ++k) q[j * K + k] = f8e4m3::from_f32_saturating(row[k] / s);
   }
 }
-TPU_DEFINE_OP(quantize_fp8_op, {.name = "quantize_fp8", .num_inputs = 1, .flags = kNonDifferentiable | kFloat8,
+TPU_DEFINE_OP(quantize_fp8_op, {.name = "quantize_fp8", .num_inputs = 1, .flags = kNonDifferentiable,
                                 .meta = &quantize_fp8_meta, .cpu = &quantize_fp8_cpu,
                                 .doc = "fp8 e4m3 quantization per output channel (q, scale = max|w| / 448)"});
 
 void check_f8_scale(const char* op, const Tensor& q, const Tensor& s) {
-  TPU_CHECK(q.dim() == 2 && q.dtype() == DType::f8e4m3, "{}: expected an f8e4m3 weight [out_features, in_features], got {}",
-            op, describe(q));
+  TPU_CHECK(q.dim() == 2 && q.dtype() == DType::u8,
+            "{}: expected an fp8 e4m3 weight as u8 bit patterns [out_features, in_features], got {}", op, describe(q));
   TPU_CHECK(s.dim() == 1 && s.shape()[0] == q.shape()[0] && float_input(s.dtype()),
             "{}: expected float scales of shape [{}] (one per output feature), got {}", op, q.shape()[0], describe(s));
 }
@@ -281,13 +282,13 @@ void dequantize_fp8_meta(const MetaArgs& a, MetaResult& m) {
 void dequantize_fp8_cpu(const KernelArgs& a) {
   const Tensor q = contiguous(a.inputs[0]), s = contiguous(a.inputs[1]);
   const int64_t N = q.shape()[0], K = q.shape()[1];
-  const uint8_t* qp = static_cast<const uint8_t*>(q.raw_data());
+  const uint8_t* qp = q.data<uint8_t>();
   const float* sp = s.data<float>();
   float* out = a.outputs[0].data<float>();
   for (int64_t j = 0; j < N; ++j)
     for (int64_t k = 0; k < K; ++k) out[j * K + k] = f8e4m3::from_bits(qp[j * K + k]).to_f32() * sp[j];
 }
-TPU_DEFINE_OP(dequantize_fp8_op, {.name = "dequantize_fp8", .num_inputs = 2, .flags = kNonDifferentiable | kFloat8,
+TPU_DEFINE_OP(dequantize_fp8_op, {.name = "dequantize_fp8", .num_inputs = 2, .flags = kNonDifferentiable,
                                   .meta = &dequantize_fp8_meta, .cpu = &dequantize_fp8_cpu,
                                   .doc = "fp8 e4m3 weight times its per-row scale, as f32"});
 
@@ -312,7 +313,7 @@ void linear_fp8_cpu(const KernelArgs& a) {
   const int64_t M = a.outputs[0].numel() / std::max<int64_t>(N, 1);
   Tensor& out = a.outputs[0];
   Tensor acc = out.dtype() == DType::f32 ? out : empty_tensor(out.shape(), DType::f32, Device());
-  kernels::gemv_fp8(M, N, K, x.data<float>(), K, static_cast<const uint8_t*>(q.raw_data()), s.data<float>(),
+  kernels::gemv_fp8(M, N, K, x.data<float>(), K, q.data<uint8_t>(), s.data<float>(),
                     acc.data<float>(), N);
   if (out.dtype() == DType::bf16) {
     bf16* o = out.data<bf16>();
@@ -322,7 +323,7 @@ void linear_fp8_cpu(const KernelArgs& a) {
     for (int64_t i = 0; i < out.numel(); ++i) o[i] = f16(acc.data<float>()[i]);
   }
 }
-TPU_DEFINE_OP(linear_fp8_op, {.name = "linear_fp8", .num_inputs = 3, .flags = kNonDifferentiable | kFloat8,
+TPU_DEFINE_OP(linear_fp8_op, {.name = "linear_fp8", .num_inputs = 3, .flags = kNonDifferentiable,
                               .meta = &linear_fp8_meta, .cpu = &linear_fp8_cpu,
                               .doc = "x (fp8 e4m3 weight * scale)^T with the weight widened in registers"});
 

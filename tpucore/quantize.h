@@ -27,8 +27,10 @@
 /// by its scale, which is exactly the dequantized f32 weight, and the sums accumulate in f32.
 /// From 16 rows of x on, panels of the weight are dequantized and multiplied by the float GEMM.
 ///
-/// `quantize_fp8(w)` gives `q`, f8e4m3 [N, K] (the OCP E4M3 format, saturating conversion of
-/// w / scale, round to nearest even) and `scale`, f32 [N]: max |w[j, :]| / 448 per row.
+/// `quantize_fp8(w)` gives `q`, u8 [N, K] holding OCP E4M3 bit patterns (the saturating
+/// conversion of w / scale, round to nearest even; f8e4m3::from_bits decodes one; a u8 tensor
+/// because the f8e4m3 dtype is a storage type that computing ops refuse)
+/// and `scale`, f32 [N]: max |w[j, :]| / 448 per row.
 /// `linear_fp8(x, q, scale)` widens each fp8 weight to its exact f32 value in registers.
 #pragma once
 
@@ -69,7 +71,7 @@ inline Tensor linear_int4(const Tensor& x, const Int4Weight& w) { return linear_
 
 /// An fp8 e4m3 weight and its per-row scales (see the file comment).
 struct Fp8Weight {
-  Tensor q;      ///< f8e4m3 [N, K]
+  Tensor q;      ///< u8 [N, K]: e4m3 bit patterns
   Tensor scale;  ///< f32 [N]
 };
 /// fp8 e4m3 weight-only quantization per output channel of a 2-D float weight.

@@ -70,7 +70,7 @@ std::pair<double, double> qm_kl_and_agreement(const Tensor& ref_logits, const Te
   return {kl / static_cast<double>(n), static_cast<double>(agree) / static_cast<double>(n)};
 }
 
-TEST_CASE("quantized causal LM: int8 and int4 weights loaded from a float checkpoint track the float model",
+TEST_CASE("quantized causal LM: int8, int4 and fp8 weights loaded from a float checkpoint track the float model",
           "[quant][llm]") {
   const auto dir = llm::temp_dir("quant");
   auto ref = qm_tiny_float_model(dir);

@@ -26,8 +26,8 @@ const char* weight_quant_name(WeightQuant q);
 WeightQuant parse_weight_quant(const std::string& name);
 
 /// y = x Wq^T + b with a quantized weight (inference only: no gradient reaches the weight).
-/// Its members, as the checkpoint-style buffers "weight" (i8 or f8e4m3 [out, in], or packed u8
-/// [out, in / 2])
+/// Its members, as the checkpoint-style buffers "weight" (i8 [out, in], u8 e4m3 bit patterns
+/// [out, in], or packed u8 [out, in / 2])
 /// and "weight_scale" (f32 [out] or [out, in / group]), and the float parameter "bias".
 class QuantizedLinear : public Linear {
  public:
