@@ -119,6 +119,17 @@ TEST_CASE("quantized causal LM: int8, int4 and fp8 weights loaded from a float c
       CHECK_THROWS_WITH(models::save_causal_lm(*q, (dir / "out").string()), Catch::Contains("quantized"));
     }
   }
+  // A bf16 model with int8 weights: bf16 activations, the products still accumulate in f32.
+  models::LoadOptions b8 = qm_options(nn::WeightQuant::int8);
+  b8.dtype = DType::bf16;
+  auto qb = models::load_causal_lm(dir.string(), b8);
+  const Tensor got_b = narrow(qb->forward(ids), 1, first, steps);
+  CHECK(got_b.dtype() == DType::bf16);
+  const auto [kl_b, agree_b] = qm_kl_and_agreement(ref_logits, got_b, vocab);
+  INFO("bf16 + int8: mean KL " << kl_b << ", greedy agreement " << agree_b);
+  CHECK(kl_b < 1e-3);  // measured 6e-5
+  CHECK(agree_b >= 0.9);
+
   // Float weights with the int8 KV cache: generate() decodes through it, and agrees on >= 90%.
   models::LoadOptions kv;
   kv.int8_kv_cache = true;
