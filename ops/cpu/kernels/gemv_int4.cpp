@@ -1,9 +1,10 @@
 // Products with packed int4 weights read in place (gemv_int4.h). As the int8 kernel: weight rows
 // four at a time (blocks of four output columns, split over the pool threads), rows of A in
 // groups of up to four sharing every unpacked weight vector. Per block of 32 weights and weight
-// row, AVX-512 does one 16-byte load, a zero extension to 16 lanes, a mask (low nibbles: weights
-// 0..15) and a shift (high nibbles: weights 16..31), a conversion and one FMA applying the
-// group's scale and the offset; AVX2 does the same in two halves of 8 lanes. The fp8 e4m3
+// row, AVX-512 does one 16-byte load, a zero extension to 16 lanes and two table lookups
+// (vpermps) into the 16 values of the group (low nibbles: weights 0..15; after a shift, high
+// nibbles: weights 16..31); AVX2 masks, shifts, converts and applies the group's scale and
+// offset by one FMA, in two halves of 8 lanes. The fp8 e4m3
 // kernel (per-channel scales) has the same structure with 16 (8) weights per step.
 #include "ops/cpu/kernels/gemv_int4.h"
 
@@ -57,17 +58,19 @@ TPU_INT4_AVX512 void q4_group_avx512(int64_t K, int64_t group, const float* A, i
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int c = 0; c < kQ4Cols; ++c) acc[r][c] = _mm512_setzero_ps();
-  const __m512i mask = _mm512_set1_epi32(0xF);
+  const __m512 nibbles = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   for (int64_t k = 0; k < K; k += 32) {
     const int64_t g = k / group;
     __m512 lo[kQ4Cols], hi[kQ4Cols];
 #pragma GCC unroll 4
     for (int c = 0; c < kQ4Cols; ++c) {
       const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.w[c] + k / 2)));
-      // (n - 8) s as n s + (-8 s): one rounding of the exact value, as the dequantized weight.
-      const __m512 s = _mm512_set1_ps(blk.s[c][g]), off = _mm512_set1_ps(-8.0f * blk.s[c][g]);
-      lo[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, mask)), s, off);
-      hi[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), s, off);
+      // The 16 weights a nibble can stand for, (n - 8) s as n s + (-8 s) (one rounding of the
+      // exact value, as the dequantized weight), looked up by vpermps, which reads the low 4
+      // bits of each index lane: the low nibbles directly, the high ones after a shift.
+      const __m512 table = _mm512_fmadd_ps(nibbles, _mm512_set1_ps(blk.s[c][g]), _mm512_set1_ps(-8.0f * blk.s[c][g]));
+      lo[c] = _mm512_permutexvar_ps(v, table);
+      hi[c] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
