@@ -1,12 +1,14 @@
-// Symmetric int8 weight quantization per output channel, its inverse, and the linear layer that
-// reads int8 weights in place: the registry ops behind tpucore/quantize.h (whose functions,
-// in tpucore/quant/quantize.cpp, call them by name).
+// Symmetric weight quantization (int8 per output channel, packed int4 per group of columns), the
+// inverses, and the linear layers that read quantized weights in place: the registry ops behind
+// tpucore/quantize.h (whose functions, in tpucore/quant/quantize.cpp, call them by name).
 #include <cmath>
 #include <cstring>
 
+#include "ops/cpu/kernels/gemv_int4.h"
 #include "ops/cpu/kernels/gemv_int8.h"
 #include "ops/meta_util.h"
 #include "ops/registry.h"
+#include "tpucore/core/float8.h"
 #include "tpucore/ops.h"
 
 namespace tpu {
@@ -111,6 +113,219 @@ void linear_int8_cpu(const KernelArgs& a) {
 TPU_DEFINE_OP(linear_int8_op, {.name = "linear_int8", .num_inputs = 3, .flags = kNonDifferentiable,
                                .meta = &linear_int8_meta, .cpu = &linear_int8_cpu,
                                .doc = "x (q * scale)^T with int8 weights read in place, f32 accumulation"});
+
+// ---- int4: packed nibbles with per-group scales (layout: ops/cpu/kernels/gemv_int4.h) ----
+
+void quantize_int4_meta(const MetaArgs& a, MetaResult& m) {
+  const Tensor& w = a.inputs[0];
+  const int64_t group = a.attrs.get_int("group");
+  TPU_CHECK(w.dim() == 2, "quantize_int4: expected a 2-D weight [out_features, in_features], got {}", describe(w));
+  TPU_CHECK(float_input(w.dtype()), "quantize_int4: expected an f32, bf16 or f16 weight, got {}", describe(w));
+  TPU_CHECK(group == 32 || group == 128, "quantize_int4: group size {} is not supported (32 or 128)", group);
+  TPU_CHECK(w.shape()[1] % group == 0,
+            "quantize_int4: in_features {} is not a multiple of the group size {} (weight {})", w.shape()[1], group,
+            describe(w));
+  m.num_outputs = 2;
+  m.out(0) = {Shape{w.shape()[0], w.shape()[1] / 2}, DType::u8, w.device()};
+  m.out(1) = {Shape{w.shape()[0], w.shape()[1] / group}, DType::f32, w.device()};
+  m.cast_mask = 1;
+  m.cast_to = DType::f32;
+}
+
+void quantize_int4_cpu(const KernelArgs& a) {
+  const Tensor w = contiguous(a.inputs[0]);
+  const int64_t N = w.shape()[0], K = w.shape()[1], group = a.attrs.get_int("group"), G = K / group;
+  const float* src = w.data<float>();
+  uint8_t* q = a.outputs[0].data<uint8_t>();
+  float* scale = a.outputs[1].data<float>();
+  std::memset(q, 0, static_cast<size_t>(N * K / 2));
+  for (int64_t j = 0; j < N; ++j)
+    for (int64_t g = 0; g < G; ++g) {
+      const float* x = src + j * K + g * group;
+      float amax = 0;
+      for (int64_t k = 0; k < group; ++k) {
+        TPU_CHECK(std::isfinite(x[k]), "quantize_int4: row {} of the weight holds a non-finite value ({}) at column {}",
+                  j, x[k], g * group + k);
+        amax = std::max(amax, std::fabs(x[k]));
+      }
+      const float s = amax > 0 ? amax / 7.0f : 1.0f;
+      scale[j * G + g] = s;
+      for (int64_t k = 0; k < group; ++k) {
+        const int64_t col = g * group + k;
+        const int v = static_cast<int>(std::clamp(std::nearbyint(x[k] / s), -7.0f, 7.0f)) + 8;
+        uint8_t& byte = q[j * (K / 2) + (col / 32) * 16 + (col % 32) % 16];
+        byte = static_cast<uint8_t>(byte | ((col % 32) < 16 ? v : v << 4));
+      }
+    }
+}
+TPU_DEFINE_OP(quantize_int4_op, {.name = "quantize_int4", .num_inputs = 1, .flags = kNonDifferentiable,
+                                 .meta = &quantize_int4_meta, .cpu = &quantize_int4_cpu,
+                                 .doc = "symmetric int4 quantization per group of columns (packed q, scales)"});
+
+// The group size of a packed weight q [N, K / 2] and its scales [N, K / group].
+int64_t check_q4_scale(const char* op, const Tensor& q, const Tensor& s) {
+  TPU_CHECK(q.dim() == 2 && q.dtype() == DType::u8,
+            "{}: expected a packed int4 weight (u8 [out_features, in_features / 2]), got {}", op, describe(q));
+  TPU_CHECK(s.dim() == 2 && s.shape()[0] == q.shape()[0] && s.shape()[1] > 0 && float_input(s.dtype()),
+            "{}: expected float scales [{}, in_features / group], got {}", op, q.shape()[0], describe(s));
+  const int64_t K = 2 * q.shape()[1];
+  TPU_CHECK(K % s.shape()[1] == 0 && (K / s.shape()[1]) % 32 == 0,
+            "{}: {} scales per row do not divide in_features {} into groups of a multiple of 32", op, s.shape()[1], K);
+  return K / s.shape()[1];
+}
+
+void dequantize_int4_meta(const MetaArgs& a, MetaResult& m) {
+  check_q4_scale("dequantize_int4", a.inputs[0], a.inputs[1]);
+  m.out() = {Shape{a.inputs[0].shape()[0], 2 * a.inputs[0].shape()[1]}, DType::f32, common_device(a.inputs)};
+  m.cast_mask = 2;
+  m.cast_to = DType::f32;
+}
+void dequantize_int4_cpu(const KernelArgs& a) {
+  const Tensor q = contiguous(a.inputs[0]), s = contiguous(a.inputs[1]);
+  const int64_t N = q.shape()[0], K = 2 * q.shape()[1], G = s.shape()[1], group = K / G;
+  const uint8_t* qp = q.data<uint8_t>();
+  const float* sp = s.data<float>();
+  float* out = a.outputs[0].data<float>();
+  for (int64_t j = 0; j < N; ++j)
+    for (int64_t k = 0; k < K; ++k)
+      out[j * K + k] = static_cast<float>(kernels::int4_at(qp + j * (K / 2), k)) * sp[j * G + k / group];
+}
+TPU_DEFINE_OP(dequantize_int4_op, {.name = "dequantize_int4", .num_inputs = 2, .flags = kNonDifferentiable,
+                                   .meta = &dequantize_int4_meta, .cpu = &dequantize_int4_cpu,
+                                   .doc = "packed int4 weight times its group scales, as f32"});
+
+void linear_int4_meta(const MetaArgs& a, MetaResult& m) {
+  const Tensor &x = a.inputs[0], &q = a.inputs[1];
+  check_q4_scale("linear_int4", q, a.inputs[2]);
+  const int64_t K = 2 * q.shape()[1];
+  TPU_CHECK(x.dim() >= 1 && float_input(x.dtype()), "linear_int4: expected an f32, bf16 or f16 input [..., {}], got {}",
+            K, describe(x));
+  TPU_CHECK(x.shape()[x.dim() - 1] == K,
+            "linear_int4: the input's last dim {} does not match the weight's in_features {} (input {}, weight {})",
+            x.shape()[x.dim() - 1], K, describe(x), describe(q));
+  std::vector<int64_t> os = x.shape().vec();
+  os.back() = q.shape()[0];
+  m.out() = {Shape(os), x.dtype(), common_device(a.inputs)};
+  m.cast_mask = 1u | 4u;
+  m.cast_to = DType::f32;
+}
+
+void linear_int4_cpu(const KernelArgs& a) {
+  const Tensor x = contiguous(a.inputs[0]), q = contiguous(a.inputs[1]), s = contiguous(a.inputs[2]);
+  const int64_t N = q.shape()[0], K = 2 * q.shape()[1], group = K / s.shape()[1];
+  const int64_t M = a.outputs[0].numel() / std::max<int64_t>(N, 1);
+  Tensor& out = a.outputs[0];
+  Tensor acc = out.dtype() == DType::f32 ? out : empty_tensor(out.shape(), DType::f32, Device());
+  kernels::gemv_int4(M, N, K, group, x.data<float>(), K, q.data<uint8_t>(), s.data<float>(), acc.data<float>(), N);
+  if (out.dtype() == DType::bf16) {
+    bf16* o = out.data<bf16>();
+    for (int64_t i = 0; i < out.numel(); ++i) o[i] = bf16(acc.data<float>()[i]);
+  } else if (out.dtype() == DType::f16) {
+    f16* o = out.data<f16>();
+    for (int64_t i = 0; i < out.numel(); ++i) o[i] = f16(acc.data<float>()[i]);
+  }
+}
+TPU_DEFINE_OP(linear_int4_op, {.name = "linear_int4", .num_inputs = 3, .flags = kNonDifferentiable,
+                               .meta = &linear_int4_meta, .cpu = &linear_int4_cpu,
+                               .doc = "x (dequantized int4 weight)^T with the weight unpacked in registers"});
+
+// ---- fp8 e4m3 weight-only, one scale per output channel; the weight is held as u8 e4m3 bit
+// patterns (float8 tensors are storage types that compute ops refuse) ----
+
+void quantize_fp8_meta(const MetaArgs& a, MetaResult& m) {
+  const Tensor& w = a.inputs[0];
+  TPU_CHECK(w.dim() == 2, "quantize_fp8: expected a 2-D weight [out_features, in_features], got {}", describe(w));
+  TPU_CHECK(float_input(w.dtype()), "quantize_fp8: expected an f32, bf16 or f16 weight, got {}", describe(w));
+  m.num_outputs = 2;
+  m.out(0) = {w.shape(), DType::u8, w.device()};
+  m.out(1) = {Shape{w.shape()[0]}, DType::f32, w.device()};
+  m.cast_mask = 1;
+  m.cast_to = DType::f32;
+}
+
+void quantize_fp8_cpu(const KernelArgs& a) {
+  const Tensor w = contiguous(a.inputs[0]);
+  const int64_t N = w.shape()[0], K = w.shape()[1];
+  const float* src = w.data<float>();
+  uint8_t* q = a.outputs[0].data<uint8_t>();
+  float* scale = a.outputs[1].data<float>();
+  for (int64_t j = 0; j < N; ++j) {
+    const float* row = src + j * K;
+    float amax = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      TPU_CHECK(std::isfinite(row[k]), "quantize_fp8: row {} of the weight holds a non-finite value ({}) at column {}", j,
+                row[k], k);
+      amax = std::max(amax, std::fabs(row[k]));
+    }
+    const float s = amax > 0 ? amax / f8e4m3::kMax : 1.0f;
+    scale[j] = s;
+    for (int64_t k = 0; k < K; ++k) q[j * K + k] = f8e4m3::from_f32_saturating(row[k] / s);
+  }
+}
+TPU_DEFINE_OP(quantize_fp8_op, {.name = "quantize_fp8", .num_inputs = 1, .flags = kNonDifferentiable,
+                                .meta = &quantize_fp8_meta, .cpu = &quantize_fp8_cpu,
+                                .doc = "fp8 e4m3 quantization per output channel (q, scale = max|w| / 448)"});
+
+void check_f8_scale(const char* op, const Tensor& q, const Tensor& s) {
+  TPU_CHECK(q.dim() == 2 && q.dtype() == DType::u8,
+            "{}: expected an fp8 e4m3 weight as u8 bit patterns [out_features, in_features], got {}", op, describe(q));
+  TPU_CHECK(s.dim() == 1 && s.shape()[0] == q.shape()[0] && float_input(s.dtype()),
+            "{}: expected float scales of shape [{}] (one per output feature), got {}", op, q.shape()[0], describe(s));
+}
+
+void dequantize_fp8_meta(const MetaArgs& a, MetaResult& m) {
+  check_f8_scale("dequantize_fp8", a.inputs[0], a.inputs[1]);
+  m.out() = {a.inputs[0].shape(), DType::f32, common_device(a.inputs)};
+  m.cast_mask = 2;
+  m.cast_to = DType::f32;
+}
+void dequantize_fp8_cpu(const KernelArgs& a) {
+  const Tensor q = contiguous(a.inputs[0]), s = contiguous(a.inputs[1]);
+  const int64_t N = q.shape()[0], K = q.shape()[1];
+  const uint8_t* qp = q.data<uint8_t>();
+  const float* sp = s.data<float>();
+  float* out = a.outputs[0].data<float>();
+  for (int64_t j = 0; j < N; ++j)
+    for (int64_t k = 0; k < K; ++k) out[j * K + k] = f8e4m3::from_bits(qp[j * K + k]).to_f32() * sp[j];
+}
+TPU_DEFINE_OP(dequantize_fp8_op, {.name = "dequantize_fp8", .num_inputs = 2, .flags = kNonDifferentiable,
+                                  .meta = &dequantize_fp8_meta, .cpu = &dequantize_fp8_cpu,
+                                  .doc = "fp8 e4m3 weight times its per-row scale, as f32"});
+
+void linear_fp8_meta(const MetaArgs& a, MetaResult& m) {
+  const Tensor &x = a.inputs[0], &q = a.inputs[1];
+  check_f8_scale("linear_fp8", q, a.inputs[2]);
+  TPU_CHECK(x.dim() >= 1 && float_input(x.dtype()), "linear_fp8: expected an f32, bf16 or f16 input [..., {}], got {}",
+            q.shape()[1], describe(x));
+  TPU_CHECK(x.shape()[x.dim() - 1] == q.shape()[1],
+            "linear_fp8: the input's last dim {} does not match the weight's in_features {} (input {}, weight {})",
+            x.shape()[x.dim() - 1], q.shape()[1], describe(x), describe(q));
+  std::vector<int64_t> os = x.shape().vec();
+  os.back() = q.shape()[0];
+  m.out() = {Shape(os), x.dtype(), common_device(a.inputs)};
+  m.cast_mask = 1u | 4u;
+  m.cast_to = DType::f32;
+}
+
+void linear_fp8_cpu(const KernelArgs& a) {
+  const Tensor x = contiguous(a.inputs[0]), q = contiguous(a.inputs[1]), s = contiguous(a.inputs[2]);
+  const int64_t N = q.shape()[0], K = q.shape()[1];
+  const int64_t M = a.outputs[0].numel() / std::max<int64_t>(N, 1);
+  Tensor& out = a.outputs[0];
+  Tensor acc = out.dtype() == DType::f32 ? out : empty_tensor(out.shape(), DType::f32, Device());
+  kernels::gemv_fp8(M, N, K, x.data<float>(), K, q.data<uint8_t>(), s.data<float>(),
+                    acc.data<float>(), N);
+  if (out.dtype() == DType::bf16) {
+    bf16* o = out.data<bf16>();
+    for (int64_t i = 0; i < out.numel(); ++i) o[i] = bf16(acc.data<float>()[i]);
+  } else if (out.dtype() == DType::f16) {
+    f16* o = out.data<f16>();
+    for (int64_t i = 0; i < out.numel(); ++i) o[i] = f16(acc.data<float>()[i]);
+  }
+}
+TPU_DEFINE_OP(linear_fp8_op, {.name = "linear_fp8", .num_inputs = 3, .flags = kNonDifferentiable,
+                              .meta = &linear_fp8_meta, .cpu = &linear_fp8_cpu,
+                              .doc = "x (fp8 e4m3 weight * scale)^T with the weight widened in registers"});
 
 }  // namespace
 }  // namespace tpu

@@ -8,6 +8,7 @@
 #include "tpucore/nn/loss.h"
 #include "tpucore/nn/module.h"
 #include "tpucore/nn/moe.h"
+#include "tpucore/nn/quantized.h"
 #include "tpucore/nn/transformer.h"
 #include "tpucore/ops.h"
 #include "tpucore/optim.h"

@@ -1,6 +1,6 @@
 /// @file
-/// Weight quantization: symmetric int8 per output channel, and the linear layer that reads
-/// such weights in place.
+/// Weight quantization: symmetric int8 per output channel and packed int4 per group of input
+/// columns, and the linear layers that read such weights in place.
 ///
 /// `quantize_int8(w)` of a 2-D float weight [N, K] (f32, bf16 or f16) gives
 /// - `q`, int8 [N, K]: round-to-nearest-even of w / scale, clamped to [-127, 127];
@@ -13,6 +13,25 @@
 /// exactly, the sums accumulate in f32, the result has x's dtype. On the cpu the weight is
 /// read in place (AVX-512, AVX2 + FMA or portable loops, chosen at run time); other devices run
 /// the cpu kernel through the host fallback.
+///
+/// `quantize_int4(w, group)` (group 32 or 128, dividing K) gives
+/// - `q`, u8 [N, K / 2]: two weights per byte. Each row is cut into blocks of 32 weights stored
+///   in 16 bytes: byte b of a block holds weight b of the block in its low nibble and weight
+///   b + 16 in its high nibble (so that one 16-byte load unpacks into two vectors of 16
+///   consecutive weights). A nibble holds q + 8 for q = round-to-nearest-even(w / scale)
+///   clamped to [-7, 7] (8 encodes zero; 0 is never written);
+/// - `scale`, f32 [N, K / group]: max |w| / 7 over each group of `group` consecutive columns
+///   of a row (1 for a group of zeros).
+/// `linear_int4(x, q, scale)` computes x Wd^T with Wd[j, k] = q[j, k] * scale[j, k / group]
+/// (the group size is K / scale.size(1)): each weight is unpacked in registers and multiplied
+/// by its scale, which is exactly the dequantized f32 weight, and the sums accumulate in f32.
+/// From 16 rows of x on, panels of the weight are dequantized and multiplied by the float GEMM.
+///
+/// `quantize_fp8(w)` gives `q`, u8 [N, K] holding OCP E4M3 bit patterns (the saturating
+/// conversion of w / scale, round to nearest even; f8e4m3::from_bits decodes one; a u8 tensor
+/// because the f8e4m3 dtype is a storage type that computing ops refuse)
+/// and `scale`, f32 [N]: max |w[j, :]| / 448 per row.
+/// `linear_fp8(x, q, scale)` widens each fp8 weight to its exact f32 value in registers.
 #pragma once
 
 #include "tpucore/core/tensor.h"
@@ -33,5 +52,35 @@ Tensor dequantize_int8(const Tensor& q, const Tensor& scale);
 Tensor linear_int8(const Tensor& x, const Tensor& q, const Tensor& scale);
 /// linear_int8 of an Int8Weight.
 inline Tensor linear_int8(const Tensor& x, const Int8Weight& w) { return linear_int8(x, w.q, w.scale); }
+
+/// A packed int4 weight and its per-group scales (see the file comment).
+struct Int4Weight {
+  Tensor q;            ///< u8 [N, K / 2], two weights per byte
+  Tensor scale;        ///< f32 [N, K / group]
+  int64_t group = 32;  ///< columns per scale
+};
+
+/// Symmetric int4 quantization per group of `group` (32 or 128) columns of a 2-D float weight.
+Int4Weight quantize_int4(const Tensor& weight, int64_t group = 32);
+/// The dequantized weight [N, K] as f32.
+Tensor dequantize_int4(const Tensor& q, const Tensor& scale);
+/// x Wd^T with the packed weight unpacked in registers, f32 accumulation; the result has x's dtype.
+Tensor linear_int4(const Tensor& x, const Tensor& q, const Tensor& scale);
+/// linear_int4 of an Int4Weight.
+inline Tensor linear_int4(const Tensor& x, const Int4Weight& w) { return linear_int4(x, w.q, w.scale); }
+
+/// An fp8 e4m3 weight and its per-row scales (see the file comment).
+struct Fp8Weight {
+  Tensor q;      ///< u8 [N, K]: e4m3 bit patterns
+  Tensor scale;  ///< f32 [N]
+};
+/// fp8 e4m3 weight-only quantization per output channel of a 2-D float weight.
+Fp8Weight quantize_fp8(const Tensor& weight);
+/// q * scale[:, None] as f32.
+Tensor dequantize_fp8(const Tensor& q, const Tensor& scale);
+/// x (q * scale)^T with f32 accumulation; the result has x's dtype.
+Tensor linear_fp8(const Tensor& x, const Tensor& q, const Tensor& scale);
+/// linear_fp8 of an Fp8Weight.
+inline Tensor linear_fp8(const Tensor& x, const Fp8Weight& w) { return linear_fp8(x, w.q, w.scale); }
 
 }  // namespace tpu

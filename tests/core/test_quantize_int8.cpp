@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "codegen_testing.h"
+#include "ops/cpu/kernels/gemv_int4.h"
 #include "ops/cpu/kernels/gemv_int8.h"
 #include "opinfo.h"
 #include "testing.h"
@@ -15,6 +16,9 @@ namespace {
 const OpInfoRegistrar reg_q("quantize_int8", "tests/core/test_quantize_int8.cpp");
 const OpInfoRegistrar reg_dq("dequantize_int8", "tests/core/test_quantize_int8.cpp");
 const OpInfoRegistrar reg_lin("linear_int8", "tests/core/test_quantize_int8.cpp");
+const OpInfoRegistrar reg_qf8("quantize_fp8", "tests/core/test_quantize_int8.cpp");
+const OpInfoRegistrar reg_dqf8("dequantize_fp8", "tests/core/test_quantize_int8.cpp");
+const OpInfoRegistrar reg_linf8("linear_fp8", "tests/core/test_quantize_int8.cpp");
 
 std::vector<float> random_values(Generator& g, size_t n, double lo, double hi) {
   std::vector<float> v(n);
@@ -152,6 +156,99 @@ TEST_CASE("linear_int8: the op on batched f32 and bf16 inputs, and its errors", 
   CHECK_THROWS_WITH(linear_int8(from_vector(std::vector<float>(5, 1.0f), {1, 5}), qw), Catch::Contains("in_features"));
   CHECK_THROWS_WITH(linear_int8(x, w, qw.scale), Catch::Contains("int8 weight"));
   CHECK_THROWS_WITH(linear_int8(x, qw.q, qw.scale.slice(0, 0, 3)), Catch::Contains("scales"));
+}
+
+// The value of an e4m3 byte from the format's definition (bias 7, subnormals at exponent 0).
+double e4m3_value(uint8_t b) {
+  const int e = (b >> 3) & 0xF, m = b & 7;
+  const double mag = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1 + m / 8.0, e - 7);
+  return (b & 0x80) ? -mag : mag;
+}
+
+TEST_CASE("quantize_fp8: the row maximum at 448, every element rounded to a neighbouring e4m3 value", "[quant]") {
+  Generator g(17);
+  const int64_t N = 11, K = 45;
+  std::vector<float> wv = random_values(g, static_cast<size_t>(N * K), -3, 3);
+  for (int64_t k = 0; k < K; ++k) wv[static_cast<size_t>(2 * K + k)] = 0;  // a row of zeros
+  const Fp8Weight q = quantize_fp8(from_vector(wv, {N, K}));
+  CHECK(q.q.dtype() == DType::u8);
+  const std::vector<float> sv = q.scale.to_vector<float>();
+  const std::vector<float> dq = dequantize_fp8(q.q, q.scale).to_vector<float>();
+  int bad = 0;
+  for (int64_t j = 0; j < N; ++j) {
+    double amax = 0;
+    for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(static_cast<double>(wv[static_cast<size_t>(j * K + k)])));
+    const double s = sv[static_cast<size_t>(j)];
+    bad += amax > 0 ? std::fabs(s - amax / 448) > 1e-6 * s : s != 1;
+    for (int64_t k = 0; k < K; ++k) {
+      const double x = wv[static_cast<size_t>(j * K + k)] / s, got = dq[static_cast<size_t>(j * K + k)] / s;
+      // Half an e4m3 step: 2^(e - 4) for |x| in [2^e, 2^(e + 1)), 2^-10 among the subnormals.
+      const double half = std::fabs(x) < 0x1p-6 ? 0x1p-10 : std::ldexp(1.0, static_cast<int>(std::floor(std::log2(std::fabs(x)))) - 4);
+      bad += std::fabs(x - got) > half * (1 + 1e-6) + 1e-12;
+    }
+  }
+  CHECK(bad == 0);
+  CHECK_THROWS_WITH(quantize_fp8(from_vector(std::vector<float>{1, INFINITY}, {1, 2})).scale.to_vector<float>(),
+                    Catch::Contains("non-finite"));
+}
+
+TEST_CASE("linear_fp8: every kernel path against the naive product over the decoded bytes", "[quant][gemv]") {
+  using kernels::Int8GemvPath;
+  Generator g(19);
+  int checked = 0;
+  for (Int8GemvPath path : {Int8GemvPath::best, Int8GemvPath::avx512, Int8GemvPath::avx2, Int8GemvPath::scalar}) {
+    if (!kernels::int8_gemv_path_available(path)) continue;
+    for (int64_t M : {1, 3, 4, 6})
+      for (int64_t N : {1, 4, 5})
+        for (int64_t K : {1, 8, 15, 16, 33, 100}) {
+          const std::vector<float> x = random_values(g, static_cast<size_t>(M * K), -2, 2);
+          std::vector<uint8_t> q(static_cast<size_t>(N * K));
+          for (uint8_t& v : q) {
+            v = static_cast<uint8_t>(g.next_u64() & 0xFF);
+            if ((v & 0x7F) == 0x7F) v = static_cast<uint8_t>(v ^ 1);  // no NaN pattern
+          }
+          const std::vector<float> s = random_values(g, static_cast<size_t>(N), 0.001, 0.05);
+          std::vector<float> out(static_cast<size_t>(M * N), -1);
+          kernels::gemv_fp8(M, N, K, x.data(), K, q.data(), s.data(), out.data(), N, path);
+          int bad = 0;
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t j = 0; j < N; ++j) {
+              double acc = 0, mag = 0;
+              for (int64_t k = 0; k < K; ++k) {
+                const double w = e4m3_value(q[static_cast<size_t>(j * K + k)]) * s[static_cast<size_t>(j)];
+                acc += x[static_cast<size_t>(i * K + k)] * w;
+                mag += std::fabs(x[static_cast<size_t>(i * K + k)] * w);
+              }
+              bad += std::fabs(out[static_cast<size_t>(i * N + j)] - acc) > 2e-6 * mag + 1e-30;
+            }
+          INFO("path " << static_cast<int>(path) << " M " << M << " N " << N << " K " << K);
+          CHECK(bad == 0);
+          ++checked;
+        }
+  }
+  CHECK(checked >= 2 * 4 * 3 * 6);
+  // The op on a bf16 batch, against the dequantized weight.
+  const Tensor w = from_vector(random_values(g, 6 * 40, -1, 1), {6, 40});
+  const Fp8Weight qw = quantize_fp8(w);
+  const Tensor x = from_vector(random_values(g, 2 * 40, -1, 1), {2, 1, 40}).to(DType::bf16);
+  const Tensor y = linear_fp8(x, qw);
+  CHECK(y.dtype() == DType::bf16);
+  REQUIRE(y.shape() == Shape{2, 1, 6});
+  const std::vector<float> wd = dequantize_fp8(qw.q, qw.scale).to_vector<float>(), xs = x.to_vector<float>(),
+                           got = y.to_vector<float>();
+  int bad = 0;
+  for (int64_t i = 0; i < 2; ++i)
+    for (int64_t j = 0; j < 6; ++j) {
+      double acc = 0, mag = 0;
+      for (int64_t k = 0; k < 40; ++k) {
+        const double p = static_cast<double>(xs[static_cast<size_t>(i * 40 + k)]) * wd[static_cast<size_t>(j * 40 + k)];
+        acc += p;
+        mag += std::fabs(p);
+      }
+      bad += std::fabs(got[static_cast<size_t>(i * 6 + j)] - acc) > std::fabs(acc) * 0x1p-8 + 2e-6 * mag;
+    }
+  CHECK(bad == 0);
+  CHECK_THROWS_WITH(linear_fp8(x, w, qw.scale), Catch::Contains("fp8 e4m3 weight"));
 }
 
 TEST_CASE("linear_int8: sim tensors give the cpu's result", "[quant][sim]") {

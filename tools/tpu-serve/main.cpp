@@ -21,7 +21,7 @@ void on_signal(int s) { g_signal = s; }
 
 int main(int argc, char** argv) {
   using namespace tpu;
-  std::string model_dir, host = "127.0.0.1", dtype = "f32", chat_template_file, device = "cpu", chip;
+  std::string model_dir, host = "127.0.0.1", dtype = "f32", chat_template_file, device = "cpu", chip, quantize = "none";
   int port = 8000;
   serve_http::ServerOptions o;
   o.engine.max_waiting = 256;
@@ -41,6 +41,10 @@ int main(int argc, char** argv) {
           "token in /metrics) or tpu:N (a driver plugin's device)", [&](const std::string& v) { device = v; });
   p.value("--chip", "PRESET", "with --device sim:N: the chip preset or config JSON (default: TPU_SIM_CHIP, else the "
           "library's default)", [&](const std::string& v) { chip = v; });
+  p.value("--quantize", "Q",
+          "weight-only quantization of the decoder layers' linear layers at load time: int8 or fp8 (e4m3; "
+          "per output channel), int4 (groups of 32 columns) or none (default none)",
+          [&](const std::string& v) { quantize = v; });
   p.value("--block-size", "N", "token positions per KV block (default 16)",
           [&](const std::string& v) { o.engine.block_size = p.to_int(v); });
   p.value("--num-blocks", "N", "KV blocks in the pool (default: max-num-seqs full contexts)",
@@ -83,7 +87,13 @@ int main(int argc, char** argv) {
     const Device dev(device);
     TPU_CHECK(chip.empty() || dev.type == DeviceType::sim, "tpu-serve: --chip {} needs --device sim:N (got {})", chip, device);
     if (!chip.empty()) set_sim_chip(chip, static_cast<int>(dev.index));
-    auto model = models::load_causal_lm(model_dir, dev, dtype == "bf16" ? DType::bf16 : DType::f32);
+    TPU_CHECK(quantize == "none" || quantize == "int8" || quantize == "int4" || quantize == "fp8",
+              "tpu-serve: --quantize must be int8, int4, fp8 or none, got '{}'", quantize);
+    models::LoadOptions lo;
+    lo.device = dev;
+    lo.dtype = dtype == "bf16" ? DType::bf16 : DType::f32;
+    lo.quantize = nn::parse_weight_quant(quantize);
+    auto model = models::load_causal_lm(model_dir, lo);
     Tokenizer tok = Tokenizer::from_file(model_dir + "/tokenizer.json");
     const std::string model_config = model_dir + "/tokenizer_config.json";
     if (!chat_template_file.empty()) {

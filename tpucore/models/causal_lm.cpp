@@ -151,8 +151,8 @@ DType CausalLM::dtype() const { return model->norm->weight.dtype(); }
 Device CausalLM::device() const { return model->norm->weight.device(); }
 
 nn::KVCache CausalLM::make_cache(int64_t batch, int64_t capacity) const {
-  return nn::KVCache(config.num_hidden_layers, batch, config.num_key_value_heads, capacity, config.head_dim, dtype(),
-                     device());
+  return nn::KVCache(config.num_hidden_layers, batch, config.num_key_value_heads, capacity, config.head_dim,
+                     int8_kv_cache ? DType::i8 : dtype(), device());
 }
 
 Tensor CausalLM::forward(const Tensor& ids, nn::KVCache* cache, const std::vector<int64_t>& positions,

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "tpucore/nn/moe.h"
+#include "tpucore/nn/quantized.h"
 #include "tpucore/nn/transformer.h"
 
 namespace tpu::models {
@@ -183,6 +184,7 @@ class CausalLM : public nn::Module {
   std::vector<double> local_inv_freq;    ///< Gemma 3's sliding layers (rope_local_base_freq; empty: none)
   std::shared_ptr<DecoderModel> model;   ///< the body
   std::shared_ptr<nn::Linear> lm_head;   ///< null when tied to model.embed_tokens
+  bool int8_kv_cache = false;            ///< make_cache() makes a quantized int8 cache (nn::KVCache)
 };
 
 /// Where a per-expert checkpoint tensor goes in a sparse layer's stacked expert weights.
@@ -208,6 +210,24 @@ Tensor router_aux_loss(const CausalLM& m);
 /// mismatches and bad files are a tpu::Error naming the file and tensor.
 std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, Device device = Device(),
                                          std::optional<DType> dtype = std::nullopt);
+/// The options of load_causal_lm.
+struct LoadOptions {
+  Device device;                 ///< where the parameters go
+  std::optional<DType> dtype;    ///< of the float parameters (default f32)
+  /// Weight-only quantization of every Linear of the decoder layers (attention and dense MLP
+  /// projections; not the embeddings, the norms, the experts of sparse layers or, unless
+  /// quantize_lm_head, the output head), made from the loaded float weights on the host.
+  nn::WeightQuant quantize = nn::WeightQuant::none;  ///< none, int8, int4 or fp8
+  int64_t group = 32;             ///< int4: columns per scale (32 or 128)
+  bool quantize_lm_head = false;  ///< also quantize an untied lm_head
+  bool int8_kv_cache = false;     ///< make_cache() keeps keys and values as int8 (CausalLM::int8_kv_cache)
+};
+/// load_causal_lm with options, e.g. load_causal_lm(dir, {.quantize = nn::WeightQuant::int8}).
+std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, const LoadOptions& options);
+/// Quantizes the Linears of a model's decoder layers (and, with `lm_head`, an untied output head)
+/// in place (LoadOptions::quantize); the model must be on the cpu.
+void quantize_causal_lm(CausalLM& m, nn::WeightQuant kind, int64_t group = 32, bool lm_head = false);
+
 /// Writes config.json and model.safetensors (in the parameters' dtype, tied weights once).
 void save_causal_lm(CausalLM& m, const std::string& dir);
 

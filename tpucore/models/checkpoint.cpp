@@ -76,7 +76,37 @@ std::vector<ExpertSlice> expert_slices(const CausalLM& m) {
   return v;
 }
 
+void quantize_causal_lm(CausalLM& m, nn::WeightQuant kind, int64_t group, bool lm_head) {
+  if (kind == nn::WeightQuant::none) return;
+  TPU_CHECK(m.device().is_cpu(), "quantize_causal_lm: the model must be on the cpu (it is on {})", m.device().str());
+  for (auto& layer : m.model->layers) {
+    nn::Attention& a = *layer->self_attn;
+    nn::quantize_linear(a, "q_proj", a.q_proj, kind, group);
+    nn::quantize_linear(a, "k_proj", a.k_proj, kind, group);
+    nn::quantize_linear(a, "v_proj", a.v_proj, kind, group);
+    nn::quantize_linear(a, "o_proj", a.o_proj, kind, group);
+    if (layer->mlp) {
+      nn::GatedMLP& f = *layer->mlp;
+      nn::quantize_linear(f, "gate_proj", f.gate_proj, kind, group);
+      nn::quantize_linear(f, "up_proj", f.up_proj, kind, group);
+      nn::quantize_linear(f, "down_proj", f.down_proj, kind, group);
+    }
+  }
+  if (lm_head && m.lm_head) nn::quantize_linear(m, "lm_head", m.lm_head, kind, group);
+}
+
 std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, Device device, std::optional<DType> dtype) {
+  LoadOptions o;
+  o.device = device;
+  o.dtype = dtype;
+  return load_causal_lm(dir, o);
+}
+
+std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, const LoadOptions& options) {
+  const Device device = options.device;
+  const std::optional<DType> dtype = options.dtype;
+  TPU_CHECK(!options.quantize_lm_head || options.quantize != nn::WeightQuant::none,
+            "load_causal_lm: quantize_lm_head needs a quantization format (quantize = int8 or int4)");
   const fs::path root(dir);
   const fs::path cfg_path = root / "config.json";
   ModelConfig cfg = ModelConfig::from_json(read_text(cfg_path, "load_causal_lm"), cfg_path.string());
@@ -154,12 +184,17 @@ std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, Device device, 
   if (!missing.empty() || !unexpected.empty())
     fail("load_causal_lm ({}): missing keys [{}], unexpected keys [{}]", dir, fmt::join(missing, ", "),
          fmt::join(unexpected, ", "));
+  quantize_causal_lm(*m, options.quantize, options.group, options.quantize_lm_head);
+  m->int8_kv_cache = options.int8_kv_cache;
   m->to(device);
   m->eval();
   return m;
 }
 
 void save_causal_lm(CausalLM& m, const std::string& dir) {
+  for (const auto& [name, mod] : m.named_modules())
+    TPU_CHECK(!dynamic_cast<const nn::QuantizedLinear*>(mod.get()),
+              "save_causal_lm: '{}' is quantized; a quantized model cannot be saved as a float checkpoint", name);
   const fs::path root(dir);
   std::error_code ec;
   fs::create_directories(root, ec);

@@ -73,12 +73,39 @@ KVCache::KVCache(int64_t layers, int64_t b, int64_t h, int64_t cap, int64_t d, D
   TPU_CHECK(layers > 0 && b > 0 && h > 0 && cap > 0 && d > 0,
             "KVCache: layers ({}), batch ({}), kv heads ({}), capacity ({}) and head_dim ({}) must be positive", layers,
             b, h, cap, d);
+  TPU_CHECK(is_floating(dtype) || dtype == DType::i8,
+            "KVCache: dtype {} is not supported (a float type, or i8 for the quantized cache)", dtype_name(dtype));
   NoGradGuard ng;
   for (int64_t i = 0; i < layers; ++i) {
     k_.push_back(zeros(Shape{b, h, cap, d}, TensorOptions(dtype, device)));
     v_.push_back(zeros(Shape{b, h, cap, d}, TensorOptions(dtype, device)));
+    if (dtype == DType::i8) {
+      k_scale_.push_back(ones(Shape{b, h, cap, 1}, TensorOptions(DType::f32, device)));
+      v_scale_.push_back(ones(Shape{b, h, cap, 1}, TensorOptions(DType::f32, device)));
+    }
   }
 }
+
+int64_t KVCache::nbytes() const {
+  int64_t n = 0;
+  for (const auto* list : {&k_, &v_, &k_scale_, &v_scale_})
+    for (const Tensor& t : *list) n += t.numel() * static_cast<int64_t>(dtype_size(t.dtype()));
+  return n;
+}
+
+namespace {
+
+// x [..., D] as int8 q and f32 scales [..., 1]: scale = max |x| / 127 (1 for a zero vector),
+// q = round-half-even(x / scale).
+std::pair<Tensor, Tensor> kv_quantize_int8(const Tensor& x) {
+  const Tensor xf = to(x, DType::f32);
+  const Tensor amax = tpu::amax(abs(xf), {-1}, true);
+  const Tensor scale = where(gt(amax, 0.0), div(amax, 127.0), ones_like(amax));
+  const Tensor q = to(clamp(round(div(xf, scale)), Scalar(-127.0), Scalar(127.0)), DType::i8);
+  return {q, scale};
+}
+
+}  // namespace
 
 std::pair<Tensor, Tensor> KVCache::update(int64_t layer, const Tensor& k, const Tensor& v) {
   TPU_CHECK(layer >= 0 && layer < num_layers(), "KVCache: layer {} out of range (the cache has {} layers)", layer,
@@ -88,6 +115,9 @@ std::pair<Tensor, Tensor> KVCache::update(int64_t layer, const Tensor& k, const 
             "KVCache: expected keys and values [{}, {}, T, {}], got {} and {}", batch_, heads_, head_dim_,
             k.defined() ? k.shape().str() : "undefined", v.defined() ? v.shape().str() : "undefined");
   const int64_t t = k.size(2);
+  TPU_CHECK(!quantized() || (!write_pos_.defined() && !write_mask_.defined()),
+            "KVCache: the int8 cache does not implement shape-static steps (write mask or write position); "
+            "decode without compile, or use an f32 / bf16 cache");
   if (write_pos_.defined()) {
     NoGradGuard ng;
     return {codegen::kv_cache_write_(k_[static_cast<size_t>(layer)], k, write_pos_),
@@ -106,6 +136,20 @@ std::pair<Tensor, Tensor> KVCache::update(int64_t layer, const Tensor& k, const 
   TPU_CHECK(length_ + t <= capacity_, "KVCache: {} new positions after {} cached exceed the capacity {}", t, length_,
             capacity_);
   NoGradGuard ng;
+  if (quantized()) {
+    const size_t l = static_cast<size_t>(layer);
+    const auto [kq, ks] = kv_quantize_int8(k);
+    const auto [vq, vs] = kv_quantize_int8(v);
+    narrow(k_[l], 2, length_, t).copy_(kq);
+    narrow(k_scale_[l], 2, length_, t).copy_(ks);
+    narrow(v_[l], 2, length_, t).copy_(vq);
+    narrow(v_scale_[l], 2, length_, t).copy_(vs);
+    const int64_t n = length_ + t;
+    auto deq = [&](const Tensor& q, const Tensor& sc) {
+      return to(mul(to(narrow(q, 2, 0, n), DType::f32), narrow(sc, 2, 0, n)), k.dtype());
+    };
+    return {deq(k_[l], k_scale_[l]), deq(v_[l], v_scale_[l])};
+  }
   Tensor kd = narrow(k_[static_cast<size_t>(layer)], 2, length_, t);
   Tensor vd = narrow(v_[static_cast<size_t>(layer)], 2, length_, t);
   copy_(kd, k);

@@ -24,6 +24,10 @@ class Linear : public Module {
   std::string type_name() const override { return "Linear"; }
   Tensor weight;  ///< [out, in]
   Tensor bias;    ///< [out] (undefined without bias)
+
+ protected:
+  /// For subclasses that hold the weight in another form (nn::QuantizedLinear): nothing registered.
+  Linear() = default;
 };
 
 /// A lookup table of `num_embeddings` vectors of size `dim` (as torch.nn.Embedding).

@@ -124,6 +124,16 @@ void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
   children_.emplace_back(name, std::move(m));
 }
 
+void Module::replace_child(const std::string& name, std::shared_ptr<Module> m) {
+  TPU_CHECK(m != nullptr, "{}: replacement of submodule '{}' is null", type_name(), name);
+  for (auto& [n, c] : children_)
+    if (n == name) {
+      c = std::move(m);
+      return;
+    }
+  fail("{}: no submodule named '{}' to replace", type_name(), name);
+}
+
 template <class F>
 void Module::visit(const std::string& prefix, bool recurse, bool buffers, F&& f) const {
   for (const auto& [n, t] : buffers ? buffers_ : params_) f(prefix + n, *t);

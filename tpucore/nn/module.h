@@ -121,6 +121,9 @@ class Module {
   std::vector<std::pair<std::string, Tensor>> named_buffers(bool recurse = true) const;
   /// The direct submodules with their names.
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const { return children_; }
+  /// Replaces the child registered as `name` by `m` (a tpu::Error when there is none or m is
+  /// null); a typed member that points to the old child is the caller's to update.
+  void replace_child(const std::string& name, std::shared_ptr<Module> m);
   /// Every submodule below this one (not itself) with its dotted name, depth first.
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_modules() const;
   /// Elements of all parameters.

@@ -92,9 +92,17 @@ Tensor sliding_window_keep(int64_t t, int64_t past, int64_t window, Device devic
 /// The contiguous key/value cache of generation: every layer's keys and values preallocated as
 /// [B, Hkv, capacity, D]. A forward of T new tokens writes positions [length, length + T) of
 /// each layer (update) and the caller then advances the shared length once (advance).
+///
+/// With dtype i8 the cache is quantized: each key and value vector (one row, head and position)
+/// is stored as int8 round-to-nearest-even(x / scale) with scale = max |x| / 127 over head_dim
+/// (1 for a zero vector), the f32 scales in [B, Hkv, capacity, 1] beside it; update() returns
+/// the dequantized keys and values (q * scale) in the new keys' dtype. That is 1 + 4 / D bytes
+/// per element instead of 2 (bf16) or 4 (f32). The shape-static steps (write mask or position)
+/// are f32 / bf16 only.
 class KVCache : public AttentionCache {
  public:
-  /// A zeroed cache of `num_layers` layers for `batch` rows of up to `capacity` positions.
+  /// A zeroed cache of `num_layers` layers for `batch` rows of up to `capacity` positions; dtype
+  /// f32, bf16, f16, or i8 for the quantized cache.
   KVCache(int64_t num_layers, int64_t batch, int64_t num_kv_heads, int64_t capacity, int64_t head_dim, DType dtype,
           Device device = Device());
   /// Stores k, v [B, Hkv, T, D] of `layer` after the cached ones; returns the keys and values of
@@ -136,9 +144,13 @@ class KVCache : public AttentionCache {
   /// Rows (sequences) of the cache.
   int64_t batch() const { return batch_; }
   int64_t num_layers() const override { return static_cast<int64_t>(k_.size()); }
+  /// Whether keys and values are stored as int8 with scales.
+  bool quantized() const { return !k_scale_.empty(); }
+  /// Bytes of storage of the cache: keys, values and (quantized) their scales.
+  int64_t nbytes() const;
 
  private:
-  std::vector<Tensor> k_, v_;
+  std::vector<Tensor> k_, v_, k_scale_, v_scale_;
   Tensor write_mask_, write_pos_;
   int64_t batch_, heads_, capacity_, head_dim_, length_ = 0;
 };

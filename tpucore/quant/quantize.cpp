@@ -32,4 +32,40 @@ Tensor linear_int8(const Tensor& x, const Tensor& q, const Tensor& scale) {
   return ops::call(op, {x, q, scale});
 }
 
+Int4Weight quantize_int4(const Tensor& weight, int64_t group) {
+  static const ops::OpDef& op = op_named("quantize_int4");
+  Tensor out[ops::kMaxOutputs];
+  const Tensor in[1] = {weight};
+  ops::call(op, in, {{"group", group}}, out);
+  return {std::move(out[0]), std::move(out[1]), group};
+}
+
+Tensor dequantize_int4(const Tensor& q, const Tensor& scale) {
+  static const ops::OpDef& op = op_named("dequantize_int4");
+  return ops::call(op, {q, scale});
+}
+
+Tensor linear_int4(const Tensor& x, const Tensor& q, const Tensor& scale) {
+  static const ops::OpDef& op = op_named("linear_int4");
+  return ops::call(op, {x, q, scale});
+}
+
+Fp8Weight quantize_fp8(const Tensor& weight) {
+  static const ops::OpDef& op = op_named("quantize_fp8");
+  Tensor out[ops::kMaxOutputs];
+  const Tensor in[1] = {weight};
+  ops::call(op, in, {}, out);
+  return {std::move(out[0]), std::move(out[1])};
+}
+
+Tensor dequantize_fp8(const Tensor& q, const Tensor& scale) {
+  static const ops::OpDef& op = op_named("dequantize_fp8");
+  return ops::call(op, {q, scale});
+}
+
+Tensor linear_fp8(const Tensor& x, const Tensor& q, const Tensor& scale) {
+  static const ops::OpDef& op = op_named("linear_fp8");
+  return ops::call(op, {x, q, scale});
+}
+
 }  // namespace tpu

@@ -1,0 +1,343 @@
+// Products with packed int4 weights read in place (gemv_int4.h). As the int8 kernel: weight rows
+// four at a time (blocks of four output columns, split over the pool threads), rows of A in
+// groups of up to four sharing every unpacked weight vector. Per block of 32 weights and weight
+// row, AVX-512 does one 16-byte load, a zero extension to 16 lanes and two table lookups
+// (vpermps) into the 16 values of the group (low nibbles: weights 0..15; after a shift, high
+// nibbles: weights 16..31); AVX2 masks, shifts, converts and applies the group's scale and
+// offset by one FMA, in two halves of 8 lanes. The fp8 e4m3
+// kernel (per-channel scales) has the same structure with 16 (8) weights per step.
+#include "ops/cpu/kernels/gemv_int4.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <string_view>
+#include <vector>
+
+#include "ops/cpu/kernels/gemm.h"
+#include "ops/cpu/kernels/gemv.h"
+#include "tpucore/core/batch_invariant.h"
+#include "tpucore/core/float8.h"
+
+#define TPU_INT4_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
+#define TPU_INT4_AVX2 __attribute__((target("avx2,fma")))
+
+#pragma GCC diagnostic push
+#ifndef __clang__
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+namespace tpu::kernels {
+namespace {
+
+constexpr int kQ4Cols = 4;  // weight rows per block
+constexpr int kQ4Rows = 4;  // rows of A per group
+
+// The block's weight rows and their scale rows (a short last block repeats its last row).
+struct Q4Block {
+  const uint8_t* w[kQ4Cols];
+  const float* s[kQ4Cols];
+};
+
+Q4Block q4_block(const uint8_t* W, const float* scale, int64_t K, int64_t groups, int64_t j, int cols) {
+  Q4Block b;
+  for (int c = 0; c < kQ4Cols; ++c) {
+    const int64_t row = j + std::min(c, cols - 1);
+    b.w[c] = W + row * (K / 2);
+    b.s[c] = scale + row * groups;
+  }
+  return b;
+}
+
+template <int R>
+TPU_INT4_AVX512 void q4_group_avx512(int64_t K, int64_t group, const float* A, int64_t lda, const Q4Block& blk,
+                                     int cols, float* C, int64_t ldc) {
+  __m512 acc[R][kQ4Cols];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < kQ4Cols; ++c) acc[r][c] = _mm512_setzero_ps();
+  const __m512 nibbles = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int64_t k = 0; k < K; k += 32) {
+    const int64_t g = k / group;
+    __m512 lo[kQ4Cols], hi[kQ4Cols];
+#pragma GCC unroll 4
+    for (int c = 0; c < kQ4Cols; ++c) {
+      const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.w[c] + k / 2)));
+      // The 16 weights a nibble can stand for, (n - 8) s as n s + (-8 s) (one rounding of the
+      // exact value, as the dequantized weight), looked up by vpermps, which reads the low 4
+      // bits of each index lane: the low nibbles directly, the high ones after a shift.
+      const __m512 table = _mm512_fmadd_ps(nibbles, _mm512_set1_ps(blk.s[c][g]), _mm512_set1_ps(-8.0f * blk.s[c][g]));
+      lo[c] = _mm512_permutexvar_ps(v, table);
+      hi[c] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m512 x0 = _mm512_loadu_ps(A + r * lda + k), x1 = _mm512_loadu_ps(A + r * lda + k + 16);
+#pragma GCC unroll 4
+      for (int c = 0; c < kQ4Cols; ++c) acc[r][c] = _mm512_fmadd_ps(x1, hi[c], _mm512_fmadd_ps(x0, lo[c], acc[r][c]));
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < cols; ++c) C[r * ldc + c] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
+TPU_INT4_AVX2 inline float q4_hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+template <int R>
+TPU_INT4_AVX2 void q4_group_avx2(int64_t K, int64_t group, const float* A, int64_t lda, const Q4Block& blk, int cols,
+                                 float* C, int64_t ldc) {
+  __m256 acc[R][kQ4Cols];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < kQ4Cols; ++c) acc[r][c] = _mm256_setzero_ps();
+  const __m256i mask = _mm256_set1_epi32(0xF);
+  for (int64_t k = 0; k < K; k += 32) {
+    const int64_t g = k / group;
+    for (int h = 0; h < 2; ++h) {  // bytes 8h..8h+7: weights 8h.. (low nibbles) and 16+8h.. (high)
+      __m256 lo[kQ4Cols], hi[kQ4Cols];
+#pragma GCC unroll 4
+      for (int c = 0; c < kQ4Cols; ++c) {
+        const __m256i v =
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk.w[c] + k / 2 + 8 * h)));
+        const __m256 s = _mm256_set1_ps(blk.s[c][g]), off = _mm256_set1_ps(-8.0f * blk.s[c][g]);
+        lo[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, mask)), s, off);
+        hi[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), s, off);
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const __m256 x0 = _mm256_loadu_ps(A + r * lda + k + 8 * h), x1 = _mm256_loadu_ps(A + r * lda + k + 16 + 8 * h);
+#pragma GCC unroll 4
+        for (int c = 0; c < kQ4Cols; ++c)
+          acc[r][c] = _mm256_fmadd_ps(x1, hi[c], _mm256_fmadd_ps(x0, lo[c], acc[r][c]));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < cols; ++c) C[r * ldc + c] = q4_hsum256(acc[r][c]);
+}
+
+template <int R>
+void q4_group_scalar(int64_t K, int64_t group, const float* A, int64_t lda, const Q4Block& blk, int cols, float* C,
+                     int64_t ldc) {
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < cols; ++c) {
+      float s = 0;
+      for (int64_t k = 0; k < K; ++k)
+        s += A[r * lda + k] * (static_cast<float>(int4_at(blk.w[c], k)) * blk.s[c][k / group]);
+      C[r * ldc + c] = s;
+    }
+}
+
+using Q4GroupFn = void (*)(int64_t, int64_t, const float*, int64_t, const Q4Block&, int, float*, int64_t);
+
+const Q4GroupFn* q4_table(Int8GemvPath p) {
+  static constexpr Q4GroupFn avx512[kQ4Rows + 1] = {nullptr, &q4_group_avx512<1>, &q4_group_avx512<2>,
+                                                    &q4_group_avx512<3>, &q4_group_avx512<4>};
+  static constexpr Q4GroupFn avx2[kQ4Rows + 1] = {nullptr, &q4_group_avx2<1>, &q4_group_avx2<2>, &q4_group_avx2<3>,
+                                                  &q4_group_avx2<4>};
+  static constexpr Q4GroupFn scalar[kQ4Rows + 1] = {nullptr, &q4_group_scalar<1>, &q4_group_scalar<2>,
+                                                    &q4_group_scalar<3>, &q4_group_scalar<4>};
+  if (p == Int8GemvPath::best) {
+    const std::string_view best = int8_gemv_best_path();
+    p = best == "avx512" ? Int8GemvPath::avx512 : best == "avx2" ? Int8GemvPath::avx2 : Int8GemvPath::scalar;
+  }
+  switch (p) {
+    case Int8GemvPath::avx512: return avx512;
+    case Int8GemvPath::avx2: return avx2;
+    default: return scalar;
+  }
+}
+
+// Many rows: panels of kPanel weight rows dequantized to f32, then the float GEMM.
+void q4_many_rows(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,
+                  const float* scale, float* C, int64_t ldc) {
+  constexpr int64_t kPanel = 256;
+  const int64_t groups = K / group;
+  std::vector<float> panel(static_cast<size_t>(std::min(N, kPanel) * K));
+  for (int64_t j0 = 0; j0 < N; j0 += kPanel) {
+    const int64_t n = std::min(kPanel, N - j0);
+    for (int64_t j = 0; j < n; ++j) {
+      const uint8_t* row = W + (j0 + j) * (K / 2);
+      const float* s = scale + (j0 + j) * groups;
+      float* out = panel.data() + j * K;
+      for (int64_t k = 0; k < K; k += 32)
+        for (int64_t b = 0; b < 16; ++b) {
+          const uint8_t byte = row[k / 2 + b];
+          out[k + b] = static_cast<float>((byte & 0xF) - 8) * s[k / group];
+          out[k + 16 + b] = static_cast<float>((byte >> 4) - 8) * s[k / group];
+        }
+    }
+    gemm_f32(M, n, K, A, lda, 1, panel.data(), 1, K, C + j0, ldc, false);
+  }
+}
+
+// ---- fp8 e4m3 weights, one scale per output channel ----
+
+// Sixteen e4m3 bytes as f32 times 2^-8: the bytes placed in f16 bit patterns (sign to bit 15,
+// exponent and mantissa to bits 7..14; the f16 bias 15 is the e4m3 bias 7 plus 8).
+TPU_INT4_AVX512 inline __m512 f8_to_ps_avx512(__m128i b) {
+  const __m256i h = _mm256_cvtepu8_epi16(b);
+  const __m256i bits = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x80)), 8),
+                                       _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x7F)), 7));
+  return _mm512_cvtph_ps(bits);
+}
+
+template <int R>
+TPU_INT4_AVX512 void f8_group_avx512(int64_t K, const float* A, int64_t lda, const uint8_t* const* w, int cols,
+                                     const float* scale, float* C, int64_t ldc) {
+  __m512 acc[R][kQ4Cols];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < kQ4Cols; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) {
+    const bool tail = K - k < 16;
+    const __mmask16 m = tail ? static_cast<__mmask16>((1u << (K - k)) - 1) : static_cast<__mmask16>(0xFFFF);
+    __m512 wv[kQ4Cols];
+#pragma GCC unroll 4
+    for (int c = 0; c < kQ4Cols; ++c) wv[c] = f8_to_ps_avx512(_mm_maskz_loadu_epi8(m, w[c] + k));
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m512 x = _mm512_maskz_loadu_ps(m, A + r * lda + k);
+#pragma GCC unroll 4
+      for (int c = 0; c < kQ4Cols; ++c) acc[r][c] = _mm512_fmadd_ps(x, wv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < cols; ++c) C[r * ldc + c] = _mm512_reduce_add_ps(acc[r][c]) * (scale[c] * 256.0f);
+}
+
+// Eight e4m3 bytes as exact f32: normals by rebiasing the exponent (127 - 7), subnormals
+// (exponent 0) as 2^-6 (1 + m / 8) - 2^-6.
+TPU_INT4_AVX2 inline __m256 f8_to_ps_avx2(const uint8_t* p) {
+  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m256i mag = _mm256_and_si256(b, _mm256_set1_epi32(0x7F));
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
+  const __m256i sub = _mm256_cmpeq_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x78)), _mm256_setzero_si256());
+  const __m256 normal = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32(120 << 23)));
+  const __m256 tiny = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_or_si256(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32(121 << 23))),
+                                    _mm256_set1_ps(0x1p-6f));
+  const __m256 v = _mm256_blendv_ps(normal, tiny, _mm256_castsi256_ps(sub));
+  return _mm256_or_ps(v, _mm256_castsi256_ps(sign));
+}
+
+template <int R>
+TPU_INT4_AVX2 void f8_group_avx2(int64_t K, const float* A, int64_t lda, const uint8_t* const* w, int cols,
+                                 const float* scale, float* C, int64_t ldc) {
+  __m256 acc[R][kQ4Cols];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < kQ4Cols; ++c) acc[r][c] = _mm256_setzero_ps();
+  const int64_t k8 = K & ~int64_t{7};
+  for (int64_t k = 0; k < k8; k += 8) {
+    __m256 wv[kQ4Cols];
+#pragma GCC unroll 4
+    for (int c = 0; c < kQ4Cols; ++c) wv[c] = f8_to_ps_avx2(w[c] + k);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m256 x = _mm256_loadu_ps(A + r * lda + k);
+#pragma GCC unroll 4
+      for (int c = 0; c < kQ4Cols; ++c) acc[r][c] = _mm256_fmadd_ps(x, wv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < cols; ++c) {
+      float s = q4_hsum256(acc[r][c]);
+      for (int64_t k = k8; k < K; ++k) s += A[r * lda + k] * f8e4m3::from_bits(w[c][k]).to_f32();
+      C[r * ldc + c] = s * scale[c];
+    }
+}
+
+template <int R>
+void f8_group_scalar(int64_t K, const float* A, int64_t lda, const uint8_t* const* w, int cols, const float* scale,
+                     float* C, int64_t ldc) {
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < cols; ++c) {
+      float s = 0;
+      for (int64_t k = 0; k < K; ++k) s += A[r * lda + k] * f8e4m3::from_bits(w[c][k]).to_f32();
+      C[r * ldc + c] = s * scale[c];
+    }
+}
+
+using F8GroupFn = void (*)(int64_t, const float*, int64_t, const uint8_t* const*, int, const float*, float*, int64_t);
+
+const F8GroupFn* f8_table(Int8GemvPath p) {
+  static constexpr F8GroupFn avx512[kQ4Rows + 1] = {nullptr, &f8_group_avx512<1>, &f8_group_avx512<2>,
+                                                    &f8_group_avx512<3>, &f8_group_avx512<4>};
+  static constexpr F8GroupFn avx2[kQ4Rows + 1] = {nullptr, &f8_group_avx2<1>, &f8_group_avx2<2>, &f8_group_avx2<3>,
+                                                  &f8_group_avx2<4>};
+  static constexpr F8GroupFn scalar[kQ4Rows + 1] = {nullptr, &f8_group_scalar<1>, &f8_group_scalar<2>,
+                                                    &f8_group_scalar<3>, &f8_group_scalar<4>};
+  if (p == Int8GemvPath::best) {
+    const std::string_view best = int8_gemv_best_path();
+    p = best == "avx512" ? Int8GemvPath::avx512 : best == "avx2" ? Int8GemvPath::avx2 : Int8GemvPath::scalar;
+  }
+  switch (p) {
+    case Int8GemvPath::avx512: return avx512;
+    case Int8GemvPath::avx2: return avx2;
+    default: return scalar;
+  }
+}
+
+}  // namespace
+
+void gemv_int4(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,
+               const float* scale, float* C, int64_t ldc, Int8GemvPath path) {
+  if (M <= 0 || N <= 0) return;
+  if (K == 0) {
+    for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
+    return;
+  }
+  if (M >= kInt4ManyRows && !batch_invariant()) {
+    q4_many_rows(M, N, K, group, A, lda, W, scale, C, ldc);
+    return;
+  }
+  const Q4GroupFn* fns = q4_table(path);
+  const int64_t groups = K / group;
+  const int64_t blocks = (N + kQ4Cols - 1) / kQ4Cols;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, K * M * kQ4Cols));
+  detail::gemv_for_blocks(blocks, grain, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t j = b * kQ4Cols;
+      const int cols = static_cast<int>(std::min<int64_t>(kQ4Cols, N - j));
+      const Q4Block blk = q4_block(W, scale, K, groups, j, cols);
+      for (int64_t i = 0; i < M; i += kQ4Rows) {
+        const int rows = static_cast<int>(std::min<int64_t>(kQ4Rows, M - i));
+        fns[rows](K, group, A + i * lda, lda, blk, cols, C + i * ldc + j, ldc);
+      }
+    }
+  });
+}
+
+void gemv_fp8(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const uint8_t* W, const float* scale,
+              float* C, int64_t ldc, Int8GemvPath path) {
+  if (M <= 0 || N <= 0) return;
+  const F8GroupFn* fns = f8_table(path);
+  const int64_t blocks = (N + kQ4Cols - 1) / kQ4Cols;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, K * M * kQ4Cols));
+  detail::gemv_for_blocks(blocks, grain, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t j = b * kQ4Cols;
+      const int cols = static_cast<int>(std::min<int64_t>(kQ4Cols, N - j));
+      const uint8_t* w[kQ4Cols];
+      for (int c = 0; c < kQ4Cols; ++c) w[c] = W + (j + std::min(c, cols - 1)) * K;
+      for (int64_t i = 0; i < M; i += kQ4Rows) {
+        const int rows = static_cast<int>(std::min<int64_t>(kQ4Rows, M - i));
+        fns[rows](K, A + i * lda, lda, w, cols, scale + j, C + i * ldc + j, ldc);
+      }
+    }
+  });
+}
+
+}  // namespace tpu::kernels
+
+#pragma GCC diagnostic pop

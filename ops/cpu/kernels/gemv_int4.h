@@ -1,0 +1,45 @@
+// Products with packed int4 weights read in place: C[i, j] = sum_k A[i, k] * Wd[j, k] for an f32
+// A of M rows (row stride lda), Wd[j, k] = (nibble(j, k) - 8) * scale[j, k / group] being the
+// dequantized weight of N rows and K columns.
+//
+// Layout (tpucore/quantize.h): each weight row is K / 2 bytes in blocks of 16 bytes per 32
+// weights; byte b of a block holds weight b of the block in its low nibble and weight b + 16 in
+// its high nibble, each stored as q + 8 with q in [-7, 7] (offset binary: 8 is zero). scale is
+// f32 [N, K / group]; K is a multiple of 32 and of group (group a multiple of 32).
+//
+// Each weight is unpacked in registers, converted to f32 and multiplied by its group's scale,
+// which gives exactly the dequantized f32 weight; the sums accumulate in f32, so the result
+// matches the dequantize-then-float product to the accumulation order. From kInt4ManyRows rows
+// on, panels of the weight are dequantized to f32 and multiplied by the float GEMM (gemm.h),
+// except in batch-invariant mode (tpucore/core/batch_invariant.h), where every row takes the
+// few-row kernel and so the same summation order whatever the number of rows.
+#pragma once
+
+#include <cstdint>
+
+#include "ops/cpu/kernels/gemv_int8.h"
+
+namespace tpu::kernels {
+
+// Rows of A from which the product goes through dequantized panels and the float GEMM.
+constexpr int64_t kInt4ManyRows = 16;
+
+// The unpacked value (q in [-7, 7], or -8) of weight k of a packed row.
+inline int int4_at(const uint8_t* row, int64_t k) {
+  const uint8_t b = row[(k / 32) * 16 + (k % 32) % 16];
+  return ((k % 32) < 16 ? (b & 0xF) : (b >> 4)) - 8;
+}
+
+// Any M; the columns are split over the pool threads; C has row stride ldc. `path` selects the
+// few-row kernel (the paths of gemv_int8.h); the many-row path ignores it.
+void gemv_int4(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,
+               const float* scale, float* C, int64_t ldc, Int8GemvPath path = Int8GemvPath::best);
+
+// The same for fp8 e4m3 weights [N, K] (raw bytes, no NaN pattern) with one f32 scale per output
+// channel: C[i, j] = scale[j] * sum_k A[i, k] * e4m3(W[j, k]). Each byte is turned into its exact
+// f32 value in registers (AVX-512: as an f16 of 2^-8 times the value, converted by vcvtph2ps;
+// AVX2: by rebiasing the exponent, subnormals through a subtraction); any M, as gemv_int8.
+void gemv_fp8(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const uint8_t* W, const float* scale,
+              float* C, int64_t ldc, Int8GemvPath path = Int8GemvPath::best);
+
+}  // namespace tpu::kernels

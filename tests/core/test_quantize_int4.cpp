@@ -1,0 +1,179 @@
+// Packed int4 weights (tpucore/quantize.h): the quantizer by the properties that define it and
+// hand-made packed bytes; the product on every kernel path of the CPU (few rows and the many-row
+// path) against a naive double-precision loop over the weight dequantized here, independently
+// of the library's unpacking.
+#include <cmath>
+
+#include "ops/cpu/kernels/gemv_int4.h"
+#include "opinfo.h"
+#include "tpucore/core/batch_invariant.h"
+#include "testing.h"
+#include "tpucore/quantize.h"
+
+namespace tpu::testing {
+namespace {
+
+const OpInfoRegistrar reg_q4("quantize_int4", "tests/core/test_quantize_int4.cpp");
+const OpInfoRegistrar reg_dq4("dequantize_int4", "tests/core/test_quantize_int4.cpp");
+const OpInfoRegistrar reg_lin4("linear_int4", "tests/core/test_quantize_int4.cpp");
+
+std::vector<float> q4_random(Generator& g, size_t n, double lo, double hi) {
+  std::vector<float> v(n);
+  for (float& x : v) x = static_cast<float>(lo + (hi - lo) * g.next_double());
+  return v;
+}
+
+// The signed value of weight k of a packed row, read from the documented layout.
+int q4_value(const std::vector<uint8_t>& q, int64_t row_bytes, int64_t j, int64_t k) {
+  const int64_t block = k / 32, in = k % 32;
+  const uint8_t b = q[static_cast<size_t>(j * row_bytes + block * 16 + in % 16)];
+  return (in < 16 ? b & 0xF : b >> 4) - 8;
+}
+
+TEST_CASE("quantize_int4: the documented packing of hand-made rows, zero groups, errors", "[quant]") {
+  // One row of 64: group 0 has max 7 (scale 1), group 1 is zeros (scale 1, nibbles 8).
+  std::vector<float> w(64, 0.0f);
+  w[0] = 7;
+  w[1] = -7;
+  w[16] = 2.5f;   // 2 (ties to even), in the high nibble of byte 0
+  w[17] = -3.4f;  // -3
+  w[31] = 0.5f;   // 0 (ties to even)
+  const Int4Weight q = quantize_int4(from_vector(w, {1, 64}), 32);
+  REQUIRE(q.q.shape() == Shape{1, 32});
+  CHECK(q.q.dtype() == DType::u8);
+  CHECK(q.group == 32);
+  CHECK(q.scale.to_vector<float>() == std::vector<float>{1, 1});
+  const std::vector<uint8_t> b = q.q.to_vector<uint8_t>();
+  CHECK(b[0] == ((2 + 8) << 4 | (7 + 8)));
+  CHECK(b[1] == ((-3 + 8) << 4 | (-7 + 8)));
+  CHECK(b[15] == (8 << 4 | 8));
+  CHECK(b[16] == 0x88);
+  const std::vector<float> d = dequantize_int4(q.q, q.scale).to_vector<float>();
+  CHECK(d[0] == 7);
+  CHECK(d[16] == 2);
+  CHECK(d[17] == -3);
+  CHECK(d[31] == 0);
+
+  CHECK_THROWS_WITH(quantize_int4(from_vector(std::vector<float>(48, 1.0f), {1, 48}), 32), Catch::Contains("multiple"));
+  CHECK_THROWS_WITH(quantize_int4(from_vector(std::vector<float>(64, 1.0f), {1, 64}), 64), Catch::Contains("group size"));
+  std::vector<float> bad(64, 1.0f);
+  bad[40] = NAN;
+  CHECK_THROWS_WITH(quantize_int4(from_vector(bad, {1, 64})).scale.to_vector<float>(), Catch::Contains("non-finite"));
+}
+
+TEST_CASE("quantize_int4: every element within half a step of its group's scale", "[quant]") {
+  Generator g(21);
+  for (int64_t group : {32, 128}) {
+    const int64_t N = 9, K = 256, G = K / group;
+    const std::vector<float> wv = q4_random(g, static_cast<size_t>(N * K), -2, 2);
+    const Int4Weight q = quantize_int4(from_vector(wv, {N, K}), group);
+    const std::vector<uint8_t> qv = q.q.to_vector<uint8_t>();
+    const std::vector<float> sv = q.scale.to_vector<float>();
+    int bad = 0;
+    for (int64_t j = 0; j < N; ++j)
+      for (int64_t gi = 0; gi < G; ++gi) {
+        double amax = 0;
+        for (int64_t k = gi * group; k < (gi + 1) * group; ++k)
+          amax = std::max(amax, std::fabs(static_cast<double>(wv[static_cast<size_t>(j * K + k)])));
+        const double s = sv[static_cast<size_t>(j * G + gi)];
+        bad += std::fabs(s - amax / 7) > 1e-6 * s;
+        bool has_max = false;
+        for (int64_t k = gi * group; k < (gi + 1) * group; ++k) {
+          const int v = q4_value(qv, K / 2, j, k);
+          bad += v < -7 || v > 7;
+          bad += std::fabs(wv[static_cast<size_t>(j * K + k)] - v * s) > 0.5 * s * (1 + 1e-5);
+          has_max |= std::abs(v) == 7;
+        }
+        bad += !has_max;
+      }
+    INFO("group " << group);
+    CHECK(bad == 0);
+  }
+}
+
+TEST_CASE("linear_int4: every kernel path against the dequantized naive product", "[quant][gemv]") {
+  using kernels::Int8GemvPath;
+  Generator g(7);
+  int checked = 0;
+  for (Int8GemvPath path : {Int8GemvPath::best, Int8GemvPath::avx512, Int8GemvPath::avx2, Int8GemvPath::scalar}) {
+    if (!kernels::int8_gemv_path_available(path)) continue;
+    for (int64_t M : {1, 3, 4, 5, 17})
+      for (int64_t N : {1, 4, 7})
+        for (auto [K, group] : {std::pair<int64_t, int64_t>{32, 32}, {96, 32}, {128, 128}, {256, 128}}) {
+          const std::vector<float> x = q4_random(g, static_cast<size_t>(M * K), -2, 2);
+          std::vector<uint8_t> q(static_cast<size_t>(N * K / 2));
+          for (uint8_t& v : q) v = static_cast<uint8_t>(g.next_u64() & 0xFF);  // nibble 0 (-8) included
+          const std::vector<float> s = q4_random(g, static_cast<size_t>(N * K / group), 0.001, 0.05);
+          std::vector<float> out(static_cast<size_t>(M * N), -1);
+          kernels::gemv_int4(M, N, K, group, x.data(), K, q.data(), s.data(), out.data(), N, path);
+          int bad = 0;
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t j = 0; j < N; ++j) {
+              double acc = 0, mag = 0;
+              for (int64_t k = 0; k < K; ++k) {
+                const double w = q4_value(q, K / 2, j, k) * static_cast<double>(s[static_cast<size_t>(j * (K / group) + k / group)]);
+                acc += x[static_cast<size_t>(i * K + k)] * w;
+                mag += std::fabs(x[static_cast<size_t>(i * K + k)] * w);
+              }
+              bad += std::fabs(out[static_cast<size_t>(i * N + j)] - acc) > 2e-6 * mag + 1e-30;
+            }
+          INFO("path " << static_cast<int>(path) << " M " << M << " N " << N << " K " << K << " group " << group);
+          CHECK(bad == 0);
+          ++checked;
+        }
+  }
+  CHECK(checked >= 2 * 5 * 3 * 4);  // best and scalar always run
+
+  // Batch-invariant mode: 20 rows (past the many-row threshold) give each row's one-row result.
+  BatchInvariantScope inv;
+  const int64_t M = 20, N = 6, K = 64, group = 32;
+  const std::vector<float> x = q4_random(g, static_cast<size_t>(M * K), -1, 1);
+  std::vector<uint8_t> q(static_cast<size_t>(N * K / 2));
+  for (uint8_t& v : q) v = static_cast<uint8_t>(g.next_u64() & 0xFF);
+  const std::vector<float> s = q4_random(g, static_cast<size_t>(N * K / group), 0.01, 0.02);
+  std::vector<float> all(static_cast<size_t>(M * N)), one(static_cast<size_t>(N));
+  kernels::gemv_int4(M, N, K, group, x.data(), K, q.data(), s.data(), all.data(), N);
+  int differ = 0;
+  for (int64_t i = 0; i < M; ++i) {
+    kernels::gemv_int4(1, N, K, group, x.data() + i * K, K, q.data(), s.data(), one.data(), N);
+    for (int64_t j = 0; j < N; ++j) differ += all[static_cast<size_t>(i * N + j)] != one[static_cast<size_t>(j)];
+  }
+  CHECK(differ == 0);
+}
+
+TEST_CASE("linear_int4: the op on batched f32 and bf16 inputs, and its errors", "[quant]") {
+  Generator g(13);
+  const int64_t N = 5, K = 64;
+  const Tensor w = from_vector(q4_random(g, static_cast<size_t>(N * K), -1, 1), {N, K});
+  const Int4Weight qw = quantize_int4(w, 32);
+  const std::vector<float> xv = q4_random(g, static_cast<size_t>(2 * 3 * K), -1, 1);
+  const Tensor x = from_vector(xv, {2, 3, K});
+  const std::vector<float> wd = dequantize_int4(qw.q, qw.scale).to_vector<float>();
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const Tensor xd = x.to(dt);
+    const Tensor y = linear_int4(xd, qw);
+    REQUIRE(y.shape() == Shape{2, 3, N});
+    CHECK(y.dtype() == dt);
+    const std::vector<float> xs = xd.to_vector<float>(), got = y.to_vector<float>();
+    int bad = 0;
+    for (int64_t i = 0; i < 6; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double acc = 0, mag = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          const double p = static_cast<double>(xs[static_cast<size_t>(i * K + k)]) * wd[static_cast<size_t>(j * K + k)];
+          acc += p;
+          mag += std::fabs(p);
+        }
+        const double tol = (dt == DType::f32 ? 0 : std::fabs(acc) * 0x1p-8) + 2e-6 * mag;
+        bad += std::fabs(got[static_cast<size_t>(i * N + j)] - acc) > tol;
+      }
+    INFO(dtype_name(dt));
+    CHECK(bad == 0);
+  }
+  CHECK_THROWS_WITH(linear_int4(from_vector(std::vector<float>(5, 1.0f), {1, 5}), qw), Catch::Contains("in_features"));
+  CHECK_THROWS_WITH(linear_int4(x, w, qw.scale), Catch::Contains("packed int4"));
+  CHECK_THROWS_WITH(linear_int4(x, qw.q, qw.scale.slice(0, 0, 3)), Catch::Contains("scales"));
+}
+
+}  // namespace
+}  // namespace tpu::testing

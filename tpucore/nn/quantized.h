@@ -1,0 +1,52 @@
+/// @file
+/// Weight-only quantized linear layers for inference: nn::QuantizedLinear holds an int8 or fp8
+/// e4m3 (per output channel) or packed int4 (per group of columns) weight made by
+/// tpucore/quantize.h and runs linear_int8 / linear_fp8 / linear_int4, which read it in place;
+/// the bias stays in float.
+/// quantize_linear() swaps a module's Linear child for its quantized form.
+#pragma once
+
+#include <string>
+
+#include "tpucore/nn/layers.h"
+#include "tpucore/quantize.h"
+
+namespace tpu::nn {
+
+/// The weight formats of QuantizedLinear.
+enum class WeightQuant {
+  none,  ///< float weights (no quantization)
+  int8,  ///< symmetric int8, one scale per output channel
+  int4,  ///< symmetric packed int4, one scale per group of input columns
+  fp8,   ///< fp8 e4m3, one scale per output channel
+};
+/// "none", "int8", "int4", "fp8".
+const char* weight_quant_name(WeightQuant q);
+/// The format named "none", "int8", "int4" or "fp8"; another name is a tpu::Error listing them.
+WeightQuant parse_weight_quant(const std::string& name);
+
+/// y = x Wq^T + b with a quantized weight (inference only: no gradient reaches the weight).
+/// Its members, as the checkpoint-style buffers "weight" (i8 [out, in], u8 e4m3 bit patterns
+/// [out, in], or packed u8 [out, in / 2])
+/// and "weight_scale" (f32 [out] or [out, in / group]), and the float parameter "bias".
+class QuantizedLinear : public Linear {
+ public:
+  /// The quantized form of `src`'s weight (its bias is shared); group: int4's columns per scale
+  /// (32 or 128). A Linear whose in_features the group does not divide is a tpu::Error.
+  QuantizedLinear(const Linear& src, WeightQuant kind, int64_t group = 32);
+  /// x [..., in_features] -> [..., out_features] in x's dtype.
+  Tensor forward(const Tensor& x) override;
+  /// "QuantizedLinear".
+  std::string type_name() const override { return "QuantizedLinear"; }
+  WeightQuant kind;       ///< int8, int4 or fp8
+  int64_t group = 0;      ///< int4: columns per scale (0 for int8)
+  int64_t in_features;    ///< the input width
+  Tensor weight_scale;    ///< the scales
+};
+
+/// Replaces `parent`'s Linear child `name` (held in `slot`) by its QuantizedLinear of `kind`
+/// (nothing for WeightQuant::none or a child that is already quantized).
+void quantize_linear(Module& parent, const std::string& name, std::shared_ptr<Linear>& slot, WeightQuant kind,
+                     int64_t group = 32);
+
+}  // namespace tpu::nn
