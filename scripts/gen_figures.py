@@ -572,9 +572,31 @@ def plan_moe(build):
     write_region("simulator.md", "plan-moe", "\n".join(lines))
 
 
+def plan_deepseek(build):
+    """A DeepSeek-V3-shaped decode on v7 slices by tpu-plan --serve: attention data parallel, the routed
+    experts over every chip of the slice, bf16 weights; per-chip decode tokens/s, HBM bandwidth use and
+    the all-to-alls' share of the decode step."""
+    exe = os.path.join(build, "tools", "tpu-plan", "tpu-plan")
+    lines = [header("Simulated on the host; the figures do not depend on it"), "",
+             "| slice | timing model | requests per chip | TPOT ms | decode tokens/s per chip | HBM bandwidth use | "
+             "all-to-all share of the decode step | TTFT ms (2,048-token prompt) | HBM per chip GB |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for chips in (64, 256):
+        for label, flag in (("calibrated", "--calibrated"), ("ideal", "--ideal")):
+            for batch in (16, 64):
+                j = json.loads(run([exe, "--model", "deepseek-v3", "--chip", "v7", flag, "--chips", str(chips), "--serve",
+                                    "--batch", str(batch), "--input-len", "2048", "--output-len", "512", "--json"]))
+                lines.append(f"| v7-{chips} ({j['topology'].split(' ')[0]}) | {label} | {batch} | {fmt(j['tpot_s'] * 1e3)} | "
+                             f"{fmt(j['decode_tokens_per_s_per_chip'], 0)} | {fmt(100 * j['decode_hbm_bandwidth_use'])}% | "
+                             f"{fmt(100 * j['decode_all_to_all_share'])}% | {fmt(j['ttft_s'] * 1e3, 0)} | "
+                             f"{fmt(j['hbm_per_chip_bytes']['total'] / 1e9)} |")
+    write_region("simulator.md", "plan-deepseek", "\n".join(lines))
+
+
 def plan(build):
     plan_v7(build)
     plan_moe(build)
+    plan_deepseek(build)
 
 
 def main():

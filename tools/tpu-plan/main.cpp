@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
   double price = 0;
   tpu::plan::TrainRecipe r;
   r.global_batch = 0;
-  int64_t tp = 0, fsdp = 0, dp = 0, ep = 1, slices = 1;
+  int64_t tp = 0, fsdp = 0, dp = 0, ep = 0, slices = 1;
   tpu::plan::ServeWorkload w;
   tpu::cli::Parser p("tpu-plan", "Predict step time, MFU, tokens/s, HBM and cost of a model on a simulated TPU slice.");
   p.value("--model", "NAME|config.json", "a named shape or a Hub config.json (default qwen3-8b)", [&](const std::string& v) { model = v; })
@@ -77,7 +77,8 @@ int main(int argc, char** argv) {
       .value("--tp", "N", "tensor-parallel degree (training default 1; serving default: every chip)", [&](const std::string& v) { tp = positive(v, "--tp"); })
       .value("--fsdp", "N", "training: FSDP degree (default: the chips left after --tp and --dp)", [&](const std::string& v) { fsdp = positive(v, "--fsdp"); })
       .value("--dp", "N", "training: data-parallel (replicated) degree (default 1)", [&](const std::string& v) { dp = positive(v, "--dp"); })
-      .value("--ep", "N", "training, mixture of experts: expert-parallel degree within FSDP (default 1)", [&](const std::string& v) { ep = positive(v, "--ep"); })
+      .value("--ep", "N", "mixture of experts: expert-parallel degree (training: within FSDP, default 1; serving: the "
+             "chips the routed experts are sharded over, default every chip of the slice)", [&](const std::string& v) { ep = positive(v, "--ep"); })
       .value("--a2a-chunks", "N", "training, mixture of experts with --ep: run each MoE layer's dispatch, experts and combine in N "
              "token chunks, one chunk's all-to-alls overlapping another's experts (default 1: not overlapped)",
              [&](const std::string& v) { r.a2a_chunks = positive(v, "--a2a-chunks"); })
@@ -108,10 +109,9 @@ int main(int argc, char** argv) {
       throw tpu::plan::PlanError(fmt::format("--precision {} is not modeled: tpu-plan prices bf16 compute only", precision));
     if (!plot.empty() && (serve || search)) throw tpu::plan::PlanError("--plot draws a training layout's scaling; not with --serve or --search");
     if (serve && search) throw tpu::plan::PlanError("--search ranks training layouts; it does not apply to --serve");
-    if (serve && ep > 1) throw tpu::plan::PlanError("--ep is a training degree; --serve does not take it");
     if (!plot.empty() && slices > 1) throw tpu::plan::PlanError("--plot draws one slice's scaling; not with --slices");
     if (serve && slices > 1) throw tpu::plan::PlanError("--slices is a training layout; --serve plans one slice");
-    if (r.a2a_chunks > 1 && ep == 1 && !search)
+    if (r.a2a_chunks > 1 && ep <= 1 && !search)
       throw tpu::plan::PlanError("--a2a-chunks overlaps the expert-parallel all-to-alls: it needs --ep N (N > 1)");
     if (search && ep > 1) throw tpu::plan::PlanError("--search tries every --ep itself; do not give one");
     if (serve && (fsdp || dp)) throw tpu::plan::PlanError("--fsdp and --dp are training degrees; serving takes --tp (replicas fill the rest)");
@@ -123,6 +123,7 @@ int main(int argc, char** argv) {
     int rc = 0;
     if (serve) {
       w.tp = tp;
+      w.ep = ep;
       const tpu::plan::Plan plan = tpu::plan::plan_serve(m, s, w, price);
       out = plan.to_json();
       text = plan.text();
@@ -130,7 +131,7 @@ int main(int argc, char** argv) {
     } else {
       r.layout.tp = tp ? tp : 1;
       r.layout.dp = dp ? dp : 1;
-      r.layout.ep = ep;
+      r.layout.ep = ep ? ep : 1;
       r.layout.slices = slices;
       r.layout.fsdp = fsdp ? fsdp : n / (r.layout.tp * r.layout.dp);
       if (r.global_batch == 0) r.global_batch = std::max<int64_t>(1, r.layout.fsdp * r.layout.dp * slices);

@@ -1,8 +1,9 @@
 // The model shapes tpu-plan costs: a decoder-only transformer (Llama / Qwen / Mistral style:
 // RMSNorm, grouped-query attention, RoPE, SwiGLU MLP), dense or with a mixture-of-experts MLP
-// (Mixtral, Qwen3-MoE: a linear router, top-k of `experts` SwiGLU experts), from a Hub
-// config.json or a named shape. Anything the planner cannot model (an unknown model_type, a
-// DeepSeek-style MoE) is an error naming it.
+// (Mixtral, Qwen3-MoE: a linear router, top-k of `experts` SwiGLU experts; DeepSeek-V3: routed
+// plus shared experts after dense first layers, with multi-head latent attention), from a Hub
+// config.json or a named shape. Anything the planner cannot model (an unknown model_type) is an
+// error naming it.
 #pragma once
 #include <cstdint>
 #include <stdexcept>
@@ -33,8 +34,17 @@ struct ModelShape {
   int64_t top_k = 0;                // num_experts_per_tok
   int64_t expert_intermediate = 0;  // moe_intermediate_size (Qwen3-MoE); intermediate_size (Mixtral)
   int64_t moe_layers = 0;           // how many of the layers are MoE layers
+  int64_t shared_experts = 0;       // n_shared_experts (DeepSeek): experts every token of a MoE layer uses
+  // Multi-head latent attention (DeepSeek-V3; kv_lora_rank 0: plain grouped-query attention):
+  // queries through a rank-q_lora_rank bottleneck (0: a full projection), keys and values
+  // through a shared kv_lora_rank latent, cached with the decoupled RoPE key of qk_rope_dim.
+  int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_nope_dim = 0, qk_rope_dim = 0, v_head_dim = 0;
 
   bool moe() const { return experts > 0; }
+  bool mla() const { return kv_lora_rank > 0; }
+  // Bytes of one token's cached keys and values in one layer (bf16): the latent plus the RoPE
+  // key for MLA; 2 x kv_heads x head_dim otherwise.
+  double kv_bytes_per_token_layer() const;
   double attention_params() const;      // q, k, v, o and the two norms of one layer
   double expert_params() const;         // one expert (gate, up, down)
   double layer_params() const;          // one dense decoder layer (norms, attention, MLP)
@@ -48,10 +58,10 @@ struct ModelShape {
 };
 
 std::vector<std::string> model_names();
-// A named shape ("qwen3-8b", "llama3.1-8b", "llama3-70b", "mixtral-8x7b", "qwen3-30b-a3b", "tiny",
-// "tiny-moe"); PlanError listing the names.
+// A named shape ("qwen3-8b", "llama3.1-8b", "llama3-70b", "mixtral-8x7b", "qwen3-30b-a3b",
+// "deepseek-v3", "tiny", "tiny-moe", "tiny-mla"); PlanError listing the names.
 ModelShape named_model(const std::string& name);
-// A Hub config.json's text (llama, qwen2, qwen3, mistral, mixtral, qwen3_moe); PlanError for a
+// A Hub config.json's text (llama, qwen2, qwen3, mistral, mixtral, qwen3_moe, deepseek_v3); PlanError for a
 // model type or an MoE field it cannot model, naming it.
 ModelShape model_from_config(const std::string& json_text, const std::string& label = "config.json");
 // A named shape, or a path to a config.json.

@@ -8,81 +8,14 @@
 
 #include "sim/timing_model.h"
 #include "tools/tpu-plan/plan.h"
+#include "tools/tpu-plan/pricing.h"
 
 namespace tpu::plan {
 
 namespace {
 
-double cdiv(double a, double b) { return std::ceil(a / b); }
-
-// Sums kernel times and attributes each to what bounds it.
-struct Acc {
-  const sim::ChipConfig* cfg = nullptr;
-  double devices = 1;  // devices per chip (TensorCores not joined as one megacore device)
-  double s = 0, mxu = 0, other = 0, hbm = 0, host = 0;
-  double expert = 0;   // seconds of the MoE experts' kernels (between dispatch and combine)
-
-  double clock() const { return cfg->clock_ghz * 1e9; }
-  // One kernel: work of the whole chip; each device does 1/devices of it.
-  void kernel(double stream_cycles, double weight_cycles, double vector_cycles, bool reduces, double read, double written,
-              double narrow) {
-    const sim::TimingConfig& t = cfg->timing;
-    const int mc = std::max(1, t.megacore);
-    sim::CountedWork w;
-    for (int c = 0; c < mc; ++c)
-      w.cores.push_back({stream_cycles / devices / mc, vector_cycles / devices / mc, weight_cycles, reduces ? 1.0 : 0.0,
-                         narrow / devices / mc, 3});
-    w.compulsory_read_bytes = uint64_t(read / devices);
-    w.compulsory_written_bytes = uint64_t(written / devices);
-    w.traffic_bytes = w.compulsory_read_bytes + w.compulsory_written_bytes;
-    const double cyc = sim::calibrated_cycles(*cfg, w);
-    const double fixed = t.launch_cycles + (reduces ? t.reduce_cycles : 0) + t.dma_cycles * 3;
-    const double c_mxu = (stream_cycles / devices / mc + t.weight_load_exposed * weight_cycles) / (cfg->mxu.count * t.mxu_efficiency);
-    const double c_vec = vector_cycles / devices / mc;
-    const double m = double(w.traffic_bytes) / (cfg->hbm_bytes_per_cycle() * mc);
-    s += cyc / clock();
-    host += fixed / clock();
-    const double rest = std::max(0.0, cyc - fixed) / clock();
-    if (c_mxu >= c_vec && c_mxu >= m) mxu += rest;
-    else if (c_vec >= m) other += rest;
-    else hbm += rest;
-  }
-  // [M, K] x [K, N] with bf16 inputs and `out`-byte results, which the MXU path stores (no
-  // 16-bit vector stores: the sustained HBM fraction is wide_hbm_efficiency).
-  void matmul(double M, double K, double N, double out = 2) {
-    const double R = cfg->mxu.rows, C = cfg->mxu.cols;
-    const double tiles = cdiv(K, R) * cdiv(N, C);
-    kernel(cdiv(M, devices) * devices * tiles * cfg->mxu.bf16_cycles_per_row, tiles * R * cfg->mxu.weight_load_cycles_per_row,
-           0, false, 2 * (M * K + K * N), out * M * N, 0);
-  }
-  // Elementwise / row-wise kernel on bf16 tensors: `in` elements read, `out` written, vpu / eup
-  // ops per output element (or per input element when larger).
-  void vector(double in, double out, double vpu_ops, double eup_ops, bool reduces) {
-    const double vreg = double(cfg->vpu.sublanes) * cfg->vpu.lanes;
-    const double n = std::max(in, out) / vreg;
-    const double cyc = std::max(n * vpu_ops * cfg->vpu.cycles_per_vreg, n * eup_ops * cfg->eup.cycles_per_vreg) +
-                       (reduces ? n * cfg->xlu.reduce_cycles_per_vreg : 0);
-    kernel(0, 0, cyc, reduces, 2 * in, 2 * out, 2 * out);
-  }
-  // Flash attention on `t` query tokens of `ctx` keys (causal: half the pairs when t == ctx),
-  // `h` query heads and `hk` KV heads of `d`: `mm` matmul passes (forward 2, backward 5).
-  void attention(double t, double ctx, double h, double hk, double d, double mm, bool causal) {
-    const double pairs = t * ctx * (causal ? 0.5 : 1.0);
-    const double R = cfg->mxu.rows, C = cfg->mxu.cols;
-    const double stream = h * (pairs / C * cdiv(d, R) + pairs / R * cdiv(d, C)) / 2 * mm * cfg->mxu.bf16_cycles_per_row;
-    const double vreg = double(cfg->vpu.sublanes) * cfg->vpu.lanes;
-    const double vec = h * pairs / vreg * std::max(cfg->eup.cycles_per_vreg, 4 * cfg->vpu.cycles_per_vreg) * (mm / 2);
-    const double io = 2 * d * (2 * t * h + 2 * ctx * hk) * (mm / 2);
-    kernel(stream, 0, vec, true, io * 0.75, io * 0.25, io * 0.25);
-  }
-};
-
-Acc make_acc(const Slice& s) {
-  Acc a;
-  a.cfg = &s.chip;
-  a.devices = std::max(1.0, double(s.chip.cores_per_chip) / std::max(1, s.chip.timing.megacore));
-  return a;
-}
+using detail::Acc;
+using detail::make_acc;
 
 void check_heads(const ModelShape& m, int64_t tp) {
   if (m.heads % tp != 0)
@@ -227,6 +160,9 @@ double matmul_seconds(const Slice& s, double m, double k, double n, double out_b
 
 StepParts step_parts(const ModelShape& m, const Slice& s, const TrainRecipe& r) {
   const Layout& l = r.layout;
+  if (m.mla())
+    throw PlanError(fmt::format("training {} (multi-head latent attention) is not modeled; --serve prices its serving",
+                                m.name));
   check_heads(m, l.tp);
   check_ep(m, l);
   if (r.global_batch < 1 || r.seq < 1) throw PlanError("--global-batch and --seq must be positive");
@@ -396,8 +332,8 @@ Plan plan_train(const ModelShape& m, const Slice& s, const TrainRecipe& r, doubl
 }
 
 Plan plan_serve(const ModelShape& m, const Slice& s, const ServeWorkload& w, double price) {
-  if (m.moe())
-    throw PlanError(fmt::format("--serve: serving a mixture of experts ({}) is not modeled; tpu-plan prices MoE training", m.name));
+  if (m.moe()) return plan_serve_moe(m, s, w, price);
+  if (w.ep > 0) throw PlanError(fmt::format("--ep {}: {} is a dense model (expert parallelism needs a mixture of experts)", w.ep, m.name));
   const int64_t chips = s.topo.chips();
   const int64_t tpi = w.tp > 0 ? w.tp : chips;
   if (chips % tpi != 0)

@@ -61,6 +61,10 @@ struct TrainRecipe {
 struct ServeWorkload {
   int64_t input_len = 1024, output_len = 128, batch = 8;
   int64_t tp = 0;             // 0: every chip of the slice
+  // A mixture of experts: experts sharded over `ep` chips (0: every chip of the slice), attention
+  // data parallel (each chip decodes its own `batch` requests), tokens dispatched to their
+  // experts and combined by all-to-alls over the EP group.
+  int64_t ep = 0;
 };
 
 // Seconds per step, per chip, by part; `exposed_ici` is what compute does not hide.
@@ -90,12 +94,17 @@ struct Plan {
   std::string advice;                // when it does not fit: what to change
   double usd_per_mtok = 0;           // at the price per chip-hour (0: none given)
   double ttft_s = 0, tpot_s = 0, requests_per_s = 0;   // serving
+  double decode_hbm_use = 0;         // serving a MoE: HBM bytes of a decode step / its time / peak bandwidth
+  double decode_a2a_share = 0;       // serving a MoE: the all-to-alls' part of a decode step
+  double decode_batch = 0;           // serving a MoE: tokens per chip per decode step
   nlohmann::json to_json() const;
   std::string text() const;
 };
 
 Plan plan_train(const ModelShape& m, const Slice& s, const TrainRecipe& r, double price_per_chip_hour = 0);
 Plan plan_serve(const ModelShape& m, const Slice& s, const ServeWorkload& w, double price_per_chip_hour = 0);
+// The mixture-of-experts serving model behind plan_serve (serve_moe.cpp).
+Plan plan_serve_moe(const ModelShape& m, const Slice& s, const ServeWorkload& w, double price_per_chip_hour = 0);
 // Every tp x fsdp x dp layout of the slice's chips that maps to its axes and fits, fastest per chip first.
 std::vector<Plan> search_train(const ModelShape& m, const Slice& s, TrainRecipe r, double price_per_chip_hour = 0);
 

@@ -185,6 +185,11 @@ nlohmann::json Plan::to_json() const {
     j["ttft_s"] = ttft_s;
     j["tpot_s"] = tpot_s;
     j["requests_per_s"] = requests_per_s;
+    if (decode_hbm_use > 0) {
+      j["decode_tokens_per_s_per_chip"] = decode_batch / tpot_s;
+      j["decode_hbm_bandwidth_use"] = decode_hbm_use;
+      j["decode_all_to_all_share"] = decode_a2a_share;
+    }
   }
   return j;
 }
@@ -196,6 +201,9 @@ std::string Plan::text() const {
   if (serve) {
     o += fmt::format("  TTFT {:.3f} ms   TPOT {:.3f} ms   {:.3f} requests/s\n", ttft_s * 1e3, tpot_s * 1e3, requests_per_s);
     o += fmt::format("  batch run {:.3f} s\n", step_s);
+    if (decode_hbm_use > 0)
+      o += fmt::format("  decode step: {:.1f} tokens/s per chip, HBM bandwidth use {:.1f}% of peak, all-to-all {:.1f}% of "
+                       "the step\n", decode_batch / tpot_s, 100 * decode_hbm_use, 100 * decode_a2a_share);
   } else {
     o += fmt::format("  step {:.3f} s   MFU {:.1f}%{}\n", step_s, 100 * mfu,
                      active_params < params ? fmt::format(" (on {:.2f}B active of {:.2f}B parameters)", active_params / 1e9, params / 1e9) : "");

@@ -109,7 +109,49 @@ TEST_CASE("expert parallelism in a training plan: layout checks, active-paramete
   bool any_ep = false;
   for (const auto& p : plans) any_ep = any_ep || p.layout.find("ep=") != std::string::npos;
   CHECK(any_ep);
-  CHECK_THROWS_WITH(plan::plan_serve(m, s, {}), Contains("not modeled"));
+}
+
+TEST_CASE("DeepSeek-V3: the Hub config against the model card; MoE serving against closed forms") {
+  const plan::ModelShape d = plan::model_from_config(read_testdata("deepseek_v3_config.json"), "DeepSeek-V3");
+  // The model card: 671B parameters (without the multi-token-prediction module), 37B activated.
+  CHECK(d.params() / 1e9 == Approx(671).epsilon(0.002));
+  CHECK(d.active_params() / 1e9 == Approx(37).epsilon(0.02));
+  CHECK(d.moe_layers == 58);  // first_k_dense_replace 3 of 61
+  CHECK(d.kv_bytes_per_token_layer() == 2 * (512 + 64));  // the latent and the RoPE key, bf16
+  // MLA weights of one layer: q_a, q_b, kv_a, kv_b, o_proj and the four norms.
+  const double attn = 7168.0 * 1536 + 1536.0 * 128 * 192 + 7168.0 * 576 + 512.0 * 128 * 256 + 128.0 * 128 * 7168 +
+                      1536 + 512 + 2 * 7168;
+  CHECK(d.attention_params() == Approx(attn).epsilon(1e-12));
+  const plan::Slice s = plan::make_slice("tiny", false, "2x2x2", 0);
+  CHECK_THROWS_WITH(plan::plan_train(plan::named_model("tiny-mla"), s, {}), Contains("multi-head latent attention"));
+
+  const plan::ModelShape m = plan::named_model("tiny-mla");
+  plan::ServeWorkload w;
+  w.input_len = 24, w.output_len = 8, w.batch = 4;
+  const plan::Plan p = plan::plan_serve(m, s, w);
+  const double B = 4, E = double(m.hidden), nm = double(m.moe_layers);
+  const double one = plan::collective_s(s, {.tp = 1, .fsdp = 8, .dp = 1, .ep = 8}, 3, sim::CollectiveKind::all_to_all,
+                                        uint64_t(2 * B * double(m.top_k) * E * 8));
+  CHECK(p.decode_a2a_share == Approx(nm * 2 * one / p.tpot_s).epsilon(1e-9));
+  const double routed = nm * double(m.experts) * m.expert_params();
+  CHECK(p.hbm.weights == Approx(2 * (m.params() - routed + routed / 8)).epsilon(1e-12));
+  CHECK(p.hbm.kv_cache == Approx(B * 32 * double(m.layers) * 2 * (16 + 8)).epsilon(1e-12));
+  CHECK(p.step_s == Approx(B * p.ttft_s + 8 * p.tpot_s).epsilon(1e-12));
+  CHECK(p.tokens_per_s_per_chip == Approx(B * 32 / p.step_s).epsilon(1e-12));
+  CHECK(p.decode_hbm_use > 0);
+  CHECK(p.decode_hbm_use < 1);
+  // A decode step reads every weight on the chip (each local expert gets rows): at batch 1 it
+  // takes at least the weights' bytes over the peak HBM bandwidth.
+  w.batch = 1;
+  const plan::Slice v7 = plan::make_slice("v7", false, "4x4x4", 0);
+  const plan::Plan big = plan::plan_serve(d, v7, w);
+  const double peak = v7.chip.memory.hbm_bandwidth_gbps * 1e9 * double(v7.chip.cores_per_chip);
+  CHECK(big.tpot_s >= big.hbm.weights / peak);
+  CHECK(big.tpot_s < 3 * big.hbm.weights / peak);
+  w.ep = 3;
+  CHECK_THROWS_WITH(plan::plan_serve(m, s, w), Contains("--ep 3 does not divide the slice's 8 chips"));
+  w.ep = 0, w.tp = 2;
+  CHECK_THROWS_WITH(plan::plan_serve(m, s, w), Contains("tensor parallelism is not modeled"));
 }
 
 TEST_CASE("chunked all-to-all: the experts' compute hides the exchange as a two-stage pipeline") {

@@ -1,0 +1,173 @@
+// Serving a mixture of experts (Mixtral, Qwen3-MoE, DeepSeek-V3) on a slice: attention data
+// parallel (each chip holds the attention, dense and shared-expert weights and decodes its own
+// requests), the routed experts sharded over an expert-parallel group, each MoE layer's tokens
+// dispatched to their experts and combined by two all-to-alls over the group (on the critical
+// path: nothing overlaps them). Kernels priced by the simulator's timing model, the all-to-alls
+// by the ICI cost model, as the training plans.
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "tools/tpu-plan/plan.h"
+#include "tools/tpu-plan/pricing.h"
+
+namespace tpu::plan {
+
+namespace {
+
+using detail::Acc;
+
+// Attention of one layer on `t` tokens. decode: each token attends its own `ctx` cached
+// positions (the cache read from HBM); else a prefill of t tokens attending each other causally.
+void moe_serve_attention(Acc& a, const ModelShape& m, double t, double ctx, bool decode) {
+  const double E = double(m.hidden), H = double(m.heads);
+  a.vector(t * E, t * E, 4, 1, true);  // rms_norm
+  if (m.mla()) {
+    const double Q = double(m.q_lora_rank), C = double(m.kv_lora_rank), nope = double(m.qk_nope_dim),
+                 rope = double(m.qk_rope_dim), V = double(m.v_head_dim);
+    if (m.q_lora_rank > 0) {
+      a.matmul(t, E, Q);
+      a.vector(t * Q, t * Q, 4, 1, true);  // q_a_layernorm
+      a.matmul(t, Q, H * (nope + rope));
+    } else {
+      a.matmul(t, E, H * (nope + rope));
+    }
+    a.matmul(t, E, C + rope);               // kv_a: the latent and the shared RoPE key
+    a.vector(t * C, t * C, 4, 1, true);     // kv_a_layernorm
+    a.vector(t * H * rope, t * H * rope, 6, 1, false);  // RoPE on q and k
+    if (decode) {
+      // Absorbed: q_nope through each head's W_UK into the latent, attention over the cached
+      // latents (+ RoPE keys), the result through each head's W_UV.
+      a.batched_matmul(H, t, nope, C);
+      a.attention(t, ctx, H, 1, C + rope, 2, false);
+      a.kernel(0, 0, 0, false, t * ctx * m.kv_bytes_per_token_layer(), 0, 0);  // the cache read
+      a.batched_matmul(H, t, C, V);
+    } else {
+      a.matmul(t, C, H * (nope + V));         // kv_b: keys and values of every head
+      a.attention(t, t, H, H, nope + rope, 2, true);
+    }
+    a.matmul(t, H * V, E);                    // o_proj
+  } else {
+    const double D = double(m.head_dim), HK = double(m.kv_heads);
+    a.matmul(t, E, (H + 2 * HK) * D);
+    a.vector(t * (H + HK) * D, t * (H + HK) * D, 6, 1, true);  // q/k norm, RoPE
+    if (decode) {
+      a.attention(t, ctx, H, HK, D, 2, false);
+      a.kernel(0, 0, 0, false, t * ctx * m.kv_bytes_per_token_layer(), 0, 0);
+    } else {
+      a.attention(t, t, H, HK, D, 2, true);
+    }
+    a.matmul(t, H * D, E);
+  }
+  a.vector(2 * t * E, t * E, 1, 0, false);    // residual
+}
+
+// The MLP of one layer on t tokens: dense (ep == 0) or the MoE layer with experts over ep chips
+// (balanced routing: each local expert gets t x top_k x ep / experts rows) and the shared experts.
+void moe_serve_mlp(Acc& a, const ModelShape& m, double t, double ep) {
+  const double E = double(m.hidden);
+  a.vector(t * E, t * E, 4, 1, true);         // rms_norm
+  if (ep == 0) {
+    const double I = double(m.intermediate);
+    a.matmul(t, E, 2 * I);
+    a.vector(2 * t * I, t * I, 3, 1, false);
+    a.matmul(t, I, E);
+  } else {
+    const double X = double(m.experts), k = double(m.top_k), F = double(m.expert_intermediate);
+    const double rows = t * k * ep / X, local = X / ep;
+    a.matmul(t, E, X, 4);                     // router, f32
+    a.vector(t * X, t * k, 6, 1, true);       // scores, top-k
+    a.vector(t * E, t * k * E, 1, 0, false);  // permute
+    for (double e = 0; e < local; ++e) a.matmul(rows, E, 2 * F);
+    a.vector(2 * t * k * F, t * k * F, 3, 1, false);
+    for (double e = 0; e < local; ++e) a.matmul(rows, F, E);
+    a.vector(t * k * E, t * E, 2, 0, false);  // unpermute
+    if (m.shared_experts > 0) {
+      const double S = double(m.shared_experts) * F;
+      a.matmul(t, E, 2 * S);
+      a.vector(2 * t * S, t * S, 3, 1, false);
+      a.matmul(t, S, E);
+    }
+  }
+  a.vector(2 * t * E, t * E, 1, 0, false);    // residual
+}
+
+constexpr double kGiga = 1e9;
+
+}  // namespace
+
+Plan plan_serve_moe(const ModelShape& m, const Slice& s, const ServeWorkload& w, double price) {
+  const int64_t chips = s.topo.chips();
+  const int64_t ep = w.ep > 0 ? w.ep : chips;
+  if (w.tp > 1)
+    throw PlanError(fmt::format("--tp {}: serving a mixture of experts is priced with data-parallel attention and "
+                                "expert parallelism (--ep); tensor parallelism is not modeled for it", w.tp));
+  if (chips % ep != 0) throw PlanError(fmt::format("--ep {} does not divide the slice's {} chips", ep, chips));
+  if (m.experts % ep != 0) throw PlanError(fmt::format("--ep {} does not divide the {} experts of {}", ep, m.experts, m.name));
+  if (w.input_len < 1 || w.output_len < 1 || w.batch < 1)
+    throw PlanError("--input-len, --output-len and --batch must be positive");
+  const double E = double(m.hidden), L = double(m.layers), nm = double(m.moe_layers), nd = L - nm;
+  const double in = double(w.input_len), out = double(w.output_len), B = double(w.batch), ctx = in + out / 2;
+  const Layout l{1, ep, chips / ep, ep};
+  // The book's V of one dispatch (or combine): each chip's t x top_k bf16 rows, times the group.
+  auto a2a = [&](double t) {
+    return collective_s(s, l, 3, sim::CollectiveKind::all_to_all, uint64_t(2 * t * double(m.top_k) * E * double(ep)));
+  };
+  auto layer_pair = [&](double t, double ctx_len, bool decode) {
+    Acc dense = detail::make_acc(s), sparse = detail::make_acc(s);
+    moe_serve_attention(dense, m, t, ctx_len, decode);
+    moe_serve_mlp(dense, m, t, 0);
+    moe_serve_attention(sparse, m, t, ctx_len, decode);
+    moe_serve_mlp(sparse, m, t, double(ep));
+    return std::pair<Acc, Acc>{dense, sparse};
+  };
+  const auto [pre_d, pre_m] = layer_pair(in, in, false);
+  const auto [dec_d, dec_m] = layer_pair(B, ctx, true);
+  Acc head_pre = detail::make_acc(s), head_dec = detail::make_acc(s);
+  head_pre.matmul(1, E, double(m.vocab));
+  head_dec.matmul(B, E, double(m.vocab));
+  const double a2a_pre = 2 * a2a(in), a2a_dec = 2 * a2a(B);
+  Plan o;
+  o.serve = true;
+  o.model = m.name, o.chip = s.chip.name, o.topology = s.topo.str();
+  o.layout = fmt::format("attention data parallel x {}, ep={}", chips, ep);
+  o.chips = chips;
+  o.ttft_s = nd * pre_d.s + nm * (pre_m.s + a2a_pre) + head_pre.s;
+  o.tpot_s = nd * dec_d.s + nm * (dec_m.s + a2a_dec) + head_dec.s;
+  o.step_s = B * o.ttft_s + out * o.tpot_s;
+  o.requests_per_s = double(chips) * B / o.step_s;
+  o.tokens_per_s_per_chip = B * (in + out) / o.step_s;
+  auto parts = [&](auto f) { return B * (nd * f(pre_d) + nm * f(pre_m)) + out * (nd * f(dec_d) + nm * f(dec_m)); };
+  o.breakdown.mxu = parts([](const Acc& a) { return a.mxu; });
+  o.breakdown.other_compute = parts([](const Acc& a) { return a.other; });
+  o.breakdown.hbm = parts([](const Acc& a) { return a.hbm; });
+  o.breakdown.host = parts([](const Acc& a) { return a.host; });
+  o.breakdown.all_to_all = nm * (B * a2a_pre + out * a2a_dec);
+  o.breakdown.ici_total = o.breakdown.exposed_ici = o.breakdown.all_to_all;
+  const double dec_bytes = nd * dec_d.bytes + nm * dec_m.bytes + head_dec.bytes;
+  const double peak_bw = s.chip.memory.hbm_bandwidth_gbps * 1e9 * double(s.chip.cores_per_chip);
+  o.decode_hbm_use = dec_bytes / o.tpot_s / peak_bw;
+  o.decode_a2a_share = nm * a2a_dec / o.tpot_s;
+  o.decode_batch = B;
+  o.params = m.params(), o.active_params = m.active_params();
+  const double flops = 2 * (m.active_params() - double(m.vocab) * E) * B * (in + out);
+  o.mfu = flops / (o.step_s * s.chip.chip_peak_flops());
+  if (price > 0) o.usd_per_mtok = price / 3600.0 * o.step_s / (B * (in + out)) * 1e6;
+  // HBM per chip: every weight but the routed experts on each chip, 1/ep of the routed experts.
+  const double routed = nm * double(m.experts) * m.expert_params();
+  o.hbm.weights = 2 * (m.params() - routed + routed / double(ep));
+  o.hbm.kv_cache = B * (in + out) * L * m.kv_bytes_per_token_layer();
+  o.hbm.activations = 2 * in * (E + 3 * std::max(double(m.intermediate), double(m.top_k * m.expert_intermediate))) +
+                      4 * B * double(m.vocab);
+  o.hbm_capacity = double(s.chip.memory.hbm_bytes) * s.chip.cores_per_chip;
+  if (o.hbm.total() > o.hbm_capacity) {
+    o.fits = false;
+    o.advice = fmt::format("needs {:.2f} GB per chip of {:.2f} GB (weights {:.2f} GB, KV cache {:.2f} GB); more chips "
+                           "(a larger --ep) shard the experts, a smaller --batch or context shrinks the KV cache",
+                           o.hbm.total() / kGiga, o.hbm_capacity / kGiga, o.hbm.weights / kGiga, o.hbm.kv_cache / kGiga);
+  }
+  return o;
+}
+
+}  // namespace tpu::plan
