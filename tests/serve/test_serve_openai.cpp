@@ -10,6 +10,7 @@
 #include <set>
 
 #include "api.h"
+#include "core/codegen_testing.h"
 #include "serve/serve_testing.h"
 
 using namespace tpu;
@@ -372,16 +373,16 @@ TEST_CASE("tpu-serve api: unsupported parameters are 400s naming them, models.re
 // The official OpenAI client (npm package, scripts/setup_openai_client.sh) against the server:
 // its own CTest ("serve: openai node client"), skipped with a message when node or the package
 // is missing.
-TEST_CASE("tpu-serve api: the official OpenAI node client", "[.][node]") {
+namespace {
+// The node client's cases against a server of `model` (the fixture's checkpoint on some device).
+void run_node_client(ModelFixture& f, std::shared_ptr<models::CausalLM> model) {
   const std::string dir = TPU_OPENAI_CLIENT_DIR;
   if (std::system("node --version > /dev/null 2>&1") != 0 ||
       !std::filesystem::exists(dir + "/node_modules/openai/package.json")) {
     std::printf("SKIPPED: node or the npm package openai is missing (scripts/setup_openai_client.sh %s)\n", dir.c_str());
     return;
   }
-  // A longer context than the other cases: structured outputs may take a few hundred tokens.
-  ModelFixture f(47, 512, 32);
-  Running r(f.model, f.tok, f.options());
+  Running r(std::move(model), f.tok, f.options());
   const std::string cmd = fmt::format("timeout 120 node {} {} {} tiny 2>&1", TPU_OPENAI_CLIENT_TEST, dir, r.port);
   FILE* p = popen(cmd.c_str(), "r");
   REQUIRE(p);
@@ -392,4 +393,19 @@ TEST_CASE("tpu-serve api: the official OpenAI node client", "[.][node]") {
   INFO(out);
   CHECK(rc == 0);
   CHECK(out.find("all passed") != std::string::npos);
+}
+}  // namespace
+
+TEST_CASE("tpu-serve api: the official OpenAI node client", "[.][node]") {
+  // A longer context than the other cases: structured outputs may take a few hundred tokens.
+  ModelFixture f(47, 512, 32);
+  run_node_client(f, f.model);
+}
+
+// The same client cases with the model on the simulated chip (tiny preset), as
+// `tpu-serve --device sim:N` serves it.
+TEST_CASE("tpu-serve api: the official OpenAI node client, model on the simulated chip", "[.][node-sim]") {
+  tpu::testing::TinySim chip;
+  ModelFixture f(47, 512, 32);
+  run_node_client(f, models::load_causal_lm(f.dir.string(), chip.dev()));
 }
