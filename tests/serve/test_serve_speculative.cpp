@@ -250,3 +250,44 @@ TEST_CASE("speculative decoding under a JSON-schema constraint equals plain deco
     CHECK_FALSE(nlohmann::json::parse(f.tok.decode(spec, true), nullptr, false).is_discarded());
   }
 }
+
+TEST_CASE("tpu-serve with speculative decoding answers as without it, acceptance in /metrics", "[serve][speculative][http]") {
+  testing::serve::ModelFixture f(47, 96, 32);
+  std::vector<nlohmann::json> bodies;
+  for (const char* prompt : {"abcabcabcabc", "the cat and the cat and the", "xyz"})
+    for (const nlohmann::json& extra : {nlohmann::json::object(), nlohmann::json{{"stop", {"a"}}}}) {
+      nlohmann::json b{{"prompt", prompt}, {"max_tokens", 24}, {"temperature", 0}, {"ignore_eos", true}};
+      b.update(extra);
+      bodies.push_back(b);
+    }
+  auto answers = [&](int64_t k, std::string& metrics) {
+    serve_http::ServerOptions o = f.options();
+    o.engine.speculative_tokens = k;
+    testing::serve::Running r(f.model, f.tok, o);
+    auto c = r.client();
+    std::vector<std::pair<std::string, int64_t>> out;  // text, usage.completion_tokens
+    for (const auto& b : bodies) {
+      auto res = c.Post("/v1/completions", b.dump(), "application/json");
+      REQUIRE(res);
+      REQUIRE(res->status == 200);
+      const auto j = nlohmann::json::parse(res->body);
+      out.push_back({j["choices"][0]["text"].get<std::string>(), j["usage"]["completion_tokens"].get<int64_t>()});
+    }
+    auto met = c.Get("/metrics");
+    REQUIRE(met);
+    metrics = met->body;
+    return std::make_pair(out, r.server->engine().metrics());
+  };
+  std::string plain_text, spec_text;
+  const auto [plain, pm] = answers(0, plain_text);
+  const auto [spec, sm] = answers(4, spec_text);
+  CHECK(spec == plain);
+  CHECK(sm.generation_tokens == pm.generation_tokens);
+  CHECK(sm.spec_draft_tokens > 0);
+  CHECK(spec_text.find(fmt::format("vllm:spec_decode_num_draft_tokens_total{{model_name=\"tiny\"}} {}\n",
+                                   sm.spec_draft_tokens)) != std::string::npos);
+  CHECK(spec_text.find(fmt::format("vllm:spec_decode_num_accepted_tokens_total{{model_name=\"tiny\"}} {}\n",
+                                   sm.spec_accepted_tokens)) != std::string::npos);
+  CHECK(spec_text.find("tpu_serve_spec_acceptance_rate ") != std::string::npos);
+  CHECK(plain_text.find("vllm:spec_decode_num_draft_tokens_total{model_name=\"tiny\"} 0\n") != std::string::npos);
+}
