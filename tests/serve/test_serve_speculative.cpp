@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "core/codegen_testing.h"
 #include "core/llm_reference.h"
 #include "serve/serve_testing.h"
 #include "structured.h"
@@ -290,4 +291,41 @@ TEST_CASE("tpu-serve with speculative decoding answers as without it, acceptance
                                    sm.spec_accepted_tokens)) != std::string::npos);
   CHECK(spec_text.find("tpu_serve_spec_acceptance_rate ") != std::string::npos);
   CHECK(plain_text.find("vllm:spec_decode_num_draft_tokens_total{model_name=\"tiny\"} 0\n") != std::string::npos);
+}
+
+TEST_CASE("speculative decoding with the model on sim (tiny chip) equals cpu generate()", "[serve][speculative][sim]") {
+  tpu::testing::TinySim sim;
+  testing::llm::TinyCfg c;
+  auto dir = testing::llm::temp_dir("serve_speculative_sim");
+  testing::llm::write_tiny_model(dir, c, DType::f32, 1, 31);
+  auto cpu = models::load_causal_lm(dir.string());
+  auto on_chip = models::load_causal_lm(dir.string(), sim.dev());
+  std::filesystem::remove_all(dir);
+  serve::EngineConfig ec;
+  ec.block_size = 4;
+  ec.max_num_batched_tokens = 16;
+  ec.max_num_seqs = 3;
+  ec.max_model_len = 32;
+  ec.speculative_tokens = 3;
+  serve::Engine e(on_chip, ec);
+  const std::vector<V> prompts{{5, 6, 7, 5, 6, 7, 5, 6}, {1, 2, 1, 2, 1}, {9, 30, 4}};
+  models::GenerationConfig g;
+  g.max_new_tokens = 12;
+  std::vector<V> out(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    serve::RequestCallbacks cb;
+    cb.on_token = [&out, i](int64_t t) {
+      out[i].push_back(t);
+      return true;
+    };
+    e.add_request(prompts[i], serve::SamplingParams::from_generation_config(g), cb);
+  }
+  for (int i = 0; i < 200 && e.has_work(); ++i) e.step();
+  REQUIRE_FALSE(e.has_work());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    INFO("request " << i);
+    CHECK(out[i] == models::generate(*cpu, {prompts[i]}, g)[0]);
+  }
+  CHECK(e.metrics().spec_draft_tokens > 0);
+  CHECK(e.metrics().blocks_used == 0);
 }

@@ -18,7 +18,8 @@ std::vector<int64_t> propose_ngram(const std::vector<int64_t>& seq, int64_t k, i
       std::vector<int64_t> out;
       for (int64_t j = 0; j < k; ++j) {
         const int64_t at = i + n + j;  // < len + j: past the end it reads the proposals so far
-        out.push_back(at < len ? seq[static_cast<size_t>(at)] : out[static_cast<size_t>(at - len)]);
+        const int64_t t = at < len ? seq[static_cast<size_t>(at)] : out[static_cast<size_t>(at - len)];
+        out.push_back(t);
       }
       return out;
     }
