@@ -17,6 +17,7 @@
 #include "serve/serve_testing.h"
 #include "structured.h"
 #include "tpucore/autograd.h"
+#include "tpucore/compile.h"
 #include "tpucore/models.h"
 #include "tpucore/nn.h"
 #include "tpucore/serve/engine.h"
@@ -112,6 +113,15 @@ SpecRun spec_serve(const std::shared_ptr<models::CausalLM>& m, const std::vector
     return s;
   };
   serve::Engine e(m, ec);
+  // Compiled: every bucket (with room for the verification rows) compiles at warm-up, none later.
+  const int64_t buckets = e.warm_up();
+  const auto compiles = [&] {
+    const jit::Stats st = jit::stats();
+    const auto* f = st.find(ec.compile_name);
+    return f ? f->compiles : int64_t{0};
+  };
+  const int64_t warm = compiles();
+  CHECK((buckets > 0) == compile);
   SpecRun run;
   for (size_t i = 0; i < rs.size(); ++i) {
     serve::RequestCallbacks cb;
@@ -126,6 +136,7 @@ SpecRun spec_serve(const std::shared_ptr<models::CausalLM>& m, const std::vector
   }
   for (int s = 0; s < 2000 && e.has_work(); ++s) e.step();
   REQUIRE_FALSE(e.has_work());
+  CHECK(compiles() == warm);
   run.metrics = e.metrics();
   return run;
 }
