@@ -12,6 +12,15 @@
 //   (128: 3 layers; 768: 4 layers). Counters: decode
 //   tokens/s (wall), process CPU time per decode token (all threads), and for I = 1 the
 //   throughput lost against I = 0 at the same N and D by CPU time (cost_%; negative: faster).
+// BM_speculative/K/N/R: decode of N running greedy requests, 64 tokens each: R = 1, the
+//   32-token prompts repeat an 8-token passage (n-gram proposals hit, and the greedy random
+//   model falls into cycles); R = 0, prompts without a repeated passage and the model's
+//   attention and MLP weights scaled by 8 (its output wanders: most proposals miss, the cost of
+//   verifying them); with
+//   EngineConfig::speculative_tokens K (0: plain decoding; run first, the reference).
+//   Counters: decode tokens/s (wall), CPU time per decode token, the acceptance rate, speed-up
+//   by CPU time against K = 0 at the same N and R, and same_output (1: every token equal to
+//   K = 0's).
 // BM_generate_batch/N: the same N prompts through models::generate() as one static batch
 //   (contiguous KV cache), the baseline without a server.
 // BM_http/N: tpu-serve in-process on 127.0.0.1 and N concurrent streaming clients (our load
@@ -36,8 +45,10 @@
 #include <unistd.h>
 
 #include "server.h"
+#include "tpucore/autograd.h"
 #include "tpucore/compile.h"
 #include "tpucore/models.h"
+#include "tpucore/nn.h"
 #include "tpucore/serve/engine.h"
 
 using namespace tpu;
@@ -162,6 +173,67 @@ BENCHMARK(BM_decode_invariant)
     ->ArgsProduct({{0, 1}, {1, 8, 16, 32}, {0, 1}, {128, 768}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
+
+void BM_speculative(benchmark::State& st) {
+  // (N, R) -> (cpu/token, outputs) of K = 0
+  static std::map<std::pair<int64_t, int64_t>, std::pair<double, std::vector<std::vector<int64_t>>>> plain;
+  const int64_t k = st.range(0), n = st.range(1), repeat = st.range(2);
+  auto m = models::load_causal_lm(model_dir());
+  if (!repeat) {
+    NoGradGuard ng;
+    nn::StateDict sd = m->state_dict();
+    for (auto& [name, t] : sd)
+      if (name.find("_proj") != std::string::npos) t = t * 8.0;
+    m->load_state_dict(sd);
+  }
+  serve::EngineConfig ec;
+  ec.max_num_seqs = n;
+  ec.max_num_batched_tokens = 2048;
+  ec.max_model_len = 256;
+  ec.speculative_tokens = k;
+  serve::Engine e(m, ec);
+  models::GenerationConfig g;
+  g.max_new_tokens = kNew;
+  int64_t decoded = 0;
+  double seconds = 0, cpu = 0;
+  std::vector<std::vector<int64_t>> out;
+  for (auto _ : st) {
+    st.PauseTiming();
+    out.assign(static_cast<size_t>(n), {});
+    for (int64_t i = 0; i < n; ++i) {
+      std::vector<int64_t> p;
+      for (int64_t j = 0; j < kPrompt; ++j) p.push_back(32 + (i * 7 + (repeat ? j % 8 : j * j + 3 * j) * 13) % 90);
+      auto* o = &out[static_cast<size_t>(i)];
+      e.add_request(p, serve::SamplingParams::from_generation_config(g), {[o](int64_t t) {
+                              o->push_back(t);
+                              return true;
+                            },
+                            {}});
+    }
+    e.step();  // the prefill and the first tokens
+    st.ResumeTiming();
+    const auto t0 = Clock::now();
+    const double c0 = process_cpu_seconds();
+    for (int i = 0; i < 100000 && e.has_work(); ++i) e.step();
+    cpu += process_cpu_seconds() - c0;
+    seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    decoded += n * (kNew - 1);
+  }
+  if (decoded == 0 || seconds <= 0) return;
+  const double cpu_per_token = cpu / static_cast<double>(decoded);
+  const serve::EngineMetrics mt = e.metrics();
+  st.counters["decode_tokens/s"] = static_cast<double>(decoded) / seconds;
+  st.counters["cpu_us/token"] = 1e6 * cpu_per_token;
+  st.counters["acceptance"] = mt.spec_acceptance_rate();
+  const auto key = std::pair{n, repeat};
+  if (k == 0) {
+    plain[key] = {cpu_per_token, out};
+  } else if (plain.count(key)) {
+    st.counters["speedup_x"] = plain[key].first / cpu_per_token;
+    st.counters["same_output"] = plain[key].second == out ? 1 : 0;
+  }
+}
+BENCHMARK(BM_speculative)->ArgsProduct({{0, 4}, {1, 4, 16}, {1, 0}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // A mixed workload of n requests: prompts of 8..64 tokens, 16..64 new tokens each, arriving
 // one every other step (so prefill chunks share steps with decodes under a 128-token budget).

@@ -66,6 +66,21 @@ int main(int argc, char** argv) {
             TPU_CHECK(v == "on" || v == "off", "tpu-serve: --batch-invariant must be on or off, got '{}'", v);
             o.engine.batch_invariant = v == "on";
           });
+  bool ngram_set = false;
+  p.value("--speculative-tokens", "K",
+          "speculative decoding with n-gram (prompt-lookup) proposals: up to K tokens per decoding request, verified "
+          "in one forward (default 0: off); outputs stay those of plain decoding with --batch-invariant on",
+          [&](const std::string& v) { o.engine.speculative_tokens = p.to_int(v); });
+  p.value("--ngram-max", "N", "with --speculative-tokens: the longest n-gram matched (default 3)",
+          [&](const std::string& v) {
+            o.engine.ngram_max = p.to_int(v);
+            ngram_set = true;
+          });
+  p.value("--ngram-min", "N", "with --speculative-tokens: the shortest n-gram matched (default 1)",
+          [&](const std::string& v) {
+            o.engine.ngram_min = p.to_int(v);
+            ngram_set = true;
+          });
   p.value("--threads", "N", "HTTP worker threads (default 64)", [&](const std::string& v) { o.threads = static_cast<int>(p.to_int(v)); });
   p.value("--drain-seconds", "S", "on SIGTERM, time running requests get to finish (default 30)",
           [&](const std::string& v) { o.drain_seconds = p.to_double(v); });
@@ -79,6 +94,8 @@ int main(int argc, char** argv) {
   }
   try {
     TPU_CHECK(dtype == "f32" || dtype == "bf16", "tpu-serve: --dtype must be f32 or bf16, got '{}'", dtype);
+    TPU_CHECK(!ngram_set || o.engine.speculative_tokens > 0,
+              "tpu-serve: --ngram-max and --ngram-min need --speculative-tokens K (K > 0)");
     if (o.model_name == "tpucore") {
       std::string d = model_dir;
       while (d.size() > 1 && d.back() == '/') d.pop_back();

@@ -33,6 +33,9 @@ EngineConfig resolve(EngineConfig c, const models::CausalLM& m) {
             "serve::Engine: block_size ({}), max_num_seqs ({}), max_num_batched_tokens ({}) must be positive, "
             "max_model_len ({}) above 1, num_blocks ({}) and max_waiting ({}) not negative",
             c.block_size, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.num_blocks, c.max_waiting);
+  TPU_CHECK(c.speculative_tokens >= 0 && c.ngram_min >= 1 && c.ngram_max >= c.ngram_min,
+            "serve::Engine: speculative_tokens ({}) must not be negative and 1 <= ngram_min ({}) <= ngram_max ({})",
+            c.speculative_tokens, c.ngram_min, c.ngram_max);
   const int64_t per_seq = (c.max_model_len + c.block_size - 1) / c.block_size;
   if (c.num_blocks == 0) c.num_blocks = per_seq * c.max_num_seqs;
   // One sequence at full length must fit, or preemption could not make room for it.
@@ -45,7 +48,9 @@ PagedCacheConfig cache_config(const EngineConfig& c, const models::CausalLM& m) 
   return {m.config.num_hidden_layers, m.config.num_key_value_heads, m.config.head_dim, c.block_size, c.num_blocks};
 }
 RunnerOptions runner_options(const EngineConfig& c) {
-  return {c.compile, c.compile_name, c.max_num_batched_tokens, c.max_model_len, c.max_num_seqs};
+  // A speculating sequence samples a row for its last token and one per proposal.
+  return {c.compile, c.compile_name, c.max_num_batched_tokens, c.max_model_len, c.max_num_seqs,
+          c.max_num_seqs * (1 + c.speculative_tokens)};
 }
 }  // namespace
 
@@ -54,7 +59,9 @@ struct Engine::Impl {
       : model(std::move(m)),
         cfg(resolve(c, *model)),
         kv(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching),
-        scheduler({cfg.max_num_seqs, cfg.max_num_batched_tokens}, kv),
+        scheduler({cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.speculative_tokens, cfg.ngram_min, cfg.ngram_max,
+                   cfg.max_model_len},
+                  kv),
         runner(*model, cache_config(cfg, *model), runner_options(cfg)),
         output(kv, cfg.max_model_len, cfg.detokenize),
         start(Clock::now()) {
@@ -234,6 +241,9 @@ void Engine::Impl::publish(const StepPlan& plan, const StepReport& report, bool 
     metrics.steps++;
     for (const StepPlan::Seq& q : plan.seqs) metrics.processed_tokens += q.tokens;
     metrics.generation_tokens += report.new_tokens;
+    metrics.spec_draft_tokens += report.draft_tokens;
+    metrics.spec_accepted_tokens += report.accepted_tokens;
+    for (const StepPlan::Seq& q : plan.seqs) metrics.spec_drafts += !q.draft.empty();
     recent.push_back({now, report.new_tokens});
   }
   // Generated tokens per second over the last 10 s (or since the engine started).

@@ -47,6 +47,16 @@ struct EngineConfig {
   // request's tokens do not depend on the other requests of its step (host matmuls keep one
   // reduction order per row whatever the row count; attention and norms already do).
   bool batch_invariant = true;
+  // Speculative decoding with n-gram (prompt-lookup) proposals, as vLLM's `ngram` method: a
+  // decoding request proposes up to speculative_tokens tokens (0: off) that followed the most
+  // recent earlier occurrence of its last n tokens (prompt and generated; n from ngram_max down
+  // to ngram_min); one forward verifies them all (they count in the step's token budget), and
+  // tokens are chosen row by row exactly as plain decoding chooses them while each equals its
+  // proposal, plus the one after. The output is the same as without speculation (greedy and
+  // seeded sampling, with stops, penalties, logprobs and constraints) when the verification
+  // rows' logits equal one-token steps' logits, which batch_invariant guarantees.
+  int64_t speculative_tokens = 0;
+  int64_t ngram_min = 1, ngram_max = 3;
   // The text of generated token ids, for stop strings (SamplingParams::stop); a request with
   // stop strings is refused without it.
   std::function<std::string(const std::vector<int64_t>&)> detokenize = nullptr;
@@ -94,6 +104,11 @@ struct EngineMetrics {
   int64_t processed_tokens = 0, generation_tokens = 0;  // through the forward / sampled
   int64_t prompt_tokens = 0;                            // of the requests added
   int64_t prefix_cache_hit_tokens = 0;                  // prompt tokens whose blocks were reused
+  // Speculative decoding: proposals verified and those accepted (acceptance rate: their ratio).
+  int64_t spec_draft_tokens = 0, spec_accepted_tokens = 0, spec_drafts = 0;
+  double spec_acceptance_rate() const {
+    return spec_draft_tokens > 0 ? static_cast<double>(spec_accepted_tokens) / static_cast<double>(spec_draft_tokens) : 0;
+  }
   double generation_tokens_per_second = 0;  // over the last ~10 s of steps
   Histogram ttft, tpot;                      // time to first token, time per output token (s)
   Histogram e2e;                             // arrival to finish of finished requests (s)

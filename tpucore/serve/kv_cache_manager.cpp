@@ -49,6 +49,14 @@ void KVCacheManager::cache_full_blocks(Request& r) {
   }
 }
 
+void KVCacheManager::trim(Request& r, int64_t positions) {
+  const auto keep = static_cast<size_t>((positions + block_size_ - 1) / block_size_);
+  while (r.table.size() > keep) {
+    blocks_.free(r.table.back());
+    r.table.pop_back();
+  }
+}
+
 void KVCacheManager::free(Request& r) {
   for (int32_t b : r.table) blocks_.free(b);
   r.table.clear();

@@ -30,6 +30,9 @@ class KVCacheManager {
   bool allocate(Request& r, int64_t positions);
   // Registers r's newly completed full blocks in the prefix cache (after a step wrote them).
   void cache_full_blocks(Request& r);
+  // Returns r's blocks past those holding `positions` positions to the pool (rejected
+  // speculative positions); r.computed must not exceed `positions`.
+  void trim(Request& r, int64_t positions);
   // Returns every block of r to the pool; r then holds nothing in the cache.
   void free(Request& r);
   int64_t block_size() const { return block_size_; }

@@ -66,6 +66,11 @@ void vllm_names(std::string& s, const EngineMetrics& m, const std::string& model
   labelled(s, "vllm:num_preemptions_total", "counter", "Cumulative number of preemptions.", l, d(m.preemptions));
   labelled(s, "vllm:request_success_total", "counter", "Count of successfully processed requests.", l,
            d(m.requests_finished));
+  labelled(s, "vllm:spec_decode_num_drafts_total", "counter", "Number of spec decoding drafts.", l, d(m.spec_drafts));
+  labelled(s, "vllm:spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.", l,
+           d(m.spec_draft_tokens));
+  labelled(s, "vllm:spec_decode_num_accepted_tokens_total", "counter", "Number of accepted tokens.", l,
+           d(m.spec_accepted_tokens));
   histogram(s, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", m.ttft, l);
   histogram(s, "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", m.tpot, l);
   histogram(s, "vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", m.e2e, l);
@@ -94,6 +99,12 @@ std::string prometheus_text(const EngineMetrics& m, const std::string& extra, co
          static_cast<double>(m.preemptions));
   scalar(s, "tpu_serve_prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from shared KV blocks.",
          static_cast<double>(m.prefix_cache_hit_tokens));
+  scalar(s, "tpu_serve_spec_draft_tokens_total", "counter", "Speculative (n-gram) tokens proposed and verified.",
+         static_cast<double>(m.spec_draft_tokens));
+  scalar(s, "tpu_serve_spec_accepted_tokens_total", "counter", "Speculative tokens accepted (equal to the model's choice).",
+         static_cast<double>(m.spec_accepted_tokens));
+  scalar(s, "tpu_serve_spec_acceptance_rate", "gauge", "Accepted over proposed speculative tokens (0 before any).",
+         m.spec_acceptance_rate());
   scalar(s, "tpu_serve_steps_total", "counter", "Engine steps that ran the model.", static_cast<double>(m.steps));
   histogram(s, "tpu_serve_time_to_first_token_seconds", "Time from arrival to the first generated token.", m.ttft);
   histogram(s, "tpu_serve_time_per_output_token_seconds", "Mean time between generated tokens, per request.",

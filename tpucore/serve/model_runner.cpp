@@ -35,6 +35,7 @@ Tensor i64_tensor(const std::vector<int64_t>& v, Shape s, Device dev) {
 
 ModelRunner::ModelRunner(models::CausalLM& m, const PagedCacheConfig& c, const RunnerOptions& o)
     : m_(m), c_(c), o_(o) {
+  if (o_.max_rows <= 0) o_.max_rows = o_.max_seqs;
   const models::ModelConfig& mc = m.config;
   const Device dev = m.device();
   TPU_CHECK(c.num_layers == mc.num_hidden_layers && c.kv_heads == mc.num_key_value_heads && c.head_dim == mc.head_dim,
@@ -143,8 +144,8 @@ void ModelRunner::check(const StepBatch& s) const {
   for (int64_t c : s.batch.context_len)
     TPU_CHECK(c <= o_.max_context, "serve: a context of {} exceeds the compiled step's {}", c, o_.max_context);
   const auto nrows = static_cast<int64_t>(s.logit_rows.size());
-  TPU_CHECK(nrows <= std::min(s.batch.num_seqs(), o_.max_seqs), "serve: {} rows to sample from {} sequences (limit {})",
-            nrows, s.batch.num_seqs(), o_.max_seqs);
+  TPU_CHECK(nrows <= std::min(n, o_.max_rows), "serve: {} rows to sample from {} tokens (limit {})", nrows, n,
+            o_.max_rows);
 }
 
 Tensor ModelRunner::run(const StepBatch& s) {
@@ -207,7 +208,7 @@ Tensor ModelRunner::chip_step(const StepBatch& s) {
 
 Tensor ModelRunner::graph_step(int64_t nb, const StepBatch& s, const codegen::PagedAttentionMeta& meta) {
   const Device dev = m_.device();
-  const int64_t rows_cap = std::min(nb, o_.max_seqs);
+  const int64_t rows_cap = std::min(nb, o_.max_rows);
   std::vector<int64_t> tok(static_cast<size_t>(nb), 0), pos(static_cast<size_t>(nb), 0),
       rows(static_cast<size_t>(rows_cap), 0);
   std::copy(s.ids.begin(), s.ids.end(), tok.begin());

@@ -38,6 +38,7 @@ struct RunnerOptions {
   std::string compile_name = "serve_step";  // the compiled function's name in tpu::jit::stats()
   // Bounds of the buckets (compile): the token budget, max_model_len and max_num_seqs.
   int64_t max_tokens = 256, max_context = 2048, max_seqs = 16;
+  int64_t max_rows = 0;  // rows sampled per step at most (0: max_seqs; more with speculative decoding)
 };
 
 // The tokens of one step: ids and positions per flattened token, the ragged batch (offsets,

@@ -13,7 +13,8 @@
 namespace tpu::serve {
 
 void OutputProcessor::commit(const StepPlan& plan) {
-  for (const StepPlan::Seq& s : plan.seqs) s.req->computed += s.tokens;
+  // Proposals (speculative decoding) count once verified, in sample().
+  for (const StepPlan::Seq& s : plan.seqs) s.req->computed += s.tokens - static_cast<int64_t>(s.draft.size());
   // Newly completed full blocks join the prefix cache (before any of them can be freed).
   for (const StepPlan::Seq& s : plan.seqs) kv_.cache_full_blocks(*s.req);
 }
@@ -112,48 +113,75 @@ void OutputProcessor::sample(const StepPlan& plan, const Tensor& logits, StepRep
   const std::vector<float> all = logits.numel() == 0 ? std::vector<float>{} : logits.to_vector<float>();
   const auto vocab = static_cast<size_t>(logits.size(1));
   size_t row = 0;
-  for (size_t i = 0; i < plan.seqs.size(); ++i) {
-    if (!plan.seqs[i].samples) continue;
-    const std::shared_ptr<Request>& rp = plan.seqs[i].req;
-    Request& r = *rp;
-    std::vector<float> x(all.begin() + static_cast<std::ptrdiff_t>(row * vocab),
-                         all.begin() + static_cast<std::ptrdiff_t>((row + 1) * vocab));
-    ++row;
-    std::vector<float> adjusted = adjusted_logits(x, r);
-    if (r.constraint && !constrain(r, adjusted)) {
-      // No token continues the document (the vocabulary cannot spell what must come next).
-      log().warn("serve: request {}: no token can continue its structured output", r.id);
-      finish(rp, FinishReason::cancelled, report);
-      continue;
+  for (const StepPlan::Seq& q : plan.seqs) {
+    if (!q.samples) continue;
+    const std::shared_ptr<Request>& rp = q.req;
+    // Row j holds the logits after the proposals before j: its token is the one plain decoding
+    // would choose next as long as every earlier proposal was chosen; the first token that
+    // differs from its proposal (or the token after all of them) ends the sequence's step.
+    const size_t d = q.draft.size(), first = row;
+    int64_t accepted = 0;
+    bool alive = true;
+    for (size_t j = 0; j <= d && alive; ++j) {
+      const std::vector<float> x(all.begin() + static_cast<std::ptrdiff_t>(row * vocab),
+                                 all.begin() + static_cast<std::ptrdiff_t>((row + 1) * vocab));
+      ++row;
+      int64_t t = -1;
+      alive = sample_one(rp, x, t, report);
+      const bool hit = j < d && t == q.draft[j];
+      accepted += hit;
+      if (!hit) break;
     }
-    const int64_t t = models::choose_token(std::move(adjusted), r.tokens, r.sampler, r.rng);
-    bool constraint_done = false;
-    if (r.constraint && !r.stops.count(t)) {
-      if (!r.params.constraint->advance(*r.constraint, t)) {  // only a masked token could (a sampler fault)
-        log().warn("serve: request {}: token {} does not continue its structured output", r.id, t);
-        finish(rp, FinishReason::cancelled, report);
-        continue;
-      }
-      constraint_done = r.params.constraint->finished(*r.constraint);
-    }
-    r.tokens.push_back(t);
-    r.counts[t]++;
-    report.new_tokens++;
-    if (r.generated() == 1) {
-      r.first_token = Clock::now();
-      report.ttft.push_back(std::chrono::duration<double>(r.first_token - r.arrival).count());
-    }
-    bool keep = true;
-    if (r.cb.on_output) {
-      keep = r.cb.on_output(r.params.logprobs >= 0 ? token_logprobs(x, t, r.params.logprobs) : TokenOutput{t, 0, {}});
-    } else if (r.cb.on_token) {
-      keep = r.cb.on_token(t);
-    }
-    if (!keep) finish(rp, FinishReason::cancelled, report);
-    else if (r.stops.count(t) || constraint_done || stop_string_hit(r)) finish(rp, FinishReason::stop, report);
-    else if (r.generated() >= r.params.max_tokens || static_cast<int64_t>(r.tokens.size()) >= max_model_len_)
-      finish(rp, FinishReason::length, report);
+    row = first + d + 1;
+    report.draft_tokens += static_cast<int64_t>(d);
+    report.accepted_tokens += accepted;
+    if (d == 0 || !alive) continue;  // no proposals, or finished (blocks freed)
+    // The accepted proposals' keys and values are cached; the rejected positions' blocks go back.
+    rp->computed += accepted;
+    kv_.cache_full_blocks(*rp);
+    kv_.trim(*rp, static_cast<int64_t>(rp->tokens.size()));
   }
+}
+
+bool OutputProcessor::sample_one(const std::shared_ptr<Request>& rp, const std::vector<float>& x, int64_t& t,
+                                 StepReport& report) {
+  Request& r = *rp;
+  std::vector<float> adjusted = adjusted_logits(x, r);
+  if (r.constraint && !constrain(r, adjusted)) {
+    // No token continues the document (the vocabulary cannot spell what must come next).
+    log().warn("serve: request {}: no token can continue its structured output", r.id);
+    finish(rp, FinishReason::cancelled, report);
+    return false;
+  }
+  t = models::choose_token(std::move(adjusted), r.tokens, r.sampler, r.rng);
+  bool constraint_done = false;
+  if (r.constraint && !r.stops.count(t)) {
+    if (!r.params.constraint->advance(*r.constraint, t)) {  // only a masked token could (a sampler fault)
+      log().warn("serve: request {}: token {} does not continue its structured output", r.id, t);
+      finish(rp, FinishReason::cancelled, report);
+      return false;
+    }
+    constraint_done = r.params.constraint->finished(*r.constraint);
+  }
+  r.tokens.push_back(t);
+  r.counts[t]++;
+  report.new_tokens++;
+  if (r.generated() == 1) {
+    r.first_token = Clock::now();
+    report.ttft.push_back(std::chrono::duration<double>(r.first_token - r.arrival).count());
+  }
+  bool keep = true;
+  if (r.cb.on_output) {
+    keep = r.cb.on_output(r.params.logprobs >= 0 ? token_logprobs(x, t, r.params.logprobs) : TokenOutput{t, 0, {}});
+  } else if (r.cb.on_token) {
+    keep = r.cb.on_token(t);
+  }
+  if (!keep) finish(rp, FinishReason::cancelled, report);
+  else if (r.stops.count(t) || constraint_done || stop_string_hit(r)) finish(rp, FinishReason::stop, report);
+  else if (r.generated() >= r.params.max_tokens || static_cast<int64_t>(r.tokens.size()) >= max_model_len_)
+    finish(rp, FinishReason::length, report);
+  else return true;
+  return false;
 }
 
 }  // namespace tpu::serve

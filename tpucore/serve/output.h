@@ -22,6 +22,7 @@ namespace tpu::serve {
 // What a step did, for the engine's metrics and its on_finish callbacks.
 struct StepReport {
   int64_t new_tokens = 0;
+  int64_t draft_tokens = 0, accepted_tokens = 0;  // speculative proposals verified / accepted
   std::vector<double> ttft;  // time to first token of requests that got it this step (s)
   std::vector<std::pair<std::shared_ptr<Request>, FinishReason>> finished;  // blocks already freed
 };
@@ -44,13 +45,18 @@ class OutputProcessor {
       : kv_(kv), max_model_len_(max_model_len), detokenize_(std::move(detokenize)) {}
   // Marks the plan's tokens as cached and registers newly full blocks (prefix caching).
   void commit(const StepPlan& plan);
-  // logits: f32 [rows, vocab], one row per sampling sequence of the plan in order.
+  // logits: f32 [rows, vocab], per sampling sequence of the plan in order one row, or with
+  // proposals (speculative decoding) 1 + proposals rows: tokens are chosen row by row while each
+  // equals its proposal, each as plain decoding would (penalties, constraint, stops, callbacks).
   void sample(const StepPlan& plan, const Tensor& logits, StepReport& report);
   // Ends a request: its blocks go back to the pool; the engine calls on_finish afterwards.
   void finish(const std::shared_ptr<Request>& r, FinishReason why, StepReport& report);
 
  private:
   bool stop_string_hit(Request& r) const;
+  // Samples, records and reports one token of r from its raw logits x (t: the token); false
+  // when the request ended (finished, blocks freed).
+  bool sample_one(const std::shared_ptr<Request>& rp, const std::vector<float>& x, int64_t& t, StepReport& report);
   KVCacheManager& kv_;
   int64_t max_model_len_;
   Detokenize detokenize_;

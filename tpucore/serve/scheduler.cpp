@@ -4,9 +4,27 @@
 
 namespace tpu::serve {
 
-void StepPlan::add(std::shared_ptr<Request> r, int64_t n) {
-  const bool last = r->computed + n == static_cast<int64_t>(r->tokens.size());
-  seqs.push_back({std::move(r), n, last});
+void StepPlan::add(std::shared_ptr<Request> r, int64_t n, std::vector<int64_t> draft) {
+  const bool last = r->computed + n - static_cast<int64_t>(draft.size()) == static_cast<int64_t>(r->tokens.size());
+  seqs.push_back({std::move(r), n, last, std::move(draft)});
+}
+
+std::vector<int64_t> propose_ngram(const std::vector<int64_t>& seq, int64_t k, int64_t ngram_min, int64_t ngram_max) {
+  const auto len = static_cast<int64_t>(seq.size());
+  for (int64_t n = std::min(ngram_max, len - 1); k > 0 && n >= std::max<int64_t>(ngram_min, 1); --n) {
+    const int64_t* suffix = seq.data() + (len - n);
+    for (int64_t i = len - n - 1; i >= 0; --i) {  // the most recent earlier occurrence first
+      if (!std::equal(suffix, suffix + n, seq.data() + i)) continue;
+      std::vector<int64_t> out;
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t at = i + n + j;  // < len + j: past the end it reads the proposals so far
+        const int64_t t = at < len ? seq[static_cast<size_t>(at)] : out[static_cast<size_t>(at - len)];
+        out.push_back(t);
+      }
+      return out;
+    }
+  }
+  return {};
 }
 
 StepBatch StepPlan::batch() const {
@@ -14,14 +32,17 @@ StepBatch StepPlan::batch() const {
   s.batch.query_start.push_back(0);
   for (size_t i = 0; i < seqs.size(); ++i) {
     const Request& r = *seqs[i].req;
+    const auto d = static_cast<int64_t>(seqs[i].draft.size());
+    const int64_t known = seqs[i].tokens - d;
     for (int64_t j = 0; j < seqs[i].tokens; ++j) {
-      s.ids.push_back(r.tokens[static_cast<size_t>(r.computed + j)]);
+      s.ids.push_back(j < known ? r.tokens[static_cast<size_t>(r.computed + j)] : seqs[i].draft[static_cast<size_t>(j - known)]);
       s.positions.push_back(r.computed + j);
     }
     s.batch.query_start.push_back(static_cast<int64_t>(s.ids.size()));
     s.batch.context_len.push_back(r.computed + seqs[i].tokens);
     s.batch.block_tables.push_back(&r.table);
-    if (seqs[i].samples) s.logit_rows.push_back(static_cast<int64_t>(s.ids.size()) - 1);
+    if (seqs[i].samples)  // the last known token's row, then one per proposal
+      for (int64_t j = d; j >= 0; --j) s.logit_rows.push_back(static_cast<int64_t>(s.ids.size()) - 1 - j);
   }
   return s;
 }
@@ -74,7 +95,9 @@ void Scheduler::preempt(size_t index, StepPlan& plan) {
 bool Scheduler::schedule_running(StepPlan& plan, int64_t& budget) {
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Request& r = *running_[i];
-    const int64_t n = std::min(static_cast<int64_t>(r.tokens.size()) - r.computed, budget);
+    int64_t n = std::min(static_cast<int64_t>(r.tokens.size()) - r.computed, budget);
+    std::vector<int64_t> draft = propose(r, budget, running_.size() - i - 1);
+    if (!draft.empty()) n = 1 + static_cast<int64_t>(draft.size());
     bool ok = kv_.allocate(r, r.computed + n);
     while (!ok && running_.size() > i + 1) {  // preempt the newest other sequence
       preempt(running_.size() - 1, plan);
@@ -84,11 +107,25 @@ bool Scheduler::schedule_running(StepPlan& plan, int64_t& budget) {
       preempt(i, plan);
       return false;
     }
-    plan.add(running_[i], n);
+    plan.add(running_[i], n, std::move(draft));
     budget -= n;
     ++i;
   }
   return plan.preemptions == 0;
+}
+
+std::vector<int64_t> Scheduler::propose(const Request& r, int64_t budget, size_t later) const {
+  if (limits_.speculative_tokens <= 0 || static_cast<int64_t>(r.tokens.size()) - r.computed != 1) return {};
+  // Proposals beyond what the request may still return (max_tokens, the context) are useless.
+  const int64_t k = std::min({limits_.speculative_tokens, budget - 1, r.params.max_tokens - r.generated() - 1,
+                              limits_.max_model_len - static_cast<int64_t>(r.tokens.size()) - 1});
+  if (k <= 0) return {};
+  std::vector<int64_t> draft = propose_ngram(r.tokens, k, limits_.ngram_min, limits_.ngram_max);
+  // Proposals take only blocks that are free beyond one for each later running sequence, so
+  // speculation never preempts.
+  const int64_t need = kv_.blocks_needed(r, r.computed + 1 + static_cast<int64_t>(draft.size()));
+  if (need > 0 && need + static_cast<int64_t>(later) > kv_.num_free()) return {};
+  return draft;
 }
 
 void Scheduler::schedule_waiting(StepPlan& plan, int64_t& budget) {

@@ -30,13 +30,16 @@ struct StepPlan {
     std::shared_ptr<Request> req;
     int64_t tokens = 0;     // the next `tokens` of req->tokens after req->computed
     bool samples = false;  // all its known tokens are cached after the step: it samples
+    // Speculative decoding: proposed tokens run after the request's last known token (counted in
+    // `tokens`); every one of those 1 + draft.size() rows samples, to verify the proposals.
+    std::vector<int64_t> draft;
   };
   std::vector<Seq> seqs;
   int64_t preemptions = 0;        // sequences preempted while planning
   int64_t prefix_hit_tokens = 0;  // prompt positions reused from the prefix cache
   bool empty() const { return seqs.empty(); }
-  // Schedules the next n tokens of r.
-  void add(std::shared_ptr<Request> r, int64_t n);
+  // Schedules the next n tokens of r (the last draft.size() of them the proposals).
+  void add(std::shared_ptr<Request> r, int64_t n, std::vector<int64_t> draft = {});
   // The runner's input: flattened ids and positions, the ragged batch over the block tables
   // (pointers into the requests: valid while the plan lives) and the rows that sample.
   StepBatch batch() const;
@@ -47,7 +50,18 @@ struct StepPlan {
 struct SchedulerLimits {
   int64_t max_num_seqs = 16;
   int64_t max_num_batched_tokens = 256;
+  // Speculative decoding (EngineConfig::speculative_tokens): proposals per decoding sequence
+  // (0: off), the n-gram sizes matched and the context length proposals must stay within.
+  int64_t speculative_tokens = 0;
+  int64_t ngram_min = 1, ngram_max = 3;
+  int64_t max_model_len = 0;
 };
+
+// Prompt-lookup (n-gram) proposals: for n from ngram_max down to ngram_min, the most recent
+// earlier occurrence of the last n tokens of `seq`; the tokens that followed it are proposed,
+// up to k of them (a continuation that runs into the end of `seq` goes on through its own
+// proposals, so a cycle keeps repeating). Empty when no n-gram recurs.
+std::vector<int64_t> propose_ngram(const std::vector<int64_t>& seq, int64_t k, int64_t ngram_min, int64_t ngram_max);
 
 class Scheduler {
  public:
@@ -68,6 +82,9 @@ class Scheduler {
   bool schedule_running(StepPlan& plan, int64_t& budget);
   void schedule_waiting(StepPlan& plan, int64_t& budget);
   void preempt(size_t index, StepPlan& plan);
+  // The n-gram proposals of a decoding sequence (empty: it decodes one token), within the
+  // budget and leaving a free block for each of the `later` running sequences.
+  std::vector<int64_t> propose(const Request& r, int64_t budget, size_t later) const;
 
   SchedulerLimits limits_;
   KVCacheManager& kv_;
