@@ -3,7 +3,7 @@
 # every kept crash input under tests/fuzz/regressions/<target>/ and fuzzes each target from its
 # seed corpus (tests/fuzz/corpus/<target>/, read only; new inputs go to build-fuzz/corpus/).
 #   bash scripts/fuzz.sh [--ci] [--seconds S | --runs N] [--jobs J] [--seeds] [TARGET...]
-#     --ci         build + replay the regressions + 10 s per target (what CI runs)
+#     --ci         build + replay the regressions + 4 s per target (what CI runs)
 #     --seconds S  fuzz each target for S seconds (default 60)
 #     --runs N     fuzz each target for N inputs instead (e.g. --runs 1000000)
 #     --replay     only build and replay the regressions
@@ -27,7 +27,7 @@ TARGETS=()
 usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --ci) SECONDS_EACH=10 ;;
+    --ci) SECONDS_EACH=4 ;;
     --seconds) SECONDS_EACH="${2:?--seconds needs a number}"; shift ;;
     --runs) RUNS="${2:?--runs needs a number}"; shift ;;
     --jobs) JOBS="${2:?--jobs needs a number}"; shift ;;

@@ -23,10 +23,16 @@ bash scripts/setup_chat_templates.sh "$BUILD/chat-templates"
 echo "== tests under ASan + UBSan"
 export ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1
 export UBSAN_OPTIONS=print_stacktrace=1
-# The reruns of whole suites under a process-wide mode (TPU_EAGER=defer, TPU_CPU_ISA,
-# TPU_CPU_FEATURES, TPU_CPU_AMX) run in the release stage only: under the sanitizers they add
-# minutes and no code path the suites' own cases do not already run.
+# Run in the release stage only, to keep CI within its time:
+# - the reruns of whole suites under a process-wide mode (TPU_EAGER=defer, TPU_CPU_ISA,
+#   TPU_CPU_FEATURES, TPU_CPU_AMX, the batch-invariant mode's forced paths): no code path the
+#   suites' own cases do not already run;
+# - the finite-difference gradient sweep (every op's backward also runs here in the training,
+#   MoE and sharded tests) and the Jinja2 comparison of the real chat templates (the renderer
+#   runs under ASan + UBSan in its fuzz target and its unit tests);
+# - simulator-only arithmetic at sweep sizes: tpu-calib over the TPU v4 data, the GEMM roofline
+#   sweep, and the grouped matmul's large-group case (its small cases run here).
 (cd "$BUILD" && ctest --output-on-failure -j"$JOBS" --timeout 900 \
-  -E '^core: (defer env mode|vec math TPU_CPU_ISA=|kernels TPU_CPU_FEATURES=|kernels TPU_CPU_AMX=)')
+  -E '^core: (defer env mode|vec math TPU_CPU_ISA=|kernels TPU_CPU_FEATURES=|kernels TPU_CPU_AMX=)|^core:batch-invariant mode: the forced|^core:autograd: gradients of every differentiable op|^chat: templates render as Jinja2|^calibration: tpu-calib|^sim:generated GEMMs reach|^core:grouped_matmul: large uneven groups')
 echo "== all tests passed under the sanitizers"
 JOBS="$JOBS" bash scripts/check_clang_warnings.sh

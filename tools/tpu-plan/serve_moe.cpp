@@ -122,8 +122,9 @@ Plan plan_serve_moe(const ModelShape& m, const Slice& s, const ServeWorkload& w,
     moe_serve_mlp(sparse, m, t, double(ep));
     return std::pair<Acc, Acc>{dense, sparse};
   };
-  const auto [pre_d, pre_m] = layer_pair(in, in, false);
-  const auto [dec_d, dec_m] = layer_pair(B, ctx, true);
+  // Plain variables, not structured bindings: lambdas below capture them (clang-14 cannot).
+  const std::pair<Acc, Acc> pre = layer_pair(in, in, false), dec = layer_pair(B, ctx, true);
+  const Acc &pre_d = pre.first, &pre_m = pre.second, &dec_d = dec.first, &dec_m = dec.second;
   Acc head_pre = detail::make_acc(s), head_dec = detail::make_acc(s);
   head_pre.matmul(1, E, double(m.vocab));
   head_dec.matmul(B, E, double(m.vocab));
