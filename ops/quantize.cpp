@@ -1,6 +1,7 @@
 // Symmetric weight quantization (int8 per output channel, packed int4 per group of columns), the
 // inverses, and the linear layers that read quantized weights in place: the registry ops behind
 // tpucore/quantize.h (whose functions, in tpucore/quant/quantize.cpp, call them by name).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -17,16 +18,63 @@ using namespace ops;
 
 bool float_input(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
 
-void quantize_meta(const MetaArgs& a, MetaResult& m) {
+// The outputs of a per-output-channel quantizer of a 2-D float weight: q [N, K] of `qtype` and
+// one f32 scale per row.
+void per_channel_quantize_meta(const char* op, DType qtype, const MetaArgs& a, MetaResult& m) {
   const Tensor& w = a.inputs[0];
-  TPU_CHECK(w.dim() == 2, "quantize_int8: expected a 2-D weight [out_features, in_features], got {}", describe(w));
-  TPU_CHECK(float_input(w.dtype()), "quantize_int8: expected an f32, bf16 or f16 weight, got {}", describe(w));
+  TPU_CHECK(w.dim() == 2, "{}: expected a 2-D weight [out_features, in_features], got {}", op, describe(w));
+  TPU_CHECK(float_input(w.dtype()), "{}: expected an f32, bf16 or f16 weight, got {}", op, describe(w));
   m.num_outputs = 2;
-  m.out(0) = {w.shape(), DType::i8, w.device()};
+  m.out(0) = {w.shape(), qtype, w.device()};
   m.out(1) = {Shape{w.shape()[0]}, DType::f32, w.device()};
   m.cast_mask = 1;
   m.cast_to = DType::f32;
 }
+
+// max |x| over x[0, n), every value checked finite (an error naming the op, the weight's row and
+// the column, x[0] being column col0).
+float finite_amax(const char* op, const float* x, int64_t n, int64_t row, int64_t col0) {
+  float amax = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    TPU_CHECK(std::isfinite(x[k]), "{}: row {} of the weight holds a non-finite value ({}) at column {}", op, row, x[k],
+              col0 + k);
+    amax = std::max(amax, std::fabs(x[k]));
+  }
+  return amax;
+}
+
+// The output of a linear layer with a quantized weight of N output and K input features: x
+// [..., K] (f32, bf16 or f16) -> [..., N] in x's dtype, x and the scales (input 2) cast to f32.
+void quantized_linear_meta(const char* op, int64_t N, int64_t K, const Tensor& q, const MetaArgs& a, MetaResult& m) {
+  const Tensor& x = a.inputs[0];
+  TPU_CHECK(x.dim() >= 1 && float_input(x.dtype()), "{}: expected an f32, bf16 or f16 input [..., {}], got {}", op, K,
+            describe(x));
+  TPU_CHECK(x.shape()[x.dim() - 1] == K,
+            "{}: the input's last dim {} does not match the weight's in_features {} (input {}, weight {})", op,
+            x.shape()[x.dim() - 1], K, describe(x), describe(q));
+  std::vector<int64_t> os = x.shape().vec();
+  os.back() = N;
+  m.out() = {Shape(os), x.dtype(), common_device(a.inputs)};
+  m.cast_mask = 1u | 4u;  // x and the scales in f32; the weight stays as stored
+  m.cast_to = DType::f32;
+}
+
+// Runs `product(acc, M)` into f32 accumulators shaped as `out` (M rows of N), then stores them in
+// out's dtype (out itself when it is f32).
+template <class Product>
+void into_output_dtype(Tensor& out, int64_t N, Product product) {
+  Tensor acc = out.dtype() == DType::f32 ? out : empty_tensor(out.shape(), DType::f32, Device());
+  product(acc.data<float>(), out.numel() / std::max<int64_t>(N, 1));
+  if (out.dtype() == DType::bf16) {
+    bf16* o = out.data<bf16>();
+    for (int64_t i = 0; i < out.numel(); ++i) o[i] = bf16(acc.data<float>()[i]);
+  } else if (out.dtype() == DType::f16) {
+    f16* o = out.data<f16>();
+    for (int64_t i = 0; i < out.numel(); ++i) o[i] = f16(acc.data<float>()[i]);
+  }
+}
+
+void quantize_meta(const MetaArgs& a, MetaResult& m) { per_channel_quantize_meta("quantize_int8", DType::i8, a, m); }
 
 void quantize_cpu(const KernelArgs& a) {
   const Tensor w = contiguous(a.inputs[0]);
@@ -36,12 +84,7 @@ void quantize_cpu(const KernelArgs& a) {
   float* scale = a.outputs[1].data<float>();
   for (int64_t j = 0; j < N; ++j) {
     const float* row = src + j * K;
-    float amax = 0;
-    for (int64_t k = 0; k < K; ++k) {
-      TPU_CHECK(std::isfinite(row[k]), "quantize_int8: row {} of the weight holds a non-finite value ({}) at column {}", j,
-                row[k], k);
-      amax = std::max(amax, std::fabs(row[k]));
-    }
+    const float amax = finite_amax("quantize_int8", row, K, j, 0);
     const float s = amax > 0 ? amax / 127.0f : 1.0f;
     scale[j] = s;
     for (int64_t k = 0; k < K; ++k) {
@@ -81,34 +124,17 @@ TPU_DEFINE_OP(dequantize_int8_op, {.name = "dequantize_int8", .num_inputs = 2, .
                                    .doc = "q * scale per row, as f32"});
 
 void linear_int8_meta(const MetaArgs& a, MetaResult& m) {
-  const Tensor &x = a.inputs[0], &q = a.inputs[1], &s = a.inputs[2];
-  check_q_scale("linear_int8", q, s);
-  TPU_CHECK(x.dim() >= 1 && float_input(x.dtype()), "linear_int8: expected an f32, bf16 or f16 input [..., {}], got {}",
-            q.shape()[1], describe(x));
-  TPU_CHECK(x.shape()[x.dim() - 1] == q.shape()[1],
-            "linear_int8: the input's last dim {} does not match the weight's in_features {} (input {}, weight {})",
-            x.shape()[x.dim() - 1], q.shape()[1], describe(x), describe(q));
-  std::vector<int64_t> os = x.shape().vec();
-  os.back() = q.shape()[0];
-  m.out() = {Shape(os), x.dtype(), common_device(a.inputs)};
-  m.cast_mask = 1u | 4u;  // x and the scales in f32; the weight stays int8
-  m.cast_to = DType::f32;
+  const Tensor& q = a.inputs[1];
+  check_q_scale("linear_int8", q, a.inputs[2]);
+  quantized_linear_meta("linear_int8", q.shape()[0], q.shape()[1], q, a, m);
 }
 
 void linear_int8_cpu(const KernelArgs& a) {
   const Tensor x = contiguous(a.inputs[0]), q = contiguous(a.inputs[1]), s = contiguous(a.inputs[2]);
   const int64_t N = q.shape()[0], K = q.shape()[1];
-  const int64_t M = K ? x.numel() / K : a.outputs[0].numel() / std::max<int64_t>(N, 1);
-  Tensor& out = a.outputs[0];
-  Tensor acc = out.dtype() == DType::f32 ? out : empty_tensor(out.shape(), DType::f32, Device());
-  kernels::gemv_int8(M, N, K, x.data<float>(), K, q.data<int8_t>(), s.data<float>(), acc.data<float>(), N);
-  if (out.dtype() == DType::bf16) {
-    bf16* o = out.data<bf16>();
-    for (int64_t i = 0; i < out.numel(); ++i) o[i] = bf16(acc.data<float>()[i]);
-  } else if (out.dtype() == DType::f16) {
-    f16* o = out.data<f16>();
-    for (int64_t i = 0; i < out.numel(); ++i) o[i] = f16(acc.data<float>()[i]);
-  }
+  into_output_dtype(a.outputs[0], N, [&](float* acc, int64_t M) {
+    kernels::gemv_int8(M, N, K, x.data<float>(), K, q.data<int8_t>(), s.data<float>(), acc, N);
+  });
 }
 TPU_DEFINE_OP(linear_int8_op, {.name = "linear_int8", .num_inputs = 3, .flags = kNonDifferentiable,
                                .meta = &linear_int8_meta, .cpu = &linear_int8_cpu,
@@ -142,12 +168,7 @@ void quantize_int4_cpu(const KernelArgs& a) {
   for (int64_t j = 0; j < N; ++j)
     for (int64_t g = 0; g < G; ++g) {
       const float* x = src + j * K + g * group;
-      float amax = 0;
-      for (int64_t k = 0; k < group; ++k) {
-        TPU_CHECK(std::isfinite(x[k]), "quantize_int4: row {} of the weight holds a non-finite value ({}) at column {}",
-                  j, x[k], g * group + k);
-        amax = std::max(amax, std::fabs(x[k]));
-      }
+      const float amax = finite_amax("quantize_int4", x, group, j, g * group);
       const float s = amax > 0 ? amax / 7.0f : 1.0f;
       scale[j * G + g] = s;
       for (int64_t k = 0; k < group; ++k) {
@@ -195,35 +216,17 @@ TPU_DEFINE_OP(dequantize_int4_op, {.name = "dequantize_int4", .num_inputs = 2, .
                                    .doc = "packed int4 weight times its group scales, as f32"});
 
 void linear_int4_meta(const MetaArgs& a, MetaResult& m) {
-  const Tensor &x = a.inputs[0], &q = a.inputs[1];
+  const Tensor& q = a.inputs[1];
   check_q4_scale("linear_int4", q, a.inputs[2]);
-  const int64_t K = 2 * q.shape()[1];
-  TPU_CHECK(x.dim() >= 1 && float_input(x.dtype()), "linear_int4: expected an f32, bf16 or f16 input [..., {}], got {}",
-            K, describe(x));
-  TPU_CHECK(x.shape()[x.dim() - 1] == K,
-            "linear_int4: the input's last dim {} does not match the weight's in_features {} (input {}, weight {})",
-            x.shape()[x.dim() - 1], K, describe(x), describe(q));
-  std::vector<int64_t> os = x.shape().vec();
-  os.back() = q.shape()[0];
-  m.out() = {Shape(os), x.dtype(), common_device(a.inputs)};
-  m.cast_mask = 1u | 4u;
-  m.cast_to = DType::f32;
+  quantized_linear_meta("linear_int4", q.shape()[0], 2 * q.shape()[1], q, a, m);
 }
 
 void linear_int4_cpu(const KernelArgs& a) {
   const Tensor x = contiguous(a.inputs[0]), q = contiguous(a.inputs[1]), s = contiguous(a.inputs[2]);
   const int64_t N = q.shape()[0], K = 2 * q.shape()[1], group = K / s.shape()[1];
-  const int64_t M = a.outputs[0].numel() / std::max<int64_t>(N, 1);
-  Tensor& out = a.outputs[0];
-  Tensor acc = out.dtype() == DType::f32 ? out : empty_tensor(out.shape(), DType::f32, Device());
-  kernels::gemv_int4(M, N, K, group, x.data<float>(), K, q.data<uint8_t>(), s.data<float>(), acc.data<float>(), N);
-  if (out.dtype() == DType::bf16) {
-    bf16* o = out.data<bf16>();
-    for (int64_t i = 0; i < out.numel(); ++i) o[i] = bf16(acc.data<float>()[i]);
-  } else if (out.dtype() == DType::f16) {
-    f16* o = out.data<f16>();
-    for (int64_t i = 0; i < out.numel(); ++i) o[i] = f16(acc.data<float>()[i]);
-  }
+  into_output_dtype(a.outputs[0], N, [&](float* acc, int64_t M) {
+    kernels::gemv_int4(M, N, K, group, x.data<float>(), K, q.data<uint8_t>(), s.data<float>(), acc, N);
+  });
 }
 TPU_DEFINE_OP(linear_int4_op, {.name = "linear_int4", .num_inputs = 3, .flags = kNonDifferentiable,
                                .meta = &linear_int4_meta, .cpu = &linear_int4_cpu,
@@ -232,16 +235,7 @@ TPU_DEFINE_OP(linear_int4_op, {.name = "linear_int4", .num_inputs = 3, .flags = 
 // ---- fp8 e4m3 weight-only, one scale per output channel; the weight is held as u8 e4m3 bit
 // patterns (float8 tensors are storage types that compute ops refuse) ----
 
-void quantize_fp8_meta(const MetaArgs& a, MetaResult& m) {
-  const Tensor& w = a.inputs[0];
-  TPU_CHECK(w.dim() == 2, "quantize_fp8: expected a 2-D weight [out_features, in_features], got {}", describe(w));
-  TPU_CHECK(float_input(w.dtype()), "quantize_fp8: expected an f32, bf16 or f16 weight, got {}", describe(w));
-  m.num_outputs = 2;
-  m.out(0) = {w.shape(), DType::u8, w.device()};
-  m.out(1) = {Shape{w.shape()[0]}, DType::f32, w.device()};
-  m.cast_mask = 1;
-  m.cast_to = DType::f32;
-}
+void quantize_fp8_meta(const MetaArgs& a, MetaResult& m) { per_channel_quantize_meta("quantize_fp8", DType::u8, a, m); }
 
 void quantize_fp8_cpu(const KernelArgs& a) {
   const Tensor w = contiguous(a.inputs[0]);
@@ -251,12 +245,7 @@ void quantize_fp8_cpu(const KernelArgs& a) {
   float* scale = a.outputs[1].data<float>();
   for (int64_t j = 0; j < N; ++j) {
     const float* row = src + j * K;
-    float amax = 0;
-    for (int64_t k = 0; k < K; ++k) {
-      TPU_CHECK(std::isfinite(row[k]), "quantize_fp8: row {} of the weight holds a non-finite value ({}) at column {}", j,
-                row[k], k);
-      amax = std::max(amax, std::fabs(row[k]));
-    }
+    const float amax = finite_amax("quantize_fp8", row, K, j, 0);
     const float s = amax > 0 ? amax / f8e4m3::kMax : 1.0f;
     scale[j] = s;
     for (int64_t k = 0; k < K; ++k) q[j * K + k] = f8e4m3::from_f32_saturating(row[k] / s);
@@ -293,35 +282,17 @@ TPU_DEFINE_OP(dequantize_fp8_op, {.name = "dequantize_fp8", .num_inputs = 2, .fl
                                   .doc = "fp8 e4m3 weight times its per-row scale, as f32"});
 
 void linear_fp8_meta(const MetaArgs& a, MetaResult& m) {
-  const Tensor &x = a.inputs[0], &q = a.inputs[1];
+  const Tensor& q = a.inputs[1];
   check_f8_scale("linear_fp8", q, a.inputs[2]);
-  TPU_CHECK(x.dim() >= 1 && float_input(x.dtype()), "linear_fp8: expected an f32, bf16 or f16 input [..., {}], got {}",
-            q.shape()[1], describe(x));
-  TPU_CHECK(x.shape()[x.dim() - 1] == q.shape()[1],
-            "linear_fp8: the input's last dim {} does not match the weight's in_features {} (input {}, weight {})",
-            x.shape()[x.dim() - 1], q.shape()[1], describe(x), describe(q));
-  std::vector<int64_t> os = x.shape().vec();
-  os.back() = q.shape()[0];
-  m.out() = {Shape(os), x.dtype(), common_device(a.inputs)};
-  m.cast_mask = 1u | 4u;
-  m.cast_to = DType::f32;
+  quantized_linear_meta("linear_fp8", q.shape()[0], q.shape()[1], q, a, m);
 }
 
 void linear_fp8_cpu(const KernelArgs& a) {
   const Tensor x = contiguous(a.inputs[0]), q = contiguous(a.inputs[1]), s = contiguous(a.inputs[2]);
   const int64_t N = q.shape()[0], K = q.shape()[1];
-  const int64_t M = a.outputs[0].numel() / std::max<int64_t>(N, 1);
-  Tensor& out = a.outputs[0];
-  Tensor acc = out.dtype() == DType::f32 ? out : empty_tensor(out.shape(), DType::f32, Device());
-  kernels::gemv_fp8(M, N, K, x.data<float>(), K, q.data<uint8_t>(), s.data<float>(),
-                    acc.data<float>(), N);
-  if (out.dtype() == DType::bf16) {
-    bf16* o = out.data<bf16>();
-    for (int64_t i = 0; i < out.numel(); ++i) o[i] = bf16(acc.data<float>()[i]);
-  } else if (out.dtype() == DType::f16) {
-    f16* o = out.data<f16>();
-    for (int64_t i = 0; i < out.numel(); ++i) o[i] = f16(acc.data<float>()[i]);
-  }
+  into_output_dtype(a.outputs[0], N, [&](float* acc, int64_t M) {
+    kernels::gemv_fp8(M, N, K, x.data<float>(), K, q.data<uint8_t>(), s.data<float>(), acc, N);
+  });
 }
 TPU_DEFINE_OP(linear_fp8_op, {.name = "linear_fp8", .num_inputs = 3, .flags = kNonDifferentiable,
                               .meta = &linear_fp8_meta, .cpu = &linear_fp8_cpu,

@@ -11,7 +11,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <string_view>
 #include <vector>
 
 #include "ops/cpu/kernels/gemm.h"
@@ -136,6 +135,16 @@ void q4_group_scalar(int64_t K, int64_t group, const float* A, int64_t lda, cons
     }
 }
 
+// The table of the path `p` resolves to (as the int8 kernels pick theirs).
+template <class Fn>
+const Fn* path_table(Int8GemvPath p, const Fn* avx512, const Fn* avx2, const Fn* scalar) {
+  switch (int8_gemv_resolve(p)) {
+    case Int8GemvPath::avx512: return avx512;
+    case Int8GemvPath::avx2: return avx2;
+    default: return scalar;
+  }
+}
+
 using Q4GroupFn = void (*)(int64_t, int64_t, const float*, int64_t, const Q4Block&, int, float*, int64_t);
 
 const Q4GroupFn* q4_table(Int8GemvPath p) {
@@ -145,15 +154,7 @@ const Q4GroupFn* q4_table(Int8GemvPath p) {
                                                   &q4_group_avx2<4>};
   static constexpr Q4GroupFn scalar[kQ4Rows + 1] = {nullptr, &q4_group_scalar<1>, &q4_group_scalar<2>,
                                                     &q4_group_scalar<3>, &q4_group_scalar<4>};
-  if (p == Int8GemvPath::best) {
-    const std::string_view best = int8_gemv_best_path();
-    p = best == "avx512" ? Int8GemvPath::avx512 : best == "avx2" ? Int8GemvPath::avx2 : Int8GemvPath::scalar;
-  }
-  switch (p) {
-    case Int8GemvPath::avx512: return avx512;
-    case Int8GemvPath::avx2: return avx2;
-    default: return scalar;
-  }
+  return path_table(p, avx512, avx2, scalar);
 }
 
 // Many rows: panels of kPanel weight rows dequantized to f32, then the float GEMM.
@@ -277,15 +278,7 @@ const F8GroupFn* f8_table(Int8GemvPath p) {
                                                   &f8_group_avx2<4>};
   static constexpr F8GroupFn scalar[kQ4Rows + 1] = {nullptr, &f8_group_scalar<1>, &f8_group_scalar<2>,
                                                     &f8_group_scalar<3>, &f8_group_scalar<4>};
-  if (p == Int8GemvPath::best) {
-    const std::string_view best = int8_gemv_best_path();
-    p = best == "avx512" ? Int8GemvPath::avx512 : best == "avx2" ? Int8GemvPath::avx2 : Int8GemvPath::scalar;
-  }
-  switch (p) {
-    case Int8GemvPath::avx512: return avx512;
-    case Int8GemvPath::avx2: return avx2;
-    default: return scalar;
-  }
+  return path_table(p, avx512, avx2, scalar);
 }
 
 }  // namespace

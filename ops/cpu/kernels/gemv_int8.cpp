@@ -150,15 +150,15 @@ const GroupFn* group_table(Int8GemvPath p) {
   return nullptr;
 }
 
-Int8GemvPath resolve(Int8GemvPath p) {
+}  // namespace
+
+Int8GemvPath int8_gemv_resolve(Int8GemvPath p) {
   if (p != Int8GemvPath::best) return p;
   const CpuFeatures& f = cpu_features();
   if (f.avx512f && f.avx512bw && f.avx512vl && f.fma) return Int8GemvPath::avx512;
   if (f.avx2 && f.fma) return Int8GemvPath::avx2;
   return Int8GemvPath::scalar;
 }
-
-}  // namespace
 
 bool int8_gemv_path_available(Int8GemvPath p) {
   const CpuFeatures& f = cpu_features();
@@ -171,7 +171,7 @@ bool int8_gemv_path_available(Int8GemvPath p) {
 }
 
 const char* int8_gemv_best_path() {
-  switch (resolve(Int8GemvPath::best)) {
+  switch (int8_gemv_resolve(Int8GemvPath::best)) {
     case Int8GemvPath::avx512: return "avx512";
     case Int8GemvPath::avx2: return "avx2";
     default: return "scalar";
@@ -181,7 +181,7 @@ const char* int8_gemv_best_path() {
 void gemv_int8(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const int8_t* W, const float* scale,
                float* C, int64_t ldc, Int8GemvPath path) {
   if (M <= 0 || N <= 0) return;
-  const GroupFn* fns = group_table(resolve(path));
+  const GroupFn* fns = group_table(int8_gemv_resolve(path));
   const int64_t blocks = (N + kCols - 1) / kCols;
   // About 64K multiply-adds per block run before the work is worth a second thread.
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, K * M * kCols));

@@ -16,6 +16,9 @@ enum class Int8GemvPath { best, avx512, avx2, scalar };
 bool int8_gemv_path_available(Int8GemvPath p);
 // The path `best` takes: "avx512", "avx2" or "scalar".
 const char* int8_gemv_best_path();
+// `p` itself, or for `best` the path this CPU takes (the other weight-only GEMV kernels, int4 and
+// fp8, pick their paths the same way).
+Int8GemvPath int8_gemv_resolve(Int8GemvPath p);
 
 // Any M (rows are processed in groups of up to 4 sharing each loaded weight vector); the
 // columns are split over the pool threads. C has row stride ldc.
