@@ -490,6 +490,24 @@ void few_rows_panels(const Problem& p, const GemmBlocking& bl, Kernel kernel, co
   }
 }
 
+// C's columns in whole register tiles over up to `want` pool tasks: run(lo, hi) per task
+// (on the calling thread alone when one task suffices).
+template <class Run>
+void split_columns(const Problem& p, const GemmBlocking& bl, int64_t want, Run run) {
+  const int64_t units = (p.N + bl.nr - 1) / bl.nr;
+  const int64_t tasks = std::min<int64_t>(want, units);
+  if (tasks <= 1) {
+    run(int64_t{0}, p.N);
+    return;
+  }
+  tpu::parallel_for(0, tasks, 1, [&](int64_t tb, int64_t te) {
+    for (int64_t t = tb; t < te; ++t) {
+      const int64_t lo = std::min(p.N, units * t / tasks * bl.nr), hi = std::min(p.N, units * (t + 1) / tasks * bl.nr);
+      if (lo < hi) run(lo, hi);
+    }
+  });
+}
+
 // Below this many multiply-adds a product stays on the calling thread (about 10 us of work
 // on one AVX-512 core, where a thread hand-off starts to pay for itself).
 constexpr int64_t kParallelMacs = int64_t{1} << 20;
@@ -534,18 +552,8 @@ void gemm_run(const Problem& p, const GemmBlocking& bl, Kernel kernel) {
     const int64_t blocks = (p.K + bl.kc * Pack::kPerStep - 1) / (bl.kc * Pack::kPerStep);
     auto* pa = static_cast<Packed*>(t_pack_a.get(sizeof(Packed) * static_cast<size_t>(a_all_stride<Pack>(bl, p.M) * blocks)));
     pack_a_all<Pack>(p, bl, pa);
-    const int64_t units = (p.N + bl.nr - 1) / bl.nr;
-    const int64_t tasks = nt <= 1 || macs < kParallelMacs ? 1 : std::min<int64_t>(nt, units);
-    if (tasks <= 1) {
-      few_rows_panels<Pack>(p, bl, kernel, pa, 0, p.N);
-      return;
-    }
-    tpu::parallel_for(0, tasks, 1, [&](int64_t tb, int64_t te) {
-      for (int64_t t = tb; t < te; ++t) {
-        const int64_t lo = std::min(p.N, units * t / tasks * bl.nr), hi = std::min(p.N, units * (t + 1) / tasks * bl.nr);
-        if (lo < hi) few_rows_panels<Pack>(p, bl, kernel, pa, lo, hi);
-      }
-    });
+    split_columns(p, bl, nt <= 1 || macs < kParallelMacs ? 1 : nt,
+                  [&](int64_t lo, int64_t hi) { few_rows_panels<Pack>(p, bl, kernel, pa, lo, hi); });
     return;
   }
   if (nt <= 1 || macs < kParallelMacs) {
@@ -559,19 +567,7 @@ void gemm_run(const Problem& p, const GemmBlocking& bl, Kernel kernel) {
     gemm_rows_shared_b<Pack>(p, bl, kernel, static_cast<int>(std::min<int64_t>(nt, (p.M + bl.mr - 1) / bl.mr)));
     return;
   }
-  const int64_t units = (p.N + bl.nr - 1) / bl.nr;
-  const int64_t tasks = std::min<int64_t>(nt, units);
-  if (tasks <= 1) {
-    gemm_range<Pack>(p, bl, kernel, 0, p.M, 0, p.N);
-    return;
-  }
-  tpu::parallel_for(0, tasks, 1, [&](int64_t tb, int64_t te) {
-    for (int64_t t = tb; t < te; ++t) {
-      const int64_t lo = std::min(p.N, units * t / tasks * bl.nr);
-      const int64_t hi = std::min(p.N, units * (t + 1) / tasks * bl.nr);
-      if (lo < hi) gemm_range<Pack>(p, bl, kernel, 0, p.M, lo, hi);
-    }
-  });
+  split_columns(p, bl, nt, [&](int64_t lo, int64_t hi) { gemm_range<Pack>(p, bl, kernel, 0, p.M, lo, hi); });
 }
 
 // Register tiles with the cache blocking of this CPU.
