@@ -15,6 +15,7 @@ namespace tpu::plan {
 namespace {
 
 using detail::Acc;
+using detail::layer_forward;
 using detail::make_acc;
 
 void check_heads(const ModelShape& m, int64_t tp) {
@@ -25,29 +26,6 @@ void check_heads(const ModelShape& m, int64_t tp) {
                                 m.name));
   if (m.intermediate % tp != 0)
     throw PlanError(fmt::format("tp={} does not divide intermediate_size {} of {}", tp, m.intermediate, m.name));
-}
-
-// The MoE MLP on `t` tokens of this chip (ep > 0; dense MLP otherwise): the router's logits
-// and top-k, the gather of each token's k copies sorted by expert, the experts' SwiGLU as one
-// matmul per local expert (ep chips hold experts / ep experts each; balanced routing brings
-// every chip t x top_k rows, t x top_k x ep / experts per expert; tp shards each expert's
-// intermediate dimension), and the weighted scatter-add back. The dispatch and combine
-// all-to-alls are priced by the caller.
-// `chunks`: the experts run once per token chunk (rows / chunks each), see TrainRecipe.
-void moe_forward(Acc& a, const ModelShape& m, double t, double tp, double ep, bool pointwise_only, double chunks) {
-  const double E = double(m.hidden), X = double(m.experts), k = double(m.top_k), F = double(m.expert_intermediate) / tp;
-  const double rows = t * k * ep / X / chunks, local = X / ep;
-  if (!pointwise_only) a.matmul(t, E, X, 4);          // router logits, f32
-  a.vector(t * X, t * k, 6, 1, true);                 // softmax, top-k
-  a.vector(t * E, t * k * E, 1, 0, false);            // permute: gather the rows by expert
-  const double s0 = a.s;
-  for (double c = 0; c < chunks; ++c) {
-    for (double e = 0; e < local && !pointwise_only; ++e) a.matmul(rows, E, 2 * F);  // gate + up
-    a.vector(2 * t * k * F / chunks, t * k * F / chunks, 3, 1, false);               // silu(gate) * up
-    for (double e = 0; e < local && !pointwise_only; ++e) a.matmul(rows, F, E);      // down
-  }
-  a.expert += a.s - s0;
-  a.vector(t * k * E, t * E, 2, 0, false);            // unpermute: weighted scatter-add
 }
 
 void moe_backward(Acc& a, const ModelShape& m, double t, double tp, double ep, double chunks) {
@@ -71,32 +49,6 @@ void moe_backward(Acc& a, const ModelShape& m, double t, double tp, double ep, d
   a.vector(2 * t * X, t * X, 6, 1, true);             // softmax / top-k backward
   a.matmul(t, X, E);                                  // router dX
   a.matmul(E, t, X);                                  // router dW
-}
-
-// Forward of one decoder layer on `t` tokens of context `ctx` (tp shards heads and the MLP).
-// `pointwise_only`: just the vector kernels (selective recomputation). `ep` > 0: the MLP is
-// the MoE layer of an expert-parallel degree ep.
-void layer_forward(Acc& a, const ModelShape& m, double t, double ctx, double tp, bool causal, bool pointwise_only = false,
-                   bool with_attention = true, double ep = 0, double chunks = 1) {
-  const double E = double(m.hidden), D = double(m.head_dim), H = double(m.heads) / tp,
-               HK = std::max(1.0, double(m.kv_heads) / tp), F = double(m.intermediate) / tp;
-  a.vector(t * E, t * E, 4, 1, true);               // rms_norm
-  if (!pointwise_only) a.matmul(t, E, (H + 2 * HK) * D);
-  a.vector(t * (H + HK) * D, t * (H + HK) * D, 6, 1, true);  // q/k norm, RoPE
-  if (!pointwise_only) {
-    if (with_attention) a.attention(t, ctx, H, HK, D, 2, causal);
-    a.matmul(t, H * D, E);
-  }
-  a.vector(2 * t * E, t * E, 1, 0, false);          // residual
-  a.vector(t * E, t * E, 4, 1, true);               // rms_norm
-  if (ep > 0) {
-    moe_forward(a, m, t, tp, ep, pointwise_only, chunks);
-  } else {
-    if (!pointwise_only) a.matmul(t, E, 2 * F);     // gate + up
-    a.vector(2 * t * F, t * F, 3, 1, false);        // silu(gate) * up
-    if (!pointwise_only) a.matmul(t, F, E);
-  }
-  a.vector(2 * t * E, t * E, 1, 0, false);          // residual
 }
 
 // Backward: dX and dW of every matmul, attention's backward, vector kernels at twice the work.

@@ -18,79 +18,60 @@ namespace {
 
 using detail::Acc;
 
-// Attention of one layer on `t` tokens. decode: each token attends its own `ctx` cached
-// positions (the cache read from HBM); else a prefill of t tokens attending each other causally.
-void moe_serve_attention(Acc& a, const ModelShape& m, double t, double ctx, bool decode) {
-  const double E = double(m.hidden), H = double(m.heads);
+// Multi-head latent attention of one layer on `t` tokens (norm to residual). decode: each token
+// attends its own `ctx` cached positions in the absorbed form (the cache read from HBM); else a
+// prefill of t tokens attending each other causally, keys and values expanded.
+void mla_attention(Acc& a, const ModelShape& m, double t, double ctx, bool decode) {
+  const double E = double(m.hidden), H = double(m.heads), Q = double(m.q_lora_rank), C = double(m.kv_lora_rank),
+               nope = double(m.qk_nope_dim), rope = double(m.qk_rope_dim), V = double(m.v_head_dim);
   a.vector(t * E, t * E, 4, 1, true);  // rms_norm
-  if (m.mla()) {
-    const double Q = double(m.q_lora_rank), C = double(m.kv_lora_rank), nope = double(m.qk_nope_dim),
-                 rope = double(m.qk_rope_dim), V = double(m.v_head_dim);
-    if (m.q_lora_rank > 0) {
-      a.matmul(t, E, Q);
-      a.vector(t * Q, t * Q, 4, 1, true);  // q_a_layernorm
-      a.matmul(t, Q, H * (nope + rope));
-    } else {
-      a.matmul(t, E, H * (nope + rope));
-    }
-    a.matmul(t, E, C + rope);               // kv_a: the latent and the shared RoPE key
-    a.vector(t * C, t * C, 4, 1, true);     // kv_a_layernorm
-    a.vector(t * H * rope, t * H * rope, 6, 1, false);  // RoPE on q and k
-    if (decode) {
-      // Absorbed: q_nope through each head's W_UK into the latent, attention over the cached
-      // latents (+ RoPE keys), the result through each head's W_UV.
-      a.batched_matmul(H, t, nope, C);
-      a.attention(t, ctx, H, 1, C + rope, 2, false);
-      a.kernel(0, 0, 0, false, t * ctx * m.kv_bytes_per_token_layer(), 0, 0);  // the cache read
-      a.batched_matmul(H, t, C, V);
-    } else {
-      a.matmul(t, C, H * (nope + V));         // kv_b: keys and values of every head
-      a.attention(t, t, H, H, nope + rope, 2, true);
-    }
-    a.matmul(t, H * V, E);                    // o_proj
+  if (m.q_lora_rank > 0) {
+    a.matmul(t, E, Q);
+    a.vector(t * Q, t * Q, 4, 1, true);  // q_a_layernorm
+    a.matmul(t, Q, H * (nope + rope));
   } else {
-    const double D = double(m.head_dim), HK = double(m.kv_heads);
-    a.matmul(t, E, (H + 2 * HK) * D);
-    a.vector(t * (H + HK) * D, t * (H + HK) * D, 6, 1, true);  // q/k norm, RoPE
-    if (decode) {
-      a.attention(t, ctx, H, HK, D, 2, false);
-      a.kernel(0, 0, 0, false, t * ctx * m.kv_bytes_per_token_layer(), 0, 0);
-    } else {
-      a.attention(t, t, H, HK, D, 2, true);
-    }
-    a.matmul(t, H * D, E);
+    a.matmul(t, E, H * (nope + rope));
   }
-  a.vector(2 * t * E, t * E, 1, 0, false);    // residual
+  a.matmul(t, E, C + rope);               // kv_a: the latent and the shared RoPE key
+  a.vector(t * C, t * C, 4, 1, true);     // kv_a_layernorm
+  a.vector(t * H * rope, t * H * rope, 6, 1, false);  // RoPE on q and k
+  if (decode) {
+    // Absorbed: q_nope through each head's W_UK into the latent, attention over the cached
+    // latents (+ RoPE keys), the result through each head's W_UV.
+    a.batched_matmul(H, t, nope, C);
+    a.attention(t, ctx, H, 1, C + rope, 2, false);
+    a.kernel(0, 0, 0, false, t * ctx * m.kv_bytes_per_token_layer(), 0, 0);  // the cache read
+    a.batched_matmul(H, t, C, V);
+  } else {
+    a.matmul(t, C, H * (nope + V));         // kv_b: keys and values of every head
+    a.attention(t, t, H, H, nope + rope, 2, true);
+  }
+  a.matmul(t, H * V, E);                    // o_proj
+  a.vector(2 * t * E, t * E, 1, 0, false);  // residual
 }
 
-// The MLP of one layer on t tokens: dense (ep == 0) or the MoE layer with experts over ep chips
-// (balanced routing: each local expert gets t x top_k x ep / experts rows) and the shared experts.
-void moe_serve_mlp(Acc& a, const ModelShape& m, double t, double ep) {
-  const double E = double(m.hidden);
-  a.vector(t * E, t * E, 4, 1, true);         // rms_norm
-  if (ep == 0) {
-    const double I = double(m.intermediate);
-    a.matmul(t, E, 2 * I);
-    a.vector(2 * t * I, t * I, 3, 1, false);
-    a.matmul(t, I, E);
-  } else {
-    const double X = double(m.experts), k = double(m.top_k), F = double(m.expert_intermediate);
-    const double rows = t * k * ep / X, local = X / ep;
-    a.matmul(t, E, X, 4);                     // router, f32
-    a.vector(t * X, t * k, 6, 1, true);       // scores, top-k
-    a.vector(t * E, t * k * E, 1, 0, false);  // permute
-    for (double e = 0; e < local; ++e) a.matmul(rows, E, 2 * F);
-    a.vector(2 * t * k * F, t * k * F, 3, 1, false);
-    for (double e = 0; e < local; ++e) a.matmul(rows, F, E);
-    a.vector(t * k * E, t * E, 2, 0, false);  // unpermute
-    if (m.shared_experts > 0) {
-      const double S = double(m.shared_experts) * F;
-      a.matmul(t, E, 2 * S);
-      a.vector(2 * t * S, t * S, 3, 1, false);
-      a.matmul(t, S, E);
+// One decoder layer on t tokens, its MLP dense (ep == 0) or the MoE layer with the routed experts
+// over ep chips (balanced routing) plus the shared experts. Grouped-query attention is the
+// training layer's forward at tp 1, a decode step adding each token's own cached positions.
+void serve_layer(Acc& a, const ModelShape& m, double t, double ctx, bool decode, double ep) {
+  if (!m.mla()) {
+    detail::layer_forward(a, m, t, ctx, 1, true, false, !decode, ep);
+    if (decode) {
+      a.attention(t, ctx, double(m.heads), double(m.kv_heads), double(m.head_dim), 2, false);
+      a.kernel(0, 0, 0, false, t * ctx * m.kv_bytes_per_token_layer(), 0, 0);  // the cache read
     }
+    return;
   }
-  a.vector(2 * t * E, t * E, 1, 0, false);    // residual
+  const double E = double(m.hidden);
+  mla_attention(a, m, t, ctx, decode);
+  a.vector(t * E, t * E, 4, 1, true);     // rms_norm
+  if (ep == 0) {
+    detail::dense_mlp(a, t, E, double(m.intermediate));
+  } else {
+    detail::moe_forward(a, m, t, 1, ep, false, 1);
+    if (m.shared_experts > 0) detail::dense_mlp(a, t, E, double(m.shared_experts) * double(m.expert_intermediate));
+  }
+  a.vector(2 * t * E, t * E, 1, 0, false);  // residual
 }
 
 constexpr double kGiga = 1e9;
@@ -116,10 +97,8 @@ Plan plan_serve_moe(const ModelShape& m, const Slice& s, const ServeWorkload& w,
   };
   auto layer_pair = [&](double t, double ctx_len, bool decode) {
     Acc dense = detail::make_acc(s), sparse = detail::make_acc(s);
-    moe_serve_attention(dense, m, t, ctx_len, decode);
-    moe_serve_mlp(dense, m, t, 0);
-    moe_serve_attention(sparse, m, t, ctx_len, decode);
-    moe_serve_mlp(sparse, m, t, double(ep));
+    serve_layer(dense, m, t, ctx_len, decode, 0);
+    serve_layer(sparse, m, t, ctx_len, decode, double(ep));
     return std::pair<Acc, Acc>{dense, sparse};
   };
   // Plain variables, not structured bindings: lambdas below capture them (clang-14 cannot).
