@@ -133,6 +133,33 @@ double process_cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
+// The decode timing of BM_decode_invariant and BM_speculative: per iteration, untimed, `add`
+// queues the n requests (kNew new tokens each) and one step prefills them and samples their first
+// tokens; then the decode steps to the end are timed. Sets decode_tokens/s and cpu_us/token;
+// returns the process CPU seconds per decoded token (0 when nothing was timed).
+template <class Add>
+double time_decodes(benchmark::State& st, serve::Engine& e, int64_t n, Add add) {
+  int64_t decoded = 0;
+  double seconds = 0, cpu = 0;
+  for (auto _ : st) {
+    st.PauseTiming();
+    add();
+    e.step();  // the prefill and the first tokens
+    st.ResumeTiming();
+    const auto t0 = Clock::now();
+    const double c0 = process_cpu_seconds();
+    for (int i = 0; i < 100000 && e.has_work(); ++i) e.step();
+    cpu += process_cpu_seconds() - c0;
+    seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    decoded += n * (kNew - 1);
+  }
+  if (decoded == 0 || seconds <= 0) return 0;
+  const double cpu_per_token = cpu / static_cast<double>(decoded);
+  st.counters["decode_tokens/s"] = static_cast<double>(decoded) / seconds;
+  st.counters["cpu_us/token"] = 1e6 * cpu_per_token;
+  return cpu_per_token;
+}
+
 void BM_decode_invariant(benchmark::State& st) {
   // (N, D) -> process CPU seconds per decode token with the mode off
   static std::map<std::tuple<int64_t, int64_t, int64_t>, double> off_cpu;
@@ -146,24 +173,10 @@ void BM_decode_invariant(benchmark::State& st) {
   serve::Engine e(m, ec);
   models::GenerationConfig g;
   g.max_new_tokens = kNew;
-  int64_t decoded = 0;
-  double seconds = 0, cpu = 0;
-  for (auto _ : st) {
-    st.PauseTiming();
+  const double cpu_per_token = time_decodes(st, e, n, [&] {
     for (const auto& p : prompts(n)) e.add_request(p, serve::SamplingParams::from_generation_config(g), {});
-    e.step();  // the prefill and the first tokens
-    st.ResumeTiming();
-    const auto t0 = Clock::now();
-    const double c0 = process_cpu_seconds();
-    for (int i = 0; i < 100000 && e.has_work(); ++i) e.step();
-    cpu += process_cpu_seconds() - c0;
-    seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-    decoded += n * (kNew - 1);
-  }
-  if (decoded == 0 || seconds <= 0) return;
-  const double cpu_per_token = cpu / static_cast<double>(decoded);
-  st.counters["decode_tokens/s"] = static_cast<double>(decoded) / seconds;
-  st.counters["cpu_us/token"] = 1e6 * cpu_per_token;
+  });
+  if (cpu_per_token <= 0) return;
   const auto key = std::tuple{n, dt, hidden};
   if (!invariant) off_cpu[key] = cpu_per_token;
   else if (off_cpu.count(key))  // throughput lost at equal CPU time (a shared host skews wall time)
@@ -194,11 +207,8 @@ void BM_speculative(benchmark::State& st) {
   serve::Engine e(m, ec);
   models::GenerationConfig g;
   g.max_new_tokens = kNew;
-  int64_t decoded = 0;
-  double seconds = 0, cpu = 0;
   std::vector<std::vector<int64_t>> out;
-  for (auto _ : st) {
-    st.PauseTiming();
+  const double cpu_per_token = time_decodes(st, e, n, [&] {
     out.assign(static_cast<size_t>(n), {});
     for (int64_t i = 0; i < n; ++i) {
       std::vector<int64_t> p;
@@ -210,20 +220,9 @@ void BM_speculative(benchmark::State& st) {
                             },
                             {}});
     }
-    e.step();  // the prefill and the first tokens
-    st.ResumeTiming();
-    const auto t0 = Clock::now();
-    const double c0 = process_cpu_seconds();
-    for (int i = 0; i < 100000 && e.has_work(); ++i) e.step();
-    cpu += process_cpu_seconds() - c0;
-    seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-    decoded += n * (kNew - 1);
-  }
-  if (decoded == 0 || seconds <= 0) return;
-  const double cpu_per_token = cpu / static_cast<double>(decoded);
+  });
+  if (cpu_per_token <= 0) return;
   const serve::EngineMetrics mt = e.metrics();
-  st.counters["decode_tokens/s"] = static_cast<double>(decoded) / seconds;
-  st.counters["cpu_us/token"] = 1e6 * cpu_per_token;
   st.counters["acceptance"] = mt.spec_acceptance_rate();
   const auto key = std::pair{n, repeat};
   if (k == 0) {
