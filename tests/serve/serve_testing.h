@@ -33,6 +33,23 @@ inline void write_byte_tokenizer(const std::filesystem::path& path) {
   std::ofstream(path) << j.dump();
 }
 
+// The engine tests' small random Llama (seed `seed`): the byte vocabulary of 257 tokens, hidden
+// 64, 4 heads of 16 (2 KV heads), intermediate 96, loaded in `dt` (its folder removed).
+inline std::shared_ptr<models::CausalLM> small_engine_model(uint32_t seed, DType dt) {
+  llm::TinyCfg c;
+  c.vocab = 257;
+  c.hidden = 64;
+  c.inter = 96;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = 16;
+  auto dir = llm::temp_dir("serve_engine");
+  llm::write_tiny_model(dir, c, DType::f32, 1, seed);
+  auto m = models::load_causal_lm(dir.string(), Device(), dt);
+  std::filesystem::remove_all(dir);
+  return m;
+}
+
 // A tiny random Llama with a 257-token byte vocabulary (eos ids 2 and 3) and its tokenizer.
 inline std::filesystem::path write_model_dir(uint32_t seed) {
   llm::TinyCfg c;

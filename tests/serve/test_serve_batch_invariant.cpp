@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/llm_reference.h"
+#include "serve/serve_testing.h"
 #include "tpucore/models.h"
 #include "tpucore/serve/engine.h"
 
@@ -20,20 +21,7 @@ namespace {
 using V = std::vector<int64_t>;
 using namespace tpu;
 
-std::shared_ptr<models::CausalLM> model_of(DType dt) {
-  testing::llm::TinyCfg c;
-  c.vocab = 257;
-  c.hidden = 64;
-  c.inter = 96;
-  c.heads = 4;
-  c.kv_heads = 2;
-  c.head_dim = 16;
-  auto dir = testing::llm::temp_dir("serve_invariant");
-  testing::llm::write_tiny_model(dir, c, DType::f32, 1, 31);
-  auto m = models::load_causal_lm(dir.string(), Device(), dt);
-  std::filesystem::remove_all(dir);
-  return m;
-}
+std::shared_ptr<models::CausalLM> model_of(DType dt) { return testing::serve::small_engine_model(31, dt); }
 
 struct Req {
   V prompt;

@@ -30,17 +30,7 @@ using V = std::vector<int64_t>;
 using namespace tpu;
 
 std::shared_ptr<models::CausalLM> spec_model(DType dt) {
-  testing::llm::TinyCfg c;
-  c.vocab = 257;
-  c.hidden = 64;
-  c.inter = 96;
-  c.heads = 4;
-  c.kv_heads = 2;
-  c.head_dim = 16;
-  auto dir = testing::llm::temp_dir("serve_speculative");
-  testing::llm::write_tiny_model(dir, c, DType::f32, 1, 43);
-  auto m = models::load_causal_lm(dir.string(), Device(), dt);
-  std::filesystem::remove_all(dir);
+  auto m = testing::serve::small_engine_model(43, dt);
   // Damped attention and MLP outputs: the next token depends mostly on the last one, so greedy
   // output falls into cycles that n-gram proposals predict (most proposals are accepted).
   NoGradGuard ng;
