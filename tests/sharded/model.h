@@ -14,6 +14,7 @@
 
 #include "tpucore/dist.h"
 #include "tpucore/nn.h"
+#include "tpucore/nn/parallel/fsdp.h"
 
 namespace sharded_test {
 
@@ -110,6 +111,23 @@ inline double max_abs_diff(const Tensor& a, const Tensor& b) {
   double m = 0;
   for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::fabs(static_cast<double>(x[i]) - y[i]));
   return m;
+}
+
+// Step 0 of a sharded run against the one-process reference: each parameter of `m` holds a
+// gradient within 1e-5 of want(name), the reference's gradient cut to this rank's part.
+inline void check_step0_grads(nn::Module& m, const std::function<Tensor(const std::string&)>& want) {
+  for (auto& [n, p] : m.named_parameters()) {
+    const double d = p.grad().defined() ? max_abs_diff(p.grad(), want(n)) : INFINITY;
+    check(d <= 1e-5, fmt::format("step 0 gradient of {}: max diff {}", n, d));
+  }
+}
+
+// The parameters a sharded run ends with: the full state dict from FSDP's root, else `m`'s own.
+inline nn::StateDict final_params(const std::shared_ptr<nn::parallel::FSDPModule>& root, nn::Module& m) {
+  if (root) return root->full_state_dict();
+  nn::StateDict got;
+  for (auto& [n, p] : m.named_parameters()) got[n] = p.detach();
+  return got;
 }
 
 // The end of a sharded run against the one-process reference: every final parameter (the full

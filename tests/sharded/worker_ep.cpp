@@ -98,19 +98,11 @@ int scenario_ep_train(int ep, bool plan) {
     check(std::fabs(l.item<double>() - want) <= 1e-5 * std::max(1.0, std::fabs(want)),
           fmt::format("step {} loss {} vs reference {}", step, l.item<double>(), want));
     if (step == 0)
-      for (auto& [n, p] : lm->named_parameters()) {
-        const Tensor want_g = ep_part(n, ref_grads.at(n), ep_rank, ep, dp_rank, dp);
-        const double d = p.grad().defined() ? max_abs_diff(p.grad(), want_g) : INFINITY;
-        check(d <= 1e-5, fmt::format("step 0 gradient of {}: max diff {}", n, d));
-      }
+      check_step0_grads(*lm, [&](const std::string& n) { return ep_part(n, ref_grads.at(n), ep_rank, ep, dp_rank, dp); });
     opt->step();
     opt->zero_grad();
   }
-  nn::StateDict got;
-  if (root) got = root->full_state_dict();
-  else
-    for (auto& [n, p] : lm->named_parameters()) got[n] = p.detach();
-  check_final_params(got, ref_final,
+  check_final_params(final_params(root, *lm), ref_final,
                      [&](const std::string& n, const Tensor& w) { return ep_part(n, w, ep_rank, ep, 0, 1); });
   // Bad input: experts that do not split over the group.
   if (ep > 1) {

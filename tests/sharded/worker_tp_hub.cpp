@@ -102,20 +102,14 @@ int scenario_tp_hub(int tp, bool sequence, bool tied) {
     check(std::fabs(l.item<double>() - want) <= 2e-5 * std::max(1.0, std::fabs(want)),
           fmt::format("step {} loss {} vs reference {}", step, l.item<double>(), want));
     if (step == 0)
-      for (auto& [n, p] : lm->named_parameters()) {
-        Tensor want_g = hub_part(n, ref.grads0.at(n), tp_rank, tp);
-        if (dp > 1) want_g = my_rows(want_g, dp_rank, dp);
-        const double d = p.grad().defined() ? max_abs_diff(p.grad(), want_g) : INFINITY;
-        check(d <= 1e-5, fmt::format("step 0 gradient of {}: max diff {}", n, d));
-      }
+      check_step0_grads(*lm, [&](const std::string& n) {
+        const Tensor want_g = hub_part(n, ref.grads0.at(n), tp_rank, tp);
+        return dp > 1 ? my_rows(want_g, dp_rank, dp) : want_g;
+      });
     opt->step();
     opt->zero_grad();
   }
-  nn::StateDict got;
-  if (root) got = root->full_state_dict();
-  else
-    for (auto& [n, p] : lm->named_parameters()) got[n] = p.detach();
-  check_final_params(got, ref.final_params, [&](const std::string& n, const Tensor& w) { return hub_part(n, w, tp_rank, tp); });
+  check_final_params(final_params(root, *lm), ref.final_params, [&](const std::string& n, const Tensor& w) { return hub_part(n, w, tp_rank, tp); });
   return 0;
 }
 
