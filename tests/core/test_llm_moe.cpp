@@ -144,6 +144,13 @@ TEST_CASE("llm moe: on the simulated chip, eager and compiled decoding equal the
   g.compile = true;
   g.compile_name = "test_llm_moe_mixtral_sim";
   CHECK(models::generate(*chip_model, prompts, g) == want);
+  // The grouped products, the permute and the unpermute ran as chip programs, never on the host.
+  for (const auto& f : ops::fallback_counts())
+    if (f.device == tiny.dev())
+      for (const char* op : {"grouped_matmul", "grouped_matmul_weight_grad", "moe_permute", "moe_unpermute"}) {
+        CAPTURE(op);
+        CHECK(f.op != op);
+      }
 }
 
 TEST_CASE("llm moe: gradients reach the router and every routed expert", "[llm][moe][autograd]") {

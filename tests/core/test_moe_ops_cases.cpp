@@ -1,8 +1,11 @@
 // The mixture-of-experts ops beyond their OpInfo samples: products large enough for the threaded
 // paths, bf16 at size, gradients against closed forms written as double loops, a whole routed
-// layer against a per-token loop, the host fallback on sim, and bad inputs.
+// layer against a per-token loop, the chip programs on the tiny sim chip (naive loops, no host
+// fallback, no new program for a new routing or token count), and bad inputs.
+#include "codegen_testing.h"
 #include "moe_test_util.h"
 #include "ops/fallback.h"
+#include "tpucore/compile.h"
 #include "tpucore/autograd.h"
 #include "tpucore/nn/moe.h"
 
@@ -210,25 +213,135 @@ TEST_CASE("load_balancing_loss: the closed form of Transformers' formula, and it
   expect_error([&] { nn::load_balancing_loss({}, E, k); }, {"load_balancing_loss", "no router logits"});
 }
 
-TEST_CASE("moe ops: sim runs them through the counted host fallback", "[moe][codegen]") {
+// Host fallbacks of the MoE ops (per op name) on sim devices so far.
+uint64_t moe_sim_fallbacks() {
+  uint64_t n = 0;
+  for (const auto& c : ops::fallback_counts())
+    if (c.device.type == DeviceType::sim &&
+        (c.op == "grouped_matmul" || c.op == "grouped_matmul_weight_grad" || c.op == "moe_permute" ||
+         c.op == "moe_unpermute"))
+      n += c.calls;
+  return n;
+}
+
+TEST_CASE("moe ops on the chip: grouped_matmul and its weight grad match the naive loop", "[moe][codegen]") {
+  TinySim tiny;
+  const Device d = tiny.dev();
   Generator g(12);
-  const Device sim("sim:0");
-  const std::vector<int64_t> counts{2, 0, 3};
-  Tensor x = uni(g, {5, 4}), w = uni(g, {3, 4, 2});
-  auto calls = [] {
-    uint64_t n = 0;
-    for (const auto& c : ops::fallback_counts())
-      if (c.op == "grouped_matmul" && c.device.type == DeviceType::sim) n += c.calls;
-    return n;
+  // Row tiles are 32 rows on the tiny chip: empty groups, a one-token group, a group of two full
+  // tiles and a tail, one of a full tile and a one-row tail, a tail alone; K and N are not
+  // multiples of the 8 x 8 MXU.
+  const std::vector<int64_t> counts{0, 1, 70, 0, 7, 33};
+  const int64_t T = 111, K = 12, N = 10, E = 6;
+  const uint64_t before = moe_sim_fallbacks();
+  ChipRunProbe probe;
+  for (DType dt : {DType::f32, DType::bf16})
+    for (bool tw : {false, true}) {
+      CAPTURE(dtype_name(dt), tw);
+      Tensor x = uni(g, {T, K}, dt), w = uni(g, tw ? Shape{E, N, K} : Shape{E, K, N}, dt), dy = uni(g, {T, N}, dt);
+      const Tol tol = dt == DType::f32 ? Tol{1e-5, 1e-5} : Tol{2e-2, 1e-2};
+      Tensor y = grouped_matmul(x.to(d), w.to(d), counts_tensor(counts).to(d), tw);
+      REQUIRE(y.device() == d);
+      REQUIRE(y.dtype() == dt);
+      check_close(y.to(Device()), grouped_matmul_ref(ref_of(x), ref_of(w), counts, tw), tol, "grouped_matmul");
+      Tensor gw = grouped_matmul_weight_grad(x.to(d), dy.to(d), counts_tensor(counts, DType::i32).to(d), tw);
+      check_close(gw.to(Device()), weight_grad_ref(ref_of(x), ref_of(dy), counts, tw), tol, "weight grad");
+    }
+  // Every row in one group, and no rows at all (the weight gradient is then zero).
+  Tensor x = uni(g, {T, K}), w = uni(g, {E, K, N}), dy = uni(g, {T, N});
+  const std::vector<int64_t> one{0, 0, T, 0, 0, 0};
+  check_close(grouped_matmul(x.to(d), w.to(d), counts_tensor(one).to(d)).to(Device()),
+              grouped_matmul_ref(ref_of(x), ref_of(w), one, false), {1e-5, 1e-5}, "one group");
+  Tensor none = grouped_matmul_weight_grad(uni(g, {0, K}).to(d), uni(g, {0, N}).to(d),
+                                           counts_tensor(std::vector<int64_t>(E, 0)).to(d));
+  CHECK(none.shape() == Shape{E, K, N});
+  CHECK(ref_of(none).v == std::vector<double>(static_cast<size_t>(E * K * N), 0.0));
+  CHECK(moe_sim_fallbacks() == before);
+  CHECK(probe.new_fallbacks() == 0);
+  CHECK(probe.new_runs() >= 10);
+  // A wrong count is an error on the chip too, not a wrong result.
+  expect_error([&] { grouped_matmul(x.to(d), w.to(d), counts_tensor({2, 0, 2, 0, 0, 0}).to(d)); },
+               {"grouped_matmul", "group_sizes", "sum to 4", "111 rows"});
+  expect_error([&] { grouped_matmul(x.to(d), w.to(d), counts_tensor({2, 0, -1, 0, 0, T - 1}).to(d)); },
+               {"group_sizes[2]", "-1", "negative"});
+}
+
+TEST_CASE("moe ops on the chip: new routings and token counts reuse the programs", "[moe][codegen][jit]") {
+  TinySim tiny;
+  const Device d = tiny.dev();
+  Generator g(14);
+  const int64_t K = 8, N = 6, E = 4;
+  Tensor w = uni(g, {E, N, K}).to(d);
+  auto layer = [&](const Tensor& x, const Tensor& gs) {
+    Tensor y = grouped_matmul(x, w, gs, true);
+    return grouped_matmul_weight_grad(x, y, gs, true);
   };
-  const uint64_t before = calls();
-  Tensor y = grouped_matmul(x.to(sim), w.to(sim), counts_tensor(counts).to(sim));
-  REQUIRE(y.device() == sim);
-  CHECK(calls() == before + 1);
-  check_close(y, grouped_matmul_ref(ref_of(x), ref_of(w), counts, false), {1e-5, 1e-5}, "sim");
-  // A wrong count is an error there too, not a wrong result.
-  expect_error([&] { grouped_matmul(x.to(sim), w.to(sim), counts_tensor({2, 0, 2}).to(sim)); },
-               {"grouped_matmul", "group_sizes", "sum to 4", "5 rows"});
+  const std::vector<std::vector<int64_t>> routings{{10, 0, 30, 1}, {0, 41, 0, 0}, {13, 13, 2, 13}};
+  auto check_layer = [&](const Tensor& got, const Tensor& x, const std::vector<int64_t>& counts) {
+    const Ref y = grouped_matmul_ref(ref_of(x), ref_of(w.to(Device())), counts, true);
+    check_close(got.to(Device()), weight_grad_ref(ref_of(x), y, counts, true), {1e-4, 1e-5}, "layer");
+  };
+  // Eager: the first call builds the two programs; other routings and another token count build none.
+  Tensor x0 = uni(g, {41, K});
+  check_layer(layer(x0.to(d), counts_tensor(routings[0]).to(d)), x0, routings[0]);
+  ChipRunProbe::sync_all();
+  const uint64_t built = codegen::stats().programs_built;
+  for (const auto& r : routings) check_layer(layer(x0.to(d), counts_tensor(r).to(d)), x0, r);
+  Tensor x1 = uni(g, {7, K});
+  const std::vector<int64_t> r1{3, 0, 0, 4};
+  check_layer(layer(x1.to(d), counts_tensor(r1).to(d)), x1, r1);
+  ChipRunProbe::sync_all();
+  CHECK(codegen::stats().programs_built == built);
+  // Compiled: one trace serves the three routings, and no program is built for them.
+  auto f = compile(layer, CompileOptions{.name = "test_moe_ops_chip_routings"});
+  const uint64_t before = moe_sim_fallbacks();
+  for (const auto& r : routings) check_layer(f(x0.to(d), counts_tensor(r).to(d)), x0, r);
+  ChipRunProbe::sync_all();
+  CHECK(codegen::stats().programs_built == built);
+  const jit::Stats st = jit::stats();
+  const jit::FunctionStats* fs = st.find("test_moe_ops_chip_routings");
+  REQUIRE(fs != nullptr);
+  CHECK(fs->compiles == 1);
+  CHECK(fs->hits == 2);
+  CHECK(moe_sim_fallbacks() == before);
+}
+
+TEST_CASE("moe ops on the chip: permute and unpermute match the naive loops", "[moe][codegen]") {
+  TinySim tiny;
+  const Device d = tiny.dev();
+  Generator g(15);
+  const int64_t T = 9, H = 6, k = 2;
+  const uint64_t before = moe_sim_fallbacks();
+  for (DType dt : {DType::f32, DType::bf16})
+    for (bool weighted : {true, false}) {
+      CAPTURE(dtype_name(dt), weighted);
+      Tensor x = uni(g, {T, H}, dt), y = uni(g, {T * k, H}, dt), w = uni(g, {T, k});
+      Tensor order = random_order(g, T * k, DType::i32);
+      const std::vector<int64_t> ord = order.to_vector<int64_t>();
+      Tensor xs = moe_permute(x.to(d), order.to(d), k);
+      REQUIRE(xs.device() == d);
+      CHECK(ref_of(xs).v == permute_ref(ref_of(x), ord, k).v);
+      const Ref wr = ref_of(w);
+      Tensor out = moe_unpermute(y.to(d), order.to(d), weighted ? w.to(d) : Tensor(), k);
+      CHECK(out.dtype() == (weighted ? DType::f32 : dt));
+      const Tol tol = dt == DType::f32 ? Tol{1e-6, 1e-6} : Tol{1e-2, 1e-2};
+      check_close(out.to(Device()), unpermute_ref(ref_of(y), ord, weighted ? &wr : nullptr, k), tol, "unpermute");
+      // The cpu kernel sums in the same order: f32 results are equal.
+      if (dt == DType::f32)
+        CHECK(out.to(Device()).to_vector<float>() ==
+              moe_unpermute(y, order, weighted ? w : Tensor(), k).to_vector<float>());
+    }
+  // The gradient of a permute is an unpermute: both on the chip.
+  Tensor x = uni(g, {T, H});
+  Tensor xd = x.to(d).requires_grad_();
+  Tensor order = random_order(g, T * k, DType::i32);
+  Tensor go = uni(g, {T * k, H});
+  moe_permute(xd, order.to(d), k).backward(go.to(d));
+  check_close(xd.grad().to(Device()), unpermute_ref(ref_of(go), order.to_vector<int64_t>(), nullptr, k),
+              {1e-6, 1e-6}, "permute grad");
+  CHECK(moe_sim_fallbacks() == before);
+  expect_error([&] { moe_permute(x.to(d), counts_tensor({0, 1, 2, 3, 4, 5, 6, 7, 8, 8, 0, 1, 2, 3, 4, 5, 6, 7}).to(d), 2); },
+               {"moe_permute", "order holds"});
 }
 
 TEST_CASE("moe ops: bad inputs are errors naming the argument", "[moe][errors]") {
