@@ -224,6 +224,14 @@ uint64_t moe_sim_fallbacks() {
   return n;
 }
 
+// Chip program runs of two kernels so far.
+std::pair<uint64_t, uint64_t> moe_kernel_runs(const char* a, const char* b) {
+  ChipRunProbe::sync_all();
+  const codegen::CodegenStats s = codegen::stats();
+  auto get = [&](const char* k) { return s.runs_by_kernel.count(k) ? s.runs_by_kernel.at(k) : 0; };
+  return {get(a), get(b)};
+}
+
 TEST_CASE("moe ops on the chip: grouped_matmul and its weight grad match the naive loop", "[moe][codegen]") {
   TinySim tiny;
   const Device d = tiny.dev();
@@ -235,6 +243,7 @@ TEST_CASE("moe ops on the chip: grouped_matmul and its weight grad match the nai
   const int64_t T = 111, K = 12, N = 10, E = 6;
   const uint64_t before = moe_sim_fallbacks();
   ChipRunProbe probe;
+  const auto runs0 = moe_kernel_runs("grouped_matmul", "grouped_matmul_weight_grad");
   for (DType dt : {DType::f32, DType::bf16})
     for (bool tw : {false, true}) {
       CAPTURE(dtype_name(dt), tw);
@@ -256,9 +265,15 @@ TEST_CASE("moe ops on the chip: grouped_matmul and its weight grad match the nai
                                            counts_tensor(std::vector<int64_t>(E, 0)).to(d));
   CHECK(none.shape() == Shape{E, K, N});
   CHECK(ref_of(none).v == std::vector<double>(static_cast<size_t>(E * K * N), 0.0));
+  // Rows past the last group are never read: NaN rows after x's end in its buffer change nothing.
+  Tensor padded = cat({x, full({8, K}, std::nan(""))}, 0).to(d);
+  check_close(grouped_matmul_weight_grad(narrow(padded, 0, 0, T), dy.to(d), counts_tensor(counts).to(d)).to(Device()),
+              weight_grad_ref(ref_of(x), ref_of(dy), counts, false), {1e-5, 1e-5}, "weight grad of a view");
   CHECK(moe_sim_fallbacks() == before);
   CHECK(probe.new_fallbacks() == 0);
-  CHECK(probe.new_runs() >= 10);
+  const codegen::CodegenStats st = codegen::stats();
+  CHECK(st.runs_by_kernel.at("grouped_matmul") - runs0.first == 5);
+  CHECK(st.runs_by_kernel.at("grouped_matmul_weight_grad") - runs0.second == 6);
   // A wrong count is an error on the chip too, not a wrong result.
   expect_error([&] { grouped_matmul(x.to(d), w.to(d), counts_tensor({2, 0, 2, 0, 0, 0}).to(d)); },
                {"grouped_matmul", "group_sizes", "sum to 4", "111 rows"});
@@ -312,6 +327,7 @@ TEST_CASE("moe ops on the chip: permute and unpermute match the naive loops", "[
   Generator g(15);
   const int64_t T = 9, H = 6, k = 2;
   const uint64_t before = moe_sim_fallbacks();
+  const auto runs0 = moe_kernel_runs("moe_permute", "moe_unpermute");
   for (DType dt : {DType::f32, DType::bf16})
     for (bool weighted : {true, false}) {
       CAPTURE(dtype_name(dt), weighted);
@@ -340,7 +356,10 @@ TEST_CASE("moe ops on the chip: permute and unpermute match the naive loops", "[
   check_close(xd.grad().to(Device()), unpermute_ref(ref_of(go), order.to_vector<int64_t>(), nullptr, k),
               {1e-6, 1e-6}, "permute grad");
   CHECK(moe_sim_fallbacks() == before);
-  expect_error([&] { moe_permute(x.to(d), counts_tensor({0, 1, 2, 3, 4, 5, 6, 7, 8, 8, 0, 1, 2, 3, 4, 5, 6, 7}).to(d), 2); },
+  const auto runs1 = moe_kernel_runs("moe_permute", "moe_unpermute");
+  CHECK(runs1.first - runs0.first == 5);
+  CHECK(runs1.second - runs0.second == 5);
+  expect_error([&] { moe_permute(x.to(d), counts_tensor({0, 1, 2, 3, 4, 5, 6, 7, 8, 8, 0, 1, 2, 3, 4, 5, 6, 7}, DType::i32).to(d), 2); },
                {"moe_permute", "order holds"});
 }
 
