@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <numeric>
 #include <vector>
 
 #include "codegen/launch.h"
@@ -42,7 +43,10 @@ namespace {
 using MoeB = sim::ProgramBuilder;
 
 constexpr int kMoeSemW = 0, kMoeSemX = 1, kMoeSemTail = 2, kMoeSemOut = 3, kMoeSemTailOut = 4;
-constexpr int64_t kGroupWords = 8;  // per group: row0, nfull, nfull-1, has_full, tail_row0, ntail, has_tail, has_next
+// Per (group, column panel) entry: row0, nfull, nfull - 1, has_full, tail_row0, ntail, has_tail,
+// has_next, group, panel, and the element offsets of (row0, panel) and (tail_row0, panel) in the
+// panelled matrix (the output of grouped_matmul, dy of the weight gradient).
+constexpr int64_t kGroupWords = 12;
 
 int64_t moe_align(int64_t v) { return (v + 63) / 64 * 64; }
 
@@ -56,10 +60,11 @@ int64_t moe_addr(const Tensor& t) { return t.numel() ? hbm_address(t) : 0; }
 enum GmmReg : int {
   gA = 0, gB, gOut, gTab,  // x (or L), w (or R), out, group table
   gE, gRow0, gNfullM1, gHasFull, gTailRow0, gNtail, gHasTail, gHasNext,
-  gT, gJ, gH, gWP, gNWP, gXP, gNXP, gOC, gOP, gTmp
+  gT, gJ, gH, gWP, gNWP, gXP, gNXP, gOC, gOP, gGrp, gPan, gOff, gTailOff, gNGrp, gNPan
 };
 
-// Emits the per-group skeleton over E groups (group e's table words in registers), with
+// Emits the skeleton over the table's entries (one per group and column panel; the entry's
+// words in registers), with
 // `group_begin` (weights), the double-buffered full tiles, the tail and `group_end` callbacks.
 //   load(index_reg or -1, ahead, parity_reg): issue the DMAs of full tile index + ahead
 //   compute(parity_reg, index_reg): full tile index (gT in the loop, gNfullM1 for the last)
@@ -72,11 +77,11 @@ struct GroupedEmit {
   int64_t loads_per_tile = 1;
 };
 
-void emit_grouped(MoeB& b, int64_t groups, const GroupedEmit& g) {
+void emit_grouped(MoeB& b, int64_t entries, const GroupedEmit& g) {
   b.sset(gOC, 0);
   b.sset(gOP, 0);
   b.signal(kMoeSemOut, 2);  // two free output buffers
-  b.loop(gE, groups);
+  b.loop(gE, entries);
   auto word = [&](int reg, int64_t w) { b.sload(reg, MoeB::hbm_at(MoeB::at(w * 4, {{gTab, 1}, {gE, kGroupWords * 4}}))); };
   word(gRow0, 0);
   word(gNfullM1, 2);
@@ -85,6 +90,10 @@ void emit_grouped(MoeB& b, int64_t groups, const GroupedEmit& g) {
   word(gNtail, 5);
   word(gHasTail, 6);
   word(gHasNext, 7);
+  word(gGrp, 8);
+  word(gPan, 9);
+  word(gOff, 10);
+  word(gTailOff, 11);
   g.group_begin();
   g.tail_load();  // the tail's rows come in while the full tiles run
   b.loop_reg(gH, gHasFull);
@@ -113,42 +122,42 @@ void emit_grouped(MoeB& b, int64_t groups, const GroupedEmit& g) {
   b.fence();
 }
 
-// Takes the next output buffer: waits for the store that used it two stores ago.
-void next_out_buffer(MoeB& b) {
-  b.wait(kMoeSemOut);
-}
+// Takes the next output buffer (waits for the store that used it two stores ago); advances.
+void next_out_buffer(MoeB& b) { b.wait(kMoeSemOut); }
 void advance_out_buffer(MoeB& b) {
   b.sadd(gOC, gOC, 1);
   b.smod(gOP, gOC, 2);
 }
 
 struct GmmSpec {
-  int64_t E = 0, K = 0, N = 0, tm = 0;
+  int64_t E = 0, K = 0, N = 0, tm = 0, tn = 0;  // tn: the column panel (divides N)
   int64_t xs = 0, ws0 = 0, ws1 = 0;  // bytes: x row stride, w group and row strides
   bool tw = false;
   DType dt = DType::f32;
 };
 
 int64_t gmm_vmem(const GmmSpec& s, int64_t es) {
-  return 2 * moe_align(s.K * s.N * es) + 3 * moe_align(s.tm * s.K * es) + moe_align(s.tm * s.N * 4) +
-         3 * moe_align(s.tm * s.N * es);
+  return 2 * moe_align(s.K * s.tn * es) + 3 * moe_align(s.tm * s.K * es) + moe_align(s.tm * s.tn * 4) +
+         3 * moe_align(s.tm * s.tn * es);
 }
 
 sim::Program make_gmm_program(const sim::ChipConfig& cfg, const GmmSpec& s) {
   const sim::DType dt = moe_sim_dtype(s.dt);
   const sim::MxuMode mode = moe_mode(s.dt);
-  const int64_t es = sim::dtype_size(dt), K = s.K, N = s.N, tm = s.tm, R = cfg.mxu.rows, C = cfg.mxu.cols;
+  // N below is the panel's width: each table entry multiplies one column panel of one group.
+  const int64_t es = sim::dtype_size(dt), K = s.K, N = s.tn, tm = s.tm, R = cfg.mxu.rows, C = cfg.mxu.cols;
   int64_t at = 0;
   auto take = [&](int64_t bytes) { const int64_t o = at; at += moe_align(bytes); return o; };
   const int64_t wb = take(K * N * es), wstep = take(K * N * es) - wb;
   const int64_t xb = take(tm * K * es), xstep = take(tm * K * es) - xb, xt = take(tm * K * es);
   const int64_t acc = take(tm * N * 4);
   const int64_t ob = take(tm * N * es), ostep = take(tm * N * es) - ob, ot = take(tm * N * es);
-  const int64_t rb = K * es, orb = N * es;
+  const int64_t rb = K * es, orb = s.N * es, pstride = s.tw ? N * s.ws1 : N * es;
   MoeB b(fmt::format("grouped_matmul_{}x{}", K, N));
   const sim::DmaShape wshape = s.tw ? sim::DmaShape{.rows = N, .row_bytes = K * es, .src_row_stride = s.ws1}
                                     : sim::DmaShape{.rows = K, .row_bytes = N * es, .src_row_stride = s.ws1};
-  // Group 0's weights before the loop; each group waits for its own and starts the next one's.
+  // Entry 0's weights (group 0, panel 0) before the loop; each entry waits for its own and
+  // starts the next one's.
   b.dma(MoeB::vmem_at(MoeB::at(wb)), MoeB::hbm_at(MoeB::at(0, {{gB, 1}})), wshape, 0, kMoeSemW);
   // One x tile [rows, K] times the group's weights into acc, on the MXUs by column chunks.
   auto multiply = [&](const std::function<sim::Addr(int64_t)>& xaddr) {
@@ -174,8 +183,10 @@ sim::Program make_gmm_program(const sim::ChipConfig& cfg, const GmmSpec& s) {
     b.loop_reg(gH, gHasNext);
     b.sadd(gNWP, gE, 1);
     b.smod(gNWP, gNWP, 2);
-    b.dma(MoeB::vmem_at(MoeB::at(wb, {{gNWP, wstep}})), MoeB::hbm_at(MoeB::at(s.ws0, {{gB, 1}, {gE, s.ws0}})), wshape,
-          0, kMoeSemW);
+    b.sload(gNGrp, MoeB::hbm_at(MoeB::at((kGroupWords + 8) * 4, {{gTab, 1}, {gE, kGroupWords * 4}})));
+    b.sload(gNPan, MoeB::hbm_at(MoeB::at((kGroupWords + 9) * 4, {{gTab, 1}, {gE, kGroupWords * 4}})));
+    b.dma(MoeB::vmem_at(MoeB::at(wb, {{gNWP, wstep}})),
+          MoeB::hbm_at(MoeB::at(0, {{gB, 1}, {gNGrp, s.ws0}, {gNPan, pstride}})), wshape, 0, kMoeSemW);
     b.end_loop();
   };
   g.group_end = [] {};
@@ -191,8 +202,9 @@ sim::Program make_gmm_program(const sim::ChipConfig& cfg, const GmmSpec& s) {
     next_out_buffer(b);
     b.unary(sim::Op::vcast, MoeB::vmem(MoeB::at(ob, {{gOP, ostep}}), dt, N),
             MoeB::vmem(MoeB::at(acc), sim::DType::f32, N), tm, N);
-    b.dma(MoeB::hbm_at(MoeB::at(0, {{gOut, 1}, {gRow0, orb}, {int16_t(idx_reg), tm * orb}})),
-          MoeB::vmem_at(MoeB::at(ob, {{gOP, ostep}})), {.rows = tm, .row_bytes = orb}, 0, kMoeSemOut);
+    b.dma(MoeB::hbm_at(MoeB::at(0, {{gOut, 1}, {gOff, es}, {int16_t(idx_reg), tm * orb}})),
+          MoeB::vmem_at(MoeB::at(ob, {{gOP, ostep}})), {.rows = tm, .row_bytes = N * es, .dst_row_stride = orb}, 0,
+          kMoeSemOut);
     advance_out_buffer(b);
   };
   g.compute = [&](int par, int idx) {
@@ -212,32 +224,33 @@ sim::Program make_gmm_program(const sim::ChipConfig& cfg, const GmmSpec& s) {
     multiply([&](int64_t off) { return MoeB::at(xt + off); });
     b.unary(sim::Op::vcast, MoeB::vmem(MoeB::at(ot), dt, N), MoeB::vmem(MoeB::at(acc), sim::DType::f32, N), tm, N);
     b.loop_reg(gJ, gNtail);
-    b.dma(MoeB::hbm_at(MoeB::at(0, {{gOut, 1}, {gTailRow0, orb}, {gJ, orb}})), MoeB::vmem_at(MoeB::at(ot, {{gJ, orb}})),
-          {.rows = 1, .row_bytes = orb}, 0, kMoeSemTailOut);
+    b.dma(MoeB::hbm_at(MoeB::at(0, {{gOut, 1}, {gTailOff, es}, {gJ, orb}})),
+          MoeB::vmem_at(MoeB::at(ot, {{gJ, N * es}})), {.rows = 1, .row_bytes = N * es}, 0, kMoeSemTailOut);
     b.end_loop();
     b.loop_reg(gJ, gNtail);
     b.wait(kMoeSemTailOut);
     b.end_loop();
   };
-  emit_grouped(b, s.E, g);
+  emit_grouped(b, s.E * (s.N / s.tn), g);
   return b.finish();
 }
 
 struct WgSpec {
-  int64_t E = 0, P = 0, Q = 0, tm = 0;  // out[e] [P, Q] = L_e^T R_e
+  int64_t E = 0, P = 0, Q = 0, tm = 0, tn = 0;  // out[e] [P, Q] = L_e^T R_e; tn: column panel of R (divides Q)
   int64_t ls = 0, rs = 0;               // bytes: row strides of L and R
   DType dt = DType::f32;
 };
 
 int64_t wg_vmem(const WgSpec& s, int64_t es) {
-  return 3 * moe_align(s.tm * s.P * es) + 3 * moe_align(s.tm * s.Q * es) + moe_align(s.P * s.Q * 4) +
-         2 * moe_align(s.P * s.Q * es);
+  return 3 * moe_align(s.tm * s.P * es) + 3 * moe_align(s.tm * s.tn * es) + moe_align(s.P * s.tn * 4) +
+         2 * moe_align(s.P * s.tn * es);
 }
 
 sim::Program make_wg_program(const sim::ChipConfig& cfg, const WgSpec& s) {
   const sim::DType dt = moe_sim_dtype(s.dt);
   const sim::MxuMode mode = moe_mode(s.dt);
-  const int64_t es = sim::dtype_size(dt), P = s.P, Q = s.Q, tm = s.tm, R = cfg.mxu.rows, C = cfg.mxu.cols;
+  // Q below is the panel's width: each table entry accumulates one column panel of one group.
+  const int64_t es = sim::dtype_size(dt), P = s.P, Q = s.tn, tm = s.tm, R = cfg.mxu.rows, C = cfg.mxu.cols;
   int64_t at = 0;
   auto take = [&](int64_t bytes) { const int64_t o = at; at += moe_align(bytes); return o; };
   const int64_t lb = take(tm * P * es), lstep = take(tm * P * es) - lb, lt = take(tm * P * es);
@@ -266,16 +279,19 @@ sim::Program make_wg_program(const sim::ChipConfig& cfg, const WgSpec& s) {
     next_out_buffer(b);
     b.unary(sim::Op::vcast, MoeB::vmem(MoeB::at(ob, {{gOP, ostep}}), dt, Q), MoeB::vmem(MoeB::at(acc), sim::DType::f32, Q),
             P, Q);
-    b.dma(MoeB::hbm_at(MoeB::at(0, {{gOut, 1}, {gE, P * Q * es}})), MoeB::vmem_at(MoeB::at(ob, {{gOP, ostep}})),
-          {.rows = 1, .row_bytes = P * Q * es}, 0, kMoeSemOut);
+    b.dma(MoeB::hbm_at(MoeB::at(0, {{gOut, 1}, {gGrp, P * s.Q * es}, {gPan, Q * es}})),
+          MoeB::vmem_at(MoeB::at(ob, {{gOP, ostep}})), {.rows = P, .row_bytes = Q * es, .dst_row_stride = s.Q * es}, 0,
+          kMoeSemOut);
     advance_out_buffer(b);
   };
   g.load = [&](int idx, int64_t ahead, int par) {
     for (int side = 0; side < 2; ++side) {
       const int64_t stride = side ? s.rs : s.ls, width = (side ? Q : P) * es;
+      // L's rows from row0; R's panel from its element offset (row0, panel).
+      const sim::AddrTerm first = side ? sim::AddrTerm{gOff, es} : sim::AddrTerm{gRow0, stride};
       const int16_t base = side ? gB : gA;
-      sim::Addr src = idx >= 0 ? MoeB::at(ahead * tm * stride, {{base, 1}, {gRow0, stride}, {int16_t(idx), tm * stride}})
-                               : MoeB::at(ahead * tm * stride, {{base, 1}, {gRow0, stride}});
+      sim::Addr src = idx >= 0 ? MoeB::at(ahead * tm * stride, {{base, 1}, first, {int16_t(idx), tm * stride}})
+                               : MoeB::at(ahead * tm * stride, {{base, 1}, first});
       b.dma(MoeB::vmem_at(MoeB::at(side ? rb : lb, {{int16_t(par), side ? rstep : lstep}})), MoeB::hbm_at(src),
             {.rows = tm, .row_bytes = width, .src_row_stride = stride}, 1 % cfg.dma.engines, kMoeSemX);
     }
@@ -293,7 +309,7 @@ sim::Program make_wg_program(const sim::ChipConfig& cfg, const WgSpec& s) {
     b.loop_reg(gJ, gNtail);
     b.dma(MoeB::vmem_at(MoeB::at(lt, {{gJ, P * es}})), MoeB::hbm_at(MoeB::at(0, {{gA, 1}, {gTailRow0, s.ls}, {gJ, s.ls}})),
           {.rows = 1, .row_bytes = P * es}, 0, kMoeSemTail);
-    b.dma(MoeB::vmem_at(MoeB::at(rt, {{gJ, Q * es}})), MoeB::hbm_at(MoeB::at(0, {{gB, 1}, {gTailRow0, s.rs}, {gJ, s.rs}})),
+    b.dma(MoeB::vmem_at(MoeB::at(rt, {{gJ, Q * es}})), MoeB::hbm_at(MoeB::at(0, {{gB, 1}, {gTailOff, es}, {gJ, s.rs}})),
           {.rows = 1, .row_bytes = Q * es}, 1 % cfg.dma.engines, kMoeSemTail);
     b.end_loop();
   };
@@ -303,12 +319,12 @@ sim::Program make_wg_program(const sim::ChipConfig& cfg, const WgSpec& s) {
     b.end_loop();
     multiply([&](int64_t off) { return MoeB::at(lt + off); }, [&](int64_t off) { return MoeB::at(rt + off); });
   };
-  emit_grouped(b, s.E, g);
+  emit_grouped(b, s.E * (s.Q / s.tn), g);
   return b.finish();
 }
 
-// The group table: per group kGroupWords i32 words (see kGroupWords).
-std::vector<int32_t> group_table(const char* op, const Tensor& gs, int64_t rows, int64_t tm) {
+// The group sizes read on the host and checked as the cpu kernel does.
+std::vector<int64_t> moe_read_groups(const char* op, const Tensor& gs, int64_t rows) {
   const std::vector<int64_t> n = gs.to_vector<int64_t>();
   int64_t sum = 0;
   for (size_t e = 0; e < n.size(); ++e) {
@@ -317,26 +333,40 @@ std::vector<int32_t> group_table(const char* op, const Tensor& gs, int64_t rows,
   }
   TPU_CHECK(sum == rows, "{}: group_sizes sum to {} but x has {} rows (every row belongs to exactly one group)", op,
             sum, rows);
+  return n;
+}
+
+// The table: kGroupWords i32 words per (group, panel) entry; the panelled matrix has `row_elems`
+// elements between rows and `width` columns in panels of tn. Empty when an offset overflows i32.
+std::vector<int32_t> group_table(const std::vector<int64_t>& n, int64_t tm, int64_t tn, int64_t width,
+                                 int64_t row_elems) {
+  const int64_t rows = std::accumulate(n.begin(), n.end(), int64_t{0}), panels = width / tn;
+  if (rows * row_elems + width >= (int64_t{1} << 31)) return {};
   std::vector<int32_t> t;
   int64_t row = 0;
   for (size_t e = 0; e < n.size(); ++e) {
-    const int64_t full = n[e] / tm, tail = n[e] % tm;
-    for (int64_t v : {row, full, std::max<int64_t>(full - 1, 0), int64_t(full > 0), row + full * tm, tail,
-                      int64_t(tail > 0), int64_t(e + 1 < n.size())})
-      t.push_back(int32_t(v));
+    const int64_t full = n[e] / tm, tail = n[e] % tm, tail0 = row + full * tm;
+    for (int64_t p = 0; p < panels; ++p) {
+      const bool next = e + 1 < n.size() || p + 1 < panels;
+      for (int64_t v : {row, full, std::max<int64_t>(full - 1, 0), int64_t(full > 0), tail0, tail, int64_t(tail > 0),
+                        int64_t(next), int64_t(e), p, row * row_elems + p * tn, tail0 * row_elems + p * tn})
+        t.push_back(int32_t(v));
+    }
     row += n[e];
   }
   return t;
 }
 
-// The largest row tile (4, 2 or 1 MXU heights) whose buffers fit 90% of VMEM; 0 if none.
+// The widest column panel (the width, halved while even) and for it the largest row tile (4, 2
+// or 1 MXU heights) whose buffers fit 90% of VMEM; tm = 0 if none.
 template <class Spec, class Fn>
-int64_t choose_tm(const sim::ChipConfig& cfg, Spec s, int64_t es, Fn vmem) {
-  for (int64_t f : {4, 2, 1}) {
-    s.tm = f * cfg.mxu.rows;
-    if (vmem(s, es) <= int64_t(cfg.memory.vmem_bytes) * 9 / 10) return s.tm;
-  }
-  return 0;
+void choose_tiles(const sim::ChipConfig& cfg, Spec& s, int64_t width, int64_t es, Fn vmem) {
+  for (s.tn = width; s.tn > 0; s.tn = s.tn % 2 ? 0 : s.tn / 2)
+    for (int64_t f : {4, 2, 1}) {
+      s.tm = f * cfg.mxu.rows;
+      if (vmem(s, es) <= int64_t(cfg.memory.vmem_bytes) * 9 / 10) return;
+    }
+  s.tm = 0;
 }
 
 bool grouped_matmul_chip(const ops::KernelArgs& a) {
@@ -347,19 +377,21 @@ bool grouped_matmul_chip(const ops::KernelArgs& a) {
   if (!moe_float(dt) || w.dtype() != dt || out.dtype() != dt || x.size(1) == 0 || (x.size(0) && x.strides()[1] != 1) ||
       w.strides()[2] != 1 || !out.is_contiguous() || w.size(0) == 0)
     return false;
+  const std::vector<int64_t> n = moe_read_groups("grouped_matmul", gs, x.size(0));
+  if (out.numel() == 0) return true;
   const Device dev = out.device();
   const sim::ChipConfig& cfg = chip_config(dev);
   const int64_t es = int64_t(x.element_size());
-  GmmSpec s{.E = w.size(0), .K = x.size(1), .N = out.size(1), .tm = 0, .xs = x.strides()[0] * es,
+  GmmSpec s{.E = w.size(0), .K = x.size(1), .N = out.size(1), .tm = 0, .tn = 0, .xs = x.strides()[0] * es,
             .ws0 = w.strides()[0] * es, .ws1 = w.strides()[1] * es, .tw = tw, .dt = dt};
-  s.tm = choose_tm(cfg, s, es, gmm_vmem);
+  choose_tiles(cfg, s, s.N, es, gmm_vmem);
   if (s.tm == 0) return false;
-  const std::vector<int32_t> table = group_table("grouped_matmul", gs, x.size(0), s.tm);
-  if (out.numel() == 0) return true;
+  const std::vector<int32_t> table = group_table(n, s.tm, s.tn, s.N, s.N);
+  if (table.empty()) return false;
   const Tensor tab = from_vector(table, Shape{int64_t(table.size())}, TensorOptions(DType::i32, dev));
   const LoadedProgram lp = cached_program(
-      dev, fmt::format("grouped_matmul:{}:{}x{}x{}:tm{}:{}:{}:{}:{}:{}", s.E, s.K, s.N, tw, s.tm, s.xs, s.ws0, s.ws1,
-                       dtype_name(dt), sim::mxu_mode_name(moe_mode(dt))),
+      dev, fmt::format("grouped_matmul:{}:{}x{}x{}:tm{}:tn{}:{}:{}:{}:{}:{}", s.E, s.K, s.N, tw, s.tm, s.tn, s.xs, s.ws0,
+                       s.ws1, dtype_name(dt), sim::mxu_mode_name(moe_mode(dt))),
       [&] { return make_gmm_program(cfg, s); });
   launch(dev, lp, "grouped_matmul", {hbm_address(x), hbm_address(w), hbm_address(out), hbm_address(tab)});
   return true;
@@ -375,18 +407,20 @@ bool weight_grad_chip(const ops::KernelArgs& a) {
     return false;
   const Tensor& L = tw ? dy : x;
   const Tensor& R = tw ? x : dy;
+  const std::vector<int64_t> n = moe_read_groups("grouped_matmul_weight_grad", gs, x.size(0));
   const Device dev = out.device();
   const sim::ChipConfig& cfg = chip_config(dev);
   const int64_t es = int64_t(x.element_size());
-  WgSpec s{.E = gs.size(0), .P = L.size(1), .Q = R.size(1), .tm = 0, .ls = L.strides()[0] * es,
+  WgSpec s{.E = gs.size(0), .P = L.size(1), .Q = R.size(1), .tm = 0, .tn = 0, .ls = L.strides()[0] * es,
            .rs = R.strides()[0] * es, .dt = dt};
-  s.tm = choose_tm(cfg, s, es, wg_vmem);
+  choose_tiles(cfg, s, s.Q, es, wg_vmem);
   if (s.tm == 0) return false;
-  const std::vector<int32_t> table = group_table("grouped_matmul_weight_grad", gs, x.size(0), s.tm);
+  const std::vector<int32_t> table = group_table(n, s.tm, s.tn, s.Q, R.size(0) ? R.strides()[0] : s.Q);
+  if (table.empty()) return false;
   const Tensor tab = from_vector(table, Shape{int64_t(table.size())}, TensorOptions(DType::i32, dev));
   const LoadedProgram lp = cached_program(
-      dev, fmt::format("grouped_matmul_weight_grad:{}:{}x{}:tm{}:{}:{}:{}:{}", s.E, s.P, s.Q, s.tm, s.ls, s.rs,
-                       dtype_name(dt), sim::mxu_mode_name(moe_mode(dt))),
+      dev, fmt::format("grouped_matmul_weight_grad:{}:{}x{}:tm{}:tn{}:{}:{}:{}:{}", s.E, s.P, s.Q, s.tm, s.tn, s.ls,
+                       s.rs, dtype_name(dt), sim::mxu_mode_name(moe_mode(dt))),
       [&] { return make_wg_program(cfg, s); });
   launch(dev, lp, "grouped_matmul_weight_grad", {moe_addr(L), moe_addr(R), hbm_address(out), hbm_address(tab)});
   return true;
