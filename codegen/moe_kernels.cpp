@@ -45,8 +45,9 @@ using MoeB = sim::ProgramBuilder;
 constexpr int kMoeSemW = 0, kMoeSemX = 1, kMoeSemTail = 2, kMoeSemOut = 3, kMoeSemTailOut = 4;
 // Per (group, column panel) entry: row0, nfull, nfull - 1, has_full, tail_row0, ntail, has_tail,
 // has_next, group, panel, and the element offsets of (row0, panel) and (tail_row0, panel) in the
-// panelled matrix (the output of grouped_matmul, dy of the weight gradient).
-constexpr int64_t kGroupWords = 12;
+// panelled matrix (the output of grouped_matmul, dy of the weight gradient), and the tail's
+// blocks of one MXU height (the MXUs multiply only those rows of the tail tile).
+constexpr int64_t kGroupWords = 13;
 
 int64_t moe_align(int64_t v) { return (v + 63) / 64 * 64; }
 
@@ -60,7 +61,7 @@ int64_t moe_addr(const Tensor& t) { return t.numel() ? hbm_address(t) : 0; }
 enum GmmReg : int {
   gA = 0, gB, gOut, gTab,  // x (or L), w (or R), out, group table
   gE, gRow0, gNfullM1, gHasFull, gTailRow0, gNtail, gHasTail, gHasNext,
-  gT, gJ, gH, gWP, gNWP, gXP, gNXP, gOC, gOP, gGrp, gPan, gOff, gTailOff, gNGrp, gNPan
+  gT, gJ, gH, gWP, gNWP, gXP, gNXP, gOC, gOP, gGrp, gPan, gOff, gTailOff, gNGrp, gNPan, gTailBlocks, gBlk
 };
 
 // Emits the skeleton over the table's entries (one per group and column panel; the entry's
@@ -94,6 +95,7 @@ void emit_grouped(MoeB& b, int64_t entries, const GroupedEmit& g) {
   word(gPan, 9);
   word(gOff, 10);
   word(gTailOff, 11);
+  word(gTailBlocks, 12);
   g.group_begin();
   g.tail_load();  // the tail's rows come in while the full tiles run
   b.loop_reg(gH, gHasFull);
@@ -159,8 +161,9 @@ sim::Program make_gmm_program(const sim::ChipConfig& cfg, const GmmSpec& s) {
   // Entry 0's weights (group 0, panel 0) before the loop; each entry waits for its own and
   // starts the next one's.
   b.dma(MoeB::vmem_at(MoeB::at(wb)), MoeB::hbm_at(MoeB::at(0, {{gB, 1}})), wshape, 0, kMoeSemW);
-  // One x tile [rows, K] times the group's weights into acc, on the MXUs by column chunks.
-  auto multiply = [&](const std::function<sim::Addr(int64_t)>& xaddr) {
+  // `rows` rows of an x tile times the group's weights into acc (from row block gBlk when
+  // `block`), on the MXUs by column chunks.
+  auto multiply = [&](const std::function<sim::Addr(int64_t)>& xaddr, int64_t rows, bool block) {
     int tile = 0;
     for (int64_t j = 0; j * C < N; ++j, ++tile) {
       const int64_t nn = std::min(C, N - j * C);
@@ -171,8 +174,9 @@ sim::Program make_gmm_program(const sim::ChipConfig& cfg, const GmmSpec& s) {
             s.tw ? MoeB::vmem(MoeB::at(wb + (j * C * K + c * R) * es, {{gWP, wstep}}), dt, 1, K)
                  : MoeB::vmem(MoeB::at(wb + (c * R * N + j * C) * es, {{gWP, wstep}}), dt, N);
         b.mxu_load_weights(mxu, wt, kk, nn, mode);
-        b.mxu_matmul(mxu, MoeB::vmem(MoeB::at(acc + j * C * 4), sim::DType::f32, N),
-                     MoeB::vmem(xaddr(c * R * es), dt, K), tm, kk, nn, c > 0, mode);
+        const sim::Addr out = block ? MoeB::at(acc + j * C * 4, {{gBlk, R * N * 4}}) : MoeB::at(acc + j * C * 4);
+        b.mxu_matmul(mxu, MoeB::vmem(out, sim::DType::f32, N), MoeB::vmem(xaddr(c * R * es), dt, K), rows, kk, nn, c > 0,
+                     mode);
       }
     }
   };
@@ -208,7 +212,7 @@ sim::Program make_gmm_program(const sim::ChipConfig& cfg, const GmmSpec& s) {
     advance_out_buffer(b);
   };
   g.compute = [&](int par, int idx) {
-    multiply([&](int64_t off) { return MoeB::at(xb + off, {{int16_t(par), xstep}}); });
+    multiply([&](int64_t off) { return MoeB::at(xb + off, {{int16_t(par), xstep}}); }, tm, false);
     store_full(idx);
   };
   g.tail_load = [&] {
@@ -221,7 +225,9 @@ sim::Program make_gmm_program(const sim::ChipConfig& cfg, const GmmSpec& s) {
     b.loop_reg(gJ, gNtail);
     b.wait(kMoeSemTail);
     b.end_loop();
-    multiply([&](int64_t off) { return MoeB::at(xt + off); });
+    b.loop_reg(gBlk, gTailBlocks);
+    multiply([&](int64_t off) { return MoeB::at(xt + off, {{gBlk, R * K * es}}); }, std::min(R, tm), true);
+    b.end_loop();
     b.unary(sim::Op::vcast, MoeB::vmem(MoeB::at(ot), dt, N), MoeB::vmem(MoeB::at(acc), sim::DType::f32, N), tm, N);
     b.loop_reg(gJ, gNtail);
     b.dma(MoeB::hbm_at(MoeB::at(0, {{gOut, 1}, {gTailOff, es}, {gJ, orb}})),
@@ -317,7 +323,16 @@ sim::Program make_wg_program(const sim::ChipConfig& cfg, const WgSpec& s) {
     b.loop_reg(gJ, gNtail);
     b.wait(kMoeSemTail, 2);
     b.end_loop();
-    multiply([&](int64_t off) { return MoeB::at(lt + off); }, [&](int64_t off) { return MoeB::at(rt + off); });
+    // Only the tail's blocks of R rows (the last one zero-padded) go through the MXUs.
+    b.loop_reg(gBlk, gTailBlocks);
+    for (int64_t j = 0; j * C < Q; ++j) {
+      const int64_t nn = std::min(C, Q - j * C), kk = std::min(R, tm);
+      const int mxu = int(j % cfg.mxu.count);
+      b.mxu_load_weights(mxu, MoeB::vmem(MoeB::at(rt + j * C * es, {{gBlk, R * Q * es}}), dt, Q), kk, nn, mode);
+      b.mxu_matmul(mxu, MoeB::vmem(MoeB::at(acc + j * C * 4), sim::DType::f32, Q),
+                   MoeB::vmem(MoeB::at(lt, {{gBlk, R * P * es}}), dt, 1, P), P, kk, nn, true, mode);
+    }
+    b.end_loop();
   };
   emit_grouped(b, s.E * (s.Q / s.tn), g);
   return b.finish();
@@ -339,7 +354,7 @@ std::vector<int64_t> moe_read_groups(const char* op, const Tensor& gs, int64_t r
 // The table: kGroupWords i32 words per (group, panel) entry; the panelled matrix has `row_elems`
 // elements between rows and `width` columns in panels of tn. Empty when an offset overflows i32.
 std::vector<int32_t> group_table(const std::vector<int64_t>& n, int64_t tm, int64_t tn, int64_t width,
-                                 int64_t row_elems) {
+                                 int64_t row_elems, int64_t block) {
   const int64_t rows = std::accumulate(n.begin(), n.end(), int64_t{0}), panels = width / tn;
   if (rows * row_elems + width >= (int64_t{1} << 31)) return {};
   std::vector<int32_t> t;
@@ -349,7 +364,8 @@ std::vector<int32_t> group_table(const std::vector<int64_t>& n, int64_t tm, int6
     for (int64_t p = 0; p < panels; ++p) {
       const bool next = e + 1 < n.size() || p + 1 < panels;
       for (int64_t v : {row, full, std::max<int64_t>(full - 1, 0), int64_t(full > 0), tail0, tail, int64_t(tail > 0),
-                        int64_t(next), int64_t(e), p, row * row_elems + p * tn, tail0 * row_elems + p * tn})
+                        int64_t(next), int64_t(e), p, row * row_elems + p * tn, tail0 * row_elems + p * tn,
+                        (tail + block - 1) / block})
         t.push_back(int32_t(v));
     }
     row += n[e];
@@ -386,7 +402,7 @@ bool grouped_matmul_chip(const ops::KernelArgs& a) {
             .ws0 = w.strides()[0] * es, .ws1 = w.strides()[1] * es, .tw = tw, .dt = dt};
   choose_tiles(cfg, s, s.N, es, gmm_vmem);
   if (s.tm == 0) return false;
-  const std::vector<int32_t> table = group_table(n, s.tm, s.tn, s.N, s.N);
+  const std::vector<int32_t> table = group_table(n, s.tm, s.tn, s.N, s.N, cfg.mxu.rows);
   if (table.empty()) return false;
   const Tensor tab = from_vector(table, Shape{int64_t(table.size())}, TensorOptions(DType::i32, dev));
   const LoadedProgram lp = cached_program(
@@ -415,7 +431,7 @@ bool weight_grad_chip(const ops::KernelArgs& a) {
            .rs = R.strides()[0] * es, .dt = dt};
   choose_tiles(cfg, s, s.Q, es, wg_vmem);
   if (s.tm == 0) return false;
-  const std::vector<int32_t> table = group_table(n, s.tm, s.tn, s.Q, R.size(0) ? R.strides()[0] : s.Q);
+  const std::vector<int32_t> table = group_table(n, s.tm, s.tn, s.Q, R.size(0) ? R.strides()[0] : s.Q, cfg.mxu.rows);
   if (table.empty()) return false;
   const Tensor tab = from_vector(table, Shape{int64_t(table.size())}, TensorOptions(DType::i32, dev));
   const LoadedProgram lp = cached_program(

@@ -374,6 +374,37 @@ TEST_CASE("moe ops on the chip: permute and unpermute match the naive loops", "[
                {"moe_permute", "order holds"});
 }
 
+// The figures of codegen/README.md: a Mixtral-shaped expert projection (512 slots of 4096 over 8
+// experts of [14336, 4096], bf16, uneven routing) against one dense matmul of the same FLOPs on
+// v5e-ideal, timing-only. Hidden; run with "[measure]".
+TEST_CASE("moe ops on the chip: measure a Mixtral-shaped grouped matmul on v5e", "[.][measure]") {
+  const std::string prev = device::sim_chip(1);
+  set_sim_chip("v5e-ideal", 1);
+  codegen::set_timing_only(true);
+  const Device d("sim:1");
+  const int64_t T = 512, K = 4096, N = 14336, E = 8;
+  const std::vector<int64_t> counts{100, 30, 90, 60, 50, 80, 40, 62};
+  Tensor x = empty_tensor({T, K}, DType::bf16, d), w = empty_tensor({E, N, K}, DType::bf16, d);
+  Tensor gs = counts_tensor(counts).to(d), wd = empty_tensor({N, K}, DType::bf16, d);
+  const sim::ChipConfig& cfg = codegen::chip_config(d);
+  const double peak = 2.0 * cfg.mxu.count * cfg.mxu.rows * cfg.mxu.cols, flops = 2.0 * T * K * N;
+  auto cost = [&](const char* what, auto&& fn) {
+    fn();  // builds the program
+    ChipRunProbe p;
+    fn();
+    const double c = p.new_cycles();
+    std::printf("%s: %.0f cycles, %.1f%% of the MXU peak, %.1f%% of the weight-read bound\n", what, c,
+                100.0 * flops / (c * peak), 100.0 * double(E * N * K * 2) / (c * cfg.memory.hbm_bandwidth_gbps /
+                                                                               cfg.clock_ghz));
+  };
+  cost("grouped_matmul (transposed)", [&] { (void)grouped_matmul(x, w, gs, true); });
+  cost("dense linear, same FLOPs", [&] { (void)linear(x, wd, Tensor()); });
+  Tensor dy = empty_tensor({T, N}, DType::bf16, d);
+  cost("grouped_matmul_weight_grad", [&] { (void)grouped_matmul_weight_grad(x, dy, gs, true); });
+  codegen::set_timing_only(false);
+  set_sim_chip(prev, 1);
+}
+
 TEST_CASE("moe ops: bad inputs are errors naming the argument", "[moe][errors]") {
   Generator g(13);
   Tensor x = uni(g, {5, 4}), w = uni(g, {3, 4, 2}), c = counts_tensor({2, 0, 3});
