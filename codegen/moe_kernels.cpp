@@ -163,13 +163,13 @@ sim::Program make_gmm_program(const sim::ChipConfig& cfg, const GmmSpec& s) {
   b.dma(MoeB::vmem_at(MoeB::at(wb)), MoeB::hbm_at(MoeB::at(0, {{gB, 1}})), wshape, 0, kMoeSemW);
   // `rows` rows of an x tile times the group's weights into acc (from row block gBlk when
   // `block`), on the MXUs by column chunks.
+  // The K chunks are the outer loop: an accumulating product waits for the previous one into
+  // the same columns to drain, so the column chunks of one K chunk run in between.
   auto multiply = [&](const std::function<sim::Addr(int64_t)>& xaddr, int64_t rows, bool block) {
-    int tile = 0;
-    for (int64_t j = 0; j * C < N; ++j, ++tile) {
-      const int64_t nn = std::min(C, N - j * C);
-      const int mxu = tile % cfg.mxu.count;
-      for (int64_t c = 0; c * R < K; ++c) {
-        const int64_t kk = std::min(R, K - c * R);
+    for (int64_t c = 0; c * R < K; ++c)
+      for (int64_t j = 0; j * C < N; ++j) {
+        const int64_t nn = std::min(C, N - j * C), kk = std::min(R, K - c * R);
+        const int mxu = int(j % cfg.mxu.count);
         const sim::Operand wt =
             s.tw ? MoeB::vmem(MoeB::at(wb + (j * C * K + c * R) * es, {{gWP, wstep}}), dt, 1, K)
                  : MoeB::vmem(MoeB::at(wb + (c * R * N + j * C) * es, {{gWP, wstep}}), dt, N);
@@ -178,7 +178,6 @@ sim::Program make_gmm_program(const sim::ChipConfig& cfg, const GmmSpec& s) {
         b.mxu_matmul(mxu, MoeB::vmem(out, sim::DType::f32, N), MoeB::vmem(xaddr(c * R * es), dt, K), rows, kk, nn, c > 0,
                      mode);
       }
-    }
   };
   GroupedEmit g;
   g.group_begin = [&] {

@@ -378,9 +378,20 @@ TEST_CASE("moe ops on the chip: permute and unpermute match the naive loops", "[
 // experts of [14336, 4096], bf16, uneven routing) against one dense matmul of the same FLOPs on
 // v5e-ideal, timing-only. Hidden; run with "[measure]".
 TEST_CASE("moe ops on the chip: measure a Mixtral-shaped grouped matmul on v5e", "[.][measure]") {
-  const std::string prev = device::sim_chip(1);
-  set_sim_chip("v5e-ideal", 1);
-  codegen::set_timing_only(true);
+  struct OnV5e {  // sim:1 on v5e-ideal, timing-only, for this test (tensors die first)
+    std::string prev = device::sim_chip(1);
+    OnV5e() {
+      set_sim_chip("v5e-ideal", 1);
+      codegen::set_timing_only(true);
+    }
+    ~OnV5e() {
+      codegen::set_timing_only(false);
+      try {
+        set_sim_chip(prev, 1);
+      } catch (...) {
+      }
+    }
+  } chip;
   const Device d("sim:1");
   const int64_t T = 512, K = 4096, N = 14336, E = 8;
   const std::vector<int64_t> counts{100, 30, 90, 60, 50, 80, 40, 62};
@@ -401,8 +412,6 @@ TEST_CASE("moe ops on the chip: measure a Mixtral-shaped grouped matmul on v5e",
   cost("dense linear, same FLOPs", [&] { (void)linear(x, wd, Tensor()); });
   Tensor dy = empty_tensor({T, N}, DType::bf16, d);
   cost("grouped_matmul_weight_grad", [&] { (void)grouped_matmul_weight_grad(x, dy, gs, true); });
-  codegen::set_timing_only(false);
-  set_sim_chip(prev, 1);
 }
 
 TEST_CASE("moe ops: bad inputs are errors naming the argument", "[moe][errors]") {
