@@ -5,24 +5,26 @@
 // step with another number of tokens reuses the program.
 //
 //   grouped_matmul(x [T, K], w [E, K, N] or [E, N, K], group_sizes [E]) -> [T, N]
-//     per group: its full row tiles (tm rows, one DMA each, double-buffered: tile i + 1 loads
-//     while tile i multiplies) times the group's weight matrix (in VMEM, the next group's loaded
-//     during this group's tiles), then its tail rows (fewer than tm) by one DMA per row, so no
-//     row past the group's end is read or written (the MXU computes the whole tile; the rows
-//     past the tail are never stored). f32/bf16 on the MXUs with f32 accumulation (f32 at the
+//     per (group, column panel of N; the whole width when it fits VMEM): the group's full row
+//     tiles (tm rows, one DMA each, double-buffered: tile i + 1 loads while tile i multiplies)
+//     times the panel of its weights (in VMEM, the next entry's loaded during this one), then
+//     its tail rows (fewer than tm) by one DMA per row, so no row past the group's end is read
+//     or written; the MXUs multiply only the tail's blocks of one MXU height, whose rows past
+//     the tail are never stored. f32/bf16 on the MXUs with f32 accumulation (f32 at the
 //     precision of set_float32_matmul_precision); results stored asynchronously from two buffers.
 //   grouped_matmul_weight_grad(x, dy, group_sizes) -> [E, K, N] ([E, N, K] transposed)
-//     per group an f32 accumulator [K, N] in VMEM, += x_tile^T dy_tile over the group's row
-//     tiles (the MXU streams x_tile^T as a strided operand); the tail tile is zeroed before its
-//     rows come in, so rows past the group's end add nothing; an empty group writes zeros.
+//     per (group, column panel) an f32 accumulator [K, panel] in VMEM, += x_tile^T dy_tile over
+//     the group's row tiles (the MXU streams x_tile^T as a strided operand); the tail tile is
+//     zeroed before its rows come in, so rows past the group's end add nothing; an empty group
+//     writes zeros.
 //   moe_permute(x, order, k): out[i] = x[order[i] / k], one HBM-to-HBM row DMA per slot.
 //   moe_unpermute(y, order, w, k): out[t] = sum_j w[t, j] y[row of slot t k + j], the k rows
 //     gathered into VMEM (the next token's while this one is summed), summed in f32 in j order.
 //
 // The host reads the group sizes and the order (both small), checks them as the cpu kernels do
 // (a bad routing is a tpu::Error, never a wrong read) and uploads the tables. Shapes whose
-// weight matrix or accumulator does not fit VMEM, f16 and strided inner dims take the counted
-// host fallback.
+// narrowest panel does not fit VMEM, f16, strided inner dims and tables whose offsets pass 2^31
+// elements take the counted host fallback.
 #include <fmt/format.h>
 
 #include <algorithm>
