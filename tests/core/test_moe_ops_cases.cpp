@@ -329,6 +329,10 @@ TEST_CASE("moe ops on the chip: new routings and token counts reuse the programs
   REQUIRE(fs != nullptr);
   CHECK(fs->compiles == 1);
   CHECK(fs->hits == 2);
+  // Another token count retraces the graph (its shapes changed) but builds no chip program.
+  check_layer(f(x1.to(d), counts_tensor(r1).to(d)), x1, r1);
+  ChipRunProbe::sync_all();
+  CHECK(codegen::stats().programs_built == built);
   CHECK(moe_sim_fallbacks() == before);
 }
 
