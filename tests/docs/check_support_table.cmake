@@ -1,5 +1,5 @@
-# The support table printed by EXE must appear verbatim in DOC (regenerate the doc's table with
-# the printer's output when the supported model types or features change).
+# The table printed by EXE (a generated docs table) must appear verbatim in DOC (regenerate the doc's table with
+# the printer's output when what it lists changes).
 execute_process(COMMAND ${EXE} OUTPUT_VARIABLE _table RESULT_VARIABLE _rc)
 if(NOT _rc EQUAL 0)
   message(FATAL_ERROR "${EXE} failed (${_rc})")
@@ -7,5 +7,5 @@ endif()
 file(READ ${DOC} _doc)
 string(FIND "${_doc}" "${_table}" _at)
 if(_at EQUAL -1)
-  message(FATAL_ERROR "${DOC} does not hold the current support table; replace it with:\n${_table}")
+  message(FATAL_ERROR "${DOC} does not hold the current generated table; replace it with:\n${_table}")
 endif()

@@ -11,10 +11,11 @@
 //   sim compiled  "fused" when the op joins fused vector regions, "kernel" when compiled graphs
 //                 run its own chip program, "view", or "host"
 //   gradient      "yes" (backward formula), "n/a" (not differentiable), "no"
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
-
+#include <vector>
 
 #include "codegen/lowering.h"
 #include "ops/registry.h"
@@ -43,8 +44,16 @@ std::string gradient(const ops::OpDef& op) {
   return op.backward.fn ? "yes" : "no";
 }
 
+// The registry's ops by name: registration order follows static initialization, which differs
+// between builds, and the docs' table must not.
+std::vector<const ops::OpDef*> ops_by_name() {
+  auto v = ops::all_ops();
+  std::sort(v.begin(), v.end(), [](const ops::OpDef* a, const ops::OpDef* b) { return a->name < b->name; });
+  return v;
+}
+
 int matrix() {
-  const auto ops = ops::all_ops();
+  const auto ops = ops_by_name();
   int chip = 0, grad = 0, diff = 0;
   std::printf("| op | cpu | sim eager | sim compiled | gradient |\n|---|---|---|---|---|\n");
   for (const ops::OpDef* op : ops) {
@@ -62,7 +71,7 @@ int matrix() {
 }
 
 int list() {
-  for (const ops::OpDef* op : ops::all_ops())
+  for (const ops::OpDef* op : ops_by_name())
     std::printf("%-20s %3d  %s\n", op->name.c_str(), op->num_inputs, op->doc.c_str());
   return 0;
 }
