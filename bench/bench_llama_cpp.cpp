@@ -15,7 +15,8 @@
 //     first generated token to the last);
 //   prefill-512: a 512-token prompt through to its first generated token (prompt tokens/s);
 //   decode-16: 16 sequences of 8-token prompts, 31 decode steps (generated tokens/s, all rows).
-// Both engines use --threads threads (default 2). The f32 run also checks that the greedy tokens
+// Both engines use --threads threads (default 2). llama.cpp's KV cache is f32 in the f32 run (as
+// tpucore's), its default f16 in the others. The f32 run also checks that the greedy tokens
 // of both agree (the first 31 of decode-1; a mismatch is reported with its position).
 //   bench_llama_cpp [--precisions f32,bf16,f16,int8,int4] [--rounds 3] [--threads 2]
 //                   [--llama-dir DIR] [--work-dir DIR] [--small]
@@ -78,9 +79,10 @@ struct LlamaBatchView {  // struct llama_batch
   int8_t* logits;
 };
 // llama_context_params: n_ctx, n_batch, n_ubatch, n_seq_max at 0, 4, 8, 12; n_threads and
-// n_threads_batch at 28 and 32 in this release (defaults 512, 2048, 512, 1, 4, 4).
+// n_threads_batch at 28 and 32 in this release (defaults 512, 2048, 512, 1, 4, 4); the KV
+// cache's element types type_k and type_v at 104 and 108 (default 1, GGML_TYPE_F16).
 constexpr size_t kCtxNCtx = 0, kCtxNBatch = 4, kCtxNUbatch = 8, kCtxNSeqMax = 12, kCtxThreads = 28,
-                 kCtxThreadsBatch = 32;
+                 kCtxThreadsBatch = 32, kCtxTypeK = 104, kCtxTypeV = 108;
 constexpr size_t kThreadpoolNThreads = 512;  // ggml_threadpool_params: bool cpumask[512], int n_threads
 
 using LogCallback = void (*)(int, const char*, void*);
@@ -128,16 +130,28 @@ class LlamaCpp {
     threadpool_new = reinterpret_cast<void* (*)(void*)>(reg_proc(reg, "ggml_threadpool_new"));
     threadpool_free = reinterpret_cast<void (*)(void*)>(reg_proc(reg, "ggml_threadpool_free"));
     if (threadpool_new == nullptr || threadpool_free == nullptr) return "the CPU backend has no ggml_threadpool_new";
+    // Pausing the pool between llama.cpp's tasks keeps its idle workers off the cores while
+    // tpucore runs (the two engines alternate on the same cores).
+    if (std::string err = cpu_variant(); !err.empty()) return err;
+    void* variant = dlopen((dir + "/libggml-cpu-" + variant_name() + ".so").c_str(), RTLD_NOW | RTLD_NOLOAD);
+    if (variant != nullptr) {
+      threadpool_pause = reinterpret_cast<void (*)(void*)>(dlsym(variant, "ggml_threadpool_pause"));
+      threadpool_resume = reinterpret_cast<void (*)(void*)>(dlsym(variant, "ggml_threadpool_resume"));
+    }
+    if (threadpool_pause == nullptr || threadpool_resume == nullptr)
+      return "the CPU backend has no ggml_threadpool_pause / ggml_threadpool_resume";
     const OpaqueParams c = context_default_params();
     const uint32_t want[] = {512, 2048, 512, 1};
     for (size_t i = 0; i < 4; ++i)
       if (c.u32(4 * i) != want[i]) return layout_error("llama_context_params", 4 * i, c.u32(4 * i), want[i]);
     if (c.u32(kCtxThreads) != 4 || c.u32(kCtxThreadsBatch) != 4)
       return layout_error("llama_context_params", kCtxThreads, c.u32(kCtxThreads), 4);
+    if (c.u32(kCtxTypeK) != 1 || c.u32(kCtxTypeV) != 1)
+      return layout_error("llama_context_params", kCtxTypeK, c.u32(kCtxTypeK), 1);
     const OpaqueParams m = model_default_params();
     if (m.ptr(0) != nullptr || m.ptr(8) != nullptr)
       return "llama_model_params: devices / tensor_buft_overrides are not null by default (another layout)";
-    return cpu_variant();
+    return {};
   }
 
   // The libggml-cpu-*.so variant ggml chose for this CPU (from the process's mappings).
@@ -195,6 +209,8 @@ class LlamaCpp {
   void (*threadpool_params_init)(void*, int) = nullptr;
   void* (*threadpool_new)(void*) = nullptr;
   void (*threadpool_free)(void*) = nullptr;
+  void (*threadpool_pause)(void*) = nullptr;
+  void (*threadpool_resume)(void*) = nullptr;
 
  private:
   std::vector<void*> handles_;
@@ -203,14 +219,17 @@ class LlamaCpp {
 // One llama.cpp context (its own KV cache, batch and persistent thread pool) on a loaded model.
 class LlamaSession {
  public:
-  LlamaSession(LlamaCpp& api, void* model, uint32_t ctx_len, uint32_t seqs, int threads) : api_(api) {
+  // kv_f32: the KV cache in f32 (as tpucore's f32 model keeps it) instead of llama.cpp's f16.
+  LlamaSession(LlamaCpp& api, void* model, uint32_t ctx_len, uint32_t seqs, int threads, bool kv_f32) : api_(api) {
     OpaqueParams p = api.context_default_params();
+    if (kv_f32) p.set_u32(kCtxTypeK, 0), p.set_u32(kCtxTypeV, 0);
     p.set_u32(kCtxNCtx, ctx_len), p.set_u32(kCtxNBatch, 512), p.set_u32(kCtxNUbatch, 512);
     p.set_u32(kCtxNSeqMax, seqs), p.set_u32(kCtxThreads, static_cast<uint32_t>(threads));
     p.set_u32(kCtxThreadsBatch, static_cast<uint32_t>(threads));
     ctx_ = api.init_from_model(model, p);
     TPU_CHECK(ctx_ != nullptr, "llama.cpp: llama_init_from_model failed");
-    TPU_CHECK(api.n_ctx(ctx_) == ctx_len && api.n_batch(ctx_) == 512 && api.n_ubatch(ctx_) == 512 &&
+    // (llama.cpp rounds each sequence's context up to a multiple of 256)
+    TPU_CHECK(api.n_ctx(ctx_) >= ctx_len && api.n_batch(ctx_) == 512 && api.n_ubatch(ctx_) == 512 &&
                   api.n_seq_max(ctx_) == seqs && api.n_threads(ctx_) == threads && api.n_threads_batch(ctx_) == threads,
               "llama.cpp: the context reports n_ctx {} n_batch {} n_ubatch {} n_seq_max {} threads {}/{}, not the values "
               "set (a struct layout mismatch)",
@@ -223,6 +242,7 @@ class LlamaSession {
     pool_ = api.threadpool_new(tp.bytes);
     TPU_CHECK(pool_ != nullptr, "llama.cpp: ggml_threadpool_new failed");
     api.attach_threadpool(ctx_, pool_, pool_);
+    api.threadpool_pause(pool_);
     batch_ = api.batch_init(512, 0, 1);
     TPU_CHECK(batch_.token != nullptr && batch_.embd == nullptr && batch_.pos != nullptr && batch_.seq_id != nullptr &&
                   batch_.logits != nullptr,
@@ -243,6 +263,12 @@ class LlamaSession {
   std::vector<std::vector<int64_t>> generate(const std::vector<std::vector<int64_t>>& prompts, int64_t new_tokens,
                                              const std::function<void(int64_t)>& on_token) {
     clear();
+    api_.threadpool_resume(pool_);
+    struct PauseAtExit {
+      LlamaCpp& api;
+      void* pool;
+      ~PauseAtExit() { api.threadpool_pause(pool); }
+    } pause_at_exit{api_, pool_};
     const auto seqs = static_cast<int32_t>(prompts.size());
     std::vector<std::vector<int64_t>> out(prompts.size());
     batch_.n_tokens = 0;
@@ -414,8 +440,8 @@ int main(int argc, char** argv) {
       if (peer) {
         model = api.model_load(path.c_str(), api.model_default_params());
         TPU_CHECK(model != nullptr, "llama.cpp: cannot load {}", path);
-        s1 = std::make_unique<LlamaSession>(api, model, 768u, 1u, threads);
-        s16 = std::make_unique<LlamaSession>(api, model, 16u * 64u, 16u, threads);
+        s1 = std::make_unique<LlamaSession>(api, model, 768u, 1u, threads, prec == "f32");
+        s16 = std::make_unique<LlamaSession>(api, model, 16u * 64u, 16u, threads, prec == "f32");
       }
       auto theirs = [&](LlamaSession* s) -> RunFn {
         return [s](const std::vector<std::vector<int64_t>>& prompts, int64_t n, const std::function<void(int64_t)>& cb) {

@@ -188,7 +188,7 @@ std::vector<float> interleave_rotary_rows(const std::vector<float>& w, int64_t h
 }
 
 std::vector<float> float_values(const Tensor& t) {
-  const Tensor c = t.to(Device::cpu()).to(DType::f32).contiguous();
+  const Tensor c = t.to(Device{}).to(DType::f32).contiguous();
   const float* p = c.data<float>();
   return std::vector<float>(p, p + c.numel());
 }
