@@ -177,7 +177,7 @@ std::string gguf_test_path(const std::string& name) {
 
 }  // namespace
 
-TEST_CASE("gguf: header, metadata, tensor infos, alignment and payloads") {
+TEST_CASE("header, metadata, tensor infos, alignment and payloads") {
   using tpu::gguf::TensorType;
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -241,18 +241,21 @@ TEST_CASE("gguf: header, metadata, tensor infos, alignment and payloads") {
       CHECK(std::fabs(v16[i] - x) <= std::fabs(x) * std::ldexp(1.0, -11) + 1e-7);
       CHECK(std::fabs(vb[i] - x) <= std::fabs(x) * std::ldexp(1.0, -8));
       // Q8_0: the code is round(x / d); the f16 scale adds a relative error of at most 2^-11.
-      const double expect8 = std::round(x / d8) * d8;
+      const double expect8 = d8 > 0 ? std::round(x / d8) * d8 : 0.0;
       CHECK(std::fabs(q8[i] - expect8) <= 127 * d8 * std::ldexp(1.0, -11) + 1e-7);
       CHECK(std::fabs(q8[i] - x) <= 0.5 * d8 + 127 * d8 * std::ldexp(1.0, -11) + 1e-7);
-      // Q4_0: 16 levels (q - 8) * d with d = m / -8, so the extreme value maps to code 0 exactly.
-      CHECK(std::fabs(q4[i] - x) <= 0.5 * d4 + 8 * d4 * std::ldexp(1.0, -11) + 1e-6);
+      // Q4_0: the nearest of the 16 levels (q - 8) * d, d = m / -8 (m: the value of largest
+      // magnitude, which maps to code 0 exactly; -m lies past the last level, 7 d).
+      double nearest = std::fabs(x);
+      for (int q = 0; q < 16; ++q) nearest = std::min(nearest, std::fabs((q - 8) * (m / -8.0) - x));
+      CHECK(std::fabs(q4[i] - x) <= nearest + 8 * d4 * std::ldexp(1.0, -11) + 1e-6);
       if (x == m && amax > 0) CHECK(std::fabs(q4[i] - x) <= std::fabs(x) * std::ldexp(1.0, -11));
     }
   }
   for (size_t i = 64; i < 96; ++i) CHECK((q8[i] == 0.0f && q4[i] == 0.0f));
 }
 
-TEST_CASE("gguf: errors name the problem") {
+TEST_CASE("errors name the problem") {
   using tpu::gguf::TensorType;
   std::vector<float> w(40, 1.0f);
   tpu::gguf::Writer wr;
@@ -263,7 +266,7 @@ TEST_CASE("gguf: errors name the problem") {
   CHECK_THROWS_WITH(wr.add_tensor("w", {40}, TensorType::f32, w.data()), Catch::Contains("twice"));
 }
 
-TEST_CASE("gguf: a Llama model as llama.cpp's llama architecture") {
+TEST_CASE("a Llama model as llama.cpp's llama architecture") {
   using tpu::gguf::TensorType;
   tpu::models::ModelConfig c;
   c.vocab_size = 300, c.hidden_size = 64, c.intermediate_size = 96, c.num_hidden_layers = 2;
