@@ -6,6 +6,7 @@
 # table's header names the machine, CPU, date, commit and the load average seen before the run.
 #   bash scripts/gen_llama_cpp_table.sh [--no-build] [bench_llama_cpp options...]
 #   bash scripts/gen_llama_cpp_table.sh --rounds 1 --small     # checks the script, not figures
+# The default 2 threads fill the region "llama-cpp"; --threads N another, "llama-cpp-threads-N".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD="${BUILD:-build}"
@@ -26,5 +27,8 @@ import gen_figures as g
 args = os.environ["ARGS"].strip()
 kind = "bench/bench_llama_cpp" + (f" {args}" if args else "") + \
        f", llama.cpp from @node-llama-cpp/linux-x64 3.22.1; load average before the run {os.environ['LOAD']}"
-g.write_region("quantization.md", "llama-cpp", g.header(kind) + "\n\n" + os.environ["OUT"].strip() + "\n")
+a = args.split()
+threads = a[a.index("--threads") + 1] if "--threads" in a[:-1] else "2"
+region = "llama-cpp" if threads == "2" else f"llama-cpp-threads-{threads}"  # other thread counts: a region each
+g.write_region("quantization.md", region, g.header(kind) + "\n\n" + os.environ["OUT"].strip() + "\n")
 PY
