@@ -20,6 +20,10 @@ cmake --build build -j"${JOBS:-2}"
 FILTER="${1:-.}"
 for b in build/bench/bench_* build/bench/peer/bench_*; do
   [ -x "$b" ] || continue
+  if [ "$(basename "$b")" = bench_llama_cpp ]; then  # not a Google Benchmark program: rounds of its own
+    echo "== bench_llama_cpp: run by scripts/gen_llama_cpp_table.sh (tpucore beside llama.cpp)"
+    continue
+  fi
   echo "== $(basename "$b")"
   "$b" --benchmark_filter="$FILTER" --benchmark_min_time=0.2
   case "$(basename "$b")" in
