@@ -59,11 +59,12 @@ Tensor dense_attention(const Tensor& q, const Tensor& k, const Tensor& v, const 
 Tensor AttentionCache::update_and_attend_variant(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v,
                                                  const Tensor& keep, double scale, const AttentionVariant& variant) {
   TPU_CHECK(variant.window == 0,
-            "attention: this attention cache (a paged serving cache) does not implement sliding_window "
-            "attention (window {}); run the model through generate() and its contiguous KV cache",
+            "attention: this attention cache does not implement sliding_window attention (window {}); the "
+            "contiguous KV cache and the serving engine's paged caches do",
             variant.window);
   TPU_CHECK(variant.softcap == 0,
-            "attention: this attention cache (a paged serving cache) does not implement attn_logit_softcapping ({})",
+            "attention: this attention cache does not implement attn_logit_softcapping ({}); the contiguous KV cache "
+            "and the serving engine's paged caches do",
             variant.softcap);
   return update_and_attend(layer, q, k, v, keep, scale);
 }
