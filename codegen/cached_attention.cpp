@@ -32,7 +32,7 @@ enum Reg : int {
 struct Layout {
   int64_t rows = 0, tk = 0, kv_step = 0, head_step = 0, qbytes = 0;
   int64_t q = 0, k = 0, v = 0, mask_in = 0, s = 0, mk = 0, o = 0, obuf = 0;
-  int64_t m = 0, mnew = 0, l = 0, alpha = 0, negm = 0, rsum = 0, thr = 0, col = 0, fold = 0, posw = 0, posf = 0;
+  int64_t m = 0, mnew = 0, l = 0, alpha = 0, negm = 0, rsum = 0, thr = 0, thrw = 0, col = 0, fold = 0, posw = 0, posf = 0;
   int64_t total = 0;
 };
 
@@ -58,7 +58,7 @@ Layout plan(const sim::ChipConfig& cfg, const CachedAttentionSpec& s, int64_t tk
   p.mk = take(p.rows * tk * 4);
   p.o = take(p.rows * d * 4);
   p.obuf = take(p.rows * d * es);
-  for (int64_t* v : {&p.m, &p.mnew, &p.l, &p.alpha, &p.negm, &p.rsum, &p.thr}) *v = take(p.rows * 4);
+  for (int64_t* v : {&p.m, &p.mnew, &p.l, &p.alpha, &p.negm, &p.rsum, &p.thr, &p.thrw}) *v = take(p.rows * 4);
   p.col = take(tk * 4);
   p.fold = take(p.rows * cfg.vpu.lanes * 4);
   p.posw = take(4);
@@ -208,8 +208,20 @@ class Emitter {
                         c > 0, s_.mode);
         }
       }
-    // Keys the mask drops, and keys past the live length, score kMasked.
+    // Soft-capping: S = tanh(scale S / softcap); the softmax then scales by softcap.
     const sim::Operand S = vm(L_.s, DType::f32, tk), M = vm(L_.mk, DType::f32, tk);
+    const float escale = s_.softcap > 0 ? s_.softcap : s_.scale;
+    if (s_.softcap > 0) {
+      b_.binary(Op::vmul, S, S, B::imm(s_.scale / s_.softcap), rows, tk);
+      b_.unary(Op::vtanh, S, S, rows, tk);
+    }
+    // Keys the mask drops, keys past the live length and (sliding window) keys at or before
+    // pos - window score kMasked.
+    if (s_.window > 0) {
+      vec(Op::vsub, L_.thrw, {vm(L_.thr), B::imm(float(s_.window))}, rows);
+      b_.binary(Op::vcmplt, M, colv(L_.thrw), vm(L_.col, DType::f32, 0), rows, tk);
+      b_.ternary(Op::vsel, S, M, S, B::imm(kMasked), rows, tk);
+    }
     if (s_.has_mask) {
       b_.wait(kSemM);
       b_.unary(Op::vcast, M, B::vmem(B::at(L_.mask_in, {{rPar, align64(tk)}}), DType::i8, 0), rows, tk);
@@ -222,11 +234,11 @@ class Emitter {
     row_reduce(Op::xmax, Op::vmax, L_.mnew, L_.s, tk, rows, tk);
     vec(Op::vmax, L_.mnew, {vm(L_.mnew), vm(L_.m)}, rows);
     vec(Op::vsub, L_.alpha, {vm(L_.m), vm(L_.mnew)}, rows);
-    vec(Op::vmul, L_.alpha, {vm(L_.alpha), B::imm(s_.scale)}, rows);
+    vec(Op::vmul, L_.alpha, {vm(L_.alpha), B::imm(escale)}, rows);
     vec(Op::vexp, L_.alpha, {vm(L_.alpha)}, rows);
     vec(Op::vmov, L_.m, {vm(L_.mnew)}, rows);
-    vec(Op::vmul, L_.negm, {vm(L_.m), B::imm(-s_.scale)}, rows);
-    b_.ternary(Op::vfma, S, S, B::imm(s_.scale), colv(L_.negm), rows, tk);
+    vec(Op::vmul, L_.negm, {vm(L_.m), B::imm(-escale)}, rows);
+    b_.ternary(Op::vfma, S, S, B::imm(escale), colv(L_.negm), rows, tk);
     b_.unary(Op::vexp, S, S, rows, tk);
     row_reduce(Op::xsum, Op::vadd, L_.rsum, L_.s, tk, rows, tk);
     vec(Op::vfma, L_.l, {vm(L_.l), vm(L_.alpha), vm(L_.rsum)}, rows);
@@ -258,10 +270,11 @@ class Emitter {
 
 void check_spec(const CachedAttentionSpec& s) {
   TPU_CHECK(s.batch > 0 && s.heads > 0 && s.kv_heads > 0 && s.heads % s.kv_heads == 0 && s.head_dim > 0 &&
-                s.capacity > 0 && s.tk > 0 && (s.tk & (s.tk - 1)) == 0 && s.capacity % s.tk == 0 && s.scale > 0,
+                s.capacity > 0 && s.tk > 0 && (s.tk & (s.tk - 1)) == 0 && s.capacity % s.tk == 0 && s.scale > 0 &&
+                s.window >= 0 && s.softcap >= 0,
             "kv_cache_attention: invalid spec (batch {}, {} heads, {} kv heads, head_dim {}, capacity {}, {} keys "
-            "per step, scale {})",
-            s.batch, s.heads, s.kv_heads, s.head_dim, s.capacity, s.tk, s.scale);
+            "per step, scale {}, window {}, softcap {})",
+            s.batch, s.heads, s.kv_heads, s.head_dim, s.capacity, s.tk, s.scale, s.window, s.softcap);
 }
 
 }  // namespace
@@ -292,9 +305,9 @@ sim::Program make_cached_attention_program(const sim::ChipConfig& cfg, const Cac
 }
 
 std::string cached_attention_key(const CachedAttentionSpec& s) {
-  return fmt::format("cached_attention:{}x{}/{}x{}:c{}:t{}:s{}:{}:{}:m{}/{}", s.batch, s.heads, s.kv_heads, s.head_dim,
-                     s.capacity, s.tk, s.scale, sim::dtype_name(s.dtype), sim::mxu_mode_name(s.mode), s.has_mask,
-                     s.mask_batch_stride);
+  return fmt::format("cached_attention:{}x{}/{}x{}:c{}:t{}:s{}:{}:{}:m{}/{}:w{}:c{}", s.batch, s.heads, s.kv_heads,
+                     s.head_dim, s.capacity, s.tk, s.scale, sim::dtype_name(s.dtype), sim::mxu_mode_name(s.mode),
+                     s.has_mask, s.mask_batch_stride, s.window, s.softcap);
 }
 
 }  // namespace tpu::codegen

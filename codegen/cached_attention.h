@@ -42,6 +42,8 @@ struct CachedAttentionSpec {
   sim::MxuMode mode = sim::MxuMode::f32;
   bool has_mask = false;
   int64_t mask_batch_stride = 0;  // bytes between the batch rows' masks (0: one mask for all)
+  int64_t window = 0;  // sliding window: keys at positions <= pos - window are masked (0: none)
+  float softcap = 0;   // scores -> softcap * tanh(scale S / softcap) before the softmax (0: none)
 };
 
 // Arguments (r0..r6): q [B, H, 1, D] contiguous, k cache, v cache [B, Hkv, C, D] contiguous,
@@ -58,8 +60,11 @@ int64_t cached_attention_vmem_bytes(const sim::ChipConfig& cfg, const CachedAtte
 // q: [B, H, T, D]; k_cache, v_cache: [B, Hkv, C, D] of q's dtype and device (H a multiple of
 // Hkv); pos: one i32/i64 value with 0 <= pos <= C - T (the keys [0, pos + T) are live: the
 // cache was written at pos); mask: undefined or bool broadcastable to [B, H, T, C]. Bad input is
-// a tpu::Error naming it.
+// a tpu::Error naming it. window > 0: query i (position pos + i) sees only the keys at
+// (pos + i - window, pos + i] (a sliding window); softcap > 0: the scaled scores are soft-capped,
+// softcap * tanh(scores / softcap), before the mask and softmax (Gemma). On the chip both are
+// constants of the program (no host work for the mask).
 Tensor kv_cache_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& pos,
-                          const Tensor& mask, double scale);
+                          const Tensor& mask, double scale, int64_t window = 0, double softcap = 0);
 
 }  // namespace tpu::codegen

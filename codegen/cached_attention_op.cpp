@@ -1,6 +1,8 @@
 // The kv_cache_attention op (cached_attention.h): checks, the cpu kernel (attention over the
 // narrowed cache) and the chip kernel (one program for every position; the narrowed path for
 // shapes it does not take).
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "codegen/cache_update.h"
@@ -34,6 +36,10 @@ void meta(const MetaArgs& a, MetaResult& m) {
   TPU_CHECK(p.numel() == 1 && (p.dtype() == DType::i32 || p.dtype() == DType::i64) && p.device() == q.device(),
             "{}: the position must be one i32 or i64 value on {}, got {}", kOp, q.device().str(), describe(p));
   TPU_CHECK(a.attrs.get_float("scale") > 0, "{}: scale must be positive, got {}", kOp, a.attrs.get_float("scale"));
+  TPU_CHECK(a.attrs.get_int("window") >= 0 && a.attrs.get_float("softcap") >= 0 &&
+                std::isfinite(a.attrs.get_float("softcap")),
+            "{}: window ({}) and softcap ({}) must not be negative", kOp, a.attrs.get_int("window"),
+            a.attrs.get_float("softcap"));
   if (a.attrs.get_bool("has_mask")) {
     const Tensor& mk = a.inputs[4];
     const Shape want{q.size(0), q.size(1), q.size(2), k.size(2)};
@@ -48,16 +54,34 @@ void meta(const MetaArgs& a, MetaResult& m) {
   m.out() = {q.shape(), q.dtype(), q.device()};
 }
 
-// The attention over the live keys [0, pos + T) as scaled_dot_product_attention.
+// The attention over the live keys [0, pos + T) as scaled_dot_product_attention; with a sliding
+// window the band of query i (keys (len - T + i - window, len - T + i]) joins the mask, and with
+// soft-capping the scores are computed, capped and masked as their own ops.
 Tensor narrowed(const KernelArgs& a, int64_t len) {
   const Tensor& q = a.inputs[0];
+  const int64_t window = a.attrs.get_int("window"), t = q.size(2);
+  const double softcap = a.attrs.get_float("softcap"), scale = a.attrs.get_float("scale");
   Tensor mask;
   if (a.attrs.get_bool("has_mask")) {
     mask = a.inputs[4];
     if (mask.dim() > 0 && mask.size(-1) > 1) mask = narrow(mask, mask.dim() - 1, 0, len);  // else broadcast
   }
-  return scaled_dot_product_attention(q, narrow(a.inputs[1], 2, 0, len), narrow(a.inputs[2], 2, 0, len), mask, false,
-                                      a.attrs.get_float("scale"));
+  if (window > 0) {
+    std::vector<bool> band(static_cast<size_t>(t * len));
+    for (int64_t i = 0; i < t; ++i)
+      for (int64_t j = 0; j < len; ++j) band[static_cast<size_t>(i * len + j)] = j > len - t + i - window;
+    const Tensor b = from_vector(band, Shape{1, 1, t, len}, TensorOptions(DType::boolean, q.device()));
+    mask = mask.defined() ? logical_and(mask, b) : b;
+  }
+  const Tensor k = narrow(a.inputs[1], 2, 0, len), v = narrow(a.inputs[2], 2, 0, len);
+  if (softcap == 0) return scaled_dot_product_attention(q, k, v, mask, false, scale);
+  const int64_t b = q.size(0), h = q.size(1), hk = k.size(1), d = q.size(3);
+  auto repeat = [&](const Tensor& y) {  // each key/value head serves h / hk query heads
+    return hk == h ? y : reshape(expand(unsqueeze(y, 2), Shape{b, hk, h / hk, len, d}), Shape{b, h, len, d});
+  };
+  Tensor scores = mul(tanh(mul(matmul(q, transpose(repeat(k), -1, -2)), scale / softcap)), softcap);
+  if (mask.defined()) scores = masked_fill(scores, logical_not(mask), -INFINITY);
+  return matmul(softmax(scores, -1), repeat(v));
 }
 
 int64_t live_length(const KernelArgs& a) {
@@ -98,6 +122,8 @@ void cached_attention_chip(const KernelArgs& a) {
   if (!q.is_contiguous()) q = contiguous(q);
   s.batch = B, s.heads = H, s.kv_heads = Hkv, s.head_dim = D, s.capacity = C;
   s.scale = float(a.attrs.get_float("scale"));
+  s.window = a.attrs.get_int("window");
+  s.softcap = float(a.attrs.get_float("softcap"));
   s.dtype = dt == DType::bf16 ? sim::DType::bf16 : sim::DType::f32;
   s.mode = dt == DType::bf16 ? sim::MxuMode::bf16 : f32_matmul_mode();
   const sim::ChipConfig& cfg = chip_config(dev);
@@ -124,12 +150,12 @@ TPU_DEFINE_OP(cached_attention_op,
 }  // namespace
 
 Tensor kv_cache_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& pos,
-                          const Tensor& mask, double scale) {
+                          const Tensor& mask, double scale, int64_t window, double softcap) {
   TPU_CHECK(q.defined() && k_cache.defined() && v_cache.defined() && pos.defined(),
             "{}: q, the caches and the position must be defined tensors", kOp);
   const bool hm = mask.defined();
   return ops::call(cached_attention_op(), {q, k_cache, v_cache, pos, hm ? mask : q},
-                   {{"scale", scale}, {"has_mask", hm}});
+                   {{"scale", scale}, {"has_mask", hm}, {"window", window}, {"softcap", softcap}});
 }
 
 }  // namespace tpu::codegen

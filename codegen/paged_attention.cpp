@@ -31,7 +31,7 @@ constexpr int rQkPar = rCount, rHasNext = rTok, rNextTok0 = rSlot;
 struct Layout {
   int64_t rows = 0, keys = 0, dv = 0;  // rows of a unit (kv_heads x tokens x group), keys per step, V columns
   int64_t q[2]{}, s[3]{}, mask = 0, o[4]{}, zero = 0, obuf[2]{}, k[3]{}, v[3]{};
-  int64_t m = 0, mnew = 0, alpha = 0, aprev = 0, g = 0, negm = 0, thr = 0, rowt = 0, col = 0;
+  int64_t m = 0, mnew = 0, alpha = 0, aprev = 0, g = 0, negm = 0, thr = 0, thrw = 0, rowt = 0, col = 0;
   int64_t units = 0, fpos = 0;
   int64_t total = 0;
 };
@@ -64,7 +64,7 @@ Layout plan(const sim::ChipConfig& cfg, const PagedAttentionSpec& s, int64_t tok
   for (auto& b : p.obuf) b = take(p.rows * d * es);
   for (auto& b : p.k) b = take(p.keys * s.kv_heads * d * es);
   for (auto& b : p.v) b = take(p.keys * s.kv_heads * p.dv * es);
-  for (int64_t* v : {&p.m, &p.mnew, &p.alpha, &p.aprev, &p.g, &p.negm, &p.thr, &p.rowt}) *v = take(p.rows * 4);
+  for (int64_t* v : {&p.m, &p.mnew, &p.alpha, &p.aprev, &p.g, &p.negm, &p.thr, &p.thrw, &p.rowt}) *v = take(p.rows * 4);
   p.col = take(p.keys * 4);
   p.total = at;
   return p;
@@ -208,14 +208,28 @@ class Emitter {
       for (int64_t r0 = 0; r0 < rows; r0 += crows) body(r0, std::min(crows, rows - r0));
     };
     auto Sc = [&](int64_t r0) { return B::vmem(sat(r0 * keys * 4), DType::f32, keys); };
+    // Soft-capping: S = tanh(scale S / softcap) on the EUP; the softmax below then scales by
+    // softcap instead of scale.
+    const float escale = s_.softcap > 0 ? s_.softcap : s_.scale;
+    if (s_.softcap > 0)
+      chunks([&](int64_t r0, int64_t n) {
+        b_.binary(Op::vmul, Sc(r0), Sc(r0), B::imm(s_.scale / s_.softcap), n, keys);
+        b_.unary(Op::vtanh, Sc(r0), Sc(r0), n, keys);
+      });
     // Causal mask (also masks keys past the context): key c of this step is visible to row r
     // when c <= thr[r] = query position - first key position of the step. Steps whose keys
-    // every row sees (all before the unit's first query) skip it.
-    if (masked)
+    // every row sees (all before the unit's first query) skip it. A sliding window also masks
+    // the keys with c <= thr[r] - window (every step of a windowed layer is masked).
+    if (s_.window > 0) vec(Op::vsub, L.thrw, {vm(L.thr), B::imm(float(s_.window))}, rows);
+    if (masked || s_.window > 0)
       chunks([&](int64_t r0, int64_t n) {
         const sim::Operand M = vm(L.mask + r0 * keys * 4, DType::f32, keys);
         b_.binary(Op::vcmple, M, vm(L.col, DType::f32, 0), colv(L.thr + r0 * 4), n, keys);
         b_.ternary(Op::vsel, Sc(r0), M, Sc(r0), B::imm(kMasked), n, keys);
+        if (s_.window > 0) {
+          b_.binary(Op::vcmplt, M, colv(L.thrw + r0 * 4), vm(L.col, DType::f32, 0), n, keys);
+          b_.ternary(Op::vsel, Sc(r0), M, Sc(r0), B::imm(kMasked), n, keys);
+        }
       });
     // Online softmax: the row max on the cross-lane unit (the vector unit stays free), one fused
     // scale-and-shift pass, the exponentials on the EUP; the row sums come from P V.
@@ -224,11 +238,11 @@ class Emitter {
       auto at = [&](int64_t base) { return base + r0 * 4; };
       vec(Op::vmax, at(L.mnew), {vm(at(L.mnew)), vm(at(L.m))}, n);
       vec(Op::vsub, at(L.alpha), {vm(at(L.m)), vm(at(L.mnew))}, n);
-      vec(Op::vmul, at(L.alpha), {vm(at(L.alpha)), B::imm(s_.scale)}, n);
+      vec(Op::vmul, at(L.alpha), {vm(at(L.alpha)), B::imm(escale)}, n);
       vec(Op::vexp, at(L.alpha), {vm(at(L.alpha))}, n);
       vec(Op::vmov, at(L.m), {vm(at(L.mnew))}, n);
-      vec(Op::vmul, at(L.negm), {vm(at(L.m)), B::imm(-s_.scale)}, n);
-      b_.ternary(Op::vfma, Sc(r0), Sc(r0), B::imm(s_.scale), colv(at(L.negm)), n, keys);
+      vec(Op::vmul, at(L.negm), {vm(at(L.m)), B::imm(-escale)}, n);
+      b_.ternary(Op::vfma, Sc(r0), Sc(r0), B::imm(escale), colv(at(L.negm)), n, keys);
       b_.unary(Op::vexp, Sc(r0), Sc(r0), n, keys);
     });
     vec(Op::vsub, L.thr, {vm(L.thr), B::imm(float(keys))}, rows);
@@ -430,10 +444,12 @@ class Emitter {
 
 void check_spec(const PagedAttentionSpec& s) {
   TPU_CHECK(s.heads > 0 && s.kv_heads > 0 && s.heads % s.kv_heads == 0 && s.head_dim > 0 && s.block_size > 0 &&
-                s.pages_per_step > 0 && s.decode_pages_per_step >= 0 && s.tile_tokens > 0 && s.max_units > 0 && s.scale > 0,
+                s.pages_per_step > 0 && s.decode_pages_per_step >= 0 && s.tile_tokens > 0 && s.max_units > 0 &&
+                s.scale > 0 && s.window >= 0 && s.softcap >= 0,
             "paged_attention: invalid spec ({} heads, {} kv heads, head_dim {}, block {}, {} pages/step, tile {}, "
-            "{} units, scale {})",
-            s.heads, s.kv_heads, s.head_dim, s.block_size, s.pages_per_step, s.tile_tokens, s.max_units, s.scale);
+            "{} units, scale {}, window {}, softcap {})",
+            s.heads, s.kv_heads, s.head_dim, s.block_size, s.pages_per_step, s.tile_tokens, s.max_units, s.scale,
+            s.window, s.softcap);
 }
 
 }  // namespace
@@ -472,7 +488,10 @@ PagedAttentionMeta plan_paged_attention(const PagedAttentionSpec& spec, int64_t 
     TPU_CHECK(block_tables[s] && int64_t(block_tables[s]->size()) * bs >= ctx,
               "paged_attention: the block table of sequence {} covers fewer than its {} positions", s, ctx);
     const std::vector<int32_t>& t = *block_tables[s];
-    for (int64_t b = 0; b < (ctx + bs - 1) / bs; ++b)
+    // The blocks the step reads: from the first new token's window on (with a window, earlier
+    // blocks may have been released).
+    const int64_t fb = spec.window > 0 ? std::max<int64_t>(0, ctx - q - spec.window + 1) / bs : 0;
+    for (int64_t b = fb; b < (ctx + bs - 1) / bs; ++b)
       TPU_CHECK(t[size_t(b)] >= 0 && t[size_t(b)] < num_blocks,
                 "paged_attention: sequence {} names block {} outside the cache's {} blocks", s, t[size_t(b)], num_blocks);
     for (int64_t i = 0; i < q; ++i) {
@@ -495,26 +514,32 @@ PagedAttentionMeta plan_paged_attention(const PagedAttentionSpec& spec, int64_t 
   for (const auto* list : {&dec, &pre})
     for (const Unit& u : *list) {
       const int64_t pps = paged_pages_per_step(spec, list == &dec), keys = pps * bs;
-      const int64_t needed = u.pos0 + u.ntok, steps = (needed + keys - 1) / keys;
+      // The page list starts at the block of the first query's first visible key (block 0
+      // without a window); positions in the record count from that block's first key.
+      const int64_t b0 = spec.window > 0 ? std::max<int64_t>(0, u.pos0 - spec.window + 1) / bs : 0;
+      const int64_t rel = u.pos0 - b0 * bs;
+      const int64_t needed = rel + u.ntok, steps = (needed + keys - 1) / keys;
       const std::vector<int32_t>& t = *block_tables[size_t(u.seq)];
+      const int32_t pad = t[size_t(b0)];
       int32_t* r = m.units.data() + ui * kPagedUnitWords;
       r[0] = int32_t(u.tok0);
       r[1] = int32_t(u.ntok);
-      r[2] = int32_t(u.pos0);
+      r[2] = int32_t(rel);
       r[3] = int32_t(steps);
       r[4] = int32_t(m.pages.size());
       // Leading steps whose keys all lie at or before the unit's first query position need no
-      // mask; of the steps that prefetch (all but the last), r[5] are such, r[6] the rest.
-      const int64_t full = std::min((u.pos0 + 1) / keys, steps - 1);
+      // mask; of the steps that prefetch (all but the last), r[5] are such, r[6] the rest. With
+      // a window every step is masked.
+      const int64_t full = spec.window > 0 ? 0 : std::min((rel + 1) / keys, steps - 1);
       r[5] = int32_t(full);
       r[6] = int32_t(steps - 1 - full);
       r[7] = &u != &list->back();  // a next unit of the same class follows
       const int64_t used = (needed + bs - 1) / bs;
-      for (int64_t p = 0; p < steps * pps; ++p) m.pages.push_back(p < used ? t[size_t(p)] : t[0]);
+      for (int64_t p = 0; p < steps * pps; ++p) m.pages.push_back(p < used ? t[size_t(b0 + p)] : pad);
       m.kv_pages_read += steps * pps;
       ++ui;
       if (&u == &list->back()) {  // two steps of padding: the kernel fetches two steps ahead
-        m.pages.insert(m.pages.end(), size_t(2 * pps), t[0]);
+        m.pages.insert(m.pages.end(), size_t(2 * pps), pad);
         m.kv_pages_overfetch += 2 * pps;
       }
     }
@@ -560,9 +585,9 @@ sim::Program make_paged_attention_program(const sim::ChipConfig& cfg, const Page
 }
 
 std::string paged_attention_key(const PagedAttentionSpec& s) {
-  return fmt::format("paged_attention:{}/{}x{}:b{}:p{}/{}:t{}:u{}:s{}:{}:{}", s.heads, s.kv_heads, s.head_dim,
+  return fmt::format("paged_attention:{}/{}x{}:b{}:p{}/{}:t{}:u{}:s{}:w{}:c{}:{}:{}", s.heads, s.kv_heads, s.head_dim,
                      s.block_size, s.pages_per_step, paged_pages_per_step(s, true), s.tile_tokens, s.max_units, s.scale,
-                     sim::dtype_name(s.dtype), sim::mxu_mode_name(s.mode));
+                     s.window, s.softcap, sim::dtype_name(s.dtype), sim::mxu_mode_name(s.mode));
 }
 
 }  // namespace tpu::codegen

@@ -23,6 +23,9 @@
 //      key's position with the query's (also masking the tail of the last step's pages); online
 //      softmax as in attention_kernel.h. A unit reads only the pages up to its last query's
 //      position. The result rows of the unit's valid tokens go out by one DMA per token.
+//      Per-layer variants (constants of the program): a sliding window masks the keys at
+//      positions <= query position - window (every step is masked); soft-capping replaces the
+//      scaled scores by softcap * tanh(scale S / softcap) on the EUP before the mask.
 //
 // Arguments (HBM addresses in r0..r8): q [tokens, heads, head_dim],
 // k_new / v_new [tokens, kv_heads * head_dim], k_cache / v_cache [num_blocks * block_size,
@@ -49,6 +52,12 @@ struct PagedAttentionSpec {
   int64_t tile_tokens = 8;     // new tokens per prefill work unit
   int64_t max_units = 8;       // capacity of the work-unit table (a key of the program)
   float scale = 1;
+  // Sliding window (0: none): a query at position p sees the keys at (p - window, p]. In
+  // plan_paged_attention it also starts each unit's page list at the block of its first
+  // query's first visible key (pages wholly before the window are never read); such a plan
+  // serves only layers of this window, a plan with window 0 serves every layer.
+  int64_t window = 0;
+  float softcap = 0;  // scores -> softcap * tanh(scores / softcap) before the softmax (0: none)
   sim::DType dtype = sim::DType::f32;
   sim::MxuMode mode = sim::MxuMode::f32;
 };
@@ -57,7 +66,8 @@ struct PagedAttentionSpec {
 inline constexpr int64_t kPagedUnitWords = 8;
 
 // The step's data: units = header {new tokens, decode units, prefill units, 0...} then one
-// record per unit {first token, tokens, first query position, steps, first page index, steps
+// record per unit {first token, tokens, first query position (counted from the first key of its
+// page list: the block of its first visible key), steps, first page index, steps
 // before the last that need no causal mask, the other steps before the last, 0}
 // (decode units first); pages = every unit's page list (steps * pages per step block ids, the
 // tail of the last step padded with the unit's first block; after each class's last unit two

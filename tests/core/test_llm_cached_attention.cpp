@@ -1,7 +1,8 @@
 // kv_cache_attention (codegen/cached_attention.h): decode attention over the live keys of a KV
 // cache, the length a runtime tensor. On the tiny chip and the cpu against a naive double-
 // precision attention over keys [0, pos + 1); one chip program serves every position and reads
-// only the live steps of the cache; bad input is a tpu::Error and the runtime stays usable; and
+// only the live steps of the cache; a sliding window and soft-capped scores; bad input is a
+// tpu::Error and the runtime stays usable; and
 // compiled decode over 200 steps compiles once, builds no program after the first step, and
 // gives the tokens of eager decoding on the cpu.
 #include <catch2/catch.hpp>
@@ -29,7 +30,7 @@ const testing::OpInfoRegistrar cached_attention_entry("kv_cache_attention", "tes
 // [0, pos] in double precision.
 std::vector<double> naive(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
                           const std::vector<uint8_t>& keep, int64_t B, int64_t H, int64_t Hkv, int64_t C, int64_t D,
-                          int64_t pos, double scale) {
+                          int64_t pos, double scale, int64_t window = 0, double softcap = 0) {
   std::vector<double> out(static_cast<size_t>(B * H * D), 0.0);
   const int64_t g = H / Hkv;
   for (int64_t b = 0; b < B; ++b)
@@ -39,10 +40,11 @@ std::vector<double> naive(const std::vector<float>& q, const std::vector<float>&
       std::vector<int64_t> keys;
       for (int64_t j = 0; j <= pos; ++j) {
         if (!keep.empty() && !keep[static_cast<size_t>(b * C + j)]) continue;
+        if (window > 0 && j <= pos - window) continue;  // outside (pos - window, pos]
         double dot = 0;
         for (int64_t e = 0; e < D; ++e)
           dot += double(q[size_t((b * H + h) * D + e)]) * double(k[size_t(((b * Hkv + kvh) * C + j) * D + e)]);
-        s.push_back(dot * scale);
+        s.push_back(softcap > 0 ? softcap * std::tanh(dot * scale / softcap) : dot * scale);
         keys.push_back(j);
       }
       double mx = -1e300, z = 0;
@@ -116,6 +118,50 @@ TEST_CASE("kv_cache_attention: chip and cpu equal naive attention over the live 
         }
       }
       CHECK(built_first >= 1);
+    }
+}
+
+TEST_CASE("kv_cache_attention: a sliding window and soft-capped scores on the chip and the cpu", "[llm][codegen][cache]") {
+  // Window 11 (spanning steps of 16 keys on the tiny chip) and a cap of 1.2 on scores of about
+  // N(0, 1.4^2), with and without a mask, against the naive attention; on the chip one program
+  // with no host work.
+  testing::TinySim tiny;
+  const int64_t B = 2, H = 4, Hkv = 2, C = 64, D = 8, window = 11;
+  const double scale = 0.5, cap = 1.2;
+  std::mt19937 rng(9);
+  const Tensor q = randn({B, H, 1, D}), k = randn({B, Hkv, C, D}), v = randn({B, Hkv, C, D});
+  const std::vector<float> qh = rounded(q, DType::f32), kh = rounded(k, DType::f32), vh = rounded(v, DType::f32);
+  for (bool masked : {false, true})
+    for (int64_t pos : {int64_t{3}, int64_t{20}, int64_t{47}}) {
+      CAPTURE(masked, pos);
+      std::vector<uint8_t> keep;
+      if (masked) {
+        keep.assign(size_t(B * C), 1);
+        for (auto& x : keep) x = rng() % 3 != 0;
+        for (int64_t b = 0; b < B; ++b) keep[size_t(b * C + pos)] = 1;
+      }
+      const std::vector<double> want = naive(qh, kh, vh, keep, B, H, Hkv, C, D, pos, scale, window, cap);
+      // Past the window the result differs from the capped attention over every live key.
+      if (pos > window) CHECK(max_err(rounded(codegen::kv_cache_attention(q, k, v, codegen::position_tensor(pos, Device()),
+                                                                          {}, scale, 0, cap), DType::f32),
+                                      want) > 1e-3);
+      for (Device dev : {Device(), tiny.dev()}) {
+        CAPTURE(dev.str());
+        Tensor mask;
+        if (masked)
+          mask = from_vector(std::vector<bool>(keep.begin(), keep.end()), Shape{B, 1, 1, C},
+                             TensorOptions(DType::boolean, dev));
+        testing::ChipRunProbe::sync_all();
+        codegen::reset_stats();
+        const Tensor got = codegen::kv_cache_attention(q.to(dev), k.to(dev), v.to(dev),
+                                                       codegen::position_tensor(pos, dev), mask, scale, window, cap);
+        testing::ChipRunProbe::sync_all();
+        CHECK(max_err(got.to(Device()).to_vector<float>(), want) < 1e-4);
+        if (dev.is_cpu()) continue;
+        const codegen::CodegenStats s = codegen::stats();
+        CHECK(s.host_fallbacks == 0);
+        CHECK(s.runs_by_kernel.count("kv_cache_attention") == 1);
+      }
     }
 }
 

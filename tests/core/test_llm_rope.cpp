@@ -214,7 +214,7 @@ TEST_CASE("config: sliding windows per family", "[llm][config]") {
   CHECK(g2.final_logit_softcapping == 30.0);
 }
 
-TEST_CASE("config: a paged serving cache refuses a sliding window by name", "[llm][config]") {
+TEST_CASE("config: an attention cache without the variants refuses a sliding window by name", "[llm][config]") {
   // The base AttentionCache only forwards plain attention.
   struct Plain : nn::AttentionCache {
     Tensor update_and_attend(int64_t, const Tensor& q, const Tensor&, const Tensor&, const Tensor&, double) override {

@@ -2,7 +2,8 @@
 // data-driven scalar instructions it needs (sld, loopr); its outputs and cache update for a
 // mixed batch (fresh prefill, chunk after cached tokens, decodes) against attention computed
 // naively in double and against the cpu kernel (serve::ragged_paged_attention); the HBM bytes
-// it reads (the pages in use, not the cache); bad step data; and the serving engine with the
+// it reads (the pages in use, not the cache); a sliding window and soft-capped scores (planned
+// with and without the window); bad step data; and the serving engine with the
 // model on sim equal to one-request-at-a-time generate() (greedy).
 #include <catch2/catch.hpp>
 
@@ -124,7 +125,7 @@ ChipRun run_on_chip(const codegen::PagedAttentionSpec& s, const codegen::PagedAt
 std::vector<double> naive_attention(const Batch& b, const std::vector<float>& q, const std::vector<float>& k,
                                     const std::vector<float>& v, const std::vector<float>& kc,
                                     const std::vector<float>& vc, int64_t hq, int64_t hkv, int64_t d, int64_t bs,
-                                    float scale) {
+                                    float scale, int64_t window = 0, double softcap = 0) {
   const int64_t row = hkv * d, group = hq / hkv;
   std::vector<double> out(size_t(b.qs.back() * hq * d));
   for (size_t sq = 0; sq + 1 < b.qs.size(); ++sq) {
@@ -142,11 +143,12 @@ std::vector<double> naive_attention(const Batch& b, const std::vector<float>& q,
         for (int64_t j = 0; j <= pos; ++j) {
           double dot = 0;
           for (int64_t i = 0; i < d; ++i) dot += double(q[size_t(((q0 + t) * hq + h) * d + i)]) * kv_at(kc, k, j, h / group, i);
-          sc[size_t(j)] = dot * scale;
+          sc[size_t(j)] = softcap > 0 ? softcap * std::tanh(dot * scale / softcap) : dot * scale;
+          if (window > 0 && j <= pos - window) sc[size_t(j)] = -1e300;  // outside (pos - window, pos]
           mx = std::max(mx, sc[size_t(j)]);
         }
         double den = 0;
-        for (auto& e : sc) den += (e = std::exp(e - mx));
+        for (auto& e : sc) den += (e = e == -1e300 ? 0.0 : std::exp(e - mx));
         for (int64_t i = 0; i < d; ++i) {
           double o = 0;
           for (int64_t j = 0; j <= pos; ++j) o += sc[size_t(j)] * kv_at(vc, v, j, h / group, i);
@@ -159,9 +161,11 @@ std::vector<double> naive_attention(const Batch& b, const std::vector<float>& q,
 }
 
 // Runs one step of random q / k / v and random caches on the tiny chip and returns the largest
-// difference from naive attention in double.
+// difference from naive attention in double (and, when `cpu_err` is given, the largest
+// difference of the cpu kernel serve::ragged_paged_attention from it). The spec's window and
+// softcap apply to both.
 double chip_error_vs_naive(const codegen::PagedAttentionSpec& s, const codegen::PagedAttentionMeta& m, const Batch& b,
-                           int64_t nb, std::mt19937& rng) {
+                           int64_t nb, std::mt19937& rng, double* cpu_err = nullptr) {
   const int64_t n = m.num_tokens, hq = s.heads, hkv = s.kv_heads, d = s.head_dim, bs = s.block_size, row = hkv * d;
   std::normal_distribution<float> nd;
   auto randv = [&](size_t sz) {
@@ -172,9 +176,23 @@ double chip_error_vs_naive(const codegen::PagedAttentionSpec& s, const codegen::
   const std::vector<float> q = randv(size_t(n * hq * d)), k = randv(size_t(n * row)), v = randv(size_t(n * row));
   const std::vector<float> kc = randv(size_t(nb * bs * row)), vc = randv(size_t(nb * bs * row));
   const ChipRun cr = run_on_chip(s, m, nb * bs, q, k, v, kc, vc);
-  const std::vector<double> ref = naive_attention(b, q, k, v, kc, vc, hq, hkv, d, bs, s.scale);
+  const std::vector<double> ref = naive_attention(b, q, k, v, kc, vc, hq, hkv, d, bs, s.scale, s.window, s.softcap);
   double worst = 0;
   for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::abs(ref[i] - double(cr.out[i])));
+  if (cpu_err) {
+    serve::PagedKVCache cache({1, hkv, d, bs, nb});
+    std::copy(kc.begin(), kc.end(), cache.key(0, 0, 0, 0));
+    std::copy(vc.begin(), vc.end(), cache.value(0, 0, 0, 0));
+    serve::RaggedBatch rb;
+    rb.query_start = b.qs;
+    rb.context_len = b.ctx;
+    rb.block_tables = b.ptrs();
+    std::vector<float> cpu(size_t(n * hq * d));
+    serve::ragged_paged_attention(cache, 0, rb, q.data(), k.data(), v.data(), cpu.data(), hq, s.scale, s.window,
+                                  s.softcap);
+    *cpu_err = 0;
+    for (size_t i = 0; i < ref.size(); ++i) *cpu_err = std::max(*cpu_err, std::abs(ref[i] - double(cpu[i])));
+  }
   return worst;
 }
 
@@ -341,6 +359,55 @@ TEST_CASE("paged attention: softmax in uneven KV-head chunks, prefill steps shor
   b.add(1, 9, table(9));
   const codegen::PagedAttentionMeta m = codegen::plan_paged_attention(s, nb, b.qs, b.ctx, b.ptrs());
   CHECK(chip_error_vs_naive(s, m, b, nb, rng) < 2e-5);
+}
+
+TEST_CASE("paged attention with a sliding window and soft-capped scores on the tiny chip", "[sim][paged]") {
+  // Window 7 over blocks of 4 with soft-capping at 1.5: once planned with the window (every
+  // layer sliding: the pages wholly before each unit's window are left out of its page list)
+  // and once planned without it (mixed local / global layers: all pages, the window masked);
+  // chip and cpu kernel against naive attention in double.
+  const int64_t hq = 4, hkv = 2, d = 8, bs = 4, nb = 128;
+  const sim::ChipConfig cfg = sim::preset_config("tiny");
+  codegen::PagedAttentionSpec s{.heads = hq, .kv_heads = hkv, .head_dim = d, .block_size = bs};
+  s.scale = 0.5f;
+  s.max_units = 16;
+  codegen::choose_paged_attention_tiling(cfg, s);
+  s.decode_pages_per_step = 1;  // decode steps of 4 keys: a window of 7 spans steps
+  std::mt19937 rng(41);
+  std::vector<int32_t> perm(static_cast<size_t>(nb));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  size_t next = 0;
+  auto table = [&](int64_t positions) {
+    std::vector<int32_t> t;
+    for (int64_t i = 0; i < (positions + bs - 1) / bs; ++i) t.push_back(perm[next++]);
+    return t;
+  };
+  Batch b;
+  b.add(1, 30, table(30));                          // decode far past the window
+  b.add(2 * s.tile_tokens + 3, 40, table(40));      // a chunk after cached positions: units start mid-context
+  b.add(1, 5, table(5));                            // decode within the window
+  b.add(s.tile_tokens + 2, s.tile_tokens + 2, table(s.tile_tokens + 2));  // a fresh prompt
+  codegen::PagedAttentionSpec run = s;
+  run.window = 7;
+  run.softcap = 1.5f;
+  const codegen::PagedAttentionMeta all = codegen::plan_paged_attention(s, nb, b.qs, b.ctx, b.ptrs());
+  const codegen::PagedAttentionMeta windowed = codegen::plan_paged_attention(run, nb, b.qs, b.ctx, b.ptrs());
+  double cpu_err = 1;
+  CHECK(chip_error_vs_naive(run, all, b, nb, rng, &cpu_err) < 2e-5);
+  CHECK(cpu_err < 2e-5);
+  CHECK(chip_error_vs_naive(run, windowed, b, nb, rng) < 2e-5);
+  // The windowed plan reads only the pages a unit's window covers: the 30-position decode
+  // reads keys 23..29 (blocks 5..7: 3 pages, not 8).
+  CHECK(windowed.kv_pages_read < all.kv_pages_read);
+  CHECK(windowed.units[size_t(codegen::kPagedUnitWords) + 3] == 3);  // its steps of one page
+  CHECK(all.units[size_t(codegen::kPagedUnitWords) + 3] == 8);
+  // Window and softcap are constants of the program.
+  CHECK(codegen::paged_attention_key(run) != codegen::paged_attention_key(s));
+  // Soft-capping alone (the test's scaled scores, about N(0, 1.4^2), often exceed the cap).
+  codegen::PagedAttentionSpec capped = s;
+  capped.softcap = 1.5f;
+  CHECK(chip_error_vs_naive(capped, all, b, nb, rng) < 2e-5);
 }
 
 TEST_CASE("paged attention tiling: prefill key steps about a unit's span, decode steps an MXU width", "[sim][paged]") {

@@ -309,6 +309,16 @@ TEST_CASE("tpu-serve: the chat prompt is the model's template, and no template o
   CHECK_THAT(status_of(nullptr), Catch::StartsWith("400") && Catch::Contains("--chat-template"));
   const auto strict = ChatTemplate::from_source("{% if messages[0].role == 'system' %}{{ raise_exception('no system role') }}{% endif %}");
   CHECK_THAT(status_of(&strict), Catch::StartsWith("400") && Catch::Contains("no system role"));
+  // An image part (a multimodal model runs text-only): a 400 naming image inputs.
+  const json with_image = json::parse(R"([{"role": "user", "content": [{"type": "text", "text": "what is this?"},
+                                          {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}])");
+  try {
+    serve_http::chat_prompt(with_image, &tmpl);
+    FAIL("an image part was accepted");
+  } catch (const serve_http::ApiError& e) {
+    CHECK(e.status == 400);
+    CHECK_THAT(e.message, Catch::Contains("image inputs are not supported"));
+  }
 }
 
 TEST_CASE("tpu-serve with the model on the simulated chip: greedy answers equal generate(), chip time in /metrics",

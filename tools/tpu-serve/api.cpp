@@ -101,6 +101,8 @@ std::string message_text(const json& m, size_t i) {
   if (!c.is_array()) bad(param, param + " must be a string or an array of text parts");
   std::string s;
   for (const json& part : c) {
+    if (part.is_object() && (part.value("type", "") == "image_url" || part.value("type", "") == "image"))
+      bad(param, param + ": image inputs are not supported (the model runs as a text-only language model)");
     if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
       bad(param, param + ": only parts {\"type\": \"text\", \"text\": ...} are supported");
     s += part["text"].get<std::string>();

@@ -8,7 +8,10 @@
 #include <set>
 #include <sstream>
 
+#include <spdlog/spdlog.h>
+
 #include "tpucore/autograd.h"
+#include "tpucore/core/log.h"
 #include "tpucore/models/causal_lm.h"
 #include "tpucore/safetensors.h"
 
@@ -57,6 +60,18 @@ std::map<std::string, std::set<std::string>> weight_files(const fs::path& root) 
 }
 
 }  // namespace
+
+// A tensor name of Gemma3ForConditionalGeneration as the text model's: the language model under
+// `language_model.model.` (Transformers before 4.52) or `model.language_model.` (since), the
+// head at `language_model.lm_head.` or `lm_head.`; "" for the vision tower and projector.
+std::string gemma3_text_name(const std::string& n) {
+  for (const char* p : {"language_model.model.", "model.language_model."})
+    if (n.starts_with(p)) return "model." + n.substr(std::string(p).size());
+  if (n.starts_with("language_model.lm_head.")) return n.substr(std::string("language_model.").size());
+  for (const char* p : {"vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector."})
+    if (n.starts_with(p)) return {};
+  return n;
+}
 
 std::vector<ExpertSlice> expert_slices(const CausalLM& m) {
   std::vector<ExpertSlice> v;
@@ -109,7 +124,11 @@ std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, const LoadOptio
             "load_causal_lm: quantize_lm_head needs a quantization format (quantize = int8 or int4)");
   const fs::path root(dir);
   const fs::path cfg_path = root / "config.json";
-  ModelConfig cfg = ModelConfig::from_json(read_text(cfg_path, "load_causal_lm"), cfg_path.string());
+  const std::string cfg_text = read_text(cfg_path, "load_causal_lm");
+  ModelConfig cfg = ModelConfig::from_json(cfg_text, cfg_path.string());
+  // Gemma3ForConditionalGeneration (model_type gemma3, read as its text model by from_json): the
+  // language model's tensors under its prefix, the vision tower's skipped.
+  const bool gemma3_multimodal = nlohmann::json::parse(cfg_text).value("model_type", "") == "gemma3";
   std::shared_ptr<CausalLM> m;
   {
     // Uninitialised parameters in the target dtype: every one is overwritten below.
@@ -131,13 +150,19 @@ std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, const LoadOptio
   }
   const std::map<std::string, size_t> slices_total = slices_left;
   std::set<std::string> loaded_slices;
+  int64_t vision_skipped = 0;
   for (const auto& [file, listed] : weight_files(root)) {
     const fs::path path = root / file;
     const auto& names = listed;  // a plain reference: clang-14 lambdas cannot capture a structured binding
     std::set<std::string> seen;
-    for_each_safetensor(path.string(), [&](const std::string& name, const Tensor& t) {
-      if (!names.empty() && !names.count(name)) return;  // in the shard but listed elsewhere
-      seen.insert(name);
+    for_each_safetensor(path.string(), [&](const std::string& stored, const Tensor& t) {
+      if (!names.empty() && !names.count(stored)) return;  // in the shard but listed elsewhere
+      seen.insert(stored);
+      const std::string name = gemma3_multimodal ? gemma3_text_name(stored) : stored;
+      if (name.empty()) {  // the vision tower or projector of a multimodal Gemma 3
+        ++vision_skipped;
+        return;
+      }
       // Buffers some checkpoints carry that this model recomputes; the tied head is the embedding.
       if (name.ends_with("rotary_emb.inv_freq") || (cfg.tie_word_embeddings && name == "lm_head.weight")) return;
       auto it = slots.find(name);
@@ -184,6 +209,10 @@ std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, const LoadOptio
   if (!missing.empty() || !unexpected.empty())
     fail("load_causal_lm ({}): missing keys [{}], unexpected keys [{}]", dir, fmt::join(missing, ", "),
          fmt::join(unexpected, ", "));
+  if (gemma3_multimodal)
+    log().warn("load_causal_lm ({}): a multimodal Gemma 3 checkpoint runs as its text-only language model; {} "
+                 "vision tensors (vision tower, projector) are not loaded and image inputs are not supported",
+                 dir, vision_skipped);
   quantize_causal_lm(*m, options.quantize, options.group, options.quantize_lm_head);
   m->int8_kv_cache = options.int8_kv_cache;
   m->to(device);

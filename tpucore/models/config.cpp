@@ -145,6 +145,32 @@ void resolve_layers(ModelConfig& c, const json& j, const std::string& src) {
   }
 }
 
+// Gemma3ForConditionalGeneration's config (model_type gemma3): the text model's fields are in
+// text_config, which Transformers completes with Gemma3TextConfig's defaults (published configs
+// list only what differs, e.g. hidden_size and num_hidden_layers); the end-of-sequence ids,
+// bos id and dtype may sit at the top level. The vision fields (vision_config,
+// mm_tokens_per_image, image_token_index, ...) describe the image path, which is not
+// implemented: the model is read as its text-only language model.
+json gemma3_text_config(const json& j, const std::string& src) {
+  auto it = j.find("text_config");
+  TPU_CHECK(it != j.end() && it->is_object(), "{}: model_type 'gemma3' needs a 'text_config' object", src);
+  json t = *it;
+  const std::string inner = get_string(t, "model_type", src + " text_config", "gemma3_text");
+  TPU_CHECK(inner == "gemma3_text", "{} text_config: model_type '{}' inside a gemma3 config (want gemma3_text)", src,
+            inner);
+  static const std::pair<const char*, json> kDefaults[] = {
+      {"model_type", "gemma3_text"}, {"vocab_size", 262208}, {"hidden_size", 2304}, {"intermediate_size", 9216},
+      {"num_hidden_layers", 26}, {"num_attention_heads", 8}, {"num_key_value_heads", 4}, {"head_dim", 256},
+      {"max_position_embeddings", 131072}, {"rms_norm_eps", 1e-6}, {"rope_theta", 1000000.0},
+      {"query_pre_attn_scalar", 256}, {"sliding_window", 4096}, {"rope_local_base_freq", 10000.0},
+      {"hidden_activation", "gelu_pytorch_tanh"}, {"tie_word_embeddings", true}};
+  for (const auto& [k, v] : kDefaults)
+    if (!t.contains(k)) t[k] = v;
+  for (const char* k : {"eos_token_id", "bos_token_id", "torch_dtype", "dtype"})
+    if (!t.contains(k) && j.contains(k)) t[k] = j[k];
+  return t;
+}
+
 }  // namespace
 
 const std::vector<std::string>& supported_model_types() {
@@ -163,6 +189,9 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
   TPU_CHECK(j.is_object(), "{}: expected a JSON object", src);
   ModelConfig c;
   c.model_type = get_string(j, "model_type", src, "llama");
+  if (c.model_type == "gemma3") {
+    return from_json(gemma3_text_config(j, src).dump(), src + " text_config");
+  }
   detail::refuse_unsupported_moe_family(c.model_type, src);
   const auto& types = supported_model_types();
   TPU_CHECK(std::find(types.begin(), types.end(), c.model_type) != types.end(),

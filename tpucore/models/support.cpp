@@ -64,6 +64,10 @@ std::string support_table_markdown() {
         for (const auto& r : nn::supported_rope_types()) t += (t.empty() ? "`" : ", `") + r + "`";
         return t;
       }());
+  s += "\n`gemma3` (Gemma3ForConditionalGeneration) runs text-only: its `text_config` as `gemma3_text` "
+       "(the fields it omits take Gemma3TextConfig's defaults), the weights under `language_model.model.` or "
+       "`model.language_model.`; the vision tower and projector are not loaded and image inputs are not "
+       "supported.\n";
   s += "\nMixture of experts: dropless routing (every token reaches its experts; capacity-factor routing "
        "as a training option), the router in f32; `router_aux_loss_coef` and `router_z_loss_coef` are read "
        "(they enter `models::router_aux_loss`; `output_router_logits` is refused), `router_jitter_noise` is "

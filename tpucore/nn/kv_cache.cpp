@@ -59,11 +59,12 @@ Tensor dense_attention(const Tensor& q, const Tensor& k, const Tensor& v, const 
 Tensor AttentionCache::update_and_attend_variant(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v,
                                                  const Tensor& keep, double scale, const AttentionVariant& variant) {
   TPU_CHECK(variant.window == 0,
-            "attention: this attention cache (a paged serving cache) does not implement sliding_window "
-            "attention (window {}); run the model through generate() and its contiguous KV cache",
+            "attention: this attention cache does not implement sliding_window attention (window {}); the "
+            "contiguous KV cache and the serving engine's paged caches do",
             variant.window);
   TPU_CHECK(variant.softcap == 0,
-            "attention: this attention cache (a paged serving cache) does not implement attn_logit_softcapping ({})",
+            "attention: this attention cache does not implement attn_logit_softcapping ({}); the contiguous KV cache "
+            "and the serving engine's paged caches do",
             variant.softcap);
   return update_and_attend(layer, q, k, v, keep, scale);
 }
@@ -196,25 +197,17 @@ Tensor KVCache::update_and_attend_variant(int64_t layer, const Tensor& q, const 
             "(set a write position instead)");
   const int64_t past = length_, b = q.size(0), h = q.size(1), t = q.size(2), d = q.size(3);
   const auto [kc, vc] = update(layer, k, v);
-  Tensor mask = keep;
+  Tensor attn;
   if (t == 1 && write_pos_.defined()) {
-    // Shape-static: keys over the whole capacity, the position a runtime tensor.
-    // Slots and the position in f32 (exact below 2^24), where the chip has compare kernels.
-    Tensor slot;
-    {
-      NoGradGuard ng;
-      std::vector<float> slots(static_cast<size_t>(capacity_));
-      for (size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<float>(i);
-      slot = from_vector(slots, Shape{1, 1, 1, capacity_}, TensorOptions(DType::f32, q.device()));
-    }
-    const Tensor pos = reshape(to(write_pos_, DType::f32), Shape{1, 1, 1, 1});
-    if (!mask.defined()) mask = le(slot, pos);
-    if (variant.window > 0) mask = logical_and(mask, gt(slot, sub(pos, static_cast<double>(variant.window))));
+    // Shape-static: the live keys of the whole capacity up to the runtime position, the window
+    // and soft-cap inside the kernel (on a chip: constants of its program, no host mask).
+    attn = codegen::kv_cache_attention(q, kc, vc, write_pos_, keep, scale, variant.window, variant.softcap);
   } else {
+    Tensor mask = keep;
     if (!mask.defined()) mask = causal_keep_mask(b, t, past, {}, q.device());
     if (variant.window > 0) mask = logical_and(mask, sliding_window_keep(t, past, variant.window, q.device()));
+    attn = masked_attention(q, kc, vc, mask, scale, variant.softcap);
   }
-  const Tensor attn = masked_attention(q, kc, vc, mask, scale, variant.softcap);
   return reshape(transpose(attn, 1, 2), Shape{b, t, h * d});
 }
 

@@ -65,6 +65,7 @@ struct Engine::Impl {
         runner(*model, cache_config(cfg, *model), runner_options(cfg)),
         output(kv, cfg.max_model_len, cfg.detokenize),
         start(Clock::now()) {
+    kv.set_window(runner.kv_window());  // every layer sliding: blocks behind the window are released
     metrics.blocks_total = cfg.num_blocks;
     metrics.block_size = cfg.block_size;
   }

@@ -1,5 +1,7 @@
 #include "tpucore/serve/kv_cache_manager.h"
 
+#include <algorithm>
+
 namespace tpu::serve {
 
 KVCacheManager::KVCacheManager(int64_t num_blocks, int64_t block_size, bool prefix_caching)
@@ -47,18 +49,29 @@ void KVCacheManager::cache_full_blocks(Request& r) {
     r.last_hash = hh;
     r.hashed++;
   }
+  // The next query (position r.computed) sees keys from r.computed - window + 1 on: block j is
+  // out of every later window once its last position (j + 1) * bs - 1 lies before that.
+  if (window_ <= 0) return;
+  const int64_t first_kept = std::min<int64_t>((r.computed - window_ + 1) / bs, static_cast<int64_t>(r.table.size()));
+  for (int64_t j = 0; j < first_kept; ++j) {
+    int32_t& b = r.table[static_cast<size_t>(j)];
+    if (b < 0) continue;
+    blocks_.free(b);
+    b = -1;
+  }
 }
 
 void KVCacheManager::trim(Request& r, int64_t positions) {
   const auto keep = static_cast<size_t>((positions + block_size_ - 1) / block_size_);
   while (r.table.size() > keep) {
-    blocks_.free(r.table.back());
+    if (r.table.back() >= 0) blocks_.free(r.table.back());
     r.table.pop_back();
   }
 }
 
 void KVCacheManager::free(Request& r) {
-  for (int32_t b : r.table) blocks_.free(b);
+  for (int32_t b : r.table)
+    if (b >= 0) blocks_.free(b);  // -1: released behind the window
   r.table.clear();
   r.computed = 0;
   r.hashed = 0;

@@ -9,6 +9,12 @@
 // prefix, leaving at least its last token to compute; shared blocks are never written again.
 // A cached block whose count falls to 0 stays findable on the free list until the allocator
 // hands it out again.
+//
+// Sliding window (set_window, for models whose every layer attends over the last `window`
+// positions, as Mistral): once a request's computed positions pass a block's window, no later
+// query reads it, so the block goes back to the pool and its table entry becomes -1 (a
+// released block; the attention kernels start at the window and never read one). A request
+// then holds about window / block_size + 1 blocks however long it grows.
 #pragma once
 
 #include <cstdint>
@@ -28,8 +34,11 @@ class KVCacheManager {
   int64_t blocks_needed(const Request& r, int64_t positions) const;
   // Allocates r's blocks up to `positions`; false when the pool ran out (r keeps what it got).
   bool allocate(Request& r, int64_t positions);
-  // Registers r's newly completed full blocks in the prefix cache (after a step wrote them).
+  // Registers r's newly completed full blocks in the prefix cache (after a step wrote them),
+  // then (with a window) releases the blocks wholly before the window of r's next position.
   void cache_full_blocks(Request& r);
+  // The sliding window of every layer (0: none, every block is kept).
+  void set_window(int64_t window) { window_ = window; }
   // Returns r's blocks past those holding `positions` positions to the pool (rejected
   // speculative positions); r.computed must not exceed `positions`.
   void trim(Request& r, int64_t positions);
@@ -43,6 +52,7 @@ class KVCacheManager {
   BlockAllocator blocks_;
   int64_t block_size_;
   bool prefix_caching_;
+  int64_t window_ = 0;
 };
 
 }  // namespace tpu::serve

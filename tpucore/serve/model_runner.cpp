@@ -52,6 +52,11 @@ ModelRunner::ModelRunner(models::CausalLM& m, const PagedCacheConfig& c, const R
               "serve: the paged attention step on {} runs f32 or bf16 models, not {}", dev.str(), dtype_name(m.dtype()));
   }
   spec_ = paged_spec_of(mc, c.block_size, m.dtype());
+  // Every layer sliding (Mistral): the steps are planned with the window, so no layer reads the
+  // pages before it. Mixed local / global layers (Gemma 2 / 3) plan the full context and mask.
+  bool all_sliding = mc.sliding_window > 0;
+  for (int64_t i = 0; i < mc.num_hidden_layers && all_sliding; ++i) all_sliding = mc.is_sliding(i);
+  if (all_sliding) spec_.window = mc.sliding_window;
   if (chip) {
     codegen::choose_paged_attention_tiling(codegen::chip_config(dev), spec_);
   } else {  // the cpu kernel walks tokens one by one: no tile read-ahead, one page per step

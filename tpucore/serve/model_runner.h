@@ -64,6 +64,9 @@ class ModelRunner {
   // The token bucket of a step of n tokens (compile only).
   int64_t token_bucket(int64_t n) const;
   int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
+  // The sliding window of every layer when all layers slide with one window (Mistral; steps are
+  // planned with it and read no block before it), else 0.
+  int64_t kv_window() const { return spec_.window; }
   // The chip or graph cache's tensors (null for the host cache; for tests).
   const SlotPagedCache* slot_cache() const { return slots_.get(); }
 

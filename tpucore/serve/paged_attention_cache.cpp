@@ -18,6 +18,12 @@ void check_inputs(const char* who, int64_t layer, int64_t layers, const Tensor& 
 
 Tensor HostPagedCache::update_and_attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v,
                                          const Tensor& keep, double scale) {
+  return update_and_attend_variant(layer, q, k, v, keep, scale, {});
+}
+
+Tensor HostPagedCache::update_and_attend_variant(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v,
+                                                 const Tensor& keep, double scale,
+                                                 const nn::AttentionVariant& variant) {
   check_inputs("host paged cache", layer, num_layers(), q, k, keep);
   const PagedCacheConfig& c = cache_.config();
   const int64_t hq = q.size(1), n = q.size(2), d = q.size(3);
@@ -29,7 +35,7 @@ Tensor HostPagedCache::update_and_attend(int64_t layer, const Tensor& q, const T
   const Tensor qt = host_f32(q), kt = host_f32(k), vt = host_f32(v);
   out_.resize(static_cast<size_t>(n * hq * d));
   ragged_paged_attention(cache_, layer, *batch_, qt.data<float>(), kt.data<float>(), vt.data<float>(), out_.data(), hq,
-                         scale);
+                         scale, variant.window, variant.softcap);
   return from_vector(out_, Shape{1, n, hq * d}, TensorOptions(DType::f32, q.device())).to(q.dtype());
 }
 
@@ -62,21 +68,37 @@ SlotPagedCache::TokenMajor SlotPagedCache::token_major(int64_t layer, const Tens
   return {tm(q), tm(k), tm(v)};
 }
 
-Tensor ChipPagedCache::update_and_attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v,
-                                         const Tensor& keep, double) {
+codegen::PagedAttentionSpec SlotPagedCache::layer_spec(double scale, const nn::AttentionVariant& variant) const {
+  TPU_CHECK(scale > 0 && variant.window >= 0 && variant.softcap >= 0,
+            "serve: the paged cache got scale {}, window {}, softcap {}", scale, variant.window, variant.softcap);
+  TPU_CHECK(spec_.window == 0 || spec_.window == variant.window,
+            "serve: the step was planned for sliding-window layers of window {} (pages before the window left out); "
+            "a layer with window {} cannot use it",
+            spec_.window, variant.window);
+  codegen::PagedAttentionSpec s = spec_;
+  s.scale = static_cast<float>(scale);
+  s.window = variant.window;
+  s.softcap = static_cast<float>(variant.softcap);
+  return s;
+}
+
+Tensor ChipPagedCache::update_and_attend_variant(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v,
+                                                 const Tensor& keep, double scale,
+                                                 const nn::AttentionVariant& variant) {
   const TokenMajor t = token_major(layer, q, k, v, keep);
   const int64_t rows = q.size(2), hq = q.size(1), d = q.size(3);
   Tensor out = empty(Shape{1, rows, hq * d}, TensorOptions(q.dtype(), q.device()));
-  codegen::run_paged_attention(spec_, tokens_, t.q, t.k, t.v, k_[static_cast<size_t>(layer)],
+  codegen::run_paged_attention(layer_spec(scale, variant), tokens_, t.q, t.k, t.v, k_[static_cast<size_t>(layer)],
                                v_[static_cast<size_t>(layer)], out, units_, pages_, slots_);
   return out;
 }
 
-Tensor GraphPagedCache::update_and_attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v,
-                                          const Tensor& keep, double) {
+Tensor GraphPagedCache::update_and_attend_variant(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v,
+                                                  const Tensor& keep, double scale,
+                                                  const nn::AttentionVariant& variant) {
   const TokenMajor t = token_major(layer, q, k, v, keep);
   const int64_t rows = q.size(2), hq = q.size(1), hkv = k.size(1), d = q.size(3);
-  const Tensor a = paged_attention(spec_, reshape(t.q, Shape{rows, hq * d}), reshape(t.k, Shape{rows, hkv * d}),
+  const Tensor a = paged_attention(layer_spec(scale, variant), reshape(t.q, Shape{rows, hq * d}), reshape(t.k, Shape{rows, hkv * d}),
                                    reshape(t.v, Shape{rows, hkv * d}), k_[static_cast<size_t>(layer)],
                                    v_[static_cast<size_t>(layer)], units_, pages_, slots_);
   return reshape(a, Shape{1, rows, hq * d});

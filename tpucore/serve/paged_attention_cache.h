@@ -15,6 +15,12 @@
 //
 // The slot caches take the step's work-unit data (codegen::PagedAttentionMeta as i32 tensors)
 // through set_step() before the forward; inside a traced step these are the graph's inputs.
+//
+// Every cache implements the per-layer variants (nn::AttentionVariant): a sliding window and
+// soft-capped scores go to the kernel (the chip program takes them as constants of its key,
+// the graph node as attributes), with the layer's own softmax scale. A step planned with a
+// window (pages before the window left out) serves only layers of that window: another layer
+// is a tpu::Error.
 #pragma once
 
 #include <vector>
@@ -33,6 +39,8 @@ class HostPagedCache : public nn::AttentionCache {
   void set_batch(const RaggedBatch* batch) { batch_ = batch; }
   Tensor update_and_attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& keep,
                            double scale) override;
+  Tensor update_and_attend_variant(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& keep, double scale, const nn::AttentionVariant& variant) override;
   int64_t num_layers() const override { return cache_.config().num_layers; }
   PagedKVCache& cache() { return cache_; }
 
@@ -59,6 +67,8 @@ class SlotPagedCache : public nn::AttentionCache {
     Tensor q, k, v;
   };
   TokenMajor token_major(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& keep) const;
+  // The step's spec with the layer's scale and variant.
+  codegen::PagedAttentionSpec layer_spec(double scale, const nn::AttentionVariant& variant) const;
 
   std::vector<Tensor> k_, v_;
   codegen::PagedAttentionSpec spec_;
@@ -71,7 +81,11 @@ class ChipPagedCache : public SlotPagedCache {
  public:
   using SlotPagedCache::SlotPagedCache;
   Tensor update_and_attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& keep,
-                           double scale) override;
+                           double scale) override {
+    return update_and_attend_variant(layer, q, k, v, keep, scale, {});
+  }
+  Tensor update_and_attend_variant(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& keep, double scale, const nn::AttentionVariant& variant) override;
 };
 
 // The serve_paged_attention op: one in-place node per layer when traced.
@@ -79,7 +93,11 @@ class GraphPagedCache : public SlotPagedCache {
  public:
   using SlotPagedCache::SlotPagedCache;
   Tensor update_and_attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& keep,
-                           double scale) override;
+                           double scale) override {
+    return update_and_attend_variant(layer, q, k, v, keep, scale, {});
+  }
+  Tensor update_and_attend_variant(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& keep, double scale, const nn::AttentionVariant& variant) override;
 };
 
 }  // namespace tpu::serve

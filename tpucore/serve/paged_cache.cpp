@@ -103,15 +103,18 @@ void RaggedBatch::validate(const PagedCacheConfig& c) const {
                   static_cast<int64_t>(block_tables[si]->size()) * c.block_size >= context_len[si],
               "ragged_paged_attention: the block table of sequence {} covers {} positions, its context is {}", i,
               block_tables[si] ? static_cast<int64_t>(block_tables[si]->size()) * c.block_size : 0, context_len[si]);
-    for (int32_t b : *block_tables[si])
-      TPU_CHECK(b >= 0 && b < c.num_blocks, "ragged_paged_attention: sequence {} names block {} of {}", i, b,
+    for (int32_t b : *block_tables[si])  // -1: a block released behind a sliding window (never read)
+      TPU_CHECK(b >= -1 && b < c.num_blocks, "ragged_paged_attention: sequence {} names block {} of {}", i, b,
                 c.num_blocks);
   }
 }
 
 void ragged_paged_attention(PagedKVCache& cache, int64_t layer, const RaggedBatch& rb, const float* q, const float* k,
-                            const float* v, float* out, int64_t num_heads, double scale) {
+                            const float* v, float* out, int64_t num_heads, double scale, int64_t window,
+                            double softcap) {
   const PagedCacheConfig& c = cache.config();
+  TPU_CHECK(window >= 0 && softcap >= 0, "ragged_paged_attention: window {} and softcap {} must not be negative",
+            window, softcap);
   TPU_CHECK(layer >= 0 && layer < c.num_layers, "ragged_paged_attention: layer {} of {}", layer, c.num_layers);
   TPU_CHECK(num_heads > 0 && num_heads % c.kv_heads == 0,
             "ragged_paged_attention: {} query heads are not a multiple of {} kv heads", num_heads, c.kv_heads);
@@ -138,7 +141,7 @@ void ragged_paged_attention(PagedKVCache& cache, int64_t layer, const RaggedBatc
   for (int64_t s = 0; s < rb.num_seqs(); ++s)
     for (int64_t t = rb.query_start[static_cast<size_t>(s)]; t < rb.query_start[static_cast<size_t>(s) + 1]; ++t)
       seq_of[static_cast<size_t>(t)] = s;
-  const float sc = static_cast<float>(scale);
+  const float sc = static_cast<float>(scale), cap = static_cast<float>(softcap);
   parallel_for(0, rb.num_tokens() * num_heads, 16, [&](int64_t w0, int64_t w1) {
     std::vector<float> acc(static_cast<size_t>(d));
     for (int64_t w = w0; w < w1; ++w) {
@@ -150,14 +153,17 @@ void ragged_paged_attention(PagedKVCache& cache, int64_t layer, const RaggedBatc
       const float* qr = q + (t * num_heads + h) * d;
       float m = -INFINITY, l = 0;
       std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t j0 = 0; j0 <= pos; j0 += bs) {
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;  // first visible key
+      for (int64_t j0 = lo / bs * bs; j0 <= pos; j0 += bs) {
         const int64_t blk = table[static_cast<size_t>(j0 / bs)];
+        TPU_CHECK(blk >= 0, "ragged_paged_attention: token {} reads position {}, whose block was released (outside "
+                  "the window {})", t, j0, window);
         const int64_t n = std::min(bs, pos + 1 - j0);
-        for (int64_t o = 0; o < n; ++o) {
+        for (int64_t o = std::max<int64_t>(0, lo - j0); o < n; ++o) {
           const float* kr = cache.key(layer, blk, o, kh);
           float dot = 0;
           for (int64_t e = 0; e < d; ++e) dot += qr[e] * kr[e];
-          const float sco = dot * sc;
+          const float sco = cap > 0 ? cap * std::tanh(dot * sc / cap) : dot * sc;
           const float weight = sco > m ? 1.0f : std::exp(sco - m);
           if (sco > m) {
             const float corr = std::exp(m - sco);  // 0 for the first key (m = -inf)

@@ -111,7 +111,10 @@ struct RaggedBatch {
 // tokens' keys and values, already rotated); out: [num_tokens, num_heads, head_dim]. Writes k
 // and v into `layer` of the cache, then out = softmax(scale * q k^T) v over each token's
 // causal context in its own sequence. Query head h reads kv head h / (num_heads / kv_heads).
+// window > 0: a token at position p sees keys at (p - window, p] only (a sliding window);
+// softcap > 0: scores -> softcap * tanh(scores / softcap) before the softmax (Gemma).
 void ragged_paged_attention(PagedKVCache& cache, int64_t layer, const RaggedBatch& batch, const float* q,
-                            const float* k, const float* v, float* out, int64_t num_heads, double scale);
+                            const float* k, const float* v, float* out, int64_t num_heads, double scale,
+                            int64_t window = 0, double softcap = 0);
 
 }  // namespace tpu::serve

@@ -27,6 +27,8 @@ codegen::PagedAttentionSpec spec_of(const Attrs& a, DType dt) {
   s.tile_tokens = a.get_int("tile_tokens");
   s.max_units = a.get_int("max_units");
   s.scale = static_cast<float>(a.get_float("scale"));
+  s.window = a.get_int("window");
+  s.softcap = static_cast<float>(a.get_float("softcap"));
   const bool bf = dt == DType::bf16;
   s.dtype = bf ? sim::DType::bf16 : sim::DType::f32;
   s.mode = bf ? sim::MxuMode::bf16 : sim::MxuMode::f32;  // f32: exact products, as on the cpu
@@ -37,10 +39,12 @@ void paged_meta(const MetaArgs& a, MetaResult& m) {
   const Tensor &q = a.inputs[0], &kn = a.inputs[1], &vn = a.inputs[2], &kc = a.inputs[3], &vc = a.inputs[4];
   const codegen::PagedAttentionSpec s = spec_of(a.attrs, q.dtype());
   TPU_CHECK(s.heads > 0 && s.kv_heads > 0 && s.heads % s.kv_heads == 0 && s.head_dim > 0 && s.block_size > 0 &&
-                s.pages_per_step > 0 && s.decode_pages_per_step >= 0 && s.tile_tokens > 0 && s.max_units > 0,
+                s.pages_per_step > 0 && s.decode_pages_per_step >= 0 && s.tile_tokens > 0 && s.max_units > 0 &&
+                s.window >= 0 && s.softcap >= 0,
             "serve_paged_attention: invalid spec ({} heads, {} kv heads, head_dim {}, block {}, {} pages/step, tile {}, "
-            "{} units)",
-            s.heads, s.kv_heads, s.head_dim, s.block_size, s.pages_per_step, s.tile_tokens, s.max_units);
+            "{} units, window {}, softcap {})",
+            s.heads, s.kv_heads, s.head_dim, s.block_size, s.pages_per_step, s.tile_tokens, s.max_units, s.window,
+            s.softcap);
   const int64_t qrow = s.heads * s.head_dim, row = s.kv_heads * s.head_dim;
   TPU_CHECK(q.dtype() == DType::f32 || q.dtype() == DType::bf16,
             "serve_paged_attention: q is {}, want f32 or bf16", dtype_name(q.dtype()));
@@ -134,7 +138,8 @@ void paged_cpu_typed(const KernelArgs& a, const codegen::PagedAttentionSpec& s) 
   const T* qp = q.data<T>();
   T* op = static_cast<T*>(a.outputs[0].raw_data());
   std::fill(op + n * qrow, op + rows * qrow, store<T>(0.0f));  // bucket padding rows
-  const float sc = s.scale;
+  const float sc = s.scale, cap = s.softcap;
+  const int64_t win = s.window;
   parallel_for(0, n * hkv, 8, [&](int64_t w0, int64_t w1) {
     const auto gs = static_cast<size_t>(group), ds = static_cast<size_t>(d);
     std::vector<float> acc(gs * ds), qf(gs * ds), m(gs), l(gs), dot(gs);
@@ -146,17 +151,18 @@ void paged_cpu_typed(const KernelArgs& a, const codegen::PagedAttentionSpec& s) 
       std::fill(m.begin(), m.end(), -INFINITY);
       std::fill(l.begin(), l.end(), 0.0f);
       std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t j0 = 0; j0 <= p; j0 += bs) {
+      const int64_t lo = win > 0 ? std::max<int64_t>(0, p - win + 1) : 0;  // first visible key
+      for (int64_t j0 = lo / bs * bs; j0 <= p; j0 += bs) {
         const int64_t base = static_cast<int64_t>(tab[j0 / bs]) * bs * row + kh * d;
         const int64_t cnt = std::min(bs, p + 1 - j0);
-        for (int64_t o = 0; o < cnt; ++o) {
+        for (int64_t o = std::max<int64_t>(0, lo - j0); o < cnt; ++o) {
           const T* kr = kcp + base + o * row;
           const T* vr = vcp + base + o * row;
           for (size_t g = 0; g < gs; ++g) {
             const float* qv = qf.data() + g * ds;
             float dd = 0;
             for (int64_t e = 0; e < d; ++e) dd += qv[e] * load(kr + e);
-            dot[g] = dd * sc;
+            dot[g] = cap > 0 ? cap * std::tanh(dd * sc / cap) : dd * sc;
           }
           for (size_t g = 0; g < gs; ++g) {
             float* ac = acc.data() + g * ds;
@@ -232,7 +238,9 @@ Tensor paged_attention(const codegen::PagedAttentionSpec& s, const Tensor& q, co
                          {"decode_pages_per_step", s.decode_pages_per_step},
                          {"tile_tokens", s.tile_tokens},
                          {"max_units", s.max_units},
-                         {"scale", static_cast<double>(s.scale)}});
+                         {"scale", static_cast<double>(s.scale)},
+                         {"window", s.window},
+                         {"softcap", static_cast<double>(s.softcap)}});
 }
 
 }  // namespace tpu::serve

@@ -15,6 +15,9 @@
 // over positions 0..pos through the unit's page list (page j covers positions j * block_size
 // ..), with an online softmax for each query head sharing that KV head. Tokens past the header's count (bucket padding) are neither
 // written nor computed: their output rows are 0 on the cpu and left unwritten on a chip.
+// The spec's window and softcap (per layer) mask the keys at positions <= p - window and
+// soft-cap the scaled scores, on the cpu and on a chip alike; positions in the unit table count
+// from the first key of the unit's page list (codegen::plan_paged_attention).
 // Bad step data (a slot, page or token outside its range, more units than max_units) is a
 // tpu::Error naming it.
 #pragma once
