@@ -1,6 +1,8 @@
 // Expert parallelism: the dispatch and combine all-to-alls around a block's local experts.
 #include "tpucore/nn/parallel/expert_parallel.h"
 
+#include <climits>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -61,10 +63,16 @@ Tensor ep_run_experts(const Tensor& xs, const Tensor& group_sizes, MoEExperts& e
   TPU_CHECK(static_cast<int64_t>(counts.size()) == num_experts, "expert_parallel: {} group sizes for {} experts",
             counts.size(), num_experts);
   // Every rank learns how many of its slots each rank sends to each of its local experts.
-  Tensor mine = from_vector(counts, Shape{num_experts}, TensorOptions(DType::i64));
-  Tensor theirs = empty(Shape{num_experts}, TensorOptions(DType::i64));
+  // As i32 on the slots' device (the sim pod's ICI carries no i64).
+  std::vector<int32_t> counts32(counts.size());
+  for (size_t e = 0; e < counts.size(); ++e) {
+    TPU_CHECK(counts[e] >= 0 && counts[e] <= INT32_MAX, "expert_parallel: expert {} has {} slots", e, counts[e]);
+    counts32[e] = static_cast<int32_t>(counts[e]);
+  }
+  Tensor mine = from_vector(counts32, Shape{num_experts}).to(xs.device());
+  Tensor theirs = empty(Shape{num_experts}, TensorOptions(DType::i32, xs.device()));
   g->all_to_all_single(theirs, mine);
-  const std::vector<int64_t> recv_counts = theirs.to_vector<int64_t>();  // [source rank][local expert]
+  const std::vector<int64_t> recv_counts = ep_host_i64(theirs);  // [source rank][local expert]
   std::vector<int64_t> send(static_cast<size_t>(n), 0), recv(static_cast<size_t>(n), 0);
   for (int64_t e = 0; e < num_experts; ++e) {
     send[static_cast<size_t>(e / local)] += counts[static_cast<size_t>(e)];
@@ -83,8 +91,8 @@ Tensor ep_run_experts(const Tensor& xs, const Tensor& group_sizes, MoEExperts& e
       for (int64_t r = 0; r < recv_counts[b]; ++r) order.push_back(static_cast<int32_t>(start[b] + r));
       local_sizes[static_cast<size_t>(l)] += recv_counts[b];
     }
-  const Tensor ord = from_vector(order, Shape{static_cast<int64_t>(order.size())});
-  const Tensor sizes = from_vector(local_sizes, Shape{local});
+  const Tensor ord = from_vector(order, Shape{static_cast<int64_t>(order.size())}).to(xs.device());
+  const Tensor sizes = from_vector(local_sizes, Shape{local}).to(group_sizes.dtype()).to(group_sizes.device());
   // The local experts serve the whole group: their weight gradients are scaled by 1/n (the mean
   // of the ranks' losses), the gradients sent back to the ranks are not.
   const Tensor grouped = ep_scale_grad(moe_permute(got, ord, 1), static_cast<double>(n));
