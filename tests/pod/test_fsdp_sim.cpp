@@ -216,9 +216,10 @@ void ep_sim_train(int dp, int ep) {
 
 }  // namespace
 
-TEST_CASE("expert parallelism over 2 chips of the simulated pod equals one-device training", "[pod][sharded]") {
+TEST_CASE("expert parallelism over 2 and 4 chips of the simulated pod equals one-device training", "[pod][sharded]") {
   (void)g_env;
-  ep_sim_train(1, 2);
+  SECTION("2 chips") { ep_sim_train(1, 2); }
+  SECTION("4 chips, one expert each") { ep_sim_train(1, 4); }
 }
 
 TEST_CASE("expert parallelism x fsdp on the simulated 2x2 pod equals one-device training", "[pod][sharded]") {

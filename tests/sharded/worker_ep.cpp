@@ -5,6 +5,8 @@
 // whole batch (no parallel code there): losses, first-step gradients and final weights.
 // EP x TP: the experts split over the "ep" axis of a 2-D mesh, attention and the dense MLP of a
 // qwen3_moe model with a dense layer (mlp_only_layers) tensor-parallel over its "tp" axis.
+#include <algorithm>
+
 #include "model.h"
 #include "tpucore/models.h"
 #include "tpucore/nn/parallel/expert_parallel.h"
@@ -111,6 +113,16 @@ int scenario_ep_tp_train(int ep) {
   check(expert_parallel(*lm, mesh.group("ep")) == 1, "the sparse block is expert-parallel");
   check(lm->model->layers[0]->self_attn->q_proj->weight.size(0) == 32 / tp, "q_proj rows split over tp");
   check(lm->model->layers[0]->moe->experts->gate_up_proj.size(0) == kEpExperts / ep, "experts split over ep");
+  {
+    // An all-sparse model: the plan holds no dense MLP patterns; sequence parallelism is refused.
+    auto sparse = make_moe_lm(false);
+    const ParallelPlan p = causal_lm_plan(*sparse);
+    check(std::none_of(p.begin(), p.end(), [](const auto& e) { return e.first.find("gate_proj") != std::string::npos; }),
+          "no dense MLP in the plan of an all-sparse model");
+    parallelize_module(*sparse, mesh.group("tp"), p);
+    check_error([&] { causal_lm_plan(*sparse, true); }, "sequence parallelism of a model with mixture-of-experts",
+                "sequence parallelism with sparse blocks");
+  }
   auto opt = make_opt("adamw", lm->parameters());
   for (int step = 0; step < steps; ++step) {
     Tensor tok = narrow(batch_tokens(step, kBatch, kSeq, kEpVocab), 0, ep_rank * rows, rows);
