@@ -164,6 +164,7 @@ void ep_sim_train(int dp, int ep) {
   std::vector<std::vector<double>> losses(static_cast<size_t>(world));
   std::vector<nn::StateDict> finals(static_cast<size_t>(world));
   std::vector<std::string> bad(static_cast<size_t>(world));
+  reset_sim_stats();
   pod_testing::on_ranks(world, [&](int r) {
     const int dp_rank = r / ep, ep_rank = r % ep;
     const Device chip = pod_testing::chip(r);
@@ -199,6 +200,15 @@ void ep_sim_train(int dp, int ep) {
     INFO("rank " << r);
     CHECK(bad[static_cast<size_t>(r)] == "");
   }
+  // The local experts ran as chip programs (not through the host fallback).
+  std::string kernels;
+  uint64_t expert_runs = 0;
+  for (auto& [k, n] : sim_stats().runs_by_kernel) {
+    kernels += k + " ";
+    if (k.find("grouped_matmul") != std::string::npos) expert_runs += n;
+  }
+  INFO("chip kernels: " << kernels);
+  CHECK(expert_runs > 0);
   for (int s = 0; s < steps; ++s) {
     double avg = 0;
     for (int r = 0; r < world; ++r) avg += losses[static_cast<size_t>(r)][static_cast<size_t>(s)] / world;
