@@ -78,10 +78,19 @@ EpReference ep_reference(int steps, bool dense_layer) {
 
 // The part of a one-process tensor the rank at (ep_rank, tp_rank) holds: its experts, or its
 // Megatron slice of an attention / dense MLP projection, or the whole tensor.
-Tensor ep_tp_part(const std::string& name, const Tensor& full, int ep_rank, int ep, int tp_rank, int tp) {
+// With `expert_tp`, an expert's intermediate dimension F is split over tp too.
+Tensor ep_tp_part(const std::string& name, const Tensor& full, int ep_rank, int ep, int tp_rank, int tp,
+                  bool expert_tp) {
   if (name.find(".experts.") != std::string::npos) {
     const int64_t k = full.size(0) / ep;
-    return narrow(full, 0, ep_rank * k, k).contiguous();
+    Tensor mine = narrow(full, 0, ep_rank * k, k);
+    if (!expert_tp) return mine.contiguous();
+    if (name.ends_with("down_proj")) {  // [E, H, F]: columns
+      const int64_t c = mine.size(2) / tp;
+      return narrow(mine, 2, tp_rank * c, c).contiguous();
+    }
+    const int64_t f = mine.size(1) / 2, c = f / tp;  // [E, 2F, H]: gate rows, then up rows
+    return cat({narrow(mine, 1, tp_rank * c, c), narrow(mine, 1, f + tp_rank * c, c)}, 1).contiguous();
   }
   int dim = -1;
   for (const char* s : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight",
@@ -99,18 +108,32 @@ Tensor ep_tp_part(const std::string& name, const Tensor& full, int ep_rank, int 
 // EP x TP on an ep x tp mesh: rank (ep_rank, tp_rank) trains on batch rows [ep_rank b,
 // (ep_rank + 1) b), b = kBatch / ep (the tp group shares its rows); the experts of the sparse
 // layer split over "ep" (each tp rank of an ep line holds the same experts), attention, the
-// dense MLP and the head tensor-parallel over "tp" (causal_lm_plan).
+// dense MLP and the head tensor-parallel over "tp" (causal_lm_plan); with `expert_tp`, each
+// expert's intermediate dimension is split over "tp" as well (expert_tensor_parallel).
+int ep_tp_train_once(int ep, bool expert_tp, const EpReference& ref);
+
 int scenario_ep_tp_train(int ep) {
+  const EpReference ref = ep_reference(3, true);
+  ep_tp_train_once(ep, false, ref);
+  return ep_tp_train_once(ep, true, ref);
+}
+
+int ep_tp_train_once(int ep, bool expert_tp, const EpReference& ref) {
   const int world = dist::get_world_size(), tp = world / ep;
   const int steps = 3;
   const int64_t rows = kBatch / ep;
-  const EpReference ref = ep_reference(steps, true);
   dist::DeviceMesh mesh({ep, tp}, {"ep", "tp"});
   const int ep_rank = mesh.coordinate()[0], tp_rank = mesh.coordinate()[1];
   auto lm = make_moe_lm(true);
   check(lm->model->layers[0]->moe != nullptr && lm->model->layers[1]->mlp != nullptr, "a sparse and a dense layer");
   parallelize_module(*lm, mesh.group("tp"), causal_lm_plan(*lm));
   check(expert_parallel(*lm, mesh.group("ep")) == 1, "the sparse block is expert-parallel");
+  if (expert_tp) {
+    expert_tensor_parallel(*lm->model->layers[0]->moe, mesh.group("tp"));
+    check(lm->model->layers[0]->moe->experts->down_proj.size(2) == 8 / tp, "expert intermediate split over tp");
+    check_error([&] { expert_tensor_parallel(*lm->model->layers[0]->moe, mesh.group("tp")); }, "already split",
+                "expert tensor parallelism applied twice");
+  }
   check(lm->model->layers[0]->self_attn->q_proj->weight.size(0) == 32 / tp, "q_proj rows split over tp");
   check(lm->model->layers[0]->moe->experts->gate_up_proj.size(0) == kEpExperts / ep, "experts split over ep");
   {
@@ -134,14 +157,14 @@ int scenario_ep_tp_train(int ep) {
     dist::all_reduce(l, dist::ReduceOp::avg);
     const double want = ref.losses[static_cast<size_t>(step)];
     check(std::fabs(l.item<double>() - want) <= 1e-5 * std::max(1.0, std::fabs(want)),
-          fmt::format("step {} loss {} vs reference {}", step, l.item<double>(), want));
+          fmt::format("expert tp {}: step {} loss {} vs reference {}", expert_tp, step, l.item<double>(), want));
     if (step == 0)
-      check_step0_grads(*lm, [&](const std::string& n) { return ep_tp_part(n, ref.grads0.at(n), ep_rank, ep, tp_rank, tp); });
+      check_step0_grads(*lm, [&](const std::string& n) { return ep_tp_part(n, ref.grads0.at(n), ep_rank, ep, tp_rank, tp, expert_tp); });
     opt->step();
     opt->zero_grad();
   }
   check_final_params(final_params(nullptr, *lm), ref.final_params,
-                     [&](const std::string& n, const Tensor& w) { return ep_tp_part(n, w, ep_rank, ep, tp_rank, tp); });
+                     [&](const std::string& n, const Tensor& w) { return ep_tp_part(n, w, ep_rank, ep, tp_rank, tp, expert_tp); });
   return 0;
 }
 

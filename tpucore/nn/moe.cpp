@@ -21,7 +21,7 @@ MoEExperts::MoEExperts(const MoEConfig& c, Generator* gen) : intermediate_(c.int
 }
 
 Tensor MoEExperts::forward(const Tensor& xs, const Tensor& group_sizes) {
-  const int64_t f = intermediate_;
+  const int64_t f = gate_up_proj.size(1) / 2;  // this rank's part of F under expert tensor parallelism
   Tensor h = grouped_matmul(xs, gate_up_proj, group_sizes, true);  // [S, 2F]
   Tensor a = mul(act->forward(narrow(h, 1, 0, f)), narrow(h, 1, f, f));
   return grouped_matmul(a, down_proj, group_sizes, true);

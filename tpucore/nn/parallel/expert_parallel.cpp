@@ -12,6 +12,7 @@
 
 #include "tpucore/autograd.h"
 #include "tpucore/nn/parallel/function.h"
+#include "tpucore/nn/parallel/tensor_parallel.h"
 #include "tpucore/ops.h"
 
 namespace tpu::nn::parallel {
@@ -110,6 +111,12 @@ Tensor ep_local_experts(const Tensor& full, int rank, int64_t k) {
   return t;
 }
 
+// The experts blocks expert_tensor_parallel split.
+std::set<const Module*>& ep_tp_split() {
+  static std::set<const Module*> s;
+  return s;
+}
+
 }  // namespace
 
 Tensor all_to_all_rows(const Tensor& x, const std::vector<int64_t>& out_splits, const std::vector<int64_t>& in_splits,
@@ -145,6 +152,33 @@ void expert_parallel(SparseMoE& moe, const dist::ProcessGroupPtr& group) {
   moe.run_experts = [experts, e, group](const Tensor& xs, const Tensor& sizes) {
     return ep_run_experts(xs, sizes, *experts, e, group);
   };
+}
+
+void expert_tensor_parallel(SparseMoE& moe, const dist::ProcessGroupPtr& group) {
+  TPU_CHECK(group != nullptr && group->is_member(), "expert_tensor_parallel: this rank is not a member of the group");
+  MoEExperts& ex = *moe.experts;
+  {
+    std::lock_guard<std::mutex> lock(g_ep_mu);
+    TPU_CHECK(ep_tp_split().insert(&ex).second, "expert_tensor_parallel: the block's experts are already split over a "
+              "tensor-parallel group");
+  }
+  const int n = group->size(), r = group->rank();
+  const int64_t f = ex.down_proj.size(2);
+  TPU_CHECK(f % n == 0 && ex.gate_up_proj.size(1) == 2 * f,
+            "expert_tensor_parallel: the experts' intermediate size {} does not split over {} ranks", f, n);
+  const int64_t k = f / n;
+  {
+    NoGradGuard ng;
+    const Tensor gu = ex.gate_up_proj.detach();
+    Tensor gate_up = cat({narrow(gu, 1, r * k, k), narrow(gu, 1, f + r * k, k)}, 1).contiguous().clone();
+    Tensor down = narrow(ex.down_proj.detach(), 2, r * k, k).contiguous().clone();
+    gate_up.requires_grad_(ex.gate_up_proj.requires_grad());
+    down.requires_grad_(ex.down_proj.requires_grad());
+    ex.gate_up_proj = gate_up;
+    ex.down_proj = down;
+  }
+  ex.register_forward_pre_hook([group](Module&, std::vector<Tensor>& x) { x[0] = copy_to_tp(x[0], group); });
+  ex.register_forward_hook([group](Module&, std::span<const Tensor>, Tensor& y) { y = reduce_from_tp(y, group); });
 }
 
 int expert_parallel(Module& root, const dist::ProcessGroupPtr& group) {

@@ -44,6 +44,15 @@ void expert_parallel(SparseMoE& moe, const dist::ProcessGroupPtr& group);
 /// without sparse blocks is a tpu::Error.
 int expert_parallel(Module& root, const dist::ProcessGroupPtr& group);
 
+/// Tensor parallelism inside the experts of `moe` over `group` (the tp axis; this rank must be a
+/// member): each expert's intermediate dimension F is split in n blocks (gate and up rows
+/// [r F/n, (r + 1) F/n) of gate_up_proj, the same columns of down_proj; F must divide by n, else a
+/// tpu::Error); the experts' input is replicated over the group (its gradient summed), their
+/// partial outputs are summed. Composes with expert_parallel over another group (in either
+/// order): the experts of an ep rank are then split over its tp group. Applying it twice is a
+/// tpu::Error. The experts' weights become new leaves: create optimizers afterwards.
+void expert_tensor_parallel(SparseMoE& moe, const dist::ProcessGroupPtr& group);
+
 /// Averages over `group` the gradients of root's parameters that expert_parallel did not shard
 /// (one all-reduce; a parameter without a gradient counts as zeros and gets the average). Call it on every rank of the group after backward (after fully_shard's
 /// reduce-scatters: backward() has waited for them), before the optimizer step.
