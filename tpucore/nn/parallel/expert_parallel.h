@@ -21,7 +21,7 @@
 // the other mesh axis: their shards', which the ranks of the ep group hold alike). Composes with
 // fully_shard on another mesh axis (a 2-D mesh: EP x FSDP), whose units may contain the blocks,
 // and with parallelize_module's causal_lm_plan over another axis (EP x TP: attention and dense
-// MLPs split over "tp", the experts replicated over it). Runs on gloo ranks and on the sim pod
+// MLPs split over "tp", the experts replicated over it, or split inside by expert_tensor_parallel). Runs on gloo ranks and on the sim pod
 // backend (the counts travel as i32, the regrouping on the slots' device). Eager only (not inside tpu::compile). Capacity-factor routing is applied by each rank to its
 // own tokens before the dispatch.
 #pragma once
