@@ -133,6 +133,13 @@ int ep_tp_train_once(int ep, bool expert_tp, const EpReference& ref) {
     check(lm->model->layers[0]->moe->experts->down_proj.size(2) == 8 / tp, "expert intermediate split over tp");
     check_error([&] { expert_tensor_parallel(*lm->model->layers[0]->moe, mesh.group("tp")); }, "already split",
                 "expert tensor parallelism applied twice");
+    nn::MoEConfig mc;
+    mc.hidden = 8;
+    mc.intermediate = 3;
+    mc.num_experts = 2;
+    nn::SparseMoE odd(mc);
+    check_error([&] { expert_tensor_parallel(odd, mesh.group("tp")); }, "intermediate size 3 does not split",
+                "an expert intermediate size of 3 over 2 tp ranks");
   }
   check(lm->model->layers[0]->self_attn->q_proj->weight.size(0) == 32 / tp, "q_proj rows split over tp");
   check(lm->model->layers[0]->moe->experts->gate_up_proj.size(0) == kEpExperts / ep, "experts split over ep");

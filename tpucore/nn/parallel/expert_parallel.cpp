@@ -111,10 +111,10 @@ Tensor ep_local_experts(const Tensor& full, int rank, int64_t k) {
   return t;
 }
 
-// The experts blocks expert_tensor_parallel split.
-std::set<const Module*>& ep_tp_split() {
-  static std::set<const Module*> s;
-  return s;
+// The experts blocks expert_tensor_parallel split (an expired entry is a freed block).
+std::map<const Module*, std::weak_ptr<Module>>& ep_tp_split() {
+  static std::map<const Module*, std::weak_ptr<Module>> m;
+  return m;
 }
 
 }  // namespace
@@ -157,15 +157,17 @@ void expert_parallel(SparseMoE& moe, const dist::ProcessGroupPtr& group) {
 void expert_tensor_parallel(SparseMoE& moe, const dist::ProcessGroupPtr& group) {
   TPU_CHECK(group != nullptr && group->is_member(), "expert_tensor_parallel: this rank is not a member of the group");
   MoEExperts& ex = *moe.experts;
-  {
-    std::lock_guard<std::mutex> lock(g_ep_mu);
-    TPU_CHECK(ep_tp_split().insert(&ex).second, "expert_tensor_parallel: the block's experts are already split over a "
-              "tensor-parallel group");
-  }
   const int n = group->size(), r = group->rank();
   const int64_t f = ex.down_proj.size(2);
   TPU_CHECK(f % n == 0 && ex.gate_up_proj.size(1) == 2 * f,
             "expert_tensor_parallel: the experts' intermediate size {} does not split over {} ranks", f, n);
+  {
+    std::lock_guard<std::mutex> lock(g_ep_mu);
+    auto it = ep_tp_split().find(&ex);
+    TPU_CHECK(it == ep_tp_split().end() || it->second.expired(), "expert_tensor_parallel: the block's experts are "
+              "already split over a tensor-parallel group");
+    ep_tp_split()[&ex] = moe.experts;
+  }
   const int64_t k = f / n;
   {
     NoGradGuard ng;
