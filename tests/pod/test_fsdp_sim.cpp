@@ -3,8 +3,7 @@
 // model's shards in each chip's HBM. Compared with the same model trained on the host in one
 // process on the whole batch. Expert parallelism (nn::parallel::expert_parallel) of a tiny
 // Qwen3-MoE-shaped models::CausalLM over 2 and 4 chips, and EP x FSDP and EP x TP over the 2x2
-// pod, against the
-// same model trained on the host in one process.
+// pod, against the same model trained on the host in one process.
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
