@@ -137,3 +137,7 @@ TEST_CASE("expert parallelism x fsdp: a qwen3_moe model on a 2x2 mesh trains as 
 TEST_CASE("expert parallelism alone (the ExpertParallel style of a plan): a qwen3_moe model on 2 ranks trains as in one process", "[sharded]") {
   require_ok(run(2, {"ep_train", "2", "1"}));
 }
+
+TEST_CASE("expert parallelism x tensor parallelism: experts over ep, attention and dense MLP over tp, 2x2 mesh", "[sharded]") {
+  require_ok(run(4, {"ep_tp_train", "2"}));
+}

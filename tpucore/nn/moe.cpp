@@ -21,7 +21,11 @@ MoEExperts::MoEExperts(const MoEConfig& c, Generator* gen) : intermediate_(c.int
 }
 
 Tensor MoEExperts::forward(const Tensor& xs, const Tensor& group_sizes) {
-  const int64_t f = intermediate_;
+  // F, or this rank's part of it under expert tensor parallelism (nn::parallel::expert_tensor_parallel).
+  const int64_t f = gate_up_proj.size(1) / 2;
+  TPU_CHECK(f > 0 && intermediate_ % f == 0 && down_proj.size(-1) == f,
+            "MoEExperts: gate_up_proj [.., {}, ..] and down_proj [.., {}] do not fit the intermediate size {}",
+            gate_up_proj.size(1), down_proj.size(-1), intermediate_);
   Tensor h = grouped_matmul(xs, gate_up_proj, group_sizes, true);  // [S, 2F]
   Tensor a = mul(act->forward(narrow(h, 1, 0, f)), narrow(h, 1, f, f));
   return grouped_matmul(a, down_proj, group_sizes, true);

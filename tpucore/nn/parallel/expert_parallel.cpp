@@ -1,6 +1,8 @@
 // Expert parallelism: the dispatch and combine all-to-alls around a block's local experts.
 #include "tpucore/nn/parallel/expert_parallel.h"
 
+#include <climits>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -10,6 +12,7 @@
 
 #include "tpucore/autograd.h"
 #include "tpucore/nn/parallel/function.h"
+#include "tpucore/nn/parallel/tensor_parallel.h"
 #include "tpucore/ops.h"
 
 namespace tpu::nn::parallel {
@@ -61,10 +64,16 @@ Tensor ep_run_experts(const Tensor& xs, const Tensor& group_sizes, MoEExperts& e
   TPU_CHECK(static_cast<int64_t>(counts.size()) == num_experts, "expert_parallel: {} group sizes for {} experts",
             counts.size(), num_experts);
   // Every rank learns how many of its slots each rank sends to each of its local experts.
-  Tensor mine = from_vector(counts, Shape{num_experts}, TensorOptions(DType::i64));
-  Tensor theirs = empty(Shape{num_experts}, TensorOptions(DType::i64));
+  // As i32 on the slots' device (the sim pod's ICI carries no i64).
+  std::vector<int32_t> counts32(counts.size());
+  for (size_t e = 0; e < counts.size(); ++e) {
+    TPU_CHECK(counts[e] >= 0 && counts[e] <= INT32_MAX, "expert_parallel: expert {} has {} slots", e, counts[e]);
+    counts32[e] = static_cast<int32_t>(counts[e]);
+  }
+  Tensor mine = from_vector(counts32, Shape{num_experts}).to(xs.device());
+  Tensor theirs = empty(Shape{num_experts}, TensorOptions(DType::i32, xs.device()));
   g->all_to_all_single(theirs, mine);
-  const std::vector<int64_t> recv_counts = theirs.to_vector<int64_t>();  // [source rank][local expert]
+  const std::vector<int64_t> recv_counts = ep_host_i64(theirs);  // [source rank][local expert]
   std::vector<int64_t> send(static_cast<size_t>(n), 0), recv(static_cast<size_t>(n), 0);
   for (int64_t e = 0; e < num_experts; ++e) {
     send[static_cast<size_t>(e / local)] += counts[static_cast<size_t>(e)];
@@ -83,8 +92,8 @@ Tensor ep_run_experts(const Tensor& xs, const Tensor& group_sizes, MoEExperts& e
       for (int64_t r = 0; r < recv_counts[b]; ++r) order.push_back(static_cast<int32_t>(start[b] + r));
       local_sizes[static_cast<size_t>(l)] += recv_counts[b];
     }
-  const Tensor ord = from_vector(order, Shape{static_cast<int64_t>(order.size())});
-  const Tensor sizes = from_vector(local_sizes, Shape{local});
+  const Tensor ord = from_vector(order, Shape{static_cast<int64_t>(order.size())}).to(xs.device());
+  const Tensor sizes = from_vector(local_sizes, Shape{local}).to(group_sizes.dtype()).to(group_sizes.device());
   // The local experts serve the whole group: their weight gradients are scaled by 1/n (the mean
   // of the ranks' losses), the gradients sent back to the ranks are not.
   const Tensor grouped = ep_scale_grad(moe_permute(got, ord, 1), static_cast<double>(n));
@@ -100,6 +109,12 @@ Tensor ep_local_experts(const Tensor& full, int rank, int64_t k) {
   Tensor t = narrow(full.detach(), 0, rank * k, k).contiguous().clone();
   t.requires_grad_(full.requires_grad());
   return t;
+}
+
+// The experts blocks expert_tensor_parallel split (an expired entry is a freed block).
+std::map<const Module*, std::weak_ptr<Module>>& ep_tp_split() {
+  static std::map<const Module*, std::weak_ptr<Module>> m;
+  return m;
 }
 
 }  // namespace
@@ -137,6 +152,35 @@ void expert_parallel(SparseMoE& moe, const dist::ProcessGroupPtr& group) {
   moe.run_experts = [experts, e, group](const Tensor& xs, const Tensor& sizes) {
     return ep_run_experts(xs, sizes, *experts, e, group);
   };
+}
+
+void expert_tensor_parallel(SparseMoE& moe, const dist::ProcessGroupPtr& group) {
+  TPU_CHECK(group != nullptr && group->is_member(), "expert_tensor_parallel: this rank is not a member of the group");
+  MoEExperts& ex = *moe.experts;
+  const int n = group->size(), r = group->rank();
+  const int64_t f = ex.down_proj.size(2);
+  TPU_CHECK(f % n == 0 && ex.gate_up_proj.size(1) == 2 * f,
+            "expert_tensor_parallel: the experts' intermediate size {} does not split over {} ranks", f, n);
+  {
+    std::lock_guard<std::mutex> lock(g_ep_mu);
+    auto it = ep_tp_split().find(&ex);
+    TPU_CHECK(it == ep_tp_split().end() || it->second.expired(), "expert_tensor_parallel: the block's experts are "
+              "already split over a tensor-parallel group");
+    ep_tp_split()[&ex] = moe.experts;
+  }
+  const int64_t k = f / n;
+  {
+    NoGradGuard ng;
+    const Tensor gu = ex.gate_up_proj.detach();
+    Tensor gate_up = cat({narrow(gu, 1, r * k, k), narrow(gu, 1, f + r * k, k)}, 1).contiguous().clone();
+    Tensor down = narrow(ex.down_proj.detach(), 2, r * k, k).contiguous().clone();
+    gate_up.requires_grad_(ex.gate_up_proj.requires_grad());
+    down.requires_grad_(ex.down_proj.requires_grad());
+    ex.gate_up_proj = gate_up;
+    ex.down_proj = down;
+  }
+  ex.register_forward_pre_hook([group](Module&, std::vector<Tensor>& x) { x[0] = copy_to_tp(x[0], group); });
+  ex.register_forward_hook([group](Module&, std::span<const Tensor>, Tensor& y) { y = reduce_from_tp(y, group); });
 }
 
 int expert_parallel(Module& root, const dist::ProcessGroupPtr& group) {

@@ -19,8 +19,10 @@
 // rank's local experts see the slots of every rank); the other parameters are replicated over
 // the group and sync_replicated_gradients averages their gradients over it (with fully_shard on
 // the other mesh axis: their shards', which the ranks of the ep group hold alike). Composes with
-// fully_shard on another mesh axis (a 2-D mesh: EP x FSDP), whose units may contain the blocks.
-// Eager only (not inside tpu::compile). Capacity-factor routing is applied by each rank to its
+// fully_shard on another mesh axis (a 2-D mesh: EP x FSDP), whose units may contain the blocks,
+// and with parallelize_module's causal_lm_plan over another axis (EP x TP: attention and dense
+// MLPs split over "tp", the experts replicated over it, or split inside by expert_tensor_parallel). Runs on gloo ranks and on the sim pod
+// backend (the counts travel as i32, the regrouping on the slots' device). Eager only (not inside tpu::compile). Capacity-factor routing is applied by each rank to its
 // own tokens before the dispatch.
 #pragma once
 
@@ -41,6 +43,15 @@ void expert_parallel(SparseMoE& moe, const dist::ProcessGroupPtr& group);
 /// expert_parallel on every SparseMoE below `root` (and root itself); returns how many. A root
 /// without sparse blocks is a tpu::Error.
 int expert_parallel(Module& root, const dist::ProcessGroupPtr& group);
+
+/// Tensor parallelism inside the experts of `moe` over `group` (the tp axis; this rank must be a
+/// member): each expert's intermediate dimension F is split in n blocks (gate and up rows
+/// [r F/n, (r + 1) F/n) of gate_up_proj, the same columns of down_proj; F must divide by n, else a
+/// tpu::Error); the experts' input is replicated over the group (its gradient summed), their
+/// partial outputs are summed. Composes with expert_parallel over another group (in either
+/// order): the experts of an ep rank are then split over its tp group. Applying it twice is a
+/// tpu::Error. The experts' weights become new leaves: create optimizers afterwards.
+void expert_tensor_parallel(SparseMoE& moe, const dist::ProcessGroupPtr& group);
 
 /// Averages over `group` the gradients of root's parameters that expert_parallel did not shard
 /// (one all-reduce; a parameter without a gradient counts as zeros and gets the average). Call it on every rank of the group after backward (after fully_shard's

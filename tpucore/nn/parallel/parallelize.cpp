@@ -203,11 +203,18 @@ void parallelize_module(Module& root, const dist::ProcessGroupPtr& group, const 
 }
 
 ParallelPlan causal_lm_plan(const Module& model, bool sequence) {
-  bool qk_norm = false, head = false;
+  bool qk_norm = false, head = false, dense = false, sparse = false;
   for (auto& [name, m] : model.named_modules()) {
     if (matches("model.layers.*.self_attn.q_norm", name)) qk_norm = true;
+    if (matches("model.layers.*.mlp.gate_proj", name)) dense = true;
+    if (dynamic_cast<const SparseMoE*>(m.get()) != nullptr) sparse = true;
     if (name == "lm_head") head = true;
   }
+  // A sparse block on sequence shards would route each rank's shard with router and expert
+  // gradients of that shard only: not implemented.
+  TPU_CHECK(!(sequence && sparse), "causal_lm_plan: sequence parallelism of a model with mixture-of-experts "
+            "(SparseMoE) blocks is not supported; use sequence = false (the sparse blocks then see the whole "
+            "sequence; expert_parallel shards their experts over another mesh axis)");
   const Layout stream = sequence ? Layout::shard_seq : Layout::replicate;
   ParallelPlan p;
   if (sequence) {
@@ -225,9 +232,11 @@ ParallelPlan causal_lm_plan(const Module& model, bool sequence) {
     p.emplace_back("model.layers.*.self_attn.q_norm", ReplicateParallel());
     p.emplace_back("model.layers.*.self_attn.k_norm", ReplicateParallel());
   }
-  p.emplace_back("model.layers.*.mlp.gate_proj", ColwiseParallel(stream));
-  p.emplace_back("model.layers.*.mlp.up_proj", ColwiseParallel(stream));
-  p.emplace_back("model.layers.*.mlp.down_proj", RowwiseParallel(Layout::shard_last, stream));
+  if (dense) {  // the dense MLPs (a mixture-of-experts model's sparse blocks stay whole)
+    p.emplace_back("model.layers.*.mlp.gate_proj", ColwiseParallel(stream));
+    p.emplace_back("model.layers.*.mlp.up_proj", ColwiseParallel(stream));
+    p.emplace_back("model.layers.*.mlp.down_proj", RowwiseParallel(Layout::shard_last, stream));
+  }
   if (head) p.emplace_back("lm_head", ColwiseParallel(Layout::replicate, Layout::replicate));
   return p;
 }

@@ -89,7 +89,10 @@ void parallelize_module(Module& root, const dist::ProcessGroupPtr& group, const 
 /// gradients; lm_head (when not tied) colwise with gathered logits. With `sequence`, the
 /// residual stream between the blocks is split along the sequence: norms sequence-parallel,
 /// the embedding's output sharded, the final norm's output gathered again.
-/// `model` is the CausalLM: its q/k norms and untied lm_head enter the plan when it has them.
+/// `model` is the CausalLM: its q/k norms, dense MLPs and untied lm_head enter the plan when it
+/// has them. A mixture-of-experts model's sparse blocks (nn::SparseMoE) are left whole (replicated
+/// over the group; expert_parallel shards their experts over another group, EP x TP); with
+/// `sequence`, such a model is a tpu::Error (sparse blocks on sequence shards are not supported).
 ParallelPlan causal_lm_plan(const Module& model, bool sequence = false);
 
 }  // namespace tpu::nn::parallel
