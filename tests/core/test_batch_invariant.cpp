@@ -7,6 +7,8 @@
 // request computes alone).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
@@ -154,5 +156,108 @@ TEST_CASE("batch-invariant mode: int8-weight products, M rows equal each row alo
         CHECK(bad == 0);
       }
     }
+  }
+}
+
+namespace {
+
+// One product through `gemm` with A strided (row stride a_rs, column stride a_cs) and, when
+// accumulating, C holding earlier values: the M-row product, each row alone, and a naive loop in
+// double. Returns the rows that differ in any bit from the row alone; `worst` gets the largest
+// error against the naive loop relative to sum_k |a b| (+ |C_in|).
+template <class T, class Fn>
+int64_t strided_mismatches(Fn gemm, int64_t M, int64_t N, int64_t K, int64_t a_rs, int64_t a_cs, bool accumulate,
+                           uint32_t seed, double& worst) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  auto value = [&] {
+    if constexpr (sizeof(T) == 2) return to_bf16(d(rng));
+    else return d(rng);
+  };
+  auto as_f32 = [](T v) {
+    if constexpr (sizeof(T) == 2) {
+      const uint32_t bits = static_cast<uint32_t>(v) << 16;
+      float f;
+      std::memcpy(&f, &bits, sizeof f);
+      return f;
+    } else {
+      return v;
+    }
+  };
+  std::vector<T> a(static_cast<size_t>((M - 1) * a_rs + (K - 1) * a_cs + 1)), w(static_cast<size_t>(N * K));
+  for (auto& x : a) x = value();
+  for (auto& x : w) x = value();
+  const int64_t ldc = N + 3;  // C rows with a gap too
+  std::vector<float> c0(static_cast<size_t>(M * ldc));
+  for (auto& x : c0) x = accumulate ? d(rng) : 7.0f;  // overwritten when not accumulating
+  std::vector<float> all = c0;
+  gemm(M, N, K, a.data(), a_rs, a_cs, w.data(), 1, K, all.data(), ldc, accumulate);
+  int64_t bad = 0;
+  for (int64_t i = 0; i < M; ++i) {
+    std::vector<float> one(c0.begin() + i * ldc, c0.begin() + (i + 1) * ldc);
+    gemm(1, N, K, a.data() + i * a_rs, a_rs, a_cs, w.data(), 1, K, one.data(), ldc, accumulate);
+    bad += std::memcmp(one.data(), all.data() + i * ldc, sizeof(float) * static_cast<size_t>(N)) != 0 ? 1 : 0;
+    for (int64_t j = 0; j < N; ++j) {
+      const double cin = accumulate ? c0[static_cast<size_t>(i * ldc + j)] : 0.0;
+      double ref = cin, mag = std::abs(cin);
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = double(as_f32(a[static_cast<size_t>(i * a_rs + k * a_cs)])) * as_f32(w[static_cast<size_t>(j * K + k)]);
+        ref += p;
+        mag += std::abs(p);
+      }
+      worst = std::max(worst, std::abs(all[static_cast<size_t>(i * ldc + j)] - ref) / (mag + 1e-30));
+    }
+  }
+  return bad;
+}
+
+template <class T, class Fn>
+void check_strided(const char* name, Fn gemm) {
+  tpu::BatchInvariantScope invariant;
+  // Odd N and K; one K block (every M from 1 to 33), and K across blocks (kc is 512 k-steps on
+  // a 32 KiB L1d, 768 on 48 KiB; a bf16 k-step is two values) for a sample of M.
+  const std::vector<int64_t> all_m = [] {
+    std::vector<int64_t> v;
+    for (int64_t M = 1; M <= 33; ++M) v.push_back(M);
+    return v;
+  }();
+  const std::vector<int64_t> some_m = {1, 2, 3, 4, 5, 8, 13, 16, 17, 29, 33};
+  for (const KN& s : {KN{37, 19}, KN{29, 1601}})
+    for (int64_t a_cs : {1, 2})
+      for (bool accumulate : {false, true}) {
+        const int64_t a_rs = s.K * a_cs + 5;
+        double worst = 0;
+        for (int64_t M : s.K < 100 ? all_m : some_m) {
+          INFO(name << " M " << M << " N " << s.N << " K " << s.K << " a_cs " << a_cs << " accumulate " << accumulate);
+          CHECK(strided_mismatches<T>(gemm, M, s.N, s.K, a_rs, a_cs, accumulate, static_cast<uint32_t>(M + s.K), worst) == 0);
+        }
+        INFO(name << " N " << s.N << " K " << s.K << " a_cs " << a_cs << " accumulate " << accumulate);
+        CHECK(worst < 1e-5);  // f32 accumulation of K products (bf16 inputs are exact in f32)
+      }
+}
+
+}  // namespace
+
+TEST_CASE("batch-invariant mode: odd shapes, strided A and accumulation, M = 1..33 against each row alone and a naive loop",
+          "[gemm][batch-invariant]") {
+  check_strided<float>(tpu::kernels::gemm_f32_kernel_name(), static_cast<GemmF32>(tpu::kernels::gemm_f32));
+  check_strided<uint16_t>(tpu::kernels::gemm_bf16_kernel_name(), static_cast<GemmBf16>(tpu::kernels::gemm_bf16));
+  if (tpu::kernels::gemm_avx2_available()) {
+    check_strided<float>("avx2 f32", static_cast<GemmF32>(tpu::kernels::gemm_f32_avx2));
+    check_strided<uint16_t>("avx2 bf16", static_cast<GemmBf16>(tpu::kernels::gemm_bf16_avx2));
+  }
+}
+
+TEST_CASE("batch-invariant mode: the few-row kernel and the packed GEMM of many rows give the same bits",
+          "[gemm][batch-invariant]") {
+  // 129 and more rows leave the few-row (broadcast) kernel for the packed GEMM: a row of such a
+  // product equals the row alone, which the few-row kernel computes; K spans several K blocks.
+  tpu::BatchInvariantScope invariant;
+  for (int64_t M : {129, 150}) {
+    double worst = 0;
+    INFO("M " << M);
+    CHECK(strided_mismatches<float>(static_cast<GemmF32>(tpu::kernels::gemm_f32), M, 9, 1601, 1601, 1, false, 11, worst) == 0);
+    CHECK(strided_mismatches<uint16_t>(static_cast<GemmBf16>(tpu::kernels::gemm_bf16), M, 9, 1601, 1601, 1, true, 12, worst) == 0);
+    CHECK(worst < 1e-5);
   }
 }
