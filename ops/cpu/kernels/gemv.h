@@ -43,6 +43,19 @@ bool gemv_chain_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_r
 bool gemv_chain_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs,
                      const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate,
                      int64_t kc_words);
+// The bf16 product widened to f32 FMA (the path of AVX-512 CPUs without avx512_bf16), whatever the
+// CPU has beyond AVX-512 (tests use it to cover that path).
+bool gemv_chain_bf16_widened(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs,
+                             const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate,
+                             int64_t kc_words);
+
+// The same on AVX2+FMA (gemv_avx2.cpp; only call when gemm_avx2_available()): the chains of the
+// AVX2 micro-kernel, every k-step one value (bf16 widened to f32), up to kGemvMaxRows rows.
+bool gemv_chain_f32_avx2(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs, const float* B,
+                         int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate, int64_t kc);
+bool gemv_chain_bf16_avx2(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs,
+                          const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate,
+                          int64_t kc);
 
 // The AVX2+FMA paths whatever the best kernel of the CPU is (tests use them to cover that path
 // on AVX-512 machines). Only call them when gemm_avx2_available(); same return contract.

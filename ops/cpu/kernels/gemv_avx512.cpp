@@ -390,6 +390,14 @@ bool gemv_chain_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t
   return true;
 }
 
+bool gemv_chain_bf16_widened(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs,
+                             const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate,
+                             int64_t kc_words) {
+  if (!chain_ok(M, N, K, b_rs, kc_words)) return false;
+  bcast_run<Bf16WidenBcast>(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate, kc_words);
+  return true;
+}
+
 bool gemv_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs, const float* B,
               int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate) {
   if (avx512_ok() && wide_ok(M, N, K, a_cs, b_rs)) {
