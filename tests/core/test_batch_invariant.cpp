@@ -2,9 +2,11 @@
 // for bit, the same product computed one row at a time, for M = 1..40 and several shapes
 // (K within one cache block and across several, ragged N), f32 and bf16, through the
 // dispatched kernels and the forced AVX2 and portable paths; B both as W^T of a linear layer
-// (the GEMV layout) and row-major; the int8-weight products on each of their paths. The
-// reference is the product of each single row (a different call: a single-row product is what a
-// request computes alone).
+// (the GEMV layout) and row-major; odd shapes, strided A and accumulation into C (also against
+// a naive loop in double); the hand-over from the few-row kernel to the packed GEMM of many
+// rows; the widened bf16 path of AVX-512 CPUs without avx512_bf16; the int8-weight products on
+// each of their paths. The reference is the product of each single row (a different call: a
+// single-row product is what a request computes alone).
 #include <catch2/catch.hpp>
 
 #include <algorithm>

@@ -450,7 +450,8 @@ void gemm_rows_shared_b(const Problem& p, const GemmBlocking& bl, Kernel kernel,
   });
 }
 
-// Few rows in batch-invariant mode: the same packing, micro-kernel and K blocking as
+// Few rows in batch-invariant mode when B is not W^T (x W^T takes the broadcast kernels of
+// gemv.h, gemv_chain_*): the same packing, micro-kernel and K blocking as
 // gemm_range (so every output is summed in exactly the same order), but A is packed once for
 // all of K and B one nr-wide panel at a time into a buffer that stays in the L1d, consumed at
 // once: B (the weight) is read from memory once, as by the GEMV kernels, instead of being

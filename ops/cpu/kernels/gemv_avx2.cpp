@@ -6,7 +6,8 @@
 //   rows past M zero) and each block of six weight rows streams along K, every weight element
 //   broadcast and multiplied into V registers (6 x V accumulators, no horizontal sums).
 // bf16 is widened to f32 (the panel once; weight elements as they are broadcast), exact since
-// every bf16 is an f32. Columns are split over the pool threads.
+// every bf16 is an f32. Columns are split over the pool threads. The broadcast kernel restarted at
+// the AVX2 GEMM's K blocks is the batch-invariant mode's few-row kernel (gemv_chain_f32_avx2).
 #include <immintrin.h>
 
 #include <algorithm>

@@ -15,6 +15,11 @@
 //   weight rows while it is in L1, as long as the panel fits in half of the L2.
 // Columns are split over the pool threads.
 //
+// The broadcast kernel sums every output as one chain of FMAs along K in its own lane, the order
+// of the packed GEMM's micro-kernel; restarted at the GEMM's K blocks (gemv_chain_f32 /
+// gemv_chain_bf16) it gives the GEMM's bits for any number of rows: the batch-invariant mode's
+// few-row kernel.
+//
 // Only with AVX-512 (f32 FMA; bf16 with vdpbf16ps when avx512_bf16 is there, else widened to
 // f32); gemv_avx2.cpp serves AVX2 CPUs and the driver falls back to the packed path otherwise.
 #include <immintrin.h>
@@ -361,6 +366,130 @@ bool avx512_ok() {
   return f.avx512f && f.avx512bw && f.avx512vl && f.fma;
 }
 
+// ---- Transposing kernel (batch-invariant mode, up to kGemvDotRows rows). ----
+// The chains of the broadcast kernel with the weight rows in the lanes instead of the rows of A:
+// 16 weight rows x 16 words along K are loaded and transposed in registers (64 shuffles), then
+// every word of the block, in order, is multiplied into one accumulator per row of A (the A word
+// broadcast from the panel). Each output is the same chain of multiply-adds as in bcast_cols,
+// at a quarter of its vector operations for one row.
+
+// Per element type: tload(w, n) the next 16 words of a weight row as 32-bit lanes (zero past n
+// elements); tmac(acc, a, col) the word products of the broadcast A word a and the column col.
+struct F32Transposed : F32Bcast {
+  TPU_GEMV_AVX512 static __m512i tload(const float* w, int64_t n) {
+    return _mm512_castps_si512(F32Rows::load(w, n));
+  }
+  TPU_GEMV_AVX512 static __m512 tmac(__m512 acc, __m512i a, __m512i col) {
+    return _mm512_fmadd_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(col), acc);
+  }
+};
+struct Bf16WidenTransposed : Bf16WidenBcast {
+  TPU_GEMV_AVX512 static __m512i tload(const uint16_t* w, int64_t n) {
+    return _mm512_castps_si512(Bf16Widen::load(w, n));
+  }
+  TPU_GEMV_AVX512 static __m512 tmac(__m512 acc, __m512i a, __m512i col) {
+    return _mm512_fmadd_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(col), acc);
+  }
+};
+struct Bf16PairsTransposed : Bf16Bcast {
+  TPU_GEMV_AVX512_BF16 static __m512i tload(const uint16_t* w, int64_t n) { return Bf16Dot::load(w, n); }
+  TPU_GEMV_AVX512_BF16 static __m512 tmac(__m512 acc, __m512i a, __m512i col) {
+    return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(a), reinterpret_cast<__m512bh>(col));
+  }
+};
+
+// r[c] = 16 words of row c -> r[w] = word w of rows 0..15 (32-bit lanes).
+TPU_GEMV_AVX512 inline void transpose16_words(__m512i (&r)[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
+    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
+    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  // u[4 i + q], 128-bit lane L: rows 4 i .. 4 i + 3 of word 4 L + q.
+  for (int q = 0; q < 4; ++q) {
+    const __m512i v0 = _mm512_shuffle_i32x4(u[q], u[4 + q], 0x44), v1 = _mm512_shuffle_i32x4(u[q], u[4 + q], 0xee);
+    const __m512i v2 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0x44), v3 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0xee);
+    r[q] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+    r[4 + q] = _mm512_shuffle_i32x4(v0, v2, 0xdd);
+    r[8 + q] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+    r[12 + q] = _mm512_shuffle_i32x4(v1, v3, 0xdd);
+  }
+}
+
+// C[0 .. M, j0 .. j1) for M (<= 4, kGemvDotRows) rows from the panel of bcast_run (row i in lane i), K
+// restarted every seg_words words as in bcast_cols.
+template <class R, int M>
+TPU_GEMV_AVX512_BF16 void tdot_cols(int64_t K, const typename R::P* pan, const typename R::T* B,
+                                    int64_t b_cs, float* C, int64_t ldc, bool accumulate, int64_t j0, int64_t j1,
+                                    int64_t seg_words) {
+  const int64_t words = (K + R::kPer - 1) / R::kPer;
+  const int64_t seg = seg_words > 0 ? seg_words : words;
+  for (int64_t j = j0; j < j1; j += 16) {
+    const int cols = static_cast<int>(std::min<int64_t>(16, j1 - j));
+    const __mmask16 mask = cols >= 16 ? __mmask16(0xffff) : __mmask16((1u << cols) - 1);
+    const typename R::T* w[16];
+    for (int c = 0; c < 16; ++c) w[c] = B + (j + std::min(c, cols - 1)) * b_cs;
+    __m512 tot[M];
+    for (int64_t s0w = 0; s0w < words; s0w += seg) {
+      const int64_t s1w = std::min(words, s0w + seg);
+      __m512 acc[M];
+#pragma GCC unroll 4
+      for (int i = 0; i < M; ++i) acc[i] = _mm512_setzero_ps();
+      for (int64_t p0 = s0w; p0 < s1w; p0 += 16) {
+        const int64_t n = K - p0 * R::kPer;  // elements left in the rows
+        __m512i r[16];
+#pragma GCC unroll 16
+        for (int c = 0; c < 16; ++c) r[c] = R::tload(w[c] + p0 * R::kPer, n);
+        transpose16_words(r);
+        const uint32_t* aw = reinterpret_cast<const uint32_t*>(pan + p0 * 16);
+        if (p0 + 16 <= s1w) {
+#pragma GCC unroll 16
+          for (int q = 0; q < 16; ++q)
+#pragma GCC unroll 4
+            for (int i = 0; i < M; ++i) acc[i] = R::tmac(acc[i], _mm512_set1_epi32(static_cast<int>(aw[q * 16 + i])), r[q]);
+        } else {
+          for (int64_t q = 0; q < s1w - p0; ++q)
+#pragma GCC unroll 4
+            for (int i = 0; i < M; ++i) acc[i] = R::tmac(acc[i], _mm512_set1_epi32(static_cast<int>(aw[q * 16 + i])), r[q]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < M; ++i) {
+        if (s0w > 0) tot[i] = _mm512_add_ps(tot[i], acc[i]);
+        else if (accumulate) tot[i] = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, C + i * ldc + j), acc[i]);
+        else tot[i] = acc[i];
+      }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < M; ++i) _mm512_mask_storeu_ps(C + i * ldc + j, mask, tot[i]);
+  }
+}
+
+template <class R>
+void tdot_run(int64_t M, int64_t N, int64_t K, const typename R::T* A, int64_t a_rs, int64_t a_cs,
+              const typename R::T* B, int64_t b_cs, float* C, int64_t ldc, bool accumulate, int64_t seg_words) {
+  const int64_t words = (K + R::kPer - 1) / R::kPer;
+  auto* pan = static_cast<typename R::P*>(t_panel.get(sizeof(typename R::P) * 16 * static_cast<size_t>(words)));
+  R::pack(M, K, A, a_rs, a_cs, pan);
+  const int64_t blocks = (N + 15) / 16;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, 16 * K));
+  detail::gemv_for_blocks(blocks, grain, [&](int64_t b0, int64_t b1) {
+    const int64_t j0 = b0 * 16, j1 = std::min(N, b1 * 16);
+    switch (M) {
+      case 1: tdot_cols<R, 1>(K, pan, B, b_cs, C, ldc, accumulate, j0, j1, seg_words); break;
+      case 2: tdot_cols<R, 2>(K, pan, B, b_cs, C, ldc, accumulate, j0, j1, seg_words); break;
+      case 3: tdot_cols<R, 3>(K, pan, B, b_cs, C, ldc, accumulate, j0, j1, seg_words); break;
+      default: tdot_cols<R, 4>(K, pan, B, b_cs, C, ldc, accumulate, j0, j1, seg_words); break;
+    }
+  });
+}
+
 // Whether the broadcast kernel takes M rows in batch-invariant mode: any M up to kGemvMaxRows,
 // and up to kGemvMaxRowsWide while the panel takes at most half of the L2 (as wide_ok).
 bool chain_ok(int64_t M, int64_t N, int64_t K, int64_t b_rs, int64_t kc_words) {
@@ -375,7 +504,8 @@ bool chain_ok(int64_t M, int64_t N, int64_t K, int64_t b_rs, int64_t kc_words) {
 bool gemv_chain_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs, const float* B,
                     int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate, int64_t kc_words) {
   if (!chain_ok(M, N, K, b_rs, kc_words)) return false;
-  bcast_run<F32Bcast>(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate, kc_words);
+  if (M <= kGemvDotRows) tdot_run<F32Transposed>(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate, kc_words);
+  else bcast_run<F32Bcast>(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate, kc_words);
   return true;
 }
 
@@ -383,10 +513,10 @@ bool gemv_chain_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t
                      const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate,
                      int64_t kc_words) {
   if (!chain_ok(M, N, K, b_rs, kc_words)) return false;
-  if (cpu_features().avx512_bf16)
-    bcast_run<Bf16Bcast>(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate, kc_words);
-  else
-    bcast_run<Bf16WidenBcast>(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate, kc_words);
+  if (!cpu_features().avx512_bf16)
+    return gemv_chain_bf16_widened(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate, kc_words);
+  if (M <= kGemvDotRows) tdot_run<Bf16PairsTransposed>(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate, kc_words);
+  else bcast_run<Bf16Bcast>(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate, kc_words);
   return true;
 }
 
@@ -394,7 +524,8 @@ bool gemv_chain_bf16_widened(int64_t M, int64_t N, int64_t K, const uint16_t* A,
                              const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate,
                              int64_t kc_words) {
   if (!chain_ok(M, N, K, b_rs, kc_words)) return false;
-  bcast_run<Bf16WidenBcast>(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate, kc_words);
+  if (M <= kGemvDotRows) tdot_run<Bf16WidenTransposed>(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate, kc_words);
+  else bcast_run<Bf16WidenBcast>(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate, kc_words);
   return true;
 }
 
