@@ -12,6 +12,8 @@
 //   (128: 3 layers; 768: 4 layers). Counters: decode
 //   tokens/s (wall), process CPU time per decode token (all threads), and for I = 1 the
 //   throughput lost against I = 0 at the same N and D by CPU time (cost_%; negative: faster).
+// BM_linear_invariant/I/M/D: the 768 model's MLP linears alone (x [M, 768] W1^T W2^T, W1
+//   [2304, 768]) with the mode off or on, f32 or bf16: the kernels' share of the mode's cost.
 // BM_speculative/K/N/R: decode of N running greedy requests, 64 tokens each: R = 1, the
 //   32-token prompts repeat an 8-token passage (n-gram proposals hit, and the greedy random
 //   model falls into cycles); R = 0, prompts without a repeated passage and the model's
@@ -47,6 +49,7 @@
 #include "server.h"
 #include "tpucore/autograd.h"
 #include "tpucore/compile.h"
+#include "tpucore/core/batch_invariant.h"
 #include "tpucore/models.h"
 #include "tpucore/nn.h"
 #include "tpucore/serve/engine.h"
@@ -186,6 +189,24 @@ BENCHMARK(BM_decode_invariant)
     ->ArgsProduct({{0, 1}, {1, 8, 16, 32}, {0, 1}, {128, 768}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
+
+// The linears of BM_decode_invariant's 768 model alone: x [M, 768] through the MLP's up
+// projection W1 [2304, 768] and its down projection W2 [768, 2304] (x W1^T W2^T), with the
+// batch-invariant mode off or on (I), f32 or bf16 (D). Isolates the kernels' share of the mode's
+// cost from the rest of a decode step (which the mode does not change).
+void BM_linear_invariant(benchmark::State& st) {
+  const int64_t invariant = st.range(0), m = st.range(1), dt = st.range(2);
+  Generator g(5);
+  const DType d = dt ? DType::bf16 : DType::f32;
+  const Tensor w1 = randn({2304, 768}, {}, &g).to(d), w2 = randn({768, 2304}, {}, &g).to(d);
+  const Tensor x = randn({m, 768}, {}, &g).to(d);
+  const BatchInvariantScope scope(invariant != 0);
+  for (auto _ : st) benchmark::DoNotOptimize(matmul(matmul(x, w1.t()), w2.t()));
+  st.counters["GFLOP/s"] =
+      benchmark::Counter(static_cast<double>(st.iterations()) * 4.0 * static_cast<double>(m * 768 * 2304) * 1e-9,
+                         benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_linear_invariant)->ArgsProduct({{0, 1}, {1, 4, 16, 32}, {0, 1}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 void BM_speculative(benchmark::State& st) {
   // (N, R) -> (cpu/token, outputs) of K = 0

@@ -450,7 +450,8 @@ void gemm_rows_shared_b(const Problem& p, const GemmBlocking& bl, Kernel kernel,
   });
 }
 
-// Few rows in batch-invariant mode: the same packing, micro-kernel and K blocking as
+// Few rows in batch-invariant mode when B is not W^T (x W^T takes the broadcast kernels of
+// gemv.h, gemv_chain_*): the same packing, micro-kernel and K blocking as
 // gemm_range (so every output is summed in exactly the same order), but A is packed once for
 // all of K and B one nr-wide panel at a time into a buffer that stays in the L1d, consumed at
 // once: B (the weight) is read from memory once, as by the GEMV kernels, instead of being
@@ -606,6 +607,12 @@ void gemm_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int
               bool accumulate) {
   // Few rows of x W^T by the GEMV kernels, unless batch-invariant (their sum order differs).
   if (!batch_invariant() && gemv_f32(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate)) return;
+  // Batch-invariant: few rows of x W^T by the broadcast kernel in the micro-kernel's order.
+  if (batch_invariant() &&
+      (have_avx512() ? gemv_chain_f32(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate, blocking_avx512_f32().kc)
+                     : have_avx2() && gemv_chain_f32_avx2(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate,
+                                                          blocking_avx2().kc)))
+    return;
   const Problem p{M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate};
   if (have_avx512())
     gemm_run<PackF32Avx512>(p, blocking_avx512_f32(), detail::micro_kernel_f32_avx512);
@@ -622,6 +629,12 @@ void gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs,
   if (!invariant && gemv_bf16(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate)) return;  // few rows, W^T
   // AMX tiles: from 16 rows (a tile's height) and one K step of 32 on; not batch-invariant.
   if (!invariant && M >= 16 && K >= 32 && gemm_bf16_amx(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate)) return;
+  // Batch-invariant: few rows of x W^T by the broadcast kernels in the micro-kernel's order.
+  if (invariant && (have_avx512() ? gemv_chain_bf16(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate,
+                                                    have_avx512_bf16() ? blocking_avx512_bf16().kc : blocking_avx512_f32().kc)
+                                  : have_avx2() && gemv_chain_bf16_avx2(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc,
+                                                                        accumulate, blocking_avx2().kc)))
+    return;
   const Problem p{M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate};
   if (have_avx512_bf16())
     gemm_run<PackBf16PairsAvx512>(p, blocking_avx512_bf16(), detail::micro_kernel_bf16_avx512);

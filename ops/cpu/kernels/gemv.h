@@ -30,6 +30,33 @@ bool gemv_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int
 bool gemv_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs, const uint16_t* B,
                int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate);
 
+// Batch-invariant products (tpucore/core/batch_invariant.h) on AVX-512, B = W^T (b_rs 1, any
+// a_rs / a_cs): every output is the chain of multiply-adds along K of the packed GEMM's
+// micro-kernel (f32 FMA; bf16 pairs by vdpbf16ps with avx512_bf16, else widened to f32 FMA),
+// restarted every kc_words k-steps (the GEMM's K blocking, a multiple of 16; a k-step is one
+// value, or a bf16 pair with avx512_bf16) and added block by block to C, so each row's result
+// is the GEMM's whatever the row count. The weight is read in place, once per call; the rows sit
+// in the lanes of the accumulators. Return false (nothing done) without AVX-512, for another B
+// layout, or for more rows than the broadcast kernel takes (gemv_f32's limits).
+bool gemv_chain_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs, const float* B,
+                    int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate, int64_t kc_words);
+bool gemv_chain_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs,
+                     const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate,
+                     int64_t kc_words);
+// The bf16 product widened to f32 FMA (the path of AVX-512 CPUs without avx512_bf16), whatever the
+// CPU has beyond AVX-512 (tests use it to cover that path).
+bool gemv_chain_bf16_widened(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs,
+                             const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate,
+                             int64_t kc_words);
+
+// The same on AVX2+FMA (gemv_avx2.cpp; only call when gemm_avx2_available()): the chains of the
+// AVX2 micro-kernel, every k-step one value (bf16 widened to f32), up to kGemvMaxRows rows.
+bool gemv_chain_f32_avx2(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs, const float* B,
+                         int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate, int64_t kc);
+bool gemv_chain_bf16_avx2(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs,
+                          const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate,
+                          int64_t kc);
+
 // The AVX2+FMA paths whatever the best kernel of the CPU is (tests use them to cover that path
 // on AVX-512 machines). Only call them when gemm_avx2_available(); same return contract.
 bool gemv_f32_avx2(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs, const float* B,

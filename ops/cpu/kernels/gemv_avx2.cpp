@@ -6,7 +6,8 @@
 //   rows past M zero) and each block of six weight rows streams along K, every weight element
 //   broadcast and multiplied into V registers (6 x V accumulators, no horizontal sums).
 // bf16 is widened to f32 (the panel once; weight elements as they are broadcast), exact since
-// every bf16 is an f32. Columns are split over the pool threads.
+// every bf16 is an f32. Columns are split over the pool threads. The broadcast kernel restarted at
+// the AVX2 GEMM's K blocks is the batch-invariant mode's few-row kernel (gemv_chain_f32_avx2).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -74,44 +75,82 @@ constexpr int kCols = 6;
 
 thread_local detail::ScratchBuffer t_panel;
 
+// Every output is one chain of FMAs along K in its lane, whatever M; with seg > 0 the chain
+// restarts every seg k and the segments' sums are added in turn to C (to C's old value first
+// when accumulating): the packed GEMM's order with that K blocking (see gemv_chain_f32_avx2).
 template <int V, class T>
 TPU_GEMV_AVX2 void bcast_cols(int64_t M, int64_t K, const float* pan, const T* B, int64_t b_cs, float* C,
-                              int64_t ldc, bool accumulate, int64_t j0, int64_t j1) {
+                              int64_t ldc, bool accumulate, int64_t j0, int64_t j1, int64_t seg) {
   alignas(32) float out[kCols][8 * V];
+  if (seg <= 0) seg = K;
   for (int64_t j = j0; j < j1; j += kCols) {
     const int cols = static_cast<int>(std::min<int64_t>(kCols, j1 - j));
     const T* w[kCols];
     for (int c = 0; c < kCols; ++c) w[c] = B + (j + std::min(c, cols - 1)) * b_cs;
-    __m256 s[kCols][V];
-    for (int c = 0; c < kCols; ++c)
-      for (int v = 0; v < V; ++v) s[c][v] = _mm256_setzero_ps();
     // Per cache line of the weight rows, the same line of the next block's rows is prefetched
     // into the L2 (see bcast_cols in gemv_avx512.cpp: the hardware prefetchers restart on
     // every row of a few KiB and fall behind).
     constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(T));
     const bool pf = j + kCols < j1;
-    for (int64_t k0 = 0; k0 < K; k0 += kLine) {
-      if (pf)
-        for (int c = 0; c < kCols; ++c)
-          _mm_prefetch(reinterpret_cast<const char*>(w[c] + k0 + kCols * b_cs), _MM_HINT_T1);
-      const int64_t ke = std::min(K, k0 + kLine);
-      for (int64_t k = k0; k < ke; ++k) {
-        __m256 a[V];
-        for (int v = 0; v < V; ++v) a[v] = _mm256_load_ps(pan + k * 8 * V + 8 * v);
+    for (int64_t s0 = 0; s0 < K; s0 += seg) {
+      const int64_t s1 = std::min(K, s0 + seg);
+      __m256 s[kCols][V];
+      for (int c = 0; c < kCols; ++c)
+        for (int v = 0; v < V; ++v) s[c][v] = _mm256_setzero_ps();
+      for (int64_t k0 = s0; k0 < s1; k0 += kLine) {
+        if (pf)
+          for (int c = 0; c < kCols; ++c)
+            _mm_prefetch(reinterpret_cast<const char*>(w[c] + k0 + kCols * b_cs), _MM_HINT_T1);
+        const int64_t ke = std::min(s1, k0 + kLine);
+        for (int64_t k = k0; k < ke; ++k) {
+          __m256 a[V];
+          for (int v = 0; v < V; ++v) a[v] = _mm256_load_ps(pan + k * 8 * V + 8 * v);
 #pragma GCC unroll 6
-        for (int c = 0; c < kCols; ++c) {
-          const __m256 b = _mm256_set1_ps(f32_of(w[c][k]));
-          for (int v = 0; v < V; ++v) s[c][v] = _mm256_fmadd_ps(a[v], b, s[c][v]);
+          for (int c = 0; c < kCols; ++c) {
+            const __m256 b = _mm256_set1_ps(f32_of(w[c][k]));
+            for (int v = 0; v < V; ++v) s[c][v] = _mm256_fmadd_ps(a[v], b, s[c][v]);
+          }
         }
       }
+      if (s0 == 0) {
+        for (int c = 0; c < kCols; ++c)
+          for (int v = 0; v < V; ++v) _mm256_store_ps(out[c] + 8 * v, s[c][v]);
+        if (accumulate)
+          for (int64_t i = 0; i < M; ++i)
+            for (int c = 0; c < cols; ++c) out[c][i] = C[i * ldc + j + c] + out[c][i];
+      } else {
+        for (int c = 0; c < kCols; ++c)
+          for (int v = 0; v < V; ++v)
+            _mm256_store_ps(out[c] + 8 * v, _mm256_add_ps(_mm256_load_ps(out[c] + 8 * v), s[c][v]));
+      }
     }
-    for (int c = 0; c < kCols; ++c)
-      for (int v = 0; v < V; ++v) _mm256_store_ps(out[c] + 8 * v, s[c][v]);
     for (int64_t i = 0; i < M; ++i) {
       float* o = C + i * ldc + j;
-      for (int c = 0; c < cols; ++c) o[c] = accumulate ? o[c] + out[c][i] : out[c][i];
+      for (int c = 0; c < cols; ++c) o[c] = out[c][i];
     }
   }
+}
+
+// The broadcast kernel over M <= 16 rows (A through its strides), K restarted every seg k (0:
+// never).
+template <class T>
+void bcast_run(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_t a_cs, const T* B, int64_t b_cs,
+               float* C, int64_t ldc, bool accumulate, int64_t seg) {
+  const int V = M <= 8 ? 1 : 2;
+  const int lanes = 8 * V;
+  float* pan = t_panel.get_as<float>(static_cast<size_t>(lanes * K));
+  std::memset(pan, 0, sizeof(float) * static_cast<size_t>(lanes * K));
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t k = 0; k < K; ++k) pan[k * lanes + i] = f32_of(A[i * a_rs + k * a_cs]);
+  const int64_t blocks = (N + kCols - 1) / kCols;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, lanes * K * kCols));
+  detail::gemv_for_blocks(blocks, grain, [&](int64_t b0, int64_t b1) {
+    const int64_t j0 = b0 * kCols, j1 = std::min(N, b1 * kCols);
+    if (V == 1)
+      bcast_cols<1, T>(M, K, pan, B, b_cs, C, ldc, accumulate, j0, j1, seg);
+    else
+      bcast_cols<2, T>(M, K, pan, B, b_cs, C, ldc, accumulate, j0, j1, seg);
+  });
 }
 
 template <class T>
@@ -125,24 +164,25 @@ void run(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, const T* B, 
     });
     return;
   }
-  const int V = M <= 8 ? 1 : 2;
-  const int lanes = 8 * V;
-  float* pan = t_panel.get_as<float>(static_cast<size_t>(lanes * K));
-  std::memset(pan, 0, sizeof(float) * static_cast<size_t>(lanes * K));
-  for (int64_t i = 0; i < M; ++i)
-    for (int64_t k = 0; k < K; ++k) pan[k * lanes + i] = f32_of(A[i * a_rs + k]);
-  const int64_t blocks = (N + kCols - 1) / kCols;
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, lanes * K * kCols));
-  detail::gemv_for_blocks(blocks, grain, [&](int64_t b0, int64_t b1) {
-    const int64_t j0 = b0 * kCols, j1 = std::min(N, b1 * kCols);
-    if (V == 1)
-      bcast_cols<1, T>(M, K, pan, B, b_cs, C, ldc, accumulate, j0, j1);
-    else
-      bcast_cols<2, T>(M, K, pan, B, b_cs, C, ldc, accumulate, j0, j1);
-  });
+  bcast_run<T>(M, N, K, A, a_rs, 1, B, b_cs, C, ldc, accumulate, 0);
 }
 
 }  // namespace
+
+bool gemv_chain_f32_avx2(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs, const float* B,
+                         int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate, int64_t kc) {
+  if (M < 1 || M > kGemvMaxRows || N < 1 || K < 1 || b_rs != 1 || kc <= 0) return false;
+  bcast_run<float>(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate, kc);
+  return true;
+}
+
+bool gemv_chain_bf16_avx2(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs,
+                          const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate,
+                          int64_t kc) {
+  if (M < 1 || M > kGemvMaxRows || N < 1 || K < 1 || b_rs != 1 || kc <= 0) return false;
+  bcast_run<uint16_t>(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate, kc);
+  return true;
+}
 
 bool gemv_f32_avx2(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs, const float* B,
                    int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate) {

@@ -15,6 +15,11 @@
 //   weight rows while it is in L1, as long as the panel fits in half of the L2.
 // Columns are split over the pool threads.
 //
+// The broadcast kernel sums every output as one chain of FMAs along K in its own lane, the order
+// of the packed GEMM's micro-kernel; restarted at the GEMM's K blocks (gemv_chain_f32 /
+// gemv_chain_bf16) it gives the GEMM's bits for any number of rows: the batch-invariant mode's
+// few-row kernel.
+//
 // Only with AVX-512 (f32 FMA; bf16 with vdpbf16ps when avx512_bf16 is there, else widened to
 // f32); gemv_avx2.cpp serves AVX2 CPUs and the driver falls back to the packed path otherwise.
 #include <immintrin.h>
@@ -156,12 +161,12 @@ struct F32Bcast {
   using T = float;
   using P = float;
   static constexpr int kPer = 1;
-  static void pack(int64_t M, int64_t K, const float* A, int64_t a_rs, float* pan) {
+  static void pack(int64_t M, int64_t K, const float* A, int64_t a_rs, int64_t a_cs, float* pan) {
     const int64_t groups = (M + 15) / 16;
     std::memset(pan, 0, sizeof(float) * 16 * static_cast<size_t>(K * groups));
     for (int64_t i = 0; i < M; ++i) {
       float* g = pan + (i / 16) * K * 16 + i % 16;
-      for (int64_t k = 0; k < K; ++k) g[k * 16] = A[i * a_rs + k];
+      for (int64_t k = 0; k < K; ++k) g[k * 16] = A[i * a_rs + k * a_cs];
     }
   }
   TPU_GEMV_AVX512 static __m512 mac(__m512 acc, __m512 a, const float* w) {
@@ -174,14 +179,14 @@ struct Bf16Bcast {
   using T = uint16_t;
   using P = uint32_t;
   static constexpr int kPer = 2;
-  static void pack(int64_t M, int64_t K, const uint16_t* A, int64_t a_rs, uint32_t* pan) {
+  static void pack(int64_t M, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs, uint32_t* pan) {
     const int64_t kp = (K + 1) / 2, groups = (M + 15) / 16;
     std::memset(pan, 0, sizeof(uint32_t) * 16 * static_cast<size_t>(kp * groups));
     for (int64_t i = 0; i < M; ++i) {
       const uint16_t* a = A + i * a_rs;
       uint32_t* g = pan + (i / 16) * kp * 16 + i % 16;
       for (int64_t k = 0; k < K; ++k) {
-        const uint32_t v = a[k];
+        const uint32_t v = a[k * a_cs];
         g[(k / 2) * 16] |= (k & 1) ? v << 16 : v;
       }
     }
@@ -200,21 +205,51 @@ struct Bf16Bcast {
   TPU_GEMV_AVX512_BF16 static __m512i load(const uint32_t* pan) { return _mm512_load_si512(pan); }
 };
 
+// bf16 widened to f32 (AVX-512 without avx512_bf16): an f32 panel, each weight element widened
+// as it is broadcast (exact: every bf16 is an f32).
+struct Bf16WidenBcast {
+  using T = uint16_t;
+  using P = float;
+  static constexpr int kPer = 1;
+  static void pack(int64_t M, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs, float* pan) {
+    const int64_t groups = (M + 15) / 16;
+    std::memset(pan, 0, sizeof(float) * 16 * static_cast<size_t>(K * groups));
+    for (int64_t i = 0; i < M; ++i) {
+      float* g = pan + (i / 16) * K * 16 + i % 16;
+      for (int64_t k = 0; k < K; ++k) {
+        const uint32_t bits = static_cast<uint32_t>(A[i * a_rs + k * a_cs]) << 16;
+        std::memcpy(g + k * 16, &bits, sizeof bits);
+      }
+    }
+  }
+  TPU_GEMV_AVX512 static __m512 mac(__m512 acc, __m512 a, const uint16_t* w) {
+    return _mm512_fmadd_ps(a, _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(uint32_t{*w} << 16))), acc);
+  }
+  TPU_GEMV_AVX512 static __m512 load(const float* pan) { return _mm512_load_ps(pan); }
+};
+
 // C[0 .. M, j0 .. j1) from the panel: blocks of kBcastCols weight rows, each streamed along K once
 // per group of 16 rows (the block stays in L1 across the groups; panel group g holds rows
-// 16 g .. 16 g + 15 at pan + g * words * 16).
+// 16 g .. 16 g + 15 at pan + g * words * 16). Every output is one chain of multiply-adds along K
+// in its own lane, whatever M. With seg_words > 0 (a multiple of 16) the chain restarts from
+// zero every seg_words panel words and the segments' sums are added in turn to C (to C's old
+// value first when accumulating): the packed GEMM's order with that K blocking, so that both
+// give the same bits.
 template <class R>
 TPU_GEMV_AVX512_BF16 void bcast_cols(int64_t M, int64_t K, const typename R::P* pan, const typename R::T* B,
-                                     int64_t b_cs, float* C, int64_t ldc, bool accumulate, int64_t j0, int64_t j1) {
+                                     int64_t b_cs, float* C, int64_t ldc, bool accumulate, int64_t j0, int64_t j1,
+                                     int64_t seg_words) {
   const int64_t kfull = K / R::kPer;  // whole panel words
+  const int64_t words = (K + R::kPer - 1) / R::kPer;
+  const int64_t seg = seg_words > 0 ? seg_words : words;
   alignas(64) float out[kBcastCols][16];
   for (int64_t j = j0; j < j1; j += kBcastCols) {
     const int cols = static_cast<int>(std::min<int64_t>(kBcastCols, j1 - j));
     const typename R::T* w[kBcastCols];
     for (int c = 0; c < kBcastCols; ++c) w[c] = B + (j + std::min(c, cols - 1)) * b_cs;
     for (int64_t g = 0; g * 16 < M; ++g) {
-    const typename R::P* gp = pan + g * ((K + R::kPer - 1) / R::kPer) * 16;
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
+    const typename R::P* gp = pan + g * words * 16;
+    const int64_t rows = std::min<int64_t>(16, M - g * 16);
     // Each 16 panel words take one cache line of every weight row; meanwhile the same line of
     // the next block's rows is prefetched into the L2. The weight streams through once, and the
     // hardware prefetchers, which start over on every row (a few KiB) at the cost of a few
@@ -222,11 +257,15 @@ TPU_GEMV_AVX512_BF16 void bcast_cols(int64_t M, int64_t K, const typename R::P* 
     // core of the Intel Xeon, 6.0 -> 3.9 ms on two. Not for later row groups: the block is in
     // L1 by then.
     const bool pf = g == 0 && j + kBcastCols < j1;
-    for (int64_t p0 = 0; p0 < kfull; p0 += 16) {
+    for (int64_t s0w = 0; s0w < words; s0w += seg) {
+    const int64_t s1w = std::min(words, s0w + seg);
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
+    const int64_t pend = std::min(kfull, s1w);
+    for (int64_t p0 = s0w; p0 < pend; p0 += 16) {
       if (pf)
         for (int c = 0; c < kBcastCols; ++c)
           _mm_prefetch(reinterpret_cast<const char*>(w[c] + p0 * R::kPer + kBcastCols * b_cs), _MM_HINT_T1);
-      const int64_t pe = std::min<int64_t>(kfull, p0 + 16);
+      const int64_t pe = std::min<int64_t>(pend, p0 + 16);
       for (int64_t p = p0; p < pe; ++p) {
         const auto a = R::load(gp + p * 16);
         const int64_t k = p * R::kPer;
@@ -241,7 +280,7 @@ TPU_GEMV_AVX512_BF16 void bcast_cols(int64_t M, int64_t K, const typename R::P* 
       }
     }
     if constexpr (R::kPer == 2) {
-      if (K & 1) {
+      if ((K & 1) && kfull < s1w) {
         const auto a = R::load(gp + kfull * 16);
         const int64_t k = kfull * 2;
         s0 = R::mac_last(s0, a, w[0] + k);
@@ -254,34 +293,51 @@ TPU_GEMV_AVX512_BF16 void bcast_cols(int64_t M, int64_t K, const typename R::P* 
         s7 = R::mac_last(s7, a, w[7] + k);
       }
     }
-    _mm512_store_ps(out[0], s0);
-    _mm512_store_ps(out[1], s1);
-    _mm512_store_ps(out[2], s2);
-    _mm512_store_ps(out[3], s3);
-    _mm512_store_ps(out[4], s4);
-    _mm512_store_ps(out[5], s5);
-    _mm512_store_ps(out[6], s6);
-    _mm512_store_ps(out[7], s7);
-    for (int64_t i = 0; i < std::min<int64_t>(16, M - g * 16); ++i) {
+    if (s0w == 0) {
+      _mm512_store_ps(out[0], s0);
+      _mm512_store_ps(out[1], s1);
+      _mm512_store_ps(out[2], s2);
+      _mm512_store_ps(out[3], s3);
+      _mm512_store_ps(out[4], s4);
+      _mm512_store_ps(out[5], s5);
+      _mm512_store_ps(out[6], s6);
+      _mm512_store_ps(out[7], s7);
+      if (accumulate)
+        for (int64_t i = 0; i < rows; ++i) {
+          const float* c = C + (g * 16 + i) * ldc + j;
+          for (int q = 0; q < cols; ++q) out[q][i] = c[q] + out[q][i];
+        }
+    } else {
+      _mm512_store_ps(out[0], _mm512_add_ps(_mm512_load_ps(out[0]), s0));
+      _mm512_store_ps(out[1], _mm512_add_ps(_mm512_load_ps(out[1]), s1));
+      _mm512_store_ps(out[2], _mm512_add_ps(_mm512_load_ps(out[2]), s2));
+      _mm512_store_ps(out[3], _mm512_add_ps(_mm512_load_ps(out[3]), s3));
+      _mm512_store_ps(out[4], _mm512_add_ps(_mm512_load_ps(out[4]), s4));
+      _mm512_store_ps(out[5], _mm512_add_ps(_mm512_load_ps(out[5]), s5));
+      _mm512_store_ps(out[6], _mm512_add_ps(_mm512_load_ps(out[6]), s6));
+      _mm512_store_ps(out[7], _mm512_add_ps(_mm512_load_ps(out[7]), s7));
+    }
+    }
+    for (int64_t i = 0; i < rows; ++i) {
       float* c = C + (g * 16 + i) * ldc + j;
-      for (int q = 0; q < cols; ++q) c[q] = accumulate ? c[q] + out[q][i] : out[q][i];
+      for (int q = 0; q < cols; ++q) c[q] = out[q][i];
     }
     }
   }
 }
 
 template <class R>
-void bcast_run(int64_t M, int64_t N, int64_t K, const typename R::T* A, int64_t a_rs, const typename R::T* B,
-               int64_t b_cs, float* C, int64_t ldc, bool accumulate) {
+void bcast_run(int64_t M, int64_t N, int64_t K, const typename R::T* A, int64_t a_rs, int64_t a_cs,
+               const typename R::T* B, int64_t b_cs, float* C, int64_t ldc, bool accumulate, int64_t seg_words = 0) {
   const int64_t words = (K + R::kPer - 1) / R::kPer;
   const int64_t groups = (M + 15) / 16;
   auto* pan = static_cast<typename R::P*>(
       t_panel.get(sizeof(typename R::P) * 16 * static_cast<size_t>(words * groups)));
-  R::pack(M, K, A, a_rs, pan);
+  R::pack(M, K, A, a_rs, a_cs, pan);
   const int64_t blocks = (N + kBcastCols - 1) / kBcastCols;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, 16 * groups * K * kBcastCols));
   detail::gemv_for_blocks(blocks, grain, [&](int64_t b0, int64_t b1) {
-    bcast_cols<R>(M, K, pan, B, b_cs, C, ldc, accumulate, b0 * kBcastCols, std::min(N, b1 * kBcastCols));
+    bcast_cols<R>(M, K, pan, B, b_cs, C, ldc, accumulate, b0 * kBcastCols, std::min(N, b1 * kBcastCols), seg_words);
   });
 }
 
@@ -310,19 +366,180 @@ bool avx512_ok() {
   return f.avx512f && f.avx512bw && f.avx512vl && f.fma;
 }
 
+// ---- Transposing kernel (batch-invariant mode, up to kGemvDotRows rows). ----
+// The chains of the broadcast kernel with the weight rows in the lanes instead of the rows of A:
+// 16 weight rows x 16 words along K are loaded and transposed in registers (64 shuffles), then
+// every word of the block, in order, is multiplied into one accumulator per row of A (the A word
+// broadcast from the panel). Each output is the same chain of multiply-adds as in bcast_cols,
+// at a quarter of its vector operations for one row.
+
+// Per element type: tload(w, n) the next 16 words of a weight row as 32-bit lanes (zero past n
+// elements); tmac(acc, a, col) the word products of the broadcast A word a and the column col.
+struct F32Transposed : F32Bcast {
+  TPU_GEMV_AVX512 static __m512i tload(const float* w, int64_t n) {
+    return _mm512_castps_si512(F32Rows::load(w, n));
+  }
+  TPU_GEMV_AVX512 static __m512 tmac(__m512 acc, __m512i a, __m512i col) {
+    return _mm512_fmadd_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(col), acc);
+  }
+};
+struct Bf16WidenTransposed : Bf16WidenBcast {
+  TPU_GEMV_AVX512 static __m512i tload(const uint16_t* w, int64_t n) {
+    return _mm512_castps_si512(Bf16Widen::load(w, n));
+  }
+  TPU_GEMV_AVX512 static __m512 tmac(__m512 acc, __m512i a, __m512i col) {
+    return _mm512_fmadd_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(col), acc);
+  }
+};
+struct Bf16PairsTransposed : Bf16Bcast {
+  TPU_GEMV_AVX512_BF16 static __m512i tload(const uint16_t* w, int64_t n) { return Bf16Dot::load(w, n); }
+  TPU_GEMV_AVX512_BF16 static __m512 tmac(__m512 acc, __m512i a, __m512i col) {
+    return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(a), reinterpret_cast<__m512bh>(col));
+  }
+};
+
+// r[c] = 16 words of row c -> r[w] = word w of rows 0..15 (32-bit lanes).
+TPU_GEMV_AVX512 inline void transpose16_words(__m512i (&r)[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
+    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
+    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  // u[4 i + q], 128-bit lane L: rows 4 i .. 4 i + 3 of word 4 L + q.
+  for (int q = 0; q < 4; ++q) {
+    const __m512i v0 = _mm512_shuffle_i32x4(u[q], u[4 + q], 0x44), v1 = _mm512_shuffle_i32x4(u[q], u[4 + q], 0xee);
+    const __m512i v2 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0x44), v3 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0xee);
+    r[q] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+    r[4 + q] = _mm512_shuffle_i32x4(v0, v2, 0xdd);
+    r[8 + q] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+    r[12 + q] = _mm512_shuffle_i32x4(v1, v3, 0xdd);
+  }
+}
+
+// C[0 .. M, j0 .. j1) for M (<= 4, kGemvDotRows) rows from the panel of bcast_run (row i in lane i), K
+// restarted every seg_words words as in bcast_cols.
+template <class R, int M>
+TPU_GEMV_AVX512_BF16 void tdot_cols(int64_t K, const typename R::P* pan, const typename R::T* B,
+                                    int64_t b_cs, float* C, int64_t ldc, bool accumulate, int64_t j0, int64_t j1,
+                                    int64_t seg_words) {
+  const int64_t words = (K + R::kPer - 1) / R::kPer;
+  const int64_t seg = seg_words > 0 ? seg_words : words;
+  for (int64_t j = j0; j < j1; j += 16) {
+    const int cols = static_cast<int>(std::min<int64_t>(16, j1 - j));
+    const __mmask16 mask = cols >= 16 ? __mmask16(0xffff) : __mmask16((1u << cols) - 1);
+    const typename R::T* w[16];
+    for (int c = 0; c < 16; ++c) w[c] = B + (j + std::min(c, cols - 1)) * b_cs;
+    __m512 tot[M];
+    for (int64_t s0w = 0; s0w < words; s0w += seg) {
+      const int64_t s1w = std::min(words, s0w + seg);
+      __m512 acc[M];
+#pragma GCC unroll 4
+      for (int i = 0; i < M; ++i) acc[i] = _mm512_setzero_ps();
+      for (int64_t p0 = s0w; p0 < s1w; p0 += 16) {
+        const int64_t n = K - p0 * R::kPer;  // elements left in the rows
+        __m512i r[16];
+#pragma GCC unroll 16
+        for (int c = 0; c < 16; ++c) r[c] = R::tload(w[c] + p0 * R::kPer, n);
+        transpose16_words(r);
+        const uint32_t* aw = reinterpret_cast<const uint32_t*>(pan + p0 * 16);
+        if (p0 + 16 <= s1w) {
+#pragma GCC unroll 16
+          for (int q = 0; q < 16; ++q)
+#pragma GCC unroll 4
+            for (int i = 0; i < M; ++i) acc[i] = R::tmac(acc[i], _mm512_set1_epi32(static_cast<int>(aw[q * 16 + i])), r[q]);
+        } else {
+          for (int64_t q = 0; q < s1w - p0; ++q)
+#pragma GCC unroll 4
+            for (int i = 0; i < M; ++i) acc[i] = R::tmac(acc[i], _mm512_set1_epi32(static_cast<int>(aw[q * 16 + i])), r[q]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < M; ++i) {
+        if (s0w > 0) tot[i] = _mm512_add_ps(tot[i], acc[i]);
+        else if (accumulate) tot[i] = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, C + i * ldc + j), acc[i]);
+        else tot[i] = acc[i];
+      }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < M; ++i) _mm512_mask_storeu_ps(C + i * ldc + j, mask, tot[i]);
+  }
+}
+
+template <class R>
+void tdot_run(int64_t M, int64_t N, int64_t K, const typename R::T* A, int64_t a_rs, int64_t a_cs,
+              const typename R::T* B, int64_t b_cs, float* C, int64_t ldc, bool accumulate, int64_t seg_words) {
+  const int64_t words = (K + R::kPer - 1) / R::kPer;
+  auto* pan = static_cast<typename R::P*>(t_panel.get(sizeof(typename R::P) * 16 * static_cast<size_t>(words)));
+  R::pack(M, K, A, a_rs, a_cs, pan);
+  const int64_t blocks = (N + 15) / 16;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, 16 * K));
+  detail::gemv_for_blocks(blocks, grain, [&](int64_t b0, int64_t b1) {
+    const int64_t j0 = b0 * 16, j1 = std::min(N, b1 * 16);
+    switch (M) {
+      case 1: tdot_cols<R, 1>(K, pan, B, b_cs, C, ldc, accumulate, j0, j1, seg_words); break;
+      case 2: tdot_cols<R, 2>(K, pan, B, b_cs, C, ldc, accumulate, j0, j1, seg_words); break;
+      case 3: tdot_cols<R, 3>(K, pan, B, b_cs, C, ldc, accumulate, j0, j1, seg_words); break;
+      default: tdot_cols<R, 4>(K, pan, B, b_cs, C, ldc, accumulate, j0, j1, seg_words); break;
+    }
+  });
+}
+
+// Whether the broadcast kernel takes M rows in batch-invariant mode: any M up to kGemvMaxRows,
+// and up to kGemvMaxRowsWide while the panel takes at most half of the L2 (as wide_ok).
+bool chain_ok(int64_t M, int64_t N, int64_t K, int64_t b_rs, int64_t kc_words) {
+  if (!avx512_ok() || M < 1 || N < 1 || K < 1 || b_rs != 1 || kc_words <= 0 || kc_words % 16 != 0) return false;
+  if (M <= kGemvMaxRows) return true;
+  const int64_t l2 = cpu_caches().l2 > 0 ? cpu_caches().l2 : int64_t{512} << 10;
+  return M <= kGemvMaxRowsWide && (M + 15) / 16 * 16 * K * 4 <= l2 / 2;
+}
+
 }  // namespace
+
+bool gemv_chain_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs, const float* B,
+                    int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate, int64_t kc_words) {
+  if (!chain_ok(M, N, K, b_rs, kc_words)) return false;
+  if (M <= kGemvDotRows) tdot_run<F32Transposed>(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate, kc_words);
+  else bcast_run<F32Bcast>(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate, kc_words);
+  return true;
+}
+
+bool gemv_chain_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs,
+                     const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate,
+                     int64_t kc_words) {
+  if (!chain_ok(M, N, K, b_rs, kc_words)) return false;
+  if (!cpu_features().avx512_bf16)
+    return gemv_chain_bf16_widened(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate, kc_words);
+  if (M <= kGemvDotRows) tdot_run<Bf16PairsTransposed>(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate, kc_words);
+  else bcast_run<Bf16Bcast>(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate, kc_words);
+  return true;
+}
+
+bool gemv_chain_bf16_widened(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs,
+                             const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate,
+                             int64_t kc_words) {
+  if (!chain_ok(M, N, K, b_rs, kc_words)) return false;
+  if (M <= kGemvDotRows) tdot_run<Bf16WidenTransposed>(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate, kc_words);
+  else bcast_run<Bf16WidenBcast>(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate, kc_words);
+  return true;
+}
 
 bool gemv_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs, const float* B,
               int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate) {
   if (avx512_ok() && wide_ok(M, N, K, a_cs, b_rs)) {
-    bcast_run<F32Bcast>(M, N, K, A, a_rs, B, b_cs, C, ldc, accumulate);
+    bcast_run<F32Bcast>(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate);
     return true;
   }
   if (!gemv_applies(M, N, K, a_cs, b_rs)) return false;
   if (!avx512_ok())
     return gemm_avx2_available() && gemv_f32_avx2(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate);
   if (M > kGemvDotRows)
-    bcast_run<F32Bcast>(M, N, K, A, a_rs, B, b_cs, C, ldc, accumulate);
+    bcast_run<F32Bcast>(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate);
   else
     gemv_run<F32Rows>(M, N, K, A, a_rs, B, b_cs, C, ldc, accumulate);
   return true;
@@ -331,14 +548,14 @@ bool gemv_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int
 bool gemv_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs, const uint16_t* B,
                int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate) {
   if (avx512_ok() && cpu_features().avx512_bf16 && wide_ok(M, N, K, a_cs, b_rs)) {
-    bcast_run<Bf16Bcast>(M, N, K, A, a_rs, B, b_cs, C, ldc, accumulate);
+    bcast_run<Bf16Bcast>(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate);
     return true;
   }
   if (!gemv_applies(M, N, K, a_cs, b_rs)) return false;
   if (!avx512_ok())
     return gemm_avx2_available() && gemv_bf16_avx2(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate);
   if (cpu_features().avx512_bf16 && M > kGemvDotRows)
-    bcast_run<Bf16Bcast>(M, N, K, A, a_rs, B, b_cs, C, ldc, accumulate);
+    bcast_run<Bf16Bcast>(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate);
   else if (cpu_features().avx512_bf16)
     gemv_run<Bf16Dot>(M, N, K, A, a_rs, B, b_cs, C, ldc, accumulate);
   else
