@@ -324,7 +324,7 @@ const std::vector<int64_t> kDsIds{3, 1, 4, 1, 5, 9, 2, 6, 5, 3};
 std::vector<int64_t> ds_greedy(const DsCfg& c, Weights& w, std::vector<int64_t> seq, int steps) {
   std::vector<int64_t> out;
   for (int s = 0; s < steps; ++s) {
-    const std::vector<double>& last = ds_forward(c, w, seq).back();
+    const std::vector<double> last = ds_forward(c, w, seq).back();
     const auto t = static_cast<int64_t>(std::max_element(last.begin(), last.end()) - last.begin());
     out.push_back(t);
     seq.push_back(t);

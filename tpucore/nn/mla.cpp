@@ -83,7 +83,7 @@ Tensor MLAttention::forward(const Tensor& x, const Tensor& cos, const Tensor& si
     Tensor l = latent;
     if (pad > 0) l = cat({l, zeros(Shape{b, t, pad}, TensorOptions(l.dtype(), l.device()))}, 2);
     l = unsqueeze(l, 1);  // [B, 1, T, 2 half]
-    auto [ka, va] = latent_cache->update(layer, narrow(l, 3, 0, half), narrow(l, 3, half, half));
+    auto [ka, va] = latent_cache->update(layer, contiguous(narrow(l, 3, 0, half)), contiguous(narrow(l, 3, half, half)));
     const int64_t s = ka.size(2);
     latent = narrow(reshape(cat({ka, va}, 3), Shape{b, s, 2 * half}), 2, 0, r + dr);  // [B, S, r + dr]
   }
