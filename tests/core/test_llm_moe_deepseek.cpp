@@ -442,6 +442,29 @@ TEST_CASE("llm deepseek: bad configs and unsupported uses are refused by name", 
     j.replace(j.find(key), key.size(), "\"num_key_value_heads\": 1");
     models::ModelConfig::from_json(j);
   }, {"num_key_value_heads (1)", "num_attention_heads (3)"});
+  // The published DeepSeek-V3 config.json's fields (fp8 quantization_config aside) parse as such.
+  const std::string hub = R"({"architectures": ["DeepseekV3ForCausalLM"], "attention_bias": false,
+    "attention_dropout": 0.0, "aux_loss_alpha": 0.001, "bos_token_id": 0, "eos_token_id": 1, "ep_size": 1,
+    "first_k_dense_replace": 3, "hidden_act": "silu", "hidden_size": 7168, "initializer_range": 0.02,
+    "intermediate_size": 18432, "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v3",
+    "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256, "n_shared_experts": 1,
+    "norm_topk_prob": true, "num_attention_heads": 128, "num_experts_per_tok": 8, "num_hidden_layers": 61,
+    "num_key_value_heads": 128, "num_nextn_predict_layers": 1, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06, "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40,
+    "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "seq_aux": true,
+    "tie_word_embeddings": false, "topk_group": 4, "topk_method": "noaux_tc", "torch_dtype": "bfloat16",
+    "use_cache": true, "v_head_dim": 128, "vocab_size": 129280)";
+  const models::ModelConfig v3 = models::ModelConfig::from_json(hub + "}");
+  CHECK(v3.num_experts == 256);
+  CHECK(v3.q_lora_rank == 1536);
+  CHECK(v3.head_dim == 64);
+  CHECK(v3.rope_scaling.type == "yarn");
+  CHECK(v3.rope_scaling.mscale_all_dim == 1.0);
+  CHECK(!v3.is_sparse(2));
+  CHECK(v3.is_sparse(3));
+  expect_error([&] { models::ModelConfig::from_json(hub + R"(, "quantization_config": {"quant_method": "fp8"}})"); },
+               {"quantization_config"});
   auto m = std::make_shared<models::CausalLM>(ok);
   expect_error([&] { serve::Engine e(m, serve::EngineConfig{}); }, {"multi-head latent attention", "MLA"});
   expect_error([&] { models::quantize_causal_lm(*m, nn::WeightQuant::int8); }, {"MLA"});
