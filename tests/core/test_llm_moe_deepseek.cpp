@@ -116,7 +116,7 @@ struct DsCfg {
   }
 };
 
-Weights write_ds(const std::filesystem::path& dir, const DsCfg& c, uint32_t seed) {
+Weights write_ds(const std::filesystem::path& dir, const DsCfg& c, uint32_t seed, DType dt = DType::f32) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(-0.5f, 0.5f);
   Weights w;
@@ -127,8 +127,9 @@ Weights write_ds(const std::filesystem::path& dir, const DsCfg& c, uint32_t seed
     std::vector<float> vals(static_cast<size_t>(n));
     const bool is_norm = name.find("norm") != std::string::npos;
     for (float& x : vals) x = is_norm ? 1.0f + u(rng) : u(rng);
-    w[name].assign(vals.begin(), vals.end());
-    list.emplace_back(name, from_vector(vals, Shape(shape)));
+    const Tensor t = to(from_vector(vals, Shape(shape)), dt);
+    for (float x : to(t, DType::f32).to_vector<float>()) w[name].push_back(x);  // the values the file holds
+    list.emplace_back(name, t);
   }
   std::ofstream(dir / "config.json") << c.json();
   save_safetensors((dir / "model.safetensors").string(), list);
