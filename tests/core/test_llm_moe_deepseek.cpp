@@ -470,4 +470,6 @@ TEST_CASE("llm deepseek: bad configs and unsupported uses are refused by name", 
   expect_error([&] { serve::Engine e(m, serve::EngineConfig{}); }, {"multi-head latent attention", "MLA"});
   expect_error([&] { models::quantize_causal_lm(*m, nn::WeightQuant::int8); }, {"MLA"});
   expect_error([&] { models::router_aux_loss(*m); }, {"deepseek_v3", "auxiliary loss"});
+  m->int8_kv_cache = true;
+  expect_error([&] { m->make_cache(1, 4); }, {"int8 KV cache", "MLA"});
 }

@@ -4,9 +4,10 @@
 // rope_interleave), Mixtral's (num_local_experts,
 // num_experts_per_tok; every layer sparse, top-k always renormalized) and Qwen3-MoE's
 // (num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob, decoder_sparse_step,
-// mlp_only_layers), and router_z_loss_coef (the router z-loss in models::router_aux_loss). Expert fields in another family's config, routing variants no family here
-// implements (shared experts, grouped or sigmoid routing, scaled routing weights) and the MoE
-// families this library lacks are refused by name.
+// mlp_only_layers), and router_z_loss_coef (the router z-loss in models::router_aux_loss).
+// Expert fields in a dense family's config, DeepSeek's routing variants (shared experts, grouped
+// or sigmoid routing, scaled routing weights) in Mixtral's and Qwen3-MoE's, and the MoE families
+// this library lacks are refused by name.
 #include <algorithm>
 #include <map>
 
