@@ -88,14 +88,25 @@ Tensor MLAttention::forward(const Tensor& x, const Tensor& cos, const Tensor& si
     latent = narrow(reshape(cat({ka, va}, 3), Shape{b, s, 2 * half}), 2, 0, r + dr);  // [B, S, r + dr]
   }
   const int64_t s = latent.size(1);
+  const double scale = cfg.scaling > 0 ? cfg.scaling : 1.0 / std::sqrt(static_cast<double>(dn + dr));
+  const Tensor mask = keep.defined() ? keep : causal_keep_mask(b, t, s - t, {}, x.device());
+  if (latent_cache && t == 1 && !is_training()) {
+    // Decoding one token: the absorbed form. kv_b_proj's key rows fold into the query (q_nope
+    // W_uk scores against the latent c directly) and its value rows apply after the attention
+    // over the latents, so no cached position is expanded to per-head keys and values.
+    const Tensor wkv = reshape(kv_b_proj->weight, Shape{h, dn + dv, r});
+    const Tensor q_lat = matmul(narrow(q, 3, 0, dn), narrow(wkv, 1, 0, dn));     // [B, H, 1, r]
+    const Tensor lat = unsqueeze(latent, 1);                                       // [B, 1, S, r + dr]
+    const Tensor o_lat = masked_attention(cat({q_lat, q_pe}, 3), lat, narrow(lat, 3, 0, r), mask, scale);
+    const Tensor o = matmul(o_lat, transpose(narrow(wkv, 1, dn, dv), 1, 2));  // [B, H, 1, dv]
+    return (*o_proj)(reshape(transpose(o, 1, 2), Shape{b, t, h * dv}));
+  }
   // Every head's keys and values from the latents of the S visible positions.
   const Tensor kv = transpose(reshape((*kv_b_proj)(narrow(latent, 2, 0, r)), Shape{b, s, h, dn + dv}), 1, 2);
   const Tensor k_rot = expand(unsqueeze(narrow(latent, 2, r, dr), 1), Shape{b, h, s, dr});
   const Tensor k = cat({narrow(kv, 3, 0, dn), k_rot}, 3);  // [B, H, S, nope + rope]
   const Tensor v = narrow(kv, 3, dn, dv);
   const Tensor qq = cat({narrow(q, 3, 0, dn), q_pe}, 3);
-  const double scale = cfg.scaling > 0 ? cfg.scaling : 1.0 / std::sqrt(static_cast<double>(dn + dr));
-  const Tensor mask = keep.defined() ? keep : causal_keep_mask(b, t, s - t, {}, x.device());
   const Tensor attn = masked_attention(qq, k, v, mask, scale);  // [B, H, T, dv]
   return (*o_proj)(reshape(transpose(attn, 1, 2), Shape{b, t, h * dv}));
 }

@@ -13,8 +13,11 @@
 /// kv_lora_rank + qk_rope_head_dim values, not per-head keys and values. It lives in an
 /// nn::KVCache of one head whose head_dim is half the latent (rounded up): the keys hold the
 /// latent's first half, the values its second half, so generation's contiguous cache with its
-/// shape-static compiled steps serves MLA unchanged. Every forward expands the cached latents
-/// through kv_b_proj. Any other attention cache (per-head keys and values, such as the serving
+/// shape-static compiled steps serves MLA unchanged. A forward of several tokens expands the
+/// cached latents through kv_b_proj into per-head keys and values; decoding one token (eval)
+/// uses the absorbed form instead: the query's nope part times kv_b_proj's key rows scores
+/// against the latents directly, and kv_b_proj's value rows apply to the attention-weighted
+/// latent (equal results, no per-position expansion). Any other attention cache (per-head keys and values, such as the serving
 /// engine's paged caches) is refused with a tpu::Error naming MLA.
 #pragma once
 
