@@ -7,6 +7,7 @@
 #include "tpucore/nn/layers.h"
 #include "tpucore/nn/loss.h"
 #include "tpucore/nn/module.h"
+#include "tpucore/nn/mla.h"
 #include "tpucore/nn/moe.h"
 #include "tpucore/nn/quantized.h"
 #include "tpucore/nn/transformer.h"

@@ -200,8 +200,8 @@ TEST_CASE("llm moe: unsupported families and fields are refused by name", "[llm]
     "num_attention_heads": 2)";
   auto parse = [&](const std::string& extra) { return models::ModelConfig::from_json(base + extra + "}"); };
   using tpu::testing::expect_error;
-  expect_error([&] { parse(R"(, "model_type": "deepseek_v3", "n_routed_experts": 8)"); },
-               {"deepseek_v3", "not supported", "mixtral, qwen3_moe"});
+  expect_error([&] { parse(R"(, "model_type": "deepseek_v2", "n_routed_experts": 8)"); },
+               {"deepseek_v2", "not supported", "mixtral, qwen3_moe, deepseek_v3"});
   expect_error([&] { parse(R"(, "model_type": "qwen2_moe")"); }, {"qwen2_moe", "shared_expert_intermediate_size"});
   expect_error([&] { parse(R"(, "model_type": "qwen3_moe", "shared_expert_intermediate_size": 16)"); },
                {"shared_expert_intermediate_size", "not supported"});

@@ -47,10 +47,34 @@ bool has_local_rope(const ModelConfig& c) {
     if (c.is_sliding(i)) return true;
   return false;
 }
+
+// DeepSeek-V3's softmax scale: 1 / sqrt(nope + rope), times yarn's mscale(factor, mscale_all_dim)^2.
+nn::MLAConfig mla_config(const ModelConfig& c) {
+  nn::MLAConfig a;
+  a.hidden = c.hidden_size;
+  a.num_heads = c.num_attention_heads;
+  a.q_lora_rank = c.q_lora_rank;
+  a.kv_lora_rank = c.kv_lora_rank;
+  a.qk_nope_head_dim = c.qk_nope_head_dim;
+  a.qk_rope_head_dim = c.qk_rope_head_dim;
+  a.v_head_dim = c.v_head_dim;
+  a.bias = c.attention_bias;
+  a.rope_interleave = c.rope_interleave;
+  a.scaling = 1.0 / std::sqrt(static_cast<double>(c.qk_nope_head_dim + c.qk_rope_head_dim));
+  const double factor = c.rope_scaling.factor, all_dim = c.rope_scaling.mscale_all_dim;
+  if (all_dim != 0 && factor > 1) {
+    const double m = 0.1 * all_dim * std::log(factor) + 1.0;
+    a.scaling *= m * m;
+  }
+  return a;
+}
 }  // namespace
 
 DecoderLayer::DecoderLayer(const ModelConfig& c, Generator* gen, int64_t index) {
-  self_attn = register_module("self_attn", std::make_shared<nn::Attention>(attention_config(c, index), gen));
+  if (c.mla())
+    mla = register_module("self_attn", std::make_shared<nn::MLAttention>(mla_config(c), gen));
+  else
+    self_attn = register_module("self_attn", std::make_shared<nn::Attention>(attention_config(c, index), gen));
   if (c.is_sparse(index)) {
     nn::MoEConfig m;
     m.hidden = c.hidden_size;
@@ -61,6 +85,13 @@ DecoderLayer::DecoderLayer(const ModelConfig& c, Generator* gen, int64_t index) 
     m.act = c.hidden_act;
     m.router_jitter_noise = c.router_jitter_noise;
     m.capacity_factor = c.capacity_factor;
+    if (c.model_type == "deepseek_v3") {
+      m.sigmoid_routing = true;
+      m.n_group = c.n_group;
+      m.topk_group = c.topk_group;
+      m.routed_scaling_factor = c.routed_scaling_factor;
+      m.shared_intermediate = c.moe_intermediate_size * c.n_shared_experts;
+    }
     TPU_CHECK(!c.mlp_bias, "DecoderLayer: mlp_bias is not supported with mixture-of-experts layers");
     moe = register_module(c.model_type == "mixtral" ? "block_sparse_moe" : "mlp",
                           std::make_shared<nn::SparseMoE>(m, gen));
@@ -88,7 +119,9 @@ Tensor DecoderLayer::forward(const Tensor& x, const Tensor& cos, const Tensor& s
   }
   // Through the layer's forward hooks (fully_shard, parallelism applied from outside).
   return call({x}, [&](std::span<const Tensor> in) {
-    Tensor a = self_attn->call({(*input_layernorm)(in[0])}, [&](std::span<const Tensor> xs) {
+    Tensor a = mla ? mla->call({(*input_layernorm)(in[0])}, [&](std::span<const Tensor> xs) {
+      return mla->forward(xs[0], c, s, keep, cache, layer);
+    }) : self_attn->call({(*input_layernorm)(in[0])}, [&](std::span<const Tensor> xs) {
       return self_attn->forward(xs[0], c, s, keep, cache, layer);
     });
     if (!pre_feedforward_layernorm) {
@@ -130,8 +163,12 @@ CausalLM::CausalLM(const ModelConfig& c, Generator* gen) : config(c) {
             "num_attention_heads ({}) must be positive",
             c.vocab_size, c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads);
   model = register_module("model", std::make_shared<DecoderModel>(c, gen));
-  config.head_dim = model->layers[0]->self_attn->cfg.head_dim;
-  config.num_key_value_heads = model->layers[0]->self_attn->cfg.num_kv_heads;
+  if (c.mla()) {
+    config.head_dim = c.qk_rope_head_dim;  // the rotary tables' width
+  } else {
+    config.head_dim = model->layers[0]->self_attn->cfg.head_dim;
+    config.num_key_value_heads = model->layers[0]->self_attn->cfg.num_kv_heads;
+  }
   if (!c.tie_word_embeddings)
     lm_head = register_module("lm_head", std::make_shared<nn::Linear>(c.hidden_size, c.vocab_size, false, gen));
   const nn::RopeFrequencies f =
@@ -151,6 +188,11 @@ DType CausalLM::dtype() const { return model->norm->weight.dtype(); }
 Device CausalLM::device() const { return model->norm->weight.device(); }
 
 nn::KVCache CausalLM::make_cache(int64_t batch, int64_t capacity) const {
+  if (config.mla()) {  // the compressed latents (nn/mla.h), one head of half their width
+    TPU_CHECK(!int8_kv_cache, "CausalLM: the int8 KV cache is not supported with multi-head latent attention (MLA)");
+    return nn::KVCache(config.num_hidden_layers, batch, 1, capacity,
+                       nn::mla_cache_head_dim(config.kv_lora_rank, config.qk_rope_head_dim), dtype(), device());
+  }
   return nn::KVCache(config.num_hidden_layers, batch, config.num_key_value_heads, capacity, config.head_dim,
                      int8_kv_cache ? DType::i8 : dtype(), device());
 }
@@ -224,6 +266,8 @@ Tensor router_aux_loss(const CausalLM& m) {
     if (l->moe) logits.push_back(l->moe->router_logits);
   TPU_CHECK(!logits.empty(), "router_aux_loss: model_type '{}' has no mixture-of-experts layers",
             m.config.model_type);
+  TPU_CHECK(m.config.model_type != "deepseek_v3", "router_aux_loss: model_type 'deepseek_v3' balances its experts "
+            "with e_score_correction_bias; it has no auxiliary loss");
   Tensor loss = mul(nn::load_balancing_loss(logits, m.config.num_experts, m.config.num_experts_per_tok),
                     m.config.router_aux_loss_coef);
   if (m.config.router_z_loss_coef != 0) loss = add(loss, mul(nn::router_z_loss(logits), m.config.router_z_loss_coef));

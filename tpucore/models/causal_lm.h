@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "tpucore/nn/mla.h"
 #include "tpucore/nn/moe.h"
 #include "tpucore/nn/quantized.h"
 #include "tpucore/nn/transformer.h"
@@ -66,6 +67,21 @@ struct ModelConfig {
   bool output_router_logits = false;  ///< training adds router_aux_loss_coef x the load-balancing loss
   double router_jitter_noise = 0;     ///< Mixtral: training-time router jitter (refused when training)
   double router_z_loss_coef = 0;      ///< weight of the router z-loss in router_aux_loss (0: none)
+  // DeepSeek-V3 (deepseek_v3): routed plus shared experts, sigmoid group-limited routing, and
+  // multi-head latent attention (tpucore/nn/mla.h).
+  int64_t n_shared_experts = 0;         ///< shared experts beside the routed ones (one MLP of n x moe width)
+  int64_t n_group = 1;                  ///< expert groups of group-limited routing
+  int64_t topk_group = 1;               ///< groups kept per token
+  double routed_scaling_factor = 1.0;   ///< multiplies the routing weights
+  int64_t first_k_dense_replace = 0;    ///< the first k layers keep the dense MLP of intermediate_size
+  int64_t kv_lora_rank = 0;             ///< MLA: the compressed key/value width (0: standard attention)
+  int64_t q_lora_rank = 0;              ///< MLA: the compressed query width (0: a plain q_proj)
+  int64_t qk_nope_head_dim = 0;         ///< MLA: per-head query/key width without rotary embeddings
+  int64_t qk_rope_head_dim = 0;         ///< MLA: per-head rotated width (the key part shared by heads)
+  int64_t v_head_dim = 0;               ///< MLA: per-head value width
+  bool rope_interleave = false;         ///< MLA: the rotated part is de-interleaved before rotation
+  /// Whether the attention is multi-head latent attention (DeepSeek-V3).
+  bool mla() const { return kv_lora_rank > 0; }
   /// Training-time capacity-factor routing of the sparse layers (nn::MoEConfig::capacity_factor;
   /// 0: dropless). Not a config.json field: set it on the config before building the model.
   double capacity_factor = 0;
@@ -111,7 +127,9 @@ class DecoderLayer : public nn::Module {
   std::shared_ptr<nn::RMSNorm> post_feedforward_layernorm;  ///< Gemma: the norm after the MLP (else null)
   bool packed_rope = false;  ///< the model's rotary tables are [global | local] (Gemma 3)
   bool local_rope = false;   ///< uses the local half of packed rotary tables (Gemma 3's sliding layers)
-  std::shared_ptr<nn::Attention> self_attn;                               ///< the attention
+  std::shared_ptr<nn::Attention> self_attn;  ///< the attention (null with latent attention)
+  /// DeepSeek-V3's multi-head latent attention, named self_attn as in the checkpoints (else null).
+  std::shared_ptr<nn::MLAttention> mla;
   std::shared_ptr<nn::GatedMLP> mlp;  ///< the dense MLP (null in a sparse layer)
   /// A sparse layer's mixture-of-experts block instead of the MLP (else null), named
   /// block_sparse_moe (Mixtral) or mlp (Qwen3-MoE) as in the checkpoints.

@@ -94,6 +94,8 @@ std::vector<ExpertSlice> expert_slices(const CausalLM& m) {
 void quantize_causal_lm(CausalLM& m, nn::WeightQuant kind, int64_t group, bool lm_head) {
   if (kind == nn::WeightQuant::none) return;
   TPU_CHECK(m.device().is_cpu(), "quantize_causal_lm: the model must be on the cpu (it is on {})", m.device().str());
+  TPU_CHECK(!m.config.mla(), "quantize_causal_lm: weight quantization of multi-head latent attention (MLA, "
+            "model_type '{}') is not supported", m.config.model_type);
   for (auto& layer : m.model->layers) {
     nn::Attention& a = *layer->self_attn;
     nn::quantize_linear(a, "q_proj", a.q_proj, kind, group);

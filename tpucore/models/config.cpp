@@ -175,7 +175,8 @@ json gemma3_text_config(const json& j, const std::string& src) {
 
 const std::vector<std::string>& supported_model_types() {
   static const std::vector<std::string> types{"llama",  "mistral",     "qwen2",   "qwen3",
-                                              "gemma2", "gemma3_text", "mixtral", "qwen3_moe"};
+                                              "gemma2", "gemma3_text", "mixtral", "qwen3_moe",
+                                              "deepseek_v3"};
   return types;
 }
 
@@ -198,7 +199,7 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
             "{}: unsupported model_type '{}' (supported: {})", src, c.model_type, fmt::join(types, ", "));
   c.gemma = c.model_type == "gemma2" || c.model_type == "gemma3_text";
   for (const auto& f : kRefused)
-    if (auto it = j.find(f.key); it != j.end())
+    if (auto it = j.find(f.key); it != j.end() && !detail::moe_family_reads(c.model_type, f.key))
       TPU_CHECK(neutral(*it, f.key), "{}: field '{}' = {} ({}) is not supported", src, f.key, it->dump(), f.what);
   if (!c.gemma)
     for (const char* k : {"attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar",
@@ -317,7 +318,8 @@ std::string ModelConfig::to_json() const {
   static const std::map<std::string, std::string> arch{
       {"llama", "LlamaForCausalLM"},   {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"},
       {"qwen3", "Qwen3ForCausalLM"},   {"gemma2", "Gemma2ForCausalLM"},   {"gemma3_text", "Gemma3ForCausalLM"},
-      {"mixtral", "MixtralForCausalLM"}, {"qwen3_moe", "Qwen3MoeForCausalLM"}};
+      {"mixtral", "MixtralForCausalLM"}, {"qwen3_moe", "Qwen3MoeForCausalLM"},
+      {"deepseek_v3", "DeepseekV3ForCausalLM"}};
   // Back to Transformers' activation names.
   const std::string act = hidden_act == "gelu_tanh" ? "gelu_pytorch_tanh" : hidden_act;
   json j{{"model_type", model_type},

@@ -48,8 +48,11 @@ inline std::string get_string(const json& j, const char* key, const std::string&
 }  // namespace config_fields
 
 namespace detail {
-/// Whether model_type is a mixture-of-experts family (mixtral, qwen3_moe).
+/// Whether model_type is a mixture-of-experts family (mixtral, qwen3_moe, deepseek_v3).
 bool is_moe_family(const std::string& model_type);
+/// Whether the config reader of `model_type` reads field `key` itself (DeepSeek-V3's
+/// n_routed_experts and rope_interleave), so the generic refusal of that field skips it.
+bool moe_family_reads(const std::string& model_type, const std::string& key);
 /// Refuses the mixture-of-experts families this library does not implement (deepseek_v3, qwen2_moe,
 /// ...) with an error naming them; runs before the model_type check.
 void refuse_unsupported_moe_family(const std::string& model_type, const std::string& src);

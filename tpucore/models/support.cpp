@@ -41,6 +41,15 @@ const std::map<std::string, Row>& rows() {
         "pre-norm; sparse MoE (`num_experts` SwiGLU experts of `moe_intermediate_size`, top-`num_experts_per_tok`, "
         "`norm_topk_prob`) on the layers of `decoder_sparse_step` except `mlp_only_layers`, which keep the SwiGLU "
         "MLP of `intermediate_size`"}},
+      {"deepseek_v3",
+       {"multi-head latent attention: `q_lora_rank` (null: `q_proj`), `kv_lora_rank`, `qk_nope_head_dim`, "
+        "`qk_rope_head_dim` (`rope_interleave`), `v_head_dim`, `attention_bias`; the cache holds the compressed "
+        "latent; yarn's `mscale_all_dim` squared in the softmax scale",
+        "none",
+        "pre-norm; the first `first_k_dense_replace` layers SwiGLU of `intermediate_size`, the rest `n_routed_experts` "
+        "SwiGLU experts of `moe_intermediate_size` plus `n_shared_experts` shared ones; sigmoid scores with "
+        "`e_score_correction_bias`, top-`topk_group` of `n_group` groups, top-`num_experts_per_tok`, "
+        "`norm_topk_prob`, `routed_scaling_factor`"}},
   };
   return r;
 }
@@ -72,9 +81,10 @@ std::string support_table_markdown() {
        "as a training option), the router in f32; `router_aux_loss_coef` and `router_z_loss_coef` are read "
        "(they enter `models::router_aux_loss`; `output_router_logits` is refused), `router_jitter_noise` is "
        "refused in training mode. Refused by name: the model types "
-       "`deepseek_v3`, `deepseek_v2`, `qwen2_moe`, `gpt_oss`, `llama4_text`, and shared experts "
+       "`deepseek_v2`, `qwen2_moe`, `gpt_oss`, `llama4_text`, and, outside `deepseek_v3`, shared experts "
        "(`shared_expert_intermediate_size`, `n_shared_experts`), grouped or sigmoid routing, "
-       "`routed_scaling_factor`.\n";
+       "`routed_scaling_factor`. The serving engine's paged caches do not hold latents: `deepseek_v3` is "
+       "served by `generate()` (eager or compiled), the engine refuses it by name (MLA).\n";
   return s;
 }
 

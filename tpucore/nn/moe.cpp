@@ -37,8 +37,28 @@ SparseMoE::SparseMoE(MoEConfig c, Generator* gen) : cfg(std::move(c)) {
   TPU_CHECK(cfg.capacity_factor >= 0, "SparseMoE: capacity_factor must not be negative, got {}", cfg.capacity_factor);
   TPU_CHECK(cfg.router_jitter_noise >= 0, "SparseMoE: router_jitter_noise must not be negative, got {}",
             cfg.router_jitter_noise);
-  gate = register_module("gate", std::make_shared<Linear>(cfg.hidden, cfg.num_experts, false, gen));
+  if (cfg.sigmoid_routing)
+    TPU_CHECK(cfg.n_group >= 1 && cfg.num_experts % cfg.n_group == 0 && cfg.topk_group >= 1 &&
+                  cfg.topk_group <= cfg.n_group && (cfg.n_group == 1 || cfg.num_experts / cfg.n_group >= 2) &&
+                  cfg.top_k <= cfg.topk_group * (cfg.num_experts / cfg.n_group),
+              "SparseMoE: n_group ({}) must divide num_experts ({}) into groups of at least 2, topk_group ({}) be "
+              "in [1, n_group] and top_k ({}) fit in the kept groups", cfg.n_group, cfg.num_experts, cfg.topk_group,
+              cfg.top_k);
+  else
+    TPU_CHECK(cfg.n_group == 1 && cfg.routed_scaling_factor == 1.0,
+              "SparseMoE: n_group and routed_scaling_factor need sigmoid routing");
+  gate = register_module("gate", std::make_shared<MoERouter>(cfg.hidden, cfg.num_experts, cfg.sigmoid_routing, gen));
   experts = register_module("experts", std::make_shared<MoEExperts>(cfg, gen));
+  if (cfg.shared_intermediate > 0)
+    shared_experts = register_module(
+        "shared_experts", std::make_shared<GatedMLP>(cfg.hidden, cfg.shared_intermediate, cfg.act, false, gen));
+}
+
+MoERouter::MoERouter(int64_t hidden, int64_t experts, bool correction_bias, Generator* gen)
+    : Linear(hidden, experts, false, gen) {
+  if (!correction_bias) return;
+  e_score_correction_bias = zeros(Shape{experts});
+  register_parameter("e_score_correction_bias", e_score_correction_bias, false);
 }
 
 namespace {
@@ -64,6 +84,32 @@ Tensor capacity_keep(const Tensor& ids, int64_t num_experts, double factor, cons
 
 }  // namespace
 
+std::pair<Tensor, Tensor> SparseMoE::sigmoid_topk(const Tensor& logits) const {
+  const int64_t e = cfg.num_experts, n = logits.size(0);
+  const Tensor scores = sigmoid(logits);  // f32
+  Tensor choice = scores;
+  const auto* router = dynamic_cast<const MoERouter*>(gate.get());
+  if (router && router->e_score_correction_bias.defined())
+    choice = add(choice, unsqueeze(tpu::to(router->e_score_correction_bias, DType::f32), 0));
+  Tensor ids;
+  {
+    NoGradGuard ng;  // the choice is not differentiated (as in Transformers)
+    Tensor c = choice.detach();
+    if (cfg.n_group > 1) {
+      const int64_t g = cfg.n_group, per = e / g;
+      const Tensor best2 = std::get<0>(topk(reshape(c, Shape{n, g, per}), 2));     // [N, G, 2]
+      const Tensor group_idx = std::get<1>(topk(sum(best2, {-1}), cfg.topk_group));  // [N, kg]
+      const Tensor kept = tpu::to(sum(one_hot(group_idx, g), {1}), DType::f32);   // [N, G], 0 or 1
+      c = mul(c, reshape(expand(unsqueeze(kept, -1), Shape{n, g, per}), Shape{n, e}));  // others score 0
+    }
+    ids = std::get<1>(topk(c, cfg.top_k));
+  }
+  Tensor w = gather(scores, 1, ids);
+  if (cfg.norm_topk_prob) w = div(w, add(sum(w, {-1}, true), 1e-20));
+  if (cfg.routed_scaling_factor != 1.0) w = mul(w, cfg.routed_scaling_factor);
+  return {w, ids};
+}
+
 SparseMoE::Routing SparseMoE::route(const Tensor& x) {
   TPU_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == cfg.hidden,
             "SparseMoE: expected an input with {} features in the last dim, got shape {}", cfg.hidden,
@@ -74,8 +120,13 @@ SparseMoE::Routing SparseMoE::route(const Tensor& x) {
   Routing r;
   // The router in f32 whatever the model's dtype (its decisions are sensitive to rounding).
   r.logits = (*gate)(tpu::to(reshape(x, Shape{-1, cfg.hidden}), DType::f32));
-  auto [w, ids] = topk(softmax(r.logits, -1), cfg.top_k);
-  if (cfg.norm_topk_prob) w = div(w, sum(w, {-1}, true));
+  Tensor w, ids;
+  if (cfg.sigmoid_routing) {
+    std::tie(w, ids) = sigmoid_topk(r.logits);
+  } else {
+    std::tie(w, ids) = topk(softmax(r.logits, -1), cfg.top_k);
+    if (cfg.norm_topk_prob) w = div(w, sum(w, {-1}, true));
+  }
   if (is_training() && cfg.capacity_factor > 0) w = mul(w, capacity_keep(ids, cfg.num_experts, cfg.capacity_factor, w));
   r.weights = tpu::to(w, x.dtype());
   r.experts = ids;
@@ -92,7 +143,9 @@ Tensor SparseMoE::forward(const Tensor& x) {
                                 : experts->call({xs, counts}, [&](std::span<const Tensor> in) {
                                     return experts->forward(in[0], in[1]);
                                   });
-  return reshape(moe_unpermute(ys, order, r.weights, cfg.top_k), x.shape());
+  Tensor out = reshape(moe_unpermute(ys, order, r.weights, cfg.top_k), x.shape());
+  if (shared_experts) out = add(out, (*shared_experts)(x));
+  return out;
 }
 
 }  // namespace tpu::nn

@@ -1,5 +1,5 @@
 /// @file
-/// Sparse mixture-of-experts blocks (Mixtral, Qwen3-MoE): a router picks the top-k of E gated
+/// Sparse mixture-of-experts blocks (Mixtral, Qwen3-MoE, DeepSeek-V3): a router picks the top-k of E gated
 /// (SwiGLU) expert MLPs for every token, and the token's output is the routing-weighted sum of
 /// their outputs. Routing is dropless: every token reaches all of its k experts, whatever the
 /// load. The experts' weights are stacked ([E, 2F, H] gate and up projections, [E, H, F] down
@@ -14,6 +14,7 @@
 
 #include "tpucore/moe_ops.h"
 #include "tpucore/nn/layers.h"
+#include "tpucore/nn/transformer.h"
 
 namespace tpu::nn {
 
@@ -37,6 +38,29 @@ struct MoEConfig {
   /// drop), so the token's output lacks that expert's term (the residual carries it). Evaluation
   /// is dropless. Eager only (a tpu::Error inside tpu::compile).
   double capacity_factor = 0;
+  /// DeepSeek-V3 routing: scores sigmoid(logits) instead of the softmax; the choice adds the
+  /// router's e_score_correction_bias to the scores, keeps the topk_group best of n_group expert
+  /// groups (a group's score: the sum of its two best choice scores; experts of the other groups
+  /// score 0), takes the top-k choices; the weights are the chosen experts' scores without the
+  /// bias, renormalized (denominator + 1e-20) when norm_topk_prob, times routed_scaling_factor.
+  bool sigmoid_routing = false;
+  int64_t n_group = 1;                 ///< expert groups (sigmoid routing)
+  int64_t topk_group = 1;              ///< groups kept per token (sigmoid routing)
+  double routed_scaling_factor = 1.0;  ///< multiplies the routing weights
+  /// Width of the shared experts' one gated MLP added to every token's output (0: none).
+  int64_t shared_intermediate = 0;
+};
+
+/// The router of a SparseMoE block: gate.weight [E, H] and, with sigmoid routing, the
+/// e_score_correction_bias [E] (a parameter without gradient: it is set by the load balancing of
+/// the checkpoint's training, not learned by backpropagation).
+class MoERouter : public Linear {
+ public:
+  /// The router H -> E; `correction_bias` adds e_score_correction_bias (zeros).
+  MoERouter(int64_t hidden, int64_t experts, bool correction_bias, Generator* gen = nullptr);
+  /// "MoERouter".
+  std::string type_name() const override { return "MoERouter"; }
+  Tensor e_score_correction_bias;  ///< [E] (undefined without it)
 };
 
 /// The experts of a SparseMoE block, stacked: gate_up_proj [E, 2F, H] (rows [0, F) of expert e
@@ -78,6 +102,9 @@ class SparseMoE : public Module {
   /// The routing of x [..., H] (softmax over the router logits, top-k, renormalized when
   /// norm_topk_prob; in training with a capacity_factor, the weights of dropped slots zeroed).
   Routing route(const Tensor& x);
+  /// Sigmoid routing (MoEConfig::sigmoid_routing) of router logits [N, E] f32: the weights
+  /// [N, k] f32 and the expert ids [N, k].
+  std::pair<Tensor, Tensor> sigmoid_topk(const Tensor& logits) const;
   /// "SparseMoE".
   std::string type_name() const override { return "SparseMoE"; }
   MoEConfig cfg;                     ///< the configuration
@@ -86,6 +113,7 @@ class SparseMoE : public Module {
   /// compiled function: of the traced forward, to be used in the same function).
   Tensor router_logits;
   std::shared_ptr<MoEExperts> experts;  ///< the stacked experts
+  std::shared_ptr<GatedMLP> shared_experts;  ///< DeepSeek's shared experts (null without them)
   /// Runs the experts on the routed slots sorted by expert: xs [S, H] and group_sizes [E] ->
   /// [S, H] in the same order. Unset (the default): this block's `experts`. Expert parallelism
   /// (nn::parallel::expert_parallel) sets it to send each slot to the rank owning its expert.

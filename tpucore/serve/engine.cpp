@@ -27,6 +27,9 @@ const char* finish_reason_name(FinishReason r) {
 
 namespace {
 EngineConfig resolve(EngineConfig c, const models::CausalLM& m) {
+  TPU_CHECK(!m.config.mla(), "serve::Engine: model_type '{}' uses multi-head latent attention (MLA), whose cache "
+            "holds a compressed latent per token; the engine's paged caches hold per-head keys and values (serve "
+            "it with models::generate)", m.config.model_type);
   if (c.max_model_len == 0) c.max_model_len = m.config.max_position_embeddings;
   TPU_CHECK(c.block_size > 0 && c.max_num_seqs > 0 && c.max_num_batched_tokens > 0 && c.max_model_len > 1 &&
                 c.num_blocks >= 0 && c.max_waiting >= 0,
