@@ -378,6 +378,65 @@ TEST_CASE("moe ops on the chip: permute and unpermute match the naive loops", "[
                {"moe_permute", "order holds"});
 }
 
+// Host fallbacks of one op on sim devices so far.
+uint64_t moe_sim_fallbacks_of(const char* op) {
+  uint64_t n = 0;
+  for (const auto& c : ops::fallback_counts())
+    if (c.device.type == DeviceType::sim && c.op == op) n += c.calls;
+  return n;
+}
+
+TEST_CASE("moe routing on the chip: topk equals the cpu kernel (ties, NaN, -inf, k 1..4, bf16)", "[moe][codegen]") {
+  TinySim tiny;
+  const Device d = tiny.dev();
+  Generator g(17);
+  const uint64_t before = moe_sim_fallbacks_of("topk");
+  const auto runs0 = moe_kernel_runs("topk", "topk");
+  int launches = 0;
+  for (DType dt : {DType::f32, DType::bf16})
+    for (int64_t E : {4, 9, 16})
+      for (int64_t k = 1; k <= std::min<int64_t>(4, E); ++k) {
+        CAPTURE(dtype_name(dt), E, k);
+        // Values from a small set (many ties), some NaN and -inf, on 13 + E rows (not a tile multiple).
+        const int64_t T = 13 + E;
+        std::vector<float> v(static_cast<size_t>(T * E));
+        const std::vector<float> pool = {0.5f, -1.0f, 2.0f, 0.0f, -0.0f, 2.0f, NAN, -INFINITY, 0.25f};
+        for (size_t i = 0; i < v.size(); ++i)
+          v[i] = pool[static_cast<size_t>(std::fabs(uni(g, {1}).item<float>()) * 1e4) % pool.size()];
+        for (int64_t c = 0; c < E; ++c) v[static_cast<size_t>(c)] = NAN;                           // an all-NaN row
+        for (int64_t c = 0; c < E; ++c) v[static_cast<size_t>(E + c)] = -INFINITY;                // an all -inf row
+        Tensor x = from_vector(v, Shape{T, E}).to(dt);
+        auto [cv, ci] = topk(x, k);
+        auto [sv, si] = topk(x.to(d), k);
+        ++launches;
+        REQUIRE(si.dtype() == DType::i64);
+        CHECK(si.to(Device()).to_vector<int64_t>() == ci.to_vector<int64_t>());
+        const std::vector<float> a = sv.to(Device()).to(DType::f32).to_vector<float>(),
+                                 b = cv.to(DType::f32).to_vector<float>();
+        REQUIRE(a.size() == b.size());
+        for (size_t i = 0; i < a.size(); ++i) {
+          INFO("value " << i << ": " << a[i] << " vs " << b[i]);
+          CHECK((std::isnan(a[i]) ? std::isnan(b[i]) : (a[i] == b[i] && std::signbit(a[i]) == std::signbit(b[i]))));
+        }
+      }
+  // A strided view of rows (the router's logits of a wider matrix) and a 3-d input.
+  Tensor w = uni(g, {7, 12});
+  Tensor view = narrow(w, 1, 2, 8);
+  auto [vv, vi] = topk(narrow(w.to(d), 1, 2, 8), 3);
+  CHECK(vi.to(Device()).to_vector<int64_t>() == std::get<1>(topk(view, 3)).to_vector<int64_t>());
+  CHECK(vv.to(Device()).to_vector<float>() == std::get<0>(topk(view, 3)).to_vector<float>());
+  Tensor y = uni(g, {2, 5, 6});
+  CHECK(std::get<1>(topk(y.to(d), 2)).to(Device()).to_vector<int64_t>() == std::get<1>(topk(y, 2)).to_vector<int64_t>());
+  CHECK(moe_sim_fallbacks_of("topk") == before);
+  const auto runs1 = moe_kernel_runs("topk", "topk");
+  CHECK(int(runs1.first - runs0.first) == launches + 2);
+  // A new token count reuses the program.
+  const uint64_t built = codegen::stats().programs_built;
+  topk(uni(g, {3, 9}).to(d), 2);
+  topk(uni(g, {40, 9}).to(d), 2);
+  CHECK(codegen::stats().programs_built == built);
+}
+
 // The figures of codegen/README.md: a Mixtral-shaped expert projection (512 slots of 4096 over 8
 // experts of [14336, 4096], bf16, uneven routing) against one dense matmul of the same FLOPs on
 // v5e-ideal, timing-only. Hidden; run with "[measure]".
