@@ -1,6 +1,7 @@
-// The router's top-k on the chip, as a data-driven program: one program per (row length, k,
-// dtype, row stride) serves every token count, since the number of row tiles and the tail rows
-// are registers (`loopr`).
+// The router's top-k and the sort of its choices by expert on the chip, as data-driven
+// programs: one program per (row length, k, dtype, row stride), resp. per expert count, serves
+// every token count and routing, since the number of tiles and the tail rows are registers
+// (`loopr`) and the routing is data.
 //
 //   topk(x [.., n], k) along the last dim -> values [.., k] (x's dtype), indices [.., k] i64
 //     per tile of rows (then the tail rows one by one): x cast to f32 in VMEM; k rounds of
@@ -11,11 +12,25 @@
 //     (so -0.0 and NaN come back as they are). Indices are exact while n < 2^24; they are
 //     written as i64 (the low word, a zero high word).
 //
-// f32 and bf16 inputs whose last dim is contiguous (rows evenly strided), k up to 8 and rows
-// whose working set fits VMEM; anything else takes the counted host fallback.
+//   moe_sort(expert_ids [T, k], E) -> order [S] i32, group_sizes [E] i32 (S = T k)
+//     a stable counting sort in two passes over tiles of slots: the one-hot [tile, E] of the ids
+//     (compare against an index row); pass 1 sums it down the slots into the counts, whose
+//     exclusive prefix over the experts (a strict-triangle mask, summed) gives each expert's
+//     start; pass 2 gives each slot its rank among the earlier slots of its expert (a strictly
+//     lower-triangular [tile, tile] matrix times the one-hot on the MXUs, in bf16: exact for 0/1,
+//     plus the running counts of the earlier tiles), its position (start + rank, picked by the
+//     one-hot) and then writes its index there (one 4-byte DMA per slot, the position read back
+//     with `sld`). i64 ids (topk's) are read as their low words. The host reads the ids once to check their range (as moe_kernels reads the
+//     tables it checks); a bad id is a tpu::Error.
+//
+// topk: f32 and bf16 inputs whose last dim is contiguous (rows evenly strided), k up to 8 and rows
+// whose working set fits VMEM; moe_sort: E up to 2^24 whose working set fits VMEM. Anything else
+// takes the counted host fallback.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include "codegen/launch.h"
@@ -156,10 +171,146 @@ bool topk_chip(const ops::KernelArgs& a) {
   return true;
 }
 
+
+struct SortSpec {
+  int64_t E = 0, tr = 0;
+  bool wide = false;  // i64 ids: their low words are read
+};
+
+int64_t sort_vmem(const SortSpec& s) {
+  return 2 * topk_align(s.tr * 4) + 6 * topk_align(s.tr * s.E * 4) + 2 * topk_align(std::max(s.E, s.tr) * 4) +
+         4 * topk_align(s.E * 4) + topk_align(s.E * s.E * 4) + 2 * topk_align(s.tr * s.tr * 4);
+}
+
+// r0 ids [S] i32, r1 order, r2 group sizes, r3 iota [max(E, tr)] f32, r4 iota [S] i32, r5 full
+// tiles, r6 tail slots, r7 first tail slot.
+sim::Program make_sort_program(const sim::ChipConfig& cfg, const SortSpec& s) {
+  enum { rIds = 0, rOrd, rSizes, rIotaF, rIotaI, rFull, rTail, rTail0, rT, rRow, rI, rPos, rJ };
+  const sim::DType f = sim::DType::f32;
+  const int64_t E = s.E, tr = s.tr, R = cfg.mxu.rows, Cc = cfg.mxu.cols, L = std::max(E, tr);
+  int64_t at = 0;
+  auto take = [&](int64_t bytes) { const int64_t o = at; at += topk_align(bytes); return o; };
+  const int64_t idi = take(tr * 4), idf = take(tr * 4), OH = take(tr * E * 4), OHb = take(tr * E * 2);
+  const int64_t RK = take(tr * E * 4), Q = take(tr * E * 4), pos = take(tr * 4), posi = take(tr * 4);
+  const int64_t I = take(L * 4), cnt = take(E * 4), run = take(E * 4), start = take(E * 4), tmp = take(E * 4);
+  const int64_t M = take(E * E * 4), LT = take(tr * tr * 4), LTb = take(tr * tr * 2), szi = take(E * 4);
+  (void)R;
+  TopkB b(fmt::format("moe_sort_{}", E));
+  auto row_b = [&](int64_t addr) { return TopkB::vmem(TopkB::at(addr), f, 0, 1); };
+  auto col_b = [&](int64_t addr) { return TopkB::vmem(TopkB::at(addr), f, 1, 0); };
+  auto mat = [&](int64_t addr, int64_t w) { return TopkB::vmem(TopkB::at(addr), f, w); };
+  b.dma(TopkB::vmem_at(TopkB::at(I)), TopkB::hbm_at(TopkB::at(0, {{rIotaF, 1}})), {.rows = 1, .row_bytes = L * 4}, 0, 0);
+  b.wait(0);
+  // The strictly lower triangle [tr, tr] (column < row), in bf16 for the MXUs.
+  b.binary(sim::Op::vcmplt, mat(LT, tr), row_b(I), col_b(I), tr, tr);
+  b.unary(sim::Op::vcast, TopkB::vmem(TopkB::at(LTb), sim::DType::bf16, tr), mat(LT, tr), tr, tr);
+  b.fill(mat(cnt, E), 0.f, 1, E);
+  // The one-hot of `rows` ids from slot rRow.
+  auto one_hot = [&](int64_t rows) {
+    const int64_t iw = s.wide ? 8 : 4;
+    b.dma(TopkB::vmem_at(TopkB::at(idi)), TopkB::hbm_at(TopkB::at(0, {{rIds, 1}, {rRow, iw}})),
+          {.rows = rows, .row_bytes = 4, .src_row_stride = iw}, 0, 0);
+    b.wait(0);
+    b.unary(sim::Op::vcast, TopkB::vmem(TopkB::at(idf), f, 1), TopkB::vmem(TopkB::at(idi), sim::DType::i32, 1), rows, 1);
+    b.binary(sim::Op::vcmpeq, mat(OH, E), col_b(idf), row_b(I), rows, E);
+  };
+  auto count = [&](int64_t rows, int64_t into) {
+    b.reduce(sim::Op::xsum, mat(tmp, E), mat(OH, E), rows, E, 0);
+    b.binary(sim::Op::vadd, mat(into, E), mat(into, E), mat(tmp, E), 1, E);
+  };
+  auto tiles = [&](const std::function<void(int64_t)>& body) {
+    b.loop_reg(rT, rFull);
+    b.smul(rRow, rT, tr);
+    body(tr);
+    b.end_loop();
+    b.sadd(rRow, rTail0, 0);
+    b.loop_reg(rJ, rTail);
+    body(1);
+    b.sadd(rRow, rRow, 1);
+    b.end_loop();
+  };
+  tiles([&](int64_t rows) {
+    one_hot(rows);
+    count(rows, cnt);
+  });
+  // start[e] = sum over e' < e of cnt[e']; the counts out as i32.
+  b.binary(sim::Op::vcmplt, mat(M, E), TopkB::vmem(TopkB::at(I), f, 1, 0), row_b(I), E, E);
+  b.binary(sim::Op::vmul, mat(M, E), mat(M, E), TopkB::vmem(TopkB::at(cnt), f, 1, 0), E, E);
+  b.reduce(sim::Op::xsum, mat(start, E), mat(M, E), E, E, 0);
+  b.unary(sim::Op::vcast, TopkB::vmem(TopkB::at(szi), sim::DType::i32, E), mat(cnt, E), 1, E);
+  b.dma(TopkB::hbm_at(TopkB::at(0, {{rSizes, 1}})), TopkB::vmem_at(TopkB::at(szi)), {.rows = 1, .row_bytes = E * 4}, 0, 0);
+  b.wait(0);
+  b.unary(sim::Op::vmov, mat(run, E), mat(start, E), 1, E);
+  tiles([&](int64_t rows) {
+    one_hot(rows);
+    // Rank among the tile's earlier slots of the same expert (none for a single slot).
+    if (rows > 1) {
+      b.unary(sim::Op::vcast, TopkB::vmem(TopkB::at(OHb), sim::DType::bf16, E), mat(OH, E), rows, E);
+      for (int64_t j = 0; j * Cc < E; ++j) {
+        const int64_t nn = std::min(Cc, E - j * Cc);
+        const int mxu = int(j % cfg.mxu.count);
+        b.mxu_load_weights(mxu, TopkB::vmem(TopkB::at(OHb + j * Cc * 2), sim::DType::bf16, E), rows, nn,
+                           sim::MxuMode::bf16);
+        b.mxu_matmul(mxu, TopkB::vmem(TopkB::at(RK + j * Cc * 4), f, E), TopkB::vmem(TopkB::at(LTb), sim::DType::bf16, tr),
+                     rows, rows, nn, false, sim::MxuMode::bf16);
+      }
+      b.binary(sim::Op::vadd, mat(Q, E), mat(RK, E), row_b(run), rows, E);
+    } else {
+      b.unary(sim::Op::vmov, mat(Q, E), row_b(run), rows, E);
+    }
+    b.binary(sim::Op::vmul, mat(Q, E), mat(Q, E), mat(OH, E), rows, E);
+    b.reduce(sim::Op::xsum, TopkB::vmem(TopkB::at(pos), f, 1), mat(Q, E), rows, E);
+    b.unary(sim::Op::vcast, TopkB::vmem(TopkB::at(posi), sim::DType::i32, 1), TopkB::vmem(TopkB::at(pos), f, 1), rows, 1);
+    count(rows, run);
+    // order[pos[i]] = slot rRow + i.
+    b.loop(rI, rows);
+    b.sload(rPos, TopkB::vmem_at(TopkB::at(posi, {{rI, 4}})));
+    b.dma(TopkB::hbm_at(TopkB::at(0, {{rOrd, 1}, {rPos, 4}})), TopkB::hbm_at(TopkB::at(0, {{rIotaI, 1}, {rRow, 4}, {rI, 4}})),
+          {.rows = 1, .row_bytes = 4}, 0, 1);
+    b.end_loop();
+    b.wait(1, rows);
+  });
+  b.fence();
+  return b.finish();
+}
+
+bool moe_sort_chip(const ops::KernelArgs& a) {
+  const Tensor& ids = a.inputs[0];
+  const Tensor &order = a.outputs[0], &sizes = a.outputs[1];
+  const int64_t E = a.attrs.get_int("num_experts"), S = ids.numel();
+  if ((ids.dtype() != DType::i32 && ids.dtype() != DType::i64) || !ids.is_contiguous() || !order.is_contiguous() || !sizes.is_contiguous() ||
+      E >= (int64_t{1} << 24) || S >= (int64_t{1} << 24))
+    return false;
+  const Device dev = order.device();
+  const sim::ChipConfig& cfg = chip_config(dev);
+  SortSpec s{.E = E, .tr = int64_t(cfg.mxu.rows), .wide = ids.dtype() == DType::i64};
+  if (sort_vmem(s) > int64_t(cfg.memory.vmem_bytes) * 9 / 10) return false;
+  // The range check of the cpu kernel, on the host's copy of the ids.
+  const std::vector<int64_t> v = ids.to_vector<int64_t>();
+  for (size_t i = 0; i < v.size(); ++i)
+    TPU_CHECK(v[i] >= 0 && v[i] < E, "moe_sort: expert id {} at slot {} is out of range for {} experts", v[i], i, E);
+  const int64_t L = std::max(E, s.tr);
+  std::vector<float> iota_f(static_cast<size_t>(L));
+  for (int64_t i = 0; i < L; ++i) iota_f[static_cast<size_t>(i)] = float(i);
+  std::vector<int32_t> iota_i(static_cast<size_t>(std::max<int64_t>(S, 1)));
+  for (size_t i = 0; i < iota_i.size(); ++i) iota_i[i] = int32_t(i);
+  const Tensor tf = from_vector(iota_f, Shape{L}, TensorOptions(DType::f32, dev));
+  const Tensor ti = from_vector(iota_i, Shape{int64_t(iota_i.size())}, TensorOptions(DType::i32, dev));
+  const LoadedProgram lp = cached_program(dev, fmt::format("moe_sort:{}:tr{}:{}", E, s.tr, s.wide),
+                                          [&] { return make_sort_program(cfg, s); });
+  const int64_t full = S / s.tr;
+  launch(dev, lp, "moe_sort",
+         {S ? hbm_address(ids) : 0, S ? hbm_address(order) : 0, hbm_address(sizes), hbm_address(tf), hbm_address(ti), full,
+          S - full * s.tr, full * s.tr});
+  return true;
+}
+
 const Lowering kTopkRule{.eager = &topk_chip};
+const Lowering kSortRule{.eager = &moe_sort_chip};
 
 [[maybe_unused]] const bool g_topk_registered = [] {
   install_lowering("topk", &kTopkRule);
+  install_lowering("moe_sort", &kSortRule);
   return true;
 }();
 
