@@ -253,6 +253,10 @@ int scenario_ep_train(int ep, bool plan) {
                 "a block made expert-parallel twice");
     check_error([&] { parallelize_module(*lm, mesh.group("ep"), {{"model.layers.*.self_attn", ExpertParallel()}}); },
                 "needs a SparseMoE", "the ExpertParallel style on an attention");
+    check_error([&] { load_balancing_loss(std::vector<Tensor>{}, 4, 2, mesh.group("ep")); }, "no router logits",
+                "the group load-balancing loss without router logits");
+    check_error([&] { load_balancing_loss(*lm->model->layers[0]->self_attn, mesh.group("ep")); },
+                "no mixture-of-experts", "the group load-balancing loss of a module without sparse blocks");
   }
   return 0;
 }
