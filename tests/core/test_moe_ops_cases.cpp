@@ -517,6 +517,28 @@ TEST_CASE("moe ops on the chip: measure a Mixtral-shaped grouped matmul on v5e",
   cost("grouped_matmul_weight_grad", [&] { (void)grouped_matmul_weight_grad(x, dy, gs, true); });
 }
 
+// The routing of a Qwen3-30B-A3B-shaped layer (512 tokens, 128 experts, top 8) on v5e-ideal
+// (executed: moe_sort's scatter reads the positions it computed). Hidden; run with "[measure]".
+TEST_CASE("moe routing on the chip: measure a Qwen3-30B-A3B-shaped router on v5e", "[.][measure]") {
+  const std::string prev = device::sim_chip(1);
+  set_sim_chip("v5e-ideal", 1);
+  {
+    const Device d("sim:1");
+    Generator g(3);
+    Tensor logits = uni(g, {512, 128}).to(d);
+    auto cost = [&](const char* what, auto&& fn) {
+      fn();  // builds the program
+      ChipRunProbe p;
+      fn();
+      std::printf("%s: %.0f cycles\n", what, p.new_cycles());
+    };
+    Tensor ids = std::get<1>(topk(logits, 8));
+    cost("topk [512, 128], k 8", [&] { (void)topk(logits, 8); });
+    cost("moe_sort [512, 8] over 128 experts", [&] { (void)moe_sort(ids, 128); });
+  }
+  set_sim_chip(prev, 1);
+}
+
 TEST_CASE("moe ops: bad inputs are errors naming the argument", "[moe][errors]") {
   Generator g(13);
   Tensor x = uni(g, {5, 4}), w = uni(g, {3, 4, 2}), c = counts_tensor({2, 0, 3});
