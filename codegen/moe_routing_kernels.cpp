@@ -20,8 +20,8 @@
 //     lower-triangular [tile, tile] matrix times the one-hot on the MXUs, in bf16: exact for 0/1,
 //     plus the running counts of the earlier tiles), its position (start + rank, picked by the
 //     one-hot) and then writes its index there (one 4-byte DMA per slot, the position read back
-//     with `sld`). i64 ids (topk's) are read as their low words. The host reads the ids once to check their range (as moe_kernels reads the
-//     tables it checks); a bad id is a tpu::Error.
+//     with `sld`). i64 ids (topk's) are read as their low words. The host reads the ids once
+//     to check their range (as moe_kernels reads the tables it checks); a bad id is a tpu::Error.
 //
 // topk: f32 and bf16 inputs whose last dim is contiguous (rows evenly strided), k up to 8 and rows
 // whose working set fits VMEM; moe_sort: E up to 2^24 whose working set fits VMEM. Anything else
@@ -187,14 +187,13 @@ int64_t sort_vmem(const SortSpec& s) {
 sim::Program make_sort_program(const sim::ChipConfig& cfg, const SortSpec& s) {
   enum { rIds = 0, rOrd, rSizes, rIotaF, rIotaI, rFull, rTail, rTail0, rT, rRow, rI, rPos, rJ };
   const sim::DType f = sim::DType::f32;
-  const int64_t E = s.E, tr = s.tr, R = cfg.mxu.rows, Cc = cfg.mxu.cols, L = std::max(E, tr);
+  const int64_t E = s.E, tr = s.tr, Cc = cfg.mxu.cols, L = std::max(E, tr);
   int64_t at = 0;
   auto take = [&](int64_t bytes) { const int64_t o = at; at += topk_align(bytes); return o; };
   const int64_t idi = take(tr * 4), idf = take(tr * 4), OH = take(tr * E * 4), OHb = take(tr * E * 2);
   const int64_t RK = take(tr * E * 4), Q = take(tr * E * 4), pos = take(tr * 4), posi = take(tr * 4);
   const int64_t I = take(L * 4), cnt = take(E * 4), run = take(E * 4), start = take(E * 4), tmp = take(E * 4);
   const int64_t M = take(E * E * 4), LT = take(tr * tr * 4), LTb = take(tr * tr * 2), szi = take(E * 4);
-  (void)R;
   TopkB b(fmt::format("moe_sort_{}", E));
   auto row_b = [&](int64_t addr) { return TopkB::vmem(TopkB::at(addr), f, 0, 1); };
   auto col_b = [&](int64_t addr) { return TopkB::vmem(TopkB::at(addr), f, 1, 0); };
@@ -278,8 +277,8 @@ bool moe_sort_chip(const ops::KernelArgs& a) {
   const Tensor& ids = a.inputs[0];
   const Tensor &order = a.outputs[0], &sizes = a.outputs[1];
   const int64_t E = a.attrs.get_int("num_experts"), S = ids.numel();
-  if ((ids.dtype() != DType::i32 && ids.dtype() != DType::i64) || !ids.is_contiguous() || !order.is_contiguous() || !sizes.is_contiguous() ||
-      E >= (int64_t{1} << 24) || S >= (int64_t{1} << 24))
+  if ((ids.dtype() != DType::i32 && ids.dtype() != DType::i64) || !ids.is_contiguous() || !order.is_contiguous() ||
+      !sizes.is_contiguous() || E >= (int64_t{1} << 24) || S >= (int64_t{1} << 24))
     return false;
   const Device dev = order.device();
   const sim::ChipConfig& cfg = chip_config(dev);

@@ -1,8 +1,9 @@
 // Expert parallelism (nn::parallel::expert_parallel) on a tiny Qwen3-MoE-shaped models::CausalLM:
 // the experts of every sparse block split over the "ep" axis of a mesh, the whole model fully
 // sharded over its "dp" axis (EP x FSDP), every rank training on its own rows of the global
-// batch with AdamW, the load-balancing loss over the whole batch and a router z-loss; against the same model trained in one process on the
-// whole batch (no parallel code there): losses, first-step gradients and final weights.
+// batch with AdamW, the load-balancing loss over the whole batch and a router z-loss; against
+// the same model trained in one process on the whole batch (no parallel code there): losses,
+// first-step gradients and final weights.
 // EP x TP: the experts split over the "ep" axis of a 2-D mesh, attention and the dense MLP of a
 // qwen3_moe model with a dense layer (mlp_only_layers) tensor-parallel over its "tp" axis.
 #include <algorithm>
