@@ -119,7 +119,8 @@ void moe_sort_meta(const MetaArgs& a, MetaResult& m) {
   m.num_outputs = 2;
   m.out(0) = {Shape{ids.numel()}, DType::i32, ids.device()};
   m.out(1) = {Shape{e}, DType::i32, ids.device()};
-  m.cast_mask = 1;
+  // i64 ids (topk's) reach the kernels as they are (no conversion op on the way); others as i32.
+  m.cast_mask = ids.dtype() == DType::i64 ? 0 : 1;
   m.cast_to = DType::i32;
 }
 
@@ -127,7 +128,12 @@ void moe_sort_cpu(const KernelArgs& a) {
   const Tensor& ids = a.inputs[0];
   const int64_t e = a.attrs.get_int("num_experts");
   indexing::check_index_range("moe_sort", ids, e, 0, fmt::format("{} experts", e));
-  const std::vector<int32_t> v = indexing::read_indices(ids);
+  std::vector<int32_t> v;
+  if (ids.dtype() == DType::i64) {
+    for (int64_t x : ids.to_vector<int64_t>()) v.push_back(static_cast<int32_t>(x));  // in range: checked above
+  } else {
+    v = indexing::read_indices(ids);
+  }
   std::vector<int64_t> start(static_cast<size_t>(e) + 1, 0);
   for (int32_t x : v) ++start[static_cast<size_t>(x) + 1];
   auto* counts = static_cast<int32_t*>(a.outputs[1].raw_data());

@@ -130,27 +130,46 @@ TEST_CASE("llm moe: Qwen3-MoE with norm_topk_prob and decoder_sparse_step 2", "[
 
 TEST_CASE("llm moe: on the simulated chip, eager and compiled decoding equal the cpu", "[llm][moe][codegen]") {
   testing::TinySim tiny;
-  TinyCfg c = mixtral();
-  auto dir = temp_dir("mixtral_chip");
-  write_tiny_model(dir, c, DType::f32, 1, 44);
-  auto cpu_model = models::load_causal_lm(dir.string());
-  auto chip_model = models::load_causal_lm(dir.string(), tiny.dev());
-  std::filesystem::remove_all(dir);
-  models::GenerationConfig g;
-  g.max_new_tokens = 4;
-  const std::vector<std::vector<int64_t>> prompts{{3, 1, 4, 1, 5}, {2, 7}};
-  const auto want = models::generate(*cpu_model, prompts, g);
-  CHECK(models::generate(*chip_model, prompts, g) == want);
-  g.compile = true;
-  g.compile_name = "test_llm_moe_mixtral_sim";
-  CHECK(models::generate(*chip_model, prompts, g) == want);
-  // The grouped products, the permute and the unpermute ran as chip programs, never on the host.
-  for (const auto& f : ops::fallback_counts())
-    if (f.device == tiny.dev())
-      for (const char* op : {"grouped_matmul", "grouped_matmul_weight_grad", "moe_permute", "moe_unpermute"}) {
-        CAPTURE(op);
-        CHECK(f.op != op);
-      }
+  TinyCfg qwen3;
+  make_moe(qwen3, MoeSpec{.mixtral = false, .experts = 5, .top_k = 3, .inter = 8, .norm_topk = true});
+  for (const auto& [name, c] : {std::pair{"mixtral", mixtral()}, std::pair{"qwen3_moe", qwen3}}) {
+    CAPTURE(name);
+    auto dir = temp_dir(std::string(name) + "_chip");
+    write_tiny_model(dir, c, DType::f32, 1, 44);
+    auto cpu_model = models::load_causal_lm(dir.string());
+    auto chip_model = models::load_causal_lm(dir.string(), tiny.dev());
+    std::filesystem::remove_all(dir);
+    models::GenerationConfig g;
+    g.max_new_tokens = 4;
+    const std::vector<std::vector<int64_t>> prompts{{3, 1, 4, 1, 5}, {2, 7}};
+    const auto want = models::generate(*cpu_model, prompts, g);
+    // Host fallbacks on the chip so far (the device may have served earlier tests).
+    auto fallbacks = [&] {
+      uint64_t n = 0;
+      for (const auto& f : ops::fallback_counts())
+        if (f.device == tiny.dev()) n += f.calls;
+      return n;
+    };
+    const uint64_t before = fallbacks();
+    testing::ChipRunProbe::sync_all();
+    const codegen::CodegenStats s0 = codegen::stats();
+    CHECK(models::generate(*chip_model, prompts, g) == want);
+    g.compile = true;
+    g.compile_name = fmt::format("test_llm_moe_{}_sim", name);
+    CHECK(models::generate(*chip_model, prompts, g) == want);
+    // The whole model ran on the chip, the routing included (topk, moe_sort, then the grouped
+    // products, the permute and the unpermute): nothing on the host.
+    CHECK(fallbacks() == before);
+    testing::ChipRunProbe::sync_all();
+    const codegen::CodegenStats s1 = codegen::stats();
+    auto runs = [](const codegen::CodegenStats& s, const char* k) {
+      return s.runs_by_kernel.count(k) ? s.runs_by_kernel.at(k) : uint64_t{0};
+    };
+    for (const char* k : {"topk", "moe_sort", "grouped_matmul", "moe_permute", "moe_unpermute"}) {
+      CAPTURE(k);
+      CHECK(runs(s1, k) > runs(s0, k));
+    }
+  }
 }
 
 TEST_CASE("llm moe: gradients reach the router and every routed expert", "[llm][moe][autograd]") {

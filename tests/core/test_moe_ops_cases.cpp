@@ -378,6 +378,105 @@ TEST_CASE("moe ops on the chip: permute and unpermute match the naive loops", "[
                {"moe_permute", "order holds"});
 }
 
+// Host fallbacks of one op on sim devices so far.
+uint64_t moe_sim_fallbacks_of(const char* op) {
+  uint64_t n = 0;
+  for (const auto& c : ops::fallback_counts())
+    if (c.device.type == DeviceType::sim && c.op == op) n += c.calls;
+  return n;
+}
+
+TEST_CASE("moe routing on the chip: topk equals the cpu kernel (ties, NaN, -inf, k 1..4, bf16)", "[moe][codegen]") {
+  TinySim tiny;
+  const Device d = tiny.dev();
+  Generator g(17);
+  const uint64_t before = moe_sim_fallbacks_of("topk");
+  const auto runs0 = moe_kernel_runs("topk", "topk");
+  int launches = 0;
+  for (DType dt : {DType::f32, DType::bf16})
+    for (int64_t E : {4, 9, 16})
+      for (int64_t k = 1; k <= std::min<int64_t>(4, E); ++k) {
+        CAPTURE(dtype_name(dt), E, k);
+        // Values from a small set (many ties), some NaN and -inf, on 13 + E rows (not a tile multiple).
+        const int64_t T = 13 + E;
+        std::vector<float> v(static_cast<size_t>(T * E));
+        const std::vector<float> pool = {0.5f, -1.0f, 2.0f, 0.0f, -0.0f, 2.0f, NAN, -INFINITY, 0.25f};
+        for (size_t i = 0; i < v.size(); ++i)
+          v[i] = pool[static_cast<size_t>(std::fabs(uni(g, {1}).item<float>()) * 1e4) % pool.size()];
+        for (int64_t c = 0; c < E; ++c) v[static_cast<size_t>(c)] = NAN;                           // an all-NaN row
+        for (int64_t c = 0; c < E; ++c) v[static_cast<size_t>(E + c)] = -INFINITY;                // an all -inf row
+        Tensor x = from_vector(v, Shape{T, E}).to(dt);
+        auto [cv, ci] = topk(x, k);
+        auto [sv, si] = topk(x.to(d), k);
+        ++launches;
+        REQUIRE(si.dtype() == DType::i64);
+        CHECK(si.to(Device()).to_vector<int64_t>() == ci.to_vector<int64_t>());
+        const std::vector<float> a = sv.to(Device()).to(DType::f32).to_vector<float>(),
+                                 b = cv.to(DType::f32).to_vector<float>();
+        REQUIRE(a.size() == b.size());
+        for (size_t i = 0; i < a.size(); ++i) {
+          INFO("value " << i << ": " << a[i] << " vs " << b[i]);
+          CHECK((std::isnan(a[i]) ? std::isnan(b[i]) : (a[i] == b[i] && std::signbit(a[i]) == std::signbit(b[i]))));
+        }
+      }
+  // A strided view of rows (the router's logits of a wider matrix) and a 3-d input.
+  Tensor w = uni(g, {7, 12});
+  Tensor view = narrow(w, 1, 2, 8);
+  auto [vv, vi] = topk(narrow(w.to(d), 1, 2, 8), 3);
+  CHECK(vi.to(Device()).to_vector<int64_t>() == std::get<1>(topk(view, 3)).to_vector<int64_t>());
+  CHECK(vv.to(Device()).to_vector<float>() == std::get<0>(topk(view, 3)).to_vector<float>());
+  Tensor y = uni(g, {2, 5, 6});
+  CHECK(std::get<1>(topk(y.to(d), 2)).to(Device()).to_vector<int64_t>() == std::get<1>(topk(y, 2)).to_vector<int64_t>());
+  CHECK(moe_sim_fallbacks_of("topk") == before);
+  const auto runs1 = moe_kernel_runs("topk", "topk");
+  CHECK(int(runs1.first - runs0.first) == launches + 2);
+  // A new token count reuses the program.
+  const uint64_t built = codegen::stats().programs_built;
+  topk(uni(g, {3, 9}).to(d), 2);
+  topk(uni(g, {40, 9}).to(d), 2);
+  CHECK(codegen::stats().programs_built == built);
+}
+
+TEST_CASE("moe routing on the chip: moe_sort equals the cpu kernel (stable, empty experts, E up to 16)", "[moe][codegen]") {
+  TinySim tiny;
+  const Device d = tiny.dev();
+  Generator g(19);
+  const uint64_t before = moe_sim_fallbacks_of("moe_sort");
+  uint64_t built = 0;
+  for (int64_t E : {1, 3, 8, 16})
+    for (int64_t k = 1; k <= std::min<int64_t>(4, E); ++k)
+      for (int64_t T : {1, 5, 13, 21}) {
+        CAPTURE(E, k, T);
+        // Ids skewed to the low experts (some experts empty), as i64 and as i32.
+        std::vector<int64_t> v(static_cast<size_t>(T * k));
+        for (auto& x : v) {
+          const float u = std::fabs(uni(g, {1}).item<float>());
+          x = std::min<int64_t>(E - 1, static_cast<int64_t>(u * u * static_cast<float>(E)));
+        }
+        const Tensor ids = from_vector(v, Shape{T, k});
+        auto [co, cs] = moe_sort(ids, E);
+        for (DType dt : {DType::i64, DType::i32}) {
+          auto [so, ss] = moe_sort(ids.to(dt).to(d), E);
+          REQUIRE(so.device() == d);
+          CHECK(so.to(Device()).to_vector<int64_t>() == co.to_vector<int64_t>());
+          CHECK(ss.to(Device()).to_vector<int64_t>() == cs.to_vector<int64_t>());
+        }
+        // Stability against a naive loop: by expert, then by slot.
+        std::vector<int64_t> want;
+        for (int64_t e = 0; e < E; ++e)
+          for (size_t i = 0; i < v.size(); ++i)
+            if (v[i] == e) want.push_back(static_cast<int64_t>(i));
+        CHECK(co.to_vector<int64_t>() == want);
+        if (T == 13 && E == 16 && k == 4) built = codegen::stats().programs_built;
+      }
+  CHECK(moe_sim_fallbacks_of("moe_sort") == before);
+  // Another routing and token count of the same E: no new program.
+  REQUIRE(built > 0);
+  moe_sort(counts_tensor({3, 0, 15, 15, 2, 7, 1}, DType::i32).to(d), 16);
+  CHECK(codegen::stats().programs_built == built);
+  expect_error([&] { moe_sort(counts_tensor({0, 4, 1}, DType::i32).to(d), 4); }, {"moe_sort", "out of range"});
+}
+
 // The figures of codegen/README.md: a Mixtral-shaped expert projection (512 slots of 4096 over 8
 // experts of [14336, 4096], bf16, uneven routing) against one dense matmul of the same FLOPs on
 // v5e-ideal, timing-only. Hidden; run with "[measure]".
@@ -416,6 +515,28 @@ TEST_CASE("moe ops on the chip: measure a Mixtral-shaped grouped matmul on v5e",
   cost("dense linear, same FLOPs", [&] { (void)linear(x, wd, Tensor()); });
   Tensor dy = empty_tensor({T, N}, DType::bf16, d);
   cost("grouped_matmul_weight_grad", [&] { (void)grouped_matmul_weight_grad(x, dy, gs, true); });
+}
+
+// The routing of a Qwen3-30B-A3B-shaped layer (512 tokens, 128 experts, top 8) on v5e-ideal
+// (executed: moe_sort's scatter reads the positions it computed). Hidden; run with "[measure]".
+TEST_CASE("moe routing on the chip: measure a Qwen3-30B-A3B-shaped router on v5e", "[.][measure]") {
+  const std::string prev = device::sim_chip(1);
+  set_sim_chip("v5e-ideal", 1);
+  {
+    const Device d("sim:1");
+    Generator g(3);
+    Tensor logits = uni(g, {512, 128}).to(d);
+    auto cost = [&](const char* what, auto&& fn) {
+      fn();  // builds the program
+      ChipRunProbe p;
+      fn();
+      std::printf("%s: %.0f cycles\n", what, p.new_cycles());
+    };
+    Tensor ids = std::get<1>(topk(logits, 8));
+    cost("topk [512, 128], k 8", [&] { (void)topk(logits, 8); });
+    cost("moe_sort [512, 8] over 128 experts", [&] { (void)moe_sort(ids, 128); });
+  }
+  set_sim_chip(prev, 1);
 }
 
 TEST_CASE("moe ops: bad inputs are errors naming the argument", "[moe][errors]") {

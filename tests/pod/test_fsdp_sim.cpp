@@ -106,16 +106,24 @@ std::shared_ptr<models::CausalLM> ep_sim_moe_lm() {
       R"({"model_type": "qwen3_moe", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 24,
           "moe_intermediate_size": 8, "num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": true,
           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
-          "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "router_aux_loss_coef": 0.0,
+          "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "router_aux_loss_coef": 0.05,
           "router_z_loss_coef": 0.01, "tie_word_embeddings": false})");
   Generator g(23);
   return std::make_shared<models::CausalLM>(c, &g);
 }
 
-Tensor ep_sim_loss(models::CausalLM& lm, const Tensor& tok, const Device& dev) {
+// Cross-entropy plus models::router_aux_loss; with `group` (the ranks holding distinct tokens),
+// its load-balancing term over the group's whole batch (nn::parallel::load_balancing_loss)
+// instead, the z-loss (a mean over the tokens) as it is.
+Tensor ep_sim_loss(models::CausalLM& lm, const Tensor& tok, const Device& dev,
+                   const dist::ProcessGroupPtr& group = nullptr) {
   Tensor ids = narrow(tok, 1, 0, kSeq).contiguous().to(dev), tgt = narrow(tok, 1, 1, kSeq).contiguous().to(dev);
   Tensor ce = lm_loss(lm(ids), tgt);  // before router_aux_loss, which reads the forward's router logits
-  return add(ce, models::router_aux_loss(lm));
+  if (!group) return add(ce, models::router_aux_loss(lm));
+  std::vector<Tensor> logits;
+  for (const auto& l : lm.model->layers) logits.push_back(l->moe->router_logits);
+  Tensor aux = mul(nn::parallel::load_balancing_loss(lm, group), lm.config.router_aux_loss_coef);
+  return add(ce, add(aux, mul(nn::router_z_loss(logits), lm.config.router_z_loss_coef)));
 }
 
 // The part of a one-process tensor the rank at (dp_rank, ep_rank) holds: its experts, then its
@@ -205,7 +213,8 @@ void ep_sim_train(int dp, int ep, bool tp = false) {
     }
     optim::SGD opt(lm->parameters(), optim::SGDOptions{0.2, 0.9});
     for (int s = 0; s < steps; ++s) {
-      Tensor loss = ep_sim_loss(*lm, narrow(batch_tokens(s, kBatch, kSeq, 32), 0, (tp ? ep_rank : r) * rows, rows), chip);
+      Tensor loss = ep_sim_loss(*lm, narrow(batch_tokens(s, kBatch, kSeq, 32), 0, (tp ? ep_rank : r) * rows, rows), chip,
+                                tp ? ep_g[static_cast<size_t>(r)] : pods[static_cast<size_t>(r)]);
       loss.backward();
       nn::parallel::sync_replicated_gradients(*lm, ep_g[static_cast<size_t>(r)]);
       losses[static_cast<size_t>(r)].push_back(loss.to(Device()).item<double>());

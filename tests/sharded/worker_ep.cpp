@@ -1,8 +1,9 @@
 // Expert parallelism (nn::parallel::expert_parallel) on a tiny Qwen3-MoE-shaped models::CausalLM:
 // the experts of every sparse block split over the "ep" axis of a mesh, the whole model fully
 // sharded over its "dp" axis (EP x FSDP), every rank training on its own rows of the global
-// batch with AdamW and a router z-loss; against the same model trained in one process on the
-// whole batch (no parallel code there): losses, first-step gradients and final weights.
+// batch with AdamW, the load-balancing loss over the whole batch and a router z-loss; against
+// the same model trained in one process on the whole batch (no parallel code there): losses,
+// first-step gradients and final weights.
 // EP x TP: the experts split over the "ep" axis of a 2-D mesh, attention and the dense MLP of a
 // qwen3_moe model with a dense layer (mlp_only_layers) tensor-parallel over its "tp" axis.
 #include <algorithm>
@@ -27,7 +28,7 @@ std::shared_ptr<models::CausalLM> make_moe_lm(bool dense_layer = false) {
       R"({{"model_type": "qwen3_moe", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 24,
           "moe_intermediate_size": 8, "num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": true,
           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
-          "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "router_aux_loss_coef": 0.0,
+          "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "router_aux_loss_coef": 0.05,
           "router_z_loss_coef": 0.01, "tie_word_embeddings": false, "mlp_only_layers": [{}]}})",
       dense_layer ? "1" : ""));
   Generator g(23);
@@ -44,11 +45,18 @@ Tensor ep_part(const std::string& name, const Tensor& full, int ep_rank, int ep,
   return dp > 1 ? my_rows(t, dp_rank, dp).contiguous() : t;
 }
 
-// Cross-entropy plus the z-loss term of models::router_aux_loss (a mean over the tokens, so the
+// Cross-entropy plus models::router_aux_loss (load balancing and z-loss). With `group` (the
+// ranks holding distinct tokens), the load-balancing term over the group's whole batch
+// (nn::parallel::load_balancing_loss) and the z-loss as it is (a mean over the tokens, so the
 // mean of the ranks' losses is the loss of the whole batch).
-Tensor ep_loss(models::CausalLM& lm, const Tensor& ids, const Tensor& tgt) {
-  Tensor logits = lm(ids);
-  return add(lm_loss(logits, tgt), models::router_aux_loss(lm));
+Tensor ep_loss(models::CausalLM& lm, const Tensor& ids, const Tensor& tgt, const dist::ProcessGroupPtr& group = nullptr) {
+  Tensor ce = lm_loss(lm(ids), tgt);
+  if (!group) return add(ce, models::router_aux_loss(lm));
+  std::vector<Tensor> logits;
+  for (const auto& l : lm.model->layers)
+    if (l->moe) logits.push_back(l->moe->router_logits);
+  Tensor aux = mul(load_balancing_loss(lm, group), lm.config.router_aux_loss_coef);
+  return add(ce, add(aux, mul(nn::router_z_loss(logits), lm.config.router_z_loss_coef)));
 }
 
 // The one-process reference of the MoE model: AdamW on the whole batch.
@@ -156,7 +164,8 @@ int ep_tp_train_once(int ep, bool expert_tp, const EpReference& ref) {
   auto opt = make_opt("adamw", lm->parameters());
   for (int step = 0; step < steps; ++step) {
     Tensor tok = narrow(batch_tokens(step, kBatch, kSeq, kEpVocab), 0, ep_rank * rows, rows);
-    Tensor loss = ep_loss(*lm, narrow(tok, 1, 0, kSeq).contiguous(), narrow(tok, 1, 1, kSeq).contiguous());
+    Tensor loss = ep_loss(*lm, narrow(tok, 1, 0, kSeq).contiguous(), narrow(tok, 1, 1, kSeq).contiguous(),
+                          mesh.group("ep"));
     loss.backward();
     // Everything but the experts is replicated over "ep" (the tp slices alike): average it.
     sync_replicated_gradients(*lm, mesh.group("ep"));
@@ -217,7 +226,8 @@ int scenario_ep_train(int ep, bool plan) {
   auto opt = make_opt("adamw", lm->parameters());
   for (int step = 0; step < steps; ++step) {
     Tensor tok = narrow(batch_tokens(step, kBatch, kSeq, kEpVocab), 0, dist::get_rank() * rows, rows);
-    Tensor loss = ep_loss(*lm, narrow(tok, 1, 0, kSeq).contiguous(), narrow(tok, 1, 1, kSeq).contiguous());
+    Tensor loss = ep_loss(*lm, narrow(tok, 1, 0, kSeq).contiguous(), narrow(tok, 1, 1, kSeq).contiguous(),
+                          dist::world());
     loss.backward();
     sync_replicated_gradients(*lm, mesh.group("ep"));
     Tensor l = loss.detach().clone();
@@ -244,6 +254,10 @@ int scenario_ep_train(int ep, bool plan) {
                 "a block made expert-parallel twice");
     check_error([&] { parallelize_module(*lm, mesh.group("ep"), {{"model.layers.*.self_attn", ExpertParallel()}}); },
                 "needs a SparseMoE", "the ExpertParallel style on an attention");
+    check_error([&] { load_balancing_loss(std::vector<Tensor>{}, 4, 2, mesh.group("ep")); }, "no router logits",
+                "the group load-balancing loss without router logits");
+    check_error([&] { load_balancing_loss(*lm->model->layers[0]->self_attn, mesh.group("ep")); },
+                "no mixture-of-experts", "the group load-balancing loss of a module without sparse blocks");
   }
   return 0;
 }

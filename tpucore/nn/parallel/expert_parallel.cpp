@@ -117,6 +117,22 @@ std::map<const Module*, std::weak_ptr<Module>>& ep_tp_split() {
   return m;
 }
 
+// Sum over the group; the backward sums the gradients over the group as well (each rank's
+// loss holds the sum, and the ranks' gradients are averaged afterwards).
+Tensor ep_all_reduce_sum(const Tensor& x, const dist::ProcessGroupPtr& g) {
+  auto run = [g](const Tensor& t) {
+    NoGradGuard ng;
+    Tensor o = t.detach().contiguous().clone();
+    g->all_reduce(o, dist::ReduceOp::sum);
+    return o;
+  };
+  Tensor ins[1] = {x}, outs[1] = {run(x)};
+  attach_backward("ep_all_reduce_sum", ins, outs, [run](std::span<const Tensor> go, std::span<Tensor> gi) {
+    gi[0] = run(go[0]);
+  });
+  return outs[0];
+}
+
 }  // namespace
 
 Tensor all_to_all_rows(const Tensor& x, const std::vector<int64_t>& out_splits, const std::vector<int64_t>& in_splits,
@@ -196,6 +212,60 @@ int expert_parallel(Module& root, const dist::ProcessGroupPtr& group) {
     }
   TPU_CHECK(count > 0, "expert_parallel: the {} has no mixture-of-experts (SparseMoE) blocks", root.type_name());
   return count;
+}
+
+Tensor load_balancing_loss(const std::vector<Tensor>& router_logits, int64_t num_experts, int64_t top_k,
+                           const dist::ProcessGroupPtr& group) {
+  TPU_CHECK(group != nullptr && group->is_member(), "load_balancing_loss: this rank is not a member of the group");
+  TPU_CHECK(!router_logits.empty(), "load_balancing_loss: no router logits (run a forward of a model with "
+            "mixture-of-experts layers first)");
+  TPU_CHECK(top_k >= 1 && top_k <= num_experts, "load_balancing_loss: top_k {} is outside [1, {}]", top_k, num_experts);
+  for (const Tensor& l : router_logits)
+    TPU_CHECK(l.defined() && l.dim() == 2 && l.size(1) == num_experts && !l.is_proxy(),
+              "load_balancing_loss: router logits must be eager [tokens, {}] tensors, got {}", num_experts,
+              l.defined() ? l.shape().str() : std::string("undefined"));
+  const Tensor logits = tpu::to(router_logits.size() == 1 ? router_logits[0] : cat(router_logits, 0), DType::f32);
+  const Tensor p = softmax(logits, -1);
+  const Device dev = logits.device();
+  // The per-expert counts of the chosen slots [k, E] and the token count, summed over the group
+  // in one all-reduce (constants: the choices carry no gradient).
+  Tensor counts;
+  double tokens = 0;
+  {
+    NoGradGuard ng;
+    const Tensor chosen = tpu::to(one_hot(std::get<1>(topk(p, top_k)), num_experts), DType::f32);  // [N, k, E]
+    Tensor packed = cat({reshape(sum(chosen, {0}), Shape{-1}),
+                         full(Shape{1}, static_cast<double>(logits.size(0)), TensorOptions(DType::f32, dev))},
+                        0).contiguous();
+    group->all_reduce(packed, dist::ReduceOp::sum);
+    tokens = narrow(packed, 0, top_k * num_experts, 1).to(Device{}).item<double>();
+    counts = reshape(narrow(packed, 0, 0, top_k * num_experts), Shape{top_k, num_experts});
+  }
+  TPU_CHECK(tokens > 0, "load_balancing_loss: the group routed no tokens");
+  // The probability sums [E], summed over the group (differentiable).
+  const Tensor probs = ep_all_reduce_sum(sum(p, {0}), group);
+  const Tensor frac = div(counts, tokens), mean_p = reshape(div(probs, tokens), Shape{1, num_experts});
+  return mul(sum(mul(frac, mean_p)), static_cast<double>(num_experts));
+}
+
+Tensor load_balancing_loss(Module& root, const dist::ProcessGroupPtr& group) {
+  std::vector<Tensor> logits;
+  int64_t experts = 0, k = 0;
+  auto visit = [&](Module& m) {
+    auto* s = dynamic_cast<SparseMoE*>(&m);
+    if (s == nullptr) return;
+    TPU_CHECK(logits.empty() || (s->cfg.num_experts == experts && s->cfg.top_k == k),
+              "load_balancing_loss: the sparse blocks differ in experts or top-k ({} of {} vs {} of {})", s->cfg.top_k,
+              s->cfg.num_experts, k, experts);
+    experts = s->cfg.num_experts;
+    k = s->cfg.top_k;
+    logits.push_back(s->router_logits);
+  };
+  visit(root);
+  for (auto& [name, m] : root.named_modules()) visit(*m);
+  TPU_CHECK(!logits.empty(), "load_balancing_loss: the {} has no mixture-of-experts (SparseMoE) blocks",
+            root.type_name());
+  return load_balancing_loss(logits, experts, k, group);
 }
 
 void sync_replicated_gradients(Module& root, const dist::ProcessGroupPtr& group) {

@@ -58,6 +58,20 @@ void expert_tensor_parallel(SparseMoE& moe, const dist::ProcessGroupPtr& group);
 /// reduce-scatters: backward() has waited for them), before the optimizer step.
 void sync_replicated_gradients(Module& root, const dist::ProcessGroupPtr& group);
 
+/// The load-balancing loss of nn::load_balancing_loss over the whole batch of `group` (the
+/// ranks holding distinct tokens: the data- and expert-parallel ranks together): the chosen-slot
+/// counts per expert and the router probability sums are summed over the group (one all-reduce
+/// each) before the means are taken, so every rank gets the loss of the one-process batch. Its
+/// gradient in the logits is this rank's share, summed over the group (the probability sums'
+/// all-reduce has an all-reduce as its backward), so averaging the ranks' gradients (FSDP,
+/// sync_replicated_gradients) gives the one-process gradient. A collective: every rank calls it,
+/// and runs its backward. Eager only.
+Tensor load_balancing_loss(const std::vector<Tensor>& router_logits, int64_t num_experts, int64_t top_k,
+                           const dist::ProcessGroupPtr& group);
+/// The same over the router logits of the last forward of every SparseMoE below `root` (and
+/// root itself); no sparse blocks, or blocks of different expert counts or top-k: a tpu::Error.
+Tensor load_balancing_loss(Module& root, const dist::ProcessGroupPtr& group);
+
 /// Differentiable all_to_all_single over `group` with split sizes in rows of dim 0: in_splits[j]
 /// rows of x go to rank j, out_splits[i] rows come from rank i (the result has sum(out_splits)
 /// rows). Its backward is the reverse exchange of the gradient.
