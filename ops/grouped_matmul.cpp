@@ -31,7 +31,7 @@ using namespace ops;
 // Below this many FLOPs a product runs on one thread and products run in parallel instead.
 constexpr double kParallelFlops = 4e6;
 
-DType compute_dtype(DType t) { return t == DType::f16 ? DType::f32 : t; }
+DType gmm_compute_dtype(DType t) { return t == DType::f16 ? DType::f32 : t; }
 
 void check_float(const char* op, const char* arg, const Tensor& t) {
   TPU_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16 || t.dtype() == DType::f16,
@@ -147,7 +147,7 @@ void grouped_matmul_meta(const MetaArgs& a, MetaResult& m) {
   const DType dt = promote_types(x.dtype(), w.dtype());
   m.out() = {Shape{x.size(0), tw ? w.size(1) : w.size(2)}, dt, x.device()};
   m.cast_mask = 3;
-  m.cast_to = compute_dtype(dt);
+  m.cast_to = gmm_compute_dtype(dt);
 }
 
 void grouped_matmul_cpu(const KernelArgs& a) {
@@ -195,7 +195,7 @@ void weight_grad_meta(const MetaArgs& a, MetaResult& m) {
   const int64_t e = gs.size(0), k = x.size(1), n = dy.size(1);
   m.out() = {a.attrs.get_bool("transpose_w") ? Shape{e, n, k} : Shape{e, k, n}, dt, x.device()};
   m.cast_mask = 3;
-  m.cast_to = compute_dtype(dt);
+  m.cast_to = gmm_compute_dtype(dt);
 }
 
 void weight_grad_cpu(const KernelArgs& a) {

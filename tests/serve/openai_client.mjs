@@ -1,5 +1,6 @@
 // tpu-serve driven by the official OpenAI client library (npm package `openai`) on 127.0.0.1:
-// chat and completions, streaming, n, logprobs, exact usage with a stop string, json_schema output,
+// chat and completions, streaming, n, logprobs, unseeded samples that differ, 32 concurrent mixed
+// requests equal to each alone, exact usage with a stop string, json_schema output,
 // a required tool call (streamed too), a 400 for an unsupported schema keyword, models.retrieve.
 // Usage: node openai_client.mjs CLIENT_DIR PORT MODEL. Exit 0 when all pass.
 import { createRequire } from 'node:module';
@@ -54,6 +55,31 @@ await check('chat logprobs', async () => {
   for (const t of content) {
     assert.ok(t.logprob <= 0);
     assert.equal(t.top_logprobs.length, 2);
+  }
+});
+
+await check('unseeded samples differ', async () => {
+  // Four sampled completions without a seed: each request draws a fresh seed, so (over 8 tokens of a
+  // random model's ~100-way distribution) at least two of them differ.
+  const rs = await Promise.all([0, 1, 2, 3].map(() =>
+    client.completions.create({ model, prompt: 'Once', max_tokens: 8, temperature: 1, ignore_eos: true })));
+  assert.ok(new Set(rs.map((r) => r.choices[0].text)).size > 1, 'four unseeded samples were all equal');
+});
+
+await check('32 concurrent mixed requests equal each alone', async () => {
+  // Greedy and seeded sampled requests of different prompts and lengths, first one at a time, then all
+  // 32 at once (the engine batches them): each request's text and token count must not change.
+  const prompts = ['Once', 'The cat', 'a b c', 'Hello there', '1 2 3 4', 'x'];
+  const req = (i) => ({
+    model, prompt: prompts[i % prompts.length], max_tokens: 3 + (i % 5), ignore_eos: true,
+    ...(i % 2 ? { temperature: 0.8, top_p: 0.9, seed: 100 + i } : { temperature: 0 }),
+  });
+  const alone = [];
+  for (let i = 0; i < 32; ++i) alone.push(await client.completions.create(req(i)));
+  const together = await Promise.all(Array.from({ length: 32 }, (_, i) => client.completions.create(req(i))));
+  for (let i = 0; i < 32; ++i) {
+    assert.equal(together[i].choices[0].text, alone[i].choices[0].text, `request ${i} differs in a batch`);
+    assert.equal(together[i].usage.completion_tokens, alone[i].usage.completion_tokens);
   }
 });
 

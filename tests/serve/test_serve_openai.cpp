@@ -409,3 +409,16 @@ TEST_CASE("tpu-serve api: the official OpenAI node client, model on the simulate
   ModelFixture f(47, 512, 32);
   run_node_client(f, models::load_causal_lm(f.dir.string(), chip.dev()));
 }
+
+// The same with the parameters in bf16 (batch invariance at bf16: the cpu's few-row and packed
+// kernels, the chip's bf16 programs), on the cpu and on the simulated chip.
+TEST_CASE("tpu-serve api: the official OpenAI node client, bf16", "[.][node-bf16]") {
+  ModelFixture f(47, 512, 32);
+  run_node_client(f, models::load_causal_lm(f.dir.string(), models::LoadOptions{.device = Device(), .dtype = DType::bf16}));
+}
+
+TEST_CASE("tpu-serve api: the official OpenAI node client, bf16 model on the simulated chip", "[.][node-sim-bf16]") {
+  tpu::testing::TinySim chip;
+  ModelFixture f(47, 512, 32);
+  run_node_client(f, models::load_causal_lm(f.dir.string(), models::LoadOptions{.device = chip.dev(), .dtype = DType::bf16}));
+}
