@@ -49,6 +49,14 @@ std::vector<std::vector<int64_t>> generate(CausalLM& model, const std::vector<st
 int64_t choose_token(std::vector<float> logits, const std::vector<int64_t>& history, const GenerationConfig& cfg,
                      std::mt19937_64& rng);
 
+/// The KV cache generate() uses for `batch` rows of up to `capacity` positions: when every
+/// layer slides with one window W < capacity (Mistral; Qwen2 with use_sliding_window over every
+/// layer) and the cache is not int8, a ring of the last W positions per layer
+/// (nn::KVCache's ring), so memory stays window-sized however long the sequence; otherwise
+/// CausalLM::make_cache (models mixing windowed and global layers, Gemma 2 / 3, keep every
+/// position).
+nn::KVCache make_generation_cache(const CausalLM& model, int64_t batch, int64_t capacity);
+
 /// Drops the compiled decode steps and caches generate() keeps for `model` (the model's
 /// destructor calls it; they are held outside the model, keyed by it).
 void release_generation_state(const CausalLM& model);
