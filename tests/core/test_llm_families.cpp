@@ -311,7 +311,9 @@ TEST_CASE("llm families: Gemma 2 on the chip: eager and compiled decoding equal 
   g.max_new_tokens = 6;
   const std::vector<std::vector<int64_t>> prompts{{3, 1, 4, 1, 5}, {2, 7}};
   const auto want = models::generate(*cpu_model, prompts, g);
+  const uint64_t fb0 = ops::total_fallbacks();  // eager prefill and decode run as chip programs
   CHECK(models::generate(*chip_model, prompts, g) == want);
+  CHECK(ops::total_fallbacks() == fb0);
   g.compile = true;
   g.compile_name = "test_llm_families_gemma2_sim";
   testing::ChipRunProbe probe;
