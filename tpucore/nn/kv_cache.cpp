@@ -210,8 +210,15 @@ Tensor KVCache::update_and_attend_variant(int64_t layer, const Tensor& q, const 
   } else {
     Tensor mask = keep;
     if (!mask.defined()) mask = causal_keep_mask(b, t, past, {}, q.device());
-    if (variant.window > 0) mask = logical_and(mask, sliding_window_keep(t, past, variant.window, q.device()));
-    attn = masked_attention(q, kc, vc, mask, scale, variant.softcap);
+    if (q.device().type != DeviceType::cpu && !quantized()) {
+      // On a chip the window and soft-cap are constants of the fused attention program (the
+      // cached keys as a cache of length past + t written at past).
+      attn = codegen::kv_cache_attention(q, kc, vc, codegen::position_tensor(past, q.device()), mask, scale,
+                                         variant.window, variant.softcap);
+    } else {
+      if (variant.window > 0) mask = logical_and(mask, sliding_window_keep(t, past, variant.window, q.device()));
+      attn = masked_attention(q, kc, vc, mask, scale, variant.softcap);
+    }
   }
   return reshape(transpose(attn, 1, 2), Shape{b, t, h * d});
 }
