@@ -158,6 +158,22 @@ TEST_CASE("llm families: Qwen2 with use_sliding_window from max_window_layers", 
   check_model(c, 22);
 }
 
+// A prefill of 6 tokens, then `steps` greedy steps through `cache`: the relative error of every
+// logit row against the reference's full forward over the whole sequence.
+static double ring_decode_error(models::CausalLM& m, const TinyCfg& c, Weights& w, nn::KVCache& cache,
+                                int steps) {
+  std::vector<int64_t> seq{3, 1, 4, 1, 5, 9};
+  std::vector<Tensor> parts{m.forward(row(seq), &cache)};
+  for (int step = 0; step < steps; ++step) {
+    const std::vector<float> last = select(parts.back(), 1, parts.back().size(1) - 1).to_vector<float>();
+    seq.push_back(static_cast<int64_t>(std::max_element(last.begin(), last.end()) - last.begin()));
+    parts.push_back(m.forward(row({seq.back()}), &cache));
+  }
+  std::vector<int64_t> pos(seq.size());
+  for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int64_t>(i);
+  return rel_error(cat(parts, 1), ref_forward(c, w, seq, pos));
+}
+
 TEST_CASE("llm families: generate() keeps only the window when every layer slides", "[llm][families][compile]") {
   TinyCfg c;
   c.model_type = "mistral";
@@ -176,19 +192,8 @@ TEST_CASE("llm families: generate() keeps only the window when every layer slide
   CHECK_FALSE(models::make_generation_cache(*m, 1, 4).ring());  // a window as long as the sequence: no ring
   // A prefill longer than the window, then 16 greedy steps through the ring: every logit row
   // equals the reference's full forward over the whole sequence.
-  std::vector<int64_t> seq{3, 1, 4, 1, 5, 9};
-  std::vector<Tensor> parts{m->forward(row(seq), &cache)};
-  for (int step = 0; step < 16; ++step) {
-    const std::vector<float> last = select(parts.back(), 1, parts.back().size(1) - 1).to_vector<float>();
-    seq.push_back(static_cast<int64_t>(std::max_element(last.begin(), last.end()) - last.begin()));
-    parts.push_back(m->forward(row({seq.back()}), &cache));
-  }
-  std::vector<int64_t> pos(seq.size());
-  for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int64_t>(i);
-  const double e = rel_error(cat(parts, 1), ref_forward(c, w, seq, pos));
-  INFO("relative error of ring decoding " << e);
-  CHECK(e <= 1e-5);
-  CHECK(cache.length() == static_cast<int64_t>(seq.size()));
+  CHECK(ring_decode_error(*m, c, w, cache, 16) <= 1e-5);
+  CHECK(cache.length() == 22);
   CHECK(cache.nbytes() == ring_bytes);
   // Batched, left-padded greedy generation (eager and compiled) equals the reference's argmax.
   const std::vector<std::vector<int64_t>> prompts{{3, 1, 4, 1, 5, 9}, {2, 7}};
@@ -222,6 +227,21 @@ TEST_CASE("llm families: Gemma 2", "[llm][families]") {
   c.extra_json += R"(, "query_pre_attn_scalar": 12, "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,
                      "sliding_window": 3)";
   check_model(c, 23);
+}
+
+TEST_CASE("llm families: Gemma 2's windowed layers keep only the window in generate()'s cache", "[llm][families]") {
+  TinyCfg c = gemma2_windowed();
+  auto dir = temp_dir("gemma2_ring");
+  Weights w = write_tiny_model(dir, c, DType::f32, 1, 31);
+  auto m = models::load_causal_lm(dir.string());
+  NoGradGuard ng;
+  // Layers 0 and 2 rings of 3 positions, layer 1 (global) 32: (3 + 32 + 3) x keys and values.
+  nn::KVCache cache = models::make_generation_cache(*m, 1, 32);
+  CHECK(cache.nbytes() == (3 + 32 + 3) * 2 * c.kv_heads * c.head_dim * 4);
+  CHECK_FALSE(cache.ring());
+  CHECK(models::make_generation_cache(*m, 1, 32, true).nbytes() == 3 * 32 * 2 * c.kv_heads * c.head_dim * 4);
+  CHECK(ring_decode_error(*m, c, w, cache, 14) <= 1e-5);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("llm families: Gemma 3 text", "[llm][families]") {

@@ -59,13 +59,23 @@ int64_t choose_token(std::vector<float> logits, const std::vector<int64_t>& hist
   return order[keep - 1];
 }
 
-nn::KVCache make_generation_cache(const CausalLM& m, int64_t batch, int64_t capacity) {
+nn::KVCache make_generation_cache(const CausalLM& m, int64_t batch, int64_t capacity, bool shape_static) {
   const ModelConfig& c = m.config;
-  bool all = c.sliding_window > 0 && !m.int8_kv_cache && c.sliding_window < capacity;
-  for (int64_t i = 0; all && i < c.num_hidden_layers; ++i) all = c.is_sliding(i);
-  if (!all) return m.make_cache(batch, capacity);
-  return nn::KVCache(c.num_hidden_layers, batch, c.num_key_value_heads, c.sliding_window, c.head_dim, m.dtype(),
-                     m.device(), /*ring=*/true);
+  const int64_t w = c.sliding_window;
+  if (w <= 0 || m.int8_kv_cache || w >= capacity) return m.make_cache(batch, capacity);
+  std::vector<int64_t> rings(static_cast<size_t>(c.num_hidden_layers), 0);
+  bool all = true, any = false;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const bool sl = c.is_sliding(i);
+    rings[static_cast<size_t>(i)] = sl ? w : 0;
+    all = all && sl;
+    any = any || sl;
+  }
+  if (all) return nn::KVCache(c.num_hidden_layers, batch, c.num_key_value_heads, w, c.head_dim, m.dtype(), m.device(),
+                              rings);
+  if (!any || shape_static) return m.make_cache(batch, capacity);
+  return nn::KVCache(c.num_hidden_layers, batch, c.num_key_value_heads, capacity, c.head_dim, m.dtype(), m.device(),
+                     rings);
 }
 
 namespace {
@@ -91,7 +101,7 @@ std::shared_ptr<CompiledDecode> compiled_decode(CausalLM& m, int64_t batch, int6
   std::lock_guard<std::mutex> lk(reg.mu);
   std::shared_ptr<CompiledDecode>& s = reg.steps[&m][{batch, capacity}];
   if (!s) {
-    auto fresh = std::make_shared<CompiledDecode>(CompiledDecode{make_generation_cache(m, batch, capacity), {}});
+    auto fresh = std::make_shared<CompiledDecode>(CompiledDecode{make_generation_cache(m, batch, capacity, true), {}});
     nn::KVCache* c = &fresh->cache;
     auto step_fn = [&m, c](const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& keep,
                            const Tensor& write) {
