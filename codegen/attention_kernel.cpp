@@ -62,12 +62,12 @@ Layout plan_layout(const sim::ChipConfig& cfg, const AttentionSpec& s, int64_t t
   p.rsum = take(tq * 4);
   p.fold_max = take(tq * lanes * 4);
   p.fold_sum = take(tq * lanes * 4);
-  if (s.causal || s.has_mask) p.mask = take(tq * tk * 4);
+  if (s.causal || s.has_mask || s.window > 0) p.mask = take(tq * tk * 4);
   if (s.has_mask) {
     for (int i = 0; i < kRingKV; ++i) p.mask_in[i] = take(tq * tk);
     for (int i = 0; i < kRingAlpha; ++i) p.valid[i] = take(tq * 4);
   }
-  if (s.causal) {
+  if (s.causal || s.window > 0) {
     p.mask0 = take(tq * tk * 4);
     p.diff = take(tq * tk * 4);
     p.col_iota = take(tk * 4);
@@ -79,7 +79,7 @@ Layout plan_layout(const sim::ChipConfig& cfg, const AttentionSpec& s, int64_t t
 
 struct Step {
   int64_t head, qblock, q0, ql, k0, kl;
-  bool first, last, diag;
+  bool first, last, diag, band;  // band: some key of the block is behind some row's window
 };
 
 std::vector<Step> plan_steps(const AttentionSpec& s, int64_t tq, int64_t tk) {
@@ -90,9 +90,14 @@ std::vector<Step> plan_steps(const AttentionSpec& s, int64_t tq, int64_t tk) {
       const int64_t ql = std::min(tq, s.lq - q0);
       // Keys past the block's last query row are masked for every row: never computed.
       const int64_t kend = s.causal ? std::min(s.lk, q0 + ql) : s.lk;
-      for (int64_t k0 = 0; k0 < kend; k0 += tk) {
+      // Keys before the first row's window are masked for every row: never computed either.
+      int64_t kstart = 0;
+      if (s.window > 0 && kend > 0)
+        kstart = std::min(std::max<int64_t>(0, s.q_pos0 + q0 - s.window + 1) / tk, (kend - 1) / tk) * tk;
+      for (int64_t k0 = kstart; k0 < kend; k0 += tk) {
         const int64_t kl = std::min(tk, kend - k0);
-        steps.push_back({h, qblock, q0, ql, k0, kl, k0 == 0, k0 + kl >= kend, s.causal && k0 + kl - 1 > q0});
+        steps.push_back({h, qblock, q0, ql, k0, kl, k0 == kstart, k0 + kl >= kend, s.causal && k0 + kl - 1 > q0,
+                         s.window > 0 && k0 <= s.q_pos0 + q0 + ql - 1 - s.window});
       }
     }
   return steps;
@@ -108,7 +113,7 @@ class Emitter {
 
   sim::Program run() {
     b_.signal(kSemO, 2);  // both output tiles start free
-    if (s_.causal) emit_diff_tile();
+    if (s_.causal || s_.window > 0) emit_diff_tile();
     const size_t n = steps_.size();
     for (size_t i = 0; i <= kAhead && i < n; ++i) loads(i);
     for (size_t i = 0; i < kAhead && i < n; ++i) {
@@ -212,6 +217,19 @@ class Emitter {
     const int p = int(i % 2), pp = 1 - p, r = int(i % kRingAlpha);
     const int64_t sbuf = L_.s[i % kRingS], ql = st.ql, kl = st.kl;
     const sim::Operand S = vm(sbuf, DType::f32, tk_);
+    if (s_.softcap > 0) {
+      // S -> (cap / scale) tanh(scale S / cap): the exp's scale below makes it cap tanh(scale S / cap).
+      b_.binary(Op::vmul, S, S, B::imm(s_.scale / s_.softcap), ql, kl);
+      b_.unary(Op::vtanh, S, S, ql, kl);
+      b_.binary(Op::vmul, S, S, B::imm(s_.softcap / s_.scale), ql, kl);
+    }
+    if (st.band) {
+      // Key k0 + c is behind row q0 + r's window when c - r < q_pos0 + q0 - k0 - window + 1.
+      const sim::Operand M = vm(L_.mask, DType::f32, tk_);
+      b_.binary(Op::vcmplt, M, vm(L_.diff, DType::f32, tk_), B::imm(float(s_.q_pos0 + st.q0 - st.k0 - s_.window + 1)),
+                ql, kl);
+      b_.ternary(Op::vsel, S, M, B::imm(kMaskedScore), S, ql, kl);
+    }
     if (st.diag) {
       sim::Operand M = vm(L_.mask0, DType::f32, tk_);  // the common diagonal block (k0 == q0)
       if (st.q0 != st.k0) {
@@ -327,6 +345,9 @@ AttentionTiling choose_attention_tiling(const sim::ChipConfig& cfg, const Attent
 }
 
 sim::Program make_attention_program(const sim::ChipConfig& cfg, const AttentionSpec& s) {
+  TPU_CHECK(s.window >= 0 && s.softcap >= 0 && (!s.causal || s.q_pos0 == 0),
+            "internal: codegen: attention window {} (query offset {}, causal {}) or softcap {}", s.window, s.q_pos0,
+            s.causal, s.softcap);
   TPU_CHECK(s.scale > 0 && int64_t(s.q_off.size()) == s.heads && s.group > 0 &&
                 (!s.has_mask || int64_t(s.m_off.size()) == s.heads) &&
                 int64_t(s.k_off.size()) * s.group == s.heads && s.k_off.size() == s.v_off.size(),
@@ -341,6 +362,7 @@ std::string attention_key(const AttentionSpec& s) {
                               s.q_rs, s.k_rs, s.v_rs, s.tq, s.tk);
   for (const auto* v : {&s.q_off, &s.k_off, &s.v_off}) k += fmt::format("{};", fmt::join(*v, ","));
   if (s.has_mask) k += fmt::format("mask{}:{};", s.m_rs, fmt::join(s.m_off, ","));
+  if (s.window > 0 || s.softcap > 0) k += fmt::format("w{}@{}:cap{};", s.window, s.q_pos0, s.softcap);
   return k;
 }
 

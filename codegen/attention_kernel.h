@@ -2,7 +2,8 @@
 // program. For every (query head, block of tq query rows) the key/value blocks of tk rows stream
 // through VMEM by DMA (prefetched two steps ahead, three buffers each); per step
 //   S = Q K^T               on the MXUs (key tiles of the array width side by side, f32 accumulate)
-//   causal mask             on the vector unit, only on blocks that straddle the diagonal
+//   soft-cap, causal and sliding-window masks on the vector unit / EUP (the masks only on blocks
+//                           that straddle the diagonal or the window's edge)
 //   m' = max(m, rowmax S);  P = exp(scale (S - m'));  l' = l exp(scale (m - m')) + rowsum P
 //   T = P V                 on the MXUs (query rows split over the MXUs)
 //   O = O exp(scale (m - m')) + T
@@ -45,6 +46,13 @@ struct AttentionSpec {
   std::vector<int64_t> m_off;
   int64_t m_rs = 0;
   int64_t tq = 0, tk = 0;  // 0: chosen by choose_attention_tiling
+  // Sliding window (0: none): query row i, at key position q_pos0 + i, sees only the keys j with
+  // q_pos0 + i - j < window; key blocks wholly before every row's window are never computed.
+  // q_pos0 must be 0 with causal (top-left aligned).
+  int64_t window = 0, q_pos0 = 0;
+  // Soft-capping (0: none): the scaled scores become softcap * tanh(scale S / softcap) before
+  // the masks and the softmax (Gemma's order).
+  float softcap = 0;
 };
 
 struct AttentionTiling {

@@ -67,4 +67,13 @@ int64_t cached_attention_vmem_bytes(const sim::ChipConfig& cfg, const CachedAtte
 Tensor kv_cache_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& pos,
                           const Tensor& mask, double scale, int64_t window = 0, double softcap = 0);
 
+// The fused flash attention (attention_kernel.h) of q [..., Lq, D] over k, v [..., Lk, D] on a
+// device that runs generated programs, into `out` [..., Lq, Dv]: an optional bool mask
+// broadcastable to the scores, causal (top-left), a sliding window with query row i at key
+// position q_pos0 + i, soft-capping, all program constants. False (nothing run) for shapes and
+// dtypes it does not take (not f32 / bf16, no keys, causal with q_pos0 != 0).
+bool flash_attention_on_chip(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const Tensor& out,
+                             double scale, bool causal = false, int64_t window = 0, int64_t q_pos0 = 0,
+                             double softcap = 0);
+
 }  // namespace tpu::codegen

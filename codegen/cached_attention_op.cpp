@@ -116,6 +116,20 @@ void cached_attention_chip(const KernelArgs& a) {
   // softmax steps through the keys in other blocks, so its sums round differently.
   if (ops::emulating_precision_casts()) fits = false;
   if (!fits) {  // the attention kernel over the narrowed cache (a program per length)
+    const int64_t window = a.attrs.get_int("window"), t = q.size(2);
+    const double softcap = a.attrs.get_float("softcap");
+    if ((window > 0 || softcap > 0) && runs_generated_programs(dev) && !ops::emulating_precision_casts() &&
+        out.is_contiguous()) {
+      // The window and soft-cap as constants of the flash program (query i at key position len - T + i).
+      Tensor m;
+      if (a.attrs.get_bool("has_mask")) {
+        m = a.inputs[4];
+        if (m.dim() > 0 && m.size(-1) > 1) m = narrow(m, m.dim() - 1, 0, len);
+      }
+      if (flash_attention_on_chip(q, narrow(k, 2, 0, len), narrow(v, 2, 0, len), m, out, a.attrs.get_float("scale"),
+                                  false, window, len - t, softcap))
+        return;
+    }
     a.outputs[0] = narrowed(a, len);
     return;
   }

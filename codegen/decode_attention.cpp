@@ -3,7 +3,8 @@
 namespace tpu::codegen {
 
 bool fold_decode_heads(AttentionSpec& s) {
-  if (s.lq != 1 || s.causal || s.group <= 1 || s.heads % s.group != 0) return false;
+  // A window tells rows apart by position: folded heads would read as later positions.
+  if (s.lq != 1 || s.causal || s.window > 0 || s.group <= 1 || s.heads % s.group != 0) return false;
   const int64_t g = s.group, kv_heads = s.heads / g;
   if (static_cast<int64_t>(s.q_off.size()) != s.heads) return false;
   // The query heads of a group: one stride apart (the same stride for every group).

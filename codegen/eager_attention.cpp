@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "codegen/attention_kernel.h"
+#include "codegen/cached_attention.h"
 #include "codegen/decode_attention.h"
 #include "codegen/launch.h"
 #include "codegen/lowering.h"
@@ -61,16 +62,18 @@ int attention_cores(const sim::ChipConfig& cfg, const AttentionSpec& s) {
   return megacore_cores(cfg, one_core);
 }
 
-bool sdpa_eager(const ops::KernelArgs& k) {
-  const Tensor& out = k.outputs[0];
+}  // namespace
+
+bool flash_attention_on_chip(const Tensor& q0, const Tensor& k0, const Tensor& v0, const Tensor& mask_in,
+                             const Tensor& out, double scale, bool causal, int64_t window, int64_t q_pos0,
+                             double softcap) {
   const DType dt = out.dtype();
   if (dt != DType::f32 && dt != DType::bf16) return false;
   if (out.numel() == 0) return true;
-  const double scale = k.attrs.get_float("scale");
-  const Tensor& q0 = k.inputs[0];
   const int n = q0.dim();
-  if (!(scale > 0) || k.inputs[1].size(-2) == 0 || q0.size(-1) == 0) return false;
-  auto q = rows_operand(k.inputs[0]), kk = rows_operand(k.inputs[1]), v = rows_operand(k.inputs[2]);
+  if (!(scale > 0) || k0.size(-2) == 0 || q0.size(-1) == 0 || window < 0 || softcap < 0 || (causal && q_pos0 != 0))
+    return false;
+  auto q = rows_operand(q0), kk = rows_operand(k0), v = rows_operand(v0);
   if (!q || !kk || !v) return false;
   AttentionSpec s;
   s.name = "sdpa";
@@ -81,7 +84,10 @@ bool sdpa_eager(const ops::KernelArgs& k) {
   s.heads = q->numel() / (s.lq * s.d);
   const int64_t hq = n >= 3 ? q->size(-3) : 1, hk = n >= 3 ? kk->size(-3) : 1;
   s.group = hq / hk;
-  s.causal = k.attrs.get_bool("causal");
+  s.causal = causal;
+  s.window = window;
+  s.q_pos0 = q_pos0;
+  s.softcap = float(softcap);
   s.scale = float(scale);
   s.dtype = dt == DType::bf16 ? sim::DType::bf16 : sim::DType::f32;
   s.mode = dt == DType::bf16 ? sim::MxuMode::bf16 : f32_matmul_mode();  // precision.h
@@ -92,10 +98,10 @@ bool sdpa_eager(const ops::KernelArgs& k) {
   s.k_rs = kk->strides()[n - 2];
   s.v_rs = v->strides()[n - 2];
   std::optional<Tensor> mask;
-  if (k.attrs.get_bool("has_mask")) {
+  if (mask_in.defined()) {
     Shape scores = q->shape();
     scores[n - 1] = s.lk;
-    const Tensor m = k.inputs[3].expand(scores);
+    const Tensor m = mask_in.expand(scores);
     mask = m.strides()[n - 1] == 1 ? std::optional<Tensor>(m) : materialize_on_device(m);
     if (!mask) return false;
     s.has_mask = true;
@@ -132,6 +138,14 @@ bool sdpa_eager(const ops::KernelArgs& k) {
   if (mask) args.push_back(hbm_address(*mask));
   launch(dev, p, decode ? "decode_attention" : "scaled_dot_product_attention", std::move(args));
   return true;
+}
+
+namespace {
+
+bool sdpa_eager(const ops::KernelArgs& k) {
+  return flash_attention_on_chip(k.inputs[0], k.inputs[1], k.inputs[2],
+                                 k.attrs.get_bool("has_mask") ? k.inputs[3] : Tensor(), k.outputs[0],
+                                 k.attrs.get_float("scale"), k.attrs.get_bool("causal"));
 }
 
 const Lowering kSdpaRule{.eager = &sdpa_eager};

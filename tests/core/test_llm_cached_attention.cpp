@@ -165,6 +165,51 @@ TEST_CASE("kv_cache_attention: a sliding window and soft-capped scores on the ch
     }
 }
 
+TEST_CASE("kv_cache_attention: several queries with a window and soft-capping run as one flash program",
+          "[llm][codegen][cache]") {
+  // T = 5 queries at positions pos .. pos + 4 (a prefill chunk after pos cached keys), causal
+  // through the mask: on the tiny chip the window and the cap are constants of the fused flash
+  // program (no score matrix, no host mask), against the naive attention of each query.
+  testing::TinySim tiny;
+  const int64_t B = 2, H = 4, Hkv = 2, C = 64, D = 8, T = 5;
+  const double scale = 0.5;
+  std::mt19937 rng(13);
+  const Tensor q = randn({B, H, T, D}), k = randn({B, Hkv, C, D}), v = randn({B, Hkv, C, D});
+  const std::vector<float> qh = rounded(q, DType::f32), kh = rounded(k, DType::f32), vh = rounded(v, DType::f32);
+  for (auto [window, cap] : {std::pair<int64_t, double>{11, 1.2}, {0, 1.2}, {11, 0.0}, {40, 0.0}})
+    for (int64_t pos : {int64_t{3}, int64_t{20}, int64_t{50}}) {
+      CAPTURE(window, cap, pos);
+      std::vector<uint8_t> keep(size_t(B * C));
+      for (auto& x : keep) x = rng() % 4 != 0;
+      std::vector<bool> mask(size_t(B * T * C));
+      std::vector<double> want(size_t(B * H * T * D));
+      for (int64_t i = 0; i < T; ++i) {
+        for (int64_t b = 0; b < B; ++b) {
+          keep[size_t(b * C + pos + i)] = 1;
+          for (int64_t j = 0; j < C; ++j) mask[size_t((b * T + i) * C + j)] = keep[size_t(b * C + j)] && j <= pos + i;
+        }
+        std::vector<float> qi(size_t(B * H * D));
+        for (int64_t bh = 0; bh < B * H; ++bh)
+          for (int64_t e = 0; e < D; ++e) qi[size_t(bh * D + e)] = qh[size_t((bh * T + i) * D + e)];
+        const std::vector<double> wi = naive(qi, kh, vh, keep, B, H, Hkv, C, D, pos + i, scale, window, cap);
+        for (int64_t bh = 0; bh < B * H; ++bh)
+          for (int64_t e = 0; e < D; ++e) want[size_t((bh * T + i) * D + e)] = wi[size_t(bh * D + e)];
+      }
+      testing::ChipRunProbe::sync_all();
+      codegen::reset_stats();
+      const Tensor got = codegen::kv_cache_attention(
+          q.to(tiny.dev()), k.to(tiny.dev()), v.to(tiny.dev()), codegen::position_tensor(pos, tiny.dev()),
+          from_vector(mask, Shape{B, 1, T, C}, TensorOptions(DType::boolean, tiny.dev())), scale, window, cap);
+      testing::ChipRunProbe::sync_all();
+      CHECK(max_err(got.to(Device()).to_vector<float>(), want) < 1e-4);
+      const codegen::CodegenStats s = codegen::stats();
+      CHECK(s.host_fallbacks == 0);
+      CHECK(s.runs_by_kernel.count("scaled_dot_product_attention") == 1);
+      CHECK(s.runs_by_kernel.count("tanh") == 0);
+      CHECK(s.runs_by_kernel.count("softmax") == 0);
+    }
+}
+
 TEST_CASE("kv_cache_attention: chip cycles grow with the live length, not the capacity", "[llm][codegen][cache]") {
   testing::TinySim tiny;
   const int64_t C = 256;

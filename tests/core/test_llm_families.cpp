@@ -158,6 +158,65 @@ TEST_CASE("llm families: Qwen2 with use_sliding_window from max_window_layers", 
   check_model(c, 22);
 }
 
+// A prefill of 6 tokens, then `steps` greedy steps through `cache`: the relative error of every
+// logit row against the reference's full forward over the whole sequence.
+static double ring_decode_error(models::CausalLM& m, const TinyCfg& c, Weights& w, nn::KVCache& cache,
+                                int steps) {
+  std::vector<int64_t> seq{3, 1, 4, 1, 5, 9};
+  std::vector<Tensor> parts{m.forward(row(seq), &cache)};
+  for (int step = 0; step < steps; ++step) {
+    const std::vector<float> last = select(parts.back(), 1, parts.back().size(1) - 1).to_vector<float>();
+    seq.push_back(static_cast<int64_t>(std::max_element(last.begin(), last.end()) - last.begin()));
+    parts.push_back(m.forward(row({seq.back()}), &cache));
+  }
+  std::vector<int64_t> pos(seq.size());
+  for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int64_t>(i);
+  return rel_error(cat(parts, 1), ref_forward(c, w, seq, pos));
+}
+
+TEST_CASE("llm families: generate() keeps only the window when every layer slides", "[llm][families][compile]") {
+  TinyCfg c;
+  c.model_type = "mistral";
+  c.window = 4;
+  c.sliding = {true, true};
+  c.extra_json = R"(, "sliding_window": 4)";
+  auto dir = temp_dir("mistral_ring");
+  Weights w = write_tiny_model(dir, c, DType::f32, 1, 29);
+  auto m = models::load_causal_lm(dir.string());
+  NoGradGuard ng;
+  // Memory: layers x (keys, values) x kv heads x window x head_dim x 4 bytes, however long.
+  nn::KVCache cache = models::make_generation_cache(*m, 1, 64);
+  const int64_t ring_bytes = c.layers * 2 * c.kv_heads * c.window * c.head_dim * 4;
+  CHECK(cache.ring());
+  CHECK(cache.nbytes() == ring_bytes);
+  CHECK_FALSE(models::make_generation_cache(*m, 1, 4).ring());  // a window as long as the sequence: no ring
+  // A prefill longer than the window, then 16 greedy steps through the ring: every logit row
+  // equals the reference's full forward over the whole sequence.
+  CHECK(ring_decode_error(*m, c, w, cache, 16) <= 1e-5);
+  CHECK(cache.length() == 22);
+  CHECK(cache.nbytes() == ring_bytes);
+  // Batched, left-padded greedy generation (eager and compiled) equals the reference's argmax.
+  const std::vector<std::vector<int64_t>> prompts{{3, 1, 4, 1, 5, 9}, {2, 7}};
+  std::vector<std::vector<int64_t>> want;
+  for (const auto& p : prompts) {
+    std::vector<int64_t> s = p, got;
+    for (int step = 0; step < 12; ++step) {
+      std::vector<int64_t> ps(s.size());
+      for (size_t i = 0; i < ps.size(); ++i) ps[i] = static_cast<int64_t>(i);
+      const std::vector<double> last = ref_forward(c, w, s, ps).back();
+      got.push_back(static_cast<int64_t>(std::max_element(last.begin(), last.end()) - last.begin()));
+      s.push_back(got.back());
+    }
+    want.push_back(got);
+  }
+  models::GenerationConfig g;
+  g.max_new_tokens = 12;
+  CHECK(models::generate(*m, prompts, g) == want);
+  g.compile = true;
+  CHECK(models::generate(*m, prompts, g) == want);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("llm families: Gemma 2", "[llm][families]") {
   TinyCfg c = gemma_base("gemma2");
   c.qpas = 12;
@@ -168,6 +227,21 @@ TEST_CASE("llm families: Gemma 2", "[llm][families]") {
   c.extra_json += R"(, "query_pre_attn_scalar": 12, "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,
                      "sliding_window": 3)";
   check_model(c, 23);
+}
+
+TEST_CASE("llm families: Gemma 2's windowed layers keep only the window in generate()'s cache", "[llm][families]") {
+  TinyCfg c = gemma2_windowed();
+  auto dir = temp_dir("gemma2_ring");
+  Weights w = write_tiny_model(dir, c, DType::f32, 1, 31);
+  auto m = models::load_causal_lm(dir.string());
+  NoGradGuard ng;
+  // Layers 0 and 2 rings of 3 positions, layer 1 (global) 32: (3 + 32 + 3) x keys and values.
+  nn::KVCache cache = models::make_generation_cache(*m, 1, 32);
+  CHECK(cache.nbytes() == (3 + 32 + 3) * 2 * c.kv_heads * c.head_dim * 4);
+  CHECK_FALSE(cache.ring());
+  CHECK(models::make_generation_cache(*m, 1, 32, true).nbytes() == 3 * 32 * 2 * c.kv_heads * c.head_dim * 4);
+  CHECK(ring_decode_error(*m, c, w, cache, 14) <= 1e-5);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("llm families: Gemma 3 text", "[llm][families]") {
@@ -257,7 +331,9 @@ TEST_CASE("llm families: Gemma 2 on the chip: eager and compiled decoding equal 
   g.max_new_tokens = 6;
   const std::vector<std::vector<int64_t>> prompts{{3, 1, 4, 1, 5}, {2, 7}};
   const auto want = models::generate(*cpu_model, prompts, g);
+  const uint64_t fb0 = ops::total_fallbacks();  // eager prefill and decode run as chip programs
   CHECK(models::generate(*chip_model, prompts, g) == want);
+  CHECK(ops::total_fallbacks() == fb0);
   g.compile = true;
   g.compile_name = "test_llm_families_gemma2_sim";
   testing::ChipRunProbe probe;

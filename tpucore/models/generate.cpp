@@ -59,6 +59,25 @@ int64_t choose_token(std::vector<float> logits, const std::vector<int64_t>& hist
   return order[keep - 1];
 }
 
+nn::KVCache make_generation_cache(const CausalLM& m, int64_t batch, int64_t capacity, bool shape_static) {
+  const ModelConfig& c = m.config;
+  const int64_t w = c.sliding_window;
+  if (w <= 0 || m.int8_kv_cache || w >= capacity) return m.make_cache(batch, capacity);
+  std::vector<int64_t> rings(static_cast<size_t>(c.num_hidden_layers), 0);
+  bool all = true, any = false;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const bool sl = c.is_sliding(i);
+    rings[static_cast<size_t>(i)] = sl ? w : 0;
+    all = all && sl;
+    any = any || sl;
+  }
+  if (all) return nn::KVCache(c.num_hidden_layers, batch, c.num_key_value_heads, w, c.head_dim, m.dtype(), m.device(),
+                              rings);
+  if (!any || shape_static) return m.make_cache(batch, capacity);
+  return nn::KVCache(c.num_hidden_layers, batch, c.num_key_value_heads, capacity, c.head_dim, m.dtype(), m.device(),
+                     rings);
+}
+
 namespace {
 
 // A compiled decode step and its cache, kept per model, batch and capacity outside the model.
@@ -82,7 +101,7 @@ std::shared_ptr<CompiledDecode> compiled_decode(CausalLM& m, int64_t batch, int6
   std::lock_guard<std::mutex> lk(reg.mu);
   std::shared_ptr<CompiledDecode>& s = reg.steps[&m][{batch, capacity}];
   if (!s) {
-    auto fresh = std::make_shared<CompiledDecode>(CompiledDecode{m.make_cache(batch, capacity), {}});
+    auto fresh = std::make_shared<CompiledDecode>(CompiledDecode{make_generation_cache(m, batch, capacity, true), {}});
     nn::KVCache* c = &fresh->cache;
     auto step_fn = [&m, c](const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& keep,
                            const Tensor& write) {
@@ -150,12 +169,13 @@ std::vector<std::vector<int64_t>> generate(CausalLM& m, const std::vector<std::v
     slot = compiled_decode(m, b, bucket, cfg.compile_name);
     slot->cache.reset();  // stale entries past the new prompts stay masked out
   } else {
-    own.emplace(m.make_cache(b, plen + steps));
+    own.emplace(make_generation_cache(m, b, plen + steps));
   }
   nn::KVCache& cache = slot ? slot->cache : *own;
-  const int64_t cap = cache.capacity();
+  // The cache's slots (a ring: the window) and the positions a sequence reaches.
+  const int64_t cap = cache.capacity(), span = plen + steps;
   // Left padding: row r's tokens end at column plen - 1; valid[r][j] marks real tokens.
-  std::vector<uint8_t> valid(static_cast<size_t>(b * cap), 0);
+  std::vector<uint8_t> valid(static_cast<size_t>(b * span), 0);
   std::vector<int64_t> ids(static_cast<size_t>(b * plen), cfg.pad_token_id), pos(ids.size(), 0), next_pos(prompts.size());
   for (int64_t r = 0; r < b; ++r) {
     const auto& p = prompts[static_cast<size_t>(r)];
@@ -164,7 +184,7 @@ std::vector<std::vector<int64_t>> generate(CausalLM& m, const std::vector<std::v
       const auto j = static_cast<size_t>(r * plen + pad) + i;
       ids[j] = p[i];
       pos[j] = static_cast<int64_t>(i);
-      valid[static_cast<size_t>(r * cap + pad) + i] = 1;
+      valid[static_cast<size_t>(r * span + pad) + i] = 1;
     }
     next_pos[static_cast<size_t>(r)] = static_cast<int64_t>(p.size());
   }
@@ -172,7 +192,7 @@ std::vector<std::vector<int64_t>> generate(CausalLM& m, const std::vector<std::v
     const int64_t past = cache.length(), s = past + t;
     std::vector<uint8_t> v(static_cast<size_t>(b * s));
     for (int64_t r = 0; r < b; ++r)
-      for (int64_t j = 0; j < s; ++j) v[static_cast<size_t>(r * s + j)] = valid[static_cast<size_t>(r * cap + j)];
+      for (int64_t j = 0; j < s; ++j) v[static_cast<size_t>(r * s + j)] = valid[static_cast<size_t>(r * span + j)];
     return nn::causal_keep_mask(b, t, past, v, m.device());
   };
   std::vector<std::vector<int64_t>> history(prompts.begin(), prompts.end());
@@ -185,13 +205,17 @@ std::vector<std::vector<int64_t>> generate(CausalLM& m, const std::vector<std::v
   auto static_step = [&](const std::vector<int64_t>& next, const std::vector<int64_t>& p) {
     const int64_t past = cache.length();
     std::vector<bool> keep(static_cast<size_t>(b * cap), false);
+    // Slot s holds position s, or in a ring the latest position p <= past with p % cap == s.
     for (int64_t r = 0; r < b; ++r)
-      for (int64_t j = 0; j <= past; ++j)
-        keep[static_cast<size_t>(r * cap + j)] = valid[static_cast<size_t>(r * cap + j)] != 0 || j == past;
+      for (int64_t s = 0; s < cap; ++s) {
+        const int64_t j = cache.ring() ? past - ((past - s) % cap + cap) % cap : s;
+        if (j >= 0 && j <= past)
+          keep[static_cast<size_t>(r * cap + s)] = valid[static_cast<size_t>(r * span + j)] != 0 || j == past;
+      }
     auto [cos, sin] = m.rope_tables(p, b);
     Tensor out = slot->step(from_vector(next, Shape{b, 1}, TensorOptions(DType::i64, m.device())), cos, sin,
                           from_vector(keep, Shape{b, 1, 1, cap}, TensorOptions(DType::boolean, m.device())),
-                          codegen::position_tensor(past, m.device()));
+                          codegen::position_tensor(cache.ring() ? past % cap : past, m.device()));
     cache.advance(1);
     return out;
   };
@@ -217,7 +241,7 @@ std::vector<std::vector<int64_t>> generate(CausalLM& m, const std::vector<std::v
     std::vector<int64_t> p(prompts.size());
     for (size_t r = 0; r < prompts.size(); ++r) {
       p[r] = next_pos[r]++;
-      valid[r * static_cast<size_t>(cap) + static_cast<size_t>(cache.length())] = 1;
+      valid[r * static_cast<size_t>(span) + static_cast<size_t>(cache.length())] = 1;
     }
     if (cfg.compile)
       logits = static_step(next, p);

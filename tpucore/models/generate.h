@@ -49,6 +49,14 @@ std::vector<std::vector<int64_t>> generate(CausalLM& model, const std::vector<st
 int64_t choose_token(std::vector<float> logits, const std::vector<int64_t>& history, const GenerationConfig& cfg,
                      std::mt19937_64& rng);
 
+/// The KV cache generate() uses for `batch` rows of up to `capacity` positions. With a sliding
+/// window W < capacity and a float cache, each sliding layer is a ring of its last W positions
+/// (nn::KVCache's rings): when every layer slides (Mistral; Qwen2 with use_sliding_window over
+/// every layer) the cache stays window-sized however long the sequence; with global layers as
+/// well (Gemma 2 / 3) those keep `capacity` positions, and a shape-static (compiled) cache then
+/// keeps every position on every layer. Otherwise CausalLM::make_cache.
+nn::KVCache make_generation_cache(const CausalLM& model, int64_t batch, int64_t capacity, bool shape_static = false);
+
 /// Drops the compiled decode steps and caches generate() keeps for `model` (the model's
 /// destructor calls it; they are held outside the model, keyed by it).
 void release_generation_state(const CausalLM& model);

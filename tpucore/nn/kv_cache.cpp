@@ -69,17 +69,27 @@ Tensor AttentionCache::update_and_attend_variant(int64_t layer, const Tensor& q,
   return update_and_attend(layer, q, k, v, keep, scale);
 }
 
-KVCache::KVCache(int64_t layers, int64_t b, int64_t h, int64_t cap, int64_t d, DType dtype, Device device)
-    : batch_(b), heads_(h), capacity_(cap), head_dim_(d) {
+KVCache::KVCache(int64_t layers, int64_t b, int64_t h, int64_t cap, int64_t d, DType dtype, Device device,
+                 std::vector<int64_t> rings)
+    : batch_(b), heads_(h), capacity_(cap), head_dim_(d), rings_(std::move(rings)) {
   TPU_CHECK(layers > 0 && b > 0 && h > 0 && cap > 0 && d > 0,
             "KVCache: layers ({}), batch ({}), kv heads ({}), capacity ({}) and head_dim ({}) must be positive", layers,
             b, h, cap, d);
   TPU_CHECK(is_floating(dtype) || dtype == DType::i8,
             "KVCache: dtype {} is not supported (a float type, or i8 for the quantized cache)", dtype_name(dtype));
+  TPU_CHECK(rings_.empty() || (static_cast<int64_t>(rings_.size()) == layers && dtype != DType::i8),
+            "KVCache: sliding-window rings need one size per layer ({} given for {}) and a float cache", rings_.size(),
+            layers);
+  all_ring_ = !rings_.empty();
+  for (int64_t r : rings_) {
+    TPU_CHECK(r >= 0, "KVCache: a ring of {} positions", r);
+    all_ring_ = all_ring_ && r == cap;
+  }
   NoGradGuard ng;
   for (int64_t i = 0; i < layers; ++i) {
-    k_.push_back(zeros(Shape{b, h, cap, d}, TensorOptions(dtype, device)));
-    v_.push_back(zeros(Shape{b, h, cap, d}, TensorOptions(dtype, device)));
+    const int64_t n = ring_size(i) > 0 ? ring_size(i) : cap;
+    k_.push_back(zeros(Shape{b, h, n, d}, TensorOptions(dtype, device)));
+    v_.push_back(zeros(Shape{b, h, n, d}, TensorOptions(dtype, device)));
     if (dtype == DType::i8) {
       k_scale_.push_back(ones(Shape{b, h, cap, 1}, TensorOptions(DType::f32, device)));
       v_scale_.push_back(ones(Shape{b, h, cap, 1}, TensorOptions(DType::f32, device)));
@@ -116,6 +126,8 @@ std::pair<Tensor, Tensor> KVCache::update(int64_t layer, const Tensor& k, const 
             "KVCache: expected keys and values [{}, {}, T, {}], got {} and {}", batch_, heads_, head_dim_,
             k.defined() ? k.shape().str() : "undefined", v.defined() ? v.shape().str() : "undefined");
   const int64_t t = k.size(2);
+  TPU_CHECK(ring_size(layer) == 0 || (all_ring_ && write_pos_.defined()),
+            "KVCache: the sliding-window ring stores keys through update_and_attend_variant() or a write position");
   TPU_CHECK(!quantized() || (!write_pos_.defined() && !write_mask_.defined()),
             "KVCache: the int8 cache does not implement shape-static steps (write mask or write position); "
             "decode without compile, or use an f32 / bf16 cache");
@@ -159,13 +171,15 @@ std::pair<Tensor, Tensor> KVCache::update(int64_t layer, const Tensor& k, const 
 }
 
 void KVCache::advance(int64_t t) {
-  TPU_CHECK(t >= 0 && length_ + t <= capacity_, "KVCache: cannot advance by {} from {} (capacity {})", t, length_,
+  TPU_CHECK(t >= 0 && (all_ring_ || length_ + t <= capacity_), "KVCache: cannot advance by {} from {} (capacity {})", t, length_,
             capacity_);
   length_ += t;
 }
 
 Tensor KVCache::update_and_attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& keep,
                                   double scale) {
+  TPU_CHECK(layer < 0 || layer >= num_layers() || ring_size(layer) == 0,
+            "KVCache: the sliding-window ring of layer {} serves a windowed layer only (a layer without a window)", layer);
   const int64_t past = length_, b = q.size(0), h = q.size(1), t = q.size(2), d = q.size(3);
   const auto [kc, vc] = update(layer, k, v);
   Tensor attn;
@@ -191,6 +205,7 @@ namespace tpu::nn {
 
 Tensor KVCache::update_and_attend_variant(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v,
                                           const Tensor& keep, double scale, const AttentionVariant& variant) {
+  if (layer >= 0 && layer < num_layers() && ring_size(layer) > 0) return ring_attend(layer, q, k, v, keep, scale, variant);
   if (variant.plain()) return update_and_attend(layer, q, k, v, keep, scale);
   TPU_CHECK(!write_mask_.defined() || write_pos_.defined(),
             "KVCache: a write-mask step does not implement sliding_window or attn_logit_softcapping "
@@ -205,8 +220,79 @@ Tensor KVCache::update_and_attend_variant(int64_t layer, const Tensor& q, const 
   } else {
     Tensor mask = keep;
     if (!mask.defined()) mask = causal_keep_mask(b, t, past, {}, q.device());
-    if (variant.window > 0) mask = logical_and(mask, sliding_window_keep(t, past, variant.window, q.device()));
-    attn = masked_attention(q, kc, vc, mask, scale, variant.softcap);
+    if (q.device().type != DeviceType::cpu && !quantized()) {
+      // On a chip the window and soft-cap are constants of the fused attention program (the
+      // cached keys as a cache of length past + t written at past).
+      attn = codegen::kv_cache_attention(q, kc, vc, codegen::position_tensor(past, q.device()), mask, scale,
+                                         variant.window, variant.softcap);
+    } else {
+      if (variant.window > 0) mask = logical_and(mask, sliding_window_keep(t, past, variant.window, q.device()));
+      attn = masked_attention(q, kc, vc, mask, scale, variant.softcap);
+    }
+  }
+  return reshape(transpose(attn, 1, 2), Shape{b, t, h * d});
+}
+
+Tensor KVCache::ring_attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& keep,
+                           double scale, const AttentionVariant& variant) {
+  const int64_t w = ring_size(layer);
+  TPU_CHECK(variant.window == w, "KVCache: the sliding-window ring of layer {} holds {} positions, the layer's window is {}",
+            layer, w, variant.window);
+  TPU_CHECK(all_ring_ || !write_pos_.defined(),
+            "KVCache: a shape-static step needs every layer a ring of the cache's capacity (layer {} rings {} of {})",
+            layer, w, capacity_);
+  TPU_CHECK(!write_mask_.defined() || write_pos_.defined(),
+            "KVCache: the sliding-window ring does not implement a write-mask step (set a write position instead)");
+  const int64_t past = length_, b = q.size(0), h = q.size(1), t = q.size(2), d = q.size(3);
+  Tensor attn;
+  if (write_pos_.defined()) {
+    // Shape-static: the step's key goes to slot (write position); the ring then holds exactly
+    // the window, the mask hides the slots not yet written and the padding.
+    TPU_CHECK(t == 1 && keep.defined() && keep.shape() == Shape({b, 1, 1, w}),
+              "KVCache: a shape-static ring step takes one token and a keep mask [{}, 1, 1, {}]", b, w);
+    const auto [kc, vc] = update(layer, k, v);
+    attn = masked_attention(q, kc, vc, keep, scale, variant.softcap);
+  } else {
+    NoGradGuard ng;
+    const auto l = static_cast<size_t>(layer);
+    TPU_CHECK(layer >= 0 && layer < num_layers(), "KVCache: layer {} out of range (the cache has {} layers)", layer,
+              num_layers());
+    TPU_CHECK(k.dim() == 4 && k.shape() == v.shape() && k.size(0) == batch_ && k.size(1) == heads_ &&
+                  k.size(3) == head_dim_,
+              "KVCache: expected keys and values [{}, {}, T, {}], got {}", batch_, heads_, head_dim_, k.shape().str());
+    // The cached window in position order (position p in slot p % w), then the new keys.
+    const int64_t kept = std::min(past, w), first = (past - kept) % w;
+    auto window_of = [&](const Tensor& store, const Tensor& fresh) {
+      std::vector<Tensor> parts;
+      const int64_t n1 = std::min(kept, w - first);
+      if (n1 > 0) parts.push_back(narrow(store, 2, first, n1));
+      if (kept > n1) parts.push_back(narrow(store, 2, 0, kept - n1));
+      parts.push_back(fresh);
+      return cat(parts, 2);
+    };
+    const Tensor kc = window_of(k_[l], k), vc = window_of(v_[l], v);
+    Tensor mask;
+    if (keep.defined()) {
+      TPU_CHECK(keep.dim() == 4 && keep.size(2) == t && keep.size(3) == past + t,
+                "KVCache: a keep mask must be [B, 1, {}, {}] (every position seen), got {}", t, past + t,
+                keep.shape().str());
+      mask = narrow(keep, 3, past - kept, kept + t);
+    } else {
+      mask = causal_keep_mask(b, t, kept, {}, q.device());
+    }
+    if (q.device().type != DeviceType::cpu) {  // the window and soft-cap as program constants (as above)
+      attn = codegen::kv_cache_attention(q, kc, vc, codegen::position_tensor(kept, q.device()), mask, scale, w,
+                                         variant.softcap);
+    } else {
+      mask = logical_and(mask, sliding_window_keep(t, kept, w, q.device()));
+      attn = masked_attention(q, kc, vc, mask, scale, variant.softcap);
+    }
+    // Only the last w new positions stay.
+    const int64_t m = std::min(t, w), slot = (past + t - m) % w, n1 = std::min(m, w - slot);
+    for (auto [store, fresh] : {std::pair<Tensor*, const Tensor*>{&k_[l], &k}, {&v_[l], &v}}) {
+      narrow(*store, 2, slot, n1).copy_(narrow(*fresh, 2, t - m, n1));
+      if (m > n1) narrow(*store, 2, 0, m - n1).copy_(narrow(*fresh, 2, t - m + n1, m - n1));
+    }
   }
   return reshape(transpose(attn, 1, 2), Shape{b, t, h * d});
 }

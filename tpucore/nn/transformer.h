@@ -103,8 +103,16 @@ class KVCache : public AttentionCache {
  public:
   /// A zeroed cache of `num_layers` layers for `batch` rows of up to `capacity` positions; dtype
   /// f32, bf16, f16, or i8 for the quantized cache.
+  /// `rings` (empty, or one entry per layer): a layer with rings[l] = W > 0 (its sliding window)
+  /// is a ring of its last W positions: position p lives in slot p % W,
+  /// update_and_attend_variant() attends over the cached window and the new keys before storing
+  /// only the last W of them (a step longer than the window attends within itself first); the
+  /// other layers hold `capacity` positions. When every layer is a ring of capacity positions
+  /// (ring()), the length is unbounded and a shape-static step writes slot (write position) and
+  /// attends over the whole ring with the given mask [B, 1, 1, W] (slots outside it hidden).
+  /// Rings: f32 / bf16 / f16.
   KVCache(int64_t num_layers, int64_t batch, int64_t num_kv_heads, int64_t capacity, int64_t head_dim, DType dtype,
-          Device device = Device());
+          Device device = Device(), std::vector<int64_t> rings = {});
   /// Stores k, v [B, Hkv, T, D] of `layer` after the cached ones; returns the keys and values of
   /// positions [0, length + T) (views into the cache).
   /// With a write mask set (bool [1, 1, capacity, 1], true at one position; T must be 1) the
@@ -139,8 +147,12 @@ class KVCache : public AttentionCache {
   void reset() { length_ = 0; }
   /// Positions cached so far.
   int64_t length() const { return length_; }
-  /// Positions the cache can hold.
+  /// Positions the cache can hold (the ring: the window).
   int64_t capacity() const { return capacity_; }
+  /// Whether every layer is a ring of the last capacity() positions.
+  bool ring() const { return all_ring_; }
+  /// Positions layer `l` keeps when it is a ring (0: not a ring).
+  int64_t ring_size(int64_t l) const { return rings_.empty() ? 0 : rings_[static_cast<size_t>(l)]; }
   /// Rows (sequences) of the cache.
   int64_t batch() const { return batch_; }
   int64_t num_layers() const override { return static_cast<int64_t>(k_.size()); }
@@ -153,6 +165,10 @@ class KVCache : public AttentionCache {
   std::vector<Tensor> k_, v_, k_scale_, v_scale_;
   Tensor write_mask_, write_pos_;
   int64_t batch_, heads_, capacity_, head_dim_, length_ = 0;
+  std::vector<int64_t> rings_;
+  bool all_ring_ = false;
+  Tensor ring_attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& keep,
+                     double scale, const AttentionVariant& variant);
 };
 
 /// The shape and options of an Attention layer.
