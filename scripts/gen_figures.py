@@ -599,18 +599,45 @@ def plan(build):
     plan_deepseek(build)
 
 
+def serve_invariant(build):
+    """docs/serving.md's batch-invariance cost: decode tokens/s of bench_serve's 768-wide model with
+    the mode off and on, same run, five randomly interleaved repetitions of 1.5 s, medians."""
+    bs = bench_json(build, "bench_serve", "BM_decode_invariant/./(1|8|16|32)/./768",
+                    extra=["--benchmark_repetitions=5", "--benchmark_min_time=1.5", "--benchmark_enable_random_interleaving=true"])
+    runs = {}
+    for b in bs:
+        runs.setdefault(b["name"], []).append(b["decode_tokens/s"])
+    med = {k: sorted(v)[len(v) // 2] for k, v in runs.items()}
+    batches = (1, 8, 16, 32)
+    lines = [header("bench/bench_serve BM_decode_invariant/I/N/D/768, 2 threads, 5 randomly interleaved "
+                    f"repetitions, medians; load average before the run {' '.join(open('/proc/loadavg').read().split()[:3])}"),
+             "", "| batch | " + " | ".join(map(str, batches)) + " |", "|---" * (len(batches) + 1) + "|"]
+    for d, name in ((0, "f32"), (1, "bf16")):
+        off = [med.get(f"BM_decode_invariant/0/{n}/{d}/768") for n in batches]
+        on = [med.get(f"BM_decode_invariant/1/{n}/{d}/768") for n in batches]
+        lines.append(f"| {name} off / on (tokens/s) | " + " | ".join(f"{fmt(a, 0)} / {fmt(b, 0)}" for a, b in zip(off, on)) + " |")
+        lines.append(f"| {name} cost | " + " | ".join(
+            f"{fmt(100 * (a - b) / a, 1)}%" if a and b else "n/a" for a, b in zip(off, on)) + " |")
+    write_region("serving.md", "serve-invariant", "\n".join(lines))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--sim-only", action="store_true", help="simulator-derived tables and plots only")
     ap.add_argument("--host", action="store_true", help="host timing tables of this CPU only")
     ap.add_argument("--quick", action="store_true", help="host part: very short runs (to test the script)")
+    ap.add_argument("--invariant", action="store_true",
+                    help="only the batch-invariance cost of docs/serving.md (host timings; run on a quiet machine)")
     ap.add_argument("--only", default="", help="comma-separated subset: calibration,kernels,llm,pod,serve,ici,plan,ops")
     args = ap.parse_args()
     commit()  # before any region is rewritten
     import tempfile
     do_sim = not args.host
     do_host = args.host or not args.sim_only
+    if args.invariant:
+        serve_invariant(args.build)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         if do_sim:
             parts = {"ops": op_matrix, "calibration": lambda b: calibration(b, tmp), "kernels": sim_kernels,

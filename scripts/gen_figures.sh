@@ -8,6 +8,7 @@
 #   bash scripts/gen_figures.sh --sim-only   # the simulator-derived figures (deterministic)
 #   bash scripts/gen_figures.sh --host       # this CPU's host timings only (run on a quiet machine)
 #   bash scripts/gen_figures.sh --host --quick   # very short runs: checks the script, not figures
+#   bash scripts/gen_figures.sh --invariant  # the batch-invariance cost of docs/serving.md (quiet machine)
 # Options: --only calibration,kernels,ici,llm,pod,serve,plan,ops (a subset of the simulator parts),
 # --no-build (use the programs already in $BUILD). BUILD (default build) is the build folder;
 # CORETYPE=<name> runs the OpenBLAS peer with that OPENBLAS_CORETYPE (scripts/bench_peers.sh
@@ -18,12 +19,14 @@ BUILD="${BUILD:-build}"
 build=1
 mode_sim=1
 mode_host=1
+mode_inv=0
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --sim-only) mode_host=0; args+=(--sim-only) ;;
     --host) mode_sim=0; args+=(--host) ;;
     --quick) args+=(--quick) ;;
+    --invariant) mode_sim=0; mode_host=0; mode_inv=1; args+=(--invariant) ;;
     --only) args+=(--only "$2"); shift ;;
     --no-build) build=0 ;;
     -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
@@ -37,6 +40,7 @@ if [ "$build" = 1 ]; then
   [ "$mode_host" = 1 ] && peers=(-DTPU_BENCH_PEERS=ON)  # built only when libtorch is installed
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTPU_BUILD_BENCH=ON "${peers[@]}" >/dev/null
   targets=()
+  [ "$mode_inv" = 1 ] && targets+=(bench_serve)
   [ "$mode_sim" = 1 ] && targets+=(tpu-ops tpu-calib tpu-plan bench_sim bench_ici bench_codegen bench_llm_sim bench_pod_train
                                    bench_serve_sim)
   if [ "$mode_host" = 1 ]; then
