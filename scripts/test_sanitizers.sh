@@ -31,8 +31,10 @@ export UBSAN_OPTIONS=print_stacktrace=1
 #   MoE and sharded tests) and the Jinja2 comparison of the real chat templates (the renderer
 #   runs under ASan + UBSan in its fuzz target and its unit tests);
 # - simulator-only arithmetic at sweep sizes: tpu-calib over the TPU v4 data, the GEMM roofline
-#   sweep, and the grouped matmul's large-group case (its small cases run here).
+#   sweep, and the grouped matmul's large-group case (its small cases run here);
+# - the OpInfo sweep through the PJRT plugin (the same sweep runs here on the cpu and sim) and
+#   the 8-rank Gloo all-to-all (its 2-4 rank cases and the expert-parallel tests run here).
 (cd "$BUILD" && ctest --output-on-failure -j"$JOBS" --timeout 900 \
-  -E '^core: (defer env mode|vec math TPU_CPU_ISA=|kernels TPU_CPU_FEATURES=|kernels TPU_CPU_AMX=)|^core:batch-invariant mode: the forced|^core:autograd: gradients of every differentiable op|^chat: templates render as Jinja2|^calibration: tpu-calib|^sim:generated GEMMs reach|^core:grouped_matmul: large uneven groups')
+  -E '^core: (defer env mode|vec math TPU_CPU_ISA=|kernels TPU_CPU_FEATURES=|kernels TPU_CPU_AMX=)|^core:batch-invariant mode: the forced|^core:autograd: gradients of every differentiable op|^chat: templates render as Jinja2|^calibration: tpu-calib|^sim:generated GEMMs reach|^core:grouped_matmul: large uneven groups|^core:pjrt device: every OpInfo entry|^dist:dist gloo: all_to_all with uneven and empty splits')
 echo "== all tests passed under the sanitizers"
 JOBS="$JOBS" bash scripts/check_clang_warnings.sh
