@@ -36,6 +36,7 @@
 #include "codegen/lowering.h"
 #include "codegen/precision.h"
 #include "ops/fallback.h"
+#include "ops/meta_util.h"
 #include "sim/builder.h"
 #include "tpucore/ops.h"
 
@@ -342,13 +343,7 @@ sim::Program make_wg_program(const sim::ChipConfig& cfg, const WgSpec& s) {
 // The group sizes read on the host and checked as the cpu kernel does.
 std::vector<int64_t> moe_read_groups(const char* op, const Tensor& gs, int64_t rows) {
   const std::vector<int64_t> n = gs.to_vector<int64_t>();
-  int64_t sum = 0;
-  for (size_t e = 0; e < n.size(); ++e) {
-    TPU_CHECK(n[e] >= 0, "{}: group_sizes[{}] is {}; counts must not be negative", op, e, n[e]);
-    sum += n[e];
-  }
-  TPU_CHECK(sum == rows, "{}: group_sizes sum to {} but x has {} rows (every row belongs to exactly one group)", op,
-            sum, rows);
+  ops::check_group_counts(op, n, rows);
   return n;
 }
 

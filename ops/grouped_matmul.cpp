@@ -55,13 +55,7 @@ std::vector<int64_t> read_group_sizes(const char* op, const Tensor& gs, int64_t 
       for (size_t e = 0; e < n.size(); ++e) n[e] = static_cast<int64_t>(p[static_cast<int64_t>(e) * gs.strides()[0]]);
     }
   });
-  int64_t sum = 0;
-  for (size_t e = 0; e < n.size(); ++e) {
-    TPU_CHECK(n[e] >= 0, "{}: group_sizes[{}] is {}; counts must not be negative", op, e, n[e]);
-    sum += n[e];
-  }
-  TPU_CHECK(sum == rows, "{}: group_sizes sum to {} but x has {} rows (every row belongs to exactly one group)", op,
-            sum, rows);
+  check_group_counts(op, n, rows);
   return n;
 }
 
@@ -235,6 +229,16 @@ TPU_DEFINE_OP(grouped_matmul_weight_grad_op,
                       "[E, N, K]): the weight gradient of grouped_matmul"});
 
 }  // namespace
+
+void ops::check_group_counts(const char* op, const std::vector<int64_t>& n, int64_t rows) {
+  int64_t sum = 0;
+  for (size_t e = 0; e < n.size(); ++e) {
+    TPU_CHECK(n[e] >= 0, "{}: group_sizes[{}] is {}; counts must not be negative", op, e, n[e]);
+    sum += n[e];
+  }
+  TPU_CHECK(sum == rows, "{}: group_sizes sum to {} but x has {} rows (every row belongs to exactly one group)", op,
+            sum, rows);
+}
 
 Tensor grouped_matmul(const Tensor& x, const Tensor& w, const Tensor& group_sizes, bool transpose_w) {
   return ops::call(grouped_matmul_op(), {x, w, group_sizes}, {{"transpose_w", transpose_w}});

@@ -21,5 +21,8 @@ std::vector<int> normalize_dims(const std::vector<int64_t>& dims, int ndim, cons
 Shape reduced_shape(const Shape& in, const std::vector<int>& dims, bool keepdim);
 // "f32 [2, 3] on cpu" for messages.
 std::string describe(const Tensor& t);
+// A grouped matmul's group counts (read from group_sizes) checked: each >= 0, summing to the
+// `rows` of x; the error names `op`.
+void check_group_counts(const char* op, const std::vector<int64_t>& counts, int64_t rows);
 
 }  // namespace tpu::ops
