@@ -1,12 +1,15 @@
 // tpu-serve driven by the official OpenAI client library (npm package `openai`) on 127.0.0.1:
 // chat and completions, streaming, n, logprobs, unseeded samples that differ, 32 concurrent mixed
 // requests equal to each alone, exact usage with a stop string, json_schema output,
-// a required tool call (streamed too), a 400 for an unsupported schema keyword, models.retrieve.
-// Usage: node openai_client.mjs CLIENT_DIR PORT MODEL. Exit 0 when all pass.
+// a required tool call (streamed too), a 400 for an unsupported schema keyword, models.retrieve,
+// the timing headers (the raw response of `.withResponse()`) and the last streamed chunk's timing.
+// Usage: node openai_client.mjs CLIENT_DIR PORT MODEL [DEVICE]. DEVICE: cpu (default) or sim, whose
+// responses also carry the simulated chip's timing. Exit 0 when all pass.
 import { createRequire } from 'node:module';
 import assert from 'node:assert/strict';
 
-const [clientDir, port, model] = process.argv.slice(2);
+const [clientDir, port, model, device = 'cpu'] = process.argv.slice(2);
+const onSim = device === 'sim';
 const require = createRequire(clientDir + '/package.json');
 const mod = require('openai');
 const OpenAI = mod.OpenAI ?? mod.default ?? mod;
@@ -188,5 +191,22 @@ await check('models.retrieve', async () => {
   const m = await client.models.retrieve(model);
   assert.equal(m.id, model);
   await assert.rejects(client.models.retrieve('no-such-model'), (e) => e.status === 404 && e.code === 'model_not_found');
+});
+await check('timing headers and the last streamed chunk', async () => {
+  const body = { model, prompt: 'Once', max_tokens: 4, temperature: 0, ignore_eos: true };
+  const { data, response } = await client.completions.create(body).withResponse();
+  assert.equal(data.usage.completion_tokens, 4);
+  for (const h of ['x-tpucore-ttft-ms', 'x-tpucore-tpot-ms']) assert.ok(Number(response.headers.get(h)) > 0, h);
+  for (const h of ['x-tpucore-sim-ttft-ms', 'x-tpucore-sim-tpot-ms']) {
+    assert.equal(response.headers.has(h), onSim, h);
+    if (onSim) assert.ok(Number(response.headers.get(h)) > 0, h);
+  }
+  const stream = await client.completions.create({ ...body, stream: true, stream_options: { include_usage: true } });
+  let last = null;
+  for await (const chunk of stream) last = chunk;
+  assert.equal(last.usage.completion_tokens, 4);
+  assert.ok(last.tpucore_timing.ttft_ms > 0 && last.tpucore_timing.tpot_ms > 0);
+  assert.equal('sim_tpot_ms' in last.tpucore_timing, onSim);
+  if (onSim) assert.ok(last.tpucore_timing.sim_ttft_ms > 0 && last.tpucore_timing.sim_tpot_ms > 0);
 });
 console.log('all passed');

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <csignal>
 
 #include <netinet/in.h>
@@ -14,6 +15,7 @@
 #include "api.h"
 #include "core/codegen_testing.h"
 #include "serve/serve_testing.h"
+#include "tpucore/runtime/pjrt_client.h"
 
 using namespace tpu;
 using namespace tpu::testing::serve;
@@ -355,3 +357,140 @@ TEST_CASE("tpu-serve with the model on the simulated chip: greedy answers equal 
   REQUIRE(mc);
   CHECK(mc->body.find("tpucore_sim_cycles_total") == std::string::npos);
 }
+
+namespace {
+// A plain response: its JSON and headers.
+httplib::Result post_raw(const Running& r, const std::string& path, const json& body) {
+  auto c = r.client();
+  return c.Post(path.c_str(), body.dump(), "application/json");
+}
+double header_ms(const httplib::Result& res, const std::string& name) {
+  REQUIRE(res->has_header(name));
+  return std::stod(res->get_header_value(name));
+}
+double metric_value(const Running& r, const std::string& name) {
+  auto m = r.client().Get("/metrics");
+  REQUIRE(m);
+  const auto at = m->body.find("\n" + name + " ");
+  REQUIRE(at != std::string::npos);
+  return std::stod(m->body.substr(at + name.size() + 2));
+}
+}  // namespace
+
+TEST_CASE("tpu-serve timing: host time to first token and per output token in headers and the last chunk",
+          "[serve][http][timing]") {
+  Fixture f;
+  Running r(f.model, f.tok, f.options());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto res = post_raw(r, "/v1/completions", json{{"prompt", "ab"}, {"max_tokens", 5}, {"ignore_eos", true}});
+  const double wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE(res);
+  REQUIRE(res->status == 200);
+  CHECK(json::parse(res->body)["usage"]["completion_tokens"] == 5);
+  // Host times are positive and within the client's own wall time; no chip on the cpu.
+  const double ttft = header_ms(res, "x-tpucore-ttft-ms"), tpot = header_ms(res, "x-tpucore-tpot-ms");
+  CHECK(ttft > 0);
+  CHECK(tpot > 0);
+  CHECK(ttft + 4 * tpot <= wall_ms);
+  CHECK_FALSE(res->has_header("x-tpucore-sim-ttft-ms"));
+  CHECK_FALSE(res->has_header("x-tpucore-sim-tpot-ms"));
+  // One token: no time per output token.
+  res = post_raw(r, "/v1/completions", json{{"prompt", "ab"}, {"max_tokens", 1}});
+  REQUIRE(res);
+  CHECK(header_ms(res, "x-tpucore-tpot-ms") == 0);
+  // Streamed, with and without the usage chunk: the last chunk before [DONE] carries the timing.
+  for (bool usage : {true, false}) {
+    json body{{"messages", json::array({json{{"role", "user"}, {"content", "hi"}}})},
+              {"max_tokens", 4}, {"ignore_eos", true}, {"stream", true}};
+    if (usage) body["stream_options"] = {{"include_usage", true}};
+    const Sse s = post_stream(r, "/v1/chat/completions", body.dump());
+    REQUIRE(s.done);
+    REQUIRE(s.events.size() >= 2);
+    const json& last = s.events.back();
+    CHECK(last.contains("usage") == usage);
+    REQUIRE(last.contains("tpucore_timing"));
+    CHECK(last["tpucore_timing"]["ttft_ms"].get<double>() > 0);
+    CHECK(last["tpucore_timing"]["tpot_ms"].get<double>() > 0);
+    CHECK_FALSE(last["tpucore_timing"].contains("sim_ttft_ms"));
+    for (size_t i = 0; i + 1 < s.events.size(); ++i) CHECK_FALSE(s.events[i].contains("tpucore_timing"));
+  }
+}
+
+TEST_CASE("tpu-serve timing on the simulated chip: the chip's seconds per request add up to /metrics",
+          "[serve][http][timing][sim]") {
+  tpu::testing::TinySim chip;
+  Fixture f;
+  Running r(models::load_causal_lm(f.dir.string(), chip.dev()), f.tok, f.options());
+  const std::string total = "tpucore_sim_seconds_total";
+  // The prefill alone: one token. Its chip time as /metrics counts it is the request's chip TTFT.
+  const double s0 = metric_value(r, total);
+  auto one = post_raw(r, "/v1/completions", json{{"prompt", "Hello"}, {"max_tokens", 1}});
+  REQUIRE(one);
+  REQUIRE(one->status == 200);
+  const double prefill_s = metric_value(r, total) - s0;
+  CHECK(prefill_s > 0);
+  CHECK(header_ms(one, "x-tpucore-sim-ttft-ms") == Approx(1e3 * prefill_s).epsilon(1e-6));
+  CHECK(header_ms(one, "x-tpucore-sim-tpot-ms") == 0);
+  // The same prompt, 6 tokens: the same prefill, then 5 decode steps whose chip time is what
+  // /metrics adds beyond the prefill.
+  const double s1 = metric_value(r, total);
+  auto six = post_raw(r, "/v1/completions", json{{"prompt", "Hello"}, {"max_tokens", 6}, {"ignore_eos", true}});
+  REQUIRE(six);
+  REQUIRE(six->status == 200);
+  const double all_s = metric_value(r, total) - s1;
+  CHECK(header_ms(six, "x-tpucore-sim-ttft-ms") == Approx(1e3 * prefill_s).epsilon(1e-6));
+  CHECK(header_ms(six, "x-tpucore-sim-tpot-ms") == Approx(1e3 * (all_s - prefill_s) / 5).epsilon(1e-6));
+  CHECK(header_ms(six, "x-tpucore-tpot-ms") > 0);
+  // Streamed: the same chip figures in the last chunk.
+  const Sse s = post_stream(r, "/v1/completions",
+                            json{{"prompt", "Hello"}, {"max_tokens", 6}, {"ignore_eos", true}, {"stream", true}}.dump());
+  REQUIRE(s.done);
+  REQUIRE(!s.events.empty());
+  const json& t = s.events.back()["tpucore_timing"];
+  CHECK(t["sim_ttft_ms"].get<double>() == Approx(1e3 * prefill_s).epsilon(1e-6));
+  CHECK(t["sim_tpot_ms"].get<double>() == Approx(1e3 * (all_s - prefill_s) / 5).epsilon(1e-6));
+}
+
+#ifdef TPU_PJRT_SIM_PLUGIN
+TEST_CASE("tpu-serve on pjrt:0 (the simulator's PJRT plugin), eager and compiled: greedy answers equal generate() "
+          "on the cpu, no host fallback", "[serve][http][pjrt]") {
+  load_pjrt_plugin(TPU_PJRT_SIM_PLUGIN);
+  // An op without a StableHLO counterpart fails the request; the plugin's chip multiplies f32
+  // exactly (its default is one bf16 pass, as TPUs), so the answers can equal the cpu's.
+  struct Strict {
+    bool was = pjrt_host_fallback();
+    std::string precision = float32_matmul_precision();
+    Strict() {
+      set_pjrt_host_fallback(false);
+      set_float32_matmul_precision("highest");
+    }
+    ~Strict() {
+      set_pjrt_host_fallback(was);
+      set_float32_matmul_precision(precision);
+    }
+  } strict;
+  Fixture f;
+  auto on_pjrt = models::load_causal_lm(f.dir.string(), Device("pjrt:0"));
+  for (bool compiled : {false, true}) {
+    DYNAMIC_SECTION((compiled ? "compiled" : "eager")) {
+      serve_http::ServerOptions o = f.options();
+      o.engine.compile = compiled;
+      o.engine.max_num_batched_tokens = 12;
+      Running r(on_pjrt, f.tok, o);
+      if (compiled) CHECK(r.server->engine().warm_up() > 0);
+      const double executions = metric_value(r, compiled ? "tpucore_pjrt_graph_runs_total" : "tpucore_pjrt_executions_total");
+      for (const std::string prompt : {"Hello, wor", "ab"}) {
+        const auto [want, reason] = f.expected(prompt, 6);
+        int status = 0;
+        json j = post_json(r, "/v1/completions",
+                           json{{"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}}.dump(), status);
+        REQUIRE(status == 200);
+        CHECK(j["choices"][0]["text"] == want);
+        CHECK(j["choices"][0]["finish_reason"] == reason);
+      }
+      CHECK(metric_value(r, compiled ? "tpucore_pjrt_graph_runs_total" : "tpucore_pjrt_executions_total") > executions);
+      CHECK(metric_value(r, "tpucore_pjrt_host_fallbacks_total") == 0);
+    }
+  }
+}
+#endif

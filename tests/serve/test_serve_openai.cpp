@@ -382,8 +382,10 @@ void run_node_client(ModelFixture& f, std::shared_ptr<models::CausalLM> model) {
     std::printf("SKIPPED: node or the npm package openai is missing (scripts/setup_openai_client.sh %s)\n", dir.c_str());
     return;
   }
+  const char* device = model->device().type == DeviceType::sim ? "sim" : "cpu";
   Running r(std::move(model), f.tok, f.options());
-  const std::string cmd = fmt::format("timeout 120 node {} {} {} tiny 2>&1", TPU_OPENAI_CLIENT_TEST, dir, r.port);
+  const std::string cmd =
+      fmt::format("timeout 120 node {} {} {} tiny {} 2>&1", TPU_OPENAI_CLIENT_TEST, dir, r.port, device);
   FILE* p = popen(cmd.c_str(), "r");
   REQUIRE(p);
   std::string out;

@@ -3,6 +3,7 @@
 // cache. The chat endpoint formats prompts with the model's chat template (tokenizer_config.json's
 // `chat_template`, or --chat-template FILE). SIGTERM / SIGINT drain the running requests and exit 0.
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <cstdio>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include "tools/cli_args.h"
 #include "tpucore/devices.h"
 #include "tpucore/models.h"
+#include "tpucore/runtime/pjrt_client.h"
 
 namespace {
 volatile std::sig_atomic_t g_signal = 0;
@@ -21,7 +23,9 @@ void on_signal(int s) { g_signal = s; }
 
 int main(int argc, char** argv) {
   using namespace tpu;
-  std::string model_dir, host = "127.0.0.1", dtype = "f32", chat_template_file, device = "cpu", chip, quantize = "none";
+  std::string model_dir, host = "127.0.0.1", dtype = "f32", chat_template_file, device = "cpu", chip, quantize = "none",
+              pjrt_plugin;
+  bool no_host_fallback = false;
   int port = 8000;
   serve_http::ServerOptions o;
   o.engine.max_waiting = 256;
@@ -38,9 +42,15 @@ int main(int argc, char** argv) {
           [&](const std::string& v) { o.model_name = v; });
   p.value("--dtype", "T", "parameter dtype f32 or bf16 (default f32)", [&](const std::string& v) { dtype = v; });
   p.value("--device", "DEV", "where the model runs: cpu (default), sim:N (the simulated chip; its cycles and cost per "
-          "token in /metrics) or tpu:N (a driver plugin's device)", [&](const std::string& v) { device = v; });
+          "token in /metrics and in every response), pjrt:N (a PJRT plugin's device, see --pjrt-plugin) or tpu:N (a "
+          "driver plugin's device)", [&](const std::string& v) { device = v; });
   p.value("--chip", "PRESET", "with --device sim:N: the chip preset or config JSON (default: TPU_SIM_CHIP, else the "
           "library's default)", [&](const std::string& v) { chip = v; });
+  p.value("--pjrt-plugin", "PATH", "with --device pjrt:N: the PJRT plugin to load (default: TPU_PJRT_PLUGIN; "
+          "libpjrt_tpucore_sim.so runs StableHLO on the simulated chip)", [&](const std::string& v) { pjrt_plugin = v; });
+  p.flag("--no-host-fallback", "with --device pjrt:N: an op without a StableHLO counterpart is an error instead of "
+         "running on the host (the default runs it on the host, counts it in /metrics and logs it once)",
+         [&] { no_host_fallback = true; });
   p.value("--quantize", "Q",
           "weight-only quantization of the decoder layers' linear layers at load time: int8 or fp8 (e4m3; "
           "per output channel), int4 (groups of 32 columns) or none (default none)",
@@ -104,6 +114,17 @@ int main(int argc, char** argv) {
     const Device dev(device);
     TPU_CHECK(chip.empty() || dev.type == DeviceType::sim, "tpu-serve: --chip {} needs --device sim:N (got {})", chip, device);
     if (!chip.empty()) set_sim_chip(chip, static_cast<int>(dev.index));
+    TPU_CHECK(pjrt_plugin.empty() || dev.type == DeviceType::pjrt, "tpu-serve: --pjrt-plugin needs --device pjrt:N (got {})",
+              device);
+    TPU_CHECK(!no_host_fallback || dev.type == DeviceType::pjrt,
+              "tpu-serve: --no-host-fallback needs --device pjrt:N (got {})", device);
+    if (dev.type == DeviceType::pjrt) {
+      const char* env = std::getenv("TPU_PJRT_PLUGIN");
+      TPU_CHECK(!pjrt_plugin.empty() || (env && *env),
+                "tpu-serve: --device {} needs a PJRT plugin: --pjrt-plugin PATH or TPU_PJRT_PLUGIN", device);
+      if (!pjrt_plugin.empty()) fmt::print("tpu-serve: PJRT plugin {} ({})\n", pjrt_plugin, load_pjrt_plugin(pjrt_plugin));
+      if (no_host_fallback) set_pjrt_host_fallback(false);
+    }
     TPU_CHECK(quantize == "none" || quantize == "int8" || quantize == "int4" || quantize == "fp8",
               "tpu-serve: --quantize must be int8, int4, fp8 or none, got '{}'", quantize);
     models::LoadOptions lo;

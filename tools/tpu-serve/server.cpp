@@ -13,6 +13,7 @@
 #include "api.h"
 #include "connection.h"
 #include "logprobs.h"
+#include "timing.h"
 #include "tpucore/devices.h"
 #include "tpucore/serve/metrics.h"
 
@@ -32,6 +33,7 @@ struct Seq {
   bool done = false;
   serve::FinishReason why = serve::FinishReason::length;
   int64_t id = 0;  // engine request id
+  serve::RequestTiming timing;
   std::vector<int64_t> tokens() const {
     std::vector<int64_t> t;
     for (const auto& o : outs) t.push_back(o.token);
@@ -55,6 +57,11 @@ struct Channel {
     return std::all_of(seqs.begin(), seqs.end(), [](const Seq& q) { return q.done; });
   }
 };
+ResponseTiming timing_of(const std::vector<Seq>& seqs) {
+  std::vector<serve::RequestTiming> t;
+  for (const Seq& q : seqs) t.push_back(q.timing);
+  return response_timing(t);
+}
 
 // The text of token ids, special tokens skipped (also the engine's text for stop strings).
 std::string decode_text(const Tokenizer& tok, const std::vector<int64_t>& ids) {
@@ -148,31 +155,6 @@ struct ApiServer::Impl {
     routes();
   }
 
-  // With the model on a simulated chip: the chip's simulated time and traffic (all sim devices
-  // of the process, since start; finished programs only), and the simulated chip time per
-  // generated token, the figure behind a cost per token on that chip.
-  std::string sim_metrics() {
-    const Device dev = model->device();
-    if (dev.type != DeviceType::sim) return {};
-    const SimStats st = sim_stats();
-    const double clock = device_properties(dev).clock_ghz;
-    const double seconds = clock > 0 ? st.cycles / (clock * 1e9) : 0;
-    const int64_t tokens = engine.metrics().generation_tokens;
-    std::string o;
-    auto metric = [&](const char* name, const char* type, const char* help, double v) {
-      o += fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, v);
-    };
-    metric("tpucore_sim_cycles_total", "counter", "Simulated chip cycles of the programs run.", st.cycles);
-    metric("tpucore_sim_seconds_total", "counter", "Simulated chip time of the programs run, at the preset's clock.", seconds);
-    metric("tpucore_sim_hbm_bytes_total", "counter", "HBM bytes read and written by the programs run.", double(st.hbm_bytes));
-    metric("tpucore_sim_mxu_flops_total", "counter", "MXU FLOPs of the programs run.", st.mxu_flops);
-    metric("tpucore_sim_host_fallbacks_total", "counter", "Calls that ran on the host (no chip kernel took them).",
-           double(st.host_fallbacks));
-    metric("tpucore_sim_seconds_per_generated_token", "gauge",
-           "Simulated chip time (prefill and decode) per generated token.", tokens > 0 ? seconds / double(tokens) : 0.0);
-    return o;
-  }
-
   void fail(httplib::Response& res, const ApiError& e) {
     res.status = e.status;
     res.set_content(error_body(e), "application/json");
@@ -208,6 +190,10 @@ struct ApiServer::Impl {
         ch->version++;
         ch->cv.notify_all();
         return !ch->gone.load();
+      };
+      cb.on_timing = [ch, i](const serve::RequestTiming& t) {
+        std::lock_guard<std::mutex> lk(ch->mu);
+        ch->seqs[i].timing = t;
       };
       cb.on_finish = [ch, i](serve::FinishReason why) {
         std::lock_guard<std::mutex> lk(ch->mu);
@@ -364,6 +350,7 @@ struct ApiServer::Impl {
           j["choices"].back()["finish_reason"] = "tool_calls";
       }
       j["usage"] = usage(r, generated);
+      for (const auto& [name, value] : timing_headers(timing_of(seqs))) res.set_header(name, value);
       res.set_content(dump(j), "application/json");
       release(ch);
       active--;
@@ -391,9 +378,20 @@ struct ApiServer::Impl {
     res.set_chunked_content_provider(
         "text/event-stream",
         [this, st, holdback](size_t, httplib::DataSink& sink) {
+          // The chunks of this call go out together at its end, so the last one before [DONE]
+          // can carry the response's timing.
+          std::vector<json> out;
           auto send = [&](const json& j) {
-            const std::string s = "data: " + dump(j) + "\n\n";
-            return sink.write(s.data(), s.size());
+            out.push_back(j);
+            return true;
+          };
+          auto flush = [&] {
+            for (const json& j : out) {
+              const std::string s = "data: " + dump(j) + "\n\n";
+              if (!sink.write(s.data(), s.size())) return false;
+            }
+            out.clear();
+            return true;
           };
           auto gone = [&] {
             cancel_all(*st->ch);
@@ -456,6 +454,7 @@ struct ApiServer::Impl {
             }
           }
           if (!sent && !sink.is_writable()) return gone();
+          if (!done && !flush()) return gone();
           if (done) {
             if (r.include_usage) {
               size_t generated = 0;
@@ -465,6 +464,8 @@ struct ApiServer::Impl {
               u["usage"] = usage(r, generated);
               if (!send(u)) return gone();
             }
+            if (!out.empty()) out.back()["tpucore_timing"] = timing_json(timing_of(seqs));
+            if (!flush()) return gone();
             const std::string fin = "data: [DONE]\n\n";
             if (!sink.write(fin.data(), fin.size())) return gone();
             sink.done();
@@ -522,7 +523,7 @@ struct ApiServer::Impl {
         std::lock_guard<std::mutex> lk(err_mu);
         for (auto [code, n] : http_errors) extra += fmt::format("tpu_serve_http_errors_total{{code=\"{}\"}} {}\n", code, n);
       }
-      extra += sim_metrics();
+      extra += device_metrics(model->device(), engine.metrics().generation_tokens);
       s.set_content(serve::prometheus_text(engine.metrics(), extra, opts.model_name), "text/plain; version=0.0.4");
     });
     http.set_error_handler([this](const httplib::Request& q, httplib::Response& s) {

@@ -9,6 +9,8 @@
 
 #include "tpucore/core/batch_invariant.h"
 #include "tpucore/core/log.h"
+#include "tpucore/devices.h"
+#include "tpucore/streams.h"
 #include "tpucore/serve/kv_cache_manager.h"
 #include "tpucore/serve/model_runner.h"
 #include "tpucore/serve/output.h"
@@ -71,11 +73,13 @@ struct Engine::Impl {
     kv.set_window(runner.kv_window());  // every layer sliding: blocks behind the window are released
     metrics.blocks_total = cfg.num_blocks;
     metrics.block_size = cfg.block_size;
+    const Device dev = model->device();
+    if (dev.type == DeviceType::sim) chip_clock_hz = device_properties(dev).clock_ghz * 1e9;
   }
   void take_incoming(StepReport& report);
   void execute(const StepPlan& plan, StepReport& report);
   void publish(const StepPlan& plan, const StepReport& report, bool ran);
-  static void notify(const StepReport& report);
+  void notify(const StepReport& report) const;
 
   std::shared_ptr<models::CausalLM> model;
   EngineConfig cfg;
@@ -84,6 +88,7 @@ struct Engine::Impl {
   ModelRunner runner;
   OutputProcessor output;
   Clock::time_point start;
+  double chip_clock_hz = 0;  // > 0: the model is on a sim device, whose steps are timed
   std::vector<std::pair<int64_t, int64_t>> last_schedule;
 
   mutable std::mutex mu;  // guards what other threads touch: incoming, cancels, next_id, metrics
@@ -170,7 +175,7 @@ bool Engine::step() {
   s.last_schedule = plan.summary();
   if (!plan.empty()) s.execute(plan, report);
   s.publish(plan, report, !plan.empty());
-  Impl::notify(report);
+  s.notify(report);
   return !plan.empty() || plan.preemptions > 0;
 }
 
@@ -202,6 +207,7 @@ void Engine::Impl::take_incoming(StepReport& report) {
 
 void Engine::Impl::execute(const StepPlan& plan, StepReport& report) {
   Tensor logits;
+  const double cycles_before = chip_clock_hz > 0 ? sim_stats().cycles : 0;
   try {
     logits = runner.run(plan.batch());
   } catch (...) {
@@ -219,6 +225,17 @@ void Engine::Impl::execute(const StepPlan& plan, StepReport& report) {
   }
   output.commit(plan);
   output.sample(plan, logits, report);
+  if (chip_clock_hz > 0) {
+    // The step's programs have all finished (sim_stats counts finished runs); its chip time
+    // goes to every request it ran, and to the first-token time of those that got one.
+    synchronize(model->device());
+    const double chip = (sim_stats().cycles - cycles_before) / chip_clock_hz;
+    for (const StepPlan::Seq& q : plan.seqs) {
+      Request& r = *q.req;
+      r.chip_seconds += chip;
+      if (r.chip_ttft < 0 && r.generated() > 0) r.chip_ttft = r.chip_seconds;
+    }
+  }
   std::set<const Request*> done;
   for (const auto& f : report.finished) done.insert(f.first.get());
   scheduler.remove(done);
@@ -261,9 +278,26 @@ void Engine::Impl::publish(const StepPlan& plan, const StepReport& report, bool 
   metrics.blocks_used = kv.num_used();
 }
 
-void Engine::Impl::notify(const StepReport& report) {
-  for (const auto& [r, why] : report.finished)
+void Engine::Impl::notify(const StepReport& report) const {
+  const auto now = Clock::now();
+  for (const auto& [r, why] : report.finished) {
+    if (r->cb.on_timing) {
+      RequestTiming t;
+      t.tokens = r->generated();
+      const double later = static_cast<double>(std::max<int64_t>(t.tokens - 1, 1));
+      if (t.tokens > 0) {
+        t.ttft_s = std::chrono::duration<double>(r->first_token - r->arrival).count();
+        if (t.tokens > 1) t.tpot_s = std::chrono::duration<double>(now - r->first_token).count() / later;
+      }
+      t.has_chip = chip_clock_hz > 0;
+      if (t.has_chip && r->chip_ttft >= 0) {
+        t.chip_ttft_s = r->chip_ttft;
+        if (t.tokens > 1) t.chip_tpot_s = (r->chip_seconds - r->chip_ttft) / later;
+      }
+      r->cb.on_timing(t);
+    }
     if (r->cb.on_finish) r->cb.on_finish(why);
+  }
 }
 
 }  // namespace tpu::serve

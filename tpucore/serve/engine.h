@@ -72,6 +72,18 @@ struct TokenOutput {
   std::vector<std::pair<int64_t, double>> top;  // the most likely tokens, best first (ties: lower id)
 };
 
+// A finished request's timing (RequestCallbacks::on_timing). Host: arrival (add_request) to the
+// first token, and the time after the first token per further token (0 with one token). Chip,
+// with the model on a `sim` device: the simulated seconds of the engine steps that computed the
+// request's tokens (each step's chip time is credited whole to every request the step ran),
+// up to and including the step of its first token, and those after it per further token.
+struct RequestTiming {
+  int64_t tokens = 0;  // generated
+  double ttft_s = 0, tpot_s = 0;
+  bool has_chip = false;  // the model is on a sim device
+  double chip_ttft_s = 0, chip_tpot_s = 0;
+};
+
 struct RequestCallbacks {
   // Every generated token; return false to cancel the request (e.g. the client went away).
   std::function<bool(int64_t token)> on_token;
@@ -82,6 +94,8 @@ struct RequestCallbacks {
   // With SamplingParams::prompt_logprobs >= 0: once, before the first token, entry i for prompt
   // token i + 1 (the first token has none).
   std::function<void(const std::vector<TokenOutput>&)> on_prompt_logprobs = nullptr;
+  // Once, right before on_finish: the request's timing.
+  std::function<void(const RequestTiming&)> on_timing = nullptr;
 };
 
 // add_request() beyond max_waiting queued requests.

@@ -45,9 +45,10 @@ ModelRunner::ModelRunner(models::CausalLM& m, const PagedCacheConfig& c, const R
             "serve: the runner needs a positive token budget ({}), context ({}) and sequence limit ({})", o.max_tokens,
             o.max_context, o.max_seqs);
   const bool chip = codegen::runs_generated_programs(dev);
+  const bool pjrt = dev.type == DeviceType::pjrt;
   if (!dev.is_cpu() || o.compile) {
-    TPU_CHECK(dev.is_cpu() || chip, "serve: the paged attention step runs on the cpu or a chip that runs generated "
-              "programs, not {}", dev.str());
+    TPU_CHECK(dev.is_cpu() || chip || pjrt, "serve: the paged attention step runs on the cpu, a chip that runs "
+              "generated programs or a pjrt device, not {}", dev.str());
     TPU_CHECK(m.dtype() == DType::f32 || m.dtype() == DType::bf16,
               "serve: the paged attention step on {} runs f32 or bf16 models, not {}", dev.str(), dtype_name(m.dtype()));
   }
@@ -62,6 +63,23 @@ ModelRunner::ModelRunner(models::CausalLM& m, const PagedCacheConfig& c, const R
   } else {  // the cpu kernel walks tokens one by one: no tile read-ahead, one page per step
     spec_.tile_tokens = 1;
     spec_.pages_per_step = 1;
+  }
+  if (pjrt) {
+    auto cache = std::make_unique<GatherPagedCache>(c, m.dtype(), dev);
+    gather_ = cache.get();
+    slots_ = std::move(cache);
+    if (!o.compile) return;
+    make_buckets(false);
+    GatherPagedCache* g = gather_;
+    // a: ids, cos, sin, write slots, write mask, context slots, distances, rows.
+    auto step = [this, g](const std::vector<Tensor>& a) {
+      g->set_gather(a[3], a[4], a[5], a[6]);
+      return hidden_rows(a[0], a[1], a[2], a[7], g);
+    };
+    compiled_gather_ = tpu::compile(step, CompileOptions{.name = o.compile_name,
+                                                         .warn_after_recompiles = static_cast<int>(num_buckets()),
+                                                         .fuse = false});
+    return;
   }
   if (!o.compile) {
     if (chip) slots_ = std::make_unique<ChipPagedCache>(c, m.dtype(), dev);
@@ -157,7 +175,15 @@ Tensor ModelRunner::run(const StepBatch& s) {
   check(s);
   NoGradGuard ng;
   Tensor h;  // [>= rows, hidden]: the sampled rows' final hidden states first
-  if (o_.compile) {
+  if (gather_) {
+    const auto n = static_cast<int64_t>(s.ids.size());
+    int64_t ctx = o_.max_context;
+    if (!o_.compile) {
+      const int64_t longest = *std::max_element(s.batch.context_len.begin(), s.batch.context_len.end());
+      for (ctx = std::max<int64_t>(1, c_.block_size); ctx < longest;) ctx *= 2;
+    }
+    h = gather_step(o_.compile ? token_bucket(n) : n, ctx, s);
+  } else if (o_.compile) {
     const int64_t nb = token_bucket(static_cast<int64_t>(s.ids.size()));
     const codegen::PagedAttentionMeta meta = codegen::plan_paged_attention(
         spec_for(nb), c_.num_blocks, s.batch.query_start, s.batch.context_len, s.batch.block_tables);
@@ -230,9 +256,65 @@ Tensor ModelRunner::graph_step(int64_t nb, const StepBatch& s, const codegen::Pa
                    i32_tensor(slots, dev), i64_tensor(rows, Shape{rows_cap}, dev));
 }
 
+Tensor ModelRunner::gather_step(int64_t nb, int64_t ctx, const StepBatch& s) {
+  const Device dev = m_.device();
+  const auto n = static_cast<int64_t>(s.ids.size());
+  const int64_t rows_cap = o_.compile ? std::min(nb, o_.max_rows) : static_cast<int64_t>(s.logit_rows.size());
+  std::vector<int64_t> tok(static_cast<size_t>(nb), 0), pos(static_cast<size_t>(nb), 0),
+      rows(static_cast<size_t>(rows_cap), 0), write(static_cast<size_t>(nb), 0),
+      context(static_cast<size_t>(nb * ctx), 0);
+  std::vector<float> mask(static_cast<size_t>(nb), 0.0f), dist(static_cast<size_t>(nb * ctx), -1.0f);
+  std::copy(s.ids.begin(), s.ids.end(), tok.begin());
+  std::copy(s.positions.begin(), s.positions.end(), pos.begin());
+  std::copy(s.logit_rows.begin(), s.logit_rows.end(), rows.begin());
+  const RaggedBatch& rb = s.batch;
+  const int64_t bs = c_.block_size;
+  for (int64_t i = 0; i < rb.num_seqs(); ++i) {
+    const std::vector<int32_t>& table = *rb.block_tables[static_cast<size_t>(i)];
+    const int64_t q0 = rb.query_start[static_cast<size_t>(i)], q1 = rb.query_start[static_cast<size_t>(i) + 1];
+    const int64_t first = rb.context_len[static_cast<size_t>(i)] - (q1 - q0);  // position of its first new token
+    TPU_CHECK(rb.context_len[static_cast<size_t>(i)] <= ctx, "serve: a context of {} exceeds the step's {} positions",
+              rb.context_len[static_cast<size_t>(i)], ctx);
+    auto slot = [&](int64_t j) {
+      const auto b = static_cast<size_t>(j / bs);
+      return b < table.size() && table[b] >= 0 ? static_cast<int64_t>(table[b]) * bs + j % bs : 0;
+    };
+    for (int64_t t = q0; t < q1; ++t) {
+      const int64_t p = first + (t - q0);
+      write[static_cast<size_t>(t)] = slot(p);
+      mask[static_cast<size_t>(t)] = 1.0f;
+      for (int64_t j = 0; j <= p; ++j) {
+        context[static_cast<size_t>(t * ctx + j)] = slot(j);
+        dist[static_cast<size_t>(t * ctx + j)] = static_cast<float>(p - j);
+      }
+    }
+  }
+  for (int64_t t = n; t < nb; ++t) dist[static_cast<size_t>(t * ctx)] = 0.0f;  // padding sees slot 0: no empty softmax
+  auto [cos, sin] = m_.rope_tables(pos, 1);
+  const std::vector<Tensor> args{i64_tensor(tok, Shape{1, nb}, dev),
+                                 cos,
+                                 sin,
+                                 i64_tensor(write, Shape{nb}, dev),
+                                 from_vector(mask, Shape{nb}, TensorOptions(DType::f32, dev)).to(m_.dtype()),
+                                 i64_tensor(context, Shape{nb * ctx}, dev),
+                                 from_vector(dist, Shape{nb, ctx}, TensorOptions(DType::f32, dev)),
+                                 i64_tensor(rows, Shape{rows_cap}, dev)};
+  if (o_.compile) return compiled_gather_(args);
+  gather_->set_gather(args[3], args[4], args[5], args[6]);
+  if (rows_cap == 0) {
+    m_.hidden_states(args[0], cos, sin, gather_);
+    return {};
+  }
+  return hidden_rows(args[0], cos, sin, args[7], gather_);
+}
+
 int64_t ModelRunner::warm_up() {
   if (!o_.compile) return 0;
   NoGradGuard ng;
+  if (gather_) {
+    for (int64_t nb : buckets_) gather_step(nb, o_.max_context, StepBatch{});
+    return num_buckets();
+  }
   for (int64_t nb : buckets_) {
     // A step of no tokens: the unit table's header counts 0 tokens, so nothing is written.
     const codegen::PagedAttentionMeta meta = codegen::plan_paged_attention(spec_for(nb), c_.num_blocks, {0}, {}, {});

@@ -18,6 +18,10 @@
 //   graph's shapes depend on Nb alone: one graph per bucket; warm_up() compiles each with a
 //   step of no tokens, and no later step compiles. Regions are fused on chips only (on the cpu
 //   the matmul + epilogue regions were slower than the plain kernels at serving sizes).
+// - model on a pjrt device (eager or compile): GatherPagedCache, the paged attention in ordinary
+//   ops the StableHLO exporter maps, over the step's tokens and a context of L positions (eager:
+//   the step's longest context rounded up to a power of two; compile: max_model_len, with the
+//   token buckets of the cpu), so no op takes the pjrt host fallback.
 // The sampled rows' final hidden states are gathered by the embedding op (a chip kernel) and
 // the head runs on exactly those rows, outside the graph.
 #pragma once
@@ -78,6 +82,8 @@ class ModelRunner {
   Tensor host_step(const StepBatch& s);
   Tensor chip_step(const StepBatch& s);
   Tensor graph_step(int64_t nb, const StepBatch& s, const codegen::PagedAttentionMeta& meta);
+  // The pjrt step over nb >= tokens rows (padding rows write nothing) and a context of ctx positions.
+  Tensor gather_step(int64_t nb, int64_t ctx, const StepBatch& s);
   codegen::PagedAttentionSpec spec_for(int64_t nb) const;
   int64_t pages_capacity(int64_t nb) const;
   void make_buckets(bool chip);
@@ -92,6 +98,8 @@ class ModelRunner {
   std::function<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                        const Tensor&)>
       compiled_;
+  GatherPagedCache* gather_ = nullptr;  // the pjrt cache (owned by slots_)
+  std::function<Tensor(const std::vector<Tensor>&)> compiled_gather_;
 };
 
 }  // namespace tpu::serve

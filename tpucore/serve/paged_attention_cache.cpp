@@ -1,6 +1,9 @@
 #include "tpucore/serve/paged_attention_cache.h"
 
+#include <cmath>
+
 #include "codegen/launch.h"
+#include "tpucore/ops.h"
 #include "tpucore/autograd.h"
 #include "tpucore/serve/paged_op.h"
 
@@ -102,6 +105,62 @@ Tensor GraphPagedCache::update_and_attend_variant(int64_t layer, const Tensor& q
                                    reshape(t.v, Shape{rows, hkv * d}), k_[static_cast<size_t>(layer)],
                                    v_[static_cast<size_t>(layer)], units_, pages_, slots_);
   return reshape(a, Shape{1, rows, hq * d});
+}
+
+void GatherPagedCache::set_gather(const Tensor& write_slots, const Tensor& write_mask, const Tensor& context_slots,
+                                  const Tensor& distance) {
+  const int64_t n = write_slots.numel();
+  TPU_CHECK(n > 0 && write_mask.numel() == n && distance.dim() == 2 && distance.size(0) == n &&
+                context_slots.numel() == n * distance.size(1) && write_slots.dtype() == DType::i64 &&
+                context_slots.dtype() == DType::i64,
+            "serve: the gather paged cache's step data do not agree: write slots {}, mask {}, context slots {}, "
+            "distances {}",
+            write_slots.shape().str(), write_mask.shape().str(), context_slots.shape().str(), distance.shape().str());
+  write_slots_ = write_slots;
+  write_mask_ = reshape(write_mask, Shape{n, 1});
+  context_slots_ = context_slots;
+  distance_ = distance;
+  // Rows about to be overwritten are zeroed first (the scatter adds): 1 - (real writes per slot).
+  const int64_t slots = k_.front().size(0);
+  const Tensor keep = scatter_add(ones(Shape{slots}, TensorOptions(write_mask.dtype(), write_mask.device())), 0,
+                                  write_slots, neg(reshape(write_mask, Shape{n})));
+  keep_rows_ = reshape(keep, Shape{slots, 1});
+}
+
+Tensor GatherPagedCache::update_and_attend_variant(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v,
+                                                   const Tensor& keep, double scale,
+                                                   const nn::AttentionVariant& variant) {
+  check_inputs("gather paged cache", layer, num_layers(), q, k, keep);
+  TPU_CHECK(write_slots_.defined(), "serve: the gather paged cache has no step data (set_gather before the forward)");
+  TPU_CHECK(scale > 0 && variant.window >= 0 && variant.softcap >= 0,
+            "serve: the gather paged cache got scale {}, window {}, softcap {}", scale, variant.window, variant.softcap);
+  const int64_t hq = q.size(1), n = q.size(2), d = q.size(3), hkv = k.size(1), g = hq / hkv;
+  const int64_t ctx = distance_.size(1), row = hkv * d;
+  TPU_CHECK(n == write_slots_.numel() && row == k_.front().size(1) && hq % hkv == 0,
+            "serve: the gather paged cache ({} slots of {} values) got {} tokens of {} kv heads x {} for a step of {}",
+            k_.front().size(0), k_.front().size(1), n, hkv, d, write_slots_.numel());
+  auto token_rows = [](const Tensor& x) { return transpose(x, 1, 2).contiguous(); };  // [1, n, h, d]
+  // Constants as 0-d tensors on the device (a plain number would be a host operand).
+  auto constant = [](double v, const Tensor& like) { return full(Shape{}, v, TensorOptions(like.dtype(), like.device())); };
+  // The new keys and values into their slots (padding rows add zeros to slot rows they keep).
+  const Tensor idx = expand(reshape(write_slots_, Shape{n, 1}), Shape{n, row}).contiguous();
+  Tensor& kc = k_[static_cast<size_t>(layer)];
+  Tensor& vc = v_[static_cast<size_t>(layer)];
+  kc.copy_(scatter_add(kc * keep_rows_, 0, idx, reshape(token_rows(k), Shape{n, row}) * write_mask_));
+  vc.copy_(scatter_add(vc * keep_rows_, 0, idx, reshape(token_rows(v), Shape{n, row}) * write_mask_));
+  // Each token's context: [n, hkv, d, L] keys and [n, hkv, L, d] values.
+  const Tensor keys = permute(reshape(index_select(kc, 0, context_slots_), Shape{n, ctx, hkv, d}), Shape{0, 2, 3, 1});
+  const Tensor values = permute(reshape(index_select(vc, 0, context_slots_), Shape{n, ctx, hkv, d}), Shape{0, 2, 1, 3});
+  Tensor scores = matmul(reshape(token_rows(q), Shape{n, hkv, g, d}), keys);  // [n, hkv, g, L]
+  scores = scores * constant(scale, scores);
+  if (variant.softcap > 0)
+    scores = tanh(scores * constant(1.0 / variant.softcap, scores)) * constant(variant.softcap, scores);
+  Tensor visible = ge(distance_, constant(0.0, distance_));
+  if (variant.window > 0)
+    visible = logical_and(visible, lt(distance_, constant(static_cast<double>(variant.window), distance_)));
+  scores = where(reshape(visible, Shape{n, 1, 1, ctx}), scores, constant(-INFINITY, scores));
+  const Tensor out = matmul(softmax(scores, -1), values);  // [n, hkv, g, d]
+  return reshape(out, Shape{1, n, hq * d});
 }
 
 }  // namespace tpu::serve

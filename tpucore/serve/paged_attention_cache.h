@@ -12,6 +12,10 @@
 // - GraphPagedCache: the same tensors on the model's device (cpu or chip) and the
 //   serve_paged_attention op (serve/paged_op.h), an ordinary in-place graph node, so a step
 //   traced by tpu::compile holds one node per layer whose shapes depend on the token count only.
+// - GatherPagedCache: the same tensors, and the paged attention spelled in ordinary ops that
+//   every exporter maps (a scatter of the new keys and values into their slots, a gather of
+//   each token's context slots, a masked softmax), for devices that run StableHLO (pjrt),
+//   eagerly or traced, with no host fallback.
 //
 // The slot caches take the step's work-unit data (codegen::PagedAttentionMeta as i32 tensors)
 // through set_step() before the forward; inside a traced step these are the graph's inputs.
@@ -98,6 +102,29 @@ class GraphPagedCache : public SlotPagedCache {
   }
   Tensor update_and_attend_variant(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v,
                                    const Tensor& keep, double scale, const nn::AttentionVariant& variant) override;
+};
+
+// The paged attention as gather + masked softmax. set_gather() gives the step's data on the
+// cache's device: write_slots i64 [n] (each token's cache slot), write_mask [n] in the cache's
+// dtype (1: a real token, 0: padding, whose keys are not written), context_slots i64 [n * L]
+// (the slots of each token's context positions 0..L-1, any slot past its context) and
+// distance f32 [n, L] (the token's position minus the key's: keys at distance >= 0, and below
+// a layer's sliding window, are attended). Inside tpu::compile these are the graph's inputs and
+// the cache writes are functionalized (written back after the run).
+class GatherPagedCache : public SlotPagedCache {
+ public:
+  using SlotPagedCache::SlotPagedCache;
+  void set_gather(const Tensor& write_slots, const Tensor& write_mask, const Tensor& context_slots,
+                  const Tensor& distance);
+  Tensor update_and_attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& keep,
+                           double scale) override {
+    return update_and_attend_variant(layer, q, k, v, keep, scale, {});
+  }
+  Tensor update_and_attend_variant(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& keep, double scale, const nn::AttentionVariant& variant) override;
+
+ private:
+  Tensor write_slots_, write_mask_, context_slots_, distance_, keep_rows_;
 };
 
 }  // namespace tpu::serve

@@ -34,6 +34,8 @@ struct Request {
   RequestCallbacks cb;
   bool cancelled = false;
   Clock::time_point arrival, first_token;
+  double chip_seconds = 0;     // simulated chip time of the steps that ran this request
+  double chip_ttft = -1;       // chip_seconds when its first token came (-1: none yet)
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
 };
 
