@@ -120,3 +120,22 @@ TEST_CASE("tpu-serve binary: SIGTERM refuses new requests, cancels long ones aft
   CHECK(long_done);
   CHECK(long_finish == "abort");
 }
+
+TEST_CASE("tpu-serve binary: device options without their device are errors naming them", "[serve][cli]") {
+  // The checks come before the model is read: no checkpoint needed.
+  const auto run = [](const std::string& args) {
+    FILE* p = popen(fmt::format("env -u TPU_PJRT_PLUGIN {} --model no-such-dir {} 2>&1", TPU_SERVE_EXE, args).c_str(), "r");
+    REQUIRE(p);
+    std::string out;
+    char buf[512];
+    while (fgets(buf, sizeof buf, p)) out += buf;
+    const int rc = pclose(p);
+    CHECK(WIFEXITED(rc));
+    CHECK(WEXITSTATUS(rc) == 1);
+    return out;
+  };
+  CHECK_THAT(run("--chip tiny"), Catch::Contains("--chip tiny needs --device sim:N"));
+  CHECK_THAT(run("--pjrt-plugin libpjrt_tpucore_sim.so"), Catch::Contains("--pjrt-plugin needs --device pjrt:N"));
+  CHECK_THAT(run("--device sim:0 --no-host-fallback"), Catch::Contains("--no-host-fallback needs --device pjrt:N"));
+  CHECK_THAT(run("--device pjrt:0"), Catch::Contains("needs a PJRT plugin: --pjrt-plugin PATH or TPU_PJRT_PLUGIN"));
+}

@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
   int port = 8000;
   serve_http::ServerOptions o;
   o.engine.max_waiting = 256;
-  cli::Parser p("tpu-serve", "Serve a causal LM checkpoint over an OpenAI-compatible HTTP API (cpu or a simulated chip).");
+  cli::Parser p("tpu-serve", "Serve a causal LM checkpoint over an OpenAI-compatible HTTP API (cpu, a simulated chip or a PJRT device).");
   p.value("--model", "DIR", "checkpoint folder: config.json, model.safetensors, tokenizer.json (required)",
           [&](const std::string& v) { model_dir = v; });
   p.value("--chat-template", "FILE",
