@@ -1,7 +1,9 @@
 // tpu-serve: serves a causal LM checkpoint (Hugging Face layout: config.json, safetensors,
 // tokenizer.json) over an OpenAI-compatible HTTP API with continuous batching on a paged KV
 // cache. The chat endpoint formats prompts with the model's chat template (tokenizer_config.json's
-// `chat_template`, or --chat-template FILE). SIGTERM / SIGINT drain the running requests and exit 0.
+// `chat_template`, or --chat-template FILE). The model runs on the cpu, a simulated chip (--device
+// sim:N --chip PRESET) or a PJRT plugin's device (--device pjrt:N --pjrt-plugin PATH). SIGTERM /
+// SIGINT drain the running requests and exit 0.
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>

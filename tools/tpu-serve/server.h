@@ -8,6 +8,8 @@
 // Chat requests may ask for structured output (response_format json_object / json_schema:
 // constrained decoding) and tool calls (tools, tool_choice; the output parsed into
 // message.tool_calls); see structured.h.
+// Every completion carries the host's (and on a sim device the simulated chip's) time to first
+// token and per output token: x-tpucore-* headers, or a streamed response's last chunk (timing.h).
 // A request is n choices (best_of sequences when more), each an engine request of its own;
 // stop strings are checked by the engine at every token (EngineConfig::detokenize), so a
 // request stops at the token that completes one. Errors are JSON bodies {"error": {"message",
