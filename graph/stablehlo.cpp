@@ -6,6 +6,7 @@
 #include <cstring>
 #include <algorithm>
 #include <map>
+#include <mutex>
 #include <optional>
 
 #include <fmt/format.h>
@@ -60,6 +61,43 @@ Val Writer::op(const std::string& name, const std::vector<Val>& ins, const std::
   body_ += fmt::format("    {} = \"stablehlo.{}\"({}){} : ({}) -> {}\n", r.name, name, fmt::join(names, ", "),
                        attrs.empty() ? "" : " {" + attrs + "}", fmt::join(types, ", "), type(r));
   return r;
+}
+
+namespace {
+// An MLIR string literal: quotes, backslashes and non-printable bytes escaped.
+std::string mlir_string(const std::string& s) {
+  std::string r = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') r += fmt::format("\\{}", char(c));
+    else if (c < 0x20 || c >= 0x7f) r += fmt::format("\\{:02X}", unsigned(c));
+    else r += char(c);
+  }
+  return r + "\"";
+}
+}  // namespace
+
+std::vector<Val> Writer::custom_call(const std::string& target, const std::vector<Val>& ins,
+                                     const std::string& backend_config, const std::string& extra_attrs,
+                                     const std::vector<ValueMeta>& outs) {
+  const std::string base = fresh();
+  std::vector<Val> res;
+  std::vector<std::string> names, in_types, out_types;
+  for (const Val& v : ins) {
+    names.push_back(v.name);
+    in_types.push_back(type(v));
+  }
+  for (size_t i = 0; i < outs.size(); ++i) {
+    res.push_back(Val{outs.size() == 1 ? base : fmt::format("{}#{}", base, i), outs[i].shape, outs[i].dtype});
+    out_types.push_back(type(res.back()));
+  }
+  const std::string attrs =
+      fmt::format("api_version = 2 : i32, backend_config = {}, call_target_name = {}, has_side_effect = false{}{}",
+                  mlir_string(backend_config), mlir_string(target), extra_attrs.empty() ? "" : ", ", extra_attrs);
+  const std::string result = outs.size() == 1 ? base : fmt::format("{}:{}", base, outs.size());
+  const std::string rtype = outs.size() == 1 ? out_types[0] : fmt::format("({})", fmt::join(out_types, ", "));
+  body_ += fmt::format("    {} = \"stablehlo.custom_call\"({}) {{{}}} : ({}) -> {}\n", result, fmt::join(names, ", "), attrs,
+                       fmt::join(in_types, ", "), rtype);
+  return res;
 }
 
 Val Writer::ew(const std::string& name, const std::vector<Val>& ins, DType t) { return op(name, ins, "", ins.at(0).shape, t); }
@@ -195,6 +233,37 @@ Val Writer::dot_general(const Val& a, const Val& b, const std::vector<int64_t>& 
 
 namespace {
 
+struct CustomCallTable {
+  std::mutex mu;
+  std::map<std::string, CustomCallParams, std::less<>> by_op;
+};
+CustomCallTable& custom_calls() {
+  static CustomCallTable* t = new CustomCallTable();
+  return *t;
+}
+
+// A node of a custom-call op as `stablehlo.custom_call`; false when its op is not one.
+bool emit_custom_call(Writer& w, const Node& n, const std::vector<Val>& in, const std::vector<ValueMeta>& outs,
+                      std::vector<Val>& res) {
+  CustomCallParams params;
+  {
+    CustomCallTable& t = custom_calls();
+    std::lock_guard<std::mutex> lk(t.mu);
+    auto it = t.by_op.find(n.op->name);
+    if (it == t.by_op.end()) return false;
+    params = it->second;
+  }
+  std::string config;
+  std::vector<std::string> dict;
+  for (const auto& [k, v] : params(n.attrs)) {
+    config += fmt::format("{}{}={}", config.empty() ? "" : ";", k, v);
+    dict.push_back(fmt::format("{} = {} : i64", mlir_string(k), v));
+  }
+  const std::string extra = dict.empty() ? "" : fmt::format("tpucore.params = {{{}}}", fmt::join(dict, ", "));
+  res = w.custom_call(n.op->name, in, config, extra, outs);
+  return true;
+}
+
 const std::map<std::string, std::string>& simple_ops() {
   static const std::map<std::string, std::string> m = {
       {"add", "add"}, {"sub", "subtract"}, {"mul", "multiply"}, {"div", "divide"}, {"pow", "power"},
@@ -306,6 +375,13 @@ bool emit_simple(Writer& w, const Node& n, const std::vector<Val>& in, const Val
 namespace tpu {
 namespace graph {
 
+void register_custom_call(std::string_view op, CustomCallParams params) {
+  TPU_CHECK(static_cast<bool>(params), "export_stablehlo: custom call '{}' registered without a parameter reader", op);
+  shlo::CustomCallTable& t = shlo::custom_calls();
+  std::lock_guard<std::mutex> lk(t.mu);
+  t.by_op.insert_or_assign(std::string(op), std::move(params));
+}
+
 std::string to_stablehlo(const Graph& g, const std::vector<Tensor>& captured, const StableHloOptions& opt) {
   using namespace shlo;
   TPU_CHECK(captured.size() == g.inputs.size(), "export_stablehlo: {} captured slots for {} graph inputs",
@@ -346,7 +422,7 @@ std::string to_stablehlo(const Graph& g, const std::vector<Tensor>& captured, co
     std::vector<ValueMeta> outs;
     for (ValueId o : n.outputs) outs.push_back(g.meta(o));
     std::vector<Val> res;
-    const bool ok = emit_simple(w, n, in, outs.at(0), res) || emit_index(w, n, in, outs.at(0), res) ||
+    const bool ok = emit_custom_call(w, n, in, outs, res) || emit_simple(w, n, in, outs.at(0), res) || emit_index(w, n, in, outs.at(0), res) ||
                      emit_composite(w, n, in, outs, res);
     if (!ok || res.size() != n.outputs.size()) {
       unmapped.push_back(fmt::format("'{}' (node {})", n.op->name, k));

@@ -57,6 +57,11 @@ class Writer {
   // A point scatter (coords: [..., rank]) with an add region (or for booleans); stablehlo_index.cpp.
   Val scatter_add(const Val& x, const Val& coords, const Val& upd);
 
+  // `stablehlo.custom_call` to `target` with the given backend_config and extra attributes
+  // (already written, comma-separated); one result per entry of `outs`.
+  std::vector<Val> custom_call(const std::string& target, const std::vector<Val>& ins, const std::string& backend_config,
+                               const std::string& extra_attrs, const std::vector<ValueMeta>& outs);
+
   std::string take() { return std::move(body_); }
 
  private:

@@ -319,4 +319,8 @@ Op register_op(OpSpec spec);
 /// True when `name` is an op made by register_op (not one of the library's own ops).
 bool is_kernel_op(std::string_view name);
 
+/// The number of tensor inputs of kernel op `name` (OpSpec::num_inputs), or -1 when no kernel op
+/// has that name.
+int kernel_op_num_inputs(std::string_view name);
+
 }  // namespace tpu::kernel

@@ -46,6 +46,10 @@ TEST_CASE("kernel sim: the tiled matmul with an epilogue runs as a chip program 
   expect_close(yh, want.to(Device()), 1e-5, 1e-5, "kernel vs built-in on the chip");
   Tensor cpu = examples::matmul_epilogue_op()({x, w, b}, params);
   expect_close(yh, cpu, 1e-5, 1e-5, "chip vs interpreter");
+  // Blocks one MXU wide: the dot's rows are split over both MXUs of the chip.
+  const Params narrow{{"bm", 16}, {"bn", 8}, {"bk", 16}, {"act", static_cast<int64_t>(examples::Act::relu)}};
+  Tensor yn = examples::matmul_epilogue_op()({x.to(dev), w.to(dev), b.to(dev)}, narrow);
+  expect_close(yn.to(Device()), want.to(Device()), 1e-5, 1e-5, "narrow blocks vs built-in on the chip");
 }
 
 TEST_CASE("kernel sim: bf16 operands, row softmax, masked stores and scratch accumulation equal naive loops",

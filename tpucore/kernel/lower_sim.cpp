@@ -506,16 +506,19 @@ Value SimLowerer::dot(const Value& a0, const Value& b, DotOptions o, int64_t m, 
   const int64_t out = int8 ? alloc(m * n * 4) : r.impl()->vmem;
   const sim::DType ot = int8 ? sim::DType::i32 : sim::DType::f32;
   const int64_t A = a.impl()->vmem, W = b.impl()->vmem;
-  for (int64_t j = 0; j * C < n; ++j) {
-    const int64_t nn = std::min(C, n - j * C);
-    const int mxu = static_cast<int>(j % nm);
-    for (int64_t p = 0; p * R < k; ++p) {
+  // Column tile j on its own MXU; fewer tiles than MXUs: rows split in groups of 8k, one per MXU.
+  const int64_t jt = (n + C - 1) / C, groups = jt < nm ? std::max<int64_t>(1, std::min(nm / jt, m / 8)) : 1;
+  const int64_t grows = ((m + groups - 1) / groups + 7) / 8 * 8;
+  for (int64_t jg = 0; jg < jt * groups; ++jg) {
+    const int64_t j = jg / groups, r0 = (jg % groups) * grows, rl = std::min(grows, m - r0), nn = std::min(C, n - j * C);
+    const int mxu = static_cast<int>(jg % nm);
+    for (int64_t p = 0; p * R < k && rl > 0; ++p) {
       const int64_t kk = std::min(R, k - p * R);
       const sim::Operand w = o.transpose_b ? B::vmem(B::at(W + (j * C * k + p * R) * es), pt, 1, k)
                                            : B::vmem(B::at(W + (p * R * n + j * C) * es), pt, n);
       b_.mxu_load_weights(mxu, w, kk, nn, mode);
-      b_.mxu_matmul(mxu, B::vmem(B::at(out + j * C * 4), ot, n),
-                    B::vmem(B::at(A + p * R * es), pt, k), m, kk, nn, p > 0, mode);
+      b_.mxu_matmul(mxu, B::vmem(B::at(out + (r0 * n + j * C) * 4), ot, n),
+                    B::vmem(B::at(A + (r0 * k + p * R) * es), pt, k), rl, kk, nn, p > 0, mode);
     }
   }
   if (int8) b_.unary(Op::vcast, dst(r), B::vmem(B::at(out), ot, n), m, n);

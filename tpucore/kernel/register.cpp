@@ -6,6 +6,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "graph/stablehlo.h"
 #include "ops/registry.h"
 #include "tpucore/core/error.h"
 #include "codegen/launch.h"
@@ -158,6 +159,16 @@ Op register_op(OpSpec spec) {
   }
   ops::define(std::move(def));
   ops::register_kernel(name, DeviceType::sim, &kernel_sim);
+  // The StableHLO export writes the op as a custom_call to its name with its parameters.
+  graph::register_custom_call(name, [](const ops::Attrs& attrs) {
+    const Params p = decode(attrs);
+    return std::vector<std::pair<std::string, int64_t>>(p.begin(), p.end());
+  });
+  // A device whose backend gives every op one generic kernel (pjrt: the op exported as StableHLO
+  // and compiled by the plugin) installs it when the backend starts; an op registered after that
+  // takes the same kernel, found on any op of the library.
+  if (const ops::OpDef* ref = ops::find_op("add"))
+    if (ops::KernelFn k = ref->kernels[static_cast<int>(DeviceType::pjrt)]) ops::register_kernel(name, DeviceType::pjrt, k);
   if (differentiable) ops::set_backward(name, ops::BackwardDef{.fn = &kernel_backward, .save_inputs = ~0u, .save_outputs = ~0u});
   return Op(name);
 }
@@ -166,6 +177,13 @@ bool is_kernel_op(std::string_view name) {
   SpecTable& t = table();
   std::lock_guard<std::mutex> lk(t.mu);
   return t.by_name.count(std::string(name)) > 0;
+}
+
+int kernel_op_num_inputs(std::string_view name) {
+  SpecTable& t = table();
+  std::lock_guard<std::mutex> lk(t.mu);
+  auto it = t.by_name.find(std::string(name));
+  return it == t.by_name.end() ? -1 : it->second->num_inputs;
 }
 
 std::vector<Tensor> Op::call(std::span<const Tensor> inputs, const Params& params) const {

@@ -75,8 +75,13 @@ void parse_signature(const std::string& s, Op& op) {
   pos += 2;
   while (pos < s.size() && s[pos] == ' ') ++pos;
   if (s.compare(pos, 2, "()") == 0) return;
-  if (s[pos] == '(') ++pos;
-  op.type = parse_type(s, pos, op.line);
+  const bool tuple = s[pos] == '(';
+  if (tuple) ++pos;
+  do {
+    op.types.push_back(parse_type(s, pos, op.line));
+    while (pos < s.size() && (s[pos] == ',' || s[pos] == ' ')) ++pos;
+  } while (tuple && pos < s.size() && s[pos] != ')');
+  op.type = op.types[0];
 }
 
 std::vector<std::string> split_operands(const std::string& s) {
@@ -99,6 +104,15 @@ Op parse_op_line(const std::string& l, int line) {
     const size_t eq = s.find(" = ");
     if (eq == std::string::npos) bad(line, "expected '%name = \"op\"(...)'");
     op.result = s.substr(0, eq);
+    if (const size_t colon = op.result.find(':'); colon != std::string::npos) {  // "%v3:2": several results
+      try {
+        op.num_results = std::stoi(op.result.substr(colon + 1));
+      } catch (...) {
+        bad(line, "bad result count in '" + op.result + "'");
+      }
+      op.result.resize(colon);
+      if (op.num_results < 1) bad(line, "bad result count in '" + s.substr(0, eq) + "'");
+    }
     s = s.substr(eq + 3);
   }
   if (s.empty() || s[0] != '"') bad(line, "expected a quoted op name");
@@ -175,6 +189,9 @@ Program parse_program(const std::string& text) {
       parse_signature(tail.substr(colon + 3), op);
       i += 4;
     }
+    if (op.name == "custom_call") (void)custom_call_of(op);  // an unknown target fails the compile
+    if (size_t(op.num_results) != std::max<size_t>(1, op.types.size()) && op.name != "func_return")
+      bad(ln, fmt::format("'{}' declares {} result(s) and {} result type(s)", op.name, op.num_results, op.types.size()));
     if (op.name == "func_return") {
       for (const TypeSpec& t : op.in_types) p.results.push_back(t);
       saw_return = true;

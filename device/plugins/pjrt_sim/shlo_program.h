@@ -20,11 +20,13 @@ struct TypeSpec {
 struct Op {
   int line = 0;
   std::string result;             // "%v3" (empty for func.return)
+  int num_results = 1;            // "%v3:2 = ..." (custom_call): results %v3#0, %v3#1
   std::string name;               // "add", "reduce", "return", ...
   std::vector<std::string> operands;
   std::string attrs;              // the text between the braces
   std::vector<TypeSpec> in_types;
-  TypeSpec type;                  // the result's
+  TypeSpec type;                  // the (first) result's
+  std::vector<TypeSpec> types;    // every result's
   std::string body;               // reduce, scatter: the region's op ("add", "maximum", ...)
 };
 
@@ -43,6 +45,15 @@ Program parse_program(const std::string& text);
 std::string attr(const Op& op, const std::string& name);
 // Every integer in s, in order (digits with an optional leading '-').
 std::vector<int64_t> int_list(const std::string& s);
+
+// A custom_call's target and parameters (backend_config "name=value;..."). A target that is not
+// a kernel op registered in this process (tpu::kernel::register_op: the plugin shares the
+// process and libtpucore with its user), or the wrong operand count, is a tpu::Error naming it.
+struct CustomCall {
+  std::string target;
+  std::map<std::string, int64_t> params;
+};
+CustomCall custom_call_of(const Op& op);
 
 std::vector<Tensor> run_program(const Program& p, const std::vector<Tensor>& inputs, Device dev);
 

@@ -1,5 +1,6 @@
 // Runs a parsed StableHLO program with tpucore's ops (see shlo_program.h).
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <unordered_map>
@@ -9,6 +10,7 @@
 #include "device/plugins/pjrt_sim/shlo_index.h"
 #include "device/plugins/pjrt_sim/shlo_program.h"
 #include "tpucore/core/error.h"
+#include "tpucore/kernel.h"
 #include "tpucore/ops.h"
 
 namespace tpu::pjrt_sim {
@@ -220,7 +222,77 @@ Tensor run_op(const Op& op, const std::vector<Tensor>& in, Device dev) {
   bad(op, "this op is outside the subset the simulator plugin runs");
 }
 
+// The string literal at the start of an attribute value, escapes decoded.
+std::string string_literal(const Op& op, const std::string& name) {
+  const std::string a = attr(op, name);
+  if (a.empty() || a[0] != '"') bad(op, "missing string attribute '" + name + "'");
+  std::string r;
+  for (size_t i = 1; i < a.size(); ++i) {
+    const char c = a[i];
+    if (c == '"') return r;
+    if (c != '\\') {
+      r += c;
+      continue;
+    }
+    if (i + 1 >= a.size()) break;
+    const char e = a[++i];
+    if (e == '"' || e == '\\') r += e;
+    else if (e == 'n') r += '\n';
+    else if (e == 't') r += '\t';
+    else if (i + 1 < a.size() && std::isxdigit(static_cast<unsigned char>(e)) &&
+             std::isxdigit(static_cast<unsigned char>(a[i + 1]))) {
+      r += char(std::stoi(a.substr(i, 2), nullptr, 16));
+      ++i;
+    } else {
+      bad(op, "bad escape in attribute '" + name + "'");
+    }
+  }
+  bad(op, "unterminated string attribute '" + name + "'");
+}
+
+// A custom_call: the kernel op it names, run on the inputs' device (a chip program on sim:N).
+std::vector<Tensor> run_custom_call(const Op& op, const std::vector<Tensor>& in) {
+  const CustomCall cc = custom_call_of(op);
+  std::vector<Tensor> out = kernel::Op(cc.target).call(in, kernel::Params(cc.params.begin(), cc.params.end()));
+  if (out.size() != size_t(op.num_results))
+    bad(op, fmt::format("kernel '{}' gave {} result(s) where the module declares {}", cc.target, out.size(),
+                        op.num_results));
+  return out;
+}
+
 }  // namespace
+
+CustomCall custom_call_of(const Op& op) {
+  CustomCall cc;
+  cc.target = string_literal(op, "call_target_name");
+  const int inputs = kernel::kernel_op_num_inputs(cc.target);
+  if (inputs < 0)
+    bad(op, fmt::format("custom_call target '{}' is not a kernel registered in this process "
+                        "(tpu::kernel::register_op); the plugin runs no other custom calls", cc.target));
+  if (size_t(inputs) != op.operands.size())
+    bad(op, fmt::format("custom_call '{}' has {} operand(s); the kernel takes {}", cc.target, op.operands.size(),
+                        inputs));
+  const std::string cfg = attr(op, "backend_config").empty() ? std::string() : string_literal(op, "backend_config");
+  size_t pos = 0;
+  while (pos < cfg.size()) {
+    size_t end = cfg.find(';', pos);
+    if (end == std::string::npos) end = cfg.size();
+    const std::string item = cfg.substr(pos, end - pos);
+    const size_t eq = item.find('=');
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+      if (eq != std::string::npos) v = std::stoll(item.substr(eq + 1), &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (eq == std::string::npos || eq == 0 || used == 0 || eq + 1 + used != item.size())
+      bad(op, fmt::format("custom_call '{}': backend_config entry '{}' is not 'name=integer'", cc.target, item));
+    cc.params[item.substr(0, eq)] = v;
+    pos = end + 1;
+  }
+  return cc;
+}
 
 std::vector<Tensor> run_program(const Program& p, const std::vector<Tensor>& inputs, Device dev) {
   TPU_CHECK(inputs.size() == p.args.size(), "pjrt_tpucore_sim: the program takes {} argument(s), got {}", p.args.size(),
@@ -240,11 +312,17 @@ std::vector<Tensor> run_program(const Program& p, const std::vector<Tensor>& inp
       in.push_back(it->second);
     }
     if (op.name == "func_return") return in;
-    Tensor r = run_op(op, in, dev);
-    if (r.shape() != op.type.shape || r.dtype() != op.type.dtype)
-      bad(op, fmt::format("computed {} {} where the module declares {} {}", dtype_name(r.dtype()), r.shape().str(),
-                          dtype_name(op.type.dtype), op.type.shape.str()));
-    env[op.result] = r;
+    std::vector<Tensor> rs;
+    if (op.name == "custom_call") rs = run_custom_call(op, in);
+    else rs.push_back(run_op(op, in, dev));
+    for (size_t i = 0; i < rs.size(); ++i) {
+      const Tensor& r = rs[i];
+      const TypeSpec& t = op.types.at(i);
+      if (r.shape() != t.shape || r.dtype() != t.dtype)
+        bad(op, fmt::format("computed {} {} where the module declares {} {}", dtype_name(r.dtype()), r.shape().str(),
+                            dtype_name(t.dtype), t.shape.str()));
+      env[rs.size() == 1 ? op.result : fmt::format("{}#{}", op.result, i)] = r;
+    }
   }
   fail("pjrt_tpucore_sim: the program ended without func.return");
 }
