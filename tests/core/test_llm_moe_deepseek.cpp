@@ -17,7 +17,6 @@
 #include "tpucore/autograd.h"
 #include "tpucore/compile.h"
 #include "tpucore/models.h"
-#include "tpucore/serve/engine.h"
 
 using namespace tpu;
 using namespace tpu::testing::llm;
@@ -467,7 +466,6 @@ TEST_CASE("llm deepseek: bad configs and unsupported uses are refused by name", 
   expect_error([&] { models::ModelConfig::from_json(hub + R"(, "quantization_config": {"quant_method": "fp8"}})"); },
                {"quantization_config"});
   auto m = std::make_shared<models::CausalLM>(ok);
-  expect_error([&] { serve::Engine e(m, serve::EngineConfig{}); }, {"multi-head latent attention", "MLA"});
   expect_error([&] { models::quantize_causal_lm(*m, nn::WeightQuant::int8); }, {"MLA"});
   expect_error([&] { models::router_aux_loss(*m); }, {"deepseek_v3", "auxiliary loss"});
   m->int8_kv_cache = true;

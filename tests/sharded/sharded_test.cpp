@@ -118,6 +118,10 @@ TEST_CASE("tp: a plan applied to a Qwen3-shaped CausalLM on 2 ranks equals one-p
   require_ok(run(2, {"tp_hub", "2", "0", "0"}));
 }
 
+TEST_CASE("tp: the plan splits a DeepSeek-V3-shaped CausalLM's latent attention over heads on 2 ranks", "[sharded]") {
+  require_ok(run(2, {"tp_hub", "2", "0", "0", "1"}));
+}
+
 TEST_CASE("tp: sequence parallelism on a Qwen3-shaped CausalLM with tied embeddings, 2 ranks", "[sharded]") {
   require_ok(run(2, {"tp_hub", "2", "1", "1"}));
 }

@@ -83,8 +83,9 @@ std::string support_table_markdown() {
        "refused in training mode. Refused by name: the model types "
        "`deepseek_v2`, `qwen2_moe`, `gpt_oss`, `llama4_text`, and, outside `deepseek_v3`, shared experts "
        "(`shared_expert_intermediate_size`, `n_shared_experts`), grouped or sigmoid routing, "
-       "`routed_scaling_factor`. The serving engine's paged caches do not hold latents: `deepseek_v3` is "
-       "served by `generate()` (eager or compiled), the engine refuses it by name (MLA).\n";
+       "`routed_scaling_factor`. `deepseek_v3` is served by `generate()` and by the serving engine, whose "
+       "paged blocks then hold the compressed latent (`kv_lora_rank` + `qk_rope_head_dim` values per token "
+       "and layer) and attend in the absorbed form.\n";
   return s;
 }
 

@@ -17,8 +17,15 @@
 /// cached latents through kv_b_proj into per-head keys and values; decoding one token (eval)
 /// uses the absorbed form instead: the query's nope part times kv_b_proj's key rows scores
 /// against the latents directly, and kv_b_proj's value rows apply to the attention-weighted
-/// latent (equal results, no per-position expansion). Any other attention cache (per-head keys and values, such as the serving
-/// engine's paged caches) is refused with a tpu::Error naming MLA.
+/// latent (equal results, no per-position expansion).
+///
+/// Any other attention cache (the serving engine's paged caches) is driven through the plain
+/// update_and_attend() call in the absorbed form for every token: the queries are
+/// [q_nope W_uk | q_pe] per head, the keys and values one head holding the latent [c | k_pe], so
+/// such a cache stores kv_lora_rank + qk_rope_head_dim values per token and layer (one head of
+/// that width whose keys and values may share storage), and the first kv_lora_rank values of
+/// each head's output go through kv_b_proj's value rows. A cache laid out for per-head keys and
+/// values rejects these shapes with its own error.
 #pragma once
 
 #include <string>

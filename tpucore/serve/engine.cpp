@@ -29,9 +29,6 @@ const char* finish_reason_name(FinishReason r) {
 
 namespace {
 EngineConfig resolve(EngineConfig c, const models::CausalLM& m) {
-  TPU_CHECK(!m.config.mla(), "serve::Engine: model_type '{}' uses multi-head latent attention (MLA), whose cache "
-            "holds a compressed latent per token; the engine's paged caches hold per-head keys and values (serve "
-            "it with models::generate)", m.config.model_type);
   if (c.max_model_len == 0) c.max_model_len = m.config.max_position_embeddings;
   TPU_CHECK(c.block_size > 0 && c.max_num_seqs > 0 && c.max_num_batched_tokens > 0 && c.max_model_len > 1 &&
                 c.num_blocks >= 0 && c.max_waiting >= 0,
@@ -50,7 +47,7 @@ EngineConfig resolve(EngineConfig c, const models::CausalLM& m) {
   return c;
 }
 PagedCacheConfig cache_config(const EngineConfig& c, const models::CausalLM& m) {
-  return {m.config.num_hidden_layers, m.config.num_key_value_heads, m.config.head_dim, c.block_size, c.num_blocks};
+  return paged_cache_layout(m.config, c.block_size, c.num_blocks);
 }
 RunnerOptions runner_options(const EngineConfig& c) {
   // A speculating sequence samples a row for its last token and one per proposal.
@@ -75,6 +72,7 @@ struct Engine::Impl {
     metrics.block_size = cfg.block_size;
     const Device dev = model->device();
     if (dev.type == DeviceType::sim) chip_clock_hz = device_properties(dev).clock_ghz * 1e9;
+    metrics.kv_bytes_per_token = runner.kv_bytes_per_token();
   }
   void take_incoming(StepReport& report);
   void execute(const StepPlan& plan, StepReport& report);

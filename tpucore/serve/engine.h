@@ -114,6 +114,10 @@ struct Histogram {
 
 struct EngineMetrics {
   int64_t waiting = 0, running = 0, blocks_used = 0, blocks_total = 0, block_size = 0;
+  // Bytes of KV cache one token position takes over all layers (a block: block_size times this).
+  // Per-head keys and values: layers * 2 * kv_heads * head_dim * element size; multi-head latent
+  // attention: layers * (kv_lora_rank + qk_rope_head_dim) * element size.
+  int64_t kv_bytes_per_token = 0;
   int64_t requests_finished = 0, requests_cancelled = 0, preemptions = 0, steps = 0;
   int64_t processed_tokens = 0, generation_tokens = 0;  // through the forward / sampled
   int64_t prompt_tokens = 0;                            // of the requests added

@@ -85,6 +85,10 @@ std::string prometheus_text(const EngineMetrics& m, const std::string& extra, co
   scalar(s, "tpu_serve_kv_blocks_used", "gauge", "KV cache blocks in use.", static_cast<double>(m.blocks_used));
   scalar(s, "tpu_serve_kv_blocks_total", "gauge", "KV cache blocks in the pool.", static_cast<double>(m.blocks_total));
   scalar(s, "tpu_serve_kv_block_size", "gauge", "Token positions per KV block.", static_cast<double>(m.block_size));
+  scalar(s, "tpu_serve_kv_cache_bytes_per_token", "gauge", "KV cache bytes of one token position over all layers.",
+         static_cast<double>(m.kv_bytes_per_token));
+  scalar(s, "tpu_serve_kv_block_bytes", "gauge", "KV cache bytes of one block over all layers.",
+         static_cast<double>(m.kv_bytes_per_token * m.block_size));
   scalar(s, "tpu_serve_generation_tokens_per_second", "gauge", "Generated tokens per second over the last 10 s.",
          m.generation_tokens_per_second);
   scalar(s, "tpu_serve_generation_tokens_total", "counter", "Tokens generated.",

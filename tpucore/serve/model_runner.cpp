@@ -12,13 +12,13 @@ namespace tpu::serve {
 namespace {
 // The ragged paged attention spec of a model (heads, head_dim, 1/sqrt(head_dim) scale) with KV
 // blocks of `block_size` in `dtype` (f32 or bf16; f32 multiplies exactly, as the cpu does).
-codegen::PagedAttentionSpec paged_spec_of(const models::ModelConfig& mc, int64_t block_size, DType dtype) {
+codegen::PagedAttentionSpec paged_spec_of(const models::ModelConfig& mc, const PagedCacheConfig& c, DType dtype) {
   codegen::PagedAttentionSpec s;
   s.heads = mc.num_attention_heads;
-  s.kv_heads = mc.num_key_value_heads;
-  s.head_dim = mc.head_dim;
-  s.block_size = block_size;
-  s.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(mc.head_dim)));
+  s.kv_heads = c.kv_heads;
+  s.head_dim = c.head_dim;
+  s.block_size = c.block_size;
+  s.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));  // each layer passes its own
   const bool bf16 = dtype == DType::bf16;
   s.dtype = bf16 ? sim::DType::bf16 : sim::DType::f32;
   s.mode = bf16 ? sim::MxuMode::bf16 : sim::MxuMode::f32;
@@ -33,14 +33,27 @@ Tensor i64_tensor(const std::vector<int64_t>& v, Shape s, Device dev) {
 }
 }  // namespace
 
+PagedCacheConfig paged_cache_layout(const models::ModelConfig& mc, int64_t block_size, int64_t num_blocks) {
+  if (mc.mla()) return {mc.num_hidden_layers, 1, mc.kv_lora_rank + mc.qk_rope_head_dim, block_size, num_blocks, true};
+  return {mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim, block_size, num_blocks, false};
+}
+
+int64_t ModelRunner::kv_bytes_per_token() const {
+  const int64_t elem = host_ ? static_cast<int64_t>(sizeof(float)) : static_cast<int64_t>(dtype_size(m_.dtype()));
+  return c_.num_layers * c_.values_per_token_layer() * elem;
+}
+
 ModelRunner::ModelRunner(models::CausalLM& m, const PagedCacheConfig& c, const RunnerOptions& o)
     : m_(m), c_(c), o_(o) {
   if (o_.max_rows <= 0) o_.max_rows = o_.max_seqs;
   const models::ModelConfig& mc = m.config;
   const Device dev = m.device();
-  TPU_CHECK(c.num_layers == mc.num_hidden_layers && c.kv_heads == mc.num_key_value_heads && c.head_dim == mc.head_dim,
-            "serve: the paged cache ({} layers, {} kv heads, head_dim {}) does not fit the model ({}, {}, {})",
-            c.num_layers, c.kv_heads, c.head_dim, mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim);
+  const PagedCacheConfig want = paged_cache_layout(mc, c.block_size, c.num_blocks);
+  TPU_CHECK(c.num_layers == want.num_layers && c.kv_heads == want.kv_heads && c.head_dim == want.head_dim &&
+                c.shared_kv == want.shared_kv,
+            "serve: the paged cache ({} layers, {} kv heads, head_dim {}{}) does not fit the model ({}, {}, {}{})",
+            c.num_layers, c.kv_heads, c.head_dim, c.shared_kv ? ", shared keys and values" : "", want.num_layers,
+            want.kv_heads, want.head_dim, want.shared_kv ? ", shared keys and values (MLA latent)" : "");
   TPU_CHECK(o.max_tokens > 0 && o.max_context > 0 && o.max_seqs > 0,
             "serve: the runner needs a positive token budget ({}), context ({}) and sequence limit ({})", o.max_tokens,
             o.max_context, o.max_seqs);
@@ -52,7 +65,7 @@ ModelRunner::ModelRunner(models::CausalLM& m, const PagedCacheConfig& c, const R
     TPU_CHECK(m.dtype() == DType::f32 || m.dtype() == DType::bf16,
               "serve: the paged attention step on {} runs f32 or bf16 models, not {}", dev.str(), dtype_name(m.dtype()));
   }
-  spec_ = paged_spec_of(mc, c.block_size, m.dtype());
+  spec_ = paged_spec_of(mc, c, m.dtype());
   // Every layer sliding (Mistral): the steps are planned with the window, so no layer reads the
   // pages before it. Mixed local / global layers (Gemma 2 / 3) plan the full context and mask.
   bool all_sliding = mc.sliding_window > 0;

@@ -53,6 +53,11 @@ struct StepBatch {
   std::vector<int64_t> logit_rows;
 };
 
+// The paged cache's layout for a model: per-head keys and values (num_key_value_heads of
+// head_dim); with multi-head latent attention one head of kv_lora_rank + qk_rope_head_dim whose
+// keys and values are shared (the latent, nn/mla.h).
+PagedCacheConfig paged_cache_layout(const models::ModelConfig& mc, int64_t block_size, int64_t num_blocks);
+
 class ModelRunner {
  public:
   // The model must be f32 or bf16 on the cpu (or a chip that runs generated programs) and the
@@ -71,6 +76,9 @@ class ModelRunner {
   // The sliding window of every layer when all layers slide with one window (Mistral; steps are
   // planned with it and read no block before it), else 0.
   int64_t kv_window() const { return spec_.window; }
+  // KV cache bytes per token position over all layers (f32 rows in the host cache, the model's
+  // dtype in the chip and graph caches).
+  int64_t kv_bytes_per_token() const;
   // The chip or graph cache's tensors (null for the host cache; for tests).
   const SlotPagedCache* slot_cache() const { return slots_.get(); }
 

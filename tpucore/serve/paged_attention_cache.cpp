@@ -47,7 +47,7 @@ SlotPagedCache::SlotPagedCache(const PagedCacheConfig& c, DType dtype, Device de
   const int64_t slots = c.num_blocks * c.block_size;
   for (int64_t l = 0; l < c.num_layers; ++l) {
     k_.push_back(zeros(Shape{slots, c.kv_heads * c.head_dim}, TensorOptions(dtype, device)));
-    v_.push_back(zeros(Shape{slots, c.kv_heads * c.head_dim}, TensorOptions(dtype, device)));
+    v_.push_back(c.shared_kv ? k_.back() : zeros(Shape{slots, c.kv_heads * c.head_dim}, TensorOptions(dtype, device)));
   }
 }
 

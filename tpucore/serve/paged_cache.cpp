@@ -78,11 +78,11 @@ PagedKVCache::PagedKVCache(const PagedCacheConfig& c) : cfg_(c) {
             c.num_layers, c.kv_heads, c.head_dim, c.block_size, c.num_blocks);
   const auto per_layer = static_cast<size_t>(c.num_blocks * c.block_size * c.kv_heads * c.head_dim);
   k_.assign(static_cast<size_t>(c.num_layers), std::vector<float>(per_layer, 0.0f));
-  v_.assign(static_cast<size_t>(c.num_layers), std::vector<float>(per_layer, 0.0f));
+  if (!c.shared_kv) v_.assign(static_cast<size_t>(c.num_layers), std::vector<float>(per_layer, 0.0f));
 }
 
 int64_t PagedKVCache::bytes() const {
-  return 2 * cfg_.num_layers * cfg_.num_blocks * cfg_.block_size * cfg_.kv_heads * cfg_.head_dim *
+  return cfg_.num_layers * cfg_.num_blocks * cfg_.block_size * cfg_.values_per_token_layer() *
          static_cast<int64_t>(sizeof(float));
 }
 
@@ -131,7 +131,7 @@ void ragged_paged_attention(PagedKVCache& cache, int64_t layer, const RaggedBatc
       const int64_t blk = table[static_cast<size_t>(p / bs)], off = p % bs;
       for (int64_t h = 0; h < hkv; ++h) {
         std::copy_n(k + (t * hkv + h) * d, d, cache.key(layer, blk, off, h));
-        std::copy_n(v + (t * hkv + h) * d, d, cache.value(layer, blk, off, h));
+        if (!c.shared_kv) std::copy_n(v + (t * hkv + h) * d, d, cache.value(layer, blk, off, h));
       }
     }
   }

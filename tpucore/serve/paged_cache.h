@@ -69,6 +69,11 @@ class BlockAllocator {
 struct PagedCacheConfig {
   int64_t num_layers = 0, kv_heads = 0, head_dim = 0;
   int64_t block_size = 16, num_blocks = 0;
+  // Keys and values are one array (the caller passes the same rows as both): multi-head latent
+  // attention (nn/mla.h) stores its latent once, as the one head of keys and of values.
+  bool shared_kv = false;
+  // Values stored per token and layer: kv_heads * head_dim, twice unless shared_kv.
+  int64_t values_per_token_layer() const { return (shared_kv ? 1 : 2) * kv_heads * head_dim; }
 };
 
 // Keys and values of every layer in blocks, f32 on the host.
@@ -81,7 +86,7 @@ class PagedKVCache {
     return k_[static_cast<size_t>(layer)].data() + index(block, offset, head);
   }
   float* value(int64_t layer, int64_t block, int64_t offset, int64_t head) {
-    return v_[static_cast<size_t>(layer)].data() + index(block, offset, head);
+    return (cfg_.shared_kv ? k_ : v_)[static_cast<size_t>(layer)].data() + index(block, offset, head);
   }
   int64_t bytes() const;
 

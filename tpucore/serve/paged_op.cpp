@@ -130,7 +130,7 @@ void paged_cpu_typed(const KernelArgs& a, const codegen::PagedAttentionSpec& s) 
   T* vcp = static_cast<T*>(vc.raw_data());
   for (int64_t t = 0; t < n; ++t) {
     std::memcpy(kcp + sl[t] * row, kp + t * row, static_cast<size_t>(row) * sizeof(T));
-    std::memcpy(vcp + sl[t] * row, vp + t * row, static_cast<size_t>(row) * sizeof(T));
+    if (vcp != kcp) std::memcpy(vcp + sl[t] * row, vp + t * row, static_cast<size_t>(row) * sizeof(T));
   }
   // 2. Attention per (token, KV head): the `group` query heads sharing the KV head walk the
   // token's positions 0..pos together (each key and value row read once for all of them),

@@ -29,7 +29,9 @@ namespace tpu::serve {
 
 // q: [rows, heads * head_dim] (or any shape of rows * heads * head_dim elements; on a chip rows
 // >= tokens + tile_tokens - 1); k_new, v_new: [rows, kv_heads * head_dim]; k_cache, v_cache:
-// [num_blocks * block_size, kv_heads * head_dim], written in place; all of one float dtype
+// [num_blocks * block_size, kv_heads * head_dim], written in place (they may be one tensor when
+// keys and values are shared, as multi-head latent attention's latent: v_new then equals
+// k_new and is not written again); all of one float dtype
 // (f32 or bf16) on one device. units / pages / slots: i32, as PagedAttentionMeta (units
 // holding (1 + spec.max_units) records). Returns out [rows, heads * head_dim].
 Tensor paged_attention(const codegen::PagedAttentionSpec& spec, const Tensor& q, const Tensor& k_new,

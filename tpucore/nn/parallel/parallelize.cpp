@@ -5,6 +5,7 @@
 
 #include "tpucore/autograd.h"
 #include "tpucore/nn/layers.h"
+#include "tpucore/nn/mla.h"
 #include "tpucore/nn/parallel/expert_parallel.h"
 #include "tpucore/nn/parallel/tensor_parallel.h"
 #include "tpucore/ops.h"
@@ -28,6 +29,9 @@ ParallelStyle PrepareModuleInput(Layout from, Layout to) {
   return {ParallelStyle::Kind::prepare_input, from, to};
 }
 ParallelStyle ExpertParallel() { return {ParallelStyle::Kind::expert, Layout::replicate, Layout::replicate}; }
+ParallelStyle LatentAttentionParallel() {
+  return {ParallelStyle::Kind::latent_attention, Layout::replicate, Layout::replicate};
+}
 
 namespace {
 
@@ -160,6 +164,16 @@ void apply(const std::string& name, Module& m, const ParallelStyle& st, const di
     expert_parallel(*moe, g);
     return;
   }
+  if (st.kind == K::latent_attention) {
+    auto* mla = dynamic_cast<MLAttention*>(&m);
+    TPU_CHECK(mla != nullptr, "parallelize_module: {} is a {}, but latent attention parallelism needs an MLAttention",
+              name, m.type_name());
+    const int64_t r = mla->cfg.kv_lora_rank, dr = mla->cfg.qk_rope_head_dim;
+    mla->kv_a_proj_with_mqa->register_forward_hook([g, r, dr](Module&, std::span<const Tensor>, Tensor& y) {
+      if (y.defined()) y = cat({narrow(y, -1, 0, r), copy_to_tp(narrow(y, -1, r, dr), g)}, -1);
+    });
+    return;
+  }
   if (st.kind == K::prepare_input) {
     m.register_forward_pre_hook([g, in, out, name](Module&, std::vector<Tensor>& x) {
       TPU_CHECK(!x.empty(), "parallelize_module: {}: the module's hooked forward has no tensor input", name);
@@ -203,8 +217,12 @@ void parallelize_module(Module& root, const dist::ProcessGroupPtr& group, const 
 }
 
 ParallelPlan causal_lm_plan(const Module& model, bool sequence) {
-  bool qk_norm = false, head = false, dense = false, sparse = false;
+  bool qk_norm = false, head = false, dense = false, sparse = false, latent = false, q_lora = false;
   for (auto& [name, m] : model.named_modules()) {
+    if (const auto* a = dynamic_cast<const MLAttention*>(m.get())) {
+      latent = true;
+      q_lora = a->q_b_proj != nullptr;
+    }
     if (matches("model.layers.*.self_attn.q_norm", name)) qk_norm = true;
     if (matches("model.layers.*.mlp.gate_proj", name)) dense = true;
     if (dynamic_cast<const SparseMoE*>(m.get()) != nullptr) sparse = true;
@@ -225,8 +243,14 @@ ParallelPlan causal_lm_plan(const Module& model, bool sequence) {
     // Attention mixes positions: it takes the whole sequence.
     p.emplace_back("model.layers.*.self_attn", PrepareModuleInput(Layout::shard_seq, Layout::replicate));
   }
-  for (const char* n : {"q_proj", "k_proj", "v_proj"})
-    p.emplace_back(std::string("model.layers.*.self_attn.") + n, ColwiseParallel());
+  if (latent) {  // multi-head latent attention: heads split, the latent path whole
+    p.emplace_back(q_lora ? "model.layers.*.self_attn.q_b_proj" : "model.layers.*.self_attn.q_proj", ColwiseParallel());
+    p.emplace_back("model.layers.*.self_attn.kv_b_proj", ColwiseParallel());
+    p.emplace_back("model.layers.*.self_attn", LatentAttentionParallel());
+  } else {
+    for (const char* n : {"q_proj", "k_proj", "v_proj"})
+      p.emplace_back(std::string("model.layers.*.self_attn.") + n, ColwiseParallel());
+  }
   p.emplace_back("model.layers.*.self_attn.o_proj", RowwiseParallel(Layout::shard_last, stream));
   if (qk_norm) {
     p.emplace_back("model.layers.*.self_attn.q_norm", ReplicateParallel());

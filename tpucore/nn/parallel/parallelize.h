@@ -21,6 +21,12 @@
 //   redistributed (the embedding's output into sequence shards for sequence parallelism, the
 //   attention's input gathered from them: attention mixes positions).
 // - expert (nn::SparseMoE): expert parallelism (tpucore/nn/parallel/expert_parallel.h).
+// - latent_attention (nn::MLAttention, with its q_proj / q_b_proj and kv_b_proj colwise and
+//   o_proj rowwise): the latent projections and norms stay whole on every rank and compute the
+//   same latent; each rank's heads read the whole rotated key part k_pe, so its gradient is
+//   summed over the group (copy_to_tp on that part of kv_a_proj_with_mqa's output; the
+//   compressed part's gradient is summed by kv_b_proj's column parallelism). Training runs the
+//   expanded form; the absorbed decoding forms (no gradients) read the replicated latent as is.
 // Attention over split heads needs no style of its own: nn::Attention takes its local head
 // counts from the shapes of its q/k projections. Eager only (not inside tpu::compile).
 #pragma once
@@ -44,7 +50,7 @@ enum class Layout {
 /// What parallelize_module does to one module (build with the functions below).
 struct ParallelStyle {
   /// The kind of the style (see the file comment).
-  enum class Kind { colwise, rowwise, replicate, prepare_input, prepare_output, expert };
+  enum class Kind { colwise, rowwise, replicate, prepare_input, prepare_output, expert, latent_attention };
   /// The kind.
   Kind kind = Kind::replicate;
   /// How the module's input arrives.
@@ -74,6 +80,9 @@ ParallelStyle PrepareModuleInput(Layout from, Layout to);
 /// split over the ranks, the routed tokens dispatched and combined by all-to-all.
 ParallelStyle ExpertParallel();
 
+/// Tensor parallelism over the heads of a nn::MLAttention (see latent_attention above).
+ParallelStyle LatentAttentionParallel();
+
 /// Module name patterns (dotted; '*' matches one component) with their styles.
 using ParallelPlan = std::vector<std::pair<std::string, ParallelStyle>>;
 
@@ -93,6 +102,10 @@ void parallelize_module(Module& root, const dist::ProcessGroupPtr& group, const 
 /// has them. A mixture-of-experts model's sparse blocks (nn::SparseMoE) are left whole (replicated
 /// over the group; expert_parallel shards their experts over another group, EP x TP); with
 /// `sequence`, such a model is a tpu::Error (sparse blocks on sequence shards are not supported).
+/// Multi-head latent attention (DeepSeek-V3, nn::MLAttention) is split over its heads instead:
+/// q_b_proj (or q_proj) and kv_b_proj colwise, o_proj rowwise, the attention module
+/// LatentAttentionParallel; q_a_proj, kv_a_proj_with_mqa and their norms stay whole (the
+/// number of heads must divide by the group's size).
 ParallelPlan causal_lm_plan(const Module& model, bool sequence = false);
 
 }  // namespace tpu::nn::parallel
