@@ -31,9 +31,15 @@ inline int int4_at(const uint8_t* row, int64_t k) {
 }
 
 // Any M; the columns are split over the pool threads; C has row stride ldc. `path` selects the
-// few-row kernel (the paths of gemv_int8.h); the many-row path ignores it.
+// few-row kernel (the paths of gemv_int8.h); the many-row path ignores it. The vnni path (A
+// quantized in blocks of 32, gemv_int8.h) takes every M, so a row's result never depends on
+// the number of rows.
 void gemv_int4(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,
                const float* scale, float* C, int64_t ldc, Int8GemvPath path = Int8GemvPath::best);
+
+// The vnni path itself (only call when int8_vnni_available()).
+void gemv_int4_vnni(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,
+                    const float* scale, float* C, int64_t ldc);
 
 // The same for fp8 e4m3 weights [N, K] (raw bytes, no NaN pattern) with one f32 scale per output
 // channel: C[i, j] = scale[j] * sum_k A[i, k] * e4m3(W[j, k]). Each byte is turned into its exact
