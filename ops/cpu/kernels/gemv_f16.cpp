@@ -8,9 +8,10 @@
 // once per call at its own 2 bytes per value: the decode step of an f16 model streams half the
 // bytes of an f32 one and never materializes an f32 copy of the weight.
 //
-// Otherwise (more rows, other layouts, batch-invariant mode, CPUs without AVX2): both operands
-// are widened to f32 (in parallel, vectorized where the CPU allows) and gemm_f32 runs on them,
-// with its packed kernels and its batch-invariant order.
+// Otherwise (more rows, other layouts, batch-invariant mode, CPUs without AVX2): A and panels of
+// the weight (about 4 MiB each) are widened to f32 (in parallel, vectorized where the CPU
+// allows) and gemm_f32 runs on them, with its packed kernels and its batch-invariant order (the
+// panels split N only, so every output keeps gemm_f32's chain along K).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -242,16 +243,22 @@ void gemm_f16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, 
               int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate) {
   if (M <= 0 || N <= 0) return;
   if (!batch_invariant() && gemv_f16(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate)) return;
-  // Widened copies: A as [M, K] rows, the weight as [N, K] rows (B = W^T, b_rs 1, b_cs K).
-  std::vector<float> af(static_cast<size_t>(M * K)), bf(static_cast<size_t>(N * K));
+  // Widened copies: A as [M, K] rows; the weight in panels of [rows, K] (B = W^T, b_rs 1, b_cs
+  // K), about 4 MiB each, so that a large weight never needs an f32 copy of its own size.
+  std::vector<float> af(static_cast<size_t>(M * K));
   const int64_t ga = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, K));
   tpu::parallel_for(0, M, ga, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) widen_f16(A + i * a_rs, a_cs, K, af.data() + i * K);
   });
-  tpu::parallel_for(0, N, ga, [&](int64_t j0, int64_t j1) {
-    for (int64_t j = j0; j < j1; ++j) widen_f16(B + j * b_cs, b_rs, K, bf.data() + j * K);
-  });
-  gemm_f32(M, N, K, af.data(), K, 1, bf.data(), 1, K, C, ldc, accumulate);
+  const int64_t panel = std::min(N, std::max<int64_t>(64, (int64_t{1} << 20) / std::max<int64_t>(1, K)));
+  std::vector<float> bf(static_cast<size_t>(panel * K));
+  for (int64_t j0 = 0; j0 < N; j0 += panel) {
+    const int64_t n = std::min(panel, N - j0);
+    tpu::parallel_for(0, n, ga, [&](int64_t j1, int64_t j2) {
+      for (int64_t j = j1; j < j2; ++j) widen_f16(B + (j0 + j) * b_cs, b_rs, K, bf.data() + j * K);
+    });
+    gemm_f32(M, n, K, af.data(), K, 1, bf.data(), 1, K, C + j0, ldc, accumulate);
+  }
 }
 
 }  // namespace tpu::kernels
