@@ -12,6 +12,7 @@
 // the weight (about 4 MiB each) are widened to f32 (in parallel, vectorized where the CPU
 // allows) and gemm_f32 runs on them, with its packed kernels and its batch-invariant order (the
 // panels split N only, so every output keeps gemm_f32's chain along K).
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -48,9 +49,14 @@ bool f16_avx512_ok() {
   return f.avx512f && f.avx512bw && f.avx512vl && f.fma;
 }
 
+// F16C: cpuid leaf 1, ecx bit 29 (every AVX2 CPU has it; asked anyway).
 bool f16_avx2_ok() {
+  static const bool f16c = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1u) != 0;
+  }();
   const CpuFeatures& f = cpu_features();
-  return f.avx2 && f.fma && __builtin_cpu_supports("f16c");
+  return f.avx2 && f.fma && f16c;
 }
 
 TPU_F16_AVX512 void widen_f16_avx512(const uint16_t* src, int64_t n, float* dst) {
