@@ -85,7 +85,7 @@ void widen_f16(const uint16_t* src, int64_t stride, int64_t n, float* dst) {
 // C[r, c] (+)= sum_k a[r][k] w[c][k] for RB rows of a (row stride lda, f32) and `cols` weight rows.
 template <int RB>
 TPU_F16_AVX512 void tile_avx512(int64_t K, const float* a, int64_t lda, const uint16_t* const* w, float* C,
-                                int64_t ldc, int cols, bool accumulate) {
+                                int64_t ldc, int cols, bool accumulate, int64_t pf) {
   __m512 acc[RB][kF16Cols];
 #pragma GCC unroll 4
   for (int r = 0; r < RB; ++r)
@@ -94,6 +94,9 @@ TPU_F16_AVX512 void tile_avx512(int64_t K, const float* a, int64_t lda, const ui
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
     __m512 wv[kF16Cols];
+    if (pf && (k & 31) == 0)
+#pragma GCC unroll 4
+      for (int c = 0; c < kF16Cols; ++c) _mm_prefetch(reinterpret_cast<const char*>(w[c] + k + pf), _MM_HINT_T0);
 #pragma GCC unroll 4
     for (int c = 0; c < kF16Cols; ++c)
       wv[c] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[c] + k)));
@@ -206,16 +209,19 @@ void f16_rows_run(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_
       const int cols = static_cast<int>(std::min<int64_t>(kF16Cols, j1 - j));
       const uint16_t* w[kF16Cols];
       for (int c = 0; c < kF16Cols; ++c) w[c] = B + (j + std::min(c, cols - 1)) * b_cs;
+      // The first row tile prefetches the same lines of the next block's weight rows (the
+      // hardware prefetchers start over on every row, a few KiB); later tiles find the block in L1.
       for (int64_t i = 0; i < M; i += rb_max) {
+        const int64_t pf = i == 0 && j + kF16Cols < j1 ? kF16Cols * b_cs : 0;
         const int rows = static_cast<int>(std::min<int64_t>(rb_max, M - i));
         float* c = C + i * ldc + j;
         const float* ai = a + i * K;
         if constexpr (kAvx512) {
           switch (rows) {
-            case 1: tile_avx512<1>(K, ai, K, w, c, ldc, cols, accumulate); break;
-            case 2: tile_avx512<2>(K, ai, K, w, c, ldc, cols, accumulate); break;
-            case 3: tile_avx512<3>(K, ai, K, w, c, ldc, cols, accumulate); break;
-            default: tile_avx512<4>(K, ai, K, w, c, ldc, cols, accumulate); break;
+            case 1: tile_avx512<1>(K, ai, K, w, c, ldc, cols, accumulate, pf); break;
+            case 2: tile_avx512<2>(K, ai, K, w, c, ldc, cols, accumulate, pf); break;
+            case 3: tile_avx512<3>(K, ai, K, w, c, ldc, cols, accumulate, pf); break;
+            default: tile_avx512<4>(K, ai, K, w, c, ldc, cols, accumulate, pf); break;
           }
         } else {
           if (rows == 1) tile_avx2<1>(K, ai, K, w, c, ldc, cols, accumulate);

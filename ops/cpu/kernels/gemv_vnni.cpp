@@ -102,7 +102,7 @@ TPU_VNNI void quantize_rows(int64_t M, int64_t K, const float* A, int64_t lda, b
 // int8: R rows of A (quantized, offset) by kVnCols weight rows of K values.
 template <int R>
 TPU_VNNI void vn8_group(int64_t K, const VnRows& v, int64_t i0, const int8_t* const* w, int cols, const float* scale,
-                        float* C, int64_t ldc) {
+                        float* C, int64_t ldc, int64_t pf) {
   const int64_t chunks = v.kp / 64;
   __m512 acc[R][kVnCols];
 #pragma GCC unroll 4
@@ -116,6 +116,7 @@ TPU_VNNI void vn8_group(int64_t K, const VnRows& v, int64_t i0, const int8_t* co
     __m512i wv[kVnCols], off[kVnCols];
 #pragma GCC unroll 4
     for (int c = 0; c < kVnCols; ++c) {
+      if (pf) _mm_prefetch(reinterpret_cast<const char*>(w[c] + k + pf), _MM_HINT_T0);
       wv[c] = _mm512_maskz_loadu_epi8(m, w[c] + k);
       off[c] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v128, wv[c]);
     }
@@ -137,7 +138,7 @@ TPU_VNNI void vn8_group(int64_t K, const VnRows& v, int64_t i0, const int8_t* co
 // int4 (K a multiple of 32): the packed 16-byte blocks of 32 weights, two per step of 64.
 template <int R>
 TPU_VNNI void vn4_group(int64_t K, int64_t group, const VnRows& v, int64_t i0, const uint8_t* const* w,
-                        const float* const* s, int cols, float* C, int64_t ldc) {
+                        const float* const* s, int cols, float* C, int64_t ldc, int64_t pf) {
   const int64_t chunks = v.kp / 64;
   __m512 acc[R][kVnCols];
 #pragma GCC unroll 4
@@ -153,6 +154,7 @@ TPU_VNNI void vn4_group(int64_t K, int64_t group, const VnRows& v, int64_t i0, c
     __m512 sv[kVnCols];
 #pragma GCC unroll 4
     for (int c = 0; c < kVnCols; ++c) {
+      if (pf && (ch & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(w[c] + k / 2 + pf), _MM_HINT_T0);
       const __m256i raw = two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[c] + k / 2))
                               : _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[c] + k / 2)));
       // 128-bit lanes [block 0, block 0, block 1, block 1]; lanes 1 and 3 shifted to their high nibbles.
@@ -177,6 +179,9 @@ TPU_VNNI void vn4_group(int64_t K, int64_t group, const VnRows& v, int64_t i0, c
     for (int c = 0; c < cols; ++c) C[r * ldc + c] = _mm512_reduce_add_ps(acc[r][c]);
 }
 
+// Blocks of kVnCols weight rows over the pool threads; group_fn(j, cols, i, rows, next) for every
+// group of rows, `next` telling whether the thread's next block follows (its weight rows are
+// then prefetched by the block's first group: the hardware prefetchers start over on every row).
 template <class F>
 void vn_run(int64_t M, int64_t N, int64_t K, F&& group_fn) {
   const int64_t blocks = (N + kVnCols - 1) / kVnCols;
@@ -185,7 +190,8 @@ void vn_run(int64_t M, int64_t N, int64_t K, F&& group_fn) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t j = b * kVnCols;
       const int cols = static_cast<int>(std::min<int64_t>(kVnCols, N - j));
-      for (int64_t i = 0; i < M; i += kVnRows) group_fn(j, cols, i, static_cast<int>(std::min<int64_t>(kVnRows, M - i)));
+      for (int64_t i = 0; i < M; i += kVnRows)
+        group_fn(j, cols, i, static_cast<int>(std::min<int64_t>(kVnRows, M - i)), b + 1 < b1);
     }
   });
 }
@@ -202,15 +208,16 @@ void gemv_int8_vnni(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda
   if (M <= 0 || N <= 0) return;
   VnRows v;
   quantize_rows(M, K, A, lda, true, v);
-  vn_run(M, N, K, [&](int64_t j, int cols, int64_t i, int rows) {
+  vn_run(M, N, K, [&](int64_t j, int cols, int64_t i, int rows, bool next) {
+    const int64_t pf = next && i == 0 ? kVnCols * K : 0;
     const int8_t* w[kVnCols];
     for (int c = 0; c < kVnCols; ++c) w[c] = W + (j + std::min(c, cols - 1)) * K;
     float* out = C + i * ldc + j;
     switch (rows) {
-      case 1: vn8_group<1>(K, v, i, w, cols, scale + j, out, ldc); break;
-      case 2: vn8_group<2>(K, v, i, w, cols, scale + j, out, ldc); break;
-      case 3: vn8_group<3>(K, v, i, w, cols, scale + j, out, ldc); break;
-      default: vn8_group<4>(K, v, i, w, cols, scale + j, out, ldc); break;
+      case 1: vn8_group<1>(K, v, i, w, cols, scale + j, out, ldc, pf); break;
+      case 2: vn8_group<2>(K, v, i, w, cols, scale + j, out, ldc, pf); break;
+      case 3: vn8_group<3>(K, v, i, w, cols, scale + j, out, ldc, pf); break;
+      default: vn8_group<4>(K, v, i, w, cols, scale + j, out, ldc, pf); break;
     }
   });
 }
@@ -221,7 +228,8 @@ void gemv_int4_vnni(int64_t M, int64_t N, int64_t K, int64_t group, const float*
   VnRows v;
   quantize_rows(M, K, A, lda, false, v);
   const int64_t groups = K / group;
-  vn_run(M, N, K, [&](int64_t j, int cols, int64_t i, int rows) {
+  vn_run(M, N, K, [&](int64_t j, int cols, int64_t i, int rows, bool next) {
+    const int64_t pf = next && i == 0 ? kVnCols * (K / 2) : 0;
     const uint8_t* w[kVnCols];
     const float* s[kVnCols];
     for (int c = 0; c < kVnCols; ++c) {
@@ -231,10 +239,10 @@ void gemv_int4_vnni(int64_t M, int64_t N, int64_t K, int64_t group, const float*
     }
     float* out = C + i * ldc + j;
     switch (rows) {
-      case 1: vn4_group<1>(K, group, v, i, w, s, cols, out, ldc); break;
-      case 2: vn4_group<2>(K, group, v, i, w, s, cols, out, ldc); break;
-      case 3: vn4_group<3>(K, group, v, i, w, s, cols, out, ldc); break;
-      default: vn4_group<4>(K, group, v, i, w, s, cols, out, ldc); break;
+      case 1: vn4_group<1>(K, group, v, i, w, s, cols, out, ldc, pf); break;
+      case 2: vn4_group<2>(K, group, v, i, w, s, cols, out, ldc, pf); break;
+      case 3: vn4_group<3>(K, group, v, i, w, s, cols, out, ldc, pf); break;
+      default: vn4_group<4>(K, group, v, i, w, s, cols, out, ldc, pf); break;
     }
   });
 }
