@@ -9,8 +9,10 @@
 //
 // Each weight is unpacked in registers, converted to f32 and multiplied by its group's scale,
 // which gives exactly the dequantized f32 weight; the sums accumulate in f32, so the result
-// matches the dequantize-then-float product to the accumulation order. From kInt4ManyRows rows
-// on, panels of the weight are dequantized to f32 and multiplied by the float GEMM (gemm.h),
+// matches the dequantize-then-float product to the accumulation order. The vnni path (the best
+// one on CPUs with AVX-512 VNNI) instead quantizes A in blocks of 32 and multiplies bytes
+// (gemv_int8.h, gemv_vnni.cpp), for any number of rows. From kInt4ManyRows rows on, the float
+// paths dequantize panels of the weight to f32 and multiply them by the float GEMM (gemm.h),
 // except in batch-invariant mode (tpucore/core/batch_invariant.h), where every row takes the
 // few-row kernel and so the same summation order whatever the number of rows.
 #pragma once

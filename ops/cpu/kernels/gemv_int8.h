@@ -20,7 +20,7 @@ enum class Int8GemvPath { best, avx512, avx2, scalar, vnni };
 
 // True when `p` can run on this CPU (best and scalar always can).
 bool int8_gemv_path_available(Int8GemvPath p);
-// The path `best` takes: "avx512", "avx2" or "scalar".
+// The path `best` takes: "vnni", "avx512", "avx2" or "scalar".
 const char* int8_gemv_best_path();
 // `p` itself, or for `best` the path this CPU takes (the other weight-only GEMV kernels, int4 and
 // fp8, pick their paths the same way).
