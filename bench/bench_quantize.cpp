@@ -1,7 +1,8 @@
-// Weight precision on the decode path. BM_gemv_weights: the one-row (and four-row) product
-// against a weight of out x in (default 4096 x 4096) at each precision: f32 and bf16 through
+// Weight precision on the decode path. BM_gemv_weights: the one-row (four- and 16-row) product
+// against a weight of out x in (default 4096 x 4096) at each precision: f32, bf16 and f16 through
 // linear(), int8 through linear_int8() and int4 (groups of 32) through linear_int4() (weights
-// read in place, widened in registers). GB/s counts the bytes of weight (and scales) read per
+// read in place, widened in registers, or on AVX-512 VNNI multiplied as bytes by the rows of x
+// quantized in blocks of 32; TPU_CPU_FEATURES=avx2 measures the float-activation path). GB/s counts the bytes of weight (and scales) read per
 // call, the quantity a decode step is bound by. BM_decode_quantized: greedy decode tokens/s of a
 // small random Llama (hidden 1024, 4 layers, intermediate 2816, vocab 8192) in f32, with its
 // decoder Linears quantized to int8 or int4 (models::quantize_causal_lm). The thread count is
@@ -15,13 +16,14 @@ using namespace tpu;
 
 namespace {
 
-enum Precision { kF32 = 0, kBf16 = 1, kInt8 = 2, kInt4 = 3 };
+enum Precision { kF32 = 0, kBf16 = 1, kInt8 = 2, kInt4 = 3, kF16 = 4 };
 
 const char* precision_name(Precision p) {
   switch (p) {
     case kInt4: return "int4";
     case kInt8: return "int8";
     case kBf16: return "bf16";
+    case kF16: return "f16";
     default: return "f32";
   }
 }
@@ -49,7 +51,7 @@ void BM_gemv_weights(benchmark::State& st) {
       benchmark::DoNotOptimize(y.raw_data());
     }
   } else {
-    const DType dt = prec == kBf16 ? DType::bf16 : DType::f32;
+    const DType dt = prec == kBf16 ? DType::bf16 : prec == kF16 ? DType::f16 : DType::f32;
     bytes_per_weight = static_cast<double>(dtype_size(dt));
     const Tensor wd = w.to(dt), xd = x.to(dt);
     for (auto _ : st) {
@@ -87,7 +89,7 @@ void BM_decode_quantized(benchmark::State& st) {
 }  // namespace
 
 BENCHMARK(BM_gemv_weights)
-    ->ArgsProduct({{kF32, kBf16, kInt8, kInt4}, {1, 4}, {4096}, {4096}})
+    ->ArgsProduct({{kF32, kBf16, kF16, kInt8, kInt4}, {1, 4, 16}, {4096}, {4096}})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 BENCHMARK(BM_decode_quantized)->ArgsProduct({{kF32, kInt8, kInt4}, {64}})->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -3,8 +3,9 @@
 //
 // The cpu kernel hands every (batch) product to tpu::kernels::gemm_f32 / gemm_bf16 with the
 // operands' own strides, so transposed, sliced and broadcast views need no copy. bf16
-// products accumulate in f32 and round once to bf16; f16 inputs are converted to f32 by the
-// front half and the result rounded to f16; integer products accumulate in 64 bits (wrapping)
+// products accumulate in f32 and round once to bf16; f16 inputs of linear go to gemm_f16 (few
+// rows read the weight in place), those of matmul are converted to f32 by the front half, and
+// the result is rounded to f16; integer products accumulate in 64 bits (wrapping)
 // in a plain loop. Mixed input dtypes promote (promote_types); bool is rejected. Many small
 // products run in parallel over the batch; a large one is parallelized inside gemm.
 #include <cstring>
@@ -130,7 +131,11 @@ void int_gemm(const Problem& p, int64_t b, O* out, const std::vector<double>& bi
 
 // Float product of one batch into C (f32, row-major, ldc = N), C pre-filled when accumulate.
 void float_gemm(const Problem& p, int64_t b, DType in, float* C, bool accumulate) {
-  if (in == DType::f32) {
+  if (in == DType::f16) {
+    static_assert(sizeof(f16) == sizeof(uint16_t));
+    kernels::gemm_f16(p.M, p.N, p.K, reinterpret_cast<const uint16_t*>(ptr<f16>(p.A, b)), p.A.rs, p.A.cs,
+                      reinterpret_cast<const uint16_t*>(ptr<f16>(p.B, b)), p.B.rs, p.B.cs, C, p.N, accumulate);
+  } else if (in == DType::f32) {
     kernels::gemm_f32(p.M, p.N, p.K, ptr<float>(p.A, b), p.A.rs, p.A.cs, ptr<float>(p.B, b), p.B.rs, p.B.cs, C, p.N,
                       accumulate);
   } else {
@@ -211,7 +216,8 @@ void linear_meta(const MetaArgs& args, MetaResult& m) {
   s[s.ndim() - 1] = w.shape()[0];
   m.out() = {s, dt, x.device()};
   m.cast_mask = hb ? 7 : 3;
-  m.cast_to = compute_dtype(dt);
+  // f16 on the cpu stays f16: the kernel reads the weight in place (no f32 copy of it per call).
+  m.cast_to = dt == DType::f16 && x.device().is_cpu() ? DType::f16 : compute_dtype(dt);
 }
 
 void linear_cpu(const KernelArgs& a) {

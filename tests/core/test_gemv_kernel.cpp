@@ -15,6 +15,7 @@
 #include "ops/cpu/kernels/gemm.h"
 #include "ops/cpu/kernels/gemv.h"
 #include "tpucore/core/cpu_features.h"
+#include "tpucore/core/half.h"
 
 namespace {
 
@@ -126,6 +127,67 @@ TEST_CASE("gemv kernels, AVX2 paths: f32 and bf16 against a naive double loop", 
           check<float>(M, N, K, acc, f32, f32, true);
           check<uint16_t>(M, N, K, acc, bf16_value, to_bf16, true);
         }
+}
+
+// f16: path 0 gemv_f16 (the best kernel of the CPU), 1 gemv_f16_avx2, 2 gemm_f16 (its fallback
+// when A's columns are strided or M is beyond the few-row kernel). A few subnormal and
+// large-exponent weights check the conversion.
+static void check_f16(int64_t M, int64_t N, int64_t K, bool accumulate, int path) {
+  std::mt19937 rng(static_cast<uint32_t>(M * 7919 + N * 101 + K + path));
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  const int64_t a_cs = path == 2 ? 2 : 1, a_rs = K * a_cs + 3, w_rs = K + 5, ldc = N + 2;
+  std::vector<uint16_t> a(static_cast<size_t>(M * a_rs)), w(static_cast<size_t>(N * w_rs));
+  for (auto& x : a) x = tpu::f16(u(rng)).bits;
+  for (auto& x : w) x = tpu::f16(u(rng)).bits;
+  w[0] = 0x0001;                           // smallest subnormal
+  w[static_cast<size_t>(K - 1)] = 0x83ff;  // largest negative subnormal
+  w[w.size() - 6] = 0x5bd0;                // 250
+  std::vector<float> c(static_cast<size_t>(M * ldc));
+  for (auto& x : c) x = u(rng);
+  const std::vector<float> c0 = c;
+  using namespace tpu::kernels;
+  if (path == 2) {
+    gemm_f16(M, N, K, a.data(), a_rs, a_cs, w.data(), 1, w_rs, c.data(), ldc, accumulate);
+  } else {
+    const bool took = path == 0 ? gemv_f16(M, N, K, a.data(), a_rs, 1, w.data(), 1, w_rs, c.data(), ldc, accumulate)
+                                : gemv_f16_avx2(M, N, K, a.data(), a_rs, 1, w.data(), 1, w_rs, c.data(), ldc, accumulate);
+    REQUIRE(took);
+  }
+  auto val = [](uint16_t b) { return double(tpu::f16::from_bits(b).to_f32()); };
+  for (int64_t i = 0; i < M; ++i) {
+    for (int64_t j = 0; j < N; ++j) {
+      double ref = accumulate ? c0[static_cast<size_t>(i * ldc + j)] : 0.0, mag = std::fabs(ref);
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = val(a[static_cast<size_t>(i * a_rs + k * a_cs)]) * val(w[static_cast<size_t>(j * w_rs + k)]);
+        ref += p;
+        mag += std::fabs(p);
+      }
+      INFO("f16 path " << path << " M " << M << " N " << N << " K " << K << " acc " << accumulate << " at " << i
+                       << "," << j);
+      REQUIRE(std::fabs(c[static_cast<size_t>(i * ldc + j)] - ref) <= 1e-5 * mag + 1e-6);
+    }
+    for (int64_t j = N; j < ldc; ++j) REQUIRE(c[static_cast<size_t>(i * ldc + j)] == c0[static_cast<size_t>(i * ldc + j)]);
+  }
+}
+
+TEST_CASE("gemv kernels: f16 weights converted in registers, against a naive double loop", "[gemm][gemv]") {
+  const bool native = have_avx512() || tpu::kernels::gemm_avx2_available();
+  for (int64_t M : {1, 2, 3, 4, 5, 7, 16})
+    for (int64_t N : {1, 3, 4, 9, 130})
+      for (int64_t K : {16, 17, 23, 33, 100})
+        for (bool acc : {false, true}) {
+          if (native) check_f16(M, N, K, acc, 0);
+          if (tpu::kernels::gemm_avx2_available()) check_f16(M, N, K, acc, 1);
+          if (M <= 5) check_f16(M, N, K, acc, 2);
+        }
+  for (int64_t M : {17, 40}) check_f16(M, 9, 33, true, 2);  // beyond the few-row kernel
+  std::vector<uint16_t> h(64 * 64, 0x3c00);
+  std::vector<float> c(64, 7.f);
+  CHECK_FALSE(tpu::kernels::gemv_f16(tpu::kernels::kGemvMaxRows + 1, 4, 32, h.data(), 32, 1, h.data(), 1, 32, c.data(),
+                                     4, false));
+  CHECK_FALSE(tpu::kernels::gemv_f16(2, 4, 32, h.data(), 32, 1, h.data(), 4, 1, c.data(), 4, false));  // B rows
+  CHECK_FALSE(tpu::kernels::gemv_f16(2, 4, 15, h.data(), 15, 1, h.data(), 1, 15, c.data(), 4, false));  // K < 16
+  CHECK(c[0] == 7.f);
 }
 
 TEST_CASE("gemv kernels decline what they do not handle", "[gemm][gemv]") {

@@ -1,11 +1,13 @@
 // Packed int4 weights (tpucore/quantize.h): the quantizer by the properties that define it and
 // hand-made packed bytes; the product on every kernel path of the CPU (few rows and the many-row
 // path) against a naive double-precision loop over the weight dequantized here, independently
-// of the library's unpacking.
+// of the library's unpacking (on the vnni path with the rows of x quantized in blocks of 32 as
+// that path does, quant_act_ref.h).
 #include <cmath>
 
 #include "ops/cpu/kernels/gemv_int4.h"
 #include "opinfo.h"
+#include "quant_act_ref.h"
 #include "tpucore/core/batch_invariant.h"
 #include "testing.h"
 #include "tpucore/quantize.h"
@@ -95,7 +97,8 @@ TEST_CASE("linear_int4: every kernel path against the dequantized naive product"
   using kernels::Int8GemvPath;
   Generator g(7);
   int checked = 0;
-  for (Int8GemvPath path : {Int8GemvPath::best, Int8GemvPath::avx512, Int8GemvPath::avx2, Int8GemvPath::scalar}) {
+  for (Int8GemvPath path :
+       {Int8GemvPath::best, Int8GemvPath::vnni, Int8GemvPath::avx512, Int8GemvPath::avx2, Int8GemvPath::scalar}) {
     if (!kernels::int8_gemv_path_available(path)) continue;
     for (int64_t M : {1, 3, 4, 5, 17})
       for (int64_t N : {1, 4, 7})
@@ -106,14 +109,15 @@ TEST_CASE("linear_int4: every kernel path against the dequantized naive product"
           const std::vector<float> s = q4_random(g, static_cast<size_t>(N * K / group), 0.001, 0.05);
           std::vector<float> out(static_cast<size_t>(M * N), -1);
           kernels::gemv_int4(M, N, K, group, x.data(), K, q.data(), s.data(), out.data(), N, path);
+          const std::vector<float> xs = rows_as_seen(x, M, K, path);
           int bad = 0;
           for (int64_t i = 0; i < M; ++i)
             for (int64_t j = 0; j < N; ++j) {
               double acc = 0, mag = 0;
               for (int64_t k = 0; k < K; ++k) {
                 const double w = q4_value(q, K / 2, j, k) * static_cast<double>(s[static_cast<size_t>(j * (K / group) + k / group)]);
-                acc += x[static_cast<size_t>(i * K + k)] * w;
-                mag += std::fabs(x[static_cast<size_t>(i * K + k)] * w);
+                acc += xs[static_cast<size_t>(i * K + k)] * w;
+                mag += std::fabs(xs[static_cast<size_t>(i * K + k)] * w);
               }
               bad += std::fabs(out[static_cast<size_t>(i * N + j)] - acc) > 2e-6 * mag + 1e-30;
             }
@@ -154,7 +158,7 @@ TEST_CASE("linear_int4: the op on batched f32 and bf16 inputs, and its errors", 
     const Tensor y = linear_int4(xd, qw);
     REQUIRE(y.shape() == Shape{2, 3, N});
     CHECK(y.dtype() == dt);
-    const std::vector<float> xs = xd.to_vector<float>(), got = y.to_vector<float>();
+    const std::vector<float> xs = rows_as_seen(xd.to_vector<float>(), 6, K), got = y.to_vector<float>();
     int bad = 0;
     for (int64_t i = 0; i < 6; ++i)
       for (int64_t j = 0; j < N; ++j) {

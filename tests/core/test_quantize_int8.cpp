@@ -1,12 +1,14 @@
 // Symmetric int8 weight quantization and linear_int8 (tpucore/quantize.h): the quantizer by the
 // properties that define it and hand-made exact rows; the product on every kernel path of the
-// CPU against a naive double-precision loop over the dequantized weight.
+// CPU against a naive double-precision loop over the dequantized weight (and, on the vnni path,
+// over the rows of x quantized in blocks of 32 as that path does, quant_act_ref.h).
 #include <cmath>
 
 #include "codegen_testing.h"
 #include "ops/cpu/kernels/gemv_int4.h"
 #include "ops/cpu/kernels/gemv_int8.h"
 #include "opinfo.h"
+#include "quant_act_ref.h"
 #include "testing.h"
 #include "tpucore/quantize.h"
 
@@ -98,7 +100,8 @@ TEST_CASE("linear_int8: every kernel path against the dequantized naive product"
   using kernels::Int8GemvPath;
   Generator g(5);
   int checked = 0;
-  for (Int8GemvPath path : {Int8GemvPath::best, Int8GemvPath::avx512, Int8GemvPath::avx2, Int8GemvPath::scalar}) {
+  for (Int8GemvPath path :
+       {Int8GemvPath::best, Int8GemvPath::vnni, Int8GemvPath::avx512, Int8GemvPath::avx2, Int8GemvPath::scalar}) {
     if (!kernels::int8_gemv_path_available(path)) continue;
     for (int64_t M : {1, 2, 3, 4, 5, 9})
       for (int64_t N : {1, 3, 4, 5, 17})
@@ -110,7 +113,7 @@ TEST_CASE("linear_int8: every kernel path against the dequantized naive product"
           std::vector<float> out(static_cast<size_t>(M * N), -1);
           kernels::gemv_int8(M, N, K, x.data(), K, q.data(), s.data(), out.data(), N, path);
           std::vector<double> mag;
-          const std::vector<double> ref = linear_ref(x, q, s, M, N, K, &mag);
+          const std::vector<double> ref = linear_ref(rows_as_seen(x, M, K, path), q, s, M, N, K, &mag);
           int bad = 0;
           for (size_t i = 0; i < ref.size(); ++i) bad += std::fabs(out[i] - ref[i]) > 2e-6 * mag[i] + 1e-30;
           INFO("path " << static_cast<int>(path) << " M " << M << " N " << N << " K " << K);
@@ -132,7 +135,7 @@ TEST_CASE("linear_int8: the op on batched f32 and bf16 inputs, and its errors", 
   REQUIRE(y.shape() == Shape{2, 3, N});
   CHECK(y.dtype() == DType::f32);
   std::vector<double> mag;
-  const std::vector<double> ref = linear_ref(xv, qw.q.to_vector<int8_t>(), qw.scale.to_vector<float>(), 6, N, K, &mag);
+  const std::vector<double> ref = linear_ref(rows_as_seen(xv, 6, K), qw.q.to_vector<int8_t>(), qw.scale.to_vector<float>(), 6, N, K, &mag);
   const std::vector<float> got = y.to_vector<float>();
   int bad = 0;
   for (size_t i = 0; i < ref.size(); ++i) bad += std::fabs(got[i] - ref[i]) > 2e-6 * mag[i] + 1e-30;
@@ -143,7 +146,7 @@ TEST_CASE("linear_int8: the op on batched f32 and bf16 inputs, and its errors", 
   const Tensor yb = linear_int8(xb, qw);
   CHECK(yb.dtype() == DType::bf16);
   const std::vector<float> xbv = xb.to_vector<float>();
-  const std::vector<double> refb = linear_ref(xbv, qw.q.to_vector<int8_t>(), qw.scale.to_vector<float>(), 6, N, K, &mag);
+  const std::vector<double> refb = linear_ref(rows_as_seen(xbv, 6, K), qw.q.to_vector<int8_t>(), qw.scale.to_vector<float>(), 6, N, K, &mag);
   const std::vector<float> gotb = yb.to_vector<float>();
   bad = 0;
   for (size_t i = 0; i < refb.size(); ++i) bad += std::fabs(gotb[i] - refb[i]) > std::fabs(refb[i]) * 0x1p-8 + 2e-6 * mag[i];

@@ -31,6 +31,13 @@ void gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs,
                int64_t a_cs, const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C,
                int64_t ldc, bool accumulate);
 
+// IEEE f16 inputs as raw bit patterns (gemv_f16.cpp), accumulated in f32, C f32: up to
+// kGemvMaxRows rows of x W^T (b_rs 1) read the weight in place and convert it in registers
+// (gemv_f16); otherwise, and in batch-invariant mode, both operands are widened to f32 and
+// gemm_f32 runs on them.
+void gemm_f16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs,
+              const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate);
+
 // The portable paths, whatever the CPU.
 void gemm_f32_generic(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs,
                       int64_t a_cs, const float* B, int64_t b_rs, int64_t b_cs, float* C,

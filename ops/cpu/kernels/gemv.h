@@ -30,6 +30,15 @@ bool gemv_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int
 bool gemv_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs, const uint16_t* B,
                int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate);
 
+// f16 weight read in place (gemv_f16.cpp): A and B f16 bit patterns, any A strides, b_rs 1,
+// 1 <= M <= kGemvMaxRows, K >= 16; AVX-512 (vcvtph2ps on 16 values), else AVX2 with F16C.
+// Returns false (nothing done) otherwise. gemv_f16_avx2 takes the AVX2 path whatever the CPU
+// has beyond it (tests use it to cover that path).
+bool gemv_f16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs, const uint16_t* B,
+              int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate);
+bool gemv_f16_avx2(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs,
+                   const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate);
+
 // Batch-invariant products (tpucore/core/batch_invariant.h) on AVX-512, B = W^T (b_rs 1, any
 // a_rs / a_cs): every output is the chain of multiply-adds along K of the packed GEMM's
 // micro-kernel (f32 FMA; bf16 pairs by vdpbf16ps with avx512_bf16, else widened to f32 FMA),

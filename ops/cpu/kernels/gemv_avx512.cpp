@@ -113,12 +113,18 @@ TPU_GEMV_AVX512_BF16 void gemv_cols(int64_t M, int64_t K, const typename R::T* A
     const int cols = static_cast<int>(std::min<int64_t>(kCols, j1 - j));
     const typename R::T* w[kCols];
     for (int c = 0; c < kCols; ++c) w[c] = B + (j + std::min(c, cols - 1)) * b_cs;
+    // The first pass over the block prefetches the same line (a step is 64 bytes) of the next
+    // block's weight rows: the hardware prefetchers start over on every row (a few KiB).
+    const int64_t pf = j + kCols < j1 ? kCols * b_cs : 0;
     int64_t i = 0;
     for (; i + 2 <= M; i += 2) {
       const typename R::T *a0 = A + i * a_rs, *a1 = a0 + a_rs;
+      const int64_t pfi = i == 0 ? pf : 0;
       __m512 s00 = _mm512_setzero_ps(), s01 = s00, s02 = s00, s03 = s00, s10 = s00, s11 = s00, s12 = s00, s13 = s00;
       for (int64_t k = 0; k < K; k += R::kStep) {
         const int64_t n = K - k;
+        if (pfi)
+          for (int c = 0; c < kCols; ++c) _mm_prefetch(reinterpret_cast<const char*>(w[c] + k + pfi), _MM_HINT_T0);
         const V w0 = R::load(w[0] + k, n), w1 = R::load(w[1] + k, n), w2 = R::load(w[2] + k, n),
                 w3 = R::load(w[3] + k, n);
         const V x0 = R::load(a0 + k, n), x1 = R::load(a1 + k, n);
@@ -136,9 +142,12 @@ TPU_GEMV_AVX512_BF16 void gemv_cols(int64_t M, int64_t K, const typename R::T* A
     }
     if (i < M) {
       const typename R::T* a0 = A + i * a_rs;
+      const int64_t pfi = i == 0 ? pf : 0;
       __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
       for (int64_t k = 0; k < K; k += R::kStep) {
         const int64_t n = K - k;
+        if (pfi)
+          for (int c = 0; c < kCols; ++c) _mm_prefetch(reinterpret_cast<const char*>(w[c] + k + pfi), _MM_HINT_T0);
         const V x0 = R::load(a0 + k, n);
         s0 = R::mac(s0, x0, R::load(w[0] + k, n));
         s1 = R::mac(s1, x0, R::load(w[1] + k, n));

@@ -139,6 +139,7 @@ void q4_group_scalar(int64_t K, int64_t group, const float* A, int64_t lda, cons
 template <class Fn>
 const Fn* path_table(Int8GemvPath p, const Fn* avx512, const Fn* avx2, const Fn* scalar) {
   switch (int8_gemv_resolve(p)) {
+    case Int8GemvPath::vnni:  // no vnni kernel here (int4 has its own, gemv_vnni.cpp)
     case Int8GemvPath::avx512: return avx512;
     case Int8GemvPath::avx2: return avx2;
     default: return scalar;
@@ -290,6 +291,7 @@ void gemv_int4(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, i
     for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
     return;
   }
+  if (int8_gemv_resolve(path) == Int8GemvPath::vnni) return gemv_int4_vnni(M, N, K, group, A, lda, W, scale, C, ldc);
   if (M >= kInt4ManyRows && !batch_invariant()) {
     q4_many_rows(M, N, K, group, A, lda, W, scale, C, ldc);
     return;

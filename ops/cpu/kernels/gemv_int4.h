@@ -9,8 +9,10 @@
 //
 // Each weight is unpacked in registers, converted to f32 and multiplied by its group's scale,
 // which gives exactly the dequantized f32 weight; the sums accumulate in f32, so the result
-// matches the dequantize-then-float product to the accumulation order. From kInt4ManyRows rows
-// on, panels of the weight are dequantized to f32 and multiplied by the float GEMM (gemm.h),
+// matches the dequantize-then-float product to the accumulation order. The vnni path (the best
+// one on CPUs with AVX-512 VNNI) instead quantizes A in blocks of 32 and multiplies bytes
+// (gemv_int8.h, gemv_vnni.cpp), for any number of rows. From kInt4ManyRows rows on, the float
+// paths dequantize panels of the weight to f32 and multiply them by the float GEMM (gemm.h),
 // except in batch-invariant mode (tpucore/core/batch_invariant.h), where every row takes the
 // few-row kernel and so the same summation order whatever the number of rows.
 #pragma once
@@ -31,9 +33,15 @@ inline int int4_at(const uint8_t* row, int64_t k) {
 }
 
 // Any M; the columns are split over the pool threads; C has row stride ldc. `path` selects the
-// few-row kernel (the paths of gemv_int8.h); the many-row path ignores it.
+// few-row kernel (the paths of gemv_int8.h); the many-row path ignores it. The vnni path (A
+// quantized in blocks of 32, gemv_int8.h) takes every M, so a row's result never depends on
+// the number of rows.
 void gemv_int4(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,
                const float* scale, float* C, int64_t ldc, Int8GemvPath path = Int8GemvPath::best);
+
+// The vnni path itself (only call when int8_vnni_available()).
+void gemv_int4_vnni(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,
+                    const float* scale, float* C, int64_t ldc);
 
 // The same for fp8 e4m3 weights [N, K] (raw bytes, no NaN pattern) with one f32 scale per output
 // channel: C[i, j] = scale[j] * sum_k A[i, k] * e4m3(W[j, k]). Each byte is turned into its exact

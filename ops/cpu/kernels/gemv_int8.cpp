@@ -5,8 +5,8 @@
 // A. The weight block stays in L1 while the groups of A pass over it, so a batch reads the
 // weight from memory once.
 //
-// The int8 x int8 dot instructions (AVX-512 VNNI, AVX-VNNI) are not used: they need A quantized
-// to 8 bits as well, which changes the result beyond the accumulation order; here A stays f32.
+// These paths keep A in f32; the int8 x int8 dot instructions (AVX-512 VNNI), which need A
+// quantized to 8 bits as well, are the vnni path (gemv_vnni.cpp).
 #include "ops/cpu/kernels/gemv_int8.h"
 
 #include <immintrin.h>
@@ -145,7 +145,7 @@ const GroupFn* group_table(Int8GemvPath p) {
     case Int8GemvPath::avx512: return Groups<SelAvx512>::fns;
     case Int8GemvPath::avx2: return Groups<SelAvx2>::fns;
     case Int8GemvPath::scalar: return Groups<SelScalar>::fns;
-    case Int8GemvPath::best: break;
+    case Int8GemvPath::best: case Int8GemvPath::vnni: break;
   }
   return nullptr;
 }
@@ -155,6 +155,7 @@ const GroupFn* group_table(Int8GemvPath p) {
 Int8GemvPath int8_gemv_resolve(Int8GemvPath p) {
   if (p != Int8GemvPath::best) return p;
   const CpuFeatures& f = cpu_features();
+  if (int8_vnni_available()) return Int8GemvPath::vnni;
   if (f.avx512f && f.avx512bw && f.avx512vl && f.fma) return Int8GemvPath::avx512;
   if (f.avx2 && f.fma) return Int8GemvPath::avx2;
   return Int8GemvPath::scalar;
@@ -165,6 +166,7 @@ bool int8_gemv_path_available(Int8GemvPath p) {
   switch (p) {
     case Int8GemvPath::avx512: return f.avx512f && f.avx512bw && f.avx512vl && f.fma;
     case Int8GemvPath::avx2: return f.avx2 && f.fma;
+    case Int8GemvPath::vnni: return int8_vnni_available();
     case Int8GemvPath::best: case Int8GemvPath::scalar: return true;
   }
   return false;
@@ -172,6 +174,7 @@ bool int8_gemv_path_available(Int8GemvPath p) {
 
 const char* int8_gemv_best_path() {
   switch (int8_gemv_resolve(Int8GemvPath::best)) {
+    case Int8GemvPath::vnni: return "vnni";
     case Int8GemvPath::avx512: return "avx512";
     case Int8GemvPath::avx2: return "avx2";
     default: return "scalar";
@@ -181,6 +184,7 @@ const char* int8_gemv_best_path() {
 void gemv_int8(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const int8_t* W, const float* scale,
                float* C, int64_t ldc, Int8GemvPath path) {
   if (M <= 0 || N <= 0) return;
+  if (int8_gemv_resolve(path) == Int8GemvPath::vnni) return gemv_int8_vnni(M, N, K, A, lda, W, scale, C, ldc);
   const GroupFn* fns = group_table(int8_gemv_resolve(path));
   const int64_t blocks = (N + kCols - 1) / kCols;
   // About 64K multiply-adds per block run before the work is worth a second thread.
