@@ -219,7 +219,9 @@ bool QuantizedCheckpoint::take(const std::string& name, const Tensor& t) {
 }
 
 void QuantizedCheckpoint::finish(const std::function<void(const std::string&, const Tensor&)>& place) {
-  for (auto& [module, parts] : parts_) {
+  for (auto& entry : parts_) {  // not a structured binding: clang-14 lambdas cannot capture one
+    const std::string& module = entry.first;
+    const std::map<std::string, Tensor>& parts = entry.second;
     const auto has = [&](const char* p) { return parts.count(p) > 0; };
     const auto need = [&](const char* p) -> const Tensor& {
       auto it = parts.find(p);
