@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -13,6 +14,7 @@
 #include "tpucore/autograd.h"
 #include "tpucore/core/log.h"
 #include "tpucore/models/causal_lm.h"
+#include "tpucore/models/quant_checkpoint.h"
 #include "tpucore/safetensors.h"
 
 namespace tpu::models {
@@ -57,6 +59,45 @@ std::map<std::string, std::set<std::string>> weight_files(const fs::path& root) 
     by_file[f].insert(name);
   }
   return by_file;
+}
+
+// The fp8 weights with per-channel scales of the projections in fp8 weight-only linears; the
+// other quantized weights stay as their dequantized float (said in the log).
+void use_checkpoint_quantization(CausalLM& m, QuantizedCheckpoint& q, const std::string& dir) {
+  int64_t kept = 0;
+  const auto swap = [&](nn::Module& parent, const std::string& prefix, const char* child,
+                        std::shared_ptr<nn::Linear>& slot) {
+    auto it = q.fp8_channel.find(prefix + child);
+    if (!slot || it == q.fp8_channel.end()) return;
+    auto ql = std::make_shared<nn::QuantizedLinear>(it->second.q, it->second.scale, slot->bias);
+    parent.replace_child(child, ql);
+    slot = std::move(ql);
+    q.fp8_channel.erase(it);
+    ++kept;
+  };
+  if (!m.config.mla())
+    for (size_t l = 0; l < m.model->layers.size(); ++l) {
+      auto& layer = m.model->layers[l];
+      nn::Attention& a = *layer->self_attn;
+      const std::string p = fmt::format("model.layers.{}.", l);
+      swap(a, p + "self_attn.", "q_proj", a.q_proj);
+      swap(a, p + "self_attn.", "k_proj", a.k_proj);
+      swap(a, p + "self_attn.", "v_proj", a.v_proj);
+      swap(a, p + "self_attn.", "o_proj", a.o_proj);
+      if (layer->mlp) {
+        nn::GatedMLP& f = *layer->mlp;
+        swap(f, p + "mlp.", "gate_proj", f.gate_proj);
+        swap(f, p + "mlp.", "up_proj", f.up_proj);
+        swap(f, p + "mlp.", "down_proj", f.down_proj);
+      }
+    }
+  if (m.lm_head) swap(m, "", "lm_head", m.lm_head);
+  const int64_t floated = q.dequantized + static_cast<int64_t>(q.fp8_channel.size());
+  log().info("load_causal_lm ({}): {} checkpoint: {} linear weights kept as fp8 with per-channel scales, {} "
+             "dequantized to float at load", dir, q.method, kept, floated);
+  if (floated > 0 && (q.method == "gptq" || q.method == "awq"))
+    log().info("load_causal_lm ({}): {} int4 weights with per-group zero points run as float weights (the "
+               "dequantized values, exactly; no int4 kernel with zero points)", dir, q.method);
 }
 
 }  // namespace
@@ -127,7 +168,24 @@ std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, const LoadOptio
   const fs::path root(dir);
   const fs::path cfg_path = root / "config.json";
   const std::string cfg_text = read_text(cfg_path, "load_causal_lm");
-  ModelConfig cfg = ModelConfig::from_json(cfg_text, cfg_path.string());
+  // A quantized checkpoint: its quantization_config describes the tensors read below (the model
+  // itself is built in float, so from_json, which refuses the field, reads the rest).
+  std::optional<QuantizedCheckpoint> quant;
+  std::string model_cfg_text = cfg_text;
+  {
+    json j;
+    try {
+      j = json::parse(cfg_text);
+    } catch (const json::exception&) {
+      j = json();  // from_json names the error
+    }
+    if (j.is_object() && j.contains("quantization_config") && !j["quantization_config"].is_null()) {
+      quant.emplace(j["quantization_config"].dump(), cfg_path.string());
+      j.erase("quantization_config");
+      model_cfg_text = j.dump();
+    }
+  }
+  ModelConfig cfg = ModelConfig::from_json(model_cfg_text, cfg_path.string());
   // Gemma3ForConditionalGeneration (model_type gemma3, read as its text model by from_json): the
   // language model's tensors under its prefix, the vision tower's skipped.
   const bool gemma3_multimodal = nlohmann::json::parse(cfg_text).value("model_type", "") == "gemma3";
@@ -153,18 +211,8 @@ std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, const LoadOptio
   const std::map<std::string, size_t> slices_total = slices_left;
   std::set<std::string> loaded_slices;
   int64_t vision_skipped = 0;
-  for (const auto& [file, listed] : weight_files(root)) {
-    const fs::path path = root / file;
-    const auto& names = listed;  // a plain reference: clang-14 lambdas cannot capture a structured binding
-    std::set<std::string> seen;
-    for_each_safetensor(path.string(), [&](const std::string& stored, const Tensor& t) {
-      if (!names.empty() && !names.count(stored)) return;  // in the shard but listed elsewhere
-      seen.insert(stored);
-      const std::string name = gemma3_multimodal ? gemma3_text_name(stored) : stored;
-      if (name.empty()) {  // the vision tower or projector of a multimodal Gemma 3
-        ++vision_skipped;
-        return;
-      }
+  // Puts one checkpoint tensor (read from `path`) into its parameter or expert slice.
+  const auto place = [&](const std::string& name, const Tensor& t, const fs::path& path) {
       // Buffers some checkpoints carry that this model recomputes; the tied head is the embedding.
       if (name.ends_with("rotary_emb.inv_freq") || (cfg.tie_word_embeddings && name == "lm_head.weight")) return;
       auto it = slots.find(name);
@@ -194,10 +242,26 @@ std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, const LoadOptio
       TPU_CHECK(loaded.insert(name).second, "load_causal_lm: '{}' is in more than one file ({})", name, path.string());
       NoGradGuard ng;
       it->second->copy_(t);  // converted to the parameter's dtype in place
+  };
+  for (const auto& [file, listed] : weight_files(root)) {
+    const fs::path path = root / file;
+    const auto& names = listed;  // a plain reference: clang-14 lambdas cannot capture a structured binding
+    std::set<std::string> seen;
+    for_each_safetensor(path.string(), [&](const std::string& stored, const Tensor& t) {
+      if (!names.empty() && !names.count(stored)) return;  // in the shard but listed elsewhere
+      seen.insert(stored);
+      const std::string name = gemma3_multimodal ? gemma3_text_name(stored) : stored;
+      if (name.empty()) {  // the vision tower or projector of a multimodal Gemma 3
+        ++vision_skipped;
+        return;
+      }
+      if (quant && quant->take(name, t)) return;  // a part of a quantized weight: placed below
+      place(name, t, path);
     });
     for (const auto& n : names)
       TPU_CHECK(seen.count(n), "load_causal_lm: the index lists '{}' in {}, which does not hold it", n, file);
   }
+  if (quant) quant->finish([&](const std::string& name, const Tensor& w) { place(name, w, root / "(dequantized)"); });
   std::vector<std::string> missing;
   for (const auto& [name, slot] : slots) {
     if (loaded.count(name)) continue;
@@ -215,6 +279,7 @@ std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, const LoadOptio
     log().warn("load_causal_lm ({}): a multimodal Gemma 3 checkpoint runs as its text-only language model; {} "
                  "vision tensors (vision tower, projector) are not loaded and image inputs are not supported",
                  dir, vision_skipped);
+  if (quant) use_checkpoint_quantization(*m, *quant, dir);
   quantize_causal_lm(*m, options.quantize, options.group, options.quantize_lm_head);
   m->int8_kv_cache = options.int8_kv_cache;
   m->to(device);

@@ -89,7 +89,7 @@ struct RefusedField {
   const char* what;
 };
 constexpr RefusedField kRefused[] = {
-    {"quantization_config", "quantized weights"},
+    {"quantization_config", "quantized weights: load_causal_lm reads the formats it supports"},
     {"n_routed_experts", "DeepSeek's routed experts"},
     {"attention_chunk_size", "chunked attention"},
     {"no_rope_layers", "layers without rotary embeddings"},

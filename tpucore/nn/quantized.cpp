@@ -54,6 +54,24 @@ QuantizedLinear::QuantizedLinear(const Linear& src, WeightQuant k, int64_t g) : 
   }
 }
 
+QuantizedLinear::QuantizedLinear(Tensor q, Tensor scale, Tensor b) : kind(WeightQuant::fp8) {
+  TPU_CHECK(q.defined() && q.dim() == 2 && q.dtype() == DType::u8, "QuantizedLinear: fp8 weight bytes must be u8 "
+            "[out, in], got {}", q.defined() ? q.shape().str() : std::string("undefined"));
+  TPU_CHECK(scale.defined() && scale.dtype() == DType::f32 && scale.dim() == 1 && scale.size(0) == q.size(0),
+            "QuantizedLinear: fp8 scales must be f32 [{}]", q.size(0));
+  TPU_CHECK(!b.defined() || (b.dim() == 1 && b.size(0) == q.size(0)), "QuantizedLinear: the bias must be [{}]",
+            q.size(0));
+  in_features = q.size(1);
+  weight = std::move(q);
+  weight_scale = std::move(scale);
+  register_buffer("weight", weight);
+  register_buffer("weight_scale", weight_scale);
+  if (b.defined()) {
+    bias = b.detach();
+    register_parameter("bias", bias, false);
+  }
+}
+
 Tensor QuantizedLinear::forward(const Tensor& x) {
   TPU_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == in_features,
             "QuantizedLinear: expected an input with {} features in the last dim, got shape {}", in_features,

@@ -34,6 +34,9 @@ class QuantizedLinear : public Linear {
   /// The quantized form of `src`'s weight (its bias is shared); group: int4's columns per scale
   /// (32 or 128). A Linear whose in_features the group does not divide is a tpu::Error.
   QuantizedLinear(const Linear& src, WeightQuant kind, int64_t group = 32);
+  /// An fp8 linear over given e4m3 bytes q (u8 [out, in]) and f32 scales [out], as a quantized
+  /// checkpoint stores them, and an optional float bias [out].
+  QuantizedLinear(Tensor q, Tensor scale, Tensor bias);
   /// x [..., in_features] -> [..., out_features] in x's dtype.
   Tensor forward(const Tensor& x) override;
   /// "QuantizedLinear".
