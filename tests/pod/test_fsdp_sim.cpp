@@ -7,10 +7,12 @@
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
+#include <map>
 #include <thread>
 
 #include "sharded/model.h"
 #include "pod/pod_testing.h"
+#include "tpucore/compile.h"
 #include "tpucore/devices.h"
 #include "tpucore/models.h"
 #include "tpucore/nn/parallel/expert_parallel.h"
@@ -156,7 +158,9 @@ Tensor ep_sim_tp_part(const std::string& name, const Tensor& full, int ep_rank, 
 // tensor-parallel instead: causal_lm_plan and expert_tensor_parallel over it, its ranks sharing
 // their ep line's rows) and checks it against host training: the mean loss of every step (1e-5),
 // step-0 gradients (1e-5), final weights (1e-4).
-void ep_sim_train(int dp, int ep, bool tp = false) {
+// With `compiled`, every rank's whole step (zero_grad, forward, the group's losses, backward, the
+// gradient sync, SGD) is one tpu::compile graph, compiled once for all steps (new routings).
+void ep_sim_train(int dp, int ep, bool tp = false, bool compiled = false) {
   pod_testing::HighestF32Precision precision;
   const int world = dp * ep, steps = 2;
   const int64_t rows = tp ? kBatch / ep : kBatch / world;
@@ -212,11 +216,27 @@ void ep_sim_train(int dp, int ep, bool tp = false) {
       root = nn::parallel::fully_shard(lm, dp_g[static_cast<size_t>(r)]);
     }
     optim::SGD opt(lm->parameters(), optim::SGDOptions{0.2, 0.9});
-    for (int s = 0; s < steps; ++s) {
-      Tensor loss = ep_sim_loss(*lm, narrow(batch_tokens(s, kBatch, kSeq, 32), 0, (tp ? ep_rank : r) * rows, rows), chip,
-                                tp ? ep_g[static_cast<size_t>(r)] : pods[static_cast<size_t>(r)]);
+    const dist::ProcessGroupPtr& batch_group = tp ? ep_g[static_cast<size_t>(r)] : pods[static_cast<size_t>(r)];
+    auto train_step = [&](const Tensor& tok) {
+      opt.zero_grad();
+      Tensor loss = ep_sim_loss(*lm, tok, chip, batch_group);
       loss.backward();
       nn::parallel::sync_replicated_gradients(*lm, ep_g[static_cast<size_t>(r)]);
+      opt.step();
+      return loss;
+    };
+    const std::string fn = "ep_sim_step_" + std::to_string(world) + "_" + std::to_string(r);
+    auto step_fn = compile(train_step, {.name = fn, .fullgraph = true});
+    for (int s = 0; s < steps; ++s) {
+      Tensor tok = narrow(batch_tokens(s, kBatch, kSeq, 32), 0, (tp ? ep_rank : r) * rows, rows).contiguous().to(chip);
+      Tensor loss;
+      if (compiled) {
+        loss = step_fn(tok);
+      } else {
+        loss = ep_sim_loss(*lm, tok, chip, batch_group);
+        loss.backward();
+        nn::parallel::sync_replicated_gradients(*lm, ep_g[static_cast<size_t>(r)]);
+      }
       losses[static_cast<size_t>(r)].push_back(loss.to(Device()).item<double>());
       if (s == 0)
         for (auto& [n, p] : lm->named_parameters()) {
@@ -225,8 +245,19 @@ void ep_sim_train(int dp, int ep, bool tp = false) {
                                : INFINITY;
           if (d > 1e-5) bad[static_cast<size_t>(r)] += fmt::format("step-0 gradient of {}: {}; ", n, d);
         }
-      opt.step();
-      opt.zero_grad();
+      if (!compiled) {
+        opt.step();
+        opt.zero_grad();
+      }
+    }
+    if (compiled) {
+      const jit::Stats st = jit::stats();
+      const jit::FunctionStats* fs = st.find(fn);
+      if (!fs || fs->compiles != 1 || fs->hits != steps - 1 || fs->breaks != 0)
+        bad[static_cast<size_t>(r)] += "not one compile for all steps; ";
+      std::string graph;
+      for (const std::string& gr : step_fn.graphs()) graph += gr;
+      if (graph.find("dist_all_to_all(") == std::string::npos) bad[static_cast<size_t>(r)] += "no all-to-all node; ";
     }
     if (root) finals[static_cast<size_t>(r)] = root->full_state_dict();
     else
@@ -268,6 +299,12 @@ TEST_CASE("expert parallelism over 2 and 4 chips of the simulated pod equals one
   SECTION("4 chips, one expert each") { ep_sim_train(1, 4); }
 }
 
+TEST_CASE("expert parallelism inside tpu::compile on 2 chips of the simulated pod equals one-device training",
+          "[pod][sharded]") {
+  (void)g_env;
+  ep_sim_train(1, 2, false, true);
+}
+
 TEST_CASE("expert parallelism x fsdp on the simulated 2x2 pod equals one-device training", "[pod][sharded]") {
   (void)g_env;
   ep_sim_train(2, 2);
@@ -276,4 +313,115 @@ TEST_CASE("expert parallelism x fsdp on the simulated 2x2 pod equals one-device 
 TEST_CASE("expert x tensor parallelism on the simulated 2x2 pod equals one-device training", "[pod][sharded]") {
   (void)g_env;
   ep_sim_train(2, 2, true);  // experts over ep lines of 2 chips, attention, head and expert MLPs over tp
+}
+
+namespace {
+
+// Rank r's tokens [6, 8] of call `c` (other calls route differently).
+Tensor ep_block_input(int c, int r) {
+  std::vector<float> v(48);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(std::cos(0.7 * double(i) + 1.3 * c + 2.9 * r));
+  return from_vector(v, Shape{6, 8});
+}
+
+// The naive capacity reference on the host: the block's routing, each slot's expert output, and
+// a slot kept when fewer than `cap` slots of the same destination rank come before it (in expert
+// order, then slot order). Returns the output and the dropped count.
+std::pair<Tensor, int64_t> ep_capacity_reference(nn::SparseMoE& blk, const Tensor& x, int ranks, int64_t cap) {
+  const auto r = blk.route(x);
+  const int64_t t = x.size(0), k = blk.cfg.top_k, e = blk.cfg.num_experts, local = e / ranks;
+  std::vector<Tensor> per_expert;  // every token through expert i
+  for (int64_t i = 0; i < e; ++i) {
+    std::vector<int32_t> sizes(static_cast<size_t>(e), 0);
+    sizes[static_cast<size_t>(i)] = static_cast<int32_t>(t);
+    per_expert.push_back(blk.experts->forward(x, from_vector(sizes, Shape{e})).detach());
+  }
+  const auto ids = r.experts.to(DType::i64).contiguous().to_vector<int64_t>();
+  const auto w = r.weights.detach().contiguous().to_vector<float>();
+  std::vector<int64_t> seen(static_cast<size_t>(ranks), 0);
+  std::vector<bool> kept(ids.size(), false);
+  for (int64_t ex = 0; ex < e; ++ex)
+    for (size_t s = 0; s < ids.size(); ++s)
+      if (ids[s] == ex) kept[s] = seen[static_cast<size_t>(ex / local)]++ < cap;
+  int64_t dropped = 0;
+  for (int64_t n : seen) dropped += std::max<int64_t>(n - cap, 0);
+  Tensor out = zeros(x.shape());
+  for (int64_t tok = 0; tok < t; ++tok)
+    for (int64_t j = 0; j < k; ++j) {
+      const auto s = static_cast<size_t>(tok * k + j);
+      if (!kept[s]) continue;
+      Tensor row = mul(narrow(per_expert[static_cast<size_t>(ids[s])], 0, tok, 1), static_cast<double>(w[s]));
+      narrow(out, 0, tok, 1).add_(row);
+    }
+  return {out, dropped};
+}
+
+}  // namespace
+
+TEST_CASE("expert-parallel block on 2 chips: uneven, fixed-capacity and compiled exchanges equal one device, "
+          "capacity drops", "[pod][sharded]") {
+  (void)g_env;
+  pod_testing::HighestF32Precision precision;
+  nn::MoEConfig mc;
+  mc.hidden = 8;
+  mc.intermediate = 6;
+  mc.num_experts = 4;
+  mc.top_k = 2;
+  Generator g0(5);
+  nn::SparseMoE ref(mc, &g0);
+  const int world = 2, calls = 3;
+  const int64_t cap = 3;  // ceil(0.5 * 12 slots / 2 ranks)
+  // The host references, computed before the rank threads start.
+  std::map<std::pair<int, int>, Tensor> want, capped_want;
+  std::map<std::pair<int, int>, int64_t> capped_drops;
+  for (int c = 0; c < calls; ++c)
+    for (int r = 0; r < world; ++r) {
+      const Tensor x = ep_block_input(c, r);
+      want[{c, r}] = ref.forward(x).detach();
+      auto [cw, cd] = ep_capacity_reference(ref, x, world, cap);
+      capped_want[{c, r}] = cw;
+      capped_drops[{c, r}] = cd;
+    }
+  auto pg = dist::sim_pod_groups({world});
+  std::vector<std::string> bad(static_cast<size_t>(world));
+  pod_testing::on_ranks(world, [&](int r) {
+    const Device chip = pod_testing::chip(r);
+    auto make = [&](const nn::parallel::ExpertParallelOptions& o) {
+      Generator g(5);
+      auto b = std::make_shared<nn::SparseMoE>(mc, &g);
+      b->to(chip);
+      nn::parallel::expert_parallel(*b, pg[size_t(r)], o);
+      return b;
+    };
+    auto uneven = make({}), fixed = make({.fixed_capacity = true}), comp = make({}),
+         capped = make({.capacity_factor = 0.5});
+    const std::string name = "ep_block_" + std::to_string(r);
+    auto f = compile([&](const Tensor& x) { return comp->forward(x); }, {.name = name, .fullgraph = true});
+    std::string& b = bad[size_t(r)];
+    for (int c = 0; c < calls; ++c) {
+      const Tensor& w = want.at({c, r});
+      const Tensor& cw = capped_want.at({c, r});
+      const int64_t cd = capped_drops.at({c, r});
+      const Tensor xc = ep_block_input(c, r).to(chip);
+      const double du = max_abs_diff(uneven->forward(xc).to(Device()), w);
+      const double df = max_abs_diff(fixed->forward(xc).to(Device()), w);
+      const double dc = max_abs_diff(f(xc).to(Device()), w);
+      if (du > 1e-5 || df > 1e-5 || dc > 1e-5) b += fmt::format("call {}: {} {} {}; ", c, du, df, dc);
+      auto drops = [](const nn::SparseMoE& m) {
+        return nn::parallel::expert_parallel_dropped(m).to(Device()).to(DType::i64).item<int64_t>();
+      };
+      if (drops(*fixed) != 0) b += "fixed dropped; ";
+      const double dk = max_abs_diff(capped->forward(xc).to(Device()), cw);
+      const int64_t got = drops(*capped);
+      if (dk > 1e-5 || got != cd) b += fmt::format("capacity call {}: {} dropped {} of {}; ", c, dk, got, cd);
+      if (c == 0 && cd == 0) b += "the capacity case drops nothing; ";
+    }
+    const jit::Stats st = jit::stats();
+    const jit::FunctionStats* fs = st.find(name);
+    if (!fs || fs->compiles != 1 || fs->hits != calls - 1) b += "not one compile for three routings; ";
+  });
+  for (int r = 0; r < world; ++r) {
+    INFO("rank " << r);
+    CHECK(bad[size_t(r)] == "");
+  }
 }
