@@ -299,10 +299,11 @@ TEST_CASE("expert parallelism over 2 and 4 chips of the simulated pod equals one
   SECTION("4 chips, one expert each") { ep_sim_train(1, 4); }
 }
 
-TEST_CASE("expert parallelism inside tpu::compile on 2 chips of the simulated pod equals one-device training",
+TEST_CASE("expert parallelism (and EP x FSDP) inside tpu::compile on the simulated pod equals one-device training",
           "[pod][sharded]") {
   (void)g_env;
-  ep_sim_train(1, 2, false, true);
+  SECTION("EP over 2 chips") { ep_sim_train(1, 2, false, true); }
+  SECTION("EP x FSDP over the 2x2 pod") { ep_sim_train(2, 2, false, true); }
 }
 
 TEST_CASE("expert parallelism x fsdp on the simulated 2x2 pod equals one-device training", "[pod][sharded]") {
