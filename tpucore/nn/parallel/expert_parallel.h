@@ -19,7 +19,7 @@
 // rank's local experts see the slots of every rank); the other parameters are replicated over
 // the group and sync_replicated_gradients averages their gradients over it (with fully_shard on
 // the other mesh axis: their shards', which the ranks of the ep group hold alike). Composes with
-// fully_shard on another mesh axis (a 2-D mesh: EP x FSDP), whose units may contain the blocks,
+// fully_shard on another mesh axis (a 2-D mesh: EP x FSDP; with tensor parallelism on a third axis, a 3-D mesh), whose units may contain the blocks,
 // and with parallelize_module's causal_lm_plan over another axis (EP x TP: attention and dense
 // MLPs split over "tp", the experts replicated over it, or split inside by expert_tensor_parallel). Runs on gloo ranks and on the sim pod
 // backend (the counts travel as i32, the regrouping on the slots' device). Capacity-factor
