@@ -463,8 +463,9 @@ std::vector<dist::ProcessGroupPtr> ep_mesh_groups(const std::vector<dist::Proces
 // everything fully sharded over dp; rank (d, t, e) trains on the batch rows of (d, e), alike over
 // tp. Against host training: the mean loss of every step (1e-5), step-0 gradient shards (1e-5),
 // final weights (1e-4).
-TEST_CASE("EP x TP x FSDP on a 3-D mesh of 8 simulated chips equals one-device training", "[.pod8]") {
-  (void)g_env;
+// With `compiled`, each rank's whole step (zero_grad, forward, losses, backward, the gradient
+// sync, SGD) is one tpu::compile graph, compiled once.
+static void ep_sim_train_3d(bool compiled) {
   pod_testing::HighestF32Precision precision;
   const int dp = 2, tp = 2, ep = 2, world = 8, steps = 2;
   const int64_t rows = kBatch / (dp * ep);
@@ -502,11 +503,27 @@ TEST_CASE("EP x TP x FSDP on a 3-D mesh of 8 simulated chips equals one-device t
     for (auto& l : lm->model->layers) nn::parallel::fully_shard(l, dp_g[i]);
     auto root = nn::parallel::fully_shard(lm, dp_g[i]);
     optim::SGD opt(lm->parameters(), optim::SGDOptions{0.2, 0.9});
-    for (int s = 0; s < steps; ++s) {
-      const Tensor tok = narrow(batch_tokens(s, kBatch, kSeq, 32), 0, (d * ep + e) * rows, rows).contiguous();
+    auto train_step = [&](const Tensor& tok) {
+      opt.zero_grad();
       Tensor loss = ep_sim_loss(*lm, tok, chip, tok_g[i]);
       loss.backward();
       nn::parallel::sync_replicated_gradients(*lm, ep_g[i]);
+      opt.step();
+      return loss;
+    };
+    const std::string fn = "ep_sim_3d_step_" + std::to_string(r);
+    auto step_fn = compile(train_step, {.name = fn, .fullgraph = true});
+    for (int s = 0; s < steps; ++s) {
+      const Tensor tok =
+          narrow(batch_tokens(s, kBatch, kSeq, 32), 0, (d * ep + e) * rows, rows).contiguous().to(chip);
+      Tensor loss;
+      if (compiled) {
+        loss = step_fn(tok);
+      } else {
+        loss = ep_sim_loss(*lm, tok, chip, tok_g[i]);
+        loss.backward();
+        nn::parallel::sync_replicated_gradients(*lm, ep_g[i]);
+      }
       losses[i].push_back(loss.to(Device()).item<double>());
       if (s == 0)
         for (auto& [n, p] : lm->named_parameters()) {
@@ -514,8 +531,15 @@ TEST_CASE("EP x TP x FSDP on a 3-D mesh of 8 simulated chips equals one-device t
           const double diff = p.grad().defined() ? max_abs_diff(p.grad().to(Device()), want) : INFINITY;
           if (diff > 1e-5) bad[i] += fmt::format("step-0 gradient of {}: {}; ", n, diff);
         }
-      opt.step();
-      opt.zero_grad();
+      if (!compiled) {
+        opt.step();
+        opt.zero_grad();
+      }
+    }
+    if (compiled) {
+      const jit::Stats st = jit::stats();
+      const jit::FunctionStats* fs = st.find(fn);
+      if (!fs || fs->compiles != 1 || fs->hits != steps - 1 || fs->breaks != 0) bad[i] += "not one compile; ";
     }
     finals[i] = root->full_state_dict();
   });
@@ -537,4 +561,10 @@ TEST_CASE("EP x TP x FSDP on a 3-D mesh of 8 simulated chips equals one-device t
       CHECK(max_abs_diff(finals[size_t(r)].at(n).to(Device()), want) < 1e-4);
     }
   }
+}
+
+TEST_CASE("EP x TP x FSDP on a 3-D mesh of 8 simulated chips equals one-device training", "[.pod8]") {
+  (void)g_env;
+  SECTION("eager") { ep_sim_train_3d(false); }
+  SECTION("the whole step inside tpu::compile") { ep_sim_train_3d(true); }
 }
