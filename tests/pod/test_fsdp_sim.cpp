@@ -384,6 +384,14 @@ TEST_CASE("expert-parallel block on 2 chips: uneven, fixed-capacity and compiled
       capped_drops[{c, r}] = cd;
     }
   auto pg = dist::sim_pod_groups({world});
+  // Bad input: a negative capacity factor, the dropped count of a block that is not expert-parallel.
+  {
+    Generator g(5);
+    nn::SparseMoE odd(mc, &g);
+    CHECK_THROWS_WITH(nn::parallel::expert_parallel(odd, pg[0], {.capacity_factor = -1}),
+                      Catch::Contains("capacity_factor must be a finite value >= 0"));
+    CHECK_THROWS_WITH(nn::parallel::expert_parallel_dropped(odd), Catch::Contains("not expert-parallel"));
+  }
   std::vector<std::string> bad(static_cast<size_t>(world));
   pod_testing::on_ranks(world, [&](int r) {
     const Device chip = pod_testing::chip(r);
