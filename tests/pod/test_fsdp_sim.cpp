@@ -576,3 +576,36 @@ TEST_CASE("EP x TP x FSDP on a 3-D mesh of 8 simulated chips equals one-device t
   SECTION("eager") { ep_sim_train_3d(false); }
   SECTION("the whole step inside tpu::compile") { ep_sim_train_3d(true); }
 }
+
+TEST_CASE("capacity-factor routing inside tpu::compile (cpu and a sim chip) equals the eager naive admission",
+          "[pod][sharded]") {
+  (void)g_env;
+  pod_testing::HighestF32Precision precision;
+  nn::MoEConfig mc;
+  mc.hidden = 8;
+  mc.intermediate = 6;
+  mc.num_experts = 4;
+  mc.top_k = 2;
+  mc.capacity_factor = 0.5;  // C = ceil(0.5 * 12 / 4) = 2 slots per expert
+  for (const Device dev : {Device(), pod_testing::chip(0)}) {
+    INFO(dev.str());
+    Generator g(7);
+    nn::SparseMoE blk(mc, &g);
+    blk.to(dev);
+    blk.train();
+    const std::string name = "moe_capacity_" + dev.str();
+    auto f = compile([&](const Tensor& x) { return blk.forward(x); }, {.name = name, .fullgraph = true});
+    for (int c = 0; c < 3; ++c) {
+      const Tensor x = ep_block_input(c, 0).to(dev);
+      const Tensor eager = blk.forward(x).to(Device());  // the host loop's admission
+      CHECK(max_abs_diff(f(x).to(Device()), eager) < 1e-6);
+      blk.eval();
+      CHECK(max_abs_diff(blk.forward(x).to(Device()), eager) > 1e-3);  // slots were dropped
+      blk.train();
+    }
+    const jit::Stats st = jit::stats();
+    const jit::FunctionStats* fs = st.find(name);
+    REQUIRE(fs != nullptr);
+    CHECK(fs->compiles == 1);
+  }
+}
