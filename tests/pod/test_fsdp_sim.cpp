@@ -318,6 +318,13 @@ TEST_CASE("expert x tensor parallelism on the simulated 2x2 pod equals one-devic
 
 namespace {
 
+// How many nodes of `op` a printed graph holds ("= op(" in the text form).
+int count_op_in(const std::string& graph, const std::string& op) {
+  int n = 0;
+  for (size_t p = graph.find("= " + op + "("); p != std::string::npos; p = graph.find("= " + op + "(", p + 1)) ++n;
+  return n;
+}
+
 // Rank r's tokens [6, 8] of call `c` (other calls route differently).
 Tensor ep_block_input(int c, int r) {
   std::vector<float> v(48);
@@ -608,4 +615,62 @@ TEST_CASE("capacity-factor routing inside tpu::compile (cpu and a sim chip) equa
     REQUIRE(fs != nullptr);
     CHECK(fs->compiles == 1);
   }
+}
+
+TEST_CASE("a compiled MoE block for inference is one fused moe_ffn node equal to the eager block (cpu and sim)",
+          "[pod][sharded]") {
+  (void)g_env;
+  pod_testing::HighestF32Precision precision;
+  nn::MoEConfig mc;
+  mc.hidden = 8;
+  mc.intermediate = 6;
+  mc.num_experts = 4;
+  mc.top_k = 2;
+  for (const Device dev : {Device(), pod_testing::chip(0)}) {
+    INFO(dev.str());
+    Generator g(7);
+    nn::SparseMoE blk(mc, &g);
+    blk.to(dev);
+    blk.eval();
+    NoGradGuard ng;
+    const std::string name = "moe_fused_" + dev.str();
+    auto f = compile([&](const Tensor& x) { return blk.forward(x); }, {.name = name, .fullgraph = true});
+    for (int c = 0; c < 3; ++c) {
+      const Tensor x = ep_block_input(c, 1).to(dev);
+      CHECK(max_abs_diff(f(x).to(Device()), blk.forward(x).to(Device())) < 1e-6);
+    }
+    std::string graph;
+    for (const std::string& s : f.graphs()) graph += s;
+    INFO(graph);
+    CHECK(count_op_in(graph, "moe_ffn") == 1);
+    CHECK(count_op_in(graph, "grouped_matmul") == 0);
+    CHECK(count_op_in(graph, "moe_permute") == 0);
+    const jit::Stats st = jit::stats();
+    const jit::FunctionStats* fs = st.find(name);
+    REQUIRE(fs != nullptr);
+    CHECK(fs->compiles == 1);
+  }
+}
+
+TEST_CASE("a compiled MoE training step keeps the chain its backward reads (no fused node)", "[pod][sharded]") {
+  nn::MoEConfig mc;
+  mc.hidden = 8;
+  mc.intermediate = 6;
+  mc.num_experts = 4;
+  mc.top_k = 2;
+  Generator g(7);
+  nn::SparseMoE blk(mc, &g);
+  auto f = compile(
+      [&](const Tensor& x) {
+        Tensor loss = sum(mul(blk.forward(x), blk.forward(x)));
+        loss.backward();
+        return loss;
+      },
+      {.name = "moe_unfused_train", .fullgraph = true});
+  f(ep_block_input(0, 0));
+  std::string graph;
+  for (const std::string& s : f.graphs()) graph += s;
+  INFO(graph);
+  CHECK(count_op_in(graph, "moe_ffn") == 0);
+  CHECK(count_op_in(graph, "grouped_matmul") >= 2);
 }
