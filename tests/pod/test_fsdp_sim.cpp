@@ -12,6 +12,7 @@
 
 #include "sharded/model.h"
 #include "pod/pod_testing.h"
+#include "ops/fallback.h"
 #include "tpucore/compile.h"
 #include "tpucore/devices.h"
 #include "tpucore/models.h"
@@ -635,10 +636,18 @@ TEST_CASE("a compiled MoE block for inference is one fused moe_ffn node equal to
     NoGradGuard ng;
     const std::string name = "moe_fused_" + dev.str();
     auto f = compile([&](const Tensor& x) { return blk.forward(x); }, {.name = name, .fullgraph = true});
+    auto host_runs = [&] {  // host fallbacks of ops on this device
+      uint64_t n = 0;
+      for (const auto& fc : ops::fallback_counts())
+        if (fc.device == dev) n += fc.calls;
+      return n;
+    };
+    const uint64_t fallbacks = host_runs();
     for (int c = 0; c < 3; ++c) {
       const Tensor x = ep_block_input(c, 1).to(dev);
       CHECK(max_abs_diff(f(x).to(Device()), blk.forward(x).to(Device())) < 1e-6);
     }
+    if (dev.type == DeviceType::sim) CHECK(host_runs() == fallbacks);  // the fused node's ops ran as chip programs
     std::string graph;
     for (const std::string& s : f.graphs()) graph += s;
     INFO(graph);
