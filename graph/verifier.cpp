@@ -116,6 +116,7 @@ PassReport optimize(Graph& g, const PassOptions& o) {
     c += run("dce", [&] { return dce(g); });
     if (c == 0) break;
   }
+  if (o.fuse) run("fuse_moe", [&] { return fuse_moe(g); });
   if (o.fuse) run("fuse", [&] { return fuse(g); });
   if (o.plan) run("plan_buffers", [&] { return plan_buffers(g); });
   return rep;

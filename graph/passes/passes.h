@@ -20,6 +20,10 @@ int fold_constants(Graph& g, int64_t max_elems = 1 << 16);
 // Algebraic simplification: x*1, x+0, x-0, x/1, double permute, view of view, cast to the
 // same dtype, views and copies that change nothing.
 int simplify(Graph& g);
+// The fused mixture-of-experts layer: moe_sort -> moe_permute -> grouped_matmul -> silu-gated
+// product -> grouped_matmul -> moe_unpermute, when nothing else reads its intermediates (an
+// inference graph on the cpu or sim), becomes one moe_ffn node (fuse_moe.cpp).
+int fuse_moe(Graph& g);
 // Fusion into regions (sets Graph::regions and Node::region): elementwise chains, matmul with
 // its epilogue, rowwise reductions with their elementwise producers and consumers.
 int fuse(Graph& g);

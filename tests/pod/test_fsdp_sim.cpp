@@ -2,15 +2,19 @@
 // chips (TPU_SIM_POD=2x2, TPU_SIM_CHIP=tiny as the other pod tests), one thread per rank, the
 // model's shards in each chip's HBM. Compared with the same model trained on the host in one
 // process on the whole batch. Expert parallelism (nn::parallel::expert_parallel) of a tiny
-// Qwen3-MoE-shaped models::CausalLM over 2 and 4 chips, and EP x FSDP and EP x TP over the 2x2
-// pod, against the same model trained on the host in one process.
+// Qwen3-MoE-shaped models::CausalLM over 2 and 4 chips, EP x FSDP and EP x TP over the 2x2 pod,
+// EP and EP x FSDP with the whole step inside tpu::compile, and EP x TP x FSDP on a 3-D mesh of 8
+// chips (a 2x4 pod: its own CTest entries), against the same model trained on the host in one
+// process.
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
+#include <map>
 #include <thread>
 
 #include "sharded/model.h"
 #include "pod/pod_testing.h"
+#include "tpucore/compile.h"
 #include "tpucore/devices.h"
 #include "tpucore/models.h"
 #include "tpucore/nn/parallel/expert_parallel.h"
@@ -156,7 +160,9 @@ Tensor ep_sim_tp_part(const std::string& name, const Tensor& full, int ep_rank, 
 // tensor-parallel instead: causal_lm_plan and expert_tensor_parallel over it, its ranks sharing
 // their ep line's rows) and checks it against host training: the mean loss of every step (1e-5),
 // step-0 gradients (1e-5), final weights (1e-4).
-void ep_sim_train(int dp, int ep, bool tp = false) {
+// With `compiled`, every rank's whole step (zero_grad, forward, the group's losses, backward, the
+// gradient sync, SGD) is one tpu::compile graph, compiled once for all steps (new routings).
+void ep_sim_train(int dp, int ep, bool tp = false, bool compiled = false) {
   pod_testing::HighestF32Precision precision;
   const int world = dp * ep, steps = 2;
   const int64_t rows = tp ? kBatch / ep : kBatch / world;
@@ -212,11 +218,27 @@ void ep_sim_train(int dp, int ep, bool tp = false) {
       root = nn::parallel::fully_shard(lm, dp_g[static_cast<size_t>(r)]);
     }
     optim::SGD opt(lm->parameters(), optim::SGDOptions{0.2, 0.9});
-    for (int s = 0; s < steps; ++s) {
-      Tensor loss = ep_sim_loss(*lm, narrow(batch_tokens(s, kBatch, kSeq, 32), 0, (tp ? ep_rank : r) * rows, rows), chip,
-                                tp ? ep_g[static_cast<size_t>(r)] : pods[static_cast<size_t>(r)]);
+    const dist::ProcessGroupPtr& batch_group = tp ? ep_g[static_cast<size_t>(r)] : pods[static_cast<size_t>(r)];
+    auto train_step = [&](const Tensor& tok) {
+      opt.zero_grad();
+      Tensor loss = ep_sim_loss(*lm, tok, chip, batch_group);
       loss.backward();
       nn::parallel::sync_replicated_gradients(*lm, ep_g[static_cast<size_t>(r)]);
+      opt.step();
+      return loss;
+    };
+    const std::string fn = "ep_sim_step_" + std::to_string(world) + "_" + std::to_string(r);
+    auto step_fn = compile(train_step, {.name = fn, .fullgraph = true});
+    for (int s = 0; s < steps; ++s) {
+      Tensor tok = narrow(batch_tokens(s, kBatch, kSeq, 32), 0, (tp ? ep_rank : r) * rows, rows).contiguous().to(chip);
+      Tensor loss;
+      if (compiled) {
+        loss = step_fn(tok);
+      } else {
+        loss = ep_sim_loss(*lm, tok, chip, batch_group);
+        loss.backward();
+        nn::parallel::sync_replicated_gradients(*lm, ep_g[static_cast<size_t>(r)]);
+      }
       losses[static_cast<size_t>(r)].push_back(loss.to(Device()).item<double>());
       if (s == 0)
         for (auto& [n, p] : lm->named_parameters()) {
@@ -225,8 +247,19 @@ void ep_sim_train(int dp, int ep, bool tp = false) {
                                : INFINITY;
           if (d > 1e-5) bad[static_cast<size_t>(r)] += fmt::format("step-0 gradient of {}: {}; ", n, d);
         }
-      opt.step();
-      opt.zero_grad();
+      if (!compiled) {
+        opt.step();
+        opt.zero_grad();
+      }
+    }
+    if (compiled) {
+      const jit::Stats st = jit::stats();
+      const jit::FunctionStats* fs = st.find(fn);
+      if (!fs || fs->compiles != 1 || fs->hits != steps - 1 || fs->breaks != 0)
+        bad[static_cast<size_t>(r)] += "not one compile for all steps; ";
+      std::string graph;
+      for (const std::string& gr : step_fn.graphs()) graph += gr;
+      if (graph.find("dist_all_to_all(") == std::string::npos) bad[static_cast<size_t>(r)] += "no all-to-all node; ";
     }
     if (root) finals[static_cast<size_t>(r)] = root->full_state_dict();
     else
@@ -268,6 +301,13 @@ TEST_CASE("expert parallelism over 2 and 4 chips of the simulated pod equals one
   SECTION("4 chips, one expert each") { ep_sim_train(1, 4); }
 }
 
+TEST_CASE("expert parallelism (and EP x FSDP) inside tpu::compile on the simulated pod equals one-device training",
+          "[pod][sharded]") {
+  (void)g_env;
+  SECTION("EP over 2 chips") { ep_sim_train(1, 2, false, true); }
+  SECTION("EP x FSDP over the 2x2 pod") { ep_sim_train(2, 2, false, true); }
+}
+
 TEST_CASE("expert parallelism x fsdp on the simulated 2x2 pod equals one-device training", "[pod][sharded]") {
   (void)g_env;
   ep_sim_train(2, 2);
@@ -276,4 +316,146 @@ TEST_CASE("expert parallelism x fsdp on the simulated 2x2 pod equals one-device 
 TEST_CASE("expert x tensor parallelism on the simulated 2x2 pod equals one-device training", "[pod][sharded]") {
   (void)g_env;
   ep_sim_train(2, 2, true);  // experts over ep lines of 2 chips, attention, head and expert MLPs over tp
+}
+
+namespace {
+
+// The groups of a dp x tp x ep mesh of world = dp tp ep chips, rank (d, t, e) = (d tp + t) ep + e:
+// the ranks varying one coordinate (axis 0: d, 1: t, 2: e) with the other two fixed, and the
+// ranks varying d and e with t fixed (axis 3: the ranks holding distinct tokens).
+std::vector<dist::ProcessGroupPtr> ep_mesh_groups(const std::vector<dist::ProcessGroupPtr>& pods, int dp, int tp,
+                                                  int ep, int axis) {
+  std::vector<dist::ProcessGroupPtr> mine(pods.size());
+  const int world = dp * tp * ep;
+  std::vector<bool> done(static_cast<size_t>(world), false);
+  for (int r0 = 0; r0 < world; ++r0) {
+    if (done[size_t(r0)]) continue;
+    const int d0 = r0 / (tp * ep), t0 = (r0 / ep) % tp, e0 = r0 % ep;
+    std::vector<int> ranks;
+    for (int r = 0; r < world; ++r) {
+      const int d = r / (tp * ep), t = (r / ep) % tp, e = r % ep;
+      const bool same = axis == 0 ? (t == t0 && e == e0) : axis == 1 ? (d == d0 && e == e0)
+                        : axis == 2 ? (d == d0 && t == t0) : t == t0;
+      if (same) ranks.push_back(r);
+    }
+    auto gs = dist::sim_new_group(pods, ranks);
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      mine[size_t(ranks[i])] = gs[i];
+      done[size_t(ranks[i])] = true;
+    }
+  }
+  return mine;
+}
+
+}  // namespace
+
+// EP x TP x FSDP on 8 chips (TPU_SIM_POD=2x4; its own CTest entry, the other pod tests run on
+// 2x2): experts over ep, attention, the head and each expert's intermediate dimension over tp,
+// everything fully sharded over dp; rank (d, t, e) trains on the batch rows of (d, e), alike over
+// tp. Against host training: the mean loss of every step (1e-5), step-0 gradient shards (1e-5),
+// final weights (1e-4).
+// With `compiled`, each rank's whole step (zero_grad, forward, losses, backward, the gradient
+// sync, SGD) is one tpu::compile graph, compiled once.
+static void ep_sim_train_3d(bool compiled) {
+  pod_testing::HighestF32Precision precision;
+  const int dp = 2, tp = 2, ep = 2, world = 8, steps = 2;
+  const int64_t rows = kBatch / (dp * ep);
+  std::vector<double> ref_loss;
+  std::map<std::string, Tensor> ref_grads;
+  auto ref = ep_sim_moe_lm();
+  {
+    optim::SGD opt(ref->parameters(), optim::SGDOptions{0.2, 0.9});
+    for (int s = 0; s < steps; ++s) {
+      Tensor loss = ep_sim_loss(*ref, batch_tokens(s, kBatch, kSeq, 32), Device());
+      loss.backward();
+      ref_loss.push_back(loss.item<double>());
+      if (s == 0)
+        for (auto& [n, p] : ref->named_parameters()) ref_grads[n] = p.grad().clone();
+      opt.step();
+      opt.zero_grad();
+    }
+  }
+  auto pods = dist::sim_pod_groups({world});
+  REQUIRE(pods.size() == size_t(world));
+  const auto dp_g = ep_mesh_groups(pods, dp, tp, ep, 0), tp_g = ep_mesh_groups(pods, dp, tp, ep, 1),
+             ep_g = ep_mesh_groups(pods, dp, tp, ep, 2), tok_g = ep_mesh_groups(pods, dp, tp, ep, 3);
+  std::vector<std::vector<double>> losses(static_cast<size_t>(world));
+  std::vector<nn::StateDict> finals(static_cast<size_t>(world));
+  std::vector<std::string> bad(static_cast<size_t>(world));
+  pod_testing::on_ranks(world, [&](int r) {
+    const size_t i = size_t(r);
+    const int d = r / (tp * ep), t = (r / ep) % tp, e = r % ep;
+    const Device chip = pod_testing::chip(r);
+    auto lm = ep_sim_moe_lm();
+    lm->to(chip);
+    nn::parallel::expert_parallel(*lm, ep_g[i]);
+    nn::parallel::parallelize_module(*lm, tp_g[i], nn::parallel::causal_lm_plan(*lm));
+    for (auto& l : lm->model->layers) nn::parallel::expert_tensor_parallel(*l->moe, tp_g[i]);
+    for (auto& l : lm->model->layers) nn::parallel::fully_shard(l, dp_g[i]);
+    auto root = nn::parallel::fully_shard(lm, dp_g[i]);
+    optim::SGD opt(lm->parameters(), optim::SGDOptions{0.2, 0.9});
+    auto train_step = [&](const Tensor& tok) {
+      opt.zero_grad();
+      Tensor loss = ep_sim_loss(*lm, tok, chip, tok_g[i]);
+      loss.backward();
+      nn::parallel::sync_replicated_gradients(*lm, ep_g[i]);
+      opt.step();
+      return loss;
+    };
+    const std::string fn = "ep_sim_3d_step_" + std::to_string(r);
+    auto step_fn = compile(train_step, {.name = fn, .fullgraph = true});
+    for (int s = 0; s < steps; ++s) {
+      const Tensor tok =
+          narrow(batch_tokens(s, kBatch, kSeq, 32), 0, (d * ep + e) * rows, rows).contiguous().to(chip);
+      Tensor loss;
+      if (compiled) {
+        loss = step_fn(tok);
+      } else {
+        loss = ep_sim_loss(*lm, tok, chip, tok_g[i]);
+        loss.backward();
+        nn::parallel::sync_replicated_gradients(*lm, ep_g[i]);
+      }
+      losses[i].push_back(loss.to(Device()).item<double>());
+      if (s == 0)
+        for (auto& [n, p] : lm->named_parameters()) {
+          const Tensor want = my_rows(ep_sim_tp_part(n, ref_grads.at(n), e, ep, t, tp).contiguous(), d, dp);
+          const double diff = p.grad().defined() ? max_abs_diff(p.grad().to(Device()), want) : INFINITY;
+          if (diff > 1e-5) bad[i] += fmt::format("step-0 gradient of {}: {}; ", n, diff);
+        }
+      if (!compiled) {
+        opt.step();
+        opt.zero_grad();
+      }
+    }
+    if (compiled) {
+      const jit::Stats st = jit::stats();
+      const jit::FunctionStats* fs = st.find(fn);
+      if (!fs || fs->compiles != 1 || fs->hits != steps - 1 || fs->breaks != 0) bad[i] += "not one compile; ";
+    }
+    finals[i] = root->full_state_dict();
+  });
+  for (int r = 0; r < world; ++r) {
+    INFO("rank " << r);
+    CHECK(bad[size_t(r)] == "");
+  }
+  for (int s = 0; s < steps; ++s) {
+    double avg = 0;
+    for (int r = 0; r < world; ++r) avg += losses[size_t(r)][size_t(s)] / world;
+    INFO("step " << s);
+    CHECK(std::fabs(avg - ref_loss[size_t(s)]) < 1e-5);
+  }
+  for (auto& [n, p] : ref->named_parameters()) {
+    INFO(n);
+    for (int r = 0; r < world; ++r) {
+      REQUIRE(finals[size_t(r)].count(n));
+      const Tensor want = ep_sim_tp_part(n, p, r % ep, ep, (r / ep) % tp, tp);
+      CHECK(max_abs_diff(finals[size_t(r)].at(n).to(Device()), want) < 1e-4);
+    }
+  }
+}
+
+TEST_CASE("EP x TP x FSDP on a 3-D mesh of 8 simulated chips equals one-device training", "[.pod8]") {
+  (void)g_env;
+  SECTION("eager") { ep_sim_train_3d(false); }
+  SECTION("the whole step inside tpu::compile") { ep_sim_train_3d(true); }
 }

@@ -142,6 +142,10 @@ TEST_CASE("expert parallelism alone (the ExpertParallel style of a plan): a qwen
   require_ok(run(2, {"ep_train", "2", "1"}));
 }
 
+TEST_CASE("expert parallelism inside tpu::compile: the whole AdamW step on 2 ranks trains as in one process, one compile", "[sharded]") {
+  require_ok(run(2, {"ep_train", "2", "0", "1"}));
+}
+
 TEST_CASE("expert parallelism x tensor parallelism: experts over ep, attention and dense MLP over tp, 2x2 mesh", "[sharded]") {
   require_ok(run(4, {"ep_tp_train", "2"}));
 }

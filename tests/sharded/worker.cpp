@@ -19,7 +19,7 @@ int scenario_tp_train(int tp);
 int scenario_tp_bad();
 int scenario_tp_hub(int tp, bool sequence, bool tied, bool mla);  // worker_tp_hub.cpp
 int scenario_hooks();                                   // worker_hooks.cpp
-int scenario_ep_train(int ep, bool plan);               // worker_ep.cpp
+int scenario_ep_train(int ep, bool plan, bool compiled);  // worker_ep.cpp
 int scenario_ep_tp_train(int ep);                       // worker_ep.cpp
 }  // namespace sharded_test
 
@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
                                                  arg(5, "0") == "1");
     else if (s == "hooks") rc = scenario_hooks();
     else if (s == "ep_tp_train") rc = scenario_ep_tp_train(std::atoi(arg(2, "2").c_str()));
-    else if (s == "ep_train") rc = scenario_ep_train(std::atoi(arg(2, "2").c_str()), arg(3, "0") == "1");
+    else if (s == "ep_train") rc = scenario_ep_train(std::atoi(arg(2, "2").c_str()), arg(3, "0") == "1", arg(4, "0") == "1");
     tpu::dist::destroy_process_group();
     std::printf("rank done: %s, %d failures in %d checks\n", s.c_str(), g_failures, g_checks);
     return rc != 0 ? rc : (g_failures ? 1 : 0);

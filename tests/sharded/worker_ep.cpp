@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "model.h"
+#include "tpucore/compile.h"
 #include "tpucore/models.h"
 #include "tpucore/nn/parallel/expert_parallel.h"
 #include "tpucore/nn/parallel/fsdp.h"
@@ -186,8 +187,11 @@ int ep_tp_train_once(int ep, bool expert_tp, const EpReference& ref) {
 
 // world = dp x ep ranks; rank (dp_rank, ep_rank) trains on batch rows [r b, (r + 1) b) with r
 // its world rank and b = kBatch / world. With `plan`, the blocks are made expert-parallel by
-// parallelize_module's ExpertParallel style instead of expert_parallel on the whole model.
-int scenario_ep_train(int ep, bool plan) {
+// parallelize_module's ExpertParallel style instead of expert_parallel on the whole model. With
+// `compiled`, the whole step (zero_grad, forward, the group's losses, backward, the gradient
+// sync, AdamW) is one tpu::compile graph (the fixed-capacity exchange), compiled once: every
+// step routes other tokens without a recompile.
+int scenario_ep_train(int ep, bool plan, bool compiled) {
   const int world = dist::get_world_size(), dp = world / ep;
   const int steps = 3;
   const int64_t rows = kBatch / world;
@@ -224,12 +228,27 @@ int scenario_ep_train(int ep, bool plan) {
     root = fully_shard(lm, mesh, o);
   }
   auto opt = make_opt("adamw", lm->parameters());
-  for (int step = 0; step < steps; ++step) {
-    Tensor tok = narrow(batch_tokens(step, kBatch, kSeq, kEpVocab), 0, dist::get_rank() * rows, rows);
-    Tensor loss = ep_loss(*lm, narrow(tok, 1, 0, kSeq).contiguous(), narrow(tok, 1, 1, kSeq).contiguous(),
-                          dist::world());
+  auto train_step = [&](const Tensor& ids, const Tensor& tgt) {
+    opt->zero_grad();
+    Tensor loss = ep_loss(*lm, ids, tgt, dist::world());
     loss.backward();
     sync_replicated_gradients(*lm, mesh.group("ep"));
+    opt->step();
+    return loss;
+  };
+  const std::string fn_name = "ep_train_step_" + std::to_string(dist::get_rank());
+  auto compiled_step = compile(train_step, {.name = fn_name, .fullgraph = true});
+  for (int step = 0; step < steps; ++step) {
+    Tensor tok = narrow(batch_tokens(step, kBatch, kSeq, kEpVocab), 0, dist::get_rank() * rows, rows);
+    const Tensor ids = narrow(tok, 1, 0, kSeq).contiguous(), tgt = narrow(tok, 1, 1, kSeq).contiguous();
+    Tensor loss;
+    if (compiled) {
+      loss = compiled_step(ids, tgt);
+    } else {
+      loss = ep_loss(*lm, ids, tgt, dist::world());
+      loss.backward();
+      sync_replicated_gradients(*lm, mesh.group("ep"));
+    }
     Tensor l = loss.detach().clone();
     dist::all_reduce(l, dist::ReduceOp::avg);
     const double want = ref_losses[static_cast<size_t>(step)];
@@ -237,11 +256,24 @@ int scenario_ep_train(int ep, bool plan) {
           fmt::format("step {} loss {} vs reference {}", step, l.item<double>(), want));
     if (step == 0)
       check_step0_grads(*lm, [&](const std::string& n) { return ep_part(n, ref_grads.at(n), ep_rank, ep, dp_rank, dp); });
-    opt->step();
-    opt->zero_grad();
+    if (!compiled) {
+      opt->step();
+      opt->zero_grad();
+    }
   }
   check_final_params(final_params(root, *lm), ref_final,
                      [&](const std::string& n, const Tensor& w) { return ep_part(n, w, ep_rank, ep, 0, 1); });
+  if (compiled) {
+    const jit::Stats st = jit::stats();
+    const jit::FunctionStats* fs = st.find(fn_name);
+    check(fs != nullptr && fs->compiles == 1 && fs->hits == steps - 1 && fs->breaks == 0,
+          fmt::format("one compile for {} steps of new routings: {} compiles, {} hits, {} breaks", steps,
+                      fs ? fs->compiles : -1, fs ? fs->hits : -1, fs ? fs->breaks : -1));
+    std::string graph;
+    for (const std::string& g : compiled_step.graphs()) graph += g;
+    check(graph.find("dist_all_to_all(") != std::string::npos, "the compiled step holds the all-to-alls");
+    return 0;
+  }
   // Bad input: experts that do not split over the group.
   if (ep > 1) {
     nn::MoEConfig mc;

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "ops/registry.h"
 #include "tpucore/autograd.h"
 #include "tpucore/nn/param_init.h"
 
@@ -66,11 +67,26 @@ namespace {
 // Capacity-factor routing's mask [N, k] (1 kept, 0 dropped) of the expert ids [N, k]: each
 // expert admits its first C slots, first choices of every token (in token order) before second
 // choices, and so on.
+// The same mask from device ops with static shapes (the path of tpu::compile): the slots in
+// admission order (choice-major) one-hot by expert [kN, E], their running count per expert (a
+// prefix sum by log2(kN) shifted adds), and a slot kept when fewer than C slots of its expert
+// come before it.
+Tensor capacity_keep_traced(const Tensor& ids, int64_t num_experts, int64_t cap, const Tensor& like) {
+  const int64_t n = ids.size(0), k = ids.size(1), s = n * k;
+  const auto i32 = TensorOptions(DType::i32, ids.device());
+  const Tensor hot = tpu::to(one_hot(reshape(transpose(ids, 0, 1).contiguous(), Shape{s}), num_experts), DType::i32);
+  Tensor upto = hot;  // slots of each expert up to and including this one
+  for (int64_t d = 1; d < s; d *= 2)
+    upto = add(upto, cat({zeros(Shape{d, num_experts}, i32), narrow(upto, 0, 0, s - d)}, 0));
+  const Tensor before = sum(mul(sub(upto, hot), hot), {-1}, false, DType::i32);  // [kN]
+  const Tensor keep = reshape(transpose(reshape(lt(before, cap), Shape{k, n}), 0, 1).contiguous(), Shape{n, k});
+  return tpu::to(keep, like.dtype());
+}
+
 Tensor capacity_keep(const Tensor& ids, int64_t num_experts, double factor, const Tensor& like) {
-  TPU_CHECK(!ids.is_proxy(), "SparseMoE: capacity_factor (capacity-factor routing in training) is not supported "
-            "inside tpu::compile; train eagerly or set capacity_factor = 0 (dropless)");
   const int64_t n = ids.size(0), k = ids.size(1);
   const auto cap = static_cast<int64_t>(std::ceil(factor * static_cast<double>(n * k) / static_cast<double>(num_experts)));
+  if (ids.is_proxy() || ops::interceptor() != nullptr) return capacity_keep_traced(ids, num_experts, cap, like);
   const std::vector<int64_t> e = ids.to(Device{}).to(DType::i64).contiguous().to_vector<int64_t>();
   std::vector<int64_t> used(static_cast<size_t>(num_experts), 0);
   std::vector<float> keep(e.size(), 0.0f);

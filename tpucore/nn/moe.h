@@ -36,7 +36,8 @@ struct MoEConfig {
   /// tokens' first choices in token order, then their second choices, ...), and a slot over its
   /// expert's capacity is dropped: its routing weight becomes 0 (weights renormalized before the
   /// drop), so the token's output lacks that expert's term (the residual carries it). Evaluation
-  /// is dropless. Eager only (a tpu::Error inside tpu::compile).
+  /// is dropless. Eagerly and inside tpu::compile (there the admission is computed on the
+  /// device with static shapes, so a new routing does not recompile).
   double capacity_factor = 0;
   /// DeepSeek-V3 routing: scores sigmoid(logits) instead of the softmax; the choice adds the
   /// router's e_score_correction_bias to the scores, keeps the topk_group best of n_group expert

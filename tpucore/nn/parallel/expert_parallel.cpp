@@ -1,7 +1,9 @@
 // Expert parallelism: the dispatch and combine all-to-alls around a block's local experts.
 #include "tpucore/nn/parallel/expert_parallel.h"
 
+#include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -13,6 +15,7 @@
 #include "tpucore/autograd.h"
 #include "tpucore/nn/parallel/function.h"
 #include "tpucore/nn/parallel/tensor_parallel.h"
+#include "ops/registry.h"
 #include "tpucore/ops.h"
 
 namespace tpu::nn::parallel {
@@ -28,12 +31,19 @@ std::map<const Module*, std::weak_ptr<Module>>& ep_experts() {
   return m;
 }
 
+// A tpu::compile trace records on this thread: collectives become graph nodes.
+bool ep_tracing() { return ops::interceptor() != nullptr; }
+
+// A buffer a collective writes: `empty` makes a real tensor even while tracing (written in place
+// it would become a captured input of the graph); `zeros` is a graph node there.
+Tensor ep_buffer(const Shape& s, TensorOptions o) { return ep_tracing() ? zeros(s, o) : empty(s, o); }
+
 Tensor ep_exchange_rows(const Tensor& x, const std::vector<int64_t>& out_splits, const std::vector<int64_t>& in_splits,
                      const dist::ProcessGroupPtr& g) {
   NoGradGuard ng;
   Shape s = x.shape();
   s[0] = std::accumulate(out_splits.begin(), out_splits.end(), int64_t{0});
-  Tensor out = empty(s, TensorOptions(x.dtype(), x.device()));
+  Tensor out = ep_buffer(s, TensorOptions(x.dtype(), x.device()));
   g->all_to_all_single(out, x.detach().contiguous(), out_splits, in_splits);
   return out;
 }
@@ -44,7 +54,7 @@ Tensor ep_scale_grad(const Tensor& x, double scale) {
   Tensor ins[1] = {x}, outs[1] = {detail::fresh_alias(x)};
   attach_backward("ep_scale_grad", ins, outs, [scale](std::span<const Tensor> go, std::span<Tensor> gi) {
     gi[0] = mul(go[0], scale);
-  });
+  }, true);
   return outs[0];
 }
 
@@ -52,12 +62,111 @@ std::vector<int64_t> ep_host_i64(const Tensor& t) {
   return t.to(Device{}).to(DType::i64).contiguous().to_vector<int64_t>();
 }
 
+// The per-expert state of a block made expert-parallel: its options and the dropped-slot count
+// of its last forward.
+struct EpState {
+  std::shared_ptr<MoEExperts> experts;
+  int64_t num_experts = 0;
+  dist::ProcessGroupPtr group;
+  ExpertParallelOptions opts;
+  Tensor dropped;
+};
+std::map<const SparseMoE*, std::weak_ptr<EpState>>& ep_states() {
+  static std::map<const SparseMoE*, std::weak_ptr<EpState>> m;
+  return m;
+}
+
+// An i32 constant [rows, cols] of the host function f(i, j) on `dev`.
+template <class F>
+Tensor ep_const(int64_t rows, int64_t cols, Device dev, F f) {
+  std::vector<int32_t> v(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) v[static_cast<size_t>(i * cols + j)] = static_cast<int32_t>(f(i, j));
+  return from_vector(v, Shape{rows, cols}).to(dev);
+}
+
+// Inclusive prefix sums along the last dim of an i32 [m, k] (a sum against a triangular mask:
+// every op of it keeps the shapes static).
+Tensor ep_cumsum_rows(const Tensor& x) {
+  const int64_t k = x.size(1);
+  const Tensor tri = ep_const(k, k, x.device(), [](int64_t l, int64_t j) { return j <= l ? 1 : 0; });  // [l, j]
+  return sum(mul(unsqueeze(x, 1), unsqueeze(tri, 0)), {-1}, false, DType::i32);                       // [m, k]
+}
+
+// The fixed-capacity exchange (the path of tpu::compile, static shapes): every rank sends each
+// peer a buffer of C rows (its slots for the peer's experts, then zero padding) and the
+// per-expert counts; the receiver sorts the rows it got by local expert (the padding joins the
+// last expert's group: zero rows, whose outputs are zero and never read), runs one
+// grouped_matmul, and the reverse exchange brings the outputs back. Slots beyond C rows for a
+// peer are dropped (their output is zero); their count goes to st.dropped.
+Tensor ep_run_fixed(const Tensor& xs, const Tensor& group_sizes, EpState& st) {
+  const dist::ProcessGroupPtr& g = st.group;
+  const int n = g->size();
+  const int64_t e = st.num_experts, local = e / n, slots = xs.size(0);
+  TPU_CHECK(group_sizes.dim() == 1 && group_sizes.size(0) == e, "expert_parallel: group sizes {} for {} experts",
+            group_sizes.shape(), e);
+  int64_t cap = slots;
+  if (st.opts.capacity_factor > 0)
+    cap = std::min<int64_t>(slots, static_cast<int64_t>(std::ceil(st.opts.capacity_factor * static_cast<double>(slots) /
+                                                                   static_cast<double>(n))));
+  cap = std::max<int64_t>(cap, 1);
+  TPU_CHECK(slots > 0, "expert_parallel: a forward without tokens");
+  const Device dev = xs.device();
+  const auto i32 = TensorOptions(DType::i32, dev);
+  Tensor counts, theirs;
+  {
+    NoGradGuard ng;
+    counts = tpu::to(group_sizes.detach(), DType::i32).to(dev).contiguous();
+    theirs = ep_buffer(Shape{e}, i32);  // [source rank][local expert]
+    g->all_to_all_single(theirs, counts);
+  }
+  // The sender's side: per destination rank j, its slot count and the first of its slots.
+  const Tensor per_rank = sum(reshape(counts, Shape{n, local}), {-1}, false, DType::i32);            // [n]
+  const Tensor seg_end = reshape(ep_cumsum_rows(reshape(per_rank, Shape{1, n})), Shape{n});          // inclusive
+  const Tensor seg_start = sub(seg_end, per_rank);
+  const Tensor r_cap = reshape(arange(cap, i32), Shape{1, cap});                                     // [1, C]
+  const Tensor want = add(unsqueeze(seg_start, 1), r_cap);                                           // [n, C]
+  const Tensor sent_ok = reshape(lt(r_cap, unsqueeze(per_rank, 1)), Shape{n * cap});
+  const Tensor src_row = reshape(clamp(want, int64_t{0}, slots - 1), Shape{n * cap});
+  Tensor send = where(unsqueeze(sent_ok, 1), index_select(xs, 0, src_row), 0.0);
+  const std::vector<int64_t> blocks(static_cast<size_t>(n), cap);
+  Tensor got = all_to_all_rows(send, blocks, blocks, g);  // [n C, H]: block i from rank i
+  // The receiver's side: the local expert of every row (padding: the last one), stably sorted.
+  const Tensor cum = ep_cumsum_rows(reshape(theirs, Shape{n, local}));                               // [n, local]
+  const Tensor r3 = reshape(arange(cap, i32), Shape{1, cap, 1});
+  Tensor key = sum(ge(r3, unsqueeze(cum, 1)), {-1}, false, DType::i32);                               // [n, C]
+  key = reshape(clamp(key, int64_t{0}, local - 1), Shape{n * cap, 1});
+  const Tensor got_ok = reshape(lt(reshape(r3, Shape{1, cap}), narrow(cum, 1, local - 1, 1)), Shape{n * cap});
+  got = where(unsqueeze(got_ok, 1), got, 0.0);
+  auto [ord, sizes] = moe_sort(key, local);
+  // The local experts serve the whole group: their weight gradients are scaled by 1/n (the mean
+  // of the ranks' losses), the gradients sent back to the ranks are not.
+  const Tensor grouped = ep_scale_grad(moe_permute(got, ord, 1), static_cast<double>(n));
+  MoEExperts& experts = *st.experts;
+  const Tensor gs = group_sizes.dtype() == DType::i32 ? sizes : tpu::to(sizes, group_sizes.dtype());
+  Tensor ys = experts.call({grouped, gs}, [&](std::span<const Tensor> in) { return experts.forward(in[0], in[1]); });
+  ys = moe_unpermute(ep_scale_grad(ys, 1.0 / n), ord, Tensor(), 1);
+  if (ys.dtype() != xs.dtype()) ys = tpu::to(ys, xs.dtype());
+  const Tensor back = all_to_all_rows(ys, blocks, blocks, g);  // block j: my rows rank j ran
+  // Every slot's row in `back`: block j(s) (its expert's rank), row s - seg_start[j(s)].
+  const Tensor s_idx = arange(slots, i32);
+  Tensor j = sum(ge(unsqueeze(s_idx, 1), unsqueeze(seg_end, 0)), {-1}, false, DType::i32);          // [S]
+  j = clamp(j, int64_t{0}, int64_t{n - 1});
+  const Tensor off = sub(s_idx, index_select(seg_start, 0, j));
+  const Tensor kept = lt(off, cap);
+  const Tensor row = add(mul(j, cap), clamp(off, int64_t{0}, cap - 1));
+  Tensor out = where(unsqueeze(kept, 1), index_select(back, 0, row), 0.0);
+  {
+    NoGradGuard ng;
+    st.dropped = sum(clamp(sub(per_rank, cap), int64_t{0}, std::nullopt), {}, false, DType::i32);
+  }
+  return out;
+}
+
 // The slots of this rank, sorted by global expert (group_sizes [E]), through the group's
 // experts and back in the same order.
 Tensor ep_run_experts(const Tensor& xs, const Tensor& group_sizes, MoEExperts& experts, int64_t num_experts,
                       const dist::ProcessGroupPtr& g) {
-  TPU_CHECK(!xs.is_proxy(), "expert_parallel: expert-parallel blocks run eagerly; they are not supported inside "
-            "tpu::compile");
   const int n = g->size();
   const int64_t local = num_experts / n;
   const std::vector<int64_t> counts = ep_host_i64(group_sizes);
@@ -129,7 +238,7 @@ Tensor ep_all_reduce_sum(const Tensor& x, const dist::ProcessGroupPtr& g) {
   Tensor ins[1] = {x}, outs[1] = {run(x)};
   attach_backward("ep_all_reduce_sum", ins, outs, [run](std::span<const Tensor> go, std::span<Tensor> gi) {
     gi[0] = run(go[0]);
-  });
+  }, true);
   return outs[0];
 }
 
@@ -143,11 +252,13 @@ Tensor all_to_all_rows(const Tensor& x, const std::vector<int64_t>& out_splits, 
   attach_backward("ep_all_to_all", ins, outs,
                   [group, out_splits, in_splits](std::span<const Tensor> go, std::span<Tensor> gi) {
                     gi[0] = ep_exchange_rows(go[0], in_splits, out_splits, group);
-                  });
+                  }, true);
   return outs[0];
 }
 
-void expert_parallel(SparseMoE& moe, const dist::ProcessGroupPtr& group) {
+void expert_parallel(SparseMoE& moe, const dist::ProcessGroupPtr& group, const ExpertParallelOptions& opts) {
+  TPU_CHECK(opts.capacity_factor >= 0 && std::isfinite(opts.capacity_factor),
+            "expert_parallel: capacity_factor must be a finite value >= 0, got {}", opts.capacity_factor);
   TPU_CHECK(group != nullptr && group->is_member(), "expert_parallel: this rank is not a member of the group");
   TPU_CHECK(!moe.run_experts, "expert_parallel: the block's experts are already distributed");
   const int n = group->size();
@@ -165,8 +276,20 @@ void expert_parallel(SparseMoE& moe, const dist::ProcessGroupPtr& group) {
     std::lock_guard<std::mutex> lock(g_ep_mu);
     ep_experts()[experts.get()] = experts;
   }
-  moe.run_experts = [experts, e, group](const Tensor& xs, const Tensor& sizes) {
-    return ep_run_experts(xs, sizes, *experts, e, group);
+  auto st = std::make_shared<EpState>();
+  st->experts = experts;
+  st->num_experts = e;
+  st->group = group;
+  st->opts = opts;
+  {
+    std::lock_guard<std::mutex> lock(g_ep_mu);
+    ep_states()[&moe] = st;
+  }
+  moe.run_experts = [st](const Tensor& xs, const Tensor& sizes) {
+    if (xs.is_proxy() || ep_tracing() || st->opts.fixed_capacity || st->opts.capacity_factor > 0)
+      return ep_run_fixed(xs, sizes, *st);
+    st->dropped = Tensor();
+    return ep_run_experts(xs, sizes, *st->experts, st->num_experts, st->group);
   };
 }
 
@@ -199,15 +322,23 @@ void expert_tensor_parallel(SparseMoE& moe, const dist::ProcessGroupPtr& group) 
   ex.register_forward_hook([group](Module&, std::span<const Tensor>, Tensor& y) { y = reduce_from_tp(y, group); });
 }
 
-int expert_parallel(Module& root, const dist::ProcessGroupPtr& group) {
+Tensor expert_parallel_dropped(const SparseMoE& moe) {
+  std::lock_guard<std::mutex> lock(g_ep_mu);
+  auto it = ep_states().find(&moe);
+  auto st = it == ep_states().end() ? nullptr : it->second.lock();
+  TPU_CHECK(st != nullptr, "expert_parallel_dropped: the block is not expert-parallel");
+  return st->dropped;
+}
+
+int expert_parallel(Module& root, const dist::ProcessGroupPtr& group, const ExpertParallelOptions& opts) {
   int count = 0;
   if (auto* m = dynamic_cast<SparseMoE*>(&root)) {
-    expert_parallel(*m, group);
+    expert_parallel(*m, group, opts);
     ++count;
   }
   for (auto& [name, m] : root.named_modules())
     if (auto* s = dynamic_cast<SparseMoE*>(m.get())) {
-      expert_parallel(*s, group);
+      expert_parallel(*s, group, opts);
       ++count;
     }
   TPU_CHECK(count > 0, "expert_parallel: the {} has no mixture-of-experts (SparseMoE) blocks", root.type_name());
@@ -221,16 +352,15 @@ Tensor load_balancing_loss(const std::vector<Tensor>& router_logits, int64_t num
             "mixture-of-experts layers first)");
   TPU_CHECK(top_k >= 1 && top_k <= num_experts, "load_balancing_loss: top_k {} is outside [1, {}]", top_k, num_experts);
   for (const Tensor& l : router_logits)
-    TPU_CHECK(l.defined() && l.dim() == 2 && l.size(1) == num_experts && !l.is_proxy(),
-              "load_balancing_loss: router logits must be eager [tokens, {}] tensors, got {}", num_experts,
+    TPU_CHECK(l.defined() && l.dim() == 2 && l.size(1) == num_experts,
+              "load_balancing_loss: router logits must be [tokens, {}] tensors, got {}", num_experts,
               l.defined() ? l.shape().str() : std::string("undefined"));
   const Tensor logits = tpu::to(router_logits.size() == 1 ? router_logits[0] : cat(router_logits, 0), DType::f32);
   const Tensor p = softmax(logits, -1);
   const Device dev = logits.device();
   // The per-expert counts of the chosen slots [k, E] and the token count, summed over the group
   // in one all-reduce (constants: the choices carry no gradient).
-  Tensor counts;
-  double tokens = 0;
+  Tensor counts, tokens;
   {
     NoGradGuard ng;
     const Tensor chosen = tpu::to(one_hot(std::get<1>(topk(p, top_k)), num_experts), DType::f32);  // [N, k, E]
@@ -238,10 +368,13 @@ Tensor load_balancing_loss(const std::vector<Tensor>& router_logits, int64_t num
                          full(Shape{1}, static_cast<double>(logits.size(0)), TensorOptions(DType::f32, dev))},
                         0).contiguous();
     group->all_reduce(packed, dist::ReduceOp::sum);
-    tokens = narrow(packed, 0, top_k * num_experts, 1).to(Device{}).item<double>();
+    tokens = narrow(packed, 0, top_k * num_experts, 1);  // [1]
     counts = reshape(narrow(packed, 0, 0, top_k * num_experts), Shape{top_k, num_experts});
   }
-  TPU_CHECK(tokens > 0, "load_balancing_loss: the group routed no tokens");
+  // Inside tpu::compile every shape is known: the group's token count is checked where it is a
+  // host value.
+  if (!tokens.is_proxy() && !ep_tracing())
+    TPU_CHECK(tokens.to(Device{}).item<double>() > 0, "load_balancing_loss: the group routed no tokens");
   // The probability sums [E], summed over the group (differentiable).
   const Tensor probs = ep_all_reduce_sum(sum(p, {0}), group);
   const Tensor frac = div(counts, tokens), mean_p = reshape(div(probs, tokens), Shape{1, num_experts});

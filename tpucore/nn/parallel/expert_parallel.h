@@ -19,11 +19,24 @@
 // rank's local experts see the slots of every rank); the other parameters are replicated over
 // the group and sync_replicated_gradients averages their gradients over it (with fully_shard on
 // the other mesh axis: their shards', which the ranks of the ep group hold alike). Composes with
-// fully_shard on another mesh axis (a 2-D mesh: EP x FSDP), whose units may contain the blocks,
+// fully_shard on another mesh axis (a 2-D mesh: EP x FSDP; with tensor parallelism on a third axis, a 3-D mesh), whose units may contain the blocks,
 // and with parallelize_module's causal_lm_plan over another axis (EP x TP: attention and dense
 // MLPs split over "tp", the experts replicated over it, or split inside by expert_tensor_parallel). Runs on gloo ranks and on the sim pod
-// backend (the counts travel as i32, the regrouping on the slots' device). Eager only (not inside tpu::compile). Capacity-factor routing is applied by each rank to its
-// own tokens before the dispatch.
+// backend (the counts travel as i32, the regrouping on the slots' device). Capacity-factor
+// routing of the block (MoEConfig::capacity_factor) is applied by each rank to its own tokens
+// before the dispatch.
+//
+// Two exchanges. Eagerly (the default), the per-expert counts are read on the host and the
+// all-to-alls carry exactly the routed slots (uneven splits). Inside tpu::compile (or with
+// ExpertParallelOptions::fixed_capacity), shapes are static: every rank sends each peer a buffer
+// of C rows (its slots for the peer's experts, then zero padding) and the per-expert counts as an
+// i32 tensor (all-to-alls with equal splits); the receiver sorts the rows by local expert on the
+// device (moe_sort, the padding in the last expert's group), runs one grouped_matmul with group
+// sizes from those counts, and the reverse all-to-all brings the outputs back. Padding rows are
+// zeros, their outputs are never read and add nothing to the weight gradients. By default C is
+// the dropless worst case (all S slots of the rank; the receiver then computes n S rows), so no
+// slot is dropped and the results equal the eager exchange's; a new routing changes no shape,
+// so it never recompiles.
 #pragma once
 
 #include <cstdint>
@@ -35,14 +48,33 @@
 
 namespace tpu::nn::parallel {
 
+/// Options of expert_parallel.
+struct ExpertParallelOptions {
+  /// Use the fixed-capacity exchange (static shapes, above) eagerly too; inside tpu::compile it
+  /// is always used.
+  bool fixed_capacity = false;
+  /// 0 (the default): dropless, C = S rows per peer (S: this rank's routed slots). A positive
+  /// value (implies fixed_capacity): C = min(S, ceil(capacity_factor * S / n)) rows per peer (1.0:
+  /// a peer's share under perfectly balanced routing). Slots past the first C a rank routes to
+  /// one peer (in expert order, then token order) are dropped: their expert output is zero (the
+  /// token keeps its other experts' terms and the residual); expert_parallel_dropped counts them.
+  double capacity_factor = 0;
+};
+
 /// Shards `moe`'s experts over `group` (also parallelize_module's ExpertParallel style) (this rank must be a member; num_experts must divide by
 /// its size, else a tpu::Error) and routes its forward through the group as described above.
 /// The block's experts.gate_up_proj / experts.down_proj become this rank's experts (new leaf
 /// tensors: create optimizers afterwards). Applying it twice is a tpu::Error.
-void expert_parallel(SparseMoE& moe, const dist::ProcessGroupPtr& group);
+void expert_parallel(SparseMoE& moe, const dist::ProcessGroupPtr& group, const ExpertParallelOptions& opts = {});
 /// expert_parallel on every SparseMoE below `root` (and root itself); returns how many. A root
 /// without sparse blocks is a tpu::Error.
-int expert_parallel(Module& root, const dist::ProcessGroupPtr& group);
+int expert_parallel(Module& root, const dist::ProcessGroupPtr& group, const ExpertParallelOptions& opts = {});
+
+/// The slots this rank dropped in the last forward of an expert-parallel block (an i32 scalar
+/// tensor on the block's device; inside a compiled function, a value of its graph); undefined
+/// after an eager forward of the uneven (dropless) exchange. A block that is not expert-parallel
+/// is a tpu::Error.
+Tensor expert_parallel_dropped(const SparseMoE& moe);
 
 /// Tensor parallelism inside the experts of `moe` over `group` (the tp axis; this rank must be a
 /// member): each expert's intermediate dimension F is split in n blocks (gate and up rows
@@ -65,7 +97,7 @@ void sync_replicated_gradients(Module& root, const dist::ProcessGroupPtr& group)
 /// gradient in the logits is this rank's share, summed over the group (the probability sums'
 /// all-reduce has an all-reduce as its backward), so averaging the ranks' gradients (FSDP,
 /// sync_replicated_gradients) gives the one-process gradient. A collective: every rank calls it,
-/// and runs its backward. Eager only.
+/// and runs its backward. Eagerly and inside tpu::compile (the all-reduces become graph nodes).
 Tensor load_balancing_loss(const std::vector<Tensor>& router_logits, int64_t num_experts, int64_t top_k,
                            const dist::ProcessGroupPtr& group);
 /// The same over the router logits of the last forward of every SparseMoE below `root` (and

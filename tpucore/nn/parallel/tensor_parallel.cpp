@@ -2,6 +2,7 @@
 
 #include "tpucore/autograd.h"
 #include "tpucore/nn/parallel/function.h"
+#include "ops/registry.h"
 #include "tpucore/ops.h"
 
 namespace tpu::nn::parallel {
@@ -31,7 +32,9 @@ Tensor gathered_last(const Tensor& x, const dist::ProcessGroupPtr& g) {
   Shape s = in.shape();
   Shape os = s;
   os[0] = s[0] * n;
-  Tensor out = empty(os, TensorOptions(in.dtype(), in.device()));
+  // Inside tpu::compile a zeros node (an `empty` buffer would become a captured input).
+  Tensor out = ops::interceptor() != nullptr ? zeros(os, TensorOptions(in.dtype(), in.device()))
+                                             : empty(os, TensorOptions(in.dtype(), in.device()));
   g->all_gather_into_tensor(out, in);
   return cat(chunk(out, n, 0), -1).contiguous();
 }
@@ -68,7 +71,7 @@ Tensor copy_to_tp(const Tensor& x, const dist::ProcessGroupPtr& group) {
   const auto& g = checked(group, "copy_to_tp");
   if (g->size() == 1) return x;
   Tensor ins[1] = {x}, outs[1] = {fresh_alias(x)};
-  attach_backward("tp_copy", ins, outs, [g](std::span<const Tensor> go, std::span<Tensor> gi) { gi[0] = allreduced(go[0], g); });
+  attach_backward("tp_copy", ins, outs, [g](std::span<const Tensor> go, std::span<Tensor> gi) { gi[0] = allreduced(go[0], g); }, true);
   return outs[0];
 }
 
@@ -76,7 +79,7 @@ Tensor reduce_from_tp(const Tensor& x, const dist::ProcessGroupPtr& group) {
   const auto& g = checked(group, "reduce_from_tp");
   if (g->size() == 1) return x;
   Tensor ins[1] = {x}, outs[1] = {allreduced(x, g)};
-  attach_backward("tp_reduce", ins, outs, [](std::span<const Tensor> go, std::span<Tensor> gi) { gi[0] = go[0]; });
+  attach_backward("tp_reduce", ins, outs, [](std::span<const Tensor> go, std::span<Tensor> gi) { gi[0] = go[0]; }, true);
   return outs[0];
 }
 
@@ -87,7 +90,7 @@ Tensor gather_from_tp(const Tensor& x, const dist::ProcessGroupPtr& group) {
   Tensor ins[1] = {x}, outs[1] = {gathered_last(x, g)};
   attach_backward("tp_gather", ins, outs, [g](std::span<const Tensor> go, std::span<Tensor> gi) {
     gi[0] = my_slice_last(go[0], g, "gather_from_tp backward");
-  });
+  }, true);
   return outs[0];
 }
 
@@ -103,7 +106,7 @@ Tensor scatter_to_tp(const Tensor& x, const dist::ProcessGroupPtr& group) {
   Tensor ins[1] = {x}, outs[1] = {out};
   attach_backward("tp_scatter", ins, outs, [g](std::span<const Tensor> go, std::span<Tensor> gi) {
     gi[0] = gathered_last(go[0], g);
-  });
+  }, true);
   return outs[0];
 }
 
@@ -270,9 +273,9 @@ Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& ta
     g->all_reduce(m, dist::ReduceOp::max);
     Tensor t = target.reshape(Shape{-1}).to(DType::i64);
     Tensor lo = min(t), hi = max(t);
-    TPU_CHECK(lo.item<int64_t>() >= 0 && hi.item<int64_t>() < k * g->size(),
+    TPU_CHECK(lo.is_proxy() || (lo.item<int64_t>() >= 0 && hi.item<int64_t>() < k * g->size()),
               "vocab_parallel_cross_entropy: targets must be in [0, {}), got [{}, {}]", k * g->size(),
-              lo.item<int64_t>(), hi.item<int64_t>());
+              lo.item<int64_t>(), hi.item<int64_t>());  // checked where the targets are host values
     mine = logical_and(ge(t, Scalar(start)), lt(t, Scalar(start + k)));
     idx = unsqueeze(where(mine, sub(t, Scalar(start)), Scalar(int64_t{0})), 1);
   }

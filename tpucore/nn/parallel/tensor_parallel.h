@@ -7,7 +7,9 @@
 // attention, heads split across ranks) needs one all-reduce in forward and one in backward.
 // The layers are built from full layers (every rank builds the same full layer from the same
 // seed, or loads it) and keep only their slice. Inputs and outputs of the blocks are replicated
-// over the group. Eager only (not inside tpu::compile).
+// over the group. The four collectives (copy_to_tp, reduce_from_tp, gather_from_tp,
+// scatter_to_tp) and their backwards also trace inside tpu::compile (graph nodes); tested there
+// through causal_lm_plan and expert_tensor_parallel (tests/pod: the 3-D EP x TP x FSDP mesh).
 #pragma once
 
 #include "tpucore/dist.h"
