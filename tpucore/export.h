@@ -58,10 +58,10 @@ struct is_compiled<Compiled<F>> : std::true_type {};
 /// argument types. A graph break (reading a value inside fn) or an op without a StableHLO
 /// counterpart is a tpu::Error naming it.
 template <class F>
-  requires(!detail::is_compiled<std::decay_t<F>>::value) && std::is_invocable_v<F&, const std::vector<Tensor>&>
+  requires(!::tpu::detail::is_compiled<std::decay_t<F>>::value) && std::is_invocable_v<F&, const std::vector<Tensor>&>
 std::string export_stablehlo(F&& fn, const std::vector<Tensor>& example_inputs, const StableHloOptions& opt = {}) {
   using R = std::decay_t<std::invoke_result_t<F&, const std::vector<Tensor>&>>;
-  return detail::export_traced(
+  return ::tpu::detail::export_traced(
       [&fn](const std::vector<Tensor>& in) {
         if constexpr (std::is_same_v<R, Tensor>) return std::vector<Tensor>{fn(in)};
         else return std::vector<Tensor>(fn(in));
@@ -94,11 +94,11 @@ template <class F>
 std::string export_stablehlo(const Compiled<F>& f, const std::vector<Tensor>& example_inputs,
                              const StableHloOptions& opt = {}) {
   const F& fn = f.function();
-  return detail::export_traced(
+  return ::tpu::detail::export_traced(
       std::function<std::vector<Tensor>(const std::vector<Tensor>&)>([&fn](const std::vector<Tensor>& a) {
         std::vector<Tensor> outs;
         const bool ok = [&]<size_t... N>(std::index_sequence<N...>) {
-          return (detail::call_with_tensors<F, N + 1>(fn, a, outs) || ...);
+          return (::tpu::detail::call_with_tensors<F, N + 1>(fn, a, outs) || ...);
         }(std::make_index_sequence<8>{});
         TPU_CHECK(ok, "export_stablehlo: the compiled function does not take {} Tensor argument(s)", a.size());
         return outs;
