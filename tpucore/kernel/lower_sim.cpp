@@ -1,10 +1,9 @@
 // Lowering of kernels to the simulated chip's programs: the body runs once per grid step at
 // program-build time with a lowerer that emits instructions (the grid is unrolled statically),
 // through the same ProgramBuilder, program cache and launch path the library's own kernels use.
-// Values live in VMEM (f32, or bf16 for bf16 values); input blocks come in by DMA (ragged edges
-// filled first), the next step's blocks prefetched into a second buffer while this step
-// computes, output blocks stay resident in VMEM and go back by DMA when their block index
-// changes (two buffers per output, so a write-back overlaps the next block), scratch buffers
+// Values live in VMEM (f32, or bf16 for bf16 values); the blocks of inputs and outputs move by
+// DMA through rings of VMEM slots (lower_sim_pipeline.cpp: input copies issued steps ahead,
+// write-backs waited for when their slot is reused), scratch buffers
 // alternate between two slots so a stored value never overwrites one still in use. dot tiles
 // to the MXUs (column tiles spread over them), elementwise math runs on the VPU/EUP with
 // broadcasts as zero strides, row and column reductions on the XLU. What is not lowered (values
