@@ -312,7 +312,8 @@ sim::Program SimLowerer::build() {
   outs_.resize(no);
   scr_.resize(k_.scratch.size());
   // The ring depth of input and output blocks: as deep as depth_ allows while the buffers take
-  // at most half of VMEM (the rest for the steps' values), at least two slots.
+  // at most half of VMEM (the rest for the steps' values) and the kernel's VMEM budget, at
+  // least two slots (the budget's double buffering, checked when the kernel is validated).
   int64_t ring_bytes = 0, fixed_bytes = 0;
   auto block_bytes = [&](const BlockSpec& spec, const TensorType& t, const std::string& who) {
     return (std::max<int64_t>(1, numel_of(block_shape_of(k_, spec, t, who))) * psize(t.dtype) + 63) / 64 * 64;
@@ -323,7 +324,8 @@ sim::Program SimLowerer::build() {
     if (!is_any(k_.out_specs[i])) ring_bytes += block_bytes(k_.out_specs[i], s_.out_types[i], spec_name(k_.out_specs[i], "output", i));
   for (const ScratchSpec& sc : k_.scratch) fixed_bytes += 2 * ((numel_of(sc.shape) * psize(sc.dtype) + 63) / 64 * 64);
   if (ring_bytes > 0) {
-    const int64_t fit = (static_cast<int64_t>(cfg_.memory.vmem_bytes) / 2 - fixed_bytes) / ring_bytes;
+    const int64_t budget = k_.vmem_budget_bytes > 0 ? k_.vmem_budget_bytes : kDefaultVmemBudget;
+    const int64_t fit = (std::min(static_cast<int64_t>(cfg_.memory.vmem_bytes) / 2, budget) - fixed_bytes) / ring_bytes;
     depth_ = static_cast<int>(std::clamp<int64_t>(fit, 2, depth_));
   }
   for (size_t i = 0; i < ni; ++i) {
