@@ -182,6 +182,33 @@ TEST_CASE("kernel sim: the block pipeline hides the DMA latency of a copy kernel
   CHECK(cycles < 3 * cfg.dma.latency_cycles + static_cast<double>(steps) * (2 * transfer + 0.5 * cfg.dma.latency_cycles));
 }
 
+TEST_CASE("kernel sim: a step whose values do not fit beside deep block rings runs with two slots per block",
+          "[kernel][sim]") {
+  TinySim tiny;
+  const Device dev = tiny.dev();
+  // The tiny chip's 256 KiB of VMEM: blocks of 16 KiB (input and output) give rings of four slots
+  // (128 KiB, half of VMEM); ten values of 16 KiB per step fit only beside two slots (64 KiB).
+  auto chain = [](int adds) {
+    KernelDef k;
+    k.name = "add_chain";
+    k.grid = {4};
+    k.in_specs = {{.block_shape = {32, 128}, .index_map = [](auto g) { return Index{g[0], 0}; }}};
+    k.out_specs = k.in_specs;
+    k.body = [adds](KernelContext& c) {
+      Value v = c.in(0).load();
+      for (int i = 0; i < adds; ++i) v = v + 1.0;
+      c.out(0).store(v);
+    };
+    return k;
+  };
+  Tensor x = rnd({128, 128}, 12);
+  Tensor y = call(chain(10), {x.to(dev)}, {{Shape{128, 128}, DType::f32}})[0];
+  expect_close(y.to(Device()), add(x, 10.0), 1e-6, 0, "x + 10");
+  // Fourteen values do not fit even beside two slots: the error names the step and the VMEM bytes.
+  CHECK_THROWS_WITH(call(chain(14), {x.to(dev)}, {{Shape{128, 128}, DType::f32}}),
+                    Catch::Contains("the values of grid step [0] need more than the chip's 262144 bytes of VMEM"));
+}
+
 TEST_CASE("kernel sim: what the lowering lacks is an error naming it", "[kernel][sim][errors]") {
   TinySim tiny;
   const Device dev = tiny.dev();
