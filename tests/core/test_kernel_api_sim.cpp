@@ -9,6 +9,7 @@
 #include "examples/kernels/flash_attention.h"
 #include "examples/kernels/matmul_epilogue.h"
 #include "jit_testing.h"
+#include "sim/presets.h"
 #include "tpucore/compile.h"
 #include "tpucore/kernel.h"
 
@@ -152,6 +153,60 @@ TEST_CASE("kernel sim: flash attention runs as a chip program and matches the ch
       expect_close(o, cpu, 1e-4, 1e-4, "chip vs interpreter");
     }
   }
+}
+
+TEST_CASE("kernel sim: the block pipeline hides the DMA latency of a copy kernel's grid steps", "[kernel][sim]") {
+  TinySim tiny;
+  const Device dev = tiny.dev();
+  const sim::ChipConfig cfg = sim::preset_config("tiny");
+  const int64_t steps = 16, rows = 1, cols = 16;
+  KernelDef k;
+  k.name = "copy_blocks";
+  k.grid = {steps};
+  k.in_specs = {{.block_shape = {rows, cols}, .index_map = [](auto g) { return Index{g[0], 0}; }}};
+  k.out_specs = k.in_specs;
+  k.body = [](KernelContext& c) { c.out(0).store(c.in(0).load()); };
+  Tensor x = rnd({steps * rows, cols}, 11);
+  ChipRunProbe probe;
+  Tensor y = call(k, {x.to(dev)}, {{Shape{steps * rows, cols}, DType::f32}})[0];
+  const double cycles = probe.new_cycles();  // the kernel's program alone (before reading y back)
+  expect_close(y.to(Device()), x, 0, 0, "copy");
+  UNSCOPED_INFO("cycles " << cycles);
+  // A step that waits for its own block pays the DMA latency plus the transfer: the grid would
+  // take at least steps x (latency + transfer). Copies issued steps ahead overlap the latency:
+  // about one latency plus the transfers (in and out) of every block.
+  const double transfer = static_cast<double>(rows * cols * 4) / cfg.dma.engine_bytes_per_cycle;
+  const double serial = static_cast<double>(steps) * (cfg.dma.latency_cycles + transfer);
+  CHECK(cycles > 0);
+  CHECK(cycles < serial);
+  CHECK(cycles < 3 * cfg.dma.latency_cycles + static_cast<double>(steps) * (2 * transfer + 0.5 * cfg.dma.latency_cycles));
+}
+
+TEST_CASE("kernel sim: a step whose values do not fit beside deep block rings runs with two slots per block",
+          "[kernel][sim]") {
+  TinySim tiny;
+  const Device dev = tiny.dev();
+  // The tiny chip's 256 KiB of VMEM: blocks of 16 KiB (input and output) give rings of four slots
+  // (128 KiB, half of VMEM); ten values of 16 KiB per step fit only beside two slots (64 KiB).
+  auto chain = [](int adds) {
+    KernelDef k;
+    k.name = "add_chain";
+    k.grid = {4};
+    k.in_specs = {{.block_shape = {32, 128}, .index_map = [](auto g) { return Index{g[0], 0}; }}};
+    k.out_specs = k.in_specs;
+    k.body = [adds](KernelContext& c) {
+      Value v = c.in(0).load();
+      for (int i = 0; i < adds; ++i) v = v + 1.0;
+      c.out(0).store(v);
+    };
+    return k;
+  };
+  Tensor x = rnd({128, 128}, 12);
+  Tensor y = call(chain(10), {x.to(dev)}, {{Shape{128, 128}, DType::f32}})[0];
+  expect_close(y.to(Device()), add(x, 10.0), 1e-6, 0, "x + 10");
+  // Fourteen values do not fit even beside two slots: the error names the step and the VMEM bytes.
+  CHECK_THROWS_WITH(call(chain(14), {x.to(dev)}, {{Shape{128, 128}, DType::f32}}),
+                    Catch::Contains("the values of grid step [0] need more than the chip's 262144 bytes of VMEM"));
 }
 
 TEST_CASE("kernel sim: what the lowering lacks is an error naming it", "[kernel][sim][errors]") {

@@ -1,141 +1,21 @@
 // Lowering of kernels to the simulated chip's programs: the body runs once per grid step at
 // program-build time with a lowerer that emits instructions (the grid is unrolled statically),
 // through the same ProgramBuilder, program cache and launch path the library's own kernels use.
-// Values live in VMEM (f32, or bf16 for bf16 values); input blocks come in by DMA (ragged edges
-// filled first), the next step's blocks prefetched into a second buffer while this step
-// computes, output blocks stay resident in VMEM and go back by DMA when their block index
-// changes (two buffers per output, so a write-back overlaps the next block), scratch buffers
+// Values live in VMEM (f32, or bf16 for bf16 values); the blocks of inputs and outputs move by
+// DMA through rings of VMEM slots (lower_sim_pipeline.cpp: input copies issued steps ahead,
+// write-backs waited for when their slot is reused), scratch buffers
 // alternate between two slots so a stored value never overwrites one still in use. dot tiles
 // to the MXUs (column tiles spread over them), elementwise math runs on the VPU/EUP with
 // broadcasts as zero strides, row and column reductions on the XLU. What is not lowered (values
 // of rank above 2, i32 division and casts to i32, i32/bool operands) is a tpu::Error naming it.
-#include <algorithm>
-
-#include "codegen/launch.h"
-#include "codegen/precision.h"
-#include "codegen/sim_tensors.h"
-#include "sim/builder.h"
-#include "tpucore/core/error.h"
-#include "tpucore/kernel/lower_sim.h"
+#include "tpucore/kernel/lower_sim_impl.h"
 
 namespace tpu::kernel::detail {
-namespace {
-
-using B = sim::ProgramBuilder;
-using sim::Op;
-
-struct Dims2 {
-  int64_t rows = 1, cols = 1;
-};
-
-Dims2 dims2(const std::vector<int64_t>& s, const std::string& kernel) {
-  if (s.empty()) return {};
-  if (s.size() == 1) return {1, s[0]};
-  if (s.size() == 2) return {s[0], s[1]};
-  fail("kernel '{}': a value of shape {} (rank {}) is not lowered to the chip (ranks 0 to 2)", kernel, shape_str(s),
-       s.size());
-}
-
-sim::DType phys(DType t) { return t == DType::bf16 ? sim::DType::bf16 : t == DType::i8 ? sim::DType::i8 : sim::DType::f32; }
-int64_t psize(DType t) { return sim::dtype_size(phys(t)); }
-
-class SimLowerer final : public Lowerer {
- public:
-  SimLowerer(const KernelDef& k, KernelContext::State& s, const sim::ChipConfig& cfg)
-      : k_(k), s_(s), cfg_(cfg), b_("kernel:" + k.name), sc_(&s.scalars, &s.scalar_shapes, &k.name) {}
-
-  sim::Program build();
-
-  Value binary(BinOp op, const Value& a, const Value& b, const std::vector<int64_t>& shape, DType out) override;
-  Value unary(UnOp op, const Value& a) override;
-  Value where(const Value& c, const Value& a, const Value& b, const std::vector<int64_t>& shape) override;
-  Value cast(const Value& a, DType t) override;
-  Value reduce(RedOp op, const Value& a, int axis, const std::vector<int64_t>& shape, DType out) override;
-  Value broadcast_to(const Value& a, const std::vector<int64_t>& shape) override;
-  Value transpose(const Value& a) override;
-  Value iota(const std::vector<int64_t>& shape, int axis, DType t) override;
-  Value full(const std::vector<int64_t>& shape, double v, DType t) override;
-  Value dot(const Value& a, const Value& b, DotOptions o, int64_t m, int64_t k, int64_t n) override;
-  Value load(Ref::Kind kind, int index, double fill) override;
-  void store(Ref::Kind kind, int index, const Value& v, const Value* mask) override;
-  void copy_start(const Ref& src, const Ref& dst, int sem) override;
-  void copy_wait(const Ref& src, const Ref& dst, int sem) override;
-
- private:
-  struct InputState {
-    int64_t slot[2] = {-1, -1};
-    int cur = -1;  // the slot holding the block `index` (loaded with `fill`)
-    Index index;
-    double fill = 0;
-    Value value;
-    bool used = false;  // loaded by some step: prefetched for the next ones
-    int pend = -1;      // the slot a DMA not waited for yet writes (block pend_index)
-    Index pend_index;
-    double pend_fill = 0;
-  };
-  struct OutputState {
-    int64_t slot[2] = {-1, -1};
-    int cur = 0;
-    bool resident = false;
-    bool pending[2] = {false, false};
-    BlockPlace place;
-  };
-  struct ScratchState {
-    int64_t slot[2] = {-1, -1};
-    int cur = 0;
-    std::weak_ptr<Value::Impl> held[2];
-    Value value;
-  };
-
-  int64_t alloc_persistent(int64_t bytes, const std::string& what);
-  int64_t alloc(int64_t bytes);
-  Value make(std::vector<int64_t> shape, DType t) {
-    auto impl = std::make_shared<Value::Impl>();
-    impl->vmem = alloc(std::max<int64_t>(1, numel_of(shape)) * psize(t));
-    return Value(std::move(shape), t, std::move(impl));
-  }
-  static Value imm_value(DType t, double v) {
-    auto impl = std::make_shared<Value::Impl>();
-    impl->imm = true;
-    impl->imm_value = round_to(t, v);
-    return Value({}, t, std::move(impl));
-  }
-  // `v` as a source operand of an op over rows x cols (broadcast dims as zero strides).
-  sim::Operand src(const Value& v, Dims2 out) const;
-  static sim::Operand dst(const Value& v) {
-    return B::vmem(B::at(v.impl()->vmem), phys(v.dtype()), v.rank() == 2 ? v.shape()[1] : -1);
-  }
-  sim::Operand dst_at(int64_t addr, DType t, Dims2 d) const { return B::vmem(B::at(addr), phys(t), d.cols); }
-  [[noreturn]] void unsupported(const std::string& what) const {
-    fail("kernel '{}': {} is not lowered to the chip yet (run the kernel on the cpu, where the interpreter runs it)",
-         k_.name, what);
-  }
-  void issue_load(size_t i, int slot, const BlockPlace& p, double fill);
-  void prefetch(std::span<const int64_t> g);
-  void dma_block(bool to_hbm, int operand_reg, const BlockPlace& p, const TensorType& t, int64_t vmem, int sem,
-                 int64_t vmem_cols = -1);
-  void flush(size_t i);
-  void begin_step(std::span<const int64_t> g);
-
-  const KernelDef& k_;
-  KernelContext::State& s_;
-  const sim::ChipConfig& cfg_;
-  B b_;
-  int64_t top_ = 0, temp_base_ = 0, temp_top_ = 0;
-  std::vector<InputState> ins_;
-  std::vector<OutputState> outs_;
-  std::vector<ScratchState> scr_;
-  Scalars sc_;
-  int operand_reg(const Ref& r) const {
-    return r.kind() == Ref::Kind::input ? r.index() : static_cast<int>(s_.in_types.size()) + r.index();
-  }
-  int sem_reg(int sem) const { return static_cast<int>(s_.in_types.size() + s_.out_types.size()) + sem; }
-  // A new value of scratch i in its other slot (a value still held there moved out first).
-  int64_t next_scratch_slot(size_t i);
-};
+namespace chip_lowering {
 
 int64_t SimLowerer::alloc_persistent(int64_t bytes, const std::string& what) {
   const int64_t at = (top_ + 63) / 64 * 64;
+  vmem_short_ = at + bytes > static_cast<int64_t>(cfg_.memory.vmem_bytes);
   TPU_CHECK(at + bytes <= static_cast<int64_t>(cfg_.memory.vmem_bytes),
             "kernel '{}': {} does not fit the chip's {} bytes of VMEM on this device (its blocks need {} bytes)",
             k_.name, what, cfg_.memory.vmem_bytes, at + bytes);
@@ -145,6 +25,7 @@ int64_t SimLowerer::alloc_persistent(int64_t bytes, const std::string& what) {
 
 int64_t SimLowerer::alloc(int64_t bytes) {
   const int64_t at = (temp_top_ + 63) / 64 * 64;
+  vmem_short_ = at + bytes > static_cast<int64_t>(cfg_.memory.vmem_bytes);
   TPU_CHECK(at + bytes <= static_cast<int64_t>(cfg_.memory.vmem_bytes),
             "kernel '{}': the values of grid step {} need more than the chip's {} bytes of VMEM", k_.name,
             shape_str(s_.grid_index), cfg_.memory.vmem_bytes);
@@ -161,114 +42,6 @@ sim::Operand SimLowerer::src(const Value& v, Dims2 out) const {
   return B::vmem(B::at(v.impl()->vmem), phys(v.dtype()), rs, cs);
 }
 
-// One DMA of a block's part inside its array, between HBM (the operand's register + offset) and VMEM.
-void SimLowerer::dma_block(bool to_hbm, int operand_reg, const BlockPlace& p, const TensorType& t, int64_t vmem, int sem,
-                           int64_t vmem_cols) {
-  const int64_t es = psize(t.dtype);
-  const std::vector<int64_t> st = strides_of(t.shape);
-  int64_t off = 0;
-  for (size_t d = 0; d < p.start.size(); ++d) off += p.start[d] * st[d];
-  const size_t r = p.block.size();
-  const Dims2 bd = dims2(p.block, k_.name);
-  const int64_t vstride = (vmem_cols > 0 ? vmem_cols : bd.cols) * es;  // VMEM bytes per block row
-  int64_t vrows = 1, vcols = 1, row_stride = bd.cols;
-  if (r >= 1) {
-    const int cd = p.array_dim[r - 1];
-    TPU_CHECK(st[static_cast<size_t>(cd)] == 1, "kernel '{}': a block whose last dim is not the array's last dim is not lowered", k_.name);
-    vcols = std::min(bd.cols, t.shape[cd] - p.start[static_cast<size_t>(cd)]);
-  }
-  if (r == 2) {
-    const int rd = p.array_dim[0];
-    vrows = std::min(bd.rows, t.shape[rd] - p.start[static_cast<size_t>(rd)]);
-    row_stride = st[static_cast<size_t>(rd)];
-  }
-  const sim::DmaShape shape{.planes = 1, .rows = vrows, .row_bytes = vcols * es,
-                            .dst_plane_stride = -1, .dst_row_stride = to_hbm ? row_stride * es : vstride,
-                            .src_plane_stride = -1, .src_row_stride = to_hbm ? vstride : row_stride * es};
-  const sim::Operand h = B::hbm_at(B::at(off * es, {{static_cast<int16_t>(operand_reg), 1}}));
-  const sim::Operand v = B::vmem_at(B::at(vmem));
-  const int queue = operand_reg % std::max(1, cfg_.dma.engines);
-  if (to_hbm) b_.dma(h, v, shape, queue, sem);
-  else b_.dma(v, h, shape, queue, sem);
-}
-
-Value SimLowerer::load(Ref::Kind kind, int index, double fill) {
-  const size_t i = static_cast<size_t>(index);
-  if (kind == Ref::Kind::scratch) return scr_[i].value;
-  if (kind == Ref::Kind::output) {
-    const OutputState& o = outs_[i];
-    const TensorType& t = s_.out_types[i];
-    Value v = make(o.place.block, t.dtype);
-    const Dims2 d = dims2(o.place.block, k_.name);
-    b_.unary(Op::vmov, dst(v), dst_at(o.slot[o.cur], t.dtype, d), d.rows, d.cols);
-    return v;
-  }
-  InputState& in = ins_[i];
-  const BlockPlace& p = s_.in_place[i];
-  in.used = true;
-  if (in.cur >= 0 && in.index == p.block_index && in.fill == fill) return in.value;
-  int slot = -1;
-  if (in.pend >= 0) {  // a prefetch: this step's block, or one the body did not ask for
-    b_.wait(index);
-    if (in.pend_index == p.block_index && in.pend_fill == fill) slot = in.pend;
-    in.pend = -1;
-  }
-  if (slot < 0) {
-    slot = in.cur < 0 ? 0 : 1 - in.cur;
-    issue_load(i, slot, p, fill);
-    b_.wait(index);
-  }
-  auto impl = std::make_shared<Value::Impl>();
-  impl->vmem = in.slot[slot];
-  in.value = Value(p.block, s_.in_types[i].dtype, std::move(impl));
-  in.cur = slot;
-  in.index = p.block_index;
-  in.fill = fill;
-  return in.value;
-}
-
-// The block at `p` into input i's `slot` (filled first where it is ragged), on its semaphore.
-void SimLowerer::issue_load(size_t i, int slot, const BlockPlace& p, double fill) {
-  const TensorType& t = s_.in_types[i];
-  const int64_t at = ins_[i].slot[slot];
-  const Dims2 d = dims2(p.block, k_.name);
-  bool ragged = false;
-  for (size_t a = 0; a < p.block.size(); ++a) {
-    const int ad = p.array_dim[a];
-    ragged |= p.start[static_cast<size_t>(ad)] + p.block[a] > t.shape[ad];
-  }
-  if (ragged && t.dtype == DType::i8) unsupported("a ragged i8 block");
-  if (ragged) b_.fill(dst_at(at, t.dtype, d), static_cast<float>(round_to(t.dtype, fill)), d.rows, d.cols);
-  dma_block(false, static_cast<int>(i), p, t, at, static_cast<int>(i));
-}
-
-// After step g: the next step's blocks of the inputs the body loads, into their other slot, so
-// their DMAs overlap this step's compute (Pallas' pipelining).
-void SimLowerer::prefetch(std::span<const int64_t> g) {
-  Index next(g.begin(), g.end());
-  size_t d = next.size();
-  while (d-- > 0) {
-    if (++next[d] < k_.grid[d]) break;
-    next[d] = 0;
-  }
-  if (d == static_cast<size_t>(-1)) return;  // the last step
-  for (size_t i = 0; i < ins_.size(); ++i) {
-    InputState& in = ins_[i];
-    if (!in.used || in.cur < 0) continue;
-    BlockPlace p = place_of(k_, k_.in_specs[i], s_.in_types[i], spec_name(k_.in_specs[i], "input", i), next, &sc_);
-    if (p.block_index == in.index) continue;
-    if (in.pend >= 0) {
-      if (in.pend_index == p.block_index && in.pend_fill == in.fill) continue;
-      b_.wait(static_cast<int>(i));
-      in.pend = -1;
-    }
-    const int slot = 1 - in.cur;
-    issue_load(i, slot, p, in.fill);
-    in.pend = slot;
-    in.pend_index = p.block_index;
-    in.pend_fill = in.fill;
-  }
-}
 
 void SimLowerer::store(Ref::Kind kind, int index, const Value& v, const Value* mask) {
   const size_t i = static_cast<size_t>(index);
@@ -525,39 +298,6 @@ Value SimLowerer::dot(const Value& a0, const Value& b, DotOptions o, int64_t m, 
   return r;
 }
 
-void SimLowerer::flush(size_t i) {
-  OutputState& o = outs_[i];
-  if (!o.resident) return;
-  const int sem = static_cast<int>(s_.in_types.size() + i);
-  dma_block(true, static_cast<int>(s_.in_types.size() + i), o.place, s_.out_types[i], o.slot[o.cur], sem);
-  o.pending[o.cur] = true;
-  o.resident = false;
-}
-
-void SimLowerer::begin_step(std::span<const int64_t> g) {
-  s_.grid_index.assign(g.begin(), g.end());
-  temp_top_ = temp_base_;
-  for (size_t i = 0; i < s_.in_types.size(); ++i)
-    if (!is_any(k_.in_specs[i])) s_.in_place[i] = place_of(k_, k_.in_specs[i], s_.in_types[i], spec_name(k_.in_specs[i], "input", i), g, &sc_);
-  for (size_t i = 0; i < s_.out_types.size(); ++i) {
-    if (is_any(k_.out_specs[i])) continue;
-    BlockPlace p = place_of(k_, k_.out_specs[i], s_.out_types[i], spec_name(k_.out_specs[i], "output", i), g, &sc_);
-    OutputState& o = outs_[i];
-    if (o.resident && p.block_index == o.place.block_index) continue;
-    const bool had = o.resident;
-    flush(i);
-    if (had) o.cur = 1 - o.cur;
-    if (o.pending[o.cur]) {  // the write-back of this buffer's previous block
-      b_.wait(static_cast<int>(s_.in_types.size() + i));
-      o.pending[o.cur] = false;
-    }
-    const Dims2 d = dims2(p.block, k_.name);
-    b_.fill(dst_at(o.slot[o.cur], s_.out_types[i].dtype, d), 0.0f, d.rows, d.cols);
-    o.place = std::move(p);
-    o.resident = true;
-    s_.out_place[i] = o.place;
-  }
-}
 
 sim::Program SimLowerer::build() {
   const size_t ni = s_.in_types.size(), no = s_.out_types.size();
@@ -571,12 +311,30 @@ sim::Program SimLowerer::build() {
   ins_.resize(ni);
   outs_.resize(no);
   scr_.resize(k_.scratch.size());
+  // The ring depth of input and output blocks: as deep as depth_ allows while the buffers take
+  // at most half of VMEM (the rest for the steps' values) and the kernel's VMEM budget, at
+  // least two slots (the budget's double buffering, checked when the kernel is validated).
+  int64_t ring_bytes = 0, fixed_bytes = 0;
+  auto block_bytes = [&](const BlockSpec& spec, const TensorType& t, const std::string& who) {
+    return (std::max<int64_t>(1, numel_of(block_shape_of(k_, spec, t, who))) * psize(t.dtype) + 63) / 64 * 64;
+  };
+  for (size_t i = 0; i < ni; ++i)
+    if (!is_any(k_.in_specs[i])) ring_bytes += block_bytes(k_.in_specs[i], s_.in_types[i], spec_name(k_.in_specs[i], "input", i));
+  for (size_t i = 0; i < no; ++i)
+    if (!is_any(k_.out_specs[i])) ring_bytes += block_bytes(k_.out_specs[i], s_.out_types[i], spec_name(k_.out_specs[i], "output", i));
+  for (const ScratchSpec& sc : k_.scratch) fixed_bytes += 2 * ((numel_of(sc.shape) * psize(sc.dtype) + 63) / 64 * 64);
+  if (ring_bytes > 0) {
+    const int64_t budget = k_.vmem_budget_bytes > 0 ? k_.vmem_budget_bytes : kDefaultVmemBudget;
+    const int64_t fit = (std::min(static_cast<int64_t>(cfg_.memory.vmem_bytes) / 2, budget) - fixed_bytes) / ring_bytes;
+    depth_ = static_cast<int>(std::clamp<int64_t>(fit, 2, depth_));
+  }
   for (size_t i = 0; i < ni; ++i) {
     const std::string who = spec_name(k_.in_specs[i], "input", i);
     check_dtype(s_.in_types[i], who);
     if (is_any(k_.in_specs[i])) continue;
     const auto bs = block_shape_of(k_, k_.in_specs[i], s_.in_types[i], who);
     (void)dims2(bs, k_.name);
+    ins_[i].slot.resize(static_cast<size_t>(depth_));
     for (int64_t& slot : ins_[i].slot) slot = alloc_persistent(std::max<int64_t>(1, numel_of(bs)) * psize(s_.in_types[i].dtype), who);
   }
   for (size_t i = 0; i < no; ++i) {
@@ -585,6 +343,8 @@ sim::Program SimLowerer::build() {
     if (is_any(k_.out_specs[i])) continue;
     const auto bs = block_shape_of(k_, k_.out_specs[i], s_.out_types[i], who);
     (void)dims2(bs, k_.name);
+    outs_[i].slot.resize(static_cast<size_t>(depth_));
+    outs_[i].pending.assign(static_cast<size_t>(depth_), 0);
     for (int64_t& slot : outs_[i].slot) slot = alloc_persistent(std::max<int64_t>(1, numel_of(bs)) * psize(s_.out_types[i].dtype), who);
   }
   for (size_t i = 0; i < k_.scratch.size(); ++i) {
@@ -614,37 +374,49 @@ sim::Program SimLowerer::build() {
   });
   end_copies(s_);
   for (size_t i = 0; i < ni; ++i)
-    if (ins_[i].pend >= 0) b_.wait(static_cast<int>(i));
+    if (!ins_[i].pend.empty()) b_.wait(static_cast<int>(i), static_cast<int64_t>(ins_[i].pend.size()));
   for (size_t i = 0; i < no; ++i) {
     flush(i);
-    const int pending = int(outs_[i].pending[0]) + int(outs_[i].pending[1]);
+    const int64_t pending = std::count(outs_[i].pending.begin(), outs_[i].pending.end(), 1);
     if (pending) b_.wait(static_cast<int>(ni + i), pending);
   }
   b_.fence();
   return b_.finish();
 }
 
-}  // namespace
+}  // namespace chip_lowering
+
+using chip_lowering::SimLowerer;
+
 
 sim::Program lower_to_chip(const KernelDef& k, std::span<const TensorType> inputs, std::span<const TensorType> outputs,
                            const sim::ChipConfig& cfg, std::span<const Tensor> scalars, bool check_copies) {
-  KernelContext::State s;
-  s.def = &k;
-  s.check_copies = check_copies;
-  const size_t nsp = static_cast<size_t>(std::max(0, k.num_scalar_prefetch));
-  TPU_CHECK(scalars.size() == nsp && nsp <= inputs.size(), "kernel '{}': {} scalar-prefetch array(s) given for {}",
-            k.name, scalars.size(), k.num_scalar_prefetch);
-  read_scalars(s, scalars);
-  const Scalars sc(&s.scalars, &s.scalar_shapes, &k.name);
-  validate_with(k, inputs, outputs, &sc);
-  s.in_types.assign(inputs.begin() + static_cast<std::ptrdiff_t>(nsp), inputs.end());
-  s.out_types.assign(outputs.begin(), outputs.end());
-  s.in_place.resize(s.in_types.size());
-  s.out_place.resize(outputs.size());
-  begin_copies(s);
-  SimLowerer l(k, s, cfg);
-  s.lower = &l;
-  return l.build();
+  // Up to kDeepestInputRing slots per input block where half of VMEM holds them; two if the
+  // steps' values then do not fit.
+  constexpr int kDeepestInputRing = 6;
+  for (int depth = kDeepestInputRing;; depth = 2) {
+    KernelContext::State s;
+    s.def = &k;
+    s.check_copies = check_copies;
+    const size_t nsp = static_cast<size_t>(std::max(0, k.num_scalar_prefetch));
+    TPU_CHECK(scalars.size() == nsp && nsp <= inputs.size(), "kernel '{}': {} scalar-prefetch array(s) given for {}",
+              k.name, scalars.size(), k.num_scalar_prefetch);
+    read_scalars(s, scalars);
+    const Scalars sc(&s.scalars, &s.scalar_shapes, &k.name);
+    validate_with(k, inputs, outputs, &sc);
+    s.in_types.assign(inputs.begin() + static_cast<std::ptrdiff_t>(nsp), inputs.end());
+    s.out_types.assign(outputs.begin(), outputs.end());
+    s.in_place.resize(s.in_types.size());
+    s.out_place.resize(outputs.size());
+    begin_copies(s);
+    SimLowerer l(k, s, cfg, depth);
+    s.lower = &l;
+    try {
+      return l.build();
+    } catch (const Error&) {
+      if (depth <= 2 || !l.vmem_short()) throw;
+    }
+  }
 }
 
 }  // namespace tpu::kernel::detail

@@ -1,0 +1,144 @@
+// The chip lowerer of kernels, shared by lower_sim.cpp (operations on values, the program's
+// frame) and lower_sim_pipeline.cpp (block copies between HBM and VMEM over the grid steps).
+#pragma once
+
+#include <algorithm>
+#include <deque>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "codegen/launch.h"
+#include "codegen/precision.h"
+#include "codegen/sim_tensors.h"
+#include "sim/builder.h"
+#include "tpucore/core/error.h"
+#include "tpucore/kernel/lower_sim.h"
+
+namespace tpu::kernel::detail::chip_lowering {
+
+
+using B = sim::ProgramBuilder;
+using sim::Op;
+
+struct Dims2 {
+  int64_t rows = 1, cols = 1;
+};
+
+inline Dims2 dims2(const std::vector<int64_t>& s, const std::string& kernel) {
+  if (s.empty()) return {};
+  if (s.size() == 1) return {1, s[0]};
+  if (s.size() == 2) return {s[0], s[1]};
+  fail("kernel '{}': a value of shape {} (rank {}) is not lowered to the chip (ranks 0 to 2)", kernel, shape_str(s),
+       s.size());
+}
+
+inline sim::DType phys(DType t) { return t == DType::bf16 ? sim::DType::bf16 : t == DType::i8 ? sim::DType::i8 : sim::DType::f32; }
+inline int64_t psize(DType t) { return sim::dtype_size(phys(t)); }
+
+class SimLowerer final : public Lowerer {
+ public:
+  // depth: at most this many VMEM slots per input block (copies issued up to depth - 1 blocks ahead).
+  SimLowerer(const KernelDef& k, KernelContext::State& s, const sim::ChipConfig& cfg, int depth)
+      : k_(k), s_(s), cfg_(cfg), b_("kernel:" + k.name), sc_(&s.scalars, &s.scalar_shapes, &k.name), depth_(depth) {}
+
+  sim::Program build();
+  bool vmem_short() const { return vmem_short_; }
+
+  Value binary(BinOp op, const Value& a, const Value& b, const std::vector<int64_t>& shape, DType out) override;
+  Value unary(UnOp op, const Value& a) override;
+  Value where(const Value& c, const Value& a, const Value& b, const std::vector<int64_t>& shape) override;
+  Value cast(const Value& a, DType t) override;
+  Value reduce(RedOp op, const Value& a, int axis, const std::vector<int64_t>& shape, DType out) override;
+  Value broadcast_to(const Value& a, const std::vector<int64_t>& shape) override;
+  Value transpose(const Value& a) override;
+  Value iota(const std::vector<int64_t>& shape, int axis, DType t) override;
+  Value full(const std::vector<int64_t>& shape, double v, DType t) override;
+  Value dot(const Value& a, const Value& b, DotOptions o, int64_t m, int64_t k, int64_t n) override;
+  Value load(Ref::Kind kind, int index, double fill) override;
+  void store(Ref::Kind kind, int index, const Value& v, const Value* mask) override;
+  void copy_start(const Ref& src, const Ref& dst, int sem) override;
+  void copy_wait(const Ref& src, const Ref& dst, int sem) override;
+
+ private:
+  struct InputState {
+    struct Pending {
+      int slot;
+      Index index;
+      double fill;
+    };
+    std::vector<int64_t> slot;  // the ring of VMEM slots of this input's blocks
+    int cur = -1;               // the slot holding the block `index` (loaded with `fill`)
+    Index index;
+    double fill = 0;
+    Value value;
+    bool used = false;          // loaded by some step: prefetched for the next ones
+    std::deque<Pending> pend;   // DMAs not waited for yet (in issue order, so in completion order)
+    int next = 0;               // where the search for a free slot starts
+  };
+  struct OutputState {
+    std::vector<int64_t> slot;  // a ring of slots: a block's write-back is waited for when its slot is reused
+    int cur = 0;
+    bool resident = false;
+    std::vector<char> pending;
+    BlockPlace place;
+  };
+  struct ScratchState {
+    int64_t slot[2] = {-1, -1};
+    int cur = 0;
+    std::weak_ptr<Value::Impl> held[2];
+    Value value;
+  };
+
+  int64_t alloc_persistent(int64_t bytes, const std::string& what);
+  int64_t alloc(int64_t bytes);
+  Value make(std::vector<int64_t> shape, DType t) {
+    auto impl = std::make_shared<Value::Impl>();
+    impl->vmem = alloc(std::max<int64_t>(1, numel_of(shape)) * psize(t));
+    return Value(std::move(shape), t, std::move(impl));
+  }
+  static Value imm_value(DType t, double v) {
+    auto impl = std::make_shared<Value::Impl>();
+    impl->imm = true;
+    impl->imm_value = round_to(t, v);
+    return Value({}, t, std::move(impl));
+  }
+  // `v` as a source operand of an op over rows x cols (broadcast dims as zero strides).
+  sim::Operand src(const Value& v, Dims2 out) const;
+  static sim::Operand dst(const Value& v) {
+    return B::vmem(B::at(v.impl()->vmem), phys(v.dtype()), v.rank() == 2 ? v.shape()[1] : -1);
+  }
+  sim::Operand dst_at(int64_t addr, DType t, Dims2 d) const { return B::vmem(B::at(addr), phys(t), d.cols); }
+  [[noreturn]] void unsupported(const std::string& what) const {
+    fail("kernel '{}': {} is not lowered to the chip yet (run the kernel on the cpu, where the interpreter runs it)",
+         k_.name, what);
+  }
+  void issue_load(size_t i, int slot, const BlockPlace& p, double fill);
+  int free_input_slot(size_t i);
+  void prefetch(std::span<const int64_t> g);
+  void dma_block(bool to_hbm, int operand_reg, const BlockPlace& p, const TensorType& t, int64_t vmem, int sem,
+                 int64_t vmem_cols = -1);
+  void flush(size_t i);
+  void begin_step(std::span<const int64_t> g);
+
+  const KernelDef& k_;
+  KernelContext::State& s_;
+  const sim::ChipConfig& cfg_;
+  B b_;
+  bool vmem_short_ = false;  // an allocation did not fit VMEM (a shallower pipeline may)
+  int64_t top_ = 0, temp_base_ = 0, temp_top_ = 0;
+  std::vector<InputState> ins_;
+  std::vector<OutputState> outs_;
+  std::vector<ScratchState> scr_;
+  Scalars sc_;
+  int depth_ = 3;
+  int operand_reg(const Ref& r) const {
+    return r.kind() == Ref::Kind::input ? r.index() : static_cast<int>(s_.in_types.size()) + r.index();
+  }
+  int sem_reg(int sem) const { return static_cast<int>(s_.in_types.size() + s_.out_types.size()) + sem; }
+  // A new value of scratch i in its other slot (a value still held there moved out first).
+  int64_t next_scratch_slot(size_t i);
+};
+
+}  // namespace tpu::kernel::detail::chip_lowering
