@@ -446,6 +446,10 @@ TPU_GEMV_AVX512_BF16 void tdot_cols(int64_t K, const typename R::P* pan, const t
     const __mmask16 mask = cols >= 16 ? __mmask16(0xffff) : __mmask16((1u << cols) - 1);
     const typename R::T* w[16];
     for (int c = 0; c < 16; ++c) w[c] = B + (j + std::min(c, cols - 1)) * b_cs;
+    // Each step prefetches the same line of the next block's 16 weight rows (as gemv_cols): the
+    // hardware prefetchers start over on every row.
+    const bool pf_next = j + 16 < j1;
+    const int pf_cols = pf_next ? static_cast<int>(std::min<int64_t>(16, j1 - j - 16)) : 0;
     __m512 tot[M];
     for (int64_t s0w = 0; s0w < words; s0w += seg) {
       const int64_t s1w = std::min(words, s0w + seg);
@@ -457,6 +461,8 @@ TPU_GEMV_AVX512_BF16 void tdot_cols(int64_t K, const typename R::P* pan, const t
         __m512i r[16];
 #pragma GCC unroll 16
         for (int c = 0; c < 16; ++c) r[c] = R::tload(w[c] + p0 * R::kPer, n);
+        for (int c = 0; c < pf_cols; ++c)
+          _mm_prefetch(reinterpret_cast<const char*>(w[c] + 16 * b_cs + p0 * R::kPer), _MM_HINT_T0);
         transpose16_words(r);
         const uint32_t* aw = reinterpret_cast<const uint32_t*>(pan + p0 * 16);
         if (p0 + 16 <= s1w) {
