@@ -155,6 +155,24 @@ Tensor ep_sim_tp_part(const std::string& name, const Tensor& full, int ep_rank, 
   return narrow(full, dim, tp_rank * (full.size(dim) / tp), full.size(dim) / tp).contiguous();
 }
 
+// The host run every expert-parallel case is checked against: `steps` SGD steps of the whole
+// model on the full batch, recording each step's loss and the step-0 gradients.
+std::shared_ptr<models::CausalLM> ep_sim_host_training(int steps, std::vector<double>& loss_out,
+                                                       std::map<std::string, Tensor>& grads_out) {
+  auto ref = ep_sim_moe_lm();
+  optim::SGD opt(ref->parameters(), optim::SGDOptions{0.2, 0.9});
+  for (int s = 0; s < steps; ++s) {
+    Tensor loss = ep_sim_loss(*ref, batch_tokens(s, kBatch, kSeq, 32), Device());
+    loss.backward();
+    loss_out.push_back(loss.item<double>());
+    if (s == 0)
+      for (auto& [n, p] : ref->named_parameters()) grads_out[n] = p.grad().clone();
+    opt.step();
+    opt.zero_grad();
+  }
+  return ref;
+}
+
 // Trains the MoE model with its experts over `ep` chips (world = dp x ep chips of the pod, rank
 // r = dp_rank * ep + ep_rank, fully sharded over dp when dp > 1; with `tp`, the outer axis is
 // tensor-parallel instead: causal_lm_plan and expert_tensor_parallel over it, its ranks sharing
@@ -172,19 +190,7 @@ void ep_sim_train(int dp, int ep, bool tp = false, bool compiled = false) {
   };
   std::vector<double> ref_loss;
   std::map<std::string, Tensor> ref_grads;
-  auto ref = ep_sim_moe_lm();
-  {
-    optim::SGD opt(ref->parameters(), optim::SGDOptions{0.2, 0.9});
-    for (int s = 0; s < steps; ++s) {
-      Tensor loss = ep_sim_loss(*ref, batch_tokens(s, kBatch, kSeq, 32), Device());
-      loss.backward();
-      ref_loss.push_back(loss.item<double>());
-      if (s == 0)
-        for (auto& [n, p] : ref->named_parameters()) ref_grads[n] = p.grad().clone();
-      opt.step();
-      opt.zero_grad();
-    }
-  }
+  auto ref = ep_sim_host_training(steps, ref_loss, ref_grads);
   auto pods = dist::sim_pod_groups({world});
   std::vector<dist::ProcessGroupPtr> ep_g(static_cast<size_t>(world)), dp_g(static_cast<size_t>(world));
   for (int d = 0; d < dp; ++d) {
@@ -362,19 +368,7 @@ static void ep_sim_train_3d(bool compiled) {
   const int64_t rows = kBatch / (dp * ep);
   std::vector<double> ref_loss;
   std::map<std::string, Tensor> ref_grads;
-  auto ref = ep_sim_moe_lm();
-  {
-    optim::SGD opt(ref->parameters(), optim::SGDOptions{0.2, 0.9});
-    for (int s = 0; s < steps; ++s) {
-      Tensor loss = ep_sim_loss(*ref, batch_tokens(s, kBatch, kSeq, 32), Device());
-      loss.backward();
-      ref_loss.push_back(loss.item<double>());
-      if (s == 0)
-        for (auto& [n, p] : ref->named_parameters()) ref_grads[n] = p.grad().clone();
-      opt.step();
-      opt.zero_grad();
-    }
-  }
+  auto ref = ep_sim_host_training(steps, ref_loss, ref_grads);
   auto pods = dist::sim_pod_groups({world});
   REQUIRE(pods.size() == size_t(world));
   const auto dp_g = ep_mesh_groups(pods, dp, tp, ep, 0), tp_g = ep_mesh_groups(pods, dp, tp, ep, 1),

@@ -29,6 +29,16 @@ int count_op_in(const std::string& graph, const std::string& op) {
   return n;
 }
 
+// The block every case uses: hidden 8, 4 experts of width 6, top 2.
+nn::MoEConfig tiny_moe_block_config() {
+  nn::MoEConfig mc;
+  mc.hidden = 8;
+  mc.intermediate = 6;
+  mc.num_experts = 4;
+  mc.top_k = 2;
+  return mc;
+}
+
 // Rank r's tokens [6, 8] of call `c` (other calls route differently).
 Tensor ep_block_input(int c, int r) {
   std::vector<float> v(48);
@@ -74,11 +84,7 @@ TEST_CASE("expert-parallel block on 2 chips: uneven, fixed-capacity and compiled
           "capacity drops", "[pod][sharded]") {
   (void)g_env;
   pod_testing::HighestF32Precision precision;
-  nn::MoEConfig mc;
-  mc.hidden = 8;
-  mc.intermediate = 6;
-  mc.num_experts = 4;
-  mc.top_k = 2;
+  nn::MoEConfig mc = tiny_moe_block_config();
   Generator g0(5);
   nn::SparseMoE ref(mc, &g0);
   const int world = 2, calls = 3;
@@ -151,11 +157,7 @@ TEST_CASE("capacity-factor routing inside tpu::compile (cpu and a sim chip) equa
           "[pod][sharded]") {
   (void)g_env;
   pod_testing::HighestF32Precision precision;
-  nn::MoEConfig mc;
-  mc.hidden = 8;
-  mc.intermediate = 6;
-  mc.num_experts = 4;
-  mc.top_k = 2;
+  nn::MoEConfig mc = tiny_moe_block_config();
   mc.capacity_factor = 0.5;  // C = ceil(0.5 * 12 / 4) = 2 slots per expert
   for (const Device dev : {Device(), pod_testing::chip(0)}) {
     INFO(dev.str());
@@ -184,11 +186,7 @@ TEST_CASE("a compiled MoE block for inference is one fused moe_ffn node equal to
           "[pod][sharded]") {
   (void)g_env;
   pod_testing::HighestF32Precision precision;
-  nn::MoEConfig mc;
-  mc.hidden = 8;
-  mc.intermediate = 6;
-  mc.num_experts = 4;
-  mc.top_k = 2;
+  nn::MoEConfig mc = tiny_moe_block_config();
   for (const Device dev : {Device(), pod_testing::chip(0)}) {
     INFO(dev.str());
     Generator g(7);
@@ -224,11 +222,7 @@ TEST_CASE("a compiled MoE block for inference is one fused moe_ffn node equal to
 }
 
 TEST_CASE("a compiled MoE training step keeps the chain its backward reads (no fused node)", "[pod][sharded]") {
-  nn::MoEConfig mc;
-  mc.hidden = 8;
-  mc.intermediate = 6;
-  mc.num_experts = 4;
-  mc.top_k = 2;
+  nn::MoEConfig mc = tiny_moe_block_config();
   Generator g(7);
   nn::SparseMoE blk(mc, &g);
   auto f = compile(

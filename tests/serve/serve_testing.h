@@ -3,6 +3,7 @@
 // client that reads server-sent events.
 #pragma once
 
+#include <catch2/catch.hpp>
 #include <httplib.h>
 
 #include <nlohmann/json.hpp>
@@ -16,9 +17,31 @@
 #include "server.h"
 #include "tpucore/chat_template.h"
 #include "tpucore/models.h"
+#include "tpucore/serve/engine.h"
 #include "tpucore/tokenizer.h"
 
 namespace tpu::testing::serve {
+
+// Runs `prompts` through an engine at once (greedy, n new tokens each, at most `max_steps` engine
+// steps); the tokens per prompt.
+inline std::vector<std::vector<int64_t>> engine_greedy_tokens(tpu::serve::Engine& e,
+                                                              const std::vector<std::vector<int64_t>>& prompts,
+                                                              int64_t n, int max_steps = 400) {
+  std::vector<std::vector<int64_t>> out(prompts.size());
+  models::GenerationConfig g;
+  g.max_new_tokens = n;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    tpu::serve::RequestCallbacks cb;
+    cb.on_token = [&out, i](int64_t t) {
+      out[i].push_back(t);
+      return true;
+    };
+    e.add_request(prompts[i], tpu::serve::SamplingParams::from_generation_config(g), cb);
+  }
+  for (int i = 0; i < max_steps && e.has_work(); ++i) e.step();
+  REQUIRE_FALSE(e.has_work());
+  return out;
+}
 
 // A byte-level tokenizer: ids 0..255 are the bytes, 256 is the special <|endoftext|>.
 inline void write_byte_tokenizer(const std::filesystem::path& path) {

@@ -170,24 +170,6 @@ std::filesystem::path write_deepseek_dir(uint32_t seed) {
   return dir;
 }
 
-// Runs `prompts` through an engine at once (greedy, n new tokens each); the tokens per prompt.
-std::vector<std::vector<int64_t>> ds_engine_tokens(serve::Engine& e, const std::vector<std::vector<int64_t>>& prompts,
-                                                   int64_t n) {
-  std::vector<std::vector<int64_t>> out(prompts.size());
-  models::GenerationConfig g;
-  g.max_new_tokens = n;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    serve::RequestCallbacks cb;
-    cb.on_token = [&out, i](int64_t t) {
-      out[i].push_back(t);
-      return true;
-    };
-    e.add_request(prompts[i], serve::SamplingParams::from_generation_config(g), cb);
-  }
-  for (int i = 0; i < 400 && e.has_work(); ++i) e.step();
-  REQUIRE_FALSE(e.has_work());
-  return out;
-}
 
 std::vector<std::vector<int64_t>> ds_generate_each(models::CausalLM& m, const std::vector<std::vector<int64_t>>& prompts,
                                                    int64_t n) {
@@ -219,8 +201,8 @@ TEST_CASE("serve engine: DeepSeek-V3 (MLA latent pages) equals generate(), eager
     ec.compile = compiled;
     ec.compile_name = "test_serve_deepseek_cpu";
     serve::Engine e(m, ec);
-    CHECK(ds_engine_tokens(e, {prompts[0], prompts[1], prompts[2]}, 6) == std::vector{want[0], want[1], want[2]});
-    CHECK(ds_engine_tokens(e, {prompts[3]}, 6)[0] == want[3]);  // its first two blocks come from the prefix cache
+    CHECK(engine_greedy_tokens(e, {prompts[0], prompts[1], prompts[2]}, 6) == std::vector{want[0], want[1], want[2]});
+    CHECK(engine_greedy_tokens(e, {prompts[3]}, 6)[0] == want[3]);  // its first two blocks come from the prefix cache
     const serve::EngineMetrics mt = e.metrics();
     CHECK(mt.prefix_cache_hit_tokens >= 8);
     // The latent only: layers * (kv_lora_rank + qk_rope_head_dim) f32 values per token.
@@ -252,7 +234,7 @@ TEST_CASE("serve engine: DeepSeek-V3 with the model on the tiny simulated chip e
     const testing::ChipRunProbe probe;
     std::map<std::string, uint64_t> before;
     for (const auto& f : ops::fallback_counts()) before[f.op] += f.calls;
-    CHECK(ds_engine_tokens(e, prompts, 4) == want);
+    CHECK(engine_greedy_tokens(e, prompts, 4) == want);
     CHECK(probe.new_runs() > 0);
     // Attention and the latent projections run as chip programs; the only host fallbacks are
     // the sigmoid group-limited router's ops (as in generate()).

@@ -310,19 +310,9 @@ TEST_CASE("speculative decoding with the model on sim (tiny chip) equals cpu gen
   ec.speculative_tokens = 3;
   serve::Engine e(on_chip, ec);
   const std::vector<V> prompts{{5, 6, 7, 5, 6, 7, 5, 6}, {1, 2, 1, 2, 1}, {9, 30, 4}};
+  const std::vector<V> out = testing::serve::engine_greedy_tokens(e, prompts, 12, 200);
   models::GenerationConfig g;
   g.max_new_tokens = 12;
-  std::vector<V> out(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    serve::RequestCallbacks cb;
-    cb.on_token = [&out, i](int64_t t) {
-      out[i].push_back(t);
-      return true;
-    };
-    e.add_request(prompts[i], serve::SamplingParams::from_generation_config(g), cb);
-  }
-  for (int i = 0; i < 200 && e.has_work(); ++i) e.step();
-  REQUIRE_FALSE(e.has_work());
   for (size_t i = 0; i < prompts.size(); ++i) {
     INFO("request " << i);
     CHECK(out[i] == models::generate(*cpu, {prompts[i]}, g)[0]);
