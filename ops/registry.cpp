@@ -21,7 +21,11 @@ struct Registry {
   std::unordered_map<std::string, BackwardDef> pending_backward;
   std::unordered_map<std::string, void*> pending_lowering;
   std::unordered_map<std::string, std::vector<std::pair<DeviceType, KernelFn>>> pending_kernels;
+  std::array<KernelFn, kNumDeviceTypes> generic_kernels{};  // register_generic_kernel
 };
+
+// Whether a backend's generic kernel covers the op (register_generic_kernel).
+bool takes_generic_kernel(const OpDef& d) { return d.cpu != nullptr && !d.has(kView); }
 Registry& registry() {
   static Registry* r = new Registry();
   return *r;
@@ -87,6 +91,9 @@ const OpDef& define(OpDef def) {
     for (const auto& [device, fn] : p->second) d->kernels[static_cast<int>(device)] = fn;
     r.pending_kernels.erase(p);
   }
+  if (takes_generic_kernel(*d))
+    for (size_t t = 0; t < r.generic_kernels.size(); ++t)
+      if (r.generic_kernels[t] && !d->kernels[t]) d->kernels[t] = r.generic_kernels[t];
   r.by_name.emplace(d->name, d);
   return *d;
 }
@@ -123,6 +130,14 @@ void register_kernel(std::string_view op, DeviceType device, KernelFn fn) {
   auto it = r.by_name.find(std::string(op));
   if (it == r.by_name.end()) r.pending_kernels[std::string(op)].emplace_back(device, fn);
   else it->second->kernels[static_cast<int>(device)] = fn;
+}
+
+void register_generic_kernel(DeviceType device, KernelFn fn) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  r.generic_kernels[static_cast<int>(device)] = fn;
+  for (OpDef& d : r.defs)
+    if (takes_generic_kernel(d)) d.kernels[static_cast<int>(device)] = fn;
 }
 
 void set_lowering(std::string_view op, void* rule) {

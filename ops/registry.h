@@ -105,6 +105,10 @@ const OpDef* find_op(std::string_view name);
 std::vector<const OpDef*> all_ops();
 // Lets a backend install its kernel for an op.
 void register_kernel(std::string_view op, DeviceType device, KernelFn fn);
+// Lets a backend run every op that has a cpu kernel (views excepted) through one kernel of its
+// own (pjrt: each op exported as StableHLO and compiled by the plugin): installed on the ops
+// defined now, and on every such op defined later that registered no kernel of its own there.
+void register_generic_kernel(DeviceType device, KernelFn fn);
 // Registrations (kernels, lowerings, backward formulas) made for op names that no define() has
 // matched: registration may run before the op's definition during static initialization, so it
 // is kept until then; once the program runs, a name left here is a misspelt or removed op.

@@ -164,11 +164,6 @@ Op register_op(OpSpec spec) {
     const Params p = decode(attrs);
     return std::vector<std::pair<std::string, int64_t>>(p.begin(), p.end());
   });
-  // A device whose backend gives every op one generic kernel (pjrt: the op exported as StableHLO
-  // and compiled by the plugin) installs it when the backend starts; an op registered after that
-  // takes the same kernel, found on any op of the library.
-  if (const ops::OpDef* ref = ops::find_op("add"))
-    if (ops::KernelFn k = ref->kernels[static_cast<int>(DeviceType::pjrt)]) ops::register_kernel(name, DeviceType::pjrt, k);
   if (differentiable) ops::set_backward(name, ops::BackwardDef{.fn = &kernel_backward, .save_inputs = ~0u, .save_outputs = ~0u});
   return Op(name);
 }

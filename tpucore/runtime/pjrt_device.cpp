@@ -368,8 +368,7 @@ void register_kernels_once() {
   static std::once_flag once;
   std::call_once(once, [] {
     jit::detail::set_graph_compiler(DeviceType::pjrt, &compile_graph);
-    for (const ops::OpDef* op : ops::all_ops())
-      if (op->cpu && !op->has(ops::kView)) ops::register_kernel(op->name, DeviceType::pjrt, &pjrt_kernel);
+    ops::register_generic_kernel(DeviceType::pjrt, &pjrt_kernel);  // ops defined later too (user kernels)
   });
 }
 
