@@ -15,12 +15,13 @@
 #include "tpucore/autograd.h"
 #include "tpucore/nn/parallel/function.h"
 #include "tpucore/nn/parallel/tensor_parallel.h"
-#include "ops/registry.h"
 #include "tpucore/ops.h"
 
 namespace tpu::nn::parallel {
 
 using detail::attach_backward;
+using detail::collective_buffer;
+using detail::recording;
 
 namespace {
 
@@ -31,19 +32,13 @@ std::map<const Module*, std::weak_ptr<Module>>& ep_experts() {
   return m;
 }
 
-// A tpu::compile trace records on this thread: collectives become graph nodes.
-bool ep_tracing() { return ops::interceptor() != nullptr; }
-
-// A buffer a collective writes: `empty` makes a real tensor even while tracing (written in place
-// it would become a captured input of the graph); `zeros` is a graph node there.
-Tensor ep_buffer(const Shape& s, TensorOptions o) { return ep_tracing() ? zeros(s, o) : empty(s, o); }
 
 Tensor ep_exchange_rows(const Tensor& x, const std::vector<int64_t>& out_splits, const std::vector<int64_t>& in_splits,
                      const dist::ProcessGroupPtr& g) {
   NoGradGuard ng;
   Shape s = x.shape();
   s[0] = std::accumulate(out_splits.begin(), out_splits.end(), int64_t{0});
-  Tensor out = ep_buffer(s, TensorOptions(x.dtype(), x.device()));
+  Tensor out = collective_buffer(s, TensorOptions(x.dtype(), x.device()));
   g->all_to_all_single(out, x.detach().contiguous(), out_splits, in_splits);
   return out;
 }
@@ -117,7 +112,7 @@ Tensor ep_run_fixed(const Tensor& xs, const Tensor& group_sizes, EpState& st) {
   {
     NoGradGuard ng;
     counts = tpu::to(group_sizes.detach(), DType::i32).to(dev).contiguous();
-    theirs = ep_buffer(Shape{e}, i32);  // [source rank][local expert]
+    theirs = collective_buffer(Shape{e}, i32);  // [source rank][local expert]
     g->all_to_all_single(theirs, counts);
   }
   // The sender's side: per destination rank j, its slot count and the first of its slots.
@@ -286,7 +281,7 @@ void expert_parallel(SparseMoE& moe, const dist::ProcessGroupPtr& group, const E
     ep_states()[&moe] = st;
   }
   moe.run_experts = [st](const Tensor& xs, const Tensor& sizes) {
-    if (xs.is_proxy() || ep_tracing() || st->opts.fixed_capacity || st->opts.capacity_factor > 0)
+    if (xs.is_proxy() || recording() || st->opts.fixed_capacity || st->opts.capacity_factor > 0)
       return ep_run_fixed(xs, sizes, *st);
     st->dropped = Tensor();
     return ep_run_experts(xs, sizes, *st->experts, st->num_experts, st->group);
@@ -373,7 +368,7 @@ Tensor load_balancing_loss(const std::vector<Tensor>& router_logits, int64_t num
   }
   // Inside tpu::compile every shape is known: the group's token count is checked where it is a
   // host value.
-  if (!tokens.is_proxy() && !ep_tracing())
+  if (!tokens.is_proxy() && !recording())
     TPU_CHECK(tokens.to(Device{}).item<double>() > 0, "load_balancing_loss: the group routed no tokens");
   // The probability sums [E], summed over the group (differentiable).
   const Tensor probs = ep_all_reduce_sum(sum(p, {0}), group);

@@ -11,7 +11,6 @@
 #include "tpucore/nn/parallel/fsdp_internal.h"
 #include "tpucore/nn/parallel/function.h"
 #include "tpucore/ops.h"
-#include "ops/registry.h"
 
 namespace tpu::nn::parallel {
 namespace detail {
@@ -29,14 +28,6 @@ void release_memory(const Tensor& t) { free_memory(*t.storage()); }
 void adopt_memory(const Tensor& t) { refill_memory(*t.storage(), t.nbytes()); }
 
 Tensor flat_view(const Tensor& t) { return reshape(t, Shape{t.numel()}); }
-
-// A tpu::compile trace records on this thread: the gathers and reduce-scatters become graph
-// nodes, the gathered parameters are values of the graph (no memory to free or refill here).
-bool tracing() { return ops::interceptor() != nullptr; }
-
-// A buffer the code below fills: `empty` makes a real tensor even while tracing (written in
-// place, it would become a captured input of the graph); `zeros` is a graph node there.
-Tensor new_buffer(const Shape& shape, TensorOptions o) { return tracing() ? zeros(shape, o) : empty(shape, o); }
 
 }  // namespace
 
@@ -76,7 +67,7 @@ struct Instance {
       unit->fill(g, full);
       for (size_t i = 0; i < full.size(); ++i) full[i].storage()->version = versions[i];
     }
-    if (unit->opts.prefetch && !tracing() && pos >= 1 && pos - 1 < R.now.size())
+    if (unit->opts.prefetch && !recording() && pos >= 1 && pos - 1 < R.now.size())
       if (auto prev = R.now[pos - 1].lock(); prev && prev->param_state == ParamState::resharded) prev->unit->start_gather();
   }
   void post_backward(std::span<const Tensor> grads) {
@@ -93,7 +84,7 @@ struct Instance {
             dst.copy_(narrow(g, 0, r * p.chunk * p.row_numel, n * p.row_numel));
           }
       }
-      Tensor out = new_buffer(Shape{u.flat}, TensorOptions(u.reduce_dtype, u.device));
+      Tensor out = collective_buffer(Shape{u.flat}, TensorOptions(u.reduce_dtype, u.device));
       dist::Work w = u.pg->reduce_scatter_tensor_async(out, in, dist::ReduceOp::avg);
       u.root->pending.push_back(PendingReduce{unit, w, in, out});
     }
@@ -120,7 +111,7 @@ Tensor Unit::pack_shards(DType dtype) const {
 void Unit::start_gather() {
   if (gather == GatherState::in_flight) return;
   gather_in = pack_shards(compute_dtype);
-  gather_out = new_buffer(Shape{world * flat}, TensorOptions(compute_dtype, device));
+  gather_out = collective_buffer(Shape{world * flat}, TensorOptions(compute_dtype, device));
   gather_work = pg->all_gather_into_tensor_async(gather_out, gather_in);
   gather = GatherState::in_flight;
 }
@@ -177,7 +168,7 @@ void Unit::pre_forward() {
   inst->unit = shared_from_this();
   inst->pos = pos;
   R.now.push_back(inst);
-  const bool traced = tracing();
+  const bool traced = recording();
   Tensor gathered = finish_gather();
   if (opts.prefetch && !traced && pos + 1 < R.order.size())
     if (auto next = R.order[pos + 1].lock(); next && next.get() != this) next->start_gather();
@@ -233,7 +224,7 @@ void Unit::post_forward(Tensor& y) {
   if (inst->grad_state != GradState::pending || !y.requires_grad()) return;
   // Traced: the graph keeps the gathered values until their last backward reader (its buffer
   // planner frees them), so there is nothing to release and regather.
-  if (!is_root && opts.reshard_after_forward && !tracing()) inst->release();
+  if (!is_root && opts.reshard_after_forward && !recording()) inst->release();
   std::weak_ptr<Instance> weak = inst;
   Tensor out = fresh_alias(y);
   Tensor ins[1] = {y}, outs[1] = {out};

@@ -7,6 +7,8 @@
 
 #include "tpucore/autograd.h"
 #include "tpucore/autograd/node.h"
+#include "ops/registry.h"
+#include "tpucore/ops.h"
 
 namespace tpu::nn::parallel::detail {
 namespace {
@@ -77,5 +79,9 @@ void attach_backward(const char* name, std::span<const Tensor> inputs, std::span
   node->saved_any = true;  // a second backward without retain_graph is an error, as for ops
   node->custom = [f = std::move(fn)](const ops::BackwardArgs& a, std::span<Tensor> gin) { f(a.grad_outputs, gin); };
 }
+
+bool recording() { return ops::interceptor() != nullptr; }
+
+Tensor collective_buffer(const Shape& shape, TensorOptions o) { return recording() ? zeros(shape, o) : empty(shape, o); }
 
 }  // namespace tpu::nn::parallel::detail

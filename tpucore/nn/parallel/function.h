@@ -25,4 +25,11 @@ void attach_backward(const char* name, std::span<const Tensor> inputs, std::span
 // A new tensor handle on t's data without history (the output of an identity function).
 Tensor fresh_alias(const Tensor& t);
 
+// True while this thread records ops (a tpu::compile trace): collectives become graph nodes.
+bool recording();
+
+// A buffer a collective writes: `empty` eagerly; while recording a `zeros` node (an `empty`
+// tensor is real even then, and written in place it would become a captured input of the graph).
+Tensor collective_buffer(const Shape& shape, TensorOptions o);
+
 }  // namespace tpu::nn::parallel::detail

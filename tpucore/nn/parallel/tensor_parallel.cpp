@@ -2,7 +2,6 @@
 
 #include "tpucore/autograd.h"
 #include "tpucore/nn/parallel/function.h"
-#include "ops/registry.h"
 #include "tpucore/ops.h"
 
 namespace tpu::nn::parallel {
@@ -32,9 +31,7 @@ Tensor gathered_last(const Tensor& x, const dist::ProcessGroupPtr& g) {
   Shape s = in.shape();
   Shape os = s;
   os[0] = s[0] * n;
-  // Inside tpu::compile a zeros node (an `empty` buffer would become a captured input).
-  Tensor out = ops::interceptor() != nullptr ? zeros(os, TensorOptions(in.dtype(), in.device()))
-                                             : empty(os, TensorOptions(in.dtype(), in.device()));
+  Tensor out = detail::collective_buffer(os, TensorOptions(in.dtype(), in.device()));
   g->all_gather_into_tensor(out, in);
   return cat(chunk(out, n, 0), -1).contiguous();
 }
