@@ -17,6 +17,7 @@
 
 #include "ops/cpu/kernels/gemv.h"
 #include "ops/cpu/kernels/scratch.h"
+#include "ops/cpu/kernels/simd.h"
 #include "tpucore/core/parallel.h"
 
 #define TPU_GEMV_AVX2 __attribute__((target("avx2,fma")))
@@ -35,11 +36,6 @@ TPU_GEMV_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 TPU_GEMV_AVX2 inline __m256 load8(const uint16_t* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-TPU_GEMV_AVX2 inline float hsum(__m256 v) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
 }
 
 // ---- Dot products (one or two rows). ----
@@ -61,7 +57,7 @@ TPU_GEMV_AVX2 void dot_cols(int64_t M, int64_t K, const T* A, int64_t a_rs, cons
         s2 = _mm256_fmadd_ps(x, load8(w[2] + k), s2);
         s3 = _mm256_fmadd_ps(x, load8(w[3] + k), s3);
       }
-      float v[4] = {hsum(s0), hsum(s1), hsum(s2), hsum(s3)};
+      float v[4] = {hsum256(s0), hsum256(s1), hsum256(s2), hsum256(s3)};
       for (int64_t k = k8; k < K; ++k)
         for (int c = 0; c < 4; ++c) v[c] += f32_of(a[k]) * f32_of(w[c][k]);
       float* out = C + i * ldc + j;

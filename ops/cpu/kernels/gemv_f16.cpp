@@ -22,6 +22,7 @@
 #include "ops/cpu/kernels/gemm.h"
 #include "ops/cpu/kernels/gemv.h"
 #include "ops/cpu/kernels/scratch.h"
+#include "ops/cpu/kernels/simd.h"
 #include "tpucore/core/batch_invariant.h"
 #include "tpucore/core/cpu_features.h"
 #include "tpucore/core/half.h"
@@ -131,13 +132,6 @@ TPU_F16_AVX512 void tile_avx512(int64_t K, const float* a, int64_t lda, const ui
 
 // ---- AVX2 + F16C: tiles of up to 2 rows (8 accumulators, 4 weight and 2 row registers). ----
 
-TPU_F16_AVX2 inline float hsum_avx2(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 // One step of 8 values along K: acc[r][c] += x[r] * w[c].
 template <int RB>
 TPU_F16_AVX2 inline void step_avx2(__m256 (&acc)[RB][kF16Cols], const uint16_t* const* wp, const float* const* xp) {
@@ -185,7 +179,7 @@ TPU_F16_AVX2 void tile_avx2(int64_t K, const float* a, int64_t lda, const uint16
   for (int r = 0; r < RB; ++r) {
     float* out = C + r * ldc;
     for (int c = 0; c < cols; ++c) {
-      const float v = hsum_avx2(acc[r][c]);
+      const float v = hsum256(acc[r][c]);
       out[c] = accumulate ? out[c] + v : v;
     }
   }

@@ -15,6 +15,7 @@
 
 #include "ops/cpu/kernels/gemm.h"
 #include "ops/cpu/kernels/gemv.h"
+#include "ops/cpu/kernels/simd.h"
 #include "tpucore/core/batch_invariant.h"
 #include "tpucore/core/float8.h"
 
@@ -82,13 +83,6 @@ TPU_INT4_AVX512 void q4_group_avx512(int64_t K, int64_t group, const float* A, i
     for (int c = 0; c < cols; ++c) C[r * ldc + c] = _mm512_reduce_add_ps(acc[r][c]);
 }
 
-TPU_INT4_AVX2 inline float q4_hsum256(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 template <int R>
 TPU_INT4_AVX2 void q4_group_avx2(int64_t K, int64_t group, const float* A, int64_t lda, const Q4Block& blk, int cols,
                                  float* C, int64_t ldc) {
@@ -120,7 +114,7 @@ TPU_INT4_AVX2 void q4_group_avx2(int64_t K, int64_t group, const float* A, int64
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < cols; ++c) C[r * ldc + c] = q4_hsum256(acc[r][c]);
+    for (int c = 0; c < cols; ++c) C[r * ldc + c] = hsum256(acc[r][c]);
 }
 
 template <int R>
@@ -253,7 +247,7 @@ TPU_INT4_AVX2 void f8_group_avx2(int64_t K, const float* A, int64_t lda, const u
   }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < cols; ++c) {
-      float s = q4_hsum256(acc[r][c]);
+      float s = hsum256(acc[r][c]);
       for (int64_t k = k8; k < K; ++k) s += A[r * lda + k] * f8e4m3::from_bits(w[c][k]).to_f32();
       C[r * ldc + c] = s * scale[c];
     }

@@ -15,6 +15,7 @@
 
 #include "ops/cpu/kernels/gemm.h"
 #include "ops/cpu/kernels/gemv.h"
+#include "ops/cpu/kernels/simd.h"
 #include "tpucore/core/cpu_features.h"
 
 #define TPU_INT8_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
@@ -76,13 +77,6 @@ TPU_INT8_AVX512 void group_avx512(int64_t K, const float* A, int64_t lda, const 
     for (int c = 0; c < kCols; ++c) sums[r][c] = _mm512_reduce_add_ps(acc[r][c]);
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < cols; ++c) C[r * ldc + c] = scale[c] * sums[r][c];
-}
-
-TPU_INT8_AVX2 inline float hsum256(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
 }
 
 template <int R>
