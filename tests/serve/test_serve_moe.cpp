@@ -35,6 +35,14 @@ std::string moe_json_text(const std::string& s) {
   return json::parse(json(s).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
 }
 
+// What the server should answer to `prompt` (greedy, n new tokens): generate()'s text as JSON
+// carries it.
+std::string moe_expected_text(models::CausalLM& m, const Tokenizer& tok, const std::string& prompt, int64_t n) {
+  models::GenerationConfig g;
+  g.max_new_tokens = n;
+  return moe_json_text(tok.decode(models::generate(m, {tok.encode(prompt)}, g)[0], true));
+}
+
 // The tpu-serve process and its port (from its start-up line); killed and reaped at the end.
 struct MoeServer {
   pid_t pid = -1;
@@ -90,11 +98,7 @@ TEST_CASE("tpu-serve binary: a Qwen3-MoE checkpoint, greedy completions over HTT
   auto model = models::load_causal_lm(dir.string());
   REQUIRE(model->model->layers[1]->moe);
   const Tokenizer tok = Tokenizer::from_file((dir / "tokenizer.json").string());
-  auto expected = [&](const std::string& prompt, int64_t n) {
-    models::GenerationConfig g;
-    g.max_new_tokens = n;
-    return moe_json_text(tok.decode(models::generate(*model, {tok.encode(prompt)}, g)[0], true));
-  };
+  auto expected = [&](const std::string& prompt, int64_t n) { return moe_expected_text(*model, tok, prompt, n); };
   {
     MoeServer srv(dir);
     auto body = [](const std::string& prompt, int n, bool stream) {
@@ -251,11 +255,7 @@ TEST_CASE("tpu-serve binary: a DeepSeek-V3 checkpoint, greedy completions over H
   const auto dir = write_deepseek_dir(73);
   auto model = models::load_causal_lm(dir.string());
   const Tokenizer tok = Tokenizer::from_file((dir / "tokenizer.json").string());
-  auto expected = [&](const std::string& prompt, int64_t n) {
-    models::GenerationConfig g;
-    g.max_new_tokens = n;
-    return moe_json_text(tok.decode(models::generate(*model, {tok.encode(prompt)}, g)[0], true));
-  };
+  auto expected = [&](const std::string& prompt, int64_t n) { return moe_expected_text(*model, tok, prompt, n); };
   {
     MoeServer srv(dir);
     auto ask = [&](const std::string& prompt) {

@@ -172,23 +172,21 @@ std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, const LoadOptio
   // itself is built in float, so from_json, which refuses the field, reads the rest).
   std::optional<QuantizedCheckpoint> quant;
   std::string model_cfg_text = cfg_text;
-  {
-    json j;
-    try {
-      j = json::parse(cfg_text);
-    } catch (const json::exception&) {
-      j = json();  // from_json names the error
-    }
-    if (j.is_object() && j.contains("quantization_config") && !j["quantization_config"].is_null()) {
-      quant.emplace(j["quantization_config"].dump(), cfg_path.string());
-      j.erase("quantization_config");
-      model_cfg_text = j.dump();
-    }
+  json cfg_json;
+  try {
+    cfg_json = json::parse(cfg_text);
+  } catch (const json::exception&) {
+    cfg_json = json();  // from_json names the error
+  }
+  if (cfg_json.is_object() && cfg_json.contains("quantization_config") && !cfg_json["quantization_config"].is_null()) {
+    quant.emplace(cfg_json["quantization_config"].dump(), cfg_path.string());
+    cfg_json.erase("quantization_config");
+    model_cfg_text = cfg_json.dump();
   }
   ModelConfig cfg = ModelConfig::from_json(model_cfg_text, cfg_path.string());
   // Gemma3ForConditionalGeneration (model_type gemma3, read as its text model by from_json): the
   // language model's tensors under its prefix, the vision tower's skipped.
-  const bool gemma3_multimodal = nlohmann::json::parse(cfg_text).value("model_type", "") == "gemma3";
+  const bool gemma3_multimodal = cfg_json.value("model_type", "") == "gemma3";
   std::shared_ptr<CausalLM> m;
   {
     // Uninitialised parameters in the target dtype: every one is overwritten below.

@@ -179,7 +179,7 @@ QuantizedCheckpoint::QuantizedCheckpoint(const std::string& text, const std::str
     else
       qc_check_fields(q, {"bits", "group_size", "zero_point", "version", "modules_to_not_convert"}, where,
                       "quantization_config (awq)");
-    const int64_t bits = qc_int(q, gptq ? "bits" : "bits", where, 4);
+    const int64_t bits = qc_int(q, "bits", where, 4);
     TPU_CHECK(bits == 4, "{}: {} bits {} is not supported (only 4-bit weights)", where, method, bits);
     group_ = qc_int(q, "group_size", where, 128);
     TPU_CHECK(group_ > 0 || (gptq && group_ == -1), "{}: {} group_size {} is not supported", where, method, group_);

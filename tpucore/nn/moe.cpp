@@ -64,10 +64,7 @@ MoERouter::MoERouter(int64_t hidden, int64_t experts, bool correction_bias, Gene
 
 namespace {
 
-// Capacity-factor routing's mask [N, k] (1 kept, 0 dropped) of the expert ids [N, k]: each
-// expert admits its first C slots, first choices of every token (in token order) before second
-// choices, and so on.
-// The same mask from device ops with static shapes (the path of tpu::compile): the slots in
+// capacity_keep's mask from device ops with static shapes (the path of tpu::compile): the slots in
 // admission order (choice-major) one-hot by expert [kN, E], their running count per expert (a
 // prefix sum by log2(kN) shifted adds), and a slot kept when fewer than C slots of its expert
 // come before it.
@@ -83,6 +80,9 @@ Tensor capacity_keep_traced(const Tensor& ids, int64_t num_experts, int64_t cap,
   return tpu::to(keep, like.dtype());
 }
 
+// Capacity-factor routing's mask [N, k] (1 kept, 0 dropped) of the expert ids [N, k]: each
+// expert admits its first C slots, first choices of every token (in token order) before second
+// choices, and so on.
 Tensor capacity_keep(const Tensor& ids, int64_t num_experts, double factor, const Tensor& like) {
   const int64_t n = ids.size(0), k = ids.size(1);
   const auto cap = static_cast<int64_t>(std::ceil(factor * static_cast<double>(n * k) / static_cast<double>(num_experts)));

@@ -147,7 +147,8 @@ Tensor GatherPagedCache::update_and_attend_variant(int64_t layer, const Tensor& 
   Tensor& kc = k_[static_cast<size_t>(layer)];
   Tensor& vc = v_[static_cast<size_t>(layer)];
   kc.copy_(scatter_add(kc * keep_rows_, 0, idx, reshape(token_rows(k), Shape{n, row}) * write_mask_));
-  vc.copy_(scatter_add(vc * keep_rows_, 0, idx, reshape(token_rows(v), Shape{n, row}) * write_mask_));
+  if (!vc.is_same(kc))  // one array for both (the MLA latent): written once
+    vc.copy_(scatter_add(vc * keep_rows_, 0, idx, reshape(token_rows(v), Shape{n, row}) * write_mask_));
   // Each token's context: [n, hkv, d, L] keys and [n, hkv, L, d] values.
   const Tensor keys = permute(reshape(index_select(kc, 0, context_slots_), Shape{n, ctx, hkv, d}), Shape{0, 2, 3, 1});
   const Tensor values = permute(reshape(index_select(vc, 0, context_slots_), Shape{n, ctx, hkv, d}), Shape{0, 2, 1, 3});
