@@ -7,6 +7,7 @@
 #include <span>
 
 #include "tpucore/core/tensor.h"
+#include "tpucore/ops.h"
 
 namespace tpu::nn::parallel::detail {
 
