@@ -33,8 +33,10 @@ int64_t SimLowerer::alloc(int64_t bytes) {
   return at;
 }
 
-sim::Operand SimLowerer::src(const Value& v, Dims2 out) const {
+sim::Operand SimLowerer::src(const Value& v, Dims2 out) {
   if (v.impl()->imm) return B::imm(static_cast<float>(v.impl()->imm_value));
+  settle();
+  materialize(v);
   if (v.dtype() == DType::i8) unsupported("an i8 value other than a dot operand");
   const Dims2 d = dims2(v.shape(), k_.name);
   const int64_t rs = d.rows == 1 && out.rows > 1 ? 0 : d.cols;
@@ -44,6 +46,7 @@ sim::Operand SimLowerer::src(const Value& v, Dims2 out) const {
 
 
 void SimLowerer::store(Ref::Kind kind, int index, const Value& v, const Value* mask) {
+  settle();
   const size_t i = static_cast<size_t>(index);
   if (kind == Ref::Kind::output) {
     OutputState& o = outs_[i];
@@ -54,9 +57,18 @@ void SimLowerer::store(Ref::Kind kind, int index, const Value& v, const Value* m
     else b_.unary(Op::vmov, slot, src(v, d), d.rows, d.cols);
     return;
   }
+  if (!mask && defer_accumulate_store(i, v)) return;
   ScratchState& sc = scr_[i];
   const Value old = sc.value;
   const Dims2 d = dims2(old.shape(), k_.name);
+  if (!mask && !v.impl()->imm) {
+    if (const Deferred* f = deferred_of(v.impl().get()); f && f->is_fill && v.shape() == old.shape()) {
+      const double fv = f->fill;  // the scratch's new value is the same fill, deferred too
+      next_scratch_slot(i);
+      deferred_.push_back(Deferred::of_fill(scr_[i].value.impl(), round_to(old.dtype(), fv)));
+      return;
+    }
+  }
   const sim::Operand out = dst_at(next_scratch_slot(i), old.dtype(), d);
   if (mask) b_.ternary(Op::vsel, out, src(*mask, d), src(v, d), src(old, d), d.rows, d.cols);
   else b_.unary(Op::vmov, out, src(v, d), d.rows, d.cols);
@@ -68,11 +80,8 @@ int64_t SimLowerer::next_scratch_slot(size_t i) {
   const std::vector<int64_t> shape = sc.value.shape();
   const Dims2 d = dims2(shape, k_.name);
   const int target = 1 - sc.cur;
-  if (auto held = sc.held[target].lock()) {  // a value still in use lives there: move it out first
-    const int64_t moved = alloc(std::max<int64_t>(1, numel_of(shape)) * psize(t));
-    b_.unary(Op::vmov, dst_at(moved, t, d), dst_at(held->vmem, t, d), d.rows, d.cols);
-    held->vmem = moved;
-  }
+  (void)d;
+  if (auto held = sc.held[target].lock()) move_out(*held, t, shape);  // a value still in use lives there
   auto impl = std::make_shared<Value::Impl>();
   impl->vmem = sc.slot[target];
   sc.held[target] = impl;
@@ -84,12 +93,14 @@ int64_t SimLowerer::next_scratch_slot(size_t i) {
 // An async copy: one DMA between the window and the scratch buffer's slot, on the copy's
 // semaphore; a copy into scratch fills its other slot (values loaded before stay valid).
 void SimLowerer::copy_start(const Ref& src, const Ref& dst, int sem) {
+  settle();
   const bool in_copy = dst.kind() == Ref::Kind::scratch;
   const Ref& win = in_copy ? src : dst;
   const TensorType& t = win.kind() == Ref::Kind::input ? s_.in_types[static_cast<size_t>(win.index())]
                                                        : s_.out_types[static_cast<size_t>(win.index())];
   const Ref& buf = in_copy ? dst : src;
   const size_t j = static_cast<size_t>(buf.index());
+  materialize(scr_[j].value);  // a deferred fill of the buffer is in its slot before the DMA
   if (!buf.is_window()) {
     const int64_t at = in_copy ? next_scratch_slot(j) : scr_[j].slot[scr_[j].cur];
     dma_block(!in_copy, operand_reg(win), window_place(win, t.shape), t, at, sem_reg(sem));
@@ -101,11 +112,7 @@ void SimLowerer::copy_start(const Ref& src, const Ref& dst, int sem) {
   const DType dt = sc.value.dtype();
   const Dims2 d = dims2(shape, k_.name);
   if (in_copy) {
-    if (auto held = sc.held[sc.cur].lock(); held && held.use_count() > 2) {
-      const int64_t moved = alloc(std::max<int64_t>(1, numel_of(shape)) * psize(dt));
-      b_.unary(Op::vmov, dst_at(moved, dt, d), dst_at(held->vmem, dt, d), d.rows, d.cols);
-      held->vmem = moved;
-    }
+    if (auto held = sc.held[sc.cur].lock(); held && held.use_count() > 2) move_out(*held, dt, shape);
     auto impl = std::make_shared<Value::Impl>();
     impl->vmem = sc.slot[sc.cur];
     sc.held[sc.cur] = impl;
@@ -120,6 +127,8 @@ void SimLowerer::copy_start(const Ref& src, const Ref& dst, int sem) {
 void SimLowerer::copy_wait(const Ref&, const Ref&, int sem) { b_.wait(sem_reg(sem)); }
 
 Value SimLowerer::binary(BinOp op, const Value& a, const Value& b, const std::vector<int64_t>& shape, DType out) {
+  if (op == BinOp::add)
+    if (auto fused = fuse_dot_add(a, b, shape, out)) return *fused;
   if (a.impl()->imm && b.impl()->imm && shape.empty()) {
     const double x = a.impl()->imm_value, y = b.impl()->imm_value;
     double r = 0;
@@ -261,43 +270,9 @@ Value SimLowerer::iota(const std::vector<int64_t>& shape, int axis, DType t) {
 
 Value SimLowerer::full(const std::vector<int64_t>& shape, double v, DType t) {
   if (shape.empty()) return imm_value(t, v);
-  const Dims2 d = dims2(shape, k_.name);
-  Value r = make(shape, t);
-  b_.fill(dst(r), static_cast<float>(round_to(t, v)), d.rows, d.cols);
-  return r;
+  (void)dims2(shape, k_.name);
+  return defer_fill(shape, v, t);  // emitted where it is read (a store into scratch stays deferred)
 }
-
-Value SimLowerer::dot(const Value& a0, const Value& b, DotOptions o, int64_t m, int64_t k, int64_t n) {
-  const Value a = o.transpose_a ? transpose(a0) : a0;
-  const sim::DType pt = phys(a.dtype());
-  const int64_t es = sim::dtype_size(pt);
-  const bool int8 = a.dtype() == DType::i8;  // i32 products on the MXU, then kept as f32 (exact to 2^24)
-  const sim::MxuMode mode = int8 ? sim::MxuMode::i8 : a.dtype() == DType::bf16 ? sim::MxuMode::bf16 : codegen::f32_matmul_mode();
-  const int64_t R = cfg_.mxu.rows, C = cfg_.mxu.cols;
-  const int nm = std::max(1, cfg_.mxu.count);
-  Value r = make({m, n}, int8 ? DType::i32 : DType::f32);
-  const int64_t out = int8 ? alloc(m * n * 4) : r.impl()->vmem;
-  const sim::DType ot = int8 ? sim::DType::i32 : sim::DType::f32;
-  const int64_t A = a.impl()->vmem, W = b.impl()->vmem;
-  // Column tile j on its own MXU; fewer tiles than MXUs: rows split in groups of 8k, one per MXU.
-  const int64_t jt = (n + C - 1) / C, groups = jt < nm ? std::max<int64_t>(1, std::min(nm / jt, m / 8)) : 1;
-  const int64_t grows = ((m + groups - 1) / groups + 7) / 8 * 8;
-  for (int64_t jg = 0; jg < jt * groups; ++jg) {
-    const int64_t j = jg / groups, r0 = (jg % groups) * grows, rl = std::min(grows, m - r0), nn = std::min(C, n - j * C);
-    const int mxu = static_cast<int>(jg % nm);
-    for (int64_t p = 0; p * R < k && rl > 0; ++p) {
-      const int64_t kk = std::min(R, k - p * R);
-      const sim::Operand w = o.transpose_b ? B::vmem(B::at(W + (j * C * k + p * R) * es), pt, 1, k)
-                                           : B::vmem(B::at(W + (p * R * n + j * C) * es), pt, n);
-      b_.mxu_load_weights(mxu, w, kk, nn, mode);
-      b_.mxu_matmul(mxu, B::vmem(B::at(out + (r0 * n + j * C) * 4), ot, n),
-                    B::vmem(B::at(A + (r0 * k + p * R) * es), pt, k), rl, kk, nn, p > 0, mode);
-    }
-  }
-  if (int8) b_.unary(Op::vcast, dst(r), B::vmem(B::at(out), ot, n), m, n);
-  return r;
-}
-
 
 sim::Program SimLowerer::build() {
   const size_t ni = s_.in_types.size(), no = s_.out_types.size();
@@ -352,10 +327,11 @@ sim::Program SimLowerer::build() {
     if (sc.dtype == DType::i8) unsupported("an i8 scratch buffer");
     const Dims2 d = dims2(sc.shape, k_.name);
     for (int64_t& slot : scr_[i].slot) slot = alloc_persistent(numel_of(sc.shape) * psize(sc.dtype), "scratch");
-    b_.fill(dst_at(scr_[i].slot[0], sc.dtype, d), 0.0f, d.rows, d.cols);
+    (void)d;
     auto impl = std::make_shared<Value::Impl>();
     impl->vmem = scr_[i].slot[0];
     scr_[i].held[0] = impl;
+    deferred_.push_back(Deferred::of_fill(impl, 0.0));  // zeros, emitted where first read
     scr_[i].value = Value(sc.shape, sc.dtype, std::move(impl));
     // The front half reads the buffer's shape and dtype here (a placeholder: holding the slot's
     // value would keep it alive and force a copy out of the slot at every other store).
@@ -370,6 +346,7 @@ sim::Program SimLowerer::build() {
   for_each_grid_index(k_.grid, [&](std::span<const int64_t> g) {
     begin_step(g);
     k_.body(ctx);
+    end_body();
     prefetch(g);
   });
   end_copies(s_);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -45,6 +46,7 @@ class SimLowerer final : public Lowerer {
 
   sim::Program build();
   bool vmem_short() const { return vmem_short_; }
+  size_t emitted() const { return b_.size(); }
 
   Value binary(BinOp op, const Value& a, const Value& b, const std::vector<int64_t>& shape, DType out) override;
   Value unary(UnOp op, const Value& a) override;
@@ -104,8 +106,9 @@ class SimLowerer final : public Lowerer {
     impl->imm_value = round_to(t, v);
     return Value({}, t, std::move(impl));
   }
-  // `v` as a source operand of an op over rows x cols (broadcast dims as zero strides).
-  sim::Operand src(const Value& v, Dims2 out) const;
+  // `v` as a source operand of an op over rows x cols (broadcast dims as zero strides); a
+  // deferred value is emitted first (lower_sim_dot.cpp).
+  sim::Operand src(const Value& v, Dims2 out);
   static sim::Operand dst(const Value& v) {
     return B::vmem(B::at(v.impl()->vmem), phys(v.dtype()), v.rank() == 2 ? v.shape()[1] : -1);
   }
@@ -139,6 +142,43 @@ class SimLowerer final : public Lowerer {
   int sem_reg(int sem) const { return static_cast<int>(s_.in_types.size() + s_.out_types.size()) + sem; }
   // A new value of scratch i in its other slot (a value still held there moved out first).
   int64_t next_scratch_slot(size_t i);
+
+  // Deferred values (lower_sim_dot.cpp): a dot (with an addend: addend + dot) or a fill is
+  // emitted when a value is read, so `acc.store(acc.load() + dot(x, w))` becomes MXU
+  // accumulation into the scratch slot in place (across K steps and grid steps), with no
+  // vector add and no copy, and a zero fill before it becomes the first K tile not accumulating.
+  struct Deferred {
+    std::weak_ptr<Value::Impl> result;  // the value the emission writes (at its vmem then)
+    bool is_fill = false;
+    double fill = 0;                    // fill: every element
+    Value a, b, addend;                 // dot: a [m, k] (transposed already), b, optional addend [m, n] f32
+    bool transpose_b = false;
+    int64_t m = 0, k = 0, n = 0;
+    static Deferred of_fill(std::shared_ptr<Value::Impl> r, double v) {
+      Deferred d;
+      d.result = std::move(r);
+      d.is_fill = true;
+      d.fill = v;
+      return d;
+    }
+  };
+  struct AccumulateStore {
+    bool active = false;
+    size_t scratch = 0;
+    Value v;  // a deferred addend + dot whose addend is the scratch's current value
+  };
+  std::vector<Deferred> deferred_;
+  AccumulateStore acc_store_;
+  Deferred* deferred_of(const Value::Impl* impl);
+  Value defer_fill(const std::vector<int64_t>& shape, double v, DType t);
+  void materialize(const Value& v);
+  void emit_dot(const Deferred& d, int64_t out, bool accumulate_first);
+  std::optional<Value> fuse_dot_add(const Value& a, const Value& b, const std::vector<int64_t>& shape, DType out);
+  bool defer_accumulate_store(size_t i, const Value& v);
+  void settle();  // emits a deferred accumulating store (called before anything reads or writes VMEM values)
+  void end_body();  // after a step's body: the store settled, deferred dots still referenced emitted
+  // Moves a value out of a slot about to be overwritten (a deferred one just changes place).
+  void move_out(Value::Impl& held, DType t, const std::vector<int64_t>& shape);
 };
 
 }  // namespace tpu::kernel::detail::chip_lowering

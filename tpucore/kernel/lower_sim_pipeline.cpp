@@ -38,6 +38,7 @@ void SimLowerer::dma_block(bool to_hbm, int operand_reg, const BlockPlace& p, co
 }
 
 Value SimLowerer::load(Ref::Kind kind, int index, double fill) {
+  settle();
   const size_t i = static_cast<size_t>(index);
   if (kind == Ref::Kind::scratch) return scr_[i].value;
   if (kind == Ref::Kind::output) {
@@ -52,6 +53,7 @@ Value SimLowerer::load(Ref::Kind kind, int index, double fill) {
   const BlockPlace& p = s_.in_place[i];
   in.used = true;
   if (in.cur >= 0 && in.index == p.block_index && in.fill == fill) return in.value;
+  end_body();  // deferred dots read their blocks before a DMA may reuse a slot
   int slot = -1;
   while (slot < 0 && !in.pend.empty()) {  // prefetched blocks in order: this step's, or ones the body skipped
     const InputState::Pending e = in.pend.front();

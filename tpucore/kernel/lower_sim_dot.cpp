@@ -1,0 +1,211 @@
+// The chip lowering of dot and of its accumulation: a dot is deferred until its value is read,
+// so that `addend + dot(a, b)` is one MXU product accumulating onto the addend, and storing that
+// into the scratch buffer the addend was loaded from accumulates in the buffer's slot in place
+// (the MXU result accumulates across K tiles and grid steps, as the library's matmul keeps its
+// accumulator, with no vector add and no copy per step). A zero fill of the buffer is deferred
+// as well, so the first product writes the slot instead of accumulating onto zeros. The dot
+// tiles to the MXUs as the library's matmul does: column tiles of the array width, one per MXU,
+// and fewer tiles than MXUs split the rows into groups of 8k, one per MXU.
+#include "tpucore/kernel/lower_sim_impl.h"
+
+namespace tpu::kernel::detail::chip_lowering {
+
+SimLowerer::Deferred* SimLowerer::deferred_of(const Value::Impl* impl) {
+  for (Deferred& d : deferred_)
+    if (auto r = d.result.lock(); r && r.get() == impl) return &d;
+  return nullptr;
+}
+
+Value SimLowerer::defer_fill(const std::vector<int64_t>& shape, double v, DType t) {
+  Value r = make(shape, t);
+  deferred_.push_back(Deferred::of_fill(r.impl(), round_to(t, v)));
+  return r;
+}
+
+// Emits v's deferred fill or dot (its operands first) into v's vmem.
+void SimLowerer::materialize(const Value& v) {
+  if (!v.defined() || v.impl()->imm) return;
+  auto it = std::find_if(deferred_.begin(), deferred_.end(), [&](const Deferred& d) {
+    auto r = d.result.lock();
+    return r && r.get() == v.impl().get();
+  });
+  if (it == deferred_.end()) return;
+  const Deferred d = std::move(*it);
+  deferred_.erase(it);
+  const int64_t at = v.impl()->vmem;
+  if (d.is_fill) {
+    const Dims2 dd = dims2(v.shape(), k_.name);
+    b_.fill(dst_at(at, v.dtype(), dd), static_cast<float>(d.fill), dd.rows, dd.cols);
+    return;
+  }
+  bool acc = false;
+  if (d.addend.defined()) {
+    const Deferred* z = deferred_of(d.addend.impl().get());
+    if (!(z && z->is_fill && z->fill == 0.0)) {
+      const Dims2 dd{d.m, d.n};
+      b_.unary(Op::vmov, dst_at(at, DType::f32, dd), src(d.addend, dd), d.m, d.n);
+      acc = true;
+    }
+  }
+  emit_dot(d, at, acc);
+}
+
+void SimLowerer::emit_dot(const Deferred& d, int64_t out, bool accumulate_first) {
+  materialize(d.a);
+  materialize(d.b);
+  const Value &a = d.a, &b = d.b;
+  const int64_t m = d.m, k = d.k, n = d.n;
+  const sim::DType pt = phys(a.dtype());
+  const int64_t es = sim::dtype_size(pt);
+  const sim::MxuMode mode = a.dtype() == DType::bf16 ? sim::MxuMode::bf16 : codegen::f32_matmul_mode();
+  const int64_t R = cfg_.mxu.rows, C = cfg_.mxu.cols;
+  const int nm = std::max(1, cfg_.mxu.count);
+  const int64_t A = a.impl()->vmem, W = b.impl()->vmem;
+  // Column tile j on its own MXU; fewer tiles than MXUs: rows split in groups of 8k, one per MXU.
+  const int64_t jt = (n + C - 1) / C, groups = jt < nm ? std::max<int64_t>(1, std::min(nm / jt, m / 8)) : 1;
+  const int64_t grows = ((m + groups - 1) / groups + 7) / 8 * 8;
+  for (int64_t jg = 0; jg < jt * groups; ++jg) {
+    const int64_t j = jg / groups, r0 = (jg % groups) * grows, rl = std::min(grows, m - r0), nn = std::min(C, n - j * C);
+    const int mxu = static_cast<int>(jg % nm);
+    for (int64_t p = 0; p * R < k && rl > 0; ++p) {
+      const int64_t kk = std::min(R, k - p * R);
+      const sim::Operand w = d.transpose_b ? B::vmem(B::at(W + (j * C * k + p * R) * es), pt, 1, k)
+                                           : B::vmem(B::at(W + (p * R * n + j * C) * es), pt, n);
+      b_.mxu_load_weights(mxu, w, kk, nn, mode);
+      b_.mxu_matmul(mxu, B::vmem(B::at(out + (r0 * n + j * C) * 4), sim::DType::f32, n),
+                    B::vmem(B::at(A + (r0 * k + p * R) * es), pt, k), rl, kk, nn, accumulate_first || p > 0, mode);
+    }
+  }
+}
+
+Value SimLowerer::dot(const Value& a0, const Value& b, DotOptions o, int64_t m, int64_t k, int64_t n) {
+  settle();
+  const Value a = o.transpose_a ? transpose(a0) : a0;
+  if (a.dtype() != DType::i8) {  // f32 / bf16: deferred until read or accumulated
+    Value r = make({m, n}, DType::f32);
+    Deferred d;
+    d.result = r.impl();
+    d.a = a;
+    d.b = b;
+    d.transpose_b = o.transpose_b;
+    d.m = m;
+    d.k = k;
+    d.n = n;
+    deferred_.push_back(std::move(d));
+    return r;
+  }
+  // i8: i32 products on the MXU, then kept as f32 (exact to 2^24).
+  materialize(b);
+  const int64_t R = cfg_.mxu.rows, C = cfg_.mxu.cols;
+  const int nm = std::max(1, cfg_.mxu.count);
+  Value r = make({m, n}, DType::i32);
+  const int64_t out = alloc(m * n * 4), A = a.impl()->vmem, W = b.impl()->vmem;
+  const int64_t jt = (n + C - 1) / C, groups = jt < nm ? std::max<int64_t>(1, std::min(nm / jt, m / 8)) : 1;
+  const int64_t grows = ((m + groups - 1) / groups + 7) / 8 * 8;
+  for (int64_t jg = 0; jg < jt * groups; ++jg) {
+    const int64_t j = jg / groups, r0 = (jg % groups) * grows, rl = std::min(grows, m - r0), nn = std::min(C, n - j * C);
+    const int mxu = static_cast<int>(jg % nm);
+    for (int64_t p = 0; p * R < k && rl > 0; ++p) {
+      const int64_t kk = std::min(R, k - p * R);
+      const sim::Operand w = o.transpose_b ? B::vmem(B::at(W + (j * C * k + p * R)), sim::DType::i8, 1, k)
+                                           : B::vmem(B::at(W + (p * R * n + j * C)), sim::DType::i8, n);
+      b_.mxu_load_weights(mxu, w, kk, nn, sim::MxuMode::i8);
+      b_.mxu_matmul(mxu, B::vmem(B::at(out + (r0 * n + j * C) * 4), sim::DType::i32, n),
+                    B::vmem(B::at(A + (r0 * k + p * R)), sim::DType::i8, k), rl, kk, nn, p > 0, sim::MxuMode::i8);
+    }
+  }
+  b_.unary(Op::vcast, dst(r), B::vmem(B::at(out), sim::DType::i32, n), m, n);
+  return r;
+}
+
+// addend + dot (either order) as one deferred MXU product accumulating onto the addend.
+std::optional<Value> SimLowerer::fuse_dot_add(const Value& a, const Value& b, const std::vector<int64_t>& shape,
+                                              DType out) {
+  if (out != DType::f32 || shape.size() != 2 || a.impl()->imm || b.impl()->imm) return std::nullopt;
+  for (int side = 0; side < 2; ++side) {
+    const Value& p = side == 0 ? b : a;
+    const Value& addend = side == 0 ? a : b;
+    const Deferred* d = deferred_of(p.impl().get());
+    if (!d || d->is_fill || d->addend.defined() || addend.dtype() != DType::f32 || addend.shape() != shape ||
+        p.shape() != shape)
+      continue;
+    Deferred fused = *d;
+    fused.addend = addend;
+    Value r = make(shape, DType::f32);
+    fused.result = r.impl();
+    deferred_.push_back(std::move(fused));
+    return r;
+  }
+  return std::nullopt;
+}
+
+// A store of `addend + dot` into scratch i whose current value is the addend: settled (emitted)
+// at the next operation, when the expression's temporaries are gone and the holders of the
+// buffer's old value tell whether it may be overwritten in place.
+bool SimLowerer::defer_accumulate_store(size_t i, const Value& v) {
+  if (v.impl()->imm) return false;
+  const Deferred* d = deferred_of(v.impl().get());
+  ScratchState& sc = scr_[i];
+  if (!d || d->is_fill || !d->addend.defined() || d->addend.impl() != sc.held[sc.cur].lock() ||
+      sc.value.dtype() != DType::f32 || sc.value.shape() != v.shape())
+    return false;
+  acc_store_.active = true;
+  acc_store_.scratch = i;
+  acc_store_.v = v;
+  return true;
+}
+
+void SimLowerer::settle() {
+  if (!acc_store_.active) return;
+  const size_t i = acc_store_.scratch;
+  const Value v = std::move(acc_store_.v);
+  acc_store_ = AccumulateStore();
+  ScratchState& sc = scr_[i];
+  Deferred* dp = deferred_of(v.impl().get());
+  std::shared_ptr<Value::Impl> old = sc.held[sc.cur].lock();
+  if (!dp || !old || dp->addend.impl() != old) {  // not the pattern any more: an ordinary store
+    store(Ref::Kind::scratch, static_cast<int>(i), v, nullptr);
+    return;
+  }
+  const Deferred d = *dp;
+  std::erase_if(deferred_, [&](const Deferred& e) { return e.result.lock() == v.impl(); });
+  // Holders of the old value: `old`, the buffer and the deferred sum's addend; any other one
+  // (a value the body still uses) gets a copy before the slot is overwritten.
+  const bool zero = [&] {
+    const Deferred* z = deferred_of(old.get());
+    return z && z->is_fill && z->fill == 0.0;
+  }();
+  if (old.use_count() > 3) move_out(*old, DType::f32, sc.value.shape());
+  const int64_t slot = sc.slot[sc.cur];
+  emit_dot(d, slot, !zero);
+  v.impl()->vmem = slot;
+  sc.held[sc.cur] = v.impl();
+  sc.value = Value(sc.value.shape(), DType::f32, v.impl());
+}
+
+void SimLowerer::end_body() {
+  settle();
+  for (size_t j = 0; j < deferred_.size();) {
+    auto r = deferred_[j].result.lock();
+    if (!r) {
+      deferred_.erase(deferred_.begin() + static_cast<std::ptrdiff_t>(j));
+      continue;
+    }
+    if (deferred_[j].is_fill) {
+      ++j;
+      continue;
+    }
+    const Value v({deferred_[j].m, deferred_[j].n}, DType::f32, r);
+    materialize(v);  // erases the entry (and may emit others before it)
+    j = 0;
+  }
+}
+
+void SimLowerer::move_out(Value::Impl& held, DType t, const std::vector<int64_t>& shape) {
+  const Dims2 d = dims2(shape, k_.name);
+  const int64_t moved = alloc(std::max<int64_t>(1, numel_of(shape)) * psize(t));
+  if (!deferred_of(&held)) b_.unary(Op::vmov, dst_at(moved, t, d), dst_at(held.vmem, t, d), d.rows, d.cols);
+  held.vmem = moved;
+}
+
+}  // namespace tpu::kernel::detail::chip_lowering
