@@ -162,6 +162,17 @@ void SimLowerer::begin_step(std::span<const int64_t> g) {
   temp_top_ = temp_base_;
   for (size_t i = 0; i < s_.in_types.size(); ++i)
     if (!is_any(k_.in_specs[i])) s_.in_place[i] = place_of(k_, k_.in_specs[i], s_.in_types[i], spec_name(k_.in_specs[i], "input", i), g, &sc_);
+  // Before the first step: the first blocks of every input are copied at once (with the default
+  // fill), so their DMAs overlap instead of each load waiting for its own in turn.
+  const bool first = std::all_of(g.begin(), g.end(), [](int64_t x) { return x == 0; });
+  for (size_t i = 0; first && i < s_.in_types.size(); ++i) {
+    InputState& in = ins_[i];
+    if (is_any(k_.in_specs[i]) || in.cur >= 0 || !in.pend.empty()) continue;
+    const int slot = free_input_slot(i);
+    if (slot < 0) continue;
+    issue_load(i, slot, s_.in_place[i], 0.0);
+    in.pend.push_back({slot, s_.in_place[i].block_index, 0.0});
+  }
   for (size_t i = 0; i < s_.out_types.size(); ++i) {
     if (is_any(k_.out_specs[i])) continue;
     BlockPlace p = place_of(k_, k_.out_specs[i], s_.out_types[i], spec_name(k_.out_specs[i], "output", i), g, &sc_);
