@@ -54,6 +54,13 @@ Value SimLowerer::load(Ref::Kind kind, int index, double fill) {
   in.used = true;
   if (in.cur >= 0 && in.index == p.block_index && in.fill == fill) return in.value;
   end_body();  // deferred dots read their blocks before a DMA may reuse a slot
+  // An input's first load: the copies of its next blocks go out before this one is waited for.
+  if (in.cur < 0) {
+    size_t k = 0;
+    while (k < in.pend.size() && !(in.pend[k].index == p.block_index && in.pend[k].fill == fill)) ++k;
+    if (k < in.pend.size()) look_ahead(i, steps_after(s_.grid_index), p.block_index, k + 1, fill);
+  }
+  end_body();  // deferred dots read their blocks before a DMA may reuse a slot
   int slot = -1;
   while (slot < 0 && !in.pend.empty()) {  // prefetched blocks in order: this step's, or ones the body skipped
     const InputState::Pending e = in.pend.front();
@@ -111,6 +118,14 @@ void SimLowerer::issue_load(size_t i, int slot, const BlockPlace& p, double fill
 // blocks ahead of the current one, each into a free slot of the ring, so their DMAs (latency and
 // transfer) overlap the compute of the steps before them (Pallas' pipelining, deeper).
 void SimLowerer::prefetch(std::span<const int64_t> g) {
+  const std::vector<Index> steps = steps_after(g);
+  for (size_t i = 0; i < ins_.size(); ++i) {
+    InputState& in = ins_[i];
+    if (in.used && in.cur >= 0) look_ahead(i, steps, in.index, 0, in.fill);
+  }
+}
+
+std::vector<Index> SimLowerer::steps_after(std::span<const int64_t> g) const {
   constexpr int kMaxLookahead = 16;  // grid steps looked at ahead of g
   std::vector<Index> steps;
   Index next(g.begin(), g.end());
@@ -123,28 +138,29 @@ void SimLowerer::prefetch(std::span<const int64_t> g) {
     if (d == static_cast<size_t>(-1)) break;  // past the last step
     steps.push_back(next);
   }
-  for (size_t i = 0; i < ins_.size(); ++i) {
-    InputState& in = ins_[i];
-    if (!in.used || in.cur < 0) continue;
-    const std::string who = spec_name(k_.in_specs[i], "input", i);
-    Index last = in.index;
-    size_t k = 0;  // the upcoming distinct blocks seen so far
-    for (const Index& st : steps) {
-      if (k + 1 >= static_cast<size_t>(depth_)) break;
-      BlockPlace p = place_of(k_, k_.in_specs[i], s_.in_types[i], who, st, &sc_);
-      if (p.block_index == last) continue;
-      last = p.block_index;
-      if (k < in.pend.size()) {
-        if (in.pend[k].index != p.block_index || in.pend[k].fill != in.fill) break;  // not the order foreseen
-        ++k;
-        continue;
-      }
-      const int slot = free_input_slot(i);
-      if (slot < 0) break;
-      issue_load(i, slot, p, in.fill);
-      in.pend.push_back({slot, p.block_index, in.fill});
+  return steps;
+}
+
+// Input i's blocks of `steps` after the block `last` (the pending copies from the k-th on are
+// the ones still to be matched), up to depth - 1 blocks ahead, each into a free slot.
+void SimLowerer::look_ahead(size_t i, const std::vector<Index>& steps, Index last, size_t k, double fill) {
+  InputState& in = ins_[i];
+  const std::string who = spec_name(k_.in_specs[i], "input", i);
+  for (const Index& st : steps) {
+    if (k + 1 >= static_cast<size_t>(depth_)) break;
+    BlockPlace p = place_of(k_, k_.in_specs[i], s_.in_types[i], who, st, &sc_);
+    if (p.block_index == last) continue;
+    last = p.block_index;
+    if (k < in.pend.size()) {
+      if (in.pend[k].index != p.block_index || in.pend[k].fill != fill) break;  // not the order foreseen
       ++k;
+      continue;
     }
+    const int slot = free_input_slot(i);
+    if (slot < 0) break;
+    issue_load(i, slot, p, fill);
+    in.pend.push_back({slot, p.block_index, fill});
+    ++k;
   }
 }
 
