@@ -12,6 +12,7 @@
 #include "sim/presets.h"
 #include "tpucore/compile.h"
 #include "tpucore/kernel.h"
+#include "tpucore/kernel/lower_sim.h"
 
 namespace tpu {
 namespace {
@@ -117,6 +118,74 @@ TEST_CASE("kernel sim: bf16 operands, row softmax, masked stores and scratch acc
         CHECK(yv[size_t(i * n + j)] == (i >= j ? float(i * 10 + j) : 0.0f));
       }
   }
+}
+
+TEST_CASE("kernel sim: a dot accumulated into scratch is MXU accumulation, with no vector add or copy per K step",
+          "[kernel][sim]") {
+  // x [32, 48] w [48, 24] in blocks 16 x 8 x 16 on the tiny chip (2 MXUs of 8 x 8): a grid of
+  // 2 x 3 x 3 steps, 6 output tiles. Per step the dot is one 8-wide column tile, its 16 rows in
+  // two groups of 8 (one per MXU), K in two tiles of 8.
+  const sim::ChipConfig cfg = sim::preset_config("tiny");
+  REQUIRE(cfg.mxu.cols == 8);
+  REQUIRE(cfg.mxu.rows == 8);
+  REQUIRE(cfg.mxu.count == 2);
+  const int64_t m = 32, k = 48, n = 24, bm = 16, bn = 8, bk = 16;
+  const std::vector<TensorType> in{{Shape{m, k}, DType::f32}, {Shape{k, n}, DType::f32}, {Shape{n}, DType::f32}};
+  const std::vector<TensorType> out{{Shape{m, n}, DType::f32}};
+  const Params params{{"bm", bm}, {"bn", bn}, {"bk", bk}, {"act", static_cast<int64_t>(examples::Act::relu)}};
+  const KernelDef def = examples::matmul_epilogue_kernel(in, out, params);
+  const sim::Program p = kernel::detail::lower_to_chip(def, in, out, cfg);
+  const int64_t tiles = (m / bm) * (n / bn), steps = tiles * (k / bk);
+  const int64_t groups = 2, ktiles = bk / 8;
+  int64_t vadd = 0, vmov = 0, mm = 0, mm_first = 0;
+  for (const sim::Instr& i : p.code) {
+    vadd += i.op == sim::Op::vadd;
+    vmov += i.op == sim::Op::vmov;
+    if (i.op == sim::Op::mxu_mm) {
+      ++mm;
+      mm_first += !i.acc;
+    }
+  }
+  CHECK(vadd == tiles);  // the bias of the epilogue only
+  CHECK(vmov == tiles);  // the store of the result into the output block only
+  CHECK(mm == steps * groups * ktiles);
+  CHECK(mm_first == tiles * groups);  // the first K tile of a tile writes its result; the rest accumulate
+}
+
+TEST_CASE("kernel sim: a scratch value read before an accumulating store keeps its value", "[kernel][sim]") {
+  TinySim tiny;
+  const Device dev = tiny.dev();
+  Tensor x = rnd({8, 16}, 11), w = rnd({16, 8}, 12);
+  KernelDef kd;
+  kd.name = "acc_keeps_old";
+  kd.grid = {2};
+  kd.in_specs = {{.block_shape = {8, 8}, .index_map = [](auto g) { return Index{0, g[0]}; }},
+                 {.block_shape = {8, 8}, .index_map = [](auto g) { return Index{g[0], 0}; }}};
+  kd.out_specs = {{.block_shape = {8, 8}, .index_map = [](auto) { return Index{0, 0}; }},
+                  {.block_shape = {8, 8}, .index_map = [](auto) { return Index{0, 0}; }}};
+  kd.scratch = {{.shape = {8, 8}, .dtype = DType::f32, .name = "acc"}};
+  kd.body = [](KernelContext& c) {
+    Ref acc = c.scratch(0);
+    const Value old = acc.load();
+    acc.store(old + dot(c.in(0).load(), c.in(1).load()));
+    c.out(1).store(old * 2.0);  // read after the store: the sum before this step's product
+    if (c.program_id(0) == 1) c.out(0).store(acc.load());
+  };
+  std::vector<Tensor> y = call(kd, {x.to(dev), w.to(dev)}, {{Shape{8, 8}, DType::f32}, {Shape{8, 8}, DType::f32}});
+  const std::vector<float> xv = x.to_vector<float>(), wv = w.to_vector<float>();
+  const std::vector<float> full = y[0].to(Device()).to_vector<float>(), half = y[1].to(Device()).to_vector<float>();
+  for (int64_t i = 0; i < 8; ++i)
+    for (int64_t j = 0; j < 8; ++j) {
+      double first = 0, all = 0;
+      for (int64_t t = 0; t < 16; ++t) {
+        const double pr = double(xv[size_t(i * 16 + t)]) * wv[size_t(t * 8 + j)];
+        all += pr;
+        if (t < 8) first += pr;
+      }
+      INFO(i << "," << j);
+      CHECK(std::fabs(full[size_t(i * 8 + j)] - all) <= 1e-4 * (1 + std::fabs(all)));
+      CHECK(std::fabs(half[size_t(i * 8 + j)] - 2 * first) <= 1e-4 * (1 + std::fabs(first)));
+    }
 }
 
 TEST_CASE("kernel sim: a kernel op inside tpu::compile on the chip equals its eager run", "[kernel][sim][jit]") {

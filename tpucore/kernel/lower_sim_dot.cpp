@@ -171,13 +171,13 @@ void SimLowerer::settle() {
   std::erase_if(deferred_, [&](const Deferred& e) { return e.result.lock() == v.impl(); });
   // Holders of the old value: `old`, the buffer and the deferred sum's addend; any other one
   // (a value the body still uses) gets a copy before the slot is overwritten.
-  const bool zero = [&] {
-    const Deferred* z = deferred_of(old.get());
-    return z && z->is_fill && z->fill == 0.0;
-  }();
+  const Deferred* f = deferred_of(old.get());
+  const bool filled = f && f->is_fill;
+  const double fv = filled ? f->fill : 0.0;
   if (old.use_count() > 3) move_out(*old, DType::f32, sc.value.shape());
   const int64_t slot = sc.slot[sc.cur];
-  emit_dot(d, slot, !zero);
+  if (filled && fv != 0.0) b_.fill(dst_at(slot, DType::f32, {d.m, d.n}), static_cast<float>(fv), d.m, d.n);
+  emit_dot(d, slot, !(filled && fv == 0.0));  // onto zeros: the first K tile writes the slot
   v.impl()->vmem = slot;
   sc.held[sc.cur] = v.impl();
   sc.value = Value(sc.value.shape(), DType::f32, v.impl());
