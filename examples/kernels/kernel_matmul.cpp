@@ -34,7 +34,7 @@ void usage(FILE* f) {
 using kernel_examples::max_rel_error;
 
 int main(int argc, char** argv) {
-  int64_t m = 256, k = 512, n = 384, bm = 128, bn = 128, bk = 128;
+  int64_t m = 256, k = 512, n = 384, bm = 256, bn = 384, bk = 128;
   std::string act = "relu", dtype = "f32", chip;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
