@@ -121,7 +121,7 @@ class SimLowerer final : public Lowerer {
   int free_input_slot(size_t i);
   void prefetch(std::span<const int64_t> g);
   std::vector<Index> steps_after(std::span<const int64_t> g) const;
-  void look_ahead(size_t i, const std::vector<Index>& steps, Index last, size_t k, double fill);
+  void look_ahead(size_t i, const std::vector<Index>& steps, Index last, size_t k, double fill, int max_new);
   void dma_block(bool to_hbm, int operand_reg, const BlockPlace& p, const TensorType& t, int64_t vmem, int sem,
                  int64_t vmem_cols = -1);
   void flush(size_t i);

@@ -54,11 +54,12 @@ Value SimLowerer::load(Ref::Kind kind, int index, double fill) {
   in.used = true;
   if (in.cur >= 0 && in.index == p.block_index && in.fill == fill) return in.value;
   end_body();  // deferred dots read their blocks before a DMA may reuse a slot
-  // An input's first load: the copies of its next blocks go out before this one is waited for.
+  // An input's first load: the copy of its next block goes out before this one is waited for
+  // (the rest after the step, in step order with the other inputs').
   if (in.cur < 0) {
     size_t k = 0;
     while (k < in.pend.size() && !(in.pend[k].index == p.block_index && in.pend[k].fill == fill)) ++k;
-    if (k < in.pend.size()) look_ahead(i, steps_after(s_.grid_index), p.block_index, k + 1, fill);
+    if (k < in.pend.size()) look_ahead(i, steps_after(s_.grid_index), p.block_index, k + 1, fill, 1);
   }
   end_body();  // deferred dots read their blocks before a DMA may reuse a slot
   int slot = -1;
@@ -119,10 +120,13 @@ void SimLowerer::issue_load(size_t i, int slot, const BlockPlace& p, double fill
 // transfer) overlap the compute of the steps before them (Pallas' pipelining, deeper).
 void SimLowerer::prefetch(std::span<const int64_t> g) {
   const std::vector<Index> steps = steps_after(g);
-  for (size_t i = 0; i < ins_.size(); ++i) {
-    InputState& in = ins_[i];
-    if (in.used && in.cur >= 0) look_ahead(i, steps, in.index, 0, in.fill);
-  }
+  // One block more per input and round: the copies go out in the order the steps need them
+  // (DMAs take HBM bandwidth in issue order).
+  for (int round = 1; round < depth_; ++round)
+    for (size_t i = 0; i < ins_.size(); ++i) {
+      InputState& in = ins_[i];
+      if (in.used && in.cur >= 0) look_ahead(i, steps, in.index, 0, in.fill, 1);
+    }
 }
 
 std::vector<Index> SimLowerer::steps_after(std::span<const int64_t> g) const {
@@ -143,8 +147,9 @@ std::vector<Index> SimLowerer::steps_after(std::span<const int64_t> g) const {
 
 // Input i's blocks of `steps` after the block `last` (the pending copies from the k-th on are
 // the ones still to be matched), up to depth - 1 blocks ahead, each into a free slot.
-void SimLowerer::look_ahead(size_t i, const std::vector<Index>& steps, Index last, size_t k, double fill) {
+void SimLowerer::look_ahead(size_t i, const std::vector<Index>& steps, Index last, size_t k, double fill, int max_new) {
   InputState& in = ins_[i];
+  int issued = 0;
   const std::string who = spec_name(k_.in_specs[i], "input", i);
   for (const Index& st : steps) {
     if (k + 1 >= static_cast<size_t>(depth_)) break;
@@ -156,11 +161,13 @@ void SimLowerer::look_ahead(size_t i, const std::vector<Index>& steps, Index las
       ++k;
       continue;
     }
+    if (issued >= max_new) break;
     const int slot = free_input_slot(i);
     if (slot < 0) break;
     issue_load(i, slot, p, fill);
     in.pend.push_back({slot, p.block_index, fill});
     ++k;
+    ++issued;
   }
 }
 
@@ -179,7 +186,7 @@ void SimLowerer::begin_step(std::span<const int64_t> g) {
   for (size_t i = 0; i < s_.in_types.size(); ++i)
     if (!is_any(k_.in_specs[i])) s_.in_place[i] = place_of(k_, k_.in_specs[i], s_.in_types[i], spec_name(k_.in_specs[i], "input", i), g, &sc_);
   // Before the first step: the first blocks of every input are copied at once (with the default
-  // fill), so their DMAs overlap instead of each load waiting for its own in turn.
+  // fill), so their DMAs overlap instead of each load waiting for its own in turn ...
   const bool first = std::all_of(g.begin(), g.end(), [](int64_t x) { return x == 0; });
   for (size_t i = 0; first && i < s_.in_types.size(); ++i) {
     InputState& in = ins_[i];
@@ -188,6 +195,16 @@ void SimLowerer::begin_step(std::span<const int64_t> g) {
     if (slot < 0) continue;
     issue_load(i, slot, s_.in_place[i], 0.0);
     in.pend.push_back({slot, s_.in_place[i].block_index, 0.0});
+  }
+  // ... and the blocks of the next steps, in step order across the inputs.
+  if (first) {
+    const std::vector<Index> steps = steps_after(g);
+    for (int round = 1; round < depth_; ++round)
+      for (size_t i = 0; i < s_.in_types.size(); ++i) {
+        InputState& in = ins_[i];
+        if (!is_any(k_.in_specs[i]) && in.cur < 0 && !in.pend.empty())
+          look_ahead(i, steps, in.pend.front().index, 1, 0.0, 1);
+      }
   }
   for (size_t i = 0; i < s_.out_types.size(); ++i) {
     if (is_any(k_.out_specs[i])) continue;
