@@ -358,7 +358,9 @@ sim::Program SimLowerer::build() {
     if (pending) b_.wait(static_cast<int>(ni + i), pending);
   }
   b_.fence();
-  return b_.finish();
+  sim::Program p = b_.finish();
+  fold_store_copies(p);
+  return p;
 }
 
 }  // namespace chip_lowering

@@ -208,4 +208,101 @@ void SimLowerer::move_out(Value::Impl& held, DType t, const std::vector<int64_t>
   held.vmem = moved;
 }
 
+
+namespace {
+
+struct ByteRange {
+  int64_t lo = 0, hi = 0;  // [lo, hi); known false: an address through a register (anywhere)
+  bool known = true;
+  bool overlaps(const ByteRange& o) const { return !known || !o.known || (lo < o.hi && o.lo < hi); }
+};
+
+bool fold_no_regs(const sim::Addr& a) {
+  return std::all_of(a.terms.begin(), a.terms.end(), [](const sim::AddrTerm& t) { return t.reg < 0; });
+}
+
+// The VMEM bytes an operand of `in` spans (empty when it is not a VMEM operand).
+std::optional<ByteRange> fold_range(const sim::Instr& in, const sim::Operand& o, sim::Role role) {
+  if (o.kind != sim::Operand::Kind::mem || o.space != sim::Space::vmem) return std::nullopt;
+  if (!fold_no_regs(o.addr)) return ByteRange{0, 0, false};
+  const auto sh = sim::operand_shape(in, role);
+  if (sh[0] <= 0 || sh[1] <= 0) return std::nullopt;
+  const int64_t es = sim::dtype_size(o.dtype), rs = o.row_stride < 0 ? sh[1] : o.row_stride;
+  if (rs < 0 || o.col_stride < 0) return ByteRange{0, 0, false};
+  return ByteRange{o.addr.offset, o.addr.offset + ((sh[0] - 1) * rs + (sh[1] - 1) * o.col_stride + 1) * es};
+}
+
+// The VMEM bytes `in` reads, appended to `out`.
+void fold_reads(const sim::Instr& in, std::vector<ByteRange>& out) {
+  using sim::Format;
+  const Format f = sim::op_info(in.op).format;
+  auto add = [&](const sim::Operand& o, sim::Role r) {
+    if (auto br = fold_range(in, o, r)) out.push_back(*br);
+  };
+  switch (f) {
+    case Format::vbinary: add(in.a, sim::Role::a); add(in.b, sim::Role::b); break;
+    case Format::vternary: add(in.a, sim::Role::a); add(in.b, sim::Role::b); add(in.c, sim::Role::c); break;
+    case Format::vunary: case Format::xreduce: case Format::xtrans: case Format::mxu_lw: add(in.a, sim::Role::a); break;
+    case Format::mxu_mm:
+      add(in.a, sim::Role::a);
+      if (in.acc) add(in.dst, sim::Role::dst);
+      break;
+    case Format::dma:
+    case Format::sld:
+      if (in.a.kind == sim::Operand::Kind::mem && in.a.space == sim::Space::vmem) {
+        if (!fold_no_regs(in.a.addr)) {
+          out.push_back({0, 0, false});
+          break;
+        }
+        const int64_t rows = std::max<int64_t>(1, in.dma_shape[1]), bytes = std::max<int64_t>(4, in.dma_shape[2]);
+        const int64_t rs = std::max(bytes, in.src_stride[1]), ps = std::max(rows * rs, in.src_stride[0]);
+        out.push_back({in.a.addr.offset, in.a.addr.offset + std::max<int64_t>(1, in.dma_shape[0]) * ps});
+      }
+      break;
+    default: break;
+  }
+}
+
+}  // namespace
+
+// A vector op writing a temporary that a copy then moves into a block (the store of a value
+// into an output block: `out.store(relu(y))`) writes the block directly when nothing reads the
+// temporary afterwards before it is wholly overwritten; the copy is dropped.
+void fold_store_copies(sim::Program& p) {
+  for (const sim::Instr& in : p.code)
+    if (in.op == sim::Op::loop || in.op == sim::Op::loopr) return;  // straight-line programs only
+  using sim::Format;
+  std::vector<ByteRange> reads;
+  for (size_t i = 1; i < p.code.size(); ++i) {
+    const sim::Instr& mv = p.code[i];
+    sim::Instr& prev = p.code[i - 1];
+    const Format pf = sim::op_info(prev.op).format;
+    if (mv.op != sim::Op::vmov || !(pf == Format::vbinary || pf == Format::vternary || pf == Format::vunary)) continue;
+    if (!(prev.dst == mv.a) || prev.rows != mv.rows || prev.cols != mv.cols) continue;
+    const auto t = fold_range(prev, prev.dst, sim::Role::dst), d = fold_range(mv, mv.dst, sim::Role::dst);
+    if (!t || !d || !t->known || !d->known || mv.a.col_stride != 1 || mv.dst.col_stride != 1) continue;
+    reads.clear();
+    fold_reads(prev, reads);
+    if (std::any_of(reads.begin(), reads.end(), [&](const ByteRange& r) { return r.overlaps(*d); })) continue;
+    bool dead = true;
+    for (size_t j = i + 1; j < p.code.size() && dead; ++j) {
+      const sim::Instr& in = p.code[j];
+      reads.clear();
+      fold_reads(in, reads);
+      if (std::any_of(reads.begin(), reads.end(), [&](const ByteRange& r) { return r.overlaps(*t); })) dead = false;
+      const Format f = sim::op_info(in.op).format;
+      if (f == Format::vbinary || f == Format::vternary || f == Format::vunary || f == Format::vfill) {
+        const auto w = fold_range(in, in.dst, sim::Role::dst);
+        const bool dense = in.dst.col_stride == 1 && (in.dst.row_stride < 0 || in.dst.row_stride == in.cols);
+        if (dead && w && w->known && dense && w->lo <= t->lo && w->hi >= t->hi) break;  // overwritten whole
+      }
+    }
+    if (!dead) continue;
+    prev.dst = mv.dst;
+    p.code.erase(p.code.begin() + static_cast<std::ptrdiff_t>(i));
+    --i;
+  }
+  p.finalize();
+}
+
 }  // namespace tpu::kernel::detail::chip_lowering

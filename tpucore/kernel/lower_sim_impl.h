@@ -38,6 +38,9 @@ inline Dims2 dims2(const std::vector<int64_t>& s, const std::string& kernel) {
 inline sim::DType phys(DType t) { return t == DType::bf16 ? sim::DType::bf16 : t == DType::i8 ? sim::DType::i8 : sim::DType::f32; }
 inline int64_t psize(DType t) { return sim::dtype_size(phys(t)); }
 
+// Drops the copy of a store whose value's last operation can write the block itself.
+void fold_store_copies(sim::Program& p);
+
 class SimLowerer final : public Lowerer {
  public:
   // depth: at most this many VMEM slots per input block (copies issued up to depth - 1 blocks ahead).
