@@ -211,10 +211,10 @@ void SimLowerer::move_out(Value::Impl& held, DType t, const std::vector<int64_t>
 
 namespace {
 
-struct ByteRange {
+struct FoldBytes {
   int64_t lo = 0, hi = 0;  // [lo, hi); known false: an address through a register (anywhere)
   bool known = true;
-  bool overlaps(const ByteRange& o) const { return !known || !o.known || (lo < o.hi && o.lo < hi); }
+  bool overlaps(const FoldBytes& o) const { return !known || !o.known || (lo < o.hi && o.lo < hi); }
 };
 
 bool fold_no_regs(const sim::Addr& a) {
@@ -222,18 +222,18 @@ bool fold_no_regs(const sim::Addr& a) {
 }
 
 // The VMEM bytes an operand of `in` spans (empty when it is not a VMEM operand).
-std::optional<ByteRange> fold_range(const sim::Instr& in, const sim::Operand& o, sim::Role role) {
+std::optional<FoldBytes> fold_range(const sim::Instr& in, const sim::Operand& o, sim::Role role) {
   if (o.kind != sim::Operand::Kind::mem || o.space != sim::Space::vmem) return std::nullopt;
-  if (!fold_no_regs(o.addr)) return ByteRange{0, 0, false};
+  if (!fold_no_regs(o.addr)) return FoldBytes{0, 0, false};
   const auto sh = sim::operand_shape(in, role);
   if (sh[0] <= 0 || sh[1] <= 0) return std::nullopt;
   const int64_t es = sim::dtype_size(o.dtype), rs = o.row_stride < 0 ? sh[1] : o.row_stride;
-  if (rs < 0 || o.col_stride < 0) return ByteRange{0, 0, false};
-  return ByteRange{o.addr.offset, o.addr.offset + ((sh[0] - 1) * rs + (sh[1] - 1) * o.col_stride + 1) * es};
+  if (rs < 0 || o.col_stride < 0) return FoldBytes{0, 0, false};
+  return FoldBytes{o.addr.offset, o.addr.offset + ((sh[0] - 1) * rs + (sh[1] - 1) * o.col_stride + 1) * es};
 }
 
 // The VMEM bytes `in` reads, appended to `out`.
-void fold_reads(const sim::Instr& in, std::vector<ByteRange>& out) {
+void fold_reads(const sim::Instr& in, std::vector<FoldBytes>& out) {
   using sim::Format;
   const Format f = sim::op_info(in.op).format;
   auto add = [&](const sim::Operand& o, sim::Role r) {
@@ -272,7 +272,7 @@ void fold_store_copies(sim::Program& p) {
   for (const sim::Instr& in : p.code)
     if (in.op == sim::Op::loop || in.op == sim::Op::loopr) return;  // straight-line programs only
   using sim::Format;
-  std::vector<ByteRange> reads;
+  std::vector<FoldBytes> reads;
   for (size_t i = 1; i < p.code.size(); ++i) {
     const sim::Instr& mv = p.code[i];
     sim::Instr& prev = p.code[i - 1];
@@ -283,13 +283,13 @@ void fold_store_copies(sim::Program& p) {
     if (!t || !d || !t->known || !d->known || mv.a.col_stride != 1 || mv.dst.col_stride != 1) continue;
     reads.clear();
     fold_reads(prev, reads);
-    if (std::any_of(reads.begin(), reads.end(), [&](const ByteRange& r) { return r.overlaps(*d); })) continue;
+    if (std::any_of(reads.begin(), reads.end(), [&](const FoldBytes& r) { return r.overlaps(*d); })) continue;
     bool dead = true;
     for (size_t j = i + 1; j < p.code.size() && dead; ++j) {
       const sim::Instr& in = p.code[j];
       reads.clear();
       fold_reads(in, reads);
-      if (std::any_of(reads.begin(), reads.end(), [&](const ByteRange& r) { return r.overlaps(*t); })) dead = false;
+      if (std::any_of(reads.begin(), reads.end(), [&](const FoldBytes& r) { return r.overlaps(*t); })) dead = false;
       const Format f = sim::op_info(in.op).format;
       if (f == Format::vbinary || f == Format::vternary || f == Format::vunary || f == Format::vfill) {
         const auto w = fold_range(in, in.dst, sim::Role::dst);
