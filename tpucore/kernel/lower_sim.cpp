@@ -25,8 +25,8 @@ int64_t SimLowerer::alloc_persistent(int64_t bytes, const std::string& what) {
 
 int64_t SimLowerer::alloc(int64_t bytes) {
   const int64_t at = (temp_top_ + 63) / 64 * 64;
-  vmem_short_ = at + bytes > static_cast<int64_t>(cfg_.memory.vmem_bytes);
-  TPU_CHECK(at + bytes <= static_cast<int64_t>(cfg_.memory.vmem_bytes),
+  vmem_short_ = at + bytes > const_bottom_;
+  TPU_CHECK(at + bytes <= const_bottom_,
             "kernel '{}': the values of grid step {} need more than the chip's {} bytes of VMEM", k_.name,
             shape_str(s_.grid_index), cfg_.memory.vmem_bytes);
   temp_top_ = at + bytes;
@@ -246,16 +246,50 @@ Value SimLowerer::transpose(const Value& a) {
   return r;
 }
 
+// iota is a constant of the program: made once (at its first use) in the constant area and
+// shared by every step that asks for the same shape and axis. Its index vector takes a fill and
+// log2(n) adds (each doubling the part made), then one broadcasting copy fills the other rows
+// or columns.
+void SimLowerer::emit_iota(int64_t at, Dims2 d, bool along_rows) {
+  const int64_t n = along_rows ? d.rows : d.cols, step = along_rows ? d.cols * 4 : 4;
+  auto f32_at = [&](int64_t addr, int64_t rs = -1, int64_t cs = 1) {
+    return B::vmem(B::at(addr), sim::DType::f32, rs < 0 ? d.cols : rs, cs);
+  };
+  b_.fill(f32_at(at), 0.0f, 1, 1);
+  for (int64_t k = 1; k < n; k *= 2) {  // elements [k, k + len) = elements [0, len) + k
+    const int64_t len = std::min(k, n - k);
+    b_.binary(Op::vadd, f32_at(at + k * step), f32_at(at), B::imm(static_cast<float>(k)), along_rows ? len : 1,
+              along_rows ? 1 : len);
+  }
+  if (along_rows && d.cols > 1) b_.unary(Op::vmov, f32_at(at + 4), f32_at(at, d.cols, 0), d.rows, d.cols - 1);
+  if (!along_rows && d.rows > 1) b_.unary(Op::vmov, f32_at(at + d.cols * 4), f32_at(at, 0, 1), d.rows - 1, d.cols);
+}
+
+int64_t SimLowerer::alloc_constant(int64_t bytes) {
+  const int64_t at = (const_bottom_ - bytes) / 64 * 64;
+  if (at < (temp_top_ + 63) / 64 * 64) return -1;
+  const_bottom_ = at;
+  return at;
+}
+
 Value SimLowerer::iota(const std::vector<int64_t>& shape, int axis, DType t) {
   const Dims2 d = dims2(shape, k_.name);
   const bool along_rows = shape.size() == 2 && axis == 0;
   const int64_t n = along_rows ? d.rows : d.cols;
-  TPU_CHECK(n <= 4096, "kernel '{}': iota over {} elements is not lowered (at most 4096)", k_.name, n);
-  Value r = make(shape, t);
-  for (int64_t j = 0; j < n; ++j) {
-    if (along_rows) b_.fill(B::vmem(B::at(r.impl()->vmem + j * d.cols * psize(t)), phys(t), d.cols), float(j), 1, d.cols);
-    else b_.fill(B::vmem(B::at(r.impl()->vmem + j * psize(t)), phys(t), d.cols), float(j), d.rows, 1);
+  TPU_CHECK(n <= (1 << 24), "kernel '{}': iota over {} elements is not lowered (at most 2^24, exact in f32)", k_.name, n);
+  TPU_CHECK(phys(t) == sim::DType::f32, "kernel '{}': iota of dtype {} is not lowered", k_.name, dtype_name(t));
+  auto key = std::pair{std::vector<int64_t>{d.rows, d.cols}, along_rows ? 0 : 1};
+  if (auto it = iotas_.find(key); it != iotas_.end()) return Value(shape, t, it->second);
+  const int64_t bytes = std::max<int64_t>(1, d.rows * d.cols) * 4;
+  if (const int64_t at = alloc_constant(bytes); at >= 0) {
+    auto impl = std::make_shared<Value::Impl>();
+    impl->vmem = at;
+    emit_iota(at, d, along_rows);
+    iotas_.emplace(std::move(key), impl);
+    return Value(shape, t, std::move(impl));
   }
+  Value r = make(shape, t);  // no room for a constant beside this step's values: made for this step
+  emit_iota(r.impl()->vmem, d, along_rows);
   return r;
 }
 

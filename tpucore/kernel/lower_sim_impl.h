@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -41,7 +42,8 @@ class SimLowerer final : public Lowerer {
  public:
   // depth: at most this many VMEM slots per input block (copies issued up to depth - 1 blocks ahead).
   SimLowerer(const KernelDef& k, KernelContext::State& s, const sim::ChipConfig& cfg, int depth)
-      : k_(k), s_(s), cfg_(cfg), b_("kernel:" + k.name), sc_(&s.scalars, &s.scalar_shapes, &k.name), depth_(depth) {}
+      : k_(k), s_(s), cfg_(cfg), b_("kernel:" + k.name), sc_(&s.scalars, &s.scalar_shapes, &k.name), depth_(depth),
+        const_bottom_(static_cast<int64_t>(cfg.memory.vmem_bytes) / 64 * 64) {}
 
   sim::Program build();
   bool vmem_short() const { return vmem_short_; }
@@ -133,6 +135,14 @@ class SimLowerer final : public Lowerer {
   std::vector<ScratchState> scr_;
   Scalars sc_;
   int depth_ = 3;
+  // Constants made once for the whole program (iota), at the top of VMEM growing down, below
+  // which the buffers and the steps' values stay.
+  int64_t const_bottom_;
+  std::map<std::pair<std::vector<int64_t>, int>, std::shared_ptr<Value::Impl>> iotas_;
+  // A VMEM region for a constant, or -1 when it would not fit beside this step's values.
+  int64_t alloc_constant(int64_t bytes);
+  // The index along `axis` of a rows x cols region at `at` (f32), in log2(n) vector ops.
+  void emit_iota(int64_t at, Dims2 d, bool along_rows);
   int operand_reg(const Ref& r) const {
     return r.kind() == Ref::Kind::input ? r.index() : static_cast<int>(s_.in_types.size()) + r.index();
   }
