@@ -10,8 +10,47 @@
 // of rank above 2, i32 division and casts to i32, i32/bool operands) is a tpu::Error naming it.
 #include "tpucore/kernel/lower_sim_impl.h"
 
+#include <cmath>
+
 namespace tpu::kernel::detail {
 namespace chip_lowering {
+
+namespace {
+
+// Bounds of `a op b` for operands within ba and bb (unbounded where they are not known, or the
+// result is rounded to bf16).
+std::pair<double, double> kernel_lowering_bin_bounds(BinOp op, std::pair<double, double> ba, std::pair<double, double> bb,
+                                                     DType out) {
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  const std::pair<double, double> any{-inf, inf}, mask{0.0, 1.0}, yes{1.0, 1.0}, no{0.0, 0.0};
+  const auto [alo, ahi] = ba;
+  const auto [blo, bhi] = bb;
+  const bool finite = std::isfinite(alo) && std::isfinite(ahi) && std::isfinite(blo) && std::isfinite(bhi);
+  switch (op) {
+    case BinOp::lt: return ahi < blo ? yes : alo >= bhi ? no : mask;
+    case BinOp::le: return ahi <= blo ? yes : alo > bhi ? no : mask;
+    case BinOp::gt: return alo > bhi ? yes : ahi <= blo ? no : mask;
+    case BinOp::ge: return alo >= bhi ? yes : ahi < blo ? no : mask;
+    case BinOp::eq: return alo == ahi && blo == bhi && alo == blo ? yes : ahi < blo || bhi < alo ? no : mask;
+    case BinOp::ne: return alo == ahi && blo == bhi && alo == blo ? no : ahi < blo || bhi < alo ? yes : mask;
+    case BinOp::land: return ba == yes && bb == yes ? yes : ba == no || bb == no ? no : mask;
+    default: break;
+  }
+  if (!finite || out == DType::bf16) return any;
+  switch (op) {
+    case BinOp::add: return {alo + blo, ahi + bhi};
+    case BinOp::sub: return {alo - bhi, ahi - blo};
+    case BinOp::max: return {std::max(alo, blo), std::max(ahi, bhi)};
+    case BinOp::min: return {std::min(alo, blo), std::min(ahi, bhi)};
+    case BinOp::mul: {
+      const double p[] = {alo * blo, alo * bhi, ahi * blo, ahi * bhi};
+      return {*std::min_element(p, p + 4), *std::max_element(p, p + 4)};
+    }
+    default: return any;
+  }
+}
+
+}  // namespace
 
 int64_t SimLowerer::alloc_persistent(int64_t bytes, const std::string& what) {
   const int64_t at = (top_ + 63) / 64 * 64;
@@ -142,7 +181,20 @@ Value SimLowerer::binary(BinOp op, const Value& a, const Value& b, const std::ve
   }
   if (op == BinOp::div && a.dtype() == DType::i32) unsupported("division of i32 values");
   const Dims2 d = dims2(shape, k_.name);
-  Value r = make(shape, out);
+  const auto ba = bounds(a), bb = bounds(b);
+  if (op == BinOp::land) {  // with a mask known to keep everything: the other mask
+    if (ba == std::pair{1.0, 1.0} && b.shape() == shape && !b.impl()->imm) return b;
+    if (bb == std::pair{1.0, 1.0} && a.shape() == shape && !a.impl()->imm) return a;
+  }
+  const std::string key = const_key("binary", {&a, &b}, shape, out);
+  if (auto it = const_memo_.find(key); !key.empty() && it != const_memo_.end()) return Value(shape, out, it->second.impl());
+  const auto [lo, hi] = kernel_lowering_bin_bounds(op, ba, bb, out);
+  if (!key.empty() && lo == hi) {  // the same everywhere: a fill
+    Value r = make_result(key, shape, out, lo, hi);
+    b_.fill(dst_at(r.impl()->vmem, out, d), static_cast<float>(lo), d.rows, d.cols);
+    return r;
+  }
+  Value r = key.empty() ? make(shape, out) : make_result(key, shape, out, lo, hi);
   const sim::Operand o = dst_at(r.impl()->vmem, out, d), x = src(a, d), y = src(b, d);
   switch (op) {
     case BinOp::add: b_.binary(Op::vadd, o, x, y, d.rows, d.cols); break;
@@ -195,7 +247,15 @@ Value SimLowerer::unary(UnOp op, const Value& a) {
 
 Value SimLowerer::where(const Value& c, const Value& a, const Value& b, const std::vector<int64_t>& shape) {
   const Dims2 d = dims2(shape, k_.name);
-  Value r = make(shape, a.dtype());
+  const auto bc = bounds(c);
+  const bool all = bc.first > 0 || bc.second < 0, none = bc == std::pair{0.0, 0.0};
+  if (all && a.shape() == shape && !a.impl()->imm) return a;  // a mask known to keep (or drop) everything
+  if (none && b.shape() == shape && !b.impl()->imm) return b;
+  const std::string key = const_key("where", {&c, &a, &b}, shape, a.dtype());
+  if (auto it = const_memo_.find(key); !key.empty() && it != const_memo_.end()) return Value(shape, a.dtype(), it->second.impl());
+  const auto ra = bounds(a), rb = bounds(b);
+  Value r = key.empty() ? make(shape, a.dtype())
+                        : make_result(key, shape, a.dtype(), std::min(ra.first, rb.first), std::max(ra.second, rb.second));
   b_.ternary(Op::vsel, dst_at(r.impl()->vmem, a.dtype(), d), src(c, d), src(a, d), src(b, d), d.rows, d.cols);
   return r;
 }
@@ -233,7 +293,10 @@ Value SimLowerer::reduce(RedOp op, const Value& a, int axis, const std::vector<i
 
 Value SimLowerer::broadcast_to(const Value& a, const std::vector<int64_t>& shape) {
   const Dims2 d = dims2(shape, k_.name);
-  Value r = make(shape, a.dtype());
+  const std::string key = const_key("broadcast", {&a}, shape, a.dtype());
+  if (auto it = const_memo_.find(key); !key.empty() && it != const_memo_.end()) return Value(shape, a.dtype(), it->second.impl());
+  const auto ra = bounds(a);
+  Value r = key.empty() ? make(shape, a.dtype()) : make_result(key, shape, a.dtype(), ra.first, ra.second);
   if (a.impl()->imm) b_.fill(dst(r), static_cast<float>(a.impl()->imm_value), d.rows, d.cols);
   else b_.unary(Op::vmov, dst(r), src(a, d), d.rows, d.cols);
   return r;
@@ -267,9 +330,45 @@ void SimLowerer::emit_iota(int64_t at, Dims2 d, bool along_rows) {
 
 int64_t SimLowerer::alloc_constant(int64_t bytes) {
   const int64_t at = (const_bottom_ - bytes) / 64 * 64;
-  if (at < (temp_top_ + 63) / 64 * 64) return -1;
+  // At most a quarter of VMEM for constants, never over this step's values.
+  if (at < (temp_top_ + 63) / 64 * 64 || at < static_cast<int64_t>(cfg_.memory.vmem_bytes) / 4 * 3) return -1;
   const_bottom_ = at;
   return at;
+}
+
+std::string SimLowerer::const_key(const char* op, std::initializer_list<const Value*> operands,
+                                  const std::vector<int64_t>& shape, DType t) const {
+  std::string key = fmt::format("{} {} {}", op, shape_str(shape), dtype_name(t));
+  bool any_constant = false;
+  for (const Value* v : operands) {
+    if (v->impl()->imm) {
+      key += fmt::format(" #{}", v->impl()->imm_value);
+    } else if (const Constant* c = constant(*v)) {
+      key += fmt::format(" c{}{}", c->id, shape_str(v->shape()));
+      any_constant = true;
+    } else {
+      return {};
+    }
+  }
+  return any_constant ? key : std::string{};
+}
+
+std::pair<double, double> SimLowerer::bounds(const Value& v) const {
+  if (v.impl()->imm) return {v.impl()->imm_value, v.impl()->imm_value};
+  if (const Constant* c = constant(v)) return {c->lo, c->hi};
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  return {-inf, inf};
+}
+
+Value SimLowerer::make_result(const std::string& key, std::vector<int64_t> shape, DType t, double lo, double hi) {
+  const int64_t at = alloc_constant(std::max<int64_t>(1, numel_of(shape)) * psize(t));
+  if (at < 0) return make(std::move(shape), t);  // no room left for constants: a value of this step
+  auto impl = std::make_shared<Value::Impl>();
+  impl->vmem = at;
+  consts_[impl.get()] = {static_cast<int>(consts_.size()), lo, hi};
+  Value v(std::move(shape), t, std::move(impl));
+  const_memo_.emplace(key, v);
+  return v;
 }
 
 Value SimLowerer::iota(const std::vector<int64_t>& shape, int axis, DType t) {
@@ -278,17 +377,9 @@ Value SimLowerer::iota(const std::vector<int64_t>& shape, int axis, DType t) {
   const int64_t n = along_rows ? d.rows : d.cols;
   TPU_CHECK(n <= (1 << 24), "kernel '{}': iota over {} elements is not lowered (at most 2^24, exact in f32)", k_.name, n);
   TPU_CHECK(phys(t) == sim::DType::f32, "kernel '{}': iota of dtype {} is not lowered", k_.name, dtype_name(t));
-  auto key = std::pair{std::vector<int64_t>{d.rows, d.cols}, along_rows ? 0 : 1};
-  if (auto it = iotas_.find(key); it != iotas_.end()) return Value(shape, t, it->second);
-  const int64_t bytes = std::max<int64_t>(1, d.rows * d.cols) * 4;
-  if (const int64_t at = alloc_constant(bytes); at >= 0) {
-    auto impl = std::make_shared<Value::Impl>();
-    impl->vmem = at;
-    emit_iota(at, d, along_rows);
-    iotas_.emplace(std::move(key), impl);
-    return Value(shape, t, std::move(impl));
-  }
-  Value r = make(shape, t);  // no room for a constant beside this step's values: made for this step
+  const std::string key = fmt::format("iota {}x{} {}", d.rows, d.cols, along_rows ? 0 : 1);
+  if (auto it = const_memo_.find(key); it != const_memo_.end()) return Value(shape, t, it->second.impl());
+  Value r = make_result(key, shape, t, 0, static_cast<double>(std::max<int64_t>(0, n - 1)));
   emit_iota(r.impl()->vmem, d, along_rows);
   return r;
 }

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <deque>
+#include <initializer_list>
+#include <limits>
 #include <map>
 #include <memory>
 #include <span>
@@ -135,13 +137,33 @@ class SimLowerer final : public Lowerer {
   std::vector<ScratchState> scr_;
   Scalars sc_;
   int depth_ = 3;
-  // Constants made once for the whole program (iota), at the top of VMEM growing down, below
-  // which the buffers and the steps' values stay.
+  // Constants of the program: values computed from iota and immediates only (masks, key and
+  // query indices) are made once, at their first use, in a constant area at the top of VMEM
+  // growing down (below which the buffers and the steps' values stay), and shared by every step
+  // that computes the same thing. Each carries bounds of its elements, so a comparison whose
+  // result is the same everywhere is known (a mask keeping every element: a where of it is its
+  // first operand, no instruction).
+  struct Constant {
+    int id;
+    double lo, hi;  // every element in [lo, hi]
+  };
   int64_t const_bottom_;
-  std::map<std::pair<std::vector<int64_t>, int>, std::shared_ptr<Value::Impl>> iotas_;
+  std::map<std::string, Value> const_memo_;
+  std::map<const Value::Impl*, Constant> consts_;
   // A VMEM region for a constant, or -1 when it would not fit beside this step's values.
   int64_t alloc_constant(int64_t bytes);
-  // The index along `axis` of a rows x cols region at `at` (f32), in log2(n) vector ops.
+  const Constant* constant(const Value& v) const {
+    auto it = consts_.find(v.impl().get());
+    return it == consts_.end() ? nullptr : &it->second;
+  }
+  // The key of an operation whose operands are all constants or immediates ("" if one is not).
+  std::string const_key(const char* op, std::initializer_list<const Value*> operands, const std::vector<int64_t>& shape,
+                        DType t) const;
+  // The bounds of a constant or an immediate (an unbounded range for anything else).
+  std::pair<double, double> bounds(const Value& v) const;
+  // The result of a constant operation: a new constant (registered under `key` with bounds
+  // [lo, hi]), or a value of this step when the constant area is full.
+  Value make_result(const std::string& key, std::vector<int64_t> shape, DType t, double lo, double hi);
   void emit_iota(int64_t at, Dims2 d, bool along_rows);
   int operand_reg(const Ref& r) const {
     return r.kind() == Ref::Kind::input ? r.index() : static_cast<int>(s_.in_types.size()) + r.index();
