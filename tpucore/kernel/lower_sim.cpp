@@ -486,7 +486,7 @@ sim::Program SimLowerer::build() {
     // value would keep it alive and force a copy out of the slot at every other store).
     s_.scratch.push_back(Value(sc.shape, sc.dtype, std::make_shared<Value::Impl>()));
   }
-  temp_base_ = temp_top_ = (top_ + 63) / 64 * 64;
+  temp_base_ = temp_top_ = step_start_ = (top_ + 63) / 64 * 64;
   int64_t steps = 1;
   for (int64_t g : k_.grid) steps *= g;
   TPU_CHECK(steps <= 65536, "kernel '{}': a grid of {} steps is more than the chip lowering unrolls (65536)", k_.name, steps);
@@ -506,7 +506,7 @@ sim::Program SimLowerer::build() {
     if (pending) b_.wait(static_cast<int>(ni + i), pending);
   }
   b_.fence();
-  return b_.finish();
+  return schedule_kernel_program(b_.finish(), cfg_);
 }
 
 }  // namespace chip_lowering
@@ -516,10 +516,12 @@ using chip_lowering::SimLowerer;
 
 sim::Program lower_to_chip(const KernelDef& k, std::span<const TensorType> inputs, std::span<const TensorType> outputs,
                            const sim::ChipConfig& cfg, std::span<const Tensor> scalars, bool check_copies) {
-  // Up to kDeepestInputRing slots per input block where half of VMEM holds them; two if the
-  // steps' values then do not fit.
+  // Up to kDeepestInputRing slots per input block where half of VMEM holds them, the steps'
+  // values in a ring; if they then do not fit, every step's values from the same base; then two
+  // slots per block.
   constexpr int kDeepestInputRing = 6;
-  for (int depth = kDeepestInputRing;; depth = 2) {
+  for (int attempt = 0;; ++attempt) {
+    const int depth = attempt < 2 ? kDeepestInputRing : 2;
     KernelContext::State s;
     s.def = &k;
     s.check_copies = check_copies;
@@ -534,12 +536,12 @@ sim::Program lower_to_chip(const KernelDef& k, std::span<const TensorType> input
     s.in_place.resize(s.in_types.size());
     s.out_place.resize(outputs.size());
     begin_copies(s);
-    SimLowerer l(k, s, cfg, depth);
+    SimLowerer l(k, s, cfg, depth, attempt == 0);
     s.lower = &l;
     try {
       return l.build();
     } catch (const Error&) {
-      if (depth <= 2 || !l.vmem_short()) throw;
+      if (attempt >= 2 || !l.vmem_short()) throw;
     }
   }
 }

@@ -40,11 +40,18 @@ inline Dims2 dims2(const std::vector<int64_t>& s, const std::string& kernel) {
 inline sim::DType phys(DType t) { return t == DType::bf16 ? sim::DType::bf16 : t == DType::i8 ? sim::DType::i8 : sim::DType::f32; }
 inline int64_t psize(DType t) { return sim::dtype_size(phys(t)); }
 
+// The program's instructions reordered so independent chains of operations overlap on the
+// chip's units (lower_sim_pipeline.cpp); the program as it is when it cannot be reordered safely.
+sim::Program schedule_kernel_program(const sim::Program& p, const sim::ChipConfig& cfg);
+
 class SimLowerer final : public Lowerer {
  public:
   // depth: at most this many VMEM slots per input block (copies issued up to depth - 1 blocks ahead).
-  SimLowerer(const KernelDef& k, KernelContext::State& s, const sim::ChipConfig& cfg, int depth)
+  // rotate: the steps' values in a ring over the VMEM left (consecutive steps share no bytes, so
+  // the scheduler may overlap them), else every step's from the same base.
+  SimLowerer(const KernelDef& k, KernelContext::State& s, const sim::ChipConfig& cfg, int depth, bool rotate)
       : k_(k), s_(s), cfg_(cfg), b_("kernel:" + k.name), sc_(&s.scalars, &s.scalar_shapes, &k.name), depth_(depth),
+        rotate_(rotate),
         const_bottom_(static_cast<int64_t>(cfg.memory.vmem_bytes) / 64 * 64) {}
 
   sim::Program build();
@@ -137,6 +144,8 @@ class SimLowerer final : public Lowerer {
   std::vector<ScratchState> scr_;
   Scalars sc_;
   int depth_ = 3;
+  bool rotate_ = true;
+  int64_t step_start_ = 0, largest_step_ = 0;  // where this step's values start; the most a step took
   // Constants of the program: values computed from iota and immediates only (masks, key and
   // query indices) are made once, at their first use, in a constant area at the top of VMEM
   // growing down (below which the buffers and the steps' values stay), and shared by every step

@@ -4,6 +4,10 @@
 // index changes, waited on only when their buffer is reused.
 #include "tpucore/kernel/lower_sim_impl.h"
 
+#include <cmath>
+
+#include "sim/region.h"
+
 namespace tpu::kernel::detail::chip_lowering {
 
 // One DMA of a block's part inside its array, between HBM (the operand's register + offset) and VMEM.
@@ -157,7 +161,13 @@ void SimLowerer::flush(size_t i) {
 
 void SimLowerer::begin_step(std::span<const int64_t> g) {
   s_.grid_index.assign(g.begin(), g.end());
-  temp_top_ = temp_base_;
+  // This step's values after the last step's, back at the base when less than twice the most a
+  // step took is left below the constants' quarter of VMEM.
+  largest_step_ = std::max(largest_step_, temp_top_ - step_start_);
+  const int64_t limit = static_cast<int64_t>(cfg_.memory.vmem_bytes) / 4 * 3;
+  if (!rotate_ || temp_top_ + 2 * largest_step_ + 64 > limit) temp_top_ = temp_base_;
+  temp_top_ = (temp_top_ + 63) / 64 * 64;
+  step_start_ = temp_top_;
   for (size_t i = 0; i < s_.in_types.size(); ++i)
     if (!is_any(k_.in_specs[i])) s_.in_place[i] = place_of(k_, k_.in_specs[i], s_.in_types[i], spec_name(k_.in_specs[i], "input", i), g, &sc_);
   for (size_t i = 0; i < s_.out_types.size(); ++i) {
@@ -178,6 +188,224 @@ void SimLowerer::begin_step(std::span<const int64_t> g) {
     o.resident = true;
     s_.out_place[i] = o.place;
   }
+}
+
+}  // namespace tpu::kernel::detail::chip_lowering
+
+namespace tpu::kernel::detail::chip_lowering {
+
+namespace {
+
+// What one instruction of a kernel program touches in VMEM and on which unit it runs, for the
+// scheduler below.
+struct SchedInstr {
+  std::vector<sim::Region> rd, wr;
+  bool ordered = false;  // scalar, DMA, wait: kept in program order among themselves
+  bool barrier = false;  // wait / fence: compute after it stays after it
+  int unit = -1;         // timeline of a compute instruction (-1: none)
+  int mxu = -1;          // mxu.lw / mxu.mm: the MXU (its weight buffers are state, kept in order)
+};
+
+sim::Region sched_region(const sim::Operand& o, std::array<int64_t, 2> shape) {
+  const int64_t es = sim::dtype_size(o.dtype);
+  sim::Region r;
+  r.space = o.space;
+  r.base = static_cast<uint64_t>(o.addr.offset);
+  if (o.col_stride == 1) {
+    r.run = static_cast<uint64_t>(shape[1] * es);
+    r.n1 = static_cast<uint64_t>(shape[0]);
+    r.s1 = static_cast<uint64_t>(o.row_stride * es);
+  } else {
+    r.run = static_cast<uint64_t>(es);
+    r.n1 = static_cast<uint64_t>(shape[1]);
+    r.s1 = static_cast<uint64_t>(o.col_stride * es);
+    r.n0 = static_cast<uint64_t>(shape[0]);
+    r.s0 = static_cast<uint64_t>(o.row_stride * es);
+  }
+  r.normalize();
+  return r;
+}
+
+bool sched_conflict(const SchedInstr& a, const SchedInstr& b) {
+  auto any = [](const std::vector<sim::Region>& x, const std::vector<sim::Region>& y) {
+    for (const sim::Region& p : x)
+      for (const sim::Region& q : y)
+        if (p.space == q.space && p.lo() < q.hi() && q.lo() < p.hi() && sim::regions_overlap(p, q)) return true;
+    return false;
+  };
+  return any(a.wr, b.rd) || any(a.rd, b.wr) || any(a.wr, b.wr);
+}
+
+}  // namespace
+
+// List scheduling of a kernel program (what a compiler's scheduler does for the unrolled grid):
+// the units run their instructions in program order, so a chain of dependent operations (a
+// matmul's result, then a row max, then an exp...) leaves every unit idle while it waits for the
+// one before. The instructions are reordered, each only after every earlier one it depends on
+// (through the VMEM bytes they read and write, a MXU's weight buffers, a wait before it), picking
+// among the next few ready ones the one an estimate of the chip's timeline starts first, so the
+// independent chains of other grid steps fill the gaps. DMAs and waits keep their order.
+sim::Program schedule_kernel_program(const sim::Program& p, const sim::ChipConfig& cfg) {
+  const size_t n = p.code.size();
+  std::vector<SchedInstr> si(n);
+  const int vpu = 0, eup = 1, xlu = 2, mxu0 = 3, nm = std::max(1, cfg.mxu.count);
+  for (size_t i = 0; i < n; ++i) {
+    const sim::Instr& in = p.code[i];
+    const sim::OpInfo& info = sim::op_info(in.op);
+    SchedInstr& s = si[i];
+    for (const sim::Operand* o : {&in.dst, &in.a, &in.b, &in.c})
+      if (o->kind == sim::Operand::Kind::mem)
+        for (const sim::AddrTerm& t : o->addr.terms)
+          if (t.reg >= 0 && o->space == sim::Space::vmem) return p;  // register-relative VMEM: not reordered
+    switch (info.unit) {
+      case sim::UnitKind::scalar:
+        if (in.op == Op::loop || in.op == Op::endloop || in.op == Op::loopr || in.op == Op::sld) return p;
+        s.ordered = true;
+        s.barrier = true;
+        break;
+      case sim::UnitKind::dma: {
+        s.ordered = true;
+        auto side = [&](const sim::Operand& o, const std::array<int64_t, 2>& st) {
+          sim::Region r;
+          r.space = o.space;
+          r.base = static_cast<uint64_t>(o.addr.offset);
+          r.run = static_cast<uint64_t>(in.dma_shape[2]);
+          r.n1 = static_cast<uint64_t>(in.dma_shape[1]);
+          r.s1 = static_cast<uint64_t>(st[1] < 0 ? in.dma_shape[2] : st[1]);
+          r.n0 = static_cast<uint64_t>(in.dma_shape[0]);
+          r.s0 = static_cast<uint64_t>(st[0] < 0 ? in.dma_shape[1] * (st[1] < 0 ? in.dma_shape[2] : st[1]) : st[0]);
+          r.normalize();
+          return r;
+        };
+        if (in.dst.space == sim::Space::vmem) s.wr.push_back(side(in.dst, in.dst_stride));
+        if (in.a.space == sim::Space::vmem) s.rd.push_back(side(in.a, in.src_stride));
+        break;
+      }
+      case sim::UnitKind::mxu_weights:
+      case sim::UnitKind::mxu:
+        s.mxu = in.unit;
+        s.unit = mxu0 + 2 * in.unit + (info.unit == sim::UnitKind::mxu ? 0 : 1);
+        break;
+      case sim::UnitKind::vpu: s.unit = vpu; break;
+      case sim::UnitKind::eup: s.unit = eup; break;
+      case sim::UnitKind::xlu: s.unit = xlu; break;
+    }
+    if (s.unit < 0) continue;
+    for (auto [o, role] : {std::pair{&in.a, sim::Role::a}, {&in.b, sim::Role::b}, {&in.c, sim::Role::c}})
+      if (o->kind == sim::Operand::Kind::mem && !(info.format == sim::Format::vfill && role == sim::Role::a))
+        s.rd.push_back(sched_region(*o, sim::operand_shape(in, role)));
+    if (in.dst.kind == sim::Operand::Kind::mem) {
+      const sim::Region w = sched_region(in.dst, sim::operand_shape(in, sim::Role::dst));
+      if (in.op == Op::mxu_mm && in.acc) s.rd.push_back(w);
+      s.wr.push_back(w);
+    }
+  }
+  // Dependencies among a window of the next kWindow unscheduled instructions (older ones first).
+  constexpr size_t kWindow = 96;
+  std::vector<std::vector<size_t>> succ(n);
+  std::vector<int> preds(n, 0);
+  std::vector<double> ready(n, 0.0);  // estimated time the instruction's result is ready
+  std::vector<char> done(n, 0);
+  std::vector<size_t> window;  // unscheduled instructions that entered the window, in program order
+  size_t next_in = 0;
+  auto depends = [&](size_t j, size_t i) {  // j before i in program order
+    const SchedInstr &a = si[j], &b = si[i];
+    if (a.ordered && b.ordered) return true;
+    if (a.barrier || b.barrier) return true;
+    if (a.mxu >= 0 && a.mxu == b.mxu) return true;
+    return sched_conflict(a, b);
+  };
+  std::vector<double> unit_free(static_cast<size_t>(mxu0 + 2 * nm), 0.0);
+  std::map<int, std::deque<double>> sem_done;  // estimated completion of the DMAs on each semaphore
+  double dma_free = 0, clock = 0;
+  const double hbm = std::max(1e-9, std::min(cfg.hbm_bytes_per_cycle(), cfg.dma.engine_bytes_per_cycle));
+  auto mode_rate = [&](sim::MxuMode m) {
+    switch (m) {
+      case sim::MxuMode::f32: return cfg.mxu.f32_cycles_per_row;
+      case sim::MxuMode::i8: return cfg.mxu.int8_cycles_per_row;
+      case sim::MxuMode::bf16x3: return 3 * cfg.mxu.bf16_cycles_per_row;
+      default: return cfg.mxu.bf16_cycles_per_row;
+    }
+  };
+  // Estimated start, busy time and result latency of instruction i issued at `clock`.
+  auto estimate = [&](size_t i, double* busy, double* lat) {
+    const sim::Instr& in = p.code[i];
+    const SchedInstr& s = si[i];
+    double start = clock;
+    *busy = 0;
+    *lat = 0;
+    if (in.op == Op::wait) {
+      auto it = sem_done.find(in.sem);
+      if (it != sem_done.end())
+        for (size_t k = 0; k < static_cast<size_t>(std::max<int64_t>(1, in.imm)) && k < it->second.size(); ++k)
+          start = std::max(start, it->second[k]);
+      return start;
+    }
+    if (s.unit < 0) return start;
+    start = std::max(start, unit_free[static_cast<size_t>(s.unit)]);
+    const double vregs = std::ceil(double(in.rows) / cfg.vpu.sublanes) * std::ceil(double(in.cols) / cfg.vpu.lanes);
+    switch (sim::op_info(in.op).unit) {
+      case sim::UnitKind::mxu_weights: *busy = double(in.rows) * cfg.mxu.weight_load_cycles_per_row; break;
+      case sim::UnitKind::mxu:
+        *busy = double(in.rows) * mode_rate(in.mode);
+        *lat = cfg.mxu.fill_cycles + cfg.mxu.drain_cycles;
+        break;
+      case sim::UnitKind::vpu: *busy = vregs * cfg.vpu.cycles_per_vreg, *lat = cfg.vpu.latency; break;
+      case sim::UnitKind::eup: *busy = vregs * cfg.eup.cycles_per_vreg, *lat = cfg.eup.latency; break;
+      default:
+        *busy = vregs * (in.op == Op::xtrans ? cfg.xlu.transpose_cycles_per_vreg : cfg.xlu.reduce_cycles_per_vreg);
+        *lat = cfg.xlu.latency;
+    }
+    return start;
+  };
+  std::vector<double> dep_ready(n, 0.0);  // the latest ready time of its scheduled predecessors
+  sim::ProgramBuilder out(p.name);
+  size_t emitted = 0;
+  while (emitted < n) {
+    while (next_in < n && window.size() < kWindow) {
+      const size_t i = next_in++;
+      for (size_t j : window)
+        if (depends(j, i)) {
+          succ[j].push_back(i);
+          ++preds[i];
+        }
+      window.push_back(i);
+    }
+    size_t best = n;
+    double best_t = 0, best_busy = 0, best_lat = 0;
+    for (size_t i : window) {
+      if (preds[i] > 0) continue;
+      double busy = 0, lat = 0;
+      const double t = std::max(estimate(i, &busy, &lat), si[i].unit >= 0 ? dep_ready[i] : 0.0);
+      if (best == n || t < best_t) best = i, best_t = t, best_busy = busy, best_lat = lat;
+    }
+    const sim::Instr& in = p.code[best];
+    out.emit(in);
+    ++emitted;
+    done[best] = 1;
+    window.erase(std::find(window.begin(), window.end(), best));
+    const SchedInstr& s = si[best];
+    if (s.unit >= 0) unit_free[static_cast<size_t>(s.unit)] = best_t + best_busy;
+    ready[best] = best_t + best_busy + best_lat;
+    if (in.op == Op::dma) {
+      const double bytes = double(in.dma_shape[0]) * double(in.dma_shape[1]) * double(in.dma_shape[2]);
+      dma_free = std::max(clock + cfg.dma.latency_cycles, dma_free) + bytes / hbm;
+      if (in.sem >= 0) sem_done[in.sem].push_back(dma_free);
+      ready[best] = dma_free;
+    }
+    if (in.op == Op::wait) {
+      auto& q = sem_done[in.sem];
+      for (int64_t k = 0; k < std::max<int64_t>(1, in.imm) && !q.empty(); ++k) q.pop_front();
+      clock = std::max(clock, best_t);
+    }
+    if (in.op == Op::fence) clock = std::max(clock, *std::max_element(ready.begin(), ready.end()));
+    clock += cfg.scalar.issue_cycles;
+    for (size_t k : succ[best]) {
+      --preds[k];
+      dep_ready[k] = std::max(dep_ready[k], ready[best]);
+    }
+  }
+  return out.finish();
 }
 
 }  // namespace tpu::kernel::detail::chip_lowering
