@@ -310,8 +310,14 @@ sim::Program schedule_kernel_program(const sim::Program& p, const sim::ChipConfi
   size_t next_in = 0;
   auto depends = [&](size_t j, size_t i) {  // j before i in program order
     const SchedInstr &a = si[j], &b = si[i];
-    if (a.ordered && b.ordered) return true;
-    if (a.barrier || b.barrier) return true;
+    if (a.ordered && b.ordered) {
+      // A DMA moves across a wait on another semaphore (its copy starts earlier or later; the
+      // wait still consumes the signals of its own semaphore's DMAs, in their order).
+      const sim::Instr &x = p.code[j], &y = p.code[i];
+      const bool dma_wait = (x.op == Op::dma && y.op == Op::wait) || (x.op == Op::wait && y.op == Op::dma);
+      return !dma_wait || x.sem == y.sem || x.sem < 0 || y.sem < 0;
+    }
+    if ((a.barrier && !b.ordered) || (b.barrier && !a.ordered)) return true;
     if (a.mxu >= 0 && a.mxu == b.mxu) return true;
     return sched_conflict(a, b);
   };
