@@ -245,61 +245,128 @@ bool sched_conflict(const SchedInstr& a, const SchedInstr& b) {
 // (through the VMEM bytes they read and write, a MXU's weight buffers, a wait before it), picking
 // among the next few ready ones the one an estimate of the chip's timeline starts first, so the
 // independent chains of other grid steps fill the gaps. DMAs and waits keep their order.
-sim::Program schedule_kernel_program(const sim::Program& p, const sim::ChipConfig& cfg) {
-  const size_t n = p.code.size();
-  std::vector<SchedInstr> si(n);
-  const int vpu = 0, eup = 1, xlu = 2, mxu0 = 3, nm = std::max(1, cfg.mxu.count);
-  for (size_t i = 0; i < n; ++i) {
-    const sim::Instr& in = p.code[i];
-    const sim::OpInfo& info = sim::op_info(in.op);
-    SchedInstr& s = si[i];
-    for (const sim::Operand* o : {&in.dst, &in.a, &in.b, &in.c})
-      if (o->kind == sim::Operand::Kind::mem)
-        for (const sim::AddrTerm& t : o->addr.terms)
-          if (t.reg >= 0 && o->space == sim::Space::vmem) return p;  // register-relative VMEM: not reordered
-    switch (info.unit) {
-      case sim::UnitKind::scalar:
-        if (in.op == Op::loop || in.op == Op::endloop || in.op == Op::loopr || in.op == Op::sld) return p;
-        s.ordered = true;
-        s.barrier = true;
-        break;
-      case sim::UnitKind::dma: {
-        s.ordered = true;
-        auto side = [&](const sim::Operand& o, const std::array<int64_t, 2>& st) {
-          sim::Region r;
-          r.space = o.space;
-          r.base = static_cast<uint64_t>(o.addr.offset);
-          r.run = static_cast<uint64_t>(in.dma_shape[2]);
-          r.n1 = static_cast<uint64_t>(in.dma_shape[1]);
-          r.s1 = static_cast<uint64_t>(st[1] < 0 ? in.dma_shape[2] : st[1]);
-          r.n0 = static_cast<uint64_t>(in.dma_shape[0]);
-          r.s0 = static_cast<uint64_t>(st[0] < 0 ? in.dma_shape[1] * (st[1] < 0 ? in.dma_shape[2] : st[1]) : st[0]);
-          r.normalize();
-          return r;
-        };
-        if (in.dst.space == sim::Space::vmem) s.wr.push_back(side(in.dst, in.dst_stride));
-        if (in.a.space == sim::Space::vmem) s.rd.push_back(side(in.a, in.src_stride));
-        break;
-      }
-      case sim::UnitKind::mxu_weights:
-      case sim::UnitKind::mxu:
-        s.mxu = in.unit;
-        s.unit = mxu0 + 2 * in.unit + (info.unit == sim::UnitKind::mxu ? 0 : 1);
-        break;
-      case sim::UnitKind::vpu: s.unit = vpu; break;
-      case sim::UnitKind::eup: s.unit = eup; break;
-      case sim::UnitKind::xlu: s.unit = xlu; break;
+// What instruction `in` touches and where it runs; false for what is not reordered (loops,
+// register-relative VMEM addresses, scalar loads).
+bool sched_classify(const sim::Instr& in, SchedInstr& s) {
+  const int vpu = 0, eup = 1, xlu = 2, mxu0 = 3;
+  const sim::OpInfo& info = sim::op_info(in.op);
+  for (const sim::Operand* o : {&in.dst, &in.a, &in.b, &in.c})
+    if (o->kind == sim::Operand::Kind::mem)
+      for (const sim::AddrTerm& t : o->addr.terms)
+        if (t.reg >= 0 && o->space == sim::Space::vmem) return false;  // register-relative VMEM: not reordered
+  switch (info.unit) {
+    case sim::UnitKind::scalar:
+      if (in.op == Op::loop || in.op == Op::endloop || in.op == Op::loopr || in.op == Op::sld) return false;
+      s.ordered = true;
+      s.barrier = true;
+      break;
+    case sim::UnitKind::dma: {
+      s.ordered = true;
+      auto side = [&](const sim::Operand& o, const std::array<int64_t, 2>& st) {
+        sim::Region r;
+        r.space = o.space;
+        r.base = static_cast<uint64_t>(o.addr.offset);
+        r.run = static_cast<uint64_t>(in.dma_shape[2]);
+        r.n1 = static_cast<uint64_t>(in.dma_shape[1]);
+        r.s1 = static_cast<uint64_t>(st[1] < 0 ? in.dma_shape[2] : st[1]);
+        r.n0 = static_cast<uint64_t>(in.dma_shape[0]);
+        r.s0 = static_cast<uint64_t>(st[0] < 0 ? in.dma_shape[1] * (st[1] < 0 ? in.dma_shape[2] : st[1]) : st[0]);
+        r.normalize();
+        return r;
+      };
+      if (in.dst.space == sim::Space::vmem) s.wr.push_back(side(in.dst, in.dst_stride));
+      if (in.a.space == sim::Space::vmem) s.rd.push_back(side(in.a, in.src_stride));
+      break;
     }
-    if (s.unit < 0) continue;
-    for (auto [o, role] : {std::pair{&in.a, sim::Role::a}, {&in.b, sim::Role::b}, {&in.c, sim::Role::c}})
-      if (o->kind == sim::Operand::Kind::mem && !(info.format == sim::Format::vfill && role == sim::Role::a))
-        s.rd.push_back(sched_region(*o, sim::operand_shape(in, role)));
-    if (in.dst.kind == sim::Operand::Kind::mem) {
-      const sim::Region w = sched_region(in.dst, sim::operand_shape(in, sim::Role::dst));
-      if (in.op == Op::mxu_mm && in.acc) s.rd.push_back(w);
-      s.wr.push_back(w);
-    }
+    case sim::UnitKind::mxu_weights:
+    case sim::UnitKind::mxu:
+      s.mxu = in.unit;
+      s.unit = mxu0 + 2 * in.unit + (info.unit == sim::UnitKind::mxu ? 0 : 1);
+      break;
+    case sim::UnitKind::vpu: s.unit = vpu; break;
+    case sim::UnitKind::eup: s.unit = eup; break;
+    case sim::UnitKind::xlu: s.unit = xlu; break;
   }
+  if (s.unit < 0) return true;
+  for (auto [o, role] : {std::pair{&in.a, sim::Role::a}, {&in.b, sim::Role::b}, {&in.c, sim::Role::c}})
+    if (o->kind == sim::Operand::Kind::mem && !(info.format == sim::Format::vfill && role == sim::Role::a))
+      s.rd.push_back(sched_region(*o, sim::operand_shape(in, role)));
+  if (in.dst.kind == sim::Operand::Kind::mem) {
+    const sim::Region w = sched_region(in.dst, sim::operand_shape(in, sim::Role::dst));
+    if (in.op == Op::mxu_mm && in.acc) s.rd.push_back(w);
+    s.wr.push_back(w);
+  }
+  return true;
+}
+
+bool sched_same_region(const std::vector<sim::Region>& a, const sim::Region& r) { return a.size() == 1 && a[0] == r; }
+
+bool sched_overlaps(const std::vector<sim::Region>& a, const sim::Region& r) {
+  for (const sim::Region& q : a)
+    if (q.space == r.space && q.lo() < r.hi() && r.lo() < q.hi() && sim::regions_overlap(q, r)) return true;
+  return false;
+}
+
+// Whether the bytes of `r` are read after instruction `from` (exclusive) before an instruction
+// that writes exactly them without reading them.
+bool sched_read_later(const std::vector<SchedInstr>& si, size_t from, const sim::Region& r) {
+  for (size_t k = from + 1; k < si.size(); ++k) {
+    if (sched_overlaps(si[k].rd, r)) return true;
+    if (sched_same_region(si[k].wr, r)) return false;
+  }
+  return false;
+}
+
+// Peepholes of the lowering's output: a value computed and then copied whole into a scratch or
+// output slot (and read nowhere else) is computed into the slot; a fill every byte of which is
+// overwritten before anything reads it is dropped.
+void sched_peephole(std::vector<sim::Instr>& code, std::vector<SchedInstr>& si) {
+  std::vector<char> drop(code.size(), 0);
+  for (size_t i = 0; i < code.size(); ++i) {
+    sim::Instr& x = code[i];
+    const sim::OpInfo& info = sim::op_info(x.op);
+    if (info.unit != sim::UnitKind::vpu && info.unit != sim::UnitKind::eup) continue;
+    if (si[i].wr.size() != 1) continue;
+    const sim::Region t = si[i].wr[0];
+    if (x.op == Op::vfill && !sched_read_later(si, i, t)) {
+      drop[i] = 1;
+      si[i].wr.clear();
+      continue;
+    }
+    if (i + 1 >= code.size() || drop[i + 1]) continue;
+    const sim::Instr& m = code[i + 1];
+    if (m.op != Op::vmov || m.a.kind != sim::Operand::Kind::mem || m.dst.dtype != x.dst.dtype ||
+        !sched_same_region(si[i + 1].rd, t) || si[i + 1].wr.size() != 1 || sched_overlaps(si[i].rd, si[i + 1].wr[0]) ||
+        sched_read_later(si, i + 1, t))
+      continue;
+    const std::array<int64_t, 2> xs = sim::operand_shape(x, sim::Role::dst), ms = sim::operand_shape(m, sim::Role::dst);
+    if (xs != ms || x.rows != m.rows || x.cols != m.cols) continue;
+    x.dst = m.dst;
+    si[i].wr = si[i + 1].wr;
+    drop[i + 1] = 1;
+    si[i + 1] = SchedInstr{};
+    ++i;
+  }
+  size_t k = 0;
+  for (size_t i = 0; i < code.size(); ++i)
+    if (!drop[i]) {
+      if (k != i) code[k] = code[i], si[k] = std::move(si[i]);
+      ++k;
+    }
+  code.resize(k);
+  si.resize(k);
+}
+
+sim::Program schedule_kernel_program(const sim::Program& prog, const sim::ChipConfig& cfg) {
+  const int mxu0 = 3, nm = std::max(1, cfg.mxu.count);
+  sim::Program p;
+  p.name = prog.name;
+  p.code = prog.code;
+  std::vector<SchedInstr> si(p.code.size());
+  for (size_t i = 0; i < p.code.size(); ++i)
+    if (!sched_classify(p.code[i], si[i])) return prog;
+  sched_peephole(p.code, si);
+  const size_t n = p.code.size();
   // Dependencies among a window of the next kWindow unscheduled instructions (older ones first).
   constexpr size_t kWindow = 96;
   std::vector<std::vector<size_t>> succ(n);
