@@ -367,117 +367,127 @@ sim::Program schedule_kernel_program(const sim::Program& prog, const sim::ChipCo
     if (!sched_classify(p.code[i], si[i])) return prog;
   sched_peephole(p.code, si);
   const size_t n = p.code.size();
-  // Dependencies among a window of the next kWindow unscheduled instructions (older ones first).
-  constexpr size_t kWindow = 96;
-  std::vector<std::vector<size_t>> succ(n);
-  std::vector<int> preds(n, 0);
-  std::vector<double> ready(n, 0.0);  // estimated time the instruction's result is ready
-  std::vector<char> done(n, 0);
-  std::vector<size_t> window;  // unscheduled instructions that entered the window, in program order
-  size_t next_in = 0;
-  auto depends = [&](size_t j, size_t i) {  // j before i in program order
-    const SchedInstr &a = si[j], &b = si[i];
-    if (a.ordered && b.ordered) {
-      // A DMA moves across a wait on another semaphore (its copy starts earlier or later; the
-      // wait still consumes the signals of its own semaphore's DMAs, in their order).
-      const sim::Instr &x = p.code[j], &y = p.code[i];
-      const bool dma_wait = (x.op == Op::dma && y.op == Op::wait) || (x.op == Op::wait && y.op == Op::dma);
-      return !dma_wait || x.sem == y.sem || x.sem < 0 || y.sem < 0;
-    }
-    if ((a.barrier && !b.ordered) || (b.barrier && !a.ordered)) return true;
-    if (a.mxu >= 0 && a.mxu == b.mxu) return true;
-    return sched_conflict(a, b);
-  };
-  std::vector<double> unit_free(static_cast<size_t>(mxu0 + 2 * nm), 0.0);
-  std::map<int, std::deque<double>> sem_done;  // estimated completion of the DMAs on each semaphore
-  double dma_free = 0, clock = 0;
-  const double hbm = std::max(1e-9, std::min(cfg.hbm_bytes_per_cycle(), cfg.dma.engine_bytes_per_cycle));
-  auto mode_rate = [&](sim::MxuMode m) {
-    switch (m) {
-      case sim::MxuMode::f32: return cfg.mxu.f32_cycles_per_row;
-      case sim::MxuMode::i8: return cfg.mxu.int8_cycles_per_row;
-      case sim::MxuMode::bf16x3: return 3 * cfg.mxu.bf16_cycles_per_row;
-      default: return cfg.mxu.bf16_cycles_per_row;
-    }
-  };
-  // Estimated start, busy time and result latency of instruction i issued at `clock`.
-  auto estimate = [&](size_t i, double* busy, double* lat) {
-    const sim::Instr& in = p.code[i];
-    const SchedInstr& s = si[i];
-    double start = clock;
-    *busy = 0;
-    *lat = 0;
-    if (in.op == Op::wait) {
-      auto it = sem_done.find(in.sem);
-      if (it != sem_done.end())
-        for (size_t k = 0; k < static_cast<size_t>(std::max<int64_t>(1, in.imm)) && k < it->second.size(); ++k)
-          start = std::max(start, it->second[k]);
+  // Two schedules: compute kept on its side of every wait, or free to move below one (more
+  // overlap, but a wait placed early stalls what follows it); the one estimated to finish first.
+  constexpr size_t kWindow = 192;
+  auto schedule = [&](bool relaxed) {
+    // Dependencies among a window of the next kWindow unscheduled instructions (older ones first).
+    std::vector<std::vector<size_t>> succ(n);
+    std::vector<int> preds(n, 0);
+    std::vector<double> ready(n, 0.0);  // estimated time the instruction's result is ready
+    std::vector<char> done(n, 0);
+    std::vector<size_t> window;  // unscheduled instructions that entered the window, in program order
+    size_t next_in = 0;
+    auto depends = [&](size_t j, size_t i) {  // j before i in program order
+      const SchedInstr &a = si[j], &b = si[i];
+      if (a.ordered && b.ordered) {
+        // A DMA moves across a wait on another semaphore (its copy starts earlier or later; the
+        // wait still consumes the signals of its own semaphore's DMAs, in their order).
+        const sim::Instr &x = p.code[j], &y = p.code[i];
+        const bool dma_wait = (x.op == Op::dma && y.op == Op::wait) || (x.op == Op::wait && y.op == Op::dma);
+        return !dma_wait || x.sem == y.sem || x.sem < 0 || y.sem < 0;
+      }
+      if (a.barrier && !b.ordered) return true;  // compute after a wait stays after it
+      if (b.barrier && !a.ordered && !relaxed) return true;  // and before it, unless relaxed
+      if (a.mxu >= 0 && a.mxu == b.mxu) return true;
+      return sched_conflict(a, b);
+    };
+    std::vector<double> unit_free(static_cast<size_t>(mxu0 + 2 * nm), 0.0);
+    std::map<int, std::deque<double>> sem_done;  // estimated completion of the DMAs on each semaphore
+    double dma_free = 0, clock = 0;
+    const double hbm = std::max(1e-9, std::min(cfg.hbm_bytes_per_cycle(), cfg.dma.engine_bytes_per_cycle));
+    auto mode_rate = [&](sim::MxuMode m) {
+      switch (m) {
+        case sim::MxuMode::f32: return cfg.mxu.f32_cycles_per_row;
+        case sim::MxuMode::i8: return cfg.mxu.int8_cycles_per_row;
+        case sim::MxuMode::bf16x3: return 3 * cfg.mxu.bf16_cycles_per_row;
+        default: return cfg.mxu.bf16_cycles_per_row;
+      }
+    };
+    // Estimated start, busy time and result latency of instruction i issued at `clock`.
+    auto estimate = [&](size_t i, double* busy, double* lat) {
+      const sim::Instr& in = p.code[i];
+      const SchedInstr& s = si[i];
+      double start = clock;
+      *busy = 0;
+      *lat = 0;
+      if (in.op == Op::wait) {
+        auto it = sem_done.find(in.sem);
+        if (it != sem_done.end())
+          for (size_t k = 0; k < static_cast<size_t>(std::max<int64_t>(1, in.imm)) && k < it->second.size(); ++k)
+            start = std::max(start, it->second[k]);
+        return start;
+      }
+      if (s.unit < 0) return start;
+      start = std::max(start, unit_free[static_cast<size_t>(s.unit)]);
+      const double vregs = std::ceil(double(in.rows) / cfg.vpu.sublanes) * std::ceil(double(in.cols) / cfg.vpu.lanes);
+      switch (sim::op_info(in.op).unit) {
+        case sim::UnitKind::mxu_weights: *busy = double(in.rows) * cfg.mxu.weight_load_cycles_per_row; break;
+        case sim::UnitKind::mxu:
+          *busy = double(in.rows) * mode_rate(in.mode);
+          *lat = cfg.mxu.fill_cycles + cfg.mxu.drain_cycles;
+          break;
+        case sim::UnitKind::vpu: *busy = vregs * cfg.vpu.cycles_per_vreg, *lat = cfg.vpu.latency; break;
+        case sim::UnitKind::eup: *busy = vregs * cfg.eup.cycles_per_vreg, *lat = cfg.eup.latency; break;
+        default:
+          *busy = vregs * (in.op == Op::xtrans ? cfg.xlu.transpose_cycles_per_vreg : cfg.xlu.reduce_cycles_per_vreg);
+          *lat = cfg.xlu.latency;
+      }
       return start;
+    };
+    std::vector<double> dep_ready(n, 0.0);  // the latest ready time of its scheduled predecessors
+    std::vector<size_t> order;
+    size_t emitted = 0;
+    while (emitted < n) {
+      while (next_in < n && window.size() < kWindow) {
+        const size_t i = next_in++;
+        for (size_t j : window)
+          if (depends(j, i)) {
+            succ[j].push_back(i);
+            ++preds[i];
+          }
+        window.push_back(i);
+      }
+      size_t best = n;
+      double best_t = 0, best_busy = 0, best_lat = 0;
+      for (size_t i : window) {
+        if (preds[i] > 0) continue;
+        double busy = 0, lat = 0;
+        const double t = std::max(estimate(i, &busy, &lat), si[i].unit >= 0 ? dep_ready[i] : 0.0);
+        if (best == n || t < best_t) best = i, best_t = t, best_busy = busy, best_lat = lat;
+      }
+      const sim::Instr& in = p.code[best];
+      order.push_back(best);
+      ++emitted;
+      done[best] = 1;
+      window.erase(std::find(window.begin(), window.end(), best));
+      const SchedInstr& s = si[best];
+      if (s.unit >= 0) unit_free[static_cast<size_t>(s.unit)] = best_t + best_busy;
+      ready[best] = best_t + best_busy + best_lat;
+      if (in.op == Op::dma) {
+        const double bytes = double(in.dma_shape[0]) * double(in.dma_shape[1]) * double(in.dma_shape[2]);
+        dma_free = std::max(clock + cfg.dma.latency_cycles, dma_free) + bytes / hbm;
+        if (in.sem >= 0) sem_done[in.sem].push_back(dma_free);
+        ready[best] = dma_free;
+      }
+      if (in.op == Op::wait) {
+        auto& q = sem_done[in.sem];
+        for (int64_t k = 0; k < std::max<int64_t>(1, in.imm) && !q.empty(); ++k) q.pop_front();
+        clock = std::max(clock, best_t);
+      }
+      if (in.op == Op::fence) clock = std::max(clock, *std::max_element(ready.begin(), ready.end()));
+      clock += cfg.scalar.issue_cycles;
+      for (size_t k : succ[best]) {
+        --preds[k];
+        dep_ready[k] = std::max(dep_ready[k], ready[best]);
+      }
     }
-    if (s.unit < 0) return start;
-    start = std::max(start, unit_free[static_cast<size_t>(s.unit)]);
-    const double vregs = std::ceil(double(in.rows) / cfg.vpu.sublanes) * std::ceil(double(in.cols) / cfg.vpu.lanes);
-    switch (sim::op_info(in.op).unit) {
-      case sim::UnitKind::mxu_weights: *busy = double(in.rows) * cfg.mxu.weight_load_cycles_per_row; break;
-      case sim::UnitKind::mxu:
-        *busy = double(in.rows) * mode_rate(in.mode);
-        *lat = cfg.mxu.fill_cycles + cfg.mxu.drain_cycles;
-        break;
-      case sim::UnitKind::vpu: *busy = vregs * cfg.vpu.cycles_per_vreg, *lat = cfg.vpu.latency; break;
-      case sim::UnitKind::eup: *busy = vregs * cfg.eup.cycles_per_vreg, *lat = cfg.eup.latency; break;
-      default:
-        *busy = vregs * (in.op == Op::xtrans ? cfg.xlu.transpose_cycles_per_vreg : cfg.xlu.reduce_cycles_per_vreg);
-        *lat = cfg.xlu.latency;
-    }
-    return start;
+    return std::pair{std::move(order), *std::max_element(ready.begin(), ready.end())};
   };
-  std::vector<double> dep_ready(n, 0.0);  // the latest ready time of its scheduled predecessors
+  auto strict = schedule(false), relaxed = schedule(true);
+  const std::vector<size_t>& order = relaxed.second < strict.second ? relaxed.first : strict.first;
   sim::ProgramBuilder out(p.name);
-  size_t emitted = 0;
-  while (emitted < n) {
-    while (next_in < n && window.size() < kWindow) {
-      const size_t i = next_in++;
-      for (size_t j : window)
-        if (depends(j, i)) {
-          succ[j].push_back(i);
-          ++preds[i];
-        }
-      window.push_back(i);
-    }
-    size_t best = n;
-    double best_t = 0, best_busy = 0, best_lat = 0;
-    for (size_t i : window) {
-      if (preds[i] > 0) continue;
-      double busy = 0, lat = 0;
-      const double t = std::max(estimate(i, &busy, &lat), si[i].unit >= 0 ? dep_ready[i] : 0.0);
-      if (best == n || t < best_t) best = i, best_t = t, best_busy = busy, best_lat = lat;
-    }
-    const sim::Instr& in = p.code[best];
-    out.emit(in);
-    ++emitted;
-    done[best] = 1;
-    window.erase(std::find(window.begin(), window.end(), best));
-    const SchedInstr& s = si[best];
-    if (s.unit >= 0) unit_free[static_cast<size_t>(s.unit)] = best_t + best_busy;
-    ready[best] = best_t + best_busy + best_lat;
-    if (in.op == Op::dma) {
-      const double bytes = double(in.dma_shape[0]) * double(in.dma_shape[1]) * double(in.dma_shape[2]);
-      dma_free = std::max(clock + cfg.dma.latency_cycles, dma_free) + bytes / hbm;
-      if (in.sem >= 0) sem_done[in.sem].push_back(dma_free);
-      ready[best] = dma_free;
-    }
-    if (in.op == Op::wait) {
-      auto& q = sem_done[in.sem];
-      for (int64_t k = 0; k < std::max<int64_t>(1, in.imm) && !q.empty(); ++k) q.pop_front();
-      clock = std::max(clock, best_t);
-    }
-    if (in.op == Op::fence) clock = std::max(clock, *std::max_element(ready.begin(), ready.end()));
-    clock += cfg.scalar.issue_cycles;
-    for (size_t k : succ[best]) {
-      --preds[k];
-      dep_ready[k] = std::max(dep_ready[k], ready[best]);
-    }
-  }
+  for (size_t i : order) out.emit(p.code[i]);
   return out.finish();
 }
 
