@@ -370,6 +370,21 @@ sim::Program schedule_kernel_program(const sim::Program& prog, const sim::ChipCo
   // Two schedules: compute kept on its side of every wait, or free to move below one (more
   // overlap, but a wait placed early stalls what follows it); the one estimated to finish first.
   constexpr size_t kWindow = 192;
+  // A MXU's weight load and the matmuls after it (until its next load) are a group: groups may
+  // run in any order, each whole (a matmul uses the weights loaded last on its MXU).
+  std::vector<std::vector<size_t>> group(n);  // lw -> its matmuls
+  std::vector<size_t> loader(n, n);            // mm -> its lw
+  {
+    std::map<int, size_t> last_lw;
+    for (size_t i = 0; i < n; ++i) {
+      if (p.code[i].op == Op::mxu_lw) last_lw[p.code[i].unit] = i;
+      if (p.code[i].op != Op::mxu_mm) continue;
+      auto it = last_lw.find(p.code[i].unit);
+      if (it == last_lw.end()) return prog;  // a matmul on weights loaded before the program: kept as it is
+      loader[i] = it->second;
+      group[it->second].push_back(i);
+    }
+  }
   auto schedule = [&](bool relaxed) {
     // Dependencies among a window of the next kWindow unscheduled instructions (older ones first).
     std::vector<std::vector<size_t>> succ(n);
@@ -377,6 +392,7 @@ sim::Program schedule_kernel_program(const sim::Program& prog, const sim::ChipCo
     std::vector<double> ready(n, 0.0);  // estimated time the instruction's result is ready
     std::vector<char> done(n, 0);
     std::vector<size_t> window;  // unscheduled instructions that entered the window, in program order
+    std::vector<size_t> open(static_cast<size_t>(nm), 0);  // matmuls of the group each MXU holds still to come
     size_t next_in = 0;
     auto depends = [&](size_t j, size_t i) {  // j before i in program order
       const SchedInstr &a = si[j], &b = si[i];
@@ -389,7 +405,7 @@ sim::Program schedule_kernel_program(const sim::Program& prog, const sim::ChipCo
       }
       if (a.barrier && !b.ordered) return true;  // compute after a wait stays after it
       if (b.barrier && !a.ordered && !relaxed) return true;  // and before it, unless relaxed
-      if (a.mxu >= 0 && a.mxu == b.mxu) return true;
+      if (loader[i] == j) return true;  // a matmul after its weights
       return sched_conflict(a, b);
     };
     std::vector<double> unit_free(static_cast<size_t>(mxu0 + 2 * nm), 0.0);
@@ -452,12 +468,21 @@ sim::Program schedule_kernel_program(const sim::Program& prog, const sim::ChipCo
       double best_t = 0, best_busy = 0, best_lat = 0;
       for (size_t i : window) {
         if (preds[i] > 0) continue;
+        if (p.code[i].op == Op::mxu_lw) {  // only on a MXU no group holds, with its matmuls ready but for it
+          if (open[static_cast<size_t>(p.code[i].unit)] > 0) continue;
+          bool go = true;
+          for (size_t m : group[i]) go = go && m < next_in && preds[m] == 1;
+          if (!go) continue;
+        }
         double busy = 0, lat = 0;
         const double t = std::max(estimate(i, &busy, &lat), si[i].unit >= 0 ? dep_ready[i] : 0.0);
         if (best == n || t < best_t) best = i, best_t = t, best_busy = busy, best_lat = lat;
       }
+      if (best == n) return std::pair{std::vector<size_t>{}, std::numeric_limits<double>::infinity()};  // stuck
       const sim::Instr& in = p.code[best];
       order.push_back(best);
+      if (p.code[best].op == Op::mxu_lw) open[static_cast<size_t>(p.code[best].unit)] = group[best].size();
+      if (p.code[best].op == Op::mxu_mm) --open[static_cast<size_t>(p.code[best].unit)];
       ++emitted;
       done[best] = 1;
       window.erase(std::find(window.begin(), window.end(), best));
@@ -485,6 +510,7 @@ sim::Program schedule_kernel_program(const sim::Program& prog, const sim::ChipCo
     return std::pair{std::move(order), *std::max_element(ready.begin(), ready.end())};
   };
   auto strict = schedule(false), relaxed = schedule(true);
+  if (strict.first.empty() && relaxed.first.empty()) return prog;
   const std::vector<size_t>& order = relaxed.second < strict.second ? relaxed.first : strict.first;
   sim::ProgramBuilder out(p.name);
   for (size_t i : order) out.emit(p.code[i]);
