@@ -76,6 +76,8 @@ sim::Operand SimLowerer::src(const Value& v, Dims2 out) const {
   if (v.impl()->imm) return B::imm(static_cast<float>(v.impl()->imm_value));
   if (v.dtype() == DType::i8) unsupported("an i8 value other than a dot operand");
   const Dims2 d = dims2(v.shape(), k_.name);
+  if (v.rank() == 2 && d.cols == 1 && d.rows > 1 && out.rows == 1 && out.cols == d.rows)  // a column run as a row
+    return B::vmem(B::at(v.impl()->vmem), phys(v.dtype()), d.rows, 1);
   const int64_t rs = d.rows == 1 && out.rows > 1 ? 0 : d.cols;
   const int64_t cs = d.cols == 1 && out.cols > 1 ? 0 : 1;
   return B::vmem(B::at(v.impl()->vmem), phys(v.dtype()), rs, cs);
@@ -95,7 +97,7 @@ void SimLowerer::store(Ref::Kind kind, int index, const Value& v, const Value* m
   }
   ScratchState& sc = scr_[i];
   const Value old = sc.value;
-  const Dims2 d = dims2(old.shape(), k_.name);
+  const Dims2 d = lane_dims(old.shape(), {&v, mask});
   const sim::Operand out = dst_at(next_scratch_slot(i), old.dtype(), d);
   if (mask) b_.ternary(Op::vsel, out, src(*mask, d), src(v, d), src(old, d), d.rows, d.cols);
   else b_.unary(Op::vmov, out, src(v, d), d.rows, d.cols);
@@ -180,7 +182,7 @@ Value SimLowerer::binary(BinOp op, const Value& a, const Value& b, const std::ve
     return imm_value(out, r);
   }
   if (op == BinOp::div && a.dtype() == DType::i32) unsupported("division of i32 values");
-  const Dims2 d = dims2(shape, k_.name);
+  const Dims2 d = lane_dims(shape, {&a, &b});
   const auto ba = bounds(a), bb = bounds(b);
   if (op == BinOp::land) {  // with a mask known to keep everything: the other mask
     if (ba == std::pair{1.0, 1.0} && b.shape() == shape && !b.impl()->imm) return b;
@@ -218,7 +220,7 @@ Value SimLowerer::binary(BinOp op, const Value& a, const Value& b, const std::ve
 
 Value SimLowerer::unary(UnOp op, const Value& a) {
   if (a.impl()->imm) unsupported("a math function of a scalar constant");
-  const Dims2 d = dims2(a.shape(), k_.name);
+  const Dims2 d = lane_dims(a.shape(), {&a});
   Value r = make(a.shape(), a.dtype());
   const sim::Operand o = dst(r), x = src(a, d);
   auto un = [&](Op code) { b_.unary(code, o, x, d.rows, d.cols); };
@@ -246,7 +248,7 @@ Value SimLowerer::unary(UnOp op, const Value& a) {
 }
 
 Value SimLowerer::where(const Value& c, const Value& a, const Value& b, const std::vector<int64_t>& shape) {
-  const Dims2 d = dims2(shape, k_.name);
+  const Dims2 d = lane_dims(shape, {&c, &a, &b});
   const auto bc = bounds(c);
   const bool all = bc.first > 0 || bc.second < 0, none = bc == std::pair{0.0, 0.0};
   if (all && a.shape() == shape && !a.impl()->imm) return a;  // a mask known to keep (or drop) everything
@@ -386,7 +388,7 @@ Value SimLowerer::iota(const std::vector<int64_t>& shape, int axis, DType t) {
 
 Value SimLowerer::full(const std::vector<int64_t>& shape, double v, DType t) {
   if (shape.empty()) return imm_value(t, v);
-  const Dims2 d = dims2(shape, k_.name);
+  const Dims2 d = lane_dims(shape, {});
   Value r = make(shape, t);
   b_.fill(dst(r), static_cast<float>(round_to(t, v)), d.rows, d.cols);
   return r;

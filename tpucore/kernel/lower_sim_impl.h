@@ -115,6 +115,16 @@ class SimLowerer final : public Lowerer {
     impl->imm_value = round_to(t, v);
     return Value({}, t, std::move(impl));
   }
+  // A column [r, 1] computed elementwise from columns of the same shape (and immediates) is the
+  // same r contiguous elements as a row: its instructions run over it as a row [1, r] (r / lanes
+  // vector registers instead of r / sublanes), the layout of a softmax's row statistics.
+  Dims2 lane_dims(const std::vector<int64_t>& shape, std::initializer_list<const Value*> ops) const {
+    const Dims2 d = dims2(shape, k_.name);
+    if (shape.size() != 2 || d.cols != 1 || d.rows <= 1) return d;
+    for (const Value* v : ops)
+      if (v && !v->impl()->imm && v->shape() != shape) return d;
+    return {1, d.rows};
+  }
   // `v` as a source operand of an op over rows x cols (broadcast dims as zero strides).
   sim::Operand src(const Value& v, Dims2 out) const;
   static sim::Operand dst(const Value& v) {
