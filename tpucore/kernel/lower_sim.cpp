@@ -521,7 +521,7 @@ sim::Program lower_to_chip(const KernelDef& k, std::span<const TensorType> input
   // Up to kDeepestInputRing slots per input block where half of VMEM holds them, the steps'
   // values in a ring; if they then do not fit, every step's values from the same base; then two
   // slots per block.
-  constexpr int kDeepestInputRing = 8;
+  constexpr int kDeepestInputRing = 12;
   for (int attempt = 0;; ++attempt) {
     const int depth = attempt < 2 ? kDeepestInputRing : 2;
     KernelContext::State s;

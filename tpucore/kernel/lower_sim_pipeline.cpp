@@ -113,7 +113,7 @@ void SimLowerer::issue_load(size_t i, int slot, const BlockPlace& p, double fill
 // blocks ahead of the current one, each into a free slot of the ring, so their DMAs (latency and
 // transfer) overlap the compute of the steps before them (Pallas' pipelining, deeper).
 void SimLowerer::prefetch(std::span<const int64_t> g) {
-  constexpr int kMaxLookahead = 16;  // grid steps looked at ahead of g
+  constexpr int kMaxLookahead = 24;  // grid steps looked at ahead of g
   std::vector<Index> steps;
   Index next(g.begin(), g.end());
   for (int w = 0; w < kMaxLookahead; ++w) {
