@@ -1,7 +1,9 @@
 // The block pipeline of the chip lowering: input blocks come in by DMA into a ring of VMEM
 // slots, the copies of the next steps' blocks issued ahead so the DMA latency overlaps the
 // compute of the steps before; output blocks stay resident and go back by DMA when their block
-// index changes, waited on only when their buffer is reused.
+// index changes, waited on only when their buffer is reused. Then the program's scheduler
+// (schedule_kernel_program): peepholes and a list scheduler that interleaves the dependent
+// chains of independent grid steps on the chip's units.
 #include "tpucore/kernel/lower_sim_impl.h"
 
 #include <cmath>
