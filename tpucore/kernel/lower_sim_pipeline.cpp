@@ -311,10 +311,13 @@ bool sched_overlaps(const std::vector<sim::Region>& a, const sim::Region& r) {
 
 // Whether the bytes of `r` are read after instruction `from` (exclusive) before an instruction
 // that writes exactly them without reading them.
+// Looks at most kSchedScan instructions ahead (what is not settled by then counts as read).
 bool sched_read_later(const std::vector<SchedInstr>& si, size_t from, const sim::Region& r) {
+  constexpr size_t kSchedScan = 4096;
   for (size_t k = from + 1; k < si.size(); ++k) {
     if (sched_overlaps(si[k].rd, r)) return true;
     if (sched_same_region(si[k].wr, r)) return false;
+    if (k - from > kSchedScan) return true;
   }
   return false;
 }
@@ -360,6 +363,9 @@ void sched_peephole(std::vector<sim::Instr>& code, std::vector<SchedInstr>& si) 
 }
 
 sim::Program schedule_kernel_program(const sim::Program& prog, const sim::ChipConfig& cfg) {
+  // Programs of many grid steps stay in program order (the scheduler's cost grows with them).
+  constexpr size_t kMaxScheduled = 1 << 15;
+  if (prog.megacore() || prog.code.size() > kMaxScheduled) return prog;
   const int mxu0 = 3, nm = std::max(1, cfg.mxu.count);
   sim::Program p;
   p.name = prog.name;
