@@ -3,7 +3,9 @@
 // with the library's own chip kernels; what the lowering lacks is an error naming it.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "codegen_testing.h"
 #include "examples/kernels/flash_attention.h"
@@ -13,6 +15,7 @@
 #include "tpucore/compile.h"
 #include "tpucore/kernel.h"
 #include "tpucore/kernel/lower_sim.h"
+#include "sim/chip.h"
 
 namespace tpu {
 namespace {
@@ -249,6 +252,73 @@ TEST_CASE("kernel sim: the block pipeline hides the DMA latency of a copy kernel
   CHECK(cycles > 0);
   CHECK(cycles < serial);
   CHECK(cycles < 3 * cfg.dma.latency_cycles + static_cast<double>(steps) * (2 * transfer + 0.5 * cfg.dma.latency_cycles));
+}
+
+// Cycles of a kernel's chip program for these operand types on a chip (timing only).
+double kernel_sim_cycles(const sim::ChipConfig& cfg, const KernelDef& k, const std::vector<TensorType>& in,
+                         const std::vector<TensorType>& out) {
+  sim::Chip chip(cfg);
+  const sim::Program p = kernel::detail::lower_to_chip(k, in, out, chip.config());
+  std::vector<int64_t> regs;
+  for (size_t i = 0; i < in.size() + out.size(); ++i) regs.push_back(static_cast<int64_t>(i) << 16);
+  return chip.run(p, {.timing_only = true, .registers = regs}).stats.cycles;
+}
+
+size_t count_ops(const sim::Program& p, sim::Op op) {
+  return static_cast<size_t>(std::count_if(p.code.begin(), p.code.end(), [&](const sim::Instr& in) { return in.op == op; }));
+}
+
+TEST_CASE("kernel sim: independent grid steps overlap on the chip's units", "[kernel][sim]") {
+  // Each head's steps are a chain of dependent operations (scores on the MXU, row max, exp, the
+  // second matmul); the heads share nothing, so the program runs their chains side by side: two
+  // heads take well under twice the cycles of one. The tiny chip with the MXU latency of the TPU
+  // presets (hundreds of cycles from the last row in to the result), so one head's chain leaves
+  // the units idle most of the time.
+  sim::ChipConfig cfg = sim::preset_config("tiny");
+  cfg.mxu.fill_cycles = cfg.mxu.drain_cycles = 200;
+  auto cycles = [&](int64_t heads) {
+    const std::vector<TensorType> in(3, TensorType{Shape{heads, 8, 8}, DType::f32});
+    const KernelDef k = examples::flash_attention_kernel(in, {}, {{"bq", 8}, {"bk", 8}});
+    return kernel_sim_cycles(cfg, k, in, {in[0]});
+  };
+  const double one = cycles(1), two = cycles(2);
+  UNSCOPED_INFO("one head " << one << " cycles, two heads " << two);
+  CHECK(one > 0);
+  CHECK(two < 1.5 * one);
+}
+
+TEST_CASE("kernel sim: iota is made once per program and a mask known to keep everything costs no select",
+          "[kernel][sim]") {
+  TinySim tiny;
+  const Device dev = tiny.dev();
+  const int64_t steps = 8, rows = 2, cols = 16;
+  for (int64_t keep : {cols, int64_t{10}}) {
+    DYNAMIC_SECTION("keys kept " << keep) {
+      KernelDef k;
+      k.name = "iota_mask_" + std::to_string(keep);
+      k.grid = {steps};
+      k.in_specs = {{.block_shape = {rows, cols}, .index_map = [](auto g) { return Index{g[0], 0}; }}};
+      k.out_specs = k.in_specs;
+      k.body = [keep](KernelContext& c) {
+        const Value col = cast(iota({rows, cols}, 1), DType::f32);
+        c.out(0).store(where(lt(col, static_cast<double>(keep)), c.in(0).load() + col, 0.0));
+      };
+      const std::vector<TensorType> types{{Shape{steps * rows, cols}, DType::f32}};
+      const sim::Program p = kernel::detail::lower_to_chip(k, types, types, sim::preset_config("tiny"));
+      // One fill per column in every step would be steps x cols fills; the index is made once.
+      CHECK(count_ops(p, sim::Op::vfill) < static_cast<size_t>(steps));
+      CHECK(count_ops(p, sim::Op::vsel) == (keep == cols ? 0u : static_cast<size_t>(steps)));
+      const Tensor x = rnd({steps * rows, cols}, 41);
+      const std::vector<Tensor> args{x.to(dev)};
+      const std::vector<float> xv = x.to_vector<float>(), yv = call(k, args, types)[0].to(Device()).to_vector<float>();
+      REQUIRE(yv.size() == xv.size());
+      for (size_t i = 0; i < xv.size(); ++i) {  // a naive loop: x + j where j < keep, else 0
+        const int64_t j = static_cast<int64_t>(i) % cols;
+        INFO("element " << i);
+        CHECK(yv[i] == (j < keep ? xv[i] + static_cast<float>(j) : 0.0f));
+      }
+    }
+  }
 }
 
 TEST_CASE("kernel sim: a step whose values do not fit beside deep block rings runs with two slots per block",

@@ -10,8 +10,47 @@
 // of rank above 2, i32 division and casts to i32, i32/bool operands) is a tpu::Error naming it.
 #include "tpucore/kernel/lower_sim_impl.h"
 
+#include <cmath>
+
 namespace tpu::kernel::detail {
 namespace chip_lowering {
+
+namespace {
+
+// Bounds of `a op b` for operands within ba and bb (unbounded where they are not known, or the
+// result is rounded to bf16).
+std::pair<double, double> kernel_lowering_bin_bounds(BinOp op, std::pair<double, double> ba, std::pair<double, double> bb,
+                                                     DType out) {
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  const std::pair<double, double> any{-inf, inf}, mask{0.0, 1.0}, yes{1.0, 1.0}, no{0.0, 0.0};
+  const auto [alo, ahi] = ba;
+  const auto [blo, bhi] = bb;
+  const bool finite = std::isfinite(alo) && std::isfinite(ahi) && std::isfinite(blo) && std::isfinite(bhi);
+  switch (op) {
+    case BinOp::lt: return ahi < blo ? yes : alo >= bhi ? no : mask;
+    case BinOp::le: return ahi <= blo ? yes : alo > bhi ? no : mask;
+    case BinOp::gt: return alo > bhi ? yes : ahi <= blo ? no : mask;
+    case BinOp::ge: return alo >= bhi ? yes : ahi < blo ? no : mask;
+    case BinOp::eq: return alo == ahi && blo == bhi && alo == blo ? yes : ahi < blo || bhi < alo ? no : mask;
+    case BinOp::ne: return alo == ahi && blo == bhi && alo == blo ? no : ahi < blo || bhi < alo ? yes : mask;
+    case BinOp::land: return ba == yes && bb == yes ? yes : ba == no || bb == no ? no : mask;
+    default: break;
+  }
+  if (!finite || out == DType::bf16) return any;
+  switch (op) {
+    case BinOp::add: return {alo + blo, ahi + bhi};
+    case BinOp::sub: return {alo - bhi, ahi - blo};
+    case BinOp::max: return {std::max(alo, blo), std::max(ahi, bhi)};
+    case BinOp::min: return {std::min(alo, blo), std::min(ahi, bhi)};
+    case BinOp::mul: {
+      const double p[] = {alo * blo, alo * bhi, ahi * blo, ahi * bhi};
+      return {*std::min_element(p, p + 4), *std::max_element(p, p + 4)};
+    }
+    default: return any;
+  }
+}
+
+}  // namespace
 
 int64_t SimLowerer::alloc_persistent(int64_t bytes, const std::string& what) {
   const int64_t at = (top_ + 63) / 64 * 64;
@@ -25,8 +64,8 @@ int64_t SimLowerer::alloc_persistent(int64_t bytes, const std::string& what) {
 
 int64_t SimLowerer::alloc(int64_t bytes) {
   const int64_t at = (temp_top_ + 63) / 64 * 64;
-  vmem_short_ = at + bytes > static_cast<int64_t>(cfg_.memory.vmem_bytes);
-  TPU_CHECK(at + bytes <= static_cast<int64_t>(cfg_.memory.vmem_bytes),
+  vmem_short_ = at + bytes > const_bottom_;
+  TPU_CHECK(at + bytes <= const_bottom_,
             "kernel '{}': the values of grid step {} need more than the chip's {} bytes of VMEM", k_.name,
             shape_str(s_.grid_index), cfg_.memory.vmem_bytes);
   temp_top_ = at + bytes;
@@ -39,6 +78,8 @@ sim::Operand SimLowerer::src(const Value& v, Dims2 out) {
   materialize(v);
   if (v.dtype() == DType::i8) unsupported("an i8 value other than a dot operand");
   const Dims2 d = dims2(v.shape(), k_.name);
+  if (v.rank() == 2 && d.cols == 1 && d.rows > 1 && out.rows == 1 && out.cols == d.rows)  // a column run as a row
+    return B::vmem(B::at(v.impl()->vmem), phys(v.dtype()), d.rows, 1);
   const int64_t rs = d.rows == 1 && out.rows > 1 ? 0 : d.cols;
   const int64_t cs = d.cols == 1 && out.cols > 1 ? 0 : 1;
   return B::vmem(B::at(v.impl()->vmem), phys(v.dtype()), rs, cs);
@@ -60,7 +101,6 @@ void SimLowerer::store(Ref::Kind kind, int index, const Value& v, const Value* m
   if (!mask && defer_accumulate_store(i, v)) return;
   ScratchState& sc = scr_[i];
   const Value old = sc.value;
-  const Dims2 d = dims2(old.shape(), k_.name);
   if (!mask && !v.impl()->imm) {
     if (const Deferred* f = deferred_of(v.impl().get()); f && f->is_fill && v.shape() == old.shape()) {
       const double fv = f->fill;  // the scratch's new value is the same fill, deferred too
@@ -69,6 +109,7 @@ void SimLowerer::store(Ref::Kind kind, int index, const Value& v, const Value* m
       return;
     }
   }
+  const Dims2 d = lane_dims(old.shape(), {&v, mask});
   const sim::Operand out = dst_at(next_scratch_slot(i), old.dtype(), d);
   if (mask) b_.ternary(Op::vsel, out, src(*mask, d), src(v, d), src(old, d), d.rows, d.cols);
   else b_.unary(Op::vmov, out, src(v, d), d.rows, d.cols);
@@ -150,8 +191,21 @@ Value SimLowerer::binary(BinOp op, const Value& a, const Value& b, const std::ve
     return imm_value(out, r);
   }
   if (op == BinOp::div && a.dtype() == DType::i32) unsupported("division of i32 values");
-  const Dims2 d = dims2(shape, k_.name);
-  Value r = make(shape, out);
+  const Dims2 d = lane_dims(shape, {&a, &b});
+  const auto ba = bounds(a), bb = bounds(b);
+  if (op == BinOp::land) {  // with a mask known to keep everything: the other mask
+    if (ba == std::pair{1.0, 1.0} && b.shape() == shape && !b.impl()->imm) return b;
+    if (bb == std::pair{1.0, 1.0} && a.shape() == shape && !a.impl()->imm) return a;
+  }
+  const std::string key = const_key("binary", {&a, &b}, shape, out);
+  if (auto it = const_memo_.find(key); !key.empty() && it != const_memo_.end()) return Value(shape, out, it->second.impl());
+  const auto [lo, hi] = kernel_lowering_bin_bounds(op, ba, bb, out);
+  if (!key.empty() && lo == hi) {  // the same everywhere: a fill
+    Value r = make_result(key, shape, out, lo, hi);
+    b_.fill(dst_at(r.impl()->vmem, out, d), static_cast<float>(lo), d.rows, d.cols);
+    return r;
+  }
+  Value r = key.empty() ? make(shape, out) : make_result(key, shape, out, lo, hi);
   const sim::Operand o = dst_at(r.impl()->vmem, out, d), x = src(a, d), y = src(b, d);
   switch (op) {
     case BinOp::add: b_.binary(Op::vadd, o, x, y, d.rows, d.cols); break;
@@ -175,7 +229,7 @@ Value SimLowerer::binary(BinOp op, const Value& a, const Value& b, const std::ve
 
 Value SimLowerer::unary(UnOp op, const Value& a) {
   if (a.impl()->imm) unsupported("a math function of a scalar constant");
-  const Dims2 d = dims2(a.shape(), k_.name);
+  const Dims2 d = lane_dims(a.shape(), {&a});
   Value r = make(a.shape(), a.dtype());
   const sim::Operand o = dst(r), x = src(a, d);
   auto un = [&](Op code) { b_.unary(code, o, x, d.rows, d.cols); };
@@ -203,8 +257,16 @@ Value SimLowerer::unary(UnOp op, const Value& a) {
 }
 
 Value SimLowerer::where(const Value& c, const Value& a, const Value& b, const std::vector<int64_t>& shape) {
-  const Dims2 d = dims2(shape, k_.name);
-  Value r = make(shape, a.dtype());
+  const Dims2 d = lane_dims(shape, {&c, &a, &b});
+  const auto bc = bounds(c);
+  const bool all = bc.first > 0 || bc.second < 0, none = bc == std::pair{0.0, 0.0};
+  if (all && a.shape() == shape && !a.impl()->imm) return a;  // a mask known to keep (or drop) everything
+  if (none && b.shape() == shape && !b.impl()->imm) return b;
+  const std::string key = const_key("where", {&c, &a, &b}, shape, a.dtype());
+  if (auto it = const_memo_.find(key); !key.empty() && it != const_memo_.end()) return Value(shape, a.dtype(), it->second.impl());
+  const auto ra = bounds(a), rb = bounds(b);
+  Value r = key.empty() ? make(shape, a.dtype())
+                        : make_result(key, shape, a.dtype(), std::min(ra.first, rb.first), std::max(ra.second, rb.second));
   b_.ternary(Op::vsel, dst_at(r.impl()->vmem, a.dtype(), d), src(c, d), src(a, d), src(b, d), d.rows, d.cols);
   return r;
 }
@@ -242,7 +304,10 @@ Value SimLowerer::reduce(RedOp op, const Value& a, int axis, const std::vector<i
 
 Value SimLowerer::broadcast_to(const Value& a, const std::vector<int64_t>& shape) {
   const Dims2 d = dims2(shape, k_.name);
-  Value r = make(shape, a.dtype());
+  const std::string key = const_key("broadcast", {&a}, shape, a.dtype());
+  if (auto it = const_memo_.find(key); !key.empty() && it != const_memo_.end()) return Value(shape, a.dtype(), it->second.impl());
+  const auto ra = bounds(a);
+  Value r = key.empty() ? make(shape, a.dtype()) : make_result(key, shape, a.dtype(), ra.first, ra.second);
   if (a.impl()->imm) b_.fill(dst(r), static_cast<float>(a.impl()->imm_value), d.rows, d.cols);
   else b_.unary(Op::vmov, dst(r), src(a, d), d.rows, d.cols);
   return r;
@@ -255,16 +320,78 @@ Value SimLowerer::transpose(const Value& a) {
   return r;
 }
 
+// iota is a constant of the program: made once (at its first use) in the constant area and
+// shared by every step that asks for the same shape and axis. Its index vector takes a fill and
+// log2(n) adds (each doubling the part made), then one broadcasting copy fills the other rows
+// or columns.
+void SimLowerer::emit_iota(int64_t at, Dims2 d, bool along_rows) {
+  const int64_t n = along_rows ? d.rows : d.cols, step = along_rows ? d.cols * 4 : 4;
+  auto f32_at = [&](int64_t addr, int64_t rs = -1, int64_t cs = 1) {
+    return B::vmem(B::at(addr), sim::DType::f32, rs < 0 ? d.cols : rs, cs);
+  };
+  b_.fill(f32_at(at), 0.0f, 1, 1);
+  for (int64_t k = 1; k < n; k *= 2) {  // elements [k, k + len) = elements [0, len) + k
+    const int64_t len = std::min(k, n - k);
+    b_.binary(Op::vadd, f32_at(at + k * step), f32_at(at), B::imm(static_cast<float>(k)), along_rows ? len : 1,
+              along_rows ? 1 : len);
+  }
+  if (along_rows && d.cols > 1) b_.unary(Op::vmov, f32_at(at + 4), f32_at(at, d.cols, 0), d.rows, d.cols - 1);
+  if (!along_rows && d.rows > 1) b_.unary(Op::vmov, f32_at(at + d.cols * 4), f32_at(at, 0, 1), d.rows - 1, d.cols);
+}
+
+int64_t SimLowerer::alloc_constant(int64_t bytes) {
+  const int64_t at = (const_bottom_ - bytes) / 64 * 64;
+  // At most a quarter of VMEM for constants, never over this step's values.
+  if (at < (temp_top_ + 63) / 64 * 64 || at < static_cast<int64_t>(cfg_.memory.vmem_bytes) / 4 * 3) return -1;
+  const_bottom_ = at;
+  return at;
+}
+
+std::string SimLowerer::const_key(const char* op, std::initializer_list<const Value*> operands,
+                                  const std::vector<int64_t>& shape, DType t) const {
+  std::string key = fmt::format("{} {} {}", op, shape_str(shape), dtype_name(t));
+  bool any_constant = false;
+  for (const Value* v : operands) {
+    if (v->impl()->imm) {
+      key += fmt::format(" #{}", v->impl()->imm_value);
+    } else if (const Constant* c = constant(*v)) {
+      key += fmt::format(" c{}{}", c->id, shape_str(v->shape()));
+      any_constant = true;
+    } else {
+      return {};
+    }
+  }
+  return any_constant ? key : std::string{};
+}
+
+std::pair<double, double> SimLowerer::bounds(const Value& v) const {
+  if (v.impl()->imm) return {v.impl()->imm_value, v.impl()->imm_value};
+  if (const Constant* c = constant(v)) return {c->lo, c->hi};
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  return {-inf, inf};
+}
+
+Value SimLowerer::make_result(const std::string& key, std::vector<int64_t> shape, DType t, double lo, double hi) {
+  const int64_t at = alloc_constant(std::max<int64_t>(1, numel_of(shape)) * psize(t));
+  if (at < 0) return make(std::move(shape), t);  // no room left for constants: a value of this step
+  auto impl = std::make_shared<Value::Impl>();
+  impl->vmem = at;
+  consts_[impl.get()] = {static_cast<int>(consts_.size()), lo, hi};
+  Value v(std::move(shape), t, std::move(impl));
+  const_memo_.emplace(key, v);
+  return v;
+}
+
 Value SimLowerer::iota(const std::vector<int64_t>& shape, int axis, DType t) {
   const Dims2 d = dims2(shape, k_.name);
   const bool along_rows = shape.size() == 2 && axis == 0;
   const int64_t n = along_rows ? d.rows : d.cols;
-  TPU_CHECK(n <= 4096, "kernel '{}': iota over {} elements is not lowered (at most 4096)", k_.name, n);
-  Value r = make(shape, t);
-  for (int64_t j = 0; j < n; ++j) {
-    if (along_rows) b_.fill(B::vmem(B::at(r.impl()->vmem + j * d.cols * psize(t)), phys(t), d.cols), float(j), 1, d.cols);
-    else b_.fill(B::vmem(B::at(r.impl()->vmem + j * psize(t)), phys(t), d.cols), float(j), d.rows, 1);
-  }
+  TPU_CHECK(n <= (1 << 24), "kernel '{}': iota over {} elements is not lowered (at most 2^24, exact in f32)", k_.name, n);
+  TPU_CHECK(phys(t) == sim::DType::f32, "kernel '{}': iota of dtype {} is not lowered", k_.name, dtype_name(t));
+  const std::string key = fmt::format("iota {}x{} {}", d.rows, d.cols, along_rows ? 0 : 1);
+  if (auto it = const_memo_.find(key); it != const_memo_.end()) return Value(shape, t, it->second.impl());
+  Value r = make_result(key, shape, t, 0, static_cast<double>(std::max<int64_t>(0, n - 1)));
+  emit_iota(r.impl()->vmem, d, along_rows);
   return r;
 }
 
@@ -337,7 +464,7 @@ sim::Program SimLowerer::build() {
     // value would keep it alive and force a copy out of the slot at every other store).
     s_.scratch.push_back(Value(sc.shape, sc.dtype, std::make_shared<Value::Impl>()));
   }
-  temp_base_ = temp_top_ = (top_ + 63) / 64 * 64;
+  temp_base_ = temp_top_ = step_start_ = (top_ + 63) / 64 * 64;
   int64_t steps = 1;
   for (int64_t g : k_.grid) steps *= g;
   TPU_CHECK(steps <= 65536, "kernel '{}': a grid of {} steps is more than the chip lowering unrolls (65536)", k_.name, steps);
@@ -360,7 +487,7 @@ sim::Program SimLowerer::build() {
   b_.fence();
   sim::Program p = b_.finish();
   fold_store_copies(p);
-  return p;
+  return schedule_kernel_program(p, cfg_);
 }
 
 }  // namespace chip_lowering
@@ -370,10 +497,12 @@ using chip_lowering::SimLowerer;
 
 sim::Program lower_to_chip(const KernelDef& k, std::span<const TensorType> inputs, std::span<const TensorType> outputs,
                            const sim::ChipConfig& cfg, std::span<const Tensor> scalars, bool check_copies) {
-  // Up to kDeepestInputRing slots per input block where half of VMEM holds them; two if the
-  // steps' values then do not fit.
-  constexpr int kDeepestInputRing = 6;
-  for (int depth = kDeepestInputRing;; depth = 2) {
+  // Up to kDeepestInputRing slots per input block where half of VMEM holds them, the steps'
+  // values in a ring; if they then do not fit, every step's values from the same base; then two
+  // slots per block.
+  constexpr int kDeepestInputRing = 12;
+  for (int attempt = 0;; ++attempt) {
+    const int depth = attempt < 2 ? kDeepestInputRing : 2;
     KernelContext::State s;
     s.def = &k;
     s.check_copies = check_copies;
@@ -388,12 +517,12 @@ sim::Program lower_to_chip(const KernelDef& k, std::span<const TensorType> input
     s.in_place.resize(s.in_types.size());
     s.out_place.resize(outputs.size());
     begin_copies(s);
-    SimLowerer l(k, s, cfg, depth);
+    SimLowerer l(k, s, cfg, depth, attempt == 0);
     s.lower = &l;
     try {
       return l.build();
     } catch (const Error&) {
-      if (depth <= 2 || !l.vmem_short()) throw;
+      if (attempt >= 2 || !l.vmem_short()) throw;
     }
   }
 }

@@ -34,7 +34,7 @@ void SimLowerer::materialize(const Value& v) {
   deferred_.erase(it);
   const int64_t at = v.impl()->vmem;
   if (d.is_fill) {
-    const Dims2 dd = dims2(v.shape(), k_.name);
+    const Dims2 dd = lane_dims(v.shape(), {});
     b_.fill(dst_at(at, v.dtype(), dd), static_cast<float>(d.fill), dd.rows, dd.cols);
     return;
   }

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <deque>
+#include <initializer_list>
+#include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -40,12 +43,19 @@ inline int64_t psize(DType t) { return sim::dtype_size(phys(t)); }
 
 // Drops the copy of a store whose value's last operation can write the block itself.
 void fold_store_copies(sim::Program& p);
+// The program's instructions reordered so independent chains of operations overlap on the
+// chip's units (lower_sim_pipeline.cpp); the program as it is when it cannot be reordered safely.
+sim::Program schedule_kernel_program(const sim::Program& p, const sim::ChipConfig& cfg);
 
 class SimLowerer final : public Lowerer {
  public:
   // depth: at most this many VMEM slots per input block (copies issued up to depth - 1 blocks ahead).
-  SimLowerer(const KernelDef& k, KernelContext::State& s, const sim::ChipConfig& cfg, int depth)
-      : k_(k), s_(s), cfg_(cfg), b_("kernel:" + k.name), sc_(&s.scalars, &s.scalar_shapes, &k.name), depth_(depth) {}
+  // rotate: the steps' values in a ring over the VMEM left (consecutive steps share no bytes, so
+  // the scheduler may overlap them), else every step's from the same base.
+  SimLowerer(const KernelDef& k, KernelContext::State& s, const sim::ChipConfig& cfg, int depth, bool rotate)
+      : k_(k), s_(s), cfg_(cfg), b_("kernel:" + k.name), sc_(&s.scalars, &s.scalar_shapes, &k.name), depth_(depth),
+        rotate_(rotate),
+        const_bottom_(static_cast<int64_t>(cfg.memory.vmem_bytes) / 64 * 64) {}
 
   sim::Program build();
   bool vmem_short() const { return vmem_short_; }
@@ -109,6 +119,16 @@ class SimLowerer final : public Lowerer {
     impl->imm_value = round_to(t, v);
     return Value({}, t, std::move(impl));
   }
+  // A column [r, 1] computed elementwise from columns of the same shape (and immediates) is the
+  // same r contiguous elements as a row: its instructions run over it as a row [1, r] (r / lanes
+  // vector registers instead of r / sublanes), the layout of a softmax's row statistics.
+  Dims2 lane_dims(const std::vector<int64_t>& shape, std::initializer_list<const Value*> ops) const {
+    const Dims2 d = dims2(shape, k_.name);
+    if (shape.size() != 2 || d.cols != 1 || d.rows <= 1) return d;
+    for (const Value* v : ops)
+      if (v && !v->impl()->imm && v->shape() != shape) return d;
+    return {1, d.rows};
+  }
   // `v` as a source operand of an op over rows x cols (broadcast dims as zero strides); a
   // deferred value is emitted first (lower_sim_dot.cpp).
   sim::Operand src(const Value& v, Dims2 out);
@@ -141,6 +161,36 @@ class SimLowerer final : public Lowerer {
   std::vector<ScratchState> scr_;
   Scalars sc_;
   int depth_ = 3;
+  bool rotate_ = true;
+  int64_t step_start_ = 0, largest_step_ = 0;  // where this step's values start; the most a step took
+  // Constants of the program: values computed from iota and immediates only (masks, key and
+  // query indices) are made once, at their first use, in a constant area at the top of VMEM
+  // growing down (below which the buffers and the steps' values stay), and shared by every step
+  // that computes the same thing. Each carries bounds of its elements, so a comparison whose
+  // result is the same everywhere is known (a mask keeping every element: a where of it is its
+  // first operand, no instruction).
+  struct Constant {
+    int id;
+    double lo, hi;  // every element in [lo, hi]
+  };
+  int64_t const_bottom_;
+  std::map<std::string, Value> const_memo_;
+  std::map<const Value::Impl*, Constant> consts_;
+  // A VMEM region for a constant, or -1 when it would not fit beside this step's values.
+  int64_t alloc_constant(int64_t bytes);
+  const Constant* constant(const Value& v) const {
+    auto it = consts_.find(v.impl().get());
+    return it == consts_.end() ? nullptr : &it->second;
+  }
+  // The key of an operation whose operands are all constants or immediates ("" if one is not).
+  std::string const_key(const char* op, std::initializer_list<const Value*> operands, const std::vector<int64_t>& shape,
+                        DType t) const;
+  // The bounds of a constant or an immediate (an unbounded range for anything else).
+  std::pair<double, double> bounds(const Value& v) const;
+  // The result of a constant operation: a new constant (registered under `key` with bounds
+  // [lo, hi]), or a value of this step when the constant area is full.
+  Value make_result(const std::string& key, std::vector<int64_t> shape, DType t, double lo, double hi);
+  void emit_iota(int64_t at, Dims2 d, bool along_rows);
   int operand_reg(const Ref& r) const {
     return r.kind() == Ref::Kind::input ? r.index() : static_cast<int>(s_.in_types.size()) + r.index();
   }
