@@ -6,6 +6,7 @@
 #include "moe_test_util.h"
 #include "ops/fallback.h"
 #include "tpucore/autograd.h"
+#include "codegen_testing.h"
 
 namespace tpu::testing {
 namespace {
@@ -139,6 +140,70 @@ OpInfoRegistrar reg_moe_unpermute({
       return unpermute_ref(r[0], ints(r[1]), p[1] ? &r[2] : nullptr, p[0]);
     },
 });
+
+// The fused layer node (graph pass fuse_moe) run eagerly through the registry.
+Tensor run_moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& w, const Tensor& w1, const Tensor& w2) {
+  return ops::call(*ops::find_op("moe_ffn"), {x, ids, w, w1, w2}, {{"num_experts", w1.size(0)}, {"top_k", ids.size(1)}});
+}
+
+TEST_CASE("moe_ffn: the fused layer equals the per-token loop (empty, one-token, uneven experts, row tiles)",
+          "[moe][codegen]") {
+  TinySim tiny;
+  Generator g(31);
+  struct Case {
+    const char* name;
+    int64_t T, H, F, E, k;
+    std::vector<int64_t> ids;  // empty: random (every token's k experts distinct)
+  };
+  // 150 tokens x top 2 over 3 experts: expert 1 gets >= 64 rows, so it runs in several row tiles.
+  std::vector<int64_t> many;
+  for (int64_t t = 0; t < 150; ++t) {
+    many.push_back(t % 7 == 0 ? 2 : 1);
+    many.push_back(t % 7 == 0 ? 1 : (t % 3 == 0 ? 2 : 3));
+  }
+  const std::vector<Case> cases{
+      {"uneven, random", 6, 5, 3, 4, 2, {}},
+      {"empty and one-token experts", 3, 4, 2, 5, 2, {3, 0, 3, 1, 0, 3}},  // experts 2 and 4 empty, 1 one token
+      {"top 1, one expert takes all", 4, 3, 4, 3, 1, {2, 2, 2, 2}},
+      {"no tokens", 0, 3, 2, 2, 2, {}},
+      {"row tiles", 150, 16, 24, 4, 2, many},  // expert 0 empty
+  };
+  for (DType dt : {DType::f32, DType::bf16})
+    for (const Case& c : cases) {
+      std::vector<int64_t> ids = c.ids;
+      if (ids.empty())
+        for (int64_t t = 0; t < c.T; ++t) {
+          const auto a = static_cast<int64_t>(g.next_double() * static_cast<double>(c.E)) % c.E;
+          ids.push_back(a);
+          if (c.k == 2) ids.push_back((a + 1 + static_cast<int64_t>(g.next_double() * (c.E - 1.0)) % (c.E - 1)) % c.E);
+        }
+      const Tensor x = make_input(g, {c.T, c.H}, dt, Layout::contiguous, -1.0, 1.0);
+      const Tensor w = make_input(g, {c.T, c.k}, dt, Layout::contiguous, 0.0, 1.0);
+      const Tensor w1 = make_input(g, {c.E, 2 * c.F, c.H}, dt, Layout::contiguous, -1.0, 1.0);
+      const Tensor w2 = make_input(g, {c.E, c.H, c.F}, dt, Layout::contiguous, -1.0, 1.0);
+      const Tensor idt = from_vector(ids, Shape{c.T, c.k});
+      const Ref ref = moe_ffn_ref(ref_of(x), ids, ref_of(w), ref_of(w1), ref_of(w2));
+      const Tol tol = dt == DType::f32 ? Tol{1e-5, 1e-5} : Tol{0.1, 3e-2};
+      for (Device d : {Device("cpu"), tiny.dev()}) {
+        if (c.T > 64 && d != Device("cpu")) continue;  // row tiles are the cpu kernel's; the chip's time is long
+        INFO(c.name << " " << dtype_name(dt) << " " << d.str());
+        const Tensor out = run_moe_ffn(x.to(d), idt.to(d), w.to(d), w1.to(d), w2.to(d));
+        REQUIRE(out.device() == d);
+        CHECK(out.dtype() == dt);
+        check_close(out.to(Device()), ref, tol, c.name);
+      }
+    }
+  // Strided operands (a transposed x, sliced weights) and i32 ids on the cpu.
+  const Tensor x = make_input(g, {5, 4}, DType::f32, Layout::transposed, -1.0, 1.0);
+  const Tensor w = make_input(g, {5, 2}, DType::f32, Layout::sliced, 0.0, 1.0);
+  const Tensor w1 = make_input(g, {3, 6, 4}, DType::f32, Layout::sliced, -1.0, 1.0);
+  const Tensor w2 = make_input(g, {3, 4, 3}, DType::f32, Layout::transposed, -1.0, 1.0);
+  const std::vector<int64_t> ids{0, 2, 1, 0, 2, 1, 0, 1, 2, 0};
+  check_close(run_moe_ffn(x, from_vector(ids, Shape{5, 2}).to(DType::i32), w, w1, w2),
+              moe_ffn_ref(ref_of(x), ids, ref_of(w), ref_of(w1), ref_of(w2)), {1e-5, 1e-5}, "strided");
+  expect_error([&] { run_moe_ffn(x, from_vector(std::vector<int64_t>{0, 3, 1, 0, 2, 1, 0, 1, 2, 0}, Shape{5, 2}), w, w1, w2); },
+               {"moe_ffn", "out of range"});
+}
 
 }  // namespace
 }  // namespace tpu::testing
