@@ -133,6 +133,26 @@ inline Ref moe_ffn_ref(const Ref& x, const std::vector<int64_t>& ids, const Ref&
   return out;
 }
 
+// cumsum along dim: element by element, the sum of the line's elements up to it.
+inline Ref cumsum_ref(const Ref& x, int64_t dim) {
+  Ref out(x.shape);
+  if (x.shape.ndim() == 0) {
+    out.v = x.v;
+    return out;
+  }
+  const int d = static_cast<int>(dim < 0 ? dim + x.shape.ndim() : dim);
+  int64_t inner = 1;
+  for (int i = d + 1; i < x.shape.ndim(); ++i) inner *= x.shape[i];
+  const int64_t n = x.shape[d];
+  for (int64_t f = 0; f < x.numel(); ++f) {
+    const int64_t pos = (f / inner) % n;  // this element's index along dim
+    double s = 0;
+    for (int64_t j = 0; j <= pos; ++j) s += x.v[static_cast<size_t>(f - (pos - j) * inner)];
+    out.v[static_cast<size_t>(f)] = s;
+  }
+  return out;
+}
+
 // A random permutation of [0, n) as an i64 tensor.
 inline Tensor random_order(Generator& g, int64_t n, DType dt = DType::i64) {
   std::vector<int64_t> v(static_cast<size_t>(n));

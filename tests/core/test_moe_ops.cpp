@@ -141,6 +141,47 @@ OpInfoRegistrar reg_moe_unpermute({
     },
 });
 
+OpInfoRegistrar reg_cumsum({
+    .op = "cumsum",
+    .dtypes = {DType::f32, DType::bf16, DType::i32, DType::i64},
+    .samples =
+        [](DType dt, Generator& g) {
+          auto mk = [&](const Shape& s, L l) { return make_input(g, s, dt, l, -4.0, 4.0); };
+          return std::vector<OpSample>{
+              {"rows", {mk({4, 7}, L::contiguous), params({1})}},
+              {"transposed, dim 0", {mk({5, 3}, L::transposed), params({0})}},
+              {"middle dim of a sliced 3-D", {mk({2, 6, 3}, L::sliced), params({-2})}},
+              {"one element along dim", {mk({3, 1}, L::contiguous), params({-1})}},
+              {"0-d", {mk({}, L::contiguous), params({0})}},
+              {"no elements", {mk({0, 4}, L::contiguous), params({0})}},
+          };
+        },
+    .run = [](const std::vector<Tensor>& in) { return cumsum(in[0], params_of(in[1])[0]); },
+    .reference = [](const std::vector<Ref>& r, DType) { return cumsum_ref(r[0], params_of(r[1])[0]); },
+});
+
+TEST_CASE("cumsum: long lines, wrapping i32, bool counts as i64, gradient is the reverse prefix sum", "[moe]") {
+  Generator g(41);
+  // 3 x 5000 f32 (threads over lines, a long f32 accumulation) against the naive loop in double.
+  const Tensor x = make_input(g, {3, 5000}, DType::f32, Layout::contiguous, -1.0, 1.0);
+  check_close(cumsum(x, 1), cumsum_ref(ref_of(x), 1), {2e-3, 1e-4}, "long f32 lines");
+  // i32 wraps modulo 2^32 as the dtype does.
+  const Tensor big = from_vector(std::vector<int32_t>{2147483647, 1, 5}, Shape{3});
+  CHECK(cumsum(big, 0).to_vector<int32_t>() == std::vector<int32_t>{2147483647, -2147483647 - 1, -2147483643});
+  const Tensor b = from_vector(std::vector<int64_t>{1, 0, 1, 1, 0, 0}, Shape{2, 3}).to(DType::boolean);
+  const Tensor cb = cumsum(b, 1);
+  CHECK(cb.dtype() == DType::i64);
+  CHECK(cb.to_vector<int64_t>() == std::vector<int64_t>{1, 1, 2, 1, 1, 1});
+  // d/dx_j sum_i c_i out_i = sum_{i >= j} c_i.
+  const Tensor xr = make_input(g, {2, 4}, DType::f32, Layout::contiguous).requires_grad_();
+  const std::vector<float> c{1, 2, 3, 4, -1, 0.5f, 2, 0};
+  sum(mul(cumsum(xr, 1), from_vector(c, Shape{2, 4}))).backward();
+  const std::vector<float> want{10, 9, 7, 4, 1.5f, 2.5f, 2, 0};
+  const std::vector<float> got = xr.grad().to_vector<float>();
+  for (size_t i = 0; i < want.size(); ++i) CHECK(got[i] == Approx(want[i]).margin(1e-6));
+  expect_error([&] { cumsum(x, 2); }, {"cumsum"});
+}
+
 // The fused layer node (graph pass fuse_moe) run eagerly through the registry.
 Tensor run_moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& w, const Tensor& w1, const Tensor& w2) {
   return ops::call(*ops::find_op("moe_ffn"), {x, ids, w, w1, w2}, {{"num_experts", w1.size(0)}, {"top_k", ids.size(1)}});

@@ -66,15 +66,11 @@ namespace {
 
 // capacity_keep's mask from device ops with static shapes (the path of tpu::compile): the slots in
 // admission order (choice-major) one-hot by expert [kN, E], their running count per expert (a
-// prefix sum by log2(kN) shifted adds), and a slot kept when fewer than C slots of its expert
-// come before it.
+// cumsum down the slots), and a slot kept when fewer than C slots of its expert come before it.
 Tensor capacity_keep_traced(const Tensor& ids, int64_t num_experts, int64_t cap, const Tensor& like) {
   const int64_t n = ids.size(0), k = ids.size(1), s = n * k;
-  const auto i32 = TensorOptions(DType::i32, ids.device());
   const Tensor hot = tpu::to(one_hot(reshape(transpose(ids, 0, 1).contiguous(), Shape{s}), num_experts), DType::i32);
-  Tensor upto = hot;  // slots of each expert up to and including this one
-  for (int64_t d = 1; d < s; d *= 2)
-    upto = add(upto, cat({zeros(Shape{d, num_experts}, i32), narrow(upto, 0, 0, s - d)}, 0));
+  const Tensor upto = cumsum(hot, 0);  // slots of each expert up to and including this one
   const Tensor before = sum(mul(sub(upto, hot), hot), {-1}, false, DType::i32);  // [kN]
   const Tensor keep = reshape(transpose(reshape(lt(before, cap), Shape{k, n}), 0, 1).contiguous(), Shape{n, k});
   return tpu::to(keep, like.dtype());
