@@ -113,8 +113,8 @@ void moe_ffn_fused(const ops::KernelArgs& a) {
   for (size_t i = 1; i < start.size(); ++i) start[i] += start[i - 1];
   std::vector<int64_t> order(ids.size());
   {
-    std::vector<int64_t> at(start.begin(), start.end() - 1);
-    for (size_t s = 0; s < ids.size(); ++s) order[static_cast<size_t>(at[static_cast<size_t>(ids[s])]++)] =
+    std::vector<int64_t> next(start.begin(), start.end() - 1);
+    for (size_t s = 0; s < ids.size(); ++s) order[static_cast<size_t>(next[static_cast<size_t>(ids[s])]++)] =
         static_cast<int64_t>(s);
   }
   std::vector<float> gate_w(ids.size());
