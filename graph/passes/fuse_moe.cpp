@@ -65,25 +65,26 @@ void moe_ffn_chain(const ops::KernelArgs& a) {
 // Rows of one expert per tile of the fused cpu kernel.
 constexpr int64_t kMoeFfnTile = 64;
 
-// The expert ids of a cpu tensor as i32, each checked to lie in [0, experts).
+// The expert ids of a 2-D cpu tensor [T, k] as i32 in slot order, each checked to lie in [0, experts).
 std::vector<int32_t> moe_ffn_read_ids(const Tensor& ids, int64_t experts) {
   std::vector<int32_t> v(static_cast<size_t>(ids.numel()));
   bool integral = false;
-  const Tensor c = ids.contiguous();
-  dispatch_dtype(c.dtype(), [&](auto z) {
+  const int64_t k = ids.size(1);
+  dispatch_dtype(ids.dtype(), [&](auto z) {
     using T = decltype(z);
     if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
       integral = true;
-      const T* p = static_cast<const T*>(c.raw_data());
+      const T* p = static_cast<const T*>(ids.raw_data());
       for (size_t i = 0; i < v.size(); ++i) {
-        const auto x = static_cast<int64_t>(p[i]);
+        const auto t = static_cast<int64_t>(i) / k, j = static_cast<int64_t>(i) % k;
+        const auto x = static_cast<int64_t>(p[t * ids.strides()[0] + j * ids.strides()[1]]);
         TPU_CHECK(x >= 0 && x < experts, "moe_ffn: expert id {} (slot {}) is out of range for {} experts", x, i,
                   experts);
         v[i] = static_cast<int32_t>(x);
       }
     }
   });
-  TPU_CHECK(integral, "moe_ffn: expert ids must be an integer tensor, got {}", c.dtype());
+  TPU_CHECK(integral, "moe_ffn: expert ids must be an integer tensor, got {}", ids.dtype());
   return v;
 }
 

@@ -239,9 +239,14 @@ TEST_CASE("moe_ffn: the fused layer equals the per-token loop (empty, one-token,
   const Tensor w = make_input(g, {5, 2}, DType::f32, Layout::sliced, 0.0, 1.0);
   const Tensor w1 = make_input(g, {3, 6, 4}, DType::f32, Layout::sliced, -1.0, 1.0);
   const Tensor w2 = make_input(g, {3, 4, 3}, DType::f32, Layout::transposed, -1.0, 1.0);
-  const std::vector<int64_t> ids{0, 2, 1, 0, 2, 1, 0, 1, 2, 0};
-  check_close(run_moe_ffn(x, from_vector(ids, Shape{5, 2}).to(DType::i32), w, w1, w2),
-              moe_ffn_ref(ref_of(x), ids, ref_of(w), ref_of(w1), ref_of(w2)), {1e-5, 1e-5}, "strided");
+  const std::vector<int64_t> ids{0, 2, 1, 0, 2, 1, 0, 1, 2, 0};  // stored [2, 5], passed as its transpose [5, 2]
+  std::vector<int64_t> slot_ids;
+  for (int64_t t = 0; t < 5; ++t)
+    for (int64_t j = 0; j < 2; ++j) slot_ids.push_back(ids[static_cast<size_t>(j * 5 + t)]);
+  const Tensor ids_t = transpose(from_vector(ids, Shape{2, 5}).to(DType::i32), 0, 1);
+  REQUIRE(!ids_t.is_contiguous());
+  check_close(run_moe_ffn(x, ids_t, w, w1, w2),
+              moe_ffn_ref(ref_of(x), slot_ids, ref_of(w), ref_of(w1), ref_of(w2)), {1e-5, 1e-5}, "strided");
   expect_error([&] { run_moe_ffn(x, from_vector(std::vector<int64_t>{0, 3, 1, 0, 2, 1, 0, 1, 2, 0}, Shape{5, 2}), w, w1, w2); },
                {"moe_ffn", "out of range"});
 }
