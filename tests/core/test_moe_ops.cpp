@@ -7,6 +7,7 @@
 #include "ops/fallback.h"
 #include "tpucore/autograd.h"
 #include "codegen_testing.h"
+#include "tpucore/nn/moe.h"
 
 namespace tpu::testing {
 namespace {
@@ -180,6 +181,81 @@ TEST_CASE("cumsum: long lines, wrapping i32, bool counts as i64, gradient is the
   const std::vector<float> got = xr.grad().to_vector<float>();
   for (size_t i = 0; i < want.size(); ++i) CHECK(got[i] == Approx(want[i]).margin(1e-6));
   expect_error([&] { cumsum(x, 2); }, {"cumsum"});
+}
+
+TEST_CASE("sigmoid routing: group-limited top-k weights and their gradient equal naive loops (cpu, tiny sim)",
+          "[moe][codegen]") {
+  TinySim tiny;
+  const int64_t N = 5, E = 8, G = 4, k = 3;
+  nn::MoEConfig c;
+  c.hidden = 4;
+  c.intermediate = 4;
+  c.num_experts = E;
+  c.top_k = k;
+  c.sigmoid_routing = true;
+  c.n_group = G;
+  c.topk_group = 2;
+  c.norm_topk_prob = false;
+  Generator g(53);
+  nn::SparseMoE moe(c, &g);
+  auto* router = dynamic_cast<nn::MoERouter*>(moe.gate.get());
+  REQUIRE(router != nullptr);
+  router->e_score_correction_bias.copy_(make_input(g, {E}, DType::f32, Layout::contiguous, -0.5, 0.5));
+  const Tensor logits = make_input(g, {N, E}, DType::f32, Layout::contiguous, -3.0, 3.0);
+  const Tensor cw = make_input(g, {N, k}, DType::f32, Layout::contiguous);  // d loss / d w
+  // Naive: keep the 2 groups of best top-2 sums (ties: lower group), then the top 3 experts of
+  // the kept ones (others score 0); weights are the sigmoid scores at the chosen experts.
+  const std::vector<float> lv = logits.to_vector<float>(), bv = router->e_score_correction_bias.to_vector<float>();
+  const std::vector<float> cv = cw.to_vector<float>();
+  std::vector<double> want_w, want_grad(static_cast<size_t>(N * E), 0.0);
+  std::vector<int64_t> want_ids;
+  for (int64_t n = 0; n < N; ++n) {
+    std::vector<double> sc(E), ch(E), gs(G, 0.0);
+    for (int64_t e = 0; e < E; ++e) {
+      sc[e] = 1.0 / (1.0 + std::exp(-static_cast<double>(lv[n * E + e])));
+      ch[e] = static_cast<float>(static_cast<float>(sc[e]) + bv[e]);
+    }
+    for (int64_t q = 0; q < G; ++q) gs[q] = ch[2 * q] + ch[2 * q + 1];  // 2 experts per group: both are its top 2
+    std::vector<int64_t> go(G);
+    std::iota(go.begin(), go.end(), 0);
+    std::stable_sort(go.begin(), go.end(), [&](int64_t a, int64_t b) { return gs[a] > gs[b]; });
+    std::vector<double> masked(E, 0.0);
+    for (int64_t q : {go[0], go[1]})
+      for (int64_t e = 2 * q; e < 2 * q + 2; ++e) masked[e] = ch[e];
+    std::vector<int64_t> eo(E);
+    std::iota(eo.begin(), eo.end(), 0);
+    std::stable_sort(eo.begin(), eo.end(), [&](int64_t a, int64_t b) { return masked[a] > masked[b]; });
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = eo[j];
+      want_ids.push_back(e);
+      want_w.push_back(sc[e]);
+      want_grad[n * E + e] += cv[n * k + j] * sc[e] * (1.0 - sc[e]);
+    }
+  }
+  // Host fallbacks on sim devices of ops other than the index cast (the i64 top-k ids to f32).
+  auto routing_fallbacks = [] {
+    uint64_t n = 0;
+    for (const auto& f : ops::fallback_counts())
+      if (f.device.type == DeviceType::sim && f.op != "to_dtype") n += f.calls;
+    return n;
+  };
+  for (Device d : {Device("cpu"), tiny.dev()}) {
+    INFO(d.str());
+    if (d != Device("cpu")) moe.to(d);
+    const uint64_t before = routing_fallbacks();
+    const Tensor l = logits.detach().to(d).requires_grad_();  // a leaf on each device
+    auto [w, ids] = moe.sigmoid_topk(l);
+    REQUIRE(w.requires_grad());
+    CHECK(ids.to(Device()).to_vector<int64_t>() == want_ids);
+    const std::vector<float> got = w.to(Device()).to_vector<float>();
+    REQUIRE(got.size() == want_w.size());
+    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(want_w[i]).margin(1e-6));
+    sum(mul(w, cw.to(d))).backward();
+    REQUIRE(l.grad().defined());
+    const std::vector<float> gl = l.grad().to(Device()).to_vector<float>();
+    for (size_t i = 0; i < gl.size(); ++i) CHECK(gl[i] == Approx(want_grad[i]).margin(1e-6));
+    CHECK(routing_fallbacks() == before);  // no gather, one_hot or integer sum on the host
+  }
 }
 
 // The fused layer node (graph pass fuse_moe) run eagerly through the registry.

@@ -94,6 +94,15 @@ Tensor capacity_keep(const Tensor& ids, int64_t num_experts, double factor, cons
   return from_vector(keep, Shape{n, k}).to(like.dtype()).to(like.device());
 }
 
+// The one-hot rows of integer ids [.., k] over n classes as f32 [.., k, n], from a comparison
+// with an iota (ops the chip runs, where one_hot and its integer sums are host ops).
+Tensor moe_hot_rows(const Tensor& ids, int64_t n) {
+  std::vector<float> iv(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) iv[static_cast<size_t>(i)] = static_cast<float>(i);
+  const Tensor iota = from_vector(iv, Shape{n}).to(ids.device());
+  return tpu::to(eq(unsqueeze(tpu::to(ids, DType::f32), -1), iota), DType::f32);
+}
+
 }  // namespace
 
 std::pair<Tensor, Tensor> SparseMoE::sigmoid_topk(const Tensor& logits) const {
@@ -111,12 +120,13 @@ std::pair<Tensor, Tensor> SparseMoE::sigmoid_topk(const Tensor& logits) const {
       const int64_t g = cfg.n_group, per = e / g;
       const Tensor best2 = std::get<0>(topk(reshape(c, Shape{n, g, per}), 2));     // [N, G, 2]
       const Tensor group_idx = std::get<1>(topk(sum(best2, {-1}), cfg.topk_group));  // [N, kg]
-      const Tensor kept = tpu::to(sum(one_hot(group_idx, g), {1}), DType::f32);   // [N, G], 0 or 1
+      const Tensor kept = sum(moe_hot_rows(group_idx, g), {1});                      // [N, G], 0 or 1
       c = mul(c, reshape(expand(unsqueeze(kept, -1), Shape{n, g, per}), Shape{n, e}));  // others score 0
     }
     ids = std::get<1>(topk(c, cfg.top_k));
   }
-  Tensor w = gather(scores, 1, ids);
+  // The chosen scores (a gather along dim 1) as a sum against the one-hot rows (exact: one term).
+  Tensor w = sum(mul(unsqueeze(scores, 1), moe_hot_rows(ids, e)), {-1});  // [N, k]
   if (cfg.norm_topk_prob) w = div(w, add(sum(w, {-1}, true), 1e-20));
   if (cfg.routed_scaling_factor != 1.0) w = mul(w, cfg.routed_scaling_factor);
   return {w, ids};
