@@ -17,13 +17,13 @@
 // chain sums them in choice order, so results agree to rounding). f16 and the sim device run
 // the chain op by op on the node's device.
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "graph/passes/passes.h"
 #include "ops/cpu/kernels/gemm.h"
 #include "ops/cpu/loops.h"
+#include "ops/cpu/vec_math.h"
 #include "tpucore/ops.h"
 
 namespace tpu::graph {
@@ -135,6 +135,7 @@ void moe_ffn_fused(const ops::KernelArgs& a) {
   const auto tile = static_cast<size_t>(kMoeFfnTile);
   std::vector<T> xt(tile * static_cast<size_t>(hid)), at(tile * static_cast<size_t>(f));
   std::vector<float> ht(tile * static_cast<size_t>(2 * f)), yt(tile * static_cast<size_t>(hid));
+  const ops::cpu::VecMathTable& vm = ops::cpu::vec_math();
   const T* xp = static_cast<const T*>(x.raw_data());
   const int64_t xrs = x.strides()[0], xcs = x.strides()[1];
   for (int64_t e = 0; e < e_count; ++e) {
@@ -150,13 +151,16 @@ void moe_ffn_fused(const ops::KernelArgs& a) {
       });
       // [m, 2F] = xt gate_up[e]^T; then silu(gate) * up, rounded to T for the down GEMM.
       moe_ffn_gemm<T>(m, 2 * f, hid, xt.data(), w1, e, w1.strides()[2], w1.strides()[1], ht.data());
-      parallel_for(0, m * f, ops::cpu::kParallelGrain, [&](int64_t b, int64_t end) {
-        for (int64_t i = b; i < end; ++i) {
-          const int64_t r = i / f, c = i % f;
-          const float g = ht[static_cast<size_t>(r * 2 * f + c)], u = ht[static_cast<size_t>(r * 2 * f + f + c)];
-          at[static_cast<size_t>(i)] = T(g / (1.0f + std::exp(-g)) * u);
-        }
-      });
+      parallel_for(0, m, std::max<int64_t>(1, ops::cpu::kParallelGrain / std::max<int64_t>(f, 1)),
+                   [&](int64_t b, int64_t end) {
+                     for (int64_t r = b; r < end; ++r) {
+                       float* gate = ht.data() + r * 2 * f;  // silu(gate) * up, in place in the gate half
+                       vm.get(ops::cpu::VecUnary::silu)(gate, gate, f);
+                       vm.get(ops::cpu::VecBinary::mul)(gate, gate, gate + f, false, 1.0f, f);
+                       T* dst_row = at.data() + r * f;
+                       for (int64_t c = 0; c < f; ++c) dst_row[c] = T(gate[c]);
+                     }
+                   });
       // [m, H] = at down[e]^T, added with each slot's weight into its token's row (one tile
       // never holds a token twice unless its ids repeat an expert: columns split the work).
       moe_ffn_gemm<T>(m, hid, f, at.data(), w2, e, w2.strides()[2], w2.strides()[1], yt.data());
