@@ -6,12 +6,21 @@
 // grouped layer runs as fast as the dense products of the same FLOPs). bf16 weights and
 // activations. Arguments: tokens, hidden, expert width (Mixtral: 4096 and 14336; the default
 // runs half the width to keep the 8 experts' 1.4 GB of bf16 weights within a shared machine).
+//
+// BM_MoEFfnFusedVsChain: the expert part of the same layer (after the router) as the fused node
+// moe_ffn of compiled inference graphs (graph pass fuse_moe) against the chain it replaces, run
+// op by op (moe_sort, moe_permute, two grouped matmuls with SwiGLU, moe_unpermute), on the same
+// routing; counters fused_ms, chain_ms, `speedup` = chain / fused, and `dense_ratio` = the dense
+// block's time / the fused node's time.
 #include <benchmark/benchmark.h>
 
 #include <chrono>
 #include <algorithm>
+#include <vector>
 
+#include "ops/registry.h"
 #include "tpucore/autograd.h"
+#include "tpucore/moe_ops.h"
 #include "tpucore/nn/moe.h"
 #include "tpucore/ops.h"
 
@@ -80,6 +89,66 @@ void BM_MixtralMoELayer(benchmark::State& state) {
 BENCHMARK(BM_MixtralMoELayer)->Args({64, 4096, 7168})->Unit(benchmark::kMillisecond)->UseManualTime();
 // A small shape for a quick run.
 BENCHMARK(BM_MixtralMoELayer)->Args({64, 1024, 3584})->Unit(benchmark::kMillisecond)->UseManualTime();
+
+void BM_MoEFfnFusedVsChain(benchmark::State& state) {
+  const int64_t tokens = state.range(0), h = state.range(1), f = state.range(2);
+  NoGradGuard ng;
+  Generator g(2);
+  const Tensor x = to(randn({tokens, h}, {}, &g), DType::bf16);
+  const Tensor w1 = to(mul(rand({kExperts, 2 * f, h}, {}, &g), 0.02), DType::bf16);
+  const Tensor w2 = to(mul(rand({kExperts, h, f}, {}, &g), 0.02), DType::bf16);
+  // Two distinct experts per token from a fixed uneven pattern, weights 0.6 and 0.4.
+  std::vector<int64_t> ids;
+  std::vector<float> wv;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int64_t a = (t * 5 + t / 3) % kExperts;
+    ids.push_back(a);
+    ids.push_back((a + 1 + t % 3) % kExperts);
+    wv.push_back(0.6f);
+    wv.push_back(0.4f);
+  }
+  const Tensor idt = from_vector(ids, Shape{tokens, kTopK});
+  const Tensor w = to(from_vector(wv, Shape{tokens, kTopK}), DType::bf16);
+  const ops::OpDef& fused_op = *ops::find_op("moe_ffn");
+  auto fused = [&] {
+    return ops::call(fused_op, {x, idt, w, w1, w2}, {{"num_experts", kExperts}, {"top_k", kTopK}});
+  };
+  auto chain = [&] {
+    auto [order, sizes] = moe_sort(idt, kExperts);
+    Tensor hh = grouped_matmul(moe_permute(x, order, kTopK), w1, sizes, true);
+    Tensor a = mul(silu(narrow(hh, 1, 0, f)), narrow(hh, 1, f, f));
+    return moe_unpermute(grouped_matmul(a, w2, sizes, true), order, w, kTopK);
+  };
+  Dense dense(h, f, g);
+  const Tensor xd = to(randn({tokens * kTopK, h}, {}, &g), DType::bf16);
+  benchmark::DoNotOptimize(fused().raw_data());  // warm-up
+  benchmark::DoNotOptimize(chain().raw_data());
+  benchmark::DoNotOptimize(dense(xd).raw_data());
+  double fused_total = 0, chain_total = 0, dense_total = 0;
+  int64_t n = 0;
+  auto timed = [](auto&& fn) {
+    const auto t0 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(fn().raw_data());
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  for (auto _ : state) {
+    const double dt = timed(fused);
+    fused_total += dt;
+    state.SetIterationTime(dt);
+    chain_total += timed(chain);
+    dense_total += timed([&] { return dense(xd); });
+    ++n;
+  }
+  const double per = 1e3 / static_cast<double>(std::max<int64_t>(n, 1));
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(expert_flops(tokens, h, f) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["fused_ms"] = fused_total * per;
+  state.counters["chain_ms"] = chain_total * per;
+  state.counters["speedup"] = chain_total / fused_total;
+  state.counters["dense_ratio"] = dense_total / fused_total;
+}
+BENCHMARK(BM_MoEFfnFusedVsChain)->Args({64, 4096, 7168})->Unit(benchmark::kMillisecond)->UseManualTime();
+BENCHMARK(BM_MoEFfnFusedVsChain)->Args({64, 1024, 3584})->Unit(benchmark::kMillisecond)->UseManualTime();
 
 }  // namespace
 

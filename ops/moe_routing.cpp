@@ -11,6 +11,9 @@
 //   moe_unpermute(y [S, H], order, w [T, k], k) -> [T, H]: out[t] = sum_j w[t, j] y[i(t, j)]
 //                                         with order[i(t, j)] = t * k + j (the weighted sum of
 //                                         each token's expert outputs; without w, weights of one)
+//   cumsum(x, dim)                     -> inclusive prefix sums along dim (routing's running
+//                                         counts and offsets); integers sum exactly (wrapping
+//                                         as the dtype does), floats in f32 in index order
 //
 // order must be a permutation of [0, S) with S = T * k (as moe_sort makes it), which every kernel
 // checks before reading through it; the unpermute then gathers per token in a fixed order, so its
@@ -293,7 +296,78 @@ TPU_DEFINE_OP(moe_unpermute_op, {.name = "moe_unpermute", .num_inputs = 3, .meta
                                  .doc = "each token's expert outputs summed with its routing weights: out[t] = "
                                         "sum_j w[t, j] y[row of slot t * top_k + j]"});
 
+// ---- cumsum: input x, attr dim ----
+void cumsum_meta(const MetaArgs& a, MetaResult& m) {
+  const Tensor& x = a.inputs[0];
+  TPU_CHECK(x.dtype() != DType::f8e4m3 && x.dtype() != DType::f8e5m2, "cumsum: f8 inputs are not supported (got {})",
+            describe(x));
+  if (x.dim() > 0) wrap_dim(a.attrs.get_int("dim"), x.dim(), "cumsum");
+  // bool sums count, as i64 (torch.cumsum's result for bool); other dtypes keep theirs.
+  m.out() = {x.shape(), x.dtype() == DType::boolean ? DType::i64 : x.dtype(), x.device()};
+}
+
+void cumsum_cpu(const KernelArgs& a) {
+  const Tensor& x = a.inputs[0];
+  const Tensor& out = a.outputs[0];
+  if (out.numel() == 0) return;
+  const int d = x.dim() == 0 ? 0 : wrap_dim(a.attrs.get_int("dim"), x.dim(), "cumsum");
+  const int64_t n = x.dim() == 0 ? 1 : x.size(d);
+  int64_t outer = 1, inner = 1;
+  for (int i = 0; i < d; ++i) outer *= x.size(i);
+  for (int i = d + 1; i < x.dim(); ++i) inner *= x.size(i);
+  const int64_t sd = x.dim() == 0 ? 0 : x.strides()[d];
+  // Offset of line (o, i) in x through its strides (o over the dims before d, i after it).
+  auto offset = [&](int64_t o, int64_t i) {
+    int64_t off = 0;
+    for (int q = x.dim() - 1; q > d; --q) {
+      off += (i % x.size(q)) * x.strides()[q];
+      i /= x.size(q);
+    }
+    for (int q = d - 1; q >= 0; --q) {
+      off += (o % x.size(q)) * x.strides()[q];
+      o /= x.size(q);
+    }
+    return off;
+  };
+  dispatch_dtype(x.dtype(), [&](auto zx) {
+    using T = decltype(zx);
+    dispatch_dtype(out.dtype(), [&](auto zo) {
+      using O = decltype(zo);
+      constexpr bool kFloat = std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
+      constexpr bool kInt = std::is_integral_v<T> && std::is_integral_v<O> && !std::is_same_v<O, bool>;
+      if constexpr ((kFloat && std::is_same_v<T, O>) || kInt) {
+        const T* xp = static_cast<const T*>(x.raw_data());
+        O* op = static_cast<O*>(out.raw_data());
+        parallel_for(0, outer * inner, std::max<int64_t>(1, cpu::kParallelGrain / std::max<int64_t>(n, 1)),
+                     [&](int64_t b, int64_t e) {
+                       for (int64_t line = b; line < e; ++line) {
+                         const int64_t o = line / inner, i = line % inner;
+                         const T* src = xp + offset(o, i);
+                         O* dst = op + o * n * inner + i;
+                         using Acc = std::conditional_t<kFloat, float, uint64_t>;  // unsigned: wraps, never UB
+                         Acc acc = 0;
+                         for (int64_t j = 0; j < n; ++j) {
+                           if constexpr (kFloat) {
+                             acc += cpu::convert<float>(src[j * sd]);
+                             dst[j * inner] = cpu::convert<O>(acc);
+                           } else {
+                             acc += static_cast<uint64_t>(static_cast<int64_t>(src[j * sd]));
+                             dst[j * inner] = static_cast<O>(static_cast<int64_t>(acc));
+                           }
+                         }
+                       }
+                     });
+      }
+    });
+  });
+}
+TPU_DEFINE_OP(cumsum_op, {.name = "cumsum", .num_inputs = 1, .meta = &cumsum_meta, .cpu = &cumsum_cpu,
+                          .doc = "inclusive prefix sums along a dim (as torch.cumsum; bool counts as i64, other "
+                                 "dtypes keep theirs)"});
+
 }  // namespace
+
+Tensor cumsum(const Tensor& x, int64_t dim) { return ops::call(cumsum_op(), {x}, {{"dim", dim}}); }
 
 std::tuple<Tensor, Tensor> topk(const Tensor& x, int64_t k, int64_t dim) {
   Tensor outs[ops::kMaxOutputs];

@@ -37,5 +37,10 @@ Tensor moe_permute(const Tensor& x, const Tensor& order, int64_t top_k);
 /// [T, top_k] (undefined: weights of one) -> [T, H], accumulated in f32. Differentiable in y and
 /// weights.
 Tensor moe_unpermute(const Tensor& y, const Tensor& order, const Tensor& weights, int64_t top_k);
+/// Inclusive prefix sums of x along `dim`, as torch.cumsum: out[.., i, ..] = x[.., 0, ..] + ... +
+/// x[.., i, ..]. Integers sum exactly (wrapping as their dtype does) and keep their dtype, bool
+/// counts as i64; f32/bf16/f16 accumulate in f32 in index order. Differentiable (the gradient
+/// is the reverse prefix sum of the output's gradient).
+Tensor cumsum(const Tensor& x, int64_t dim);
 
 }  // namespace tpu

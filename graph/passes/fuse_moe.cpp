@@ -6,10 +6,24 @@
 //
 // becomes one node moe_ffn(x, ids, w, gate_up, down) when no value inside the chain is read
 // elsewhere (an inference graph: a training graph keeps them for its backward, and stays as
-// traced). Its kernel runs the same ops one after the other on the node's device (the cpu
-// kernels, or the chip programs of a sim device), with no graph values in between, so the
-// result equals the chain's. Only cpu and sim graphs (the PJRT export lowers the chain itself).
+// traced). Only cpu and sim graphs (the PJRT export lowers the chain itself).
+//
+// The cpu kernel (f32 and bf16) walks the experts in order and each expert's tokens (in slot
+// order, as moe_sort orders them) in row tiles: the tile's rows of x are gathered straight from
+// x, go through gate/up (one GEMM), silu(gate) * up and down (one GEMM), and the weighted rows
+// are added straight into an f32 accumulator of the output; no [T k, hidden] or [T k, inter]
+// array exists. The GEMMs split their work over the threads; gather, activation and scatter
+// run in parallel over elements. A token's k expert results are summed in expert order (the
+// chain sums them in choice order, so results agree to rounding). f16 and the sim device run
+// the chain op by op on the node's device.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
 #include "graph/passes/passes.h"
+#include "ops/cpu/kernels/gemm.h"
+#include "ops/cpu/loops.h"
+#include "ops/cpu/vec_math.h"
 #include "tpucore/ops.h"
 
 namespace tpu::graph {
@@ -29,7 +43,7 @@ void moe_ffn_meta(const ops::MetaArgs& a, ops::MetaResult& m) {
 }
 
 // The chain, op by op, on the inputs' device.
-void moe_ffn_run(const ops::KernelArgs& a) {
+void moe_ffn_chain(const ops::KernelArgs& a) {
   ops::EagerScope eager;  // run now, never recorded; detached inputs: no autograd history either
   const int64_t e = a.attrs.get_int("num_experts"), k = a.attrs.get_int("top_k");
   const Tensor x = a.inputs[0].detach(), ids = a.inputs[1].detach(), w = a.inputs[2].detach(),
@@ -48,13 +62,143 @@ void moe_ffn_run(const ops::KernelArgs& a) {
   a.outputs[0].copy_(out);
 }
 
+// Rows of one expert per tile of the fused cpu kernel.
+constexpr int64_t kMoeFfnTile = 64;
+
+// The expert ids of a 2-D cpu tensor [T, k] as i32 in slot order, each checked to lie in [0, experts).
+std::vector<int32_t> moe_ffn_read_ids(const Tensor& ids, int64_t experts) {
+  std::vector<int32_t> v(static_cast<size_t>(ids.numel()));
+  bool integral = false;
+  const int64_t k = ids.size(1);
+  dispatch_dtype(ids.dtype(), [&](auto z) {
+    using T = decltype(z);
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      integral = true;
+      const T* p = static_cast<const T*>(ids.raw_data());
+      for (size_t i = 0; i < v.size(); ++i) {
+        const auto t = static_cast<int64_t>(i) / k, j = static_cast<int64_t>(i) % k;
+        const auto x = static_cast<int64_t>(p[t * ids.strides()[0] + j * ids.strides()[1]]);
+        TPU_CHECK(x >= 0 && x < experts, "moe_ffn: expert id {} (slot {}) is out of range for {} experts", x, i,
+                  experts);
+        v[i] = static_cast<int32_t>(x);
+      }
+    }
+  });
+  TPU_CHECK(integral, "moe_ffn: expert ids must be an integer tensor, got {}", ids.dtype());
+  return v;
+}
+
+template <class T>
+void moe_ffn_gemm(int64_t M, int64_t N, int64_t K, const T* A, const Tensor& w, int64_t e, int64_t rs, int64_t cs,
+                  float* C) {
+  const T* B = static_cast<const T*>(w.raw_data()) + e * w.strides()[0];
+  if constexpr (std::is_same_v<T, float>) {
+    kernels::gemm_f32(M, N, K, A, K, 1, B, rs, cs, C, N, false);
+  } else {
+    kernels::gemm_bf16(M, N, K, reinterpret_cast<const uint16_t*>(A), K, 1, reinterpret_cast<const uint16_t*>(B), rs,
+                       cs, C, N, false);
+  }
+}
+
+// The fused layer on the host for T = float or bf16 (see the file comment).
+template <class T>
+void moe_ffn_fused(const ops::KernelArgs& a) {
+  const Tensor &x = a.inputs[0], &w = a.inputs[2], &w1 = a.inputs[3], &w2 = a.inputs[4];
+  const Tensor& out = a.outputs[0];
+  const int64_t e_count = a.attrs.get_int("num_experts"), k = a.attrs.get_int("top_k");
+  const int64_t tokens = x.size(0), hid = x.size(1), f = w2.size(2);
+  const std::vector<int32_t> ids = moe_ffn_read_ids(a.inputs[1], e_count);
+  // Slots stably sorted by expert (moe_sort's order), each expert's range in it.
+  std::vector<int64_t> start(static_cast<size_t>(e_count) + 1, 0);
+  for (int32_t id : ids) ++start[static_cast<size_t>(id) + 1];
+  for (size_t i = 1; i < start.size(); ++i) start[i] += start[i - 1];
+  std::vector<int64_t> order(ids.size());
+  {
+    std::vector<int64_t> next(start.begin(), start.end() - 1);
+    for (size_t s = 0; s < ids.size(); ++s) order[static_cast<size_t>(next[static_cast<size_t>(ids[s])]++)] =
+        static_cast<int64_t>(s);
+  }
+  std::vector<float> gate_w(ids.size());
+  const T* wp = static_cast<const T*>(w.raw_data());
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t j = 0; j < k; ++j)
+      gate_w[static_cast<size_t>(t * k + j)] = static_cast<float>(wp[t * w.strides()[0] + j * w.strides()[1]]);
+  std::vector<float> acc;
+  float* dst = nullptr;
+  if constexpr (std::is_same_v<T, float>) {
+    dst = static_cast<float*>(out.raw_data());
+    std::fill(dst, dst + tokens * hid, 0.0f);
+  } else {
+    acc.assign(static_cast<size_t>(tokens * hid), 0.0f);
+    dst = acc.data();
+  }
+  const auto tile = static_cast<size_t>(kMoeFfnTile);
+  std::vector<T> xt(tile * static_cast<size_t>(hid)), at(tile * static_cast<size_t>(f));
+  std::vector<float> ht(tile * static_cast<size_t>(2 * f)), yt(tile * static_cast<size_t>(hid));
+  const ops::cpu::VecMathTable& vm = ops::cpu::vec_math();
+  const T* xp = static_cast<const T*>(x.raw_data());
+  const int64_t xrs = x.strides()[0], xcs = x.strides()[1];
+  for (int64_t e = 0; e < e_count; ++e) {
+    for (int64_t r0 = start[static_cast<size_t>(e)]; r0 < start[static_cast<size_t>(e) + 1]; r0 += kMoeFfnTile) {
+      const int64_t m = std::min(kMoeFfnTile, start[static_cast<size_t>(e) + 1] - r0);
+      const int64_t* slots = order.data() + r0;
+      // Gather the tile's token rows.
+      parallel_for(0, m * hid, ops::cpu::kParallelGrain, [&](int64_t b, int64_t end) {
+        for (int64_t i = b; i < end; ++i) {
+          const int64_t r = i / hid, c = i % hid;
+          xt[static_cast<size_t>(i)] = xp[(slots[r] / k) * xrs + c * xcs];
+        }
+      });
+      // [m, 2F] = xt gate_up[e]^T; then silu(gate) * up, rounded to T for the down GEMM.
+      moe_ffn_gemm<T>(m, 2 * f, hid, xt.data(), w1, e, w1.strides()[2], w1.strides()[1], ht.data());
+      parallel_for(0, m, std::max<int64_t>(1, ops::cpu::kParallelGrain / std::max<int64_t>(f, 1)),
+                   [&](int64_t b, int64_t end) {
+                     for (int64_t r = b; r < end; ++r) {
+                       float* gate = ht.data() + r * 2 * f;  // silu(gate) * up, in place in the gate half
+                       vm.get(ops::cpu::VecUnary::silu)(gate, gate, f);
+                       vm.get(ops::cpu::VecBinary::mul)(gate, gate, gate + f, false, 1.0f, f);
+                       T* dst_row = at.data() + r * f;
+                       for (int64_t c = 0; c < f; ++c) dst_row[c] = T(gate[c]);
+                     }
+                   });
+      // [m, H] = at down[e]^T, added with each slot's weight into its token's row (one tile
+      // never holds a token twice unless its ids repeat an expert: columns split the work).
+      moe_ffn_gemm<T>(m, hid, f, at.data(), w2, e, w2.strides()[2], w2.strides()[1], yt.data());
+      parallel_for(0, hid, std::max<int64_t>(1, ops::cpu::kParallelGrain / std::max<int64_t>(m, 1)),
+                        [&](int64_t b, int64_t end) {
+                          for (int64_t r = 0; r < m; ++r) {
+                            const float wt = gate_w[static_cast<size_t>(slots[r])];
+                            float* o = dst + (slots[r] / k) * hid;
+                            const float* y = yt.data() + r * hid;
+                            for (int64_t c = b; c < end; ++c) o[c] += wt * y[c];
+                          }
+                        });
+    }
+  }
+  if constexpr (!std::is_same_v<T, float>) {
+    T* o = static_cast<T*>(out.raw_data());
+    parallel_for(0, tokens * hid, ops::cpu::kParallelGrain, [&](int64_t b, int64_t end) {
+      for (int64_t i = b; i < end; ++i) o[i] = T(acc[static_cast<size_t>(i)]);
+    });
+  }
+}
+
+void moe_ffn_run(const ops::KernelArgs& a) {
+  const DType dt = a.inputs[0].dtype();
+  const bool same = a.inputs[2].dtype() == dt && a.inputs[3].dtype() == dt && a.inputs[4].dtype() == dt &&
+                    a.outputs[0].dtype() == dt;
+  if (same && a.outputs[0].is_contiguous() && dt == DType::f32) return moe_ffn_fused<float>(a);
+  if (same && a.outputs[0].is_contiguous() && dt == DType::bf16) return moe_ffn_fused<bf16>(a);
+  moe_ffn_chain(a);
+}
+
 TPU_DEFINE_OP(moe_ffn_op, {.name = kMoeFfn, .num_inputs = 5, .flags = ops::kNonDifferentiable, .meta = &moe_ffn_meta,
                            .cpu = &moe_ffn_run,
                            .doc = "a mixture-of-experts layer after its router (graph pass fuse_moe): sort, permute, "
                                   "SwiGLU experts as two grouped matmuls, weighted unpermute"});
 
 const bool g_moe_ffn_sim = [] {
-  ops::register_kernel(kMoeFfn, DeviceType::sim, &moe_ffn_run);
+  ops::register_kernel(kMoeFfn, DeviceType::sim, &moe_ffn_chain);
   return true;
 }();
 

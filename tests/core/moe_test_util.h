@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <vector>
 
@@ -102,6 +103,52 @@ inline Ref unpermute_ref(const Ref& y, const std::vector<int64_t>& order, const 
     const int64_t slot = order[static_cast<size_t>(i)];
     const double wt = w ? w->v[static_cast<size_t>(slot)] : 1.0;
     for (int64_t h = 0; h < H; ++h) out.at({slot / k, h}) += wt * y.at({i, h});
+  }
+  return out;
+}
+
+// The fused MoE layer (moe_ffn) token by token: out[t] = sum_j w[t, j] down[e] (silu(g) * u)
+// with e = ids[t, j], g = gate_up[e][:F] x[t], u = gate_up[e][F:] x[t].
+inline Ref moe_ffn_ref(const Ref& x, const std::vector<int64_t>& ids, const Ref& w, const Ref& w1, const Ref& w2) {
+  const int64_t T = x.shape[0], H = x.shape[1], k = w.shape[1], F = w2.shape[2];
+  Ref out(Shape{T, w2.shape[1]});
+  std::vector<double> act(static_cast<size_t>(F));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = ids[static_cast<size_t>(t * k + j)];
+      for (int64_t f = 0; f < F; ++f) {
+        double g = 0, u = 0;
+        for (int64_t h = 0; h < H; ++h) {
+          g += w1.at({e, f, h}) * x.at({t, h});
+          u += w1.at({e, F + f, h}) * x.at({t, h});
+        }
+        act[static_cast<size_t>(f)] = g / (1.0 + std::exp(-g)) * u;
+      }
+      for (int64_t o = 0; o < w2.shape[1]; ++o) {
+        double s = 0;
+        for (int64_t f = 0; f < F; ++f) s += w2.at({e, o, f}) * act[static_cast<size_t>(f)];
+        out.at({t, o}) += w.at({t, j}) * s;
+      }
+    }
+  return out;
+}
+
+// cumsum along dim: element by element, the sum of the line's elements up to it.
+inline Ref cumsum_ref(const Ref& x, int64_t dim) {
+  Ref out(x.shape);
+  if (x.shape.ndim() == 0) {
+    out.v = x.v;
+    return out;
+  }
+  const int d = static_cast<int>(dim < 0 ? dim + x.shape.ndim() : dim);
+  int64_t inner = 1;
+  for (int i = d + 1; i < x.shape.ndim(); ++i) inner *= x.shape[i];
+  const int64_t n = x.shape[d];
+  for (int64_t f = 0; f < x.numel(); ++f) {
+    const int64_t pos = (f / inner) % n;  // this element's index along dim
+    double s = 0;
+    for (int64_t j = 0; j <= pos; ++j) s += x.v[static_cast<size_t>(f - (pos - j) * inner)];
+    out.v[static_cast<size_t>(f)] = s;
   }
   return out;
 }

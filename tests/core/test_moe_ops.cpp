@@ -6,6 +6,8 @@
 #include "moe_test_util.h"
 #include "ops/fallback.h"
 #include "tpucore/autograd.h"
+#include "codegen_testing.h"
+#include "tpucore/nn/moe.h"
 
 namespace tpu::testing {
 namespace {
@@ -139,6 +141,191 @@ OpInfoRegistrar reg_moe_unpermute({
       return unpermute_ref(r[0], ints(r[1]), p[1] ? &r[2] : nullptr, p[0]);
     },
 });
+
+OpInfoRegistrar reg_cumsum({
+    .op = "cumsum",
+    .dtypes = {DType::f32, DType::bf16, DType::i32, DType::i64},
+    .samples =
+        [](DType dt, Generator& g) {
+          auto mk = [&](const Shape& s, L l) { return make_input(g, s, dt, l, -4.0, 4.0); };
+          return std::vector<OpSample>{
+              {"rows", {mk({4, 7}, L::contiguous), params({1})}},
+              {"transposed, dim 0", {mk({5, 3}, L::transposed), params({0})}},
+              {"middle dim of a sliced 3-D", {mk({2, 6, 3}, L::sliced), params({-2})}},
+              {"one element along dim", {mk({3, 1}, L::contiguous), params({-1})}},
+              {"0-d", {mk({}, L::contiguous), params({0})}},
+              {"no elements", {mk({0, 4}, L::contiguous), params({0})}},
+          };
+        },
+    .run = [](const std::vector<Tensor>& in) { return cumsum(in[0], params_of(in[1])[0]); },
+    .reference = [](const std::vector<Ref>& r, DType) { return cumsum_ref(r[0], params_of(r[1])[0]); },
+});
+
+TEST_CASE("cumsum: long lines, wrapping i32, bool counts as i64, gradient is the reverse prefix sum", "[moe]") {
+  Generator g(41);
+  // 3 x 5000 f32 (threads over lines, a long f32 accumulation) against the naive loop in double.
+  const Tensor x = make_input(g, {3, 5000}, DType::f32, Layout::contiguous, -1.0, 1.0);
+  check_close(cumsum(x, 1), cumsum_ref(ref_of(x), 1), {2e-3, 1e-4}, "long f32 lines");
+  // i32 wraps modulo 2^32 as the dtype does.
+  const Tensor big = from_vector(std::vector<int32_t>{2147483647, 1, 5}, Shape{3});
+  CHECK(cumsum(big, 0).to_vector<int32_t>() == std::vector<int32_t>{2147483647, -2147483647 - 1, -2147483643});
+  const Tensor b = from_vector(std::vector<int64_t>{1, 0, 1, 1, 0, 0}, Shape{2, 3}).to(DType::boolean);
+  const Tensor cb = cumsum(b, 1);
+  CHECK(cb.dtype() == DType::i64);
+  CHECK(cb.to_vector<int64_t>() == std::vector<int64_t>{1, 1, 2, 1, 1, 1});
+  // d/dx_j sum_i c_i out_i = sum_{i >= j} c_i.
+  const Tensor xr = make_input(g, {2, 4}, DType::f32, Layout::contiguous).requires_grad_();
+  const std::vector<float> c{1, 2, 3, 4, -1, 0.5f, 2, 0};
+  sum(mul(cumsum(xr, 1), from_vector(c, Shape{2, 4}))).backward();
+  const std::vector<float> want{10, 9, 7, 4, 1.5f, 2.5f, 2, 0};
+  const std::vector<float> got = xr.grad().to_vector<float>();
+  for (size_t i = 0; i < want.size(); ++i) CHECK(got[i] == Approx(want[i]).margin(1e-6));
+  expect_error([&] { cumsum(x, 2); }, {"cumsum"});
+}
+
+TEST_CASE("sigmoid routing: group-limited top-k weights and their gradient equal naive loops (cpu, tiny sim)",
+          "[moe][codegen]") {
+  TinySim tiny;
+  const int64_t N = 5, E = 8, G = 4, k = 3;
+  nn::MoEConfig c;
+  c.hidden = 4;
+  c.intermediate = 4;
+  c.num_experts = E;
+  c.top_k = k;
+  c.sigmoid_routing = true;
+  c.n_group = G;
+  c.topk_group = 2;
+  c.norm_topk_prob = false;
+  Generator g(53);
+  nn::SparseMoE moe(c, &g);
+  auto* router = dynamic_cast<nn::MoERouter*>(moe.gate.get());
+  REQUIRE(router != nullptr);
+  router->e_score_correction_bias.copy_(make_input(g, {E}, DType::f32, Layout::contiguous, -0.5, 0.5));
+  const Tensor logits = make_input(g, {N, E}, DType::f32, Layout::contiguous, -3.0, 3.0);
+  const Tensor cw = make_input(g, {N, k}, DType::f32, Layout::contiguous);  // d loss / d w
+  // Naive: keep the 2 groups of best top-2 sums (ties: lower group), then the top 3 experts of
+  // the kept ones (others score 0); weights are the sigmoid scores at the chosen experts.
+  const std::vector<float> lv = logits.to_vector<float>(), bv = router->e_score_correction_bias.to_vector<float>();
+  const std::vector<float> cv = cw.to_vector<float>();
+  std::vector<double> want_w, want_grad(static_cast<size_t>(N * E), 0.0);
+  std::vector<int64_t> want_ids;
+  for (int64_t n = 0; n < N; ++n) {
+    std::vector<double> sc(E), ch(E), gs(G, 0.0);
+    for (int64_t e = 0; e < E; ++e) {
+      sc[e] = 1.0 / (1.0 + std::exp(-static_cast<double>(lv[n * E + e])));
+      ch[e] = static_cast<float>(static_cast<float>(sc[e]) + bv[e]);
+    }
+    for (int64_t q = 0; q < G; ++q) gs[q] = ch[2 * q] + ch[2 * q + 1];  // 2 experts per group: both are its top 2
+    std::vector<int64_t> go(G);
+    std::iota(go.begin(), go.end(), 0);
+    std::stable_sort(go.begin(), go.end(), [&](int64_t a, int64_t b) { return gs[a] > gs[b]; });
+    std::vector<double> masked(E, 0.0);
+    for (int64_t q : {go[0], go[1]})
+      for (int64_t e = 2 * q; e < 2 * q + 2; ++e) masked[e] = ch[e];
+    std::vector<int64_t> eo(E);
+    std::iota(eo.begin(), eo.end(), 0);
+    std::stable_sort(eo.begin(), eo.end(), [&](int64_t a, int64_t b) { return masked[a] > masked[b]; });
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = eo[j];
+      want_ids.push_back(e);
+      want_w.push_back(sc[e]);
+      want_grad[n * E + e] += cv[n * k + j] * sc[e] * (1.0 - sc[e]);
+    }
+  }
+  // Host fallbacks on sim devices of ops other than the index cast (the i64 top-k ids to f32).
+  auto routing_fallbacks = [] {
+    uint64_t n = 0;
+    for (const auto& f : ops::fallback_counts())
+      if (f.device.type == DeviceType::sim && f.op != "to_dtype") n += f.calls;
+    return n;
+  };
+  for (Device d : {Device("cpu"), tiny.dev()}) {
+    INFO(d.str());
+    if (d != Device("cpu")) moe.to(d);
+    const uint64_t before = routing_fallbacks();
+    const Tensor l = logits.detach().to(d).requires_grad_();  // a leaf on each device
+    auto [w, ids] = moe.sigmoid_topk(l);
+    REQUIRE(w.requires_grad());
+    CHECK(ids.to(Device()).to_vector<int64_t>() == want_ids);
+    const std::vector<float> got = w.to(Device()).to_vector<float>();
+    REQUIRE(got.size() == want_w.size());
+    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(want_w[i]).margin(1e-6));
+    sum(mul(w, cw.to(d))).backward();
+    REQUIRE(l.grad().defined());
+    const std::vector<float> gl = l.grad().to(Device()).to_vector<float>();
+    for (size_t i = 0; i < gl.size(); ++i) CHECK(gl[i] == Approx(want_grad[i]).margin(1e-6));
+    CHECK(routing_fallbacks() == before);  // no gather, one_hot or integer sum on the host
+  }
+}
+
+// The fused layer node (graph pass fuse_moe) run eagerly through the registry.
+Tensor run_moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& w, const Tensor& w1, const Tensor& w2) {
+  return ops::call(*ops::find_op("moe_ffn"), {x, ids, w, w1, w2}, {{"num_experts", w1.size(0)}, {"top_k", ids.size(1)}});
+}
+
+TEST_CASE("moe_ffn: the fused layer equals the per-token loop (empty, one-token, uneven experts, row tiles)",
+          "[moe][codegen]") {
+  TinySim tiny;
+  Generator g(31);
+  struct Case {
+    const char* name;
+    int64_t T, H, F, E, k;
+    std::vector<int64_t> ids;  // empty: random (every token's k experts distinct)
+  };
+  // 150 tokens x top 2 over 3 experts: expert 1 gets >= 64 rows, so it runs in several row tiles.
+  std::vector<int64_t> many;
+  for (int64_t t = 0; t < 150; ++t) {
+    many.push_back(t % 7 == 0 ? 2 : 1);
+    many.push_back(t % 7 == 0 ? 1 : (t % 3 == 0 ? 2 : 3));
+  }
+  const std::vector<Case> cases{
+      {"uneven, random", 6, 5, 3, 4, 2, {}},
+      {"empty and one-token experts", 3, 4, 2, 5, 2, {3, 0, 3, 1, 0, 3}},  // experts 2 and 4 empty, 1 one token
+      {"top 1, one expert takes all", 4, 3, 4, 3, 1, {2, 2, 2, 2}},
+      {"no tokens", 0, 3, 2, 2, 2, {}},
+      {"row tiles", 150, 16, 24, 4, 2, many},  // expert 0 empty
+  };
+  for (DType dt : {DType::f32, DType::bf16})
+    for (const Case& c : cases) {
+      std::vector<int64_t> ids = c.ids;
+      if (ids.empty())
+        for (int64_t t = 0; t < c.T; ++t) {
+          const auto a = static_cast<int64_t>(g.next_double() * static_cast<double>(c.E)) % c.E;
+          ids.push_back(a);
+          if (c.k == 2) ids.push_back((a + 1 + static_cast<int64_t>(g.next_double() * (c.E - 1.0)) % (c.E - 1)) % c.E);
+        }
+      const Tensor x = make_input(g, {c.T, c.H}, dt, Layout::contiguous, -1.0, 1.0);
+      const Tensor w = make_input(g, {c.T, c.k}, dt, Layout::contiguous, 0.0, 1.0);
+      const Tensor w1 = make_input(g, {c.E, 2 * c.F, c.H}, dt, Layout::contiguous, -1.0, 1.0);
+      const Tensor w2 = make_input(g, {c.E, c.H, c.F}, dt, Layout::contiguous, -1.0, 1.0);
+      const Tensor idt = from_vector(ids, Shape{c.T, c.k});
+      const Ref ref = moe_ffn_ref(ref_of(x), ids, ref_of(w), ref_of(w1), ref_of(w2));
+      const Tol tol = dt == DType::f32 ? Tol{1e-5, 1e-5} : Tol{0.1, 3e-2};
+      for (Device d : {Device("cpu"), tiny.dev()}) {
+        if (c.T > 64 && d != Device("cpu")) continue;  // row tiles are the cpu kernel's; the chip's time is long
+        INFO(c.name << " " << dtype_name(dt) << " " << d.str());
+        const Tensor out = run_moe_ffn(x.to(d), idt.to(d), w.to(d), w1.to(d), w2.to(d));
+        REQUIRE(out.device() == d);
+        CHECK(out.dtype() == dt);
+        check_close(out.to(Device()), ref, tol, c.name);
+      }
+    }
+  // Strided operands (a transposed x, sliced weights) and i32 ids on the cpu.
+  const Tensor x = make_input(g, {5, 4}, DType::f32, Layout::transposed, -1.0, 1.0);
+  const Tensor w = make_input(g, {5, 2}, DType::f32, Layout::sliced, 0.0, 1.0);
+  const Tensor w1 = make_input(g, {3, 6, 4}, DType::f32, Layout::sliced, -1.0, 1.0);
+  const Tensor w2 = make_input(g, {3, 4, 3}, DType::f32, Layout::transposed, -1.0, 1.0);
+  const std::vector<int64_t> ids{0, 2, 1, 0, 2, 1, 0, 1, 2, 0};  // stored [2, 5], passed as its transpose [5, 2]
+  std::vector<int64_t> slot_ids;
+  for (int64_t t = 0; t < 5; ++t)
+    for (int64_t j = 0; j < 2; ++j) slot_ids.push_back(ids[static_cast<size_t>(j * 5 + t)]);
+  const Tensor ids_t = transpose(from_vector(ids, Shape{2, 5}).to(DType::i32), 0, 1);
+  REQUIRE(!ids_t.is_contiguous());
+  check_close(run_moe_ffn(x, ids_t, w, w1, w2),
+              moe_ffn_ref(ref_of(x), slot_ids, ref_of(w), ref_of(w1), ref_of(w2)), {1e-5, 1e-5}, "strided");
+  expect_error([&] { run_moe_ffn(x, from_vector(std::vector<int64_t>{0, 3, 1, 0, 2, 1, 0, 1, 2, 0}, Shape{5, 2}), w, w1, w2); },
+               {"moe_ffn", "out of range"});
+}
 
 }  // namespace
 }  // namespace tpu::testing

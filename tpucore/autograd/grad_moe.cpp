@@ -1,5 +1,5 @@
 // Derivative formulas of the mixture-of-experts ops: topk, grouped_matmul (and its weight
-// gradient, so second derivatives exist too), moe_permute and moe_unpermute. Every formula is
+// gradient, so second derivatives exist too), moe_permute, moe_unpermute and cumsum. Every formula is
 // again made of those ops: the gradients of a grouped product are grouped products over the
 // same group sizes, and permuting and unpermuting are each other's transposes.
 #include "tpucore/autograd/formula.h"
@@ -66,6 +66,19 @@ void unpermute_bw(const BackwardArgs& a, Grads g) {
   }
 }
 
+// out_i = sum_{j <= i} x_j: dx_j = sum_{i >= j} dout_i = total - (inclusive prefix up to j) + dout_j.
+void cumsum_bw(const BackwardArgs& a, Grads g) {
+  const Tensor& go = a.grad_outputs[0];
+  const ops::TensorMeta& im = a.input_meta[0];
+  if (!go.defined() || !is_floating(im.dtype)) return;
+  if (im.shape.ndim() == 0) {
+    g[0] = go.to(im.dtype);
+    return;
+  }
+  const int64_t d = a.attrs.get_int("dim");
+  g[0] = add(sub(sum(go, {d}, true), cumsum(go, d)), go).to(im.dtype);
+}
+
 void unpermute_saves(uint32_t needs, uint32_t& in, uint32_t& out) {
   in = kIn1 | ((needs & kIn0) ? kIn2 : 0u) | ((needs & kIn2) ? kIn0 : 0u);
   out = 0;
@@ -77,6 +90,7 @@ void unpermute_saves(uint32_t needs, uint32_t& in, uint32_t& out) {
   define("grouped_matmul_weight_grad", &weight_grad_bw, 0, 0, &grouped_product_saves);
   define("moe_permute", &moe_permute_bw, kIn1);
   define("moe_unpermute", &unpermute_bw, 0, 0, &unpermute_saves);
+  define("cumsum", &cumsum_bw);
   return true;
 }();
 

@@ -66,15 +66,11 @@ namespace {
 
 // capacity_keep's mask from device ops with static shapes (the path of tpu::compile): the slots in
 // admission order (choice-major) one-hot by expert [kN, E], their running count per expert (a
-// prefix sum by log2(kN) shifted adds), and a slot kept when fewer than C slots of its expert
-// come before it.
+// cumsum down the slots), and a slot kept when fewer than C slots of its expert come before it.
 Tensor capacity_keep_traced(const Tensor& ids, int64_t num_experts, int64_t cap, const Tensor& like) {
   const int64_t n = ids.size(0), k = ids.size(1), s = n * k;
-  const auto i32 = TensorOptions(DType::i32, ids.device());
   const Tensor hot = tpu::to(one_hot(reshape(transpose(ids, 0, 1).contiguous(), Shape{s}), num_experts), DType::i32);
-  Tensor upto = hot;  // slots of each expert up to and including this one
-  for (int64_t d = 1; d < s; d *= 2)
-    upto = add(upto, cat({zeros(Shape{d, num_experts}, i32), narrow(upto, 0, 0, s - d)}, 0));
+  const Tensor upto = cumsum(hot, 0);  // slots of each expert up to and including this one
   const Tensor before = sum(mul(sub(upto, hot), hot), {-1}, false, DType::i32);  // [kN]
   const Tensor keep = reshape(transpose(reshape(lt(before, cap), Shape{k, n}), 0, 1).contiguous(), Shape{n, k});
   return tpu::to(keep, like.dtype());
@@ -98,6 +94,15 @@ Tensor capacity_keep(const Tensor& ids, int64_t num_experts, double factor, cons
   return from_vector(keep, Shape{n, k}).to(like.dtype()).to(like.device());
 }
 
+// The one-hot rows of integer ids [.., k] over n classes as f32 [.., k, n], from a comparison
+// with an iota (ops the chip runs, where one_hot and its integer sums are host ops).
+Tensor moe_hot_rows(const Tensor& ids, int64_t n) {
+  std::vector<float> iv(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) iv[static_cast<size_t>(i)] = static_cast<float>(i);
+  const Tensor iota = from_vector(iv, Shape{n}).to(ids.device());
+  return tpu::to(eq(unsqueeze(tpu::to(ids, DType::f32), -1), iota), DType::f32);
+}
+
 }  // namespace
 
 std::pair<Tensor, Tensor> SparseMoE::sigmoid_topk(const Tensor& logits) const {
@@ -115,12 +120,13 @@ std::pair<Tensor, Tensor> SparseMoE::sigmoid_topk(const Tensor& logits) const {
       const int64_t g = cfg.n_group, per = e / g;
       const Tensor best2 = std::get<0>(topk(reshape(c, Shape{n, g, per}), 2));     // [N, G, 2]
       const Tensor group_idx = std::get<1>(topk(sum(best2, {-1}), cfg.topk_group));  // [N, kg]
-      const Tensor kept = tpu::to(sum(one_hot(group_idx, g), {1}), DType::f32);   // [N, G], 0 or 1
+      const Tensor kept = sum(moe_hot_rows(group_idx, g), {1});                      // [N, G], 0 or 1
       c = mul(c, reshape(expand(unsqueeze(kept, -1), Shape{n, g, per}), Shape{n, e}));  // others score 0
     }
     ids = std::get<1>(topk(c, cfg.top_k));
   }
-  Tensor w = gather(scores, 1, ids);
+  // The chosen scores (a gather along dim 1) as a sum against the one-hot rows (exact: one term).
+  Tensor w = sum(mul(unsqueeze(scores, 1), moe_hot_rows(ids, e)), {-1});  // [N, k]
   if (cfg.norm_topk_prob) w = div(w, add(sum(w, {-1}, true), 1e-20));
   if (cfg.routed_scaling_factor != 1.0) w = mul(w, cfg.routed_scaling_factor);
   return {w, ids};

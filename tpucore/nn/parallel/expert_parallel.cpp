@@ -71,23 +71,6 @@ std::map<const SparseMoE*, std::weak_ptr<EpState>>& ep_states() {
   return m;
 }
 
-// An i32 constant [rows, cols] of the host function f(i, j) on `dev`.
-template <class F>
-Tensor ep_const(int64_t rows, int64_t cols, Device dev, F f) {
-  std::vector<int32_t> v(static_cast<size_t>(rows * cols));
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j) v[static_cast<size_t>(i * cols + j)] = static_cast<int32_t>(f(i, j));
-  return from_vector(v, Shape{rows, cols}).to(dev);
-}
-
-// Inclusive prefix sums along the last dim of an i32 [m, k] (a sum against a triangular mask:
-// every op of it keeps the shapes static).
-Tensor ep_cumsum_rows(const Tensor& x) {
-  const int64_t k = x.size(1);
-  const Tensor tri = ep_const(k, k, x.device(), [](int64_t l, int64_t j) { return j <= l ? 1 : 0; });  // [l, j]
-  return sum(mul(unsqueeze(x, 1), unsqueeze(tri, 0)), {-1}, false, DType::i32);                       // [m, k]
-}
-
 // The fixed-capacity exchange (the path of tpu::compile, static shapes): every rank sends each
 // peer a buffer of C rows (its slots for the peer's experts, then zero padding) and the
 // per-expert counts; the receiver sorts the rows it got by local expert (the padding joins the
@@ -117,7 +100,7 @@ Tensor ep_run_fixed(const Tensor& xs, const Tensor& group_sizes, EpState& st) {
   }
   // The sender's side: per destination rank j, its slot count and the first of its slots.
   const Tensor per_rank = sum(reshape(counts, Shape{n, local}), {-1}, false, DType::i32);            // [n]
-  const Tensor seg_end = reshape(ep_cumsum_rows(reshape(per_rank, Shape{1, n})), Shape{n});          // inclusive
+  const Tensor seg_end = cumsum(per_rank, 0);  // inclusive
   const Tensor seg_start = sub(seg_end, per_rank);
   const Tensor r_cap = reshape(arange(cap, i32), Shape{1, cap});                                     // [1, C]
   const Tensor want = add(unsqueeze(seg_start, 1), r_cap);                                           // [n, C]
@@ -127,7 +110,7 @@ Tensor ep_run_fixed(const Tensor& xs, const Tensor& group_sizes, EpState& st) {
   const std::vector<int64_t> blocks(static_cast<size_t>(n), cap);
   Tensor got = all_to_all_rows(send, blocks, blocks, g);  // [n C, H]: block i from rank i
   // The receiver's side: the local expert of every row (padding: the last one), stably sorted.
-  const Tensor cum = ep_cumsum_rows(reshape(theirs, Shape{n, local}));                               // [n, local]
+  const Tensor cum = cumsum(reshape(theirs, Shape{n, local}), 1);  // [n, local]
   const Tensor r3 = reshape(arange(cap, i32), Shape{1, cap, 1});
   Tensor key = sum(ge(r3, unsqueeze(cum, 1)), {-1}, false, DType::i32);                               // [n, C]
   key = reshape(clamp(key, int64_t{0}, local - 1), Shape{n * cap, 1});
