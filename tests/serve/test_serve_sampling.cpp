@@ -13,6 +13,7 @@
 
 #include "core/llm_reference.h"
 #include "tpucore/models.h"
+#include "tpucore/autograd.h"
 #include "tpucore/core/float8.h"
 #include "tpucore/serve/engine.h"
 #include "tpucore/serve/model_runner.h"
@@ -370,8 +371,22 @@ TEST_CASE("serve: int8 / fp8 e4m3 paged KV cache: bytes per token, the cpu ragge
 
 TEST_CASE("serve: int8 / fp8 e4m3 paged KV cache in the engine: bytes in the metrics, greedy and logits near float",
           "[serve][quant]") {
-  Tiny tiny(41);
-  auto& m = *tiny.model;
+  // A tiny Llama of the library's own initialisation (head_dim 16) with its output head
+  // sharpened, as a trained model's next-token distributions are.
+  const std::string json = R"({"model_type": "llama", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": false})";
+  Generator gen(1234);
+  auto model = std::make_shared<models::CausalLM>(models::ModelConfig::from_json(json), &gen);
+  model->eval();
+  struct {
+    int64_t layers = 2, kv_heads = 2, head_dim = 16, vocab = 96;
+  } cfg;
+  auto& m = *model;
+  {
+    NoGradGuard ng;
+    m.lm_head->weight.copy_(mul(m.lm_head->weight, 4.0));
+  }
   const V prompt = {3, 14, 15, 9, 26, 5};
   const int64_t n = 48;
   serve::SamplingParams sp;
@@ -379,15 +394,15 @@ TEST_CASE("serve: int8 / fp8 e4m3 paged KV cache in the engine: bytes in the met
   auto engine_greedy = [&](nn::KVCacheDType kvd, int64_t* bytes) {
     serve::EngineConfig c = small_engine();
     c.kv_cache_dtype = kvd;
-    serve::Engine e(tiny.model, c);
+    serve::Engine e(model, c);
     *bytes = e.metrics().kv_bytes_per_token;
     return run(e, {{prompt, sp}})[0].tokens();
   };
   int64_t fbytes = 0;
   const V ref = engine_greedy(nn::KVCacheDType::auto_dtype, &fbytes);
   // The float host cache: f32 rows; the teacher-forced sequence: the prompt and the float tokens.
-  const int64_t rows = tiny.cfg.layers * 2 * tiny.cfg.kv_heads;
-  CHECK(fbytes == rows * tiny.cfg.head_dim * 4);
+  const int64_t rows = cfg.layers * 2 * cfg.kv_heads;
+  CHECK(fbytes == rows * cfg.head_dim * 4);
   V seq = prompt;
   seq.insert(seq.end(), ref.begin(), ref.end());
   const auto len = static_cast<int64_t>(seq.size());
@@ -406,35 +421,47 @@ TEST_CASE("serve: int8 / fp8 e4m3 paged KV cache in the engine: bytes in the met
     return m.forward(from_vector(seq, Shape{1, len}), cos, sin, &cache).to_vector<float>();
   };
   const std::vector<float> lf = logits_with(nn::KVCacheDType::auto_dtype);
-  // Stated bounds (measured: see docs/quantization.md): greedy agreement >= 90% of 48 tokens;
-  // mean KL(float || quantized) of the next-token distributions below 1e-3 (int8) / 1e-2 (fp8).
-  for (const auto& [kvd, kl_bound] : {std::pair{nn::KVCacheDType::int8, 1e-3}, std::pair{nn::KVCacheDType::fp8_e4m3, 1e-2}}) {
+  // Stated bounds (measured: int8 48 / 48 free-running, 54 / 54 teacher-forced, KL 9e-7; fp8
+  // 39 / 48 free-running (the first difference at token 40), 53 / 54 teacher-forced, KL 3.5e-5):
+  // teacher-forced argmax agreement >= 90%; free-running greedy agreement over 48 tokens >= 90%
+  // (int8) / >= 75% (fp8); mean KL(float || quantized) of the next-token distributions below
+  // 1e-5 (int8) / 5e-4 (fp8) nats.
+  struct KvqCase {
+    nn::KVCacheDType kvd;
+    double free_bound, kl_bound;
+  };
+  for (const KvqCase& kc : {KvqCase{nn::KVCacheDType::int8, 0.9, 1e-5}, KvqCase{nn::KVCacheDType::fp8_e4m3, 0.75, 5e-4}}) {
+    const nn::KVCacheDType kvd = kc.kvd;
     int64_t bytes = 0;
     const V got = engine_greedy(kvd, &bytes);
-    CHECK(bytes == rows * (tiny.cfg.head_dim + 4));  // half of bf16's 2 * head_dim, plus the scales
+    CHECK(bytes == rows * (cfg.head_dim + 4));  // half of bf16's 2 * head_dim, plus the scales
     int64_t same = 0;
     for (size_t i = 0; i < std::min(got.size(), ref.size()); ++i) same += got[i] == ref[i];
     const std::vector<float> lq = logits_with(kvd);
-    const int64_t vocab = tiny.cfg.vocab;
+    const int64_t vocab = cfg.vocab;
     double kl = 0;
+    int64_t tf_same = 0;
     for (int64_t p = 0; p < len; ++p) {
       std::vector<double> a(lf.begin() + p * vocab, lf.begin() + (p + 1) * vocab);
       std::vector<double> b(lq.begin() + p * vocab, lq.begin() + (p + 1) * vocab);
+      tf_same += std::max_element(a.begin(), a.end()) - a.begin() == std::max_element(b.begin(), b.end()) - b.begin();
       const double za = log_sum_exp(a), zb = log_sum_exp(b);
       for (int64_t j = 0; j < vocab; ++j) kl += std::exp(a[j] - za) * ((a[j] - za) - (b[j] - zb));
     }
     kl /= static_cast<double>(len);
-    INFO(nn::kv_cache_dtype_name(kvd) << ": greedy agreement " << same << " / " << ref.size() << ", mean KL " << kl);
+    INFO(nn::kv_cache_dtype_name(kvd) << ": greedy agreement " << same << " / " << ref.size() << ", mean KL " << kl << ", teacher-forced argmax agreement "
+                                      << tf_same << " / " << len);
     CHECK(ref.size() == static_cast<size_t>(n));
-    CHECK(same * 10 >= n * 9);
+    CHECK(static_cast<double>(same) >= kc.free_bound * static_cast<double>(n));
+    CHECK(tf_same * 10 >= len * 9);
     CHECK(kl > 0);
-    CHECK(kl < kl_bound);
+    CHECK(kl < kc.kl_bound);
   }
   // The paths that do not read quantized rows refuse the dtype, naming it and the path.
   serve::EngineConfig cc = small_engine();
   cc.kv_cache_dtype = nn::KVCacheDType::int8;
   cc.compile = true;
-  CHECK_THROWS_WITH(serve::Engine(tiny.model, cc), Catch::Contains("int8") && Catch::Contains("graph node"));
+  CHECK_THROWS_WITH(serve::Engine(model, cc), Catch::Contains("int8") && Catch::Contains("graph node"));
   serve::PagedCacheConfig pc = serve::paged_cache_layout(m.config, 4, 4);
   pc.kv_dtype = nn::KVCacheDType::fp8_e4m3;
   CHECK_THROWS_WITH(serve::ChipPagedCache(pc, DType::f32, Device()), Catch::Contains("fp8_e4m3"));
