@@ -133,23 +133,26 @@ TEST_CASE("quantized causal LM: int8, int4 and fp8 weights loaded from a float c
   CHECK(agree_b >= 0.9);
 
   // Float weights with a quantized KV cache (int8, fp8 e4m3): generate() decodes through it and
-  // agrees on >= 90% of the free-running tokens; the logits of the teacher-forced sequence, one
-  // prefill through the cache (its own keys and values read back quantized), stay within the
-  // stated mean KL (measured: int8 2e-5 nats, fp8 e4m3 4e-4; bounds 2e-4 and 4e-3).
-  for (const auto& [kvd, kl_bound] : {std::pair{nn::KVCacheDType::int8, 2e-4}, std::pair{nn::KVCacheDType::fp8_e4m3, 4e-3}}) {
+  // agrees on >= 90% of 64 free-running tokens; the logits of the teacher-forced sequence, one
+  // prefill through the cache (its own keys and values read back quantized), agree on >= 90% of
+  // the argmaxes and stay within the stated mean KL (measured: 64 / 64 and 100% for both, int8
+  // 7.9e-7 nats, fp8 e4m3 1.7e-5; bounds 1e-5 and 5e-4).
+  const int64_t kv_steps = 64;
+  for (const auto& [kvd, kl_bound] : {std::pair{nn::KVCacheDType::int8, 1e-5}, std::pair{nn::KVCacheDType::fp8_e4m3, 5e-4}}) {
     models::LoadOptions kv;
     kv.kv_cache_dtype = kvd;
     auto qkv = models::load_causal_lm(dir.string(), kv);
     CHECK(qkv->make_cache(1, 8).quantized());
-    const std::vector<int64_t> kv_greedy = models::generate(*qkv, {prompt}, qm_greedy(steps))[0];
+    const std::vector<int64_t> kv_greedy = models::generate(*qkv, {prompt}, qm_greedy(kv_steps))[0];
+    REQUIRE(static_cast<int64_t>(kv_greedy.size()) == kv_steps);
     int64_t kv_same = 0;
-    for (int64_t i = 0; i < steps; ++i) kv_same += kv_greedy[static_cast<size_t>(i)] == greedy[static_cast<size_t>(i)];
+    for (int64_t i = 0; i < kv_steps; ++i) kv_same += kv_greedy[static_cast<size_t>(i)] == greedy[static_cast<size_t>(i)];
     nn::KVCache cache = qkv->make_cache(1, ids.size(1));
     const Tensor got_kv = narrow(qkv->forward(ids, &cache), 1, first, steps);
     const auto [kl_kv, agree_kv] = qm_kl_and_agreement(ref_logits, got_kv, vocab);
-    INFO(nn::kv_cache_dtype_name(kvd) << " KV cache: free-running agreement " << kv_same << " / " << steps
+    INFO(nn::kv_cache_dtype_name(kvd) << " KV cache: free-running agreement " << kv_same << " / " << kv_steps
                                       << ", teacher-forced mean KL " << kl_kv << ", argmax agreement " << agree_kv);
-    CHECK(kv_same >= steps * 9 / 10);
+    CHECK(kv_same * 10 >= kv_steps * 9);
     CHECK(kl_kv < kl_bound);
     CHECK(kl_kv > 0);  // the cache did quantize
     CHECK(agree_kv >= 0.9);
@@ -253,7 +256,7 @@ TEST_CASE("KV cache int8 and fp8 e4m3: half the bytes of bf16, attention within 
                           << ", from the test's round-trip reference " << worst_exact_q);
   // Stated tolerance: int8 stores values in [-1, 1] to within max|v| / 254 and moves scores by at
   // most scale * sum|q| * max|k| / 254 < 0.13; the outputs stay within 0.02 of the float cache's.
-  // e4m3 keeps 3 mantissa bits (relative error <= 1/16): within 0.08 (measured FP8_MEASURED).
+  // e4m3 keeps 3 mantissa bits (relative error <= 1/16): within 0.08 (measured: int8 0.0039, e4m3 0.035).
   CHECK(worst_float < (fp8 ? 0.08 : 0.02));
   CHECK(worst_exact_q < 1e-5);  // and they are the attention over the test's round trip itself
   c8.set_write_position(from_vector(std::vector<int64_t>{3}, Shape{1}));
