@@ -65,7 +65,7 @@ ModelRunner::ModelRunner(models::CausalLM& m, const PagedCacheConfig& c, const R
     TPU_CHECK(m.dtype() == DType::f32 || m.dtype() == DType::bf16,
               "serve: the paged attention step on {} runs f32 or bf16 models, not {}", dev.str(), dtype_name(m.dtype()));
   }
-  if (c.quantized()) {  // the host cache and its cpu kernel read quantized rows; the device paths do not yet
+  if (c.quantized()) {  // the host cache and its cpu kernel read quantized rows; the device paths do not
     const char* path = pjrt ? "the gather paged cache (pjrt devices)"
                        : o.compile ? "the compiled step's paged attention graph node (serve --compile)"
                        : chip ? "the chip's ragged paged attention program" : nullptr;
