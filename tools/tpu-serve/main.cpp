@@ -57,6 +57,11 @@ int main(int argc, char** argv) {
           "weight-only quantization of the decoder layers' linear layers at load time: int8 or fp8 (e4m3; "
           "per output channel), int4 (groups of 32 columns) or none (default none)",
           [&](const std::string& v) { quantize = v; });
+  p.value("--kv-cache-dtype", "T",
+          "storage of the paged KV cache: auto (the float cache), int8 or fp8_e4m3 (one byte per value and one f32 "
+          "scale per token and kv head, dequantized while attending; about half of bf16's bytes; the eager cpu "
+          "step only)",
+          [&](const std::string& v) { o.engine.kv_cache_dtype = nn::parse_kv_cache_dtype(v); });
   p.value("--block-size", "N", "token positions per KV block (default 16)",
           [&](const std::string& v) { o.engine.block_size = p.to_int(v); });
   p.value("--num-blocks", "N", "KV blocks in the pool (default: max-num-seqs full contexts)",

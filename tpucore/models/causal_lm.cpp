@@ -189,12 +189,14 @@ Device CausalLM::device() const { return model->norm->weight.device(); }
 
 nn::KVCache CausalLM::make_cache(int64_t batch, int64_t capacity) const {
   if (config.mla()) {  // the compressed latents (nn/mla.h), one head of half their width
-    TPU_CHECK(!int8_kv_cache, "CausalLM: the int8 KV cache is not supported with multi-head latent attention (MLA)");
+    TPU_CHECK(kv_dtype() == nn::KVCacheDType::auto_dtype,
+              "CausalLM: the {} KV cache is not supported with multi-head latent attention (MLA)",
+              nn::kv_cache_dtype_name(kv_dtype()));
     return nn::KVCache(config.num_hidden_layers, batch, 1, capacity,
                        nn::mla_cache_head_dim(config.kv_lora_rank, config.qk_rope_head_dim), dtype(), device());
   }
   return nn::KVCache(config.num_hidden_layers, batch, config.num_key_value_heads, capacity, config.head_dim,
-                     int8_kv_cache ? DType::i8 : dtype(), device());
+                     nn::kv_cache_storage_dtype(kv_dtype(), dtype()), device());
 }
 
 Tensor CausalLM::forward(const Tensor& ids, nn::KVCache* cache, const std::vector<int64_t>& positions,

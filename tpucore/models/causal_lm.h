@@ -202,7 +202,12 @@ class CausalLM : public nn::Module {
   std::vector<double> local_inv_freq;    ///< Gemma 3's sliding layers (rope_local_base_freq; empty: none)
   std::shared_ptr<DecoderModel> model;   ///< the body
   std::shared_ptr<nn::Linear> lm_head;   ///< null when tied to model.embed_tokens
-  bool int8_kv_cache = false;            ///< make_cache() makes a quantized int8 cache (nn::KVCache)
+  /// make_cache()'s storage: auto (the model's dtype), int8 or fp8_e4m3 (quantized rows with
+  /// scales, nn::KVCacheDType); generate() decodes through it.
+  nn::KVCacheDType kv_cache_dtype = nn::KVCacheDType::auto_dtype;
+  bool int8_kv_cache = false;            ///< shorthand for kv_cache_dtype = int8
+  /// The cache storage in effect (int8_kv_cache counts as int8).
+  nn::KVCacheDType kv_dtype() const { return int8_kv_cache ? nn::KVCacheDType::int8 : kv_cache_dtype; }
 };
 
 /// Where a per-expert checkpoint tensor goes in a sparse layer's stacked expert weights.
@@ -239,6 +244,8 @@ struct LoadOptions {
   int64_t group = 32;             ///< int4: columns per scale (32 or 128)
   bool quantize_lm_head = false;  ///< also quantize an untied lm_head
   bool int8_kv_cache = false;     ///< make_cache() keeps keys and values as int8 (CausalLM::int8_kv_cache)
+  /// make_cache()'s storage (CausalLM::kv_cache_dtype): auto, int8 or fp8_e4m3.
+  nn::KVCacheDType kv_cache_dtype = nn::KVCacheDType::auto_dtype;
 };
 /// load_causal_lm with options, e.g. load_causal_lm(dir, {.quantize = nn::WeightQuant::int8}).
 std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, const LoadOptions& options);

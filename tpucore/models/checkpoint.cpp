@@ -280,6 +280,7 @@ std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, const LoadOptio
   if (quant) use_checkpoint_quantization(*m, *quant, dir);
   quantize_causal_lm(*m, options.quantize, options.group, options.quantize_lm_head);
   m->int8_kv_cache = options.int8_kv_cache;
+  m->kv_cache_dtype = options.kv_cache_dtype;
   m->to(device);
   m->eval();
   return m;

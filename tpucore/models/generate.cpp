@@ -62,7 +62,7 @@ int64_t choose_token(std::vector<float> logits, const std::vector<int64_t>& hist
 nn::KVCache make_generation_cache(const CausalLM& m, int64_t batch, int64_t capacity, bool shape_static) {
   const ModelConfig& c = m.config;
   const int64_t w = c.sliding_window;
-  if (w <= 0 || m.int8_kv_cache || w >= capacity) return m.make_cache(batch, capacity);
+  if (w <= 0 || m.kv_dtype() != nn::KVCacheDType::auto_dtype || w >= capacity) return m.make_cache(batch, capacity);
   std::vector<int64_t> rings(static_cast<size_t>(c.num_hidden_layers), 0);
   bool all = true, any = false;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {

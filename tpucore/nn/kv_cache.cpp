@@ -75,11 +75,13 @@ KVCache::KVCache(int64_t layers, int64_t b, int64_t h, int64_t cap, int64_t d, D
   TPU_CHECK(layers > 0 && b > 0 && h > 0 && cap > 0 && d > 0,
             "KVCache: layers ({}), batch ({}), kv heads ({}), capacity ({}) and head_dim ({}) must be positive", layers,
             b, h, cap, d);
-  TPU_CHECK(is_floating(dtype) || dtype == DType::i8,
-            "KVCache: dtype {} is not supported (a float type, or i8 for the quantized cache)", dtype_name(dtype));
-  TPU_CHECK(rings_.empty() || (static_cast<int64_t>(rings_.size()) == layers && dtype != DType::i8),
-            "KVCache: sliding-window rings need one size per layer ({} given for {}) and a float cache", rings_.size(),
-            layers);
+  const bool quant = dtype == DType::i8 || dtype == DType::f8e4m3;
+  TPU_CHECK((is_floating(dtype) && !is_float8(dtype)) || quant,
+            "KVCache: dtype {} is not supported (f32, bf16 or f16, or i8 / f8e4m3 for the quantized cache)",
+            dtype_name(dtype));
+  TPU_CHECK(rings_.empty() || (static_cast<int64_t>(rings_.size()) == layers && !quant),
+            "KVCache: sliding-window rings need one size per layer ({} given for {}) and a float cache (not {})",
+            rings_.size(), layers, dtype_name(dtype));
   all_ring_ = !rings_.empty();
   for (int64_t r : rings_) {
     TPU_CHECK(r >= 0, "KVCache: a ring of {} positions", r);
@@ -90,7 +92,7 @@ KVCache::KVCache(int64_t layers, int64_t b, int64_t h, int64_t cap, int64_t d, D
     const int64_t n = ring_size(i) > 0 ? ring_size(i) : cap;
     k_.push_back(zeros(Shape{b, h, n, d}, TensorOptions(dtype, device)));
     v_.push_back(zeros(Shape{b, h, n, d}, TensorOptions(dtype, device)));
-    if (dtype == DType::i8) {
+    if (quant) {
       k_scale_.push_back(ones(Shape{b, h, cap, 1}, TensorOptions(DType::f32, device)));
       v_scale_.push_back(ones(Shape{b, h, cap, 1}, TensorOptions(DType::f32, device)));
     }
@@ -106,17 +108,41 @@ int64_t KVCache::nbytes() const {
 
 namespace {
 
-// x [..., D] as int8 q and f32 scales [..., 1]: scale = max |x| / 127 (1 for a zero vector),
-// q = round-half-even(x / scale).
-std::pair<Tensor, Tensor> kv_quantize_int8(const Tensor& x) {
+// x [..., D] as int8 (or e4m3) q and f32 scales [..., 1]: scale = max |x| / 127 (e4m3: / 448;
+// 1 for a zero vector), q = round-half-even(x / scale) (e4m3: x / scale rounded to e4m3).
+std::pair<Tensor, Tensor> kv_quantize_rows(const Tensor& x, DType store) {
   const Tensor xf = to(x, DType::f32);
   const Tensor amax = tpu::amax(abs(xf), {-1}, true);
-  const Tensor scale = where(gt(amax, 0.0), div(amax, 127.0), ones_like(amax));
-  const Tensor q = to(clamp(round(div(xf, scale)), Scalar(-127.0), Scalar(127.0)), DType::i8);
+  const double qmax = store == DType::f8e4m3 ? 448.0 : 127.0;
+  const Tensor scale = where(gt(amax, 0.0), div(amax, qmax), ones_like(amax));
+  const Tensor y = clamp(div(xf, scale), Scalar(-qmax), Scalar(qmax));
+  const Tensor q = store == DType::f8e4m3 ? to(y, DType::f8e4m3) : to(round(y), DType::i8);
   return {q, scale};
 }
 
 }  // namespace
+
+const char* kv_cache_dtype_name(KVCacheDType t) {
+  switch (t) {
+    case KVCacheDType::int8: return "int8";
+    case KVCacheDType::fp8_e4m3: return "fp8_e4m3";
+    case KVCacheDType::auto_dtype: break;
+  }
+  return "auto";
+}
+
+KVCacheDType parse_kv_cache_dtype(const std::string& name) {
+  if (name == "auto") return KVCacheDType::auto_dtype;
+  if (name == "int8") return KVCacheDType::int8;
+  if (name == "fp8_e4m3" || name == "fp8" || name == "fp8_e4m3fn") return KVCacheDType::fp8_e4m3;
+  fail("kv cache dtype '{}' is not supported (auto, int8 or fp8_e4m3)", name);
+}
+
+DType kv_cache_storage_dtype(KVCacheDType t, DType fallback) {
+  if (t == KVCacheDType::int8) return DType::i8;
+  if (t == KVCacheDType::fp8_e4m3) return DType::f8e4m3;
+  return fallback;
+}
 
 std::pair<Tensor, Tensor> KVCache::update(int64_t layer, const Tensor& k, const Tensor& v) {
   TPU_CHECK(layer >= 0 && layer < num_layers(), "KVCache: layer {} out of range (the cache has {} layers)", layer,
@@ -129,8 +155,9 @@ std::pair<Tensor, Tensor> KVCache::update(int64_t layer, const Tensor& k, const 
   TPU_CHECK(ring_size(layer) == 0 || (all_ring_ && write_pos_.defined()),
             "KVCache: the sliding-window ring stores keys through update_and_attend_variant() or a write position");
   TPU_CHECK(!quantized() || (!write_pos_.defined() && !write_mask_.defined()),
-            "KVCache: the int8 cache does not implement shape-static steps (write mask or write position); "
-            "decode without compile, or use an f32 / bf16 cache");
+            "KVCache: the quantized {} cache does not implement shape-static steps (write mask or write position); "
+            "decode without compile, or use an f32 / bf16 cache",
+            k_.front().dtype() == DType::i8 ? "int8" : "fp8_e4m3");
   if (write_pos_.defined()) {
     NoGradGuard ng;
     return {codegen::kv_cache_write_(k_[static_cast<size_t>(layer)], k, write_pos_),
@@ -151,8 +178,8 @@ std::pair<Tensor, Tensor> KVCache::update(int64_t layer, const Tensor& k, const 
   NoGradGuard ng;
   if (quantized()) {
     const size_t l = static_cast<size_t>(layer);
-    const auto [kq, ks] = kv_quantize_int8(k);
-    const auto [vq, vs] = kv_quantize_int8(v);
+    const auto [kq, ks] = kv_quantize_rows(k, k_[l].dtype());
+    const auto [vq, vs] = kv_quantize_rows(v, v_[l].dtype());
     narrow(k_[l], 2, length_, t).copy_(kq);
     narrow(k_scale_[l], 2, length_, t).copy_(ks);
     narrow(v_[l], 2, length_, t).copy_(vq);

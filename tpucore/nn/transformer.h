@@ -89,20 +89,36 @@ Tensor masked_attention(const Tensor& q, const Tensor& k, const Tensor& v, const
 /// visible to new token i when (past + i) - j < window.
 Tensor sliding_window_keep(int64_t t, int64_t past, int64_t window, Device device = Device());
 
+/// The storage type of a key/value cache (vLLM's --kv-cache-dtype): `auto` keeps keys and values
+/// in the model's float dtype; `int8` and `fp8_e4m3` keep each row (head_dim values of one
+/// token and kv head) as one byte per value with one f32 scale per row, written when the row is
+/// written (int8: round-half-even(x / s) with s = max |x| / 127; fp8_e4m3: x / s with s = max
+/// |x| / 448 in OCP E4M3, tpucore/core/float8.h; s = 1 for a zero row) and dequantized (q * s)
+/// while attention reads it. A step's own new keys and values are read back quantized as well,
+/// exactly as a later step sees them.
+enum class KVCacheDType { auto_dtype, int8, fp8_e4m3 };
+/// "auto", "int8", "fp8_e4m3".
+const char* kv_cache_dtype_name(KVCacheDType t);
+/// Parses "auto", "int8", "fp8_e4m3" (also "fp8" and "fp8_e4m3fn"); anything else is a tpu::Error.
+KVCacheDType parse_kv_cache_dtype(const std::string& name);
+/// The tensor dtype of a quantized cache's rows (i8 or f8e4m3); `fallback` for auto.
+DType kv_cache_storage_dtype(KVCacheDType t, DType fallback);
+
 /// The contiguous key/value cache of generation: every layer's keys and values preallocated as
 /// [B, Hkv, capacity, D]. A forward of T new tokens writes positions [length, length + T) of
 /// each layer (update) and the caller then advances the shared length once (advance).
 ///
-/// With dtype i8 the cache is quantized: each key and value vector (one row, head and position)
-/// is stored as int8 round-to-nearest-even(x / scale) with scale = max |x| / 127 over head_dim
-/// (1 for a zero vector), the f32 scales in [B, Hkv, capacity, 1] beside it; update() returns
-/// the dequantized keys and values (q * scale) in the new keys' dtype. That is 1 + 4 / D bytes
-/// per element instead of 2 (bf16) or 4 (f32). The shape-static steps (write mask or position)
-/// are f32 / bf16 only.
+/// With dtype i8 or f8e4m3 the cache is quantized (KVCacheDType): each key and value vector
+/// (one row, head and position) is stored as int8 round-to-nearest-even(x / scale) with scale =
+/// max |x| / 127 over head_dim, or as e4m3 x / scale with scale = max |x| / 448 (1 for a zero
+/// vector), the f32 scales in [B, Hkv, capacity, 1] beside it; update() returns the dequantized
+/// keys and values (q * scale) in the new keys' dtype, the new ones included. That is 1 + 4 / D
+/// bytes per element instead of 2 (bf16) or 4 (f32). The shape-static steps (write mask or
+/// position) and sliding-window rings are float only (a tpu::Error naming the dtype).
 class KVCache : public AttentionCache {
  public:
   /// A zeroed cache of `num_layers` layers for `batch` rows of up to `capacity` positions; dtype
-  /// f32, bf16, f16, or i8 for the quantized cache.
+  /// f32, bf16, f16, or i8 / f8e4m3 for the quantized cache.
   /// `rings` (empty, or one entry per layer): a layer with rings[l] = W > 0 (its sliding window)
   /// is a ring of its last W positions: position p lives in slot p % W,
   /// update_and_attend_variant() attends over the cached window and the new keys before storing
@@ -156,7 +172,7 @@ class KVCache : public AttentionCache {
   /// Rows (sequences) of the cache.
   int64_t batch() const { return batch_; }
   int64_t num_layers() const override { return static_cast<int64_t>(k_.size()); }
-  /// Whether keys and values are stored as int8 with scales.
+  /// Whether keys and values are stored as int8 or fp8 e4m3 with scales.
   bool quantized() const { return !k_scale_.empty(); }
   /// Bytes of storage of the cache: keys, values and (quantized) their scales.
   int64_t nbytes() const;

@@ -47,7 +47,9 @@ EngineConfig resolve(EngineConfig c, const models::CausalLM& m) {
   return c;
 }
 PagedCacheConfig cache_config(const EngineConfig& c, const models::CausalLM& m) {
-  return paged_cache_layout(m.config, c.block_size, c.num_blocks);
+  PagedCacheConfig p = paged_cache_layout(m.config, c.block_size, c.num_blocks);
+  p.kv_dtype = c.kv_cache_dtype;
+  return p;
 }
 RunnerOptions runner_options(const EngineConfig& c) {
   // A speculating sequence samples a row for its last token and one per proposal.

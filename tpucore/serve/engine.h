@@ -30,6 +30,10 @@ namespace tpu::serve {
 struct EngineConfig {
   int64_t block_size = 16;
   int64_t num_blocks = 0;  // 0: enough for max_num_seqs sequences of max_model_len tokens
+  // Storage of the paged KV cache (vLLM's kv_cache_dtype): auto (f32 on the host), int8 or
+  // fp8_e4m3 (one byte per value and one f32 scale per row of head_dim values; the eager cpu
+  // step only, other paths refuse it).
+  nn::KVCacheDType kv_cache_dtype = nn::KVCacheDType::auto_dtype;
   int64_t max_num_seqs = 16;
   int64_t max_num_batched_tokens = 256;  // token budget of one step
   int64_t max_model_len = 0;             // 0: the model's max_position_embeddings

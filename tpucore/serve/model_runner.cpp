@@ -40,7 +40,7 @@ PagedCacheConfig paged_cache_layout(const models::ModelConfig& mc, int64_t block
 
 int64_t ModelRunner::kv_bytes_per_token() const {
   const int64_t elem = host_ ? static_cast<int64_t>(sizeof(float)) : static_cast<int64_t>(dtype_size(m_.dtype()));
-  return c_.num_layers * c_.values_per_token_layer() * elem;
+  return c_.bytes_per_token(elem);
 }
 
 ModelRunner::ModelRunner(models::CausalLM& m, const PagedCacheConfig& c, const RunnerOptions& o)
@@ -64,6 +64,15 @@ ModelRunner::ModelRunner(models::CausalLM& m, const PagedCacheConfig& c, const R
               "generated programs or a pjrt device, not {}", dev.str());
     TPU_CHECK(m.dtype() == DType::f32 || m.dtype() == DType::bf16,
               "serve: the paged attention step on {} runs f32 or bf16 models, not {}", dev.str(), dtype_name(m.dtype()));
+  }
+  if (c.quantized()) {  // the host cache and its cpu kernel read quantized rows; the device paths do not
+    const char* path = pjrt ? "the gather paged cache (pjrt devices)"
+                       : o.compile ? "the compiled step's paged attention graph node (serve --compile)"
+                       : chip ? "the chip's ragged paged attention program" : nullptr;
+    TPU_CHECK(path == nullptr, "serve: kv cache dtype {} is not implemented by {}; use kv cache dtype auto there, "
+              "or the eager step on the cpu", nn::kv_cache_dtype_name(c.kv_dtype), path ? path : "");
+    TPU_CHECK(!mc.mla(), "serve: kv cache dtype {} is not implemented for multi-head latent attention (MLA)",
+              nn::kv_cache_dtype_name(c.kv_dtype));
   }
   spec_ = paged_spec_of(mc, c, m.dtype());
   // Every layer sliding (Mistral): the steps are planned with the window, so no layer reads the

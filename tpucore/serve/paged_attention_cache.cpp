@@ -43,6 +43,10 @@ Tensor HostPagedCache::update_and_attend_variant(int64_t layer, const Tensor& q,
 }
 
 SlotPagedCache::SlotPagedCache(const PagedCacheConfig& c, DType dtype, Device device) {
+  TPU_CHECK(!c.quantized(),
+            "serve: kv cache dtype {} is not implemented by the device paged caches (the chip program, the graph "
+            "node, the gather cache); only the host paged cache stores quantized rows",
+            nn::kv_cache_dtype_name(c.kv_dtype));
   NoGradGuard ng;
   const int64_t slots = c.num_blocks * c.block_size;
   for (int64_t l = 0; l < c.num_layers; ++l) {

@@ -4,8 +4,9 @@
 // its own blocks through its block table. Attention's update_and_attend hands over q [1, H, n, d]
 // and k, v [1, Hkv, n, d]; every implementation returns [1, n, H * d].
 //
-// - HostPagedCache: the cache in host memory (PagedKVCache, f32) and the cpu kernel
-//   ragged_paged_attention (eager steps with the model on the cpu).
+// - HostPagedCache: the cache in host memory (PagedKVCache: f32, or int8 / fp8 e4m3 rows with
+//   scales) and the cpu kernel ragged_paged_attention (eager steps with the model on the cpu).
+//   It alone stores a quantized kv_dtype; the slot caches below refuse one (a tpu::Error).
 // - ChipPagedCache: per layer K and V [num_blocks * block_size, kv_heads * head_dim] on a chip
 //   that runs generated programs (sim), and the chip's ragged paged attention program
 //   (codegen::run_paged_attention), launched eagerly.

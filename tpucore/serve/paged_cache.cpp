@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "tpucore/core/error.h"
+#include "tpucore/core/float8.h"
 #include "tpucore/core/parallel.h"
 
 namespace tpu::serve {
@@ -77,13 +78,118 @@ PagedKVCache::PagedKVCache(const PagedCacheConfig& c) : cfg_(c) {
             "positive",
             c.num_layers, c.kv_heads, c.head_dim, c.block_size, c.num_blocks);
   const auto per_layer = static_cast<size_t>(c.num_blocks * c.block_size * c.kv_heads * c.head_dim);
-  k_.assign(static_cast<size_t>(c.num_layers), std::vector<float>(per_layer, 0.0f));
-  if (!c.shared_kv) v_.assign(static_cast<size_t>(c.num_layers), std::vector<float>(per_layer, 0.0f));
+  const auto layers = static_cast<size_t>(c.num_layers);
+  if (!c.quantized()) {
+    k_.assign(layers, std::vector<float>(per_layer, 0.0f));
+    if (!c.shared_kv) v_.assign(layers, std::vector<float>(per_layer, 0.0f));
+    return;
+  }
+  const auto rows = static_cast<size_t>(c.num_blocks * c.block_size * c.kv_heads);
+  kq_.assign(layers, std::vector<uint8_t>(per_layer, 0));
+  ks_.assign(layers, std::vector<float>(rows, 1.0f));
+  if (!c.shared_kv) {
+    vq_.assign(layers, std::vector<uint8_t>(per_layer, 0));
+    vs_.assign(layers, std::vector<float>(rows, 1.0f));
+  }
+  for (int b = 0; b < 256; ++b) f8_table_[b] = f8e4m3::from_bits(static_cast<uint8_t>(b)).to_f32();
 }
 
 int64_t PagedKVCache::bytes() const {
-  return cfg_.num_layers * cfg_.num_blocks * cfg_.block_size * cfg_.values_per_token_layer() *
-         static_cast<int64_t>(sizeof(float));
+  return cfg_.num_blocks * cfg_.block_size * cfg_.bytes_per_token(static_cast<int64_t>(sizeof(float)));
+}
+
+void PagedKVCache::check_float(const char* what) const {
+  TPU_CHECK(!cfg_.quantized(), "PagedKVCache: the {} cache has no float {} rows (write_key / read_key, key_dot)",
+            nn::kv_cache_dtype_name(cfg_.kv_dtype), what);
+}
+
+void PagedKVCache::write_row(bool value, int64_t layer, int64_t block, int64_t offset, int64_t head, const float* x) {
+  const auto l = static_cast<size_t>(layer);
+  const int64_t d = cfg_.head_dim;
+  if (!cfg_.quantized()) {
+    std::copy_n(x, d, (value && !cfg_.shared_kv ? v_ : k_)[l].data() + index(block, offset, head));
+    return;
+  }
+  const bool v = value && !cfg_.shared_kv;
+  uint8_t* qr = (v ? vq_ : kq_)[l].data() + index(block, offset, head);
+  float amax = 0;
+  bool finite = true;
+  for (int64_t e = 0; e < d; ++e) {
+    amax = std::max(amax, std::fabs(x[e]));
+    finite = finite && std::isfinite(x[e]);
+  }
+  const bool fp8 = cfg_.kv_dtype == nn::KVCacheDType::fp8_e4m3;
+  const float qmax = fp8 ? f8e4m3::kMax : 127.0f;
+  // A row with a NaN or an infinity keeps a NaN scale (it reads back as NaN) and zero bytes.
+  const float s = !finite ? NAN : amax > 0 ? amax / qmax : 1.0f;
+  (v ? vs_ : ks_)[l][row(block, offset, head)] = s;
+  for (int64_t e = 0; e < d; ++e) {
+    const float y = finite ? std::clamp(x[e] / s, -qmax, qmax) : 0.0f;
+    qr[e] = fp8 ? f8e4m3::from_f32(y) : static_cast<uint8_t>(static_cast<int8_t>(std::nearbyint(y)));
+  }
+}
+
+void PagedKVCache::read_row(bool value, int64_t layer, int64_t block, int64_t offset, int64_t head, float* out) const {
+  const auto l = static_cast<size_t>(layer);
+  const int64_t d = cfg_.head_dim;
+  const bool v = value && !cfg_.shared_kv;
+  if (!cfg_.quantized()) {
+    std::copy_n((v ? v_ : k_)[l].data() + index(block, offset, head), d, out);
+    return;
+  }
+  const uint8_t* qr = (v ? vq_ : kq_)[l].data() + index(block, offset, head);
+  const float s = (v ? vs_ : ks_)[l][row(block, offset, head)];
+  const bool fp8 = cfg_.kv_dtype == nn::KVCacheDType::fp8_e4m3;
+  for (int64_t e = 0; e < d; ++e) out[e] = (fp8 ? f8_table_[qr[e]] : static_cast<float>(static_cast<int8_t>(qr[e]))) * s;
+}
+
+void PagedKVCache::write_key(int64_t layer, int64_t block, int64_t offset, int64_t head, const float* x) {
+  write_row(false, layer, block, offset, head, x);
+}
+void PagedKVCache::write_value(int64_t layer, int64_t block, int64_t offset, int64_t head, const float* x) {
+  write_row(true, layer, block, offset, head, x);
+}
+void PagedKVCache::read_key(int64_t layer, int64_t block, int64_t offset, int64_t head, float* out) const {
+  read_row(false, layer, block, offset, head, out);
+}
+void PagedKVCache::read_value(int64_t layer, int64_t block, int64_t offset, int64_t head, float* out) const {
+  read_row(true, layer, block, offset, head, out);
+}
+
+float PagedKVCache::key_dot(int64_t layer, int64_t block, int64_t offset, int64_t head, const float* q) const {
+  const auto l = static_cast<size_t>(layer);
+  const int64_t d = cfg_.head_dim;
+  float dot = 0;
+  if (!cfg_.quantized()) {
+    const float* kr = k_[l].data() + index(block, offset, head);
+    for (int64_t e = 0; e < d; ++e) dot += q[e] * kr[e];
+    return dot;
+  }
+  const uint8_t* kr = kq_[l].data() + index(block, offset, head);
+  if (cfg_.kv_dtype == nn::KVCacheDType::fp8_e4m3) {
+    for (int64_t e = 0; e < d; ++e) dot += q[e] * f8_table_[kr[e]];
+  } else {
+    for (int64_t e = 0; e < d; ++e) dot += q[e] * static_cast<float>(static_cast<int8_t>(kr[e]));
+  }
+  return dot * ks_[l][row(block, offset, head)];
+}
+
+void PagedKVCache::value_axpy(int64_t layer, int64_t block, int64_t offset, int64_t head, float w, float* acc) const {
+  const auto l = static_cast<size_t>(layer);
+  const int64_t d = cfg_.head_dim;
+  if (!cfg_.quantized()) {
+    const float* vr = (cfg_.shared_kv ? k_ : v_)[l].data() + index(block, offset, head);
+    for (int64_t e = 0; e < d; ++e) acc[e] += w * vr[e];
+    return;
+  }
+  const bool sh = cfg_.shared_kv;
+  const uint8_t* vr = (sh ? kq_ : vq_)[l].data() + index(block, offset, head);
+  const float ws = w * (sh ? ks_ : vs_)[l][row(block, offset, head)];
+  if (cfg_.kv_dtype == nn::KVCacheDType::fp8_e4m3) {
+    for (int64_t e = 0; e < d; ++e) acc[e] += ws * f8_table_[vr[e]];
+  } else {
+    for (int64_t e = 0; e < d; ++e) acc[e] += ws * static_cast<float>(static_cast<int8_t>(vr[e]));
+  }
 }
 
 void RaggedBatch::validate(const PagedCacheConfig& c) const {
@@ -130,8 +236,8 @@ void ragged_paged_attention(PagedKVCache& cache, int64_t layer, const RaggedBatc
       const int64_t p = first + (t - t0);
       const int64_t blk = table[static_cast<size_t>(p / bs)], off = p % bs;
       for (int64_t h = 0; h < hkv; ++h) {
-        std::copy_n(k + (t * hkv + h) * d, d, cache.key(layer, blk, off, h));
-        if (!c.shared_kv) std::copy_n(v + (t * hkv + h) * d, d, cache.value(layer, blk, off, h));
+        cache.write_key(layer, blk, off, h, k + (t * hkv + h) * d);
+        if (!c.shared_kv) cache.write_value(layer, blk, off, h, v + (t * hkv + h) * d);
       }
     }
   }
@@ -160,9 +266,7 @@ void ragged_paged_attention(PagedKVCache& cache, int64_t layer, const RaggedBatc
                   "the window {})", t, j0, window);
         const int64_t n = std::min(bs, pos + 1 - j0);
         for (int64_t o = std::max<int64_t>(0, lo - j0); o < n; ++o) {
-          const float* kr = cache.key(layer, blk, o, kh);
-          float dot = 0;
-          for (int64_t e = 0; e < d; ++e) dot += qr[e] * kr[e];
+          const float dot = cache.key_dot(layer, blk, o, kh, qr);
           const float sco = cap > 0 ? cap * std::tanh(dot * sc / cap) : dot * sc;
           const float weight = sco > m ? 1.0f : std::exp(sco - m);
           if (sco > m) {
@@ -171,8 +275,7 @@ void ragged_paged_attention(PagedKVCache& cache, int64_t layer, const RaggedBatc
             l *= corr;
             m = sco;
           }
-          const float* vr = cache.value(layer, blk, o, kh);
-          for (int64_t e = 0; e < d; ++e) acc[static_cast<size_t>(e)] += weight * vr[e];
+          cache.value_axpy(layer, blk, o, kh, weight, acc.data());
           l += weight;
         }
       }

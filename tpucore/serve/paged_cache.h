@@ -2,7 +2,8 @@
 //
 // Keys and values live in fixed-size blocks of `block_size` token positions, the same block
 // pool shared by every sequence (one pool per layer, [num_blocks, block_size, kv_heads,
-// head_dim] in f32 on the host). A sequence owns a block table: its i-th logical block (token
+// head_dim] in f32 on the host; with a quantized kv_dtype one byte per value, int8 or fp8
+// e4m3, and one f32 scale per row of head_dim values, [num_blocks, block_size, kv_heads]). A sequence owns a block table: its i-th logical block (token
 // positions [i * block_size, (i + 1) * block_size)) is physical block table[i]. Blocks come
 // from a free list (BlockAllocator) and go back to it when a sequence finishes, is cancelled or
 // is preempted, so the cache never fragments and a finished request's memory is reusable at
@@ -21,6 +22,8 @@
 #include <list>
 #include <unordered_map>
 #include <vector>
+
+#include "tpucore/nn/transformer.h"
 
 namespace tpu::serve {
 
@@ -72,30 +75,64 @@ struct PagedCacheConfig {
   // Keys and values are one array (the caller passes the same rows as both): multi-head latent
   // attention (nn/mla.h) stores its latent once, as the one head of keys and of values.
   bool shared_kv = false;
+  // The storage of keys and values (nn::KVCacheDType): auto (float), or int8 / fp8_e4m3 rows
+  // with one f32 scale each, quantized when written and dequantized while attention reads them.
+  nn::KVCacheDType kv_dtype = nn::KVCacheDType::auto_dtype;
   // Values stored per token and layer: kv_heads * head_dim, twice unless shared_kv.
   int64_t values_per_token_layer() const { return (shared_kv ? 1 : 2) * kv_heads * head_dim; }
+  bool quantized() const { return kv_dtype != nn::KVCacheDType::auto_dtype; }
+  // Bytes of one token position over all layers, float values of `float_bytes` each when not
+  // quantized; quantized: one byte per value plus a 4-byte scale per row of head_dim values.
+  int64_t bytes_per_token(int64_t float_bytes) const {
+    const int64_t rows = num_layers * (shared_kv ? 1 : 2) * kv_heads;
+    return quantized() ? rows * (head_dim + 4) : rows * head_dim * float_bytes;
+  }
 };
 
-// Keys and values of every layer in blocks, f32 on the host.
+// Keys and values of every layer in blocks on the host: f32, or (cfg.kv_dtype int8 / fp8_e4m3)
+// one byte per value and one f32 scale per row.
 class PagedKVCache {
  public:
   explicit PagedKVCache(const PagedCacheConfig& c);
   const PagedCacheConfig& config() const { return cfg_; }
-  // Row of (block, offset within the block, kv head): head_dim floats.
+  // Row of (block, offset within the block, kv head): head_dim floats (a float cache only).
   float* key(int64_t layer, int64_t block, int64_t offset, int64_t head) {
+    check_float("key");
     return k_[static_cast<size_t>(layer)].data() + index(block, offset, head);
   }
   float* value(int64_t layer, int64_t block, int64_t offset, int64_t head) {
+    check_float("value");
     return (cfg_.shared_kv ? k_ : v_)[static_cast<size_t>(layer)].data() + index(block, offset, head);
   }
+  // Stores head_dim values as the key (value) row of (block, offset, kv head), quantized when
+  // the cache is (scale = max |x| / 127 or / 448, 1 for a zero row). A shared_kv cache has one
+  // array: write_value writes the same row as write_key.
+  void write_key(int64_t layer, int64_t block, int64_t offset, int64_t head, const float* x);
+  void write_value(int64_t layer, int64_t block, int64_t offset, int64_t head, const float* x);
+  // The row as attention reads it (dequantized: stored value times the row's scale).
+  void read_key(int64_t layer, int64_t block, int64_t offset, int64_t head, float* out) const;
+  void read_value(int64_t layer, int64_t block, int64_t offset, int64_t head, float* out) const;
+  // q . key row, and acc += w * value row, dequantizing on the fly (the scale multiplies the
+  // dot product and the weight, not every value).
+  float key_dot(int64_t layer, int64_t block, int64_t offset, int64_t head, const float* q) const;
+  void value_axpy(int64_t layer, int64_t block, int64_t offset, int64_t head, float w, float* acc) const;
   int64_t bytes() const;
 
  private:
   size_t index(int64_t block, int64_t offset, int64_t head) const {
     return static_cast<size_t>(((block * cfg_.block_size + offset) * cfg_.kv_heads + head) * cfg_.head_dim);
   }
+  size_t row(int64_t block, int64_t offset, int64_t head) const {
+    return static_cast<size_t>((block * cfg_.block_size + offset) * cfg_.kv_heads + head);
+  }
+  void check_float(const char* what) const;
+  void write_row(bool value, int64_t layer, int64_t block, int64_t offset, int64_t head, const float* x);
+  void read_row(bool value, int64_t layer, int64_t block, int64_t offset, int64_t head, float* out) const;
   PagedCacheConfig cfg_;
-  std::vector<std::vector<float>> k_, v_;
+  std::vector<std::vector<float>> k_, v_;           // float rows
+  std::vector<std::vector<uint8_t>> kq_, vq_;       // quantized rows (int8 or e4m3 bits)
+  std::vector<std::vector<float>> ks_, vs_;         // one scale per quantized row
+  float f8_table_[256] = {};                        // e4m3 bits -> value
 };
 
 // One ragged step: sequence s brings tokens [query_start[s], query_start[s + 1]) of the
@@ -118,6 +155,8 @@ struct RaggedBatch {
 // causal context in its own sequence. Query head h reads kv head h / (num_heads / kv_heads).
 // window > 0: a token at position p sees keys at (p - window, p] only (a sliding window);
 // softcap > 0: scores -> softcap * tanh(scores / softcap) before the softmax (Gemma).
+// A quantized cache stores the new rows quantized first, so the step's own tokens are read
+// back dequantized, as every later step reads them (as vLLM does).
 void ragged_paged_attention(PagedKVCache& cache, int64_t layer, const RaggedBatch& batch, const float* q,
                             const float* k, const float* v, float* out, int64_t num_heads, double scale,
                             int64_t window = 0, double softcap = 0);
