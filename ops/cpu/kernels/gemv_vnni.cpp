@@ -146,10 +146,16 @@ TPU_VNNI void vn4_group(int64_t K, int64_t group, const VnRows& v, int64_t i0, c
 #pragma GCC unroll 4
     for (int c = 0; c < kVnCols; ++c) acc[r][c] = _mm512_setzero_ps();
   const __m512i low4 = _mm512_set1_epi8(0x0F);
+  // The group of block b (32 weights) is b / (group / 32): a shift when that is a power of two
+  // (two integer divisions per step cost about as much as the step's arithmetic).
+  const int64_t bpg = group / 32;
+  const bool pow2 = (bpg & (bpg - 1)) == 0;
+  const int shift = __builtin_ctzll(static_cast<unsigned long long>(bpg));
   for (int64_t ch = 0; ch < chunks; ++ch) {
     const int64_t k = ch * 64;
     const bool two = k + 64 <= K;  // else one block of 32 left
-    const int64_t g0 = k / group, g1 = two ? (k + 32) / group : g0;
+    const int64_t b0 = 2 * ch, b1 = two ? b0 + 1 : b0;
+    const int64_t g0 = pow2 ? b0 >> shift : b0 / bpg, g1 = pow2 ? b1 >> shift : b1 / bpg;
     __m512i nib[kVnCols];
     __m512 sv[kVnCols];
 #pragma GCC unroll 4
