@@ -99,38 +99,48 @@ TPU_VNNI void quantize_rows(int64_t M, int64_t K, const float* A, int64_t lda, b
   }
 }
 
-// int8: R rows of A (quantized, offset) by kVnCols weight rows of K values.
+// One step of 64 values of vn8_group (m: the values present; `pf`: prefetch distance or 0).
+template <int R>
+TPU_VNNI __attribute__((always_inline)) inline void vn8_step(__m512 (&acc)[R][kVnCols], const VnRows& v, int64_t i0,
+                                                             int64_t chunks, int64_t ch, __mmask64 m,
+                                                             const int8_t* const* w, int64_t pf) {
+  const int64_t k = ch * 64;
+  const __m512i v128 = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512i wv[kVnCols], off[kVnCols];
+#pragma GCC unroll 4
+  for (int c = 0; c < kVnCols; ++c) {
+    if (pf) _mm_prefetch(reinterpret_cast<const char*>(w[c] + k + pf), _MM_HINT_T0);
+    wv[c] = _mm512_maskz_loadu_epi8(m, w[c] + k);
+    off[c] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v128, wv[c]);
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    const __m512i x = _mm512_load_si512(v.q + (i0 + r) * v.kp + k);
+    const __m512 d = _mm512_load_ps(v.ls + ((i0 + r) * chunks + ch) * 16);
+#pragma GCC unroll 4
+    for (int c = 0; c < kVnCols; ++c) {
+      const __m512i dot = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), x, wv[c]), off[c]);
+      acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), d, acc[r][c]);
+    }
+  }
+}
+
+// int8: R rows of A (quantized, offset) by kVnCols weight rows of K values: whole steps of 64 in
+// a loop whose only test is the loop-invariant prefetch one, a last partial step apart.
 template <int R>
 TPU_VNNI void vn8_group(int64_t K, const VnRows& v, int64_t i0, const int8_t* const* w, int cols, const float* scale,
                         float* C, int64_t ldc, int64_t pf) {
-  const int64_t chunks = v.kp / 64;
+  const int64_t chunks = v.kp / 64, full = K / 64;
   __m512 acc[R][kVnCols];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int c = 0; c < kVnCols; ++c) acc[r][c] = _mm512_setzero_ps();
-  const __m512i v128 = _mm512_set1_epi8(static_cast<char>(0x80));
-  for (int64_t ch = 0; ch < chunks; ++ch) {
-    const int64_t k = ch * 64;
-    const __mmask64 m = K - k >= 64 ? ~__mmask64{0} : (__mmask64{1} << (K - k)) - 1;
-    __m512i wv[kVnCols], off[kVnCols];
-#pragma GCC unroll 4
-    for (int c = 0; c < kVnCols; ++c) {
-      if (pf) _mm_prefetch(reinterpret_cast<const char*>(w[c] + k + pf), _MM_HINT_T0);
-      wv[c] = _mm512_maskz_loadu_epi8(m, w[c] + k);
-      off[c] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v128, wv[c]);
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const __m512i x = _mm512_load_si512(v.q + (i0 + r) * v.kp + k);
-      const __m512 d = _mm512_load_ps(v.ls + ((i0 + r) * chunks + ch) * 16);
-#pragma GCC unroll 4
-      for (int c = 0; c < kVnCols; ++c) {
-        const __m512i dot = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), x, wv[c]), off[c]);
-        acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), d, acc[r][c]);
-      }
-    }
-  }
+  if (pf)
+    for (int64_t ch = 0; ch < full; ++ch) vn8_step<R>(acc, v, i0, chunks, ch, ~__mmask64{0}, w, pf);
+  else
+    for (int64_t ch = 0; ch < full; ++ch) vn8_step<R>(acc, v, i0, chunks, ch, ~__mmask64{0}, w, 0);
+  if (chunks > full) vn8_step<R>(acc, v, i0, chunks, full, (__mmask64{1} << (K - full * 64)) - 1, w, pf);
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < cols; ++c) C[r * ldc + c] = scale[c] * _mm512_reduce_add_ps(acc[r][c]);
 }
