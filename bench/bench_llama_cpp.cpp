@@ -19,7 +19,8 @@
 // tpucore's), its default f16 in the others. Every run reports how many of decode-1's 32 greedy
 // tokens (the one after the prompt, then the 31 steps) agree between the engines.
 //   bench_llama_cpp [--precisions f32,bf16,f16,int8,int4] [--rounds 3] [--threads 2]
-//                   [--llama-dir DIR] [--work-dir DIR] [--small]
+//                   [--tasks decode-1,prefill,decode-16] [--llama-dir DIR] [--work-dir DIR] [--small]
+// A task left out of --tasks prints "-" in its columns.
 // Output: a markdown table on stdout (scripts/gen_llama_cpp_table.sh puts it in the docs).
 #include <dlfcn.h>
 #include <time.h>
@@ -376,7 +377,7 @@ std::vector<std::string> split_commas(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string precisions = "f32,bf16,f16,int8,int4";
+  std::string precisions = "f32,bf16,f16,int8,int4", task_list = "decode-1,prefill,decode-16";
   const char* env_dir = std::getenv("TPU_LLAMA_CPP_DIR");
   std::string llama_dir = env_dir != nullptr ? env_dir : "";
   std::string work_dir = (std::filesystem::temp_directory_path() / "tpu_bench_llama_cpp").string();
@@ -385,6 +386,8 @@ int main(int argc, char** argv) {
   cli::Parser p("bench_llama_cpp", "tpucore's cpu decode and prefill beside llama.cpp's on the same model.");
   p.value("--precisions", "LIST", "comma-separated: f32,bf16,f16,int8,int4 (default all)",
           [&](const std::string& v) { precisions = v; });
+  p.value("--tasks", "LIST", "comma-separated: decode-1,prefill,decode-16 (default all)",
+          [&](const std::string& v) { task_list = v; });
   p.value("--rounds", "N", "timed rounds per task (default 3)", [&](const std::string& v) { rounds = static_cast<int>(p.to_int(v)); });
   p.value("--threads", "N", "threads of both engines (default 2)", [&](const std::string& v) { threads = static_cast<int>(p.to_int(v)); });
   p.value("--llama-dir", "DIR", "folder of libllama (default: TPU_LLAMA_CPP_DIR)", [&](const std::string& v) { llama_dir = v; });
@@ -394,6 +397,13 @@ int main(int argc, char** argv) {
   try {
     TPU_CHECK(rounds >= 1 && threads >= 1, "bench_llama_cpp: --rounds and --threads must be >= 1");
     set_num_threads(threads);
+    bool run_task[3] = {false, false, false};
+    for (const std::string& t : split_commas(task_list)) {
+      const char* names[3] = {"decode-1", "prefill", "decode-16"};
+      const auto it = std::find_if(names, names + 3, [&](const char* n) { return t == n; });
+      TPU_CHECK(it != names + 3, "bench_llama_cpp: unknown task '{}' (decode-1, prefill, decode-16)", t);
+      run_task[it - names] = true;
+    }
     LlamaCpp api;
     std::string why = llama_dir.empty() ? "TPU_LLAMA_CPP_DIR is not set (scripts/setup_llama_cpp_peer.sh DIR prints it)"
                                         : api.open(llama_dir);
@@ -455,7 +465,12 @@ int main(int argc, char** argv) {
       };
       const Task tasks[3] = {{&p1, false, s1.get()}, {&pre, true, s1.get()}, {&p16, false, s16.get()}};
       std::printf("| %s / %s", prec.c_str(), spec.peer.c_str());
-      for (const Task& t : tasks) {
+      for (int ti = 0; ti < 3; ++ti) {
+        const Task& t = tasks[ti];
+        if (!run_task[ti]) {
+          std::printf(" | - | - | -");
+          continue;
+        }
         std::vector<double> a, b;
         TaskTiming ta = time_task(ours, *t.prompts, t.prefill, steps), tb;  // warm-up
         if (peer) tb = time_task(theirs(t.session), *t.prompts, t.prefill, steps);

@@ -181,6 +181,12 @@ TEST_CASE("gemv kernels: f16 weights converted in registers, against a naive dou
           if (M <= 5) check_f16(M, N, K, acc, 2);
         }
   for (int64_t M : {17, 40}) check_f16(M, 9, 33, true, 2);  // beyond the few-row kernel
+  // One row: each weight row streamed alone, steps of 64 and their tails; N past the inline
+  // grain, so that the blocks split over the pool threads.
+  for (int64_t K : {64, 129, 200})
+    for (bool acc : {false, true})
+      if (native) check_f16(1, 9, K, acc, 0);
+  if (native) check_f16(1, 4099, 64, true, 0);
   std::vector<uint16_t> h(64 * 64, 0x3c00);
   std::vector<float> c(64, 7.f);
   CHECK_FALSE(tpu::kernels::gemv_f16(tpu::kernels::kGemvMaxRows + 1, 4, 32, h.data(), 32, 1, h.data(), 1, 32, c.data(),

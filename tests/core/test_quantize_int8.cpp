@@ -105,7 +105,7 @@ TEST_CASE("linear_int8: every kernel path against the dequantized naive product"
     if (!kernels::int8_gemv_path_available(path)) continue;
     for (int64_t M : {1, 2, 3, 4, 5, 9})
       for (int64_t N : {1, 3, 4, 5, 17})
-        for (int64_t K : {1, 7, 15, 16, 17, 40, 100}) {
+        for (int64_t K : {1, 7, 15, 16, 17, 40, 64, 100, 200}) {
           const std::vector<float> x = random_values(g, static_cast<size_t>(M * K), -2, 2);
           std::vector<int8_t> q(static_cast<size_t>(N * K));
           for (int8_t& v : q) v = static_cast<int8_t>(static_cast<int>(g.next_u64() % 255) - 127);

@@ -6,7 +6,9 @@
 // up to 4 rows of A by 4 weight rows shares every converted weight vector among the rows; a
 // block of 4 weight rows stays in L1 while all row tiles pass over it. The weight is thus read
 // once per call at its own 2 bytes per value: the decode step of an f16 model streams half the
-// bytes of an f32 one and never materializes an f32 copy of the weight.
+// bytes of an f32 one and never materializes an f32 copy of the weight. One row of A (AVX-512)
+// shares nothing between weight rows, so there each thread reads its weight rows one after the
+// other, a single linear stream (four accumulators per output).
 //
 // Otherwise (more rows, other layouts, batch-invariant mode, CPUs without AVX2): A and panels of
 // the weight (about 4 MiB each) are widened to f32 (in parallel, vectorized where the CPU
@@ -130,6 +132,34 @@ TPU_F16_AVX512 void tile_avx512(int64_t K, const float* a, int64_t lda, const ui
   }
 }
 
+// One row of A (f32) against `rows` consecutive weight rows (row stride ldw): each weight row is
+// read from start to end before the next, so the block is one linear stream that the hardware
+// prefetchers follow across rows (four interleaved rows of a few KiB each make them start over
+// on every row). Four accumulators of 16 lanes per row, over steps of 64 values.
+TPU_F16_AVX512 void rows1_avx512(int64_t K, const float* a, const uint16_t* w, int64_t ldw, int64_t rows, float* C,
+                                 bool accumulate) {
+  for (int64_t r = 0; r < rows; ++r, w += ldw) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t k = 0;
+    for (; k + 64 <= K; k += 64) {
+      s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k),
+                           _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + k))), s0);
+      s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k + 16),
+                           _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + k + 16))), s1);
+      s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k + 32),
+                           _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + k + 32))), s2);
+      s3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k + 48),
+                           _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + k + 48))), s3);
+    }
+    for (; k < K; k += 16) {
+      const __mmask16 m = K - k >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (K - k)) - 1);
+      s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + k), _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, w + k)), s0);
+    }
+    const float v = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+    C[r] = accumulate ? C[r] + v : v;
+  }
+}
+
 // ---- AVX2 + F16C: tiles of up to 2 rows (8 accumulators, 4 weight and 2 row registers). ----
 
 // One step of 8 values along K: acc[r][c] += x[r] * w[c].
@@ -199,6 +229,12 @@ void f16_rows_run(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, M * K * kF16Cols));
   detail::gemv_for_blocks(blocks, grain, [&](int64_t b0, int64_t b1) {
     const int64_t j1 = std::min(N, b1 * kF16Cols);
+    if constexpr (kAvx512) {
+      if (M == 1) {  // nothing to share between rows of A: stream the weight rows one by one
+        rows1_avx512(K, a, B + b0 * kF16Cols * b_cs, b_cs, j1 - b0 * kF16Cols, C + b0 * kF16Cols, accumulate);
+        return;
+      }
+    }
     for (int64_t j = b0 * kF16Cols; j < j1; j += kF16Cols) {
       const int cols = static_cast<int>(std::min<int64_t>(kF16Cols, j1 - j));
       const uint16_t* w[kF16Cols];

@@ -59,8 +59,11 @@ TPU_INT4_AVX512 void q4_group_avx512(int64_t K, int64_t group, const float* A, i
 #pragma GCC unroll 4
     for (int c = 0; c < kQ4Cols; ++c) acc[r][c] = _mm512_setzero_ps();
   const __m512 nibbles = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const int64_t bpg = group / 32;  // blocks of 32 per group: a shift instead of a division when a power of two
+  const bool pow2 = (bpg & (bpg - 1)) == 0;
+  const int shift = __builtin_ctzll(static_cast<unsigned long long>(bpg));
   for (int64_t k = 0; k < K; k += 32) {
-    const int64_t g = k / group;
+    const int64_t g = pow2 ? (k / 32) >> shift : (k / 32) / bpg;
     __m512 lo[kQ4Cols], hi[kQ4Cols];
 #pragma GCC unroll 4
     for (int c = 0; c < kQ4Cols; ++c) {
@@ -92,8 +95,11 @@ TPU_INT4_AVX2 void q4_group_avx2(int64_t K, int64_t group, const float* A, int64
 #pragma GCC unroll 4
     for (int c = 0; c < kQ4Cols; ++c) acc[r][c] = _mm256_setzero_ps();
   const __m256i mask = _mm256_set1_epi32(0xF);
+  const int64_t bpg = group / 32;
+  const bool pow2 = (bpg & (bpg - 1)) == 0;
+  const int shift = __builtin_ctzll(static_cast<unsigned long long>(bpg));
   for (int64_t k = 0; k < K; k += 32) {
-    const int64_t g = k / group;
+    const int64_t g = pow2 ? (k / 32) >> shift : (k / 32) / bpg;
     for (int h = 0; h < 2; ++h) {  // bytes 8h..8h+7: weights 8h.. (low nibbles) and 16+8h.. (high)
       __m256 lo[kQ4Cols], hi[kQ4Cols];
 #pragma GCC unroll 4

@@ -99,82 +99,118 @@ TPU_VNNI void quantize_rows(int64_t M, int64_t K, const float* A, int64_t lda, b
   }
 }
 
-// int8: R rows of A (quantized, offset) by kVnCols weight rows of K values.
+// One step of 64 values of vn8_group (m: the values present; `pf`: prefetch distance or 0).
+template <int R>
+TPU_VNNI __attribute__((always_inline)) inline void vn8_step(__m512 (&acc)[R][kVnCols], const VnRows& v, int64_t i0,
+                                                             int64_t chunks, int64_t ch, __mmask64 m,
+                                                             const int8_t* const* w, int64_t pf) {
+  const int64_t k = ch * 64;
+  const __m512i v128 = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512i wv[kVnCols], off[kVnCols];
+#pragma GCC unroll 4
+  for (int c = 0; c < kVnCols; ++c) {
+    if (pf) _mm_prefetch(reinterpret_cast<const char*>(w[c] + k + pf), _MM_HINT_T0);
+    wv[c] = _mm512_maskz_loadu_epi8(m, w[c] + k);
+    off[c] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v128, wv[c]);
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    const __m512i x = _mm512_load_si512(v.q + (i0 + r) * v.kp + k);
+    const __m512 d = _mm512_load_ps(v.ls + ((i0 + r) * chunks + ch) * 16);
+#pragma GCC unroll 4
+    for (int c = 0; c < kVnCols; ++c) {
+      const __m512i dot = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), x, wv[c]), off[c]);
+      acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), d, acc[r][c]);
+    }
+  }
+}
+
+// int8: R rows of A (quantized, offset) by kVnCols weight rows of K values: whole steps of 64 in
+// a loop whose only test is the loop-invariant prefetch one, a last partial step apart.
 template <int R>
 TPU_VNNI void vn8_group(int64_t K, const VnRows& v, int64_t i0, const int8_t* const* w, int cols, const float* scale,
                         float* C, int64_t ldc, int64_t pf) {
-  const int64_t chunks = v.kp / 64;
+  const int64_t chunks = v.kp / 64, full = K / 64;
   __m512 acc[R][kVnCols];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int c = 0; c < kVnCols; ++c) acc[r][c] = _mm512_setzero_ps();
-  const __m512i v128 = _mm512_set1_epi8(static_cast<char>(0x80));
-  for (int64_t ch = 0; ch < chunks; ++ch) {
-    const int64_t k = ch * 64;
-    const __mmask64 m = K - k >= 64 ? ~__mmask64{0} : (__mmask64{1} << (K - k)) - 1;
-    __m512i wv[kVnCols], off[kVnCols];
-#pragma GCC unroll 4
-    for (int c = 0; c < kVnCols; ++c) {
-      if (pf) _mm_prefetch(reinterpret_cast<const char*>(w[c] + k + pf), _MM_HINT_T0);
-      wv[c] = _mm512_maskz_loadu_epi8(m, w[c] + k);
-      off[c] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v128, wv[c]);
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const __m512i x = _mm512_load_si512(v.q + (i0 + r) * v.kp + k);
-      const __m512 d = _mm512_load_ps(v.ls + ((i0 + r) * chunks + ch) * 16);
-#pragma GCC unroll 4
-      for (int c = 0; c < kVnCols; ++c) {
-        const __m512i dot = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), x, wv[c]), off[c]);
-        acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), d, acc[r][c]);
-      }
-    }
-  }
+  if (pf)
+    for (int64_t ch = 0; ch < full; ++ch) vn8_step<R>(acc, v, i0, chunks, ch, ~__mmask64{0}, w, pf);
+  else
+    for (int64_t ch = 0; ch < full; ++ch) vn8_step<R>(acc, v, i0, chunks, ch, ~__mmask64{0}, w, 0);
+  if (chunks > full) vn8_step<R>(acc, v, i0, chunks, full, (__mmask64{1} << (K - full * 64)) - 1, w, pf);
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < cols; ++c) C[r * ldc + c] = scale[c] * _mm512_reduce_add_ps(acc[r][c]);
 }
 
-// int4 (K a multiple of 32): the packed 16-byte blocks of 32 weights, two per step of 64.
+// One step of 64 weights (two blocks of 32; `two` false: one block left) of vn4_group, with
+// the blocks' group indices g0, g1.
+template <int R>
+TPU_VNNI __attribute__((always_inline)) inline void vn4_step(__m512 (&acc)[R][kVnCols], const VnRows& v, int64_t i0,
+                                                             int64_t chunks, int64_t ch, bool two, int64_t g0,
+                                                             int64_t g1, const uint8_t* const* w,
+                                                             const float* const* s) {
+  const int64_t k = ch * 64;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512i nib[kVnCols];
+  __m512 sv[kVnCols];
+#pragma GCC unroll 4
+  for (int c = 0; c < kVnCols; ++c) {
+    const __m256i raw = two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[c] + k / 2))
+                            : _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[c] + k / 2)));
+    // 128-bit lanes [block 0, block 0, block 1, block 1]; lanes 1 and 3 shifted to their high nibbles.
+    const __m512i t = _mm512_shuffle_i64x2(_mm512_castsi256_si512(raw), _mm512_castsi256_si512(raw), 0x50);
+    nib[c] = _mm512_and_si512(_mm512_mask_srli_epi16(t, 0xFF00FF00u, t, 4), low4);
+    sv[c] = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(s[c][g0]), _mm512_set1_ps(two ? s[c][g1] : 0.0f));
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    const int64_t lane = ((i0 + r) * chunks + ch) * 16;
+    const __m512i x = _mm512_load_si512(v.q + (i0 + r) * v.kp + k);
+    const __m512i init = _mm512_load_si512(v.init + lane);
+    const __m512 d = _mm512_load_ps(v.ls + lane);
+#pragma GCC unroll 4
+    for (int c = 0; c < kVnCols; ++c) {
+      const __m512i dot = _mm512_dpbusd_epi32(init, nib[c], x);
+      acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, sv[c]), acc[r][c]);
+    }
+  }
+}
+
+// int4 (K a multiple of 32): the packed 16-byte blocks of 32 weights, two per step of 64. The
+// loop over whole steps carries no per-step test but the prefetch of every other step (the
+// scalar bookkeeping of a step is a large share of its instructions); a last half step apart.
 template <int R>
 TPU_VNNI void vn4_group(int64_t K, int64_t group, const VnRows& v, int64_t i0, const uint8_t* const* w,
                         const float* const* s, int cols, float* C, int64_t ldc, int64_t pf) {
-  const int64_t chunks = v.kp / 64;
+  const int64_t chunks = v.kp / 64, full = K / 64;
   __m512 acc[R][kVnCols];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int c = 0; c < kVnCols; ++c) acc[r][c] = _mm512_setzero_ps();
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  for (int64_t ch = 0; ch < chunks; ++ch) {
-    const int64_t k = ch * 64;
-    const bool two = k + 64 <= K;  // else one block of 32 left
-    const int64_t g0 = k / group, g1 = two ? (k + 32) / group : g0;
-    __m512i nib[kVnCols];
-    __m512 sv[kVnCols];
+  // The group of block b (32 weights) is b / (group / 32): a shift when that is a power of two
+  // (two integer divisions per step cost about as much as the step's arithmetic).
+  const int64_t bpg = group / 32;
+  const bool pow2 = (bpg & (bpg - 1)) == 0;
+  const int shift = __builtin_ctzll(static_cast<unsigned long long>(bpg));
+  const uint8_t* const p[kVnCols] = {w[0] + pf, w[1] + pf, w[2] + pf, w[3] + pf};
+  if (pow2) {
+    int64_t ch = 0;
+    for (; ch + 2 <= full; ch += 2) {  // two steps: one 64-byte line of each weight row
+      if (pf)
 #pragma GCC unroll 4
-    for (int c = 0; c < kVnCols; ++c) {
-      if (pf && (ch & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(w[c] + k / 2 + pf), _MM_HINT_T0);
-      const __m256i raw = two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[c] + k / 2))
-                              : _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[c] + k / 2)));
-      // 128-bit lanes [block 0, block 0, block 1, block 1]; lanes 1 and 3 shifted to their high nibbles.
-      const __m512i t = _mm512_shuffle_i64x2(_mm512_castsi256_si512(raw), _mm512_castsi256_si512(raw), 0x50);
-      nib[c] = _mm512_and_si512(_mm512_mask_srli_epi16(t, 0xFF00FF00u, t, 4), low4);
-      sv[c] = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(s[c][g0]), _mm512_set1_ps(two ? s[c][g1] : 0.0f));
+        for (int c = 0; c < kVnCols; ++c) _mm_prefetch(reinterpret_cast<const char*>(p[c] + ch * 32), _MM_HINT_T0);
+      vn4_step<R>(acc, v, i0, chunks, ch, true, (2 * ch) >> shift, (2 * ch + 1) >> shift, w, s);
+      vn4_step<R>(acc, v, i0, chunks, ch + 1, true, (2 * ch + 2) >> shift, (2 * ch + 3) >> shift, w, s);
     }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const int64_t lane = ((i0 + r) * chunks + ch) * 16;
-      const __m512i x = _mm512_load_si512(v.q + (i0 + r) * v.kp + k);
-      const __m512i init = _mm512_load_si512(v.init + lane);
-      const __m512 d = _mm512_load_ps(v.ls + lane);
-#pragma GCC unroll 4
-      for (int c = 0; c < kVnCols; ++c) {
-        const __m512i dot = _mm512_dpbusd_epi32(init, nib[c], x);
-        acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, sv[c]), acc[r][c]);
-      }
-    }
+    if (ch < full) vn4_step<R>(acc, v, i0, chunks, ch, true, (2 * ch) >> shift, (2 * ch + 1) >> shift, w, s);
+  } else {
+    for (int64_t ch = 0; ch < full; ++ch) vn4_step<R>(acc, v, i0, chunks, ch, true, 2 * ch / bpg, (2 * ch + 1) / bpg, w, s);
   }
+  if (chunks > full) vn4_step<R>(acc, v, i0, chunks, full, false, 2 * full / bpg, 2 * full / bpg, w, s);
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < cols; ++c) C[r * ldc + c] = _mm512_reduce_add_ps(acc[r][c]);
 }
