@@ -142,10 +142,24 @@ void sdpa_cpu(const KernelArgs& a) {
           S.resize(static_cast<size_t>(kBlock * Lk));
           for (int64_t i0 = 0; i0 < Lq; i0 += kBlock) {
             const int64_t rows = std::min(kBlock, Lq - i0);
-            // Causal without a mask: keys past the block's last row get weight exactly 0 (exp(-inf))
-            // in every row of it, so they are neither scored nor summed. A row whose keys are all
-            // masked (none here: key 0 is always visible) would need the full width for its NaN.
-            const int64_t lk = causal && !has_mask ? std::min(Lk, i0 + rows) : Lk;
+            // Keys past the last one any row of the block keeps (causal: the block's last row;
+            // a mask: its last true value in the block's rows) get weight exactly 0 (exp(-inf)) in
+            // every row, so they are neither scored nor summed. A block that keeps no key at all
+            // takes the full width (its rows become NaN, as softmax over nothing).
+            int64_t lk = Lk;
+            if (causal && !has_mask) {
+              lk = std::min(Lk, i0 + rows);
+            } else if (has_mask) {
+              const bool* mp = static_cast<const bool*>(a.inputs[3].raw_data()) + mbatch.offset_of(bq);
+              int64_t last = 0;
+              for (int64_t r = 0; r < rows && last < Lk; ++r)
+                for (int64_t j = Lk - 1; j >= last; --j)
+                  if (mp[(i0 + r) * m_rs + j * m_cs]) {
+                    last = j + 1;
+                    break;
+                  }
+              if (last > 0) lk = last;
+            }
             kernels::gemm_f32(rows, lk, D, Q.data() + i0 * D, D, 1, K.data(), 1, D, S.data(), lk, false);
             for (int64_t r = 0; r < rows; ++r) {
               float* s = S.data() + r * lk;
