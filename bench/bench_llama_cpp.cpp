@@ -18,7 +18,7 @@
 // Both engines use --threads threads (default 2). llama.cpp's KV cache is f32 in the f32 run (as
 // tpucore's), its default f16 in the others. Every run reports how many of decode-1's 32 greedy
 // tokens (the one after the prompt, then the 31 steps) agree between the engines.
-//   bench_llama_cpp [--precisions f32,bf16,f16,int8,int4] [--rounds 3] [--threads 2]
+//   bench_llama_cpp [--precisions f32,bf16,f16,int8,int4] [--tasks decode-1,prefill,decode-16] [--rounds 3] [--threads 2]
 //                   [--llama-dir DIR] [--work-dir DIR] [--small]
 // Output: a markdown table on stdout (scripts/gen_llama_cpp_table.sh puts it in the docs).
 #include <dlfcn.h>
@@ -376,7 +376,7 @@ std::vector<std::string> split_commas(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string precisions = "f32,bf16,f16,int8,int4";
+  std::string precisions = "f32,bf16,f16,int8,int4", tasks_arg = "decode-1,prefill,decode-16";
   const char* env_dir = std::getenv("TPU_LLAMA_CPP_DIR");
   std::string llama_dir = env_dir != nullptr ? env_dir : "";
   std::string work_dir = (std::filesystem::temp_directory_path() / "tpu_bench_llama_cpp").string();
@@ -385,6 +385,8 @@ int main(int argc, char** argv) {
   cli::Parser p("bench_llama_cpp", "tpucore's cpu decode and prefill beside llama.cpp's on the same model.");
   p.value("--precisions", "LIST", "comma-separated: f32,bf16,f16,int8,int4 (default all)",
           [&](const std::string& v) { precisions = v; });
+  p.value("--tasks", "LIST", "comma-separated: decode-1,prefill,decode-16 (default all; the others print -)",
+          [&](const std::string& v) { tasks_arg = v; });
   p.value("--rounds", "N", "timed rounds per task (default 3)", [&](const std::string& v) { rounds = static_cast<int>(p.to_int(v)); });
   p.value("--threads", "N", "threads of both engines (default 2)", [&](const std::string& v) { threads = static_cast<int>(p.to_int(v)); });
   p.value("--llama-dir", "DIR", "folder of libllama (default: TPU_LLAMA_CPP_DIR)", [&](const std::string& v) { llama_dir = v; });
@@ -455,7 +457,16 @@ int main(int argc, char** argv) {
       };
       const Task tasks[3] = {{&p1, false, s1.get()}, {&pre, true, s1.get()}, {&p16, false, s16.get()}};
       std::printf("| %s / %s", prec.c_str(), spec.peer.c_str());
+      const std::vector<std::string> wanted = split_commas(tasks_arg);
+      const char* task_names[3] = {"decode-1", "prefill", "decode-16"};
+      for (const std::string& w : wanted)
+        TPU_CHECK(std::find(std::begin(task_names), std::end(task_names), w) != std::end(task_names),
+                  "bench_llama_cpp: unknown task '{}' (decode-1, prefill, decode-16)", w);
       for (const Task& t : tasks) {
+        if (std::find(wanted.begin(), wanted.end(), task_names[&t - tasks]) == wanted.end()) {
+          std::printf(" | - | - | -");
+          continue;
+        }
         std::vector<double> a, b;
         TaskTiming ta = time_task(ours, *t.prompts, t.prefill, steps), tb;  // warm-up
         if (peer) tb = time_task(theirs(t.session), *t.prompts, t.prefill, steps);

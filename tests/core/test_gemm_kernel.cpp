@@ -570,3 +570,53 @@ TEST_CASE("gemm_int8_vnni matches a naive loop over the quantized rows", "[gemm]
   const std::vector<int8_t> w(32, 1);
   CHECK_FALSE(gemm_int8_vnni(16, 1, 32, a.data(), 32, w.data(), s.data(), c.data(), 1));  // too few rows
 }
+
+// Packed int4 weights (the layout of gemv_int4.h: 16 bytes per 32 weights, low nibbles 0-15,
+// high nibbles 16-31, q + 8) with group scales: the same naive loop over the quantized rows,
+// each block's integer sum times its group's scale. Groups of 32 and 64; K not a multiple of 32
+// or group 16 decline.
+TEST_CASE("gemm_int4_vnni matches a naive loop over the quantized rows", "[gemm]") {
+  using tpu::kernels::gemm_int4_vnni;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> ua(-2.0f, 2.0f), us(0.001f, 0.03f);
+  std::uniform_int_distribution<int> un(0, 15);
+  struct Case { int64_t M, N, K, group; };
+  for (const Case cs : {Case{32, 5, 32, 32}, Case{41, 67, 128, 32}, Case{38, 40, 192, 64}}) {
+    const int64_t M = cs.M, N = cs.N, K = cs.K, G = cs.group;
+    std::vector<float> A(M * K), scale(N * (K / G)), C(M * N, -1.0f);
+    std::vector<uint8_t> W(N * K / 2);
+    for (auto& v : A) v = ua(rng);
+    for (auto& v : W) v = static_cast<uint8_t>(un(rng) | (un(rng) << 4));
+    for (auto& v : scale) v = us(rng);
+    auto wq = [&](int64_t j, int64_t k) {
+      const uint8_t b = W[j * (K / 2) + (k / 32) * 16 + (k % 16)];
+      return ((k % 32) < 16 ? (b & 0xF) : (b >> 4)) - 8;
+    };
+    if (!tpu::kernels::gemm_int8_vnni_available()) {
+      CHECK_FALSE(gemm_int4_vnni(M, N, K, G, A.data(), K, W.data(), scale.data(), C.data(), N));
+      WARN("no AVX-512 VNNI: the int4 GEMM is not run");
+      return;
+    }
+    std::vector<double> ref(M * N, 0.0), mag(M * N, 0.0);
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t b0 = 0; b0 < K; b0 += 32) {
+        float amax = 0.0f;
+        for (int64_t k = b0; k < b0 + 32; ++k) amax = std::max(amax, std::fabs(A[i * K + k]));
+        const float id = amax > 0 ? 127.0f / amax : 0.0f;
+        for (int64_t j = 0; j < N; ++j) {
+          int64_t dot = 0;
+          for (int64_t k = b0; k < b0 + 32; ++k) dot += static_cast<int64_t>(std::nearbyint(A[i * K + k] * id)) * wq(j, k);
+          const double t = static_cast<double>(dot) * static_cast<double>(amax / 127.0f) * scale[j * (K / G) + b0 / G];
+          ref[i * N + j] += t;
+          mag[i * N + j] += std::fabs(t);
+        }
+      }
+    REQUIRE(gemm_int4_vnni(M, N, K, G, A.data(), K, W.data(), scale.data(), C.data(), N));
+    int64_t bad = 0;
+    for (int64_t e = 0; e < M * N; ++e) bad += std::fabs(C[e] - ref[e]) > 4e-7 * mag[e] * static_cast<double>(K / 32) + 1e-30;
+    INFO("M " << M << " N " << N << " K " << K << " group " << G);
+    CHECK(bad == 0);
+    CHECK_FALSE(gemm_int4_vnni(M, N, K, 16, A.data(), K, W.data(), scale.data(), C.data(), N));
+    CHECK_FALSE(gemm_int4_vnni(M, N, K - 2, G, A.data(), K, W.data(), scale.data(), C.data(), N));
+  }
+}

@@ -74,6 +74,12 @@ constexpr int64_t kGemmInt8MinRows = 32;
 bool gemm_int8_vnni_available();
 bool gemm_int8_vnni(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const int8_t* W, const float* scale,
                     float* C, int64_t ldc);
+// The same for packed int4 weights (the layout of gemv_int4.h, group scales [N, K / group]): the
+// weights unpacked to int8 in the packed panels, each block's sums scaled by d times the
+// column's group scale (as the vnni GEMV path does). Also false when K or group is not a
+// multiple of 32 (or group does not divide K).
+bool gemm_int4_vnni(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,
+                    const float* scale, float* C, int64_t ldc);
 
 // Name of the kernel gemm_f32 / gemm_bf16 use on this CPU ("avx512", "avx2", "generic"), for
 // logs and benchmark labels.
