@@ -1,5 +1,8 @@
-// Many-row products with int8 weights (prefill): C = (A quantized) x (W dequantized)^T by an
-// AVX-512 VNNI register-tiled GEMM (gemm.h, gemm_int8_vnni).
+// Many-row products with int8 and int4 weights (prefill): C = (A quantized) x (W dequantized)^T
+// by an AVX-512 VNNI register-tiled GEMM (gemm.h, gemm_int8_vnni / gemm_int4_vnni). int4 weights
+// are unpacked to int8 while a panel is packed, and each block's sums are scaled by the column's
+// group scale (panels carry per-block column scales; 1 for int8, whose channel scale multiplies
+// at the end).
 //
 // A is quantized exactly as the vnni GEMV path does it (gemv_vnni.cpp): per row, blocks of 32
 // values along K, d = max |a| / 127, q = round(a * 127 / max |a|) (to nearest even), offset to
