@@ -395,6 +395,11 @@ int main(int argc, char** argv) {
   if (auto rc = p.parse(argc, argv)) return *rc;
   try {
     TPU_CHECK(rounds >= 1 && threads >= 1, "bench_llama_cpp: --rounds and --threads must be >= 1");
+    const std::vector<std::string> wanted = split_commas(tasks_arg);
+    const char* task_names[3] = {"decode-1", "prefill", "decode-16"};
+    for (const std::string& w : wanted)
+      TPU_CHECK(std::find(std::begin(task_names), std::end(task_names), w) != std::end(task_names),
+                "unknown task '{}' (decode-1, prefill, decode-16)", w);
     set_num_threads(threads);
     LlamaCpp api;
     std::string why = llama_dir.empty() ? "TPU_LLAMA_CPP_DIR is not set (scripts/setup_llama_cpp_peer.sh DIR prints it)"
@@ -457,11 +462,6 @@ int main(int argc, char** argv) {
       };
       const Task tasks[3] = {{&p1, false, s1.get()}, {&pre, true, s1.get()}, {&p16, false, s16.get()}};
       std::printf("| %s / %s", prec.c_str(), spec.peer.c_str());
-      const std::vector<std::string> wanted = split_commas(tasks_arg);
-      const char* task_names[3] = {"decode-1", "prefill", "decode-16"};
-      for (const std::string& w : wanted)
-        TPU_CHECK(std::find(std::begin(task_names), std::end(task_names), w) != std::end(task_names),
-                  "bench_llama_cpp: unknown task '{}' (decode-1, prefill, decode-16)", w);
       for (const Task& t : tasks) {
         if (std::find(wanted.begin(), wanted.end(), task_names[&t - tasks]) == wanted.end()) {
           std::printf(" | - | - | -");
