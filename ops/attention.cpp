@@ -142,12 +142,30 @@ void sdpa_cpu(const KernelArgs& a) {
           S.resize(static_cast<size_t>(kBlock * Lk));
           for (int64_t i0 = 0; i0 < Lq; i0 += kBlock) {
             const int64_t rows = std::min(kBlock, Lq - i0);
-            kernels::gemm_f32(rows, Lk, D, Q.data() + i0 * D, D, 1, K.data(), 1, D, S.data(), Lk, false);
+            // Keys past the last one any row of the block keeps (causal: the block's last row;
+            // a mask: its last true value in the block's rows) get weight exactly 0 (exp(-inf)) in
+            // every row, so they are neither scored nor summed. A block that keeps no key at all
+            // takes the full width (its rows become NaN, as softmax over nothing).
+            int64_t lk = Lk;
+            if (causal && !has_mask) {
+              lk = std::min(Lk, i0 + rows);
+            } else if (has_mask) {
+              const bool* mp = static_cast<const bool*>(a.inputs[3].raw_data()) + mbatch.offset_of(bq);
+              int64_t last = 0;
+              for (int64_t r = 0; r < rows && last < Lk; ++r)
+                for (int64_t j = Lk - 1; j >= last; --j)
+                  if (mp[(i0 + r) * m_rs + j * m_cs]) {
+                    last = j + 1;
+                    break;
+                  }
+              if (last > 0) lk = last;
+            }
+            kernels::gemm_f32(rows, lk, D, Q.data() + i0 * D, D, 1, K.data(), 1, D, S.data(), lk, false);
             for (int64_t r = 0; r < rows; ++r) {
-              float* s = S.data() + r * Lk;
+              float* s = S.data() + r * lk;
               const int64_t i = i0 + r;
               float mx = -std::numeric_limits<float>::infinity();
-              for (int64_t j = 0; j < Lk; ++j) {
+              for (int64_t j = 0; j < lk; ++j) {
                 float x = s[j] * scale;
                 if (causal && j > i) x = -std::numeric_limits<float>::infinity();
                 if (has_mask) {
@@ -158,14 +176,14 @@ void sdpa_cpu(const KernelArgs& a) {
                 mx = x > mx ? x : mx;
               }
               // All keys masked: -inf - -inf is NaN, so the row becomes NaN (as softmax).
-              for (int64_t j = 0; j < Lk; ++j) s[j] -= mx;
-              exp_fn(s, s, Lk);
+              for (int64_t j = 0; j < lk; ++j) s[j] -= mx;
+              exp_fn(s, s, lk);
               double sum = 0;
-              for (int64_t j = 0; j < Lk; ++j) sum += s[j];
+              for (int64_t j = 0; j < lk; ++j) sum += s[j];
               const float inv = static_cast<float>(1.0 / sum);
-              for (int64_t j = 0; j < Lk; ++j) s[j] *= inv;
+              for (int64_t j = 0; j < lk; ++j) s[j] *= inv;
             }
-            kernels::gemm_f32(rows, Dv, Lk, S.data(), Lk, 1, V.data(), Dv, 1, O.data() + i0 * Dv, Dv, false);
+            kernels::gemm_f32(rows, Dv, lk, S.data(), lk, 1, V.data(), Dv, 1, O.data() + i0 * Dv, Dv, false);
           }
         }
         dispatch_dtype(out.dtype(), [&](auto z) {

@@ -8,10 +8,12 @@
 // the result is rounded to f16; integer products accumulate in 64 bits (wrapping)
 // in a plain loop. Mixed input dtypes promote (promote_types); bool is rejected. Many small
 // products run in parallel over the batch; a large one is parallelized inside gemm.
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "ops/cpu/kernels/gemm.h"
+#include "ops/cpu/kernels/scratch.h"
 #include "ops/cpu/loops.h"
 #include "ops/meta_util.h"
 #include "ops/reduce_engine.h"
@@ -129,20 +131,56 @@ void int_gemm(const Problem& p, int64_t b, O* out, const std::vector<double>& bi
   }
 }
 
-// Float product of one batch into C (f32, row-major, ldc = N), C pre-filled when accumulate.
-void float_gemm(const Problem& p, int64_t b, DType in, float* C, bool accumulate) {
+// Float product of one batch, columns [j0, j0 + n) of it, into C (f32, row stride ldc), C
+// pre-filled when accumulate.
+void float_gemm(const Problem& p, int64_t b, DType in, int64_t j0, int64_t n, float* C, int64_t ldc, bool accumulate) {
+  const int64_t bo = j0 * p.B.cs;
   if (in == DType::f16) {
     static_assert(sizeof(f16) == sizeof(uint16_t));
-    kernels::gemm_f16(p.M, p.N, p.K, reinterpret_cast<const uint16_t*>(ptr<f16>(p.A, b)), p.A.rs, p.A.cs,
-                      reinterpret_cast<const uint16_t*>(ptr<f16>(p.B, b)), p.B.rs, p.B.cs, C, p.N, accumulate);
+    kernels::gemm_f16(p.M, n, p.K, reinterpret_cast<const uint16_t*>(ptr<f16>(p.A, b)), p.A.rs, p.A.cs,
+                      reinterpret_cast<const uint16_t*>(ptr<f16>(p.B, b) + bo), p.B.rs, p.B.cs, C, ldc, accumulate);
   } else if (in == DType::f32) {
-    kernels::gemm_f32(p.M, p.N, p.K, ptr<float>(p.A, b), p.A.rs, p.A.cs, ptr<float>(p.B, b), p.B.rs, p.B.cs, C, p.N,
+    kernels::gemm_f32(p.M, n, p.K, ptr<float>(p.A, b), p.A.rs, p.A.cs, ptr<float>(p.B, b) + bo, p.B.rs, p.B.cs, C, ldc,
                       accumulate);
   } else {
     static_assert(sizeof(bf16) == sizeof(uint16_t));
-    kernels::gemm_bf16(p.M, p.N, p.K, reinterpret_cast<const uint16_t*>(ptr<bf16>(p.A, b)), p.A.rs, p.A.cs,
-                       reinterpret_cast<const uint16_t*>(ptr<bf16>(p.B, b)), p.B.rs, p.B.cs, C, p.N, accumulate);
+    kernels::gemm_bf16(p.M, n, p.K, reinterpret_cast<const uint16_t*>(ptr<bf16>(p.A, b)), p.A.rs, p.A.cs,
+                       reinterpret_cast<const uint16_t*>(ptr<bf16>(p.B, b) + bo), p.B.rs, p.B.cs, C, ldc, accumulate);
   }
+}
+
+// f32 results of a bf16 / f16 product pass through this per-thread buffer (never zero-filled,
+// kept for reuse) in column slices of at most kMatmulSliceFloats values, small enough to stay
+// in the caches until they are rounded to the output dtype. Every element's sum is computed
+// exactly as in one call over all columns (the GEMM's order along K does not depend on N).
+thread_local kernels::detail::ScratchBuffer t_matmul_f32_out;
+constexpr int64_t kMatmulSliceFloats = int64_t{1} << 19;  // 2 MiB
+
+// Columns per slice for an M-row product of N columns: all of them when they fit, else a
+// multiple of 64 (whole register tiles of every GEMM kernel), at least 64.
+int64_t matmul_slice_cols(int64_t M, int64_t N) {
+  if (M * N <= kMatmulSliceFloats) return N;
+  return std::min(N, std::max<int64_t>(64, kMatmulSliceFloats / std::max<int64_t>(M, 1) / 64 * 64));
+}
+
+// Rounds rows x n f32 values (row stride ls) to the output dtype (bf16 or f16) at o (row stride lo);
+// large blocks split their rows over the pool when `parallel`.
+void round_f32_block(const float* src, int64_t ls, DType dt, void* o, int64_t lo, int64_t rows, int64_t n,
+                     bool parallel) {
+  auto body = [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; ++i) {
+      const float* s = src + i * ls;
+      if (dt == DType::bf16) {
+        bf16* d = static_cast<bf16*>(o) + i * lo;
+        for (int64_t j = 0; j < n; ++j) d[j] = bf16(s[j]);
+      } else {
+        f16* d = static_cast<f16*>(o) + i * lo;
+        for (int64_t j = 0; j < n; ++j) d[j] = f16(s[j]);
+      }
+    }
+  };
+  if (parallel && rows * n >= (int64_t{1} << 15)) parallel_for(0, rows, std::max<int64_t>(1, (int64_t{1} << 14) / n), body);
+  else body(0, rows);
 }
 
 // Runs every batch product of p into out (contiguous, nbatch x M x N) with an optional bias.
@@ -153,8 +191,9 @@ void run_problem(const Problem& p, const Tensor& out, const std::vector<double>&
   const double flops = 2.0 * static_cast<double>(p.M) * static_cast<double>(p.N) * static_cast<double>(p.K);
   // Small products in parallel over the batch; a large one is split inside gemm.
   const int64_t grain = flops >= 4e6 ? 1 : std::max<int64_t>(1, static_cast<int64_t>(4e6 / std::max(flops, 1.0)));
+  const bool batch_parallel = p.nbatch > 1 && flops < 4e6;
   auto over_batches = [&](auto&& body) {
-    if (p.nbatch > 1 && flops < 4e6) parallel_for(0, p.nbatch, grain, body);
+    if (batch_parallel) parallel_for(0, p.nbatch, grain, body);
     else body(0, p.nbatch);
   };
   if (is_integral(in)) {
@@ -170,21 +209,21 @@ void run_problem(const Problem& p, const Tensor& out, const std::vector<double>&
     return;
   }
   const bool direct = out.dtype() == DType::f32;
+  const int64_t slice = direct ? p.N : matmul_slice_cols(p.M, p.N);
+  const size_t out_size = dtype_size(out.dtype());
   over_batches([&](int64_t b0, int64_t b1) {
-    std::vector<float> tmp(direct ? 0 : static_cast<size_t>(mn));
     for (int64_t b = b0; b < b1; ++b) {
-      float* C = direct ? out.data<float>() + b * mn : tmp.data();
-      if (!bias.empty())
-        for (int64_t i = 0; i < p.M; ++i)
-          for (int64_t j = 0; j < p.N; ++j) C[i * p.N + j] = static_cast<float>(bias[j]);
-      float_gemm(p, b, in, C, !bias.empty());
-      if (direct) continue;
-      if (out.dtype() == DType::bf16) {
-        bf16* o = out.data<bf16>() + b * mn;
-        for (int64_t i = 0; i < mn; ++i) o[i] = bf16(tmp[i]);
-      } else {
-        f16* o = out.data<f16>() + b * mn;
-        for (int64_t i = 0; i < mn; ++i) o[i] = f16(tmp[i]);
+      for (int64_t j0 = 0; j0 < p.N; j0 += slice) {
+        const int64_t n = std::min(slice, p.N - j0);
+        const int64_t ldc = direct ? p.N : n;
+        float* C = direct ? out.data<float>() + b * mn : t_matmul_f32_out.get_as<float>(static_cast<size_t>(p.M * n));
+        if (!bias.empty())
+          for (int64_t i = 0; i < p.M; ++i)
+            for (int64_t j = 0; j < n; ++j) C[i * ldc + j] = static_cast<float>(bias[j0 + j]);
+        float_gemm(p, b, in, j0, n, C, ldc, !bias.empty());
+        if (direct) continue;
+        char* o = static_cast<char*>(out.raw_data()) + static_cast<size_t>(b * mn + j0) * out_size;
+        round_f32_block(C, n, out.dtype(), o, p.N, p.M, n, !batch_parallel);
       }
     }
   });

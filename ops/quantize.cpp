@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "ops/cpu/kernels/gemv_int4.h"
+#include "ops/cpu/kernels/gemm.h"
 #include "ops/cpu/kernels/gemv_int8.h"
 #include "ops/meta_util.h"
 #include "ops/registry.h"
@@ -133,7 +134,8 @@ void linear_int8_cpu(const KernelArgs& a) {
   const Tensor x = contiguous(a.inputs[0]), q = contiguous(a.inputs[1]), s = contiguous(a.inputs[2]);
   const int64_t N = q.shape()[0], K = q.shape()[1];
   into_output_dtype(a.outputs[0], N, [&](float* acc, int64_t M) {
-    kernels::gemv_int8(M, N, K, x.data<float>(), K, q.data<int8_t>(), s.data<float>(), acc, N);
+    if (!kernels::gemm_int8_vnni(M, N, K, x.data<float>(), K, q.data<int8_t>(), s.data<float>(), acc, N))
+      kernels::gemv_int8(M, N, K, x.data<float>(), K, q.data<int8_t>(), s.data<float>(), acc, N);
   });
 }
 TPU_DEFINE_OP(linear_int8_op, {.name = "linear_int8", .num_inputs = 3, .flags = kNonDifferentiable,
@@ -225,7 +227,8 @@ void linear_int4_cpu(const KernelArgs& a) {
   const Tensor x = contiguous(a.inputs[0]), q = contiguous(a.inputs[1]), s = contiguous(a.inputs[2]);
   const int64_t N = q.shape()[0], K = 2 * q.shape()[1], group = K / s.shape()[1];
   into_output_dtype(a.outputs[0], N, [&](float* acc, int64_t M) {
-    kernels::gemv_int4(M, N, K, group, x.data<float>(), K, q.data<uint8_t>(), s.data<float>(), acc, N);
+    if (!kernels::gemm_int4_vnni(M, N, K, group, x.data<float>(), K, q.data<uint8_t>(), s.data<float>(), acc, N))
+      kernels::gemv_int4(M, N, K, group, x.data<float>(), K, q.data<uint8_t>(), s.data<float>(), acc, N);
   });
 }
 TPU_DEFINE_OP(linear_int4_op, {.name = "linear_int4", .num_inputs = 3, .flags = kNonDifferentiable,

@@ -31,6 +31,8 @@ std::vector<SdpaCase> sdpa_cases() {
       {{2, 4, 3, 6}, {2, 1, 9, 6}, {2, 1, 9, 2}, false, {2, 4, 1, 9}, 250},    // MQA, mask per head
       {{2, 0, 8}, {2, 3, 8}, {2, 3, 8}},                                 // no queries
       {{6, 17, 16}, {3, 19, 16}, {3, 19, 16}, true, {}, 0, L::contiguous},  // ragged lengths
+      {{1, 150, 8}, {1, 150, 8}, {1, 150, 4}, true},  // causal over several row blocks of the kernel
+      {{2, 130, 4}, {1, 141, 4}, {1, 141, 4}, true},  // the same, Lq < Lk
   };
 }
 

@@ -231,6 +231,35 @@ TEST_CASE("matmul: dtype promotion and bf16 accumulation in f32", "[matmul]") {
   CHECK(matmul(full({1, 2}, 100, DType::i8), full({2, 1}, 1, DType::i8)).item<int>() == static_cast<int8_t>(200));
 }
 
+// bf16 / f16 results of more than 2^19 values are computed in column slices (a multiple of 64
+// columns, then a ragged tail) and rounded slice by slice: small integers, so every product,
+// sum and rounding is exact and the naive loop must match to the bit.
+TEST_CASE("linear: bf16 and f16 results in column slices match a naive loop", "[matmul]") {
+  const int64_t M = 70, N = 7777, K = 9;
+  std::vector<float> xv(M * K), wv(N * K), bv(N);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t k = 0; k < K; ++k) xv[i * K + k] = static_cast<float>((i * 3 + k) % 5 - 2);
+  for (int64_t j = 0; j < N; ++j) {
+    for (int64_t k = 0; k < K; ++k) wv[j * K + k] = static_cast<float>((j * 7 + k * 5) % 9 - 4);
+    bv[j] = static_cast<float>(j % 11 - 5);
+  }
+  for (DType dt : {DType::bf16, DType::f16}) {
+    const Tensor x = from_vector(xv, {M, K}).to(dt), w = from_vector(wv, {N, K}).to(dt), b = from_vector(bv).to(dt);
+    const std::vector<float> got = linear(x, w, b).to(DType::f32).to_vector<float>();
+    const std::vector<float> got_nb = linear(x, w).to(DType::f32).to_vector<float>();
+    REQUIRE(got.size() == static_cast<size_t>(M * N));
+    int64_t bad = 0;
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        float ref = 0.0f;
+        for (int64_t k = 0; k < K; ++k) ref += xv[i * K + k] * wv[j * K + k];
+        bad += got[i * N + j] != ref + bv[j];
+        bad += got_nb[i * N + j] != ref;
+      }
+    CHECK(bad == 0);
+  }
+}
+
 TEST_CASE("matmul/mm/bmm/linear: errors name the op and both shapes", "[matmul][errors]") {
   expect_error([] { matmul(ones({2, 3}), ones({4, 5})); }, {"matmul", "[2, 3]", "[4, 5]"});
   expect_error([] { matmul(ones({3}), ones({4})); }, {"matmul", "[3]", "[4]"});

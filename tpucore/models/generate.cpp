@@ -220,8 +220,18 @@ std::vector<std::vector<int64_t>> generate(CausalLM& m, const std::vector<std::v
     return out;
   };
 
-  Tensor logits = m.forward(from_vector(ids, Shape{b, plen}, TensorOptions(DType::i64, m.device())), &cache, pos,
-                            keep_mask(plen));
+  // The prompt: logits of its last position only (the one the first token is chosen from; the
+  // rows are left-padded, so it is every row's last real token), a vocab-sized product per row
+  // instead of one per prompt token.
+  Tensor logits;
+  {
+    auto [cos, sin] = m.rope_tables(pos, b);
+    const Tensor keep = keep_mask(plen);
+    const Tensor h = m.hidden_states(from_vector(ids, Shape{b, plen}, TensorOptions(DType::i64, m.device())), cos, sin,
+                                     &cache, keep);
+    cache.advance(plen);
+    logits = m.logits(narrow(h, 1, plen - 1, 1));
+  }
   for (int64_t step = 0; step < steps; ++step) {
     // The last position's logits of every row, on the host in f32.
     std::vector<float> last = to(select(logits, 1, logits.size(1) - 1), DType::f32).to_vector<float>();

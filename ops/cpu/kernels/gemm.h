@@ -63,6 +63,24 @@ bool gemm_bf16_amx_available();
 bool gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs,
                    const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate);
 
+// Products with int8 weights from kGemmInt8MinRows rows on (prefill; gemm_vnni.cpp): C[i, j] =
+// scale[j] * sum_k q(A)[i, k] * W[j, k], A f32 [M, K] (row stride lda), W int8 [N, K] row-major,
+// C row stride ldc (overwritten). A is quantized as the vnni GEMV path does it (gemv_int8.h: blocks
+// of 32 along K, one f32 scale each, round to nearest even), so the result is the dequantized
+// weight times that quantized A, computed by an AVX-512 VNNI register-tiled GEMM. Returns false
+// (and does nothing) with fewer rows, without AVX-512 VNNI, or in batch-invariant mode (a row's
+// sum order would depend on the row count's path); the caller then runs gemv_int8.
+constexpr int64_t kGemmInt8MinRows = 32;
+bool gemm_int8_vnni_available();
+bool gemm_int8_vnni(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const int8_t* W, const float* scale,
+                    float* C, int64_t ldc);
+// The same for packed int4 weights (the layout of gemv_int4.h, group scales [N, K / group]): the
+// weights unpacked to int8 in the packed panels, each block's sums scaled by d times the
+// column's group scale (as the vnni GEMV path does). Also false when K or group is not a
+// multiple of 32 (or group does not divide K).
+bool gemm_int4_vnni(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,
+                    const float* scale, float* C, int64_t ldc);
+
 // Name of the kernel gemm_f32 / gemm_bf16 use on this CPU ("avx512", "avx2", "generic"), for
 // logs and benchmark labels.
 const char* gemm_f32_kernel_name();
