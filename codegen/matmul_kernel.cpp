@@ -23,6 +23,7 @@ double mode_cycles_per_row(const sim::ChipConfig& cfg, sim::MxuMode mode) {
     case sim::MxuMode::f32: return cfg.mxu.f32_cycles_per_row;
     case sim::MxuMode::bf16x3: return 3 * cfg.mxu.bf16_cycles_per_row;
     case sim::MxuMode::i8: return cfg.mxu.int8_cycles_per_row;
+    case sim::MxuMode::fp8: return cfg.mxu.fp8_cycles_per_row;
     default: return cfg.mxu.bf16_cycles_per_row;
   }
 }
