@@ -283,23 +283,27 @@ std::string tiny_with_fp8_mode() {
 
 // The reference of a chip's quantized linear, naive in double over dequantized values: with
 // `act` (the MXU streams the weight's type faster than bf16) the activations are quantized per
-// row as the kernel documents (codegen/quantized_linear.cpp: s = max(max|x|, 1e-30) / Q in f32,
-// x / s rounded to an integer saturated to 127 or to e4m3 by the core's float8 type), else x is
-// rounded to bf16 (the default f32 matmul precision). `wd` is the dequantized weight [N, K].
+// row as the kernel documents (codegen/quantized_linear.cpp: m = max(max|x|, 1e-30), x (1 / m) Q
+// in f32 rounded to an integer saturated to 127 or to e4m3 by the core's float8 type, times
+// m / Q; `bf16_x`: x (1 / m) Q rounded to bf16 first, as bf16 activations are scaled in place),
+// else x is rounded to bf16 (the default f32 matmul precision). `wd` is the dequantized weight
+// [N, K].
 void chip_qlinear_ref(const std::vector<float>& x, const std::vector<float>& wd, int64_t M, int64_t N, int64_t K,
-                      bool act, bool fp8, std::vector<double>& ref, std::vector<double>& mag) {
+                      bool act, bool fp8, std::vector<double>& ref, std::vector<double>& mag, bool bf16_x = false) {
   ref.assign(static_cast<size_t>(M * N), 0);
   mag.assign(static_cast<size_t>(M * N), 0);
   for (int64_t i = 0; i < M; ++i) {
     float amax = 0;
     for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(x[static_cast<size_t>(i * K + k)]));
-    const float s = std::max(amax, 1e-30f) / (fp8 ? 448.0f : 127.0f);
+    const float Q = fp8 ? 448.0f : 127.0f, m = std::max(amax, 1e-30f), r = (1.0f / m) * Q, s = m / Q;
     std::vector<double> xq(static_cast<size_t>(K));
     for (int64_t k = 0; k < K; ++k) {
       const float v = x[static_cast<size_t>(i * K + k)];
+      // bf16 activations: the scaled value is stored as bf16 before the MXU rounds it
+      const float vr = bf16_x ? static_cast<float>(bf16(v * r)) : v * r;
       if (!act) xq[static_cast<size_t>(k)] = static_cast<float>(bf16(v));
-      else if (fp8) xq[static_cast<size_t>(k)] = static_cast<double>(f8e4m3::from_bits(f8e4m3::from_f32_saturating(v / s)).to_f32()) * s;
-      else xq[static_cast<size_t>(k)] = std::clamp(std::nearbyint(v / s), -127.0f, 127.0f) * static_cast<double>(s);
+      else if (fp8) xq[static_cast<size_t>(k)] = static_cast<double>(f8e4m3::from_bits(f8e4m3::from_f32_saturating(vr)).to_f32()) * s;
+      else xq[static_cast<size_t>(k)] = std::clamp(std::nearbyint(vr), -127.0f, 127.0f) * static_cast<double>(s);
     }
     for (int64_t j = 0; j < N; ++j)
       for (int64_t k = 0; k < K; ++k) {
@@ -345,11 +349,15 @@ TEST_CASE("linear_int8 / linear_fp8 on the chip: each MXU path against the dequa
             INFO("fp8 chip " << fp8_chip << " fp8 " << fp8 << " M " << M << " N " << N << " K " << K);
             CHECK(bad == 0);
             if (M == 13 && K == 40) {  // bf16 activations give a bf16 result, the same product rounded
-              const Tensor yb = fp8 ? linear_fp8(xd.to(DType::bf16), qd, sd) : linear_int8(xd.to(DType::bf16), qd, sd);
+              const Tensor xdb = xd.to(DType::bf16);
+              ChipRunProbe probe_b;
+              const Tensor yb = fp8 ? linear_fp8(xdb, qd, sd) : linear_int8(xdb, qd, sd);
               CHECK(yb.dtype() == DType::bf16);
+              ChipRunProbe::sync_all();
+              CHECK(probe_b.new_fallbacks() == 0);
               std::vector<float> xb(xv.size());
               for (size_t i = 0; i < xv.size(); ++i) xb[i] = static_cast<float>(bf16(xv[i]));
-              chip_qlinear_ref(xb, wd.to_vector<float>(), M, N, K, act, fp8, ref, mag);
+              chip_qlinear_ref(xb, wd.to_vector<float>(), M, N, K, act, fp8, ref, mag, true);
               const std::vector<float> gb = yb.to(DType::f32).to_vector<float>();
               bad = 0;
               for (size_t i = 0; i < ref.size(); ++i)
