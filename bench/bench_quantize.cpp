@@ -120,12 +120,12 @@ void BM_sim_quantized_step(benchmark::State& st) {
     std::vector<Tensor> ws, ss;
     for (const auto& sh : shapes) {
       const DType wt = prec == kBf16 ? DType::bf16 : prec == kInt8 ? DType::i8 : DType::u8;
-      ws.push_back(zeros({sh[0], sh[1]}, {wt, d}));
-      ss.push_back(ones({sh[0]}, {DType::f32, d}));
+      ws.push_back(empty({sh[0], sh[1]}, {wt, d}));  // timing-only: values do not matter
+      ss.push_back(empty({sh[0]}, {DType::f32, d}));
       flops += 2.0 * double(tokens) * double(sh[0]) * double(sh[1]);
     }
     std::vector<Tensor> xs;
-    for (const auto& sh : shapes) xs.push_back(zeros({tokens, sh[1]}, {DType::bf16, d}));
+    for (const auto& sh : shapes) xs.push_back(empty({tokens, sh[1]}, {DType::bf16, d}));
     auto step = [&] {
       for (size_t i = 0; i < 7; ++i) {
         const Tensor y = prec == kBf16   ? linear(xs[i], ws[i])

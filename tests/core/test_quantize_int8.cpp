@@ -381,13 +381,14 @@ double quant_linear_cycles(F f) {
 TEST_CASE("linear_fp8 on v7 runs at about twice the bf16 linear's FLOP rate; int8 beats bf16 on v6e", "[quant][sim]") {
   const bool was = codegen::timing_only();
   codegen::set_timing_only(true);
-  const int64_t M = 2048, K = 4096, N = 4096;  // a prefill step's projection
+  const int64_t M = 2048, K = 4096, N = 14336;  // a prefill step's MLP projection (Llama-3-8B)
   for (const char* name : {"v7-ideal", "v6e-ideal"}) {
     QuantTestChip chip(name);
     const Device d("sim:1");
     const bool v7 = std::string(name) == "v7-ideal";
-    const Tensor x = tpu::zeros({M, K}, {DType::bf16, d}), w = tpu::zeros({N, K}, {DType::bf16, d});
-    const Tensor q = tpu::zeros({N, K}, {v7 ? DType::u8 : DType::i8, d}), s = tpu::ones({N}, {DType::f32, d});
+    // Timing-only runs skip the arithmetic: the operands' values do not matter.
+    const Tensor x = tpu::empty({M, K}, {DType::bf16, d}), w = tpu::empty({N, K}, {DType::bf16, d});
+    const Tensor q = tpu::empty({N, K}, {v7 ? DType::u8 : DType::i8, d}), s = tpu::empty({N}, {DType::f32, d});
     const double bf16_cycles = quant_linear_cycles([&] { return tpu::linear(x, w); });
     codegen::reset_stats();
     const double q_cycles = quant_linear_cycles([&] { return v7 ? linear_fp8(x, q, s) : linear_int8(x, q, s); });
@@ -395,9 +396,9 @@ TEST_CASE("linear_fp8 on v7 runs at about twice the bf16 linear's FLOP rate; int
     // are small vector programs, counted separately).
     const double q_mm = codegen::stats().cycles_by_kernel[v7 ? "linear_fp8" : "linear_int8"] / 2;
     INFO(name << ": bf16 linear " << bf16_cycles << " cycles, quantized step " << q_cycles << ", its matmul " << q_mm);
-    if (v7) CHECK(bf16_cycles >= 1.8 * q_mm);
-    else CHECK(bf16_cycles >= 1.5 * q_mm);
-    CHECK(q_cycles < bf16_cycles);
+    // v7: fp8 streams at twice the bf16 rate; v6e: int8 at twice (their published peaks).
+    CHECK(bf16_cycles >= 1.8 * q_mm);
+    CHECK(bf16_cycles >= 1.4 * q_cycles);  // the whole quantized step, activation scales included
   }
   codegen::set_timing_only(was);
 }
