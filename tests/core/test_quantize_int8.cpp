@@ -10,6 +10,7 @@
 #include "opinfo.h"
 #include "quant_act_ref.h"
 #include "testing.h"
+#include "codegen/precision.h"
 #include "sim/presets.h"
 #include "tpucore/compile.h"
 #include "tpucore/core/float8.h"
@@ -269,6 +270,14 @@ struct QuantTestChip {
   }
 };
 
+// The f32 matmul precision set to "default" (one bf16 pass: x rounded to bf16 on weight-only
+// paths, as chip_qlinear_ref assumes) for the scope of a test; this binary runs at "highest".
+struct DefaultF32MatmulPrecision {
+  std::string prev = float32_matmul_precision();
+  DefaultF32MatmulPrecision() { set_float32_matmul_precision("default"); }
+  ~DefaultF32MatmulPrecision() { set_float32_matmul_precision(prev); }
+};
+
 // The tiny preset with the int8 MXU rate equal to bf16's and an fp8 rate twice bf16's: the
 // chip kernels then run int8 weight-only and fp8 with quantized activations (tiny itself: the
 // other way round).
@@ -316,6 +325,7 @@ void chip_qlinear_ref(const std::vector<float>& x, const std::vector<float>& wd,
 }
 
 TEST_CASE("linear_int8 / linear_fp8 on the chip: each MXU path against the dequantize-then-float loop", "[quant][sim]") {
+  DefaultF32MatmulPrecision precision;
   Generator g(3);
   for (const bool fp8_chip : {false, true}) {
     QuantTestChip chip(fp8_chip ? tiny_with_fp8_mode() : std::string("tiny"));
@@ -370,6 +380,7 @@ TEST_CASE("linear_int8 / linear_fp8 on the chip: each MXU path against the dequa
 }
 
 TEST_CASE("linear_int8 / linear_fp8 in a compiled function on the chip: a node like linear", "[quant][sim]") {
+  DefaultF32MatmulPrecision precision;
   TinySim sim;
   Generator g(17);
   const int64_t M = 9, N = 11, K = 24;
