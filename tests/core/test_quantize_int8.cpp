@@ -421,7 +421,7 @@ double quant_linear_cycles(F f) {
   return probe.new_cycles();
 }
 
-TEST_CASE("linear_fp8 on v7 runs at about twice the bf16 linear's FLOP rate; int8 beats bf16 on v6e", "[quant][sim]") {
+TEST_CASE("linear_fp8 on v7 runs at about twice the bf16 linear's FLOP rate, int8 beats bf16 on v6e", "[quant][sim]") {
   const bool was = codegen::timing_only();
   codegen::set_timing_only(true);
   const int64_t M = 2048, K = 4096, N = 14336;  // a prefill step's MLP projection (Llama-3-8B)

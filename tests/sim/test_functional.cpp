@@ -135,7 +135,7 @@ float e4m3_nearest_by_search(float v) {
   return std::copysign(best, v);
 }
 
-TEST_CASE("MXU fp8 mode: e4m3 weights, float lhs rounded to e4m3; i8 mode with float lhs into f32", "[sim][mxu]") {
+TEST_CASE("MXU fp8 mode: e4m3 weights, float lhs rounded to e4m3, i8 mode with float lhs into f32", "[sim][mxu]") {
   ChipConfig cfg = preset_config("tiny");
   cfg.mxu.fp8_cycles_per_row = 0.5;
   Chip chip(cfg);
