@@ -120,7 +120,7 @@ TEST_CASE("MXU f32 and int8 modes", "[sim][mxu]") {
 
 // The e4m3 value nearest v by search over every finite e4m3 value (bits 0..0x7e and their
 // negatives); on a tie the one with an even bit pattern; beyond 448 saturated.
-float e4m3_nearest_by_search(float v) {
+static float e4m3_nearest_by_search(float v) {
   if (std::fabs(v) >= 448.0f) return std::copysign(448.0f, v);
   float best = 0;
   int best_bits = 0;
