@@ -7,8 +7,21 @@
 // small random Llama (hidden 1024, 4 layers, intermediate 2816, vocab 8192) in f32, with its
 // decoder Linears quantized to int8 or int4 (models::quantize_causal_lm). The thread count is
 // the pool's (TPU_NUM_THREADS).
+// BM_sim_quantized_step: the seven projections of one Llama-3-8B-shaped decoder layer (hidden
+// 4096, q 4096, k/v 1024, o 4096, gate/up 14336, down 4096) on a simulated chip (sim:1, v6e or v7
+// with their calibrated timing, or TPU_BENCH_SIM_IDEAL=1 for the ideal event timeline), timing-only,
+// for a decode step (8 tokens) and a prefill step (1024 tokens) at bf16 (linear), int8
+// (linear_int8) and fp8 (linear_fp8) weights; counters: simulated microseconds per layer, HBM
+// bytes and the share of the chip's HBM bandwidth they take over the step, the MXU FLOP rate of
+// the projections' matmul kernels alone (TFLOP/s), and tokens/s of a 32-layer model's
+// projections (attention and the rest of the layer not counted).
 #include <benchmark/benchmark.h>
 
+#include <cstdlib>
+
+#include "codegen/launch.h"
+#include "device/sim_driver.h"
+#include "sim/presets.h"
 #include "tpucore/models/generate.h"
 #include "tpucore/tpucore.h"
 
@@ -16,7 +29,7 @@ using namespace tpu;
 
 namespace {
 
-enum Precision { kF32 = 0, kBf16 = 1, kInt8 = 2, kInt4 = 3, kF16 = 4 };
+enum Precision { kF32 = 0, kBf16 = 1, kInt8 = 2, kInt4 = 3, kF16 = 4, kFp8 = 5 };
 
 const char* precision_name(Precision p) {
   switch (p) {
@@ -24,6 +37,7 @@ const char* precision_name(Precision p) {
     case kInt8: return "int8";
     case kBf16: return "bf16";
     case kF16: return "f16";
+    case kFp8: return "fp8";
     default: return "f32";
   }
 }
@@ -86,8 +100,68 @@ void BM_decode_quantized(benchmark::State& st) {
       benchmark::Counter(static_cast<double>(new_tokens), benchmark::Counter::kIsIterationInvariantRate);
 }
 
+void BM_sim_quantized_step(benchmark::State& st) {
+  const bool v7 = st.range(0) == 7;
+  const auto prec = static_cast<Precision>(st.range(1));
+  const int64_t tokens = st.range(2);
+  const char* ideal = std::getenv("TPU_BENCH_SIM_IDEAL");
+  const std::string chip = std::string(v7 ? "v7" : "v6e") + (ideal && ideal[0] == '1' ? "-ideal" : "");
+  const std::string prev = device::sim_chip(1);
+  device::set_sim_chip(chip, 1);
+  const sim::ChipConfig cfg = sim::preset_config(chip);
+  const bool was = codegen::timing_only();
+  codegen::set_timing_only(true);
+  double us = 0, bytes = 0, mm_cycles = 0, flops = 0;
+  {
+    NoGradGuard ng;
+    const Device d("sim:1");
+    const int64_t shapes[7][2] = {{4096, 4096}, {1024, 4096}, {1024, 4096}, {4096, 4096},
+                                  {14336, 4096}, {14336, 4096}, {4096, 14336}};  // [out, in]
+    std::vector<Tensor> ws, ss;
+    for (const auto& sh : shapes) {
+      const DType wt = prec == kBf16 ? DType::bf16 : prec == kInt8 ? DType::i8 : DType::u8;
+      ws.push_back(empty({sh[0], sh[1]}, {wt, d}));  // timing-only: values do not matter
+      ss.push_back(empty({sh[0]}, {DType::f32, d}));
+      flops += 2.0 * double(tokens) * double(sh[0]) * double(sh[1]);
+    }
+    std::vector<Tensor> xs;
+    for (const auto& sh : shapes) xs.push_back(empty({tokens, sh[1]}, {DType::bf16, d}));
+    auto step = [&] {
+      for (size_t i = 0; i < 7; ++i) {
+        const Tensor y = prec == kBf16   ? linear(xs[i], ws[i])
+                         : prec == kInt8 ? linear_int8(xs[i], ws[i], ss[i])
+                                         : linear_fp8(xs[i], ws[i], ss[i]);
+        (void)y;
+      }
+      synchronize(d);
+    };
+    step();  // builds the programs
+    const char* kernel = prec == kBf16 ? "linear" : prec == kInt8 ? "linear_int8" : "linear_fp8";
+    for (auto _ : st) {
+      codegen::reset_stats();
+      step();
+      const codegen::CodegenStats cs = codegen::stats();
+      us = cs.cycles / (cfg.clock_ghz * 1e3);
+      bytes = double(cs.hbm_bytes);
+      mm_cycles = cs.cycles_by_kernel.count(kernel) ? cs.cycles_by_kernel.at(kernel) : 0;
+    }
+  }
+  codegen::set_timing_only(was);
+  device::set_sim_chip(prev, 1);
+  st.SetLabel(chip + " " + (prec == kBf16 ? "bf16" : precision_name(prec)) + (tokens <= 8 ? " decode" : " prefill"));
+  st.counters["sim_us"] = us;
+  st.counters["HBM_MB"] = bytes / 1e6;
+  st.counters["HBM_use"] = us > 0 ? bytes / (us * 1e-6) / (cfg.memory.hbm_bandwidth_gbps * 1e9) : 0;
+  st.counters["mm_TFLOPs"] = mm_cycles > 0 ? flops / (mm_cycles / (cfg.clock_ghz * 1e9)) / 1e12 : 0;
+  st.counters["tokens/s"] = us > 0 ? double(tokens) / (32 * us * 1e-6) : 0;
+}
+
 }  // namespace
 
+BENCHMARK(BM_sim_quantized_step)
+    ->ArgsProduct({{6, 7}, {kBf16, kInt8, kFp8}, {8, 1024}})
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_gemv_weights)
     ->ArgsProduct({{kF32, kBf16, kF16, kInt8, kInt4}, {1, 4, 16}, {4096}, {4096}})
     ->Unit(benchmark::kMicrosecond)

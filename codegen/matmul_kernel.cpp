@@ -23,6 +23,7 @@ double mode_cycles_per_row(const sim::ChipConfig& cfg, sim::MxuMode mode) {
     case sim::MxuMode::f32: return cfg.mxu.f32_cycles_per_row;
     case sim::MxuMode::bf16x3: return 3 * cfg.mxu.bf16_cycles_per_row;
     case sim::MxuMode::i8: return cfg.mxu.int8_cycles_per_row;
+    case sim::MxuMode::fp8: return cfg.mxu.fp8_cycles_per_row;
     default: return cfg.mxu.bf16_cycles_per_row;
   }
 }
@@ -41,7 +42,7 @@ int epilogue_slots(const MatmulSpec& s) {
 
 // VMEM layout of one tiling.
 struct VmemPlan {
-  int64_t a[2]{}, b[2]{}, acc[2]{}, out[2]{};
+  int64_t a[2]{}, b[2]{}, acc[2]{}, out[2]{}, ascale[2]{};
   std::vector<std::array<int64_t, 2>> epi;
   TempArena arena;
   int64_t total = 0;
@@ -60,6 +61,10 @@ VmemPlan plan_vmem(const MatmulSpec& s, int64_t tm, int64_t tn, int64_t tk) {
   p.a[0] = take(tm * tk * es_of(s.a_dtype));
   p.a[1] = one_a ? p.a[0] : take(tm * tk * es_of(s.a_dtype));
   for (int i = 0; i < 2; ++i) p.b[i] = take(tk * tn * es_of(s.b_dtype));
+  if (s.a_row_scale) {
+    p.ascale[0] = take(tm * 4);
+    p.ascale[1] = one_a ? p.ascale[0] : take(tm * 4);
+  }
   for (int i = 0; i < 2; ++i) p.acc[i] = take(tm * tn * 4);
   const bool epi = has_epilogue(s);
   for (int i = 0; i < 2; ++i) p.out[i] = epi ? take(tm * tn * es_of(s.out_dtype)) : p.acc[i];
@@ -83,7 +88,8 @@ VmemPlan plan_vmem(const MatmulSpec& s, int64_t tm, int64_t tn, int64_t tk) {
 }  // namespace
 
 std::string matmul_key(const MatmulSpec& s) {
-  std::string k = fmt::format("mm:{}x{}x{}x{}:t{}:{}/{}:{}/{}>{}:{}:{}/{}/{}:", s.batch, s.m, s.n, s.k, s.b_transposed,
+  std::string k = fmt::format("mm:{}x{}x{}x{}:t{}{}:{}/{}:{}/{}>{}:{}:{}/{}/{}:", s.batch, s.m, s.n, s.k, s.b_transposed,
+                              s.a_row_scale ? "s" : "",
                               s.a_batch_stride, s.b_batch_stride, sim::dtype_name(s.a_dtype),
                               sim::dtype_name(s.b_dtype), sim::dtype_name(s.out_dtype), sim::mxu_mode_name(s.mode),
                               s.tm, s.tn, s.tk);
@@ -123,7 +129,7 @@ MatmulTiling choose_matmul_tiling(const sim::ChipConfig& cfg, const MatmulSpec& 
   }
 }
 
-int matmul_registers(int epilogue_inputs) { return epilogue_inputs + 4; }
+int matmul_registers(int epilogue_inputs, bool a_row_scale) { return epilogue_inputs + 4 + (a_row_scale ? 1 : 0); }
 
 namespace {
 
@@ -138,14 +144,16 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
   const int64_t R = cfg.mxu.rows, Cm = cfg.mxu.cols, nm = cfg.mxu.count;
   const VmemPlan vp = plan_vmem(s, tl.tm, tl.tn, tl.tk);
   const int ne = int(s.epilogue_inputs.size());
-  const int a_reg = 0, b_reg = 1, out_reg = 2 + ne, k_reg = 3 + ne;
-  TPU_CHECK(matmul_registers(ne) <= cfg.scalar.registers, "internal: codegen: matmul epilogue has too many inputs ({})",
+  const int a_reg = 0, b_reg = 1, out_reg = 2 + ne, k_reg = 3 + ne, scale_reg = 4 + ne;
+  TPU_CHECK(!s.a_row_scale || s.a_dtype == DType::f32 || s.a_dtype == DType::bf16,
+            "internal: codegen: matmul row factors need a float A, got {}", sim::dtype_name(s.a_dtype));
+  TPU_CHECK(matmul_registers(ne, s.a_row_scale) <= cfg.scalar.registers, "internal: codegen: matmul epilogue has too many inputs ({})",
             ne);
   const bool epi = has_epilogue(s);
   const int64_t esa = es_of(s.a_dtype), esb = es_of(s.b_dtype), eso = es_of(s.out_dtype);
   const int nq = cfg.dma.engines;
   const int qa = 0, qb = 1 % nq, qe = 2 % nq, qc = 3 % nq;
-  const int semA = 0, semB = 1, semE = 2, semC = 3;
+  const int semA = 0, semB = 1, semE = 2, semC = 3, semS = 4;
 
   struct Step {
     int64_t b, m0, ml, n0, nl, k0, kl;
@@ -185,6 +193,9 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
   auto chunks = [&](const Step& st) { return (st.kl + R - 1) / R; };
   auto issue_loads = [&](size_t i) {
     const Step& st = steps[i];
+    if (aload[i] && s.a_row_scale)
+      b.dma(B::vmem_at(B::at(vp.ascale[abuf[i]])), B::hbm_at(B::at((st.b * s.m + st.m0) * 4, {{int16_t(scale_reg), 1}})),
+            {.row_bytes = st.ml * 4}, qa, semS);
     for (int64_t c = 0; c < chunks(st); ++c) {
       const int64_t kc = c * R, kcl = std::min(R, st.kl - kc);
       if (aload[i])
@@ -259,8 +270,17 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
     const int64_t jt = (st.nl + Cm - 1) / Cm;
     const int64_t groups = jt < nm ? std::max<int64_t>(1, std::min(nm / jt, st.ml / 8)) : 1;
     const int64_t group_rows = ((st.ml + groups - 1) / groups + 7) / 8 * 8;
+    bool scale_waited = false;
     auto ktile = [&](int64_t kt_off, int64_t kk, bool acc, bool in_loop) {
       if (aload[i]) b.wait(semA);
+      if (aload[i] && s.a_row_scale) {  // this chunk of A times its rows' factors, in place
+        if (!scale_waited) b.wait(semS);
+        scale_waited = true;
+        sim::Addr chunk = B::at(vp.a[abuf[i]] + kt_off * R * esa);
+        if (in_loop) chunk.terms[0] = {int16_t(k_reg), R * esa};
+        b.binary(sim::Op::vmul, B::vmem(chunk, s.a_dtype, st.kl), B::vmem(chunk, s.a_dtype, st.kl),
+                 B::vmem(B::at(vp.ascale[abuf[i]]), DType::f32, 1, 0), st.ml, kk);
+      }
       if (bload[i]) b.wait(semB);
       for (int64_t jg = 0; jg < jt * groups; ++jg) {
         const int64_t j = jg / groups, r0 = (jg % groups) * group_rows;

@@ -34,6 +34,11 @@ struct MatmulSpec {
   std::vector<EwInput> epilogue_inputs{};
   VecExpr epilogue{};
   int64_t tm = 0, tn = 0, tk = 0;  // 0: chosen by MatmulTiling
+  // A's rows are multiplied by a per-row f32 factor as their chunks arrive in VMEM, before the
+  // MXUs read them (f32 / bf16 A): an f32 vector of batch * m factors in HBM, its address in
+  // register matmul_registers(ne, true) - 1 (the register before it, the K counter, takes no
+  // argument). The quantized linears scale activations into the i8 / fp8 range so.
+  bool a_row_scale = false;
 };
 
 struct MatmulTiling {
@@ -43,8 +48,9 @@ struct MatmulTiling {
 // Tile sizes that fit VMEM (tn = MXUs x array width when N allows, tm <= 512, tk = K if it fits).
 MatmulTiling choose_matmul_tiling(const sim::ChipConfig& cfg, const MatmulSpec& s);
 
-// Scalar registers the program needs: A, B, the epilogue operands, the output and a counter.
-int matmul_registers(int epilogue_inputs);
+// Scalar registers the program needs: A, B, the epilogue operands, the output, a counter and,
+// with `a_row_scale`, the row factors.
+int matmul_registers(int epilogue_inputs, bool a_row_scale = false);
 sim::Program make_matmul_program(const sim::ChipConfig& cfg, const MatmulSpec& s);
 std::string matmul_key(const MatmulSpec& s);
 

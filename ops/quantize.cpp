@@ -45,7 +45,8 @@ float finite_amax(const char* op, const float* x, int64_t n, int64_t row, int64_
 }
 
 // The output of a linear layer with a quantized weight of N output and K input features: x
-// [..., K] (f32, bf16 or f16) -> [..., N] in x's dtype, x and the scales (input 2) cast to f32.
+// [..., K] (f32, bf16 or f16) -> [..., N] in x's dtype, the scales (input 2) cast to f32. x keeps
+// its dtype (a chip kernel streams bf16 activations as they are); the cpu kernels widen it.
 void quantized_linear_meta(const char* op, int64_t N, int64_t K, const Tensor& q, const MetaArgs& a, MetaResult& m) {
   const Tensor& x = a.inputs[0];
   TPU_CHECK(x.dim() >= 1 && float_input(x.dtype()), "{}: expected an f32, bf16 or f16 input [..., {}], got {}", op, K,
@@ -56,9 +57,12 @@ void quantized_linear_meta(const char* op, int64_t N, int64_t K, const Tensor& q
   std::vector<int64_t> os = x.shape().vec();
   os.back() = N;
   m.out() = {Shape(os), x.dtype(), common_device(a.inputs)};
-  m.cast_mask = 1u | 4u;  // x and the scales in f32; the weight stays as stored
+  m.cast_mask = 4u;  // the scales in f32; x and the weight stay as they are
   m.cast_to = DType::f32;
 }
+
+// x as a contiguous f32 tensor (the cpu kernels read f32 activations).
+Tensor f32_activations(const Tensor& x) { return contiguous(x.dtype() == DType::f32 ? x : tpu::to(x, DType::f32)); }
 
 // Runs `product(acc, M)` into f32 accumulators shaped as `out` (M rows of N), then stores them in
 // out's dtype (out itself when it is f32).
@@ -131,7 +135,7 @@ void linear_int8_meta(const MetaArgs& a, MetaResult& m) {
 }
 
 void linear_int8_cpu(const KernelArgs& a) {
-  const Tensor x = contiguous(a.inputs[0]), q = contiguous(a.inputs[1]), s = contiguous(a.inputs[2]);
+  const Tensor x = f32_activations(a.inputs[0]), q = contiguous(a.inputs[1]), s = contiguous(a.inputs[2]);
   const int64_t N = q.shape()[0], K = q.shape()[1];
   into_output_dtype(a.outputs[0], N, [&](float* acc, int64_t M) {
     if (!kernels::gemm_int8_vnni(M, N, K, x.data<float>(), K, q.data<int8_t>(), s.data<float>(), acc, N))
@@ -224,7 +228,7 @@ void linear_int4_meta(const MetaArgs& a, MetaResult& m) {
 }
 
 void linear_int4_cpu(const KernelArgs& a) {
-  const Tensor x = contiguous(a.inputs[0]), q = contiguous(a.inputs[1]), s = contiguous(a.inputs[2]);
+  const Tensor x = f32_activations(a.inputs[0]), q = contiguous(a.inputs[1]), s = contiguous(a.inputs[2]);
   const int64_t N = q.shape()[0], K = 2 * q.shape()[1], group = K / s.shape()[1];
   into_output_dtype(a.outputs[0], N, [&](float* acc, int64_t M) {
     if (!kernels::gemm_int4_vnni(M, N, K, group, x.data<float>(), K, q.data<uint8_t>(), s.data<float>(), acc, N))
@@ -291,7 +295,7 @@ void linear_fp8_meta(const MetaArgs& a, MetaResult& m) {
 }
 
 void linear_fp8_cpu(const KernelArgs& a) {
-  const Tensor x = contiguous(a.inputs[0]), q = contiguous(a.inputs[1]), s = contiguous(a.inputs[2]);
+  const Tensor x = f32_activations(a.inputs[0]), q = contiguous(a.inputs[1]), s = contiguous(a.inputs[2]);
   const int64_t N = q.shape()[0], K = q.shape()[1];
   into_output_dtype(a.outputs[0], N, [&](float* acc, int64_t M) {
     kernels::gemv_fp8(M, N, K, x.data<float>(), K, q.data<uint8_t>(), s.data<float>(), acc, N);

@@ -20,8 +20,8 @@ struct MxuConfig {
   double bf16_cycles_per_row = 1;  // cycles per streamed LHS row, bf16 inputs
   double f32_cycles_per_row = 4;   // f32 mode (XLA HIGHEST: 6 bf16 passes; the TPU presets say 6)
   double int8_cycles_per_row = 0.5;  // int8 inputs, i32 accumulation
-  // fp8 inputs (e4m3/e5m2), f32 accumulation; 0 = the MXU has no fp8 rate (no chip preset before
-  // v5p publishes one). A chip figure only so far: no MXU mode streams fp8 yet.
+  // fp8 (e4m3) inputs, f32 accumulation (MxuMode::fp8); 0 = the MXU has no fp8 mode (no chip
+  // preset before v5p publishes an fp8 rate): an mxu.mm in mode fp8 then fails.
   double fp8_cycles_per_row = 0;
 };
 

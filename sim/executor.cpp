@@ -113,6 +113,7 @@ class Executor {
       case MxuMode::f32: return cfg_.mxu.f32_cycles_per_row;
       case MxuMode::i8: return cfg_.mxu.int8_cycles_per_row;
       case MxuMode::bf16x3: return 3 * cfg_.mxu.bf16_cycles_per_row;
+      case MxuMode::fp8: return cfg_.mxu.fp8_cycles_per_row;
     }
     return cfg_.mxu.bf16_cycles_per_row;
   }
@@ -312,7 +313,7 @@ class Executor {
   std::vector<float> scratch_a_, scratch_c_;
   // stats
   double flops_ = 0, vec_elems_ = 0, narrow_store_bytes_ = 0;
-  std::array<double, 4> mode_flops_{};  // MXU FLOPs per MxuMode (bf16, f32, i8, bf16x3)
+  std::array<double, 5> mode_flops_{};  // MXU FLOPs per MxuMode (bf16, f32, i8, bf16x3, fp8)
   uint64_t hbm_read_ = 0, hbm_written_ = 0, dma_bytes_ = 0, dyn_ = 0;
 };
 
@@ -427,6 +428,8 @@ void Executor::exec_mm(size_t idx, const Instr& in) {
   race_check(idx, acc);
   const double start = deps(acc, u, std::max({t, units_[size_t(u)].free, buf_ready_[size_t(j)][b]}));
   const double per_row = mode_cycles_per_row(in.mode);
+  if (per_row <= 0) fail(idx, fmt::format("chip '{}' has no MXU rate for mode {} (mxu.fp8_cycles_per_row is 0)", cfg_.name,
+                                          mxu_mode_name(in.mode)));
   const double busy = double(in.rows) * per_row;
   const double end = start + busy;
   const double ready = end + cfg_.mxu.fill_cycles + cfg_.mxu.drain_cycles;
@@ -600,7 +603,7 @@ RunResult Executor::result(const std::vector<Executor*>& all) {
   s.clock_ghz = cfg_.clock_ghz;
   CountedWork w;
   double flops = 0, mxu_busy = 0;
-  std::array<double, 4> mode_flops{};
+  std::array<double, 5> mode_flops{};
   uint64_t hbm_read = 0, hbm_written = 0;
   for (Executor* e : all) {
     s.cycles = std::max({s.cycles, e->scalar_t_, e->max_t_});

@@ -51,6 +51,7 @@ std::string_view mxu_mode_name(MxuMode m) {
     case MxuMode::f32: return "f32";
     case MxuMode::i8: return "i8";
     case MxuMode::bf16x3: return "bf16x3";
+    case MxuMode::fp8: return "fp8";
   }
   return "?";
 }
@@ -59,6 +60,7 @@ std::optional<MxuMode> parse_mxu_mode(std::string_view s) {
   if (s == "f32") return MxuMode::f32;
   if (s == "i8") return MxuMode::i8;
   if (s == "bf16x3") return MxuMode::bf16x3;
+  if (s == "fp8") return MxuMode::fp8;
   return std::nullopt;
 }
 

@@ -50,7 +50,13 @@ std::optional<Op> op_from_name(std::string_view name);
 // bf16: inputs rounded to bf16, one pass (f32 accumulate). f32: f32 inputs, products as exact as
 // six bf16 passes make them (XLA's HIGHEST), at f32_cycles_per_row. i8: exact integers.
 // bf16x3: f32 inputs split into bf16 hi + lo, three passes (hi*hi + hi*lo + lo*hi; XLA's HIGH).
-enum class MxuMode : uint8_t { bf16, f32, i8, bf16x3 };
+// fp8: e4m3 inputs at fp8_cycles_per_row, f32 accumulation (a chip without an fp8 rate refuses
+// the mode). Float inputs to the i8 / fp8 modes are converted on the way in as bf16 mode rounds
+// f32 ones: i8 rounds to the nearest integer (ties to even) saturating to [-128, 127], fp8
+// rounds to e4m3 saturating to +-448. i8 mode accumulates into i32 (exact, wrapping) or f32
+// outputs. bf16 / bf16x3 weights may be i8 or f8e4m3: their values are exact in bf16 (weights
+// widened as they load).
+enum class MxuMode : uint8_t { bf16, f32, i8, bf16x3, fp8 };
 std::string_view mxu_mode_name(MxuMode m);
 std::optional<MxuMode> parse_mxu_mode(std::string_view s);
 

@@ -1,7 +1,7 @@
 // MXU functional model: weights are converted once per load into the array's input numerics
-// (bf16-rounded f32, exact f32, or small integers held exactly in f32), the LHS tile is
-// converted the same way, and the tile product runs as one blocked Eigen GEMM with f32
-// accumulation (int8: exact integer products and sums, added into i32 results).
+// (bf16-rounded f32, exact f32, e4m3 values, or small integers held exactly in f32), the LHS
+// tile is converted the same way, and the tile product runs as one blocked Eigen GEMM with f32
+// accumulation (int8: exact integer products and sums, added into i32 or f32 results).
 #include <cmath>
 #include <cstring>
 
@@ -20,32 +20,46 @@ inline float load_elem(const uint8_t* p, DType t) {
     case DType::bf16: { uint16_t b; std::memcpy(&b, p, 2); return bf16_bits_to_f32(b); }
     case DType::i32: { int32_t v; std::memcpy(&v, p, 4); return float(v); }
     case DType::i8: return float(int8_t(*p));
+    case DType::f8e4m3: return e4m3_bits_to_f32(*p);
   }
   return 0;
+}
+
+// A float input in the numerics of `mode` (isa.h, MxuMode): bf16 rounding, the nearest integer
+// saturated to int8 (ties to even), or the nearest e4m3 value saturated to +-448.
+inline float to_mode(float v, MxuMode mode) {
+  switch (mode) {
+    case MxuMode::bf16: return round_to_bf16(v);
+    case MxuMode::i8: return std::isnan(v) ? 0.0f : std::fmin(127.0f, std::fmax(-128.0f, std::nearbyint(v)));
+    case MxuMode::fp8: return round_to_e4m3(v);
+    default: return v;
+  }
 }
 
 // Copies a rows x cols matrix into a dense row-major f32 buffer in the MXU's input numerics.
 void convert_tile(const MatRef& src, int64_t rows, int64_t cols, MxuMode mode, float* out) {
   const int64_t es = dtype_size(src.dtype);
-  const bool round = mode == MxuMode::bf16 && src.dtype == DType::f32;
+  // Only float storage is converted: i8 and e4m3 values are exact in every mode that takes them.
+  const bool round = (mode == MxuMode::bf16 && src.dtype == DType::f32) ||
+                     ((mode == MxuMode::i8 || mode == MxuMode::fp8) && (src.dtype == DType::f32 || src.dtype == DType::bf16));
   for (int64_t r = 0; r < rows; ++r) {
     const uint8_t* row = src.base + r * src.rs * es;
     float* o = out + r * cols;
     if (src.cs == 1 && src.dtype == DType::f32) {
       std::memcpy(o, row, size_t(cols) * 4);
       if (round)
-        for (int64_t c = 0; c < cols; ++c) o[c] = round_to_bf16(o[c]);
+        for (int64_t c = 0; c < cols; ++c) o[c] = to_mode(o[c], mode);
     } else if (src.cs == 1 && src.dtype == DType::bf16) {
       const uint16_t* b = reinterpret_cast<const uint16_t*>(row);
       for (int64_t c = 0; c < cols; ++c) {
         uint16_t v;
         std::memcpy(&v, b + c, 2);
-        o[c] = bf16_bits_to_f32(v);
+        o[c] = round ? to_mode(bf16_bits_to_f32(v), mode) : bf16_bits_to_f32(v);
       }
     } else {
       for (int64_t c = 0; c < cols; ++c) {
         float v = load_elem(row + c * src.cs * es, src.dtype);
-        o[c] = round ? round_to_bf16(v) : v;
+        o[c] = round ? to_mode(v, mode) : v;
       }
     }
   }
@@ -92,7 +106,7 @@ void mxu_matmul(const MxuWeights& st, const MatRef& out, const MatRef& lhs, int6
     T.noalias() = A * Wl;
     T.noalias() += Al * W;
     T.noalias() += A * W;
-  } else if (mode != MxuMode::i8 && out.cs == 1 && out.dtype == DType::f32 && out.rs >= n) {
+  } else if (out.cs == 1 && out.dtype == DType::f32 && out.rs >= n) {
     float* cptr = reinterpret_cast<float*>(out.base);
     Eigen::Map<RowMat, Eigen::Unaligned, Eigen::OuterStride<>> C(cptr, m, n, Eigen::OuterStride<>(out.rs));
     if (acc) C.noalias() += A * W;

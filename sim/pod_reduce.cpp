@@ -209,6 +209,7 @@ void reduce_buffers(DType dtype, ReduceOp op, const std::vector<const void*>& in
       return;
     case DType::i32: reduce_int<int32_t>(op, in, out, n); return;
     case DType::i8: reduce_int<int8_t>(op, in, out, n); return;
+    case DType::f8e4m3: throw SimError("pod reduction: f8e4m3 buffers cannot be reduced (widen them to bf16 or f32 first)");
   }
 }
 

@@ -17,6 +17,18 @@ constexpr int64_t kMaxDim = int64_t(1) << 31;
 }
 
 bool is_float_storage(DType t) { return t == DType::f32 || t == DType::bf16; }
+// The MXU input dtypes of each mode (isa.h, MxuMode): f32 mode takes f32 only; the others take
+// f32 / bf16 (converted on the way in) and their own narrow type; bf16 modes widen i8 and e4m3.
+bool mxu_input_fits(MxuMode m, DType t) {
+  switch (m) {
+    case MxuMode::f32: return t == DType::f32;
+    case MxuMode::i8: return t == DType::i8 || is_float_storage(t);
+    case MxuMode::fp8: return t == DType::f8e4m3 || is_float_storage(t);
+    case MxuMode::bf16:
+    case MxuMode::bf16x3: return t == DType::i8 || t == DType::f8e4m3 || is_float_storage(t);
+  }
+  return false;
+}
 
 void check_addr(const Program& p, size_t i, const Addr& a, const char* role) {
   for (const auto& t : a.terms)
@@ -96,9 +108,8 @@ void check_one(Program& p, size_t i) {
     case Format::mxu_lw: {
       check_shape(p, i, in.rows, in.cols);
       check_mem(p, i, in.a, Role::a, "w", true, false);
-      bool ok = in.mode == MxuMode::i8 ? in.a.dtype == DType::i8
-                                       : (in.mode == MxuMode::f32 ? in.a.dtype == DType::f32 : is_float_storage(in.a.dtype));
-      if (!ok) fail(p, i, fmt::format("weights of dtype {} do not fit mode {}", dtype_name(in.a.dtype), mxu_mode_name(in.mode)));
+      if (!mxu_input_fits(in.mode, in.a.dtype))
+        fail(p, i, fmt::format("weights of dtype {} do not fit mode {}", dtype_name(in.a.dtype), mxu_mode_name(in.mode)));
       if (in.unit < 0) fail(p, i, "invalid mxu index");
       break;
     }
@@ -107,11 +118,11 @@ void check_one(Program& p, size_t i) {
       check_shape(p, i, in.k, 1);
       check_mem(p, i, in.a, Role::a, "lhs", true, false);
       check_mem(p, i, in.dst, Role::dst, "out", true, false);
-      bool ok = in.mode == MxuMode::i8 ? in.a.dtype == DType::i8
-                                       : (in.mode == MxuMode::f32 ? in.a.dtype == DType::f32 : is_float_storage(in.a.dtype));
-      if (!ok) fail(p, i, fmt::format("lhs of dtype {} does not fit mode {}", dtype_name(in.a.dtype), mxu_mode_name(in.mode)));
-      DType want = in.mode == MxuMode::i8 ? DType::i32 : DType::f32;
-      if (in.dst.dtype != want) fail(p, i, fmt::format("out must be {} in mode {}", dtype_name(want), mxu_mode_name(in.mode)));
+      if (!mxu_input_fits(in.mode, in.a.dtype))
+        fail(p, i, fmt::format("lhs of dtype {} does not fit mode {}", dtype_name(in.a.dtype), mxu_mode_name(in.mode)));
+      const bool out_ok = in.dst.dtype == DType::f32 || (in.mode == MxuMode::i8 && in.dst.dtype == DType::i32);
+      if (!out_ok)
+        fail(p, i, fmt::format("out must be {} in mode {}", in.mode == MxuMode::i8 ? "i32 or f32" : "f32", mxu_mode_name(in.mode)));
       if (in.unit < 0) fail(p, i, "invalid mxu index");
       break;
     }

@@ -16,7 +16,9 @@ using B = ProgramBuilder;
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 int elem_size(MxuMode m) { return m == MxuMode::bf16 ? 2 : m == MxuMode::f32 ? 4 : 1; }
-DType in_dtype(MxuMode m) { return m == MxuMode::bf16 ? DType::bf16 : m == MxuMode::f32 ? DType::f32 : DType::i8; }
+DType in_dtype(MxuMode m) {
+  return m == MxuMode::bf16 ? DType::bf16 : m == MxuMode::f32 ? DType::f32 : m == MxuMode::fp8 ? DType::f8e4m3 : DType::i8;
+}
 
 }  // namespace
 
@@ -32,6 +34,7 @@ GemmProgram make_gemm(const ChipConfig& cfg, const GemmSpec& s, uint64_t a_addr)
   const DType out_dt = s.mode == MxuMode::i8 ? DType::i32 : DType::f32;
   const double per_row = s.mode == MxuMode::bf16  ? cfg.mxu.bf16_cycles_per_row
                          : s.mode == MxuMode::f32 ? cfg.mxu.f32_cycles_per_row
+                         : s.mode == MxuMode::fp8 ? cfg.mxu.fp8_cycles_per_row
                                                   : cfg.mxu.int8_cycles_per_row;
   // MXU layout: nmc column tiles side by side; when N has fewer column tiles than MXUs, the
   // remaining factor g splits each block's rows, so every MXU works on narrow outputs too.

@@ -95,6 +95,7 @@ double load_any(const MatRef& m, int64_t r, int64_t c) {
     case DType::bf16: { uint16_t b; std::memcpy(&b, p, 2); return bf16_bits_to_f32(b); }
     case DType::i32: { int32_t v; std::memcpy(&v, p, 4); return v; }
     case DType::i8: return int8_t(*p);
+    case DType::f8e4m3: return e4m3_bits_to_f32(*p);
   }
   return 0;
 }
@@ -115,6 +116,7 @@ void store_any(const MatRef& m, int64_t r, int64_t c, double v) {
     case DType::bf16: { uint16_t b = f32_to_bf16_bits(float(v)); std::memcpy(p, &b, 2); break; }
     case DType::i32: { int32_t x = saturate<int32_t>(v); std::memcpy(p, &x, 4); break; }
     case DType::i8: { int8_t x = saturate<int8_t>(v); std::memcpy(p, &x, 1); break; }
+    case DType::f8e4m3: *p = f32_to_e4m3_bits(float(v)); break;
   }
 }
 

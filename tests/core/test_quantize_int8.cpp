@@ -10,6 +10,10 @@
 #include "opinfo.h"
 #include "quant_act_ref.h"
 #include "testing.h"
+#include "codegen/precision.h"
+#include "sim/presets.h"
+#include "tpucore/compile.h"
+#include "tpucore/core/float8.h"
 #include "tpucore/quantize.h"
 
 namespace tpu::testing {
@@ -254,18 +258,192 @@ TEST_CASE("linear_fp8: every kernel path against the naive product over the deco
   CHECK_THROWS_WITH(linear_fp8(x, w, qw.scale), Catch::Contains("fp8 e4m3 weight"));
 }
 
-TEST_CASE("linear_int8: sim tensors give the cpu's result", "[quant][sim]") {
-  TinySim sim;
+// sim:1 on a chip given by its JSON text for the scope of a test.
+struct QuantTestChip {
+  std::string prev = device::sim_chip(1);
+  explicit QuantTestChip(const std::string& chip) { set_sim_chip(chip, 1); }
+  ~QuantTestChip() {
+    try {
+      set_sim_chip(prev, 1);
+    } catch (...) {
+    }
+  }
+};
+
+// The f32 matmul precision set to "default" (one bf16 pass: x rounded to bf16 on weight-only
+// paths, as chip_qlinear_ref assumes) for the scope of a test; this binary runs at "highest".
+struct DefaultF32MatmulPrecision {
+  std::string prev = float32_matmul_precision();
+  DefaultF32MatmulPrecision() { set_float32_matmul_precision("default"); }
+  ~DefaultF32MatmulPrecision() { set_float32_matmul_precision(prev); }
+};
+
+// The tiny preset with the int8 MXU rate equal to bf16's and an fp8 rate twice bf16's: the
+// chip kernels then run int8 weight-only and fp8 with quantized activations (tiny itself: the
+// other way round).
+std::string tiny_with_fp8_mode() {
+  std::string j = sim::preset_json("tiny");
+  const std::string from = "\"int8_cycles_per_row\": 0.5}";
+  const size_t at = j.find(from);
+  REQUIRE(at != std::string::npos);
+  j.replace(at, from.size(), "\"int8_cycles_per_row\": 1, \"fp8_cycles_per_row\": 0.5}");
+  j.replace(j.find("\"tiny\""), 6, "\"tiny-fp8\"");
+  return j;
+}
+
+// The reference of a chip's quantized linear, naive in double over dequantized values: with
+// `act` (the MXU streams the weight's type faster than bf16) the activations are quantized per
+// row as the kernel documents (codegen/quantized_linear.cpp: m = max(max|x|, 1e-30), x (1 / m) Q
+// in f32 rounded to an integer saturated to 127 or to e4m3 by the core's float8 type, times
+// m / Q; `bf16_x`: x (1 / m) Q rounded to bf16 first, as bf16 activations are scaled in place),
+// else x is rounded to bf16 (the default f32 matmul precision). `wd` is the dequantized weight
+// [N, K].
+void chip_qlinear_ref(const std::vector<float>& x, const std::vector<float>& wd, int64_t M, int64_t N, int64_t K,
+                      bool act, bool fp8, std::vector<double>& ref, std::vector<double>& mag, bool bf16_x = false) {
+  ref.assign(static_cast<size_t>(M * N), 0);
+  mag.assign(static_cast<size_t>(M * N), 0);
+  for (int64_t i = 0; i < M; ++i) {
+    float amax = 0;
+    for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(x[static_cast<size_t>(i * K + k)]));
+    const float Q = fp8 ? 448.0f : 127.0f, m = std::max(amax, 1e-30f), r = (1.0f / m) * Q, s = m / Q;
+    std::vector<double> xq(static_cast<size_t>(K));
+    for (int64_t k = 0; k < K; ++k) {
+      const float v = x[static_cast<size_t>(i * K + k)];
+      // bf16 activations: the scaled value is stored as bf16 before the MXU rounds it
+      const float vr = bf16_x ? static_cast<float>(bf16(v * r)) : v * r;
+      if (!act) xq[static_cast<size_t>(k)] = static_cast<float>(bf16(v));
+      else if (fp8) xq[static_cast<size_t>(k)] = static_cast<double>(f8e4m3::from_bits(f8e4m3::from_f32_saturating(vr)).to_f32()) * s;
+      else xq[static_cast<size_t>(k)] = std::clamp(std::nearbyint(vr), -127.0f, 127.0f) * static_cast<double>(s);
+    }
+    for (int64_t j = 0; j < N; ++j)
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = xq[static_cast<size_t>(k)] * wd[static_cast<size_t>(j * K + k)];
+        ref[static_cast<size_t>(i * N + j)] += p;
+        mag[static_cast<size_t>(i * N + j)] += std::fabs(p);
+      }
+  }
+}
+
+TEST_CASE("linear_int8 / linear_fp8 on the chip: each MXU path against the dequantize-then-float loop", "[quant][sim]") {
+  DefaultF32MatmulPrecision precision;
   Generator g(3);
-  const Tensor w = from_vector(random_values(g, 8 * 20, -1, 1), {8, 20});
-  const Tensor x = from_vector(random_values(g, 2 * 20, -1, 1), {2, 20});
-  const Int8Weight qw = quantize_int8(w);
-  const Int8Weight qd = quantize_int8(w.to(sim.dev()));
-  CHECK(qd.q.device() == sim.dev());
-  CHECK(qd.q.to_vector<int8_t>() == qw.q.to_vector<int8_t>());
-  const Tensor yd = linear_int8(x.to(sim.dev()), qd);
-  CHECK(yd.device() == sim.dev());
-  CHECK(yd.to_vector<float>() == linear_int8(x, qw).to_vector<float>());
+  for (const bool fp8_chip : {false, true}) {
+    QuantTestChip chip(fp8_chip ? tiny_with_fp8_mode() : std::string("tiny"));
+    const Device d("sim:1");
+    for (const bool fp8 : {false, true})
+      for (const int64_t M : {1, 3, 13})
+        for (const int64_t N : {5, 17})
+          for (const int64_t K : {7, 20, 40}) {
+            std::vector<float> xv = random_values(g, static_cast<size_t>(M * K), -2, 2);
+            if (M == 3)
+              for (int64_t k = 0; k < K; ++k) xv[static_cast<size_t>(K + k)] = 0;  // a zero row
+            const Tensor w = from_vector(random_values(g, static_cast<size_t>(N * K), -1, 1), {N, K});
+            Tensor q, s, wd;
+            if (fp8) {
+              const Fp8Weight qw = quantize_fp8(w);
+              q = qw.q, s = qw.scale, wd = dequantize_fp8(qw.q, qw.scale);
+            } else {
+              const Int8Weight qw = quantize_int8(w);
+              q = qw.q, s = qw.scale, wd = dequantize_int8(qw.q, qw.scale);
+            }
+            const Tensor qd = q.to(d), sd = s.to(d), xd = from_vector(xv, {M, K}).to(d);
+            ChipRunProbe probe;
+            const Tensor y = fp8 ? linear_fp8(xd, qd, sd) : linear_int8(xd, qd, sd);
+            const std::vector<float> got = y.to_vector<float>();
+            CHECK(probe.new_fallbacks() == 0);
+            CHECK(probe.new_runs() >= 1);
+            const bool act = fp8 == fp8_chip;  // the MXU mode of the weight's type is faster than bf16
+            std::vector<double> ref, mag;
+            chip_qlinear_ref(xv, wd.to_vector<float>(), M, N, K, act, fp8, ref, mag);
+            int bad = 0;
+            for (size_t i = 0; i < ref.size(); ++i) bad += std::fabs(got[i] - ref[i]) > 1e-5 * mag[i] + 1e-30;
+            INFO("fp8 chip " << fp8_chip << " fp8 " << fp8 << " M " << M << " N " << N << " K " << K);
+            CHECK(bad == 0);
+            if (M == 13 && K == 40) {  // bf16 activations give a bf16 result, the same product rounded
+              const Tensor xdb = xd.to(DType::bf16);
+              ChipRunProbe probe_b;
+              const Tensor yb = fp8 ? linear_fp8(xdb, qd, sd) : linear_int8(xdb, qd, sd);
+              CHECK(yb.dtype() == DType::bf16);
+              ChipRunProbe::sync_all();
+              CHECK(probe_b.new_fallbacks() == 0);
+              std::vector<float> xb(xv.size());
+              for (size_t i = 0; i < xv.size(); ++i) xb[i] = static_cast<float>(bf16(xv[i]));
+              chip_qlinear_ref(xb, wd.to_vector<float>(), M, N, K, act, fp8, ref, mag, true);
+              const std::vector<float> gb = yb.to(DType::f32).to_vector<float>();
+              bad = 0;
+              for (size_t i = 0; i < ref.size(); ++i)
+                bad += std::fabs(gb[i] - ref[i]) > std::fabs(ref[i]) * 0x1p-8 + 1e-5 * mag[i] + 1e-30;
+              CHECK(bad == 0);
+            }
+          }
+  }
+}
+
+TEST_CASE("linear_int8 / linear_fp8 in a compiled function on the chip: a node like linear", "[quant][sim]") {
+  DefaultF32MatmulPrecision precision;
+  TinySim sim;
+  Generator g(17);
+  const int64_t M = 9, N = 11, K = 24;
+  const std::vector<float> xv = random_values(g, static_cast<size_t>(M * K), -2, 2);
+  const Tensor w = from_vector(random_values(g, static_cast<size_t>(N * K), -1, 1), {N, K});
+  for (const bool fp8 : {false, true}) {
+    Tensor q, s, wd;
+    if (fp8) {
+      const Fp8Weight qw = quantize_fp8(w);
+      q = qw.q.to(sim.dev()), s = qw.scale.to(sim.dev()), wd = dequantize_fp8(qw.q, qw.scale);
+    } else {
+      const Int8Weight qw = quantize_int8(w);
+      q = qw.q.to(sim.dev()), s = qw.scale.to(sim.dev()), wd = dequantize_int8(qw.q, qw.scale);
+    }
+    auto f = tpu::compile([&](const Tensor& x) { return tpu::relu(fp8 ? linear_fp8(x, q, s) : linear_int8(x, q, s)); });
+    const Tensor xd = from_vector(xv, {M, K}).to(sim.dev());
+    (void)f(xd).to_vector<float>();  // traces and compiles
+    ChipRunProbe probe;
+    const std::vector<float> got = f(xd).to_vector<float>();
+    CHECK(probe.new_fallbacks() == 0);
+    std::vector<double> ref, mag;
+    // tiny: int8 streams faster than bf16 (activations quantized), fp8 has no MXU mode (weight-only)
+    chip_qlinear_ref(xv, wd.to_vector<float>(), M, N, K, !fp8, fp8, ref, mag);
+    int bad = 0;
+    for (size_t i = 0; i < ref.size(); ++i) bad += std::fabs(got[i] - std::max(ref[i], 0.0)) > 1e-5 * mag[i] + 1e-30;
+    INFO("fp8 " << fp8);
+    CHECK(bad == 0);
+  }
+}
+
+// Cycles of one run of `f` on sim:1 in timing-only mode (a first run builds the program).
+template <class F>
+double quant_linear_cycles(F f) {
+  (void)f();
+  ChipRunProbe probe;
+  (void)f();
+  CHECK(probe.new_fallbacks() == 0);
+  return probe.new_cycles();
+}
+
+TEST_CASE("linear_fp8 on v7 runs at about twice the bf16 linear's FLOP rate, int8 beats bf16 on v6e", "[quant][sim]") {
+  const bool was = codegen::timing_only();
+  codegen::set_timing_only(true);
+  const int64_t M = 2048, K = 4096, N = 14336;  // a prefill step's MLP projection (Llama-3-8B)
+  for (const char* name : {"v7-ideal", "v6e-ideal"}) {
+    QuantTestChip chip(name);
+    const Device d("sim:1");
+    const bool v7 = std::string(name) == "v7-ideal";
+    // Timing-only runs skip the arithmetic: the operands' values do not matter.
+    const Tensor x = tpu::empty({M, K}, {DType::bf16, d}), w = tpu::empty({N, K}, {DType::bf16, d});
+    const Tensor q = tpu::empty({N, K}, {v7 ? DType::u8 : DType::i8, d}), s = tpu::empty({N}, {DType::f32, d});
+    const double bf16_cycles = quant_linear_cycles([&] { return tpu::linear(x, w); });
+    codegen::reset_stats();
+    const double q_cycles = quant_linear_cycles([&] { return v7 ? linear_fp8(x, q, s) : linear_int8(x, q, s); });
+    // The same FLOPs: the quantized product's MXU work alone (its kernel; the activation scales
+    // are small vector programs, counted separately).
+    const double q_mm = codegen::stats().cycles_by_kernel[v7 ? "linear_fp8" : "linear_int8"] / 2;
+    INFO(name << ": bf16 linear " << bf16_cycles << " cycles, quantized step " << q_cycles << ", its matmul " << q_mm);
+    // v7: fp8 streams at twice the bf16 rate; v6e: int8 at twice (their published peaks).
+    CHECK(bf16_cycles >= 1.8 * q_mm);
+    CHECK(bf16_cycles >= 1.4 * q_cycles);  // the whole quantized step, activation scales included
+  }
+  codegen::set_timing_only(was);
 }
 
 }  // namespace

@@ -118,6 +118,81 @@ TEST_CASE("MXU f32 and int8 modes", "[sim][mxu]") {
     }
 }
 
+// The e4m3 value nearest v by search over every finite e4m3 value (bits 0..0x7e and their
+// negatives); on a tie the one with an even bit pattern; beyond 448 saturated.
+static float e4m3_nearest_by_search(float v) {
+  if (std::fabs(v) >= 448.0f) return std::copysign(448.0f, v);
+  float best = 0;
+  int best_bits = 0;
+  double best_d = 1e30;
+  for (int bits = 0; bits < 0x7f; ++bits) {
+    const int e = bits >> 3, mt = bits & 7;
+    const double mag = e == 0 ? mt / 8.0 * std::ldexp(1.0, -6) : (1 + mt / 8.0) * std::ldexp(1.0, e - 7);
+    const double d = std::fabs(std::fabs(double(v)) - mag);
+    if (d < best_d || (d == best_d && (bits & 1) == 0)) best_d = d, best = float(mag), best_bits = bits;
+  }
+  (void)best_bits;
+  return std::copysign(best, v);
+}
+
+TEST_CASE("MXU fp8 mode: e4m3 weights, float lhs rounded to e4m3, i8 mode with float lhs into f32", "[sim][mxu]") {
+  ChipConfig cfg = preset_config("tiny");
+  cfg.mxu.fp8_cycles_per_row = 0.5;
+  Chip chip(cfg);
+  const int64_t m = 4, k = 8, n = 8;
+  auto a = random_floats(size_t(m * k), 7);
+  for (float& x : a) x *= 40;  // values past the int8 range saturate
+  a[3] = 1000;                  // past e4m3's 448
+  std::vector<uint8_t> wbits(size_t(k * n));
+  for (size_t i = 0; i < wbits.size(); ++i) wbits[i] = uint8_t((i * 53 + 11) % 256);
+  for (uint8_t& b : wbits)
+    if ((b & 0x7f) == 0x7f) b = 0x30;  // no NaN weights
+  std::vector<float> wv(wbits.size());
+  for (size_t i = 0; i < wv.size(); ++i) {  // decoded by the format's definition
+    const int e = (wbits[i] >> 3) & 15, mt = wbits[i] & 7;
+    const double mag = e == 0 ? mt / 8.0 * std::ldexp(1.0, -6) : (1 + mt / 8.0) * std::ldexp(1.0, e - 7);
+    wv[i] = float((wbits[i] & 0x80) ? -mag : mag);
+  }
+  put(chip, Space::vmem, 0, a);
+  put(chip, Space::vmem, 1024, wbits);
+  std::vector<int8_t> wi(size_t(k * n));
+  for (size_t i = 0; i < wi.size(); ++i) wi[i] = int8_t(int(i * 91 + 5) % 256 - 128);
+  put(chip, Space::vmem, 2048, wi);
+  B b;
+  b.mxu_load_weights(0, B::vmem(B::at(1024), DType::f8e4m3), k, n, MxuMode::fp8);
+  b.mxu_matmul(0, B::vmem(B::at(4096), DType::f32), B::vmem(B::at(0), DType::f32), m, k, n, false, MxuMode::fp8);
+  b.mxu_load_weights(1, B::vmem(B::at(2048), DType::i8), k, n, MxuMode::i8);
+  b.mxu_matmul(1, B::vmem(B::at(8192), DType::f32), B::vmem(B::at(0), DType::f32), m, k, n, false, MxuMode::i8);
+  const RunResult r = chip.run(b.finish());
+  auto c8 = get<float>(chip, Space::vmem, 4096, size_t(m * n));
+  auto ci = get<float>(chip, Space::vmem, 8192, size_t(m * n));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s8 = 0, si = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        const float x = a[size_t(i * k + p)];
+        s8 += double(e4m3_nearest_by_search(x)) * wv[size_t(p * n + j)];
+        si += std::fmin(127.0, std::fmax(-128.0, std::nearbyint(double(x)))) * wi[size_t(p * n + j)];
+      }
+      CHECK(c8[size_t(i * n + j)] == Approx(s8).epsilon(1e-6).margin(1e-6));
+      CHECK(ci[size_t(i * n + j)] == float(si));  // small integer sums: exact in f32
+    }
+  // Both modes' FLOPs counted against their own peaks (2 MXUs x 8 x 8 x 2 FLOP per 0.5 cycles).
+  CHECK(r.stats.mxu_flops == Approx(2.0 * 2 * m * k * n));
+  CHECK(r.stats.mxu_peak_cycles == Approx(2.0 * 2 * m * k * n / (2 * 8 * 8 * 2 / 0.5)));
+
+  ChipConfig no_fp8 = preset_config("tiny");
+  Chip plain(no_fp8);
+  B b2;
+  b2.mxu_load_weights(0, B::vmem(B::at(1024), DType::f8e4m3), k, n, MxuMode::fp8);
+  b2.mxu_matmul(0, B::vmem(B::at(4096), DType::f32), B::vmem(B::at(0), DType::f32), m, k, n, false, MxuMode::fp8);
+  CHECK_THROWS_WITH(plain.run(b2.finish()), Catch::Contains("no MXU rate for mode fp8"));
+  // the conversion helpers against the search, on values around every binade and past the range
+  for (float v : {0.0f, 1e-4f, 0.0009765625f, 0.00146484375f, 0.013f, 0.1f, 1.0625f, 1.1875f, 3.3f, 240.0f, 250.0f,
+                  447.0f, 464.0f, -0.37f, -17.5f})
+    CHECK(e4m3_bits_to_f32(f32_to_e4m3_bits(v)) == e4m3_nearest_by_search(v));
+}
+
 TEST_CASE("generated GEMM computes C = A*B (bf16 in, f32 out)", "[sim][mxu][gemm]") {
   ChipConfig cfg = preset_config("tiny");
   for (int64_t bm : {0, 8}) {

@@ -1,0 +1,122 @@
+// Quantized linear layers on chip devices (ops/quantize.cpp: linear_int8, linear_fp8): the weight
+// stays quantized in HBM (one byte per value) and streams through a MatmulKernel as such; its
+// per-output-channel scales multiply the f32 accumulator in the epilogue (a row vector against
+// the output), with the output cast to its dtype there.
+//
+// Two ways, by the chip's MXU rates (sim/config.h):
+// - the MXU streams the narrow type faster than bf16 (int8 on v5e / v6e / v7 / tiny, fp8 on v7):
+//   the activations are quantized too (w8a8, as int8 / fp8 serving stacks run these layers):
+//   per row m = max(max |x_row|, 1e-30), x times (1 / m) Q (Q = 127 for int8, 448 for e4m3; on the
+//   vector unit as A's chunks arrive in VMEM, stored back in x's dtype: bf16 activations are
+//   rounded to bf16 there before the MXU rounds them again) goes through the MXU in its i8 / fp8 mode
+//   (rounded to the nearest integer saturated to +-127, or to e4m3, on the way in), and the
+//   epilogue multiplies by s_x = m / Q (a column vector) and the weight scale. So the result is the float product of the quantized activations and the dequantized
+//   weights, not the cpu kernel's weight-only product: they differ by the activations' rounding.
+// - otherwise (int8 on v4, fp8 on v4 / v5e / v5p / v6e): weight-only, like the cpu; the weights
+//   are widened to bf16 as the MXU loads them (i8 and e4m3 values are exact in bf16) and x goes
+//   in at the f32 matmul precision (codegen/precision.h; "highest" runs bf16x3, which is exact for
+//   these weights), so the result equals the float linear of the dequantized weights.
+// int4 weights (packed nibbles) have no chip kernel: linear_int4 takes the counted host fallback.
+#include <algorithm>
+
+#include "codegen/launch.h"
+#include "codegen/lowering.h"
+#include "codegen/matmul_plan.h"
+#include "codegen/operand_layout.h"
+#include "codegen/precision.h"
+#include "codegen/sim_tensors.h"
+#include "tpucore/ops.h"
+
+namespace tpu::codegen {
+namespace {
+
+enum class QuantWeight { int8, fp8 };
+
+// True when activations are quantized as well: the chip's MXU streams the weight's type faster
+// than bf16.
+bool qlinear_uses_narrow_mode(const sim::ChipConfig& cfg, QuantWeight w) {
+  const double r = w == QuantWeight::int8 ? cfg.mxu.int8_cycles_per_row : cfg.mxu.fp8_cycles_per_row;
+  return r > 0 && r < cfg.mxu.bf16_cycles_per_row;
+}
+
+bool qlinear_eager(const ops::KernelArgs& k, QuantWeight kind) {
+  const Tensor& out = k.outputs[0];
+  const Tensor &x = k.inputs[0], &q = k.inputs[1], &ws = k.inputs[2];
+  // x in f32 or bf16 (f16 has no chip dtype); the meta casts the scales to f32.
+  if (!float_chip(x.dtype()) || out.dtype() != x.dtype() || ws.dtype() != DType::f32) return false;
+  const int64_t N = q.shape()[0], K = q.shape()[1];
+  if (K == 0) return false;
+  if (out.numel() == 0) return true;
+  const int64_t M = x.numel() / K;
+  const Device dev = out.device();
+  const sim::ChipConfig& cfg = chip_config(dev);
+  const bool narrow = qlinear_uses_narrow_mode(cfg, kind);
+
+  MatmulPlan p;
+  MatmulSpec& s = p.spec;
+  s.name = kind == QuantWeight::int8 ? "linear_int8" : "linear_fp8";
+  s.m = M;
+  s.n = N;
+  s.k = K;
+  s.b_transposed = true;
+  s.a_dtype = cd(x.dtype());
+  s.b_dtype = kind == QuantWeight::int8 ? sim::DType::i8 : sim::DType::f8e4m3;
+  s.out_dtype = cd(out.dtype());
+  const std::optional<Tensor> wq = q.is_contiguous() ? std::optional<Tensor>(q) : materialize_on_device(q);
+  if (!wq) return false;
+  p.b = *wq;
+  const Shape mn{M, N};
+  VecRef v = s.epilogue.input(0);
+  Tensor row_factor;  // narrow modes: (1 / m) Q per row of x, applied to A's chunks in VMEM
+  const std::optional<Tensor> xa = x.is_contiguous() ? std::optional<Tensor>(x) : materialize_on_device(x);
+  if (!xa) return false;
+  p.a = *xa;
+  if (narrow) {
+    s.mode = kind == QuantWeight::int8 ? sim::MxuMode::i8 : sim::MxuMode::fp8;
+    s.a_row_scale = true;
+    const float qmax = kind == QuantWeight::int8 ? 127.0f : 448.0f;
+    const Tensor x2 = tpu::reshape(*xa, Shape{M, K});
+    // m = max(max |x_row|, 1e-30) from the row maximum and minimum (two reads of x, no copy).
+    const Tensor mx = tpu::maximum(
+        tpu::to(tpu::maximum(tpu::amax(x2, {1}, true), tpu::neg(tpu::amin(x2, {1}, true))), DType::f32), 1e-30);
+    row_factor = tpu::mul(tpu::reciprocal(tpu::reshape(mx, Shape{M})), qmax);
+    auto lo = lay_out(tpu::div(mx, qmax), mn, dev);  // s_x = m / Q, a column vector
+    if (!lo) return false;
+    s.epilogue_inputs.push_back(lo->in);
+    p.epilogue_args.push_back(lo->t);
+    v = s.epilogue.op(sim::Op::vmul, v, s.epilogue.input(1));
+  } else {
+    const sim::MxuMode m = f32_matmul_mode();
+    s.mode = m == sim::MxuMode::f32 ? sim::MxuMode::bf16x3 : m;
+  }
+  auto wl = lay_out(ws, mn, dev);
+  if (!wl) return false;
+  s.epilogue_inputs.push_back(wl->in);
+  p.epilogue_args.push_back(wl->t);
+  v = s.epilogue.op(sim::Op::vmul, v, s.epilogue.input(int(s.epilogue_inputs.size())));
+  s.epilogue.result = v;
+  p.value = v;
+  const sim::ChipConfig& chip = cfg;
+  const LoadedProgram& lp = cached_program(dev, matmul_key(s), [&] { return make_matmul_program(chip, s); });
+  std::vector<int64_t> args{hbm_address(p.a), hbm_address(p.b)};
+  for (const Tensor& t : p.epilogue_args) args.push_back(hbm_address(t));
+  args.push_back(hbm_address(out));
+  if (narrow) {
+    args.push_back(0);  // the K counter
+    args.push_back(hbm_address(row_factor));
+  }
+  launch(dev, lp, s.name.c_str(), std::move(args));
+  return true;
+}
+
+bool linear_int8_eager(const ops::KernelArgs& k) { return qlinear_eager(k, QuantWeight::int8); }
+bool linear_fp8_eager(const ops::KernelArgs& k) { return qlinear_eager(k, QuantWeight::fp8); }
+
+const Lowering kLinearInt8Rule{.eager = &linear_int8_eager};
+const Lowering kLinearFp8Rule{.eager = &linear_fp8_eager};
+
+[[maybe_unused]] const bool g_quantized_linear_rules_installed =
+    (install_lowering("linear_int8", &kLinearInt8Rule), install_lowering("linear_fp8", &kLinearFp8Rule), true);
+
+}  // namespace
+}  // namespace tpu::codegen
