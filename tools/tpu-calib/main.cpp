@@ -198,7 +198,7 @@ int main(int argc, char** argv) {
                        (unsigned long long)w.compulsory_written_bytes, (unsigned long long)w.traffic_bytes);
         }
         worst_rows[si].push_back({std::abs(sim.us - r.measured_us) / r.measured_us, &r, sim.us});
-        samples.push_back({si, ri, r.measured_us, std::move(sim.works)});
+        samples.push_back({si, ri, r.measured_us, std::move(sim.works), sim.feed});
         if (set == "matmul_128" || set == "matmul_1024" || set == "matmul_4096") mm_m.push_back(r.measured_us), mm_s.push_back(sim.us);
         if (set == "ele" || set == "relu") el_m.push_back(r.measured_us), el_s.push_back(sim.us);
       }
@@ -242,8 +242,9 @@ int main(int argc, char** argv) {
       const auto fitted = tpu::calib::refit(cfg, all, obj);
       const auto& t = fitted.timing;
       std::printf("\n%s path, constants re-fitted on every row: launch %.0f, mxu_efficiency %.3f, hbm_efficiency %.3f, "
-                  "wide_hbm_efficiency %.3f, reduce %.0f\n%-13s %6s %9s %8s\n", path.c_str(), t.launch_cycles, t.mxu_efficiency,
-                  t.hbm_efficiency, t.wide_hbm_efficiency, t.reduce_cycles, "set", "rows", "MAPE %", "R^2");
+                  "wide_hbm_efficiency %.3f, reduce %.0f, convert %.0f, restream %.0f\n%-13s %6s %9s %8s\n", path.c_str(),
+                  t.launch_cycles, t.mxu_efficiency, t.hbm_efficiency, t.wide_hbm_efficiency, t.reduce_cycles,
+                  t.convert_elems_per_cycle, t.restream_elems_per_cycle, "set", "rows", "MAPE %", "R^2");
       for (size_t si = 0; si < specs.size(); ++si) {
         std::vector<double> m, s;
         for (const auto& smp : samples)
@@ -261,8 +262,9 @@ int main(int argc, char** argv) {
     for (size_t f = 0; f < fold_cfgs.size(); ++f) {
       const auto& t = fold_cfgs[f].timing;
       std::printf("  fold %zu: launch %.0f, mxu_efficiency %.3f, hbm_efficiency %.3f, wide_hbm_efficiency %.3f, reduce %.0f, "
-                  "dma %.1f, weight_load_exposed %.3f\n", f, t.launch_cycles, t.mxu_efficiency, t.hbm_efficiency,
-                  t.wide_hbm_efficiency, t.reduce_cycles, t.dma_cycles, t.weight_load_exposed);
+                  "dma %.1f, weight_load_exposed %.3f, convert %.0f, restream %.0f\n", f, t.launch_cycles, t.mxu_efficiency,
+                  t.hbm_efficiency, t.wide_hbm_efficiency, t.reduce_cycles, t.dma_cycles, t.weight_load_exposed,
+                  t.convert_elems_per_cycle, t.restream_elems_per_cycle);
     }
     std::printf("%-13s %6s %9s %8s   %s\n", "set", "rows", "CV MAPE %", "CV R^2", "(in-sample MAPE %)");
     for (size_t si = 0; si < specs.size(); ++si) {
