@@ -151,6 +151,8 @@ void ChipConfig::validate() const {
   need(nonneg(timing.reduce_cycles), "timing.reduce_cycles", "must be >= 0");
   need(nonneg(timing.dma_cycles), "timing.dma_cycles", "must be >= 0");
   need(nonneg(timing.weight_load_exposed) && timing.weight_load_exposed <= 1, "timing.weight_load_exposed", "must be in [0, 1]");
+  need(nonneg(timing.convert_elems_per_cycle), "timing.convert_elems_per_cycle", "must be >= 0 (0: off)");
+  need(nonneg(timing.restream_elems_per_cycle), "timing.restream_elems_per_cycle", "must be >= 0 (0: off)");
 }
 
 static ChipConfig config_from_json_checked(const json& j);
@@ -246,6 +248,8 @@ static ChipConfig config_from_json_checked(const json& j) {
     t.num("reduce_cycles", c.timing.reduce_cycles);
     t.num("dma_cycles", c.timing.dma_cycles);
     t.num("weight_load_exposed", c.timing.weight_load_exposed);
+    t.num("convert_elems_per_cycle", c.timing.convert_elems_per_cycle);
+    t.num("restream_elems_per_cycle", c.timing.restream_elems_per_cycle);
     t.finish();
   }
   r.finish();
@@ -301,7 +305,9 @@ json config_to_json(const ChipConfig& c) {
                  {"wide_hbm_efficiency", c.timing.wide_hbm_efficiency},
                  {"reduce_cycles", c.timing.reduce_cycles},
                  {"dma_cycles", c.timing.dma_cycles},
-                 {"weight_load_exposed", c.timing.weight_load_exposed}};
+                 {"weight_load_exposed", c.timing.weight_load_exposed},
+                 {"convert_elems_per_cycle", c.timing.convert_elems_per_cycle},
+                 {"restream_elems_per_cycle", c.timing.restream_elems_per_cycle}};
   j["dma"] = {{"engines", c.dma.engines},
               {"latency_cycles", c.dma.latency_cycles},
               {"engine_bytes_per_cycle", c.dma.engine_bytes_per_cycle}};

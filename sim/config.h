@@ -87,6 +87,13 @@ struct TimingConfig {
   double reduce_cycles = 0;        // fixed cost of a program that reduces rows on the cross-lane unit
   double dma_cycles = 0;           // fixed cost per DMA a program issues (descriptor, small-transfer overhead)
   double weight_load_exposed = 0;  // fraction of the MXU weight-load cycles not hidden under streaming, [0, 1]
+  // XLA's matmul kernels on 16-bit inputs the MXU cannot take as they are (float16 on v4), priced by
+  // xla_matmul_cycles (timing_model.h); 0 = off. Elements of the prefetched operand converted (and
+  // transposed where its layout needs it) once per kernel, per cycle over the device:
+  double convert_elems_per_cycle = 0;
+  // Elements of a streamed operand whose layout needs an in-kernel transpose, transposed and
+  // converted per cycle over the device; it is re-fed once per 128-column MXU panel of the other side.
+  double restream_elems_per_cycle = 0;
   bool calibrated() const { return model == "calibrated"; }
 };
 

@@ -1,7 +1,12 @@
 #include "sim/timing_model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <iterator>
+
+#include <fmt/format.h>
+
+#include "sim/error.h"
 
 namespace tpu::sim::detail {
 
@@ -50,6 +55,35 @@ double calibrated_cycles(const ChipConfig& cfg, const CountedWork& w) {
   const double fixed = t.launch_cycles + (reduces ? t.reduce_cycles : 0) + t.dma_cycles * dmas;
   // Re-reads of a tiled kernel hide under compute, but never beyond the peak bandwidth.
   return fixed + std::max(priced, double(w.traffic_bytes) / bw);
+}
+
+}  // namespace tpu::sim
+
+namespace tpu::sim {
+
+double xla_matmul_cycles(const ChipConfig& cfg, const XlaMatmulFeed& f, double kernel_cycles) {
+  if (f.m <= 0 || f.n <= 0 || f.k <= 0)
+    throw SimError(fmt::format("xla_matmul_cycles: dimensions must be positive (m {}, n {}, k {})", f.m, f.n, f.k));
+  if (f.prefetched != 'A' && f.prefetched != 'B')
+    throw SimError(fmt::format("xla_matmul_cycles: prefetched operand must be 'A' or 'B', not '{}'", f.prefetched));
+  const TimingConfig& t = cfg.timing;
+  double cycles = kernel_cycles;
+  if (!t.calibrated()) return cycles;
+  const double m = double(f.m), n = double(f.n), k = double(f.k);
+  // The prefetched operand sits in on-chip memory and is converted to the MXU's type once.
+  if (t.convert_elems_per_cycle > 0) cycles += (f.prefetched == 'A' ? m * k : k * n) / t.convert_elems_per_cycle;
+  // The other operand streams through the MXUs once per panel of the prefetched side's free
+  // dimension (N for a streamed A, M for a streamed B). Stored against the MXU's orientation it
+  // is transposed on the cross-lane unit and converted on the vector unit on every pass, which
+  // then sets the kernel's pace. A, B and C all {0,1} is C^T = B^T A^T in the canonical layouts.
+  const bool canonical_transposed = f.a_transposed && f.b_transposed && f.out_transposed;
+  const bool streamed_transposed = f.prefetched == 'A' ? f.b_transposed : f.a_transposed;
+  if (t.restream_elems_per_cycle > 0 && streamed_transposed && !canonical_transposed) {
+    const double panel = double(cfg.mxu.cols);
+    const double fed = f.prefetched == 'A' ? k * n * std::ceil(m / panel) : m * k * std::ceil(n / panel);
+    cycles = std::max(cycles, fed / t.restream_elems_per_cycle);
+  }
+  return cycles;
 }
 
 }  // namespace tpu::sim

@@ -32,3 +32,26 @@ namespace tpu::sim {
 double calibrated_cycles(const ChipConfig& cfg, const CountedWork& w);
 
 }  // namespace tpu::sim
+
+namespace tpu::sim {
+
+// One XLA matmul kernel C[M,N] = A[M,K] @ B[K,N] on 16-bit inputs as XLA's HLO describes it: the
+// operands' and the result's layouts and the operand its fusion prefetched into on-chip memory.
+struct XlaMatmulFeed {
+  int64_t m = 0, n = 0, k = 0;
+  bool a_transposed = false;    // A stored {0,1}: M minor (the MXU streams rows with K minor)
+  bool b_transposed = false;    // B stored {0,1}: K minor (the MXU's weight panels hold N minor)
+  bool out_transposed = false;  // C stored {0,1}
+  char prefetched = 'A';        // 'A' or 'B'
+};
+
+// Cycles of that kernel on `cfg`'s calibrated model, from `kernel_cycles` (the calibrated price of
+// the library's matmul kernel of the same shape): the prefetched operand's one-time conversion is
+// added; when the streamed operand needs an in-kernel transpose (and the whole product is not
+// the canonical one transposed: A, B and C all {0,1}), it is transposed and converted once per
+// 128-column panel of the other side, and the kernel takes at least that long (sim/README.md,
+// "XLA's float16 matmul kernels"). Unchanged on the ideal model and where the feed constants are 0. Throws
+// SimError on a non-positive dimension or a prefetched operand other than 'A' or 'B'.
+double xla_matmul_cycles(const ChipConfig& cfg, const XlaMatmulFeed& f, double kernel_cycles);
+
+}  // namespace tpu::sim

@@ -128,6 +128,8 @@ TEST_CASE("timing config: bad values are errors naming the field", "[sim][timing
   expect_err(with("reduce_cycles", -1), "timing.reduce_cycles");
   expect_err(with("dma_cycles", -1), "timing.dma_cycles");
   expect_err(with("weight_load_exposed", 2), "timing.weight_load_exposed");
+  expect_err(with("convert_elems_per_cycle", -1), "timing.convert_elems_per_cycle");
+  expect_err(with("restream_elems_per_cycle", -2), "timing.restream_elems_per_cycle");
   auto fp8 = j;
   fp8["mxu"]["fp8_cycles_per_row"] = 0.25;  // faster than two rows per cycle
   expect_err(fp8, "mxu.fp8_cycles_per_row");
@@ -221,4 +223,38 @@ TEST_CASE("calibrated model: 16-bit stores at hbm_efficiency, wide kernels at wi
   CHECK(rr.stats.cycles == Approx(100 + 70 + 2 * 3 + wide_bytes / (bw * 0.5) + std::max(vec, xlu)));
   // The re-priced work equals the run's own figure (what tpu-calib's cross-validation relies on).
   CHECK(calibrated_cycles(rc, rr.stats.work) == Approx(rr.stats.cycles));
+}
+
+TEST_CASE("XLA matmul feed: one-time conversion of the prefetched operand, per-panel re-feed of a transposed streamed one",
+          "[sim][timing_model]") {
+  ChipConfig c = calibrated_tiny(100, 1, 1, 1, 0);
+  c.mxu.cols = 128;
+  c.timing.convert_elems_per_cycle = 200;
+  c.timing.restream_elems_per_cycle = 50;
+  const double kernel = 1e6;
+  XlaMatmulFeed f{.m = 300, .n = 1000, .k = 400, .a_transposed = true, .b_transposed = false, .out_transposed = true,
+                  .prefetched = 'A'};
+  // A prefetched: its 300 x 400 elements converted once; B streamed in its own layout: no re-feed.
+  CHECK(xla_matmul_cycles(c, f, kernel) == Approx(kernel + 300.0 * 400 / 200));
+  // B prefetched: 400 x 1000 converted once; A ({0,1}) re-fed once per 128-column panel of N
+  // (ceil(1000 / 128) = 8 panels): the kernel takes at least that long.
+  f.prefetched = 'B';
+  CHECK(xla_matmul_cycles(c, f, 1000.0) == Approx(300.0 * 400 * 8 / 50));
+  CHECK(xla_matmul_cycles(c, f, kernel) == Approx(kernel + 400.0 * 1000 / 200));  // a slower kernel still rules
+  // A, B and C all {0,1}: C^T = B^T A^T in the canonical layouts, no transpose in the kernel.
+  f.b_transposed = true;
+  CHECK(xla_matmul_cycles(c, f, kernel) == Approx(kernel + 400.0 * 1000 / 200));
+  // A prefetched, B {0,1} streamed: B re-fed once per panel of M (ceil(300 / 128) = 3).
+  f = {.m = 300, .n = 1000, .k = 400, .a_transposed = false, .b_transposed = true, .out_transposed = true, .prefetched = 'A'};
+  CHECK(xla_matmul_cycles(c, f, 10.0) == Approx(400.0 * 1000 * 3 / 50));
+  // Off on the ideal model and with the constants at 0.
+  ChipConfig ideal = c;
+  ideal.timing.model = "ideal";
+  CHECK(xla_matmul_cycles(ideal, f, kernel) == kernel);
+  c.timing.convert_elems_per_cycle = c.timing.restream_elems_per_cycle = 0;
+  CHECK(xla_matmul_cycles(c, f, kernel) == kernel);
+  f.prefetched = 'C';
+  CHECK_THROWS_AS(xla_matmul_cycles(c, f, kernel), SimError);
+  f.prefetched = 'A', f.k = 0;
+  CHECK_THROWS_AS(xla_matmul_cycles(c, f, kernel), SimError);
 }

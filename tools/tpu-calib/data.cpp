@@ -89,7 +89,15 @@ std::vector<Row> load_set(const std::string& dir, const SetSpec& spec) {
           r.op = "matmul";
           r.shape = {std::stoll(f[col("dim_m")]), std::stoll(f[col("dim_n")]), std::stoll(f[col("dim_k")])};
           r.measured_us = std::stod(f[col("fusion_avg")]);
-          if (std::find(head.begin(), head.end(), "prefetched") != head.end()) r.prefetched = f[col("prefetched")];
+          if (std::find(head.begin(), head.end(), "prefetched") != head.end()) {
+            r.prefetched = f[col("prefetched")];
+            r.a_layout = f[col("a_layout")], r.b_layout = f[col("b_layout")], r.out_layout = f[col("out_layout")];
+            if (r.prefetched != "A" && r.prefetched != "B")
+              throw std::runtime_error(file + ":" + std::to_string(line_no) + ": prefetched must be A or B, not '" + r.prefetched + "'");
+            for (const std::string* l : {&r.a_layout, &r.b_layout, &r.out_layout})
+              if (*l != "{1,0}" && *l != "{0,1}")
+                throw std::runtime_error(file + ":" + std::to_string(line_no) + ": layout must be {1,0} or {0,1}, not '" + *l + "'");
+          }
           break;
         case Kind::norm:
           r.op = f[col("op")];

@@ -16,6 +16,7 @@ struct Row {
   std::vector<int64_t> shape;   // matmul: m, n, k; otherwise the tensor shape
   double measured_us = 0;
   std::string prefetched;       // matmul_large: the operand XLA's fusion prefetched ("A" or "B")
+  std::string a_layout, b_layout, out_layout;  // matmul_large: XLA layouts, "{1,0}" (row-major) or "{0,1}"
   int kernels = 1;              // XLA kernels the measured time sums (the norms: 5 or 3)
 };
 

@@ -28,6 +28,47 @@ const std::vector<Knob>& knobs() {
   return k;
 }
 
+// The XLA feed constants: only the samples with a feed (matmul_large) depend on them.
+const std::vector<Knob>& feed_knobs() {
+  static const std::vector<Knob> k = {
+      {"convert_elems_per_cycle", [](sim::ChipConfig& c) -> double& { return c.timing.convert_elems_per_cycle; }, 1, 1e5},
+      {"restream_elems_per_cycle", [](sim::ChipConfig& c) -> double& { return c.timing.restream_elems_per_cycle; }, 1, 1e5},
+  };
+  return k;
+}
+
+double feed_mape(const sim::ChipConfig& cfg, const std::vector<const Sample*>& train) {
+  std::vector<double> meas, sim;
+  for (const Sample* s : train)
+    if (s->feed) meas.push_back(s->measured_us), sim.push_back(priced_us(cfg, *s));
+  return score(meas, sim).mape;
+}
+
+// Multiplicative coordinate search: each constant tries x (1 +- step) while that helps; the step
+// halves when no constant moves (bounded: at most 200 rounds, steps down to 1e-3).
+template <class Objective_>
+sim::ChipConfig coordinate_search(const sim::ChipConfig& start, const std::vector<Knob>& ks, const Objective_& score_of) {
+  sim::ChipConfig best = start;
+  double best_obj = score_of(best);
+  double step = 0.25;
+  for (int round = 0; round < 200 && step > 1e-3; ++round) {
+    bool moved = false;
+    for (const Knob& k : ks) {
+      sim::ChipConfig probe = start;
+      if (k.ref(probe) == 0) continue;  // not a constant of this chip's model
+      for (double dir : {1.0, -1.0}) {
+        sim::ChipConfig c = best;
+        double& v = k.ref(c);
+        v = std::clamp(v * (1 + dir * step), k.lo, k.hi);
+        const double o = score_of(c);
+        if (o < best_obj - 1e-9) best = c, best_obj = o, moved = true;
+      }
+    }
+    if (!moved) step /= 2;
+  }
+  return best;
+}
+
 double objective(const sim::ChipConfig& cfg, const std::vector<const Sample*>& train, const Objective& obj) {
   const size_t sets = obj.max_mape.size();
   std::vector<std::vector<double>> meas(sets), sim(sets);
@@ -68,6 +109,7 @@ Fit score(const std::vector<double>& meas, const std::vector<double>& sim) {
 double priced_us(const sim::ChipConfig& cfg, const Sample& s) {
   double cycles = 0;
   for (const auto& w : s.works) cycles += sim::calibrated_cycles(cfg, w);
+  if (s.feed) cycles = sim::xla_matmul_cycles(cfg, *s.feed, cycles);
   return cycles / (cfg.clock_ghz * 1e3);
 }
 
@@ -81,27 +123,8 @@ const std::vector<std::string>& fitted_constants() {
 }
 
 sim::ChipConfig refit(const sim::ChipConfig& start, const std::vector<const Sample*>& train, const Objective& obj) {
-  sim::ChipConfig best = start;
-  double best_obj = objective(best, train, obj);
-  // Multiplicative coordinate search: each constant tries x (1 +- step) while that helps; the
-  // step halves when no constant moves (bounded: at most 12 halvings).
-  double step = 0.25;
-  for (int round = 0; round < 200 && step > 1e-3; ++round) {
-    bool moved = false;
-    for (const Knob& k : knobs()) {
-      sim::ChipConfig probe = start;
-      if (k.ref(probe) == 0) continue;  // not a constant of this chip's model
-      for (double dir : {1.0, -1.0}) {
-        sim::ChipConfig c = best;
-        double& v = k.ref(c);
-        v = std::clamp(v * (1 + dir * step), k.lo, k.hi);
-        const double o = objective(c, train, obj);
-        if (o < best_obj - 1e-9) best = c, best_obj = o, moved = true;
-      }
-    }
-    if (!moved) step /= 2;
-  }
-  return best;
+  const sim::ChipConfig main = coordinate_search(start, knobs(), [&](const sim::ChipConfig& c) { return objective(c, train, obj); });
+  return coordinate_search(main, feed_knobs(), [&](const sim::ChipConfig& c) { return feed_mape(c, train); });
 }
 
 std::vector<double> cross_validate(const sim::ChipConfig& start, const std::vector<Sample>& samples, const Objective& obj,

@@ -4,11 +4,13 @@
 // rows' counted work (sim::Stats::work re-priced by sim::calibrated_cycles), so the report
 // estimates the error on rows the constants never saw.
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "sim/config.h"
 #include "sim/stats.h"
+#include "sim/timing_model.h"
 
 namespace tpu::calib {
 
@@ -24,6 +26,7 @@ struct Sample {
   size_t fold_key = 0;  // its index within the set
   double measured_us = 0;
   std::vector<sim::CountedWork> works;
+  std::optional<sim::XlaMatmulFeed> feed;  // priced through sim::xla_matmul_cycles when set
 };
 
 // Microseconds of `s` on `cfg`'s calibrated model.
@@ -42,7 +45,9 @@ struct Objective {
 };
 
 // Minimizes the objective on `train` by coordinate search over the fitted constants that are in
-// use (nonzero) in `start`, starting from their values there.
+// use (nonzero) in `start`, starting from their values there; then the XLA feed constants
+// (convert/restream_elems_per_cycle, if in use) the same way on the MAPE of the samples with a feed
+// (matmul_large), which no other set's price depends on.
 sim::ChipConfig refit(const sim::ChipConfig& start, const std::vector<const Sample*>& train, const Objective& obj);
 
 // k-fold cross-validation: the held-out prediction of every sample (same order as `samples`),

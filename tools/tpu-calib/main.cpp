@@ -54,7 +54,7 @@ std::string r2_text(const Fit& f) {
 
 int main(int argc, char** argv) {
   std::string dir = TPU_CALIB_DATA_DIR, chip = "v4", paths = "eager,compiled", csv_path, works_path, sets_list, cv_path = "compiled",
-              skip_targets;
+              skip_targets, mape_only;
   int64_t stride = 1, worst = 3, folds = 2;
   double max_mape = -1, min_r2 = -1, max_ele_mape = -1;
   bool set_targets = false, cv_targets = false, fit_all = false;
@@ -85,6 +85,8 @@ int main(int argc, char** argv) {
          [&] { set_targets = true; });
   p.value("--skip-targets", "LIST", "sets --set-targets does not hold to their targets (reported all the same)",
           [&](const std::string& v) { skip_targets = v; });
+  p.value("--mape-only", "LIST", "sets --set-targets and --cv-targets hold to their MAPE target but not to R^2",
+          [&](const std::string& v) { mape_only = v; });
   p.value("--csv", "FILE", "write every row's measured and simulated time", [&](const std::string& v) { csv_path = v; });
   p.value("--works", "FILE", "write every row's counted work per kernel (one line per kernel: set, row, path, measured_us, "
           "kernel, cores, per core MXU streaming, vector, weight-load and cross-lane cycles, 16-bit stored bytes and DMAs, "
@@ -97,7 +99,7 @@ int main(int argc, char** argv) {
   }
   const auto& specs = tpu::calib::set_specs();
   // Every name in --sets and --skip-targets must be a set; --paths and --cv-path name paths.
-  for (const std::string* list : {&sets_list, &skip_targets}) {
+  for (const std::string* list : {&sets_list, &skip_targets, &mape_only}) {
     size_t p0 = 0;
     while (!list->empty() && p0 <= list->size()) {
       size_t e = list->find(',', p0);
@@ -198,7 +200,7 @@ int main(int argc, char** argv) {
                        (unsigned long long)w.compulsory_written_bytes, (unsigned long long)w.traffic_bytes);
         }
         worst_rows[si].push_back({std::abs(sim.us - r.measured_us) / r.measured_us, &r, sim.us});
-        samples.push_back({si, ri, r.measured_us, std::move(sim.works)});
+        samples.push_back({si, ri, r.measured_us, std::move(sim.works), sim.feed});
         if (set == "matmul_128" || set == "matmul_1024" || set == "matmul_4096") mm_m.push_back(r.measured_us), mm_s.push_back(sim.us);
         if (set == "ele" || set == "relu") el_m.push_back(r.measured_us), el_s.push_back(sim.us);
       }
@@ -212,7 +214,7 @@ int main(int argc, char** argv) {
       if (set_targets && f.n > 0 && !(skip_targets.size() && listed(skip_targets, set))) {
         if (f.mape > specs[si].max_mape)
           ok = false, std::printf("FAIL: %s %s MAPE above %.0f%%\n", path.c_str(), set.c_str(), specs[si].max_mape);
-        if (specs[si].r2_target && f.span > kSpanForR2 && f.r2 < 0.98)
+        if (specs[si].r2_target && f.span > kSpanForR2 && f.r2 < 0.98 && !(mape_only.size() && listed(mape_only, set)))
           ok = false, std::printf("FAIL: %s %s R^2 below 0.98\n", path.c_str(), set.c_str());
       }
     }
@@ -242,8 +244,9 @@ int main(int argc, char** argv) {
       const auto fitted = tpu::calib::refit(cfg, all, obj);
       const auto& t = fitted.timing;
       std::printf("\n%s path, constants re-fitted on every row: launch %.0f, mxu_efficiency %.3f, hbm_efficiency %.3f, "
-                  "wide_hbm_efficiency %.3f, reduce %.0f\n%-13s %6s %9s %8s\n", path.c_str(), t.launch_cycles, t.mxu_efficiency,
-                  t.hbm_efficiency, t.wide_hbm_efficiency, t.reduce_cycles, "set", "rows", "MAPE %", "R^2");
+                  "wide_hbm_efficiency %.3f, reduce %.0f, convert %.0f, restream %.0f\n%-13s %6s %9s %8s\n", path.c_str(),
+                  t.launch_cycles, t.mxu_efficiency, t.hbm_efficiency, t.wide_hbm_efficiency, t.reduce_cycles,
+                  t.convert_elems_per_cycle, t.restream_elems_per_cycle, "set", "rows", "MAPE %", "R^2");
       for (size_t si = 0; si < specs.size(); ++si) {
         std::vector<double> m, s;
         for (const auto& smp : samples)
@@ -261,8 +264,9 @@ int main(int argc, char** argv) {
     for (size_t f = 0; f < fold_cfgs.size(); ++f) {
       const auto& t = fold_cfgs[f].timing;
       std::printf("  fold %zu: launch %.0f, mxu_efficiency %.3f, hbm_efficiency %.3f, wide_hbm_efficiency %.3f, reduce %.0f, "
-                  "dma %.1f, weight_load_exposed %.3f\n", f, t.launch_cycles, t.mxu_efficiency, t.hbm_efficiency,
-                  t.wide_hbm_efficiency, t.reduce_cycles, t.dma_cycles, t.weight_load_exposed);
+                  "dma %.1f, weight_load_exposed %.3f, convert %.0f, restream %.0f\n", f, t.launch_cycles, t.mxu_efficiency,
+                  t.hbm_efficiency, t.wide_hbm_efficiency, t.reduce_cycles, t.dma_cycles, t.weight_load_exposed,
+                  t.convert_elems_per_cycle, t.restream_elems_per_cycle);
     }
     std::printf("%-13s %6s %9s %8s   %s\n", "set", "rows", "CV MAPE %", "CV R^2", "(in-sample MAPE %)");
     for (size_t si = 0; si < specs.size(); ++si) {
@@ -275,7 +279,7 @@ int main(int argc, char** argv) {
       if (cv_targets && !(skip_targets.size() && listed(skip_targets, specs[si].set))) {
         if (f.mape > specs[si].max_mape)
           ok = false, std::printf("FAIL: cross-validated %s MAPE above %.0f%%\n", specs[si].set, specs[si].max_mape);
-        if (specs[si].r2_target && f.span > kSpanForR2 && f.r2 < 0.98)
+        if (specs[si].r2_target && f.span > kSpanForR2 && f.r2 < 0.98 && !(mape_only.size() && listed(mape_only, specs[si].set)))
           ok = false, std::printf("FAIL: cross-validated %s R^2 below 0.98\n", specs[si].set);
       }
     }

@@ -116,8 +116,28 @@ Simulated simulate_norm(const Row& r, bool compiled) {
 
 }  // namespace
 
+std::optional<sim::XlaMatmulFeed> xla_feed(const Row& r) {
+  if (r.kind != Kind::matmul || r.prefetched.empty()) return std::nullopt;
+  sim::XlaMatmulFeed f;
+  f.m = r.shape[0], f.n = r.shape[1], f.k = r.shape[2];
+  f.a_transposed = r.a_layout == "{0,1}", f.b_transposed = r.b_layout == "{0,1}", f.out_transposed = r.out_layout == "{0,1}";
+  f.prefetched = r.prefetched[0];
+  return f;
+}
+
 Simulated simulate(const Row& r, bool compiled) {
   if (r.kind == Kind::norm) return simulate_norm(r, compiled);
+  if (const auto feed = xla_feed(r)) {  // the library's matmul kernel, then XLA's operand feed
+    Row plain = r;
+    plain.prefetched.clear();
+    Simulated out = simulate(plain, compiled);
+    if (!out.ok) return out;
+    const auto& cfg = tpu::device::sim_device(0).config();
+    const double per_us = cfg.clock_ghz * 1e3;
+    out.us = sim::xla_matmul_cycles(cfg, *feed, out.us * per_us) / per_us;
+    out.feed = feed;
+    return out;
+  }
   Tensor a, b;
   if (r.kind == Kind::matmul) {
     a = tpu::empty({r.shape[0], r.shape[2]}, {k16, kDev});
