@@ -3,6 +3,8 @@
 // device by test_opinfo.cpp, gradients checked against finite differences by
 // test_autograd_gradcheck.cpp), and cases of their own: empty, one-token and uneven groups,
 // products large enough to run threaded, bf16, closed-form gradients and bad inputs.
+#include <cmath>
+
 #include "moe_test_util.h"
 #include "ops/fallback.h"
 #include "tpucore/autograd.h"
@@ -183,6 +185,65 @@ TEST_CASE("cumsum: long lines, wrapping i32, bool counts as i64, gradient is the
   expect_error([&] { cumsum(x, 2); }, {"cumsum"});
 }
 
+TEST_CASE("cumsum on the chip: f32 lines as shifted adds equal the naive loop, no host fallback", "[moe][codegen]") {
+  TinySim tiny;
+  Generator g(43);
+  struct Case {
+    const char* name;
+    Shape shape;
+    Layout layout;
+    int64_t dim;
+  };
+  const std::vector<Case> cases{
+      {"rows in chunks and single lines", {6, 2000}, Layout::contiguous, 1},  // 4 lines a chunk on tiny
+      {"middle dim, inner 5", {2, 9, 5}, Layout::contiguous, -2},
+      {"transposed, dim 0", {5, 3}, Layout::transposed, 0},
+      {"1-D of 7", {7}, Layout::contiguous, 0},
+      {"one element along dim", {3, 1}, Layout::contiguous, 1},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    const Tensor x = make_input(g, c.shape, DType::f32, c.layout, -1.0, 1.0);
+    const Tensor xd = x.to(tiny.dev());
+    const ChipRunProbe probe;
+    const Tensor y = cumsum(xd, c.dim);
+    CHECK(probe.new_fallbacks() == 0);
+    CHECK(probe.new_runs() >= 1);
+    REQUIRE(y.device() == tiny.dev());
+    check_close(y.to(Device()), cumsum_ref(ref_of(x), c.dim), {1e-4, 1e-5}, c.name);
+  }
+}
+
+TEST_CASE("to_dtype: i64 to f32 on the chip equals the host's conversion (tiles, rows, tail; i32 range exact)",
+          "[moe][codegen]") {
+  TinySim tiny;
+  // 2 full tiles of 16 x 128, 3 rows of 128 and 5 single elements: every loop of the program.
+  const int64_t n = 2 * 2048 + 3 * 128 + 5;
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = (i * 7919 % 4001) - 2000;
+  const std::vector<int64_t> edges{0, -1, 1, 2147483647, -2147483647 - 1, 16777217, -16777217, int64_t{1} << 40,
+                                   -(int64_t{3} << 33) - 5, 9007199254740993, -9007199254740993};
+  for (size_t i = 0; i < edges.size(); ++i) v[static_cast<size_t>(n - 1 - int64_t(i) * 301)] = edges[i];
+  const Tensor x = from_vector(v, Shape{n}).to(tiny.dev());
+  const ChipRunProbe probe;
+  const Tensor y = x.to(DType::f32);
+  CHECK(probe.new_fallbacks() == 0);
+  CHECK(probe.new_runs() == 1);
+  const std::vector<float> got = y.to(Device()).to_vector<float>();
+  REQUIRE(got.size() == v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    INFO("element " << i << " = " << v[i]);
+    const auto want = static_cast<float>(v[i]);  // the host's conversion (one rounding)
+    if (v[i] >= -2147483648LL && v[i] <= 2147483647LL) CHECK(got[i] == want);
+    else CHECK(std::fabs(double(got[i]) - double(want)) <= double(std::nextafter(std::fabs(want), INFINITY) - std::fabs(want)));
+  }
+  // Another length reuses the program (the counts are arguments).
+  const ChipRunProbe again;
+  CHECK(from_vector(std::vector<int64_t>{5, -6, 7}, Shape{3}).to(tiny.dev()).to(DType::f32).to(Device()).to_vector<float>() ==
+        std::vector<float>{5.f, -6.f, 7.f});
+  CHECK(again.new_fallbacks() == 0);
+}
+
 TEST_CASE("sigmoid routing: group-limited top-k weights and their gradient equal naive loops (cpu, tiny sim)",
           "[moe][codegen]") {
   TinySim tiny;
@@ -232,11 +293,11 @@ TEST_CASE("sigmoid routing: group-limited top-k weights and their gradient equal
       want_grad[n * E + e] += cv[n * k + j] * sc[e] * (1.0 - sc[e]);
     }
   }
-  // Host fallbacks on sim devices of ops other than the index cast (the i64 top-k ids to f32).
+  // Host fallbacks on sim devices (none: the i64 top-k ids are cast to f32 on the chip too).
   auto routing_fallbacks = [] {
     uint64_t n = 0;
     for (const auto& f : ops::fallback_counts())
-      if (f.device.type == DeviceType::sim && f.op != "to_dtype") n += f.calls;
+      if (f.device.type == DeviceType::sim) n += f.calls;
     return n;
   };
   for (Device d : {Device("cpu"), tiny.dev()}) {
@@ -254,7 +315,7 @@ TEST_CASE("sigmoid routing: group-limited top-k weights and their gradient equal
     REQUIRE(l.grad().defined());
     const std::vector<float> gl = l.grad().to(Device()).to_vector<float>();
     for (size_t i = 0; i < gl.size(); ++i) CHECK(gl[i] == Approx(want_grad[i]).margin(1e-6));
-    CHECK(routing_fallbacks() == before);  // no gather, one_hot or integer sum on the host
+    CHECK(routing_fallbacks() == before);  // no gather, one_hot, integer sum or cast on the host
   }
 }
 
