@@ -1,9 +1,19 @@
 // Lowering rules of the elementwise ops: each appends the op to a VecExpr in terms of the
 // chip's vector and transcendental operations. Ops without a rule here (pow, fmod, sign,
 // floor/ceil/round, sin/cos, log1p/expm1, integer arithmetic) run through the host fallback.
+//
+// The cast of a contiguous i64 tensor to f32 (top-k's expert ids turned into float weights'
+// operands) has its own program: the i64 words come in as pairs of i32 (low, high), and the
+// value is (high + [low < 0]) * 2^32 + low in one fused multiply-add, so every value of i32's
+// range is converted exactly as the host does (one rounding); beyond it the low word's own
+// rounding to f32 makes a second one (within one f32 ulp of the host's result).
+#include <fmt/format.h>
+
 #include <cmath>
 
+#include "codegen/launch.h"
 #include "codegen/lowering.h"
+#include "sim/builder.h"
 
 namespace tpu::codegen {
 namespace {
@@ -118,6 +128,65 @@ bool cast_rule(VecExpr& e, Ins in, const ops::Attrs& a, DType from, VecRef& out)
   return true;
 }
 
+// The i64 -> f32 cast program: r0 in, r1 out, r2 full tiles of kCastRows x kCastCols, r3 rows of
+// kCastCols after them, r4 single elements after those.
+constexpr int64_t kCastRows = 16, kCastCols = 128;
+
+sim::Program make_i64_cast_program() {
+  using B = sim::ProgramBuilder;
+  enum { rIn = 0, rOut, rTiles, rRows, rElems, rI, rOff8, rOff4 };
+  const int64_t n = kCastRows * kCastCols;
+  const int64_t in = 0, lo = n * 8, hi = lo + n * 4, neg = hi + n * 4;
+  B b("cast_i64_f32");
+  // One chunk of rows x cols elements at element offset (rOff8 / 8): load, convert, store.
+  auto chunk = [&](int64_t rows, int64_t cols) {
+    b.dma(B::vmem_at(B::at(in)), B::hbm_at(B::at(0, {{rIn, 1}, {rOff8, 1}})), {.rows = 1, .row_bytes = rows * cols * 8},
+          0, 0);
+    b.wait(0);
+    const auto f = [&](int64_t a) { return B::vmem(B::at(a), sim::DType::f32, cols); };
+    b.unary(sim::Op::vcast, f(lo), B::vmem(B::at(in), sim::DType::i32, 2 * cols, 2), rows, cols);
+    b.unary(sim::Op::vcast, f(hi), B::vmem(B::at(in + 4), sim::DType::i32, 2 * cols, 2), rows, cols);
+    b.binary(sim::Op::vcmplt, f(neg), f(lo), B::imm(0.0f), rows, cols);
+    b.binary(sim::Op::vadd, f(hi), f(hi), f(neg), rows, cols);
+    b.ternary(sim::Op::vfma, f(lo), f(hi), B::imm(4294967296.0f), f(lo), rows, cols);
+    b.dma(B::hbm_at(B::at(0, {{rOut, 1}, {rOff4, 1}})), B::vmem_at(B::at(lo)), {.rows = 1, .row_bytes = rows * cols * 4},
+          0, 0);
+    b.wait(0);
+  };
+  auto run = [&](int count_reg, int64_t rows, int64_t cols) {
+    b.loop_reg(rI, count_reg);
+    chunk(rows, cols);
+    b.sadd(rOff8, rOff8, rows * cols * 8);
+    b.sadd(rOff4, rOff4, rows * cols * 4);
+    b.end_loop();
+  };
+  b.sset(rOff8, 0);
+  b.sset(rOff4, 0);
+  run(rTiles, kCastRows, kCastCols);
+  run(rRows, 1, kCastCols);
+  run(rElems, 1, 1);
+  b.fence();
+  return b.finish();
+}
+
+bool cast_rule(VecExpr& e, Ins in, const ops::Attrs& a, DType from, VecRef& out);
+const Lowering& cast_lowering();
+
+bool cast_eager(const ops::KernelArgs& k) {
+  const Tensor& x = k.inputs[0];
+  const Tensor& out = k.outputs[0];
+  if (x.dtype() != DType::i64) return eager_elementwise(k, cast_lowering());
+  if (out.dtype() != DType::f32 || !x.is_contiguous() || !out.is_contiguous()) return false;
+  const int64_t n = x.numel();
+  if (n == 0) return true;
+  const Device dev = out.device();
+  const LoadedProgram& p = cached_program(dev, fmt::format("cast_i64_f32:{}x{}", kCastRows, kCastCols),
+                                          [] { return make_i64_cast_program(); });
+  const int64_t tile = kCastRows * kCastCols, tiles = n / tile, rows = (n % tile) / kCastCols;
+  launch(dev, p, "to_dtype", {hbm_address(x), hbm_address(out), tiles, rows, n % kCastCols});
+  return true;
+}
+
 template <auto F>
 const Lowering* ew(bool ints = false) {
   static const Lowering l{.elementwise = F, .int_inputs_ok = ints};
@@ -157,7 +226,12 @@ void install_elementwise_rules() {
   install_lowering("logical_xor", ew<&logical_xor_rule>());
   install_lowering("where", ew<&where_rule>());
   install_lowering("clamp", ew<&clamp_rule>());
-  install_lowering("to_dtype", ew<&cast_rule>(true));
+  install_lowering("to_dtype", &cast_lowering());
+}
+
+const Lowering& cast_lowering() {
+  static const Lowering l{.elementwise = &cast_rule, .int_inputs_ok = true, .eager = &cast_eager};
+  return l;
 }
 
 [[maybe_unused]] const bool g_elementwise_rules_installed = (install_elementwise_rules(), true);

@@ -183,6 +183,74 @@ TEST_CASE("cumsum: long lines, wrapping i32, bool counts as i64, gradient is the
   expect_error([&] { cumsum(x, 2); }, {"cumsum"});
 }
 
+TEST_CASE("cumsum on the chip: f32 lines as shifted adds equal the naive loop, no host fallback", "[moe][codegen]") {
+  TinySim tiny;
+  Generator g(43);
+  struct Case {
+    const char* name;
+    Shape shape;
+    Layout layout;
+    int64_t dim;
+  };
+  const std::vector<Case> cases{
+      {"rows in chunks and single lines", {6, 2000}, Layout::contiguous, 1},  // 4 lines a chunk on tiny
+      {"middle dim, inner 5", {2, 9, 5}, Layout::contiguous, -2},
+      {"transposed, dim 0", {5, 3}, Layout::transposed, 0},
+      {"1-D of 7", {7}, Layout::contiguous, 0},
+      {"one element along dim", {3, 1}, Layout::contiguous, 1},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    const Tensor x = make_input(g, c.shape, DType::f32, c.layout, -1.0, 1.0);
+    const Tensor xd = x.to(tiny.dev());
+    const ChipRunProbe probe;
+    const Tensor y = cumsum(xd, c.dim);
+    CHECK(probe.new_fallbacks() == 0);
+    CHECK(probe.new_runs() >= 1);
+    REQUIRE(y.device() == tiny.dev());
+    check_close(y.to(Device()), cumsum_ref(ref_of(x), c.dim), {1e-4, 1e-5}, c.name);
+  }
+}
+
+TEST_CASE("to_dtype: i64 to f32 on the chip equals the host's conversion (tiles, rows, single elements)",
+          "[moe][codegen]") {
+  TinySim tiny;
+  Generator g(47);
+  // i64 tensors on a sim device come from chip ops (top-k's ids): 600 x 8 ids are 2 full tiles of
+  // 16 x 128, 5 rows of 128 and 64 single elements, every loop of the program.
+  const auto ids_of = [&](int64_t rows, int64_t k) {
+    const Tensor x = make_input(g, {rows, 8}, DType::f32, Layout::contiguous, -1.0, 1.0).to(tiny.dev());
+    const Tensor ids = std::get<1>(topk(x, k));
+    REQUIRE(ids.dtype() == DType::i64);
+    REQUIRE(ids.device() == tiny.dev());
+    ChipRunProbe::sync_all();
+    return ids;
+  };
+  const auto check_cast = [](const Tensor& ids, const Tensor& y) {
+    const std::vector<int64_t> want = ids.to(Device()).to_vector<int64_t>();
+    const std::vector<float> got = y.to(Device()).to_vector<float>();
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      INFO("element " << i);
+      CHECK(got[i] == static_cast<float>(want[i]));
+    }
+  };
+  const Tensor ids = ids_of(600, 8);
+  const ChipRunProbe probe;
+  const Tensor y = ids.to(DType::f32);
+  CHECK(probe.new_fallbacks() == 0);
+  CHECK(probe.new_runs() == 1);
+  check_cast(ids, y);
+  // Another length reuses the program (the counts are arguments).
+  const Tensor ids2 = ids_of(3, 2);
+  const ChipRunProbe again;
+  const size_t programs = codegen::cached_programs(tiny.dev());
+  const Tensor y2 = ids2.to(DType::f32);
+  CHECK(again.new_fallbacks() == 0);
+  CHECK(codegen::cached_programs(tiny.dev()) == programs);
+  check_cast(ids2, y2);
+}
+
 TEST_CASE("sigmoid routing: group-limited top-k weights and their gradient equal naive loops (cpu, tiny sim)",
           "[moe][codegen]") {
   TinySim tiny;
@@ -232,11 +300,11 @@ TEST_CASE("sigmoid routing: group-limited top-k weights and their gradient equal
       want_grad[n * E + e] += cv[n * k + j] * sc[e] * (1.0 - sc[e]);
     }
   }
-  // Host fallbacks on sim devices of ops other than the index cast (the i64 top-k ids to f32).
+  // Host fallbacks on sim devices (none: the i64 top-k ids are cast to f32 on the chip too).
   auto routing_fallbacks = [] {
     uint64_t n = 0;
     for (const auto& f : ops::fallback_counts())
-      if (f.device.type == DeviceType::sim && f.op != "to_dtype") n += f.calls;
+      if (f.device.type == DeviceType::sim) n += f.calls;
     return n;
   };
   for (Device d : {Device("cpu"), tiny.dev()}) {
@@ -254,7 +322,7 @@ TEST_CASE("sigmoid routing: group-limited top-k weights and their gradient equal
     REQUIRE(l.grad().defined());
     const std::vector<float> gl = l.grad().to(Device()).to_vector<float>();
     for (size_t i = 0; i < gl.size(); ++i) CHECK(gl[i] == Approx(want_grad[i]).margin(1e-6));
-    CHECK(routing_fallbacks() == before);  // no gather, one_hot or integer sum on the host
+    CHECK(routing_fallbacks() == before);  // no gather, one_hot, integer sum or cast on the host
   }
 }
 

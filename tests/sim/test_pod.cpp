@@ -27,6 +27,7 @@ struct Buf {
       case DType::bf16: { uint16_t u; std::memcpy(&u, &b[i * 2], 2); return bf16_bits_to_f32(u); }
       case DType::i32: { int32_t v; std::memcpy(&v, &b[i * 4], 4); return v; }
       case DType::i8: return static_cast<int8_t>(b[i]);
+      case DType::f8e4m3: return e4m3_bits_to_f32(b[i]);
     }
     return 0;
   }
