@@ -135,10 +135,18 @@ ValueId Tracer::scatter_into_root(const TraceValue& root, const std::vector<View
   const int64_t m = static_cast<int64_t>(pos.size());
   index = tpu::reshape(index, Shape{m});
   Tensor flat_root = tpu::reshape(make_proxy(root.id), Shape{n});
-  Tensor vals = tpu::scatter_add(tpu::zeros(Shape{n}, TensorOptions(rm.dtype, rm.device)), 0, index,
-                                 tpu::reshape(nv, Shape{m}));
+  Tensor upd = tpu::reshape(nv, Shape{m});
+  // 8-bit floats do not compute: the merge runs in f32, which holds every one of their values.
+  const bool f8 = is_float8(rm.dtype);
+  if (f8) {
+    flat_root = tpu::to(flat_root, DType::f32);
+    upd = tpu::to(upd, DType::f32);
+  }
+  Tensor vals = tpu::scatter_add(tpu::zeros(Shape{n}, TensorOptions(upd.dtype(), rm.device)), 0, index, upd);
   Tensor covered = tpu::gt(tpu::scatter_add(tpu::zeros(Shape{n}, io), 0, index, tpu::ones(Shape{m}, io)), 0);
-  return value_of(tpu::reshape(tpu::where(covered, vals, flat_root), rm.shape));
+  Tensor merged = tpu::where(covered, vals, flat_root);
+  if (f8) merged = tpu::to(merged, rm.dtype);
+  return value_of(tpu::reshape(merged, rm.shape));
 }
 
 void Tracer::functional_copy(const Tensor& self, const Tensor& src) {

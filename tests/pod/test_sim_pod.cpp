@@ -69,6 +69,7 @@ double elem(DType t, const uint8_t* p, size_t i) {
     case DType::bf16: { uint16_t u; std::memcpy(&u, p + i * 2, 2); return sim::bf16_bits_to_f32(u); }
     case DType::i32: { int32_t v; std::memcpy(&v, p + i * 4, 4); return v; }
     case DType::i8: return static_cast<int8_t>(p[i]);
+    case DType::f8e4m3: return sim::e4m3_bits_to_f32(p[i]);
   }
   return 0;
 }
