@@ -256,4 +256,12 @@ Tensor& fill_(Tensor& self, Scalar v) {
   return copy_(self, full(Shape{}, v, TensorOptions(self.dtype(), Device())));
 }
 
+namespace detail {
+void from_vector_out_of_i32(int64_t value, size_t index) {
+  fail("from_vector: {} (element {}) does not fit the default integer dtype i32; pass TensorOptions(DType::i64) "
+       "to keep 64-bit integers",
+       value, index);
+}
+}  // namespace detail
+
 }  // namespace tpu

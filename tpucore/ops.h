@@ -62,7 +62,8 @@ Tensor from_buffer(const void* data, DType src_dtype, const Shape& shape, Tensor
 /// A tensor of `shape` from host data (converted to o.dtype); the size must match the shape.
 template <class T>
 Tensor from_vector(const std::vector<T>& data, const Shape& shape, TensorOptions o);
-/// A tensor of `shape` from host data, dtype from T (double gives f32, int64_t gives i32).
+/// A tensor of `shape` from host data, dtype from T (double gives f32, int64_t gives i32: a value outside
+/// i32 is a tpu::Error unless `o` asks for i64).
 template <class T>
 Tensor from_vector(const std::vector<T>& data, const Shape& shape);
 /// A 1-D tensor from host data, dtype from T as above.
@@ -383,6 +384,8 @@ inline Tensor& operator/=(Tensor& a, const Tensor& b) { return div_(a, b); }
 ///@}
 
 namespace detail {
+/// Throws the tpu::Error of a 64-bit value that the default i32 dtype cannot hold.
+[[noreturn]] void from_vector_out_of_i32(int64_t value, size_t index);
 template <class T>
 Tensor from_vector_impl(const std::vector<T>& data, const Shape& shape, TensorOptions o) {
   if constexpr (std::is_same_v<T, double>) {
@@ -392,7 +395,11 @@ Tensor from_vector_impl(const std::vector<T>& data, const Shape& shape, TensorOp
     // 64-bit ints default to i32 (our default integer type); asking for i64 keeps all 64 bits.
     if (o.dtype == DType::i64) return from_buffer_checked(data.data(), data.size(), DType::i64, shape, o);
     std::vector<int32_t> f(data.size());
-    for (size_t i = 0; i < data.size(); ++i) f[i] = static_cast<int32_t>(data[i]);
+    for (size_t i = 0; i < data.size(); ++i) {
+      const int64_t v = static_cast<int64_t>(data[i]);
+      if (v < INT32_MIN || v > INT32_MAX) from_vector_out_of_i32(v, i);
+      f[i] = static_cast<int32_t>(v);
+    }
     return from_buffer_checked(f.data(), f.size(), DType::i32, shape, o);
   } else if constexpr (std::is_same_v<T, bool>) {
     std::vector<uint8_t> f(data.begin(), data.end());

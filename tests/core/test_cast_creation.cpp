@@ -357,6 +357,16 @@ TEST_CASE("creation: default dtypes and argument errors", "[creation]") {
   expect_error([] { eye(2, -3); }, {"eye", "-3"});
   expect_error([] { zeros({2}, TensorOptions("tpu:0")); }, {"tpu"});
   CHECK(full({1}, 1.0).item<double>() == 1.0);
+  // 64-bit integers default to i32: a value i32 cannot hold is an error, never a wrapped value;
+  // asked for as i64 every bit stays, on the host and through the simulated chip.
+  const std::vector<int64_t> wide{1, int64_t{1} << 40, -5, (int64_t{1} << 33) + 7, INT32_MIN};
+  expect_error([&] { from_vector(wide); }, {"from_vector", "1099511627776", "element 1", "i64"});
+  CHECK(from_vector(std::vector<int64_t>{INT32_MIN, INT32_MAX}).to_vector<int32_t>() ==
+        std::vector<int32_t>{INT32_MIN, INT32_MAX});
+  const Tensor w = from_vector(wide, Shape{5}, TensorOptions(DType::i64));
+  CHECK(w.dtype() == DType::i64);
+  CHECK(w.to_vector<int64_t>() == wide);
+  CHECK(w.to(Device("sim:0")).to(Device("cpu")).to_vector<int64_t>() == wide);
 }
 
 TEST_CASE("random: rand/randn/randint moments and ranges", "[random]") {
