@@ -32,6 +32,22 @@
 
 namespace tpu {
 namespace {
+
+// Offset in x (through its strides) of element 0 of the line (o, i) along dim d: o runs over the
+// dims before d, i over the dims after it.
+int64_t moe_line_offset(const Tensor& x, int d, int64_t o, int64_t i) {
+  int64_t off = 0;
+  for (int q = x.dim() - 1; q > d; --q) {
+    off += (i % x.size(q)) * x.strides()[q];
+    i /= x.size(q);
+  }
+  for (int q = d - 1; q >= 0; --q) {
+    off += (o % x.size(q)) * x.strides()[q];
+    o /= x.size(q);
+  }
+  return off;
+}
+
 using namespace ops;
 
 // ---- topk: input x, attrs k, dim ----
@@ -71,18 +87,7 @@ void topk_cpu(const KernelArgs& a) {
   for (int i = d + 1; i < x.dim(); ++i) inner *= x.size(i);
   if (k == 0 || outer * inner == 0) return;
   // Element (o, j, i) of x (o over the leading dims, i over the trailing ones) through strides.
-  auto offset = [&](int64_t o, int64_t i) {
-    int64_t off = 0;
-    for (int q = x.dim() - 1; q > d; --q) {
-      off += (i % x.size(q)) * x.strides()[q];
-      i /= x.size(q);
-    }
-    for (int q = d - 1; q >= 0; --q) {
-      off += (o % x.size(q)) * x.strides()[q];
-      o /= x.size(q);
-    }
-    return off;
-  };
+  auto offset = [&](int64_t o, int64_t i) { return moe_line_offset(x, d, o, i); };
   dispatch_dtype(x.dtype(), [&](auto z) {
     using T = decltype(z);
     if constexpr (!std::is_same_v<T, bool>) {
@@ -316,19 +321,8 @@ void cumsum_cpu(const KernelArgs& a) {
   for (int i = 0; i < d; ++i) outer *= x.size(i);
   for (int i = d + 1; i < x.dim(); ++i) inner *= x.size(i);
   const int64_t sd = x.dim() == 0 ? 0 : x.strides()[d];
-  // Offset of line (o, i) in x through its strides (o over the dims before d, i after it).
-  auto offset = [&](int64_t o, int64_t i) {
-    int64_t off = 0;
-    for (int q = x.dim() - 1; q > d; --q) {
-      off += (i % x.size(q)) * x.strides()[q];
-      i /= x.size(q);
-    }
-    for (int q = d - 1; q >= 0; --q) {
-      off += (o % x.size(q)) * x.strides()[q];
-      o /= x.size(q);
-    }
-    return off;
-  };
+  // Element (o, j, i) of x (o over the leading dims, i over the trailing ones) through strides.
+  auto offset = [&](int64_t o, int64_t i) { return moe_line_offset(x, d, o, i); };
   dispatch_dtype(x.dtype(), [&](auto zx) {
     using T = decltype(zx);
     dispatch_dtype(out.dtype(), [&](auto zo) {
