@@ -12,17 +12,27 @@
 // op by op (moe_sort, moe_permute, two grouped matmuls with SwiGLU, moe_unpermute), on the same
 // routing; counters fused_ms, chain_ms, `speedup` = chain / fused, and `dense_ratio` = the dense
 // block's time / the fused node's time.
+//
+// BM_MoEFfnSimFusedVsChain: the same node on a simulated chip (sim:1 set to the preset named by
+// the first argument: 0 v5e-ideal, 1 v5e), executed (not timing-only: the chain's permute reads
+// the order its sort computed), bf16, at a Mixtral-like small shape: the fused program
+// (codegen/moe_ffn_kernel.cpp) against the chain op by op (moe_sort, moe_permute, two
+// grouped_matmul, the SwiGLU product, moe_unpermute). Counters: simulated cycles of each
+// (fused_cycles, chain_cycles), `speedup` = chain / fused, programs run per call of each.
 #include <benchmark/benchmark.h>
 
 #include <chrono>
 #include <algorithm>
 #include <vector>
 
+#include "codegen/launch.h"
+#include "device/sim_driver.h"
 #include "ops/registry.h"
 #include "tpucore/autograd.h"
 #include "tpucore/moe_ops.h"
 #include "tpucore/nn/moe.h"
 #include "tpucore/ops.h"
+#include "tpucore/streams.h"
 
 namespace {
 
@@ -149,6 +159,71 @@ void BM_MoEFfnFusedVsChain(benchmark::State& state) {
 }
 BENCHMARK(BM_MoEFfnFusedVsChain)->Args({64, 4096, 7168})->Unit(benchmark::kMillisecond)->UseManualTime();
 BENCHMARK(BM_MoEFfnFusedVsChain)->Args({64, 1024, 3584})->Unit(benchmark::kMillisecond)->UseManualTime();
+
+void BM_MoEFfnSimFusedVsChain(benchmark::State& state) {
+  const char* chip = state.range(0) == 0 ? "v5e-ideal" : "v5e";
+  const int64_t tokens = state.range(1), h = state.range(2), f = state.range(3);
+  const std::string prev = device::sim_chip(1);
+  device::set_sim_chip(chip, 1);
+  double fused_cycles = 0, chain_cycles = 0, fused_runs = 0, chain_runs = 0;
+  {
+    NoGradGuard ng;
+    const Device d("sim:1");
+    Generator g(3);
+    const Tensor x = to(randn({tokens, h}, {}, &g), DType::bf16).to(d);
+    const Tensor w1 = to(mul(rand({kExperts, 2 * f, h}, {}, &g), 0.02), DType::bf16).to(d);
+    const Tensor w2 = to(mul(rand({kExperts, h, f}, {}, &g), 0.02), DType::bf16).to(d);
+    std::vector<int64_t> ids;  // two distinct experts per token from a fixed uneven pattern
+    std::vector<float> wv;
+    for (int64_t t = 0; t < tokens; ++t) {
+      const int64_t a = (t * 5 + t / 3) % kExperts;
+      ids.push_back(a);
+      ids.push_back((a + 1 + t % 3) % kExperts);
+      wv.push_back(0.6f);
+      wv.push_back(0.4f);
+    }
+    const Tensor idt = from_vector(ids, Shape{tokens, kTopK}).to(d);
+    const Tensor w = to(from_vector(wv, Shape{tokens, kTopK}), DType::bf16).to(d);
+    const ops::OpDef& fused_op = *ops::find_op("moe_ffn");
+    auto fused = [&] {
+      return ops::call(fused_op, {x, idt, w, w1, w2}, {{"num_experts", kExperts}, {"top_k", kTopK}});
+    };
+    auto chain = [&] {
+      auto [order, sizes] = moe_sort(idt, kExperts);
+      Tensor hh = grouped_matmul(moe_permute(x, order, kTopK), w1, sizes, true);
+      Tensor a = mul(silu(narrow(hh, 1, 0, f)), narrow(hh, 1, f, f));
+      return moe_unpermute(grouped_matmul(a, w2, sizes, true), order, w, kTopK);
+    };
+    auto measure = [&](auto&& fn, double& cycles, double& runs) {
+      synchronize(d);
+      codegen::reset_stats();
+      benchmark::DoNotOptimize(fn().raw_data());
+      synchronize(d);
+      const codegen::CodegenStats cs = codegen::stats();
+      cycles = cs.cycles;
+      runs = static_cast<double>(cs.runs);
+    };
+    measure(fused, fused_cycles, fused_runs);  // builds the programs
+    measure(chain, chain_cycles, chain_runs);
+    for (auto _ : state) {
+      measure(fused, fused_cycles, fused_runs);
+      measure(chain, chain_cycles, chain_runs);
+    }
+  }
+  device::set_sim_chip(prev, 1);
+  state.SetLabel(chip);
+  state.counters["fused_cycles"] = fused_cycles;
+  state.counters["chain_cycles"] = chain_cycles;
+  state.counters["speedup"] = fused_cycles > 0 ? chain_cycles / fused_cycles : 0;
+  state.counters["fused_programs"] = fused_runs;
+  state.counters["chain_programs"] = chain_runs;
+}
+// Mixtral-like, small: 64 tokens, hidden 1024, expert width 3584, 8 experts, top 2.
+BENCHMARK(BM_MoEFfnSimFusedVsChain)->Args({0, 64, 1024, 3584})->Unit(benchmark::kMillisecond)->Iterations(1);
+BENCHMARK(BM_MoEFfnSimFusedVsChain)->Args({1, 64, 1024, 3584})->Unit(benchmark::kMillisecond)->Iterations(1);
+// Decode-sized: 8 tokens.
+BENCHMARK(BM_MoEFfnSimFusedVsChain)->Args({0, 8, 1024, 3584})->Unit(benchmark::kMillisecond)->Iterations(1);
+BENCHMARK(BM_MoEFfnSimFusedVsChain)->Args({1, 8, 1024, 3584})->Unit(benchmark::kMillisecond)->Iterations(1);
 
 }  // namespace
 
