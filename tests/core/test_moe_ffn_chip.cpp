@@ -149,7 +149,7 @@ TEST_CASE("moe_ffn on the chip: a new routing or token count builds no new progr
   CHECK(codegen::cached_programs(tiny.dev()) == cached);
 }
 
-TEST_CASE("moe_ffn on the chip: f16 runs the counted chain; bad ids are errors", "[moe][codegen]") {
+TEST_CASE("moe_ffn on the chip: f16 runs the counted chain, bad ids are errors", "[moe][codegen]") {
   TinySim tiny;
   Generator g(13);
   const int64_t T = 5, H = 8, F = 6, E = 3, k = 2;
