@@ -376,7 +376,7 @@ std::vector<int32_t> ffn_table(const std::vector<int32_t>& ids, int64_t experts,
 // The expert ids [T, k] read on the host, in slot order, each checked to lie in [0, experts).
 std::vector<int32_t> ffn_read_ids(const Tensor& ids, int64_t experts) {
   TPU_CHECK(is_integral(ids.dtype()), "moe_ffn: expert ids must be an integer tensor, got {}", ids.dtype());
-  const std::vector<int64_t> v = ids.contiguous().to_vector<int64_t>();
+  const std::vector<int64_t> v = ids.to_vector<int64_t>();  // any layout, read on the host
   std::vector<int32_t> r(v.size());
   for (size_t i = 0; i < v.size(); ++i) {
     TPU_CHECK(v[i] >= 0 && v[i] < experts, "moe_ffn: expert id {} (slot {}) is out of range for {} experts", v[i], i,

@@ -149,7 +149,7 @@ TEST_CASE("moe_ffn on the chip: a new routing or token count builds no new progr
   CHECK(codegen::cached_programs(tiny.dev()) == cached);
 }
 
-TEST_CASE("moe_ffn on the chip: f16 runs the counted chain, bad ids are errors", "[moe][codegen]") {
+TEST_CASE("moe_ffn on the chip: f16 and a strided x run the counted chain, strided ids do not, bad ids are errors", "[moe][codegen]") {
   TinySim tiny;
   Generator g(13);
   const int64_t T = 5, H = 8, F = 6, E = 3, k = 2;
@@ -163,6 +163,25 @@ TEST_CASE("moe_ffn on the chip: f16 runs the counted chain, bad ids are errors",
   const Tensor out = run_ffn(x.to(d), from_vector(ids, Shape{T, k}).to(d), w.to(d), w1.to(d), w2.to(d));
   CHECK(codegen::moe_ffn_chain_fallbacks() == chain0 + 1);
   check_close(out.to(Device()), moe_ffn_ref(ref_of(x), ids, ref_of(w), ref_of(w1), ref_of(w2)), {1e-2, 1e-2}, "f16");
+  // i32 ids stored transposed go through the program; a transposed x runs the chain.
+  {
+    const Tensor xf = x.to(DType::f32), wf = w.to(DType::f32), w1f = w1.to(DType::f32), w2f = w2.to(DType::f32);
+    std::vector<int64_t> ids_kt(ids.size());  // [k, T]
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < k; ++j) ids_kt[static_cast<size_t>(j * T + t)] = ids[static_cast<size_t>(t * k + j)];
+    const Tensor idt = transpose(from_vector(ids_kt, Shape{k, T}).to(DType::i32).to(d), 0, 1);
+    REQUIRE(!idt.is_contiguous());
+    const Ref ref = moe_ffn_ref(ref_of(xf), ids, ref_of(wf), ref_of(w1f), ref_of(w2f));
+    const ChipRunProbe probe;
+    const uint64_t fused0 = kernel_runs("moe_ffn");
+    check_close(run_ffn(xf.to(d), idt, wf.to(d), w1f.to(d), w2f.to(d)).to(Device()), ref, {2e-5, 2e-5}, "i32 ids, strided");
+    CHECK(kernel_runs("moe_ffn") == fused0 + 1);
+    CHECK(probe.new_fallbacks() == 0);
+    const Tensor xt = transpose(transpose(xf, 0, 1).contiguous().to(d), 0, 1);
+    REQUIRE(!xt.is_contiguous());
+    check_close(run_ffn(xt, idt, wf.to(d), w1f.to(d), w2f.to(d)).to(Device()), ref, {2e-5, 2e-5}, "strided x");
+    CHECK(codegen::moe_ffn_chain_fallbacks() == chain0 + 2);
+  }
   std::vector<int64_t> bad = ids;
   bad[3] = E;
   expect_error(
