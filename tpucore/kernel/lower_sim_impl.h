@@ -41,6 +41,12 @@ inline Dims2 dims2(const std::vector<int64_t>& s, const std::string& kernel) {
 inline sim::DType phys(DType t) { return t == DType::bf16 ? sim::DType::bf16 : t == DType::i8 ? sim::DType::i8 : sim::DType::f32; }
 inline int64_t psize(DType t) { return sim::dtype_size(phys(t)); }
 
+// Grid steps the block pipeline looks ahead of the current one for the blocks to copy in; an
+// input's ring has up to one VMEM slot per block of those steps (and the current one), so the
+// copies of every block in that window can be in flight before the first is waited for.
+inline constexpr int kMaxLookahead = 24;
+inline constexpr int kDeepestInputRing = kMaxLookahead + 1;
+
 // Drops the copy of a store whose value's last operation can write the block itself.
 void fold_store_copies(sim::Program& p);
 // The program's instructions reordered so independent chains of operations overlap on the
