@@ -233,7 +233,7 @@ class SimLowerer final : public Lowerer {
   Deferred* deferred_of(const Value::Impl* impl);
   Value defer_fill(const std::vector<int64_t>& shape, double v, DType t);
   void materialize(const Value& v);
-  void emit_dot(const Deferred& d, int64_t out, bool accumulate_first);
+  void emit_dot(const Deferred& d, int64_t out, bool accumulate_first, sim::MxuMode mode, sim::DType out_t);
   std::optional<Value> fuse_dot_add(const Value& a, const Value& b, const std::vector<int64_t>& shape, DType out);
   bool defer_accumulate_store(size_t i, const Value& v);
   void settle();  // emits a deferred accumulating store (called before anything reads or writes VMEM values)
