@@ -35,6 +35,8 @@ def plan_args(row):
         args += ["--global-batch", row["global_batch"], "--seq", row["seq"], "--remat", row["remat"]]
         if row["ep"] and row["ep"] != "1":
             args += ["--ep", row["ep"]]
+        if row["slices"] and row["slices"] != "1":
+            args += ["--slices", row["slices"]]
     else:
         args += ["--serve", "--input-len", row["input_len"], "--output-len", row["output_len"], "--batch", row["batch"]]
     return args
@@ -66,6 +68,11 @@ def fmt(x, nd=0):
     return f"{x:,.{nd}f}"
 
 
+def chips_label(row):
+    n = f"{row['chip']}-{row['chips']}"
+    return n if row["slices"] in ("", "1") else f"{row['slices']} x {n} (DCN)"
+
+
 def table(results):
     lines = ["| run | chips | batch x seq (remat) | published tokens/s per chip (MFU) | calibrated tokens/s per chip (MFU) "
              "| ideal tokens/s per chip (MFU) | calibrated / published | ideal / published | step breakdown, calibrated "
@@ -84,7 +91,7 @@ def table(results):
             pm = cm = im = ""
             brk = f"TTFT {1e3 * cal['ttft_s']:.0f} ms, TPOT {1e3 * cal['tpot_s']:.1f} ms"
         src = f"[{row['source']}]({row['url']})" if row["url"] else row["source"]
-        lines.append(f"| `{row['id']}`: {src} | {row['chip']}-{row['chips']} | {shape} | {fmt(r['pub'])}{pm} | "
+        lines.append(f"| `{row['id']}`: {src} | {chips_label(row)} | {shape} | {fmt(r['pub'])}{pm} | "
                      f"{fmt(cal['tokens_per_s_per_chip'])}{cm} | {fmt(ide['tokens_per_s_per_chip'])}{im} | "
                      f"{r['ratio_cal']:.2f} | {r['ratio_ideal']:.2f} | {brk} | {'yes' if cal['fits'] else 'no'} |")
     return "\n".join(lines)
