@@ -115,6 +115,7 @@ def main():
     results = compare(exe, rows)
     text = table(results)
     if args.write_docs:
+        sys.dont_write_bytecode = True  # no __pycache__ in scripts/
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import gen_figures
         gen_figures.write_region("simulator.md", "plan-published",
