@@ -654,7 +654,15 @@ def kernel_api(build):
     write_region("kernels.md", "kernel-paged", "\n".join(lines))
 
 
+def plan_published(build):
+    """tpu-plan against published production runs (scripts/plan_vs_published.py, its data in
+    bench/data/published_tpu_runs.csv)."""
+    run([sys.executable, os.path.join(ROOT, "scripts", "plan_vs_published.py"), "--build", build, "--write-docs"],
+        capture=False)
+
+
 def plan(build):
+    plan_published(build)
     plan_v7(build)
     plan_moe(build)
     plan_deepseek(build)
