@@ -356,7 +356,13 @@ Tensor load_balancing_loss(const std::vector<Tensor>& router_logits, int64_t num
   Tensor counts, tokens;
   {
     NoGradGuard ng;
-    const Tensor chosen = tpu::to(one_hot(std::get<1>(topk(p, top_k)), num_experts), DType::f32);  // [N, k, E]
+    // One-hot rows as f32 from a comparison with an iota (the chip runs it; one_hot is integer).
+    TPU_CHECK(num_experts <= (int64_t{1} << 24), "load_balancing_loss: {} experts (at most 2^24)", num_experts);
+    std::vector<float> iv(static_cast<size_t>(num_experts));
+    for (int64_t i = 0; i < num_experts; ++i) iv[static_cast<size_t>(i)] = static_cast<float>(i);
+    const Tensor iota = from_vector(iv, Shape{num_experts}).to(dev);
+    const Tensor ids = tpu::to(std::get<1>(topk(p, top_k)), DType::f32);
+    const Tensor chosen = tpu::to(eq(unsqueeze(ids, -1), iota), DType::f32);  // [N, k, E]
     Tensor packed = cat({reshape(sum(chosen, {0}), Shape{-1}),
                          full(Shape{1}, static_cast<double>(logits.size(0)), TensorOptions(DType::f32, dev))},
                         0).contiguous();
