@@ -304,6 +304,40 @@ TEST_CASE("to_dtype: i64 to i32 on the chip keeps the low words as the host's co
   }
 }
 
+TEST_CASE("topk backward on the chip (a short last dim) equals a naive loop, no host fallback", "[moe][codegen]") {
+  TinySim tiny;
+  Generator g(31);
+  const int64_t N = 5, E = 8, k = 3;
+  const Tensor x0 = make_input(g, {N, E}, DType::f32, Layout::contiguous, -1.0, 1.0);
+  const Tensor w = make_input(g, {N, k}, DType::f32, Layout::contiguous, -2.0, 2.0);
+  Tensor x = x0.to(tiny.dev());
+  x.requires_grad_(true);
+  auto [vals, ids] = topk(x, k);
+  const Tensor loss = sum(mul(vals, w.to(tiny.dev())));
+  const ChipRunProbe probe;
+  loss.backward();
+  const Tensor gx = x.grad().to(Device());
+  CHECK(probe.new_fallbacks() == 0);
+  CHECK(probe.host_fallbacks == codegen::stats().host_fallbacks);
+  // Naive: the weight of each chosen element at its place, zero elsewhere.
+  const std::vector<int64_t> iv = ids.to(Device()).to(DType::i64).to_vector<int64_t>();
+  const std::vector<float> wv = w.to_vector<float>();
+  std::vector<float> want(static_cast<size_t>(N * E), 0.0f);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = 0; j < k; ++j) want[static_cast<size_t>(n * E + iv[static_cast<size_t>(n * k + j)])] += wv[static_cast<size_t>(n * k + j)];
+  CHECK(gx.to_vector<float>() == want);
+  // An infinite gradient stays at its element (no 0 * inf elsewhere).
+  Tensor y = x0.to(tiny.dev());
+  y.requires_grad_(true);
+  auto [v2, i2] = topk(y, 1);
+  sum(mul(v2, std::numeric_limits<double>::infinity())).backward();
+  const std::vector<float> gy = y.grad().to(Device()).to_vector<float>();
+  const std::vector<int64_t> top = i2.to(Device()).to(DType::i64).to_vector<int64_t>();
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t e = 0; e < E; ++e)
+      CHECK(gy[static_cast<size_t>(n * E + e)] == (e == top[static_cast<size_t>(n)] ? INFINITY : 0.0f));
+}
+
 TEST_CASE("sigmoid routing: group-limited top-k weights and their gradient equal naive loops (cpu, tiny sim)",
           "[moe][codegen]") {
   TinySim tiny;
