@@ -1,7 +1,9 @@
 // Single sparse MoE blocks on the cpu and the chips of the simulated pod (TPU_SIM_POD=2x2,
 // TPU_SIM_CHIP=tiny as the other pod tests) inside and outside tpu::compile: an expert-parallel
 // block's three exchanges (uneven, fixed-capacity, compiled) and its capacity drops against a
-// naive host reference; capacity-factor routing compiled against the eager host loop; the
+// naive host reference, with no host fallback in the fixed-capacity ones; a compiled
+// expert-parallel training step's gradients against one device (no host fallback either);
+// capacity-factor routing compiled against the eager host loop; the
 // fused moe_ffn node of a compiled inference graph (graph pass fuse_moe) against the eager block.
 #include <catch2/catch.hpp>
 
