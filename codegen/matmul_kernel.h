@@ -39,6 +39,12 @@ struct MatmulSpec {
   // register matmul_registers(ne, true) - 1 (the register before it, the K counter, takes no
   // argument). The quantized linears scale activations into the i8 / fp8 range so.
   bool a_row_scale = false;
+  // > 0 (Q): A's rows are quantized inside the kernel, with no factors from HBM: per row
+  // m = max(max_k |A|, 1e-30) over the whole row (the tiling keeps K whole: a row block is held
+  // in VMEM, its max taken on the vector unit as its chunks arrive), each chunk times (1 / m) Q in
+  // place before the MXUs read it, and the epilogue gets m / Q as its input after
+  // `epilogue_inputs` (a column vector). Excludes `a_row_scale`.
+  float a_row_quant = 0;
 };
 
 struct MatmulTiling {
