@@ -166,6 +166,7 @@ MatmulTiling choose_matmul_tiling(const sim::ChipConfig& cfg, const MatmulSpec& 
     t.vmem_bytes = plan_vmem(s, t.tm, t.tn, t.tk, R).total;
     if (t.vmem_bytes <= budget) return t;
     if (s.a_row_quant > 0 && t.tm > 8) t.tm = std::max<int64_t>(8, t.tm / 2);  // K stays whole
+    else if (s.a_row_quant > 0 && t.tn > Cm) t.tn = std::max(Cm, t.tn - Cm);
     else if (t.tk > 4 * R) t.tk = std::max(R, (t.tk / 2) / R * R);
     else if (t.tm > 8) t.tm = std::max<int64_t>(8, t.tm / 2);
     else if (t.tk > R) t.tk = R;

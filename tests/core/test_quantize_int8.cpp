@@ -399,6 +399,26 @@ TEST_CASE("linear_int8 on the chip with rows too long for VMEM: the activation s
   CHECK(bad == 0);
 }
 
+TEST_CASE("linear_int8 on a megacore chip (v5p): each core's part quantizes its rows", "[quant][sim]") {
+  DefaultF32MatmulPrecision precision;
+  QuantTestChip chip("v5p");
+  const Device d("sim:1");
+  Generator g(7);
+  const int64_t M = 512, N = 512, K = 512;  // big enough for codegen to split it over the two cores
+  const std::vector<float> xv = random_values(g, static_cast<size_t>(M * K), -2, 2);
+  const Int8Weight qw = quantize_int8(from_vector(random_values(g, static_cast<size_t>(N * K), -1, 1), {N, K}));
+  const Tensor wd = dequantize_int8(qw.q, qw.scale);
+  ChipRunProbe probe;
+  const std::vector<float> got = linear_int8(from_vector(xv, {M, K}).to(d), qw.q.to(d), qw.scale.to(d)).to_vector<float>();
+  CHECK(probe.new_fallbacks() == 0);
+  CHECK(probe.new_runs() == 1);
+  std::vector<double> ref, mag;
+  chip_qlinear_ref(xv, wd.to_vector<float>(), M, N, K, true, false, ref, mag);
+  int bad = 0;
+  for (size_t i = 0; i < ref.size(); ++i) bad += std::fabs(got[i] - ref[i]) > 1e-5 * mag[i] + 1e-30;
+  CHECK(bad == 0);
+}
+
 TEST_CASE("linear_int8 / linear_fp8 in a compiled function on the chip: a node like linear", "[quant][sim]") {
   DefaultF32MatmulPrecision precision;
   TinySim sim;
