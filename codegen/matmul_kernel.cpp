@@ -59,9 +59,10 @@ VmemPlan plan_vmem(const MatmulSpec& s, int64_t tm, int64_t tn, int64_t tk, int6
     at = align64(at + bytes);
     return o;
   };
-  const bool one_a = tm >= s.m && tk >= s.k && (s.batch == 1 || s.a_batch_stride == 0);
-  p.a[0] = take(tm * tk * es_of(s.a_dtype));
-  p.a[1] = one_a ? p.a[0] : take(tm * tk * es_of(s.a_dtype));
+  const bool one_a = tm >= s.m && (tk >= s.k || s.a_row_quant > 0) && (s.batch == 1 || s.a_batch_stride == 0);
+  const int64_t ak = s.a_row_quant > 0 ? s.k : tk;  // row quantization holds whole rows of A
+  p.a[0] = take(tm * ak * es_of(s.a_dtype));
+  p.a[1] = one_a ? p.a[0] : take(tm * ak * es_of(s.a_dtype));
   for (int i = 0; i < 2; ++i) p.b[i] = take(tk * tn * es_of(s.b_dtype));
   if (s.a_row_scale || s.a_row_quant > 0) {
     p.ascale[0] = take(tm * 4);
@@ -70,8 +71,8 @@ VmemPlan plan_vmem(const MatmulSpec& s, int64_t tm, int64_t tn, int64_t tk, int6
   if (s.a_row_quant > 0) {
     p.asx[0] = take(tm * 4);
     p.asx[1] = one_a ? p.asx[0] : take(tm * 4);
-    p.qmax = take(tm * std::min(R, tk) * 4);
-    p.qtmp = take(tm * std::min(R, tk) * 4);
+    p.qmax = take(tm * std::min(R, s.k) * 4);
+    p.qtmp = take(tm * std::min(R, s.k) * 4);
   }
   for (int i = 0; i < 2; ++i) p.acc[i] = take(tm * tn * 4);
   const bool epi = has_epilogue(s);
@@ -124,10 +125,16 @@ MatmulTiling choose_matmul_tiling(const sim::ChipConfig& cfg, const MatmulSpec& 
     std::vector<int64_t> tms{s.m};
     for (int64_t m = 2048; m >= 8; m /= 2)
       if (m < s.m) tms.push_back(m);
+    std::vector<int64_t> tks{s.k};  // B panels may be cut along K (A's rows stay whole)
+    for (int64_t k = (s.k / 2 + R - 1) / R * R; k >= R && k < tks.back(); k = (k / 2 + R - 1) / R * R) {
+      tks.push_back(k);
+      if (k == R) break;
+    }
     for (const int64_t tm : tms)
-      for (int64_t jt = std::min((s.n + Cm - 1) / Cm, nm); jt >= 1; --jt) {
+      for (int64_t jt = std::min((s.n + Cm - 1) / Cm, nm); jt >= 1; --jt)
+        for (const int64_t tk : tks) {
         const int64_t tn = std::min(s.n, jt * Cm);
-        const int64_t vm = plan_vmem(s, tm, tn, s.k, R).total;
+        const int64_t vm = plan_vmem(s, tm, tn, tk, R).total;
         if (vm > budget) continue;
         const int64_t groups = jt < nm ? std::max<int64_t>(1, std::min(nm / jt, tm / 8)) : 1;
         const double rows = double(((tm + groups - 1) / groups + 7) / 8 * 8);
@@ -143,7 +150,7 @@ MatmulTiling choose_matmul_tiling(const sim::ChipConfig& cfg, const MatmulSpec& 
                                     2 * first / double(cfg.vpu.sublanes * cfg.vpu.lanes) * cfg.vpu.cycles_per_vreg);
         if (best < 0 || est < best) {
           best = est;
-          bt = {tm, tn, s.k, vm};
+          bt = {tm, tn, tk, vm};
         }
       }
     if (best >= 0) return bt;
@@ -176,6 +183,12 @@ MatmulTiling choose_matmul_tiling(const sim::ChipConfig& cfg, const MatmulSpec& 
   }
 }
 
+bool matmul_row_quant_fits(const sim::ChipConfig& cfg, const MatmulSpec& s) {
+  const int64_t R = cfg.mxu.rows;
+  return plan_vmem(s, std::min<int64_t>(s.m, 8), std::min<int64_t>(s.n, cfg.mxu.cols), std::min(s.k, R), R).total <=
+         int64_t(cfg.memory.vmem_bytes) * 9 / 10;
+}
+
 int matmul_registers(int epilogue_inputs, bool a_row_scale) { return epilogue_inputs + 4 + (a_row_scale ? 1 : 0); }
 
 namespace {
@@ -195,8 +208,7 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
   const bool quant = s.a_row_quant > 0;
   TPU_CHECK(!(s.a_row_scale || quant) || s.a_dtype == DType::f32 || s.a_dtype == DType::bf16,
             "internal: codegen: matmul row factors need a float A, got {}", sim::dtype_name(s.a_dtype));
-  TPU_CHECK(!quant || (tl.tk >= s.k && !s.a_row_scale), "internal: codegen: in-kernel row quantization needs whole K "
-            "rows in VMEM ({} of {})", tl.tk, s.k);
+  TPU_CHECK(!(quant && s.a_row_scale), "internal: codegen: a_row_quant and a_row_scale together");
   TPU_CHECK(matmul_registers(ne, s.a_row_scale) <= cfg.scalar.registers, "internal: codegen: matmul epilogue has too many inputs ({})",
             ne);
   const bool epi = has_epilogue(s);
@@ -210,6 +222,9 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
     bool first_k, last_k;
     int tile;
   };
+  const int64_t ak = quant ? s.k : tl.tk;  // A's row length in VMEM (whole rows when quantizing)
+  auto a_off = [&](const Step& st) { return quant ? st.k0 : int64_t(0); };  // the step's K range in it
+  auto lda = [&](const Step& st) { return quant ? ak : st.kl; };
   std::vector<Step> steps;
   int tile = 0;
   for (int64_t bi = 0; bi < s.batch; ++bi)
@@ -225,7 +240,7 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
   std::vector<bool> aload(ns), bload(ns), premax(ns);
   for (size_t i = 0; i < ns; ++i) {
     const Step& st = steps[i];
-    const bool same_a = i > 0 && steps[i - 1].m0 == st.m0 && steps[i - 1].k0 == st.k0 &&
+    const bool same_a = i > 0 && steps[i - 1].m0 == st.m0 && (quant || steps[i - 1].k0 == st.k0) &&
                         (steps[i - 1].b == st.b || s.a_batch_stride == 0);
     const bool same_b = i > 0 && steps[i - 1].n0 == st.n0 && steps[i - 1].k0 == st.k0 &&
                         (steps[i - 1].b == st.b || s.b_batch_stride == 0);
@@ -241,25 +256,30 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
   // the whole block (the first block of a 1024 x 4096 A is 8 MiB: ~9k cycles on v6e before the
   // MXUs could start). DMAs take HBM bandwidth in program order, hence the interleaving.
   auto chunks = [&](const Step& st) { return (st.kl + R - 1) / R; };
+  auto achunks = [&](const Step& st) { return quant ? (ak + R - 1) / R : chunks(st); };
   auto dma_a_chunk = [&](size_t i, int64_t c) {
     const Step& st = steps[i];
-    const int64_t kc = c * R, kcl = std::min(R, st.kl - kc);
+    const int64_t kc = c * R, kcl = std::min(R, (quant ? ak : st.kl) - kc);
     b.dma(B::vmem_at(B::at(vp.a[abuf[i]] + kc * esa)),
-          B::hbm_at(B::at((st.b * s.a_batch_stride + st.m0 * s.k + st.k0 + kc) * esa, {{int16_t(a_reg), 1}})),
-          {.rows = st.ml, .row_bytes = kcl * esa, .dst_row_stride = st.kl * esa, .src_row_stride = s.k * esa}, qa, semA);
+          B::hbm_at(B::at((st.b * s.a_batch_stride + st.m0 * s.k + (quant ? 0 : st.k0) + kc) * esa, {{int16_t(a_reg), 1}})),
+          {.rows = st.ml, .row_bytes = kcl * esa, .dst_row_stride = lda(st) * esa, .src_row_stride = s.k * esa}, qa, semA);
   };
   // In-kernel row quantization: a later A block's chunks are loaded and folded into its row max
   // over the steps of the block before it (spread evenly, so they take the HBM bandwidth and the
   // vector unit the B panels and epilogues leave), each folded a step after its load went out
   // (in the block's last step for the last ones), the factors taken at the end of that last step.
-  std::vector<bool> spread(ns);
+  std::vector<bool> spread(ns), scale_here(ns);
+  for (size_t i = 0, start = 0; i < ns; ++i) {  // a block's chunks are scaled in its first panel's steps
+    if (aload[i]) start = i;
+    scale_here[i] = aload[i] || (quant && steps[i].n0 == steps[start].n0);
+  }
   std::vector<std::vector<std::pair<size_t, int64_t>>> issue_at(ns), fold_at(ns);
   std::vector<std::vector<size_t>> finish_at(ns);
   for (size_t j = 1, prev = 0; j < ns && quant; ++j) {
     if (!aload[j]) continue;
-    spread[j] = premax[j] = steps[j].kl == steps[prev].kl;
-    if (spread[j]) {
-      const int64_t P = int64_t(j - prev), nch = chunks(steps[j]);
+    spread[j] = premax[j] = true;
+    {
+      const int64_t P = int64_t(j - prev), nch = achunks(steps[j]);
       for (int64_t c = 0; c < nch; ++c) {
         const size_t h = prev + size_t(c * P / nch);
         issue_at[h].push_back({j, c});
@@ -276,12 +296,12 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
             {.row_bytes = st.ml * 4}, qa, semS);
     // In-kernel row quantization needs the whole A block before its first product, and the
     // row max pass reads A's chunks only: A's chunks go out first, then B's.
-    const int passes = quant ? 2 : 1;
-    for (int pass = 0; pass < passes; ++pass)
+    if (quant && aload[i] && !spread[i])
+      for (int64_t c = 0; c < achunks(st); ++c) dma_a_chunk(i, c);
     for (int64_t c = 0; c < chunks(st); ++c) {
       const int64_t kc = c * R, kcl = std::min(R, st.kl - kc);
-      if (aload[i] && !spread[i] && (!quant || pass == 0)) dma_a_chunk(i, c);
-      if (!bload[i] || (quant && pass == 0)) continue;
+      if (aload[i] && !quant) dma_a_chunk(i, c);
+      if (!bload[i]) continue;
       if (s.b_transposed)
         b.dma(B::vmem_at(B::at(vp.b[bbuf[i]] + kc * esb)),
               B::hbm_at(B::at((st.b * s.b_batch_stride + st.n0 * s.k + st.k0 + kc) * esb, {{int16_t(b_reg), 1}})),
@@ -364,30 +384,29 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
     auto chunk_op = [&](size_t j, int64_t kt_off, bool in_loop) {
       sim::Addr a = B::at(vp.a[abuf[j]] + kt_off * R * esa);
       if (in_loop) a.terms[0] = {int16_t(k_reg), R * esa};
-      return B::vmem(a, s.a_dtype, steps[j].kl);
+      return B::vmem(a, s.a_dtype, ak);
     };
-    auto qmax_tile = [&](size_t j, int64_t off) {
-      return B::vmem(B::at(vp.qmax + off * 4), DType::f32, std::min(R, steps[j].kl));
-    };
+    const int64_t W = std::min(R, ak);
+    auto qmax_tile = [&](int64_t off) { return B::vmem(B::at(vp.qmax + off * 4), DType::f32, W); };
     auto max_chunk = [&](size_t j, int64_t kt_off, int64_t kk, bool in_loop) {
-      const int64_t W = std::min(R, steps[j].kl), ml = steps[j].ml;
+      const int64_t ml = steps[j].ml;
       b.wait(semA);
       if (kt_off == 0 && !in_loop) {
-        b.unary(sim::Op::vabs, qmax_tile(j, 0), chunk_op(j, 0, false), ml, kk);
+        b.unary(sim::Op::vabs, qmax_tile(0), chunk_op(j, 0, false), ml, kk);
         return;
       }
       const sim::Operand S = B::vmem(B::at(vp.qtmp), DType::f32, W);
       b.unary(sim::Op::vabs, S, chunk_op(j, kt_off, in_loop), ml, kk);
-      b.binary(sim::Op::vmax, qmax_tile(j, 0), qmax_tile(j, 0), S, ml, kk);
+      b.binary(sim::Op::vmax, qmax_tile(0), qmax_tile(0), S, ml, kk);
     };
     auto max_finish = [&](size_t j) {
-      const int64_t W = std::min(R, steps[j].kl), ml = steps[j].ml;
+      const int64_t ml = steps[j].ml;
       for (int64_t w = W; w > 1;) {
         const int64_t h = (w + 1) / 2;
-        b.binary(sim::Op::vmax, qmax_tile(j, 0), qmax_tile(j, 0), qmax_tile(j, h), ml, w - h);
+        b.binary(sim::Op::vmax, qmax_tile(0), qmax_tile(0), qmax_tile(h), ml, w - h);
         w = h;
       }
-      const sim::Operand mcol = qmax_tile(j, 0);
+      const sim::Operand mcol = qmax_tile(0);
       const sim::Operand fac = B::vmem(B::at(vp.ascale[abuf[j]]), DType::f32, 1);
       b.binary(sim::Op::vmax, mcol, mcol, B::imm(1e-30f), ml, 1);
       b.unary(sim::Op::vrecip, fac, mcol, ml, 1);
@@ -395,23 +414,24 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
       b.binary(sim::Op::vdiv, B::vmem(B::at(vp.asx[abuf[j]]), DType::f32, 1), mcol, B::imm(s.a_row_quant), ml, 1);
     };
     if (aload[i] && quant && !premax[i]) {
-      max_chunk(i, 0, std::min(R, st.kl), false);
-      if (ktiles_full > 1) {
-        b.loop(k_reg, ktiles_full - 1);
+      const int64_t a_full = ak / R, a_tail = ak % R;
+      max_chunk(i, 0, W, false);
+      if (a_full > 1) {
+        b.loop(k_reg, a_full - 1);
         max_chunk(i, 1, R, true);
         b.end_loop();
       }
-      if (k_tail > 0 && ktiles_full > 0) max_chunk(i, ktiles_full, k_tail, false);
+      if (a_tail > 0 && a_full > 0) max_chunk(i, a_full, a_tail, false);
       max_finish(i);
     }
     auto ktile = [&](int64_t kt_off, int64_t kk, bool acc, bool in_loop) {
       if (aload[i] && !quant) b.wait(semA);
-      if (aload[i] && (s.a_row_scale || quant)) {  // this chunk of A times its rows' factors, in place
+      if ((aload[i] && s.a_row_scale) || (quant && scale_here[i])) {  // this chunk of A times its rows' factors, in place
         if (!scale_waited && !quant) b.wait(semS);
         scale_waited = true;
-        sim::Addr chunk = B::at(vp.a[abuf[i]] + kt_off * R * esa);
+        sim::Addr chunk = B::at(vp.a[abuf[i]] + (a_off(st) + kt_off * R) * esa);
         if (in_loop) chunk.terms[0] = {int16_t(k_reg), R * esa};
-        b.binary(sim::Op::vmul, B::vmem(chunk, s.a_dtype, st.kl), B::vmem(chunk, s.a_dtype, st.kl),
+        b.binary(sim::Op::vmul, B::vmem(chunk, s.a_dtype, lda(st)), B::vmem(chunk, s.a_dtype, lda(st)),
                  B::vmem(B::at(vp.ascale[abuf[i]]), DType::f32, 1, 0), st.ml, kk);
       }
       if (bload[i]) b.wait(semB);
@@ -421,7 +441,7 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
         if (rl <= 0) continue;
         const int64_t nn = std::min(Cm, st.nl - j * Cm);
         const int mxu = int(jg % nm);
-        sim::Addr w, lhs = B::at(vp.a[abuf[i]] + (r0 * st.kl + kt_off * R) * esa);
+        sim::Addr w, lhs = B::at(vp.a[abuf[i]] + (r0 * lda(st) + a_off(st) + kt_off * R) * esa);
         if (in_loop) lhs.terms[0] = {int16_t(k_reg), R * esa};
         sim::Operand wop;
         if (s.b_transposed) {
@@ -435,7 +455,7 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
         }
         b.mxu_load_weights(mxu, wop, kk, nn, s.mode);
         b.mxu_matmul(mxu, B::vmem(B::at(vp.acc[par] + (r0 * st.nl + j * Cm) * 4), DType::f32, st.nl),
-                     B::vmem(lhs, s.a_dtype, st.kl), rl, kk, nn, acc, s.mode);
+                     B::vmem(lhs, s.a_dtype, lda(st)), rl, kk, nn, acc, s.mode);
       }
     };
     if (ktiles_full > 0) {
@@ -447,7 +467,7 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
       }
     }
     if (k_tail > 0) ktile(ktiles_full, k_tail, !(st.first_k && ktiles_full == 0), false);
-    for (const auto& [j, c] : fold_at[i]) max_chunk(j, c, std::min(R, steps[j].kl - c * R), false);
+    for (const auto& [j, c] : fold_at[i]) max_chunk(j, c, std::min(R, ak - c * R), false);
     for (const size_t j : finish_at[i]) max_finish(j);
     if (!st.last_k) continue;
     if (epi_loads) b.wait(semE, epi_loads);

@@ -85,7 +85,7 @@ bool qlinear_eager(const ops::KernelArgs& k, QuantWeight kind) {
     s.mode = kind == QuantWeight::int8 ? sim::MxuMode::i8 : sim::MxuMode::fp8;
     const float qmax = kind == QuantWeight::int8 ? 127.0f : 448.0f;
     s.a_row_quant = qmax;
-    in_kernel = choose_matmul_tiling(cfg, s).tk >= K;
+    in_kernel = matmul_row_quant_fits(cfg, s);
     if (!in_kernel) {
       s.a_row_quant = 0;
       s.a_row_scale = true;

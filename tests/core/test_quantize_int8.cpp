@@ -399,6 +399,28 @@ TEST_CASE("linear_int8 on the chip with rows too long for VMEM: the activation s
   CHECK(bad == 0);
 }
 
+TEST_CASE("linear_int8 on the chip with whole rows of x in VMEM and the weight cut along K", "[quant][sim]") {
+  QuantTestChip chip("tiny");
+  const Device d("sim:1");
+  Generator g(9);
+  // Blocks of 8 bf16 rows of 4096 fit tiny's VMEM twice, a weight panel of 4096 does not.
+  const int64_t M = 24, N = 16, K = 4096;
+  std::vector<float> xv = random_values(g, static_cast<size_t>(M * K), -2, 2);
+  for (float& v : xv) v = static_cast<float>(bf16(v));
+  const Int8Weight qw = quantize_int8(from_vector(random_values(g, static_cast<size_t>(N * K), -1, 1), {N, K}));
+  const Tensor wd = dequantize_int8(qw.q, qw.scale);
+  ChipRunProbe probe;
+  const Tensor y = linear_int8(from_vector(xv, {M, K}).to(DType::bf16).to(d), qw.q.to(d), qw.scale.to(d));
+  const std::vector<float> got = y.to(DType::f32).to_vector<float>();
+  CHECK(probe.new_fallbacks() == 0);
+  std::vector<double> ref, mag;
+  chip_qlinear_ref(xv, wd.to_vector<float>(), M, N, K, true, false, ref, mag, true);
+  int bad = 0;
+  for (size_t i = 0; i < ref.size(); ++i)
+    bad += std::fabs(got[i] - ref[i]) > std::fabs(ref[i]) * 0x1p-8 + 1e-5 * mag[i] + 1e-30;
+  CHECK(bad == 0);
+}
+
 TEST_CASE("linear_int8 on a megacore chip (v5p): each core's part quantizes its rows", "[quant][sim]") {
   DefaultF32MatmulPrecision precision;
   QuantTestChip chip("v5p");
