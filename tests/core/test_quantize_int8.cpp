@@ -507,36 +507,41 @@ TEST_CASE("linear_fp8 on v7 runs at about twice the bf16 linear's FLOP rate, int
   codegen::set_timing_only(was);
 }
 
-TEST_CASE("linear_fp8 on v7: a prefill step's seven projections at >= 1.6x the bf16 matmul rate, one program each",
+TEST_CASE("linear_fp8 on v7: a prefill step's seven projections at >= 1.8x the bf16 matmul rate (calibrated), "
+          ">= 1.6x (ideal), one program each",
           "[quant][sim]") {
   const bool was = codegen::timing_only();
   codegen::set_timing_only(true);
-  QuantTestChip chip("v7-ideal");
-  const Device d("sim:1");
-  const int64_t M = 1024;  // tokens; the projections of a Llama-3-8B layer, [out, in]
-  const int64_t shapes[7][2] = {{4096, 4096}, {1024, 4096}, {1024, 4096}, {4096, 4096},
-                                {14336, 4096}, {14336, 4096}, {4096, 14336}};
-  double bf16_total = 0, fp8_total = 0;
-  std::string per_shape;
-  for (const auto& sh : shapes) {
-    const int64_t N = sh[0], K = sh[1];
-    // Timing-only runs skip the arithmetic: the operands' values do not matter.
-    const Tensor x = tpu::empty({M, K}, {DType::bf16, d}), w = tpu::empty({N, K}, {DType::bf16, d});
-    const Tensor q = tpu::empty({N, K}, {DType::u8, d}), s = tpu::empty({N}, {DType::f32, d});
-    const double bf16_cycles = quant_linear_cycles([&] { return tpu::linear(x, w); });
-    ChipRunProbe runs;
-    const double fp8_cycles = quant_linear_cycles([&] { return linear_fp8(x, q, s); });
-    CHECK(runs.new_runs() == 2);  // one program per call (the activation scales inside it)
-    per_shape += std::to_string(N) + " x " + std::to_string(K) + ": bf16 " + std::to_string(bf16_cycles) + ", fp8 " +
-                 std::to_string(fp8_cycles) + "; ";
-    bf16_total += bf16_cycles;
-    fp8_total += fp8_cycles;
+  for (const char* name : {"v7", "v7-ideal"}) {
+    INFO(name);
+    QuantTestChip chip(name);
+    const Device d("sim:1");
+    const int64_t M = 1024;  // tokens; the projections of a Llama-3-8B layer, [out, in]
+    const int64_t shapes[7][2] = {{4096, 4096}, {1024, 4096}, {1024, 4096}, {4096, 4096},
+                                  {14336, 4096}, {14336, 4096}, {4096, 14336}};
+    double bf16_total = 0, fp8_total = 0;
+    std::string per_shape;
+    for (const auto& sh : shapes) {
+      const int64_t N = sh[0], K = sh[1];
+      // Timing-only runs skip the arithmetic: the operands' values do not matter.
+      const Tensor x = tpu::empty({M, K}, {DType::bf16, d}), w = tpu::empty({N, K}, {DType::bf16, d});
+      const Tensor q = tpu::empty({N, K}, {DType::u8, d}), s = tpu::empty({N}, {DType::f32, d});
+      const double bf16_cycles = quant_linear_cycles([&] { return tpu::linear(x, w); });
+      ChipRunProbe runs;
+      const double fp8_cycles = quant_linear_cycles([&] { return linear_fp8(x, q, s); });
+      CHECK(runs.new_runs() == 2);  // one program per call (the activation scales inside it)
+      per_shape += std::to_string(N) + " x " + std::to_string(K) + ": bf16 " + std::to_string(bf16_cycles) + ", fp8 " +
+                   std::to_string(fp8_cycles) + "; ";
+      bf16_total += bf16_cycles;
+      fp8_total += fp8_cycles;
+    }
+    INFO(per_shape << "prefill mix: bf16 " << bf16_total << " cycles, fp8 " << fp8_total << " ("
+                    << bf16_total / fp8_total << "x)");
+    // Calibrated: 1.81x measured (the program's HBM time is added to its MXU time, and both halve
+    // for the weights). Ideal: each projection's first block of rows waits for its load and row
+    // max pass, and k / v (N = 1024) are bound by the vector unit: 1.71x, short of the MXU's 2x.
+    CHECK(bf16_total >= (std::string(name) == "v7" ? 1.8 : 1.6) * fp8_total);
   }
-  INFO(per_shape << "prefill mix: bf16 " << bf16_total << " cycles, fp8 " << fp8_total << " ("
-                  << bf16_total / fp8_total << "x)");
-  // Each projection's first block of rows waits for its load and row max pass, and k / v
-  // (N = 1024) are bound by the vector unit: 1.71x measured, short of the 2x of the MXU rates.
-  CHECK(bf16_total >= 1.6 * fp8_total);
   codegen::set_timing_only(was);
 }
 
