@@ -3,8 +3,9 @@
 //   - a root (a proxy made by a non-view op, an argument, a captured real tensor) takes the new
 //     value id, and every live view of it is re-derived by replaying its view ops;
 //   - a view writes through to its root: the root's new value is the old one with the view's
-//     elements replaced (arange over the root, the same view ops, scatter and where), then the
-//     root is rebound as above.
+//     elements replaced (a view that is one run of consecutive root elements: cat of the root's
+//     slices around it and the new values; any other view: arange over the root, the same view
+//     ops, scatter and where), then the root is rebound as above.
 // A graph input written this way is a mutation: the compiled function writes the final value
 // back into the real tensor after the graph ran (mutations()).
 #include "graph/tracer.h"
@@ -128,14 +129,27 @@ ValueId Tracer::scatter_into_root(const TraceValue& root, const std::vector<View
   }
   Tensor nv = make_proxy(v);
   if (identity) return value_of(tpu::reshape(nv, rm.shape));  // the view covers the root in order
+  const int64_t m = static_cast<int64_t>(pos.size());
+  Tensor flat_root = tpu::reshape(make_proxy(root.id), Shape{n});
+  Tensor upd = tpu::reshape(nv, Shape{m});
+  // The view is one run of consecutive root elements (a narrow along the first dim, a flat
+  // buffer's slot): new_root = cat(the root before it, the view's values, the root after it),
+  // slices and a copy, no index arithmetic.
+  bool run = m > 0;
+  for (size_t k = 0; run && k < pos.size(); ++k) run = pos[k] == pos[0] + static_cast<int64_t>(k);
+  if (run) {
+    const int64_t a = pos[0];
+    std::vector<Tensor> parts;
+    if (a > 0) parts.push_back(tpu::narrow(flat_root, 0, 0, a));
+    parts.push_back(upd);
+    if (a + m < n) parts.push_back(tpu::narrow(flat_root, 0, a + m, n - a - m));
+    return value_of(tpu::reshape(tpu::cat(parts, 0), rm.shape));
+  }
   // new_root = where(covered, scatter(view values), old_root), all as traced ops on the device.
   const TensorOptions io(DType::i32, rm.device);
   Tensor index = tpu::reshape(tpu::arange(Scalar(n), io), rm.shape);
   for (const ViewStep& s : chain) index = apply_view(index, s);  // traced: the same view ops on the index
-  const int64_t m = static_cast<int64_t>(pos.size());
   index = tpu::reshape(index, Shape{m});
-  Tensor flat_root = tpu::reshape(make_proxy(root.id), Shape{n});
-  Tensor upd = tpu::reshape(nv, Shape{m});
   // 8-bit floats do not compute: the merge runs in f32, which holds every one of their values.
   const bool f8 = is_float8(rm.dtype);
   if (f8) {
