@@ -153,6 +153,37 @@ TEST_CASE("jit inplace: views keep aliasing their base across a graph break", "[
   CHECK_THROWS_WITH(both(rnd({2, 3}, 15)), Catch::Contains("shares its memory"));
 }
 
+TEST_CASE("jit inplace: a write into a run of consecutive elements is a cat, any other view a scatter",
+          "[jit][inplace]") {
+  // A flat buffer filled slot by slot (as FSDP packs its shards), and a column block of a matrix.
+  auto f = compile([](const Tensor& a, const Tensor& b) {
+    Tensor buf = tpu::zeros({13});
+    buf.narrow(0, 1, 4).copy_(a);
+    buf.narrow(0, 7, 6).copy_(b.reshape({6}));
+    Tensor m = tpu::zeros({3, 4});
+    m.narrow(1, 1, 2).copy_(b);
+    return std::vector<Tensor>{buf, m};
+  }, {.name = "inplace_runs"});
+  Tensor a = rnd({4}, 31), b = rnd({3, 2}, 32);
+  std::vector<Tensor> got = f(a, b);
+  const auto av = a.to_vector<float>(), bv = b.contiguous().to_vector<float>();
+  std::vector<float> buf(13, 0.0f), m(12, 0.0f);  // the naive reference
+  for (size_t i = 0; i < 4; ++i) buf[1 + i] = av[i];
+  for (size_t i = 0; i < 6; ++i) buf[7 + i] = bv[i];
+  for (size_t r = 0; r < 3; ++r)
+    for (size_t c = 0; c < 2; ++c) m[r * 4 + 1 + c] = bv[r * 2 + c];
+  CHECK(got[0].contiguous().to_vector<float>() == buf);
+  CHECK(got[1].contiguous().to_vector<float>() == m);
+  std::string graph;
+  for (const std::string& g : f.graphs()) graph += g;
+  INFO(graph);
+  CHECK(graph.find("= cat(") != std::string::npos);
+  // Only the column block (not one run) is merged by index: one scatter of values, one of counts.
+  int scatters = 0;
+  for (size_t p = graph.find("= scatter_add("); p != std::string::npos; p = graph.find("= scatter_add(", p + 1)) ++scatters;
+  CHECK(scatters == 2);
+}
+
 TEST_CASE("jit inplace: unsupported writes are clear errors", "[jit][inplace]") {
   auto twice = compile([](const Tensor& a, const Tensor& b) {
     Tensor t = a;
