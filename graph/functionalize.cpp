@@ -3,7 +3,9 @@
 //   - a root (a proxy made by a non-view op, an argument, a captured real tensor) takes the new
 //     value id, and every live view of it is re-derived by replaying its view ops;
 //   - a view writes through to its root: the root's new value is the old one with the view's
-//     elements replaced (arange over the root, the same view ops, scatter and where), then the
+//     elements replaced (a view that is a block of rows and columns of the root seen as a
+//     matrix, as a narrow along one dim: cat of the root's slices around it and the new values;
+//     any other view: arange over the root, the same view ops, scatter and where), then the
 //     root is rebound as above.
 // A graph input written this way is a mutation: the compiled function writes the final value
 // back into the real tensor after the graph ran (mutations()).
@@ -128,14 +130,44 @@ ValueId Tracer::scatter_into_root(const TraceValue& root, const std::vector<View
   }
   Tensor nv = make_proxy(v);
   if (identity) return value_of(tpu::reshape(nv, rm.shape));  // the view covers the root in order
+  const int64_t m = static_cast<int64_t>(pos.size());
+  Tensor flat_root = tpu::reshape(make_proxy(root.id), Shape{n});
+  Tensor upd = tpu::reshape(nv, Shape{m});
+  // The view is a block of the root seen as [n / S, S]: rows [r0, r0 + A), columns [c0, c0 + L)
+  // in order (one run of consecutive elements when A = 1, as a narrow along the first dim or a
+  // flat buffer's slot; a narrow along a later dim otherwise). Then the new root is made of
+  // slices of the old one and the view's values joined by cat, no index arithmetic.
+  if (m > 0) {
+    int64_t L = 1;  // the first run of consecutive positions
+    while (L < m && pos[static_cast<size_t>(L)] == pos[0] + L) ++L;
+    const int64_t S = L < m ? pos[static_cast<size_t>(L)] - pos[0] : n, A = m / L;
+    bool block = m % L == 0 && S >= L && n % S == 0 && pos[0] % S + L <= S;
+    for (int64_t k = 0; block && k < m; ++k)
+      block = pos[static_cast<size_t>(k)] == pos[0] + (k / L) * S + k % L;
+    if (block) {
+      const int64_t rows = n / S, r0 = pos[0] / S, c0 = pos[0] % S;
+      Tensor root2 = tpu::reshape(flat_root, Shape{rows, S});
+      auto join = [](const std::vector<Tensor>& parts, int64_t dim) {
+        return parts.size() == 1 ? parts[0] : tpu::cat(parts, dim);
+      };
+      // Rows [r0, r0 + A): the columns around the view's and its values.
+      const Tensor band = A == rows ? root2 : tpu::narrow(root2, 0, r0, A);
+      std::vector<Tensor> mid;
+      if (c0 > 0) mid.push_back(tpu::narrow(band, 1, 0, c0));
+      mid.push_back(tpu::reshape(upd, Shape{A, L}));
+      if (c0 + L < S) mid.push_back(tpu::narrow(band, 1, c0 + L, S - c0 - L));
+      std::vector<Tensor> all;
+      if (r0 > 0) all.push_back(tpu::narrow(root2, 0, 0, r0));
+      all.push_back(join(mid, 1));
+      if (r0 + A < rows) all.push_back(tpu::narrow(root2, 0, r0 + A, rows - r0 - A));
+      return value_of(tpu::reshape(join(all, 0), rm.shape));
+    }
+  }
   // new_root = where(covered, scatter(view values), old_root), all as traced ops on the device.
   const TensorOptions io(DType::i32, rm.device);
   Tensor index = tpu::reshape(tpu::arange(Scalar(n), io), rm.shape);
   for (const ViewStep& s : chain) index = apply_view(index, s);  // traced: the same view ops on the index
-  const int64_t m = static_cast<int64_t>(pos.size());
   index = tpu::reshape(index, Shape{m});
-  Tensor flat_root = tpu::reshape(make_proxy(root.id), Shape{n});
-  Tensor upd = tpu::reshape(nv, Shape{m});
   // 8-bit floats do not compute: the merge runs in f32, which holds every one of their values.
   const bool f8 = is_float8(rm.dtype);
   if (f8) {

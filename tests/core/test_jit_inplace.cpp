@@ -153,6 +153,50 @@ TEST_CASE("jit inplace: views keep aliasing their base across a graph break", "[
   CHECK_THROWS_WITH(both(rnd({2, 3}, 15)), Catch::Contains("shares its memory"));
 }
 
+TEST_CASE("jit inplace: a write into a block of its base is a cat, any other view a scatter", "[jit][inplace]") {
+  // A flat buffer filled slot by slot (as FSDP packs its shards), a column block of a matrix, every
+  // other element of a vector (blocks of the base seen as a matrix), and two columns of a matrix
+  // written through its transpose (not a block in that order).
+  auto f = compile([](const Tensor& a, const Tensor& b) {
+    Tensor buf = tpu::zeros({13});
+    buf.narrow(0, 1, 4).copy_(a);
+    buf.narrow(0, 7, 6).copy_(b.reshape({6}));
+    Tensor m = tpu::full({3, 4}, 1.0);
+    m.narrow(1, 1, 2).copy_(b);
+    Tensor v = tpu::full({6}, 2.0);
+    tpu::slice(v, 0, 1, 6, 2).copy_(b.narrow(1, 0, 1).reshape({3}));
+    Tensor w = tpu::full({3, 3}, 3.0);
+    w.t().narrow(0, 0, 2).copy_(b.t());
+    return std::vector<Tensor>{buf, m, v, w};
+  }, {.name = "inplace_blocks"});
+  Tensor a = rnd({4}, 31), b = rnd({3, 2}, 32);
+  std::vector<Tensor> got = f(a, b);
+  const auto av = a.to_vector<float>(), bv = b.contiguous().to_vector<float>();
+  // The naive reference.
+  std::vector<float> buf(13, 0.0f), m(12, 1.0f), v(6, 2.0f), w(9, 3.0f);
+  for (size_t i = 0; i < 4; ++i) buf[1 + i] = av[i];
+  for (size_t i = 0; i < 6; ++i) buf[7 + i] = bv[i];
+  for (size_t r = 0; r < 3; ++r) {
+    for (size_t c = 0; c < 2; ++c) m[r * 4 + 1 + c] = bv[r * 2 + c];
+    v[1 + 2 * r] = bv[r * 2];
+    for (size_t c = 0; c < 2; ++c) w[r * 3 + c] = bv[r * 2 + c];
+  }
+  CHECK(got[0].contiguous().to_vector<float>() == buf);
+  CHECK(got[1].contiguous().to_vector<float>() == m);
+  CHECK(got[2].contiguous().to_vector<float>() == v);
+  CHECK(got[3].contiguous().to_vector<float>() == w);
+  std::string graph;
+  for (const std::string& g : f.graphs()) graph += g;
+  INFO(graph);
+  CHECK(graph.find("= cat(") != std::string::npos);
+  // Only the write through the transpose is merged by index: a scatter of its values and one of
+  // its coverage counts (which constant folding may fold away).
+  int scatters = 0;
+  for (size_t p = graph.find("= scatter_add("); p != std::string::npos; p = graph.find("= scatter_add(", p + 1)) ++scatters;
+  CHECK(scatters >= 1);
+  CHECK(scatters <= 2);
+}
+
 TEST_CASE("jit inplace: unsupported writes are clear errors", "[jit][inplace]") {
   auto twice = compile([](const Tensor& a, const Tensor& b) {
     Tensor t = a;

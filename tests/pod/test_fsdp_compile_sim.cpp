@@ -6,12 +6,25 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <map>
+
+#include "ops/fallback.h"
 
 #include "pod/pod_testing.h"
 #include "sharded/fsdp_compile.h"
 #include "tpucore/devices.h"
 
 using namespace sharded_test;
+
+namespace {
+// Host fallbacks of ops on `chip` so far, by op.
+std::map<std::string, uint64_t> host_runs(Device chip) {
+  std::map<std::string, uint64_t> n;
+  for (const auto& fc : ops::fallback_counts())
+    if (fc.device == chip) n[fc.op] += fc.calls;
+  return n;
+}
+}  // namespace
 
 TEST_CASE("fsdp inside tpu::compile on a simulated 4-chip pod equals eager FSDP and one-device training",
           "[pod][sharded]") {
@@ -24,10 +37,22 @@ TEST_CASE("fsdp inside tpu::compile on a simulated 4-chip pod equals eager FSDP 
   const FsdpRun ref = train_plain_reference(c, steps);
   auto pg = dist::sim_pod_groups({world});
   std::vector<FsdpRun> eager(world), comp(world);
+  std::vector<std::string> comp_fallbacks(world);
   pod_testing::on_ranks(world, [&](int r) {
     eager[size_t(r)] = train_fsdp_rank(c, pg[size_t(r)], pod_testing::chip(r), steps, false, "");
+    const std::map<std::string, uint64_t> before = host_runs(pod_testing::chip(r));
     comp[size_t(r)] = train_fsdp_rank(c, pg[size_t(r)], pod_testing::chip(r), steps, true,
                                       "fsdp_sim_step_" + std::to_string(r));
+    std::map<std::string, uint64_t> after = host_runs(pod_testing::chip(r));
+    for (auto& [op, n] : before) after[op] -= n;
+    // FSDP's flat-buffer writes run on the chip; only the cross-entropy loss (gather, ne, where,
+    // sum and its gradient's scatter_add along the vocabulary) and AdamW's expm1 take the host
+    // fallback, at most twice per step each.
+    for (auto& [op, n] : after) {
+      const bool allowed = op == "gather" || op == "ne" || op == "where" || op == "sum" || op == "scatter_add" ||
+                           op == "expm1";
+      if (n > (allowed ? uint64_t(2 * steps) : 0)) comp_fallbacks[size_t(r)] += fmt::format("{} x{}; ", op, n);
+    }
   });
   for (int s = 0; s < steps; ++s) {
     double avg = 0;
@@ -42,6 +67,7 @@ TEST_CASE("fsdp inside tpu::compile on a simulated 4-chip pod equals eager FSDP 
   for (int r = 0; r < world; ++r) {
     const FsdpRun& cr = comp[size_t(r)];
     INFO("rank " << r);
+    CHECK(comp_fallbacks[size_t(r)] == "");
     CHECK(cr.compiles == 1);
     CHECK(cr.hits == steps - 1);
     CHECK(cr.breaks == 0);

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "sharded/model.h"
+#include "ops/fallback.h"
 #include "pod/pod_testing.h"
 #include "tpucore/compile.h"
 #include "tpucore/devices.h"
@@ -235,6 +236,13 @@ void ep_sim_train(int dp, int ep, bool tp = false, bool compiled = false) {
     };
     const std::string fn = "ep_sim_step_" + std::to_string(world) + "_" + std::to_string(r);
     auto step_fn = compile(train_step, {.name = fn, .fullgraph = true});
+    auto host_runs = [&] {  // host fallbacks of ops on this rank's chip, by op
+      std::map<std::string, uint64_t> n;
+      for (const auto& fc : ops::fallback_counts())
+        if (fc.device == chip) n[fc.op] += fc.calls;
+      return n;
+    };
+    const std::map<std::string, uint64_t> runs_before = host_runs();
     for (int s = 0; s < steps; ++s) {
       Tensor tok = narrow(batch_tokens(s, kBatch, kSeq, 32), 0, (tp ? ep_rank : r) * rows, rows).contiguous().to(chip);
       Tensor loss;
@@ -259,6 +267,16 @@ void ep_sim_train(int dp, int ep, bool tp = false, bool compiled = false) {
       }
     }
     if (compiled) {
+      // The compiled step runs on the chip, FSDP's flat-buffer writes and the expert-parallel
+      // exchange included; only the cross-entropy loss (its gather/ne/where/sum forward and its
+      // one scatter_add along the vocabulary per step) takes the host fallback.
+      std::map<std::string, uint64_t> runs = host_runs();
+      for (auto& [op, n] : runs_before) runs[op] -= n;
+      for (auto& [op, n] : runs) {
+        const bool loss_op = op == "gather" || op == "ne" || op == "where" || op == "sum";
+        if (n > (op == "scatter_add" ? uint64_t(steps) : loss_op ? uint64_t(4 * steps) : 0))
+          bad[static_cast<size_t>(r)] += fmt::format("{} host fallbacks of {}; ", n, op);
+      }
       const jit::Stats st = jit::stats();
       const jit::FunctionStats* fs = st.find(fn);
       if (!fs || fs->compiles != 1 || fs->hits != steps - 1 || fs->breaks != 0)
