@@ -93,6 +93,21 @@ TPU_VNNI void quantize_rows(int64_t M, int64_t K, const float* A, int64_t lda, V
   }
 }
 
+// C[r, c] = (scale[c] times, unless null) the sum of acc[r][c]'s lanes for the block's `cols`
+// columns. Every accumulator is summed with constant indices: indexing them by the run-time
+// `cols` would keep the whole array in memory, stored on every step of the loop before.
+template <int R>
+TPU_VNNI __attribute__((always_inline)) inline void store_sums(const __m512 (&acc)[R][kVnCols], int cols,
+                                                               const float* scale, float* C, int64_t ldc) {
+  float sum[R][kVnCols];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < kVnCols; ++c) sum[r][c] = _mm512_reduce_add_ps(acc[r][c]);
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < cols; ++c) C[r * ldc + c] = scale ? scale[c] * sum[r][c] : sum[r][c];
+}
+
 // One step of 64 values of vn8_group (m: the values present; `pf`: prefetch distance or 0).
 template <int R>
 TPU_VNNI __attribute__((always_inline)) inline void vn8_step(__m512 (&acc)[R][kVnCols], const VnRows& v, int64_t i0,
@@ -135,8 +150,7 @@ TPU_VNNI void vn8_group(int64_t K, const VnRows& v, int64_t i0, const int8_t* co
   else
     for (int64_t ch = 0; ch < full; ++ch) vn8_step<R>(acc, v, i0, chunks, ch, ~__mmask64{0}, w, 0);
   if (chunks > full) vn8_step<R>(acc, v, i0, chunks, full, (__mmask64{1} << (K - full * 64)) - 1, w, pf);
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < cols; ++c) C[r * ldc + c] = scale[c] * _mm512_reduce_add_ps(acc[r][c]);
+  store_sums<R>(acc, cols, scale, C, ldc);
 }
 
 // int4: the rows of A quantized as above, laid out for the packed weight. Per chunk of 128
@@ -244,32 +258,31 @@ TPU_VNNI __attribute__((always_inline)) inline void vn4_step(__m512 (&acc)[R][kV
 // way the scales are read (Q4Scales).
 template <int R, int Kind>
 TPU_VNNI void vn4_chunks(int64_t K, const Q4Scales& g, const VnRows& v, int64_t i0, const uint8_t* const* w,
-                         const float* const* s, __m512 (&acc)[R][kVnCols], int64_t pf) {
+                         const float* const* s, int cols, float* C, int64_t ldc, int64_t pf) {
   const int64_t chunks = v.kp / 128, full = K / 128;
   const __mmask64 all = ~__mmask64{0};
+  __m512 acc[R][kVnCols];  // local (not a caller's array), so that they stay in registers
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < kVnCols; ++c) acc[r][c] = _mm512_setzero_ps();
   if (pf)
     for (int64_t ch = 0; ch < full; ++ch) vn4_step<R, Kind>(acc, v, i0, chunks, ch, true, all, g, w, s, pf);
   else
     for (int64_t ch = 0; ch < full; ++ch) vn4_step<R, Kind>(acc, v, i0, chunks, ch, true, all, g, w, s, 0);
   if (chunks > full)
     vn4_step<R, Kind>(acc, v, i0, chunks, full, false, (__mmask64{1} << ((K - full * 128) / 2)) - 1, g, w, s, pf);
+  store_sums<R>(acc, cols, nullptr, C, ldc);
 }
 
 template <int R>
-TPU_VNNI void vn4_group(int64_t K, const Q4Scales& g, const VnRows& v, int64_t i0, const uint8_t* const* w,
-                        const float* const* s, int cols, float* C, int64_t ldc, int64_t pf) {
-  __m512 acc[R][kVnCols];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int c = 0; c < kVnCols; ++c) acc[r][c] = _mm512_setzero_ps();
+void vn4_group(int64_t K, const Q4Scales& g, const VnRows& v, int64_t i0, const uint8_t* const* w,
+               const float* const* s, int cols, float* C, int64_t ldc, int64_t pf) {
   switch (g.kind) {
-    case 0: vn4_chunks<R, 0>(K, g, v, i0, w, s, acc, pf); break;
-    case 1: vn4_chunks<R, 1>(K, g, v, i0, w, s, acc, pf); break;
-    default: vn4_chunks<R, 2>(K, g, v, i0, w, s, acc, pf); break;
+    case 0: vn4_chunks<R, 0>(K, g, v, i0, w, s, cols, C, ldc, pf); break;
+    case 1: vn4_chunks<R, 1>(K, g, v, i0, w, s, cols, C, ldc, pf); break;
+    default: vn4_chunks<R, 2>(K, g, v, i0, w, s, cols, C, ldc, pf); break;
   }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < cols; ++c) C[r * ldc + c] = _mm512_reduce_add_ps(acc[r][c]);
 }
 
 // Blocks of kVnCols weight rows over the pool threads; group_fn(j, cols, i, rows, next) for every
