@@ -102,7 +102,10 @@ TEST_CASE("linear_int4: every kernel path against the dequantized naive product"
     if (!kernels::int8_gemv_path_available(path)) continue;
     for (int64_t M : {1, 3, 4, 5, 17})
       for (int64_t N : {1, 4, 7})
-        for (auto [K, group] : {std::pair<int64_t, int64_t>{32, 32}, {96, 32}, {128, 128}, {256, 128}, {288, 96}}) {
+        // K past whole chunks of 128 by 1-3 blocks of 32 (the vnni kernel's tail), groups of
+        // one block, two, four or more (its three ways of reading the scales).
+        for (auto [K, group] : {std::pair<int64_t, int64_t>{32, 32}, {96, 32}, {128, 128}, {256, 128}, {288, 96},
+                                {160, 32}, {224, 32}, {192, 64}, {512, 256}}) {
           const std::vector<float> x = q4_random(g, static_cast<size_t>(M * K), -2, 2);
           std::vector<uint8_t> q(static_cast<size_t>(N * K / 2));
           for (uint8_t& v : q) v = static_cast<uint8_t>(g.next_u64() & 0xFF);  // nibble 0 (-8) included

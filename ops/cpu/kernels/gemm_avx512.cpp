@@ -13,6 +13,7 @@
 #include <algorithm>
 
 #include "ops/cpu/kernels/gemm.h"
+#include "ops/cpu/kernels/intrin_diagnostics.h"
 
 // The f32 kernel needs no avx512_bf16, so it also runs on AVX-512 CPUs without it.
 #define TPU_GEMM_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
@@ -176,12 +177,7 @@ TPU_GEMM_AVX512_BF16 void micro_kernel_bf16_avx512(int64_t kc, const uint32_t* A
 
 #undef TPU_GEMM_ROW_CASES
 
-// GCC 12 reports the self-initialized "undefined" pass-through vector inside its own
-// shuffle/unpack intrinsics as maybe-uninitialized; that is a false positive.
-#pragma GCC diagnostic push
-#ifndef __clang__  // a GCC-only warning (Clang warns about the unknown name)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+TPU_INTRIN_DIAGNOSTICS_PUSH
 namespace {
 // Transposes a block of 16 rows x 16 32-bit words in registers (unpacks and 128-bit lane
 // shuffles): w[c] = word c of every row, row i in lane i. Row i (i < rows) is read at
@@ -254,7 +250,7 @@ TPU_GEMM_AVX512 void pack_b_panel_bf16_pairs_transposed_avx512(const uint16_t* s
   if (kce % 2)
     for (int c = 0; c < 32; ++c) dst[words * 32 + c] = c < cols ? src[c * cs + kce - 1] : 0u;
 }
-#pragma GCC diagnostic pop
+TPU_INTRIN_DIAGNOSTICS_POP
 
 // Interleaves two rows of 32 bf16 into 32 pairs with one two-source word permute per 16
 // pairs: output word 2i is word i of the even row, word 2i + 1 word i of the odd row. Two

@@ -20,6 +20,7 @@
 #include <cstring>
 
 #include "ops/cpu/kernels/gemm.h"
+#include "ops/cpu/kernels/intrin_diagnostics.h"
 #include "ops/cpu/kernels/scratch.h"
 #include "tpucore/core/batch_invariant.h"
 #include "tpucore/core/cpu_features.h"
@@ -27,13 +28,7 @@
 
 #define TPU_GEMM_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma")))
 
-// GCC 12 reports the "undefined" pass-through vectors inside its own reduce/mask intrinsics as
-// maybe-uninitialized: false positives.
-#pragma GCC diagnostic push
-#ifndef __clang__
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#pragma GCC diagnostic ignored "-Wuninitialized"
+TPU_INTRIN_DIAGNOSTICS_PUSH
 
 namespace tpu::kernels {
 namespace {
@@ -259,4 +254,4 @@ bool gemm_int4_vnni(int64_t M, int64_t N, int64_t K, int64_t group, const float*
 
 }  // namespace tpu::kernels
 
-#pragma GCC diagnostic pop
+TPU_INTRIN_DIAGNOSTICS_POP

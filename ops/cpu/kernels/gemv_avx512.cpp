@@ -30,6 +30,7 @@
 
 #include "ops/cpu/kernels/gemm.h"
 #include "ops/cpu/kernels/gemv.h"
+#include "ops/cpu/kernels/intrin_diagnostics.h"
 #include "ops/cpu/kernels/scratch.h"
 #include "tpucore/core/cpu_features.h"
 #include "tpucore/core/parallel.h"
@@ -37,14 +38,7 @@
 #define TPU_GEMV_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
 #define TPU_GEMV_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
 
-// GCC 12 reports the undefined upper halves inside its own intrinsics (_mm512_reduce_add_ps,
-// the widening conversions) as maybe-uninitialized, and at -O1 (the sanitizer build) the undefined
-// merge source of the unpack intrinsics as uninitialized; they are not.
-#pragma GCC diagnostic push
-#ifndef __clang__  // a GCC-only warning (Clang warns about the unknown name)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#pragma GCC diagnostic ignored "-Wuninitialized"
+TPU_INTRIN_DIAGNOSTICS_PUSH
 
 namespace tpu::kernels {
 namespace {
@@ -582,4 +576,4 @@ bool gemv_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs,
 
 }  // namespace tpu::kernels
 
-#pragma GCC diagnostic pop
+TPU_INTRIN_DIAGNOSTICS_POP

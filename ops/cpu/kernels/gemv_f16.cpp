@@ -23,6 +23,7 @@
 
 #include "ops/cpu/kernels/gemm.h"
 #include "ops/cpu/kernels/gemv.h"
+#include "ops/cpu/kernels/intrin_diagnostics.h"
 #include "ops/cpu/kernels/scratch.h"
 #include "ops/cpu/kernels/simd.h"
 #include "tpucore/core/batch_invariant.h"
@@ -33,13 +34,7 @@
 #define TPU_F16_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
 #define TPU_F16_AVX2 __attribute__((target("avx2,fma,f16c")))
 
-// GCC 12 reports the undefined upper halves inside its own intrinsics (_mm512_reduce_add_ps) as
-// maybe-uninitialized; they are not.
-#pragma GCC diagnostic push
-#ifndef __clang__
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#pragma GCC diagnostic ignored "-Wuninitialized"
+TPU_INTRIN_DIAGNOSTICS_PUSH
 
 namespace tpu::kernels {
 namespace {
@@ -305,4 +300,4 @@ void gemm_f16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, 
 
 }  // namespace tpu::kernels
 
-#pragma GCC diagnostic pop
+TPU_INTRIN_DIAGNOSTICS_POP

@@ -15,6 +15,7 @@
 
 #include "ops/cpu/kernels/gemm.h"
 #include "ops/cpu/kernels/gemv.h"
+#include "ops/cpu/kernels/intrin_diagnostics.h"
 #include "ops/cpu/kernels/simd.h"
 #include "tpucore/core/batch_invariant.h"
 #include "tpucore/core/float8.h"
@@ -22,11 +23,7 @@
 #define TPU_INT4_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
 #define TPU_INT4_AVX2 __attribute__((target("avx2,fma")))
 
-#pragma GCC diagnostic push
-#ifndef __clang__
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+TPU_INTRIN_DIAGNOSTICS_PUSH
 
 namespace tpu::kernels {
 namespace {
@@ -335,4 +332,4 @@ void gemv_fp8(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, cons
 
 }  // namespace tpu::kernels
 
-#pragma GCC diagnostic pop
+TPU_INTRIN_DIAGNOSTICS_POP

@@ -15,19 +15,14 @@
 
 #include "ops/cpu/kernels/gemm.h"
 #include "ops/cpu/kernels/gemv.h"
+#include "ops/cpu/kernels/intrin_diagnostics.h"
 #include "ops/cpu/kernels/simd.h"
 #include "tpucore/core/cpu_features.h"
 
 #define TPU_INT8_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
 #define TPU_INT8_AVX2 __attribute__((target("avx2,fma")))
 
-// GCC 12 reports the undefined upper halves inside its own intrinsics (_mm512_reduce_add_ps) as
-// (maybe-)uninitialized; they are not.
-#pragma GCC diagnostic push
-#ifndef __clang__
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+TPU_INTRIN_DIAGNOSTICS_PUSH
 
 namespace tpu::kernels {
 namespace {
@@ -199,4 +194,4 @@ void gemv_int8(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, con
 
 }  // namespace tpu::kernels
 
-#pragma GCC diagnostic pop
+TPU_INTRIN_DIAGNOSTICS_POP

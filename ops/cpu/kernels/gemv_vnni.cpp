@@ -13,9 +13,12 @@
 // - int8: A offset to unsigned (q + 128) against the signed weight; the offset's share, 128 times
 //   the weight's lane sums, is taken from a vpdpbusd of the weight with 128s (once per weight
 //   vector, shared by the rows of A);
-// - int4: the weight's nibbles n = w + 8 (unsigned, unpacked in registers: low nibbles of a 16-byte
-//   block are its weights 0-15, high nibbles 16-31) against the signed q; the lane sums start
-//   from -8 times the lanes' sums of q (computed once per row), so they are exact sums of w q.
+// - int4: per 128 weights (64 bytes: four packed blocks of 16 bytes, one per 128-bit lane), the
+//   weight's nibbles n = w + 8 (unsigned: the low nibbles by a mask, weights 0-15 of each block,
+//   the high ones by a shift and a mask, weights 16-31) against the signed q, whose rows are
+//   stored in the matching order (values 0-15 of four blocks, then their values 16-31); two
+//   vpdpbusd into the same lanes, which start from -8 times the lanes' sums of q (computed once
+//   per row), so they are exact sums of w q, four lanes per block.
 // Then one conversion to f32 and one multiply-add by the lanes' scales. Rows of A in groups of up
 // to four share each weight vector; four weight rows per block; blocks over the pool threads.
 // Every output is the same sequence of operations whatever the number of rows.
@@ -27,16 +30,13 @@
 #include "ops/cpu/kernels/gemv.h"
 #include "ops/cpu/kernels/gemv_int4.h"
 #include "ops/cpu/kernels/gemv_int8.h"
+#include "ops/cpu/kernels/intrin_diagnostics.h"
 #include "ops/cpu/kernels/scratch.h"
 #include "tpucore/core/cpu_features.h"
 
 #define TPU_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma")))
 
-#pragma GCC diagnostic push
-#ifndef __clang__
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#pragma GCC diagnostic ignored "-Wuninitialized"
+TPU_INTRIN_DIAGNOSTICS_PUSH
 
 namespace tpu::kernels {
 namespace {
@@ -44,9 +44,9 @@ namespace {
 constexpr int kVnCols = 4;  // weight rows per block
 constexpr int kVnRows = 4;  // rows of A per group
 
-// The quantized rows of A: q [M][kp] bytes (K padded with zeros to kp, a multiple of 64; offset
-// by 128 for int8), lane scales ls [M][kp / 64][16] (d of the lane's block), and for int4 the
-// lane start values init [M][kp / 64][16] (-8 times the lane's sum of q).
+// The quantized rows of A: q [M][kp] bytes, lane scales ls (the d of the block whose products a
+// lane sums) and, for int4, the lanes' start values init. int8 (quantize_rows): K padded with
+// zeros to kp, a multiple of 64, q offset by 128, ls [M][kp / 64][16]; int4: quantize_rows_q4.
 struct VnRows {
   int64_t kp = 0;
   uint8_t* q = nullptr;
@@ -56,7 +56,7 @@ struct VnRows {
 
 thread_local detail::ScratchBuffer t_vnni_rows;
 
-TPU_VNNI void quantize_rows(int64_t M, int64_t K, const float* A, int64_t lda, bool offset, VnRows& v) {
+TPU_VNNI void quantize_rows(int64_t M, int64_t K, const float* A, int64_t lda, VnRows& v) {
   const int64_t chunks = (K + 63) / 64;
   v.kp = chunks * 64;
   const size_t qbytes = static_cast<size_t>(M * v.kp), lanes = static_cast<size_t>(M * chunks * 16);
@@ -88,15 +88,24 @@ TPU_VNNI void quantize_rows(int64_t M, int64_t K, const float* A, int64_t lda, b
         _mm_storeu_si128(reinterpret_cast<__m128i*>(q + h * 32 + 16), q1);
         for (int l = 0; l < 8; ++l) ls[h * 8 + l] = d;
       }
-      const __m512i qv = _mm512_loadu_si512(q);
-      if (offset) {
-        _mm512_storeu_si512(q, _mm512_xor_si512(qv, _mm512_set1_epi8(static_cast<char>(0x80))));
-      } else {
-        const __m512i s8 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(8), qv);
-        _mm512_storeu_si512(v.init + (i * chunks + ch) * 16, _mm512_sub_epi32(_mm512_setzero_si512(), s8));
-      }
+      _mm512_storeu_si512(q, _mm512_xor_si512(_mm512_loadu_si512(q), _mm512_set1_epi8(static_cast<char>(0x80))));
     }
   }
+}
+
+// C[r, c] = (scale[c] times, unless null) the sum of acc[r][c]'s lanes for the block's `cols`
+// columns. Every accumulator is summed with constant indices: indexing them by the run-time
+// `cols` would keep the whole array in memory, stored on every step of the loop before.
+template <int R>
+TPU_VNNI __attribute__((always_inline)) inline void store_sums(const __m512 (&acc)[R][kVnCols], int cols,
+                                                               const float* scale, float* C, int64_t ldc) {
+  float sum[R][kVnCols];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < kVnCols; ++c) sum[r][c] = _mm512_reduce_add_ps(acc[r][c]);
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < cols; ++c) C[r * ldc + c] = scale ? scale[c] * sum[r][c] : sum[r][c];
 }
 
 // One step of 64 values of vn8_group (m: the values present; `pf`: prefetch distance or 0).
@@ -141,78 +150,139 @@ TPU_VNNI void vn8_group(int64_t K, const VnRows& v, int64_t i0, const int8_t* co
   else
     for (int64_t ch = 0; ch < full; ++ch) vn8_step<R>(acc, v, i0, chunks, ch, ~__mmask64{0}, w, 0);
   if (chunks > full) vn8_step<R>(acc, v, i0, chunks, full, (__mmask64{1} << (K - full * 64)) - 1, w, pf);
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < cols; ++c) C[r * ldc + c] = scale[c] * _mm512_reduce_add_ps(acc[r][c]);
+  store_sums<R>(acc, cols, scale, C, ldc);
 }
 
-// One step of 64 weights (two blocks of 32; `two` false: one block left) of vn4_group, with
-// the blocks' group indices g0, g1.
-template <int R>
+// int4: the rows of A quantized as above, laid out for the packed weight. Per chunk of 128
+// values (four blocks of 32) 128 bytes: first the values 0-15 of the four blocks (16 bytes
+// each, matching the low nibbles of the chunk's 64 weight bytes), then their values 16-31
+// (matching the high nibbles); lane scales ls [M][kp / 128][16] with lane l the d of block l / 4
+// (the 128-bit lane its products land in), and start values init (-8 times the sum of the q
+// that a lane's products take: the weight's offset n = w + 8). K padded with zeros to kp, a
+// multiple of 128.
+TPU_VNNI void quantize_rows_q4(int64_t M, int64_t K, const float* A, int64_t lda, VnRows& v) {
+  const int64_t chunks = (K + 127) / 128;
+  v.kp = chunks * 128;
+  const size_t qbytes = static_cast<size_t>(M * v.kp), lanes = static_cast<size_t>(M * chunks * 16);
+  auto* base = static_cast<uint8_t*>(t_vnni_rows.get(qbytes + lanes * 8));
+  v.q = base;
+  v.ls = reinterpret_cast<float*>(base + qbytes);
+  v.init = reinterpret_cast<int32_t*>(base + qbytes + lanes * 4);
+  for (int64_t i = 0; i < M; ++i) {
+    const float* a = A + i * lda;
+    for (int64_t ch = 0; ch < chunks; ++ch) {
+      uint8_t* q = v.q + i * v.kp + ch * 128;
+      float* ls = v.ls + (i * chunks + ch) * 16;
+      for (int b = 0; b < 4; ++b) {
+        const int64_t k0 = ch * 128 + b * 32;
+        const int64_t n = std::max<int64_t>(0, std::min<int64_t>(32, K - k0));
+        const __mmask16 m0 = static_cast<__mmask16>(n >= 16 ? 0xffffu : (1u << n) - 1);
+        const __mmask16 m1 = static_cast<__mmask16>(n >= 32 ? 0xffffu : n > 16 ? (1u << (n - 16)) - 1 : 0u);
+        const __m512 x0 = _mm512_maskz_loadu_ps(m0, a + std::min(k0, K)),
+                     x1 = _mm512_maskz_loadu_ps(m1, a + std::min(k0 + 16, K));
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+        if (_mm512_cmp_ps_mask(x0, x0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(x1, x1, _CMP_UNORD_Q)) amax = __builtin_nanf("");
+        const float d = amax / 127.0f;
+        const float id = amax > 0 && amax <= 3.4e38f ? 127.0f / amax : 0.0f;
+        const __m512 vid = _mm512_set1_ps(id);
+        _mm_store_si128(reinterpret_cast<__m128i*>(q + b * 16), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x0, vid))));
+        _mm_store_si128(reinterpret_cast<__m128i*>(q + 64 + b * 16),
+                        _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x1, vid))));
+        for (int l = 0; l < 4; ++l) ls[b * 4 + l] = d;
+      }
+      const __m512i eights = _mm512_set1_epi8(8);
+      const __m512i s8 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), eights, _mm512_load_si512(q)),
+                                             eights, _mm512_load_si512(q + 64));
+      _mm512_storeu_si512(v.init + (i * chunks + ch) * 16, _mm512_sub_epi32(_mm512_setzero_si512(), s8));
+    }
+  }
+}
+
+// The weight scales of the four blocks of chunk ch of a row, lane l holding block l / 4's
+// (blocks past K: 0).
+struct Q4Scales {
+  int64_t K, bpg;
+  int kind;  // 0: one group per block (a 16-byte load); 1: the chunk inside one group; 2: any
+  int shift;
+};
+
+template <int Kind>
+TPU_VNNI __attribute__((always_inline)) inline __m512 q4_chunk_scales(const Q4Scales& g, const float* s, int64_t ch,
+                                                                       bool full) {
+  const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const int64_t b0 = ch * 4;
+  if (Kind == 0 && full) return _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_loadu_ps(s + b0)));
+  if (Kind == 1 && full) return _mm512_set1_ps(s[b0 >> g.shift]);
+  const int64_t nb = std::min<int64_t>(4, g.K / 32 - b0);
+  alignas(16) float v[4] = {0, 0, 0, 0};
+  for (int64_t b = 0; b < nb; ++b) v[b] = s[(b0 + b) / g.bpg];
+  return _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_load_ps(v)));
+}
+
+// One chunk of 128 weights of vn4_group (`m`: the chunk's weight bytes present).
+template <int R, int Kind>
 TPU_VNNI __attribute__((always_inline)) inline void vn4_step(__m512 (&acc)[R][kVnCols], const VnRows& v, int64_t i0,
-                                                             int64_t chunks, int64_t ch, bool two, int64_t g0,
-                                                             int64_t g1, const uint8_t* const* w,
-                                                             const float* const* s) {
-  const int64_t k = ch * 64;
+                                                             int64_t chunks, int64_t ch, bool full, __mmask64 m,
+                                                             const Q4Scales& g, const uint8_t* const* w,
+                                                             const float* const* s, int64_t pf) {
   const __m512i low4 = _mm512_set1_epi8(0x0F);
-  __m512i nib[kVnCols];
+  __m512i lo[kVnCols], hi[kVnCols];
   __m512 sv[kVnCols];
 #pragma GCC unroll 4
   for (int c = 0; c < kVnCols; ++c) {
-    const __m256i raw = two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[c] + k / 2))
-                            : _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[c] + k / 2)));
-    // 128-bit lanes [block 0, block 0, block 1, block 1]; lanes 1 and 3 shifted to their high nibbles.
-    const __m512i t = _mm512_shuffle_i64x2(_mm512_castsi256_si512(raw), _mm512_castsi256_si512(raw), 0x50);
-    nib[c] = _mm512_and_si512(_mm512_mask_srli_epi16(t, 0xFF00FF00u, t, 4), low4);
-    sv[c] = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(s[c][g0]), _mm512_set1_ps(two ? s[c][g1] : 0.0f));
+    if (pf) _mm_prefetch(reinterpret_cast<const char*>(w[c] + ch * 64 + pf), _MM_HINT_T0);
+    // 64 bytes: four blocks of 16, one per 128-bit lane; low nibbles are each block's weights
+    // 0-15, high nibbles its weights 16-31.
+    const __m512i raw = _mm512_maskz_loadu_epi8(m, w[c] + ch * 64);
+    lo[c] = _mm512_and_si512(raw, low4);
+    hi[c] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+    sv[c] = q4_chunk_scales<Kind>(g, s[c], ch, full);
   }
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {
     const int64_t lane = ((i0 + r) * chunks + ch) * 16;
-    const __m512i x = _mm512_load_si512(v.q + (i0 + r) * v.kp + k);
+    const uint8_t* q = v.q + (i0 + r) * v.kp + ch * 128;
+    const __m512i xlo = _mm512_load_si512(q), xhi = _mm512_load_si512(q + 64);
     const __m512i init = _mm512_load_si512(v.init + lane);
     const __m512 d = _mm512_load_ps(v.ls + lane);
 #pragma GCC unroll 4
     for (int c = 0; c < kVnCols; ++c) {
-      const __m512i dot = _mm512_dpbusd_epi32(init, nib[c], x);
+      const __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(init, lo[c], xlo), hi[c], xhi);
       acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, sv[c]), acc[r][c]);
     }
   }
 }
 
-// int4 (K a multiple of 32): the packed 16-byte blocks of 32 weights, two per step of 64. The
-// loop over whole steps carries no per-step test but the prefetch of every other step (the
-// scalar bookkeeping of a step is a large share of its instructions); a last half step apart.
-template <int R>
-TPU_VNNI void vn4_group(int64_t K, int64_t group, const VnRows& v, int64_t i0, const uint8_t* const* w,
-                        const float* const* s, int cols, float* C, int64_t ldc, int64_t pf) {
-  const int64_t chunks = v.kp / 64, full = K / 64;
-  __m512 acc[R][kVnCols];
+// int4 (K a multiple of 32): whole chunks of 128 weights (64 bytes of each weight row) in a
+// loop whose only test is the loop-invariant prefetch one, a last partial chunk apart; Kind: the
+// way the scales are read (Q4Scales).
+template <int R, int Kind>
+TPU_VNNI void vn4_chunks(int64_t K, const Q4Scales& g, const VnRows& v, int64_t i0, const uint8_t* const* w,
+                         const float* const* s, int cols, float* C, int64_t ldc, int64_t pf) {
+  const int64_t chunks = v.kp / 128, full = K / 128;
+  const __mmask64 all = ~__mmask64{0};
+  __m512 acc[R][kVnCols];  // local (not a caller's array), so that they stay in registers
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int c = 0; c < kVnCols; ++c) acc[r][c] = _mm512_setzero_ps();
-  // The group of block b (32 weights) is b / (group / 32): a shift when that is a power of two
-  // (two integer divisions per step cost about as much as the step's arithmetic).
-  const int64_t bpg = group / 32;
-  const bool pow2 = (bpg & (bpg - 1)) == 0;
-  const int shift = __builtin_ctzll(static_cast<unsigned long long>(bpg));
-  const uint8_t* const p[kVnCols] = {w[0] + pf, w[1] + pf, w[2] + pf, w[3] + pf};
-  if (pow2) {
-    int64_t ch = 0;
-    for (; ch + 2 <= full; ch += 2) {  // two steps: one 64-byte line of each weight row
-      if (pf)
-#pragma GCC unroll 4
-        for (int c = 0; c < kVnCols; ++c) _mm_prefetch(reinterpret_cast<const char*>(p[c] + ch * 32), _MM_HINT_T0);
-      vn4_step<R>(acc, v, i0, chunks, ch, true, (2 * ch) >> shift, (2 * ch + 1) >> shift, w, s);
-      vn4_step<R>(acc, v, i0, chunks, ch + 1, true, (2 * ch + 2) >> shift, (2 * ch + 3) >> shift, w, s);
-    }
-    if (ch < full) vn4_step<R>(acc, v, i0, chunks, ch, true, (2 * ch) >> shift, (2 * ch + 1) >> shift, w, s);
-  } else {
-    for (int64_t ch = 0; ch < full; ++ch) vn4_step<R>(acc, v, i0, chunks, ch, true, 2 * ch / bpg, (2 * ch + 1) / bpg, w, s);
+  if (pf)
+    for (int64_t ch = 0; ch < full; ++ch) vn4_step<R, Kind>(acc, v, i0, chunks, ch, true, all, g, w, s, pf);
+  else
+    for (int64_t ch = 0; ch < full; ++ch) vn4_step<R, Kind>(acc, v, i0, chunks, ch, true, all, g, w, s, 0);
+  if (chunks > full)
+    vn4_step<R, Kind>(acc, v, i0, chunks, full, false, (__mmask64{1} << ((K - full * 128) / 2)) - 1, g, w, s, pf);
+  store_sums<R>(acc, cols, nullptr, C, ldc);
+}
+
+template <int R>
+void vn4_group(int64_t K, const Q4Scales& g, const VnRows& v, int64_t i0, const uint8_t* const* w,
+               const float* const* s, int cols, float* C, int64_t ldc, int64_t pf) {
+  switch (g.kind) {
+    case 0: vn4_chunks<R, 0>(K, g, v, i0, w, s, cols, C, ldc, pf); break;
+    case 1: vn4_chunks<R, 1>(K, g, v, i0, w, s, cols, C, ldc, pf); break;
+    default: vn4_chunks<R, 2>(K, g, v, i0, w, s, cols, C, ldc, pf); break;
   }
-  if (chunks > full) vn4_step<R>(acc, v, i0, chunks, full, false, 2 * full / bpg, 2 * full / bpg, w, s);
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < cols; ++c) C[r * ldc + c] = _mm512_reduce_add_ps(acc[r][c]);
 }
 
 // Blocks of kVnCols weight rows over the pool threads; group_fn(j, cols, i, rows, next) for every
@@ -243,7 +313,7 @@ void gemv_int8_vnni(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda
                     float* C, int64_t ldc) {
   if (M <= 0 || N <= 0) return;
   VnRows v;
-  quantize_rows(M, K, A, lda, true, v);
+  quantize_rows(M, K, A, lda, v);
   vn_run(M, N, K, [&](int64_t j, int cols, int64_t i, int rows, bool next) {
     const int64_t pf = next && i == 0 ? kVnCols * K : 0;
     const int8_t* w[kVnCols];
@@ -262,8 +332,14 @@ void gemv_int4_vnni(int64_t M, int64_t N, int64_t K, int64_t group, const float*
                     const float* scale, float* C, int64_t ldc) {
   if (M <= 0 || N <= 0) return;
   VnRows v;
-  quantize_rows(M, K, A, lda, false, v);
+  quantize_rows_q4(M, K, A, lda, v);
   const int64_t groups = K / group;
+  Q4Scales g{K, group / 32, 2, 0};
+  if (group == 32) g.kind = 0;
+  else if ((g.bpg & (g.bpg - 1)) == 0 && g.bpg >= 4) {  // a power of two of at least 4 blocks
+    g.kind = 1;
+    g.shift = __builtin_ctzll(static_cast<unsigned long long>(g.bpg));
+  }
   vn_run(M, N, K, [&](int64_t j, int cols, int64_t i, int rows, bool next) {
     const int64_t pf = next && i == 0 ? kVnCols * (K / 2) : 0;
     const uint8_t* w[kVnCols];
@@ -275,14 +351,14 @@ void gemv_int4_vnni(int64_t M, int64_t N, int64_t K, int64_t group, const float*
     }
     float* out = C + i * ldc + j;
     switch (rows) {
-      case 1: vn4_group<1>(K, group, v, i, w, s, cols, out, ldc, pf); break;
-      case 2: vn4_group<2>(K, group, v, i, w, s, cols, out, ldc, pf); break;
-      case 3: vn4_group<3>(K, group, v, i, w, s, cols, out, ldc, pf); break;
-      default: vn4_group<4>(K, group, v, i, w, s, cols, out, ldc, pf); break;
+      case 1: vn4_group<1>(K, g, v, i, w, s, cols, out, ldc, pf); break;
+      case 2: vn4_group<2>(K, g, v, i, w, s, cols, out, ldc, pf); break;
+      case 3: vn4_group<3>(K, g, v, i, w, s, cols, out, ldc, pf); break;
+      default: vn4_group<4>(K, g, v, i, w, s, cols, out, ldc, pf); break;
     }
   });
 }
 
 }  // namespace tpu::kernels
 
-#pragma GCC diagnostic pop
+TPU_INTRIN_DIAGNOSTICS_POP
