@@ -75,6 +75,18 @@ bool gelu_rule(VecExpr& e, Ins in, const ops::Attrs& a, DType, VecRef& out) {
   out = vec_gelu(e, in[0], a.get_bool("tanh_approx", false));
   return true;
 }
+// expm1 without the cancellation of exp(x) - 1 near 0 (Kahan's form): where |x| < 0.5,
+// (u - 1) x / log(u) with u = exp(x) (x itself where u rounds to 1); elsewhere u - 1, whose
+// relative error is a few ulps there (and which gives inf, -1 and NaN at the ends).
+bool expm1_rule(VecExpr& e, Ins in, const ops::Attrs&, DType, VecRef& out) {
+  const VecRef x = in[0];
+  const VecRef u = e.op(Op::vexp, x);
+  const VecRef um1 = e.op(Op::vsub, u, VecExpr::imm(1.0f));
+  const VecRef kahan = e.op(Op::vmul, um1, e.op(Op::vdiv, x, e.op(Op::vlog, u)));
+  const VecRef near = e.op(Op::vsel, e.op(Op::vcmpeq, u, VecExpr::imm(1.0f)), x, kahan);
+  out = e.op(Op::vsel, e.op(Op::vcmplt, e.op(Op::vabs, x), VecExpr::imm(0.5f)), near, um1);
+  return true;
+}
 bool ne_rule(VecExpr& e, Ins in, const ops::Attrs&, DType, VecRef& out) {
   out = vec_not(e, e.op(Op::vcmpeq, in[0], in[1]));
   return true;
@@ -306,6 +318,7 @@ void install_elementwise_rules() {
   install_lowering("abs", ew<&unary<Op::vabs>>());
   install_lowering("relu", ew<&relu_rule>());
   install_lowering("exp", ew<&unary<Op::vexp>>());
+  install_lowering("expm1", ew<&expm1_rule>());
   install_lowering("log", ew<&unary<Op::vlog>>());
   install_lowering("tanh", ew<&unary<Op::vtanh>>());
   install_lowering("erf", ew<&unary<Op::verf>>());

@@ -150,6 +150,31 @@ TEST_CASE("codegen: out of HBM in a lowered op is a tpu::Error and the device ke
   CHECK(probe.new_runs() == 1);
 }
 
+TEST_CASE("codegen: expm1 on the chip is accurate near 0 and at the ends (against std::expm1 in double)", "[codegen]") {
+  TinySim tiny;
+  std::vector<float> xs{0.0f, -0.0f, 1e-30f, -1e-30f, 1e-10f, -1e-10f, 1e-7f, -3e-7f, 1e-4f, -1e-4f, 0.01f, -0.01f,
+                        0.3f,  -0.3f, 0.4999f, -0.4999f, 0.5f,  -0.5f,  0.75f, -2.0f, 10.0f, -10.0f, 80.0f, 88.0f,
+                        100.0f, -100.0f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+  for (int i = 0; i < 200; ++i) xs.push_back(-1.0f + 0.01f * static_cast<float>(i));  // through the 0.5 switch
+  const int64_t n = static_cast<int64_t>(xs.size());
+  ChipRunProbe probe;
+  const std::vector<float> got = tpu::expm1(from_vector(xs, Shape{n}).to(tiny.dev())).to(Device()).to_vector<float>();
+  CHECK(probe.new_fallbacks() == 0);
+  CHECK(probe.new_runs() == 1);
+  for (int64_t i = 0; i < n; ++i) {
+    const double want = std::expm1(static_cast<double>(xs[static_cast<size_t>(i)]));
+    INFO("x = " << xs[static_cast<size_t>(i)] << ": chip " << got[static_cast<size_t>(i)] << ", std::expm1 " << want);
+    if (std::isinf(static_cast<float>(want))) {  // past f32's range
+      CHECK(got[static_cast<size_t>(i)] == static_cast<float>(want));
+    } else {
+      CHECK(std::fabs(got[static_cast<size_t>(i)] - want) <= 4e-7 * std::fabs(want) + 1e-45);
+      CHECK(std::signbit(got[static_cast<size_t>(i)]) == std::signbit(static_cast<float>(want)));
+    }
+  }
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  CHECK(std::isnan(tpu::expm1(from_vector(std::vector<float>{nan}, Shape{1}).to(tiny.dev())).to(Device()).to_vector<float>()[0]));
+}
+
 TEST_CASE("codegen: ops a lowering does not cover run through the counted host fallback", "[codegen]") {
   TinySim tiny;
   const Device d = tiny.dev();
