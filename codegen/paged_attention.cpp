@@ -359,10 +359,17 @@ class Emitter {
     // page are not fetched and keep what they hold (P is 0 there, and 0 times what an earlier
     // program left in VMEM must not be NaN; a step's first page is always fetched); the ones
     // column of every key and KV head (page DMAs never write it).
-    const int64_t vfirst = s_.block_size * s_.kv_heads;  // V rows of a step's first page
+    // The zeros are written as f32 words over the bytes (all bits zero in either dtype, and no
+    // 16-bit vector stores), then the ones column over them.
+    const int64_t vfirst = s_.block_size * s_.kv_heads * L.vdv * es_;  // bytes of a step's first page
+    const int64_t vbytes = L.keys * s_.kv_heads * L.vdv * es_;         // bytes of a V buffer
     for (int64_t vb : L.v) {
-      if (L.keys * s_.kv_heads > vfirst)
-        b_.fill(B::vmem(B::at(vb + vfirst * L.vdv * es_), s_.dtype, L.vdv), 0.0f, L.keys * s_.kv_heads - vfirst, d_);
+      if (vfirst % 4 == 0) {
+        if (vbytes - vfirst >= 4) vfill(vb + vfirst, 0, (vbytes - vfirst) / 4);
+        if ((vbytes - vfirst) % 4) b_.fill(B::vmem(B::at(vb + vbytes - es_), s_.dtype, 1), 0.0f, 1, 1);
+      } else if (vbytes > vfirst) {
+        b_.fill(B::vmem(B::at(vb + vfirst), s_.dtype, 1), 0.0f, (vbytes - vfirst) / es_, 1);
+      }
       if (L.vdv > d_) b_.fill(B::vmem(B::at(vb + d_ * es_), s_.dtype, L.vdv), 1.0f, L.keys * s_.kv_heads, 1);
     }
     b_.fill(vm(L.zero, DType::f32, 2 * L.dv), 0, rows, 2 * L.dv);
