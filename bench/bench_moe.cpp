@@ -12,17 +12,30 @@
 // op by op (moe_sort, moe_permute, two grouped matmuls with SwiGLU, moe_unpermute), on the same
 // routing; counters fused_ms, chain_ms, `speedup` = chain / fused, and `dense_ratio` = the dense
 // block's time / the fused node's time.
+//
+// BM_MoEFfnSimFusedVsChain: the same node on a simulated chip (sim:1 set to the preset named by
+// the first argument: 0 v5e-ideal, 1 v5e), executed (not timing-only: the chain's permute reads
+// the order its sort computed), bf16, at a Mixtral-like small shape: the fused program
+// (codegen/moe_ffn_kernel.cpp) against the chain op by op (moe_sort, moe_permute, two
+// grouped_matmul, the SwiGLU product, moe_unpermute). Counters: simulated cycles of each
+// (fused_cycles, chain_cycles), `speedup` = chain / fused, programs run per call of each, HBM
+// bytes read and written by each (fused_HBM_MB, chain_HBM_MB), and weight_read_cycles: the
+// bound set by reading the weights of the experts that have tokens once at peak bandwidth.
 #include <benchmark/benchmark.h>
 
 #include <chrono>
 #include <algorithm>
 #include <vector>
 
+#include "codegen/launch.h"
+#include "device/sim_driver.h"
 #include "ops/registry.h"
+#include "sim/presets.h"
 #include "tpucore/autograd.h"
 #include "tpucore/moe_ops.h"
 #include "tpucore/nn/moe.h"
 #include "tpucore/ops.h"
+#include "tpucore/streams.h"
 
 namespace {
 
@@ -149,6 +162,82 @@ void BM_MoEFfnFusedVsChain(benchmark::State& state) {
 }
 BENCHMARK(BM_MoEFfnFusedVsChain)->Args({64, 4096, 7168})->Unit(benchmark::kMillisecond)->UseManualTime();
 BENCHMARK(BM_MoEFfnFusedVsChain)->Args({64, 1024, 3584})->Unit(benchmark::kMillisecond)->UseManualTime();
+
+void BM_MoEFfnSimFusedVsChain(benchmark::State& state) {
+  const char* chip = state.range(0) == 0 ? "v5e-ideal" : "v5e";
+  const int64_t tokens = state.range(1), h = state.range(2), f = state.range(3);
+  const std::string prev = device::sim_chip(1);
+  device::set_sim_chip(chip, 1);
+  double fused_cycles = 0, chain_cycles = 0, fused_runs = 0, chain_runs = 0, fused_bytes = 0, chain_bytes = 0;
+  {
+    NoGradGuard ng;
+    const Device d("sim:1");
+    Generator g(3);
+    const Tensor x = to(randn({tokens, h}, {}, &g), DType::bf16).to(d);
+    const Tensor w1 = to(mul(rand({kExperts, 2 * f, h}, {}, &g), 0.02), DType::bf16).to(d);
+    const Tensor w2 = to(mul(rand({kExperts, h, f}, {}, &g), 0.02), DType::bf16).to(d);
+    std::vector<int64_t> ids;  // two distinct experts per token, drawn uniformly (seeded)
+    std::vector<float> wv;
+    for (int64_t t = 0; t < tokens; ++t) {
+      const auto a = std::min<int64_t>(kExperts - 1, static_cast<int64_t>(g.next_double() * kExperts));
+      const auto b = std::min<int64_t>(kExperts - 2, static_cast<int64_t>(g.next_double() * (kExperts - 1)));
+      ids.push_back(a);
+      ids.push_back((a + 1 + b) % kExperts);
+      wv.push_back(0.6f);
+      wv.push_back(0.4f);
+    }
+    const Tensor idt = from_vector(ids, Shape{tokens, kTopK}).to(d);
+    const Tensor w = to(from_vector(wv, Shape{tokens, kTopK}), DType::bf16).to(d);
+    int64_t used = 0;  // experts with tokens (their weights are read)
+    for (int64_t e = 0; e < kExperts; ++e) used += std::count(ids.begin(), ids.end(), e) > 0;
+    state.counters["experts_used"] = static_cast<double>(used);
+    // The bound set by reading those experts' weights once at the HBM's peak bandwidth.
+    state.counters["weight_read_cycles"] =
+        static_cast<double>(used * 3 * h * f * 2) / sim::preset_config(chip).hbm_bytes_per_cycle();
+    const ops::OpDef& fused_op = *ops::find_op("moe_ffn");
+    auto fused = [&] {
+      return ops::call(fused_op, {x, idt, w, w1, w2}, {{"num_experts", kExperts}, {"top_k", kTopK}});
+    };
+    auto chain = [&] {
+      auto [order, sizes] = moe_sort(idt, kExperts);
+      Tensor hh = grouped_matmul(moe_permute(x, order, kTopK), w1, sizes, true);
+      Tensor a = mul(silu(narrow(hh, 1, 0, f)), narrow(hh, 1, f, f));
+      return moe_unpermute(grouped_matmul(a, w2, sizes, true), order, w, kTopK);
+    };
+    auto measure = [&](auto&& fn, double& cycles, double& runs, double& bytes) {
+      synchronize(d);
+      codegen::reset_stats();
+      const Tensor out = fn();
+      synchronize(d);
+      benchmark::DoNotOptimize(out.numel());
+      const codegen::CodegenStats cs = codegen::stats();
+      cycles = cs.cycles;
+      runs = static_cast<double>(cs.runs);
+      bytes = static_cast<double>(cs.hbm_bytes);
+    };
+    measure(fused, fused_cycles, fused_runs, fused_bytes);  // builds the programs
+    measure(chain, chain_cycles, chain_runs, chain_bytes);
+    for (auto _ : state) {
+      measure(fused, fused_cycles, fused_runs, fused_bytes);
+      measure(chain, chain_cycles, chain_runs, chain_bytes);
+    }
+  }
+  device::set_sim_chip(prev, 1);
+  state.SetLabel(chip);
+  state.counters["fused_cycles"] = fused_cycles;
+  state.counters["chain_cycles"] = chain_cycles;
+  state.counters["speedup"] = fused_cycles > 0 ? chain_cycles / fused_cycles : 0;
+  state.counters["fused_programs"] = fused_runs;
+  state.counters["chain_programs"] = chain_runs;
+  state.counters["fused_HBM_MB"] = fused_bytes / 1e6;
+  state.counters["chain_HBM_MB"] = chain_bytes / 1e6;
+}
+// Mixtral-like, small: 64 tokens, hidden 1024, expert width 3584, 8 experts, top 2.
+BENCHMARK(BM_MoEFfnSimFusedVsChain)->Args({0, 64, 1024, 3584})->Unit(benchmark::kMillisecond)->Iterations(1);
+BENCHMARK(BM_MoEFfnSimFusedVsChain)->Args({1, 64, 1024, 3584})->Unit(benchmark::kMillisecond)->Iterations(1);
+// Decode-sized: 8 tokens.
+BENCHMARK(BM_MoEFfnSimFusedVsChain)->Args({0, 8, 1024, 3584})->Unit(benchmark::kMillisecond)->Iterations(1);
+BENCHMARK(BM_MoEFfnSimFusedVsChain)->Args({1, 8, 1024, 3584})->Unit(benchmark::kMillisecond)->Iterations(1);
 
 }  // namespace
 

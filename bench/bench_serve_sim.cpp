@@ -37,12 +37,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
-#include <string>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <string>
 
 #include "codegen/launch.h"
 #include "codegen/paged_attention.h"
+#include "device/profiling.h"
 #include "device/sim_driver.h"
+#include "sim/timing_model.h"
 #include "tpucore/autograd.h"
 #include "tpucore/compile.h"
 #include "tpucore/devices.h"
@@ -145,6 +149,78 @@ struct StepCost {
   int64_t tokens = 0;
 };
 
+// TPU_SERVE_SIM_BREAKDOWN=2: every program run of a costed step, summed per program (the host op
+// or region that launched it), with what the calibrated model priced: cycles (calibrated and
+// ideal), HBM bytes read and written, MXU FLOPs, the compute term C (MXU streaming at
+// mxu_efficiency, or the busiest vector unit), the memory term M (compulsory bytes at the HBM
+// fraction given by the share s of written bytes stored as 16-bit vector results:
+// s / hbm_efficiency + (1 - s) / wide_hbm_efficiency) and the fixed costs (launch, reduce).
+struct RunRow {
+  double runs = 0, cycles = 0, ideal = 0, read = 0, written = 0, flops = 0, c_mxu = 0, c_vec = 0, m = 0, m16 = 0, fixed = 0;
+};
+class BreakdownSink : public device::ProgramRunSink {
+ public:
+  void on_program_run(device::ProgramRun&& r) override {
+    const sim::Stats& s = r.stats;
+    const sim::ChipConfig& cfg = device::sim_device(0).config();  // the calibrated preset (index 0)
+    const sim::TimingConfig& t = cfg.timing;
+    const sim::CountedWork& w = s.work;
+    double cm = 0, cv = 0, narrow = 0;
+    bool reduces = false;
+    for (const sim::CoreWork& k : w.cores) {
+      cm = std::max(cm, (k.mxu_stream_cycles + t.weight_load_exposed * k.mxu_weight_cycles) / (cfg.mxu.count * std::max(1e-9, t.mxu_efficiency)));
+      cv = std::max(cv, k.vector_cycles);
+      narrow += k.narrow_store_bytes;
+      reduces = reduces || k.xlu_cycles > 0;
+    }
+    const double bw = cfg.hbm_bytes_per_cycle() * std::max(1, t.megacore);
+    const double share = w.compulsory_written_bytes > 0 ? std::min(1.0, narrow / double(w.compulsory_written_bytes)) : 0.0;
+    std::lock_guard<std::mutex> lk(mu_);
+    RunRow& row = rows_[r.tag.empty() ? r.program : r.tag];
+    row.runs += 1;
+    row.cycles += s.cycles;
+    row.ideal += s.ideal_cycles;
+    row.read += double(s.hbm_bytes_read);
+    row.written += double(s.hbm_bytes_written);
+    row.flops += s.mxu_flops;
+    row.c_mxu += cm;
+    row.c_vec += cv;
+    row.m += double(w.compulsory_bytes()) / bw;
+    row.m16 += share * double(w.compulsory_bytes()) / bw;  // bytes priced at hbm_efficiency, in peak cycles
+    row.fixed += t.launch_cycles + (reduces ? t.reduce_cycles : 0);
+  }
+  void on_program_enqueued(device::SimDevice&) override {}
+  bool wants_trace() const override { return false; }
+  void print(double clock_hz) {
+    std::lock_guard<std::mutex> lk(mu_);
+    std::fprintf(stderr, "  %-34s %5s %10s %10s %9s %9s %9s %9s %9s %9s %6s %8s\n", "program", "runs", "cal_us", "ideal_us", "read_MB",
+                 "write_MB", "GFLOP", "C_mxu_us", "C_vec_us", "M_pk_us", "s16", "fix_us");
+    RunRow tot;
+    for (const auto& [name, r] : rows_) {
+      auto us = [&](double c) { return c / clock_hz * 1e6; };
+      std::fprintf(stderr, "  %-34s %5.0f %10.1f %10.1f %9.2f %9.2f %9.2f %9.1f %9.1f %9.1f %6.2f %8.1f\n", name.c_str(), r.runs, us(r.cycles),
+                   us(r.ideal), r.read / 1e6, r.written / 1e6, r.flops / 1e9, us(r.c_mxu), us(r.c_vec), us(r.m),
+                   r.m > 0 ? r.m16 / r.m : 0.0, us(r.fixed));
+      tot.runs += r.runs, tot.cycles += r.cycles, tot.ideal += r.ideal, tot.read += r.read, tot.written += r.written;
+      tot.flops += r.flops, tot.c_mxu += r.c_mxu, tot.c_vec += r.c_vec, tot.m += r.m, tot.m16 += r.m16, tot.fixed += r.fixed;
+    }
+    auto us = [&](double c) { return c / clock_hz * 1e6; };
+    std::fprintf(stderr, "  %-34s %5.0f %10.1f %10.1f %9.2f %9.2f %9.2f %9.1f %9.1f %9.1f %6.2f %8.1f\n", "total (one layer)", tot.runs,
+                 us(tot.cycles), us(tot.ideal), tot.read / 1e6, tot.written / 1e6, tot.flops / 1e9, us(tot.c_mxu), us(tot.c_vec),
+                 us(tot.m), tot.m > 0 ? tot.m16 / tot.m : 0.0, us(tot.fixed));
+    rows_.clear();
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, RunRow> rows_;
+};
+
+int breakdown_level() {
+  const char* e = std::getenv("TPU_SERVE_SIM_BREAKDOWN");
+  return e && *e ? std::atoi(e) : 0;
+}
+
 // Chip cycles, HBM bytes and the paged attention program's cycles of fn (timing-only).
 struct Probe {
   double cycles, bytes, attn;
@@ -153,11 +229,18 @@ template <class F>
 Probe measure(const Device& dev, F&& fn) {
   synchronize(dev);
   reset_sim_stats();
+  static BreakdownSink sink;
+  const int level = breakdown_level();
+  if (level >= 2 && dev.index == 0) device::set_program_run_sink(&sink);
   fn();
   synchronize(dev);
+  if (level >= 2 && dev.index == 0) {
+    device::set_program_run_sink(nullptr);
+    sink.print(device::sim_device(0).config().clock_ghz * 1e9);
+  }
   const SimStats s = sim_stats();
   const codegen::CodegenStats cs = codegen::stats();
-  if (const char* e = std::getenv("TPU_SERVE_SIM_BREAKDOWN"); e && *e == '1')
+  if (level == 1)
     for (const auto& [name, cyc] : cs.cycles_by_kernel)
       std::fprintf(stderr, "  %-40s %6llu runs %12.0f cycles\n", name.c_str(),
                    (unsigned long long)cs.runs_by_kernel.at(name), cyc);

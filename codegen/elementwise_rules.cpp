@@ -6,7 +6,9 @@
 // operands) has its own program: the i64 words come in as pairs of i32 (low, high), and the
 // value is (high + [low < 0]) * 2^32 + low in one fused multiply-add, so every value of i32's
 // range is converted exactly as the host does (one rounding); beyond it the low word's own
-// rounding to f32 makes a second one (within one f32 ulp of the host's result).
+// rounding to f32 makes a second one (within one f32 ulp of the host's result). The cast of f32
+// to i32 (truncation toward zero, the chip's vcast rounds to nearest) has one too, and so has
+// i64 to i32 (the low words: the host's conversion wraps the same way).
 #include <fmt/format.h>
 
 #include <cmath>
@@ -169,19 +171,119 @@ sim::Program make_i64_cast_program() {
   return b.finish();
 }
 
+// The f32 -> i32 cast program (C++ and PyTorch truncate toward zero; the chip's vcast rounds to
+// nearest even): r = vcast(vcast(x)) is x rounded to an integer in f32, and where |r| > |x| it
+// went one away from zero, so r - sign(r) is the truncation. Registers as in the i64 program.
+// Beyond i32's range vcast saturates.
+sim::Program make_f32_i32_cast_program() {
+  using B = sim::ProgramBuilder;
+  using sim::Op;
+  enum { rIn = 0, rOut, rTiles, rRows, rElems, rI, rOff };
+  const int64_t n = kCastRows * kCastCols;
+  const int64_t x = 0, ri = n * 4, r = 2 * n * 4, c = 3 * n * 4, p = 4 * n * 4, q = 5 * n * 4;
+  B b("cast_f32_i32");
+  auto chunk = [&](int64_t rows, int64_t cols) {
+    b.dma(B::vmem_at(B::at(x)), B::hbm_at(B::at(0, {{rIn, 1}, {rOff, 1}})), {.rows = 1, .row_bytes = rows * cols * 4},
+          0, 0);
+    b.wait(0);
+    const auto f = [&](int64_t a) { return B::vmem(B::at(a), sim::DType::f32, cols); };
+    const auto i = B::vmem(B::at(ri), sim::DType::i32, cols);
+    b.unary(Op::vcast, i, f(x), rows, cols);     // round to nearest even (saturating)
+    b.unary(Op::vcast, f(r), i, rows, cols);     // back to f32: exact
+    b.unary(Op::vabs, f(c), f(x), rows, cols);
+    b.unary(Op::vabs, f(p), f(r), rows, cols);
+    b.binary(Op::vcmplt, f(c), f(c), f(p), rows, cols);          // 1 where |x| < |r|
+    b.binary(Op::vcmplt, f(p), B::imm(0.0f), f(r), rows, cols);  // r > 0
+    b.binary(Op::vcmplt, f(q), f(r), B::imm(0.0f), rows, cols);  // r < 0
+    b.binary(Op::vsub, f(p), f(p), f(q), rows, cols);            // sign(r)
+    b.binary(Op::vmul, f(c), f(c), f(p), rows, cols);
+    b.binary(Op::vsub, f(r), f(r), f(c), rows, cols);            // toward zero by one where rounded away
+    b.unary(Op::vcast, i, f(r), rows, cols);                     // an integer: exact
+    b.dma(B::hbm_at(B::at(0, {{rOut, 1}, {rOff, 1}})), B::vmem_at(B::at(ri)), {.rows = 1, .row_bytes = rows * cols * 4},
+          0, 0);
+    b.wait(0);
+  };
+  auto run = [&](int count_reg, int64_t rows, int64_t cols) {
+    b.loop_reg(rI, count_reg);
+    chunk(rows, cols);
+    b.sadd(rOff, rOff, rows * cols * 4);
+    b.end_loop();
+  };
+  b.sset(rOff, 0);
+  run(rTiles, kCastRows, kCastCols);
+  run(rRows, 1, kCastCols);
+  run(rElems, 1, 1);
+  b.fence();
+  return b.finish();
+}
+
+// The i64 -> i32 cast program (the low words, as the host's conversion wraps): the words at even
+// positions moved to a dense buffer by one vcast (i32 to i32: exact). Registers as above.
+sim::Program make_i64_i32_cast_program() {
+  using B = sim::ProgramBuilder;
+  enum { rIn = 0, rOut, rTiles, rRows, rElems, rI, rOff8, rOff4 };
+  const int64_t n = kCastRows * kCastCols;
+  const int64_t in = 0, lo = n * 8;
+  B b("cast_i64_i32");
+  auto chunk = [&](int64_t rows, int64_t cols) {
+    b.dma(B::vmem_at(B::at(in)), B::hbm_at(B::at(0, {{rIn, 1}, {rOff8, 1}})), {.rows = 1, .row_bytes = rows * cols * 8},
+          0, 0);
+    b.wait(0);
+    b.unary(sim::Op::vcast, B::vmem(B::at(lo), sim::DType::i32, cols), B::vmem(B::at(in), sim::DType::i32, 2 * cols, 2),
+            rows, cols);
+    b.dma(B::hbm_at(B::at(0, {{rOut, 1}, {rOff4, 1}})), B::vmem_at(B::at(lo)), {.rows = 1, .row_bytes = rows * cols * 4},
+          0, 0);
+    b.wait(0);
+  };
+  auto run = [&](int count_reg, int64_t rows, int64_t cols) {
+    b.loop_reg(rI, count_reg);
+    chunk(rows, cols);
+    b.sadd(rOff8, rOff8, rows * cols * 8);
+    b.sadd(rOff4, rOff4, rows * cols * 4);
+    b.end_loop();
+  };
+  b.sset(rOff8, 0);
+  b.sset(rOff4, 0);
+  run(rTiles, kCastRows, kCastCols);
+  run(rRows, 1, kCastCols);
+  run(rElems, 1, 1);
+  b.fence();
+  return b.finish();
+}
+
 bool cast_rule(VecExpr& e, Ins in, const ops::Attrs& a, DType from, VecRef& out);
 const Lowering& cast_lowering();
+
+// f32 -> i32 of a contiguous tensor (the integer indices an f32 index computation ends in).
+bool cast_f32_i32_eager(const ops::KernelArgs& k) {
+  const Tensor& out = k.outputs[0];
+  if (!out.is_contiguous()) return false;
+  const Tensor x = k.inputs[0].contiguous();  // a view is gathered on the device first
+  const int64_t n = x.numel();
+  if (n == 0) return true;
+  const Device dev = out.device();
+  const LoadedProgram& p = cached_program(dev, fmt::format("cast_f32_i32:{}x{}", kCastRows, kCastCols),
+                                          [] { return make_f32_i32_cast_program(); });
+  const int64_t tile = kCastRows * kCastCols, tiles = n / tile, rows = (n % tile) / kCastCols;
+  launch(dev, p, "to_dtype", {hbm_address(x), hbm_address(out), tiles, rows, n % kCastCols});
+  return true;
+}
 
 bool cast_eager(const ops::KernelArgs& k) {
   const Tensor& x = k.inputs[0];
   const Tensor& out = k.outputs[0];
+  if (x.dtype() == DType::f32 && out.dtype() == DType::i32) return cast_f32_i32_eager(k);
   if (x.dtype() != DType::i64) return eager_elementwise(k, cast_lowering());
-  if (out.dtype() != DType::f32 || !x.is_contiguous() || !out.is_contiguous()) return false;
+  const bool to_i32 = out.dtype() == DType::i32;
+  if ((out.dtype() != DType::f32 && !to_i32) || !x.is_contiguous() || !out.is_contiguous()) return false;
   const int64_t n = x.numel();
   if (n == 0) return true;
   const Device dev = out.device();
-  const LoadedProgram& p = cached_program(dev, fmt::format("cast_i64_f32:{}x{}", kCastRows, kCastCols),
-                                          [] { return make_i64_cast_program(); });
+  const LoadedProgram& p =
+      to_i32 ? cached_program(dev, fmt::format("cast_i64_i32:{}x{}", kCastRows, kCastCols),
+                              [] { return make_i64_i32_cast_program(); })
+             : cached_program(dev, fmt::format("cast_i64_f32:{}x{}", kCastRows, kCastCols),
+                              [] { return make_i64_cast_program(); });
   const int64_t tile = kCastRows * kCastCols, tiles = n / tile, rows = (n % tile) / kCastCols;
   launch(dev, p, "to_dtype", {hbm_address(x), hbm_address(out), tiles, rows, n % kCastCols});
   return true;

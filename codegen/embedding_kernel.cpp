@@ -8,7 +8,8 @@
 //
 // The embedding backward, scatter_add(zeros, 0, ids as an expanded column, grad rows), runs on
 // the chip too (scatter_add_chip below: duplicate ids summed in VMEM before their row is
-// written once); other scatter_adds take the counted host fallback.
+// written once); other scatter_adds take the counted host fallback. index_select along dim 0
+// of a tensor with contiguous rows is the same gather (index_select_chip).
 #include <fmt/format.h>
 
 #include <map>
@@ -66,6 +67,46 @@ void embedding_chip(const ops::KernelArgs& a) {
     std::vector<int64_t> args{base, dst + static_cast<int64_t>(c) * row_bytes};
     for (int64_t i = 0; i < n; ++i) args.push_back(ids[c + static_cast<size_t>(i)]);
     launch(out.device(), lp, "embedding", std::move(args));
+  }
+}
+
+// index_select(x, 0, index) of an x whose rows (the dims after the first) are contiguous: the
+// same row gather as embedding (x seen as a [rows, row elements] table). Other selections take
+// the counted host fallback.
+void index_select_chip(const ops::KernelArgs& a) {
+  const Tensor& x = a.inputs[0];
+  const Tensor& idx = a.inputs[1];
+  const Tensor& out = a.outputs[0];
+  const Device dev = out.device();
+  const bool chip = runs_generated_programs(dev);
+  const int d = x.dim() ? static_cast<int>((a.attrs.get_int("dim") + x.dim()) % x.dim()) : 0;
+  bool rows = chip && x.dim() >= 1 && d == 0 && out.is_contiguous();
+  int64_t row = 1;
+  for (int k = x.dim() - 1; rows && k >= 1; --k) {  // the dims after the first: contiguous rows
+    if (x.size(k) != 1 && x.strides()[k] != row) rows = false;
+    row *= x.size(k);
+  }
+  if (!rows) {
+    std::vector<Tensor> ins{x, idx.dtype() == DType::i32 ? idx : idx.to(DType::i32)};
+    if (chip) count_host_fallback();
+    ops::run_on_host(a.op, ins, a.attrs, a.outputs);
+    return;
+  }
+  const std::vector<int64_t> ids = idx.to_vector<int64_t>();
+  const int64_t num = x.size(0), es = static_cast<int64_t>(x.element_size());
+  for (int64_t i : ids)
+    TPU_CHECK(i >= 0 && i < num, "index_select: index {} is out of range for dim 0 with size {} (x of shape {}){}", i,
+              num, x.shape().str(), i < 0 ? "; negative indices are not supported" : "");
+  if (ids.empty() || row == 0) return;
+  const int64_t row_bytes = row * es, stride = x.strides()[0] * es;
+  const int64_t base = hbm_address(x), dst = hbm_address(out);
+  for (size_t c = 0; c < ids.size(); c += kChunk) {
+    const int64_t n = std::min<int64_t>(kChunk, static_cast<int64_t>(ids.size() - c));
+    const LoadedProgram lp = cached_program(dev, fmt::format("embedding_rows:{}:{}:{}", n, row_bytes, stride),
+                                            [&] { return make_gather_rows(n, row_bytes, stride); });
+    std::vector<int64_t> args{base, dst + static_cast<int64_t>(c) * row_bytes};
+    for (int64_t i = 0; i < n; ++i) args.push_back(ids[c + static_cast<size_t>(i)]);
+    launch(dev, lp, "index_select", std::move(args));
   }
 }
 
@@ -171,6 +212,8 @@ void scatter_add_chip(const ops::KernelArgs& a) {
 [[maybe_unused]] const bool g_registered = [] {
   ops::register_kernel("embedding", DeviceType::sim, &embedding_chip);
   ops::register_kernel("embedding", DeviceType::tpu, &embedding_chip);
+  ops::register_kernel("index_select", DeviceType::sim, &index_select_chip);
+  ops::register_kernel("index_select", DeviceType::tpu, &index_select_chip);
   ops::register_kernel("scatter_add", DeviceType::sim, &scatter_add_chip);
   ops::register_kernel("scatter_add", DeviceType::tpu, &scatter_add_chip);
   return true;

@@ -37,19 +37,21 @@ int epilogue_slots(const MatmulSpec& s) {
   if (!has_epilogue(s)) return 0;
   std::vector<DType> dts{DType::f32};
   for (const EwInput& e : s.epilogue_inputs) dts.push_back(e.dtype);
+  if (s.a_row_quant > 0) dts.push_back(DType::f32);
   return vec_temp_slots(s.epilogue, dts);
 }
 
 // VMEM layout of one tiling.
 struct VmemPlan {
   int64_t a[2]{}, b[2]{}, acc[2]{}, out[2]{}, ascale[2]{};
+  int64_t asx[2]{}, qmax = 0, qtmp = 0;  // a_row_quant: m / Q per row; the row max's running tiles
   std::vector<std::array<int64_t, 2>> epi;
   TempArena arena;
   int64_t total = 0;
 };
 
 // A single A block (all of M and K in one tile) needs no second buffer: nothing is prefetched.
-VmemPlan plan_vmem(const MatmulSpec& s, int64_t tm, int64_t tn, int64_t tk) {
+VmemPlan plan_vmem(const MatmulSpec& s, int64_t tm, int64_t tn, int64_t tk, int64_t R) {
   VmemPlan p;
   int64_t at = 0;
   auto take = [&](int64_t bytes) {
@@ -57,13 +59,20 @@ VmemPlan plan_vmem(const MatmulSpec& s, int64_t tm, int64_t tn, int64_t tk) {
     at = align64(at + bytes);
     return o;
   };
-  const bool one_a = tm >= s.m && tk >= s.k && (s.batch == 1 || s.a_batch_stride == 0);
-  p.a[0] = take(tm * tk * es_of(s.a_dtype));
-  p.a[1] = one_a ? p.a[0] : take(tm * tk * es_of(s.a_dtype));
+  const bool one_a = tm >= s.m && (tk >= s.k || s.a_row_quant > 0) && (s.batch == 1 || s.a_batch_stride == 0);
+  const int64_t ak = s.a_row_quant > 0 ? s.k : tk;  // row quantization holds whole rows of A
+  p.a[0] = take(tm * ak * es_of(s.a_dtype));
+  p.a[1] = one_a ? p.a[0] : take(tm * ak * es_of(s.a_dtype));
   for (int i = 0; i < 2; ++i) p.b[i] = take(tk * tn * es_of(s.b_dtype));
-  if (s.a_row_scale) {
+  if (s.a_row_scale || s.a_row_quant > 0) {
     p.ascale[0] = take(tm * 4);
     p.ascale[1] = one_a ? p.ascale[0] : take(tm * 4);
+  }
+  if (s.a_row_quant > 0) {
+    p.asx[0] = take(tm * 4);
+    p.asx[1] = one_a ? p.asx[0] : take(tm * 4);
+    p.qmax = take(tm * std::min(R, s.k) * 4);
+    p.qtmp = take(tm * std::min(R, s.k) * 4);
   }
   for (int i = 0; i < 2; ++i) p.acc[i] = take(tm * tn * 4);
   const bool epi = has_epilogue(s);
@@ -89,7 +98,7 @@ VmemPlan plan_vmem(const MatmulSpec& s, int64_t tm, int64_t tn, int64_t tk) {
 
 std::string matmul_key(const MatmulSpec& s) {
   std::string k = fmt::format("mm:{}x{}x{}x{}:t{}{}:{}/{}:{}/{}>{}:{}:{}/{}/{}:", s.batch, s.m, s.n, s.k, s.b_transposed,
-                              s.a_row_scale ? "s" : "",
+                              s.a_row_scale ? "s" : s.a_row_quant > 0 ? fmt::format("q{}", s.a_row_quant) : "",
                               s.a_batch_stride, s.b_batch_stride, sim::dtype_name(s.a_dtype),
                               sim::dtype_name(s.b_dtype), sim::dtype_name(s.out_dtype), sim::mxu_mode_name(s.mode),
                               s.tm, s.tn, s.tk);
@@ -103,6 +112,49 @@ MatmulTiling choose_matmul_tiling(const sim::ChipConfig& cfg, const MatmulSpec& 
   MatmulTiling t;
   t.tn = s.tn > 0 ? s.tn : std::min(s.n, nm * Cm);
   t.tk = s.tk > 0 ? s.tk : s.k;
+  // In-kernel row quantization keeps K whole, so a block's rows wait for the whole block: the
+  // first block's load is exposed, and blocks or panels too small to balance an MXU's weight-tile
+  // load (R rows) with its streaming starve it. The tiling with the least estimated time (MXU
+  // steps, HBM traffic with B re-read per block, the first block's load) that fits.
+  if (s.a_row_quant > 0 && s.tm == 0 && s.tn == 0 && s.tk == 0) {
+    const double cpr = mode_cycles_per_row(cfg, s.mode), bw = cfg.hbm_bytes_per_cycle();
+    const double load = double(R) * cfg.mxu.weight_load_cycles_per_row;
+    const int64_t ktiles = (s.k + R - 1) / R;
+    double best = -1;
+    MatmulTiling bt;
+    std::vector<int64_t> tms{s.m};
+    for (int64_t m = 2048; m >= 8; m /= 2)
+      if (m < s.m) tms.push_back(m);
+    std::vector<int64_t> tks{s.k};  // B panels may be cut along K (A's rows stay whole)
+    for (int64_t k = (s.k / 2 + R - 1) / R * R; k >= R && k < tks.back(); k = (k / 2 + R - 1) / R * R) {
+      tks.push_back(k);
+      if (k == R) break;
+    }
+    for (const int64_t tm : tms)
+      for (int64_t jt = std::min((s.n + Cm - 1) / Cm, nm); jt >= 1; --jt)
+        for (const int64_t tk : tks) {
+        const int64_t tn = std::min(s.n, jt * Cm);
+        const int64_t vm = plan_vmem(s, tm, tn, tk, R).total;
+        if (vm > budget) continue;
+        const int64_t groups = jt < nm ? std::max<int64_t>(1, std::min(nm / jt, tm / 8)) : 1;
+        const double rows = double(((tm + groups - 1) / groups + 7) / 8 * 8);
+        const double mm_per_mxu = double((jt * groups + nm - 1) / nm);
+        const double mblocks = double((s.m + tm - 1) / tm), panels = double((s.n + tn - 1) / tn);
+        const double mxu = double(s.batch) * mblocks * panels * double(ktiles) * mm_per_mxu * std::max(rows * cpr, load);
+        const double bytes = double(s.batch) * (double(s.m * s.k * es_of(s.a_dtype) + s.m * s.n * es_of(s.out_dtype)) +
+                                                mblocks * double(s.k * s.n * es_of(s.b_dtype)));
+        // The first block waits for its load and its row max pass (two vector ops per element).
+        const double first = double(std::min(tm, s.m) * s.k);
+        const double est = std::max(mxu, bytes / bw) +
+                           std::max(first * double(es_of(s.a_dtype)) / bw,
+                                    2 * first / double(cfg.vpu.sublanes * cfg.vpu.lanes) * cfg.vpu.cycles_per_vreg);
+        if (best < 0 || est < best) {
+          best = est;
+          bt = {tm, tn, tk, vm};
+        }
+      }
+    if (best >= 0) return bt;
+  }
   // B is re-read once per block of M rows. Blocks of up to 512 rows keep the first A load
   // short; all of M in one block (weights streamed through VMEM once) when re-reading B would
   // make the steps HBM-bound.
@@ -112,21 +164,29 @@ MatmulTiling choose_matmul_tiling(const sim::ChipConfig& cfg, const MatmulSpec& 
     const double b_cycles = double(t.tk * t.tn * es_of(s.b_dtype)) / cfg.hbm_bytes_per_cycle();
     if (b_cycles > 0.7 * mxu_cycles) {
       t.tm = s.m;
-      t.vmem_bytes = plan_vmem(s, t.tm, t.tn, t.tk).total;
+      t.vmem_bytes = plan_vmem(s, t.tm, t.tn, t.tk, R).total;
       if (t.vmem_bytes <= budget) return t;
     }
   }
   t.tm = s.tm > 0 ? s.tm : std::min<int64_t>(s.m, 512);
   for (;;) {
-    t.vmem_bytes = plan_vmem(s, t.tm, t.tn, t.tk).total;
+    t.vmem_bytes = plan_vmem(s, t.tm, t.tn, t.tk, R).total;
     if (t.vmem_bytes <= budget) return t;
-    if (t.tk > 4 * R) t.tk = std::max(R, (t.tk / 2) / R * R);
+    if (s.a_row_quant > 0 && t.tm > 8) t.tm = std::max<int64_t>(8, t.tm / 2);  // K stays whole
+    else if (s.a_row_quant > 0 && t.tn > Cm) t.tn = std::max(Cm, t.tn - Cm);
+    else if (t.tk > 4 * R) t.tk = std::max(R, (t.tk / 2) / R * R);
     else if (t.tm > 8) t.tm = std::max<int64_t>(8, t.tm / 2);
     else if (t.tk > R) t.tk = R;
     else if (t.tn > Cm) t.tn = std::max(Cm, t.tn - Cm);
     else if (t.tm > 1) t.tm = std::max<int64_t>(1, t.tm / 2);
     else fail("matmul: no tiling of {}x{}x{} fits the chip's {} bytes of VMEM", s.m, s.n, s.k, cfg.memory.vmem_bytes);
   }
+}
+
+bool matmul_row_quant_fits(const sim::ChipConfig& cfg, const MatmulSpec& s) {
+  const int64_t R = cfg.mxu.rows;
+  return plan_vmem(s, std::min<int64_t>(s.m, 8), std::min<int64_t>(s.n, cfg.mxu.cols), std::min(s.k, R), R).total <=
+         int64_t(cfg.memory.vmem_bytes) * 9 / 10;
 }
 
 int matmul_registers(int epilogue_inputs, bool a_row_scale) { return epilogue_inputs + 4 + (a_row_scale ? 1 : 0); }
@@ -142,11 +202,13 @@ int64_t matmul_tiles(const MatmulSpec& s, const MatmulTiling& tl) {
 sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, const MatmulTiling& tl, int64_t tile_lo,
                               int64_t tile_hi) {
   const int64_t R = cfg.mxu.rows, Cm = cfg.mxu.cols, nm = cfg.mxu.count;
-  const VmemPlan vp = plan_vmem(s, tl.tm, tl.tn, tl.tk);
+  const VmemPlan vp = plan_vmem(s, tl.tm, tl.tn, tl.tk, R);
   const int ne = int(s.epilogue_inputs.size());
   const int a_reg = 0, b_reg = 1, out_reg = 2 + ne, k_reg = 3 + ne, scale_reg = 4 + ne;
-  TPU_CHECK(!s.a_row_scale || s.a_dtype == DType::f32 || s.a_dtype == DType::bf16,
+  const bool quant = s.a_row_quant > 0;
+  TPU_CHECK(!(s.a_row_scale || quant) || s.a_dtype == DType::f32 || s.a_dtype == DType::bf16,
             "internal: codegen: matmul row factors need a float A, got {}", sim::dtype_name(s.a_dtype));
+  TPU_CHECK(!(quant && s.a_row_scale), "internal: codegen: a_row_quant and a_row_scale together");
   TPU_CHECK(matmul_registers(ne, s.a_row_scale) <= cfg.scalar.registers, "internal: codegen: matmul epilogue has too many inputs ({})",
             ne);
   const bool epi = has_epilogue(s);
@@ -160,6 +222,9 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
     bool first_k, last_k;
     int tile;
   };
+  const int64_t ak = quant ? s.k : tl.tk;  // A's row length in VMEM (whole rows when quantizing)
+  auto a_off = [&](const Step& st) { return quant ? st.k0 : int64_t(0); };  // the step's K range in it
+  auto lda = [&](const Step& st) { return quant ? ak : st.kl; };
   std::vector<Step> steps;
   int tile = 0;
   for (int64_t bi = 0; bi < s.batch; ++bi)
@@ -172,10 +237,10 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
   // the same block share the load).
   const size_t ns = steps.size();
   std::vector<int> abuf(ns), bbuf(ns);
-  std::vector<bool> aload(ns), bload(ns);
+  std::vector<bool> aload(ns), bload(ns), premax(ns);
   for (size_t i = 0; i < ns; ++i) {
     const Step& st = steps[i];
-    const bool same_a = i > 0 && steps[i - 1].m0 == st.m0 && steps[i - 1].k0 == st.k0 &&
+    const bool same_a = i > 0 && steps[i - 1].m0 == st.m0 && (quant || steps[i - 1].k0 == st.k0) &&
                         (steps[i - 1].b == st.b || s.a_batch_stride == 0);
     const bool same_b = i > 0 && steps[i - 1].n0 == st.n0 && steps[i - 1].k0 == st.k0 &&
                         (steps[i - 1].b == st.b || s.b_batch_stride == 0);
@@ -191,18 +256,51 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
   // the whole block (the first block of a 1024 x 4096 A is 8 MiB: ~9k cycles on v6e before the
   // MXUs could start). DMAs take HBM bandwidth in program order, hence the interleaving.
   auto chunks = [&](const Step& st) { return (st.kl + R - 1) / R; };
+  auto achunks = [&](const Step& st) { return quant ? (ak + R - 1) / R : chunks(st); };
+  auto dma_a_chunk = [&](size_t i, int64_t c) {
+    const Step& st = steps[i];
+    const int64_t kc = c * R, kcl = std::min(R, (quant ? ak : st.kl) - kc);
+    b.dma(B::vmem_at(B::at(vp.a[abuf[i]] + kc * esa)),
+          B::hbm_at(B::at((st.b * s.a_batch_stride + st.m0 * s.k + (quant ? 0 : st.k0) + kc) * esa, {{int16_t(a_reg), 1}})),
+          {.rows = st.ml, .row_bytes = kcl * esa, .dst_row_stride = lda(st) * esa, .src_row_stride = s.k * esa}, qa, semA);
+  };
+  // In-kernel row quantization: a later A block's chunks are loaded and folded into its row max
+  // over the steps of the block before it (spread evenly, so they take the HBM bandwidth and the
+  // vector unit the B panels and epilogues leave), each folded a step after its load went out
+  // (in the block's last step for the last ones), the factors taken at the end of that last step.
+  std::vector<bool> spread(ns), scale_here(ns);
+  for (size_t i = 0, start = 0; i < ns; ++i) {  // a block's chunks are scaled in its first panel's steps
+    if (aload[i]) start = i;
+    scale_here[i] = aload[i] || (quant && steps[i].n0 == steps[start].n0);
+  }
+  std::vector<std::vector<std::pair<size_t, int64_t>>> issue_at(ns), fold_at(ns);
+  std::vector<std::vector<size_t>> finish_at(ns);
+  for (size_t j = 1, prev = 0; j < ns && quant; ++j) {
+    if (!aload[j]) continue;
+    spread[j] = premax[j] = true;
+    {
+      const int64_t P = int64_t(j - prev), nch = achunks(steps[j]);
+      for (int64_t c = 0; c < nch; ++c) {
+        const size_t h = prev + size_t(c * P / nch);
+        issue_at[h].push_back({j, c});
+        fold_at[std::min(h + 1, j - 1)].push_back({j, c});
+      }
+      finish_at[j - 1].push_back(j);
+    }
+    prev = j;
+  }
   auto issue_loads = [&](size_t i) {
     const Step& st = steps[i];
     if (aload[i] && s.a_row_scale)
       b.dma(B::vmem_at(B::at(vp.ascale[abuf[i]])), B::hbm_at(B::at((st.b * s.m + st.m0) * 4, {{int16_t(scale_reg), 1}})),
             {.row_bytes = st.ml * 4}, qa, semS);
+    // In-kernel row quantization needs the whole A block before its first product, and the
+    // row max pass reads A's chunks only: A's chunks go out first, then B's.
+    if (quant && aload[i] && !spread[i])
+      for (int64_t c = 0; c < achunks(st); ++c) dma_a_chunk(i, c);
     for (int64_t c = 0; c < chunks(st); ++c) {
       const int64_t kc = c * R, kcl = std::min(R, st.kl - kc);
-      if (aload[i])
-        b.dma(B::vmem_at(B::at(vp.a[abuf[i]] + kc * esa)),
-              B::hbm_at(B::at((st.b * s.a_batch_stride + st.m0 * s.k + st.k0 + kc) * esa, {{int16_t(a_reg), 1}})),
-              {.rows = st.ml, .row_bytes = kcl * esa, .dst_row_stride = st.kl * esa, .src_row_stride = s.k * esa}, qa,
-              semA);
+      if (aload[i] && !quant) dma_a_chunk(i, c);
       if (!bload[i]) continue;
       if (s.b_transposed)
         b.dma(B::vmem_at(B::at(vp.b[bbuf[i]] + kc * esb)),
@@ -259,9 +357,16 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
         }
       }
     }
+    if (st.last_k && quant) epi_ops.push_back(B::vmem(B::at(vp.asx[abuf[i]]), DType::f32, 1, 0));
     // The next step's loads go out next (they take the HBM bandwidth this step's chunks leave);
     // this step's chunks are waited for one K tile at a time below.
+    for (const auto& [j, c] : issue_at[i])  // folded in this step: ahead of the next B panel
+      if (std::find(fold_at[i].begin(), fold_at[i].end(), std::pair<size_t, int64_t>{j, c}) != fold_at[i].end())
+        dma_a_chunk(j, c);
     if (i + 1 < ns) issue_loads(i + 1);
+    for (const auto& [j, c] : issue_at[i])
+      if (std::find(fold_at[i].begin(), fold_at[i].end(), std::pair<size_t, int64_t>{j, c}) == fold_at[i].end())
+        dma_a_chunk(j, c);
     if (st.first_k && !epi) b.wait(semC);  // the accumulator is the store buffer
     // The MXUs: column tile j of the panel on its own MXU, K tiles of R rows. A panel narrower
     // than the MXUs (N of 128-384 on four 128-wide arrays) splits its rows into groups so every
@@ -271,14 +376,62 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
     const int64_t groups = jt < nm ? std::max<int64_t>(1, std::min(nm / jt, st.ml / 8)) : 1;
     const int64_t group_rows = ((st.ml + groups - 1) / groups + 7) / 8 * 8;
     bool scale_waited = false;
+    // The row max of |A| over a whole block as its chunks land: |chunk| into a running [rows, R]
+    // tile; then folded to one column by halving max steps, and the factors (1 / m) Q (scaling the
+    // chunks before the MXUs read them) and m / Q (the epilogue's column input) taken from it.
+    // A step whose successor loads a new A block of the same K chunks folds that block's chunks
+    // between its own K tiles, so the vector unit takes it while the MXUs stream.
+    auto chunk_op = [&](size_t j, int64_t kt_off, bool in_loop) {
+      sim::Addr a = B::at(vp.a[abuf[j]] + kt_off * R * esa);
+      if (in_loop) a.terms[0] = {int16_t(k_reg), R * esa};
+      return B::vmem(a, s.a_dtype, ak);
+    };
+    const int64_t W = std::min(R, ak);
+    auto qmax_tile = [&](int64_t off) { return B::vmem(B::at(vp.qmax + off * 4), DType::f32, W); };
+    auto max_chunk = [&](size_t j, int64_t kt_off, int64_t kk, bool in_loop) {
+      const int64_t ml = steps[j].ml;
+      b.wait(semA);
+      if (kt_off == 0 && !in_loop) {
+        b.unary(sim::Op::vabs, qmax_tile(0), chunk_op(j, 0, false), ml, kk);
+        return;
+      }
+      const sim::Operand S = B::vmem(B::at(vp.qtmp), DType::f32, W);
+      b.unary(sim::Op::vabs, S, chunk_op(j, kt_off, in_loop), ml, kk);
+      b.binary(sim::Op::vmax, qmax_tile(0), qmax_tile(0), S, ml, kk);
+    };
+    auto max_finish = [&](size_t j) {
+      const int64_t ml = steps[j].ml;
+      for (int64_t w = W; w > 1;) {
+        const int64_t h = (w + 1) / 2;
+        b.binary(sim::Op::vmax, qmax_tile(0), qmax_tile(0), qmax_tile(h), ml, w - h);
+        w = h;
+      }
+      const sim::Operand mcol = qmax_tile(0);
+      const sim::Operand fac = B::vmem(B::at(vp.ascale[abuf[j]]), DType::f32, 1);
+      b.binary(sim::Op::vmax, mcol, mcol, B::imm(1e-30f), ml, 1);
+      b.unary(sim::Op::vrecip, fac, mcol, ml, 1);
+      b.binary(sim::Op::vmul, fac, fac, B::imm(s.a_row_quant), ml, 1);
+      b.binary(sim::Op::vdiv, B::vmem(B::at(vp.asx[abuf[j]]), DType::f32, 1), mcol, B::imm(s.a_row_quant), ml, 1);
+    };
+    if (aload[i] && quant && !premax[i]) {
+      const int64_t a_full = ak / R, a_tail = ak % R;
+      max_chunk(i, 0, W, false);
+      if (a_full > 1) {
+        b.loop(k_reg, a_full - 1);
+        max_chunk(i, 1, R, true);
+        b.end_loop();
+      }
+      if (a_tail > 0 && a_full > 0) max_chunk(i, a_full, a_tail, false);
+      max_finish(i);
+    }
     auto ktile = [&](int64_t kt_off, int64_t kk, bool acc, bool in_loop) {
-      if (aload[i]) b.wait(semA);
-      if (aload[i] && s.a_row_scale) {  // this chunk of A times its rows' factors, in place
-        if (!scale_waited) b.wait(semS);
+      if (aload[i] && !quant) b.wait(semA);
+      if ((aload[i] && s.a_row_scale) || (quant && scale_here[i])) {  // this chunk of A times its rows' factors, in place
+        if (!scale_waited && !quant) b.wait(semS);
         scale_waited = true;
-        sim::Addr chunk = B::at(vp.a[abuf[i]] + kt_off * R * esa);
+        sim::Addr chunk = B::at(vp.a[abuf[i]] + (a_off(st) + kt_off * R) * esa);
         if (in_loop) chunk.terms[0] = {int16_t(k_reg), R * esa};
-        b.binary(sim::Op::vmul, B::vmem(chunk, s.a_dtype, st.kl), B::vmem(chunk, s.a_dtype, st.kl),
+        b.binary(sim::Op::vmul, B::vmem(chunk, s.a_dtype, lda(st)), B::vmem(chunk, s.a_dtype, lda(st)),
                  B::vmem(B::at(vp.ascale[abuf[i]]), DType::f32, 1, 0), st.ml, kk);
       }
       if (bload[i]) b.wait(semB);
@@ -288,7 +441,7 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
         if (rl <= 0) continue;
         const int64_t nn = std::min(Cm, st.nl - j * Cm);
         const int mxu = int(jg % nm);
-        sim::Addr w, lhs = B::at(vp.a[abuf[i]] + (r0 * st.kl + kt_off * R) * esa);
+        sim::Addr w, lhs = B::at(vp.a[abuf[i]] + (r0 * lda(st) + a_off(st) + kt_off * R) * esa);
         if (in_loop) lhs.terms[0] = {int16_t(k_reg), R * esa};
         sim::Operand wop;
         if (s.b_transposed) {
@@ -302,7 +455,7 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
         }
         b.mxu_load_weights(mxu, wop, kk, nn, s.mode);
         b.mxu_matmul(mxu, B::vmem(B::at(vp.acc[par] + (r0 * st.nl + j * Cm) * 4), DType::f32, st.nl),
-                     B::vmem(lhs, s.a_dtype, st.kl), rl, kk, nn, acc, s.mode);
+                     B::vmem(lhs, s.a_dtype, lda(st)), rl, kk, nn, acc, s.mode);
       }
     };
     if (ktiles_full > 0) {
@@ -314,6 +467,8 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
       }
     }
     if (k_tail > 0) ktile(ktiles_full, k_tail, !(st.first_k && ktiles_full == 0), false);
+    for (const auto& [j, c] : fold_at[i]) max_chunk(j, c, std::min(R, ak - c * R), false);
+    for (const size_t j : finish_at[i]) max_finish(j);
     if (!st.last_k) continue;
     if (epi_loads) b.wait(semE, epi_loads);
     if (epi) {

@@ -39,6 +39,12 @@ struct MatmulSpec {
   // register matmul_registers(ne, true) - 1 (the register before it, the K counter, takes no
   // argument). The quantized linears scale activations into the i8 / fp8 range so.
   bool a_row_scale = false;
+  // > 0 (Q): A's rows are quantized inside the kernel, with no factors from HBM: per row
+  // m = max(max_k |A|, 1e-30) over the whole row (a block of whole rows is held in VMEM, B
+  // panels may still be cut along K; its max taken on the vector unit as its chunks arrive), each chunk times (1 / m) Q in
+  // place before the MXUs read it, and the epilogue gets m / Q as its input after
+  // `epilogue_inputs` (a column vector). Excludes `a_row_scale`.
+  float a_row_quant = 0;
 };
 
 struct MatmulTiling {
@@ -47,6 +53,9 @@ struct MatmulTiling {
 };
 // Tile sizes that fit VMEM (tn = MXUs x array width when N allows, tm <= 512, tk = K if it fits).
 MatmulTiling choose_matmul_tiling(const sim::ChipConfig& cfg, const MatmulSpec& s);
+
+// Whether `s` (with a_row_quant) has a tiling: a block of whole rows of A fits VMEM.
+bool matmul_row_quant_fits(const sim::ChipConfig& cfg, const MatmulSpec& s);
 
 // Scalar registers the program needs: A, B, the epilogue operands, the output, a counter and,
 // with `a_row_scale`, the row factors.

@@ -6,12 +6,18 @@
 // Two ways, by the chip's MXU rates (sim/config.h):
 // - the MXU streams the narrow type faster than bf16 (int8 on v5e / v6e / v7 / tiny, fp8 on v7):
 //   the activations are quantized too (w8a8, as int8 / fp8 serving stacks run these layers):
-//   per row m = max(max |x_row|, 1e-30), x times (1 / m) Q (Q = 127 for int8, 448 for e4m3; on the
-//   vector unit as A's chunks arrive in VMEM, stored back in x's dtype: bf16 activations are
-//   rounded to bf16 there before the MXU rounds them again) goes through the MXU in its i8 / fp8 mode
-//   (rounded to the nearest integer saturated to +-127, or to e4m3, on the way in), and the
-//   epilogue multiplies by s_x = m / Q (a column vector) and the weight scale. So the result is the float product of the quantized activations and the dequantized
-//   weights, not the cpu kernel's weight-only product: they differ by the activations' rounding.
+//   per row m = max(max |x_row|, 1e-30), x times (1 / m) Q (Q = 127 for int8, 448 for e4m3)
+//   goes through the MXU in its i8 / fp8 mode (rounded to the nearest integer saturated to +-127,
+//   or to e4m3, on the way in), and the epilogue multiplies by s_x = m / Q (a column vector) and
+//   the weight scale. All of it inside the one matmul program (MatmulSpec::a_row_quant): the
+//   tiling holds blocks of whole rows of x in VMEM, the vector unit takes each block's row max
+//   of |x| as its chunks arrive (for the next block, between the current block's MXU passes),
+//   then scales the chunks in place (stored back in x's dtype: bf16 activations are rounded to
+//   bf16 there before the MXU rounds them again). Only when no block of whole rows fits VMEM
+//   (K of hundreds of thousands) are m and the factors computed by small programs before the
+//   matmul and read from HBM. So the result is the float product of the quantized activations
+//   and the dequantized weights, not the cpu kernel's weight-only product: they differ by the
+//   activations' rounding.
 // - otherwise (int8 on v4, fp8 on v4 / v5e / v5p / v6e): weight-only, like the cpu; the weights
 //   are widened to bf16 as the MXU loads them (i8 and e4m3 values are exact in bf16) and x goes
 //   in at the f32 matmul precision (codegen/precision.h; "highest" runs bf16x3, which is exact for
@@ -71,20 +77,29 @@ bool qlinear_eager(const ops::KernelArgs& k, QuantWeight kind) {
   const std::optional<Tensor> xa = x.is_contiguous() ? std::optional<Tensor>(x) : materialize_on_device(x);
   if (!xa) return false;
   p.a = *xa;
+  // Narrow modes: the activation scales inside the matmul program (MatmulSpec::a_row_quant) when
+  // a block of whole rows of x fits VMEM; else (K of hundreds of thousands) from HBM, computed by
+  // small programs before it.
+  bool in_kernel = false;
   if (narrow) {
     s.mode = kind == QuantWeight::int8 ? sim::MxuMode::i8 : sim::MxuMode::fp8;
-    s.a_row_scale = true;
     const float qmax = kind == QuantWeight::int8 ? 127.0f : 448.0f;
-    const Tensor x2 = tpu::reshape(*xa, Shape{M, K});
-    // m = max(max |x_row|, 1e-30) from the row maximum and minimum (two reads of x, no copy).
-    const Tensor mx = tpu::maximum(
-        tpu::to(tpu::maximum(tpu::amax(x2, {1}, true), tpu::neg(tpu::amin(x2, {1}, true))), DType::f32), 1e-30);
-    row_factor = tpu::mul(tpu::reciprocal(tpu::reshape(mx, Shape{M})), qmax);
-    auto lo = lay_out(tpu::div(mx, qmax), mn, dev);  // s_x = m / Q, a column vector
-    if (!lo) return false;
-    s.epilogue_inputs.push_back(lo->in);
-    p.epilogue_args.push_back(lo->t);
-    v = s.epilogue.op(sim::Op::vmul, v, s.epilogue.input(1));
+    s.a_row_quant = qmax;
+    in_kernel = matmul_row_quant_fits(cfg, s);
+    if (!in_kernel) {
+      s.a_row_quant = 0;
+      s.a_row_scale = true;
+      const Tensor x2 = tpu::reshape(*xa, Shape{M, K});
+      // m = max(max |x_row|, 1e-30) from the row maximum and minimum (two reads of x, no copy).
+      const Tensor mx = tpu::maximum(
+          tpu::to(tpu::maximum(tpu::amax(x2, {1}, true), tpu::neg(tpu::amin(x2, {1}, true))), DType::f32), 1e-30);
+      row_factor = tpu::mul(tpu::reciprocal(tpu::reshape(mx, Shape{M})), qmax);
+      auto lo = lay_out(tpu::div(mx, qmax), mn, dev);  // s_x = m / Q, a column vector
+      if (!lo) return false;
+      s.epilogue_inputs.push_back(lo->in);
+      p.epilogue_args.push_back(lo->t);
+      v = s.epilogue.op(sim::Op::vmul, v, s.epilogue.input(1));
+    }
   } else {
     const sim::MxuMode m = f32_matmul_mode();
     s.mode = m == sim::MxuMode::f32 ? sim::MxuMode::bf16x3 : m;
@@ -93,6 +108,9 @@ bool qlinear_eager(const ops::KernelArgs& k, QuantWeight kind) {
   if (!wl) return false;
   s.epilogue_inputs.push_back(wl->in);
   p.epilogue_args.push_back(wl->t);
+  // In-kernel scales: s_x = m / Q is the epilogue input after the laid-out ones (here the weight
+  // scale, input 1), applied first as the HBM column is.
+  if (in_kernel) v = s.epilogue.op(sim::Op::vmul, v, s.epilogue.input(2));
   v = s.epilogue.op(sim::Op::vmul, v, s.epilogue.input(int(s.epilogue_inputs.size())));
   s.epilogue.result = v;
   p.value = v;
@@ -101,7 +119,7 @@ bool qlinear_eager(const ops::KernelArgs& k, QuantWeight kind) {
   std::vector<int64_t> args{hbm_address(p.a), hbm_address(p.b)};
   for (const Tensor& t : p.epilogue_args) args.push_back(hbm_address(t));
   args.push_back(hbm_address(out));
-  if (narrow) {
+  if (s.a_row_scale) {
     args.push_back(0);  // the K counter
     args.push_back(hbm_address(row_factor));
   }

@@ -593,7 +593,76 @@ def plan_deepseek(build):
     write_region("simulator.md", "plan-deepseek", "\n".join(lines))
 
 
+# ---------------------------------------------------------------- the kernel API's examples (docs/kernels.md)
+
+KERNEL_CHIPS = (("v5e", "`v5e` (calibrated)"), ("v5e-ideal", "`v5e-ideal`"), ("v6e", "`v6e` (calibrated)"),
+                ("v6e-ideal", "`v6e-ideal`"))
+
+
+def kernel_example(build, prog, chip, *args):
+    """(kernel cycles, library cycles) printed by an example of examples/kernels/ with --sim CHIP."""
+    exe = os.path.join(build, "examples", prog)
+    if not os.path.exists(exe):
+        die(f"{prog} is not built in {build}")
+    out = run([exe, *map(str, args), "--sim", chip])
+    m = re.search(r"timing-only\): kernel (\d+) cycles, built-in .*? (\d+) cycles", out)
+    if not m:
+        die(f"{prog} {' '.join(map(str, args))} --sim {chip}: no cycle line in its output:\n{out}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def kernel_cell(kl):
+    k, l = kl
+    return f"{k:,} / {l:,} ({k / l:.2f}x)"
+
+
+def kernel_api(build):
+    """The cycle tables of docs/kernels.md: the three examples of examples/kernels/ against the
+    library's kernels on the v5e and v6e presets (calibrated and ideal), timing-only."""
+    note = header("Simulated on the host (timing-only); the figures do not depend on it")
+    # kernel_matmul: the defaults and 128-blocks; 1024^3 in f32 and bf16 with two block shapes.
+    lines = [note, "", "| preset | defaults: kernel / library | blocks 128 x 128 x 128 |", "|---|---|---|"]
+    for chip, label in KERNEL_CHIPS:
+        a = kernel_example(build, "kernel_matmul", chip)
+        b = kernel_example(build, "kernel_matmul", chip, "--bm", 128, "--bn", 128, "--bk", 128)
+        lines.append(f"| {label} | {kernel_cell(a)} | {kernel_cell(b)} |")
+    write_region("kernels.md", "kernel-matmul", "\n".join(lines))
+    big = ("--m", 1024, "--k", 1024, "--n", 1024)
+    lines = [note, "", "| preset | f32 kernel / library | bf16 kernel / library |", "|---|---|---|"]
+    for chip, label in KERNEL_CHIPS:
+        cells = []
+        for dt in ("f32", "bf16"):
+            a = kernel_example(build, "kernel_matmul", chip, *big, "--dtype", dt, "--bm", 512, "--bn", 1024, "--bk", 256)
+            b = kernel_example(build, "kernel_matmul", chip, *big, "--dtype", dt, "--bm", 256, "--bn", 512, "--bk", 512)
+            cells.append(f"{a[0]:,} / {a[1]:,} ({a[0] / a[1]:.2f}x; {b[0] / b[1]:.2f}x)")
+        lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
+    write_region("kernels.md", "kernel-matmul-1024", "\n".join(lines))
+    # kernel_flash_attention: 2 heads x 256 x 128 and the defaults (4 heads x 256 x 64), causal.
+    lines = [note, "", "| preset | 2 heads x 256 x 128, causal, blocks 128 x 128 | "
+             "defaults: 4 heads x 256 x 64, causal, blocks 128 x 128 |", "|---|---|---|"]
+    for chip, label in KERNEL_CHIPS:
+        a = kernel_example(build, "kernel_flash_attention", chip, "--heads", 2, "--seq", 256, "--dim", 128, "--causal", 1)
+        b = kernel_example(build, "kernel_flash_attention", chip)
+        lines.append(f"| {label} | {kernel_cell(a)} | {kernel_cell(b)} |")
+    write_region("kernels.md", "kernel-flash", "\n".join(lines))
+    # kernel_paged_attention: its defaults with 8 and 16 pages per step.
+    lines = [note, "", "| preset | kernel / library, 8 pages per step | 16 pages per step |", "|---|---|---|"]
+    for chip, label in KERNEL_CHIPS:
+        a = kernel_example(build, "kernel_paged_attention", chip, "--pages-per-step", 8)
+        b = kernel_example(build, "kernel_paged_attention", chip, "--pages-per-step", 16)
+        lines.append(f"| {label} | {kernel_cell(a)} | {kernel_cell(b)} |")
+    write_region("kernels.md", "kernel-paged", "\n".join(lines))
+
+
+def plan_published(build):
+    """tpu-plan against published production runs (scripts/plan_vs_published.py, its data in
+    bench/data/published_tpu_runs.csv)."""
+    run([sys.executable, os.path.join(ROOT, "scripts", "plan_vs_published.py"), "--build", build, "--write-docs"],
+        capture=False)
+
+
 def plan(build):
+    plan_published(build)
     plan_v7(build)
     plan_moe(build)
     plan_deepseek(build)
@@ -629,19 +698,19 @@ def main():
     ap.add_argument("--quick", action="store_true", help="host part: very short runs (to test the script)")
     ap.add_argument("--invariant", action="store_true",
                     help="only the batch-invariance cost of docs/serving.md (host timings; run on a quiet machine)")
-    ap.add_argument("--only", default="", help="comma-separated subset: calibration,kernels,llm,pod,serve,ici,plan,ops")
+    ap.add_argument("--only", default="", help="comma-separated subset: calibration,kernels,kernel-api,llm,pod,serve,ici,plan,ops")
     args = ap.parse_args()
     commit()  # before any region is rewritten
     import tempfile
     do_sim = not args.host
-    do_host = args.host or not args.sim_only
+    do_host = args.host or not (args.sim_only or args.only)
     if args.invariant:
         serve_invariant(args.build)
         return
     with tempfile.TemporaryDirectory() as tmp:
         if do_sim:
             parts = {"ops": op_matrix, "calibration": lambda b: calibration(b, tmp), "kernels": sim_kernels,
-                     "ici": sim_ici, "llm": sim_llm, "pod": sim_pod, "serve": sim_serve, "plan": plan}
+                     "kernel-api": kernel_api, "ici": sim_ici, "llm": sim_llm, "pod": sim_pod, "serve": sim_serve, "plan": plan}
             only = [p for p in args.only.split(",") if p] or list(parts)
             for p in only:
                 if p not in parts:

@@ -14,12 +14,13 @@
 // are added straight into an f32 accumulator of the output; no [T k, hidden] or [T k, inter]
 // array exists. The GEMMs split their work over the threads; gather, activation and scatter
 // run in parallel over elements. A token's k expert results are summed in expert order (the
-// chain sums them in choice order, so results agree to rounding). f16 and the sim device run
-// the chain op by op on the node's device.
+// chain sums them in choice order, so results agree to rounding). f16 runs the chain op by op.
+// The sim kernel is a chip program of its own (codegen/moe_ffn_kernel.cpp).
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
+#include "graph/passes/moe_ffn.h"
 #include "graph/passes/passes.h"
 #include "ops/cpu/kernels/gemm.h"
 #include "ops/cpu/loops.h"
@@ -27,22 +28,8 @@
 #include "tpucore/ops.h"
 
 namespace tpu::graph {
-namespace {
 
-const char* const kMoeFfn = "moe_ffn";
-
-void moe_ffn_meta(const ops::MetaArgs& a, ops::MetaResult& m) {
-  const Tensor &x = a.inputs[0], &ids = a.inputs[1], &w = a.inputs[2], &w1 = a.inputs[3], &w2 = a.inputs[4];
-  const int64_t e = a.attrs.get_int("num_experts"), k = a.attrs.get_int("top_k");
-  TPU_CHECK(x.dim() == 2 && ids.dim() == 2 && ids.size(0) == x.size(0) && ids.size(1) == k && w.shape() == ids.shape() &&
-                w1.dim() == 3 && w1.size(0) == e && w1.size(2) == x.size(1) && w1.size(1) % 2 == 0 && w2.dim() == 3 &&
-                w2.size(0) == e && w2.size(2) == w1.size(1) / 2,
-            "moe_ffn: x {}, expert ids {}, weights {}, gate_up {} and down {} do not fit {} experts, top-{}", x.shape(),
-            ids.shape(), w.shape(), w1.shape(), w2.shape(), e, k);
-  m.out() = {Shape{x.size(0), w2.size(1)}, x.dtype(), x.device()};
-}
-
-// The chain, op by op, on the inputs' device.
+// The chain, op by op, on the inputs' device (moe_ffn.h).
 void moe_ffn_chain(const ops::KernelArgs& a) {
   ops::EagerScope eager;  // run now, never recorded; detached inputs: no autograd history either
   const int64_t e = a.attrs.get_int("num_experts"), k = a.attrs.get_int("top_k");
@@ -60,6 +47,21 @@ void moe_ffn_chain(const ops::KernelArgs& a) {
   const Tensor ys = ops::call(gmm, {act, w2, sizes}, {{"transpose_w", true}});
   const Tensor out = ops::call(*ops::find_op("moe_unpermute"), {ys, order, w}, {{"top_k", k}, {"has_weights", true}});
   a.outputs[0].copy_(out);
+}
+
+namespace {
+
+const char* const kMoeFfn = "moe_ffn";
+
+void moe_ffn_meta(const ops::MetaArgs& a, ops::MetaResult& m) {
+  const Tensor &x = a.inputs[0], &ids = a.inputs[1], &w = a.inputs[2], &w1 = a.inputs[3], &w2 = a.inputs[4];
+  const int64_t e = a.attrs.get_int("num_experts"), k = a.attrs.get_int("top_k");
+  TPU_CHECK(x.dim() == 2 && ids.dim() == 2 && ids.size(0) == x.size(0) && ids.size(1) == k && w.shape() == ids.shape() &&
+                w1.dim() == 3 && w1.size(0) == e && w1.size(2) == x.size(1) && w1.size(1) % 2 == 0 && w2.dim() == 3 &&
+                w2.size(0) == e && w2.size(2) == w1.size(1) / 2,
+            "moe_ffn: x {}, expert ids {}, weights {}, gate_up {} and down {} do not fit {} experts, top-{}", x.shape(),
+            ids.shape(), w.shape(), w1.shape(), w2.shape(), e, k);
+  m.out() = {Shape{x.size(0), w2.size(1)}, x.dtype(), x.device()};
 }
 
 // Rows of one expert per tile of the fused cpu kernel.
@@ -196,11 +198,6 @@ TPU_DEFINE_OP(moe_ffn_op, {.name = kMoeFfn, .num_inputs = 5, .flags = ops::kNonD
                            .cpu = &moe_ffn_run,
                            .doc = "a mixture-of-experts layer after its router (graph pass fuse_moe): sort, permute, "
                                   "SwiGLU experts as two grouped matmuls, weighted unpermute"});
-
-const bool g_moe_ffn_sim = [] {
-  ops::register_kernel(kMoeFfn, DeviceType::sim, &moe_ffn_chain);
-  return true;
-}();
 
 bool is_op(const Node* n, const char* name) { return n != nullptr && !n->dead && n->op->name == name; }
 

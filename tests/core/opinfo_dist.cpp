@@ -12,7 +12,8 @@ const OpInfoRegistrar kDistOps[] = {
     {"dist_all_gather", "tests/pod/test_compile_dist.cpp, tests/dist/worker_compile.cpp (ranks vs a naive loop)"},
     {"dist_reduce_scatter", "tests/pod/test_compile_dist.cpp, tests/dist/worker_compile.cpp (ranks vs a naive loop)"},
     {"dist_all_to_all", "tests/pod/test_all_to_all_sim.cpp, tests/dist/worker_compile.cpp (uneven splits vs a naive exchange)"},
-    {"moe_ffn", "tests/pod/test_moe_compile_sim.cpp (a compiled MoE block for inference vs the eager block, cpu and sim)"},
+    {"moe_ffn", "tests/core/test_moe_ffn_chip.cpp (the chip program vs a per-token loop), tests/core/test_moe_ops.cpp, "
+                "tests/pod/test_moe_compile_sim.cpp (a compiled MoE block for inference vs the eager block, cpu and sim)"},
 };
 }  // namespace
 }  // namespace tpu::testing

@@ -254,6 +254,37 @@ TEST_CASE("kernel sim: the block pipeline hides the DMA latency of a copy kernel
   CHECK(cycles < 3 * cfg.dma.latency_cycles + static_cast<double>(steps) * (2 * transfer + 0.5 * cfg.dma.latency_cycles));
 }
 
+TEST_CASE("kernel sim: the copies of every block of the look-ahead window go out before the first wait",
+          "[kernel][sim]") {
+  // 20 grid steps of one small block each: the input's ring holds a slot for every step of the
+  // window the pipeline looks ahead (24 steps), so all 20 copies are issued before the program
+  // first waits for one; a shallower ring issues the later ones only as its slots free up, after
+  // the waits (and the compute) of the first steps.
+  const int64_t steps = 20, cols = 16;
+  KernelDef k;
+  k.name = "copy_window";
+  k.grid = {steps};
+  k.in_specs = {{.block_shape = {1, cols}, .index_map = [](auto g) { return Index{g[0], 0}; }}};
+  k.out_specs = k.in_specs;
+  k.body = [](KernelContext& c) { c.out(0).store(c.in(0).load() * 2.0); };
+  const std::vector<TensorType> types{{Shape{steps, cols}, DType::f32}};
+  const sim::Program p = kernel::detail::lower_to_chip(k, types, types, sim::preset_config("tiny"));
+  int64_t copies_in = 0, before_first_wait = -1;
+  for (const sim::Instr& in : p.code) {
+    if (in.op == sim::Op::wait && before_first_wait < 0) before_first_wait = copies_in;
+    copies_in += in.op == sim::Op::dma && in.dst.space == sim::Space::vmem;
+  }
+  CHECK(copies_in == steps);  // every block copied in once
+  CHECK(before_first_wait == steps);
+  // And the program computes 2x (a naive loop).
+  TinySim tiny;
+  const Tensor x = rnd({steps, cols}, 13);
+  const std::vector<Tensor> args{x.to(tiny.dev())};
+  const std::vector<float> xv = x.to_vector<float>(), yv = call(k, args, types)[0].to(Device()).to_vector<float>();
+  REQUIRE(yv.size() == xv.size());
+  for (size_t i = 0; i < xv.size(); ++i) CHECK(yv[i] == 2.0f * xv[i]);
+}
+
 // Cycles of a kernel's chip program for these operand types on a chip (timing only).
 double kernel_sim_cycles(const sim::ChipConfig& cfg, const KernelDef& k, const std::vector<TensorType>& in,
                          const std::vector<TensorType>& out) {

@@ -158,14 +158,15 @@ TEST_CASE("llm moe: on the simulated chip, eager and compiled decoding equal the
     g.compile_name = fmt::format("test_llm_moe_{}_sim", name);
     CHECK(models::generate(*chip_model, prompts, g) == want);
     // The whole model ran on the chip, the routing included (topk, moe_sort, then the grouped
-    // products, the permute and the unpermute): nothing on the host.
+    // products, the permute and the unpermute eagerly; the fused moe_ffn program compiled):
+    // nothing on the host.
     CHECK(fallbacks() == before);
     testing::ChipRunProbe::sync_all();
     const codegen::CodegenStats s1 = codegen::stats();
     auto runs = [](const codegen::CodegenStats& s, const char* k) {
       return s.runs_by_kernel.count(k) ? s.runs_by_kernel.at(k) : uint64_t{0};
     };
-    for (const char* k : {"topk", "moe_sort", "grouped_matmul", "moe_permute", "moe_unpermute"}) {
+    for (const char* k : {"topk", "moe_sort", "grouped_matmul", "moe_permute", "moe_unpermute", "moe_ffn"}) {
       CAPTURE(k);
       CHECK(runs(s1, k) > runs(s0, k));
     }

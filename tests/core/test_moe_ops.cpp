@@ -251,6 +251,93 @@ TEST_CASE("to_dtype: i64 to f32 on the chip equals the host's conversion (tiles,
   check_cast(ids2, y2);
 }
 
+TEST_CASE("to_dtype: f32 to i32 on the chip truncates toward zero as a naive loop does", "[moe][codegen]") {
+  TinySim tiny;
+  // Halves either side of zero (the chip's vcast rounds them to even), values just off an
+  // integer, exact integers, -0, values where f32 holds only integers, up to near 2^31; then
+  // random values to 4803 elements: 2 full tiles of 16 x 128, 5 rows of 128, 3 single elements.
+  std::vector<float> v{0.5f,   -0.5f,  1.5f,       -1.5f,       2.5f,        -2.5f,      3.5f,        -3.5f,
+                       0.999f, -0.999f, 1.0001f,   -1.0001f,    7.0f,        -7.0f,      0.0f,        -0.0f,
+                       1e-3f,  -1e-3f,  8388607.5f, -8388607.5f, 16777216.0f, -16777218.0f, 1e9f,     -1e9f,
+                       2147483520.0f, -2147483648.0f, 123456.75f, -123456.75f, 0.49999997f, -0.49999997f};
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-1000.0f, 1000.0f);
+  while (v.size() < 4803) v.push_back(v.size() % 3 == 0 ? std::round(u(rng)) + 0.5f : u(rng));
+  const Tensor x = from_vector(v, Shape{static_cast<int64_t>(v.size())});
+  const Tensor xd = x.to(tiny.dev());
+  const ChipRunProbe probe;
+  const Tensor y = xd.to(DType::i32);
+  CHECK(probe.new_fallbacks() == 0);
+  CHECK(probe.new_runs() == 1);
+  REQUIRE(y.dtype() == DType::i32);
+  const std::vector<int32_t> got = y.to(Device()).to_vector<int32_t>();
+  REQUIRE(got.size() == v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    INFO("element " << i << ": " << v[i]);
+    CHECK(got[i] == static_cast<int32_t>(std::trunc(static_cast<double>(v[i]))));
+  }
+  // A view (not contiguous) is gathered first: [[-2.5, -0.7], [1.5, 9.5], [0.7, -9.5]] truncated.
+  const Tensor m = from_vector(std::vector<float>{-2.5f, 1.5f, 0.7f, -0.7f, 9.5f, -9.5f}, Shape{2, 3});
+  const Tensor mt = transpose(m.to(tiny.dev()), 0, 1);
+  const ChipRunProbe view_probe;
+  const Tensor yt = mt.to(DType::i32);
+  CHECK(view_probe.new_fallbacks() == 0);
+  CHECK(yt.to(Device()).contiguous().to_vector<int32_t>() == std::vector<int32_t>{-2, 0, 1, 9, 0, -9});
+}
+
+TEST_CASE("to_dtype: i64 to i32 on the chip keeps the low words as the host's conversion does", "[moe][codegen]") {
+  TinySim tiny;
+  // Small ids, negatives, and values beyond i32 (wrapped): 2 tiles of 16 x 128, 5 rows, 2 elements.
+  std::vector<int64_t> v{0, 1, -1, 7, -7, INT32_MAX, INT32_MIN, (int64_t{1} << 33) + 5, -(int64_t{1} << 40) - 3,
+                         int64_t{1} << 31, INT64_MAX, INT64_MIN};
+  for (int64_t i = 0; static_cast<int64_t>(v.size()) < 4738; ++i) v.push_back((i * 2654435761LL) % 1000003 - 500000);
+  const Tensor x = from_vector(v, Shape{static_cast<int64_t>(v.size())}, DType::i64).to(tiny.dev());
+  const ChipRunProbe probe;
+  const Tensor y = x.to(DType::i32);
+  CHECK(probe.new_fallbacks() == 0);
+  CHECK(probe.new_runs() == 1);
+  const std::vector<int32_t> got = y.to(Device()).to_vector<int32_t>();
+  REQUIRE(got.size() == v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    INFO("element " << i << ": " << v[i]);
+    CHECK(got[i] == static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(v[i]) & 0xffffffffu)));
+  }
+}
+
+TEST_CASE("topk backward on the chip (a short last dim) equals a naive loop, no host fallback", "[moe][codegen]") {
+  TinySim tiny;
+  Generator g(31);
+  const int64_t N = 5, E = 8, k = 3;
+  const Tensor x0 = make_input(g, {N, E}, DType::f32, Layout::contiguous, -1.0, 1.0);
+  const Tensor w = make_input(g, {N, k}, DType::f32, Layout::contiguous, -2.0, 2.0);
+  Tensor x = x0.to(tiny.dev());
+  x.requires_grad_(true);
+  auto [vals, ids] = topk(x, k);
+  const Tensor loss = sum(mul(vals, w.to(tiny.dev())));
+  const ChipRunProbe probe;
+  loss.backward();
+  const Tensor gx = x.grad().to(Device());
+  CHECK(probe.new_fallbacks() == 0);
+  CHECK(probe.host_fallbacks == codegen::stats().host_fallbacks);
+  // Naive: the weight of each chosen element at its place, zero elsewhere.
+  const std::vector<int64_t> iv = ids.to(Device()).to(DType::i64).to_vector<int64_t>();
+  const std::vector<float> wv = w.to_vector<float>();
+  std::vector<float> want(static_cast<size_t>(N * E), 0.0f);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = 0; j < k; ++j) want[static_cast<size_t>(n * E + iv[static_cast<size_t>(n * k + j)])] += wv[static_cast<size_t>(n * k + j)];
+  CHECK(gx.to_vector<float>() == want);
+  // An infinite gradient stays at its element (no 0 * inf elsewhere).
+  Tensor y = x0.to(tiny.dev());
+  y.requires_grad_(true);
+  auto [v2, i2] = topk(y, 1);
+  sum(mul(v2, std::numeric_limits<double>::infinity())).backward();
+  const std::vector<float> gy = y.grad().to(Device()).to_vector<float>();
+  const std::vector<int64_t> top = i2.to(Device()).to(DType::i64).to_vector<int64_t>();
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t e = 0; e < E; ++e)
+      CHECK(gy[static_cast<size_t>(n * E + e)] == (e == top[static_cast<size_t>(n)] ? INFINITY : 0.0f));
+}
+
 TEST_CASE("sigmoid routing: group-limited top-k weights and their gradient equal naive loops (cpu, tiny sim)",
           "[moe][codegen]") {
   TinySim tiny;

@@ -379,6 +379,68 @@ TEST_CASE("linear_int8 / linear_fp8 on the chip: each MXU path against the dequa
   }
 }
 
+TEST_CASE("linear_int8 on the chip with rows too long for VMEM: the activation scales from HBM", "[quant][sim]") {
+  DefaultF32MatmulPrecision precision;
+  QuantTestChip chip("tiny");
+  const Device d("sim:1");
+  Generator g(5);
+  const int64_t M = 2, N = 5, K = 40000;  // a whole f32 row and a weight panel exceed tiny's VMEM
+  const std::vector<float> xv = random_values(g, static_cast<size_t>(M * K), -2, 2);
+  const Int8Weight qw = quantize_int8(from_vector(random_values(g, static_cast<size_t>(N * K), -1, 1), {N, K}));
+  const Tensor wd = dequantize_int8(qw.q, qw.scale);
+  ChipRunProbe probe;
+  const std::vector<float> got = linear_int8(from_vector(xv, {M, K}).to(d), qw.q.to(d), qw.scale.to(d)).to_vector<float>();
+  CHECK(probe.new_fallbacks() == 0);
+  CHECK(probe.new_runs() > 1);  // the scales' programs, then the matmul
+  std::vector<double> ref, mag;
+  chip_qlinear_ref(xv, wd.to_vector<float>(), M, N, K, true, false, ref, mag);
+  int bad = 0;
+  for (size_t i = 0; i < ref.size(); ++i) bad += std::fabs(got[i] - ref[i]) > 1e-5 * mag[i] + 1e-30;
+  CHECK(bad == 0);
+}
+
+TEST_CASE("linear_int8 on the chip with whole rows of x in VMEM and the weight cut along K", "[quant][sim]") {
+  QuantTestChip chip("tiny");
+  const Device d("sim:1");
+  Generator g(9);
+  // Blocks of 8 bf16 rows of 4096 fit tiny's VMEM twice, a weight panel of 4096 does not.
+  const int64_t M = 24, N = 16, K = 4096;
+  std::vector<float> xv = random_values(g, static_cast<size_t>(M * K), -2, 2);
+  for (float& v : xv) v = static_cast<float>(bf16(v));
+  const Int8Weight qw = quantize_int8(from_vector(random_values(g, static_cast<size_t>(N * K), -1, 1), {N, K}));
+  const Tensor wd = dequantize_int8(qw.q, qw.scale);
+  ChipRunProbe probe;
+  const Tensor y = linear_int8(from_vector(xv, {M, K}).to(DType::bf16).to(d), qw.q.to(d), qw.scale.to(d));
+  const std::vector<float> got = y.to(DType::f32).to_vector<float>();
+  CHECK(probe.new_fallbacks() == 0);
+  std::vector<double> ref, mag;
+  chip_qlinear_ref(xv, wd.to_vector<float>(), M, N, K, true, false, ref, mag, true);
+  int bad = 0;
+  for (size_t i = 0; i < ref.size(); ++i)
+    bad += std::fabs(got[i] - ref[i]) > std::fabs(ref[i]) * 0x1p-8 + 1e-5 * mag[i] + 1e-30;
+  CHECK(bad == 0);
+}
+
+TEST_CASE("linear_int8 on a megacore chip (v5p): each core's part quantizes its rows", "[quant][sim]") {
+  DefaultF32MatmulPrecision precision;
+  QuantTestChip chip("v5p");
+  const Device d("sim:1");
+  Generator g(7);
+  const int64_t M = 512, N = 512, K = 512;  // big enough for codegen to split it over the two cores
+  const std::vector<float> xv = random_values(g, static_cast<size_t>(M * K), -2, 2);
+  const Int8Weight qw = quantize_int8(from_vector(random_values(g, static_cast<size_t>(N * K), -1, 1), {N, K}));
+  const Tensor wd = dequantize_int8(qw.q, qw.scale);
+  ChipRunProbe probe;
+  const std::vector<float> got = linear_int8(from_vector(xv, {M, K}).to(d), qw.q.to(d), qw.scale.to(d)).to_vector<float>();
+  CHECK(probe.new_fallbacks() == 0);
+  CHECK(probe.new_runs() == 1);
+  std::vector<double> ref, mag;
+  chip_qlinear_ref(xv, wd.to_vector<float>(), M, N, K, true, false, ref, mag);
+  int bad = 0;
+  for (size_t i = 0; i < ref.size(); ++i) bad += std::fabs(got[i] - ref[i]) > 1e-5 * mag[i] + 1e-30;
+  CHECK(bad == 0);
+}
+
 TEST_CASE("linear_int8 / linear_fp8 in a compiled function on the chip: a node like linear", "[quant][sim]") {
   DefaultF32MatmulPrecision precision;
   TinySim sim;
@@ -435,13 +497,50 @@ TEST_CASE("linear_fp8 on v7 runs at about twice the bf16 linear's FLOP rate, int
     const double bf16_cycles = quant_linear_cycles([&] { return tpu::linear(x, w); });
     codegen::reset_stats();
     const double q_cycles = quant_linear_cycles([&] { return v7 ? linear_fp8(x, q, s) : linear_int8(x, q, s); });
-    // The same FLOPs: the quantized product's MXU work alone (its kernel; the activation scales
-    // are small vector programs, counted separately).
+    // The same FLOPs: the quantized product's kernel (the activation scales computed inside it).
     const double q_mm = codegen::stats().cycles_by_kernel[v7 ? "linear_fp8" : "linear_int8"] / 2;
     INFO(name << ": bf16 linear " << bf16_cycles << " cycles, quantized step " << q_cycles << ", its matmul " << q_mm);
     // v7: fp8 streams at twice the bf16 rate; v6e: int8 at twice (their published peaks).
     CHECK(bf16_cycles >= 1.8 * q_mm);
-    CHECK(bf16_cycles >= 1.4 * q_cycles);  // the whole quantized step, activation scales included
+    CHECK(std::fabs(q_cycles - q_mm) <= 1e-9 * q_mm);  // one program: nothing runs besides the matmul
+  }
+  codegen::set_timing_only(was);
+}
+
+TEST_CASE("linear_fp8 on v7: a prefill step's seven projections at >= 1.8x the bf16 matmul rate (calibrated), "
+          ">= 1.6x (ideal), one program each",
+          "[quant][sim]") {
+  const bool was = codegen::timing_only();
+  codegen::set_timing_only(true);
+  for (const char* name : {"v7", "v7-ideal"}) {
+    INFO(name);
+    QuantTestChip chip(name);
+    const Device d("sim:1");
+    const int64_t M = 1024;  // tokens; the projections of a Llama-3-8B layer, [out, in]
+    const int64_t shapes[7][2] = {{4096, 4096}, {1024, 4096}, {1024, 4096}, {4096, 4096},
+                                  {14336, 4096}, {14336, 4096}, {4096, 14336}};
+    double bf16_total = 0, fp8_total = 0;
+    std::string per_shape;
+    for (const auto& sh : shapes) {
+      const int64_t N = sh[0], K = sh[1];
+      // Timing-only runs skip the arithmetic: the operands' values do not matter.
+      const Tensor x = tpu::empty({M, K}, {DType::bf16, d}), w = tpu::empty({N, K}, {DType::bf16, d});
+      const Tensor q = tpu::empty({N, K}, {DType::u8, d}), s = tpu::empty({N}, {DType::f32, d});
+      const double bf16_cycles = quant_linear_cycles([&] { return tpu::linear(x, w); });
+      ChipRunProbe runs;
+      const double fp8_cycles = quant_linear_cycles([&] { return linear_fp8(x, q, s); });
+      CHECK(runs.new_runs() == 2);  // one program per call (the activation scales inside it)
+      per_shape += std::to_string(N) + " x " + std::to_string(K) + ": bf16 " + std::to_string(bf16_cycles) + ", fp8 " +
+                   std::to_string(fp8_cycles) + "; ";
+      bf16_total += bf16_cycles;
+      fp8_total += fp8_cycles;
+    }
+    INFO(per_shape << "prefill mix: bf16 " << bf16_total << " cycles, fp8 " << fp8_total << " ("
+                    << bf16_total / fp8_total << "x)");
+    // Calibrated: 1.81x measured (the program's HBM time is added to its MXU time, and both halve
+    // for the weights). Ideal: each projection's first block of rows waits for its load and row
+    // max pass, and k / v (N = 1024) are bound by the vector unit: 1.71x, short of the MXU's 2x.
+    CHECK(bf16_total >= (std::string(name) == "v7" ? 1.8 : 1.6) * fp8_total);
   }
   codegen::set_timing_only(was);
 }

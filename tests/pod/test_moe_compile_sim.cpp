@@ -1,7 +1,9 @@
 // Single sparse MoE blocks on the cpu and the chips of the simulated pod (TPU_SIM_POD=2x2,
 // TPU_SIM_CHIP=tiny as the other pod tests) inside and outside tpu::compile: an expert-parallel
 // block's three exchanges (uneven, fixed-capacity, compiled) and its capacity drops against a
-// naive host reference; capacity-factor routing compiled against the eager host loop; the
+// naive host reference, with no host fallback in the fixed-capacity ones; a compiled
+// expert-parallel training step's gradients against one device (no host fallback either);
+// capacity-factor routing compiled against the eager host loop; the
 // fused moe_ffn node of a compiled inference graph (graph pass fuse_moe) against the eager block.
 #include <catch2/catch.hpp>
 
@@ -9,6 +11,7 @@
 #include <cmath>
 #include <map>
 
+#include "codegen/launch.h"
 #include "ops/fallback.h"
 #include "pod/pod_testing.h"
 #include "sharded/model.h"
@@ -124,14 +127,25 @@ TEST_CASE("expert-parallel block on 2 chips: uneven, fixed-capacity and compiled
     const std::string name = "ep_block_" + std::to_string(r);
     auto f = compile([&](const Tensor& x) { return comp->forward(x); }, {.name = name, .fullgraph = true});
     std::string& b = bad[size_t(r)];
+    auto host_runs = [&] {  // host fallbacks of ops on this rank's chip, and of chip kernels (any chip)
+      uint64_t n = codegen::stats().host_fallbacks;
+      for (const auto& fc : ops::fallback_counts())
+        if (fc.device == chip) n += fc.calls;
+      return n;
+    };
     for (int c = 0; c < calls; ++c) {
       const Tensor& w = want.at({c, r});
       const Tensor& cw = capped_want.at({c, r});
       const int64_t cd = capped_drops.at({c, r});
       const Tensor xc = ep_block_input(c, r).to(chip);
       const double du = max_abs_diff(uneven->forward(xc).to(Device()), w);
-      const double df = max_abs_diff(fixed->forward(xc).to(Device()), w);
-      const double dc = max_abs_diff(f(xc).to(Device()), w);
+      // The fixed-capacity exchange (eager and compiled): its index arithmetic, row gathers and
+      // casts run as chip programs, no op takes the host fallback.
+      const uint64_t fallbacks = host_runs();
+      const Tensor yf = fixed->forward(xc), yc = f(xc);
+      if (host_runs() != fallbacks) b += fmt::format("call {}: {} host fallbacks; ", c, host_runs() - fallbacks);
+      const double df = max_abs_diff(yf.to(Device()), w);
+      const double dc = max_abs_diff(yc.to(Device()), w);
       if (du > 1e-5 || df > 1e-5 || dc > 1e-5) b += fmt::format("call {}: {} {} {}; ", c, du, df, dc);
       auto drops = [](const nn::SparseMoE& m) {
         return nn::parallel::expert_parallel_dropped(m).to(Device()).to(DType::i64).item<int64_t>();
@@ -152,6 +166,74 @@ TEST_CASE("expert-parallel block on 2 chips: uneven, fixed-capacity and compiled
   }
 }
 
+TEST_CASE("a compiled expert-parallel training step on 2 chips: gradients equal one device, no host fallback",
+          "[pod][sharded]") {
+  (void)g_env;
+  pod_testing::HighestF32Precision precision;
+  nn::MoEConfig mc = tiny_moe_block_config();
+  const int world = 2;
+  // Rank r's loss sum(block(x_r) * t_r): on the host, each rank's gradients separately.
+  auto target = [](int r) {
+    std::vector<float> v(48);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(std::sin(0.3 * double(i) + 1.1 * r));
+    return from_vector(v, Shape{6, 8});
+  };
+  std::vector<std::map<std::string, Tensor>> ref_grads(world);
+  std::vector<Tensor> ref_dx(world);
+  for (int r = 0; r < world; ++r) {
+    Generator g(5);
+    nn::SparseMoE ref(mc, &g);
+    Tensor x = ep_block_input(0, r);
+    x.requires_grad_(true);
+    sum(mul(ref.forward(x), target(r))).backward();
+    ref_dx[size_t(r)] = x.grad().clone();
+    for (auto& [n, p] : ref.named_parameters()) ref_grads[size_t(r)][n] = p.grad().clone();
+  }
+  auto pg = dist::sim_pod_groups({world});
+  std::vector<std::string> bad(static_cast<size_t>(world));
+  pod_testing::on_ranks(world, [&](int r) {
+    const Device chip = pod_testing::chip(r);
+    Generator g(5);
+    auto blk = std::make_shared<nn::SparseMoE>(mc, &g);
+    blk->to(chip);
+    nn::parallel::expert_parallel(*blk, pg[size_t(r)], {});
+    const Tensor t = target(r).to(chip);
+    auto step = compile([&](const Tensor& x) {
+      const Tensor loss = sum(mul(blk->forward(x), t));
+      loss.backward();
+      return loss;
+    }, {.name = "ep_train_step_" + std::to_string(r), .fullgraph = true});
+    Tensor x = ep_block_input(0, r).to(chip);
+    x.requires_grad_(true);
+    auto host_runs = [&] {
+      uint64_t n = codegen::stats().host_fallbacks;
+      for (const auto& fc : ops::fallback_counts())
+        if (fc.device == chip) n += fc.calls;
+      return n;
+    };
+    std::string& b = bad[size_t(r)];
+    const uint64_t fallbacks = host_runs();
+    step(x);
+    if (host_runs() != fallbacks) b += fmt::format("{} host fallbacks; ", host_runs() - fallbacks);
+    if (!x.grad().defined() || max_abs_diff(x.grad().to(Device()), ref_dx[size_t(r)]) > 1e-5) b += "input gradient; ";
+    // The local experts' gradients are those of the ranks' mean loss; the router's its own.
+    for (auto& [n, p] : blk->named_parameters()) {
+      Tensor want;
+      if (n.find("experts") != std::string::npos) {
+        const int64_t k = p.size(0);
+        want = mul(add(narrow(ref_grads[0].at(n), 0, r * k, k), narrow(ref_grads[1].at(n), 0, r * k, k)), 0.5);
+      } else {
+        want = ref_grads[size_t(r)].at(n);
+      }
+      const double d = p.grad().defined() ? max_abs_diff(p.grad().to(Device()), want) : INFINITY;
+      if (d > 1e-5) b += fmt::format("gradient of {}: {}; ", n, d);
+    }
+  });
+  for (int r = 0; r < world; ++r) {
+    INFO("rank " << r);
+    CHECK(bad[size_t(r)] == "");
+  }
+}
 
 TEST_CASE("capacity-factor routing inside tpu::compile (cpu and a sim chip) equals the eager naive admission",
           "[pod][sharded]") {

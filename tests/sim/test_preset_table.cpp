@@ -97,3 +97,78 @@ TEST_CASE("preset figures equal the README table", "[sim][config][presets]") {
   // v7: fp8 at twice the bf16 rate.
   CHECK(preset_config("v7").published_fp8_tflops == 2 * preset_config("v7").published_peak_tflops);
 }
+
+namespace {
+
+// sim/README.md's "Where each preset's timing constants come from" table: rows by constant (the
+// first cell up to its closing backtick), each a map from preset column to cell text.
+std::map<std::string, std::map<std::string, std::string>> readme_timing_table() {
+  std::ifstream in(std::string(TPU_SOURCE_DIR) + "/sim/README.md");
+  REQUIRE(in.good());
+  std::string line;
+  while (std::getline(in, line) && line.rfind("Where each preset's timing constants come from", 0) != 0) {
+  }
+  std::vector<std::string> head;
+  std::map<std::string, std::map<std::string, std::string>> rows;
+  while (std::getline(in, line)) {
+    if (line.rfind("|", 0) != 0) {
+      if (!head.empty()) break;  // the table ended
+      continue;
+    }
+    auto c = cells(line);
+    if (head.empty()) {
+      head = c;
+      continue;
+    }
+    if (c.empty() || c[0].rfind("---", 0) == 0) continue;
+    REQUIRE(c.size() == head.size());
+    const auto e = c[0].find('`', 1);
+    const std::string key = c[0].rfind("`", 0) == 0 && e != std::string::npos ? c[0].substr(1, e - 1) : c[0];
+    for (size_t i = 1; i < c.size(); ++i) rows[key][head[i]] = c[i];
+  }
+  return rows;
+}
+
+// "F: 0.307", "C7: 0.86 ...", "M: 1 (dies ...)" -> the label and the number after it.
+std::pair<std::string, double> labeled(const std::string& cell) {
+  const auto colon = cell.find(':');
+  REQUIRE(colon != std::string::npos);
+  return {cell.substr(0, colon), std::stod(cell.substr(colon + 1))};
+}
+
+}  // namespace
+
+TEST_CASE("preset timing constants equal the README's sources table", "[sim][config][presets]") {
+  const auto table = readme_timing_table();
+  using Get = double (*)(const TimingConfig&);
+  const std::vector<std::pair<std::string, Get>> rows = {
+      {"launch_cycles", [](const TimingConfig& t) { return t.launch_cycles; }},
+      {"reduce_cycles", [](const TimingConfig& t) { return t.reduce_cycles; }},
+      {"megacore", [](const TimingConfig& t) { return double(t.megacore); }},
+      {"mxu_efficiency", [](const TimingConfig& t) { return t.mxu_efficiency; }},
+      {"hbm_efficiency", [](const TimingConfig& t) { return t.hbm_efficiency; }},
+      {"wide_hbm_efficiency", [](const TimingConfig& t) { return t.wide_hbm_efficiency; }},
+      {"memory_overlap", [](const TimingConfig& t) { return t.memory_overlap; }},
+  };
+  for (const auto& [key, get] : rows) {
+    INFO(key);
+    REQUIRE(table.count(key) == 1);
+    const auto& row = table.at(key);
+    CHECK(!row.at("rule / source").empty());
+    for (const char* name : {"v4", "v5e", "v5p", "v6e", "v7"}) {
+      INFO(name);
+      const auto [label, value] = labeled(row.at(name));
+      CHECK((label == "M" || label == "F" || label == "C" || label == "C7"));
+      CHECK(preset_config(name).timing.calibrated());
+      CHECK(get(preset_config(name).timing) == Approx(value).epsilon(1e-9));
+    }
+  }
+  // A constant carried over from v7 (C7) is v7's published value.
+  for (const auto& [key, get] : rows)
+    for (const char* name : {"v5e", "v5p", "v6e"})
+      if (labeled(table.at(key).at(name)).first == "C7") {
+        INFO(key << " " << name);
+        CHECK(labeled(table.at(key).at("v7")).first == "M");
+        CHECK(get(preset_config(name).timing) == get(preset_config("v7").timing));
+      }
+}

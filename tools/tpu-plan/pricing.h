@@ -46,20 +46,23 @@ struct Acc {
     else if (c_vec >= m) other += rest;
     else hbm += rest;
   }
-  // [M, K] x [K, N] with bf16 inputs and `out`-byte results, which the MXU path stores (no
-  // 16-bit vector stores: the sustained HBM fraction is wide_hbm_efficiency).
+  // [M, K] x [K, N] with bf16 inputs and `out`-byte results. The vector unit converts the MXU's
+  // f32 accumulators and stores them: 16-bit results are 16-bit vector stores (priced at
+  // hbm_efficiency, as the simulator prices the library's bf16 matmul programs), f32 results
+  // are not (wide_hbm_efficiency).
   void matmul(double M, double K, double N, double out = 2) {
     const double R = cfg->mxu.rows, C = cfg->mxu.cols;
     const double tiles = cdiv(K, R) * cdiv(N, C);
     kernel(cdiv(M, devices) * devices * tiles * cfg->mxu.bf16_cycles_per_row, tiles * R * cfg->mxu.weight_load_cycles_per_row,
-           0, false, 2 * (M * K + K * N), out * M * N, 0);
+           0, false, 2 * (M * K + K * N), out * M * N, out == 2 ? out * M * N : 0);
   }
   // `g` independent [M, K] x [K, N] products of one batched kernel (each with its own weight).
   void batched_matmul(double g, double M, double K, double N, double out = 2) {
     const double R = cfg->mxu.rows, C = cfg->mxu.cols;
     const double tiles = cdiv(K, R) * cdiv(N, C);
     kernel(g * cdiv(M, devices) * devices * tiles * cfg->mxu.bf16_cycles_per_row,
-           g * tiles * R * cfg->mxu.weight_load_cycles_per_row, 0, false, g * 2 * (M * K + K * N), g * out * M * N, 0);
+           g * tiles * R * cfg->mxu.weight_load_cycles_per_row, 0, false, g * 2 * (M * K + K * N), g * out * M * N,
+           out == 2 ? g * out * M * N : 0);
   }
   // Elementwise / row-wise kernel on bf16 tensors: `in` elements read, `out` written, vpu / eup
   // ops per output element (or per input element when larger).

@@ -226,6 +226,23 @@ TEST_CASE("a matmul kernel as the planner prices it against the simulated chip r
   }
 }
 
+TEST_CASE("a matmul's 16-bit results are priced as 16-bit vector stores, f32 results as wide stores") {
+  // The library's bf16 matmul programs convert the MXU's f32 accumulators and store them with
+  // 16-bit vector stores, which the simulator prices at hbm_efficiency; f32 results at
+  // wide_hbm_efficiency. On v4 (0.307 and 0.697) the same memory-bound product with bf16 and with
+  // f32 results differs only in its memory term (compute, launch and fill are the same, and v4
+  // adds compute to memory): bytes / (bandwidth x fraction) for each.
+  const plan::Slice s = plan::make_slice("v4", true, "1", 0);
+  const sim::ChipConfig& c = s.chip;
+  const double m = 8, k = 4096, n = 4096;
+  const double in = 2 * (m * k + k * n), bw = c.memory.hbm_bandwidth_gbps * 1e9 * c.timing.megacore;
+  REQUIRE(c.timing.memory_overlap == 0);
+  REQUIRE(c.timing.hbm_efficiency < c.timing.wide_hbm_efficiency);
+  const double want = ((in + 2 * m * n) / c.timing.hbm_efficiency - (in + 4 * m * n) / c.timing.wide_hbm_efficiency) / bw;
+  const double got = plan::matmul_seconds(s, m, k, n, 2) - plan::matmul_seconds(s, m, k, n, 4);
+  CHECK(got == Approx(want).epsilon(1e-3));
+}
+
 TEST_CASE("multi-slice: gradients all-reduced over DCN per layer, closed form; layout errors") {
   const plan::ModelShape m = plan::named_model("tiny");
   const plan::Slice s = plan::make_slice("tiny", true, "2x2x2", 0);

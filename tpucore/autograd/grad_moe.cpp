@@ -13,7 +13,19 @@ void topk_bw(const BackwardArgs& a, Grads g) {
   if (!go.defined()) return;
   const ops::TensorMeta& im = a.input_meta[0];
   const int d = wrap_dim(a.attrs.get_int("dim"), im.shape.ndim(), "topk");
-  g[0] = scatter_add(zeros(im.shape, opts(im)), d, a.outputs[1], go.to(im.dtype));
+  const Tensor& idx = a.outputs[1];
+  const int64_t n = im.shape.ndim() ? im.shape[d] : 1, k = idx.dim() ? idx.size(d) : 1;
+  if (d == im.shape.ndim() - 1 && n * k <= 4096 && !im.device.is_cpu()) {
+    // Along a short last dim (a router's experts), as a selection against the one-hot rows of the
+    // indices: an f32 comparison with an iota, ops a chip runs (its scatter_add takes rows only).
+    // The indices of a row are distinct, so every element gets at most one term: exact.
+    std::vector<float> iv(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) iv[static_cast<size_t>(i)] = static_cast<float>(i);
+    const Tensor hot = eq(unsqueeze(idx.to(DType::f32), -1), from_vector(iv, Shape{n}).to(im.device));  // [.., k, n]
+    g[0] = sum(where(hot, unsqueeze(go.to(im.dtype), -1), 0.0), {-2});
+    return;
+  }
+  g[0] = scatter_add(zeros(im.shape, opts(im)), d, idx, go.to(im.dtype));
 }
 
 // x is needed for w's gradient and w for x's; the group sizes always.

@@ -497,12 +497,11 @@ using chip_lowering::SimLowerer;
 
 sim::Program lower_to_chip(const KernelDef& k, std::span<const TensorType> inputs, std::span<const TensorType> outputs,
                            const sim::ChipConfig& cfg, std::span<const Tensor> scalars, bool check_copies) {
-  // Up to kDeepestInputRing slots per input block where half of VMEM holds them, the steps'
+  // Up to kDeepestInputRing slots per block where half of VMEM holds them, the steps'
   // values in a ring; if they then do not fit, every step's values from the same base; then two
   // slots per block.
-  constexpr int kDeepestInputRing = 12;
   for (int attempt = 0;; ++attempt) {
-    const int depth = attempt < 2 ? kDeepestInputRing : 2;
+    const int depth = attempt < 2 ? chip_lowering::kDeepestInputRing : 2;
     KernelContext::State s;
     s.def = &k;
     s.check_copies = check_copies;

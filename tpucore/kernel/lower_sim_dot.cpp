@@ -10,6 +10,13 @@
 
 namespace tpu::kernel::detail::chip_lowering {
 
+namespace {
+
+// The MXU mode of a dot of f32 / bf16 operands (f32 at the precision setting).
+sim::MxuMode float_dot_mode(DType t) { return t == DType::bf16 ? sim::MxuMode::bf16 : codegen::f32_matmul_mode(); }
+
+}  // namespace
+
 SimLowerer::Deferred* SimLowerer::deferred_of(const Value::Impl* impl) {
   for (Deferred& d : deferred_)
     if (auto r = d.result.lock(); r && r.get() == impl) return &d;
@@ -47,21 +54,24 @@ void SimLowerer::materialize(const Value& v) {
       acc = true;
     }
   }
-  emit_dot(d, at, acc);
+  emit_dot(d, at, acc, float_dot_mode(d.a.dtype()), sim::DType::f32);
 }
 
-void SimLowerer::emit_dot(const Deferred& d, int64_t out, bool accumulate_first) {
+// The product a [m, k] x b [k, n] (b [n, k] when transposed) into `out` [m, n] of dtype
+// `out_t` (f32, or i32 for i8 operands) in MXU mode `mode`: column tile j of the array width on
+// its own MXU; fewer tiles than MXUs split the rows in groups of 8k, one per MXU; each K tile of
+// the array height loads its weights and multiplies, the first writing the result unless
+// `accumulate_first`.
+void SimLowerer::emit_dot(const Deferred& d, int64_t out, bool accumulate_first, sim::MxuMode mode, sim::DType out_t) {
   materialize(d.a);
   materialize(d.b);
   const Value &a = d.a, &b = d.b;
   const int64_t m = d.m, k = d.k, n = d.n;
   const sim::DType pt = phys(a.dtype());
-  const int64_t es = sim::dtype_size(pt);
-  const sim::MxuMode mode = a.dtype() == DType::bf16 ? sim::MxuMode::bf16 : codegen::f32_matmul_mode();
+  const int64_t es = sim::dtype_size(pt), os = sim::dtype_size(out_t);
   const int64_t R = cfg_.mxu.rows, C = cfg_.mxu.cols;
   const int nm = std::max(1, cfg_.mxu.count);
   const int64_t A = a.impl()->vmem, W = b.impl()->vmem;
-  // Column tile j on its own MXU; fewer tiles than MXUs: rows split in groups of 8k, one per MXU.
   const int64_t jt = (n + C - 1) / C, groups = jt < nm ? std::max<int64_t>(1, std::min(nm / jt, m / 8)) : 1;
   const int64_t grows = ((m + groups - 1) / groups + 7) / 8 * 8;
   for (int64_t jg = 0; jg < jt * groups; ++jg) {
@@ -72,7 +82,7 @@ void SimLowerer::emit_dot(const Deferred& d, int64_t out, bool accumulate_first)
       const sim::Operand w = d.transpose_b ? B::vmem(B::at(W + (j * C * k + p * R) * es), pt, 1, k)
                                            : B::vmem(B::at(W + (p * R * n + j * C) * es), pt, n);
       b_.mxu_load_weights(mxu, w, kk, nn, mode);
-      b_.mxu_matmul(mxu, B::vmem(B::at(out + (r0 * n + j * C) * 4), sim::DType::f32, n),
+      b_.mxu_matmul(mxu, B::vmem(B::at(out + (r0 * n + j * C) * os), out_t, n),
                     B::vmem(B::at(A + (r0 * k + p * R) * es), pt, k), rl, kk, nn, accumulate_first || p > 0, mode);
     }
   }
@@ -81,39 +91,23 @@ void SimLowerer::emit_dot(const Deferred& d, int64_t out, bool accumulate_first)
 Value SimLowerer::dot(const Value& a0, const Value& b, DotOptions o, int64_t m, int64_t k, int64_t n) {
   settle();
   const Value a = o.transpose_a ? transpose(a0) : a0;
+  Deferred d;
+  d.a = a;
+  d.b = b;
+  d.transpose_b = o.transpose_b;
+  d.m = m;
+  d.k = k;
+  d.n = n;
   if (a.dtype() != DType::i8) {  // f32 / bf16: deferred until read or accumulated
     Value r = make({m, n}, DType::f32);
-    Deferred d;
     d.result = r.impl();
-    d.a = a;
-    d.b = b;
-    d.transpose_b = o.transpose_b;
-    d.m = m;
-    d.k = k;
-    d.n = n;
     deferred_.push_back(std::move(d));
     return r;
   }
   // i8: i32 products on the MXU, then kept as f32 (exact to 2^24).
-  materialize(b);
-  const int64_t R = cfg_.mxu.rows, C = cfg_.mxu.cols;
-  const int nm = std::max(1, cfg_.mxu.count);
   Value r = make({m, n}, DType::i32);
-  const int64_t out = alloc(m * n * 4), A = a.impl()->vmem, W = b.impl()->vmem;
-  const int64_t jt = (n + C - 1) / C, groups = jt < nm ? std::max<int64_t>(1, std::min(nm / jt, m / 8)) : 1;
-  const int64_t grows = ((m + groups - 1) / groups + 7) / 8 * 8;
-  for (int64_t jg = 0; jg < jt * groups; ++jg) {
-    const int64_t j = jg / groups, r0 = (jg % groups) * grows, rl = std::min(grows, m - r0), nn = std::min(C, n - j * C);
-    const int mxu = static_cast<int>(jg % nm);
-    for (int64_t p = 0; p * R < k && rl > 0; ++p) {
-      const int64_t kk = std::min(R, k - p * R);
-      const sim::Operand w = o.transpose_b ? B::vmem(B::at(W + (j * C * k + p * R)), sim::DType::i8, 1, k)
-                                           : B::vmem(B::at(W + (p * R * n + j * C)), sim::DType::i8, n);
-      b_.mxu_load_weights(mxu, w, kk, nn, sim::MxuMode::i8);
-      b_.mxu_matmul(mxu, B::vmem(B::at(out + (r0 * n + j * C) * 4), sim::DType::i32, n),
-                    B::vmem(B::at(A + (r0 * k + p * R)), sim::DType::i8, k), rl, kk, nn, p > 0, sim::MxuMode::i8);
-    }
-  }
+  const int64_t out = alloc(m * n * 4);
+  emit_dot(d, out, false, sim::MxuMode::i8, sim::DType::i32);
   b_.unary(Op::vcast, dst(r), B::vmem(B::at(out), sim::DType::i32, n), m, n);
   return r;
 }
@@ -177,7 +171,7 @@ void SimLowerer::settle() {
   if (old.use_count() > 3) move_out(*old, DType::f32, sc.value.shape());
   const int64_t slot = sc.slot[sc.cur];
   if (filled && fv != 0.0) b_.fill(dst_at(slot, DType::f32, {d.m, d.n}), static_cast<float>(fv), d.m, d.n);
-  emit_dot(d, slot, !(filled && fv == 0.0));  // onto zeros: the first K tile writes the slot
+  emit_dot(d, slot, !(filled && fv == 0.0), float_dot_mode(d.a.dtype()), sim::DType::f32);  // onto zeros: the first K tile writes the slot
   v.impl()->vmem = slot;
   sc.held[sc.cur] = v.impl();
   sc.value = Value(sc.value.shape(), DType::f32, v.impl());

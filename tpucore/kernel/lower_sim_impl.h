@@ -41,6 +41,12 @@ inline Dims2 dims2(const std::vector<int64_t>& s, const std::string& kernel) {
 inline sim::DType phys(DType t) { return t == DType::bf16 ? sim::DType::bf16 : t == DType::i8 ? sim::DType::i8 : sim::DType::f32; }
 inline int64_t psize(DType t) { return sim::dtype_size(phys(t)); }
 
+// Grid steps the block pipeline looks ahead of the current one for the blocks to copy in; an
+// input's ring has up to one VMEM slot per block of those steps (and the current one), so the
+// copies of every block in that window can be in flight before the first is waited for.
+inline constexpr int kMaxLookahead = 24;
+inline constexpr int kDeepestInputRing = kMaxLookahead + 1;
+
 // Drops the copy of a store whose value's last operation can write the block itself.
 void fold_store_copies(sim::Program& p);
 // The program's instructions reordered so independent chains of operations overlap on the
@@ -227,7 +233,7 @@ class SimLowerer final : public Lowerer {
   Deferred* deferred_of(const Value::Impl* impl);
   Value defer_fill(const std::vector<int64_t>& shape, double v, DType t);
   void materialize(const Value& v);
-  void emit_dot(const Deferred& d, int64_t out, bool accumulate_first);
+  void emit_dot(const Deferred& d, int64_t out, bool accumulate_first, sim::MxuMode mode, sim::DType out_t);
   std::optional<Value> fuse_dot_add(const Value& a, const Value& b, const std::vector<int64_t>& shape, DType out);
   bool defer_accumulate_store(size_t i, const Value& v);
   void settle();  // emits a deferred accumulating store (called before anything reads or writes VMEM values)

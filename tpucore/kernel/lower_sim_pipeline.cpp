@@ -136,7 +136,6 @@ void SimLowerer::prefetch(std::span<const int64_t> g) {
 }
 
 std::vector<Index> SimLowerer::steps_after(std::span<const int64_t> g) const {
-  constexpr int kMaxLookahead = 24;  // grid steps looked at ahead of g
   std::vector<Index> steps;
   Index next(g.begin(), g.end());
   for (int w = 0; w < kMaxLookahead; ++w) {

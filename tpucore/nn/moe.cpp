@@ -186,7 +186,7 @@ Tensor load_balancing_loss(const std::vector<Tensor>& router_logits, int64_t num
   Tensor chosen;
   {
     NoGradGuard ng;
-    chosen = tpu::to(one_hot(std::get<1>(topk(p, top_k)), num_experts), DType::f32);  // [N, k, E]
+    chosen = moe_hot_rows(std::get<1>(topk(p, top_k)), num_experts);  // [N, k, E]
   }
   const Tensor tokens_per_expert = mean(chosen, {0});   // [k, E]
   const Tensor prob_per_expert = mean(p, {0}, true);     // [1, E]

@@ -90,30 +90,42 @@ Tensor ep_run_fixed(const Tensor& xs, const Tensor& group_sizes, EpState& st) {
   cap = std::max<int64_t>(cap, 1);
   TPU_CHECK(slots > 0, "expert_parallel: a forward without tokens");
   const Device dev = xs.device();
-  const auto i32 = TensorOptions(DType::i32, dev);
+  // The index arithmetic runs in f32 (the chip's vector unit has no integer arithmetic): exact
+  // for integers up to 2^24, and every value below is at most max(slots + cap, n cap).
+  TPU_CHECK(slots + cap <= (int64_t{1} << 24) && n * cap <= (int64_t{1} << 24),
+            "expert_parallel: the fixed-capacity exchange counts rows in f32, exact up to 2^24 = 16777216; "
+            "{} slots with a capacity of {} rows per rank on {} ranks exceed it", slots, cap, n);
+  const auto f32 = TensorOptions(DType::f32, dev);
+  // 0, 1, ..., m - 1 in f32 on the device (made on the host: no integer arange on the chip).
+  auto iota = [&](int64_t m) {
+    std::vector<float> v(static_cast<size_t>(m));
+    for (int64_t i = 0; i < m; ++i) v[static_cast<size_t>(i)] = static_cast<float>(i);
+    return from_vector(v, Shape{m}).to(dev);
+  };
+  auto as_f32 = [](const Tensor& t) { return tpu::to(t, DType::f32); };
   Tensor counts, theirs;
   {
     NoGradGuard ng;
-    counts = tpu::to(group_sizes.detach(), DType::i32).to(dev).contiguous();
-    theirs = collective_buffer(Shape{e}, i32);  // [source rank][local expert]
+    counts = as_f32(group_sizes.detach()).to(dev).contiguous();
+    theirs = collective_buffer(Shape{e}, f32);  // [source rank][local expert]
     g->all_to_all_single(theirs, counts);
   }
   // The sender's side: per destination rank j, its slot count and the first of its slots.
-  const Tensor per_rank = sum(reshape(counts, Shape{n, local}), {-1}, false, DType::i32);            // [n]
-  const Tensor seg_end = cumsum(per_rank, 0);  // inclusive
+  const Tensor per_rank = sum(reshape(counts, Shape{n, local}), {-1});  // [n]
+  const Tensor seg_end = cumsum(per_rank, 0);                           // inclusive
   const Tensor seg_start = sub(seg_end, per_rank);
-  const Tensor r_cap = reshape(arange(cap, i32), Shape{1, cap});                                     // [1, C]
-  const Tensor want = add(unsqueeze(seg_start, 1), r_cap);                                           // [n, C]
+  const Tensor r_cap = reshape(iota(cap), Shape{1, cap});               // [1, C]
+  const Tensor want = add(unsqueeze(seg_start, 1), r_cap);              // [n, C]
   const Tensor sent_ok = reshape(lt(r_cap, unsqueeze(per_rank, 1)), Shape{n * cap});
-  const Tensor src_row = reshape(clamp(want, int64_t{0}, slots - 1), Shape{n * cap});
+  const Tensor src_row = tpu::to(reshape(clamp(want, 0.0, static_cast<double>(slots - 1)), Shape{n * cap}), DType::i32);
   Tensor send = where(unsqueeze(sent_ok, 1), index_select(xs, 0, src_row), 0.0);
   const std::vector<int64_t> blocks(static_cast<size_t>(n), cap);
   Tensor got = all_to_all_rows(send, blocks, blocks, g);  // [n C, H]: block i from rank i
   // The receiver's side: the local expert of every row (padding: the last one), stably sorted.
   const Tensor cum = cumsum(reshape(theirs, Shape{n, local}), 1);  // [n, local]
-  const Tensor r3 = reshape(arange(cap, i32), Shape{1, cap, 1});
-  Tensor key = sum(ge(r3, unsqueeze(cum, 1)), {-1}, false, DType::i32);                               // [n, C]
-  key = reshape(clamp(key, int64_t{0}, local - 1), Shape{n * cap, 1});
+  const Tensor r3 = reshape(iota(cap), Shape{1, cap, 1});
+  Tensor key = sum(as_f32(ge(r3, unsqueeze(cum, 1))), {-1});  // [n, C]
+  key = tpu::to(reshape(clamp(key, 0.0, static_cast<double>(local - 1)), Shape{n * cap, 1}), DType::i32);
   const Tensor got_ok = reshape(lt(reshape(r3, Shape{1, cap}), narrow(cum, 1, local - 1, 1)), Shape{n * cap});
   got = where(unsqueeze(got_ok, 1), got, 0.0);
   auto [ord, sizes] = moe_sort(key, local);
@@ -121,22 +133,25 @@ Tensor ep_run_fixed(const Tensor& xs, const Tensor& group_sizes, EpState& st) {
   // of the ranks' losses), the gradients sent back to the ranks are not.
   const Tensor grouped = ep_scale_grad(moe_permute(got, ord, 1), static_cast<double>(n));
   MoEExperts& experts = *st.experts;
-  const Tensor gs = group_sizes.dtype() == DType::i32 ? sizes : tpu::to(sizes, group_sizes.dtype());
+  const Tensor gs = group_sizes.dtype() == sizes.dtype() ? sizes : tpu::to(sizes, group_sizes.dtype());
   Tensor ys = experts.call({grouped, gs}, [&](std::span<const Tensor> in) { return experts.forward(in[0], in[1]); });
   ys = moe_unpermute(ep_scale_grad(ys, 1.0 / n), ord, Tensor(), 1);
   if (ys.dtype() != xs.dtype()) ys = tpu::to(ys, xs.dtype());
   const Tensor back = all_to_all_rows(ys, blocks, blocks, g);  // block j: my rows rank j ran
   // Every slot's row in `back`: block j(s) (its expert's rank), row s - seg_start[j(s)].
-  const Tensor s_idx = arange(slots, i32);
-  Tensor j = sum(ge(unsqueeze(s_idx, 1), unsqueeze(seg_end, 0)), {-1}, false, DType::i32);          // [S]
-  j = clamp(j, int64_t{0}, int64_t{n - 1});
-  const Tensor off = sub(s_idx, index_select(seg_start, 0, j));
-  const Tensor kept = lt(off, cap);
-  const Tensor row = add(mul(j, cap), clamp(off, int64_t{0}, cap - 1));
-  Tensor out = where(unsqueeze(kept, 1), index_select(back, 0, row), 0.0);
+  const Tensor s_idx = unsqueeze(iota(slots), 1);                                 // [S, 1]
+  const Tensor j = clamp(sum(as_f32(ge(s_idx, unsqueeze(seg_end, 0))), {-1}, true), 0.0,
+                         static_cast<double>(n - 1));                             // [S, 1]
+  // seg_start[j(s)] as a sum against the one-hot row of j(s) (one term: exact).
+  const Tensor start_of = sum(mul(as_f32(eq(j, unsqueeze(iota(n), 0))), unsqueeze(seg_start, 0)), {-1}, true);
+  const Tensor off = sub(s_idx, start_of);                                        // [S, 1]
+  const Tensor kept = reshape(lt(off, static_cast<double>(cap)), Shape{slots, 1});
+  const Tensor row = tpu::to(reshape(add(mul(j, static_cast<double>(cap)), clamp(off, 0.0, static_cast<double>(cap - 1))),
+                                     Shape{slots}), DType::i32);
+  Tensor out = where(kept, index_select(back, 0, row), 0.0);
   {
     NoGradGuard ng;
-    st.dropped = sum(clamp(sub(per_rank, cap), int64_t{0}, std::nullopt), {}, false, DType::i32);
+    st.dropped = tpu::to(sum(clamp(sub(per_rank, static_cast<double>(cap)), 0.0, std::nullopt)), DType::i32);
   }
   return out;
 }
@@ -341,7 +356,13 @@ Tensor load_balancing_loss(const std::vector<Tensor>& router_logits, int64_t num
   Tensor counts, tokens;
   {
     NoGradGuard ng;
-    const Tensor chosen = tpu::to(one_hot(std::get<1>(topk(p, top_k)), num_experts), DType::f32);  // [N, k, E]
+    // One-hot rows as f32 from a comparison with an iota (the chip runs it; one_hot is integer).
+    TPU_CHECK(num_experts <= (int64_t{1} << 24), "load_balancing_loss: {} experts (at most 2^24)", num_experts);
+    std::vector<float> iv(static_cast<size_t>(num_experts));
+    for (int64_t i = 0; i < num_experts; ++i) iv[static_cast<size_t>(i)] = static_cast<float>(i);
+    const Tensor iota = from_vector(iv, Shape{num_experts}).to(dev);
+    const Tensor ids = tpu::to(std::get<1>(topk(p, top_k)), DType::f32);
+    const Tensor chosen = tpu::to(eq(unsqueeze(ids, -1), iota), DType::f32);  // [N, k, E]
     Tensor packed = cat({reshape(sum(chosen, {0}), Shape{-1}),
                          full(Shape{1}, static_cast<double>(logits.size(0)), TensorOptions(DType::f32, dev))},
                         0).contiguous();
