@@ -29,25 +29,31 @@ enum Reg : int {
 constexpr int rQkPar = rCount, rHasNext = rTok, rNextTok0 = rSlot;
 
 struct Layout {
-  int64_t rows = 0, keys = 0, dv = 0;  // rows of a unit (kv_heads x tokens x group), keys per step, V columns
+  // rows of a unit (kv_heads x tokens x group), keys per step, columns of the accumulators O
+  // (head_dim + 1: column head_dim holds l) and of every key and KV head in the V buffers
+  // (head_dim + 1 with the ones column, head_dim without it)
+  int64_t rows = 0, keys = 0, dv = 0, vdv = 0;
   int64_t q[2]{}, s[3]{}, mask = 0, o[4]{}, zero = 0, obuf[2]{}, k[3]{}, v[3]{};
-  int64_t m = 0, mnew = 0, alpha = 0, aprev = 0, g = 0, negm = 0, thr = 0, thrw = 0, rowt = 0, col = 0;
+  int64_t m = 0, mnew = 0, alpha = 0, aprev = 0, g = 0, negm = 0, thr = 0, thrw = 0, rowt = 0, lsum = 0, col = 0;
   int64_t units = 0, fpos = 0;
   int64_t total = 0;
 };
 
 // Buffers by parity: Q and the output rows by unit (rOutPar), K/V pages and the scores S by step
 // mod 3 (rSPar), the accumulators O by unit and step mod 2 (rPar; see emit_step).
-// V pages sit in VMEM as [keys, kv_heads, head_dim + 1]: the extra column of every head holds
-// 1.0 (written once per class), so P V on the MXUs also yields the row sums of P in column
-// head_dim of O (no vector or cross-lane work for l, and O's rescale rescales l with it).
-Layout plan(const sim::ChipConfig& cfg, const PagedAttentionSpec& s, int64_t tokens, int64_t pps) {
+// With the ones column (`ones`), V pages sit in VMEM as [keys, kv_heads, head_dim + 1]: the
+// extra column of every head holds 1.0 (written once per class), so P V on the MXUs also yields
+// the row sums of P in column head_dim of O (no vector or cross-lane work for l, and O's
+// rescale rescales l with it). Without it ([keys, kv_heads, head_dim], a page is one contiguous
+// copy), the row sums come from the cross-lane unit and are added into column head_dim of O.
+Layout plan(const sim::ChipConfig& cfg, const PagedAttentionSpec& s, int64_t tokens, int64_t pps, bool ones) {
   (void)cfg;
   Layout p;
   const int64_t es = sim::dtype_size(s.dtype), group = s.heads / s.kv_heads, d = s.head_dim;
   p.rows = s.kv_heads * tokens * group;
   p.keys = pps * s.block_size;
   p.dv = d + 1;
+  p.vdv = ones ? d + 1 : d;
   int64_t at = 0;
   auto take = [&](int64_t bytes) {
     const int64_t o = at;
@@ -63,12 +69,20 @@ Layout plan(const sim::ChipConfig& cfg, const PagedAttentionSpec& s, int64_t tok
   p.zero = take(2 * (p.o[1] - p.o[0]));             // zeros, copied over a unit's two accumulators
   for (auto& b : p.obuf) b = take(p.rows * d * es);
   for (auto& b : p.k) b = take(p.keys * s.kv_heads * d * es);
-  for (auto& b : p.v) b = take(p.keys * s.kv_heads * p.dv * es);
-  for (int64_t* v : {&p.m, &p.mnew, &p.alpha, &p.aprev, &p.g, &p.negm, &p.thr, &p.thrw, &p.rowt}) *v = take(p.rows * 4);
+  for (auto& b : p.v) b = take(p.keys * s.kv_heads * p.vdv * es);
+  for (int64_t* v : {&p.m, &p.mnew, &p.alpha, &p.aprev, &p.g, &p.negm, &p.thr, &p.thrw, &p.rowt, &p.lsum})
+    *v = take(p.rows * 4);
   p.col = take(p.keys * 4);
   p.total = at;
   return p;
 }
+
+// Whether a class's V buffers carry the ones column: prefill units (many rows per KV head: the
+// MXUs' streaming dominates, and the column rides along in P V); decode units take their row
+// sums from the cross-lane unit instead: with a head dim that is a multiple of the MXU width the
+// column would cost a whole extra weight tile per KV head and step (a weight load costs its
+// rows whatever its width), and without it the V pages are plain contiguous copies.
+bool ones_column(bool prefill) { return prefill; }
 
 class Emitter {
  public:
@@ -79,7 +93,7 @@ class Emitter {
 
   sim::Program run() {
     // The unit table into VMEM (for the query positions as vectors), while the cache is updated.
-    const Layout big = plan(cfg_, s_, s_.tile_tokens, s_.pages_per_step);
+    const Layout big = plan(cfg_, s_, s_.tile_tokens, s_.pages_per_step, true);
     b_.dma(B::vmem_at(B::at(big.units)), B::hbm_at(B::at(0, {{rUnits, 1}})),
            {.rows = 1, .row_bytes = (1 + s_.max_units) * kPagedUnitWords * 4}, 2 % cfg_.dma.engines, kSemU);
     emit_cache_update();
@@ -132,23 +146,48 @@ class Emitter {
     b_.end_loop();
   }
 
+  // Runs `body` once when the page entry at `back` steps + `p` pages from the page cursor
+  // rFetch names a block (r[rBlock] = its id), not at all when it is -1 (a page past the
+  // unit's last needed one, or a class's padding step): a loop counted by the entry + 1 whose
+  // body ends it (its counter set past any block id).
+  template <class F>
+  void if_page(int64_t back, int64_t p, F&& body) {
+    b_.sload(rBlock, B::hbm_at(B::at((p - back * pps_) * 4, {{rPages, 1}, {rFetch, 4}})));
+    b_.sadd(rCount, rBlock, 1);
+    b_.loop_reg(rNcls, rCount);
+    body();
+    b_.sset(rNcls, int64_t(1) << 40);
+    b_.end_loop();
+  }
+
+  // Waits for the pages of the step `back` steps behind the page cursor on `sem` (one signal
+  // per page its entries name).
+  void wait_pages(int sem, int64_t back) {
+    for (int64_t p = 0; p < pps_; ++p) if_page(back, p, [&] { b_.wait(sem); });
+  }
+
   // The K and V pages of the step at the page cursor rFetch (the class's steps are consecutive
   // in the page list, units one after another) into the buffers of parity (register) `par`,
-  // then the cursor advances; V rows land in the [keys, kv_heads, head_dim + 1] layout (one DMA
-  // per page: block_size planes of kv_heads rows).
+  // then the cursor advances; only the pages the entries name (-1: not read, the slot keeps
+  // what it held: its keys are masked). V rows land in the [keys, kv_heads, vdv] layout: one DMA
+  // per page, contiguous without the ones column, else block_size planes of kv_heads rows.
   void fetch_step(int16_t par, const Layout& L) {
     const int64_t P = pps_, kstep = L.k[1] - L.k[0], vstep = L.v[1] - L.v[0];
-    const int64_t vpage = s_.block_size * s_.kv_heads * L.dv * es_;
-    for (int64_t p = 0; p < P; ++p) {
-      b_.sload(rBlock, B::hbm_at(B::at(p * 4, {{rPages, 1}, {rFetch, 4}})));
-      b_.dma(B::vmem_at(B::at(L.k[0] + p * page_, {{par, kstep}})), B::hbm_at(B::at(0, {{rKc, 1}, {rBlock, page_}})),
-             {.rows = 1, .row_bytes = page_}, 0, kSemK);
-      b_.dma(B::vmem_at(B::at(L.v[0] + p * vpage, {{par, vstep}})), B::hbm_at(B::at(0, {{rVc, 1}, {rBlock, page_}})),
-             {.planes = s_.block_size, .rows = s_.kv_heads, .row_bytes = d_ * es_,
-              .dst_plane_stride = s_.kv_heads * L.dv * es_, .dst_row_stride = L.dv * es_,
-              .src_plane_stride = s_.kv_heads * d_ * es_, .src_row_stride = d_ * es_},
-             1 % cfg_.dma.engines, kSemV);
-    }
+    const int64_t vpage = s_.block_size * s_.kv_heads * L.vdv * es_;
+    for (int64_t p = 0; p < P; ++p)
+      if_page(0, p, [&] {
+        b_.dma(B::vmem_at(B::at(L.k[0] + p * page_, {{par, kstep}})), B::hbm_at(B::at(0, {{rKc, 1}, {rBlock, page_}})),
+               {.rows = 1, .row_bytes = page_}, 0, kSemK);
+        if (L.vdv == d_)
+          b_.dma(B::vmem_at(B::at(L.v[0] + p * vpage, {{par, vstep}})), B::hbm_at(B::at(0, {{rVc, 1}, {rBlock, page_}})),
+                 {.rows = 1, .row_bytes = page_}, 1 % cfg_.dma.engines, kSemV);
+        else
+          b_.dma(B::vmem_at(B::at(L.v[0] + p * vpage, {{par, vstep}})), B::hbm_at(B::at(0, {{rVc, 1}, {rBlock, page_}})),
+                 {.planes = s_.block_size, .rows = s_.kv_heads, .row_bytes = d_ * es_,
+                  .dst_plane_stride = s_.kv_heads * L.vdv * es_, .dst_row_stride = L.vdv * es_,
+                  .src_plane_stride = s_.kv_heads * d_ * es_, .src_row_stride = d_ * es_},
+                 1 % cfg_.dma.engines, kSemV);
+      });
     b_.sadd(rFetch, rFetch, P);
   }
 
@@ -194,7 +233,7 @@ class Emitter {
     const int64_t vstep = L.v[1] - L.v[0], sstep = L.s[1] - L.s[0], ostep = L.o[1] - L.o[0];
     auto sat = [&](int64_t off) { return B::at(L.s[0] + off, {{rSPar, sstep}}); };
     auto oat = [&](int64_t off) { return B::at(L.o[0] + off, {{rOutPar, 2 * ostep}, {rPar, ostep}}); };
-    const int64_t ldv = s_.kv_heads * dv;  // elements between keys in the V buffers
+    const int64_t ldv = s_.kv_heads * L.vdv;  // elements between keys in the V buffers
     const int64_t pv_first = split_ && nm >= 2 ? nm / 2 : 0, pv_mxus = nm - pv_first;
     const sim::Operand O = B::vmem(oat(0), DType::f32, dv);
     // The score rows go through the vector units in chunks of KV heads (chunk_heads_), each
@@ -244,36 +283,45 @@ class Emitter {
       vec(Op::vmul, at(L.negm), {vm(at(L.m)), B::imm(-escale)}, n);
       b_.ternary(Op::vfma, Sc(r0), Sc(r0), B::imm(escale), colv(at(L.negm)), n, keys);
       b_.unary(Op::vexp, Sc(r0), Sc(r0), n, keys);
+      // Without the ones column: the row sums of P on the cross-lane unit.
+      if (L.vdv == d_) b_.reduce(Op::xsum, vm(at(L.lsum)), Sc(r0), n, keys, 1);
     });
     vec(Op::vsub, L.thr, {vm(L.thr), B::imm(float(keys))}, rows);
-    b_.sadd(rQkPar, rSPar, 1);
-    b_.smod(rQkPar, rQkPar, 3);
+    // The next step's K pages (the step two behind the page cursor), then its Q K^T.
+    auto next_qk = [&](bool next) {
+      wait_pages(kSemK, 2);
+      b_.sadd(rQkPar, rSPar, 1);
+      b_.smod(rQkPar, rQkPar, 3);
+      emit_qk(tokens, L, rQkPar, next);
+    };
     if (!last) {
-      b_.wait(kSemK, pps_);
-      emit_qk(tokens, L, rQkPar, false);
+      next_qk(false);
     } else {
       b_.loop_reg(rWait, rHasNext);
       b_.loop_reg(rOutTok, rNext);  // the next unit's queries (rNext: its tokens)
       b_.wait(kSemQ);
       b_.end_loop();
-      b_.wait(kSemK, pps_);
-      emit_qk(tokens, L, rQkPar, true);
+      next_qk(true);
       b_.end_loop();
     }
     vec(Op::vmul, L.g, {vm(L.alpha), vm(L.aprev)}, rows);
     vec(Op::vmov, L.aprev, {vm(L.alpha)}, rows);
     b_.binary(Op::vmul, O, O, colv(L.g), rows, dv);
-    // O[par] += P [V | 1] per KV head on the P V MXUs.
-    b_.wait(kSemV, pps_);
+    if (L.vdv == d_) b_.binary(Op::vadd, B::vmem(oat(d_ * 4), DType::f32, dv), B::vmem(oat(d_ * 4), DType::f32, dv),
+                               colv(L.lsum), rows, 1);
+    // O[par] += P [V | 1] (or P V) per KV head on the P V MXUs, once this step's V pages are in
+    // (three steps behind the page cursor).
+    wait_pages(kSemV, 3);
+    const int64_t vcols = L.vdv;
     int tile = 0;
     for (int64_t h = 0; h < s_.kv_heads; ++h)
-      for (int64_t n = 0; n * C < dv; ++n, ++tile) {
-        const int64_t nn = std::min(C, dv - n * C);
+      for (int64_t n = 0; n * C < vcols; ++n, ++tile) {
+        const int64_t nn = std::min(C, vcols - n * C);
         const int mxu = int(pv_first + tile % pv_mxus);
         for (int64_t c = 0; c * R < keys; ++c) {
           const int64_t kk = std::min(R, keys - c * R);
           b_.mxu_load_weights(mxu,
-                              B::vmem(B::at(L.v[0] + (c * R * ldv + h * dv + n * C) * es_, {{rSPar, vstep}}),
+                              B::vmem(B::at(L.v[0] + (c * R * ldv + h * L.vdv + n * C) * es_, {{rSPar, vstep}}),
                                       s_.dtype, ldv),
                               kk, nn, s_.mode);
           b_.mxu_matmul(mxu, B::vmem(oat((h * hrows * dv + n * C) * 4), DType::f32, dv),
@@ -293,19 +341,41 @@ class Emitter {
     split_ = prefill;
     // Prefill rows in two chunks of KV heads (emit_step); a decode unit's few rows in one.
     chunk_heads_ = prefill ? (s_.kv_heads + 1) / 2 : s_.kv_heads;
-    const Layout L = plan(cfg_, s_, tokens, pps_);
+    const Layout L = plan(cfg_, s_, tokens, pps_, ones_column(prefill));
     const int64_t rows = L.rows, hrows = tokens * group_;
     wait_outputs();  // the previous class's stores read buffers this class reuses
     b_.sset(rPrevN, 0);
-    // Per-class constants: key columns 0..keys-1 and each row's token index within the unit.
-    for (int64_t c = 0; c < L.keys; ++c) b_.fill(vm(L.col + c * 4), float(c), 1, 1);
+    b_.sload(rNcls, B::hbm_at(B::at(prefill ? 8 : 4, {{rUnits, 1}})));
+    // Per-class constants, only when the class has units (a loop over them whose body ends it):
+    // key columns 0..keys-1 (by doubling: col[n..2n) = col[0..n) + n) and each row's token index
+    // within the unit.
+    b_.loop_reg(rWait, rNcls);
+    vfill(L.col, 0, 1);
+    for (int64_t n = 1; n < L.keys; n *= 2)
+      vec(Op::vadd, L.col + n * 4, {vm(L.col), B::imm(float(n))}, std::min(n, L.keys - n));
     for (int64_t h = 0; h < s_.kv_heads; ++h)
       for (int64_t t = 0; t < tokens; ++t) b_.fill(vm(L.rowt + (h * hrows + t * group_) * 4, DType::f32, 1), float(t), group_, 1);
-    // The ones column of every key and KV head in both V buffers (page DMAs never write it).
-    for (int64_t vb : L.v) b_.fill(B::vmem(B::at(vb + d_ * es_), s_.dtype, L.dv), 1.0f, L.keys * s_.kv_heads, 1);
+    // Zeros in the V buffers past each step's first page: a step's slots past its unit's last
+    // page are not fetched and keep what they hold (P is 0 there, and 0 times what an earlier
+    // program left in VMEM must not be NaN; a step's first page is always fetched); the ones
+    // column of every key and KV head (page DMAs never write it).
+    // The zeros are written as f32 words over the bytes (all bits zero in either dtype, and no
+    // 16-bit vector stores), then the ones column over them.
+    const int64_t vfirst = s_.block_size * s_.kv_heads * L.vdv * es_;  // bytes of a step's first page
+    const int64_t vbytes = L.keys * s_.kv_heads * L.vdv * es_;         // bytes of a V buffer
+    for (int64_t vb : L.v) {
+      if (vfirst % 4 == 0) {
+        if (vbytes - vfirst >= 4) vfill(vb + vfirst, 0, (vbytes - vfirst) / 4);
+        if ((vbytes - vfirst) % 4) b_.fill(B::vmem(B::at(vb + vbytes - es_), s_.dtype, 1), 0.0f, 1, 1);
+      } else if (vbytes > vfirst) {
+        b_.fill(B::vmem(B::at(vb + vfirst), s_.dtype, 1), 0.0f, (vbytes - vfirst) / es_, 1);
+      }
+      if (L.vdv > d_) b_.fill(B::vmem(B::at(vb + d_ * es_), s_.dtype, L.vdv), 1.0f, L.keys * s_.kv_heads, 1);
+    }
     b_.fill(vm(L.zero, DType::f32, 2 * L.dv), 0, rows, 2 * L.dv);
+    b_.sset(rWait, int64_t(1) << 40);
+    b_.end_loop();
     b_.sset(rSPar, 0);
-    b_.sload(rNcls, B::hbm_at(B::at(prefill ? 8 : 4, {{rUnits, 1}})));
     b_.sset(rFirst, 1);
     b_.sset(rPar, 0);
     b_.loop_reg(rUnit, rNcls);
@@ -360,7 +430,7 @@ class Emitter {
     b_.loop_reg(rOutTok, rNtok);
     b_.wait(kSemQ);
     b_.end_loop();
-    b_.wait(kSemK, pps_);
+    wait_pages(kSemK, 2);
     emit_qk(tokens, L, rSPar, false);
     b_.end_loop();
     // thr = token index + the unit's first query position (the masks' threshold); m = -inf,
@@ -423,14 +493,7 @@ class Emitter {
     b_.sadd(rUnitsDone, rUnitsDone, 1);
     b_.smod(rOutPar, rUnitsDone, 2);
     b_.end_loop();
-    // The two steps fetched past the class's last one (padding pages): waited before the next
-    // class reuses the buffers. rNext = 1 when the class had units (rFirst dropped to 0).
-    b_.smul(rNext, rFirst, -1);
-    b_.sadd(rNext, rNext, 1);
-    b_.loop_reg(rWait, rNext);
-    b_.wait(kSemK, 2 * pps_);
-    b_.wait(kSemV, 2 * pps_);
-    b_.end_loop();
+    // The two steps fetched past the class's last one are padding entries (-1): nothing in flight.
   }
 
   const sim::ChipConfig& cfg_;
@@ -520,7 +583,6 @@ PagedAttentionMeta plan_paged_attention(const PagedAttentionSpec& spec, int64_t 
       const int64_t rel = u.pos0 - b0 * bs;
       const int64_t needed = rel + u.ntok, steps = (needed + keys - 1) / keys;
       const std::vector<int32_t>& t = *block_tables[size_t(u.seq)];
-      const int32_t pad = t[size_t(b0)];
       int32_t* r = m.units.data() + ui * kPagedUnitWords;
       r[0] = int32_t(u.tok0);
       r[1] = int32_t(u.ntok);
@@ -535,21 +597,19 @@ PagedAttentionMeta plan_paged_attention(const PagedAttentionSpec& spec, int64_t 
       r[6] = int32_t(steps - 1 - full);
       r[7] = &u != &list->back();  // a next unit of the same class follows
       const int64_t used = (needed + bs - 1) / bs;
-      for (int64_t p = 0; p < steps * pps; ++p) m.pages.push_back(p < used ? t[size_t(b0 + p)] : pad);
-      m.kv_pages_read += steps * pps;
+      for (int64_t p = 0; p < steps * pps; ++p) m.pages.push_back(p < used ? t[size_t(b0 + p)] : -1);
+      m.kv_pages_read += used;
       ++ui;
-      if (&u == &list->back()) {  // two steps of padding: the kernel fetches two steps ahead
-        m.pages.insert(m.pages.end(), size_t(2 * pps), pad);
-        m.kv_pages_overfetch += 2 * pps;
-      }
+      // Two steps of padding (-1: nothing read): the kernel looks two steps ahead.
+      if (&u == &list->back()) m.pages.insert(m.pages.end(), size_t(2 * pps), -1);
     }
   if (m.pages.empty()) m.pages.push_back(0);
   return m;
 }
 
 int64_t paged_attention_vmem_bytes(const sim::ChipConfig& cfg, const PagedAttentionSpec& s) {
-  return std::max(plan(cfg, s, s.tile_tokens, paged_pages_per_step(s, false)).total,
-                  plan(cfg, s, 1, paged_pages_per_step(s, true)).total);
+  return std::max(plan(cfg, s, s.tile_tokens, paged_pages_per_step(s, false), true).total,
+                  plan(cfg, s, 1, paged_pages_per_step(s, true), ones_column(false)).total);
 }
 
 void choose_paged_attention_tiling(const sim::ChipConfig& cfg, PagedAttentionSpec& s) {

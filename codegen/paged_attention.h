@@ -16,13 +16,22 @@
 //      unit is up to `tile_tokens` consecutive new tokens of one sequence. The unit's queries
 //      ([kv_heads, tokens, group, head_dim], the query heads sharing a KV head folded into rows)
 //      come in by one DMA per token (q needs no padding rows past the step's tokens); its KV
-//      pages stream in `pages_per_step` pages per step (one DMA per
-//      page, K and V, double-buffered: step j + 1 is fetched during step j, and a unit's last
-//      step fetches the next unit's queries and first pages) through its page list;
-//      per step and KV head S = Q K^T and O += P V on the MXUs; the causal mask compares each
-//      key's position with the query's (also masking the tail of the last step's pages); online
-//      softmax as in attention_kernel.h. A unit reads only the pages up to its last query's
-//      position. The result rows of the unit's valid tokens go out by one DMA per token.
+//      pages stream in steps of `pages_per_step` pages (decode units: decode_pages_per_step)
+//      through its page list, one DMA per page for K and one for V, into three buffers: step
+//      j + 2 is fetched during step j, and a unit's last steps fetch the next unit's queries and
+//      first pages. A unit reads exactly the pages that hold keys up to its last query's
+//      position (a decode unit: the ceil(length / block_size) pages below its sequence's
+//      length, every KV head of them, nothing else): the slots of its last step past them, and
+//      the two steps past each class's last unit, are -1 in the page list and are neither
+//      fetched nor waited for (their keys are masked). Per step and KV head S = Q K^T and
+//      O += P V on the MXUs, the query heads of the KV head as the rows ([tokens x group,
+//      head_dim] x [head_dim, keys]); the causal mask compares each key's position with the
+//      query's (also masking the keys past the sequence in the last step); online softmax as in
+//      attention_kernel.h, with the row sums l from P V against a ones column of V (prefill)
+//      or from the cross-lane unit (decode: V's own columns only, so the MXUs load only the
+//      weight tiles P V needs, and a V page is one contiguous copy). A class with no units in
+//      the step skips its setup (constants, zeroed buffers). The result rows of the unit's
+//      valid tokens go out by one DMA per token.
 //      Per-layer variants (constants of the program): a sliding window masks the keys at
 //      positions <= query position - window (every step is masked); soft-capping replaces the
 //      scaled scores by softcap * tanh(scale S / softcap) on the EUP before the mask.
@@ -70,14 +79,12 @@ inline constexpr int64_t kPagedUnitWords = 8;
 // page list: the block of its first visible key), steps, first page index, steps
 // before the last that need no causal mask, the other steps before the last, 0}
 // (decode units first); pages = every unit's page list (steps * pages per step block ids, the
-// tail of the last step padded with the unit's first block; after each class's last unit two
-// more steps of that block, which the kernel prefetches and discards); slots = the cache slot of each new
-// token.
+// tail of the last step -1; after each class's last unit two more steps of -1, where the
+// kernel looks ahead; -1 entries are not read); slots = the cache slot of each new token.
 struct PagedAttentionMeta {
   std::vector<int32_t> units, pages, slots;
   int64_t num_units = 0, num_tokens = 0;
-  int64_t kv_pages_read = 0;       // pages the attention part needs (K and V each)
-  int64_t kv_pages_overfetch = 0;  // padding pages it also reads: two steps past each class's last
+  int64_t kv_pages_read = 0;  // pages the attention part reads (K and V each): the entries that are not -1
 };
 
 // Builds the meta data of one step. Sequence s brings tokens [query_start[s], query_start[s+1])

@@ -266,25 +266,25 @@ TEST_CASE("paged attention on the tiny chip equals the cpu kernel and naive atte
     }
   CHECK(changed == 2 * n * row);
 
-  // HBM reads: the new rows, the unit table, each unit's queries and its pages (K and V),
-  // computed here from the batch; far below the cache's size.
+  // HBM reads: the new rows, the unit table, each unit's queries and the pages that hold its
+  // keys up to its last query (K and V), computed here from the batch; far below the cache's size.
   const int64_t page = bs * row * 4;
   int64_t q_reads = 0, pages = 0;
   for (size_t sq = 0; sq + 1 < b.qs.size(); ++sq) {
-    const int64_t ql = b.qs[sq + 1] - b.qs[sq], ctx = b.ctx[sq], pps = codegen::paged_pages_per_step(s, ql == 1);
-    const int64_t keys = pps * bs;
+    const int64_t ql = b.qs[sq + 1] - b.qs[sq], ctx = b.ctx[sq];
     const int64_t tile = ql == 1 ? 1 : s.tile_tokens;
     for (int64_t t0 = 0; t0 < ql; t0 += tile) {
       const int64_t last = ctx - ql + std::min(ql, t0 + tile) - 1;
-      pages += (last + keys) / keys * pps;
+      pages += last / bs + 1;
       q_reads += (std::min(ql, t0 + tile) - t0) * hq * d * 4;  // only the unit's own tokens
     }
   }
   CHECK(pages == m.kv_pages_read);
-  // The kernel fetches two steps ahead: two steps of padding pages past each class's last unit.
-  CHECK(m.kv_pages_overfetch == 2 * codegen::paged_pages_per_step(s, true) + 2 * codegen::paged_pages_per_step(s, false));
+  // The kernel looks two steps ahead: two steps of -1 entries (nothing read) past each class's last unit.
+  CHECK(std::count(m.pages.end() - 2 * codegen::paged_pages_per_step(s, false), m.pages.end(), -1) ==
+        2 * codegen::paged_pages_per_step(s, false));
   const int64_t expect_read = 2 * n * row * 4 + (1 + s.max_units) * codegen::kPagedUnitWords * 4 + q_reads +
-                              2 * (pages + m.kv_pages_overfetch) * page;
+                              2 * pages * page;
   CHECK(int64_t(cr.stats.hbm_bytes_read) == expect_read);
   CHECK(int64_t(cr.stats.hbm_bytes_written) == 2 * n * row * 4 + n * hq * d * 4);
   CHECK(2 * pages * page < int64_t(kc.size() + vc.size()) * 4 / 3);
@@ -322,12 +322,70 @@ TEST_CASE("paged attention pipeline: long prefill chunks, odd decode count, othe
   const codegen::PagedAttentionMeta m = codegen::plan_paged_attention(s, nb, b.qs, b.ctx, b.ptrs());
   REQUIRE(m.units[1] == 3);
   CHECK(chip_error_vs_naive(s, m, b, nb, rng) < 2e-5);
-  // The page list runs two steps of each class's own step size past its last unit.
-  CHECK(m.kv_pages_overfetch == 2 * s.decode_pages_per_step + 2 * s.pages_per_step);
+  // The page list runs two steps of each class's own step size past its last unit (-1 entries),
+  // and a unit's last step lists -1 past its last page.
+  // Decode steps of 12 keys: contexts 57, 3, 40 take 5, 1, 4 steps (30 entries) over 15, 1, 10 pages.
+  REQUIRE(s.decode_pages_per_step * bs == 12);
+  CHECK(std::count(m.pages.begin(), m.pages.begin() + 30 + 2 * 3, -1) == 30 - (15 + 1 + 10) + 2 * 3);
   // The same step with a different decode step size is a different program.
   codegen::PagedAttentionSpec s2 = s;
   s2.decode_pages_per_step = 0;
   CHECK(codegen::paged_attention_key(s2) != codegen::paged_attention_key(s));
+}
+
+TEST_CASE("paged attention decode step: ragged lengths, only the pages below each length are read", "[sim][paged]") {
+  // A decode-only step of ragged lengths on the tiny chip (decode steps of 2 pages of 4 keys):
+  // 1 key, exactly one full page, exactly one full step, one past a full page, one past two
+  // full steps, three full steps. 8 query heads over 2 KV heads (groups of 4 rows per KV head).
+  // Head dim 8 (the MXU width) and 12 (one and a half).
+  // Values against attention computed naively in double; HBM bytes read against the closed
+  // form of what the step needs: the new K/V rows, the unit table, the queries, and K and V of
+  // ceil(length / block) pages per sequence (no padding pages, nothing past the last unit).
+  for (const int64_t d : {int64_t(8), int64_t(12)}) {
+    const int64_t hq = 8, hkv = 2, bs = 4, nb = 64, row = hkv * d;
+    const sim::ChipConfig cfg = sim::preset_config("tiny");
+    codegen::PagedAttentionSpec s{.heads = hq, .kv_heads = hkv, .head_dim = d, .block_size = bs};
+    s.scale = 1.f / std::sqrt(float(d));
+    s.max_units = 8;
+    codegen::choose_paged_attention_tiling(cfg, s);
+    REQUIRE(codegen::paged_pages_per_step(s, true) == 2);
+    std::mt19937 rng(uint32_t(70 + d));
+    std::vector<int32_t> perm(static_cast<size_t>(nb));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    size_t next = 0;
+    Batch b;
+    const std::vector<int64_t> lens{1, 4, 8, 13, 17, 24};
+    for (const int64_t len : lens) {
+      std::vector<int32_t> t;
+      for (int64_t i = 0; i < (len + bs - 1) / bs; ++i) t.push_back(perm[next++]);
+      b.add(1, len, std::move(t));
+    }
+    const codegen::PagedAttentionMeta m = codegen::plan_paged_attention(s, nb, b.qs, b.ctx, b.ptrs());
+    const int64_t n = m.num_tokens;
+    std::normal_distribution<float> nd;
+    auto randv = [&](size_t sz) {
+      std::vector<float> x(sz);
+      for (auto& e : x) e = nd(rng);
+      return x;
+    };
+    const std::vector<float> q = randv(size_t(n * hq * d)), k = randv(size_t(n * row)), v = randv(size_t(n * row));
+    const std::vector<float> kc = randv(size_t(nb * bs * row)), vc = randv(size_t(nb * bs * row));
+    const ChipRun cr = run_on_chip(s, m, nb * bs, q, k, v, kc, vc);
+    const std::vector<double> ref = naive_attention(b, q, k, v, kc, vc, hq, hkv, d, bs, s.scale);
+    double worst = 0;
+    for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::abs(ref[i] - double(cr.out[i])));
+    INFO("head dim " << d);
+    CHECK(worst < 2e-5);
+    int64_t pages = 0;
+    for (const int64_t len : lens) pages += (len + bs - 1) / bs;  // 1 + 1 + 2 + 4 + 5 + 6
+    CHECK(pages == 19);
+    CHECK(m.kv_pages_read == pages);
+    const int64_t expect_read = 2 * n * row * 4 + (1 + s.max_units) * codegen::kPagedUnitWords * 4 +
+                                n * hq * d * 4 + 2 * pages * bs * row * 4;
+    CHECK(int64_t(cr.stats.hbm_bytes_read) == expect_read);
+    CHECK(int64_t(cr.stats.hbm_bytes_written) == 2 * n * row * 4 + n * hq * d * 4);
+  }
 }
 
 TEST_CASE("paged attention: softmax in uneven KV-head chunks, prefill steps shorter than decode steps", "[sim][paged]") {

@@ -159,7 +159,7 @@ codegen::PagedAttentionSpec ModelRunner::spec_for(int64_t nb) const {
 
 int64_t ModelRunner::pages_capacity(int64_t nb) const {
   // Every unit lists at most the pages of a full context, in whole steps of its class (decode
-  // or prefill), and each class's list ends with two more steps the kernel prefetches.
+  // or prefill), and each class's list ends with two more steps (of -1) where the kernel looks ahead.
   int64_t per_unit = 0, overfetch = 0;
   for (bool decode : {true, false}) {
     const int64_t pps = codegen::paged_pages_per_step(spec_, decode);

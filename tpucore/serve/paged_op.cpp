@@ -110,9 +110,11 @@ void paged_cpu_typed(const KernelArgs& a, const codegen::PagedAttentionSpec& s) 
               "serve_paged_attention: unit {} (tokens {}..{}, position {}, {} steps from page {}) is outside the step "
               "({} tokens, {} page entries)",
               i, t0, t0 + nt, p0, steps, first, n, npages);
+    // The pages that hold its keys name blocks; the entries past them are -1 (not read) or blocks.
+    const int64_t used = (p0 + nt + bs - 1) / bs;
     for (int64_t j = 0; j < steps * pps; ++j)
-      TPU_CHECK(pg[first + j] >= 0 && pg[first + j] < nblocks, "serve_paged_attention: unit {} names block {} of {}", i,
-                pg[first + j], nblocks);
+      TPU_CHECK((pg[first + j] >= 0 || (j >= used && pg[first + j] == -1)) && pg[first + j] < nblocks,
+                "serve_paged_attention: unit {} names block {} of {}", i, pg[first + j], nblocks);
     for (int64_t t = t0; t < t0 + nt; ++t) {
       pos[static_cast<size_t>(t)] = p0 + (t - t0);
       page0[static_cast<size_t>(t)] = first;
