@@ -6,7 +6,8 @@
 # table's header names the machine, CPU, date, commit and the load average seen before the run.
 #   bash scripts/gen_llama_cpp_table.sh [--no-build] [bench_llama_cpp options...]
 #   bash scripts/gen_llama_cpp_table.sh --rounds 1 --small     # checks the script, not figures
-# The default 2 threads fill the region "llama-cpp"; --threads N another, "llama-cpp-threads-N".
+# The default 2 threads fill the region "llama-cpp"; --threads N another, "llama-cpp-threads-N";
+# REGION=NAME names the region instead (a table of another machine beside the others).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD="${BUILD:-build}"
@@ -30,5 +31,6 @@ kind = "bench/bench_llama_cpp" + (f" {args}" if args else "") + \
 a = args.split()
 threads = a[a.index("--threads") + 1] if "--threads" in a[:-1] else "2"
 region = "llama-cpp" if threads == "2" else f"llama-cpp-threads-{threads}"  # other thread counts: a region each
+region = os.environ.get("REGION") or region
 g.write_region("quantization.md", region, g.header(kind) + "\n\n" + os.environ["OUT"].strip() + "\n")
 PY
