@@ -142,40 +142,36 @@ bool cast_rule(VecExpr& e, Ins in, const ops::Attrs& a, DType from, VecRef& out)
   return true;
 }
 
-// The i64 -> f32 cast program: r0 in, r1 out, r2 full tiles of kCastRows x kCastCols, r3 rows of
-// kCastCols after them, r4 single elements after those.
+// The cast programs share one frame: r0 in, r1 out, r2 full tiles of kCastRows x kCastCols, r3
+// rows of kCastCols after them, r4 single elements after those. Each chunk of `in_bytes`-wide
+// values is copied to VMEM address 0, converted by `convert(b, rows, cols)` (which returns the
+// VMEM address of its 4-byte results) and copied out.
 constexpr int64_t kCastRows = 16, kCastCols = 128;
+constexpr int64_t kCastTile = kCastRows * kCastCols;
 
-sim::Program make_i64_cast_program() {
+template <class Convert>
+sim::Program make_cast_program(const char* name, int64_t in_bytes, Convert convert) {
   using B = sim::ProgramBuilder;
-  enum { rIn = 0, rOut, rTiles, rRows, rElems, rI, rOff8, rOff4 };
-  const int64_t n = kCastRows * kCastCols;
-  const int64_t in = 0, lo = n * 8, hi = lo + n * 4, neg = hi + n * 4;
-  B b("cast_i64_f32");
-  // One chunk of rows x cols elements at element offset (rOff8 / 8): load, convert, store.
+  enum { rIn = 0, rOut, rTiles, rRows, rElems, rI, rOffIn, rOffOut };
+  B b(name);
   auto chunk = [&](int64_t rows, int64_t cols) {
-    b.dma(B::vmem_at(B::at(in)), B::hbm_at(B::at(0, {{rIn, 1}, {rOff8, 1}})), {.rows = 1, .row_bytes = rows * cols * 8},
-          0, 0);
+    b.dma(B::vmem_at(B::at(0)), B::hbm_at(B::at(0, {{rIn, 1}, {rOffIn, 1}})),
+          {.rows = 1, .row_bytes = rows * cols * in_bytes}, 0, 0);
     b.wait(0);
-    const auto f = [&](int64_t a) { return B::vmem(B::at(a), sim::DType::f32, cols); };
-    b.unary(sim::Op::vcast, f(lo), B::vmem(B::at(in), sim::DType::i32, 2 * cols, 2), rows, cols);
-    b.unary(sim::Op::vcast, f(hi), B::vmem(B::at(in + 4), sim::DType::i32, 2 * cols, 2), rows, cols);
-    b.binary(sim::Op::vcmplt, f(neg), f(lo), B::imm(0.0f), rows, cols);
-    b.binary(sim::Op::vadd, f(hi), f(hi), f(neg), rows, cols);
-    b.ternary(sim::Op::vfma, f(lo), f(hi), B::imm(4294967296.0f), f(lo), rows, cols);
-    b.dma(B::hbm_at(B::at(0, {{rOut, 1}, {rOff4, 1}})), B::vmem_at(B::at(lo)), {.rows = 1, .row_bytes = rows * cols * 4},
-          0, 0);
+    const int64_t result = convert(b, rows, cols);
+    b.dma(B::hbm_at(B::at(0, {{rOut, 1}, {rOffOut, 1}})), B::vmem_at(B::at(result)),
+          {.rows = 1, .row_bytes = rows * cols * 4}, 0, 0);
     b.wait(0);
   };
   auto run = [&](int count_reg, int64_t rows, int64_t cols) {
     b.loop_reg(rI, count_reg);
     chunk(rows, cols);
-    b.sadd(rOff8, rOff8, rows * cols * 8);
-    b.sadd(rOff4, rOff4, rows * cols * 4);
+    b.sadd(rOffIn, rOffIn, rows * cols * in_bytes);
+    b.sadd(rOffOut, rOffOut, rows * cols * 4);
     b.end_loop();
   };
-  b.sset(rOff8, 0);
-  b.sset(rOff4, 0);
+  b.sset(rOffIn, 0);
+  b.sset(rOffOut, 0);
   run(rTiles, kCastRows, kCastCols);
   run(rRows, 1, kCastCols);
   run(rElems, 1, 1);
@@ -183,25 +179,35 @@ sim::Program make_i64_cast_program() {
   return b.finish();
 }
 
-// The f32 -> i32 cast program (C++ and PyTorch truncate toward zero; the chip's vcast rounds to
-// nearest even): r = vcast(vcast(x)) is x rounded to an integer in f32, and where |r| > |x| it
-// went one away from zero, so r - sign(r) is the truncation. Registers as in the i64 program.
-// Beyond i32's range vcast saturates.
+// i64 -> f32: the low word (as unsigned: plus 2^32 where it reads negative) plus 2^32 times the
+// high word.
+sim::Program make_i64_cast_program() {
+  using B = sim::ProgramBuilder;
+  const int64_t lo = kCastTile * 8, hi = lo + kCastTile * 4, neg = hi + kCastTile * 4;
+  return make_cast_program("cast_i64_f32", 8, [&](B& b, int64_t rows, int64_t cols) {
+    const auto f = [&](int64_t a) { return B::vmem(B::at(a), sim::DType::f32, cols); };
+    b.unary(sim::Op::vcast, f(lo), B::vmem(B::at(0), sim::DType::i32, 2 * cols, 2), rows, cols);
+    b.unary(sim::Op::vcast, f(hi), B::vmem(B::at(4), sim::DType::i32, 2 * cols, 2), rows, cols);
+    b.binary(sim::Op::vcmplt, f(neg), f(lo), B::imm(0.0f), rows, cols);
+    b.binary(sim::Op::vadd, f(hi), f(hi), f(neg), rows, cols);
+    b.ternary(sim::Op::vfma, f(lo), f(hi), B::imm(4294967296.0f), f(lo), rows, cols);
+    return lo;
+  });
+}
+
+// f32 -> i32 (C++ and PyTorch truncate toward zero; the chip's vcast rounds to nearest even):
+// r = vcast(vcast(x)) is x rounded to an integer in f32, and where |r| > |x| it went one away
+// from zero, so r - sign(r) is the truncation. Beyond i32's range vcast saturates.
 sim::Program make_f32_i32_cast_program() {
   using B = sim::ProgramBuilder;
   using sim::Op;
-  enum { rIn = 0, rOut, rTiles, rRows, rElems, rI, rOff };
-  const int64_t n = kCastRows * kCastCols;
-  const int64_t x = 0, ri = n * 4, r = 2 * n * 4, c = 3 * n * 4, p = 4 * n * 4, q = 5 * n * 4;
-  B b("cast_f32_i32");
-  auto chunk = [&](int64_t rows, int64_t cols) {
-    b.dma(B::vmem_at(B::at(x)), B::hbm_at(B::at(0, {{rIn, 1}, {rOff, 1}})), {.rows = 1, .row_bytes = rows * cols * 4},
-          0, 0);
-    b.wait(0);
+  const int64_t x = 0, ri = kCastTile * 4, r = 2 * kCastTile * 4, c = 3 * kCastTile * 4, p = 4 * kCastTile * 4,
+                q = 5 * kCastTile * 4;
+  return make_cast_program("cast_f32_i32", 4, [&](B& b, int64_t rows, int64_t cols) {
     const auto f = [&](int64_t a) { return B::vmem(B::at(a), sim::DType::f32, cols); };
     const auto i = B::vmem(B::at(ri), sim::DType::i32, cols);
-    b.unary(Op::vcast, i, f(x), rows, cols);     // round to nearest even (saturating)
-    b.unary(Op::vcast, f(r), i, rows, cols);     // back to f32: exact
+    b.unary(Op::vcast, i, f(x), rows, cols);                     // round to nearest even (saturating)
+    b.unary(Op::vcast, f(r), i, rows, cols);                     // back to f32: exact
     b.unary(Op::vabs, f(c), f(x), rows, cols);
     b.unary(Op::vabs, f(p), f(r), rows, cols);
     b.binary(Op::vcmplt, f(c), f(c), f(p), rows, cols);          // 1 where |x| < |r|
@@ -211,93 +217,49 @@ sim::Program make_f32_i32_cast_program() {
     b.binary(Op::vmul, f(c), f(c), f(p), rows, cols);
     b.binary(Op::vsub, f(r), f(r), f(c), rows, cols);            // toward zero by one where rounded away
     b.unary(Op::vcast, i, f(r), rows, cols);                     // an integer: exact
-    b.dma(B::hbm_at(B::at(0, {{rOut, 1}, {rOff, 1}})), B::vmem_at(B::at(ri)), {.rows = 1, .row_bytes = rows * cols * 4},
-          0, 0);
-    b.wait(0);
-  };
-  auto run = [&](int count_reg, int64_t rows, int64_t cols) {
-    b.loop_reg(rI, count_reg);
-    chunk(rows, cols);
-    b.sadd(rOff, rOff, rows * cols * 4);
-    b.end_loop();
-  };
-  b.sset(rOff, 0);
-  run(rTiles, kCastRows, kCastCols);
-  run(rRows, 1, kCastCols);
-  run(rElems, 1, 1);
-  b.fence();
-  return b.finish();
+    return ri;
+  });
 }
 
-// The i64 -> i32 cast program (the low words, as the host's conversion wraps): the words at even
-// positions moved to a dense buffer by one vcast (i32 to i32: exact). Registers as above.
+// i64 -> i32 (the low words, as the host's conversion wraps): the words at even positions moved
+// to a dense buffer by one vcast (i32 to i32: exact).
 sim::Program make_i64_i32_cast_program() {
   using B = sim::ProgramBuilder;
-  enum { rIn = 0, rOut, rTiles, rRows, rElems, rI, rOff8, rOff4 };
-  const int64_t n = kCastRows * kCastCols;
-  const int64_t in = 0, lo = n * 8;
-  B b("cast_i64_i32");
-  auto chunk = [&](int64_t rows, int64_t cols) {
-    b.dma(B::vmem_at(B::at(in)), B::hbm_at(B::at(0, {{rIn, 1}, {rOff8, 1}})), {.rows = 1, .row_bytes = rows * cols * 8},
-          0, 0);
-    b.wait(0);
-    b.unary(sim::Op::vcast, B::vmem(B::at(lo), sim::DType::i32, cols), B::vmem(B::at(in), sim::DType::i32, 2 * cols, 2),
+  const int64_t lo = kCastTile * 8;
+  return make_cast_program("cast_i64_i32", 8, [&](B& b, int64_t rows, int64_t cols) {
+    b.unary(sim::Op::vcast, B::vmem(B::at(lo), sim::DType::i32, cols), B::vmem(B::at(0), sim::DType::i32, 2 * cols, 2),
             rows, cols);
-    b.dma(B::hbm_at(B::at(0, {{rOut, 1}, {rOff4, 1}})), B::vmem_at(B::at(lo)), {.rows = 1, .row_bytes = rows * cols * 4},
-          0, 0);
-    b.wait(0);
-  };
-  auto run = [&](int count_reg, int64_t rows, int64_t cols) {
-    b.loop_reg(rI, count_reg);
-    chunk(rows, cols);
-    b.sadd(rOff8, rOff8, rows * cols * 8);
-    b.sadd(rOff4, rOff4, rows * cols * 4);
-    b.end_loop();
-  };
-  b.sset(rOff8, 0);
-  b.sset(rOff4, 0);
-  run(rTiles, kCastRows, kCastCols);
-  run(rRows, 1, kCastCols);
-  run(rElems, 1, 1);
-  b.fence();
-  return b.finish();
+    return lo;
+  });
 }
 
 bool cast_rule(VecExpr& e, Ins in, const ops::Attrs& a, DType from, VecRef& out);
 const Lowering& cast_lowering();
 
-// f32 -> i32 of a contiguous tensor (the integer indices an f32 index computation ends in).
-bool cast_f32_i32_eager(const ops::KernelArgs& k) {
-  const Tensor& out = k.outputs[0];
-  if (!out.is_contiguous()) return false;
-  const Tensor x = k.inputs[0].contiguous();  // a view is gathered on the device first
+// Runs one of the cast programs over contiguous x into contiguous out.
+void launch_cast(const Tensor& x, const Tensor& out, const char* name, sim::Program (*make)()) {
   const int64_t n = x.numel();
-  if (n == 0) return true;
+  if (n == 0) return;
   const Device dev = out.device();
-  const LoadedProgram& p = cached_program(dev, fmt::format("cast_f32_i32:{}x{}", kCastRows, kCastCols),
-                                          [] { return make_f32_i32_cast_program(); });
-  const int64_t tile = kCastRows * kCastCols, tiles = n / tile, rows = (n % tile) / kCastCols;
-  launch(dev, p, "to_dtype", {hbm_address(x), hbm_address(out), tiles, rows, n % kCastCols});
-  return true;
+  const LoadedProgram& p = cached_program(dev, fmt::format("{}:{}x{}", name, kCastRows, kCastCols), make);
+  launch(dev, p, "to_dtype", {hbm_address(x), hbm_address(out), n / kCastTile, (n % kCastTile) / kCastCols,
+                              n % kCastCols});
 }
 
 bool cast_eager(const ops::KernelArgs& k) {
   const Tensor& x = k.inputs[0];
   const Tensor& out = k.outputs[0];
-  if (x.dtype() == DType::f32 && out.dtype() == DType::i32) return cast_f32_i32_eager(k);
+  if (x.dtype() == DType::f32 && out.dtype() == DType::i32) {
+    // The integer indices an f32 index computation ends in; a view is gathered on the device first.
+    if (!out.is_contiguous()) return false;
+    launch_cast(x.contiguous(), out, "cast_f32_i32", &make_f32_i32_cast_program);
+    return true;
+  }
   if (x.dtype() != DType::i64) return eager_elementwise(k, cast_lowering());
   const bool to_i32 = out.dtype() == DType::i32;
   if ((out.dtype() != DType::f32 && !to_i32) || !x.is_contiguous() || !out.is_contiguous()) return false;
-  const int64_t n = x.numel();
-  if (n == 0) return true;
-  const Device dev = out.device();
-  const LoadedProgram& p =
-      to_i32 ? cached_program(dev, fmt::format("cast_i64_i32:{}x{}", kCastRows, kCastCols),
-                              [] { return make_i64_i32_cast_program(); })
-             : cached_program(dev, fmt::format("cast_i64_f32:{}x{}", kCastRows, kCastCols),
-                              [] { return make_i64_cast_program(); });
-  const int64_t tile = kCastRows * kCastCols, tiles = n / tile, rows = (n % tile) / kCastCols;
-  launch(dev, p, "to_dtype", {hbm_address(x), hbm_address(out), tiles, rows, n % kCastCols});
+  if (to_i32) launch_cast(x, out, "cast_i64_i32", &make_i64_i32_cast_program);
+  else launch_cast(x, out, "cast_i64_f32", &make_i64_cast_program);
   return true;
 }
 

@@ -56,6 +56,24 @@ struct VnRows {
 
 thread_local detail::ScratchBuffer t_vnni_rows;
 
+// One block of 32 values of a row, a[k0 .. k0 + 32) (zeros past K), quantized like Q8_0: the
+// scale d = max |x| / 127 is returned and the values x / d, rounded to the nearest integer, go
+// to q0 (values 0-15) and q1 (16-31). A NaN in the block makes its scale NaN, so that the outputs
+// it touches are NaN.
+TPU_VNNI inline float quantize_block32(const float* a, int64_t k0, int64_t K, __m128i& q0, __m128i& q1) {
+  const int64_t n = std::max<int64_t>(0, std::min<int64_t>(32, K - k0));
+  const __mmask16 m0 = static_cast<__mmask16>(n >= 16 ? 0xffffu : (1u << n) - 1);
+  const __mmask16 m1 = static_cast<__mmask16>(n >= 32 ? 0xffffu : n > 16 ? (1u << (n - 16)) - 1 : 0u);
+  const __m512 x0 = _mm512_maskz_loadu_ps(m0, a + std::min(k0, K)), x1 = _mm512_maskz_loadu_ps(m1, a + std::min(k0 + 16, K));
+  float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+  if (_mm512_cmp_ps_mask(x0, x0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(x1, x1, _CMP_UNORD_Q)) amax = __builtin_nanf("");
+  const float id = amax > 0 && amax <= 3.4e38f ? 127.0f / amax : 0.0f;
+  const __m512 vid = _mm512_set1_ps(id);
+  q0 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x0, vid)));
+  q1 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x1, vid)));
+  return amax / 127.0f;
+}
+
 TPU_VNNI void quantize_rows(int64_t M, int64_t K, const float* A, int64_t lda, VnRows& v) {
   const int64_t chunks = (K + 63) / 64;
   v.kp = chunks * 64;
@@ -70,20 +88,8 @@ TPU_VNNI void quantize_rows(int64_t M, int64_t K, const float* A, int64_t lda, V
       uint8_t* q = v.q + i * v.kp + ch * 64;
       float* ls = v.ls + (i * chunks + ch) * 16;
       for (int h = 0; h < 2; ++h) {
-        const int64_t k0 = ch * 64 + h * 32;
-        const int64_t n = std::max<int64_t>(0, std::min<int64_t>(32, K - k0));
-        const __mmask16 m0 = static_cast<__mmask16>(n >= 16 ? 0xffffu : (1u << n) - 1);
-        const __mmask16 m1 = static_cast<__mmask16>(n >= 32 ? 0xffffu : n > 16 ? (1u << (n - 16)) - 1 : 0u);
-        const __m512 x0 = _mm512_maskz_loadu_ps(m0, a + std::min(k0, K)),
-                     x1 = _mm512_maskz_loadu_ps(m1, a + std::min(k0 + 16, K));
-        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
-        // NaN in the block: its scale NaN, so that the outputs it touches are NaN.
-        if (_mm512_cmp_ps_mask(x0, x0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(x1, x1, _CMP_UNORD_Q)) amax = __builtin_nanf("");
-        const float d = amax / 127.0f;
-        const float id = amax > 0 && amax <= 3.4e38f ? 127.0f / amax : 0.0f;
-        const __m512 vid = _mm512_set1_ps(id);
-        const __m128i q0 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x0, vid)));
-        const __m128i q1 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x1, vid)));
+        __m128i q0, q1;
+        const float d = quantize_block32(a, ch * 64 + h * 32, K, q0, q1);
         _mm_storeu_si128(reinterpret_cast<__m128i*>(q + h * 32), q0);
         _mm_storeu_si128(reinterpret_cast<__m128i*>(q + h * 32 + 16), q1);
         for (int l = 0; l < 8; ++l) ls[h * 8 + l] = d;
@@ -174,20 +180,10 @@ TPU_VNNI void quantize_rows_q4(int64_t M, int64_t K, const float* A, int64_t lda
       uint8_t* q = v.q + i * v.kp + ch * 128;
       float* ls = v.ls + (i * chunks + ch) * 16;
       for (int b = 0; b < 4; ++b) {
-        const int64_t k0 = ch * 128 + b * 32;
-        const int64_t n = std::max<int64_t>(0, std::min<int64_t>(32, K - k0));
-        const __mmask16 m0 = static_cast<__mmask16>(n >= 16 ? 0xffffu : (1u << n) - 1);
-        const __mmask16 m1 = static_cast<__mmask16>(n >= 32 ? 0xffffu : n > 16 ? (1u << (n - 16)) - 1 : 0u);
-        const __m512 x0 = _mm512_maskz_loadu_ps(m0, a + std::min(k0, K)),
-                     x1 = _mm512_maskz_loadu_ps(m1, a + std::min(k0 + 16, K));
-        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
-        if (_mm512_cmp_ps_mask(x0, x0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(x1, x1, _CMP_UNORD_Q)) amax = __builtin_nanf("");
-        const float d = amax / 127.0f;
-        const float id = amax > 0 && amax <= 3.4e38f ? 127.0f / amax : 0.0f;
-        const __m512 vid = _mm512_set1_ps(id);
-        _mm_store_si128(reinterpret_cast<__m128i*>(q + b * 16), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x0, vid))));
-        _mm_store_si128(reinterpret_cast<__m128i*>(q + 64 + b * 16),
-                        _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x1, vid))));
+        __m128i q0, q1;
+        const float d = quantize_block32(a, ch * 128 + b * 32, K, q0, q1);
+        _mm_store_si128(reinterpret_cast<__m128i*>(q + b * 16), q0);
+        _mm_store_si128(reinterpret_cast<__m128i*>(q + 64 + b * 16), q1);
         for (int l = 0; l < 4; ++l) ls[b * 4 + l] = d;
       }
       const __m512i eights = _mm512_set1_epi8(8);
