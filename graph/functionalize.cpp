@@ -133,6 +133,13 @@ ValueId Tracer::scatter_into_root(const TraceValue& root, const std::vector<View
   const int64_t m = static_cast<int64_t>(pos.size());
   Tensor flat_root = tpu::reshape(make_proxy(root.id), Shape{n});
   Tensor upd = tpu::reshape(nv, Shape{m});
+  // 8-bit floats do not compute (no cat, scatter or where): the merge runs in f32, which holds
+  // every one of their values, and the result is converted back exactly.
+  const bool f8 = is_float8(rm.dtype);
+  if (f8) {
+    flat_root = tpu::to(flat_root, DType::f32);
+    upd = tpu::to(upd, DType::f32);
+  }
   // The view is a block of the root seen as [n / S, S]: rows [r0, r0 + A), columns [c0, c0 + L)
   // in order (one run of consecutive elements when A = 1, as a narrow along the first dim or a
   // flat buffer's slot; a narrow along a later dim otherwise). Then the new root is made of
@@ -160,7 +167,8 @@ ValueId Tracer::scatter_into_root(const TraceValue& root, const std::vector<View
       if (r0 > 0) all.push_back(tpu::narrow(root2, 0, 0, r0));
       all.push_back(join(mid, 1));
       if (r0 + A < rows) all.push_back(tpu::narrow(root2, 0, r0 + A, rows - r0 - A));
-      return value_of(tpu::reshape(join(all, 0), rm.shape));
+      const Tensor joined = join(all, 0);
+      return value_of(tpu::reshape(f8 ? tpu::to(joined, rm.dtype) : joined, rm.shape));
     }
   }
   // new_root = where(covered, scatter(view values), old_root), all as traced ops on the device.
@@ -168,12 +176,6 @@ ValueId Tracer::scatter_into_root(const TraceValue& root, const std::vector<View
   Tensor index = tpu::reshape(tpu::arange(Scalar(n), io), rm.shape);
   for (const ViewStep& s : chain) index = apply_view(index, s);  // traced: the same view ops on the index
   index = tpu::reshape(index, Shape{m});
-  // 8-bit floats do not compute: the merge runs in f32, which holds every one of their values.
-  const bool f8 = is_float8(rm.dtype);
-  if (f8) {
-    flat_root = tpu::to(flat_root, DType::f32);
-    upd = tpu::to(upd, DType::f32);
-  }
   Tensor vals = tpu::scatter_add(tpu::zeros(Shape{n}, TensorOptions(upd.dtype(), rm.device)), 0, index, upd);
   Tensor covered = tpu::gt(tpu::scatter_add(tpu::zeros(Shape{n}, io), 0, index, tpu::ones(Shape{m}, io)), 0);
   Tensor merged = tpu::where(covered, vals, flat_root);

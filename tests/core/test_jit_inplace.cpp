@@ -197,6 +197,27 @@ TEST_CASE("jit inplace: a write into a block of its base is a cat, any other vie
   CHECK(scatters <= 2);
 }
 
+TEST_CASE("jit inplace: writes into views of an 8-bit float tensor (cat and index merge) keep every value",
+          "[jit][inplace][float8]") {
+  // Values exact in e4m3, so the naive reference needs no rounding; a block (a narrow) and a write
+  // through a transpose (the index merge), as an fp8 KV cache is written.
+  auto f = compile([](const Tensor& a, const Tensor& b) {
+    Tensor buf = tpu::full({10}, 0.25).to(DType::f8e4m3);
+    buf.narrow(0, 3, 4).copy_(a.to(DType::f8e4m3));
+    Tensor w = tpu::full({3, 3}, -1.5).to(DType::f8e4m3);
+    w.t().narrow(0, 0, 2).copy_(b.t().to(DType::f8e4m3));
+    return std::vector<Tensor>{buf.to(DType::f32), w.to(DType::f32)};
+  }, {.name = "inplace_f8"});
+  const std::vector<float> av{0.5f, -2.0f, 448.0f, 0.015625f}, bv{1.0f, 3.0f, -0.75f, 12.0f, 96.0f, -0.125f};
+  std::vector<Tensor> got = f(from_vector(av), from_vector(bv, Shape{3, 2}));
+  std::vector<float> buf(10, 0.25f), w(9, -1.5f);
+  for (size_t i = 0; i < 4; ++i) buf[3 + i] = av[i];
+  for (size_t r = 0; r < 3; ++r)
+    for (size_t c = 0; c < 2; ++c) w[r * 3 + c] = bv[r * 2 + c];
+  CHECK(got[0].contiguous().to_vector<float>() == buf);
+  CHECK(got[1].contiguous().to_vector<float>() == w);
+}
+
 TEST_CASE("jit inplace: unsupported writes are clear errors", "[jit][inplace]") {
   auto twice = compile([](const Tensor& a, const Tensor& b) {
     Tensor t = a;
