@@ -103,6 +103,20 @@ BENCHMARK(BM_MixtralMoELayer)->Args({64, 4096, 7168})->Unit(benchmark::kMillisec
 // A small shape for a quick run.
 BENCHMARK(BM_MixtralMoELayer)->Args({64, 1024, 3584})->Unit(benchmark::kMillisecond)->UseManualTime();
 
+// The MoE layer after its router as the fused moe_ffn node, and as the chain of ops it replaces
+// (sort, permute, gate/up, SwiGLU over width f, down, weighted unpermute).
+Tensor moe_fused(const Tensor& x, const Tensor& ids, const Tensor& w, const Tensor& w1, const Tensor& w2) {
+  static const ops::OpDef& op = *ops::find_op("moe_ffn");
+  return ops::call(op, {x, ids, w, w1, w2}, {{"num_experts", kExperts}, {"top_k", kTopK}});
+}
+
+Tensor moe_chain(const Tensor& x, const Tensor& ids, const Tensor& w, const Tensor& w1, const Tensor& w2, int64_t f) {
+  auto [order, sizes] = moe_sort(ids, kExperts);
+  Tensor hh = grouped_matmul(moe_permute(x, order, kTopK), w1, sizes, true);
+  Tensor a = mul(silu(narrow(hh, 1, 0, f)), narrow(hh, 1, f, f));
+  return moe_unpermute(grouped_matmul(a, w2, sizes, true), order, w, kTopK);
+}
+
 void BM_MoEFfnFusedVsChain(benchmark::State& state) {
   const int64_t tokens = state.range(0), h = state.range(1), f = state.range(2);
   NoGradGuard ng;
@@ -122,16 +136,8 @@ void BM_MoEFfnFusedVsChain(benchmark::State& state) {
   }
   const Tensor idt = from_vector(ids, Shape{tokens, kTopK});
   const Tensor w = to(from_vector(wv, Shape{tokens, kTopK}), DType::bf16);
-  const ops::OpDef& fused_op = *ops::find_op("moe_ffn");
-  auto fused = [&] {
-    return ops::call(fused_op, {x, idt, w, w1, w2}, {{"num_experts", kExperts}, {"top_k", kTopK}});
-  };
-  auto chain = [&] {
-    auto [order, sizes] = moe_sort(idt, kExperts);
-    Tensor hh = grouped_matmul(moe_permute(x, order, kTopK), w1, sizes, true);
-    Tensor a = mul(silu(narrow(hh, 1, 0, f)), narrow(hh, 1, f, f));
-    return moe_unpermute(grouped_matmul(a, w2, sizes, true), order, w, kTopK);
-  };
+  auto fused = [&] { return moe_fused(x, idt, w, w1, w2); };
+  auto chain = [&] { return moe_chain(x, idt, w, w1, w2, f); };
   Dense dense(h, f, g);
   const Tensor xd = to(randn({tokens * kTopK, h}, {}, &g), DType::bf16);
   benchmark::DoNotOptimize(fused().raw_data());  // warm-up
@@ -194,16 +200,8 @@ void BM_MoEFfnSimFusedVsChain(benchmark::State& state) {
     // The bound set by reading those experts' weights once at the HBM's peak bandwidth.
     state.counters["weight_read_cycles"] =
         static_cast<double>(used * 3 * h * f * 2) / sim::preset_config(chip).hbm_bytes_per_cycle();
-    const ops::OpDef& fused_op = *ops::find_op("moe_ffn");
-    auto fused = [&] {
-      return ops::call(fused_op, {x, idt, w, w1, w2}, {{"num_experts", kExperts}, {"top_k", kTopK}});
-    };
-    auto chain = [&] {
-      auto [order, sizes] = moe_sort(idt, kExperts);
-      Tensor hh = grouped_matmul(moe_permute(x, order, kTopK), w1, sizes, true);
-      Tensor a = mul(silu(narrow(hh, 1, 0, f)), narrow(hh, 1, f, f));
-      return moe_unpermute(grouped_matmul(a, w2, sizes, true), order, w, kTopK);
-    };
+    auto fused = [&] { return moe_fused(x, idt, w, w1, w2); };
+    auto chain = [&] { return moe_chain(x, idt, w, w1, w2, f); };
     auto measure = [&](auto&& fn, double& cycles, double& runs, double& bytes) {
       synchronize(d);
       codegen::reset_stats();

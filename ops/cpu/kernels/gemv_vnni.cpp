@@ -56,6 +56,17 @@ struct VnRows {
 
 thread_local detail::ScratchBuffer t_vnni_rows;
 
+// The thread's buffers for M quantized rows of `chunks` chunks of `chunk` values each: the
+// values q [M][kp], the lane scales ls and the start values init [M][chunks][16] each.
+void reserve_rows(int64_t M, int64_t chunks, int64_t chunk, VnRows& v) {
+  v.kp = chunks * chunk;
+  const size_t qbytes = static_cast<size_t>(M * v.kp), lanes = static_cast<size_t>(M * chunks * 16);
+  auto* base = static_cast<uint8_t*>(t_vnni_rows.get(qbytes + lanes * 8));
+  v.q = base;
+  v.ls = reinterpret_cast<float*>(base + qbytes);
+  v.init = reinterpret_cast<int32_t*>(base + qbytes + lanes * 4);
+}
+
 // One block of 32 values of a row, a[k0 .. k0 + 32) (zeros past K), quantized like Q8_0: the
 // scale d = max |x| / 127 is returned and the values x / d, rounded to the nearest integer, go
 // to q0 (values 0-15) and q1 (16-31). A NaN in the block makes its scale NaN, so that the outputs
@@ -76,12 +87,7 @@ TPU_VNNI inline float quantize_block32(const float* a, int64_t k0, int64_t K, __
 
 TPU_VNNI void quantize_rows(int64_t M, int64_t K, const float* A, int64_t lda, VnRows& v) {
   const int64_t chunks = (K + 63) / 64;
-  v.kp = chunks * 64;
-  const size_t qbytes = static_cast<size_t>(M * v.kp), lanes = static_cast<size_t>(M * chunks * 16);
-  auto* base = static_cast<uint8_t*>(t_vnni_rows.get(qbytes + lanes * 8));
-  v.q = base;
-  v.ls = reinterpret_cast<float*>(base + qbytes);
-  v.init = reinterpret_cast<int32_t*>(base + qbytes + lanes * 4);
+  reserve_rows(M, chunks, 64, v);
   for (int64_t i = 0; i < M; ++i) {
     const float* a = A + i * lda;
     for (int64_t ch = 0; ch < chunks; ++ch) {
@@ -168,12 +174,7 @@ TPU_VNNI void vn8_group(int64_t K, const VnRows& v, int64_t i0, const int8_t* co
 // multiple of 128.
 TPU_VNNI void quantize_rows_q4(int64_t M, int64_t K, const float* A, int64_t lda, VnRows& v) {
   const int64_t chunks = (K + 127) / 128;
-  v.kp = chunks * 128;
-  const size_t qbytes = static_cast<size_t>(M * v.kp), lanes = static_cast<size_t>(M * chunks * 16);
-  auto* base = static_cast<uint8_t*>(t_vnni_rows.get(qbytes + lanes * 8));
-  v.q = base;
-  v.ls = reinterpret_cast<float*>(base + qbytes);
-  v.init = reinterpret_cast<int32_t*>(base + qbytes + lanes * 4);
+  reserve_rows(M, chunks, 128, v);
   for (int64_t i = 0; i < M; ++i) {
     const float* a = A + i * lda;
     for (int64_t ch = 0; ch < chunks; ++ch) {
