@@ -2,6 +2,7 @@
 // gradient, so second derivatives exist too), moe_permute, moe_unpermute and cumsum. Every formula is
 // again made of those ops: the gradients of a grouped product are grouped products over the
 // same group sizes, and permuting and unpermuting are each other's transposes.
+#include "ops/hot_rows.h"
 #include "tpucore/autograd/formula.h"
 #include "tpucore/moe_ops.h"
 
@@ -19,9 +20,7 @@ void topk_bw(const BackwardArgs& a, Grads g) {
     // Along a short last dim (a router's experts), as a selection against the one-hot rows of the
     // indices: an f32 comparison with an iota, ops a chip runs (its scatter_add takes rows only).
     // The indices of a row are distinct, so every element gets at most one term: exact.
-    std::vector<float> iv(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) iv[static_cast<size_t>(i)] = static_cast<float>(i);
-    const Tensor hot = eq(unsqueeze(idx.to(DType::f32), -1), from_vector(iv, Shape{n}).to(im.device));  // [.., k, n]
+    const Tensor hot = ops::hot_rows(idx, n);  // [.., k, n]
     g[0] = sum(where(hot, unsqueeze(go.to(im.dtype), -1), 0.0), {-2});
     return;
   }

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "ops/hot_rows.h"
 #include "ops/registry.h"
 #include "tpucore/autograd.h"
 #include "tpucore/nn/param_init.h"
@@ -94,14 +95,9 @@ Tensor capacity_keep(const Tensor& ids, int64_t num_experts, double factor, cons
   return from_vector(keep, Shape{n, k}).to(like.dtype()).to(like.device());
 }
 
-// The one-hot rows of integer ids [.., k] over n classes as f32 [.., k, n], from a comparison
-// with an iota (ops the chip runs, where one_hot and its integer sums are host ops).
-Tensor moe_hot_rows(const Tensor& ids, int64_t n) {
-  std::vector<float> iv(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) iv[static_cast<size_t>(i)] = static_cast<float>(i);
-  const Tensor iota = from_vector(iv, Shape{n}).to(ids.device());
-  return tpu::to(eq(unsqueeze(tpu::to(ids, DType::f32), -1), iota), DType::f32);
-}
+// The one-hot rows of integer ids [.., k] over n classes as f32 [.., k, n] (ops the chip runs,
+// where one_hot and its integer sums are host ops).
+Tensor moe_hot_rows(const Tensor& ids, int64_t n) { return tpu::to(ops::hot_rows(ids, n), DType::f32); }
 
 }  // namespace
 

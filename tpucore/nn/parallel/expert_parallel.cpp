@@ -12,6 +12,7 @@
 #include <set>
 #include <string>
 
+#include "ops/hot_rows.h"
 #include "tpucore/autograd.h"
 #include "tpucore/nn/parallel/function.h"
 #include "tpucore/nn/parallel/tensor_parallel.h"
@@ -96,12 +97,7 @@ Tensor ep_run_fixed(const Tensor& xs, const Tensor& group_sizes, EpState& st) {
             "expert_parallel: the fixed-capacity exchange counts rows in f32, exact up to 2^24 = 16777216; "
             "{} slots with a capacity of {} rows per rank on {} ranks exceed it", slots, cap, n);
   const auto f32 = TensorOptions(DType::f32, dev);
-  // 0, 1, ..., m - 1 in f32 on the device (made on the host: no integer arange on the chip).
-  auto iota = [&](int64_t m) {
-    std::vector<float> v(static_cast<size_t>(m));
-    for (int64_t i = 0; i < m; ++i) v[static_cast<size_t>(i)] = static_cast<float>(i);
-    return from_vector(v, Shape{m}).to(dev);
-  };
+  auto iota = [&](int64_t m) { return ops::f32_iota(m, dev); };  // no integer arange on the chip
   auto as_f32 = [](const Tensor& t) { return tpu::to(t, DType::f32); };
   Tensor counts, theirs;
   {
@@ -357,12 +353,7 @@ Tensor load_balancing_loss(const std::vector<Tensor>& router_logits, int64_t num
   {
     NoGradGuard ng;
     // One-hot rows as f32 from a comparison with an iota (the chip runs it; one_hot is integer).
-    TPU_CHECK(num_experts <= (int64_t{1} << 24), "load_balancing_loss: {} experts (at most 2^24)", num_experts);
-    std::vector<float> iv(static_cast<size_t>(num_experts));
-    for (int64_t i = 0; i < num_experts; ++i) iv[static_cast<size_t>(i)] = static_cast<float>(i);
-    const Tensor iota = from_vector(iv, Shape{num_experts}).to(dev);
-    const Tensor ids = tpu::to(std::get<1>(topk(p, top_k)), DType::f32);
-    const Tensor chosen = tpu::to(eq(unsqueeze(ids, -1), iota), DType::f32);  // [N, k, E]
+    const Tensor chosen = tpu::to(ops::hot_rows(std::get<1>(topk(p, top_k)), num_experts), DType::f32);  // [N, k, E]
     Tensor packed = cat({reshape(sum(chosen, {0}), Shape{-1}),
                          full(Shape{1}, static_cast<double>(logits.size(0)), TensorOptions(DType::f32, dev))},
                         0).contiguous();
