@@ -12,19 +12,30 @@
 // counted 32 times; the embedding lookup is left out.
 //
 // The workload is vLLM's published one for one v6e chip: 1,000 requests of 1,800 random prompt
-// tokens and 128 output tokens, all sent at once. Rather than simulating every step, the bench
-// costs representative steps of the steady state and extrapolates (the rule, stated in the
-// counters' README entry):
-//  - concurrency C: the KV cache gets 90% of HBM minus the weights (vLLM's default memory
-//    utilization); C = that / (1,928 positions x 128 KiB per position), the sequences that fit
-//    at full length (58 on v6e). The token budget (1,024) does not bind.
-//  - steady state (Little's law): every step decodes d = C - 1 sequences (one each) and
-//    prefills P = 1,800 d / 127 prompt tokens (one request's prompt enters for every request
-//    that leaves); a request finishes every 127 / d steps, so requests/s = d / 127 / step time.
+// tokens and 128 output tokens, all sent at once, on the server settings of the run behind the
+// published 15.1k tokens/s (vLLM pull request 16458, "[TPU] Increase block size and reset block
+// shapes", its "before" run: 7.87 requests/s, 15,105 total tokens/s): --max-num-batched-tokens
+// 512, --gpu-memory-utilization 0.95, --max-model-len 2048, --max-num-seqs 512, V1 engine
+// (chunked prefill). Rather than simulating every step, the bench costs representative steps
+// of the steady state and extrapolates (the rule, stated in the counters' README entry):
+//  - KV capacity C: the KV cache gets 95% of HBM minus the weights; C = that / (1,928 positions
+//    x 128 KiB per position), the sequences that fit at full length (65 on v6e).
+//  - steady state (Little's law): a request costs 1,800 prefill tokens and 127 decode tokens
+//    (its first output token comes out of its last prefill chunk). The scheduler runs every
+//    decoding sequence and fills the rest of the 512-token budget with prefill chunks, so a
+//    step decodes d = round(512 x 127 / 1,927) = 34 sequences and prefills 512 - d = 478
+//    prompt tokens; the budget binds before the KV cache (d + 1 < C). Requests/s = the step's
+//    tokens / 1,927 / step time. (Where the KV cache binds, d = C - 1 and the step prefills
+//    1,800 d / 127 tokens.)
 //  - step time: the mean of 4 steps whose prefill chunk starts at 0, 1/4, 1/2 and 3/4 of a
 //    prompt (a chunk crossing the prompt's end continues with the next prompt), the decode
 //    contexts spread evenly over 1,801..1,927.
-//  - the 1,000-request run takes 1,000 / (requests/s) plus the ramp (not modeled).
+//  - the lm_head runs on the sampling rows padded to a power of two, at least 8, as vLLM's V1
+//    TPU model runner pads its request count to a compiled size (its
+//    _get_padded_num_reqs_with_upper_limit, MIN_NUM_SEQS = 8); a full step's 512 tokens are its
+//    largest token bucket, so the token rows need no padding.
+//  - not modeled: host time between steps (scheduling, input preparation, the sampled tokens'
+//    transfer; no published figure for this run), the ramp of the 1,000-request run.
 // Counters: req_per_s, output_tok_per_s, total_tok_per_s, TPOT_ms (the step time: every decoding
 // sequence gets one token per step), usd_per_M_total_tok / usd_per_M_out_tok at kUsdPerChipHour.
 // BM_DecodeStep: d decodes only (HBM_BW_pct of the whole step, attn_BW_pct of the attention
@@ -33,6 +44,7 @@
 // BM_PrefillLinear: one bf16 linear of a 1,024-token prefill step alone (MFU_pct).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -60,6 +72,9 @@ using namespace tpu;
 constexpr int64_t kLayers = 32, kHidden = 4096, kInter = 14336, kHeads = 32, kKvHeads = 8, kHeadDim = 128,
                   kVocab = 128256, kBlock = 16, kIn = 1800, kOut = 128, kRequests = 1000;
 constexpr double kUsdPerChipHour = 2.70;  // assumed on-demand price of one v6e chip-hour
+// The published run's server settings (vLLM pull request 16458's benchmark command).
+constexpr int64_t kMaxBatchedTokens = 512;  // --max-num-batched-tokens 512
+constexpr double kMemoryUtilization = 0.95; // --gpu-memory-utilization 0.95
 
 std::string preset() {
   const char* e = std::getenv("TPU_SERVE_SIM_CHIP");
@@ -248,6 +263,15 @@ Probe measure(const Device& dev, F&& fn) {
   return {s.cycles, double(s.hbm_bytes), it == cs.cycles_by_kernel.end() ? 0.0 : it->second};
 }
 
+// The request count a step's sampling runs on: vLLM's V1 TPU model runner pads it to a power of
+// two of at least 8 (MIN_NUM_SEQS), at most --max-num-seqs (512), so that each size is one
+// compiled graph.
+int64_t padded_requests(int64_t n) {
+  int64_t p = 8;
+  while (p < n) p *= 2;
+  return std::min<int64_t>(p, 512);
+}
+
 // One serving step of these sequences: 32 x (one layer) + the final norm and the lm_head on
 // the sampling rows.
 StepCost step_cost(int index, const std::vector<Seq>& seqs) {
@@ -305,7 +329,7 @@ StepCost step_cost(int index, const std::vector<Seq>& seqs) {
   });
   Probe hp{0, 0, 0};  // no row samples (a prefill chunk short of its prompt's end): no lm_head
   if (sampling > 0) {
-    const Tensor rows = empty({1, sampling, kHidden}, {DType::bf16, dev});
+    const Tensor rows = empty({1, padded_requests(sampling), kHidden}, {DType::bf16, dev});
     hp = measure(dev, [&] { (void)linear(p.norm->forward(rows), p.head); });
   }
   // The attention program's HBM bytes, from its plan (the count the tiny-chip test checks).
@@ -330,12 +354,25 @@ void label(benchmark::State& st, int index) {
   st.SetLabel(chip(index).name + ", " + chip(index).timing.model + " timing model");
 }
 
-// Sequences that fit in the KV cache at full length (90% of HBM minus the bf16 weights).
+// Sequences that fit in the KV cache at full length (95% of HBM minus the bf16 weights).
 int64_t concurrency(int index) {
   const double weights = 2.0 * (double(kLayers * parts(index).layer_params) + 2.0 * kVocab * kHidden + kHidden);
-  const double kv = 0.9 * double(chip(index).memory.hbm_bytes) - weights;
+  const double kv = kMemoryUtilization * double(chip(index).memory.hbm_bytes) - weights;
   const double per_seq = double(kIn + kOut) * kLayers * 2.0 * kKvHeads * kHeadDim * 2.0;
   return int64_t(kv / per_seq);
+}
+
+// Decoding sequences per steady-state step: the token budget's share of decodes
+// (512 x 127 / 1,927, rounded), or the KV cache's C - 1 where that is fewer.
+int64_t steady_decodes(int index) {
+  const int64_t budget = (kMaxBatchedTokens * (kOut - 1) + (kIn + kOut - 1) / 2) / (kIn + kOut - 1);
+  return std::min(budget, concurrency(index) - 1);
+}
+
+// Prompt tokens per steady-state step: the rest of the budget, or (KV-bound) the 1,800 d / 127
+// that replace the requests leaving.
+int64_t steady_prefill(int64_t d) {
+  return std::min(kMaxBatchedTokens - d, (kIn * d + kOut - 2) / (kOut - 1));
 }
 
 std::vector<Seq> decodes(int64_t d) {
@@ -347,8 +384,8 @@ std::vector<Seq> decodes(int64_t d) {
 void BM_Workload(benchmark::State& st) {
   const int index = int(st.range(0));
   parts(index);
-  const int64_t d = concurrency(index) - 1;
-  const int64_t prefill = (kIn * d + kOut - 2) / (kOut - 1);
+  const int64_t d = steady_decodes(index);
+  const int64_t prefill = steady_prefill(d);
   double step_s = 0, tokens = 0, attn_s = 0;
   for (auto _ : st) {
     step_s = attn_s = tokens = 0;
@@ -367,8 +404,10 @@ void BM_Workload(benchmark::State& st) {
       tokens += double(c.tokens) / 4;
     }
   }
-  const double req_s = double(d) / (kOut - 1) / step_s;
-  st.counters["concurrency"] = double(d + 1);
+  // Each request is 1,800 prefill and 127 decode tokens of the steps' work.
+  const double req_s = tokens / double(kIn + kOut - 1) / step_s;
+  st.counters["kv_capacity"] = double(concurrency(index));
+  st.counters["decodes"] = double(d);
   st.counters["step_tokens"] = tokens;
   st.counters["step_ms"] = step_s * 1e3;
   st.counters["attn_share_pct"] = 100.0 * attn_s / step_s;
@@ -385,7 +424,7 @@ void BM_Workload(benchmark::State& st) {
 void BM_DecodeStep(benchmark::State& st) {
   const int index = int(st.range(0));
   parts(index);
-  const int64_t d = concurrency(index) - 1;
+  const int64_t d = steady_decodes(index);
   StepCost c;
   for (auto _ : st) c = step_cost(index, decodes(d));
   const double s = c.cycles / clock_hz(index), a = c.attn_cycles / clock_hz(index);

@@ -39,6 +39,8 @@ def plan_args(row):
             args += ["--slices", row["slices"]]
     else:
         args += ["--serve", "--input-len", row["input_len"], "--output-len", row["output_len"], "--batch", row["batch"]]
+        if row.get("max_batched_tokens"):  # the server's token budget (continuous batching, chunked prefill)
+            args += ["--max-batched-tokens", row["max_batched_tokens"]]
     return args
 
 
@@ -88,6 +90,8 @@ def table(results):
             brk = f"{b['mxu']:.2f} / {b['other_compute']:.2f} / {b['hbm']:.2f} / {b['exposed_ici']:.2f}"
         else:
             shape = f"serve {row['batch']} x ({row['input_len']} in, {row['output_len']} out)"
+            if row.get("max_batched_tokens"):
+                shape += f", {row['max_batched_tokens']} tokens per step"
             pm = cm = im = ""
             brk = f"TTFT {1e3 * cal['ttft_s']:.0f} ms, TPOT {1e3 * cal['tpot_s']:.1f} ms"
         src = f"[{row['source']}]({row['url']})" if row["url"] else row["source"]

@@ -93,7 +93,8 @@ int main(int argc, char** argv) {
       .flag("--serve", "a serving workload instead of training", [&] { serve = true; })
       .value("--input-len", "N", "serving: prompt tokens per request (default 1024)", [&](const std::string& v) { w.input_len = positive(v, "--input-len"); })
       .value("--output-len", "N", "serving: generated tokens per request (default 128)", [&](const std::string& v) { w.output_len = positive(v, "--output-len"); })
-      .value("--batch", "N", "serving: requests decoded together per replica (default 8)", [&](const std::string& v) { w.batch = positive(v, "--batch"); })
+      .value("--batch", "N", "serving: requests decoded together per replica (default 8); with --max-batched-tokens the most the KV cache holds", [&](const std::string& v) { w.batch = positive(v, "--batch"); })
+      .value("--max-batched-tokens", "T", "serving a dense model: continuous batching with chunked prefill as vLLM's V1 engine runs it (its --max-num-batched-tokens): every step decodes the running requests and fills the rest of T tokens with prompt chunks; TPOT is that step (default: static batches)", [&](const std::string& v) { w.max_batched_tokens = positive(v, "--max-batched-tokens"); })
       .value("--price-per-chip-hour", "USD", "price of one chip-hour: adds the cost per million tokens", [&](const std::string& v) {
         price = tpu::cli::Parser::to_double(v);
         if (!(price >= 0)) throw std::invalid_argument("must be a non-negative number");

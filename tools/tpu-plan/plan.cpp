@@ -283,6 +283,64 @@ Plan plan_train(const ModelShape& m, const Slice& s, const TrainRecipe& r, doubl
   return o;
 }
 
+namespace {
+
+// Continuous batching with chunked prefill (vLLM's V1 engine) in its steady state. A request is
+// `in` prompt tokens and out - 1 decode tokens of the steps' work (its first output token comes
+// out of its last prompt chunk). Every step decodes the d running requests and fills the rest
+// of the token budget T with prompt chunks; requests leave at d / (out - 1) per step and enter at
+// P / in, so d = T (out - 1) / (in + out - 1) and P = T - d, unless the KV cache binds first
+// (d = batch, P = in d / (out - 1)). The step: the layers' matmuls and vector kernels on d + P
+// tokens, decode attention of d queries over the mean context in + out / 2, the chunks' causal
+// attention (P queries over a prompt's keys: in / 2 keys each on average), the lm_head on the
+// sampling rows (d + P / in). Requests/s = (d + P) / (in + out - 1) per step.
+Plan plan_serve_chunked(const ModelShape& m, const Slice& s, const ServeWorkload& w, const Layout& l, double price) {
+  const double tp = double(l.tp), E = double(m.hidden), L = double(m.layers), V = double(m.vocab) / tp;
+  const double in = double(w.input_len), out = double(w.output_len), B = double(w.batch), T = double(w.max_batched_tokens);
+  if (w.output_len < 2) throw PlanError("--max-batched-tokens needs --output-len of at least 2 (a request that decodes)");
+  const double d = std::min(B, T * (out - 1) / (in + out - 1));
+  const double P = std::min(T - d, in * d / (out - 1));
+  const double HK = std::max(1.0, double(m.kv_heads) / tp), D = double(m.head_dim), H = double(m.heads) / tp;
+  Acc step = make_acc(s), head = make_acc(s);
+  layer_forward(step, m, d + P, 0, tp, false, false, false);   // matmuls and vector kernels on every token
+  step.attention(d, in + out / 2, H, HK, D, 2, false);         // decodes
+  step.kernel(0, 0, 0, false, d * (in + out / 2) * 2 * HK * D * 2, 0, 0);  // their KV cache stream
+  step.attention(P, in, H, HK, D, 2, true);                     // prompt chunks, causal over the prompt
+  head.matmul(d + P / in, E, V);
+  using K = sim::CollectiveKind;
+  const double ar = collective_s(s, l, 0, K::all_reduce, uint64_t(2 * (d + P) * E));
+  Plan o;
+  o.serve = true;
+  o.model = m.name, o.chip = s.chip.name, o.topology = s.topo.str(), o.layout = l.str() + fmt::format(" max-batched-tokens={}", w.max_batched_tokens);
+  o.chips = s.topo.chips();
+  o.step_s = L * (step.s + 2 * ar) + head.s;
+  o.tpot_s = o.step_s;                       // every running request gets one token per step
+  o.ttft_s = std::ceil(in / std::max(P, 1.0)) * o.step_s;  // a prompt's chunks, once it is scheduled (queueing aside)
+  const double n_rep = double(o.chips / l.tp);
+  o.requests_per_s = n_rep * (d + P) / (in + out - 1) / o.step_s;
+  o.tokens_per_s_per_chip = (d + P) / (in + out - 1) * (in + out) / o.step_s / tp;
+  o.decode_batch = d;
+  o.step_tokens = d + P;
+  o.breakdown = {L * step.mxu + head.mxu, L * step.other + head.other, L * step.hbm + head.hbm, L * 2 * ar,
+                 L * step.host + head.host, L * 2 * ar};
+  const double flops = 2 * (m.params() - double(m.vocab) * E) * (d + P);
+  o.mfu = flops / (o.step_s * tp * s.chip.chip_peak_flops());
+  if (price > 0) o.usd_per_mtok = price * tp / 3600.0 / (o.tokens_per_s_per_chip * tp) * 1e6;
+  o.hbm.weights = 2 * m.params() / tp;
+  o.hbm.kv_cache = B * (in + out) * L * 2 * HK * D * 2;
+  o.hbm.activations = 2 * T * (E + 3 * double(m.intermediate) / tp) + 4 * (d + 1) * V;
+  o.hbm_capacity = double(s.chip.memory.hbm_bytes) * s.chip.cores_per_chip;
+  if (o.hbm.total() > o.hbm_capacity) {
+    o.fits = false;
+    o.advice = fmt::format("needs {:.2f} GB per chip of {:.2f} GB (weights {:.2f} GB, KV cache for {} requests {:.2f} GB); a "
+                           "larger --tp shards the weights, a smaller --batch or context shrinks the KV cache",
+                           o.hbm.total() / kGB, o.hbm_capacity / kGB, o.hbm.weights / kGB, w.batch, o.hbm.kv_cache / kGB);
+  }
+  return o;
+}
+
+}  // namespace
+
 Plan plan_serve(const ModelShape& m, const Slice& s, const ServeWorkload& w, double price) {
   if (m.moe()) return plan_serve_moe(m, s, w, price);
   if (w.ep > 0) throw PlanError(fmt::format("--ep {}: {} is a dense model (expert parallelism needs a mixture of experts)", w.ep, m.name));
@@ -292,8 +350,10 @@ Plan plan_serve(const ModelShape& m, const Slice& s, const ServeWorkload& w, dou
     throw PlanError(fmt::format("--tp {} does not divide the slice's {} chips", tpi, chips));
   if (w.input_len < 1 || w.output_len < 1 || w.batch < 1)
     throw PlanError("--input-len, --output-len and --batch must be positive");
+  if (w.max_batched_tokens < 0) throw PlanError(fmt::format("--max-batched-tokens {} must be positive", w.max_batched_tokens));
   Layout l{tpi, 1, chips / tpi};
   check_heads(m, tpi);
+  if (w.max_batched_tokens > 0) return plan_serve_chunked(m, s, w, l, price);
   const double tp = double(tpi), E = double(m.hidden), L = double(m.layers), V = double(m.vocab) / tp;
   const double in = double(w.input_len), out = double(w.output_len), B = double(w.batch);
   using K = sim::CollectiveKind;

@@ -65,6 +65,11 @@ struct ServeWorkload {
   // data parallel (each chip decodes its own `batch` requests), tokens dispatched to their
   // experts and combined by all-to-alls over the EP group.
   int64_t ep = 0;
+  // Continuous batching with chunked prefill, as vLLM's V1 engine serves (its
+  // --max-num-batched-tokens): every step runs the decoding requests (one token each) and fills
+  // the rest of this token budget with prompt chunks; `batch` is then the most requests the KV
+  // cache holds. 0: static batches (each request's prefill, then the batch's decode steps).
+  int64_t max_batched_tokens = 0;
 };
 
 // Seconds per step, per chip, by part; `exposed_ici` is what compute does not hide.
@@ -84,7 +89,7 @@ struct Plan {
   std::string model, chip, topology, layout;
   int64_t chips = 0;
   bool serve = false;
-  double step_s = 0;                 // training step, or a serving batch's whole run
+  double step_s = 0;                 // training step, a serving batch's whole run, or (max_batched_tokens) one mixed step
   Breakdown breakdown;
   double mfu = 0, tokens_per_s_per_chip = 0;   // MFU counts the parameters a token uses (MoE: active)
   double params = 0, active_params = 0;
@@ -96,7 +101,8 @@ struct Plan {
   double ttft_s = 0, tpot_s = 0, requests_per_s = 0;   // serving
   double decode_hbm_use = 0;         // serving a MoE: HBM bytes of a decode step / its time / peak bandwidth
   double decode_a2a_share = 0;       // serving a MoE: the all-to-alls' part of a decode step
-  double decode_batch = 0;           // serving a MoE: tokens per chip per decode step
+  double decode_batch = 0;           // serving a MoE: tokens per chip per decode step; chunked prefill: decodes per step
+  double step_tokens = 0;            // serving with chunked prefill (max_batched_tokens): tokens per step, decodes and prompt
   nlohmann::json to_json() const;
   std::string text() const;
 };

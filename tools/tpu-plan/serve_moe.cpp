@@ -81,6 +81,9 @@ constexpr double kGiga = 1e9;
 Plan plan_serve_moe(const ModelShape& m, const Slice& s, const ServeWorkload& w, double price) {
   const int64_t chips = s.topo.chips();
   const int64_t ep = w.ep > 0 ? w.ep : chips;
+  if (w.max_batched_tokens > 0)
+    throw PlanError(fmt::format("--max-batched-tokens {}: continuous batching with chunked prefill is modeled for dense "
+                                "models; {} is a mixture of experts (omit it for static batches)", w.max_batched_tokens, m.name));
   if (w.tp > 1)
     throw PlanError(fmt::format("--tp {}: serving a mixture of experts is priced with data-parallel attention and "
                                 "expert parallelism (--ep); tensor parallelism is not modeled for it", w.tp));

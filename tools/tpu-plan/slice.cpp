@@ -185,6 +185,10 @@ nlohmann::json Plan::to_json() const {
     j["ttft_s"] = ttft_s;
     j["tpot_s"] = tpot_s;
     j["requests_per_s"] = requests_per_s;
+    if (step_tokens > 0) {
+      j["decodes_per_step"] = decode_batch;
+      j["tokens_per_step"] = step_tokens;
+    }
     if (decode_hbm_use > 0) {
       j["decode_tokens_per_s_per_chip"] = decode_batch / tpot_s;
       j["decode_hbm_bandwidth_use"] = decode_hbm_use;
@@ -200,7 +204,11 @@ std::string Plan::text() const {
                               serve ? "serving" : "training");
   if (serve) {
     o += fmt::format("  TTFT {:.3f} ms   TPOT {:.3f} ms   {:.3f} requests/s\n", ttft_s * 1e3, tpot_s * 1e3, requests_per_s);
-    o += fmt::format("  batch run {:.3f} s\n", step_s);
+    if (step_tokens > 0)
+      o += fmt::format("  one step {:.3f} ms: {:.1f} decodes and {:.1f} prompt tokens (continuous batching, chunked prefill)\n",
+                       step_s * 1e3, decode_batch, step_tokens - decode_batch);
+    else
+      o += fmt::format("  batch run {:.3f} s\n", step_s);
     if (decode_hbm_use > 0)
       o += fmt::format("  decode step: {:.1f} tokens/s per chip, HBM bandwidth use {:.1f}% of peak, all-to-all {:.1f}% of "
                        "the step\n", decode_batch / tpot_s, 100 * decode_hbm_use, 100 * decode_a2a_share);

@@ -205,6 +205,41 @@ TEST_CASE("serving: decode at batch 1 streams the weights, prefill is compute-bo
   CHECK_FALSE(plan::plan_serve(m, s, w).fits);
 }
 
+TEST_CASE("serving with chunked prefill: the token budget's steady state and a step's closed-form bounds (ideal model)") {
+  const plan::ModelShape m = plan::named_model("llama3.1-8b");
+  const plan::Slice s = plan::make_slice("v6e", false, "", 1);
+  plan::ServeWorkload w;
+  w.input_len = 1800;
+  w.output_len = 128;
+  w.batch = 60;
+  w.max_batched_tokens = 512;
+  const plan::Plan p = plan::plan_serve(m, s, w);
+  REQUIRE(p.fits);
+  // Little's law: requests leave at d / 127 per step and enter at (512 - d) / 1,800, so the budget
+  // holds d = 512 x 127 / 1,927 decodes; each request is 1,927 tokens of the steps' 512.
+  CHECK(p.decode_batch == Approx(512.0 * 127 / 1927).epsilon(1e-12));
+  CHECK(p.requests_per_s * p.step_s == Approx(512.0 / 1927).epsilon(1e-9));
+  CHECK(p.tokens_per_s_per_chip == Approx(p.requests_per_s * 1928).epsilon(1e-9));
+  CHECK(p.tpot_s == p.step_s);
+  // One step reads every bf16 weight and the decodes' KV cache once and does 2 N FLOPs per token:
+  // on the ideal model at least the larger of the two at the peaks, at most their sum plus the
+  // chunks' attention and 40% for the vector units (as the prefill bound above).
+  const double d = p.decode_batch, P = 512 - d;
+  const double kv = d * (1800 + 64) * double(m.layers) * 2 * double(m.kv_heads * m.head_dim) * 2;
+  const double mem = (2 * m.params() + kv) / 1640e9;
+  const double n = m.params() - double(m.vocab * m.hidden) * 2;
+  const double flops = 2 * n * 512 + 2.0 * double(m.layers) * P * 1800 * double(m.heads * m.head_dim);
+  CHECK(p.step_s >= 0.99 * std::max(mem, flops / 918e12));
+  CHECK(p.step_s <= mem + 1.4 * flops / 918e12);
+  // A KV cache of 20 requests binds first: 20 decodes, 1,800 x 20 / 127 prompt tokens a step.
+  w.batch = 20;
+  const plan::Plan k = plan::plan_serve(m, s, w);
+  CHECK(k.decode_batch == 20);
+  CHECK(k.requests_per_s * k.step_s == Approx(20.0 / 127).epsilon(1e-9));
+  // A mixture of experts is not modeled with a token budget: an error naming the option.
+  CHECK_THROWS_WITH(plan::plan_serve(plan::named_model("mixtral-8x7b"), s, w), Contains("--max-batched-tokens 512"));
+}
+
 TEST_CASE("a matmul kernel as the planner prices it against the simulated chip running a tiled GEMM") {
   // The chip simulator runs sim::make_gemm's double-buffered tiled GEMM (timing only); the
   // planner prices the same shape (f32 results, as the GEMM stores them) from its counted work:
