@@ -73,7 +73,7 @@ constexpr int64_t kLayers = 32, kHidden = 4096, kInter = 14336, kHeads = 32, kKv
                   kVocab = 128256, kBlock = 16, kIn = 1800, kOut = 128, kRequests = 1000;
 constexpr double kUsdPerChipHour = 2.70;  // assumed on-demand price of one v6e chip-hour
 // The published run's server settings (vLLM pull request 16458's benchmark command).
-constexpr int64_t kMaxBatchedTokens = 512;  // --max-num-batched-tokens 512
+constexpr int64_t kMaxBatchedTokens = 512;  // --max-num-batched-tokens 512 (TPU_SERVE_SIM_BUDGET=<tokens> changes it)
 constexpr double kMemoryUtilization = 0.95; // --gpu-memory-utilization 0.95
 
 std::string preset() {
@@ -362,17 +362,22 @@ int64_t concurrency(int index) {
   return int64_t(kv / per_seq);
 }
 
+int64_t token_budget() {
+  const char* e = std::getenv("TPU_SERVE_SIM_BUDGET");
+  return e && *e ? std::max<int64_t>(2, std::atoll(e)) : kMaxBatchedTokens;
+}
+
 // Decoding sequences per steady-state step: the token budget's share of decodes
 // (512 x 127 / 1,927, rounded), or the KV cache's C - 1 where that is fewer.
 int64_t steady_decodes(int index) {
-  const int64_t budget = (kMaxBatchedTokens * (kOut - 1) + (kIn + kOut - 1) / 2) / (kIn + kOut - 1);
+  const int64_t budget = (token_budget() * (kOut - 1) + (kIn + kOut - 1) / 2) / (kIn + kOut - 1);
   return std::min(budget, concurrency(index) - 1);
 }
 
 // Prompt tokens per steady-state step: the rest of the budget, or (KV-bound) the 1,800 d / 127
 // that replace the requests leaving.
 int64_t steady_prefill(int64_t d) {
-  return std::min(kMaxBatchedTokens - d, (kIn * d + kOut - 2) / (kOut - 1));
+  return std::min(token_budget() - d, (kIn * d + kOut - 2) / (kOut - 1));
 }
 
 std::vector<Seq> decodes(int64_t d) {
