@@ -33,7 +33,8 @@
 //  - the lm_head runs on the sampling rows padded to a power of two, at least 8, as vLLM's V1
 //    TPU model runner pads its request count to a compiled size (its
 //    _get_padded_num_reqs_with_upper_limit, MIN_NUM_SEQS = 8); a full step's 512 tokens are its
-//    largest token bucket, so the token rows need no padding.
+//    largest token bucket, so the token rows need no padding (with TPU_SERVE_SIM_BUDGET, a step
+//    short of a bucket is not padded to it either).
 //  - not modeled: host time between steps (scheduling, input preparation, the sampled tokens'
 //    transfer; no published figure for this run), the ramp of the 1,000-request run.
 // Counters: req_per_s, output_tok_per_s, total_tok_per_s, TPOT_ms (the step time: every decoding
