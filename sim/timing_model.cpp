@@ -86,4 +86,23 @@ double xla_matmul_cycles(const ChipConfig& cfg, const XlaMatmulFeed& f, double k
   return cycles;
 }
 
+namespace {
+// Elements a [rows, cols] array occupies stored {1,0} (cols minor) in v4's (8, 128) tiles.
+double tiled_elems(int64_t rows, int64_t cols) { return double((rows + 7) / 8 * 8) * double((cols + 127) / 128 * 128); }
+// XLA's layout assignment between {1,0} and {0,1}: the smaller tiled footprint, {1,0} on a tie.
+bool stored_transposed(int64_t rows, int64_t cols) { return tiled_elems(cols, rows) < tiled_elems(rows, cols); }
+}  // namespace
+
+XlaMatmulFeed xla_matmul_feed(int64_t m, int64_t n, int64_t k) {
+  if (m <= 0 || n <= 0 || k <= 0)
+    throw SimError(fmt::format("xla_matmul_feed: dimensions must be positive (m {}, n {}, k {})", m, n, k));
+  XlaMatmulFeed f;
+  f.m = m, f.n = n, f.k = k;
+  f.a_transposed = stored_transposed(m, k);
+  f.b_transposed = stored_transposed(k, n);
+  f.out_transposed = stored_transposed(m, n);
+  f.prefetched = m >= n ? 'A' : 'B';
+  return f;
+}
+
 }  // namespace tpu::sim

@@ -54,4 +54,11 @@ struct XlaMatmulFeed {
 // SimError on a non-positive dimension or a prefetched operand other than 'A' or 'B'.
 double xla_matmul_cycles(const ChipConfig& cfg, const XlaMatmulFeed& f, double kernel_cycles);
 
+// The feed XLA gives C[M,N] = A[M,K] @ B[K,N] on 16-bit arrays on v4, from the shapes alone (sim/README.md,
+// "XLA's float16 matmul kernels"): each array takes the layout whose (8, 128)-tiled footprint is
+// smaller ({0,1} only when strictly smaller than {1,0}: rows rounded up to 8, the minor dimension to
+// 128), and the fusion prefetches the larger operand (A when M >= N). Throws SimError on a
+// non-positive dimension.
+XlaMatmulFeed xla_matmul_feed(int64_t m, int64_t n, int64_t k);
+
 }  // namespace tpu::sim

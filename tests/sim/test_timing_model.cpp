@@ -258,3 +258,39 @@ TEST_CASE("XLA matmul feed: one-time conversion of the prefetched operand, per-p
   f.prefetched = 'A', f.k = 0;
   CHECK_THROWS_AS(xla_matmul_cycles(c, f, kernel), SimError);
 }
+
+TEST_CASE("XLA matmul feed from the shapes: the layouts and prefetched operand of measured TPU v4 kernels",
+          "[sim][timing_model]") {
+  // Reference: rows of sim/calibration/tpu_v4/matmul_large.csv (layouts and the prefetched operand
+  // read from XLA's HLO on a TPU v4), including the case where only the 8-row rounding of the
+  // second-minor dimension separates the layouts (C of 3319 x 3955 x 1675 stays {1,0} where C of
+  // 4084 x 3955 x 1675 is {0,1}) and the ties (multiples of 128: {1,0}; M == N: A prefetched).
+  struct Measured {
+    int64_t m, n, k;
+    bool a, b, c;
+    char p;
+  };
+  const Measured rows[] = {
+      {1024, 1024, 1024, false, false, false, 'A'},  // matmul_linear_1
+      {1024, 2001, 1675, true, false, true, 'B'},    // _7
+      {1024, 2978, 1024, false, true, true, 'B'},    // _11
+      {1024, 2978, 3628, true, true, true, 'B'},     // _15
+      {1789, 1024, 2326, true, false, false, 'A'},   // _23
+      {2554, 2978, 2326, true, false, true, 'B'},    // _53
+      {3319, 3955, 1675, true, false, false, 'B'},   // _77
+      {4084, 2978, 1024, false, true, true, 'A'},    // _91
+      {4084, 3955, 1675, true, false, true, 'A'},    // _97
+  };
+  for (const Measured& r : rows) {
+    INFO(r.m << " x " << r.n << " x " << r.k);
+    const XlaMatmulFeed f = xla_matmul_feed(r.m, r.n, r.k);
+    CHECK(f.m == r.m);
+    CHECK(f.n == r.n);
+    CHECK(f.k == r.k);
+    CHECK(f.a_transposed == r.a);
+    CHECK(f.b_transposed == r.b);
+    CHECK(f.out_transposed == r.c);
+    CHECK(f.prefetched == r.p);
+  }
+  CHECK_THROWS_AS(xla_matmul_feed(0, 8, 8), SimError);
+}

@@ -153,6 +153,20 @@ int main(int argc, char** argv) {
   const tpu::sim::ChipConfig cfg = tpu::device::sim_device(0).config();
   std::printf("calibration report: chip preset %s (%s timing model), measured TPU v4 times from %s (every %ld. row)\n",
               chip.c_str(), cfg.timing.model.c_str(), dir.c_str(), long(stride));
+  // XLA chose each matmul_large row's layouts and prefetched operand; sim::xla_matmul_feed derives them
+  // from the shapes alone (XLA's layout assignment by tiled footprint, the larger operand prefetched).
+  size_t feeds = 0, derived = 0;
+  for (const auto& set_rows : rows)
+    for (const Row& r : set_rows)
+      if (const auto given = tpu::calib::xla_feed(r)) {
+        const auto d = tpu::sim::xla_matmul_feed(given->m, given->n, given->k);
+        ++feeds;
+        derived += d.a_transposed == given->a_transposed && d.b_transposed == given->b_transposed &&
+                   d.out_transposed == given->out_transposed && d.prefetched == given->prefetched;
+      }
+  if (feeds > 0)
+    std::printf("XLA's layouts and prefetched operand derived from the shapes (sim::xla_matmul_feed): %zu of %zu rows agree\n",
+                derived, feeds);
   bool ok = true;
   for (const std::string path : {"eager", "compiled"}) {
     if (paths.find(path) == std::string::npos) continue;
