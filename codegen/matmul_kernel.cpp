@@ -52,7 +52,7 @@ int epilogue_slots(const MatmulSpec& s) {
 struct VmemPlan {
   int64_t a[2]{}, b[2]{}, acc[2]{}, out[2]{}, ascale[2]{};
   int64_t asx[2]{}, qmax = 0, qtmp = 0;  // a_row_quant: m / Q per row; the row max's running tiles
-  int64_t dq[2]{}, sc[2]{}, qt[2]{};     // int4 B: the bf16 panels, the group scales, two f32 temps
+  int64_t dq[2]{}, sc[2]{}, qt[2]{}, sh = 0;  // int4 B: bf16 panels, group scales, f32 temps, -scale / 2
   std::vector<std::array<int64_t, 2>> epi;
   TempArena arena;
   int64_t total = 0;
@@ -77,6 +77,7 @@ VmemPlan plan_vmem(const MatmulSpec& s, int64_t tm, int64_t tn, int64_t tk, int6
     for (int i = 0; i < 2; ++i) p.dq[i] = take(tk * tn * 2);
     for (int i = 0; i < 2; ++i) p.sc[i] = take(tn * ((tk + g4 - 1) / g4) * 4);
     for (int i = 0; i < 2; ++i) p.qt[i] = take(16 * tn * ((tk + g4 - 1) / g4) * 4);
+    p.sh = take(tn * ((tk + g4 - 1) / g4) * 4);
   }
   if (s.a_row_scale || s.a_row_quant > 0) {
     p.ascale[0] = take(tm * 4);
@@ -350,17 +351,20 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
   // Weight k = 32 c + 16 h + j of a row (c its block of 32, h the nibble) is in byte 16 c + j as
   // q + 8; viewed per sub-block t of a group as 16 rows (j) by nl * kl / group columns (the
   // groups), the packed bytes, both halves of the panel and the scales are strided matrices. In
-  // f32: u = the byte read unsigned (its i8 value + 256 when negative), w = u - 136 = q_lo +
-  // 16 q_hi, q_hi = w / 16 + 1 / 32 rounded to an integer (the add and subtract of 1.5 x 2^23;
-  // no ties: the fraction stays within +-15/32), q_lo = w - 16 q_hi; each times its group's scale
-  // and stored as bf16. Exact in f32, so each weight is its dequantized f32 value rounded to bf16.
+  // f32, nine ops per byte: u = the byte read unsigned (its i8 value + 256 when negative),
+  // w = u - 135.5 = q_lo + 1/2 + 16 q_hi; q_hi = w / 16 rounded to an integer by one fused
+  // multiply-add onto 1.5 x 2^23 (no ties: the fraction stays within +-15/32) and a subtract;
+  // q_lo + 1/2 = w - 16 q_hi; then q_hi s and (q_lo + 1/2) s - s / 2 (fused: exactly q_lo s before
+  // its one rounding), stored as bf16. So each weight is its dequantized f32 value rounded to bf16.
   auto unpack_int4 = [&](size_t i) {
     const Step& st = steps[i];
     const int64_t C = st.nl * (st.kl / g4);
     const int bf = bbuf[i];
     const sim::Operand t0 = B::vmem(B::at(vp.qt[0]), DType::f32, C), t1 = B::vmem(B::at(vp.qt[1]), DType::f32, C);
-    const sim::Operand scl = B::vmem(B::at(vp.sc[bf]), DType::f32, 0, 1);
-    constexpr float kRound = 12582912.0f;  // 1.5 x 2^23: adding it rounds an f32 below 2^22 to an integer
+    const sim::Operand scl = B::vmem(B::at(vp.sc[bf]), DType::f32, 0, 1), sh = B::vmem(B::at(vp.sh), DType::f32, 0, 1);
+    constexpr float kRound = 12582912.0f;  // 1.5 x 2^23: the f32 spacing there is 1
+    b.binary(sim::Op::vmul, B::vmem(B::at(vp.sh), DType::f32, C), B::vmem(B::at(vp.sc[bf]), DType::f32, C),
+             B::imm(-0.5f), 1, C);
     for (int64_t t = 0; t < g4 / 32; ++t) {
       const sim::Operand packed = B::vmem(B::at(vp.b[bf] + 16 * t), DType::i8, 1, g4 / 2);
       const sim::Operand lo = B::vmem(B::at(vp.dq[bf] + 32 * t * 2), DType::bf16, 1, g4);
@@ -368,13 +372,12 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
       b.unary(sim::Op::vcast, t0, packed, 16, C);
       b.binary(sim::Op::vcmplt, t1, t0, B::imm(0), 16, C);
       b.ternary(sim::Op::vfma, t0, t1, B::imm(256), t0, 16, C);
-      b.binary(sim::Op::vsub, t0, t0, B::imm(136), 16, C);
-      b.ternary(sim::Op::vfma, t1, t0, B::imm(1.0f / 16), B::imm(1.0f / 32), 16, C);
-      b.binary(sim::Op::vadd, t1, t1, B::imm(kRound), 16, C);
+      b.binary(sim::Op::vsub, t0, t0, B::imm(135.5f), 16, C);
+      b.ternary(sim::Op::vfma, t1, t0, B::imm(1.0f / 16), B::imm(kRound), 16, C);
       b.binary(sim::Op::vsub, t1, t1, B::imm(kRound), 16, C);
       b.binary(sim::Op::vmul, hi, t1, scl, 16, C);
       b.ternary(sim::Op::vfma, t0, t1, B::imm(-16), t0, 16, C);
-      b.binary(sim::Op::vmul, lo, t0, scl, 16, C);
+      b.ternary(sim::Op::vfma, lo, t0, scl, sh, 16, C);
     }
   };
 
@@ -431,7 +434,7 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
     for (const auto& [j, c] : issue_at[i])
       if (std::find(fold_at[i].begin(), fold_at[i].end(), std::pair<size_t, int64_t>{j, c}) == fold_at[i].end())
         dma_a_chunk(j, c);
-    if (bload[i] && g4 > 0) {
+    if (i == 0 && bload[i] && g4 > 0) {  // later panels are unpacked during the step before theirs
       b.wait(semB, 2);
       unpack_int4(i);
     }
@@ -537,6 +540,12 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
     if (k_tail > 0) ktile(ktiles_full, k_tail, !(st.first_k && ktiles_full == 0), false);
     for (const auto& [j, c] : fold_at[i]) max_chunk(j, c, std::min(R, ak - c * R), false);
     for (const size_t j : finish_at[i]) max_finish(j);
+    // int4 B: the next step's panel unpacked while this step's matmuls stream (its own bf16
+    // buffer; the epilogue below waits for it).
+    if (i + 1 < ns && bload[i + 1] && g4 > 0) {
+      b.wait(semB, 2);
+      unpack_int4(i + 1);
+    }
     if (!st.last_k) continue;
     if (epi_loads) b.wait(semE, epi_loads);
     if (epi) {
