@@ -106,6 +106,25 @@ TEST_CASE("linear_int4 on the chip: the nibbles unpacked in VMEM against the dec
         }
 }
 
+TEST_CASE("linear_int4 on the chip with the weight cut along K into panels of whole groups", "[quant][sim]") {
+  Int4DefaultPrecision precision;
+  TinySim sim;
+  Generator g(47);
+  // A bf16 panel of 16 rows of 8192 (256 KiB) exceeds tiny's VMEM: K is cut into chunks of whole groups.
+  const int64_t M = 3, N = 16, K = 8192, group = 128;
+  const RandomInt4 w(g, N, K, group);
+  const std::vector<float> xv = q4s_random(g, static_cast<size_t>(M * K), -2, 2);
+  ChipRunProbe probe;
+  const std::vector<float> got =
+      linear_int4(from_vector(xv, {M, K}).to(sim.dev()), w.tq.to(sim.dev()), w.ts.to(sim.dev())).to_vector<float>();
+  CHECK(probe.new_fallbacks() == 0);
+  std::vector<double> ref, mag;
+  int4_chip_ref(xv, w.q, w.s, M, N, K, group, ref, mag);
+  int bad = 0;
+  for (size_t i = 0; i < ref.size(); ++i) bad += std::fabs(got[i] - ref[i]) > 1e-5 * mag[i] + 1e-30;
+  CHECK(bad == 0);
+}
+
 TEST_CASE("linear_int4 in a compiled function on the chip, and through quantize_int4 of a float weight", "[quant][sim]") {
   Int4DefaultPrecision precision;
   TinySim sim;
