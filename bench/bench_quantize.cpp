@@ -11,7 +11,7 @@
 // 4096, q 4096, k/v 1024, o 4096, gate/up 14336, down 4096) on a simulated chip (sim:1, v6e or v7
 // with their calibrated timing, or TPU_BENCH_SIM_IDEAL=1 for the ideal event timeline), timing-only,
 // for a decode step (8 tokens) and a prefill step (1024 tokens) at bf16 (linear), int8
-// (linear_int8) and fp8 (linear_fp8) weights; counters: simulated microseconds per layer, HBM
+// (linear_int8), fp8 (linear_fp8) and int4 (linear_int4, groups of 32) weights; counters: simulated microseconds per layer, HBM
 // bytes and the share of the chip's HBM bandwidth they take over the step, the MXU FLOP rate of
 // the projections' matmul kernels alone (TFLOP/s), and tokens/s of a 32-layer model's
 // projections (attention and the rest of the layer not counted).
@@ -120,8 +120,9 @@ void BM_sim_quantized_step(benchmark::State& st) {
     std::vector<Tensor> ws, ss;
     for (const auto& sh : shapes) {
       const DType wt = prec == kBf16 ? DType::bf16 : prec == kInt8 ? DType::i8 : DType::u8;
-      ws.push_back(empty({sh[0], sh[1]}, {wt, d}));  // timing-only: values do not matter
-      ss.push_back(empty({sh[0]}, {DType::f32, d}));
+      // timing-only: values do not matter
+      ws.push_back(empty({sh[0], prec == kInt4 ? sh[1] / 2 : sh[1]}, {wt, d}));
+      ss.push_back(prec == kInt4 ? empty({sh[0], sh[1] / 32}, {DType::f32, d}) : empty({sh[0]}, {DType::f32, d}));
       flops += 2.0 * double(tokens) * double(sh[0]) * double(sh[1]);
     }
     std::vector<Tensor> xs;
@@ -130,13 +131,17 @@ void BM_sim_quantized_step(benchmark::State& st) {
       for (size_t i = 0; i < 7; ++i) {
         const Tensor y = prec == kBf16   ? linear(xs[i], ws[i])
                          : prec == kInt8 ? linear_int8(xs[i], ws[i], ss[i])
+                         : prec == kInt4 ? linear_int4(xs[i], ws[i], ss[i])
                                          : linear_fp8(xs[i], ws[i], ss[i]);
         (void)y;
       }
       synchronize(d);
     };
     step();  // builds the programs
-    const char* kernel = prec == kBf16 ? "linear" : prec == kInt8 ? "linear_int8" : "linear_fp8";
+    const char* kernel = prec == kBf16   ? "linear"
+                         : prec == kInt8 ? "linear_int8"
+                         : prec == kInt4 ? "linear_int4"
+                                         : "linear_fp8";
     for (auto _ : st) {
       codegen::reset_stats();
       step();
@@ -159,7 +164,7 @@ void BM_sim_quantized_step(benchmark::State& st) {
 }  // namespace
 
 BENCHMARK(BM_sim_quantized_step)
-    ->ArgsProduct({{6, 7}, {kBf16, kInt8, kFp8}, {8, 1024}})
+    ->ArgsProduct({{6, 7}, {kBf16, kInt8, kFp8, kInt4}, {8, 1024}})
     ->Iterations(1)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_gemv_weights)

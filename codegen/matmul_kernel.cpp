@@ -1,6 +1,7 @@
 #include "codegen/matmul_kernel.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include <fmt/format.h>
 
@@ -16,6 +17,12 @@ using sim::DType;
 namespace {
 
 int64_t es_of(DType t) { return sim::dtype_size(t); }
+
+// Bytes of B per element in HBM (half a byte for packed int4).
+double b_elem_bytes(const MatmulSpec& s) { return s.b_int4_group > 0 ? 0.5 : double(es_of(s.b_dtype)); }
+
+// The K step a tiling may cut B at: R, or with packed int4 weights a multiple of the group too.
+int64_t k_step(const MatmulSpec& s, int64_t R) { return s.b_int4_group > 0 ? std::lcm(R, s.b_int4_group) : R; }
 
 // MXU streaming cycles per LHS row in `mode` (bf16x3: three bf16 passes).
 double mode_cycles_per_row(const sim::ChipConfig& cfg, sim::MxuMode mode) {
@@ -45,6 +52,7 @@ int epilogue_slots(const MatmulSpec& s) {
 struct VmemPlan {
   int64_t a[2]{}, b[2]{}, acc[2]{}, out[2]{}, ascale[2]{};
   int64_t asx[2]{}, qmax = 0, qtmp = 0;  // a_row_quant: m / Q per row; the row max's running tiles
+  int64_t dq[2]{}, sc[2]{}, qt[2]{}, sh = 0;  // int4 B: bf16 panels, group scales, f32 temps, -scale / 2
   std::vector<std::array<int64_t, 2>> epi;
   TempArena arena;
   int64_t total = 0;
@@ -63,7 +71,14 @@ VmemPlan plan_vmem(const MatmulSpec& s, int64_t tm, int64_t tn, int64_t tk, int6
   const int64_t ak = s.a_row_quant > 0 ? s.k : tk;  // row quantization holds whole rows of A
   p.a[0] = take(tm * ak * es_of(s.a_dtype));
   p.a[1] = one_a ? p.a[0] : take(tm * ak * es_of(s.a_dtype));
-  for (int i = 0; i < 2; ++i) p.b[i] = take(tk * tn * es_of(s.b_dtype));
+  const int64_t g4 = s.b_int4_group;
+  for (int i = 0; i < 2; ++i) p.b[i] = take(g4 > 0 ? (tk * tn + 1) / 2 : tk * tn * es_of(s.b_dtype));
+  if (g4 > 0) {
+    for (int i = 0; i < 2; ++i) p.dq[i] = take(tk * tn * 2);
+    for (int i = 0; i < 2; ++i) p.sc[i] = take(tn * ((tk + g4 - 1) / g4) * 4);
+    for (int i = 0; i < 2; ++i) p.qt[i] = take(16 * tn * ((tk + g4 - 1) / g4) * 4);
+    p.sh = take(tn * ((tk + g4 - 1) / g4) * 4);
+  }
   if (s.a_row_scale || s.a_row_quant > 0) {
     p.ascale[0] = take(tm * 4);
     p.ascale[1] = one_a ? p.ascale[0] : take(tm * 4);
@@ -98,7 +113,9 @@ VmemPlan plan_vmem(const MatmulSpec& s, int64_t tm, int64_t tn, int64_t tk, int6
 
 std::string matmul_key(const MatmulSpec& s) {
   std::string k = fmt::format("mm:{}x{}x{}x{}:t{}{}:{}/{}:{}/{}>{}:{}:{}/{}/{}:", s.batch, s.m, s.n, s.k, s.b_transposed,
-                              s.a_row_scale ? "s" : s.a_row_quant > 0 ? fmt::format("q{}", s.a_row_quant) : "",
+                              s.a_row_scale ? "s" : s.a_row_quant > 0 ? fmt::format("q{}", s.a_row_quant)
+                                                  : s.b_int4_group > 0 ? fmt::format("g{}", s.b_int4_group)
+                                                                       : "",
                               s.a_batch_stride, s.b_batch_stride, sim::dtype_name(s.a_dtype),
                               sim::dtype_name(s.b_dtype), sim::dtype_name(s.out_dtype), sim::mxu_mode_name(s.mode),
                               s.tm, s.tn, s.tk);
@@ -161,7 +178,7 @@ MatmulTiling choose_matmul_tiling(const sim::ChipConfig& cfg, const MatmulSpec& 
   if (s.tm == 0 && s.m > 512) {
     const double mxu_cycles = 512.0 * double((t.tk + R - 1) / R) * double((t.tn + Cm * nm - 1) / (Cm * nm)) *
                               mode_cycles_per_row(cfg, s.mode);
-    const double b_cycles = double(t.tk * t.tn * es_of(s.b_dtype)) / cfg.hbm_bytes_per_cycle();
+    const double b_cycles = double(t.tk * t.tn) * b_elem_bytes(s) / cfg.hbm_bytes_per_cycle();
     if (b_cycles > 0.7 * mxu_cycles) {
       t.tm = s.m;
       t.vmem_bytes = plan_vmem(s, t.tm, t.tn, t.tk, R).total;
@@ -169,14 +186,15 @@ MatmulTiling choose_matmul_tiling(const sim::ChipConfig& cfg, const MatmulSpec& 
     }
   }
   t.tm = s.tm > 0 ? s.tm : std::min<int64_t>(s.m, 512);
+  const int64_t ks = k_step(s, R);
   for (;;) {
     t.vmem_bytes = plan_vmem(s, t.tm, t.tn, t.tk, R).total;
     if (t.vmem_bytes <= budget) return t;
     if (s.a_row_quant > 0 && t.tm > 8) t.tm = std::max<int64_t>(8, t.tm / 2);  // K stays whole
     else if (s.a_row_quant > 0 && t.tn > Cm) t.tn = std::max(Cm, t.tn - Cm);
-    else if (t.tk > 4 * R) t.tk = std::max(R, (t.tk / 2) / R * R);
+    else if (t.tk > 4 * ks) t.tk = std::max(ks, (t.tk / 2) / ks * ks);
     else if (t.tm > 8) t.tm = std::max<int64_t>(8, t.tm / 2);
-    else if (t.tk > R) t.tk = R;
+    else if (t.tk > ks) t.tk = ks;
     else if (t.tn > Cm) t.tn = std::max(Cm, t.tn - Cm);
     else if (t.tm > 1) t.tm = std::max<int64_t>(1, t.tm / 2);
     else fail("matmul: no tiling of {}x{}x{} fits the chip's {} bytes of VMEM", s.m, s.n, s.k, cfg.memory.vmem_bytes);
@@ -209,10 +227,17 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
   TPU_CHECK(!(s.a_row_scale || quant) || s.a_dtype == DType::f32 || s.a_dtype == DType::bf16,
             "internal: codegen: matmul row factors need a float A, got {}", sim::dtype_name(s.a_dtype));
   TPU_CHECK(!(quant && s.a_row_scale), "internal: codegen: a_row_quant and a_row_scale together");
-  TPU_CHECK(matmul_registers(ne, s.a_row_scale) <= cfg.scalar.registers, "internal: codegen: matmul epilogue has too many inputs ({})",
+  const int64_t g4 = s.b_int4_group;
+  TPU_CHECK(g4 == 0 || (g4 % 32 == 0 && s.b_transposed && s.k % g4 == 0 && !quant && !s.a_row_scale &&
+                        (s.batch == 1 || s.b_batch_stride == 0) && s.b_dtype == DType::i8),
+            "internal: codegen: packed int4 B needs a transposed [N, K / 2] weight, K a multiple of the group {}", g4);
+  TPU_CHECK(matmul_registers(ne, s.a_row_scale || g4 > 0) <= cfg.scalar.registers, "internal: codegen: matmul epilogue has too many inputs ({})",
             ne);
   const bool epi = has_epilogue(s);
   const int64_t esa = es_of(s.a_dtype), esb = es_of(s.b_dtype), eso = es_of(s.out_dtype);
+  // The MXUs' weight operand: B's panel itself, or with int4 B the bf16 panel unpacked from it.
+  const DType wdt = g4 > 0 ? DType::bf16 : s.b_dtype;
+  const int64_t esw = es_of(wdt);
   const int nq = cfg.dma.engines;
   const int qa = 0, qb = 1 % nq, qe = 2 % nq, qc = 3 % nq;
   const int semA = 0, semB = 1, semE = 2, semC = 3, semS = 4;
@@ -301,7 +326,7 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
     for (int64_t c = 0; c < chunks(st); ++c) {
       const int64_t kc = c * R, kcl = std::min(R, st.kl - kc);
       if (aload[i] && !quant) dma_a_chunk(i, c);
-      if (!bload[i]) continue;
+      if (!bload[i] || g4 > 0) continue;
       if (s.b_transposed)
         b.dma(B::vmem_at(B::at(vp.b[bbuf[i]] + kc * esb)),
               B::hbm_at(B::at((st.b * s.b_batch_stride + st.n0 * s.k + st.k0 + kc) * esb, {{int16_t(b_reg), 1}})),
@@ -311,6 +336,48 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
         b.dma(B::vmem_at(B::at(vp.b[bbuf[i]] + kc * st.nl * esb)),
               B::hbm_at(B::at((st.b * s.b_batch_stride + (st.k0 + kc) * s.n + st.n0) * esb, {{int16_t(b_reg), 1}})),
               {.rows = kcl, .row_bytes = st.nl * esb, .src_row_stride = s.n * esb}, qb, semB);
+    }
+    // int4 B: the packed panel (K / 2 bytes per weight row) and its group scales, two signals.
+    if (bload[i] && g4 > 0) {
+      b.dma(B::vmem_at(B::at(vp.b[bbuf[i]])),
+            B::hbm_at(B::at(st.b * s.b_batch_stride + st.n0 * (s.k / 2) + st.k0 / 2, {{int16_t(b_reg), 1}})),
+            {.rows = st.nl, .row_bytes = st.kl / 2, .src_row_stride = s.k / 2}, qb, semB);
+      b.dma(B::vmem_at(B::at(vp.sc[bbuf[i]])),
+            B::hbm_at(B::at((st.n0 * (s.k / g4) + st.k0 / g4) * 4, {{int16_t(scale_reg), 1}})),
+            {.rows = st.nl, .row_bytes = st.kl / g4 * 4, .src_row_stride = s.k / g4 * 4}, qb, semB);
+    }
+  };
+  // int4 B: the step's packed panel unpacked into its bf16 panel [nl, kl] on the vector unit.
+  // Weight k = 32 c + 16 h + j of a row (c its block of 32, h the nibble) is in byte 16 c + j as
+  // q + 8; viewed per sub-block t of a group as 16 rows (j) by nl * kl / group columns (the
+  // groups), the packed bytes, both halves of the panel and the scales are strided matrices. In
+  // f32, nine ops per byte: u = the byte read unsigned (its i8 value + 256 when negative),
+  // w = u - 135.5 = q_lo + 1/2 + 16 q_hi; q_hi = w / 16 rounded to an integer by one fused
+  // multiply-add onto 1.5 x 2^23 (no ties: the fraction stays within +-15/32) and a subtract;
+  // q_lo + 1/2 = w - 16 q_hi; then q_hi s and (q_lo + 1/2) s - s / 2 (fused: exactly q_lo s before
+  // its one rounding), stored as bf16. So each weight is its dequantized f32 value rounded to bf16.
+  auto unpack_int4 = [&](size_t i) {
+    const Step& st = steps[i];
+    const int64_t C = st.nl * (st.kl / g4);
+    const int bf = bbuf[i];
+    const sim::Operand t0 = B::vmem(B::at(vp.qt[0]), DType::f32, C), t1 = B::vmem(B::at(vp.qt[1]), DType::f32, C);
+    const sim::Operand scl = B::vmem(B::at(vp.sc[bf]), DType::f32, 0, 1), sh = B::vmem(B::at(vp.sh), DType::f32, 0, 1);
+    constexpr float kRound = 12582912.0f;  // 1.5 x 2^23: the f32 spacing there is 1
+    b.binary(sim::Op::vmul, B::vmem(B::at(vp.sh), DType::f32, C), B::vmem(B::at(vp.sc[bf]), DType::f32, C),
+             B::imm(-0.5f), 1, C);
+    for (int64_t t = 0; t < g4 / 32; ++t) {
+      const sim::Operand packed = B::vmem(B::at(vp.b[bf] + 16 * t), DType::i8, 1, g4 / 2);
+      const sim::Operand lo = B::vmem(B::at(vp.dq[bf] + 32 * t * 2), DType::bf16, 1, g4);
+      const sim::Operand hi = B::vmem(B::at(vp.dq[bf] + (32 * t + 16) * 2), DType::bf16, 1, g4);
+      b.unary(sim::Op::vcast, t0, packed, 16, C);
+      b.binary(sim::Op::vcmplt, t1, t0, B::imm(0), 16, C);
+      b.ternary(sim::Op::vfma, t0, t1, B::imm(256), t0, 16, C);
+      b.binary(sim::Op::vsub, t0, t0, B::imm(135.5f), 16, C);
+      b.ternary(sim::Op::vfma, t1, t0, B::imm(1.0f / 16), B::imm(kRound), 16, C);
+      b.binary(sim::Op::vsub, t1, t1, B::imm(kRound), 16, C);
+      b.binary(sim::Op::vmul, hi, t1, scl, 16, C);
+      b.ternary(sim::Op::vfma, t0, t1, B::imm(-16), t0, 16, C);
+      b.ternary(sim::Op::vfma, lo, t0, scl, sh, 16, C);
     }
   };
 
@@ -367,6 +434,10 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
     for (const auto& [j, c] : issue_at[i])
       if (std::find(fold_at[i].begin(), fold_at[i].end(), std::pair<size_t, int64_t>{j, c}) == fold_at[i].end())
         dma_a_chunk(j, c);
+    if (i == 0 && bload[i] && g4 > 0) {  // later panels are unpacked during the step before theirs
+      b.wait(semB, 2);
+      unpack_int4(i);
+    }
     if (st.first_k && !epi) b.wait(semC);  // the accumulator is the store buffer
     // The MXUs: column tile j of the panel on its own MXU, K tiles of R rows. A panel narrower
     // than the MXUs (N of 128-384 on four 128-wide arrays) splits its rows into groups so every
@@ -434,7 +505,7 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
         b.binary(sim::Op::vmul, B::vmem(chunk, s.a_dtype, lda(st)), B::vmem(chunk, s.a_dtype, lda(st)),
                  B::vmem(B::at(vp.ascale[abuf[i]]), DType::f32, 1, 0), st.ml, kk);
       }
-      if (bload[i]) b.wait(semB);
+      if (bload[i] && g4 == 0) b.wait(semB);
       for (int64_t jg = 0; jg < jt * groups; ++jg) {
         const int64_t j = jg / groups, r0 = (jg % groups) * group_rows;
         const int64_t rl = std::min(group_rows, st.ml - r0);
@@ -445,9 +516,9 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
         if (in_loop) lhs.terms[0] = {int16_t(k_reg), R * esa};
         sim::Operand wop;
         if (s.b_transposed) {
-          w = B::at(vp.b[bbuf[i]] + (j * Cm * st.kl + kt_off * R) * esb);
-          if (in_loop) w.terms[0] = {int16_t(k_reg), R * esb};
-          wop = B::vmem(w, s.b_dtype, 1, st.kl);
+          w = B::at((g4 > 0 ? vp.dq[bbuf[i]] : vp.b[bbuf[i]]) + (j * Cm * st.kl + kt_off * R) * esw);
+          if (in_loop) w.terms[0] = {int16_t(k_reg), R * esw};
+          wop = B::vmem(w, wdt, 1, st.kl);
         } else {
           w = B::at(vp.b[bbuf[i]] + (kt_off * R * st.nl + j * Cm) * esb);
           if (in_loop) w.terms[0] = {int16_t(k_reg), R * st.nl * esb};
@@ -469,6 +540,12 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
     if (k_tail > 0) ktile(ktiles_full, k_tail, !(st.first_k && ktiles_full == 0), false);
     for (const auto& [j, c] : fold_at[i]) max_chunk(j, c, std::min(R, ak - c * R), false);
     for (const size_t j : finish_at[i]) max_finish(j);
+    // int4 B: the next step's panel unpacked while this step's matmuls stream (its own bf16
+    // buffer; the epilogue below waits for it).
+    if (i + 1 < ns && bload[i + 1] && g4 > 0) {
+      b.wait(semB, 2);
+      unpack_int4(i + 1);
+    }
     if (!st.last_k) continue;
     if (epi_loads) b.wait(semE, epi_loads);
     if (epi) {
@@ -496,7 +573,7 @@ sim::Program make_matmul_program(const sim::ChipConfig& cfg, const MatmulSpec& s
   const double stream = double(s.batch * s.m) * double((s.k + cfg.mxu.rows - 1) / cfg.mxu.rows) *
                         double((s.n + cfg.mxu.cols - 1) / cfg.mxu.cols) * per_row / cfg.mxu.count;
   const double bytes = double(s.batch) * double(s.m * s.k * es_of(s.a_dtype) + s.m * s.n * es_of(s.out_dtype)) +
-                       double(s.k * s.n * es_of(s.b_dtype)) * (s.b_batch_stride ? double(s.batch) : 1.0);
+                       double(s.k * s.n) * b_elem_bytes(s) * (s.b_batch_stride ? double(s.batch) : 1.0);
   const int cores = megacore_cores(cfg, std::max(stream, bytes / cfg.hbm_bytes_per_cycle()));
   if (cores > 1 && matmul_tiles(s, tl) < cores && s.tm == 0 && s.m >= 8 * cores) {
     MatmulSpec cut = s;

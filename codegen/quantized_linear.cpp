@@ -22,7 +22,12 @@
 //   are widened to bf16 as the MXU loads them (i8 and e4m3 values are exact in bf16) and x goes
 //   in at the f32 matmul precision (codegen/precision.h; "highest" runs bf16x3, which is exact for
 //   these weights), so the result equals the float linear of the dequantized weights.
-// int4 weights (packed nibbles) have no chip kernel: linear_int4 takes the counted host fallback.
+// int4 weights (linear_int4: packed nibbles, f32 scales per group of 32 or more columns) are
+// dequantized inside the matmul program (MatmulSpec::b_int4_group): each weight panel streams from
+// HBM packed, half a byte per weight with its group scales, and the vector unit unpacks it into a
+// bf16 panel in VMEM (q times its group's scale in f32, rounded to bf16) that the MXUs read; x
+// goes in at the f32 matmul precision (bf16 x in one bf16 pass). No MXU mode takes the nibbles
+// with scales varying along K, so this is the weight-only product of the bf16-rounded weights.
 #include <algorithm>
 
 #include "codegen/launch.h"
@@ -127,14 +132,53 @@ bool qlinear_eager(const ops::KernelArgs& k, QuantWeight kind) {
   return true;
 }
 
+bool linear_int4_eager(const ops::KernelArgs& k) {
+  const Tensor& out = k.outputs[0];
+  const Tensor &x = k.inputs[0], &q = k.inputs[1], &ws = k.inputs[2];
+  if (!float_chip(x.dtype()) || out.dtype() != x.dtype() || ws.dtype() != DType::f32) return false;
+  const int64_t N = q.shape()[0], K = 2 * q.shape()[1], G = ws.shape()[1];
+  if (K == 0 || G == 0) return false;
+  if (out.numel() == 0) return true;
+  const int64_t M = x.numel() / K;
+  const Device dev = out.device();
+  const sim::ChipConfig& cfg = chip_config(dev);
+  MatmulSpec s;
+  s.name = "linear_int4";
+  s.m = M;
+  s.n = N;
+  s.k = K;
+  s.b_transposed = true;
+  s.b_int4_group = K / G;  // a multiple of 32 (the op's meta checks it)
+  s.a_dtype = cd(x.dtype());
+  s.b_dtype = sim::DType::i8;  // the packed bytes
+  s.out_dtype = cd(out.dtype());
+  if (x.dtype() == DType::bf16) {
+    s.mode = sim::MxuMode::bf16;
+  } else {
+    const sim::MxuMode m = f32_matmul_mode();
+    s.mode = m == sim::MxuMode::f32 ? sim::MxuMode::bf16x3 : m;  // bf16 weights: bf16x3 is exact for them
+  }
+  const std::optional<Tensor> xa = x.is_contiguous() ? std::optional<Tensor>(x) : materialize_on_device(x);
+  const std::optional<Tensor> wq = q.is_contiguous() ? std::optional<Tensor>(q) : materialize_on_device(q);
+  const std::optional<Tensor> sc = ws.is_contiguous() ? std::optional<Tensor>(ws) : materialize_on_device(ws);
+  if (!xa || !wq || !sc) return false;
+  s.epilogue.result = s.epilogue.input(0);
+  const LoadedProgram& lp = cached_program(dev, matmul_key(s), [&] { return make_matmul_program(cfg, s); });
+  // A, B, C, the K counter, the group scales.
+  launch(dev, lp, s.name.c_str(), {hbm_address(*xa), hbm_address(*wq), hbm_address(out), 0, hbm_address(*sc)});
+  return true;
+}
+
 bool linear_int8_eager(const ops::KernelArgs& k) { return qlinear_eager(k, QuantWeight::int8); }
 bool linear_fp8_eager(const ops::KernelArgs& k) { return qlinear_eager(k, QuantWeight::fp8); }
 
 const Lowering kLinearInt8Rule{.eager = &linear_int8_eager};
 const Lowering kLinearFp8Rule{.eager = &linear_fp8_eager};
+const Lowering kLinearInt4Rule{.eager = &linear_int4_eager};
 
 [[maybe_unused]] const bool g_quantized_linear_rules_installed =
-    (install_lowering("linear_int8", &kLinearInt8Rule), install_lowering("linear_fp8", &kLinearFp8Rule), true);
+    (install_lowering("linear_int8", &kLinearInt8Rule), install_lowering("linear_fp8", &kLinearFp8Rule),
+     install_lowering("linear_int4", &kLinearInt4Rule), true);
 
 }  // namespace
 }  // namespace tpu::codegen
