@@ -22,7 +22,9 @@
 //   are widened to bf16 as the MXU loads them (i8 and e4m3 values are exact in bf16) and x goes
 //   in at the f32 matmul precision (codegen/precision.h; "highest" runs bf16x3, which is exact for
 //   these weights), so the result equals the float linear of the dequantized weights.
-// int4 weights (packed nibbles) have no chip kernel: linear_int4 takes the counted host fallback.
+// int4 weights (packed nibbles) have no chip kernel: linear_int4 takes the counted host fallback,
+// and so does linear_fp8 with block scales (attrs block_n / block_k, a 2-D scale tensor): the
+// epilogue applies one scale per output column, not one per block of K.
 #include <algorithm>
 
 #include "codegen/launch.h"
@@ -50,6 +52,7 @@ bool qlinear_eager(const ops::KernelArgs& k, QuantWeight kind) {
   const Tensor &x = k.inputs[0], &q = k.inputs[1], &ws = k.inputs[2];
   // x in f32 or bf16 (f16 has no chip dtype); the meta casts the scales to f32.
   if (!float_chip(x.dtype()) || out.dtype() != x.dtype() || ws.dtype() != DType::f32) return false;
+  if (k.attrs.get_int("block_n", 0) > 0 || ws.dim() != 1) return false;  // block scales: the host kernel
   const int64_t N = q.shape()[0], K = q.shape()[1];
   if (K == 0) return false;
   if (out.numel() == 0) return true;
