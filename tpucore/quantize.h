@@ -39,7 +39,7 @@
 /// last blocks partial when block_n or block_k does not divide N or K); the weight is
 /// e4m3(q[j, k]) * scale[j / block_n, k / block_k]. Scales of another shape are a tpu::Error
 /// naming both shapes. The cpu reads the bytes in place for few rows and multiplies each widened
-/// vector by its block's scale, giving the dequantized f32 weight exactly; from 16 rows on it
+/// vector by its block's scale, giving the dequantized f32 weight exactly; from 32 rows on it
 /// dequantizes panels for the float GEMM. The chip has no block-scaled kernel: there the op runs
 /// on the host (a counted fallback) with the same values.
 #pragma once

@@ -375,21 +375,36 @@ const F8BlockGroupFn* f8b_table(Int8GemvPath p) {
   return path_table(p, avx512, avx2, scalar);
 }
 
+// One weight row dequantized to f32 (s: its row of block scales).
+TPU_INT4_AVX512 void f8b_dequant_row_avx512(const uint8_t* row, const float* s, int64_t K, int64_t bk, float* out) {
+  for (int64_t k0 = 0, b = 0; k0 < K; k0 += bk, ++b) {
+    const int64_t k1 = std::min(K, k0 + bk);
+    const __m512 sv = _mm512_set1_ps(s[b] * 256.0f);
+    for (int64_t k = k0; k < k1; k += 16) {
+      const __mmask16 m = k1 - k < 16 ? static_cast<__mmask16>((1u << (k1 - k)) - 1) : static_cast<__mmask16>(0xFFFF);
+      _mm512_mask_storeu_ps(out + k, m, _mm512_mul_ps(f8_to_ps_avx512(_mm_maskz_loadu_epi8(m, row + k)), sv));
+    }
+  }
+}
+
+void f8b_dequant_row_scalar(const uint8_t* row, const float* s, int64_t K, int64_t bk, float* out) {
+  for (int64_t k0 = 0, b = 0; k0 < K; k0 += bk, ++b)
+    for (int64_t k = k0; k < std::min(K, k0 + bk); ++k) out[k] = f8e4m3::from_bits(row[k]).to_f32() * s[b];
+}
+
 // Many rows: panels of up to 256 weight rows dequantized to f32, then the float GEMM.
 void f8b_many_rows(int64_t M, int64_t N, int64_t K, int64_t bn, int64_t bk, const float* A, int64_t lda,
                    const uint8_t* W, const float* scale, float* C, int64_t ldc) {
   constexpr int64_t kPanel = 256;
   const int64_t kb = (K + bk - 1) / bk;
+  const auto dequant_row =
+      int8_gemv_path_available(Int8GemvPath::avx512) ? &f8b_dequant_row_avx512 : &f8b_dequant_row_scalar;
   std::vector<float> panel(static_cast<size_t>(std::min(N, kPanel) * K));
   for (int64_t j0 = 0; j0 < N; j0 += kPanel) {
     const int64_t n = std::min(kPanel, N - j0);
     detail::gemv_for_blocks(n, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, K)), [&](int64_t a, int64_t e) {
-      for (int64_t j = a; j < e; ++j) {
-        const uint8_t* row = W + (j0 + j) * K;
-        const float* s = scale + ((j0 + j) / bn) * kb;
-        float* out = panel.data() + j * K;
-        for (int64_t k = 0; k < K; ++k) out[k] = f8e4m3::from_bits(row[k]).to_f32() * s[k / bk];
-      }
+      for (int64_t j = a; j < e; ++j)
+        dequant_row(W + (j0 + j) * K, scale + ((j0 + j) / bn) * kb, K, bk, panel.data() + j * K);
     });
     gemm_f32(M, n, K, A, lda, 1, panel.data(), 1, K, C + j0, ldc, false);
   }
@@ -453,7 +468,7 @@ void gemv_fp8_block(int64_t M, int64_t N, int64_t K, int64_t bn, int64_t bk, con
     for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
     return;
   }
-  if (M >= kInt4ManyRows && !batch_invariant()) {
+  if (M >= kFp8BlockManyRows && !batch_invariant()) {
     f8b_many_rows(M, N, K, bn, bk, A, lda, W, scale, C, ldc);
     return;
   }

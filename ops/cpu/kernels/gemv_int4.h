@@ -56,8 +56,9 @@ void gemv_fp8(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, cons
 // Few rows: the bytes are read in place and widened in registers as gemv_fp8 does, and each
 // widened vector is multiplied by its block's scale (one multiply per 16 (8) weights, shared by
 // the up to four rows of A; the product is the dequantized f32 weight exactly); the sums
-// accumulate in f32. From kInt4ManyRows rows on (unless batch-invariant), panels of the weight
-// are dequantized to f32 and multiplied by the float GEMM.
+// accumulate in f32. From kFp8BlockManyRows rows on (unless batch-invariant), panels of the
+// weight are dequantized to f32 and multiplied by the float GEMM.
+constexpr int64_t kFp8BlockManyRows = 32;
 void gemv_fp8_block(int64_t M, int64_t N, int64_t K, int64_t bn, int64_t bk, const float* A, int64_t lda,
                     const uint8_t* W, const float* scale, float* C, int64_t ldc, Int8GemvPath path = Int8GemvPath::best);
 
