@@ -9,6 +9,7 @@
 #include "ops/cpu/kernels/gemv_int4.h"
 #include "ops/cpu/kernels/gemv_int8.h"
 #include "testing.h"
+#include "tpucore/compile.h"
 #include "tpucore/nn/quantized.h"
 #include "tpucore/quantize.h"
 
@@ -168,6 +169,10 @@ TEST_CASE("linear_fp8 with block scales on the chip: the host kernel's values, c
   CHECK(y.device() == sim.dev());
   CHECK(fb_bad(c, xv, M, y.to_vector<float>()) == 0);
   CHECK(probe.new_fallbacks() == 1);
+  // In a compiled function: the node keeps its block attributes and the same values.
+  auto f = tpu::compile([&](const Tensor& a) { return linear_fp8(a, q, s, c.bn, c.bk); });
+  (void)f(x).to_vector<float>();
+  CHECK(fb_bad(c, xv, M, f(x).to_vector<float>()) == 0);
 }
 
 }  // namespace
