@@ -300,8 +300,21 @@ TPU_INT4_AVX512 void f8b_group_avx512(int64_t K, int64_t bk, const float* A, int
     __m512 sv[kQ4Cols];  // the block's scales times 256 (the widened bytes are 2^-8 times their value)
 #pragma GCC unroll 4
     for (int c = 0; c < kQ4Cols; ++c) sv[c] = _mm512_set1_ps(blk.s[c][b] * 256.0f);
-    for (int64_t k = k0; k < k1; k += 16) {
-      const __mmask16 m = k1 - k < 16 ? static_cast<__mmask16>((1u << (k1 - k)) - 1) : static_cast<__mmask16>(0xFFFF);
+    int64_t k = k0;
+    for (; k + 16 <= k1; k += 16) {
+      __m512 wv[kQ4Cols];
+#pragma GCC unroll 4
+      for (int c = 0; c < kQ4Cols; ++c)
+        wv[c] = _mm512_mul_ps(f8_to_ps_avx512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.w[c] + k))), sv[c]);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const __m512 x = _mm512_loadu_ps(A + r * lda + k);
+#pragma GCC unroll 4
+        for (int c = 0; c < kQ4Cols; ++c) acc[r][c] = _mm512_fmadd_ps(x, wv[c], acc[r][c]);
+      }
+    }
+    if (k < k1) {  // the block's last (< 16) columns
+      const __mmask16 m = static_cast<__mmask16>((1u << (k1 - k)) - 1);
       __m512 wv[kQ4Cols];
 #pragma GCC unroll 4
       for (int c = 0; c < kQ4Cols; ++c) wv[c] = _mm512_mul_ps(f8_to_ps_avx512(_mm_maskz_loadu_epi8(m, blk.w[c] + k)), sv[c]);
