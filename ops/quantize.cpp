@@ -315,8 +315,8 @@ void linear_fp8_meta(const MetaArgs& a, MetaResult& m) {
 
 void linear_fp8_cpu(const KernelArgs& a) {
   const Tensor x = f32_activations(a.inputs[0]), q = contiguous(a.inputs[1]), s = contiguous(a.inputs[2]);
-  const auto [bn, bk] = check_f8_scale("linear_fp8", q, s, a.attrs);
-  const int64_t N = q.shape()[0], K = q.shape()[1];
+  const std::pair<int64_t, int64_t> block = check_f8_scale("linear_fp8", q, s, a.attrs);
+  const int64_t N = q.shape()[0], K = q.shape()[1], bn = block.first, bk = block.second;
   into_output_dtype(a.outputs[0], N, [&](float* acc, int64_t M) {
     if (bn > 0)
       kernels::gemv_fp8_block(M, N, K, bn, bk, x.data<float>(), K, q.data<uint8_t>(), s.data<float>(), acc, N);
