@@ -1,6 +1,7 @@
 // Weight precision on the decode path. BM_gemv_weights: the one-row (four- and 16-row) product
 // against a weight of out x in (default 4096 x 4096) at each precision: f32, bf16 and f16 through
-// linear(), int8 through linear_int8() and int4 (groups of 32) through linear_int4() (weights
+// linear(), int8 through linear_int8(), int4 (groups of 32) through linear_int4() and fp8 e4m3
+// (per-row scales, or 128 x 128 block scales) through linear_fp8() (weights
 // read in place, widened in registers, or on AVX-512 VNNI multiplied as bytes by the rows of x
 // quantized in blocks of 32; TPU_CPU_FEATURES=avx2 measures the float-activation path). GB/s counts the bytes of weight (and scales) read per
 // call, the quantity a decode step is bound by. BM_decode_quantized: greedy decode tokens/s of a
@@ -29,7 +30,7 @@ using namespace tpu;
 
 namespace {
 
-enum Precision { kF32 = 0, kBf16 = 1, kInt8 = 2, kInt4 = 3, kF16 = 4, kFp8 = 5 };
+enum Precision { kF32 = 0, kBf16 = 1, kInt8 = 2, kInt4 = 3, kF16 = 4, kFp8 = 5, kFp8Block = 6 };
 
 const char* precision_name(Precision p) {
   switch (p) {
@@ -38,6 +39,7 @@ const char* precision_name(Precision p) {
     case kBf16: return "bf16";
     case kF16: return "f16";
     case kFp8: return "fp8";
+    case kFp8Block: return "fp8-block128";
     default: return "f32";
   }
 }
@@ -62,6 +64,19 @@ void BM_gemv_weights(benchmark::State& st) {
     bytes_per_weight = 0.5 + 4.0 / 32;
     for (auto _ : st) {
       y = linear_int4(x, q);
+      benchmark::DoNotOptimize(y.raw_data());
+    }
+  } else if (prec == kFp8 || prec == kFp8Block) {
+    // fp8 e4m3 with per-row scales, or (fp8-block128) DeepSeek-V3's one scale per 128 x 128 block.
+    Fp8Weight q = quantize_fp8(w);
+    if (prec == kFp8Block) {
+      const int64_t nr = (n + 127) / 128, nc = (k + 127) / 128;
+      q.scale = from_vector(std::vector<float>(static_cast<size_t>(nr * nc), 0.01f), Shape{nr, nc});
+      q.block_n = q.block_k = 128;
+    }
+    bytes_per_weight = 1 + static_cast<double>(q.scale.nbytes()) / static_cast<double>(n * k);
+    for (auto _ : st) {
+      y = linear_fp8(x, q);
       benchmark::DoNotOptimize(y.raw_data());
     }
   } else {
@@ -168,7 +183,7 @@ BENCHMARK(BM_sim_quantized_step)
     ->Iterations(1)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_gemv_weights)
-    ->ArgsProduct({{kF32, kBf16, kF16, kInt8, kInt4}, {1, 4, 16}, {4096}, {4096}})
+    ->ArgsProduct({{kF32, kBf16, kF16, kInt8, kInt4, kFp8, kFp8Block}, {1, 4, 16}, {4096}, {4096}})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 BENCHMARK(BM_decode_quantized)->ArgsProduct({{kF32, kInt8, kInt4}, {64}})->Unit(benchmark::kMillisecond)->UseRealTime();

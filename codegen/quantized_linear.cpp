@@ -28,6 +28,9 @@
 // bf16 panel in VMEM (q times its group's scale in f32, rounded to bf16) that the MXUs read; x
 // goes in at the f32 matmul precision (bf16 x in one bf16 pass). No MXU mode takes the nibbles
 // with scales varying along K, so this is the weight-only product of the bf16-rounded weights.
+// linear_fp8 with block scales (attrs block_n / block_k, a 2-D scale tensor) has no chip kernel
+// and takes the counted host fallback: the epilogue applies one scale per output column, not one per
+// block of K.
 #include <algorithm>
 
 #include "codegen/launch.h"
@@ -55,6 +58,7 @@ bool qlinear_eager(const ops::KernelArgs& k, QuantWeight kind) {
   const Tensor &x = k.inputs[0], &q = k.inputs[1], &ws = k.inputs[2];
   // x in f32 or bf16 (f16 has no chip dtype); the meta casts the scales to f32.
   if (!float_chip(x.dtype()) || out.dtype() != x.dtype() || ws.dtype() != DType::f32) return false;
+  if (k.attrs.get_int("block_n", 0) > 0 || ws.dim() != 1) return false;  // block scales: the host kernel
   const int64_t N = q.shape()[0], K = q.shape()[1];
   if (K == 0) return false;
   if (out.numel() == 0) return true;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "ops/cpu/kernels/gemv_int4.h"
 #include "ops/cpu/kernels/gemm.h"
@@ -262,48 +263,71 @@ TPU_DEFINE_OP(quantize_fp8_op, {.name = "quantize_fp8", .num_inputs = 1, .flags 
                                 .meta = &quantize_fp8_meta, .cpu = &quantize_fp8_cpu,
                                 .doc = "fp8 e4m3 quantization per output channel (q, scale = max|w| / 448)"});
 
-void check_f8_scale(const char* op, const Tensor& q, const Tensor& s) {
+// The scales of an fp8 weight q [N, K]: without the attrs block_n / block_k, one per output
+// feature (s [N]); with them (DeepSeek-V3's fine-grained fp8), one per block of block_n rows by
+// block_k columns (s [ceil(N / block_n), ceil(K / block_k)], the last blocks partial). Returns
+// {block_n, block_k}, {0, 0} for per-row scales.
+std::pair<int64_t, int64_t> check_f8_scale(const char* op, const Tensor& q, const Tensor& s, const Attrs& at) {
   TPU_CHECK(q.dim() == 2 && q.dtype() == DType::u8,
             "{}: expected an fp8 e4m3 weight as u8 bit patterns [out_features, in_features], got {}", op, describe(q));
-  TPU_CHECK(s.dim() == 1 && s.shape()[0] == q.shape()[0] && float_input(s.dtype()),
-            "{}: expected float scales of shape [{}] (one per output feature), got {}", op, q.shape()[0], describe(s));
+  const int64_t bn = at.get_int("block_n", 0), bk = at.get_int("block_k", 0);
+  if (bn == 0 && bk == 0) {
+    TPU_CHECK(s.dim() == 1 && s.shape()[0] == q.shape()[0] && float_input(s.dtype()),
+              "{}: expected float scales of shape [{}] (one per output feature), got {}", op, q.shape()[0],
+              describe(s));
+    return {0, 0};
+  }
+  TPU_CHECK(bn > 0 && bk > 0, "{}: the scale block must be positive, got block_n {} block_k {}", op, bn, bk);
+  const int64_t N = q.shape()[0], K = q.shape()[1], rb = (N + bn - 1) / bn, cb = (K + bk - 1) / bk;
+  TPU_CHECK(s.dim() == 2 && s.shape()[0] == rb && s.shape()[1] == cb && float_input(s.dtype()),
+            "{}: expected float block scales of shape [{}, {}] (blocks of {}x{} over a weight of {}), got {}", op, rb,
+            cb, bn, bk, describe(q), describe(s));
+  return {bn, bk};
 }
 
 void dequantize_fp8_meta(const MetaArgs& a, MetaResult& m) {
-  check_f8_scale("dequantize_fp8", a.inputs[0], a.inputs[1]);
+  check_f8_scale("dequantize_fp8", a.inputs[0], a.inputs[1], a.attrs);
   m.out() = {a.inputs[0].shape(), DType::f32, common_device(a.inputs)};
   m.cast_mask = 2;
   m.cast_to = DType::f32;
 }
 void dequantize_fp8_cpu(const KernelArgs& a) {
   const Tensor q = contiguous(a.inputs[0]), s = contiguous(a.inputs[1]);
-  const int64_t N = q.shape()[0], K = q.shape()[1];
+  const auto [bn, bk] = check_f8_scale("dequantize_fp8", q, s, a.attrs);
+  const int64_t N = q.shape()[0], K = q.shape()[1], cb = bk > 0 ? (K + bk - 1) / bk : 0;
   const uint8_t* qp = q.data<uint8_t>();
   const float* sp = s.data<float>();
   float* out = a.outputs[0].data<float>();
   for (int64_t j = 0; j < N; ++j)
-    for (int64_t k = 0; k < K; ++k) out[j * K + k] = f8e4m3::from_bits(qp[j * K + k]).to_f32() * sp[j];
+    for (int64_t k = 0; k < K; ++k)
+      out[j * K + k] = f8e4m3::from_bits(qp[j * K + k]).to_f32() * (bn > 0 ? sp[(j / bn) * cb + k / bk] : sp[j]);
 }
 TPU_DEFINE_OP(dequantize_fp8_op, {.name = "dequantize_fp8", .num_inputs = 2, .flags = kNonDifferentiable,
                                   .meta = &dequantize_fp8_meta, .cpu = &dequantize_fp8_cpu,
-                                  .doc = "fp8 e4m3 weight times its per-row scale, as f32"});
+                                  .doc = "fp8 e4m3 weight times its per-row (or, with block_n / block_k, per-block) "
+                                         "scale, as f32"});
 
 void linear_fp8_meta(const MetaArgs& a, MetaResult& m) {
   const Tensor& q = a.inputs[1];
-  check_f8_scale("linear_fp8", q, a.inputs[2]);
+  check_f8_scale("linear_fp8", q, a.inputs[2], a.attrs);
   quantized_linear_meta("linear_fp8", q.shape()[0], q.shape()[1], q, a, m);
 }
 
 void linear_fp8_cpu(const KernelArgs& a) {
   const Tensor x = f32_activations(a.inputs[0]), q = contiguous(a.inputs[1]), s = contiguous(a.inputs[2]);
-  const int64_t N = q.shape()[0], K = q.shape()[1];
+  const std::pair<int64_t, int64_t> block = check_f8_scale("linear_fp8", q, s, a.attrs);
+  const int64_t N = q.shape()[0], K = q.shape()[1], bn = block.first, bk = block.second;
   into_output_dtype(a.outputs[0], N, [&](float* acc, int64_t M) {
-    kernels::gemv_fp8(M, N, K, x.data<float>(), K, q.data<uint8_t>(), s.data<float>(), acc, N);
+    if (bn > 0)
+      kernels::gemv_fp8_block(M, N, K, bn, bk, x.data<float>(), K, q.data<uint8_t>(), s.data<float>(), acc, N);
+    else
+      kernels::gemv_fp8(M, N, K, x.data<float>(), K, q.data<uint8_t>(), s.data<float>(), acc, N);
   });
 }
 TPU_DEFINE_OP(linear_fp8_op, {.name = "linear_fp8", .num_inputs = 3, .flags = kNonDifferentiable,
                               .meta = &linear_fp8_meta, .cpu = &linear_fp8_cpu,
-                              .doc = "x (fp8 e4m3 weight * scale)^T with the weight widened in registers"});
+                              .doc = "x (fp8 e4m3 weight * scale)^T with the weight widened in registers; scales per "
+                                     "row, or per block of block_n x block_k (attrs) for a 2-D scale tensor"});
 
 }  // namespace
 }  // namespace tpu

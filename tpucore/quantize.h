@@ -32,6 +32,16 @@
 /// because the f8e4m3 dtype is a storage type that computing ops refuse)
 /// and `scale`, f32 [N]: max |w[j, :]| / 448 per row.
 /// `linear_fp8(x, q, scale)` widens each fp8 weight to its exact f32 value in registers.
+///
+/// Block scales (fine-grained fp8 as DeepSeek-V3 and Qwen3-FP8 publish it): `linear_fp8(x, q,
+/// scale, block_n, block_k)` and `dequantize_fp8(q, scale, block_n, block_k)` take f32 scales
+/// [ceil(N / block_n), ceil(K / block_k)], one per block of block_n rows by block_k columns (the
+/// last blocks partial when block_n or block_k does not divide N or K); the weight is
+/// e4m3(q[j, k]) * scale[j / block_n, k / block_k]. Scales of another shape are a tpu::Error
+/// naming both shapes. The cpu reads the bytes in place for few rows and multiplies each widened
+/// vector by its block's scale, giving the dequantized f32 weight exactly; from 32 rows on it
+/// dequantizes panels for the float GEMM. The chip has no block-scaled kernel: there the op runs
+/// on the host (a counted fallback) with the same values.
 #pragma once
 
 #include "tpucore/core/tensor.h"
@@ -71,8 +81,10 @@ inline Tensor linear_int4(const Tensor& x, const Int4Weight& w) { return linear_
 
 /// An fp8 e4m3 weight and its per-row scales (see the file comment).
 struct Fp8Weight {
-  Tensor q;      ///< u8 [N, K]: e4m3 bit patterns
-  Tensor scale;  ///< f32 [N]
+  Tensor q;             ///< u8 [N, K]: e4m3 bit patterns
+  Tensor scale;         ///< f32 [N], or [ceil(N / block_n), ceil(K / block_k)] for block scales
+  int64_t block_n = 0;  ///< rows per scale block (0: one scale per row)
+  int64_t block_k = 0;  ///< columns per scale block (0: one scale per row)
 };
 /// fp8 e4m3 weight-only quantization per output channel of a 2-D float weight.
 Fp8Weight quantize_fp8(const Tensor& weight);
@@ -80,7 +92,13 @@ Fp8Weight quantize_fp8(const Tensor& weight);
 Tensor dequantize_fp8(const Tensor& q, const Tensor& scale);
 /// x (q * scale)^T with f32 accumulation; the result has x's dtype.
 Tensor linear_fp8(const Tensor& x, const Tensor& q, const Tensor& scale);
-/// linear_fp8 of an Fp8Weight.
-inline Tensor linear_fp8(const Tensor& x, const Fp8Weight& w) { return linear_fp8(x, w.q, w.scale); }
+/// e4m3(q) times the scale of each block of block_n x block_k, as f32.
+Tensor dequantize_fp8(const Tensor& q, const Tensor& scale, int64_t block_n, int64_t block_k);
+/// x (e4m3(q) * scale[j / block_n, k / block_k])^T with f32 accumulation; the result has x's dtype.
+Tensor linear_fp8(const Tensor& x, const Tensor& q, const Tensor& scale, int64_t block_n, int64_t block_k);
+/// linear_fp8 of an Fp8Weight (per-row or block scales).
+inline Tensor linear_fp8(const Tensor& x, const Fp8Weight& w) {
+  return w.block_n > 0 ? linear_fp8(x, w.q, w.scale, w.block_n, w.block_k) : linear_fp8(x, w.q, w.scale);
+}
 
 }  // namespace tpu

@@ -1,7 +1,8 @@
 // Quantized checkpoints in the layouts published on the Hub (fine-grained fp8 with block scales,
 // compressed-tensors fp8 per channel / tensor / block, GPTQ v1 / v2 with and without act-order,
 // AWQ gemm), packed here by hand from random codes, zero points and scales following each
-// format's published layout. Each loaded weight must equal the test's own dequantization
+// format's published layout. fp8 weights must load as their bytes and scales (per row or per
+// block), the others as floats. Each loaded weight must equal the test's own dequantization
 // (code - zero) x scale or fp8 value x scale, the logits those of the float model holding the
 // dequantized weights, and every unsupported variant a tpu::Error naming it.
 #include <filesystem>
@@ -178,8 +179,18 @@ void qck_write_config(const fs::path& dir, const qck_json& qc) {
   std::ofstream(dir / "config.json") << cfg.dump();
 }
 
-// (a) every weight equals the test's dequantization; (b) the logits equal the float model's.
-void qck_check(const QckCase& c, bool expect_fp8_linears) {
+// How a checkpoint's linear weights must come out of the loader.
+enum class QckKept {
+  float_weight,  // dequantized to a float parameter
+  fp8_rows,      // fp8 bytes and one scale per row
+  fp8_blocks,    // fp8 bytes and one scale per block of br x bc
+};
+
+// (a) every weight equals the test's dequantization; (b) the logits equal the float model's
+// (holding the dequantized weights) to 1e-5 of their largest magnitude for 6 tokens (the fp8
+// few-row kernels) and 5e-5 for 40 (the block-scaled many-row path; f32 sums in another order
+// than the float model's GEMM, over more positions).
+void qck_check(const QckCase& c, QckKept kept, int64_t br = 0, int64_t bc = 0) {
   auto m = models::load_causal_lm(c.dir.string());
   std::map<std::string, Tensor> params, buffers;
   for (auto& [name, t] : m->named_parameters()) params[name] = t;
@@ -187,7 +198,22 @@ void qck_check(const QckCase& c, bool expect_fp8_linears) {
   for (const QckLayer& l : qck_layers()) {
     const QckPacked& p = c.packed.at(l.name);
     INFO(l.name);
-    if (expect_fp8_linears) {  // fp8 bytes and per-row scales kept as they are stored
+    if (kept == QckKept::fp8_blocks) {  // fp8 bytes (one byte per weight) and the block scales as stored
+      REQUIRE(buffers.count(l.name + ".weight_scale"));
+      CHECK(!params.count(l.name + ".weight"));
+      const Tensor& wq = buffers.at(l.name + ".weight");
+      CHECK(wq.nbytes() == static_cast<size_t>(l.n * l.k));
+      const std::vector<uint8_t> bytes = wq.to_vector<uint8_t>();
+      const Tensor& st = buffers.at(l.name + ".weight_scale");
+      const int64_t nc = (l.k + bc - 1) / bc;
+      CHECK(st.shape() == Shape{(l.n + br - 1) / br, nc});
+      const std::vector<float> scale = st.to_vector<float>();
+      CHECK(bytes == p.fp8);
+      std::vector<float> w(bytes.size());
+      for (int64_t i = 0; i < l.n; ++i)
+        for (int64_t j = 0; j < l.k; ++j) w[i * l.k + j] = qck_e4m3(bytes[i * l.k + j]) * scale[(i / br) * nc + j / bc];
+      CHECK(w == p.w);
+    } else if (kept == QckKept::fp8_rows) {  // fp8 bytes and per-row scales kept as they are stored
       REQUIRE(buffers.count(l.name + ".weight_scale"));
       const std::vector<uint8_t> bytes = buffers.at(l.name + ".weight").to_vector<uint8_t>();
       const std::vector<float> scale = buffers.at(l.name + ".weight_scale").to_vector<float>();
@@ -202,16 +228,21 @@ void qck_check(const QckCase& c, bool expect_fp8_linears) {
       CHECK(params.at(l.name + ".weight").to_vector<float>() == p.w);
     }
   }
-  const Tensor ids = from_vector(std::vector<int64_t>{3, 17, 42, 8, 60, 1}, Shape{1, 6});
-  const std::vector<float> want = c.ref->forward(ids).to_vector<float>(), got = m->forward(ids).to_vector<float>();
-  REQUIRE(want.size() == got.size());
-  double err = 0, mag = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    err = std::max(err, static_cast<double>(std::abs(want[i] - got[i])));
-    mag = std::max(mag, static_cast<double>(std::abs(want[i])));
+  for (const int64_t len : {6, 40}) {
+    std::vector<int64_t> tok(static_cast<size_t>(len));
+    for (int64_t i = 0; i < len; ++i) tok[static_cast<size_t>(i)] = (i * 37 + 3) % 64;
+    const Tensor ids = from_vector(tok, Shape{1, len});
+    const std::vector<float> want = c.ref->forward(ids).to_vector<float>(), got = m->forward(ids).to_vector<float>();
+    REQUIRE(want.size() == got.size());
+    double err = 0, mag = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      err = std::max(err, static_cast<double>(std::abs(want[i] - got[i])));
+      mag = std::max(mag, static_cast<double>(std::abs(want[i])));
+    }
+    INFO("tokens " << len);
+    CHECK(mag > 0.01);
+    CHECK(err <= (len == 6 ? 1e-5 : 5e-5) * std::max(1.0, mag));
   }
-  CHECK(mag > 0.01);
-  CHECK(err <= 1e-5 * std::max(1.0, mag));
 }
 
 TEST_CASE("quantized checkpoints: fine-grained fp8 with block scales", "[quant][qckpt]") {
@@ -220,7 +251,7 @@ TEST_CASE("quantized checkpoints: fine-grained fp8 with block scales", "[quant][
   QckCase c = qck_make("fp8", qc, [](std::mt19937& r, const QckLayer& l) {
     return qck_pack_fp8(r, l.n, l.k, "block", 32, 48, "weight_scale_inv", DType::f32);
   });
-  qck_check(c, false);
+  qck_check(c, QckKept::fp8_blocks, 32, 48);
   // A module listed as not converted but stored quantized.
   qck_json bad = qc;
   bad["modules_to_not_convert"] = {"lm_head", "down_proj"};
@@ -255,7 +286,7 @@ TEST_CASE("quantized checkpoints: compressed-tensors fp8 per channel, per tensor
     QckCase c = qck_make(std::string("ct_") + strategy, qck_ct_config(s, dyn), [&](std::mt19937& r, const QckLayer& l) {
       return qck_pack_fp8(r, l.n, l.k, s, 32, 32, "weight_scale", DType::bf16);
     });
-    qck_check(c, s != "block");
+    qck_check(c, s == "block" ? QckKept::fp8_blocks : QckKept::fp8_rows, 32, 32);
     if (s != "channel") continue;
     qck_json static_act = dyn;
     static_act["dynamic"] = false;
@@ -277,6 +308,19 @@ TEST_CASE("quantized checkpoints: compressed-tensors fp8 per channel, per tensor
     qck_write_config(c.dir, bad);
     CHECK_THROWS_WITH(models::load_causal_lm(c.dir.string()), Catch::Contains("q_proj' is stored quantized"));
   }
+}
+
+TEST_CASE("quantized checkpoints: fine-grained fp8 block scales of the wrong shape name the tensor and both shapes",
+          "[quant][qckpt]") {
+  const qck_json qc = {{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}, {"weight_block_size", {32, 48}}};
+  // down_proj [64, 128] needs [2, 3] scales; its scales are stored transposed (as many values).
+  QckCase c = qck_make("fp8_bad_scale", qc, [](std::mt19937& r, const QckLayer& l) {
+    QckPacked p = qck_pack_fp8(r, l.n, l.k, "block", 32, 48, "weight_scale_inv", DType::f32);
+    if (l.name.ends_with("down_proj")) p.parts[1].second = p.parts[1].second.reshape(Shape{3, 2});
+    return p;
+  });
+  CHECK_THROWS_WITH(models::load_causal_lm(c.dir.string()),
+                    Catch::Contains("down_proj.weight_scale_inv' has shape [3, 2]") && Catch::Contains("[2, 3]"));
 }
 
 TEST_CASE("quantized checkpoints: fp8 input_scale (static activations) is refused", "[quant][qckpt]") {
@@ -307,7 +351,7 @@ TEST_CASE("quantized checkpoints: GPTQ v1 and v2, with and without act-order, an
     QckCase c = qck_make(v.tag, qc, [&](std::mt19937& r, const QckLayer& l) {
       return qck_pack_int4(r, l.n, l.k, 32, v.awq, v.v1, v.act_order, !v.awq);
     });
-    qck_check(c, false);
+    qck_check(c, QckKept::float_weight);
     if (v.awq) {
       for (auto [key, value, what] : {std::tuple<const char*, qck_json, const char*>{"version", "gemv", "gemv"},
                                       {"zero_point", false, "zero_point"}, {"bits", 3, "bits 3"}}) {

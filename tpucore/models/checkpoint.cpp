@@ -61,18 +61,19 @@ std::map<std::string, std::set<std::string>> weight_files(const fs::path& root) 
   return by_file;
 }
 
-// The fp8 weights with per-channel scales of the projections in fp8 weight-only linears; the
-// other quantized weights stay as their dequantized float (said in the log).
+// The fp8 weights (per-channel or block scales) of the projections in fp8 weight-only linears;
+// the other quantized weights stay as their dequantized float (said in the log).
 void use_checkpoint_quantization(CausalLM& m, QuantizedCheckpoint& q, const std::string& dir) {
   int64_t kept = 0;
   const auto swap = [&](nn::Module& parent, const std::string& prefix, const char* child,
                         std::shared_ptr<nn::Linear>& slot) {
-    auto it = q.fp8_channel.find(prefix + child);
-    if (!slot || it == q.fp8_channel.end()) return;
-    auto ql = std::make_shared<nn::QuantizedLinear>(it->second.q, it->second.scale, slot->bias);
+    auto it = q.fp8_weights.find(prefix + child);
+    if (!slot || it == q.fp8_weights.end()) return;
+    const Fp8Weight& w = it->second;
+    auto ql = std::make_shared<nn::QuantizedLinear>(w.q, w.scale, slot->bias, w.block_n, w.block_k);
     parent.replace_child(child, ql);
     slot = std::move(ql);
-    q.fp8_channel.erase(it);
+    q.fp8_weights.erase(it);
     ++kept;
   };
   if (!m.config.mla())
@@ -92,8 +93,8 @@ void use_checkpoint_quantization(CausalLM& m, QuantizedCheckpoint& q, const std:
       }
     }
   if (m.lm_head) swap(m, "", "lm_head", m.lm_head);
-  const int64_t floated = q.dequantized + static_cast<int64_t>(q.fp8_channel.size());
-  log().info("load_causal_lm ({}): {} checkpoint: {} linear weights kept as fp8 with per-channel scales, {} "
+  const int64_t floated = q.dequantized + static_cast<int64_t>(q.fp8_weights.size());
+  log().info("load_causal_lm ({}): {} checkpoint: {} linear weights kept as fp8 (bytes and scales), {} "
              "dequantized to float at load", dir, q.method, kept, floated);
   if (floated > 0 && (q.method == "gptq" || q.method == "awq"))
     log().info("load_causal_lm ({}): {} int4 weights with per-group zero points run as float weights (the "

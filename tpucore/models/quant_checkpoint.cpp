@@ -247,13 +247,22 @@ void QuantizedCheckpoint::finish(const std::function<void(const std::string&, co
       const std::vector<float> qv = q.to_vector<float>(), sv = s.to_vector<float>();
       std::vector<float> out(static_cast<size_t>(n * k));
       const bool blocked = method == "fp8" || ct_strategy_ == "block";
+      // The bytes themselves, for the fp8 weight-only linear.
+      const auto bytes = [&] {
+        const std::vector<f8e4m3> bits = q.to_vector<f8e4m3>();
+        std::vector<uint8_t> b(bits.size());
+        for (size_t e = 0; e < bits.size(); ++e) b[e] = bits[e].bits;
+        return from_vector(b, Shape{n, k});
+      };
       if (blocked) {
         const int64_t br = block_[0], bc = block_[1], nr = (n + br - 1) / br, nc = (k + bc - 1) / bc;
-        TPU_CHECK(s.numel() == nr * nc, "load_causal_lm: '{}.{}' has shape {}; blocks of {}x{} over a {}x{} weight "
-                  "need {}x{} scales", module, scale_name, s.shape().str(), br, bc, n, k, nr, nc);
+        TPU_CHECK(s.dim() == 2 && s.size(0) == nr && s.size(1) == nc, "load_causal_lm: '{}.{}' has shape {}; blocks "
+                  "of {}x{} over the {}x{} weight '{}.weight' need scales of shape [{}, {}]", module, scale_name,
+                  s.shape().str(), br, bc, n, k, module, nr, nc);
         for (int64_t i = 0; i < n; ++i)
           for (int64_t j = 0; j < k; ++j)
             out[i * k + j] = qv[i * k + j] * sv[(i / br) * nc + j / bc];
+        fp8_weights[module] = {bytes(), from_vector(sv, Shape{nr, nc}), br, bc};
       } else {
         const int64_t want = ct_strategy_ == "channel" ? n : 1;
         TPU_CHECK(s.numel() == want, "load_causal_lm: '{}.{}' has shape {}; strategy '{}' over {} rows needs {} "
@@ -262,11 +271,7 @@ void QuantizedCheckpoint::finish(const std::function<void(const std::string&, co
         for (int64_t i = 0; i < n; ++i) rows[i] = sv[want == 1 ? 0 : i];
         for (int64_t i = 0; i < n; ++i)
           for (int64_t j = 0; j < k; ++j) out[i * k + j] = qv[i * k + j] * rows[i];
-        // The bytes themselves, for the fp8 weight-only linear.
-        const std::vector<f8e4m3> bits = q.to_vector<f8e4m3>();
-        std::vector<uint8_t> b(bits.size());
-        for (size_t e = 0; e < bits.size(); ++e) b[e] = bits[e].bits;
-        fp8_channel[module] = {from_vector(b, Shape{n, k}), from_vector(rows, Shape{n})};
+        fp8_weights[module] = {bytes(), from_vector(rows, Shape{n})};
       }
       w = from_vector(out, Shape{n, k});
     } else {  // gptq, awq
@@ -332,7 +337,7 @@ void QuantizedCheckpoint::finish(const std::function<void(const std::string&, co
     }
     for (const auto& [p, t] : parts)
       TPU_CHECK(allowed.count(p), "load_causal_lm: '{}.{}' is not a part of a {} weight", module, p, method);
-    if (!fp8_channel.count(module)) ++dequantized;
+    if (!fp8_weights.count(module)) ++dequantized;
     place(module + ".weight", w);
   }
   parts_.clear();

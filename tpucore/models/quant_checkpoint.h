@@ -15,7 +15,7 @@
 namespace tpu::models {
 
 /// The quantized weights of one checkpoint: parts collected while the tensors stream in, each
-/// module's weight dequantized (or kept as fp8 with per-channel scales) once all are read.
+/// module's weight dequantized (and fp8 weights also kept as their bytes and scales) once all are read.
 class QuantizedCheckpoint {
  public:
   /// Parses `quantization_config` (JSON text); an unsupported method, field or value is a
@@ -25,14 +25,15 @@ class QuantizedCheckpoint {
   /// "X.weight_scale", an fp8 "X.weight", ...); false for an ordinary tensor.
   bool take(const std::string& name, const Tensor& t);
   /// Hands the f32 weight "X.weight" of every quantized module X to `place`; a module with a
-  /// missing, misshapen or extra part is a tpu::Error naming it. Fills `fp8_channel` for fp8
-  /// weights whose scales are per output channel (or per tensor).
+  /// missing, misshapen or extra part is a tpu::Error naming it. Fills `fp8_weights` for every
+  /// e4m3 weight (scales per output channel, per tensor, or per block).
   void finish(const std::function<void(const std::string&, const Tensor&)>& place);
   /// "fp8", "compressed-tensors", "gptq" or "awq".
   std::string method;
-  /// fp8 weights with one scale per output row, by module name ("model.layers.0.mlp.up_proj"):
-  /// the e4m3 bytes [N, K] and f32 scales [N], equal to the dequantized weight row by row.
-  std::map<std::string, Fp8Weight> fp8_channel;
+  /// fp8 weights by module name ("model.layers.0.mlp.up_proj"): the e4m3 bytes [N, K] and f32
+  /// scales, [N] (one per output row; a per-tensor scale repeated) or, with block_n / block_k set,
+  /// [ceil(N / block_n), ceil(K / block_k)]; they give the dequantized weight exactly.
+  std::map<std::string, Fp8Weight> fp8_weights;
   /// The number of modules finish() dequantized to float.
   int64_t dequantized = 0;
 

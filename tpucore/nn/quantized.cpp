@@ -54,11 +54,22 @@ QuantizedLinear::QuantizedLinear(const Linear& src, WeightQuant k, int64_t g) : 
   }
 }
 
-QuantizedLinear::QuantizedLinear(Tensor q, Tensor scale, Tensor b) : kind(WeightQuant::fp8) {
+QuantizedLinear::QuantizedLinear(Tensor q, Tensor scale, Tensor b, int64_t bn, int64_t bk)
+    : kind(WeightQuant::fp8), block_n(bn), block_k(bk) {
   TPU_CHECK(q.defined() && q.dim() == 2 && q.dtype() == DType::u8, "QuantizedLinear: fp8 weight bytes must be u8 "
             "[out, in], got {}", q.defined() ? q.shape().str() : std::string("undefined"));
-  TPU_CHECK(scale.defined() && scale.dtype() == DType::f32 && scale.dim() == 1 && scale.size(0) == q.size(0),
-            "QuantizedLinear: fp8 scales must be f32 [{}]", q.size(0));
+  TPU_CHECK(bn >= 0 && bk >= 0 && (bn > 0) == (bk > 0), "QuantizedLinear: fp8 scale blocks {}x{} must both be "
+            "positive (or both 0 for per-row scales)", bn, bk);
+  if (bn > 0) {
+    const Shape want{(q.size(0) + bn - 1) / bn, (q.size(1) + bk - 1) / bk};
+    TPU_CHECK(scale.defined() && scale.dtype() == DType::f32 && scale.shape() == want,
+              "QuantizedLinear: fp8 block scales for blocks of {}x{} over a weight of {} must be f32 {}, got {} {}", bn,
+              bk, q.shape().str(), want.str(), scale.defined() ? dtype_name(scale.dtype()) : "undefined",
+              scale.defined() ? scale.shape().str() : std::string());
+  } else {
+    TPU_CHECK(scale.defined() && scale.dtype() == DType::f32 && scale.dim() == 1 && scale.size(0) == q.size(0),
+              "QuantizedLinear: fp8 scales must be f32 [{}]", q.size(0));
+  }
   TPU_CHECK(!b.defined() || (b.dim() == 1 && b.size(0) == q.size(0)), "QuantizedLinear: the bias must be [{}]",
             q.size(0));
   in_features = q.size(1);
@@ -77,7 +88,8 @@ Tensor QuantizedLinear::forward(const Tensor& x) {
             "QuantizedLinear: expected an input with {} features in the last dim, got shape {}", in_features,
             x.defined() ? x.shape().str() : std::string("undefined"));
   Tensor y = kind == WeightQuant::int8  ? linear_int8(x, weight, weight_scale)
-             : kind == WeightQuant::fp8 ? linear_fp8(x, weight, weight_scale)
+             : kind == WeightQuant::fp8 ? (block_n > 0 ? linear_fp8(x, weight, weight_scale, block_n, block_k)
+                                                       : linear_fp8(x, weight, weight_scale))
                                         : linear_int4(x, weight, weight_scale);
   return bias.defined() ? add(y, bias.to(y.dtype())) : y;
 }

@@ -28,15 +28,18 @@ WeightQuant parse_weight_quant(const std::string& name);
 /// y = x Wq^T + b with a quantized weight (inference only: no gradient reaches the weight).
 /// Its members, as the checkpoint-style buffers "weight" (i8 [out, in], u8 e4m3 bit patterns
 /// [out, in], or packed u8 [out, in / 2])
-/// and "weight_scale" (f32 [out] or [out, in / group]), and the float parameter "bias".
+/// and "weight_scale" (f32 [out], [out, in / group] for int4, or [ceil(out / block_n),
+/// ceil(in / block_k)] for block-scaled fp8), and the float parameter "bias".
 class QuantizedLinear : public Linear {
  public:
   /// The quantized form of `src`'s weight (its bias is shared); group: int4's columns per scale
   /// (32 or 128). A Linear whose in_features the group does not divide is a tpu::Error.
   QuantizedLinear(const Linear& src, WeightQuant kind, int64_t group = 32);
   /// An fp8 linear over given e4m3 bytes q (u8 [out, in]) and f32 scales [out], as a quantized
-  /// checkpoint stores them, and an optional float bias [out].
-  QuantizedLinear(Tensor q, Tensor scale, Tensor bias);
+  /// checkpoint stores them, and an optional float bias [out]. With block_n and block_k (> 0)
+  /// the scales are per block: [ceil(out / block_n), ceil(in / block_k)] (fine-grained fp8);
+  /// scales of another shape are a tpu::Error naming both shapes.
+  QuantizedLinear(Tensor q, Tensor scale, Tensor bias, int64_t block_n = 0, int64_t block_k = 0);
   /// x [..., in_features] -> [..., out_features] in x's dtype.
   Tensor forward(const Tensor& x) override;
   /// "QuantizedLinear".
@@ -45,6 +48,8 @@ class QuantizedLinear : public Linear {
   int64_t group = 0;      ///< int4: columns per scale (0 for int8)
   int64_t in_features;    ///< the input width
   Tensor weight_scale;    ///< the scales
+  int64_t block_n = 0;    ///< fp8 block scales: rows per block (0: per-row scales)
+  int64_t block_k = 0;    ///< fp8 block scales: columns per block
 };
 
 /// Replaces `parent`'s Linear child `name` (held in `slot`) by its QuantizedLinear of `kind`

@@ -68,4 +68,14 @@ Tensor linear_fp8(const Tensor& x, const Tensor& q, const Tensor& scale) {
   return ops::call(op, {x, q, scale});
 }
 
+Tensor dequantize_fp8(const Tensor& q, const Tensor& scale, int64_t block_n, int64_t block_k) {
+  static const ops::OpDef& op = op_named("dequantize_fp8");
+  return ops::call(op, {q, scale}, {{"block_n", block_n}, {"block_k", block_k}});
+}
+
+Tensor linear_fp8(const Tensor& x, const Tensor& q, const Tensor& scale, int64_t block_n, int64_t block_k) {
+  static const ops::OpDef& op = op_named("linear_fp8");
+  return ops::call(op, {x, q, scale}, {{"block_n", block_n}, {"block_k", block_k}});
+}
+
 }  // namespace tpu

@@ -279,6 +279,150 @@ const F8GroupFn* f8_table(Int8GemvPath p) {
   return path_table(p, avx512, avx2, scalar);
 }
 
+// ---- fp8 e4m3 weights with one scale per block of bn x bk ----
+
+// The block's columns: their byte rows and their rows of block scales (ceil(K / bk) each).
+struct F8Block {
+  const uint8_t* w[kQ4Cols];
+  const float* s[kQ4Cols];
+};
+
+template <int R>
+TPU_INT4_AVX512 void f8b_group_avx512(int64_t K, int64_t bk, const float* A, int64_t lda, const F8Block& blk, int cols,
+                                      float* C, int64_t ldc) {
+  __m512 acc[R][kQ4Cols];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < kQ4Cols; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t k0 = 0, b = 0; k0 < K; k0 += bk, ++b) {
+    const int64_t k1 = std::min(K, k0 + bk);
+    __m512 sv[kQ4Cols];  // the block's scales times 256 (the widened bytes are 2^-8 times their value)
+#pragma GCC unroll 4
+    for (int c = 0; c < kQ4Cols; ++c) sv[c] = _mm512_set1_ps(blk.s[c][b] * 256.0f);
+    int64_t k = k0;
+    for (; k + 16 <= k1; k += 16) {
+      __m512 wv[kQ4Cols];
+#pragma GCC unroll 4
+      for (int c = 0; c < kQ4Cols; ++c)
+        wv[c] = _mm512_mul_ps(f8_to_ps_avx512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.w[c] + k))), sv[c]);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const __m512 x = _mm512_loadu_ps(A + r * lda + k);
+#pragma GCC unroll 4
+        for (int c = 0; c < kQ4Cols; ++c) acc[r][c] = _mm512_fmadd_ps(x, wv[c], acc[r][c]);
+      }
+    }
+    if (k < k1) {  // the block's last (< 16) columns
+      const __mmask16 m = static_cast<__mmask16>((1u << (k1 - k)) - 1);
+      __m512 wv[kQ4Cols];
+#pragma GCC unroll 4
+      for (int c = 0; c < kQ4Cols; ++c) wv[c] = _mm512_mul_ps(f8_to_ps_avx512(_mm_maskz_loadu_epi8(m, blk.w[c] + k)), sv[c]);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const __m512 x = _mm512_maskz_loadu_ps(m, A + r * lda + k);
+#pragma GCC unroll 4
+        for (int c = 0; c < kQ4Cols; ++c) acc[r][c] = _mm512_fmadd_ps(x, wv[c], acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < cols; ++c) C[r * ldc + c] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
+template <int R>
+TPU_INT4_AVX2 void f8b_group_avx2(int64_t K, int64_t bk, const float* A, int64_t lda, const F8Block& blk, int cols,
+                                  float* C, int64_t ldc) {
+  __m256 acc[R][kQ4Cols];
+  float tail[R][kQ4Cols] = {};  // the last (< 8) columns of each block
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < kQ4Cols; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (int64_t k0 = 0, b = 0; k0 < K; k0 += bk, ++b) {
+    const int64_t k1 = std::min(K, k0 + bk), k8 = k0 + ((k1 - k0) & ~int64_t{7});
+    __m256 sv[kQ4Cols];
+#pragma GCC unroll 4
+    for (int c = 0; c < kQ4Cols; ++c) sv[c] = _mm256_set1_ps(blk.s[c][b]);
+    for (int64_t k = k0; k < k8; k += 8) {
+      __m256 wv[kQ4Cols];
+#pragma GCC unroll 4
+      for (int c = 0; c < kQ4Cols; ++c) wv[c] = _mm256_mul_ps(f8_to_ps_avx2(blk.w[c] + k), sv[c]);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const __m256 x = _mm256_loadu_ps(A + r * lda + k);
+#pragma GCC unroll 4
+        for (int c = 0; c < kQ4Cols; ++c) acc[r][c] = _mm256_fmadd_ps(x, wv[c], acc[r][c]);
+      }
+    }
+    for (int64_t k = k8; k < k1; ++k)
+      for (int c = 0; c < kQ4Cols; ++c) {
+        const float w = f8e4m3::from_bits(blk.w[c][k]).to_f32() * blk.s[c][b];
+        for (int r = 0; r < R; ++r) tail[r][c] += A[r * lda + k] * w;
+      }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < cols; ++c) C[r * ldc + c] = hsum256(acc[r][c]) + tail[r][c];
+}
+
+template <int R>
+void f8b_group_scalar(int64_t K, int64_t bk, const float* A, int64_t lda, const F8Block& blk, int cols, float* C,
+                      int64_t ldc) {
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < cols; ++c) {
+      float s = 0;
+      for (int64_t k = 0; k < K; ++k) s += A[r * lda + k] * (f8e4m3::from_bits(blk.w[c][k]).to_f32() * blk.s[c][k / bk]);
+      C[r * ldc + c] = s;
+    }
+}
+
+using F8BlockGroupFn = void (*)(int64_t, int64_t, const float*, int64_t, const F8Block&, int, float*, int64_t);
+
+const F8BlockGroupFn* f8b_table(Int8GemvPath p) {
+  static constexpr F8BlockGroupFn avx512[kQ4Rows + 1] = {nullptr, &f8b_group_avx512<1>, &f8b_group_avx512<2>,
+                                                         &f8b_group_avx512<3>, &f8b_group_avx512<4>};
+  static constexpr F8BlockGroupFn avx2[kQ4Rows + 1] = {nullptr, &f8b_group_avx2<1>, &f8b_group_avx2<2>,
+                                                       &f8b_group_avx2<3>, &f8b_group_avx2<4>};
+  static constexpr F8BlockGroupFn scalar[kQ4Rows + 1] = {nullptr, &f8b_group_scalar<1>, &f8b_group_scalar<2>,
+                                                         &f8b_group_scalar<3>, &f8b_group_scalar<4>};
+  return path_table(p, avx512, avx2, scalar);
+}
+
+// One weight row dequantized to f32 (s: its row of block scales).
+TPU_INT4_AVX512 void f8b_dequant_row_avx512(const uint8_t* row, const float* s, int64_t K, int64_t bk, float* out) {
+  for (int64_t k0 = 0, b = 0; k0 < K; k0 += bk, ++b) {
+    const int64_t k1 = std::min(K, k0 + bk);
+    const __m512 sv = _mm512_set1_ps(s[b] * 256.0f);
+    for (int64_t k = k0; k < k1; k += 16) {
+      const __mmask16 m = k1 - k < 16 ? static_cast<__mmask16>((1u << (k1 - k)) - 1) : static_cast<__mmask16>(0xFFFF);
+      _mm512_mask_storeu_ps(out + k, m, _mm512_mul_ps(f8_to_ps_avx512(_mm_maskz_loadu_epi8(m, row + k)), sv));
+    }
+  }
+}
+
+void f8b_dequant_row_scalar(const uint8_t* row, const float* s, int64_t K, int64_t bk, float* out) {
+  for (int64_t k0 = 0, b = 0; k0 < K; k0 += bk, ++b)
+    for (int64_t k = k0; k < std::min(K, k0 + bk); ++k) out[k] = f8e4m3::from_bits(row[k]).to_f32() * s[b];
+}
+
+// Many rows: panels of up to 256 weight rows dequantized to f32, then the float GEMM.
+void f8b_many_rows(int64_t M, int64_t N, int64_t K, int64_t bn, int64_t bk, const float* A, int64_t lda,
+                   const uint8_t* W, const float* scale, float* C, int64_t ldc) {
+  constexpr int64_t kPanel = 256;
+  const int64_t kb = (K + bk - 1) / bk;
+  const auto dequant_row =
+      int8_gemv_path_available(Int8GemvPath::avx512) ? &f8b_dequant_row_avx512 : &f8b_dequant_row_scalar;
+  std::vector<float> panel(static_cast<size_t>(std::min(N, kPanel) * K));
+  for (int64_t j0 = 0; j0 < N; j0 += kPanel) {
+    const int64_t n = std::min(kPanel, N - j0);
+    detail::gemv_for_blocks(n, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, K)), [&](int64_t a, int64_t e) {
+      for (int64_t j = a; j < e; ++j)
+        dequant_row(W + (j0 + j) * K, scale + ((j0 + j) / bn) * kb, K, bk, panel.data() + j * K);
+    });
+    gemm_f32(M, n, K, A, lda, 1, panel.data(), 1, K, C + j0, ldc, false);
+  }
+}
+
 }  // namespace
 
 void gemv_int4(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,
@@ -325,6 +469,39 @@ void gemv_fp8(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, cons
       for (int64_t i = 0; i < M; i += kQ4Rows) {
         const int rows = static_cast<int>(std::min<int64_t>(kQ4Rows, M - i));
         fns[rows](K, A + i * lda, lda, w, cols, scale + j, C + i * ldc + j, ldc);
+      }
+    }
+  });
+}
+
+void gemv_fp8_block(int64_t M, int64_t N, int64_t K, int64_t bn, int64_t bk, const float* A, int64_t lda,
+                    const uint8_t* W, const float* scale, float* C, int64_t ldc, Int8GemvPath path) {
+  if (M <= 0 || N <= 0) return;
+  if (K == 0) {
+    for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
+    return;
+  }
+  if (M >= kFp8BlockManyRows && !batch_invariant()) {
+    f8b_many_rows(M, N, K, bn, bk, A, lda, W, scale, C, ldc);
+    return;
+  }
+  const F8BlockGroupFn* fns = f8b_table(path);
+  const int64_t kb = (K + bk - 1) / bk;
+  const int64_t blocks = (N + kQ4Cols - 1) / kQ4Cols;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, K * M * kQ4Cols));
+  detail::gemv_for_blocks(blocks, grain, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t j = b * kQ4Cols;
+      const int cols = static_cast<int>(std::min<int64_t>(kQ4Cols, N - j));
+      F8Block blk;
+      for (int c = 0; c < kQ4Cols; ++c) {
+        const int64_t row = j + std::min(c, cols - 1);
+        blk.w[c] = W + row * K;
+        blk.s[c] = scale + (row / bn) * kb;
+      }
+      for (int64_t i = 0; i < M; i += kQ4Rows) {
+        const int rows = static_cast<int>(std::min<int64_t>(kQ4Rows, M - i));
+        fns[rows](K, bk, A + i * lda, lda, blk, cols, C + i * ldc + j, ldc);
       }
     }
   });

@@ -50,4 +50,16 @@ void gemv_int4_vnni(int64_t M, int64_t N, int64_t K, int64_t group, const float*
 void gemv_fp8(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const uint8_t* W, const float* scale,
               float* C, int64_t ldc, Int8GemvPath path = Int8GemvPath::best);
 
+// fp8 e4m3 weights [N, K] with one f32 scale per block of bn rows by bk columns (DeepSeek-V3's
+// fine-grained fp8): scale is [ceil(N / bn), ceil(K / bk)] row-major, the last blocks of a row
+// or column partial, and C[i, j] = sum_k A[i, k] * (e4m3(W[j, k]) * scale[j / bn, k / bk]).
+// Few rows: the bytes are read in place and widened in registers as gemv_fp8 does, and each
+// widened vector is multiplied by its block's scale (one multiply per 16 (8) weights, shared by
+// the up to four rows of A; the product is the dequantized f32 weight exactly); the sums
+// accumulate in f32. From kFp8BlockManyRows rows on (unless batch-invariant), panels of the
+// weight are dequantized to f32 and multiplied by the float GEMM.
+constexpr int64_t kFp8BlockManyRows = 32;
+void gemv_fp8_block(int64_t M, int64_t N, int64_t K, int64_t bn, int64_t bk, const float* A, int64_t lda,
+                    const uint8_t* W, const float* scale, float* C, int64_t ldc, Int8GemvPath path = Int8GemvPath::best);
+
 }  // namespace tpu::kernels
