@@ -505,6 +505,63 @@ TEST_CASE("gemm_bf16 AMX tiles match a naive loop: ragged tiles, K blocks, layou
   CHECK(C1 == C2);
 }
 
+// Few rows times a weight read in place (gemm_bf16_amx_wt): W [N, K] rows ldw apart (the gaps
+// filled with values a kernel reading past K would pick up), B = W^T. Rows of A around the 16-row
+// tiles and the four tiles of one pass (1, 15, 16, 17, 33, 40, 64, 65, 80), N not a multiple of
+// 16, K short of and past multiples of 32 (1, 31, 40, 100), A strided along K, accumulate, and
+// one product large enough to split N over two threads.
+TEST_CASE("gemm_bf16 AMX with the weight in place matches a naive loop", "[gemm][amx]") {
+  if (!tpu::kernels::gemm_bf16_amx_available()) {
+    WARN("AMX weight-in-place GEMM skipped: this CPU lacks amx_bf16, the OS refused the tile state, or TPU_CPU_AMX=0");
+    const uint16_t a[1] = {}, b[1] = {};
+    float c[1] = {};
+    CHECK_FALSE(tpu::kernels::gemm_bf16_amx_wt(1, 1, 1, a, 1, 1, b, 1, 1, c, 1, false));
+    return;
+  }
+  auto gen = bf16_gen();
+  std::mt19937 rng(9);
+  struct Case {
+    int64_t M, N, K, a_cs;
+    bool accumulate;
+  };
+  const std::vector<Case> cases = {{1, 17, 40, 1, false},  {15, 50, 100, 1, true}, {16, 16, 32, 1, false},
+                                   {17, 33, 64, 2, false}, {33, 40, 100, 1, true}, {40, 1, 31, 1, false},
+                                   {64, 48, 1, 1, false},  {65, 20, 96, 3, true},  {80, 35, 130, 1, false},
+                                   {2, 7, 300, 1, false},  {33, 301, 416, 1, false}};
+  const int threads = tpu::num_threads();
+  for (int nt : {1, 2}) {
+    tpu::set_num_threads(nt);
+    for (const Case& cs : cases) {
+      INFO("threads=" << nt << " M=" << cs.M << " N=" << cs.N << " K=" << cs.K << " a_cs=" << cs.a_cs
+                      << " accumulate=" << cs.accumulate);
+      const int64_t ldw = cs.K + 3, a_rs = cs.K * cs.a_cs + 5, ldc = cs.N + 4;
+      std::vector<uint16_t> w(static_cast<size_t>(cs.N * ldw)), a(static_cast<size_t>(cs.M * a_rs));
+      for (auto& v : w) v = gen();
+      for (auto& v : a) v = gen();
+      std::vector<float> C0(static_cast<size_t>(cs.M * ldc));
+      for (auto& v : C0) v = std::uniform_real_distribution<float>(-2.0f, 2.0f)(rng);
+      std::vector<float> C = C0;
+      REQUIRE(tpu::kernels::gemm_bf16_amx_wt(cs.M, cs.N, cs.K, a.data(), a_rs, cs.a_cs, w.data(), 1, ldw, C.data(),
+                                             ldc, cs.accumulate));
+      std::vector<double> R(C.size());
+      for (int64_t i = 0; i < cs.M; ++i)
+        for (int64_t j = 0; j < cs.N; ++j) {
+          double r = cs.accumulate ? C0[static_cast<size_t>(i * ldc + j)] : 0.0;
+          for (int64_t k = 0; k < cs.K; ++k)
+            r += double(bf16_bits_to_float(a[static_cast<size_t>(i * a_rs + k * cs.a_cs)])) *
+                 double(bf16_bits_to_float(w[static_cast<size_t>(j * ldw + k)]));
+          R[static_cast<size_t>(i * ldc + j)] = r;
+        }
+      check_close(cs.M, cs.N, cs.K, ldc, C, R, C0, 1e-6);
+    }
+  }
+  tpu::set_num_threads(threads);
+  // B not W^T (rows of W not contiguous along K): not this kernel's.
+  const uint16_t a[4] = {}, b[4] = {};
+  float c[4] = {};
+  CHECK_FALSE(tpu::kernels::gemm_bf16_amx_wt(2, 2, 2, a, 2, 1, b, 2, 1, c, 2, false));
+}
+
 // int8 weights, many rows (gemm_vnni.cpp): a naive loop that quantizes A the documented way (blocks
 // of 32 along K, scale max|a| / 127, round(a * (127 / max|a|)) to nearest even in f32), sums the
 // integer products exactly and scales them in double. Ragged rows (tiles of 6), columns (panels

@@ -8,8 +8,9 @@
 // overwrites C; true adds the product to what C holds. M, N or K may be 0 (K == 0 writes
 // zeros unless accumulating).
 //
-// The entry points pick a kernel at run time from tpu::cpu_features(): for bf16 from 16 rows,
-// AMX tiles (TDPBF16PS) where the CPU and OS allow them; a register-blocked AVX-512
+// The entry points pick a kernel at run time from tpu::cpu_features(): for bf16 from 2 rows,
+// AMX tiles (TDPBF16PS) where the CPU and OS allow them (the weight read in place for 2 to 128
+// rows of x W^T, see gemm_bf16_amx_wt; from 16 rows otherwise); a register-blocked AVX-512
 // micro-kernel (FMA for f32, vdpbf16ps for bf16) when the CPU has it, else an AVX2+FMA
 // one (bf16 widened to f32 panels), otherwise a portable blocked kernel. The *_generic entry
 // points always take the portable path and the *_avx2 ones the AVX2 path (tests use them to
@@ -62,6 +63,14 @@ void gemm_bf16_avx2(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t 
 bool gemm_bf16_amx_available();
 bool gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs,
                    const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate);
+// The AMX path for few rows of x W^T (b_rs 1: B's columns, the weight's rows, contiguous along
+// K): the weight is read in place as the tiles' A operand (nothing of it is packed or copied, but
+// the last N % 16 rows and the K % 32 tail of each 16 rows), against the rows of A packed once
+// per call; the threads split N. gemm_bf16 takes it up to kAmxWeightInPlaceMaxRows rows. Returns
+// false (and does nothing) when AMX is not available, b_rs != 1 or a size is 0.
+constexpr int64_t kAmxWeightInPlaceMaxRows = 128;
+bool gemm_bf16_amx_wt(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs,
+                      const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate);
 
 // Products with int8 weights from kGemmInt8MinRows rows on (prefill; gemm_vnni.cpp): C[i, j] =
 // scale[j] * sum_k q(A)[i, k] * W[j, k], A f32 [M, K] (row stride lda), W int8 [N, K] row-major,

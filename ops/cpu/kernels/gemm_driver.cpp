@@ -626,6 +626,11 @@ void gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs,
                int64_t a_cs, const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C,
                int64_t ldc, bool accumulate) {
   const bool invariant = batch_invariant();
+  // AMX with the weight read in place: 2 to kAmxWeightInPlaceMaxRows rows of x W^T (one row stays
+  // with the GEMV kernel); not batch-invariant.
+  if (!invariant && M >= 2 && M <= kAmxWeightInPlaceMaxRows &&
+      gemm_bf16_amx_wt(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate))
+    return;
   if (!invariant && gemv_bf16(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate)) return;  // few rows, W^T
   // AMX tiles: from 16 rows (a tile's height) and one K step of 32 on; not batch-invariant.
   if (!invariant && M >= 16 && K >= 32 && gemm_bf16_amx(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate)) return;
@@ -711,7 +716,7 @@ const char* gemm_f32_kernel_name() {
   return have_avx512() ? "avx512" : (have_avx2() ? "avx2" : "generic");
 }
 const char* gemm_bf16_kernel_name() {
-  if (gemm_bf16_amx_available()) return "amx_bf16 (avx512_bf16 below 16 rows)";
+  if (gemm_bf16_amx_available()) return "amx_bf16 (avx512_bf16 for one row)";
   if (have_avx512_bf16()) return "avx512_bf16";
   if (have_avx512()) return "avx512_f32";
   return have_avx2() ? "avx2_f32" : "generic";
