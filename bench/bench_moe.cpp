@@ -7,6 +7,15 @@
 // activations. Arguments: tokens, hidden, expert width (Mixtral: 4096 and 14336; the default
 // runs half the width to keep the 8 experts' 1.4 GB of bf16 weights within a shared machine).
 //
+// On a machine whose dense product runs from memory (AMX tiles make 128 rows of a 4096 x 28672
+// product bound by reading its 176 MB of bf16 weight), the ratio is bounded by bytes, not FLOPs:
+// the layer must read all 8 experts' weights (8 x the dense block's) for the same FLOPs. So both
+// runs also report the bandwidth they reach: `moe_GBps` (the weights of the experts that got
+// tokens / the layer's time), `dense_GBps` (the dense block's weight bytes / its time), and
+// `stream_GBps`, a plain read of a 512 MiB buffer over the same threads in the same iteration
+// (the machine's read bandwidth, measured beside them), with `moe_stream_frac` = moe_GBps /
+// stream_GBps.
+//
 // BM_MoEFfnFusedVsChain: the expert part of the same layer (after the router) as the fused node
 // moe_ffn of compiled inference graphs (graph pass fuse_moe) against the chain it replaces, run
 // op by op (moe_sort, moe_permute, two grouped matmuls with SwiGLU, moe_unpermute), on the same
@@ -36,6 +45,7 @@
 #include "tpucore/nn/moe.h"
 #include "tpucore/ops.h"
 #include "tpucore/streams.h"
+#include "tpucore/core/parallel.h"
 
 namespace {
 
@@ -59,6 +69,51 @@ struct Dense {
   }
 };
 
+// A plain read of `bytes` over the threads parallel_for uses: returns seconds. Four independent
+// sums per thread so the loads, not an add chain, bound it.
+struct StreamRead {
+  std::vector<uint64_t> buf;
+  explicit StreamRead(size_t bytes) : buf(bytes / sizeof(uint64_t), 1) {}
+  double operator()() const {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t n = static_cast<int64_t>(buf.size());
+    std::vector<uint64_t> part(static_cast<size_t>(num_threads()) * 8, 0);
+    parallel_for(0, n, n / num_threads() + 1, [&](int64_t b, int64_t e) {
+      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      const uint64_t* p = buf.data();
+      int64_t i = b;
+      for (; i + 4 <= e; i += 4) {
+        s0 += p[i];
+        s1 += p[i + 1];
+        s2 += p[i + 2];
+        s3 += p[i + 3];
+      }
+      for (; i < e; ++i) s0 += p[i];
+      const size_t slot = static_cast<size_t>(b / (n / num_threads() + 1)) * 8;
+      part[slot] = s0 + s1 + s2 + s3;
+    });
+    uint64_t total = 0;
+    for (uint64_t v : part) total += v;
+    benchmark::DoNotOptimize(total);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  double gb() const { return static_cast<double>(buf.size() * sizeof(uint64_t)) * 1e-9; }
+};
+constexpr size_t kStreamBytes = size_t{512} << 20;
+
+// Bytes of bf16 expert weights (gate, up and down) of `experts` experts.
+double expert_weight_gb(int64_t experts, int64_t h, int64_t f) {
+  return static_cast<double>(experts) * 3.0 * static_cast<double>(h) * static_cast<double>(f) * 2.0 * 1e-9;
+}
+
+void bandwidth_counters(benchmark::State& state, double moe_s, double dense_s, double stream_s, double moe_gb,
+                        double dense_gb, double stream_gb) {
+  state.counters["moe_GBps"] = moe_gb / moe_s;
+  state.counters["dense_GBps"] = dense_gb / dense_s;
+  state.counters["stream_GBps"] = stream_gb / stream_s;
+  state.counters["moe_stream_frac"] = (moe_gb / moe_s) / (stream_gb / stream_s);
+}
+
 void BM_MixtralMoELayer(benchmark::State& state) {
   const int64_t tokens = state.range(0), h = state.range(1), f = state.range(2);
   NoGradGuard ng;
@@ -76,8 +131,9 @@ void BM_MixtralMoELayer(benchmark::State& state) {
   const Tensor xd = to(randn({tokens * kTopK, h}, {}, &g), DType::bf16);
   benchmark::DoNotOptimize(moe(x).raw_data());  // warm-up (scratch buffers, thread pool)
   benchmark::DoNotOptimize(dense(xd).raw_data());
-  // Both timed in every iteration, so a shared machine's load falls on both alike.
-  double moe_total = 0, dense_total = 0;
+  const StreamRead stream(kStreamBytes);
+  // All timed in every iteration, so a shared machine's load falls on each alike.
+  double moe_total = 0, dense_total = 0, stream_total = 0;
   int64_t n = 0;
   for (auto _ : state) {
     auto t0 = std::chrono::steady_clock::now();
@@ -90,6 +146,7 @@ void BM_MixtralMoELayer(benchmark::State& state) {
     t0 = std::chrono::steady_clock::now();
     benchmark::DoNotOptimize(dense(xd).raw_data());
     dense_total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stream_total += stream();
     state.ResumeTiming();
     ++n;
   }
@@ -98,6 +155,9 @@ void BM_MixtralMoELayer(benchmark::State& state) {
       benchmark::Counter(expert_flops(tokens, h, f) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["dense_ms"] = dense_s * 1e3;
   state.counters["dense_ratio"] = dense_total / moe_total;
+  // With 2 x tokens routed slots over 8 experts (128 at 64 tokens) every expert gets tokens.
+  bandwidth_counters(state, moe_total, dense_total, stream_total, expert_weight_gb(kExperts, h, f),
+                     expert_weight_gb(1, h, f), stream.gb() * static_cast<double>(n));
 }
 BENCHMARK(BM_MixtralMoELayer)->Args({64, 4096, 7168})->Unit(benchmark::kMillisecond)->UseManualTime();
 // A small shape for a quick run.
@@ -143,7 +203,8 @@ void BM_MoEFfnFusedVsChain(benchmark::State& state) {
   benchmark::DoNotOptimize(fused().raw_data());  // warm-up
   benchmark::DoNotOptimize(chain().raw_data());
   benchmark::DoNotOptimize(dense(xd).raw_data());
-  double fused_total = 0, chain_total = 0, dense_total = 0;
+  const StreamRead stream(kStreamBytes);
+  double fused_total = 0, chain_total = 0, dense_total = 0, stream_total = 0;
   int64_t n = 0;
   auto timed = [](auto&& fn) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -156,6 +217,7 @@ void BM_MoEFfnFusedVsChain(benchmark::State& state) {
     state.SetIterationTime(dt);
     chain_total += timed(chain);
     dense_total += timed([&] { return dense(xd); });
+    stream_total += stream();
     ++n;
   }
   const double per = 1e3 / static_cast<double>(std::max<int64_t>(n, 1));
@@ -165,6 +227,10 @@ void BM_MoEFfnFusedVsChain(benchmark::State& state) {
   state.counters["chain_ms"] = chain_total * per;
   state.counters["speedup"] = chain_total / fused_total;
   state.counters["dense_ratio"] = dense_total / fused_total;
+  int64_t used = 0;  // experts with tokens (their weights are read)
+  for (int64_t e = 0; e < kExperts; ++e) used += std::count(ids.begin(), ids.end(), e) > 0;
+  bandwidth_counters(state, fused_total, dense_total, stream_total, expert_weight_gb(used, h, f),
+                     expert_weight_gb(1, h, f), stream.gb() * static_cast<double>(n));
 }
 BENCHMARK(BM_MoEFfnFusedVsChain)->Args({64, 4096, 7168})->Unit(benchmark::kMillisecond)->UseManualTime();
 BENCHMARK(BM_MoEFfnFusedVsChain)->Args({64, 1024, 3584})->Unit(benchmark::kMillisecond)->UseManualTime();
