@@ -3,6 +3,7 @@
 // path) against a naive double-precision loop over the weight dequantized here, independently
 // of the library's unpacking (on the vnni path with the rows of x quantized in blocks of 32 as
 // that path does, quant_act_ref.h).
+#include <array>
 #include <cmath>
 
 #include "ops/cpu/kernels/gemv_int4.h"
@@ -146,6 +147,36 @@ TEST_CASE("linear_int4: every kernel path against the dequantized naive product"
     for (int64_t j = 0; j < N; ++j) differ += all[static_cast<size_t>(i * N + j)] != one[static_cast<size_t>(j)];
   }
   CHECK(differ == 0);
+}
+
+TEST_CASE("linear_int4: many weight rows split over the threads with a short last block", "[quant][gemv]") {
+  // Enough weight rows that the blocks of four go to the pool threads in runs, each block
+  // prefetching one further on in its run; N not a multiple of 4, K with and without a tail of
+  // blocks past whole chunks of 128.
+  Generator g(11);
+  for (auto [M, N, K, group] : {std::array<int64_t, 4>{1, 2051, 64, 32}, {2, 1031, 256, 128}, {1, 1027, 800, 32},
+                                {1, 998, 768, 32}}) {
+    const std::vector<float> x = q4_random(g, static_cast<size_t>(M * K), -2, 2);
+    std::vector<uint8_t> q(static_cast<size_t>(N * K / 2));
+    for (uint8_t& v : q) v = static_cast<uint8_t>(g.next_u64() & 0xFF);
+    const std::vector<float> s = q4_random(g, static_cast<size_t>(N * K / group), 0.001, 0.05);
+    std::vector<float> out(static_cast<size_t>(M * N), -1);
+    kernels::gemv_int4(M, N, K, group, x.data(), K, q.data(), s.data(), out.data(), N);
+    const std::vector<float> xs = rows_as_seen(x, M, K, kernels::Int8GemvPath::best);
+    int bad = 0;
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double acc = 0, mag = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          const double w = q4_value(q, K / 2, j, k) * static_cast<double>(s[static_cast<size_t>(j * (K / group) + k / group)]);
+          acc += xs[static_cast<size_t>(i * K + k)] * w;
+          mag += std::fabs(xs[static_cast<size_t>(i * K + k)] * w);
+        }
+        bad += std::fabs(out[static_cast<size_t>(i * N + j)] - acc) > 2e-6 * mag + 1e-30;
+      }
+    INFO("M " << M << " N " << N << " K " << K << " group " << group << " path " << kernels::int8_gemv_best_path());
+    CHECK(bad == 0);
+  }
 }
 
 TEST_CASE("linear_int4: the op on batched f32 and bf16 inputs, and its errors", "[quant]") {

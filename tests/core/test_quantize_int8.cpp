@@ -2,6 +2,7 @@
 // properties that define it and hand-made exact rows; the product on every kernel path of the
 // CPU against a naive double-precision loop over the dequantized weight (and, on the vnni path,
 // over the rows of x quantized in blocks of 32 as that path does, quant_act_ref.h).
+#include <array>
 #include <cmath>
 
 #include "codegen_testing.h"
@@ -126,6 +127,27 @@ TEST_CASE("linear_int8: every kernel path against the dequantized naive product"
         }
   }
   CHECK(checked >= 2 * 6 * 5 * 7);  // best and scalar always run
+}
+
+TEST_CASE("linear_int8: many weight rows split over the threads with a short last block", "[quant][gemv]") {
+  // Enough weight rows that the blocks of four go to the pool threads in runs, each block
+  // prefetching one further on in its run; N not a multiple of 4, K with a partial step of 64.
+  Generator g(13);
+  for (auto [M, N, K] : {std::array<int64_t, 3>{1, 2051, 64}, {2, 1031, 200}, {1, 1027, 768}}) {
+    const std::vector<float> x = random_values(g, static_cast<size_t>(M * K), -2, 2);
+    std::vector<int8_t> q(static_cast<size_t>(N * K));
+    for (int8_t& v : q) v = static_cast<int8_t>(static_cast<int>(g.next_u64() % 255) - 127);
+    const std::vector<float> s = random_values(g, static_cast<size_t>(N), 0.001, 0.05);
+    std::vector<float> out(static_cast<size_t>(M * N), -1);
+    kernels::gemv_int8(M, N, K, x.data(), K, q.data(), s.data(), out.data(), N);
+    std::vector<double> mag;
+    const std::vector<double> ref =
+        linear_ref(rows_as_seen(x, M, K, kernels::Int8GemvPath::best), q, s, M, N, K, &mag);
+    int bad = 0;
+    for (size_t i = 0; i < ref.size(); ++i) bad += std::fabs(out[i] - ref[i]) > 2e-6 * mag[i] + 1e-30;
+    INFO("M " << M << " N " << N << " K " << K << " path " << kernels::int8_gemv_best_path());
+    CHECK(bad == 0);
+  }
 }
 
 TEST_CASE("linear_int8: the op on batched f32 and bf16 inputs, and its errors", "[quant]") {
