@@ -64,18 +64,32 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// tmm0, tmm1: C (16 x 16 int32); tmm2, tmm3: weights (16 rows x 32 bytes); tmm4, tmm5:
+// tmm0..3: C (16 x 16 int32); tmm4, tmm5: weights (16 rows x 32 bytes); tmm6, tmm7:
 // activations (8 rows x 64 bytes).
 TPU_AMX_INT8 void configure_tiles() {
   TileConfig c;
-  for (int t = 0; t < 2; ++t) c.rows[t] = 16, c.colsb[t] = 64;
-  for (int t = 2; t < 4; ++t) c.rows[t] = 16, c.colsb[t] = 32;
-  for (int t = 4; t < 6; ++t) c.rows[t] = 8, c.colsb[t] = 64;
+  for (int t = 0; t < 4; ++t) c.rows[t] = 16, c.colsb[t] = 64;
+  for (int t = 4; t < 6; ++t) c.rows[t] = 16, c.colsb[t] = 32;
+  for (int t = 6; t < 8; ++t) c.rows[t] = 8, c.colsb[t] = 64;
   asm volatile("" : : "r"(&c) : "memory");  // (see gemm_amx.cpp: GCC 12 drops the stores otherwise)
   _tile_loadconfig(&c);
 }
 
-TPU_AMX_INT8 void release_tiles() { _tile_release(); }
+// The thread's tile configuration before the kernel's, put back afterwards: other code on the
+// same thread (llama.cpp's AMX kernels, in the benchmark that runs both) may configure the tiles
+// once per thread and expect them to stay so. Restoring a configuration zeroes the tile data.
+struct SavedTiles {
+  TileConfig config;
+  TPU_AMX_INT8 SavedTiles() {
+    _tile_storeconfig(&config);  // all zero when the tiles are not configured
+    asm volatile("" : : "r"(&config) : "memory");
+  }
+  TPU_AMX_INT8 ~SavedTiles() {
+    asm volatile("" : : "r"(&config) : "memory");
+    if (config.palette != 0) _tile_loadconfig(&config);
+    else _tile_release();
+  }
+};
 
 // Quantized activations: for group g of 16 rows and block b, the B tile at q + (g * nb + b) *
 // kTileBytes, the block scales at d + (g * nb + b) * 16 (0 for rows past M), and for int4 no more.
@@ -183,34 +197,55 @@ TPU_AMX_INT8 inline void scale_add(const int32_t* tile, const float* d, const fl
 template <bool kInt4>
 TPU_AMX_INT8 void tile_16x16(const int8_t* w, int64_t ldw, const Packed& p, int64_t g, const float* cscale,
                              const float* gscale, int64_t gpb, float* C, int64_t ldc, int rows, int cols) {
-  alignas(64) int32_t buf[2][256];
+  alignas(64) int32_t buf[8][256];
   __m512 acc[16];
   for (int n = 0; n < 16; ++n) acc[n] = _mm512_setzero_ps();
   const int8_t* bq = p.q + g * p.nb * kTileBytes;
   const float* bd = p.d + g * p.nb * 16;
-  int64_t b = 0;
-  for (; b + 2 <= p.nb; b += 2) {
+  const auto add = [&](const int32_t* tile, int64_t b) {
+    scale_add<kInt4>(tile, bd + b * 16, kInt4 ? gscale + (b / gpb) * 16 : nullptr, acc);
+  };
+  // The first nb % 4 blocks one at a time, then 4 at a time: the products of blocks b..b+3 are
+  // issued and stored before the sums of blocks b-4..b-1 (stored one round earlier) are read.
+  const int64_t head = p.nb % 4;
+  for (int64_t b = 0; b < head; ++b) {
     _tile_zero(0);
-    _tile_loadd(2, w + b * kBlock, ldw);
-    _tile_loadd(4, bq + b * kTileBytes, 64);
-    _tile_dpbssd(0, 2, 4);
+    _tile_loadd(4, w + b * kBlock, ldw);
+    _tile_loadd(6, bq + b * kTileBytes, 64);
+    _tile_dpbssd(0, 4, 6);
+    _tile_stored(0, buf[0], 64);
+    add(buf[0], b);
+  }
+  int par = 0;
+  for (int64_t b = head; b < p.nb; b += 4, par ^= 1) {
+    const int8_t* wb = w + b * kBlock;
+    const int8_t* xb = bq + b * kTileBytes;
+    _tile_zero(0);
+    _tile_loadd(4, wb, ldw);
+    _tile_loadd(6, xb, 64);
+    _tile_dpbssd(0, 4, 6);
     _tile_zero(1);
-    _tile_loadd(3, w + (b + 1) * kBlock, ldw);
-    _tile_loadd(5, bq + (b + 1) * kTileBytes, 64);
-    _tile_dpbssd(1, 3, 5);
-    _tile_stored(0, buf[0], 64);
-    scale_add<kInt4>(buf[0], bd + b * 16, kInt4 ? gscale + (b / gpb) * 16 : nullptr, acc);
-    _tile_stored(1, buf[1], 64);
-    scale_add<kInt4>(buf[1], bd + (b + 1) * 16, kInt4 ? gscale + ((b + 1) / gpb) * 16 : nullptr, acc);
+    _tile_loadd(5, wb + kBlock, ldw);
+    _tile_loadd(7, xb + kTileBytes, 64);
+    _tile_dpbssd(1, 5, 7);
+    _tile_zero(2);
+    _tile_loadd(4, wb + 2 * kBlock, ldw);
+    _tile_loadd(6, xb + 2 * kTileBytes, 64);
+    _tile_dpbssd(2, 4, 6);
+    _tile_zero(3);
+    _tile_loadd(5, wb + 3 * kBlock, ldw);
+    _tile_loadd(7, xb + 3 * kTileBytes, 64);
+    _tile_dpbssd(3, 5, 7);
+    int32_t(*out)[256] = buf + 4 * par;
+    _tile_stored(0, out[0], 64);
+    _tile_stored(1, out[1], 64);
+    _tile_stored(2, out[2], 64);
+    _tile_stored(3, out[3], 64);
+    if (b > head)
+      for (int t = 0; t < 4; ++t) add(buf[4 * (par ^ 1) + t], b - 4 + t);
   }
-  if (b < p.nb) {
-    _tile_zero(0);
-    _tile_loadd(2, w + b * kBlock, ldw);
-    _tile_loadd(4, bq + b * kTileBytes, 64);
-    _tile_dpbssd(0, 2, 4);
-    _tile_stored(0, buf[0], 64);
-    scale_add<kInt4>(buf[0], bd + b * 16, kInt4 ? gscale + (b / gpb) * 16 : nullptr, acc);
-  }
+  if (p.nb > head)
+    for (int t = 0; t < 4; ++t) add(buf[4 * (par ^ 1) + t], p.nb - 4 + t);
   if (!kInt4)
     for (int n = 0; n < 16; ++n) acc[n] = _mm512_mul_ps(acc[n], _mm512_set1_ps(n < cols ? cscale[n] : 0.0f));
   transpose16(acc);  // acc[m]: activation row m over the output columns
@@ -240,40 +275,54 @@ void run(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t
   const int64_t panels = (N + 15) / 16, ngroups = kInt4 ? K / group : 1, gpb = kInt4 ? group / kBlock : 1;
   // Below ~2^22 multiply-adds a second thread's wake-up costs more than its share.
   const int64_t grain = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) >= 4.0e6 ? 1 : panels;
+  // Each thread takes a range of panels, in batches whose weights (int4: unpacked) fit in about
+  // half the L2, and runs each batch chunk by chunk of activation groups whose packed tiles fit
+  // in half the L1d (reused there by every panel of the batch; each panel's weights stay in the
+  // L1d across the groups of a chunk).
+  const int64_t panel_bytes = 16 * K;
+  const int64_t batch = std::max<int64_t>(1, (int64_t{1} << 20) / panel_bytes);
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{24} << 10) / (p.nb * kTileBytes));
   parallel_for(0, panels, grain, [&](int64_t q0, int64_t q1) {
-    thread_local detail::ScratchBuffer t_panel, t_scales;
+    thread_local detail::ScratchBuffer t_panels, t_scales;
+    const SavedTiles saved;
     configure_tiles();
-    for (int64_t q = q0; q < q1; ++q) {
-      const int64_t n0 = q * 16;
-      const int cols = static_cast<int>(std::min<int64_t>(16, N - n0));
-      const int8_t* w = nullptr;
-      float* gs = nullptr;
-      float cs[16] = {};
-      if (kInt4) {
-        auto* panel = t_panel.get_as<int8_t>(static_cast<size_t>(16 * K));
-        unpack_int4_panel(static_cast<const uint8_t*>(W), K, n0, cols, panel);
-        w = panel;
-        gs = t_scales.get_as<float>(static_cast<size_t>(ngroups * 16));
-        for (int64_t gi = 0; gi < ngroups; ++gi)
-          for (int n = 0; n < 16; ++n) gs[gi * 16 + n] = n < cols ? scale[(n0 + n) * ngroups + gi] : 0.0f;
-      } else {
-        const int8_t* src = static_cast<const int8_t*>(W) + n0 * K;
-        if (cols == 16) {
-          w = src;
-        } else {  // the last panel: rows past N zero
-          auto* panel = t_panel.get_as<int8_t>(static_cast<size_t>(16 * K));
-          std::memcpy(panel, src, static_cast<size_t>(cols * K));
-          std::memset(panel + cols * K, 0, static_cast<size_t>((16 - cols) * K));
-          w = panel;
+    for (int64_t qb = q0; qb < q1; qb += batch) {
+      const int64_t qe = std::min(q1, qb + batch);
+      // The batch's weights (unpacked int4, or the last partial panel of int8 with its missing
+      // rows zero) and scales (int8: [panel][16]; int4: [panel][K / group][16]).
+      int8_t* unpacked = kInt4 || N % 16 != 0 ? t_panels.get_as<int8_t>(static_cast<size_t>((qe - qb) * panel_bytes)) : nullptr;
+      float* sc = t_scales.get_as<float>(static_cast<size_t>((qe - qb) * ngroups * 16));
+      for (int64_t q = qb; q < qe; ++q) {
+        const int64_t n0 = q * 16;
+        const int cols = static_cast<int>(std::min<int64_t>(16, N - n0));
+        float* s = sc + (q - qb) * ngroups * 16;
+        if (kInt4) {
+          unpack_int4_panel(static_cast<const uint8_t*>(W), K, n0, cols, unpacked + (q - qb) * panel_bytes);
+          for (int64_t gi = 0; gi < ngroups; ++gi)
+            for (int n = 0; n < 16; ++n) s[gi * 16 + n] = n < cols ? scale[(n0 + n) * ngroups + gi] : 0.0f;
+        } else {
+          if (cols < 16) {
+            int8_t* dst = unpacked + (q - qb) * panel_bytes;
+            std::memcpy(dst, static_cast<const int8_t*>(W) + n0 * K, static_cast<size_t>(cols * K));
+            std::memset(dst + cols * K, 0, static_cast<size_t>((16 - cols) * K));
+          }
+          for (int n = 0; n < 16; ++n) s[n] = n < cols ? scale[n0 + n] : 0.0f;
         }
-        for (int n = 0; n < 16; ++n) cs[n] = n < cols ? scale[n0 + n] : 0.0f;
       }
-      for (int64_t g = 0; g < p.groups; ++g) {
-        const int rows = static_cast<int>(std::min<int64_t>(16, M - g * 16));
-        tile_16x16<kInt4>(w, K, p, g, cs, gs, gpb, C + g * 16 * ldc + n0, ldc, rows, cols);
+      for (int64_t g0 = 0; g0 < p.groups; g0 += chunk) {
+        const int64_t g1 = std::min(p.groups, g0 + chunk);
+        for (int64_t q = qb; q < qe; ++q) {
+          const int64_t n0 = q * 16;
+          const int cols = static_cast<int>(std::min<int64_t>(16, N - n0));
+          const int8_t* w = kInt4 || cols < 16 ? unpacked + (q - qb) * panel_bytes : static_cast<const int8_t*>(W) + n0 * K;
+          const float* s = sc + (q - qb) * ngroups * 16;
+          for (int64_t g = g0; g < g1; ++g) {
+            const int rows = static_cast<int>(std::min<int64_t>(16, M - g * 16));
+            tile_16x16<kInt4>(w, K, p, g, s, s, gpb, C + g * 16 * ldc + n0, ldc, rows, cols);
+          }
+        }
       }
     }
-    release_tiles();
   });
 }
 
