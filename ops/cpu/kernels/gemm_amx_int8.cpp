@@ -152,12 +152,14 @@ TPU_AMX_INT8 void unpack_int4_panel(const uint8_t* W, int64_t K, int64_t n0, int
 }
 
 // In-register transpose of 16 vectors of 16 floats.
-TPU_AMX_INT8 inline void transpose16(__m512 (&r)[16]) {
+TPU_AMX_INT8 __attribute__((always_inline)) inline void transpose16(__m512 (&r)[16]) {
   __m512 t[16];
+#pragma GCC unroll 16
   for (int i = 0; i < 8; ++i) {
     t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
     t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
   }
+#pragma GCC unroll 16
   for (int i = 0; i < 4; ++i) {
     const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
     const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
@@ -167,12 +169,14 @@ TPU_AMX_INT8 inline void transpose16(__m512 (&r)[16]) {
     r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
   }
   // r[4i + j] now holds, in 128-bit lane L, element j of rows 4i..4i+3 at columns 4L + j.
+#pragma GCC unroll 16
   for (int j = 0; j < 4; ++j) {
     t[j] = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88);
     t[4 + j] = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xdd);
     t[8 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
     t[12 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xdd);
   }
+#pragma GCC unroll 16
   for (int j = 0; j < 8; ++j) {
     r[j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88);
     r[8 + j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0xdd);
@@ -182,7 +186,7 @@ TPU_AMX_INT8 inline void transpose16(__m512 (&r)[16]) {
 // Adds one block's stored tile (16 x 16 int32, row n = output column n) to the accumulators.
 // Int4: times d and the columns' group scales gs (16 floats); int8: times d.
 template <bool kInt4>
-TPU_AMX_INT8 inline void scale_add(const int32_t* tile, const float* d, const float* gs, __m512 (&acc)[16]) {
+TPU_AMX_INT8 __attribute__((always_inline)) inline void scale_add(const int32_t* tile, const float* d, const float* gs, __m512 (&acc)[16]) {
   const __m512 dv = _mm512_loadu_ps(d);
 #pragma GCC unroll 16
   for (int n = 0; n < 16; ++n) {
@@ -199,12 +203,10 @@ TPU_AMX_INT8 void tile_16x16(const int8_t* w, int64_t ldw, const Packed& p, int6
                              const float* gscale, int64_t gpb, float* C, int64_t ldc, int rows, int cols) {
   alignas(64) int32_t buf[8][256];
   __m512 acc[16];
+#pragma GCC unroll 16
   for (int n = 0; n < 16; ++n) acc[n] = _mm512_setzero_ps();
   const int8_t* bq = p.q + g * p.nb * kTileBytes;
   const float* bd = p.d + g * p.nb * 16;
-  const auto add = [&](const int32_t* tile, int64_t b) {
-    scale_add<kInt4>(tile, bd + b * 16, kInt4 ? gscale + (b / gpb) * 16 : nullptr, acc);
-  };
   // The first nb % 4 blocks one at a time, then 4 at a time: the products of blocks b..b+3 are
   // issued and stored before the sums of blocks b-4..b-1 (stored one round earlier) are read.
   const int64_t head = p.nb % 4;
@@ -214,7 +216,7 @@ TPU_AMX_INT8 void tile_16x16(const int8_t* w, int64_t ldw, const Packed& p, int6
     _tile_loadd(6, bq + b * kTileBytes, 64);
     _tile_dpbssd(0, 4, 6);
     _tile_stored(0, buf[0], 64);
-    add(buf[0], b);
+    scale_add<kInt4>(buf[0], bd + b * 16, gscale + (kInt4 ? b / gpb : 0) * 16, acc);
   }
   int par = 0;
   for (int64_t b = head; b < p.nb; b += 4, par ^= 1) {
@@ -241,15 +243,25 @@ TPU_AMX_INT8 void tile_16x16(const int8_t* w, int64_t ldw, const Packed& p, int6
     _tile_stored(1, out[1], 64);
     _tile_stored(2, out[2], 64);
     _tile_stored(3, out[3], 64);
-    if (b > head)
-      for (int t = 0; t < 4; ++t) add(buf[4 * (par ^ 1) + t], b - 4 + t);
+    if (b > head) {
+      const int32_t(*prev)[256] = buf + 4 * (par ^ 1);
+#pragma GCC unroll 4
+      for (int t = 0; t < 4; ++t)
+        scale_add<kInt4>(prev[t], bd + (b - 4 + t) * 16, gscale + (kInt4 ? (b - 4 + t) / gpb : 0) * 16, acc);
+    }
   }
-  if (p.nb > head)
-    for (int t = 0; t < 4; ++t) add(buf[4 * (par ^ 1) + t], p.nb - 4 + t);
+  if (p.nb > head) {
+    const int32_t(*prev)[256] = buf + 4 * (par ^ 1);
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; ++t)
+      scale_add<kInt4>(prev[t], bd + (p.nb - 4 + t) * 16, gscale + (kInt4 ? (p.nb - 4 + t) / gpb : 0) * 16, acc);
+  }
   if (!kInt4)
+#pragma GCC unroll 16
     for (int n = 0; n < 16; ++n) acc[n] = _mm512_mul_ps(acc[n], _mm512_set1_ps(n < cols ? cscale[n] : 0.0f));
   transpose16(acc);  // acc[m]: activation row m over the output columns
   const __mmask16 cm = static_cast<__mmask16>(cols >= 16 ? 0xffffu : (1u << cols) - 1);
+#pragma GCC unroll 16
   for (int m = 0; m < rows; ++m) _mm512_mask_storeu_ps(C + m * ldc, cm, acc[m]);
 }
 
