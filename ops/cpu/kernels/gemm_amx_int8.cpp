@@ -304,7 +304,9 @@ void run(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t
       // rows zero) and scales (int8: [panel][16]; int4: [panel][K / group][16]).
       int8_t* unpacked = kInt4 || N % 16 != 0 ? t_panels.get_as<int8_t>(static_cast<size_t>((qe - qb) * panel_bytes)) : nullptr;
       float* sc = t_scales.get_as<float>(static_cast<size_t>((qe - qb) * ngroups * 16));
-      for (int64_t q = qb; q < qe; ++q) {
+      // Fills panel q's slot of the batch (run by the first chunk of groups, right before the
+      // panel's tiles, so that they find it in the L1d).
+      const auto prepare = [&](int64_t q) {
         const int64_t n0 = q * 16;
         const int cols = static_cast<int>(std::min<int64_t>(16, N - n0));
         float* s = sc + (q - qb) * ngroups * 16;
@@ -320,10 +322,11 @@ void run(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t
           }
           for (int n = 0; n < 16; ++n) s[n] = n < cols ? scale[n0 + n] : 0.0f;
         }
-      }
+      };
       for (int64_t g0 = 0; g0 < p.groups; g0 += chunk) {
         const int64_t g1 = std::min(p.groups, g0 + chunk);
         for (int64_t q = qb; q < qe; ++q) {
+          if (g0 == 0) prepare(q);
           const int64_t n0 = q * 16;
           const int cols = static_cast<int>(std::min<int64_t>(16, N - n0));
           const int8_t* w = kInt4 || cols < 16 ? unpacked + (q - qb) * panel_bytes : static_cast<const int8_t*>(W) + n0 * K;
