@@ -14,12 +14,13 @@
 // activation row m); it is stored and added in f32 to 16 vector accumulators (one per output
 // column, lanes over the activation rows) times the block's d vector (int4: d times the
 // column's group scale). After the last block the accumulators are transposed into the 16 x 16
-// tile of C. Two blocks are in flight at a time (C tiles tmm0 and tmm1), so that one tile
-// product runs while the other's sums are scaled.
+// tile of C. Four blocks are in flight at a time (C tiles tmm0..3): their products are issued
+// and stored before the sums of the previous four blocks are read back and scaled.
 //
 // int4 weights (gemv_int4.h) are unpacked to int8 (q = nibble - 8) per panel of 16 output
-// columns into a per-thread buffer, as are the last, partial panels of int8 weights (rows past N
-// zero); every group of 16 activation rows then reuses the panel.
+// columns into a per-thread buffer, as is the last, partial panel of int8 weights (rows past N
+// zero); every group of 16 activation rows then reuses the panel. The thread's tile
+// configuration is saved and put back around the kernel.
 //
 // The kernel runs only when the CPU has amx_int8 and the OS granted the tile state
 // (gemm_bf16_amx_available(): TPU_CPU_AMX=0 turns both off; the vnni and AVX2 paths then run).
