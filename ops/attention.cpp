@@ -136,6 +136,8 @@ void sdpa_cpu(const KernelArgs& a) {
       }
       for (int64_t gi = 0; gi < group; ++gi) {
         const int64_t bq = outer * hq + hkv * group + gi;
+        // The mask of this head (its batch offset once, not per score).
+        const bool* mp = has_mask ? static_cast<const bool*>(a.inputs[3].raw_data()) + mbatch.offset_of(bq) : nullptr;
         load_f32(q, qb, bq, Q);
         O.assign(static_cast<size_t>(Lq * Dv), 0.0f);
         if (Lk > 0) {
@@ -150,7 +152,6 @@ void sdpa_cpu(const KernelArgs& a) {
             if (causal && !has_mask) {
               lk = std::min(Lk, i0 + rows);
             } else if (has_mask) {
-              const bool* mp = static_cast<const bool*>(a.inputs[3].raw_data()) + mbatch.offset_of(bq);
               int64_t last = 0;
               for (int64_t r = 0; r < rows && last < Lk; ++r)
                 for (int64_t j = Lk - 1; j >= last; --j)
@@ -168,10 +169,7 @@ void sdpa_cpu(const KernelArgs& a) {
               for (int64_t j = 0; j < lk; ++j) {
                 float x = s[j] * scale;
                 if (causal && j > i) x = -std::numeric_limits<float>::infinity();
-                if (has_mask) {
-                  const bool* mp = static_cast<const bool*>(a.inputs[3].raw_data()) + mbatch.offset_of(bq);
-                  if (!mp[i * m_rs + j * m_cs]) x = -std::numeric_limits<float>::infinity();
-                }
+                if (has_mask && !mp[i * m_rs + j * m_cs]) x = -std::numeric_limits<float>::infinity();
                 s[j] = x;
                 mx = x > mx ? x : mx;
               }

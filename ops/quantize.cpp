@@ -139,7 +139,9 @@ void linear_int8_cpu(const KernelArgs& a) {
   const Tensor x = f32_activations(a.inputs[0]), q = contiguous(a.inputs[1]), s = contiguous(a.inputs[2]);
   const int64_t N = q.shape()[0], K = q.shape()[1];
   into_output_dtype(a.outputs[0], N, [&](float* acc, int64_t M) {
-    if (!kernels::gemm_int8_vnni(M, N, K, x.data<float>(), K, q.data<int8_t>(), s.data<float>(), acc, N))
+    const bool amx = M >= kernels::kGemmInt8AmxMinRows &&
+                     kernels::gemm_int8_amx(M, N, K, x.data<float>(), K, q.data<int8_t>(), s.data<float>(), acc, N);
+    if (!amx && !kernels::gemm_int8_vnni(M, N, K, x.data<float>(), K, q.data<int8_t>(), s.data<float>(), acc, N))
       kernels::gemv_int8(M, N, K, x.data<float>(), K, q.data<int8_t>(), s.data<float>(), acc, N);
   });
 }
@@ -232,7 +234,9 @@ void linear_int4_cpu(const KernelArgs& a) {
   const Tensor x = f32_activations(a.inputs[0]), q = contiguous(a.inputs[1]), s = contiguous(a.inputs[2]);
   const int64_t N = q.shape()[0], K = 2 * q.shape()[1], group = K / s.shape()[1];
   into_output_dtype(a.outputs[0], N, [&](float* acc, int64_t M) {
-    if (!kernels::gemm_int4_vnni(M, N, K, group, x.data<float>(), K, q.data<uint8_t>(), s.data<float>(), acc, N))
+    const bool amx = M >= kernels::kGemmInt8AmxMinRows && kernels::gemm_int4_amx(M, N, K, group, x.data<float>(), K,
+                                                                                 q.data<uint8_t>(), s.data<float>(), acc, N);
+    if (!amx && !kernels::gemm_int4_vnni(M, N, K, group, x.data<float>(), K, q.data<uint8_t>(), s.data<float>(), acc, N))
       kernels::gemv_int4(M, N, K, group, x.data<float>(), K, q.data<uint8_t>(), s.data<float>(), acc, N);
   });
 }

@@ -90,6 +90,18 @@ bool gemm_int8_vnni(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda
 bool gemm_int4_vnni(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,
                     const float* scale, float* C, int64_t ldc);
 
+// The same products on AMX int8 tiles (TDPBSSD; gemm_amx_int8.cpp), with A quantized the same way
+// and the same exact int32 sums per block of 32: available when the CPU has amx_int8 and the tile
+// state is granted (gemm_bf16_amx_available(); TPU_CPU_AMX=0 turns it off). They take any M >= 1
+// (the callers use them from kGemmInt8AmxMinRows rows on) and return false (doing nothing) when
+// not available, in batch-invariant mode, or when K (int4: or group) is not a multiple of 32.
+constexpr int64_t kGemmInt8AmxMinRows = 8;
+bool gemm_int8_amx_available();
+bool gemm_int8_amx(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const int8_t* W, const float* scale,
+                   float* C, int64_t ldc);
+bool gemm_int4_amx(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,
+                   const float* scale, float* C, int64_t ldc);
+
 // Name of the kernel gemm_f32 / gemm_bf16 use on this CPU ("avx512", "avx2", "generic"), for
 // logs and benchmark labels.
 const char* gemm_f32_kernel_name();
