@@ -10,16 +10,17 @@
 // shares nothing between weight rows, so there each thread reads its weight rows one after the
 // other, a single linear stream (four accumulators per output).
 //
-// Otherwise (more rows, other layouts, batch-invariant mode, CPUs without AVX2): A and panels of
-// the weight (about 4 MiB each) are widened to f32 (in parallel, vectorized where the CPU
-// allows) and gemm_f32 runs on them, with its packed kernels and its batch-invariant order (the
-// panels split N only, so every output keeps gemm_f32's chain along K).
+// More rows (a prefill) or other layouts: A is widened to f32 once (per-thread scratch) and the
+// packed f32 GEMM runs with the weight widened while its panels are packed
+// (gemm_f32a_f16b in gemm_driver.cpp: vcvtph2ps inside the AVX2 transposes), so the weight is
+// read at 2 bytes per value and never copied whole. Batch-invariant mode and CPUs without AVX2
+// widen panels of the weight (about 4 MiB each) and call gemm_f32, with its batch-invariant
+// order (the panels split N only, so every output keeps gemm_f32's chain along K).
 #include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstring>
-#include <vector>
 
 #include "ops/cpu/kernels/gemm.h"
 #include "ops/cpu/kernels/gemv.h"
@@ -211,6 +212,8 @@ TPU_F16_AVX2 void tile_avx2(int64_t K, const float* a, int64_t lda, const uint16
 }
 
 thread_local detail::ScratchBuffer t_f16_rows;
+thread_local detail::ScratchBuffer t_f16_gemm_a;  // gemm_f16's widened A
+thread_local detail::ScratchBuffer t_f16_gemm_b;  // its widened weight panels (batch-invariant mode)
 
 // The few-row kernel on the given ISA: A widened into f32 rows, then blocks of kF16Cols weight
 // rows over the pool threads, each block swept by every tile of rows.
@@ -279,22 +282,27 @@ bool gemv_f16_avx2(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a
 void gemm_f16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs, const uint16_t* B,
               int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate) {
   if (M <= 0 || N <= 0) return;
-  if (!batch_invariant() && gemv_f16(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate)) return;
-  // Widened copies: A as [M, K] rows; the weight in panels of [rows, K] (B = W^T, b_rs 1, b_cs
-  // K), about 4 MiB each, so that a large weight never needs an f32 copy of its own size.
-  std::vector<float> af(static_cast<size_t>(M * K));
+  const bool invariant = batch_invariant();
+  if (!invariant && gemv_f16(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate)) return;
+  // A widened once to [M, K] f32 rows (per-thread scratch, reused across calls).
+  float* af = t_f16_gemm_a.get_as<float>(static_cast<size_t>(std::max<int64_t>(1, M * K)));
   const int64_t ga = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, K));
   tpu::parallel_for(0, M, ga, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) widen_f16(A + i * a_rs, a_cs, K, af.data() + i * K);
+    for (int64_t i = i0; i < i1; ++i) widen_f16(A + i * a_rs, a_cs, K, af + i * K);
   });
+  // The packed f32 kernels, B widened while it is packed.
+  if (!invariant && gemm_f32a_f16b(M, N, K, af, K, 1, B, b_rs, b_cs, C, ldc, accumulate)) return;
+  // Batch-invariant mode (gemm_f32's order for every row count) and CPUs without AVX2: the
+  // weight widened in panels of [rows, K] (B = W^T, b_rs 1, b_cs K), about 4 MiB each, so that
+  // a large weight never needs an f32 copy of its own size.
   const int64_t panel = std::min(N, std::max<int64_t>(64, (int64_t{1} << 20) / std::max<int64_t>(1, K)));
-  std::vector<float> bf(static_cast<size_t>(panel * K));
+  float* bf = t_f16_gemm_b.get_as<float>(static_cast<size_t>(std::max<int64_t>(1, panel * K)));
   for (int64_t j0 = 0; j0 < N; j0 += panel) {
     const int64_t n = std::min(panel, N - j0);
     tpu::parallel_for(0, n, ga, [&](int64_t j1, int64_t j2) {
-      for (int64_t j = j1; j < j2; ++j) widen_f16(B + (j0 + j) * b_cs, b_rs, K, bf.data() + j * K);
+      for (int64_t j = j1; j < j2; ++j) widen_f16(B + (j0 + j) * b_cs, b_rs, K, bf + j * K);
     });
-    gemm_f32(M, n, K, af.data(), K, 1, bf.data(), 1, K, C + j0, ldc, accumulate);
+    gemm_f32(M, n, K, af, K, 1, bf, 1, K, C + j0, ldc, accumulate);
   }
 }
 
