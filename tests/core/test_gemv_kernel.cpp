@@ -248,6 +248,8 @@ TEST_CASE("gemm_f16 packed path: the weight widened while packed, against a naiv
     }
   // Through gemm_f16 (A f16, strided columns): rows beyond the few-row kernel.
   for (int64_t M : {17, 40}) check_f16(M, 45, 300, false, 2);
+  // The few-row kernels on a longer K (the broadcast kernel from kGemvDotRows + 1 rows).
+  for (int64_t M : {1, 3, 6, 16}) check_f16(M, 45, 300, M % 2 == 0, 0);
 }
 
 TEST_CASE("gemv kernels decline what they do not handle", "[gemm][gemv]") {
