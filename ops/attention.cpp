@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ops/cpu/kernels/gemm.h"
+#include "ops/cpu/kernels/half_convert.h"
 #include "ops/cpu/loops.h"
 #include "ops/cpu/vec_math.h"
 #include "ops/meta_util.h"
@@ -89,7 +90,8 @@ void load_f32(const Tensor& t, const DimGroup& batch, int64_t b, std::vector<flo
     if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, bf16> || std::is_same_v<T, f16>) {
       const T* p = static_cast<const T*>(t.raw_data()) + batch.offset_of(b);
       for (int64_t i = 0; i < L; ++i)
-        for (int64_t c = 0; c < C; ++c) dst[static_cast<size_t>(i * C + c)] = cpu::convert<float>(p[i * rs + c * cs]);
+        kernels::load_run_f32<T>(reinterpret_cast<const char*>(p + i * rs), cs * int64_t{sizeof(T)}, C,
+                                 dst.data() + i * C);
     }
   });
 }
@@ -188,7 +190,7 @@ void sdpa_cpu(const KernelArgs& a) {
           using T = decltype(z);
           if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, bf16> || std::is_same_v<T, f16>) {
             T* o = static_cast<T*>(out.raw_data()) + bq * Lq * Dv;
-            for (int64_t i = 0; i < Lq * Dv; ++i) o[i] = cpu::convert<T>(O[static_cast<size_t>(i)]);
+            kernels::store_run_f32<T>(reinterpret_cast<char*>(o), int64_t{sizeof(T)}, Lq * Dv, O.data());
           }
         });
       }

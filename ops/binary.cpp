@@ -82,6 +82,11 @@ void add_cpu_impl(const KernelArgs& k, bool subtract) {
     } else if constexpr (std::is_same_v<T, bool>) {
       const bool al = alpha.to_bool();
       map_binary<T, T>(k, [al](bool x, bool y) { return x || (al && y); });
+    } else if constexpr (std::is_same_v<T, f16>) {
+      const float al = scalar_as<float>(alpha);
+      if (!subtract && al == 1.0f) f16_binary(k, cpu::VecBinary::add, 1.0f, [](float x, float y) { return x + y; });
+      else if (subtract) map_binary<T, T>(k, [al](float x, float y) { return wrap_sub(x, wrap_mul(al, y)); });
+      else map_binary<T, T>(k, [al](float x, float y) { return wrap_add(x, wrap_mul(al, y)); });
     } else {
       const C al = scalar_as<C>(alpha);
       if (subtract) map_binary<T, T>(k, [al](C x, C y) { return wrap_sub(x, wrap_mul(al, y)); });
@@ -98,6 +103,8 @@ void mul_cpu(const KernelArgs& k) {
     using C = cpu::compute_t<T>;
     if constexpr (std::is_same_v<T, float>)
       f32_binary(k, cpu::VecBinary::mul, 1.0f, true, [](float x, float y) { return x * y; });
+    else if constexpr (std::is_same_v<T, f16>)
+      f16_binary(k, cpu::VecBinary::mul, 1.0f, [](float x, float y) { return x * y; });
     else if constexpr (std::is_same_v<T, bool>)
       map_binary<T, T>(k, [](bool x, bool y) { return x && y; });
     else

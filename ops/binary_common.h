@@ -4,9 +4,12 @@
 // overflow (two's complement wrap-around, as PyTorch and XLA).
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <type_traits>
 
+#include "ops/cpu/kernels/half_convert.h"
 #include "ops/cpu/loops.h"
 #include "ops/cpu/vec_math.h"
 #include "ops/meta_util.h"
@@ -132,6 +135,38 @@ void f32_binary(const KernelArgs& k, cpu::VecBinary op, float alpha, bool commut
       for (int64_t i = 0; i < len; ++i)
         *reinterpret_cast<float*>(p[0] + i * s[0]) =
             scalar_f(*reinterpret_cast<const float*>(p[1] + i * s[1]), *reinterpret_cast<const float*>(p[2] + i * s[2]));
+    }
+  });
+}
+
+// f16 binary op through the vectorized f32 table: each run is widened in blocks (contiguous
+// runs by vcvtph2ps), computed in f32 and rounded back, the results of map_binary with
+// f(float, float) when the table's op rounds like `scalar_f` (add with alpha 1, mul).
+template <class F>
+void f16_binary(const KernelArgs& k, cpu::VecBinary op, float alpha, F scalar_f) {
+  const Tensor& out = k.outputs[0];
+  const Tensor& x = k.inputs[0];
+  const Tensor& y = k.inputs[1];
+  const cpu::VecBinaryFn fn = cpu::vec_math().get(op);
+  if (out.numel() == 0) return;
+  std::array<char*, 3> base{cpu::byte_ptr(out), cpu::byte_ptr(x), cpu::byte_ptr(y)};
+  std::array<Shape, 3> st{cpu::broadcast_byte_strides(out, out.shape()), cpu::broadcast_byte_strides(x, out.shape()),
+                          cpu::broadcast_byte_strides(y, out.shape())};
+  cpu::for_each_run<3>(out.shape(), base, st, [&](std::array<char*, 3> p, std::array<int64_t, 3> s, int64_t len) {
+    if (s[0] != int64_t{sizeof(f16)}) {
+      for (int64_t i = 0; i < len; ++i)
+        *reinterpret_cast<f16*>(p[0] + i * s[0]) = f16(scalar_f(float(*reinterpret_cast<const f16*>(p[1] + i * s[1])),
+                                                                float(*reinterpret_cast<const f16*>(p[2] + i * s[2]))));
+      return;
+    }
+    constexpr int64_t kBlock = 256;
+    float a[kBlock], b[kBlock];
+    for (int64_t j = 0; j < len; j += kBlock) {
+      const int64_t m = std::min(kBlock, len - j);
+      kernels::load_run_f32<f16>(p[1] + j * s[1], s[1], m, a);
+      kernels::load_run_f32<f16>(p[2] + j * s[2], s[2], m, b);
+      fn(a, a, b, false, alpha, m);
+      kernels::store_run_f32<f16>(p[0] + j * s[0], s[0], m, a);
     }
   });
 }

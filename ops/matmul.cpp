@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ops/cpu/kernels/gemm.h"
+#include "ops/cpu/kernels/half_convert.h"
 #include "ops/cpu/kernels/scratch.h"
 #include "ops/cpu/loops.h"
 #include "ops/meta_util.h"
@@ -174,8 +175,7 @@ void round_f32_block(const float* src, int64_t ls, DType dt, void* o, int64_t lo
         bf16* d = static_cast<bf16*>(o) + i * lo;
         for (int64_t j = 0; j < n; ++j) d[j] = bf16(s[j]);
       } else {
-        f16* d = static_cast<f16*>(o) + i * lo;
-        for (int64_t j = 0; j < n; ++j) d[j] = f16(s[j]);
+        kernels::f32_to_f16(s, reinterpret_cast<uint16_t*>(static_cast<f16*>(o) + i * lo), n);
       }
     }
   };

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <vector>
 
+#include "ops/cpu/kernels/half_convert.h"
 #include "ops/cpu/loops.h"
 #include "ops/meta_util.h"
 #include "ops/reduce_common.h"
@@ -87,7 +88,7 @@ void for_each_row(const Tensor& x, const Tensor& out, int norm_dims, Fn fn) {
         for (int64_t r = rb; r < re; ++r) {
           const T* p = src + lead.offset_of(r);
           if (inner.n == 1 && inner.stride[0] == 1) {
-            for (int64_t i = 0; i < n; ++i) buf[i] = to_f(p[i]);
+            kernels::load_run_f32<T>(reinterpret_cast<const char*>(p), int64_t{sizeof(T)}, n, buf.data());
           } else {
             int64_t i = 0;
             reduce::visit_runs(inner, 0, n, [&](int64_t off, int64_t len, int64_t s, int64_t) {
@@ -95,8 +96,7 @@ void for_each_row(const Tensor& x, const Tensor& out, int norm_dims, Fn fn) {
             });
           }
           fn(buf.data(), n);
-          T* q = dst + r * n;
-          for (int64_t i = 0; i < n; ++i) q[i] = cpu::convert<T>(buf[i]);
+          kernels::store_run_f32<T>(reinterpret_cast<char*>(dst + r * n), int64_t{sizeof(T)}, n, buf.data());
         }
       });
     }

@@ -7,6 +7,7 @@
 // (the engine sums dcos / dsin over their broadcast dims).
 #include <vector>
 
+#include "ops/cpu/kernels/half_convert.h"
 #include "ops/cpu/loops.h"
 #include "ops/meta_util.h"
 #include "ops/reduce_engine.h"
@@ -65,17 +66,16 @@ void rotary_cpu(const KernelArgs& a) {
       const T* sp = static_cast<const T*>(s.raw_data());
       T* op = static_cast<T*>(out.raw_data());
       parallel_for(0, rows, std::max<int64_t>(1, cpu::kParallelGrain / D), [&](int64_t r0, int64_t r1) {
-        std::vector<float> v(static_cast<size_t>(D));
+        std::vector<float> buf(static_cast<size_t>(4 * D));
+        float *v = buf.data(), *cv = v + D, *sv = cv + D, *y = sv + D;
+        constexpr int64_t es = int64_t{sizeof(T)};
         for (int64_t r = r0; r < r1; ++r) {
-          const T* xr_p = xp + xr.offset_of(r);
-          const T* cr_p = cp + cr.offset_of(r);
-          const T* sr_p = sp + sr.offset_of(r);
-          for (int64_t j = 0; j < D; ++j) v[size_t(j)] = cpu::convert<float>(xr_p[j * xs]);
-          for (int64_t j = 0; j < D; ++j) {
-            const float rot = j < h ? -v[size_t(j + h)] : v[size_t(j - h)];
-            const float y = v[size_t(j)] * cpu::convert<float>(cr_p[j * cs]) + rot * cpu::convert<float>(sr_p[j * ss]);
-            op[r * D + j] = cpu::convert<T>(y);
-          }
+          kernels::load_run_f32<T>(reinterpret_cast<const char*>(xp + xr.offset_of(r)), xs * es, D, v);
+          kernels::load_run_f32<T>(reinterpret_cast<const char*>(cp + cr.offset_of(r)), cs * es, D, cv);
+          kernels::load_run_f32<T>(reinterpret_cast<const char*>(sp + sr.offset_of(r)), ss * es, D, sv);
+          for (int64_t j = 0; j < h; ++j) y[j] = v[j] * cv[j] + -v[j + h] * sv[j];
+          for (int64_t j = h; j < D; ++j) y[j] = v[j] * cv[j] + v[j - h] * sv[j];
+          kernels::store_run_f32<T>(reinterpret_cast<char*>(op + r * D), es, D, y);
         }
       });
     }

@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "ops/binary_common.h"
+#include "ops/cpu/kernels/half_convert.h"
 
 namespace tpu {
 namespace {
@@ -51,9 +52,9 @@ void apply_float_unary(const Tensor& out, const Tensor& in, cpu::VecUnaryFn fn) 
         float buf[kBlock];
         for (int64_t j = 0; j < len; j += kBlock) {
           const int64_t m = std::min(kBlock, len - j);
-          for (int64_t q = 0; q < m; ++q) buf[q] = static_cast<float>(*reinterpret_cast<const T*>(p[1] + (j + q) * s[1]));
+          kernels::load_run_f32<T>(p[1] + j * s[1], s[1], m, buf);
           fn(buf, buf, m);
-          for (int64_t q = 0; q < m; ++q) *reinterpret_cast<T*>(p[0] + (j + q) * s[0]) = cpu::convert<T>(buf[q]);
+          kernels::store_run_f32<T>(p[0] + j * s[0], s[0], m, buf);
         }
       }, kMathGrain);
     } else {

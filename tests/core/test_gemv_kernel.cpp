@@ -196,6 +196,62 @@ TEST_CASE("gemv kernels: f16 weights converted in registers, against a naive dou
   CHECK(c[0] == 7.f);
 }
 
+// The packed path of gemm_f16 (more rows than the few-row kernel): f32 A by an f16 B widened
+// while it is packed. layout 0: B = W^T (b_rs 1, the vectorized packers), 1: B row-major [K, N]
+// (b_cs 1, the portable packer). Row counts across the 14- and 6-row register tiles, N across
+// the 32- and 16-wide panels, K across several K blocks.
+static void check_f32a_f16b(int64_t M, int64_t N, int64_t K, bool accumulate, int layout, bool avx2_only) {
+  std::mt19937 rng(static_cast<uint32_t>(M * 31 + N * 7 + K + layout * 3 + avx2_only));
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  const int64_t a_rs = K + 3, ldc = N + 1;
+  const int64_t b_rs = layout == 0 ? 1 : N + 2, b_cs = layout == 0 ? K + 5 : 1;
+  std::vector<float> a(static_cast<size_t>(M * a_rs));
+  std::vector<uint16_t> w(static_cast<size_t>(layout == 0 ? N * b_cs : K * b_rs));
+  for (auto& x : a) x = u(rng);
+  for (auto& x : w) x = tpu::f16(u(rng)).bits;
+  w[1] = 0x0001;   // smallest subnormal
+  w[2] = 0xfbff;   // -65504, the largest f16
+  std::vector<float> c(static_cast<size_t>(M * ldc));
+  for (auto& x : c) x = u(rng);
+  const std::vector<float> c0 = c;
+  REQUIRE(tpu::kernels::gemm_f32a_f16b(M, N, K, a.data(), a_rs, 1, w.data(), b_rs, b_cs, c.data(), ldc, accumulate,
+                                       avx2_only));
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < ldc; ++j) {
+      const size_t o = static_cast<size_t>(i * ldc + j);
+      if (j == N) {
+        REQUIRE(c[o] == c0[o]);
+        continue;
+      }
+      double ref = accumulate ? c0[o] : 0.0, mag = std::fabs(ref);
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = double(a[static_cast<size_t>(i * a_rs + k)]) *
+                         double(tpu::f16::from_bits(w[static_cast<size_t>(k * b_rs + j * b_cs)]).to_f32());
+        ref += p;
+        mag += std::fabs(p);
+      }
+      INFO("f32a_f16b layout " << layout << " avx2 " << avx2_only << " M " << M << " N " << N << " K " << K << " acc "
+                               << accumulate << " at " << i << "," << j);
+      REQUIRE(std::fabs(c[o] - ref) <= 1e-5 * mag + 1e-6);
+    }
+}
+
+TEST_CASE("gemm_f16 packed path: the weight widened while packed, against a naive double loop", "[gemm][gemv]") {
+  if (!tpu::kernels::gemm_avx2_available()) return;  // the packers need AVX2 (gemm_f16 then widens whole panels)
+  for (bool avx2_only : {false, true})
+    for (int layout : {0, 1}) {
+      for (int64_t M : {17, 40})
+        for (int64_t N : {1, 45})
+          check_f32a_f16b(M, N, 37, true, layout, avx2_only);
+      check_f32a_f16b(3, 70, 9, false, layout, avx2_only);
+      check_f32a_f16b(29, 33, 1100, false, layout, avx2_only);  // K past one K block
+    }
+  // Through gemm_f16 (A f16, strided columns): rows beyond the few-row kernel.
+  for (int64_t M : {17, 40}) check_f16(M, 45, 300, false, 2);
+  // The few-row kernels on a longer K (the broadcast kernel from kGemvDotRows + 1 rows).
+  for (int64_t M : {1, 3, 6, 16}) check_f16(M, 45, 300, M % 2 == 0, 0);
+}
+
 TEST_CASE("gemv kernels decline what they do not handle", "[gemm][gemv]") {
   std::vector<float> a(64 * 64, 1.f), b(64 * 64, 1.f), c(64 * 64, 7.f);
   using tpu::kernels::gemv_f32;

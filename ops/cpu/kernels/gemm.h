@@ -34,10 +34,17 @@ void gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs,
 
 // IEEE f16 inputs as raw bit patterns (gemv_f16.cpp), accumulated in f32, C f32: up to
 // kGemvMaxRows rows of x W^T (b_rs 1) read the weight in place and convert it in registers
-// (gemv_f16); otherwise, and in batch-invariant mode, both operands are widened to f32 and
-// gemm_f32 runs on them.
+// (gemv_f16); more rows widen A to f32 once and run the packed f32 kernels with B widened
+// while it is packed (gemm_f32a_f16b); in batch-invariant mode, and on CPUs without AVX2,
+// both operands are widened to f32 and gemm_f32 runs on them.
 void gemm_f16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs,
               const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate);
+// The packed f32 GEMM of an f32 A by an f16 B (raw bits): the B panels are widened as they are
+// packed (vectorized for B = W^T, b_rs 1), the f32 micro-kernel (AVX-512, or AVX2 with
+// `avx2_only` or without AVX-512) runs on them. Returns false (nothing done) on CPUs without
+// AVX2 and FMA.
+bool gemm_f32a_f16b(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs, const uint16_t* B,
+                    int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate, bool avx2_only = false);
 
 // The portable paths, whatever the CPU.
 void gemm_f32_generic(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs,
@@ -202,6 +209,10 @@ void pack_b_half_panel_f32_avx2(const float* src, int64_t cs, int cols, int64_t 
 void pack_a_panel_bf16_avx2(const uint16_t* src, int64_t rs, int rows, int64_t kce, float* dst);
 void pack_b_panel_bf16_avx2(const uint16_t* src, int64_t rs, int64_t cs, int cols, int64_t kce,
                             float* dst);
+// The column panels (rs == 1: B = W^T of a linear layer) from IEEE f16 bits, widened exactly by
+// vcvtph2ps (the AVX2 kernel's 16-wide panel, and a half of the AVX-512 kernel's with ds = 32).
+void pack_b_panel_f16_avx2(const uint16_t* src, int64_t cs, int cols, int64_t kce, float* dst);
+void pack_b_half_panel_f16_avx2(const uint16_t* src, int64_t cs, int cols, int64_t kce, float* dst, int64_t ds);
 
 }  // namespace detail
 }  // namespace tpu::kernels

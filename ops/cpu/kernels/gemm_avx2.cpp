@@ -14,8 +14,11 @@
 #include <immintrin.h>
 
 #include "ops/cpu/kernels/gemm.h"
+#include "tpucore/core/half.h"
 
-#define TPU_GEMM_AVX2 __attribute__((target("avx2,fma")))
+// F16C too (every AVX2 CPU has it): the f16 packers widen with vcvtph2ps. The f32 and bf16 code
+// emits no F16C instruction.
+#define TPU_GEMM_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 namespace tpu::kernels::detail {
 namespace {
@@ -161,8 +164,13 @@ inline float widen1(uint16_t v) {
 // Eight (or one) f32 values from f32 or bf16 memory: the packers serve both element types.
 TPU_GEMM_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 TPU_GEMM_AVX2 inline __m256 load8(const uint16_t* p) { return widen8(p); }
+// IEEE f16 (gemm_f16's B): vcvtph2ps, exact.
+TPU_GEMM_AVX2 inline __m256 load8(const f16* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
 inline float load1(float v) { return v; }
 inline float load1(uint16_t v) { return widen1(v); }
+inline float load1(f16 v) { return v.to_f32(); }
 
 // One packed A panel from `rows` (<= 6) rows contiguous along K (f32, or bf16 widened
 // exactly): dst[k * 6 + r] = row r, element k (zero for r >= rows). Eight k at a time: the
@@ -227,6 +235,14 @@ TPU_GEMM_AVX2 void pack_b_panel_f32_avx2(const float* src, int64_t cs, int cols,
 TPU_GEMM_AVX2 void pack_b_half_panel_f32_avx2(const float* src, int64_t cs, int cols, int64_t kce, float* dst,
                                                int64_t ds) {
   pack_b_panel_columns(src, cs, cols, kce, dst, ds);
+}
+
+TPU_GEMM_AVX2 void pack_b_panel_f16_avx2(const uint16_t* src, int64_t cs, int cols, int64_t kce, float* dst) {
+  pack_b_panel_columns(reinterpret_cast<const f16*>(src), cs, cols, kce, dst);
+}
+TPU_GEMM_AVX2 void pack_b_half_panel_f16_avx2(const uint16_t* src, int64_t cs, int cols, int64_t kce, float* dst,
+                                              int64_t ds) {
+  pack_b_panel_columns(reinterpret_cast<const f16*>(src), cs, cols, kce, dst, ds);
 }
 
 TPU_GEMM_AVX2 void pack_b_panel_bf16_avx2(const uint16_t* src, int64_t rs, int64_t cs, int cols,

@@ -16,12 +16,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <type_traits>
 
 #include "ops/cpu/kernels/gemm.h"
 #include "ops/cpu/kernels/scratch.h"
 #include "ops/cpu/kernels/gemv.h"
 #include "tpucore/core/batch_invariant.h"
 #include "tpucore/core/cpu_features.h"
+#include "tpucore/core/half.h"
 #include "tpucore/core/parallel.h"
 
 namespace tpu::kernels {
@@ -283,6 +285,62 @@ struct PackBf16PairsAvx512 : PackBf16Pairs {
   }
 };
 
+// f32 A, IEEE f16 B (raw bits; gemm_f16's weight), f32 panels: B is widened exactly while it
+// is packed, so no f32 copy of the weight is ever made. InB names B's element type (the trait
+// BSide below).
+struct PackF32F16 : PackF32 {
+  using InB = uint16_t;
+  static float value_b(uint16_t v) { return f16::from_bits(v).to_f32(); }
+  static void pack_b(const uint16_t* B, int64_t rs, int64_t cs, int64_t kce, int64_t nc, int nr, float* dst) {
+    for (int64_t j0 = 0; j0 < nc; j0 += nr) {
+      const int cols = static_cast<int>(std::min<int64_t>(nr, nc - j0));
+      float* d = dst + j0 * kce;
+      for (int64_t k = 0; k < kce; ++k)
+        for (int c = 0; c < nr; ++c) d[k * nr + c] = c < cols ? value_b(B[k * rs + (j0 + c) * cs]) : 0.0f;
+    }
+  }
+};
+
+struct PackF32F16Avx512 : PackF32F16 {
+  static void pack_a(const float* A, int64_t rs, int64_t cs, int64_t mc, int64_t kce, int mr, float* dst) {
+    PackF32Avx512::pack_a(A, rs, cs, mc, kce, mr, dst);
+  }
+  // B = W^T (columns contiguous along K): each 32-wide panel as two 16-column halves.
+  static void pack_b(const uint16_t* B, int64_t rs, int64_t cs, int64_t kce, int64_t nc, int nr, float* dst) {
+    if (rs != 1 || cs == 1 || nr != 32) return PackF32F16::pack_b(B, rs, cs, kce, nc, nr, dst);
+    for (int64_t j0 = 0; j0 < nc; j0 += nr) {
+      const int cols = static_cast<int>(std::min<int64_t>(nr, nc - j0));
+      float* d = dst + j0 * kce;
+      detail::pack_b_half_panel_f16_avx2(B + j0 * cs, cs, std::min(cols, 16), kce, d, 32);
+      detail::pack_b_half_panel_f16_avx2(cols > 16 ? B + (j0 + 16) * cs : B, cs, std::max(cols - 16, 0), kce, d + 16, 32);
+    }
+  }
+};
+
+struct PackF32F16Avx2 : PackF32F16 {
+  static void pack_a(const float* A, int64_t rs, int64_t cs, int64_t mc, int64_t kce, int mr, float* dst) {
+    PackF32Avx2::pack_a(A, rs, cs, mc, kce, mr, dst);
+  }
+  static void pack_b(const uint16_t* B, int64_t rs, int64_t cs, int64_t kce, int64_t nc, int nr, float* dst) {
+    if (rs != 1 || cs == 1 || nr != detail::kAvx2BlockingF32.nr) return PackF32F16::pack_b(B, rs, cs, kce, nc, nr, dst);
+    for (int64_t j0 = 0; j0 < nc; j0 += nr)
+      detail::pack_b_panel_f16_avx2(B + j0 * cs, cs, static_cast<int>(std::min<int64_t>(nr, nc - j0)), kce,
+                                    dst + j0 * kce);
+  }
+};
+
+// B's element type and value of a packer: In and value, unless it names InB and value_b.
+template <class Pack, class = void>
+struct BSide {
+  using type = typename Pack::In;
+  static float value(type v) { return Pack::value(v); }
+};
+template <class Pack>
+struct BSide<Pack, std::void_t<typename Pack::InB>> {
+  using type = typename Pack::InB;
+  static float value(type v) { return Pack::value_b(v); }
+};
+
 // ---- Portable micro-kernel (auto-vectorized for the baseline ISA). ----
 // 6 x 8: twelve 4-lane accumulators fit the 16 vector registers of baseline x86-64.
 
@@ -351,7 +409,7 @@ typename Pack::Packed* b_buffer(const Problem& p, const GemmBlocking& bl, int64_
 template <class Pack>
 void pack_b_block(const Problem& p, const GemmBlocking& bl, int64_t pc, int64_t kce,
                   int64_t jc, int64_t j0, int64_t cols, typename Pack::Packed* pb) {
-  const auto* B = static_cast<const typename Pack::In*>(p.B);
+  const auto* B = static_cast<const typename BSide<Pack>::type*>(p.B);
   Pack::pack_b(B + pc * p.b_rs + j0 * p.b_cs, p.b_rs, p.b_cs, kce, cols, bl.nr,
                pb + (j0 - jc) * ksteps_of<Pack>(kce));
 }
@@ -474,7 +532,7 @@ template <class Pack, class Kernel>
 void few_rows_panels(const Problem& p, const GemmBlocking& bl, Kernel kernel, const typename Pack::Packed* pa,
                      int64_t n0, int64_t n1) {
   using Packed = typename Pack::Packed;
-  const auto* B = static_cast<const typename Pack::In*>(p.B);
+  const auto* B = static_cast<const typename BSide<Pack>::type*>(p.B);
   const int64_t kc_elems = bl.kc * Pack::kPerStep, stride = a_all_stride<Pack>(bl, p.M);
   auto* pb = static_cast<Packed*>(t_pack_b.get(sizeof(Packed) * static_cast<size_t>(2 * bl.nr * bl.kc)));
   for (int64_t jr = n0; jr < n1; jr += bl.nr) {
@@ -519,14 +577,15 @@ constexpr int64_t kDirectMacs = 512;
 template <class Pack>
 void gemm_direct(const Problem& p) {
   using In = typename Pack::In;
+  using InB = typename BSide<Pack>::type;
   const In* A = static_cast<const In*>(p.A);
-  const In* B = static_cast<const In*>(p.B);
+  const InB* B = static_cast<const InB*>(p.B);
   for (int64_t i = 0; i < p.M; ++i) {
     float* c = p.C + i * p.ldc;
     for (int64_t j = 0; j < p.N; ++j) {
       float acc = 0.0f;
       for (int64_t k = 0; k < p.K; ++k)
-        acc += Pack::value(A[i * p.a_rs + k * p.a_cs]) * Pack::value(B[k * p.b_rs + j * p.b_cs]);
+        acc += Pack::value(A[i * p.a_rs + k * p.a_cs]) * BSide<Pack>::value(B[k * p.b_rs + j * p.b_cs]);
       c[j] = p.accumulate ? c[j] + acc : acc;
     }
   }
@@ -649,6 +708,18 @@ void gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs,
     gemm_run<PackBf16AsF32Avx2>(p, blocking_avx2(), detail::micro_kernel_f32_avx2);
   else
     gemm_run<PackBf16AsF32>(p, blocking_generic(), micro_kernel_f32_generic);
+}
+
+bool gemm_f32a_f16b(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs, const uint16_t* B,
+                    int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate, bool avx2_only) {
+  const Problem p{M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate};
+  if (have_avx512() && !avx2_only)
+    gemm_run<PackF32F16Avx512>(p, blocking_avx512_f32(), detail::micro_kernel_f32_avx512);
+  else if (have_avx2())
+    gemm_run<PackF32F16Avx2>(p, blocking_avx2(), detail::micro_kernel_f32_avx2);
+  else
+    return false;
+  return true;
 }
 
 void gemm_f32_generic(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs,

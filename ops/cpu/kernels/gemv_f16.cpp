@@ -1,25 +1,26 @@
 // f16 (IEEE binary16) products, linear's x W^T with an f16 weight read in place.
 //
 // Few rows (up to kGemvMaxRows, W^T with unit stride along K): the rows of A are widened to f32
-// once (a few KiB), and every output is a dot product along K with the weight converted in
-// registers (vcvtph2ps: 16 values per instruction with AVX-512, 8 with AVX2 and F16C). A tile of
-// up to 4 rows of A by 4 weight rows shares every converted weight vector among the rows; a
-// block of 4 weight rows stays in L1 while all row tiles pass over it. The weight is thus read
-// once per call at its own 2 bytes per value: the decode step of an f16 model streams half the
-// bytes of an f32 one and never materializes an f32 copy of the weight. One row of A (AVX-512)
-// shares nothing between weight rows, so there each thread reads its weight rows one after the
-// other, a single linear stream (four accumulators per output).
+// once (a few KiB) and the weight is converted in registers (vcvtph2ps: 16 values per
+// instruction with AVX-512, 8 with AVX2 and F16C), so it is read once per call at its own 2
+// bytes per value: the decode step of an f16 model streams half the bytes of an f32 one and
+// never materializes an f32 copy of the weight. Up to kGemvDotRows rows (and every row count on
+// AVX2), every output is a dot product along K: a tile of up to 4 rows of A by 4 weight rows
+// shares every converted weight vector among the rows, a block of 4 weight rows stays in L1
+// while all row tiles pass over it, and the first tile prefetches the next block's rows. More
+// rows (AVX-512) take the broadcast kernel below: one 16-lane FMA per weight value.
 //
-// Otherwise (more rows, other layouts, batch-invariant mode, CPUs without AVX2): A and panels of
-// the weight (about 4 MiB each) are widened to f32 (in parallel, vectorized where the CPU
-// allows) and gemm_f32 runs on them, with its packed kernels and its batch-invariant order (the
-// panels split N only, so every output keeps gemm_f32's chain along K).
+// More rows (a prefill) or other layouts: A is widened to f32 once (per-thread scratch) and the
+// packed f32 GEMM runs with the weight widened while its panels are packed
+// (gemm_f32a_f16b in gemm_driver.cpp: vcvtph2ps inside the AVX2 transposes), so the weight is
+// read at 2 bytes per value and never copied whole. Batch-invariant mode and CPUs without AVX2
+// widen panels of the weight (about 4 MiB each) and call gemm_f32, with its batch-invariant
+// order (the panels split N only, so every output keeps gemm_f32's chain along K).
 #include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstring>
-#include <vector>
 
 #include "ops/cpu/kernels/gemm.h"
 #include "ops/cpu/kernels/gemv.h"
@@ -127,32 +128,82 @@ TPU_F16_AVX512 void tile_avx512(int64_t K, const float* a, int64_t lda, const ui
   }
 }
 
-// One row of A (f32) against `rows` consecutive weight rows (row stride ldw): each weight row is
-// read from start to end before the next, so the block is one linear stream that the hardware
-// prefetchers follow across rows (four interleaved rows of a few KiB each make them start over
-// on every row). Four accumulators of 16 lanes per row, over steps of 64 values.
-TPU_F16_AVX512 void rows1_avx512(int64_t K, const float* a, const uint16_t* w, int64_t ldw, int64_t rows, float* C,
-                                 bool accumulate) {
-  for (int64_t r = 0; r < rows; ++r, w += ldw) {
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    int64_t k = 0;
-    for (; k + 64 <= K; k += 64) {
-      s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k),
-                           _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + k))), s0);
-      s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k + 16),
-                           _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + k + 16))), s1);
-      s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k + 32),
-                           _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + k + 32))), s2);
-      s3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k + 48),
-                           _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + k + 48))), s3);
+// ---- AVX-512, more than kGemvDotRows rows (a decode batch): the broadcast kernel. ----
+// A is transposed once into a [K][16] f32 panel (rows past M zero). Each block of kBcastCols
+// weight rows is streamed along K, 16 values per row at a time widened into an L1 buffer, and
+// every widened value is broadcast (from memory, into the FMA) against the panel row: one
+// 16-lane FMA per weight value, whose lanes are the 16 rows of A, so an accumulator is a
+// column of C and no horizontal sums are needed. Each lane sums its products along K in order.
+
+constexpr int kBcastCols = 8;  // weight rows per block (8 accumulators of 16 rows)
+
+thread_local detail::ScratchBuffer t_f16_rows;
+thread_local detail::ScratchBuffer t_f16_gemm_a;  // gemm_f16's widened A
+thread_local detail::ScratchBuffer t_f16_gemm_b;  // its widened weight panels (batch-invariant mode)
+thread_local detail::ScratchBuffer t_f16_panel;  // the broadcast kernel's [K][16] panel
+
+TPU_F16_AVX512 void bcast_block_avx512(int64_t M, int64_t K, const float* pan, const uint16_t* const* w, float* C,
+                                       int64_t ldc, int cols, bool accumulate, int64_t pf) {
+  __m512 acc[kBcastCols];
+#pragma GCC unroll 8
+  for (int c = 0; c < kBcastCols; ++c) acc[c] = _mm512_setzero_ps();
+  alignas(64) float wb[kBcastCols][16];
+  for (int64_t k = 0; k < K; k += 16) {
+    const int64_t n = std::min<int64_t>(16, K - k);
+    const __mmask16 m = n == 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
+    if (pf && (k & 31) == 0)  // the same line of the next block's rows (see f16_rows_run)
+#pragma GCC unroll 8
+      for (int c = 0; c < kBcastCols; ++c) _mm_prefetch(reinterpret_cast<const char*>(w[c] + k + pf), _MM_HINT_T0);
+#pragma GCC unroll 8
+    for (int c = 0; c < kBcastCols; ++c) _mm512_store_ps(wb[c], _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, w[c] + k)));
+    // The values are read back from memory, each broadcast by the load unit into its FMA: kept
+    // in registers, the compiler would broadcast them with shuffles on the FMA port.
+    asm volatile("" ::: "memory");
+    const float* pk = pan + k * 16;
+    if (n == 16) {
+#pragma GCC unroll 16
+      for (int q = 0; q < 16; ++q) {
+        const __m512 a = _mm512_load_ps(pk + q * 16);
+#pragma GCC unroll 8
+        for (int c = 0; c < kBcastCols; ++c) acc[c] = _mm512_fmadd_ps(a, _mm512_set1_ps(wb[c][q]), acc[c]);
+      }
+    } else {
+      for (int q = 0; q < n; ++q) {
+        const __m512 a = _mm512_load_ps(pk + q * 16);
+#pragma GCC unroll 8
+        for (int c = 0; c < kBcastCols; ++c) acc[c] = _mm512_fmadd_ps(a, _mm512_set1_ps(wb[c][q]), acc[c]);
+      }
     }
-    for (; k < K; k += 16) {
-      const __mmask16 m = K - k >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (K - k)) - 1);
-      s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + k), _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, w + k)), s0);
-    }
-    const float v = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
-    C[r] = accumulate ? C[r] + v : v;
   }
+  alignas(64) float out[kBcastCols][16];
+#pragma GCC unroll 8
+  for (int c = 0; c < kBcastCols; ++c) _mm512_store_ps(out[c], acc[c]);
+  for (int64_t i = 0; i < M; ++i) {
+    float* ci = C + i * ldc;
+    for (int c = 0; c < cols; ++c) ci[c] = accumulate ? ci[c] + out[c][i] : out[c][i];
+  }
+}
+
+// The broadcast kernel over all weight rows: M <= 16 rows of A (f16, any strides).
+void f16_bcast_run(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs, const uint16_t* B,
+                   int64_t b_cs, float* C, int64_t ldc, bool accumulate) {
+  float* a = t_f16_rows.get_as<float>(static_cast<size_t>(M * K));
+  for (int64_t i = 0; i < M; ++i) widen_f16(A + i * a_rs, a_cs, K, a + i * K);
+  float* pan = t_f16_panel.get_as<float>(static_cast<size_t>(K * 16));
+  std::memset(pan, 0, sizeof(float) * static_cast<size_t>(K * 16));
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t k = 0; k < K; ++k) pan[k * 16 + i] = a[i * K + k];
+  const int64_t blocks = (N + kBcastCols - 1) / kBcastCols;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, 16 * K * kBcastCols));
+  detail::gemv_for_blocks(blocks, grain, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t j = b * kBcastCols;
+      const int cols = static_cast<int>(std::min<int64_t>(kBcastCols, N - j));
+      const uint16_t* w[kBcastCols];
+      for (int c = 0; c < kBcastCols; ++c) w[c] = B + (j + std::min(c, cols - 1)) * b_cs;
+      bcast_block_avx512(M, K, pan, w, C + j, ldc, cols, accumulate, b + 1 < b1 ? kBcastCols * b_cs : 0);
+    }
+  });
 }
 
 // ---- AVX2 + F16C: tiles of up to 2 rows (8 accumulators, 4 weight and 2 row registers). ----
@@ -210,7 +261,6 @@ TPU_F16_AVX2 void tile_avx2(int64_t K, const float* a, int64_t lda, const uint16
   }
 }
 
-thread_local detail::ScratchBuffer t_f16_rows;
 
 // The few-row kernel on the given ISA: A widened into f32 rows, then blocks of kF16Cols weight
 // rows over the pool threads, each block swept by every tile of rows.
@@ -224,12 +274,6 @@ void f16_rows_run(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, M * K * kF16Cols));
   detail::gemv_for_blocks(blocks, grain, [&](int64_t b0, int64_t b1) {
     const int64_t j1 = std::min(N, b1 * kF16Cols);
-    if constexpr (kAvx512) {
-      if (M == 1) {  // nothing to share between rows of A: stream the weight rows one by one
-        rows1_avx512(K, a, B + b0 * kF16Cols * b_cs, b_cs, j1 - b0 * kF16Cols, C + b0 * kF16Cols, accumulate);
-        return;
-      }
-    }
     for (int64_t j = b0 * kF16Cols; j < j1; j += kF16Cols) {
       const int cols = static_cast<int>(std::min<int64_t>(kF16Cols, j1 - j));
       const uint16_t* w[kF16Cols];
@@ -263,7 +307,8 @@ bool gemv_f16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, 
               int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate) {
   if (M < 1 || M > kGemvMaxRows || N < 1 || K < 16 || b_rs != 1) return false;
   if (f16_avx512_ok()) {
-    f16_rows_run<true>(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate);
+    if (M > kGemvDotRows) f16_bcast_run(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate);
+    else f16_rows_run<true>(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate);
     return true;
   }
   return gemv_f16_avx2(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate);
@@ -279,22 +324,27 @@ bool gemv_f16_avx2(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a
 void gemm_f16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs, const uint16_t* B,
               int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate) {
   if (M <= 0 || N <= 0) return;
-  if (!batch_invariant() && gemv_f16(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate)) return;
-  // Widened copies: A as [M, K] rows; the weight in panels of [rows, K] (B = W^T, b_rs 1, b_cs
-  // K), about 4 MiB each, so that a large weight never needs an f32 copy of its own size.
-  std::vector<float> af(static_cast<size_t>(M * K));
+  const bool invariant = batch_invariant();
+  if (!invariant && gemv_f16(M, N, K, A, a_rs, a_cs, B, b_rs, b_cs, C, ldc, accumulate)) return;
+  // A widened once to [M, K] f32 rows (per-thread scratch, reused across calls).
+  float* af = t_f16_gemm_a.get_as<float>(static_cast<size_t>(std::max<int64_t>(1, M * K)));
   const int64_t ga = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, K));
   tpu::parallel_for(0, M, ga, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) widen_f16(A + i * a_rs, a_cs, K, af.data() + i * K);
+    for (int64_t i = i0; i < i1; ++i) widen_f16(A + i * a_rs, a_cs, K, af + i * K);
   });
+  // The packed f32 kernels, B widened while it is packed.
+  if (!invariant && gemm_f32a_f16b(M, N, K, af, K, 1, B, b_rs, b_cs, C, ldc, accumulate)) return;
+  // Batch-invariant mode (gemm_f32's order for every row count) and CPUs without AVX2: the
+  // weight widened in panels of [rows, K] (B = W^T, b_rs 1, b_cs K), about 4 MiB each, so that
+  // a large weight never needs an f32 copy of its own size.
   const int64_t panel = std::min(N, std::max<int64_t>(64, (int64_t{1} << 20) / std::max<int64_t>(1, K)));
-  std::vector<float> bf(static_cast<size_t>(panel * K));
+  float* bf = t_f16_gemm_b.get_as<float>(static_cast<size_t>(std::max<int64_t>(1, panel * K)));
   for (int64_t j0 = 0; j0 < N; j0 += panel) {
     const int64_t n = std::min(panel, N - j0);
     tpu::parallel_for(0, n, ga, [&](int64_t j1, int64_t j2) {
-      for (int64_t j = j1; j < j2; ++j) widen_f16(B + (j0 + j) * b_cs, b_rs, K, bf.data() + j * K);
+      for (int64_t j = j1; j < j2; ++j) widen_f16(B + (j0 + j) * b_cs, b_rs, K, bf + j * K);
     });
-    gemm_f32(M, n, K, af.data(), K, 1, bf.data(), 1, K, C + j0, ldc, accumulate);
+    gemm_f32(M, n, K, af, K, 1, bf, 1, K, C + j0, ldc, accumulate);
   }
 }
 
