@@ -29,6 +29,7 @@
 #include <cstring>
 #include <string>
 
+#include "ops/cpu/kernels/amx_tiles.h"
 #include "ops/cpu/kernels/gemm.h"
 #include "ops/cpu/kernels/scratch.h"
 #include "tpucore/core/cpu_features.h"
@@ -59,13 +60,7 @@ bool amx_enabled() {
   return ok;
 }
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
+using amx::TileConfig;
 
 TPU_AMX void configure_tiles() {
   TileConfig c;
@@ -73,10 +68,7 @@ TPU_AMX void configure_tiles() {
     c.rows[t] = 16;
     c.colsb[t] = 64;
   }
-  // GCC 12 does not treat ldtilecfg as reading its operand and drops the stores above without
-  // this barrier (the tiles then stay unconfigured and the first tile load faults).
-  asm volatile("" : : "r"(&c) : "memory");
-  _tile_loadconfig(&c);
+  amx::load_config(c);
 }
 
 // Adds the product of 32 rows of A (at `a`, rows lda_bytes apart) and one 32-column panel
@@ -113,8 +105,6 @@ TPU_AMX void block_32x32(const uint16_t* a, int64_t lda_bytes, const uint32_t* b
   _tile_stored(2, c + 16 * ldc, ldc_bytes);
   _tile_stored(3, c + 16 * ldc + 16, ldc_bytes);
 }
-
-TPU_AMX void release_tiles() { _tile_release(); }
 
 // Packs B (K x N) into 32-column panels of K pairs: panel q holds kp / 2 rows of 32 words,
 // word c of row p = bf16 (2p, j) low, (2p + 1, j) high for column j = 32q + c; zero past K, N.
@@ -267,6 +257,7 @@ bool gemm_bf16_amx_wt(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_
     const int64_t pad_stride = steps * 32 + 32;    // one cache line more than the padded K
     float* out = out_buf.get_as<float>(1024);
     uint16_t* tail = tail_buf.get_as<uint16_t>(16 * 32);
+    const amx::SavedTiles saved;  // the thread's configuration is put back at the end
     configure_tiles();
     for (int64_t q = q0; q < q1; ++q) {
       const int64_t j0 = q * 16;
@@ -299,7 +290,6 @@ bool gemm_bf16_amx_wt(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_
                          accumulate);
       }
     }
-    release_tiles();
   });
   return true;
 }
@@ -346,6 +336,7 @@ bool gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a
     thread_local detail::ScratchBuffer acc_buf;  // a 32-column strip of the unit's rows of C
     uint16_t* ab = ab_buf.get_as<uint16_t>(static_cast<size_t>(rb * lda));
     float* acc = acc_buf.get_as<float>(static_cast<size_t>(rb * 32));
+    const amx::SavedTiles saved;  // the thread's configuration is put back at the end
     configure_tiles();
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t i0 = u * rb, rows = std::min(rb, M - i0), row_pairs = (rows + 31) / 32;
@@ -399,7 +390,6 @@ bool gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a
         }
       }
     }
-    release_tiles();
   });
   return true;
 }

@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "ops/cpu/kernels/amx_tiles.h"
 #include "ops/cpu/kernels/gemm.h"
 #include "ops/cpu/kernels/intrin_diagnostics.h"
 #include "ops/cpu/kernels/scratch.h"
@@ -57,13 +58,7 @@ bool amx_int8_ok() {
   return ok;
 }
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
+using amx::TileConfig;
 
 // tmm0..3: C (16 x 16 int32); tmm4, tmm5: weights (16 rows x 32 bytes); tmm6, tmm7:
 // activations (8 rows x 64 bytes).
@@ -72,25 +67,10 @@ TPU_AMX_INT8 void configure_tiles() {
   for (int t = 0; t < 4; ++t) c.rows[t] = 16, c.colsb[t] = 64;
   for (int t = 4; t < 6; ++t) c.rows[t] = 16, c.colsb[t] = 32;
   for (int t = 6; t < 8; ++t) c.rows[t] = 8, c.colsb[t] = 64;
-  asm volatile("" : : "r"(&c) : "memory");  // (see gemm_amx.cpp: GCC 12 drops the stores otherwise)
-  _tile_loadconfig(&c);
+  amx::load_config(c);
 }
 
-// The thread's tile configuration before the kernel's, put back afterwards: other code on the
-// same thread (llama.cpp's AMX kernels, in the benchmark that runs both) may configure the tiles
-// once per thread and expect them to stay so. Restoring a configuration zeroes the tile data.
-struct SavedTiles {
-  TileConfig config;
-  TPU_AMX_INT8 SavedTiles() {
-    _tile_storeconfig(&config);  // all zero when the tiles are not configured
-    asm volatile("" : : "r"(&config) : "memory");
-  }
-  TPU_AMX_INT8 ~SavedTiles() {
-    asm volatile("" : : "r"(&config) : "memory");
-    if (config.palette != 0) _tile_loadconfig(&config);
-    else _tile_release();
-  }
-};
+using amx::SavedTiles;
 
 // Quantized activations: for group g of 16 rows and block b, the B tile at q + (g * nb + b) *
 // kTileBytes, the block scales at d + (g * nb + b) * 16 (0 for rows past M), and for int4 no more.
