@@ -106,8 +106,13 @@ double expert_weight_gb(int64_t experts, int64_t h, int64_t f) {
   return static_cast<double>(experts) * 3.0 * static_cast<double>(h) * static_cast<double>(f) * 2.0 * 1e-9;
 }
 
-void bandwidth_counters(benchmark::State& state, double moe_s, double dense_s, double stream_s, double moe_gb,
-                        double dense_gb, double stream_gb) {
+// The times are totals over `n` iterations; the bytes are one iteration's.
+void bandwidth_counters(benchmark::State& state, int64_t n, double moe_s, double dense_s, double stream_s,
+                        double moe_gb, double dense_gb, double stream_gb) {
+  const double k = static_cast<double>(std::max<int64_t>(n, 1));
+  moe_s /= k;
+  dense_s /= k;
+  stream_s /= k;
   state.counters["moe_GBps"] = moe_gb / moe_s;
   state.counters["dense_GBps"] = dense_gb / dense_s;
   state.counters["stream_GBps"] = stream_gb / stream_s;
@@ -156,8 +161,8 @@ void BM_MixtralMoELayer(benchmark::State& state) {
   state.counters["dense_ms"] = dense_s * 1e3;
   state.counters["dense_ratio"] = dense_total / moe_total;
   // With 2 x tokens routed slots over 8 experts (128 at 64 tokens) every expert gets tokens.
-  bandwidth_counters(state, moe_total, dense_total, stream_total, expert_weight_gb(kExperts, h, f),
-                     expert_weight_gb(1, h, f), stream.gb() * static_cast<double>(n));
+  bandwidth_counters(state, n, moe_total, dense_total, stream_total, expert_weight_gb(kExperts, h, f),
+                     expert_weight_gb(1, h, f), stream.gb());
 }
 BENCHMARK(BM_MixtralMoELayer)->Args({64, 4096, 7168})->Unit(benchmark::kMillisecond)->UseManualTime();
 // A small shape for a quick run.
@@ -229,8 +234,8 @@ void BM_MoEFfnFusedVsChain(benchmark::State& state) {
   state.counters["dense_ratio"] = dense_total / fused_total;
   int64_t used = 0;  // experts with tokens (their weights are read)
   for (int64_t e = 0; e < kExperts; ++e) used += std::count(ids.begin(), ids.end(), e) > 0;
-  bandwidth_counters(state, fused_total, dense_total, stream_total, expert_weight_gb(used, h, f),
-                     expert_weight_gb(1, h, f), stream.gb() * static_cast<double>(n));
+  bandwidth_counters(state, n, fused_total, dense_total, stream_total, expert_weight_gb(used, h, f),
+                     expert_weight_gb(1, h, f), stream.gb());
 }
 BENCHMARK(BM_MoEFfnFusedVsChain)->Args({64, 4096, 7168})->Unit(benchmark::kMillisecond)->UseManualTime();
 BENCHMARK(BM_MoEFfnFusedVsChain)->Args({64, 1024, 3584})->Unit(benchmark::kMillisecond)->UseManualTime();
