@@ -184,9 +184,20 @@ TEST_CASE("dist gloo: init errors are clear and bounded", "[dist]") {
     CHECK(exit_code(ps[0]) == 0);
   }
   SECTION("an unreachable master") {
+    // A port held by a socket that is bound but not listening: connecting is refused, and no
+    // other process (a concurrent test's ranks) can take the port while the rank tries it.
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
     Job j(2, "init_error", "could not reach the rendezvous store", 1000);
     j.only_ranks = {1};
+    j.env_per_rank[1] = {{"MASTER_PORT", std::to_string(ntohs(a.sin_port))}};
     auto ps = run(j, std::chrono::seconds(30));
+    ::close(fd);
     INFO(ps[0].out);
     CHECK(exit_code(ps[0]) == 0);
   }
