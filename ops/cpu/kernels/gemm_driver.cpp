@@ -191,6 +191,22 @@ struct PackBf16Pairs {
 };
 
 // The same layouts, with the A panels of K-contiguous rows transposed by AVX-512 code.
+// B = W^T (columns contiguous along K), 32-wide panels: each panel as two 16-column halves packed by
+// `half` (the AVX2 8 x 8 transposes; every AVX-512 CPU has AVX2), for f32 and f16 weights alike.
+// False, packing nothing, for any other layout or panel width.
+template <class T>
+bool pack_b_wt_halves(const T* B, int64_t rs, int64_t cs, int64_t kce, int64_t nc, int nr, float* dst,
+                      void (*half)(const T*, int64_t, int, int64_t, float*, int64_t)) {
+  if (rs != 1 || cs == 1 || nr != 32) return false;
+  for (int64_t j0 = 0; j0 < nc; j0 += nr) {
+    const int cols = static_cast<int>(std::min<int64_t>(nr, nc - j0));
+    float* d = dst + j0 * kce;
+    half(B + j0 * cs, cs, std::min(cols, 16), kce, d, 32);
+    half(cols > 16 ? B + (j0 + 16) * cs : B, cs, std::max(cols - 16, 0), kce, d + 16, 32);
+  }
+  return true;
+}
+
 struct PackF32Avx512 : PackF32 {
   static void pack_a(const float* A, int64_t rs, int64_t cs, int64_t mc, int64_t kce, int mr,
                      float* dst) {
@@ -204,13 +220,8 @@ struct PackF32Avx512 : PackF32 {
   // Columns contiguous along K (B = W^T of a linear layer): each 32-wide panel as two 16-column
   // halves by the AVX2 8 x 8 transposes (every AVX-512 CPU has AVX2).
   static void pack_b(const float* B, int64_t rs, int64_t cs, int64_t kce, int64_t nc, int nr, float* dst) {
-    if (rs != 1 || cs == 1 || nr != 32) return PackF32::pack_b(B, rs, cs, kce, nc, nr, dst);
-    for (int64_t j0 = 0; j0 < nc; j0 += nr) {
-      const int cols = static_cast<int>(std::min<int64_t>(nr, nc - j0));
-      float* d = dst + j0 * kce;
-      detail::pack_b_half_panel_f32_avx2(B + j0 * cs, cs, std::min(cols, 16), kce, d, 32);
-      detail::pack_b_half_panel_f32_avx2(cols > 16 ? B + (j0 + 16) * cs : B, cs, std::max(cols - 16, 0), kce, d + 16, 32);
-    }
+    if (!pack_b_wt_halves(B, rs, cs, kce, nc, nr, dst, detail::pack_b_half_panel_f32_avx2))
+      PackF32::pack_b(B, rs, cs, kce, nc, nr, dst);
   }
 };
 
@@ -307,13 +318,8 @@ struct PackF32F16Avx512 : PackF32F16 {
   }
   // B = W^T (columns contiguous along K): each 32-wide panel as two 16-column halves.
   static void pack_b(const uint16_t* B, int64_t rs, int64_t cs, int64_t kce, int64_t nc, int nr, float* dst) {
-    if (rs != 1 || cs == 1 || nr != 32) return PackF32F16::pack_b(B, rs, cs, kce, nc, nr, dst);
-    for (int64_t j0 = 0; j0 < nc; j0 += nr) {
-      const int cols = static_cast<int>(std::min<int64_t>(nr, nc - j0));
-      float* d = dst + j0 * kce;
-      detail::pack_b_half_panel_f16_avx2(B + j0 * cs, cs, std::min(cols, 16), kce, d, 32);
-      detail::pack_b_half_panel_f16_avx2(cols > 16 ? B + (j0 + 16) * cs : B, cs, std::max(cols - 16, 0), kce, d + 16, 32);
-    }
+    if (!pack_b_wt_halves(B, rs, cs, kce, nc, nr, dst, detail::pack_b_half_panel_f16_avx2))
+      PackF32F16::pack_b(B, rs, cs, kce, nc, nr, dst);
   }
 };
 
