@@ -8,7 +8,7 @@
 //
 //   tpu-calib [--data DIR] [--chip NAME] [--sets LIST] [--stride N] [--paths eager,compiled]
 //             [--worst N] [--folds K] [--max-mape PCT] [--min-r2 R2] [--max-ele-mape PCT]
-//             [--set-targets] [--csv OUT]
+//             [--set-targets] [--csv OUT] [--feed-report]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -43,6 +43,71 @@ bool listed(const std::string& list, const std::string& name) {
   return false;
 }
 
+// XLA's float16 matmul kernels (matmul_large) run in two modes on v4: 48-55 TFLOP/s or 66-135.
+constexpr double kSlowTflops = 60;
+
+struct FeedRow {
+  const Row* r;
+  tpu::sim::XlaMatmulFeed f;
+  double kernel_us, sim_us;
+};
+
+double mean_of(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / double(v.size());
+}
+
+double cv_of(const std::vector<double>& v) {  // coefficient of variation (population), in percent
+  const double m = mean_of(v);
+  double s = 0;
+  for (double x : v) s += (x - m) * (x - m);
+  return v.empty() || m == 0 ? 0 : 100 * std::sqrt(s / double(v.size())) / m;
+}
+
+// Per row of the sets priced through sim::xla_matmul_cycles: the achieved TFLOP/s, the library
+// kernel's price, the mode the feed rule predicts and the re-feed rate the measured time implies
+// (elements of the streamed operand times panels of the other side, per cycle); then how well
+// each candidate explanation of the slow mode holds across the slow rows.
+void feed_report(const std::string& path, const std::vector<FeedRow>& rows, const tpu::sim::ChipConfig& cfg) {
+  const auto& t = cfg.timing;
+  const double per_us = cfg.clock_ghz * 1e3, panel = double(cfg.mxu.cols);
+  std::printf("\n%s path, XLA's float16 matmul kernels (slow: under %.0f TFLOP/s; rule: the feed rule's mode; layouts "
+              "of A, B, C: T = {0,1}; re-feed: streamed elements x panels of the other side per measured cycle)\n"
+              "%-22s %5s %5s %5s %3s %4s %10s %7s %10s %10s %5s %5s %8s\n",
+              path.c_str(), kSlowTflops, "row", "M", "N", "K", "ABC", "pref", "measured", "TFLOP/s", "kernel", "simulated",
+              "mode", "rule", "re-feed");
+  std::vector<double> rate_slow, ratio_slow;
+  size_t slow = 0, agree = 0;
+  std::string missed;
+  for (const FeedRow& x : rows) {
+    const auto& f = x.f;
+    const double m = double(f.m), n = double(f.n), k = double(f.k), us = x.r->measured_us;
+    const double tflops = 2 * m * n * k / us / 1e6;
+    const bool streamed_t = f.prefetched == 'A' ? f.b_transposed : f.a_transposed;
+    const bool canonical_t = f.a_transposed && f.b_transposed && f.out_transposed;
+    const double fed = f.prefetched == 'A' ? k * n * std::ceil(m / panel) : m * k * std::ceil(n / panel);
+    const double convert = t.convert_elems_per_cycle > 0 ? (f.prefetched == 'A' ? m * k : k * n) / t.convert_elems_per_cycle : 0;
+    const bool rule_slow = t.restream_elems_per_cycle > 0 && streamed_t && !canonical_t &&
+                           fed / t.restream_elems_per_cycle >= x.kernel_us * per_us + convert;
+    const bool is_slow = tflops < kSlowTflops;
+    const double rate = fed / (us * per_us);
+    slow += is_slow, agree += is_slow == rule_slow;
+    if (is_slow) rate_slow.push_back(rate), ratio_slow.push_back(us / x.kernel_us);
+    if (is_slow != rule_slow) missed += (missed.empty() ? "" : ", ") + x.r->name;
+    const char abc[4] = {f.a_transposed ? 'T' : '-', f.b_transposed ? 'T' : '-', f.out_transposed ? 'T' : '-', 0};
+    std::printf("%-22s %5ld %5ld %5ld %3s %4c %10.2f %7.1f %10.2f %10.2f %5s %5s %8.0f\n", x.r->name.c_str(), long(f.m),
+                long(f.n), long(f.k), abc, f.prefetched, us, tflops, x.kernel_us, x.sim_us, is_slow ? "slow" : "fast",
+                rule_slow ? "slow" : "fast", rate);
+  }
+  std::printf("%zu rows, %zu slow; the feed rule's mode agrees on %zu (misses: %s)\n", rows.size(), slow, agree,
+              missed.empty() ? "none" : missed.c_str());
+  if (!rate_slow.empty())
+    std::printf("slow rows: re-feed %.0f elements per cycle (CV %.1f%%); measured / library kernel %.2f (CV %.1f%%; "
+                "2.0 would be the kernel on one of the two cores)\n",
+                mean_of(rate_slow), cv_of(rate_slow), mean_of(ratio_slow), cv_of(ratio_slow));
+}
+
 std::string r2_text(const Fit& f) {
   char b[32];
   if (f.span > kSpanForR2) std::snprintf(b, sizeof b, "%8.4f", f.r2);
@@ -57,7 +122,7 @@ int main(int argc, char** argv) {
               skip_targets, mape_only;
   int64_t stride = 1, worst = 3, folds = 2;
   double max_mape = -1, min_r2 = -1, max_ele_mape = -1;
-  bool set_targets = false, cv_targets = false, fit_all = false;
+  bool set_targets = false, cv_targets = false, fit_all = false, feed_rows_report = false;
   tpu::cli::Parser p("tpu-calib", "Simulated against measured TPU v4 kernel times: MAPE, R^2, worst rows and cross-validation per set.");
   p.value("--data", "DIR", "folder of the measured CSVs (default: the in-tree sim/calibration/tpu_v4)",
           [&](const std::string& v) { dir = v; });
@@ -87,6 +152,9 @@ int main(int argc, char** argv) {
           [&](const std::string& v) { skip_targets = v; });
   p.value("--mape-only", "LIST", "sets --set-targets and --cv-targets hold to their MAPE target but not to R^2",
           [&](const std::string& v) { mape_only = v; });
+  p.flag("--feed-report", "list the rows priced through XLA's float16 matmul feed (matmul_large) with their achieved "
+         "TFLOP/s, mode (slow under 60), the feed rule's mode and the re-feed rate each implies, and summarize the slow mode",
+         [&] { feed_rows_report = true; });
   p.value("--csv", "FILE", "write every row's measured and simulated time", [&](const std::string& v) { csv_path = v; });
   p.value("--works", "FILE", "write every row's counted work per kernel (one line per kernel: set, row, path, measured_us, "
           "kernel, cores, per core MXU streaming, vector, weight-load and cross-lane cycles, 16-bit stored bytes and DMAs, "
@@ -173,6 +241,7 @@ int main(int argc, char** argv) {
     std::printf("\n%s path\n%-13s %6s %9s %8s %8s  %s\n", path.c_str(), "set", "rows", "MAPE %", "R^2", "span", "notes");
     std::vector<double> mm_m, mm_s, el_m, el_s;
     std::vector<Sample> samples;
+    std::vector<FeedRow> feed_rows;
     struct Worst {
       double err;
       const Row* r;
@@ -214,6 +283,7 @@ int main(int argc, char** argv) {
                        (unsigned long long)w.compulsory_written_bytes, (unsigned long long)w.traffic_bytes);
         }
         worst_rows[si].push_back({std::abs(sim.us - r.measured_us) / r.measured_us, &r, sim.us});
+        if (sim.feed) feed_rows.push_back({&r, *sim.feed, sim.kernel_us, sim.us});
         samples.push_back({si, ri, r.measured_us, std::move(sim.works), sim.feed});
         if (set == "matmul_128" || set == "matmul_1024" || set == "matmul_4096") mm_m.push_back(r.measured_us), mm_s.push_back(sim.us);
         if (set == "ele" || set == "relu") el_m.push_back(r.measured_us), el_s.push_back(sim.us);
@@ -247,6 +317,7 @@ int main(int argc, char** argv) {
     if (min_r2 >= 0 && mm.r2 < min_r2) ok = false, std::printf("FAIL: %s matmul R^2 below %.4f\n", path.c_str(), min_r2);
     if (max_ele_mape >= 0 && el.mape > max_ele_mape)
       ok = false, std::printf("FAIL: %s elementwise/relu MAPE above %.2f%%\n", path.c_str(), max_ele_mape);
+    if (feed_rows_report && !feed_rows.empty()) feed_report(path, feed_rows, cfg);
 
     if (path != cv_path || !cfg.timing.calibrated() || samples.empty()) continue;
     tpu::calib::Objective obj;

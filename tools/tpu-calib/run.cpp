@@ -134,6 +134,7 @@ Simulated simulate(const Row& r, bool compiled) {
     if (!out.ok) return out;
     const auto& cfg = tpu::device::sim_device(0).config();
     const double per_us = cfg.clock_ghz * 1e3;
+    out.kernel_us = out.us;
     out.us = sim::xla_matmul_cycles(cfg, *feed, out.us * per_us) / per_us;
     out.feed = feed;
     return out;

@@ -18,6 +18,7 @@ struct Simulated {
   int kernels = 0;           // programs the call ran
   std::vector<sim::CountedWork> works;  // their counted work, to re-price under other constants
   std::optional<sim::XlaMatmulFeed> feed;  // matmul_large: how XLA fed the kernel (applied to `us`)
+  double kernel_us = 0;      // with a feed: the library kernel's own price, before the feed
 };
 
 // The feed of a matmul row that names its layouts and prefetched operand (matmul_large).
