@@ -1,6 +1,8 @@
 #include "codegen/matmul_kernel.h"
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -52,7 +54,8 @@ int epilogue_slots(const MatmulSpec& s) {
 struct VmemPlan {
   int64_t a[2]{}, b[2]{}, acc[2]{}, out[2]{}, ascale[2]{};
   int64_t asx[2]{}, qmax = 0, qtmp = 0;  // a_row_quant: m / Q per row; the row max's running tiles
-  int64_t dq[2]{}, sc[2]{}, qt[2]{}, sh = 0;  // int4 B: bf16 panels, group scales, f32 temps, -scale / 2
+  // int4 B: bf16 panels, group scales, f32 temps, -8 x scale, the low / high nibbles, the mask word
+  int64_t dq[2]{}, sc[2]{}, qt[2]{}, sh = 0, nib[2]{}, mask = 0, sc16[2]{};  // sc16: f16 scales as loaded
   std::vector<std::array<int64_t, 2>> epi;
   TempArena arena;
   int64_t total = 0;
@@ -76,8 +79,12 @@ VmemPlan plan_vmem(const MatmulSpec& s, int64_t tm, int64_t tn, int64_t tk, int6
   if (g4 > 0) {
     for (int i = 0; i < 2; ++i) p.dq[i] = take(tk * tn * 2);
     for (int i = 0; i < 2; ++i) p.sc[i] = take(tn * ((tk + g4 - 1) / g4) * 4);
-    for (int i = 0; i < 2; ++i) p.qt[i] = take(16 * tn * ((tk + g4 - 1) / g4) * 4);
+    p.qt[0] = take(16 * tn * ((tk + g4 - 1) / g4) * 4);
     p.sh = take(tn * ((tk + g4 - 1) / g4) * 4);
+    for (int i = 0; i < 2; ++i) p.nib[i] = take((tk * tn + 7) / 8 * 4);
+    p.mask = take(4);
+    if (s.b_int4_scale_f16)
+      for (int i = 0; i < 2; ++i) p.sc16[i] = take((tn * ((tk + g4 - 1) / g4) + 1) / 2 * 4);
   }
   if (s.a_row_scale || s.a_row_quant > 0) {
     p.ascale[0] = take(tm * 4);
@@ -114,7 +121,7 @@ VmemPlan plan_vmem(const MatmulSpec& s, int64_t tm, int64_t tn, int64_t tk, int6
 std::string matmul_key(const MatmulSpec& s) {
   std::string k = fmt::format("mm:{}x{}x{}x{}:t{}{}:{}/{}:{}/{}>{}:{}:{}/{}/{}:", s.batch, s.m, s.n, s.k, s.b_transposed,
                               s.a_row_scale ? "s" : s.a_row_quant > 0 ? fmt::format("q{}", s.a_row_quant)
-                                                  : s.b_int4_group > 0 ? fmt::format("g{}", s.b_int4_group)
+                                                  : s.b_int4_group > 0 ? fmt::format("g{}{}", s.b_int4_group, s.b_int4_scale_f16 ? "h" : "")
                                                                        : "",
                               s.a_batch_stride, s.b_batch_stride, sim::dtype_name(s.a_dtype),
                               sim::dtype_name(s.b_dtype), sim::dtype_name(s.out_dtype), sim::mxu_mode_name(s.mode),
@@ -342,46 +349,97 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
       b.dma(B::vmem_at(B::at(vp.b[bbuf[i]])),
             B::hbm_at(B::at(st.b * s.b_batch_stride + st.n0 * (s.k / 2) + st.k0 / 2, {{int16_t(b_reg), 1}})),
             {.rows = st.nl, .row_bytes = st.kl / 2, .src_row_stride = s.k / 2}, qb, semB);
-      b.dma(B::vmem_at(B::at(vp.sc[bbuf[i]])),
-            B::hbm_at(B::at((st.n0 * (s.k / g4) + st.k0 / g4) * 4, {{int16_t(scale_reg), 1}})),
-            {.rows = st.nl, .row_bytes = st.kl / g4 * 4, .src_row_stride = s.k / g4 * 4}, qb, semB);
+      const int64_t ses = s.b_int4_scale_f16 ? 2 : 4;
+      b.dma(B::vmem_at(B::at(s.b_int4_scale_f16 ? vp.sc16[bbuf[i]] : vp.sc[bbuf[i]])),
+            B::hbm_at(B::at((st.n0 * (s.k / g4) + st.k0 / g4) * ses, {{int16_t(scale_reg), 1}})),
+            {.rows = st.nl, .row_bytes = st.kl / g4 * ses, .src_row_stride = s.k / g4 * ses}, qb, semB);
     }
   };
   // int4 B: the step's packed panel unpacked into its bf16 panel [nl, kl] on the vector unit.
   // Weight k = 32 c + 16 h + j of a row (c its block of 32, h the nibble) is in byte 16 c + j as
-  // q + 8; viewed per sub-block t of a group as 16 rows (j) by nl * kl / group columns (the
-  // groups), the packed bytes, both halves of the panel and the scales are strided matrices. In
-  // f32, nine ops per byte: u = the byte read unsigned (its i8 value + 256 when negative),
-  // w = u - 135.5 = q_lo + 1/2 + 16 q_hi; q_hi = w / 16 rounded to an integer by one fused
-  // multiply-add onto 1.5 x 2^23 (no ties: the fraction stays within +-15/32) and a subtract;
-  // q_lo + 1/2 = w - 16 q_hi; then q_hi s and (q_lo + 1/2) s - s / 2 (fused: exactly q_lo s before
-  // its one rounding), stored as bf16. So each weight is its dequantized f32 value rounded to bf16.
+  // u = q + 8. First on the panel's 32-bit words (eight weights each, the panel as one dense
+  // matrix): lo = w & 0x0f0f0f0f and hi = (w >> 4) & 0x0f0f0f0f hold u of the low and high
+  // nibbles in the bytes where the packed panel holds their byte. Then per sub-block t of 32
+  // weights of each group, viewed as 16 rows (j) by nl * kl / group columns (the groups): the
+  // bytes of lo (then hi) converted to f32 and u s - 8 s by one fused multiply-add (exactly q s
+  // before its one rounding), stored as bf16. So 3 / 8 integer ops plus 2 f32 ops per weight,
+  // and each weight is its dequantized f32 value rounded to bf16.
+  auto dense = [&](int64_t n) {  // a dense run of n elements as a [rows, cols] matrix filling vregs
+    const int64_t r = std::gcd(n, int64_t(cfg.vpu.sublanes));
+    return std::array<int64_t, 2>{r, n / r};
+  };
+  // f16 group scales (IEEE half bits, two per 32-bit word as loaded) widened to the f32 panel
+  // scales, on integer ops: per half h, the f32 bits (h & 0x7fff) << 13 with h's sign bit on top
+  // read as f32 and times 2^112 are h's value (normal and subnormal alike, exactly); a half
+  // with exponent 31 (inf / NaN) lands at |v| >= 2^16, where the f32 exponent bits are then set
+  // (so inf stays inf, NaN NaN).
+  auto f16_scales_to_f32 = [&](int64_t C, int bf) {
+    const int64_t nw = (C + 1) / 2;
+    const int64_t tw = (nw + 15) / 16 * 16;  // words of one temp
+    const int64_t T1 = vp.qt[0], T2 = vp.qt[0] + tw * 4;
+    for (int h = 0; h < 2; ++h) {
+      const int64_t n = h == 0 ? nw : C / 2;
+      if (n == 0) continue;
+      const auto [r, c] = dense(n);
+      auto I = [&](int64_t at) { return B::vmem(B::at(at), DType::i32, c); };
+      auto F = [&](int64_t at) { return B::vmem(B::at(at), DType::f32, c); };
+      const sim::Operand W = I(vp.sc16[bf]);
+      if (h == 0) {
+        b.binary(sim::Op::vshl, I(T1), W, B::imm(17), r, c);    // the magnitude bits on top
+        b.binary(sim::Op::vshl, I(T2), W, B::imm(16), r, c);    // the sign at bit 31
+      } else {
+        b.binary(sim::Op::vshrl, I(T1), W, B::imm(16), r, c);
+        b.binary(sim::Op::vshl, I(T1), I(T1), B::imm(17), r, c);
+        b.binary(sim::Op::vand, I(T2), W, B::imm(-2147483648.0f), r, c);
+      }
+      b.binary(sim::Op::vshrl, I(T1), I(T1), B::imm(4), r, c);  // (h & 0x7fff) << 13
+      if (h == 0) b.binary(sim::Op::vand, I(T2), I(T2), B::imm(-2147483648.0f), r, c);
+      b.binary(sim::Op::vor, I(T1), I(T1), I(T2), r, c);
+      b.binary(sim::Op::vmul, F(T1), F(T1), B::imm(std::ldexp(1.0f, 112)), r, c);
+      // inf / NaN halves: |v| >= 2^16 only for them; OR in the all-ones f32 exponent.
+      b.unary(sim::Op::vabs, F(T2), F(T1), r, c);
+      b.binary(sim::Op::vcmple, F(T2), B::imm(65536.0f), F(T2), r, c);
+      b.unary(sim::Op::vcast, I(T2), F(T2), r, c);
+      b.binary(sim::Op::vshl, I(T2), I(T2), B::imm(31), r, c);
+      b.binary(sim::Op::vshra, I(T2), I(T2), B::imm(8), r, c);
+      b.binary(sim::Op::vand, I(T2), I(T2), B::imm(2139095040.0f), r, c);  // 0x7f800000
+      b.binary(sim::Op::vor, B::vmem(B::at(vp.sc[bf] + 4 * h), DType::i32, 2 * c, 2), I(T1), I(T2), r, c);
+    }
+  };
   auto unpack_int4 = [&](size_t i) {
     const Step& st = steps[i];
     const int64_t C = st.nl * (st.kl / g4);
     const int bf = bbuf[i];
-    const sim::Operand t0 = B::vmem(B::at(vp.qt[0]), DType::f32, C), t1 = B::vmem(B::at(vp.qt[1]), DType::f32, C);
+    const sim::Operand t0 = B::vmem(B::at(vp.qt[0]), DType::f32, C);
     const sim::Operand scl = B::vmem(B::at(vp.sc[bf]), DType::f32, 0, 1), sh = B::vmem(B::at(vp.sh), DType::f32, 0, 1);
-    constexpr float kRound = 12582912.0f;  // 1.5 x 2^23: the f32 spacing there is 1
-    b.binary(sim::Op::vmul, B::vmem(B::at(vp.sh), DType::f32, C), B::vmem(B::at(vp.sc[bf]), DType::f32, C),
-             B::imm(-0.5f), 1, C);
-    for (int64_t t = 0; t < g4 / 32; ++t) {
-      const sim::Operand packed = B::vmem(B::at(vp.b[bf] + 16 * t), DType::i8, 1, g4 / 2);
-      const sim::Operand lo = B::vmem(B::at(vp.dq[bf] + 32 * t * 2), DType::bf16, 1, g4);
-      const sim::Operand hi = B::vmem(B::at(vp.dq[bf] + (32 * t + 16) * 2), DType::bf16, 1, g4);
-      b.unary(sim::Op::vcast, t0, packed, 16, C);
-      b.binary(sim::Op::vcmplt, t1, t0, B::imm(0), 16, C);
-      b.ternary(sim::Op::vfma, t0, t1, B::imm(256), t0, 16, C);
-      b.binary(sim::Op::vsub, t0, t0, B::imm(135.5f), 16, C);
-      b.ternary(sim::Op::vfma, t1, t0, B::imm(1.0f / 16), B::imm(kRound), 16, C);
-      b.binary(sim::Op::vsub, t1, t1, B::imm(kRound), 16, C);
-      b.binary(sim::Op::vmul, hi, t1, scl, 16, C);
-      b.ternary(sim::Op::vfma, t0, t1, B::imm(-16), t0, 16, C);
-      b.ternary(sim::Op::vfma, lo, t0, scl, sh, 16, C);
-    }
+    if (s.b_int4_scale_f16) f16_scales_to_f32(C, bf);
+    const auto [sr, scols] = dense(C);
+    b.binary(sim::Op::vmul, B::vmem(B::at(vp.sh), DType::f32, scols), B::vmem(B::at(vp.sc[bf]), DType::f32, scols),
+             B::imm(-8.0f), sr, scols);
+    const auto [wr, wc] = dense(st.nl * st.kl / 8);
+    auto words = [&](int64_t at) { return B::vmem(B::at(at), DType::i32, wc); };
+    const sim::Operand mask = B::vmem(B::at(vp.mask), DType::i32, 0, 0);
+    b.binary(sim::Op::vand, words(vp.nib[0]), words(vp.b[bf]), mask, wr, wc);
+    b.binary(sim::Op::vshrl, words(vp.nib[1]), words(vp.b[bf]), B::imm(4), wr, wc);
+    b.binary(sim::Op::vand, words(vp.nib[1]), words(vp.nib[1]), mask, wr, wc);
+    for (int64_t t = 0; t < g4 / 32; ++t)
+      for (int h = 0; h < 2; ++h) {
+        const sim::Operand u = B::vmem(B::at(vp.nib[h] + 16 * t), DType::i8, 1, g4 / 2);
+        const sim::Operand out = B::vmem(B::at(vp.dq[bf] + (32 * t + 16 * h) * 2), DType::bf16, 1, g4);
+        b.unary(sim::Op::vcast, t0, u, 16, C);
+        b.ternary(sim::Op::vfma, out, t0, scl, sh, 16, C);
+      }
   };
 
   b.signal(semC, 2);  // both store buffers start free
+  if (g4 > 0) {  // the nibble mask 0x0f0f0f0f, built from immediates (which are f32 values)
+    const sim::Operand m = B::vmem(B::at(vp.mask), DType::i32), tmp = B::vmem(B::at(vp.nib[0]), DType::i32);
+    b.binary(sim::Op::vor, m, B::imm(15), B::imm(0), 1, 1);
+    b.binary(sim::Op::vshl, tmp, m, B::imm(8), 1, 1);
+    b.binary(sim::Op::vor, m, m, tmp, 1, 1);
+    b.binary(sim::Op::vshl, tmp, m, B::imm(16), 1, 1);
+    b.binary(sim::Op::vor, m, m, tmp, 1, 1);
+  }
   if (ns) issue_loads(0);
   for (size_t i = 0; i < ns; ++i) {
     const Step& st = steps[i];
