@@ -50,12 +50,23 @@ int epilogue_slots(const MatmulSpec& s) {
   return vec_temp_slots(s.epilogue, dts);
 }
 
+// Packed int4 B with few rows of A (a decode step): the MXUs read the nibbles as i8 weights (16 q,
+// one pass per half block of 16) and each group's product is scaled into the accumulator on the
+// vector unit, instead of a bf16 panel dequantized weight by weight.
+bool int4_direct(const MatmulSpec& s, int64_t tm) { return s.b_int4_group > 0 && tm <= s.b_int4_group / 2; }
+
 // VMEM layout of one tiling.
 struct VmemPlan {
   int64_t a[2]{}, b[2]{}, acc[2]{}, out[2]{}, ascale[2]{};
   int64_t asx[2]{}, qmax = 0, qtmp = 0;  // a_row_quant: m / Q per row; the row max's running tiles
   // int4 B: bf16 panels, group scales, f32 temps, -8 x scale, the low / high nibbles, the mask word
   int64_t dq[2]{}, sc[2]{}, qt[2]{}, sh = 0, nib[2]{}, mask = 0, sc16[2]{};  // sc16: f16 scales as loaded
+  // int4_direct: a ring of buffers for the groups' products, deep enough that the MXUs run ahead
+  // of the vector unit by the pipeline's fill and drain (512 cycles on a 256-row array; a group
+  // of 32 takes 32 cycles of weight loads per MXU)
+  static constexpr int kGroupBuffers = 24;
+  std::array<int64_t, kGroupBuffers> gt{};
+  int ngt = 0;
   std::vector<std::array<int64_t, 2>> epi;
   TempArena arena;
   int64_t total = 0;
@@ -82,7 +93,11 @@ VmemPlan plan_vmem(const MatmulSpec& s, int64_t tm, int64_t tn, int64_t tk, int6
     p.qt[0] = take(16 * tn * ((tk + g4 - 1) / g4) * 4);
     p.sh = take(tn * ((tk + g4 - 1) / g4) * 4);
     for (int i = 0; i < 2; ++i) p.nib[i] = take((tk * tn + 7) / 8 * 4);
-    p.mask = take(4);
+    p.mask = take(12);  // 0x0f0f0f0f, 0xf0f0f0f0, 0x88888888
+    if (int4_direct(s, tm)) {
+      p.ngt = int(std::min<int64_t>(VmemPlan::kGroupBuffers, std::max<int64_t>(2, (tk + g4 - 1) / g4)));
+      for (int i = 0; i < p.ngt; ++i) p.gt[size_t(i)] = take(tm * tn * 4);
+    }
     if (s.b_int4_scale_f16)
       for (int i = 0; i < 2; ++i) p.sc16[i] = take((tn * ((tk + g4 - 1) / g4) + 1) / 2 * 4);
   }
@@ -406,6 +421,7 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
       b.binary(sim::Op::vor, B::vmem(B::at(vp.sc[bf] + 4 * h), DType::i32, 2 * c, 2), I(T1), I(T2), r, c);
     }
   };
+  const bool direct = int4_direct(s, tl.tm);
   auto unpack_int4 = [&](size_t i) {
     const Step& st = steps[i];
     const int64_t C = st.nl * (st.kl / g4);
@@ -414,6 +430,24 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
     const sim::Operand scl = B::vmem(B::at(vp.sc[bf]), DType::f32, 0, 1), sh = B::vmem(B::at(vp.sh), DType::f32, 0, 1);
     if (s.b_int4_scale_f16) f16_scales_to_f32(C, bf);
     const auto [sr, scols] = dense(C);
+    if (direct) {
+      // The scales over 16 (the weights are 16 q), then on the words: x = w ^ 0x88888888 turns
+      // each nibble u into q (4-bit two's complement); hi = x & 0xf0f0f0f0 and
+      // lo = (x << 4) & 0xf0f0f0f0 hold 16 q as i8 in the bytes where the packed panel holds
+      // their byte: weights 32 c + j and 32 c + 16 + j of a row at byte 16 c + j of lo and hi.
+      b.binary(sim::Op::vmul, B::vmem(B::at(vp.sc[bf]), DType::f32, scols), B::vmem(B::at(vp.sc[bf]), DType::f32, scols),
+               B::imm(1.0f / 16), sr, scols);
+      const auto [wr, wc] = dense(st.nl * st.kl / 8);
+      auto words = [&](int64_t at) { return B::vmem(B::at(at), DType::i32, wc); };
+      const sim::Operand mf0 = B::vmem(B::at(vp.mask + 4), DType::i32, 0, 0),
+                         m88 = B::vmem(B::at(vp.mask + 8), DType::i32, 0, 0);
+      const int64_t lo = vp.dq[bf], hi = vp.dq[bf] + st.nl * st.kl / 2;
+      b.binary(sim::Op::vxor, words(hi), words(vp.b[bf]), m88, wr, wc);
+      b.binary(sim::Op::vshl, words(lo), words(hi), B::imm(4), wr, wc);
+      b.binary(sim::Op::vand, words(lo), words(lo), mf0, wr, wc);
+      b.binary(sim::Op::vand, words(hi), words(hi), mf0, wr, wc);
+      return;
+    }
     b.binary(sim::Op::vmul, B::vmem(B::at(vp.sh), DType::f32, scols), B::vmem(B::at(vp.sc[bf]), DType::f32, scols),
              B::imm(-8.0f), sr, scols);
     const auto [wr, wc] = dense(st.nl * st.kl / 8);
@@ -439,6 +473,13 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
     b.binary(sim::Op::vor, m, m, tmp, 1, 1);
     b.binary(sim::Op::vshl, tmp, m, B::imm(16), 1, 1);
     b.binary(sim::Op::vor, m, m, tmp, 1, 1);
+    const sim::Operand mf0 = B::vmem(B::at(vp.mask + 4), DType::i32), m88 = B::vmem(B::at(vp.mask + 8), DType::i32);
+    b.binary(sim::Op::vxor, mf0, m, B::imm(-1), 1, 1);
+    b.binary(sim::Op::vor, m88, B::imm(136), B::imm(0), 1, 1);
+    b.binary(sim::Op::vshl, tmp, m88, B::imm(8), 1, 1);
+    b.binary(sim::Op::vor, m88, m88, tmp, 1, 1);
+    b.binary(sim::Op::vshl, tmp, m88, B::imm(16), 1, 1);
+    b.binary(sim::Op::vor, m88, m88, tmp, 1, 1);
   }
   if (ns) issue_loads(0);
   for (size_t i = 0; i < ns; ++i) {
@@ -587,7 +628,36 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
                      B::vmem(lhs, s.a_dtype, lda(st)), rl, kk, nn, acc, s.mode);
       }
     };
-    if (ktiles_full > 0) {
+    if (direct) {
+      // Per group: its 16-row halves through the MXUs into gt (i8 weights 16 q, exact in bf16),
+      // then acc = gt x scale / 16 (+ acc) for the group's scales, a row vector.
+      if (aload[i]) b.wait(semA, chunks(st));
+      const int64_t ng = st.kl / g4, half = st.nl * st.kl / 2;
+      for (int64_t G = 0; G < ng; ++G) {
+        const size_t gp = size_t(G % vp.ngt);
+        const int64_t kr = std::min<int64_t>(R, 16);  // rows per pass (16, or the array's rows if fewer)
+        for (int64_t t = 0; t < g4 / 32; ++t)
+          for (int h = 0; h < 2; ++h)
+            for (int64_t r0 = 0; r0 < 16; r0 += kr)
+              for (int64_t j = 0; j < jt; ++j) {
+                const int64_t nn = std::min(Cm, st.nl - j * Cm), kk = std::min(kr, 16 - r0);
+                const int mxu = int((j + G * jt) % nm);
+                const sim::Operand wop =
+                    B::vmem(B::at(vp.dq[bbuf[i]] + h * half + j * Cm * (st.kl / 2) + (G * g4 / 32 + t) * 16 + r0),
+                            DType::i8, 1, st.kl / 2);
+                b.mxu_load_weights(mxu, wop, kk, nn, s.mode);
+                const sim::Operand lhs = B::vmem(
+                    B::at(vp.a[abuf[i]] + (a_off(st) + G * g4 + 32 * t + 16 * h + r0) * esa), s.a_dtype, lda(st));
+                b.mxu_matmul(mxu, B::vmem(B::at(vp.gt[gp] + j * Cm * 4), DType::f32, st.nl), lhs, st.ml, kk, nn,
+                             t > 0 || h > 0 || r0 > 0, s.mode);
+              }
+        const sim::Operand accop = B::vmem(B::at(vp.acc[par]), DType::f32, st.nl);
+        const sim::Operand gtop = B::vmem(B::at(vp.gt[gp]), DType::f32, st.nl);
+        const sim::Operand scrow = B::vmem(B::at(vp.sc[bbuf[i]] + G * 4), DType::f32, 0, ng);
+        if (st.first_k && G == 0) b.binary(sim::Op::vmul, accop, gtop, scrow, st.ml, st.nl);
+        else b.ternary(sim::Op::vfma, accop, gtop, scrow, accop, st.ml, st.nl);
+      }
+    } else if (ktiles_full > 0) {
       ktile(0, R, !st.first_k, false);
       if (ktiles_full > 1) {
         b.loop(k_reg, ktiles_full - 1);
@@ -595,7 +665,7 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
         b.end_loop();
       }
     }
-    if (k_tail > 0) ktile(ktiles_full, k_tail, !(st.first_k && ktiles_full == 0), false);
+    if (!direct && k_tail > 0) ktile(ktiles_full, k_tail, !(st.first_k && ktiles_full == 0), false);
     for (const auto& [j, c] : fold_at[i]) max_chunk(j, c, std::min(R, ak - c * R), false);
     for (const size_t j : finish_at[i]) max_finish(j);
     // int4 B: the next step's panel unpacked while this step's matmuls stream (its own bf16

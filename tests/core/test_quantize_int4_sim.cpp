@@ -1,8 +1,9 @@
 // linear_int4 on the simulated chip (codegen/quantized_linear.cpp, MatmulSpec::b_int4_group): the
-// product against a naive loop over weights decoded here from the documented packing (each
-// dequantized weight rounded to bf16, as the kernel's VMEM panel holds it, x rounded to bf16 as
-// the default f32 matmul precision does), with no host fallback, eager and compiled, and the HBM
-// traffic of the program in closed form (the weights read packed, half a byte each).
+// product against a naive loop over weights decoded here from the documented packing (x rounded
+// to bf16 as the default f32 matmul precision does; with more rows than half a group each
+// dequantized weight rounded to bf16 too, as the kernel's VMEM panel holds it, with fewer the
+// exact q s, which the kernel applies per group after the MXUs), with no host fallback, eager and
+// compiled, and the HBM traffic of the program in closed form (the weights read packed).
 #include <cmath>
 #include <cstring>
 #include <iterator>
@@ -33,18 +34,22 @@ struct Int4DefaultPrecision {
   ~Int4DefaultPrecision() { set_float32_matmul_precision(prev); }
 };
 
-// The chip's product, naive in double: Wd[j, k] = bf16(f32(nibble - 8) * scale), the nibble read
-// from the layout of ops/cpu/kernels/gemv_int4.h (byte 16 (k / 32) + k % 16, low nibble for
-// k % 32 < 16), x rounded to bf16. `mag` sums |x w| for the accumulation tolerance.
+// The chip's product, naive in double: Wd[j, k] = bf16(f32(nibble - 8) * scale) (round_w; else
+// (nibble - 8) * scale exactly), the nibble read from the layout of ops/cpu/kernels/gemv_int4.h
+// (byte 16 (k / 32) + k % 16, low nibble for k % 32 < 16), x rounded to bf16. `mag` sums |x w|
+// for the accumulation tolerance. The chip rounds the weights when M > group / 2.
 void int4_chip_ref(const std::vector<float>& x, const std::vector<uint8_t>& q, const std::vector<float>& s, int64_t M,
                    int64_t N, int64_t K, int64_t group, std::vector<double>& ref, std::vector<double>& mag) {
+  const bool round_w = M > group / 2;
   ref.assign(static_cast<size_t>(M * N), 0);
   mag.assign(static_cast<size_t>(M * N), 0);
   for (int64_t j = 0; j < N; ++j)
     for (int64_t k = 0; k < K; ++k) {
       const uint8_t b = q[static_cast<size_t>(j * (K / 2) + (k / 32) * 16 + k % 16)];
       const int v = ((k % 32) < 16 ? (b & 0xF) : (b >> 4)) - 8;
-      const float w = static_cast<float>(bf16(static_cast<float>(v) * s[static_cast<size_t>(j * (K / group) + k / group)]));
+      const double sv = s[static_cast<size_t>(j * (K / group) + k / group)];
+      const double w = round_w ? static_cast<double>(static_cast<float>(bf16(static_cast<float>(v) * static_cast<float>(sv))))
+                               : v * sv;
       for (int64_t i = 0; i < M; ++i) {
         const double p = static_cast<double>(static_cast<float>(bf16(x[static_cast<size_t>(i * K + k)]))) * w;
         ref[static_cast<size_t>(i * N + j)] += p;
@@ -74,7 +79,7 @@ TEST_CASE("linear_int4 on the chip: the nibbles unpacked in VMEM against the dec
   for (const int64_t group : {32, 128})
     for (const int64_t K : {128, 256})
       for (const int64_t N : {5, 17})
-        for (const int64_t M : {1, 3, 13}) {
+        for (const int64_t M : {1, 3, 13, 70}) {
           const RandomInt4 w(g, N, K, group);
           const std::vector<float> xv = q4s_random(g, static_cast<size_t>(M * K), -2, 2);
           const Tensor xd = from_vector(xv, {M, K}).to(sim.dev());
@@ -126,8 +131,9 @@ TEST_CASE("int4 matmul program with f16 group scales: widened exactly in VMEM", 
   const sim::ChipConfig cfg = sim::preset_config("tiny");
   Generator g(53);
   for (const int64_t group : {32, 128})
-    for (const bool nonfinite : {false, true}) {
-      const int64_t M = 3, N = 17, K = 256;
+    for (const bool nonfinite : {false, true})
+    for (const int64_t M : {3, 70}) {
+      const int64_t N = 17, K = 256;
       const RandomInt4 w(g, N, K, group);
       std::vector<uint16_t> sh(static_cast<size_t>(N * (K / group)));
       const uint16_t edge[] = {0x0001, 0x03FF, 0x0200, 0x7BFF, 0x8000, 0x0000, 0xAE66, 0x8401, 0x0400, 0x3C00};
@@ -151,7 +157,7 @@ TEST_CASE("int4 matmul program with f16 group scales: widened exactly in VMEM", 
       s.mode = sim::MxuMode::bf16;
       s.epilogue.result = s.epilogue.input(0);
       sim::Chip chip(cfg);
-      const int64_t A = 0, Bq = 8192, C = 16384, S = 24576;
+      const int64_t A = 0, Bq = 131072, C = 196608, S = 262144;
       chip.write_hbm(uint64_t(A), xv.data(), xv.size() * 4);
       chip.write_hbm(uint64_t(Bq), w.q.data(), w.q.size());
       chip.write_hbm(uint64_t(S), sh.data(), sh.size() * 2);
@@ -167,7 +173,7 @@ TEST_CASE("int4 matmul program with f16 group scales: widened exactly in VMEM", 
           if (nonfinite && j < 2) bad += std::isfinite(got[at]);
           else bad += !(std::fabs(got[at] - ref[at]) <= 1e-5 * mag[at] + 1e-30);
         }
-      INFO("group " << group << (nonfinite ? " with inf / NaN scales" : ""));
+      INFO("group " << group << " M " << M << (nonfinite ? " with inf / NaN scales" : ""));
       CHECK(bad == 0);
     }
 }
