@@ -63,8 +63,8 @@ struct VmemPlan {
   int64_t dq[2]{}, sc[2]{}, qt[2]{}, sh = 0, nib[2]{}, mask = 0, sc16[2]{};  // sc16: f16 scales as loaded
   // int4_direct: a ring of buffers for the groups' products, deep enough that the MXUs run ahead
   // of the vector unit by the pipeline's fill and drain (512 cycles on a 256-row array; a group
-  // of 32 takes 32 cycles of weight loads per MXU)
-  static constexpr int kGroupBuffers = 24;
+  // of 32 takes 32 cycles of weight loads per MXU) plus a chunk of unpacking
+  static constexpr int kGroupBuffers = 48;
   std::array<int64_t, kGroupBuffers> gt{};
   int ngt = 0;
   std::vector<std::array<int64_t, 2>> epi;
@@ -250,6 +250,7 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
             "internal: codegen: matmul row factors need a float A, got {}", sim::dtype_name(s.a_dtype));
   TPU_CHECK(!(quant && s.a_row_scale), "internal: codegen: a_row_quant and a_row_scale together");
   const int64_t g4 = s.b_int4_group;
+  const bool direct = int4_direct(s, tl.tm);
   TPU_CHECK(g4 == 0 || (g4 % 32 == 0 && s.b_transposed && s.k % g4 == 0 && !quant && !s.a_row_scale &&
                         (s.batch == 1 || s.b_batch_stride == 0) && s.b_dtype == DType::i8),
             "internal: codegen: packed int4 B needs a transposed [N, K / 2] weight, K a multiple of the group {}", g4);
@@ -303,6 +304,11 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
   // the whole block (the first block of a 1024 x 4096 A is 8 MiB: ~9k cycles on v6e before the
   // MXUs could start). DMAs take HBM bandwidth in program order, hence the interleaving.
   auto chunks = [&](const Step& st) { return (st.kl + R - 1) / R; };
+  // (chunks of at least 1,024 weights per row: their words fill the vector unit's 128 lanes)
+  auto nchunks4 = [&](const Step& st) {
+    return std::max<int64_t>(1, std::min<int64_t>({st.kl / std::max<int64_t>(g4, 1), st.kl / 1024, 8}));
+  };
+  auto chunk_k = [&](const Step& st, int64_t c) { return c * (st.kl / g4) / nchunks4(st) * g4; };
   auto achunks = [&](const Step& st) { return quant ? (ak + R - 1) / R : chunks(st); };
   auto dma_a_chunk = [&](size_t i, int64_t c) {
     const Step& st = steps[i];
@@ -359,8 +365,22 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
               B::hbm_at(B::at((st.b * s.b_batch_stride + (st.k0 + kc) * s.n + st.n0) * esb, {{int16_t(b_reg), 1}})),
               {.rows = kcl, .row_bytes = st.nl * esb, .src_row_stride = s.n * esb}, qb, semB);
     }
-    // int4 B: the packed panel (K / 2 bytes per weight row) and its group scales, two signals.
-    if (bload[i] && g4 > 0) {
+    // int4 B: the packed panel (K / 2 bytes per weight row) and its group scales, two signals;
+    // int4_direct: the scales, then the panel in nchunks4 chunks of whole groups along K, a
+    // signal each (unpacked one by one during the step before).
+    if (bload[i] && direct) {
+      const int64_t ses = s.b_int4_scale_f16 ? 2 : 4;
+      b.dma(B::vmem_at(B::at(s.b_int4_scale_f16 ? vp.sc16[bbuf[i]] : vp.sc[bbuf[i]])),
+            B::hbm_at(B::at((st.n0 * (s.k / g4) + st.k0 / g4) * ses, {{int16_t(scale_reg), 1}})),
+            {.rows = st.nl, .row_bytes = st.kl / g4 * ses, .src_row_stride = s.k / g4 * ses}, qb, semB);
+      for (int64_t c = 0; c < nchunks4(st); ++c) {
+        const int64_t k0 = chunk_k(st, c), k1 = chunk_k(st, c + 1);
+        b.dma(B::vmem_at(B::at(vp.b[bbuf[i]] + k0 / 2)),
+              B::hbm_at(B::at(st.b * s.b_batch_stride + st.n0 * (s.k / 2) + (st.k0 + k0) / 2, {{int16_t(b_reg), 1}})),
+              {.rows = st.nl, .row_bytes = (k1 - k0) / 2, .dst_row_stride = st.kl / 2, .src_row_stride = s.k / 2}, qb,
+              semB);
+      }
+    } else if (bload[i] && g4 > 0) {
       b.dma(B::vmem_at(B::at(vp.b[bbuf[i]])),
             B::hbm_at(B::at(st.b * s.b_batch_stride + st.n0 * (s.k / 2) + st.k0 / 2, {{int16_t(b_reg), 1}})),
             {.rows = st.nl, .row_bytes = st.kl / 2, .src_row_stride = s.k / 2}, qb, semB);
@@ -421,7 +441,20 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
       b.binary(sim::Op::vor, B::vmem(B::at(vp.sc[bf] + 4 * h), DType::i32, 2 * c, 2), I(T1), I(T2), r, c);
     }
   };
-  const bool direct = int4_direct(s, tl.tm);
+  // int4_direct: chunk c of step i's packed panel (rows nl, the chunk's K range) on its words.
+  auto unpack_chunk4 = [&](size_t i, int64_t c) {
+    const Step& st = steps[i];
+    const int bf = bbuf[i];
+    const int64_t k0 = chunk_k(st, c), k1 = chunk_k(st, c + 1);
+    auto words = [&](int64_t at) { return B::vmem(B::at(at + k0 / 2), DType::i32, st.kl / 8); };
+    const sim::Operand mf0 = B::vmem(B::at(vp.mask + 4), DType::i32, 0, 0),
+                       m88 = B::vmem(B::at(vp.mask + 8), DType::i32, 0, 0);
+    const int64_t lo = vp.dq[bf], hi = vp.dq[bf] + st.nl * st.kl / 2, cols = (k1 - k0) / 8;
+    b.binary(sim::Op::vxor, words(hi), words(vp.b[bf]), m88, st.nl, cols);
+    b.binary(sim::Op::vshl, words(lo), words(hi), B::imm(4), st.nl, cols);
+    b.binary(sim::Op::vand, words(lo), words(lo), mf0, st.nl, cols);
+    b.binary(sim::Op::vand, words(hi), words(hi), mf0, st.nl, cols);
+  };
   auto unpack_int4 = [&](size_t i) {
     const Step& st = steps[i];
     const int64_t C = st.nl * (st.kl / g4);
@@ -437,16 +470,7 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
       // their byte: weights 32 c + j and 32 c + 16 + j of a row at byte 16 c + j of lo and hi.
       b.binary(sim::Op::vmul, B::vmem(B::at(vp.sc[bf]), DType::f32, scols), B::vmem(B::at(vp.sc[bf]), DType::f32, scols),
                B::imm(1.0f / 16), sr, scols);
-      const auto [wr, wc] = dense(st.nl * st.kl / 8);
-      auto words = [&](int64_t at) { return B::vmem(B::at(at), DType::i32, wc); };
-      const sim::Operand mf0 = B::vmem(B::at(vp.mask + 4), DType::i32, 0, 0),
-                         m88 = B::vmem(B::at(vp.mask + 8), DType::i32, 0, 0);
-      const int64_t lo = vp.dq[bf], hi = vp.dq[bf] + st.nl * st.kl / 2;
-      b.binary(sim::Op::vxor, words(hi), words(vp.b[bf]), m88, wr, wc);
-      b.binary(sim::Op::vshl, words(lo), words(hi), B::imm(4), wr, wc);
-      b.binary(sim::Op::vand, words(lo), words(lo), mf0, wr, wc);
-      b.binary(sim::Op::vand, words(hi), words(hi), mf0, wr, wc);
-      return;
+      return;  // the words: unpack_chunk4
     }
     b.binary(sim::Op::vmul, B::vmem(B::at(vp.sh), DType::f32, scols), B::vmem(B::at(vp.sc[bf]), DType::f32, scols),
              B::imm(-8.0f), sr, scols);
@@ -534,8 +558,9 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
       if (std::find(fold_at[i].begin(), fold_at[i].end(), std::pair<size_t, int64_t>{j, c}) == fold_at[i].end())
         dma_a_chunk(j, c);
     if (i == 0 && bload[i] && g4 > 0) {  // later panels are unpacked during the step before theirs
-      b.wait(semB, 2);
+      b.wait(semB, direct ? 1 + nchunks4(st) : 2);
       unpack_int4(i);
+      for (int64_t c = 0; direct && c < nchunks4(st); ++c) unpack_chunk4(i, c);
     }
     if (st.first_k && !epi) b.wait(semC);  // the accumulator is the store buffer
     // The MXUs: column tile j of the panel on its own MXU, K tiles of R rows. A panel narrower
@@ -633,7 +658,34 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
       // then acc = gt x scale / 16 (+ acc) for the group's scales, a row vector.
       if (aload[i]) b.wait(semA, chunks(st));
       const int64_t ng = st.kl / g4, half = st.nl * st.kl / 2;
+      // The next step's panel: its scales and chunk c unpacked before group (c + 3/2) ng / (nch + 1)
+      // of this step, by when its DMA (issued at this step's start) has landed at HBM speed.
+      // Group G's product is folded into acc lag groups later in program order, when the MXUs'
+      // fill and drain have passed: a fold issued earlier would wait in the vector unit's queue,
+      // and a full queue stalls the issue of the MXUs' work.
+      const int64_t per_group = std::max<int64_t>(
+          1, int64_t(double(g4) * cfg.mxu.weight_load_cycles_per_row) * ((jt + nm - 1) / nm));
+      const int64_t lag = std::min<int64_t>(
+          vp.ngt - 2, int64_t((cfg.mxu.fill_cycles + cfg.mxu.drain_cycles + cfg.vpu.latency) / double(per_group)) + 1);
+      auto fold = [&](int64_t G) {
+        const sim::Operand accop = B::vmem(B::at(vp.acc[par]), DType::f32, st.nl);
+        const sim::Operand gtop = B::vmem(B::at(vp.gt[size_t(G % vp.ngt)]), DType::f32, st.nl);
+        const sim::Operand scrow = B::vmem(B::at(vp.sc[bbuf[i]] + G * 4), DType::f32, 0, ng);
+        if (st.first_k && G == 0) b.binary(sim::Op::vmul, accop, gtop, scrow, st.ml, st.nl);
+        else b.ternary(sim::Op::vfma, accop, gtop, scrow, accop, st.ml, st.nl);
+      };
+      const bool next4 = i + 1 < ns && bload[i + 1];
+      const int64_t nch = next4 ? nchunks4(steps[i + 1]) : 0;
+      int64_t next_c = 0;
       for (int64_t G = 0; G < ng; ++G) {
+        for (; next_c < nch && (G == ng - 1 || G >= ((2 * next_c + 3) * ng) / (2 * nch + 2)); ++next_c) {
+          if (next_c == 0) {
+            b.wait(semB);
+            unpack_int4(i + 1);
+          }
+          b.wait(semB);
+          unpack_chunk4(i + 1, next_c);
+        }
         const size_t gp = size_t(G % vp.ngt);
         const int64_t kr = std::min<int64_t>(R, 16);  // rows per pass (16, or the array's rows if fewer)
         for (int64_t t = 0; t < g4 / 32; ++t)
@@ -651,12 +703,9 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
                 b.mxu_matmul(mxu, B::vmem(B::at(vp.gt[gp] + j * Cm * 4), DType::f32, st.nl), lhs, st.ml, kk, nn,
                              t > 0 || h > 0 || r0 > 0, s.mode);
               }
-        const sim::Operand accop = B::vmem(B::at(vp.acc[par]), DType::f32, st.nl);
-        const sim::Operand gtop = B::vmem(B::at(vp.gt[gp]), DType::f32, st.nl);
-        const sim::Operand scrow = B::vmem(B::at(vp.sc[bbuf[i]] + G * 4), DType::f32, 0, ng);
-        if (st.first_k && G == 0) b.binary(sim::Op::vmul, accop, gtop, scrow, st.ml, st.nl);
-        else b.ternary(sim::Op::vfma, accop, gtop, scrow, accop, st.ml, st.nl);
+        if (G >= lag) fold(G - lag);
       }
+      for (int64_t G = std::max<int64_t>(0, ng - lag); G < ng; ++G) fold(G);
     } else if (ktiles_full > 0) {
       ktile(0, R, !st.first_k, false);
       if (ktiles_full > 1) {
@@ -670,7 +719,7 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
     for (const size_t j : finish_at[i]) max_finish(j);
     // int4 B: the next step's panel unpacked while this step's matmuls stream (its own bf16
     // buffer; the epilogue below waits for it).
-    if (i + 1 < ns && bload[i + 1] && g4 > 0) {
+    if (i + 1 < ns && bload[i + 1] && g4 > 0 && !direct) {
       b.wait(semB, 2);
       unpack_int4(i + 1);
     }
