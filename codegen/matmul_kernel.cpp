@@ -442,18 +442,19 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
     }
   };
   // int4_direct: chunk c of step i's packed panel (rows nl, the chunk's K range) on its words.
-  auto unpack_chunk4 = [&](size_t i, int64_t c) {
+  // Rows [r0, r0 + rn) of it (the pieces spread the vector unit's work between the groups).
+  auto unpack_chunk4 = [&](size_t i, int64_t c, int64_t r0, int64_t rn) {
     const Step& st = steps[i];
     const int bf = bbuf[i];
     const int64_t k0 = chunk_k(st, c), k1 = chunk_k(st, c + 1);
-    auto words = [&](int64_t at) { return B::vmem(B::at(at + k0 / 2), DType::i32, st.kl / 8); };
+    auto words = [&](int64_t at) { return B::vmem(B::at(at + r0 * (st.kl / 2) + k0 / 2), DType::i32, st.kl / 8); };
     const sim::Operand mf0 = B::vmem(B::at(vp.mask + 4), DType::i32, 0, 0),
                        m88 = B::vmem(B::at(vp.mask + 8), DType::i32, 0, 0);
     const int64_t lo = vp.dq[bf], hi = vp.dq[bf] + st.nl * st.kl / 2, cols = (k1 - k0) / 8;
-    b.binary(sim::Op::vxor, words(hi), words(vp.b[bf]), m88, st.nl, cols);
-    b.binary(sim::Op::vshl, words(lo), words(hi), B::imm(4), st.nl, cols);
-    b.binary(sim::Op::vand, words(lo), words(lo), mf0, st.nl, cols);
-    b.binary(sim::Op::vand, words(hi), words(hi), mf0, st.nl, cols);
+    b.binary(sim::Op::vxor, words(hi), words(vp.b[bf]), m88, rn, cols);
+    b.binary(sim::Op::vshl, words(lo), words(hi), B::imm(4), rn, cols);
+    b.binary(sim::Op::vand, words(lo), words(lo), mf0, rn, cols);
+    b.binary(sim::Op::vand, words(hi), words(hi), mf0, rn, cols);
   };
   auto unpack_int4 = [&](size_t i) {
     const Step& st = steps[i];
@@ -558,9 +559,9 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
       if (std::find(fold_at[i].begin(), fold_at[i].end(), std::pair<size_t, int64_t>{j, c}) == fold_at[i].end())
         dma_a_chunk(j, c);
     if (i == 0 && bload[i] && g4 > 0) {  // later panels are unpacked during the step before theirs
-      b.wait(semB, direct ? 1 + nchunks4(st) : 2);
+      b.wait(semB, 2);  // the packed panel and its scales; int4_direct: its scales and first chunk
       unpack_int4(i);
-      for (int64_t c = 0; direct && c < nchunks4(st); ++c) unpack_chunk4(i, c);
+      if (direct) unpack_chunk4(i, 0, 0, st.nl);
     }
     if (st.first_k && !epi) b.wait(semC);  // the accumulator is the store buffer
     // The MXUs: column tile j of the panel on its own MXU, K tiles of R rows. A panel narrower
@@ -658,8 +659,6 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
       // then acc = gt x scale / 16 (+ acc) for the group's scales, a row vector.
       if (aload[i]) b.wait(semA, chunks(st));
       const int64_t ng = st.kl / g4, half = st.nl * st.kl / 2;
-      // The next step's panel: its scales and chunk c unpacked before group (c + 3/2) ng / (nch + 1)
-      // of this step, by when its DMA (issued at this step's start) has landed at HBM speed.
       // Group G's product is folded into acc lag groups later in program order, when the MXUs'
       // fill and drain have passed: a fold issued earlier would wait in the vector unit's queue,
       // and a full queue stalls the issue of the MXUs' work.
@@ -674,17 +673,33 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
         if (st.first_k && G == 0) b.binary(sim::Op::vmul, accop, gtop, scrow, st.ml, st.nl);
         else b.ternary(sim::Op::vfma, accop, gtop, scrow, accop, st.ml, st.nl);
       };
-      const bool next4 = i + 1 < ns && bload[i + 1];
-      const int64_t nch = next4 ? nchunks4(steps[i + 1]) : 0;
-      int64_t next_c = 0;
+      // Unpacking in pieces of 128 rows between the groups: the step's own chunk c + 1 over the
+      // groups of chunk c, and the next step's first chunk (with its scales) over the last chunk's
+      // groups (from the middle of the step on at least), by when its DMA, issued at this step's
+      // start, has landed at HBM speed.
+      std::vector<std::vector<std::array<int64_t, 4>>> work(static_cast<size_t>(ng));  // {step, chunk, r0, rows}
+      auto spread = [&](size_t step, int64_t c, int64_t g0, int64_t g1) {
+        const int64_t nl1 = steps[step].nl, pieces = std::max<int64_t>(1, nl1 / 128);
+        g1 = std::max(g1, g0 + 1);
+        for (int64_t pc = 0; pc < pieces; ++pc)
+          work[size_t(std::min(ng - 1, g0 + pc * (g1 - g0) / pieces))].push_back(
+              {int64_t(step), c, pc * nl1 / pieces, (pc + 1) * nl1 / pieces - pc * nl1 / pieces});
+      };
+      const int64_t nch = nchunks4(st);
+      auto first_group = [&](int64_t c) { return chunk_k(st, c) / g4; };
+      if (bload[i])
+        for (int64_t c = 0; c + 1 < nch; ++c) spread(i, c + 1, first_group(c), first_group(c + 1));
+      if (i + 1 < ns && bload[i + 1]) spread(i + 1, 0, std::max(first_group(nch - 1), ng / 2), ng);
       for (int64_t G = 0; G < ng; ++G) {
-        for (; next_c < nch && (G == ng - 1 || G >= ((2 * next_c + 3) * ng) / (2 * nch + 2)); ++next_c) {
-          if (next_c == 0) {
+        for (const auto& [step, c, r0, rn] : work[size_t(G)]) {
+          if (r0 == 0) {
+            if (c == 0) {
+              b.wait(semB);  // the next panel's scales
+              unpack_int4(size_t(step));
+            }
             b.wait(semB);
-            unpack_int4(i + 1);
           }
-          b.wait(semB);
-          unpack_chunk4(i + 1, next_c);
+          unpack_chunk4(size_t(step), c, r0, rn);
         }
         const size_t gp = size_t(G % vp.ngt);
         const int64_t kr = std::min<int64_t>(R, 16);  // rows per pass (16, or the array's rows if fewer)
