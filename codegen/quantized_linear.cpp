@@ -24,11 +24,13 @@
 //   these weights), so the result equals the float linear of the dequantized weights.
 // int4 weights (linear_int4: packed nibbles, f32 or f16 scales per group of 32 or more columns)
 // are dequantized inside the matmul program (MatmulSpec::b_int4_group): each weight panel streams
-// from HBM packed, half a byte per weight with its group scales, and the vector unit unpacks it
-// into a bf16 panel in VMEM with 32-bit integer shifts and masks (q times its group's scale in
-// f32, rounded to bf16; f16 scales widened to f32 there) that the MXUs read; x
-// goes in at the f32 matmul precision (bf16 x in one bf16 pass). No MXU mode takes the nibbles
-// with scales varying along K, so this is the weight-only product of the bf16-rounded weights.
+// from HBM packed, half a byte per weight with its group scales (f16 ones widened to f32 in
+// VMEM), and the vector unit unpacks it with 32-bit integer shifts and masks; x goes in at the
+// f32 matmul precision (bf16 x in one bf16 pass). With at most group / 2 rows of x in a block
+// (decode), the MXUs read the nibbles as i8 weights 16 q, a pass per 16 of them, into one product
+// per group that the vector unit scales by scale / 16 into the accumulator: the product of the
+// exact dequantized weights. With more rows, the vector unit writes a bf16 panel of q times the
+// scale (rounded to bf16) that the MXUs read: the product of the bf16-rounded weights.
 // linear_fp8 with block scales (attrs block_n / block_k, a 2-D scale tensor) has no chip kernel
 // and takes the counted host fallback: the epilogue applies one scale per output column, not one per
 // block of K.
