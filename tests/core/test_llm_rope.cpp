@@ -209,6 +209,15 @@ TEST_CASE("config: sliding windows per family", "[llm][config]") {
   CHECK(g3.query_pre_attn_scalar == 256);
   CHECK(g3.tie_word_embeddings);
   CHECK(g3.hidden_act == "gelu_tanh");
+  // Gemma's MLP uses hidden_activation (absent: gelu_pytorch_tanh), never hidden_act (as
+  // Transformers): a hidden_act naming another function with no hidden_activation is refused by
+  // name, not silently replaced.
+  expect_error([&] { cfg(R"(, "model_type": "gemma2", "hidden_act": "gelu")"); }, {"hidden_act", "gelu", "hidden_activation"});
+  CHECK(cfg(R"(, "model_type": "gemma3_text", "hidden_act": "gelu", "hidden_activation": "gelu_pytorch_tanh")").hidden_act ==
+        "gelu_tanh");
+  CHECK(cfg(R"(, "model_type": "gemma2", "hidden_act": "gelu_pytorch_tanh")").hidden_act == "gelu_tanh");
+  CHECK(cfg(R"(, "model_type": "gemma2", "hidden_act": "gelu", "hidden_activation": "gelu")").hidden_act == "gelu");
+  CHECK(cfg(R"(, "model_type": "gemma2", "hidden_activation": "gelu")").hidden_act == "gelu");
   auto g2 = cfg(R"(, "model_type": "gemma2")");
   CHECK(g2.attn_logit_softcapping == 50.0);
   CHECK(g2.final_logit_softcapping == 30.0);
