@@ -1,11 +1,14 @@
 // Tensor parallelism of quantized linears (parallelize_module over nn::QuantizedLinear): a
 // two-layer MLP, the first layer column-parallel and the second row-parallel, in int8 (per-row
 // scales), int4 (group scales [N, K / group]) and fp8 (per-row, and block scales), against the
-// same unsharded layers in this process and against a naive loop over the dequantized weights.
+// same unsharded layers in this process and against a naive loop over the dequantized weights;
+// a Qwen3-shaped CausalLM with int8 / int4 linears split by causal_lm_plan against its unsharded
+// logits.
 // A split that cuts an int4 group or an fp8 scale block is a tpu::Error naming the numbers.
 #include <cstring>
 
 #include "model.h"
+#include "tpucore/models.h"
 #include "tpucore/nn/parallel/parallelize.h"
 #include "tpucore/nn/quantized.h"
 #include "tpucore/quantize.h"
@@ -119,6 +122,28 @@ void check_layers(const dist::ProcessGroupPtr& tp, const std::string& what, doub
   check(d1 < tol / 4, fmt::format("{}: the sharded output equals the unsharded model's (max diff {})", what, d1));
 }
 
+// A Qwen3-shaped CausalLM with int8 or int4 decoder linears, parallelized by causal_lm_plan:
+// the logits equal the unsharded quantized model's.
+void check_causal_lm(const dist::ProcessGroupPtr& tp, nn::WeightQuant kind) {
+  const std::string what = fmt::format("causal_lm_plan over {} linears", nn::weight_quant_name(kind));
+  Generator g(17);
+  auto lm = std::make_shared<models::CausalLM>(
+      models::ModelConfig::from_json(
+          R"({"model_type": "qwen3", "vocab_size": 40, "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+              "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": false})"),
+      &g);
+  models::quantize_causal_lm(*lm, kind, 32);
+  const Tensor ids = from_vector(std::vector<int64_t>{1, 7, 3, 30, 12, 5, 9, 2}, Shape{2, 4});
+  NoGradGuard ng;
+  const Tensor whole = (*lm)(ids);
+  parallelize_module(*lm, tp, causal_lm_plan(*lm));
+  const Tensor got = (*lm)(ids);
+  check(got.shape() == whole.shape(), what + ": logits of the unsharded shape");
+  const double d = max_diff(got, whole.to_vector<float>()), tol = 1e-3 * std::max(1.0, max_abs(whole));
+  check(d < tol, fmt::format("{}: 2 ranks equal the unsharded model (max diff {}, tolerance {})", what, d, tol));
+}
+
 }  // namespace
 
 int scenario_tp_quant() {
@@ -143,6 +168,14 @@ int scenario_tp_quant() {
   check_format("fp8 blocks 16x32", 2e-3, [](const nn::Linear& l, bool col) {
     return fp8_block_linear(l, 16, 32, col ? 21 : 22);
   });
+
+  for (auto kind : {WeightQuant::int8, WeightQuant::int4}) {
+    try {
+      check_causal_lm(tp, kind);
+    } catch (const std::exception& e) {
+      check(false, std::string("causal_lm_plan: ") + e.what());
+    }
+  }
 
   // Splits that cut a group or a block: a tpu::Error naming the numbers, the layer untouched.
   const auto wide = float_linear(128, 64, 31);  // in 128, out 64
