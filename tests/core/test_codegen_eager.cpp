@@ -43,7 +43,7 @@ TEST_CASE("codegen: programs are cached per op, shapes and dtypes", "[codegen]")
   CHECK(codegen::stats().programs_built == s1.programs_built + 1);
 }
 
-TEST_CASE("codegen testing: each TinySim starts on a new device; a tensor left on sim:1 is an error", "[codegen]") {
+TEST_CASE("codegen testing: each TinySim starts on a new device, and a tensor left on sim:1 is an error", "[codegen]") {
   // One process, three tests' worth of TinySim: the first leaves a chip tensor alive (as a
   // global of a test file would), so sim:1 cannot be rebuilt: the next TinySim must refuse it,
   // naming the live allocation, rather than run on the old device and its cached programs.
