@@ -194,6 +194,13 @@ TEST_CASE("config: sliding windows per family", "[llm][config]") {
     return s;
   };
   CHECK(kinds(cfg(R"(, "model_type": "mistral")")) == "SSSSSS");
+  // Without the field, Transformers' MistralConfig slides over 4096 positions; null: no window.
+  const std::string no_window = R"({"vocab_size": 11, "hidden_size": 16, "intermediate_size": 8, "num_hidden_layers": 2,
+                                    "num_attention_heads": 2, "head_dim": 8, "model_type": )";
+  CHECK(models::ModelConfig::from_json(no_window + R"("mistral"})").sliding_window == 4096);
+  CHECK(models::ModelConfig::from_json(no_window + R"("mistral", "sliding_window": null})").sliding_window == 0);
+  CHECK(models::ModelConfig::from_json(no_window + R"("mixtral"})").sliding_window == 0);
+  CHECK(models::ModelConfig::from_json(no_window + R"("gemma2"})").sliding_window == 4096);
   CHECK(kinds(cfg(R"(, "model_type": "llama")")) == "FFFFFF");  // Llama has no sliding window
   CHECK(kinds(cfg(R"(, "model_type": "qwen2")")) == "FFFFFF");  // use_sliding_window defaults to false
   CHECK(kinds(cfg(R"(, "model_type": "qwen2", "use_sliding_window": true, "max_window_layers": 4)")) == "FFFFSS");

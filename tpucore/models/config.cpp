@@ -290,7 +290,10 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
   const bool qwen = c.model_type == "qwen2" || c.model_type == "qwen3" || c.model_type == "qwen3_moe";
   if (c.model_type == "mistral" || c.model_type == "mixtral" || c.gemma ||
       (qwen && get_bool(j, "use_sliding_window", src, false)))
-    window = get_int(j, "sliding_window", src, c.gemma ? 4096 : 0);
+    // Absent, Transformers' defaults: 4096 for Mistral and Gemma, none for Mixtral and Qwen;
+    // null: none.
+    window = j.contains("sliding_window") ? get_int(j, "sliding_window", src, 0)
+                                          : (c.gemma || c.model_type == "mistral" ? 4096 : 0);
   TPU_CHECK(window >= 0, "{}: sliding_window must be >= 0, got {}", src, window);
   c.sliding_window = window;
   resolve_layers(c, j, src);
