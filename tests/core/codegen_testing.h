@@ -15,11 +15,13 @@
 namespace tpu::testing {
 
 // sim:1 built on the tiny chip (VMEM 256 KiB, HBM 4 MiB, 2 MXUs of 8x8) for the test's duration.
+// Every TinySim starts from a new device (empty program cache, empty HBM), so a test never sees
+// programs or memory of an earlier one; a tensor an earlier test left on sim:1 (a global, a
+// static) makes the constructor throw the tpu::Error of set_sim_chip naming the live
+// allocations, instead of the test silently running on the old device.
 struct TinySim {
   std::string prev;
-  TinySim() : prev(device::sim_chip(1)) {
-    if (prev != "tiny") set_sim_chip("tiny", 1);
-  }
+  TinySim() : prev(device::sim_chip(1)) { set_sim_chip("tiny", 1); }
   ~TinySim() {
     try {
       if (prev != "tiny") set_sim_chip(prev, 1);

@@ -43,6 +43,26 @@ TEST_CASE("codegen: programs are cached per op, shapes and dtypes", "[codegen]")
   CHECK(codegen::stats().programs_built == s1.programs_built + 1);
 }
 
+TEST_CASE("codegen testing: each TinySim starts on a new device, and a tensor left on sim:1 is an error", "[codegen]") {
+  // One process, three tests' worth of TinySim: the first leaves a chip tensor alive (as a
+  // global of a test file would), so sim:1 cannot be rebuilt: the next TinySim must refuse it,
+  // naming the live allocation, rather than run on the old device and its cached programs.
+  Tensor kept;
+  {
+    TinySim tiny;
+    kept = tpu::mul(full({5, 3}, 2.0, TensorOptions(DType::f32, tiny.dev())), 3.0);
+    CHECK(codegen::cached_programs(tiny.dev()) >= 1);
+  }
+  CHECK_THROWS_WITH(TinySim(), Catch::Contains("allocation(s)") && Catch::Contains("live on it"));
+  kept = Tensor();
+  TinySim tiny;
+  CHECK(codegen::cached_programs(tiny.dev()) == 0);  // no program of the earlier device
+  codegen::reset_stats();
+  const Tensor y = tpu::mul(full({5, 3}, 2.0, TensorOptions(DType::f32, tiny.dev())), 3.0);
+  CHECK(codegen::stats().programs_built >= 1);
+  CHECK(y.to(Device()).to_vector<float>() == std::vector<float>(15, 6.0f));
+}
+
 TEST_CASE("codegen: the program cache keeps its capacity, least recently used out first", "[codegen]") {
   TinySim tiny;
   Generator g(9);

@@ -35,8 +35,12 @@ std::vector<RandomNode> recipe(uint32_t seed, int n, bool casts = true) {
 }
 
 // The weight of the matmul nodes, [C, C], captured by the traced function: set per device
-// before tracing (a tensor made while tracing would be a proxy).
+// before tracing (a tensor made while tracing would be a proxy), released when the test ends
+// (a chip tensor left alive would pin its device for the tests after).
 Tensor g_weight;
+struct ReleaseWeight {
+  ~ReleaseWeight() { g_weight = Tensor(); }
+};
 
 std::vector<Tensor> run_recipe(const std::vector<RandomNode>& nodes, const std::vector<Tensor>& in) {
   std::vector<Tensor> v(in.begin(), in.end());
@@ -95,6 +99,7 @@ std::vector<Tensor> run_recipe(const std::vector<RandomNode>& nodes, const std::
 }  // namespace
 
 TEST_CASE("jit: random graphs compile without cycles and match eager on the cpu", "[jit]") {
+  const ReleaseWeight release;
   g_weight = jit_testing::rnd({10, 10}, 77) * 0.3;
   int regions = 0;
   for (uint32_t seed = 1; seed <= 400; ++seed) {
@@ -116,6 +121,7 @@ TEST_CASE("jit: random graphs compile without cycles and match eager on the cpu"
 
 TEST_CASE("jit: random graphs compile and match eager on sim", "[jit][codegen]") {
   TinySim tiny;
+  const ReleaseWeight release;
   g_weight = (jit_testing::rnd({10, 10}, 77) * 0.3).to(tiny.dev());
   auto region_runs = [] {
     uint64_t n = 0;

@@ -194,6 +194,13 @@ TEST_CASE("config: sliding windows per family", "[llm][config]") {
     return s;
   };
   CHECK(kinds(cfg(R"(, "model_type": "mistral")")) == "SSSSSS");
+  // Without the field, Transformers' MistralConfig slides over 4096 positions; null: no window.
+  const std::string no_window = R"({"vocab_size": 11, "hidden_size": 16, "intermediate_size": 8, "num_hidden_layers": 2,
+                                    "num_attention_heads": 2, "head_dim": 8, "model_type": )";
+  CHECK(models::ModelConfig::from_json(no_window + R"("mistral"})").sliding_window == 4096);
+  CHECK(models::ModelConfig::from_json(no_window + R"("mistral", "sliding_window": null})").sliding_window == 0);
+  CHECK(models::ModelConfig::from_json(no_window + R"("mixtral"})").sliding_window == 0);
+  CHECK(models::ModelConfig::from_json(no_window + R"("gemma2"})").sliding_window == 4096);
   CHECK(kinds(cfg(R"(, "model_type": "llama")")) == "FFFFFF");  // Llama has no sliding window
   CHECK(kinds(cfg(R"(, "model_type": "qwen2")")) == "FFFFFF");  // use_sliding_window defaults to false
   CHECK(kinds(cfg(R"(, "model_type": "qwen2", "use_sliding_window": true, "max_window_layers": 4)")) == "FFFFSS");
@@ -209,6 +216,15 @@ TEST_CASE("config: sliding windows per family", "[llm][config]") {
   CHECK(g3.query_pre_attn_scalar == 256);
   CHECK(g3.tie_word_embeddings);
   CHECK(g3.hidden_act == "gelu_tanh");
+  // Gemma's MLP uses hidden_activation (absent: gelu_pytorch_tanh), never hidden_act (as
+  // Transformers): a hidden_act naming another function with no hidden_activation is refused by
+  // name, not silently replaced.
+  expect_error([&] { cfg(R"(, "model_type": "gemma2", "hidden_act": "gelu")"); }, {"hidden_act", "gelu", "hidden_activation"});
+  CHECK(cfg(R"(, "model_type": "gemma3_text", "hidden_act": "gelu", "hidden_activation": "gelu_pytorch_tanh")").hidden_act ==
+        "gelu_tanh");
+  CHECK(cfg(R"(, "model_type": "gemma2", "hidden_act": "gelu_pytorch_tanh")").hidden_act == "gelu_tanh");
+  CHECK(cfg(R"(, "model_type": "gemma2", "hidden_act": "gelu", "hidden_activation": "gelu")").hidden_act == "gelu");
+  CHECK(cfg(R"(, "model_type": "gemma2", "hidden_activation": "gelu")").hidden_act == "gelu");
   auto g2 = cfg(R"(, "model_type": "gemma2")");
   CHECK(g2.attn_logit_softcapping == 50.0);
   CHECK(g2.final_logit_softcapping == 30.0);

@@ -114,6 +114,10 @@ TEST_CASE("tp: bad shapes and targets are errors, the layers stay usable", "[sha
   require_ok(run(2, {"tp_bad"}));
 }
 
+TEST_CASE("tp: int8, int4 and fp8 QuantizedLinear split column- and row-wise on 2 ranks equal the unsharded layers", "[sharded]") {
+  require_ok(run(2, {"tp_quant"}));
+}
+
 TEST_CASE("tp: a plan applied to a Qwen3-shaped CausalLM on 2 ranks equals one-process training", "[sharded]") {
   require_ok(run(2, {"tp_hub", "2", "0", "0"}));
 }

@@ -17,6 +17,7 @@ int scenario_fsdp_die();
 int scenario_fsdp_compile();  // worker_fsdp_compile.cpp
 int scenario_tp_train(int tp);
 int scenario_tp_bad();
+int scenario_tp_quant();  // worker_tp_quant.cpp
 int scenario_tp_hub(int tp, bool sequence, bool tied, bool mla);  // worker_tp_hub.cpp
 int scenario_hooks();                                   // worker_hooks.cpp
 int scenario_ep_train(int ep, bool plan, bool compiled);  // worker_ep.cpp
@@ -43,6 +44,7 @@ int main(int argc, char** argv) {
     else if (s == "fsdp_compile") rc = scenario_fsdp_compile();
     else if (s == "tp_train") rc = scenario_tp_train(std::atoi(arg(2, "2").c_str()));
     else if (s == "tp_bad") rc = scenario_tp_bad();
+    else if (s == "tp_quant") rc = scenario_tp_quant();
     else if (s == "tp_hub") rc = scenario_tp_hub(std::atoi(arg(2, "2").c_str()), arg(3, "0") == "1", arg(4, "0") == "1",
                                                  arg(5, "0") == "1");
     else if (s == "hooks") rc = scenario_hooks();

@@ -7,6 +7,7 @@
 #include "model.h"
 #include "tpucore/nn/parallel/fsdp.h"
 #include "tpucore/nn/parallel/tensor_parallel.h"
+#include "tpucore/nn/quantized.h"
 
 namespace sharded_test {
 
@@ -127,6 +128,17 @@ int scenario_tp_bad() {
   auto g = dist::world();
   nn::Linear odd(16, 5);
   check_error([&] { ColumnParallelLinear(odd, g); }, "not a multiple of the tensor-parallel size 2", "5 outputs on 2 ranks");
+  {
+    // A quantized projection would lose its scales in a float layer: refused, naming the dtype.
+    nn::GatedMLP mlp(16, 32, "silu", false);
+    nn::quantize_linear(mlp, "up_proj", mlp.up_proj, nn::WeightQuant::int8);
+    check_error([&] { ParallelGatedMLP(mlp, g); }, "up_proj.weight has dtype i8 (a quantized layer's weight)",
+                "ParallelGatedMLP over an int8 up_proj");
+    nn::Linear lin(16, 8);
+    nn::QuantizedLinear q(lin, nn::WeightQuant::fp8);
+    check_error([&] { RowParallelLinear(q, g); }, "has dtype u8 (a quantized layer's weight)",
+                "RowParallelLinear over an fp8 layer");
+  }
   nn::AttentionConfig ac;
   ac.hidden = 16;
   ac.num_heads = 4;

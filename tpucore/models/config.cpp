@@ -225,9 +225,20 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
   c.rope_theta = get_double(j, "rope_theta", src, c.model_type == "gemma3_text" ? 1000000.0 : 10000.0);
   c.rms_norm_eps = get_double(j, "rms_norm_eps", src, 1e-6);
   c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", src, c.gemma);
-  c.hidden_act = get_string(j, "hidden_act", src, c.gemma ? "gelu_pytorch_tanh" : "silu");
-  if (c.gemma) c.hidden_act = get_string(j, "hidden_activation", src, c.hidden_act);
-  c.hidden_act = activation_name(c.hidden_act, src, c.gemma ? "hidden_activation" : "hidden_act");
+  if (c.gemma) {
+    // Gemma 2 / 3's MLP reads hidden_activation (absent: gelu_pytorch_tanh), as Transformers does;
+    // it never reads their hidden_act. A hidden_act naming another function with no
+    // hidden_activation beside it would silently run gelu_pytorch_tanh: refused by name.
+    const std::string act = get_string(j, "hidden_act", src, "");
+    const bool has_activation = j.contains("hidden_activation") && !j["hidden_activation"].is_null();
+    c.hidden_act = activation_name(get_string(j, "hidden_activation", src, "gelu_pytorch_tanh"), src,
+                                   "hidden_activation");
+    TPU_CHECK(has_activation || act.empty() || activation_name(act, src, "hidden_act") == c.hidden_act,
+              "{}: field 'hidden_act' = \"{}\" is not the activation of model_type '{}': its MLP uses "
+              "hidden_activation (absent: gelu_pytorch_tanh); set hidden_activation", src, act, c.model_type);
+  } else {
+    c.hidden_act = activation_name(get_string(j, "hidden_act", src, "silu"), src, "hidden_act");
+  }
   // Transformers v5 writes "dtype", v4 "torch_dtype".
   c.torch_dtype = get_string(j, "dtype", src, get_string(j, "torch_dtype", src, "float32"));
   c.mlp_bias = get_bool(j, "mlp_bias", src, false);
@@ -279,7 +290,10 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
   const bool qwen = c.model_type == "qwen2" || c.model_type == "qwen3" || c.model_type == "qwen3_moe";
   if (c.model_type == "mistral" || c.model_type == "mixtral" || c.gemma ||
       (qwen && get_bool(j, "use_sliding_window", src, false)))
-    window = get_int(j, "sliding_window", src, c.gemma ? 4096 : 0);
+    // Absent, Transformers' defaults: 4096 for Mistral and Gemma, none for Mixtral and Qwen;
+    // null: none.
+    window = j.contains("sliding_window") ? get_int(j, "sliding_window", src, 0)
+                                          : (c.gemma || c.model_type == "mistral" ? 4096 : 0);
   TPU_CHECK(window >= 0, "{}: sliding_window must be >= 0, got {}", src, window);
   c.sliding_window = window;
   resolve_layers(c, j, src);

@@ -8,6 +8,7 @@
 #include "tpucore/nn/mla.h"
 #include "tpucore/nn/parallel/expert_parallel.h"
 #include "tpucore/nn/parallel/tensor_parallel.h"
+#include "tpucore/nn/quantized.h"
 #include "tpucore/ops.h"
 
 namespace tpu::nn::parallel {
@@ -99,6 +100,50 @@ Tensor block(const Tensor& full, int dim, const dist::ProcessGroupPtr& g, const 
   return t;
 }
 
+// This rank's part of a quantized weight and its scales. Column parallelism splits the output
+// rows: the per-row scales ([N]) and the int4 group scales ([N, K / group]) go with their rows,
+// fp8 block scales by blocks of block_n rows. Row parallelism splits the input features: the
+// per-row scales stay whole (every column of a row has the row's scale), the int4 group scales
+// and fp8 block scales split along K with their columns. A split that cuts a group or a block
+// is a tpu::Error naming the numbers.
+void shard_quantized(QuantizedLinear& q, bool col, const dist::ProcessGroupPtr& g, const std::string& name) {
+  const int64_t n = g->size(), N = q.weight.size(0), K = q.in_features;
+  const char* fmt_name = weight_quant_name(q.kind);
+  if (col) {
+    TPU_CHECK(N % n == 0, "parallelize_module: {} ({} QuantizedLinear) has {} output features, not a multiple of the "
+              "tensor-parallel size {}", name, fmt_name, N, n);
+    if (q.block_n > 0)
+      TPU_CHECK((N / n) % q.block_n == 0,
+                "parallelize_module: {} ({} QuantizedLinear, scale blocks of {}x{}): column parallelism over {} ranks "
+                "gives {} output features per rank, which cuts a block of {} rows",
+                name, fmt_name, q.block_n, q.block_k, n, N / n, q.block_n);
+    q.weight = block(q.weight, 0, g, name, "weight");
+    q.weight_scale = block(q.weight_scale, 0, g, name, "weight_scale");
+    return;
+  }
+  TPU_CHECK(K % n == 0, "parallelize_module: {} ({} QuantizedLinear) has {} input features, not a multiple of the "
+            "tensor-parallel size {}", name, fmt_name, K, n);
+  const int64_t k = K / n;
+  if (q.kind == WeightQuant::int4) {
+    TPU_CHECK(k % q.group == 0,
+              "parallelize_module: {} (int4 QuantizedLinear, groups of {} input features): row parallelism over {} "
+              "ranks gives {} input features per rank, which cuts a group of {}",
+              name, q.group, n, k, q.group);
+    q.weight = block(q.weight, 1, g, name, "weight");  // packed: k / 2 bytes per row, whole 32-weight chunks
+    q.weight_scale = block(q.weight_scale, 1, g, name, "weight_scale");
+  } else if (q.block_k > 0) {
+    TPU_CHECK(k % q.block_k == 0,
+              "parallelize_module: {} (fp8 QuantizedLinear, scale blocks of {}x{}): row parallelism over {} ranks "
+              "gives {} input features per rank, which cuts a block of {} columns",
+              name, q.block_n, q.block_k, n, k, q.block_k);
+    q.weight = block(q.weight, 1, g, name, "weight");
+    q.weight_scale = block(q.weight_scale, 1, g, name, "weight_scale");
+  } else {
+    q.weight = block(q.weight, 1, g, name, "weight");  // one scale per output row: whole on every rank
+  }
+  q.in_features = k;
+}
+
 // The slots of `m`'s own parameters, swapped for copy_to_tp aliases while a forward runs (their
 // gradients are then summed over the group).
 struct ReplicatedParams {
@@ -127,7 +172,8 @@ void apply(const std::string& name, Module& m, const ParallelStyle& st, const di
                   : (in == Layout::replicate || in == Layout::shard_last) && out != Layout::shard_last,
               "parallelize_module: {}: {} parallelism cannot take {} input to {} output", name, col ? "column" : "row",
               layout_name(in), layout_name(out));
-    lin->weight = block(lin->weight, col ? 0 : 1, g, name, "weight");
+    if (auto* ql = dynamic_cast<QuantizedLinear*>(lin)) shard_quantized(*ql, col, g, name);
+    else lin->weight = block(lin->weight, col ? 0 : 1, g, name, "weight");
     if (col && lin->bias.defined()) lin->bias = block(lin->bias, 0, g, name, "bias");
     if (col) {
       m.register_forward_pre_hook([g, in, name](Module&, std::vector<Tensor>& x) {

@@ -14,6 +14,10 @@
 // - rowwise (Linear): weight columns (input features) split; the input must arrive split along
 //   the last dim (a replicated one is sliced); the partial outputs are summed over the group,
 //   the bias (replicated) added once; the output leaves replicated or as sequence shards.
+//   A nn::QuantizedLinear's scales split with its weight: colwise, per-row and int4 group
+//   scales with the rows (fp8 block scales by whole blocks of rows); rowwise, per-row scales
+//   whole, int4 group and fp8 block scales along the input features. A split cutting an int4
+//   group or an fp8 block is a tpu::Error.
 // - replicate (any module, e.g. RMSNorm): parameters stay whole on every rank, their gradients
 //   are summed over the group: for modules that see a different part of the activations on each
 //   rank (a norm over this rank's heads, or over its sequence shard in sequence parallelism).

@@ -45,6 +45,11 @@ Tensor my_slice_last(const Tensor& x, const dist::ProcessGroupPtr& g, const char
 
 // Rows (dim 0) or columns (dim 1) block `rank` of n of a full parameter, as a new leaf.
 Tensor block_of(const Tensor& full, int dim, const dist::ProcessGroupPtr& g, const char* who, const char* what) {
+  // A quantized layer's codes (i8, packed u8) copied into a float layer would lose their scales.
+  TPU_CHECK(is_floating(full.dtype()),
+            "{}: {} has dtype {} (a quantized layer's weight); these layers take float weights: split an "
+            "nn::QuantizedLinear with parallelize_module (ColwiseParallel / RowwiseParallel), which shards its scales",
+            who, what, dtype_name(full.dtype()));
   const int n = g->size();
   TPU_CHECK(full.size(dim) % n == 0, "{}: {} has {} {} , not a multiple of the tensor-parallel size {}", who, what,
             full.size(dim), dim == 0 ? "rows" : "columns", n);

@@ -6,8 +6,9 @@
 // column-parallel layer followed by a row-parallel one (the MLP; q/k/v then o_proj in
 // attention, heads split across ranks) needs one all-reduce in forward and one in backward.
 // The layers are built from full layers (every rank builds the same full layer from the same
-// seed, or loads it) and keep only their slice. Inputs and outputs of the blocks are replicated
-// over the group. The four collectives (copy_to_tp, reduce_from_tp, gather_from_tp,
+// seed, or loads it) and keep only their slice; the full layers' weights must be float (a
+// quantized weight is a tpu::Error: nn::QuantizedLinear splits through parallelize_module).
+// Inputs and outputs of the blocks are replicated over the group. The four collectives (copy_to_tp, reduce_from_tp, gather_from_tp,
 // scatter_to_tp) and their backwards also trace inside tpu::compile (graph nodes); tested there
 // through causal_lm_plan and expert_tensor_parallel (tests/pod: the 3-D EP x TP x FSDP mesh).
 #pragma once
