@@ -164,6 +164,26 @@ TPU_AMX_INT8 __attribute__((always_inline)) inline void transpose16(__m512 (&r)[
   }
 }
 
+// The group scales of a panel of 16 output columns (rows n0.., `cols` of them, the others 0)
+// transposed into [K / group][16] at dst: 16 rows of 16 scales (f32, or f16 widened by
+// vcvtph2ps) at a time, through the register transpose.
+TPU_AMX_INT8 void panel_group_scales(Int4Scales scale, int64_t n0, int cols, int64_t ngroups, float* dst) {
+  for (int64_t g0 = 0; g0 < ngroups; g0 += 16) {
+    const int64_t n = std::min<int64_t>(16, ngroups - g0);
+    const __mmask16 m = static_cast<__mmask16>(n == 16 ? 0xffffu : (1u << n) - 1);
+    __m512 r[16];
+#pragma GCC unroll 16
+    for (int c = 0; c < 16; ++c) {
+      const int64_t off = (n0 + c) * ngroups + g0;
+      r[c] = c >= cols        ? _mm512_setzero_ps()
+             : scale.is_f16() ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, scale.half() + off))
+                              : _mm512_maskz_loadu_ps(m, scale.f32() + off);
+    }
+    transpose16(r);  // r[g]: group g0 + g over the 16 columns
+    for (int64_t g = 0; g < n; ++g) _mm512_storeu_ps(dst + (g0 + g) * 16, r[g]);
+  }
+}
+
 // Adds one block's stored tile (16 x 16 int32, row n = output column n) to the accumulators.
 // Int4: times d and the columns' group scales gs (16 floats); int8: times d.
 template <bool kInt4>
@@ -250,7 +270,7 @@ TPU_AMX_INT8 void tile_16x16(const int8_t* w, int64_t ldw, const Packed& p, int6
 // W int8 [N, K], scale [N]; int4: W packed [N, K / 2], scale [N, K / group].
 template <bool kInt4>
 void run(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const void* W,
-         const float* scale, float* C, int64_t ldc) {
+         Int4Scales scale, float* C, int64_t ldc) {
   Packed p;
   p.nb = K / kBlock;
   p.groups = (M + 15) / 16;
@@ -293,8 +313,7 @@ void run(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t
         float* s = sc + (q - qb) * ngroups * 16;
         if (kInt4) {
           unpack_int4_panel(static_cast<const uint8_t*>(W), K, n0, cols, unpacked + (q - qb) * panel_bytes);
-          for (int64_t gi = 0; gi < ngroups; ++gi)
-            for (int n = 0; n < 16; ++n) s[gi * 16 + n] = n < cols ? scale[(n0 + n) * ngroups + gi] : 0.0f;
+          panel_group_scales(scale, n0, cols, ngroups, s);
         } else {
           if (cols < 16) {
             int8_t* dst = unpacked + (q - qb) * panel_bytes;
@@ -334,7 +353,7 @@ bool gemm_int8_amx(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
 }
 
 bool gemm_int4_amx(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,
-                   const float* scale, float* C, int64_t ldc) {
+                   Int4Scales scale, float* C, int64_t ldc) {
   if (M <= 0 || N <= 0 || K <= 0 || K % kBlock != 0 || group <= 0 || group % kBlock != 0 || K % group != 0 ||
       batch_invariant() || !amx_int8_ok())
     return false;
