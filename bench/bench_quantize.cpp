@@ -187,6 +187,14 @@ BENCHMARK(BM_gemv_weights)
     ->ArgsProduct({{kF32, kBf16, kF16, kInt8, kInt4, kInt4F16, kFp8, kFp8Block}, {1, 4, 16}, {4096}, {4096}})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
+// The shapes of a small Llama's projections (hidden 768, intermediate 2048), where an int4 panel
+// of 16 unpacked weight rows fits the L1d.
+BENCHMARK(BM_gemv_weights)
+    ->ArgsProduct({{kInt8, kInt4, kInt4F16}, {1, 16}, {2048}, {768}})
+    ->Args({kInt8, 16, 768, 2048})
+    ->Args({kInt4F16, 16, 768, 2048})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 BENCHMARK(BM_decode_quantized)->ArgsProduct({{kF32, kInt8, kInt4}, {64}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 BENCHMARK_MAIN();

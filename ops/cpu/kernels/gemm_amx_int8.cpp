@@ -105,9 +105,17 @@ TPU_AMX_INT8 void quantize_rows(int64_t r0, int64_t r1, const float* A, int64_t 
 // Unpacks 16 rows of packed int4 weights (rows n0.. of W, `rows` of them, the others zero) into
 // int8 rows of K bytes at dst (q = nibble - 8, weight order kept: a block's low nibbles are its
 // weights 0-15, the high nibbles 16-31).
-TPU_AMX_INT8 void unpack_int4_panel(const uint8_t* W, int64_t K, int64_t n0, int rows, int8_t* dst) {
+// 64 packed bytes (4 blocks) unpacked: o0 holds the first 64 weights (blocks 0, 1), o1 the next.
+TPU_AMX_INT8 __attribute__((always_inline)) inline void unpack64(__m512i raw, __m512i& o0, __m512i& o1) {
   const __m512i low4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
   const __m512i idx0 = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), idx1 = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+  const __m512i lo = _mm512_sub_epi8(_mm512_and_si512(raw, low4), eight);
+  const __m512i hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(raw, 4), low4), eight);
+  o0 = _mm512_permutex2var_epi64(lo, idx0, hi);
+  o1 = _mm512_permutex2var_epi64(lo, idx1, hi);
+}
+
+TPU_AMX_INT8 void unpack_int4_panel(const uint8_t* W, int64_t K, int64_t n0, int rows, int8_t* dst) {
   const int64_t rb = K / 2;  // packed bytes per row
   for (int r = 0; r < 16; ++r) {
     int8_t* out = dst + r * K;
@@ -116,18 +124,19 @@ TPU_AMX_INT8 void unpack_int4_panel(const uint8_t* W, int64_t K, int64_t n0, int
       continue;
     }
     const uint8_t* src = W + (n0 + r) * rb;
-    for (int64_t c = 0; c < rb; c += 64) {  // 64 packed bytes: 4 blocks
-      const int64_t n = std::min<int64_t>(64, rb - c);  // a multiple of 16
-      const __mmask64 m = n == 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1;
-      const __m512i raw = _mm512_maskz_loadu_epi8(m, src + c);
-      const __m512i lo = _mm512_sub_epi8(_mm512_and_si512(raw, low4), eight);
-      const __m512i hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(raw, 4), low4), eight);
-      const __m512i o0 = _mm512_permutex2var_epi64(lo, idx0, hi), o1 = _mm512_permutex2var_epi64(lo, idx1, hi);
-      // 2n unpacked bytes: o0 holds the first 64 (blocks 0, 1), o1 the next (blocks 2, 3).
-      const __mmask64 m0 = 2 * n >= 64 ? ~__mmask64{0} : (__mmask64{1} << (2 * n)) - 1;
-      const __mmask64 m1 = 2 * n >= 128 ? ~__mmask64{0} : 2 * n > 64 ? (__mmask64{1} << (2 * n - 64)) - 1 : 0;
-      _mm512_mask_storeu_epi8(out + 2 * c, m0, o0);
-      if (m1) _mm512_mask_storeu_epi8(out + 2 * c + 64, m1, o1);
+    int64_t c = 0;
+    for (; c + 64 <= rb; c += 64) {  // 64 packed bytes: 4 blocks
+      __m512i o0, o1;
+      unpack64(_mm512_loadu_si512(src + c), o0, o1);
+      _mm512_storeu_si512(out + 2 * c, o0);
+      _mm512_storeu_si512(out + 2 * c + 64, o1);
+    }
+    if (c < rb) {  // the last 16, 32 or 48 packed bytes
+      const int64_t n = rb - c;
+      __m512i o0, o1;
+      unpack64(_mm512_maskz_loadu_epi8((__mmask64{1} << n) - 1, src + c), o0, o1);
+      _mm512_mask_storeu_epi8(out + 2 * c, 2 * n >= 64 ? ~__mmask64{0} : (__mmask64{1} << (2 * n)) - 1, o0);
+      if (2 * n > 64) _mm512_mask_storeu_epi8(out + 2 * c + 64, (__mmask64{1} << (2 * n - 64)) - 1, o1);
     }
   }
 }
