@@ -13,6 +13,7 @@
 #include "tpucore/core/batch_invariant.h"
 #include "tpucore/core/parallel.h"
 #include "testing.h"
+#include "tpucore/compile.h"
 #include "tpucore/nn/quantized.h"
 #include "tpucore/quantize.h"
 
@@ -349,10 +350,20 @@ TEST_CASE("linear_int4 with f16 scales: the op, dequantize_int4 and the model qu
   const std::vector<float> yb = linear_int4(x1, qw.q, sb).to_vector<float>();
   const std::vector<float> yf = linear_int4(x1, qw.q, sb.to(DType::f32)).to_vector<float>();
   CHECK(yb == yf);
-  // The model quantizer keeps f16 scales.
+  // A compiled function gives the eager values.
+  const Tensor x4 = from_vector(q4_random(g, static_cast<size_t>(4 * K), -1, 1), {4, K});
+  auto f = tpu::compile([&](const Tensor& x) { return linear_int4(x, qw.q, qw.scale); });
+  (void)f(x4);
+  CHECK(f(x4).to_vector<float>() == linear_int4(x4, qw).to_vector<float>());
+  // The model quantizer keeps f16 scales, and its state round-trips them.
   nn::Linear lin(K, N, false);
   nn::QuantizedLinear ql(lin, nn::WeightQuant::int4, 32);
   CHECK(ql.weight_scale.dtype() == DType::f16);
+  nn::Linear lin2(K, N, false);
+  nn::QuantizedLinear ql2(lin2, nn::WeightQuant::int4, 32);
+  ql2.load_state_dict(ql.state_dict());
+  CHECK(ql2.weight_scale.dtype() == DType::f16);
+  CHECK(ql2.forward(x4).to_vector<float>() == ql.forward(x4).to_vector<float>());
 }
 
 }  // namespace
