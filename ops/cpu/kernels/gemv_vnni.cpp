@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "ops/cpu/kernels/gemv.h"
 #include "ops/cpu/kernels/gemv_int4.h"
@@ -250,7 +251,25 @@ TPU_VNNI __attribute__((always_inline)) inline void vn4_step(__m512 (&acc)[R][kV
     const __m512i raw = _mm512_maskz_loadu_epi8(m, w[c] + ch * 64);
     lo[c] = _mm512_and_si512(raw, low4);
     hi[c] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-    sv[c] = q4_chunk_scales<Kind>(g, s[c], ch, full);
+    if (!(std::is_same_v<S, f16> && Kind == 0)) sv[c] = q4_chunk_scales<Kind>(g, s[c], ch, full);
+  }
+  if constexpr (std::is_same_v<S, f16> && Kind == 0) {
+    if (full) {
+      // The four columns' four f16 block scales (8 bytes each) widened by one vcvtph2ps, lanes
+      // 4c..4c+3 column c's, then spread to column c's lanes.
+      int64_t h[kVnCols];
+#pragma GCC unroll 4
+      for (int c = 0; c < kVnCols; ++c) std::memcpy(&h[c], s[c] + ch * 4, 8);
+      const __m512 all = _mm512_cvtph_ps(_mm256_setr_epi64x(h[0], h[1], h[2], h[3]));
+#pragma GCC unroll 4
+      for (int c = 0; c < kVnCols; ++c)
+        sv[c] = _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_set1_epi32(4 * c),
+                                                       _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)),
+                                      all);
+    } else {
+#pragma GCC unroll 4
+      for (int c = 0; c < kVnCols; ++c) sv[c] = q4_chunk_scales<Kind>(g, s[c], ch, full);
+    }
   }
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {
