@@ -1,6 +1,6 @@
 // Weight precision on the decode path. BM_gemv_weights: the one-row (four- and 16-row) product
 // against a weight of out x in (default 4096 x 4096) at each precision: f32, bf16 and f16 through
-// linear(), int8 through linear_int8(), int4 (groups of 32) through linear_int4() and fp8 e4m3
+// linear(), int8 through linear_int8(), int4 (groups of 32, f32 or f16 scales) through linear_int4() and fp8 e4m3
 // (per-row scales, or 128 x 128 block scales) through linear_fp8() (weights
 // read in place, widened in registers, or on AVX-512 VNNI multiplied as bytes by the rows of x
 // quantized in blocks of 32; TPU_CPU_FEATURES=avx2 measures the float-activation path). GB/s counts the bytes of weight (and scales) read per
@@ -30,11 +30,12 @@ using namespace tpu;
 
 namespace {
 
-enum Precision { kF32 = 0, kBf16 = 1, kInt8 = 2, kInt4 = 3, kF16 = 4, kFp8 = 5, kFp8Block = 6 };
+enum Precision { kF32 = 0, kBf16 = 1, kInt8 = 2, kInt4 = 3, kF16 = 4, kFp8 = 5, kFp8Block = 6, kInt4F16 = 7 };
 
 const char* precision_name(Precision p) {
   switch (p) {
     case kInt4: return "int4";
+    case kInt4F16: return "int4-f16";
     case kInt8: return "int8";
     case kBf16: return "bf16";
     case kF16: return "f16";
@@ -59,9 +60,9 @@ void BM_gemv_weights(benchmark::State& st) {
       y = linear_int8(x, q);
       benchmark::DoNotOptimize(y.raw_data());
     }
-  } else if (prec == kInt4) {
-    const Int4Weight q = quantize_int4(w, 32);
-    bytes_per_weight = 0.5 + 4.0 / 32;
+  } else if (prec == kInt4 || prec == kInt4F16) {
+    const Int4Weight q = quantize_int4(w, 32, prec == kInt4F16 ? DType::f16 : DType::f32);
+    bytes_per_weight = 0.5 + (prec == kInt4F16 ? 2.0 : 4.0) / 32;
     for (auto _ : st) {
       y = linear_int4(x, q);
       benchmark::DoNotOptimize(y.raw_data());
@@ -183,7 +184,15 @@ BENCHMARK(BM_sim_quantized_step)
     ->Iterations(1)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_gemv_weights)
-    ->ArgsProduct({{kF32, kBf16, kF16, kInt8, kInt4, kFp8, kFp8Block}, {1, 4, 16}, {4096}, {4096}})
+    ->ArgsProduct({{kF32, kBf16, kF16, kInt8, kInt4, kInt4F16, kFp8, kFp8Block}, {1, 4, 16}, {4096}, {4096}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+// The shapes of a small Llama's projections (hidden 768, intermediate 2048), where an int4 panel
+// of 16 unpacked weight rows fits the L1d.
+BENCHMARK(BM_gemv_weights)
+    ->ArgsProduct({{kInt8, kInt4, kInt4F16}, {1, 16}, {2048}, {768}})
+    ->Args({kInt8, 16, 768, 2048})
+    ->Args({kInt4F16, 16, 768, 2048})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 BENCHMARK(BM_decode_quantized)->ArgsProduct({{kF32, kInt8, kInt4}, {64}})->Unit(benchmark::kMillisecond)->UseRealTime();

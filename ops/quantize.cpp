@@ -160,9 +160,11 @@ void quantize_int4_meta(const MetaArgs& a, MetaResult& m) {
   TPU_CHECK(w.shape()[1] % group == 0,
             "quantize_int4: in_features {} is not a multiple of the group size {} (weight {})", w.shape()[1], group,
             describe(w));
+  const DType sd = a.attrs.has("scale_dtype") ? a.attrs.get_dtype("scale_dtype") : DType::f32;
+  TPU_CHECK(sd == DType::f32 || sd == DType::f16, "quantize_int4: scale dtype {} is not supported (f32 or f16)", sd);
   m.num_outputs = 2;
   m.out(0) = {Shape{w.shape()[0], w.shape()[1] / 2}, DType::u8, w.device()};
-  m.out(1) = {Shape{w.shape()[0], w.shape()[1] / group}, DType::f32, w.device()};
+  m.out(1) = {Shape{w.shape()[0], w.shape()[1] / group}, sd, w.device()};
   m.cast_mask = 1;
   m.cast_to = DType::f32;
 }
@@ -172,14 +174,26 @@ void quantize_int4_cpu(const KernelArgs& a) {
   const int64_t N = w.shape()[0], K = w.shape()[1], group = a.attrs.get_int("group"), G = K / group;
   const float* src = w.data<float>();
   uint8_t* q = a.outputs[0].data<uint8_t>();
-  float* scale = a.outputs[1].data<float>();
+  const bool half = a.outputs[1].dtype() == DType::f16;
   std::memset(q, 0, static_cast<size_t>(N * K / 2));
   for (int64_t j = 0; j < N; ++j)
     for (int64_t g = 0; g < G; ++g) {
       const float* x = src + j * K + g * group;
       const float amax = finite_amax("quantize_int4", x, group, j, g * group);
-      const float s = amax > 0 ? amax / 7.0f : 1.0f;
-      scale[j * G + g] = s;
+      float s = amax > 0 ? amax / 7.0f : 1.0f;
+      if (half) {
+        // The weights are rounded against the stored (f16) scale, so that q * scale is the
+        // nearest grid point of the scale actually used.
+        TPU_CHECK(s <= 65504.0f,
+                  "quantize_int4: row {} columns {}..{} need a scale of {}, beyond f16's range (use f32 scales)", j,
+                  g * group, (g + 1) * group - 1, s);
+        f16 h(s);
+        if (h.to_f32() == 0) h = f16::from_bits(1);  // below f16's smallest subnormal: the weights quantize to ~0
+        a.outputs[1].data<f16>()[j * G + g] = h;
+        s = h.to_f32();
+      } else {
+        a.outputs[1].data<float>()[j * G + g] = s;
+      }
       for (int64_t k = 0; k < group; ++k) {
         const int64_t col = g * group + k;
         const int v = static_cast<int>(std::clamp(std::nearbyint(x[k] / s), -7.0f, 7.0f)) + 8;
@@ -204,17 +218,33 @@ int64_t check_q4_scale(const char* op, const Tensor& q, const Tensor& s) {
   return K / s.shape()[1];
 }
 
+// The scales (input `index`) the int4 kernels take as they are: f32, and f16 on the cpu (whose
+// kernels read f16 scales natively); others (bf16, or f16 on another device, whose kernels take
+// f32) are cast to f32 on their device first.
+void int4_scale_cast(const MetaArgs& a, int index, MetaResult& m) {
+  const DType sd = a.inputs[static_cast<size_t>(index)].dtype();
+  const bool keep = sd == DType::f32 || (sd == DType::f16 && m.out().device.type == DeviceType::cpu);
+  m.cast_mask = keep ? 0u : 1u << index;
+  m.cast_to = DType::f32;
+}
+
 void dequantize_int4_meta(const MetaArgs& a, MetaResult& m) {
   check_q4_scale("dequantize_int4", a.inputs[0], a.inputs[1]);
   m.out() = {Shape{a.inputs[0].shape()[0], 2 * a.inputs[0].shape()[1]}, DType::f32, common_device(a.inputs)};
-  m.cast_mask = 2;
-  m.cast_to = DType::f32;
+  int4_scale_cast(a, 1, m);
+}
+
+// The scales of an int4 kernel's inputs: f32 or f16 (what int4_scale_cast leaves).
+kernels::Int4Scales int4_scales(const Tensor& s) {
+  if (s.dtype() == DType::f16) return kernels::Int4Scales(s.data<f16>());
+  TPU_CHECK(s.dtype() == DType::f32, "int4 kernels: scales of dtype {} reached the cpu kernel (f32 or f16)", s.dtype());
+  return kernels::Int4Scales(s.data<float>());
 }
 void dequantize_int4_cpu(const KernelArgs& a) {
   const Tensor q = contiguous(a.inputs[0]), s = contiguous(a.inputs[1]);
   const int64_t N = q.shape()[0], K = 2 * q.shape()[1], G = s.shape()[1], group = K / G;
   const uint8_t* qp = q.data<uint8_t>();
-  const float* sp = s.data<float>();
+  const kernels::Int4Scales sp = int4_scales(s);
   float* out = a.outputs[0].data<float>();
   for (int64_t j = 0; j < N; ++j)
     for (int64_t k = 0; k < K; ++k)
@@ -228,16 +258,18 @@ void linear_int4_meta(const MetaArgs& a, MetaResult& m) {
   const Tensor& q = a.inputs[1];
   check_q4_scale("linear_int4", q, a.inputs[2]);
   quantized_linear_meta("linear_int4", q.shape()[0], 2 * q.shape()[1], q, a, m);
+  int4_scale_cast(a, 2, m);
 }
 
 void linear_int4_cpu(const KernelArgs& a) {
   const Tensor x = f32_activations(a.inputs[0]), q = contiguous(a.inputs[1]), s = contiguous(a.inputs[2]);
   const int64_t N = q.shape()[0], K = 2 * q.shape()[1], group = K / s.shape()[1];
+  const kernels::Int4Scales sc = int4_scales(s);
   into_output_dtype(a.outputs[0], N, [&](float* acc, int64_t M) {
-    const bool amx = M >= kernels::kGemmInt8AmxMinRows && kernels::gemm_int4_amx(M, N, K, group, x.data<float>(), K,
-                                                                                 q.data<uint8_t>(), s.data<float>(), acc, N);
-    if (!amx && !kernels::gemm_int4_vnni(M, N, K, group, x.data<float>(), K, q.data<uint8_t>(), s.data<float>(), acc, N))
-      kernels::gemv_int4(M, N, K, group, x.data<float>(), K, q.data<uint8_t>(), s.data<float>(), acc, N);
+    const bool amx = M >= kernels::kGemmInt8AmxMinRows &&
+                     kernels::gemm_int4_amx(M, N, K, group, x.data<float>(), K, q.data<uint8_t>(), sc, acc, N);
+    if (!amx && !kernels::gemm_int4_vnni(M, N, K, group, x.data<float>(), K, q.data<uint8_t>(), sc, acc, N))
+      kernels::gemv_int4(M, N, K, group, x.data<float>(), K, q.data<uint8_t>(), sc, acc, N);
   });
 }
 TPU_DEFINE_OP(linear_int4_op, {.name = "linear_int4", .num_inputs = 3, .flags = kNonDifferentiable,

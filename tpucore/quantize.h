@@ -14,18 +14,25 @@
 /// read in place (AVX-512, AVX2 + FMA or portable loops, chosen at run time); other devices run
 /// the cpu kernel through the host fallback.
 ///
-/// `quantize_int4(w, group)` (group 32 or 128, dividing K) gives
+/// `quantize_int4(w, group, scale_dtype)` (group 32 or 128, dividing K; scale_dtype f32 or f16)
+/// gives
 /// - `q`, u8 [N, K / 2]: two weights per byte. Each row is cut into blocks of 32 weights stored
 ///   in 16 bytes: byte b of a block holds weight b of the block in its low nibble and weight
 ///   b + 16 in its high nibble (so that one 16-byte load unpacks into two vectors of 16
 ///   consecutive weights). A nibble holds q + 8 for q = round-to-nearest-even(w / scale)
 ///   clamped to [-7, 7] (8 encodes zero; 0 is never written);
-/// - `scale`, f32 [N, K / group]: max |w| / 7 over each group of `group` consecutive columns
-///   of a row (1 for a group of zeros).
+/// - `scale` [N, K / group] of scale_dtype: max |w| / 7 over each group of `group` consecutive
+///   columns of a row (1 for a group of zeros). With f16 scales (18 bytes per 32 weights at
+///   group 32, the size of llama.cpp's Q4_0 block; f32 takes 20) the scale is rounded to f16
+///   first and q is computed against the rounded scale; a scale above f16's largest finite
+///   value is a tpu::Error, and one below its smallest subnormal is stored as that subnormal.
+///   The scale's dtype is the format: every int4 consumer takes f32 and f16 scales.
 /// `linear_int4(x, q, scale)` computes x Wd^T with Wd[j, k] = q[j, k] * scale[j, k / group]
-/// (the group size is K / scale.size(1)): each weight is unpacked in registers and multiplied
-/// by its scale, which is exactly the dequantized f32 weight, and the sums accumulate in f32.
-/// From 16 rows of x on, panels of the weight are dequantized and multiplied by the float GEMM.
+/// (the group size is K / scale.size(1); f32, f16 or bf16 scales, the f16 ones read as they are
+/// on the cpu, the others widened to f32 first): each weight is unpacked in registers and
+/// multiplied by its scale, which is exactly the dequantized f32 weight, and the sums accumulate
+/// in f32. From 16 rows of x on, panels of the weight are dequantized and multiplied by the
+/// float GEMM.
 ///
 /// `quantize_fp8(w)` gives `q`, u8 [N, K] holding OCP E4M3 bit patterns (the saturating
 /// conversion of w / scale, round to nearest even; f8e4m3::from_bits decodes one; a u8 tensor
@@ -66,12 +73,13 @@ inline Tensor linear_int8(const Tensor& x, const Int8Weight& w) { return linear_
 /// A packed int4 weight and its per-group scales (see the file comment).
 struct Int4Weight {
   Tensor q;            ///< u8 [N, K / 2], two weights per byte
-  Tensor scale;        ///< f32 [N, K / group]
+  Tensor scale;        ///< f32 or f16 [N, K / group]
   int64_t group = 32;  ///< columns per scale
 };
 
-/// Symmetric int4 quantization per group of `group` (32 or 128) columns of a 2-D float weight.
-Int4Weight quantize_int4(const Tensor& weight, int64_t group = 32);
+/// Symmetric int4 quantization per group of `group` (32 or 128) columns of a 2-D float weight,
+/// with scales of `scale_dtype` (f32 or f16).
+Int4Weight quantize_int4(const Tensor& weight, int64_t group = 32, DType scale_dtype = DType::f32);
 /// The dequantized weight [N, K] as f32.
 Tensor dequantize_int4(const Tensor& q, const Tensor& scale);
 /// x Wd^T with the packed weight unpacked in registers, f32 accumulation; the result has x's dtype.

@@ -41,7 +41,7 @@ QuantizedLinear::QuantizedLinear(const Linear& src, WeightQuant k, int64_t g) : 
     TPU_CHECK(in_features % g == 0,
               "QuantizedLinear: in_features {} is not a multiple of the int4 group size {} (weight {})", in_features, g,
               w.shape().str());
-    Int4Weight q = quantize_int4(w, g);
+    Int4Weight q = quantize_int4(w, g, DType::f16);  // f16 group scales: Q4_0's bytes per weight
     weight = std::move(q.q);
     weight_scale = std::move(q.scale);
     group = g;

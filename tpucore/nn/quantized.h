@@ -28,7 +28,7 @@ WeightQuant parse_weight_quant(const std::string& name);
 /// y = x Wq^T + b with a quantized weight (inference only: no gradient reaches the weight).
 /// Its members, as the checkpoint-style buffers "weight" (i8 [out, in], u8 e4m3 bit patterns
 /// [out, in], or packed u8 [out, in / 2])
-/// and "weight_scale" (f32 [out], [out, in / group] for int4, or [ceil(out / block_n),
+/// and "weight_scale" (f32 [out], f16 [out, in / group] for int4, or [ceil(out / block_n),
 /// ceil(in / block_k)] for block-scaled fp8), and the float parameter "bias".
 class QuantizedLinear : public Linear {
  public:

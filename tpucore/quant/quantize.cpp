@@ -32,11 +32,11 @@ Tensor linear_int8(const Tensor& x, const Tensor& q, const Tensor& scale) {
   return ops::call(op, {x, q, scale});
 }
 
-Int4Weight quantize_int4(const Tensor& weight, int64_t group) {
+Int4Weight quantize_int4(const Tensor& weight, int64_t group, DType scale_dtype) {
   static const ops::OpDef& op = op_named("quantize_int4");
   Tensor out[ops::kMaxOutputs];
   const Tensor in[1] = {weight};
-  ops::call(op, in, {{"group", group}}, out);
+  ops::call(op, in, {{"group", group}, {"scale_dtype", scale_dtype}}, out);
   return {std::move(out[0]), std::move(out[1]), group};
 }
 

@@ -20,6 +20,8 @@
 
 #include <cstdint>
 
+#include "ops/cpu/kernels/int4_scales.h"
+
 namespace tpu::kernels {
 
 void gemm_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs,
@@ -93,9 +95,9 @@ bool gemm_int8_vnni(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda
 // The same for packed int4 weights (the layout of gemv_int4.h, group scales [N, K / group]): the
 // weights unpacked to int8 in the packed panels, each block's sums scaled by d times the
 // column's group scale (as the vnni GEMV path does). Also false when K or group is not a
-// multiple of 32 (or group does not divide K).
+// multiple of 32 (or group does not divide K). The group scales may be f32 or f16 (Int4Scales).
 bool gemm_int4_vnni(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,
-                    const float* scale, float* C, int64_t ldc);
+                    Int4Scales scale, float* C, int64_t ldc);
 
 // The same products on AMX int8 tiles (TDPBSSD; gemm_amx_int8.cpp), with A quantized the same way
 // and the same exact int32 sums per block of 32: available when the CPU has amx_int8 and the tile
@@ -107,7 +109,7 @@ bool gemm_int8_amx_available();
 bool gemm_int8_amx(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const int8_t* W, const float* scale,
                    float* C, int64_t ldc);
 bool gemm_int4_amx(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,
-                   const float* scale, float* C, int64_t ldc);
+                   Int4Scales scale, float* C, int64_t ldc);
 
 // Name of the kernel gemm_f32 / gemm_bf16 use on this CPU ("avx512", "avx2", "generic"), for
 // logs and benchmark labels.

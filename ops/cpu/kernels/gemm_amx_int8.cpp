@@ -105,9 +105,17 @@ TPU_AMX_INT8 void quantize_rows(int64_t r0, int64_t r1, const float* A, int64_t 
 // Unpacks 16 rows of packed int4 weights (rows n0.. of W, `rows` of them, the others zero) into
 // int8 rows of K bytes at dst (q = nibble - 8, weight order kept: a block's low nibbles are its
 // weights 0-15, the high nibbles 16-31).
-TPU_AMX_INT8 void unpack_int4_panel(const uint8_t* W, int64_t K, int64_t n0, int rows, int8_t* dst) {
+// 64 packed bytes (4 blocks) unpacked: o0 holds the first 64 weights (blocks 0, 1), o1 the next.
+TPU_AMX_INT8 __attribute__((always_inline)) inline void unpack64(__m512i raw, __m512i& o0, __m512i& o1) {
   const __m512i low4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
   const __m512i idx0 = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), idx1 = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+  const __m512i lo = _mm512_sub_epi8(_mm512_and_si512(raw, low4), eight);
+  const __m512i hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(raw, 4), low4), eight);
+  o0 = _mm512_permutex2var_epi64(lo, idx0, hi);
+  o1 = _mm512_permutex2var_epi64(lo, idx1, hi);
+}
+
+TPU_AMX_INT8 void unpack_int4_panel(const uint8_t* W, int64_t K, int64_t n0, int rows, int8_t* dst) {
   const int64_t rb = K / 2;  // packed bytes per row
   for (int r = 0; r < 16; ++r) {
     int8_t* out = dst + r * K;
@@ -116,18 +124,19 @@ TPU_AMX_INT8 void unpack_int4_panel(const uint8_t* W, int64_t K, int64_t n0, int
       continue;
     }
     const uint8_t* src = W + (n0 + r) * rb;
-    for (int64_t c = 0; c < rb; c += 64) {  // 64 packed bytes: 4 blocks
-      const int64_t n = std::min<int64_t>(64, rb - c);  // a multiple of 16
-      const __mmask64 m = n == 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1;
-      const __m512i raw = _mm512_maskz_loadu_epi8(m, src + c);
-      const __m512i lo = _mm512_sub_epi8(_mm512_and_si512(raw, low4), eight);
-      const __m512i hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(raw, 4), low4), eight);
-      const __m512i o0 = _mm512_permutex2var_epi64(lo, idx0, hi), o1 = _mm512_permutex2var_epi64(lo, idx1, hi);
-      // 2n unpacked bytes: o0 holds the first 64 (blocks 0, 1), o1 the next (blocks 2, 3).
-      const __mmask64 m0 = 2 * n >= 64 ? ~__mmask64{0} : (__mmask64{1} << (2 * n)) - 1;
-      const __mmask64 m1 = 2 * n >= 128 ? ~__mmask64{0} : 2 * n > 64 ? (__mmask64{1} << (2 * n - 64)) - 1 : 0;
-      _mm512_mask_storeu_epi8(out + 2 * c, m0, o0);
-      if (m1) _mm512_mask_storeu_epi8(out + 2 * c + 64, m1, o1);
+    int64_t c = 0;
+    for (; c + 64 <= rb; c += 64) {  // 64 packed bytes: 4 blocks
+      __m512i o0, o1;
+      unpack64(_mm512_loadu_si512(src + c), o0, o1);
+      _mm512_storeu_si512(out + 2 * c, o0);
+      _mm512_storeu_si512(out + 2 * c + 64, o1);
+    }
+    if (c < rb) {  // the last 16, 32 or 48 packed bytes
+      const int64_t n = rb - c;
+      __m512i o0, o1;
+      unpack64(_mm512_maskz_loadu_epi8((__mmask64{1} << n) - 1, src + c), o0, o1);
+      _mm512_mask_storeu_epi8(out + 2 * c, 2 * n >= 64 ? ~__mmask64{0} : (__mmask64{1} << (2 * n)) - 1, o0);
+      if (2 * n > 64) _mm512_mask_storeu_epi8(out + 2 * c + 64, (__mmask64{1} << (2 * n - 64)) - 1, o1);
     }
   }
 }
@@ -161,6 +170,26 @@ TPU_AMX_INT8 __attribute__((always_inline)) inline void transpose16(__m512 (&r)[
   for (int j = 0; j < 8; ++j) {
     r[j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88);
     r[8 + j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0xdd);
+  }
+}
+
+// The group scales of a panel of 16 output columns (rows n0.., `cols` of them, the others 0)
+// transposed into [K / group][16] at dst: 16 rows of 16 scales (f32, or f16 widened by
+// vcvtph2ps) at a time, through the register transpose.
+TPU_AMX_INT8 void panel_group_scales(Int4Scales scale, int64_t n0, int cols, int64_t ngroups, float* dst) {
+  for (int64_t g0 = 0; g0 < ngroups; g0 += 16) {
+    const int64_t n = std::min<int64_t>(16, ngroups - g0);
+    const __mmask16 m = static_cast<__mmask16>(n == 16 ? 0xffffu : (1u << n) - 1);
+    __m512 r[16];
+#pragma GCC unroll 16
+    for (int c = 0; c < 16; ++c) {
+      const int64_t off = (n0 + c) * ngroups + g0;
+      r[c] = c >= cols        ? _mm512_setzero_ps()
+             : scale.is_f16() ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, scale.half() + off))
+                              : _mm512_maskz_loadu_ps(m, scale.f32() + off);
+    }
+    transpose16(r);  // r[g]: group g0 + g over the 16 columns
+    for (int64_t g = 0; g < n; ++g) _mm512_storeu_ps(dst + (g0 + g) * 16, r[g]);
   }
 }
 
@@ -250,7 +279,7 @@ TPU_AMX_INT8 void tile_16x16(const int8_t* w, int64_t ldw, const Packed& p, int6
 // W int8 [N, K], scale [N]; int4: W packed [N, K / 2], scale [N, K / group].
 template <bool kInt4>
 void run(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const void* W,
-         const float* scale, float* C, int64_t ldc) {
+         Int4Scales scale, float* C, int64_t ldc) {
   Packed p;
   p.nb = K / kBlock;
   p.groups = (M + 15) / 16;
@@ -293,8 +322,7 @@ void run(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t
         float* s = sc + (q - qb) * ngroups * 16;
         if (kInt4) {
           unpack_int4_panel(static_cast<const uint8_t*>(W), K, n0, cols, unpacked + (q - qb) * panel_bytes);
-          for (int64_t gi = 0; gi < ngroups; ++gi)
-            for (int n = 0; n < 16; ++n) s[gi * 16 + n] = n < cols ? scale[(n0 + n) * ngroups + gi] : 0.0f;
+          panel_group_scales(scale, n0, cols, ngroups, s);
         } else {
           if (cols < 16) {
             int8_t* dst = unpacked + (q - qb) * panel_bytes;
@@ -334,7 +362,7 @@ bool gemm_int8_amx(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
 }
 
 bool gemm_int4_amx(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,
-                   const float* scale, float* C, int64_t ldc) {
+                   Int4Scales scale, float* C, int64_t ldc) {
   if (M <= 0 || N <= 0 || K <= 0 || K % kBlock != 0 || group <= 0 || group % kBlock != 0 || K % group != 0 ||
       batch_invariant() || !amx_int8_ok())
     return false;

@@ -108,7 +108,7 @@ TPU_GEMM_VNNI void vg_pack_panel_int8(const int8_t* W, int64_t K, int64_t j0, in
 // The same from packed int4 rows (gemv_int4.h: 16 bytes per 32 weights, low nibbles weights
 // 0-15, high nibbles 16-31, stored as q + 8; K a multiple of 32): the weights unpacked to int8
 // q, the block scales the columns' group scales (scale [N, K / group], group a multiple of 32).
-TPU_GEMM_VNNI void vg_pack_panel_int4(const uint8_t* W, const float* scale, int64_t K, int64_t group, int64_t j0, int cols,
+TPU_GEMM_VNNI void vg_pack_panel_int4(const uint8_t* W, Int4Scales scale, int64_t K, int64_t group, int64_t j0, int cols,
                                       int64_t nb, int32_t* dst) {
   const int64_t groups = K / group;
   const __m128i low4 = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
@@ -242,7 +242,7 @@ bool gemm_int8_vnni(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda
 }
 
 bool gemm_int4_vnni(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,
-                    const float* scale, float* C, int64_t ldc) {
+                    Int4Scales scale, float* C, int64_t ldc) {
   if (M < kGemmInt8MinRows || N <= 0 || K <= 0 || K % 32 != 0 || group <= 0 || group % 32 != 0 || K % group != 0 ||
       batch_invariant() || !vg_available())
     return false;

@@ -34,10 +34,10 @@ constexpr int kQ4Rows = 4;  // rows of A per group
 // The block's weight rows and their scale rows (a short last block repeats its last row).
 struct Q4Block {
   const uint8_t* w[kQ4Cols];
-  const float* s[kQ4Cols];
+  Int4Scales s[kQ4Cols];
 };
 
-Q4Block q4_block(const uint8_t* W, const float* scale, int64_t K, int64_t groups, int64_t j, int cols) {
+Q4Block q4_block(const uint8_t* W, Int4Scales scale, int64_t K, int64_t groups, int64_t j, int cols) {
   Q4Block b;
   for (int c = 0; c < kQ4Cols; ++c) {
     const int64_t row = j + std::min(c, cols - 1);
@@ -68,7 +68,8 @@ TPU_INT4_AVX512 void q4_group_avx512(int64_t K, int64_t group, const float* A, i
       // The 16 weights a nibble can stand for, (n - 8) s as n s + (-8 s) (one rounding of the
       // exact value, as the dequantized weight), looked up by vpermps, which reads the low 4
       // bits of each index lane: the low nibbles directly, the high ones after a shift.
-      const __m512 table = _mm512_fmadd_ps(nibbles, _mm512_set1_ps(blk.s[c][g]), _mm512_set1_ps(-8.0f * blk.s[c][g]));
+      const float sg = blk.s[c][g];
+      const __m512 table = _mm512_fmadd_ps(nibbles, _mm512_set1_ps(sg), _mm512_set1_ps(-8.0f * sg));
       lo[c] = _mm512_permutexvar_ps(v, table);
       hi[c] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
     }
@@ -103,7 +104,8 @@ TPU_INT4_AVX2 void q4_group_avx2(int64_t K, int64_t group, const float* A, int64
       for (int c = 0; c < kQ4Cols; ++c) {
         const __m256i v =
             _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk.w[c] + k / 2 + 8 * h)));
-        const __m256 s = _mm256_set1_ps(blk.s[c][g]), off = _mm256_set1_ps(-8.0f * blk.s[c][g]);
+        const float sg = blk.s[c][g];
+        const __m256 s = _mm256_set1_ps(sg), off = _mm256_set1_ps(-8.0f * sg);
         lo[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, mask)), s, off);
         hi[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), s, off);
       }
@@ -157,7 +159,7 @@ const Q4GroupFn* q4_table(Int8GemvPath p) {
 
 // Many rows: panels of kPanel weight rows dequantized to f32, then the float GEMM.
 void q4_many_rows(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,
-                  const float* scale, float* C, int64_t ldc) {
+                  Int4Scales scale, float* C, int64_t ldc) {
   constexpr int64_t kPanel = 256;
   const int64_t groups = K / group;
   std::vector<float> panel(static_cast<size_t>(std::min(N, kPanel) * K));
@@ -165,14 +167,16 @@ void q4_many_rows(int64_t M, int64_t N, int64_t K, int64_t group, const float* A
     const int64_t n = std::min(kPanel, N - j0);
     for (int64_t j = 0; j < n; ++j) {
       const uint8_t* row = W + (j0 + j) * (K / 2);
-      const float* s = scale + (j0 + j) * groups;
+      const Int4Scales s = scale + (j0 + j) * groups;
       float* out = panel.data() + j * K;
-      for (int64_t k = 0; k < K; k += 32)
+      for (int64_t k = 0; k < K; k += 32) {
+        const float sg = s[k / group];
         for (int64_t b = 0; b < 16; ++b) {
           const uint8_t byte = row[k / 2 + b];
-          out[k + b] = static_cast<float>((byte & 0xF) - 8) * s[k / group];
-          out[k + 16 + b] = static_cast<float>((byte >> 4) - 8) * s[k / group];
+          out[k + b] = static_cast<float>((byte & 0xF) - 8) * sg;
+          out[k + 16 + b] = static_cast<float>((byte >> 4) - 8) * sg;
         }
+      }
     }
     gemm_f32(M, n, K, A, lda, 1, panel.data(), 1, K, C + j0, ldc, false);
   }
@@ -426,7 +430,7 @@ void f8b_many_rows(int64_t M, int64_t N, int64_t K, int64_t bn, int64_t bk, cons
 }  // namespace
 
 void gemv_int4(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,
-               const float* scale, float* C, int64_t ldc, Int8GemvPath path) {
+               Int4Scales scale, float* C, int64_t ldc, Int8GemvPath path) {
   if (M <= 0 || N <= 0) return;
   if (K == 0) {
     for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);

@@ -5,7 +5,8 @@
 // Layout (tpucore/quantize.h): each weight row is K / 2 bytes in blocks of 16 bytes per 32
 // weights; byte b of a block holds weight b of the block in its low nibble and weight b + 16 in
 // its high nibble, each stored as q + 8 with q in [-7, 7] (offset binary: 8 is zero). scale is
-// f32 [N, K / group]; K is a multiple of 32 and of group (group a multiple of 32).
+// f32 or f16 [N, K / group] (Int4Scales, int4_scales.h); K is a multiple of 32 and of group
+// (group a multiple of 32).
 //
 // Each weight is unpacked in registers, converted to f32 and multiplied by its group's scale,
 // which gives exactly the dequantized f32 weight; the sums accumulate in f32, so the result
@@ -20,6 +21,7 @@
 #include <cstdint>
 
 #include "ops/cpu/kernels/gemv_int8.h"
+#include "ops/cpu/kernels/int4_scales.h"
 
 namespace tpu::kernels {
 
@@ -37,11 +39,11 @@ inline int int4_at(const uint8_t* row, int64_t k) {
 // quantized in blocks of 32, gemv_int8.h) takes every M, so a row's result never depends on
 // the number of rows.
 void gemv_int4(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,
-               const float* scale, float* C, int64_t ldc, Int8GemvPath path = Int8GemvPath::best);
+               Int4Scales scale, float* C, int64_t ldc, Int8GemvPath path = Int8GemvPath::best);
 
 // The vnni path itself (only call when int8_vnni_available()).
 void gemv_int4_vnni(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,
-                    const float* scale, float* C, int64_t ldc);
+                    Int4Scales scale, float* C, int64_t ldc);
 
 // The same for fp8 e4m3 weights [N, K] (raw bytes, no NaN pattern) with one f32 scale per output
 // channel: C[i, j] = scale[j] * sum_k A[i, k] * e4m3(W[j, k]). Each byte is turned into its exact

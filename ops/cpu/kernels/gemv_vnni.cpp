@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "ops/cpu/kernels/gemv.h"
 #include "ops/cpu/kernels/gemv_int4.h"
@@ -203,25 +204,42 @@ struct Q4Scales {
   int shift;
 };
 
-template <int Kind>
-TPU_VNNI __attribute__((always_inline)) inline __m512 q4_chunk_scales(const Q4Scales& g, const float* s, int64_t ch,
+// Scale i of a row of f32 or f16 scales, as f32.
+inline float scale_at(const float* s, int64_t i) { return s[i]; }
+inline float scale_at(const f16* s, int64_t i) { return s[i].to_f32(); }
+
+// Four consecutive scales in lanes 0-3 (the others unspecified).
+TPU_VNNI __attribute__((always_inline)) inline __m512 load4_scales(const float* s) {
+  return _mm512_castps128_ps512(_mm_loadu_ps(s));
+}
+TPU_VNNI __attribute__((always_inline)) inline __m512 load4_scales(const f16* s) {
+  return _mm512_cvtph_ps(_mm256_zextsi128_si256(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s))));
+}
+// One scale in every lane.
+TPU_VNNI __attribute__((always_inline)) inline __m512 broadcast_scale(const float* s) { return _mm512_set1_ps(*s); }
+TPU_VNNI __attribute__((always_inline)) inline __m512 broadcast_scale(const f16* s) {
+  return _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(s->bits)));
+}
+
+template <int Kind, class S>
+TPU_VNNI __attribute__((always_inline)) inline __m512 q4_chunk_scales(const Q4Scales& g, const S* s, int64_t ch,
                                                                        bool full) {
   const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   const int64_t b0 = ch * 4;
-  if (Kind == 0 && full) return _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_loadu_ps(s + b0)));
-  if (Kind == 1 && full) return _mm512_set1_ps(s[b0 >> g.shift]);
+  if (Kind == 0 && full) return _mm512_permutexvar_ps(spread, load4_scales(s + b0));
+  if (Kind == 1 && full) return broadcast_scale(s + (b0 >> g.shift));
   const int64_t nb = std::min<int64_t>(4, g.K / 32 - b0);
   alignas(16) float v[4] = {0, 0, 0, 0};
-  for (int64_t b = 0; b < nb; ++b) v[b] = s[(b0 + b) / g.bpg];
+  for (int64_t b = 0; b < nb; ++b) v[b] = scale_at(s, (b0 + b) / g.bpg);
   return _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_load_ps(v)));
 }
 
 // One chunk of 128 weights of vn4_group (`m`: the chunk's weight bytes present).
-template <int R, int Kind>
+template <int R, int Kind, class S>
 TPU_VNNI __attribute__((always_inline)) inline void vn4_step(__m512 (&acc)[R][kVnCols], const VnRows& v, int64_t i0,
                                                              int64_t chunks, int64_t ch, bool full, __mmask64 m,
                                                              const Q4Scales& g, const uint8_t* const* w,
-                                                             const float* const* s, int64_t pf) {
+                                                             const S* const* s, int64_t pf) {
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   __m512i lo[kVnCols], hi[kVnCols];
   __m512 sv[kVnCols];
@@ -233,7 +251,25 @@ TPU_VNNI __attribute__((always_inline)) inline void vn4_step(__m512 (&acc)[R][kV
     const __m512i raw = _mm512_maskz_loadu_epi8(m, w[c] + ch * 64);
     lo[c] = _mm512_and_si512(raw, low4);
     hi[c] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-    sv[c] = q4_chunk_scales<Kind>(g, s[c], ch, full);
+    if (!(std::is_same_v<S, f16> && Kind == 0)) sv[c] = q4_chunk_scales<Kind>(g, s[c], ch, full);
+  }
+  if constexpr (std::is_same_v<S, f16> && Kind == 0) {
+    if (full) {
+      // The four columns' four f16 block scales (8 bytes each) widened by one vcvtph2ps, lanes
+      // 4c..4c+3 column c's, then spread to column c's lanes.
+      int64_t h[kVnCols];
+#pragma GCC unroll 4
+      for (int c = 0; c < kVnCols; ++c) std::memcpy(&h[c], s[c] + ch * 4, 8);
+      const __m512 all = _mm512_cvtph_ps(_mm256_setr_epi64x(h[0], h[1], h[2], h[3]));
+#pragma GCC unroll 4
+      for (int c = 0; c < kVnCols; ++c)
+        sv[c] = _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_set1_epi32(4 * c),
+                                                       _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)),
+                                      all);
+    } else {
+#pragma GCC unroll 4
+      for (int c = 0; c < kVnCols; ++c) sv[c] = q4_chunk_scales<Kind>(g, s[c], ch, full);
+    }
   }
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {
@@ -253,9 +289,9 @@ TPU_VNNI __attribute__((always_inline)) inline void vn4_step(__m512 (&acc)[R][kV
 // int4 (K a multiple of 32): whole chunks of 128 weights (64 bytes of each weight row) in a
 // loop whose only test is the loop-invariant prefetch one, a last partial chunk apart; Kind: the
 // way the scales are read (Q4Scales).
-template <int R, int Kind>
+template <int R, int Kind, class S>
 TPU_VNNI void vn4_chunks(int64_t K, const Q4Scales& g, const VnRows& v, int64_t i0, const uint8_t* const* w,
-                         const float* const* s, int cols, float* C, int64_t ldc, int64_t pf) {
+                         const S* const* s, int cols, float* C, int64_t ldc, int64_t pf) {
   const int64_t chunks = v.kp / 128, full = K / 128;
   const __mmask64 all = ~__mmask64{0};
   __m512 acc[R][kVnCols];  // local (not a caller's array), so that they stay in registers
@@ -264,21 +300,21 @@ TPU_VNNI void vn4_chunks(int64_t K, const Q4Scales& g, const VnRows& v, int64_t 
 #pragma GCC unroll 4
     for (int c = 0; c < kVnCols; ++c) acc[r][c] = _mm512_setzero_ps();
   if (pf)
-    for (int64_t ch = 0; ch < full; ++ch) vn4_step<R, Kind>(acc, v, i0, chunks, ch, true, all, g, w, s, pf);
+    for (int64_t ch = 0; ch < full; ++ch) vn4_step<R, Kind, S>(acc, v, i0, chunks, ch, true, all, g, w, s, pf);
   else
-    for (int64_t ch = 0; ch < full; ++ch) vn4_step<R, Kind>(acc, v, i0, chunks, ch, true, all, g, w, s, 0);
+    for (int64_t ch = 0; ch < full; ++ch) vn4_step<R, Kind, S>(acc, v, i0, chunks, ch, true, all, g, w, s, 0);
   if (chunks > full)
-    vn4_step<R, Kind>(acc, v, i0, chunks, full, false, (__mmask64{1} << ((K - full * 128) / 2)) - 1, g, w, s, pf);
+    vn4_step<R, Kind, S>(acc, v, i0, chunks, full, false, (__mmask64{1} << ((K - full * 128) / 2)) - 1, g, w, s, pf);
   store_sums<R>(acc, cols, nullptr, C, ldc);
 }
 
-template <int R>
-void vn4_group(int64_t K, const Q4Scales& g, const VnRows& v, int64_t i0, const uint8_t* const* w,
-               const float* const* s, int cols, float* C, int64_t ldc, int64_t pf) {
+template <int R, class S>
+void vn4_group(int64_t K, const Q4Scales& g, const VnRows& v, int64_t i0, const uint8_t* const* w, const S* const* s,
+               int cols, float* C, int64_t ldc, int64_t pf) {
   switch (g.kind) {
-    case 0: vn4_chunks<R, 0>(K, g, v, i0, w, s, cols, C, ldc, pf); break;
-    case 1: vn4_chunks<R, 1>(K, g, v, i0, w, s, cols, C, ldc, pf); break;
-    default: vn4_chunks<R, 2>(K, g, v, i0, w, s, cols, C, ldc, pf); break;
+    case 0: vn4_chunks<R, 0, S>(K, g, v, i0, w, s, cols, C, ldc, pf); break;
+    case 1: vn4_chunks<R, 1, S>(K, g, v, i0, w, s, cols, C, ldc, pf); break;
+    default: vn4_chunks<R, 2, S>(K, g, v, i0, w, s, cols, C, ldc, pf); break;
   }
 }
 
@@ -334,9 +370,12 @@ void gemv_int8_vnni(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda
   });
 }
 
-void gemv_int4_vnni(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,
-                    const float* scale, float* C, int64_t ldc) {
-  if (M <= 0 || N <= 0) return;
+namespace {
+
+// gemv_int4_vnni over scales of type S (f32 or f16).
+template <class S>
+void vn4_run(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,
+             const S* scale, float* C, int64_t ldc) {
   VnRows v;
   quantize_rows_q4(M, K, A, lda, v);
   const int64_t groups = K / group;
@@ -349,7 +388,7 @@ void gemv_int4_vnni(int64_t M, int64_t N, int64_t K, int64_t group, const float*
   vn_run(M, N, K, K / 2, [&](int64_t j, int cols, int64_t i, int rows, int64_t ahead) {
     const int64_t pf = i == 0 ? ahead * kVnCols * (K / 2) : 0;
     const uint8_t* w[kVnCols];
-    const float* s[kVnCols];
+    const S* s[kVnCols];
     for (int c = 0; c < kVnCols; ++c) {
       const int64_t row = j + std::min(c, cols - 1);
       w[c] = W + row * (K / 2);
@@ -357,12 +396,23 @@ void gemv_int4_vnni(int64_t M, int64_t N, int64_t K, int64_t group, const float*
     }
     float* out = C + i * ldc + j;
     switch (rows) {
-      case 1: vn4_group<1>(K, g, v, i, w, s, cols, out, ldc, pf); break;
-      case 2: vn4_group<2>(K, g, v, i, w, s, cols, out, ldc, pf); break;
-      case 3: vn4_group<3>(K, g, v, i, w, s, cols, out, ldc, pf); break;
-      default: vn4_group<4>(K, g, v, i, w, s, cols, out, ldc, pf); break;
+      case 1: vn4_group<1, S>(K, g, v, i, w, s, cols, out, ldc, pf); break;
+      case 2: vn4_group<2, S>(K, g, v, i, w, s, cols, out, ldc, pf); break;
+      case 3: vn4_group<3, S>(K, g, v, i, w, s, cols, out, ldc, pf); break;
+      default: vn4_group<4, S>(K, g, v, i, w, s, cols, out, ldc, pf); break;
     }
   });
+}
+
+}  // namespace
+
+void gemv_int4_vnni(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,
+                    Int4Scales scale, float* C, int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (scale.is_f16())
+    vn4_run(M, N, K, group, A, lda, W, scale.half(), C, ldc);
+  else
+    vn4_run(M, N, K, group, A, lda, W, scale.f32(), C, ldc);
 }
 
 }  // namespace tpu::kernels
