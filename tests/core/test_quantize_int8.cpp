@@ -595,8 +595,8 @@ TEST_CASE("linear_fp8 on v7 runs at about twice the bf16 linear's FLOP rate, int
   codegen::set_timing_only(was);
 }
 
-TEST_CASE("linear_fp8 on v7: a prefill step's seven projections at >= 1.8x the bf16 matmul rate (calibrated), "
-          ">= 1.6x (ideal), one program each",
+TEST_CASE("linear_fp8 on v7: a prefill step's seven projections at >= 1.8x the bf16 matmul rate under both timings, "
+          "one program each",
           "[quant][sim]") {
   const bool was = codegen::timing_only();
   codegen::set_timing_only(true);
@@ -625,10 +625,10 @@ TEST_CASE("linear_fp8 on v7: a prefill step's seven projections at >= 1.8x the b
     }
     INFO(per_shape << "prefill mix: bf16 " << bf16_total << " cycles, fp8 " << fp8_total << " ("
                     << bf16_total / fp8_total << "x)");
-    // Calibrated: 1.81x measured (the program's HBM time is added to its MXU time, and both halve
-    // for the weights). Ideal: each projection's first block of rows waits for its load and row
-    // max pass, and k / v (N = 1024) are bound by the vector unit: 1.71x, short of the MXU's 2x.
-    CHECK(bf16_total >= (std::string(name) == "v7" ? 1.8 : 1.6) * fp8_total);
+    // 1.81x measured under both. Calibrated: the program's HBM time is added to its MXU time, and
+    // both halve for the weights. Ideal: each projection's first block of rows waits for its load
+    // and row max pass, and k / v (N = 1024) are bound by the vector unit, short of the MXU's 2x.
+    CHECK(bf16_total >= 1.8 * fp8_total);
   }
   codegen::set_timing_only(was);
 }
