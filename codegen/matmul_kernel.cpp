@@ -485,9 +485,9 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
     // reduction on the cross-lane unit into its own column of qx (for the third, on the vector
     // unit into a second running tile), so the two units share the pass (4/3 of a vector pass
     // over the block each, against two for the vector unit alone); the tiles are folded to one
-    // vector register's width (-min into the max tile) and reduced across lanes into the column
-    // after the chunks' ones, the next column holds 1e-30 (written with the block's first
-    // chunk), and one last row reduction over the columns gives m = max(max |A|, 1e-30).
+    // vector register's width (-min into the max tile) and reduced across lanes, the chunks'
+    // columns with one more holding 1e-30 (written with the block's first chunk) reduced as well,
+    // and the larger of the two is m = max(max |A|, 1e-30).
     // Without: |chunk| into a running tile on the vector unit, folded by halving steps.
     // A step whose successor loads a new A block of the same K chunks folds that block's chunks
     // after its own K tiles, so the vector unit takes it while the MXUs stream.
@@ -514,7 +514,7 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
         }
         return;
       }
-      if (c == 0) b.fill(qx_col(n_xlu + 1), 1e-30f, ml, 1);
+      if (c == 0) b.fill(qx_col(n_xlu), 1e-30f, ml, 1);
       b.wait(semA);
       if (c == 0) b.unary(sim::Op::vmov, qmin_tile(0), x, ml, kk);
       else b.binary(sim::Op::vmin, qmin_tile(0), qmin_tile(0), x, ml, kk);
@@ -525,6 +525,8 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
     auto max_finish = [&](size_t j) {
       const int64_t ml = steps[j].ml;
       const sim::Operand mcol = B::vmem(B::at(vp.qm), DType::f32, 1);
+      // The chunks' columns and 1e-30 reduced while the vector unit folds the tiles.
+      if (xlu_max) b.reduce(sim::Op::xmax, qx_col(n_xlu + 1), qx_col(0), ml, n_xlu + 1, 1);
       int64_t w = W;
       for (; w > (xlu_max ? cfg.vpu.lanes : 1); w = (w + 1) / 2) {
         const int64_t h = (w + 1) / 2;
@@ -534,8 +536,8 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
       if (xlu_max) {
         b.binary(sim::Op::vmul, qmin_tile(0), qmin_tile(0), B::imm(-1), ml, w);
         b.binary(sim::Op::vmax, qmax_tile(0), qmax_tile(0), qmin_tile(0), ml, w);
-        b.reduce(sim::Op::xmax, qx_col(n_xlu), qmax_tile(0), ml, w, 1);
-        b.reduce(sim::Op::xmax, mcol, qx_col(0), ml, n_xlu + 2, 1);
+        b.reduce(sim::Op::xmax, mcol, qmax_tile(0), ml, w, 1);
+        b.binary(sim::Op::vmax, mcol, mcol, qx_col(n_xlu + 1), ml, 1);
       } else {
         b.binary(sim::Op::vmax, mcol, qmax_tile(0), B::imm(1e-30f), ml, 1);
       }
@@ -626,7 +628,7 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
     // runs its epilogue and store in pieces of rows, each piece's store under the next one's
     // epilogue, so less of them is left after the last MXU pass.
     const bool split = quant && epi && i + 1 == ns && st.ml >= 32;
-    const int64_t piece = split ? (st.ml / 4 + 7) / 8 * 8 : st.ml;
+    const int64_t piece = split ? (st.ml / 8 + 7) / 8 * 8 : st.ml;
     for (int64_t r0 = 0; r0 < st.ml; r0 += piece, ++extra_stores) {
       const int64_t rl = std::min(piece, st.ml - r0);
       auto rows_at = [&](sim::Operand o) {  // the operand from row r0 on
