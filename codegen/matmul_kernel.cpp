@@ -1,6 +1,8 @@
 #include "codegen/matmul_kernel.h"
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -54,13 +56,25 @@ int epilogue_slots(const MatmulSpec& s) {
   return vec_temp_slots(s.epilogue, dts);
 }
 
+// Packed int4 B with few rows of A (a decode step): the MXUs read the nibbles as i8 weights (16 q,
+// one pass per half block of 16) and each group's product is scaled into the accumulator on the
+// vector unit, instead of a bf16 panel dequantized weight by weight.
+bool int4_direct(const MatmulSpec& s, int64_t tm) { return s.b_int4_group > 0 && tm <= s.b_int4_group / 2; }
+
 // VMEM layout of one tiling.
 struct VmemPlan {
   int64_t a[2]{}, b[2]{}, acc[2]{}, out[2]{}, ascale[2]{};
   // a_row_quant: m / Q per row; the running [rows, R] tiles of the row max and min of A, and one
   // column per chunk for the chunks whose row max the cross-lane unit takes
   int64_t asx[2]{}, qmax = 0, qmin = 0, qx = 0, qm = 0;
-  int64_t dq[2]{}, sc[2]{}, qt[2]{}, sh = 0;  // int4 B: bf16 panels, group scales, f32 temps, -scale / 2
+  // int4 B: bf16 panels, group scales, f32 temps, -8 x scale, the low / high nibbles, the mask word
+  int64_t dq[2]{}, sc[2]{}, qt[2]{}, sh = 0, nib[2]{}, mask = 0, sc16[2]{};  // sc16: f16 scales as loaded
+  // int4_direct: a ring of buffers for the groups' products, deep enough that the MXUs run ahead
+  // of the vector unit by the pipeline's fill and drain (512 cycles on a 256-row array; a group
+  // of 32 takes 32 cycles of weight loads per MXU) plus a chunk of unpacking
+  static constexpr int kGroupBuffers = 48;
+  std::array<int64_t, kGroupBuffers> gt{};
+  int ngt = 0;
   std::vector<std::array<int64_t, 2>> epi;
   TempArena arena;
   int64_t total = 0;
@@ -84,8 +98,16 @@ VmemPlan plan_vmem(const MatmulSpec& s, int64_t tm, int64_t tn, int64_t tk, int6
   if (g4 > 0) {
     for (int i = 0; i < 2; ++i) p.dq[i] = take(tk * tn * 2);
     for (int i = 0; i < 2; ++i) p.sc[i] = take(tn * ((tk + g4 - 1) / g4) * 4);
-    for (int i = 0; i < 2; ++i) p.qt[i] = take(16 * tn * ((tk + g4 - 1) / g4) * 4);
+    p.qt[0] = take(16 * tn * ((tk + g4 - 1) / g4) * 4);
     p.sh = take(tn * ((tk + g4 - 1) / g4) * 4);
+    for (int i = 0; i < 2; ++i) p.nib[i] = take((tk * tn + 7) / 8 * 4);
+    p.mask = take(12);  // 0x0f0f0f0f, 0xf0f0f0f0, 0x88888888
+    if (int4_direct(s, tm)) {
+      p.ngt = int(std::min<int64_t>(VmemPlan::kGroupBuffers, std::max<int64_t>(2, (tk + g4 - 1) / g4)));
+      for (int i = 0; i < p.ngt; ++i) p.gt[size_t(i)] = take(tm * tn * 4);
+    }
+    if (s.b_int4_scale_f16)
+      for (int i = 0; i < 2; ++i) p.sc16[i] = take((tn * ((tk + g4 - 1) / g4) + 1) / 2 * 4);
   }
   if (s.a_row_scale || s.a_row_quant > 0) {
     p.ascale[0] = take(tm * 4);
@@ -124,7 +146,7 @@ VmemPlan plan_vmem(const MatmulSpec& s, int64_t tm, int64_t tn, int64_t tk, int6
 std::string matmul_key(const MatmulSpec& s) {
   std::string k = fmt::format("mm:{}x{}x{}x{}:t{}{}:{}/{}:{}/{}>{}:{}:{}/{}/{}:", s.batch, s.m, s.n, s.k, s.b_transposed,
                               s.a_row_scale ? "s" : s.a_row_quant > 0 ? fmt::format("q{}", s.a_row_quant)
-                                                  : s.b_int4_group > 0 ? fmt::format("g{}", s.b_int4_group)
+                                                  : s.b_int4_group > 0 ? fmt::format("g{}{}", s.b_int4_group, s.b_int4_scale_f16 ? "h" : "")
                                                                        : "",
                               s.a_batch_stride, s.b_batch_stride, sim::dtype_name(s.a_dtype),
                               sim::dtype_name(s.b_dtype), sim::dtype_name(s.out_dtype), sim::mxu_mode_name(s.mode),
@@ -241,6 +263,7 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
             "internal: codegen: matmul row factors need a float A, got {}", sim::dtype_name(s.a_dtype));
   TPU_CHECK(!(quant && s.a_row_scale), "internal: codegen: a_row_quant and a_row_scale together");
   const int64_t g4 = s.b_int4_group;
+  const bool direct = int4_direct(s, tl.tm);
   TPU_CHECK(g4 == 0 || (g4 % 32 == 0 && s.b_transposed && s.k % g4 == 0 && !quant && !s.a_row_scale &&
                         (s.batch == 1 || s.b_batch_stride == 0) && s.b_dtype == DType::i8),
             "internal: codegen: packed int4 B needs a transposed [N, K / 2] weight, K a multiple of the group {}", g4);
@@ -294,6 +317,11 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
   // the whole block (the first block of a 1024 x 4096 A is 8 MiB: ~9k cycles on v6e before the
   // MXUs could start). DMAs take HBM bandwidth in program order, hence the interleaving.
   auto chunks = [&](const Step& st) { return (st.kl + R - 1) / R; };
+  // (chunks of at least 1,024 weights per row: their words fill the vector unit's 128 lanes)
+  auto nchunks4 = [&](const Step& st) {
+    return std::max<int64_t>(1, std::min<int64_t>({st.kl / std::max<int64_t>(g4, 1), st.kl / 1024, 8}));
+  };
+  auto chunk_k = [&](const Step& st, int64_t c) { return c * (st.kl / g4) / nchunks4(st) * g4; };
   auto achunks = [&](const Step& st) { return quant ? (ak + R - 1) / R : chunks(st); };
   auto dma_a_chunk = [&](size_t i, int64_t c) {
     const Step& st = steps[i];
@@ -367,52 +395,148 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
               B::hbm_at(B::at((st.b * s.b_batch_stride + (st.k0 + kc) * s.n + st.n0) * esb, {{int16_t(b_reg), 1}})),
               {.rows = kcl, .row_bytes = st.nl * esb, .src_row_stride = s.n * esb}, qb, semB);
     }
-    // int4 B: the packed panel (K / 2 bytes per weight row) and its group scales, two signals.
-    if (bload[i] && g4 > 0) {
+    // int4 B: the packed panel (K / 2 bytes per weight row) and its group scales, two signals;
+    // int4_direct: the scales, then the panel in nchunks4 chunks of whole groups along K, a
+    // signal each (unpacked one by one during the step before).
+    if (bload[i] && direct) {
+      const int64_t ses = s.b_int4_scale_f16 ? 2 : 4;
+      b.dma(B::vmem_at(B::at(s.b_int4_scale_f16 ? vp.sc16[bbuf[i]] : vp.sc[bbuf[i]])),
+            B::hbm_at(B::at((st.n0 * (s.k / g4) + st.k0 / g4) * ses, {{int16_t(scale_reg), 1}})),
+            {.rows = st.nl, .row_bytes = st.kl / g4 * ses, .src_row_stride = s.k / g4 * ses}, qb, semB);
+      for (int64_t c = 0; c < nchunks4(st); ++c) {
+        const int64_t k0 = chunk_k(st, c), k1 = chunk_k(st, c + 1);
+        b.dma(B::vmem_at(B::at(vp.b[bbuf[i]] + k0 / 2)),
+              B::hbm_at(B::at(st.b * s.b_batch_stride + st.n0 * (s.k / 2) + (st.k0 + k0) / 2, {{int16_t(b_reg), 1}})),
+              {.rows = st.nl, .row_bytes = (k1 - k0) / 2, .dst_row_stride = st.kl / 2, .src_row_stride = s.k / 2}, qb,
+              semB);
+      }
+    } else if (bload[i] && g4 > 0) {
       b.dma(B::vmem_at(B::at(vp.b[bbuf[i]])),
             B::hbm_at(B::at(st.b * s.b_batch_stride + st.n0 * (s.k / 2) + st.k0 / 2, {{int16_t(b_reg), 1}})),
             {.rows = st.nl, .row_bytes = st.kl / 2, .src_row_stride = s.k / 2}, qb, semB);
-      b.dma(B::vmem_at(B::at(vp.sc[bbuf[i]])),
-            B::hbm_at(B::at((st.n0 * (s.k / g4) + st.k0 / g4) * 4, {{int16_t(scale_reg), 1}})),
-            {.rows = st.nl, .row_bytes = st.kl / g4 * 4, .src_row_stride = s.k / g4 * 4}, qb, semB);
+      const int64_t ses = s.b_int4_scale_f16 ? 2 : 4;
+      b.dma(B::vmem_at(B::at(s.b_int4_scale_f16 ? vp.sc16[bbuf[i]] : vp.sc[bbuf[i]])),
+            B::hbm_at(B::at((st.n0 * (s.k / g4) + st.k0 / g4) * ses, {{int16_t(scale_reg), 1}})),
+            {.rows = st.nl, .row_bytes = st.kl / g4 * ses, .src_row_stride = s.k / g4 * ses}, qb, semB);
     }
   };
   // int4 B: the step's packed panel unpacked into its bf16 panel [nl, kl] on the vector unit.
   // Weight k = 32 c + 16 h + j of a row (c its block of 32, h the nibble) is in byte 16 c + j as
-  // q + 8; viewed per sub-block t of a group as 16 rows (j) by nl * kl / group columns (the
-  // groups), the packed bytes, both halves of the panel and the scales are strided matrices. In
-  // f32, nine ops per byte: u = the byte read unsigned (its i8 value + 256 when negative),
-  // w = u - 135.5 = q_lo + 1/2 + 16 q_hi; q_hi = w / 16 rounded to an integer by one fused
-  // multiply-add onto 1.5 x 2^23 (no ties: the fraction stays within +-15/32) and a subtract;
-  // q_lo + 1/2 = w - 16 q_hi; then q_hi s and (q_lo + 1/2) s - s / 2 (fused: exactly q_lo s before
-  // its one rounding), stored as bf16. So each weight is its dequantized f32 value rounded to bf16.
+  // u = q + 8. First on the panel's 32-bit words (eight weights each, the panel as one dense
+  // matrix): lo = w & 0x0f0f0f0f and hi = (w >> 4) & 0x0f0f0f0f hold u of the low and high
+  // nibbles in the bytes where the packed panel holds their byte. Then per sub-block t of 32
+  // weights of each group, viewed as 16 rows (j) by nl * kl / group columns (the groups): the
+  // bytes of lo (then hi) converted to f32 and u s - 8 s by one fused multiply-add (exactly q s
+  // before its one rounding), stored as bf16. So 3 / 8 integer ops plus 2 f32 ops per weight,
+  // and each weight is its dequantized f32 value rounded to bf16.
+  auto dense = [&](int64_t n) {  // a dense run of n elements as a [rows, cols] matrix filling vregs
+    const int64_t r = std::gcd(n, int64_t(cfg.vpu.sublanes));
+    return std::array<int64_t, 2>{r, n / r};
+  };
+  // f16 group scales (IEEE half bits, two per 32-bit word as loaded) widened to the f32 panel
+  // scales, on integer ops: per half h, the f32 bits (h & 0x7fff) << 13 with h's sign bit on top
+  // read as f32 and times 2^112 are h's value (normal and subnormal alike, exactly); a half
+  // with exponent 31 (inf / NaN) lands at |v| >= 2^16, where the f32 exponent bits are then set
+  // (so inf stays inf, NaN NaN).
+  auto f16_scales_to_f32 = [&](int64_t C, int bf) {
+    const int64_t nw = (C + 1) / 2;
+    const int64_t tw = (nw + 15) / 16 * 16;  // words of one temp
+    const int64_t T1 = vp.qt[0], T2 = vp.qt[0] + tw * 4;
+    for (int h = 0; h < 2; ++h) {
+      const int64_t n = h == 0 ? nw : C / 2;
+      if (n == 0) continue;
+      const auto [r, c] = dense(n);
+      auto I = [&](int64_t at) { return B::vmem(B::at(at), DType::i32, c); };
+      auto F = [&](int64_t at) { return B::vmem(B::at(at), DType::f32, c); };
+      const sim::Operand W = I(vp.sc16[bf]);
+      if (h == 0) {
+        b.binary(sim::Op::vshl, I(T1), W, B::imm(17), r, c);    // the magnitude bits on top
+        b.binary(sim::Op::vshl, I(T2), W, B::imm(16), r, c);    // the sign at bit 31
+      } else {
+        b.binary(sim::Op::vshrl, I(T1), W, B::imm(16), r, c);
+        b.binary(sim::Op::vshl, I(T1), I(T1), B::imm(17), r, c);
+        b.binary(sim::Op::vand, I(T2), W, B::imm(-2147483648.0f), r, c);
+      }
+      b.binary(sim::Op::vshrl, I(T1), I(T1), B::imm(4), r, c);  // (h & 0x7fff) << 13
+      if (h == 0) b.binary(sim::Op::vand, I(T2), I(T2), B::imm(-2147483648.0f), r, c);
+      b.binary(sim::Op::vor, I(T1), I(T1), I(T2), r, c);
+      b.binary(sim::Op::vmul, F(T1), F(T1), B::imm(std::ldexp(1.0f, 112)), r, c);
+      // inf / NaN halves: |v| >= 2^16 only for them; OR in the all-ones f32 exponent.
+      b.unary(sim::Op::vabs, F(T2), F(T1), r, c);
+      b.binary(sim::Op::vcmple, F(T2), B::imm(65536.0f), F(T2), r, c);
+      b.unary(sim::Op::vcast, I(T2), F(T2), r, c);
+      b.binary(sim::Op::vshl, I(T2), I(T2), B::imm(31), r, c);
+      b.binary(sim::Op::vshra, I(T2), I(T2), B::imm(8), r, c);
+      b.binary(sim::Op::vand, I(T2), I(T2), B::imm(2139095040.0f), r, c);  // 0x7f800000
+      b.binary(sim::Op::vor, B::vmem(B::at(vp.sc[bf] + 4 * h), DType::i32, 2 * c, 2), I(T1), I(T2), r, c);
+    }
+  };
+  // int4_direct: chunk c of step i's packed panel (rows nl, the chunk's K range) on its words.
+  // Rows [r0, r0 + rn) of it (the pieces spread the vector unit's work between the groups).
+  auto unpack_chunk4 = [&](size_t i, int64_t c, int64_t r0, int64_t rn) {
+    const Step& st = steps[i];
+    const int bf = bbuf[i];
+    const int64_t k0 = chunk_k(st, c), k1 = chunk_k(st, c + 1);
+    auto words = [&](int64_t at) { return B::vmem(B::at(at + r0 * (st.kl / 2) + k0 / 2), DType::i32, st.kl / 8); };
+    const sim::Operand mf0 = B::vmem(B::at(vp.mask + 4), DType::i32, 0, 0),
+                       m88 = B::vmem(B::at(vp.mask + 8), DType::i32, 0, 0);
+    const int64_t lo = vp.dq[bf], hi = vp.dq[bf] + st.nl * st.kl / 2, cols = (k1 - k0) / 8;
+    b.binary(sim::Op::vxor, words(hi), words(vp.b[bf]), m88, rn, cols);
+    b.binary(sim::Op::vshl, words(lo), words(hi), B::imm(4), rn, cols);
+    b.binary(sim::Op::vand, words(lo), words(lo), mf0, rn, cols);
+    b.binary(sim::Op::vand, words(hi), words(hi), mf0, rn, cols);
+  };
   auto unpack_int4 = [&](size_t i) {
     const Step& st = steps[i];
     const int64_t C = st.nl * (st.kl / g4);
     const int bf = bbuf[i];
-    const sim::Operand t0 = B::vmem(B::at(vp.qt[0]), DType::f32, C), t1 = B::vmem(B::at(vp.qt[1]), DType::f32, C);
+    const sim::Operand t0 = B::vmem(B::at(vp.qt[0]), DType::f32, C);
     const sim::Operand scl = B::vmem(B::at(vp.sc[bf]), DType::f32, 0, 1), sh = B::vmem(B::at(vp.sh), DType::f32, 0, 1);
-    constexpr float kRound = 12582912.0f;  // 1.5 x 2^23: the f32 spacing there is 1
-    b.binary(sim::Op::vmul, B::vmem(B::at(vp.sh), DType::f32, C), B::vmem(B::at(vp.sc[bf]), DType::f32, C),
-             B::imm(-0.5f), 1, C);
-    for (int64_t t = 0; t < g4 / 32; ++t) {
-      const sim::Operand packed = B::vmem(B::at(vp.b[bf] + 16 * t), DType::i8, 1, g4 / 2);
-      const sim::Operand lo = B::vmem(B::at(vp.dq[bf] + 32 * t * 2), DType::bf16, 1, g4);
-      const sim::Operand hi = B::vmem(B::at(vp.dq[bf] + (32 * t + 16) * 2), DType::bf16, 1, g4);
-      b.unary(sim::Op::vcast, t0, packed, 16, C);
-      b.binary(sim::Op::vcmplt, t1, t0, B::imm(0), 16, C);
-      b.ternary(sim::Op::vfma, t0, t1, B::imm(256), t0, 16, C);
-      b.binary(sim::Op::vsub, t0, t0, B::imm(135.5f), 16, C);
-      b.ternary(sim::Op::vfma, t1, t0, B::imm(1.0f / 16), B::imm(kRound), 16, C);
-      b.binary(sim::Op::vsub, t1, t1, B::imm(kRound), 16, C);
-      b.binary(sim::Op::vmul, hi, t1, scl, 16, C);
-      b.ternary(sim::Op::vfma, t0, t1, B::imm(-16), t0, 16, C);
-      b.ternary(sim::Op::vfma, lo, t0, scl, sh, 16, C);
+    if (s.b_int4_scale_f16) f16_scales_to_f32(C, bf);
+    const auto [sr, scols] = dense(C);
+    if (direct) {
+      // The scales over 16 (the weights are 16 q), then on the words: x = w ^ 0x88888888 turns
+      // each nibble u into q (4-bit two's complement); hi = x & 0xf0f0f0f0 and
+      // lo = (x << 4) & 0xf0f0f0f0 hold 16 q as i8 in the bytes where the packed panel holds
+      // their byte: weights 32 c + j and 32 c + 16 + j of a row at byte 16 c + j of lo and hi.
+      b.binary(sim::Op::vmul, B::vmem(B::at(vp.sc[bf]), DType::f32, scols), B::vmem(B::at(vp.sc[bf]), DType::f32, scols),
+               B::imm(1.0f / 16), sr, scols);
+      return;  // the words: unpack_chunk4
     }
+    b.binary(sim::Op::vmul, B::vmem(B::at(vp.sh), DType::f32, scols), B::vmem(B::at(vp.sc[bf]), DType::f32, scols),
+             B::imm(-8.0f), sr, scols);
+    const auto [wr, wc] = dense(st.nl * st.kl / 8);
+    auto words = [&](int64_t at) { return B::vmem(B::at(at), DType::i32, wc); };
+    const sim::Operand mask = B::vmem(B::at(vp.mask), DType::i32, 0, 0);
+    b.binary(sim::Op::vand, words(vp.nib[0]), words(vp.b[bf]), mask, wr, wc);
+    b.binary(sim::Op::vshrl, words(vp.nib[1]), words(vp.b[bf]), B::imm(4), wr, wc);
+    b.binary(sim::Op::vand, words(vp.nib[1]), words(vp.nib[1]), mask, wr, wc);
+    for (int64_t t = 0; t < g4 / 32; ++t)
+      for (int h = 0; h < 2; ++h) {
+        const sim::Operand u = B::vmem(B::at(vp.nib[h] + 16 * t), DType::i8, 1, g4 / 2);
+        const sim::Operand out = B::vmem(B::at(vp.dq[bf] + (32 * t + 16 * h) * 2), DType::bf16, 1, g4);
+        b.unary(sim::Op::vcast, t0, u, 16, C);
+        b.ternary(sim::Op::vfma, out, t0, scl, sh, 16, C);
+      }
   };
 
   b.signal(semC, 2);  // both store buffers start free
   int64_t extra_stores = 0;  // stores beyond one per tile (signals on semC)
+  if (g4 > 0) {  // the nibble mask 0x0f0f0f0f, built from immediates (which are f32 values)
+    const sim::Operand m = B::vmem(B::at(vp.mask), DType::i32), tmp = B::vmem(B::at(vp.nib[0]), DType::i32);
+    b.binary(sim::Op::vor, m, B::imm(15), B::imm(0), 1, 1);
+    b.binary(sim::Op::vshl, tmp, m, B::imm(8), 1, 1);
+    b.binary(sim::Op::vor, m, m, tmp, 1, 1);
+    b.binary(sim::Op::vshl, tmp, m, B::imm(16), 1, 1);
+    b.binary(sim::Op::vor, m, m, tmp, 1, 1);
+    const sim::Operand mf0 = B::vmem(B::at(vp.mask + 4), DType::i32), m88 = B::vmem(B::at(vp.mask + 8), DType::i32);
+    b.binary(sim::Op::vxor, mf0, m, B::imm(-1), 1, 1);
+    b.binary(sim::Op::vor, m88, B::imm(136), B::imm(0), 1, 1);
+    b.binary(sim::Op::vshl, tmp, m88, B::imm(8), 1, 1);
+    b.binary(sim::Op::vor, m88, m88, tmp, 1, 1);
+    b.binary(sim::Op::vshl, tmp, m88, B::imm(16), 1, 1);
+    b.binary(sim::Op::vor, m88, m88, tmp, 1, 1);
+  }
   if (ns) issue_loads(0);
   for (size_t i = 0; i < ns; ++i) {
     const Step& st = steps[i];
@@ -466,8 +590,9 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
       if (std::find(fold_at[i].begin(), fold_at[i].end(), std::pair<size_t, int64_t>{j, c}) == fold_at[i].end())
         dma_a_chunk(j, c);
     if (i == 0 && bload[i] && g4 > 0) {  // later panels are unpacked during the step before theirs
-      b.wait(semB, 2);
+      b.wait(semB, 2);  // the packed panel and its scales; int4_direct: its scales and first chunk
       unpack_int4(i);
+      if (direct) unpack_chunk4(i, 0, 0, st.nl);
     }
     if (st.first_k && !epi) b.wait(semC);  // the accumulator is the store buffer
     // The MXUs: column tile j of the panel on its own MXU, K tiles of R rows. A panel narrower
@@ -594,7 +719,74 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
                      B::vmem(lhs, s.a_dtype, lda(st)), rl, kk, nn, acc, s.mode);
       }
     };
-    if (ktiles_full > 0) {
+    if (direct) {
+      // Per group: its 16-row halves through the MXUs into gt (i8 weights 16 q, exact in bf16),
+      // then acc = gt x scale / 16 (+ acc) for the group's scales, a row vector.
+      if (aload[i]) b.wait(semA, chunks(st));
+      const int64_t ng = st.kl / g4, half = st.nl * st.kl / 2;
+      // Group G's product is folded into acc lag groups later in program order, when the MXUs'
+      // fill and drain have passed: a fold issued earlier would wait in the vector unit's queue,
+      // and a full queue stalls the issue of the MXUs' work.
+      const int64_t per_group = std::max<int64_t>(
+          1, int64_t(double(g4) * cfg.mxu.weight_load_cycles_per_row) * ((jt + nm - 1) / nm));
+      const int64_t lag = std::min<int64_t>(
+          vp.ngt - 2, int64_t((cfg.mxu.fill_cycles + cfg.mxu.drain_cycles + cfg.vpu.latency) / double(per_group)) + 1);
+      auto fold = [&](int64_t G) {
+        const sim::Operand accop = B::vmem(B::at(vp.acc[par]), DType::f32, st.nl);
+        const sim::Operand gtop = B::vmem(B::at(vp.gt[size_t(G % vp.ngt)]), DType::f32, st.nl);
+        const sim::Operand scrow = B::vmem(B::at(vp.sc[bbuf[i]] + G * 4), DType::f32, 0, ng);
+        if (st.first_k && G == 0) b.binary(sim::Op::vmul, accop, gtop, scrow, st.ml, st.nl);
+        else b.ternary(sim::Op::vfma, accop, gtop, scrow, accop, st.ml, st.nl);
+      };
+      // Unpacking in pieces of 128 rows between the groups: the step's own chunk c + 1 over the
+      // groups of chunk c, and the next step's first chunk (with its scales) over the last chunk's
+      // groups (from the middle of the step on at least), by when its DMA, issued at this step's
+      // start, has landed at HBM speed.
+      std::vector<std::vector<std::array<int64_t, 4>>> work(static_cast<size_t>(ng));  // {step, chunk, r0, rows}
+      auto spread = [&](size_t step, int64_t c, int64_t g0, int64_t g1) {
+        const int64_t nl1 = steps[step].nl, pieces = std::max<int64_t>(1, nl1 / 128);
+        g1 = std::max(g1, g0 + 1);
+        for (int64_t pc = 0; pc < pieces; ++pc)
+          work[size_t(std::min(ng - 1, g0 + pc * (g1 - g0) / pieces))].push_back(
+              {int64_t(step), c, pc * nl1 / pieces, (pc + 1) * nl1 / pieces - pc * nl1 / pieces});
+      };
+      const int64_t nch = nchunks4(st);
+      auto first_group = [&](int64_t c) { return chunk_k(st, c) / g4; };
+      if (bload[i])
+        for (int64_t c = 0; c + 1 < nch; ++c) spread(i, c + 1, first_group(c), first_group(c + 1));
+      if (i + 1 < ns && bload[i + 1]) spread(i + 1, 0, std::max(first_group(nch - 1), ng / 2), ng);
+      for (int64_t G = 0; G < ng; ++G) {
+        for (const auto& [step, c, r0, rn] : work[size_t(G)]) {
+          if (r0 == 0) {
+            if (c == 0) {
+              b.wait(semB);  // the next panel's scales
+              unpack_int4(size_t(step));
+            }
+            b.wait(semB);
+          }
+          unpack_chunk4(size_t(step), c, r0, rn);
+        }
+        const size_t gp = size_t(G % vp.ngt);
+        const int64_t kr = std::min<int64_t>(R, 16);  // rows per pass (16, or the array's rows if fewer)
+        for (int64_t t = 0; t < g4 / 32; ++t)
+          for (int h = 0; h < 2; ++h)
+            for (int64_t r0 = 0; r0 < 16; r0 += kr)
+              for (int64_t j = 0; j < jt; ++j) {
+                const int64_t nn = std::min(Cm, st.nl - j * Cm), kk = std::min(kr, 16 - r0);
+                const int mxu = int((j + G * jt) % nm);
+                const sim::Operand wop =
+                    B::vmem(B::at(vp.dq[bbuf[i]] + h * half + j * Cm * (st.kl / 2) + (G * g4 / 32 + t) * 16 + r0),
+                            DType::i8, 1, st.kl / 2);
+                b.mxu_load_weights(mxu, wop, kk, nn, s.mode);
+                const sim::Operand lhs = B::vmem(
+                    B::at(vp.a[abuf[i]] + (a_off(st) + G * g4 + 32 * t + 16 * h + r0) * esa), s.a_dtype, lda(st));
+                b.mxu_matmul(mxu, B::vmem(B::at(vp.gt[gp] + j * Cm * 4), DType::f32, st.nl), lhs, st.ml, kk, nn,
+                             t > 0 || h > 0 || r0 > 0, s.mode);
+              }
+        if (G >= lag) fold(G - lag);
+      }
+      for (int64_t G = std::max<int64_t>(0, ng - lag); G < ng; ++G) fold(G);
+    } else if (ktiles_full > 0) {
       ktile(0, R, !st.first_k, false);
       // K tiles [1, t) read chunks scaled ahead, [t, full) scale theirs: one loop each.
       const int64_t t = std::clamp<int64_t>(pre[i], 1, ktiles_full);
@@ -609,7 +801,7 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
         b.end_loop();
       }
     }
-    if (k_tail > 0) ktile(ktiles_full, k_tail, !(st.first_k && ktiles_full == 0), false);
+    if (!direct && k_tail > 0) ktile(ktiles_full, k_tail, !(st.first_k && ktiles_full == 0), false);
     for (const auto& [j, c] : fold_at[i]) max_chunk(j, c, std::min(R, ak - c * R));
     for (const size_t j : finish_at[i]) {
       max_finish(j);
@@ -617,7 +809,7 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
     }
     // int4 B: the next step's panel unpacked while this step's matmuls stream (its own bf16
     // buffer; the epilogue below waits for it).
-    if (i + 1 < ns && bload[i + 1] && g4 > 0) {
+    if (i + 1 < ns && bload[i + 1] && g4 > 0 && !direct) {
       b.wait(semB, 2);
       unpack_int4(i + 1);
     }

@@ -47,10 +47,14 @@ struct MatmulSpec {
   float a_row_quant = 0;
   // > 0 (the group size, a multiple of 32): B is a packed int4 weight [N, K / 2] (b_transposed,
   // b_dtype i8 naming its bytes; layout of ops/cpu/kernels/gemv_int4.h) with f32 scales
-  // [N, K / group] in HBM at register matmul_registers(ne, true) - 1. Each B panel streams in
-  // packed (half a byte per weight) with its scales; the vector unit unpacks the nibbles and
-  // multiplies them by their group's scale into a bf16 panel, which the MXUs read. batch 1 only.
+  // [N, K / group] in HBM at register matmul_registers(ne, true) - 1 (f16 scales, IEEE half bits,
+  // with `b_int4_scale_f16`). Each B panel streams in packed (half a byte per weight) with its
+  // scales; the vector unit unpacks the nibbles with integer ops, either (more than group / 2 rows
+  // of A per block) multiplied by their group's scale into a bf16 panel which the MXUs read, or as
+  // i8 values 16 q which the MXUs read group by group, each group's product scaled into the
+  // accumulator by the vector unit. batch 1 only.
   int64_t b_int4_group = 0;
+  bool b_int4_scale_f16 = false;
 };
 
 struct MatmulTiling {

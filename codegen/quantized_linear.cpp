@@ -22,12 +22,15 @@
 //   are widened to bf16 as the MXU loads them (i8 and e4m3 values are exact in bf16) and x goes
 //   in at the f32 matmul precision (codegen/precision.h; "highest" runs bf16x3, which is exact for
 //   these weights), so the result equals the float linear of the dequantized weights.
-// int4 weights (linear_int4: packed nibbles, f32 scales per group of 32 or more columns) are
-// dequantized inside the matmul program (MatmulSpec::b_int4_group): each weight panel streams from
-// HBM packed, half a byte per weight with its group scales, and the vector unit unpacks it into a
-// bf16 panel in VMEM (q times its group's scale in f32, rounded to bf16) that the MXUs read; x
-// goes in at the f32 matmul precision (bf16 x in one bf16 pass). No MXU mode takes the nibbles
-// with scales varying along K, so this is the weight-only product of the bf16-rounded weights.
+// int4 weights (linear_int4: packed nibbles, f32 or f16 scales per group of 32 or more columns)
+// are dequantized inside the matmul program (MatmulSpec::b_int4_group): each weight panel streams
+// from HBM packed, half a byte per weight with its group scales (f16 ones widened to f32 in
+// VMEM), and the vector unit unpacks it with 32-bit integer shifts and masks; x goes in at the
+// f32 matmul precision (bf16 x in one bf16 pass). With at most group / 2 rows of x in a block
+// (decode), the MXUs read the nibbles as i8 weights 16 q, a pass per 16 of them, into one product
+// per group that the vector unit scales by scale / 16 into the accumulator: the product of the
+// exact dequantized weights. With more rows, the vector unit writes a bf16 panel of q times the
+// scale (rounded to bf16) that the MXUs read: the product of the bf16-rounded weights.
 // linear_fp8 with block scales (attrs block_n / block_k, a 2-D scale tensor) has no chip kernel
 // and takes the counted host fallback: the epilogue applies one scale per output column, not one per
 // block of K.
@@ -139,7 +142,8 @@ bool qlinear_eager(const ops::KernelArgs& k, QuantWeight kind) {
 bool linear_int4_eager(const ops::KernelArgs& k) {
   const Tensor& out = k.outputs[0];
   const Tensor &x = k.inputs[0], &q = k.inputs[1], &ws = k.inputs[2];
-  if (!float_chip(x.dtype()) || out.dtype() != x.dtype() || ws.dtype() != DType::f32) return false;
+  if (!float_chip(x.dtype()) || out.dtype() != x.dtype() || (ws.dtype() != DType::f32 && ws.dtype() != DType::f16))
+    return false;
   const int64_t N = q.shape()[0], K = 2 * q.shape()[1], G = ws.shape()[1];
   if (K == 0 || G == 0) return false;
   if (out.numel() == 0) return true;
@@ -153,6 +157,7 @@ bool linear_int4_eager(const ops::KernelArgs& k) {
   s.k = K;
   s.b_transposed = true;
   s.b_int4_group = K / G;  // a multiple of 32 (the op's meta checks it)
+  s.b_int4_scale_f16 = ws.dtype() == DType::f16;  // widened to f32 in VMEM
   s.a_dtype = cd(x.dtype());
   s.b_dtype = sim::DType::i8;  // the packed bytes
   s.out_dtype = cd(out.dtype());

@@ -30,12 +30,22 @@ constexpr OpInfo kOps[] = {
     {"vsqrt", U::eup, F::vunary},      {"xsum", U::xlu, F::xreduce},
     {"xmax", U::xlu, F::xreduce},      {"xtrans", U::xlu, F::xtrans},
     {"sld", U::scalar, F::sld},        {"loopr", U::scalar, F::loopr},
+    {"vand", U::vpu, F::vbinary},      {"vor", U::vpu, F::vbinary},
+    {"vxor", U::vpu, F::vbinary},      {"vshl", U::vpu, F::vbinary},
+    {"vshrl", U::vpu, F::vbinary},     {"vshra", U::vpu, F::vbinary},
 };
 static_assert(sizeof(kOps) / sizeof(kOps[0]) == size_t(Op::count_), "op table out of sync with Op");
 
 bool float_bits_equal(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
 }  // namespace
+
+bool is_int_vector_op(Op op) {
+  switch (op) {
+    case Op::vand: case Op::vor: case Op::vxor: case Op::vshl: case Op::vshrl: case Op::vshra: return true;
+    default: return false;
+  }
+}
 
 const OpInfo& op_info(Op op) { return kOps[size_t(op) < size_t(Op::count_) ? size_t(op) : 0]; }
 

@@ -28,6 +28,9 @@ enum class Op : uint8_t {
   xsum, xmax, xtrans,
   // scalar unit, data-driven: a 32-bit load into a register, a loop counted by a register
   sld, loopr,
+  // vector unit, 32-bit integer: bitwise and / or / xor, shift left, shift right logical /
+  // arithmetic (i32 operands; shift counts 0..31)
+  vand, vor, vxor, vshl, vshrl, vshra,
   count_
 };
 
@@ -46,6 +49,8 @@ struct OpInfo {
 };
 const OpInfo& op_info(Op op);
 std::optional<Op> op_from_name(std::string_view name);
+// The 32-bit integer vector ops (vand ... vshra): i32 operands, or immediates that are integers.
+bool is_int_vector_op(Op op);
 
 // bf16: inputs rounded to bf16, one pass (f32 accumulate). f32: f32 inputs, products as exact as
 // six bf16 passes make them (XLA's HIGHEST), at f32_cycles_per_row. i8: exact integers.

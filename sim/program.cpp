@@ -1,5 +1,7 @@
 #include "sim/program.h"
 
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "sim/assembly.h"
@@ -135,7 +137,20 @@ void check_one(Program& p, size_t i) {
       if (info.format != Format::vfill) check_mem(p, i, in.a, Role::a, "a", true, true);
       if (info.format == Format::vbinary || info.format == Format::vternary) check_mem(p, i, in.b, Role::b, "b", true, true);
       if (info.format == Format::vternary) check_mem(p, i, in.c, Role::c, "c", true, true);
-      if (in.op != Op::vcast) {
+      if (is_int_vector_op(in.op)) {
+        for (const Operand* o : {&in.dst, &in.a, &in.b})
+          if (o->kind == Operand::Kind::mem && o->dtype != DType::i32)
+            fail(p, i, "integer vector ops work on i32 operands");
+        const bool shift = in.op == Op::vshl || in.op == Op::vshrl || in.op == Op::vshra;
+        for (const Operand* o : {&in.a, &in.b}) {
+          if (o->kind != Operand::Kind::imm) continue;
+          const double v = o->imm;
+          if (!(v >= -2147483648.0 && v < 2147483648.0) || v != std::trunc(v))
+            fail(p, i, fmt::format("integer vector op immediate {} is not a 32-bit integer", o->imm));
+          if (shift && o == &in.b && (v < 0 || v > 31))
+            fail(p, i, fmt::format("shift count {} is outside 0..31", o->imm));
+        }
+      } else if (in.op != Op::vcast) {
         for (const Operand* o : {&in.dst, &in.a, &in.b, &in.c})
           if (o->kind == Operand::Kind::mem && !is_float_storage(o->dtype))
             fail(p, i, "vector arithmetic works on f32 or bf16 operands (use vcast for integers)");

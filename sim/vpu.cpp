@@ -1,6 +1,7 @@
 // Vector unit and transcendental path, functional model: every op reads f32 or bf16 (or an
 // f32 immediate), computes in f32 and stores f32 or bf16 (rounded to nearest even).
 // vcast converts between all dtypes (integers saturate, f32->int rounds to nearest even).
+// vand / vor / vxor / vshl / vshrl / vshra work on i32 words.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -120,6 +121,27 @@ void store_any(const MatRef& m, int64_t r, int64_t c, double v) {
   }
 }
 
+// 32-bit integer ops: operands are i32 words (immediates: integers, checked by the verifier).
+int32_t load_i32(const MatRef& m, int64_t r, int64_t c) {
+  if (m.is_imm) return int32_t(m.imm);
+  int32_t v;
+  std::memcpy(&v, m.base + (r * m.rs + c * m.cs) * 4, 4);
+  return v;
+}
+
+int32_t apply_int(Op op, int32_t x, int32_t y) {
+  const uint32_t ux = uint32_t(x), n = uint32_t(y) & 31u;  // shift counts: the low 5 bits
+  switch (op) {
+    case Op::vand: return x & y;
+    case Op::vor: return x | y;
+    case Op::vxor: return x ^ y;
+    case Op::vshl: return int32_t(ux << n);
+    case Op::vshrl: return int32_t(ux >> n);
+    case Op::vshra: return x >> n;  // arithmetic for negative x (C++20)
+    default: return 0;
+  }
+}
+
 }  // namespace
 
 void vector_exec(Op op, const MatRef& dst, const MatRef& a, const MatRef& b, const MatRef& c, int64_t rows,
@@ -130,6 +152,14 @@ void vector_exec(Op op, const MatRef& dst, const MatRef& a, const MatRef& b, con
       for (int64_t j = 0; j < cols; ++j) row[size_t(j)] = load_any(a, r, j);
       for (int64_t j = 0; j < cols; ++j) store_any(dst, r, j, row[size_t(j)]);
     }
+    return;
+  }
+  if (is_int_vector_op(op)) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < cols; ++j) {
+        const int32_t v = apply_int(op, load_i32(a, r, j), load_i32(b, r, j));
+        std::memcpy(dst.base + (r * dst.rs + j * dst.cs) * 4, &v, 4);
+      }
     return;
   }
   std::vector<float> buf(size_t(cols) * 4);

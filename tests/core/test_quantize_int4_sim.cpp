@@ -1,12 +1,17 @@
 // linear_int4 on the simulated chip (codegen/quantized_linear.cpp, MatmulSpec::b_int4_group): the
-// product against a naive loop over weights decoded here from the documented packing (each
-// dequantized weight rounded to bf16, as the kernel's VMEM panel holds it, x rounded to bf16 as
-// the default f32 matmul precision does), with no host fallback, eager and compiled, and the HBM
-// traffic of the program in closed form (the weights read packed, half a byte each).
+// product against a naive loop over weights decoded here from the documented packing (x rounded
+// to bf16 as the default f32 matmul precision does; with more rows than half a group each
+// dequantized weight rounded to bf16 too, as the kernel's VMEM panel holds it, with fewer the
+// exact q s, which the kernel applies per group after the MXUs), with no host fallback, eager and
+// compiled, and the HBM traffic of the program in closed form (the weights read packed).
 #include <cmath>
+#include <cstring>
+#include <iterator>
 
 #include "codegen_testing.h"
 #include "codegen/precision.h"
+#include "sim/chip.h"
+#include "sim/presets.h"
 #include "testing.h"
 #include "llm_reference.h"
 #include "tpucore/compile.h"
@@ -29,18 +34,22 @@ struct Int4DefaultPrecision {
   ~Int4DefaultPrecision() { set_float32_matmul_precision(prev); }
 };
 
-// The chip's product, naive in double: Wd[j, k] = bf16(f32(nibble - 8) * scale), the nibble read
-// from the layout of ops/cpu/kernels/gemv_int4.h (byte 16 (k / 32) + k % 16, low nibble for
-// k % 32 < 16), x rounded to bf16. `mag` sums |x w| for the accumulation tolerance.
+// The chip's product, naive in double: Wd[j, k] = bf16(f32(nibble - 8) * scale) (round_w; else
+// (nibble - 8) * scale exactly), the nibble read from the layout of ops/cpu/kernels/gemv_int4.h
+// (byte 16 (k / 32) + k % 16, low nibble for k % 32 < 16), x rounded to bf16. `mag` sums |x w|
+// for the accumulation tolerance. The chip rounds the weights when M > group / 2.
 void int4_chip_ref(const std::vector<float>& x, const std::vector<uint8_t>& q, const std::vector<float>& s, int64_t M,
                    int64_t N, int64_t K, int64_t group, std::vector<double>& ref, std::vector<double>& mag) {
+  const bool round_w = M > group / 2;
   ref.assign(static_cast<size_t>(M * N), 0);
   mag.assign(static_cast<size_t>(M * N), 0);
   for (int64_t j = 0; j < N; ++j)
     for (int64_t k = 0; k < K; ++k) {
       const uint8_t b = q[static_cast<size_t>(j * (K / 2) + (k / 32) * 16 + k % 16)];
       const int v = ((k % 32) < 16 ? (b & 0xF) : (b >> 4)) - 8;
-      const float w = static_cast<float>(bf16(static_cast<float>(v) * s[static_cast<size_t>(j * (K / group) + k / group)]));
+      const double sv = s[static_cast<size_t>(j * (K / group) + k / group)];
+      const double w = round_w ? static_cast<double>(static_cast<float>(bf16(static_cast<float>(v) * static_cast<float>(sv))))
+                               : v * sv;
       for (int64_t i = 0; i < M; ++i) {
         const double p = static_cast<double>(static_cast<float>(bf16(x[static_cast<size_t>(i * K + k)]))) * w;
         ref[static_cast<size_t>(i * N + j)] += p;
@@ -70,7 +79,7 @@ TEST_CASE("linear_int4 on the chip: the nibbles unpacked in VMEM against the dec
   for (const int64_t group : {32, 128})
     for (const int64_t K : {128, 256})
       for (const int64_t N : {5, 17})
-        for (const int64_t M : {1, 3, 13}) {
+        for (const int64_t M : {1, 3, 13, 70}) {
           const RandomInt4 w(g, N, K, group);
           const std::vector<float> xv = q4s_random(g, static_cast<size_t>(M * K), -2, 2);
           const Tensor xd = from_vector(xv, {M, K}).to(sim.dev());
@@ -104,6 +113,69 @@ TEST_CASE("linear_int4 on the chip: the nibbles unpacked in VMEM against the dec
             CHECK(bad == 0);
           }
         }
+}
+
+// An IEEE half's value from its bits, by the definition (no conversion routine of the library).
+double half_value(uint16_t h) {
+  const int e = (h >> 10) & 0x1F, m = h & 0x3FF;
+  const double v = e == 0 ? std::ldexp(double(m), -24) : e == 31 ? (m ? NAN : INFINITY)
+                                                                   : std::ldexp(1.0 + m / 1024.0, e - 15);
+  return (h & 0x8000) ? -v : v;
+}
+
+// The int4 matmul program with f16 group scales (MatmulSpec::b_int4_scale_f16) run on the tiny
+// chip: the scales widened to f32 on the vector unit's integer ops. Scales include f16
+// subnormals, the largest half, zeros of both signs and negative values; an inf or NaN scale
+// makes its output column non-finite.
+TEST_CASE("int4 matmul program with f16 group scales: widened exactly in VMEM", "[quant][sim]") {
+  const sim::ChipConfig cfg = sim::preset_config("tiny");
+  Generator g(53);
+  for (const int64_t group : {32, 128})
+    for (const bool nonfinite : {false, true})
+    for (const int64_t M : {3, 70}) {
+      const int64_t N = 17, K = 256;
+      const RandomInt4 w(g, N, K, group);
+      std::vector<uint16_t> sh(static_cast<size_t>(N * (K / group)));
+      const uint16_t edge[] = {0x0001, 0x03FF, 0x0200, 0x7BFF, 0x8000, 0x0000, 0xAE66, 0x8401, 0x0400, 0x3C00};
+      for (size_t i = 0; i < sh.size(); ++i)
+        sh[i] = i < std::size(edge) ? edge[i] : static_cast<uint16_t>(0x2000 + (g.next_u64() % 0x1000));  // ~0.008..0.06
+      if (nonfinite) sh[0] = 0x7C00, sh[static_cast<size_t>(K / group)] = 0x7E01;  // inf in row 0, NaN in row 1
+      std::vector<float> sv(sh.size());
+      for (size_t i = 0; i < sh.size(); ++i) sv[i] = static_cast<float>(half_value(sh[i]));
+      const std::vector<float> xv = q4s_random(g, static_cast<size_t>(M * K), -2, 2);
+      codegen::MatmulSpec s;
+      s.name = "int4_f16_scales";
+      s.m = M;
+      s.n = N;
+      s.k = K;
+      s.b_transposed = true;
+      s.b_int4_group = group;
+      s.b_int4_scale_f16 = true;
+      s.a_dtype = sim::DType::f32;
+      s.b_dtype = sim::DType::i8;
+      s.out_dtype = sim::DType::f32;
+      s.mode = sim::MxuMode::bf16;
+      s.epilogue.result = s.epilogue.input(0);
+      sim::Chip chip(cfg);
+      const int64_t A = 0, Bq = 131072, C = 196608, S = 262144;
+      chip.write_hbm(uint64_t(A), xv.data(), xv.size() * 4);
+      chip.write_hbm(uint64_t(Bq), w.q.data(), w.q.size());
+      chip.write_hbm(uint64_t(S), sh.data(), sh.size() * 2);
+      chip.run(codegen::make_matmul_program(cfg, s), {.registers = {A, Bq, C, 0, S}});
+      std::vector<float> got(static_cast<size_t>(M * N));
+      chip.read_hbm(uint64_t(C), got.data(), got.size() * 4);
+      std::vector<double> ref, mag;
+      int4_chip_ref(xv, w.q, sv, M, N, K, group, ref, mag);
+      int bad = 0;
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) {
+          const size_t at = static_cast<size_t>(i * N + j);
+          if (nonfinite && j < 2) bad += std::isfinite(got[at]);
+          else bad += !(std::fabs(got[at] - ref[at]) <= 1e-5 * mag[at] + 1e-30);
+        }
+      INFO("group " << group << " M " << M << (nonfinite ? " with inf / NaN scales" : ""));
+      CHECK(bad == 0);
+    }
 }
 
 TEST_CASE("linear_int4 on the chip with the weight cut along K into panels of whole groups", "[quant][sim]") {
