@@ -37,6 +37,12 @@ double mode_cycles_per_row(const sim::ChipConfig& cfg, sim::MxuMode mode) {
   }
 }
 
+// Whether the cross-lane unit takes part of a_row_quant's row max: not where the chip's timing
+// prices a program that reduces rows there at a fixed cost (timing.reduce_cycles of the
+// calibrated presets, about 1 us, more than the exposed time it saves); there the vector unit
+// takes it all.
+bool xlu_row_max(const sim::ChipConfig& cfg) { return !(cfg.timing.calibrated() && cfg.timing.reduce_cycles > 0); }
+
 bool has_epilogue(const MatmulSpec& s) {
   return !s.epilogue.steps.empty() || s.epilogue.result.kind != VecRef::Kind::input || s.epilogue.result.index != 0 ||
          s.out_dtype != DType::f32;
@@ -58,7 +64,9 @@ bool int4_direct(const MatmulSpec& s, int64_t tm) { return s.b_int4_group > 0 &&
 // VMEM layout of one tiling.
 struct VmemPlan {
   int64_t a[2]{}, b[2]{}, acc[2]{}, out[2]{}, ascale[2]{};
-  int64_t asx[2]{}, qmax = 0, qtmp = 0;  // a_row_quant: m / Q per row; the row max's running tiles
+  // a_row_quant: m / Q per row; the running [rows, R] tiles of the row max and min of A, and one
+  // column per chunk for the chunks whose row max the cross-lane unit takes
+  int64_t asx[2]{}, qmax = 0, qmin = 0, qx = 0, qm = 0;
   // int4 B: bf16 panels, group scales, f32 temps, -8 x scale, the low / high nibbles, the mask word
   int64_t dq[2]{}, sc[2]{}, qt[2]{}, sh = 0, nib[2]{}, mask = 0, sc16[2]{};  // sc16: f16 scales as loaded
   // int4_direct: a ring of buffers for the groups' products, deep enough that the MXUs run ahead
@@ -109,7 +117,9 @@ VmemPlan plan_vmem(const MatmulSpec& s, int64_t tm, int64_t tn, int64_t tk, int6
     p.asx[0] = take(tm * 4);
     p.asx[1] = one_a ? p.asx[0] : take(tm * 4);
     p.qmax = take(tm * std::min(R, s.k) * 4);
-    p.qtmp = take(tm * std::min(R, s.k) * 4);
+    p.qmin = take(tm * std::min(R, s.k) * 4);
+    p.qx = take(tm * ((s.k + R - 1) / R + 2) * 4);
+    p.qm = take(tm * 4);
   }
   for (int i = 0; i < 2; ++i) p.acc[i] = take(tm * tn * 4);
   const bool epi = has_epilogue(s);
@@ -182,11 +192,13 @@ MatmulTiling choose_matmul_tiling(const sim::ChipConfig& cfg, const MatmulSpec& 
         const double mxu = double(s.batch) * mblocks * panels * double(ktiles) * mm_per_mxu * std::max(rows * cpr, load);
         const double bytes = double(s.batch) * (double(s.m * s.k * es_of(s.a_dtype) + s.m * s.n * es_of(s.out_dtype)) +
                                                 mblocks * double(s.k * s.n * es_of(s.b_dtype)));
-        // The first block waits for its load and its row max pass (two vector ops per element).
+        // The first block waits for its load and its row max pass (two vector ops per element,
+        // 4/3 where the cross-lane unit shares it: make_matmul_part).
         const double first = double(std::min(tm, s.m) * s.k);
+        const double ops = xlu_row_max(cfg) ? 4.0 / 3.0 : 2.0;
         const double est = std::max(mxu, bytes / bw) +
                            std::max(first * double(es_of(s.a_dtype)) / bw,
-                                    2 * first / double(cfg.vpu.sublanes * cfg.vpu.lanes) * cfg.vpu.cycles_per_vreg);
+                                    ops * first / double(cfg.vpu.sublanes * cfg.vpu.lanes) * cfg.vpu.cycles_per_vreg);
         if (best < 0 || est < best) {
           best = est;
           bt = {tm, tn, tk, vm};
@@ -246,6 +258,7 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
   const int ne = int(s.epilogue_inputs.size());
   const int a_reg = 0, b_reg = 1, out_reg = 2 + ne, k_reg = 3 + ne, scale_reg = 4 + ne;
   const bool quant = s.a_row_quant > 0;
+  const bool xlu_max = quant && xlu_row_max(cfg);
   TPU_CHECK(!(s.a_row_scale || quant) || s.a_dtype == DType::f32 || s.a_dtype == DType::bf16,
             "internal: codegen: matmul row factors need a float A, got {}", sim::dtype_name(s.a_dtype));
   TPU_CHECK(!(quant && s.a_row_scale), "internal: codegen: a_row_quant and a_row_scale together");
@@ -341,6 +354,23 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
       finish_at[j - 1].push_back(j);
     }
     prev = j;
+  }
+  // A block loaded ahead has its first chunks scaled ahead too (in the step before its first,
+  // right after its factors), as many as the MXUs take while the vector unit runs that step's
+  // epilogue; its steps scale the rest as before. How many of a step's K tiles are scaled ahead:
+  const double cpr_q = mode_cycles_per_row(cfg, s.mode);
+  auto n_pre = [&](size_t j) {
+    const Step& st = steps[j];
+    const double epi = double((st.ml + cfg.vpu.sublanes - 1) / cfg.vpu.sublanes) *
+                       double((st.nl + cfg.vpu.lanes - 1) / cfg.vpu.lanes) * double(s.epilogue.steps.size() + 1) *
+                       cfg.vpu.cycles_per_vreg;
+    const int64_t per = std::max<int64_t>(1, int64_t(double(st.ml) * cpr_q));
+    return std::min((ak + R - 1) / R, 2 + int64_t(epi) / per);
+  };
+  std::vector<int64_t> pre(ns, 0);
+  for (size_t i = 0, start = 0; i < ns && quant; ++i) {
+    if (aload[i]) start = i;
+    if (premax[start]) pre[i] = std::max<int64_t>(0, n_pre(start) - steps[i].k0 / R);
   }
   auto issue_loads = [&](size_t i) {
     const Step& st = steps[i];
@@ -491,6 +521,7 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
   };
 
   b.signal(semC, 2);  // both store buffers start free
+  int64_t extra_stores = 0;  // stores beyond one per tile (signals on semC)
   if (g4 > 0) {  // the nibble mask 0x0f0f0f0f, built from immediates (which are f32 values)
     const sim::Operand m = B::vmem(B::at(vp.mask), DType::i32), tmp = B::vmem(B::at(vp.nib[0]), DType::i32);
     b.binary(sim::Op::vor, m, B::imm(15), B::imm(0), 1, 1);
@@ -572,57 +603,91 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
     const int64_t groups = jt < nm ? std::max<int64_t>(1, std::min(nm / jt, st.ml / 8)) : 1;
     const int64_t group_rows = ((st.ml + groups - 1) / groups + 7) / 8 * 8;
     bool scale_waited = false;
-    // The row max of |A| over a whole block as its chunks land: |chunk| into a running [rows, R]
-    // tile; then folded to one column by halving max steps, and the factors (1 / m) Q (scaling the
-    // chunks before the MXUs read them) and m / Q (the epilogue's column input) taken from it.
+    // The row max m of |A| over a whole block as its chunks land, then the factors (1 / m) Q
+    // (scaling the chunks before the MXUs read them) and m / Q (the epilogue's column input).
+    // With the cross-lane unit (xlu_max): m = max(max_k A, -min_k A), each chunk's min on the
+    // vector unit into a running [rows, R] tile and its max, for two chunks in three, as a row
+    // reduction on the cross-lane unit into its own column of qx (for the third, on the vector
+    // unit into a second running tile), so the two units share the pass (4/3 of a vector pass
+    // over the block each, against two for the vector unit alone); the tiles are folded to one
+    // vector register's width (-min into the max tile) and reduced across lanes, the chunks'
+    // columns with one more holding 1e-30 (written with the block's first chunk) reduced as well,
+    // and the larger of the two is m = max(max |A|, 1e-30).
+    // Without: |chunk| into a running tile on the vector unit, folded by halving steps.
     // A step whose successor loads a new A block of the same K chunks folds that block's chunks
-    // between its own K tiles, so the vector unit takes it while the MXUs stream.
+    // after its own K tiles, so the vector unit takes it while the MXUs stream.
     auto chunk_op = [&](size_t j, int64_t kt_off, bool in_loop) {
       sim::Addr a = B::at(vp.a[abuf[j]] + kt_off * R * esa);
       if (in_loop) a.terms[0] = {int16_t(k_reg), R * esa};
       return B::vmem(a, s.a_dtype, ak);
     };
-    const int64_t W = std::min(R, ak);
+    const int64_t W = std::min(R, ak), NX = (ak + R - 1) / R;
     auto qmax_tile = [&](int64_t off) { return B::vmem(B::at(vp.qmax + off * 4), DType::f32, W); };
-    auto max_chunk = [&](size_t j, int64_t kt_off, int64_t kk, bool in_loop) {
+    auto qmin_tile = [&](int64_t off) { return B::vmem(B::at(vp.qmin + off * 4), DType::f32, W); };
+    auto qx_col = [&](int64_t col) { return B::vmem(B::at(vp.qx + col * 4), DType::f32, NX + 2); };
+    const int64_t n_xlu = xlu_max ? NX - (NX + 2) / 3 : 0;  // chunks c with c % 3 != 0
+    auto max_chunk = [&](size_t j, int64_t c, int64_t kk) {
       const int64_t ml = steps[j].ml;
-      b.wait(semA);
-      if (kt_off == 0 && !in_loop) {
-        b.unary(sim::Op::vabs, qmax_tile(0), chunk_op(j, 0, false), ml, kk);
+      const sim::Operand x = chunk_op(j, c, false);
+      if (!xlu_max) {
+        b.wait(semA);
+        if (c == 0) {  // chunk 0 is whole: W columns
+          b.unary(sim::Op::vabs, qmax_tile(0), x, ml, kk);
+        } else {
+          b.unary(sim::Op::vabs, qmin_tile(0), x, ml, kk);  // the min tile as scratch
+          b.binary(sim::Op::vmax, qmax_tile(0), qmax_tile(0), qmin_tile(0), ml, kk);
+        }
         return;
       }
-      const sim::Operand S = B::vmem(B::at(vp.qtmp), DType::f32, W);
-      b.unary(sim::Op::vabs, S, chunk_op(j, kt_off, in_loop), ml, kk);
-      b.binary(sim::Op::vmax, qmax_tile(0), qmax_tile(0), S, ml, kk);
+      if (c == 0) b.fill(qx_col(n_xlu), 1e-30f, ml, 1);
+      b.wait(semA);
+      if (c == 0) b.unary(sim::Op::vmov, qmin_tile(0), x, ml, kk);
+      else b.binary(sim::Op::vmin, qmin_tile(0), qmin_tile(0), x, ml, kk);
+      if (c % 3 != 0) b.reduce(sim::Op::xmax, qx_col(c - (c + 2) / 3), x, ml, kk, 1);
+      else if (c == 0) b.unary(sim::Op::vmov, qmax_tile(0), x, ml, kk);
+      else b.binary(sim::Op::vmax, qmax_tile(0), qmax_tile(0), x, ml, kk);
     };
     auto max_finish = [&](size_t j) {
       const int64_t ml = steps[j].ml;
-      for (int64_t w = W; w > 1;) {
+      const sim::Operand mcol = B::vmem(B::at(vp.qm), DType::f32, 1);
+      // The chunks' columns and 1e-30 reduced while the vector unit folds the tiles.
+      if (xlu_max) b.reduce(sim::Op::xmax, qx_col(n_xlu + 1), qx_col(0), ml, n_xlu + 1, 1);
+      int64_t w = W;
+      for (; w > (xlu_max ? cfg.vpu.lanes : 1); w = (w + 1) / 2) {
         const int64_t h = (w + 1) / 2;
+        if (xlu_max) b.binary(sim::Op::vmin, qmin_tile(0), qmin_tile(0), qmin_tile(h), ml, w - h);
         b.binary(sim::Op::vmax, qmax_tile(0), qmax_tile(0), qmax_tile(h), ml, w - h);
-        w = h;
       }
-      const sim::Operand mcol = qmax_tile(0);
+      if (xlu_max) {
+        b.binary(sim::Op::vmul, qmin_tile(0), qmin_tile(0), B::imm(-1), ml, w);
+        b.binary(sim::Op::vmax, qmax_tile(0), qmax_tile(0), qmin_tile(0), ml, w);
+        b.reduce(sim::Op::xmax, mcol, qmax_tile(0), ml, w, 1);
+        b.binary(sim::Op::vmax, mcol, mcol, qx_col(n_xlu + 1), ml, 1);
+      } else {
+        b.binary(sim::Op::vmax, mcol, qmax_tile(0), B::imm(1e-30f), ml, 1);
+      }
       const sim::Operand fac = B::vmem(B::at(vp.ascale[abuf[j]]), DType::f32, 1);
-      b.binary(sim::Op::vmax, mcol, mcol, B::imm(1e-30f), ml, 1);
-      b.unary(sim::Op::vrecip, fac, mcol, ml, 1);
-      b.binary(sim::Op::vmul, fac, fac, B::imm(s.a_row_quant), ml, 1);
+      b.unary(sim::Op::vrecip, fac, mcol, ml, 1);  // the vector unit's divide runs under it
       b.binary(sim::Op::vdiv, B::vmem(B::at(vp.asx[abuf[j]]), DType::f32, 1), mcol, B::imm(s.a_row_quant), ml, 1);
+      b.binary(sim::Op::vmul, fac, fac, B::imm(s.a_row_quant), ml, 1);
+    };
+    // A block loaded ahead is scaled right after its factors, chunk by chunk, before this step's
+    // epilogue: the next step's MXUs start on scaled chunks instead of waiting for the vector
+    // unit to finish the epilogue first.
+    auto prescale = [&](size_t j) {
+      const int64_t ml = steps[j].ml;
+      for (int64_t c = 0; c < n_pre(j); ++c) {
+        const sim::Operand x = chunk_op(j, c, false);
+        b.binary(sim::Op::vmul, x, x, B::vmem(B::at(vp.ascale[abuf[j]]), DType::f32, 1, 0), ml, std::min(R, ak - c * R));
+      }
     };
     if (aload[i] && quant && !premax[i]) {
-      const int64_t a_full = ak / R, a_tail = ak % R;
-      max_chunk(i, 0, W, false);
-      if (a_full > 1) {
-        b.loop(k_reg, a_full - 1);
-        max_chunk(i, 1, R, true);
-        b.end_loop();
-      }
-      if (a_tail > 0 && a_full > 0) max_chunk(i, a_full, a_tail, false);
+      for (int64_t c = 0; c < NX; ++c) max_chunk(i, c, std::min(R, ak - c * R));
       max_finish(i);
     }
     auto ktile = [&](int64_t kt_off, int64_t kk, bool acc, bool in_loop) {
       if (aload[i] && !quant) b.wait(semA);
-      if ((aload[i] && s.a_row_scale) || (quant && scale_here[i])) {  // this chunk of A times its rows' factors, in place
+      if ((aload[i] && s.a_row_scale) || (quant && scale_here[i] && kt_off >= pre[i])) {  // this chunk of A times its rows' factors, in place
         if (!scale_waited && !quant) b.wait(semS);
         scale_waited = true;
         sim::Addr chunk = B::at(vp.a[abuf[i]] + (a_off(st) + kt_off * R) * esa);
@@ -723,15 +788,25 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
       for (int64_t G = std::max<int64_t>(0, ng - lag); G < ng; ++G) fold(G);
     } else if (ktiles_full > 0) {
       ktile(0, R, !st.first_k, false);
-      if (ktiles_full > 1) {
-        b.loop(k_reg, ktiles_full - 1);
+      // K tiles [1, t) read chunks scaled ahead, [t, full) scale theirs: one loop each.
+      const int64_t t = std::clamp<int64_t>(pre[i], 1, ktiles_full);
+      if (t > 1) {
+        b.loop(k_reg, t - 1);
         ktile(1, R, true, true);
+        b.end_loop();
+      }
+      if (ktiles_full > t) {
+        b.loop(k_reg, ktiles_full - t);
+        ktile(t, R, true, true);
         b.end_loop();
       }
     }
     if (!direct && k_tail > 0) ktile(ktiles_full, k_tail, !(st.first_k && ktiles_full == 0), false);
-    for (const auto& [j, c] : fold_at[i]) max_chunk(j, c, std::min(R, ak - c * R), false);
-    for (const size_t j : finish_at[i]) max_finish(j);
+    for (const auto& [j, c] : fold_at[i]) max_chunk(j, c, std::min(R, ak - c * R));
+    for (const size_t j : finish_at[i]) {
+      max_finish(j);
+      prescale(j);
+    }
     // int4 B: the next step's panel unpacked while this step's matmuls stream (its own bf16
     // buffer; the epilogue below waits for it).
     if (i + 1 < ns && bload[i + 1] && g4 > 0 && !direct) {
@@ -740,16 +815,31 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
     }
     if (!st.last_k) continue;
     if (epi_loads) b.wait(semE, epi_loads);
-    if (epi) {
-      b.wait(semC);
-      emit_vec_expr(b, s.epilogue, epi_ops, B::vmem(B::at(vp.out[par]), s.out_dtype, st.nl),
-                    TempArena{vp.arena.base, vp.arena.slot_bytes, st.nl, vp.arena.slots}, st.ml, st.nl);
+    if (epi) b.wait(semC);
+    // The program's last tile with row quantization (its epilogue two multiplies per output)
+    // runs its epilogue and store in pieces of rows, each piece's store under the next one's
+    // epilogue, so less of them is left after the last MXU pass.
+    const bool split = quant && epi && i + 1 == ns && st.ml >= 32;
+    const int64_t piece = split ? (st.ml / 8 + 7) / 8 * 8 : st.ml;
+    for (int64_t r0 = 0; r0 < st.ml; r0 += piece, ++extra_stores) {
+      const int64_t rl = std::min(piece, st.ml - r0);
+      auto rows_at = [&](sim::Operand o) {  // the operand from row r0 on
+        o.addr.offset += r0 * std::max<int64_t>(o.row_stride, 0) * es_of(o.dtype);
+        return o;
+      };
+      if (epi) {
+        std::vector<sim::Operand> ops;
+        for (const sim::Operand& o : epi_ops) ops.push_back(rows_at(o));
+        emit_vec_expr(b, s.epilogue, ops, rows_at(B::vmem(B::at(vp.out[par]), s.out_dtype, st.nl)),
+                      TempArena{vp.arena.base, vp.arena.slot_bytes, st.nl, vp.arena.slots}, rl, st.nl);
+      }
+      b.dma(B::hbm_at(B::at((st.b * s.m * s.n + (st.m0 + r0) * s.n + st.n0) * eso, {{int16_t(out_reg), 1}})),
+            B::vmem_at(B::at(vp.out[par] + r0 * st.nl * eso)),
+            {.rows = rl, .row_bytes = st.nl * eso, .dst_row_stride = s.n * eso}, qc, semC);
     }
-    b.dma(B::hbm_at(B::at((st.b * s.m * s.n + st.m0 * s.n + st.n0) * eso, {{int16_t(out_reg), 1}})),
-          B::vmem_at(B::at(vp.out[par])), {.rows = st.ml, .row_bytes = st.nl * eso, .dst_row_stride = s.n * eso}, qc,
-          semC);
+    --extra_stores;
   }
-  b.wait(semC, 2);
+  b.wait(semC, 2 + int(extra_stores));
   b.fence();
   return b.finish();
 }
