@@ -122,7 +122,7 @@ constexpr int64_t kFewRows = 16;
 
 #define TPU_SDPA_AVX512 __attribute__((target("avx512f,avx512vl,fma")))
 
-TPU_SDPA_AVX512 float dot_avx512(const float* a, const float* b, int64_t n) {
+TPU_SDPA_AVX512 inline float dot_avx512(const float* a, const float* b, int64_t n) {
   __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
@@ -136,29 +136,42 @@ TPU_SDPA_AVX512 float dot_avx512(const float* a, const float* b, int64_t n) {
   return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
 
-TPU_SDPA_AVX512 void axpy_avx512(float p, const float* v, float* o, int64_t n) {
-  const __m512 vp = _mm512_set1_ps(p);
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(o + i, _mm512_fmadd_ps(vp, _mm512_loadu_ps(v + i), _mm512_loadu_ps(o + i)));
-  if (i < n) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
-    _mm512_mask_storeu_ps(o + i, m, _mm512_fmadd_ps(vp, _mm512_maskz_loadu_ps(m, v + i), _mm512_maskz_loadu_ps(m, o + i)));
+// s[r * ss] = dot(Q row r, kr) for the `rows` rows of Q (row stride n), n values each.
+TPU_SDPA_AVX512 void dots_avx512(const float* Q, int64_t rows, int64_t n, const float* kr, float* s, int64_t ss) {
+  for (int64_t r = 0; r < rows; ++r) s[r * ss] = dot_avx512(Q + r * n, kr, n);
+}
+
+// O row r += p[r * ps] * vr for the `rows` rows of O (row stride n), n values each.
+TPU_SDPA_AVX512 void axpys_avx512(const float* p, int64_t ps, int64_t rows, const float* vr, float* O, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const __m512 vp = _mm512_set1_ps(p[r * ps]);
+    float* o = O + r * n;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(o + i, _mm512_fmadd_ps(vp, _mm512_loadu_ps(vr + i), _mm512_loadu_ps(o + i)));
+    if (i < n) {
+      const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+      _mm512_mask_storeu_ps(o + i, m, _mm512_fmadd_ps(vp, _mm512_maskz_loadu_ps(m, vr + i), _mm512_maskz_loadu_ps(m, o + i)));
+    }
   }
 }
 
-float dot_portable(const float* a, const float* b, int64_t n) {
-  float lane[8] = {};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int l = 0; l < 8; ++l) lane[l] += a[i + l] * b[i + l];
-  for (; i < n; ++i) lane[0] += a[i] * b[i];
-  float s = 0;
-  for (float x : lane) s += x;
-  return s;
+void dots_portable(const float* Q, int64_t rows, int64_t n, const float* kr, float* s, int64_t ss) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* a = Q + r * n;
+    float lane[8] = {};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+      for (int l = 0; l < 8; ++l) lane[l] += a[i + l] * kr[i + l];
+    for (; i < n; ++i) lane[0] += a[i] * kr[i];
+    float sum = 0;
+    for (float x : lane) sum += x;
+    s[r * ss] = sum;
+  }
 }
 
-void axpy_portable(float p, const float* v, float* o, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) o[i] += p * v[i];
+void axpys_portable(const float* p, int64_t ps, int64_t rows, const float* vr, float* O, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < n; ++i) O[r * n + i] += p[r * ps] * vr[i];
 }
 
 // Row j of the [L, C] matrix of batch index b of t, as f32: in place when t is f32 with unit
@@ -198,8 +211,8 @@ void sdpa_few_rows(const KernelArgs& a) {
                 v_cs = v.strides()[n - 1];
   const cpu::VecUnaryFn exp_fn = cpu::vec_math().get(cpu::VecUnary::exp);
   const bool wide = cpu_features().avx512f && cpu_features().fma;
-  auto dot = wide ? &dot_avx512 : &dot_portable;
-  auto axpy = wide ? &axpy_avx512 : &axpy_portable;
+  auto dots = wide ? &dots_avx512 : &dots_portable;
+  auto axpys = wide ? &axpys_avx512 : &axpys_portable;
   const T* kbase = static_cast<const T*>(k.raw_data());
   const T* vbase = static_cast<const T*>(v.raw_data());
   const T* qbase = static_cast<const T*>(q.raw_data());
@@ -240,14 +253,18 @@ void sdpa_few_rows(const KernelArgs& a) {
         lk_of[static_cast<size_t>(gi)] = lk;
         lk_max = std::max(lk_max, lk);
       }
+      // Every head of the group scores the same keys (the usual case): one pass over its rows.
+      const bool uniform = std::all_of(lk_of.begin(), lk_of.end(), [&](int64_t l) { return l == lk_max; });
       std::fill(O.begin(), O.end(), 0.0f);
       if (Lk > 0) {
         const T* kp = kbase + kb.offset_of(bk);
         for (int64_t j = 0; j < lk_max; ++j) {
           const float* kr = row_f32<T>(kp, k_rs, k_cs, j, D, kbuf.data());
-          for (int64_t gi = 0; gi < group; ++gi) {
-            if (j >= lk_of[static_cast<size_t>(gi)]) continue;
-            for (int64_t r = gi * Lq; r < (gi + 1) * Lq; ++r) S[static_cast<size_t>(r * Lk + j)] = dot(Q.data() + r * D, kr, D);
+          if (uniform) {
+            dots(Q.data(), R, D, kr, S.data() + j, Lk);
+          } else {
+            for (int64_t gi = 0; gi < group; ++gi)
+              if (j < lk_of[static_cast<size_t>(gi)]) dots(Q.data() + gi * Lq * D, Lq, D, kr, S.data() + gi * Lq * Lk + j, Lk);
           }
         }
         for (int64_t r = 0; r < R; ++r) {
@@ -272,9 +289,11 @@ void sdpa_few_rows(const KernelArgs& a) {
         const T* vp = vbase + vb.offset_of(bk);
         for (int64_t j = 0; j < lk_max; ++j) {
           const float* vr = row_f32<T>(vp, v_rs, v_cs, j, Dv, vbuf.data());
-          for (int64_t gi = 0; gi < group; ++gi) {
-            if (j >= lk_of[static_cast<size_t>(gi)]) continue;
-            for (int64_t r = gi * Lq; r < (gi + 1) * Lq; ++r) axpy(S[static_cast<size_t>(r * Lk + j)], vr, O.data() + r * Dv, Dv);
+          if (uniform) {
+            axpys(S.data() + j, Lk, R, vr, O.data(), Dv);
+          } else {
+            for (int64_t gi = 0; gi < group; ++gi)
+              if (j < lk_of[static_cast<size_t>(gi)]) axpys(S.data() + gi * Lq * Lk + j, Lk, Lq, vr, O.data() + gi * Lq * Dv, Dv);
           }
         }
       }
