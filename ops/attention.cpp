@@ -174,12 +174,28 @@ void axpys_portable(const float* p, int64_t ps, int64_t rows, const float* vr, f
     for (int64_t i = 0; i < n; ++i) O[r * n + i] += p[r * ps] * vr[i];
 }
 
-// Row j of the [L, C] matrix of batch index b of t, as f32: in place when t is f32 with unit
-// column stride, else widened into buf (C floats).
+// n contiguous bf16 values widened to f32 (the bits shifted up: exact, as bf16's conversion).
+TPU_SDPA_AVX512 void bf16_row_avx512(const bf16* src, float* dst, int64_t n) {
+  const auto* p = reinterpret_cast<const uint16_t*>(src);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(
+                                  _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i))), 16)));
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+// Row j (row stride rs, column stride cs) from base as f32: in place when T is f32 with unit
+// column stride, else widened into buf (C floats; bf16 rows by AVX-512 when `wide`).
 template <class T>
-const float* row_f32(const T* base, int64_t rs, int64_t cs, int64_t j, int64_t C, float* buf) {
+const float* row_f32(const T* base, int64_t rs, int64_t cs, int64_t j, int64_t C, float* buf, bool wide) {
   if constexpr (std::is_same_v<T, float>) {
     if (cs == 1) return base + j * rs;
+  }
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (cs == 1 && wide) {
+      bf16_row_avx512(base + j * rs, buf, C);
+      return buf;
+    }
   }
   kernels::load_run_f32<T>(reinterpret_cast<const char*>(base + j * rs), cs * int64_t{sizeof(T)}, C, buf);
   return buf;
@@ -259,7 +275,7 @@ void sdpa_few_rows(const KernelArgs& a) {
       if (Lk > 0) {
         const T* kp = kbase + kb.offset_of(bk);
         for (int64_t j = 0; j < lk_max; ++j) {
-          const float* kr = row_f32<T>(kp, k_rs, k_cs, j, D, kbuf.data());
+          const float* kr = row_f32<T>(kp, k_rs, k_cs, j, D, kbuf.data(), wide);
           if (uniform) {
             dots(Q.data(), R, D, kr, S.data() + j, Lk);
           } else {
@@ -288,7 +304,7 @@ void sdpa_few_rows(const KernelArgs& a) {
         }
         const T* vp = vbase + vb.offset_of(bk);
         for (int64_t j = 0; j < lk_max; ++j) {
-          const float* vr = row_f32<T>(vp, v_rs, v_cs, j, Dv, vbuf.data());
+          const float* vr = row_f32<T>(vp, v_rs, v_cs, j, Dv, vbuf.data(), wide);
           if (uniform) {
             axpys(S.data() + j, Lk, R, vr, O.data(), Dv);
           } else {
