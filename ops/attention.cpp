@@ -9,19 +9,28 @@
 // Inputs (q, k, v, mask); an absent mask is passed as q with has_mask false (as linear's bias).
 // The cpu kernel works per key/value head (in parallel) on f32 copies of its heads: blocks of 64
 // query rows, S = Q K^T with the cpu GEMM, scale + mask + softmax per row, O = P V, rounded
-// once to the output dtype. The backward formula lives in ops/attention_grad.cpp.
+// once to the output dtype. Up to 16 query rows (decode) take a path without the copies and the
+// GEMM: each key and value row is read once per key/value head, in its dtype, for every query
+// head sharing it. The backward formula lives in ops/attention_grad.cpp.
+#include <immintrin.h>
+
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "ops/cpu/kernels/gemm.h"
 #include "ops/cpu/kernels/half_convert.h"
+#include "ops/cpu/kernels/intrin_diagnostics.h"
 #include "ops/cpu/loops.h"
 #include "ops/cpu/vec_math.h"
 #include "ops/meta_util.h"
 #include "ops/reduce_engine.h"
 #include "ops/registry.h"
+#include "tpucore/core/cpu_features.h"
 #include "tpucore/ops.h"
+
+TPU_INTRIN_DIAGNOSTICS_PUSH
 
 namespace tpu {
 namespace {
@@ -102,6 +111,217 @@ DimGroup batch_of(const Tensor& t) {
   return g;
 }
 
+
+// ---- few query rows (decode): every key and value read once per key/value head ----
+// The query heads sharing a key/value head (and their Lq rows, Lq <= kFewRows) are scored
+// together: each key row is read once, in the cache's dtype (f32 in place, bf16 / f16 widened
+// one row at a time into a small buffer, not the whole cache), dotted with every query row,
+// then each value row is read once and added, weighted, to every row's output. The softmax
+// steps per row are those of the blocked path below.
+constexpr int64_t kFewRows = 16;
+
+#define TPU_SDPA_AVX512 __attribute__((target("avx512f,avx512vl,fma")))
+
+TPU_SDPA_AVX512 inline float dot_avx512(const float* a, const float* b, int64_t n) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+  }
+  for (; i < n; i += 16) {
+    const __mmask16 m = static_cast<__mmask16>(n - i >= 16 ? 0xffffu : (1u << (n - i)) - 1u);
+    s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+// s[r * ss] = dot(Q row r, kr) for the `rows` rows of Q (row stride n), n values each.
+TPU_SDPA_AVX512 void dots_avx512(const float* Q, int64_t rows, int64_t n, const float* kr, float* s, int64_t ss) {
+  for (int64_t r = 0; r < rows; ++r) s[r * ss] = dot_avx512(Q + r * n, kr, n);
+}
+
+// O row r += p[r * ps] * vr for the `rows` rows of O (row stride n), n values each.
+TPU_SDPA_AVX512 void axpys_avx512(const float* p, int64_t ps, int64_t rows, const float* vr, float* O, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const __m512 vp = _mm512_set1_ps(p[r * ps]);
+    float* o = O + r * n;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(o + i, _mm512_fmadd_ps(vp, _mm512_loadu_ps(vr + i), _mm512_loadu_ps(o + i)));
+    if (i < n) {
+      const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+      _mm512_mask_storeu_ps(o + i, m, _mm512_fmadd_ps(vp, _mm512_maskz_loadu_ps(m, vr + i), _mm512_maskz_loadu_ps(m, o + i)));
+    }
+  }
+}
+
+void dots_portable(const float* Q, int64_t rows, int64_t n, const float* kr, float* s, int64_t ss) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* a = Q + r * n;
+    float lane[8] = {};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+      for (int l = 0; l < 8; ++l) lane[l] += a[i + l] * kr[i + l];
+    for (; i < n; ++i) lane[0] += a[i] * kr[i];
+    float sum = 0;
+    for (float x : lane) sum += x;
+    s[r * ss] = sum;
+  }
+}
+
+void axpys_portable(const float* p, int64_t ps, int64_t rows, const float* vr, float* O, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < n; ++i) O[r * n + i] += p[r * ps] * vr[i];
+}
+
+// n contiguous bf16 values widened to f32 (the bits shifted up: exact, as bf16's conversion).
+TPU_SDPA_AVX512 void bf16_row_avx512(const bf16* src, float* dst, int64_t n) {
+  const auto* p = reinterpret_cast<const uint16_t*>(src);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(
+                                  _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i))), 16)));
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+// Row j (row stride rs, column stride cs) from base as f32: in place when T is f32 with unit
+// column stride, else widened into buf (C floats; bf16 rows by AVX-512 when `wide`).
+template <class T>
+const float* row_f32(const T* base, int64_t rs, int64_t cs, int64_t j, int64_t C, float* buf, bool wide) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (cs == 1) return base + j * rs;
+  }
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (cs == 1 && wide) {
+      bf16_row_avx512(base + j * rs, buf, C);
+      return buf;
+    }
+  }
+  kernels::load_run_f32<T>(reinterpret_cast<const char*>(base + j * rs), cs * int64_t{sizeof(T)}, C, buf);
+  return buf;
+}
+
+template <class T>
+void sdpa_few_rows(const KernelArgs& a) {
+  const Tensor &q = a.inputs[0], &k = a.inputs[1], &v = a.inputs[2];
+  const Tensor& out = a.outputs[0];
+  const int n = q.dim();
+  const int64_t Lq = q.size(-2), Lk = k.size(-2), D = q.size(-1), Dv = v.size(-1);
+  const int64_t hq = n >= 3 ? q.size(-3) : 1, hk = n >= 3 ? k.size(-3) : 1, group = hq / hk, R = group * Lq;
+  const bool causal = a.attrs.get_bool("causal"), has_mask = a.attrs.get_bool("has_mask");
+  const float scale = static_cast<float>(a.attrs.get_float("scale"));
+  DimGroup mbatch;
+  int64_t m_rs = 0, m_cs = 0;
+  if (has_mask) {
+    const Tensor& mk = a.inputs[3];
+    auto st = [&](int d) {
+      const int j = d - (n - mk.dim());
+      return j >= 0 && mk.shape()[j] != 1 ? mk.strides()[j] : 0;
+    };
+    for (int i = 0; i + 2 < n; ++i) mbatch.add(q.shape()[i], st(i));
+    m_rs = st(n - 2);
+    m_cs = st(n - 1);
+  }
+  const DimGroup qb = batch_of(q), kb = batch_of(k), vb = batch_of(v);
+  const int64_t k_rs = k.strides()[n - 2], k_cs = k.strides()[n - 1], v_rs = v.strides()[n - 2],
+                v_cs = v.strides()[n - 1];
+  const cpu::VecUnaryFn exp_fn = cpu::vec_math().get(cpu::VecUnary::exp);
+  const bool wide = cpu_features().avx512f && cpu_features().fma;
+  auto dots = wide ? &dots_avx512 : &dots_portable;
+  auto axpys = wide ? &axpys_avx512 : &axpys_portable;
+  const T* kbase = static_cast<const T*>(k.raw_data());
+  const T* vbase = static_cast<const T*>(v.raw_data());
+  const T* qbase = static_cast<const T*>(q.raw_data());
+  const bool* mbase = has_mask ? static_cast<const bool*>(a.inputs[3].raw_data()) : nullptr;
+  T* obase = static_cast<T*>(out.raw_data());
+  const int64_t total_kv = kb.numel();
+  // Work items of at least ~32K multiply-adds each (a pool wake-up costs more than fewer).
+  const int64_t per_item = std::max<int64_t>(1, R * Lk * (D + Dv));
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / per_item);
+  parallel_for(0, total_kv, grain, [&](int64_t b0, int64_t b1) {
+    std::vector<float> Q(static_cast<size_t>(R * D)), S(static_cast<size_t>(R * std::max<int64_t>(Lk, 1))),
+        O(static_cast<size_t>(R * Dv)), kbuf(static_cast<size_t>(D)), vbuf(static_cast<size_t>(Dv));
+    std::vector<int64_t> lk_of(static_cast<size_t>(group));
+    for (int64_t bk = b0; bk < b1; ++bk) {
+      const int64_t outer = bk / hk, hkv = bk % hk;
+      const int64_t q_rs = q.strides()[n - 2], q_cs = q.strides()[n - 1];
+      int64_t lk_max = 0;
+      for (int64_t gi = 0; gi < group; ++gi) {
+        const int64_t bq = outer * hq + hkv * group + gi;
+        for (int64_t i = 0; i < Lq; ++i)
+          kernels::load_run_f32<T>(reinterpret_cast<const char*>(qbase + qb.offset_of(bq) + i * q_rs),
+                                   q_cs * int64_t{sizeof(T)}, D, Q.data() + (gi * Lq + i) * D);
+        // The keys this head scores (as the blocked path: past the last kept one, weight 0).
+        int64_t lk = Lk;
+        if (causal && !has_mask) {
+          lk = std::min(Lk, Lq);
+        } else if (has_mask) {
+          const bool* mp = mbase + mbatch.offset_of(bq);
+          int64_t last = 0;
+          for (int64_t r = 0; r < Lq && last < Lk; ++r)
+            for (int64_t j = Lk - 1; j >= last; --j)
+              if (mp[r * m_rs + j * m_cs]) {
+                last = j + 1;
+                break;
+              }
+          if (last > 0) lk = last;
+        }
+        lk_of[static_cast<size_t>(gi)] = lk;
+        lk_max = std::max(lk_max, lk);
+      }
+      // Every head of the group scores the same keys (the usual case): one pass over its rows.
+      const bool uniform = std::all_of(lk_of.begin(), lk_of.end(), [&](int64_t l) { return l == lk_max; });
+      std::fill(O.begin(), O.end(), 0.0f);
+      if (Lk > 0) {
+        const T* kp = kbase + kb.offset_of(bk);
+        for (int64_t j = 0; j < lk_max; ++j) {
+          const float* kr = row_f32<T>(kp, k_rs, k_cs, j, D, kbuf.data(), wide);
+          if (uniform) {
+            dots(Q.data(), R, D, kr, S.data() + j, Lk);
+          } else {
+            for (int64_t gi = 0; gi < group; ++gi)
+              if (j < lk_of[static_cast<size_t>(gi)]) dots(Q.data() + gi * Lq * D, Lq, D, kr, S.data() + gi * Lq * Lk + j, Lk);
+          }
+        }
+        for (int64_t r = 0; r < R; ++r) {
+          const int64_t gi = r / Lq, i = r % Lq, lk = lk_of[static_cast<size_t>(gi)];
+          const bool* mp = has_mask ? mbase + mbatch.offset_of(outer * hq + hkv * group + gi) : nullptr;
+          float* s = S.data() + r * Lk;
+          float mx = -std::numeric_limits<float>::infinity();
+          for (int64_t j = 0; j < lk; ++j) {
+            float x = s[j] * scale;
+            if (causal && j > i) x = -std::numeric_limits<float>::infinity();
+            if (has_mask && !mp[i * m_rs + j * m_cs]) x = -std::numeric_limits<float>::infinity();
+            s[j] = x;
+            mx = x > mx ? x : mx;
+          }
+          for (int64_t j = 0; j < lk; ++j) s[j] -= mx;
+          exp_fn(s, s, lk);
+          double sum = 0;
+          for (int64_t j = 0; j < lk; ++j) sum += s[j];
+          const float inv = static_cast<float>(1.0 / sum);
+          for (int64_t j = 0; j < lk; ++j) s[j] *= inv;
+        }
+        const T* vp = vbase + vb.offset_of(bk);
+        for (int64_t j = 0; j < lk_max; ++j) {
+          const float* vr = row_f32<T>(vp, v_rs, v_cs, j, Dv, vbuf.data(), wide);
+          if (uniform) {
+            axpys(S.data() + j, Lk, R, vr, O.data(), Dv);
+          } else {
+            for (int64_t gi = 0; gi < group; ++gi)
+              if (j < lk_of[static_cast<size_t>(gi)]) axpys(S.data() + gi * Lq * Lk + j, Lk, Lq, vr, O.data() + gi * Lq * Dv, Dv);
+          }
+        }
+      }
+      for (int64_t gi = 0; gi < group; ++gi) {
+        const int64_t bq = outer * hq + hkv * group + gi;
+        kernels::store_run_f32<T>(reinterpret_cast<char*>(obase + bq * Lq * Dv), int64_t{sizeof(T)}, Lq * Dv,
+                                  O.data() + gi * Lq * Dv);
+      }
+    }
+  });
+}
+
 void sdpa_cpu(const KernelArgs& a) {
   const Tensor &q = a.inputs[0], &k = a.inputs[1], &v = a.inputs[2];
   const Tensor& out = a.outputs[0];
@@ -109,6 +329,17 @@ void sdpa_cpu(const KernelArgs& a) {
   const int n = q.dim();
   const int64_t Lq = q.size(-2), Lk = k.size(-2), D = q.size(-1), Dv = v.size(-1);
   const int64_t hq = n >= 3 ? q.size(-3) : 1, hk = n >= 3 ? k.size(-3) : 1, group = hq / hk;
+  if (Lq <= kFewRows) {
+    bool done = false;
+    dispatch_dtype(q.dtype(), [&](auto z) {
+      using T = decltype(z);
+      if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, bf16> || std::is_same_v<T, f16>) {
+        sdpa_few_rows<T>(a);
+        done = true;
+      }
+    });
+    if (done) return;
+  }
   const bool causal = a.attrs.get_bool("causal"), has_mask = a.attrs.get_bool("has_mask");
   const float scale = static_cast<float>(a.attrs.get_float("scale"));
   // The mask's strides against the scores [..., Hq, Lq, Lk] (0 where it broadcasts).
@@ -216,3 +447,5 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 }
 
 }  // namespace tpu
+
+TPU_INTRIN_DIAGNOSTICS_POP

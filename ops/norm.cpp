@@ -4,9 +4,10 @@
 // always passed as inputs and flagged by attrs: `layer_norm` takes (x, weight, bias) with
 // has_weight / has_bias, `rms_norm` takes (x, weight) with has_weight. An absent parameter
 // is passed as x itself (no allocation; the kernel never reads it). Weight and bias may be
-// of any dtype and layout: they are converted to f32 once per call. Each row is read once
-// into an f32 buffer, its statistics computed there in f32 lanes, and written once; rows are
-// split over the thread pool. The variance is the biased one (divide by N), as PyTorch.
+// of any dtype and layout: read in place when contiguous f32, else converted to f32 once per
+// call. Each row is read once into an f32 buffer, its statistics computed there in f32 lanes,
+// and written once; rows are split over the thread pool. The variance is the biased one
+// (divide by N), as PyTorch.
 #include <cfloat>
 #include <cmath>
 #include <vector>
@@ -57,17 +58,18 @@ void rms_norm_meta(const MetaArgs& a, MetaResult& m) {
   m.out() = {a.inputs[0].shape(), a.inputs[0].dtype(), a.inputs[0].device()};
 }
 
-// A parameter's elements as contiguous f32 (empty when absent).
-std::vector<float> param_f32(const Tensor& p, bool present) {
-  std::vector<float> v;
-  if (!present) return v;
+// A parameter's elements as contiguous f32 (null when absent): read in place when it is
+// contiguous f32 already, else converted into `store`.
+const float* param_f32(const Tensor& p, bool present, std::vector<float>& store) {
+  if (!present) return nullptr;
+  if (p.dtype() == DType::f32 && p.is_contiguous()) return p.data<float>();
   Tensor f = empty_tensor(p.shape(), DType::f32, Device());
   dispatch_dtype(p.dtype(), [&](auto z) {
     using T = decltype(z);
     cpu::unary_map<float, T>(f, p, [](T x) { return cpu::convert<float>(x); });
   });
-  v.assign(f.data<float>(), f.data<float>() + f.numel());
-  return v;
+  store.assign(f.data<float>(), f.data<float>() + f.numel());
+  return store.data();
 }
 
 // Runs fn(buf, n) on every row of x (the trailing n elements) as f32 and stores buf into out.
@@ -133,18 +135,19 @@ void layer_norm_cpu(const KernelArgs& a) {
   const Tensor& x = a.inputs[0];
   const int nd = static_cast<int>(a.attrs.get_ints("normalized_shape").size());
   const double eps = a.attrs.get_float("eps");
-  const std::vector<float> w = param_f32(a.inputs[1], a.attrs.get_bool("has_weight"));
-  const std::vector<float> b = param_f32(a.inputs[2], a.attrs.get_bool("has_bias"));
+  std::vector<float> ws, bs;
+  const float* w = param_f32(a.inputs[1], a.attrs.get_bool("has_weight"), ws);
+  const float* b = param_f32(a.inputs[2], a.attrs.get_bool("has_bias"), bs);
   for_each_row(x, a.outputs[0], nd, [&](float* buf, int64_t n) {
     const double mean = lane_sum(buf, n) / static_cast<double>(n);
     const double var = lane_sum_sq(buf, n, static_cast<float>(mean)) / static_cast<double>(n);
     const float mu = static_cast<float>(mean);
     const float rstd = static_cast<float>(1.0 / std::sqrt(var + eps));
-    if (!w.empty() && !b.empty()) {
+    if (w && b) {
       for (int64_t i = 0; i < n; ++i) buf[i] = (buf[i] - mu) * rstd * w[i] + b[i];
-    } else if (!w.empty()) {
+    } else if (w) {
       for (int64_t i = 0; i < n; ++i) buf[i] = (buf[i] - mu) * rstd * w[i];
-    } else if (!b.empty()) {
+    } else if (b) {
       for (int64_t i = 0; i < n; ++i) buf[i] = (buf[i] - mu) * rstd + b[i];
     } else {
       for (int64_t i = 0; i < n; ++i) buf[i] = (buf[i] - mu) * rstd;
@@ -156,11 +159,12 @@ void rms_norm_cpu(const KernelArgs& a) {
   const Tensor& x = a.inputs[0];
   const int nd = static_cast<int>(a.attrs.get_ints("normalized_shape").size());
   const double eps = a.attrs.get_float("eps");
-  const std::vector<float> w = param_f32(a.inputs[1], a.attrs.get_bool("has_weight"));
+  std::vector<float> ws;
+  const float* w = param_f32(a.inputs[1], a.attrs.get_bool("has_weight"), ws);
   for_each_row(x, a.outputs[0], nd, [&](float* buf, int64_t n) {
     const double ms = lane_sum_sq(buf, n, 0.0f) / static_cast<double>(n);
     const float r = static_cast<float>(1.0 / std::sqrt(ms + eps));
-    if (!w.empty()) {
+    if (w) {
       for (int64_t i = 0; i < n; ++i) buf[i] = buf[i] * r * w[i];
     } else {
       for (int64_t i = 0; i < n; ++i) buf[i] *= r;

@@ -33,6 +33,11 @@ std::vector<SdpaCase> sdpa_cases() {
       {{6, 17, 16}, {3, 19, 16}, {3, 19, 16}, true, {}, 0, L::contiguous},  // ragged lengths
       {{1, 150, 8}, {1, 150, 8}, {1, 150, 4}, true},  // causal over several row blocks of the kernel
       {{2, 130, 4}, {1, 141, 4}, {1, 141, 4}, true},  // the same, Lq < Lk
+      // Decode shapes (the kernel's few-row path): one query row per head, three query heads per
+      // key/value head, a keep mask per sequence; head dims off the vector width.
+      {{2, 6, 1, 64}, {2, 2, 40, 64}, {2, 2, 40, 64}, false, {2, 1, 1, 40}, 0, L::sliced},
+      {{1, 3, 2, 20}, {1, 1, 11, 20}, {1, 1, 11, 24}, true},
+      {{3, 4, 1, 33}, {3, 2, 7, 33}, {3, 2, 7, 17}, false, {3, 1, 1, 7}, 0, L::transposed},
   };
 }
 

@@ -233,14 +233,24 @@ std::vector<std::vector<int64_t>> generate(CausalLM& m, const std::vector<std::v
     logits = m.logits(narrow(h, 1, plen - 1, 1));
   }
   for (int64_t step = 0; step < steps; ++step) {
-    // The last position's logits of every row, on the host in f32.
-    std::vector<float> last = to(select(logits, 1, logits.size(1) - 1), DType::f32).to_vector<float>();
+    // The last position's logits of every row, on the host in f32 (read in place on the cpu).
+    const Tensor lt = to(select(logits, 1, logits.size(1) - 1), DType::f32);
+    std::vector<float> host;
+    const float* last = nullptr;
+    if (lt.device().type == DeviceType::cpu && lt.is_contiguous()) {
+      last = lt.data<float>();
+    } else {
+      host = lt.to_vector<float>();
+      last = host.data();
+    }
     std::vector<int64_t> next(prompts.size(), cfg.pad_token_id);
     for (size_t r = 0; r < prompts.size(); ++r) {
       if (done[r]) continue;
-      std::vector<float> row(last.begin() + static_cast<std::ptrdiff_t>(r * static_cast<size_t>(vocab)),
-                             last.begin() + static_cast<std::ptrdiff_t>((r + 1) * static_cast<size_t>(vocab)));
-      const int64_t t = choose_token(std::move(row), history[r], cfg, rng);
+      const float* row = last + r * static_cast<size_t>(vocab);
+      // Greedy without a penalty: the first largest logit (choose_token's answer, without a copy).
+      const int64_t t = !cfg.do_sample && cfg.repetition_penalty == 1.0
+                            ? std::max_element(row, row + vocab) - row
+                            : choose_token(std::vector<float>(row, row + vocab), history[r], cfg, rng);
       next[r] = t;
       out[r].push_back(t);
       history[r].push_back(t);
