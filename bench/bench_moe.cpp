@@ -17,7 +17,8 @@
 // prefetch distance; the fastest is picked when the benchmark starts and named in its label),
 // with `moe_stream_frac` = moe_GBps / stream_GBps and `ratio_bound` = dense time / (the weights /
 // stream_GBps): the dense_ratio a layer that did nothing but read its weights at the peer's rate
-// would reach. BM_GroupedMatmulStream times one of the layer's two grouped matmuls alone against
+// would reach. The layer's run also times its experts alone on its sorted slots (`experts_ms`;
+// `rest_ms` = the layer's time less that: router, sort, permute, combine). BM_GroupedMatmulStream times one of the layer's two grouped matmuls alone against
 // the same peer (`gmm_stream_frac`).
 //
 // BM_MoEFfnFusedVsChain: the expert part of the same layer (after the router) as the fused node
@@ -238,6 +239,16 @@ void BM_StreamRead(benchmark::State& state) {
 }
 BENCHMARK(BM_StreamRead)->DenseRange(0, kNumStreamVariants - 1)->Unit(benchmark::kMillisecond)->UseManualTime();
 
+struct SparseMoE_Slots {
+  Tensor xs, counts;
+};
+// The layer's routed slots of x sorted by expert, and the count of each expert.
+SparseMoE_Slots sorted_slots(nn::SparseMoE& moe, const Tensor& x) {
+  const nn::SparseMoE::Routing r = moe.route(x);
+  auto [order, counts] = moe_sort(r.experts, moe.cfg.num_experts);
+  return {moe_permute(reshape(x, Shape{-1, moe.cfg.hidden}), order, moe.cfg.top_k), counts};
+}
+
 void BM_MixtralMoELayer(benchmark::State& state) {
   const int64_t tokens = state.range(0), h = state.range(1), f = state.range(2);
   NoGradGuard ng;
@@ -259,7 +270,10 @@ void BM_MixtralMoELayer(benchmark::State& state) {
   const StreamVariant& peer = stream.best();
   state.SetLabel(std::string("stream peer ") + peer.name);
   // All timed in every iteration, so a shared machine's load falls on each alike.
-  double moe_total = 0, dense_total = 0, stream_total = 0;
+  // The experts alone (two grouped matmuls and SwiGLU) on the layer's routed slots, sorted once:
+  // the rest of the layer's time is its router, sort, permute and combine.
+  const SparseMoE_Slots slots = sorted_slots(moe, x);
+  double moe_total = 0, dense_total = 0, stream_total = 0, experts_total = 0;
   int64_t n = 0;
   for (auto _ : state) {
     auto t0 = std::chrono::steady_clock::now();
@@ -269,6 +283,9 @@ void BM_MixtralMoELayer(benchmark::State& state) {
     moe_total += dt;
     state.SetIterationTime(dt);
     state.PauseTiming();
+    t0 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(moe.experts->forward(slots.xs, slots.counts).raw_data());
+    experts_total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     t0 = std::chrono::steady_clock::now();
     benchmark::DoNotOptimize(dense(xd).raw_data());
     dense_total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -281,6 +298,8 @@ void BM_MixtralMoELayer(benchmark::State& state) {
       benchmark::Counter(expert_flops(tokens, h, f) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["dense_ms"] = dense_s * 1e3;
   state.counters["dense_ratio"] = dense_total / moe_total;
+  state.counters["experts_ms"] = experts_total / static_cast<double>(std::max<int64_t>(n, 1)) * 1e3;
+  state.counters["rest_ms"] = (moe_total - experts_total) / static_cast<double>(std::max<int64_t>(n, 1)) * 1e3;
   // With 2 x tokens routed slots over 8 experts (128 at 64 tokens) every expert gets tokens.
   bandwidth_counters(state, n, moe_total, dense_total, stream_total, expert_weight_gb(kExperts, h, f),
                      expert_weight_gb(1, h, f), stream.gb());

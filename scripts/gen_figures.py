@@ -722,15 +722,17 @@ def host_moe(build, quick):
               "experts get tokens) and the fused node on the cpu (`BM_MoEFfnFusedVsChain`, a fixed routing "
               "that leaves 3 experts without tokens) against the dense block of the same FLOPs, each timed "
               "in every iteration beside the fastest stream variant (named per row): `ratio_bound` is the "
-              "dense ratio of a layer that only read its weights at the peer's rate.", "",
-              "| benchmark | ms | dense ms | dense ratio | weights GB/s | dense GB/s | peer GB/s | "
-              "fraction of peer | ratio bound | peer |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "dense ratio of a layer that only read its weights at the peer's rate; the layer's experts "
+              "are also timed alone on its sorted slots (experts ms; rest: router, sort, permute, combine).", "",
+              "| benchmark | ms | experts ms | rest ms | dense ms | dense ratio | weights GB/s | dense GB/s | "
+              "peer GB/s | fraction of peer | ratio bound | peer |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for b in layer:
         if b["name"].startswith("BM_GroupedMatmulStream"):
             continue
         ms = b.get("fused_ms", b["real_time"])
-        lines.append(f"| `{b['name']}` | {fmt(ms)} | {fmt(b.get('dense_ms', ms * b.get('dense_ratio', 0)))} | "
+        lines.append(f"| `{b['name']}` | {fmt(ms)} | {fmt(b.get('experts_ms'))} | {fmt(b.get('rest_ms'))} | "
+                     f"{fmt(b.get('dense_ms', ms * b.get('dense_ratio', 0)))} | "
                      f"{fmt(b.get('dense_ratio'), 2)} | {fmt(b.get('moe_GBps'))} | {fmt(b.get('dense_GBps'))} | "
                      f"{fmt(b.get('stream_GBps'))} | {fmt(b.get('moe_stream_frac'), 2)} | "
                      f"{fmt(b.get('ratio_bound'), 2)} | {b.get('label', '').replace('stream peer ', '')} |")
