@@ -707,6 +707,7 @@ def host_moe(build, quick):
                          extra=mt + ([] if quick else ["--benchmark_repetitions=3",
                                                        "--benchmark_enable_random_interleaving=true"]))
     best = {}
+    streams.sort(key=lambda b: int(re.sub(r"\D.*", "", b["name"].split("/")[1]) or 0))  # the bench's order
     for b in streams:
         if "GBps" in b and b.get("GBps", 0) > best.get(b.get("label", b["name"]), 0):
             best[b.get("label", b["name"])] = b["GBps"]
