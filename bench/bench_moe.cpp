@@ -12,9 +12,14 @@
 // the layer must read all 8 experts' weights (8 x the dense block's) for the same FLOPs. So both
 // runs also report the bandwidth they reach: `moe_GBps` (the weights of the experts that got
 // tokens / the layer's time), `dense_GBps` (the dense block's weight bytes / its time), and
-// `stream_GBps`, a plain read of a 512 MiB buffer over the same threads in the same iteration
-// (the machine's read bandwidth, measured beside them), with `moe_stream_frac` = moe_GBps /
-// stream_GBps.
+// `stream_GBps`, a read of a 512 MiB buffer in the same iteration by the fastest of the stream
+// peer's variants (BM_StreamRead: threads, streams per thread, 64- or 512-bit loads, software
+// prefetch distance; the fastest is picked when the benchmark starts and named in its label),
+// with `moe_stream_frac` = moe_GBps / stream_GBps and `ratio_bound` = dense time / (the weights /
+// stream_GBps): the dense_ratio a layer that did nothing but read its weights at the peer's rate
+// would reach. The layer's run also times its experts alone on its sorted slots (`experts_ms`;
+// `rest_ms` = the layer's time less that: router, sort, permute, combine). BM_GroupedMatmulStream times one of the layer's two grouped matmuls alone against
+// the same peer (`gmm_stream_frac`).
 //
 // BM_MoEFfnFusedVsChain: the expert part of the same layer (after the router) as the fused node
 // moe_ffn of compiled inference graphs (graph pass fuse_moe) against the chain it replaces, run
@@ -32,6 +37,8 @@
 // bound set by reading the weights of the experts that have tokens once at peak bandwidth.
 #include <benchmark/benchmark.h>
 
+#include <immintrin.h>
+
 #include <chrono>
 #include <algorithm>
 #include <vector>
@@ -45,6 +52,7 @@
 #include "tpucore/nn/moe.h"
 #include "tpucore/ops.h"
 #include "tpucore/streams.h"
+#include "tpucore/core/cpu_features.h"
 #include "tpucore/core/parallel.h"
 
 namespace {
@@ -69,35 +77,124 @@ struct Dense {
   }
 };
 
-// A plain read of `bytes` over the threads parallel_for uses: returns seconds. Four independent
-// sums per thread so the loads, not an add chain, bound it.
+// Reads of a buffer over the pool's threads, the peer the layer's weight streaming is held
+// against. Each variant is one way of reading memory as fast as it goes: `threads` threads (each
+// a contiguous share of the buffer), each splitting its share into `streams` parts read side by
+// side one cache line of each at a time (as a kernel reading 16 weight rows does), with 64-bit
+// scalar loads (four independent sums, so the loads and not an add chain bound it) or 512-bit
+// loads, and an optional software prefetch `prefetch` cache lines ahead of each stream (into the
+// L1d, or the L2 with `l2`). BM_StreamRead reports each; the layer benchmarks time the fastest.
+struct StreamVariant {
+  const char* name;
+  int threads;    // 0: all of the pool's threads
+  int streams;    // parts of a thread's share read side by side
+  bool wide;      // 512-bit loads (AVX-512), else 64-bit scalar loads
+  int prefetch;   // cache lines ahead of each stream, 0: none
+  bool l2;        // prefetch into the L2 instead of the L1d
+};
+constexpr StreamVariant kStreamVariants[] = {
+    {"scalar-1x1", 0, 1, false, 0, false},    {"zmm-1x1", 0, 1, true, 0, false},
+    {"zmm-1x1-pf16", 0, 1, true, 16, false},  {"zmm-1x1-pf64", 0, 1, true, 64, false},
+    {"zmm-1x1-pf64-l2", 0, 1, true, 64, true}, {"zmm-4", 0, 4, true, 0, false},
+    {"zmm-8", 0, 8, true, 0, false},          {"zmm-16", 0, 16, true, 0, false},
+    {"zmm-4-pf16", 0, 4, true, 16, false},    {"zmm-16-pf8-l2", 0, 16, true, 8, true},
+    {"zmm-1thread", 1, 1, true, 0, false},
+};
+constexpr int kNumStreamVariants = static_cast<int>(sizeof(kStreamVariants) / sizeof(kStreamVariants[0]));
+
+inline void prefetch_line(const char* p, bool l2) {
+  if (l2) _mm_prefetch(p, _MM_HINT_T1);
+  else _mm_prefetch(p, _MM_HINT_T0);
+}
+
+// Sums lines [b, e) of `base` (64-byte lines) as `streams` parts side by side.
+uint64_t read_scalar(const char* base, int64_t b, int64_t e, int streams, int prefetch, bool l2) {
+  const int64_t len = (e - b) / streams;
+  uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  for (int64_t i = 0; i < len; ++i)
+    for (int s = 0; s < streams; ++s) {
+      const int64_t line = b + s * len + i;
+      if (prefetch > 0 && i + prefetch < len) prefetch_line(base + (line + prefetch) * 64, l2);
+      const auto* p = reinterpret_cast<const uint64_t*>(base + line * 64);
+      s0 += p[0] + p[4];
+      s1 += p[1] + p[5];
+      s2 += p[2] + p[6];
+      s3 += p[3] + p[7];
+    }
+  for (int64_t line = b + streams * len; line < e; ++line) s0 += *reinterpret_cast<const uint64_t*>(base + line * 64);
+  return s0 + s1 + s2 + s3;
+}
+
+__attribute__((target("avx512f"))) uint64_t read_wide(const char* base, int64_t b, int64_t e, int streams,
+                                                       int prefetch, bool l2) {
+  const int64_t len = (e - b) / streams;
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  // Four lines of each stream per step: four independent adds.
+  for (; i + 4 <= len; i += 4)
+    for (int s = 0; s < streams; ++s) {
+      const char* p = base + (b + s * len + i) * 64;
+      if (prefetch > 0 && i + prefetch + 4 <= len)
+        for (int k = 0; k < 4; ++k) prefetch_line(p + (prefetch + k) * 64, l2);
+      a0 = _mm512_add_epi64(a0, _mm512_load_si512(p));
+      a1 = _mm512_add_epi64(a1, _mm512_load_si512(p + 64));
+      a2 = _mm512_add_epi64(a2, _mm512_load_si512(p + 128));
+      a3 = _mm512_add_epi64(a3, _mm512_load_si512(p + 192));
+    }
+  for (; i < len; ++i)
+    for (int s = 0; s < streams; ++s) a0 = _mm512_add_epi64(a0, _mm512_load_si512(base + (b + s * len + i) * 64));
+  for (int64_t line = b + streams * len; line < e; ++line) a1 = _mm512_add_epi64(a1, _mm512_load_si512(base + line * 64));
+  alignas(64) uint64_t w[8];
+  _mm512_store_si512(w, _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
+  uint64_t sum = 0;
+  for (uint64_t x : w) sum += x;
+  return sum;
+}
+
 struct StreamRead {
-  std::vector<uint64_t> buf;
-  explicit StreamRead(size_t bytes) : buf(bytes / sizeof(uint64_t), 1) {}
-  double operator()() const {
-    const auto t0 = std::chrono::steady_clock::now();
-    const int64_t n = static_cast<int64_t>(buf.size());
-    std::vector<uint64_t> part(static_cast<size_t>(num_threads()) * 8, 0);
-    parallel_for(0, n, n / num_threads() + 1, [&](int64_t b, int64_t e) {
-      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-      const uint64_t* p = buf.data();
-      int64_t i = b;
-      for (; i + 4 <= e; i += 4) {
-        s0 += p[i];
-        s1 += p[i + 1];
-        s2 += p[i + 2];
-        s3 += p[i + 3];
-      }
-      for (; i < e; ++i) s0 += p[i];
-      const size_t slot = static_cast<size_t>(b / (n / num_threads() + 1)) * 8;
-      part[slot] = s0 + s1 + s2 + s3;
-    });
-    uint64_t total = 0;
-    for (uint64_t v : part) total += v;
-    benchmark::DoNotOptimize(total);
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<uint64_t> buf;  // 64-byte aligned lines (std::vector of 8-byte words: aligned below)
+  const char* base = nullptr;
+  int64_t lines = 0;
+  explicit StreamRead(size_t bytes) : buf(bytes / sizeof(uint64_t) + 8, 1) {
+    const auto a = reinterpret_cast<uintptr_t>(buf.data());
+    base = reinterpret_cast<const char*>((a + 63) / 64 * 64);
+    lines = static_cast<int64_t>(bytes / 64);
   }
-  double gb() const { return static_cast<double>(buf.size() * sizeof(uint64_t)) * 1e-9; }
+  static bool available(const StreamVariant& v) { return !v.wide || cpu_features().avx512f; }
+  // One read of the buffer by variant `v`: returns seconds.
+  double operator()(const StreamVariant& v) const {
+    const int threads = v.threads > 0 ? std::min(v.threads, num_threads()) : num_threads();
+    std::vector<uint64_t> part(static_cast<size_t>(threads) * 8, 0);  // a cache line per thread
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t per = (lines + threads - 1) / threads;
+    parallel_for(0, threads, 1, [&](int64_t t0_, int64_t t1_) {
+      for (int64_t t = t0_; t < t1_; ++t) {
+        const int64_t b = t * per, e = std::min(lines, b + per);
+        part[static_cast<size_t>(t) * 8] = v.wide ? read_wide(base, b, e, v.streams, v.prefetch, v.l2)
+                                                  : read_scalar(base, b, e, v.streams, v.prefetch, v.l2);
+      }
+    });
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    uint64_t total = 0;
+    for (uint64_t x : part) total += x;
+    benchmark::DoNotOptimize(total);
+    return s;
+  }
+  double gb() const { return static_cast<double>(lines) * 64e-9; }
+  // The fastest variant here: each available one read twice, the best time kept.
+  const StreamVariant& best() const {
+    int bi = 0;
+    double bt = 1e30;
+    for (int i = 0; i < kNumStreamVariants; ++i) {
+      if (!available(kStreamVariants[i])) continue;
+      const double t = std::min((*this)(kStreamVariants[i]), (*this)(kStreamVariants[i]));
+      if (t < bt) {
+        bt = t;
+        bi = i;
+      }
+    }
+    return kStreamVariants[bi];
+  }
 };
 constexpr size_t kStreamBytes = size_t{512} << 20;
 
@@ -117,6 +214,39 @@ void bandwidth_counters(benchmark::State& state, int64_t n, double moe_s, double
   state.counters["dense_GBps"] = dense_gb / dense_s;
   state.counters["stream_GBps"] = stream_gb / stream_s;
   state.counters["moe_stream_frac"] = (moe_gb / moe_s) / (stream_gb / stream_s);
+  // The best dense_ratio reachable here if the layer read its weights at the stream peer's rate
+  // (and did nothing else): the dense block's time over moe_gb / stream_GBps.
+  state.counters["ratio_bound"] = dense_s / (moe_gb / (stream_gb / stream_s));
+}
+
+// The stream peer's variants one by one (argument: the index in kStreamVariants), 512 MiB each.
+void BM_StreamRead(benchmark::State& state) {
+  const StreamVariant& v = kStreamVariants[state.range(0)];
+  if (!StreamRead::available(v)) {
+    state.SkipWithError("needs AVX-512");
+    return;
+  }
+  const StreamRead stream(kStreamBytes);
+  stream(v);  // pages touched, pool started
+  double total = 0;
+  for (auto _ : state) {
+    const double dt = stream(v);
+    total += dt;
+    state.SetIterationTime(dt);
+  }
+  state.SetLabel(v.name);
+  state.counters["GBps"] = stream.gb() * static_cast<double>(state.iterations()) / total;
+}
+BENCHMARK(BM_StreamRead)->DenseRange(0, kNumStreamVariants - 1)->Unit(benchmark::kMillisecond)->UseManualTime();
+
+struct SparseMoE_Slots {
+  Tensor xs, counts;
+};
+// The layer's routed slots of x sorted by expert, and the count of each expert.
+SparseMoE_Slots sorted_slots(nn::SparseMoE& moe, const Tensor& x) {
+  const nn::SparseMoE::Routing r = moe.route(x);
+  auto [order, counts] = moe_sort(r.experts, moe.cfg.num_experts);
+  return {moe_permute(reshape(x, Shape{-1, moe.cfg.hidden}), order, moe.cfg.top_k), counts};
 }
 
 void BM_MixtralMoELayer(benchmark::State& state) {
@@ -137,8 +267,13 @@ void BM_MixtralMoELayer(benchmark::State& state) {
   benchmark::DoNotOptimize(moe(x).raw_data());  // warm-up (scratch buffers, thread pool)
   benchmark::DoNotOptimize(dense(xd).raw_data());
   const StreamRead stream(kStreamBytes);
+  const StreamVariant& peer = stream.best();
+  state.SetLabel(std::string("stream peer ") + peer.name);
   // All timed in every iteration, so a shared machine's load falls on each alike.
-  double moe_total = 0, dense_total = 0, stream_total = 0;
+  // The experts alone (two grouped matmuls and SwiGLU) on the layer's routed slots, sorted once:
+  // the rest of the layer's time is its router, sort, permute and combine.
+  const SparseMoE_Slots slots = sorted_slots(moe, x);
+  double moe_total = 0, dense_total = 0, stream_total = 0, experts_total = 0;
   int64_t n = 0;
   for (auto _ : state) {
     auto t0 = std::chrono::steady_clock::now();
@@ -149,9 +284,12 @@ void BM_MixtralMoELayer(benchmark::State& state) {
     state.SetIterationTime(dt);
     state.PauseTiming();
     t0 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(moe.experts->forward(slots.xs, slots.counts).raw_data());
+    experts_total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    t0 = std::chrono::steady_clock::now();
     benchmark::DoNotOptimize(dense(xd).raw_data());
     dense_total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    stream_total += stream();
+    stream_total += stream(peer);
     state.ResumeTiming();
     ++n;
   }
@@ -160,6 +298,8 @@ void BM_MixtralMoELayer(benchmark::State& state) {
       benchmark::Counter(expert_flops(tokens, h, f) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["dense_ms"] = dense_s * 1e3;
   state.counters["dense_ratio"] = dense_total / moe_total;
+  state.counters["experts_ms"] = experts_total / static_cast<double>(std::max<int64_t>(n, 1)) * 1e3;
+  state.counters["rest_ms"] = (moe_total - experts_total) / static_cast<double>(std::max<int64_t>(n, 1)) * 1e3;
   // With 2 x tokens routed slots over 8 experts (128 at 64 tokens) every expert gets tokens.
   bandwidth_counters(state, n, moe_total, dense_total, stream_total, expert_weight_gb(kExperts, h, f),
                      expert_weight_gb(1, h, f), stream.gb());
@@ -167,6 +307,39 @@ void BM_MixtralMoELayer(benchmark::State& state) {
 BENCHMARK(BM_MixtralMoELayer)->Args({64, 4096, 7168})->Unit(benchmark::kMillisecond)->UseManualTime();
 // A small shape for a quick run.
 BENCHMARK(BM_MixtralMoELayer)->Args({64, 1024, 3584})->Unit(benchmark::kMillisecond)->UseManualTime();
+
+// One grouped matmul of the layer alone, the 8 experts' weights [8, N, K] read in place, 2 x
+// tokens rows in 8 equal groups (Mixtral's gate/up product: N 2F, K H; its down product: N H,
+// K F), against the stream peer in the same iteration: `gmm_GBps` (the weights / its time) and
+// `gmm_stream_frac` = gmm_GBps / stream_GBps.
+void BM_GroupedMatmulStream(benchmark::State& state) {
+  const int64_t rows = state.range(0), n = state.range(1), k = state.range(2);
+  NoGradGuard ng;
+  Generator g(4);
+  const Tensor x = to(randn({rows, k}, {}, &g), DType::bf16);
+  const Tensor w = to(mul(rand({kExperts, n, k}, {}, &g), 0.02), DType::bf16);
+  const Tensor sizes = from_vector(std::vector<int64_t>(kExperts, rows / kExperts), Shape{kExperts});
+  benchmark::DoNotOptimize(grouped_matmul(x, w, sizes, true).raw_data());
+  const StreamRead stream(kStreamBytes);
+  const StreamVariant& peer = stream.best();
+  state.SetLabel(std::string("stream peer ") + peer.name);
+  double gmm_total = 0, stream_total = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(grouped_matmul(x, w, sizes, true).raw_data());
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    gmm_total += dt;
+    state.SetIterationTime(dt);
+    stream_total += stream(peer);
+  }
+  const double it = static_cast<double>(state.iterations());
+  const double gb = static_cast<double>(kExperts * n * k * 2) * 1e-9;
+  state.counters["gmm_GBps"] = gb * it / gmm_total;
+  state.counters["stream_GBps"] = stream.gb() * it / stream_total;
+  state.counters["gmm_stream_frac"] = (gb / gmm_total) / (stream.gb() / stream_total);
+}
+BENCHMARK(BM_GroupedMatmulStream)->Args({128, 14336, 4096})->Unit(benchmark::kMillisecond)->UseManualTime();
+BENCHMARK(BM_GroupedMatmulStream)->Args({128, 4096, 7168})->Unit(benchmark::kMillisecond)->UseManualTime();
 
 // The MoE layer after its router as the fused moe_ffn node, and as the chain of ops it replaces
 // (sort, permute, gate/up, SwiGLU over width f, down, weighted unpermute).
@@ -209,6 +382,8 @@ void BM_MoEFfnFusedVsChain(benchmark::State& state) {
   benchmark::DoNotOptimize(chain().raw_data());
   benchmark::DoNotOptimize(dense(xd).raw_data());
   const StreamRead stream(kStreamBytes);
+  const StreamVariant& peer = stream.best();
+  state.SetLabel(std::string("stream peer ") + peer.name);
   double fused_total = 0, chain_total = 0, dense_total = 0, stream_total = 0;
   int64_t n = 0;
   auto timed = [](auto&& fn) {
@@ -222,7 +397,7 @@ void BM_MoEFfnFusedVsChain(benchmark::State& state) {
     state.SetIterationTime(dt);
     chain_total += timed(chain);
     dense_total += timed([&] { return dense(xd); });
-    stream_total += stream();
+    stream_total += stream(peer);
     ++n;
   }
   const double per = 1e3 / static_cast<double>(std::max<int64_t>(n, 1));

@@ -13,11 +13,14 @@
 // Each group's product is one call of the library's GEMM (tpu::kernels::gemm_f32 / gemm_bf16)
 // with the operands' own strides, so the transposed layout and strided views need no copy. A
 // large product is split over the threads inside the GEMM (rows, or columns of short wide
-// products); small ones run in parallel over the groups.
+// products: the few rows of a MoE layer's groups split the expert's weight rows, each thread
+// streaming its part of the weight); small ones run in parallel over the groups. bf16 and f16
+// results pass through a per-thread f32 buffer kept between calls.
 #include <algorithm>
 #include <vector>
 
 #include "ops/cpu/kernels/gemm.h"
+#include "ops/cpu/kernels/scratch.h"
 #include "ops/cpu/loops.h"
 #include "ops/meta_util.h"
 #include "ops/registry.h"
@@ -71,14 +74,24 @@ struct Product {
   double flops() const { return 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K); }
 };
 
-// Runs one product: straight into an f32 output, else through an f32 scratch rounded once.
-void run_product(const Product& p, DType in, DType out, std::vector<float>& tmp) {
-  if (p.M == 0 || p.N == 0) return;
-  float* C = reinterpret_cast<float*>(p.C);
-  if (out != DType::f32) {
-    tmp.resize(static_cast<size_t>(p.M * p.N));
-    C = tmp.data();
+// Rounds n f32 values to the output dtype (bf16 or f16) at o.
+void round_f32(const float* src, DType out, char* o, int64_t n) {
+  if (out == DType::bf16) {
+    bf16* d = reinterpret_cast<bf16*>(o);
+    for (int64_t i = 0; i < n; ++i) d[i] = bf16(src[i]);
+  } else {
+    f16* d = reinterpret_cast<f16*>(o);
+    for (int64_t i = 0; i < n; ++i) d[i] = f16(src[i]);
   }
+}
+
+// Runs one product: straight into an f32 output, else through the calling thread's f32 scratch
+// (kept between calls: no allocation or page faults per product) rounded once, over the threads
+// when `threaded` (the product ran split over them too).
+void run_product(const Product& p, DType in, DType out, bool threaded) {
+  if (p.M == 0 || p.N == 0) return;
+  thread_local kernels::detail::ScratchBuffer t_f32;
+  float* C = out == DType::f32 ? reinterpret_cast<float*>(p.C) : t_f32.get_as<float>(static_cast<size_t>(p.M * p.N));
   if (in == DType::f32) {
     kernels::gemm_f32(p.M, p.N, p.K, reinterpret_cast<const float*>(p.A), p.a_rs, p.a_cs,
                       reinterpret_cast<const float*>(p.B), p.b_rs, p.b_cs, C, p.N, false);
@@ -86,14 +99,12 @@ void run_product(const Product& p, DType in, DType out, std::vector<float>& tmp)
     kernels::gemm_bf16(p.M, p.N, p.K, reinterpret_cast<const uint16_t*>(p.A), p.a_rs, p.a_cs,
                        reinterpret_cast<const uint16_t*>(p.B), p.b_rs, p.b_cs, C, p.N, false);
   }
-  const int64_t n = p.M * p.N;
-  if (out == DType::bf16) {
-    bf16* o = reinterpret_cast<bf16*>(p.C);
-    for (int64_t i = 0; i < n; ++i) o[i] = bf16(C[i]);
-  } else if (out == DType::f16) {
-    f16* o = reinterpret_cast<f16*>(p.C);
-    for (int64_t i = 0; i < n; ++i) o[i] = f16(C[i]);
-  }
+  if (out == DType::f32) return;
+  const int64_t n = p.M * p.N, es = static_cast<int64_t>(dtype_size(out));
+  if (threaded && n >= (int64_t{1} << 15))
+    parallel_for(0, n, int64_t{1} << 14, [&](int64_t b, int64_t e) { round_f32(C + b, out, p.C + b * es, e - b); });
+  else
+    round_f32(C, out, p.C, n);
 }
 
 // Large products one after the other (each split over the threads inside the GEMM), then the
@@ -101,10 +112,9 @@ void run_product(const Product& p, DType in, DType out, std::vector<float>& tmp)
 void run_products(const std::vector<Product>& ps, DType in, DType out) {
   std::vector<const Product*> small;
   double small_flops = 0;
-  std::vector<float> tmp;
   for (const Product& p : ps) {
     if (p.flops() >= kParallelFlops) {
-      run_product(p, in, out, tmp);
+      run_product(p, in, out, true);
     } else {
       small.push_back(&p);
       small_flops += p.flops();
@@ -115,8 +125,7 @@ void run_products(const std::vector<Product>& ps, DType in, DType out) {
   const double mean = std::max(small_flops / static_cast<double>(n), 1.0);
   const int64_t grain = small_flops < kParallelFlops ? n : std::max<int64_t>(1, static_cast<int64_t>(kParallelFlops / mean));
   parallel_for(0, n, grain, [&](int64_t b, int64_t e) {
-    std::vector<float> t;
-    for (int64_t i = b; i < e; ++i) run_product(*small[static_cast<size_t>(i)], in, out, t);
+    for (int64_t i = b; i < e; ++i) run_product(*small[static_cast<size_t>(i)], in, out, false);
   });
 }
 

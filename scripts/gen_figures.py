@@ -690,6 +690,82 @@ def serve_invariant(build):
     write_region("serving.md", "serve-invariant", "\n".join(lines))
 
 
+# ---------------------------------------------------------------- mixture-of-experts layer (host)
+
+
+def host_moe(build, quick):
+    """docs/performance.md's MoE table of this CPU: bench/bench_moe's stream peer variants, the
+    Mixtral-shaped layer at both shapes, one grouped matmul alone, the fused moe_ffn node against
+    its op chain on the cpu, and the simulated chip's cycles of the same node and chain."""
+    slug = re.sub(r"[^a-z0-9]+", "-", (cpu_model() + " " + " ".join(cpu_flags())).lower()).strip("-")
+    load = " ".join(open("/proc/loadavg").read().split()[:3])
+    mt = ["--benchmark_min_time=0.01"] if quick else ["--benchmark_min_time=0.5"]
+    kind = "bench/bench_moe" + (" (--quick: too short to quote)" if quick else "")
+    lines = [f"### MoE layer: {cpu_model()}", "",
+             header(kind + f"; load average before the run {load}"), ""]
+    streams = bench_json(build, "bench_moe", "BM_StreamRead",
+                         extra=mt + ([] if quick else ["--benchmark_repetitions=3",
+                                                       "--benchmark_enable_random_interleaving=true"]))
+    best = {}
+    streams.sort(key=lambda b: int(re.sub(r"\D.*", "", b["name"].split("/")[1]) or 0))  # the bench's order
+    for b in streams:
+        if "GBps" in b and b.get("GBps", 0) > best.get(b.get("label", b["name"]), 0):
+            best[b.get("label", b["name"])] = b["GBps"]
+    lines += ["Read bandwidth of the stream peer's variants (`BM_StreamRead`, 512 MiB, best of 3 interleaved "
+              "repetitions; threads x streams per thread, `zmm` 512-bit loads, `pf<n>` software prefetch n "
+              "cache lines ahead, into the L2 with `l2`):", "",
+              "| variant | " + " | ".join(best) + " |", "|---" * (len(best) + 1) + "|",
+              "| GB/s | " + " | ".join(fmt(v) for v in best.values()) + " |", ""]
+    layer = bench_json(build, "bench_moe", "BM_MixtralMoELayer|BM_GroupedMatmulStream|BM_MoEFfnFusedVsChain", extra=mt)
+    for b in layer:
+        b["name"] = b["name"].replace("/manual_time", "")
+    lines += ["The layer (`BM_MixtralMoELayer/tokens/hidden/width`: nn::SparseMoE, bf16, top-2 of 8, all 8 "
+              "experts get tokens) and the fused node on the cpu (`BM_MoEFfnFusedVsChain`, a fixed routing "
+              "that leaves 3 experts without tokens) against the dense block of the same FLOPs, each timed "
+              "in every iteration beside the fastest stream variant (named per row): `ratio_bound` is the "
+              "dense ratio of a layer that only read its weights at the peer's rate; the layer's experts "
+              "are also timed alone on its sorted slots (experts ms; rest: router, sort, permute, combine).", "",
+              "| benchmark | ms | experts ms | rest ms | dense ms | dense ratio | weights GB/s | dense GB/s | "
+              "peer GB/s | fraction of peer | ratio bound | peer |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for b in layer:
+        if b["name"].startswith("BM_GroupedMatmulStream"):
+            continue
+        ms = b.get("fused_ms", b["real_time"])
+        lines.append(f"| `{b['name']}` | {fmt(ms)} | {fmt(b.get('experts_ms'))} | {fmt(b.get('rest_ms'))} | "
+                     f"{fmt(b.get('dense_ms', ms * b.get('dense_ratio', 0)))} | "
+                     f"{fmt(b.get('dense_ratio'), 2)} | {fmt(b.get('moe_GBps'))} | {fmt(b.get('dense_GBps'))} | "
+                     f"{fmt(b.get('stream_GBps'))} | {fmt(b.get('moe_stream_frac'), 2)} | "
+                     f"{fmt(b.get('ratio_bound'), 2)} | {b.get('label', '').replace('stream peer ', '')} |")
+    fused = [b for b in layer if b["name"].startswith("BM_MoEFfnFusedVsChain")]
+    if fused:
+        lines += ["", "The fused node against the op chain it replaces (same routing, same iterations): " +
+                  "; ".join(f"`{b['name']}` fused {fmt(b.get('fused_ms'))} ms, chain {fmt(b.get('chain_ms'))} ms "
+                            f"({fmt(b.get('speedup'), 2)}x)" for b in fused) + "."]
+    gmm = [b for b in layer if b["name"].startswith("BM_GroupedMatmulStream")]
+    if gmm:
+        lines += ["", "One grouped matmul alone (`BM_GroupedMatmulStream/rows/N/K`, 8 experts' `[N, K]` weights, "
+                  "equal groups): " + "; ".join(f"`{b['name']}` {fmt(b.get('gmm_GBps'))} GB/s, "
+                                               f"{fmt(b.get('gmm_stream_frac'), 2)} of the peer's "
+                                               f"{fmt(b.get('stream_GBps'))}" for b in gmm) + "."]
+    sim = bench_json(build, "bench_moe", "BM_MoEFfnSimFusedVsChain", extra=SIM_RUN)
+    lines += ["", "The same node on the simulated chip (`BM_MoEFfnSimFusedVsChain/chip/tokens/hidden/width`, "
+              "executed, bf16; cycles of the simulator's timing model, the same on any host): the fused "
+              "program against the chain op by op, and the bound of reading the used experts' weights once at "
+              "the HBM's peak:", "",
+              "| benchmark | chip | experts used | fused cycles | chain cycles | speedup | programs fused / chain | "
+              "HBM MB fused / chain | weight-read bound cycles | fused / bound |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for b in sim:
+        fc, wb = b.get("fused_cycles"), b.get("weight_read_cycles")
+        lines.append(f"| `{b['name']}` | {b.get('label', '')} | {fmt(b.get('experts_used'), 0)} | {fmt(fc, 0)} | "
+                     f"{fmt(b.get('chain_cycles'), 0)} | {fmt(b.get('speedup'), 2)}x | "
+                     f"{fmt(b.get('fused_programs'), 0)} / {fmt(b.get('chain_programs'), 0)} | "
+                     f"{fmt(b.get('fused_HBM_MB'))} / {fmt(b.get('chain_HBM_MB'))} | {fmt(wb, 0)} | "
+                     f"{fmt(fc / wb if fc and wb else None, 2)} |")
+    write_region("performance.md", "moe-" + slug, "\n".join(lines), insert_before="<!-- moe tables end -->")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -698,6 +774,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="host part: very short runs (to test the script)")
     ap.add_argument("--invariant", action="store_true",
                     help="only the batch-invariance cost of docs/serving.md (host timings; run on a quiet machine)")
+    ap.add_argument("--moe", action="store_true",
+                    help="only the MoE layer table of docs/performance.md (host timings; run on a quiet machine)")
     ap.add_argument("--only", default="", help="comma-separated subset: calibration,kernels,kernel-api,llm,pod,serve,ici,plan,ops")
     args = ap.parse_args()
     commit()  # before any region is rewritten
@@ -706,6 +784,9 @@ def main():
     do_host = args.host or not (args.sim_only or args.only)
     if args.invariant:
         serve_invariant(args.build)
+        return
+    if args.moe:
+        host_moe(args.build, args.quick)
         return
     with tempfile.TemporaryDirectory() as tmp:
         if do_sim:
@@ -718,6 +799,7 @@ def main():
                 parts[p](args.build)
         if do_host:
             host(args.build, args.quick)
+            host_moe(args.build, args.quick)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@
 #   bash scripts/gen_figures.sh --host       # this CPU's host timings only (run on a quiet machine)
 #   bash scripts/gen_figures.sh --host --quick   # very short runs: checks the script, not figures
 #   bash scripts/gen_figures.sh --invariant  # the batch-invariance cost of docs/serving.md (quiet machine)
+#   bash scripts/gen_figures.sh --moe        # the MoE layer table of docs/performance.md (quiet machine)
 # Options: --only calibration,kernels,kernel-api,ici,llm,pod,serve,plan,ops (a subset of the simulator
 # parts; kernel-api: the cycle tables of docs/kernels.md from the programs of examples/kernels/),
 # --no-build (use the programs already in $BUILD). BUILD (default build) is the build folder;
@@ -21,6 +22,7 @@ build=1
 mode_sim=1
 mode_host=1
 mode_inv=0
+mode_moe=0
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -28,9 +30,10 @@ while [ $# -gt 0 ]; do
     --host) mode_sim=0; args+=(--host) ;;
     --quick) args+=(--quick) ;;
     --invariant) mode_sim=0; mode_host=0; mode_inv=1; args+=(--invariant) ;;
+    --moe) mode_sim=0; mode_host=0; mode_moe=1; args+=(--moe) ;;
     --only) mode_host=0; args+=(--only "$2"); shift ;;
     --no-build) build=0 ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gen_figures: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -42,6 +45,7 @@ if [ "$build" = 1 ]; then
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTPU_BUILD_BENCH=ON -DTPU_BUILD_EXAMPLES=ON "${peers[@]}" >/dev/null
   targets=()
   [ "$mode_inv" = 1 ] && targets+=(bench_serve)
+  [ "$mode_moe" = 1 ] || [ "$mode_host" = 1 ] && targets+=(bench_moe)
   [ "$mode_sim" = 1 ] && targets+=(tpu-ops tpu-calib tpu-plan bench_sim bench_ici bench_codegen bench_llm_sim bench_pod_train
                                    bench_serve_sim kernel_matmul kernel_flash_attention kernel_paged_attention)
   if [ "$mode_host" = 1 ]; then

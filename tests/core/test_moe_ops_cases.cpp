@@ -39,6 +39,55 @@ TEST_CASE("grouped_matmul: large uneven groups match the naive loop in both layo
     }
 }
 
+TEST_CASE("grouped_matmul: few-row groups of a wide transposed weight (the MoE layer's case) match the naive loop",
+          "[moe][matmul]") {
+  Generator g(17);
+  // Groups of 16, 0, 1, 3 and 40 rows against [N, K] weights: N not a multiple of 16 (the last
+  // weight rows padded), K not a multiple of 32 (a K tail); the 16- and 40-row products run split
+  // inside the GEMM (the few-row AMX kernel on CPUs with it) and the 40-row one's bf16 result
+  // (>= 2^15 values) is rounded over the threads.
+  const int64_t K = 200, N = 830, E = 5;
+  // The naive loop over the values as f32 (x [T, K], w [E, N, K]), sums in double.
+  auto naive = [&](const Tensor& x, const Tensor& w, const std::vector<int64_t>& counts) {
+    const std::vector<float> xv = x.to(DType::f32).contiguous().to_vector<float>();
+    const std::vector<float> wv = w.to(DType::f32).contiguous().to_vector<float>();
+    std::vector<float> out(static_cast<size_t>(x.size(0) * N));
+    int64_t row = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      for (int64_t r = row; r < row + counts[static_cast<size_t>(e)]; ++r)
+        for (int64_t n = 0; n < N; ++n) {
+          double acc = 0;
+          for (int64_t k = 0; k < K; ++k)
+            acc += static_cast<double>(xv[static_cast<size_t>(r * K + k)]) * wv[static_cast<size_t>((e * N + n) * K + k)];
+          out[static_cast<size_t>(r * N + n)] = static_cast<float>(acc);
+        }
+      row += counts[static_cast<size_t>(e)];
+    }
+    return out;
+  };
+  auto check = [&](const Tensor& y, const std::vector<float>& want, double tol) {
+    const std::vector<float> got = y.to(DType::f32).contiguous().to_vector<float>();
+    REQUIRE(got.size() == want.size());
+    size_t bad = 0;
+    for (size_t i = 0; i < got.size(); ++i) bad += !(std::abs(got[i] - want[i]) <= tol * (1.0 + std::abs(want[i])));
+    CHECK(bad == 0);
+  };
+  const std::vector<int64_t> counts{16, 0, 1, 3, 40}, fewer{1, 2, 0, 0, 0};
+  for (DType dt : {DType::bf16, DType::f32}) {
+    DYNAMIC_SECTION(dtype_name(dt)) {
+      const double tol = dt == DType::f32 ? 1e-4 : 2e-2;
+      Tensor x = uni(g, {60, K}, dt);
+      Tensor w = uni(g, {E, N, K}, dt);
+      Tensor y = grouped_matmul(x, w, counts_tensor(counts), true);
+      REQUIRE(y.dtype() == dt);
+      check(y, naive(x, w, counts), tol);
+      // Again with fewer rows: the per-thread f32 buffers are reused.
+      Tensor x2 = narrow(x, 0, 0, 3);
+      check(grouped_matmul(x2, w, counts_tensor(fewer), true), naive(x2, w, fewer), tol);
+    }
+  }
+}
+
 TEST_CASE("grouped_matmul: mixed f32 and bf16 promote, f16 runs in f32", "[moe][matmul]") {
   Generator g(8);
   const std::vector<int64_t> counts{2, 3};

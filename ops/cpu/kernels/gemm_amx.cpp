@@ -185,9 +185,15 @@ constexpr int64_t kWeightPrefetch = 8;
 // reuses 5). `w`: 16 weight rows, w_bytes apart, `steps` K steps of 32 read in place, then the
 // K tail (when `tail`: 16 rows of 32 values, 64 bytes apart, zero past K). Writes the NT C^T
 // tiles to out (tile b at out + 256 b, 16 x 16 f32, 64 bytes a row).
+// `next`: when not null, the next 16 weight rows the thread reads (w_bytes apart, in place),
+// whose first kWeightPrefetch lines are prefetched over the last steps here, so that the
+// streams run on from one row block to the next instead of starting cold at each block (gate/up
+// product of 16 rows, N 14336, K 4096: 4-7% more weight bytes per second of process CPU time,
+// medians of 12 interleaved runs on the loaded 2-core Intel Xeon; the down product, K 7168,
+// within 2%).
 template <int NT>
 TPU_AMX void wt_tiles(const uint16_t* w, int64_t w_bytes, int64_t steps, const uint16_t* tail, const uint32_t* xp,
-                      int64_t tiles, int64_t t0, float* out) {
+                      int64_t tiles, int64_t t0, float* out, const char* next) {
   _tile_zero(0);
   if constexpr (NT > 1) _tile_zero(1);
   if constexpr (NT > 2) _tile_zero(2);
@@ -214,6 +220,8 @@ TPU_AMX void wt_tiles(const uint16_t* w, int64_t w_bytes, int64_t steps, const u
   for (int64_t s = 0; s < steps; ++s) {
     if (s + kWeightPrefetch < steps)
       for (int r = 0; r < 16; ++r) _mm_prefetch(wb + r * w_bytes + (s + kWeightPrefetch) * 64, _MM_HINT_T1);
+    else if (next)
+      for (int r = 0; r < 16; ++r) _mm_prefetch(next + r * w_bytes + (s + kWeightPrefetch - steps) * 64, _MM_HINT_T1);
     step(wb + s * 64, w_bytes, s);
   }
   if (tail) step(tail, 64, steps);
@@ -278,13 +286,18 @@ bool gemm_bf16_amx_wt(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_
           std::memcpy(tail + r * 32, w + r * b_cs + full * 32, sizeof(uint16_t) * static_cast<size_t>(K - full * 32));
         t = tail;
       }
+      // The thread's next 16 weight rows (read in place when whole) are prefetched during the
+      // last pass over these.
+      const bool next_in_place = q + 1 < q1 && N - (j0 + 16) >= 16;
       for (int64_t t0 = 0; t0 < tiles; t0 += 4) {
         const int64_t nt = std::min<int64_t>(4, tiles - t0);
+        const char* next =
+            next_in_place && t0 + 4 >= tiles ? reinterpret_cast<const char*>(B + (j0 + 16) * b_cs) : nullptr;
         switch (nt) {
-          case 1: wt_tiles<1>(w, w_bytes, in_place, t, xp, tiles, t0, out); break;
-          case 2: wt_tiles<2>(w, w_bytes, in_place, t, xp, tiles, t0, out); break;
-          case 3: wt_tiles<3>(w, w_bytes, in_place, t, xp, tiles, t0, out); break;
-          default: wt_tiles<4>(w, w_bytes, in_place, t, xp, tiles, t0, out); break;
+          case 1: wt_tiles<1>(w, w_bytes, in_place, t, xp, tiles, t0, out, next); break;
+          case 2: wt_tiles<2>(w, w_bytes, in_place, t, xp, tiles, t0, out, next); break;
+          case 3: wt_tiles<3>(w, w_bytes, in_place, t, xp, tiles, t0, out, next); break;
+          default: wt_tiles<4>(w, w_bytes, in_place, t, xp, tiles, t0, out, next); break;
         }
         store_transposed(out, t0 * 16, static_cast<int>(std::min<int64_t>(64, M - t0 * 16)), j0, rows_w, C, ldc,
                          accumulate);
