@@ -223,7 +223,9 @@ int64_t check_q4_scale(const char* op, const Tensor& q, const Tensor& s) {
 // f32) are cast to f32 on their device first.
 void int4_scale_cast(const MetaArgs& a, int index, MetaResult& m) {
   const DType sd = a.inputs[static_cast<size_t>(index)].dtype();
-  const bool keep = sd == DType::f32 || (sd == DType::f16 && m.out().device.type == DeviceType::cpu);
+  // f16 scales reach the cpu kernels and the chip's int4 program (widened in VMEM) as they are.
+  const DeviceType dt = m.out().device.type;
+  const bool keep = sd == DType::f32 || (sd == DType::f16 && (dt == DeviceType::cpu || dt == DeviceType::sim));
   m.cast_mask = keep ? 0u : 1u << index;
   m.cast_to = DType::f32;
 }

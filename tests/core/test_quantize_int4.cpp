@@ -364,6 +364,20 @@ TEST_CASE("linear_int4 with f16 scales: the op, dequantize_int4 and the model qu
   ql2.load_state_dict(ql.state_dict());
   CHECK(ql2.weight_scale.dtype() == DType::f16);
   CHECK(ql2.forward(x4).to_vector<float>() == ql.forward(x4).to_vector<float>());
+  // A state saved with f32 scales (not f16-representable) loads as f32: its weights are kept, not
+  // rounded to the module's f16 format.
+  const Int4Weight w32 = quantize_int4(from_vector(q4_random(g, static_cast<size_t>(N * K), -1, 1), {N, K}), 32);
+  const std::vector<float> s32 = w32.scale.to_vector<float>();
+  bool f16_exact = true;
+  for (const float v : s32) f16_exact = f16_exact && static_cast<float>(f16(v)) == v;
+  REQUIRE_FALSE(f16_exact);
+  nn::StateDict sd = ql.state_dict();
+  sd["weight"] = w32.q;
+  sd["weight_scale"] = w32.scale;
+  ql2.load_state_dict(sd);
+  CHECK(ql2.weight_scale.dtype() == DType::f32);
+  CHECK(ql2.weight_scale.to_vector<float>() == s32);
+  CHECK(ql2.forward(x4).to_vector<float>() == linear_int4(x4, w32).to_vector<float>());
 }
 
 }  // namespace

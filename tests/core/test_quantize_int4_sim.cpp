@@ -202,9 +202,13 @@ TEST_CASE("linear_int4 in a compiled function on the chip, and through quantize_
   TinySim sim;
   Generator g(43);
   const int64_t M = 6, N = 9, K = 256, group = 128;
-  const Int4Weight qw = quantize_int4(from_vector(q4s_random(g, static_cast<size_t>(N * K), -1, 1), {N, K}), group);
+  const DType scale_dtype = GENERATE(DType::f32, DType::f16);  // f16: the scales stay f16 on the chip
+  INFO("scales " << (scale_dtype == DType::f16 ? "f16" : "f32"));
+  const Int4Weight qw =
+      quantize_int4(from_vector(q4s_random(g, static_cast<size_t>(N * K), -1, 1), {N, K}), group, scale_dtype);
+  CHECK(qw.scale.dtype() == scale_dtype);
   const std::vector<uint8_t> qh = qw.q.to_vector<uint8_t>();
-  const std::vector<float> sh = qw.scale.to_vector<float>();
+  const std::vector<float> sh = qw.scale.to(DType::f32).to_vector<float>();
   const Tensor q = qw.q.to(sim.dev()), s = qw.scale.to(sim.dev());
   const std::vector<float> xv = q4s_random(g, static_cast<size_t>(M * K), -2, 2);
   auto f = tpu::compile([&](const Tensor& x) { return tpu::relu(linear_int4(x, q, s)); });

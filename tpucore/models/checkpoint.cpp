@@ -280,14 +280,6 @@ std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, const LoadOptio
                  dir, vision_skipped);
   if (quant) use_checkpoint_quantization(*m, *quant, dir);
   quantize_causal_lm(*m, options.quantize, options.group, options.quantize_lm_head);
-  if (!device.is_cpu())
-    // The chip's int4 program reads f32 group scales (converting f16 ones there would run on the
-    // host on every call): they are widened once here, exactly, so the dequantized weights are
-    // the cpu model's.
-    for (const auto& [name, mod] : m->named_modules())
-      if (auto* ql = dynamic_cast<nn::QuantizedLinear*>(mod.get());
-          ql && ql->kind == nn::WeightQuant::int4 && ql->weight_scale.dtype() == DType::f16)
-        ql->weight_scale = ql->weight_scale.to(DType::f32);
   m->int8_kv_cache = options.int8_kv_cache;
   m->kv_cache_dtype = options.kv_cache_dtype;
   m->to(device);

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "tpucore/autograd.h"
+#include "tpucore/nn/quantized.h"
 #include "tpucore/ops.h"
 
 namespace tpu::nn {
@@ -198,9 +199,15 @@ StateDict Module::state_dict() const {
 
 void Module::load_state_dict(const StateDict& sd, bool strict) {
   std::vector<std::pair<std::string, Tensor*>> slots;
+  // Slots whose dtype is part of a format with more than one valid dtype take the state dict's
+  // dtype instead of a conversion: int4 group scales are f32 or f16, and rounding saved f32
+  // scales to f16 would change the weights.
+  std::set<const Tensor*> adopt;
   std::function<void(const Module&, const std::string&)> collect = [&](const Module& m, const std::string& prefix) {
     for (const auto& [n, t] : m.params_) slots.emplace_back(prefix + n, t);
     for (const auto& [n, t] : m.buffers_) slots.emplace_back(prefix + n, t);
+    if (const auto* ql = dynamic_cast<const QuantizedLinear*>(&m); ql && ql->kind == WeightQuant::int4)
+      adopt.insert(&ql->weight_scale);
     for (const auto& [n, c] : m.children_) collect(*c, prefix + n + ".");
   };
   collect(*this, "");
@@ -225,7 +232,12 @@ void Module::load_state_dict(const StateDict& sd, bool strict) {
   NoGradGuard ng;
   for (auto& [n, t] : slots) {
     auto it = sd.find(n);
-    if (it != sd.end()) t->copy_(it->second);
+    if (it == sd.end()) continue;
+    const DType from = it->second.dtype();
+    if (adopt.count(t) && from != t->dtype() && (from == DType::f32 || from == DType::f16))
+      *t = it->second.to(t->device()).contiguous().clone();
+    else
+      t->copy_(it->second);
   }
 }
 
