@@ -201,6 +201,28 @@ const float* row_f32(const T* base, int64_t rs, int64_t cs, int64_t j, int64_t C
   return buf;
 }
 
+// Row i's scores s[0, lk) turned into softmax weights: scaled, the causal and boolean masks applied
+// (mp: the mask's row base, strides m_rs / m_cs; null without one), then exp over the row's max
+// and divided by the sum (in double). All keys masked: -inf - -inf is NaN, so the row becomes NaN
+// (as softmax).
+void masked_softmax_row(float* s, int64_t lk, int64_t i, float scale, bool causal, const bool* mp, int64_t m_rs,
+                        int64_t m_cs, cpu::VecUnaryFn exp_fn) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < lk; ++j) {
+    float x = s[j] * scale;
+    if (causal && j > i) x = -std::numeric_limits<float>::infinity();
+    if (mp && !mp[i * m_rs + j * m_cs]) x = -std::numeric_limits<float>::infinity();
+    s[j] = x;
+    mx = x > mx ? x : mx;
+  }
+  for (int64_t j = 0; j < lk; ++j) s[j] -= mx;
+  exp_fn(s, s, lk);
+  double sum = 0;
+  for (int64_t j = 0; j < lk; ++j) sum += s[j];
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t j = 0; j < lk; ++j) s[j] *= inv;
+}
+
 template <class T>
 void sdpa_few_rows(const KernelArgs& a) {
   const Tensor &q = a.inputs[0], &k = a.inputs[1], &v = a.inputs[2];
@@ -286,21 +308,7 @@ void sdpa_few_rows(const KernelArgs& a) {
         for (int64_t r = 0; r < R; ++r) {
           const int64_t gi = r / Lq, i = r % Lq, lk = lk_of[static_cast<size_t>(gi)];
           const bool* mp = has_mask ? mbase + mbatch.offset_of(outer * hq + hkv * group + gi) : nullptr;
-          float* s = S.data() + r * Lk;
-          float mx = -std::numeric_limits<float>::infinity();
-          for (int64_t j = 0; j < lk; ++j) {
-            float x = s[j] * scale;
-            if (causal && j > i) x = -std::numeric_limits<float>::infinity();
-            if (has_mask && !mp[i * m_rs + j * m_cs]) x = -std::numeric_limits<float>::infinity();
-            s[j] = x;
-            mx = x > mx ? x : mx;
-          }
-          for (int64_t j = 0; j < lk; ++j) s[j] -= mx;
-          exp_fn(s, s, lk);
-          double sum = 0;
-          for (int64_t j = 0; j < lk; ++j) sum += s[j];
-          const float inv = static_cast<float>(1.0 / sum);
-          for (int64_t j = 0; j < lk; ++j) s[j] *= inv;
+          masked_softmax_row(S.data() + r * Lk, lk, i, scale, causal, mp, m_rs, m_cs, exp_fn);
         }
         const T* vp = vbase + vb.offset_of(bk);
         for (int64_t j = 0; j < lk_max; ++j) {
@@ -395,25 +403,9 @@ void sdpa_cpu(const KernelArgs& a) {
               if (last > 0) lk = last;
             }
             kernels::gemm_f32(rows, lk, D, Q.data() + i0 * D, D, 1, K.data(), 1, D, S.data(), lk, false);
-            for (int64_t r = 0; r < rows; ++r) {
-              float* s = S.data() + r * lk;
-              const int64_t i = i0 + r;
-              float mx = -std::numeric_limits<float>::infinity();
-              for (int64_t j = 0; j < lk; ++j) {
-                float x = s[j] * scale;
-                if (causal && j > i) x = -std::numeric_limits<float>::infinity();
-                if (has_mask && !mp[i * m_rs + j * m_cs]) x = -std::numeric_limits<float>::infinity();
-                s[j] = x;
-                mx = x > mx ? x : mx;
-              }
-              // All keys masked: -inf - -inf is NaN, so the row becomes NaN (as softmax).
-              for (int64_t j = 0; j < lk; ++j) s[j] -= mx;
-              exp_fn(s, s, lk);
-              double sum = 0;
-              for (int64_t j = 0; j < lk; ++j) sum += s[j];
-              const float inv = static_cast<float>(1.0 / sum);
-              for (int64_t j = 0; j < lk; ++j) s[j] *= inv;
-            }
+            for (int64_t r = 0; r < rows; ++r)
+              masked_softmax_row(S.data() + r * lk, lk, i0 + r, scale, causal, has_mask ? mp : nullptr, m_rs, m_cs,
+                                 exp_fn);
             kernels::gemm_f32(rows, Dv, lk, S.data(), lk, 1, V.data(), Dv, 1, O.data() + i0 * Dv, Dv, false);
           }
         }
