@@ -445,7 +445,8 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
     for (int h = 0; h < 2; ++h) {
       const int64_t n = h == 0 ? nw : C / 2;
       if (n == 0) continue;
-      const auto [r, c] = dense(n);
+      const auto rc = dense(n);  // named members: lambdas below capture them
+      const int64_t r = rc[0], c = rc[1];
       auto I = [&](int64_t at) { return B::vmem(B::at(at), DType::i32, c); };
       auto F = [&](int64_t at) { return B::vmem(B::at(at), DType::f32, c); };
       const sim::Operand W = I(vp.sc16[bf]);
@@ -505,7 +506,8 @@ sim::Program make_matmul_part(const sim::ChipConfig& cfg, const MatmulSpec& s, c
     }
     b.binary(sim::Op::vmul, B::vmem(B::at(vp.sh), DType::f32, scols), B::vmem(B::at(vp.sc[bf]), DType::f32, scols),
              B::imm(-8.0f), sr, scols);
-    const auto [wr, wc] = dense(st.nl * st.kl / 8);
+    const auto wrc = dense(st.nl * st.kl / 8);  // named members: the lambda below captures wc
+    const int64_t wr = wrc[0], wc = wrc[1];
     auto words = [&](int64_t at) { return B::vmem(B::at(at), DType::i32, wc); };
     const sim::Operand mask = B::vmem(B::at(vp.mask), DType::i32, 0, 0);
     b.binary(sim::Op::vand, words(vp.nib[0]), words(vp.b[bf]), mask, wr, wc);
