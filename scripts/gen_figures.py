@@ -690,6 +690,26 @@ def serve_invariant(build):
     write_region("serving.md", "serve-invariant", "\n".join(lines))
 
 
+# ---------------------------------------------------------------- decode attention (host)
+
+
+def host_decode_attention(build, quick):
+    """docs/performance.md's decode-attention table of this CPU (bench_llm BM_decode_attention, one
+    thread, process CPU time per call)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", cpu_model().lower()).strip("-")
+    load = " ".join(open("/proc/loadavg").read().split()[:3])
+    mt = ["--benchmark_min_time=0.01"] if quick else ["--benchmark_min_time=0.3"]
+    kind = "bench/bench_llm, TPU_NUM_THREADS=1" + (" (--quick: too short to quote)" if quick else "")
+    bs = bench_json(build, "bench_llm", "BM_decode_attention", env={"TPU_NUM_THREADS": "1"}, extra=mt)
+    lines = [f"Decode attention on {cpu_model()}:", "", header(kind + f"; load average before the run {load}"), "",
+             "| batch | cached positions | dtype | µs per call (CPU) |", "|---:|---:|---|---:|"]
+    for b in bs:
+        parts = b["name"].split("/")
+        lines.append(f"| {parts[1]} | {parts[2]} | {b.get('label', '')} | {fmt(b.get('us_per_call_cpu'))} |")
+    write_region("performance.md", "decode-attention-" + slug, "\n".join(lines),
+                 insert_before="<!-- decode attention tables end -->")
+
+
 # ---------------------------------------------------------------- mixture-of-experts layer (host)
 
 
@@ -774,6 +794,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="host part: very short runs (to test the script)")
     ap.add_argument("--invariant", action="store_true",
                     help="only the batch-invariance cost of docs/serving.md (host timings; run on a quiet machine)")
+    ap.add_argument("--decode-attention", action="store_true",
+                    help="only the decode-attention table of docs/performance.md (host timings; quiet machine)")
     ap.add_argument("--moe", action="store_true",
                     help="only the MoE layer table of docs/performance.md (host timings; run on a quiet machine)")
     ap.add_argument("--only", default="", help="comma-separated subset: calibration,kernels,kernel-api,llm,pod,serve,ici,plan,ops")
@@ -788,6 +810,9 @@ def main():
     if args.moe:
         host_moe(args.build, args.quick)
         return
+    if args.decode_attention:
+        host_decode_attention(args.build, args.quick)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         if do_sim:
             parts = {"ops": op_matrix, "calibration": lambda b: calibration(b, tmp), "kernels": sim_kernels,
@@ -800,6 +825,7 @@ def main():
         if do_host:
             host(args.build, args.quick)
             host_moe(args.build, args.quick)
+            host_decode_attention(args.build, args.quick)
 
 
 if __name__ == "__main__":

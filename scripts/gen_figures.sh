@@ -10,6 +10,7 @@
 #   bash scripts/gen_figures.sh --host --quick   # very short runs: checks the script, not figures
 #   bash scripts/gen_figures.sh --invariant  # the batch-invariance cost of docs/serving.md (quiet machine)
 #   bash scripts/gen_figures.sh --moe        # the MoE layer table of docs/performance.md (quiet machine)
+#   bash scripts/gen_figures.sh --decode-attention   # the decode-attention table of docs/performance.md
 # Options: --only calibration,kernels,kernel-api,ici,llm,pod,serve,plan,ops (a subset of the simulator
 # parts; kernel-api: the cycle tables of docs/kernels.md from the programs of examples/kernels/),
 # --no-build (use the programs already in $BUILD). BUILD (default build) is the build folder;
@@ -23,6 +24,7 @@ mode_sim=1
 mode_host=1
 mode_inv=0
 mode_moe=0
+mode_att=0
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -31,9 +33,10 @@ while [ $# -gt 0 ]; do
     --quick) args+=(--quick) ;;
     --invariant) mode_sim=0; mode_host=0; mode_inv=1; args+=(--invariant) ;;
     --moe) mode_sim=0; mode_host=0; mode_moe=1; args+=(--moe) ;;
+    --decode-attention) mode_sim=0; mode_host=0; mode_att=1; args+=(--decode-attention) ;;
     --only) mode_host=0; args+=(--only "$2"); shift ;;
     --no-build) build=0 ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gen_figures: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -46,6 +49,7 @@ if [ "$build" = 1 ]; then
   targets=()
   [ "$mode_inv" = 1 ] && targets+=(bench_serve)
   [ "$mode_moe" = 1 ] || [ "$mode_host" = 1 ] && targets+=(bench_moe)
+  [ "$mode_att" = 1 ] && targets+=(bench_llm)
   [ "$mode_sim" = 1 ] && targets+=(tpu-ops tpu-calib tpu-plan bench_sim bench_ici bench_codegen bench_llm_sim bench_pod_train
                                    bench_serve_sim kernel_matmul kernel_flash_attention kernel_paged_attention)
   if [ "$mode_host" = 1 ]; then
