@@ -690,6 +690,39 @@ def serve_invariant(build):
     write_region("serving.md", "serve-invariant", "\n".join(lines))
 
 
+# ---------------------------------------------------------------- quantized projections (simulated)
+
+
+def sim_quant(build):
+    """docs/quantization.md's simulated decode / prefill tables: bench_quantize
+    BM_sim_quantized_step (the seven projections of a Llama-3-8B-shaped layer, timing-only) under
+    the ideal and the calibrated timing."""
+    modes = {"bf16": "bf16", "int8": "int8 (w8a8)", "int4": "int4 (group 32)"}
+    body = [header("bench/bench_quantize BM_sim_quantized_step (simulated; the same on any host)"), ""]
+    for ideal in (True, False):
+        bs = bench_json(build, "bench_quantize", "BM_sim_quantized_step",
+                        env={"TPU_BENCH_SIM_IDEAL": "1" if ideal else "0"}, extra=SIM_RUN)
+        rows = {}
+        for b in bs:
+            _, chip, prec, tokens = b["name"].split("/")[:4]
+            label = b.get("label", "").split()
+            rows.setdefault((chip, prec), {})["decode" if int(tokens) <= 8 else "prefill"] = (b, label)
+        body += [f"| {'ideal' if ideal else 'calibrated'} timing | decode µs | HBM MB | HBM use | tokens/s | "
+                 "prefill µs | MXU rate TFLOP/s | tokens/s |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for (chip, prec), r in sorted(rows.items(), key=lambda kv: (int(kv[0][0]), int(kv[0][1]))):
+            d, dl = r["decode"]
+            p, _ = r["prefill"]
+            name = dl[1] if len(dl) > 1 else prec
+            mode = ("fp8 (w8a8)" if chip == "7" else "fp8 (weight-only)") if name == "fp8" else modes.get(name, name)
+            gen = "v7" if chip == "7" else "v6e"
+            body.append(f"| {gen} {mode} | {fmt(d.get('sim_us'))} | {fmt(d.get('HBM_MB'))} | "
+                        f"{fmt(100 * d.get('HBM_use', 0), 0)}% | {fmt(d.get('tokens/s'), 0)} | "
+                        f"{fmt(p.get('sim_us'))} | {fmt(p.get('mm_TFLOPs'), 0)} | "
+                        f"{fmt(p.get('tokens/s') / 1e3)}K |")
+        body.append("")
+    write_region("quantization.md", "quant-sim", "\n".join(body))
+
+
 # ---------------------------------------------------------------- decode attention (host)
 
 
@@ -798,7 +831,7 @@ def main():
                     help="only the decode-attention table of docs/performance.md (host timings; quiet machine)")
     ap.add_argument("--moe", action="store_true",
                     help="only the MoE layer table of docs/performance.md (host timings; run on a quiet machine)")
-    ap.add_argument("--only", default="", help="comma-separated subset: calibration,kernels,kernel-api,llm,pod,serve,ici,plan,ops")
+    ap.add_argument("--only", default="", help="comma-separated subset: calibration,kernels,kernel-api,llm,pod,serve,ici,plan,ops,quant")
     args = ap.parse_args()
     commit()  # before any region is rewritten
     import tempfile
@@ -816,7 +849,8 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         if do_sim:
             parts = {"ops": op_matrix, "calibration": lambda b: calibration(b, tmp), "kernels": sim_kernels,
-                     "kernel-api": kernel_api, "ici": sim_ici, "llm": sim_llm, "pod": sim_pod, "serve": sim_serve, "plan": plan}
+                     "kernel-api": kernel_api, "ici": sim_ici, "llm": sim_llm, "pod": sim_pod, "serve": sim_serve, "plan": plan,
+                     "quant": sim_quant}
             only = [p for p in args.only.split(",") if p] or list(parts)
             for p in only:
                 if p not in parts:

@@ -11,7 +11,7 @@
 #   bash scripts/gen_figures.sh --invariant  # the batch-invariance cost of docs/serving.md (quiet machine)
 #   bash scripts/gen_figures.sh --moe        # the MoE layer table of docs/performance.md (quiet machine)
 #   bash scripts/gen_figures.sh --decode-attention   # the decode-attention table of docs/performance.md
-# Options: --only calibration,kernels,kernel-api,ici,llm,pod,serve,plan,ops (a subset of the simulator
+# Options: --only calibration,kernels,kernel-api,ici,llm,pod,serve,plan,ops,quant (a subset of the simulator
 # parts; kernel-api: the cycle tables of docs/kernels.md from the programs of examples/kernels/),
 # --no-build (use the programs already in $BUILD). BUILD (default build) is the build folder;
 # CORETYPE=<name> runs the OpenBLAS peer with that OPENBLAS_CORETYPE (scripts/bench_peers.sh
@@ -51,7 +51,7 @@ if [ "$build" = 1 ]; then
   [ "$mode_moe" = 1 ] || [ "$mode_host" = 1 ] && targets+=(bench_moe)
   [ "$mode_att" = 1 ] && targets+=(bench_llm)
   [ "$mode_sim" = 1 ] && targets+=(tpu-ops tpu-calib tpu-plan bench_sim bench_ici bench_codegen bench_llm_sim bench_pod_train
-                                   bench_serve_sim kernel_matmul kernel_flash_attention kernel_paged_attention)
+                                   bench_serve_sim bench_quantize kernel_matmul kernel_flash_attention kernel_paged_attention)
   if [ "$mode_host" = 1 ]; then
     targets+=(bench_matmul bench_jit bench_llm bench_train)
     # the peers, when libtorch is installed (sudo apt-get install libtorch-dev libopenblas0-pthread)
