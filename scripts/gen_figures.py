@@ -141,7 +141,7 @@ def bench_json(build, prog, filt=".", env=None, extra=()):
     js = json.loads(out)
     bs = [b for b in js["benchmarks"] if b.get("run_type", "iteration") == "iteration"]
     for b in bs:  # names without the run settings Google Benchmark appends
-        b["name"] = re.sub(r"/(real_time|process_time|min_time:[^/]*|iterations:[^/]*|repeats:[^/]*)", "", b["name"])
+        b["name"] = re.sub(r"/(real_time|process_time|manual_time|min_time:[^/]*|iterations:[^/]*|repeats:[^/]*)", "", b["name"])
     return bs
 
 
@@ -770,8 +770,6 @@ def host_moe(build, quick):
               "| variant | " + " | ".join(best) + " |", "|---" * (len(best) + 1) + "|",
               "| GB/s | " + " | ".join(fmt(v) for v in best.values()) + " |", ""]
     layer = bench_json(build, "bench_moe", "BM_MixtralMoELayer|BM_GroupedMatmulStream|BM_MoEFfnFusedVsChain", extra=mt)
-    for b in layer:
-        b["name"] = b["name"].replace("/manual_time", "")
     lines += ["The layer (`BM_MixtralMoELayer/tokens/hidden/width`: nn::SparseMoE, bf16, top-2 of 8, all 8 "
               "experts get tokens) and the fused node on the cpu (`BM_MoEFfnFusedVsChain`, a fixed routing "
               "that leaves 3 experts without tokens) against the dense block of the same FLOPs, each timed "
