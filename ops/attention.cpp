@@ -201,6 +201,25 @@ const float* row_f32(const T* base, int64_t rs, int64_t cs, int64_t j, int64_t C
   return buf;
 }
 
+// The boolean mask's strides against the scores [..., Hq, Lq, Lk] (0 where it broadcasts): its
+// batch dims, and its row / column strides rs and cs.
+struct MaskLayout {
+  DimGroup batch;
+  int64_t rs = 0, cs = 0;
+};
+MaskLayout mask_layout(const Tensor& q, const Tensor& mk) {
+  const int n = q.dim();
+  auto st = [&](int d) {  // stride of scores dim d (of n) in the mask
+    const int j = d - (n - mk.dim());
+    return j >= 0 && mk.shape()[j] != 1 ? mk.strides()[j] : 0;
+  };
+  MaskLayout m;
+  for (int i = 0; i + 2 < n; ++i) m.batch.add(q.shape()[i], st(i));
+  m.rs = st(n - 2);
+  m.cs = st(n - 1);
+  return m;
+}
+
 // Row i's scores s[0, lk) turned into softmax weights: scaled, the causal and boolean masks applied
 // (mp: the mask's row base, strides m_rs / m_cs; null without one), then exp over the row's max
 // and divided by the sum (in double). All keys masked: -inf - -inf is NaN, so the row becomes NaN
@@ -232,18 +251,9 @@ void sdpa_few_rows(const KernelArgs& a) {
   const int64_t hq = n >= 3 ? q.size(-3) : 1, hk = n >= 3 ? k.size(-3) : 1, group = hq / hk, R = group * Lq;
   const bool causal = a.attrs.get_bool("causal"), has_mask = a.attrs.get_bool("has_mask");
   const float scale = static_cast<float>(a.attrs.get_float("scale"));
-  DimGroup mbatch;
-  int64_t m_rs = 0, m_cs = 0;
-  if (has_mask) {
-    const Tensor& mk = a.inputs[3];
-    auto st = [&](int d) {
-      const int j = d - (n - mk.dim());
-      return j >= 0 && mk.shape()[j] != 1 ? mk.strides()[j] : 0;
-    };
-    for (int i = 0; i + 2 < n; ++i) mbatch.add(q.shape()[i], st(i));
-    m_rs = st(n - 2);
-    m_cs = st(n - 1);
-  }
+  const MaskLayout ml = has_mask ? mask_layout(q, a.inputs[3]) : MaskLayout{};
+  const DimGroup& mbatch = ml.batch;
+  const int64_t m_rs = ml.rs, m_cs = ml.cs;
   const DimGroup qb = batch_of(q), kb = batch_of(k), vb = batch_of(v);
   const int64_t k_rs = k.strides()[n - 2], k_cs = k.strides()[n - 1], v_rs = v.strides()[n - 2],
                 v_cs = v.strides()[n - 1];
@@ -350,19 +360,9 @@ void sdpa_cpu(const KernelArgs& a) {
   }
   const bool causal = a.attrs.get_bool("causal"), has_mask = a.attrs.get_bool("has_mask");
   const float scale = static_cast<float>(a.attrs.get_float("scale"));
-  // The mask's strides against the scores [..., Hq, Lq, Lk] (0 where it broadcasts).
-  DimGroup mbatch;
-  int64_t m_rs = 0, m_cs = 0;
-  if (has_mask) {
-    const Tensor& mk = a.inputs[3];
-    auto st = [&](int d) {  // stride of scores dim d (of n) in the mask
-      const int j = d - (n - mk.dim());
-      return j >= 0 && mk.shape()[j] != 1 ? mk.strides()[j] : 0;
-    };
-    for (int i = 0; i + 2 < n; ++i) mbatch.add(q.shape()[i], st(i));
-    m_rs = st(n - 2);
-    m_cs = st(n - 1);
-  }
+  const MaskLayout ml = has_mask ? mask_layout(q, a.inputs[3]) : MaskLayout{};
+  const DimGroup& mbatch = ml.batch;
+  const int64_t m_rs = ml.rs, m_cs = ml.cs;
   const DimGroup qb = batch_of(q), kb = batch_of(k), vb = batch_of(v);
   const cpu::VecUnaryFn exp_fn = cpu::vec_math().get(cpu::VecUnary::exp);
   const int64_t total_kv = kb.numel();
