@@ -39,6 +39,9 @@ struct State {
   size_t capacity = capacity_from_env();
   // Per target (see Target::cache_key: a sim device rebuilt with another chip starts empty).
   std::map<std::pair<uint64_t, uint64_t>, DeviceCache> cache;
+  // The serial of the sim device last seen at each index: a device rebuilt at that index drops
+  // the old one's programs (their device is gone, so they are not unloaded).
+  std::map<int, uint64_t> sim_serials;
   // Runs through a driver whose stats are not in yet.
   std::vector<std::pair<std::string, std::shared_ptr<device::ProgramStats>>> pending;
   // Chips of the tpu devices, by (driver instance, device index); never dropped.
@@ -174,12 +177,25 @@ void count_host_fallback() {
   ++s.stats.host_fallbacks;
 }
 
+// The program cache of target t (s.mu held); a sim device that replaced another at its index
+// first drops the cache of the one it replaced.
+DeviceCache& device_cache_locked(State& s, const Target& t) {
+  if (t.sim) {
+    auto [it, fresh] = s.sim_serials.try_emplace(t.index, t.cache_key.second);
+    if (!fresh && it->second != t.cache_key.second) {
+      s.cache.erase({0, it->second});
+      it->second = t.cache_key.second;
+    }
+  }
+  return s.cache[t.cache_key];
+}
+
 LoadedProgram cached_program(const Device& d, const std::string& key, const std::function<sim::Program()>& build) {
   Target t = target_of(d);
   State& s = state();
   {
     std::lock_guard<std::mutex> lk(s.mu);
-    DeviceCache& c = s.cache[t.cache_key];
+    DeviceCache& c = device_cache_locked(s, t);
     auto it = c.index.find(key);
     if (it != c.index.end()) {
       ++s.stats.cache_hits;
@@ -197,7 +213,7 @@ LoadedProgram cached_program(const Device& d, const std::string& key, const std:
   {
     std::lock_guard<std::mutex> lk(s.mu);
     ++s.stats.programs_built;
-    DeviceCache& c = s.cache[t.cache_key];
+    DeviceCache& c = device_cache_locked(s, t);
     auto it = c.index.find(key);
     if (it != c.index.end()) {  // another thread built it meanwhile: keep theirs
       evicted.push_back(lp.id);
@@ -230,6 +246,14 @@ void set_program_cache_capacity(size_t programs) {
   State& s = state();
   std::lock_guard<std::mutex> lk(s.mu);
   s.capacity = programs;
+}
+
+size_t cached_programs_all_devices() {
+  State& s = state();
+  std::lock_guard<std::mutex> lk(s.mu);
+  size_t n = 0;
+  for (const auto& [key, c] : s.cache) n += c.lru.size();
+  return n;
 }
 
 size_t cached_programs(const Device& d) {

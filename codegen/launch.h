@@ -79,6 +79,9 @@ size_t program_cache_capacity();
 void set_program_cache_capacity(size_t programs);
 // Programs currently cached for a device (an int: sim:index).
 size_t cached_programs(const Device& d);
+// Programs cached over every device; a sim device rebuilt at an index no longer counts the
+// programs of the one it replaced.
+size_t cached_programs_all_devices();
 inline size_t cached_programs(int sim_index) { return cached_programs(Device(DeviceType::sim, sim_index)); }
 
 // Runs a loaded program on the current stream of sim:index with `args` in r0.. . A profiler sees

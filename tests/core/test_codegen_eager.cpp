@@ -63,6 +63,21 @@ TEST_CASE("codegen testing: each TinySim starts on a new device, and a tensor le
   CHECK(y.to(Device()).to_vector<float>() == std::vector<float>(15, 6.0f));
 }
 
+TEST_CASE("codegen: a sim device rebuilt at an index drops the programs of the one it replaced", "[codegen]") {
+  // Each TinySim is a new device at sim:1; the programs of the earlier ones must not stay in the
+  // cache (they can never run again), so the count over all devices does not grow per device.
+  size_t after_first = 0;
+  for (int round = 0; round < 3; ++round) {
+    TinySim tiny;
+    const Tensor y = tpu::mul(full({4, 6}, 2.0, TensorOptions(DType::f32, tiny.dev())), 5.0);
+    CHECK(y.to(Device()).to_vector<float>() == std::vector<float>(24, 10.0f));
+    const size_t mine = codegen::cached_programs(tiny.dev());
+    CHECK(mine >= 1);
+    if (round == 0) after_first = codegen::cached_programs_all_devices();
+    else CHECK(codegen::cached_programs_all_devices() == after_first);
+  }
+}
+
 TEST_CASE("codegen: the program cache keeps its capacity, least recently used out first", "[codegen]") {
   TinySim tiny;
   Generator g(9);
