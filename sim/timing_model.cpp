@@ -70,20 +70,39 @@ double xla_matmul_cycles(const ChipConfig& cfg, const XlaMatmulFeed& f, double k
   double cycles = kernel_cycles;
   if (!t.calibrated()) return cycles;
   const double m = double(f.m), n = double(f.n), k = double(f.k);
-  // The prefetched operand sits in on-chip memory and is converted to the MXU's type once.
-  if (t.convert_elems_per_cycle > 0) cycles += (f.prefetched == 'A' ? m * k : k * n) / t.convert_elems_per_cycle;
+  const double panel = double(cfg.mxu.cols);
+  // The prefetched operand sits in on-chip memory and is converted to the MXU's type once. A
+  // streamed A (B prefetched) passes the MXUs once per 128-column panel of N and is converted
+  // again on every pass, at the same rate; that sets the pace when it outweighs the kernel.
+  if (t.convert_elems_per_cycle > 0) {
+    cycles += (f.prefetched == 'A' ? m * k : k * n) / t.convert_elems_per_cycle;
+    if (f.prefetched == 'B') cycles = std::max(cycles, m * k * std::ceil(n / panel) / t.convert_elems_per_cycle);
+  }
   // The other operand streams through the MXUs once per panel of the prefetched side's free
-  // dimension (N for a streamed A, M for a streamed B). Stored against the MXU's orientation it
-  // is transposed on the cross-lane unit and converted on the vector unit on every pass, which
-  // then sets the kernel's pace. A, B and C all {0,1} is C^T = B^T A^T in the canonical layouts.
-  const bool canonical_transposed = f.a_transposed && f.b_transposed && f.out_transposed;
-  const bool streamed_transposed = f.prefetched == 'A' ? f.b_transposed : f.a_transposed;
-  if (t.restream_elems_per_cycle > 0 && streamed_transposed && !canonical_transposed) {
-    const double panel = double(cfg.mxu.cols);
+  // dimension (N for a streamed A, M for a streamed B). When XLA re-feeds it per panel (transposed
+  // on the cross-lane unit and converted on the vector unit on every pass), that sets the pace.
+  if (t.restream_elems_per_cycle > 0 && xla_matmul_refeeds(f)) {
     const double fed = f.prefetched == 'A' ? k * n * std::ceil(m / panel) : m * k * std::ceil(n / panel);
     cycles = std::max(cycles, fed / t.restream_elems_per_cycle);
   }
   return cycles;
+}
+
+bool xla_matmul_refeeds(const XlaMatmulFeed& f) {
+  if (f.m <= 0 || f.n <= 0 || f.k <= 0)
+    throw SimError(fmt::format("xla_matmul_refeeds: dimensions must be positive (m {}, n {}, k {})", f.m, f.n, f.k));
+  if (f.prefetched != 'A' && f.prefetched != 'B')
+    throw SimError(fmt::format("xla_matmul_refeeds: prefetched operand must be 'A' or 'B', not '{}'", f.prefetched));
+  const bool a_streams = f.prefetched == 'B';
+  // With A prefetched, A, B and C all {0,1} is C^T = B^T A^T on the stored bytes: B^T streams in
+  // its own orientation. (With B prefetched the measured kernels follow the rule below instead.)
+  if (!a_streams && f.a_transposed && f.b_transposed && f.out_transposed) return false;
+  if (!(a_streams ? f.a_transposed : f.b_transposed)) return false;
+  // Stored {0,1}, A is [K][M] and B is [N][K]: the second-minor dimension and the free one.
+  const int64_t second_minor = a_streams ? f.k : f.n;
+  const int64_t free_dim = a_streams ? f.m : f.n;
+  const bool odd_row_tiles = (second_minor + 7) / 8 % 2 == 1;
+  return odd_row_tiles || free_dim < kXlaRefeedWideCols;
 }
 
 namespace {

@@ -54,6 +54,15 @@ struct XlaMatmulFeed {
 // SimError on a non-positive dimension or a prefetched operand other than 'A' or 'B'.
 double xla_matmul_cycles(const ChipConfig& cfg, const XlaMatmulFeed& f, double kernel_cycles);
 
+// Whether that kernel re-feeds its streamed operand once per 128-column MXU panel of the other side
+// (the slow mode, sim/README.md "XLA's float16 matmul kernels"): the streamed operand (A when B is
+// prefetched, else B) is stored against the MXU's orientation (A {0,1}, B {0,1}), the product is
+// not the canonical C^T = B^T A^T (A, B and C all {0,1} with A prefetched), and either its stored
+// second-minor dimension (K for A {0,1}, N for B {0,1}) spans an odd number of 8-row tiles or its
+// free dimension (M for A, N for B) is under kXlaRefeedWideCols. Throws SimError like xla_matmul_cycles.
+inline constexpr int64_t kXlaRefeedWideCols = 2048;
+bool xla_matmul_refeeds(const XlaMatmulFeed& f);
+
 // The feed XLA gives C[M,N] = A[M,K] @ B[K,N] on 16-bit arrays on v4, from the shapes alone (sim/README.md,
 // "XLA's float16 matmul kernels"): each array takes the layout whose (8, 128)-tiled footprint is
 // smaller ({0,1} only when strictly smaller than {1,0}: rows rounded up to 8, the minor dimension to

@@ -225,7 +225,7 @@ TEST_CASE("calibrated model: 16-bit stores at hbm_efficiency, wide kernels at wi
   CHECK(calibrated_cycles(rc, rr.stats.work) == Approx(rr.stats.cycles));
 }
 
-TEST_CASE("XLA matmul feed: one-time conversion of the prefetched operand, per-panel re-feed of a transposed streamed one",
+TEST_CASE("XLA matmul feed: one-time conversion of the prefetched operand, per-pass conversion of a streamed A, per-panel re-feed",
           "[sim][timing_model]") {
   ChipConfig c = calibrated_tiny(100, 1, 1, 1, 0);
   c.mxu.cols = 128;
@@ -241,9 +241,25 @@ TEST_CASE("XLA matmul feed: one-time conversion of the prefetched operand, per-p
   f.prefetched = 'B';
   CHECK(xla_matmul_cycles(c, f, 1000.0) == Approx(300.0 * 400 * 8 / 50));
   CHECK(xla_matmul_cycles(c, f, kernel) == Approx(kernel + 400.0 * 1000 / 200));  // a slower kernel still rules
-  // A, B and C all {0,1}: C^T = B^T A^T in the canonical layouts, no transpose in the kernel.
+  // A, B and C all {0,1} with B prefetched: A still streams against the MXU's orientation.
   f.b_transposed = true;
-  CHECK(xla_matmul_cycles(c, f, kernel) == Approx(kernel + 400.0 * 1000 / 200));
+  CHECK(xla_matmul_cycles(c, f, 1000.0) == Approx(300.0 * 400 * 8 / 50));
+  // The same with A prefetched is C^T = B^T A^T in the canonical layouts: no re-feed.
+  f.prefetched = 'A';
+  CHECK(xla_matmul_cycles(c, f, kernel) == Approx(kernel + 300.0 * 400 / 200));
+  // A wide streamed operand (M >= 2048) whose second-minor dimension K spans an even number of
+  // 8-row tiles (400: 50) is not re-fed; it is still converted on each of its ceil(3000 / 128) = 24
+  // passes at the conversion rate. An odd number of tiles (401: 51) is re-fed.
+  f = {.m = 2100, .n = 3000, .k = 400, .a_transposed = true, .b_transposed = false, .out_transposed = true,
+       .prefetched = 'B'};
+  CHECK(xla_matmul_cycles(c, f, 1000.0) == Approx(2100.0 * 400 * 24 / 200));
+  CHECK(xla_matmul_cycles(c, f, kernel) == Approx(kernel + 400.0 * 3000 / 200));
+  f.k = 401;
+  CHECK(xla_matmul_cycles(c, f, 1000.0) == Approx(2100.0 * 401 * 24 / 50));
+  // A prefetched: converted once, B streamed in its own layout is not converted per pass.
+  f = {.m = 3000, .n = 2100, .k = 400, .a_transposed = false, .b_transposed = false, .out_transposed = false,
+       .prefetched = 'A'};
+  CHECK(xla_matmul_cycles(c, f, 1000.0) == Approx(1000.0 + 3000.0 * 400 / 200));
   // A prefetched, B {0,1} streamed: B re-fed once per panel of M (ceil(300 / 128) = 3).
   f = {.m = 300, .n = 1000, .k = 400, .a_transposed = false, .b_transposed = true, .out_transposed = true, .prefetched = 'A'};
   CHECK(xla_matmul_cycles(c, f, 10.0) == Approx(400.0 * 1000 * 3 / 50));
@@ -257,6 +273,38 @@ TEST_CASE("XLA matmul feed: one-time conversion of the prefetched operand, per-p
   CHECK_THROWS_AS(xla_matmul_cycles(c, f, kernel), SimError);
   f.prefetched = 'A', f.k = 0;
   CHECK_THROWS_AS(xla_matmul_cycles(c, f, kernel), SimError);
+}
+
+TEST_CASE("XLA matmul feed: the re-feed rule against the mode of measured TPU v4 kernels", "[sim][timing_model]") {
+  // Reference: rows of sim/calibration/tpu_v4/matmul_large.csv, slow = under 60 TFLOP/s measured
+  // (2 M N K / fusion_avg). The rule sees only the shapes (through xla_matmul_feed). Rows 1 and 31
+  // are slow without a transposed streamed operand and stay outside the rule (sim/README.md).
+  struct Measured {
+    int64_t m, n, k;
+    double us;
+  };
+  const Measured rows[] = {
+      {1024, 2001, 1675, 141.79},  // _7: narrow streamed A (M < 2048)
+      {1024, 2978, 1024, 76.67},   // _11: A {1,0}, not transposed
+      {1024, 2978, 3628, 407.25},  // _15: A, B, C {0,1} with B prefetched, narrow A
+      {1789, 2978, 3628, 710.80},  // _35: the same
+      {2554, 2978, 2326, 709.08},  // _53: K spans 291 8-row tiles (odd)
+      {2554, 2978, 3628, 580.62},  // _55: K 454 tiles (even), M >= 2048
+      {2554, 3955, 1675, 420.46},  // _57: K 210 tiles (even), M >= 2048
+      {3319, 3955, 1675, 593.00},  // _77: the same
+      {3319, 3955, 2977, 1415.12}, // _79: K 373 tiles (odd)
+      {3319, 2978, 1024, 394.27},  // _71: A prefetched, B {0,1}: N spans 373 tiles (odd)
+      {4084, 2978, 3628, 695.64},  // _95: A prefetched, A, B, C {0,1}: canonical C^T = B^T A^T
+  };
+  for (const Measured& r : rows) {
+    INFO(r.m << " x " << r.n << " x " << r.k);
+    const bool slow = 2.0 * double(r.m) * double(r.n) * double(r.k) / r.us / 1e6 < 60;
+    CHECK(xla_matmul_refeeds(xla_matmul_feed(r.m, r.n, r.k)) == slow);
+  }
+  XlaMatmulFeed bad{.m = 8, .n = 8, .k = 8, .prefetched = 'C'};
+  CHECK_THROWS_AS(xla_matmul_refeeds(bad), SimError);
+  bad.prefetched = 'A', bad.n = 0;
+  CHECK_THROWS_AS(xla_matmul_refeeds(bad), SimError);
 }
 
 TEST_CASE("XLA matmul feed from the shapes: the layouts and prefetched operand of measured TPU v4 kernels",

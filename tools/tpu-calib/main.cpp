@@ -18,6 +18,7 @@
 
 #include "codegen/launch.h"
 #include "device/sim_driver.h"
+#include "sim/timing_model.h"
 #include "tools/cli_args.h"
 #include "tools/tpu-calib/data.h"
 #include "tools/tpu-calib/fit.h"
@@ -84,12 +85,16 @@ void feed_report(const std::string& path, const std::vector<FeedRow>& rows, cons
     const auto& f = x.f;
     const double m = double(f.m), n = double(f.n), k = double(f.k), us = x.r->measured_us;
     const double tflops = 2 * m * n * k / us / 1e6;
-    const bool streamed_t = f.prefetched == 'A' ? f.b_transposed : f.a_transposed;
-    const bool canonical_t = f.a_transposed && f.b_transposed && f.out_transposed;
     const double fed = f.prefetched == 'A' ? k * n * std::ceil(m / panel) : m * k * std::ceil(n / panel);
-    const double convert = t.convert_elems_per_cycle > 0 ? (f.prefetched == 'A' ? m * k : k * n) / t.convert_elems_per_cycle : 0;
-    const bool rule_slow = t.restream_elems_per_cycle > 0 && streamed_t && !canonical_t &&
-                           fed / t.restream_elems_per_cycle >= x.kernel_us * per_us + convert;
+    // The price without the re-feed: the kernel plus the one-time conversion, or a streamed A's
+    // conversion on every pass (xla_matmul_cycles).
+    double unfed = x.kernel_us * per_us;
+    if (t.convert_elems_per_cycle > 0) {
+      unfed += (f.prefetched == 'A' ? m * k : k * n) / t.convert_elems_per_cycle;
+      if (f.prefetched == 'B') unfed = std::max(unfed, fed / t.convert_elems_per_cycle);
+    }
+    const bool rule_slow = t.restream_elems_per_cycle > 0 && tpu::sim::xla_matmul_refeeds(f) &&
+                           fed / t.restream_elems_per_cycle >= unfed;
     const bool is_slow = tflops < kSlowTflops;
     const double rate = fed / (us * per_us);
     slow += is_slow, agree += is_slow == rule_slow;
