@@ -77,6 +77,10 @@ double xla_matmul_cycles(const ChipConfig& cfg, const XlaMatmulFeed& f, double k
   if (t.convert_elems_per_cycle > 0) {
     cycles += (f.prefetched == 'A' ? m * k : k * n) / t.convert_elems_per_cycle;
     if (f.prefetched == 'B') cycles = std::max(cycles, m * k * std::ceil(n / panel) / t.convert_elems_per_cycle);
+    // With A prefetched the MXUs produce C row by row (N in the lanes); a C stored {0,1} is written
+    // transposed, every element through the cross-lane unit and the 16-bit conversion, at the same
+    // per-element rate (not when A, B and C are all {0,1}: that is C^T = B^T A^T on the stored bytes).
+    if (xla_matmul_transposes_out(f)) cycles += m * n / t.convert_elems_per_cycle;
   }
   // The other operand streams through the MXUs once per panel of the prefetched side's free
   // dimension (N for a streamed A, M for a streamed B). When XLA re-feeds it per panel (transposed
@@ -103,6 +107,10 @@ bool xla_matmul_refeeds(const XlaMatmulFeed& f) {
   const int64_t free_dim = a_streams ? f.m : f.n;
   const bool odd_row_tiles = (second_minor + 7) / 8 % 2 == 1;
   return odd_row_tiles || free_dim < kXlaRefeedWideCols;
+}
+
+bool xla_matmul_transposes_out(const XlaMatmulFeed& f) {
+  return f.prefetched == 'A' && f.out_transposed && !(f.a_transposed && f.b_transposed);
 }
 
 namespace {

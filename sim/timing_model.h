@@ -49,7 +49,9 @@ struct XlaMatmulFeed {
 // the library's matmul kernel of the same shape): the prefetched operand's one-time conversion is
 // added; when the streamed operand needs an in-kernel transpose (and the whole product is not
 // the canonical one transposed: A, B and C all {0,1}), it is transposed and converted once per
-// 128-column panel of the other side, and the kernel takes at least that long (sim/README.md,
+// 128-column panel of the other side, and the kernel takes at least that long; an A-prefetched
+// kernel whose C is stored {0,1} (xla_matmul_transposes_out) converts and transposes each element
+// of C at the conversion rate (sim/README.md,
 // "XLA's float16 matmul kernels"). Unchanged on the ideal model and where the feed constants are 0. Throws
 // SimError on a non-positive dimension or a prefetched operand other than 'A' or 'B'.
 double xla_matmul_cycles(const ChipConfig& cfg, const XlaMatmulFeed& f, double kernel_cycles);
@@ -62,6 +64,10 @@ double xla_matmul_cycles(const ChipConfig& cfg, const XlaMatmulFeed& f, double k
 // free dimension (M for A, N for B) is under kXlaRefeedWideCols. Throws SimError like xla_matmul_cycles.
 inline constexpr int64_t kXlaRefeedWideCols = 2048;
 bool xla_matmul_refeeds(const XlaMatmulFeed& f);
+
+// Whether that kernel writes C against the MXU's row order: A prefetched, C stored {0,1}, and not
+// A, B and C all {0,1} (the canonical C^T = B^T A^T). Checks nothing; xla_matmul_cycles validates.
+bool xla_matmul_transposes_out(const XlaMatmulFeed& f);
 
 // The feed XLA gives C[M,N] = A[M,K] @ B[K,N] on 16-bit arrays on v4, from the shapes alone (sim/README.md,
 // "XLA's float16 matmul kernels"): each array takes the layout whose (8, 128)-tiled footprint is

@@ -235,17 +235,28 @@ TEST_CASE("XLA matmul feed: one-time conversion of the prefetched operand, per-p
   XlaMatmulFeed f{.m = 300, .n = 1000, .k = 400, .a_transposed = true, .b_transposed = false, .out_transposed = true,
                   .prefetched = 'A'};
   // A prefetched: its 300 x 400 elements converted once; B streamed in its own layout: no re-feed.
+  // C stored {0,1} against the MXU's row order: its 300 x 1000 elements transposed and converted
+  // at the same rate.
+  CHECK(xla_matmul_transposes_out(f));
+  CHECK(xla_matmul_cycles(c, f, kernel) == Approx(kernel + 300.0 * 400 / 200 + 300.0 * 1000 / 200));
+  f.out_transposed = false;  // C {1,0}: written as the MXUs produce it
+  CHECK_FALSE(xla_matmul_transposes_out(f));
   CHECK(xla_matmul_cycles(c, f, kernel) == Approx(kernel + 300.0 * 400 / 200));
+  f.out_transposed = true;
   // B prefetched: 400 x 1000 converted once; A ({0,1}) re-fed once per 128-column panel of N
   // (ceil(1000 / 128) = 8 panels): the kernel takes at least that long.
   f.prefetched = 'B';
   CHECK(xla_matmul_cycles(c, f, 1000.0) == Approx(300.0 * 400 * 8 / 50));
   CHECK(xla_matmul_cycles(c, f, kernel) == Approx(kernel + 400.0 * 1000 / 200));  // a slower kernel still rules
+  // B prefetched: C {0,1} adds no transpose of C (the per-pass conversion of A sets the pace).
+  CHECK_FALSE(xla_matmul_transposes_out(f));
   // A, B and C all {0,1} with B prefetched: A still streams against the MXU's orientation.
   f.b_transposed = true;
   CHECK(xla_matmul_cycles(c, f, 1000.0) == Approx(300.0 * 400 * 8 / 50));
-  // The same with A prefetched is C^T = B^T A^T in the canonical layouts: no re-feed.
+  // The same with A prefetched is C^T = B^T A^T in the canonical layouts: no re-feed, and C^T is
+  // written in the MXU's row order.
   f.prefetched = 'A';
+  CHECK_FALSE(xla_matmul_transposes_out(f));
   CHECK(xla_matmul_cycles(c, f, kernel) == Approx(kernel + 300.0 * 400 / 200));
   // A wide streamed operand (M >= 2048) whose second-minor dimension K spans an even number of
   // 8-row tiles (400: 50) is not re-fed; it is still converted on each of its ceil(3000 / 128) = 24

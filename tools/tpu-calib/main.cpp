@@ -92,6 +92,7 @@ void feed_report(const std::string& path, const std::vector<FeedRow>& rows, cons
     if (t.convert_elems_per_cycle > 0) {
       unfed += (f.prefetched == 'A' ? m * k : k * n) / t.convert_elems_per_cycle;
       if (f.prefetched == 'B') unfed = std::max(unfed, fed / t.convert_elems_per_cycle);
+      if (tpu::sim::xla_matmul_transposes_out(f)) unfed += m * n / t.convert_elems_per_cycle;
     }
     const bool rule_slow = t.restream_elems_per_cycle > 0 && tpu::sim::xla_matmul_refeeds(f) &&
                            fed / t.restream_elems_per_cycle >= unfed;
