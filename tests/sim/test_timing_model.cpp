@@ -353,3 +353,27 @@ TEST_CASE("XLA matmul feed from the shapes: the layouts and prefetched operand o
   }
   CHECK_THROWS_AS(xla_matmul_feed(0, 8, 8), SimError);
 }
+
+TEST_CASE("XLA matmul feed: which measured TPU v4 kernels write C transposed", "[sim][timing_model]") {
+  // Reference: rows of sim/calibration/tpu_v4/matmul_large.csv, whose HLO layouts and prefetched
+  // operand say it directly: A prefetched, C {0,1}, and not A and B both {0,1}. The rule sees only
+  // the shapes (through xla_matmul_feed).
+  struct Measured {
+    int64_t m, n, k;
+    bool pays;
+  };
+  const Measured rows[] = {
+      {4084, 3955, 1675, true},   // _97: A {0,1}, B {1,0}, C {0,1}, A prefetched
+      {2554, 2001, 1675, true},   // _47: the same layouts
+      {3319, 2978, 1024, true},   // _71: A {1,0}, B {0,1}, C {0,1}, A prefetched
+      {4084, 2978, 3628, false},  // _95: A, B, C all {0,1}: C^T = B^T A^T
+      {4084, 1024, 3628, false},  // _85: C {1,0}
+      {3319, 3955, 1675, false},  // _77: B prefetched, C {1,0}
+      {2554, 3955, 1675, false},  // _57: B prefetched, C {0,1}
+      {1024, 1024, 1024, false},  // _1: all {1,0}
+  };
+  for (const Measured& r : rows) {
+    INFO(r.m << " x " << r.n << " x " << r.k);
+    CHECK(xla_matmul_transposes_out(xla_matmul_feed(r.m, r.n, r.k)) == r.pays);
+  }
+}
