@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""Price the square-grid matmul sets (matmul_128, matmul_1024, matmul_4096) by alternative
+hardware / compiler rules and report MAPE, R^2 and split-half cross-validation per set.
+
+Input: the per-kernel work and the per-row times tpu-calib writes for those sets, e.g.
+
+    tpu-calib --sets matmul_128,matmul_1024,matmul_4096 --paths compiled --folds 0 \
+        --works works.txt --csv rows.csv
+    python3 tools/tpu-calib/grid_forms.py works.txt rows.csv
+
+The calibrated price is recomputed from the counted work with the v4 preset's constants (below)
+and checked against tpu-calib's simulated times, so the rules are applied to the same work the
+simulator counts. Each rule changes one mechanism; a rule with a constant fits it on the rows
+(by MAPE, golden-section on one variable) and reports split-half cross-validation (the constant
+fitted on alternate rows of the set, the other rows predicted, pooled). The free forms at the end
+fit every coefficient on the set by weighted least squares (relative error): what the set's rows
+would need, not a model (they ignore every other set). Only the Python standard library is used.
+"""
+import csv
+import math
+import re
+import sys
+
+# v4 preset (sim/presets.cpp, calibrated timing model): checked against tpu-calib's prices below.
+LAUNCH, FILL, MXU_EFF, HBM_EFF, WIDE_EFF = 957.0, 128.0, 0.829, 0.307, 0.697
+MXUS_PER_CORE, CORES, CLOCK_GHZ, HBM_GBS = 4, 2, 1.05, 1200.0
+BW = HBM_GBS / CLOCK_GHZ  # device HBM bytes per cycle
+SETS = ("matmul_128", "matmul_1024", "matmul_4096")
+
+
+def load(works_path, csv_path):
+    sim_us = {}
+    for r in csv.DictReader(open(csv_path)):
+        if r["path"] == "compiled":
+            sim_us[(r["set"], r["kernel"])] = float(r["simulated_us"])
+    rows = []
+    for line in open(works_path):
+        f = next(csv.reader([line]))
+        if f[2] != "compiled" or f[0] not in SETS:
+            continue
+        m, n, k = map(int, re.findall(r"\d+", f[1])[-3:])
+        cores = []
+        for i in range(int(f[5])):
+            b = 6 + 6 * i
+            cores.append(dict(mxu=float(f[b]), vec=float(f[b + 1]), wl=float(f[b + 2]), narrow=float(f[b + 4])))
+        rd, wr, traffic = map(float, f[-3:])
+        rows.append(dict(set=f[0], m=m, n=n, k=k, meas=float(f[3]) * CLOCK_GHZ * 1e3, cores=cores,
+                         rd=rd, wr=wr, traffic=traffic, sim=sim_us[(f[0], f[1])] * CLOCK_GHZ * 1e3))
+    return rows
+
+
+def terms(r, split="library", wl=0.0):
+    """Compute and memory cycles of the calibrated model (sim/timing_model.cpp)."""
+    if split == "library":  # the busiest core of the library kernel's own split
+        c = max((co["mxu"] + wl * co["wl"]) / (MXUS_PER_CORE * MXU_EFF) for co in r["cores"])
+    else:  # XLA's: the MXU work spread evenly over both TensorCores
+        c = sum(co["mxu"] + wl * co["wl"] for co in r["cores"]) / CORES / (MXUS_PER_CORE * MXU_EFF)
+    c = max([c] + [co["vec"] for co in r["cores"]])
+    narrow = sum(co["narrow"] for co in r["cores"])
+    share = min(1.0, narrow / r["wr"]) if r["wr"] else 0.0
+    mem = (r["rd"] + r["wr"]) / BW * (share / HBM_EFF + (1 - share) / WIDE_EFF)
+    return c, mem
+
+
+def preset(r, _=None):
+    c, mem = terms(r)
+    return LAUNCH + max(FILL + c + mem, r["traffic"] / BW)
+
+
+def stats(rows, pred):
+    y = [r["meas"] for r in rows]
+    mape = 100 * sum(abs(p - a) / a for p, a in zip(pred, y)) / len(y)
+    mean = sum(y) / len(y)
+    r2 = 1 - sum((p - a) ** 2 for p, a in zip(pred, y)) / sum((a - mean) ** 2 for a in y)
+    return mape, r2
+
+
+def fit1(rows, rule, lo, hi):
+    """The rule's one constant minimizing MAPE on rows (golden-section over [lo, hi])."""
+    g = (math.sqrt(5) - 1) / 2
+    a, b = lo, hi
+    f = lambda x: stats(rows, [rule(r, x) for r in rows])[0]
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = f(c), f(d)
+    for _ in range(60):
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = f(d)
+    return (a + b) / 2
+
+
+def cv_rule(rows, rule, lo, hi):
+    halves = (rows[0::2], rows[1::2])
+    pred, held = [], []
+    for i in (0, 1):
+        x = fit1(halves[i], rule, lo, hi)
+        held += halves[1 - i]
+        pred += [rule(r, x) for r in halves[1 - i]]
+    return stats(held, pred)
+
+
+def lstsq(X, y):
+    n = len(X[0])
+    A = [[0.0] * n for _ in range(n)]
+    b = [0.0] * n
+    for xi, yi in zip(X, y):
+        w = 1 / yi ** 2
+        for i in range(n):
+            b[i] += w * xi[i] * yi
+            for j in range(n):
+                A[i][j] += w * xi[i] * xi[j]
+    for i in range(n):
+        for j in range(i + 1, n):
+            f = A[j][i] / A[i][i]
+            for k in range(n):
+                A[j][k] -= f * A[i][k]
+            b[j] -= f * b[i]
+    x = [0.0] * n
+    for i in reversed(range(n)):
+        x[i] = (b[i] - sum(A[i][j] * x[j] for j in range(i + 1, n))) / A[i][i]
+    return x
+
+
+def free_form(rows, feat):
+    X = [feat(r) for r in rows]
+    y = [r["meas"] for r in rows]
+    co = lstsq(X, y)
+    fit = stats(rows, [sum(a * b for a, b in zip(co, x)) for x in X])
+    idx = (list(range(0, len(rows), 2)), list(range(1, len(rows), 2)))
+    held, pred = [], []
+    for i in (0, 1):
+        c2 = lstsq([X[j] for j in idx[i]], [y[j] for j in idx[i]])
+        for j in idx[1 - i]:
+            held.append(rows[j])
+            pred.append(sum(a * b for a, b in zip(c2, X[j])))
+    return co, fit, stats(held, pred)
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    rows = load(sys.argv[1], sys.argv[2])
+    worst = max(abs(preset(r) - r["sim"]) / r["sim"] for r in rows)
+    if worst > 1e-3:
+        sys.exit(f"grid_forms: the preset's price differs from tpu-calib's by {100 * worst:.2f}%: constants changed?")
+    by_set = {s: [r for r in rows if r["set"] == s] for s in SETS}
+    m1024 = by_set["matmul_1024"]
+
+    print("the model's bias on matmul_1024 (mean of simulated / measured - 1; MAPE), per dimension")
+    for key in ("m", "n", "k"):
+        cells = []
+        for v in sorted({r[key] for r in m1024}):
+            e = [(preset(r) - r["meas"]) / r["meas"] for r in m1024 if r[key] == v]
+            cells.append(f"{v}: {100 * sum(e) / len(e):+.1f}% ({100 * sum(map(abs, e)) / len(e):.1f})")
+        print(f"  {key.upper()}  " + ", ".join(cells))
+
+    def split_rule(r, _=None):
+        c, mem = terms(r, "xla")
+        return LAUNCH + max(FILL + c + mem, r["traffic"] / BW)
+
+    def wl_rule(r, w):
+        c, mem = terms(r, "library", w)
+        return LAUNCH + max(FILL + c + mem, r["traffic"] / BW)
+
+    def read_rule(r, er):  # operand reads at their own HBM fraction, C's 16-bit writes at hbm_efficiency
+        c, _ = terms(r)
+        narrow = sum(co["narrow"] for co in r["cores"])
+        share = min(1.0, narrow / r["wr"]) if r["wr"] else 0.0
+        mem = r["rd"] / BW / er + r["wr"] / BW * (share / HBM_EFF + (1 - share) / WIDE_EFF)
+        return LAUNCH + max(FILL + c + mem, r["traffic"] / BW)
+
+    def hide_rule(r, p):  # the smaller of compute and memory exposed by (smaller / larger)^p
+        c, mem = terms(r)
+        lo, hi = min(c, mem), max(c, mem)
+        return LAUNCH + max(FILL + hi + lo * (lo / hi) ** p, r["traffic"] / BW)
+
+    print("\nrules on the preset's constants (constant fitted on matmul_1024 by MAPE; CV = split-half)")
+    print(f"  {'rule':<46} {'const':>7}  {'matmul_1024':>14} {'CV':>14}  {'matmul_128':>14} {'matmul_4096':>14}")
+    rules = [("the model", lambda r, _: preset(r), None),
+             ("XLA's even split of the MXU work over 2 cores", split_rule, None),
+             ("weight loads exposed (weight_load_exposed)", wl_rule, (0.0, 1.0)),
+             ("operand reads at their own HBM fraction", read_rule, (0.2, 1.0)),
+             ("memory-bound rows hide compute, exponent p", hide_rule, (0.0, 3.0))]
+    for name, rule, rng in rules:
+        x = fit1(m1024, rule, *rng) if rng else None
+        cv = cv_rule(m1024, rule, *rng) if rng else stats(m1024, [rule(r, None) for r in m1024])
+        figs = [stats(by_set[s], [rule(r, x) for r in by_set[s]]) for s in SETS]
+        const = f"{x:.3f}" if rng else "-"
+        print(f"  {name:<46} {const:>7}  {figs[1][0]:6.2f}% {figs[1][1]:.3f} {cv[0]:6.2f}% {cv[1]:.3f}"
+              f"  {figs[0][0]:6.2f}% {figs[0][1]:.3f} {figs[2][0]:6.2f}% {figs[2][1]:.3f}")
+
+    def lib_c(r):
+        return terms(r)[0]
+
+    def even_c(r):
+        return terms(r, "xla")[0]
+
+    def mem(r):
+        return terms(r)[1]
+
+    def mnk(r):
+        return r["m"] * r["n"] * r["k"] / (128 * 128 * MXUS_PER_CORE * CORES)
+
+    fast = [r for r in m1024 if r["meas"] / preset(r) < 1.15]
+    print("\nfree forms (every coefficient fitted on the set alone, relative least squares; cycles)")
+    forms = [("launch + a c + b m (library split)", lambda r: [1, lib_c(r), mem(r)]),
+             ("launch + a c + b m (even split)", lambda r: [1, even_c(r), mem(r)]),
+             ("launch + a MNK/peak + b A + c B + d C (elements)", lambda r: [1, mnk(r), r["m"] * r["k"], r["k"] * r["n"], r["m"] * r["n"]])]
+    for label, rs in (("matmul_1024", m1024), (f"matmul_1024, {len(fast)} rows within 15% of the model", fast),
+                      ("matmul_4096", by_set["matmul_4096"])):
+        for name, feat in forms:
+            co, fit, cv = free_form(rs, feat)
+            cs = ", ".join(f"{c:.4g}" for c in co)
+            print(f"  {label:<42} {name:<50} {fit[0]:6.2f}% {fit[1]:.3f}  CV {cv[0]:6.2f}% {cv[1]:.3f}  [{cs}]")
+
+
+if __name__ == "__main__":
+    main()
