@@ -206,6 +206,48 @@ def main():
     def mnk(r):
         return r["m"] * r["n"] * r["k"] / (128 * 128 * MXUS_PER_CORE * CORES)
 
+    def convert_bound(r, rate=310.0, wide=lambda m, n, k, pre: False):
+        """XLA's float16 kernel paced by the vector unit's float16 -> bf16 conversion (the MXUs
+        hidden under it): every element of A, B and C once, plus the streamed operand (the
+        smaller one; A when M < N) again for every panel of the prefetched one, at `rate`
+        elements per cycle; or by HBM when that is longer. Panels 128 wide, 256 where `wide`."""
+        m, n, k = r["m"], r["n"], r["k"]
+        pre = "B" if m < n else "A"
+        panel = 256 if wide(m, n, k, pre) else 128
+        passes = m * k * math.ceil(n / panel) if pre == "B" else k * n * math.ceil(m / panel)
+        return LAUNCH + FILL + max((passes + m * k + k * n + m * n) / rate, terms(r)[1])
+
+    def prefetched_over_2mib(m, n, k, pre):
+        return (k * n if pre == "B" else m * k) > 2 ** 20
+
+    panel_rules = [("128 everywhere", lambda m, n, k, pre: False),
+                   ("256 where the prefetched operand > 2^20 elements", prefetched_over_2mib),
+                   ("256 where the panelled dimension > 1024", lambda m, n, k, pre: (m if pre == "A" else n) > 1024),
+                   ("256 where the panelled dimension is a multiple of 256", lambda m, n, k, pre: (m if pre == "A" else n) % 256 == 0),
+                   ("256 where K > 1024", lambda m, n, k, pre: k > 1024)]
+    print("\nconversion-bound form (no MXU term; convert_elems_per_cycle 310, launch and fill the preset's)")
+    print(f"  {'panel width':<54} {'matmul_128':>14} {'matmul_1024':>14} {'matmul_4096':>14}")
+    for name, wide in panel_rules:
+        figs = [stats(by_set[s], [convert_bound(r, 310.0, wide) for r in by_set[s]]) for s in SETS]
+        print(f"  {name:<54} " + " ".join(f"{f[0]:6.2f}% {f[1]:.3f}" for f in figs))
+    allrows = [r for s in SETS for r in by_set[s]]
+    for name, price in (("the model", preset), ("conversion-bound, 2^20 rule", lambda r: convert_bound(r, 310.0, prefetched_over_2mib))):
+        f = stats(allrows, [price(r) for r in allrows])
+        print(f"  all three sets ({len(allrows)} rows), {name}: {f[0]:.2f}% / {f[1]:.4f}")
+    cells = []
+    for v in sorted({r["m"] for r in m1024}):
+        e = [(convert_bound(r, 310.0) - r["meas"]) / r["meas"] for r in m1024 if r["m"] == v]
+        cells.append(f"{v}: {100 * sum(e) / len(e):+.1f}% ({100 * sum(map(abs, e)) / len(e):.1f})")
+    print("  matmul_1024 bias per M, conversion-bound: " + ", ".join(cells))
+    for s in ("matmul_1024", "matmul_4096"):
+        rule = lambda r, x: convert_bound(r, x, prefetched_over_2mib)
+        x = fit1(by_set[s], rule, 150.0, 600.0)
+        fit = stats(by_set[s], [rule(r, x) for r in by_set[s]])
+        cv = cv_rule(by_set[s], rule, 150.0, 600.0)
+        folds = [fit1(by_set[s][i::2], rule, 150.0, 600.0) for i in (0, 1)]
+        print(f"  {s}: rate fitted on the set {x:.0f} per cycle (folds {folds[0]:.0f}, {folds[1]:.0f}): "
+              f"{fit[0]:.2f}% / {fit[1]:.3f}, CV {cv[0]:.2f}% / {cv[1]:.3f}")
+
     fast = [r for r in m1024 if r["meas"] / preset(r) < 1.15]
     print("\nfree forms (every coefficient fitted on the set alone, relative least squares; cycles)")
     forms = [("launch + a c + b m (library split)", lambda r: [1, lib_c(r), mem(r)]),
