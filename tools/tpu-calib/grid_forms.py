@@ -4,7 +4,7 @@ hardware / compiler rules and report MAPE, R^2 and split-half cross-validation p
 
 Input: the per-kernel work and the per-row times tpu-calib writes for those sets, e.g.
 
-    tpu-calib --sets matmul_128,matmul_1024,matmul_4096 --paths compiled --folds 0 \
+    tpu-calib --sets matmul_128,matmul_1024,matmul_4096,matmul_large --paths compiled --folds 0 \
         --works works.txt --csv rows.csv
     python3 tools/tpu-calib/grid_forms.py works.txt rows.csv
 
@@ -14,7 +14,9 @@ simulator counts. Each rule changes one mechanism; a rule with a constant fits i
 (by MAPE, golden-section on one variable) and reports split-half cross-validation (the constant
 fitted on alternate rows of the set, the other rows predicted, pooled). The free forms at the end
 fit every coefficient on the set by weighted least squares (relative error): what the set's rows
-would need, not a model (they ignore every other set). Only the Python standard library is used.
+would need, not a model (they ignore every other set). matmul_large's rows, when present, are
+priced by the conversion-bound form too (their dims and layouts from the data CSV beside
+sim/README.md). Only the Python standard library is used.
 """
 import csv
 import math
@@ -28,7 +30,12 @@ BW = HBM_GBS / CLOCK_GHZ  # device HBM bytes per cycle
 SETS = ("matmul_128", "matmul_1024", "matmul_4096")
 
 
+DATA = __import__("os").path.join(__import__("os").path.dirname(__import__("os").path.abspath(__file__)),
+                                   "..", "..", "sim", "calibration", "tpu_v4", "matmul_large.csv")
+
+
 def load(works_path, csv_path):
+    large = {r["kernel_name"]: r for r in csv.DictReader(open(DATA))}
     sim_us = {}
     for r in csv.DictReader(open(csv_path)):
         if r["path"] == "compiled":
@@ -36,15 +43,21 @@ def load(works_path, csv_path):
     rows = []
     for line in open(works_path):
         f = next(csv.reader([line]))
-        if f[2] != "compiled" or f[0] not in SETS:
+        if f[2] != "compiled" or f[0] not in SETS + ("matmul_large",):
             continue
-        m, n, k = map(int, re.findall(r"\d+", f[1])[-3:])
+        layouts = None
+        if f[0] == "matmul_large":
+            d = large[f[1]]
+            m, n, k = int(d["dim_m"]), int(d["dim_n"]), int(d["dim_k"])
+            layouts = dict(pre=d["prefetched"], a=d["a_layout"] == "{0,1}", b=d["b_layout"] == "{0,1}", c=d["out_layout"] == "{0,1}")
+        else:
+            m, n, k = map(int, re.findall(r"\d+", f[1])[-3:])
         cores = []
         for i in range(int(f[5])):
             b = 6 + 6 * i
             cores.append(dict(mxu=float(f[b]), vec=float(f[b + 1]), wl=float(f[b + 2]), narrow=float(f[b + 4])))
         rd, wr, traffic = map(float, f[-3:])
-        rows.append(dict(set=f[0], m=m, n=n, k=k, meas=float(f[3]) * CLOCK_GHZ * 1e3, cores=cores,
+        rows.append(dict(set=f[0], m=m, n=n, k=k, layouts=layouts, meas=float(f[3]) * CLOCK_GHZ * 1e3, cores=cores,
                          rd=rd, wr=wr, traffic=traffic, sim=sim_us[(f[0], f[1])] * CLOCK_GHZ * 1e3))
     return rows
 
@@ -145,6 +158,8 @@ def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
     rows = load(sys.argv[1], sys.argv[2])
+    large = [r for r in rows if r["set"] == "matmul_large"]
+    rows = [r for r in rows if r["set"] != "matmul_large"]
     worst = max(abs(preset(r) - r["sim"]) / r["sim"] for r in rows)
     if worst > 1e-3:
         sys.exit(f"grid_forms: the preset's price differs from tpu-calib's by {100 * worst:.2f}%: constants changed?")
@@ -247,6 +262,29 @@ def main():
         folds = [fit1(by_set[s][i::2], rule, 150.0, 600.0) for i in (0, 1)]
         print(f"  {s}: rate fitted on the set {x:.0f} per cycle (folds {folds[0]:.0f}, {folds[1]:.0f}): "
               f"{fit[0]:.2f}% / {fit[1]:.3f}, CV {cv[0]:.2f}% / {cv[1]:.3f}")
+
+    if large:  # the same form on matmul_large's rows, its re-feed floor (restream 192) kept
+        def large_price(r, rate, transposed_c):
+            lay, m, n, k = r["layouts"], r["m"], r["n"], r["k"]
+            a_streams = lay["pre"] == "B"
+            streamed, other = (m * k, n) if a_streams else (k * n, m)
+            panel = 256 if (k * n if a_streams else m * k) > 2 ** 20 else 128
+            work = m * k + k * n + m * n + streamed * math.ceil(other / panel)
+            if transposed_c and not a_streams and lay["c"] and not (lay["a"] and lay["b"]):
+                work += m * n
+            t = LAUNCH + FILL + max(work / rate, terms(r)[1])
+            if not (not a_streams and lay["a"] and lay["b"] and lay["c"]) and (lay["a"] if a_streams else lay["b"]):
+                second_minor, free = (k, m) if a_streams else (n, n)
+                if (second_minor + 7) // 8 % 2 == 1 or free < 2048:
+                    t = max(t, streamed * math.ceil(other / 128) / 192)
+            return t
+        f = stats(large, [r["sim"] for r in large])
+        print(f"  matmul_large ({len(large)} rows): the model (feed rules) {f[0]:.2f}% / {f[1]:.3f}; conversion-bound, 2^20 rule:", end="")
+        for rate in (250, 310):
+            for tc in (True, False):
+                f = stats(large, [large_price(r, rate, tc) for r in large])
+                print(f" {rate}{' with' if tc else ' without'} the transposed C {f[0]:.2f}% / {f[1]:.3f};", end="")
+        print()
 
     fast = [r for r in m1024 if r["meas"] / preset(r) < 1.15]
     print("\nfree forms (every coefficient fitted on the set alone, relative least squares; cycles)")
