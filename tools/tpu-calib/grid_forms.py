@@ -15,11 +15,12 @@ simulator counts. Each rule changes one mechanism; a rule with a constant fits i
 fitted on alternate rows of the set, the other rows predicted, pooled). The free forms at the end
 fit every coefficient on the set by weighted least squares (relative error): what the set's rows
 would need, not a model (they ignore every other set). matmul_large's rows, when present, are
-priced by the conversion-bound form too (their dims and layouts from the data CSV beside
-sim/README.md). Only the Python standard library is used.
+priced by the conversion-bound form too (their dims and layouts from
+sim/calibration/tpu_v4/matmul_large.csv). Only the Python standard library is used.
 """
 import csv
 import math
+import os
 import re
 import sys
 
@@ -30,8 +31,7 @@ BW = HBM_GBS / CLOCK_GHZ  # device HBM bytes per cycle
 SETS = ("matmul_128", "matmul_1024", "matmul_4096")
 
 
-DATA = __import__("os").path.join(__import__("os").path.dirname(__import__("os").path.abspath(__file__)),
-                                   "..", "..", "sim", "calibration", "tpu_v4", "matmul_large.csv")
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "sim", "calibration", "tpu_v4", "matmul_large.csv")
 
 
 def load(works_path, csv_path):
