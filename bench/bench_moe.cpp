@@ -19,7 +19,8 @@
 // stream_GBps): the dense_ratio a layer that did nothing but read its weights at the peer's rate
 // would reach. The layer's run also times its experts alone on its sorted slots (`experts_ms`;
 // `rest_ms` = the layer's time less that: router, sort, permute, combine). BM_GroupedMatmulStream times one of the layer's two grouped matmuls alone against
-// the same peer (`gmm_stream_frac`).
+// the same peer (`gmm_stream_frac`), and the same products as one linear per expert in the same
+// iterations (`loop_GBps`: each expert's product on its own, the threads joining after each).
 //
 // BM_MoEFfnFusedVsChain: the expert part of the same layer (after the router) as the fused node
 // moe_ffn of compiled inference graphs (graph pass fuse_moe) against the chain it replaces, run
@@ -311,7 +312,8 @@ BENCHMARK(BM_MixtralMoELayer)->Args({64, 1024, 3584})->Unit(benchmark::kMillisec
 // One grouped matmul of the layer alone, the 8 experts' weights [8, N, K] read in place, 2 x
 // tokens rows in 8 equal groups (Mixtral's gate/up product: N 2F, K H; its down product: N H,
 // K F), against the stream peer in the same iteration: `gmm_GBps` (the weights / its time) and
-// `gmm_stream_frac` = gmm_GBps / stream_GBps.
+// `gmm_stream_frac` = gmm_GBps / stream_GBps; `loop_GBps`: the same products as one linear per
+// expert (a GEMM call each), timed in the same iterations.
 void BM_GroupedMatmulStream(benchmark::State& state) {
   const int64_t rows = state.range(0), n = state.range(1), k = state.range(2);
   NoGradGuard ng;
