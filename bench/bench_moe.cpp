@@ -18,7 +18,8 @@
 // with `moe_stream_frac` = moe_GBps / stream_GBps and `ratio_bound` = dense time / (the weights /
 // stream_GBps): the dense_ratio a layer that did nothing but read its weights at the peer's rate
 // would reach. The layer's run also times its experts alone on its sorted slots (`experts_ms`;
-// `rest_ms` = the layer's time less that: router, sort, permute, combine). BM_GroupedMatmulStream times one of the layer's two grouped matmuls alone against
+// `rest_ms` = the layer's time less that: router, sort, permute, combine) and as one linear per
+// expert on the same slots (`experts_loop_ms`). BM_GroupedMatmulStream times one of the layer's two grouped matmuls alone against
 // the same peer (`gmm_stream_frac`), and the same products as one linear per expert in the same
 // iterations (`loop_GBps`: each expert's product on its own, the threads joining after each).
 //
@@ -250,6 +251,24 @@ SparseMoE_Slots sorted_slots(nn::SparseMoE& moe, const Tensor& x) {
   return {moe_permute(reshape(x, Shape{-1, moe.cfg.hidden}), order, moe.cfg.top_k), counts};
 }
 
+// The same experts on the same sorted slots as one linear per expert (gate/up, SwiGLU, down):
+// each expert's products on their own, the threads joining after each.
+Tensor experts_per_expert(nn::SparseMoE& moe, const SparseMoE_Slots& s) {
+  const std::vector<int64_t> counts = s.counts.to(DType::i64).to_vector<int64_t>();
+  const Tensor& w1 = moe.experts->gate_up_proj;
+  const Tensor& w2 = moe.experts->down_proj;
+  const int64_t f = w2.size(2);
+  std::vector<Tensor> parts;
+  int64_t row = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    if (counts[e] == 0) continue;
+    const Tensor hh = linear(narrow(s.xs, 0, row, counts[e]), select(w1, 0, static_cast<int64_t>(e)));
+    parts.push_back(linear(mul(silu(narrow(hh, 1, 0, f)), narrow(hh, 1, f, f)), select(w2, 0, static_cast<int64_t>(e))));
+    row += counts[e];
+  }
+  return cat(parts, 0);
+}
+
 void BM_MixtralMoELayer(benchmark::State& state) {
   const int64_t tokens = state.range(0), h = state.range(1), f = state.range(2);
   NoGradGuard ng;
@@ -274,7 +293,7 @@ void BM_MixtralMoELayer(benchmark::State& state) {
   // The experts alone (two grouped matmuls and SwiGLU) on the layer's routed slots, sorted once:
   // the rest of the layer's time is its router, sort, permute and combine.
   const SparseMoE_Slots slots = sorted_slots(moe, x);
-  double moe_total = 0, dense_total = 0, stream_total = 0, experts_total = 0;
+  double moe_total = 0, dense_total = 0, stream_total = 0, experts_total = 0, loop_total = 0;
   int64_t n = 0;
   for (auto _ : state) {
     auto t0 = std::chrono::steady_clock::now();
@@ -288,6 +307,9 @@ void BM_MixtralMoELayer(benchmark::State& state) {
     benchmark::DoNotOptimize(moe.experts->forward(slots.xs, slots.counts).raw_data());
     experts_total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     t0 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(experts_per_expert(moe, slots).raw_data());
+    loop_total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    t0 = std::chrono::steady_clock::now();
     benchmark::DoNotOptimize(dense(xd).raw_data());
     dense_total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     stream_total += stream(peer);
@@ -300,6 +322,7 @@ void BM_MixtralMoELayer(benchmark::State& state) {
   state.counters["dense_ms"] = dense_s * 1e3;
   state.counters["dense_ratio"] = dense_total / moe_total;
   state.counters["experts_ms"] = experts_total / static_cast<double>(std::max<int64_t>(n, 1)) * 1e3;
+  state.counters["experts_loop_ms"] = loop_total / static_cast<double>(std::max<int64_t>(n, 1)) * 1e3;
   state.counters["rest_ms"] = (moe_total - experts_total) / static_cast<double>(std::max<int64_t>(n, 1)) * 1e3;
   // With 2 x tokens routed slots over 8 experts (128 at 64 tokens) every expert gets tokens.
   bandwidth_counters(state, n, moe_total, dense_total, stream_total, expert_weight_gb(kExperts, h, f),
