@@ -18,8 +18,10 @@
 // with `moe_stream_frac` = moe_GBps / stream_GBps and `ratio_bound` = dense time / (the weights /
 // stream_GBps): the dense_ratio a layer that did nothing but read its weights at the peer's rate
 // would reach. The layer's run also times its experts alone on its sorted slots (`experts_ms`;
-// `rest_ms` = the layer's time less that: router, sort, permute, combine). BM_GroupedMatmulStream times one of the layer's two grouped matmuls alone against
-// the same peer (`gmm_stream_frac`).
+// `rest_ms` = the layer's time less that: router, sort, permute, combine) and as one linear per
+// expert on the same slots (`experts_loop_ms`). BM_GroupedMatmulStream times one of the layer's two grouped matmuls alone against
+// the same peer (`gmm_stream_frac`), and the same products as one linear per expert in the same
+// iterations (`loop_GBps`: each expert's product on its own, the threads joining after each).
 //
 // BM_MoEFfnFusedVsChain: the expert part of the same layer (after the router) as the fused node
 // moe_ffn of compiled inference graphs (graph pass fuse_moe) against the chain it replaces, run
@@ -249,6 +251,24 @@ SparseMoE_Slots sorted_slots(nn::SparseMoE& moe, const Tensor& x) {
   return {moe_permute(reshape(x, Shape{-1, moe.cfg.hidden}), order, moe.cfg.top_k), counts};
 }
 
+// The same experts on the same sorted slots as one linear per expert (gate/up, SwiGLU, down):
+// each expert's products on their own, the threads joining after each.
+Tensor experts_per_expert(nn::SparseMoE& moe, const SparseMoE_Slots& s) {
+  const std::vector<int64_t> counts = s.counts.to(DType::i64).to_vector<int64_t>();
+  const Tensor& w1 = moe.experts->gate_up_proj;
+  const Tensor& w2 = moe.experts->down_proj;
+  const int64_t f = w2.size(2);
+  std::vector<Tensor> parts;
+  int64_t row = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    if (counts[e] == 0) continue;
+    const Tensor hh = linear(narrow(s.xs, 0, row, counts[e]), select(w1, 0, static_cast<int64_t>(e)));
+    parts.push_back(linear(mul(silu(narrow(hh, 1, 0, f)), narrow(hh, 1, f, f)), select(w2, 0, static_cast<int64_t>(e))));
+    row += counts[e];
+  }
+  return cat(parts, 0);
+}
+
 void BM_MixtralMoELayer(benchmark::State& state) {
   const int64_t tokens = state.range(0), h = state.range(1), f = state.range(2);
   NoGradGuard ng;
@@ -273,7 +293,7 @@ void BM_MixtralMoELayer(benchmark::State& state) {
   // The experts alone (two grouped matmuls and SwiGLU) on the layer's routed slots, sorted once:
   // the rest of the layer's time is its router, sort, permute and combine.
   const SparseMoE_Slots slots = sorted_slots(moe, x);
-  double moe_total = 0, dense_total = 0, stream_total = 0, experts_total = 0;
+  double moe_total = 0, dense_total = 0, stream_total = 0, experts_total = 0, loop_total = 0;
   int64_t n = 0;
   for (auto _ : state) {
     auto t0 = std::chrono::steady_clock::now();
@@ -287,6 +307,9 @@ void BM_MixtralMoELayer(benchmark::State& state) {
     benchmark::DoNotOptimize(moe.experts->forward(slots.xs, slots.counts).raw_data());
     experts_total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     t0 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(experts_per_expert(moe, slots).raw_data());
+    loop_total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    t0 = std::chrono::steady_clock::now();
     benchmark::DoNotOptimize(dense(xd).raw_data());
     dense_total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     stream_total += stream(peer);
@@ -299,6 +322,7 @@ void BM_MixtralMoELayer(benchmark::State& state) {
   state.counters["dense_ms"] = dense_s * 1e3;
   state.counters["dense_ratio"] = dense_total / moe_total;
   state.counters["experts_ms"] = experts_total / static_cast<double>(std::max<int64_t>(n, 1)) * 1e3;
+  state.counters["experts_loop_ms"] = loop_total / static_cast<double>(std::max<int64_t>(n, 1)) * 1e3;
   state.counters["rest_ms"] = (moe_total - experts_total) / static_cast<double>(std::max<int64_t>(n, 1)) * 1e3;
   // With 2 x tokens routed slots over 8 experts (128 at 64 tokens) every expert gets tokens.
   bandwidth_counters(state, n, moe_total, dense_total, stream_total, expert_weight_gb(kExperts, h, f),
@@ -311,7 +335,8 @@ BENCHMARK(BM_MixtralMoELayer)->Args({64, 1024, 3584})->Unit(benchmark::kMillisec
 // One grouped matmul of the layer alone, the 8 experts' weights [8, N, K] read in place, 2 x
 // tokens rows in 8 equal groups (Mixtral's gate/up product: N 2F, K H; its down product: N H,
 // K F), against the stream peer in the same iteration: `gmm_GBps` (the weights / its time) and
-// `gmm_stream_frac` = gmm_GBps / stream_GBps.
+// `gmm_stream_frac` = gmm_GBps / stream_GBps; `loop_GBps`: the same products as one linear per
+// expert (a GEMM call each), timed in the same iterations.
 void BM_GroupedMatmulStream(benchmark::State& state) {
   const int64_t rows = state.range(0), n = state.range(1), k = state.range(2);
   NoGradGuard ng;
@@ -323,7 +348,7 @@ void BM_GroupedMatmulStream(benchmark::State& state) {
   const StreamRead stream(kStreamBytes);
   const StreamVariant& peer = stream.best();
   state.SetLabel(std::string("stream peer ") + peer.name);
-  double gmm_total = 0, stream_total = 0;
+  double gmm_total = 0, stream_total = 0, loop_total = 0;
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
     benchmark::DoNotOptimize(grouped_matmul(x, w, sizes, true).raw_data());
@@ -331,10 +356,15 @@ void BM_GroupedMatmulStream(benchmark::State& state) {
     gmm_total += dt;
     state.SetIterationTime(dt);
     stream_total += stream(peer);
+    const auto t1 = std::chrono::steady_clock::now();
+    for (int64_t e = 0; e < kExperts; ++e)
+      benchmark::DoNotOptimize(linear(narrow(x, 0, e * (rows / kExperts), rows / kExperts), select(w, 0, e)).raw_data());
+    loop_total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   }
   const double it = static_cast<double>(state.iterations());
   const double gb = static_cast<double>(kExperts * n * k * 2) * 1e-9;
   state.counters["gmm_GBps"] = gb * it / gmm_total;
+  state.counters["loop_GBps"] = gb * it / loop_total;
   state.counters["stream_GBps"] = stream.gb() * it / stream_total;
   state.counters["gmm_stream_frac"] = (gb / gmm_total) / (stream.gb() / stream_total);
 }

@@ -10,9 +10,13 @@
 // group_sizes holds integers (i64, i32, i8 or u8) that must be >= 0 and sum to T; they are read
 // when the kernel runs (a new routing needs no new program). Floats: f32 and bf16 inputs
 // accumulate in f32 (bf16 results rounded once); f16 inputs run in f32; mixed dtypes promote.
-// Each group's product is one call of the library's GEMM (tpu::kernels::gemm_f32 / gemm_bf16)
-// with the operands' own strides, so the transposed layout and strided views need no copy. A
-// large product is split over the threads inside the GEMM (rows, or columns of short wide
+// bf16 x W^T (transpose_w, the layout of the MoE layers) on CPUs with AMX, outside batch-invariant
+// mode: the groups of up to 128 rows run as one grouped product (kernels/gemm_grouped.h): each
+// weight read in place as the tile operand, the threads taking runs of 16 weight rows of all the
+// groups from a shared counter (no join between experts), results rounded to bf16 as they are
+// stored. Every other group's product is one call of the library's GEMM (tpu::kernels::gemm_f32 /
+// gemm_bf16) with the operands' own strides, so the transposed layout and strided views need no
+// copy. A large product is split over the threads inside the GEMM (rows, or columns of short wide
 // products: the few rows of a MoE layer's groups split the expert's weight rows, each thread
 // streaming its part of the weight); small ones run in parallel over the groups. bf16 and f16
 // results pass through a per-thread f32 buffer kept between calls.
@@ -20,10 +24,12 @@
 #include <vector>
 
 #include "ops/cpu/kernels/gemm.h"
+#include "ops/cpu/kernels/gemm_grouped.h"
 #include "ops/cpu/kernels/scratch.h"
 #include "ops/cpu/loops.h"
 #include "ops/meta_util.h"
 #include "ops/registry.h"
+#include "tpucore/core/batch_invariant.h"
 #include "tpucore/moe_ops.h"
 #include "tpucore/ops.h"
 
@@ -159,9 +165,38 @@ void grouped_matmul_cpu(const KernelArgs& a) {
   const bool tw = a.attrs.get_bool("transpose_w");
   const std::vector<int64_t> n = read_group_sizes("grouped_matmul", gs, x.size(0));
   const int64_t N = out.size(1), K = x.size(1);
+  // bf16 x W^T on AMX: the groups of up to kAmxWeightInPlaceMaxRows rows in one pass over the
+  // threads with their weights read in place (gemm_grouped.h); larger groups as below.
+  std::vector<bool> done(n.size(), false);
+  if (x.dtype() == DType::bf16 && tw && w.strides()[2] == 1 && (out.dtype() == DType::bf16 || out.dtype() == DType::f32) &&
+      N > 0 && K > 0 && !batch_invariant() && kernels::gemm_bf16_amx_available()) {
+    std::vector<kernels::WtGroup> groups;
+    const int64_t es = static_cast<int64_t>(out.element_size());
+    int64_t row = 0;
+    for (size_t e = 0; e < n.size(); ++e) {
+      if (n[e] > 0 && n[e] <= kernels::kAmxWeightInPlaceMaxRows) {
+        kernels::WtGroup g;
+        g.rows = n[e];
+        g.x = reinterpret_cast<const uint16_t*>(elem(x, row * x.strides()[0]));
+        g.w = reinterpret_cast<const uint16_t*>(elem(w, static_cast<int64_t>(e) * w.strides()[0]));
+        g.c = static_cast<char*>(out.raw_data()) + row * N * es;
+        groups.push_back(g);
+        done[e] = true;
+      }
+      row += n[e];
+    }
+    if (!groups.empty() &&
+        !kernels::gemm_bf16_amx_wt_grouped(N, K, groups.data(), static_cast<int64_t>(groups.size()), x.strides()[0],
+                                           x.strides()[1], w.strides()[1], N, out.dtype() == DType::bf16))
+      std::fill(done.begin(), done.end(), false);
+  }
   std::vector<Product> ps;
   int64_t row = 0;
   for (size_t e = 0; e < n.size(); ++e) {
+    if (done[e]) {
+      row += n[e];
+      continue;
+    }
     Product p;
     p.M = n[e];
     p.N = N;

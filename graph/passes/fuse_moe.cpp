@@ -14,7 +14,10 @@
 // are added straight into an f32 accumulator of the output; no [T k, hidden] or [T k, inter]
 // array exists. The GEMMs split their work over the threads; gather, activation and scatter
 // run in parallel over elements. A token's k expert results are summed in expert order (the
-// chain sums them in choice order, so results agree to rounding). f16 runs the chain op by op.
+// chain sums them in choice order, so results agree to rounding). bf16 on CPUs with AMX, when no
+// expert has more than 128 slots (a MoE layer's few tokens), instead gathers the slots' rows once
+// and runs each product as one grouped product over all experts with the weights read in place
+// (moe_ffn_grouped_bf16). f16 runs the chain op by op.
 // The sim kernel is a chip program of its own (codegen/moe_ffn_kernel.cpp).
 #include <algorithm>
 #include <cstring>
@@ -23,8 +26,11 @@
 #include "graph/passes/moe_ffn.h"
 #include "graph/passes/passes.h"
 #include "ops/cpu/kernels/gemm.h"
+#include "ops/cpu/kernels/gemm_grouped.h"
+#include "ops/cpu/kernels/scratch.h"
 #include "ops/cpu/loops.h"
 #include "ops/cpu/vec_math.h"
+#include "tpucore/core/batch_invariant.h"
 #include "tpucore/ops.h"
 
 namespace tpu::graph {
@@ -102,6 +108,81 @@ void moe_ffn_gemm(int64_t M, int64_t N, int64_t K, const T* A, const Tensor& w, 
   }
 }
 
+// The bf16 output rounded from the f32 accumulator.
+void moe_ffn_round(const ops::KernelArgs& a, const float* acc) {
+  const Tensor& out = a.outputs[0];
+  bf16* o = static_cast<bf16*>(out.raw_data());
+  parallel_for(0, out.numel(), ops::cpu::kParallelGrain, [&](int64_t b, int64_t end) {
+    for (int64_t i = b; i < end; ++i) o[i] = bf16(acc[i]);
+  });
+}
+
+// bf16 on CPUs with AMX when every expert has at most kAmxWeightInPlaceMaxRows slots (outside
+// batch-invariant mode): the slots' rows gathered in expert order, both products as one grouped
+// product each over all experts with the weights read in place (kernels/gemm_grouped.h: the
+// threads stream the experts' weights one after the other, no join between experts), the gate/up
+// result in f32, silu(gate) * up rounded to bf16 once, the down result in f32 added with each
+// slot's weight into `acc` [T, H] (zeroed). Returns false (nothing done) otherwise.
+bool moe_ffn_grouped_bf16(const ops::KernelArgs& a, const std::vector<int64_t>& start,
+                          const std::vector<int64_t>& order, const std::vector<float>& gate_w, float* acc) {
+  const Tensor &x = a.inputs[0], &w1 = a.inputs[3], &w2 = a.inputs[4];
+  const int64_t e_count = a.attrs.get_int("num_experts"), k = a.attrs.get_int("top_k");
+  const int64_t hid = x.size(1), f = w2.size(2), slots = static_cast<int64_t>(order.size());
+  if (batch_invariant() || !kernels::gemm_bf16_amx_available() || w1.strides()[2] != 1 || w2.strides()[2] != 1 ||
+      slots == 0)
+    return false;
+  for (int64_t e = 0; e < e_count; ++e)
+    if (start[static_cast<size_t>(e) + 1] - start[static_cast<size_t>(e)] > kernels::kAmxWeightInPlaceMaxRows)
+      return false;
+  thread_local kernels::detail::ScratchBuffer xs_buf, h_buf, act_buf, y_buf;
+  auto* xs = xs_buf.get_as<uint16_t>(static_cast<size_t>(slots * hid));
+  auto* h = h_buf.get_as<float>(static_cast<size_t>(slots * 2 * f));
+  auto* act = act_buf.get_as<uint16_t>(static_cast<size_t>(slots * f));
+  auto* y = y_buf.get_as<float>(static_cast<size_t>(slots * hid));
+  const auto* xp = static_cast<const uint16_t*>(x.raw_data());
+  const int64_t xrs = x.strides()[0], xcs = x.strides()[1];
+  parallel_for(0, slots, std::max<int64_t>(1, ops::cpu::kParallelGrain / std::max<int64_t>(hid, 1)),
+               [&](int64_t b, int64_t end) {
+                 for (int64_t r = b; r < end; ++r) {
+                   const uint16_t* src = xp + (order[static_cast<size_t>(r)] / k) * xrs;
+                   for (int64_t c = 0; c < hid; ++c) xs[r * hid + c] = src[c * xcs];
+                 }
+               });
+  std::vector<kernels::WtGroup> g1(static_cast<size_t>(e_count)), g2(static_cast<size_t>(e_count));
+  for (int64_t e = 0; e < e_count; ++e) {
+    const int64_t r0 = start[static_cast<size_t>(e)], n = start[static_cast<size_t>(e) + 1] - r0;
+    g1[static_cast<size_t>(e)] = {n, xs + r0 * hid, static_cast<const uint16_t*>(w1.raw_data()) + e * w1.strides()[0],
+                                  h + r0 * 2 * f};
+    g2[static_cast<size_t>(e)] = {n, act + r0 * f, static_cast<const uint16_t*>(w2.raw_data()) + e * w2.strides()[0],
+                                  y + r0 * hid};
+  }
+  if (!kernels::gemm_bf16_amx_wt_grouped(2 * f, hid, g1.data(), e_count, hid, 1, w1.strides()[1], 2 * f, false))
+    return false;
+  const ops::cpu::VecMathTable& vm = ops::cpu::vec_math();
+  parallel_for(0, slots, std::max<int64_t>(1, ops::cpu::kParallelGrain / std::max<int64_t>(f, 1)),
+               [&](int64_t b, int64_t end) {
+                 for (int64_t r = b; r < end; ++r) {
+                   float* gate = h + r * 2 * f;  // silu(gate) * up, in place in the gate half
+                   vm.get(ops::cpu::VecUnary::silu)(gate, gate, f);
+                   vm.get(ops::cpu::VecBinary::mul)(gate, gate, gate + f, false, 1.0f, f);
+                   for (int64_t c = 0; c < f; ++c) act[r * f + c] = bf16(gate[c]).bits;
+                 }
+               });
+  if (!kernels::gemm_bf16_amx_wt_grouped(hid, f, g2.data(), e_count, f, 1, w2.strides()[1], hid, false)) return false;
+  // Columns split the work: a token's slots (at most k, in expert order) add into its row in turn.
+  parallel_for(0, hid, std::max<int64_t>(1, ops::cpu::kParallelGrain / std::max<int64_t>(slots, 1)),
+               [&](int64_t b, int64_t end) {
+                 for (int64_t r = 0; r < slots; ++r) {
+                   const int64_t s = order[static_cast<size_t>(r)];
+                   const float wt = gate_w[static_cast<size_t>(s)];
+                   float* o = acc + (s / k) * hid;
+                   const float* yr = y + r * hid;
+                   for (int64_t c = b; c < end; ++c) o[c] += wt * yr[c];
+                 }
+               });
+  return true;
+}
+
 // The fused layer on the host for T = float or bf16 (see the file comment).
 template <class T>
 void moe_ffn_fused(const ops::KernelArgs& a) {
@@ -133,6 +214,9 @@ void moe_ffn_fused(const ops::KernelArgs& a) {
   } else {
     acc.assign(static_cast<size_t>(tokens * hid), 0.0f);
     dst = acc.data();
+  }
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (moe_ffn_grouped_bf16(a, start, order, gate_w, dst)) return moe_ffn_round(a, dst);
   }
   const auto tile = static_cast<size_t>(kMoeFfnTile);
   std::vector<T> xt(tile * static_cast<size_t>(hid)), at(tile * static_cast<size_t>(f));
@@ -177,12 +261,7 @@ void moe_ffn_fused(const ops::KernelArgs& a) {
                         });
     }
   }
-  if constexpr (!std::is_same_v<T, float>) {
-    T* o = static_cast<T*>(out.raw_data());
-    parallel_for(0, tokens * hid, ops::cpu::kParallelGrain, [&](int64_t b, int64_t end) {
-      for (int64_t i = b; i < end; ++i) o[i] = T(acc[static_cast<size_t>(i)]);
-    });
-  }
+  if constexpr (!std::is_same_v<T, float>) moe_ffn_round(a, dst);
 }
 
 void moe_ffn_run(const ops::KernelArgs& a) {

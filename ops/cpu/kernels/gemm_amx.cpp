@@ -24,13 +24,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "ops/cpu/kernels/amx_tiles.h"
 #include "ops/cpu/kernels/gemm.h"
+#include "ops/cpu/kernels/gemm_grouped.h"
+#include "ops/cpu/kernels/intrin_diagnostics.h"
 #include "ops/cpu/kernels/scratch.h"
 #include "tpucore/core/cpu_features.h"
 #include "tpucore/core/parallel.h"
@@ -245,6 +249,34 @@ TPU_AMX void store_transposed(const float* out, int64_t i0, int rows_x, int64_t 
   }
 }
 
+TPU_INTRIN_DIAGNOSTICS_PUSH
+// The same store for the grouped kernel: overwrites C (f32, or bf16 rounded to nearest even with
+// NaN kept quiet, as tpu::bf16 rounds), element (i, j) at C + i * ldc + j.
+TPU_AMX void store_transposed_set(const float* out, int rows_x, int64_t j0, int rows_w, void* C, int64_t ldc,
+                                  bool c_bf16) {
+  const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                         _mm512_set1_epi32(16));
+  const __mmask16 m = static_cast<__mmask16>((1u << rows_w) - 1);
+  for (int c = 0; c < rows_x; ++c) {
+    const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), 0xFFFF, idx, out + (c / 16) * 256 + c % 16, 4);
+    if (!c_bf16) {
+      _mm512_mask_storeu_ps(static_cast<float*>(C) + c * ldc + j0, m, v);
+      continue;
+    }
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i one = _mm512_set1_epi32(1);
+    const __m512i rounded = _mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(u, 16), one))),
+        16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    const __m512i bits =
+        _mm512_mask_or_epi32(rounded, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x0040));
+    _mm512_mask_cvtepi32_storeu_epi16(static_cast<uint16_t*>(C) + c * ldc + j0, m, bits);
+  }
+}
+TPU_INTRIN_DIAGNOSTICS_POP
+
 }  // namespace
 
 bool gemm_bf16_amx_wt(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs,
@@ -301,6 +333,105 @@ bool gemm_bf16_amx_wt(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_
         }
         store_transposed(out, t0 * 16, static_cast<int>(std::min<int64_t>(64, M - t0 * 16)), j0, rows_w, C, ldc,
                          accumulate);
+      }
+    }
+  });
+  return true;
+}
+
+bool gemm_bf16_amx_wt_grouped(int64_t N, int64_t K, const WtGroup* groups, int64_t count, int64_t x_rs, int64_t x_cs,
+                              int64_t w_rs, int64_t ldc, bool c_bf16) {
+  if (!amx_enabled() || N <= 0 || K <= 0) return false;
+  const int64_t steps = (K + 31) / 32, full = K / 32, blocks = (N + 15) / 16;
+  // The groups with rows, and where each one's packed rows start (in row tiles of 16).
+  std::vector<int64_t> live, tile0;
+  int64_t tiles_total = 0;
+  double madds = 0;
+  for (int64_t g = 0; g < count; ++g) {
+    if (groups[g].rows > kAmxWeightInPlaceMaxRows) return false;
+    if (groups[g].rows <= 0) continue;
+    live.push_back(g);
+    tile0.push_back(tiles_total);
+    tiles_total += (groups[g].rows + 15) / 16;
+    madds += static_cast<double>(groups[g].rows) * static_cast<double>(N) * static_cast<double>(K);
+  }
+  if (live.empty()) return true;
+  const auto n_live = static_cast<int64_t>(live.size());
+  // One thread below ~2^22 multiply-adds (as gemm_bf16_amx_wt).
+  const bool threaded = madds >= 4e6;
+  thread_local detail::ScratchBuffer xp_buf;
+  // Group i's packed rows: steps x tiles_i x 256 words from xp + tile0[i] * steps * 256.
+  uint32_t* xp_t = xp_buf.get_as<uint32_t>(static_cast<size_t>(steps * tiles_total * 256));
+  parallel_for(0, n_live, threaded ? 1 : n_live, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const WtGroup& gr = groups[live[static_cast<size_t>(i)]];
+      pack_x_pairs(gr.rows, K, gr.x, x_rs, x_cs, (gr.rows + 15) / 16, xp_t + tile0[static_cast<size_t>(i)] * steps * 256);
+    }
+  });
+  const uint32_t* xp = xp_t;  // (a thread_local named inside the lambda would be the pool thread's)
+  // Work items: item i is the 16 weight rows of block i % blocks of live group i / blocks, taken
+  // in runs of `run` items (a contiguous stretch of one weight, up to ~2 MiB) from a shared counter.
+  const int64_t items = n_live * blocks;
+  const int64_t team = threaded ? std::max(1, num_threads()) : 1;
+  const int64_t run = std::clamp<int64_t>(items / (16 * team), 1, 16);
+  std::atomic<int64_t> next_item{0};
+  parallel_for(0, team, 1, [&](int64_t, int64_t) {
+    thread_local detail::ScratchBuffer pad_buf;   // the last weight rows (N % 16), zero-padded
+    thread_local detail::ScratchBuffer tail_buf;  // a row block's K tail (K % 32), zero-padded
+    thread_local detail::ScratchBuffer out_buf;   // four C^T tiles
+    const int64_t pad_stride = steps * 32 + 32;
+    float* out = out_buf.get_as<float>(1024);
+    uint16_t* tail = tail_buf.get_as<uint16_t>(16 * 32);
+    const amx::SavedTiles saved;
+    configure_tiles();
+    for (;;) {
+      const int64_t r0 = next_item.fetch_add(run, std::memory_order_relaxed);
+      if (r0 >= items) break;
+      const int64_t r1 = std::min(items, r0 + run);
+      for (int64_t item = r0; item < r1; ++item) {
+        const int64_t li = item / blocks, q = item % blocks;
+        const WtGroup& gr = groups[live[static_cast<size_t>(li)]];
+        const int64_t tiles = (gr.rows + 15) / 16;
+        const uint32_t* xg = xp + tile0[static_cast<size_t>(li)] * steps * 256;
+        const int64_t j0 = q * 16;
+        const int rows_w = static_cast<int>(std::min<int64_t>(16, N - j0));
+        const uint16_t* w = gr.w + j0 * w_rs;
+        int64_t w_bytes = w_rs * 2, in_place = full;
+        const uint16_t* t = nullptr;
+        if (rows_w < 16) {
+          uint16_t* pad = pad_buf.get_as<uint16_t>(static_cast<size_t>(16 * pad_stride));
+          std::memset(pad, 0, sizeof(uint16_t) * static_cast<size_t>(16 * pad_stride));
+          for (int r = 0; r < rows_w; ++r)
+            std::memcpy(pad + r * pad_stride, w + r * w_rs, sizeof(uint16_t) * static_cast<size_t>(K));
+          w = pad;
+          w_bytes = pad_stride * 2;
+          in_place = steps;
+        } else if (full < steps) {
+          std::memset(tail, 0, sizeof(uint16_t) * 16 * 32);
+          for (int r = 0; r < 16; ++r)
+            std::memcpy(tail + r * 32, w + r * w_rs + full * 32, sizeof(uint16_t) * static_cast<size_t>(K - full * 32));
+          t = tail;
+        }
+        // The next item of the run (in this weight or the next group's), prefetched over the
+        // last steps here when its 16 rows are read in place.
+        const char* next_w = nullptr;
+        if (item + 1 < r1) {
+          const int64_t nli = (item + 1) / blocks, nj0 = ((item + 1) % blocks) * 16;
+          if (N - nj0 >= 16) next_w = reinterpret_cast<const char*>(groups[live[static_cast<size_t>(nli)]].w + nj0 * w_rs);
+        }
+        for (int64_t t0 = 0; t0 < tiles; t0 += 4) {
+          const int64_t nt = std::min<int64_t>(4, tiles - t0);
+          const char* next = t0 + 4 >= tiles ? next_w : nullptr;
+          switch (nt) {
+            case 1: wt_tiles<1>(w, w_bytes, in_place, t, xg, tiles, t0, out, next); break;
+            case 2: wt_tiles<2>(w, w_bytes, in_place, t, xg, tiles, t0, out, next); break;
+            case 3: wt_tiles<3>(w, w_bytes, in_place, t, xg, tiles, t0, out, next); break;
+            default: wt_tiles<4>(w, w_bytes, in_place, t, xg, tiles, t0, out, next); break;
+          }
+          const int64_t es = c_bf16 ? 2 : 4;
+          store_transposed_set(out, static_cast<int>(std::min<int64_t>(64, gr.rows - t0 * 16)), j0, rows_w,
+                               static_cast<char*>(gr.c) + t0 * 16 * ldc * es, ldc, c_bf16);
+        }
       }
     }
   });
