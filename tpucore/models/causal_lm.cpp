@@ -4,6 +4,8 @@
 #include <cmath>
 
 #include "tpucore/autograd.h"
+#include "tpucore/fused_ops.h"
+#include "tpucore/nn/fused_path.h"
 #include "tpucore/models/generate.h"
 
 namespace tpu::models {
@@ -125,6 +127,14 @@ Tensor DecoderLayer::forward(const Tensor& x, const Tensor& cos, const Tensor& s
       return self_attn->forward(xs[0], c, s, keep, cache, layer);
     });
     if (!pre_feedforward_layernorm) {
+      // The residual sum and the norm after it in one pass on the cpu (the chain's values).
+      const nn::RMSNorm& pn = *post_attention_layernorm;
+      if (pn.type_name() == "RMSNorm" && !pn.has_forward_hooks() && pn.weight.defined() &&
+          pn.normalized_shape.ndim() == 1 && nn::detail::fused_path_ok({&in[0], &a, &pn.weight}) &&
+          in[0].dtype() == a.dtype() && in[0].shape() == a.shape() && is_floating(a.dtype())) {
+        auto [h, y] = add_rms_norm(in[0], a, pn.weight, pn.eps);
+        return add(h, feed_forward()(y));
+      }
       Tensor h = add(in[0], a);
       return add(h, feed_forward()((*post_attention_layernorm)(h)));
     }
