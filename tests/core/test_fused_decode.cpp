@@ -141,8 +141,12 @@ TEST_CASE("fused decode ops: a decoder's logits through them equal the op chains
     Generator gen(5);
     models::CausalLM m(cfg, &gen);
     m.eval();
-    if (dt != DType::f32) m.to(dt);
     NoGradGuard ng;
+    // Norm weights of their own (not all ones), so a norm applied with another's weight shows.
+    Generator wg(9);
+    for (auto& [name, p] : m.named_parameters())
+      if (name.find("norm") != std::string::npos) p.copy_(make_input(wg, p.shape(), p.dtype(), L::contiguous, 0.5, 2.0));
+    if (dt != DType::f32) m.to(dt);
     const Tensor ids = from_vector(std::vector<int64_t>{3, 17, 42, 8, 60, 1, 5, 9, 33, 12}, Shape{2, 5}, DType::i64);
     auto run = [&] {
       // A prefill of 4 and one decode step through the cache.
@@ -159,12 +163,18 @@ TEST_CASE("fused decode ops: a decoder's logits through them equal the op chains
     int calls = 0;
     for (const auto& s : prof.key_averages())
       if (s.name == "add_rms_norm" || s.name == "silu_mul") calls += static_cast<int>(s.calls);
-    CHECK(calls == 2 * 2 * 2);  // 2 forwards x 2 layers x 2 fused ops
-    // A forward hook on a layer's norm and activation makes it take the chains.
+    // 2 forwards x 2 layers x (add_rms_norm after the attention and after the MLP, silu_mul).
+    CHECK(calls == 2 * 2 * 3);
+    // A forward hook on the second layer's norm: the first layer fused, the second through its
+    // forward; then hooks on every layer's norm and activation: the op chains throughout.
     std::vector<nn::HookHandle> hooks;
+    auto noop = [](nn::Module&, std::span<const Tensor>, Tensor&) {};
+    hooks.push_back(m.model->layers[1]->post_attention_layernorm->register_forward_hook(noop));
+    const Tensor mixed = run();
+    CHECK(same_bits(fused, mixed));
     for (auto& l : m.model->layers) {
-      hooks.push_back(l->post_attention_layernorm->register_forward_hook([](nn::Module&, std::span<const Tensor>, Tensor&) {}));
-      hooks.push_back(l->mlp->act->register_forward_hook([](nn::Module&, std::span<const Tensor>, Tensor&) {}));
+      hooks.push_back(l->post_attention_layernorm->register_forward_hook(noop));
+      hooks.push_back(l->mlp->act->register_forward_hook(noop));
     }
     const Tensor chain = run();
     CHECK(same_bits(fused, chain));
