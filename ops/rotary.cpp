@@ -67,15 +67,25 @@ void rotary_cpu(const KernelArgs& a) {
       T* op = static_cast<T*>(out.raw_data());
       parallel_for(0, rows, std::max<int64_t>(1, cpu::kParallelGrain / D), [&](int64_t r0, int64_t r1) {
         std::vector<float> buf(static_cast<size_t>(4 * D));
-        float *v = buf.data(), *cv = v + D, *sv = cv + D, *y = sv + D;
+        float *vb = buf.data(), *cv = vb + D, *sv = cv + D, *yb = sv + D;
         constexpr int64_t es = int64_t{sizeof(T)};
+        // cos / sin rows usually broadcast over the heads: converted again only when they change.
+        int64_t c_at = -1, s_at = -1;
         for (int64_t r = r0; r < r1; ++r) {
-          kernels::load_run_f32<T>(reinterpret_cast<const char*>(xp + xr.offset_of(r)), xs * es, D, v);
-          kernels::load_run_f32<T>(reinterpret_cast<const char*>(cp + cr.offset_of(r)), cs * es, D, cv);
-          kernels::load_run_f32<T>(reinterpret_cast<const char*>(sp + sr.offset_of(r)), ss * es, D, sv);
+          const int64_t co = cr.offset_of(r), so = sr.offset_of(r);
+          if (co != c_at) kernels::load_run_f32<T>(reinterpret_cast<const char*>(cp + co), cs * es, D, cv), c_at = co;
+          if (so != s_at) kernels::load_run_f32<T>(reinterpret_cast<const char*>(sp + so), ss * es, D, sv), s_at = so;
+          // f32 rows in place (x read, out written directly), other dtypes through f32 buffers.
+          const float* v = vb;
+          float* y = yb;
+          if constexpr (std::is_same_v<T, float>) {
+            if (xs == 1) v = xp + xr.offset_of(r);
+            y = op + r * D;
+          }
+          if (v == vb) kernels::load_run_f32<T>(reinterpret_cast<const char*>(xp + xr.offset_of(r)), xs * es, D, vb);
           for (int64_t j = 0; j < h; ++j) y[j] = v[j] * cv[j] + -v[j + h] * sv[j];
           for (int64_t j = h; j < D; ++j) y[j] = v[j] * cv[j] + v[j - h] * sv[j];
-          kernels::store_run_f32<T>(reinterpret_cast<char*>(op + r * D), es, D, y);
+          if (y == yb) kernels::store_run_f32<T>(reinterpret_cast<char*>(op + r * D), es, D, yb);
         }
       });
     }
