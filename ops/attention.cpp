@@ -159,20 +159,38 @@ TPU_SDPA_AVX512 void axpys_avx512(const float* p, int64_t ps, int64_t rows, cons
 // query row is held in registers and scored against every key, then its output row is summed in
 // registers over the values; the sums are those of dot_avx512 / axpys_avx512 (same order), only
 // without an output row round trip through memory per key.
+// The 16-lane sum of v reduced to 4 lanes as _mm512_reduce_add_ps does (upper half plus lower, twice).
+TPU_SDPA_AVX512 inline __m128 fold_to_128(__m512 v) {
+  const __m256 lo = _mm512_castps512_ps256(v), hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+  const __m256 y = _mm256_add_ps(hi, lo);
+  return _mm_add_ps(_mm256_extractf128_ps(y, 1), _mm256_castps256_ps128(y));
+}
+
+template <int NC>
+TPU_SDPA_AVX512 inline __m512 key_dot(const __m512* qv, const float* kr) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  for (int c = 0; c < NC; c += 2) {
+    s0 = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), s0);
+    s1 = _mm512_fmadd_ps(qv[c + 1], _mm512_loadu_ps(kr + 16 * c + 16), s1);
+  }
+  return _mm512_add_ps(s0, s1);
+}
+
+// Scores of four keys at a time: their last reduction steps (lanes 0 + 2 and 1 + 3, then the two
+// sums, as _mm512_reduce_add_ps) done together on a 4 x 4 transpose.
 template <int NC>
 TPU_SDPA_AVX512 void scores_row_avx512(const float* q, const float* K, int64_t k_rs, int64_t lk, float* s) {
   static_assert(NC % 2 == 0, "pairs of 16-float chunks");
   __m512 qv[NC];
   for (int c = 0; c < NC; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
-  for (int64_t j = 0; j < lk; ++j) {
-    const float* kr = K + j * k_rs;
-    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-    for (int c = 0; c < NC; c += 2) {
-      s0 = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), s0);
-      s1 = _mm512_fmadd_ps(qv[c + 1], _mm512_loadu_ps(kr + 16 * c + 16), s1);
-    }
-    s[j] = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+  int64_t j = 0;
+  for (; j + 4 <= lk; j += 4) {
+    __m128 x0 = fold_to_128(key_dot<NC>(qv, K + j * k_rs)), x1 = fold_to_128(key_dot<NC>(qv, K + (j + 1) * k_rs));
+    __m128 x2 = fold_to_128(key_dot<NC>(qv, K + (j + 2) * k_rs)), x3 = fold_to_128(key_dot<NC>(qv, K + (j + 3) * k_rs));
+    _MM_TRANSPOSE4_PS(x0, x1, x2, x3);
+    _mm_storeu_ps(s + j, _mm_add_ps(_mm_add_ps(x0, x2), _mm_add_ps(x1, x3)));
   }
+  for (; j < lk; ++j) s[j] = _mm512_reduce_add_ps(key_dot<NC>(qv, K + j * k_rs));
 }
 
 template <int NC>
