@@ -4,6 +4,7 @@
 //                                      dtype before the product, as the chain stores it)
 //   add_rms_norm(x, r, w, eps)       -> (h = x + r, rms_norm(h, [n], w, eps)) over the last dim n,
 //                                      the norm reading h as rounded to the dtype
+//   rotary_embedding_qk(q, k, cos, sin) -> (rotary_embedding(q, cos, sin), rotary_embedding(k, cos, sin))
 // g, u (x, r) of one floating dtype and one shape, any strides; w of [n], any dtype. Results are
 // bit for bit those of the chains on the cpu (same f32 math and order, same roundings). Other
 // devices run the cpu kernels through the host fallback; nn's decoder layers call these only for
@@ -18,6 +19,7 @@
 #include "ops/cpu/vec_math.h"
 #include "ops/meta_util.h"
 #include "ops/registry.h"
+#include "ops/rotary.h"
 #include "tpucore/fused_ops.h"
 #include "tpucore/ops.h"
 
@@ -160,6 +162,24 @@ void add_rms_norm_cpu(const KernelArgs& a) {
   });
 }
 
+// ---- rotary_embedding_qk: the query and key heads rotated by the same tables in one call ----
+void rotary_qk_meta(const MetaArgs& a, MetaResult& m) {
+  const Tensor &q = a.inputs[0], &k = a.inputs[1], &c = a.inputs[2], &s = a.inputs[3];
+  rotary_check("rotary_embedding_qk", q, c, s);
+  rotary_check("rotary_embedding_qk", k, c, s);
+  m.num_outputs = 2;
+  m.out(0) = {q.shape(), q.dtype(), q.device()};
+  m.out(1) = {k.shape(), k.dtype(), k.device()};
+}
+
+void rotary_qk_cpu(const KernelArgs& a) {
+  rotary_rows(a.inputs[0], a.inputs[2], a.inputs[3], a.outputs[0]);
+  rotary_rows(a.inputs[1], a.inputs[2], a.inputs[3], a.outputs[1]);
+}
+
+TPU_DEFINE_OP(rotary_qk_op, {.name = "rotary_embedding_qk", .num_inputs = 4, .meta = &rotary_qk_meta,
+                             .cpu = &rotary_qk_cpu,
+                             .doc = "(rotary_embedding(q, cos, sin), rotary_embedding(k, cos, sin)) in one call"});
 TPU_DEFINE_OP(silu_mul_op, {.name = "silu_mul", .num_inputs = 2, .meta = &silu_mul_meta, .cpu = &silu_mul_cpu,
                             .doc = "silu(gate) * up in one pass (silu rounded to the dtype first, as the chain)"});
 TPU_DEFINE_OP(add_rms_norm_op, {.name = "add_rms_norm", .num_inputs = 3, .meta = &add_rms_norm_meta,
@@ -170,6 +190,15 @@ TPU_DEFINE_OP(add_rms_norm_op, {.name = "add_rms_norm", .num_inputs = 3, .meta =
 }  // namespace
 
 Tensor silu_mul(const Tensor& gate, const Tensor& up) { return ops::call(silu_mul_op(), {gate, up}); }
+
+std::pair<Tensor, Tensor> rotary_embedding_qk(const Tensor& q, const Tensor& k, const Tensor& cos, const Tensor& sin) {
+  TPU_CHECK(q.defined() && k.defined() && cos.defined() && sin.defined(),
+            "rotary_embedding_qk: q, k, cos and sin must be defined tensors");
+  Tensor outs[ops::kMaxOutputs];
+  const Tensor ins[4] = {q, k, cos, sin};
+  ops::call(rotary_qk_op(), ins, {}, outs);
+  return {std::move(outs[0]), std::move(outs[1])};
+}
 
 std::pair<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
                                        std::optional<double> eps) {

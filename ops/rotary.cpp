@@ -12,6 +12,7 @@
 #include "ops/meta_util.h"
 #include "ops/reduce_engine.h"
 #include "ops/registry.h"
+#include "ops/rotary.h"
 #include "tpucore/ops.h"
 
 namespace tpu {
@@ -22,20 +23,8 @@ using reduce::DimGroup;
 constexpr const char* kOp = "rotary_embedding";
 
 void rotary_meta(const MetaArgs& a, MetaResult& m) {
-  const Tensor &x = a.inputs[0], &c = a.inputs[1], &s = a.inputs[2];
-  TPU_CHECK(is_floating(x.dtype()) && c.dtype() == x.dtype() && s.dtype() == x.dtype(),
-            "{}: x, cos and sin must have one floating dtype, got x {}, cos {}, sin {}", kOp, describe(x), describe(c),
-            describe(s));
-  TPU_CHECK(x.dim() >= 1 && x.size(-1) % 2 == 0, "{}: x must be [..., D] with an even D, got shape {}", kOp,
-            x.shape().str());
-  for (const Tensor* t : {&c, &s}) {
-    bool ok = t->dim() <= x.dim();
-    for (int i = 0; ok && i < t->dim(); ++i) {
-      const int64_t d = t->shape()[i], want = x.shape()[x.dim() - t->dim() + i];
-      ok = d == want || d == 1;
-    }
-    TPU_CHECK(ok, "{}: cos/sin of shape {} do not broadcast to x's shape {}", kOp, t->shape().str(), x.shape().str());
-  }
+  const Tensor& x = a.inputs[0];
+  rotary_check(kOp, x, a.inputs[1], a.inputs[2]);
   m.out() = {x.shape(), x.dtype(), x.device()};
 }
 
@@ -50,9 +39,26 @@ DimGroup rows_of(const Tensor& t, const Shape& shape, int64_t& last_stride) {
   return g;
 }
 
-void rotary_cpu(const KernelArgs& a) {
-  const Tensor &x = a.inputs[0], &c = a.inputs[1], &s = a.inputs[2];
-  const Tensor& out = a.outputs[0];
+}  // namespace
+
+namespace ops {
+void rotary_check(const char* op, const Tensor& x, const Tensor& c, const Tensor& s) {
+  TPU_CHECK(is_floating(x.dtype()) && c.dtype() == x.dtype() && s.dtype() == x.dtype(),
+            "{}: x, cos and sin must have one floating dtype, got x {}, cos {}, sin {}", op, describe(x), describe(c),
+            describe(s));
+  TPU_CHECK(x.dim() >= 1 && x.size(-1) % 2 == 0, "{}: x must be [..., D] with an even D, got shape {}", op,
+            x.shape().str());
+  for (const Tensor* t : {&c, &s}) {
+    bool ok = t->dim() <= x.dim();
+    for (int i = 0; ok && i < t->dim(); ++i) {
+      const int64_t d = t->shape()[i], want = x.shape()[x.dim() - t->dim() + i];
+      ok = d == want || d == 1;
+    }
+    TPU_CHECK(ok, "{}: cos/sin of shape {} do not broadcast to x's shape {}", op, t->shape().str(), x.shape().str());
+  }
+}
+
+void rotary_rows(const Tensor& x, const Tensor& c, const Tensor& s, const Tensor& out) {
   if (out.numel() == 0) return;
   const Shape& shape = x.shape();
   const int64_t D = shape[shape.ndim() - 1], h = D / 2, rows = out.numel() / D;
@@ -91,6 +97,11 @@ void rotary_cpu(const KernelArgs& a) {
     }
   });
 }
+
+}  // namespace ops
+
+namespace {
+void rotary_cpu(const KernelArgs& a) { rotary_rows(a.inputs[0], a.inputs[1], a.inputs[2], a.outputs[0]); }
 
 TPU_DEFINE_OP(rotary_op, {.name = "rotary_embedding", .num_inputs = 3, .meta = &rotary_meta, .cpu = &rotary_cpu,
                           .doc = "x cos + rotate_half(x) sin (RoPE); cos/sin broadcast to x"});

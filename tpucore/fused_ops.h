@@ -15,6 +15,9 @@ namespace tpu {
 /// silu(gate) * up: gate and up of one floating dtype and one shape (any strides); silu(gate) is
 /// rounded to the dtype before the product, as the chain mul(silu(gate), up) stores it.
 Tensor silu_mul(const Tensor& gate, const Tensor& up);
+/// (rotary_embedding(q, cos, sin), rotary_embedding(k, cos, sin)) in one call: the query and key
+/// heads of an attention rotated by the same tables (checked as rotary_embedding checks them).
+std::pair<Tensor, Tensor> rotary_embedding_qk(const Tensor& q, const Tensor& k, const Tensor& cos, const Tensor& sin);
 /// (h, y) with h = x + residual and y = rms_norm(h, {n}, weight, eps) over the last dim n: x and
 /// residual of one floating dtype and one shape, weight [n]; eps unset: f32's machine epsilon (as
 /// rms_norm). The norm reads h as rounded to the dtype, as the chain does.

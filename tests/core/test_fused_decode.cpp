@@ -94,6 +94,53 @@ OpInfoRegistrar reg_add_rms_norm({
         },
 });
 
+// x cos + rotate_half(x) sin with the tables broadcast to x, naive.
+Ref rotary_ref(const Ref& x, const Ref& c, const Ref& s) {
+  Ref out(x.shape);
+  const int64_t D = x.shape[x.shape.ndim() - 1], h = D / 2;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const std::vector<int64_t> idx = unflatten(x.shape, i);
+    std::vector<int64_t> other = idx;
+    const int64_t j = idx.back();
+    other.back() = j < h ? j + h : j - h;
+    const double rot = j < h ? -x.at(other) : x.at(other);
+    out.v[size_t(i)] = x.v[size_t(i)] * c.bcast(x.shape, idx) + rot * s.bcast(x.shape, idx);
+  }
+  return out;
+}
+
+// Inputs {q, k, cos, sin}; the run returns q's and k's results flattened one after the other.
+OpInfoRegistrar reg_rotary_qk({
+    .op = "rotary_embedding_qk",
+    .dtypes = {DType::f32, DType::bf16, DType::f16},
+    .samples =
+        [](DType dt, Generator& g) {
+          auto mk = [&](const Shape& s, L l, double lo = -2.0, double hi = 2.0) { return make_input(g, s, dt, l, lo, hi); };
+          return std::vector<OpSample>{
+              {"decode heads 12 / 4 of 64, tables per sequence",
+               {mk({2, 12, 1, 64}, L::sliced), mk({2, 4, 1, 64}, L::transposed), mk({2, 1, 1, 64}, L::contiguous, -1, 1),
+                mk({2, 1, 1, 64}, L::contiguous, -1, 1)}},
+              {"prefill, tables per position", {mk({1, 4, 5, 8}, L::contiguous), mk({1, 2, 5, 8}, L::contiguous),
+                                                mk({5, 8}, L::contiguous, -1, 1), mk({5, 8}, L::contiguous, -1, 1)}},
+              {"no keys", {mk({1, 2, 0, 6}, L::contiguous), mk({1, 1, 0, 6}, L::contiguous), mk({6}, L::contiguous),
+                           mk({6}, L::contiguous)}},
+          };
+        },
+    .run =
+        [](const std::vector<Tensor>& in) {
+          auto [q, k] = rotary_embedding_qk(in[0], in[1], in[2], in[3]);
+          return cat({reshape(q, Shape{q.numel()}), reshape(k, Shape{k.numel()})}, 0);
+        },
+    .reference =
+        [](const std::vector<Ref>& r, DType) {
+          const Ref q = rotary_ref(r[0], r[2], r[3]), k = rotary_ref(r[1], r[2], r[3]);
+          Ref out(Shape{q.numel() + k.numel()});
+          std::copy(q.v.begin(), q.v.end(), out.v.begin());
+          std::copy(k.v.begin(), k.v.end(), out.v.begin() + q.numel());
+          return out;
+        },
+});
+
 bool same_bits(const Tensor& a, const Tensor& b) {
   const Tensor x = a.contiguous(), y = b.contiguous();
   return x.shape() == y.shape() && x.dtype() == y.dtype() &&
@@ -110,6 +157,11 @@ TEST_CASE("fused decode ops: bit for bit the op chains on the cpu", "[fused]") {
       INFO("layout " << layout_name(lay));
       const Tensor gate = make_input(g, {6, 130}, dt, lay, -6.0, 6.0), up = make_input(g, {6, 130}, dt, L::contiguous);
       CHECK(same_bits(silu_mul(gate, up), mul(silu(gate), up)));
+      const Tensor q = make_input(g, {2, 6, 3, 16}, dt, lay), k = make_input(g, {2, 2, 3, 16}, dt, L::sliced);
+      const Tensor c = make_input(g, {2, 1, 3, 16}, dt, L::contiguous), s = make_input(g, {3, 16}, dt, L::contiguous);
+      auto [qr, kr] = rotary_embedding_qk(q, k, c, s);
+      CHECK(same_bits(qr, rotary_embedding(q, c, s)));
+      CHECK(same_bits(kr, rotary_embedding(k, c, s)));
       const Tensor x = make_input(g, {3, 2, 70}, dt, lay), r = make_input(g, {3, 2, 70}, dt, L::sliced);
       const Tensor w = make_input(g, {70}, dt, L::contiguous, 0.5, 2.0);
       for (std::optional<double> eps : {std::optional<double>{}, std::optional<double>{1e-5}}) {
@@ -127,6 +179,8 @@ TEST_CASE("fused decode ops: bad arguments are tpu::Errors naming the op", "[fus
   expect_error([] { silu_mul(ones({2}), ones({2}, TensorOptions(DType::bf16))); }, {"silu_mul", "dtype"});
   expect_error([] { silu_mul(ones({2}, TensorOptions(DType::i32)), ones({2}, TensorOptions(DType::i32))); },
                {"silu_mul", "floating"});
+  expect_error([] { rotary_embedding_qk(ones({2, 8}), ones({2, 6}), ones({8}), ones({8})); },
+               {"rotary_embedding_qk", "[8]", "[2, 6]"});
   expect_error([] { add_rms_norm(ones({2, 4}), ones({2, 4}), ones({3})); }, {"add_rms_norm", "weight", "[4]"});
   expect_error([] { add_rms_norm(ones({2, 4}), ones({4}), ones({4})); }, {"add_rms_norm", "[2, 4]", "[4]"});
 }
@@ -162,9 +216,11 @@ TEST_CASE("fused decode ops: a decoder's logits through them equal the op chains
     prof.stop();
     int calls = 0;
     for (const auto& s : prof.key_averages())
-      if (s.name == "add_rms_norm" || s.name == "silu_mul") calls += static_cast<int>(s.calls);
-    // 2 forwards x 2 layers x (add_rms_norm after the attention and after the MLP, silu_mul).
-    CHECK(calls == 2 * 2 * 3);
+      if (s.name == "add_rms_norm" || s.name == "silu_mul" || s.name == "rotary_embedding_qk")
+        calls += static_cast<int>(s.calls);
+    // 2 forwards x 2 layers x (add_rms_norm after the attention and after the MLP, silu_mul,
+    // rotary_embedding_qk).
+    CHECK(calls == 2 * 2 * 4);
     // A forward hook on the second layer's norm: the first layer fused, the second through its
     // forward; then hooks on every layer's norm and activation: the op chains throughout.
     std::vector<nn::HookHandle> hooks;
@@ -178,6 +234,40 @@ TEST_CASE("fused decode ops: a decoder's logits through them equal the op chains
     }
     const Tensor chain = run();
     CHECK(same_bits(fused, chain));
+    // With autograd recording (the parameters require grad), every op chain, rotary included.
+    hooks.clear();
+    GradModeGuard grad(true);
+    const Tensor recorded = run();
+    CHECK(same_bits(fused, recorded.detach()));
+  }
+}
+
+}  // namespace tpu::testing
+
+namespace tpu::testing {
+
+TEST_CASE("fused decode ops: mixture-of-experts experts through silu_mul equal the op chain", "[fused][moe]") {
+  nn::MoEConfig c;
+  c.hidden = 24, c.intermediate = 40, c.num_experts = 3, c.top_k = 1, c.act = "silu";
+  for (DType dt : {DType::f32, DType::bf16}) {
+    INFO("dtype " << dtype_name(dt));
+    Generator gen(4);
+    nn::MoEExperts e(c, &gen);
+    if (dt != DType::f32) e.to(dt);
+    NoGradGuard ng;
+    const Tensor xs = make_input(gen, {7, 24}, dt, Layout::contiguous);
+    const Tensor groups = from_vector(std::vector<int64_t>{3, 0, 4}, Shape{3}, DType::i64);
+    profiler::ProfileOptions po;
+    po.chip_timeline = false;
+    profiler::Profile prof(po);
+    const Tensor fused = e.forward(xs, groups);
+    prof.stop();
+    uint64_t calls = 0;
+    for (const auto& s : prof.key_averages())
+      if (s.name == "silu_mul") calls += s.calls;
+    CHECK(calls == 1);
+    auto hook = e.act->register_forward_hook([](nn::Module&, std::span<const Tensor>, Tensor&) {});
+    CHECK(same_bits(fused, e.forward(xs, groups)));
   }
 }
 

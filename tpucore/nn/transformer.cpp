@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <numbers>
+#include <tuple>
 
 #include "tpucore/autograd.h"
 #include "tpucore/fused_ops.h"
@@ -91,8 +92,12 @@ Tensor Attention::forward(const Tensor& x, const Tensor& cos, const Tensor& sin,
       if (r == d) return rotary_embedding(y, cos, sin);
       return cat({rotary_embedding(narrow(y, 3, 0, r), cos, sin), narrow(y, 3, r, d - r)}, 3);
     };
-    q = rotate(q);
-    k = rotate(k);
+    if (r == d && detail::fused_path_ok({&q, &k, &cos, &sin})) {
+      std::tie(q, k) = rotary_embedding_qk(q, k, cos, sin);  // one call, the same values
+    } else {
+      q = rotate(q);
+      k = rotate(k);
+    }
   }
   const double scale = cfg.scaling > 0 ? cfg.scaling : 1.0 / std::sqrt(static_cast<double>(d));
   Tensor attn;
