@@ -7,7 +7,9 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
+#include <vector>
 
+#include "ops/registry.h"
 #include "tpucore/core/parallel.h"
 #include "tpucore/ops.h"
 
@@ -63,6 +65,50 @@ void BM_decode_attention(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(scaled_dot_product_attention(q, k, v, keep, false, 0.125).raw_data());
 }
 BENCHMARK(BM_decode_attention)->Arg(1)->Arg(16);
+
+// One call of the registry op `name` (skipped when the library has no such op).
+void fused_call(benchmark::State& state, const char* name, std::vector<Tensor> in, ops::Attrs attrs = {}) {
+  const ops::OpDef* op = ops::find_op(name);
+  if (op == nullptr) {
+    state.SkipWithError("op not in this library");
+    return;
+  }
+  for (auto _ : state) {
+    Tensor out[ops::kMaxOutputs];
+    ops::call(*op, in, attrs, out);
+    benchmark::DoNotOptimize(out[0].raw_data());
+  }
+}
+
+void BM_fused_silu_mul(benchmark::State& state) {
+  const int64_t rows = state.range(0);
+  fused_call(state, "silu_mul", {randn({rows, 1, 2048}), randn({rows, 1, 2048})});
+}
+BENCHMARK(BM_fused_silu_mul)->Arg(1)->Arg(16);
+
+void BM_add_then_rms_norm(benchmark::State& state) {
+  const int64_t rows = state.range(0);
+  const Tensor x = randn({rows, 1, 768}), r = randn({rows, 1, 768}), w = randn({768});
+  for (auto _ : state) {
+    const Tensor h = add(x, r);
+    benchmark::DoNotOptimize(rms_norm(h, Shape{768}, w, 1e-6).raw_data());
+  }
+}
+BENCHMARK(BM_add_then_rms_norm)->Arg(1)->Arg(16);
+
+void BM_fused_add_rms_norm(benchmark::State& state) {
+  const int64_t rows = state.range(0);
+  fused_call(state, "add_rms_norm", {randn({rows, 1, 768}), randn({rows, 1, 768}), randn({768})}, {{"eps", 1e-6}});
+}
+BENCHMARK(BM_fused_add_rms_norm)->Arg(1)->Arg(16);
+
+void BM_fused_rotary_qk(benchmark::State& state) {
+  const int64_t b = state.range(0);
+  const Tensor q = randn({b, 1, 768}), k = randn({b, 1, 256});
+  const Tensor qh = transpose(reshape(q, Shape{b, 1, 12, 64}), 1, 2), kh = transpose(reshape(k, Shape{b, 1, 4, 64}), 1, 2);
+  fused_call(state, "rotary_embedding_qk", {qh, kh, randn({b, 1, 1, 64}), randn({b, 1, 1, 64})});
+}
+BENCHMARK(BM_fused_rotary_qk)->Arg(1)->Arg(16);
 
 }  // namespace
 

@@ -53,6 +53,15 @@ void silu_mul_cpu(const KernelArgs& a) {
       // silu is transcendental work: split over threads only past 64K elements (below, a pool
       // wake-up costs more than it saves).
       cpu::for_each_run<3>(out.shape(), base, st, [&](std::array<char*, 3> p, std::array<int64_t, 3> s, int64_t len) {
+        if constexpr (std::is_same_v<T, float>) {
+          if (s[0] == 4 && s[1] == 4 && s[2] == 4) {  // dense f32: in place in the output
+            float* o = reinterpret_cast<float*>(p[0]);
+            const float* uv = reinterpret_cast<const float*>(p[2]);
+            silu(o, reinterpret_cast<const float*>(p[1]), len);
+            for (int64_t i = 0; i < len; ++i) o[i] *= uv[i];
+            return;
+          }
+        }
         constexpr int64_t kBlock = 256;
         float gb[kBlock], ub[kBlock];
         for (int64_t j = 0; j < len; j += kBlock) {
@@ -86,22 +95,22 @@ void add_rms_norm_meta(const MetaArgs& a, MetaResult& m) {
   m.out(1) = {x.shape(), x.dtype(), x.device()};
 }
 
-// rms_norm's row math (ops/norm.cpp): the mean square in 16 f32 lanes summed in double, then
-// x * r * w in f32.
-void rms_row(float* buf, int64_t n, const float* w, double eps) {
+// rms_norm's row math (ops/norm.cpp) from src into dst (may be the same): the mean square in 16
+// f32 lanes summed in double, then x * r * w in f32.
+void rms_row(const float* src, float* dst, int64_t n, const float* w, double eps) {
   constexpr int L = 16;
   float lane[L] = {};
   int64_t i = 0;
   for (; i + L <= n; i += L)
     for (int j = 0; j < L; ++j) {
-      const float d = buf[i + j] - 0.0f;
+      const float d = src[i + j] - 0.0f;
       lane[j] += d * d;
     }
   double s = 0;
   for (int j = 0; j < L; ++j) s += lane[j];
-  for (; i < n; ++i) s += static_cast<double>(buf[i]) * buf[i];
+  for (; i < n; ++i) s += static_cast<double>(src[i]) * src[i];
   const float r = static_cast<float>(1.0 / std::sqrt(s / static_cast<double>(n) + eps));
-  for (int64_t k = 0; k < n; ++k) buf[k] = buf[k] * r * w[k];
+  for (int64_t k = 0; k < n; ++k) dst[k] = src[k] * r * w[k];
 }
 
 void add_rms_norm_cpu(const KernelArgs& a) {
@@ -145,8 +154,20 @@ void add_rms_norm_cpu(const KernelArgs& a) {
       T* op = static_cast<T*>(out.raw_data());
       const int64_t xs = x.strides()[x.dim() - 1], rs = res.strides()[res.dim() - 1];
       parallel_for(0, rows, std::max<int64_t>(1, cpu::kParallelGrain / n), [&](int64_t r0, int64_t r1) {
-        std::vector<float> hb(static_cast<size_t>(n)), rb(static_cast<size_t>(n));
+        std::vector<float> hb, rb;  // f32 rows of other dtypes or strides
         for (int64_t r = r0; r < r1; ++r) {
+          if constexpr (std::is_same_v<T, float>) {
+            if (xs == 1 && rs == 1) {  // f32 rows in place: the sum into its output, the norm from there
+              const float* xr = xp + row_off(x, r);
+              const float* rr = rp + row_off(res, r);
+              float* hr = sp + r * n;
+              for (int64_t i = 0; i < n; ++i) hr[i] = xr[i] + rr[i];
+              rms_row(hr, op + r * n, n, wp, eps);
+              continue;
+            }
+          }
+          hb.resize(static_cast<size_t>(n));
+          rb.resize(static_cast<size_t>(n));
           kernels::load_run_f32<T>(reinterpret_cast<const char*>(xp + row_off(x, r)), xs * es, n, hb.data());
           kernels::load_run_f32<T>(reinterpret_cast<const char*>(rp + row_off(res, r)), rs * es, n, rb.data());
           for (int64_t i = 0; i < n; ++i) hb[static_cast<size_t>(i)] += rb[static_cast<size_t>(i)];
@@ -154,7 +175,7 @@ void add_rms_norm_cpu(const KernelArgs& a) {
           // The norm reads the sum as stored (rounded to T), as rms_norm(add(x, r)) does.
           if constexpr (!std::is_same_v<T, float>)
             kernels::load_run_f32<T>(reinterpret_cast<const char*>(sp + r * n), es, n, hb.data());
-          rms_row(hb.data(), n, wp, eps);
+          rms_row(hb.data(), hb.data(), n, wp, eps);
           kernels::store_run_f32<T>(reinterpret_cast<char*>(op + r * n), es, n, hb.data());
         }
       });
