@@ -166,47 +166,64 @@ TPU_SDPA_AVX512 inline __m128 fold_to_128(__m512 v) {
   return _mm_add_ps(_mm256_extractf128_ps(y, 1), _mm256_castps256_ps128(y));
 }
 
-template <int NC>
-TPU_SDPA_AVX512 inline __m512 key_dot(const __m512* qv, const float* kr) {
+// 16 values of a key or value row as f32 (bf16 / f16 widened exactly, as their conversions).
+template <class T>
+TPU_SDPA_AVX512 inline __m512 load16(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm512_loadu_ps(p);
+  } else if constexpr (std::is_same_v<T, bf16>) {
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+  } else {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+}
+
+template <int NC, class T>
+TPU_SDPA_AVX512 inline __m512 key_dot(const __m512* qv, const T* kr) {
   __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
   for (int c = 0; c < NC; c += 2) {
-    s0 = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), s0);
-    s1 = _mm512_fmadd_ps(qv[c + 1], _mm512_loadu_ps(kr + 16 * c + 16), s1);
+    s0 = _mm512_fmadd_ps(qv[c], load16<T>(kr + 16 * c), s0);
+    s1 = _mm512_fmadd_ps(qv[c + 1], load16<T>(kr + 16 * c + 16), s1);
   }
   return _mm512_add_ps(s0, s1);
 }
 
 // Scores of four keys at a time: their last reduction steps (lanes 0 + 2 and 1 + 3, then the two
-// sums, as _mm512_reduce_add_ps) done together on a 4 x 4 transpose.
-template <int NC>
-TPU_SDPA_AVX512 void scores_row_avx512(const float* q, const float* K, int64_t k_rs, int64_t lk, float* s) {
+// sums, as _mm512_reduce_add_ps) done together on a 4 x 4 transpose. Keys rows of T (unit column
+// stride, row stride k_rs), read in place.
+template <int NC, class T>
+TPU_SDPA_AVX512 void scores_row_avx512(const float* q, const void* Kv, int64_t k_rs, int64_t lk, float* s) {
   static_assert(NC % 2 == 0, "pairs of 16-float chunks");
+  const T* K = static_cast<const T*>(Kv);
   __m512 qv[NC];
   for (int c = 0; c < NC; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
   int64_t j = 0;
   for (; j + 4 <= lk; j += 4) {
-    __m128 x0 = fold_to_128(key_dot<NC>(qv, K + j * k_rs)), x1 = fold_to_128(key_dot<NC>(qv, K + (j + 1) * k_rs));
-    __m128 x2 = fold_to_128(key_dot<NC>(qv, K + (j + 2) * k_rs)), x3 = fold_to_128(key_dot<NC>(qv, K + (j + 3) * k_rs));
+    __m128 x0 = fold_to_128(key_dot<NC, T>(qv, K + j * k_rs)), x1 = fold_to_128(key_dot<NC, T>(qv, K + (j + 1) * k_rs));
+    __m128 x2 = fold_to_128(key_dot<NC, T>(qv, K + (j + 2) * k_rs)),
+           x3 = fold_to_128(key_dot<NC, T>(qv, K + (j + 3) * k_rs));
     _MM_TRANSPOSE4_PS(x0, x1, x2, x3);
     _mm_storeu_ps(s + j, _mm_add_ps(_mm_add_ps(x0, x2), _mm_add_ps(x1, x3)));
   }
-  for (; j < lk; ++j) s[j] = _mm512_reduce_add_ps(key_dot<NC>(qv, K + j * k_rs));
+  for (; j < lk; ++j) s[j] = _mm512_reduce_add_ps(key_dot<NC, T>(qv, K + j * k_rs));
 }
 
-template <int NC>
-TPU_SDPA_AVX512 void weighted_row_avx512(const float* p, const float* V, int64_t v_rs, int64_t lk, float* o) {
+template <int NC, class T>
+TPU_SDPA_AVX512 void weighted_row_avx512(const float* p, const void* Vv, int64_t v_rs, int64_t lk, float* o) {
+  const T* V = static_cast<const T*>(Vv);
   __m512 acc[NC];
   for (int c = 0; c < NC; ++c) acc[c] = _mm512_setzero_ps();
   for (int64_t j = 0; j < lk; ++j) {
     const __m512 w = _mm512_set1_ps(p[j]);
-    const float* vr = V + j * v_rs;
-    for (int c = 0; c < NC; ++c) acc[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vr + 16 * c), acc[c]);
+    const T* vr = V + j * v_rs;
+    for (int c = 0; c < NC; ++c) acc[c] = _mm512_fmadd_ps(w, load16<T>(vr + 16 * c), acc[c]);
   }
   for (int c = 0; c < NC; ++c) _mm512_storeu_ps(o + 16 * c, acc[c]);
 }
 
-using ScoresRowFn = void (*)(const float*, const float*, int64_t, int64_t, float*);
-using WeightedRowFn = void (*)(const float*, const float*, int64_t, int64_t, float*);
+using ScoresRowFn = void (*)(const float*, const void*, int64_t, int64_t, float*);
+using WeightedRowFn = void (*)(const float*, const void*, int64_t, int64_t, float*);
 
 void dots_portable(const float* Q, int64_t rows, int64_t n, const float* kr, float* s, int64_t ss) {
   for (int64_t r = 0; r < rows; ++r) {
@@ -378,11 +395,18 @@ void sdpa_few_rows(const KernelArgs& a) {
   T* obase = static_cast<T*>(out.raw_data());
   const int64_t total_kv = kb.numel();
   // Head dims of 64 or 128 (both): the register-blocked row kernels.
-  ScoresRowFn scores_row = nullptr;
-  WeightedRowFn weighted_row = nullptr;
+  // The row kernels for rows of T read in place (unit column stride) and for f32 rows (widened).
+  ScoresRowFn scores_row = nullptr, scores_row_f32 = nullptr;
+  WeightedRowFn weighted_row = nullptr, weighted_row_f32 = nullptr;
   const bool bw = wide && cpu_features().avx512bw && cpu_features().avx512vl;
-  if (bw && D == Dv && D == 64) scores_row = &scores_row_avx512<4>, weighted_row = &weighted_row_avx512<4>;
-  if (bw && D == Dv && D == 128) scores_row = &scores_row_avx512<8>, weighted_row = &weighted_row_avx512<8>;
+  if (bw && D == Dv && D == 64) {
+    scores_row = &scores_row_avx512<4, T>, weighted_row = &weighted_row_avx512<4, T>;
+    scores_row_f32 = &scores_row_avx512<4, float>, weighted_row_f32 = &weighted_row_avx512<4, float>;
+  }
+  if (bw && D == Dv && D == 128) {
+    scores_row = &scores_row_avx512<8, T>, weighted_row = &weighted_row_avx512<8, T>;
+    scores_row_f32 = &scores_row_avx512<8, float>, weighted_row_f32 = &weighted_row_avx512<8, float>;
+  }
   const bool rows_fast = scores_row != nullptr;
   // Work items of at least ~128K multiply-adds each: below that, a pool wake-up (and on a busy
   // machine, waiting for a descheduled worker) costs more than the second thread saves.
@@ -423,34 +447,32 @@ void sdpa_few_rows(const KernelArgs& a) {
       const bool uniform = std::all_of(lk_of.begin(), lk_of.end(), [&](int64_t l) { return l == lk_max; });
       std::fill(O.begin(), O.end(), 0.0f);
       if (Lk > 0 && rows_fast) {
-        // Row by row with the rows in registers: keys and values as f32 rows (in place for an
-        // f32 cache with unit column stride, else widened once per key/value head).
+        // Row by row with the rows in registers: keys and values read in place in their dtype
+        // (unit column stride), else widened to f32 rows once per key/value head.
         const T* kp = kbase + kb.offset_of(bk);
         const T* vp = vbase + vb.offset_of(bk);
-        const float* K = nullptr;
-        const float* V = nullptr;
-        int64_t krs = D, vrs = Dv;
-        if (std::is_same_v<T, float> && k_cs == 1) {
-          K = reinterpret_cast<const float*>(kp), krs = k_rs;
-        } else {
+        const void* K = kp;
+        const void* V = vp;
+        int64_t krs = k_rs, vrs = v_rs;
+        ScoresRowFn score = scores_row;
+        WeightedRowFn weigh = weighted_row;
+        if (k_cs != 1) {
           Kf.resize(static_cast<size_t>(lk_max * D));
           for (int64_t j = 0; j < lk_max; ++j) row_into<T>(kp, k_rs, k_cs, j, D, Kf.data() + j * D, wide);
-          K = Kf.data();
+          K = Kf.data(), krs = D, score = scores_row_f32;
         }
-        if (std::is_same_v<T, float> && v_cs == 1) {
-          V = reinterpret_cast<const float*>(vp), vrs = v_rs;
-        } else {
+        if (v_cs != 1) {
           Vf.resize(static_cast<size_t>(lk_max * Dv));
           for (int64_t j = 0; j < lk_max; ++j) row_into<T>(vp, v_rs, v_cs, j, Dv, Vf.data() + j * Dv, wide);
-          V = Vf.data();
+          V = Vf.data(), vrs = Dv, weigh = weighted_row_f32;
         }
         for (int64_t r = 0; r < R; ++r) {
           const int64_t gi = r / Lq, i = r % Lq, lk = lk_of[static_cast<size_t>(gi)];
           float* srow = S.data() + r * Lk;
-          scores_row(Q.data() + r * D, K, krs, lk, srow);
+          score(Q.data() + r * D, K, krs, lk, srow);
           const bool* mp = has_mask ? mbase + mbatch.offset_of(outer * hq + hkv * group + gi) : nullptr;
           masked_softmax_row_avx512(srow, lk, i, scale, causal, mp, m_rs, m_cs, exp_fn);
-          weighted_row(srow, V, vrs, lk, O.data() + r * Dv);
+          weigh(srow, V, vrs, lk, O.data() + r * Dv);
         }
       } else if (Lk > 0) {
         const T* kp = kbase + kb.offset_of(bk);
