@@ -7,11 +7,14 @@
 //   rotary_embedding_qk(q, k, cos, sin) -> (rotary_embedding(q, cos, sin), rotary_embedding(k, cos, sin))
 // g, u (x, r) of one floating dtype and one shape, any strides; w of [n], any dtype. Results are
 // bit for bit those of the chains on the cpu (same f32 math and order, same roundings). Other
-// devices run the cpu kernels through the host fallback; nn's decoder layers call these only for
-// cpu tensors outside tracing and autograd (there is no backward formula), else the chains.
+// devices run the cpu kernels through the host fallback. Each has a derivative formula in terms
+// of other ops (below). nn's decoder layers call them only for eager cpu tensors outside tracing
+// and autograd, else the chains (which the compiled and chip paths know how to fuse).
 #include <array>
 #include <cfloat>
 #include <cmath>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "ops/cpu/kernels/half_convert.h"
@@ -20,7 +23,6 @@
 #include "ops/meta_util.h"
 #include "ops/registry.h"
 #include "ops/rotary.h"
-#include "tpucore/fused_ops.h"
 #include "tpucore/ops.h"
 
 namespace tpu {
@@ -207,6 +209,81 @@ TPU_DEFINE_OP(add_rms_norm_op, {.name = "add_rms_norm", .num_inputs = 3, .meta =
                                 .cpu = &add_rms_norm_cpu,
                                 .doc = "(x + residual, rms_norm(x + residual) * weight) over the last dim, in one "
                                        "pass; inputs (x, residual, weight), attr eps"});
+
+// ---- derivative formulas, in terms of other ops (so they run on any device and trace) ----
+// A gradient of a broadcast input summed back to its shape.
+Tensor reduce_to(const Tensor& g, const Shape& shape) {
+  if (g.shape() == shape) return g;
+  const int lead = g.dim() - shape.ndim();
+  std::vector<int64_t> dims;
+  for (int i = 0; i < g.dim(); ++i)
+    if (i < lead || (shape[i - lead] == 1 && g.size(i) != 1)) dims.push_back(i);
+  return reshape(sum(g, dims, true), shape);
+}
+
+// d silu(g) u: dg = go u silu'(g), silu'(g) = s + g s (1 - s) with s = sigmoid(g); du = go silu(g).
+void silu_mul_bw(const BackwardArgs& a, std::span<Tensor> g) {
+  const Tensor &x = a.inputs[0], &u = a.inputs[1], &go = a.grad_outputs[0];
+  const Tensor s = sigmoid(x), xs = mul(x, s);
+  if (a.needs_grad(0)) g[0] = mul(mul(go, u), add(s, sub(xs, mul(xs, s))));
+  if (a.needs_grad(1)) g[1] = mul(go, xs);
+}
+
+// h = x + r, y = h rinv w with rinv = 1 / sqrt(mean(h^2) + eps) over the last dim:
+//   dh = go_h + rinv (go_y w) - h rinv^3 mean((go_y w) h),  dx = dr = dh,  dw = sum(go_y h rinv).
+void add_rms_norm_bw(const BackwardArgs& a, std::span<Tensor> g) {
+  const Tensor &w = a.inputs[2], &h = a.outputs[0], &go_h = a.grad_outputs[0], &go_y = a.grad_outputs[1];
+  Tensor dh = go_h, dw;
+  if (go_y.defined()) {
+    const Tensor rinv = rsqrt(add(mean(mul(h, h), {-1}, true), a.attrs.get_float("eps")));
+    const Tensor gw = mul(go_y, w);
+    const Tensor dy = sub(mul(gw, rinv), mul(h, mul(mul(rinv, mul(rinv, rinv)), mean(mul(gw, h), {-1}, true))));
+    dh = dh.defined() ? add(dh, dy) : dy;
+    if (a.needs_grad(2)) dw = reduce_to(mul(go_y, mul(h, rinv)), w.shape());
+  }
+  if (!dh.defined()) dh = zeros_like(h);
+  if (a.needs_grad(0)) g[0] = to(dh, a.input_meta[0].dtype);
+  if (a.needs_grad(1)) g[1] = to(dh, a.input_meta[1].dtype);
+  if (a.needs_grad(2)) g[2] = to(dw.defined() ? dw : zeros_like(w), a.input_meta[2].dtype);
+}
+
+// rotary_embedding's formula for each of q and k (rotate_half's transpose is -rotate_half);
+// the tables' gradients summed over both and back to the tables' shapes.
+Tensor rotate_half_of(const Tensor& y) {
+  const int64_t half = y.size(-1) / 2;
+  return cat({neg(narrow(y, -1, half, half)), narrow(y, -1, 0, half)}, -1);
+}
+void rotary_qk_bw(const BackwardArgs& a, std::span<Tensor> g) {
+  const Tensor &q = a.inputs[0], &k = a.inputs[1], &c = a.inputs[2], &s = a.inputs[3];
+  const Tensor* go[2] = {&a.grad_outputs[0], &a.grad_outputs[1]};
+  const Tensor* x[2] = {&q, &k};
+  Tensor dc, ds;
+  for (int i = 0; i < 2; ++i) {
+    const Tensor& gi = *go[i];
+    if (!gi.defined()) {
+      if (a.needs_grad(static_cast<size_t>(i))) g[static_cast<size_t>(i)] = zeros_like(*x[i]);
+      continue;
+    }
+    if (a.needs_grad(static_cast<size_t>(i))) g[static_cast<size_t>(i)] = sub(mul(gi, c), rotate_half_of(mul(gi, s)));
+    if (a.needs_grad(2)) {
+      const Tensor d = reduce_to(mul(gi, *x[i]), c.shape());
+      dc = dc.defined() ? add(dc, d) : d;
+    }
+    if (a.needs_grad(3)) {
+      const Tensor d = reduce_to(mul(gi, rotate_half_of(*x[i])), s.shape());
+      ds = ds.defined() ? add(ds, d) : d;
+    }
+  }
+  if (a.needs_grad(2)) g[2] = dc.defined() ? dc : zeros_like(c);
+  if (a.needs_grad(3)) g[3] = ds.defined() ? ds : zeros_like(s);
+}
+
+[[maybe_unused]] const bool g_backward = [] {
+  set_backward("silu_mul", BackwardDef{&silu_mul_bw, 3u, 0u, nullptr});
+  set_backward("add_rms_norm", BackwardDef{&add_rms_norm_bw, 4u, 1u, nullptr});
+  set_backward("rotary_embedding_qk", BackwardDef{&rotary_qk_bw, 15u, 0u, nullptr});
+  return true;
+}();
 
 }  // namespace
 

@@ -1,8 +1,8 @@
 /// @file
 /// Fused ops of a decoder step (registry ops like those of tpucore/ops.h; cpu kernels; other
-/// devices run them through the host fallback; no backward formula): each equals an op chain
+/// devices run them through the host fallback; differentiable): each equals an op chain
 /// bit for bit on the cpu, in one pass and one call. nn::GatedMLP and the models' decoder layers
-/// use them for cpu tensors outside tracing and autograd, and the chains elsewhere.
+/// use them for eager cpu tensors outside tracing and autograd, and the chains elsewhere.
 #pragma once
 
 #include <optional>

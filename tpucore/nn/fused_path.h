@@ -1,7 +1,7 @@
 // When the layers take the fused decoder ops (tpucore/fused_ops.h) instead of their op chains:
 // eager cpu tensors only, outside tracing, dispatch interceptors and autograd (the fused ops
-// have no lowering of their own and no backward formula), so every other executor sees the
-// chains it knows. Not installed.
+// have no chip lowering of their own), so every other executor and the recorded backward graph
+// see the chains they know. Not installed.
 #pragma once
 
 #include <initializer_list>
