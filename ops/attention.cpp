@@ -155,6 +155,76 @@ TPU_SDPA_AVX512 void axpys_avx512(const float* p, int64_t ps, int64_t rows, cons
   }
 }
 
+// Register-blocked forms for head dims of NC x 16 (64 and 128: the usual decode heads). Each
+// query row is held in registers and scored against every key, then its output row is summed in
+// registers over the values; the sums are those of dot_avx512 / axpys_avx512 (same order), only
+// without an output row round trip through memory per key.
+// The 16-lane sum of v reduced to 4 lanes as _mm512_reduce_add_ps does (upper half plus lower, twice).
+TPU_SDPA_AVX512 inline __m128 fold_to_128(__m512 v) {
+  const __m256 lo = _mm512_castps512_ps256(v), hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+  const __m256 y = _mm256_add_ps(hi, lo);
+  return _mm_add_ps(_mm256_extractf128_ps(y, 1), _mm256_castps256_ps128(y));
+}
+
+// 16 values of a key or value row as f32 (bf16 / f16 widened exactly, as their conversions).
+template <class T>
+TPU_SDPA_AVX512 inline __m512 load16(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm512_loadu_ps(p);
+  } else if constexpr (std::is_same_v<T, bf16>) {
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+  } else {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+}
+
+template <int NC, class T>
+TPU_SDPA_AVX512 inline __m512 key_dot(const __m512* qv, const T* kr) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  for (int c = 0; c < NC; c += 2) {
+    s0 = _mm512_fmadd_ps(qv[c], load16<T>(kr + 16 * c), s0);
+    s1 = _mm512_fmadd_ps(qv[c + 1], load16<T>(kr + 16 * c + 16), s1);
+  }
+  return _mm512_add_ps(s0, s1);
+}
+
+// Scores of four keys at a time: their last reduction steps (lanes 0 + 2 and 1 + 3, then the two
+// sums, as _mm512_reduce_add_ps) done together on a 4 x 4 transpose. Keys rows of T (unit column
+// stride, row stride k_rs), read in place.
+template <int NC, class T>
+TPU_SDPA_AVX512 void scores_row_avx512(const float* q, const void* Kv, int64_t k_rs, int64_t lk, float* s) {
+  static_assert(NC % 2 == 0, "pairs of 16-float chunks");
+  const T* K = static_cast<const T*>(Kv);
+  __m512 qv[NC];
+  for (int c = 0; c < NC; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
+  int64_t j = 0;
+  for (; j + 4 <= lk; j += 4) {
+    __m128 x0 = fold_to_128(key_dot<NC, T>(qv, K + j * k_rs)), x1 = fold_to_128(key_dot<NC, T>(qv, K + (j + 1) * k_rs));
+    __m128 x2 = fold_to_128(key_dot<NC, T>(qv, K + (j + 2) * k_rs)),
+           x3 = fold_to_128(key_dot<NC, T>(qv, K + (j + 3) * k_rs));
+    _MM_TRANSPOSE4_PS(x0, x1, x2, x3);
+    _mm_storeu_ps(s + j, _mm_add_ps(_mm_add_ps(x0, x2), _mm_add_ps(x1, x3)));
+  }
+  for (; j < lk; ++j) s[j] = _mm512_reduce_add_ps(key_dot<NC, T>(qv, K + j * k_rs));
+}
+
+template <int NC, class T>
+TPU_SDPA_AVX512 void weighted_row_avx512(const float* p, const void* Vv, int64_t v_rs, int64_t lk, float* o) {
+  const T* V = static_cast<const T*>(Vv);
+  __m512 acc[NC];
+  for (int c = 0; c < NC; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < lk; ++j) {
+    const __m512 w = _mm512_set1_ps(p[j]);
+    const T* vr = V + j * v_rs;
+    for (int c = 0; c < NC; ++c) acc[c] = _mm512_fmadd_ps(w, load16<T>(vr + 16 * c), acc[c]);
+  }
+  for (int c = 0; c < NC; ++c) _mm512_storeu_ps(o + 16 * c, acc[c]);
+}
+
+using ScoresRowFn = void (*)(const float*, const void*, int64_t, int64_t, float*);
+using WeightedRowFn = void (*)(const float*, const void*, int64_t, int64_t, float*);
+
 void dots_portable(const float* Q, int64_t rows, int64_t n, const float* kr, float* s, int64_t ss) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* a = Q + r * n;
@@ -201,6 +271,18 @@ const float* row_f32(const T* base, int64_t rs, int64_t cs, int64_t j, int64_t C
   return buf;
 }
 
+// Row j as f32 into dst (C floats).
+template <class T>
+void row_into(const T* base, int64_t rs, int64_t cs, int64_t j, int64_t C, float* dst, bool wide) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (cs == 1 && wide) {
+      bf16_row_avx512(base + j * rs, dst, C);
+      return;
+    }
+  }
+  kernels::load_run_f32<T>(reinterpret_cast<const char*>(base + j * rs), cs * int64_t{sizeof(T)}, C, dst);
+}
+
 // The boolean mask's strides against the scores [..., Hq, Lq, Lk] (0 where it broadcasts): its
 // batch dims, and its row / column strides rs and cs.
 struct MaskLayout {
@@ -242,6 +324,51 @@ void masked_softmax_row(float* s, int64_t lk, int64_t i, float scale, bool causa
   for (int64_t j = 0; j < lk; ++j) s[j] *= inv;
 }
 
+// masked_softmax_row with AVX-512 (the fast rows' path): the same steps, 16 scores at a time; the
+// sum of the exponentials is taken in double over 8 lanes (masked_softmax_row adds them one by
+// one in double), so only the order of that double sum differs.
+#define TPU_SDPA_AVX512BW __attribute__((target("avx512f,avx512vl,avx512bw,fma")))
+TPU_SDPA_AVX512BW void masked_softmax_row_avx512(float* s, int64_t lk, int64_t i, float scale, bool causal,
+                                                 const bool* mp, int64_t m_rs, int64_t m_cs, cpu::VecUnaryFn exp_fn) {
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), vs = _mm512_set1_ps(scale);
+  __m512 vmx = ninf;
+  const bool* mrow = mp ? mp + i * m_rs : nullptr;
+  for (int64_t j = 0; j < lk; j += 16) {
+    const int64_t n = std::min<int64_t>(16, lk - j);
+    const __mmask16 live = static_cast<__mmask16>(n == 16 ? 0xffffu : (1u << n) - 1u);
+    uint32_t keep = live;
+    if (causal) keep &= j > i ? 0u : (i - j >= 15 ? 0xffffu : (1u << (i - j + 1)) - 1u);
+    if (mrow) {
+      if (m_cs == 1) {
+        keep &= _mm_cmpneq_epi8_mask(_mm_maskz_loadu_epi8(live, mrow + j), _mm_setzero_si128());
+      } else {
+        uint32_t m = 0;
+        for (int64_t t = 0; t < n; ++t) m |= (mrow[(j + t) * m_cs] ? 1u : 0u) << t;
+        keep &= m;
+      }
+    }
+    const __m512 x = _mm512_mask_mul_ps(ninf, static_cast<__mmask16>(keep), _mm512_maskz_loadu_ps(live, s + j), vs);
+    _mm512_mask_storeu_ps(s + j, live, x);
+    vmx = _mm512_mask_max_ps(vmx, live, vmx, x);
+  }
+  const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vmx));
+  for (int64_t j = 0; j < lk; j += 16) {
+    const __mmask16 live = static_cast<__mmask16>(lk - j >= 16 ? 0xffffu : (1u << (lk - j)) - 1u);
+    _mm512_mask_storeu_ps(s + j, live, _mm512_sub_ps(_mm512_maskz_loadu_ps(live, s + j), mx));
+  }
+  exp_fn(s, s, lk);
+  __m512d sum = _mm512_setzero_pd();
+  int64_t j = 0;
+  for (; j + 8 <= lk; j += 8) sum = _mm512_add_pd(sum, _mm512_cvtps_pd(_mm256_loadu_ps(s + j)));
+  double total = _mm512_reduce_add_pd(sum);
+  for (; j < lk; ++j) total += s[j];
+  const __m512 inv = _mm512_set1_ps(static_cast<float>(1.0 / total));
+  for (j = 0; j < lk; j += 16) {
+    const __mmask16 live = static_cast<__mmask16>(lk - j >= 16 ? 0xffffu : (1u << (lk - j)) - 1u);
+    _mm512_mask_storeu_ps(s + j, live, _mm512_mul_ps(_mm512_maskz_loadu_ps(live, s + j), inv));
+  }
+}
+
 template <class T>
 void sdpa_few_rows(const KernelArgs& a) {
   const Tensor &q = a.inputs[0], &k = a.inputs[1], &v = a.inputs[2];
@@ -267,12 +394,27 @@ void sdpa_few_rows(const KernelArgs& a) {
   const bool* mbase = has_mask ? static_cast<const bool*>(a.inputs[3].raw_data()) : nullptr;
   T* obase = static_cast<T*>(out.raw_data());
   const int64_t total_kv = kb.numel();
-  // Work items of at least ~32K multiply-adds each (a pool wake-up costs more than fewer).
+  // Head dims of 64 or 128 (both): the register-blocked row kernels.
+  // The row kernels for rows of T read in place (unit column stride) and for f32 rows (widened).
+  ScoresRowFn scores_row = nullptr, scores_row_f32 = nullptr;
+  WeightedRowFn weighted_row = nullptr, weighted_row_f32 = nullptr;
+  const bool bw = wide && cpu_features().avx512bw && cpu_features().avx512vl;
+  if (bw && D == Dv && D == 64) {
+    scores_row = &scores_row_avx512<4, T>, weighted_row = &weighted_row_avx512<4, T>;
+    scores_row_f32 = &scores_row_avx512<4, float>, weighted_row_f32 = &weighted_row_avx512<4, float>;
+  }
+  if (bw && D == Dv && D == 128) {
+    scores_row = &scores_row_avx512<8, T>, weighted_row = &weighted_row_avx512<8, T>;
+    scores_row_f32 = &scores_row_avx512<8, float>, weighted_row_f32 = &weighted_row_avx512<8, float>;
+  }
+  const bool rows_fast = scores_row != nullptr;
+  // Work items of at least ~128K multiply-adds each: below that, a pool wake-up (and on a busy
+  // machine, waiting for a descheduled worker) costs more than the second thread saves.
   const int64_t per_item = std::max<int64_t>(1, R * Lk * (D + Dv));
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / per_item);
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 17) / per_item);
   parallel_for(0, total_kv, grain, [&](int64_t b0, int64_t b1) {
     std::vector<float> Q(static_cast<size_t>(R * D)), S(static_cast<size_t>(R * std::max<int64_t>(Lk, 1))),
-        O(static_cast<size_t>(R * Dv)), kbuf(static_cast<size_t>(D)), vbuf(static_cast<size_t>(Dv));
+        O(static_cast<size_t>(R * Dv)), kbuf(static_cast<size_t>(D)), vbuf(static_cast<size_t>(Dv)), Kf, Vf;
     std::vector<int64_t> lk_of(static_cast<size_t>(group));
     for (int64_t bk = b0; bk < b1; ++bk) {
       const int64_t outer = bk / hk, hkv = bk % hk;
@@ -304,7 +446,35 @@ void sdpa_few_rows(const KernelArgs& a) {
       // Every head of the group scores the same keys (the usual case): one pass over its rows.
       const bool uniform = std::all_of(lk_of.begin(), lk_of.end(), [&](int64_t l) { return l == lk_max; });
       std::fill(O.begin(), O.end(), 0.0f);
-      if (Lk > 0) {
+      if (Lk > 0 && rows_fast) {
+        // Row by row with the rows in registers: keys and values read in place in their dtype
+        // (unit column stride), else widened to f32 rows once per key/value head.
+        const T* kp = kbase + kb.offset_of(bk);
+        const T* vp = vbase + vb.offset_of(bk);
+        const void* K = kp;
+        const void* V = vp;
+        int64_t krs = k_rs, vrs = v_rs;
+        ScoresRowFn score = scores_row;
+        WeightedRowFn weigh = weighted_row;
+        if (k_cs != 1) {
+          Kf.resize(static_cast<size_t>(lk_max * D));
+          for (int64_t j = 0; j < lk_max; ++j) row_into<T>(kp, k_rs, k_cs, j, D, Kf.data() + j * D, wide);
+          K = Kf.data(), krs = D, score = scores_row_f32;
+        }
+        if (v_cs != 1) {
+          Vf.resize(static_cast<size_t>(lk_max * Dv));
+          for (int64_t j = 0; j < lk_max; ++j) row_into<T>(vp, v_rs, v_cs, j, Dv, Vf.data() + j * Dv, wide);
+          V = Vf.data(), vrs = Dv, weigh = weighted_row_f32;
+        }
+        for (int64_t r = 0; r < R; ++r) {
+          const int64_t gi = r / Lq, i = r % Lq, lk = lk_of[static_cast<size_t>(gi)];
+          float* srow = S.data() + r * Lk;
+          score(Q.data() + r * D, K, krs, lk, srow);
+          const bool* mp = has_mask ? mbase + mbatch.offset_of(outer * hq + hkv * group + gi) : nullptr;
+          masked_softmax_row_avx512(srow, lk, i, scale, causal, mp, m_rs, m_cs, exp_fn);
+          weigh(srow, V, vrs, lk, O.data() + r * Dv);
+        }
+      } else if (Lk > 0) {
         const T* kp = kbase + kb.offset_of(bk);
         for (int64_t j = 0; j < lk_max; ++j) {
           const float* kr = row_f32<T>(kp, k_rs, k_cs, j, D, kbuf.data(), wide);

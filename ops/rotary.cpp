@@ -12,6 +12,7 @@
 #include "ops/meta_util.h"
 #include "ops/reduce_engine.h"
 #include "ops/registry.h"
+#include "ops/rotary.h"
 #include "tpucore/ops.h"
 
 namespace tpu {
@@ -22,20 +23,8 @@ using reduce::DimGroup;
 constexpr const char* kOp = "rotary_embedding";
 
 void rotary_meta(const MetaArgs& a, MetaResult& m) {
-  const Tensor &x = a.inputs[0], &c = a.inputs[1], &s = a.inputs[2];
-  TPU_CHECK(is_floating(x.dtype()) && c.dtype() == x.dtype() && s.dtype() == x.dtype(),
-            "{}: x, cos and sin must have one floating dtype, got x {}, cos {}, sin {}", kOp, describe(x), describe(c),
-            describe(s));
-  TPU_CHECK(x.dim() >= 1 && x.size(-1) % 2 == 0, "{}: x must be [..., D] with an even D, got shape {}", kOp,
-            x.shape().str());
-  for (const Tensor* t : {&c, &s}) {
-    bool ok = t->dim() <= x.dim();
-    for (int i = 0; ok && i < t->dim(); ++i) {
-      const int64_t d = t->shape()[i], want = x.shape()[x.dim() - t->dim() + i];
-      ok = d == want || d == 1;
-    }
-    TPU_CHECK(ok, "{}: cos/sin of shape {} do not broadcast to x's shape {}", kOp, t->shape().str(), x.shape().str());
-  }
+  const Tensor& x = a.inputs[0];
+  rotary_check(kOp, x, a.inputs[1], a.inputs[2]);
   m.out() = {x.shape(), x.dtype(), x.device()};
 }
 
@@ -50,9 +39,26 @@ DimGroup rows_of(const Tensor& t, const Shape& shape, int64_t& last_stride) {
   return g;
 }
 
-void rotary_cpu(const KernelArgs& a) {
-  const Tensor &x = a.inputs[0], &c = a.inputs[1], &s = a.inputs[2];
-  const Tensor& out = a.outputs[0];
+}  // namespace
+
+namespace ops {
+void rotary_check(const char* op, const Tensor& x, const Tensor& c, const Tensor& s) {
+  TPU_CHECK(is_floating(x.dtype()) && c.dtype() == x.dtype() && s.dtype() == x.dtype(),
+            "{}: x, cos and sin must have one floating dtype, got x {}, cos {}, sin {}", op, describe(x), describe(c),
+            describe(s));
+  TPU_CHECK(x.dim() >= 1 && x.size(-1) % 2 == 0, "{}: x must be [..., D] with an even D, got shape {}", op,
+            x.shape().str());
+  for (const Tensor* t : {&c, &s}) {
+    bool ok = t->dim() <= x.dim();
+    for (int i = 0; ok && i < t->dim(); ++i) {
+      const int64_t d = t->shape()[i], want = x.shape()[x.dim() - t->dim() + i];
+      ok = d == want || d == 1;
+    }
+    TPU_CHECK(ok, "{}: cos/sin of shape {} do not broadcast to x's shape {}", op, t->shape().str(), x.shape().str());
+  }
+}
+
+void rotary_rows(const Tensor& x, const Tensor& c, const Tensor& s, const Tensor& out) {
   if (out.numel() == 0) return;
   const Shape& shape = x.shape();
   const int64_t D = shape[shape.ndim() - 1], h = D / 2, rows = out.numel() / D;
@@ -67,20 +73,35 @@ void rotary_cpu(const KernelArgs& a) {
       T* op = static_cast<T*>(out.raw_data());
       parallel_for(0, rows, std::max<int64_t>(1, cpu::kParallelGrain / D), [&](int64_t r0, int64_t r1) {
         std::vector<float> buf(static_cast<size_t>(4 * D));
-        float *v = buf.data(), *cv = v + D, *sv = cv + D, *y = sv + D;
+        float *vb = buf.data(), *cv = vb + D, *sv = cv + D, *yb = sv + D;
         constexpr int64_t es = int64_t{sizeof(T)};
+        // cos / sin rows usually broadcast over the heads: converted again only when they change.
+        int64_t c_at = -1, s_at = -1;
         for (int64_t r = r0; r < r1; ++r) {
-          kernels::load_run_f32<T>(reinterpret_cast<const char*>(xp + xr.offset_of(r)), xs * es, D, v);
-          kernels::load_run_f32<T>(reinterpret_cast<const char*>(cp + cr.offset_of(r)), cs * es, D, cv);
-          kernels::load_run_f32<T>(reinterpret_cast<const char*>(sp + sr.offset_of(r)), ss * es, D, sv);
+          const int64_t co = cr.offset_of(r), so = sr.offset_of(r);
+          if (co != c_at) kernels::load_run_f32<T>(reinterpret_cast<const char*>(cp + co), cs * es, D, cv), c_at = co;
+          if (so != s_at) kernels::load_run_f32<T>(reinterpret_cast<const char*>(sp + so), ss * es, D, sv), s_at = so;
+          // f32 rows in place (x read, out written directly), other dtypes through f32 buffers.
+          const float* v = vb;
+          float* y = yb;
+          if constexpr (std::is_same_v<T, float>) {
+            if (xs == 1) v = xp + xr.offset_of(r);
+            y = op + r * D;
+          }
+          if (v == vb) kernels::load_run_f32<T>(reinterpret_cast<const char*>(xp + xr.offset_of(r)), xs * es, D, vb);
           for (int64_t j = 0; j < h; ++j) y[j] = v[j] * cv[j] + -v[j + h] * sv[j];
           for (int64_t j = h; j < D; ++j) y[j] = v[j] * cv[j] + v[j - h] * sv[j];
-          kernels::store_run_f32<T>(reinterpret_cast<char*>(op + r * D), es, D, y);
+          if (y == yb) kernels::store_run_f32<T>(reinterpret_cast<char*>(op + r * D), es, D, yb);
         }
       });
     }
   });
 }
+
+}  // namespace ops
+
+namespace {
+void rotary_cpu(const KernelArgs& a) { rotary_rows(a.inputs[0], a.inputs[1], a.inputs[2], a.outputs[0]); }
 
 TPU_DEFINE_OP(rotary_op, {.name = "rotary_embedding", .num_inputs = 3, .meta = &rotary_meta, .cpu = &rotary_cpu,
                           .doc = "x cos + rotate_half(x) sin (RoPE); cos/sin broadcast to x"});

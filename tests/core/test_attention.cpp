@@ -38,6 +38,11 @@ std::vector<SdpaCase> sdpa_cases() {
       {{2, 6, 1, 64}, {2, 2, 40, 64}, {2, 2, 40, 64}, false, {2, 1, 1, 40}, 0, L::sliced},
       {{1, 3, 2, 20}, {1, 1, 11, 20}, {1, 1, 11, 24}, true},
       {{3, 4, 1, 33}, {3, 2, 7, 33}, {3, 2, 7, 17}, false, {3, 1, 1, 7}, 0, L::transposed},
+      // The register-blocked rows (head dims 64 and 128): causal over a few rows, a mask broadcast
+      // along the keys (column stride 0), ragged key counts off the vector width.
+      {{1, 4, 3, 128}, {1, 2, 21, 128}, {1, 2, 21, 128}, true, {}, 0, L::transposed},
+      {{2, 4, 1, 64}, {2, 2, 19, 64}, {2, 2, 19, 64}, false, {2, 1, 1, 1}},
+      {{3, 2, 2, 64}, {3, 1, 33, 64}, {3, 1, 33, 64}, false, {3, 1, 2, 33}, 0, L::sliced},
   };
 }
 

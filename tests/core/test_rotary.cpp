@@ -22,6 +22,7 @@ std::vector<OpSample> rotary_samples(DType dt, Generator& g) {
       {{3, 4}, {1, 4}, {3, 1}},                        // sin broadcast along the last dim
       {{1, 4, 37, 16}, {37, 16}, {37, 16}},            // ragged rows
       {{0, 4}, {4}, {4}},
+      {{2, 4, 1, 64}, {2, 1, 1, 64}, {2, 1, 1, 64}, L::sliced},  // decode: tables per sequence, over heads
   };
   std::vector<OpSample> out;
   for (const RotCase& c : cases)

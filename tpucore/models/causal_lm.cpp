@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "tpucore/autograd.h"
+#include "tpucore/fused_ops.h"
+#include "tpucore/nn/fused_path.h"
 #include "tpucore/models/generate.h"
 
 namespace tpu::models {
@@ -109,22 +112,45 @@ DecoderLayer::DecoderLayer(const ModelConfig& c, Generator* gen, int64_t index) 
   packed_rope = has_local_rope(c);
 }
 
+namespace {
+// A plain RMSNorm (not Gemma's, no hooks) that add_rms_norm can stand for.
+bool fusable_norm(const nn::RMSNorm& n) {
+  return n.type_name() == "RMSNorm" && !n.has_forward_hooks() && n.weight.defined() && n.normalized_shape.ndim() == 1;
+}
+// Whether (x + a, norm(x + a)) may run as one add_rms_norm (the chain's values, tpucore/fused_ops.h).
+bool fusable_sum(const Tensor& x, const Tensor& a, const nn::RMSNorm& n) {
+  return fusable_norm(n) && nn::detail::fused_path_ok({&x, &a, &n.weight}) && x.dtype() == a.dtype() &&
+         x.shape() == a.shape() && is_floating(a.dtype()) && n.normalized_shape[0] == x.size(-1);
+}
+// The layer's attention of its normed input y (through the attention's hooks).
+Tensor attend(DecoderLayer& l, const Tensor& y, const Tensor& cos, const Tensor& sin, const Tensor& keep,
+              nn::AttentionCache* cache, int64_t layer) {
+  Tensor c = cos, s = sin;
+  if (l.packed_rope && cos.defined()) {  // [global | local] along the last dim
+    const int64_t r = cos.size(-1) / 2;
+    c = narrow(cos, cos.dim() - 1, l.local_rope ? r : 0, r);
+    s = narrow(sin, sin.dim() - 1, l.local_rope ? r : 0, r);
+  }
+  if (l.mla)
+    return l.mla->call({y}, [&](std::span<const Tensor> xs) { return l.mla->forward(xs[0], c, s, keep, cache, layer); });
+  return l.self_attn->call({y}, [&](std::span<const Tensor> xs) {
+    return l.self_attn->forward(xs[0], c, s, keep, cache, layer);
+  });
+}
+}  // namespace
+
+
 Tensor DecoderLayer::forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& keep,
                              nn::AttentionCache* cache, int64_t layer) {
-  Tensor c = cos, s = sin;
-  if (packed_rope && cos.defined()) {  // [global | local] along the last dim
-    const int64_t r = cos.size(-1) / 2;
-    c = narrow(cos, cos.dim() - 1, local_rope ? r : 0, r);
-    s = narrow(sin, sin.dim() - 1, local_rope ? r : 0, r);
-  }
   // Through the layer's forward hooks (fully_shard, parallelism applied from outside).
   return call({x}, [&](std::span<const Tensor> in) {
-    Tensor a = mla ? mla->call({(*input_layernorm)(in[0])}, [&](std::span<const Tensor> xs) {
-      return mla->forward(xs[0], c, s, keep, cache, layer);
-    }) : self_attn->call({(*input_layernorm)(in[0])}, [&](std::span<const Tensor> xs) {
-      return self_attn->forward(xs[0], c, s, keep, cache, layer);
-    });
+    Tensor a = attend(*this, (*input_layernorm)(in[0]), cos, sin, keep, cache, layer);
     if (!pre_feedforward_layernorm) {
+      // The residual sum and the norm after it in one pass on the cpu.
+      if (fusable_sum(in[0], a, *post_attention_layernorm)) {
+        auto [h, y] = add_rms_norm(in[0], a, post_attention_layernorm->weight, post_attention_layernorm->eps);
+        return add(h, feed_forward()(y));
+      }
       Tensor h = add(in[0], a);
       return add(h, feed_forward()((*post_attention_layernorm)(h)));
     }
@@ -152,7 +178,43 @@ Tensor DecoderModel::forward(const Tensor& ids, const Tensor& cos, const Tensor&
                                                   : f;
     h = mul(h, static_cast<double>(scale));
   }
-  for (size_t i = 0; i < layers.size(); ++i) h = layers[i]->forward(h, cos, sin, keep, cache, static_cast<int64_t>(i));
+  // Pre-norm layers without hooks on the cpu: each residual sum is fused with the norm after it
+  // (the layer's own, the next layer's input norm, the final norm): add_rms_norm, the chain's
+  // values. The first layer that does not qualify takes the layers' forward from there on.
+  auto plain = [&](const DecoderLayer& l) {
+    return !l.pre_feedforward_layernorm && !l.has_forward_hooks() && fusable_norm(*l.input_layernorm) &&
+           fusable_norm(*l.post_attention_layernorm);
+  };
+  size_t i = 0;
+  if (!layers.empty() && plain(*layers[0]) && nn::detail::fused_path_ok({&h, &layers[0]->input_layernorm->weight})) {
+    Tensor y = (*layers[0]->input_layernorm)(h);  // the first layer's normed input
+    for (; i < layers.size(); ++i) {
+      DecoderLayer& l = *layers[i];
+      const Tensor a = attend(l, y, cos, sin, keep, cache, static_cast<int64_t>(i));
+      Tensor h2, y2;
+      if (fusable_sum(h, a, *l.post_attention_layernorm)) {
+        std::tie(h2, y2) = add_rms_norm(h, a, l.post_attention_layernorm->weight, l.post_attention_layernorm->eps);
+      } else {
+        h2 = add(h, a);
+        y2 = (*l.post_attention_layernorm)(h2);
+      }
+      const Tensor f = l.feed_forward()(y2);
+      if (i + 1 < layers.size() && !plain(*layers[i + 1])) {  // the layers' forward from the next one on
+        h = add(h2, f);
+        ++i;
+        break;
+      }
+      nn::RMSNorm& next = i + 1 < layers.size() ? *layers[i + 1]->input_layernorm : *norm;
+      if (fusable_sum(h2, f, next)) {
+        std::tie(h, y) = add_rms_norm(h2, f, next.weight, next.eps);
+      } else {
+        h = add(h2, f);
+        y = next(h);
+      }
+      if (i + 1 == layers.size()) return y;  // the final norm's output
+    }
+  }
+  for (; i < layers.size(); ++i) h = layers[i]->forward(h, cos, sin, keep, cache, static_cast<int64_t>(i));
   return (*norm)(h);
 }
 

@@ -6,6 +6,8 @@
 #include "ops/hot_rows.h"
 #include "ops/registry.h"
 #include "tpucore/autograd.h"
+#include "tpucore/fused_ops.h"
+#include "tpucore/nn/fused_path.h"
 #include "tpucore/nn/param_init.h"
 
 namespace tpu::nn {
@@ -29,7 +31,11 @@ Tensor MoEExperts::forward(const Tensor& xs, const Tensor& group_sizes) {
             "MoEExperts: gate_up_proj [.., {}, ..] and down_proj [.., {}] do not fit the intermediate size {}",
             gate_up_proj.size(1), down_proj.size(-1), intermediate_);
   Tensor h = grouped_matmul(xs, gate_up_proj, group_sizes, true);  // [S, 2F]
-  Tensor a = mul(act->forward(narrow(h, 1, 0, f)), narrow(h, 1, f, f));
+  const Tensor g = narrow(h, 1, 0, f), u = narrow(h, 1, f, f);
+  // silu(g) * u in one pass on the cpu (the chain's values: tpucore/fused_ops.h).
+  const bool fused = act->type_name() == "SiLU" && !act->has_forward_hooks() && detail::fused_path_ok({&g, &u}) &&
+                     is_floating(g.dtype());
+  Tensor a = fused ? silu_mul(g, u) : mul(act->forward(g), u);
   return grouped_matmul(a, down_proj, group_sizes, true);
 }
 

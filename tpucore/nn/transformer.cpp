@@ -2,8 +2,11 @@
 
 #include <cmath>
 #include <numbers>
+#include <tuple>
 
 #include "tpucore/autograd.h"
+#include "tpucore/fused_ops.h"
+#include "tpucore/nn/fused_path.h"
 
 namespace tpu::nn {
 
@@ -14,7 +17,12 @@ GatedMLP::GatedMLP(int64_t hidden, int64_t inter, const std::string& act_name, b
   act = register_module("act", activation(act_name));
 }
 Tensor GatedMLP::forward(const Tensor& x) {
-  return (*down_proj)(mul(act->forward((*gate_proj)(x)), (*up_proj)(x)));
+  const Tensor g = (*gate_proj)(x), u = (*up_proj)(x);
+  // silu(g) * u in one pass on the cpu (the same values as the chain: tpucore/fused_ops.h).
+  if (act->type_name() == "SiLU" && !act->has_forward_hooks() && detail::fused_path_ok({&g, &u}) &&
+      g.dtype() == u.dtype() && g.shape() == u.shape() && is_floating(g.dtype()))
+    return (*down_proj)(silu_mul(g, u));
+  return (*down_proj)(mul(act->forward(g), u));
 }
 
 UnitOffsetRMSNorm::UnitOffsetRMSNorm(Shape shape, double eps) : RMSNorm(std::move(shape), eps) {
@@ -84,8 +92,12 @@ Tensor Attention::forward(const Tensor& x, const Tensor& cos, const Tensor& sin,
       if (r == d) return rotary_embedding(y, cos, sin);
       return cat({rotary_embedding(narrow(y, 3, 0, r), cos, sin), narrow(y, 3, r, d - r)}, 3);
     };
-    q = rotate(q);
-    k = rotate(k);
+    if (r == d && detail::fused_path_ok({&q, &k, &cos, &sin})) {
+      std::tie(q, k) = rotary_embedding_qk(q, k, cos, sin);  // one call, the same values
+    } else {
+      q = rotate(q);
+      k = rotate(k);
+    }
   }
   const double scale = cfg.scaling > 0 ? cfg.scaling : 1.0 / std::sqrt(static_cast<double>(d));
   Tensor attn;
