@@ -115,7 +115,8 @@ TPU_AMX_INT8 __attribute__((always_inline)) inline void unpack64(__m512i raw, __
   o1 = _mm512_permutex2var_epi64(lo, idx1, hi);
 }
 
-TPU_AMX_INT8 void unpack_int4_panel(const uint8_t* W, int64_t K, int64_t n0, int rows, int8_t* dst) {
+// pf_rows > 0: prefetches the rows pf_rows further on (a later panel) alongside.
+TPU_AMX_INT8 void unpack_int4_panel(const uint8_t* W, int64_t K, int64_t n0, int rows, int8_t* dst, int64_t pf_rows) {
   const int64_t rb = K / 2;  // packed bytes per row
   for (int r = 0; r < 16; ++r) {
     int8_t* out = dst + r * K;
@@ -126,6 +127,7 @@ TPU_AMX_INT8 void unpack_int4_panel(const uint8_t* W, int64_t K, int64_t n0, int
     const uint8_t* src = W + (n0 + r) * rb;
     int64_t c = 0;
     for (; c + 64 <= rb; c += 64) {  // 64 packed bytes: 4 blocks
+      if (pf_rows > 0) _mm_prefetch(reinterpret_cast<const char*>(src + pf_rows * rb + c), _MM_HINT_T0);
       __m512i o0, o1;
       unpack64(_mm512_loadu_si512(src + c), o0, o1);
       _mm512_storeu_si512(out + 2 * c, o0);
@@ -173,44 +175,52 @@ TPU_AMX_INT8 __attribute__((always_inline)) inline void transpose16(__m512 (&r)[
   }
 }
 
-// The group scales of a panel of 16 output columns (rows n0.., `cols` of them, the others 0)
-// transposed into [K / group][16] at dst: 16 rows of 16 scales (f32, or f16 widened by
-// vcvtph2ps) at a time, through the register transpose.
-TPU_AMX_INT8 void panel_group_scales(Int4Scales scale, int64_t n0, int cols, int64_t ngroups, float* dst) {
-  for (int64_t g0 = 0; g0 < ngroups; g0 += 16) {
-    const int64_t n = std::min<int64_t>(16, ngroups - g0);
-    const __mmask16 m = static_cast<__mmask16>(n == 16 ? 0xffffu : (1u << n) - 1);
-    __m512 r[16];
-#pragma GCC unroll 16
-    for (int c = 0; c < 16; ++c) {
-      const int64_t off = (n0 + c) * ngroups + g0;
-      r[c] = c >= cols        ? _mm512_setzero_ps()
-             : scale.is_f16() ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, scale.half() + off))
-                              : _mm512_maskz_loadu_ps(m, scale.f32() + off);
+// The group scales of a panel of 16 output columns (rows n0.., `cols` of them, the others 0) as
+// f32 rows of ngroups at dst (f16 widened by vcvtph2ps), each column's scales contiguous.
+TPU_AMX_INT8 void panel_group_scales(Int4Scales scale, int64_t n0, int cols, int64_t ngroups, float* dst, int64_t pf_rows) {
+  if (pf_rows > 0) {  // the scales of the rows pf_rows further on (a later panel), contiguous
+    const char* next = scale.is_f16() ? reinterpret_cast<const char*>(scale.half() + (n0 + pf_rows) * ngroups)
+                                      : reinterpret_cast<const char*>(scale.f32() + (n0 + pf_rows) * ngroups);
+    const int64_t bytes = 16 * ngroups * (scale.is_f16() ? 2 : 4);
+    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
+  }
+  for (int c = 0; c < 16; ++c) {
+    float* out = dst + c * ngroups;
+    const int64_t off = (n0 + c) * ngroups;
+    for (int64_t g0 = 0; g0 < ngroups; g0 += 16) {
+      const int64_t n = std::min<int64_t>(16, ngroups - g0);
+      const __mmask16 m = static_cast<__mmask16>(n == 16 ? 0xffffu : (1u << n) - 1);
+      const __m512 v = c >= cols        ? _mm512_setzero_ps()
+                       : scale.is_f16() ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, scale.half() + off + g0))
+                                        : _mm512_maskz_loadu_ps(m, scale.f32() + off + g0);
+      _mm512_mask_storeu_ps(out + g0, m, v);
     }
-    transpose16(r);  // r[g]: group g0 + g over the 16 columns
-    for (int64_t g = 0; g < n; ++g) _mm512_storeu_ps(dst + (g0 + g) * 16, r[g]);
   }
 }
 
 // Adds one block's stored tile (16 x 16 int32, row n = output column n) to the accumulators.
 // Int4: times d and the columns' group scales gs (16 floats); int8: times d.
 template <bool kInt4>
-TPU_AMX_INT8 __attribute__((always_inline)) inline void scale_add(const int32_t* tile, const float* d, const float* gs, __m512 (&acc)[16]) {
+TPU_AMX_INT8 __attribute__((always_inline)) inline void scale_add(const int32_t* tile, const float* d, const float* gs,
+                                                                  int64_t gstride, __m512 (&acc)[16]) {
   const __m512 dv = _mm512_loadu_ps(d);
 #pragma GCC unroll 16
   for (int n = 0; n < 16; ++n) {
     const __m512 s = _mm512_cvtepi32_ps(_mm512_load_si512(tile + 16 * n));
-    acc[n] = _mm512_fmadd_ps(s, kInt4 ? _mm512_mul_ps(dv, _mm512_set1_ps(gs[n])) : dv, acc[n]);
+    acc[n] = _mm512_fmadd_ps(s, kInt4 ? _mm512_mul_ps(dv, _mm512_set1_ps(gs[n * gstride])) : dv, acc[n]);
   }
 }
 
 // One 16 x 16 tile of C: output columns n0.. (cols of them) of the weight rows at w (row stride
 // ldw bytes), activation rows 16g.. (rows of them). Int8: cscale = the columns' channel scales;
-// int4: gscale = the panel's group scales, [K / group][16], gpb = blocks per group.
+// int4: gscale = the panel's group scales, [16][K / group], gpb = blocks per group.
+// pf: the next panel's 16 weight rows (same stride) to prefetch into the L2, 128 bytes of each per
+// round of four blocks, or null (the hardware prefetchers do not follow 16 rows read 32 bytes at a
+// time: without it the weights arrive at about half the rate from L3 or memory).
 template <bool kInt4>
 TPU_AMX_INT8 void tile_16x16(const int8_t* w, int64_t ldw, const Packed& p, int64_t g, const float* cscale,
-                             const float* gscale, int64_t gpb, float* C, int64_t ldc, int rows, int cols) {
+                             const float* gscale, int64_t gpb, int64_t ngroups, float* C, int64_t ldc, int rows, int cols,
+                             const int8_t* pf) {
   alignas(64) int32_t buf[8][256];
   __m512 acc[16];
 #pragma GCC unroll 16
@@ -226,12 +236,19 @@ TPU_AMX_INT8 void tile_16x16(const int8_t* w, int64_t ldw, const Packed& p, int6
     _tile_loadd(6, bq + b * kTileBytes, 64);
     _tile_dpbssd(0, 4, 6);
     _tile_stored(0, buf[0], 64);
-    scale_add<kInt4>(buf[0], bd + b * 16, gscale + (kInt4 ? b / gpb : 0) * 16, acc);
+    scale_add<kInt4>(buf[0], bd + b * 16, gscale + (kInt4 ? b / gpb : 0), ngroups, acc);
   }
   int par = 0;
   for (int64_t b = head; b < p.nb; b += 4, par ^= 1) {
     const int8_t* wb = w + b * kBlock;
     const int8_t* xb = bq + b * kTileBytes;
+    if (pf) {
+#pragma GCC unroll 16
+      for (int r = 0; r < 16; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(pf + r * ldw + b * kBlock), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(pf + r * ldw + b * kBlock + 64), _MM_HINT_T1);
+      }
+    }
     _tile_zero(0);
     _tile_loadd(4, wb, ldw);
     _tile_loadd(6, xb, 64);
@@ -257,14 +274,14 @@ TPU_AMX_INT8 void tile_16x16(const int8_t* w, int64_t ldw, const Packed& p, int6
       const int32_t(*prev)[256] = buf + 4 * (par ^ 1);
 #pragma GCC unroll 4
       for (int t = 0; t < 4; ++t)
-        scale_add<kInt4>(prev[t], bd + (b - 4 + t) * 16, gscale + (kInt4 ? (b - 4 + t) / gpb : 0) * 16, acc);
+        scale_add<kInt4>(prev[t], bd + (b - 4 + t) * 16, gscale + (kInt4 ? (b - 4 + t) / gpb : 0), ngroups, acc);
     }
   }
   if (p.nb > head) {
     const int32_t(*prev)[256] = buf + 4 * (par ^ 1);
 #pragma GCC unroll 4
     for (int t = 0; t < 4; ++t)
-      scale_add<kInt4>(prev[t], bd + (p.nb - 4 + t) * 16, gscale + (kInt4 ? (p.nb - 4 + t) / gpb : 0) * 16, acc);
+      scale_add<kInt4>(prev[t], bd + (p.nb - 4 + t) * 16, gscale + (kInt4 ? (p.nb - 4 + t) / gpb : 0), ngroups, acc);
   }
   if (!kInt4)
 #pragma GCC unroll 16
@@ -311,21 +328,27 @@ void run(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t
     for (int64_t qb = q0; qb < q1; qb += batch) {
       const int64_t qe = std::min(q1, qb + batch);
       // The batch's weights (unpacked int4, or the last partial panel of int8 with its missing
-      // rows zero) and scales (int8: [panel][16]; int4: [panel][K / group][16]).
-      int8_t* unpacked = kInt4 || N % 16 != 0 ? t_panels.get_as<int8_t>(static_cast<size_t>((qe - qb) * panel_bytes)) : nullptr;
-      float* sc = t_scales.get_as<float>(static_cast<size_t>((qe - qb) * ngroups * 16));
+      // rows zero) and scales (int8: [panel][16]; int4: [panel][16][K / group]).
+      // When one chunk holds every group (up to ~48 rows at K 768), each panel is used right after
+      // it is prepared and never again: one slot then serves the whole batch and stays in the L1d.
+      const int64_t slots = p.groups <= chunk ? 1 : qe - qb;
+      const auto slot = [&](int64_t q) { return slots == 1 ? 0 : q - qb; };
+      int8_t* unpacked = kInt4 || N % 16 != 0 ? t_panels.get_as<int8_t>(static_cast<size_t>(slots * panel_bytes)) : nullptr;
+      float* sc = t_scales.get_as<float>(static_cast<size_t>(slots * ngroups * 16));
       // Fills panel q's slot of the batch (run by the first chunk of groups, right before the
       // panel's tiles, so that they find it in the L1d).
       const auto prepare = [&](int64_t q) {
         const int64_t n0 = q * 16;
         const int cols = static_cast<int>(std::min<int64_t>(16, N - n0));
-        float* s = sc + (q - qb) * ngroups * 16;
+        float* s = sc + slot(q) * ngroups * 16;
         if (kInt4) {
-          unpack_int4_panel(static_cast<const uint8_t*>(W), K, n0, cols, unpacked + (q - qb) * panel_bytes);
-          panel_group_scales(scale, n0, cols, ngroups, s);
+          // The next panel of the thread's range (whole) is prefetched alongside.
+          const int64_t pf_rows = q + 1 < q1 && (q + 2) * 16 <= N ? 16 : 0;
+          unpack_int4_panel(static_cast<const uint8_t*>(W), K, n0, cols, unpacked + slot(q) * panel_bytes, pf_rows);
+          panel_group_scales(scale, n0, cols, ngroups, s, pf_rows);
         } else {
           if (cols < 16) {
-            int8_t* dst = unpacked + (q - qb) * panel_bytes;
+            int8_t* dst = unpacked + slot(q) * panel_bytes;
             std::memcpy(dst, static_cast<const int8_t*>(W) + n0 * K, static_cast<size_t>(cols * K));
             std::memset(dst + cols * K, 0, static_cast<size_t>((16 - cols) * K));
           }
@@ -338,11 +361,13 @@ void run(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t
           if (g0 == 0) prepare(q);
           const int64_t n0 = q * 16;
           const int cols = static_cast<int>(std::min<int64_t>(16, N - n0));
-          const int8_t* w = kInt4 || cols < 16 ? unpacked + (q - qb) * panel_bytes : static_cast<const int8_t*>(W) + n0 * K;
-          const float* s = sc + (q - qb) * ngroups * 16;
+          const int8_t* w = kInt4 || cols < 16 ? unpacked + slot(q) * panel_bytes : static_cast<const int8_t*>(W) + n0 * K;
+          const float* s = sc + slot(q) * ngroups * 16;
           for (int64_t g = g0; g < g1; ++g) {
             const int rows = static_cast<int>(std::min<int64_t>(16, M - g * 16));
-            tile_16x16<kInt4>(w, K, p, g, s, s, gpb, C + g * 16 * ldc + n0, ldc, rows, cols);
+            // int8 read in place: the first group prefetches the next panel of the thread's range.
+            const int8_t* pf = !kInt4 && g == 0 && q + 1 < q1 && (q + 2) * 16 <= N ? w + 16 * K : nullptr;
+            tile_16x16<kInt4>(w, K, p, g, s, s, gpb, ngroups, C + g * 16 * ldc + n0, ldc, rows, cols, pf);
           }
         }
       }
