@@ -115,8 +115,7 @@ TPU_AMX_INT8 __attribute__((always_inline)) inline void unpack64(__m512i raw, __
   o1 = _mm512_permutex2var_epi64(lo, idx1, hi);
 }
 
-// pf_rows > 0: prefetches the rows pf_rows further on (a later panel) alongside.
-TPU_AMX_INT8 void unpack_int4_panel(const uint8_t* W, int64_t K, int64_t n0, int rows, int8_t* dst, int64_t pf_rows) {
+TPU_AMX_INT8 void unpack_int4_panel(const uint8_t* W, int64_t K, int64_t n0, int rows, int8_t* dst) {
   const int64_t rb = K / 2;  // packed bytes per row
   for (int r = 0; r < 16; ++r) {
     int8_t* out = dst + r * K;
@@ -127,7 +126,6 @@ TPU_AMX_INT8 void unpack_int4_panel(const uint8_t* W, int64_t K, int64_t n0, int
     const uint8_t* src = W + (n0 + r) * rb;
     int64_t c = 0;
     for (; c + 64 <= rb; c += 64) {  // 64 packed bytes: 4 blocks
-      if (pf_rows > 0) _mm_prefetch(reinterpret_cast<const char*>(src + pf_rows * rb + c), _MM_HINT_T0);
       __m512i o0, o1;
       unpack64(_mm512_loadu_si512(src + c), o0, o1);
       _mm512_storeu_si512(out + 2 * c, o0);
@@ -214,13 +212,14 @@ TPU_AMX_INT8 __attribute__((always_inline)) inline void scale_add(const int32_t*
 // One 16 x 16 tile of C: output columns n0.. (cols of them) of the weight rows at w (row stride
 // ldw bytes), activation rows 16g.. (rows of them). Int8: cscale = the columns' channel scales;
 // int4: gscale = the panel's group scales, [16][K / group], gpb = blocks per group.
-// pf: the next panel's 16 weight rows (same stride) to prefetch into the L2, 128 bytes of each per
-// round of four blocks, or null (the hardware prefetchers do not follow 16 rows read 32 bytes at a
-// time: without it the weights arrive at about half the rate from L3 or memory).
+// pf: the next panel's 16 weight rows (row stride pf_ld bytes; int4: packed) to prefetch into the
+// L2, the bytes of four blocks of each row per round of four blocks, or null (the hardware
+// prefetchers do not follow 16 rows read a block at a time: without it the weights arrive from L3
+// or memory at about two thirds of the rate).
 template <bool kInt4>
 TPU_AMX_INT8 void tile_16x16(const int8_t* w, int64_t ldw, const Packed& p, int64_t g, const float* cscale,
                              const float* gscale, int64_t gpb, int64_t ngroups, float* C, int64_t ldc, int rows, int cols,
-                             const int8_t* pf) {
+                             const int8_t* pf, int64_t pf_ld) {
   alignas(64) int32_t buf[8][256];
   __m512 acc[16];
 #pragma GCC unroll 16
@@ -243,10 +242,15 @@ TPU_AMX_INT8 void tile_16x16(const int8_t* w, int64_t ldw, const Packed& p, int6
     const int8_t* wb = w + b * kBlock;
     const int8_t* xb = bq + b * kTileBytes;
     if (pf) {
+      if (kInt4) {  // packed: 64 bytes of each row per round
 #pragma GCC unroll 16
-      for (int r = 0; r < 16; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(pf + r * ldw + b * kBlock), _MM_HINT_T1);
-        _mm_prefetch(reinterpret_cast<const char*>(pf + r * ldw + b * kBlock + 64), _MM_HINT_T1);
+        for (int r = 0; r < 16; ++r) _mm_prefetch(reinterpret_cast<const char*>(pf + r * pf_ld + b * (kBlock / 2)), _MM_HINT_T1);
+      } else {
+#pragma GCC unroll 16
+        for (int r = 0; r < 16; ++r) {
+          _mm_prefetch(reinterpret_cast<const char*>(pf + r * pf_ld + b * kBlock), _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(pf + r * pf_ld + b * kBlock + 64), _MM_HINT_T1);
+        }
       }
     }
     _tile_zero(0);
@@ -342,9 +346,9 @@ void run(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t
         const int cols = static_cast<int>(std::min<int64_t>(16, N - n0));
         float* s = sc + slot(q) * ngroups * 16;
         if (kInt4) {
-          // The next panel of the thread's range (whole) is prefetched alongside.
+          // The scales of the next panel of the thread's range (whole) are prefetched alongside.
           const int64_t pf_rows = q + 1 < q1 && (q + 2) * 16 <= N ? 16 : 0;
-          unpack_int4_panel(static_cast<const uint8_t*>(W), K, n0, cols, unpacked + slot(q) * panel_bytes, pf_rows);
+          unpack_int4_panel(static_cast<const uint8_t*>(W), K, n0, cols, unpacked + slot(q) * panel_bytes);
           panel_group_scales(scale, n0, cols, ngroups, s, pf_rows);
         } else {
           if (cols < 16) {
@@ -365,9 +369,12 @@ void run(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t
           const float* s = sc + slot(q) * ngroups * 16;
           for (int64_t g = g0; g < g1; ++g) {
             const int rows = static_cast<int>(std::min<int64_t>(16, M - g * 16));
-            // int8 read in place: the first group prefetches the next panel of the thread's range.
-            const int8_t* pf = !kInt4 && g == 0 && q + 1 < q1 && (q + 2) * 16 <= N ? w + 16 * K : nullptr;
-            tile_16x16<kInt4>(w, K, p, g, s, s, gpb, ngroups, C + g * 16 * ldc + n0, ldc, rows, cols, pf);
+            // The first group prefetches the next panel of the thread's range (int4: packed).
+            const bool pf_next = g == 0 && q + 1 < q1 && (q + 2) * 16 <= N;
+            const int8_t* pf = !pf_next ? nullptr
+                               : kInt4 ? reinterpret_cast<const int8_t*>(static_cast<const uint8_t*>(W) + (n0 + 16) * (K / 2))
+                                       : w + 16 * K;
+            tile_16x16<kInt4>(w, K, p, g, s, s, gpb, ngroups, C + g * 16 * ldc + n0, ldc, rows, cols, pf, kInt4 ? K / 2 : K);
           }
         }
       }
