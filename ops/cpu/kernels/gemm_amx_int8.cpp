@@ -174,24 +174,36 @@ TPU_AMX_INT8 __attribute__((always_inline)) inline void transpose16(__m512 (&r)[
 }
 
 // The group scales of a panel of 16 output columns (rows n0.., `cols` of them, the others 0) as
-// f32 rows of ngroups at dst (f16 widened by vcvtph2ps), each column's scales contiguous.
-TPU_AMX_INT8 void panel_group_scales(Int4Scales scale, int64_t n0, int cols, int64_t ngroups, float* dst, int64_t pf_rows) {
+// one f32 scale per block of 32 (gpb blocks per group): rows of nb = ngroups * gpb at dst, each
+// column's contiguous (f16 widened). Per block, so that the tile loop indexes them by the block
+// without a division.
+TPU_AMX_INT8 void panel_block_scales(Int4Scales scale, int64_t n0, int cols, int64_t ngroups, int64_t gpb, float* dst,
+                                     int64_t pf_rows) {
   if (pf_rows > 0) {  // the scales of the rows pf_rows further on (a later panel), contiguous
     const char* next = scale.is_f16() ? reinterpret_cast<const char*>(scale.half() + (n0 + pf_rows) * ngroups)
                                       : reinterpret_cast<const char*>(scale.f32() + (n0 + pf_rows) * ngroups);
     const int64_t bytes = 16 * ngroups * (scale.is_f16() ? 2 : 4);
     for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
   }
+  const int64_t nb = ngroups * gpb;
   for (int c = 0; c < 16; ++c) {
-    float* out = dst + c * ngroups;
+    float* out = dst + c * nb;
     const int64_t off = (n0 + c) * ngroups;
-    for (int64_t g0 = 0; g0 < ngroups; g0 += 16) {
-      const int64_t n = std::min<int64_t>(16, ngroups - g0);
-      const __mmask16 m = static_cast<__mmask16>(n == 16 ? 0xffffu : (1u << n) - 1);
-      const __m512 v = c >= cols        ? _mm512_setzero_ps()
-                       : scale.is_f16() ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, scale.half() + off + g0))
+    if (c >= cols) {
+      std::memset(out, 0, static_cast<size_t>(nb) * sizeof(float));
+    } else if (gpb == 1) {
+      for (int64_t g0 = 0; g0 < ngroups; g0 += 16) {
+        const int64_t n = std::min<int64_t>(16, ngroups - g0);
+        const __mmask16 m = static_cast<__mmask16>(n == 16 ? 0xffffu : (1u << n) - 1);
+        const __m512 v = scale.is_f16() ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, scale.half() + off + g0))
                                         : _mm512_maskz_loadu_ps(m, scale.f32() + off + g0);
-      _mm512_mask_storeu_ps(out + g0, m, v);
+        _mm512_mask_storeu_ps(out + g0, m, v);
+      }
+    } else {
+      for (int64_t g = 0; g < ngroups; ++g) {
+        const float v = scale[off + g];
+        for (int64_t b = 0; b < gpb; ++b) out[g * gpb + b] = v;
+      }
     }
   }
 }
@@ -211,14 +223,14 @@ TPU_AMX_INT8 __attribute__((always_inline)) inline void scale_add(const int32_t*
 
 // One 16 x 16 tile of C: output columns n0.. (cols of them) of the weight rows at w (row stride
 // ldw bytes), activation rows 16g.. (rows of them). Int8: cscale = the columns' channel scales;
-// int4: gscale = the panel's group scales, [16][K / group], gpb = blocks per group.
+// int4: gscale = the panel's scales per block, [16][K / 32].
 // pf: the next panel's 16 weight rows (row stride pf_ld bytes; int4: packed) to prefetch into the
 // L2, the bytes of four blocks of each row per round of four blocks, or null (the hardware
 // prefetchers do not follow 16 rows read a block at a time: without it the weights arrive from L3
 // or memory at about two thirds of the rate).
 template <bool kInt4>
 TPU_AMX_INT8 void tile_16x16(const int8_t* w, int64_t ldw, const Packed& p, int64_t g, const float* cscale,
-                             const float* gscale, int64_t gpb, int64_t ngroups, float* C, int64_t ldc, int rows, int cols,
+                             const float* gscale, float* C, int64_t ldc, int rows, int cols,
                              const int8_t* pf, int64_t pf_ld) {
   alignas(64) int32_t buf[8][256];
   __m512 acc[16];
@@ -235,7 +247,7 @@ TPU_AMX_INT8 void tile_16x16(const int8_t* w, int64_t ldw, const Packed& p, int6
     _tile_loadd(6, bq + b * kTileBytes, 64);
     _tile_dpbssd(0, 4, 6);
     _tile_stored(0, buf[0], 64);
-    scale_add<kInt4>(buf[0], bd + b * 16, gscale + (kInt4 ? b / gpb : 0), ngroups, acc);
+    scale_add<kInt4>(buf[0], bd + b * 16, gscale + (kInt4 ? b : 0), p.nb, acc);
   }
   int par = 0;
   for (int64_t b = head; b < p.nb; b += 4, par ^= 1) {
@@ -278,14 +290,14 @@ TPU_AMX_INT8 void tile_16x16(const int8_t* w, int64_t ldw, const Packed& p, int6
       const int32_t(*prev)[256] = buf + 4 * (par ^ 1);
 #pragma GCC unroll 4
       for (int t = 0; t < 4; ++t)
-        scale_add<kInt4>(prev[t], bd + (b - 4 + t) * 16, gscale + (kInt4 ? (b - 4 + t) / gpb : 0), ngroups, acc);
+        scale_add<kInt4>(prev[t], bd + (b - 4 + t) * 16, gscale + (kInt4 ? b - 4 + t : 0), p.nb, acc);
     }
   }
   if (p.nb > head) {
     const int32_t(*prev)[256] = buf + 4 * (par ^ 1);
 #pragma GCC unroll 4
     for (int t = 0; t < 4; ++t)
-      scale_add<kInt4>(prev[t], bd + (p.nb - 4 + t) * 16, gscale + (kInt4 ? (p.nb - 4 + t) / gpb : 0), ngroups, acc);
+      scale_add<kInt4>(prev[t], bd + (p.nb - 4 + t) * 16, gscale + (kInt4 ? p.nb - 4 + t : 0), p.nb, acc);
   }
   if (!kInt4)
 #pragma GCC unroll 16
@@ -316,6 +328,7 @@ void run(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t
   }
   parallel_for(0, M, std::max<int64_t>(16, 8192 / K), [&](int64_t r0, int64_t r1) { quantize_rows(r0, r1, A, lda, p); });
   const int64_t panels = (N + 15) / 16, ngroups = kInt4 ? K / group : 1, gpb = kInt4 ? group / kBlock : 1;
+  const int64_t spp = kInt4 ? p.nb * 16 : 16;  // scales per panel
   // Below ~2^22 multiply-adds a second thread's wake-up costs more than its share.
   const int64_t grain = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) >= 4.0e6 ? 1 : panels;
   // Each thread takes a range of panels, in batches whose weights (int4: unpacked) fit in about
@@ -332,24 +345,24 @@ void run(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t
     for (int64_t qb = q0; qb < q1; qb += batch) {
       const int64_t qe = std::min(q1, qb + batch);
       // The batch's weights (unpacked int4, or the last partial panel of int8 with its missing
-      // rows zero) and scales (int8: [panel][16]; int4: [panel][16][K / group]).
+      // rows zero) and scales (int8: [panel][16]; int4: [panel][16][K / 32]).
       // When one chunk holds every group (up to ~48 rows at K 768), each panel is used right after
       // it is prepared and never again: one slot then serves the whole batch and stays in the L1d.
       const int64_t slots = p.groups <= chunk ? 1 : qe - qb;
       const auto slot = [&](int64_t q) { return slots == 1 ? 0 : q - qb; };
       int8_t* unpacked = kInt4 || N % 16 != 0 ? t_panels.get_as<int8_t>(static_cast<size_t>(slots * panel_bytes)) : nullptr;
-      float* sc = t_scales.get_as<float>(static_cast<size_t>(slots * ngroups * 16));
+      float* sc = t_scales.get_as<float>(static_cast<size_t>(slots * spp));
       // Fills panel q's slot of the batch (run by the first chunk of groups, right before the
       // panel's tiles, so that they find it in the L1d).
       const auto prepare = [&](int64_t q) {
         const int64_t n0 = q * 16;
         const int cols = static_cast<int>(std::min<int64_t>(16, N - n0));
-        float* s = sc + slot(q) * ngroups * 16;
+        float* s = sc + slot(q) * spp;
         if (kInt4) {
           // The scales of the next panel of the thread's range (whole) are prefetched alongside.
           const int64_t pf_rows = q + 1 < q1 && (q + 2) * 16 <= N ? 16 : 0;
           unpack_int4_panel(static_cast<const uint8_t*>(W), K, n0, cols, unpacked + slot(q) * panel_bytes);
-          panel_group_scales(scale, n0, cols, ngroups, s, pf_rows);
+          panel_block_scales(scale, n0, cols, ngroups, gpb, s, pf_rows);
         } else {
           if (cols < 16) {
             int8_t* dst = unpacked + slot(q) * panel_bytes;
@@ -366,7 +379,7 @@ void run(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t
           const int64_t n0 = q * 16;
           const int cols = static_cast<int>(std::min<int64_t>(16, N - n0));
           const int8_t* w = kInt4 || cols < 16 ? unpacked + slot(q) * panel_bytes : static_cast<const int8_t*>(W) + n0 * K;
-          const float* s = sc + slot(q) * ngroups * 16;
+          const float* s = sc + slot(q) * spp;
           for (int64_t g = g0; g < g1; ++g) {
             const int rows = static_cast<int>(std::min<int64_t>(16, M - g * 16));
             // The first group prefetches the next panel of the thread's range (int4: packed).
@@ -374,7 +387,7 @@ void run(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t
             const int8_t* pf = !pf_next ? nullptr
                                : kInt4 ? reinterpret_cast<const int8_t*>(static_cast<const uint8_t*>(W) + (n0 + 16) * (K / 2))
                                        : w + 16 * K;
-            tile_16x16<kInt4>(w, K, p, g, s, s, gpb, ngroups, C + g * 16 * ldc + n0, ldc, rows, cols, pf, kInt4 ? K / 2 : K);
+            tile_16x16<kInt4>(w, K, p, g, s, s, C + g * 16 * ldc + n0, ldc, rows, cols, pf, kInt4 ? K / 2 : K);
           }
         }
       }
