@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "ops/cpu/kernels/gemm.h"
@@ -101,11 +102,12 @@ TEST_CASE("gemm_int4_amx matches a dequantize-then-float loop", "[gemm][amx-int8
   std::mt19937 rng(23);
   std::uniform_real_distribution<float> ua(-2.0f, 2.0f), us(0.001f, 0.03f);
   std::uniform_int_distribution<int> un(0, 15);
-  // 12 blocks: 3 groups of 128; 64 packed bytes per 128 weights and a remainder. 37 columns: two
-  // whole panels of 16 (the first prefetches the second) and a partial one.
-  const int64_t N = 37, K = 384;
+  // K 384: 12 blocks, 3 groups of 128; K 416: 13 blocks (one block before the rounds of four, and
+  // 208 packed bytes a row: 64 per 128 weights and a remainder). 37 columns: two whole panels of
+  // 16 (the first prefetches the second) and a partial one.
+  const int64_t N = 37;
   const int saved = tpu::num_threads();
-  for (const int64_t G : {32, 128}) {
+  for (const auto& [G, K] : {std::pair<int64_t, int64_t>{32, 384}, {128, 384}, {32, 416}}) {
     std::vector<uint8_t> W(N * K / 2);
     std::vector<float> scale(N * (K / G));
     for (auto& v : W) v = static_cast<uint8_t>(un(rng) | (un(rng) << 4));

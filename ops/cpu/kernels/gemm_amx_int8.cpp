@@ -19,8 +19,11 @@
 //
 // int4 weights (gemv_int4.h) are unpacked to int8 (q = nibble - 8) per panel of 16 output
 // columns into a per-thread buffer, as is the last, partial panel of int8 weights (rows past N
-// zero); every group of 16 activation rows then reuses the panel. The thread's tile
-// configuration is saved and put back around the kernel.
+// zero), and their group scales are expanded to one per block and column; every group of 16
+// activation rows then reuses the panel. While a panel's tiles run, the next panel's weights
+// (int4: packed) are prefetched into the L2: read 32 bytes per row at a time, 16 rows apart,
+// they escape the hardware prefetchers. The thread's tile configuration is saved and put back
+// around the kernel.
 //
 // The kernel runs only when the CPU has amx_int8 and the OS granted the tile state
 // (gemm_bf16_amx_available(): TPU_CPU_AMX=0 turns both off; the vnni and AVX2 paths then run).
@@ -228,11 +231,31 @@ TPU_AMX_INT8 __attribute__((always_inline)) inline void scale_add(const int32_t*
 // L2, the bytes of four blocks of each row per round of four blocks, or null (the hardware
 // prefetchers do not follow 16 rows read a block at a time: without it the weights arrive from L3
 // or memory at about two thirds of the rate).
+// Unpacks blocks b.. (nblk = 4 of them, or 1) of 16 packed int4 rows (stride ld bytes) into dst,
+// row stride 128 bytes.
+TPU_AMX_INT8 __attribute__((always_inline)) inline void unpack_round(const uint8_t* wp, int64_t ld, int64_t b, int nblk,
+                                                                     int8_t* dst) {
+  const __mmask64 m = nblk == 4 ? ~__mmask64{0} : (__mmask64{1} << (16 * nblk)) - 1;
+#pragma GCC unroll 16
+  for (int r = 0; r < 16; ++r) {
+    __m512i o0, o1;
+    unpack64(_mm512_maskz_loadu_epi8(m, wp + r * ld + b * 16), o0, o1);
+    _mm512_store_si512(dst + r * 128, o0);
+    _mm512_store_si512(dst + r * 128 + 64, o1);
+  }
+}
+
+// wp (int4 only; w and ldw then unused): the panel's 16 packed weight rows (row stride K / 2), each
+// round's four blocks unpacked right before their tiles into a small buffer that stays in the
+// L1d (for a panel that serves one group of rows: unpacking the whole panel first would, at
+// large K, push it and the activation tiles out of the L1d).
 template <bool kInt4>
 TPU_AMX_INT8 void tile_16x16(const int8_t* w, int64_t ldw, const Packed& p, int64_t g, const float* cscale,
                              const float* gscale, float* C, int64_t ldc, int rows, int cols,
-                             const int8_t* pf, int64_t pf_ld) {
+                             const int8_t* pf, int64_t pf_ld, const uint8_t* wp = nullptr) {
   alignas(64) int32_t buf[8][256];
+  alignas(64) int8_t ubuf[2][16 * 128];  // wp: 16 rows of four unpacked blocks, two rounds
+  if (kInt4 && wp) ldw = 128;
   __m512 acc[16];
 #pragma GCC unroll 16
   for (int n = 0; n < 16; ++n) acc[n] = _mm512_setzero_ps();
@@ -242,8 +265,9 @@ TPU_AMX_INT8 void tile_16x16(const int8_t* w, int64_t ldw, const Packed& p, int6
   // issued and stored before the sums of blocks b-4..b-1 (stored one round earlier) are read.
   const int64_t head = p.nb % 4;
   for (int64_t b = 0; b < head; ++b) {
+    if (kInt4 && wp) unpack_round(wp, p.nb * 16, b, 1, ubuf[0]);
     _tile_zero(0);
-    _tile_loadd(4, w + b * kBlock, ldw);
+    _tile_loadd(4, kInt4 && wp ? ubuf[0] : w + b * kBlock, ldw);
     _tile_loadd(6, bq + b * kTileBytes, 64);
     _tile_dpbssd(0, 4, 6);
     _tile_stored(0, buf[0], 64);
@@ -252,6 +276,10 @@ TPU_AMX_INT8 void tile_16x16(const int8_t* w, int64_t ldw, const Packed& p, int6
   int par = 0;
   for (int64_t b = head; b < p.nb; b += 4, par ^= 1) {
     const int8_t* wb = w + b * kBlock;
+    if (kInt4 && wp) {
+      unpack_round(wp, p.nb * 16, b, 4, ubuf[par]);
+      wb = ubuf[par];
+    }
     const int8_t* xb = bq + b * kTileBytes;
     if (pf) {
       if (kInt4) {  // packed: 64 bytes of each row per round
@@ -352,6 +380,8 @@ void run(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t
       const auto slot = [&](int64_t q) { return slots == 1 ? 0 : q - qb; };
       int8_t* unpacked = kInt4 || N % 16 != 0 ? t_panels.get_as<int8_t>(static_cast<size_t>(slots * panel_bytes)) : nullptr;
       float* sc = t_scales.get_as<float>(static_cast<size_t>(slots * spp));
+      // A whole int4 panel for a single group of rows is unpacked by the tile loop as it goes.
+      const auto fused = [&](int cols) { return kInt4 && p.groups == 1 && cols == 16; };
       // Fills panel q's slot of the batch (run by the first chunk of groups, right before the
       // panel's tiles, so that they find it in the L1d).
       const auto prepare = [&](int64_t q) {
@@ -361,7 +391,7 @@ void run(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t
         if (kInt4) {
           // The scales of the next panel of the thread's range (whole) are prefetched alongside.
           const int64_t pf_rows = q + 1 < q1 && (q + 2) * 16 <= N ? 16 : 0;
-          unpack_int4_panel(static_cast<const uint8_t*>(W), K, n0, cols, unpacked + slot(q) * panel_bytes);
+          if (!fused(cols)) unpack_int4_panel(static_cast<const uint8_t*>(W), K, n0, cols, unpacked + slot(q) * panel_bytes);
           panel_block_scales(scale, n0, cols, ngroups, gpb, s, pf_rows);
         } else {
           if (cols < 16) {
@@ -387,7 +417,8 @@ void run(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t
             const int8_t* pf = !pf_next ? nullptr
                                : kInt4 ? reinterpret_cast<const int8_t*>(static_cast<const uint8_t*>(W) + (n0 + 16) * (K / 2))
                                        : w + 16 * K;
-            tile_16x16<kInt4>(w, K, p, g, s, s, C + g * 16 * ldc + n0, ldc, rows, cols, pf, kInt4 ? K / 2 : K);
+            const uint8_t* wp = fused(cols) ? static_cast<const uint8_t*>(W) + n0 * (K / 2) : nullptr;
+            tile_16x16<kInt4>(w, K, p, g, s, s, C + g * 16 * ldc + n0, ldc, rows, cols, pf, kInt4 ? K / 2 : K, wp);
           }
         }
       }
