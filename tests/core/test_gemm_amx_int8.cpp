@@ -3,7 +3,7 @@
 // q = round(a / d) to nearest even), dequantizes A (q d) and the weights (int8: q times the
 // channel scale; int4: nibble - 8 times the group scale) and sums their products in double.
 // Row counts around the 16-row tiles, column counts that are not multiples of 16, K over several
-// blocks and groups of 32 and 128, a zero block, 1 and 2 threads. Skipped (with a message) on
+// blocks and groups of 32 and 128, f32 and f16 group scales, a zero block, 1 and 2 threads. Skipped (with a message) on
 // CPUs without amx_int8, where the kernels must decline.
 #include <catch2/catch.hpp>
 
@@ -11,9 +11,11 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "ops/cpu/kernels/gemm.h"
+#include "tpucore/core/half.h"
 #include "tpucore/core/batch_invariant.h"
 #include "tpucore/core/parallel.h"
 
@@ -74,7 +76,7 @@ TEST_CASE("gemm_int8_amx matches a dequantize-then-float loop", "[gemm][amx-int8
   std::vector<double> Wd(N * K);
   for (int64_t j = 0; j < N; ++j)
     for (int64_t k = 0; k < K; ++k) Wd[j * K + k] = W[j * K + k] * static_cast<double>(scale[j]);
-  for (const int64_t M : {1, 15, 16, 17, 33, 64}) {
+  for (const int64_t M : {1, 8, 15, 16, 17, 33, 64, 160}) {
     std::vector<float> A(M * K);
     for (auto& v : A) v = ua(rng);
     for (int64_t k = 32; k < 64; ++k) A[k] = 0.0f;  // row 0's second block all zero
@@ -100,34 +102,54 @@ TEST_CASE("gemm_int4_amx matches a dequantize-then-float loop", "[gemm][amx-int8
   std::mt19937 rng(23);
   std::uniform_real_distribution<float> ua(-2.0f, 2.0f), us(0.001f, 0.03f);
   std::uniform_int_distribution<int> un(0, 15);
-  const int64_t N = 21, K = 384;  // 12 blocks: 3 groups of 128; 64 packed bytes per 128 weights and a remainder
-  for (const int64_t G : {32, 128}) {
+  // K 384: 12 blocks, 3 groups of 128; K 416: 13 blocks (one block before the rounds of four, and
+  // 208 packed bytes a row: 64 per 128 weights and a remainder). 37 columns: two whole panels of
+  // 16 (the first prefetches the second) and a partial one.
+  const int64_t N = 37;
+  const int saved = tpu::num_threads();
+  for (const auto& [G, K] : {std::pair<int64_t, int64_t>{32, 384}, {128, 384}, {32, 416}}) {
     std::vector<uint8_t> W(N * K / 2);
     std::vector<float> scale(N * (K / G));
     for (auto& v : W) v = static_cast<uint8_t>(un(rng) | (un(rng) << 4));
     for (auto& v : scale) v = us(rng);
+    // The same scales held as f16 (the f32 ones rounded to f16, which both references use).
+    std::vector<tpu::f16> scale16(scale.size());
+    for (size_t i = 0; i < scale.size(); ++i) scale16[i] = tpu::f16(scale[i]);
     if (!tpu::kernels::gemm_int8_amx_available()) {
       std::vector<float> A(16 * K, 1.0f), C(16 * N);
       CHECK_FALSE(gemm_int4_amx(16, N, K, G, A.data(), K, W.data(), scale.data(), C.data(), N));
       WARN("no AMX int8 (or TPU_CPU_AMX=0): the AMX int4 product is not run");
       return;
     }
-    // The weights' layout (gemv_int4.h), decoded independently.
-    std::vector<double> Wd(N * K);
-    for (int64_t j = 0; j < N; ++j)
-      for (int64_t k = 0; k < K; ++k) {
-        const uint8_t b = W[j * (K / 2) + (k / 32) * 16 + (k % 16)];
-        const int q = ((k % 32) < 16 ? (b & 0xF) : (b >> 4)) - 8;
-        Wd[j * K + k] = q * static_cast<double>(scale[j * (K / G) + k / G]);
+    for (const bool f16_scales : {false, true}) {
+      // The weights' layout (gemv_int4.h), decoded independently.
+      std::vector<double> Wd(N * K);
+      for (int64_t j = 0; j < N; ++j)
+        for (int64_t k = 0; k < K; ++k) {
+          const uint8_t b = W[j * (K / 2) + (k / 32) * 16 + (k % 16)];
+          const int q = ((k % 32) < 16 ? (b & 0xF) : (b >> 4)) - 8;
+          const size_t si = static_cast<size_t>(j * (K / G) + k / G);
+          Wd[j * K + k] = q * static_cast<double>(f16_scales ? scale16[si].to_f32() : scale[si]);
+        }
+      const tpu::kernels::Int4Scales sc = f16_scales ? tpu::kernels::Int4Scales(scale16.data())
+                                                     : tpu::kernels::Int4Scales(scale.data());
+      // 80 rows: 5 groups of 16, more than one chunk of groups at this K (the panels are then
+      // prepared once per batch and kept for the later chunks).
+      for (const int64_t M : {1, 8, 15, 16, 17, 33, 64, 80}) {
+        std::vector<float> A(M * K);
+        for (auto& v : A) v = ua(rng);
+        const std::vector<double> Aq = dequantized_rows(A, M, K);
+        for (int threads : {1, 2}) {
+          tpu::set_num_threads(threads);
+          std::vector<float> C(M * N, -1.0f);
+          REQUIRE(gemm_int4_amx(M, N, K, G, A.data(), K, W.data(), sc, C.data(), N));
+          INFO("M " << M << " N " << N << " K " << K << " group " << G << " f16 scales " << f16_scales << " threads "
+                    << threads);
+          CHECK(count_bad(C, Aq, Wd, M, N, K) == 0);
+        }
       }
-    for (const int64_t M : {1, 15, 16, 17, 33, 64}) {
-      std::vector<float> A(M * K), C(M * N, -1.0f);
-      for (auto& v : A) v = ua(rng);
-      const std::vector<double> Aq = dequantized_rows(A, M, K);
-      REQUIRE(gemm_int4_amx(M, N, K, G, A.data(), K, W.data(), scale.data(), C.data(), N));
-      INFO("M " << M << " N " << N << " K " << K << " group " << G);
-      CHECK(count_bad(C, Aq, Wd, M, N, K) == 0);
     }
+    tpu::set_num_threads(saved);
     std::vector<float> A(16 * K, 1.0f), C(16 * N);
     CHECK_FALSE(gemm_int4_amx(16, N, K, 16, A.data(), K, W.data(), scale.data(), C.data(), N));  // group 16
   }

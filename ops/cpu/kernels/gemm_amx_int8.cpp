@@ -19,8 +19,11 @@
 //
 // int4 weights (gemv_int4.h) are unpacked to int8 (q = nibble - 8) per panel of 16 output
 // columns into a per-thread buffer, as is the last, partial panel of int8 weights (rows past N
-// zero); every group of 16 activation rows then reuses the panel. The thread's tile
-// configuration is saved and put back around the kernel.
+// zero), and their group scales are expanded to one per block and column; every group of 16
+// activation rows then reuses the panel. While a panel's tiles run, the next panel's weights
+// (int4: packed) are prefetched into the L2: read 32 bytes per row at a time, 16 rows apart,
+// they escape the hardware prefetchers. The thread's tile configuration is saved and put back
+// around the kernel.
 //
 // The kernel runs only when the CPU has amx_int8 and the OS granted the tile state
 // (gemm_bf16_amx_available(): TPU_CPU_AMX=0 turns both off; the vnni and AVX2 paths then run).
@@ -46,6 +49,7 @@ namespace {
 
 constexpr int kBlock = 32;
 constexpr int kTileBytes = 512;  // one packed B tile: 8 rows of 64 bytes
+constexpr int64_t kL1Rounds = 3;  // int8: rounds of four blocks between an L1d prefetch and its use
 
 bool cpu_has_amx_int8() {
   unsigned a = 0, b = 0, c = 0, d = 0;
@@ -173,45 +177,86 @@ TPU_AMX_INT8 __attribute__((always_inline)) inline void transpose16(__m512 (&r)[
   }
 }
 
-// The group scales of a panel of 16 output columns (rows n0.., `cols` of them, the others 0)
-// transposed into [K / group][16] at dst: 16 rows of 16 scales (f32, or f16 widened by
-// vcvtph2ps) at a time, through the register transpose.
-TPU_AMX_INT8 void panel_group_scales(Int4Scales scale, int64_t n0, int cols, int64_t ngroups, float* dst) {
-  for (int64_t g0 = 0; g0 < ngroups; g0 += 16) {
-    const int64_t n = std::min<int64_t>(16, ngroups - g0);
-    const __mmask16 m = static_cast<__mmask16>(n == 16 ? 0xffffu : (1u << n) - 1);
-    __m512 r[16];
-#pragma GCC unroll 16
-    for (int c = 0; c < 16; ++c) {
-      const int64_t off = (n0 + c) * ngroups + g0;
-      r[c] = c >= cols        ? _mm512_setzero_ps()
-             : scale.is_f16() ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, scale.half() + off))
-                              : _mm512_maskz_loadu_ps(m, scale.f32() + off);
+// The group scales of a panel of 16 output columns (rows n0.., `cols` of them, the others 0) as
+// one f32 scale per block of 32 (gpb blocks per group): rows of nb = ngroups * gpb at dst, each
+// column's contiguous (f16 widened). Per block, so that the tile loop indexes them by the block
+// without a division.
+TPU_AMX_INT8 void panel_block_scales(Int4Scales scale, int64_t n0, int cols, int64_t ngroups, int64_t gpb, float* dst,
+                                     int64_t pf_rows) {
+  if (pf_rows > 0) {  // the scales of the rows pf_rows further on (a later panel), contiguous
+    const char* next = scale.is_f16() ? reinterpret_cast<const char*>(scale.half() + (n0 + pf_rows) * ngroups)
+                                      : reinterpret_cast<const char*>(scale.f32() + (n0 + pf_rows) * ngroups);
+    const int64_t bytes = 16 * ngroups * (scale.is_f16() ? 2 : 4);
+    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
+  }
+  const int64_t nb = ngroups * gpb;
+  for (int c = 0; c < 16; ++c) {
+    float* out = dst + c * nb;
+    const int64_t off = (n0 + c) * ngroups;
+    if (c >= cols) {
+      std::memset(out, 0, static_cast<size_t>(nb) * sizeof(float));
+    } else if (gpb == 1) {
+      for (int64_t g0 = 0; g0 < ngroups; g0 += 16) {
+        const int64_t n = std::min<int64_t>(16, ngroups - g0);
+        const __mmask16 m = static_cast<__mmask16>(n == 16 ? 0xffffu : (1u << n) - 1);
+        const __m512 v = scale.is_f16() ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, scale.half() + off + g0))
+                                        : _mm512_maskz_loadu_ps(m, scale.f32() + off + g0);
+        _mm512_mask_storeu_ps(out + g0, m, v);
+      }
+    } else {
+      for (int64_t g = 0; g < ngroups; ++g) {
+        const float v = scale[off + g];
+        for (int64_t b = 0; b < gpb; ++b) out[g * gpb + b] = v;
+      }
     }
-    transpose16(r);  // r[g]: group g0 + g over the 16 columns
-    for (int64_t g = 0; g < n; ++g) _mm512_storeu_ps(dst + (g0 + g) * 16, r[g]);
   }
 }
 
 // Adds one block's stored tile (16 x 16 int32, row n = output column n) to the accumulators.
 // Int4: times d and the columns' group scales gs (16 floats); int8: times d.
 template <bool kInt4>
-TPU_AMX_INT8 __attribute__((always_inline)) inline void scale_add(const int32_t* tile, const float* d, const float* gs, __m512 (&acc)[16]) {
+TPU_AMX_INT8 __attribute__((always_inline)) inline void scale_add(const int32_t* tile, const float* d, const float* gs,
+                                                                  int64_t gstride, __m512 (&acc)[16]) {
   const __m512 dv = _mm512_loadu_ps(d);
 #pragma GCC unroll 16
   for (int n = 0; n < 16; ++n) {
     const __m512 s = _mm512_cvtepi32_ps(_mm512_load_si512(tile + 16 * n));
-    acc[n] = _mm512_fmadd_ps(s, kInt4 ? _mm512_mul_ps(dv, _mm512_set1_ps(gs[n])) : dv, acc[n]);
+    acc[n] = _mm512_fmadd_ps(s, kInt4 ? _mm512_mul_ps(dv, _mm512_set1_ps(gs[n * gstride])) : dv, acc[n]);
   }
 }
 
 // One 16 x 16 tile of C: output columns n0.. (cols of them) of the weight rows at w (row stride
 // ldw bytes), activation rows 16g.. (rows of them). Int8: cscale = the columns' channel scales;
-// int4: gscale = the panel's group scales, [K / group][16], gpb = blocks per group.
+// int4: gscale = the panel's scales per block, [16][K / 32].
+// pf: the next panel's 16 weight rows (row stride pf_ld bytes; int4: packed) to prefetch into the
+// L2, the bytes of four blocks of each row per round of four blocks, or null (the hardware
+// prefetchers do not follow 16 rows read a block at a time: without it the weights arrive from L3
+// or memory at about two thirds of the rate).
+// Unpacks blocks b.. (nblk = 4 of them, or 1) of 16 packed int4 rows (stride ld bytes) into dst,
+// row stride 128 bytes.
+TPU_AMX_INT8 __attribute__((always_inline)) inline void unpack_round(const uint8_t* wp, int64_t ld, int64_t b, int nblk,
+                                                                     int8_t* dst) {
+  const __mmask64 m = nblk == 4 ? ~__mmask64{0} : (__mmask64{1} << (16 * nblk)) - 1;
+#pragma GCC unroll 16
+  for (int r = 0; r < 16; ++r) {
+    __m512i o0, o1;
+    unpack64(_mm512_maskz_loadu_epi8(m, wp + r * ld + b * 16), o0, o1);
+    _mm512_store_si512(dst + r * 128, o0);
+    _mm512_store_si512(dst + r * 128 + 64, o1);
+  }
+}
+
+// wp (int4 only; w and ldw then unused): the panel's 16 packed weight rows (row stride K / 2), each
+// round's four blocks unpacked right before their tiles into a small buffer that stays in the
+// L1d (for a panel that serves one group of rows: unpacking the whole panel first would, at
+// large K, push it and the activation tiles out of the L1d).
 template <bool kInt4>
 TPU_AMX_INT8 void tile_16x16(const int8_t* w, int64_t ldw, const Packed& p, int64_t g, const float* cscale,
-                             const float* gscale, int64_t gpb, float* C, int64_t ldc, int rows, int cols) {
+                             const float* gscale, float* C, int64_t ldc, int rows, int cols,
+                             const int8_t* pf, int64_t pf_ld, const uint8_t* wp = nullptr) {
   alignas(64) int32_t buf[8][256];
+  alignas(64) int8_t ubuf[2][16 * 128];  // wp: 16 rows of four unpacked blocks, two rounds
+  if (kInt4 && wp) ldw = 128;
   __m512 acc[16];
 #pragma GCC unroll 16
   for (int n = 0; n < 16; ++n) acc[n] = _mm512_setzero_ps();
@@ -221,17 +266,43 @@ TPU_AMX_INT8 void tile_16x16(const int8_t* w, int64_t ldw, const Packed& p, int6
   // issued and stored before the sums of blocks b-4..b-1 (stored one round earlier) are read.
   const int64_t head = p.nb % 4;
   for (int64_t b = 0; b < head; ++b) {
+    if (kInt4 && wp) unpack_round(wp, p.nb * 16, b, 1, ubuf[0]);
     _tile_zero(0);
-    _tile_loadd(4, w + b * kBlock, ldw);
+    _tile_loadd(4, kInt4 && wp ? ubuf[0] : w + b * kBlock, ldw);
     _tile_loadd(6, bq + b * kTileBytes, 64);
     _tile_dpbssd(0, 4, 6);
     _tile_stored(0, buf[0], 64);
-    scale_add<kInt4>(buf[0], bd + b * 16, gscale + (kInt4 ? b / gpb : 0) * 16, acc);
+    scale_add<kInt4>(buf[0], bd + b * 16, gscale + (kInt4 ? b : 0), p.nb, acc);
   }
   int par = 0;
   for (int64_t b = head; b < p.nb; b += 4, par ^= 1) {
     const int8_t* wb = w + b * kBlock;
+    if (kInt4 && wp) {
+      unpack_round(wp, p.nb * 16, b, 4, ubuf[par]);
+      wb = ubuf[par];
+    }
     const int8_t* xb = bq + b * kTileBytes;
+    if (pf) {
+      if (kInt4) {  // packed: 64 bytes of each row per round
+#pragma GCC unroll 16
+        for (int r = 0; r < 16; ++r) _mm_prefetch(reinterpret_cast<const char*>(pf + r * pf_ld + b * (kBlock / 2)), _MM_HINT_T1);
+      } else {
+#pragma GCC unroll 16
+        for (int r = 0; r < 16; ++r) {
+          _mm_prefetch(reinterpret_cast<const char*>(pf + r * pf_ld + b * kBlock), _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(pf + r * pf_ld + b * kBlock + 64), _MM_HINT_T1);
+        }
+      }
+    }
+    // int8 read in place: this panel's blocks three rounds on, from the L2 into the L1d, so
+    // that the tile loads do not wait on the L2 (about 5% faster streaming from memory).
+    if (!kInt4 && b + 4 * kL1Rounds < p.nb) {
+#pragma GCC unroll 16
+      for (int r = 0; r < 16; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(wb + r * ldw + kL1Rounds * 4 * kBlock), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(wb + r * ldw + kL1Rounds * 4 * kBlock + 64), _MM_HINT_T0);
+      }
+    }
     _tile_zero(0);
     _tile_loadd(4, wb, ldw);
     _tile_loadd(6, xb, 64);
@@ -257,14 +328,14 @@ TPU_AMX_INT8 void tile_16x16(const int8_t* w, int64_t ldw, const Packed& p, int6
       const int32_t(*prev)[256] = buf + 4 * (par ^ 1);
 #pragma GCC unroll 4
       for (int t = 0; t < 4; ++t)
-        scale_add<kInt4>(prev[t], bd + (b - 4 + t) * 16, gscale + (kInt4 ? (b - 4 + t) / gpb : 0) * 16, acc);
+        scale_add<kInt4>(prev[t], bd + (b - 4 + t) * 16, gscale + (kInt4 ? b - 4 + t : 0), p.nb, acc);
     }
   }
   if (p.nb > head) {
     const int32_t(*prev)[256] = buf + 4 * (par ^ 1);
 #pragma GCC unroll 4
     for (int t = 0; t < 4; ++t)
-      scale_add<kInt4>(prev[t], bd + (p.nb - 4 + t) * 16, gscale + (kInt4 ? (p.nb - 4 + t) / gpb : 0) * 16, acc);
+      scale_add<kInt4>(prev[t], bd + (p.nb - 4 + t) * 16, gscale + (kInt4 ? p.nb - 4 + t : 0), p.nb, acc);
   }
   if (!kInt4)
 #pragma GCC unroll 16
@@ -295,6 +366,7 @@ void run(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t
   }
   parallel_for(0, M, std::max<int64_t>(16, 8192 / K), [&](int64_t r0, int64_t r1) { quantize_rows(r0, r1, A, lda, p); });
   const int64_t panels = (N + 15) / 16, ngroups = kInt4 ? K / group : 1, gpb = kInt4 ? group / kBlock : 1;
+  const int64_t spp = kInt4 ? p.nb * 16 : 16;  // scales per panel
   // Below ~2^22 multiply-adds a second thread's wake-up costs more than its share.
   const int64_t grain = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) >= 4.0e6 ? 1 : panels;
   // Each thread takes a range of panels, in batches whose weights (int4: unpacked) fit in about
@@ -311,21 +383,29 @@ void run(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t
     for (int64_t qb = q0; qb < q1; qb += batch) {
       const int64_t qe = std::min(q1, qb + batch);
       // The batch's weights (unpacked int4, or the last partial panel of int8 with its missing
-      // rows zero) and scales (int8: [panel][16]; int4: [panel][K / group][16]).
-      int8_t* unpacked = kInt4 || N % 16 != 0 ? t_panels.get_as<int8_t>(static_cast<size_t>((qe - qb) * panel_bytes)) : nullptr;
-      float* sc = t_scales.get_as<float>(static_cast<size_t>((qe - qb) * ngroups * 16));
+      // rows zero) and scales (int8: [panel][16]; int4: [panel][16][K / 32]).
+      // When one chunk holds every group (up to ~48 rows at K 768), each panel is used right after
+      // it is prepared and never again: one slot then serves the whole batch and stays in the L1d.
+      const int64_t slots = p.groups <= chunk ? 1 : qe - qb;
+      const auto slot = [&](int64_t q) { return slots == 1 ? 0 : q - qb; };
+      int8_t* unpacked = kInt4 || N % 16 != 0 ? t_panels.get_as<int8_t>(static_cast<size_t>(slots * panel_bytes)) : nullptr;
+      float* sc = t_scales.get_as<float>(static_cast<size_t>(slots * spp));
+      // A whole int4 panel for a single group of rows is unpacked by the tile loop as it goes.
+      const auto fused = [&](int cols) { return kInt4 && p.groups == 1 && cols == 16; };
       // Fills panel q's slot of the batch (run by the first chunk of groups, right before the
       // panel's tiles, so that they find it in the L1d).
       const auto prepare = [&](int64_t q) {
         const int64_t n0 = q * 16;
         const int cols = static_cast<int>(std::min<int64_t>(16, N - n0));
-        float* s = sc + (q - qb) * ngroups * 16;
+        float* s = sc + slot(q) * spp;
         if (kInt4) {
-          unpack_int4_panel(static_cast<const uint8_t*>(W), K, n0, cols, unpacked + (q - qb) * panel_bytes);
-          panel_group_scales(scale, n0, cols, ngroups, s);
+          // The scales of the next panel of the thread's range (whole) are prefetched alongside.
+          const int64_t pf_rows = q + 1 < q1 && (q + 2) * 16 <= N ? 16 : 0;
+          if (!fused(cols)) unpack_int4_panel(static_cast<const uint8_t*>(W), K, n0, cols, unpacked + slot(q) * panel_bytes);
+          panel_block_scales(scale, n0, cols, ngroups, gpb, s, pf_rows);
         } else {
           if (cols < 16) {
-            int8_t* dst = unpacked + (q - qb) * panel_bytes;
+            int8_t* dst = unpacked + slot(q) * panel_bytes;
             std::memcpy(dst, static_cast<const int8_t*>(W) + n0 * K, static_cast<size_t>(cols * K));
             std::memset(dst + cols * K, 0, static_cast<size_t>((16 - cols) * K));
           }
@@ -338,11 +418,17 @@ void run(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t
           if (g0 == 0) prepare(q);
           const int64_t n0 = q * 16;
           const int cols = static_cast<int>(std::min<int64_t>(16, N - n0));
-          const int8_t* w = kInt4 || cols < 16 ? unpacked + (q - qb) * panel_bytes : static_cast<const int8_t*>(W) + n0 * K;
-          const float* s = sc + (q - qb) * ngroups * 16;
+          const int8_t* w = kInt4 || cols < 16 ? unpacked + slot(q) * panel_bytes : static_cast<const int8_t*>(W) + n0 * K;
+          const float* s = sc + slot(q) * spp;
           for (int64_t g = g0; g < g1; ++g) {
             const int rows = static_cast<int>(std::min<int64_t>(16, M - g * 16));
-            tile_16x16<kInt4>(w, K, p, g, s, s, gpb, C + g * 16 * ldc + n0, ldc, rows, cols);
+            // The first group prefetches the next panel of the thread's range (int4: packed).
+            const bool pf_next = g == 0 && q + 1 < q1 && (q + 2) * 16 <= N;
+            const int8_t* pf = !pf_next ? nullptr
+                               : kInt4 ? reinterpret_cast<const int8_t*>(static_cast<const uint8_t*>(W) + (n0 + 16) * (K / 2))
+                                       : w + 16 * K;
+            const uint8_t* wp = fused(cols) ? static_cast<const uint8_t*>(W) + n0 * (K / 2) : nullptr;
+            tile_16x16<kInt4>(w, K, p, g, s, s, C + g * 16 * ldc + n0, ldc, rows, cols, pf, kInt4 ? K / 2 : K, wp);
           }
         }
       }
