@@ -18,10 +18,14 @@
 // projections (attention and the rest of the layer not counted).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
+#include <vector>
 
 #include "codegen/launch.h"
 #include "device/sim_driver.h"
+#include "ops/cpu/kernels/gemv_int4.h"
 #include "sim/presets.h"
 #include "tpucore/models/generate.h"
 #include "tpucore/tpucore.h"
@@ -92,6 +96,49 @@ void BM_gemv_weights(benchmark::State& st) {
   st.SetLabel(precision_name(prec));
   st.counters["GB/s"] = benchmark::Counter(1e-9 * bytes_per_weight * static_cast<double>(n * k),
                                            benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// The int4 vnni kernels themselves (groups of 32, f16 scales), on the canonical layout read in
+// place (kernel 0, gemv_int4_vnni) and on the repacked panel layout (kernel 1,
+// gemv_int4_panels): rows x out x in, and `mb` > 0 rotates over copies of the weight filling
+// that many MB (as a model's weights stream through the caches on a decode step; 0: one copy,
+// cache-resident). Skipped without AVX-512 VNNI.
+void BM_gemv_int4_kernel(benchmark::State& st) {
+  const bool panels = st.range(0) == 1;
+  const int64_t rows = st.range(1), n = st.range(2), k = st.range(3), mb = st.range(4);
+  if (!kernels::int4_panel_supported(k, 32)) {
+    st.SkipWithError("no AVX-512 VNNI");
+    return;
+  }
+  NoGradGuard ng;
+  const Int4Weight q = quantize_int4(randn({n, k}), 32, DType::f16);
+  const Tensor x = randn({rows, k});
+  const kernels::Int4Scales sc(q.scale.data<f16>());
+  const int64_t canon = n * k / 2 + q.scale.nbytes(), packed = kernels::int4_panel_bytes(n, k, 32, true);
+  const int64_t bytes = panels ? packed : canon;
+  const int64_t copies = std::max<int64_t>(1, mb * (int64_t{1} << 20) / bytes);
+  std::vector<std::vector<uint8_t>> w(static_cast<size_t>(copies));
+  std::vector<uint8_t> one(static_cast<size_t>(bytes));
+  if (panels) {
+    kernels::int4_pack_panels(n, k, 32, q.q.data<uint8_t>(), sc, one.data());
+  } else {
+    std::memcpy(one.data(), q.q.data<uint8_t>(), static_cast<size_t>(n * k / 2));
+    std::memcpy(one.data() + n * k / 2, q.scale.raw_data(), q.scale.nbytes());
+  }
+  for (auto& c : w) c = one;
+  std::vector<float> y(static_cast<size_t>(rows * n));
+  size_t i = 0;
+  for (auto _ : st) {
+    const uint8_t* wp = w[i++ % w.size()].data();
+    if (panels)
+      kernels::gemv_int4_panels(rows, n, k, 32, x.data<float>(), k, wp, true, y.data(), n);
+    else
+      kernels::gemv_int4_vnni(rows, n, k, 32, x.data<float>(), k, wp,
+                              kernels::Int4Scales(reinterpret_cast<const f16*>(wp + n * k / 2)), y.data(), n);
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.SetLabel(panels ? "panels" : "in-place");
+  st.counters["GB/s"] = benchmark::Counter(1e-9 * static_cast<double>(canon), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void BM_decode_quantized(benchmark::State& st) {
@@ -193,6 +240,14 @@ BENCHMARK(BM_gemv_weights)
     ->ArgsProduct({{kInt8, kInt4, kInt4F16}, {1, 16}, {2048}, {768}})
     ->Args({kInt8, 16, 768, 2048})
     ->Args({kInt4F16, 16, 768, 2048})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+// The model's shapes (qkv, o, gate/up, down, head), cache-resident and streaming over 64 MB.
+BENCHMARK(BM_gemv_int4_kernel)
+    ->ArgsProduct({{0, 1}, {1}, {2048}, {768}, {0, 64}})
+    ->ArgsProduct({{0, 1}, {1}, {768}, {2048}, {0, 64}})
+    ->ArgsProduct({{0, 1}, {1}, {32000}, {768}, {0}})
+    ->ArgsProduct({{0, 1}, {4}, {2048}, {768}, {0}})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 BENCHMARK(BM_decode_quantized)->ArgsProduct({{kF32, kInt8, kInt4}, {64}})->Unit(benchmark::kMillisecond)->UseRealTime();
