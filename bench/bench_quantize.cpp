@@ -141,6 +141,20 @@ void BM_gemv_int4_kernel(benchmark::State& st) {
   st.counters["GB/s"] = benchmark::Counter(1e-9 * static_cast<double>(canon), benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// The one-time repacking of an int4 weight (groups of 32, f16 scales) to the panel layout, as the
+// cpu linear_int4 op does on a weight's first few-row product; GB/s of canonical weight bytes.
+void BM_int4_pack_panels(benchmark::State& st) {
+  const int64_t n = st.range(0), k = st.range(1);
+  const Int4Weight q = quantize_int4(randn({n, k}), 32, DType::f16);
+  std::vector<uint8_t> out(static_cast<size_t>(kernels::int4_panel_bytes(n, k, 32, true)));
+  for (auto _ : st) {
+    kernels::int4_pack_panels(n, k, 32, q.q.data<uint8_t>(), kernels::Int4Scales(q.scale.data<f16>()), out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  st.counters["GB/s"] = benchmark::Counter(1e-9 * static_cast<double>(n * k / 2 + q.scale.nbytes()),
+                                           benchmark::Counter::kIsIterationInvariantRate);
+}
+
 void BM_decode_quantized(benchmark::State& st) {
   const auto prec = static_cast<Precision>(st.range(0));
   const int64_t new_tokens = st.range(1);
@@ -154,6 +168,13 @@ void BM_decode_quantized(benchmark::State& st) {
   if (prec == kInt4) models::quantize_causal_lm(m, nn::WeightQuant::int4, 32);
   models::GenerationConfig gc;
   gc.max_new_tokens = new_tokens;
+  {
+    // One short untimed generation first: one-time work (the int4 weights' repacking for the
+    // few-row kernel, buffers) stays out of the tokens/s.
+    models::GenerationConfig warm = gc;
+    warm.max_new_tokens = 2;
+    benchmark::DoNotOptimize(models::generate(m, {{1, 2, 3, 4}}, warm).data());
+  }
   for (auto _ : st) {
     const auto out = models::generate(m, {{1, 2, 3, 4}}, gc);
     benchmark::DoNotOptimize(out.data());
@@ -250,6 +271,7 @@ BENCHMARK(BM_gemv_int4_kernel)
     ->ArgsProduct({{0, 1}, {4}, {2048}, {768}, {0}})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
+BENCHMARK(BM_int4_pack_panels)->Args({32000, 768})->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_decode_quantized)->ArgsProduct({{kF32, kInt8, kInt4}, {64}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 BENCHMARK_MAIN();

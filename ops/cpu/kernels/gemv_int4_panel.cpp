@@ -192,16 +192,24 @@ void int4_pack_panels(int64_t N, int64_t K, int64_t group, const uint8_t* W, Int
         }
         out += scale_bytes(f16_scales);
         for (int64_t b = g * bpg; b < (g + 1) * bpg; ++b, out += kBlockBytes)
-          for (int s = 0; s < 4; ++s)
-            for (int64_t l = 0; l < kPanel; ++l) {
-              const int64_t row = p * kPanel + l;
-              for (int t = 0; t < 4; ++t) {
-                const int64_t k = b * 32 + 8 * s + t;
-                const int lo = row < N ? int4_at(W + row * (K / 2), k) + 8 : 8;
-                const int hi = row < N ? int4_at(W + row * (K / 2), k + 4) + 8 : 8;
-                out[64 * s + 4 * l + t] = static_cast<uint8_t>(lo | (hi << 4));
+          for (int64_t l = 0; l < kPanel; ++l) {
+            const int64_t row = p * kPanel + l;
+            // The row's 32 nibbles n = w + 8 of the block (canonical: byte i holds weights i and
+            // i + 16), then per vector s its lane l: weights 8s..8s+3 low, 8s+4..8s+7 high.
+            uint8_t n[32];
+            if (row < N) {
+              const uint8_t* src = W + row * (K / 2) + b * 16;
+              for (int i = 0; i < 16; ++i) {
+                n[i] = src[i] & 0xF;
+                n[i + 16] = src[i] >> 4;
               }
+            } else {
+              std::memset(n, 8, sizeof n);
             }
+            for (int s = 0; s < 4; ++s)
+              for (int t = 0; t < 4; ++t)
+                out[64 * s + 4 * l + t] = static_cast<uint8_t>(n[8 * s + t] | (n[8 * s + 4 + t] << 4));
+          }
       }
     }
   });
