@@ -32,7 +32,7 @@ namespace {
 constexpr int64_t kPanel = 16;     // weight rows per panel
 constexpr int64_t kBlockBytes = 256;  // one block of 32 weights of the panel's 16 rows
 constexpr int kPanelRowsA = 4;     // rows of A per pass
-// How far ahead (bytes of the panel stream) the first pass over a panel prefetches, to L2.
+// How far ahead (bytes of the panel stream) the first pass over a panel prefetches.
 constexpr int64_t kPrefetchBytes = 4096;
 
 int64_t scale_bytes(bool f16_scales) { return kPanel * (f16_scales ? 2 : 4); }
@@ -103,7 +103,7 @@ TPU_VNNI void panel_rows(int64_t K, int64_t group, const uint8_t* P, const Panel
       __m512i lo[4], hi[4];
 #pragma GCC unroll 4
       for (int s = 0; s < 4; ++s) {
-        if (Prefetch) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + 64 * s), _MM_HINT_T1);
+        if (Prefetch) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + 64 * s), _MM_HINT_T0);
         const __m512i raw = _mm512_loadu_si512(p + 64 * s);
         lo[s] = _mm512_and_si512(raw, low4);
         hi[s] = _mm512_and_si512(raw, high4);  // 16 times the high nibbles
