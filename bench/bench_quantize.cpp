@@ -26,6 +26,7 @@
 #include "codegen/launch.h"
 #include "device/sim_driver.h"
 #include "ops/cpu/kernels/gemv_int4.h"
+#include "ops/int4_repack.h"
 #include "sim/presets.h"
 #include "tpucore/models/generate.h"
 #include "tpucore/tpucore.h"
@@ -155,6 +156,38 @@ void BM_int4_pack_panels(benchmark::State& st) {
                                            benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// One-row greedy decode of bench_llama_cpp's model (12 layers, hidden 768, MLP 2048, 12 / 4
+// heads, vocab 32000, untied head; projections and head int4 in groups of 32) with the cpu
+// linear_int4 op's repacked weights on (1) or off (0, the in-place kernel): one model built once,
+// the cache switched between the runs (so --benchmark_enable_random_interleaving interleaves the
+// two), 16 tokens after an 8-token prompt per iteration, a warm-up generation (and the repacking)
+// untimed.
+void BM_decode_int4_repack(benchmark::State& st) {
+  static models::CausalLM* m = [] {
+    models::ModelConfig cfg;
+    cfg.model_type = "llama";
+    cfg.vocab_size = 32000, cfg.hidden_size = 768, cfg.intermediate_size = 2048;
+    cfg.num_hidden_layers = 12, cfg.num_attention_heads = 12, cfg.num_key_value_heads = 4;
+    cfg.tie_word_embeddings = false, cfg.max_position_embeddings = 2048;
+    Generator g(1);
+    auto* lm = new models::CausalLM(cfg, &g);
+    lm->eval();
+    models::quantize_causal_lm(*lm, nn::WeightQuant::int4, 32, true);
+    return lm;
+  }();
+  ops::set_int4_repack_cap_mb(st.range(0) == 1 ? -1 : 0);
+  models::GenerationConfig gc;
+  gc.max_new_tokens = 2;
+  const std::vector<std::vector<int64_t>> prompt = {{1, 5, 9, 13, 17, 21, 25, 29}};
+  benchmark::DoNotOptimize(models::generate(*m, prompt, gc).data());
+  gc.max_new_tokens = 16;
+  for (auto _ : st) benchmark::DoNotOptimize(models::generate(*m, prompt, gc).data());
+  st.SetLabel(st.range(0) == 1 ? "repacked" : "in place");
+  st.counters["tokens/s"] = benchmark::Counter(16, benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["repack MB"] = static_cast<double>(ops::int4_repack_stats().bytes) / (1 << 20);
+  ops::set_int4_repack_cap_mb(-1);
+}
+
 void BM_decode_quantized(benchmark::State& st) {
   const auto prec = static_cast<Precision>(st.range(0));
   const int64_t new_tokens = st.range(1);
@@ -272,6 +305,7 @@ BENCHMARK(BM_gemv_int4_kernel)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 BENCHMARK(BM_int4_pack_panels)->Args({32000, 768})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_decode_int4_repack)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_decode_quantized)->ArgsProduct({{kF32, kInt8, kInt4}, {64}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 BENCHMARK_MAIN();
