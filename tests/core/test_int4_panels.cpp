@@ -4,6 +4,8 @@
 // and the rows of x quantized in blocks of 32 as the vnni kernels do (quant_act_ref.h).
 #include <array>
 #include <cmath>
+#include <thread>
+#include <vector>
 
 #include "ops/cpu/kernels/gemv_int4.h"
 #include "ops/int4_repack.h"
@@ -147,6 +149,20 @@ TEST_CASE("linear_int4: the cache of repacked weights follows writes, frees and 
   ops::Int4RepackStats st = ops::int4_repack_stats();
   CHECK(st.entries == before.entries);
   CHECK(st.bytes == before.bytes);
+
+  // Several threads' first products of one weight at once: right answers, one entry.
+  {
+    const Int4Weight w = quantize_int4(randn({N, K}), 32, DType::f16);
+    std::vector<Tensor> xs;
+    for (int t = 0; t < 4; ++t) xs.push_back(randn({1 + t, K}));
+    std::array<int, 4> bad{};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t)
+      threads.emplace_back([&, t] { bad[static_cast<size_t>(t)] = op_mismatches(xs[static_cast<size_t>(t)], w); });
+    for (std::thread& t : threads) t.join();
+    CHECK(bad == std::array<int, 4>{});
+    CHECK(ops::int4_repack_stats().entries == before.entries + 1);
+  }
 
   // Scales cast on every call (bf16): seen as transient after one miss, not kept.
   {
