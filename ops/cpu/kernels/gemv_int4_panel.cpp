@@ -194,21 +194,15 @@ void int4_pack_panels(int64_t N, int64_t K, int64_t group, const uint8_t* W, Int
         for (int64_t b = g * bpg; b < (g + 1) * bpg; ++b, out += kBlockBytes)
           for (int64_t l = 0; l < kPanel; ++l) {
             const int64_t row = p * kPanel + l;
-            // The row's 32 nibbles n = w + 8 of the block (canonical: byte i holds weights i and
-            // i + 16), then per vector s its lane l: weights 8s..8s+3 low, 8s+4..8s+7 high.
-            uint8_t n[32];
-            if (row < N) {
-              const uint8_t* src = W + row * (K / 2) + b * 16;
-              for (int i = 0; i < 16; ++i) {
-                n[i] = src[i] & 0xF;
-                n[i + 16] = src[i] >> 4;
-              }
-            } else {
-              std::memset(n, 8, sizeof n);
-            }
-            for (int s = 0; s < 4; ++s)
-              for (int t = 0; t < 4; ++t)
-                out[64 * s + 4 * l + t] = static_cast<uint8_t>(n[8 * s + t] | (n[8 * s + 4 + t] << 4));
+            // Canonical: byte i of the block holds weights i (low nibble) and i + 16 (high). Lane
+            // l of vector s wants weights 8s..8s+3 low and 8s+4..8s+7 high: from the words
+            // w0..w3 of bytes 0-3, 4-7, 8-11, 12-15, their low nibbles (s = 0, 1) or high (2, 3).
+            uint32_t w[4] = {0x88888888u, 0x88888888u, 0x88888888u, 0x88888888u};  // past N: zeros
+            if (row < N) std::memcpy(w, W + row * (K / 2) + b * 16, 16);
+            const uint32_t lo = 0x0F0F0F0Fu, hi = 0xF0F0F0F0u;
+            const uint32_t o[4] = {(w[0] & lo) | ((w[1] & lo) << 4), (w[2] & lo) | ((w[3] & lo) << 4),
+                                   ((w[0] >> 4) & lo) | (w[1] & hi), ((w[2] >> 4) & lo) | (w[3] & hi)};
+            for (int s = 0; s < 4; ++s) std::memcpy(out + 64 * s + 4 * l, &o[s], 4);
           }
       }
     }
