@@ -2,9 +2,10 @@
 #include "ops/int4_repack.h"
 
 #include <cstdlib>
+#include <iterator>
 #include <mutex>
 #include <new>
-#include <vector>
+#include <unordered_map>
 
 #include "ops/cpu/kernels/gemv_int4.h"
 #include "tpucore/core/env.h"
@@ -43,11 +44,14 @@ bool same_scales(const Key& a, const Key& b) {
          a.sversion == b.sversion;
 }
 
+// Entries by the address of the weight's storage (a bucket; identity is the weak reference:
+// a dead storage's address may come back for another one, whose lookup then drops the entry).
 struct Cache {
   std::mutex mu;
-  std::vector<Entry> entries;
+  std::unordered_multimap<const Storage*, Entry> entries;
   int64_t bytes = 0;
   int64_t cap_override = -1;
+  uint32_t lookups = 0;
 
   int64_t cap_bytes() const {
     static const int64_t env_mb =
@@ -55,16 +59,15 @@ struct Cache {
     return (cap_override >= 0 ? cap_override : env_mb) << 20;
   }
 
-  void erase(size_t i) {
-    if (entries[i].panels) bytes -= entries[i].panels->bytes;
-    entries[i] = std::move(entries.back());
-    entries.pop_back();
+  using It = std::unordered_multimap<const Storage*, Entry>::iterator;
+  It erase(It it) {
+    if (it->second.panels) bytes -= it->second.panels->bytes;
+    return entries.erase(it);
   }
 
   // Drops the entries whose weight storage died (their scales' may die first: a cast copy).
   void purge() {
-    for (size_t i = entries.size(); i-- > 0;)
-      if (entries[i].key.q.expired()) erase(i);
+    for (It it = entries.begin(); it != entries.end();) it = it->second.key.q.expired() ? erase(it) : std::next(it);
   }
 };
 
@@ -81,15 +84,24 @@ std::shared_ptr<const Int4Panels> int4_panels_for(const Tensor& q, const Tensor&
       (s.dtype() != DType::f32 && s.dtype() != DType::f16))
     return nullptr;
   Cache& c = cache();
+  const Storage* addr = q.storage().get();
   const Key key{q.storage(), s.storage(), q.storage()->version, s.storage()->version, q.offset(), s.offset(),
                 N,           K,           group,                s.dtype()};
   const int64_t need = kernels::int4_panel_bytes(N, K, group, s.dtype() == DType::f16);
   {
     std::lock_guard<std::mutex> lock(c.mu);
-    c.purge();
-    for (size_t i = 0; i < c.entries.size(); ++i) {
-      Entry& e = c.entries[i];
-      if (!same_weight(e.key, key)) continue;
+    if (++c.lookups % 1024 == 0) c.purge();  // weights freed without a later lookup of their address
+    auto [it, end] = c.entries.equal_range(addr);
+    while (it != end) {
+      Entry& e = it->second;
+      if (!same_storage(e.key.q, key.q) || e.key.q.expired()) {  // a dead storage at this address
+        it = c.erase(it);
+        continue;
+      }
+      if (!same_weight(e.key, key)) {
+        ++it;
+        continue;
+      }
       if (e.key.qversion == key.qversion) {
         if (same_scales(e.key, key)) return e.panels;
         // The same weight with other scales while the entry's died: scales copied per call.
@@ -100,10 +112,13 @@ std::shared_ptr<const Int4Panels> int4_panels_for(const Tensor& q, const Tensor&
           return nullptr;
         }
       }
-      c.erase(i);  // written in place since, or other live scales: repacked below
+      c.erase(it);  // written in place since, or other live scales: repacked below
       break;
     }
-    if (c.bytes + need > c.cap_bytes()) return nullptr;
+    if (c.bytes + need > c.cap_bytes()) {
+      c.purge();
+      if (c.bytes + need > c.cap_bytes()) return nullptr;
+    }
   }
   auto panels = std::make_shared<Int4Panels>();
   panels->bytes = need;
@@ -114,10 +129,19 @@ std::shared_ptr<const Int4Panels> int4_panels_for(const Tensor& q, const Tensor&
       panels->f16_scales ? kernels::Int4Scales(s.data<f16>()) : kernels::Int4Scales(s.data<float>());
   kernels::int4_pack_panels(N, K, group, q.data<uint8_t>(), sc, panels->data);
   std::lock_guard<std::mutex> lock(c.mu);
-  for (const Entry& e : c.entries)  // another thread repacked it meanwhile
-    if (same_weight(e.key, key) && e.key.qversion == key.qversion && same_scales(e.key, key)) return e.panels;
+  // Another thread may have cached this weight meanwhile: its entry is kept, any other for the
+  // same weight bytes replaced.
+  auto [it, end] = c.entries.equal_range(addr);
+  while (it != end) {
+    if (same_storage(it->second.key.q, key.q) && same_weight(it->second.key, key)) {
+      if (it->second.key.qversion == key.qversion && same_scales(it->second.key, key)) return it->second.panels;
+      it = c.erase(it);
+    } else {
+      ++it;
+    }
+  }
   if (c.bytes + need > c.cap_bytes()) return panels;  // used this once
-  c.entries.push_back({key, panels});
+  c.entries.emplace(addr, Entry{key, panels});
   c.bytes += need;
   return panels;
 }
@@ -127,7 +151,7 @@ Int4RepackStats int4_repack_stats() {
   std::lock_guard<std::mutex> lock(c.mu);
   c.purge();
   Int4RepackStats st;
-  for (const Entry& e : c.entries)
+  for (const auto& [addr, e] : c.entries)
     if (e.panels) ++st.entries;
   st.bytes = c.bytes;
   st.cap_bytes = c.cap_bytes();
@@ -138,8 +162,10 @@ void set_int4_repack_cap_mb(int64_t mb) {
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);
   c.cap_override = mb < 0 ? -1 : mb;
-  if (c.cap_bytes() == 0)
-    while (!c.entries.empty()) c.erase(c.entries.size() - 1);
+  if (c.cap_bytes() == 0) {
+    c.entries.clear();
+    c.bytes = 0;
+  }
 }
 
 }  // namespace tpu::ops
