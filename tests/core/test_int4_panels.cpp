@@ -97,6 +97,24 @@ TEST_CASE("gemv_int4_panels: rows, shapes, groups, scale dtypes and threads agai
   }
   set_num_threads(saved);
   CHECK(checked == 2 * 5 * 2 * 5 - 4);
+
+  // A row's result does not depend on the number of rows (batch-invariant): 9 rows at once
+  // against each row alone, bit for bit.
+  const int64_t M = 9, N = 19, K = 128, group = 64;
+  const std::vector<float> x = uniform(g, static_cast<size_t>(M * K), -1, 1);
+  std::vector<uint8_t> q(static_cast<size_t>(N * K / 2));
+  for (uint8_t& v : q) v = static_cast<uint8_t>(g.next_u64() & 0xFF);
+  const std::vector<float> s = uniform(g, static_cast<size_t>(N * (K / group)), 0.01, 0.02);
+  std::vector<uint8_t> panels(static_cast<size_t>(kernels::int4_panel_bytes(N, K, group, false)));
+  kernels::int4_pack_panels(N, K, group, q.data(), s.data(), panels.data());
+  std::vector<float> all(static_cast<size_t>(M * N)), one(static_cast<size_t>(N));
+  kernels::gemv_int4_panels(M, N, K, group, x.data(), K, panels.data(), false, all.data(), N);
+  int differ = 0;
+  for (int64_t i = 0; i < M; ++i) {
+    kernels::gemv_int4_panels(1, N, K, group, x.data() + i * K, K, panels.data(), false, one.data(), N);
+    for (int64_t j = 0; j < N; ++j) differ += all[static_cast<size_t>(i * N + j)] != one[static_cast<size_t>(j)];
+  }
+  CHECK(differ == 0);
 }
 
 // linear_int4 of x [M, K] by w, checked against the naive product.
