@@ -3,14 +3,16 @@
 // Panels of 16 weight rows; per block of 32 weights the 16 rows' nibbles fill four 64-byte
 // vectors. In vector s, 32-bit lane l holds row l: its four bytes carry in their low nibbles the
 // row's weights 8s..8s+3 of the block and in their high nibbles weights 8s+4..8s+7, as n = w + 8.
-// A mask (low nibbles) or a shift and a mask (high ones) gives per lane four consecutive weights
-// of one row, which one vpdpbusd multiplies by a broadcast dword of four values of the quantized
-// row of A (the same Q8_0-like blocks of 32 as gemv_vnni.cpp: d = max |a| / 127, q = round(a / d)).
-// The 16 lanes are the 16 outputs: no horizontal sums. The lanes start from -8 times the block's
-// sum of q (the weight's offset), so the eight vpdpbusd of a block give the exact integer sums of
-// w q; one conversion to f32 and one multiply-add by d times the 16 rows' group scales (stored
-// before the group's blocks, f16 or f32 as in the canonical layout) finish the block. Rows of A
-// in groups of up to four share every unpacked vector; panels go over the pool threads.
+// A mask keeps the low nibbles (per lane four consecutive weights of one row), another the high
+// ones (16 times the next four); one vpdpbusd multiplies either by a broadcast dword of four
+// values of the quantized row of A (the same Q8_0-like blocks of 32 as gemv_vnni.cpp:
+// d = max |a| / 127, q = round(a / d)). The 16 lanes are the 16 outputs: no horizontal sums. The
+// lanes start from -8 times the block's sum of q (the weight's offset); after the four low-nibble
+// products they are multiplied by 16 (a shift) and the four high-nibble ones added, which gives 16
+// times the exact integer sums of w q; one conversion to f32 and one multiply-add by d / 16 times
+// the 16 rows' group scales (stored before the group's blocks, f16 or f32 as in the canonical
+// layout) finish the block. Rows of A in groups of up to four share every unpacked vector; panels
+// go over the pool threads.
 #include <immintrin.h>
 
 #include <algorithm>
