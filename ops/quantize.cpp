@@ -9,6 +9,7 @@
 #include "ops/cpu/kernels/gemv_int4.h"
 #include "ops/cpu/kernels/gemm.h"
 #include "ops/cpu/kernels/gemv_int8.h"
+#include "ops/int4_repack.h"
 #include "ops/meta_util.h"
 #include "ops/registry.h"
 #include "tpucore/core/float8.h"
@@ -270,8 +271,16 @@ void linear_int4_cpu(const KernelArgs& a) {
   into_output_dtype(a.outputs[0], N, [&](float* acc, int64_t M) {
     const bool amx = M >= kernels::kGemmInt8AmxMinRows &&
                      kernels::gemm_int4_amx(M, N, K, group, x.data<float>(), K, q.data<uint8_t>(), sc, acc, N);
-    if (!amx && !kernels::gemm_int4_vnni(M, N, K, group, x.data<float>(), K, q.data<uint8_t>(), sc, acc, N))
-      kernels::gemv_int4(M, N, K, group, x.data<float>(), K, q.data<uint8_t>(), sc, acc, N);
+    if (amx || kernels::gemm_int4_vnni(M, N, K, group, x.data<float>(), K, q.data<uint8_t>(), sc, acc, N)) return;
+    // Few rows: the vnni kernel on the weight repacked to panels (int4_repack.h) when the weight
+    // and its scales are the caller's tensors (a contiguous copy made here would die with the call).
+    if (a.inputs[1].is_contiguous() && a.inputs[2].is_contiguous() &&
+        kernels::int8_gemv_resolve(kernels::Int8GemvPath::best) == kernels::Int8GemvPath::vnni)
+      if (const auto panels = int4_panels_for(q, s, group)) {
+        kernels::gemv_int4_panels(M, N, K, group, x.data<float>(), K, panels->data, panels->f16_scales, acc, N);
+        return;
+      }
+    kernels::gemv_int4(M, N, K, group, x.data<float>(), K, q.data<uint8_t>(), sc, acc, N);
   });
 }
 TPU_DEFINE_OP(linear_int4_op, {.name = "linear_int4", .num_inputs = 3, .flags = kNonDifferentiable,

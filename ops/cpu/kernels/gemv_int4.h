@@ -45,6 +45,18 @@ void gemv_int4(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, i
 void gemv_int4_vnni(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,
                     Int4Scales scale, float* C, int64_t ldc);
 
+// The vnni product on a repacked copy of the weight ("panel layout", gemv_int4_panel.cpp): panels
+// of 16 weight rows (the last one padded with zero weights and scales), each per group the 16
+// rows' scales (f16 or f32, as given) followed by the group's blocks of 32 weights, 256 bytes per
+// block (per 32-bit lane of each 64-byte vector four consecutive weights of one row). A is
+// quantized in blocks of 32 as by gemv_int4_vnni; each output sums its blocks in order, so a
+// row's result does not depend on M. The copy is int4_panel_bytes(N, K, group, f16) bytes.
+bool int4_panel_supported(int64_t K, int64_t group);  // VNNI present, K and group fit
+int64_t int4_panel_bytes(int64_t N, int64_t K, int64_t group, bool f16_scales);
+void int4_pack_panels(int64_t N, int64_t K, int64_t group, const uint8_t* W, Int4Scales scale, uint8_t* P);
+void gemv_int4_panels(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* P,
+                      bool f16_scales, float* C, int64_t ldc);
+
 // The same for fp8 e4m3 weights [N, K] (raw bytes, no NaN pattern) with one f32 scale per output
 // channel: C[i, j] = scale[j] * sum_k A[i, k] * e4m3(W[j, k]). Each byte is turned into its exact
 // f32 value in registers (AVX-512: as an f16 of 2^-8 times the value, converted by vcvtph2ps;
