@@ -2,6 +2,7 @@
 // over strided views against an exact double loop (rounding to nearest even checked), and a bf16
 // SparseMoE layer against the per-expert loop over its own routing.
 #include "moe_test_util.h"
+#include "tpucore/autograd.h"
 #include "tpucore/nn/moe.h"
 
 namespace tpu::testing {
@@ -27,26 +28,16 @@ TEST_CASE("grouped_matmul: bf16 groups of strided views, one pass over all group
   const Tensor y = grouped_matmul(x, w, counts_tensor(counts, DType::i32), true);
   REQUIRE(y.dtype() == DType::bf16);
   REQUIRE(y.shape() == Shape{T, N});
-  const std::vector<float> xv = x.to(DType::f32).contiguous().to_vector<float>();
-  const std::vector<float> wv = w.to(DType::f32).contiguous().to_vector<float>();
+  const Ref exact = grouped_matmul_ref(ref_of(x), ref_of(w), counts, true);
   const std::vector<float> got = y.to(DType::f32).to_vector<float>();
   // Exact products in double; the result must be the nearest bf16 but where the f32 sum lies
   // within its rounding error of a tie between two bf16 values (rare), never further than one
   // bf16 step. Rounding toward zero instead would miss about half of the values.
   size_t off_nearest = 0, off_step = 0;
-  int64_t row = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    for (int64_t r = row; r < row + counts[static_cast<size_t>(e)]; ++r)
-      for (int64_t n = 0; n < N; ++n) {
-        double acc = 0;
-        for (int64_t k = 0; k < K; ++k)
-          acc += static_cast<double>(xv[static_cast<size_t>(r * K + k)]) * wv[static_cast<size_t>((e * N + n) * K + k)];
-        const float want = static_cast<float>(bf16(static_cast<float>(acc)));
-        const float v = got[static_cast<size_t>(r * N + n)];
-        off_nearest += v != want;
-        off_step += !(std::abs(v - want) <= std::abs(want) * (1.0 / 128) + 1e-6);
-      }
-    row += counts[static_cast<size_t>(e)];
+  for (size_t i = 0; i < got.size(); ++i) {
+    const float want = static_cast<float>(bf16(static_cast<float>(exact.v[i])));
+    off_nearest += got[i] != want;
+    off_step += !(std::abs(got[i] - want) <= std::abs(want) * (1.0 / 128) + 1e-6);
   }
   CHECK(off_step == 0);
   CHECK(off_nearest <= got.size() / 100);

@@ -47,23 +47,10 @@ TEST_CASE("grouped_matmul: few-row groups of a wide transposed weight (the MoE l
   // inside the GEMM (the few-row AMX kernel on CPUs with it) and the 40-row one's bf16 result
   // (>= 2^15 values) is rounded over the threads.
   const int64_t K = 200, N = 830, E = 5;
-  // The naive loop over the values as f32 (x [T, K], w [E, N, K]), sums in double.
+  // The naive loop over the values (x [T, K], w [E, N, K]), sums in double, as f32.
   auto naive = [&](const Tensor& x, const Tensor& w, const std::vector<int64_t>& counts) {
-    const std::vector<float> xv = x.to(DType::f32).contiguous().to_vector<float>();
-    const std::vector<float> wv = w.to(DType::f32).contiguous().to_vector<float>();
-    std::vector<float> out(static_cast<size_t>(x.size(0) * N));
-    int64_t row = 0;
-    for (int64_t e = 0; e < E; ++e) {
-      for (int64_t r = row; r < row + counts[static_cast<size_t>(e)]; ++r)
-        for (int64_t n = 0; n < N; ++n) {
-          double acc = 0;
-          for (int64_t k = 0; k < K; ++k)
-            acc += static_cast<double>(xv[static_cast<size_t>(r * K + k)]) * wv[static_cast<size_t>((e * N + n) * K + k)];
-          out[static_cast<size_t>(r * N + n)] = static_cast<float>(acc);
-        }
-      row += counts[static_cast<size_t>(e)];
-    }
-    return out;
+    const Ref r = grouped_matmul_ref(ref_of(x), ref_of(w), counts, true);
+    return std::vector<float>(r.v.begin(), r.v.end());
   };
   auto check = [&](const Tensor& y, const std::vector<float>& want, double tol) {
     const std::vector<float> got = y.to(DType::f32).contiguous().to_vector<float>();
