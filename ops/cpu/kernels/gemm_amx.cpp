@@ -235,15 +235,20 @@ TPU_AMX void wt_tiles(const uint16_t* w, int64_t w_bytes, int64_t steps, const u
   if constexpr (NT > 3) _tile_stored(3, out + 768, 64);
 }
 
+// Column c of wt_tiles' stored C^T tiles (16 x 16 f32 each, tile c / 16): the 16 weight rows'
+// products with row c of the tiles' X rows.
+TPU_AMX inline __m512 tile_column(const float* out, int c) {
+  const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                         _mm512_set1_epi32(16));
+  return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), 0xFFFF, idx, out + (c / 16) * 256 + c % 16, 4);
+}
+
 // C^T tiles from wt_tiles to C: rows [i0, i0 + rows_x) of X, weight rows [j0, j0 + rows_w).
 TPU_AMX void store_transposed(const float* out, int64_t i0, int rows_x, int64_t j0, int rows_w, float* C, int64_t ldc,
                               bool accumulate) {
-  const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                         _mm512_set1_epi32(16));
   const __mmask16 m = static_cast<__mmask16>((1u << rows_w) - 1);
   for (int c = 0; c < rows_x; ++c) {
-    // Column c of its tile: the 16 weight rows' products with row i0 + c of X.
-    const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), 0xFFFF, idx, out + (c / 16) * 256 + c % 16, 4);
+    const __m512 v = tile_column(out, c);
     float* d = C + (i0 + c) * ldc + j0;
     _mm512_mask_storeu_ps(d, m, accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, d), v) : v);
   }
@@ -254,11 +259,9 @@ TPU_INTRIN_DIAGNOSTICS_PUSH
 // NaN kept quiet, as tpu::bf16 rounds), element (i, j) at C + i * ldc + j.
 TPU_AMX void store_transposed_set(const float* out, int rows_x, int64_t j0, int rows_w, void* C, int64_t ldc,
                                   bool c_bf16) {
-  const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                         _mm512_set1_epi32(16));
   const __mmask16 m = static_cast<__mmask16>((1u << rows_w) - 1);
   for (int c = 0; c < rows_x; ++c) {
-    const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), 0xFFFF, idx, out + (c / 16) * 256 + c % 16, 4);
+    const __m512 v = tile_column(out, c);
     if (!c_bf16) {
       _mm512_mask_storeu_ps(static_cast<float*>(C) + c * ldc + j0, m, v);
       continue;
