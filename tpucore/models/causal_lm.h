@@ -252,6 +252,11 @@ std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, const LoadOptio
 /// Quantizes the Linears of a model's decoder layers (and, with `lm_head`, an untied output head)
 /// in place (LoadOptions::quantize); the model must be on the cpu.
 void quantize_causal_lm(CausalLM& m, nn::WeightQuant kind, int64_t group = 32, bool lm_head = false);
+/// Packs each decoder layer's quantized q / k / v projections, and its quantized gate / up
+/// projections, into one buffer each (nn::pack_projections), so that eager cpu forwards compute
+/// each set in one product. The checkpoint names and values are unchanged; sets that are not
+/// quantized alike are left as they are. quantize_causal_lm and load_causal_lm call it.
+void pack_quantized_projections(CausalLM& m);
 
 /// Writes config.json and model.safetensors (in the parameters' dtype, tied weights once).
 void save_causal_lm(CausalLM& m, const std::string& dir);

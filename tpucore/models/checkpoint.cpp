@@ -152,6 +152,20 @@ void quantize_causal_lm(CausalLM& m, nn::WeightQuant kind, int64_t group, bool l
     }
   }
   if (lm_head && m.lm_head) nn::quantize_linear(m, "lm_head", m.lm_head, kind, group);
+  pack_quantized_projections(m);
+}
+
+void pack_quantized_projections(CausalLM& m) {
+  if (m.config.mla()) return;
+  for (auto& layer : m.model->layers) {
+    nn::Attention& a = *layer->self_attn;
+    if (!a.qkv_pack)
+      if (auto p = nn::pack_projections({a.q_proj.get(), a.k_proj.get(), a.v_proj.get()}); p.defined())
+        a.qkv_pack = std::make_shared<nn::PackedProjections>(std::move(p));
+    if (layer->mlp && !layer->mlp->gate_up_pack)
+      if (auto p = nn::pack_projections({layer->mlp->gate_proj.get(), layer->mlp->up_proj.get()}); p.defined())
+        layer->mlp->gate_up_pack = std::make_shared<nn::PackedProjections>(std::move(p));
+  }
 }
 
 std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, Device device, std::optional<DType> dtype) {
@@ -280,6 +294,7 @@ std::shared_ptr<CausalLM> load_causal_lm(const std::string& dir, const LoadOptio
                  dir, vision_skipped);
   if (quant) use_checkpoint_quantization(*m, *quant, dir);
   quantize_causal_lm(*m, options.quantize, options.group, options.quantize_lm_head);
+  pack_quantized_projections(*m);  // the checkpoint's fp8 projections (quantize_causal_lm packs its own)
   m->int8_kv_cache = options.int8_kv_cache;
   m->kv_cache_dtype = options.kv_cache_dtype;
   m->to(device);

@@ -13,6 +13,32 @@
 #include "tpucore/compile.h"
 
 namespace tpu::models {
+namespace {
+
+// The index std::max_element(row, row + n) returns (the first largest value under `<`; a NaN
+// is never taken, unless it is the first value, which then stays), in eight interleaved chains
+// instead of one: each chain keeps the first largest of its elements, and the chains' answers
+// are merged by value, then by the smaller index. Same answer, ~8x fewer dependent steps.
+int64_t first_argmax(const float* row, int64_t n) {
+  if (n <= 0 || std::isnan(row[0])) return 0;
+  constexpr int kChains = 8;
+  float best[kChains];
+  int64_t at[kChains];
+  for (int c = 0; c < kChains; ++c) best[c] = row[0], at[c] = 0;
+  int64_t i = 1;
+  for (; i + kChains <= n; i += kChains)
+    for (int c = 0; c < kChains; ++c)
+      if (best[c] < row[i + c]) best[c] = row[i + c], at[c] = i + c;
+  for (; i < n; ++i)
+    if (best[0] < row[i]) best[0] = row[i], at[0] = i;
+  int64_t r = at[0];
+  float v = best[0];
+  for (int c = 1; c < kChains; ++c)
+    if (v < best[c] || (v == best[c] && at[c] < r)) v = best[c], r = at[c];
+  return r;
+}
+
+}  // namespace
 
 int64_t choose_token(std::vector<float> logits, const std::vector<int64_t>& history, const GenerationConfig& cfg,
                      std::mt19937_64& rng) {
@@ -249,7 +275,7 @@ std::vector<std::vector<int64_t>> generate(CausalLM& m, const std::vector<std::v
       const float* row = last + r * static_cast<size_t>(vocab);
       // Greedy without a penalty: the first largest logit (choose_token's answer, without a copy).
       const int64_t t = !cfg.do_sample && cfg.repetition_penalty == 1.0
-                            ? std::max_element(row, row + vocab) - row
+                            ? first_argmax(row, vocab)
                             : choose_token(std::vector<float>(row, row + vocab), history[r], cfg, rng);
       next[r] = t;
       out[r].push_back(t);

@@ -1,6 +1,9 @@
 #include "tpucore/nn/quantized.h"
 
+#include <typeinfo>
+
 #include "tpucore/autograd.h"
+#include "tpucore/nn/fused_path.h"
 
 namespace tpu::nn {
 
@@ -92,6 +95,95 @@ Tensor QuantizedLinear::forward(const Tensor& x) {
                                                        : linear_fp8(x, weight, weight_scale))
                                         : linear_int4(x, weight, weight_scale);
   return bias.defined() ? add(y, bias.to(y.dtype())) : y;
+}
+
+namespace {
+
+// The exact QuantizedLinear (a subclass may compute otherwise), or null.
+QuantizedLinear* plain_quantized(Linear* l) {
+  return l != nullptr && typeid(*l) == typeid(QuantizedLinear) ? static_cast<QuantizedLinear*>(l) : nullptr;
+}
+
+// Whether t is rows [r0, r0 + n) of the packed tensor p (same storage, offset, strides).
+bool views_rows(const Tensor& t, const Tensor& p, int64_t r0, int64_t n) {
+  if (!t.defined() || t.storage() != p.storage() || t.dim() != p.dim() || t.strides() != p.strides()) return false;
+  if (t.size(0) != n || t.offset() != p.offset() + r0 * p.strides()[0]) return false;
+  for (int d = 1; d < p.dim(); ++d)
+    if (t.size(d) != p.size(d)) return false;
+  return true;
+}
+
+}  // namespace
+
+PackedProjections pack_projections(const std::vector<Linear*>& parts) {
+  if (parts.size() < 2) return {};
+  std::vector<QuantizedLinear*> q;
+  for (Linear* l : parts) {
+    QuantizedLinear* ql = plain_quantized(l);
+    if (ql == nullptr || ql->block_n != 0 || !ql->weight.defined() || !ql->weight_scale.defined() ||
+        !ql->weight.device().is_cpu())
+      return {};
+    q.push_back(ql);
+  }
+  const QuantizedLinear& a = *q[0];
+  for (const QuantizedLinear* ql : q)
+    if (ql->kind != a.kind || ql->group != a.group || ql->in_features != a.in_features ||
+        ql->weight.dtype() != a.weight.dtype() || ql->weight_scale.dtype() != a.weight_scale.dtype() ||
+        ql->weight.dim() != 2 || ql->weight.size(1) != a.weight.size(1) ||
+        ql->weight_scale.dim() != a.weight_scale.dim() || ql->weight_scale.size(0) != ql->weight.size(0) ||
+        (a.weight_scale.dim() == 2 && ql->weight_scale.size(1) != a.weight_scale.size(1)) ||
+        ql->bias.defined() != a.bias.defined() ||
+        (a.bias.defined() && (ql->bias.dtype() != a.bias.dtype() || ql->bias.dim() != 1)))
+      return {};
+  NoGradGuard ng;
+  std::vector<Tensor> w, s, b;
+  PackedProjections p;
+  for (const QuantizedLinear* ql : q) {
+    w.push_back(ql->weight);
+    s.push_back(ql->weight_scale);
+    if (ql->bias.defined()) b.push_back(ql->bias);
+    p.rows.push_back(ql->weight.size(0));
+  }
+  p.weight = cat(w, 0);
+  p.weight_scale = cat(s, 0);
+  if (!b.empty()) p.bias = cat(b, 0);
+  int64_t r0 = 0;
+  for (size_t i = 0; i < q.size(); ++i) {
+    const int64_t n = p.rows[i];
+    q[i]->weight = narrow(p.weight, 0, r0, n);
+    q[i]->weight_scale = narrow(p.weight_scale, 0, r0, n);
+    if (p.bias.defined()) q[i]->bias = narrow(p.bias, 0, r0, n);
+    r0 += n;
+  }
+  return p;
+}
+
+std::vector<Tensor> packed_forward(const PackedProjections& pack, const std::vector<Linear*>& parts,
+                                   const Tensor& x) {
+  if (!pack.defined() || parts.size() != pack.rows.size() || !detail::fused_path_ok({&x})) return {};
+  int64_t r0 = 0;
+  const QuantizedLinear* first = plain_quantized(parts[0]);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const QuantizedLinear* ql = plain_quantized(parts[i]);
+    const int64_t n = pack.rows[i];
+    if (ql == nullptr || ql->has_forward_hooks() || ql->kind != first->kind || ql->group != first->group ||
+        !views_rows(ql->weight, pack.weight, r0, n) || !views_rows(ql->weight_scale, pack.weight_scale, r0, n) ||
+        ql->bias.defined() != pack.bias.defined() || (pack.bias.defined() && !views_rows(ql->bias, pack.bias, r0, n)))
+      return {};
+    r0 += n;
+  }
+  if (x.dim() < 1 || x.size(-1) != first->in_features) return {};  // the parts' own check reports it
+  Tensor y = first->kind == WeightQuant::int8  ? linear_int8(x, pack.weight, pack.weight_scale)
+             : first->kind == WeightQuant::fp8 ? linear_fp8(x, pack.weight, pack.weight_scale)
+                                               : linear_int4(x, pack.weight, pack.weight_scale);
+  if (pack.bias.defined()) y = add(y, pack.bias.to(y.dtype()));
+  std::vector<Tensor> out;
+  r0 = 0;
+  for (const int64_t n : pack.rows) {
+    out.push_back(narrow(y, -1, r0, n));
+    r0 += n;
+  }
+  return out;
 }
 
 void quantize_linear(Module& parent, const std::string& name, std::shared_ptr<Linear>& slot, WeightQuant kind,

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "tpucore/nn/layers.h"
 #include "tpucore/quantize.h"
@@ -51,6 +52,34 @@ class QuantizedLinear : public Linear {
   int64_t block_n = 0;    ///< fp8 block scales: rows per block (0: per-row scales)
   int64_t block_k = 0;    ///< fp8 block scales: columns per block
 };
+
+/// Quantized projections of one input (an attention's q, k and v; a gated MLP's gate and up)
+/// whose weights, scales and biases sit in one buffer each, their rows one after another, so that
+/// one product computes them all: one pass over the input and one thread dispatch instead of one
+/// per projection. Each projection's members are views of these buffers (its checkpoint names,
+/// shapes and values are unchanged).
+struct PackedProjections {
+  Tensor weight;                ///< every projection's weight rows, in order
+  Tensor weight_scale;          ///< their scales, in the same order
+  Tensor bias;                  ///< their biases (undefined when they have none)
+  std::vector<int64_t> rows;    ///< each projection's output features
+  /// Whether the projections were packed.
+  bool defined() const { return weight.defined(); }
+};
+
+/// Packs `parts` (QuantizedLinear layers of one format: int8, int4 with one group size, or fp8
+/// with per-row scales; one input width; scales and weights of one dtype; all with a bias or
+/// none) into one buffer and points their weights, scales and biases at views of it. Returns an
+/// undefined pack, changing nothing, when they do not qualify (float layers, fp8 block scales,
+/// mixed formats), so callers may try any set.
+PackedProjections pack_projections(const std::vector<Linear*>& parts);
+
+/// The outputs of `parts` for input x through one product over `pack`, equal to each part's own
+/// forward: when every part still views the pack (a weight replaced since, e.g. by loading or
+/// moving the model, ends it), none has forward hooks, and x is an eager cpu tensor outside
+/// tracing and autograd (nn/fused_path.h). Otherwise empty: the caller runs the parts one by one.
+std::vector<Tensor> packed_forward(const PackedProjections& pack, const std::vector<Linear*>& parts,
+                                   const Tensor& x);
 
 /// Replaces `parent`'s Linear child `name` (held in `slot`) by its QuantizedLinear of `kind`
 /// (nothing for WeightQuant::none or a child that is already quantized).

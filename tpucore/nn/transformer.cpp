@@ -7,6 +7,7 @@
 #include "tpucore/autograd.h"
 #include "tpucore/fused_ops.h"
 #include "tpucore/nn/fused_path.h"
+#include "tpucore/nn/quantized.h"
 
 namespace tpu::nn {
 
@@ -17,7 +18,10 @@ GatedMLP::GatedMLP(int64_t hidden, int64_t inter, const std::string& act_name, b
   act = register_module("act", activation(act_name));
 }
 Tensor GatedMLP::forward(const Tensor& x) {
-  const Tensor g = (*gate_proj)(x), u = (*up_proj)(x);
+  // gate and up in one product when packed (the same values as the two).
+  std::vector<Tensor> gu;
+  if (gate_up_pack) gu = packed_forward(*gate_up_pack, {gate_proj.get(), up_proj.get()}, x);
+  const Tensor g = gu.empty() ? (*gate_proj)(x) : gu[0], u = gu.empty() ? (*up_proj)(x) : gu[1];
   // silu(g) * u in one pass on the cpu (the same values as the chain: tpucore/fused_ops.h).
   if (act->type_name() == "SiLU" && !act->has_forward_hooks() && detail::fused_path_ok({&g, &u}) &&
       g.dtype() == u.dtype() && g.shape() == u.shape() && is_floating(g.dtype()))
@@ -76,14 +80,17 @@ Tensor Attention::forward(const Tensor& x, const Tensor& cos, const Tensor& sin,
   const int64_t nh = q_proj->weight.size(0) / d, nkv = k_proj->weight.size(0) / d;
   auto heads = [&](const Tensor& y, int64_t n) { return transpose(reshape(y, Shape{b, t, n, d}), 1, 2); };
   // The projections and norms through their hooks (parallelism applied from outside).
-  Tensor q = (*q_proj)(x), k = (*k_proj)(x);
+  // q, k and v in one product when packed (the same values as the three).
+  std::vector<Tensor> qkv;
+  if (qkv_pack) qkv = packed_forward(*qkv_pack, {q_proj.get(), k_proj.get(), v_proj.get()}, x);
+  Tensor q = qkv.empty() ? (*q_proj)(x) : qkv[0], k = qkv.empty() ? (*k_proj)(x) : qkv[1];
   if (q_norm) {  // per head, before the rotation (Qwen3)
     q = (*q_norm)(reshape(q, Shape{b, t, nh, d}));
     k = (*k_norm)(reshape(k, Shape{b, t, nkv, d}));
   }
   q = heads(q, nh);  // [B, H, T, d]
   k = heads(k, nkv);
-  Tensor v = heads((*v_proj)(x), nkv);
+  Tensor v = heads(qkv.empty() ? (*v_proj)(x) : qkv[2], nkv);
   if (cos.defined()) {
     const int64_t r = cos.size(-1);  // the rotary dimension (partial_rotary_factor < 1: the rest passes)
     TPU_CHECK(r <= d && sin.defined() && sin.size(-1) == r,

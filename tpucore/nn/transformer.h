@@ -16,6 +16,8 @@
 namespace tpu::nn {
 
 /// The gated (SwiGLU) MLP: down_proj(act(gate_proj(x)) * up_proj(x)).
+struct PackedProjections;
+
 class GatedMLP : public Module {
  public:
   /// act: an activation name of nn::activation ("silu", "gelu", ...).
@@ -29,6 +31,8 @@ class GatedMLP : public Module {
   std::shared_ptr<Linear> up_proj;    ///< hidden -> intermediate
   std::shared_ptr<Linear> down_proj;  ///< intermediate -> hidden
   std::shared_ptr<Module> act;                            ///< the activation of the gate
+  /// gate_proj and up_proj packed into one product (nn::pack_projections; null: separate).
+  std::shared_ptr<PackedProjections> gate_up_pack;
 };
 
 /// Per-layer variations of the attention math (defaults: none).
@@ -239,6 +243,8 @@ class Attention : public Module {
   std::shared_ptr<Linear> o_proj;   ///< num_heads * head_dim -> hidden
   std::shared_ptr<RMSNorm> q_norm;  ///< per query head (null unless qk_norm; UnitOffsetRMSNorm for Gemma)
   std::shared_ptr<RMSNorm> k_norm;  ///< per key head (null unless qk_norm; UnitOffsetRMSNorm for Gemma)
+  /// q_proj, k_proj and v_proj packed into one product (nn::pack_projections; null: separate).
+  std::shared_ptr<PackedProjections> qkv_pack;
 };
 
 /// The keep mask [B, 1, T, past + T] of a causal forward of T new tokens after `past` cached
