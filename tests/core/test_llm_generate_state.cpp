@@ -1,7 +1,13 @@
 // generate()'s compiled decode steps live outside the model, keyed by it, and go with it: a
 // model created after another one was destroyed (often at the same address) gets its own
 // compiled step, whose tokens equal eager decoding of that model; release_generation_state()
-// drops a live model's steps, so the next call compiles again.
+// drops a live model's steps, so the next call compiles again. Greedy choice: first_argmax against
+// std::max_element on rows with ties, NaNs, infinities and signed zeros.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+
 #include <catch2/catch.hpp>
 
 #include "tpucore/compile.h"
@@ -50,4 +56,22 @@ TEST_CASE("generate: compiled decode state follows the model's lifetime", "[llm]
   models::release_generation_state(m);
   models::generate(m, prompts, g);  // compiled again
   CHECK(compiles(name) == before + 5);
+}
+
+TEST_CASE("greedy choice: first_argmax is std::max_element's index", "[generate]") {
+  std::mt19937_64 rng(3);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int64_t n = 1 + static_cast<int64_t>(rng() % 70);
+    std::vector<float> row(static_cast<size_t>(n));
+    // Few distinct values, so ties are common; some NaNs, infinities and signed zeros.
+    for (float& v : row) {
+      const uint64_t r = rng() % 20;
+      v = r == 0 ? nan : r == 1 ? -inf : r == 2 ? inf * static_cast<float>(rng() % 2) : r == 3 ? -0.0f
+                                                                                          : static_cast<float>(r % 5);
+    }
+    if (trial % 7 == 0) row[0] = nan;
+    INFO("trial " << trial << " n " << n);
+    REQUIRE(models::first_argmax(row.data(), n) == std::max_element(row.begin(), row.end()) - row.begin());
+  }
 }

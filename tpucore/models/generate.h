@@ -61,4 +61,9 @@ nn::KVCache make_generation_cache(const CausalLM& model, int64_t batch, int64_t 
 /// destructor calls it; they are held outside the model, keyed by it).
 void release_generation_state(const CausalLM& model);
 
+/// The greedy choice over a row of n logits: the index std::max_element(row, row + n) returns
+/// (the first largest under `<`; NaNs are never taken unless the first value is one), computed
+/// in independent chains (generate() uses it; exposed for its test).
+int64_t first_argmax(const float* row, int64_t n);
+
 }  // namespace tpu::models
