@@ -86,7 +86,7 @@ void gemv_for_blocks(int64_t blocks, int64_t grain, F&& fn) {
     fn(int64_t{0}, blocks);
     return;
   }
-  const int64_t run = std::max<int64_t>(std::max<int64_t>(1, grain / 4), blocks / (int64_t{nt} * 8));
+  const int64_t run = std::max<int64_t>(std::max<int64_t>(1, grain / 4), blocks / (int64_t{nt} * 32));
   std::atomic<int64_t> next{0};
   tpu::parallel_for(0, nt, 1, [&](int64_t, int64_t) {
     for (;;) {
