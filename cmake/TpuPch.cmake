@@ -1,0 +1,52 @@
+# Precompiled headers (TPU_PCH, GCC): the test programs and the single-source programs parse the
+# standard library, fmt, nlohmann/json, Catch2 and tpucore/tpucore.h from one header image per
+# kind instead of once per translation unit (the serving and pod tests are not batched, so each
+# of their sources parsed 1.5-5 s of headers). libtpucore has none: its sources spend 90% of
+# their time in -O3 code generation, and loading an image costs about what it saves there.
+#   tpu_pch_tests(<target>)     the first test program to call it builds the image (Catch2 +
+#                               tpucore/tpucore.h); later ones, compiled with the same flags
+#                               (tests/, -O1), reuse it
+#   tpu_pch_program(<target>)   programs linking libtpucore reuse the image of tpu_pch_programs
+#                               (an executable of its own, so the position independence flags are
+#                               those of a program)
+# A source that sets a macro before its includes (which the image would precede) is marked
+# SKIP_PRECOMPILE_HEADERS next to where it is added. Off by default with clang, which rejects an
+# image reused by a target with other -D definitions.
+if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+  set(_tpu_pch_default ON)
+else()
+  set(_tpu_pch_default OFF)
+endif()
+option(TPU_PCH "Precompile the headers every test and program includes (a shorter build from scratch)"
+  ${_tpu_pch_default})
+
+set(TPU_PCH_STD <algorithm> <array> <atomic> <chrono> <cmath> <cstddef> <cstdint> <cstdlib> <cstring>
+  <functional> <map> <memory> <mutex> <optional> <set> <sstream> <stdexcept> <string> <string_view>
+  <unordered_map> <unordered_set> <utility> <variant> <vector>)
+
+function(tpu_pch_tests target)
+  if(NOT TPU_PCH)
+    return()
+  endif()
+  get_property(_owner GLOBAL PROPERTY TPU_PCH_TESTS_OWNER)
+  if(_owner)
+    target_precompile_headers(${target} REUSE_FROM ${_owner})
+  else()
+    set_property(GLOBAL PROPERTY TPU_PCH_TESTS_OWNER ${target})
+    target_precompile_headers(${target} PRIVATE ${TPU_PCH_STD} <fmt/format.h> <nlohmann/json.hpp>
+      <catch2/catch.hpp> [["tpucore/tpucore.h"]])
+  endif()
+endfunction()
+
+function(tpu_pch_program target)
+  if(NOT TPU_PCH)
+    return()
+  endif()
+  if(NOT TARGET tpu_pch_programs)
+    add_executable(tpu_pch_programs EXCLUDE_FROM_ALL ${PROJECT_SOURCE_DIR}/cmake/pch_programs.cpp)
+    target_link_libraries(tpu_pch_programs PRIVATE tpucore tpu_warnings)
+    target_precompile_headers(tpu_pch_programs PRIVATE ${TPU_PCH_STD} <fmt/format.h> <nlohmann/json.hpp>
+      [["tpucore/tpucore.h"]])
+  endif()
+  target_precompile_headers(${target} REUSE_FROM tpu_pch_programs)
+endfunction()
