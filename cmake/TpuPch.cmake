@@ -15,8 +15,11 @@
 # A source that sets a macro before its includes (which the image would precede) is marked
 # SKIP_PRECOMPILE_HEADERS next to where it is added. CMake makes GCC warn about an image it cannot
 # use (-Winvalid-pch), an error with TPU_WERROR. Off by default with other compilers (clang builds
-# only the fuzzers and the warning check here).
-if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+# only the fuzzers and the warning check here) and under a compiler launcher such as ccache, which
+# does not cache a compile that reads an image unless its sloppiness setting allows it
+# (pch_defines,time_macros): there every test object would be compiled again on each build.
+if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND NOT CMAKE_CXX_COMPILER_LAUNCHER
+   AND NOT DEFINED ENV{CMAKE_CXX_COMPILER_LAUNCHER})
   set(_tpu_pch_default ON)
 else()
   set(_tpu_pch_default OFF)
