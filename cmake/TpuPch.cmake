@@ -3,9 +3,11 @@
 # kind instead of once per translation unit (the serving and pod tests are not batched, so each
 # of their sources parsed 1.5-5 s of headers). Compile time with the images, user+sys, medians of
 # interleaved runs: 12 pod and serving test sources 49.0 -> 43.4 s, a tpucore_tests unity batch
-# 11.6 -> 10.0 s, 7 program sources 29.9 -> 24.9 s. libtpucore has none: its sources spend 90%
-# of their time in -O3 code generation, and loading an image cost about what it saved there
-# (a unity batch 11.2 -> 11.1 s).
+# 11.6 -> 10.0 s, 7 program sources 29.9 -> 24.9 s; in the sanitizer build (-O1 -g1, test
+# sources uninstrumented) 4 tpucore_tests unity batches, the 9 pod and 10 serving test sources and
+# the chat tests 185.1 -> 164.7 s, the image's 6.6 s included. libtpucore has none: its sources
+# spend 90% of their time in -O3 code generation, and loading an image cost about what it saved
+# there (a unity batch 11.2 -> 11.1 s).
 #   tpu_pch_tests(<target>)     the first test program to call it builds the image (Catch2 +
 #                               tpucore/tpucore.h); later ones, compiled with the same flags
 #                               (tests/, -O1), reuse it
