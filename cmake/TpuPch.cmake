@@ -8,12 +8,6 @@
 # the chat tests 185.1 -> 164.7 s, the image's 6.6 s included. libtpucore has none: its sources
 # spend 90% of their time in -O3 code generation, and loading an image cost about what it saved
 # there (a unity batch 11.2 -> 11.1 s).
-#   tpu_pch_tests(<target>)     the first test program to call it builds the image (Catch2 +
-#                               tpucore/tpucore.h); later ones, compiled with the same flags
-#                               (tests/, -O1), reuse it
-#   tpu_pch_program(<target>)   programs linking libtpucore reuse the image of tpu_pch_programs
-#                               (an executable of its own, so the position independence flags are
-#                               those of a program)
 # A source that sets a macro before its includes (which the image would precede) is marked
 # SKIP_PRECOMPILE_HEADERS next to where it is added. CMake makes GCC warn about an image it cannot
 # use (-Winvalid-pch), an error with TPU_WERROR. Off by default with other compilers (clang builds
@@ -33,18 +27,34 @@ set(TPU_PCH_STD <algorithm> <array> <atomic> <chrono> <cmath> <cstddef> <cstdint
   <functional> <map> <memory> <mutex> <optional> <set> <sstream> <stdexcept> <string> <string_view>
   <unordered_map> <unordered_set> <utility> <variant> <vector>)
 
+# The owner of an image: a program of its own (so the position independence flags are those of
+# the programs that reuse it) compiled with the usage requirements of the given targets but not
+# linked to them. A target that reuses an image waits for its owner to be built; linked to
+# libtpucore, the owner would hold back every test and program object until the library is
+# linked, and an owner that is itself a test program would make `ninja <other test program>`
+# compile and link that one too.
+function(_tpu_pch_owner owner)
+  add_executable(${owner} EXCLUDE_FROM_ALL ${PROJECT_SOURCE_DIR}/cmake/pch_programs.cpp)
+  foreach(_dep ${ARGN})
+    target_include_directories(${owner} PRIVATE $<TARGET_PROPERTY:${_dep},INTERFACE_INCLUDE_DIRECTORIES>)
+    target_compile_definitions(${owner} PRIVATE $<TARGET_PROPERTY:${_dep},INTERFACE_COMPILE_DEFINITIONS>)
+    target_compile_options(${owner} PRIVATE $<TARGET_PROPERTY:${_dep},INTERFACE_COMPILE_OPTIONS>)
+  endforeach()
+endfunction()
+
+#   tpu_pch_tests(<target>)     test programs (tests/, compiled with that folder's flags) reuse the
+#                               image of tpu_pch_tests (Catch2 + tpucore/tpucore.h)
+#   tpu_pch_program(<target>)   programs linking libtpucore reuse the image of tpu_pch_programs
 function(tpu_pch_tests target)
   if(NOT TPU_PCH)
     return()
   endif()
-  get_property(_owner GLOBAL PROPERTY TPU_PCH_TESTS_OWNER)
-  if(_owner)
-    target_precompile_headers(${target} REUSE_FROM ${_owner})
-  else()
-    set_property(GLOBAL PROPERTY TPU_PCH_TESTS_OWNER ${target})
-    target_precompile_headers(${target} PRIVATE ${TPU_PCH_STD} <fmt/format.h> <nlohmann/json.hpp>
+  if(NOT TARGET tpu_pch_tests)
+    _tpu_pch_owner(tpu_pch_tests tpucore tpu_test_main tpu_warnings)
+    target_precompile_headers(tpu_pch_tests PRIVATE ${TPU_PCH_STD} <fmt/format.h> <nlohmann/json.hpp>
       <catch2/catch.hpp> [["tpucore/tpucore.h"]])
   endif()
+  target_precompile_headers(${target} REUSE_FROM tpu_pch_tests)
 endfunction()
 
 function(tpu_pch_program target)
@@ -52,8 +62,7 @@ function(tpu_pch_program target)
     return()
   endif()
   if(NOT TARGET tpu_pch_programs)
-    add_executable(tpu_pch_programs EXCLUDE_FROM_ALL ${PROJECT_SOURCE_DIR}/cmake/pch_programs.cpp)
-    target_link_libraries(tpu_pch_programs PRIVATE tpucore tpu_warnings)
+    _tpu_pch_owner(tpu_pch_programs tpucore tpu_warnings)
     target_precompile_headers(tpu_pch_programs PRIVATE ${TPU_PCH_STD} <fmt/format.h> <nlohmann/json.hpp>
       [["tpucore/tpucore.h"]])
   endif()

@@ -1,3 +1,3 @@
-// The program that owns the precompiled headers shared by the single-source programs linking
-// libtpucore (cmake/TpuPch.cmake); it is only compiled for its header image.
+// The program that owns a precompiled header image (cmake/TpuPch.cmake): tpu_pch_tests for the
+// test programs, tpu_pch_programs for the programs linking libtpucore; only its image is used.
 int main() { return 0; }
