@@ -1,13 +1,14 @@
 # Precompiled headers (TPU_PCH, GCC): the test programs and the single-source programs parse the
-# standard library, fmt, nlohmann/json, Catch2 and tpucore/tpucore.h from one header image per
-# kind instead of once per translation unit (the serving and pod tests are not batched, so each
-# of their sources parsed 1.5-5 s of headers). Compile time with the images, user+sys, medians of
-# interleaved runs: 12 pod and serving test sources 49.0 -> 43.4 s, a tpucore_tests unity batch
-# 11.6 -> 10.0 s, 7 program sources 29.9 -> 24.9 s; in the sanitizer build (-O1 -g1, test
-# sources uninstrumented) 4 tpucore_tests unity batches, the 9 pod and 10 serving test sources and
-# the chat tests 185.1 -> 164.7 s, the image's 6.6 s included. libtpucore has none: its sources
-# spend 90% of their time in -O3 code generation, and loading an image cost about what it saved
-# there (a unity batch 11.2 -> 11.1 s).
+# standard library, fmt, nlohmann/json, Catch2 and tpucore/tpucore.h from one header image per kind
+# instead of once per translation unit (the serving and pod tests are not batched, so each of their
+# sources parsed 1.5-5 s of headers). Compile time with the images, user+sys, medians of interleaved
+# runs: 12 pod and serving test sources 49.0 -> 43.4 s, a tpucore_tests unity batch 11.6 -> 10.0 s,
+# 7 program sources 29.9 -> 24.9 s; one interleaved pass in the sanitizer build (test sources
+# uninstrumented): 4 tpucore_tests unity batches, the 9 pod and 10 serving test sources and the chat
+# tests 185.1 -> 164.7 s, the image's 6.6 s included (in the release unity build, 3 batches and the
+# same sources 132.2 -> 120.7 s, image included). libtpucore has none: its sources spend 90% of
+# their time in -O3 code generation, and loading an image cost about what it saved there (a unity
+# batch 11.2 -> 11.1 s).
 # A source that sets a macro before its includes (which the image would precede) is marked
 # SKIP_PRECOMPILE_HEADERS next to where it is added. CMake makes GCC warn about an image it cannot
 # use (-Winvalid-pch), an error with TPU_WERROR. Off by default with other compilers (clang builds
