@@ -15,9 +15,9 @@
 
 namespace tpu::nn {
 
-/// The gated (SwiGLU) MLP: down_proj(act(gate_proj(x)) * up_proj(x)).
-struct PackedProjections;
+struct PackedProjections;  // tpucore/nn/quantized.h
 
+/// The gated (SwiGLU) MLP: down_proj(act(gate_proj(x)) * up_proj(x)).
 class GatedMLP : public Module {
  public:
   /// act: an activation name of nn::activation ("silu", "gelu", ...).
