@@ -86,15 +86,27 @@ QuantizedLinear::QuantizedLinear(Tensor q, Tensor scale, Tensor b, int64_t bn, i
   }
 }
 
+namespace {
+
+// x times the quantized weight w (int8, fp8 with per-row or, with block_n / block_k, block
+// scales, or int4) plus the float bias when defined: QuantizedLinear's product, for one layer or a
+// pack of them.
+Tensor quantized_product(WeightQuant kind, const Tensor& x, const Tensor& w, const Tensor& scale, const Tensor& bias,
+                         int64_t block_n, int64_t block_k) {
+  Tensor y = kind == WeightQuant::int8  ? linear_int8(x, w, scale)
+             : kind == WeightQuant::fp8 ? (block_n > 0 ? linear_fp8(x, w, scale, block_n, block_k)
+                                                       : linear_fp8(x, w, scale))
+                                        : linear_int4(x, w, scale);
+  return bias.defined() ? add(y, bias.to(y.dtype())) : y;
+}
+
+}  // namespace
+
 Tensor QuantizedLinear::forward(const Tensor& x) {
   TPU_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == in_features,
             "QuantizedLinear: expected an input with {} features in the last dim, got shape {}", in_features,
             x.defined() ? x.shape().str() : std::string("undefined"));
-  Tensor y = kind == WeightQuant::int8  ? linear_int8(x, weight, weight_scale)
-             : kind == WeightQuant::fp8 ? (block_n > 0 ? linear_fp8(x, weight, weight_scale, block_n, block_k)
-                                                       : linear_fp8(x, weight, weight_scale))
-                                        : linear_int4(x, weight, weight_scale);
-  return bias.defined() ? add(y, bias.to(y.dtype())) : y;
+  return quantized_product(kind, x, weight, weight_scale, bias, block_n, block_k);
 }
 
 namespace {
@@ -173,10 +185,8 @@ std::vector<Tensor> packed_forward(const PackedProjections& pack, const std::vec
     r0 += n;
   }
   if (x.dim() < 1 || x.size(-1) != first->in_features) return {};  // the parts' own check reports it
-  Tensor y = first->kind == WeightQuant::int8  ? linear_int8(x, pack.weight, pack.weight_scale)
-             : first->kind == WeightQuant::fp8 ? linear_fp8(x, pack.weight, pack.weight_scale)
-                                               : linear_int4(x, pack.weight, pack.weight_scale);
-  if (pack.bias.defined()) y = add(y, pack.bias.to(y.dtype()));
+  // Packing takes per-row fp8 scales only (block_n == 0).
+  const Tensor y = quantized_product(first->kind, x, pack.weight, pack.weight_scale, pack.bias, 0, 0);
   std::vector<Tensor> out;
   r0 = 0;
   for (const int64_t n : pack.rows) {
