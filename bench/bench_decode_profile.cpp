@@ -3,9 +3,12 @@
 // outside the weight products.
 //
 //   bench_decode_profile [--precision f32|bf16|f16|int8|int4] [--rows N] [--steps N] [--threads N]
+//                        [--repeat N] [--no-profile]
 //
 // Prints the rate (generated tokens/s over all rows) and the profiler's table of the decode
-// steps (the prompt's prefill is not recorded).
+// steps (the prompt's prefill is not recorded). --repeat N decodes the prompts N times (a longer
+// run of short-context steps, e.g. under perf): the rate covers every repeat, the table the last.
+// --no-profile leaves the profiler off (its per-op cost out of the rate).
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -23,16 +26,20 @@ using namespace tpu;
 
 int main(int argc, char** argv) {
   std::string prec = "int4";
-  int64_t rows = 1, steps = 32;
+  int64_t rows = 1, steps = 32, repeat = 1;
+  bool profile = true;
   int threads = 2;
   cli::Parser p("bench_decode_profile", "per-op host time of cpu decode steps of a Llama of ~125M parameters");
   p.value("--precision", "P", "f32, bf16, f16, int8 or int4 (default int4)", [&](const std::string& v) { prec = v; });
   p.value("--rows", "N", "sequences decoded together (default 1)", [&](const std::string& v) { rows = p.to_int(v); });
   p.value("--steps", "N", "decode steps recorded (default 32)", [&](const std::string& v) { steps = p.to_int(v); });
   p.value("--threads", "N", "threads (default 2)", [&](const std::string& v) { threads = static_cast<int>(p.to_int(v)); });
+  p.value("--repeat", "N", "decode the prompts N times (default 1)", [&](const std::string& v) { repeat = p.to_int(v); });
+  p.flag("--no-profile", "no profiler (rate only)", [&] { profile = false; });
   if (auto rc = p.parse(argc, argv)) return *rc;
   try {
-    TPU_CHECK(rows >= 1 && steps >= 1 && threads >= 1, "bench_decode_profile: --rows, --steps and --threads must be >= 1");
+    TPU_CHECK(rows >= 1 && steps >= 1 && threads >= 1 && repeat >= 1,
+              "bench_decode_profile: --rows, --steps, --threads and --repeat must be >= 1");
     set_num_threads(threads);
     models::ModelConfig cfg;
     cfg.vocab_size = 32000, cfg.hidden_size = 768, cfg.intermediate_size = 2048;
@@ -55,25 +62,31 @@ int main(int argc, char** argv) {
     models::GenerationConfig g;
     g.max_new_tokens = steps + 1;
     std::unique_ptr<profiler::Profile> prof;
-    size_t done = 0;
     using clock = std::chrono::steady_clock;
-    clock::time_point t0;
-    models::generate(m, prompts, g, [&](size_t, int64_t) {
-      if (++done == prompts.size()) {  // the first token: prefill over, record the decode steps
-        profiler::ProfileOptions o;
-        o.chip_timeline = false;
-        o.record_shapes = false;
-        prof = std::make_unique<profiler::Profile>(o);
-        t0 = clock::now();
-      }
-      return true;
-    });
-    const double secs = std::chrono::duration<double>(clock::now() - t0).count();
-    prof->stop();
-    std::printf("%s, %lld rows, %lld steps, %d threads: %.1f tokens/s (%.3f ms per step, profiled)\n", prec.c_str(),
-                static_cast<long long>(rows), static_cast<long long>(steps), threads,
-                static_cast<double>(rows * steps) / secs, secs * 1e3 / static_cast<double>(steps));
-    std::printf("%s\n", prof->table(30).c_str());
+    double secs = 0;
+    for (int64_t rep = 0; rep < repeat; ++rep) {
+      size_t done = 0;
+      clock::time_point t0;
+      models::generate(m, prompts, g, [&](size_t, int64_t) {
+        if (++done == prompts.size()) {  // the first token: prefill over, record the decode steps
+          if (profile && rep + 1 == repeat) {
+            profiler::ProfileOptions o;
+            o.chip_timeline = false;
+            o.record_shapes = false;
+            prof = std::make_unique<profiler::Profile>(o);
+          }
+          t0 = clock::now();
+        }
+        return true;
+      });
+      secs += std::chrono::duration<double>(clock::now() - t0).count();
+    }
+    if (prof) prof->stop();
+    const double n = static_cast<double>(steps * repeat);
+    std::printf("%s, %lld rows, %lld steps x %lld, %d threads: %.1f tokens/s (%.3f ms per step%s)\n", prec.c_str(),
+                static_cast<long long>(rows), static_cast<long long>(steps), static_cast<long long>(repeat), threads,
+                static_cast<double>(rows) * n / secs, secs * 1e3 / n, prof ? ", the last repeat profiled" : "");
+    if (prof) std::printf("%s\n", prof->table(30).c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_decode_profile: %s\n", e.what());
     return 1;
