@@ -14,7 +14,10 @@ simulator counts. Each rule changes one mechanism; a rule with a constant fits i
 (by MAPE, golden-section on one variable) and reports split-half cross-validation (the constant
 fitted on alternate rows of the set, the other rows predicted, pooled). The free forms at the end
 fit every coefficient on the set by weighted least squares (relative error): what the set's rows
-would need, not a model (they ignore every other set). matmul_large's rows, when present, are
+would need, not a model (they ignore every other set). For matmul_1024 it also prints what any shape-only
+rule can reach: tile-quantized core-split and wave forms with leave-one-K-plane-out CV, the best
+a slow-cell rule does with the cells picked from the measured times, and how those cells move
+between K planes. matmul_large's rows, when present, are
 priced by the conversion-bound form too (their dims and layouts from
 sim/calibration/tpu_v4/matmul_large.csv). Only the Python standard library is used.
 """
@@ -154,6 +157,91 @@ def free_form(rows, feat):
     return co, fit, stats(held, pred)
 
 
+def limits(m1024, mem):
+    """What any shape-only rule can reach on matmul_1024: tile-quantized core-split and wave forms
+    (free fits, with split-half and leave-one-K-plane-out CV), the best a slow-cell floor can do
+    when the cells are picked from the measured times, and how the slow cells move between K."""
+    y = [r["meas"] for r in m1024]
+    ks = sorted({r["k"] for r in m1024})
+    ce = math.ceil
+
+    def free_cv(feat):
+        X = [feat(r) for r in m1024]
+
+        def pred(train):
+            co = lstsq([X[i] for i in train], [y[i] for i in train])
+            return [sum(a * b for a, b in zip(co, x)) for x in X]
+        idx = range(len(m1024))
+        fit = stats(m1024, pred(list(idx)))
+        folds = []
+        for i in (0, 1):
+            p, te = pred(list(idx)[i::2]), list(idx)[1 - i::2]
+            folds.append(stats([m1024[j] for j in te], [p[j] for j in te]))
+        held, hp = [], []
+        for k in ks:
+            p = pred([i for i in idx if m1024[i]["k"] != k])
+            held += [r for r in m1024 if r["k"] == k]
+            hp += [p[i] for i in idx if m1024[i]["k"] == k]
+        return fit, folds, stats(held, hp)
+
+    def tiles(r, tm, tn, how):  # the busiest core's output tiles times the tile's work
+        a, b = ce(r["m"] / tm), ce(r["n"] / tn)
+        per = {"N": ce(b / CORES) * a, "M": ce(a / CORES) * b, "larger": ce(b / CORES) * a if r["n"] >= r["m"] else ce(a / CORES) * b,
+               "evenly by tile": ce(a * b / CORES), "waves of 8 MXUs": ce(a * b / (CORES * MXUS_PER_CORE)) * MXUS_PER_CORE}[how]
+        return per * tm * tn * r["k"] / 1e6
+
+    print("\nmatmul_1024: tile-quantized core split and waves (launch + a work + b memory, fitted on the set;"
+          " CV split-half folds; LKO = each K plane predicted from the other three)")
+    for tm, tn in ((128, 128), (256, 256)):
+        for how in ("N", "M", "larger", "evenly by tile", "waves of 8 MXUs"):
+            fit, folds, lko = free_cv(lambda r: [1, tiles(r, tm, tn, how), mem(r)])
+            print(f"  {tm}x{tn} tiles, split {how:<16} {fit[0]:6.2f}% {fit[1]:.3f}  folds {folds[0][0]:5.2f}% {folds[0][1]:.3f},"
+                  f" {folds[1][0]:5.2f}% {folds[1][1]:.3f}  LKO {lko[0]:6.2f}% {lko[1]:.3f}")
+
+    def refeed(r, rate):
+        return LAUNCH + r["m"] * r["n"] * r["k"] / 128 / rate
+
+    print("\nmatmul_1024: the best a slow-cell rule can do, the cells picked from the measured times")
+    price = [preset(r) for r in m1024]
+    best = None
+    for rate in range(100, 400, 2):
+        p = [min(q, max(q, refeed(r, rate)), key=lambda v: abs(v - t)) for r, q, t in zip(m1024, price, y)]
+        f = stats(m1024, p)
+        if best is None or f[1] > best[1][1]:
+            best = (rate, f, sum(a != b for a, b in zip(p, price)))
+    print(f"  the model, re-feed floor M N K / 128 / r on the {best[2]} cells it brings closer (r {best[0]}):"
+          f" {best[1][0]:.2f}% / {best[1][1]:.4f}")
+    for thr in (1.1, 1.2, 1.3):
+        p = [t if t > thr * q else q for q, t in zip(price, y)]
+        print(f"  the model, the {sum(t > thr * q for q, t in zip(price, y))} cells measured over {thr} x its price"
+              f" set to their measured time: {stats(m1024, p)[0]:.2f}% / {stats(m1024, p)[1]:.4f}")
+    slow = {(r["m"], r["n"], r["k"]) for r, q, t in zip(m1024, price, y) if t > 1.2 * q}
+    plane = {k: {(m, n) for m, n, kk in slow if kk == k} for k in ks}
+    print("  cells measured over 1.2 x the model's price, per K: " + ", ".join(f"{k}: {len(plane[k])}" for k in ks)
+          + "; in both of two adjacent planes: " + ", ".join(f"{a}/{b}: {len(plane[a] & plane[b])}" for a, b in zip(ks, ks[1:])))
+    dom = [(a, b) for a in slow for b in ((r["m"], r["n"], r["k"]) for r in m1024) if b != a and all(x >= z for x, z in zip(b, a))]
+    cell = {(r["m"], r["n"], r["k"]): (t, q) for r, q, t in zip(m1024, price, y)}
+    print("  at K 1024 (measured us, measured / price): " + ", ".join(
+        f"{m} x {n}: {cell[(m, n, 1024)][0] / 1e3 / CLOCK_GHZ:.1f}, {cell[(m, n, 1024)][0] / cell[(m, n, 1024)][1]:.2f}"
+        for m, n in ((384, 768), (640, 640), (896, 512))))
+    print(f"  pairs (slow cell, a cell at least as large in M, N and K): {len(dom)}, the larger one not slow in"
+          f" {sum(b not in slow for a, b in dom)}")
+    print(f"  LKO, the model as it is (no fitted constant): {stats(m1024, price)[0]:.2f}% / {stats(m1024, price)[1]:.4f}")
+    for mode in ("either", "both"):  # a K plane's slow cells guessed from its neighbours', r fitted on the other planes
+        held, hp = [], []
+        for k in ks:
+            train = [(r, q) for r, q in zip(m1024, price) if r["k"] != k and (r["m"], r["n"], r["k"]) in slow]
+            rate = min(range(100, 400, 2), key=lambda v: sum(abs(max(q, refeed(r, v)) - r["meas"]) / r["meas"] for r, q in train))
+            nb = [plane[j] for j in (k - 256, k + 256) if j in plane]
+            for r, q in zip(m1024, price):
+                if r["k"] == k:
+                    hit = [(r["m"], r["n"]) in s for s in nb]
+                    held.append(r)
+                    hp.append(max(q, refeed(r, rate)) if (any(hit) if mode == "either" else all(hit)) else q)
+        f = stats(held, hp)
+        print(f"  LKO, a plane's slow cells taken as those slow in {mode} neighbouring plane(s): {f[0]:.2f}% / {f[1]:.4f}")
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
@@ -285,6 +373,8 @@ def main():
                 f = stats(large, [large_price(r, rate, tc) for r in large])
                 print(f" {rate}{' with' if tc else ' without'} the transposed C {f[0]:.2f}% / {f[1]:.3f};", end="")
         print()
+
+    limits(m1024, mem)
 
     fast = [r for r in m1024 if r["meas"] / preset(r) < 1.15]
     print("\nfree forms (every coefficient fitted on the set alone, relative least squares; cycles)")
