@@ -157,10 +157,12 @@ def free_form(rows, feat):
     return co, fit, stats(held, pred)
 
 
-def limits(m1024, mem):
+def limits(m1024, mem, convert_price, deep):
     """What any shape-only rule can reach on matmul_1024: tile-quantized core-split and wave forms
-    (free fits, with split-half and leave-one-K-plane-out CV), the best a slow-cell floor can do
-    when the cells are picked from the measured times, and how the slow cells move between K."""
+    (free fits, with split-half and leave-one-K-plane-out CV), the best a slow-cell term can do
+    when the cells are picked from the measured times, how the slow cells move between K, and
+    the best predicates of one to three threshold conditions (searched on the whole half, and on
+    three K planes predicting the fourth). `deep`: the three-condition search too (about a minute)."""
     y = [r["meas"] for r in m1024]
     ks = sorted({r["k"] for r in m1024})
     ce = math.ceil
@@ -241,9 +243,116 @@ def limits(m1024, mem):
         f = stats(held, hp)
         print(f"  LKO, a plane's slow cells taken as those slow in {mode} neighbouring plane(s): {f[0]:.2f}% / {f[1]:.4f}")
 
+    print("  one slow-mode term on the cells it brings closer (picked from the measured times), its constant"
+          " fitted by R^2:")
+    terms_ = {"floor M N K / 128 / q": None, "+ A / q": lambda m, n, k: m * k, "+ B / q": lambda m, n, k: k * n,
+              "+ C / q": lambda m, n, k: m * n, "+ (A + B) / q": lambda m, n, k: m * k + k * n,
+              "+ M N K / 128 / q": lambda m, n, k: m * n * k / 128, "+ q cycles": lambda m, n, k: 1.0}
+    bases = (("the model", price), ("conversion-bound", convert_price))
+    for bname, base in bases:
+        figs = []
+        for tname, f in terms_.items():
+            if f is None:
+                grid = range(100, 320, 4)
+            else:  # geometric grids over the constant's plausible range
+                grid = [1e3 * 1.1 ** i for i in range(40)] if tname == "+ q cycles" else [10 * 1.06 ** i for i in range(80)]
+            best = None
+            for q in grid:
+                p = []
+                for r, b, t in zip(m1024, base, y):
+                    m, n, k = r["m"], r["n"], r["k"]
+                    v = max(b, refeed(r, q)) if f is None else b + (q if tname == "+ q cycles" else f(m, n, k) / q)
+                    p.append(min(b, v, key=lambda u: abs(u - t)))
+                fit = stats(m1024, p)
+                if best is None or fit[1] > best[1]:
+                    best = fit
+            figs.append(f"{tname} {best[0]:.2f}% / {best[1]:.4f}")
+        best = None
+        for q1 in range(100, 320, 4):
+            for q2 in range(q1, 320, 4):
+                p = [min(b, max(b, refeed(r, q1)), max(b, refeed(r, q2)), key=lambda u: abs(u - t)) for r, b, t in zip(m1024, base, y)]
+                fit = stats(m1024, p)
+                if best is None or fit[1] > best[1][1]:
+                    best = ((q1, q2), fit)
+        print(f"    {bname}: " + "; ".join(figs) + f"; two floors (q {best[0][0]}, {best[0][1]}, each cell the closer)"
+              f" {best[1][0]:.2f}% / {best[1][1]:.4f}")
+
+    feats = {"M": lambda m, n, k: m, "N": lambda m, n, k: n, "K": lambda m, n, k: k, "A": lambda m, n, k: m * k,
+             "B": lambda m, n, k: k * n, "C": lambda m, n, k: m * n, "MNK": lambda m, n, k: m * n * k,
+             "M-N": lambda m, n, k: m - n, "max(M,N)": lambda m, n, k: max(m, n), "min(M,N)": lambda m, n, k: min(m, n),
+             "A+B": lambda m, n, k: m * k + k * n, "A+C": lambda m, n, k: m * k + m * n, "B+C": lambda m, n, k: k * n + m * n,
+             "A+B+C": lambda m, n, k: m * k + k * n + m * n, "M%256": lambda m, n, k: m % 256, "N%256": lambda m, n, k: n % 256,
+             "tiles%8": lambda m, n, k: (m // 128) * (n // 128) % 8}
+
+    def singles(idx):  # (name, test, bitset over idx) for thresholds at up to 16 quantiles of each feature
+        out = []
+        for fn, f in feats.items():
+            vals = sorted({f(m1024[i]["m"], m1024[i]["n"], m1024[i]["k"]) for i in idx})
+            if len(vals) > 17:
+                vals = [vals[j * (len(vals) - 1) // 16] for j in range(17)]
+            for t in vals[1:]:
+                ge = sum(1 << j for j, i in enumerate(idx) if f(m1024[i]["m"], m1024[i]["n"], m1024[i]["k"]) >= t)
+                out.append((f"{fn} >= {t}", lambda r, f=f, t=t: f(r["m"], r["n"], r["k"]) >= t, ge))
+                out.append((f"{fn} < {t}", lambda r, f=f, t=t: f(r["m"], r["n"], r["k"]) < t, ((1 << len(idx)) - 1) ^ ge))
+        return out
+
+    def byte_tables(d):  # sums of d over the set bits, eight rows at a time
+        return [[sum(d[b * 8 + j] for j in range(8) if v >> j & 1 and b * 8 + j < len(d)) for v in range(256)]
+                for b in range((len(d) + 7) // 8)]
+
+    def bsum(tab, bits):
+        s, b = 0.0, 0
+        while bits:
+            s, bits, b = s + tab[b][bits & 255], bits >> 8, b + 1
+        return s
+
+    def search(idx, base, q, depth):
+        """The predicate (1-3 conditions, AND / OR) whose cells priced at the re-feed floor give the
+        best R^2 on rows idx; three conditions greedily from the 300 best pairs."""
+        mean = sum(y[i] for i in idx) / len(idx)
+        sst = sum((y[i] - mean) ** 2 for i in idx)
+        fast = [(base[i] - y[i]) ** 2 for i in idx]
+        tab = byte_tables([(max(base[i], refeed(m1024[i], q)) - y[i]) ** 2 - e for i, e in zip(idx, fast)])
+        r2 = lambda bits: 1 - (sum(fast) + bsum(tab, bits)) / sst
+        sg = singles(idx)
+        cand = [(r2(b), n, t, b) for n, t, b in sg]
+        for a in range(len(sg)):
+            for b in range(a + 1, len(sg)):
+                (na, ta, ba), (nb, tb, bb) = sg[a], sg[b]
+                cand.append((r2(ba & bb), f"{na} and {nb}", lambda r, ta=ta, tb=tb: ta(r) and tb(r), ba & bb))
+                cand.append((r2(ba | bb), f"{na} or {nb}", lambda r, ta=ta, tb=tb: ta(r) or tb(r), ba | bb))
+        cand.sort(key=lambda c: -c[0])
+        best = cand[0]
+        if depth == 3:
+            for _, n, t, b in cand[:300]:
+                for n2, t2, b2 in sg:
+                    for v, nm, tt, bits in ((r2(b & b2), f"({n}) and {n2}", lambda r, t=t, t2=t2: t(r) and t2(r), b & b2),
+                                            (r2(b | b2), f"({n}) or {n2}", lambda r, t=t, t2=t2: t(r) or t2(r), b | b2)):
+                        if v > best[0]:
+                            best = (v, nm, tt, bits)
+        return best
+
+    print("  predicates searched (thresholds on M, N, K, A, B, C, their sums, MNK, M - N, max / min of M and N,"
+          " M and N mod 256, output tiles mod 8; AND / OR), the re-feed floor at q 180 on the cells they select:")
+    idx = list(range(len(m1024)))
+    for bname, base in bases:
+        for depth in ((2, 3) if deep else (2,)):
+            v, name, test, _ = search(idx, base, 180, depth)
+            whole = stats(m1024, [max(b, refeed(r, 180)) if test(r) else b for r, b in zip(m1024, base)])
+            held, hp, names = [], [], []
+            for k in ks:
+                _, nk, tk, _ = search([i for i in idx if m1024[i]["k"] != k], base, 180, depth)
+                names.append(nk)
+                for r, b in zip(m1024, base):
+                    if r["k"] == k:
+                        held.append(r)
+                        hp.append(max(b, refeed(r, 180)) if tk(r) else b)
+            lko = stats(held, hp)
+            print(f"    {bname}, up to {depth} conditions: best on the half \"{name}\" {whole[0]:.2f}% / {whole[1]:.4f};"
+                  f" LKO (searched per fold) {lko[0]:.2f}% / {lko[1]:.4f}")
 
 def main():
-    if len(sys.argv) != 3:
+    if len(sys.argv) not in (3, 4):
         sys.exit(__doc__)
     rows = load(sys.argv[1], sys.argv[2])
     large = [r for r in rows if r["set"] == "matmul_large"]
@@ -351,6 +460,8 @@ def main():
         print(f"  {s}: rate fitted on the set {x:.0f} per cycle (folds {folds[0]:.0f}, {folds[1]:.0f}): "
               f"{fit[0]:.2f}% / {fit[1]:.3f}, CV {cv[0]:.2f}% / {cv[1]:.3f}")
 
+    limits(m1024, mem, [convert_bound(r, 310.0, prefetched_over_2mib) for r in m1024], "--deep" in sys.argv[3:])
+
     if large:  # the same form on matmul_large's rows, its re-feed floor (restream 192) kept
         def large_price(r, rate, transposed_c):
             lay, m, n, k = r["layouts"], r["m"], r["n"], r["k"]
@@ -373,8 +484,6 @@ def main():
                 f = stats(large, [large_price(r, rate, tc) for r in large])
                 print(f" {rate}{' with' if tc else ' without'} the transposed C {f[0]:.2f}% / {f[1]:.3f};", end="")
         print()
-
-    limits(m1024, mem)
 
     fast = [r for r in m1024 if r["meas"] / preset(r) < 1.15]
     print("\nfree forms (every coefficient fitted on the set alone, relative least squares; cycles)")
