@@ -14,7 +14,10 @@ simulator counts. Each rule changes one mechanism; a rule with a constant fits i
 (by MAPE, golden-section on one variable) and reports split-half cross-validation (the constant
 fitted on alternate rows of the set, the other rows predicted, pooled). The free forms at the end
 fit every coefficient on the set by weighted least squares (relative error): what the set's rows
-would need, not a model (they ignore every other set). matmul_large's rows, when present, are
+would need, not a model (they ignore every other set). For matmul_1024 it also prints what any shape-only
+rule can reach: tile-quantized core-split and wave forms with leave-one-K-plane-out CV, the best
+a slow-cell rule does with the cells picked from the measured times, and how those cells move
+between K planes. matmul_large's rows, when present, are
 priced by the conversion-bound form too (their dims and layouts from
 sim/calibration/tpu_v4/matmul_large.csv). Only the Python standard library is used.
 """
@@ -154,8 +157,202 @@ def free_form(rows, feat):
     return co, fit, stats(held, pred)
 
 
+def limits(m1024, mem, convert_price, deep):
+    """What any shape-only rule can reach on matmul_1024: tile-quantized core-split and wave forms
+    (free fits, with split-half and leave-one-K-plane-out CV), the best a slow-cell term can do
+    when the cells are picked from the measured times, how the slow cells move between K, and
+    the best predicates of one to three threshold conditions (searched on the whole half, and on
+    three K planes predicting the fourth). `deep`: the three-condition search too (about a minute)."""
+    y = [r["meas"] for r in m1024]
+    ks = sorted({r["k"] for r in m1024})
+    ce = math.ceil
+
+    def free_cv(feat):
+        X = [feat(r) for r in m1024]
+
+        def pred(train):
+            co = lstsq([X[i] for i in train], [y[i] for i in train])
+            return [sum(a * b for a, b in zip(co, x)) for x in X]
+        idx = range(len(m1024))
+        fit = stats(m1024, pred(list(idx)))
+        folds = []
+        for i in (0, 1):
+            p, te = pred(list(idx)[i::2]), list(idx)[1 - i::2]
+            folds.append(stats([m1024[j] for j in te], [p[j] for j in te]))
+        held, hp = [], []
+        for k in ks:
+            p = pred([i for i in idx if m1024[i]["k"] != k])
+            held += [r for r in m1024 if r["k"] == k]
+            hp += [p[i] for i in idx if m1024[i]["k"] == k]
+        return fit, folds, stats(held, hp)
+
+    def tiles(r, tm, tn, how):  # the busiest core's output tiles times the tile's work
+        a, b = ce(r["m"] / tm), ce(r["n"] / tn)
+        per = {"N": ce(b / CORES) * a, "M": ce(a / CORES) * b, "larger": ce(b / CORES) * a if r["n"] >= r["m"] else ce(a / CORES) * b,
+               "evenly by tile": ce(a * b / CORES), "waves of 8 MXUs": ce(a * b / (CORES * MXUS_PER_CORE)) * MXUS_PER_CORE}[how]
+        return per * tm * tn * r["k"] / 1e6
+
+    print("\nmatmul_1024: tile-quantized core split and waves (launch + a work + b memory, fitted on the set;"
+          " CV split-half folds; LKO = each K plane predicted from the other three)")
+    for tm, tn in ((128, 128), (256, 256)):
+        for how in ("N", "M", "larger", "evenly by tile", "waves of 8 MXUs"):
+            fit, folds, lko = free_cv(lambda r: [1, tiles(r, tm, tn, how), mem(r)])
+            print(f"  {tm}x{tn} tiles, split {how:<16} {fit[0]:6.2f}% {fit[1]:.3f}  folds {folds[0][0]:5.2f}% {folds[0][1]:.3f},"
+                  f" {folds[1][0]:5.2f}% {folds[1][1]:.3f}  LKO {lko[0]:6.2f}% {lko[1]:.3f}")
+
+    def refeed(r, rate):
+        return LAUNCH + r["m"] * r["n"] * r["k"] / 128 / rate
+
+    print("\nmatmul_1024: the best a slow-cell rule can do, the cells picked from the measured times")
+    price = [preset(r) for r in m1024]
+    best = None
+    for rate in range(100, 400, 2):
+        p = [min(q, max(q, refeed(r, rate)), key=lambda v: abs(v - t)) for r, q, t in zip(m1024, price, y)]
+        f = stats(m1024, p)
+        if best is None or f[1] > best[1][1]:
+            best = (rate, f, sum(a != b for a, b in zip(p, price)))
+    print(f"  the model, re-feed floor M N K / 128 / r on the {best[2]} cells it brings closer (r {best[0]}):"
+          f" {best[1][0]:.2f}% / {best[1][1]:.4f}")
+    for thr in (1.1, 1.2, 1.3):
+        p = [t if t > thr * q else q for q, t in zip(price, y)]
+        print(f"  the model, the {sum(t > thr * q for q, t in zip(price, y))} cells measured over {thr} x its price"
+              f" set to their measured time: {stats(m1024, p)[0]:.2f}% / {stats(m1024, p)[1]:.4f}")
+    slow = {(r["m"], r["n"], r["k"]) for r, q, t in zip(m1024, price, y) if t > 1.2 * q}
+    plane = {k: {(m, n) for m, n, kk in slow if kk == k} for k in ks}
+    print("  cells measured over 1.2 x the model's price, per K: " + ", ".join(f"{k}: {len(plane[k])}" for k in ks)
+          + "; in both of two adjacent planes: " + ", ".join(f"{a}/{b}: {len(plane[a] & plane[b])}" for a, b in zip(ks, ks[1:])))
+    dom = [(a, b) for a in slow for b in ((r["m"], r["n"], r["k"]) for r in m1024) if b != a and all(x >= z for x, z in zip(b, a))]
+    cell = {(r["m"], r["n"], r["k"]): (t, q) for r, q, t in zip(m1024, price, y)}
+    print("  at K 1024 (measured us, measured / price): " + ", ".join(
+        f"{m} x {n}: {cell[(m, n, 1024)][0] / 1e3 / CLOCK_GHZ:.1f}, {cell[(m, n, 1024)][0] / cell[(m, n, 1024)][1]:.2f}"
+        for m, n in ((384, 768), (640, 640), (896, 512))))
+    print(f"  pairs (slow cell, a cell at least as large in M, N and K): {len(dom)}, the larger one not slow in"
+          f" {sum(b not in slow for a, b in dom)}")
+    print(f"  LKO, the model as it is (no fitted constant): {stats(m1024, price)[0]:.2f}% / {stats(m1024, price)[1]:.4f}")
+    for mode in ("either", "both"):  # a K plane's slow cells guessed from its neighbours', r fitted on the other planes
+        held, hp = [], []
+        for k in ks:
+            train = [(r, q) for r, q in zip(m1024, price) if r["k"] != k and (r["m"], r["n"], r["k"]) in slow]
+            rate = min(range(100, 400, 2), key=lambda v: sum(abs(max(q, refeed(r, v)) - r["meas"]) / r["meas"] for r, q in train))
+            nb = [plane[j] for j in (k - 256, k + 256) if j in plane]
+            for r, q in zip(m1024, price):
+                if r["k"] == k:
+                    hit = [(r["m"], r["n"]) in s for s in nb]
+                    held.append(r)
+                    hp.append(max(q, refeed(r, rate)) if (any(hit) if mode == "either" else all(hit)) else q)
+        f = stats(held, hp)
+        print(f"  LKO, a plane's slow cells taken as those slow in {mode} neighbouring plane(s): {f[0]:.2f}% / {f[1]:.4f}")
+
+    print("  one slow-mode term on the cells it brings closer (picked from the measured times), its constant"
+          " fitted by R^2:")
+    terms_ = {"floor M N K / 128 / q": None, "+ A / q": lambda m, n, k: m * k, "+ B / q": lambda m, n, k: k * n,
+              "+ C / q": lambda m, n, k: m * n, "+ (A + B) / q": lambda m, n, k: m * k + k * n,
+              "+ M N K / 128 / q": lambda m, n, k: m * n * k / 128, "+ q cycles": lambda m, n, k: 1.0}
+    bases = (("the model", price), ("conversion-bound", convert_price))
+    for bname, base in bases:
+        figs = []
+        for tname, f in terms_.items():
+            if f is None:
+                grid = range(100, 320, 4)
+            else:  # geometric grids over the constant's plausible range
+                grid = [1e3 * 1.1 ** i for i in range(40)] if tname == "+ q cycles" else [10 * 1.06 ** i for i in range(80)]
+            best = None
+            for q in grid:
+                p = []
+                for r, b, t in zip(m1024, base, y):
+                    m, n, k = r["m"], r["n"], r["k"]
+                    v = max(b, refeed(r, q)) if f is None else b + (q if tname == "+ q cycles" else f(m, n, k) / q)
+                    p.append(min(b, v, key=lambda u: abs(u - t)))
+                fit = stats(m1024, p)
+                if best is None or fit[1] > best[1]:
+                    best = fit
+            figs.append(f"{tname} {best[0]:.2f}% / {best[1]:.4f}")
+        best = None
+        for q1 in range(100, 320, 4):
+            for q2 in range(q1, 320, 4):
+                p = [min(b, max(b, refeed(r, q1)), max(b, refeed(r, q2)), key=lambda u: abs(u - t)) for r, b, t in zip(m1024, base, y)]
+                fit = stats(m1024, p)
+                if best is None or fit[1] > best[1][1]:
+                    best = ((q1, q2), fit)
+        print(f"    {bname}: " + "; ".join(figs) + f"; two floors (q {best[0][0]}, {best[0][1]}, each cell the closer)"
+              f" {best[1][0]:.2f}% / {best[1][1]:.4f}")
+
+    feats = {"M": lambda m, n, k: m, "N": lambda m, n, k: n, "K": lambda m, n, k: k, "A": lambda m, n, k: m * k,
+             "B": lambda m, n, k: k * n, "C": lambda m, n, k: m * n, "MNK": lambda m, n, k: m * n * k,
+             "M-N": lambda m, n, k: m - n, "max(M,N)": lambda m, n, k: max(m, n), "min(M,N)": lambda m, n, k: min(m, n),
+             "A+B": lambda m, n, k: m * k + k * n, "A+C": lambda m, n, k: m * k + m * n, "B+C": lambda m, n, k: k * n + m * n,
+             "A+B+C": lambda m, n, k: m * k + k * n + m * n, "M%256": lambda m, n, k: m % 256, "N%256": lambda m, n, k: n % 256,
+             "tiles%8": lambda m, n, k: (m // 128) * (n // 128) % 8}
+
+    def singles(idx):  # (name, test, bitset over idx) for thresholds at up to 16 quantiles of each feature
+        out = []
+        for fn, f in feats.items():
+            vals = sorted({f(m1024[i]["m"], m1024[i]["n"], m1024[i]["k"]) for i in idx})
+            if len(vals) > 17:
+                vals = [vals[j * (len(vals) - 1) // 16] for j in range(17)]
+            for t in vals[1:]:
+                ge = sum(1 << j for j, i in enumerate(idx) if f(m1024[i]["m"], m1024[i]["n"], m1024[i]["k"]) >= t)
+                out.append((f"{fn} >= {t}", lambda r, f=f, t=t: f(r["m"], r["n"], r["k"]) >= t, ge))
+                out.append((f"{fn} < {t}", lambda r, f=f, t=t: f(r["m"], r["n"], r["k"]) < t, ((1 << len(idx)) - 1) ^ ge))
+        return out
+
+    def byte_tables(d):  # sums of d over the set bits, eight rows at a time
+        return [[sum(d[b * 8 + j] for j in range(8) if v >> j & 1 and b * 8 + j < len(d)) for v in range(256)]
+                for b in range((len(d) + 7) // 8)]
+
+    def bsum(tab, bits):
+        s, b = 0.0, 0
+        while bits:
+            s, bits, b = s + tab[b][bits & 255], bits >> 8, b + 1
+        return s
+
+    def search(idx, base, q, depth):
+        """The predicate (1-3 conditions, AND / OR) whose cells priced at the re-feed floor give the
+        best R^2 on rows idx; three conditions greedily from the 300 best pairs."""
+        mean = sum(y[i] for i in idx) / len(idx)
+        sst = sum((y[i] - mean) ** 2 for i in idx)
+        fast = [(base[i] - y[i]) ** 2 for i in idx]
+        tab = byte_tables([(max(base[i], refeed(m1024[i], q)) - y[i]) ** 2 - e for i, e in zip(idx, fast)])
+        r2 = lambda bits: 1 - (sum(fast) + bsum(tab, bits)) / sst
+        sg = singles(idx)
+        cand = [(r2(b), n, t, b) for n, t, b in sg]
+        for a in range(len(sg)):
+            for b in range(a + 1, len(sg)):
+                (na, ta, ba), (nb, tb, bb) = sg[a], sg[b]
+                cand.append((r2(ba & bb), f"{na} and {nb}", lambda r, ta=ta, tb=tb: ta(r) and tb(r), ba & bb))
+                cand.append((r2(ba | bb), f"{na} or {nb}", lambda r, ta=ta, tb=tb: ta(r) or tb(r), ba | bb))
+        cand.sort(key=lambda c: -c[0])
+        best = cand[0]
+        if depth == 3:
+            for _, n, t, b in cand[:300]:
+                for n2, t2, b2 in sg:
+                    for v, nm, tt, bits in ((r2(b & b2), f"({n}) and {n2}", lambda r, t=t, t2=t2: t(r) and t2(r), b & b2),
+                                            (r2(b | b2), f"({n}) or {n2}", lambda r, t=t, t2=t2: t(r) or t2(r), b | b2)):
+                        if v > best[0]:
+                            best = (v, nm, tt, bits)
+        return best
+
+    print("  predicates searched (thresholds on M, N, K, A, B, C, their sums, MNK, M - N, max / min of M and N,"
+          " M and N mod 256, output tiles mod 8; AND / OR), the re-feed floor at q 180 on the cells they select:")
+    idx = list(range(len(m1024)))
+    for bname, base in bases:
+        for depth in ((2, 3) if deep else (2,)):
+            v, name, test, _ = search(idx, base, 180, depth)
+            whole = stats(m1024, [max(b, refeed(r, 180)) if test(r) else b for r, b in zip(m1024, base)])
+            held, hp, names = [], [], []
+            for k in ks:
+                _, nk, tk, _ = search([i for i in idx if m1024[i]["k"] != k], base, 180, depth)
+                names.append(nk)
+                for r, b in zip(m1024, base):
+                    if r["k"] == k:
+                        held.append(r)
+                        hp.append(max(b, refeed(r, 180)) if tk(r) else b)
+            lko = stats(held, hp)
+            print(f"    {bname}, up to {depth} conditions: best on the half \"{name}\" {whole[0]:.2f}% / {whole[1]:.4f};"
+                  f" LKO (searched per fold) {lko[0]:.2f}% / {lko[1]:.4f}")
+
 def main():
-    if len(sys.argv) != 3:
+    if len(sys.argv) not in (3, 4):
         sys.exit(__doc__)
     rows = load(sys.argv[1], sys.argv[2])
     large = [r for r in rows if r["set"] == "matmul_large"]
@@ -262,6 +459,8 @@ def main():
         folds = [fit1(by_set[s][i::2], rule, 150.0, 600.0) for i in (0, 1)]
         print(f"  {s}: rate fitted on the set {x:.0f} per cycle (folds {folds[0]:.0f}, {folds[1]:.0f}): "
               f"{fit[0]:.2f}% / {fit[1]:.3f}, CV {cv[0]:.2f}% / {cv[1]:.3f}")
+
+    limits(m1024, mem, [convert_bound(r, 310.0, prefetched_over_2mib) for r in m1024], "--deep" in sys.argv[3:])
 
     if large:  # the same form on matmul_large's rows, its re-feed floor (restream 192) kept
         def large_price(r, rate, transposed_c):
