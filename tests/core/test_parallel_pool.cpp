@@ -3,6 +3,7 @@
 // that sleep instead of spinning. Every loop is bounded in count.
 #include <catch2/catch.hpp>
 
+#include <sys/mman.h>
 #include <time.h>
 
 #include <atomic>
@@ -12,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include "ops/cpu/kernels/gemv.h"
+#include "tpucore/core/idle_prefetch.h"
 #include "tpucore/core/parallel.h"
 
 namespace {
@@ -142,4 +145,59 @@ TEST_CASE("thread pool: idle workers sleep instead of spinning", "[core][pool]")
   const double c0 = process_cpu_s();
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   CHECK(process_cpu_s() - c0 < 0.05);
+}
+
+TEST_CASE("few-row products: the caller's blocks from the front, the others' from the back, each once",
+          "[core][pool]") {
+  ThreadsGuard g(2);
+  const std::thread::id caller = std::this_thread::get_id();
+  for (int64_t blocks = 1; blocks <= 300; blocks += 7) {
+    std::vector<std::atomic<int>> seen(static_cast<size_t>(blocks));
+    std::vector<std::atomic<int>> by_caller(static_cast<size_t>(blocks));
+    tpu::kernels::detail::gemv_for_blocks(blocks, 1, [&](int64_t b0, int64_t b1) {
+      const bool mine = std::this_thread::get_id() == caller;
+      for (int64_t b = b0; b < b1; ++b) {
+        ++seen[static_cast<size_t>(b)];
+        if (mine) ++by_caller[static_cast<size_t>(b)];
+      }
+    });
+    int64_t prefix = 0;  // the caller's blocks: [0, prefix)
+    while (prefix < blocks && by_caller[static_cast<size_t>(prefix)].load() == 1) ++prefix;
+    for (int64_t b = 0; b < blocks; ++b) {
+      INFO("blocks " << blocks << " block " << b);
+      REQUIRE(seen[static_cast<size_t>(b)].load() == 1);
+      REQUIRE(by_caller[static_cast<size_t>(b)].load() == (b < prefix ? 1 : 0));
+    }
+  }
+}
+
+TEST_CASE("few-row products: the weight read next the last time", "[core][pool]") {
+  // Addresses only (never read): a decode step reads a, b, c; the next step a, b, c again.
+  static char w[3][64];
+  const void *a = w[0], *b = w[1], *c = w[2];
+  using tpu::detail::follow_weight;
+  std::thread([&] {  // a thread of its own: the history is per calling thread
+    CHECK(follow_weight(a, 10).p == nullptr);
+    CHECK(follow_weight(b, 20).p == nullptr);
+    CHECK(follow_weight(c, 30).p == nullptr);
+    const auto after_a = follow_weight(a, 10);
+    CHECK(after_a.p == b);
+    CHECK(after_a.bytes == 20);
+    CHECK(follow_weight(b, 20).p == c);
+    CHECK(follow_weight(c, 30).p == a);  // c was followed by a
+    CHECK(follow_weight(c, 30).p == a);  // c twice in a row does not follow itself
+  }).join();
+}
+
+TEST_CASE("few-row products: an idle prefetch of memory unmapped meanwhile never faults", "[core][pool]") {
+  ThreadsGuard g(2);
+  const size_t bytes = size_t{1} << 20;
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(p != MAP_FAILED);
+  REQUIRE(munmap(p, bytes) == 0);
+  std::atomic<int64_t> sum{0};
+  for (int job = 0; job < 50; ++job)
+    tpu::kernels::detail::gemv_for_blocks(
+        64, 1, [&](int64_t b0, int64_t b1) { sum += range_sum(b0, b1); }, tpu::detail::NextWeight{p, bytes});
+  REQUIRE(sum.load() == 50 * range_sum(0, 64));
 }

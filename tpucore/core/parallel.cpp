@@ -1,6 +1,7 @@
 #include "tpucore/core/parallel.h"
 
 #include "tpucore/core/env.h"
+#include "tpucore/core/idle_prefetch.h"
 
 #include <algorithm>
 #include <atomic>
@@ -8,6 +9,7 @@
 #include <cstdlib>
 #include <exception>
 #include <mutex>
+#include <unordered_map>
 #include <thread>
 #include <vector>
 
@@ -21,6 +23,10 @@ namespace tpu {
 namespace {
 
 thread_local bool t_in_region = false;
+thread_local bool t_pool_worker = false;
+// The range prefetch_after_chunk() asked for in the current chunk of this worker.
+thread_local const char* t_pf_ptr = nullptr;
+thread_local size_t t_pf_bytes = 0;
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -148,6 +154,23 @@ class ThreadPool {
   }
 
  private:
+  // The range of prefetch_after_chunk() into this core's L2 (prefetcht1), 2 KiB at a time, until
+  // it ends or a job arrives; TPU_IDLE_PREFETCH=0 turns it off.
+  void idle_prefetch(uint32_t seen) {
+    static const bool enabled = env_int("TPU_IDLE_PREFETCH", 0, 1, "prefetching").value_or(1) != 0;
+    if (!enabled) {
+      t_pf_ptr = nullptr;
+      return;
+    }
+    const char* p = t_pf_ptr;
+    const char* const end = p + t_pf_bytes;
+    t_pf_ptr = nullptr;
+    for (; p < end && word_.load(std::memory_order_relaxed) == seen; p += 2048) {
+      const char* const e = std::min(end, p + 2048);
+      for (const char* q = p; q < e; q += 64) __builtin_prefetch(q, 0, 2);
+    }
+  }
+
   void publish(uint32_t chunks) {
     const uint32_t w = word_.load(std::memory_order_relaxed);
     word_.store(((w >> kChunkBits) + 1) << kChunkBits | chunks, std::memory_order_seq_cst);
@@ -169,6 +192,7 @@ class ThreadPool {
 
   void loop(int id) {
     t_in_region = true;
+    t_pool_worker = true;
     uint32_t seen = 0;  // the word before any job (a job may be published before this thread runs)
     int64_t spin_ns = max_spin_ns();
     for (;;) {
@@ -188,8 +212,10 @@ class ThreadPool {
       const uint32_t chunks = seen & kChunkMask;
       if (chunks == kStop) return;
       if (static_cast<uint32_t>(id) < chunks) {
+        t_pf_ptr = nullptr;
         run_chunk(id);
         if (remaining_.fetch_sub(1, std::memory_order_seq_cst) == 1) wake_sleepers(remaining_, remaining_sleepers_);
+        if (t_pf_ptr) idle_prefetch(seen);
       }
     }
   }
@@ -264,6 +290,22 @@ void Barrier::arrive_and_wait() {
 
 namespace detail {
 bool in_parallel_region() { return t_in_region; }
+
+void prefetch_after_chunk(const void* p, size_t bytes) {
+  if (!t_pool_worker) return;
+  t_pf_ptr = static_cast<const char*>(p);
+  t_pf_bytes = bytes;
+}
+
+NextWeight follow_weight(const void* w, size_t bytes) {
+  thread_local std::unordered_map<const void*, NextWeight> next;
+  thread_local const void* prev = nullptr;
+  if (next.size() > 4096) next.clear();  // addresses of weights long freed
+  if (prev && prev != w) next[prev] = NextWeight{w, bytes};
+  prev = w;
+  auto it = next.find(w);
+  return it == next.end() ? NextWeight{} : it->second;
+}
 
 void parallel_run(int64_t begin, int64_t end, int chunks,
                   const std::function<void(int64_t, int64_t)>& fn) {

@@ -9,6 +9,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "tpucore/core/cpu_features.h"
+#include "tpucore/core/idle_prefetch.h"
 #include "tpucore/core/parallel.h"
 
 namespace tpu::kernels {
@@ -75,35 +77,56 @@ bool gemv_bf16_avx2(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t 
 
 namespace detail {
 
-// Runs fn(b0, b1) over [0, blocks) on the pool threads, in runs of consecutive blocks that
-// each thread takes from a shared counter until none are left, each run 1/nt of what is left
-// (guided scheduling, down to single blocks): the first runs are long streams through the
-// weight, the last ones short, so the threads finish close together, and on a host shared with
-// other work a descheduled thread holds up the others for one shrinking run, not for a fixed
-// share of the product. Many equal short runs cost more than they balance: with a fixed 1/64 of
-// an int4 2048 x 768 product per run, two threads took 23-25 us where these runs take 16-17 us
-// (bench_quantize, BM_gemv_int4_kernel, 2-vCPU Intel Xeon); ending on runs of grain / 4 blocks
-// instead of one, the caller of an int4 decode step's products waited 2.7-3.6 us for the other
-// thread per product on average, against 0.7-1.0 us.
+using tpu::detail::NextWeight;
+
+// Runs fn(b0, b1) over [0, blocks) on the pool threads, in runs of consecutive blocks: the
+// calling thread takes its runs from the front, the others from the back, each run 1/nt of what
+// is left (guided scheduling, down to single blocks). The first runs are long streams through
+// the weight, the last ones short, so the threads finish close together, and on a host shared
+// with other work a descheduled thread holds up the others for one shrinking run, not for a
+// fixed share of the product. Many equal short runs cost more than they balance: with a fixed
+// 1/64 of an int4 2048 x 768 product per run, two threads took 23-25 us where these runs take
+// 16-17 us (bench_quantize, BM_gemv_int4_kernel, 2-vCPU Intel Xeon); ending on runs of grain / 4
+// blocks instead of one, the caller of an int4 decode step's products waited 2.7-3.6 us for the
+// other thread per product on average, against 0.7-1.0 us.
+//
+// `next`: the weight the caller's next few-row product is expected to read (follow_weight()).
+// The first pool worker then prefetches the end of it (the blocks a back-taking thread starts
+// from in that product, up to half its L2) while the caller runs the serial work between the two
+// products (tpucore/core/idle_prefetch.h). int4 decode of bench_decode_profile's model, 8
+// interleaved runs each (2-vCPU Intel Xeon): one shared front 680 tokens/s (median), two ends
+// 703, two ends with 512 KiB prefetched 738, with 1 MiB 752.
 // Inline when there are at most `grain` blocks.
 template <class F>
-void gemv_for_blocks(int64_t blocks, int64_t grain, F&& fn) {
+void gemv_for_blocks(int64_t blocks, int64_t grain, F&& fn, NextWeight next = {}) {
   const int nt = tpu::num_threads();
-  if (blocks <= grain || nt <= 1) {
+  if (blocks <= grain || nt <= 1 || blocks > int64_t{0xffffffff}) {
     fn(int64_t{0}, blocks);
     return;
   }
-  // On its own cache line: the threads' closures beside it are read on every run.
-  struct alignas(64) Counter {
-    std::atomic<int64_t> next{0};
+  // The front and back ends of the blocks not yet taken, in one word (front in the low half).
+  struct alignas(64) Ends {
+    std::atomic<uint64_t> fb{0};
   } c;
-  tpu::parallel_for(0, nt, 1, [&](int64_t, int64_t) {
-    int64_t b = c.next.load(std::memory_order_relaxed);
-    while (b < blocks) {
-      const int64_t e = std::min(blocks, b + std::max<int64_t>(1, (blocks - b) / nt));
-      if (!c.next.compare_exchange_weak(b, e, std::memory_order_relaxed)) continue;  // b reloaded
-      fn(b, e);
-      b = c.next.load(std::memory_order_relaxed);
+  c.fb.store(static_cast<uint64_t>(blocks) << 32, std::memory_order_relaxed);
+  tpu::parallel_for(0, nt, 1, [&](int64_t t, int64_t) {
+    const bool front = t == 0;  // chunk 0 runs on the calling thread
+    uint64_t cur = c.fb.load(std::memory_order_relaxed);
+    for (;;) {
+      const int64_t f = static_cast<int64_t>(cur & 0xffffffffu), b = static_cast<int64_t>(cur >> 32);
+      if (f >= b) break;
+      const int64_t r = std::max<int64_t>(1, (b - f) / nt);
+      const int64_t s = front ? f : b - r, e = front ? f + r : b;
+      const uint64_t want = front ? (static_cast<uint64_t>(b) << 32 | static_cast<uint64_t>(e))
+                                  : (static_cast<uint64_t>(s) << 32 | static_cast<uint64_t>(f));
+      if (!c.fb.compare_exchange_weak(cur, want, std::memory_order_relaxed)) continue;  // cur reloaded
+      fn(s, e);
+      cur = c.fb.load(std::memory_order_relaxed);
+    }
+    if (t == 1 && next.p != nullptr) {
+      const size_t l2 = static_cast<size_t>(std::max<long long>(0, tpu::cpu_caches().l2));
+      const size_t n = std::min(next.bytes, l2 > 0 ? l2 / 2 : size_t{1} << 20);
+      tpu::detail::prefetch_after_chunk(static_cast<const char*>(next.p) + (next.bytes - n), n);
     }
   });
 }

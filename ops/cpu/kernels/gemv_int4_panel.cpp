@@ -138,6 +138,7 @@ void run_panels(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, 
   const PanelRows v = quantize_rows(M, K, A, lda);
   const int64_t panels = (N + kPanel - 1) / kPanel, pbytes = int4_panel_bytes(kPanel, K, group, F16);
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 17) / std::max<int64_t>(1, K * M * kPanel));
+  const tpu::detail::NextWeight next = tpu::detail::follow_weight(P, static_cast<size_t>(panels * pbytes));
   detail::gemv_for_blocks(panels, grain, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t j = p * kPanel;
@@ -159,7 +160,7 @@ void run_panels(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, 
         }
       }
     }
-  });
+  }, next);
 }
 
 }  // namespace

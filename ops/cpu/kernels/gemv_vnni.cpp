@@ -328,11 +328,12 @@ constexpr int64_t kVnPrefetchBytes = 4096;
 // the one to prefetch, at least kVnPrefetchBytes further on and inside the thread's run (0: none
 // left; the hardware prefetchers start over on every row, so the block's first group prefetches).
 template <class F>
-void vn_run(int64_t M, int64_t N, int64_t K, int64_t row_bytes, F&& group_fn) {
+void vn_run(int64_t M, int64_t N, int64_t K, int64_t row_bytes, const void* W, F&& group_fn) {
   const int64_t blocks = (N + kVnCols - 1) / kVnCols;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 17) / std::max<int64_t>(1, K * M * kVnCols));
   const int64_t block_bytes = std::max<int64_t>(1, kVnCols * row_bytes);
   const int64_t dist = std::clamp<int64_t>((kVnPrefetchBytes + block_bytes - 1) / block_bytes, 1, 8);
+  const tpu::detail::NextWeight next = tpu::detail::follow_weight(W, static_cast<size_t>(N * row_bytes));
   detail::gemv_for_blocks(blocks, grain, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t j = b * kVnCols;
@@ -341,7 +342,7 @@ void vn_run(int64_t M, int64_t N, int64_t K, int64_t row_bytes, F&& group_fn) {
       for (int64_t i = 0; i < M; i += kVnRows)
         group_fn(j, cols, i, static_cast<int>(std::min<int64_t>(kVnRows, M - i)), ahead);
     }
-  });
+  }, next);
 }
 
 }  // namespace
@@ -356,7 +357,7 @@ void gemv_int8_vnni(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda
   if (M <= 0 || N <= 0) return;
   VnRows v;
   quantize_rows(M, K, A, lda, v);
-  vn_run(M, N, K, K, [&](int64_t j, int cols, int64_t i, int rows, int64_t ahead) {
+  vn_run(M, N, K, K, W, [&](int64_t j, int cols, int64_t i, int rows, int64_t ahead) {
     const int64_t pf = i == 0 ? ahead * kVnCols * K : 0;
     const int8_t* w[kVnCols];
     for (int c = 0; c < kVnCols; ++c) w[c] = W + (j + std::min(c, cols - 1)) * K;
@@ -385,7 +386,7 @@ void vn4_run(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int
     g.kind = 1;
     g.shift = __builtin_ctzll(static_cast<unsigned long long>(g.bpg));
   }
-  vn_run(M, N, K, K / 2, [&](int64_t j, int cols, int64_t i, int rows, int64_t ahead) {
+  vn_run(M, N, K, K / 2, W, [&](int64_t j, int cols, int64_t i, int rows, int64_t ahead) {
     const int64_t pf = i == 0 ? ahead * kVnCols * (K / 2) : 0;
     const uint8_t* w[kVnCols];
     const S* s[kVnCols];
