@@ -131,5 +131,11 @@ void gemv_for_blocks(int64_t blocks, int64_t grain, F&& fn, NextWeight next = {}
   });
 }
 
+// The next-weight guess for a product over weight rows B (row stride b_cs elements, N rows).
+template <class T>
+NextWeight next_rows(const T* B, int64_t N, int64_t b_cs) {
+  return tpu::detail::follow_weight(B, static_cast<size_t>(N) * static_cast<size_t>(b_cs) * sizeof(T));
+}
+
 }  // namespace detail
 }  // namespace tpu::kernels

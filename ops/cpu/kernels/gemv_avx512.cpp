@@ -343,7 +343,7 @@ void bcast_run(int64_t M, int64_t N, int64_t K, const typename R::T* A, int64_t 
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, 16 * groups * K * kBcastCols));
   detail::gemv_for_blocks(blocks, grain, [&](int64_t b0, int64_t b1) {
     bcast_cols<R>(M, K, pan, B, b_cs, C, ldc, accumulate, b0 * kBcastCols, std::min(N, b1 * kBcastCols), seg_words);
-  });
+  }, detail::next_rows(B, N, b_cs));
 }
 
 template <class R>
@@ -354,7 +354,7 @@ void gemv_run(int64_t M, int64_t N, int64_t K, const typename R::T* A, int64_t a
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, M * K * kCols));
   detail::gemv_for_blocks(blocks, grain, [&](int64_t b0, int64_t b1) {
     gemv_cols<R>(M, K, A, a_rs, B, b_cs, C, ldc, accumulate, b0 * kCols, std::min(N, b1 * kCols));
-  });
+  }, detail::next_rows(B, N, b_cs));
 }
 
 // Rows the broadcast kernel takes beyond kGemvMaxRows: up to kGemvMaxRowsWide while the panel
@@ -498,7 +498,7 @@ void tdot_run(int64_t M, int64_t N, int64_t K, const typename R::T* A, int64_t a
       case 3: tdot_cols<R, 3>(K, pan, B, b_cs, C, ldc, accumulate, j0, j1, seg_words); break;
       default: tdot_cols<R, 4>(K, pan, B, b_cs, C, ldc, accumulate, j0, j1, seg_words); break;
     }
-  });
+  }, detail::next_rows(B, N, b_cs));
 }
 
 // Whether the broadcast kernel takes M rows in batch-invariant mode: any M up to kGemvMaxRows,

@@ -203,7 +203,7 @@ void f16_bcast_run(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a
       for (int c = 0; c < kBcastCols; ++c) w[c] = B + (j + std::min(c, cols - 1)) * b_cs;
       bcast_block_avx512(M, K, pan, w, C + j, ldc, cols, accumulate, b + 1 < b1 ? kBcastCols * b_cs : 0);
     }
-  });
+  }, detail::next_rows(B, N, b_cs));
 }
 
 // ---- AVX2 + F16C: tiles of up to 2 rows (8 accumulators, 4 weight and 2 row registers). ----
@@ -298,7 +298,7 @@ void f16_rows_run(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_
         }
       }
     }
-  });
+  }, detail::next_rows(B, N, b_cs));
 }
 
 }  // namespace
