@@ -155,13 +155,8 @@ class ThreadPool {
 
  private:
   // The range of prefetch_after_chunk() into this core's L2 (prefetcht1), 2 KiB at a time, until
-  // it ends or a job arrives; TPU_IDLE_PREFETCH=0 turns it off.
+  // it ends or a job arrives.
   void idle_prefetch(uint32_t seen) {
-    static const bool enabled = env_int("TPU_IDLE_PREFETCH", 0, 1, "prefetching").value_or(1) != 0;
-    if (!enabled) {
-      t_pf_ptr = nullptr;
-      return;
-    }
     const char* p = t_pf_ptr;
     const char* const end = p + t_pf_bytes;
     t_pf_ptr = nullptr;
@@ -292,7 +287,8 @@ namespace detail {
 bool in_parallel_region() { return t_in_region; }
 
 void prefetch_after_chunk(const void* p, size_t bytes) {
-  if (!t_pool_worker) return;
+  static const bool enabled = env_int("TPU_IDLE_PREFETCH", 0, 1, "prefetching").value_or(1) != 0;
+  if (!t_pool_worker || !enabled) return;  // TPU_IDLE_PREFETCH=0: no request is kept
   t_pf_ptr = static_cast<const char*>(p);
   t_pf_bytes = bytes;
 }
