@@ -8,6 +8,7 @@
 // small random Llama (hidden 1024, 4 layers, intermediate 2816, vocab 8192) in f32, with its
 // decoder Linears quantized to int8 or int4 (models::quantize_causal_lm). The thread count is
 // the pool's (TPU_NUM_THREADS).
+// BM_kv_cache_attend: one layer's decode attention over an f32, bf16, int8 or e4m3 KV cache.
 // BM_sim_quantized_step: the seven projections of one Llama-3-8B-shaped decoder layer (hidden
 // 4096, q 4096, k/v 1024, o 4096, gate/up 14336, down 4096) on a simulated chip (sim:1, v6e or v7
 // with their calibrated timing, or TPU_BENCH_SIM_IDEAL=1 for the ideal event timeline), timing-only,
@@ -19,6 +20,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -217,6 +219,39 @@ void BM_decode_quantized(benchmark::State& st) {
       benchmark::Counter(static_cast<double>(new_tokens), benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// One decode step of one attention layer over a KV cache of `context` positions (Llama-3-8B's
+// attention: 32 query heads, 8 kv heads, head size 128): the cache in f32, bf16, int8 or e4m3
+// (update_and_attend, the quantized bytes read in place), and the int8 cache read the general
+// way for comparison (update() returns the cache dequantized to f32, then attention over it).
+void BM_kv_cache_attend(benchmark::State& st) {
+  const int kind = static_cast<int>(st.range(0));  // 0 f32, 1 bf16, 2 int8, 3 e4m3, 4 int8 dequantized first
+  const int64_t context = st.range(1), H = 32, HK = 8, D = 128;
+  const DType dt = kind == 0 ? DType::f32 : kind == 1 ? DType::bf16 : kind == 3 ? DType::f8e4m3 : DType::i8;
+  NoGradGuard ng;
+  Generator g(3);
+  nn::KVCache c(1, 1, HK, context, D, dt);
+  const Tensor kp = rand({1, HK, context - 1, D}, {}, &g), vp = rand({1, HK, context - 1, D}, {}, &g);
+  c.update(0, kp, vp);
+  c.advance(context - 1);
+  const DType act = kind == 1 ? DType::bf16 : DType::f32;  // the activations' dtype (a bf16 model's for bf16)
+  const Tensor q = to(rand({1, H, 1, D}, {}, &g), act), k = to(rand({1, HK, 1, D}, {}, &g), act),
+               v = to(rand({1, HK, 1, D}, {}, &g), act);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  for (auto _ : st) {  // the step writes position context - 1 and attends over all positions
+    if (kind == 4) {
+      const auto [kc, vc] = c.update(0, k, v);
+      benchmark::DoNotOptimize(scaled_dot_product_attention(q, kc, vc, {}, false, scale).raw_data());
+    } else {
+      benchmark::DoNotOptimize(c.update_and_attend(0, q, k, v, {}, scale).raw_data());
+    }
+  }
+  static const char* names[] = {"f32", "bf16", "int8", "e4m3", "int8, dequantized first"};
+  st.SetLabel(names[kind]);
+  const double bytes = static_cast<double>(c.nbytes());  // the whole cache is live: every byte is read once
+  st.counters["cache MB"] = bytes / 1e6;
+  st.counters["GB/s"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 void BM_sim_quantized_step(benchmark::State& st) {
   const bool v7 = st.range(0) == 7;
   const auto prec = static_cast<Precision>(st.range(1));
@@ -306,6 +341,7 @@ BENCHMARK(BM_gemv_int4_kernel)
     ->UseRealTime();
 BENCHMARK(BM_int4_pack_panels)->Args({32000, 768})->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_decode_int4_repack)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_kv_cache_attend)->ArgsProduct({{0, 1, 2, 3, 4}, {512, 4096}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_decode_quantized)->ArgsProduct({{kF32, kInt8, kInt4}, {64}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 BENCHMARK_MAIN();

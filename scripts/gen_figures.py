@@ -743,6 +743,38 @@ def host_decode_attention(build, quick):
                  insert_before="<!-- decode attention tables end -->")
 
 
+def host_kv_cache(build, quick):
+    """docs/quantization.md's table of one decode step's attention over an f32, bf16, int8 or e4m3 KV
+    cache on this CPU (bench_quantize BM_kv_cache_attend, the pool's threads, three interleaved
+    repetitions: the median and the range)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", (cpu_model() + " " + " ".join(cpu_flags())).lower()).strip("-")
+    load = " ".join(open("/proc/loadavg").read().split()[:3])
+    mt = ["--benchmark_min_time=0.01"] if quick else ["--benchmark_min_time=0.3", "--benchmark_repetitions=3",
+                                                       "--benchmark_enable_random_interleaving=true"]
+    kind = "bench/bench_quantize BM_kv_cache_attend" + (" (--quick: too short to quote)" if quick else "")
+    runs = {}
+    for b in bench_json(build, "bench_quantize", "BM_kv_cache_attend", extra=mt):
+        _, k, ctx = b["name"].split("/")[:3]
+        runs.setdefault((int(ctx), int(k)), []).append((b["real_time"], b.get("label", k)))
+    kinds = sorted({k for _, k in runs})
+    labels = {k: v[0][1] for (_, k), v in runs.items()}
+    lines = [f"One decode step's attention on {cpu_model()}:", "",
+             header(kind + f"; load average before the run {load}"), "",
+             "| cached positions | " + " | ".join(f"{labels[k]} cache µs" for k in kinds) + " |",
+             "|---:" * (len(kinds) + 1) + "|"]
+    for ctx in sorted({c for c, _ in runs}):
+        cells = []
+        for k in kinds:
+            ts = sorted(t for t, _ in runs.get((ctx, k), []))
+            if not ts:
+                cells.append("")
+                continue
+            med = ts[len(ts) // 2]
+            cells.append(fmt(med, 0) + (f" ({fmt(ts[0], 0)}-{fmt(ts[-1], 0)})" if len(ts) > 1 else ""))
+        lines.append(f"| {ctx:,} | " + " | ".join(cells) + " |")
+    write_region("quantization.md", "kv-cache-" + slug, "\n".join(lines), insert_before="<!-- kv cache tables end -->")
+
+
 # ---------------------------------------------------------------- mixture-of-experts layer (host)
 
 
@@ -827,6 +859,8 @@ def main():
                     help="only the batch-invariance cost of docs/serving.md (host timings; run on a quiet machine)")
     ap.add_argument("--decode-attention", action="store_true",
                     help="only the decode-attention table of docs/performance.md (host timings; quiet machine)")
+    ap.add_argument("--kv-cache", action="store_true",
+                    help="only the quantized KV cache attention table of docs/quantization.md (host timings; quiet machine)")
     ap.add_argument("--moe", action="store_true",
                     help="only the MoE layer table of docs/performance.md (host timings; run on a quiet machine)")
     ap.add_argument("--only", default="", help="comma-separated subset: calibration,kernels,kernel-api,llm,pod,serve,ici,plan,ops,quant")
@@ -844,6 +878,9 @@ def main():
     if args.decode_attention:
         host_decode_attention(args.build, args.quick)
         return
+    if args.kv_cache:
+        host_kv_cache(args.build, args.quick)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         if do_sim:
             parts = {"ops": op_matrix, "calibration": lambda b: calibration(b, tmp), "kernels": sim_kernels,
@@ -858,6 +895,7 @@ def main():
             host(args.build, args.quick)
             host_moe(args.build, args.quick)
             host_decode_attention(args.build, args.quick)
+            host_kv_cache(args.build, args.quick)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@
 #   bash scripts/gen_figures.sh --invariant  # the batch-invariance cost of docs/serving.md (quiet machine)
 #   bash scripts/gen_figures.sh --moe        # the MoE layer table of docs/performance.md (quiet machine)
 #   bash scripts/gen_figures.sh --decode-attention   # the decode-attention table of docs/performance.md
+#   bash scripts/gen_figures.sh --kv-cache   # the quantized KV cache attention table of docs/quantization.md
 # Options: --only calibration,kernels,kernel-api,ici,llm,pod,serve,plan,ops,quant (a subset of the simulator
 # parts; kernel-api: the cycle tables of docs/kernels.md from the programs of examples/kernels/),
 # --no-build (use the programs already in $BUILD). BUILD (default build) is the build folder;
@@ -25,6 +26,7 @@ mode_host=1
 mode_inv=0
 mode_moe=0
 mode_att=0
+mode_kv=0
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -34,9 +36,10 @@ while [ $# -gt 0 ]; do
     --invariant) mode_sim=0; mode_host=0; mode_inv=1; args+=(--invariant) ;;
     --moe) mode_sim=0; mode_host=0; mode_moe=1; args+=(--moe) ;;
     --decode-attention) mode_sim=0; mode_host=0; mode_att=1; args+=(--decode-attention) ;;
+    --kv-cache) mode_sim=0; mode_host=0; mode_kv=1; args+=(--kv-cache) ;;
     --only) mode_host=0; args+=(--only "$2"); shift ;;
     --no-build) build=0 ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gen_figures: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -50,6 +53,7 @@ if [ "$build" = 1 ]; then
   [ "$mode_inv" = 1 ] && targets+=(bench_serve)
   [ "$mode_moe" = 1 ] || [ "$mode_host" = 1 ] && targets+=(bench_moe)
   [ "$mode_att" = 1 ] && targets+=(bench_llm)
+  [ "$mode_kv" = 1 ] || [ "$mode_host" = 1 ] && targets+=(bench_quantize)
   [ "$mode_sim" = 1 ] && targets+=(tpu-ops tpu-calib tpu-plan bench_sim bench_ici bench_codegen bench_llm_sim bench_pod_train
                                    bench_serve_sim bench_quantize kernel_matmul kernel_flash_attention kernel_paged_attention)
   if [ "$mode_host" = 1 ]; then

@@ -10,10 +10,6 @@ namespace {
 
 using namespace moe;
 
-Tensor uni(Generator& g, const Shape& s, DType dt = DType::f32) {
-  return make_input(g, s, dt, Layout::contiguous, -1.0, 1.0);
-}
-
 TEST_CASE("grouped_matmul: bf16 groups of strided views, one pass over all groups, round to nearest even",
           "[moe][matmul]") {
   Generator g(21);
@@ -23,8 +19,8 @@ TEST_CASE("grouped_matmul: bf16 groups of strided views, one pass over all group
   // run over the threads (on CPUs with AMX, in one pass with the weights read in place).
   const std::vector<int64_t> counts{0, 1, 17, 130, 0, 45};
   const int64_t T = 193, K = 232, N = 301, E = 6;
-  const Tensor x = transpose(uni(g, {K, T}, DType::bf16), 0, 1);
-  const Tensor w = narrow(uni(g, {E, N, K + 24}, DType::bf16), 2, 0, K);
+  const Tensor x = transpose(uniform_input(g, {K, T}, DType::bf16), 0, 1);
+  const Tensor w = narrow(uniform_input(g, {E, N, K + 24}, DType::bf16), 2, 0, K);
   const Tensor y = grouped_matmul(x, w, counts_tensor(counts, DType::i32), true);
   REQUIRE(y.dtype() == DType::bf16);
   REQUIRE(y.shape() == Shape{T, N});
@@ -55,7 +51,7 @@ TEST_CASE("SparseMoE in bf16 equals the per-expert loop over its routing", "[moe
   moe.eval();
   NoGradGuard ng;
   const int64_t T = 37, H = c.hidden, F = c.intermediate;
-  const Tensor x = uni(g, {T, H}, DType::bf16);
+  const Tensor x = uniform_input(g, {T, H}, DType::bf16);
   const Tensor y = moe(x);
   REQUIRE(y.dtype() == DType::bf16);
   const nn::SparseMoE::Routing r = moe.route(x);

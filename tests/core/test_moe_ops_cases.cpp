@@ -14,10 +14,6 @@ namespace {
 
 using namespace moe;
 
-Tensor uni(Generator& g, const Shape& s, DType dt = DType::f32) {
-  return make_input(g, s, dt, Layout::contiguous, -1.0, 1.0);
-}
-
 TEST_CASE("grouped_matmul: large uneven groups match the naive loop in both layouts", "[moe][matmul]") {
   Generator g(7);
   // Group 2 (120 x 256 x 160 = 9.8 MFLOP) runs split inside the GEMM, the others in parallel.
@@ -26,13 +22,13 @@ TEST_CASE("grouped_matmul: large uneven groups match the naive loop in both layo
   for (DType dt : {DType::f32, DType::bf16})
     for (bool tw : {false, true}) {
       DYNAMIC_SECTION(dtype_name(dt) << (tw ? " transposed" : "")) {
-        Tensor x = uni(g, {T, K}, dt);
-        Tensor w = uni(g, tw ? Shape{E, N, K} : Shape{E, K, N}, dt);
+        Tensor x = uniform_input(g, {T, K}, dt);
+        Tensor w = uniform_input(g, tw ? Shape{E, N, K} : Shape{E, K, N}, dt);
         Tensor y = grouped_matmul(x, w, counts_tensor(counts), tw);
         REQUIRE(y.dtype() == dt);
         const Tol tol = dt == DType::f32 ? Tol{1e-4, 1e-5} : Tol{2e-2, 1e-2};
         check_close(y, grouped_matmul_ref(ref_of(x), ref_of(w), counts, tw), tol, "grouped_matmul");
-        Tensor dy = uni(g, {T, N}, dt);
+        Tensor dy = uniform_input(g, {T, N}, dt);
         check_close(grouped_matmul_weight_grad(x, dy, counts_tensor(counts, DType::i32), tw),
                     weight_grad_ref(ref_of(x), ref_of(dy), counts, tw), tol, "weight grad");
       }
@@ -63,8 +59,8 @@ TEST_CASE("grouped_matmul: few-row groups of a wide transposed weight (the MoE l
   for (DType dt : {DType::bf16, DType::f32}) {
     DYNAMIC_SECTION(dtype_name(dt)) {
       const double tol = dt == DType::f32 ? 1e-4 : 2e-2;
-      Tensor x = uni(g, {60, K}, dt);
-      Tensor w = uni(g, {E, N, K}, dt);
+      Tensor x = uniform_input(g, {60, K}, dt);
+      Tensor w = uniform_input(g, {E, N, K}, dt);
       Tensor y = grouped_matmul(x, w, counts_tensor(counts), true);
       REQUIRE(y.dtype() == dt);
       check(y, naive(x, w, counts), tol);
@@ -78,7 +74,7 @@ TEST_CASE("grouped_matmul: few-row groups of a wide transposed weight (the MoE l
 TEST_CASE("grouped_matmul: mixed f32 and bf16 promote, f16 runs in f32", "[moe][matmul]") {
   Generator g(8);
   const std::vector<int64_t> counts{2, 3};
-  Tensor x = uni(g, {5, 4}, DType::bf16), w = uni(g, {2, 4, 3});
+  Tensor x = uniform_input(g, {5, 4}, DType::bf16), w = uniform_input(g, {2, 4, 3});
   Tensor y = grouped_matmul(x, w, counts_tensor(counts));
   REQUIRE(y.dtype() == DType::f32);
   check_close(y, grouped_matmul_ref(ref_of(x), ref_of(w), counts, false), {1e-5, 1e-5}, "mixed");
@@ -94,9 +90,9 @@ TEST_CASE("grouped_matmul: gradients equal the closed forms, empty groups get ze
   const int64_t T = 8, K = 5, N = 3, E = 4;
   for (bool tw : {false, true}) {
     DYNAMIC_SECTION((tw ? "transposed" : "plain")) {
-      Tensor x = uni(g, {T, K}).requires_grad_();
-      Tensor w = uni(g, tw ? Shape{E, N, K} : Shape{E, K, N}).requires_grad_();
-      Tensor dy = uni(g, {T, N});
+      Tensor x = uniform_input(g, {T, K}).requires_grad_();
+      Tensor w = uniform_input(g, tw ? Shape{E, N, K} : Shape{E, K, N}).requires_grad_();
+      Tensor dy = uniform_input(g, {T, N});
       grouped_matmul(x, w, counts_tensor(counts), tw).backward(dy);
       const Ref X = ref_of(x), W = ref_of(w), DY = ref_of(dy);
       // dx[r, k] = sum_n dy[r, n] w_e[k, n]; dw_e[k, n] = sum_{r in e} x[r, k] dy[r, n].
@@ -122,9 +118,9 @@ TEST_CASE("grouped_matmul: gradients equal the closed forms, empty groups get ze
 TEST_CASE("moe ops: a routed layer equals the per-token sum over its chosen experts", "[moe]") {
   Generator g(10);
   const int64_t T = 9, H = 6, F = 4, E = 5, k = 2;
-  Tensor x = uni(g, {T, H}).requires_grad_();
-  Tensor w = uni(g, {E, F, H}).requires_grad_();  // per expert [out, in], as a Linear
-  Tensor logits = uni(g, {T, E});
+  Tensor x = uniform_input(g, {T, H}).requires_grad_();
+  Tensor w = uniform_input(g, {E, F, H}).requires_grad_();  // per expert [out, in], as a Linear
+  Tensor logits = uniform_input(g, {T, E});
   auto [vals, ids] = topk(softmax(logits, -1), k);
   Tensor weights = vals.detach().requires_grad_();
   auto [order, counts] = moe_sort(ids, E);
@@ -150,7 +146,7 @@ TEST_CASE("moe ops: a routed layer equals the per-token sum over its chosen expe
   }
   check_close(out, want, {1e-5, 1e-5}, "routed layer");
   // Gradients: d/dweights[t, j] = <dout[t], x_t W_e^T>, d/dx[t] = sum_j w_tj dout[t] W_e.
-  Tensor dout = uni(g, {T, F});
+  Tensor dout = uniform_input(g, {T, F});
   out.backward(dout);
   const Ref D = ref_of(dout);
   Ref dwt(Shape{T, k}), dx(Shape{T, H});
@@ -172,7 +168,7 @@ TEST_CASE("moe ops: a routed layer equals the per-token sum over its chosen expe
 
 TEST_CASE("topk: the indices are the naive ones, NaN counts as the largest, backward scatters", "[moe]") {
   Generator g(11);
-  Tensor x = uni(g, {4, 7});
+  Tensor x = uniform_input(g, {4, 7});
   auto [v, i] = topk(x, 3);
   REQUIRE(i.dtype() == DType::i64);
   check_close(i, topk_ref(ref_of(x), 3, true), {0, 0}, "indices");
@@ -180,7 +176,7 @@ TEST_CASE("topk: the indices are the naive ones, NaN counts as the largest, back
   auto [nv, ni] = topk(n, 3, 0);
   CHECK(ni.to_vector<int64_t>() == std::vector<int64_t>{1, 2, 3});
   // Along dim 0 of a 3-D tensor.
-  Tensor y = uni(g, {5, 2, 3});
+  Tensor y = uniform_input(g, {5, 2, 3});
   auto [yv, yi] = topk(y, 2, 0);
   REQUIRE(yv.shape() == Shape({2, 2, 3}));
   const Ref Y = ref_of(y), YV = ref_of(yv);
@@ -192,7 +188,7 @@ TEST_CASE("topk: the indices are the naive ones, NaN counts as the largest, back
       CHECK(YV.at({0, a, b}) == col[0]);
       CHECK(YV.at({1, a, b}) == col[1]);
     }
-  Tensor z = uni(g, {2, 4}).requires_grad_();
+  Tensor z = uniform_input(g, {2, 4}).requires_grad_();
   auto [zv, zi] = topk(z, 2);
   sum(mul(zv, from_vector(std::vector<float>{1, 2, 3, 4}, Shape{2, 2}))).backward();
   const Ref ZI = ref_of(zi);
@@ -283,7 +279,7 @@ TEST_CASE("moe ops on the chip: grouped_matmul and its weight grad match the nai
   for (DType dt : {DType::f32, DType::bf16})
     for (bool tw : {false, true}) {
       CAPTURE(dtype_name(dt), tw);
-      Tensor x = uni(g, {T, K}, dt), w = uni(g, tw ? Shape{E, N, K} : Shape{E, K, N}, dt), dy = uni(g, {T, N}, dt);
+      Tensor x = uniform_input(g, {T, K}, dt), w = uniform_input(g, tw ? Shape{E, N, K} : Shape{E, K, N}, dt), dy = uniform_input(g, {T, N}, dt);
       const Tol tol = dt == DType::f32 ? Tol{1e-5, 1e-5} : Tol{2e-2, 1e-2};
       Tensor y = grouped_matmul(x.to(d), w.to(d), counts_tensor(counts).to(d), tw);
       REQUIRE(y.device() == d);
@@ -297,18 +293,18 @@ TEST_CASE("moe ops on the chip: grouped_matmul and its weight grad match the nai
   for (bool tw : {false, true}) {
     CAPTURE(tw);
     const std::vector<int64_t> wide{5, 0, 12};
-    Tensor xw = uni(g, {17, 16}), ww = uni(g, tw ? Shape{3, 1024, 16} : Shape{3, 16, 1024}), dyw = uni(g, {17, 1024});
+    Tensor xw = uniform_input(g, {17, 16}), ww = uniform_input(g, tw ? Shape{3, 1024, 16} : Shape{3, 16, 1024}), dyw = uniform_input(g, {17, 1024});
     check_close(grouped_matmul(xw.to(d), ww.to(d), counts_tensor(wide).to(d), tw).to(Device()),
                 grouped_matmul_ref(ref_of(xw), ref_of(ww), wide, tw), {1e-5, 1e-5}, "panels");
     check_close(grouped_matmul_weight_grad(xw.to(d), dyw.to(d), counts_tensor(wide).to(d), tw).to(Device()),
                 weight_grad_ref(ref_of(xw), ref_of(dyw), wide, tw), {1e-5, 1e-5}, "weight grad panels");
   }
   // Every row in one group, and no rows at all (the weight gradient is then zero).
-  Tensor x = uni(g, {T, K}), w = uni(g, {E, K, N}), dy = uni(g, {T, N});
+  Tensor x = uniform_input(g, {T, K}), w = uniform_input(g, {E, K, N}), dy = uniform_input(g, {T, N});
   const std::vector<int64_t> one{0, 0, T, 0, 0, 0};
   check_close(grouped_matmul(x.to(d), w.to(d), counts_tensor(one).to(d)).to(Device()),
               grouped_matmul_ref(ref_of(x), ref_of(w), one, false), {1e-5, 1e-5}, "one group");
-  Tensor none = grouped_matmul_weight_grad(uni(g, {0, K}).to(d), uni(g, {0, N}).to(d),
+  Tensor none = grouped_matmul_weight_grad(uniform_input(g, {0, K}).to(d), uniform_input(g, {0, N}).to(d),
                                            counts_tensor(std::vector<int64_t>(E, 0)).to(d));
   CHECK(none.shape() == Shape{E, K, N});
   CHECK(ref_of(none).v == std::vector<double>(static_cast<size_t>(E * K * N), 0.0));
@@ -333,7 +329,7 @@ TEST_CASE("moe ops on the chip: new routings and token counts reuse the programs
   const Device d = tiny.dev();
   Generator g(14);
   const int64_t K = 8, N = 6, E = 4;
-  Tensor w = uni(g, {E, N, K}).to(d);
+  Tensor w = uniform_input(g, {E, N, K}).to(d);
   auto layer = [&](const Tensor& x, const Tensor& gs) {
     Tensor y = grouped_matmul(x, w, gs, true);
     return grouped_matmul_weight_grad(x, y, gs, true);
@@ -344,12 +340,12 @@ TEST_CASE("moe ops on the chip: new routings and token counts reuse the programs
     check_close(got.to(Device()), weight_grad_ref(ref_of(x), y, counts, true), {1e-4, 1e-5}, "layer");
   };
   // Eager: the first call builds the two programs; other routings and another token count build none.
-  Tensor x0 = uni(g, {41, K});
+  Tensor x0 = uniform_input(g, {41, K});
   check_layer(layer(x0.to(d), counts_tensor(routings[0]).to(d)), x0, routings[0]);
   ChipRunProbe::sync_all();
   const uint64_t built = codegen::stats().programs_built;
   for (const auto& r : routings) check_layer(layer(x0.to(d), counts_tensor(r).to(d)), x0, r);
-  Tensor x1 = uni(g, {7, K});
+  Tensor x1 = uniform_input(g, {7, K});
   const std::vector<int64_t> r1{3, 0, 0, 4};
   check_layer(layer(x1.to(d), counts_tensor(r1).to(d)), x1, r1);
   ChipRunProbe::sync_all();
@@ -382,7 +378,7 @@ TEST_CASE("moe ops on the chip: permute and unpermute match the naive loops", "[
   for (DType dt : {DType::f32, DType::bf16})
     for (bool weighted : {true, false}) {
       CAPTURE(dtype_name(dt), weighted);
-      Tensor x = uni(g, {T, H}, dt), y = uni(g, {T * k, H}, dt), w = uni(g, {T, k});
+      Tensor x = uniform_input(g, {T, H}, dt), y = uniform_input(g, {T * k, H}, dt), w = uniform_input(g, {T, k});
       Tensor order = random_order(g, T * k, DType::i32);
       const std::vector<int64_t> ord = order.to_vector<int64_t>();
       Tensor xs = moe_permute(x.to(d), order.to(d), k);
@@ -399,10 +395,10 @@ TEST_CASE("moe ops on the chip: permute and unpermute match the naive loops", "[
               moe_unpermute(y, order, weighted ? w : Tensor(), k).to_vector<float>());
     }
   // The gradient of a permute is an unpermute: both on the chip.
-  Tensor x = uni(g, {T, H});
+  Tensor x = uniform_input(g, {T, H});
   Tensor xd = x.to(d).requires_grad_();
   Tensor order = random_order(g, T * k, DType::i32);
-  Tensor go = uni(g, {T * k, H});
+  Tensor go = uniform_input(g, {T * k, H});
   moe_permute(xd, order.to(d), k).backward(go.to(d));
   check_close(xd.grad().to(Device()), unpermute_ref(ref_of(go), order.to_vector<int64_t>(), nullptr, k),
               {1e-6, 1e-6}, "permute grad");
@@ -438,7 +434,7 @@ TEST_CASE("moe routing on the chip: topk equals the cpu kernel (ties, NaN, -inf,
         std::vector<float> v(static_cast<size_t>(T * E));
         const std::vector<float> pool = {0.5f, -1.0f, 2.0f, 0.0f, -0.0f, 2.0f, NAN, -INFINITY, 0.25f};
         for (size_t i = 0; i < v.size(); ++i)
-          v[i] = pool[static_cast<size_t>(std::fabs(uni(g, {1}).item<float>()) * 1e4) % pool.size()];
+          v[i] = pool[static_cast<size_t>(std::fabs(uniform_input(g, {1}).item<float>()) * 1e4) % pool.size()];
         for (int64_t c = 0; c < E; ++c) v[static_cast<size_t>(c)] = NAN;                           // an all-NaN row
         for (int64_t c = 0; c < E; ++c) v[static_cast<size_t>(E + c)] = -INFINITY;                // an all -inf row
         Tensor x = from_vector(v, Shape{T, E}).to(dt);
@@ -456,20 +452,20 @@ TEST_CASE("moe routing on the chip: topk equals the cpu kernel (ties, NaN, -inf,
         }
       }
   // A strided view of rows (the router's logits of a wider matrix) and a 3-d input.
-  Tensor w = uni(g, {7, 12});
+  Tensor w = uniform_input(g, {7, 12});
   Tensor view = narrow(w, 1, 2, 8);
   auto [vv, vi] = topk(narrow(w.to(d), 1, 2, 8), 3);
   CHECK(vi.to(Device()).to_vector<int64_t>() == std::get<1>(topk(view, 3)).to_vector<int64_t>());
   CHECK(vv.to(Device()).to_vector<float>() == std::get<0>(topk(view, 3)).to_vector<float>());
-  Tensor y = uni(g, {2, 5, 6});
+  Tensor y = uniform_input(g, {2, 5, 6});
   CHECK(std::get<1>(topk(y.to(d), 2)).to(Device()).to_vector<int64_t>() == std::get<1>(topk(y, 2)).to_vector<int64_t>());
   CHECK(moe_sim_fallbacks_of("topk") == before);
   const auto runs1 = moe_kernel_runs("topk", "topk");
   CHECK(int(runs1.first - runs0.first) == launches + 2);
   // A new token count reuses the program.
   const uint64_t built = codegen::stats().programs_built;
-  topk(uni(g, {3, 9}).to(d), 2);
-  topk(uni(g, {40, 9}).to(d), 2);
+  topk(uniform_input(g, {3, 9}).to(d), 2);
+  topk(uniform_input(g, {40, 9}).to(d), 2);
   CHECK(codegen::stats().programs_built == built);
 }
 
@@ -486,7 +482,7 @@ TEST_CASE("moe routing on the chip: moe_sort equals the cpu kernel (stable, empt
         // Ids skewed to the low experts (some experts empty), as i64 and as i32.
         std::vector<int64_t> v(static_cast<size_t>(T * k));
         for (auto& x : v) {
-          const float u = std::fabs(uni(g, {1}).item<float>());
+          const float u = std::fabs(uniform_input(g, {1}).item<float>());
           x = std::min<int64_t>(E - 1, static_cast<int64_t>(u * u * static_cast<float>(E)));
         }
         const Tensor ids = from_vector(v, Shape{T, k});
@@ -561,7 +557,7 @@ TEST_CASE("moe routing on the chip: measure a Qwen3-30B-A3B-shaped router on v5e
   {
     const Device d("sim:1");
     Generator g(3);
-    Tensor logits = uni(g, {512, 128}).to(d);
+    Tensor logits = uniform_input(g, {512, 128}).to(d);
     auto cost = [&](const char* what, auto&& fn) {
       fn();  // builds the program
       ChipRunProbe p;
@@ -577,7 +573,7 @@ TEST_CASE("moe routing on the chip: measure a Qwen3-30B-A3B-shaped router on v5e
 
 TEST_CASE("moe ops: bad inputs are errors naming the argument", "[moe][errors]") {
   Generator g(13);
-  Tensor x = uni(g, {5, 4}), w = uni(g, {3, 4, 2}), c = counts_tensor({2, 0, 3});
+  Tensor x = uniform_input(g, {5, 4}), w = uniform_input(g, {3, 4, 2}), c = counts_tensor({2, 0, 3});
   expect_error([&] { grouped_matmul(reshape(x, {20}), w, c); }, {"grouped_matmul", "x must be 2-D"});
   expect_error([&] { grouped_matmul(x, reshape(w, {12, 2}), c); }, {"grouped_matmul", "w must be 3-D"});
   expect_error([&] { grouped_matmul(x, w, c, true); }, {"grouped_matmul", "in_features", "transposed"});
@@ -586,7 +582,7 @@ TEST_CASE("moe ops: bad inputs are errors naming the argument", "[moe][errors]")
   expect_error([&] { grouped_matmul(x.to(DType::i32), w, c); }, {"grouped_matmul", "x must be f32, bf16 or f16"});
   expect_error([&] { grouped_matmul(x, w, counts_tensor({3, -1, 3})); }, {"group_sizes[1]", "-1", "negative"});
   expect_error([&] { grouped_matmul(x, w, counts_tensor({2, 0, 4})); }, {"sum to 6", "5 rows"});
-  expect_error([&] { grouped_matmul_weight_grad(x, uni(g, {4, 2}), c); }, {"grouped_matmul_weight_grad", "same rows"});
+  expect_error([&] { grouped_matmul_weight_grad(x, uniform_input(g, {4, 2}), c); }, {"grouped_matmul_weight_grad", "same rows"});
   expect_error([&] { topk(x, 5); }, {"topk", "k = 5", "size 4"});
   expect_error([&] { moe_sort(counts_tensor({0, 3, 1}), 3); }, {"moe_sort", "index 3", "3 experts"});
   expect_error([&] { moe_sort(x, 3); }, {"moe_sort", "expert_ids", "integer"});
@@ -595,8 +591,8 @@ TEST_CASE("moe ops: bad inputs are errors naming the argument", "[moe][errors]")
                {"moe_permute", "order holds 8 twice", "permutation"});
   expect_error([&] { moe_permute(x, counts_tensor({0, 1, 2}), 1); }, {"moe_permute", "3 slots", "5 tokens"});
   expect_error([&] { moe_permute(x, counts_tensor({0, 1, 2}), 2); }, {"moe_permute", "top_k = 2", "divide"});
-  Tensor y = uni(g, {6, 4});
-  expect_error([&] { moe_unpermute(y, counts_tensor({0, 1, 2, 3, 4, 5}), uni(g, {2, 3}), 2); },
+  Tensor y = uniform_input(g, {6, 4});
+  expect_error([&] { moe_unpermute(y, counts_tensor({0, 1, 2, 3, 4, 5}), uniform_input(g, {2, 3}), 2); },
                {"moe_unpermute", "weights must be [tokens, top_k] = [3, 2]", "[2, 3]"});
   expect_error([&] { moe_unpermute(y, counts_tensor({0, 1, 2, 3, 4, 9}), Tensor(), 2); },
                {"moe_unpermute", "index 9"});

@@ -202,7 +202,7 @@ std::vector<double> qm_kv_roundtrip(const float* x, size_t d, bool fp8) {
 }
 
 TEST_CASE("KV cache int8 and fp8 e4m3: half the bytes of bf16, attention within the stated tolerance of float",
-          "[quant][llm]") {
+          "[quant][llm][kvrows]") {
   const int64_t B = 1, H = 4, HK = 2, D = 64, cap = 16;
   const DType store = GENERATE(DType::i8, DType::f8e4m3);
   const bool fp8 = store == DType::f8e4m3;
@@ -263,6 +263,87 @@ TEST_CASE("KV cache int8 and fp8 e4m3: half the bytes of bf16, attention within 
   CHECK_THROWS_WITH(c8.update(0, zeros({B, HK, 1, D}), zeros({B, HK, 1, D})),
                     Catch::Contains(fp8 ? "fp8_e4m3 cache" : "int8 cache"));
   CHECK_THROWS_WITH(nn::KVCache(1, B, HK, cap, D, store, Device(), {4}), Catch::Contains("float cache"));
+}
+
+// Naive attention in double of one query row over the keys / values marked visible, scores
+// soft-capped when softcap > 0 (cap * tanh(score / cap)); NaN when nothing is visible.
+std::vector<double> qm_naive_visible(const float* q, const std::vector<std::vector<double>>& k,
+                                     const std::vector<std::vector<double>>& v, const std::vector<bool>& visible,
+                                     double scale, double softcap) {
+  const size_t d = v[0].size();
+  std::vector<double> s(visible.size()), out(d, 0.0);
+  double mx = -1e300, z = 0;
+  for (size_t j = 0; j < visible.size(); ++j) {
+    if (!visible[j]) continue;
+    double a = 0;
+    for (size_t i = 0; i < d; ++i) a += q[i] * k[j][i];
+    s[j] = softcap > 0 ? softcap * std::tanh(a * scale / softcap) : a * scale;
+    mx = std::max(mx, s[j]);
+  }
+  for (size_t j = 0; j < visible.size(); ++j) z += s[j] = visible[j] ? std::exp(s[j] - mx) : 0.0;
+  if (z == 0) return std::vector<double>(d, std::nan(""));
+  for (size_t j = 0; j < visible.size(); ++j)
+    for (size_t i = 0; i < d; ++i) out[i] += s[j] / z * v[j][i];
+  return out;
+}
+
+TEST_CASE("KV cache int8 / e4m3 on the cpu: sliding window, soft-capping and padding masks over the stored bytes",
+          "[quant][llm][kvrows]") {
+  // Two rows, grouped heads, a head size that is not a multiple of 16; each step's attention is
+  // checked against naive attention over the test's own round trip of every stored row.
+  const int64_t B = 2, H = 6, HK = 2, D = 20, cap = 12;
+  const DType store = GENERATE(DType::i8, DType::f8e4m3);
+  const int mode = GENERATE(0, 1, 2);  // 0: window 3; 1: softcap 2; 2: a keep mask hiding row 1's position 1
+  const bool fp8 = store == DType::f8e4m3;
+  nn::AttentionVariant variant;
+  if (mode == 0) variant.window = 3;
+  if (mode == 1) variant.softcap = 2.0;
+  nn::KVCache c(1, B, HK, cap, D, store);
+  Generator g(5 + static_cast<uint64_t>(mode));
+  std::vector<std::vector<std::vector<double>>> kq(B * HK), vq(B * HK);  // [row * HK + kv head][position]
+  const double scale = 0.3;
+  int64_t past = 0;
+  double worst = 0;
+  for (int64_t t : {4, 1, 2, 1}) {
+    const int64_t n = past + t;
+    const Tensor q = sub(mul(rand({B, H, t, D}, {}, &g), 6.0), 3.0);  // scores large enough for the cap to bite
+    const Tensor k = sub(mul(rand({B, HK, t, D}, {}, &g), 2.0), 1.0);
+    const Tensor v = sub(mul(rand({B, HK, t, D}, {}, &g), 2.0), 1.0);
+    std::vector<bool> keep(static_cast<size_t>(B * t * n));
+    for (int64_t bi = 0; bi < B; ++bi)
+      for (int64_t i = 0; i < t; ++i)
+        for (int64_t j = 0; j < n; ++j)
+          keep[static_cast<size_t>((bi * t + i) * n + j)] = j <= past + i && !(bi == 1 && j == 1);
+    const Tensor keep_t = mode == 2 ? from_vector(keep, Shape{B, 1, t, n}, TensorOptions(DType::boolean)) : Tensor();
+    const std::vector<float> o = c.update_and_attend_variant(0, q, k, v, keep_t, scale, variant).to_vector<float>();
+    c.advance(t);
+    const std::vector<float> qv = q.to_vector<float>(), kv = k.to_vector<float>(), vv = v.to_vector<float>();
+    for (int64_t r = 0; r < B * HK; ++r)
+      for (int64_t i = 0; i < t; ++i) {
+        kq[static_cast<size_t>(r)].push_back(qm_kv_roundtrip(kv.data() + (r * t + i) * D, D, fp8));
+        vq[static_cast<size_t>(r)].push_back(qm_kv_roundtrip(vv.data() + (r * t + i) * D, D, fp8));
+      }
+    for (int64_t bi = 0; bi < B; ++bi)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < t; ++i) {
+          std::vector<bool> vis(static_cast<size_t>(n));
+          for (int64_t j = 0; j < n; ++j) {
+            const bool base = mode == 2 ? static_cast<bool>(keep[static_cast<size_t>((bi * t + i) * n + j)]) : j <= past + i;
+            vis[static_cast<size_t>(j)] = base && (variant.window == 0 || j > past + i - variant.window);
+          }
+          const auto r = static_cast<size_t>(bi * HK + h / (H / HK));
+          const std::vector<double> ref =
+              qm_naive_visible(qv.data() + ((bi * H + h) * t + i) * D, kq[r], vq[r], vis, scale, variant.softcap);
+          for (int64_t e = 0; e < D; ++e) {
+            const double got = o[static_cast<size_t>(((bi * t + i) * H + h) * D + e)];
+            const double diff = std::fabs(got - ref[static_cast<size_t>(e)]);
+            worst = std::isnan(diff) ? INFINITY : std::max(worst, diff);
+          }
+        }
+    past = n;
+  }
+  INFO(dtype_name(store) << " mode " << mode << ": largest difference " << worst);
+  CHECK(worst < 1e-5);
 }
 
 }  // namespace

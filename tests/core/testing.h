@@ -223,6 +223,11 @@ inline Tensor make_input(Generator& g, const Shape& shape, DType dt, Layout layo
   return fill(shape);
 }
 
+// Contiguous random values in [-1, 1) of dtype.
+inline Tensor uniform_input(Generator& g, const Shape& shape, DType dt = DType::f32) {
+  return make_input(g, shape, dt, Layout::contiguous, -1.0, 1.0);
+}
+
 // Every dtype, and small 1-D i32 "parameter" tensors that carry op arguments as the last
 // input of an OpInfo sample (so the runner moves them to the device under test too).
 inline const std::vector<DType>& all_dtypes() {

@@ -1,5 +1,11 @@
 // The contiguous key/value cache of generation (nn::KVCache) and attention without a cache.
+#include <algorithm>
+#include <tuple>
 #include <cmath>
+
+#include "ops/cpu/kernels/kv_rows.h"
+#include "ops/cpu/vec_math.h"
+#include "tpucore/core/parallel.h"
 
 #include "codegen/cache_update.h"
 #include "codegen/cached_attention.h"
@@ -178,12 +184,7 @@ std::pair<Tensor, Tensor> KVCache::update(int64_t layer, const Tensor& k, const 
   NoGradGuard ng;
   if (quantized()) {
     const size_t l = static_cast<size_t>(layer);
-    const auto [kq, ks] = kv_quantize_rows(k, k_[l].dtype());
-    const auto [vq, vs] = kv_quantize_rows(v, v_[l].dtype());
-    narrow(k_[l], 2, length_, t).copy_(kq);
-    narrow(k_scale_[l], 2, length_, t).copy_(ks);
-    narrow(v_[l], 2, length_, t).copy_(vq);
-    narrow(v_scale_[l], 2, length_, t).copy_(vs);
+    store_quantized(layer, k, v);
     const int64_t n = length_ + t;
     auto deq = [&](const Tensor& q, const Tensor& sc) {
       return to(mul(to(narrow(q, 2, 0, n), DType::f32), narrow(sc, 2, 0, n)), k.dtype());
@@ -197,6 +198,35 @@ std::pair<Tensor, Tensor> KVCache::update(int64_t layer, const Tensor& k, const 
   return {narrow(k_[static_cast<size_t>(layer)], 2, 0, length_ + t), narrow(v_[static_cast<size_t>(layer)], 2, 0, length_ + t)};
 }
 
+void KVCache::store_quantized(int64_t layer, const Tensor& k, const Tensor& v) {
+  const size_t l = static_cast<size_t>(layer);
+  const int64_t t = k.size(2);
+  if (k_[l].device().type == DeviceType::cpu && !k.is_proxy() && !v.is_proxy()) {
+    // On the cpu each new row is quantized straight into the cache (ops/cpu/kernels/kv_rows.h:
+    // the same rule as below, except that a row with a NaN or an infinity gets a NaN scale).
+    const bool fp8 = k_[l].dtype() == DType::f8e4m3;
+    const int64_t d = head_dim_;
+    for (auto [x, store, scales] : {std::tuple{&k, &k_[l], &k_scale_[l]}, std::tuple{&v, &v_[l], &v_scale_[l]}}) {
+      const Tensor xf = to(*x, DType::f32).contiguous();
+      const float* xp = xf.data<float>();
+      auto* qp = static_cast<uint8_t*>(store->raw_data());
+      float* sp = scales->data<float>();
+      for (int64_t r = 0; r < batch_ * heads_; ++r)
+        for (int64_t i = 0; i < t; ++i) {
+          const int64_t slot = r * capacity_ + length_ + i;
+          sp[slot] = kernels::kv_quantize_row(xp + (r * t + i) * d, d, fp8, qp + slot * d);
+        }
+    }
+    return;
+  }
+  const auto [kq, ks] = kv_quantize_rows(k, k_[l].dtype());
+  const auto [vq, vs] = kv_quantize_rows(v, v_[l].dtype());
+  narrow(k_[l], 2, length_, t).copy_(kq);
+  narrow(k_scale_[l], 2, length_, t).copy_(ks);
+  narrow(v_[l], 2, length_, t).copy_(vq);
+  narrow(v_scale_[l], 2, length_, t).copy_(vs);
+}
+
 void KVCache::advance(int64_t t) {
   TPU_CHECK(t >= 0 && (all_ring_ || length_ + t <= capacity_), "KVCache: cannot advance by {} from {} (capacity {})", t, length_,
             capacity_);
@@ -207,6 +237,7 @@ Tensor KVCache::update_and_attend(int64_t layer, const Tensor& q, const Tensor& 
                                   double scale) {
   TPU_CHECK(layer < 0 || layer >= num_layers() || ring_size(layer) == 0,
             "KVCache: the sliding-window ring of layer {} serves a windowed layer only (a layer without a window)", layer);
+  if (Tensor o = quantized_attend(layer, q, k, v, keep, scale, {}); o.defined()) return o;
   const int64_t past = length_, b = q.size(0), h = q.size(1), t = q.size(2), d = q.size(3);
   const auto [kc, vc] = update(layer, k, v);
   Tensor attn;
@@ -237,6 +268,7 @@ Tensor KVCache::update_and_attend_variant(int64_t layer, const Tensor& q, const 
   TPU_CHECK(!write_mask_.defined() || write_pos_.defined(),
             "KVCache: a write-mask step does not implement sliding_window or attn_logit_softcapping "
             "(set a write position instead)");
+  if (Tensor o = quantized_attend(layer, q, k, v, keep, scale, variant); o.defined()) return o;
   const int64_t past = length_, b = q.size(0), h = q.size(1), t = q.size(2), d = q.size(3);
   const auto [kc, vc] = update(layer, k, v);
   Tensor attn;
@@ -322,6 +354,103 @@ Tensor KVCache::ring_attend(int64_t layer, const Tensor& q, const Tensor& k, con
     }
   }
   return reshape(transpose(attn, 1, 2), Shape{b, t, h * d});
+}
+
+// Attention over a quantized cache on the cpu, reading its int8 / e4m3 rows in place (no float
+// copy of the cache): per (row, kv head, new position), each cached key row is widened once and
+// dotted with every query head of its group, the scores (scaled, soft-capped, masked) go through
+// a softmax, and each value row is widened once and added with its weight times its scale.
+// Undefined when this does not apply (a chip, a trace, a mask of another shape): the caller then
+// takes the general path.
+Tensor KVCache::quantized_attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& keep,
+                                 double scale, const AttentionVariant& variant) {
+  if (!quantized() || layer < 0 || layer >= num_layers() || q.device().type != DeviceType::cpu || q.is_proxy() ||
+      k.is_proxy() || v.is_proxy() || (keep.defined() && keep.is_proxy()) || write_pos_.defined() ||
+      write_mask_.defined() || q.dim() != 4 || !k.defined() || k.dim() != 4 || q.size(0) != batch_ ||
+      q.size(2) != k.size(2) || q.size(3) != head_dim_ || q.size(1) % heads_ != 0)
+    return {};
+  const int64_t past = length_, b = batch_, h = q.size(1), t = q.size(2), d = head_dim_, hk = heads_;
+  const int64_t n = past + t, group = h / hk;
+  if (keep.defined() && (keep.dtype() != DType::boolean || keep.dim() != 4 || (keep.size(0) != 1 && keep.size(0) != b) ||
+                         keep.size(1) != 1 || keep.size(2) != t || keep.size(3) != n))
+    return {};
+  TPU_CHECK(variant.softcap >= 0 && std::isfinite(variant.softcap) && variant.window >= 0,
+            "attention: softcap {} and window {} must be finite and not negative", variant.softcap, variant.window);
+  // update()'s checks, then the new rows go in quantized.
+  TPU_CHECK(v.defined() && k.shape() == v.shape() && k.size(0) == b && k.size(1) == hk && k.size(3) == d,
+            "KVCache: expected keys and values [{}, {}, T, {}], got {} and {}", b, hk, d, k.shape().str(),
+            v.defined() ? v.shape().str() : "undefined");
+  TPU_CHECK(n <= capacity_, "KVCache: {} new positions after {} cached exceed the capacity {}", t, past, capacity_);
+  NoGradGuard ng;
+  store_quantized(layer, k, v);
+  const auto l = static_cast<size_t>(layer);
+  const Tensor qf = to(q, DType::f32).contiguous();
+  const Tensor keepc = keep.defined() ? keep.contiguous() : Tensor();
+  const float* qp = qf.data<float>();
+  const bool* mp = keepc.defined() ? keepc.data<bool>() : nullptr;
+  const int64_t m_bs = keepc.defined() && keepc.size(0) == b ? t * n : 0;
+  const auto* kp = static_cast<const uint8_t*>(k_[l].raw_data());
+  const auto* vp = static_cast<const uint8_t*>(v_[l].raw_data());
+  const float* ksp = k_scale_[l].data<float>();
+  const float* vsp = v_scale_[l].data<float>();
+  const bool fp8 = k_[l].dtype() == DType::f8e4m3;
+  const float sc = static_cast<float>(scale), cap = static_cast<float>(variant.softcap);
+  const int64_t window = variant.window;
+  const ops::cpu::VecUnaryFn exp_fn = ops::cpu::vec_math().get(ops::cpu::VecUnary::exp);
+  std::vector<float> out(static_cast<size_t>(b * t * h * d));
+  parallel_for(0, b * hk * t, 1, [&](int64_t w0, int64_t w1) {
+    // s: the scores of the group's query heads [position][head]; wgt: their softmax weights over
+    // the visible positions idx [visible position][head].
+    std::vector<float> s(static_cast<size_t>(group * n)), wgt(static_cast<size_t>(group * n));
+    std::vector<int64_t> idx(static_cast<size_t>(n));
+    std::vector<float> row(static_cast<size_t>(n));
+    for (int64_t w = w0; w < w1; ++w) {
+      const int64_t i = w % t, kh = (w / t) % hk, bi = w / (t * hk);
+      const int64_t pos = past + i, lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+      const bool* mrow = mp != nullptr ? mp + bi * m_bs + i * n : nullptr;
+      auto visible = [&](int64_t j) { return j >= lo && (mrow != nullptr ? mrow[j] : j <= pos); };
+      const int64_t hi = mrow != nullptr ? n : pos + 1;  // one past the last position that may be visible
+      const int64_t cache_row = (bi * hk + kh) * capacity_;
+      const float* q0 = qp + ((bi * h + kh * group) * t + i) * d;  // the group's query rows, t * d apart
+      float* o0 = out.data() + ((bi * t + i) * h + kh * group) * d;  // its output rows, d apart
+      // Scores of the group's query heads against every visible key.
+      for (int64_t j = lo; j < hi; ++j) {
+        if (!visible(j)) continue;
+        float* sj = s.data() + j * group;
+        kernels::kv_key_dots(kp + (cache_row + j) * d, fp8, d, q0, t * d, group, sj);
+        const float f = ksp[cache_row + j] * sc;
+        for (int64_t g = 0; g < group; ++g) {
+          const float x = sj[g] * f;
+          sj[g] = cap > 0 ? cap * std::tanh(x / cap) : x;
+        }
+      }
+      // Softmax per head over the visible positions, packed in order (idx), each weight times its
+      // value row's scale; nothing visible: NaN, as softmax over -inf.
+      int64_t count = 0;
+      for (int64_t j = lo; j < hi; ++j)
+        if (visible(j)) idx[static_cast<size_t>(count++)] = j;
+      for (int64_t g = 0; g < group; ++g) {
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t c = 0; c < count; ++c) {
+          const float x = s[static_cast<size_t>(idx[static_cast<size_t>(c)] * group + g)];
+          row[static_cast<size_t>(c)] = x;
+          mx = std::max(mx, x);
+        }
+        for (int64_t c = 0; c < count; ++c) row[static_cast<size_t>(c)] -= mx;
+        exp_fn(row.data(), row.data(), count);
+        double sum = 0;
+        for (int64_t c = 0; c < count; ++c) sum += row[static_cast<size_t>(c)];
+        const float inv = static_cast<float>(1.0 / sum);
+        for (int64_t c = 0; c < count; ++c)
+          wgt[static_cast<size_t>(c * group + g)] =
+              row[static_cast<size_t>(c)] * inv * vsp[cache_row + idx[static_cast<size_t>(c)]];
+      }
+      kernels::kv_weighted_values(vp + cache_row * d, fp8, d, idx.data(), count, wgt.data(), group, o0, d);
+      if (count == 0)
+        for (int64_t g = 0; g < group; ++g) std::fill_n(o0 + g * d, d, std::numeric_limits<float>::quiet_NaN());
+    }
+  });
+  return to(from_vector(out, Shape{b, t, h * d}), q.dtype());
 }
 
 }  // namespace tpu::nn

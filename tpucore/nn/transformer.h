@@ -189,6 +189,9 @@ class KVCache : public AttentionCache {
   bool all_ring_ = false;
   Tensor ring_attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& keep,
                      double scale, const AttentionVariant& variant);
+  void store_quantized(int64_t layer, const Tensor& k, const Tensor& v);
+  Tensor quantized_attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& keep,
+                          double scale, const AttentionVariant& variant);
 };
 
 /// The shape and options of an Attention layer.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ops/cpu/kernels/kv_rows.h"
 #include "tpucore/core/error.h"
 #include "tpucore/core/float8.h"
 #include "tpucore/core/parallel.h"
@@ -112,21 +113,9 @@ void PagedKVCache::write_row(bool value, int64_t layer, int64_t block, int64_t o
   }
   const bool v = value && !cfg_.shared_kv;
   uint8_t* qr = (v ? vq_ : kq_)[l].data() + index(block, offset, head);
-  float amax = 0;
-  bool finite = true;
-  for (int64_t e = 0; e < d; ++e) {
-    amax = std::max(amax, std::fabs(x[e]));
-    finite = finite && std::isfinite(x[e]);
-  }
-  const bool fp8 = cfg_.kv_dtype == nn::KVCacheDType::fp8_e4m3;
-  const float qmax = fp8 ? f8e4m3::kMax : 127.0f;
   // A row with a NaN or an infinity keeps a NaN scale (it reads back as NaN) and zero bytes.
-  const float s = !finite ? NAN : amax > 0 ? amax / qmax : 1.0f;
-  (v ? vs_ : ks_)[l][row(block, offset, head)] = s;
-  for (int64_t e = 0; e < d; ++e) {
-    const float y = finite ? std::clamp(x[e] / s, -qmax, qmax) : 0.0f;
-    qr[e] = fp8 ? f8e4m3::from_f32(y) : static_cast<uint8_t>(static_cast<int8_t>(std::nearbyint(y)));
-  }
+  (v ? vs_ : ks_)[l][row(block, offset, head)] =
+      kernels::kv_quantize_row(x, d, cfg_.kv_dtype == nn::KVCacheDType::fp8_e4m3, qr);
 }
 
 void PagedKVCache::read_row(bool value, int64_t layer, int64_t block, int64_t offset, int64_t head, float* out) const {
