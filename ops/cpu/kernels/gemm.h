@@ -211,6 +211,9 @@ void pack_b_half_panel_f32_avx2(const float* src, int64_t cs, int cols, int64_t 
 void pack_a_panel_bf16_avx2(const uint16_t* src, int64_t rs, int rows, int64_t kce, float* dst);
 void pack_b_panel_bf16_avx2(const uint16_t* src, int64_t rs, int64_t cs, int cols, int64_t kce,
                             float* dst);
+// A half of the AVX-512 f32 kernel's panel from bf16 columns (rs == 1), as the f16 one below:
+// the bf16 products of AVX-512 CPUs without avx512_bf16.
+void pack_b_half_panel_bf16_avx2(const uint16_t* src, int64_t cs, int cols, int64_t kce, float* dst, int64_t ds);
 // The column panels (rs == 1: B = W^T of a linear layer) from IEEE f16 bits, widened exactly by
 // vcvtph2ps (the AVX2 kernel's 16-wide panel, and a half of the AVX-512 kernel's with ds = 32).
 void pack_b_panel_f16_avx2(const uint16_t* src, int64_t cs, int cols, int64_t kce, float* dst);

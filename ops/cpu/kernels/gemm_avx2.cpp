@@ -245,6 +245,11 @@ TPU_GEMM_AVX2 void pack_b_half_panel_f16_avx2(const uint16_t* src, int64_t cs, i
   pack_b_panel_columns(reinterpret_cast<const f16*>(src), cs, cols, kce, dst, ds);
 }
 
+TPU_GEMM_AVX2 void pack_b_half_panel_bf16_avx2(const uint16_t* src, int64_t cs, int cols, int64_t kce, float* dst,
+                                               int64_t ds) {
+  pack_b_panel_columns(src, cs, cols, kce, dst, ds);
+}
+
 TPU_GEMM_AVX2 void pack_b_panel_bf16_avx2(const uint16_t* src, int64_t rs, int64_t cs, int cols,
                                           int64_t kce, float* dst) {
   if (cs == 1) {  // rows of B contiguous along N

@@ -262,6 +262,15 @@ struct PackBf16AsF32Avx2 : PackBf16AsF32 {
   }
 };
 
+// bf16 widened to f32 for the AVX-512 f32 kernel (CPUs without avx512_bf16): B = W^T packed by
+// the AVX2 transposes, 32-wide panels as two 16-column halves; other layouts as the portable packer.
+struct PackBf16AsF32Avx512 : PackBf16AsF32 {
+  static void pack_b(const uint16_t* B, int64_t rs, int64_t cs, int64_t kce, int64_t nc, int nr, float* dst) {
+    if (!pack_b_wt_halves(B, rs, cs, kce, nc, nr, dst, detail::pack_b_half_panel_bf16_avx2))
+      PackBf16AsF32::pack_b(B, rs, cs, kce, nc, nr, dst);
+  }
+};
+
 struct PackBf16PairsAvx512 : PackBf16Pairs {
   static void pack_a(const uint16_t* A, int64_t rs, int64_t cs, int64_t mc, int64_t kce,
                      int mr, uint32_t* dst) {
@@ -709,7 +718,7 @@ void gemm_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs,
   if (have_avx512_bf16())
     gemm_run<PackBf16PairsAvx512>(p, blocking_avx512_bf16(), detail::micro_kernel_bf16_avx512);
   else if (have_avx512())
-    gemm_run<PackBf16AsF32>(p, blocking_avx512_f32(), detail::micro_kernel_f32_avx512);
+    gemm_run<PackBf16AsF32Avx512>(p, blocking_avx512_f32(), detail::micro_kernel_f32_avx512);
   else if (have_avx2())
     gemm_run<PackBf16AsF32Avx2>(p, blocking_avx2(), detail::micro_kernel_f32_avx2);
   else

@@ -72,6 +72,11 @@ bool gemv_chain_bf16_avx2(int64_t M, int64_t N, int64_t K, const uint16_t* A, in
 // on AVX-512 machines). Only call them when gemm_avx2_available(); same return contract.
 bool gemv_f32_avx2(int64_t M, int64_t N, int64_t K, const float* A, int64_t a_rs, int64_t a_cs, const float* B,
                    int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate);
+// bf16 x W^T for kGemvDotRows < M <= kGemvMaxRows on AVX-512 CPUs without avx512_bf16 (gemv_bf16
+// takes it): f16's broadcast kernel (gemv_f16.cpp) with the weight widened from bf16, exact.
+// Only call it where gemv_bf16's AVX-512 path applies (b_rs 1, AVX-512 F/BW/VL and FMA).
+void gemv_bf16_widened_bcast(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs,
+                             const uint16_t* B, int64_t b_cs, float* C, int64_t ldc, bool accumulate);
 bool gemv_bf16_avx2(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs,
                     const uint16_t* B, int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate);
 

@@ -569,6 +569,8 @@ bool gemv_bf16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs,
     bcast_run<Bf16Bcast>(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate);
   else if (cpu_features().avx512_bf16)
     gemv_run<Bf16Dot>(M, N, K, A, a_rs, B, b_cs, C, ldc, accumulate);
+  else if (M > kGemvDotRows)
+    gemv_bf16_widened_bcast(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate);
   else
     gemv_run<Bf16Widen>(M, N, K, A, a_rs, B, b_cs, C, ldc, accumulate);
   return true;

@@ -142,6 +142,9 @@ thread_local detail::ScratchBuffer t_f16_gemm_a;  // gemm_f16's widened A
 thread_local detail::ScratchBuffer t_f16_gemm_b;  // its widened weight panels (batch-invariant mode)
 thread_local detail::ScratchBuffer t_f16_panel;  // the broadcast kernel's [K][16] panel
 
+// kBf16: the weight is bf16 (each value the top half of an f32) instead of f16; the kernel of
+// bf16 products on AVX-512 CPUs without avx512_bf16 (gemv_bf16_widened_bcast).
+template <bool kBf16>
 TPU_F16_AVX512 void bcast_block_avx512(int64_t M, int64_t K, const float* pan, const uint16_t* const* w, float* C,
                                        int64_t ldc, int cols, bool accumulate, int64_t pf) {
   __m512 acc[kBcastCols];
@@ -155,7 +158,11 @@ TPU_F16_AVX512 void bcast_block_avx512(int64_t M, int64_t K, const float* pan, c
 #pragma GCC unroll 8
       for (int c = 0; c < kBcastCols; ++c) _mm_prefetch(reinterpret_cast<const char*>(w[c] + k + pf), _MM_HINT_T0);
 #pragma GCC unroll 8
-    for (int c = 0; c < kBcastCols; ++c) _mm512_store_ps(wb[c], _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, w[c] + k)));
+    for (int c = 0; c < kBcastCols; ++c) {
+      const __m256i h = _mm256_maskz_loadu_epi16(m, w[c] + k);
+      _mm512_store_ps(wb[c], kBf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+                                   : _mm512_cvtph_ps(h));
+    }
     // The values are read back from memory, each broadcast by the load unit into its FMA: kept
     // in registers, the compiler would broadcast them with shuffles on the FMA port.
     asm volatile("" ::: "memory");
@@ -184,15 +191,24 @@ TPU_F16_AVX512 void bcast_block_avx512(int64_t M, int64_t K, const float* pan, c
   }
 }
 
-// The broadcast kernel over all weight rows: M <= 16 rows of A (f16, any strides).
+// The broadcast kernel over all weight rows: M <= 16 rows of A (f16, or bf16 with kBf16; any strides).
+template <bool kBf16>
 void f16_bcast_run(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs, const uint16_t* B,
                    int64_t b_cs, float* C, int64_t ldc, bool accumulate) {
-  float* a = t_f16_rows.get_as<float>(static_cast<size_t>(M * K));
-  for (int64_t i = 0; i < M; ++i) widen_f16(A + i * a_rs, a_cs, K, a + i * K);
   float* pan = t_f16_panel.get_as<float>(static_cast<size_t>(K * 16));
   std::memset(pan, 0, sizeof(float) * static_cast<size_t>(K * 16));
-  for (int64_t i = 0; i < M; ++i)
-    for (int64_t k = 0; k < K; ++k) pan[k * 16 + i] = a[i * K + k];
+  if (kBf16) {
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t k = 0; k < K; ++k) {
+        const uint32_t bits = static_cast<uint32_t>(A[i * a_rs + k * a_cs]) << 16;
+        std::memcpy(pan + k * 16 + i, &bits, sizeof bits);
+      }
+  } else {
+    float* a = t_f16_rows.get_as<float>(static_cast<size_t>(M * K));
+    for (int64_t i = 0; i < M; ++i) widen_f16(A + i * a_rs, a_cs, K, a + i * K);
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t k = 0; k < K; ++k) pan[k * 16 + i] = a[i * K + k];
+  }
   const int64_t blocks = (N + kBcastCols - 1) / kBcastCols;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, 16 * K * kBcastCols));
   detail::gemv_for_blocks(blocks, grain, [&](int64_t b0, int64_t b1) {
@@ -201,7 +217,7 @@ void f16_bcast_run(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a
       const int cols = static_cast<int>(std::min<int64_t>(kBcastCols, N - j));
       const uint16_t* w[kBcastCols];
       for (int c = 0; c < kBcastCols; ++c) w[c] = B + (j + std::min(c, cols - 1)) * b_cs;
-      bcast_block_avx512(M, K, pan, w, C + j, ldc, cols, accumulate, b + 1 < b1 ? kBcastCols * b_cs : 0);
+      bcast_block_avx512<kBf16>(M, K, pan, w, C + j, ldc, cols, accumulate, b + 1 < b1 ? kBcastCols * b_cs : 0);
     }
   }, detail::next_rows(B, N, b_cs));
 }
@@ -307,7 +323,7 @@ bool gemv_f16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, 
               int64_t b_rs, int64_t b_cs, float* C, int64_t ldc, bool accumulate) {
   if (M < 1 || M > kGemvMaxRows || N < 1 || K < 16 || b_rs != 1) return false;
   if (f16_avx512_ok()) {
-    if (M > kGemvDotRows) f16_bcast_run(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate);
+    if (M > kGemvDotRows) f16_bcast_run<false>(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate);
     else f16_rows_run<true>(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate);
     return true;
   }
@@ -346,6 +362,11 @@ void gemm_f16(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, 
     });
     gemm_f32(M, n, K, af, K, 1, bf, 1, K, C + j0, ldc, accumulate);
   }
+}
+
+void gemv_bf16_widened_bcast(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t a_rs, int64_t a_cs,
+                             const uint16_t* B, int64_t b_cs, float* C, int64_t ldc, bool accumulate) {
+  f16_bcast_run<true>(M, N, K, A, a_rs, a_cs, B, b_cs, C, ldc, accumulate);
 }
 
 }  // namespace tpu::kernels
