@@ -47,13 +47,22 @@ void key_dots_scalar(const uint8_t* k, bool fp8, int64_t d, const float* q, int6
   }
 }
 
-void weighted_values_scalar(const uint8_t* v, bool fp8, int64_t d, const int64_t* pos, int64_t count, const float* w,
-                            int64_t group, float* out, int64_t out_stride) {
-  for (int64_t g = 0; g < group; ++g) std::fill_n(out + g * out_stride, d, 0.0f);
+template <int GN>
+void key_dots_block_scalar(const uint8_t* k, bool fp8, int64_t d, const float* q, int64_t q_stride, float* dots) {
+  key_dots_scalar(k, fp8, d, q, q_stride, GN, dots);
+}
+
+template <int GN>
+void weighted_values_block_scalar(const uint8_t* v, bool fp8, int64_t d, const int64_t* pos, int64_t count,
+                                  const float* w, int64_t group, float* out, int64_t out_stride) {
+  // GN of the group's output rows: their weights are w[c * group + 0 .. GN).
+  #pragma GCC unroll 4
+  for (int g = 0; g < GN; ++g) std::fill_n(out + g * out_stride, d, 0.0f);
   for (int64_t c = 0; c < count; ++c)
     for (int64_t e = 0; e < d; ++e) {
       const float x = widen1(v[pos[c] * d + e], fp8);
-      for (int64_t g = 0; g < group; ++g) out[g * out_stride + e] += w[c * group + g] * x;
+      #pragma GCC unroll 4
+      for (int g = 0; g < GN; ++g) out[g * out_stride + e] += w[c * group + g] * x;
     }
 }
 
@@ -87,59 +96,42 @@ TPU_KV_AVX512 inline __m512 load_row16(const uint8_t* r, int64_t e, int64_t d, b
 
 // GN query (output) rows at a time: a compile-time count keeps the sums in registers.
 template <int GN>
-TPU_KV_AVX512 inline void key_dots_block_avx512(const uint8_t* k, bool fp8, int64_t d, const float* q, int64_t q_stride,
+TPU_KV_AVX512 void key_dots_block_avx512(const uint8_t* k, bool fp8, int64_t d, const float* q, int64_t q_stride,
                                                 float* dots) {
   __m512 acc[GN];
+  #pragma GCC unroll 4
   for (int g = 0; g < GN; ++g) acc[g] = _mm512_setzero_ps();
   for (int64_t e = 0; e < d; e += 16) {
     __mmask16 m;
     const __m512 x = load_row16(k, e, d, fp8, m);
+    #pragma GCC unroll 4
     for (int g = 0; g < GN; ++g) acc[g] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + g * q_stride + e), x, acc[g]);
   }
+  #pragma GCC unroll 4
   for (int g = 0; g < GN; ++g) dots[g] = _mm512_reduce_add_ps(acc[g]);
 }
 
-TPU_KV_AVX512 void key_dots_avx512(const uint8_t* k, bool fp8, int64_t d, const float* q, int64_t q_stride,
-                                   int64_t group, float* dots) {
-  int64_t g = 0;
-  for (; g + 4 <= group; g += 4) key_dots_block_avx512<4>(k, fp8, d, q + g * q_stride, q_stride, dots + g);
-  switch (group - g) {
-    case 3: key_dots_block_avx512<3>(k, fp8, d, q + g * q_stride, q_stride, dots + g); break;
-    case 2: key_dots_block_avx512<2>(k, fp8, d, q + g * q_stride, q_stride, dots + g); break;
-    case 1: key_dots_block_avx512<1>(k, fp8, d, q + g * q_stride, q_stride, dots + g); break;
-    default: break;
-  }
-}
 
 template <int GN>
-TPU_KV_AVX512 inline void weighted_values_block_avx512(const uint8_t* v, bool fp8, int64_t d, const int64_t* pos,
+TPU_KV_AVX512 void weighted_values_block_avx512(const uint8_t* v, bool fp8, int64_t d, const int64_t* pos,
                                                        int64_t count, const float* w, int64_t group, float* out,
                                                        int64_t out_stride) {
   for (int64_t e = 0; e < d; e += 16) {
     __m512 acc[GN];
+    #pragma GCC unroll 4
     for (int g = 0; g < GN; ++g) acc[g] = _mm512_setzero_ps();
     __mmask16 m = static_cast<__mmask16>(d - e >= 16 ? 0xFFFFu : (1u << (d - e)) - 1u);
     for (int64_t c = 0; c < count; ++c) {
       const __m512 x = load_row16(v + pos[c] * d, e, d, fp8, m);
       const float* wc = w + c * group;
+      #pragma GCC unroll 4
       for (int g = 0; g < GN; ++g) acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(wc[g]), x, acc[g]);
     }
+    #pragma GCC unroll 4
     for (int g = 0; g < GN; ++g) _mm512_mask_storeu_ps(out + g * out_stride + e, m, acc[g]);
   }
 }
 
-TPU_KV_AVX512 void weighted_values_avx512(const uint8_t* v, bool fp8, int64_t d, const int64_t* pos, int64_t count,
-                                         const float* w, int64_t group, float* out, int64_t out_stride) {
-  int64_t g = 0;
-  for (; g + 4 <= group; g += 4)
-    weighted_values_block_avx512<4>(v, fp8, d, pos, count, w + g, group, out + g * out_stride, out_stride);
-  switch (group - g) {
-    case 3: weighted_values_block_avx512<3>(v, fp8, d, pos, count, w + g, group, out + g * out_stride, out_stride); break;
-    case 2: weighted_values_block_avx512<2>(v, fp8, d, pos, count, w + g, group, out + g * out_stride, out_stride); break;
-    case 1: weighted_values_block_avx512<1>(v, fp8, d, pos, count, w + g, group, out + g * out_stride, out_stride); break;
-    default: break;
-  }
-}
 
 // ---- AVX2 ----
 #define TPU_KV_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -156,15 +148,18 @@ TPU_KV_AVX2 inline __m256 widen8_avx2(const uint8_t* r, bool fp8) {
 }
 
 template <int GN>
-TPU_KV_AVX2 inline void key_dots_block_avx2(const uint8_t* k, bool fp8, int64_t d, const float* q, int64_t q_stride,
+TPU_KV_AVX2 void key_dots_block_avx2(const uint8_t* k, bool fp8, int64_t d, const float* q, int64_t q_stride,
                                             float* dots) {
   const int64_t d8 = d / 8 * 8;
   __m256 acc[GN];
+  #pragma GCC unroll 4
   for (int g = 0; g < GN; ++g) acc[g] = _mm256_setzero_ps();
   for (int64_t e = 0; e < d8; e += 8) {
     const __m256 x = widen8_avx2(k + e, fp8);
+    #pragma GCC unroll 4
     for (int g = 0; g < GN; ++g) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * q_stride + e), x, acc[g]);
   }
+  #pragma GCC unroll 4
   for (int g = 0; g < GN; ++g) {
     float tail = 0;
     for (int64_t e = d8; e < d; ++e) tail += q[g * q_stride + e] * widen1(k[e], fp8);
@@ -172,34 +167,27 @@ TPU_KV_AVX2 inline void key_dots_block_avx2(const uint8_t* k, bool fp8, int64_t 
   }
 }
 
-TPU_KV_AVX2 void key_dots_avx2(const uint8_t* k, bool fp8, int64_t d, const float* q, int64_t q_stride, int64_t group,
-                               float* dots) {
-  int64_t g = 0;
-  for (; g + 4 <= group; g += 4) key_dots_block_avx2<4>(k, fp8, d, q + g * q_stride, q_stride, dots + g);
-  switch (group - g) {
-    case 3: key_dots_block_avx2<3>(k, fp8, d, q + g * q_stride, q_stride, dots + g); break;
-    case 2: key_dots_block_avx2<2>(k, fp8, d, q + g * q_stride, q_stride, dots + g); break;
-    case 1: key_dots_block_avx2<1>(k, fp8, d, q + g * q_stride, q_stride, dots + g); break;
-    default: break;
-  }
-}
 
 template <int GN>
-TPU_KV_AVX2 inline void weighted_values_block_avx2(const uint8_t* v, bool fp8, int64_t d, const int64_t* pos,
+TPU_KV_AVX2 void weighted_values_block_avx2(const uint8_t* v, bool fp8, int64_t d, const int64_t* pos,
                                                    int64_t count, const float* w, int64_t group, float* out,
                                                    int64_t out_stride) {
   const int64_t d8 = d / 8 * 8;
   for (int64_t e = 0; e < d8; e += 8) {
     __m256 acc[GN];
+    #pragma GCC unroll 4
     for (int g = 0; g < GN; ++g) acc[g] = _mm256_setzero_ps();
     for (int64_t c = 0; c < count; ++c) {
       const __m256 x = widen8_avx2(v + pos[c] * d + e, fp8);
       const float* wc = w + c * group;
+      #pragma GCC unroll 4
       for (int g = 0; g < GN; ++g) acc[g] = _mm256_fmadd_ps(_mm256_set1_ps(wc[g]), x, acc[g]);
     }
+    #pragma GCC unroll 4
     for (int g = 0; g < GN; ++g) _mm256_storeu_ps(out + g * out_stride + e, acc[g]);
   }
   for (int64_t e = d8; e < d; ++e)
+    #pragma GCC unroll 4
     for (int g = 0; g < GN; ++g) {
       float sum = 0;
       for (int64_t c = 0; c < count; ++c) sum += w[c * group + g] * widen1(v[pos[c] * d + e], fp8);
@@ -207,22 +195,11 @@ TPU_KV_AVX2 inline void weighted_values_block_avx2(const uint8_t* v, bool fp8, i
     }
 }
 
-TPU_KV_AVX2 void weighted_values_avx2(const uint8_t* v, bool fp8, int64_t d, const int64_t* pos, int64_t count,
-                                     const float* w, int64_t group, float* out, int64_t out_stride) {
-  int64_t g = 0;
-  for (; g + 4 <= group; g += 4)
-    weighted_values_block_avx2<4>(v, fp8, d, pos, count, w + g, group, out + g * out_stride, out_stride);
-  switch (group - g) {
-    case 3: weighted_values_block_avx2<3>(v, fp8, d, pos, count, w + g, group, out + g * out_stride, out_stride); break;
-    case 2: weighted_values_block_avx2<2>(v, fp8, d, pos, count, w + g, group, out + g * out_stride, out_stride); break;
-    case 1: weighted_values_block_avx2<1>(v, fp8, d, pos, count, w + g, group, out + g * out_stride, out_stride); break;
-    default: break;
-  }
-}
 
+// The kernels of one ISA for 1, 2, 3 and 4 rows of the group at a time (index GN - 1).
 struct RowFns {
-  void (*key_dots)(const uint8_t*, bool, int64_t, const float*, int64_t, int64_t, float*);
-  void (*weighted_values)(const uint8_t*, bool, int64_t, const int64_t*, int64_t, const float*, int64_t, float*, int64_t);
+  void (*key[4])(const uint8_t*, bool, int64_t, const float*, int64_t, float*);
+  void (*value[4])(const uint8_t*, bool, int64_t, const int64_t*, int64_t, const float*, int64_t, float*, int64_t);
 };
 
 const RowFns& row_fns() {
@@ -233,9 +210,17 @@ const RowFns& row_fns() {
 #else
     const bool f16c = false;
 #endif
-    if (f.avx512f && f.avx512bw && f.avx512vl && f.fma && f16c) return RowFns{key_dots_avx512, weighted_values_avx512};
-    if (f.avx2 && f.fma && f16c) return RowFns{key_dots_avx2, weighted_values_avx2};
-    return RowFns{key_dots_scalar, weighted_values_scalar};
+    if (f.avx512f && f.avx512bw && f.avx512vl && f.fma && f16c)
+      return RowFns{{key_dots_block_avx512<1>, key_dots_block_avx512<2>, key_dots_block_avx512<3>, key_dots_block_avx512<4>},
+                    {weighted_values_block_avx512<1>, weighted_values_block_avx512<2>, weighted_values_block_avx512<3>,
+                     weighted_values_block_avx512<4>}};
+    if (f.avx2 && f.fma && f16c)
+      return RowFns{{key_dots_block_avx2<1>, key_dots_block_avx2<2>, key_dots_block_avx2<3>, key_dots_block_avx2<4>},
+                    {weighted_values_block_avx2<1>, weighted_values_block_avx2<2>, weighted_values_block_avx2<3>,
+                     weighted_values_block_avx2<4>}};
+    return RowFns{{key_dots_block_scalar<1>, key_dots_block_scalar<2>, key_dots_block_scalar<3>, key_dots_block_scalar<4>},
+                  {weighted_values_block_scalar<1>, weighted_values_block_scalar<2>, weighted_values_block_scalar<3>,
+                   weighted_values_block_scalar<4>}};
   }();
   return fns;
 }
@@ -243,12 +228,16 @@ const RowFns& row_fns() {
 }  // namespace
 
 void kv_key_dots(const uint8_t* k, bool fp8, int64_t d, const float* q, int64_t q_stride, int64_t group, float* dots) {
-  row_fns().key_dots(k, fp8, d, q, q_stride, group, dots);
+  const RowFns& f = row_fns();
+  for (int64_t g = 0; g < group; g += 4)
+    f.key[std::min<int64_t>(4, group - g) - 1](k, fp8, d, q + g * q_stride, q_stride, dots + g);
 }
 
 void kv_weighted_values(const uint8_t* v, bool fp8, int64_t d, const int64_t* pos, int64_t count, const float* w,
                         int64_t group, float* out, int64_t out_stride) {
-  row_fns().weighted_values(v, fp8, d, pos, count, w, group, out, out_stride);
+  const RowFns& f = row_fns();
+  for (int64_t g = 0; g < group; g += 4)
+    f.value[std::min<int64_t>(4, group - g) - 1](v, fp8, d, pos, count, w + g, group, out + g * out_stride, out_stride);
 }
 
 }  // namespace tpu::kernels
