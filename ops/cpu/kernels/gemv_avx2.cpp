@@ -146,7 +146,7 @@ void bcast_run(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, int64_
       bcast_cols<1, T>(M, K, pan, B, b_cs, C, ldc, accumulate, j0, j1, seg);
     else
       bcast_cols<2, T>(M, K, pan, B, b_cs, C, ldc, accumulate, j0, j1, seg);
-  });
+  }, detail::next_rows(B, N, b_cs));
 }
 
 template <class T>
@@ -157,7 +157,7 @@ void run(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_rs, const T* B, 
     const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, M * K * 4));
     detail::gemv_for_blocks(blocks, grain, [&](int64_t b0, int64_t b1) {
       dot_cols<T>(M, K, A, a_rs, B, b_cs, C, ldc, accumulate, b0 * 4, std::min(N, b1 * 4));
-    });
+    }, detail::next_rows(B, N, b_cs));
     return;
   }
   bcast_run<T>(M, N, K, A, a_rs, 1, B, b_cs, C, ldc, accumulate, 0);

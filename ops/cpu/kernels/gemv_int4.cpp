@@ -455,7 +455,7 @@ void gemv_int4(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, i
         fns[rows](K, group, A + i * lda, lda, blk, cols, C + i * ldc + j, ldc);
       }
     }
-  });
+  }, detail::next_rows(W, N, K / 2));
 }
 
 void gemv_fp8(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const uint8_t* W, const float* scale,
@@ -475,7 +475,7 @@ void gemv_fp8(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, cons
         fns[rows](K, A + i * lda, lda, w, cols, scale + j, C + i * ldc + j, ldc);
       }
     }
-  });
+  }, detail::next_rows(W, N, K));
 }
 
 void gemv_fp8_block(int64_t M, int64_t N, int64_t K, int64_t bn, int64_t bk, const float* A, int64_t lda,
@@ -508,7 +508,7 @@ void gemv_fp8_block(int64_t M, int64_t N, int64_t K, int64_t bn, int64_t bk, con
         fns[rows](K, bk, A + i * lda, lda, blk, cols, C + i * ldc + j, ldc);
       }
     }
-  });
+  }, detail::next_rows(W, N, K));
 }
 
 }  // namespace tpu::kernels

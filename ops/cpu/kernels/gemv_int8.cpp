@@ -189,7 +189,7 @@ void gemv_int8(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, con
         fns[rows](K, A + i * lda, lda, w, cols, scale + j, C + i * ldc + j, ldc);
       }
     }
-  });
+  }, detail::next_rows(W, N, K));
 }
 
 }  // namespace tpu::kernels
