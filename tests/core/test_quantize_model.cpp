@@ -346,5 +346,31 @@ TEST_CASE("KV cache int8 / e4m3 on the cpu: sliding window, soft-capping and pad
   CHECK(worst < 1e-5);
 }
 
+TEST_CASE("KV cache int8: a query that needs its gradient still gets it", "[quant][llm][kvrows]") {
+  // The in-place kernel has no backward; a query that requires grad takes the general path
+  // (attention over the dequantized cache), which gives the same forward and a gradient.
+  const int64_t B = 1, H = 2, HK = 1, D = 16, cap = 4;
+  Generator g(9);
+  const Tensor q0 = sub(rand({B, H, 2, D}, {}, &g), 0.5);
+  const Tensor k = sub(rand({B, HK, 2, D}, {}, &g), 0.5), v = sub(rand({B, HK, 2, D}, {}, &g), 0.5);
+  nn::KVCache plain(1, B, HK, cap, D, DType::i8), graded(1, B, HK, cap, D, DType::i8);
+  std::vector<float> want;
+  {
+    NoGradGuard ng;
+    want = plain.update_and_attend(0, q0, k, v, {}, 0.25).to_vector<float>();
+  }
+  Tensor q = q0.clone();
+  q.requires_grad_(true);
+  const Tensor out = graded.update_and_attend(0, q, k, v, {}, 0.25);
+  const std::vector<float> got = out.to_vector<float>();
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) CHECK(std::fabs(got[i] - want[i]) < 1e-5);
+  sum(out).backward();
+  REQUIRE(q.grad().defined());
+  double norm = 0;
+  for (float x : q.grad().to_vector<float>()) norm += std::fabs(x);
+  CHECK(norm > 0);
+}
+
 }  // namespace
 }  // namespace tpu::testing

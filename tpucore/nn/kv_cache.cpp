@@ -360,13 +360,14 @@ Tensor KVCache::ring_attend(int64_t layer, const Tensor& q, const Tensor& k, con
 // copy of the cache): per (row, kv head, new position), each cached key row is widened once and
 // dotted with every query head of its group, the scores (scaled, soft-capped, masked) go through
 // a softmax, and each value row is widened once and added with its weight times its scale.
-// Undefined when this does not apply (a chip, a trace, a mask of another shape): the caller then
-// takes the general path.
+// Undefined when this does not apply (a chip, a trace, a mask of another shape, a query that
+// needs its gradient): the caller then takes the general path.
 Tensor KVCache::quantized_attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& keep,
                                  double scale, const AttentionVariant& variant) {
   if (!quantized() || layer < 0 || layer >= num_layers() || q.device().type != DeviceType::cpu || q.is_proxy() ||
       k.is_proxy() || v.is_proxy() || (keep.defined() && keep.is_proxy()) || write_pos_.defined() ||
-      write_mask_.defined() || q.dim() != 4 || !k.defined() || k.dim() != 4 || q.size(0) != batch_ ||
+      write_mask_.defined() || (is_grad_enabled() && q.requires_grad()) || q.dim() != 4 || !k.defined() ||
+      k.dim() != 4 || q.size(0) != batch_ ||
       q.size(2) != k.size(2) || q.size(3) != head_dim_ || q.size(1) % heads_ != 0)
     return {};
   const int64_t past = length_, b = batch_, h = q.size(1), t = q.size(2), d = head_dim_, hk = heads_;

@@ -1,5 +1,6 @@
 #include "ops/cpu/kernels/kv_rows.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -205,11 +206,8 @@ struct RowFns {
 const RowFns& row_fns() {
   static const RowFns fns = [] {
     const CpuFeatures& f = cpu_features();
-#if defined(__x86_64__) && defined(__GNUC__)
-    const bool f16c = __builtin_cpu_supports("f16c");
-#else
-    const bool f16c = false;
-#endif
+    unsigned a = 0, b = 0, c = 0, d = 0;  // F16C: cpuid leaf 1, ecx bit 29 (clang has no "f16c" for __builtin_cpu_supports)
+    const bool f16c = __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1u) != 0;
     if (f.avx512f && f.avx512bw && f.avx512vl && f.fma && f16c)
       return RowFns{{key_dots_block_avx512<1>, key_dots_block_avx512<2>, key_dots_block_avx512<3>, key_dots_block_avx512<4>},
                     {weighted_values_block_avx512<1>, weighted_values_block_avx512<2>, weighted_values_block_avx512<3>,
