@@ -1,7 +1,7 @@
 // The contiguous key/value cache of generation (nn::KVCache) and attention without a cache.
 #include <algorithm>
-#include <tuple>
 #include <cmath>
+#include <tuple>
 
 #include "ops/cpu/kernels/kv_rows.h"
 #include "ops/cpu/vec_math.h"
@@ -150,13 +150,22 @@ DType kv_cache_storage_dtype(KVCacheDType t, DType fallback) {
   return fallback;
 }
 
-std::pair<Tensor, Tensor> KVCache::update(int64_t layer, const Tensor& k, const Tensor& v) {
+void KVCache::check_rows(int64_t layer, const Tensor& k, const Tensor& v) const {
   TPU_CHECK(layer >= 0 && layer < num_layers(), "KVCache: layer {} out of range (the cache has {} layers)", layer,
             num_layers());
   TPU_CHECK(k.defined() && v.defined() && k.dim() == 4 && k.shape() == v.shape() && k.size(0) == batch_ &&
                 k.size(1) == heads_ && k.size(3) == head_dim_,
             "KVCache: expected keys and values [{}, {}, T, {}], got {} and {}", batch_, heads_, head_dim_,
             k.defined() ? k.shape().str() : "undefined", v.defined() ? v.shape().str() : "undefined");
+}
+
+void KVCache::check_room(int64_t t) const {
+  TPU_CHECK(length_ + t <= capacity_, "KVCache: {} new positions after {} cached exceed the capacity {}", t, length_,
+            capacity_);
+}
+
+std::pair<Tensor, Tensor> KVCache::update(int64_t layer, const Tensor& k, const Tensor& v) {
+  check_rows(layer, k, v);
   const int64_t t = k.size(2);
   TPU_CHECK(ring_size(layer) == 0 || (all_ring_ && write_pos_.defined()),
             "KVCache: the sliding-window ring stores keys through update_and_attend_variant() or a write position");
@@ -179,8 +188,7 @@ std::pair<Tensor, Tensor> KVCache::update(int64_t layer, const Tensor& k, const 
     copy_(vb, where(write_mask_, v, vb));
     return {kb, vb};
   }
-  TPU_CHECK(length_ + t <= capacity_, "KVCache: {} new positions after {} cached exceed the capacity {}", t, length_,
-            capacity_);
+  check_room(t);
   NoGradGuard ng;
   if (quantized()) {
     const size_t l = static_cast<size_t>(layer);
@@ -377,11 +385,8 @@ Tensor KVCache::quantized_attend(int64_t layer, const Tensor& q, const Tensor& k
     return {};
   TPU_CHECK(variant.softcap >= 0 && std::isfinite(variant.softcap) && variant.window >= 0,
             "attention: softcap {} and window {} must be finite and not negative", variant.softcap, variant.window);
-  // update()'s checks, then the new rows go in quantized.
-  TPU_CHECK(v.defined() && k.shape() == v.shape() && k.size(0) == b && k.size(1) == hk && k.size(3) == d,
-            "KVCache: expected keys and values [{}, {}, T, {}], got {} and {}", b, hk, d, k.shape().str(),
-            v.defined() ? v.shape().str() : "undefined");
-  TPU_CHECK(n <= capacity_, "KVCache: {} new positions after {} cached exceed the capacity {}", t, past, capacity_);
+  check_rows(layer, k, v);  // update()'s checks, then the new rows go in quantized
+  check_room(t);
   NoGradGuard ng;
   store_quantized(layer, k, v);
   const auto l = static_cast<size_t>(layer);

@@ -189,6 +189,8 @@ class KVCache : public AttentionCache {
   bool all_ring_ = false;
   Tensor ring_attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& keep,
                      double scale, const AttentionVariant& variant);
+  void check_rows(int64_t layer, const Tensor& k, const Tensor& v) const;  // layer and k, v shapes
+  void check_room(int64_t t) const;                                       // t more positions fit
   void store_quantized(int64_t layer, const Tensor& k, const Tensor& v);
   Tensor quantized_attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& keep,
                           double scale, const AttentionVariant& variant);

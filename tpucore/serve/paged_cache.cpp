@@ -154,12 +154,8 @@ float PagedKVCache::key_dot(int64_t layer, int64_t block, int64_t offset, int64_
     for (int64_t e = 0; e < d; ++e) dot += q[e] * kr[e];
     return dot;
   }
-  const uint8_t* kr = kq_[l].data() + index(block, offset, head);
-  if (cfg_.kv_dtype == nn::KVCacheDType::fp8_e4m3) {
-    for (int64_t e = 0; e < d; ++e) dot += q[e] * f8_table_[kr[e]];
-  } else {
-    for (int64_t e = 0; e < d; ++e) dot += q[e] * static_cast<float>(static_cast<int8_t>(kr[e]));
-  }
+  kernels::kv_key_dots(kq_[l].data() + index(block, offset, head), cfg_.kv_dtype == nn::KVCacheDType::fp8_e4m3, d, q,
+                       d, 1, &dot);
   return dot * ks_[l][row(block, offset, head)];
 }
 

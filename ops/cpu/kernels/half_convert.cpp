@@ -62,7 +62,7 @@ TPU_HALF_AVX512 void narrow_avx512(const float* s, uint16_t* d, int64_t n) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i),
                         _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
-  narrow_scalar(s + i, d + i, n - i);
+  for (; i < n; ++i) d[i] = f16::from_f32(s[i]);  // inline: see widen_scalar
 }
 
 TPU_HALF_F16C void widen_f16c(const uint16_t* s, float* d, int64_t n) {
@@ -89,7 +89,7 @@ TPU_HALF_F16C void narrow_f16c(const float* s, uint16_t* d, int64_t n) {
     }
     _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
-  narrow_scalar(s + i, d + i, n - i);
+  for (; i < n; ++i) d[i] = f16::from_f32(s[i]);  // inline: see widen_scalar
 }
 
 }  // namespace

@@ -39,18 +39,13 @@ inline float widen1(uint8_t b, bool fp8) {
 
 // ---- portable ----
 
-void key_dots_scalar(const uint8_t* k, bool fp8, int64_t d, const float* q, int64_t q_stride, int64_t group,
-                     float* dots) {
-  for (int64_t g = 0; g < group; ++g) dots[g] = 0;
-  for (int64_t e = 0; e < d; ++e) {
-    const float x = widen1(k[e], fp8);
-    for (int64_t g = 0; g < group; ++g) dots[g] += q[g * q_stride + e] * x;
-  }
-}
-
 template <int GN>
 void key_dots_block_scalar(const uint8_t* k, bool fp8, int64_t d, const float* q, int64_t q_stride, float* dots) {
-  key_dots_scalar(k, fp8, d, q, q_stride, GN, dots);
+  for (int g = 0; g < GN; ++g) dots[g] = 0;
+  for (int64_t e = 0; e < d; ++e) {
+    const float x = widen1(k[e], fp8);
+    for (int g = 0; g < GN; ++g) dots[g] += q[g * q_stride + e] * x;
+  }
 }
 
 template <int GN>
@@ -72,8 +67,8 @@ void weighted_values_block_scalar(const uint8_t* v, bool fp8, int64_t d, const i
 // vcvtph2ps widens exactly; times 256 gives the value. The NaN pattern (all seven bits set)
 // would read as 1.875 * 256, so it is replaced by NaN.
 // The AVX code below calls no portable function: GCC can turn such a call into a tail jump
-// without vzeroupper, and the caller's SSE code then runs with dirty upper halves (measured here:
-// several times slower).
+// without vzeroupper, and the caller's SSE code then runs with dirty upper halves (several times
+// slower).
 
 // ---- AVX-512 ----
 #define TPU_KV_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
