@@ -86,6 +86,16 @@ def header(kind):
             f"(flags: {flags}); {now}; commit {commit()}._")
 
 
+def host_slug():
+    """This CPU's model and flags as a region-name suffix (one table per kind of machine)."""
+    return re.sub(r"[^a-z0-9]+", "-", (cpu_model() + " " + " ".join(cpu_flags())).lower()).strip("-")
+
+
+def load_average():
+    """The 1, 5 and 15 minute load averages, for a table's header."""
+    return " ".join(open("/proc/loadavg").read().split()[:3])
+
+
 # ---------------------------------------------------------------- generated regions
 
 
@@ -413,7 +423,7 @@ def op_matrix(build):
 
 
 def host(build, quick):
-    slug = re.sub(r"[^a-z0-9]+", "-", (cpu_model() + " " + " ".join(cpu_flags())).lower()).strip("-")
+    slug = host_slug()
     mt = ["--benchmark_min_time=0.01"] if quick else ["--benchmark_min_time=0.5"]
     reps = [] if quick else ["--benchmark_repetitions=3", "--benchmark_enable_random_interleaving=true"]
     kind = "Host timings" + (" (--quick: too short to quote)" if quick else "")
@@ -730,7 +740,7 @@ def host_decode_attention(build, quick):
     """docs/performance.md's decode-attention table of this CPU (bench_llm BM_decode_attention, one
     thread, process CPU time per call)."""
     slug = re.sub(r"[^a-z0-9]+", "-", cpu_model().lower()).strip("-")
-    load = " ".join(open("/proc/loadavg").read().split()[:3])
+    load = load_average()
     mt = ["--benchmark_min_time=0.01"] if quick else ["--benchmark_min_time=0.3"]
     kind = "bench/bench_llm, TPU_NUM_THREADS=1" + (" (--quick: too short to quote)" if quick else "")
     bs = bench_json(build, "bench_llm", "BM_decode_attention", env={"TPU_NUM_THREADS": "1"}, extra=mt)
@@ -747,8 +757,8 @@ def host_kv_cache(build, quick):
     """docs/quantization.md's table of one decode step's attention over an f32, bf16, int8 or e4m3 KV
     cache on this CPU (bench_quantize BM_kv_cache_attend, the pool's threads, three interleaved
     repetitions: the median and the range)."""
-    slug = re.sub(r"[^a-z0-9]+", "-", (cpu_model() + " " + " ".join(cpu_flags())).lower()).strip("-")
-    load = " ".join(open("/proc/loadavg").read().split()[:3])
+    slug = host_slug()
+    load = load_average()
     mt = ["--benchmark_min_time=0.01"] if quick else ["--benchmark_min_time=0.3", "--benchmark_repetitions=3",
                                                        "--benchmark_enable_random_interleaving=true"]
     kind = "bench/bench_quantize BM_kv_cache_attend" + (" (--quick: too short to quote)" if quick else "")
@@ -782,8 +792,8 @@ def host_moe(build, quick):
     """docs/performance.md's MoE table of this CPU: bench/bench_moe's stream peer variants, the
     Mixtral-shaped layer at both shapes, one grouped matmul alone, the fused moe_ffn node against
     its op chain on the cpu, and the simulated chip's cycles of the same node and chain."""
-    slug = re.sub(r"[^a-z0-9]+", "-", (cpu_model() + " " + " ".join(cpu_flags())).lower()).strip("-")
-    load = " ".join(open("/proc/loadavg").read().split()[:3])
+    slug = host_slug()
+    load = load_average()
     mt = ["--benchmark_min_time=0.01"] if quick else ["--benchmark_min_time=0.5"]
     kind = "bench/bench_moe" + (" (--quick: too short to quote)" if quick else "")
     lines = [f"### MoE layer: {cpu_model()}", "",
