@@ -344,6 +344,17 @@ TEST_CASE("KV cache int8 / e4m3 on the cpu: sliding window, soft-capping and pad
   }
   INFO(dtype_name(store) << " mode " << mode << ": largest difference " << worst);
   CHECK(worst < 1e-5);
+  // A negative soft-cap or window is an error naming both, and the cache stays usable.
+  nn::AttentionVariant bad;
+  bad.softcap = -1.0;
+  const Tensor q1 = zeros({B, H, 1, D}), k1 = zeros({B, HK, 1, D});
+  CHECK_THROWS_WITH(c.update_and_attend_variant(0, q1, k1, k1, {}, scale, bad), Catch::Contains("softcap -1"));
+  bad = {};
+  bad.window = -2;
+  CHECK_THROWS_WITH(c.update_and_attend_variant(0, q1, k1, k1, {}, scale, bad), Catch::Contains("window -2"));
+  CHECK(c.length() == past);
+  const std::vector<float> after = c.update_and_attend_variant(0, q1, k1, k1, {}, scale, variant).to_vector<float>();
+  for (float x : after) CHECK(std::isfinite(x));
 }
 
 TEST_CASE("KV cache int8: a query that needs its gradient still gets it", "[quant][llm][kvrows]") {
