@@ -353,6 +353,10 @@ TEST_CASE("KV cache int8 / e4m3 on the cpu: sliding window, soft-capping and pad
   bad.window = -2;
   CHECK_THROWS_WITH(c.update_and_attend_variant(0, q1, k1, k1, {}, scale, bad), Catch::Contains("window -2"));
   CHECK(c.length() == past);
+  // The float cache rejects them the same way, before writing anything.
+  nn::KVCache fc(1, B, HK, cap, D, DType::f32);
+  CHECK_THROWS_WITH(fc.update_and_attend_variant(0, q1, k1, k1, {}, scale, bad), Catch::Contains("window -2"));
+  CHECK(fc.length() == 0);
   const std::vector<float> after = c.update_and_attend_variant(0, q1, k1, k1, {}, scale, variant).to_vector<float>();
   for (float x : after) CHECK(std::isfinite(x));
 }

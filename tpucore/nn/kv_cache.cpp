@@ -271,6 +271,10 @@ namespace tpu::nn {
 
 Tensor KVCache::update_and_attend_variant(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v,
                                           const Tensor& keep, double scale, const AttentionVariant& variant) {
+  // Before any path (ring, in-place quantized, general) so that each rejects the same way and
+  // nothing is written.
+  TPU_CHECK(variant.softcap >= 0 && std::isfinite(variant.softcap) && variant.window >= 0,
+            "attention: softcap {} and window {} must be finite and not negative", variant.softcap, variant.window);
   if (layer >= 0 && layer < num_layers() && ring_size(layer) > 0) return ring_attend(layer, q, k, v, keep, scale, variant);
   if (variant.plain()) return update_and_attend(layer, q, k, v, keep, scale);
   TPU_CHECK(!write_mask_.defined() || write_pos_.defined(),
@@ -383,8 +387,6 @@ Tensor KVCache::quantized_attend(int64_t layer, const Tensor& q, const Tensor& k
   if (keep.defined() && (keep.dtype() != DType::boolean || keep.dim() != 4 || (keep.size(0) != 1 && keep.size(0) != b) ||
                          keep.size(1) != 1 || keep.size(2) != t || keep.size(3) != n))
     return {};
-  TPU_CHECK(variant.softcap >= 0 && std::isfinite(variant.softcap) && variant.window >= 0,
-            "attention: softcap {} and window {} must be finite and not negative", variant.softcap, variant.window);
   check_rows(layer, k, v);  // update()'s checks, then the new rows go in quantized
   check_room(t);
   NoGradGuard ng;
