@@ -515,13 +515,23 @@ void check_spec(const PagedAttentionSpec& s) {
             s.window, s.softcap);
 }
 
+// Of sequence s's q new tokens, how many (the first ones) go in prefill units.
+int64_t prefill_part(const std::vector<int64_t>* prompt_tokens, size_t s, int64_t q) {
+  if (!prompt_tokens) return q == 1 ? 0 : q;
+  return std::clamp<int64_t>((*prompt_tokens)[s], 0, q);
+}
+
 }  // namespace
 
-int64_t paged_attention_units(const PagedAttentionSpec& spec, const std::vector<int64_t>& query_start) {
+int64_t paged_attention_units(const PagedAttentionSpec& spec, const std::vector<int64_t>& query_start,
+                              const std::vector<int64_t>* prompt_tokens) {
+  TPU_CHECK(!prompt_tokens || prompt_tokens->size() + 1 == query_start.size(),
+            "paged_attention: {} prompt-token counts for {} query offsets (want one per sequence)",
+            prompt_tokens ? prompt_tokens->size() : 0, query_start.size());
   int64_t n = 0;
   for (size_t i = 0; i + 1 < query_start.size(); ++i) {
-    const int64_t q = query_start[i + 1] - query_start[i];
-    n += q == 1 ? 1 : (q + spec.tile_tokens - 1) / spec.tile_tokens;
+    const int64_t q = query_start[i + 1] - query_start[i], pre = prefill_part(prompt_tokens, i, q);
+    n += (pre + spec.tile_tokens - 1) / spec.tile_tokens + (q - pre);
   }
   return n;
 }
@@ -529,13 +539,15 @@ int64_t paged_attention_units(const PagedAttentionSpec& spec, const std::vector<
 PagedAttentionMeta plan_paged_attention(const PagedAttentionSpec& spec, int64_t num_blocks,
                                         const std::vector<int64_t>& query_start,
                                         const std::vector<int64_t>& context_len,
-                                        const std::vector<const std::vector<int32_t>*>& block_tables) {
+                                        const std::vector<const std::vector<int32_t>*>& block_tables,
+                                        const std::vector<int64_t>* prompt_tokens) {
   check_spec(spec);
   const size_t ns = context_len.size();
-  TPU_CHECK(query_start.size() == ns + 1 && block_tables.size() == ns && !query_start.empty() && query_start[0] == 0,
-            "paged_attention: {} query offsets, {} context lengths and {} block tables do not describe one batch "
-            "(want n + 1, n, n and a first offset of 0)",
-            query_start.size(), ns, block_tables.size());
+  TPU_CHECK(query_start.size() == ns + 1 && block_tables.size() == ns && !query_start.empty() && query_start[0] == 0 &&
+                (!prompt_tokens || prompt_tokens->size() == ns),
+            "paged_attention: {} query offsets, {} context lengths, {} block tables and {} prompt-token counts do not "
+            "describe one batch (want n + 1, n, n and n or none, and a first offset of 0)",
+            query_start.size(), ns, block_tables.size(), prompt_tokens ? prompt_tokens->size() : 0);
   PagedAttentionMeta m;
   m.num_tokens = query_start.back();
   m.slots.resize(size_t(m.num_tokens));
@@ -561,10 +573,10 @@ PagedAttentionMeta plan_paged_attention(const PagedAttentionSpec& spec, int64_t 
       const int64_t pos = ctx - q + i;
       m.slots[size_t(q0 + i)] = int32_t(t[size_t(pos / bs)] * bs + pos % bs);
     }
-    if (q == 1) dec.push_back({q0, 1, ctx - 1, int64_t(s)});
-    else
-      for (int64_t i = 0; i < q; i += spec.tile_tokens)
-        pre.push_back({q0 + i, std::min(spec.tile_tokens, q - i), ctx - q + i, int64_t(s)});
+    const int64_t np = prefill_part(prompt_tokens, s, q);
+    for (int64_t i = 0; i < np; i += spec.tile_tokens)
+      pre.push_back({q0 + i, std::min(spec.tile_tokens, np - i), ctx - q + i, int64_t(s)});
+    for (int64_t i = np; i < q; ++i) dec.push_back({q0 + i, 1, ctx - q + i, int64_t(s)});
   }
   m.num_units = int64_t(dec.size() + pre.size());
   TPU_CHECK(m.num_units <= spec.max_units, "paged_attention: the step needs {} work units, the program holds {}",

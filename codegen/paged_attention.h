@@ -91,12 +91,25 @@ struct PagedAttentionMeta {
 // and holds context_len[s] positions after the step (its new tokens last); block_tables[s]
 // covers them. A tpu::Error names what is inconsistent (offsets, lengths, a table too short, a
 // block id outside [0, num_blocks), more work units than spec.max_units).
+//
+// Which class computes a token: without prompt_tokens, a sequence bringing one token is a
+// decode unit and one bringing more is cut into prefill units. The two classes sum in different
+// orders (keys per step; row sums on the MXUs or the cross-lane unit), so the same token can
+// come out a rounding apart depending on how the step was cut. With prompt_tokens (one count per
+// sequence: how many of its new tokens, the first ones, are prompt tokens), the class follows
+// the token instead: prompt tokens go in prefill units, even a chunk of one, and every other
+// token (a generated token, a speculative proposal, a recomputed generated token) in a decode
+// unit of its own. A token's result then depends only on its sequence's keys (batch-invariant
+// serving), whatever chunking, batching or speculation the step has.
 PagedAttentionMeta plan_paged_attention(const PagedAttentionSpec& spec, int64_t num_blocks,
                                         const std::vector<int64_t>& query_start,
                                         const std::vector<int64_t>& context_len,
-                                        const std::vector<const std::vector<int32_t>*>& block_tables);
-// Work units a step of these sequences needs (decode: 1 per sequence; prefill: ceil(q_len / tile)).
-int64_t paged_attention_units(const PagedAttentionSpec& spec, const std::vector<int64_t>& query_start);
+                                        const std::vector<const std::vector<int32_t>*>& block_tables,
+                                        const std::vector<int64_t>* prompt_tokens = nullptr);
+// Work units a step of these sequences needs (plan_paged_attention's classes: a decode unit per
+// decode token; ceil(prompt tokens / tile) prefill units per sequence).
+int64_t paged_attention_units(const PagedAttentionSpec& spec, const std::vector<int64_t>& query_start,
+                              const std::vector<int64_t>* prompt_tokens = nullptr);
 
 // Tile sizes for this chip: pages per step so a step covers about one MXU width of keys (short
 // steps keep the software pipeline full; decode steps use the same), tile tokens so a prefill

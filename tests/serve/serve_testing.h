@@ -58,7 +58,7 @@ inline void write_byte_tokenizer(const std::filesystem::path& path) {
 
 // The engine tests' small random Llama (seed `seed`): the byte vocabulary of 257 tokens, hidden
 // 64, 4 heads of 16 (2 KV heads), intermediate 96, loaded in `dt` (its folder removed).
-inline std::shared_ptr<models::CausalLM> small_engine_model(uint32_t seed, DType dt) {
+inline std::shared_ptr<models::CausalLM> small_engine_model(uint32_t seed, DType dt, Device device = Device()) {
   llm::TinyCfg c;
   c.vocab = 257;
   c.hidden = 64;
@@ -68,7 +68,7 @@ inline std::shared_ptr<models::CausalLM> small_engine_model(uint32_t seed, DType
   c.head_dim = 16;
   auto dir = llm::temp_dir("serve_engine");
   llm::write_tiny_model(dir, c, DType::f32, 1, seed);
-  auto m = models::load_causal_lm(dir.string(), Device(), dt);
+  auto m = models::load_causal_lm(dir.string(), device, dt);
   std::filesystem::remove_all(dir);
   return m;
 }

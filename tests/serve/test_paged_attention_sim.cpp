@@ -419,6 +419,64 @@ TEST_CASE("paged attention: softmax in uneven KV-head chunks, prefill steps shor
   CHECK(chip_error_vs_naive(s, m, b, nb, rng) < 2e-5);
 }
 
+TEST_CASE("paged attention by token kind: a token's result does not depend on how its step was cut", "[sim][paged]") {
+  // With prompt-token counts, prompt tokens go in prefill units (a chunk of one too) and the
+  // others in a decode unit each. Decode steps here cover more keys than prefill steps, so the
+  // two classes round differently; a token must come out bitwise the same when its step is cut
+  // otherwise: step A computes positions 15..20 of one sequence (3 prompt tokens, then 3 decode
+  // tokens); step B, over A's cache, recomputes position 17 as a chunk of one prompt token and
+  // position 20 as a lone decode token.
+  const int64_t hq = 4, hkv = 2, d = 8, bs = 4, nb = 16, row = hkv * d;
+  const sim::ChipConfig cfg = sim::preset_config("tiny");
+  codegen::PagedAttentionSpec s{.heads = hq, .kv_heads = hkv, .head_dim = d, .block_size = bs};
+  s.scale = 0.3f;
+  s.max_units = 8;
+  codegen::choose_paged_attention_tiling(cfg, s);
+  s.decode_pages_per_step = s.pages_per_step + 1;
+  std::mt19937 rng(23);
+  std::vector<int32_t> table(static_cast<size_t>(6));
+  std::iota(table.begin(), table.end(), 5);
+  std::normal_distribution<float> nd;
+  auto randv = [&](size_t sz) {
+    std::vector<float> x(sz);
+    for (auto& e : x) e = nd(rng);
+    return x;
+  };
+  Batch a;
+  a.add(6, 21, table);
+  const std::vector<int64_t> a_prompt{3};
+  const codegen::PagedAttentionMeta ma = codegen::plan_paged_attention(s, nb, a.qs, a.ctx, a.ptrs(), &a_prompt);
+  CHECK(ma.units[1] == 3);  // decode units: positions 18, 19, 20
+  CHECK(ma.units[2] == 1);  // one prefill unit: positions 15..17
+  CHECK(codegen::paged_attention_units(s, a.qs, &a_prompt) == 4);
+  CHECK(codegen::paged_attention_units(s, a.qs) == 1);  // by count: one prefill unit
+  const std::vector<float> q = randv(size_t(6 * hq * d)), k = randv(size_t(6 * row)), v = randv(size_t(6 * row));
+  const std::vector<float> kc = randv(size_t(nb * bs * row)), vc = randv(size_t(nb * bs * row));
+  const ChipRun ra = run_on_chip(s, ma, nb * bs, q, k, v, kc, vc);
+  const std::vector<double> ref = naive_attention(a, q, k, v, kc, vc, hq, hkv, d, bs, s.scale);
+  double worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::abs(ref[i] - double(ra.out[i])));
+  CHECK(worst < 2e-5);
+
+  Batch b;  // the same sequence twice: position 17 (a prompt token), position 20 (a decode token)
+  b.add(1, 18, table);
+  b.add(1, 21, table);
+  const std::vector<int64_t> b_prompt{1, 0};
+  const codegen::PagedAttentionMeta mb = codegen::plan_paged_attention(s, nb, b.qs, b.ctx, b.ptrs(), &b_prompt);
+  CHECK(mb.units[1] == 1);
+  CHECK(mb.units[2] == 1);
+  auto rows = [](const std::vector<float>& x, int64_t width, std::initializer_list<int64_t> which) {
+    std::vector<float> out;
+    for (int64_t r : which) out.insert(out.end(), x.begin() + r * width, x.begin() + (r + 1) * width);
+    return out;
+  };
+  const ChipRun rb = run_on_chip(s, mb, nb * bs, rows(q, hq * d, {2, 5}), rows(k, row, {2, 5}), rows(v, row, {2, 5}),
+                                 ra.kc, ra.vc);
+  CHECK(rb.out == rows(ra.out, hq * d, {2, 5}));  // bitwise
+  expect_error([&] { codegen::plan_paged_attention(s, nb, b.qs, b.ctx, b.ptrs(), &a_prompt); },
+               {"1 prompt-token counts"});
+}
+
 TEST_CASE("paged attention with a sliding window and soft-capped scores on the tiny chip", "[sim][paged]") {
   // Window 7 over blocks of 4 with soft-capping at 1.5: once planned with the window (every
   // layer sliding: the pages wholly before each unit's window are left out of its page list)

@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "core/codegen_testing.h"
 #include "core/llm_reference.h"
 #include "serve/serve_testing.h"
 #include "tpucore/models.h"
@@ -21,7 +22,9 @@ namespace {
 using V = std::vector<int64_t>;
 using namespace tpu;
 
-std::shared_ptr<models::CausalLM> model_of(DType dt) { return testing::serve::small_engine_model(31, dt); }
+std::shared_ptr<models::CausalLM> model_of(DType dt, Device device = Device()) {
+  return testing::serve::small_engine_model(31, dt, device);
+}
 
 struct Req {
   V prompt;
@@ -47,13 +50,23 @@ std::vector<Req> mixed_requests(int n) {
   return rs;
 }
 
-serve::EngineConfig config(bool compile) {
+// How the engine cuts its steps: the token budget (prompts in chunks next to decodes; a small
+// one leaves chunks of a single prompt token) and prefix caching (a request reusing another's
+// blocks computes only the rest of its prompt).
+struct Cut {
+  bool compile = false;
+  int64_t budget = 96;
+  bool prefix_caching = false;
+};
+
+serve::EngineConfig config(const Cut& cut) {
   serve::EngineConfig ec;
   ec.block_size = 8;
   ec.max_num_seqs = 32;
-  ec.max_num_batched_tokens = 96;  // prompts in chunks next to decodes
+  ec.max_num_batched_tokens = cut.budget;
   ec.max_model_len = 64;
-  ec.compile = compile;
+  ec.compile = cut.compile;
+  ec.enable_prefix_caching = cut.prefix_caching;
   return ec;
 }
 
@@ -64,8 +77,8 @@ struct Out {
 
 // Serves the requests [first, last) on one engine, all submitted up front; their outputs by index.
 std::map<size_t, Out> serve_range(const std::shared_ptr<models::CausalLM>& m, const std::vector<Req>& rs, size_t first,
-                                size_t last, bool compile, bool invariant) {
-  serve::EngineConfig ec = config(compile);
+                                size_t last, const Cut& cut, bool invariant) {
+  serve::EngineConfig ec = config(cut);
   ec.batch_invariant = invariant;
   ec.compile_name = "serve_invariant_step";
   serve::Engine e(m, ec);
@@ -84,14 +97,22 @@ std::map<size_t, Out> serve_range(const std::shared_ptr<models::CausalLM>& m, co
   return out;
 }
 
-void check_invariant(DType dt, bool compile) {
-  auto m = model_of(dt);
-  const auto rs = mixed_requests(32);
-  const auto together = serve_range(m, rs, 0, rs.size(), compile, true);
+void check_invariant(DType dt, const Cut& cut, Device device = Device(), int n = 32) {
+  auto m = model_of(dt, device);
+  auto rs = mixed_requests(n);
+  if (cut.prefix_caching)  // every third prompt starts with the same 17 tokens (two full blocks and one)
+    for (size_t i = 0; i < rs.size(); i += 3) {
+      V common(17);
+      for (size_t j = 0; j < common.size(); ++j) common[j] = static_cast<int64_t>((j * 37 + 11) % 256);
+      rs[i].prompt.insert(rs[i].prompt.begin(), common.begin(), common.end());
+      rs[i].prompt.resize(std::min<size_t>(rs[i].prompt.size(), 40));
+    }
+  const auto together = serve_range(m, rs, 0, rs.size(), cut, true);
   int differ = 0;
   for (size_t i = 0; i < rs.size(); ++i) {
-    const auto alone = serve_range(m, rs, i, i + 1, compile, true);
-    INFO("request " << i << " dtype " << dtype_name(dt) << " compile " << compile << " prompt length "
+    const auto alone = serve_range(m, rs, i, i + 1, cut, true);
+    INFO("request " << i << " dtype " << dtype_name(dt) << " compile " << cut.compile << " budget " << cut.budget
+                    << " prefix caching " << cut.prefix_caching << " device " << device.str() << " prompt length "
                     << rs[i].prompt.size());
     REQUIRE(alone.count(i) == 1);
     CHECK(alone.at(i).tokens.size() == static_cast<size_t>(rs[i].params.max_tokens));
@@ -108,11 +129,29 @@ void check_invariant(DType dt, bool compile) {
 TEST_CASE("engine batch-invariant mode, 32 mixed requests together equal each alone (f32, bf16)",
           "[serve][batch-invariant]") {
   CHECK(serve::EngineConfig{}.batch_invariant);  // on by default
-  check_invariant(DType::f32, false);
-  check_invariant(DType::bf16, false);
+  check_invariant(DType::f32, {});
+  check_invariant(DType::bf16, {});
 }
 
 TEST_CASE("engine batch-invariant mode, compiled step (f32, bf16)", "[serve][batch-invariant][jit]") {
-  check_invariant(DType::f32, true);
-  check_invariant(DType::bf16, true);
+  check_invariant(DType::f32, {.compile = true});
+  check_invariant(DType::bf16, {.compile = true});
+}
+
+// The chip's ragged attention program has two classes of work units that sum in different
+// orders; every token must land in the same class however the step is cut (chunks of one
+// prompt token, prompts resumed after a prefix-cache hit).
+TEST_CASE("engine batch-invariant mode on the simulated chip: chunks of one token, prefix hits (f32, bf16)",
+          "[serve][batch-invariant][sim]") {
+  tpu::testing::TinySim chip;
+  const Cut cut{.budget = 10, .prefix_caching = true};
+  check_invariant(DType::bf16, cut, chip.dev(), 12);
+  check_invariant(DType::f32, cut, chip.dev(), 12);
+  check_invariant(DType::bf16, {.budget = 13}, chip.dev(), 12);
+}
+
+TEST_CASE("engine batch-invariant mode on the simulated chip, compiled step (bf16)",
+          "[serve][batch-invariant][sim][jit]") {
+  tpu::testing::TinySim chip;
+  check_invariant(DType::bf16, {.compile = true, .budget = 10, .prefix_caching = true}, chip.dev(), 12);
 }

@@ -334,7 +334,7 @@ TEST_CASE("serve: int8 / fp8 e4m3 paged KV cache: bytes per token, the cpu ragge
   for (auto [n, ctx] : {std::pair<int64_t, int64_t>{6, 6}, std::pair<int64_t, int64_t>{3, 9}}) {
     const std::vector<float> q = rnd(n * hq * d), k = rnd(n * hkv * d), v = rnd(n * hkv * d);
     std::vector<float> out(static_cast<size_t>(n * hq * d));
-    serve::RaggedBatch rb{{0, n}, {ctx}, {&table}};
+    serve::RaggedBatch rb{{0, n}, {ctx}, {&table}, {}};
     serve::ragged_paged_attention(cache, 1, rb, q.data(), k.data(), v.data(), out.data(), hq, scale);
     for (int64_t t = 0; t < n; ++t)
       for (int64_t h = 0; h < hkv; ++h) {
@@ -412,7 +412,7 @@ TEST_CASE("serve: int8 / fp8 e4m3 paged KV cache in the engine: bytes in the met
     serve::HostPagedCache cache(c);
     std::vector<int32_t> table;
     for (int32_t b = 0; b < c.num_blocks; ++b) table.push_back(b);
-    const serve::RaggedBatch rb{{0, len}, {len}, {&table}};
+    const serve::RaggedBatch rb{{0, len}, {len}, {&table}, {}};
     cache.set_batch(&rb);
     V pos(seq.size());
     for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int64_t>(i);

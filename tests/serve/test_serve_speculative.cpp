@@ -29,8 +29,8 @@ namespace {
 using V = std::vector<int64_t>;
 using namespace tpu;
 
-std::shared_ptr<models::CausalLM> spec_model(DType dt) {
-  auto m = testing::serve::small_engine_model(43, dt);
+std::shared_ptr<models::CausalLM> spec_model(DType dt, Device device = Device()) {
+  auto m = testing::serve::small_engine_model(43, dt, device);
   // Damped attention and MLP outputs: the next token depends mostly on the last one, so greedy
   // output falls into cycles that n-gram proposals predict (most proposals are accepted).
   NoGradGuard ng;
@@ -131,15 +131,15 @@ SpecRun spec_serve(const std::shared_ptr<models::CausalLM>& m, const std::vector
   return run;
 }
 
-void check_spec_equals_plain(DType dt, bool compile, bool prefix_caching) {
-  auto m = spec_model(dt);
-  const auto rs = spec_requests(24);
+void check_spec_equals_plain(DType dt, bool compile, bool prefix_caching, Device device = Device(), int n = 24) {
+  auto m = spec_model(dt, device);
+  const auto rs = spec_requests(n);
   const SpecRun plain = spec_serve(m, rs, 0, compile, prefix_caching);
   const SpecRun spec = spec_serve(m, rs, 4, compile, prefix_caching);
   int64_t returned = 0;
   for (size_t i = 0; i < rs.size(); ++i) {
     INFO("request " << i << " dtype " << dtype_name(dt) << " compile " << compile << " prefix caching "
-                    << prefix_caching);
+                    << prefix_caching << " device " << device.str());
     const SpecOut &a = plain.out.at(i), &b = spec.out.at(i);
     CHECK(b.tokens == a.tokens);
     CHECK(b.logprobs == a.logprobs);  // bitwise: the same logits
@@ -189,6 +189,15 @@ TEST_CASE("speculative decoding: output equals plain decoding, eager f32 and bf1
 TEST_CASE("speculative decoding: compiled step equals plain decoding (f32, bf16)", "[serve][speculative][jit]") {
   check_spec_equals_plain(DType::f32, true, true);
   check_spec_equals_plain(DType::bf16, true, false);
+}
+
+// On the chip the verification rows are computed one by one in the ragged attention program's
+// decode units, as plain decoding computes them, so the output is bitwise the same there too.
+TEST_CASE("speculative decoding on the simulated chip equals plain decoding bitwise (bf16, f32)",
+          "[serve][speculative][sim]") {
+  tpu::testing::TinySim chip;
+  check_spec_equals_plain(DType::bf16, false, true, chip.dev(), 12);
+  check_spec_equals_plain(DType::f32, false, false, chip.dev(), 12);
 }
 
 TEST_CASE("speculative decoding: metrics text and bad settings", "[serve][speculative]") {

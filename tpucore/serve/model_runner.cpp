@@ -6,6 +6,7 @@
 #include "codegen/launch.h"
 #include "tpucore/autograd.h"
 #include "tpucore/compile.h"
+#include "tpucore/core/batch_invariant.h"
 
 namespace tpu::serve {
 
@@ -31,6 +32,14 @@ Tensor i32_tensor(const std::vector<int32_t>& v, Device dev) {
 Tensor i64_tensor(const std::vector<int64_t>& v, Shape s, Device dev) {
   return from_vector(v, std::move(s), TensorOptions(DType::i64, dev));
 }
+// The chip program's classes by token kind (prompt: prefill units; others: decode units)
+// under batch-invariant numerics, so a token is computed the same way however its step was
+// cut; otherwise by count (one token: decode), which keeps speculative verification rows
+// and chunks of one in a single unit.
+const std::vector<int64_t>* token_classes(const RaggedBatch& rb) {
+  return batch_invariant() && !rb.prompt_tokens.empty() ? &rb.prompt_tokens : nullptr;
+}
+
 }  // namespace
 
 PagedCacheConfig paged_cache_layout(const models::ModelConfig& mc, int64_t block_size, int64_t num_blocks) {
@@ -207,8 +216,9 @@ Tensor ModelRunner::run(const StepBatch& s) {
     h = gather_step(o_.compile ? token_bucket(n) : n, ctx, s);
   } else if (o_.compile) {
     const int64_t nb = token_bucket(static_cast<int64_t>(s.ids.size()));
-    const codegen::PagedAttentionMeta meta = codegen::plan_paged_attention(
-        spec_for(nb), c_.num_blocks, s.batch.query_start, s.batch.context_len, s.batch.block_tables);
+    const codegen::PagedAttentionMeta meta =
+        codegen::plan_paged_attention(spec_for(nb), c_.num_blocks, s.batch.query_start, s.batch.context_len,
+                                      s.batch.block_tables, token_classes(s.batch));
     h = graph_step(nb, s, meta);
   } else {
     h = host_ ? host_step(s) : chip_step(s);
@@ -236,10 +246,10 @@ Tensor ModelRunner::chip_step(const StepBatch& s) {
   const RaggedBatch& rb = s.batch;
   // The work-unit table's capacity is a power of two (>= 8): one program per capacity.
   codegen::PagedAttentionSpec spec = spec_;
-  const int64_t units = codegen::paged_attention_units(spec, rb.query_start);
+  const int64_t units = codegen::paged_attention_units(spec, rb.query_start, token_classes(rb));
   while (spec.max_units < units) spec.max_units *= 2;
-  const codegen::PagedAttentionMeta meta =
-      codegen::plan_paged_attention(spec, c_.num_blocks, rb.query_start, rb.context_len, rb.block_tables);
+  const codegen::PagedAttentionMeta meta = codegen::plan_paged_attention(spec, c_.num_blocks, rb.query_start,
+                                                                         rb.context_len, rb.block_tables, token_classes(rb));
   const Device dev = m_.device();
   const auto n = static_cast<int64_t>(s.ids.size());
   slots_->set_step(spec, n, i32_tensor(meta.units, dev), i32_tensor(meta.pages, dev), i32_tensor(meta.slots, dev));

@@ -143,6 +143,11 @@ struct RaggedBatch {
   std::vector<int64_t> query_start;  // num_seqs + 1 offsets, query_start[0] = 0
   std::vector<int64_t> context_len;  // num_seqs
   std::vector<const std::vector<int32_t>*> block_tables;  // num_seqs
+  // Per sequence, how many of its new tokens (the first ones) are prompt tokens (empty: not
+  // known). The chip's ragged attention program computes those in prefill units and the others
+  // one by one in decode units under batch-invariant numerics
+  // (codegen::plan_paged_attention); the host kernel ignores it (one order for every token).
+  std::vector<int64_t> prompt_tokens;
   int64_t num_seqs() const { return static_cast<int64_t>(context_len.size()); }
   int64_t num_tokens() const { return query_start.empty() ? 0 : query_start.back(); }
   // Checks the offsets, lengths and tables against the cache (a tpu::Error naming the field).

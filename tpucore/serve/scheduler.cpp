@@ -41,6 +41,7 @@ StepBatch StepPlan::batch() const {
     s.batch.query_start.push_back(static_cast<int64_t>(s.ids.size()));
     s.batch.context_len.push_back(r.computed + seqs[i].tokens);
     s.batch.block_tables.push_back(&r.table);
+    s.batch.prompt_tokens.push_back(std::clamp<int64_t>(r.prompt_len - r.computed, 0, seqs[i].tokens));
     if (seqs[i].samples)  // the last known token's row, then one per proposal
       for (int64_t j = d; j >= 0; --j) s.logit_rows.push_back(static_cast<int64_t>(s.ids.size()) - 1 - j);
   }
