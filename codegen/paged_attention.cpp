@@ -357,11 +357,12 @@ class Emitter {
       for (int64_t t = 0; t < tokens; ++t) b_.fill(vm(L.rowt + (h * hrows + t * group_) * 4, DType::f32, 1), float(t), group_, 1);
     // Zeros in the V buffers past each step's first page: a step's slots past its unit's last
     // page are not fetched and keep what they hold (P is 0 there, and 0 times what an earlier
-    // program left in VMEM must not be NaN; a step's first page is always fetched); the ones
-    // column of every key and KV head (page DMAs never write it).
+    // program left in VMEM must not be NaN; a step's first page is always fetched, except with
+    // a window, where a unit's first step may start before its first visible block: then the
+    // whole buffer); the ones column of every key and KV head (page DMAs never write it).
     // The zeros are written as f32 words over the bytes (all bits zero in either dtype, and no
     // 16-bit vector stores), then the ones column over them.
-    const int64_t vfirst = s_.block_size * s_.kv_heads * L.vdv * es_;  // bytes of a step's first page
+    const int64_t vfirst = s_.window > 0 ? 0 : s_.block_size * s_.kv_heads * L.vdv * es_;  // bytes not zeroed
     const int64_t vbytes = L.keys * s_.kv_heads * L.vdv * es_;         // bytes of a V buffer
     for (int64_t vb : L.v) {
       if (vfirst % 4 == 0) {
@@ -591,7 +592,11 @@ PagedAttentionMeta plan_paged_attention(const PagedAttentionSpec& spec, int64_t 
       const int64_t pps = paged_pages_per_step(spec, list == &dec), keys = pps * bs;
       // The page list starts at the block of the first query's first visible key (block 0
       // without a window); positions in the record count from that block's first key.
-      const int64_t b0 = spec.window > 0 ? std::max<int64_t>(0, u.pos0 - spec.window + 1) / bs : 0;
+      const int64_t seen = spec.window > 0 ? std::max<int64_t>(0, u.pos0 - spec.window + 1) / bs : 0;
+      // By token kind, a windowed prefill unit's steps start on the grid of whole steps (block
+      // multiples of pps), so each query's keys fall in the same steps whichever token its unit
+      // starts at; the blocks before the first visible one are -1 (not read, masked).
+      const int64_t b0 = prompt_tokens && spec.window > 0 && list == &pre ? seen / pps * pps : seen;
       const int64_t rel = u.pos0 - b0 * bs;
       const int64_t needed = rel + u.ntok, steps = (needed + keys - 1) / keys;
       const std::vector<int32_t>& t = *block_tables[size_t(u.seq)];
@@ -609,8 +614,8 @@ PagedAttentionMeta plan_paged_attention(const PagedAttentionSpec& spec, int64_t 
       r[6] = int32_t(steps - 1 - full);
       r[7] = &u != &list->back();  // a next unit of the same class follows
       const int64_t used = (needed + bs - 1) / bs;
-      for (int64_t p = 0; p < steps * pps; ++p) m.pages.push_back(p < used ? t[size_t(b0 + p)] : -1);
-      m.kv_pages_read += used;
+      for (int64_t p = 0; p < steps * pps; ++p) m.pages.push_back(p < used && b0 + p >= seen ? t[size_t(b0 + p)] : -1);
+      m.kv_pages_read += used - (seen - b0);
       ++ui;
       // Two steps of padding (-1: nothing read): the kernel looks two steps ahead.
       if (&u == &list->back()) m.pages.insert(m.pages.end(), size_t(2 * pps), -1);

@@ -99,8 +99,10 @@ struct PagedAttentionMeta {
 // sequence: how many of its new tokens, the first ones, are prompt tokens), the class follows
 // the token instead: prompt tokens go in prefill units, even a chunk of one, and every other
 // token (a generated token, a speculative proposal, a recomputed generated token) in a decode
-// unit of its own. A token's result then depends only on its sequence's keys (batch-invariant
-// serving), whatever chunking, batching or speculation the step has.
+// unit of its own; with a window, a prefill unit's key steps also start on a fixed grid (its
+// leading pages before the window are -1). A token's result then depends only on its
+// sequence's keys (batch-invariant serving), whatever chunking, batching or speculation the
+// step has.
 PagedAttentionMeta plan_paged_attention(const PagedAttentionSpec& spec, int64_t num_blocks,
                                         const std::vector<int64_t>& query_start,
                                         const std::vector<int64_t>& context_len,

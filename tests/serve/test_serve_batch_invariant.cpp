@@ -22,8 +22,25 @@ namespace {
 using V = std::vector<int64_t>;
 using namespace tpu;
 
-std::shared_ptr<models::CausalLM> model_of(DType dt, Device device = Device()) {
-  return testing::serve::small_engine_model(31, dt, device);
+std::shared_ptr<models::CausalLM> model_of(DType dt, Device device = Device(), int64_t window = 0) {
+  if (window == 0) return testing::serve::small_engine_model(31, dt, device);
+  // Every layer sliding (Mistral): the chip plans its steps with the window.
+  testing::llm::TinyCfg c;
+  c.model_type = "mistral";
+  c.vocab = 257;
+  c.hidden = 64;
+  c.inter = 96;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = 16;
+  c.window = window;
+  c.sliding = {true, true};
+  c.extra_json = ", \"sliding_window\": " + std::to_string(window);
+  auto dir = testing::llm::temp_dir("serve_invariant_window");
+  testing::llm::write_tiny_model(dir, c, DType::f32, 1, 31);
+  auto m = models::load_causal_lm(dir.string(), device, dt);
+  std::filesystem::remove_all(dir);
+  return m;
 }
 
 struct Req {
@@ -55,13 +72,15 @@ std::vector<Req> mixed_requests(int n) {
 // blocks computes only the rest of its prompt).
 struct Cut {
   bool compile = false;
+  int64_t block_size = 8;
+  int64_t window = 0;  // > 0: a model whose every layer slides over this many positions
   int64_t budget = 96;
   bool prefix_caching = false;
 };
 
 serve::EngineConfig config(const Cut& cut) {
   serve::EngineConfig ec;
-  ec.block_size = 8;
+  ec.block_size = cut.block_size;
   ec.max_num_seqs = 32;
   ec.max_num_batched_tokens = cut.budget;
   ec.max_model_len = 64;
@@ -98,7 +117,7 @@ std::map<size_t, Out> serve_range(const std::shared_ptr<models::CausalLM>& m, co
 }
 
 void check_invariant(DType dt, const Cut& cut, Device device = Device(), int n = 32) {
-  auto m = model_of(dt, device);
+  auto m = model_of(dt, device, cut.window);
   auto rs = mixed_requests(n);
   if (cut.prefix_caching)  // every third prompt starts with the same 17 tokens (two full blocks and one)
     for (size_t i = 0; i < rs.size(); i += 3) {
@@ -154,4 +173,13 @@ TEST_CASE("engine batch-invariant mode on the simulated chip, compiled step (bf1
           "[serve][batch-invariant][sim][jit]") {
   tpu::testing::TinySim chip;
   check_invariant(DType::bf16, {.compile = true, .budget = 10, .prefix_caching = true}, chip.dev(), 12);
+}
+
+// Every layer sliding (the steps planned with the window): a prefill unit's key steps start on a
+// fixed grid whatever token the unit starts at (block size 4: two pages per prefill step).
+TEST_CASE("engine batch-invariant mode on the simulated chip: every layer sliding (bf16, f32)",
+          "[serve][batch-invariant][sim]") {
+  tpu::testing::TinySim chip;
+  check_invariant(DType::bf16, {.block_size = 4, .window = 7, .budget = 10}, chip.dev(), 12);
+  check_invariant(DType::f32, {.block_size = 4, .window = 7, .budget = 10}, chip.dev(), 12);
 }
