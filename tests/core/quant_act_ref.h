@@ -1,13 +1,14 @@
-// The rows of A as the vnni path of the int8 / int4 weight kernels sees them
+// The rows of A as the vnni and avx2q8 paths of the int8 / int4 weight kernels see them
 // (ops/cpu/kernels/gemv_int8.h), written independently of the kernel: blocks of 32 along K, each
 // value replaced by q d with d = max |a| / 127 (f32) and q = a (127 / max |a|) rounded to nearest,
-// ties to even. On other paths (best not resolving to vnni) the rows are returned unchanged.
+// ties to even. On other paths (the float ones) the rows are returned unchanged.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
+#include "ops/cpu/kernels/gemv_int4.h"
 #include "ops/cpu/kernels/gemv_int8.h"
 
 namespace tpu::testing {
@@ -28,10 +29,17 @@ inline std::vector<float> blockwise_q8_rows(const std::vector<float>& x, int64_t
   return r;
 }
 
-// x as the kernel path `p` sees it: quantized in blocks when p resolves to vnni.
+// x as the kernel path `p` sees it: quantized in blocks when p resolves to vnni or avx2q8.
 inline std::vector<float> rows_as_seen(const std::vector<float>& x, int64_t M, int64_t K,
                                        kernels::Int8GemvPath p = kernels::Int8GemvPath::best) {
-  return kernels::int8_gemv_resolve(p) == kernels::Int8GemvPath::vnni ? blockwise_q8_rows(x, M, K) : x;
+  const kernels::Int8GemvPath r = kernels::int8_gemv_resolve(p);
+  return r == kernels::Int8GemvPath::vnni || r == kernels::Int8GemvPath::avx2q8 ? blockwise_q8_rows(x, M, K) : x;
+}
+
+// The same for gemv_int4 of M rows on path `p` (whose avx2q8 path keeps many rows in f32).
+inline std::vector<float> int4_rows_as_seen(const std::vector<float>& x, int64_t M, int64_t K,
+                                            kernels::Int8GemvPath p = kernels::Int8GemvPath::best) {
+  return kernels::int4_gemv_quantizes_rows(p, M) ? blockwise_q8_rows(x, M, K) : x;
 }
 
 }  // namespace tpu::testing

@@ -139,7 +139,8 @@ TEST_CASE("batch-invariant mode: int8-weight products, M rows equal each row alo
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> d(-1.0f, 1.0f);
   std::uniform_int_distribution<int> q(-127, 127);
-  for (Int8GemvPath path : {Int8GemvPath::best, Int8GemvPath::vnni, Int8GemvPath::avx512, Int8GemvPath::avx2, Int8GemvPath::scalar}) {
+  for (Int8GemvPath path : {Int8GemvPath::best, Int8GemvPath::vnni, Int8GemvPath::avx2q8, Int8GemvPath::avx512, Int8GemvPath::avx2,
+        Int8GemvPath::scalar}) {
     if (!tpu::kernels::int8_gemv_path_available(path)) continue;
     for (const KN& s : {KN{5, 3}, KN{33, 257}, KN{64, 96}}) {
       std::vector<int8_t> w(static_cast<size_t>(s.N * s.K));

@@ -122,7 +122,7 @@ int op_mismatches(const Tensor& x, const Int4Weight& w) {
   const int64_t M = x.shape()[0], K = x.shape()[1], N = w.q.shape()[0];
   const std::vector<float> out = linear_int4(x, w).to_vector<float>();
   const std::vector<float> s = w.scale.to(DType::f32).to_vector<float>();
-  return mismatches(rows_as_seen(x.to_vector<float>(), M, K), w.q.to_vector<uint8_t>(), s, M, N, K, w.group, out);
+  return mismatches(int4_rows_as_seen(x.to_vector<float>(), M, K), w.q.to_vector<uint8_t>(), s, M, N, K, w.group, out);
 }
 
 TEST_CASE("linear_int4: the cache of repacked weights follows writes, frees and its budget",

@@ -101,7 +101,9 @@ TEST_CASE("packed projections: one product equals each projection's, against a n
         }
         const std::vector<Tensor> out = nn::packed_forward(pack, p.parts, x);
         REQUIRE(out.size() == 3);
-        const std::vector<float> xs = kind == nn::WeightQuant::fp8 ? x.to_vector<float>() : rows_as_seen(x.to_vector<float>(), rows, 64);
+        const std::vector<float> xs = kind == nn::WeightQuant::fp8    ? x.to_vector<float>()
+                                      : kind == nn::WeightQuant::int4 ? int4_rows_as_seen(x.to_vector<float>(), rows, 64)
+                                                                      : rows_as_seen(x.to_vector<float>(), rows, 64);
         for (size_t i = 0; i < 3; ++i) {
           const int64_t n = pack.rows[i];
           REQUIRE(out[i].shape() == Shape{rows, n});

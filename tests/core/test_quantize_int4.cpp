@@ -104,7 +104,8 @@ TEST_CASE("linear_int4: every kernel path against the dequantized naive product"
   Generator g(7);
   int checked = 0;
   for (Int8GemvPath path :
-       {Int8GemvPath::best, Int8GemvPath::vnni, Int8GemvPath::avx512, Int8GemvPath::avx2, Int8GemvPath::scalar}) {
+       {Int8GemvPath::best, Int8GemvPath::vnni, Int8GemvPath::avx2q8, Int8GemvPath::avx512, Int8GemvPath::avx2,
+        Int8GemvPath::scalar}) {
     if (!kernels::int8_gemv_path_available(path)) continue;
     for (int64_t M : {1, 3, 4, 5, 17})
       for (int64_t N : {1, 4, 7})
@@ -118,7 +119,7 @@ TEST_CASE("linear_int4: every kernel path against the dequantized naive product"
           const std::vector<float> s = q4_random(g, static_cast<size_t>(N * K / group), 0.001, 0.05);
           std::vector<float> out(static_cast<size_t>(M * N), -1);
           kernels::gemv_int4(M, N, K, group, x.data(), K, q.data(), s.data(), out.data(), N, path);
-          const std::vector<float> xs = rows_as_seen(x, M, K, path);
+          const std::vector<float> xs = int4_rows_as_seen(x, M, K, path);
           int bad = 0;
           for (int64_t i = 0; i < M; ++i)
             for (int64_t j = 0; j < N; ++j) {
@@ -167,7 +168,7 @@ TEST_CASE("linear_int4: many weight rows split over the threads with a short las
     const std::vector<float> s = q4_random(g, static_cast<size_t>(N * K / group), 0.001, 0.05);
     std::vector<float> out(static_cast<size_t>(M * N), -1);
     kernels::gemv_int4(M, N, K, group, x.data(), K, q.data(), s.data(), out.data(), N);
-    const std::vector<float> xs = rows_as_seen(x, M, K, kernels::Int8GemvPath::best);
+    const std::vector<float> xs = int4_rows_as_seen(x, M, K, kernels::Int8GemvPath::best);
     int bad = 0;
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < N; ++j) {
@@ -197,7 +198,7 @@ TEST_CASE("linear_int4: the op on batched f32 and bf16 inputs, and its errors", 
     const Tensor y = linear_int4(xd, qw);
     REQUIRE(y.shape() == Shape{2, 3, N});
     CHECK(y.dtype() == dt);
-    const std::vector<float> xs = rows_as_seen(xd.to_vector<float>(), 6, K), got = y.to_vector<float>();
+    const std::vector<float> xs = int4_rows_as_seen(xd.to_vector<float>(), 6, K), got = y.to_vector<float>();
     int bad = 0;
     for (int64_t i = 0; i < 6; ++i)
       for (int64_t j = 0; j < N; ++j) {
@@ -296,12 +297,13 @@ TEST_CASE("linear_int4 with f16 scales: every cpu kernel against the dequantized
         std::vector<float> out(static_cast<size_t>(M * N));
         INFO("threads " << threads << " M " << M << " N " << N << " K " << K << " group " << group);
         for (Int8GemvPath path :
-             {Int8GemvPath::best, Int8GemvPath::vnni, Int8GemvPath::avx512, Int8GemvPath::avx2, Int8GemvPath::scalar}) {
+             {Int8GemvPath::best, Int8GemvPath::vnni, Int8GemvPath::avx2q8, Int8GemvPath::avx512, Int8GemvPath::avx2,
+        Int8GemvPath::scalar}) {
           if (!kernels::int8_gemv_path_available(path)) continue;
           std::fill(out.begin(), out.end(), -1.0f);
           kernels::gemv_int4(M, N, K, group, x.data(), K, q.data(), s.data(), out.data(), N, path);
           INFO("path " << static_cast<int>(path));
-          CHECK(q4_f16_mismatches(rows_as_seen(x, M, K, path), q, s, M, N, K, group, out) == 0);
+          CHECK(q4_f16_mismatches(int4_rows_as_seen(x, M, K, path), q, s, M, N, K, group, out) == 0);
           ++checked;
         }
         // The many-row kernels (the quantized rows as the vnni path sees them).
@@ -343,7 +345,7 @@ TEST_CASE("linear_int4 with f16 scales: the op, dequantize_int4 and the model qu
     const std::vector<float> x = q4_random(g, static_cast<size_t>(M * K), -1, 1);
     const std::vector<float> y = linear_int4(from_vector(x, {M, K}), qw).to_vector<float>();
     INFO("M " << M);
-    CHECK(q4_f16_mismatches(rows_as_seen(x, M, K), qv, sv, M, N, K, 32, y) == 0);
+    CHECK(q4_f16_mismatches(int4_rows_as_seen(x, M, K), qv, sv, M, N, K, 32, y) == 0);
   }
   // bf16 scales are widened to f32 first (exactly), so they give the same product. (Bit for bit
   // on one kernel: the cache of repacked weights is off here, as it may hold one of the two

@@ -108,14 +108,16 @@ TEST_CASE("linear_int8: every kernel path against the dequantized naive product"
   Generator g(5);
   int checked = 0;
   for (Int8GemvPath path :
-       {Int8GemvPath::best, Int8GemvPath::vnni, Int8GemvPath::avx512, Int8GemvPath::avx2, Int8GemvPath::scalar}) {
+       {Int8GemvPath::best, Int8GemvPath::vnni, Int8GemvPath::avx2q8, Int8GemvPath::avx512, Int8GemvPath::avx2,
+        Int8GemvPath::scalar}) {
     if (!kernels::int8_gemv_path_available(path)) continue;
     for (int64_t M : {1, 2, 3, 4, 5, 9})
       for (int64_t N : {1, 3, 4, 5, 17})
         for (int64_t K : {1, 7, 15, 16, 17, 40, 64, 100, 200}) {
           const std::vector<float> x = random_values(g, static_cast<size_t>(M * K), -2, 2);
           std::vector<int8_t> q(static_cast<size_t>(N * K));
-          for (int8_t& v : q) v = static_cast<int8_t>(static_cast<int>(g.next_u64() % 255) - 127);
+          // -128 included (a checkpoint's int8 may hold it; avx2q8 takes |w| as unsigned).
+          for (int8_t& v : q) v = static_cast<int8_t>(static_cast<int>(g.next_u64() % 256) - 128);
           const std::vector<float> s = random_values(g, static_cast<size_t>(N), 0.001, 0.05);
           std::vector<float> out(static_cast<size_t>(M * N), -1);
           kernels::gemv_int8(M, N, K, x.data(), K, q.data(), s.data(), out.data(), N, path);

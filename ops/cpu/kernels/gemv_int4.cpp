@@ -140,6 +140,7 @@ const Fn* path_table(Int8GemvPath p, const Fn* avx512, const Fn* avx2, const Fn*
   switch (int8_gemv_resolve(p)) {
     case Int8GemvPath::vnni:  // no vnni kernel here (int4 has its own, gemv_vnni.cpp)
     case Int8GemvPath::avx512: return avx512;
+    case Int8GemvPath::avx2q8:  // nor an avx2q8 one (int4's: gemv_q8_avx2.cpp)
     case Int8GemvPath::avx2: return avx2;
     default: return scalar;
   }
@@ -429,6 +430,11 @@ void f8b_many_rows(int64_t M, int64_t N, int64_t K, int64_t bn, int64_t bk, cons
 
 }  // namespace
 
+bool int4_gemv_quantizes_rows(Int8GemvPath path, int64_t M) {
+  const Int8GemvPath r = int8_gemv_resolve(path);
+  return r == Int8GemvPath::vnni || (r == Int8GemvPath::avx2q8 && (M < kInt4Q8ManyRows || batch_invariant()));
+}
+
 void gemv_int4(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,
                Int4Scales scale, float* C, int64_t ldc, Int8GemvPath path) {
   if (M <= 0 || N <= 0) return;
@@ -436,7 +442,9 @@ void gemv_int4(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, i
     for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
     return;
   }
-  if (int8_gemv_resolve(path) == Int8GemvPath::vnni) return gemv_int4_vnni(M, N, K, group, A, lda, W, scale, C, ldc);
+  const Int8GemvPath resolved = int8_gemv_resolve(path);
+  if (resolved == Int8GemvPath::vnni) return gemv_int4_vnni(M, N, K, group, A, lda, W, scale, C, ldc);
+  if (int4_gemv_quantizes_rows(path, M)) return gemv_int4_q8avx2(M, N, K, group, A, lda, W, scale, C, ldc);
   if (M >= kInt4ManyRows && !batch_invariant()) {
     q4_many_rows(M, N, K, group, A, lda, W, scale, C, ldc);
     return;

@@ -12,10 +12,12 @@
 // which gives exactly the dequantized f32 weight; the sums accumulate in f32, so the result
 // matches the dequantize-then-float product to the accumulation order. The vnni path (the best
 // one on CPUs with AVX-512 VNNI) instead quantizes A in blocks of 32 and multiplies bytes
-// (gemv_int8.h, gemv_vnni.cpp), for any number of rows. From kInt4ManyRows rows on, the float
-// paths dequantize panels of the weight to f32 and multiply them by the float GEMM (gemm.h),
-// except in batch-invariant mode (tpucore/core/batch_invariant.h), where every row takes the
-// few-row kernel and so the same summation order whatever the number of rows.
+// (gemv_int8.h, gemv_vnni.cpp), for any number of rows; so does the avx2q8 path (the best one on
+// other AVX2 CPUs, gemv_q8_avx2.cpp) below kInt4Q8ManyRows rows. From kInt4ManyRows rows on
+// (avx2q8: from kInt4Q8ManyRows) the product dequantizes panels of the weight to f32 and
+// multiplies them by the float GEMM (gemm.h), except in batch-invariant mode
+// (tpucore/core/batch_invariant.h), where every row takes the few-row kernel and so the same
+// summation order whatever the number of rows.
 #pragma once
 
 #include <cstdint>
@@ -25,8 +27,11 @@
 
 namespace tpu::kernels {
 
-// Rows of A from which the product goes through dequantized panels and the float GEMM.
+// Rows of A from which the product goes through dequantized panels and the float GEMM: on the
+// float paths, and on the avx2q8 path (whose byte products per row cost more than an FMA's
+// share, so the GEMM's amortized dequantization wins later).
 constexpr int64_t kInt4ManyRows = 16;
+constexpr int64_t kInt4Q8ManyRows = 64;
 
 // The unpacked value (q in [-7, 7], or -8) of weight k of a packed row.
 inline int int4_at(const uint8_t* row, int64_t k) {
@@ -40,6 +45,15 @@ inline int int4_at(const uint8_t* row, int64_t k) {
 // the number of rows.
 void gemv_int4(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,
                Int4Scales scale, float* C, int64_t ldc, Int8GemvPath path = Int8GemvPath::best);
+
+// Whether gemv_int4 of M rows on `path` quantizes the rows of A (vnni: always; avx2q8: below
+// kInt4Q8ManyRows rows, or any number in batch-invariant mode), else keeps them in f32.
+bool int4_gemv_quantizes_rows(Int8GemvPath path, int64_t M);
+
+// The avx2q8 path itself (only call when AVX2 and FMA are present): A quantized in blocks of 32
+// as by the vnni path, vpmaddubsw on the nibbles (gemv_q8_avx2.cpp); any M.
+void gemv_int4_q8avx2(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,
+                      Int4Scales scale, float* C, int64_t ldc);
 
 // The vnni path itself (only call when int8_vnni_available()).
 void gemv_int4_vnni(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,

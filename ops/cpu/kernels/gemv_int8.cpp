@@ -5,8 +5,8 @@
 // A. The weight block stays in L1 while the groups of A pass over it, so a batch reads the
 // weight from memory once.
 //
-// These paths keep A in f32; the int8 x int8 dot instructions (AVX-512 VNNI), which need A
-// quantized to 8 bits as well, are the vnni path (gemv_vnni.cpp).
+// These paths keep A in f32; the int8 x int8 byte products, which need A quantized to 8 bits as
+// well, are the vnni path (AVX-512 VNNI, gemv_vnni.cpp) and the avx2q8 path (gemv_q8_avx2.cpp).
 #include "ops/cpu/kernels/gemv_int8.h"
 
 #include <immintrin.h>
@@ -134,7 +134,7 @@ const GroupFn* group_table(Int8GemvPath p) {
     case Int8GemvPath::avx512: return Groups<SelAvx512>::fns;
     case Int8GemvPath::avx2: return Groups<SelAvx2>::fns;
     case Int8GemvPath::scalar: return Groups<SelScalar>::fns;
-    case Int8GemvPath::best: case Int8GemvPath::vnni: break;
+    case Int8GemvPath::best: case Int8GemvPath::vnni: case Int8GemvPath::avx2q8: break;
   }
   return nullptr;
 }
@@ -145,16 +145,20 @@ Int8GemvPath int8_gemv_resolve(Int8GemvPath p) {
   if (p != Int8GemvPath::best) return p;
   const CpuFeatures& f = cpu_features();
   if (int8_vnni_available()) return Int8GemvPath::vnni;
-  if (f.avx512f && f.avx512bw && f.avx512vl && f.fma) return Int8GemvPath::avx512;
-  if (f.avx2 && f.fma) return Int8GemvPath::avx2;
+  if (f.avx2 && f.fma) return Int8GemvPath::avx2q8;
   return Int8GemvPath::scalar;
+}
+
+bool int8_gemv_quantizes_rows(Int8GemvPath p) {
+  const Int8GemvPath r = int8_gemv_resolve(p);
+  return r == Int8GemvPath::vnni || r == Int8GemvPath::avx2q8;
 }
 
 bool int8_gemv_path_available(Int8GemvPath p) {
   const CpuFeatures& f = cpu_features();
   switch (p) {
     case Int8GemvPath::avx512: return f.avx512f && f.avx512bw && f.avx512vl && f.fma;
-    case Int8GemvPath::avx2: return f.avx2 && f.fma;
+    case Int8GemvPath::avx2: case Int8GemvPath::avx2q8: return f.avx2 && f.fma;
     case Int8GemvPath::vnni: return int8_vnni_available();
     case Int8GemvPath::best: case Int8GemvPath::scalar: return true;
   }
@@ -164,6 +168,7 @@ bool int8_gemv_path_available(Int8GemvPath p) {
 const char* int8_gemv_best_path() {
   switch (int8_gemv_resolve(Int8GemvPath::best)) {
     case Int8GemvPath::vnni: return "vnni";
+    case Int8GemvPath::avx2q8: return "avx2q8";
     case Int8GemvPath::avx512: return "avx512";
     case Int8GemvPath::avx2: return "avx2";
     default: return "scalar";
@@ -174,6 +179,7 @@ void gemv_int8(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, con
                float* C, int64_t ldc, Int8GemvPath path) {
   if (M <= 0 || N <= 0) return;
   if (int8_gemv_resolve(path) == Int8GemvPath::vnni) return gemv_int8_vnni(M, N, K, A, lda, W, scale, C, ldc);
+  if (int8_gemv_resolve(path) == Int8GemvPath::avx2q8) return gemv_int8_q8avx2(M, N, K, A, lda, W, scale, C, ldc);
   const GroupFn* fns = group_table(int8_gemv_resolve(path));
   const int64_t blocks = (N + kCols - 1) / kCols;
   // About 64K multiply-adds per block run before the work is worth a second thread.

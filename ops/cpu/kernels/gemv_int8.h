@@ -10,13 +10,18 @@
 
 namespace tpu::kernels {
 
-// The implementations: the best the CPU has (AVX-512 VNNI, AVX-512, AVX2+FMA, portable loops), or
-// one named. vnni (gemv_vnni.cpp) quantizes the rows of A to int8 in blocks of 32 (one f32 scale
-// per block, as llama.cpp's Q8_0) and multiplies by vpdpbusd: the result is the product of the
-// dequantized weight with that quantized A, not with A itself (each value of A moves by at most
-// half its block's step, max |a| / 254). The other paths keep A in f32. fp8 weights have no
-// vnni kernel: that path runs their AVX-512 one.
-enum class Int8GemvPath { best, avx512, avx2, scalar, vnni };
+// The implementations: the best the CPU has (AVX-512 VNNI, else AVX2 + FMA with A quantized,
+// else portable loops), or one named. vnni (gemv_vnni.cpp) quantizes the rows of A to int8 in
+// blocks of 32 (one f32 scale per block, as llama.cpp's Q8_0) and multiplies by vpdpbusd: the
+// result is the product of the dequantized weight with that quantized A, not with A itself (each
+// value of A moves by at most half its block's step, max |a| / 254). avx2q8 (gemv_q8_avx2.cpp)
+// quantizes A the same way and multiplies by vpmaddubsw / vpmaddwd. avx512, avx2 and scalar
+// keep A in f32 (widening each weight in registers). fp8 weights have no kernel with A
+// quantized: vnni runs their AVX-512 path, avx2q8 their AVX2 one.
+enum class Int8GemvPath { best, avx512, avx2, scalar, vnni, avx2q8 };
+
+// Whether path `p` (best: the path this CPU takes) quantizes the rows of A (vnni, avx2q8).
+bool int8_gemv_quantizes_rows(Int8GemvPath p);
 
 // True when `p` can run on this CPU (best and scalar always can).
 bool int8_gemv_path_available(Int8GemvPath p);
@@ -33,6 +38,10 @@ bool int8_vnni_available();
 // columns are split over the pool threads. C has row stride ldc.
 void gemv_int8(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const int8_t* W, const float* scale,
                float* C, int64_t ldc, Int8GemvPath path = Int8GemvPath::best);
+
+// The avx2q8 path itself (only call when AVX2 and FMA are present): any M, C row stride ldc.
+void gemv_int8_q8avx2(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const int8_t* W,
+                      const float* scale, float* C, int64_t ldc);
 
 // The vnni path itself (only call when int8_vnni_available()): any M, C row stride ldc.
 void gemv_int8_vnni(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const int8_t* W, const float* scale,

@@ -31,6 +31,7 @@
 #include "ops/cpu/kernels/gemv.h"
 #include "ops/cpu/kernels/gemv_int4.h"
 #include "ops/cpu/kernels/gemv_int8.h"
+#include "ops/cpu/kernels/gemv_q8.h"
 #include "ops/cpu/kernels/intrin_diagnostics.h"
 #include "ops/cpu/kernels/scratch.h"
 #include "tpucore/core/cpu_features.h"
@@ -42,31 +43,13 @@ TPU_INTRIN_DIAGNOSTICS_PUSH
 namespace tpu::kernels {
 namespace {
 
-constexpr int kVnCols = 4;  // weight rows per block
-constexpr int kVnRows = 4;  // rows of A per group
-
-// The quantized rows of A: q [M][kp] bytes, lane scales ls (the d of the block whose products a
-// lane sums) and, for int4, the lanes' start values init. int8 (quantize_rows): K padded with
-// zeros to kp, a multiple of 64, q offset by 128, ls [M][kp / 64][16]; int4: quantize_rows_q4.
-struct VnRows {
-  int64_t kp = 0;
-  uint8_t* q = nullptr;
-  float* ls = nullptr;
-  int32_t* init = nullptr;
-};
-
-thread_local detail::ScratchBuffer t_vnni_rows;
-
-// The thread's buffers for M quantized rows of `chunks` chunks of `chunk` values each: the
-// values q [M][kp], the lane scales ls and the start values init [M][chunks][16] each.
-void reserve_rows(int64_t M, int64_t chunks, int64_t chunk, VnRows& v) {
-  v.kp = chunks * chunk;
-  const size_t qbytes = static_cast<size_t>(M * v.kp), lanes = static_cast<size_t>(M * chunks * 16);
-  auto* base = static_cast<uint8_t*>(t_vnni_rows.get(qbytes + lanes * 8));
-  v.q = base;
-  v.ls = reinterpret_cast<float*>(base + qbytes);
-  v.init = reinterpret_cast<int32_t*>(base + qbytes + lanes * 4);
-}
+using q8::kCols;
+using q8::kRows;
+// The quantized rows: int8 (quantize_rows): K padded with zeros to kp, a multiple of 64, q
+// offset by 128, ls [M][kp / 64][16]; int4: quantize_rows_q4.
+using VnRows = q8::Rows;
+using q8::reserve_rows;
+using q8::scale_at;
 
 // One block of 32 values of a row, a[k0 .. k0 + 32) (zeros past K), quantized like Q8_0: the
 // scale d = max |x| / 127 is returned and the values x / d, rounded to the nearest integer, go
@@ -110,27 +93,27 @@ TPU_VNNI void quantize_rows(int64_t M, int64_t K, const float* A, int64_t lda, V
 // columns. Every accumulator is summed with constant indices: indexing them by the run-time
 // `cols` would keep the whole array in memory, stored on every step of the loop before.
 template <int R>
-TPU_VNNI __attribute__((always_inline)) inline void store_sums(const __m512 (&acc)[R][kVnCols], int cols,
+TPU_VNNI __attribute__((always_inline)) inline void store_sums(const __m512 (&acc)[R][kCols], int cols,
                                                                const float* scale, float* C, int64_t ldc) {
-  float sum[R][kVnCols];
+  float sum[R][kCols];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int c = 0; c < kVnCols; ++c) sum[r][c] = _mm512_reduce_add_ps(acc[r][c]);
+    for (int c = 0; c < kCols; ++c) sum[r][c] = _mm512_reduce_add_ps(acc[r][c]);
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < cols; ++c) C[r * ldc + c] = scale ? scale[c] * sum[r][c] : sum[r][c];
 }
 
 // One step of 64 values of vn8_group (m: the values present; `pf`: prefetch distance or 0).
 template <int R>
-TPU_VNNI __attribute__((always_inline)) inline void vn8_step(__m512 (&acc)[R][kVnCols], const VnRows& v, int64_t i0,
+TPU_VNNI __attribute__((always_inline)) inline void vn8_step(__m512 (&acc)[R][kCols], const VnRows& v, int64_t i0,
                                                              int64_t chunks, int64_t ch, __mmask64 m,
                                                              const int8_t* const* w, int64_t pf) {
   const int64_t k = ch * 64;
   const __m512i v128 = _mm512_set1_epi8(static_cast<char>(0x80));
-  __m512i wv[kVnCols], off[kVnCols];
+  __m512i wv[kCols], off[kCols];
 #pragma GCC unroll 4
-  for (int c = 0; c < kVnCols; ++c) {
+  for (int c = 0; c < kCols; ++c) {
     if (pf) _mm_prefetch(reinterpret_cast<const char*>(w[c] + k + pf), _MM_HINT_T0);
     wv[c] = _mm512_maskz_loadu_epi8(m, w[c] + k);
     off[c] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v128, wv[c]);
@@ -140,24 +123,24 @@ TPU_VNNI __attribute__((always_inline)) inline void vn8_step(__m512 (&acc)[R][kV
     const __m512i x = _mm512_load_si512(v.q + (i0 + r) * v.kp + k);
     const __m512 d = _mm512_load_ps(v.ls + ((i0 + r) * chunks + ch) * 16);
 #pragma GCC unroll 4
-    for (int c = 0; c < kVnCols; ++c) {
+    for (int c = 0; c < kCols; ++c) {
       const __m512i dot = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), x, wv[c]), off[c]);
       acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), d, acc[r][c]);
     }
   }
 }
 
-// int8: R rows of A (quantized, offset) by kVnCols weight rows of K values: whole steps of 64 in
+// int8: R rows of A (quantized, offset) by kCols weight rows of K values: whole steps of 64 in
 // a loop whose only test is the loop-invariant prefetch one, a last partial step apart.
 template <int R>
 TPU_VNNI void vn8_group(int64_t K, const VnRows& v, int64_t i0, const int8_t* const* w, int cols, const float* scale,
                         float* C, int64_t ldc, int64_t pf) {
   const int64_t chunks = v.kp / 64, full = K / 64;
-  __m512 acc[R][kVnCols];
+  __m512 acc[R][kCols];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int c = 0; c < kVnCols; ++c) acc[r][c] = _mm512_setzero_ps();
+    for (int c = 0; c < kCols; ++c) acc[r][c] = _mm512_setzero_ps();
   if (pf)
     for (int64_t ch = 0; ch < full; ++ch) vn8_step<R>(acc, v, i0, chunks, ch, ~__mmask64{0}, w, pf);
   else
@@ -204,10 +187,6 @@ struct Q4Scales {
   int shift;
 };
 
-// Scale i of a row of f32 or f16 scales, as f32.
-inline float scale_at(const float* s, int64_t i) { return s[i]; }
-inline float scale_at(const f16* s, int64_t i) { return s[i].to_f32(); }
-
 // Four consecutive scales in lanes 0-3 (the others unspecified).
 TPU_VNNI __attribute__((always_inline)) inline __m512 load4_scales(const float* s) {
   return _mm512_castps128_ps512(_mm_loadu_ps(s));
@@ -236,15 +215,15 @@ TPU_VNNI __attribute__((always_inline)) inline __m512 q4_chunk_scales(const Q4Sc
 
 // One chunk of 128 weights of vn4_group (`m`: the chunk's weight bytes present).
 template <int R, int Kind, class S>
-TPU_VNNI __attribute__((always_inline)) inline void vn4_step(__m512 (&acc)[R][kVnCols], const VnRows& v, int64_t i0,
+TPU_VNNI __attribute__((always_inline)) inline void vn4_step(__m512 (&acc)[R][kCols], const VnRows& v, int64_t i0,
                                                              int64_t chunks, int64_t ch, bool full, __mmask64 m,
                                                              const Q4Scales& g, const uint8_t* const* w,
                                                              const S* const* s, int64_t pf) {
   const __m512i low4 = _mm512_set1_epi8(0x0F);
-  __m512i lo[kVnCols], hi[kVnCols];
-  __m512 sv[kVnCols];
+  __m512i lo[kCols], hi[kCols];
+  __m512 sv[kCols];
 #pragma GCC unroll 4
-  for (int c = 0; c < kVnCols; ++c) {
+  for (int c = 0; c < kCols; ++c) {
     if (pf) _mm_prefetch(reinterpret_cast<const char*>(w[c] + ch * 64 + pf), _MM_HINT_T0);
     // 64 bytes: four blocks of 16, one per 128-bit lane; low nibbles are each block's weights
     // 0-15, high nibbles its weights 16-31.
@@ -257,18 +236,18 @@ TPU_VNNI __attribute__((always_inline)) inline void vn4_step(__m512 (&acc)[R][kV
     if (full) {
       // The four columns' four f16 block scales (8 bytes each) widened by one vcvtph2ps, lanes
       // 4c..4c+3 column c's, then spread to column c's lanes.
-      int64_t h[kVnCols];
+      int64_t h[kCols];
 #pragma GCC unroll 4
-      for (int c = 0; c < kVnCols; ++c) std::memcpy(&h[c], s[c] + ch * 4, 8);
+      for (int c = 0; c < kCols; ++c) std::memcpy(&h[c], s[c] + ch * 4, 8);
       const __m512 all = _mm512_cvtph_ps(_mm256_setr_epi64x(h[0], h[1], h[2], h[3]));
 #pragma GCC unroll 4
-      for (int c = 0; c < kVnCols; ++c)
+      for (int c = 0; c < kCols; ++c)
         sv[c] = _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_set1_epi32(4 * c),
                                                        _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)),
                                       all);
     } else {
 #pragma GCC unroll 4
-      for (int c = 0; c < kVnCols; ++c) sv[c] = q4_chunk_scales<Kind>(g, s[c], ch, full);
+      for (int c = 0; c < kCols; ++c) sv[c] = q4_chunk_scales<Kind>(g, s[c], ch, full);
     }
   }
 #pragma GCC unroll 4
@@ -279,7 +258,7 @@ TPU_VNNI __attribute__((always_inline)) inline void vn4_step(__m512 (&acc)[R][kV
     const __m512i init = _mm512_load_si512(v.init + lane);
     const __m512 d = _mm512_load_ps(v.ls + lane);
 #pragma GCC unroll 4
-    for (int c = 0; c < kVnCols; ++c) {
+    for (int c = 0; c < kCols; ++c) {
       const __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(init, lo[c], xlo), hi[c], xhi);
       acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, sv[c]), acc[r][c]);
     }
@@ -294,11 +273,11 @@ TPU_VNNI void vn4_chunks(int64_t K, const Q4Scales& g, const VnRows& v, int64_t 
                          const S* const* s, int cols, float* C, int64_t ldc, int64_t pf) {
   const int64_t chunks = v.kp / 128, full = K / 128;
   const __mmask64 all = ~__mmask64{0};
-  __m512 acc[R][kVnCols];  // local (not a caller's array), so that they stay in registers
+  __m512 acc[R][kCols];  // local (not a caller's array), so that they stay in registers
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int c = 0; c < kVnCols; ++c) acc[r][c] = _mm512_setzero_ps();
+    for (int c = 0; c < kCols; ++c) acc[r][c] = _mm512_setzero_ps();
   if (pf)
     for (int64_t ch = 0; ch < full; ++ch) vn4_step<R, Kind, S>(acc, v, i0, chunks, ch, true, all, g, w, s, pf);
   else
@@ -318,33 +297,6 @@ void vn4_group(int64_t K, const Q4Scales& g, const VnRows& v, int64_t i0, const 
   }
 }
 
-// How far ahead (bytes of weight) the kernels prefetch: the next block alone (1.5 KB of a
-// 768-wide int4 row block) leaves part of the L3 / memory latency exposed on the one-row
-// product, which is bound by that latency more than by the arithmetic.
-constexpr int64_t kVnPrefetchBytes = 4096;
-
-// Blocks of kVnCols weight rows over the pool threads; group_fn(j, cols, i, rows, ahead) for every
-// group of rows, `ahead` the number of blocks (of row_bytes per weight row) between this one and
-// the one to prefetch, at least kVnPrefetchBytes further on and inside the thread's run (0: none
-// left; the hardware prefetchers start over on every row, so the block's first group prefetches).
-template <class F>
-void vn_run(int64_t M, int64_t N, int64_t K, int64_t row_bytes, const void* W, F&& group_fn) {
-  const int64_t blocks = (N + kVnCols - 1) / kVnCols;
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 17) / std::max<int64_t>(1, K * M * kVnCols));
-  const int64_t block_bytes = std::max<int64_t>(1, kVnCols * row_bytes);
-  const int64_t dist = std::clamp<int64_t>((kVnPrefetchBytes + block_bytes - 1) / block_bytes, 1, 8);
-  const tpu::detail::NextWeight next = tpu::detail::follow_weight(W, static_cast<size_t>(N * row_bytes));
-  detail::gemv_for_blocks(blocks, grain, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t j = b * kVnCols;
-      const int cols = static_cast<int>(std::min<int64_t>(kVnCols, N - j));
-      const int64_t ahead = std::min(dist, b1 - 1 - b);
-      for (int64_t i = 0; i < M; i += kVnRows)
-        group_fn(j, cols, i, static_cast<int>(std::min<int64_t>(kVnRows, M - i)), ahead);
-    }
-  }, next);
-}
-
 }  // namespace
 
 bool int8_vnni_available() {
@@ -357,10 +309,10 @@ void gemv_int8_vnni(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda
   if (M <= 0 || N <= 0) return;
   VnRows v;
   quantize_rows(M, K, A, lda, v);
-  vn_run(M, N, K, K, W, [&](int64_t j, int cols, int64_t i, int rows, int64_t ahead) {
-    const int64_t pf = i == 0 ? ahead * kVnCols * K : 0;
-    const int8_t* w[kVnCols];
-    for (int c = 0; c < kVnCols; ++c) w[c] = W + (j + std::min(c, cols - 1)) * K;
+  q8::run_blocks(M, N, K, K, W, [&](int64_t j, int cols, int64_t i, int rows, int64_t ahead) {
+    const int64_t pf = i == 0 ? ahead * kCols * K : 0;
+    const int8_t* w[kCols];
+    for (int c = 0; c < kCols; ++c) w[c] = W + (j + std::min(c, cols - 1)) * K;
     float* out = C + i * ldc + j;
     switch (rows) {
       case 1: vn8_group<1>(K, v, i, w, cols, scale + j, out, ldc, pf); break;
@@ -386,11 +338,11 @@ void vn4_run(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int
     g.kind = 1;
     g.shift = __builtin_ctzll(static_cast<unsigned long long>(g.bpg));
   }
-  vn_run(M, N, K, K / 2, W, [&](int64_t j, int cols, int64_t i, int rows, int64_t ahead) {
-    const int64_t pf = i == 0 ? ahead * kVnCols * (K / 2) : 0;
-    const uint8_t* w[kVnCols];
-    const S* s[kVnCols];
-    for (int c = 0; c < kVnCols; ++c) {
+  q8::run_blocks(M, N, K, K / 2, W, [&](int64_t j, int cols, int64_t i, int rows, int64_t ahead) {
+    const int64_t pf = i == 0 ? ahead * kCols * (K / 2) : 0;
+    const uint8_t* w[kCols];
+    const S* s[kCols];
+    for (int c = 0; c < kCols; ++c) {
       const int64_t row = j + std::min(c, cols - 1);
       w[c] = W + row * (K / 2);
       s[c] = scale + row * groups;
@@ -415,6 +367,23 @@ void gemv_int4_vnni(int64_t M, int64_t N, int64_t K, int64_t group, const float*
   else
     vn4_run(M, N, K, group, A, lda, W, scale.f32(), C, ldc);
 }
+
+namespace q8 {
+
+namespace {
+thread_local detail::ScratchBuffer t_rows;
+}  // namespace
+
+void reserve_rows(int64_t M, int64_t chunks, int64_t chunk, Rows& v) {
+  v.kp = chunks * chunk;
+  const size_t qbytes = static_cast<size_t>(M * v.kp), lanes = static_cast<size_t>(M * chunks * 16);
+  auto* base = static_cast<uint8_t*>(t_rows.get(qbytes + lanes * 8));
+  v.q = base;
+  v.ls = reinterpret_cast<float*>(base + qbytes);
+  v.init = reinterpret_cast<int32_t*>(base + qbytes + lanes * 4);
+}
+
+}  // namespace q8
 
 }  // namespace tpu::kernels
 
