@@ -29,11 +29,11 @@ inline std::vector<float> blockwise_q8_rows(const std::vector<float>& x, int64_t
   return r;
 }
 
-// x as the kernel path `p` sees it: quantized in blocks when p resolves to vnni or avx2q8.
+// x as gemv_int8 of M rows on path `p` sees it: quantized in blocks on vnni, and on avx2q8
+// below its many-row threshold (int8_gemv_quantizes_rows).
 inline std::vector<float> rows_as_seen(const std::vector<float>& x, int64_t M, int64_t K,
                                        kernels::Int8GemvPath p = kernels::Int8GemvPath::best) {
-  const kernels::Int8GemvPath r = kernels::int8_gemv_resolve(p);
-  return r == kernels::Int8GemvPath::vnni || r == kernels::Int8GemvPath::avx2q8 ? blockwise_q8_rows(x, M, K) : x;
+  return kernels::int8_gemv_quantizes_rows(p, M) ? blockwise_q8_rows(x, M, K) : x;
 }
 
 // The same for gemv_int4 of M rows on path `p` (whose avx2q8 path keeps many rows in f32).

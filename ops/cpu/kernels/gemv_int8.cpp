@@ -12,11 +12,13 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "ops/cpu/kernels/gemm.h"
 #include "ops/cpu/kernels/gemv.h"
 #include "ops/cpu/kernels/intrin_diagnostics.h"
 #include "ops/cpu/kernels/simd.h"
+#include "tpucore/core/batch_invariant.h"
 #include "tpucore/core/cpu_features.h"
 
 #define TPU_INT8_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
@@ -139,6 +141,24 @@ const GroupFn* group_table(Int8GemvPath p) {
   return nullptr;
 }
 
+// Many rows: panels of 256 weight rows dequantized to f32 (each row times its scale), then the
+// float GEMM.
+void i8_many_rows(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const int8_t* W, const float* scale,
+                  float* C, int64_t ldc) {
+  constexpr int64_t kPanel = 256;
+  std::vector<float> panel(static_cast<size_t>(std::min(N, kPanel) * K));
+  for (int64_t j0 = 0; j0 < N; j0 += kPanel) {
+    const int64_t n = std::min(kPanel, N - j0);
+    for (int64_t j = 0; j < n; ++j) {
+      const int8_t* row = W + (j0 + j) * K;
+      const float s = scale[j0 + j];
+      float* out = panel.data() + j * K;
+      for (int64_t k = 0; k < K; ++k) out[k] = static_cast<float>(row[k]) * s;
+    }
+    gemm_f32(M, n, K, A, lda, 1, panel.data(), 1, K, C + j0, ldc, false);
+  }
+}
+
 }  // namespace
 
 Int8GemvPath int8_gemv_resolve(Int8GemvPath p) {
@@ -149,9 +169,9 @@ Int8GemvPath int8_gemv_resolve(Int8GemvPath p) {
   return Int8GemvPath::scalar;
 }
 
-bool int8_gemv_quantizes_rows(Int8GemvPath p) {
+bool int8_gemv_quantizes_rows(Int8GemvPath p, int64_t M) {
   const Int8GemvPath r = int8_gemv_resolve(p);
-  return r == Int8GemvPath::vnni || r == Int8GemvPath::avx2q8;
+  return r == Int8GemvPath::vnni || (r == Int8GemvPath::avx2q8 && (M < kInt8Q8ManyRows || batch_invariant()));
 }
 
 bool int8_gemv_path_available(Int8GemvPath p) {
@@ -179,7 +199,8 @@ void gemv_int8(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, con
                float* C, int64_t ldc, Int8GemvPath path) {
   if (M <= 0 || N <= 0) return;
   if (int8_gemv_resolve(path) == Int8GemvPath::vnni) return gemv_int8_vnni(M, N, K, A, lda, W, scale, C, ldc);
-  if (int8_gemv_resolve(path) == Int8GemvPath::avx2q8) return gemv_int8_q8avx2(M, N, K, A, lda, W, scale, C, ldc);
+  if (int8_gemv_quantizes_rows(path, M)) return gemv_int8_q8avx2(M, N, K, A, lda, W, scale, C, ldc);
+  if (int8_gemv_resolve(path) == Int8GemvPath::avx2q8) return i8_many_rows(M, N, K, A, lda, W, scale, C, ldc);
   const GroupFn* fns = group_table(int8_gemv_resolve(path));
   const int64_t blocks = (N + kCols - 1) / kCols;
   // About 64K multiply-adds per block run before the work is worth a second thread.

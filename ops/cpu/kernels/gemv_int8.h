@@ -15,13 +15,19 @@ namespace tpu::kernels {
 // blocks of 32 (one f32 scale per block, as llama.cpp's Q8_0) and multiplies by vpdpbusd: the
 // result is the product of the dequantized weight with that quantized A, not with A itself (each
 // value of A moves by at most half its block's step, max |a| / 254). avx2q8 (gemv_q8_avx2.cpp)
-// quantizes A the same way and multiplies by vpmaddubsw / vpmaddwd. avx512, avx2 and scalar
+// quantizes A the same way and multiplies by vpmaddubsw / vpmaddwd (below kInt8Q8ManyRows rows). avx512, avx2 and scalar
 // keep A in f32 (widening each weight in registers). fp8 weights have no kernel with A
 // quantized: vnni runs their AVX-512 path, avx2q8 their AVX2 one.
 enum class Int8GemvPath { best, avx512, avx2, scalar, vnni, avx2q8 };
 
-// Whether path `p` (best: the path this CPU takes) quantizes the rows of A (vnni, avx2q8).
-bool int8_gemv_quantizes_rows(Int8GemvPath p);
+// Rows of A from which the avx2q8 path multiplies by the float GEMM over panels of the weight
+// dequantized to f32 (outside batch-invariant mode): there the GEMM's FMAs, with the
+// dequantization amortized over the rows, beat the byte products.
+constexpr int64_t kInt8Q8ManyRows = 64;
+
+// Whether gemv_int8 of M rows on path `p` (best: the path this CPU takes) quantizes the rows of
+// A: vnni always, avx2q8 below kInt8Q8ManyRows rows (any number in batch-invariant mode).
+bool int8_gemv_quantizes_rows(Int8GemvPath p, int64_t M);
 
 // True when `p` can run on this CPU (best and scalar always can).
 bool int8_gemv_path_available(Int8GemvPath p);
