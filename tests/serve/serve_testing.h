@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -57,8 +58,10 @@ inline void write_byte_tokenizer(const std::filesystem::path& path) {
 }
 
 // The engine tests' small random Llama (seed `seed`): the byte vocabulary of 257 tokens, hidden
-// 64, 4 heads of 16 (2 KV heads), intermediate 96, loaded in `dt` (its folder removed).
-inline std::shared_ptr<models::CausalLM> small_engine_model(uint32_t seed, DType dt, Device device = Device()) {
+// 64, 4 heads of 16 (2 KV heads), intermediate 96, loaded in `dt` (its folder removed); `edit`
+// changes the config before it is written (another family, a sliding window, ...).
+inline std::shared_ptr<models::CausalLM> small_engine_model(uint32_t seed, DType dt, Device device = Device(),
+                                                            const std::function<void(llm::TinyCfg&)>& edit = {}) {
   llm::TinyCfg c;
   c.vocab = 257;
   c.hidden = 64;
@@ -66,6 +69,7 @@ inline std::shared_ptr<models::CausalLM> small_engine_model(uint32_t seed, DType
   c.heads = 4;
   c.kv_heads = 2;
   c.head_dim = 16;
+  if (edit) edit(c);
   auto dir = llm::temp_dir("serve_engine");
   llm::write_tiny_model(dir, c, DType::f32, 1, seed);
   auto m = models::load_causal_lm(dir.string(), device, dt);

@@ -196,6 +196,17 @@ double chip_error_vs_naive(const codegen::PagedAttentionSpec& s, const codegen::
   return worst;
 }
 
+// 4 heads over 2 KV heads of 8, blocks of 4, scale 0.3, tiled for the tiny chip, with decode
+// steps one page longer than prefill steps (the two classes then sum in different orders).
+codegen::PagedAttentionSpec tiny_spec_longer_decode_steps(int64_t max_units) {
+  codegen::PagedAttentionSpec s{.heads = 4, .kv_heads = 2, .head_dim = 8, .block_size = 4};
+  s.scale = 0.3f;
+  s.max_units = max_units;
+  codegen::choose_paged_attention_tiling(sim::preset_config("tiny"), s);
+  s.decode_pages_per_step = s.pages_per_step + 1;
+  return s;
+}
+
 }  // namespace
 
 TEST_CASE("paged attention on the tiny chip equals the cpu kernel and naive attention (mixed batch)", "[sim][paged]") {
@@ -296,13 +307,9 @@ TEST_CASE("paged attention pipeline: long prefill chunks, odd decode count, othe
   // one token, an odd number of decode units (the prefill class starts on the other buffer
   // parity), contexts on and off block boundaries, and decode units stepping over 3 pages while
   // prefill units step over the chosen 2; against attention computed naively in double.
-  const int64_t hq = 4, hkv = 2, d = 8, bs = 4, nb = 160;
+  const int64_t bs = 4, nb = 160;
   const sim::ChipConfig cfg = sim::preset_config("tiny");
-  codegen::PagedAttentionSpec s{.heads = hq, .kv_heads = hkv, .head_dim = d, .block_size = bs};
-  s.scale = 0.3f;
-  s.max_units = 16;
-  codegen::choose_paged_attention_tiling(cfg, s);
-  s.decode_pages_per_step = s.pages_per_step + 1;
+  const codegen::PagedAttentionSpec s = tiny_spec_longer_decode_steps(16);
   std::mt19937 rng(11);
   std::vector<int32_t> perm(static_cast<size_t>(nb));
   std::iota(perm.begin(), perm.end(), 0);
@@ -427,12 +434,7 @@ TEST_CASE("paged attention by token kind: a token's result does not depend on ho
   // tokens); step B, over A's cache, recomputes position 17 as a chunk of one prompt token and
   // position 20 as a lone decode token.
   const int64_t hq = 4, hkv = 2, d = 8, bs = 4, nb = 16, row = hkv * d;
-  const sim::ChipConfig cfg = sim::preset_config("tiny");
-  codegen::PagedAttentionSpec s{.heads = hq, .kv_heads = hkv, .head_dim = d, .block_size = bs};
-  s.scale = 0.3f;
-  s.max_units = 8;
-  codegen::choose_paged_attention_tiling(cfg, s);
-  s.decode_pages_per_step = s.pages_per_step + 1;
+  const codegen::PagedAttentionSpec s = tiny_spec_longer_decode_steps(8);
   std::mt19937 rng(23);
   std::vector<int32_t> table(static_cast<size_t>(6));
   std::iota(table.begin(), table.end(), 5);

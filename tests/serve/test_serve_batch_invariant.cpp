@@ -25,22 +25,12 @@ using namespace tpu;
 std::shared_ptr<models::CausalLM> model_of(DType dt, Device device = Device(), int64_t window = 0) {
   if (window == 0) return testing::serve::small_engine_model(31, dt, device);
   // Every layer sliding (Mistral): the chip plans its steps with the window.
-  testing::llm::TinyCfg c;
-  c.model_type = "mistral";
-  c.vocab = 257;
-  c.hidden = 64;
-  c.inter = 96;
-  c.heads = 4;
-  c.kv_heads = 2;
-  c.head_dim = 16;
-  c.window = window;
-  c.sliding = {true, true};
-  c.extra_json = ", \"sliding_window\": " + std::to_string(window);
-  auto dir = testing::llm::temp_dir("serve_invariant_window");
-  testing::llm::write_tiny_model(dir, c, DType::f32, 1, 31);
-  auto m = models::load_causal_lm(dir.string(), device, dt);
-  std::filesystem::remove_all(dir);
-  return m;
+  return testing::serve::small_engine_model(31, dt, device, [window](testing::llm::TinyCfg& c) {
+    c.model_type = "mistral";
+    c.window = window;
+    c.sliding = {true, true};
+    c.extra_json = ", \"sliding_window\": " + std::to_string(window);
+  });
 }
 
 struct Req {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "ops/cpu/kernels/gemv.h"
 #include "tpucore/core/half.h"
@@ -27,6 +28,25 @@ struct Rows {
 // The thread's buffers (64-byte aligned) for M rows of `chunks` chunks of `chunk` values each:
 // q [M][kp], and ls and init [M][chunks][16] each.
 void reserve_rows(int64_t M, int64_t chunks, int64_t chunk, Rows& v);
+
+// f(std::integral_constant<int, rows>{}) for rows in 1..kRows: the group kernels are templates on
+// their row count.
+template <class F>
+void with_rows(int rows, F&& f) {
+  switch (rows) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    default: f(std::integral_constant<int, kRows>{}); break;
+  }
+}
+
+// C[r, c] = (scale[c] times, unless null) sum[r][c] for the block's `cols` columns.
+template <int R>
+inline void write_sums(const float (&sum)[R][kCols], int cols, const float* scale, float* C, int64_t ldc) {
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < cols; ++c) C[r * ldc + c] = scale ? scale[c] * sum[r][c] : sum[r][c];
+}
 
 // Scale i of a row of f32 or f16 scales, as f32.
 inline float scale_at(const float* s, int64_t i) { return s[i]; }

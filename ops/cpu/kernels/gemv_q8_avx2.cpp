@@ -139,8 +139,7 @@ TPU_Q8AVX2 __attribute__((always_inline)) inline void store_sums(const __m256 (&
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int c = 0; c < kCols; ++c) sum[r][c] = hsum256(acc[r][c]);
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < cols; ++c) C[r * ldc + c] = scale ? scale[c] * sum[r][c] : sum[r][c];
+  q8::write_sums<R>(sum, cols, scale, C, ldc);
 }
 
 // One block of 32 weights of i8_group (`wv`: the kCols weight rows' bytes).
@@ -256,12 +255,7 @@ TPU_Q8AVX2 void i4_group(int64_t K, int64_t bpg, const q8::Rows& v, int64_t i0, 
 template <int Kind>
 void i4_rows(int rows, int64_t K, int64_t bpg, const q8::Rows& v, int64_t i, const uint8_t* const* w,
              const float* const* s, int cols, float* C, int64_t ldc, int64_t pf) {
-  switch (rows) {
-    case 1: i4_group<1, Kind>(K, bpg, v, i, w, s, cols, C, ldc, pf); break;
-    case 2: i4_group<2, Kind>(K, bpg, v, i, w, s, cols, C, ldc, pf); break;
-    case 3: i4_group<3, Kind>(K, bpg, v, i, w, s, cols, C, ldc, pf); break;
-    default: i4_group<4, Kind>(K, bpg, v, i, w, s, cols, C, ldc, pf); break;
-  }
+  q8::with_rows(rows, [&](auto r) { i4_group<decltype(r)::value, Kind>(K, bpg, v, i, w, s, cols, C, ldc, pf); });
 }
 
 // The block's f16 scales widened once (the row groups after the first reuse them).
@@ -279,12 +273,7 @@ void gemv_int8_q8avx2(int64_t M, int64_t N, int64_t K, const float* A, int64_t l
     const int8_t* w[kCols];
     for (int c = 0; c < kCols; ++c) w[c] = W + (j + std::min(c, cols - 1)) * K;
     float* out = C + i * ldc + j;
-    switch (rows) {
-      case 1: i8_group<1>(K, v, i, w, cols, scale + j, out, ldc, pf); break;
-      case 2: i8_group<2>(K, v, i, w, cols, scale + j, out, ldc, pf); break;
-      case 3: i8_group<3>(K, v, i, w, cols, scale + j, out, ldc, pf); break;
-      default: i8_group<4>(K, v, i, w, cols, scale + j, out, ldc, pf); break;
-    }
+    q8::with_rows(rows, [&](auto r) { i8_group<decltype(r)::value>(K, v, i, w, cols, scale + j, out, ldc, pf); });
   });
 }
 

@@ -100,8 +100,7 @@ TPU_VNNI __attribute__((always_inline)) inline void store_sums(const __m512 (&ac
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int c = 0; c < kCols; ++c) sum[r][c] = _mm512_reduce_add_ps(acc[r][c]);
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < cols; ++c) C[r * ldc + c] = scale ? scale[c] * sum[r][c] : sum[r][c];
+  q8::write_sums<R>(sum, cols, scale, C, ldc);
 }
 
 // One step of 64 values of vn8_group (m: the values present; `pf`: prefetch distance or 0).
@@ -314,12 +313,7 @@ void gemv_int8_vnni(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda
     const int8_t* w[kCols];
     for (int c = 0; c < kCols; ++c) w[c] = W + (j + std::min(c, cols - 1)) * K;
     float* out = C + i * ldc + j;
-    switch (rows) {
-      case 1: vn8_group<1>(K, v, i, w, cols, scale + j, out, ldc, pf); break;
-      case 2: vn8_group<2>(K, v, i, w, cols, scale + j, out, ldc, pf); break;
-      case 3: vn8_group<3>(K, v, i, w, cols, scale + j, out, ldc, pf); break;
-      default: vn8_group<4>(K, v, i, w, cols, scale + j, out, ldc, pf); break;
-    }
+    q8::with_rows(rows, [&](auto r) { vn8_group<decltype(r)::value>(K, v, i, w, cols, scale + j, out, ldc, pf); });
   });
 }
 
@@ -348,12 +342,7 @@ void vn4_run(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int
       s[c] = scale + row * groups;
     }
     float* out = C + i * ldc + j;
-    switch (rows) {
-      case 1: vn4_group<1, S>(K, g, v, i, w, s, cols, out, ldc, pf); break;
-      case 2: vn4_group<2, S>(K, g, v, i, w, s, cols, out, ldc, pf); break;
-      case 3: vn4_group<3, S>(K, g, v, i, w, s, cols, out, ldc, pf); break;
-      default: vn4_group<4, S>(K, g, v, i, w, s, cols, out, ldc, pf); break;
-    }
+    q8::with_rows(rows, [&](auto r) { vn4_group<decltype(r)::value, S>(K, g, v, i, w, s, cols, out, ldc, pf); });
   });
 }
 
