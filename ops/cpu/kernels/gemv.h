@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <vector>
 
+#include "ops/cpu/kernels/gemm.h"
 #include "tpucore/core/cpu_features.h"
 #include "tpucore/core/idle_prefetch.h"
 #include "tpucore/core/parallel.h"
@@ -140,6 +142,23 @@ void gemv_for_blocks(int64_t blocks, int64_t grain, F&& fn, NextWeight next = {}
 template <class T>
 NextWeight next_rows(const T* B, int64_t N, int64_t b_cs) {
   return tpu::detail::follow_weight(B, static_cast<size_t>(N) * static_cast<size_t>(b_cs) * sizeof(T));
+}
+
+// Many rows of A times a quantized weight W [N, K]: C = A W^T (row stride ldc) through panels of
+// 256 weight rows dequantized to f32, dequant_row(j, out) writing row j's K values (the rows of
+// a panel over the pool threads), each panel then multiplied by the float GEMM.
+template <class F>
+void gemm_dequantized_panels(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, float* C, int64_t ldc,
+                             F&& dequant_row) {
+  constexpr int64_t kPanel = 256;
+  std::vector<float> panel(static_cast<size_t>(std::min(N, kPanel) * K));
+  for (int64_t j0 = 0; j0 < N; j0 += kPanel) {
+    const int64_t n = std::min(kPanel, N - j0);
+    gemv_for_blocks(n, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, K)), [&](int64_t a, int64_t e) {
+      for (int64_t j = a; j < e; ++j) dequant_row(j0 + j, panel.data() + j * K);
+    });
+    gemm_f32(M, n, K, A, lda, 1, panel.data(), 1, K, C + j0, ldc, false);
+  }
 }
 
 }  // namespace detail

@@ -158,29 +158,22 @@ const Q4GroupFn* q4_table(Int8GemvPath p) {
   return path_table(p, avx512, avx2, scalar);
 }
 
-// Many rows: panels of kPanel weight rows dequantized to f32, then the float GEMM.
+// Many rows: the weight dequantized to f32 in panels, then the float GEMM (gemm_dequantized_panels).
 void q4_many_rows(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, int64_t lda, const uint8_t* W,
                   Int4Scales scale, float* C, int64_t ldc) {
-  constexpr int64_t kPanel = 256;
   const int64_t groups = K / group;
-  std::vector<float> panel(static_cast<size_t>(std::min(N, kPanel) * K));
-  for (int64_t j0 = 0; j0 < N; j0 += kPanel) {
-    const int64_t n = std::min(kPanel, N - j0);
-    for (int64_t j = 0; j < n; ++j) {
-      const uint8_t* row = W + (j0 + j) * (K / 2);
-      const Int4Scales s = scale + (j0 + j) * groups;
-      float* out = panel.data() + j * K;
-      for (int64_t k = 0; k < K; k += 32) {
-        const float sg = s[k / group];
-        for (int64_t b = 0; b < 16; ++b) {
-          const uint8_t byte = row[k / 2 + b];
-          out[k + b] = static_cast<float>((byte & 0xF) - 8) * sg;
-          out[k + 16 + b] = static_cast<float>((byte >> 4) - 8) * sg;
-        }
+  detail::gemm_dequantized_panels(M, N, K, A, lda, C, ldc, [&](int64_t j, float* out) {
+    const uint8_t* row = W + j * (K / 2);
+    const Int4Scales s = scale + j * groups;
+    for (int64_t k = 0; k < K; k += 32) {
+      const float sg = s[k / group];
+      for (int64_t b = 0; b < 16; ++b) {
+        const uint8_t byte = row[k / 2 + b];
+        out[k + b] = static_cast<float>((byte & 0xF) - 8) * sg;
+        out[k + 16 + b] = static_cast<float>((byte >> 4) - 8) * sg;
       }
     }
-    gemm_f32(M, n, K, A, lda, 1, panel.data(), 1, K, C + j0, ldc, false);
-  }
+  });
 }
 
 // ---- fp8 e4m3 weights, one scale per output channel ----
@@ -413,19 +406,12 @@ void f8b_dequant_row_scalar(const uint8_t* row, const float* s, int64_t K, int64
 // Many rows: panels of up to 256 weight rows dequantized to f32, then the float GEMM.
 void f8b_many_rows(int64_t M, int64_t N, int64_t K, int64_t bn, int64_t bk, const float* A, int64_t lda,
                    const uint8_t* W, const float* scale, float* C, int64_t ldc) {
-  constexpr int64_t kPanel = 256;
   const int64_t kb = (K + bk - 1) / bk;
   const auto dequant_row =
       int8_gemv_path_available(Int8GemvPath::avx512) ? &f8b_dequant_row_avx512 : &f8b_dequant_row_scalar;
-  std::vector<float> panel(static_cast<size_t>(std::min(N, kPanel) * K));
-  for (int64_t j0 = 0; j0 < N; j0 += kPanel) {
-    const int64_t n = std::min(kPanel, N - j0);
-    detail::gemv_for_blocks(n, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, K)), [&](int64_t a, int64_t e) {
-      for (int64_t j = a; j < e; ++j)
-        dequant_row(W + (j0 + j) * K, scale + ((j0 + j) / bn) * kb, K, bk, panel.data() + j * K);
-    });
-    gemm_f32(M, n, K, A, lda, 1, panel.data(), 1, K, C + j0, ldc, false);
-  }
+  detail::gemm_dequantized_panels(M, N, K, A, lda, C, ldc, [&](int64_t j, float* out) {
+    dequant_row(W + j * K, scale + (j / bn) * kb, K, bk, out);
+  });
 }
 
 }  // namespace
@@ -444,7 +430,7 @@ void gemv_int4(int64_t M, int64_t N, int64_t K, int64_t group, const float* A, i
   }
   const Int8GemvPath resolved = int8_gemv_resolve(path);
   if (resolved == Int8GemvPath::vnni) return gemv_int4_vnni(M, N, K, group, A, lda, W, scale, C, ldc);
-  if (int4_gemv_quantizes_rows(path, M)) return gemv_int4_q8avx2(M, N, K, group, A, lda, W, scale, C, ldc);
+  if (int4_gemv_quantizes_rows(resolved, M)) return gemv_int4_q8avx2(M, N, K, group, A, lda, W, scale, C, ldc);
   if (M >= kInt4ManyRows && !batch_invariant()) {
     q4_many_rows(M, N, K, group, A, lda, W, scale, C, ldc);
     return;

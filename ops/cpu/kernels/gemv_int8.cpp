@@ -12,7 +12,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <vector>
 
 #include "ops/cpu/kernels/gemm.h"
 #include "ops/cpu/kernels/gemv.h"
@@ -141,22 +140,14 @@ const GroupFn* group_table(Int8GemvPath p) {
   return nullptr;
 }
 
-// Many rows: panels of 256 weight rows dequantized to f32 (each row times its scale), then the
-// float GEMM.
+// Many rows (the avx2q8 path's): panels of the weight dequantized to f32 (each row times its
+// scale), then the float GEMM.
 void i8_many_rows(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const int8_t* W, const float* scale,
                   float* C, int64_t ldc) {
-  constexpr int64_t kPanel = 256;
-  std::vector<float> panel(static_cast<size_t>(std::min(N, kPanel) * K));
-  for (int64_t j0 = 0; j0 < N; j0 += kPanel) {
-    const int64_t n = std::min(kPanel, N - j0);
-    for (int64_t j = 0; j < n; ++j) {
-      const int8_t* row = W + (j0 + j) * K;
-      const float s = scale[j0 + j];
-      float* out = panel.data() + j * K;
-      for (int64_t k = 0; k < K; ++k) out[k] = static_cast<float>(row[k]) * s;
-    }
-    gemm_f32(M, n, K, A, lda, 1, panel.data(), 1, K, C + j0, ldc, false);
-  }
+  detail::gemm_dequantized_panels(M, N, K, A, lda, C, ldc, [&](int64_t j, float* out) {
+    const int8_t* row = W + j * K;
+    for (int64_t k = 0; k < K; ++k) out[k] = static_cast<float>(row[k]) * scale[j];
+  });
 }
 
 }  // namespace
@@ -198,10 +189,12 @@ const char* int8_gemv_best_path() {
 void gemv_int8(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const int8_t* W, const float* scale,
                float* C, int64_t ldc, Int8GemvPath path) {
   if (M <= 0 || N <= 0) return;
-  if (int8_gemv_resolve(path) == Int8GemvPath::vnni) return gemv_int8_vnni(M, N, K, A, lda, W, scale, C, ldc);
-  if (int8_gemv_quantizes_rows(path, M)) return gemv_int8_q8avx2(M, N, K, A, lda, W, scale, C, ldc);
-  if (int8_gemv_resolve(path) == Int8GemvPath::avx2q8) return i8_many_rows(M, N, K, A, lda, W, scale, C, ldc);
-  const GroupFn* fns = group_table(int8_gemv_resolve(path));
+  const Int8GemvPath resolved = int8_gemv_resolve(path);
+  if (resolved == Int8GemvPath::vnni) return gemv_int8_vnni(M, N, K, A, lda, W, scale, C, ldc);
+  if (resolved == Int8GemvPath::avx2q8)
+    return int8_gemv_quantizes_rows(resolved, M) ? gemv_int8_q8avx2(M, N, K, A, lda, W, scale, C, ldc)
+                                                 : i8_many_rows(M, N, K, A, lda, W, scale, C, ldc);
+  const GroupFn* fns = group_table(resolved);
   const int64_t blocks = (N + kCols - 1) / kCols;
   // About 64K multiply-adds per block run before the work is worth a second thread.
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, K * M * kCols));
