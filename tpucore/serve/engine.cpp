@@ -73,7 +73,12 @@ struct Engine::Impl {
     metrics.blocks_total = cfg.num_blocks;
     metrics.block_size = cfg.block_size;
     const Device dev = model->device();
-    if (dev.type == DeviceType::sim) chip_clock_hz = device_properties(dev).clock_ghz * 1e9;
+    if (dev.type == DeviceType::sim) {
+      chip_clock_hz = device_properties(dev).clock_ghz * 1e9;
+      // The programs of loading and of setting up the cache finish here, so the chip time
+      // counted from now on (sim_stats, /metrics) is the steps' alone.
+      synchronize(dev);
+    }
     metrics.kv_bytes_per_token = runner.kv_bytes_per_token();
   }
   void take_incoming(StepReport& report);
@@ -108,7 +113,9 @@ const EngineConfig& Engine::config() const { return impl_->cfg; }
 models::CausalLM& Engine::model() { return *impl_->model; }
 int64_t Engine::warm_up() {
   const BatchInvariantScope invariant(impl_->cfg.batch_invariant);
-  return impl_->runner.warm_up();
+  const int64_t shapes = impl_->runner.warm_up();
+  if (impl_->chip_clock_hz > 0) synchronize(impl_->model->device());  // as at construction
+  return shapes;
 }
 std::vector<std::pair<int64_t, int64_t>> Engine::last_schedule() const { return impl_->last_schedule; }
 
