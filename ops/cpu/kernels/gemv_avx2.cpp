@@ -1,7 +1,7 @@
 // Few-row products against a weight stored as [N, K] rows (see gemv.h), AVX2+FMA: the path for
 // x86 CPUs without AVX-512. The weight is read in place, as on AVX-512 (gemv_avx512.cpp):
 // - one or two rows: dot products along K, four weight rows at a time (8-lane FMAs, a scalar
-//   tail, one horizontal sum per output);
+//   tail, one horizontal sum per output), the first row's pass prefetching the next four rows;
 // - more rows: A is transposed once into a [K][8 * V] panel (V = 1 or 2 registers of 8 rows,
 //   rows past M zero) and each block of six weight rows streams along K, every weight element
 //   broadcast and multiplied into V registers (6 x V accumulators, no horizontal sums).
@@ -43,14 +43,21 @@ template <class T>
 TPU_GEMV_AVX2 void dot_cols(int64_t M, int64_t K, const T* A, int64_t a_rs, const T* B, int64_t b_cs, float* C,
                             int64_t ldc, bool accumulate, int64_t j0, int64_t j1) {
   const int64_t k8 = K / 8 * 8;
+  // Every cache line of the block's rows names the same line of the next block's rows (L1), on
+  // the first row's pass: the hardware prefetchers start over on every row (a few KiB).
+  constexpr int64_t kLineSteps = 64 / (8 * static_cast<int64_t>(sizeof(T)));
   for (int64_t j = j0; j < j1; j += 4) {
     const int cols = static_cast<int>(std::min<int64_t>(4, j1 - j));
     const T* w[4];
     for (int c = 0; c < 4; ++c) w[c] = B + (j + std::min(c, cols - 1)) * b_cs;
+    const int64_t pf = j + 4 < j1 ? 4 * b_cs : 0;
     for (int64_t i = 0; i < M; ++i) {
       const T* a = A + i * a_rs;
+      const int64_t pfi = i == 0 ? pf : 0;
       __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
       for (int64_t k = 0; k < k8; k += 8) {
+        if (pfi && (k / 8) % kLineSteps == 0)
+          for (int c = 0; c < 4; ++c) _mm_prefetch(reinterpret_cast<const char*>(w[c] + k + pfi), _MM_HINT_T0);
         const __m256 x = load8(a + k);
         s0 = _mm256_fmadd_ps(x, load8(w[0] + k), s0);
         s1 = _mm256_fmadd_ps(x, load8(w[1] + k), s1);
