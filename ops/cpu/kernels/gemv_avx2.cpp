@@ -5,7 +5,7 @@
 // - more rows: A is transposed once into a [K][8 * V] panel (V = 1 or 2 registers of 8 rows,
 //   rows past M zero) and each block of six weight rows streams along K, every weight element
 //   broadcast and multiplied into V registers (6 x V accumulators, no horizontal sums).
-// bf16 is widened to f32 (the panel once; weight elements as they are broadcast), exact since
+// bf16 is widened to f32 (the panel once; the weight eight values a row at a time), exact since
 // every bf16 is an f32. Columns are split over the pool threads. The broadcast kernel restarted at
 // the AVX2 GEMM's K blocks is the batch-invariant mode's few-row kernel (gemv_chain_f32_avx2).
 #include <immintrin.h>
@@ -105,7 +105,29 @@ TPU_GEMV_AVX2 void bcast_cols(int64_t M, int64_t K, const float* pan, const T* B
           for (int c = 0; c < kCols; ++c)
             _mm_prefetch(reinterpret_cast<const char*>(w[c] + k0 + kCols * b_cs), _MM_HINT_T1);
         const int64_t ke = std::min(s1, k0 + kLine);
-        for (int64_t k = k0; k < ke; ++k) {
+        int64_t k = k0;
+        if constexpr (sizeof(T) == 2) {
+          // bf16: eight values of each row widened at once into wb, then broadcast from memory
+          // by the load unit into each FMA (widened one by one, every value cost a shift and a
+          // shuffle on the FMA's port). The same FMAs in the same order as below.
+          alignas(32) float wb[kCols][8];
+          for (; k + 8 <= ke; k += 8) {
+#pragma GCC unroll 6
+            for (int c = 0; c < kCols; ++c) _mm256_store_ps(wb[c], load8(w[c] + k));
+            asm volatile("" ::: "memory");  // keep wb in memory: broadcasts as loads
+#pragma GCC unroll 8
+            for (int q = 0; q < 8; ++q) {
+              __m256 a[V];
+              for (int v = 0; v < V; ++v) a[v] = _mm256_load_ps(pan + (k + q) * 8 * V + 8 * v);
+#pragma GCC unroll 6
+              for (int c = 0; c < kCols; ++c) {
+                const __m256 b = _mm256_broadcast_ss(&wb[c][q]);
+                for (int v = 0; v < V; ++v) s[c][v] = _mm256_fmadd_ps(a[v], b, s[c][v]);
+              }
+            }
+          }
+        }
+        for (; k < ke; ++k) {
           __m256 a[V];
           for (int v = 0; v < V; ++v) a[v] = _mm256_load_ps(pan + k * 8 * V + 8 * v);
 #pragma GCC unroll 6
