@@ -1,18 +1,15 @@
 // MXU functional model: weights are converted once per load into the array's input numerics
 // (bf16-rounded f32, exact f32, e4m3 values, or small integers held exactly in f32), the LHS
-// tile is converted the same way, and the tile product runs as one blocked Eigen GEMM with f32
-// accumulation (int8: exact integer products and sums, added into i32 or f32 results).
+// tile is converted the same way, and each output of the tile product is one chain of f32
+// multiply-adds along K in a fixed order (int8: exact integer products and sums, added into i32
+// or f32 results).
 #include <cmath>
 #include <cstring>
-
-#include <Eigen/Core>
 
 #include "sim/kernels.h"
 
 namespace tpu::sim::detail {
 namespace {
-
-using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 inline float load_elem(const uint8_t* p, DType t) {
   switch (t) {
@@ -76,6 +73,76 @@ void split_tile(const MatRef& src, int64_t rows, int64_t cols, float* out) {
   }
 }
 
+// T (m x n, row-major) = A (m x k) W (k x n), or T += A W with `add`: every output is one chain
+// of f32 multiply-then-add steps along k in order, as the array accumulates down a column,
+// whatever m and wherever the output sits in the tile (a general GEMM library sums a row in an
+// order that depends on the row count and the row's place in its blocks, so a row's result
+// would depend on the rows streamed with it). Blocks of RB rows x 2 vectors of 8 columns keep
+// their sums in registers; narrower column tails use one vector, then scalars, with the same
+// steps. Products and sums are rounded separately (neither the baseline nor the avx2 target
+// has fused multiply-add), so both give the same bits.
+using V8 = float __attribute__((vector_size(32)));
+using V8u = float __attribute__((vector_size(32), aligned(4), may_alias));  // unaligned access
+#define TPU_V8_AT(p) (*reinterpret_cast<const V8u*>(p))
+
+template <int RB>
+__attribute__((always_inline)) inline void tile_rows(const float* A, const float* W, int64_t k, int64_t n, float* T,
+                                                     bool add) {
+  int64_t c = 0;
+  for (; c + 16 <= n; c += 16) {
+    V8 acc[RB][2];
+    for (int q = 0; q < RB; ++q)
+      for (int j = 0; j < 2; ++j) acc[q][j] = add ? TPU_V8_AT(T + q * n + c + 8 * j) : V8{};
+    for (int64_t i = 0; i < k; ++i) {
+      const V8 w0 = TPU_V8_AT(W + i * n + c), w1 = TPU_V8_AT(W + i * n + c + 8);
+      for (int q = 0; q < RB; ++q) {
+        const float a = A[q * k + i];
+        acc[q][0] = acc[q][0] + a * w0;
+        acc[q][1] = acc[q][1] + a * w1;
+      }
+    }
+    for (int q = 0; q < RB; ++q)
+      for (int j = 0; j < 2; ++j) std::memcpy(T + q * n + c + 8 * j, &acc[q][j], sizeof(V8));
+  }
+  for (; c + 8 <= n; c += 8) {
+    V8 acc[RB];
+    for (int q = 0; q < RB; ++q) acc[q] = add ? TPU_V8_AT(T + q * n + c) : V8{};
+    for (int64_t i = 0; i < k; ++i) {
+      const V8 w = TPU_V8_AT(W + i * n + c);
+      for (int q = 0; q < RB; ++q) acc[q] = acc[q] + A[q * k + i] * w;
+    }
+    for (int q = 0; q < RB; ++q) std::memcpy(T + q * n + c, &acc[q], sizeof(V8));
+  }
+  for (; c < n; ++c)
+    for (int q = 0; q < RB; ++q) {
+      float t = add ? T[q * n + c] : 0.0f;
+      for (int64_t i = 0; i < k; ++i) t = t + A[q * k + i] * W[i * n + c];
+      T[q * n + c] = t;
+    }
+}
+
+__attribute__((always_inline)) inline void tile_product_body(const float* A, const float* W, int64_t m, int64_t k,
+                                                             int64_t n, float* T, bool add) {
+  int64_t r = 0;
+  for (; r + 4 <= m; r += 4) tile_rows<4>(A + r * k, W, k, n, T + r * n, add);
+  for (; r < m; ++r) tile_rows<1>(A + r * k, W, k, n, T + r * n, add);
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) void tile_product_avx2(const float* A, const float* W, int64_t m, int64_t k,
+                                                        int64_t n, float* T, bool add) {
+  tile_product_body(A, W, m, k, n, T, add);
+}
+#endif
+
+void tile_product(const float* A, const float* W, int64_t m, int64_t k, int64_t n, float* T, bool add) {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return tile_product_avx2(A, W, m, k, n, T, add);
+#endif
+  tile_product_body(A, W, m, k, n, T, add);
+}
+
 }  // namespace
 
 void mxu_load(MxuWeights& st, int buf, const MatRef& w, int64_t k, int64_t n, MxuMode mode) {
@@ -96,24 +163,27 @@ void mxu_matmul(const MxuWeights& st, const MatRef& out, const MatRef& lhs, int6
   scratch_a.resize(size_t(m * k * (three ? 2 : 1)));
   if (three) split_tile(lhs, m, k, scratch_a.data());
   else convert_tile(lhs, m, k, mode, scratch_a.data());
-  Eigen::Map<const RowMat> A(scratch_a.data(), m, k);
-  Eigen::Map<const RowMat> W(st.w[buf].data(), k, n);
+  const float* A = scratch_a.data();
+  const float* W = st.w[buf].data();
   scratch_c.resize(size_t(m * n));
-  Eigen::Map<RowMat> T(scratch_c.data(), m, n);
+  float* T = scratch_c.data();
   if (three) {  // each pass accumulates in f32; the small cross terms first
-    Eigen::Map<const RowMat> Al(scratch_a.data() + m * k, m, k);
-    Eigen::Map<const RowMat> Wl(st.w[buf].data() + k * n, k, n);
-    T.noalias() = A * Wl;
-    T.noalias() += Al * W;
-    T.noalias() += A * W;
-  } else if (out.cs == 1 && out.dtype == DType::f32 && out.rs >= n) {
-    float* cptr = reinterpret_cast<float*>(out.base);
-    Eigen::Map<RowMat, Eigen::Unaligned, Eigen::OuterStride<>> C(cptr, m, n, Eigen::OuterStride<>(out.rs));
-    if (acc) C.noalias() += A * W;
-    else C.noalias() = A * W;
-    return;
+    tile_product(A, W + k * n, m, k, n, T, false);
+    tile_product(A + m * k, W, m, k, n, T, true);
+    tile_product(A, W, m, k, n, T, true);
   } else {
-    T.noalias() = A * W;
+    tile_product(A, W, m, k, n, T, false);
+  }
+  if (out.cs == 1 && out.dtype == DType::f32) {
+    for (int64_t r = 0; r < m; ++r) {
+      float* o = reinterpret_cast<float*>(out.base) + r * out.rs;
+      const float* t = T + r * n;
+      if (acc)
+        for (int64_t c = 0; c < n; ++c) o[c] += t[c];
+      else
+        std::memcpy(o, t, size_t(n) * sizeof(float));
+    }
+    return;
   }
   const int64_t es = dtype_size(out.dtype);
   for (int64_t r = 0; r < m; ++r)

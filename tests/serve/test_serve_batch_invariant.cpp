@@ -15,6 +15,7 @@
 #include "core/llm_reference.h"
 #include "serve/serve_testing.h"
 #include "tpucore/models.h"
+#include "tpucore/runtime/pjrt_client.h"
 #include "tpucore/serve/engine.h"
 
 namespace {
@@ -173,3 +174,19 @@ TEST_CASE("engine batch-invariant mode on the simulated chip: every layer slidin
   check_invariant(DType::bf16, {.block_size = 4, .window = 7, .budget = 10}, chip.dev(), 12);
   check_invariant(DType::f32, {.block_size = 4, .window = 7, .budget = 10}, chip.dev(), 12);
 }
+
+#ifdef TPU_PJRT_SIM_PLUGIN
+// pjrt devices run the step as StableHLO: attention gathers each token's context, padded to a
+// power of two of the step's longest context (eager) or to the runner's whole context
+// (compiled), and every matmul's row count is the step's (eager: one row for a lone decode
+// token). The plugin's chip must give a row the same bits whatever it is batched with.
+TEST_CASE("engine batch-invariant mode on pjrt:0 (the simulator's PJRT plugin), eager and compiled (f32, bf16)",
+          "[serve][batch-invariant][pjrt]") {
+  load_pjrt_plugin(TPU_PJRT_SIM_PLUGIN);
+  tpu::testing::TinySim chip;
+  for (bool compiled : {false, true}) {
+    check_invariant(DType::f32, {.compile = compiled, .budget = 10}, Device("pjrt:0"), 8);
+    check_invariant(DType::bf16, {.compile = compiled, .budget = 10}, Device("pjrt:0"), 8);
+  }
+}
+#endif
