@@ -79,6 +79,11 @@ struct Engine::Impl {
       // counted from now on (sim_stats, /metrics) is the steps' alone.
       synchronize(dev);
     }
+    if (dev.type == DeviceType::pjrt && cfg.batch_invariant &&
+        device_properties(dev).name.find("(tpucore_sim)") == std::string::npos)
+      log().warn("serve: on {} the step runs as StableHLO compiled by the PJRT plugin; whether a request's "
+                 "result is independent of its batch (batch-invariant mode) is up to that compiler's kernels "
+                 "(docs/serving.md)", device_properties(dev).name);
     metrics.kv_bytes_per_token = runner.kv_bytes_per_token();
   }
   void take_incoming(StepReport& report);
