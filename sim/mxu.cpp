@@ -85,34 +85,31 @@ using V8 = float __attribute__((vector_size(32)));
 using V8u = float __attribute__((vector_size(32), aligned(4), may_alias));  // unaligned access
 #define TPU_V8_AT(p) (*reinterpret_cast<const V8u*>(p))
 
+// Columns [c, c + 8 CV) of RB rows: RB x CV vectors of sums held across k.
+template <int RB, int CV>
+__attribute__((always_inline)) inline void tile_block(const float* A, const float* W, int64_t k, int64_t n, float* T,
+                                                      int64_t c, bool add) {
+  V8 acc[RB][CV];
+  for (int q = 0; q < RB; ++q)
+    for (int j = 0; j < CV; ++j) acc[q][j] = add ? TPU_V8_AT(T + q * n + c + 8 * j) : V8{};
+  for (int64_t i = 0; i < k; ++i) {
+    V8 w[CV];
+    for (int j = 0; j < CV; ++j) w[j] = TPU_V8_AT(W + i * n + c + 8 * j);
+    for (int q = 0; q < RB; ++q) {
+      const float a = A[q * k + i];
+      for (int j = 0; j < CV; ++j) acc[q][j] = acc[q][j] + a * w[j];
+    }
+  }
+  for (int q = 0; q < RB; ++q)
+    for (int j = 0; j < CV; ++j) std::memcpy(T + q * n + c + 8 * j, &acc[q][j], sizeof(V8));
+}
+
 template <int RB>
 __attribute__((always_inline)) inline void tile_rows(const float* A, const float* W, int64_t k, int64_t n, float* T,
                                                      bool add) {
   int64_t c = 0;
-  for (; c + 16 <= n; c += 16) {
-    V8 acc[RB][2];
-    for (int q = 0; q < RB; ++q)
-      for (int j = 0; j < 2; ++j) acc[q][j] = add ? TPU_V8_AT(T + q * n + c + 8 * j) : V8{};
-    for (int64_t i = 0; i < k; ++i) {
-      const V8 w0 = TPU_V8_AT(W + i * n + c), w1 = TPU_V8_AT(W + i * n + c + 8);
-      for (int q = 0; q < RB; ++q) {
-        const float a = A[q * k + i];
-        acc[q][0] = acc[q][0] + a * w0;
-        acc[q][1] = acc[q][1] + a * w1;
-      }
-    }
-    for (int q = 0; q < RB; ++q)
-      for (int j = 0; j < 2; ++j) std::memcpy(T + q * n + c + 8 * j, &acc[q][j], sizeof(V8));
-  }
-  for (; c + 8 <= n; c += 8) {
-    V8 acc[RB];
-    for (int q = 0; q < RB; ++q) acc[q] = add ? TPU_V8_AT(T + q * n + c) : V8{};
-    for (int64_t i = 0; i < k; ++i) {
-      const V8 w = TPU_V8_AT(W + i * n + c);
-      for (int q = 0; q < RB; ++q) acc[q] = acc[q] + A[q * k + i] * w;
-    }
-    for (int q = 0; q < RB; ++q) std::memcpy(T + q * n + c, &acc[q], sizeof(V8));
-  }
+  for (; c + 16 <= n; c += 16) tile_block<RB, 2>(A, W, k, n, T, c, add);
+  for (; c + 8 <= n; c += 8) tile_block<RB, 1>(A, W, k, n, T, c, add);
   for (; c < n; ++c)
     for (int q = 0; q < RB; ++q) {
       float t = add ? T[q * n + c] : 0.0f;

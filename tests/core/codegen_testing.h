@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 #include "codegen/launch.h"
 #include "codegen/matmul_kernel.h"
@@ -14,21 +15,34 @@
 
 namespace tpu::testing {
 
-// sim:1 built on the tiny chip (VMEM 256 KiB, HBM 4 MiB, 2 MXUs of 8x8) for the test's duration.
-// Every TinySim starts from a new device (empty program cache, empty HBM), so a test never sees
-// programs or memory of an earlier one; a tensor an earlier test left on sim:1 (a global, a
-// static) makes the constructor throw the tpu::Error of set_sim_chip naming the live
+// sim:1 built on a chip preset for the test's duration (or the scope's), the previous preset
+// restored after. Every one starts from a new device (empty program cache, empty HBM), so a test
+// never sees programs or memory of an earlier one; a tensor an earlier test left on sim:1 (a
+// global, a static) makes the constructor throw the tpu::Error of set_sim_chip naming the live
 // allocations, instead of the test silently running on the old device.
-struct TinySim {
-  std::string prev;
-  TinySim() : prev(device::sim_chip(1)) { set_sim_chip("tiny", 1); }
-  ~TinySim() {
+struct SimChip1 {
+  std::string prev, preset;
+  explicit SimChip1(std::string p) : prev(device::sim_chip(1)), preset(std::move(p)) { set_sim_chip(preset, 1); }
+  ~SimChip1() {
     try {
-      if (prev != "tiny") set_sim_chip(prev, 1);
+      if (prev != preset) set_sim_chip(prev, 1);
     } catch (...) {
     }
   }
+  SimChip1(const SimChip1&) = delete;
+  SimChip1& operator=(const SimChip1&) = delete;
   Device dev() const { return Device("sim:1"); }
+};
+
+// sim:1 on the tiny chip (VMEM 256 KiB, HBM 4 MiB, 2 MXUs of 8x8).
+struct TinySim : SimChip1 {
+  TinySim() : SimChip1("tiny") {}
+};
+
+// Restores the f32 matmul precision (set_float32_matmul_precision) when the test ends.
+struct KeepPrecision {
+  std::string prev = float32_matmul_precision();
+  ~KeepPrecision() { set_float32_matmul_precision(prev); }
 };
 
 // Snapshot of the counters; `ran_on_chip` after the code under test.

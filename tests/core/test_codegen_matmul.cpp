@@ -88,17 +88,8 @@ TEST_CASE("codegen: a panel narrower than the MXUs splits its rows over all of t
   // Cycles, on the v5e preset's ideal (event timeline) model: N = 128 is one column tile of four
   // MXUs. On one MXU the rows alone would stream for m * k / 128 cycles; spread over four the
   // matmul must take clearly less.
-  struct V5eIdeal {
-    std::string prev = device::sim_chip(1);
-    V5eIdeal() { set_sim_chip("v5e-ideal", 1); }
-    ~V5eIdeal() {
-      try {
-        set_sim_chip(prev, 1);
-      } catch (...) {
-      }
-    }
-  } v5e;
-  const Device d("sim:1");
+  const SimChip1 v5e("v5e-ideal");
+  const Device d = v5e.dev();
   const int64_t m = 2048, n = 128, k = 1024;
   Tensor a = tpu::zeros({m, k}, {DType::bf16, d}), b = tpu::zeros({k, n}, {DType::bf16, d});
   (void)tpu::matmul(a, b);  // builds the program
@@ -114,11 +105,11 @@ TEST_CASE("codegen: a panel narrower than the MXUs splits its rows over all of t
 // in each f32 precision (one, three and six bf16 passes) and with bf16 inputs, on the tiny
 // chip's 8 x 8 arrays and on v5e's 128 x 128 ones.
 TEST_CASE("codegen: a matmul row's bits do not depend on how many rows are multiplied with it", "[codegen]") {
-  const std::string was = float32_matmul_precision(), chip = device::sim_chip(1);
+  const KeepPrecision keep;
   Generator g(29);
   for (const char* preset : {"tiny", "v5e"}) {
-    set_sim_chip(preset, 1);
-    const Device d("sim:1");
+    const SimChip1 chip(preset);
+    const Device d = chip.dev();
     for (const char* precision : {"default", "high", "highest"}) {
       set_float32_matmul_precision(precision);
       for (DType dt : {DType::f32, DType::bf16})
@@ -134,8 +125,6 @@ TEST_CASE("codegen: a matmul row's bits do not depend on how many rows are multi
         }
     }
   }
-  set_float32_matmul_precision(was);
-  set_sim_chip(chip, 1);
 }
 
 }  // namespace tpu::testing

@@ -15,13 +15,6 @@ namespace tpu::testing {
 
 extern const std::string kInitialF32MatmulPrecision;
 
-namespace {
-struct KeepPrecision {
-  std::string prev = float32_matmul_precision();
-  ~KeepPrecision() { set_float32_matmul_precision(prev); }
-};
-}  // namespace
-
 TEST_CASE("f32 matmul precision: default one bf16 pass, user setting, bad input", "[codegen][precision]") {
   KeepPrecision keep;
   if (!std::getenv("TPU_F32_MATMUL_PRECISION"))

@@ -183,7 +183,6 @@ TEST_CASE("engine batch-invariant mode on the simulated chip: every layer slidin
 TEST_CASE("engine batch-invariant mode on pjrt:0 (the simulator's PJRT plugin), eager and compiled (f32, bf16)",
           "[serve][batch-invariant][pjrt]") {
   load_pjrt_plugin(TPU_PJRT_SIM_PLUGIN);
-  tpu::testing::TinySim chip;
   for (bool compiled : {false, true}) {
     check_invariant(DType::f32, {.compile = compiled, .budget = 10}, Device("pjrt:0"), 8);
     check_invariant(DType::bf16, {.compile = compiled, .budget = 10}, Device("pjrt:0"), 8);

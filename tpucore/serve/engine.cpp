@@ -73,17 +73,17 @@ struct Engine::Impl {
     metrics.blocks_total = cfg.num_blocks;
     metrics.block_size = cfg.block_size;
     const Device dev = model->device();
+    const DeviceProperties props = device_properties(dev);
     if (dev.type == DeviceType::sim) {
-      chip_clock_hz = device_properties(dev).clock_ghz * 1e9;
+      chip_clock_hz = props.clock_ghz * 1e9;
       // The programs of loading and of setting up the cache finish here, so the chip time
       // counted from now on (sim_stats, /metrics) is the steps' alone.
       synchronize(dev);
     }
-    if (dev.type == DeviceType::pjrt && cfg.batch_invariant &&
-        device_properties(dev).name.find("(tpucore_sim)") == std::string::npos)
+    if (dev.type == DeviceType::pjrt && cfg.batch_invariant && props.name.find("(tpucore_sim)") == std::string::npos)
       log().warn("serve: on {} the step runs as StableHLO compiled by the PJRT plugin; whether a request's "
                  "result is independent of its batch (batch-invariant mode) is up to that compiler's kernels "
-                 "(docs/serving.md)", device_properties(dev).name);
+                 "(docs/serving.md)", props.name);
     metrics.kv_bytes_per_token = runner.kv_bytes_per_token();
   }
   void take_incoming(StepReport& report);
